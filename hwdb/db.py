@@ -1,0 +1,172 @@
+"""Loading and validating the hardware database.
+
+The database is the union of the files shipped in ``hwdb/data`` and any
+user folders given to :func:`load` (later folders override earlier ones by
+name).  Layout of a folder::
+
+    gpus/<name>.yaml          -> hwdb.schema.GPU
+    links/<name>.yaml         -> hwdb.schema.Link
+    models/<name>/config.json + epdsim.yaml (sidecar, optional for user models)
+    profiles/<name>.yaml      -> calibration profile (hwdb.profiles.Profile)
+
+Every error is a :class:`HwdbError` naming the file, the field and the
+expected form.  Nothing is cached at module level: a :class:`HardwareDB` is a
+plain value built by :func:`load`.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from hwdb.models import ConfigError, ModelArch, arch_from_config
+from hwdb.profiles import Profile
+from hwdb.schema import GPU, Link, ModelSidecar
+
+DATA_DIR = Path(__file__).parent / "data"
+
+
+class HwdbError(ValueError):
+    """A hardware-database file is malformed or a name is unknown."""
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """A model: its verbatim config, its sidecar and the derived architecture."""
+
+    name: str
+    config: dict
+    sidecar: ModelSidecar
+    arch: ModelArch
+    path: Path
+
+
+def _fmt_validation(path: Path, err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        got = e.get("input")
+        got_s = "" if isinstance(got, dict) else f" (got {got!r})"
+        lines.append(f"  field '{loc}': {e['msg']}{got_s}")
+    return f"{path}: invalid hardware file:\n" + "\n".join(lines)
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise HwdbError(f"{path}: not valid YAML ({exc}). Fix the syntax at the line shown.") from None
+    if not isinstance(data, dict):
+        raise HwdbError(f"{path}: expected a mapping of fields at the top level, got {type(data).__name__}")
+    return data
+
+
+def _parse(path: Path, schema: type[BaseModel]):
+    try:
+        return schema.model_validate(_read_yaml(path))
+    except ValidationError as err:
+        raise HwdbError(_fmt_validation(path, err)) from None
+
+
+def load_model_dir(path: Path, name: str | None = None) -> ModelEntry:
+    """Load a model folder (``config.json`` plus optional ``epdsim.yaml``) or a bare config.json."""
+    path = Path(path)
+    cfg_path = path if path.is_file() else path / "config.json"
+    if not cfg_path.exists():
+        raise HwdbError(f"{path}: no config.json found. Point --model at a Hugging Face model folder or its config.json.")
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise HwdbError(f"{cfg_path}: not valid JSON ({exc})") from None
+    folder = cfg_path.parent
+    side_path = folder / "epdsim.yaml"
+    default_name = name or (folder.name if cfg_path.name == "config.json" else cfg_path.stem)
+    if side_path.exists():
+        sidecar = _parse(side_path, ModelSidecar)
+    else:
+        sidecar = ModelSidecar(name=default_name, source=f"user config {cfg_path}")
+    try:
+        arch = arch_from_config(cfg, sidecar.name)
+    except ConfigError as exc:
+        raise HwdbError(f"{cfg_path}: {exc}") from None
+    return ModelEntry(sidecar.name, cfg, sidecar, arch, folder)
+
+
+@dataclass(frozen=True)
+class HardwareDB:
+    """GPUs, links, models and calibration profiles by canonical name."""
+
+    gpus: dict[str, GPU] = field(default_factory=dict)
+    links: dict[str, Link] = field(default_factory=dict)
+    models: dict[str, ModelEntry] = field(default_factory=dict)
+    profiles: dict[str, Profile] = field(default_factory=dict)
+
+    @staticmethod
+    def _lookup(kind: str, table: dict, name: str):
+        if name in table:
+            return table[name]
+        low = name.lower()
+        for key, item in table.items():
+            aliases = getattr(item, "aliases", None)
+            if aliases is None and hasattr(item, "sidecar"):
+                aliases = item.sidecar.aliases
+            if key.lower() == low or any(a.lower() == low for a in aliases or ()):
+                return item
+        known = ", ".join(sorted(table))
+        raise HwdbError(f"unknown {kind} '{name}'. Known {kind}s: {known}. "
+                        f"Add your own as a file in a user hwdb folder (--hwdb DIR).")
+
+    def gpu(self, name: str) -> GPU:
+        return self._lookup("GPU", self.gpus, name)
+
+    def link(self, name: str) -> Link:
+        return self._lookup("link", self.links, name)
+
+    def model(self, name: str) -> ModelEntry:
+        p = Path(name)
+        if name not in self.models and (p.is_dir() or p.suffix == ".json") and p.exists():
+            return load_model_dir(p)
+        return self._lookup("model", self.models, name)
+
+    def profile_for(self, gpu: str, engine: str = "vllm") -> Profile | None:
+        """The calibration profile for a GPU and engine, if one exists (newest wins)."""
+        hits = [p for p in self.profiles.values() if p.gpu == gpu and p.engine == engine]
+        return max(hits, key=lambda p: p.created) if hits else None
+
+
+def _load_folder(folder: Path, gpus: dict, links: dict, models: dict, profiles: dict) -> None:
+    for path in sorted((folder / "gpus").glob("*.yaml")):
+        g = _parse(path, GPU)
+        gpus[g.name] = g
+    for path in sorted((folder / "links").glob("*.yaml")):
+        link = _parse(path, Link)
+        links[link.name] = link
+    for path in sorted((folder / "models").glob("*")):
+        if path.is_dir():
+            m = load_model_dir(path)
+            models[m.name] = m
+    for path in sorted((folder / "profiles").glob("*.yaml")):
+        prof = _parse(path, Profile)
+        profiles[prof.name] = prof
+
+
+def load(user_dirs: Iterable[str | Path] = ()) -> HardwareDB:
+    """Load the shipped database plus user folders (later folders win on name clashes)."""
+    gpus: dict = {}
+    links: dict = {}
+    models: dict = {}
+    profiles: dict = {}
+    for folder in [DATA_DIR, *map(Path, user_dirs)]:
+        if not folder.is_dir():
+            raise HwdbError(f"hwdb folder '{folder}' does not exist. Create it or fix the path given to --hwdb.")
+        _load_folder(folder, gpus, links, models, profiles)
+    db = HardwareDB(gpus, links, models, profiles)
+    for g in gpus.values():
+        for ref in (g.intra_node_link, g.scale_out_link):
+            if ref is not None and ref not in links:
+                raise HwdbError(f"GPU '{g.name}': link '{ref}' is not defined in links/. Known: {sorted(links)}")
+    return db

@@ -1,0 +1,40 @@
+"""Calibration profiles: fitted efficiencies that override a GPU's defaults.
+
+A profile is produced by fitting measurements (kernel tables or engine runs)
+and records where they came from, the fitted curves and their residuals.
+"""
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from hwdb.schema import EfficiencyCurve
+
+
+class FitQuality(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    n_points: int = Field(ge=0)
+    median_abs_rel_error: float = Field(ge=0)
+    p90_abs_rel_error: float = Field(ge=0)
+    held_out_median_abs_rel_error: float | None = None
+
+
+class Profile(BaseModel):
+    """Fitted efficiency curves for one (GPU, engine, engine version)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    gpu: str
+    engine: str = "vllm"
+    engine_version: str
+    created: str
+    source: str = Field(min_length=3)
+    method: str
+    compute_efficiency: EfficiencyCurve | None = None
+    memory_efficiency: EfficiencyCurve | None = None
+    attention_prefill_efficiency: EfficiencyCurve | None = None
+    attention_decode_efficiency: EfficiencyCurve | None = None
+    step_overhead_s: float | None = Field(default=None, ge=0)
+    quality: dict[str, FitQuality] = {}
+    notes: str | None = None

@@ -1,0 +1,116 @@
+"""Validated schemas for hardware database files.
+
+Every figure that describes hardware is a :class:`Figure`: a value in SI units
+(the unit is named by the field's suffix: ``_bytes``, ``_Bps`` for bytes per
+second, ``_flops`` for FLOP/s, ``_s`` for seconds, ``_W``, ``_usd_per_hour``)
+plus the ``source`` it was read from.  ``empirical: true`` marks a guess or a
+correction that is not on a datasheet.  Unknown keys are errors, so a typo in a
+user's file is reported instead of silently ignored.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Figure(_Strict):
+    """One sourced number in SI units."""
+
+    value: float = Field(ge=0)
+    source: str = Field(min_length=3)
+    empirical: bool = False
+    note: str | None = None
+
+
+DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8", "fp4")
+DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "fp4": 0.5}
+
+
+class EfficiencyCurve(_Strict):
+    """Achieved fraction of a peak as a saturating function of work size.
+
+    ``eff(x) = max_eff * x / (x + half)``: ``x`` is tokens in a step for the
+    compute curve and bytes moved for the memory curve; ``half`` is the size at
+    which half of ``max_eff`` is reached.  Invariant: 0 < eff(x) <= max_eff <= 1.
+    """
+
+    max_eff: float = Field(gt=0, le=1)
+    half: float = Field(ge=0)
+    source: str = Field(min_length=3)
+    empirical: bool = False
+
+    def at(self, x: float) -> float:
+        return self.max_eff * x / (x + self.half) if x > 0 else self.max_eff * 1e-9
+
+
+class GPU(_Strict):
+    """A GPU type; figures are per GPU (a GB200 superchip counts as its GPUs)."""
+
+    name: str
+    aliases: tuple[str, ...] = ()
+    vendor: Literal["nvidia", "amd", "intel", "other"]
+    memory_bytes: Figure
+    memory_bandwidth_Bps: Figure
+    peak_flops: dict[str, Figure]
+    intra_node_link: str
+    intra_node_bandwidth_Bps: Figure
+    scale_out_link: str | None = None
+    scale_out_bandwidth_Bps: Figure | None = None
+    gpus_per_node: int = Field(ge=1, le=72)
+    power_W: Figure
+    price_usd_per_hour: Figure
+    compute_efficiency: EfficiencyCurve
+    memory_efficiency: EfficiencyCurve
+    notes: str | None = None
+
+    @field_validator("peak_flops")
+    @classmethod
+    def _known_dtypes(cls, v: dict[str, Figure]) -> dict[str, Figure]:
+        bad = [k for k in v if k not in DTYPES]
+        if bad:
+            raise ValueError(f"unknown dtype(s) {bad}; allowed: {list(DTYPES)}")
+        if "bf16" not in v and "fp16" not in v:
+            raise ValueError("peak_flops needs at least bf16 or fp16")
+        return v
+
+    def flops(self, dtype: str) -> float:
+        """Peak dense FLOP/s for ``dtype``; falls back to bf16/fp16 when absent."""
+        for key in (dtype, "bf16", "fp16"):
+            if key in self.peak_flops:
+                return self.peak_flops[key].value
+        raise KeyError(dtype)
+
+
+class Link(_Strict):
+    """A link or fabric hop; bandwidth is per direction, per GPU where it is shared."""
+
+    name: str
+    aliases: tuple[str, ...] = ()
+    kind: Literal["nvlink", "pcie", "infiniband", "roce", "tcp", "vpc", "xgmi"]
+    bandwidth_Bps: Figure
+    latency_s: Figure
+    efficiency: Figure
+    gpu_direct: bool
+    cpu_cost_s_per_byte: Figure
+    notes: str | None = None
+
+    @property
+    def effective_Bps(self) -> float:
+        return self.bandwidth_Bps.value * self.efficiency.value
+
+
+class ModelSidecar(_Strict):
+    """What a Hugging Face ``config.json`` lacks, kept beside it as ``epdsim.yaml``."""
+
+    name: str
+    aliases: tuple[str, ...] = ()
+    hf_id: str | None = None
+    source: str = Field(min_length=3)
+    default_dtype: Literal["bf16", "fp16", "fp8", "fp32"] = "bf16"
+    vision: dict | None = None
+    notes: str | None = None
