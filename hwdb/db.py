@@ -8,6 +8,7 @@ name).  Layout of a folder::
     links/<name>.yaml         -> hwdb.schema.Link
     models/<name>/config.json + epdsim.yaml (sidecar, optional for user models)
     profiles/<name>.yaml      -> calibration profile (hwdb.profiles.Profile)
+    engines/<name>.yaml       -> hwdb.schema.EngineProfile
 
 Every error is a :class:`HwdbError` naming the file, the field and the
 expected form.  Nothing is cached at module level: a :class:`HardwareDB` is a
@@ -25,7 +26,7 @@ from pydantic import BaseModel, ValidationError
 
 from hwdb.models import ConfigError, ModelArch, arch_from_config
 from hwdb.profiles import Profile
-from hwdb.schema import GPU, Link, ModelSidecar
+from hwdb.schema import GPU, EngineProfile, Link, ModelSidecar
 
 DATA_DIR = Path(__file__).parent / "data"
 
@@ -104,6 +105,7 @@ class HardwareDB:
     links: dict[str, Link] = field(default_factory=dict)
     models: dict[str, ModelEntry] = field(default_factory=dict)
     profiles: dict[str, Profile] = field(default_factory=dict)
+    engines: dict[str, EngineProfile] = field(default_factory=dict)
 
     @staticmethod
     def _lookup(kind: str, table: dict, name: str):
@@ -132,13 +134,16 @@ class HardwareDB:
             return load_model_dir(p)
         return self._lookup("model", self.models, name)
 
+    def engine(self, name: str) -> EngineProfile:
+        return self._lookup("engine", self.engines, name)
+
     def profile_for(self, gpu: str, engine: str = "vllm") -> Profile | None:
         """The calibration profile for a GPU and engine, if one exists (newest wins)."""
         hits = [p for p in self.profiles.values() if p.gpu == gpu and p.engine == engine]
         return max(hits, key=lambda p: p.created) if hits else None
 
 
-def _load_folder(folder: Path, gpus: dict, links: dict, models: dict, profiles: dict) -> None:
+def _load_folder(folder: Path, gpus: dict, links: dict, models: dict, profiles: dict, engines: dict) -> None:
     for path in sorted((folder / "gpus").glob("*.yaml")):
         g = _parse(path, GPU)
         gpus[g.name] = g
@@ -152,6 +157,9 @@ def _load_folder(folder: Path, gpus: dict, links: dict, models: dict, profiles: 
     for path in sorted((folder / "profiles").glob("*.yaml")):
         prof = _parse(path, Profile)
         profiles[prof.name] = prof
+    for path in sorted((folder / "engines").glob("*.yaml")):
+        eng = _parse(path, EngineProfile)
+        engines[eng.name] = eng
 
 
 def load(user_dirs: Iterable[str | Path] = ()) -> HardwareDB:
@@ -160,11 +168,12 @@ def load(user_dirs: Iterable[str | Path] = ()) -> HardwareDB:
     links: dict = {}
     models: dict = {}
     profiles: dict = {}
+    engines: dict = {}
     for folder in [DATA_DIR, *map(Path, user_dirs)]:
         if not folder.is_dir():
             raise HwdbError(f"hwdb folder '{folder}' does not exist. Create it or fix the path given to --hwdb.")
-        _load_folder(folder, gpus, links, models, profiles)
-    db = HardwareDB(gpus, links, models, profiles)
+        _load_folder(folder, gpus, links, models, profiles, engines)
+    db = HardwareDB(gpus, links, models, profiles, engines)
     for g in gpus.values():
         for ref in (g.intra_node_link, g.scale_out_link):
             if ref is not None and ref not in links:

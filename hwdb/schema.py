@@ -114,3 +114,25 @@ class ModelSidecar(_Strict):
     default_dtype: Literal["bf16", "fp16", "fp8", "fp32"] = "bf16"
     vision: dict | None = None
     notes: str | None = None
+
+
+class EngineProfile(_Strict):
+    """CPU-side behaviour of one serving-engine generation (per step, SI units).
+
+    ``graph_step_overhead_s`` applies when the step's token count fits the
+    largest captured CUDA graph; otherwise ``eager_step_overhead_s`` plus
+    ``eager_launch_s_per_layer`` times the layer count is paid.  When
+    ``scheduling_overlapped`` is true the scheduler's cost hides behind the
+    previous GPU step and only the launch term remains on the critical path.
+    """
+
+    name: str
+    aliases: tuple[str, ...] = ()
+    engine: str
+    version: str
+    graph_step_overhead_s: Figure
+    eager_step_overhead_s: Figure
+    eager_launch_s_per_layer: Figure
+    scheduling_overlapped: bool
+    defaults_source: str
+    notes: str | None = None

@@ -1,0 +1,1 @@
+"""epdsim simulator: performance models, SimPy serving engine, scenarios and metrics."""

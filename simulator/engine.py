@@ -1,0 +1,163 @@
+"""Drive a pool of instances with a workload in SimPy and collect records.
+
+:func:`run_pool` is the single place where the environment is created; the
+workload (open-loop arrivals or closed-loop clients) and every instance are
+processes that receive it.  Results are plain Python lists held by a
+:class:`Recorder`, turned into DataFrames at the end (``simulator.results``).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import simpy
+
+from simulator.instance import Instance
+from simulator.routing import make_router
+
+PENDING, COMPLETED, REJECTED, UNFINISHED = 0, 1, 2, 3
+OUTCOMES = {PENDING: "pending", COMPLETED: "completed", REJECTED: "rejected", UNFINISHED: "unfinished"}
+
+
+class Recorder:
+    """Per-request records, indexed by request id (0..n-1).  Times in seconds."""
+
+    def __init__(self, input_tokens, output_tokens, arrival_s) -> None:
+        n = len(input_tokens)
+        nan = math.nan
+        self.input_tokens = [int(x) for x in input_tokens]
+        self.output_tokens = [int(x) for x in output_tokens]
+        self.arrival = [float(x) for x in arrival_s]
+        self.t_sched = [nan] * n
+        self.t_first = [nan] * n
+        self.t_finish = [nan] * n
+        self.instance = [-1] * n
+        self.preemptions = [0] * n
+        self.outcome = [PENDING] * n
+        self.reason = [""] * n
+        self.resume_gaps: list[float] = []
+        self.waiters: dict[int, object] | None = None
+
+    def finish(self, rid: int, now: float, instance: int) -> None:
+        if self.outcome[rid] != PENDING:
+            raise RuntimeError(f"request {rid} ended twice")
+        self.outcome[rid] = COMPLETED
+        self.t_finish[rid] = now
+        if self.waiters is not None:
+            self.waiters.pop(rid).succeed()
+
+    def reject(self, rid: int, now: float, reason: str) -> None:
+        if self.outcome[rid] != PENDING:
+            raise RuntimeError(f"request {rid} ended twice")
+        self.outcome[rid] = REJECTED
+        self.reason[rid] = reason
+        self.t_finish[rid] = now
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """What :func:`run_pool` needs to build a pool's instances."""
+
+    name: str
+    instances: int
+    step_model: object
+    memory: object
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    chunked_prefill: bool
+    max_model_len: int
+    router: str
+
+
+@dataclass
+class PoolRun:
+    """Raw output of one simulation: the recorder and each instance's step log."""
+
+    recorder: Recorder
+    instances: list[Instance]
+    end_time: float
+
+
+def _admissible(pool: PoolSpec, inst_kv_blocks: int, block: int, inp: int, out: int) -> str:
+    total = inp + out - 1
+    if pool.max_model_len and inp + out > pool.max_model_len:
+        return f"prompt {inp} + output {out} tokens exceed max_model_len {pool.max_model_len}"
+    if -(-max(total, inp) // block) > inst_kv_blocks:
+        return f"needs {total} tokens of KV; an instance holds {inst_kv_blocks * block}"
+    return ""
+
+
+def run_pool(pool: PoolSpec, rec: Recorder, closed_loop: tuple[int, float] | None = None,
+             max_time_s: float | None = None) -> PoolRun:
+    """Simulate ``pool`` serving every request in ``rec``.
+
+    Open loop (``closed_loop is None``): requests arrive at ``rec.arrival``.
+    Closed loop ``(concurrency, think_time_s)``: that many clients each send a
+    request, wait for it to finish, think, and send the next; arrival times
+    are overwritten with the send times.  The run ends when every request has
+    ended, or at ``max_time_s`` (requests still in flight become "unfinished").
+    """
+    env = simpy.Environment()
+    instances = [Instance(i, pool.name, pool.step_model, pool.memory, pool.max_num_seqs,
+                          pool.max_num_batched_tokens, pool.chunked_prefill, rec)
+                 for i in range(pool.instances)]
+    router = make_router(pool.router, instances)
+    block = pool.memory.block_size
+    kv_blocks = pool.memory.kv_blocks
+    inp, out = rec.input_tokens, rec.output_tokens
+    inst_of = rec.instance
+
+    def dispatch(rid: int) -> bool:
+        why = _admissible(pool, kv_blocks, block, inp[rid], out[rid])
+        if why:
+            rec.reject(rid, env.now, why)
+            return False
+        i = router.choose(rid)
+        inst_of[rid] = i
+        instances[i].submit(rid)
+        return True
+
+    def open_loop(env):
+        arrival = rec.arrival
+        timeout = env.timeout
+        for rid in range(len(arrival)):
+            dt = arrival[rid] - env.now
+            if dt > 0:
+                yield timeout(dt)
+            dispatch(rid)
+
+    def client(env, next_id, think):
+        while next_id[0] < len(inp):
+            rid = next_id[0]
+            next_id[0] += 1
+            rec.arrival[rid] = env.now
+            done = env.event()
+            rec.waiters[rid] = done
+            if dispatch(rid):
+                yield done
+            else:
+                rec.waiters.pop(rid)
+            if think > 0:
+                yield env.timeout(think)
+
+    for inst in instances:
+        env.process(inst.run(env))
+    if closed_loop is None:
+        env.process(open_loop(env))
+    else:
+        concurrency, think = closed_loop
+        rec.waiters = {}
+        next_id = [0]
+        for _ in range(concurrency):
+            env.process(client(env, next_id, think))
+    # Idle instances wait on untriggered events, so the schedule empties when the last request ends.
+    if max_time_s is None:
+        env.run()
+    else:
+        env.run(until=max_time_s)
+    end = env.now
+    for rid, o in enumerate(rec.outcome):
+        if o == PENDING:
+            rec.outcome[rid] = UNFINISHED
+            rec.reason[rid] = f"still in flight at the time limit {max_time_s} s"
+    return PoolRun(rec, instances, end)

@@ -1,0 +1,254 @@
+"""One vLLM V1 serving instance as a SimPy process.
+
+Scheduling follows vLLM V1's ``Scheduler.schedule``: each step first serves the
+running requests in admission order (one token per decoding sequence, then the
+next chunk of a partially prefilled prompt), then admits waiting requests FCFS
+while the token budget (``max_num_batched_tokens``), ``max_num_seqs`` and free
+KV blocks allow.  When blocks run out, the newest running request is preempted
+(its KV freed) and later recomputed from its prompt plus the tokens it had
+produced.
+
+Cost per step is independent of the batch size: decoding sequences are kept as
+aggregates (count, total context, and a histogram of "which step makes this
+sequence need a new block", keyed by step modulo the block size), finishing
+steps sit in a heap, and the per-step log holds one row.  Per-request work is
+done only at admission, prefill completion, preemption and finish.
+"""
+from __future__ import annotations
+
+import heapq
+from collections import deque
+
+from simulator.perf import MemoryPlan, StepModel
+
+
+class Instance:
+    """A colocated instance: state, and :meth:`run`, the SimPy process that drives it.
+
+    Invariants (checked by tests): ``0 <= kv_used <= kv_total`` at every step;
+    every admitted request finishes exactly once; a request's generated tokens
+    equal its requested output tokens when it completes.
+    """
+
+    def __init__(self, index: int, pool: str, step_model: StepModel, memory: MemoryPlan,
+                 max_num_seqs: int, max_num_batched_tokens: int, chunked_prefill: bool, recorder) -> None:
+        self.index = index
+        self.pool = pool
+        self.model = step_model
+        self.kv_total = memory.kv_blocks
+        self.block = memory.block_size
+        self.max_seqs = max_num_seqs
+        self.budget = max_num_batched_tokens
+        self.chunked = chunked_prefill
+        self.rec = recorder
+        self.waiting: deque[int] = deque()
+        self.outstanding = 0
+        self.kv_used = 0
+        self.n_running = 0
+        self.wake = None
+        self.steps: list[tuple] = []
+        self._requeue: dict[int, list] = {}   # preempted rid -> [0, recompute target, generated]
+
+    def submit(self, rid: int) -> None:
+        """Queue a request; wakes the instance if it is idle."""
+        self.waiting.append(rid)
+        self.outstanding += 1
+        wake = self.wake
+        if wake is not None:
+            self.wake = None
+            wake.succeed()
+
+    def run(self, env):
+        """SimPy process: one iteration per engine step, forever."""
+        rec = self.rec
+        inp, out = rec.input_tokens, rec.output_tokens
+        t_sched, t_first, t_finish = rec.t_sched, rec.t_first, rec.t_finish
+        preempts, gaps = rec.preemptions, rec.resume_gaps
+        waiting, steps, block = self.waiting, self.steps, self.block
+        step_time = self.model.step_time
+        budget_max, max_seqs, chunked = self.budget, self.max_seqs, self.chunked
+        kv_total = self.kv_total
+        heappush, heappop = heapq.heappush, heapq.heappop
+
+        order: dict[int, None] = {}        # running requests in admission order (newest last)
+        prefill: dict[int, list] = {}      # rid -> [done, target, generated_before]
+        dec_start: dict[int, tuple] = {}   # rid -> (s_d, L_d, generated_at_s_d)
+        fin_at: dict[int, int] = {}        # rid -> step at whose end it finishes
+        heap: list[tuple[int, int]] = []
+        cnt = [0] * block                  # decodes needing a new block at step s: cnt[s % block]
+        last_tok: dict[int, float] = {}    # preempted rid -> time of its last token
+        n_dec = 0
+        sum_l = 0                          # sum over decodes of KV length before this step
+        kv_used = 0
+        s = 0
+        now = env.now
+
+        while True:
+            if not order and not waiting:
+                self.wake = env.event()
+                yield self.wake
+                now = env.now
+            t0 = now
+            n_pre = 0
+            # --- decodes: one token each; preempt newest while blocks are short
+            need = cnt[s % block]
+            while n_dec and kv_total - kv_used < need:
+                rid, _ = order.popitem()
+                n_pre += 1
+                preempts[rid] += 1
+                pf = prefill.pop(rid, None)
+                if pf is not None:
+                    kv_used -= -(-pf[0] // block)
+                    waiting.appendleft(rid)
+                    pf[0] = 0
+                    self._requeue[rid] = pf
+                    continue
+                sd, ld, g0 = dec_start.pop(rid)
+                del fin_at[rid]
+                length = ld + s - sd
+                key = (sd - ld) % block
+                cnt[key] -= 1
+                if key == s % block:
+                    need -= 1
+                n_dec -= 1
+                sum_l -= length
+                kv_used -= -(-length // block)
+                g = g0 + (s - sd)
+                self._requeue[rid] = [0, inp[rid] + g, g]
+                last_tok[rid] = now
+                waiting.appendleft(rid)
+            kv_used += need
+            budget = budget_max - n_dec
+            tokens = n_dec
+            logits = n_dec
+            pairs = 0.0
+            pctx = 0.0
+            chunks = []
+            # --- partially prefilled running requests, in admission order
+            for rid, pf in list(prefill.items()):
+                if budget <= 0:
+                    break
+                if rid not in prefill:
+                    continue
+                done, target = pf[0], pf[1]
+                c = target - done if target - done < budget else budget
+                grow = -(-(done + c) // block) - (-(-done // block))
+                while kv_total - kv_used < grow and order:
+                    vic, _ = order.popitem()
+                    n_pre += 1
+                    preempts[vic] += 1
+                    if vic == rid:
+                        break
+                    vpf = prefill.pop(vic, None)
+                    if vpf is not None:
+                        kv_used -= -(-vpf[0] // block)
+                        waiting.appendleft(vic)
+                        self._requeue[vic] = [0, vpf[1], vpf[2]]
+                    else:
+                        sd, ld, g0 = dec_start.pop(vic)
+                        del fin_at[vic]
+                        length = ld + s - sd
+                        cnt[(sd - ld) % block] -= 1
+                        n_dec -= 1
+                        sum_l -= length
+                        tokens -= 1
+                        logits -= 1
+                        budget += 1
+                        kv_used -= -(-(length + 1) // block)   # includes this step's block
+                        g = g0 + (s - sd)
+                        self._requeue[vic] = [0, inp[vic] + g, g]
+                        last_tok[vic] = now
+                        waiting.appendleft(vic)
+                if rid not in order:
+                    prefill.pop(rid, None)
+                    kv_used -= -(-done // block)
+                    waiting.appendleft(rid)
+                    self._requeue[rid] = [0, target, pf[2]]
+                    continue
+                kv_used += grow
+                budget -= c
+                tokens += c
+                pairs += c * done + c * (c + 1) * 0.5
+                pctx += done
+                chunks.append((rid, pf, c))
+                if done + c == target:
+                    logits += 1
+            # --- admit waiting requests FCFS
+            while waiting and budget > 0 and len(order) < max_seqs:
+                rid = waiting[0]
+                pf = self._requeue.get(rid)
+                target = pf[1] if pf is not None else inp[rid]
+                c = target if target <= budget else (budget if chunked else 0)
+                if c <= 0:
+                    break
+                grow = -(-c // block)
+                if kv_total - kv_used < grow:
+                    break
+                waiting.popleft()
+                if pf is None:
+                    pf = [0, target, 0]
+                    t_sched[rid] = now
+                else:
+                    del self._requeue[rid]
+                kv_used += grow
+                order[rid] = None
+                prefill[rid] = pf
+                budget -= c
+                tokens += c
+                pairs += c * (c + 1) * 0.5
+                chunks.append((rid, pf, c))
+                if c == target:
+                    logits += 1
+            self.kv_used = kv_used
+            self.n_running = len(order)
+            if tokens == 0:
+                # Nothing schedulable (e.g. KV full of prefills that cannot grow): should not happen
+                # because the newest is preempted first; guard against a livelock all the same.
+                raise RuntimeError(f"instance {self.index}: no progress possible at t={now}")
+            dt = step_time(tokens, logits, pairs, sum_l + n_dec, pctx)
+            yield env.timeout(dt)
+            now = env.now
+            steps.append((t0, dt, n_dec, tokens - n_dec, len(order), len(waiting), kv_used, n_pre))
+            # --- apply the step: decodes grow, chunks advance, finishes leave
+            sum_l += n_dec
+            for rid, pf, c in chunks:
+                pf[0] += c
+                if pf[0] < pf[1]:
+                    continue
+                del prefill[rid]
+                g = pf[2] + 1                     # tokens generated after this prefill
+                if t_first[rid] != t_first[rid]:  # NaN: first token of this request
+                    t_first[rid] = now
+                else:
+                    gaps.append(now - last_tok.pop(rid))
+                remaining = out[rid] - g
+                if remaining <= 0:
+                    self._finish(rid, now, order, pf[1])
+                    kv_used -= -(-pf[1] // block)
+                    continue
+                length = pf[1]
+                dec_start[rid] = (s + 1, length, g)
+                cnt[(s + 1 - length) % block] += 1
+                n_dec += 1
+                sum_l += length
+                f = s + remaining
+                fin_at[rid] = f
+                heappush(heap, (f, rid))
+            while heap and heap[0][0] <= s:
+                f, rid = heappop(heap)
+                if fin_at.get(rid) != f:
+                    continue
+                del fin_at[rid]
+                sd, ld, g0 = dec_start.pop(rid)
+                length = ld + s - sd + 1
+                cnt[(sd - ld) % block] -= 1
+                n_dec -= 1
+                sum_l -= length
+                kv_used -= -(-length // block)
+                self._finish(rid, now, order, length)
+            s += 1
+
+    def _finish(self, rid: int, now: float, order: dict, kv_len: int) -> None:
+        del order[rid]
+        self.outstanding -= 1
+        self.rec.finish(rid, now, self.index)

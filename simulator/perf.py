@@ -1,0 +1,288 @@
+"""Step-time and memory models for one serving instance (SI units throughout).
+
+A step processes ``tokens`` new tokens (one per decoding sequence plus the
+prefill chunks scheduled in it).  Its GPU time is the roofline maximum of
+
+* compute: linear-layer FLOPs (2 x active parameters of this rank per token)
+  over peak x compute-efficiency(tokens), plus causal-attention FLOPs
+  (4 x attention width per query-key pair) over peak x attention efficiency;
+* memory: this rank's weights (for MoE only the experts the batch touches),
+  the KV cache read by every sequence and the KV written, over HBM bandwidth x
+  memory-efficiency(bytes);
+
+plus two tensor-parallel all-reduces per layer (ring over the node's link),
+pipeline hand-offs, and a per-step host overhead that is small when the step
+fits a captured CUDA graph.  :class:`StepModel` precomputes coefficients so
+that :meth:`StepModel.step_time` costs a few dozen float operations whatever
+the batch size: the engine passes aggregates, never per-request lists.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from hwdb.models import ModelArch
+from hwdb.profiles import Profile
+from hwdb.schema import DTYPE_BYTES, GPU, EfficiencyCurve, EngineProfile, Link
+
+GiB = 2 ** 30
+
+
+class FitError(ValueError):
+    """A deployment does not fit its GPUs' memory; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class EngineKnobs:
+    """Engine settings of one instance, with vLLM's meanings and units."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    enable_chunked_prefill: bool = True
+    enforce_eager: bool = False
+    max_cudagraph_capture_size: int = 512
+    max_model_len: int = 0
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Per-GPU memory budget of an instance (bytes) and the KV capacity it leaves."""
+
+    gpu_bytes: float
+    usable_bytes: float
+    weight_bytes: float
+    activation_bytes: float
+    runtime_bytes: float
+    kv_bytes: float
+    kv_bytes_per_token: float
+    kv_blocks: int
+    block_size: int
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.kv_blocks * self.block_size
+
+
+def _allreduce_time(nbytes: float, tp: int, link: Link) -> float:
+    """Ring all-reduce: 2(tp-1)/tp of the message crosses each GPU's link."""
+    if tp <= 1:
+        return 0.0
+    return 2.0 * (tp - 1) / tp * nbytes / link.effective_Bps + link.latency_s.value
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What the perf models need about an instance: model, GPU, parallelism, dtypes."""
+
+    arch: ModelArch
+    gpu: GPU
+    intra_link: Link
+    engine: EngineProfile
+    knobs: EngineKnobs
+    tp: int = 1
+    pp: int = 1
+    weight_dtype: str = "bf16"
+    kv_dtype: str = "bf16"
+    profile: Profile | None = None
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp
+
+
+def kv_bytes_per_token(dep: Deployment) -> float:
+    """KV bytes per token held by one GPU of the instance (MLA's latent is replicated across TP)."""
+    a = dep.arch
+    per_layer_elems = a.kv_elems_per_token / a.num_layers
+    if not a.is_mla:
+        # KV heads are split across TP ranks; with fewer heads than ranks each rank keeps one copy.
+        per_layer_elems *= max(1, a.num_kv_heads // dep.tp) / a.num_kv_heads
+    layers = math.ceil(a.num_layers / dep.pp)
+    return per_layer_elems * layers * DTYPE_BYTES[dep.kv_dtype]
+
+
+def plan_memory(dep: Deployment) -> MemoryPlan:
+    """Split one GPU's memory as vLLM does and return the KV capacity.
+
+    Raises :class:`FitError` when nothing is left for the KV cache or when the
+    cache cannot hold one sequence of ``max_model_len`` tokens (vLLM refuses
+    to start in both cases).
+    """
+    a, k = dep.arch, dep.knobs
+    gpu_bytes = dep.gpu.memory_bytes.value
+    usable = gpu_bytes * k.gpu_memory_utilization
+    wbytes = a.total_params * DTYPE_BYTES[dep.weight_dtype] / dep.gpus
+    act_elems = k.max_num_batched_tokens * (4 * a.hidden_size + 2 * (a.moe_intermediate_size or a.intermediate_size) / dep.tp)
+    logits = k.max_num_seqs * a.vocab_size / dep.tp * 4.0
+    activation = act_elems * 2.0 + logits
+    # CUDA context, NCCL buffers and the CUDA-graph pool: not counted by torch.
+    runtime = 0.75 * GiB + (0.35 * GiB if dep.tp > 1 else 0.0) + (0.0 if k.enforce_eager else 0.5 * GiB)
+    kv = usable - wbytes - activation - runtime
+    kvpt = kv_bytes_per_token(dep)
+    need = _fit_hint(dep, wbytes, usable)
+    if kv <= 0:
+        raise FitError(
+            f"{a.name} with {dep.weight_dtype} weights needs {a.total_params * DTYPE_BYTES[dep.weight_dtype] / 1e9:.0f} GB "
+            f"of weights ({wbytes / 1e9:.1f} GB per GPU at TP={dep.tp}, PP={dep.pp}); "
+            f"{dep.gpus}x {dep.gpu.name} with {gpu_bytes / 1e9:.0f} GB each and gpu_memory_utilization="
+            f"{k.gpu_memory_utilization} leaves no memory for the KV cache: {need}")
+    blocks = int(kv // (kvpt * k.block_size))
+    plan = MemoryPlan(gpu_bytes, usable, wbytes, activation, runtime, kv, kvpt, blocks, k.block_size)
+    if k.max_model_len and plan.kv_tokens < k.max_model_len:
+        raise FitError(
+            f"{a.name} on {dep.gpus}x {dep.gpu.name} (TP={dep.tp}): the KV cache holds {plan.kv_tokens} tokens, "
+            f"fewer than max_model_len={k.max_model_len}; set engine.max_model_len <= {plan.kv_tokens}, or {need}")
+    return plan
+
+
+def _fit_hint(dep: Deployment, wbytes: float, usable: float) -> str:
+    per_gpu_full = wbytes * dep.gpus
+    min_gpus = math.ceil(per_gpu_full / (0.8 * usable))
+    tp_hint = 1 << max(0, (min_gpus - 1).bit_length())
+    fixes = [f"use TP x PP >= {tp_hint}"]
+    if dep.weight_dtype in ("bf16", "fp16") and "fp8" in dep.gpu.peak_flops:
+        fixes.append("or fp8 weights")
+    fixes.append("or a GPU with more memory")
+    return " ".join(fixes) + "."
+
+
+@dataclass(frozen=True)
+class StepModel:
+    """Precomputed coefficients of one instance's step time.
+
+    ``step_time(tokens, seqs_logits, attn_pairs, kv_read_tokens)``:
+
+    * ``tokens``: new tokens this step (decodes + prefill chunk tokens);
+    * ``seqs_logits``: sequences that sample a token (LM head rows);
+    * ``attn_pairs``: causal query-key pairs of prefill chunks
+      (a chunk of c tokens after p cached ones has c*p + c*(c+1)/2);
+    * ``decode_ctx``: total context attended by decoding sequences (tokens);
+    * ``prefill_ctx``: cached tokens re-read by prefill chunks.
+
+    Returns seconds.  Cost is O(1): independent of the batch size.
+    """
+
+    lin_flops_per_token: float
+    lm_head_flops_per_seq: float
+    attn_flops_per_pair: float
+    dense_weight_bytes: float
+    expert_bytes: float
+    n_experts: int
+    experts_per_token: int
+    moe_layers_frac: float
+    kv_bytes_per_token: float
+    act_bytes_per_token: float
+    peak_flops: float
+    peak_bw: float
+    ceff: EfficiencyCurve
+    meff: EfficiencyCurve
+    aeff: EfficiencyCurve
+    ar_bytes_per_token: float
+    ar_per_step: int
+    ar_bw: float
+    ar_latency: float
+    tp: int
+    pp: int
+    pp_handoff_s: float
+    graph_overhead: float
+    eager_overhead: float
+    max_graph_tokens: int
+    calibrated: bool
+
+    def step_time(self, tokens: int, seqs_logits: int, attn_pairs: float,
+                  decode_ctx: float, prefill_ctx: float = 0.0) -> float:
+        if tokens <= 0:
+            return 0.0
+        ce = self.ceff
+        lin = self.lin_flops_per_token * tokens + self.lm_head_flops_per_seq * seqs_logits
+        t_comp = lin / (self.peak_flops * ce.max_eff * tokens / (tokens + ce.half))
+        if attn_pairs > 0.0:
+            ae = self.aeff
+            t_comp += attn_pairs * self.attn_flops_per_pair / (self.peak_flops * ae.max_eff * tokens / (tokens + ae.half))
+        wbytes = self.dense_weight_bytes
+        if self.n_experts:
+            touched = self.n_experts * (1.0 - (1.0 - self.experts_per_token / self.n_experts) ** tokens)
+            wbytes += self.expert_bytes * touched
+        nbytes = (wbytes + self.kv_bytes_per_token * (decode_ctx + prefill_ctx + tokens)
+                  + self.act_bytes_per_token * tokens)
+        me = self.meff
+        t_mem = nbytes / (self.peak_bw * me.max_eff * nbytes / (nbytes + me.half))
+        t = t_comp if t_comp > t_mem else t_mem
+        if self.tp > 1:
+            t += self.ar_per_step * (self.ar_bytes_per_token * tokens / self.ar_bw + self.ar_latency)
+        if self.pp > 1:
+            t += (self.pp - 1) * self.pp_handoff_s
+        return t + (self.graph_overhead if tokens <= self.max_graph_tokens else self.eager_overhead)
+
+    def prefill_time(self, prompt: int, chunk: int = 0) -> float:
+        """Time to prefill ``prompt`` tokens alone, in chunks of ``chunk`` tokens (0 = one step)."""
+        chunk = chunk or prompt
+        t, done = 0.0, 0
+        while done < prompt:
+            c = min(chunk, prompt - done)
+            last = 1 if done + c == prompt else 0
+            t += self.step_time(c, last, c * done + c * (c + 1) / 2, 0.0, done)
+            done += c
+        return t
+
+    def decode_time(self, batch: int, context: int) -> float:
+        """Time of a decode-only step for ``batch`` sequences of ``context`` tokens each."""
+        return self.step_time(batch, batch, 0.0, float(batch * context))
+
+
+def build_step_model(dep: Deployment) -> StepModel:
+    """Coefficients for :class:`StepModel` from a deployment (profile overrides GPU defaults)."""
+    a, g, prof = dep.arch, dep.gpu, dep.profile
+    gpus = dep.gpus
+    wb = DTYPE_BYTES[dep.weight_dtype]
+    ceff = (prof.compute_efficiency if prof and prof.compute_efficiency else g.compute_efficiency)
+    meff = (prof.memory_efficiency if prof and prof.memory_efficiency else g.memory_efficiency)
+    aeff = (prof.attention_prefill_efficiency if prof and prof.attention_prefill_efficiency else ceff)
+    expert_total = a.moe_layers * a.num_experts * a.expert_params if a.is_moe else 0
+    dense_params = a.total_params - expert_total
+    compute_dtype = dep.weight_dtype if dep.weight_dtype in g.peak_flops else "bf16"
+    eng = dep.engine
+    eager = eng.eager_step_overhead_s.value + eng.eager_launch_s_per_layer.value * a.num_layers / dep.pp
+    graph = eng.graph_step_overhead_s.value
+    if not eng.scheduling_overlapped:
+        graph += eng.eager_step_overhead_s.value
+    return StepModel(
+        lin_flops_per_token=2.0 * a.linear_params_per_token / gpus,
+        lm_head_flops_per_seq=2.0 * a.lm_head_params / dep.tp,
+        attn_flops_per_pair=4.0 * a.num_layers * a.attn_dim / gpus,
+        dense_weight_bytes=dense_params * wb / gpus,
+        expert_bytes=(a.moe_layers * a.expert_params * wb / gpus) if a.is_moe else 0.0,
+        n_experts=a.num_experts,
+        experts_per_token=a.experts_per_token,
+        moe_layers_frac=a.moe_layers / a.num_layers,
+        kv_bytes_per_token=kv_bytes_per_token(dep),
+        act_bytes_per_token=4.0 * a.hidden_size * 2.0 * a.num_layers / dep.pp,
+        peak_flops=g.flops(compute_dtype),
+        peak_bw=g.memory_bandwidth_Bps.value,
+        ceff=ceff, meff=meff, aeff=aeff,
+        ar_bytes_per_token=2.0 * (dep.tp - 1) / dep.tp * a.hidden_size * 2.0,
+        ar_per_step=2 * math.ceil(a.num_layers / dep.pp),
+        ar_bw=dep.intra_link.effective_Bps,
+        ar_latency=dep.intra_link.latency_s.value,
+        tp=dep.tp, pp=dep.pp,
+        pp_handoff_s=dep.intra_link.latency_s.value,
+        graph_overhead=graph,
+        eager_overhead=eager,
+        max_graph_tokens=0 if dep.knobs.enforce_eager else dep.knobs.max_cudagraph_capture_size,
+        calibrated=bool(prof),
+    )
+
+
+def regime(model: StepModel, tokens: int, seqs_logits: int, attn_pairs: float,
+           decode_ctx: float, prefill_ctx: float = 0.0) -> str:
+    """'compute' or 'memory': which roofline side bounds this step."""
+    m = model
+    lin = m.lin_flops_per_token * tokens + m.lm_head_flops_per_seq * seqs_logits
+    t_comp = lin / (m.peak_flops * m.ceff.at(tokens)) + attn_pairs * m.attn_flops_per_pair / (m.peak_flops * m.aeff.at(tokens))
+    wbytes = m.dense_weight_bytes + (m.expert_bytes * m.n_experts * (1 - (1 - m.experts_per_token / m.n_experts) ** tokens)
+                                     if m.n_experts else 0.0)
+    nbytes = wbytes + m.kv_bytes_per_token * (decode_ctx + prefill_ctx + tokens) + m.act_bytes_per_token * tokens
+    t_mem = nbytes / (m.peak_bw * m.meff.at(nbytes))
+    return "compute" if t_comp > t_mem else "memory"

@@ -1,0 +1,174 @@
+"""Results of a run as DataFrames, and the metrics computed from them.
+
+``requests``: one row per request (times in seconds from the first arrival).
+``steps``: one row per engine step per instance.  ITL is the gap between
+consecutive tokens of a request; a decoding sequence's token gap is the
+duration of the step that produced it, so the ITL distribution over every
+token is the step-duration distribution weighted by decode tokens per step,
+plus the gaps of preempted requests (the time to re-prefill them).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from simulator.engine import OUTCOMES, PoolRun
+
+PCTS = (50, 90, 99)
+
+
+def weighted_percentiles(values: np.ndarray, weights: np.ndarray, pcts=PCTS) -> list[float]:
+    """Percentiles of ``values`` where each value counts ``weights`` times (inverted CDF)."""
+    keep = weights > 0
+    values, weights = values[keep], weights[keep]
+    if len(values) == 0:
+        return [float("nan")] * len(pcts)
+    order = np.argsort(values, kind="stable")
+    v, cw = values[order], np.cumsum(weights[order])
+    total = cw[-1]
+    return [float(v[min(np.searchsorted(cw, p / 100.0 * total, side="left"), len(v) - 1)]) for p in pcts]
+
+
+def requests_frame(run: PoolRun, pool: str) -> pd.DataFrame:
+    rec = run.recorder
+    arrival = np.asarray(rec.arrival)
+    first = np.asarray(rec.t_first)
+    finish = np.asarray(rec.t_finish)
+    out = np.asarray(rec.output_tokens)
+    tpot = np.where(out > 1, (finish - first) / np.maximum(out - 1, 1), np.nan)
+    return pd.DataFrame({
+        "request_id": np.arange(len(arrival)),
+        "pool": pool,
+        "instance": np.asarray(rec.instance, dtype=np.int32),
+        "arrival_s": arrival,
+        "input_tokens": np.asarray(rec.input_tokens, dtype=np.int64),
+        "output_tokens": out.astype(np.int64),
+        "scheduled_s": np.asarray(rec.t_sched),
+        "first_token_s": first,
+        "finish_s": finish,
+        "queue_s": np.asarray(rec.t_sched) - arrival,
+        "ttft_s": first - arrival,
+        "tpot_s": tpot,
+        "e2e_s": finish - arrival,
+        "preemptions": np.asarray(rec.preemptions, dtype=np.int32),
+        "outcome": pd.Categorical([OUTCOMES[o] for o in rec.outcome], categories=list(OUTCOMES.values())),
+        "reason": rec.reason,
+    })
+
+
+STEP_COLUMNS = ["start_s", "duration_s", "decode_tokens", "prefill_tokens", "batch_size", "waiting",
+                "kv_blocks_used", "preemptions"]
+
+
+def steps_frame(run: PoolRun, pool: str) -> pd.DataFrame:
+    frames = []
+    for inst in run.instances:
+        arr = np.array(inst.steps, dtype=np.float64).reshape(-1, len(STEP_COLUMNS))
+        df = pd.DataFrame(arr, columns=STEP_COLUMNS)
+        for c in STEP_COLUMNS[2:]:
+            df[c] = df[c].astype(np.int64)
+        df.insert(0, "step", np.arange(len(df), dtype=np.int64))
+        df.insert(0, "instance", inst.index)
+        df.insert(0, "pool", pool)
+        df["kv_occupancy"] = df["kv_blocks_used"] / inst.kv_total
+        frames.append(df)
+    return pd.concat(frames, ignore_index=True)
+
+
+def _pcts(x: np.ndarray) -> dict[str, float]:
+    x = x[np.isfinite(x)]
+    if len(x) == 0:
+        return {f"p{p}": float("nan") for p in PCTS} | {"mean": float("nan")}
+    vals = np.percentile(x, PCTS)
+    return {f"p{p}": float(v) for p, v in zip(PCTS, vals)} | {"mean": float(x.mean())}
+
+
+def summarize(req: pd.DataFrame, steps: pd.DataFrame, resume_gaps: list[float], *, gpus: int,
+              price_per_gpu_hour: float, ttft_slo: float | None, tpot_slo: float | None,
+              kv_total_blocks: int) -> dict:
+    """Headline metrics (seconds, tokens/s, dollars); see docs/metrics.md for definitions."""
+    done = req[req["outcome"] == "completed"]
+    n = len(req)
+    t0 = float(req["arrival_s"].min())
+    t1 = float(np.nanmax(req["finish_s"].to_numpy())) if len(done) else t0
+    span = max(t1 - t0, 1e-12)
+    out_tok = float(done["output_tokens"].sum())
+    in_tok = float(done["input_tokens"].sum())
+    dur = steps["duration_s"].to_numpy()
+    dec = steps["decode_tokens"].to_numpy().astype(float)
+    gaps = np.asarray(resume_gaps, dtype=float)
+    itl_vals = np.concatenate([dur, gaps])
+    itl_w = np.concatenate([dec, np.ones_like(gaps)])
+    itl = dict(zip([f"p{p}" for p in PCTS], weighted_percentiles(itl_vals, itl_w)))
+    itl["mean"] = float((itl_vals * itl_w).sum() / itl_w.sum()) if itl_w.sum() else float("nan")
+    ok = np.ones(len(req), dtype=bool) & (req["outcome"] == "completed").to_numpy()
+    if ttft_slo is not None:
+        ok &= (req["ttft_s"].to_numpy() <= ttft_slo)
+    if tpot_slo is not None:
+        tp = req["tpot_s"].to_numpy()
+        ok &= ~(tp > tpot_slo)  # NaN TPOT (single-token outputs) passes
+    busy = dur.sum()
+    cost_h = gpus * price_per_gpu_hour
+    out_rate = out_tok / span
+    w = dur / busy if busy > 0 else dur
+    return {
+        "requests": n,
+        "completed": int(len(done)),
+        "rejected": int((req["outcome"] == "rejected").sum()),
+        "unfinished": int((req["outcome"] == "unfinished").sum()),
+        "duration_s": span,
+        "throughput_rps": len(done) / span,
+        "output_tokens_per_s": out_rate,
+        "total_tokens_per_s": (in_tok + out_tok) / span,
+        "output_tokens_per_s_per_gpu": out_rate / gpus,
+        "ttft_s": _pcts(done["ttft_s"].to_numpy()),
+        "tpot_s": _pcts(done["tpot_s"].to_numpy()),
+        "itl_s": itl,
+        "e2e_s": _pcts(done["e2e_s"].to_numpy()),
+        "queue_s": _pcts(done["queue_s"].to_numpy()),
+        "preemptions": int(req["preemptions"].sum()),
+        "mean_batch_size": float((steps["batch_size"].to_numpy() * w).sum()),
+        "mean_kv_occupancy": float((steps["kv_occupancy"].to_numpy() * w).sum()),
+        "max_kv_occupancy": float(steps["kv_occupancy"].max()) if len(steps) else 0.0,
+        "slo_attainment": float(ok.mean()) if n else float("nan"),
+        "gpus": gpus,
+        "cost_usd_per_hour": cost_h,
+        "cost_usd_per_million_output_tokens": cost_h / (out_rate * 3600.0) * 1e6 if out_rate > 0 else float("inf"),
+    }
+
+
+@dataclass
+class Results:
+    """A finished run: DataFrames, the summary and what produced them."""
+
+    scenario: object
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    summary: dict
+    info: dict = field(default_factory=dict)
+
+    def write(self, out_dir: str | Path, formats: tuple[str, ...] = ("parquet",)) -> list[Path]:
+        """Write requests, steps and summary; returns the paths written."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        paths = []
+        for name, df in (("requests", self.requests), ("steps", self.steps)):
+            if "parquet" in formats:
+                paths.append(out / f"{name}.parquet")
+                df.to_parquet(paths[-1], index=False)
+            if "csv" in formats:
+                paths.append(out / f"{name}.csv")
+                df.to_csv(paths[-1], index=False)
+            if "json" in formats:
+                paths.append(out / f"{name}.json")
+                df.to_json(paths[-1], orient="records", lines=True)
+        paths.append(out / "summary.json")
+        paths[-1].write_text(json.dumps({"summary": self.summary, "info": self.info}, indent=2, sort_keys=True))
+        paths.append(out / "scenario.yaml")
+        import yaml
+        paths[-1].write_text(yaml.safe_dump(self.scenario.model_dump(mode="json"), sort_keys=False))
+        return paths

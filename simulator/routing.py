@@ -1,0 +1,83 @@
+"""Request routers: small strategy classes in an explicit registry.
+
+A router sees the instances of one pool and picks one for each arriving
+request.  ``choose`` is called once per request, so it must be cheap.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+
+class Router:
+    """Base class: pick an instance index for request ``rid``."""
+
+    name = "base"
+
+    def __init__(self, instances: Sequence) -> None:
+        self.instances = instances
+
+    def choose(self, rid: int) -> int:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+ROUTERS: dict[str, type[Router]] = {}
+
+
+def register(cls: type[Router]) -> type[Router]:
+    """Add a router class to the registry; a duplicate name is an error."""
+    if cls.name in ROUTERS:
+        raise ValueError(f"router '{cls.name}' is already registered")
+    ROUTERS[cls.name] = cls
+    return cls
+
+
+def make_router(name: str, instances: Sequence) -> Router:
+    try:
+        return ROUTERS[name](instances)
+    except KeyError:
+        raise ValueError(f"unknown router '{name}'; known routers: {sorted(ROUTERS)}") from None
+
+
+@register
+class RoundRobin(Router):
+    """Cycle through instances in order, ignoring their load."""
+
+    name = "round_robin"
+
+    def __init__(self, instances: Sequence) -> None:
+        super().__init__(instances)
+        self._next = 0
+
+    def choose(self, rid: int) -> int:
+        i = self._next
+        self._next = (i + 1) % len(self.instances)
+        return i
+
+
+def _argmin(instances: Sequence, key: Callable) -> int:
+    best, best_v = 0, None
+    for i, inst in enumerate(instances):
+        v = key(inst)
+        if best_v is None or v < best_v:
+            best, best_v = i, v
+    return best
+
+
+@register
+class LeastOutstanding(Router):
+    """Fewest requests queued or running (ties go to the lowest index)."""
+
+    name = "least_outstanding"
+
+    def choose(self, rid: int) -> int:
+        return _argmin(self.instances, lambda inst: inst.outstanding)
+
+
+@register
+class LeastKV(Router):
+    """Lowest KV-cache occupancy, then fewest waiting requests."""
+
+    name = "least_kv"
+
+    def choose(self, rid: int) -> int:
+        return _argmin(self.instances, lambda inst: (inst.kv_used / inst.kv_total, len(inst.waiting)))

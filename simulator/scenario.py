@@ -1,0 +1,221 @@
+"""The scenario: one validated, frozen description of a simulation.
+
+Built from YAML (:func:`load_scenario`) or Python (``Scenario(...)``), and the
+single entry point to a run (:func:`simulate`).  Unknown keys and bad values
+are :class:`ScenarioError` messages naming the field, the value and the fix.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+import hwdb
+from simulator.perf import Deployment, EngineKnobs, FitError, build_step_model, plan_memory
+from simulator.routing import ROUTERS
+from simulator.workload import WorkloadConfig
+
+
+class ScenarioError(ValueError):
+    """The scenario is malformed or describes an impossible deployment."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EngineConfig(_Strict):
+    """Engine arguments with vLLM's names; ``None`` means vLLM's own default for the GPU."""
+
+    engine: str = "vllm-v1"
+    max_num_seqs: int | None = Field(None, ge=1)
+    max_num_batched_tokens: int | None = Field(None, ge=1)
+    block_size: Literal[1, 8, 16, 32, 64, 128] = 16
+    gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
+    enable_chunked_prefill: bool = True
+    enforce_eager: bool = False
+    max_cudagraph_capture_size: int | None = Field(None, ge=1)
+    max_model_len: int | None = Field(None, ge=16)
+
+
+class PoolConfig(_Strict):
+    """A pool of identical instances (``tp * pp`` GPUs each)."""
+
+    name: str = "main"
+    role: Literal["colocated"] = "colocated"
+    gpu: str
+    tp: int = Field(1, ge=1, le=64)
+    pp: int = Field(1, ge=1, le=64)
+    instances: int = Field(1, ge=1, le=4096)
+    dtype: Literal["bf16", "fp16", "fp8"] = "bf16"
+    kv_cache_dtype: Literal["auto", "bf16", "fp16", "fp8"] = "auto"
+    engine: EngineConfig = EngineConfig()
+    router: str = "least_outstanding"
+
+    @model_validator(mode="after")
+    def _router_known(self) -> PoolConfig:
+        if self.router not in ROUTERS:
+            raise ValueError(f"router '{self.router}' is unknown; choose one of {sorted(ROUTERS)}")
+        if self.tp & (self.tp - 1):
+            raise ValueError(f"tp={self.tp} must be a power of two (1, 2, 4, 8, ...)")
+        return self
+
+
+class SLO(_Strict):
+    """Latency targets (seconds) a request must meet to count toward attainment and goodput."""
+
+    ttft_s: float | None = Field(None, gt=0)
+    tpot_s: float | None = Field(None, gt=0)
+    attainment: float = Field(0.9, gt=0, le=1)
+
+
+class SimulationConfig(_Strict):
+    max_time_s: float | None = Field(None, gt=0)
+
+
+class Scenario(_Strict):
+    """Everything one simulation needs; ``seed`` makes it reproducible byte for byte."""
+
+    name: str = "scenario"
+    description: str = ""
+    seed: int = Field(0, ge=0)
+    model: str
+    hwdb: tuple[str, ...] = ()
+    pools: tuple[PoolConfig, ...] = Field(min_length=1)
+    workload: WorkloadConfig
+    slo: SLO = SLO()
+    simulation: SimulationConfig = SimulationConfig()
+
+    @model_validator(mode="after")
+    def _one_colocated_pool(self) -> Scenario:
+        names = [p.name for p in self.pools]
+        if len(set(names)) != len(names):
+            raise ValueError(f"pool names must be unique, got {names}")
+        if len(self.pools) != 1:
+            raise ValueError("this version simulates exactly one colocated pool; give one entry under 'pools'")
+        return self
+
+
+def _format_errors(origin: str, err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-after")) or "(top level)"
+        inp = e.get("input")
+        got = "" if isinstance(inp, (dict, list)) or e["type"] == "missing" else f" (got {inp!r})"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key; check the spelling against docs/scenario.md"
+        lines.append(f"  {loc}: {msg}{got}")
+    return f"{origin}: invalid scenario:\n" + "\n".join(lines)
+
+
+def _resolve_paths(node, base: Path):
+    """Make relative ``path`` entries relative to the scenario file's folder."""
+    if isinstance(node, dict):
+        return {k: (str(base / v) if k == "path" and isinstance(v, str) and not Path(v).is_absolute()
+                    else _resolve_paths(v, base)) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_resolve_paths(v, base) for v in node]
+    return node
+
+
+def parse_scenario(data: dict, origin: str = "scenario", base: Path | None = None) -> Scenario:
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{origin}: expected a mapping of scenario fields, got {type(data).__name__}")
+    if base is not None:
+        data = _resolve_paths(data, base)
+        data["hwdb"] = [str(base / d) if not Path(d).is_absolute() else d for d in data.get("hwdb", [])]
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as err:
+        raise ScenarioError(_format_errors(origin, err)) from None
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario YAML file."""
+    path = Path(path)
+    if not path.exists():
+        raise ScenarioError(f"scenario file '{path}' does not exist")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ScenarioError(f"{path}: not valid YAML: {exc}") from None
+    return parse_scenario(data, str(path), path.parent)
+
+
+def vllm_batch_defaults(gpu: hwdb.GPU) -> tuple[int, int]:
+    """(max_num_seqs, max_num_batched_tokens) that vLLM's OpenAI server picks for ``gpu``.
+
+    vLLM ``EngineArgs.get_batch_defaults``: >= 70 GiB and not an A100 gives
+    1024 / 8192, otherwise 256 / 2048.
+    """
+    big = gpu.memory_bytes.value >= 70 * 2 ** 30 and not gpu.name.upper().startswith("A100")
+    return (1024, 8192) if big else (256, 2048)
+
+
+def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB) -> Deployment:
+    """Resolve a pool's names and defaults into a :class:`Deployment` (raises ScenarioError)."""
+    try:
+        gpu = db.gpu(pool.gpu)
+        link = db.link(gpu.intra_node_link)
+        engine = db.engine(pool.engine.engine)
+    except hwdb.HwdbError as exc:
+        raise ScenarioError(f"pools[{pool.name}]: {exc}") from None
+    if pool.tp > gpu.gpus_per_node:
+        raise ScenarioError(f"pools[{pool.name}].tp={pool.tp} exceeds the {gpu.gpus_per_node} GPUs in a "
+                            f"{gpu.name} node; tensor parallelism stays within a node: lower tp and raise pp")
+    arch = model.arch
+    if arch.num_heads % pool.tp:
+        raise ScenarioError(f"pools[{pool.name}].tp={pool.tp} does not divide {arch.name}'s "
+                            f"{arch.num_heads} attention heads; choose a divisor")
+    if pool.dtype == "fp8" and "fp8" not in gpu.peak_flops:
+        raise ScenarioError(f"pools[{pool.name}].dtype=fp8 but {gpu.name} has no fp8 tensor cores; use bf16")
+    seqs, tokens = vllm_batch_defaults(gpu)
+    e = pool.engine
+    max_seqs = e.max_num_seqs or seqs
+    max_tokens = e.max_num_batched_tokens or tokens
+    max_len = e.max_model_len or arch.max_position_embeddings or 8192
+    if max_tokens < max_seqs:
+        raise ScenarioError(f"pools[{pool.name}].engine: max_num_batched_tokens={max_tokens} is below "
+                            f"max_num_seqs={max_seqs}; vLLM requires max_num_batched_tokens >= max_num_seqs")
+    if not e.enable_chunked_prefill and max_tokens < max_len:
+        raise ScenarioError(f"pools[{pool.name}].engine: without chunked prefill max_num_batched_tokens "
+                            f"({max_tokens}) must be >= max_model_len ({max_len}); raise it or lower max_model_len")
+    knobs = EngineKnobs(
+        max_num_seqs=max_seqs, max_num_batched_tokens=max_tokens, block_size=e.block_size,
+        gpu_memory_utilization=e.gpu_memory_utilization, enable_chunked_prefill=e.enable_chunked_prefill,
+        enforce_eager=e.enforce_eager,
+        max_cudagraph_capture_size=e.max_cudagraph_capture_size or min(2 * max_seqs, 512),
+        max_model_len=max_len)
+    kv = pool.dtype if pool.kv_cache_dtype == "auto" else pool.kv_cache_dtype
+    return Deployment(arch=arch, gpu=gpu, intra_link=link, engine=engine, knobs=knobs, tp=pool.tp,
+                      pp=pool.pp, weight_dtype=pool.dtype, kv_dtype=kv,
+                      profile=db.profile_for(gpu.name, engine.engine))
+
+
+def resolve(scn: Scenario):
+    """Load hardware data and check that every pool fits; returns (db, model, [(pool, dep, memory, step)])."""
+    try:
+        db = hwdb.load(scn.hwdb)
+        model = db.model(scn.model)
+    except hwdb.HwdbError as exc:
+        raise ScenarioError(f"model/hwdb: {exc}") from None
+    out = []
+    for pool in scn.pools:
+        dep = deployment_for(pool, model, db)
+        try:
+            mem = plan_memory(dep)
+        except FitError as exc:
+            raise ScenarioError(f"pools[{pool.name}]: {exc}") from None
+        out.append((pool, dep, mem, build_step_model(dep)))
+    return db, model, out
+
+
+def rng_streams(seed: int, replication: int = 0) -> dict[str, np.random.Generator]:
+    """One independent generator per purpose, spawned from (seed, replication)."""
+    purposes = ("arrivals", "lengths", "faults", "routing")
+    children = np.random.SeedSequence([seed, replication]).spawn(len(purposes))
+    return {p: np.random.default_rng(c) for p, c in zip(purposes, children)}
