@@ -1,0 +1,186 @@
+"""Command line: ``epdsim simulate | perf | hw``.
+
+Every user error (bad scenario, unknown GPU, model that does not fit,
+malformed trace) is printed as one paragraph on stderr with exit code 2;
+tracebacks are reserved for bugs.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+import hwdb
+from pydantic import ValidationError
+
+from simulator.perf import FitError
+from simulator.scenario import ScenarioError
+from simulator.traces import TraceError
+from simulator.workload import WorkloadError
+
+DEFAULT_SCENARIO = Path(__file__).resolve().parent.parent / "examples" / "llama8b_h100_chat.yaml"
+USER_ERRORS = (ScenarioError, hwdb.HwdbError, TraceError, WorkloadError, FitError, ValidationError,
+               FileNotFoundError)
+
+
+def _fmt(x: float, unit: str = "") -> str:
+    if x != x:
+        return "-"
+    if unit == "s":
+        return f"{x * 1e3:.1f} ms" if x < 1 else f"{x:.2f} s"
+    return f"{x:,.2f}{unit}"
+
+
+def _summary_table(res) -> Table:
+    s, info = res.summary, res.info
+    pp = "" if info["pp"] == 1 else f" PP{info['pp']}"
+    t = Table(title=f"{res.scenario.name}: {info['model']} on {info['instances']}x {info['gpu']} "
+                    f"(TP{info['tp']}{pp})")
+    t.add_column("metric")
+    for p in ("p50", "p90", "p99", "mean"):
+        t.add_column(p, justify="right")
+    for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "E2E"),
+                       ("queue_s", "queue")):
+        t.add_row(label, *(_fmt(s[key][p], "s") for p in ("p50", "p90", "p99", "mean")))
+    return t
+
+
+def _totals_table(res) -> Table:
+    s = res.summary
+    t = Table(show_header=False)
+    rows = [
+        ("requests completed / rejected / unfinished", f"{s['completed']} / {s['rejected']} / {s['unfinished']}"),
+        ("throughput", f"{s['throughput_rps']:.2f} req/s, {s['output_tokens_per_s']:,.0f} output tok/s "
+                       f"({s['output_tokens_per_s_per_gpu']:,.0f} per GPU)"),
+        ("mean batch size / KV occupancy (max)", f"{s['mean_batch_size']:.1f} / {s['mean_kv_occupancy']:.1%} "
+                                                 f"({s['max_kv_occupancy']:.1%})"),
+        ("preemptions", str(s["preemptions"])),
+        ("SLO attainment", f"{s['slo_attainment']:.1%}"),
+        ("cost", f"${s['cost_usd_per_hour']:.2f}/h, ${s['cost_usd_per_million_output_tokens']:.3f} per M output tokens"),
+        ("perf model", res.info["perf_model"]),
+    ]
+    for k, v in rows:
+        t.add_row(k, v)
+    return t
+
+
+def cmd_simulate(args, con: Console) -> int:
+    from simulator.run import simulate
+    from simulator.scenario import load_scenario
+    scn = load_scenario(args.scenario or DEFAULT_SCENARIO)
+    if args.seed is not None:
+        scn = scn.model_copy(update={"seed": args.seed})
+    res = simulate(scn, replication=args.replication)
+    con.print(_summary_table(res))
+    con.print(_totals_table(res))
+    if args.out:
+        paths = res.write(args.out, tuple(args.format))
+        con.print(f"wrote {len(paths)} files to {args.out}")
+    return 0
+
+
+def cmd_perf(args, con: Console) -> int:
+    from simulator.perf import regime
+    from simulator.scenario import PoolConfig, deployment_for
+    from simulator.perf import build_step_model, plan_memory
+    db = hwdb.load(args.hwdb)
+    model = db.model(args.model)
+    pool = PoolConfig(gpu=args.gpu, tp=args.tp, pp=args.pp, dtype=args.dtype)
+    dep = deployment_for(pool, model, db)
+    mem = plan_memory(dep)
+    sm = build_step_model(dep)
+    con.print(f"[bold]{model.name}[/] on {dep.gpus}x {dep.gpu.name} TP{dep.tp} PP{dep.pp} {dep.weight_dtype}: "
+              f"weights {mem.weight_bytes / 1e9:.1f} GB/GPU, KV cache {mem.kv_tokens:,} tokens "
+              f"({mem.kv_bytes_per_token / 1e3:.1f} kB/token/GPU); "
+              + (f"calibrated by {dep.profile.name}" if dep.profile else "uncalibrated defaults"))
+    t = Table(title="prefill (one request alone, chunked by max_num_batched_tokens)")
+    for c in ("prompt tokens", "time", "tokens/s", "regime"):
+        t.add_column(c, justify="right")
+    for p in (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768):
+        if p > dep.knobs.max_num_batched_tokens * 4:
+            break
+        tt = sm.prefill_time(p, dep.knobs.max_num_batched_tokens)
+        t.add_row(str(p), _fmt(tt, "s"), f"{p / tt:,.0f}", regime(sm, p, 1, p * (p + 1) / 2, 0))
+    con.print(t)
+    t = Table(title="decode step")
+    for c in ("batch", "context", "time", "tokens/s", "regime"):
+        t.add_column(c, justify="right")
+    for ctx in (1024, 8192):
+        for b in (1, 8, 32, 64, 128, 256, 512):
+            if b * ctx > mem.kv_tokens:
+                continue
+            tt = sm.decode_time(b, ctx)
+            t.add_row(str(b), str(ctx), _fmt(tt, "s"), f"{b / tt:,.0f}", regime(sm, b, b, 0.0, b * ctx))
+    con.print(t)
+    return 0
+
+
+def cmd_hw(args, con: Console) -> int:
+    from hwdb import listing
+    db = hwdb.load(args.hwdb)
+    if args.action == "list":
+        kinds = [args.kind] if args.kind else ["gpus", "links", "models"]
+        for kind in kinds:
+            rows = {"gpus": listing.gpu_rows, "links": listing.link_rows, "models": listing.model_rows}[kind](db)
+            t = Table(title=kind)
+            for c in rows[0]:
+                t.add_column(str(c))
+            for r in rows:
+                t.add_row(*(f"{v:,.3g}" if isinstance(v, float) else str(v) for v in r.values()))
+            con.print(t)
+        return 0
+    if not args.name:
+        raise ScenarioError("hw show needs a KIND and NAME, e.g. `epdsim hw show gpu H100`")
+    info = listing.describe(db, args.kind.rstrip("s"), args.name)
+    t = Table(title=f"{args.kind} {args.name}", show_header=False)
+    for k, v in info.items():
+        t.add_row(str(k), str(v))
+    con.print(t)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="epdsim", description="LLM serving capacity planner (discrete-event simulation)")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("simulate", help="run a scenario and print its summary")
+    s.add_argument("scenario", nargs="?", help=f"scenario YAML (default: {DEFAULT_SCENARIO.name})")
+    s.add_argument("--out", help="directory for requests/steps tables and summary.json")
+    s.add_argument("--format", nargs="+", default=["parquet"], choices=["parquet", "csv", "json"])
+    s.add_argument("--seed", type=int, help="override the scenario's seed")
+    s.add_argument("--replication", type=int, default=0, help="independent replication index")
+    s.set_defaults(func=cmd_simulate)
+    q = sub.add_parser("perf", help="print a model's prefill and decode step times on a GPU")
+    q.add_argument("model", help="model name, alias, or a local config.json / model folder")
+    q.add_argument("--gpu", required=True)
+    q.add_argument("--tp", type=int, default=1)
+    q.add_argument("--pp", type=int, default=1)
+    q.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp8"])
+    q.add_argument("--hwdb", action="append", default=[], help="extra user hwdb folder (repeatable)")
+    q.set_defaults(func=cmd_perf)
+    h = sub.add_parser("hw", help="list or show GPUs, links and models")
+    h.add_argument("action", choices=["list", "show"])
+    h.add_argument("kind", nargs="?", choices=["gpus", "links", "models", "gpu", "link", "model"])
+    h.add_argument("name", nargs="?")
+    h.add_argument("--hwdb", action="append", default=[], help="extra user hwdb folder (repeatable)")
+    h.set_defaults(func=cmd_hw)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "kind", None) in ("gpu", "link", "model") and args.action == "list":
+        args.kind += "s"
+    con = Console()
+    err = Console(stderr=True)
+    try:
+        return args.func(args, con)
+    except USER_ERRORS as exc:
+        err.print(f"[red]error:[/] {exc}", highlight=False)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
