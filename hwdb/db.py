@@ -143,10 +143,13 @@ class HardwareDB:
         return max(hits, key=lambda p: p.created) if hits else None
 
 
-def _load_folder(folder: Path, gpus: dict, links: dict, models: dict, profiles: dict, engines: dict) -> None:
+def _load_folder(folder: Path, gpus: dict, links: dict, models: dict, profiles: dict, engines: dict,
+                 origins: dict | None = None) -> None:
     for path in sorted((folder / "gpus").glob("*.yaml")):
         g = _parse(path, GPU)
         gpus[g.name] = g
+        if origins is not None:
+            origins[g.name] = path
     for path in sorted((folder / "links").glob("*.yaml")):
         link = _parse(path, Link)
         links[link.name] = link
@@ -169,13 +172,16 @@ def load(user_dirs: Iterable[str | Path] = ()) -> HardwareDB:
     models: dict = {}
     profiles: dict = {}
     engines: dict = {}
+    origins: dict = {}
     for folder in [DATA_DIR, *map(Path, user_dirs)]:
         if not folder.is_dir():
             raise HwdbError(f"hwdb folder '{folder}' does not exist. Create it or fix the path given to --hwdb.")
-        _load_folder(folder, gpus, links, models, profiles, engines)
+        _load_folder(folder, gpus, links, models, profiles, engines, origins)
     db = HardwareDB(gpus, links, models, profiles, engines)
     for g in gpus.values():
-        for ref in (g.intra_node_link, g.scale_out_link):
+        for fld in ("intra_node_link", "scale_out_link"):
+            ref = getattr(g, fld)
             if ref is not None and ref not in links:
-                raise HwdbError(f"GPU '{g.name}': link '{ref}' is not defined in links/. Known: {sorted(links)}")
+                raise HwdbError(f"{origins.get(g.name, 'GPU ' + repr(g.name))}: field '{fld}': link '{ref}' "
+                                f"is not defined in links/. Known: {sorted(links)}")
     return db

@@ -113,7 +113,14 @@ class ModelArch:
 
     @property
     def active_params(self) -> int:
-        return self.linear_params_per_token + self.lm_head_params
+        """Parameters one token activates, counted as model cards count them.
+
+        Active linear weights plus the embedding table and (if untied) the LM
+        head, so that, e.g., Qwen3-30B-A3B gives its published 3.3B and
+        Mixtral-8x7B its 12.9B.  FLOP models use ``linear_params_per_token``.
+        """
+        embed = self.embedding_params + (0 if self.tie_embeddings else self.lm_head_params)
+        return self.linear_params_per_token + embed
 
     @property
     def kv_elems_per_token(self) -> int:
