@@ -1,0 +1,1 @@
+"""Calibration: fit the performance models' efficiency curves to measured kernel and engine timings."""

@@ -1,0 +1,684 @@
+"""Fit the step-time model's efficiency curves to measured vLLM kernel latencies.
+
+Data: aiconfigurator-core 0.12.0 (github ai-dynamo/aiconfigurator, Apache-2.0)
+kernel tables collected under vLLM 0.24.0 on H100 SXM, H200 SXM and B200 SXM,
+kept in ``../shared/data/kernels/aiconfigurator_vllm_0.24.0``.  Latencies in
+the tables are milliseconds; everything here is SI (seconds, bytes, FLOP/s).
+
+The forms are exactly those of ``simulator/perf.py`` (see ``docs/kernel_fit.md``)::
+
+    eff(x)         = max_eff * x / (x + half)                 (hwdb EfficiencyCurve)
+    linear layer   t = max(2mnk / (P[dtype] * ce(m)),  B_lin / (BW * me(B_lin)))
+                   B_lin = (m*k + m*n)*2 + k*n*w,  w = 2 (bf16) or 1 (fp8 weights)
+    prefill attn   t = 4 * b * (s^2/2) * H * d / (P_bf16 * pe(b*s))
+    decode attn    t = B_kv / (BW * de(B_kv)),  B_kv = b * ctx * 2 * H_kv * d * kv_bytes
+
+Each curve is fitted with ``scipy.optimize.least_squares`` (bounded: 0 < max_eff
+<= 1, half >= 0) on log-latency residuals.  Shapes of real model layers are held
+out of the fit and scored separately.  ``python -m calibration.kernel_fit
+--data DIR --out hwdb/data/profiles`` writes one Profile YAML per GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+import yaml
+from scipy.optimize import least_squares
+
+from hwdb.profiles import FitQuality, Profile
+from hwdb.schema import EfficiencyCurve
+
+# --------------------------------------------------------------------------- constants
+
+DATASET = "aiconfigurator_vllm_0.24.0"
+DATASET_CITE = "aiconfigurator-core 0.12.0 (github ai-dynamo/aiconfigurator, Apache-2.0)"
+ENGINE, ENGINE_VERSION = "vllm", "0.24.0"
+
+#: aiconfigurator system name -> canonical hwdb GPU name.
+SYSTEMS: dict[str, str] = {
+    "h100_sxm": "H100-SXM-80GB",
+    "h200_sxm": "H200-SXM-141GB",
+    "b200_sxm": "B200-SXM-180GB",
+}
+
+#: GEMM kernels vLLM 0.24.0 uses by default: (gemm_dtype, kernel_source) per our dtype.
+GEMM_KERNELS: dict[str, tuple[str, str]] = {
+    "bf16": ("bfloat16", "torch.nn.functional.linear"),
+    "fp8": ("fp8", "CutlassFP8ScaledMMLinearKernel"),
+}
+WEIGHT_BYTES = {"bf16": 2.0, "fp8": 1.0}
+ACT_BYTES = 2.0  # activations in and out stay bf16 in both cases
+
+# Fit ranges ("realistic" shapes; see docs/kernel_fit.md for why).
+M_MIN, M_MAX = 1, 16384          # tokens in a step
+MIN_NK = 256                     # smallest layer dimension fitted
+ATTN_HEAD_DIMS = (64, 128, 256)  # head sizes of common dense models (FA3 / FlashInfer-TRTLLM)
+ATTN_MIN_HEADS = 4               # query heads per GPU
+PREFILL_MIN_ISL = 1024           # prefill attention below this is a launch floor (see docs)
+DECODE_MIN_CTX = 16              # KV length (tokens) per sequence
+DECODE_MAX_BATCH = 512           # sequences per decode step
+
+#: Held-out GEMM shapes (n = output features, k = input features): real layers
+#: of Llama-3.1-70B and -8B under tensor parallelism that exist in the grid.
+#: vLLM fuses gate and up; the grid lacks the fused width, so one half is used.
+HELD_OUT_GEMM: dict[tuple[int, int], str] = {
+    (2560, 8192): "Llama-3.1-70B TP4 qkv_proj",
+    (8192, 2048): "Llama-3.1-70B TP4 o_proj",
+    (7168, 8192): "Llama-3.1-70B TP4 gate|up half",
+    (8192, 7168): "Llama-3.1-70B TP4 down_proj",
+    (8192, 1024): "Llama-3.1-70B TP8 o_proj",
+    (3584, 8192): "Llama-3.1-70B TP8 gate|up half",
+    (8192, 3584): "Llama-3.1-70B TP8 down_proj",
+    (6144, 4096): "Llama-3.1-8B TP1 qkv_proj",
+    (4096, 4096): "Llama-3.1-8B TP1 o_proj",
+    (3072, 4096): "Llama-3.1-8B TP2 qkv_proj",
+    (4096, 2048): "Llama-3.1-8B TP2 o_proj",
+    (7168, 4096): "Llama-3.1-8B TP2 gate|up half",
+    (4096, 7168): "Llama-3.1-8B TP2 down_proj",
+}
+#: Held-out attention head configurations (query heads, KV heads, head_dim) per GPU.
+HELD_OUT_ATTN: dict[tuple[int, int, int], str] = {
+    (16, 2, 128): "Llama-3.1-70B TP4",
+    (8, 1, 128): "Llama-3.1-70B TP8",
+    (32, 8, 128): "Llama-3.1-8B TP1",
+}
+
+HOLDOUTS = ("models", "every5")
+_LOSS = "soft_l1"     # robust to the odd slow kernel choice in the tables
+_F_SCALE = 0.1        # residuals (log units) beyond ~10 % are down-weighted
+_SIG = 4              # significant figures kept in the written profile
+
+
+# --------------------------------------------------------------------------- loading
+
+def _table_dir(root: Path, system: str) -> Path:
+    return Path(root) / system
+
+
+def table_paths(root: Path, system: str) -> dict[str, Path]:
+    """Paths of the three tables used, keyed as in :func:`load_tables`."""
+    d = _table_dir(root, system)
+    v = ENGINE_VERSION
+    return {
+        "gemm": d / "gemm" / "vllm" / v / "gemm_perf.parquet",
+        "context_attention": d / "attention" / "vllm" / v / "context_attention_perf.parquet",
+        "generation_attention": d / "attention" / "vllm" / v / "generation_attention_perf.parquet",
+    }
+
+
+def load_tables(root: Path, system: str) -> dict[str, pd.DataFrame]:
+    """Read the GEMM, context- and generation-attention tables of one system.
+
+    Returns the raw tables (latency still in ms) keyed ``gemm``,
+    ``context_attention`` and ``generation_attention``.
+    """
+    paths = table_paths(root, system)
+    missing = [str(p) for p in paths.values() if not p.exists()]
+    if missing:
+        raise FileNotFoundError(f"kernel tables missing for '{system}': {missing}")
+    cols = {
+        "gemm": ["m", "n", "k", "gemm_dtype", "kernel_source", "latency"],
+        "context_attention": ["kernel_source", "batch_size", "isl", "num_heads", "num_key_value_heads",
+                              "head_dim", "attn_dtype", "kv_cache_dtype", "step", "window_size", "latency"],
+        "generation_attention": ["kernel_source", "batch_size", "isl", "num_heads", "num_key_value_heads",
+                                 "head_dim", "attn_dtype", "kv_cache_dtype", "step", "window_size", "latency"],
+    }
+    return {key: pd.read_parquet(p, columns=cols[key]) for key, p in paths.items()}
+
+
+def load_peaks(root: Path, system: str) -> dict[str, float]:
+    """Datasheet peaks from aiconfigurator's ``systems/<system>.yaml``: FLOP/s and bytes/s."""
+    path = Path(root) / f"{system}.yaml"
+    gpu = yaml.safe_load(path.read_text())["gpu"]
+    return {"bf16": float(gpu["bfloat16_tc_flops"]), "fp8": float(gpu["fp8_tc_flops"]),
+            "mem_bw": float(gpu["mem_bw"])}
+
+
+# --------------------------------------------------------------------------- model forms
+
+Curve = tuple[float, float]  # (max_eff, half)
+
+
+def _mh(c) -> Curve:
+    if isinstance(c, EfficiencyCurve):
+        return c.max_eff, c.half
+    return float(c[0]), float(c[1])
+
+
+def _eff(x, c: Curve):
+    mx, half = c
+    return mx * x / (x + half)
+
+
+def gemm_bytes(m, n, k, weight_bytes: float):
+    """Bytes a linear layer moves: bf16 activations in and out plus the weight."""
+    m, n, k = (np.asarray(v, dtype=float) for v in (m, n, k))
+    return (m * k + m * n) * ACT_BYTES + k * n * weight_bytes
+
+
+def gemm_time(m, n, k, weight_bytes: float, peak_flops: float, mem_bw: float, compute, memory):
+    """Linear-layer time in seconds: the slower of the compute and the memory bound."""
+    m, n, k = (np.asarray(v, dtype=float) for v in (m, n, k))
+    t_c = 2.0 * m * n * k / (peak_flops * _eff(m, _mh(compute)))
+    b = gemm_bytes(m, n, k, weight_bytes)
+    t_m = b / (mem_bw * _eff(b, _mh(memory)))
+    return np.maximum(t_c, t_m)
+
+
+def prefill_attention_flops(batch, isl, num_heads, head_dim):
+    """Causal prefill attention FLOPs: QK^T and PV, 2 FLOPs per MAC, half the square."""
+    b, s, h, d = (np.asarray(v, dtype=float) for v in (batch, isl, num_heads, head_dim))
+    return 4.0 * b * (s * s / 2.0) * h * d
+
+
+def prefill_attention_time(batch, isl, num_heads, head_dim, peak_bf16: float, curve):
+    tokens = np.asarray(batch, dtype=float) * np.asarray(isl, dtype=float)
+    return prefill_attention_flops(batch, isl, num_heads, head_dim) / (peak_bf16 * _eff(tokens, _mh(curve)))
+
+
+def decode_kv_bytes(batch, ctx, num_kv_heads, head_dim, kv_dtype_bytes):
+    """KV-cache bytes one decode step reads: K and V for every cached token."""
+    b, c, h, d, w = (np.asarray(v, dtype=float) for v in (batch, ctx, num_kv_heads, head_dim, kv_dtype_bytes))
+    return b * c * 2.0 * h * d * w
+
+
+def decode_attention_time(batch, ctx, num_kv_heads, head_dim, kv_dtype_bytes, mem_bw: float, curve):
+    kvb = decode_kv_bytes(batch, ctx, num_kv_heads, head_dim, kv_dtype_bytes)
+    return kvb / (mem_bw * _eff(kvb, _mh(curve)))
+
+
+# --------------------------------------------------------------------------- selection
+
+def select_gemm(gemm: pd.DataFrame) -> pd.DataFrame:
+    """Default vLLM kernels, realistic range; adds ``dtype`` (bf16/fp8) and ``t`` (seconds)."""
+    parts = []
+    for dt, (gdt, src) in GEMM_KERNELS.items():
+        sel = gemm[(gemm.gemm_dtype == gdt) & (gemm.kernel_source == src)
+                   & gemm.m.between(M_MIN, M_MAX) & (gemm.n >= MIN_NK) & (gemm.k >= MIN_NK)]
+        parts.append(sel.assign(dtype=dt))
+    out = pd.concat(parts, ignore_index=True)
+    out = out.assign(t=out.latency * 1e-3)
+    return out.sort_values(["dtype", "n", "k", "m"], kind="mergesort").reset_index(drop=True)
+
+
+def _attn_common(df: pd.DataFrame) -> pd.DataFrame:
+    return df[(df.window_size == 0) & (df.attn_dtype == "bfloat16") & df.head_dim.isin(ATTN_HEAD_DIMS)
+              & (df.num_heads >= ATTN_MIN_HEADS)]
+
+
+def select_prefill(ctx: pd.DataFrame) -> pd.DataFrame:
+    """Full-attention prefill with a bf16 KV cache (vLLM's default), isl >= PREFILL_MIN_ISL."""
+    sel = _attn_common(ctx)
+    sel = sel[(sel.kv_cache_dtype == "bfloat16") & (sel.isl >= PREFILL_MIN_ISL)]
+    sel = sel.assign(t=sel.latency * 1e-3)
+    return sel.sort_values(["num_heads", "num_key_value_heads", "head_dim", "isl", "batch_size"],
+                           kind="mergesort").reset_index(drop=True)
+
+
+def select_decode(gen: pd.DataFrame, kv_cache_dtype: str = "bfloat16") -> pd.DataFrame:
+    """Full-attention decode; adds ``ctx`` = KV length = ``step + isl``.
+
+    In aiconfigurator's generation table ``isl`` is always 1 (the new token) and
+    ``step`` is the number of cached tokens before it (2**j - 1); the kernel reads
+    ``step + 1`` KV entries per sequence.  Latency grows with ``batch * step`` at
+    large sizes (e.g. H200: 8 x 32767 and 64 x 4095 both take 0.27 ms).
+    """
+    sel = _attn_common(gen)
+    sel = sel.assign(ctx=sel.step + sel.isl)
+    sel = sel[(sel.kv_cache_dtype == kv_cache_dtype) & (sel.ctx >= DECODE_MIN_CTX)
+              & (sel.batch_size <= DECODE_MAX_BATCH)]
+    sel = sel.assign(t=sel.latency * 1e-3, kv_bytes_per_elem=1.0 if kv_cache_dtype == "fp8" else 2.0)
+    return sel.sort_values(["num_heads", "num_key_value_heads", "head_dim", "ctx", "batch_size"],
+                           kind="mergesort").reset_index(drop=True)
+
+
+def holdout_mask_gemm(df: pd.DataFrame, holdout: str) -> np.ndarray:
+    """True for held-out rows: real-model (n, k) pairs, or every 5th distinct pair."""
+    pairs = list(zip(df.n.to_numpy(), df.k.to_numpy()))
+    if holdout == "models":
+        keys = set(HELD_OUT_GEMM)
+    elif holdout == "every5":
+        keys = set(sorted(set(pairs))[2::5])
+    else:
+        raise ValueError(f"holdout must be one of {HOLDOUTS}, got {holdout!r}")
+    return np.fromiter((p in keys for p in pairs), dtype=bool, count=len(pairs))
+
+
+def holdout_mask_attn(df: pd.DataFrame, holdout: str) -> np.ndarray:
+    """True for held-out rows: real-model head configurations, or every 5th distinct one."""
+    cfgs = list(zip(df.num_heads.to_numpy(), df.num_key_value_heads.to_numpy(), df.head_dim.to_numpy()))
+    if holdout == "models":
+        keys = set(HELD_OUT_ATTN)
+    elif holdout == "every5":
+        keys = set(sorted(set(cfgs))[2::5])
+    else:
+        raise ValueError(f"holdout must be one of {HOLDOUTS}, got {holdout!r}")
+    return np.fromiter((c in keys for c in cfgs), dtype=bool, count=len(cfgs))
+
+
+# --------------------------------------------------------------------------- fitting
+
+def _fit_curves(predict: Callable[[list[Curve]], np.ndarray], y_s: np.ndarray, scales: Sequence[float],
+                x0: Sequence[tuple[float, float]] | None = None) -> list[Curve]:
+    """Least-squares fit of ``len(scales)`` curves on log-latency residuals.
+
+    ``predict`` maps a list of (max_eff, half) to predicted seconds; ``scales``
+    gives the natural size of each curve's ``half`` (for conditioning).
+    """
+    ncur = len(scales)
+    sc = np.repeat(np.asarray(scales, dtype=float), 2)
+    sc[0::2] = 1.0
+    start = np.array([v for c in (x0 or [(0.6, s) for s in scales]) for v in c], dtype=float) / sc
+    ly = np.log(y_s)
+
+    def unpack(z):
+        p = z * sc
+        return [(p[2 * i], p[2 * i + 1]) for i in range(ncur)]
+
+    def resid(z):
+        return np.log(predict(unpack(z))) - ly
+
+    lo = np.tile([1e-4, 0.0], ncur)
+    hi = np.tile([1.0, np.inf], ncur)
+    start = np.clip(start, lo + 1e-9, np.minimum(hi, 1e12))
+    res = least_squares(resid, start, bounds=(lo, hi), loss=_LOSS, f_scale=_F_SCALE,
+                        x_scale="jac", xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=2000)
+    return unpack(res.x)
+
+
+def _rel_err(pred, y):
+    return np.abs(np.asarray(pred) / np.asarray(y) - 1.0)
+
+
+def _quality(pred_tr, y_tr, pred_ho=None, y_ho=None) -> FitQuality:
+    e = _rel_err(pred_tr, y_tr)
+    ho = None
+    if pred_ho is not None and len(y_ho):
+        ho = round(float(np.median(_rel_err(pred_ho, y_ho))), 4)
+    return FitQuality(n_points=int(len(e)), median_abs_rel_error=round(float(np.median(e)), 4),
+                      p90_abs_rel_error=round(float(np.quantile(e, 0.9)), 4),
+                      held_out_median_abs_rel_error=ho)
+
+
+def _p90(pred, y) -> float:
+    return float(np.quantile(_rel_err(pred, y), 0.9)) if len(y) else float("nan")
+
+
+def _sig(x: float, n: int = _SIG) -> float:
+    return float(f"{x:.{n}g}")
+
+
+@dataclass
+class FitResult:
+    """Everything one system's fit produced (curves as (max_eff, half), SI units)."""
+
+    system: str
+    peaks: dict[str, float]
+    compute_bf16: Curve
+    compute_fp8: Curve
+    memory: Curve
+    prefill: Curve
+    decode: Curve
+    quality: dict[str, FitQuality]
+    held_out_p90: dict[str, float]
+    counts: dict[str, int]
+    diagnostics: dict[str, float] = field(default_factory=dict)
+
+
+def fit_gemm(df: pd.DataFrame, peaks: dict[str, float]) -> tuple[Curve, Curve, Curve]:
+    """Fit (compute_bf16, memory) on bf16 rows, then compute_fp8 on fp8 rows with memory fixed.
+
+    ``df`` needs columns m, n, k, dtype ('bf16'/'fp8') and t (seconds).
+    """
+    bw = peaks["mem_bw"]
+    b = df[df.dtype == "bf16"]
+    mb, nb, kb, yb = b.m.to_numpy(), b.n.to_numpy(), b.k.to_numpy(), b.t.to_numpy()
+    comp, mem = _fit_curves(
+        lambda c: gemm_time(mb, nb, kb, WEIGHT_BYTES["bf16"], peaks["bf16"], bw, c[0], c[1]),
+        yb, scales=(64.0, 1e7))
+    f = df[df.dtype == "fp8"]
+    comp8 = comp
+    if len(f):
+        mf, nf, kf, yf = f.m.to_numpy(), f.n.to_numpy(), f.k.to_numpy(), f.t.to_numpy()
+        (comp8,) = _fit_curves(
+            lambda c: gemm_time(mf, nf, kf, WEIGHT_BYTES["fp8"], peaks["fp8"], bw, c[0], mem),
+            yf, scales=(64.0,))
+    return comp, comp8, mem
+
+
+def fit_gemm_fp8_own_memory(df: pd.DataFrame, peaks: dict[str, float]) -> tuple[Curve, Curve]:
+    """Diagnostic: fp8 compute and memory curves fitted together (not the perf.py form)."""
+    f = df[df.dtype == "fp8"]
+    mf, nf, kf, yf = f.m.to_numpy(), f.n.to_numpy(), f.k.to_numpy(), f.t.to_numpy()
+    c, m = _fit_curves(
+        lambda c: gemm_time(mf, nf, kf, WEIGHT_BYTES["fp8"], peaks["fp8"], peaks["mem_bw"], c[0], c[1]),
+        yf, scales=(64.0, 1e7))
+    return c, m
+
+
+def fit_prefill(df: pd.DataFrame, peak_bf16: float) -> Curve:
+    """Fit the prefill-attention curve; ``df`` has batch_size, isl, num_heads, head_dim, t."""
+    b, s, h, d = (df[c].to_numpy() for c in ("batch_size", "isl", "num_heads", "head_dim"))
+    (c,) = _fit_curves(lambda c: prefill_attention_time(b, s, h, d, peak_bf16, c[0]),
+                       df.t.to_numpy(), scales=(2048.0,))
+    return c
+
+
+def _prefill_alt_time(b, s, h, d, peak, curve, floor_s):
+    """Diagnostic form: efficiency of the per-sequence length plus a constant floor."""
+    s = np.asarray(s, dtype=float)
+    return prefill_attention_flops(b, s, h, d) / (peak * _eff(s, curve)) + floor_s
+
+
+def fit_prefill_alt(df: pd.DataFrame, peak_bf16: float) -> tuple[Curve, float]:
+    b, s, h, d = (df[c].to_numpy() for c in ("batch_size", "isl", "num_heads", "head_dim"))
+    # the floor rides as a second "curve" whose half is the floor in microseconds
+    c, fl = _fit_curves(lambda c: _prefill_alt_time(b, s, h, d, peak_bf16, c[0], c[1][1] * 1e-6),
+                        df.t.to_numpy(), scales=(1024.0, 10.0))
+    return c, fl[1] * 1e-6
+
+
+def fit_decode(df: pd.DataFrame, mem_bw: float) -> Curve:
+    """Fit the decode-attention curve; ``df`` has batch_size, ctx, num_key_value_heads, head_dim,
+    kv_bytes_per_elem and t."""
+    b, c_, h, d, w = (df[c].to_numpy() for c in ("batch_size", "ctx", "num_key_value_heads", "head_dim",
+                                                 "kv_bytes_per_elem"))
+    (c,) = _fit_curves(lambda c: decode_attention_time(b, c_, h, d, w, mem_bw, c[0]),
+                       df.t.to_numpy(), scales=(3e7,))
+    return c
+
+
+def _decode_per_sequence_cost(gen: pd.DataFrame) -> dict[str, float]:
+    """Diagnostic: decode time per extra sequence at the shortest KV length (outside the fit range).
+
+    Slope of latency from batch 256 to the largest batch at ctx = 2, per head configuration;
+    the KV read there is negligible, so this is a per-sequence kernel cost the form lacks.
+    """
+    g = _attn_common(gen)
+    g = g[(g.kv_cache_dtype == "bfloat16") & (g.step + g.isl == 2)]
+    if g.batch_size.max() <= 256:
+        return {}
+    slopes = []
+    for _, grp in g.groupby(["num_heads", "num_key_value_heads", "head_dim"]):
+        t = grp.set_index("batch_size").latency * 1e-3
+        if 256 in t.index and t.index.max() > 256:
+            bmax = t.index.max()
+            slopes.append((t[bmax] - t[256]) / (bmax - 256))
+    if not slopes:
+        return {}
+    sl = np.asarray(slopes)
+    return {"decode_per_seq_s_median": _sig(float(np.median(sl))), "decode_per_seq_s_max": _sig(float(sl.max())),
+            "decode_per_seq_s_min": _sig(float(sl.min()))}
+
+
+def _round_curve(c: Curve) -> Curve:
+    return (_sig(c[0]), _sig(c[1]))
+
+
+def fit_tables(tables: dict[str, pd.DataFrame], peaks: dict[str, float], holdout: str = "models",
+               system: str = "?") -> FitResult:
+    """Fit all curves of one system from its raw tables (see :func:`load_tables`)."""
+    if holdout not in HOLDOUTS:
+        raise ValueError(f"holdout must be one of {HOLDOUTS}, got {holdout!r}")
+    bw = peaks["mem_bw"]
+    quality: dict[str, FitQuality] = {}
+    ho_p90: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    diag: dict[str, float] = {}
+
+    # ---- GEMM
+    g = select_gemm(tables["gemm"])
+    gho = holdout_mask_gemm(g, holdout)
+    comp, comp8, mem = (_round_curve(c) for c in fit_gemm(g[~gho], peaks))
+    for dt, cc in (("bf16", comp), ("fp8", comp8)):
+        sel = (g.dtype == dt).to_numpy()
+        d = g[sel]
+        pred = gemm_time(d.m, d.n, d.k, WEIGHT_BYTES[dt], peaks[dt], bw, cc, mem)
+        y, ho = d.t.to_numpy(), gho[sel]
+        quality[f"gemm_{dt}"] = _quality(pred[~ho], y[~ho], pred[ho], y[ho])
+        ho_p90[f"gemm_{dt}"] = _p90(pred[ho], y[ho])
+        counts[f"gemm_{dt}_held_out"] = int(ho.sum())
+        if dt == "bf16":
+            # per-curve split: rows where the compute bound wins vs the memory bound
+            t_c = 2.0 * d.m * d.n * d.k / (peaks[dt] * _eff(d.m.to_numpy(dtype=float), comp))
+            cb = (t_c.to_numpy() >= pred)
+            for key, part in (("compute_efficiency", cb), ("memory_efficiency", ~cb)):
+                quality[key] = _quality(pred[~ho & part], y[~ho & part], pred[ho & part], y[ho & part])
+                ho_p90[key] = _p90(pred[ho & part], y[ho & part])
+    c_own, m_own = fit_gemm_fp8_own_memory(g[~gho], peaks)
+    f = g[g.dtype == "fp8"]
+    fho = gho[(g.dtype == "fp8").to_numpy()]
+    pred_own = gemm_time(f.m, f.n, f.k, 1.0, peaks["fp8"], bw, c_own, m_own)
+    diag.update({
+        "fp8_own_memory_compute_max_eff": _sig(c_own[0]), "fp8_own_memory_compute_half": _sig(c_own[1]),
+        "fp8_own_memory_memory_max_eff": _sig(m_own[0]), "fp8_own_memory_memory_half": _sig(m_own[1]),
+        "fp8_own_memory_held_out_median": round(float(np.median(_rel_err(pred_own[fho], f.t.to_numpy()[fho]))), 4),
+        "gemm_floor_s": _sig(mem[1] / (bw * mem[0])),
+        "gemm_observed_min_s": _sig(float(g.t.min())),
+    })
+
+    # ---- prefill attention
+    p = select_prefill(tables["context_attention"])
+    pho = holdout_mask_attn(p, holdout)
+    pc = _round_curve(fit_prefill(p[~pho], peaks["bf16"]))
+    pred = prefill_attention_time(p.batch_size, p.isl, p.num_heads, p.head_dim, peaks["bf16"], pc)
+    y = p.t.to_numpy()
+    quality["attention_prefill_efficiency"] = _quality(pred[~pho], y[~pho], pred[pho], y[pho])
+    ho_p90["attention_prefill_efficiency"] = _p90(pred[pho], y[pho])
+    counts["attention_prefill_held_out"] = int(pho.sum())
+    alt_c, alt_floor = fit_prefill_alt(p[~pho], peaks["bf16"])
+    pred_alt = _prefill_alt_time(p.batch_size, p.isl, p.num_heads, p.head_dim, peaks["bf16"], alt_c, alt_floor)
+    diag.update({
+        "prefill_alt_max_eff": _sig(alt_c[0]), "prefill_alt_half_isl": _sig(alt_c[1]),
+        "prefill_alt_floor_s": _sig(alt_floor),
+        "prefill_alt_median": round(float(np.median(_rel_err(pred_alt[~pho], y[~pho]))), 4),
+        "prefill_alt_held_out_median": round(float(np.median(_rel_err(pred_alt[pho], y[pho]))), 4),
+    })
+
+    # ---- decode attention
+    dd = select_decode(tables["generation_attention"], "bfloat16")
+    dho = holdout_mask_attn(dd, holdout)
+    dc = _round_curve(fit_decode(dd[~dho], bw))
+    for kv, key in (("bfloat16", "attention_decode_efficiency"), ("fp8", "attention_decode_fp8_kv")):
+        d = dd if kv == "bfloat16" else select_decode(tables["generation_attention"], "fp8")
+        ho = dho if kv == "bfloat16" else holdout_mask_attn(d, holdout)
+        if not len(d):
+            continue
+        pred = decode_attention_time(d.batch_size, d.ctx, d.num_key_value_heads, d.head_dim,
+                                     d.kv_bytes_per_elem, bw, dc)
+        y = d.t.to_numpy()
+        quality[key] = _quality(pred[~ho], y[~ho], pred[ho], y[ho])
+        ho_p90[key] = _p90(pred[ho], y[ho])
+    counts["attention_decode_held_out"] = int(dho.sum())
+    diag["decode_floor_s"] = _sig(dc[1] / (bw * dc[0]))
+    diag.update(_decode_per_sequence_cost(tables["generation_attention"]))
+
+    return FitResult(system=system, peaks=peaks, compute_bf16=comp, compute_fp8=comp8, memory=mem,
+                     prefill=pc, decode=dc, quality=quality, held_out_p90=ho_p90, counts=counts,
+                     diagnostics=diag)
+
+
+# --------------------------------------------------------------------------- profile
+
+def _fmt_pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def _notes(r: FitResult, holdout: str) -> str:
+    q, dg, pk = r.quality, r.diagnostics, r.peaks
+
+    def ns(key: str) -> str:
+        return f"{dg[key] * 1e9:.0f}" if key in dg else "?"
+    held = ("real-model shapes: GEMM (n,k) " + ", ".join(f"{n}x{k}" for n, k in HELD_OUT_GEMM)
+            + "; attention (heads, kv_heads, head_dim) " + ", ".join(f"{h}/{kv}/{d}" for h, kv, d in HELD_OUT_ATTN)
+            ) if holdout == "models" else "every 5th distinct GEMM (n,k) pair and attention head config"
+    return "\n".join([
+        f"Peaks used (aiconfigurator systems/{r.system}.yaml): bf16 {pk['bf16']:.4g} FLOP/s, "
+        f"fp8 {pk['fp8']:.4g} FLOP/s, HBM {pk['mem_bw']:.4g} B/s; efficiencies are fractions of these.",
+        f"fp8 linear layers (CutlassFP8ScaledMMLinearKernel, w=1 byte), compute curve not in the schema: "
+        f"max_eff={r.compute_fp8[0]}, half={r.compute_fp8[1]} tokens, with the shared memory curve; "
+        f"held-out median {_fmt_pct(q['gemm_fp8'].held_out_median_abs_rel_error)}, "
+        f"p90 {_fmt_pct(r.held_out_p90['gemm_fp8'])} (quality key gemm_fp8). "
+        f"With its own memory curve (compute {dg['fp8_own_memory_compute_max_eff']}/"
+        f"{dg['fp8_own_memory_compute_half']}, memory {dg['fp8_own_memory_memory_max_eff']}/"
+        f"{dg['fp8_own_memory_memory_half']:.4g} B) the held-out median would be "
+        f"{_fmt_pct(dg['fp8_own_memory_held_out_median'])}. The fp8 layer has a larger fixed cost than bf16 "
+        f"(probably the activation quantisation vLLM runs before the GEMM) and its efficiency depends on "
+        f"n,k: the model is too fast for n,k <= 1024 and too slow for n,k > 4096.",
+        f"Kernel floor: step_overhead_s is left unset; the memory curve's half already acts as a constant "
+        f"per-kernel latency, half/(mem_bw*max_eff) = {dg['gemm_floor_s'] * 1e6:.1f} us for a linear layer "
+        f"(smallest measured GEMM {dg['gemm_observed_min_s'] * 1e6:.1f} us) and "
+        f"{dg['decode_floor_s'] * 1e6:.1f} us for decode attention.",
+        f"Prefill attention: the tokens=batch*isl form is biased by isl (too fast below ~2k tokens per "
+        f"sequence, too slow above); fitted on isl >= {PREFILL_MIN_ISL}. Diagnostic alternative "
+        f"eff(isl) + constant floor: max_eff={dg['prefill_alt_max_eff']}, half={dg['prefill_alt_half_isl']} "
+        f"tokens, floor={dg['prefill_alt_floor_s'] * 1e6:.1f} us, held-out median "
+        f"{_fmt_pct(dg['prefill_alt_held_out_median'])} vs "
+        f"{_fmt_pct(q['attention_prefill_efficiency'].held_out_median_abs_rel_error)} for the form used.",
+        f"Decode attention: ctx = step + 1 (aiconfigurator logs isl=1 and step = cached tokens); fitted on "
+        f"bf16 KV, ctx >= {DECODE_MIN_CTX}, batch <= {DECODE_MAX_BATCH}; the same curve on fp8 KV (1 byte) "
+        f"scores held-out median {_fmt_pct(q['attention_decode_fp8_kv'].held_out_median_abs_rel_error)} "
+        f"(key attention_decode_fp8_kv). Not captured: a per-sequence cost (slope at ctx=2 from batch 256 "
+        f"to the largest measured: median {ns('decode_per_seq_s_median')} ns per sequence, "
+        f"{ns('decode_per_seq_s_min')}-{ns('decode_per_seq_s_max')} ns over head configs) that dominates "
+        f"at batch > 256 with short contexts.",
+        "Held-out p90 |rel err|: "
+        + ", ".join(f"{k} {_fmt_pct(v)}" for k, v in sorted(r.held_out_p90.items())) + ".",
+        f"Held out ({holdout}): {held}. compute_efficiency / memory_efficiency quality keys split the bf16 "
+        f"GEMM rows by which bound the fitted model says wins; gemm_bf16 covers all of them.",
+    ])
+
+
+def result_to_profile(r: FitResult, data_root: Path | str, holdout: str = "models",
+                      created: str | None = None) -> Profile:
+    gpu = SYSTEMS.get(r.system, r.system)
+    rel = f"{DATASET}/{r.system}"
+    paths = {k: str(p.relative_to(Path(data_root))) for k, p in table_paths(Path(data_root), r.system).items()}
+    src = f"{DATASET_CITE}; vLLM {ENGINE_VERSION} kernel tables in ../shared/data/kernels/{DATASET}"
+
+    def curve(c: Curve, what: str, key: str) -> EfficiencyCurve:
+        q = r.quality[key]
+        return EfficiencyCurve(
+            max_eff=c[0], half=c[1], empirical=True,
+            source=(f"fit to {rel}: {what}; {q.n_points} points, median |rel err| "
+                    f"{_fmt_pct(q.median_abs_rel_error)}, held-out median "
+                    f"{_fmt_pct(q.held_out_median_abs_rel_error or 0.0)} (calibration/kernel_fit.py)"))
+
+    return Profile(
+        name=f"{gpu}_{ENGINE}-{ENGINE_VERSION}",
+        gpu=gpu, engine=ENGINE, engine_version=ENGINE_VERSION,
+        created=created or _dt.date.today().isoformat(),
+        source=(f"{src}: {paths['gemm']}, {paths['context_attention']}, {paths['generation_attention']}; "
+                f"peaks from {DATASET}/{r.system}.yaml"),
+        method=(
+            "scipy.optimize.least_squares (trf, bounded 0<max_eff<=1, half>=0, soft_l1 loss f_scale=0.1) on "
+            "log-latency residuals of the simulator's forms: linear t=max(2mnk/(P*ce(m)), B/(BW*me(B))), "
+            "B=(mk+mn)*2+kn*w; bf16 compute and the shared memory curve fitted jointly on "
+            "torch.nn.functional.linear, then the fp8 compute curve on CutlassFP8ScaledMMLinearKernel with "
+            f"memory fixed; m in [{M_MIN},{M_MAX}], n,k >= {MIN_NK}. Prefill attention "
+            f"t=4b(s^2/2)Hd/(P_bf16*pe(b*s)), isl >= {PREFILL_MIN_ISL}; decode attention "
+            f"t=B_kv/(BW*de(B_kv)), B_kv=b*ctx*2*H_kv*d*kv_bytes, ctx >= {DECODE_MIN_CTX}, "
+            f"batch <= {DECODE_MAX_BATCH}; attention: window 0, head_dim in {list(ATTN_HEAD_DIMS)}, "
+            f">= {ATTN_MIN_HEADS} query heads, default vLLM backend per GPU, bf16 KV cache. "
+            f"Held-out shapes ({holdout}) excluded from the fit and scored separately; coefficients rounded "
+            f"to {_SIG} significant figures."),
+        compute_efficiency=curve(r.compute_bf16, "bf16 GEMM (torch.nn.functional.linear) rows where the "
+                                 "compute bound wins, x = tokens (m)", "compute_efficiency"),
+        memory_efficiency=curve(r.memory, "bf16 GEMM rows where the memory bound wins, x = bytes moved",
+                                "memory_efficiency"),
+        attention_prefill_efficiency=curve(r.prefill, "prefill attention, x = batch*isl tokens",
+                                           "attention_prefill_efficiency"),
+        attention_decode_efficiency=curve(r.decode, "decode attention, x = KV bytes read",
+                                          "attention_decode_efficiency"),
+        step_overhead_s=None,
+        quality=r.quality,
+        notes=_notes(r, holdout),
+    )
+
+
+def fit_system(root: Path | str, system: str, holdout: str = "models", created: str | None = None) -> Profile:
+    """Load one system's tables, fit every curve and return the calibration Profile."""
+    root = Path(root)
+    r = fit_tables(load_tables(root, system), load_peaks(root, system), holdout=holdout, system=system)
+    return result_to_profile(r, root, holdout=holdout, created=created)
+
+
+def profile_filename(profile: Profile) -> str:
+    return f"{profile.name}.yaml"
+
+
+def write_profile(profile: Profile, path: Path | str) -> Path:
+    """Write ``profile`` as sorted, human-readable YAML (with a provenance header)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = profile.model_dump(mode="json")
+    header = (f"# Calibration profile for {profile.gpu} under {profile.engine} {profile.engine_version}.\n"
+              f"# Generated by `python -m calibration.kernel_fit`; re-run it rather than editing by hand.\n")
+    path.write_text(header + yaml.safe_dump(data, sort_keys=True, default_flow_style=False,
+                                            allow_unicode=True, width=100))
+    return path
+
+
+def read_profile(path: Path | str) -> Profile:
+    return Profile.model_validate(yaml.safe_load(Path(path).read_text()))
+
+
+# --------------------------------------------------------------------------- CLI
+
+def _summary(p: Profile, r: FitResult, secs: float) -> str:
+    q = p.quality
+
+    def row(label, c, key):
+        fq = q[key]
+        cs = f"max_eff={c[0]:.4g} half={c[1]:.4g}" if c else ""
+        return (f"  {label:<22} {cs:<34} n={fq.n_points:<6} med={_fmt_pct(fq.median_abs_rel_error):>6} "
+                f"p90={_fmt_pct(fq.p90_abs_rel_error):>6} held-out med="
+                f"{_fmt_pct(fq.held_out_median_abs_rel_error or 0):>6}")
+
+    lines = [f"{p.gpu} ({secs:.1f} s)",
+             row("compute (bf16 GEMM)", _mh(p.compute_efficiency), "compute_efficiency"),
+             row("memory (GEMM)", _mh(p.memory_efficiency), "memory_efficiency"),
+             row("GEMM bf16, all", None, "gemm_bf16"),
+             row("compute (fp8 GEMM)", r.compute_fp8, "gemm_fp8"),
+             row("attention prefill", _mh(p.attention_prefill_efficiency), "attention_prefill_efficiency"),
+             row("attention decode", _mh(p.attention_decode_efficiency), "attention_decode_efficiency"),
+             row("decode, fp8 KV", None, "attention_decode_fp8_kv"),
+             "  held-out p90: " + ", ".join(f"{k} {_fmt_pct(v)}" for k, v in sorted(r.held_out_p90.items()))]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m calibration.kernel_fit", description=__doc__.split("\n")[0])
+    ap.add_argument("--data", required=True, type=Path,
+                    help=f"folder holding {DATASET} (the system YAMLs and <system>/ tables)")
+    ap.add_argument("--out", required=True, type=Path, help="folder to write <GPU>_vllm-0.24.0.yaml into")
+    ap.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=list(SYSTEMS))
+    ap.add_argument("--holdout", default="models", choices=HOLDOUTS)
+    ap.add_argument("--created", default=None, help="ISO date to stamp (default: today)")
+    args = ap.parse_args(argv)
+    if not args.data.is_dir():
+        print(f"error: --data {args.data} is not a folder", file=sys.stderr)
+        return 2
+    t_all = time.perf_counter()
+    for system in args.systems:
+        t0 = time.perf_counter()
+        r = fit_tables(load_tables(args.data, system), load_peaks(args.data, system), holdout=args.holdout,
+                       system=system)
+        prof = result_to_profile(r, args.data, holdout=args.holdout, created=args.created)
+        out = write_profile(prof, args.out / profile_filename(prof))
+        print(_summary(prof, r, time.perf_counter() - t0))
+        print(f"  wrote {out}")
+    print(f"total fit time {time.perf_counter() - t_all:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
