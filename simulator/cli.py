@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 import hwdb
@@ -88,7 +89,13 @@ def cmd_perf(args, con: Console) -> int:
     from simulator.perf import build_step_model, plan_memory
     db = hwdb.load(args.hwdb)
     model = db.model(args.model)
-    pool = PoolConfig(gpu=args.gpu, tp=args.tp, pp=args.pp, dtype=args.dtype)
+    try:
+        pool = PoolConfig(gpu=args.gpu, tp=args.tp, pp=args.pp, dtype=args.dtype)
+    except ValidationError as exc:
+        raise ScenarioError("epdsim perf: " + "; ".join(
+            "".join(f"--{p}: " for p in e["loc"] if not str(p).startswith("function-after"))
+            + e["msg"].removeprefix("Value error, ") + ("" if e["loc"] == () else f" (got {e['input']!r})")
+            for e in exc.errors())) from None
     dep = deployment_for(pool, model, db)
     mem = plan_memory(dep)
     sm = build_step_model(dep)
@@ -178,7 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args, con)
     except USER_ERRORS as exc:
-        err.print(f"[red]error:[/] {exc}", highlight=False)
+        # escape: messages contain brackets (pools[main]) that rich would take for markup;
+        # soft_wrap: no line breaks inserted into the message, so it pastes as one paragraph.
+        err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
     return 2
 
 

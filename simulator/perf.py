@@ -133,15 +133,34 @@ def plan_memory(dep: Deployment) -> MemoryPlan:
     if k.max_model_len and plan.kv_tokens < k.max_model_len:
         raise FitError(
             f"{a.name} on {dep.gpus}x {dep.gpu.name} (TP={dep.tp}): the KV cache holds {plan.kv_tokens} tokens, "
-            f"fewer than max_model_len={k.max_model_len}; set engine.max_model_len <= {plan.kv_tokens}, or {need}")
+            f"fewer than max_model_len={k.max_model_len}; set engine.max_model_len <= {plan.kv_tokens}, "
+            f"or {_kv_hint(dep, kv, kvpt)}")
     return plan
+
+
+def _kv_hint(dep: Deployment, kv: float, kvpt: float) -> str:
+    """Fixes for a KV cache too small for max_model_len (weights fit)."""
+    k = dep.knobs
+    fixes = []
+    if k.gpu_memory_utilization < 0.9:
+        fixes.append(f"raise engine.gpu_memory_utilization (now {k.gpu_memory_utilization})")
+    fixes.append(f"use TP x PP > {dep.gpus}")
+    if dep.kv_dtype in ("bf16", "fp16"):
+        fixes.append("set kv_cache_dtype: fp8")
+    fixes.append("or a GPU with more memory")
+    return ", ".join(fixes[:-1]) + " " + fixes[-1] + " (the cache needs " \
+        f"{k.max_model_len * kvpt / 1e9:.1f} GB per GPU for one max_model_len sequence, " \
+        f"{max(kv, 0) / 1e9:.1f} GB is left after weights and activations)."
 
 
 def _fit_hint(dep: Deployment, wbytes: float, usable: float) -> str:
     per_gpu_full = wbytes * dep.gpus
     min_gpus = math.ceil(per_gpu_full / (0.8 * usable))
     tp_hint = 1 << max(0, (min_gpus - 1).bit_length())
-    fixes = [f"use TP x PP >= {tp_hint}"]
+    fixes = []
+    if dep.knobs.gpu_memory_utilization < 0.9:
+        fixes.append(f"raise engine.gpu_memory_utilization (now {dep.knobs.gpu_memory_utilization}) or")
+    fixes.append(f"use TP x PP >= {tp_hint}")
     if dep.weight_dtype in ("bf16", "fp16") and "fp8" in dep.gpu.peak_flops:
         fixes.append("or fp8 weights")
     fixes.append("or a GPU with more memory")

@@ -7,7 +7,7 @@ are :class:`ScenarioError` messages naming the field, the value and the fix.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 import yaml
@@ -58,7 +58,7 @@ class PoolConfig(_Strict):
     @model_validator(mode="after")
     def _router_known(self) -> PoolConfig:
         if self.router not in ROUTERS:
-            raise ValueError(f"router '{self.router}' is unknown; choose one of {sorted(ROUTERS)}")
+            raise ValueError(f"router={self.router!r} is unknown; choose one of {sorted(ROUTERS)}")
         if self.tp & (self.tp - 1):
             raise ValueError(f"tp={self.tp} must be a power of two (1, 2, 4, 8, ...)")
         return self
@@ -99,16 +99,68 @@ class Scenario(_Strict):
         return self
 
 
-def _format_errors(origin: str, err: ValidationError) -> str:
+def _loc(loc: tuple, data) -> str:
+    """``pools[0].engine.max_num_seqs`` from a pydantic location, without union tags."""
+    out, node = "", data
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+            node = node[part] if isinstance(node, (list, tuple)) and -len(node) <= part < len(node) else None
+            continue
+        part = str(part)
+        if part.startswith("function-after"):
+            continue
+        if isinstance(node, dict) and part not in node and node.get("kind") == part:
+            continue  # discriminated-union tag (e.g. arrival 'poisson'), not a key the user wrote
+        out += f".{part}" if out else part
+        node = node.get(part) if isinstance(node, dict) else None
+    return out or "(top level)"
+
+
+def _models_in(ann) -> list[type[BaseModel]]:
+    """The pydantic models inside an annotation (through Optional, tuple, Union, Annotated)."""
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return [ann]
+    return [m for a in get_args(ann) for m in _models_in(a)]
+
+
+def _known_keys(loc: tuple) -> list[str]:
+    """The keys allowed in the mapping at ``loc`` (a pydantic location), or [] if unsure."""
+    models: list[type[BaseModel]] = [Scenario]
+    for part in loc:
+        if isinstance(part, int) or str(part).startswith("function-after"):
+            continue
+        tagged = [m for m in models if m.model_fields.get("kind") is not None
+                  and m.model_fields["kind"].default == part]
+        if tagged:  # discriminated-union tag: pick that member
+            models = tagged
+            continue
+        fields = [m.model_fields[part] for m in models if part in m.model_fields]
+        models = [m for f in fields for m in _models_in(f.annotation)]
+        if not models:
+            return []
+    return sorted({k for m in models for k in m.model_fields}) if len(models) == 1 else []
+
+
+def _format_errors(origin: str, err: ValidationError, data=None) -> str:
+    errors = err.errors()
     lines = []
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-after")) or "(top level)"
+    for e in errors:
+        loc_ = e["loc"]
+        if e["type"] == "too_short" and any(o["loc"][:len(loc_)] == loc_ and len(o["loc"]) > len(loc_)
+                                            for o in errors):
+            continue  # a tuple whose items failed also reports "too short": noise next to the real error
+        loc = _loc(e["loc"], data)
         inp = e.get("input")
         got = "" if isinstance(inp, (dict, list)) or e["type"] == "missing" else f" (got {inp!r})"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            msg = "unknown key; check the spelling against docs/scenario.md"
-        lines.append(f"  {loc}: {msg}{got}")
+            known = _known_keys(e["loc"][:-1])
+            msg = ("unknown key; " + (f"valid keys here: {', '.join(known)}" if known
+                                      else "check the spelling against docs/scenario.md"))
+        line = f"  {loc}: {msg}{got}"
+        if line not in lines:
+            lines.append(line)
     return f"{origin}: invalid scenario:\n" + "\n".join(lines)
 
 
@@ -123,15 +175,19 @@ def _resolve_paths(node, base: Path):
 
 
 def parse_scenario(data: dict, origin: str = "scenario", base: Path | None = None) -> Scenario:
+    if data is None:
+        raise ScenarioError(f"{origin}: the scenario is empty; give at least model, pools and workload "
+                            f"(see examples/llama8b_h100_chat.yaml)")
     if not isinstance(data, dict):
-        raise ScenarioError(f"{origin}: expected a mapping of scenario fields, got {type(data).__name__}")
+        raise ScenarioError(f"{origin}: expected a mapping of scenario fields (model, pools, workload, ...) "
+                            f"at the top level, got a {type(data).__name__}")
     if base is not None:
         data = _resolve_paths(data, base)
         data["hwdb"] = [str(base / d) if not Path(d).is_absolute() else d for d in data.get("hwdb", [])]
     try:
         return Scenario.model_validate(data)
     except ValidationError as err:
-        raise ScenarioError(_format_errors(origin, err)) from None
+        raise ScenarioError(_format_errors(origin, err, data)) from None
 
 
 def load_scenario(path: str | Path) -> Scenario:
@@ -142,7 +198,14 @@ def load_scenario(path: str | Path) -> Scenario:
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
-        raise ScenarioError(f"{path}: not valid YAML: {exc}") from None
+        def at(mark) -> str:
+            return f"line {mark.line + 1}, column {mark.column + 1}"
+        mark, ctx = getattr(exc, "problem_mark", None), getattr(exc, "context_mark", None)
+        what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        where = f" at {at(mark)}" if mark else ""
+        if ctx is not None and getattr(exc, "context", None):
+            where += f" ({exc.context} started at {at(ctx)})"
+        raise ScenarioError(f"{path}: not valid YAML{where}: {what}; fix the syntax there") from None
     return parse_scenario(data, str(path), path.parent)
 
 
@@ -160,8 +223,14 @@ def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB
     """Resolve a pool's names and defaults into a :class:`Deployment` (raises ScenarioError)."""
     try:
         gpu = db.gpu(pool.gpu)
-        link = db.link(gpu.intra_node_link)
+    except hwdb.HwdbError as exc:
+        raise ScenarioError(f"pools[{pool.name}].gpu: {exc}") from None
+    try:
         engine = db.engine(pool.engine.engine)
+    except hwdb.HwdbError as exc:
+        raise ScenarioError(f"pools[{pool.name}].engine.engine: {exc}") from None
+    try:
+        link = db.link(gpu.intra_node_link)
     except hwdb.HwdbError as exc:
         raise ScenarioError(f"pools[{pool.name}]: {exc}") from None
     if pool.tp > gpu.gpus_per_node:
