@@ -33,16 +33,18 @@ class Recorder:
         self.t_finish = [nan] * n
         self.instance = [-1] * n
         self.preemptions = [0] * n
+        self.generated = [0] * n
         self.outcome = [PENDING] * n
         self.reason = [""] * n
         self.resume_gaps: list[float] = []
         self.waiters: dict[int, object] | None = None
 
-    def finish(self, rid: int, now: float, instance: int) -> None:
+    def finish(self, rid: int, now: float, instance: int, generated: int) -> None:
         if self.outcome[rid] != PENDING:
             raise RuntimeError(f"request {rid} ended twice")
         self.outcome[rid] = COMPLETED
         self.t_finish[rid] = now
+        self.generated[rid] = generated
         if self.waiters is not None:
             self.waiters.pop(rid).succeed()
 

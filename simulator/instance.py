@@ -124,43 +124,20 @@ class Instance:
             pairs = 0.0
             pctx = 0.0
             chunks = []
-            # --- partially prefilled running requests, in admission order
+            # --- the partially prefilled running request, if any.  Only the last admission of a
+            # step can be cut short by the budget, so at most one is partial and it is the newest
+            # running request: when its next chunk finds no blocks, V1 preempts it, not another.
             for rid, pf in list(prefill.items()):
                 if budget <= 0:
                     break
-                if rid not in prefill:
-                    continue
                 done, target = pf[0], pf[1]
                 c = target - done if target - done < budget else budget
                 grow = -(-(done + c) // block) - (-(-done // block))
-                while kv_total - kv_used < grow and order:
-                    vic, _ = order.popitem()
+                if kv_total - kv_used < grow:
+                    assert next(reversed(order)) == rid
+                    del order[rid], prefill[rid]
                     n_pre += 1
-                    preempts[vic] += 1
-                    if vic == rid:
-                        break
-                    vpf = prefill.pop(vic, None)
-                    if vpf is not None:
-                        kv_used -= -(-vpf[0] // block)
-                        waiting.appendleft(vic)
-                        self._requeue[vic] = [0, vpf[1], vpf[2]]
-                    else:
-                        sd, ld, g0 = dec_start.pop(vic)
-                        del fin_at[vic]
-                        length = ld + s - sd
-                        cnt[(sd - ld) % block] -= 1
-                        n_dec -= 1
-                        sum_l -= length
-                        tokens -= 1
-                        logits -= 1
-                        budget += 1
-                        kv_used -= -(-(length + 1) // block)   # includes this step's block
-                        g = g0 + (s - sd)
-                        self._requeue[vic] = [0, inp[vic] + g, g]
-                        last_tok[vic] = now
-                        waiting.appendleft(vic)
-                if rid not in order:
-                    prefill.pop(rid, None)
+                    preempts[rid] += 1
                     kv_used -= -(-done // block)
                     waiting.appendleft(rid)
                     self._requeue[rid] = [0, target, pf[2]]
@@ -173,8 +150,8 @@ class Instance:
                 chunks.append((rid, pf, c))
                 if done + c == target:
                     logits += 1
-            # --- admit waiting requests FCFS
-            while waiting and budget > 0 and len(order) < max_seqs:
+            # --- admit waiting requests FCFS (V1 admits none in a step that preempted)
+            while not n_pre and waiting and budget > 0 and len(order) < max_seqs:
                 rid = waiting[0]
                 pf = self._requeue.get(rid)
                 target = pf[1] if pf is not None else inp[rid]
@@ -208,7 +185,7 @@ class Instance:
             dt = step_time(tokens, logits, pairs, sum_l + n_dec, pctx)
             yield env.timeout(dt)
             now = env.now
-            steps.append((t0, dt, n_dec, tokens - n_dec, len(order), len(waiting), kv_used, n_pre))
+            steps.append((t0, dt, n_dec, tokens - n_dec, logits - n_dec, len(order), len(waiting), kv_used, n_pre))
             # --- apply the step: decodes grow, chunks advance, finishes leave
             sum_l += n_dec
             for rid, pf, c in chunks:
@@ -223,7 +200,7 @@ class Instance:
                     gaps.append(now - last_tok.pop(rid))
                 remaining = out[rid] - g
                 if remaining <= 0:
-                    self._finish(rid, now, order, pf[1])
+                    self._finish(rid, now, order, g)
                     kv_used -= -(-pf[1] // block)
                     continue
                 length = pf[1]
@@ -245,10 +222,10 @@ class Instance:
                 n_dec -= 1
                 sum_l -= length
                 kv_used -= -(-length // block)
-                self._finish(rid, now, order, length)
+                self._finish(rid, now, order, g0 + s - sd + 1)
             s += 1
 
-    def _finish(self, rid: int, now: float, order: dict, kv_len: int) -> None:
+    def _finish(self, rid: int, now: float, order: dict, generated: int) -> None:
         del order[rid]
         self.outstanding -= 1
-        self.rec.finish(rid, now, self.index)
+        self.rec.finish(rid, now, self.index, generated)

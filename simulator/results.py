@@ -55,13 +55,14 @@ def requests_frame(run: PoolRun, pool: str) -> pd.DataFrame:
         "tpot_s": tpot,
         "e2e_s": finish - arrival,
         "preemptions": np.asarray(rec.preemptions, dtype=np.int32),
+        "generated_tokens": np.asarray(rec.generated, dtype=np.int64),
         "outcome": pd.Categorical([OUTCOMES[o] for o in rec.outcome], categories=list(OUTCOMES.values())),
         "reason": rec.reason,
     })
 
 
-STEP_COLUMNS = ["start_s", "duration_s", "decode_tokens", "prefill_tokens", "batch_size", "waiting",
-                "kv_blocks_used", "preemptions"]
+STEP_COLUMNS = ["start_s", "duration_s", "decode_tokens", "prefill_tokens", "first_tokens", "batch_size",
+                "waiting", "kv_blocks_used", "preemptions"]
 
 
 def steps_frame(run: PoolRun, pool: str) -> pd.DataFrame:

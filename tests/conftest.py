@@ -1,0 +1,45 @@
+"""Shared helpers: small scenarios built in Python, and the location of ../shared."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from simulator.scenario import parse_scenario
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+
+
+def scenario(**over):
+    """A small valid scenario (Llama-3.1-8B on H100) with top-level fields overridden."""
+    base = {
+        "name": "test",
+        "seed": 1,
+        "model": "Llama-3.1-8B",
+        "pools": [{"gpu": "H100", "tp": 1, "instances": 1}],
+        "workload": {
+            "arrival": {"kind": "poisson", "rate": 5.0},
+            "input_length": {"kind": "fixed", "value": 256},
+            "output_length": {"kind": "fixed", "value": 32},
+            "num_requests": 200,
+        },
+    }
+    base.update(over)
+    return parse_scenario(base)
+
+
+def pool(**over):
+    p = {"gpu": "H100", "tp": 1, "instances": 1}
+    engine = over.pop("engine", None)
+    p.update(over)
+    if engine:
+        p["engine"] = engine
+    return [p]
+
+
+@pytest.fixture
+def shared_dir() -> Path:
+    if not SHARED.is_dir():
+        pytest.skip("../shared is absent (CI has it); this test reads shared data")
+    return SHARED
