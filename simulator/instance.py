@@ -127,7 +127,7 @@ class Instance:
             # --- the partially prefilled running request, if any.  Only the last admission of a
             # step can be cut short by the budget, so at most one is partial and it is the newest
             # running request: when its next chunk finds no blocks, V1 preempts it, not another.
-            for rid, pf in list(prefill.items()):
+            for rid, pf in (list(prefill.items()) if prefill else ()):
                 if budget <= 0:
                     break
                 done, target = pf[0], pf[1]
