@@ -10,6 +10,7 @@ plus the gaps of preempted requests (the time to re-prefill them).
 from __future__ import annotations
 
 import json
+from itertools import chain
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -67,8 +68,11 @@ STEP_COLUMNS = ["start_s", "duration_s", "decode_tokens", "prefill_tokens", "fir
 
 def steps_frame(run: PoolRun, pool: str) -> pd.DataFrame:
     frames = []
+    ncol = len(STEP_COLUMNS)
     for inst in run.instances:
-        arr = np.array(inst.steps, dtype=np.float64).reshape(-1, len(STEP_COLUMNS))
+        # fromiter over the flattened rows is ~2x faster than np.array on a list of tuples.
+        arr = np.fromiter(chain.from_iterable(inst.steps), dtype=np.float64,
+                          count=ncol * len(inst.steps)).reshape(-1, ncol)
         df = pd.DataFrame(arr, columns=STEP_COLUMNS)
         for c in STEP_COLUMNS[2:]:
             df[c] = df[c].astype(np.int64)

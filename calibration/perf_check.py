@@ -1,0 +1,253 @@
+"""Check the step-time model against kernel measurements that no fit used.
+
+Two independent sources, read from ``../shared/data/kernels`` (facts only; no
+file is copied into this repository):
+
+* Vidur (github microsoft/vidur, MIT): per-operator GPU times of
+  Llama-2-70B layers on H100 at TP 1/2/4/8 (``compute_h100_..._mlp.csv``,
+  milliseconds per operator per layer, medians over repeats), and NCCL
+  all-reduce kernel times on a DGX H100 (``network_h100_dgx_all_reduce.csv``;
+  ``size`` is bytes: Vidur's profiler logs ``elements * 2``).
+* aiconfigurator (github ai-dynamo/aiconfigurator, Apache-2.0), vLLM 0.24.0
+  collection: ``comm/nccl/2.29.2/nccl_perf.parquet`` (nccl-tests, fp16) and
+  ``comm/vllm/0.24.0/custom_allreduce_perf.parquet`` (vLLM's
+  ``tensor_model_parallel_all_reduce`` under a CUDA graph, bf16).  In both,
+  ``message_size`` counts *elements* (the collectors log ``bytes // 2`` and the
+  tensor's numel), so bytes = 2 x message_size; latency is milliseconds.
+
+The model side reproduces :meth:`simulator.perf.StepModel.step_time` term by
+term from a built :class:`~simulator.perf.StepModel`; nothing here changes the
+simulator.  ``docs/validation/perf.md`` reports the results and
+``tests/test_perf_validation.py`` locks them in.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from hwdb.models import ModelArch
+from hwdb.schema import DTYPE_BYTES
+from simulator.perf import StepModel
+
+VIDUR = "vidur"
+VIDUR_LINEAR_CSV = "compute_h100_meta-llama_Llama-2-70b-hf_mlp.csv"
+VIDUR_ALLREDUCE_CSV = "network_h100_dgx_all_reduce.csv"
+AIC = "aiconfigurator_vllm_0.24.0"
+AIC_NCCL = "comm/nccl/2.29.2/nccl_perf.parquet"
+AIC_VLLM = "comm/vllm/0.24.0/custom_allreduce_perf.parquet"
+
+#: Vidur operators that are linear layers: fused QKV, O, fused gate+up, down.
+LINEAR_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
+#: GEMM kernels per decoder layer of a dense model in vLLM (the four above).
+GEMMS_PER_DENSE_LAYER = 4
+
+#: Token-count regimes of the linear comparison (inclusive bounds).
+MEMORY_BOUND_MAX_TOKENS = 64
+COMPUTE_BOUND_MIN_TOKENS = 512
+
+#: All-reduce size bands (bytes), named by the tokens they hold at hidden 8192 in bf16.
+AR_MIN_BYTES, AR_MAX_BYTES = 8192 * 2 * 1, 8192 * 2 * 8192
+AR_BANDS: tuple[tuple[str, float, float], ...] = (
+    ("16-256 KiB (1-16 tok)", 16 * 2 ** 10, 256 * 2 ** 10),
+    ("256 KiB-2 MiB (16-128 tok)", 256 * 2 ** 10, 2 * 2 ** 20),
+    ("2-16 MiB (128-1k tok)", 2 * 2 ** 20, 16 * 2 ** 20),
+    ("16-128 MiB (1k-8k tok)", 16 * 2 ** 20, 128 * 2 ** 20),
+)
+
+
+# --------------------------------------------------------------------------- model side
+
+def linear_weight_bytes(arch: ModelArch, tp: int, dtype: str = "bf16") -> float:
+    """Bytes of the decoder layers' linear weights one TP rank reads per step.
+
+    For a dense model this is every layer's QKV, O, gate/up and down weights
+    (no embedding table, no LM head), which is what Vidur's four linear
+    operators time.  For an MoE model it counts active experts only.
+    """
+    return arch.linear_params_per_token * DTYPE_BYTES[dtype] / tp
+
+
+def linear_time(sm: StepModel, tokens: int, weight_bytes: float | None = None) -> float:
+    """The linear-layer part of ``StepModel.step_time`` for a step of ``tokens`` new tokens.
+
+    Same fields and formula as ``step_time`` with no LM head rows, no attention
+    FLOPs, no KV bytes, no all-reduce and no host overhead::
+
+        t_comp = lin_flops_per_token * T / (peak_flops * ceff(T))
+        B      = weights + act_bytes_per_token * T
+        t_mem  = B / (peak_bw * meff(B))
+        t      = max(t_comp, t_mem)
+
+    ``weights`` defaults to what ``step_time`` reads (``dense_weight_bytes``, which
+    includes the embedding table and LM head, plus the experts the step touches);
+    pass :func:`linear_weight_bytes` to compare with per-layer operator timings.
+    """
+    if tokens <= 0:
+        return 0.0
+    ce, me = sm.ceff, sm.meff
+    t_comp = sm.lin_flops_per_token * tokens / (sm.peak_flops * ce.at(tokens))
+    if weight_bytes is None:
+        weight_bytes = sm.dense_weight_bytes
+        if sm.n_experts:
+            touched = sm.n_experts * (1.0 - (1.0 - sm.experts_per_token / sm.n_experts) ** tokens)
+            weight_bytes += sm.expert_bytes * touched
+    nbytes = weight_bytes + sm.act_bytes_per_token * tokens
+    t_mem = nbytes / (sm.peak_bw * me.at(nbytes))
+    return max(t_comp, t_mem)
+
+
+def linear_time_kernel_floor(sm: StepModel, tokens: int, weight_bytes: float, kernels: int) -> float:
+    """Variant of :func:`linear_time` that keeps the memory curve's per-kernel floor.
+
+    The memory curve was fitted per GEMM (``x`` = bytes of one kernel), and
+    ``B / (BW * max_eff * B / (B + half)) = (B + half) / (BW * max_eff)``: each
+    kernel pays ``half / (BW * max_eff)`` (about 3.5 us on H100).  Summed over
+    ``kernels`` GEMMs of a step this is ``(B + kernels * half) / (BW * max_eff)``;
+    ``step_time`` instead applies the curve once to the whole step's bytes, which
+    drops all but one floor.  Diagnostic only (see docs/validation/perf.md).
+    """
+    if tokens <= 0:
+        return 0.0
+    ce, me = sm.ceff, sm.meff
+    t_comp = sm.lin_flops_per_token * tokens / (sm.peak_flops * ce.at(tokens))
+    nbytes = weight_bytes + sm.act_bytes_per_token * tokens
+    t_mem = (nbytes + kernels * me.half) / (sm.peak_bw * me.max_eff)
+    return max(t_comp, t_mem)
+
+
+def allreduce_time(sm: StepModel, message_bytes: float) -> float:
+    """One TP all-reduce of ``message_bytes`` as ``step_time`` charges it.
+
+    ``step_time`` adds ``ar_bytes_per_token * T / ar_bw + ar_latency`` per
+    all-reduce, with ``ar_bytes_per_token = 2 (tp-1)/tp * hidden * 2``: a ring
+    moving 2 (tp-1)/tp of the bf16 message over each GPU's link.
+    """
+    if sm.tp <= 1:
+        return 0.0
+    return 2.0 * (sm.tp - 1) / sm.tp * message_bytes / sm.ar_bw + sm.ar_latency
+
+
+# --------------------------------------------------------------------------- measured side
+
+def load_vidur_linear(path: Path, num_layers: int) -> pd.DataFrame:
+    """Vidur's linear-operator time per step: columns ``tp``, ``tokens``, ``measured_s``.
+
+    Sums the medians of the four linear operators of one layer (ms), averages
+    rows repeated for the same (TP, tokens), and multiplies by ``num_layers``.
+    """
+    cols = [f"time_stats.{op}.median" for op in LINEAR_OPS]
+    d = pd.read_csv(path, usecols=cols + ["num_tokens", "num_tensor_parallel_workers"])
+    d["layer_ms"] = d[cols].sum(axis=1)
+    g = d.groupby(["num_tensor_parallel_workers", "num_tokens"], as_index=False)["layer_ms"].mean()
+    return pd.DataFrame({"tp": g["num_tensor_parallel_workers"].astype(int),
+                         "tokens": g["num_tokens"].astype(int),
+                         "measured_s": g["layer_ms"] * 1e-3 * num_layers})
+
+
+def load_vidur_allreduce(path: Path) -> pd.DataFrame:
+    """Vidur's NCCL all-reduce kernel times: columns ``gpus``, ``bytes``, ``measured_s``."""
+    d = pd.read_csv(path, usecols=["num_workers", "size", "collective", "time_stats.all_reduce.median"])
+    d = d[d["collective"] == "all_reduce"]
+    g = d.groupby(["num_workers", "size"], as_index=False)["time_stats.all_reduce.median"].mean()
+    return pd.DataFrame({"gpus": g["num_workers"].astype(int), "bytes": g["size"].astype(float),
+                         "measured_s": g["time_stats.all_reduce.median"] * 1e-3})
+
+
+def load_aic_allreduce(path: Path) -> pd.DataFrame:
+    """aiconfigurator all-reduce latencies: columns ``gpus``, ``bytes``, ``measured_s``.
+
+    NCCL table: fp16 rows.  vLLM table: the CUDA-graph backend (what vLLM runs
+    when the step fits a captured graph).  ``message_size`` is elements of 2 bytes.
+    """
+    d = pd.read_parquet(path)
+    d = d[d["op_name"] == "all_reduce"]
+    if "nccl_dtype" in d.columns:
+        d = d[d["nccl_dtype"] == "half"]
+    if "backend" in d.columns:
+        d = d[d["backend"] == "vllm_graph"]
+    g = d.groupby(["num_gpus", "message_size"], as_index=False)["latency"].median()
+    return pd.DataFrame({"gpus": g["num_gpus"].astype(int), "bytes": g["message_size"].astype(float) * 2.0,
+                         "measured_s": g["latency"] * 1e-3})
+
+
+# --------------------------------------------------------------------------- comparisons
+
+def summarize(err: pd.Series | np.ndarray) -> dict[str, float]:
+    """n, median and p90 of |err|, and the signed median, of relative errors ``model/measured - 1``."""
+    e = np.asarray(err, dtype=float)
+    a = np.abs(e)
+    return {"n": int(e.size), "median": float(np.median(a)), "p90": float(np.quantile(a, 0.9)),
+            "signed_median": float(np.median(e))}
+
+
+def compare_linear(models: dict[int, StepModel], arch: ModelArch, measured: pd.DataFrame,
+                   dtype: str = "bf16") -> pd.DataFrame:
+    """Model vs measured linear time per step; ``models`` maps TP degree to a StepModel.
+
+    Adds columns ``model_s`` (:func:`linear_time`, per-layer weights only),
+    ``floor_s`` (:func:`linear_time_kernel_floor`), ``err``, ``err_floor`` and
+    ``regime`` ('memory' for tokens <= 64, 'compute' for >= 512, else 'ridge').
+    """
+    rows = []
+    for r in measured.itertuples(index=False):
+        sm = models[r.tp]
+        wb = linear_weight_bytes(arch, r.tp, dtype)
+        rows.append((linear_time(sm, r.tokens, wb),
+                     linear_time_kernel_floor(sm, r.tokens, wb, GEMMS_PER_DENSE_LAYER * arch.num_layers)))
+    out = measured.copy()
+    out["model_s"] = [a for a, _ in rows]
+    out["floor_s"] = [b for _, b in rows]
+    out["err"] = out["model_s"] / out["measured_s"] - 1.0
+    out["err_floor"] = out["floor_s"] / out["measured_s"] - 1.0
+    out["regime"] = np.where(out["tokens"] <= MEMORY_BOUND_MAX_TOKENS, "memory",
+                             np.where(out["tokens"] >= COMPUTE_BOUND_MIN_TOKENS, "compute", "ridge"))
+    return out
+
+
+def compare_allreduce(models: dict[int, StepModel], measured: pd.DataFrame,
+                      lo: float = AR_MIN_BYTES, hi: float = AR_MAX_BYTES) -> pd.DataFrame:
+    """Model vs measured all-reduce time for GPU counts in ``models``, messages in [lo, hi] bytes.
+
+    Adds ``model_s``, ``err`` and ``band`` (the :data:`AR_BANDS` label).
+    """
+    m = measured[measured["gpus"].isin(list(models)) & measured["bytes"].between(lo, hi)].copy()
+    m["model_s"] = [allreduce_time(models[g], b) for g, b in zip(m["gpus"], m["bytes"])]
+    m["err"] = m["model_s"] / m["measured_s"] - 1.0
+    m["band"] = [band_of(b) for b in m["bytes"]]
+    return m
+
+
+def band_of(nbytes: float) -> str:
+    for name, lo, hi in AR_BANDS:
+        if lo <= nbytes < hi or (hi == AR_BANDS[-1][2] and nbytes == hi):
+            return name
+    return "out of range"
+
+
+def error_table(df: pd.DataFrame, by: list[str], err: str = "err") -> pd.DataFrame:
+    """One row per group: n, median |err|, p90 |err|, signed median (fractions)."""
+    rows = []
+    for key, g in df.groupby(by, sort=False):
+        key = key if isinstance(key, tuple) else (key,)
+        rows.append({**dict(zip(by, key)), **summarize(g[err])})
+    return pd.DataFrame(rows)
+
+
+def format_table(df: pd.DataFrame) -> str:
+    """Markdown table; error columns printed as percentages."""
+    cols = list(df.columns)
+    pct = {"median", "p90", "signed_median"}
+    head = "| " + " | ".join("median |err|" if c == "median" else "p90 |err|" if c == "p90"
+                             else "signed median" if c == "signed_median" else c for c in cols) + " |"
+    lines = [head, "|" + "---|" * len(cols)]
+    for r in df.itertuples(index=False):
+        cells = []
+        for c, v in zip(cols, r):
+            if c in pct:
+                cells.append(f"{100 * v:+.1f} %" if c == "signed_median" else f"{100 * v:.1f} %")
+            else:
+                cells.append(str(v))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
