@@ -251,3 +251,63 @@ def format_table(df: pd.DataFrame) -> str:
                 cells.append(str(v))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def interp_measured(measured: pd.DataFrame, gpus: int, nbytes: float) -> float:
+    """Measured all-reduce time at ``nbytes`` for ``gpus`` GPUs, log-log interpolated (NaN outside the data)."""
+    m = measured[measured["gpus"] == gpus].sort_values("bytes")
+    if m.empty or not m["bytes"].iloc[0] <= nbytes <= m["bytes"].iloc[-1]:
+        return float("nan")
+    return float(np.exp(np.interp(np.log(nbytes), np.log(m["bytes"]), np.log(m["measured_s"]))))
+
+
+# --------------------------------------------------------------------------- source cross-check
+
+AIC_GEMM = "gemm/vllm/0.24.0/gemm_perf.parquet"
+
+
+def dense_layer_gemms(arch: ModelArch, tp: int) -> dict[str, tuple[int, int]]:
+    """(n, k) = (output, input) features of one rank's four GEMMs, keyed by Vidur operator name."""
+    h, d = arch.hidden_size, arch.head_dim
+    return {"attn_pre_proj": ((arch.num_heads + 2 * arch.num_kv_heads) * d // tp, h),
+            "attn_post_proj": (h, arch.num_heads * d // tp),
+            "mlp_up_proj": (2 * arch.intermediate_size // tp, h),
+            "mlp_down_proj": (h, arch.intermediate_size // tp)}
+
+
+def gemm_time(sm: StepModel, m: int, n: int, k: int, weight_bytes: float = 2.0) -> float:
+    """One GEMM in the form the curves were fitted to (docs/kernel_fit.md):
+    ``max(2mnk / (P ce(m)), B / (BW me(B)))``, ``B = (mk + mn) 2 + kn w``."""
+    b = (m * k + m * n) * 2.0 + k * n * weight_bytes
+    return max(2.0 * m * n * k / (sm.peak_flops * sm.ceff.at(m)), b / (sm.peak_bw * sm.meff.at(b)))
+
+
+def vidur_vs_aic_gemm(vidur_csv: Path, aic_gemm: Path, arch: ModelArch,
+                      models: dict[int, StepModel]) -> pd.DataFrame:
+    """Vidur's per-operator times next to aiconfigurator's bf16 GEMM times of the same (m, n, k).
+
+    Only cells present in both grids (Vidur: Llama-2-70B layers at TP 1-8;
+    aiconfigurator: the vLLM 0.24.0 default ``torch.nn.functional.linear``).
+    Columns: tp, op, m, n, k, vidur_s, aic_s, model_s (:func:`gemm_time`),
+    ``vidur_vs_aic`` = vidur/aic - 1 and ``model_vs_aic`` = model/aic - 1.
+    """
+    g = pd.read_parquet(aic_gemm, columns=["m", "n", "k", "gemm_dtype", "kernel_source", "latency"])
+    g = g[(g["gemm_dtype"] == "bfloat16") & (g["kernel_source"] == "torch.nn.functional.linear")]
+    aic = g.groupby(["m", "n", "k"])["latency"].median()
+    cols = [f"time_stats.{op}.median" for op in LINEAR_OPS]
+    v = pd.read_csv(vidur_csv, usecols=cols + ["num_tokens", "num_tensor_parallel_workers"])
+    v = v.groupby(["num_tensor_parallel_workers", "num_tokens"])[cols].mean()
+    rows = []
+    for (tp, m), r in v.iterrows():
+        if tp not in models:
+            continue
+        for op, (n, k) in dense_layer_gemms(arch, int(tp)).items():
+            key = (int(m), n, k)
+            if key in aic.index:
+                rows.append({"tp": int(tp), "op": op, "m": int(m), "n": n, "k": k,
+                             "vidur_s": r[f"time_stats.{op}.median"] * 1e-3, "aic_s": aic[key] * 1e-3,
+                             "model_s": gemm_time(models[int(tp)], int(m), n, k)})
+    out = pd.DataFrame(rows)
+    out["vidur_vs_aic"] = out["vidur_s"] / out["aic_s"] - 1.0
+    out["model_vs_aic"] = out["model_s"] / out["aic_s"] - 1.0
+    return out
