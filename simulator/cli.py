@@ -72,8 +72,15 @@ def cmd_simulate(args, con: Console) -> int:
     from simulator.run import simulate
     from simulator.scenario import load_scenario
     scn = load_scenario(args.scenario or DEFAULT_SCENARIO)
+    over = {}
     if args.seed is not None:
-        scn = scn.model_copy(update={"seed": args.seed})
+        over["seed"] = args.seed
+    if args.model:
+        over["model"] = args.model
+    if args.hwdb:
+        over["hwdb"] = tuple(scn.hwdb) + tuple(args.hwdb)
+    if over:
+        scn = scn.model_copy(update=over)
     res = simulate(scn, replication=args.replication)
     con.print(_summary_table(res))
     con.print(_totals_table(res))
@@ -158,6 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--format", nargs="+", default=["parquet"], choices=["parquet", "csv", "json"])
     s.add_argument("--seed", type=int, help="override the scenario's seed")
     s.add_argument("--replication", type=int, default=0, help="independent replication index")
+    s.add_argument("--model", help="override the scenario's model (name, alias, config.json or model folder)")
+    s.add_argument("--hwdb", action="append", default=[], help="extra user hwdb folder (repeatable)")
     s.set_defaults(func=cmd_simulate)
     q = sub.add_parser("perf", help="print a model's prefill and decode step times on a GPU")
     q.add_argument("model", help="model name, alias, or a local config.json / model folder")

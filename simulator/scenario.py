@@ -184,6 +184,9 @@ def parse_scenario(data: dict, origin: str = "scenario", base: Path | None = Non
     if base is not None:
         data = _resolve_paths(data, base)
         data["hwdb"] = [str(base / d) if not Path(d).is_absolute() else d for d in data.get("hwdb", [])]
+        model = data.get("model")
+        if isinstance(model, str) and not Path(model).is_absolute() and (base / model).exists():
+            data["model"] = str(base / model)  # a local config.json or model folder next to the scenario
     try:
         return Scenario.model_validate(data)
     except ValidationError as err:
