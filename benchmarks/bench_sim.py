@@ -26,9 +26,10 @@ def _lengths() -> dict:
     if SHAREGPT.exists():
         return {"lengths": {"kind": "pairs", "path": str(SHAREGPT), "input_column": "num_prefill_tokens",
                             "output_column": "num_decode_tokens"}}
-    # Lognormal approximation of the same table (means and spreads measured from it).
-    return {"input_length": {"kind": "lognormal", "mean": 1730, "cv": 1.1, "low": 4, "high": 8000},
-            "output_length": {"kind": "lognormal", "mean": 415, "cv": 1.2, "low": 1, "high": 4000}}
+    # Lognormal with the same table's mean, coefficient of variation and range
+    # (prompt mean 2,340, cv 0.89, 1..8,141; output mean 439, cv 0.61, 2..1,024).
+    return {"input_length": {"kind": "lognormal", "mean": 2340, "cv": 0.89, "low": 1, "high": 8141},
+            "output_length": {"kind": "lognormal", "mean": 439, "cv": 0.61, "low": 2, "high": 1024}}
 
 
 def reference(arrival: dict, n: int, max_num_seqs: int | None = None, instances: int = 8) -> dict:
