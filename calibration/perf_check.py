@@ -40,8 +40,6 @@ AIC_VLLM = "comm/vllm/0.24.0/custom_allreduce_perf.parquet"
 
 #: Vidur operators that are linear layers: fused QKV, O, fused gate+up, down.
 LINEAR_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
-#: GEMM kernels per decoder layer of a dense model in vLLM (the four above).
-GEMMS_PER_DENSE_LAYER = 4
 
 #: Token-count regimes of the linear comparison (inclusive bounds).
 MEMORY_BOUND_MAX_TOKENS = 64
@@ -77,43 +75,28 @@ def linear_time(sm: StepModel, tokens: int, weight_bytes: float | None = None) -
 
         t_comp = lin_flops_per_token * T / (peak_flops * ceff(T))
         B      = weights + act_bytes_per_token * T
-        t_mem  = B / (peak_bw * meff(B))
+        t_mem  = (B + mem_floor_bytes) / (peak_bw * meff.max_eff)
         t      = max(t_comp, t_mem)
 
-    ``weights`` defaults to what ``step_time`` reads (``dense_weight_bytes``, which
-    includes the embedding table and LM head, plus the experts the step touches);
-    pass :func:`linear_weight_bytes` to compare with per-layer operator timings.
+    ``mem_floor_bytes = 4 x ceil(layers / pp) x meff.half``: the memory curve was fitted per
+    GEMM, ``B / (BW * me(B)) = (B + half) / (BW * max_eff)``, so each of the four
+    GEMMs of a layer pays ``half / (BW * max_eff)`` (about 3.5 us on H100).
+
+    ``weights`` defaults to what ``step_time`` reads (``dense_weight_bytes``: the
+    decoder layers and the LM head, not the input embedding, plus the experts
+    the step touches); pass :func:`linear_weight_bytes` to compare with
+    per-layer operator timings.
     """
     if tokens <= 0:
         return 0.0
-    ce, me = sm.ceff, sm.meff
-    t_comp = sm.lin_flops_per_token * tokens / (sm.peak_flops * ce.at(tokens))
+    t_comp = sm.lin_flops_per_token * tokens / (sm.peak_flops * sm.ceff.at(tokens))
     if weight_bytes is None:
         weight_bytes = sm.dense_weight_bytes
         if sm.n_experts:
             touched = sm.n_experts * (1.0 - (1.0 - sm.experts_per_token / sm.n_experts) ** tokens)
             weight_bytes += sm.expert_bytes * touched
     nbytes = weight_bytes + sm.act_bytes_per_token * tokens
-    t_mem = nbytes / (sm.peak_bw * me.at(nbytes))
-    return max(t_comp, t_mem)
-
-
-def linear_time_kernel_floor(sm: StepModel, tokens: int, weight_bytes: float, kernels: int) -> float:
-    """Variant of :func:`linear_time` that keeps the memory curve's per-kernel floor.
-
-    The memory curve was fitted per GEMM (``x`` = bytes of one kernel), and
-    ``B / (BW * max_eff * B / (B + half)) = (B + half) / (BW * max_eff)``: each
-    kernel pays ``half / (BW * max_eff)`` (about 3.5 us on H100).  Summed over
-    ``kernels`` GEMMs of a step this is ``(B + kernels * half) / (BW * max_eff)``;
-    ``step_time`` instead applies the curve once to the whole step's bytes, which
-    drops all but one floor.  Diagnostic only (see docs/validation/perf.md).
-    """
-    if tokens <= 0:
-        return 0.0
-    ce, me = sm.ceff, sm.meff
-    t_comp = sm.lin_flops_per_token * tokens / (sm.peak_flops * ce.at(tokens))
-    nbytes = weight_bytes + sm.act_bytes_per_token * tokens
-    t_mem = (nbytes + kernels * me.half) / (sm.peak_bw * me.max_eff)
+    t_mem = (nbytes + sm.mem_floor_bytes) / (sm.peak_bw * sm.meff.max_eff)
     return max(t_comp, t_mem)
 
 
@@ -186,24 +169,21 @@ def compare_linear(models: dict[int, StepModel], arch: ModelArch, measured: pd.D
                    dtype: str = "bf16") -> pd.DataFrame:
     """Model vs measured linear time per step; ``models`` maps TP degree to a StepModel.
 
-    Adds columns ``model_s`` (:func:`linear_time`, per-layer weights only),
-    ``floor_s`` (:func:`linear_time_kernel_floor`), ``err``, ``err_floor`` and
-    ``regime`` ('memory' for tokens <= 64, 'compute' for >= 512, else 'ridge').
+    Adds columns ``model_s`` (:func:`linear_time`, per-layer weights only), ``err``
+    and ``regime`` ('memory' for tokens <= 64, 'compute' for >= 512, else 'ridge').
     """
-    rows = []
-    for r in measured.itertuples(index=False):
-        sm = models[r.tp]
-        wb = linear_weight_bytes(arch, r.tp, dtype)
-        rows.append((linear_time(sm, r.tokens, wb),
-                     linear_time_kernel_floor(sm, r.tokens, wb, GEMMS_PER_DENSE_LAYER * arch.num_layers)))
     out = measured.copy()
-    out["model_s"] = [a for a, _ in rows]
-    out["floor_s"] = [b for _, b in rows]
+    out["model_s"] = [linear_time(models[tp], t, linear_weight_bytes(arch, tp, dtype))
+                      for tp, t in zip(out["tp"], out["tokens"])]
     out["err"] = out["model_s"] / out["measured_s"] - 1.0
-    out["err_floor"] = out["floor_s"] / out["measured_s"] - 1.0
-    out["regime"] = np.where(out["tokens"] <= MEMORY_BOUND_MAX_TOKENS, "memory",
-                             np.where(out["tokens"] >= COMPUTE_BOUND_MIN_TOKENS, "compute", "ridge"))
+    out["regime"] = regime_of(out["tokens"])
     return out
+
+
+def regime_of(tokens) -> np.ndarray:
+    """'memory' for tokens (GEMM m) <= 64, 'compute' for >= 512, 'ridge' between."""
+    t = np.asarray(tokens)
+    return np.where(t <= MEMORY_BOUND_MAX_TOKENS, "memory", np.where(t >= COMPUTE_BOUND_MIN_TOKENS, "compute", "ridge"))
 
 
 def compare_allreduce(models: dict[int, StepModel], measured: pd.DataFrame,
@@ -264,6 +244,17 @@ def interp_measured(measured: pd.DataFrame, gpus: int, nbytes: float) -> float:
 # --------------------------------------------------------------------------- source cross-check
 
 AIC_GEMM = "gemm/vllm/0.24.0/gemm_perf.parquet"
+#: vLLM 0.24.0's default linear kernel per weight dtype, as aiconfigurator's GEMM table names it.
+AIC_GEMM_KERNELS = {"bf16": ("bfloat16", "torch.nn.functional.linear"),
+                    "fp8": ("fp8", "CutlassFP8ScaledMMLinearKernel")}
+
+
+def load_aic_gemm(path: Path, dtype: str) -> pd.Series:
+    """aiconfigurator GEMM latencies (seconds, median of repeats) of vLLM's default ``dtype`` kernel, by (m, n, k)."""
+    gemm_dtype, kernel = AIC_GEMM_KERNELS[dtype]
+    g = pd.read_parquet(path, columns=["m", "n", "k", "gemm_dtype", "kernel_source", "latency"])
+    g = g[(g["gemm_dtype"] == gemm_dtype) & (g["kernel_source"] == kernel)]
+    return g.groupby(["m", "n", "k"])["latency"].median() * 1e-3
 
 
 def dense_layer_gemms(arch: ModelArch, tp: int) -> dict[str, tuple[int, int]]:
@@ -291,9 +282,7 @@ def vidur_vs_aic_gemm(vidur_csv: Path, aic_gemm: Path, arch: ModelArch,
     Columns: tp, op, m, n, k, vidur_s, aic_s, model_s (:func:`gemm_time`),
     ``vidur_vs_aic`` = vidur/aic - 1 and ``model_vs_aic`` = model/aic - 1.
     """
-    g = pd.read_parquet(aic_gemm, columns=["m", "n", "k", "gemm_dtype", "kernel_source", "latency"])
-    g = g[(g["gemm_dtype"] == "bfloat16") & (g["kernel_source"] == "torch.nn.functional.linear")]
-    aic = g.groupby(["m", "n", "k"])["latency"].median()
+    aic = load_aic_gemm(aic_gemm, "bf16")
     cols = [f"time_stats.{op}.median" for op in LINEAR_OPS]
     v = pd.read_csv(vidur_csv, usecols=cols + ["num_tokens", "num_tensor_parallel_workers"])
     v = v.groupby(["num_tensor_parallel_workers", "num_tokens"])[cols].mean()
@@ -305,7 +294,7 @@ def vidur_vs_aic_gemm(vidur_csv: Path, aic_gemm: Path, arch: ModelArch,
             key = (int(m), n, k)
             if key in aic.index:
                 rows.append({"tp": int(tp), "op": op, "m": int(m), "n": n, "k": k,
-                             "vidur_s": r[f"time_stats.{op}.median"] * 1e-3, "aic_s": aic[key] * 1e-3,
+                             "vidur_s": r[f"time_stats.{op}.median"] * 1e-3, "aic_s": aic[key],
                              "model_s": gemm_time(models[int(tp)], int(m), n, k)})
     out = pd.DataFrame(rows)
     out["vidur_vs_aic"] = out["vidur_s"] / out["aic_s"] - 1.0

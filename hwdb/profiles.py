@@ -32,6 +32,7 @@ class Profile(BaseModel):
     source: str = Field(min_length=3)
     method: str
     compute_efficiency: EfficiencyCurve | None = None
+    compute_efficiency_fp8: EfficiencyCurve | None = None
     memory_efficiency: EfficiencyCurve | None = None
     attention_prefill_efficiency: EfficiencyCurve | None = None
     attention_decode_efficiency: EfficiencyCurve | None = None

@@ -197,6 +197,7 @@ class StepModel:
     peak_bw: float
     ceff: EfficiencyCurve
     meff: EfficiencyCurve
+    mem_floor_bytes: float
     aeff: EfficiencyCurve
     ar_bytes_per_token: float
     ar_per_step: int
@@ -227,7 +228,8 @@ class StepModel:
         nbytes = (wbytes + self.kv_bytes_per_token * (decode_ctx + prefill_ctx + tokens)
                   + self.act_bytes_per_token * tokens)
         me = self.meff
-        t_mem = nbytes / (self.peak_bw * me.max_eff * nbytes / (nbytes + me.half))
+        # The memory curve was fitted per kernel: each linear kernel pays its own floor (half).
+        t_mem = (nbytes + self.mem_floor_bytes) / (self.peak_bw * me.max_eff)
         t = t_comp if t_comp > t_mem else t_mem
         if self.tp > 1:
             t += self.ar_per_step * (self.ar_bytes_per_token * tokens / self.ar_bw + self.ar_latency)
@@ -260,8 +262,12 @@ def build_step_model(dep: Deployment) -> StepModel:
     meff = (prof.memory_efficiency if prof and prof.memory_efficiency else g.memory_efficiency)
     aeff = (prof.attention_prefill_efficiency if prof and prof.attention_prefill_efficiency else ceff)
     expert_total = a.moe_layers * a.num_experts * a.expert_params if a.is_moe else 0
-    dense_params = a.total_params - expert_total
+    # The input embedding is a gather of a few rows per step, not a stream of the table.
+    streamed_embed = 0 if a.tie_embeddings else a.embedding_params
+    dense_params = a.total_params - expert_total - streamed_embed
     compute_dtype = dep.weight_dtype if dep.weight_dtype in g.peak_flops else "bf16"
+    if compute_dtype == "fp8" and prof and prof.compute_efficiency_fp8:
+        ceff = prof.compute_efficiency_fp8
     eng = dep.engine
     eager = eng.eager_step_overhead_s.value + eng.eager_launch_s_per_layer.value * a.num_layers / dep.pp
     graph = eng.graph_step_overhead_s.value
@@ -281,6 +287,7 @@ def build_step_model(dep: Deployment) -> StepModel:
         peak_flops=g.flops(compute_dtype),
         peak_bw=g.memory_bandwidth_Bps.value,
         ceff=ceff, meff=meff, aeff=aeff,
+        mem_floor_bytes=4 * math.ceil(a.num_layers / dep.pp) * meff.half,
         ar_bytes_per_token=2.0 * (dep.tp - 1) / dep.tp * a.hidden_size * 2.0,
         ar_per_step=2 * math.ceil(a.num_layers / dep.pp),
         ar_bw=dep.intra_link.effective_Bps,
@@ -303,5 +310,5 @@ def regime(model: StepModel, tokens: int, seqs_logits: int, attn_pairs: float,
     wbytes = m.dense_weight_bytes + (m.expert_bytes * m.n_experts * (1 - (1 - m.experts_per_token / m.n_experts) ** tokens)
                                      if m.n_experts else 0.0)
     nbytes = wbytes + m.kv_bytes_per_token * (decode_ctx + prefill_ctx + tokens) + m.act_bytes_per_token * tokens
-    t_mem = nbytes / (m.peak_bw * m.meff.at(nbytes))
+    t_mem = (nbytes + m.mem_floor_bytes) / (m.peak_bw * m.meff.max_eff)
     return "compute" if t_comp > t_mem else "memory"
