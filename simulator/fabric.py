@@ -1,0 +1,390 @@
+"""Fluid (max-min fair) bandwidth sharing of data transfers over chains of links.
+
+Used for KV-cache transfers between prefill and decode instances: a transfer
+crosses a *path*, a sequence of :class:`LinkState` (one direction of one
+physical link instance, e.g. "NIC of prefill instance 3, egress").  Units:
+bytes, seconds, bytes/s.
+
+Life of a transfer (:meth:`Fabric.transfer`):
+
+1. *latency phase*: it waits ``sum(link.latency_s) + extra_s + jitter``;
+2. *active phase*: it streams at a rate set by max-min fairness over every
+   active transfer on every link (progressive filling), recomputed whenever a
+   transfer becomes active or finishes;
+3. its event succeeds with a :class:`TransferRecord` when all bytes crossed.
+
+The fabric keeps at most one live "next completion" timeout; a timeout whose
+version is no longer current is ignored when it fires (cancel by version).
+
+Invariants (checked by ``tests/test_fabric.py``):
+
+* each transfer's event succeeds exactly once, never earlier than
+  ``latency + extra_s + nbytes / min(available capacity on its path)``;
+* the sum of rates on a link never exceeds its available capacity;
+* ``bytes_sent == bytes_delivered`` whenever the fabric is idle, and each
+  link's ``bytes_carried`` equals the bytes of the transfers that crossed it.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Callable, Sequence
+
+import numpy as np
+import simpy
+
+#: A transfer is complete when its remaining bytes are at most this fraction of its size.
+REL_TOL = 1e-9
+
+#: Extra latency (s, >= 0) drawn per transfer crossing a link; see :attr:`LinkState.jitter`.
+Jitter = Callable[[np.random.Generator], float]
+
+
+class LinkState:
+    """One direction of one physical link instance, and its utilisation accounting.
+
+    ``capacity_Bps`` is the usable rate (bytes/s) with protocol efficiency
+    already applied; ``bandwidth_factor`` (0 < f <= 1) degrades it, so the
+    rate shared among transfers is ``available_Bps = capacity_Bps * f``.
+    Change the factor of a link in use with :meth:`Fabric.set_bandwidth_factor`
+    so that rates are recomputed at once.
+
+    ``jitter`` is the extension point for faults: an optional callable drawing
+    extra latency (s, >= 0) for each transfer that crosses this link, from the
+    fabric's ``numpy.random.Generator``.
+
+    Accounting (read only): ``bytes_carried`` (bytes), ``rate_in_use`` (bytes/s
+    now), ``rate_series`` (``[(time_s, rate_Bps), ...]`` change points; the rate
+    is 0 before the first point and holds until the next).  A LinkState belongs
+    to the one :class:`Fabric` it is first used with.
+    """
+
+    def __init__(self, name: str, capacity_Bps: float, latency_s: float = 0.0,
+                 bandwidth_factor: float = 1.0, jitter: Jitter | None = None) -> None:
+        if not capacity_Bps > 0 or not math.isfinite(capacity_Bps):
+            raise ValueError(f"link {name!r}: capacity_Bps must be finite and > 0, got {capacity_Bps}")
+        if not latency_s >= 0:
+            raise ValueError(f"link {name!r}: latency_s must be >= 0, got {latency_s}")
+        self.name = name
+        self.capacity_Bps = float(capacity_Bps)
+        self.latency_s = float(latency_s)
+        self._factor = 1.0
+        self.bandwidth_factor = bandwidth_factor
+        self.jitter = jitter
+        self.bytes_carried = 0.0
+        self.rate_in_use = 0.0
+        self.rate_series: list[tuple[float, float]] = []
+        self._busy_s = 0.0
+        self._busy_since = 0.0
+        self._flows: dict[Transfer, None] = {}
+        self._fabric: Fabric | None = None
+        self._rem = 0.0      # water-filling scratch: capacity left, unfixed flows, rate in use
+        self._cnt = 0
+        self._used = 0.0
+
+    @classmethod
+    def from_link(cls, link, name: str | None = None, bandwidth_factor: float = 1.0,
+                  jitter: Jitter | None = None) -> LinkState:
+        """From an ``hwdb.schema.Link``: capacity = ``effective_Bps``, its latency."""
+        return cls(name or link.name, link.effective_Bps, link.latency_s.value, bandwidth_factor, jitter)
+
+    @property
+    def bandwidth_factor(self) -> float:
+        return self._factor
+
+    @bandwidth_factor.setter
+    def bandwidth_factor(self, f: float) -> None:
+        if not 0 < f <= 1:
+            raise ValueError(f"link {self.name!r}: bandwidth_factor must be in (0, 1], got {f}")
+        self._factor = float(f)
+
+    @property
+    def available_Bps(self) -> float:
+        """Rate (bytes/s) shared among active transfers: capacity × bandwidth factor."""
+        return self.capacity_Bps * self._factor
+
+    @property
+    def n_active(self) -> int:
+        return len(self._flows)
+
+    def busy_s(self, now: float) -> float:
+        """Seconds up to ``now`` during which at least one transfer was active on the link."""
+        return self._busy_s + (now - self._busy_since if self._flows else 0.0)
+
+    def __repr__(self) -> str:
+        return f"LinkState({self.name!r}, {self.available_Bps:.4g} B/s, {self.latency_s:.3g} s)"
+
+
+@dataclass(frozen=True, slots=True)
+class TransferRecord:
+    """What a finished transfer's event carries.  Times in s, size in bytes."""
+
+    start_s: float      # when transfer() was called
+    active_s: float     # when the latency phase ended and bytes began to flow
+    end_s: float        # when the last byte crossed the path
+    nbytes: float
+    path: tuple[str, ...]
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+
+class Transfer(simpy.Event):
+    """The event returned by :meth:`Fabric.transfer`; also the fabric's flow state.
+
+    Read-only progress: ``rate_Bps`` (0 unless active) and ``remaining_bytes``.
+    """
+
+    def __init__(self, env, path: tuple[LinkState, ...], nbytes: float) -> None:
+        super().__init__(env)
+        self.path = path
+        self.nbytes = nbytes
+        self.remaining_bytes = nbytes
+        self.rate_Bps = 0.0
+        self.start_s = env.now
+        self.active_s = math.nan
+        self._fixed = False
+
+
+class Fabric:
+    """Active transfers on a set of links, with max-min fair rates.
+
+    ``rng`` is needed only when some link has a ``jitter``.  Totals (bytes):
+    ``bytes_sent`` grows when a transfer is submitted, ``bytes_delivered``
+    when it completes; they are summed exactly (as fractions, so the order of
+    completion cannot matter) and are equal whenever :attr:`idle`.
+    """
+
+    def __init__(self, env: simpy.Environment, rng: np.random.Generator | None = None) -> None:
+        self.env = env
+        self.rng = rng
+        self.links: dict[str, LinkState] = {}
+        self._sent = Fraction(0)
+        self._delivered = Fraction(0)
+        self.n_pending = 0                       # transfers in their latency phase
+        self._active: dict[Transfer, None] = {}  # insertion ordered, O(1) removal
+        self._last = env.now                     # time up to which bytes are accounted
+        self._version = 0
+        self._wake_at: float | None = None
+
+    # ------------------------------------------------------------------ public
+    @property
+    def n_active(self) -> int:
+        return len(self._active)
+
+    @property
+    def bytes_sent(self) -> float:
+        return float(self._sent)
+
+    @property
+    def bytes_delivered(self) -> float:
+        return float(self._delivered)
+
+    @property
+    def idle(self) -> bool:
+        return not self._active and not self.n_pending
+
+    def transfer(self, path: Sequence[LinkState], nbytes: float, extra_s: float = 0.0) -> Transfer:
+        """Move ``nbytes`` over ``path``; the returned event succeeds with a :class:`TransferRecord`.
+
+        The transfer first waits the sum of the links' latencies, plus
+        ``extra_s`` (s, e.g. setup or serial CPU cost computed by the caller),
+        plus each link's jitter draw; then it shares bandwidth.  A transfer of
+        0 bytes, or over an empty path, completes after that wait.
+        """
+        if not nbytes >= 0 or not math.isfinite(nbytes):
+            raise ValueError(f"nbytes must be finite and >= 0, got {nbytes}")
+        if not 0 <= extra_s < math.inf:
+            raise ValueError(f"extra_s must be finite and >= 0, got {extra_s}")
+        path = tuple(path)
+        if len(set(map(id, path))) != len(path):
+            raise ValueError(f"path crosses a link twice: {[ln.name for ln in path]}")
+        delay = float(extra_s)
+        for ln in path:
+            self._register(ln)
+            delay += ln.latency_s
+            if ln.jitter is not None:
+                if self.rng is None:
+                    raise ValueError(f"link {ln.name!r} has jitter but the Fabric has no rng")
+                j = float(ln.jitter(self.rng))
+                if not j >= 0:
+                    raise ValueError(f"link {ln.name!r}: jitter must be >= 0 s, got {j}")
+                delay += j
+        tr = Transfer(self.env, path, float(nbytes))
+        self._sent += Fraction(tr.nbytes)
+        self.n_pending += 1
+        self.env.timeout(delay).callbacks.append(lambda _e: self._activate(tr))
+        return tr
+
+    def set_bandwidth_factor(self, link: LinkState, factor: float) -> None:
+        """Degrade (or restore) ``link`` now; rates of transfers on it are recomputed."""
+        self._advance()
+        link.bandwidth_factor = factor
+        if link._flows:
+            self._reallocate(())
+
+    def sync(self) -> None:
+        """Bring byte accounting (``bytes_carried``, ``remaining_bytes``) up to ``env.now``."""
+        self._advance()
+
+    def rate_series(self) -> dict[str, list[tuple[float, float]]]:
+        """Per link name, the ``(time_s, rate_Bps)`` change points of the rate in use."""
+        return {name: list(ln.rate_series) for name, ln in self.links.items()}
+
+    def link_stats(self) -> list[dict]:
+        """Per link up to ``env.now``: bytes carried, busy seconds, mean utilisation of capacity."""
+        self._advance()
+        now = self.env.now
+        return [{"link": name, "capacity_Bps": ln.capacity_Bps, "bytes_carried": ln.bytes_carried,
+                 "busy_s": ln.busy_s(now),
+                 "utilisation": ln.bytes_carried / (ln.capacity_Bps * now) if now > 0 else 0.0}
+                for name, ln in self.links.items()]
+
+    # ---------------------------------------------------------------- internal
+    def _register(self, ln: LinkState) -> None:
+        if ln._fabric is self:
+            return
+        if ln._fabric is not None:
+            raise ValueError(f"link {ln.name!r} already belongs to another Fabric")
+        if ln.name in self.links:
+            raise ValueError(f"two different links are named {ln.name!r}")
+        ln._fabric = self
+        self.links[ln.name] = ln
+
+    def _record(self, tr: Transfer) -> TransferRecord:
+        return TransferRecord(tr.start_s, tr.active_s, self.env.now, tr.nbytes,
+                              tuple(ln.name for ln in tr.path))
+
+    def _activate(self, tr: Transfer) -> None:
+        """End of the latency phase: start streaming (or finish at once if nothing to stream)."""
+        self.n_pending -= 1
+        now = self.env.now
+        tr.active_s = now
+        if tr.nbytes == 0 or not tr.path:
+            self._delivered += Fraction(tr.nbytes)
+            tr.remaining_bytes = 0.0
+            tr.succeed(self._record(tr))
+            return
+        self._advance()
+        self._active[tr] = None
+        for ln in tr.path:
+            if not ln._flows:
+                ln._busy_since = now
+            ln._flows[tr] = None
+        self._reallocate(())
+
+    def _advance(self) -> None:
+        """Move bytes at the current rates from the last accounting time to now."""
+        now = self.env.now
+        dt = now - self._last
+        self._last = now
+        if dt <= 0:
+            return
+        for tr in self._active:
+            d = tr.rate_Bps * dt
+            if d > tr.remaining_bytes:
+                d = tr.remaining_bytes
+            tr.remaining_bytes -= d
+            for ln in tr.path:
+                ln.bytes_carried += d
+
+    def _reallocate(self, dirty) -> None:
+        """Max-min fair rates by progressive filling, then log rate changes and reschedule.
+
+        The link with the smallest fair share (capacity left / unfixed flows)
+        fixes its unfixed flows at that share; shares only grow as flows are
+        fixed, so a lazy heap gives O(active flows × path length × log links).
+        ``dirty``: links whose flows just all ended, whose rate may drop to 0.
+        """
+        touched: dict[LinkState, None] = {}
+        for tr in self._active:
+            tr._fixed = False
+            for ln in tr.path:
+                if ln not in touched:
+                    touched[ln] = None
+                    ln._rem, ln._cnt, ln._used = ln.available_Bps, 0, 0.0
+                ln._cnt += 1
+        for ln in dirty:
+            if ln not in touched:
+                touched[ln] = None
+                ln._cnt, ln._used = 0, 0.0
+        # (share, tie-break sequence, link): the sequence keeps links from being compared
+        heap = [(ln._rem / ln._cnt, i, ln) for i, ln in enumerate(touched) if ln._cnt]
+        heapq.heapify(heap)
+        push, pop = heapq.heappush, heapq.heappop
+        seq = len(heap)
+        while heap:
+            share, _, ln = pop(heap)
+            if not ln._cnt or share != max(ln._rem, 0.0) / ln._cnt:
+                continue    # stale entry, or every flow on the link is already fixed
+            for tr in ln._flows:
+                if tr._fixed:
+                    continue
+                tr._fixed = True
+                tr.rate_Bps = share
+                for l2 in tr.path:
+                    l2._rem -= share
+                    l2._cnt -= 1
+                    l2._used += share
+                    if l2._cnt and l2 is not ln:
+                        push(heap, (max(l2._rem, 0.0) / l2._cnt, seq, l2))
+                        seq += 1
+        now = self.env.now
+        for ln in touched:
+            if ln._used != ln.rate_in_use:
+                ln.rate_in_use = ln._used
+                s = ln.rate_series
+                if s and s[-1][0] == now:
+                    s[-1] = (now, ln._used)
+                else:
+                    s.append((now, ln._used))
+        self._schedule()
+
+    def _schedule(self) -> None:
+        """Keep exactly one live wake-up, at the next completion time."""
+        if not self._active:
+            self._version += 1
+            self._wake_at = None
+            return
+        dt = min(tr.remaining_bytes / tr.rate_Bps for tr in self._active)
+        at = self.env.now + dt
+        if at == self._wake_at:
+            return          # the live wake-up is already at the right time
+        self._version += 1
+        self._wake_at = at
+        version = self._version
+        self.env.timeout(dt).callbacks.append(lambda _e: self._wake(version))
+
+    def _wake(self, version: int) -> None:
+        """A scheduled completion: finish every transfer whose bytes ran out, together."""
+        if version != self._version:
+            return          # stale: rates changed since this wake-up was scheduled
+        self._wake_at = None
+        self._advance()
+        now = self.env.now
+        # Time rounding (now + dt - now != dt) may leave a few bytes; treat a
+        # transfer within a few ulps of now as done so that progress is assured.
+        eps_s = 8 * math.ulp(now)
+        done = [tr for tr in self._active
+                if tr.remaining_bytes <= REL_TOL * tr.nbytes or tr.remaining_bytes <= tr.rate_Bps * eps_s]
+        if not done:
+            done = [min(self._active, key=lambda tr: tr.remaining_bytes / tr.rate_Bps)]
+        dirty = {}
+        for tr in done:
+            del self._active[tr]
+            residual = tr.remaining_bytes
+            tr.remaining_bytes = 0.0
+            tr.rate_Bps = 0.0
+            for ln in tr.path:
+                ln.bytes_carried += residual
+                del ln._flows[tr]
+                if not ln._flows:
+                    ln._busy_s += now - ln._busy_since
+                    dirty[ln] = None
+            self._delivered += Fraction(tr.nbytes)
+        self._reallocate(dirty)
+        for tr in done:
+            tr.succeed(self._record(tr))
