@@ -9,6 +9,7 @@ name).  Layout of a folder::
     models/<name>/config.json + epdsim.yaml (sidecar, optional for user models)
     profiles/<name>.yaml      -> calibration profile (hwdb.profiles.Profile)
     engines/<name>.yaml       -> hwdb.schema.EngineProfile
+    connectors/<name>.yaml    -> hwdb.schema.Connector (KV-transfer connectors)
 
 Every error is a :class:`HwdbError` naming the file, the field and the
 expected form.  Nothing is cached at module level: a :class:`HardwareDB` is a
@@ -26,7 +27,7 @@ from pydantic import BaseModel, ValidationError
 
 from hwdb.models import ConfigError, ModelArch, arch_from_config
 from hwdb.profiles import Profile
-from hwdb.schema import GPU, EngineProfile, Link, ModelSidecar
+from hwdb.schema import GPU, Connector, EngineProfile, Link, ModelSidecar
 
 DATA_DIR = Path(__file__).parent / "data"
 
@@ -106,6 +107,7 @@ class HardwareDB:
     models: dict[str, ModelEntry] = field(default_factory=dict)
     profiles: dict[str, Profile] = field(default_factory=dict)
     engines: dict[str, EngineProfile] = field(default_factory=dict)
+    connectors: dict[str, Connector] = field(default_factory=dict)
 
     @staticmethod
     def _lookup(kind: str, table: dict, name: str):
@@ -134,6 +136,9 @@ class HardwareDB:
             return load_model_dir(p)
         return self._lookup("model", self.models, name)
 
+    def connector(self, name: str) -> Connector:
+        return self._lookup("connector", self.connectors, name)
+
     def engine(self, name: str) -> EngineProfile:
         return self._lookup("engine", self.engines, name)
 
@@ -143,42 +148,32 @@ class HardwareDB:
         return max(hits, key=lambda p: p.created) if hits else None
 
 
-def _load_folder(folder: Path, gpus: dict, links: dict, models: dict, profiles: dict, engines: dict,
-                 origins: dict | None = None) -> None:
-    for path in sorted((folder / "gpus").glob("*.yaml")):
-        g = _parse(path, GPU)
-        gpus[g.name] = g
-        if origins is not None:
-            origins[g.name] = path
-    for path in sorted((folder / "links").glob("*.yaml")):
-        link = _parse(path, Link)
-        links[link.name] = link
+_SCHEMAS = {"gpus": GPU, "links": Link, "profiles": Profile, "engines": EngineProfile, "connectors": Connector}
+
+
+def _load_folder(folder: Path, tables: dict[str, dict], origins: dict) -> None:
+    for kind, schema in _SCHEMAS.items():
+        for path in sorted((folder / kind).glob("*.yaml")):
+            item = _parse(path, schema)
+            tables[kind][item.name] = item
+            origins[item.name] = path
     for path in sorted((folder / "models").glob("*")):
         if path.is_dir():
             m = load_model_dir(path)
-            models[m.name] = m
-    for path in sorted((folder / "profiles").glob("*.yaml")):
-        prof = _parse(path, Profile)
-        profiles[prof.name] = prof
-    for path in sorted((folder / "engines").glob("*.yaml")):
-        eng = _parse(path, EngineProfile)
-        engines[eng.name] = eng
+            tables["models"][m.name] = m
 
 
 def load(user_dirs: Iterable[str | Path] = ()) -> HardwareDB:
     """Load the shipped database plus user folders (later folders win on name clashes)."""
-    gpus: dict = {}
-    links: dict = {}
-    models: dict = {}
-    profiles: dict = {}
-    engines: dict = {}
+    tables: dict[str, dict] = {kind: {} for kind in (*_SCHEMAS, "models")}
     origins: dict = {}
     for folder in [DATA_DIR, *map(Path, user_dirs)]:
         if not folder.is_dir():
             raise HwdbError(f"hwdb folder '{folder}' does not exist. Create it or fix the path given to --hwdb.")
-        _load_folder(folder, gpus, links, models, profiles, engines, origins)
-    db = HardwareDB(gpus, links, models, profiles, engines)
-    for g in gpus.values():
+        _load_folder(folder, tables, origins)
+    db = HardwareDB(**tables)
+    links = tables["links"]
+    for g in tables["gpus"].values():
         for fld in ("intra_node_link", "scale_out_link"):
             ref = getattr(g, fld)
             if ref is not None and ref not in links:

@@ -136,3 +136,24 @@ class EngineProfile(_Strict):
     scheduling_overlapped: bool
     defaults_source: str
     notes: str | None = None
+
+
+class Connector(_Strict):
+    """A KV-cache transfer connector (vLLM ``--kv-transfer-config`` kv_connector).
+
+    Transfer time on a path = ``setup_s`` + bytes / (path bandwidth x
+    ``efficiency``) when ``host_staged`` is false; a host-staged connector
+    also pays bytes x (link ``cpu_cost_s_per_byte``) for serialisation plus a
+    GPU->host and a host->GPU copy over PCIe.  ``layerwise`` connectors can
+    send each layer's KV as soon as it is computed.
+    """
+
+    name: str
+    aliases: tuple[str, ...] = ()
+    vllm_name: str | None = None
+    setup_s: Figure
+    efficiency: Figure
+    host_staged: bool
+    gpu_direct_required: bool
+    layerwise: bool
+    notes: str | None = None

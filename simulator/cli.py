@@ -37,9 +37,9 @@ def _fmt(x: float, unit: str = "") -> str:
 
 def _summary_table(res) -> Table:
     s, info = res.summary, res.info
-    pp = "" if info["pp"] == 1 else f" PP{info['pp']}"
-    t = Table(title=f"{res.scenario.name}: {info['model']} on {info['instances']}x {info['gpu']} "
-                    f"(TP{info['tp']}{pp})")
+    layout = " + ".join(f"{p['instances']}x {p['gpu']} TP{p['tp']}" + (f" PP{p['pp']}" if p["pp"] > 1 else "")
+                        + ("" if p["role"] == "colocated" else f" {p['role']}") for p in info["pools"])
+    t = Table(title=f"{res.scenario.name}: {info['model']} on {layout}")
     t.add_column("metric")
     for p in ("p50", "p90", "p99", "mean"):
         t.add_column(p, justify="right")
@@ -59,6 +59,10 @@ def _totals_table(res) -> Table:
         ("mean batch size / KV occupancy (max)", f"{s['mean_batch_size']:.1f} / {s['mean_kv_occupancy']:.1%} "
                                                  f"({s['max_kv_occupancy']:.1%})"),
         ("preemptions", str(s["preemptions"])),
+        *([("TTFT breakdown (mean)", ", ".join(f"{k} {_fmt(v, 's')}" for k, v in s["ttft_breakdown_mean_s"].items()
+                                                if v == v and v > 0))] if res.info.get("kv_transfer") else []),
+        *([("KV moved", f"{s['kv_bytes_moved'] / 1e9:,.1f} GB over {res.info['kv_transfer']['link']} "
+                        f"({res.info['kv_transfer']['connector']})")] if res.info.get("kv_transfer") else []),
         ("SLO attainment", f"{s['slo_attainment']:.1%}"),
         ("cost", f"${s['cost_usd_per_hour']:.2f}/h, ${s['cost_usd_per_million_output_tokens']:.3f} per M output tokens"),
         ("perf model", res.info["perf_model"]),

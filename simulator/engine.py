@@ -31,6 +31,10 @@ class Recorder:
         self.t_sched = [nan] * n
         self.t_first = [nan] * n
         self.t_finish = [nan] * n
+        self.t_prefilled = [nan] * n       # PD: prefill instance finished the prompt
+        self.t_kv_start = [nan] * n        # PD: decode instance allocated blocks, pull starts
+        self.t_kv_done = [nan] * n         # PD: KV arrived on the decode instance
+        self.prefill_instance = [-1] * n   # PD: which prefill instance ran the prompt
         self.instance = [-1] * n
         self.preemptions = [0] * n
         self.generated = [0] * n
@@ -69,6 +73,7 @@ class PoolSpec:
     chunked_prefill: bool
     max_model_len: int
     router: str
+    role: str = "colocated"
 
 
 @dataclass
@@ -78,6 +83,7 @@ class PoolRun:
     recorder: Recorder
     instances: list[Instance]
     end_time: float
+    coordinator: object = None
 
 
 def _admissible(pool: PoolSpec, inst_kv_blocks: int, block: int, inp: int, out: int) -> str:
@@ -90,8 +96,12 @@ def _admissible(pool: PoolSpec, inst_kv_blocks: int, block: int, inp: int, out: 
 
 
 def run_pool(pool: PoolSpec, rec: Recorder, closed_loop: tuple[int, float] | None = None,
-             max_time_s: float | None = None) -> PoolRun:
+             max_time_s: float | None = None, decode: PoolSpec | None = None, transfer=None) -> PoolRun:
     """Simulate ``pool`` serving every request in ``rec``.
+
+    With ``decode`` and ``transfer`` (a :class:`simulator.pd.TransferPlan`),
+    ``pool`` is the prefill pool of a PD deployment and every request goes
+    prefill -> KV transfer -> decode.
 
     Open loop (``closed_loop is None``): requests arrive at ``rec.arrival``.
     Closed loop ``(concurrency, think_time_s)``: that many clients each send a
@@ -100,17 +110,31 @@ def run_pool(pool: PoolSpec, rec: Recorder, closed_loop: tuple[int, float] | Non
     ended, or at ``max_time_s`` (requests still in flight become "unfinished").
     """
     env = simpy.Environment()
-    instances = [Instance(i, pool.name, pool.step_model, pool.memory, pool.max_num_seqs,
-                          pool.max_num_batched_tokens, pool.chunked_prefill, rec)
-                 for i in range(pool.instances)]
+
+    def build(spec: PoolSpec) -> list[Instance]:
+        return [Instance(i, spec.name, spec.step_model, spec.memory, spec.max_num_seqs,
+                         spec.max_num_batched_tokens, spec.chunked_prefill, rec, spec.role)
+                for i in range(spec.instances)]
+    instances = build(pool)
     router = make_router(pool.router, instances)
     block = pool.memory.block_size
     kv_blocks = pool.memory.kv_blocks
     inp, out = rec.input_tokens, rec.output_tokens
     inst_of = rec.instance
+    coordinator = None
+    every = instances
+    if decode is not None:
+        from simulator.pd import PDCoordinator
+        d_instances = build(decode)
+        coordinator = PDCoordinator(env, transfer, instances, d_instances,
+                                    make_router(decode.router, d_instances), rec)
+        inst_of = rec.prefill_instance
+        every = instances + d_instances
 
     def dispatch(rid: int) -> bool:
-        why = _admissible(pool, kv_blocks, block, inp[rid], out[rid])
+        why = _admissible(pool, kv_blocks, block, inp[rid], 1 if decode else out[rid])
+        if not why and decode is not None:
+            why = _admissible(decode, decode.memory.kv_blocks, decode.memory.block_size, inp[rid], out[rid])
         if why:
             rec.reject(rid, env.now, why)
             return False
@@ -142,7 +166,7 @@ def run_pool(pool: PoolSpec, rec: Recorder, closed_loop: tuple[int, float] | Non
             if think > 0:
                 yield env.timeout(think)
 
-    for inst in instances:
+    for inst in every:
         env.process(inst.run(env))
     if closed_loop is None:
         env.process(open_loop(env))
@@ -162,4 +186,4 @@ def run_pool(pool: PoolSpec, rec: Recorder, closed_loop: tuple[int, float] | Non
         if o == PENDING:
             rec.outcome[rid] = UNFINISHED
             rec.reason[rid] = f"still in flight at the time limit {max_time_s} s"
-    return PoolRun(rec, instances, end)
+    return PoolRun(rec, every, end, coordinator)

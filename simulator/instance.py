@@ -23,7 +23,17 @@ from simulator.perf import MemoryPlan, StepModel
 
 
 class Instance:
-    """A colocated instance: state, and :meth:`run`, the SimPy process that drives it.
+    """One instance: state, and :meth:`run`, the SimPy process that drives it.
+
+    ``role`` is "colocated", "prefill" or "decode".  A prefill instance runs
+    each prompt with ``max_tokens=1`` and, instead of decoding, hands the
+    request to ``hand_off(instance, rid, now)`` while its KV blocks stay held
+    until :meth:`release`.  A decode instance takes requests whose KV is
+    remote (:meth:`submit_remote`): it admits one only when it can allocate
+    blocks for the whole prompt, then asks ``start_transfer(instance, rid,
+    now)`` to move the KV, and decodes once :meth:`kv_arrived` is called.  Its
+    first step computes the last prompt token and samples the first output
+    token, as vLLM's connectors recompute the last token on the decode side.
 
     Invariants (checked by tests): ``0 <= kv_used <= kv_total`` at every step;
     every admitted request finishes exactly once; a request's generated tokens
@@ -31,8 +41,10 @@ class Instance:
     """
 
     def __init__(self, index: int, pool: str, step_model: StepModel, memory: MemoryPlan,
-                 max_num_seqs: int, max_num_batched_tokens: int, chunked_prefill: bool, recorder) -> None:
+                 max_num_seqs: int, max_num_batched_tokens: int, chunked_prefill: bool, recorder,
+                 role: str = "colocated") -> None:
         self.index = index
+        self.role = role
         self.pool = pool
         self.model = step_model
         self.kv_total = memory.kv_blocks
@@ -48,15 +60,42 @@ class Instance:
         self.wake = None
         self.steps: list[tuple] = []
         self._requeue: dict[int, list] = {}   # preempted rid -> [0, recompute target, generated]
+        self.hand_off = None                   # prefill role: callback(instance, rid, now)
+        self.start_transfer = None             # decode role: callback(instance, rid, now)
+        self.held: dict[int, int] = {}         # prefill role: rid -> KV blocks held for a transfer
+        self.remote: deque[int] = deque()      # decode role: requests waiting for KV blocks
+        self.receiving: set[int] = set()       # decode role: blocks allocated, KV in flight
+        self.ready: deque[int] = deque()       # decode role: KV arrived, not yet decoding
+        self._freed = 0                        # blocks released from outside the process
+
+    def _wake(self) -> None:
+        wake = self.wake
+        if wake is not None:
+            self.wake = None
+            wake.succeed()
+
+    def release(self, rid: int) -> None:
+        """Prefill role: the transfer of ``rid`` is done; free its held blocks."""
+        self._freed += self.held.pop(rid)
+        self._wake()
+
+    def submit_remote(self, rid: int) -> None:
+        """Decode role: queue a request whose prompt KV sits on a prefill instance."""
+        self.remote.append(rid)
+        self.outstanding += 1
+        self._wake()
+
+    def kv_arrived(self, rid: int) -> None:
+        """Decode role: the KV of ``rid`` has arrived; it decodes from the next step."""
+        self.receiving.remove(rid)
+        self.ready.append(rid)
+        self._wake()
 
     def submit(self, rid: int) -> None:
         """Queue a request; wakes the instance if it is idle."""
         self.waiting.append(rid)
         self.outstanding += 1
-        wake = self.wake
-        if wake is not None:
-            self.wake = None
-            wake.succeed()
+        self._wake()
 
     def run(self, env):
         """SimPy process: one iteration per engine step, forever."""
@@ -69,6 +108,9 @@ class Instance:
         budget_max, max_seqs, chunked = self.budget, self.max_seqs, self.chunked
         kv_total = self.kv_total
         heappush, heappop = heapq.heappush, heapq.heappop
+        remote, ready, receiving = self.remote, self.ready, self.receiving
+        is_prefill = self.role == "prefill"
+        new_dec: list[int] = []            # decode role: requests whose first token this step makes
 
         order: dict[int, None] = {}        # running requests in admission order (newest last)
         prefill: dict[int, list] = {}      # rid -> [done, target, generated_before]
@@ -84,12 +126,31 @@ class Instance:
         now = env.now
 
         while True:
-            if not order and not waiting:
+            if self._freed:
+                kv_used -= self._freed
+                self._freed = 0
+                self.kv_used = kv_used
+            if not order and not waiting and not remote and not ready:
                 self.wake = env.event()
                 yield self.wake
                 now = env.now
+                continue
             t0 = now
             n_pre = 0
+            # --- decode role: requests whose KV has arrived start decoding (the first step
+            # computes the last prompt token and samples the first output token)
+            while ready and len(order) < max_seqs:
+                rid = ready.popleft()
+                order[rid] = None
+                length = inp[rid] - 1
+                dec_start[rid] = (s, length, 0)
+                cnt[(s - length) % block] += 1
+                n_dec += 1
+                sum_l += length
+                f = s + out[rid] - 1
+                fin_at[rid] = f
+                heappush(heap, (f, rid))
+                new_dec.append(rid)
             # --- decodes: one token each; preempt newest while blocks are short
             need = cnt[s % block]
             while n_dec and kv_total - kv_used < need:
@@ -150,6 +211,16 @@ class Instance:
                 chunks.append((rid, pf, c))
                 if done + c == target:
                     logits += 1
+            # --- decode role: allocate blocks for whole prompts whose KV is remote, FCFS
+            while not n_pre and remote:
+                rid = remote[0]
+                grow = -(-(inp[rid] - 1) // block)
+                if kv_total - kv_used < grow:
+                    break
+                remote.popleft()
+                kv_used += grow
+                receiving.add(rid)
+                self.start_transfer(self, rid, now)
             # --- admit waiting requests FCFS (V1 admits none in a step that preempted)
             while not n_pre and waiting and budget > 0 and len(order) < max_seqs:
                 rid = waiting[0]
@@ -179,8 +250,15 @@ class Instance:
             self.kv_used = kv_used
             self.n_running = len(order)
             if tokens == 0:
-                # Nothing schedulable (e.g. KV full of prefills that cannot grow): should not happen
-                # because the newest is preempted first; guard against a livelock all the same.
+                if self.held or receiving or (remote and order == {}):
+                    # Blocks are held for transfers (or awaited): idle until one completes.
+                    self.kv_used = kv_used
+                    self.wake = env.event()
+                    yield self.wake
+                    now = env.now
+                    continue
+                # Nothing schedulable although nothing is held: should not happen because the
+                # newest is preempted first; guard against a livelock all the same.
                 raise RuntimeError(f"instance {self.index}: no progress possible at t={now}")
             dt = step_time(tokens, logits, pairs, sum_l + n_dec, pctx)
             yield env.timeout(dt)
@@ -188,11 +266,23 @@ class Instance:
             steps.append((t0, dt, n_dec, tokens - n_dec, logits - n_dec, len(order), len(waiting), kv_used, n_pre))
             # --- apply the step: decodes grow, chunks advance, finishes leave
             sum_l += n_dec
+            if new_dec:
+                for rid in new_dec:
+                    t_first[rid] = now
+                new_dec.clear()
             for rid, pf, c in chunks:
                 pf[0] += c
                 if pf[0] < pf[1]:
                     continue
                 del prefill[rid]
+                if is_prefill:
+                    # max_tokens=1: the prompt's KV stays allocated until the decode side has it.
+                    del order[rid]
+                    self.outstanding -= 1
+                    self.held[rid] = -(-pf[1] // block)
+                    rec.t_prefilled[rid] = now
+                    self.hand_off(self, rid, now)
+                    continue
                 g = pf[2] + 1                     # tokens generated after this prefill
                 if t_first[rid] != t_first[rid]:  # NaN: first token of this request
                     t_first[rid] = now

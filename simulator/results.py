@@ -45,6 +45,7 @@ def requests_frame(run: PoolRun, pool: str) -> pd.DataFrame:
         "request_id": np.arange(len(arrival)),
         "pool": pool,
         "instance": np.asarray(rec.instance, dtype=np.int32),
+        "prefill_instance": np.asarray(rec.prefill_instance, dtype=np.int32),
         "arrival_s": arrival,
         "input_tokens": np.asarray(rec.input_tokens, dtype=np.int64),
         "output_tokens": out.astype(np.int64),
@@ -52,6 +53,11 @@ def requests_frame(run: PoolRun, pool: str) -> pd.DataFrame:
         "first_token_s": first,
         "finish_s": finish,
         "queue_s": np.asarray(rec.t_sched) - arrival,
+        "prefill_s": np.where(np.isnan(np.asarray(rec.t_prefilled)), first, np.asarray(rec.t_prefilled))
+        - np.asarray(rec.t_sched),
+        "transfer_wait_s": np.asarray(rec.t_kv_start) - np.asarray(rec.t_prefilled),
+        "transfer_s": np.asarray(rec.t_kv_done) - np.asarray(rec.t_kv_start),
+        "decode_admission_s": first - np.asarray(rec.t_kv_done),
         "ttft_s": first - arrival,
         "tpot_s": tpot,
         "e2e_s": finish - arrival,
@@ -66,7 +72,7 @@ STEP_COLUMNS = ["start_s", "duration_s", "decode_tokens", "prefill_tokens", "fir
                 "waiting", "kv_blocks_used", "preemptions"]
 
 
-def steps_frame(run: PoolRun, pool: str) -> pd.DataFrame:
+def steps_frame(run: PoolRun) -> pd.DataFrame:
     frames = []
     ncol = len(STEP_COLUMNS)
     for inst in run.instances:
@@ -78,7 +84,7 @@ def steps_frame(run: PoolRun, pool: str) -> pd.DataFrame:
             df[c] = df[c].astype(np.int64)
         df.insert(0, "step", np.arange(len(df), dtype=np.int64))
         df.insert(0, "instance", inst.index)
-        df.insert(0, "pool", pool)
+        df.insert(0, "pool", inst.pool)
         df["kv_occupancy"] = df["kv_blocks_used"] / inst.kv_total
         frames.append(df)
     return pd.concat(frames, ignore_index=True)
@@ -93,8 +99,7 @@ def _pcts(x: np.ndarray) -> dict[str, float]:
 
 
 def summarize(req: pd.DataFrame, steps: pd.DataFrame, resume_gaps: list[float], *, gpus: int,
-              price_per_gpu_hour: float, ttft_slo: float | None, tpot_slo: float | None,
-              kv_total_blocks: int) -> dict:
+              cost_usd_per_hour: float, ttft_slo: float | None, tpot_slo: float | None) -> dict:
     """Headline metrics (seconds, tokens/s, dollars); see docs/metrics.md for definitions."""
     done = req[req["outcome"] == "completed"]
     n = len(req)
@@ -117,7 +122,7 @@ def summarize(req: pd.DataFrame, steps: pd.DataFrame, resume_gaps: list[float], 
         tp = req["tpot_s"].to_numpy()
         ok &= ~(tp > tpot_slo)  # NaN TPOT (single-token outputs) passes
     busy = dur.sum()
-    cost_h = gpus * price_per_gpu_hour
+    cost_h = cost_usd_per_hour
     out_rate = out_tok / span
     w = dur / busy if busy > 0 else dur
     return {
@@ -140,10 +145,27 @@ def summarize(req: pd.DataFrame, steps: pd.DataFrame, resume_gaps: list[float], 
         "mean_kv_occupancy": float((steps["kv_occupancy"].to_numpy() * w).sum()),
         "max_kv_occupancy": float(steps["kv_occupancy"].max()) if len(steps) else 0.0,
         "slo_attainment": float(ok.mean()) if n else float("nan"),
+        "ttft_breakdown_mean_s": {c.removesuffix("_s"): float(np.nanmean(done[c])) if done[c].notna().any() else 0.0
+                                  for c in ("queue_s", "prefill_s", "transfer_wait_s", "transfer_s",
+                                            "decode_admission_s")},
+        "pools": _pool_stats(steps),
         "gpus": gpus,
         "cost_usd_per_hour": cost_h,
         "cost_usd_per_million_output_tokens": cost_h / (out_rate * 3600.0) * 1e6 if out_rate > 0 else float("inf"),
     }
+
+
+def _pool_stats(steps: pd.DataFrame) -> dict:
+    """Per pool: step-duration-weighted mean batch size and KV occupancy, max KV occupancy."""
+    out = {}
+    for name, g in steps.groupby("pool", sort=True):
+        d = g["duration_s"].to_numpy()
+        w = d / d.sum() if d.sum() > 0 else d
+        out[str(name)] = {"mean_batch_size": float((g["batch_size"].to_numpy() * w).sum()),
+                          "mean_kv_occupancy": float((g["kv_occupancy"].to_numpy() * w).sum()),
+                          "max_kv_occupancy": float(g["kv_occupancy"].max()),
+                          "steps": int(len(g))}
+    return out
 
 
 @dataclass

@@ -2,10 +2,17 @@
 from __future__ import annotations
 
 from simulator.engine import PoolSpec, Recorder, run_pool
+from simulator.pd import TransferConfigError, build_transfer_plan
 from simulator.results import Results, requests_frame, steps_frame, summarize
 from simulator.scenario import Scenario, ScenarioError, resolve, rng_streams
 from simulator.traces import TraceError
 from simulator.workload import WorkloadError, generate
+
+
+def _spec(pool, dep, mem, step) -> PoolSpec:
+    k = dep.knobs
+    return PoolSpec(pool.name, pool.instances, step, mem, k.max_num_seqs, k.max_num_batched_tokens,
+                    k.enable_chunked_prefill, k.max_model_len, pool.router, pool.role)
 
 
 def simulate(scn: Scenario, replication: int = 0) -> Results:
@@ -20,30 +27,52 @@ def simulate(scn: Scenario, replication: int = 0) -> Results:
         reqs = generate(scn.workload, rngs["arrivals"], rngs["lengths"])
     except (WorkloadError, TraceError) as exc:
         raise ScenarioError(f"workload: {exc}") from None
-    pool, dep, mem, step = pools[0]
-    k = dep.knobs
-    spec = PoolSpec(pool.name, pool.instances, step, mem, k.max_num_seqs, k.max_num_batched_tokens,
-                    k.enable_chunked_prefill, k.max_model_len, pool.router)
+    by_role = {pool.role: (pool, dep, mem, step) for pool, dep, mem, step in pools}
+    plan = None
+    if scn.is_pd:
+        front, back = by_role["prefill"], by_role["decode"]
+        try:
+            plan = build_transfer_plan(scn.kv_transfer, db, front[1], back[1])
+        except TransferConfigError as exc:
+            raise ScenarioError(str(exc)) from None
+    else:
+        front, back = by_role["colocated"], None
     rec = Recorder(reqs.input_tokens, reqs.output_tokens, reqs.arrival_s)
     closed = (reqs.concurrency, reqs.think_time_s) if reqs.is_closed_loop else None
-    run = run_pool(spec, rec, closed_loop=closed, max_time_s=scn.simulation.max_time_s)
-    req_df = requests_frame(run, pool.name)
-    step_df = steps_frame(run, pool.name)
-    gpus = pool.instances * dep.gpus
-    summary = summarize(req_df, step_df, rec.resume_gaps, gpus=gpus,
-                        price_per_gpu_hour=dep.gpu.price_usd_per_hour.value,
-                        ttft_slo=scn.slo.ttft_s, tpot_slo=scn.slo.tpot_s, kv_total_blocks=mem.kv_blocks)
+    run = run_pool(_spec(*front), rec, closed_loop=closed, max_time_s=scn.simulation.max_time_s,
+                   decode=_spec(*back) if back else None, transfer=plan)
+    req_df = requests_frame(run, back[0].name if back else front[0].name)
+    step_df = steps_frame(run)
+    gpus = sum(p.instances * d.gpus for p, d, _, _ in pools)
+    price = sum(p.instances * d.gpus * d.gpu.price_usd_per_hour.value for p, d, _, _ in pools)
+    summary = summarize(req_df, step_df, rec.resume_gaps, gpus=gpus, cost_usd_per_hour=price,
+                        ttft_slo=scn.slo.ttft_s, tpot_slo=scn.slo.tpot_s)
+    if run.coordinator is not None:
+        summary["kv_bytes_moved"] = run.coordinator.bytes_moved
+        summary["links"] = run.coordinator.fabric.link_stats()
+    pool, dep, mem, _ = front
+    k = dep.knobs
     info = {
         "model": model.name,
         "gpu": dep.gpu.name,
         "tp": dep.tp, "pp": dep.pp, "instances": pool.instances,
         "engine": dep.engine.name,
-        "max_num_seqs": k.max_num_seqs, "max_num_batched_tokens": k.max_num_batched_tokens,
+        "max_num_seqs": max(d.knobs.max_num_seqs for _, d, _, _ in pools),
+        "max_num_batched_tokens": max(d.knobs.max_num_batched_tokens for _, d, _, _ in pools),
         "max_model_len": k.max_model_len,
         "kv_cache_tokens_per_instance": mem.kv_tokens,
         "weights_bytes_per_gpu": mem.weight_bytes,
+        "pools": [{"name": p.name, "role": p.role, "gpu": d.gpu.name, "tp": d.tp, "pp": d.pp,
+                   "instances": p.instances, "kv_cache_tokens_per_instance": m.kv_tokens,
+                   "perf_model": (f"calibrated profile {d.profile.name}" if d.profile
+                                  else f"datasheet peaks x default efficiencies of {d.gpu.name} (uncalibrated)")}
+                  for p, d, m, _ in pools],
         "perf_model": (f"calibrated profile {dep.profile.name}" if dep.profile
                        else f"datasheet peaks x default efficiencies of {dep.gpu.name} (uncalibrated)"),
+        "kv_transfer": (None if plan is None else
+                        {"connector": plan.connector, "link": plan.link_name,
+                         "prefill_side_Bps": plan.prefill_side_Bps, "decode_side_Bps": plan.decode_side_Bps,
+                         "layerwise": plan.layerwise}),
         "replication": replication,
         "seed": scn.seed,
         "workload_notes": list(reqs.notes),

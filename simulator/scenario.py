@@ -6,6 +6,7 @@ are :class:`ScenarioError` messages naming the field, the value and the fix.
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Literal, get_args
 
@@ -45,7 +46,8 @@ class PoolConfig(_Strict):
     """A pool of identical instances (``tp * pp`` GPUs each)."""
 
     name: str = "main"
-    role: Literal["colocated"] = "colocated"
+    role: Literal["colocated", "prefill", "decode"] = "colocated"
+    model: str | None = None
     gpu: str
     tp: int = Field(1, ge=1, le=64)
     pp: int = Field(1, ge=1, le=64)
@@ -62,6 +64,15 @@ class PoolConfig(_Strict):
         if self.tp & (self.tp - 1):
             raise ValueError(f"tp={self.tp} must be a power of two (1, 2, 4, 8, ...)")
         return self
+
+
+class KVTransferConfig(_Strict):
+    """How a PD deployment moves KV from prefill to decode instances."""
+
+    connector: str = "nixl"
+    fabric: str | None = None
+    same_node: bool = False
+    layerwise: bool | None = None
 
 
 class SLO(_Strict):
@@ -87,16 +98,26 @@ class Scenario(_Strict):
     pools: tuple[PoolConfig, ...] = Field(min_length=1)
     workload: WorkloadConfig
     slo: SLO = SLO()
+    kv_transfer: KVTransferConfig = KVTransferConfig()
     simulation: SimulationConfig = SimulationConfig()
 
     @model_validator(mode="after")
-    def _one_colocated_pool(self) -> Scenario:
+    def _pool_layout(self) -> Scenario:
         names = [p.name for p in self.pools]
         if len(set(names)) != len(names):
             raise ValueError(f"pool names must be unique, got {names}")
-        if len(self.pools) != 1:
-            raise ValueError("this version simulates exactly one colocated pool; give one entry under 'pools'")
+        roles = sorted(p.role for p in self.pools)
+        if roles not in (["colocated"], ["decode", "prefill"]):
+            raise ValueError(f"pools have roles {roles}; give either one colocated pool, or one prefill "
+                             "and one decode pool (prefill-decode disaggregation)")
         return self
+
+    @property
+    def is_pd(self) -> bool:
+        return len(self.pools) == 2
+
+    def pool(self, role: str) -> PoolConfig:
+        return next(p for p in self.pools if p.role == role)
 
 
 def _loc(loc: tuple, data) -> str:
@@ -273,11 +294,17 @@ def resolve(scn: Scenario):
     try:
         db = hwdb.load(scn.hwdb)
         model = db.model(scn.model)
+        models = {p.name: db.model(p.model) if p.model else model for p in scn.pools}
     except hwdb.HwdbError as exc:
         raise ScenarioError(f"model/hwdb: {exc}") from None
+    if scn.is_pd:
+        mp, md = models[scn.pool("prefill").name], models[scn.pool("decode").name]
+        if dataclasses.replace(mp.arch, name="") != dataclasses.replace(md.arch, name=""):
+            raise ScenarioError(f"pools: the prefill pool serves {mp.name} but the decode pool serves {md.name}; "
+                                "KV can only move between instances of the same model: use one model for both")
     out = []
     for pool in scn.pools:
-        dep = deployment_for(pool, model, db)
+        dep = deployment_for(pool, models[pool.name], db)
         try:
             mem = plan_memory(dep)
         except FitError as exc:
