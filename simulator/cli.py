@@ -136,6 +136,32 @@ def cmd_perf(args, con: Console) -> int:
     return 0
 
 
+def cmd_crossover(args, con: Console) -> int:
+    from simulator.pd import crossover_bandwidth, fabric_verdicts
+    from simulator.perf import build_step_model, plan_memory
+    from simulator.scenario import PoolConfig, deployment_for
+    from hwdb.schema import DTYPE_BYTES
+    db = hwdb.load(args.hwdb)
+    model = db.model(args.model)
+    dep = deployment_for(PoolConfig(gpu=args.gpu, tp=args.tp, dtype=args.dtype), model, db)
+    plan_memory(dep)
+    kvpt = model.arch.kv_elems_per_token * DTYPE_BYTES[dep.kv_dtype]
+    x = crossover_bandwidth(build_step_model(dep), kvpt, args.prompt, dep.knobs.max_num_batched_tokens)
+    con.print(f"{model.name} on {dep.gpus}x {dep.gpu.name} TP{dep.tp}, {args.prompt}-token prompt: "
+              f"KV {x['kv_bytes'] / 1e9:.2f} GB, prefill {_fmt(x['prefill_s'], 's')}. "
+              f"[bold]Crossover bandwidth {x['crossover_Bps'] / 1e9:.2f} GB/s "
+              f"({x['crossover_Bps'] * 8 / 1e9:.0f} Gb/s) per instance[/]: below it the KV transfer takes longer "
+              f"than the prefill it replaces.", highlight=False)
+    t = Table(title="fabrics")
+    for c in ("fabric", "connector", "instance bandwidth", "transfer", "prefill", "verdict"):
+        t.add_column(c)
+    for r in fabric_verdicts(db, dep, x):
+        t.add_row(r["fabric"], r["connector"], f"{r['instance_Bps'] * 8 / 1e9:,.0f} Gb/s",
+                  _fmt(r["transfer_s"], "s"), _fmt(r["prefill_s"], "s"), r["verdict"])
+    con.print(t)
+    return 0
+
+
 def cmd_hw(args, con: Console) -> int:
     from hwdb import listing
     db = hwdb.load(args.hwdb)
@@ -180,6 +206,14 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp8"])
     q.add_argument("--hwdb", action="append", default=[], help="extra user hwdb folder (repeatable)")
     q.set_defaults(func=cmd_perf)
+    x = sub.add_parser("pd-crossover", help="bandwidth below which PD's KV transfer costs more than the prefill")
+    x.add_argument("model")
+    x.add_argument("--gpu", required=True)
+    x.add_argument("--tp", type=int, default=1)
+    x.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp8"])
+    x.add_argument("--prompt", type=int, default=4000, help="prompt length in tokens")
+    x.add_argument("--hwdb", action="append", default=[], help="extra user hwdb folder (repeatable)")
+    x.set_defaults(func=cmd_crossover)
     h = sub.add_parser("hw", help="list or show GPUs, links and models")
     h.add_argument("action", choices=["list", "show"])
     h.add_argument("kind", nargs="?", choices=["gpus", "links", "models", "gpu", "link", "model"])

@@ -125,6 +125,35 @@ class Instance:
         s = 0
         now = env.now
 
+        def preempt_newest(s: int, now: float, allocated: bool) -> tuple[int, bool]:
+            """Preempt (recompute) the newest running request; returns it and whether it was decoding.
+
+            ``allocated``: this step's new decode blocks are already counted in ``kv_used``.
+            """
+            nonlocal n_dec, sum_l, kv_used
+            vic, _ = order.popitem()
+            preempts[vic] += 1
+            waiting.appendleft(vic)
+            pf = prefill.pop(vic, None)
+            if pf is not None:
+                kv_used -= -(-pf[0] // block)
+                self._requeue[vic] = [0, pf[1], pf[2]]
+                return vic, False
+            sd, ld, g0 = dec_start.pop(vic)
+            del fin_at[vic]
+            length = ld + s - sd
+            cnt[(sd - ld) % block] -= 1
+            n_dec -= 1
+            sum_l -= length
+            kv_used -= -(-(length + allocated) // block)
+            g = g0 + s - sd
+            self._requeue[vic] = [0, inp[vic] + g, g]
+            if g:
+                last_tok[vic] = now
+            if vic in new_dec:
+                new_dec.remove(vic)
+            return vic, True
+
         while True:
             if self._freed:
                 kv_used -= self._freed
@@ -154,30 +183,9 @@ class Instance:
             # --- decodes: one token each; preempt newest while blocks are short
             need = cnt[s % block]
             while n_dec and kv_total - kv_used < need:
-                rid, _ = order.popitem()
+                preempt_newest(s, now, False)
                 n_pre += 1
-                preempts[rid] += 1
-                pf = prefill.pop(rid, None)
-                if pf is not None:
-                    kv_used -= -(-pf[0] // block)
-                    waiting.appendleft(rid)
-                    pf[0] = 0
-                    self._requeue[rid] = pf
-                    continue
-                sd, ld, g0 = dec_start.pop(rid)
-                del fin_at[rid]
-                length = ld + s - sd
-                key = (sd - ld) % block
-                cnt[key] -= 1
-                if key == s % block:
-                    need -= 1
-                n_dec -= 1
-                sum_l -= length
-                kv_used -= -(-length // block)
-                g = g0 + (s - sd)
-                self._requeue[rid] = [0, inp[rid] + g, g]
-                last_tok[rid] = now
-                waiting.appendleft(rid)
+                need = cnt[s % block]
             kv_used += need
             budget = budget_max - n_dec
             tokens = n_dec
@@ -195,14 +203,18 @@ class Instance:
                 c = target - done if target - done < budget else budget
                 grow = -(-(done + c) // block) - (-(-done // block))
                 if kv_total - kv_used < grow:
-                    assert next(reversed(order)) == rid
-                    del order[rid], prefill[rid]
-                    n_pre += 1
-                    preempts[rid] += 1
-                    kv_used -= -(-done // block)
-                    waiting.appendleft(rid)
-                    self._requeue[rid] = [0, target, pf[2]]
-                    continue
+                    # V1 preempts from the newest running request until the chunk fits, or
+                    # until it has preempted this request itself.
+                    vic = None
+                    while kv_total - kv_used < grow and vic != rid:
+                        vic, was_decode = preempt_newest(s, now, True)
+                        n_pre += 1
+                        if was_decode:
+                            tokens -= 1
+                            logits -= 1
+                            budget += 1
+                    if vic == rid:
+                        continue
                 kv_used += grow
                 budget -= c
                 tokens += c

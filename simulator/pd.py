@@ -10,8 +10,9 @@ Transfer model: bytes = prompt tokens x the model's KV bytes per token (all
 layers, K and V, whole model; each TP rank moves its shard in parallel).  The
 path is the prefill instance's egress and the decode instance's ingress: one
 :class:`~simulator.fabric.LinkState` each, whose capacity is the per-GPU link
-bandwidth x the instance's TP x PP degree (one NIC or NVLink port per GPU) x
-link efficiency x connector efficiency.  With unequal TP the narrower side is
+bandwidth x the instance's GPU count (one RDMA NIC or NVLink port per GPU;
+a TCP or cloud-VPC NIC is one per node, shared) x link efficiency x connector
+efficiency.  With unequal TP the narrower side is
 the bottleneck, which is how a TP mismatch shows.  Concurrent transfers share
 each side fairly (:mod:`simulator.fabric`).  A host-staged connector (TCP) also
 pays a GPU->host and a host->GPU copy over PCIe and the link's per-byte CPU
@@ -64,6 +65,13 @@ def build_transfer_plan(cfg, db: hwdb.HardwareDB, p: Deployment, d: Deployment) 
         conn = db.connector(cfg.connector)
     except hwdb.HwdbError as exc:
         raise TransferConfigError(f"kv_transfer.connector: {exc}") from None
+    if p.kv_dtype != d.kv_dtype:
+        raise TransferConfigError(f"prefill KV cache is {p.kv_dtype} but decode KV cache is {d.kv_dtype}; "
+                                  "KV moves as it is stored: give both pools the same kv_cache_dtype")
+    if conn.name == "nixl" and d.tp % p.tp:
+        raise TransferConfigError(
+            f"prefill TP={p.tp} and decode TP={d.tp} cannot map KV shards with NixlConnector, which needs the "
+            "decode TP to be a multiple of the prefill TP; use prefill tp <= decode tp")
     if max(p.tp, d.tp) % min(p.tp, d.tp):
         raise TransferConfigError(
             f"prefill TP={p.tp} and decode TP={d.tp} cannot map KV shards: one TP degree must divide the other "
@@ -95,6 +103,12 @@ def build_transfer_plan(cfg, db: hwdb.HardwareDB, p: Deployment, d: Deployment) 
                 f"kv_transfer.fabric={link.name} is an intra-node link and cannot connect instances on different "
                 "nodes; use an InfiniBand/RoCE/TCP fabric, or same_node: true")
         per_gpu_p = per_gpu_d = link.effective_Bps
+    # RDMA NICs come one per GPU (DGX-style rails); a TCP/VPC NIC is one per node, shared.
+    shared_nic = link.kind in ("tcp", "vpc")
+    side_p = per_gpu_p * (1 if shared_nic else p.gpus)
+    side_d = per_gpu_d * (1 if shared_nic else d.gpus)
+    if cfg.bandwidth_Bps is not None:
+        side_p = side_d = cfg.bandwidth_Bps
     if conn.gpu_direct_required and not link.gpu_direct:
         raise TransferConfigError(
             f"kv_transfer: connector {conn.name} needs GPU-direct RDMA but {link.name} has none; use connector "
@@ -111,7 +125,7 @@ def build_transfer_plan(cfg, db: hwdb.HardwareDB, p: Deployment, d: Deployment) 
     return TransferPlan(
         connector=conn.name, link_name=link.name,
         kv_bytes_per_token=a.kv_elems_per_token * DTYPE_BYTES[p.kv_dtype],
-        prefill_side_Bps=per_gpu_p * p.gpus * eff, decode_side_Bps=per_gpu_d * d.gpus * eff,
+        prefill_side_Bps=side_p * eff, decode_side_Bps=side_d * eff,
         latency_s=link.latency_s.value, setup_s=conn.setup_s.value, staged_s_per_byte=staged,
         layerwise=layerwise, num_layers=a.num_layers)
 
@@ -163,3 +177,36 @@ class PDCoordinator:
             p_inst.release(rid)
             d_inst.kv_arrived(rid)
         ev.callbacks.append(done)
+
+
+def crossover_bandwidth(step_model, kv_bytes_per_token: float, prompt_tokens: int, chunk: int) -> dict:
+    """The bandwidth below which moving a prompt's KV takes longer than computing it.
+
+    ``prefill_s`` is the prompt's prefill time alone on the prefill instance
+    (chunked by ``chunk`` tokens); the crossover is ``bytes / prefill_s`` in
+    bytes/s for the whole instance.  Below it, PD's transfer alone exceeds the
+    prefill it saves the decode side, and TTFT at least doubles.
+    """
+    prefill_s = step_model.prefill_time(prompt_tokens, chunk)
+    nbytes = prompt_tokens * kv_bytes_per_token
+    return {"prompt_tokens": prompt_tokens, "kv_bytes": nbytes, "prefill_s": prefill_s,
+            "crossover_Bps": nbytes / prefill_s}
+
+
+def fabric_verdicts(db, dep: Deployment, crossover: dict, connector: str = "nixl") -> list[dict]:
+    """Per scale-out fabric in hwdb: transfer time of the prompt between two such instances vs its prefill.
+
+    GPU-direct fabrics use ``connector``; the others the host-staged TCP connector.
+    """
+    from simulator.scenario import KVTransferConfig
+    rows = []
+    for link in db.links.values():
+        if link.kind in ("nvlink", "xgmi", "pcie"):
+            continue
+        cfg = KVTransferConfig(connector=connector if link.gpu_direct else "tcp", fabric=link.name)
+        plan = build_transfer_plan(cfg, db, dep, dep)
+        t = plan.idle_time(crossover["prompt_tokens"])
+        rows.append({"fabric": link.name, "connector": plan.connector, "instance_Bps": plan.prefill_side_Bps,
+                     "transfer_s": t, "prefill_s": crossover["prefill_s"],
+                     "verdict": "PD worse: transfer > prefill" if t > crossover["prefill_s"] else "ok"})
+    return sorted(rows, key=lambda r: r["transfer_s"], reverse=True)

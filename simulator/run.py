@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from simulator.engine import PoolSpec, Recorder, run_pool
-from simulator.pd import TransferConfigError, build_transfer_plan
+from simulator.pd import TransferConfigError, build_transfer_plan, crossover_bandwidth
 from simulator.results import Results, requests_frame, steps_frame, summarize
 from simulator.scenario import Scenario, ScenarioError, resolve, rng_streams
 from simulator.traces import TraceError
@@ -50,6 +50,9 @@ def simulate(scn: Scenario, replication: int = 0) -> Results:
     if run.coordinator is not None:
         summary["kv_bytes_moved"] = run.coordinator.bytes_moved
         summary["links"] = run.coordinator.fabric.link_stats()
+        mean_prompt = max(1, int(round(float(req_df["input_tokens"].mean()))))
+        summary["crossover"] = crossover_bandwidth(front[3], plan.kv_bytes_per_token, mean_prompt,
+                                                   front[1].knobs.max_num_batched_tokens)
     pool, dep, mem, _ = front
     k = dep.knobs
     info = {

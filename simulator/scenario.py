@@ -73,6 +73,7 @@ class KVTransferConfig(_Strict):
     fabric: str | None = None
     same_node: bool = False
     layerwise: bool | None = None
+    bandwidth_Bps: float | None = Field(None, gt=0)   # what-if: per-instance bandwidth instead of the fabric's
 
 
 class SLO(_Strict):
