@@ -22,7 +22,7 @@ OUTCOMES = {PENDING: "pending", COMPLETED: "completed", REJECTED: "rejected", UN
 class Recorder:
     """Per-request records, indexed by request id (0..n-1).  Times in seconds."""
 
-    def __init__(self, input_tokens, output_tokens, arrival_s) -> None:
+    def __init__(self, input_tokens, output_tokens, arrival_s, hash_ids=None, hash_block_tokens=None) -> None:
         n = len(input_tokens)
         nan = math.nan
         self.input_tokens = [int(x) for x in input_tokens]
@@ -37,6 +37,9 @@ class Recorder:
         self.prefill_instance = [-1] * n   # PD: which prefill instance ran the prompt
         self.instance = [-1] * n
         self.preemptions = [0] * n
+        self.hash_ids = hash_ids               # per request: tuple of prompt block hashes, or None
+        self.hash_block_tokens = hash_block_tokens
+        self.cached_tokens = [0] * n           # prompt tokens served from the prefix cache
         self.generated = [0] * n
         self.outcome = [PENDING] * n
         self.reason = [""] * n
@@ -74,6 +77,7 @@ class PoolSpec:
     max_model_len: int
     router: str
     role: str = "colocated"
+    prefix_caching: bool = True
 
 
 @dataclass
@@ -113,7 +117,8 @@ def run_pool(pool: PoolSpec, rec: Recorder, closed_loop: tuple[int, float] | Non
 
     def build(spec: PoolSpec) -> list[Instance]:
         return [Instance(i, spec.name, spec.step_model, spec.memory, spec.max_num_seqs,
-                         spec.max_num_batched_tokens, spec.chunked_prefill, rec, spec.role)
+                         spec.max_num_batched_tokens, spec.chunked_prefill, rec, spec.role,
+                         spec.prefix_caching)
                 for i in range(spec.instances)]
     instances = build(pool)
     router = make_router(pool.router, instances)

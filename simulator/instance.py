@@ -17,7 +17,7 @@ done only at admission, prefill completion, preemption and finish.
 from __future__ import annotations
 
 import heapq
-from collections import deque
+from collections import OrderedDict, deque
 
 from simulator.perf import MemoryPlan, StepModel
 
@@ -42,7 +42,7 @@ class Instance:
 
     def __init__(self, index: int, pool: str, step_model: StepModel, memory: MemoryPlan,
                  max_num_seqs: int, max_num_batched_tokens: int, chunked_prefill: bool, recorder,
-                 role: str = "colocated") -> None:
+                 role: str = "colocated", prefix_caching: bool = True) -> None:
         self.index = index
         self.role = role
         self.pool = pool
@@ -67,6 +67,44 @@ class Instance:
         self.receiving: set[int] = set()       # decode role: blocks allocated, KV in flight
         self.ready: deque[int] = deque()       # decode role: KV arrived, not yet decoding
         self._freed = 0                        # blocks released from outside the process
+        # Prefix cache (vLLM automatic prefix caching), active when requests carry block hashes:
+        # an LRU of hash ids, each covering ``hash_block_tokens`` prompt tokens, with room for as
+        # many such blocks as the KV cache holds.
+        hashes = recorder.hash_ids
+        self.prefix: OrderedDict | None = OrderedDict() if hashes is not None and prefix_caching else None
+        self.hash_tokens = recorder.hash_block_tokens or 0
+        self.prefix_capacity = (self.kv_total * self.block) // self.hash_tokens if self.hash_tokens else 0
+
+    def prefix_hits(self, rid: int) -> int:
+        """Number of leading hash blocks of ``rid``'s prompt in this instance's cache (no LRU update)."""
+        cache = self.prefix
+        n = 0
+        for h in self.rec.hash_ids[rid]:
+            if h not in cache:
+                break
+            n += 1
+        return n
+
+    def cached_prefix(self, rid: int, target: int) -> int:
+        """Prompt tokens of ``rid`` served from the prefix cache (a whole number of KV blocks)."""
+        cache = self.prefix
+        n = 0
+        for h in self.rec.hash_ids[rid]:
+            if h not in cache:
+                break
+            cache.move_to_end(h)
+            n += 1
+        tokens = min(n * self.hash_tokens, target - 1)
+        return tokens - tokens % self.block
+
+    def remember_prefix(self, rid: int) -> None:
+        """Insert ``rid``'s prompt blocks into the cache, evicting least recently used ones."""
+        cache = self.prefix
+        for h in self.rec.hash_ids[rid]:
+            cache[h] = None
+            cache.move_to_end(h)
+        while len(cache) > self.prefix_capacity:
+            cache.popitem(last=False)
 
     def _wake(self) -> None:
         wake = self.wake
@@ -110,6 +148,7 @@ class Instance:
         heappush, heappop = heapq.heappush, heapq.heappop
         remote, ready, receiving = self.remote, self.ready, self.receiving
         is_prefill = self.role == "prefill"
+        prefix = self.prefix
         new_dec: list[int] = []            # decode role: requests whose first token this step makes
 
         order: dict[int, None] = {}        # running requests in admission order (newest last)
@@ -238,26 +277,34 @@ class Instance:
                 rid = waiting[0]
                 pf = self._requeue.get(rid)
                 target = pf[1] if pf is not None else inp[rid]
-                c = target if target <= budget else (budget if chunked else 0)
+                # Prefix-cache hit: the cached prompt prefix is not recomputed (at least the
+                # last prompt token is, to produce logits).
+                done = self.cached_prefix(rid, target) if prefix is not None else 0
+                c = target - done
+                c = c if c <= budget else (budget if chunked else 0)
                 if c <= 0:
                     break
-                grow = -(-c // block)
+                grow = -(-(done + c) // block)
                 if kv_total - kv_used < grow:
                     break
                 waiting.popleft()
                 if pf is None:
-                    pf = [0, target, 0]
+                    pf = [done, target, 0]
                     t_sched[rid] = now
+                    if prefix is not None:
+                        rec.cached_tokens[rid] = done
                 else:
+                    pf[0] = done
                     del self._requeue[rid]
                 kv_used += grow
                 order[rid] = None
                 prefill[rid] = pf
                 budget -= c
                 tokens += c
-                pairs += c * (c + 1) * 0.5
+                pairs += c * done + c * (c + 1) * 0.5
+                pctx += done
                 chunks.append((rid, pf, c))
-                if c == target:
+                if done + c == target:
                     logits += 1
             self.kv_used = kv_used
             self.n_running = len(order)
@@ -287,6 +334,8 @@ class Instance:
                 if pf[0] < pf[1]:
                     continue
                 del prefill[rid]
+                if prefix is not None:
+                    self.remember_prefix(rid)
                 if is_prefill:
                     # max_tokens=1: the prompt's KV stays allocated until the decode side has it.
                     del order[rid]

@@ -81,3 +81,22 @@ class LeastKV(Router):
 
     def choose(self, rid: int) -> int:
         return _argmin(self.instances, lambda inst: (inst.kv_used / inst.kv_total, len(inst.waiting)))
+
+
+@register
+class PrefixAware(Router):
+    """Most cached prefix blocks of this request (vLLM prefix cache), then fewest outstanding.
+
+    Falls back to least outstanding when requests carry no block hashes.
+    """
+
+    name = "prefix_aware"
+
+    def choose(self, rid: int) -> int:
+        best, best_key = 0, None
+        for i, inst in enumerate(self.instances):
+            hits = inst.prefix_hits(rid) if inst.prefix is not None else 0
+            key = (-hits, inst.outstanding)
+            if best_key is None or key < best_key:
+                best, best_key = i, key
+        return best

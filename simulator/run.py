@@ -12,7 +12,8 @@ from simulator.workload import WorkloadError, generate
 def _spec(pool, dep, mem, step) -> PoolSpec:
     k = dep.knobs
     return PoolSpec(pool.name, pool.instances, step, mem, k.max_num_seqs, k.max_num_batched_tokens,
-                    k.enable_chunked_prefill, k.max_model_len, pool.router, pool.role)
+                    k.enable_chunked_prefill, k.max_model_len, pool.router, pool.role,
+                    pool.engine.enable_prefix_caching)
 
 
 def simulate(scn: Scenario, replication: int = 0) -> Results:
@@ -37,7 +38,7 @@ def simulate(scn: Scenario, replication: int = 0) -> Results:
             raise ScenarioError(str(exc)) from None
     else:
         front, back = by_role["colocated"], None
-    rec = Recorder(reqs.input_tokens, reqs.output_tokens, reqs.arrival_s)
+    rec = Recorder(reqs.input_tokens, reqs.output_tokens, reqs.arrival_s, reqs.hash_ids, reqs.hash_block_tokens)
     closed = (reqs.concurrency, reqs.think_time_s) if reqs.is_closed_loop else None
     run = run_pool(_spec(*front), rec, closed_loop=closed, max_time_s=scn.simulation.max_time_s,
                    decode=_spec(*back) if back else None, transfer=plan)

@@ -37,6 +37,7 @@ class EngineConfig(_Strict):
     block_size: Literal[1, 8, 16, 32, 64, 128] = 16
     gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
     enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
     enforce_eager: bool = False
     max_cudagraph_capture_size: int | None = Field(None, ge=1)
     max_model_len: int | None = Field(None, ge=16)
