@@ -68,6 +68,25 @@ def main(argv=None) -> None:
           f"{args.requests / best:,.0f} simulated requests/s, {best / steps * 1e6:.1f} us per step (all work / steps); "
           f"mean batch {res.summary['mean_batch_size']:.0f}, TTFT p50 {res.summary['ttft_s']['p50'] * 1e3:.0f} ms")
 
+    # PD reference (issue 3): Llama-3.1-70B, 4 prefill TP2 + 4 decode TP4 on H200, NIXL over IB NDR.
+    def pd(arrival: dict, n: int) -> dict:
+        return {"name": "bench-pd", "seed": 3, "model": "Llama-3.1-70B",
+                "pools": [{"name": "prefill", "role": "prefill", "gpu": "H200", "tp": 2, "instances": 4},
+                          {"name": "decode", "role": "decode", "gpu": "H200", "tp": 4, "instances": 4}],
+                "kv_transfer": {"connector": "nixl", "fabric": "ib-ndr"},
+                "workload": {"arrival": arrival, "num_requests": n, **_lengths()}}
+    sat, _ = timed(pd({"kind": "closed", "concurrency": 4 * 1024}, 40_000))
+    rate = 0.8 * sat.summary["throughput_rps"]
+    best = None
+    for _ in range(args.repeat):
+        res, wall = timed(pd({"kind": "poisson", "rate": rate}, args.requests))
+        best = wall if best is None or wall < best else best
+    steps = len(res.steps)
+    print(f"PD reference: saturation {sat.summary['throughput_rps']:.1f} req/s, Poisson {rate:.1f} req/s; "
+          f"{args.requests:,} requests, {steps:,} steps, {args.requests:,} KV transfers, wall {best:.2f} s -> "
+          f"{args.requests / best:,.0f} simulated requests/s; TTFT p50 {res.summary['ttft_s']['p50'] * 1e3:.0f} ms, "
+          f"transfer mean {res.summary['ttft_breakdown_mean_s']['transfer'] * 1e3:.1f} ms")
+
     # Per-step cost vs batch size: a closed loop that keeps max_num_seqs sequences decoding
     # (Llama-3.1-8B on one H200). Two output lengths per batch size; the difference in wall time
     # over the difference in steps cancels the per-request work and leaves the cost of a step.
