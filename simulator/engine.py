@@ -100,7 +100,8 @@ def _admissible(pool: PoolSpec, inst_kv_blocks: int, block: int, inp: int, out: 
 
 
 def run_pool(pool: PoolSpec, rec: Recorder, closed_loop: tuple[int, float] | None = None,
-             max_time_s: float | None = None, decode: PoolSpec | None = None, transfer=None) -> PoolRun:
+             max_time_s: float | None = None, decode: PoolSpec | None = None, transfer=None,
+             rng=None) -> PoolRun:
     """Simulate ``pool`` serving every request in ``rec``.
 
     With ``decode`` and ``transfer`` (a :class:`simulator.pd.TransferPlan`),
@@ -132,7 +133,7 @@ def run_pool(pool: PoolSpec, rec: Recorder, closed_loop: tuple[int, float] | Non
         from simulator.pd import PDCoordinator
         d_instances = build(decode)
         coordinator = PDCoordinator(env, transfer, instances, d_instances,
-                                    make_router(decode.router, d_instances), rec)
+                                    make_router(decode.router, d_instances), rec, rng)
         inst_of = rec.prefill_instance
         every = instances + d_instances
 

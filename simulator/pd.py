@@ -44,6 +44,8 @@ class TransferPlan:
     staged_s_per_byte: float       # host staging: PCIe copies + CPU cost, per byte, serial
     layerwise: bool
     num_layers: int
+    bandwidth_factor: float = 1.0  # degradation of both sides (1 = healthy)
+    jitter_mean_s: float = 0.0     # mean of the exponential extra latency per transfer
 
     def bytes_for(self, prompt_tokens: int) -> float:
         return prompt_tokens * self.kv_bytes_per_token
@@ -127,22 +129,31 @@ def build_transfer_plan(cfg, db: hwdb.HardwareDB, p: Deployment, d: Deployment) 
         kv_bytes_per_token=a.kv_elems_per_token * DTYPE_BYTES[p.kv_dtype],
         prefill_side_Bps=side_p * eff, decode_side_Bps=side_d * eff,
         latency_s=link.latency_s.value, setup_s=conn.setup_s.value, staged_s_per_byte=staged,
-        layerwise=layerwise, num_layers=a.num_layers)
+        layerwise=layerwise, num_layers=a.num_layers,
+        bandwidth_factor=cfg.bandwidth_factor, jitter_mean_s=cfg.jitter_mean_s)
 
 
 class PDCoordinator:
     """The PD proxy: hands prompts from prefill to decode instances and moves their KV."""
 
-    def __init__(self, env, plan: TransferPlan, prefill: list, decode: list, decode_router, rec) -> None:
+    def __init__(self, env, plan: TransferPlan, prefill: list, decode: list, decode_router, rec,
+                 rng=None) -> None:
         self.env = env
         self.plan = plan
-        self.fabric = Fabric(env)
+        self.fabric = Fabric(env, rng)
+        jitter = None
+        if plan.jitter_mean_s > 0:
+            mean = plan.jitter_mean_s / 2   # drawn on each of the two sides of the path
+
+            def jitter(g, mean=mean):
+                return float(g.exponential(mean))
         self.decode_router = decode_router
         self.rec = rec
         self.src: dict[int, object] = {}
-        self.egress = [LinkState(f"{plan.link_name}:prefill{i}:out", plan.prefill_side_Bps, plan.latency_s)
+        f = plan.bandwidth_factor
+        self.egress = [LinkState(f"{plan.link_name}:prefill{i}:out", plan.prefill_side_Bps, plan.latency_s, f, jitter)
                        for i in range(len(prefill))]
-        self.ingress = [LinkState(f"{plan.link_name}:decode{i}:in", plan.decode_side_Bps, plan.latency_s)
+        self.ingress = [LinkState(f"{plan.link_name}:decode{i}:in", plan.decode_side_Bps, plan.latency_s, f, jitter)
                         for i in range(len(decode))]
         self.decode = decode
         self.bytes_moved = 0.0

@@ -170,6 +170,16 @@ def _pool_stats(steps: pd.DataFrame) -> dict:
     return out
 
 
+def links_frame(fabric) -> pd.DataFrame:
+    """Per link, the change points of the rate in use: (time_s, rate_Bps, utilisation); the rate holds
+    until the next point of the same link."""
+    rows = []
+    for name, ln in fabric.links.items():
+        for t, r in ln.rate_series:
+            rows.append((name, t, r, r / ln.capacity_Bps))
+    return pd.DataFrame(rows, columns=["link", "time_s", "rate_Bps", "utilisation"])
+
+
 @dataclass
 class Results:
     """A finished run: DataFrames, the summary and what produced them."""
@@ -179,13 +189,17 @@ class Results:
     steps: pd.DataFrame
     summary: dict
     info: dict = field(default_factory=dict)
+    links: pd.DataFrame | None = None
 
     def write(self, out_dir: str | Path, formats: tuple[str, ...] = ("parquet",)) -> list[Path]:
         """Write requests, steps and summary; returns the paths written."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         paths = []
-        for name, df in (("requests", self.requests), ("steps", self.steps)):
+        tables = [("requests", self.requests), ("steps", self.steps)]
+        if self.links is not None:
+            tables.append(("links", self.links))
+        for name, df in tables:
             if "parquet" in formats:
                 paths.append(out / f"{name}.parquet")
                 df.to_parquet(paths[-1], index=False)

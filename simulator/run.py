@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from simulator.engine import PoolSpec, Recorder, run_pool
 from simulator.pd import TransferConfigError, build_transfer_plan, crossover_bandwidth
-from simulator.results import Results, requests_frame, steps_frame, summarize
+from simulator.results import Results, links_frame, requests_frame, steps_frame, summarize
 from simulator.scenario import Scenario, ScenarioError, resolve, rng_streams
 from simulator.traces import TraceError
 from simulator.workload import WorkloadError, generate
@@ -41,7 +41,7 @@ def simulate(scn: Scenario, replication: int = 0) -> Results:
     rec = Recorder(reqs.input_tokens, reqs.output_tokens, reqs.arrival_s, reqs.hash_ids, reqs.hash_block_tokens)
     closed = (reqs.concurrency, reqs.think_time_s) if reqs.is_closed_loop else None
     run = run_pool(_spec(*front), rec, closed_loop=closed, max_time_s=scn.simulation.max_time_s,
-                   decode=_spec(*back) if back else None, transfer=plan)
+                   decode=_spec(*back) if back else None, transfer=plan, rng=rngs["faults"])
     req_df = requests_frame(run, back[0].name if back else front[0].name)
     step_df = steps_frame(run)
     gpus = sum(p.instances * d.gpus for p, d, _, _ in pools)
@@ -81,4 +81,5 @@ def simulate(scn: Scenario, replication: int = 0) -> Results:
         "seed": scn.seed,
         "workload_notes": list(reqs.notes),
     }
-    return Results(scn, req_df, step_df, summary, info)
+    links = links_frame(run.coordinator.fabric) if run.coordinator is not None else None
+    return Results(scn, req_df, step_df, summary, info, links)

@@ -75,6 +75,8 @@ class KVTransferConfig(_Strict):
     same_node: bool = False
     layerwise: bool | None = None
     bandwidth_Bps: float | None = Field(None, gt=0)   # what-if: per-instance bandwidth instead of the fabric's
+    bandwidth_factor: float = Field(1.0, gt=0, le=1)  # degraded fabric: fraction of bandwidth left
+    jitter_mean_s: float = Field(0.0, ge=0)           # extra latency per transfer, exponential with this mean
 
 
 class SLO(_Strict):

@@ -189,3 +189,29 @@ def test_pd_bad_input(change, words):
         simulate(parse_scenario(data))
     msg = str(exc.value)
     assert all(w in msg for w in words), msg
+
+
+def test_heterogeneous_pools_and_link_timeline():
+    """H100 TP2 prefill with L40S TP4 decode over RoCE 200: runs, conserves, and logs link rates."""
+    wl = {"arrival": {"kind": "poisson", "rate": 3.0}, "input_length": {"kind": "uniform", "low": 500, "high": 4000},
+          "output_length": {"kind": "uniform", "low": 50, "high": 300}, "num_requests": 300}
+    data = {"name": "het", "seed": 2, "model": "Llama-3.1-8B", "workload": wl,
+            "pools": [{"name": "p", "role": "prefill", "gpu": "H100", "tp": 2, "instances": 1},
+                      {"name": "d", "role": "decode", "gpu": "L40S", "tp": 4, "instances": 2,
+                       "engine": {"max_model_len": 16384}}],
+            "kv_transfer": {"connector": "nixl", "fabric": "roce-200"}}
+    res = simulate(parse_scenario(data))
+    check_pd(res)
+    assert {p["gpu"] for p in res.info["pools"]} == {"H100-SXM-80GB", "L40S"}
+    links = res.links
+    assert set(links["link"]) >= {"roce-200:prefill0:out", "roce-200:decode1:in"}
+    assert (links["utilisation"] <= 1 + 1e-9).all() and links["utilisation"].max() > 0.99
+
+
+def test_degraded_and_jittery_fabric_slows_transfers():
+    kv = {"connector": "nixl", "fabric": "ib-ndr"}
+    _, healthy = _one_request(kv)
+    _, degraded = _one_request({**kv, "bandwidth_factor": 0.25})
+    _, jittery = _one_request({**kv, "jitter_mean_s": 0.05}, n=8, n_p=8)
+    assert degraded.requests["transfer_s"].iloc[0] > 3.5 * healthy.requests["transfer_s"].iloc[0]
+    assert jittery.requests["transfer_s"].std() > 0.01      # identical prompts, different draws
