@@ -136,6 +136,7 @@ def run_pool(pool: PoolSpec, rec: Recorder, closed_loop: tuple[int, float] | Non
                                     make_router(decode.router, d_instances), rec, rng)
         inst_of = rec.prefill_instance
         every = instances + d_instances
+    sglang_flow = coordinator is not None and coordinator.flow == "sglang"
 
     def dispatch(rid: int) -> bool:
         why = _admissible(pool, kv_blocks, block, inp[rid], 1 if decode else out[rid])
@@ -146,6 +147,8 @@ def run_pool(pool: PoolSpec, rec: Recorder, closed_loop: tuple[int, float] | Non
             return False
         i = router.choose(rid)
         inst_of[rid] = i
+        if sglang_flow:
+            coordinator.on_arrival(rid)
         instances[i].submit(rid)
         return True
 

@@ -5,6 +5,8 @@ prefill instance with ``max_tokens=1``; when its prefill completes the proxy
 picks a decode instance, which allocates blocks for the whole prompt (or
 waits: backpressure), pulls the KV over the fabric, then decodes.  The
 prefill instance holds the prompt's blocks until the pull has finished.
+SGLang's variant picks the decode instance on arrival; it reserves the blocks
+while the prompt is prefilled, and the KV moves as soon as both are ready.
 
 Transfer model: bytes = prompt tokens x the model's KV bytes per token (all
 layers, K and V, whole model; each TP rank moves its shard in parallel).  The
@@ -44,6 +46,7 @@ class TransferPlan:
     staged_s_per_byte: float       # host staging: PCIe copies + CPU cost, per byte, serial
     layerwise: bool
     num_layers: int
+    flow: str = "vllm"             # "vllm": decode chosen after prefill; "sglang": at arrival
     bandwidth_factor: float = 1.0  # degradation of both sides (1 = healthy)
     jitter_mean_s: float = 0.0     # mean of the exponential extra latency per transfer
 
@@ -130,7 +133,7 @@ def build_transfer_plan(cfg, db: hwdb.HardwareDB, p: Deployment, d: Deployment) 
         prefill_side_Bps=side_p * eff, decode_side_Bps=side_d * eff,
         latency_s=link.latency_s.value, setup_s=conn.setup_s.value, staged_s_per_byte=staged,
         layerwise=layerwise, num_layers=a.num_layers,
-        bandwidth_factor=cfg.bandwidth_factor, jitter_mean_s=cfg.jitter_mean_s)
+        bandwidth_factor=cfg.bandwidth_factor, jitter_mean_s=cfg.jitter_mean_s, flow=cfg.flow)
 
 
 class PDCoordinator:
@@ -156,21 +159,42 @@ class PDCoordinator:
         self.ingress = [LinkState(f"{plan.link_name}:decode{i}:in", plan.decode_side_Bps, plan.latency_s, f, jitter)
                         for i in range(len(decode))]
         self.decode = decode
+        self.flow = plan.flow
+        self.reserved: dict[int, object] = {}
         self.bytes_moved = 0.0
         for inst in prefill:
             inst.hand_off = self.hand_off
         for inst in decode:
             inst.start_transfer = self.start_transfer
 
+    def on_arrival(self, rid: int) -> None:
+        """SGLang flow: the decode instance is chosen when the request arrives and reserves
+        blocks for the prompt while the prefill runs (its bootstrap handshake)."""
+        d = self.decode_router.choose(rid)
+        self.rec.instance[rid] = d
+        self.decode[d].submit_remote(rid)
+
     def hand_off(self, p_inst, rid: int, now: float) -> None:
-        """Prefill done: pick a decode instance; it allocates blocks when it can."""
+        """Prefill done.  vLLM flow: pick a decode instance, which allocates blocks when it can.
+        SGLang flow: push the KV as soon as the decode side has its blocks."""
         self.src[rid] = p_inst
+        if self.flow == "sglang":
+            d_inst = self.reserved.pop(rid, None)
+            if d_inst is not None:
+                self._transfer(d_inst, rid, now)
+            return
         d = self.decode_router.choose(rid)
         self.rec.instance[rid] = d
         self.decode[d].submit_remote(rid)
 
     def start_transfer(self, d_inst, rid: int, now: float) -> None:
-        """The decode instance has blocks for the prompt: pull the KV."""
+        """The decode instance has blocks for the prompt: move the KV (once the prefill is done)."""
+        if rid not in self.src:        # SGLang flow, prefill still running: wait for hand_off
+            self.reserved[rid] = d_inst
+            return
+        self._transfer(d_inst, rid, now)
+
+    def _transfer(self, d_inst, rid: int, now: float) -> None:
         plan, rec = self.plan, self.rec
         p_inst = self.src.pop(rid)
         rec.t_kv_start[rid] = now

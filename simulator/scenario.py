@@ -71,6 +71,7 @@ class KVTransferConfig(_Strict):
     """How a PD deployment moves KV from prefill to decode instances."""
 
     connector: str = "nixl"
+    flow: Literal["vllm", "sglang"] = "vllm"
     fabric: str | None = None
     same_node: bool = False
     layerwise: bool | None = None
