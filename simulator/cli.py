@@ -220,6 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("name", nargs="?")
     h.add_argument("--hwdb", action="append", default=[], help="extra user hwdb folder (repeatable)")
     h.set_defaults(func=cmd_hw)
+    from calibration.cli import add_subparser as _add_calibrate
+    _add_calibrate(sub)
     return p
 
 

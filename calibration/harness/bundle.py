@@ -1,0 +1,220 @@
+"""Measurement bundle: a directory with a manifest and append-only JSONL records.
+
+Layout::
+
+    BUNDLE/
+      manifest.json          what was measured, on what, with what (schema_version, hardware,
+                             vllm/torch versions, model, engine args, command lines, launches,
+                             start-up phases, plan of probe phases, time stamps, epdsim commit)
+      records/<phase>.jsonl  one JSON object per line, appended and flushed one at a time:
+                               {"kind": "phase_start", "segment": n, ...}
+                               {"kind": "request", "id": ..., "model": ..., "ok": true, ...}
+                               {"kind": "metrics", "segment": n, "histograms": ..., "counters": ...}
+                               {"kind": "phase_done", ...}
+      server-<n>.log         log of the n-th launched server (launch mode)
+      model/                 the generated tiny model (launch mode with the default model)
+
+A run killed at any point keeps every record written so far (each line is flushed before the
+next request's record; a torn last line is ignored on reading and fenced off on the next append).
+Resuming skips phases with a ``phase_done`` record, and inside an unfinished phase the request
+ids that already have an ``ok`` record; a resumed phase gets a new ``segment`` number, with its
+own metrics delta.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Iterable
+
+SCHEMA_VERSION = 1
+MANIFEST = "manifest.json"
+RECORDS = "records"
+REQUIRED_MANIFEST_KEYS = ("schema_version", "created", "model", "mode", "plan")
+RECORD_KINDS = ("phase_start", "request", "metrics", "phase_done", "note")
+_PHASE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+
+
+class BundleError(Exception):
+    """A bundle that cannot be used as asked (missing, inconsistent, or from another model)."""
+
+
+def now_iso() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+class Bundle:
+    """An open bundle.  Create with :meth:`create`, open an existing one with :meth:`open`."""
+
+    def __init__(self, path: Path, manifest: dict):
+        self.path = Path(path)
+        self.manifest = manifest
+
+    # ----------------------------------------------------------------- creating and opening
+    @classmethod
+    def create(cls, path: str | Path, manifest: dict[str, Any]) -> "Bundle":
+        """Start a new bundle in ``path`` (absent or empty directory)."""
+        path = Path(path)
+        if (path / MANIFEST).exists() or (path.exists() and any((path / RECORDS).glob("*.jsonl"))):
+            raise BundleError(f"{path} already holds a bundle; pass --resume to continue it, "
+                              "or choose another --out")
+        m = dict(manifest)
+        m.setdefault("schema_version", SCHEMA_VERSION)
+        m.setdefault("created", now_iso())
+        m.setdefault("launches", [])
+        m.setdefault("runs", [])
+        missing = [k for k in REQUIRED_MANIFEST_KEYS if k not in m]
+        if missing:
+            raise BundleError(f"manifest lacks {', '.join(missing)}")
+        (path / RECORDS).mkdir(parents=True, exist_ok=True)
+        b = cls(path, m)
+        b.write_manifest()
+        return b
+
+    @classmethod
+    def open(cls, path: str | Path, validate_records: bool = True) -> "Bundle":
+        """Open and validate an existing bundle; :class:`BundleError` says what is wrong."""
+        path = Path(path)
+        mf = path / MANIFEST
+        if not path.is_dir():
+            raise BundleError(f"no bundle at {path}: not a directory")
+        if not mf.exists():
+            raise BundleError(f"{path} is not a measurement bundle: {MANIFEST} is missing")
+        try:
+            m = json.loads(mf.read_text())
+        except json.JSONDecodeError as exc:
+            raise BundleError(f"{mf} is not valid JSON: {exc}") from None
+        if not isinstance(m, dict):
+            raise BundleError(f"{mf} must hold a JSON object")
+        missing = [k for k in REQUIRED_MANIFEST_KEYS if k not in m]
+        if missing:
+            raise BundleError(f"{mf} lacks {', '.join(missing)}")
+        if m["schema_version"] != SCHEMA_VERSION:
+            raise BundleError(f"{mf} has schema_version {m['schema_version']!r}; "
+                              f"this epdsim reads version {SCHEMA_VERSION}")
+        if not isinstance(m["model"], dict) or not m["model"].get("served_name"):
+            raise BundleError(f"{mf}: model.served_name is missing")
+        b = cls(path, m)
+        if validate_records:
+            b.validate()
+        return b
+
+    # ----------------------------------------------------------------- manifest
+    def write_manifest(self) -> None:
+        """Atomic rewrite (temporary file + rename), so a kill never leaves half a manifest."""
+        self.manifest["updated"] = now_iso()
+        tmp = self.path / (MANIFEST + ".tmp")
+        tmp.write_text(json.dumps(self.manifest, indent=2, sort_keys=False, default=str) + "\n")
+        os.replace(tmp, self.path / MANIFEST)
+
+    @property
+    def model_name(self) -> str:
+        return self.manifest["model"]["served_name"]
+
+    def check_same_model(self, model: dict[str, Any]) -> None:
+        """Refuse to add measurements of another model (or the same name with another config)."""
+        mine = self.manifest["model"]
+        diffs = [f"{k}: bundle {mine.get(k)!r}, server {model.get(k)!r}"
+                 for k in ("served_name", "max_model_len", "config_sha256")
+                 if mine.get(k) is not None and model.get(k) is not None and mine.get(k) != model.get(k)]
+        if diffs:
+            raise BundleError(f"{self.path} was measured on another model; " + "; ".join(diffs))
+
+    # ----------------------------------------------------------------- records
+    def _file(self, phase: str) -> Path:
+        if not _PHASE_NAME.match(phase):
+            raise BundleError(f"bad phase name {phase!r}")
+        return self.path / RECORDS / f"{phase}.jsonl"
+
+    def append(self, phase: str, record: dict[str, Any]) -> None:
+        """Append one record and flush it to the OS before returning."""
+        if record.get("kind") not in RECORD_KINDS:
+            raise BundleError(f"unknown record kind {record.get('kind')!r}")
+        rec = {"kind": record["kind"], "phase": phase, **{k: v for k, v in record.items() if k != "kind"}}
+        if rec["kind"] == "request":
+            rec.setdefault("model", self.model_name)
+        line = json.dumps(rec, separators=(",", ":"), default=_json_default, allow_nan=True)
+        f = self._file(phase)
+        with open(f, "ab") as fh:
+            if fh.tell() > 0 and not _ends_with_newline(f):
+                fh.write(b"\n")  # a torn line from a killed writer stays on its own line
+            fh.write(line.encode() + b"\n")
+            fh.flush()
+
+    def records(self, phase: str, kind: str | None = None) -> list[dict]:
+        f = self._file(phase)
+        if not f.exists():
+            return []
+        out = []
+        for line in f.read_text().splitlines():
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # torn line of a killed run
+            if kind is None or rec.get("kind") == kind:
+                out.append(rec)
+        return out
+
+    def phases(self) -> list[str]:
+        """Phases in plan order, then any others found on disk."""
+        planned = [p["name"] for p in self.manifest.get("plan", [])]
+        on_disk = sorted(f.stem for f in (self.path / RECORDS).glob("*.jsonl"))
+        return planned + [p for p in on_disk if p not in planned]
+
+    def phase_done(self, phase: str) -> bool:
+        return any(True for _ in self.records(phase, "phase_done"))
+
+    def completed_ids(self, phase: str) -> set[str]:
+        return {r["id"] for r in self.records(phase, "request") if r.get("ok")}
+
+    def next_segment(self, phase: str) -> int:
+        return len(self.records(phase, "phase_start"))
+
+    def requests(self, phase: str, ok_only: bool = True) -> list[dict]:
+        """Request records, the last one per id (a resumed phase may repeat a failed id)."""
+        by_id: dict[str, dict] = {}
+        for r in self.records(phase, "request"):
+            if ok_only and not r.get("ok"):
+                continue
+            if r.get("ok") or r["id"] not in by_id:
+                by_id[r["id"]] = r
+        return list(by_id.values())
+
+    def validate(self) -> None:
+        """Every record file belongs to this bundle's model and has known record kinds."""
+        for f in sorted((self.path / RECORDS).glob("*.jsonl")) if (self.path / RECORDS).exists() else []:
+            phase = f.stem
+            for rec in self.records(phase):
+                if rec.get("kind") not in RECORD_KINDS:
+                    raise BundleError(f"{f}: unknown record kind {rec.get('kind')!r}")
+                if rec.get("phase") not in (None, phase):
+                    raise BundleError(f"{f}: a record of phase {rec.get('phase')!r} is in the file of "
+                                      f"phase {phase!r}")
+                if rec["kind"] == "request" and rec.get("model") != self.model_name:
+                    raise BundleError(f"{f}: request {rec.get('id')!r} was measured on model "
+                                      f"{rec.get('model')!r}, but the manifest says {self.model_name!r}")
+
+
+def _ends_with_newline(f: Path) -> bool:
+    with open(f, "rb") as fh:
+        fh.seek(-1, os.SEEK_END)
+        return fh.read(1) == b"\n"
+
+
+def _json_default(o):
+    if isinstance(o, (set, frozenset, tuple)):
+        return list(o)
+    if isinstance(o, Path):
+        return str(o)
+    if hasattr(o, "item"):
+        return o.item()
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def iter_all_requests(b: Bundle) -> Iterable[dict]:
+    for p in b.phases():
+        yield from b.requests(p)

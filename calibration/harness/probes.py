@@ -1,0 +1,277 @@
+"""Probe phases and their plan.
+
+- ``prefill``: single requests one after another, ``max_tokens=1``, prompt lengths on a log grid.
+  TTFT of a lone request is the prefill time (plus the front end's overhead).
+- ``decode_c<N>``: N concurrent users (closed loop), fixed prompt and output lengths; the
+  inter-token times at steady state are decode step times at batch size N.
+- ``load_poisson_<x>``: open loop, Poisson arrivals (seeded), lengths drawn (seeded) from ranges;
+  the rate is a fraction ``x`` of the capacity seen in the decode sweep (or absolute ``r<rate>``).
+- ``load_closed_c<N>``: closed loop with N users and the load lengths.
+
+Each phase scrapes ``/metrics`` before and after and stores the deltas of vLLM's histograms and
+counters.  A plan is plain JSON (stored in the manifest) so that a resumed run repeats exactly
+the same request ids, prompts (seeded by id) and arrival times.
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from calibration.harness.bundle import Bundle, now_iso
+from calibration.harness.client import (CompletionClient, PromptFactory, RequestResult, RequestSpec,
+                                        poisson_arrivals, run_closed_loop, run_open_loop)
+from calibration.harness.metrics import counter_deltas, histogram_deltas, parse_prometheus
+from calibration.harness.server import Endpoint
+
+PHASE_KINDS = ("prefill", "decode", "load")
+
+
+@dataclass
+class PlanOptions:
+    quick: bool = False
+    seed: int = 0
+    kinds: tuple[str, ...] = PHASE_KINDS
+    prefill_lengths: list[int] | None = None
+    prefill_repeats: int | None = None
+    decode_concurrency: list[int] | None = None
+    decode_prompt: int | None = None
+    decode_output: int | None = None
+    decode_rounds: int = 2
+    load_fractions: list[float] | None = None
+    load_rates: list[float] | None = None          # absolute req/s; replaces the fractions
+    load_requests: int | None = None
+    load_prompt: tuple[int, int] | None = None
+    load_output: tuple[int, int] | None = None
+    closed_concurrency: list[int] | None = None
+
+    def resolved(self) -> "PlanOptions":
+        q = self.quick
+        d = PlanOptions(**self.__dict__)
+        d.prefill_lengths = d.prefill_lengths or ([16, 64, 256, 1024] if q else
+                                                  [16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192])
+        d.prefill_repeats = d.prefill_repeats or (2 if q else 3)
+        d.decode_concurrency = d.decode_concurrency or ([1, 4, 16] if q else [1, 2, 4, 8, 16, 32, 64])
+        d.decode_prompt = d.decode_prompt or (64 if q else 128)
+        d.decode_output = d.decode_output or (32 if q else 128)
+        d.load_fractions = d.load_fractions or ([0.6] if q else [0.3, 0.6, 0.9])
+        d.load_requests = d.load_requests or (30 if q else 100)
+        d.load_prompt = d.load_prompt or ((32, 256) if q else (64, 1024))
+        d.load_output = d.load_output or ((16, 64) if q else (32, 256))
+        if d.closed_concurrency is None:
+            d.closed_concurrency = [] if q else [16]
+        return d
+
+
+def build_plan(opts: PlanOptions, max_model_len: int) -> list[dict]:
+    """The phases to run, as JSON-ready dicts; requests are ``[id, prompt_len, max_tokens, arrival_s]``."""
+    o = opts.resolved()
+    plan: list[dict] = []
+    if "prefill" in o.kinds:
+        lengths = [n for n in o.prefill_lengths if n + 1 <= max_model_len]
+        reqs = [[f"prefill-p{n}-r{k}", n, 1, None] for k in range(o.prefill_repeats) for n in lengths]
+        plan.append({"name": "prefill", "kind": "prefill", "mode": "sequential", "concurrency": 1,
+                     "requests": reqs})
+    if "decode" in o.kinds:
+        p, out = o.decode_prompt, o.decode_output
+        if p + out > max_model_len:
+            p = max(1, max_model_len - out)
+        for c in o.decode_concurrency:
+            reqs = [[f"decode-c{c}-{i}", p, out, None] for i in range(c * o.decode_rounds)]
+            plan.append({"name": f"decode_c{c}", "kind": "decode", "mode": "closed", "concurrency": c,
+                         "requests": reqs})
+    if "load" in o.kinds:
+        rng = random.Random(f"load:{o.seed}")
+        lo_p, hi_p = o.load_prompt
+        lo_o, hi_o = o.load_output
+        hi_p = min(hi_p, max_model_len - hi_o)
+        lengths = [(rng.randint(lo_p, max(lo_p, hi_p)), rng.randint(lo_o, hi_o)) for _ in range(o.load_requests)]
+        targets = ([("r", r) for r in o.load_rates] if o.load_rates else [("f", f) for f in o.load_fractions])
+        for kind, x in targets:
+            name = f"load_poisson_{kind}{x:g}" if kind == "r" else f"load_poisson_{x:g}"
+            reqs = [[f"{name}-{i}", pl, ol, None] for i, (pl, ol) in enumerate(lengths)]
+            ph = {"name": name, "kind": "load", "mode": "open", "requests": reqs,
+                  "arrival_seed": o.seed, "rate": x if kind == "r" else None,
+                  "rate_fraction": x if kind == "f" else None}
+            plan.append(ph)
+        for c in o.closed_concurrency:
+            name = f"load_closed_c{c}"
+            reqs = [[f"{name}-{i}", pl, ol, None] for i, (pl, ol) in enumerate(lengths)]
+            plan.append({"name": name, "kind": "load", "mode": "closed", "concurrency": c, "requests": reqs})
+    return plan
+
+
+def decode_capacity(bundle: Bundle) -> float | None:
+    """Highest output-token throughput (tokens/s) over the decode phases measured so far."""
+    best = None
+    for ph in bundle.manifest.get("plan", []):
+        if ph["kind"] != "decode":
+            continue
+        recs = bundle.requests(ph["name"])
+        if len(recs) < 2:
+            continue
+        t0 = min(r["t_send"] for r in recs)
+        t1 = max(r["t_send"] + r["e2e_s"] for r in recs)
+        tok = sum(r["output_tokens"] or 0 for r in recs)
+        if t1 > t0:
+            best = max(best or 0.0, tok / (t1 - t0))
+    return best
+
+
+def resolve_rate(bundle: Bundle, phase: dict, fallback_rate: float = 1.0) -> dict:
+    """Fix an open-loop phase's rate and arrival times once (they are then kept in the manifest)."""
+    if phase["mode"] != "open" or all(r[3] is not None for r in phase["requests"]):
+        return phase
+    if phase.get("rate") is None:
+        cap = decode_capacity(bundle)
+        mean_out = sum(r[2] for r in phase["requests"]) / len(phase["requests"])
+        if cap:
+            phase["rate"] = round(phase["rate_fraction"] * cap / mean_out, 4)
+            phase["rate_basis"] = f"{phase['rate_fraction']:g} x decode capacity {cap:.1f} tok/s / " \
+                                  f"mean output {mean_out:.1f} tokens"
+        else:
+            phase["rate"] = fallback_rate
+            phase["rate_basis"] = "no decode sweep in the bundle: fallback rate"
+    arr = poisson_arrivals(len(phase["requests"]), phase["rate"], seed=hash_seed(phase["name"], phase["arrival_seed"]))
+    for r, a in zip(phase["requests"], arr):
+        r[3] = round(a, 6)
+    return phase
+
+
+def hash_seed(name: str, seed: int) -> int:
+    return random.Random(f"{name}:{seed}").randrange(2**31)
+
+
+def _specs(phase: dict, prompts: PromptFactory, skip: set[str]) -> list[RequestSpec]:
+    out = []
+    for rid, plen, mt, arr in phase["requests"]:
+        if rid in skip:
+            continue
+        out.append(RequestSpec(id=rid, prompt=prompts.prompt(rid, plen), max_tokens=mt, arrival_s=arr,
+                               meta={"prompt_len": plen}))
+    return out
+
+
+async def _scrape(client: CompletionClient):
+    try:
+        return parse_prometheus(await client.metrics_text())
+    except Exception:  # noqa: BLE001 - a server without /metrics is still measurable
+        return None
+
+
+async def _watchdog(server: Endpoint, every: float = 0.5):
+    while True:
+        await asyncio.sleep(every)
+        if not server.alive():
+            await asyncio.to_thread(server.check, "during the measurements")
+
+
+async def run_phase(bundle: Bundle, phase: dict, client: CompletionClient, server: Endpoint,
+                    prompts: PromptFactory, log: Callable[[str], None] = lambda s: None) -> dict:
+    """Run the remaining requests of one phase, appending each result as it arrives.
+
+    Raises :class:`~calibration.harness.server.ServerError` (``ServerDied`` for a launched
+    server) when the server goes away; everything measured until then is in the bundle."""
+    name = phase["name"]
+    if bundle.phase_done(name):
+        return {"phase": name, "skipped": True}
+    done_ids = bundle.completed_ids(name)
+    specs = _specs(phase, prompts, done_ids)
+    seg = bundle.next_segment(name)
+    launch = len(bundle.manifest.get("launches", [])) - 1
+    bundle.append(name, {"kind": "phase_start", "segment": seg, "t": time.time(), "at": now_iso(),
+                         "requests": len(specs), "already_done": len(done_ids), "launch": launch,
+                         "mode": phase["mode"], "concurrency": phase.get("concurrency"),
+                         "rate": phase.get("rate")})
+    log(f"phase {name}: {len(specs)} requests" + (f" ({len(done_ids)} done before)" if done_ids else ""))
+    before = await _scrape(client)
+    failures: list[RequestResult] = []
+
+    async def on_result(res: RequestResult):
+        rec = res.to_record()
+        rec["segment"] = seg
+        bundle.append(name, rec)
+        if not res.ok:
+            failures.append(res)
+            if res.error_kind in ("connection", "timeout", "protocol"):
+                await asyncio.to_thread(server.check, f"during phase {name}")
+
+    if phase["mode"] == "open":
+        work = run_open_loop(client, specs, on_result)
+    else:
+        work = run_closed_loop(client, specs, phase.get("concurrency", 1), on_result)
+    t0 = time.monotonic()
+    main = asyncio.ensure_future(work)
+    dog = asyncio.ensure_future(_watchdog(server))
+    try:
+        finished, _ = await asyncio.wait({main, dog}, return_when=asyncio.FIRST_COMPLETED)
+        if dog in finished:
+            dog.result()  # raises ServerDied
+        main.result()
+    finally:
+        for t in (main, dog):
+            t.cancel()
+        await asyncio.gather(main, dog, return_exceptions=True)
+    wall = time.monotonic() - t0
+    after = await _scrape(client)
+    if before is not None and after is not None:
+        bundle.append(name, {"kind": "metrics", "segment": seg, "t": time.time(), "wall_s": round(wall, 3),
+                             "histograms": histogram_deltas(before, after),
+                             "counters": counter_deltas(before, after)})
+    else:
+        bundle.append(name, {"kind": "metrics", "segment": seg, "t": time.time(), "wall_s": round(wall, 3),
+                             "unavailable": "GET /metrics failed"})
+    n_ok = len(bundle.completed_ids(name))
+    bundle.append(name, {"kind": "phase_done", "t": time.time(), "at": now_iso(), "ok": n_ok,
+                         "failed": len(phase["requests"]) - n_ok})
+    log(f"phase {name}: done in {wall:.1f} s, {n_ok}/{len(phase['requests'])} ok")
+    return {"phase": name, "ok": n_ok, "failed": len(failures), "wall_s": wall}
+
+
+def summarize_phase(bundle: Bundle, name: str) -> dict:
+    """Client-side summary of a phase: counts, TTFT and ITL quantiles, output throughput.
+
+    ``failed`` counts request ids with no successful record; ``retried`` those that failed once
+    and succeeded later (a resumed phase).  Throughput adds up the segments' own spans, so the
+    time a dead server was down does not count."""
+    all_recs = bundle.records(name, "request")
+    recs = bundle.requests(name)
+    ok_ids = {r["id"] for r in recs}
+    bad_ids = {r["id"] for r in all_recs if not r.get("ok")}
+    planned = next((len(p["requests"]) for p in bundle.manifest.get("plan", []) if p["name"] == name), None)
+    out = {"phase": name, "planned": planned, "ok": len(recs), "done": bundle.phase_done(name),
+           "failed": len(bad_ids - ok_ids), "retried": len(bad_ids & ok_ids),
+           "segments": bundle.next_segment(name)}
+    if not recs:
+        return out
+    ttft = sorted(r["ttft_s"] for r in recs if r.get("ttft_s") is not None)
+    itl = sorted(b - a for r in recs for a, b in zip(r["token_times_s"], r["token_times_s"][1:]))
+    span = 0.0
+    for seg in sorted({r.get("segment", 0) for r in recs}):
+        rs = [r for r in recs if r.get("segment", 0) == seg]
+        span += max(r["t_send"] + (r["e2e_s"] or 0) for r in rs) - min(r["t_send"] for r in rs)
+    tok = sum(r["output_tokens"] or 0 for r in recs)
+    out.update(ttft_p50=_q(ttft, 0.5), ttft_p90=_q(ttft, 0.9), itl_p50=_q(itl, 0.5), itl_p90=_q(itl, 0.9),
+               output_tokens=tok, prompt_tokens=sum(r["prompt_tokens"] or 0 for r in recs),
+               throughput_tok_s=tok / span if span > 0 else math.nan)
+    srv = [r["server_metrics"]["time_to_first_token_ms"] / 1e3 for r in recs
+           if r.get("server_metrics") and r["server_metrics"].get("time_to_first_token_ms") is not None]
+    if srv:
+        out["server_ttft_p50"] = _q(sorted(srv), 0.5)
+    itl_srv = [r["server_metrics"]["mean_itl_ms"] / 1e3 for r in recs
+               if r.get("server_metrics") and r["server_metrics"].get("mean_itl_ms")]
+    if itl_srv:
+        out["server_mean_itl_p50"] = _q(sorted(itl_srv), 0.5)
+    return out
+
+
+def _q(xs: list[float], q: float) -> float:
+    if not xs:
+        return math.nan
+    i = q * (len(xs) - 1)
+    lo = math.floor(i)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (i - lo)

