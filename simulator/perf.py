@@ -44,6 +44,7 @@ class EngineKnobs:
     enforce_eager: bool = False
     max_cudagraph_capture_size: int = 512
     max_model_len: int = 0
+    num_gpu_blocks_override: int = 0
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,9 @@ def plan_memory(dep: Deployment) -> MemoryPlan:
             f"{dep.gpus}x {dep.gpu.name} with {gpu_bytes / 1e9:.0f} GB each and gpu_memory_utilization="
             f"{k.gpu_memory_utilization} leaves no memory for the KV cache: {need}")
     blocks = int(kv // (kvpt * k.block_size))
+    if k.num_gpu_blocks_override:
+        # vLLM uses the override instead of the profiled number (e.g. a CPU backend's KV space).
+        blocks = k.num_gpu_blocks_override
     plan = MemoryPlan(gpu_bytes, usable, wbytes, activation, runtime, kv, kvpt, blocks, k.block_size)
     if k.max_model_len and plan.kv_tokens < k.max_model_len:
         raise FitError(
@@ -273,6 +277,9 @@ def build_step_model(dep: Deployment) -> StepModel:
     graph = eng.graph_step_overhead_s.value
     if not eng.scheduling_overlapped:
         graph += eng.eager_step_overhead_s.value
+    if prof is not None and prof.step_overhead_s is not None:
+        # A calibrated per-step host overhead replaces the engine defaults.
+        graph = eager = prof.step_overhead_s
     return StepModel(
         lin_flops_per_token=2.0 * a.linear_params_per_token / gpus,
         lm_head_flops_per_seq=2.0 * a.lm_head_params / dep.tp,

@@ -41,6 +41,7 @@ class EngineConfig(_Strict):
     enforce_eager: bool = False
     max_cudagraph_capture_size: int | None = Field(None, ge=1)
     max_model_len: int | None = Field(None, ge=16)
+    num_gpu_blocks_override: int | None = Field(None, ge=1)   # vLLM's override of the profiled KV blocks
 
 
 class PoolConfig(_Strict):
@@ -287,7 +288,7 @@ def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB
         gpu_memory_utilization=e.gpu_memory_utilization, enable_chunked_prefill=e.enable_chunked_prefill,
         enforce_eager=e.enforce_eager,
         max_cudagraph_capture_size=e.max_cudagraph_capture_size or min(2 * max_seqs, 512),
-        max_model_len=max_len)
+        max_model_len=max_len, num_gpu_blocks_override=e.num_gpu_blocks_override or 0)
     kv = pool.dtype if pool.kv_cache_dtype == "auto" else pool.kv_cache_dtype
     return Deployment(arch=arch, gpu=gpu, intra_link=link, engine=engine, knobs=knobs, tp=pool.tp,
                       pp=pool.pp, weight_dtype=pool.dtype, kv_dtype=kv,
