@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from calibration import kernel_fit as kf
+from calibration import kernel_tables as kt
 from hwdb.profiles import Profile
 
 REPO = Path(__file__).resolve().parents[1]
@@ -92,14 +93,14 @@ def test_profile_yaml_is_sorted_and_round_trips(tmp_path):
 def test_forms_match_the_documented_formulas():
     peak, bw = 1e15, 3e12
     # compute-bound: large m; memory-bound: m = 1
-    t = kf.gemm_time(8192, 4096, 4096, 2.0, peak, bw, (0.8, 0.0), (0.8, 0.0))
+    t = kt.gemm_time(8192, 4096, 4096, 2.0, peak, bw, (0.8, 0.0), (0.8, 0.0))
     assert t == pytest.approx(2 * 8192 * 4096 * 4096 / (peak * 0.8))
-    t1 = kf.gemm_time(1, 4096, 4096, 2.0, peak, bw, (0.8, 0.0), (0.5, 1e6))
+    t1 = kt.gemm_time(1, 4096, 4096, 2.0, peak, bw, (0.8, 0.0), (0.5, 1e6))
     b = (4096 + 4096) * 2 + 4096 * 4096 * 2
     assert t1 == pytest.approx((b + 1e6) / (bw * 0.5))
-    fl = kf.prefill_attention_flops(2, 1024, 32, 128)
+    fl = kt.prefill_attention_flops(2, 1024, 32, 128)
     assert fl == 4 * 2 * 1024 * 1024 / 2 * 32 * 128
-    assert kf.decode_kv_bytes(4, 1000, 8, 128, 2) == 4 * 1000 * 2 * 8 * 128 * 2
+    assert kt.decode_kv_bytes(4, 1000, 8, 128, 2) == 4 * 1000 * 2 * 8 * 128 * 2
 
 
 # --------------------------------------------------------------------------- (b) re-fit from the data
@@ -127,7 +128,7 @@ def test_committed_h100_predicts_held_out_real_model_shapes():
     g = kf.select_gemm(tables["gemm"])
     g = g[(g.dtype == "bf16") & kf.holdout_mask_gemm(g, "models")]
     assert set(zip(g.n, g.k)) == set(kf.HELD_OUT_GEMM)
-    pred = kf.gemm_time(g.m, g.n, g.k, 2.0, peaks["bf16"], peaks["mem_bw"],
+    pred = kt.gemm_time(g.m, g.n, g.k, 2.0, peaks["bf16"], peaks["mem_bw"],
                         p.compute_efficiency, p.memory_efficiency)
     err = np.abs(pred / g.t.to_numpy() - 1)
     stated = p.quality["gemm_bf16"].held_out_median_abs_rel_error
@@ -183,7 +184,7 @@ def test_fit_recovers_synthetic_parameters():
     m, n, k = (a.ravel() for a in np.meshgrid(ms, nks, nks, indexing="ij"))
     rows = []
     for dt, comp in (("bf16", true["comp"]), ("fp8", true["fp8"])):
-        t = kf.gemm_time(m, n, k, kf.WEIGHT_BYTES[dt], peaks[dt], peaks["mem_bw"], comp, true["mem"])
+        t = kt.gemm_time(m, n, k, kf.WEIGHT_BYTES[dt], peaks[dt], peaks["mem_bw"], comp, true["mem"])
         rows.append(pd.DataFrame({"m": m, "n": n, "k": k, "dtype": dt, "t": _noisy(t, rng)}))
     comp, comp8, mem = kf.fit_gemm(pd.concat(rows, ignore_index=True), peaks)
     for got, want in ((comp, true["comp"]), (mem, true["mem"]), (comp8, true["fp8"])):
