@@ -227,10 +227,6 @@ class Instance:
                 need = cnt[s % block]
             kv_used += need
             budget = budget_max - n_dec
-            tokens = n_dec
-            logits = n_dec
-            pairs = 0.0
-            pctx = 0.0
             chunks = []
             # --- the partially prefilled running request, if any.  Only the last admission of a
             # step can be cut short by the budget, so at most one is partial and it is the newest
@@ -249,19 +245,12 @@ class Instance:
                         vic, was_decode = preempt_newest(s, now, True)
                         n_pre += 1
                         if was_decode:
-                            tokens -= 1
-                            logits -= 1
                             budget += 1
                     if vic == rid:
                         continue
                 kv_used += grow
                 budget -= c
-                tokens += c
-                pairs += c * done + c * (c + 1) * 0.5
-                pctx += done
                 chunks.append((rid, pf, c))
-                if done + c == target:
-                    logits += 1
             # --- decode role: allocate blocks for whole prompts whose KV is remote, FCFS
             while not n_pre and remote:
                 rid = remote[0]
@@ -300,11 +289,16 @@ class Instance:
                 order[rid] = None
                 prefill[rid] = pf
                 budget -= c
+                chunks.append((rid, pf, c))
+            # --- the batch: one token per decode plus the scheduled prompt chunks
+            tokens = logits = n_dec
+            pairs = pctx = 0.0
+            for _, pf, c in chunks:
+                done = pf[0]
                 tokens += c
                 pairs += c * done + c * (c + 1) * 0.5
                 pctx += done
-                chunks.append((rid, pf, c))
-                if done + c == target:
+                if done + c == pf[1]:
                     logits += 1
             self.kv_used = kv_used
             self.n_running = len(order)
