@@ -116,24 +116,46 @@ class ModelSidecar(_Strict):
     notes: str | None = None
 
 
-class EngineProfile(_Strict):
-    """CPU-side behaviour of one serving-engine generation (per step, SI units).
+class CpuCosts(_Strict):
+    """Host (CPU) work of one engine step, in seconds.
 
-    ``graph_step_overhead_s`` applies when the step's token count fits the
-    largest captured CUDA graph; otherwise ``eager_step_overhead_s`` plus
-    ``eager_launch_s_per_layer`` times the layer count is paid.  When
-    ``scheduling_overlapped`` is true the scheduler's cost hides behind the
-    previous GPU step and only the launch term remains on the critical path.
+    cost = ``step_s`` + ``per_running_seq_s`` x running + ``per_waiting_seq_s`` x waiting
+           + ``per_token_s`` x tokens in the step + ``per_sampled_seq_s`` x sequences sampled.
+    """
+
+    step_s: Figure
+    per_running_seq_s: Figure
+    per_waiting_seq_s: Figure
+    per_token_s: Figure
+    per_sampled_seq_s: Figure
+
+
+class EngineProfile(_Strict):
+    """One serving-engine generation: its CPU side, kernel launches and defaults.
+
+    Step time = GPU time + launch cost + CPU cost when scheduling is serial;
+    max(GPU time + launch cost, CPU cost) when the engine prepares the next
+    step while the GPU runs the current one (``scheduling_overlapped``).
+    Launch cost is ``graph_launch_s`` when the step fits a captured CUDA graph
+    (any step with ``graphs_for_mixed_batches``, else decode-only steps), else
+    ``eager_launch_s_per_layer`` x layers.  ``max_capture_size`` None means
+    vLLM V1's rule, min(2 x max_num_seqs, 512).
     """
 
     name: str
     aliases: tuple[str, ...] = ()
     engine: str
     version: str
-    graph_step_overhead_s: Figure
-    eager_step_overhead_s: Figure
-    eager_launch_s_per_layer: Figure
     scheduling_overlapped: bool
+    cpu: CpuCosts
+    graph_launch_s: Figure
+    eager_launch_s_per_layer: Figure
+    graphs_for_mixed_batches: bool
+    max_capture_size: int | None = None
+    default_chunked_prefill: bool
+    default_prefix_caching: bool
+    default_max_num_seqs: int | None = None
+    default_max_num_batched_tokens: int | None = None
     defaults_source: str
     notes: str | None = None
 

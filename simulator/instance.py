@@ -313,7 +313,7 @@ class Instance:
                 # Nothing schedulable although nothing is held: should not happen because the
                 # newest is preempted first; guard against a livelock all the same.
                 raise RuntimeError(f"instance {self.index}: no progress possible at t={now}")
-            dt = step_time(tokens, logits, pairs, sum_l + n_dec, pctx)
+            dt = step_time(tokens, logits, pairs, sum_l + n_dec, pctx, len(order), len(waiting))
             yield env.timeout(dt)
             now = env.now
             steps.append((t0, dt, n_dec, tokens - n_dec, logits - n_dec, len(order), len(waiting), kv_used, n_pre))

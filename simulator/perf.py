@@ -210,13 +210,20 @@ class StepModel:
     tp: int
     pp: int
     pp_handoff_s: float
-    graph_overhead: float
-    eager_overhead: float
+    graph_launch: float
+    eager_launch: float
     max_graph_tokens: int
+    graphs_mixed: bool
+    overlapped: bool
+    cpu_step: float
+    cpu_run: float
+    cpu_wait: float
+    cpu_tok: float
+    cpu_sample: float
     calibrated: bool
 
     def step_time(self, tokens: int, seqs_logits: int, attn_pairs: float,
-                  decode_ctx: float, prefill_ctx: float = 0.0) -> float:
+                  decode_ctx: float, prefill_ctx: float = 0.0, running: int = 0, waiting: int = 0) -> float:
         if tokens <= 0:
             return 0.0
         ce = self.ceff
@@ -239,7 +246,20 @@ class StepModel:
             t += self.ar_per_step * (self.ar_bytes_per_token * tokens / self.ar_bw + self.ar_latency)
         if self.pp > 1:
             t += (self.pp - 1) * self.pp_handoff_s
-        return t + (self.graph_overhead if tokens <= self.max_graph_tokens else self.eager_overhead)
+        if tokens <= self.max_graph_tokens and (self.graphs_mixed or attn_pairs == 0.0):
+            t += self.graph_launch
+        else:
+            t += self.eager_launch
+        cpu = (self.cpu_step + self.cpu_run * running + self.cpu_wait * waiting + self.cpu_tok * tokens
+               + self.cpu_sample * seqs_logits)
+        if self.overlapped:
+            return t if t > cpu else cpu     # the next step is prepared while the GPU runs this one
+        return t + cpu
+
+    def cpu_time(self, tokens: int, seqs_logits: int, running: int, waiting: int) -> float:
+        """Host work of a step (seconds), whether or not it overlaps the GPU."""
+        return (self.cpu_step + self.cpu_run * running + self.cpu_wait * waiting + self.cpu_tok * tokens
+                + self.cpu_sample * seqs_logits)
 
     def prefill_time(self, prompt: int, chunk: int = 0) -> float:
         """Time to prefill ``prompt`` tokens alone, in chunks of ``chunk`` tokens (0 = one step)."""
@@ -248,13 +268,13 @@ class StepModel:
         while done < prompt:
             c = min(chunk, prompt - done)
             last = 1 if done + c == prompt else 0
-            t += self.step_time(c, last, c * done + c * (c + 1) / 2, 0.0, done)
+            t += self.step_time(c, last, c * done + c * (c + 1) / 2, 0.0, done, 1, 0)
             done += c
         return t
 
     def decode_time(self, batch: int, context: int) -> float:
         """Time of a decode-only step for ``batch`` sequences of ``context`` tokens each."""
-        return self.step_time(batch, batch, 0.0, float(batch * context))
+        return self.step_time(batch, batch, 0.0, float(batch * context), 0.0, batch, 0)
 
 
 def build_step_model(dep: Deployment) -> StepModel:
@@ -273,13 +293,15 @@ def build_step_model(dep: Deployment) -> StepModel:
     if compute_dtype == "fp8" and prof and prof.compute_efficiency_fp8:
         ceff = prof.compute_efficiency_fp8
     eng = dep.engine
-    eager = eng.eager_step_overhead_s.value + eng.eager_launch_s_per_layer.value * a.num_layers / dep.pp
-    graph = eng.graph_step_overhead_s.value
-    if not eng.scheduling_overlapped:
-        graph += eng.eager_step_overhead_s.value
+    eager = eng.eager_launch_s_per_layer.value * math.ceil(a.num_layers / dep.pp)
+    graph = eng.graph_launch_s.value
+    cpu = eng.cpu
+    cpu_costs = [cpu.step_s.value, cpu.per_running_seq_s.value, cpu.per_waiting_seq_s.value,
+                 cpu.per_token_s.value, cpu.per_sampled_seq_s.value]
     if prof is not None and prof.step_overhead_s is not None:
-        # A calibrated per-step host overhead replaces the engine defaults.
+        # A calibrated per-step overhead replaces the engine's launch and CPU defaults.
         graph = eager = prof.step_overhead_s
+        cpu_costs = [0.0] * 5
     return StepModel(
         lin_flops_per_token=2.0 * a.linear_params_per_token / gpus,
         lm_head_flops_per_seq=2.0 * a.lm_head_params / dep.tp,
@@ -301,9 +323,13 @@ def build_step_model(dep: Deployment) -> StepModel:
         ar_latency=dep.intra_link.latency_s.value,
         tp=dep.tp, pp=dep.pp,
         pp_handoff_s=dep.intra_link.latency_s.value,
-        graph_overhead=graph,
-        eager_overhead=eager,
+        graph_launch=graph,
+        eager_launch=eager,
         max_graph_tokens=0 if dep.knobs.enforce_eager else dep.knobs.max_cudagraph_capture_size,
+        graphs_mixed=eng.graphs_for_mixed_batches,
+        overlapped=eng.scheduling_overlapped,
+        cpu_step=cpu_costs[0], cpu_run=cpu_costs[1], cpu_wait=cpu_costs[2], cpu_tok=cpu_costs[3],
+        cpu_sample=cpu_costs[4],
         calibrated=bool(prof),
     )
 

@@ -13,7 +13,8 @@ def _spec(pool, dep, mem, step) -> PoolSpec:
     k = dep.knobs
     return PoolSpec(pool.name, pool.instances, step, mem, k.max_num_seqs, k.max_num_batched_tokens,
                     k.enable_chunked_prefill, k.max_model_len, pool.router, pool.role,
-                    pool.engine.enable_prefix_caching)
+                    dep.engine.default_prefix_caching if pool.engine.enable_prefix_caching is None
+                    else pool.engine.enable_prefix_caching)
 
 
 def simulate(scn: Scenario, replication: int = 0) -> Results:

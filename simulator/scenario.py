@@ -36,8 +36,8 @@ class EngineConfig(_Strict):
     max_num_batched_tokens: int | None = Field(None, ge=1)
     block_size: Literal[1, 8, 16, 32, 64, 128] = 16
     gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
-    enable_chunked_prefill: bool = True
-    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool | None = None     # None: the engine's default
+    enable_prefix_caching: bool | None = None
     enforce_eager: bool = False
     max_cudagraph_capture_size: int | None = Field(None, ge=1)
     max_model_len: int | None = Field(None, ge=16)
@@ -274,20 +274,24 @@ def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB
         raise ScenarioError(f"pools[{pool.name}].dtype=fp8 but {gpu.name} has no fp8 tensor cores; use bf16")
     seqs, tokens = vllm_batch_defaults(gpu)
     e = pool.engine
-    max_seqs = e.max_num_seqs or seqs
-    max_tokens = e.max_num_batched_tokens or tokens
+    chunked = engine.default_chunked_prefill if e.enable_chunked_prefill is None else e.enable_chunked_prefill
     max_len = e.max_model_len or arch.max_position_embeddings or 8192
+    max_seqs = e.max_num_seqs or engine.default_max_num_seqs or seqs
+    # Without chunked prefill vLLM's budget defaults to max(max_model_len, 2048).
+    max_tokens = (e.max_num_batched_tokens or engine.default_max_num_batched_tokens
+                  or (tokens if chunked else max(max_len, 2048)))
     if max_tokens < max_seqs:
         raise ScenarioError(f"pools[{pool.name}].engine: max_num_batched_tokens={max_tokens} is below "
                             f"max_num_seqs={max_seqs}; vLLM requires max_num_batched_tokens >= max_num_seqs")
-    if not e.enable_chunked_prefill and max_tokens < max_len:
+    if not chunked and max_tokens < max_len:
         raise ScenarioError(f"pools[{pool.name}].engine: without chunked prefill max_num_batched_tokens "
                             f"({max_tokens}) must be >= max_model_len ({max_len}); raise it or lower max_model_len")
     knobs = EngineKnobs(
         max_num_seqs=max_seqs, max_num_batched_tokens=max_tokens, block_size=e.block_size,
-        gpu_memory_utilization=e.gpu_memory_utilization, enable_chunked_prefill=e.enable_chunked_prefill,
+        gpu_memory_utilization=e.gpu_memory_utilization, enable_chunked_prefill=chunked,
         enforce_eager=e.enforce_eager,
-        max_cudagraph_capture_size=e.max_cudagraph_capture_size or min(2 * max_seqs, 512),
+        max_cudagraph_capture_size=(e.max_cudagraph_capture_size or engine.max_capture_size
+                                    or min(2 * max_seqs, 512)),
         max_model_len=max_len, num_gpu_blocks_override=e.num_gpu_blocks_override or 0)
     kv = pool.dtype if pool.kv_cache_dtype == "auto" else pool.kv_cache_dtype
     return Deployment(arch=arch, gpu=gpu, intra_link=link, engine=engine, knobs=knobs, tp=pool.tp,

@@ -63,10 +63,11 @@ def _show(title: str, table: pd.DataFrame) -> None:
 def test_linear_time_reproduces_step_time(db):
     """perf_check.linear_time / allreduce_time are step_time minus KV, attention and overhead."""
     for model, tp in (("Llama-3.1-8B", 1), ("Llama-2-70B", 4), ("Qwen3-30B-A3B", 2)):
-        sm = dataclasses.replace(_sm(db, model, tp=tp), kv_bytes_per_token=0.0)
+        sm = dataclasses.replace(_sm(db, model, tp=tp), kv_bytes_per_token=0.0, cpu_step=0.0, cpu_run=0.0,
+                                 cpu_wait=0.0, cpu_tok=0.0, cpu_sample=0.0)
         hidden = db.model(model).arch.hidden_size
         for tokens in (1, 7, 64, 300, 512, 4096):
-            overhead = sm.graph_overhead if tokens <= sm.max_graph_tokens else sm.eager_overhead
+            overhead = sm.graph_launch if tokens <= sm.max_graph_tokens else sm.eager_launch
             ar = sm.ar_per_step * pc.allreduce_time(sm, tokens * hidden * 2.0)
             assert sm.step_time(tokens, 0, 0.0, 0.0) == pytest.approx(pc.linear_time(sm, tokens) + ar + overhead,
                                                                      rel=1e-12)

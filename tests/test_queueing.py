@@ -35,9 +35,9 @@ def _single_server(rate: float, output_length: dict, n: int = N):
 
 def _service_time(step, out_tokens: int) -> float:
     """Prefill of PROMPT tokens alone, then out_tokens-1 decode steps at growing context."""
-    t = step.step_time(PROMPT, 1, PROMPT * (PROMPT + 1) / 2, 0.0, 0.0)
+    t = step.step_time(PROMPT, 1, PROMPT * (PROMPT + 1) / 2, 0.0, 0.0, 1, 0)
     for i in range(1, out_tokens):
-        t += step.step_time(1, 1, 0.0, float(PROMPT + i), 0.0)
+        t += step.step_time(1, 1, 0.0, float(PROMPT + i), 0.0, 1, 0)
     return t
 
 
