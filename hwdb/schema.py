@@ -178,4 +178,5 @@ class Connector(_Strict):
     host_staged: bool
     gpu_direct_required: bool
     layerwise: bool
+    default_buffer_bytes: Figure | None = None
     notes: str | None = None

@@ -24,6 +24,7 @@ during the prefill remains (at least one layer's worth).
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 import hwdb
@@ -47,6 +48,7 @@ class TransferPlan:
     layerwise: bool
     num_layers: int
     flow: str = "vllm"             # "vllm": decode chosen after prefill; "sglang": at arrival
+    buffer_bytes: float = 0.0      # receive staging buffer per decode instance (0 = none)
     bandwidth_factor: float = 1.0  # degradation of both sides (1 = healthy)
     jitter_mean_s: float = 0.0     # mean of the exponential extra latency per transfer
 
@@ -133,7 +135,9 @@ def build_transfer_plan(cfg, db: hwdb.HardwareDB, p: Deployment, d: Deployment) 
         prefill_side_Bps=side_p * eff, decode_side_Bps=side_d * eff,
         latency_s=link.latency_s.value, setup_s=conn.setup_s.value, staged_s_per_byte=staged,
         layerwise=layerwise, num_layers=a.num_layers,
-        bandwidth_factor=cfg.bandwidth_factor, jitter_mean_s=cfg.jitter_mean_s, flow=cfg.flow)
+        bandwidth_factor=cfg.bandwidth_factor, jitter_mean_s=cfg.jitter_mean_s, flow=cfg.flow,
+        buffer_bytes=(cfg.kv_buffer_size if cfg.kv_buffer_size is not None
+                      else conn.default_buffer_bytes.value if conn.default_buffer_bytes else 0.0))
 
 
 class PDCoordinator:
@@ -162,6 +166,10 @@ class PDCoordinator:
         self.flow = plan.flow
         self.reserved: dict[int, object] = {}
         self.bytes_moved = 0.0
+        # Staging buffer of each decode instance (P2pNcclConnector's kv_buffer_size): bytes in
+        # flight into it, and transfers waiting for room, FCFS.
+        self.in_buffer = [0.0] * len(decode)
+        self.buffer_wait: list[deque] = [deque() for _ in decode]
         for inst in prefill:
             inst.hand_off = self.hand_off
         for inst in decode:
@@ -197,21 +205,47 @@ class PDCoordinator:
     def _transfer(self, d_inst, rid: int, now: float) -> None:
         plan, rec = self.plan, self.rec
         p_inst = self.src.pop(rid)
-        rec.t_kv_start[rid] = now
         nbytes = plan.bytes_for(rec.input_tokens[rid])
         if plan.layerwise:
             overlap = (rec.t_prefilled[rid] - rec.t_sched[rid]) * min(plan.prefill_side_Bps, plan.decode_side_Bps)
             nbytes = max(nbytes / plan.num_layers, nbytes - overlap)
+        if plan.buffer_bytes:
+            d = d_inst.index
+            waiting = self.buffer_wait[d]
+            # A transfer larger than the whole buffer goes through alone.
+            if waiting or (self.in_buffer[d] and self.in_buffer[d] + nbytes > plan.buffer_bytes):
+                waiting.append((p_inst, d_inst, rid, nbytes))
+                return
+            self.in_buffer[d] += nbytes
+        self._send(p_inst, d_inst, rid, nbytes)
+
+    def _send(self, p_inst, d_inst, rid: int, nbytes: float) -> None:
+        plan, rec = self.plan, self.rec
+        rec.t_kv_start[rid] = self.env.now
         extra = plan.setup_s + nbytes * plan.staged_s_per_byte
         path = (self.egress[p_inst.index], self.ingress[d_inst.index])
         ev = self.fabric.transfer(path, nbytes, extra)
         self.bytes_moved += nbytes
 
-        def done(_e, rid=rid, p_inst=p_inst, d_inst=d_inst):
+        def done(_e, rid=rid, p_inst=p_inst, d_inst=d_inst, nbytes=nbytes):
             rec.t_kv_done[rid] = self.env.now
             p_inst.release(rid)
             d_inst.kv_arrived(rid)
+            if plan.buffer_bytes:
+                self._drain_buffer(d_inst.index, nbytes)
         ev.callbacks.append(done)
+
+    def _drain_buffer(self, d: int, freed: float) -> None:
+        """The decode instance copied a transfer out of its buffer: start those that now fit."""
+        self.in_buffer[d] -= freed
+        waiting = self.buffer_wait[d]
+        while waiting:
+            p_inst, d_inst, rid, nbytes = waiting[0]
+            if self.in_buffer[d] and self.in_buffer[d] + nbytes > self.plan.buffer_bytes:
+                break
+            waiting.popleft()
+            self.in_buffer[d] += nbytes
+            self._send(p_inst, d_inst, rid, nbytes)
 
 
 def crossover_bandwidth(step_model, kv_bytes_per_token: float, prompt_tokens: int, chunk: int) -> dict:

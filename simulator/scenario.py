@@ -79,6 +79,7 @@ class KVTransferConfig(_Strict):
     bandwidth_Bps: float | None = Field(None, gt=0)   # what-if: per-instance bandwidth instead of the fabric's
     bandwidth_factor: float = Field(1.0, gt=0, le=1)  # degraded fabric: fraction of bandwidth left
     jitter_mean_s: float = Field(0.0, ge=0)           # extra latency per transfer, exponential with this mean
+    kv_buffer_size: float | None = Field(None, gt=0)  # bytes; receive buffer per decode instance (P2pNccl)
 
 
 class SLO(_Strict):

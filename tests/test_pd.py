@@ -231,3 +231,17 @@ def test_sglang_flow_reserves_decode_blocks_early():
                                  engine={"gpu_memory_utilization": 0.25, "max_model_len": 4096}))
     check_pd(tight)
     assert tight.summary["completed"] == 300
+
+
+def test_p2pnccl_buffer_serialises_transfers_that_do_not_fit():
+    """Four 2,000-token prompts (262 MB of KV each) into one decode instance: a 300 MB kv_buffer_size
+    lets one transfer in at a time, so they finish one after another instead of sharing the link."""
+    kv = {"connector": "p2pnccl", "fabric": "ib-ndr", "layerwise": False}
+    _, shared = _one_request({**kv, "kv_buffer_size": 1e10}, n=4)
+    _, serial = _one_request({**kv, "kv_buffer_size": 3e8}, n=4)
+    assert shared.requests["transfer_s"].std() < 1e-9               # all four share the link equally
+    ends = sorted(serial.requests["t_kv_done"] if "t_kv_done" in serial.requests
+                  else serial.requests["first_token_s"] - serial.requests["decode_admission_s"])
+    starts_wait = serial.requests["transfer_wait_s"].to_numpy()
+    assert starts_wait.max() > 2.5 * shared.requests["transfer_s"].iloc[0] / 4   # the last one waited
+    assert serial.summary["completed"] == 4 and ends[-1] > ends[0]
