@@ -1,4 +1,4 @@
-"""Command line: ``epdsim simulate | perf | hw``.
+"""Command line: ``epdsim simulate | perf | hw | pd-crossover | calibrate | coldstart | probes``.
 
 Every user error (bad scenario, unknown GPU, model that does not fit,
 malformed trace) is printed as one paragraph on stderr with exit code 2;
@@ -222,6 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
     h.set_defaults(func=cmd_hw)
     from calibration.cli import add_subparser as _add_calibrate
     _add_calibrate(sub)
+    from simulator.cli_ops import add_subparsers as _add_ops
+    _add_ops(sub)
     return p
 
 

@@ -1,0 +1,180 @@
+"""Cold-start data: storage paths, container images and fitted start-up coefficients.
+
+Files live in ``hwdb/data/coldstart/`` (and ``coldstart/`` of a user hwdb
+folder); each names its ``kind``:
+
+* ``storage``: where the checkpoint is read from (local NVMe, a network file
+  system, an object store, the node's page cache): a node-wide read bandwidth
+  and a first-byte latency;
+* ``image``: a serving container image: compressed and unpacked size, registry
+  and unpack rates;
+* ``startup``: the coefficients of the start-up phase formulas of one engine
+  generation, least-squares fitted to measured start-ups, with the rows they
+  were fitted to and the residuals kept beside them (``fits``).
+
+Every figure is a :class:`hwdb.schema.Figure` (value in SI units + source +
+``empirical`` flag).  Unknown keys are errors.  :func:`load_coldstart` reads
+the shipped folder plus user folders (later folders win on name clashes).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Literal
+
+from pydantic import Field
+
+from hwdb.db import DATA_DIR, HwdbError, _parse, _read_yaml
+from hwdb.schema import Figure, _Strict
+
+COLDSTART_DIR = DATA_DIR / "coldstart"
+
+
+class StoragePath(_Strict):
+    """A storage path for checkpoint files, as seen by one node."""
+
+    kind: Literal["storage"]
+    name: str
+    aliases: tuple[str, ...] = ()
+    description: str
+    bandwidth_Bps: Figure          # node-wide sustained read bandwidth of large files
+    latency_s: Figure              # open / first byte
+    notes: str | None = None
+
+
+class ContainerImage(_Strict):
+    """A serving container image; pull = download of the compressed layers + unpack."""
+
+    kind: Literal["image"]
+    name: str
+    aliases: tuple[str, ...] = ()
+    compressed_bytes: Figure
+    uncompressed_bytes: Figure
+    registry_Bps: Figure           # download rate from the registry to one node
+    extract_Bps: Figure            # unpack rate, in uncompressed bytes per second
+    notes: str | None = None
+
+
+class FitRow(_Strict):
+    """One measured row a coefficient set was fitted to: observed, predicted, residual (s)."""
+
+    row: str
+    observed_s: float
+    predicted_s: float
+    residual_s: float
+
+
+class PhaseFit(_Strict):
+    """A fitted phase formula: coefficients, the data, and the residuals of the fit."""
+
+    formula: str
+    coefficients: dict[str, float]
+    data: str
+    method: str
+    rows: tuple[FitRow, ...]
+    rms_s: float = Field(ge=0)
+    max_abs_s: float = Field(ge=0)
+    excluded: dict[str, str] = {}
+    notes: str | None = None
+
+
+class ProfiledModel(_Strict):
+    """Architecture facts of a model in the fitted data (read from its config.json)."""
+
+    hf_id: str
+    params: float = Field(gt=0)
+    layers: int = Field(ge=1)
+    checkpoint_bytes_per_param: float = Field(2.0, gt=0)
+
+
+class Outlier(_Strict):
+    """A documented tail observation that the default formulas do not reproduce."""
+
+    what: str
+    seconds: float = Field(gt=0)
+    source: str
+
+
+class ProfiledHost(_Strict):
+    """A machine the fitted data was measured on."""
+
+    description: str
+    peak_flops: Figure             # dense bf16 peak of its GPU (for the capture compute term)
+    source: str
+
+
+class StartupCoefficients(_Strict):
+    """Start-up phase coefficients of one serving-engine generation (see simulator/coldstart.py).
+
+    ``fits`` holds the least-squares fitted phases (``process_start``,
+    ``weights_storage``, ``weights_page_cache``, ``dynamo``, ``compile_miss``,
+    ``compile_hit``, ``kv_profile``, ``cuda_graphs``, ``api_ready``); the
+    figures below are not fitted (no data varies them) and say so.
+    """
+
+    kind: Literal["startup"]
+    name: str
+    aliases: tuple[str, ...] = ()
+    engine_version_fitted: str
+    distributed_init_s: Figure
+    compile_size_relative_cost: Figure
+    full_graph_relative_cost: Figure
+    fits: dict[str, PhaseFit]
+    profiled_models: dict[str, ProfiledModel]
+    profiled_hosts: dict[str, ProfiledHost]
+    outliers: tuple[Outlier, ...] = ()
+    notes: str | None = None
+
+    def coef(self, phase: str, name: str) -> float:
+        try:
+            return self.fits[phase].coefficients[name]
+        except KeyError:
+            raise HwdbError(f"start-up coefficients '{self.name}': fits.{phase}.coefficients lacks '{name}'; "
+                            f"regenerate the file with simulator.coldstart.fit_profiler_csvs") from None
+
+
+_KINDS = {"storage": StoragePath, "image": ContainerImage, "startup": StartupCoefficients}
+
+
+@dataclass(frozen=True)
+class ColdStartDB:
+    """Storage paths, images and start-up coefficient sets by name."""
+
+    storage: dict[str, StoragePath] = field(default_factory=dict)
+    images: dict[str, ContainerImage] = field(default_factory=dict)
+    startup: dict[str, StartupCoefficients] = field(default_factory=dict)
+
+    @staticmethod
+    def _lookup(kind: str, table: dict, name: str):
+        if name in table:
+            return table[name]
+        low = name.lower().replace("-", "_")
+        for key, item in table.items():
+            names = (key, *item.aliases)
+            if any(n.lower().replace("-", "_") == low for n in names):
+                return item
+        raise HwdbError(f"unknown {kind} '{name}'. Known: {', '.join(sorted(table))}. "
+                        f"Add one as a YAML file (kind: {kind}) in a user hwdb folder's coldstart/ (--hwdb DIR).")
+
+    def storage_path(self, name: str) -> StoragePath:
+        return self._lookup("storage", self.storage, name)
+
+    def image(self, name: str) -> ContainerImage:
+        return self._lookup("image", self.images, name)
+
+    def coefficients(self, name: str) -> StartupCoefficients:
+        return self._lookup("startup", self.startup, name)
+
+
+def load_coldstart(user_dirs: Iterable[str | Path] = ()) -> ColdStartDB:
+    """Read ``coldstart/*.yaml`` of the shipped database and of user hwdb folders."""
+    tables = {"storage": {}, "image": {}, "startup": {}}
+    folders = [COLDSTART_DIR] + [Path(d) / "coldstart" for d in user_dirs]
+    for folder in folders:
+        for path in sorted(folder.glob("*.yaml")) if folder.is_dir() else ():
+            kind = _read_yaml(path).get("kind")
+            if kind not in _KINDS:
+                raise HwdbError(f"{path}: field 'kind' must be one of {sorted(_KINDS)} (got {kind!r})")
+            item = _parse(path, _KINDS[kind])
+            tables[kind][item.name] = item
+    return ColdStartDB(storage=tables["storage"], images=tables["image"], startup=tables["startup"])

@@ -1,0 +1,443 @@
+"""Cold start of one serving instance: the phases from pod start to an answering API.
+
+``breakdown(deployment, compile_cache=..., storage=..., image_cached=...)``
+returns the phases in order, each in seconds (SI units throughout).  With
+``L`` the decoder layers on one rank (``ceil(layers / pp)``), ``P`` the
+parameters on one rank (``total / (tp * pp)``) and ``B`` the checkpoint bytes:
+
+==================  ==========================================================
+image_pull          ``compressed / registry_Bps + uncompressed / extract_Bps``;
+                    0 when the image is already on the node
+process_start       constant (imports, config, tokenizer, engine process)
+distributed_init    constant when ``tp * pp > 1`` (workers, NCCL), else 0
+weights             ``latency + max(B / storage_Bps, B / (tp*pp) / loader_Bps)``:
+                    the node reads the checkpoint once (the page cache shares it
+                    between ranks), each rank moves its shard at the loader rate
+dynamo              ``d0 + d1 * L`` (vLLM re-runs Dynamo on a warm cache too)
+compile             miss: ``(c0 + c1 * L) * (1 + r * n_compile_sizes)``;
+                    hit: ``h1 * L * (1 + r * n_compile_sizes)`` (load artifacts)
+kv_profile          ``k0 + k * L`` with ``k`` = ``k_miss`` or ``k_hit`` (on a
+                    miss the first forward also JIT-compiles Triton kernels)
+cuda_graphs         ``g0 + g1 * N * L + g2 * S * 2 P / peak_flops``: ``N``
+                    captured graphs, ``S`` the sum of their batch sizes; 0 with
+                    ``enforce_eager``
+api_ready           constant (HTTP server up after the engine)
+==================  ==========================================================
+
+The coefficients are least-squares fits (:func:`fit_profiler_csvs`) to vLLM
+0.10.1 start-ups of 0.5B-14B models on one GPU, kept with their residuals in
+``hwdb/data/coldstart/vllm-v1.yaml``; storage paths and images are further
+files there.  ``enforce_eager`` skips Dynamo, Inductor and capture (vLLM V1
+turns compilation off with it).  Beyond 48 layers, 14B parameters or one GPU
+the formulas extrapolate: :attr:`Breakdown.extrapolated` says which.
+"""
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Literal
+
+import numpy as np
+
+from hwdb.coldstart import ColdStartDB, StartupCoefficients, load_coldstart
+from hwdb.schema import DTYPE_BYTES
+from simulator.perf import Deployment
+
+CompileCache = Literal["miss", "hit"]
+CudagraphMode = Literal["FULL_AND_PIECEWISE", "PIECEWISE", "NONE"]
+
+PHASES = ("image_pull", "process_start", "distributed_init", "weights", "dynamo", "compile",
+          "kv_profile", "cuda_graphs", "api_ready")
+PHASE_LABELS = {
+    "image_pull": "container image pull",
+    "process_start": "process start (imports, config, tokenizer)",
+    "distributed_init": "distributed init (workers, NCCL)",
+    "weights": "weights load",
+    "dynamo": "torch.compile (Dynamo transform)",
+    "compile": "torch.compile (Inductor compile)",
+    "kv_profile": "KV-cache profiling",
+    "cuda_graphs": "CUDA-graph capture",
+    "api_ready": "API server start",
+}
+# The range the coefficients were fitted on (vllm-startup-profiler rows).
+FIT_MAX_LAYERS = 48
+FIT_MAX_PARAMS = 14.2e9
+
+
+class ColdStartError(ValueError):
+    """Bad cold-start input; the message names the argument, the value and the fix."""
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    seconds: float
+    detail: str = ""
+
+    @property
+    def label(self) -> str:
+        return PHASE_LABELS.get(self.name, self.name)
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """The start-up phases of one instance, in order; iterate for ``(phase, seconds)``."""
+
+    phases: tuple[Phase, ...]
+    compile_cache: str
+    storage: str
+    image_cached: bool
+    description: str = ""
+    extrapolated: tuple[str, ...] = ()
+
+    def __iter__(self) -> Iterator[tuple[str, float]]:
+        return iter((p.name, p.seconds) for p in self.phases)
+
+    def as_list(self) -> list[tuple[str, float]]:
+        return list(self)
+
+    @property
+    def total_s(self) -> float:
+        return sum(p.seconds for p in self.phases)
+
+    @property
+    def container_s(self) -> float:
+        """From container start to an answering API (what probes see: no image pull)."""
+        return self.total_s - self.seconds("image_pull")
+
+    def seconds(self, name: str) -> float:
+        return sum(p.seconds for p in self.phases if p.name == name)
+
+    def container_phases(self) -> tuple[Phase, ...]:
+        return tuple(p for p in self.phases if p.name != "image_pull")
+
+
+# ---- CUDA-graph capture sizes ------------------------------------------------------------
+
+def capture_sizes(max_size: int, max_num_batched_tokens: int | None = None, rule: str = "v1") -> list[int]:
+    """Batch sizes vLLM captures CUDA graphs for (ascending).
+
+    ``rule="v1"`` (vLLM >= 0.11, ``vllm/config/compilation.py``):
+    ``[1, 2, 4] + range(8, 256, 8) + range(256, max + 1, 16)``, with ``max``
+    = ``max_cudagraph_capture_size`` (default ``min(2 * max_num_seqs, 512)``):
+    51 sizes for 512.  ``rule="0.10"`` (vLLM 0.10.x):
+    ``[1, 2, 4] + range(8, max + 1, 8)``: 35 sizes for 256, 67 for 512.
+    Sizes above ``max_num_batched_tokens`` are dropped.
+    """
+    if max_size < 1:
+        return []
+    sizes = [s for s in (1, 2, 4) if s <= max_size]
+    if rule == "v1":
+        sizes += list(range(8, min(max_size + 1, 256), 8))
+        if max_size >= 256:
+            sizes += list(range(256, max_size + 1, 16))
+    elif rule == "0.10":
+        sizes += list(range(8, max_size + 1, 8))
+    else:
+        raise ColdStartError(f"capture-size rule={rule!r} is unknown; use 'v1' or '0.10'")
+    if max_num_batched_tokens:
+        sizes = [s for s in sizes if s <= max_num_batched_tokens]
+    return sizes
+
+
+def captured_graphs(piecewise: list[int], max_num_seqs: int, mode: str,
+                    full_relative_cost: float) -> tuple[float, float]:
+    """(graphs, sum of batch sizes) captured, FULL decode graphs weighted by their relative cost.
+
+    ``FULL_AND_PIECEWISE`` (V1 default since 0.11) captures every size as a
+    piecewise graph for mixed batches and, for uniform decode batches, the
+    sizes up to ``max_num_seqs`` again as full graphs; ``PIECEWISE`` (vLLM
+    0.10) the piecewise set only; ``NONE`` nothing.
+    """
+    if mode == "NONE":
+        return 0.0, 0.0
+    n, s = float(len(piecewise)), float(sum(piecewise))
+    if mode == "FULL_AND_PIECEWISE":
+        full = [b for b in piecewise if b <= max_num_seqs]
+        n += full_relative_cost * len(full)
+        s += full_relative_cost * sum(full)
+    elif mode != "PIECEWISE":
+        raise ColdStartError(f"cudagraph_mode={mode!r} is unknown; use FULL_AND_PIECEWISE, PIECEWISE or NONE")
+    return n, s
+
+
+# ---- phase formulas on plain numbers (shared by breakdown and the fit check) -------------
+
+def weights_seconds(checkpoint_bytes: float, ranks: int, storage_Bps: float, latency_s: float,
+                    loader_Bps: float) -> float:
+    """Node reads the checkpoint once; each rank moves its shard at the loader rate, overlapped."""
+    return latency_s + max(checkpoint_bytes / storage_Bps, checkpoint_bytes / ranks / loader_Bps)
+
+
+def dynamo_seconds(c: StartupCoefficients, layers: int) -> float:
+    return c.coef("dynamo", "d0_s") + c.coef("dynamo", "d1_s_per_layer") * layers
+
+
+def compile_seconds(c: StartupCoefficients, layers: int, cache: str, compile_sizes: int = 0) -> float:
+    extra = 1.0 + c.compile_size_relative_cost.value * compile_sizes
+    if cache == "miss":
+        return (c.coef("compile_miss", "c0_s") + c.coef("compile_miss", "c1_s_per_layer") * layers) * extra
+    return c.coef("compile_hit", "h1_s_per_layer") * layers * extra
+
+
+def kv_profile_seconds(c: StartupCoefficients, layers: int, cache: str) -> float:
+    k = c.coef("kv_profile", "k_miss_s_per_layer" if cache == "miss" else "k_hit_s_per_layer")
+    return c.coef("kv_profile", "k0_s") + k * layers
+
+
+def capture_seconds(c: StartupCoefficients, graphs: float, size_sum: float, layers: int,
+                    params_per_rank: float, peak_flops: float) -> float:
+    if graphs <= 0:
+        return 0.0
+    return (c.coef("cuda_graphs", "g0_s") + c.coef("cuda_graphs", "g1_s_per_graph_layer") * graphs * layers
+            + c.coef("cuda_graphs", "g2_passes") * size_sum * 2.0 * params_per_rank / peak_flops)
+
+
+# ---- the breakdown -------------------------------------------------------------------------
+
+def _choice(name: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ColdStartError(f"{name}={value!r} is not valid; choose one of {', '.join(map(str, allowed))}")
+
+
+def breakdown(dep: Deployment, compile_cache: CompileCache = "miss", storage: str = "nvme",
+              image_cached: bool = True, *, image: str = "vllm-openai", engine: str = "vllm-v1",
+              compile_sizes: int = 0, cudagraph_mode: CudagraphMode = "FULL_AND_PIECEWISE",
+              capture_rule: str = "v1", compile_multiplier: float = 1.0,
+              db: ColdStartDB | None = None) -> Breakdown:
+    """Start-up phases of ``dep`` (see the module docstring for every formula).
+
+    ``compile_cache``: ``"miss"`` (first start, or a cache that did not
+    persist) or ``"hit"`` (vLLM's torch.compile cache is on disk);
+    ``storage``: a storage file in ``hwdb/data/coldstart`` (``nvme``, ``nfs``,
+    ``s3``, ``page_cache``); ``image_cached``: the image is already on the
+    node (no pull); ``compile_sizes``: static sizes in
+    ``compilation_config.compile_sizes`` (V1 default: none);
+    ``compile_multiplier``: a what-if factor on the Inductor compile (1 is the
+    fit; the documented 37-minute MoE outlier is ~60x).
+    """
+    _choice("compile_cache", compile_cache, ("miss", "hit"))
+    _choice("cudagraph_mode", cudagraph_mode, ("FULL_AND_PIECEWISE", "PIECEWISE", "NONE"))
+    if compile_sizes < 0 or int(compile_sizes) != compile_sizes:
+        raise ColdStartError(f"compile_sizes={compile_sizes!r} must be a whole number >= 0 "
+                             f"(the length of compilation_config.compile_sizes)")
+    if not compile_multiplier > 0:
+        raise ColdStartError(f"compile_multiplier={compile_multiplier!r} must be > 0 (1 = the fitted compile time)")
+    db = db or load_coldstart()
+    coef = db.coefficients(engine)
+    path = db.storage_path(storage)
+    a, k = dep.arch, dep.knobs
+    ranks = dep.tp * dep.pp
+    layers = math.ceil(a.num_layers / dep.pp)
+    ckpt = a.total_params * DTYPE_BYTES[dep.weight_dtype]
+    p_rank = a.total_params / ranks
+    peak = dep.gpu.flops(dep.weight_dtype)
+    eager = k.enforce_eager
+    phases: list[Phase] = []
+
+    if not image_cached:
+        img = db.image(image)
+        t = (img.compressed_bytes.value / img.registry_Bps.value
+             + img.uncompressed_bytes.value / img.extract_Bps.value)
+        phases.append(Phase("image_pull", t, f"{img.name}: {img.compressed_bytes.value / 1e9:.1f} GB at "
+                            f"{img.registry_Bps.value / 1e6:.0f} MB/s + unpack {img.uncompressed_bytes.value / 1e9:.1f}"
+                            f" GB at {img.extract_Bps.value / 1e6:.0f} MB/s"))
+    phases.append(Phase("process_start", coef.coef("process_start", "seconds"), "fitted constant"))
+    if ranks > 1:
+        phases.append(Phase("distributed_init", coef.distributed_init_s.value, f"{ranks} ranks (not fitted)"))
+    loader = coef.coef("weights_page_cache", "loader_Bps")
+    tw = weights_seconds(ckpt, ranks, path.bandwidth_Bps.value, path.latency_s.value, loader)
+    phases.append(Phase("weights", tw, f"{ckpt / 1e9:.1f} GB from {path.name} at {path.bandwidth_Bps.value / 1e9:.2f}"
+                        f" GB/s; {ckpt / ranks / 1e9:.1f} GB/rank at {loader / 1e9:.2f} GB/s"))
+    if not eager:
+        phases.append(Phase("dynamo", dynamo_seconds(coef, layers), f"{layers} layers/rank"))
+        tc = compile_seconds(coef, layers, compile_cache, compile_sizes)
+        if compile_cache == "miss":
+            tc *= compile_multiplier
+        what = "cache miss: Inductor compile" if compile_cache == "miss" else "cache hit: load artifacts"
+        extra = f", {compile_sizes} static sizes" if compile_sizes else ""
+        mult = f", x{compile_multiplier:g} what-if" if compile_multiplier != 1 and compile_cache == "miss" else ""
+        phases.append(Phase("compile", tc, f"{what}, {layers} layers/rank{extra}{mult}"))
+    phases.append(Phase("kv_profile", kv_profile_seconds(coef, layers, "hit" if eager else compile_cache),
+                        f"profile run, {layers} layers/rank"))
+    if not eager and cudagraph_mode != "NONE":
+        sizes = capture_sizes(k.max_cudagraph_capture_size, k.max_num_batched_tokens, capture_rule)
+        n, s = captured_graphs(sizes, k.max_num_seqs, cudagraph_mode, coef.full_graph_relative_cost.value)
+        phases.append(Phase("cuda_graphs", capture_seconds(coef, n, s, layers, p_rank, peak),
+                            f"{len(sizes)} sizes up to {max(sizes) if sizes else 0}, {cudagraph_mode}: {n:.0f} graphs"))
+    phases.append(Phase("api_ready", coef.coef("api_ready", "seconds"), "fitted constant"))
+
+    notes = []
+    if layers > FIT_MAX_LAYERS:
+        notes.append(f"{layers} layers/rank is beyond the fitted 24-{FIT_MAX_LAYERS}: Dynamo, compile, profiling "
+                     f"and capture extrapolate linearly in layers")
+    if a.total_params > FIT_MAX_PARAMS:
+        notes.append(f"{a.total_params / 1e9:.0f}B parameters is beyond the fitted 0.5-14B: weights load scales "
+                     f"with bytes (physics), the rest with layers")
+    if ranks > 1:
+        notes.append(f"TP x PP = {ranks}: the data is single-GPU; ranks are assumed to compile and capture "
+                     f"concurrently (distributed_init is an unfitted constant)")
+    if a.is_moe:
+        notes.append("MoE: fused-MoE kernel JIT/tuning is not in the fit; compile tails of tens of minutes are "
+                     "reported (see outliers in vllm-v1.yaml)")
+    desc = (f"{a.name} on {ranks}x {dep.gpu.name} TP{dep.tp}" + (f" PP{dep.pp}" if dep.pp > 1 else "")
+            + f" {dep.weight_dtype}, compile cache {compile_cache}, weights from {path.name}, image "
+            + ("cached" if image_cached else "pulled"))
+    return Breakdown(tuple(phases), compile_cache, path.name, image_cached, desc, tuple(notes))
+
+
+# ---- the fit -------------------------------------------------------------------------------
+
+FIG10 = "vllm_startup_profiler_fig10_gpu0_uncached.csv"
+A100 = "vllm_startup_profiler_A100_batch_size_avg.csv"
+FIG10_CAPTURE_MAX = 256   # the fig10 run logs' compilation_config: 35 sizes, 1..256
+
+
+def _read_csv(path: Path) -> list[dict]:
+    lines = [ln for ln in path.read_text().splitlines() if ln and not ln.startswith("#")]
+    return list(csv.DictReader(lines))
+
+
+def _short(model: str) -> str:
+    return model.split("(")[0]
+
+
+def _lstsq(rows: list[str], X: list[list[float]], y: list[float], names: list[str]) -> dict:
+    A, b = np.asarray(X, float), np.asarray(y, float)
+    coef, *_ = np.linalg.lstsq(A, b, rcond=None)
+    coef = np.array([float(f"{c:.6g}") for c in coef])      # what the YAML keeps
+    pred = A @ coef
+    res = b - pred
+    return {
+        "coefficients": {n: float(c) for n, c in zip(names, coef)},
+        "rows": [{"row": r, "observed_s": round(float(o), 4), "predicted_s": round(float(p), 4),
+                  "residual_s": round(float(e), 4)} for r, o, p, e in zip(rows, b, pred, res)],
+        "rms_s": round(float(np.sqrt(np.mean(res ** 2))), 4),
+        "max_abs_s": round(float(np.max(np.abs(res))), 4),
+    }
+
+
+def fit_profiler_csvs(folder: str | Path, coef: StartupCoefficients | None = None) -> dict[str, dict]:
+    """Least-squares fits of every fitted phase to the two vllm-startup-profiler CSVs in ``folder``.
+
+    Returns ``{phase: {coefficients, rows, rms_s, max_abs_s}}`` as stored in
+    ``vllm-v1.yaml``'s ``fits``.  Model sizes and layers come from the file's
+    ``profiled_models``, host peaks from ``profiled_hosts``.
+    """
+    folder = Path(folder)
+    coef = coef or load_coldstart().coefficients("vllm-v1")
+    models = coef.profiled_models
+    u = _read_csv(folder / FIG10)
+    a = _read_csv(folder / A100)
+
+    def P(r):
+        return models[_short(r["model"])].params
+
+    def L(r):
+        return models[_short(r["model"])].layers
+
+    def B(r):
+        m = models[_short(r["model"])]
+        return m.params * m.checkpoint_bytes_per_param
+
+    def f(r, k):
+        return float(r[k]) if r.get(k) not in (None, "") else 0.0
+
+    miss = [r for r in u if r["graph_compile_general_shape_s"]]
+    hit = [r for r in u if not r["graph_compile_general_shape_s"]]
+    name = [_short(r["model"]) for r in u]
+    out: dict[str, dict] = {}
+    # weights: fig10 host's storage (qwen-0.5b excluded, see the YAML), A100 host's page cache
+    w = [r for r in u if _short(r["model"]) != "qwen-0.5b"]
+    fit = _lstsq([_short(r["model"]) for r in w], [[B(r)] for r in w], [f(r, "load_weights_s") for r in w], ["inv"])
+    inv = fit["coefficients"].pop("inv")
+    fit["coefficients"]["storage_Bps"] = float(f"{1 / inv:.6g}")
+    out["weights_storage"] = fit
+    fit = _lstsq([f"{r['model']} cg{r['cuda_graph_sizes']}" for r in a], [[B(r)] for r in a],
+                 [f(r, "load_weights_s") for r in a], ["inv"])
+    inv = fit["coefficients"].pop("inv")
+    fit["coefficients"]["loader_Bps"] = float(f"{1 / inv:.6g}")
+    out["weights_page_cache"] = fit
+    out["dynamo"] = _lstsq(name, [[1, L(r)] for r in u], [f(r, "dynamo_transform_s") for r in u],
+                           ["d0_s", "d1_s_per_layer"])
+    out["compile_miss"] = _lstsq([_short(r["model"]) for r in miss], [[1, L(r)] for r in miss],
+                                 [f(r, "graph_compile_general_shape_s") for r in miss], ["c0_s", "c1_s_per_layer"])
+    out["compile_hit"] = _lstsq([_short(r["model"]) for r in hit], [[L(r)] for r in hit],
+                                [f(r, "graph_compile_cached_s") for r in hit], ["h1_s_per_layer"])
+    out["kv_profile"] = _lstsq(name, [[1, L(r) if r in miss else 0, 0 if r in miss else L(r)] for r in u],
+                               [f(r, "kv_cache_profiling_s") for r in u],
+                               ["k0_s", "k_miss_s_per_layer", "k_hit_s_per_layer"])
+    # capture: A100 sweep of cuda_graph_sizes (vLLM 0.10 rule) + fig10 rows (35 sizes), PIECEWISE
+    rows, X, y = [], [], []
+    a100_peak = coef.profiled_hosts["A100"].peak_flops.value
+    n1_peak = coef.profiled_hosts["n1"].peak_flops.value
+    for r in a:
+        s = capture_sizes(int(r["cuda_graph_sizes"]), None, "0.10")
+        rows.append(f"{r['model']} cg{r['cuda_graph_sizes']}")
+        X.append([1, len(s) * L(r), sum(s) * 2 * P(r) / a100_peak])
+        y.append(f(r, "graph_capturing_s"))
+    for r in u:
+        s = capture_sizes(FIG10_CAPTURE_MAX, None, "0.10")
+        rows.append(_short(r["model"]))
+        X.append([1, len(s) * L(r), sum(s) * 2 * P(r) / n1_peak])
+        y.append(f(r, "graph_capturing_s"))
+    out["cuda_graphs"] = _lstsq(rows, X, y, ["g0_s", "g1_s_per_graph_layer", "g2_passes"])
+    # constants: what the named phases leave of the measured total, and API start after the engine
+    rest = [f(r, "total_time_s") - f(r, "load_weights_s") - f(r, "dynamo_transform_s")
+            - f(r, "graph_compile_general_shape_s") - f(r, "graph_compile_cached_s")
+            - f(r, "kv_cache_profiling_s") - f(r, "graph_capturing_s") for r in u]
+    out["process_start"] = _lstsq(name, [[1]] * len(u), rest, ["seconds"])
+    out["api_ready"] = _lstsq(name, [[1]] * len(u),
+                              [f(r, "actual_total_time_s") - f(r, "total_time_s") for r in u], ["seconds"])
+    return out
+
+
+@dataclass(frozen=True)
+class RowCheck:
+    """A profiled row re-predicted by the breakdown formulas."""
+
+    row: str
+    phase: str
+    observed_s: float
+    predicted_s: float
+
+    @property
+    def error_s(self) -> float:
+        return self.predicted_s - self.observed_s
+
+
+def check_profiler_rows(folder: str | Path, coef: StartupCoefficients | None = None) -> list[RowCheck]:
+    """Predict every fig10 row's weights, Dynamo, compile and total with the breakdown's formulas.
+
+    The storage rate is the fitted rate of the profiling host (its storage is
+    not described); the total is process start + weights + Dynamo + compile +
+    KV profiling + capture (35 sizes, PIECEWISE, as logged) + API start, and
+    is compared with the profiler's ``actual_total_time_s``.
+    """
+    coef = coef or load_coldstart().coefficients("vllm-v1")
+    u = _read_csv(Path(folder) / FIG10)
+    storage = coef.coef("weights_storage", "storage_Bps")
+    loader = coef.coef("weights_page_cache", "loader_Bps")
+    peak = coef.profiled_hosts["n1"].peak_flops.value
+    out = []
+    for r in u:
+        m = coef.profiled_models[_short(r["model"])]
+        cache = "miss" if r["graph_compile_general_shape_s"] else "hit"
+        sizes = capture_sizes(FIG10_CAPTURE_MAX, None, "0.10")
+        t = {
+            "weights": weights_seconds(m.params * m.checkpoint_bytes_per_param, 1, storage, 0.0, loader),
+            "dynamo": dynamo_seconds(coef, m.layers),
+            "compile": compile_seconds(coef, m.layers, cache),
+            "kv_profile": kv_profile_seconds(coef, m.layers, cache),
+            "cuda_graphs": capture_seconds(coef, len(sizes), sum(sizes), m.layers, m.params, peak),
+        }
+        total = (coef.coef("process_start", "seconds") + sum(t.values()) + coef.coef("api_ready", "seconds"))
+        obs = {"weights": float(r["load_weights_s"]), "dynamo": float(r["dynamo_transform_s"]),
+               "compile": float(r["graph_compile_general_shape_s"] or r["graph_compile_cached_s"]),
+               "kv_profile": float(r["kv_cache_profiling_s"]), "cuda_graphs": float(r["graph_capturing_s"])}
+        for k in obs:
+            out.append(RowCheck(_short(r["model"]), k, obs[k], t[k]))
+        out.append(RowCheck(_short(r["model"]), "total", float(r["actual_total_time_s"]), total))
+    return out
