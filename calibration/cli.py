@@ -2,6 +2,8 @@
 
     epdsim calibrate run --out BUNDLE [--attach URL | --launch] [--resume] [--quick] ...
     epdsim calibrate show BUNDLE
+    epdsim calibrate fit BUNDLE [--out HWDB_DIR]                      (calibration/fit.py)
+    epdsim calibrate validate BUNDLE --profile HWDB_DIR [--tolerance 0.25] (calibration/validate.py)
 
 Also runs standalone: ``python -m calibration.cli run --out BUNDLE --launch --quick``.
 Exit codes: 0 done, 2 user error (bad arguments, bundle missing or inconsistent),
@@ -107,7 +109,46 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     s.add_argument("bundle")
     s.add_argument("--json", action="store_true", help="print the summary as JSON")
     s.set_defaults(calibrate_func=cmd_show)
+    f = sub.add_parser("fit", help="fit a calibration profile (efficiencies, step overhead) to a bundle",
+                       description="Fit the simulator's step-time parameters (compute and memory efficiency, "
+                                   "prefill-attention efficiency, per-step overhead) to a bundle's prefill and "
+                                   "decode sweeps, and write the profile into a hwdb folder.")
+    f.add_argument("bundle")
+    f.add_argument("--out", help="hwdb folder to write profiles/, models/ and fits/ into (default BUNDLE/hwdb)")
+    _sim_options(f)
+    f.set_defaults(calibrate_func=_cmd_fit)
+    v = sub.add_parser("validate", help="replay a bundle's load tests in the simulator and compare",
+                       description="Replay every load test of a bundle (same send times, lengths and engine "
+                                   "arguments) in the simulator with a calibrated profile, and write a report of "
+                                   "measured vs predicted TTFT, TPOT, ITL and E2E.")
+    v.add_argument("bundle")
+    v.add_argument("--profile", required=True, help="hwdb folder written by `calibrate fit` (or a profile YAML in it)")
+    v.add_argument("--tolerance", type=float, default=0.25, help="relative error a check may have (0.25)")
+    v.add_argument("--out", help="report folder (default BUNDLE/validation)")
+    v.add_argument("--phases", help="comma list of load phases to replay (default: all)")
+    v.add_argument("--strict", action="store_true", help="exit with code 1 when a check fails")
+    _sim_options(v)
+    v.set_defaults(calibrate_func=_cmd_validate)
     return p
+
+
+def _sim_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpu", help="hwdb GPU the server ran on (default: CPU-host for a vLLM CPU server)")
+    p.add_argument("--model", help="model name or folder (default: the bundle's model folder or its config.json)")
+    p.add_argument("--hwdb", action="append", default=[], help="extra user hwdb folder (repeatable)")
+    p.add_argument("--max-num-seqs", type=int, help="override the engine's max_num_seqs read from the bundle")
+    p.add_argument("--max-num-batched-tokens", type=int, help="override max_num_batched_tokens")
+    p.add_argument("--block-size", type=int, help="override the KV block size")
+
+
+def _cmd_fit(a, con: Console) -> int:
+    from calibration.fit import cmd_fit
+    return cmd_fit(a, con)
+
+
+def _cmd_validate(a, con: Console) -> int:
+    from calibration.validate import cmd_validate
+    return cmd_validate(a, con)
 
 
 def add_subparser(subparsers) -> argparse.ArgumentParser:

@@ -139,7 +139,7 @@ class Instance:
         """SimPy process: one iteration per engine step, forever."""
         rec = self.rec
         inp, out = rec.input_tokens, rec.output_tokens
-        t_sched, t_first, t_finish = rec.t_sched, rec.t_first, rec.t_finish
+        t_sched, t_first = rec.t_sched, rec.t_first
         preempts, gaps = rec.preemptions, rec.resume_gaps
         waiting, steps, block = self.waiting, self.steps, self.block
         step_time = self.model.step_time

@@ -151,9 +151,7 @@ class PDCoordinator:
         jitter = None
         if plan.jitter_mean_s > 0:
             mean = plan.jitter_mean_s / 2   # drawn on each of the two sides of the path
-
-            def jitter(g, mean=mean):
-                return float(g.exponential(mean))
+            jitter = lambda g, mean=mean: float(g.exponential(mean))  # noqa: E731
         self.decode_router = decode_router
         self.rec = rec
         self.src: dict[int, object] = {}
