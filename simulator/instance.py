@@ -228,9 +228,8 @@ class Instance:
             kv_used += need
             budget = budget_max - n_dec
             chunks = []
-            # --- the partially prefilled running request, if any.  Only the last admission of a
-            # step can be cut short by the budget, so at most one is partial and it is the newest
-            # running request: when its next chunk finds no blocks, V1 preempts it, not another.
+            # --- partially prefilled running requests (at most one: only the last admission of a
+            # step is cut short by the budget), next chunk in admission order
             for rid, pf in (list(prefill.items()) if prefill else ()):
                 if budget <= 0:
                     break
