@@ -127,6 +127,8 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     v.add_argument("--out", help="report folder (default BUNDLE/validation)")
     v.add_argument("--phases", help="comma list of load phases to replay (default: all)")
     v.add_argument("--strict", action="store_true", help="exit with code 1 when a check fails")
+    v.add_argument("--without-overhead", action="store_true",
+                   help="replay without the fitted per-step host cost (the engine's defaults), for comparison")
     _sim_options(v)
     v.set_defaults(calibrate_func=_cmd_validate)
     return p

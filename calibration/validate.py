@@ -25,25 +25,39 @@ What is compared (``measured`` -> ``predicted``):
 Each check passes when ``|predicted / measured - 1| <= tolerance``.  Written to ``--out``
 (default ``BUNDLE/validation``): ``report.md``, ``report.html`` (self-contained Plotly),
 ``validation.json``, and per phase the replayed trace and scenario.
+
+``validate(..., without_overhead=True)`` (in :func:`cmd_validate`: a true ``without_overhead``
+attribute of the parsed arguments) replays with the same fitted efficiencies but without the fitted
+host cost: the profile's ``step_overhead_s`` is set to null (and a calibrated engine with fitted host
+costs is not used), so the simulator applies the engine profile's own CPU and launch costs
+(``vllm-v1``: ``cpu.*``, ``graph_launch_s``, ``eager_launch_s_per_layer``, overlapped scheduling).
+That is the reference against which the fitted overhead is judged (docs/validation/cpu.md).
+
+Modules: :mod:`calibration.validate_replay` (measured requests, replay, comparison rows),
+:mod:`calibration.validate_report` (Markdown and HTML); this module resolves the profile, runs the
+phases (:func:`validate`) and holds the command (:func:`cmd_validate`).
 """
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import numpy as np
 import yaml
 
 import hwdb
-from calibration.fit import (CPU_GPU, FitInputError, bundle_model, engine_setup, is_cpu_server, open_bundle,
-                             server_ttft_s)
+from calibration.fit_inputs import CPU_GPU, FitInputError, bundle_model, engine_setup, is_cpu_server, open_bundle
 from calibration.harness.bundle import Bundle
-from calibration.harness.metrics import histogram_quantile
+from calibration.validate_replay import (LABEL, METRICS, PCTS, compare, measured_phase, predicted_phase,
+                                         simulate_phase)
+from calibration.validate_report import _err, _json_default, _ms, _verdict, html_report, markdown_report
+from hwdb.profiles import Profile
 
-PCTS = (50, 90, 99)
-METRICS = ("ttft", "tpot", "itl", "e2e")
-LABEL = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2e": "E2E"}
+__all__ = ["LABEL", "METRICS", "PCTS", "cmd_validate", "compare", "html_report", "markdown_report", "measured_phase",
+           "predicted_phase", "resolve_profile", "simulate_phase", "validate", "without_overhead_folder"]
+
+#: the engine profile a replayed pool uses when no calibrated engine is named (simulator.scenario.EngineConfig)
+DEFAULT_ENGINE = "vllm-v1"
 
 
 # ============================================================================ inputs
@@ -111,166 +125,29 @@ def resolve_profile(b: Bundle, profile: str | Path, gpu: str | None, hwdb_dirs=(
     return db, db.gpu(gname), prof, dirs, report
 
 
-# ============================================================================ measured
-def _sum_histograms(b: Bundle, phase: str, name: str) -> dict | None:
-    """A histogram delta summed over the phase's segments: {count, sum, buckets}."""
-    tot = None
-    for rec in b.records(phase, "metrics"):
-        series = ((rec.get("histograms") or {}).get(name) or [])
-        for s in series:
-            if tot is None:
-                tot = {"count": 0.0, "sum": 0.0, "buckets": [[le, 0.0] for le, _ in s["buckets"]]}
-            tot["count"] += s["count"]
-            tot["sum"] += s["sum"]
-            if [le for le, _ in s["buckets"]] == [le for le, _ in tot["buckets"]]:
-                for i, (_, c) in enumerate(s["buckets"]):
-                    tot["buckets"][i][1] += c
-    return tot
-
-
-def _bucket_width(q_value: float, buckets: list) -> float:
-    prev = 0.0
-    for le, _ in buckets:
-        le = math.inf if le == "+Inf" else float(le)
-        if q_value <= le:
-            return le - prev
-        prev = le
-    return math.inf
-
-
-def measured_phase(b: Bundle, phase: str) -> tuple[list[dict], dict]:
-    """Per-request measurements (sorted by send time) and phase-level notes."""
-    recs = [r for r in b.requests(phase) if r.get("t_send") is not None and r.get("prompt_tokens")
-            and r.get("output_tokens")]
-    recs.sort(key=lambda r: (r["t_send"], str(r["id"])))
-    if not recs:
-        return [], {}
-    t0 = recs[0]["t_send"]
-    rows = []
-    for r in recs:
-        sm = r.get("server_metrics") or {}
-        o = int(r["output_tokens"])
-        srv_ttft = server_ttft_s(r)
-        gen = sm.get("generation_time_ms")
-        tt = r.get("token_times_s") or []
-        rows.append({
-            "id": r["id"], "arrival_s": r["t_send"] - t0, "input_tokens": int(r["prompt_tokens"]), "output_tokens": o,
-            "segment": r.get("segment", 0),
-            "server_ttft_s": srv_ttft,
-            "server_tpot_s": sm["mean_itl_ms"] / 1e3 if sm.get("mean_itl_ms") and o > 1 else None,
-            "server_e2e_s": (srv_ttft + gen / 1e3) if srv_ttft is not None and gen is not None else None,
-            "client_ttft_s": r.get("ttft_s"), "client_e2e_s": r.get("e2e_s"),
-            "client_tpot_s": ((r["e2e_s"] - r["ttft_s"]) / (o - 1)
-                              if o > 1 and r.get("e2e_s") is not None and r.get("ttft_s") is not None else None),
-            "client_itl_s": [b_ - a_ for a_, b_ in zip(tt, tt[1:])],
-        })
-    notes = {"segments": len({r["segment"] for r in rows}),
-             "itl_hist": _sum_histograms(b, phase, "vllm:inter_token_latency_seconds"),
-             "iterations": _sum_histograms(b, phase, "vllm:iteration_tokens_total")}
-    return rows, notes
-
-
-# ============================================================================ simulated
-def simulate_phase(rows: list[dict], *, model_ref: str, hwdb_dirs: list[Path], gpu: str, setup, out: Path,
-                   phase: str, engine: str | None = None):
-    """Replay ``rows`` (arrival, lengths) in the simulator; returns (scenario dict, Results)."""
-    from simulator.run import simulate
-    from simulator.scenario import ScenarioError, parse_scenario
-    trace = out / f"{phase}.trace.jsonl"
-    with trace.open("w") as fh:
-        for r in rows:
-            fh.write(json.dumps({"arrival_s": round(r["arrival_s"], 6), "input_tokens": r["input_tokens"],
-                                 "output_tokens": r["output_tokens"]}) + "\n")
-    data = {"name": f"replay-{phase}", "description": f"replay of {phase} (epdsim calibrate validate)",
-            "model": model_ref, "hwdb": [str(d) for d in hwdb_dirs],
-            "pools": [{"name": "main", "gpu": gpu, "tp": setup.tp, "pp": setup.pp, "dtype": setup.dtype,
-                       "engine": {**({"engine": engine} if engine else {}), **setup.engine_config()}}],
-            "workload": {"arrival": {"kind": "trace", "path": str(trace), "format": "plain"}}}
-    (out / f"{phase}.scenario.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
-    try:
-        scn = parse_scenario(data, f"replay of {phase}")
-        res = simulate(scn)
-    except ScenarioError as exc:
-        raise FitInputError(f"cannot replay {phase} in the simulator: {exc}") from None
-    return data, res
-
-
-def predicted_phase(res, rows: list[dict], frontend_s: float | None) -> dict:
-    """Per-request simulator times aligned with ``rows`` (same order: the trace's)."""
-    req = res.requests.sort_values("request_id")
-    steps = res.steps.sort_values("start_s")
-    starts = steps["start_s"].to_numpy()
-    arr = req["arrival_s"].to_numpy()
-    first = req["first_token_s"].to_numpy()
-    fin = req["finish_s"].to_numpy()
-    idx = np.searchsorted(starts, arr - 1e-12, side="left")
-    pickup = np.where(idx < len(starts), starts[np.minimum(idx, len(starts) - 1)], arr)
-    fe = frontend_s or 0.0
-    return {"server_ttft_s": first - pickup, "server_tpot_s": req["tpot_s"].to_numpy(),
-            "server_e2e_s": fin - pickup,
-            "client_ttft_s": req["ttft_s"].to_numpy() + fe, "client_e2e_s": req["e2e_s"].to_numpy() + fe,
-            "client_tpot_s": req["tpot_s"].to_numpy(),
-            "completed": int((req["outcome"] == "completed").sum()), "n": len(req),
-            "itl": res.summary["itl_s"]}
-
-
-# ============================================================================ comparison
-def _pct(x, p) -> float:
-    x = np.asarray([v for v in x if v is not None and np.isfinite(v)], dtype=float)
-    return float(np.percentile(x, p)) if len(x) else math.nan
-
-
-def _row(metric, stat, source, meas, pred, tol, check=True, note=""):
-    err = pred / meas - 1.0 if meas and np.isfinite(meas) and np.isfinite(pred) and meas > 0 else math.nan
-    ok = None if not check or not np.isfinite(err) else bool(abs(err) <= tol)
-    return {"metric": metric, "stat": stat, "source": source, "measured_s": meas, "predicted_s": pred,
-            "rel_error": err, "check": bool(check and np.isfinite(err)), "passed": ok, "note": note}
-
-
-def compare(rows: list[dict], pred: dict, notes: dict, tol: float) -> list[dict]:
-    out = []
-    for m in ("ttft", "tpot", "e2e"):
-        key = f"server_{m}_s"
-        meas = [r[key] for r in rows]
-        have = sum(v is not None for v in meas)
-        if have >= 0.9 * len(rows) and have:
-            pv = [p for p, v in zip(pred[key], meas) if v is not None]
-            for p in PCTS:
-                out.append(_row(LABEL[m], f"p{p}", "server", _pct(meas, p), _pct(pv, p), tol))
-            out.append(_row(LABEL[m], "mean", "server", float(np.nanmean([v for v in meas if v is not None])),
-                            float(np.nanmean(pv)), tol, check=False))
-    h = notes.get("itl_hist")
-    it = pred["itl"]
-    if h and h["count"] > 0:
-        out.append(_row("ITL", "mean", "server histogram", h["sum"] / h["count"], it["mean"], tol))
-        for p in PCTS:
-            q = histogram_quantile(p / 100.0, h["buckets"])
-            w = _bucket_width(q, h["buckets"])
-            resolved = np.isfinite(q) and w <= 2 * tol * q
-            out.append(_row("ITL", f"p{p}", "server histogram", q, it[f"p{p}"], tol, check=resolved,
-                            note="" if resolved else f"unresolved ({w * 1e3:g} ms bucket)"))
-    # client side: information
-    for m in ("ttft", "e2e", "tpot"):
-        key = f"client_{m}_s"
-        meas = [r[key] for r in rows]
-        if any(v is not None for v in meas):
-            pv = [p for p, v in zip(pred[key], meas) if v is not None]
-            for p in PCTS:
-                out.append(_row(LABEL[m], f"p{p}", "client", _pct(meas, p), _pct(pv, p), tol, check=False,
-                                note="info (+ front end)" if m in ("ttft", "e2e") else ""))
-    itl_c = [g for r in rows for g in r["client_itl_s"]]
-    if itl_c:
-        for p in PCTS:
-            out.append(_row("ITL", f"p{p}", "client", _pct(itl_c, p), it[f"p{p}"], tol, check=False,
-                            note="info (lumped)"))
-    return out
+def without_overhead_folder(prof: Profile, folder: Path) -> Profile:
+    """Write ``prof`` without its fitted host cost (``step_overhead_s`` null) as the hwdb folder ``folder``
+    (``profiles/<name>.yaml``, same name, so that it overrides the fitted one when loaded after it); the
+    simulator then applies the engine profile's default CPU and launch costs.  Returns that profile."""
+    stripped = prof.model_copy(update={
+        "step_overhead_s": None,
+        "notes": ((prof.notes + "\n") if prof.notes else "") + "validated WITHOUT the fitted host cost "
+                 "(step_overhead_s null): the engine profile's default CPU and launch costs apply"})
+    (folder / "profiles").mkdir(parents=True, exist_ok=True)
+    (folder / "profiles" / f"{prof.name}.yaml").write_text(
+        "# The profile of the validated folder without its fitted step_overhead_s (calibrate validate "
+        "--without-overhead)\n" + yaml.safe_dump(stripped.model_dump(exclude_none=True), sort_keys=False, width=100))
+    return stripped
 
 
 # ============================================================================ the command
 def validate(bundle: str | Path, profile: str | Path, *, tolerance: float = 0.25, out: str | Path | None = None,
              phases: list[str] | None = None, gpu: str | None = None, model: str | None = None,
-             overrides: dict | None = None, hwdb_dirs: tuple[str, ...] = ()) -> dict:
-    """Validate ``profile`` on ``bundle``'s load tests; writes the report and returns its data."""
+             overrides: dict | None = None, hwdb_dirs: tuple[str, ...] = (), without_overhead: bool = False) -> dict:
+    """Validate ``profile`` on ``bundle``'s load tests; writes the report and returns its data.
+
+    ``without_overhead``: the same fitted efficiencies without the fitted host cost (the engine profile's
+    default CPU and launch costs apply; see the module docstring)."""
     if not (0 < tolerance < 10):
         raise FitInputError(f"--tolerance {tolerance}: give a relative error such as 0.25 (25%)")
     b = open_bundle(bundle)
@@ -292,6 +169,10 @@ def validate(bundle: str | Path, profile: str | Path, *, tolerance: float = 0.25
         loads = [p for p in loads if p["name"] in phases]
     frontend = (fit or {}).get("frontend_s")
     engine_name = (fit or {}).get("engine_name") or (prof.name if prof.name in db.engines else None)
+    if without_overhead:
+        prof = without_overhead_folder(prof, out / "hwdb-without-overhead")
+        dirs = [*dirs, out / "hwdb-without-overhead"]
+        engine_name = None   # not the calibrated engine with the fitted host costs either
     results = []
     for ph in loads:
         rows, notes = measured_phase(b, ph["name"])
@@ -334,8 +215,10 @@ def validate(bundle: str | Path, profile: str | Path, *, tolerance: float = 0.25
                                                          if prof.attention_prefill_efficiency else None),
                         "memory_efficiency": prof.memory_efficiency.model_dump() if prof.memory_efficiency else None,
                         "fit_bundle": (fit or {}).get("provenance", {}).get("bundle"),
-                        "host_cost": _host_cost(db, engine_name)},
-            "frontend_s": frontend, "tolerance": tolerance, "engine": setup.as_dict(), "engine_profile": engine_name,
+                        "host_cost": _host_cost(db, engine_name),
+                        "default_host_cost": (_default_host_cost(db, DEFAULT_ENGINE)
+                                              if prof.step_overhead_s is None and engine_name is None else None)},
+            "without_overhead": without_overhead, "frontend_s": frontend, "tolerance": tolerance, "engine": setup.as_dict(), "engine_profile": engine_name,
             "phases": results, "passed": all(r["passed"] for r in results),
             "checks": sum(r["checks"] for r in results), "failed": sum(r["failed"] for r in results)}
     (out / "validation.json").write_text(json.dumps(data, indent=2, default=_json_default) + "\n")
@@ -354,126 +237,17 @@ def _host_cost(db: hwdb.HardwareDB, engine_name: str | None) -> dict | None:
     return {"engine": engine_name, "step_s": cpu.step_s.value, "per_sampled_seq_s": cpu.per_sampled_seq_s.value}
 
 
-def _json_default(o):
-    if isinstance(o, (np.floating, np.integer)):
-        return o.item()
-    if isinstance(o, Path):
-        return str(o)
-    raise TypeError(type(o).__name__)
-
-
-def _ms(x) -> str:
-    if x is None or not np.isfinite(x):
-        return "-"
-    return f"{x * 1e3:.2f} ms" if x < 1 else f"{x:.3f} s"
-
-
-def _err(x) -> str:
-    return "-" if x is None or not np.isfinite(x) else f"{x:+.1%}"
-
-
-def _verdict(r) -> str:
-    if r["passed"] is None:
-        return "info" if not r["note"] else r["note"]
-    return "pass" if r["passed"] else "FAIL"
-
-
-def markdown_report(d: dict) -> str:
-    p = d["profile"]
-    lines = [f"# Validation of profile `{p['name']}`", "",
-             f"- bundle: `{d['bundle']}` (measured {d['bundle_created']}, vLLM {d['vllm']})",
-             f"- model `{d['model']}` on `{d['gpu']}`; profile fitted to `{p.get('fit_bundle')}`",
-             f"- profile: compute max_eff {_f(p, 'compute_efficiency', 'max_eff')}, half "
-             f"{_f(p, 'compute_efficiency', 'half')} tokens; attention max_eff "
-             f"{_f(p, 'attention_prefill_efficiency', 'max_eff')}; memory max_eff "
-             f"{_f(p, 'memory_efficiency', 'max_eff')}; " + (
-                 f"host cost per step {_ms(p['host_cost']['step_s'])} + {_ms(p['host_cost']['per_sampled_seq_s'])} "
-                 f"per sequence (engine `{p['host_cost']['engine']}`)" if p.get("host_cost")
-                 else f"step overhead {_ms(p['step_overhead_s'])}"),
-             "- engine: " + ", ".join(f"{k}={v}" for k, v in d["engine"].items()
-                                      if k not in ("sources",) and v is not None),
-             f"- tolerance: |predicted / measured - 1| <= {d['tolerance']:.0%}; front end added to client-side "
-             f"predictions: {_ms(d['frontend_s'])}",
-             f"- **verdict: {d['checks'] - d['failed']} of {d['checks']} checks pass**", ""]
-    for ph in d["phases"]:
-        how = (f"Poisson {ph['rate']:g} req/s" if ph.get("rate") else
-               f"closed loop, {ph.get('concurrency')} users" if ph.get("concurrency") else ph.get("mode"))
-        lines += [f"## {ph['phase']}", "",
-                  f"{ph['requests']} requests, {how}, prompts {ph['prompt_tokens'][0]}-{ph['prompt_tokens'][1]} "
-                  f"tokens, outputs {ph['output_tokens'][0]}-{ph['output_tokens'][1]} tokens; the simulator "
-                  f"completed {ph['simulated_completed']}; engine steps measured {ph['engine_steps']['measured']}, "
-                  f"simulated {ph['engine_steps']['simulated']}. "
-                  f"**{ph['checks'] - ph['failed']} of {ph['checks']} checks pass.**", "",
-                  "| metric | stat | measured (source) | predicted | error | verdict |",
-                  "|---|---|---|---|---|---|"]
-        for r in ph["rows"]:
-            lines.append(f"| {r['metric']} | {r['stat']} | {_ms(r['measured_s'])} ({r['source']}) | "
-                         f"{_ms(r['predicted_s'])} | {_err(r['rel_error'])} | {_verdict(r)} |")
-        lines.append("")
-    lines += ["Server-side times start when the engine takes the request (between steps); the simulator's are "
-              "taken from the first step at or after the arrival. Client-side rows are information: the "
-              "client, the API server and the engine share the host's cores.", ""]
-    return "\n".join(lines)
-
-
-def _f(p, curve, key) -> str:
-    c = p.get(curve)
-    return "default" if not c else f"{c[key]:.4g}"
-
-
-def html_report(d: dict) -> str:
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-    parts = [f"<html><head><meta charset='utf-8'><title>Validation {d['profile']['name']}</title>"
-             "<style>body{font-family:sans-serif;margin:2em} table{border-collapse:collapse} "
-             "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right} .FAIL{color:#b00;font-weight:bold} "
-             ".pass{color:#070}</style></head><body>",
-             f"<h1>Validation of profile {d['profile']['name']}</h1>",
-             f"<p>bundle {d['bundle']}; model {d['model']} on {d['gpu']}; tolerance {d['tolerance']:.0%}; "
-             f"<b>{d['checks'] - d['failed']} of {d['checks']} checks pass</b>.</p>"]
-    first = True
-    for ph in d["phases"]:
-        parts.append(f"<h2>{ph['phase']}</h2><table><tr><th>metric</th><th>stat</th><th>source</th>"
-                     "<th>measured</th><th>predicted</th><th>error</th><th>verdict</th></tr>")
-        for r in ph["rows"]:
-            v = _verdict(r)
-            parts.append(f"<tr><td>{r['metric']}</td><td>{r['stat']}</td><td>{r['source']}</td>"
-                         f"<td>{_ms(r['measured_s'])}</td><td>{_ms(r['predicted_s'])}</td>"
-                         f"<td>{_err(r['rel_error'])}</td><td class='{v}'>{v}</td></tr>")
-        parts.append("</table>")
-        s = ph["series"]
-        fig = make_subplots(rows=2, cols=2, subplot_titles=(
-            "relative error (server-side checks)", "TTFT per request vs arrival", "TTFT CDF", "TPOT CDF"))
-        chk = [r for r in ph["rows"] if r["source"] != "client" and np.isfinite(r["rel_error"])]
-        fig.add_trace(go.Bar(x=[f"{r['metric']} {r['stat']}" for r in chk], y=[100 * r["rel_error"] for r in chk],
-                             marker_color=["#2a7" if r["passed"] else ("#c33" if r["passed"] is False else "#999")
-                                           for r in chk], name="error %", showlegend=False), 1, 1)
-        for sign in (1, -1):
-            fig.add_hline(y=100 * sign * d["tolerance"], line_dash="dot", line_color="#888", row=1, col=1)
-        fig.add_trace(go.Scatter(x=s["arrival_s"], y=[_msv(v) for v in s["measured_ttft_s"]], mode="markers",
-                                 name="measured TTFT", marker_color="#1f77b4"), 1, 2)
-        fig.add_trace(go.Scatter(x=s["arrival_s"], y=[_msv(v) for v in s["predicted_ttft_s"]], mode="markers",
-                                 name="predicted TTFT", marker_color="#ff7f0e", marker_symbol="x"), 1, 2)
-        for key, col, name in (("ttft", 1, "TTFT"), ("tpot", 2, "TPOT")):
-            for who, color in (("measured", "#1f77b4"), ("predicted", "#ff7f0e")):
-                v = np.sort([x for x in s[f"{who}_{key}_s"] if x is not None and np.isfinite(x)]) * 1e3
-                fig.add_trace(go.Scatter(x=v, y=np.arange(1, len(v) + 1) / max(len(v), 1), mode="lines",
-                                         line_shape="hv", line_color=color, name=f"{who} {name}",
-                                         showlegend=False), 2, col)
-        fig.update_yaxes(title_text="%", row=1, col=1)
-        fig.update_xaxes(title_text="arrival (s)", row=1, col=2)
-        fig.update_yaxes(title_text="ms", row=1, col=2)
-        fig.update_xaxes(title_text="ms", row=2, col=1)
-        fig.update_xaxes(title_text="ms", row=2, col=2)
-        fig.update_layout(height=750, title_text=f"{ph['phase']}: measured (blue) vs predicted (orange)")
-        parts.append(fig.to_html(full_html=False, include_plotlyjs=True if first else False))
-        first = False
-    parts.append("</body></html>")
-    return "\n".join(parts)
-
-
-def _msv(v):
-    return None if v is None or not np.isfinite(v) else v * 1e3
+def _default_host_cost(db: hwdb.HardwareDB, engine_name: str) -> dict | None:
+    """The engine profile's own host costs, which apply when the profile has no ``step_overhead_s``."""
+    e = db.engines.get(engine_name)
+    if e is None:
+        return None
+    c = e.cpu
+    return {"engine": engine_name, "step_s": c.step_s.value, "per_running_seq_s": c.per_running_seq_s.value,
+            "per_waiting_seq_s": c.per_waiting_seq_s.value, "per_token_s": c.per_token_s.value,
+            "per_sampled_seq_s": c.per_sampled_seq_s.value, "graph_launch_s": e.graph_launch_s.value,
+            "eager_launch_s_per_layer": e.eager_launch_s_per_layer.value,
+            "scheduling_overlapped": e.scheduling_overlapped}
 
 
 def cmd_validate(a, con) -> int:
@@ -483,7 +257,9 @@ def cmd_validate(a, con) -> int:
                  "block_size": a.block_size}
     d = validate(a.bundle, a.profile, tolerance=a.tolerance, out=a.out,
                  phases=[p for p in (a.phases or "").split(",") if p.strip()] or None, gpu=a.gpu, model=a.model,
-                 overrides=overrides, hwdb_dirs=tuple(a.hwdb))
+                 overrides=overrides, hwdb_dirs=tuple(a.hwdb), without_overhead=getattr(a, "without_overhead", False))
+    if d["without_overhead"]:
+        con.print(f"without the fitted host cost: engine {DEFAULT_ENGINE}'s default CPU and launch costs apply")
     for ph in d["phases"]:
         t = Table(title=f"{ph['phase']}: {ph['requests']} requests, {ph['checks'] - ph['failed']}/{ph['checks']} "
                         f"checks within {d['tolerance']:.0%}")

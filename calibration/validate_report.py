@@ -1,0 +1,147 @@
+"""The reports ``calibrate validate`` writes: ``report.md`` and the self-contained Plotly
+``report.html`` (plus the JSON encoder of ``validation.json``)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+def _json_default(o):
+    if isinstance(o, (np.floating, np.integer)):
+        return o.item()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(type(o).__name__)
+
+
+def _ms(x) -> str:
+    if x is None or not np.isfinite(x):
+        return "-"
+    return f"{x * 1e3:.2f} ms" if x < 1 else f"{x:.3f} s"
+
+
+def _err(x) -> str:
+    return "-" if x is None or not np.isfinite(x) else f"{x:+.1%}"
+
+
+def _verdict(r) -> str:
+    if r["passed"] is None:
+        return "info" if not r["note"] else r["note"]
+    return "pass" if r["passed"] else "FAIL"
+
+
+def markdown_report(d: dict) -> str:
+    p = d["profile"]
+    lines = [f"# Validation of profile `{p['name']}`", "",
+             f"- bundle: `{d['bundle']}` (measured {d['bundle_created']}, vLLM {d['vllm']})",
+             f"- model `{d['model']}` on `{d['gpu']}`; profile fitted to `{p.get('fit_bundle')}`",
+             f"- profile: compute max_eff {_f(p, 'compute_efficiency', 'max_eff')}, half "
+             f"{_f(p, 'compute_efficiency', 'half')} tokens; attention max_eff "
+             f"{_f(p, 'attention_prefill_efficiency', 'max_eff')}; memory max_eff "
+             f"{_f(p, 'memory_efficiency', 'max_eff')}; " + _host_text(d),
+             "- engine: " + ", ".join(f"{k}={v}" for k, v in d["engine"].items()
+                                      if k not in ("sources",) and v is not None),
+             f"- tolerance: |predicted / measured - 1| <= {d['tolerance']:.0%}; front end added to client-side "
+             f"predictions: {_ms(d['frontend_s'])}",
+             f"- **verdict: {d['checks'] - d['failed']} of {d['checks']} checks pass**", ""]
+    for ph in d["phases"]:
+        how = (f"Poisson {ph['rate']:g} req/s" if ph.get("rate") else
+               f"closed loop, {ph.get('concurrency')} users" if ph.get("concurrency") else ph.get("mode"))
+        lines += [f"## {ph['phase']}", "",
+                  f"{ph['requests']} requests, {how}, prompts {ph['prompt_tokens'][0]}-{ph['prompt_tokens'][1]} "
+                  f"tokens, outputs {ph['output_tokens'][0]}-{ph['output_tokens'][1]} tokens; the simulator "
+                  f"completed {ph['simulated_completed']}; engine steps measured {ph['engine_steps']['measured']}, "
+                  f"simulated {ph['engine_steps']['simulated']}. "
+                  f"**{ph['checks'] - ph['failed']} of {ph['checks']} checks pass.**", "",
+                  "| metric | stat | measured (source) | predicted | error | verdict |",
+                  "|---|---|---|---|---|---|"]
+        for r in ph["rows"]:
+            lines.append(f"| {r['metric']} | {r['stat']} | {_ms(r['measured_s'])} ({r['source']}) | "
+                         f"{_ms(r['predicted_s'])} | {_err(r['rel_error'])} | {_verdict(r)} |")
+        lines.append("")
+    lines += ["Server-side times start when the engine takes the request (between steps); the simulator's are "
+              "taken from the first step at or after the arrival. Client-side rows are information: the "
+              "client, the API server and the engine share the host's cores.", ""]
+    return "\n".join(lines)
+
+
+def _host_text(d: dict) -> str:
+    """The host cost the replay used: fitted (profile or calibrated engine) or the engine's defaults."""
+    p = d["profile"]
+    if p.get("host_cost"):
+        h = p["host_cost"]
+        return (f"host cost per step {_ms(h['step_s'])} + {_ms(h['per_sampled_seq_s'])} per sequence "
+                f"(engine `{h['engine']}`)")
+    if p.get("step_overhead_s") is not None:
+        return f"step overhead {_ms(p['step_overhead_s'])}"
+    h = p.get("default_host_cost")
+    head = "**without the fitted host cost**: " if d.get("without_overhead") else "no fitted host cost: "
+    if not h:
+        return head + "the engine profile's default CPU and launch costs"
+    us = lambda x: f"{x * 1e6:.3g} us"  # noqa: E731
+    return (head + f"engine `{h['engine']}` defaults: CPU {us(h['step_s'])} per step + {us(h['per_running_seq_s'])} "
+            f"per running, {us(h['per_waiting_seq_s'])} per waiting, {us(h['per_sampled_seq_s'])} per sampled "
+            f"sequence + {us(h['per_token_s'])} per token; launch {us(h['eager_launch_s_per_layer'])} per layer "
+            f"(eager) or {us(h['graph_launch_s'])} per step (graphs); "
+            + ("overlapped with the device time" if h["scheduling_overlapped"] else "added to the device time"))
+
+
+def _f(p, curve, key) -> str:
+    c = p.get(curve)
+    return "default" if not c else f"{c[key]:.4g}"
+
+
+def html_report(d: dict) -> str:
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+    parts = [f"<html><head><meta charset='utf-8'><title>Validation {d['profile']['name']}</title>"
+             "<style>body{font-family:sans-serif;margin:2em} table{border-collapse:collapse} "
+             "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right} .FAIL{color:#b00;font-weight:bold} "
+             ".pass{color:#070}</style></head><body>",
+             f"<h1>Validation of profile {d['profile']['name']}</h1>",
+             f"<p>bundle {d['bundle']}; model {d['model']} on {d['gpu']}; tolerance {d['tolerance']:.0%}; "
+             f"<b>{d['checks'] - d['failed']} of {d['checks']} checks pass</b>.</p>"]
+    first = True
+    for ph in d["phases"]:
+        parts.append(f"<h2>{ph['phase']}</h2><table><tr><th>metric</th><th>stat</th><th>source</th>"
+                     "<th>measured</th><th>predicted</th><th>error</th><th>verdict</th></tr>")
+        for r in ph["rows"]:
+            v = _verdict(r)
+            parts.append(f"<tr><td>{r['metric']}</td><td>{r['stat']}</td><td>{r['source']}</td>"
+                         f"<td>{_ms(r['measured_s'])}</td><td>{_ms(r['predicted_s'])}</td>"
+                         f"<td>{_err(r['rel_error'])}</td><td class='{v}'>{v}</td></tr>")
+        parts.append("</table>")
+        s = ph["series"]
+        fig = make_subplots(rows=2, cols=2, subplot_titles=(
+            "relative error (server-side checks)", "TTFT per request vs arrival", "TTFT CDF", "TPOT CDF"))
+        chk = [r for r in ph["rows"] if r["source"] != "client" and np.isfinite(r["rel_error"])]
+        fig.add_trace(go.Bar(x=[f"{r['metric']} {r['stat']}" for r in chk], y=[100 * r["rel_error"] for r in chk],
+                             marker_color=["#2a7" if r["passed"] else ("#c33" if r["passed"] is False else "#999")
+                                           for r in chk], name="error %", showlegend=False), 1, 1)
+        for sign in (1, -1):
+            fig.add_hline(y=100 * sign * d["tolerance"], line_dash="dot", line_color="#888", row=1, col=1)
+        fig.add_trace(go.Scatter(x=s["arrival_s"], y=[_msv(v) for v in s["measured_ttft_s"]], mode="markers",
+                                 name="measured TTFT", marker_color="#1f77b4"), 1, 2)
+        fig.add_trace(go.Scatter(x=s["arrival_s"], y=[_msv(v) for v in s["predicted_ttft_s"]], mode="markers",
+                                 name="predicted TTFT", marker_color="#ff7f0e", marker_symbol="x"), 1, 2)
+        for key, col, name in (("ttft", 1, "TTFT"), ("tpot", 2, "TPOT")):
+            for who, color in (("measured", "#1f77b4"), ("predicted", "#ff7f0e")):
+                v = np.sort([x for x in s[f"{who}_{key}_s"] if x is not None and np.isfinite(x)]) * 1e3
+                fig.add_trace(go.Scatter(x=v, y=np.arange(1, len(v) + 1) / max(len(v), 1), mode="lines",
+                                         line_shape="hv", line_color=color, name=f"{who} {name}",
+                                         showlegend=False), 2, col)
+        fig.update_yaxes(title_text="%", row=1, col=1)
+        fig.update_xaxes(title_text="arrival (s)", row=1, col=2)
+        fig.update_yaxes(title_text="ms", row=1, col=2)
+        fig.update_xaxes(title_text="ms", row=2, col=1)
+        fig.update_xaxes(title_text="ms", row=2, col=2)
+        fig.update_layout(height=750, title_text=f"{ph['phase']}: measured (blue) vs predicted (orange)")
+        parts.append(fig.to_html(full_html=False, include_plotlyjs=True if first else False))
+        first = False
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _msv(v):
+    return None if v is None or not np.isfinite(v) else v * 1e3
