@@ -193,6 +193,12 @@ def cmd_fit(a, con) -> int:
     fit = fit_bundle(a.bundle, gpu=a.gpu, model=a.model, hwdb_dirs=tuple(a.hwdb), overrides=overrides)
     out = Path(a.out) if a.out else fit.bundle.path / "hwdb"
     paths = write_outputs(fit, out)
+    if any((ln.get("startup") for ln in fit.bundle.manifest.get("launches") or [])):   # launched: cold start
+        from calibration.fit_startup import fit_startup, write_startup
+        try:
+            paths["coldstart"] = write_startup(fit_startup([fit.bundle.path], user_dirs=tuple(a.hwdb)), out)
+        except ValueError as exc:   # StartupFitError, HwdbError, ConfigError: the step-time fit stands
+            con.print(f"[yellow]cold start not fitted:[/] {exc}")
     r = fit.result
     t = Table(title=f"{fit.profile.name}: fitted to {r.n_points} points "
                     f"(residual s = {math.sqrt(r.s2):.1%} of a step time)")

@@ -41,8 +41,10 @@ def _deployment(args):
 
 
 def _breakdowns(args, dep) -> tuple[Breakdown, Breakdown]:
+    from hwdb.coldstart import load_coldstart
     kw = dict(storage=args.storage, image_cached=args.image_cached, compile_sizes=args.compile_sizes,
-              compile_multiplier=args.compile_multiplier)
+              compile_multiplier=args.compile_multiplier, engine=args.startup_set,
+              db=load_coldstart(args.hwdb))
     return breakdown(dep, args.compile_cache, **kw), breakdown(dep, "hit", **kw)
 
 
@@ -172,6 +174,8 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="what-if factor on the Inductor compile (tails: see docs/operations.md)")
     p.add_argument("--enforce-eager", action="store_true", help="no torch.compile, no CUDA graphs")
     p.add_argument("--hwdb", action="append", default=[], help="extra user hwdb folder (repeatable)")
+    p.add_argument("--startup-set", default="vllm-v1",
+                   help="start-up coefficient set (hwdb coldstart/; `calibrate fit` writes calibrated ones)")
 
 
 def _probe_args(p: argparse.ArgumentParser, prefix: str, delay: int, period: int, timeout: int, thr: int) -> None:
