@@ -47,6 +47,21 @@ def timed(data: dict):
     return res, time.perf_counter() - t
 
 
+def at_80_percent(make, concurrency: int, requests: int, repeat: int):
+    """Saturation throughput from a closed loop, then the best of ``repeat`` timed Poisson runs at 80% of it.
+
+    Returns (saturation req/s, Poisson rate, last result, best wall seconds).
+    """
+    sat, _ = timed(make({"kind": "closed", "concurrency": concurrency}, 40_000))
+    capacity = sat.summary["throughput_rps"]
+    rate = 0.8 * capacity
+    best = res = None
+    for _ in range(repeat):
+        res, wall = timed(make({"kind": "poisson", "rate": rate}, requests))
+        best = wall if best is None or wall < best else best
+    return capacity, rate, res, best
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=100_000)
@@ -54,15 +69,8 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     lengths = "ShareGPT length table" if SHAREGPT.exists() else "lognormal ShareGPT-like lengths"
 
-    sat, _ = timed(reference({"kind": "closed", "concurrency": 8 * 1024}, 40_000))
-    capacity = sat.summary["throughput_rps"]
-    rate = 0.8 * capacity
+    capacity, rate, res, best = at_80_percent(reference, 8 * 1024, args.requests, args.repeat)
     print(f"saturation throughput {capacity:.1f} req/s -> Poisson rate {rate:.1f} req/s ({lengths})")
-
-    best = None
-    for _ in range(args.repeat):
-        res, wall = timed(reference({"kind": "poisson", "rate": rate}, args.requests))
-        best = wall if best is None or wall < best else best
     steps = len(res.steps)
     print(f"reference: {args.requests:,} requests, {steps:,} steps, wall {best:.2f} s (best of {args.repeat}) -> "
           f"{args.requests / best:,.0f} simulated requests/s, {best / steps * 1e6:.1f} us per step (all work / steps); "
@@ -75,14 +83,9 @@ def main(argv=None) -> None:
                           {"name": "decode", "role": "decode", "gpu": "H200", "tp": 4, "instances": 4}],
                 "kv_transfer": {"connector": "nixl", "fabric": "ib-ndr"},
                 "workload": {"arrival": arrival, "num_requests": n, **_lengths()}}
-    sat, _ = timed(pd({"kind": "closed", "concurrency": 4 * 1024}, 40_000))
-    rate = 0.8 * sat.summary["throughput_rps"]
-    best = None
-    for _ in range(args.repeat):
-        res, wall = timed(pd({"kind": "poisson", "rate": rate}, args.requests))
-        best = wall if best is None or wall < best else best
+    capacity, rate, res, best = at_80_percent(pd, 4 * 1024, args.requests, args.repeat)
     steps = len(res.steps)
-    print(f"PD reference: saturation {sat.summary['throughput_rps']:.1f} req/s, Poisson {rate:.1f} req/s; "
+    print(f"PD reference: saturation {capacity:.1f} req/s, Poisson {rate:.1f} req/s; "
           f"{args.requests:,} requests, {steps:,} steps, {args.requests:,} KV transfers, wall {best:.2f} s -> "
           f"{args.requests / best:,.0f} simulated requests/s; TTFT p50 {res.summary['ttft_s']['p50'] * 1e3:.0f} ms, "
           f"transfer mean {res.summary['ttft_breakdown_mean_s']['transfer'] * 1e3:.1f} ms")
