@@ -224,6 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_calibrate(sub)
     from simulator.cli_ops import add_subparsers as _add_ops
     _add_ops(sub)
+    from simulator.cli_regress import add_subparsers as _add_regress
+    _add_regress(sub)
     return p
 
 
