@@ -147,10 +147,16 @@ class LoadedSuite:
 
 
 def _merge(base: dict, over: dict) -> dict:
-    """``over`` laid onto ``base``: mappings merge key by key, anything else is replaced."""
+    """``over`` laid onto ``base``: mappings merge key by key, anything else is replaced.
+
+    A mapping that changes ``kind`` (an arrival or length distribution) replaces the old one whole,
+    since the old kind's keys mean nothing to the new one.
+    """
     out = dict(base)
     for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        old = out.get(k)
+        same_kind = isinstance(old, dict) and isinstance(v, dict) and v.get("kind", old.get("kind")) == old.get("kind")
+        out[k] = _merge(old, v) if same_kind else v
     return out
 
 
@@ -165,16 +171,23 @@ def _loc(loc: tuple) -> str:
 
 
 def _format(origin: str, err: ValidationError, data) -> str:
+    errors = err.errors()
     lines = []
-    for e in err.errors():
+    for e in errors:
+        loc_ = e["loc"]
+        if e["type"] == "too_short" and any(o["loc"][:len(loc_)] == loc_ and len(o["loc"]) > len(loc_)
+                                            for o in errors):
+            continue  # a tuple whose items failed also reports "too short": noise next to the real error
         inp = e.get("input")
         got = "" if isinstance(inp, (dict, list)) or e["type"] == "missing" else f" (got {inp!r})"
-        loc = _loc(e["loc"])
-        if e["loc"][:1] == ("entries",) and len(e["loc"]) > 1 and isinstance(e["loc"][1], int):
+        loc = _loc(loc_)
+        if loc_[:1] == ("entries",) and len(loc_) > 1 and isinstance(loc_[1], int):
             try:
-                loc += f" (entry id {data['entries'][e['loc'][1]]['id']!r})"
+                ident = f" (id {data['entries'][loc_[1]]['id']!r})"
             except (KeyError, IndexError, TypeError):
-                pass
+                ident = ""
+            rest = _loc(loc_[2:])
+            loc = f"entries[{loc_[1]}]{ident}" + ("" if rest == "(top level)" else f".{rest}")
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown key; see docs/ci.md for the suite's keys"
