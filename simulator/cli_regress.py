@@ -20,13 +20,14 @@ from rich.table import Table
 import hwdb
 import yaml
 from simulator.perf import FitError
+from simulator.plan import PlanError
 from simulator.regress.compare import Row, baseline_record, compare, read_baseline, write_baseline
 from simulator.regress.report import explain, fmt, fmt_change, markdown, write_junit
 from simulator.regress.runner import run_suite
 from simulator.regress.suite import LoadedSuite, RegressError, load_suite
 from simulator.scenario import ScenarioError
 
-REGRESS_ERRORS = (RegressError, ScenarioError, hwdb.HwdbError, FitError, ValidationError)
+REGRESS_ERRORS = (RegressError, PlanError, ScenarioError, hwdb.HwdbError, FitError, ValidationError)
 _STYLE = {"held": "green", "moved": "bold red", "new": "bold red", "removed": "yellow"}
 
 

@@ -196,3 +196,53 @@ def test_compare_flags_a_redefined_entry(baseline, tmp_path):
     old = json.loads(base.read_text())
     rows = compare(loaded, old, {"chat": old["entries"]["chat"]["figures"]})
     assert all(r.redefined and r.status == "held" for r in rows)
+
+
+PLAN = {
+    "name": "tiny-plan", "model": "Llama-3.1-8B",
+    "workload": {"arrival": {"kind": "poisson", "rate": 12}, "input_length": {"kind": "fixed", "value": 512},
+                 "output_length": {"kind": "fixed", "value": 128}, "num_requests": 200},
+    "slo": {"ttft_s": 0.5, "tpot_s": 0.008, "attainment": 0.9},
+    "gpus": [{"name": "H100"}],
+    "constraints": {"max_gpus": 4, "max_instances_per_pool": 4, "tp": [1], "families": ["colocated"]},
+    "search": {"verify": 2, "borderline": 1, "replications": 1, "requests": 200, "goodput_iterations": 3},
+}
+
+
+def test_plan_entry_holds_on_rerun_and_moves_with_a_slower_profile(capsys, tmp_path):
+    (tmp_path / "plan.yaml").write_text(yaml.safe_dump(PLAN))
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(yaml.safe_dump({"name": "plans", "entries": [{
+        "id": "tiny", "kind": "plan", "request": "plan.yaml",
+        "figures": {"recommended": None, "recommended_gpus": {"abs": 0},
+                    "recommended_cost_usd_per_hour": {"abs": 0.01}, "recommended_tpot_s": {"rel": 0.02}}}]}))
+    base = tmp_path / "b.json"
+    assert regress(capsys, suite, "--baseline", base, "--update")[0] == 0
+    figs = json.loads(base.read_text())["entries"]["tiny"]["figures"]
+    assert figs["recommended"] == "1x H100-SXM-80GB TP1" and figs["recommended_gpus"] == 1
+    assert figs["recommended_tpot_s"] <= PLAN["slo"]["tpot_s"]
+    code, out, _ = regress(capsys, suite, "--baseline", base, "--jobs", "1")
+    assert code == 0 and "4 held" in out
+    # With 20 % less decode bandwidth no TP1 H100 layout keeps p90 TPOT under 8 ms (more instances
+    # do not shorten a decode step), so the recommendation itself moves.
+    slow_profile(tmp_path / "hw")
+    code, out, _ = regress(capsys, suite, "--baseline", base, "--hwdb", tmp_path / "hw", "--junit", tmp_path / "j.xml")
+    assert code == 1
+    failing = {c.get("name") for c in ET.parse(tmp_path / "j.xml").getroot().iter("testcase")
+               if c.find("failure") is not None}
+    assert {"recommended", "recommended_gpus"} <= failing
+
+
+def test_plan_entry_errors_name_the_field(capsys, tmp_path):
+    (tmp_path / "plan.yaml").write_text(yaml.safe_dump(PLAN | {"slo": {"attainment": 0.9}}))
+    suite = tmp_path / "suite.yaml"
+    entry = {"id": "tiny", "kind": "plan", "request": "plan.yaml", "figures": {"recommended": None}}
+    suite.write_text(yaml.safe_dump({"name": "plans", "entries": [entry]}))
+    code, _, err = regress(capsys, suite, "--baseline", tmp_path / "b.json")
+    assert code == 2 and "entries[0] (id 'tiny').request" in err and "ttft_s, tpot_s or both" in err
+    suite.write_text(yaml.safe_dump({"name": "plans", "entries": [entry | {"figures": {"goodput_rps": None}}]}))
+    code, _, err = regress(capsys, suite, "--baseline", tmp_path / "b.json")
+    assert code == 2 and "unknown plan figure(s) 'goodput_rps'" in err and "recommended_gpus" in err
+    suite.write_text(yaml.safe_dump({"name": "plans", "entries": [entry | {"kind": "sweep"}]}))
+    code, _, err = regress(capsys, suite, "--baseline", tmp_path / "b.json")
+    assert code == 2 and "kind must be scenario (the default) or plan" in err

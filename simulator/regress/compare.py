@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from simulator.regress.figures import SCENARIO_FIGURES
+from simulator.regress.figures import ALL_FIGURES
 from simulator.regress.runner import Figures
 from simulator.regress.suite import LoadedSuite, RegressError
 
@@ -36,15 +36,17 @@ class Row:
     entry: str
     figure: str
     unit: str
-    old: float | None
-    new: float | None
+    old: float | str | None
+    new: float | str | None
     tolerance: str
     status: str
     redefined: bool = False
 
     @property
     def change(self) -> float | None:
-        return None if self.old is None or self.new is None else self.new - self.old
+        if not all(isinstance(x, (int, float)) for x in (self.old, self.new)):
+            return None     # absent, non-finite, or a label
+        return self.new - self.old
 
     @property
     def rel_change(self) -> float | None:
@@ -96,7 +98,11 @@ def read_baseline(path: str | Path, loaded: LoadedSuite, must_exist: bool = True
 
 
 def _unit(name: str) -> str:
-    return SCENARIO_FIGURES[name].unit if name in SCENARIO_FIGURES else ""
+    return ALL_FIGURES[name].unit if name in ALL_FIGURES else ""
+
+
+def _tol_text(tol, unit: str) -> str:
+    return "identical" if unit == "label" else tol.describe()
 
 
 def compare(loaded: LoadedSuite, old: dict | None, new: dict[str, Figures],
@@ -111,10 +117,10 @@ def compare(loaded: LoadedSuite, old: dict | None, new: dict[str, Figures],
         for name, tol in e.tolerances.items():
             unit = _unit(name)
             if name not in old_figs:
-                rows.append(Row(e.id, name, unit, None, new[e.id][name], tol.describe(), "new", redefined))
+                rows.append(Row(e.id, name, unit, None, new[e.id][name], _tol_text(tol, unit), "new", redefined))
                 continue
             o, n = old_figs[name], new[e.id][name]
-            rows.append(Row(e.id, name, unit, o, n, tol.describe(), "held" if tol.holds(o, n) else "moved",
+            rows.append(Row(e.id, name, unit, o, n, _tol_text(tol, unit), "held" if tol.holds(o, n) else "moved",
                             redefined))
         for name in sorted(set(old_figs) - set(e.tolerances)):
             rows.append(Row(e.id, name, _unit(name), old_figs[name], None, "", "removed", redefined))

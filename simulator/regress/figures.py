@@ -4,7 +4,9 @@ A figure is one number (or, for a plan's recommended deployment, one label)
 that answers a sizing question.  Scenario figures come from the run summary
 at the entry's rate (:func:`simulator.run.simulate`) or from the goodput
 bisection (:func:`simulator.goodput.find_goodput`); every one is averaged over
-the entry's seeds and replications.  Units are in the name's suffix:
+the entry's seeds and replications.  Plan figures come from the planner's
+recommended deployment (:func:`simulator.plan.run_plan`), whose request sets
+its own seed and replications.  Units are in the name's suffix:
 ``_s`` seconds, ``_rps`` requests per second, ``_usd_per_hour`` dollars per hour.
 """
 from __future__ import annotations
@@ -17,14 +19,14 @@ from typing import Callable
 class Figure:
     """A watched figure: what it means, its unit, and how to read it from a summary dict.
 
-    ``read`` is None for figures that are not read off one simulation
-    (goodput); the runner computes those itself.
+    ``read`` takes a run summary (scenario figures) or a plan's recommended
+    record (plan figures); it is None for goodput, which the runner computes.
     """
 
     name: str
     meaning: str
     unit: str
-    read: Callable[[dict], float] | None = None
+    read: Callable[[dict | None], float | str] | None = None
 
 
 def _pct(metric: str, p: str) -> Callable[[dict], float]:
@@ -57,6 +59,24 @@ _SCENARIO = [
            "$/M tok", _key("cost_usd_per_million_output_tokens")),
 ]
 
+_PLAN = [
+    Figure("recommended", "the planner's recommended deployment (a label: held only if identical; 'none' when "
+           "nothing meets the SLO)", "label", lambda r: r["layout"] if r else "none"),
+    Figure("recommended_gpus", "GPUs in the recommended deployment (0 when none)", "GPUs",
+           lambda r: r["gpus"] if r else 0),
+    Figure("recommended_cost_usd_per_hour", "price of the recommended deployment (0 when none)", "$/h",
+           lambda r: r["cost_usd_per_hour"] if r else 0.0),
+    Figure("recommended_goodput_rps", "simulated goodput of the recommended deployment", "req/s",
+           lambda r: r["goodput_rps"] if r else float("nan")),
+    Figure("recommended_ttft_s", "TTFT at the SLO percentile and target rate of the recommended deployment", "s",
+           lambda r: r["ttft_s"] if r else float("nan")),
+    Figure("recommended_tpot_s", "TPOT at the SLO percentile and target rate of the recommended deployment", "s",
+           lambda r: r["tpot_s"] if r else float("nan")),
+]
+
 SCENARIO_FIGURES: dict[str, Figure] = {f.name: f for f in _SCENARIO}
+# Read off a plan's recommended record (simulator.plan.PlanResult.recommended; None when nothing meets the SLO).
+PLAN_FIGURES: dict[str, Figure] = {f.name: f for f in _PLAN}
+ALL_FIGURES: dict[str, Figure] = SCENARIO_FIGURES | PLAN_FIGURES
 # Read off one simulation at the entry's rate (everything but the goodput bisection).
 RUN_FIGURES = frozenset(n for n, f in SCENARIO_FIGURES.items() if f.read is not None)

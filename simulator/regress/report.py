@@ -12,27 +12,30 @@ from pathlib import Path
 from simulator.regress.compare import Row
 
 
-def fmt(x: float | None) -> str:
-    """A figure value for people: 4 significant figures, '-' when absent."""
+def fmt(x: float | str | None) -> str:
+    """A figure value for people: 4 significant figures, '-' when absent, labels as they are."""
     if x is None:
         return "-"
+    if isinstance(x, str):
+        return x
     return f"{x:.4g}" if abs(x) < 1e6 else f"{x:,.0f}"
 
 
 def fmt_change(r: Row) -> str:
     if r.change is None:
-        return "-"
+        return "changed" if isinstance(r.new, str) and r.old != r.new and r.old is not None else "-"
     rel = "" if r.rel_change is None else f" ({r.rel_change:+.1%})"
     return f"{r.change:+.4g}{rel}"
 
 
 def explain(r: Row, old_label: str = "baseline") -> str:
-    """One sentence on a row: ``ttft_p99_s moved: 0.31 -> 0.42 s (+0.11, +35.5%), tolerance ±5%``."""
+    """One sentence on a row: ``ttft_p99_s moved: 0.31 -> 0.42 s (+0.11 (+35.5%)), tolerance ±5%``."""
+    unit = "" if r.unit == "label" else f" {r.unit}"
     if r.status == "new":
-        return f"{r.figure} is not in the {old_label}: {fmt(r.new)} {r.unit}; record it with --update"
+        return f"{r.figure} is not in the {old_label}: {fmt(r.new)}{unit}; record it with --update"
     if r.status == "removed":
-        return f"{r.figure} is in the {old_label} ({fmt(r.old)} {r.unit}) but no longer watched"
-    s = (f"{r.figure} {r.status}: {fmt(r.old)} -> {fmt(r.new)} {r.unit} ({fmt_change(r)}), "
+        return f"{r.figure} is in the {old_label} ({fmt(r.old)}{unit}) but no longer watched"
+    s = (f"{r.figure} {r.status}: {fmt(r.old)} -> {fmt(r.new)}{unit} ({fmt_change(r)}), "
          f"tolerance {r.tolerance}")
     return s + ("; the entry's definition changed since the baseline" if r.redefined else "")
 

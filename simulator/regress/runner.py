@@ -1,7 +1,8 @@
 """Run a suite's entries, in parallel across processes, into figure values.
 
-The unit of work is one (entry, seed): its replications at the entry's rate
-and, if watched, its goodput bisection.  Seeds of an entry are averaged in
+The unit of work is one (entry, seed) of a scenario entry: its replications at
+the entry's rate and, if watched, its goodput bisection; or one plan entry: the
+whole plan, run in its worker process (the planner's own workers = 1).  Seeds of an entry are averaged in
 seed order, so the result does not depend on which process finished first:
 the same code, suite and hwdb give the same floats, bit for bit.
 """
@@ -14,21 +15,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from simulator.goodput import find_goodput, with_rate
-from simulator.regress.figures import RUN_FIGURES, SCENARIO_FIGURES
-from simulator.regress.suite import Entry, GoodputConfig, LoadedSuite, RegressError, finite
+from simulator.regress.figures import PLAN_FIGURES, RUN_FIGURES, SCENARIO_FIGURES
+from simulator.regress.suite import GoodputConfig, LoadedSuite, RegressError, finite
 from simulator.run import simulate
+from simulator.plan import PlanRequest
 from simulator.scenario import Scenario
 
 # figure name -> value; None for a non-finite value (no completed requests, infinite cost per token).
-Figures = dict[str, float | None]
+Figures = dict[str, float | str | None]
 
 
 @dataclass(frozen=True)
 class Task:
-    """One seed of one entry; picklable, so it can run in a worker process."""
+    """One seed of a scenario entry, or a plan entry; picklable, so it can run in a worker process."""
 
     entry_id: str
-    scenario: Scenario
+    scenario: Scenario | None
+    plan: PlanRequest | None
     seed: int
     replications: int
     rate: float | None
@@ -36,8 +39,12 @@ class Task:
     figures: tuple[str, ...]
 
 
-def run_task(task: Task) -> dict[str, float]:
-    """The task's figures, each averaged over its replications."""
+def run_task(task: Task) -> dict[str, float | str]:
+    """The task's figures, each averaged over its replications (plan figures: as the plan reports them)."""
+    if task.plan is not None:
+        from simulator.plan import run_plan
+        rec = run_plan(task.plan, workers=1).recommended
+        return {name: PLAN_FIGURES[name].read(rec) for name in task.figures}
     scn = task.scenario.model_copy(update={"seed": task.seed})
     out: dict[str, float] = {}
     run_figs = [f for f in task.figures if f in RUN_FIGURES]
@@ -51,20 +58,27 @@ def run_task(task: Task) -> dict[str, float]:
     return out
 
 
-def with_hwdb(entry: Entry, extra: tuple[str, ...]) -> Scenario:
-    """The entry's scenario with ``extra`` hwdb folders appended (later folders override earlier ones)."""
+def _check_folders(extra: tuple[str, ...]) -> None:
     for d in extra:
         if not Path(d).is_dir():
             raise RegressError(f"--hwdb {d}: folder does not exist; give a folder with profiles/, gpus/, ... "
                                "subfolders (the layout of hwdb/data)")
-    if not extra:
-        return entry.scenario
-    return entry.scenario.model_copy(update={"hwdb": tuple(entry.scenario.hwdb) + tuple(str(d) for d in extra)})
 
 
 def tasks_for(loaded: LoadedSuite, extra_hwdb: tuple[str, ...] = ()) -> list[Task]:
-    return [Task(e.id, with_hwdb(e, extra_hwdb), seed, e.replications, e.rate, e.goodput, tuple(e.tolerances))
-            for e in loaded.entries for seed in e.seeds]
+    """The suite's work units, with ``extra_hwdb`` folders appended to each entry's (later folders win)."""
+    _check_folders(extra_hwdb)
+    extra = tuple(str(d) for d in extra_hwdb)
+    tasks = []
+    for e in loaded.entries:
+        figs = tuple(e.tolerances)
+        if e.plan is not None:
+            req = e.plan.model_copy(update={"hwdb": tuple(e.plan.hwdb) + extra}) if extra else e.plan
+            tasks.append(Task(e.id, None, req, 0, 0, None, None, figs))
+            continue
+        scn = e.scenario.model_copy(update={"hwdb": tuple(e.scenario.hwdb) + extra}) if extra else e.scenario
+        tasks += [Task(e.id, scn, None, seed, e.replications, e.rate, e.goodput, figs) for seed in e.seeds]
+    return tasks
 
 
 def default_jobs() -> int:
@@ -93,5 +107,6 @@ def run_suite(loaded: LoadedSuite, extra_hwdb: tuple[str, ...] = (), jobs: int |
     out: dict[str, Figures] = {}
     for e in loaded.entries:
         mine = [r for t, r in zip(tasks, results) if t.entry_id == e.id]
-        out[e.id] = {name: finite(math.fsum(r[name] for r in mine) / len(mine)) for name in e.tolerances}
+        out[e.id] = {name: mine[0][name] if isinstance(mine[0][name], str)
+                     else finite(math.fsum(r[name] for r in mine) / len(mine)) for name in e.tolerances}
     return out

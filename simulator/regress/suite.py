@@ -13,12 +13,14 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator,
+                      model_validator)
 
-from simulator.regress.figures import SCENARIO_FIGURES
+from simulator.regress.figures import PLAN_FIGURES, SCENARIO_FIGURES
+from simulator.plan import PlanError, PlanRequest, parse_plan_request
 from simulator.scenario import Scenario, ScenarioError, parse_scenario
 
 
@@ -47,10 +49,13 @@ class Tolerance(_Strict):
             raise ValueError("a tolerance needs abs, rel or both, e.g. {rel: 0.05} or {abs: 0}")
         return self
 
-    def holds(self, old: float | None, new: float | None) -> bool:
-        """True if ``new`` is within tolerance of ``old``; non-finite values (None) hold only against each other."""
-        if old is None or new is None:
-            return old is None and new is None
+    def holds(self, old: float | str | None, new: float | str | None) -> bool:
+        """True if ``new`` is within tolerance of ``old``.
+
+        Non-finite values (None) hold only against each other; labels (str) only if identical.
+        """
+        if old is None or new is None or isinstance(old, str) or isinstance(new, str):
+            return old == new
         d = abs(new - old)
         return (self.abs is not None and d <= self.abs) or (self.rel is not None and d <= self.rel * abs(old))
 
@@ -97,6 +102,37 @@ class ScenarioEntry(_Strict):
         return self
 
 
+class PlanEntry(_Strict):
+    """One plan request (simulator.plan), optionally adjusted, and the recommendation's figures watched.
+
+    The request's ``search`` section sets the planner's seed, replications and effort.
+    """
+
+    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    kind: Literal["plan"]
+    request: str
+    override: dict = {}
+    figures: dict[str, Tolerance | None] = Field(min_length=1)
+
+    @field_validator("figures")
+    @classmethod
+    def _known_figures(cls, v: dict) -> dict:
+        unknown = sorted(set(v) - set(PLAN_FIGURES))
+        if unknown:
+            raise ValueError(f"unknown plan figure(s) {', '.join(map(repr, unknown))}; watchable plan figures: "
+                             f"{', '.join(PLAN_FIGURES)}")
+        return v
+
+
+def _kind(v) -> str:
+    return (v.get("kind", "scenario") if isinstance(v, dict) else getattr(v, "kind", "scenario")) or "scenario"
+
+
+AnyEntry = Annotated[Union[Annotated[ScenarioEntry, Tag("scenario")], Annotated[PlanEntry, Tag("plan")]],
+                     Discriminator(_kind, custom_error_type="entry_kind",
+                                   custom_error_message="kind must be scenario (the default) or plan")]
+
+
 class Suite(_Strict):
     """A named list of entries; ``tolerance`` applies to every figure given without its own."""
 
@@ -105,7 +141,7 @@ class Suite(_Strict):
     hwdb: tuple[str, ...] = ()
     replications: int = Field(1, ge=1, le=100)
     tolerance: Tolerance = Tolerance(rel=0.02)
-    entries: tuple[ScenarioEntry, ...] = Field(min_length=1)
+    entries: tuple[AnyEntry, ...] = Field(min_length=1)
 
     @model_validator(mode="after")
     def _unique_ids(self) -> Suite:
@@ -118,15 +154,18 @@ class Suite(_Strict):
 
 @dataclass(frozen=True)
 class Entry:
-    """An entry ready to run: its validated scenario and the effective settings.
+    """An entry ready to run: its validated scenario (kind scenario) or plan request (kind plan).
 
-    ``fingerprint`` hashes what determines the figures' values (the entry's
-    settings and the scenario after overrides, not the tolerances), so a
-    baseline can tell a moved answer from a changed question.
+    ``seeds``, ``replications``, ``rate`` and ``goodput`` apply to scenarios
+    only.  ``fingerprint`` hashes what determines the figures' values (the
+    entry's settings and its scenario or request after overrides, not the
+    tolerances), so a baseline can tell a moved answer from a changed question.
     """
 
     id: str
-    scenario: Scenario
+    kind: Literal["scenario", "plan"]
+    scenario: Scenario | None
+    plan: PlanRequest | None
     seeds: tuple[int, ...]
     replications: int
     rate: float | None
@@ -186,7 +225,8 @@ def _format(origin: str, err: ValidationError, data) -> str:
                 ident = f" (id {data['entries'][loc_[1]]['id']!r})"
             except (KeyError, IndexError, TypeError):
                 ident = ""
-            rest = _loc(loc_[2:])
+            tail = loc_[3:] if len(loc_) > 2 and loc_[2] in ("scenario", "plan") else loc_[2:]  # union tag
+            rest = _loc(tail)
             loc = f"entries[{loc_[1]}]{ident}" + ("" if rest == "(top level)" else f".{rest}")
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
@@ -207,25 +247,54 @@ def _read_yaml(path: Path, what: str):
                            f"{getattr(exc, 'problem', None) or exc}; fix the syntax there") from None
 
 
-def _entry(path: Path, i: int, e: ScenarioEntry, suite: Suite) -> Entry:
-    where = f"{path}: entries[{i}] (id {e.id!r}).scenario"
-    scn_path = (path.parent / e.scenario) if not Path(e.scenario).is_absolute() else Path(e.scenario)
-    if not scn_path.is_file():
-        near = sorted(p.name for p in scn_path.parent.glob("*.yaml")) if scn_path.parent.is_dir() else []
-        raise RegressError(f"{where}: scenario file {e.scenario!r} does not exist (looked for {scn_path}); "
-                           "give a scenario YAML path relative to the suite file"
-                           + (f"; scenarios in {scn_path.parent}: {', '.join(near)}" if near else ""))
-    data = _read_yaml(scn_path, "the scenario")
+def _hwdb(suite: Suite, path: Path) -> tuple[str, ...]:
+    return tuple(str(path.parent / d) if not Path(d).is_absolute() else d for d in suite.hwdb)
+
+
+def _source(path: Path, i: int, e, field: str, what: str) -> tuple[Path, dict]:
+    """The file an entry names (relative to the suite) and its mapping after the entry's override."""
+    name = getattr(e, field)
+    where = f"{path}: entries[{i}] (id {e.id!r}).{field}"
+    src = (path.parent / name) if not Path(name).is_absolute() else Path(name)
+    if not src.is_file():
+        near = sorted(p.name for p in src.parent.glob("*.yaml")) if src.parent.is_dir() else []
+        raise RegressError(f"{where}: {what} file {name!r} does not exist (looked for {src}); "
+                           f"give a {what} YAML path relative to the suite file"
+                           + (f"; files in {src.parent}: {', '.join(near)}" if near else ""))
+    data = _read_yaml(src, f"the {what}")
     if not isinstance(data, dict):
-        raise RegressError(f"{where}: {scn_path} is not a scenario (expected a mapping of scenario fields)")
-    merged = _merge(data, e.override)
+        raise RegressError(f"{where}: {src} is not a {what} (expected a mapping of {what} fields)")
+    return src, _merge(data, e.override)
+
+
+def _fingerprint(e, merged: dict, suite: Suite) -> str:
+    key = json.dumps({"entry": e.model_dump(mode="json", exclude={"figures"}), "source": merged,
+                      "hwdb": list(suite.hwdb)}, sort_keys=True, default=str)
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def _plan_entry(path: Path, i: int, e: PlanEntry, suite: Suite) -> Entry:
+    src, merged = _source(path, i, e, "request", "plan request")
     try:
-        scn = parse_scenario(merged, f"{scn_path} with entries[{i}].override", scn_path.parent)
-    except ScenarioError as exc:
-        raise RegressError(f"{where}: {exc}") from None
+        req = parse_plan_request(merged, f"{src} with entries[{i}].override", src.parent)
+    except PlanError as exc:
+        raise RegressError(f"{path}: entries[{i}] (id {e.id!r}).request: {exc}") from None
     if suite.hwdb:
-        scn = scn.model_copy(update={"hwdb": tuple(scn.hwdb) + tuple(
-            str(path.parent / d) if not Path(d).is_absolute() else d for d in suite.hwdb)})
+        req = req.model_copy(update={"hwdb": tuple(req.hwdb) + _hwdb(suite, path)})
+    tol = {name: t or suite.tolerance for name, t in e.figures.items()}
+    return Entry(e.id, "plan", None, req, (), 0, None, None, tol, _fingerprint(e, merged, suite))
+
+
+def _entry(path: Path, i: int, e: ScenarioEntry | PlanEntry, suite: Suite) -> Entry:
+    if isinstance(e, PlanEntry):
+        return _plan_entry(path, i, e, suite)
+    src, merged = _source(path, i, e, "scenario", "scenario")
+    try:
+        scn = parse_scenario(merged, f"{src} with entries[{i}].override", src.parent)
+    except ScenarioError as exc:
+        raise RegressError(f"{path}: entries[{i}] (id {e.id!r}).scenario: {exc}") from None
+    if suite.hwdb:
+        scn = scn.model_copy(update={"hwdb": tuple(scn.hwdb) + _hwdb(suite, path)})
     kind = scn.workload.arrival.kind
     if e.rate is not None and kind not in ("poisson", "gamma"):
         raise RegressError(f"{path}: entries[{i}] (id {e.id!r}).rate={e.rate}: the scenario's arrival is "
@@ -233,11 +302,9 @@ def _entry(path: Path, i: int, e: ScenarioEntry, suite: Suite) -> Entry:
     if e.goodput is not None and kind not in ("poisson", "gamma"):
         raise RegressError(f"{path}: entries[{i}] (id {e.id!r}).goodput: goodput searches over the arrival "
                            f"rate but the scenario's arrival is {kind!r}; use a poisson or gamma scenario")
-    key = json.dumps({"entry": e.model_dump(mode="json", exclude={"figures"}), "scenario": merged,
-                      "hwdb": list(suite.hwdb)}, sort_keys=True, default=str)
     tol = {name: t or suite.tolerance for name, t in e.figures.items()}
-    return Entry(e.id, scn, e.seeds or (scn.seed,), e.replications or suite.replications, e.rate, e.goodput,
-                 tol, hashlib.sha256(key.encode()).hexdigest()[:16])
+    return Entry(e.id, "scenario", scn, None, e.seeds or (scn.seed,), e.replications or suite.replications,
+                 e.rate, e.goodput, tol, _fingerprint(e, merged, suite))
 
 
 def load_suite(path: str | Path) -> LoadedSuite:
