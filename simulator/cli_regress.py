@@ -91,6 +91,11 @@ def _report(args, con: Console, loaded: LoadedSuite, rows: list[Row], elapsed: f
 
 
 def _run(args, con: Console) -> int:
+    if args.jobs is not None and args.jobs < 1:
+        raise RegressError(f"--jobs {args.jobs}: give at least 1 worker process (1 runs in this process)")
+    if args.compare_profiles and (args.update or args.baseline):
+        raise RegressError("--compare-profiles compares two profiles with each other, not with a baseline: "
+                           "drop --baseline/--update, or run those without --compare-profiles")
     loaded = load_suite(args.suite)
     extra = tuple(args.hwdb)
     t0 = time.perf_counter()

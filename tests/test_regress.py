@@ -181,6 +181,16 @@ def test_baseline_from_another_suite_is_a_clear_error(baseline, capsys, tmp_path
     assert code == 2 and "not an epdsim regress baseline" in err
 
 
+def test_contradictory_options_are_clear_errors(baseline, capsys):
+    suite, base = baseline
+    code, _, err = regress(capsys, suite, "--baseline", base, "--jobs", "0")
+    assert code == 2 and "--jobs 0" in err
+    code, _, err = regress(capsys, suite, "--baseline", base, "--compare-profiles", PROFILE, PROFILE)
+    assert code == 2 and "drop --baseline/--update" in err
+    code, _, err = regress(capsys, suite)
+    assert code == 2 and "give --baseline FILE" in err
+
+
 def test_missing_suite_and_hwdb_folder(baseline, capsys, tmp_path):
     suite, base = baseline
     code, _, err = regress(capsys, tmp_path / "nope.yaml", "--baseline", base)
