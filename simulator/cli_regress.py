@@ -57,19 +57,22 @@ def _profile_folder(arg: str, tmp: Path, label: str) -> str:
                        "give a calibration profile (like hwdb/data/profiles/*.yaml) or a folder with profiles/")
 
 
-def _check_selected(folder: str, extra: tuple[str, ...], label: str) -> None:
-    """Each profile in ``folder`` must be the one the simulator will pick for its GPU, else the comparison lies."""
-    db = hwdb.load((*extra, folder))          # validates the files, with errors naming file and field
-    files = sorted((Path(folder) / "profiles").glob("*.yaml"))
-    mine = [db.profiles[n] for n in (yaml.safe_load(f.read_text()).get("name") for f in files) if n in db.profiles]
-    if not mine:
-        raise RegressError(f"--compare-profiles: {label} '{folder}' holds no calibration profile (profiles/*.yaml)")
-    for p in mine:
-        chosen = db.profile_for(p.gpu, p.engine)
-        if chosen is None or chosen.name != p.name:
-            raise RegressError(f"--compare-profiles: {label} profile {p.name!r} (created {p.created}) would not be "
-                               f"used: profile {chosen.name!r} for {p.gpu} is newer (created {chosen.created}); "
-                               "give it the same name as the profile it replaces, or a later created date")
+def _check_selected(folders: tuple[str, ...], label: str, require: bool = False) -> None:
+    """Every profile in ``folders`` must be the one the simulator picks for its GPU and engine
+    (same name as the one it replaces, or newest), else a run would silently use another."""
+    db = hwdb.load(folders)          # validates the files, with errors naming file and field
+    for folder in folders:
+        files = sorted((Path(folder) / "profiles").glob("*.yaml"))
+        mine = [db.profiles[n] for n in (yaml.safe_load(f.read_text()).get("name") for f in files)
+                if n in db.profiles]
+        if require and not mine:
+            raise RegressError(f"{label} '{folder}' holds no calibration profile (profiles/*.yaml)")
+        for p in mine:
+            chosen = db.profile_for(p.gpu, p.engine)
+            if chosen.name != p.name:
+                raise RegressError(f"{label}: profile {p.name!r} in {folder} (created {p.created}) would not be "
+                                   f"used: profile {chosen.name!r} for {p.gpu} is newer (created {chosen.created}); "
+                                   "give it the same name as the profile it replaces, or a later created date")
 
 
 def _report(args, con: Console, loaded: LoadedSuite, rows: list[Row], elapsed: float,
@@ -98,14 +101,19 @@ def _run(args, con: Console) -> int:
                            "drop --baseline/--update, or run those without --compare-profiles")
     loaded = load_suite(args.suite)
     extra = tuple(args.hwdb)
+    for d in extra:
+        if not Path(d).is_dir():
+            raise RegressError(f"--hwdb {d}: folder does not exist; give a folder with profiles/, gpus/, ... "
+                               "subfolders (the layout of hwdb/data)")
+    _check_selected(extra, "--hwdb")
     t0 = time.perf_counter()
     if args.compare_profiles:
         old_arg, new_arg = args.compare_profiles
         with tempfile.TemporaryDirectory(prefix="epdsim-regress-") as tmp:
             old_dir = _profile_folder(old_arg, Path(tmp), "OLD")
             new_dir = _profile_folder(new_arg, Path(tmp), "NEW")
-            _check_selected(old_dir, extra, "OLD")
-            _check_selected(new_dir, extra, "NEW")
+            _check_selected((*extra, old_dir), "--compare-profiles OLD", require=True)
+            _check_selected((*extra, new_dir), "--compare-profiles NEW", require=True)
             before = run_suite(loaded, (*extra, old_dir), args.jobs)
             after = run_suite(loaded, (*extra, new_dir), args.jobs)
         rows = compare(loaded, baseline_record(loaded, before), after)

@@ -135,6 +135,10 @@ def test_compare_profiles_refuses_a_profile_that_would_not_be_used(baseline, cap
     other.write_text(yaml.safe_dump(data))
     code, _, err = regress(capsys, suite, "--compare-profiles", PROFILE, other)
     assert code == 2 and "'H100-older'" in err and "would not be used" in err
+    (tmp_path / "hw" / "profiles").mkdir(parents=True)
+    (tmp_path / "hw" / "profiles" / "older.yaml").write_text(other.read_text())
+    code, _, err = regress(capsys, suite, "--baseline", "unused.json", "--hwdb", tmp_path / "hw")
+    assert code == 2 and "--hwdb: profile 'H100-older'" in err and "would not be used" in err
 
 
 def test_junit_names_new_and_removed_figures(baseline, capsys, tmp_path):
