@@ -226,6 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_ops(sub)
     from simulator.cli_plan import add_subparsers as _add_plan
     _add_plan(sub)
+    from simulator.cli_regress import add_subparsers as _add_regress
+    _add_regress(sub)
     return p
 
 
