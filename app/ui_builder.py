@@ -54,11 +54,11 @@ def _pools(d: dict, opts: builder.Options) -> dict:
     d = builder.with_layout(d, mode)
     for i, pool in enumerate(d["pools"]):
         st.markdown(f"**{pool.get('role', 'colocated')} pool**")
-        c1, c2, c3 = st.columns(3)
         gpus = list(opts.gpus)
         g = pool["gpu"]
         gi = next((j for j, n in enumerate(gpus) if n == g or g in _aliases(n)), 0)
-        gpu = c1.selectbox("GPU", gpus, index=gi, key=_k(f"gpu-{i}-{mode}"))
+        gpu = st.selectbox("GPU", gpus, index=gi, key=_k(f"gpu-{i}-{mode}"))
+        c2, c3 = st.columns(2)
         tp = c2.selectbox("TP", [1, 2, 4, 8], index=[1, 2, 4, 8].index(pool.get("tp", 1))
                           if pool.get("tp", 1) in (1, 2, 4, 8) else 0, key=_k(f"tp-{i}-{mode}"))
         n = c3.number_input("instances", 1, 512, int(pool.get("instances", 1)), key=_k(f"inst-{i}-{mode}"))
