@@ -55,8 +55,8 @@ def _pools(d: dict, opts: builder.Options) -> dict:
     for i, pool in enumerate(d["pools"]):
         st.markdown(f"**{pool.get('role', 'colocated')} pool**")
         gpus = list(opts.gpus)
-        g = pool["gpu"]
-        gi = next((j for j, n in enumerate(gpus) if n == g or g in _aliases(n)), 0)
+        g = builder.canonical_gpu(pool["gpu"], tuple(d.get("hwdb", ())))
+        gi = gpus.index(g) if g in gpus else 0
         gpu = st.selectbox("GPU", gpus, index=gi, key=_k(f"gpu-{i}-{mode}"))
         c2, c3 = st.columns(2)
         tp = c2.selectbox("TP", [1, 2, 4, 8], index=[1, 2, 4, 8].index(pool.get("tp", 1))
@@ -88,14 +88,6 @@ def _pools(d: dict, opts: builder.Options) -> dict:
                            key=_k("same-node"))
         d = builder.set_kv_transfer(d, connector=conn, fabric=None if fab.startswith("(") else fab, same_node=same)
     return d
-
-
-def _aliases(name: str) -> tuple[str, ...]:
-    from app.services.hardware import load
-    try:
-        return tuple(load().gpus[name].aliases)
-    except KeyError:
-        return ()
 
 
 def _workload(d: dict) -> dict:

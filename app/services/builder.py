@@ -34,6 +34,14 @@ def options(hwdb_dirs: tuple[str, ...] = ()) -> Options:
                    routers=tuple(sorted(ROUTERS)))
 
 
+def canonical_gpu(name: str, hwdb_dirs: tuple[str, ...] = ()) -> str:
+    """The database's name for a GPU name or alias (``H100`` -> ``H100-SXM-80GB``); unchanged if unknown."""
+    try:
+        return hwdb.load(hwdb_dirs).gpu(name).name
+    except hwdb.HwdbError:
+        return name
+
+
 def layout(d: dict) -> str:
     return "pd" if len(d.get("pools") or []) == 2 else "colocated"
 

@@ -60,15 +60,20 @@ def fit(path: str | Path, hwdb_dirs: tuple[str, ...] = ()) -> dict:
 
 
 def fit_and_validate(path: str | Path, out: str | Path, hwdb_dirs: tuple[str, ...] = (),
-                     tolerance: float = 0.25) -> dict:
+                     tolerance: float = 0.25, progress=None) -> dict:
     """Fit, write the profile into ``out``/hwdb, and validate it on the bundle's load tests
-    (the report files go to ``out``/validation).  Returns the fit dict plus "validation"."""
+    (the report files go to ``out``/validation).  Returns the fit dict (without the BundleFit
+    object, so that it crosses processes as plain data) plus "validation"."""
     from calibration.fit_report import write_outputs
     from calibration.validate import validate
+    if progress:
+        progress(0, 2, "fitting")
     res = fit(path, hwdb_dirs)
     hw = Path(out) / "hwdb"
     try:
-        write_outputs(res["fit"], hw)
+        write_outputs(res.pop("fit"), hw)
+        if progress:
+            progress(1, 2, "validating")
         res["validation"] = validate(Path(str(path).strip()), hw, tolerance=tolerance, out=Path(out) / "validation",
                                      hwdb_dirs=hwdb_dirs)
     except _errors() as exc:

@@ -24,7 +24,11 @@ KINDS = ("gpus", "links", "models")
 def table(kind: str, user_dir: Path | None = None) -> pd.DataFrame:
     """The shipped database plus the user folder (when it exists), one row per item."""
     rows = {"gpus": listing.gpu_rows, "links": listing.link_rows, "models": listing.model_rows}[kind]
-    return pd.DataFrame(rows(load(user_dir)))
+    df = pd.DataFrame(rows(load(user_dir)))
+    for c in df.columns:           # mixed columns (a bool or None among strings) as text, for display
+        if df[c].dtype == object:
+            df[c] = df[c].map(lambda v: "" if v is None else str(v))
+    return df
 
 
 def load(user_dir: Path | None = None) -> hwdb.HardwareDB:
