@@ -28,9 +28,19 @@ def cmd_app(args, con=None) -> int:
 
 
 def cmd_report(args, con=None) -> int:
-    """``epdsim report validation VALIDATION.json --out FILE.html``."""
-    from app.report import validation_html, write
+    """``epdsim report validation VALIDATION.json --out FILE.html`` or ``epdsim report plan REQUEST.yaml --out
+    FILE.html`` (runs the planner)."""
+    from app.report import plan_html, validation_html, write
     from simulator.scenario import ScenarioError
+    if args.kind == "plan":
+        from simulator.plan import load_plan_request, run_plan
+
+        def progress(done, total, stage):
+            print(f"\r{stage}: {done}/{total}   ", end="", file=sys.stderr, flush=True)
+        res = run_plan(load_plan_request(args.source), progress=progress)
+        print(file=sys.stderr)
+        print(f"wrote {write(args.out, plan_html(res))}")
+        return 0
     src = Path(args.source)
     if src.is_dir():
         src = src / "validation.json"
@@ -60,7 +70,8 @@ def add_subparsers(sub) -> None:
     a.add_argument("--headless", action="store_true", help="do not open a browser")
     a.set_defaults(func=cmd_app)
     r = sub.add_parser("report", help="self-contained HTML report with the app's charts")
-    r.add_argument("kind", choices=["validation"], help="validation: a calibration validation")
-    r.add_argument("source", help="validation.json, or the folder holding it")
+    r.add_argument("kind", choices=["validation", "plan"],
+                   help="validation: a calibration validation; plan: run a plan request and report it")
+    r.add_argument("source", help="validation: validation.json or its folder; plan: a plan request YAML")
     r.add_argument("--out", required=True, help="HTML file to write")
     r.set_defaults(func=cmd_report)

@@ -89,6 +89,22 @@ def comparison_html(results: dict, metrics: pd.DataFrame) -> str:
                                        "<div class='grid'>", *_figures_html(figs), "</div>"])
 
 
+def plan_html(result) -> str:
+    """A plan: the recommendation, the Pareto chart (cost vs goodput) and the Pareto and family tables."""
+    rec = result.recommended
+    head = (f"<p><b>Recommended:</b> {html.escape(str(rec['layout']))}, {rec['gpus']} GPUs, "
+            f"${rec['cost_usd_per_hour']:,.2f}/h, goodput {rec['goodput_rps']:,.1f} req/s</p>" if rec else
+            "<p><b>No candidate meets the SLO.</b> " + html.escape(" ".join(result.notes)) + "</p>")
+    fig = charts.pareto_figure(result.candidates, result.pareto, "cost_usd_per_hour", "goodput_rps", rec,
+                               label="layout")
+    fmt = lambda x: f"{x:,.4g}"  # noqa: E731
+    body = [f"<h1>Plan {html.escape(result.request.name)}</h1>", head, *_figures_html([fig]),
+            "<h2>Pareto front</h2>", result.pareto.to_html(index=False, float_format=fmt)]
+    if result.families is not None and len(result.families):
+        body += ["<h2>Families</h2>", result.families.to_html(index=False, float_format=fmt)]
+    return _page(f"epdsim plan {result.request.name}", body)
+
+
 def validation_html(data: dict) -> str:
     """A calibration validation (``validation.json`` of ``epdsim calibrate validate``) with the app's
     predicted-vs-measured charts."""
