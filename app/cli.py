@@ -33,11 +33,14 @@ def cmd_report(args, con=None) -> int:
     from app.report import plan_html, validation_html, write
     from simulator.scenario import ScenarioError
     if args.kind == "plan":
-        from simulator.plan import load_plan_request, run_plan
+        from simulator.plan import PlanError, load_plan_request, run_plan
 
         def progress(done, total, stage):
             print(f"\r{stage}: {done}/{total}   ", end="", file=sys.stderr, flush=True)
-        res = run_plan(load_plan_request(args.source), progress=progress)
+        try:
+            res = run_plan(load_plan_request(args.source), progress=progress)
+        except PlanError as exc:          # a user error: exit 2 with the message, like the other commands
+            raise ScenarioError(str(exc)) from None
         print(file=sys.stderr)
         print(f"wrote {write(args.out, plan_html(res))}")
         return 0

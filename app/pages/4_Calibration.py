@@ -46,7 +46,7 @@ if st.button("Fit and validate", type="primary", key="fit") or run_key in st.ses
     st.subheader(f"Fitted profile {res['profile']}")
     st.dataframe(res["params"], hide_index=True, key="params")
     st.dataframe(res["quality"], hide_index=True, key="quality")
-    r = res["residuals"].rename(columns={"kind": "phase", "measured_s": "measured", "predicted_s": "predicted"})
+    r = res["residuals"][["kind", "measured_s", "predicted_s"]].rename(columns={"kind": "phase", "measured_s": "measured", "predicted_s": "predicted"})
     st.plotly_chart(charts.predicted_vs_measured_figure(r, "step time (fit)"), key="fit-chart")
     v = res["validation"]
     checks = calibration.checks_frame(v)
