@@ -91,6 +91,9 @@ def cmd_simulate(args, con: Console) -> int:
     if args.out:
         paths = res.write(args.out, tuple(args.format))
         con.print(f"wrote {len(paths)} files to {args.out}")
+    if args.report:
+        from app.cli import write_simulation_report
+        con.print(f"wrote report {write_simulation_report(res, args.report)}")
     return 0
 
 
@@ -197,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--replication", type=int, default=0, help="independent replication index")
     s.add_argument("--model", help="override the scenario's model (name, alias, config.json or model folder)")
     s.add_argument("--hwdb", action="append", default=[], help="extra user hwdb folder (repeatable)")
+    s.add_argument("--report", metavar="FILE.html", help="also write a self-contained HTML report with charts")
     s.set_defaults(func=cmd_simulate)
     q = sub.add_parser("perf", help="print a model's prefill and decode step times on a GPU")
     q.add_argument("model", help="model name, alias, or a local config.json / model folder")
@@ -228,6 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plan(sub)
     from simulator.cli_regress import add_subparsers as _add_regress
     _add_regress(sub)
+    from app.cli import add_subparsers as _add_app
+    _add_app(sub)
     return p
 
 
