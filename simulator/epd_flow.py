@@ -46,14 +46,16 @@ class EPDCoordinator:
         self.fabric = None
         self.inline_caches: list[EmbeddingCache] = []
         self.inline_busy = [0.0] * len(front)
+        self.inline_lookups = 0                  # images looked up at admissions (re-admissions included)
         self.front = front
         self._pending: dict[int, int] = {}
         self._where: dict[int, EncoderInstance] = {}
+        self._inflight: dict[int, list[int]] = {}   # image id -> images waiting on its one encode
         if setup.encoder_pool is not None:
             ep = setup.encoder_pool
             cfg = ep.encoder
             self.encoders = [EncoderInstance(i, ep.name, setup.encoder_model, self.costs, cfg.max_batch_images,
-                                             setup.max_batch_tokens, cfg.cache_bytes, self._encoded)
+                                             setup.max_batch_tokens, cfg.cache_bytes, self._encoder_done)
                              for i in range(ep.instances)]
             p = setup.path
             self.fabric = Fabric(env, rng)
@@ -83,9 +85,18 @@ class EPDCoordinator:
                 self.encoder_hits += 1
                 self._encoded(holder, img, self.env.now, self.env.now)
                 continue
+            if iid in self._inflight:        # the same image is being encoded: share that encode
+                self._inflight[iid].append(img)
+                self.encoder_hits += 1
+                continue
+            self._inflight[iid] = [img]
             enc = min(self.encoders, key=lambda e: (e.outstanding, e.index))
             enc.cache.misses += 1
             enc.submit(img)
+
+    def _encoder_done(self, enc: EncoderInstance, img: int, started: float, now: float) -> None:
+        for waiter in self._inflight.pop(int(self.costs.image_id[img])):
+            self._encoded(enc, waiter, started, now)
 
     def _owner(self, img: int) -> int:
         return int(np.searchsorted(self.images.offsets, img, side="right") - 1)
@@ -124,9 +135,16 @@ class EPDCoordinator:
         imgs = self.images.of(rid)
         if not imgs:
             return 0.0
+        self.inline_lookups += len(imgs)
         cache = self.inline_caches[inst.index]
         c = self.costs
-        todo = [i for i in imgs if not cache.lookup(int(c.image_id[i]))]
+        todo, seen = [], set()
+        for i in imgs:
+            iid = int(c.image_id[i])
+            if iid in seen or cache.lookup(iid):
+                continue
+            seen.add(iid)
+            todo.append(i)
         if not todo:
             return 0.0
         idx = np.asarray(todo)
@@ -182,12 +200,12 @@ def encoder_summary(coord: EPDCoordinator, span: float) -> dict:
         where = s.encoder_pool.name
     else:
         busy = [b / span for b in coord.inline_busy]
-        hits = sum(c.hits for c in coord.inline_caches)
         encoded = int(sum(c.misses for c in coord.inline_caches))
+        hits = coord.inline_lookups - encoded
         where = coord.front[0].pool if coord.front else ""
     total = hits + encoded
     return {"topology": s.topology, "pool": where, "images": int(s.images.total),
-            "images_encoded": int(encoded), "cache_hit_rate": hits / total if total else 0.0,
+            "images_encoded": int(encoded), "cache_hits": int(hits), "cache_hit_rate": hits / total if total else 0.0,
             "utilisation": float(np.mean(busy)) if busy else 0.0, "utilisation_per_instance": busy,
             "embedding_bytes_moved": coord.bytes_moved,
             "links": coord.fabric.link_stats() if coord.fabric is not None else []}
