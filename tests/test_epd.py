@@ -236,3 +236,17 @@ def test_bad_topology_and_cli_exit_code(tmp_path):
         "arrival": {"kind": "poisson", "rate": 1}, "input_length": {"kind": "fixed", "value": 10},
         "output_length": {"kind": "fixed", "value": 10}, "num_requests": 3, "images": FOUR_1080P}}))
     assert main(["simulate", str(path)]) == 2
+
+
+def test_vision_command(capsys, monkeypatch):
+    from simulator.cli import main
+    monkeypatch.setenv("COLUMNS", "200")      # rich would abbreviate cells in a narrow terminal
+    assert main(["vision", "Qwen2.5-VL-7B", "--resolution", "1920x1080", "28x28"]) == 0
+    out = capsys.readouterr().out
+    assert "2,691" in out and "1932x1092" in out and "56x56" in out
+    assert main(["vision", "Llama-3.1-8B"]) == 2
+    assert "has no vision encoder" in capsys.readouterr().err
+    assert main(["vision", "Qwen3-VL-4B", "--resolution", "640by480"]) == 2
+    assert "is not WIDTHxHEIGHT" in capsys.readouterr().err
+    assert main(["vision", "Qwen3-VL-4B", "--tp", "16"]) == 2
+    assert "no encoder TP efficiency for tp=16" in capsys.readouterr().err
