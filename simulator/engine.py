@@ -154,8 +154,7 @@ def run_pool(pool: PoolSpec, rec: Recorder, closed_loop: tuple[int, float] | Non
     epd_coord = None
     if epd is not None:
         from simulator.epd_flow import EPDCoordinator
-        epd_coord = EPDCoordinator(env, epd, instances, route, rng)
-        epd_coord.route_choose = router.choose
+        epd_coord = EPDCoordinator(env, epd, instances, route, router.choose, rng)
         every = every + epd_coord.encoders
 
     def dispatch(rid: int) -> bool:

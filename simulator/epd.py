@@ -221,6 +221,9 @@ def prepare(scn, db: hwdb.HardwareDB, model: hwdb.ModelEntry, pools: list, reqs,
     if vision.num_heads % ep.tp:
         raise EPDError(f"pools[{ep.name}].tp={ep.tp} does not divide the vision encoder's {vision.num_heads} heads; "
                        "choose a divisor")
+    if ep.pp != 1 or ep.dtype == "fp8":
+        raise EPDError(f"pools[{ep.name}]: an encoder pool runs the vision encoder in bf16/fp16 without pipeline "
+                       f"stages (got dtype={ep.dtype}, pp={ep.pp}); set dtype: bf16 and pp: 1")
     if ep.tp > gpu.gpus_per_node:
         raise EPDError(f"pools[{ep.name}].tp={ep.tp} exceeds the {gpu.gpus_per_node} GPUs of a {gpu.name} node")
     wbytes = vision.params * DTYPE_BYTES["bf16"] / ep.tp

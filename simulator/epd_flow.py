@@ -28,10 +28,11 @@ from simulator.fabric import Fabric, LinkState
 class EPDCoordinator:
     """Routes images to encoders, moves embeddings, and submits requests to the front pool."""
 
-    def __init__(self, env, setup: EPDSetup, front: list, route, rng=None) -> None:
+    def __init__(self, env, setup: EPDSetup, front: list, route, choose, rng=None) -> None:
         self.env = env
         self.setup = setup
         self.route = route                       # route(rid, instance or None): submit to the front pool
+        self.choose = choose                     # choose(rid) -> front instance index (the front router)
         self.images = setup.images
         self.costs = setup.costs
         n = len(setup.text_tokens)
@@ -51,6 +52,7 @@ class EPDCoordinator:
         self._pending: dict[int, int] = {}
         self._where: dict[int, EncoderInstance] = {}
         self._inflight: dict[int, list[int]] = {}   # image id -> images waiting on its one encode
+        self._arrived_at: dict[int, float] = {}
         if setup.encoder_pool is not None:
             ep = setup.encoder_pool
             cfg = ep.encoder
@@ -76,6 +78,7 @@ class EPDCoordinator:
     def dispatch(self, rid: int) -> None:
         imgs = self.images.of(rid)
         self._pending[rid] = len(imgs)
+        self._arrived_at[rid] = self.env.now
         ids = self.costs.image_id
         for img in imgs:
             iid = int(ids[img])
@@ -103,6 +106,8 @@ class EPDCoordinator:
 
     def _encoded(self, enc: EncoderInstance, img: int, started: float, now: float) -> None:
         rid = self._owner(img)
+        # An image that joined another request's encode already under way starts when it arrived.
+        started = max(started, self._arrived_at[rid])
         if not self.t_enc_start[rid] <= started:
             self.t_enc_start[rid] = started
         self._where[img] = enc
@@ -110,7 +115,8 @@ class EPDCoordinator:
         if self._pending[rid]:
             return
         self.t_encoded[rid] = now
-        inst = self.route_choose(rid)
+        del self._arrived_at[rid]
+        inst = self.choose(rid)
         imgs = self.images.of(rid)
         self._pending[rid] = len(imgs)
         p = self.setup.path
@@ -126,8 +132,6 @@ class EPDCoordinator:
             del self._pending[rid]
             self.t_lm_submit[rid] = self.env.now
             self.route(rid, inst)
-
-    route_choose = None   # set by the engine: choose(rid) -> front instance index
 
     # ------------------------------------------------------------ inline encoder
     def _inline_cost(self, inst, rid: int, now: float) -> float:

@@ -148,6 +148,17 @@ def test_repeated_image_is_encoded_once():
     assert colo["images_encoded"] == 1
 
 
+def test_shared_encode_starts_no_earlier_than_arrival():
+    """Requests arriving while their (shared) image is being encoded wait only for the rest of it."""
+    res = simulate(mm(EPD, dict(FOUR_1080P, distinct_images=1), n=40, rate=200.0))
+    req = res.requests
+    assert res.summary["encoder"]["images_encoded"] == 1
+    joined = req[(req["arrival_s"] > 0) & (req["encode_s"] > 0)]
+    assert len(joined) > 0
+    assert (req["encode_queue_s"] >= 0).all() and (req["encode_s"] >= 0).all()
+    split_sums_to_ttft(req)
+
+
 def test_single_request_closed_form():
     """One request, idle E+PD: encode = the encoder's batch time, transfer = latencies + setup + bytes / bandwidth."""
     import hwdb
@@ -209,6 +220,8 @@ def test_percentile_goodput_criterion():
     ([EPD[0], dict(EPD[1], gpu="A100")], {"embedding_transfer": {"same_node": True}},
      ["encoder pool 'enc' (A100-SXM-80GB) has no path", "same_node needs one GPU type"]),
     (EPD, {"embedding_transfer": {"fabric": "tcp-25gbe"}}, ["no path", "needs GPU-direct RDMA", "connector: tcp"]),
+    ([EPD[0], dict(EPD[1], dtype="fp8")], {}, ["pools[enc]", "dtype=fp8", "set dtype: bf16"]),
+    ([EPD[0], dict(EPD[1], tp=32)], {}, ["pools[enc].tp=32 does not divide", "16 heads"]),
 ])
 def test_bad_input_is_a_clear_error(pools, over, words):
     images = {"count": {"kind": "fixed", "value": 1}, "resolutions": [{"width": 8000, "height": 6000}]}
