@@ -39,16 +39,27 @@ def simulate(scn: Scenario, replication: int = 0) -> Results:
             raise ScenarioError(str(exc)) from None
     else:
         front, back = by_role["colocated"], None
-    rec = Recorder(reqs.input_tokens, reqs.output_tokens, reqs.arrival_s, reqs.hash_ids, reqs.hash_block_tokens)
     closed = (reqs.concurrency, reqs.think_time_s) if reqs.is_closed_loop else None
-    run = run_pool(_spec(*front), rec, closed_loop=closed, max_time_s=scn.simulation.max_time_s,
-                   decode=_spec(*back) if back else None, transfer=plan, rng=rngs["faults"])
-    req_df = requests_frame(run, back[0].name if back else front[0].name)
+    ops = None
+    if scn.operations.enabled:
+        from simulator.opsrun import run_operations
+        ops, run, rec = run_operations(scn, replication, reqs, front, back, plan, closed, rngs["faults"], _spec)
+        from simulator.opsresults import ops_requests_frame
+        req_df = ops_requests_frame(run, back[0].name if back else front[0].name)
+    else:
+        rec = Recorder(reqs.input_tokens, reqs.output_tokens, reqs.arrival_s, reqs.hash_ids, reqs.hash_block_tokens)
+        run = run_pool(_spec(*front), rec, closed_loop=closed, max_time_s=scn.simulation.max_time_s,
+                       decode=_spec(*back) if back else None, transfer=plan, rng=rngs["faults"])
+        req_df = requests_frame(run, back[0].name if back else front[0].name)
     step_df = steps_frame(run)
     gpus = sum(p.instances * d.gpus for p, d, _, _ in pools)
     price = sum(p.instances * d.gpus * d.gpu.price_usd_per_hour.value for p, d, _, _ in pools)
     summary = summarize(req_df, step_df, rec.resume_gaps, gpus=gpus, cost_usd_per_hour=price,
                         ttft_slo=scn.slo.ttft_s, tpot_slo=scn.slo.tpot_s)
+    if ops is not None:
+        from simulator.opsresults import ops_summary
+        summary["operations"] = ops_summary(ops, req_df, scn.slo.ttft_s, {
+            p.name: d.gpu.price_usd_per_hour.value for p, d, _, _ in pools})
     if run.coordinator is not None:
         summary["kv_bytes_moved"] = run.coordinator.bytes_moved
         summary["links"] = run.coordinator.fabric.link_stats()

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 import hwdb
 from simulator.perf import Deployment, EngineKnobs, FitError, build_step_model, plan_memory
+from simulator.opsconfig import OperationsConfig, check_against_pools
 from simulator.routing import ROUTERS
 from simulator.workload import WorkloadConfig
 
@@ -107,6 +108,12 @@ class Scenario(_Strict):
     slo: SLO = SLO()
     kv_transfer: KVTransferConfig = KVTransferConfig()
     simulation: SimulationConfig = SimulationConfig()
+    operations: OperationsConfig = OperationsConfig()
+
+    @model_validator(mode="after")
+    def _operations_fit_pools(self) -> Scenario:
+        check_against_pools(self.operations, self.pools, self.kv_transfer)
+        return self
 
     @model_validator(mode="after")
     def _pool_layout(self) -> Scenario:
