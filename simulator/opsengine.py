@@ -54,6 +54,7 @@ class OpsRecorder(Recorder):
         self.orig_input = list(self.input_tokens)
         self.orig_output = list(self.output_tokens)
         self.first_orig = [math.nan] * n     # first token of the first attempt (re-prefill)
+        self.sched_orig = [math.nan] * n     # when the first attempt was scheduled (re-prefill)
         self.resumed_from = [math.nan] * n   # crash time a re-prefilled request resumes from
 
     def _end(self) -> None:
@@ -310,13 +311,13 @@ class OpsRun:
             rec.discarded[rid] += g + rec.carried[rid]
             rec.carried[rid] = 0
             rec.input_tokens[rid], rec.output_tokens[rid] = rec.orig_input[rid], rec.orig_output[rid]
-            rec.first_orig[rid] = rec.resumed_from[rid] = math.nan
+            rec.first_orig[rid] = rec.sched_orig[rid] = rec.resumed_from[rid] = math.nan
         elif g:
             rec.carried[rid] += g
             rec.input_tokens[rid] += g
             rec.output_tokens[rid] -= g
             if rec.first_orig[rid] != rec.first_orig[rid]:
-                rec.first_orig[rid] = rec.t_first[rid]
+                rec.first_orig[rid], rec.sched_orig[rid] = rec.t_first[rid], rec.t_sched[rid]
             rec.resumed_from[rid] = now
         rec.t_first[rid] = math.nan
         self.dispatch(rid)

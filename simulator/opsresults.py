@@ -37,7 +37,7 @@ def finalize(rec) -> None:
         if rec.resumed_from[rid] == rec.resumed_from[rid] and rec.t_first[rid] == rec.t_first[rid]:
             rec.resume_gaps.append(rec.t_first[rid] - rec.resumed_from[rid])
         if rec.first_orig[rid] == rec.first_orig[rid]:
-            rec.t_first[rid] = rec.first_orig[rid]
+            rec.t_first[rid], rec.t_sched[rid] = rec.first_orig[rid], rec.sched_orig[rid]
         rec.input_tokens[rid], rec.output_tokens[rid] = rec.orig_input[rid], rec.orig_output[rid]
 
 
@@ -97,10 +97,12 @@ def ops_summary(ops, req: pd.DataFrame, ttft_slo: float | None, price_per_gpu_h:
     in_scaleup = np.zeros(n, dtype=bool)
     scale_ups = []
     for p in pools:
-        for decided, ready, _ in p.scaleups:
-            stop = ready if ready is not None else end
+        for decided, ready, tok in p.scaleups:
+            life = tok["inst"].life
+            stop = ready if ready is not None else life.ended_s if tok["cancelled"] else end
             in_scaleup |= (arrival >= decided) & (arrival < stop)
-            scale_ups.append({"pool": p.spec.name, "decided_s": decided, "serving_s": ready})
+            scale_ups.append({"pool": p.spec.name, "decided_s": decided, "serving_s": ready,
+                              "cancelled_s": life.ended_s if tok["cancelled"] else None})
     viol = arrival[bad]
     kinds: dict[str, int] = {}
     for c in ops.crashes:
