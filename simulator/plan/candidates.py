@@ -1,0 +1,257 @@
+"""Candidate deployments: the families the planner searches (an explicit registry) and their enumeration.
+
+A family turns a :class:`PlanContext` into candidates: every pool layout
+(GPU type x TP) is first checked for memory fit once (vLLM's own split,
+:func:`simulator.perf.plan_memory`); layouts that do not fit become one
+rejected row each; the others are combined with instance counts within the
+constraints.  A candidate is plain data; :func:`to_scenario` makes it a
+:class:`~simulator.scenario.Scenario` that the simulator runs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+
+import hwdb
+from simulator.pd import TransferConfigError, build_transfer_plan
+from simulator.perf import FitError, MemoryPlan, StepModel, build_step_model, plan_memory
+from simulator.plan.request import PlanError, PlanRequest
+from simulator.scenario import (KVTransferConfig, PoolConfig, Scenario, ScenarioError, deployment_for,
+                                parse_scenario, rng_streams)
+from simulator.workload import WorkloadError, generate
+
+
+@dataclass(frozen=True)
+class PoolChoice:
+    """One pool of a candidate: ``instances`` identical instances of ``tp`` GPUs of type ``gpu``."""
+
+    role: str                  # colocated | prefill | decode
+    gpu: str                   # hwdb canonical name
+    tp: int
+    instances: int
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.instances
+
+    def label(self) -> str:
+        return f"{self.instances}x {self.gpu} TP{self.tp}" + ("" if self.role == "colocated" else f" {self.role}")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A deployment the planner considers; ``rejected`` is set when it was ruled out before screening."""
+
+    id: str
+    family: str
+    pools: tuple[PoolChoice, ...]
+    cost_usd_per_hour: float
+    fabric: str | None = None
+    connector: str | None = None
+    rejected: str = ""
+
+    @property
+    def gpus(self) -> int:
+        return sum(p.gpus for p in self.pools)
+
+    @property
+    def layout(self) -> str:
+        text = " + ".join(p.label() for p in self.pools)
+        return text + (f" over {self.fabric}" if self.fabric else "")
+
+    def pool(self, role: str) -> PoolChoice:
+        return next(p for p in self.pools if p.role == role)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A pool layout (GPU type, TP) that fits: its resolved deployment, memory plan and step model."""
+
+    gpu: str
+    tp: int
+    dep: object
+    mem: MemoryPlan
+    step: StepModel
+    price: float               # $/h per GPU (the request's price, else hwdb's)
+
+
+@dataclass(frozen=True)
+class WorkloadStats:
+    """Length statistics of the planned workload (tokens), from one generated sample."""
+
+    mean_in: float
+    mean_out: float
+    q_in: float                # input length at the SLO percentile
+    n: int
+
+
+@dataclass
+class PlanContext:
+    """What enumeration and screening share: hardware, model, request, fitting layouts."""
+
+    req: PlanRequest
+    db: hwdb.HardwareDB
+    model: object
+    stats: WorkloadStats
+    layouts: list[Layout] = field(default_factory=list)
+    misfits: list[tuple[str, int, float, str]] = field(default_factory=list)   # gpu, tp, price, reason
+
+    def max_count(self, gpu: str) -> int | None:
+        offer = next(o for o in self.req.gpus if self.db.gpu(o.name).name == gpu)
+        return offer.max_gpus
+
+
+def _sample_stats(req: PlanRequest) -> WorkloadStats:
+    wl = req.workload
+    if wl.arrival.kind != "trace":
+        wl = wl.model_copy(update={"num_requests": max(2000, req.search.requests or 0), "duration_s": None})
+    rngs = rng_streams(req.search.seed, 0)
+    try:
+        reqs = generate(wl, rngs["arrivals"], rngs["lengths"])
+    except WorkloadError as exc:
+        raise PlanError(f"workload: {exc}") from None
+    inp, out = reqs.input_tokens.astype(float), reqs.output_tokens.astype(float)
+    return WorkloadStats(float(inp.mean()), float(max(1.0, out.mean())),
+                         float(np.quantile(inp, req.slo.attainment)), len(inp))
+
+
+def build_context(req: PlanRequest) -> PlanContext:
+    """Load hardware, sample the workload and check every (GPU, TP) layout's memory fit once."""
+    try:
+        db = hwdb.load(req.hwdb)
+        model = db.model(req.model)
+    except hwdb.HwdbError as exc:
+        raise PlanError(f"model/hwdb: {exc}") from None
+    for fam in req.constraints.families:
+        if fam not in FAMILIES:
+            raise PlanError(f"constraints.families: {fam!r} is not a deployment family this planner knows; "
+                            f"choose from {sorted(FAMILIES)}")
+    ctx = PlanContext(req, db, model, _sample_stats(req))
+    c = req.constraints
+    for offer in req.gpus:
+        try:
+            gpu = db.gpu(offer.name)
+        except hwdb.HwdbError as exc:
+            raise PlanError(f"gpus: {exc}") from None
+        price = gpu.price_usd_per_hour.value if offer.price_usd_per_hour is None else offer.price_usd_per_hour
+        for tp in c.tp:
+            pool = PoolConfig(gpu=gpu.name, tp=tp, dtype=c.dtype, kv_cache_dtype=c.kv_cache_dtype, engine=c.engine)
+            try:
+                dep = deployment_for(pool, model, db)
+                mem = plan_memory(dep)
+            except (ScenarioError, FitError) as exc:
+                reason = str(exc).split(": ", 1)[-1] if isinstance(exc, ScenarioError) else str(exc)
+                ctx.misfits.append((gpu.name, tp, price, reason))
+                continue
+            if tp > c.max_gpus or (offer.max_gpus is not None and tp > offer.max_gpus):
+                ctx.misfits.append((gpu.name, tp, price, f"TP{tp} exceeds the GPU limit of the constraints"))
+                continue
+            ctx.layouts.append(Layout(gpu.name, tp, dep, mem, build_step_model(dep), price))
+    if not ctx.layouts:
+        why = "; ".join(f"{g} TP{tp}: {r}" for g, tp, _, r in ctx.misfits[:6])
+        raise PlanError(f"no (GPU, TP) layout can serve {model.name} within the constraints "
+                        f"(gpus {[o.name for o in req.gpus]}, tp {list(c.tp)}, max_gpus {c.max_gpus}): {why}. "
+                        "Fix: allow larger TP (constraints.tp), more GPUs (constraints.max_gpus), GPUs with more "
+                        "memory, fp8 weights (constraints.dtype), or a smaller engine.max_model_len.")
+    return ctx
+
+
+class Family:
+    """A deployment family: a name and an enumeration of candidates (strategy class)."""
+
+    name = ""
+
+    def enumerate(self, ctx: PlanContext) -> Iterator[Candidate]:
+        raise NotImplementedError
+
+
+def _gpu_ok(ctx: PlanContext, pools: tuple[PoolChoice, ...]) -> bool:
+    """Within max_gpus and each GPU type's own limit."""
+    if sum(p.gpus for p in pools) > ctx.req.constraints.max_gpus:
+        return False
+    per: dict[str, int] = {}
+    for p in pools:
+        per[p.gpu] = per.get(p.gpu, 0) + p.gpus
+    return all((lim := ctx.max_count(g)) is None or n <= lim for g, n in per.items())
+
+
+class Colocated(Family):
+    """One pool of instances that prefill and decode (vLLM's default serving)."""
+
+    name = "colocated"
+
+    def enumerate(self, ctx: PlanContext) -> Iterator[Candidate]:
+        c = ctx.req.constraints
+        for g, tp, price, reason in ctx.misfits:
+            yield Candidate(f"colocated-{g}-tp{tp}-nofit", self.name, (PoolChoice("colocated", g, tp, 1),),
+                            tp * price, rejected=f"memory: {reason}")
+        for lay in ctx.layouts:
+            for n in range(1, c.max_instances_per_pool + 1):
+                pools = (PoolChoice("colocated", lay.gpu, lay.tp, n),)
+                if not _gpu_ok(ctx, pools):
+                    break
+                yield Candidate(f"colocated-{lay.gpu}-tp{lay.tp}-x{n}", self.name, pools, n * lay.tp * lay.price)
+
+
+class PrefillDecode(Family):
+    """Prefill and decode pools (vLLM's disaggregated proxy flow), GPU type and TP chosen per pool."""
+
+    name = "pd"
+
+    def enumerate(self, ctx: PlanContext) -> Iterator[Candidate]:
+        req, c = ctx.req, ctx.req.constraints
+        for fabric in req.fabrics.links:
+            for lp in ctx.layouts:
+                for ld in ctx.layouts:
+                    if lp.gpu != ld.gpu and not c.heterogeneous:
+                        continue
+                    tag = f"pd-{lp.gpu}-tp{lp.tp}-{ld.gpu}-tp{ld.tp}" + (f"-{fabric}" if fabric else "")
+                    cfg = KVTransferConfig(connector=req.fabrics.connector, fabric=fabric)
+                    try:
+                        plan = build_transfer_plan(cfg, ctx.db, lp.dep, ld.dep)
+                    except TransferConfigError as exc:
+                        pools = (PoolChoice("prefill", lp.gpu, lp.tp, 1), PoolChoice("decode", ld.gpu, ld.tp, 1))
+                        yield Candidate(tag + "-invalid", self.name, pools, lp.tp * lp.price + ld.tp * ld.price,
+                                        fabric, req.fabrics.connector, rejected=f"kv-transfer: {exc}")
+                        continue
+                    for npf in range(1, c.max_instances_per_pool + 1):
+                        if npf * lp.tp >= c.max_gpus:
+                            break
+                        for nd in range(1, c.max_instances_per_pool + 1):
+                            pools = (PoolChoice("prefill", lp.gpu, lp.tp, npf), PoolChoice("decode", ld.gpu, ld.tp, nd))
+                            if not _gpu_ok(ctx, pools):
+                                break
+                            yield Candidate(f"{tag}-{npf}p{nd}d", self.name, pools,
+                                            npf * lp.tp * lp.price + nd * ld.tp * ld.price, plan.link_name,
+                                            req.fabrics.connector)
+
+
+FAMILIES: dict[str, Family] = {f.name: f for f in (Colocated(), PrefillDecode())}
+
+
+def enumerate_candidates(ctx: PlanContext) -> list[Candidate]:
+    """All candidates of the allowed families, in a deterministic order."""
+    return [cand for fam in ctx.req.constraints.families for cand in FAMILIES[fam].enumerate(ctx)]
+
+
+def to_scenario(req: PlanRequest, cand: Candidate, rate: float | None = None) -> Scenario:
+    """The scenario that simulates ``cand`` under the request's workload (at ``rate`` if given)."""
+    c = req.constraints
+    pools = [{"name": "main" if p.role == "colocated" else p.role, "role": p.role, "gpu": p.gpu, "tp": p.tp,
+              "instances": p.instances, "dtype": c.dtype, "kv_cache_dtype": c.kv_cache_dtype,
+              "engine": c.engine.model_dump(exclude_defaults=True)} for p in cand.pools]
+    wl = req.workload.model_dump(mode="json", exclude_none=True)
+    if req.search.requests is not None:
+        wl["num_requests"] = req.search.requests
+        wl.pop("duration_s", None)
+    if rate is not None:
+        wl["arrival"]["rate"] = rate
+        if wl["arrival"]["kind"] == "trace":
+            wl["arrival"].pop("time_scale", None)
+    data = {"name": f"{req.name}:{cand.id}", "seed": req.search.seed, "model": req.model, "hwdb": list(req.hwdb),
+            "pools": pools, "workload": wl, "slo": req.slo.model_dump(exclude_none=True)}
+    if cand.family == "pd":
+        data["kv_transfer"] = {"connector": cand.connector or req.fabrics.connector, "fabric": cand.fabric}
+    return parse_scenario(data, f"candidate {cand.id}")

@@ -1,0 +1,108 @@
+"""From screened and simulated figures to the final table: meets_slo, goodput, cost per token, the
+recommendation with its headroom, the reason each other candidate lost, the Pareto front, and the
+closest candidates when nothing meets the SLO."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from simulator.plan.pareto import pareto_front
+
+
+def _per_million(cost_h: float, rps: float, out_tokens: float) -> float:
+    """Dollars per million output tokens when serving ``rps`` requests/s of ``out_tokens`` each."""
+    return cost_h / (rps * out_tokens * 3600.0) * 1e6 if rps > 0 else math.inf
+
+
+def _violation(row: dict, slo) -> float:
+    """How far a candidate is from the SLO at the target rate: max of latency / target (1 = on it)."""
+    v = []
+    if slo.ttft_s is not None:
+        v.append(row["ttft_s"] / slo.ttft_s)
+    if slo.tpot_s is not None:
+        v.append(row["tpot_s"] / slo.tpot_s)
+    return max(v) if v else 0.0
+
+
+def assemble(req, ctx, rows: list[dict], done: dict[str, dict], by_id: dict):
+    from simulator.plan.runner import PlanResult
+    out_tok = ctx.stats.mean_out
+    rows = [dict(r) for r in rows]
+    for r in rows:
+        d = done.get(r["id"])
+        r["verified"] = d is not None
+        if d is not None:
+            r.update(ttft_s=d["des_ttft_s"], tpot_s=d["des_tpot_s"], goodput_rps=d["des_goodput_rps"],
+                     meets_slo=bool(d["des_meets_slo"]), attainment=d["des_attainment"],
+                     attainment_ci95=d["des_attainment_ci95"], goodput_capped=bool(d["des_goodput_capped"]))
+            if not r["meets_slo"]:
+                r["rejected_reason"] = (f"simulated: attainment {d['des_attainment']:.1%} "
+                                        f"(±{d['des_attainment_ci95']:.1%}) < {req.slo.attainment:.0%} at "
+                                        f"{req.target_rate:g} req/s; p{r['percentile']} TTFT {d['des_ttft_s']:.3g} s, "
+                                        f"TPOT {d['des_tpot_s']:.3g} s")
+            elif r["rejected_reason"]:
+                r["rejected_reason"] = ""      # the screen was pessimistic; the simulation decides
+        else:
+            r.update(ttft_s=r["est_ttft_s"], tpot_s=r["est_tpot_s"], goodput_rps=r["est_goodput_rps"],
+                     meets_slo=bool(r["est_meets_slo"]), attainment=np.nan, attainment_ci95=np.nan,
+                     goodput_capped=False)
+        r["cost_usd_per_million_tokens"] = _per_million(r["cost_usd_per_hour"], r["goodput_rps"], out_tok)
+    ok = [r for r in rows if r["verified"] and r["meets_slo"]]
+    ok.sort(key=lambda r: (r["cost_usd_per_hour"], -r["goodput_rps"]))
+    rec = ok[0] if ok else None
+    notes: list[str] = []
+    if rec is not None:
+        for r in rows:
+            if r is rec or r["rejected_reason"]:
+                continue
+            if r["verified"]:
+                r["rejected_reason"] = f"cost: ${r['cost_usd_per_hour'] - rec['cost_usd_per_hour']:,.2f}/h more"
+            elif r["cost_usd_per_hour"] >= rec["cost_usd_per_hour"]:
+                r["rejected_reason"] = (f"cost: ${r['cost_usd_per_hour'] - rec['cost_usd_per_hour']:,.2f}/h more "
+                                        "(screen estimate, not simulated)")
+            else:
+                r["rejected_reason"] = "unverified: cheaper and passes the screen, but beyond the verify budget"
+    df = pd.DataFrame(rows)
+    front = pareto_front(df[~df["rejected_reason"].str.startswith(("memory", "kv-transfer"))])
+    df["on_pareto"] = df["id"].isin(front["id"])
+    recommended = None
+    if rec is not None:
+        recommended = dict(rec)
+        recommended.update(
+            headroom_rate=rec["goodput_rps"] / req.target_rate - 1.0,
+            headroom_ttft=(1.0 - rec["ttft_s"] / req.slo.ttft_s) if req.slo.ttft_s else None,
+            headroom_tpot=(1.0 - rec["tpot_s"] / req.slo.tpot_s) if req.slo.tpot_s else None,
+            target_rate_rps=req.target_rate,
+            cost_usd_per_million_tokens_at_target=_per_million(rec["cost_usd_per_hour"], req.target_rate, out_tok))
+    live = df[~df["rejected_reason"].str.startswith(("memory", "kv-transfer"))].copy()
+    closest = live.iloc[0:0]
+    if rec is None:
+        live["slo_violation"] = [_violation(r, req.slo) for r in live.to_dict("records")]
+        live = live.sort_values(["goodput_rps", "verified", "slo_violation", "cost_usd_per_hour"],
+                                ascending=[False, False, True, True])
+        closest = live.head(5).reset_index(drop=True)
+        best = closest.iloc[0] if len(closest) else None
+        notes.append("no candidate meets the SLO at the target rate"
+                     + (f"; the closest is {best['layout']} (goodput {best['goodput_rps']:.3g} req/s of "
+                        f"{req.target_rate:g}; limited by: {best['rejected_reason'] or 'the SLO'})" if best is not None else "")
+                     + ". Fix: relax the SLO, lower the rate, raise constraints.max_gpus, or offer faster GPUs.")
+    fam_rows = []
+    for fam in req.constraints.families:
+        sub = df[df["family"] == fam]
+        good = sub[sub["meets_slo"] & sub["verified"]].sort_values("cost_usd_per_hour")
+        if len(good):
+            b = good.iloc[0]
+            why = "recommended" if rec is not None and b["id"] == rec["id"] else b["rejected_reason"] or "cost"
+        elif len(sub):
+            b = sub.sort_values(["goodput_rps", "cost_usd_per_hour"], ascending=[False, True]).iloc[0]
+            why = b["rejected_reason"] or "not simulated"
+        else:
+            fam_rows.append({"family": fam, "best_id": None, "layout": None, "cost_usd_per_hour": np.nan,
+                             "goodput_rps": np.nan, "lost_because": "no candidates"})
+            continue
+        fam_rows.append({"family": fam, "best_id": b["id"], "layout": b["layout"],
+                         "cost_usd_per_hour": b["cost_usd_per_hour"], "goodput_rps": b["goodput_rps"],
+                         "lost_because": why})
+    return PlanResult(req, df, front, recommended, closest, pd.DataFrame(fam_rows), notes, _cands=by_id)

@@ -1,0 +1,189 @@
+"""What the planner is asked: workload, SLOs, hardware on offer with prices, constraints, search effort.
+
+A :class:`PlanRequest` is one frozen pydantic model, built from YAML
+(:func:`load_plan_request`) or Python.  Unknown keys and bad values become a
+:class:`PlanError` naming the field, the value and the fix.  Units: seconds,
+requests/s, US dollars per GPU-hour.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from simulator.scenario import SLO, EngineConfig, _loc, _models_in, _resolve_paths
+from simulator.workload import WorkloadConfig
+
+
+class PlanError(ValueError):
+    """The plan request is malformed or its constraints admit no deployment at all."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GpuOffer(_Strict):
+    """A GPU type the user can buy or rent; ``price_usd_per_hour`` (per GPU) overrides hwdb's."""
+
+    name: str
+    price_usd_per_hour: float | None = Field(None, ge=0)
+    max_gpus: int | None = Field(None, ge=1)         # at most this many of this type in one deployment
+
+
+class Constraints(_Strict):
+    """Limits on the deployments the planner may propose."""
+
+    max_gpus: int = Field(32, ge=1, le=4096)                # all pools together
+    max_instances_per_pool: int = Field(16, ge=1, le=512)
+    tp: tuple[int, ...] = (1, 2, 4, 8)                      # tensor-parallel degrees to try
+    families: tuple[str, ...] = ("colocated", "pd")         # names in simulator.plan.candidates.FAMILIES
+    heterogeneous: bool = True                              # PD may use different GPU types per pool
+    dtype: Literal["bf16", "fp16", "fp8"] = "bf16"
+    kv_cache_dtype: Literal["auto", "bf16", "fp16", "fp8"] = "auto"
+    engine: EngineConfig = EngineConfig()                   # engine arguments for every pool
+
+    @model_validator(mode="after")
+    def _check(self) -> Constraints:
+        bad = [t for t in self.tp if t < 1 or t & (t - 1)]
+        if bad or not self.tp:
+            raise ValueError(f"tp={list(self.tp)} must be a non-empty list of powers of two (1, 2, 4, 8)")
+        if not self.families:
+            raise ValueError("families is empty; allow at least one of colocated, pd")
+        return self
+
+
+class Fabrics(_Strict):
+    """How PD candidates may move KV: fabrics to try (``None`` = each GPU's default NIC) and the connector."""
+
+    links: tuple[str | None, ...] = (None,)
+    connector: str = "nixl"
+
+
+class SearchConfig(_Strict):
+    """How hard the planner works.
+
+    ``verify``: candidates checked by the discrete-event simulation (the
+    cheapest the screen accepts, plus ``borderline`` cheaper ones it rejected
+    narrowly); ``verify_front``: then the cheapest Pareto-front points with an
+    estimated goodput of at least half the target that the simulation has not
+    seen yet; ``replications``: seeds per simulated point; ``requests``:
+    the fewest requests per simulation (runs are lengthened so that arrivals span eight request
+    lifetimes, TTFT + mean output x TPOT at the SLO, and the first and last lifetime are left out);
+    ``goodput_iterations``: bisection steps of the simulated goodput search;
+    ``goodput_max_factor``: the search's upper bound, in multiples of the
+    target rate.
+    """
+
+    verify: int = Field(6, ge=0, le=1000)
+    borderline: int = Field(2, ge=0, le=100)
+    verify_front: int = Field(4, ge=0, le=100)
+    replications: int = Field(3, ge=1, le=50)
+    requests: int | None = Field(1000, ge=50)
+    goodput_iterations: int = Field(5, ge=0, le=30)
+    goodput_max_factor: float = Field(4.0, gt=1.0, le=100.0)
+    seed: int = Field(0, ge=0)
+
+
+class PlanRequest(_Strict):
+    """Everything a plan needs.  ``workload.arrival.rate`` is the target rate (requests/s) the
+    deployment must sustain while meeting ``slo`` (per-request TTFT/TPOT thresholds met by at least
+    ``slo.attainment`` of the requests: attainment 0.9 means the thresholds hold at p90)."""
+
+    name: str = "plan"
+    model: str
+    hwdb: tuple[str, ...] = ()
+    workload: WorkloadConfig
+    slo: SLO
+    gpus: tuple[GpuOffer, ...] = Field(min_length=1)
+    fabrics: Fabrics = Fabrics()
+    constraints: Constraints = Constraints()
+    search: SearchConfig = SearchConfig()
+
+    @model_validator(mode="after")
+    def _check(self) -> PlanRequest:
+        kind = self.workload.arrival.kind
+        if kind not in ("poisson", "gamma", "trace"):
+            raise ValueError(f"workload.arrival.kind={kind!r}: the planner needs an open-loop arrival rate "
+                             "(poisson, gamma, or a trace with rate) to search goodput over; use kind: poisson")
+        if kind == "trace" and self.workload.arrival.rate is None:
+            raise ValueError("workload.arrival: a trace needs rate (requests/s) to plan for; add rate: <target>")
+        if self.slo.ttft_s is None and self.slo.tpot_s is None:
+            raise ValueError("slo: give ttft_s, tpot_s or both; without a latency target every deployment "
+                             "meets the SLO and the cheapest one always wins")
+        names = [g.name for g in self.gpus]
+        if len(set(names)) != len(names):
+            raise ValueError(f"gpus lists {names}; name each GPU type once")
+        return self
+
+    @property
+    def target_rate(self) -> float:
+        """The arrival rate (requests/s) the deployment must sustain."""
+        return float(self.workload.arrival.rate)
+
+    @property
+    def percentile(self) -> int:
+        """The latency percentile the attainment target corresponds to (0.9 -> 90)."""
+        return int(round(self.slo.attainment * 100))
+
+
+def parse_plan_request(data: dict, origin: str = "plan request", base: Path | None = None) -> PlanRequest:
+    """Validate a mapping into a :class:`PlanRequest` (raises :class:`PlanError`)."""
+    if not isinstance(data, dict):
+        raise PlanError(f"{origin}: expected a mapping with model, workload, slo and gpus at the top level, "
+                        f"got {type(data).__name__}; see examples/plan_llama8b.yaml")
+    if base is not None:
+        data = _resolve_paths(data, base)
+        data["hwdb"] = [str(base / d) if not Path(d).is_absolute() else d for d in data.get("hwdb", [])]
+    try:
+        return PlanRequest.model_validate(data)
+    except ValidationError as err:
+        raise PlanError(_format_errors(origin, err, data)) from None
+
+
+def _known_keys(loc: tuple) -> list[str]:
+    """Keys allowed in the mapping at pydantic location ``loc`` of a PlanRequest ([] if unsure)."""
+    models: list[type[BaseModel]] = [PlanRequest]
+    for part in loc:
+        if isinstance(part, int) or str(part).startswith("function-after"):
+            continue
+        tagged = [m for m in models if "kind" in m.model_fields and m.model_fields["kind"].default == part]
+        if tagged:
+            models = tagged
+            continue
+        models = [m for f in (m.model_fields[part] for m in models if part in m.model_fields)
+                  for m in _models_in(f.annotation)]
+        if not models:
+            return []
+    return sorted({k for m in models for k in m.model_fields}) if len(models) == 1 else []
+
+
+def _format_errors(origin: str, err: ValidationError, data) -> str:
+    lines = []
+    for e in err.errors():
+        inp = e.get("input")
+        got = "" if isinstance(inp, (dict, list)) or e["type"] == "missing" else f" (got {inp!r})"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            known = _known_keys(e["loc"][:-1])
+            msg = "unknown key; " + (f"valid keys here: {', '.join(known)}" if known else "see docs/planner.md")
+        line = f"  {_loc(e['loc'], data)}: {msg}{got}"
+        if line not in lines:
+            lines.append(line)
+    return f"{origin}: invalid plan request:\n" + "\n".join(lines) + "\n(docs/planner.md lists every field)"
+
+
+def load_plan_request(path: str | Path) -> PlanRequest:
+    """Read and validate a plan request YAML file."""
+    path = Path(path)
+    if not path.exists():
+        raise PlanError(f"plan request file '{path}' does not exist")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise PlanError(f"{path}: not valid YAML{where}: {getattr(exc, 'problem', exc)}; fix the syntax there") from None
+    return parse_plan_request(data, str(path), path.parent)

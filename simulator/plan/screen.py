@@ -1,0 +1,212 @@
+"""Fast analytic screen of candidates, built on the simulator's own step model.
+
+For an instance receiving ``r`` requests/s of mean prompt ``I`` and mean
+output ``O`` tokens, the steady state is a fixed point of the step time
+``t``: by Little's law ``B = r O t`` sequences decode and ``P = r I t``
+prompt tokens are prefilled per step, and ``t = step_time(B + P, ...)``.
+Iterating from an empty step converges to the smallest fixed point or
+breaks a limit (token budget, ``max_num_seqs``, KV blocks): overload.
+TPOT is ``t``.  TTFT at the SLO percentile ``q`` is the prompt's service
+(chunks of the step budget left by the decodes, the percentile prompt) plus
+an M/M/1 waiting-time quantile ``ln(rho / (1 - q)) E[S] / (1 - rho)`` (zero
+when ``rho <= 1 - q``) with ``rho`` the prefill share of the budget.  PD adds
+the KV transfer of the percentile prompt, slowed by ``1 / (1 - rho_link)``
+(fair sharing), and the decode instance's first step.  Goodput is the
+highest rate at which both percentiles meet the SLO (bisection).  These are
+screening approximations: the discrete-event simulation verifies.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from simulator.pd import TransferPlan
+
+OVERLOAD = math.inf
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Screen figures of a candidate at the target rate (seconds, requests/s)."""
+
+    ttft_s: float
+    tpot_s: float
+    goodput_rps: float
+    limit: str                 # "" when the SLO is met at the target rate, else what breaks first
+
+
+def _fixed_point(step, knobs, kv_tokens: int, r: float, I: float, O: float, prefill: bool) -> tuple[float, float, str]:
+    """Steady-state step time ``t`` and decoding batch ``B`` of one instance (``prefill``: it also prefills)."""
+    ctx = I + O / 2.0
+    budget, seqs = knobs.max_num_batched_tokens, knobs.max_num_seqs
+    t = step.step_time(1.0, 1.0, 0.0, ctx, 0.0, 1, 0)
+    for _ in range(200):
+        B = r * O * t
+        P = r * I * t if prefill else r * t          # PD decode: one recomputed prompt token per arrival
+        if B > seqs:
+            return OVERLOAD, B, f"max_num_seqs={seqs} reached"
+        if B * ctx > 0.95 * kv_tokens:
+            return OVERLOAD, B, f"KV cache full ({kv_tokens:,} tokens)"
+        if B + P > budget:
+            return OVERLOAD, B, f"token budget {budget} per step exceeded"
+        pairs = r * t * I * I / 2.0 if prefill else 0.0
+        t_new = step.step_time(B + P, max(1.0, B), pairs, B * ctx, 0.0, int(B) + 1, 0)
+        if abs(t_new - t) <= 1e-7 + 1e-6 * t:
+            return t_new, B, ""
+        t = t_new
+    return OVERLOAD, r * O * t, "step time does not settle (saturated)"
+
+
+def _wait_quantile(rho: float, mean_service: float, q: float) -> float:
+    """M/M/1 waiting-time quantile: P(W > x) = rho exp(-(1 - rho) x / E[S])."""
+    if rho >= 1.0:
+        return OVERLOAD
+    if rho <= 1.0 - q:
+        return 0.0
+    return math.log(rho / (1.0 - q)) * mean_service / (1.0 - rho)
+
+
+class Screen:
+    """Analytic estimates for the candidates of one plan (caches per pool layout and rate)."""
+
+    def __init__(self, ctx) -> None:
+        self.ctx = ctx
+        s = ctx.stats
+        self.I, self.O, self.Iq = s.mean_in, s.mean_out, s.q_in
+        self.q = ctx.req.slo.attainment
+        slo = ctx.req.slo
+        self.ttft_slo = slo.ttft_s if slo.ttft_s is not None else math.inf
+        self.tpot_slo = slo.tpot_s if slo.tpot_s is not None else math.inf
+        self.layout = {(lay.gpu, lay.tp): lay for lay in ctx.layouts}
+        self._colocated = lru_cache(maxsize=None)(self._colocated_raw)
+        self._prefill = lru_cache(maxsize=None)(self._prefill_raw)
+        self._decode = lru_cache(maxsize=None)(self._decode_raw)
+        self._plans: dict = {}
+
+    # -- per-instance figures at per-instance rate r: (ttft_part, tpot, limit)
+    def _colocated_raw(self, key, r: float) -> tuple[float, float, str]:
+        lay = self.layout[key]
+        k, I, O, step = lay.dep.knobs, self.I, self.O, lay.step
+        budget, ctx = k.max_num_batched_tokens, I + O / 2.0
+        t = step.step_time(1.0, 1.0, 0.0, ctx, 0.0, 1, 0)
+        for _ in range(200):
+            B = r * O * t
+            room = budget - B
+            if B > k.max_num_seqs:
+                return OVERLOAD, OVERLOAD, f"max_num_seqs={k.max_num_seqs} reached"
+            if B * ctx > 0.95 * lay.mem.kv_tokens:
+                return OVERLOAD, OVERLOAD, f"KV cache full ({lay.mem.kv_tokens:,} tokens)"
+            P = r * I * t                          # prompt tokens to prefill per step
+            if room < 1 or P > room:
+                return OVERLOAD, OVERLOAD, f"token budget {budget} per step exceeded"
+            # Steps are bimodal: a fraction f carries C prompt tokens, the rest only decodes
+            # (the mean of the two step times, not the step time of the mean: the roofline is convex).
+            f = min(1.0, P / min(I, room))
+            C = P / f if f > 0 else 0.0
+            t_mix = step.step_time(B + C, max(1.0, B), C * I / 2.0, B * ctx, 0.0, int(B) + 1, 0)
+            t_dec = step.step_time(max(B, 1.0), max(1.0, B), 0.0, max(B, 1.0) * ctx, 0.0, int(B) + 1, 0)
+            t_new = f * t_mix + (1.0 - f) * t_dec
+            if abs(t_new - t) <= 1e-7 + 1e-6 * t:
+                break
+            t = t_new
+        else:
+            return OVERLOAD, OVERLOAD, "step time does not settle (saturated)"
+        t = t_new
+        chunk_q = min(self.Iq, room)
+        t_chunk = step.step_time(B + chunk_q, max(1.0, B), chunk_q * self.Iq / 2.0, B * ctx, 0.0, int(B) + 1, 0)
+        service_mean = math.ceil(I / room) * t_mix
+        wait = _wait_quantile(P / room, service_mean, self.q)
+        ttft = wait + math.ceil(self.Iq / room) * t_chunk + 0.5 * t
+        return ttft, t, "" if wait < OVERLOAD else "prefill queue saturated"
+
+    def _prefill_raw(self, key, r: float) -> tuple[float, float, str]:
+        lay = self.layout[key]
+        k = lay.dep.knobs
+        budget = k.max_num_batched_tokens
+        s_mean = lay.step.prefill_time(max(1, round(self.I)), budget)
+        s_q = lay.step.prefill_time(max(1, round(self.Iq)), budget)
+        per_tok = min(s_mean / self.I, lay.step.step_time(budget, budget / self.I, budget * self.I / 2.0, 0.0) / budget)
+        rho = r * self.I * per_tok
+        wait = _wait_quantile(rho, s_mean, self.q)
+        return wait + s_q, 0.0, "" if wait < OVERLOAD else "prefill pool saturated"
+
+    def _decode_raw(self, key, r: float) -> tuple[float, float, str]:
+        lay = self.layout[key]
+        t, B, why = _fixed_point(lay.step, lay.dep.knobs, lay.mem.kv_tokens, r, self.I, self.O, False)
+        if why:
+            return OVERLOAD, OVERLOAD, f"decode: {why}"
+        return 1.5 * t, t, ""
+
+    def _plan(self, cand) -> TransferPlan:
+        from simulator.pd import build_transfer_plan
+        from simulator.scenario import KVTransferConfig
+        key = (cand.pool("prefill").gpu, cand.pool("prefill").tp, cand.pool("decode").gpu, cand.pool("decode").tp,
+               cand.fabric)
+        if key not in self._plans:
+            lp, ld = self.layout[key[:2]], self.layout[key[2:4]]
+            cfg = KVTransferConfig(connector=cand.connector, fabric=cand.fabric)
+            self._plans[key] = build_transfer_plan(cfg, self.ctx.db, lp.dep, ld.dep)
+        return self._plans[key]
+
+    # -- candidate figures at total rate lam
+    def at(self, cand, lam: float) -> tuple[float, float, str]:
+        """(TTFT at the percentile, TPOT, limit) of ``cand`` at ``lam`` requests/s."""
+        if cand.family == "colocated":
+            p = cand.pools[0]
+            return self._colocated((p.gpu, p.tp), _r(lam / p.instances))
+        pp, pd_ = cand.pool("prefill"), cand.pool("decode")
+        t_pre, _, why = self._prefill((pp.gpu, pp.tp), _r(lam / pp.instances))
+        if why:
+            return OVERLOAD, OVERLOAD, why
+        t_dec, tpot, why = self._decode((pd_.gpu, pd_.tp), _r(lam / pd_.instances))
+        if why:
+            return OVERLOAD, OVERLOAD, why
+        plan = self._plan(cand)
+        nbytes = plan.bytes_for(self.I)
+        rho = max(lam / pp.instances * nbytes / plan.prefill_side_Bps, lam / pd_.instances * nbytes / plan.decode_side_Bps)
+        if rho >= 1.0:
+            return OVERLOAD, OVERLOAD, f"KV transfer over {plan.link_name} saturated"
+        return t_pre + plan.idle_time(max(1, round(self.Iq))) / (1.0 - rho) + t_dec, tpot, ""
+
+    def meets(self, cand, lam: float) -> bool:
+        ttft, tpot, why = self.at(cand, lam)
+        return not why and ttft <= self.ttft_slo and tpot <= self.tpot_slo
+
+    def goodput(self, cand, iterations: int = 14) -> float:
+        """Highest rate meeting the SLO by the estimate (0 when even a trickle fails)."""
+        lo, hi = 0.0, self.ctx.req.target_rate
+        if not self.meets(cand, 1e-3):
+            return 0.0
+        for _ in range(12):
+            if not self.meets(cand, hi):
+                break
+            lo, hi = hi, hi * 2.0
+        else:
+            return lo
+        for _ in range(iterations):
+            mid = 0.5 * (lo + hi)
+            if self.meets(cand, mid):
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def estimate(self, cand) -> Estimate:
+        lam = self.ctx.req.target_rate
+        ttft, tpot, why = self.at(cand, lam)
+        if not why:
+            bad = []
+            if ttft > self.ttft_slo:
+                bad.append(f"ttft: est p{round(self.q * 100)} TTFT {ttft:.3g} s > {self.ttft_slo:g} s")
+            if tpot > self.tpot_slo:
+                bad.append(f"tpot: est TPOT {tpot:.3g} s > {self.tpot_slo:g} s")
+            why = "; ".join(bad)
+        else:
+            why = f"overload: {why}"
+        return Estimate(ttft, tpot, self.goodput(cand), why)
+
+
+def _r(x: float) -> float:
+    """Round a per-instance rate so that the caches hit across candidates (4 significant digits)."""
+    return float(f"{x:.4g}")
