@@ -85,6 +85,8 @@ def collect_and_clear(ops, pool, inst) -> tuple[list[tuple[int, int]], int]:
     for box in (inst.waiting, inst._requeue, inst.held, inst.remote, inst.receiving, inst.ready, inst.last_tok,
                 order, prefill, dec_start):
         box.clear()
+    if inst.prefix is not None:
+        inst.prefix.clear()
     inst.kv_used = inst.outstanding = inst.n_running = inst._freed = 0
     inst.wake = None
     return affected, lost
