@@ -93,6 +93,9 @@ def cmd_simulate(args, con: Console) -> int:
     res = simulate(scn, replication=args.replication)
     con.print(_summary_table(res))
     con.print(_totals_table(res))
+    if "operations" in res.summary:
+        from simulator.cli_ops import operations_table
+        con.print(operations_table(res))
     if args.out:
         paths = res.write(args.out, tuple(args.format))
         con.print(f"wrote {len(paths)} files to {args.out}")

@@ -68,6 +68,8 @@ class Instance:
         self.ready: deque[int] = deque()       # decode role: KV arrived, not yet decoding
         self._freed = 0                        # blocks released from outside the process
         self.encode_cost = None                # multimodal: callback(instance, rid, now) -> encoder seconds
+        self.last_tok: dict[int, float] = {}   # preempted rid -> time of its last token
+        self.live = None                       # (running order, prefills, decodes) once run() starts
         # Prefix cache (vLLM automatic prefix caching), active when requests carry block hashes:
         # an LRU of hash ids, each covering ``hash_block_tokens`` prompt tokens, with room for as
         # many such blocks as the KV cache holds.
@@ -158,7 +160,8 @@ class Instance:
         fin_at: dict[int, int] = {}        # rid -> step at whose end it finishes
         heap: list[tuple[int, int]] = []
         cnt = [0] * block                  # decodes needing a new block at step s: cnt[s % block]
-        last_tok: dict[int, float] = {}    # preempted rid -> time of its last token
+        last_tok = self.last_tok
+        self.live = (order, prefill, dec_start)   # read by simulator/faults.py when a crash hits
         n_dec = 0
         sum_l = 0                          # sum over decodes of KV length before this step
         kv_used = 0

@@ -44,20 +44,35 @@ def simulate(scn: Scenario, replication: int = 0) -> Results:
             raise ScenarioError(str(exc)) from None
     else:
         front, back = by_role["colocated"], None
-    rec = Recorder(reqs.input_tokens, reqs.output_tokens, reqs.arrival_s, reqs.hash_ids, reqs.hash_block_tokens)
     closed = (reqs.concurrency, reqs.think_time_s) if reqs.is_closed_loop else None
-    run = run_pool(_spec(*front), rec, closed_loop=closed, max_time_s=scn.simulation.max_time_s,
-                   decode=_spec(*back) if back else None, transfer=plan, rng=rngs["faults"], epd=epd)
-    req_df = requests_frame(run, back[0].name if back else front[0].name)
-    if run.epd is not None:
-        from simulator.epd_flow import add_columns
-        req_df = add_columns(req_df, run.epd)
+    ops = None
+    if scn.operations.enabled:
+        if epd is not None:
+            raise ScenarioError("operations: autoscaling and faults do not model an encoder tier yet; run the "
+                                "multimodal scenario without `operations`, or the operations study without "
+                                "an encoder pool (pools[].role: encoder) and without images")
+        from simulator.opsrun import run_operations
+        ops, run, rec = run_operations(scn, replication, reqs, front, back, plan, closed, rngs["faults"], _spec)
+        from simulator.opsresults import ops_requests_frame
+        req_df = ops_requests_frame(run, back[0].name if back else front[0].name)
+    else:
+        rec = Recorder(reqs.input_tokens, reqs.output_tokens, reqs.arrival_s, reqs.hash_ids, reqs.hash_block_tokens)
+        run = run_pool(_spec(*front), rec, closed_loop=closed, max_time_s=scn.simulation.max_time_s,
+                       decode=_spec(*back) if back else None, transfer=plan, rng=rngs["faults"], epd=epd)
+        req_df = requests_frame(run, back[0].name if back else front[0].name)
+        if run.epd is not None:
+            from simulator.epd_flow import add_columns
+            req_df = add_columns(req_df, run.epd)
     step_df = steps_frame(run)
     gpus = sum(p.instances * d.gpus for p, d, _, _ in pools) + (epd.gpus if epd else 0)
     price = (sum(p.instances * d.gpus * d.gpu.price_usd_per_hour.value for p, d, _, _ in pools)
              + (epd.price_usd_per_hour if epd else 0.0))
     summary = summarize(req_df, step_df, rec.resume_gaps, gpus=gpus, cost_usd_per_hour=price,
                         ttft_slo=scn.slo.ttft_s, tpot_slo=scn.slo.tpot_s)
+    if ops is not None:
+        from simulator.opsresults import ops_summary
+        summary["operations"] = ops_summary(ops, req_df, scn.slo.ttft_s, {
+            p.name: d.gpu.price_usd_per_hour.value for p, d, _, _ in pools})
     if run.coordinator is not None:
         summary["kv_bytes_moved"] = run.coordinator.bytes_moved
         summary["links"] = run.coordinator.fabric.link_stats()

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 import hwdb
 from simulator.epd_config import EmbeddingTransferConfig, EncoderConfig
 from simulator.perf import Deployment, EngineKnobs, FitError, build_step_model, plan_memory
+from simulator.opsconfig import OperationsConfig, check_against_pools
 from simulator.routing import ROUTERS
 from simulator.workload import WorkloadConfig
 
@@ -113,6 +114,12 @@ class Scenario(_Strict):
     kv_transfer: KVTransferConfig = KVTransferConfig()
     embedding_transfer: EmbeddingTransferConfig = EmbeddingTransferConfig()
     simulation: SimulationConfig = SimulationConfig()
+    operations: OperationsConfig = OperationsConfig()
+
+    @model_validator(mode="after")
+    def _operations_fit_pools(self) -> Scenario:
+        check_against_pools(self.operations, self.pools, self.kv_transfer)
+        return self
 
     @model_validator(mode="after")
     def _pool_layout(self) -> Scenario:
