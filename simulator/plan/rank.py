@@ -36,7 +36,8 @@ def assemble(req, ctx, rows: list[dict], done: dict[str, dict], by_id: dict):
         if d is not None:
             r.update(ttft_s=d["des_ttft_s"], tpot_s=d["des_tpot_s"], goodput_rps=d["des_goodput_rps"],
                      meets_slo=bool(d["des_meets_slo"]), attainment=d["des_attainment"],
-                     attainment_ci95=d["des_attainment_ci95"], goodput_capped=bool(d["des_goodput_capped"]))
+                     attainment_ci95=d["des_attainment_ci95"], goodput_capped=bool(d["des_goodput_capped"]),
+                     des_runs=int(d["des_runs"]))
             if not r["meets_slo"]:
                 r["rejected_reason"] = (f"simulated: attainment {d['des_attainment']:.1%} "
                                         f"(±{d['des_attainment_ci95']:.1%}) < {req.slo.attainment:.0%} at "
@@ -47,7 +48,7 @@ def assemble(req, ctx, rows: list[dict], done: dict[str, dict], by_id: dict):
         else:
             r.update(ttft_s=r["est_ttft_s"], tpot_s=r["est_tpot_s"], goodput_rps=r["est_goodput_rps"],
                      meets_slo=bool(r["est_meets_slo"]), attainment=np.nan, attainment_ci95=np.nan,
-                     goodput_capped=False)
+                     goodput_capped=False, des_runs=0)
         r["cost_usd_per_million_tokens"] = _per_million(r["cost_usd_per_hour"], r["goodput_rps"], out_tok)
     ok = [r for r in rows if r["verified"] and r["meets_slo"]]
     ok.sort(key=lambda r: (r["cost_usd_per_hour"], -r["goodput_rps"]))

@@ -84,6 +84,8 @@ def _est_violation(row: dict, slo) -> float:
 def _choose_verify(rows: list[dict], req: PlanRequest) -> list[str]:
     """Cheapest candidates the screen accepts, cheaper ones it rejected narrowly, and the cheapest
     accepted candidate of each family."""
+    if req.search.verify == 0:
+        return []
     live = [r for r in rows if not r["rejected_reason"].startswith(("memory", "kv-transfer"))]
     ok = sorted((r for r in live if r["est_meets_slo"]), key=lambda r: (r["cost_usd_per_hour"], -r["est_goodput_rps"]))
     chosen = [r["id"] for r in ok[:req.search.verify]]

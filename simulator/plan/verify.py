@@ -11,6 +11,8 @@ import math
 
 import numpy as np
 
+import hwdb
+
 from simulator.run import simulate
 from simulator.scenario import Scenario
 
@@ -49,7 +51,7 @@ def requests_for(rate: float, lifetime_s: float, minimum: int, span_lifetimes: f
     return int(min(cap, max(minimum, math.ceil(rate * span_lifetimes * lifetime_s))))
 
 
-def _point(scn: Scenario, rate: float, replications: int, task: dict) -> dict:
+def _point(scn: Scenario, rate: float, replications: int, task: dict, db) -> dict:
     """Steady-state attainment (mean and 95% CI half-width over replications) and latency percentiles."""
     q = scn.slo.attainment
     att, ttft, tpot = [], [], []
@@ -58,7 +60,7 @@ def _point(scn: Scenario, rate: float, replications: int, task: dict) -> dict:
         n = requests_for(rate, task["lifetime_s"], task["min_requests"])
         s = s.model_copy(update={"workload": s.workload.model_copy(update={"num_requests": n, "duration_s": None})})
     for r in range(replications):
-        res = simulate(s, r)
+        res = simulate(s, r, db)
         att.append(steady_attainment(res, scn.slo, task["lifetime_s"]))
         done = res.requests[res.requests["outcome"] == "completed"]
         t1 = done["ttft_s"].to_numpy()
@@ -80,15 +82,16 @@ def verify_task(task: dict) -> dict:
     max_rate (search ceiling), lifetime_s (a request's expected lifetime, for run length and warm-up),
     min_requests.  Returns the figures at the target rate and the simulated goodput."""
     scn = Scenario.model_validate(task["scenario"])
+    db = hwdb.load(scn.hwdb)           # once per candidate, not once per simulated point
     target, reps, q = task["rate"], task["replications"], scn.slo.attainment
-    at = _point(scn, target, reps, task)
+    at = _point(scn, target, reps, task, db)
     ok = at["attainment"] >= q
     probes = reps
 
     def meets(rate: float) -> bool:
         nonlocal probes
         probes += reps
-        return _point(scn, rate, reps, task)["attainment"] >= q
+        return _point(scn, rate, reps, task, db)["attainment"] >= q
 
     capped = False
     if ok:
