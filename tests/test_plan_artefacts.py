@@ -30,6 +30,18 @@ def _plan(connector: str = "nixl"):
     return run_plan(req, workers=1)
 
 
+@functools.cache
+def _vl_plan():
+    """A screen-only multimodal plan: its EPD candidates carry an encoder pool."""
+    from tests.test_plan import _vl_request
+    req = parse_plan_request(_vl_request(search={"verify": 0, "borderline": 0, "verify_front": 0}))
+    return run_plan(req, workers=1)
+
+
+def _epd_id(res) -> str:
+    return next(c for c in res.candidates["id"] if c.startswith("epd-") and not c.endswith("invalid"))
+
+
 def _pick(res, family: str, hetero: bool = False, gpu: str = "H") -> str:
     df = res.candidates[(res.candidates["family"] == family) & (res.candidates["rejected_reason"]
                                                                  .str.startswith(("memory", "kv-transfer")) == False)]  # noqa: E712
@@ -59,10 +71,11 @@ def _k8s_roundtrip(doc: dict) -> dict:
     return api.sanitize_for_serialization(obj)
 
 
-@pytest.mark.parametrize("family, hetero, gpu", [("colocated", False, "H"), ("pd", True, "H"), ("pd", False, "MI")])
+@pytest.mark.parametrize("family, hetero, gpu", [("colocated", False, "H"), ("pd", True, "H"), ("pd", False, "MI"),
+                                                 ("epd", False, "H")])
 def test_kubernetes_manifests_parse_and_match_the_api_schema(family, hetero, gpu):
-    res = _plan()
-    cid = _pick(res, family, hetero, gpu)
+    res = _vl_plan() if family == "epd" else _plan()
+    cid = _epd_id(res) if family == "epd" else _pick(res, family, hetero, gpu)
     cand = res.candidate(cid)
     files = artefacts(res, cid)
     docs = list(yaml.safe_load_all(files["k8s/deployment.yaml"]))
@@ -85,6 +98,7 @@ def test_kubernetes_manifests_parse_and_match_the_api_schema(family, hetero, gpu
         script = files[f"vllm/{role}.sh"].splitlines()[-1]
         assert shlex.split(script) == ctr["command"] + ctr["args"]
         assert ctr["args"][ctr["args"].index("--tensor-parallel-size") + 1] == str(pool.tp)
+        assert ("--mm-encoder-only" in ctr["args"]) == (pool.role == "encoder")
 
 
 def test_router_config_points_at_the_services():
@@ -133,7 +147,8 @@ for argv in json.load(sys.stdin):
     cmd.validate(ns)
     ea = AsyncEngineArgs.from_cli_args(ns)
     kv = ea.kv_transfer_config
-    out.append({"model": ns.model_tag, "tp": ea.tensor_parallel_size, "max_num_seqs": ea.max_num_seqs,
+    ec = ea.ec_transfer_config
+    out.append({"ec": None if ec is None else [ec.ec_connector, ec.ec_role], "encoder_only": ea.mm_encoder_only,"model": ns.model_tag, "tp": ea.tensor_parallel_size, "max_num_seqs": ea.max_num_seqs,
                 "max_num_batched_tokens": ea.max_num_batched_tokens, "max_model_len": ea.max_model_len,
                 "block_size": ea.block_size, "gpu_memory_utilization": ea.gpu_memory_utilization,
                 "kv": None if kv is None else [kv.kv_connector, kv.kv_role]})
@@ -154,11 +169,24 @@ def test_vllm_command_lines_parse_with_vllms_own_parser():
                 argv = shlex.split(files[f"vllm/{role}.sh"].splitlines()[-1])
                 assert argv[:2] == ["vllm", "serve"]
                 cases.append((connector, pool, argv[1:]))
+    vl = _vl_plan()
+    cand = vl.candidate(_epd_id(vl))
+    files = artefacts(vl, cand.id)
+    for pool in cand.pools:
+        role = pool.role if pool.role != "colocated" else "main"
+        cases.append(("epd", pool, shlex.split(files[f"vllm/{role}.sh"].splitlines()[-1])[1:]))
     r = subprocess.run([VLLM_PY, "-c", _CHECK], input=json.dumps([a for _, _, a in cases]), capture_output=True,
                        text=True, timeout=300, cwd=REPO)
     assert r.returncode == 0, r.stderr[-3000:]
     parsed = json.loads(r.stdout.strip().splitlines()[-1])
+    assert len(parsed) == len(cases)
     for (connector, pool, argv), got in zip(cases, parsed):
+        if connector == "epd":
+            assert got["model"] == "Qwen/Qwen3-VL-30B-A3B-Instruct" and got["tp"] == pool.tp
+            assert got["encoder_only"] == (pool.role == "encoder")
+            assert got["ec"] == ["ECMooncakeConnector", "ec_producer" if pool.role == "encoder" else "ec_consumer"]
+            continue
+        assert got["ec"] is None and not got["encoder_only"]
         assert got["model"] == "meta-llama/Llama-3.1-8B"
         assert got["tp"] == pool.tp
         assert got["max_num_seqs"] == int(argv[argv.index("--max-num-seqs") + 1])

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from simulator.plan.candidates import PRE_SCREEN
 from simulator.plan.pareto import pareto_front
 
 
@@ -39,10 +40,10 @@ def assemble(req, ctx, rows: list[dict], done: dict[str, dict], by_id: dict):
                      attainment_ci95=d["des_attainment_ci95"], goodput_capped=bool(d["des_goodput_capped"]),
                      des_runs=int(d["des_runs"]))
             if not r["meets_slo"]:
-                r["rejected_reason"] = (f"simulated: attainment {d['des_attainment']:.1%} "
-                                        f"(±{d['des_attainment_ci95']:.1%}) < {req.slo.attainment:.0%} at "
-                                        f"{req.target_rate:g} req/s; p{r['percentile']} TTFT {d['des_ttft_s']:.3g} s, "
-                                        f"TPOT {d['des_tpot_s']:.3g} s")
+                judged = (f"attainment {d['des_attainment']:.1%} (±{d['des_attainment_ci95']:.1%}) < "
+                          f"{req.slo.attainment:.0%}" if req.slo.percentile is None else "percentiles over the targets")
+                r["rejected_reason"] = (f"simulated: {judged} at {req.target_rate:g} req/s; p{r['percentile']} TTFT "
+                                        f"{d['des_ttft_s']:.3g} s, TPOT {d['des_tpot_s']:.3g} s")
             elif r["rejected_reason"]:
                 r["rejected_reason"] = ""      # the screen was pessimistic; the simulation decides
         else:
@@ -66,7 +67,7 @@ def assemble(req, ctx, rows: list[dict], done: dict[str, dict], by_id: dict):
             else:
                 r["rejected_reason"] = "unverified: cheaper and passes the screen, but beyond the verify budget"
     df = pd.DataFrame(rows)
-    front = pareto_front(df[~df["rejected_reason"].str.startswith(("memory", "kv-transfer"))])
+    front = pareto_front(df[~df["rejected_reason"].str.startswith(PRE_SCREEN)])
     df["on_pareto"] = df["id"].isin(front["id"])
     recommended = None
     if rec is not None:
@@ -77,7 +78,7 @@ def assemble(req, ctx, rows: list[dict], done: dict[str, dict], by_id: dict):
             headroom_tpot=(1.0 - rec["tpot_s"] / req.slo.tpot_s) if req.slo.tpot_s else None,
             target_rate_rps=req.target_rate,
             cost_usd_per_million_tokens_at_target=_per_million(rec["cost_usd_per_hour"], req.target_rate, out_tok))
-    live = df[~df["rejected_reason"].str.startswith(("memory", "kv-transfer"))].copy()
+    live = df[~df["rejected_reason"].str.startswith(PRE_SCREEN)].copy()
     closest = live.iloc[0:0]
     if rec is None:
         live["slo_violation"] = [_violation(r, req.slo) for r in live.to_dict("records")]

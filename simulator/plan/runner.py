@@ -22,8 +22,10 @@ from typing import Callable
 
 import pandas as pd
 
-from simulator.plan.candidates import Candidate, build_context, enumerate_candidates, to_scenario
+from simulator.plan.candidates import Candidate, build_context, to_scenario
+from simulator.plan.families import enumerate_candidates
 from simulator.plan.executors import default_workers, run_local, run_ray
+from simulator.plan.candidates import PRE_SCREEN
 from simulator.plan.pareto import pareto_front
 from simulator.plan.request import PlanRequest
 from simulator.plan.screen import Screen
@@ -86,7 +88,7 @@ def _choose_verify(rows: list[dict], req: PlanRequest) -> list[str]:
     accepted candidate of each family."""
     if req.search.verify == 0:
         return []
-    live = [r for r in rows if not r["rejected_reason"].startswith(("memory", "kv-transfer"))]
+    live = [r for r in rows if not r["rejected_reason"].startswith(PRE_SCREEN)]
     ok = sorted((r for r in live if r["est_meets_slo"]), key=lambda r: (r["cost_usd_per_hour"], -r["est_goodput_rps"]))
     chosen = [r["id"] for r in ok[:req.search.verify]]
     ceiling = ok[0]["cost_usd_per_hour"] if ok else math.inf
