@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import functools
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.plan import PlanError, parse_plan_request, run_plan
+from simulator.plan import PlanError, load_plan_request, parse_plan_request, run_plan
 from simulator.plan.candidates import build_context
 from simulator.plan.families import enumerate_candidates
 from simulator.plan.pareto import pareto_mask
@@ -259,3 +260,15 @@ def test_epd_family_puts_encoder_pools_in_front_and_simulates_its_best():
 def test_text_only_workloads_have_no_epd_candidates():
     ctx = build_context(parse_plan_request(request(constraints={"families": ["colocated", "epd"]})))
     assert {c.family for c in enumerate_candidates(ctx)} == {"colocated"}
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[1] / "examples").glob("plan_*.yaml")))
+def test_plan_examples_load_enumerate_and_screen(path):
+    """Every shipped plan request is valid and its screen finds a deployment for the target rate
+    (the full plans run in benchmarks/bench_plan.py and the regression suite)."""
+    req = load_plan_request(path)
+    ctx = build_context(req)
+    cands = enumerate_candidates(ctx)
+    assert len(cands) >= 100
+    screen = Screen(ctx)
+    assert any(screen.meets(c, req.target_rate) for c in cands if not c.rejected)

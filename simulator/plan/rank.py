@@ -81,15 +81,25 @@ def assemble(req, ctx, rows: list[dict], done: dict[str, dict], by_id: dict):
     live = df[~df["rejected_reason"].str.startswith(PRE_SCREEN)].copy()
     closest = live.iloc[0:0]
     if rec is None:
-        live["slo_violation"] = [_violation(r, req.slo) for r in live.to_dict("records")]
-        live = live.sort_values(["goodput_rps", "verified", "slo_violation", "cost_usd_per_hour"],
-                                ascending=[False, False, True, True])
-        closest = live.head(5).reset_index(drop=True)
-        best = closest.iloc[0] if len(closest) else None
-        notes.append("no candidate meets the SLO at the target rate"
-                     + (f"; the closest is {best['layout']} (goodput {best['goodput_rps']:.3g} req/s of "
-                        f"{req.target_rate:g}; limited by: {best['rejected_reason'] or 'the SLO'})" if best is not None else "")
-                     + ". Fix: relax the SLO, lower the rate, raise constraints.max_gpus, or offer faster GPUs.")
+        unseen = live[live["meets_slo"] & ~live["verified"]].sort_values("cost_usd_per_hour")
+        if len(unseen):
+            # The screen accepts these but the simulation never ran them: not "nothing meets the SLO".
+            df.loc[df["id"].isin(unseen["id"]), "rejected_reason"] = (
+                "unverified: passes the screen, not simulated (raise search.verify)")
+            closest = df[df["id"].isin(unseen["id"])].sort_values("cost_usd_per_hour").head(5).reset_index(drop=True)
+            notes.append(f"no simulated candidate meets the SLO, but {len(unseen)} that the screen accepts were not "
+                         f"simulated; the cheapest is {closest.iloc[0]['layout']} (${closest.iloc[0]['cost_usd_per_hour']:,.2f}/h). "
+                         "Fix: raise search.verify (or let an interrupted plan finish) to confirm one.")
+        else:
+            live["slo_violation"] = [_violation(r, req.slo) for r in live.to_dict("records")]
+            live = live.sort_values(["goodput_rps", "verified", "slo_violation", "cost_usd_per_hour"],
+                                    ascending=[False, False, True, True])
+            closest = live.head(5).reset_index(drop=True)
+            best = closest.iloc[0] if len(closest) else None
+            notes.append("no candidate meets the SLO at the target rate"
+                         + (f"; the closest is {best['layout']} (goodput {best['goodput_rps']:.3g} req/s of "
+                            f"{req.target_rate:g}; limited by: {best['rejected_reason']})" if best is not None else "")
+                         + ". Fix: relax the SLO, lower the rate, raise constraints.max_gpus, or offer faster GPUs.")
     fam_rows = []
     for fam in req.constraints.families:
         sub = df[df["family"] == fam]

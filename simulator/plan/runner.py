@@ -24,7 +24,7 @@ import pandas as pd
 
 from simulator.plan.candidates import Candidate, build_context, to_scenario
 from simulator.plan.families import enumerate_candidates
-from simulator.plan.executors import default_workers, run_local, run_ray
+from simulator.plan.executors import default_workers, interrupt_guard, run_local, run_ray
 from simulator.plan.candidates import PRE_SCREEN
 from simulator.plan.pareto import pareto_front
 from simulator.plan.request import PlanRequest
@@ -107,7 +107,14 @@ def _choose_verify(rows: list[dict], req: PlanRequest) -> list[str]:
 
 def run_plan(req: PlanRequest, progress: Progress | None = None, workers: int | None = None,
              ray_address: str | None = None, out_dir: str | Path | None = None) -> PlanResult:
-    """Plan ``req``: see the module docstring.  Raises PlanError for impossible input."""
+    """Plan ``req``: see the module docstring.  Raises PlanError for impossible input.  Ctrl-C during
+    the simulations returns the plan built from what finished (``interrupted`` set)."""
+    with interrupt_guard():
+        return _run_plan(req, progress, workers, ray_address, out_dir)
+
+
+def _run_plan(req: PlanRequest, progress: Progress | None, workers: int | None, ray_address: str | None,
+              out_dir: str | Path | None) -> PlanResult:
     progress = progress or (lambda done, total, stage: None)
     ctx = build_context(req)
     cands = enumerate_candidates(ctx)
