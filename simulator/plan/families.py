@@ -61,6 +61,8 @@ class EncoderPrefillDecode(Family):
                     continue
                 enc = PoolChoice("encoder", g, tp, n)
                 for lm in lm_parts:
+                    if not c.heterogeneous and any(p.gpu != g for p in lm.pools):
+                        continue
                     pools = (enc, *lm.pools)
                     if not _gpu_ok(ctx, pools):
                         continue
