@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from simulator.cli import main
-from simulator.regress import Tolerance, compare, load_suite, run_suite
+from simulator.regress import Tolerance, compare, load_suite, rows_frame, run_suite
 from simulator.scenario import parse_scenario, resolve
 from tests.conftest import REPO
 
@@ -221,6 +221,8 @@ def test_compare_flags_a_redefined_entry(baseline, tmp_path):
     old = json.loads(base.read_text())
     rows = compare(loaded, old, {"chat": old["entries"]["chat"]["figures"]})
     assert all(r.redefined and r.status == "held" for r in rows)
+    frame = rows_frame(rows)
+    assert list(frame["figure"]) == list(FIGURES) and (frame["change"] == 0).all()
 
 
 PLAN = {
