@@ -1,8 +1,9 @@
-"""A regression suite: scenarios to run, the figures to watch on each, and their tolerances.
+"""A regression suite: scenarios and plan requests to run, the figures to watch on each, and their tolerances.
 
 Read from YAML by :func:`load_suite`, which validates every field and every
-scenario the suite names, so that a bad suite fails before anything runs.
-Relative scenario and hwdb paths are relative to the suite file.  Errors are
+scenario and plan request the suite names, so that a bad suite fails before
+anything runs.  Relative scenario, request and hwdb paths are relative to the
+suite file.  Errors are
 :class:`RegressError` paragraphs naming the suite file, the field, the value
 and the fix.
 """
@@ -19,8 +20,8 @@ import yaml
 from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator,
                       model_validator)
 
-from simulator.regress.figures import PLAN_FIGURES, SCENARIO_FIGURES
 from simulator.plan import PlanError, PlanRequest, parse_plan_request
+from simulator.regress.figures import PLAN_FIGURES, SCENARIO_FIGURES
 from simulator.scenario import Scenario, ScenarioError, _models_in, parse_scenario
 
 
