@@ -55,7 +55,7 @@ def _pools(d: dict, opts: builder.Options) -> dict:
     for i, pool in enumerate(d["pools"]):
         st.markdown(f"**{pool.get('role', 'colocated')} pool**")
         gpus = list(opts.gpus)
-        g = builder.canonical_gpu(pool["gpu"], tuple(d.get("hwdb", ())))
+        g = builder.canonical_gpu(pool["gpu"], ui.db(d))
         gi = gpus.index(g) if g in gpus else 0
         gpu = st.selectbox("GPU", gpus, index=gi, key=_k(f"gpu-{i}-{mode}"))
         c2, c3 = st.columns(2)
@@ -132,9 +132,8 @@ def _slo(d: dict) -> dict:
 
 
 def _prices(d: dict) -> scenarios.Prices:
-    from app.services.hardware import load
     out = []
-    db = load()
+    db = ui.db(d)
     for g in dict.fromkeys(p["gpu"] for p in d["pools"]):
         try:
             listp = db.gpu(g).price_usd_per_hour.value
@@ -154,11 +153,11 @@ def sidebar() -> tuple[dict, scenarios.Prices]:
         _upload_scenario()
         d = ui.scenario()
         try:
-            opts = builder.options(tuple(str(p) for p in d.get("hwdb", ())) +
-                                   ((str(scenarios.user_hwdb_dir()),) if scenarios.user_hwdb_dir().is_dir() else ()))
+            db = ui.db(d)
         except Exception as exc:                                  # noqa: BLE001 - a broken user hwdb folder
             ui.show_error(exc)
-            opts = builder.options()
+            db = ui._db_cache().get(())
+        opts = builder.options(db)
         d = _model(d, opts)
         st.subheader("Pools")
         d = _pools(d, opts)

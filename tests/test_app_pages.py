@@ -40,6 +40,10 @@ def test_home_runs_default_and_reacts_to_rate():
     assert m["SLO attainment"].endswith("%") and m["TTFT p50"].endswith("ms")
     assert m["cost per hour"] == "$8.50"              # 2 x H100 at the hwdb list price of $4.25/h
     assert "Llama-3.1-8B on 2× H100-SXM-80GB TP1 colocated" in [s.value for s in at.subheader]
+    assert len(at.get("plotly_chart")) == 4                       # the four latency CDFs
+    at.radio(key="view").set_value("Time series").run()
+    _ok(at)
+    assert len(at.get("plotly_chart")) == 4                       # batch, KV, queue, links
     tok = float(m["output tok/s"].replace(",", ""))
     at.number_input(key="rate-0").set_value(40.0).run()
     _ok(at)

@@ -19,7 +19,7 @@ st.caption("Searches colocated and prefill/decode deployments over the offered G
            "every candidate, then simulation of the most promising (docs/planner.md).")
 
 d = ui.scenario()
-opts = builder.options()
+opts = builder.options(ui.db(d))
 up = st.file_uploader("Load a plan request YAML (else the Home page's scenario is planned)", type=["yaml", "yml"],
                       key="plan-upload")
 data = None

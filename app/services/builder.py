@@ -26,18 +26,18 @@ class Options:
     routers: tuple[str, ...]
 
 
-def options(hwdb_dirs: tuple[str, ...] = ()) -> Options:
-    db = hwdb.load(hwdb_dirs)
+def options(db: hwdb.HardwareDB | None = None) -> Options:
+    db = db or hwdb.load()
     fabrics = tuple(sorted(n for n, ln in db.links.items() if ln.kind not in ("nvlink", "pcie", "xgmi")))
     return Options(models=tuple(sorted(db.models)), gpus=tuple(sorted(db.gpus)), fabrics=fabrics,
                    connectors=tuple(sorted(db.connectors)), engines=tuple(sorted(db.engines)),
                    routers=tuple(sorted(ROUTERS)))
 
 
-def canonical_gpu(name: str, hwdb_dirs: tuple[str, ...] = ()) -> str:
+def canonical_gpu(name: str, db: hwdb.HardwareDB | None = None) -> str:
     """The database's name for a GPU name or alias (``H100`` -> ``H100-SXM-80GB``); unchanged if unknown."""
     try:
-        return hwdb.load(hwdb_dirs).gpu(name).name
+        return (db or hwdb.load()).gpu(name).name
     except hwdb.HwdbError:
         return name
 

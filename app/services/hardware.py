@@ -36,6 +36,37 @@ def load(user_dir: Path | None = None) -> hwdb.HardwareDB:
     return hwdb.load([d] if d.is_dir() else [])
 
 
+def _stamp(dirs: tuple[str, ...]) -> tuple:
+    """Names, sizes and modification times of every file under ``dirs`` (changes when a file does)."""
+    out = []
+    for d in dirs:
+        for p in sorted(Path(d).rglob("*")):
+            if p.is_file():
+                st = p.stat()
+                out.append((str(p), st.st_size, st.st_mtime_ns))
+    return tuple(out)
+
+
+class DbCache:
+    """The last loaded database per folder list, reloaded when a file in the user folders changes.
+
+    Loading the shipped YAML costs ~0.1-0.2 s; the builder needs the database on every rerun.
+    One instance per app server (held by the page layer).
+    """
+
+    def __init__(self):
+        self._entries: dict[tuple[str, ...], tuple[tuple, hwdb.HardwareDB]] = {}
+
+    def get(self, dirs: tuple[str, ...] = ()) -> hwdb.HardwareDB:
+        dirs = tuple(str(d) for d in dirs)
+        stamp = _stamp(dirs)
+        hit = self._entries.get(dirs)
+        if hit is None or hit[0] != stamp:
+            hit = (stamp, hwdb.load(dirs))
+            self._entries[dirs] = hit
+        return hit[1]
+
+
 def describe(kind: str, name: str, user_dir: Path | None = None) -> dict:
     try:
         return listing.describe(load(user_dir), kind.rstrip("s"), name)
