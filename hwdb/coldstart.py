@@ -24,7 +24,7 @@ from typing import Iterable, Literal
 
 from pydantic import Field
 
-from hwdb.db import DATA_DIR, HwdbError, _parse, _read_yaml
+from hwdb.db import DATA_DIR, HwdbError, _parse, _read_yaml, find
 from hwdb.schema import Figure, _Strict
 
 COLDSTART_DIR = DATA_DIR / "coldstart"
@@ -146,15 +146,8 @@ class ColdStartDB:
 
     @staticmethod
     def _lookup(kind: str, table: dict, name: str):
-        if name in table:
-            return table[name]
-        low = name.lower().replace("-", "_")
-        for key, item in table.items():
-            names = (key, *item.aliases)
-            if any(n.lower().replace("-", "_") == low for n in names):
-                return item
-        raise HwdbError(f"unknown {kind} '{name}'. Known: {', '.join(sorted(table))}. "
-                        f"Add one as a YAML file (kind: {kind}) in a user hwdb folder's coldstart/ (--hwdb DIR).")
+        return find(kind, table, name, f"Add one as a YAML file (kind: {kind}) in a user hwdb folder's "
+                                       f"coldstart/ (--hwdb DIR).")
 
     def storage_path(self, name: str) -> StoragePath:
         return self._lookup("storage", self.storage, name)

@@ -36,6 +36,25 @@ class HwdbError(ValueError):
     """A hardware-database file is malformed or a name is unknown."""
 
 
+def _norm(name: str) -> str:
+    return name.lower().replace("-", "_")
+
+
+def find(kind: str, table: dict, name: str, fix: str):
+    """The entry of ``table`` called ``name``: exact key first, then any key or alias equal up to case
+    and '-' vs '_'.  Unknown names raise HwdbError listing the known ones and ``fix``."""
+    if name in table:
+        return table[name]
+    low = _norm(name)
+    for key, item in table.items():
+        aliases = getattr(item, "aliases", None)
+        if aliases is None and hasattr(item, "sidecar"):
+            aliases = item.sidecar.aliases
+        if any(_norm(n) == low for n in (key, *(aliases or ()))):
+            return item
+    raise HwdbError(f"unknown {kind} '{name}'. Known {kind}s: {', '.join(sorted(table))}. {fix}")
+
+
 @dataclass(frozen=True)
 class ModelEntry:
     """A model: its verbatim config, its sidecar and the derived architecture."""
@@ -111,18 +130,7 @@ class HardwareDB:
 
     @staticmethod
     def _lookup(kind: str, table: dict, name: str):
-        if name in table:
-            return table[name]
-        low = name.lower()
-        for key, item in table.items():
-            aliases = getattr(item, "aliases", None)
-            if aliases is None and hasattr(item, "sidecar"):
-                aliases = item.sidecar.aliases
-            if key.lower() == low or any(a.lower() == low for a in aliases or ()):
-                return item
-        known = ", ".join(sorted(table))
-        raise HwdbError(f"unknown {kind} '{name}'. Known {kind}s: {known}. "
-                        f"Add your own as a file in a user hwdb folder (--hwdb DIR).")
+        return find(kind, table, name, "Add your own as a file in a user hwdb folder (--hwdb DIR).")
 
     def gpu(self, name: str) -> GPU:
         return self._lookup("GPU", self.gpus, name)

@@ -1,4 +1,4 @@
-"""Command line: ``epdsim simulate | perf | hw | pd-crossover | calibrate | coldstart | probes``.
+"""Command line: ``epdsim simulate | perf | hw | pd-crossover | calibrate | coldstart | probes | plan``.
 
 Every user error (bad scenario, unknown GPU, model that does not fit,
 malformed trace) is printed as one paragraph on stderr with exit code 2;
@@ -228,6 +228,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_calibrate(sub)
     from simulator.cli_ops import add_subparsers as _add_ops
     _add_ops(sub)
+    from simulator.cli_plan import add_subparsers as _add_plan
+    _add_plan(sub)
+    from simulator.cli_regress import add_subparsers as _add_regress
+    _add_regress(sub)
     from app.cli import add_subparsers as _add_app
     _add_app(sub)
     return p

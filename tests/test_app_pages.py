@@ -132,14 +132,14 @@ def test_calibration_page_errors_inline(tmp_path):
 
 def test_calibration_page_fits_and_validates_a_bundle(tmp_path):
     import hwdb
-    from tests import test_calibration_fit as tcf
+    from tests import synthetic_bundle as tcf
     tiny = tmp_path / "tiny-llama"
     tiny.mkdir()
     import json
     import yaml
     (tiny / "config.json").write_text(json.dumps(tcf.TINY_CONFIG))
     (tiny / "epdsim.yaml").write_text(yaml.safe_dump({"name": "tiny-llama", "source": "test"}))
-    hw = tcf._write_truth_hwdb(tmp_path / "truth-hw", tiny, tcf.CPU_TRUTH, hwdb.load())
+    hw = tcf.write_truth_hwdb(tmp_path / "truth-hw", tiny, tcf.CPU_TRUTH, hwdb.load())
     bundle = tcf.make_bundle(tmp_path / "bundle", hw, tiny)
     at = _page("pages/4_Calibration.py").run()
     at.text_input(key="bundle").set_value(str(bundle)).run()

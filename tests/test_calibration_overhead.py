@@ -18,7 +18,7 @@ import yaml
 import hwdb
 from calibration.fit import fit_bundle, write_outputs
 from calibration.validate import cmd_validate, validate
-from tests.test_calibration_fit import CPU_TRUTH, TINY_CONFIG, _write_truth_hwdb, make_bundle
+from tests.synthetic_bundle import CPU_TRUTH, TINY_CONFIG, make_bundle, write_truth_hwdb
 
 #: a host that spends 8 ms per step outside the model (the real CPU build: ~3.4 ms)
 TRUTH = dict(CPU_TRUTH, step_overhead_s=8.0e-3)
@@ -40,7 +40,7 @@ def _errors(d: dict) -> dict[tuple[str, str], float]:
 
 def test_fitted_overhead_validates_better_than_engine_defaults(tmp_path, tiny):
     db = hwdb.load()
-    hw_truth = _write_truth_hwdb(tmp_path / "truth-hw", tiny, TRUTH, db)
+    hw_truth = write_truth_hwdb(tmp_path / "truth-hw", tiny, TRUTH, db)
     bundle = make_bundle(tmp_path / "bundle", hw_truth, tiny)
     fit = fit_bundle(bundle)
     assert fit.result.params["step_overhead_s"] == pytest.approx(TRUTH["step_overhead_s"], rel=0.15)

@@ -115,6 +115,20 @@ def test_gpu_resolves(db, name, alias):
     assert db.gpu(name.lower()).name == name
 
 
+def test_one_lookup_rule_for_every_table(db):
+    """GPUs, links, models and cold-start entries resolve alike: case and '-' vs '_' don't matter, and an
+    unknown name lists the known ones."""
+    from hwdb.coldstart import load_coldstart
+    assert db.gpu("h100_sxm_80gb").name == "H100-SXM-80GB"
+    cs = load_coldstart()
+    some = sorted(cs.storage)[0]
+    assert cs.storage_path(some.upper().replace("_", "-")) is cs.storage_path(some)
+    with pytest.raises(HwdbError, match=r"unknown GPU 'H999'\. Known GPUs: .*H100-SXM-80GB"):
+        db.gpu("H999")
+    with pytest.raises(HwdbError, match=rf"unknown storage 'tape'\. Known storages: .*{some}.*coldstart/"):
+        cs.storage_path("tape")
+
+
 @pytest.mark.parametrize("name,alias", sorted(LINKS.items()))
 def test_link_resolves(db, name, alias):
     assert db.link(name).name == name

@@ -113,6 +113,8 @@ def test_refit_reproduces_committed_h100_profile():
         a, b = getattr(committed, c), getattr(fresh, c)
         assert b.max_eff == pytest.approx(a.max_eff, rel=0.01), c
         assert b.half == pytest.approx(a.half, rel=0.01, abs=1e-9), c
+    # the whole profile, fp8 curve included: re-running the fit must not drop a committed curve
+    assert fresh.model_dump(exclude={"created"}) == committed.model_dump(exclude={"created"})
     for key, q in committed.quality.items():
         assert fresh.quality[key].held_out_median_abs_rel_error == pytest.approx(
             q.held_out_median_abs_rel_error, abs=0.005), key

@@ -29,6 +29,7 @@ def _violation(row: dict, slo) -> float:
 def assemble(req, ctx, rows: list[dict], done: dict[str, dict], by_id: dict):
     from simulator.plan.runner import PlanResult
     out_tok = ctx.stats.mean_out
+    rows = [dict(r) for r in rows]
     for r in rows:
         d = done.get(r["id"])
         r["verified"] = d is not None
@@ -79,7 +80,8 @@ def assemble(req, ctx, rows: list[dict], done: dict[str, dict], by_id: dict):
     closest = live.iloc[0:0]
     if rec is None:
         live["slo_violation"] = [_violation(r, req.slo) for r in live.to_dict("records")]
-        live = live.sort_values(["goodput_rps", "slo_violation", "cost_usd_per_hour"], ascending=[False, True, True])
+        live = live.sort_values(["goodput_rps", "verified", "slo_violation", "cost_usd_per_hour"],
+                                ascending=[False, False, True, True])
         closest = live.head(5).reset_index(drop=True)
         best = closest.iloc[0] if len(closest) else None
         notes.append("no candidate meets the SLO at the target rate"

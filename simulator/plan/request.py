@@ -67,8 +67,11 @@ class SearchConfig(_Strict):
 
     ``verify``: candidates checked by the discrete-event simulation (the
     cheapest the screen accepts, plus ``borderline`` cheaper ones it rejected
-    narrowly); ``replications``: seeds per simulated point; ``requests``:
-    requests per simulation (overrides the workload's num_requests);
+    narrowly); ``verify_front``: then the cheapest Pareto-front points with an
+    estimated goodput of at least half the target that the simulation has not
+    seen yet; ``replications``: seeds per simulated point; ``requests``:
+    the fewest requests per simulation (runs are lengthened so that arrivals span eight request
+    lifetimes, TTFT + mean output x TPOT at the SLO, and the first and last lifetime are left out);
     ``goodput_iterations``: bisection steps of the simulated goodput search;
     ``goodput_max_factor``: the search's upper bound, in multiples of the
     target rate.
@@ -76,6 +79,7 @@ class SearchConfig(_Strict):
 
     verify: int = Field(6, ge=0, le=1000)
     borderline: int = Field(2, ge=0, le=100)
+    verify_front: int = Field(4, ge=0, le=100)
     replications: int = Field(3, ge=1, le=50)
     requests: int | None = Field(1000, ge=50)
     goodput_iterations: int = Field(5, ge=0, le=30)

@@ -64,12 +64,26 @@ class PlanResult:
         return to_scenario(self.request, self.candidate(candidate_id), rate)
 
 
+def request_lifetime(req: PlanRequest, mean_out: float) -> float:
+    """A request's expected lifetime at the SLO (seconds): TTFT target plus the output at the TPOT target."""
+    ttft = req.slo.ttft_s if req.slo.ttft_s is not None else 1.0
+    tpot = req.slo.tpot_s if req.slo.tpot_s is not None else 0.05
+    return ttft + mean_out * tpot
+
+
 def _request_key(req: PlanRequest) -> str:
     return hashlib.sha256(req.model_dump_json().encode()).hexdigest()[:16]
 
 
+def _est_violation(row: dict, slo) -> float:
+    """Screen latency over the SLO target at the target rate (the larger of TTFT and TPOT; 1 = on it)."""
+    v = [row["est_ttft_s"] / slo.ttft_s if slo.ttft_s else 0.0, row["est_tpot_s"] / slo.tpot_s if slo.tpot_s else 0.0]
+    return max(v)
+
+
 def _choose_verify(rows: list[dict], req: PlanRequest) -> list[str]:
-    """Cheapest candidates the screen accepts, then cheaper ones it rejected narrowly."""
+    """Cheapest candidates the screen accepts, cheaper ones it rejected narrowly, and the cheapest
+    accepted candidate of each family."""
     live = [r for r in rows if not r["rejected_reason"].startswith(("memory", "kv-transfer"))]
     ok = sorted((r for r in live if r["est_meets_slo"]), key=lambda r: (r["cost_usd_per_hour"], -r["est_goodput_rps"]))
     chosen = [r["id"] for r in ok[:req.search.verify]]
@@ -78,8 +92,12 @@ def _choose_verify(rows: list[dict], req: PlanRequest) -> list[str]:
                    and r["est_goodput_rps"] >= 0.5 * req.target_rate),
                   key=lambda r: (-r["est_goodput_rps"], r["cost_usd_per_hour"]))
     if not ok:   # nothing passes the screen: simulate the closest so that the answer is still checked
-        near = sorted(live, key=lambda r: -r["est_goodput_rps"])
+        near = sorted(live, key=lambda r: (-r["est_goodput_rps"], _est_violation(r, req.slo), r["cost_usd_per_hour"]))
     chosen += [r["id"] for r in near[:req.search.borderline if ok else max(req.search.borderline, 3)]]
+    for fam in req.constraints.families:   # each family's best by the screen, so that its loss is simulated
+        best = next((r for r in ok if r["family"] == fam), None)
+        if best is not None:
+            chosen.append(best["id"])
     return list(dict.fromkeys(chosen))
 
 
@@ -122,13 +140,15 @@ def run_plan(req: PlanRequest, progress: Progress | None = None, workers: int | 
                 if rec.get("request_key") == key and rec["id"] in by_id:
                     done[rec["id"]] = rec
     est = {r["id"]: r for r in rows}
-    tasks = [{"id": cid, "scenario": to_scenario(req, by_id[cid]).model_dump(mode="json"),
-              "rate": req.target_rate, "replications": req.search.replications,
-              "iterations": req.search.goodput_iterations, "hint": est[cid]["est_goodput_rps"],
-              "max_rate": req.target_rate * req.search.goodput_max_factor}
-             for cid in verify_ids if cid not in done]
-    total = len(verify_ids)
-    progress(len(done), total, "verify")
+    lifetime = request_lifetime(req, ctx.stats.mean_out)
+    planned = list(verify_ids)
+
+    def task(cid: str) -> dict:
+        return {"id": cid, "scenario": to_scenario(req, by_id[cid]).model_dump(mode="json"),
+                "rate": req.target_rate, "replications": req.search.replications,
+                "iterations": req.search.goodput_iterations, "hint": est[cid]["est_goodput_rps"],
+                "max_rate": req.target_rate * req.search.goodput_max_factor,
+                "lifetime_s": lifetime, "min_requests": req.search.requests or 1000}
 
     def on_done(res: dict) -> None:
         res["request_key"] = key
@@ -136,18 +156,31 @@ def run_plan(req: PlanRequest, progress: Progress | None = None, workers: int | 
         if log is not None:
             with log.open("a") as fh:
                 fh.write(json.dumps(res) + "\n")
-        progress(len(done), total, "verify")
+        progress(sum(c in done for c in planned), len(planned), "verify")
 
-    if ray_address:
-        interrupted = run_ray(verify_task, tasks, ray_address, on_done)
-    else:
-        interrupted = run_local(verify_task, tasks, workers or default_workers(), on_done)
+    def verify(ids: list[str]) -> bool:
+        tasks = [task(cid) for cid in ids if cid not in done]
+        progress(sum(c in done for c in planned), len(planned), "verify")
+        if ray_address:
+            return run_ray(verify_task, tasks, ray_address, on_done)
+        return run_local(verify_task, tasks, workers or default_workers(), on_done)
+
     from simulator.plan.rank import assemble
+    interrupted = verify(verify_ids)
     result = assemble(req, ctx, rows, done, by_id)
+    if not interrupted and req.search.verify_front:
+        # Front points near the target that only the screen has seen: simulate them too, then re-rank.
+        front = result.pareto
+        extra = front[~front["verified"] & (front["goodput_rps"] >= 0.5 * req.target_rate)]["id"]
+        extra = [cid for cid in extra if cid not in done][:req.search.verify_front]
+        if extra:
+            planned += extra
+            interrupted = verify(extra)
+            result = assemble(req, ctx, rows, done, by_id)
     result.interrupted = interrupted
     if interrupted:
-        result.notes.append(f"interrupted: {len(done)} of {total} verifications finished; the rest rely on the "
-                            "screen estimate")
+        result.notes.append(f"interrupted: {sum(c in done for c in planned)} of {len(planned)} verifications "
+                            "finished; the rest rely on the screen estimate")
     if out_dir is not None:
         write_result(result, out_dir)
     return result

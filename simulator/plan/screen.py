@@ -87,18 +87,38 @@ class Screen:
     # -- per-instance figures at per-instance rate r: (ttft_part, tpot, limit)
     def _colocated_raw(self, key, r: float) -> tuple[float, float, str]:
         lay = self.layout[key]
-        k, I, O = lay.dep.knobs, self.I, self.O
-        t, B, why = _fixed_point(lay.step, k, lay.mem.kv_tokens, r, I, O, True)
-        if why:
-            return OVERLOAD, OVERLOAD, why
-        room = max(1.0, k.max_num_batched_tokens - B)
-        rho = r * I * t / room
-        chunks = math.ceil(self.Iq / room)
-        chunk = min(self.Iq, room)
-        t_chunk = lay.step.step_time(B + chunk, max(1.0, B), chunk * chunk / 2.0, B * (I + O / 2), 0.0, int(B) + 1, 0)
-        service_mean = math.ceil(I / room) * t_chunk
-        wait = _wait_quantile(rho, service_mean, self.q)
-        return wait + chunks * t_chunk + 0.5 * t, t, "" if wait < OVERLOAD else "prefill queue saturated"
+        k, I, O, step = lay.dep.knobs, self.I, self.O, lay.step
+        budget, ctx = k.max_num_batched_tokens, I + O / 2.0
+        t = step.step_time(1.0, 1.0, 0.0, ctx, 0.0, 1, 0)
+        for _ in range(200):
+            B = r * O * t
+            room = budget - B
+            if B > k.max_num_seqs:
+                return OVERLOAD, OVERLOAD, f"max_num_seqs={k.max_num_seqs} reached"
+            if B * ctx > 0.95 * lay.mem.kv_tokens:
+                return OVERLOAD, OVERLOAD, f"KV cache full ({lay.mem.kv_tokens:,} tokens)"
+            P = r * I * t                          # prompt tokens to prefill per step
+            if room < 1 or P > room:
+                return OVERLOAD, OVERLOAD, f"token budget {budget} per step exceeded"
+            # Steps are bimodal: a fraction f carries C prompt tokens, the rest only decodes
+            # (the mean of the two step times, not the step time of the mean: the roofline is convex).
+            f = min(1.0, P / min(I, room))
+            C = P / f if f > 0 else 0.0
+            t_mix = step.step_time(B + C, max(1.0, B), C * I / 2.0, B * ctx, 0.0, int(B) + 1, 0)
+            t_dec = step.step_time(max(B, 1.0), max(1.0, B), 0.0, max(B, 1.0) * ctx, 0.0, int(B) + 1, 0)
+            t_new = f * t_mix + (1.0 - f) * t_dec
+            if abs(t_new - t) <= 1e-7 + 1e-6 * t:
+                break
+            t = t_new
+        else:
+            return OVERLOAD, OVERLOAD, "step time does not settle (saturated)"
+        t = t_new
+        chunk_q = min(self.Iq, room)
+        t_chunk = step.step_time(B + chunk_q, max(1.0, B), chunk_q * self.Iq / 2.0, B * ctx, 0.0, int(B) + 1, 0)
+        service_mean = math.ceil(I / room) * t_mix
+        wait = _wait_quantile(P / room, service_mean, self.q)
+        ttft = wait + math.ceil(self.Iq / room) * t_chunk + 0.5 * t
+        return ttft, t, "" if wait < OVERLOAD else "prefill queue saturated"
 
     def _prefill_raw(self, key, r: float) -> tuple[float, float, str]:
         lay = self.layout[key]

@@ -25,13 +25,41 @@ def with_rate(scn: Scenario, rate: float) -> Scenario:
     return scn.model_copy(update={"workload": wl})
 
 
-def _point(scn: Scenario, rate: float, replications: int, q: float) -> dict:
-    """Attainment (mean and 95% CI half-width over replications) and latency percentiles at ``rate``."""
+def steady_attainment(res, slo, trim_s: float) -> float:
+    """SLO attainment over the requests that arrived in steady state: those arriving in the first and
+    last ``trim_s`` seconds (ramp-up from an empty system, drain) are left out when at least half of
+    the run remains; rejected and unfinished requests count as misses."""
+    req = res.requests
+    t = req["arrival_s"].to_numpy()
+    keep = (t >= t.min() + trim_s) & (t <= t.max() - trim_s)
+    if keep.sum() < 0.5 * len(t):
+        keep = np.ones(len(t), dtype=bool)
+    ok = (req["outcome"] == "completed").to_numpy().copy()
+    if slo.ttft_s is not None:
+        ok &= req["ttft_s"].to_numpy() <= slo.ttft_s
+    if slo.tpot_s is not None:
+        ok &= ~(req["tpot_s"].to_numpy() > slo.tpot_s)     # NaN (one output token) passes
+    return float(ok[keep].mean())
+
+
+def requests_for(rate: float, lifetime_s: float, minimum: int, span_lifetimes: float = 8.0,
+                 cap: int = 50_000) -> int:
+    """Requests to simulate at ``rate`` so that arrivals span ``span_lifetimes`` request lifetimes:
+    a shorter run never fills the batch and reads optimistic."""
+    return int(min(cap, max(minimum, math.ceil(rate * span_lifetimes * lifetime_s))))
+
+
+def _point(scn: Scenario, rate: float, replications: int, task: dict) -> dict:
+    """Steady-state attainment (mean and 95% CI half-width over replications) and latency percentiles."""
+    q = scn.slo.attainment
     att, ttft, tpot = [], [], []
     s = with_rate(scn, rate)
+    if s.workload.arrival.kind != "trace":
+        n = requests_for(rate, task["lifetime_s"], task["min_requests"])
+        s = s.model_copy(update={"workload": s.workload.model_copy(update={"num_requests": n, "duration_s": None})})
     for r in range(replications):
         res = simulate(s, r)
-        att.append(res.summary["slo_attainment"])
+        att.append(steady_attainment(res, scn.slo, task["lifetime_s"]))
         done = res.requests[res.requests["outcome"] == "completed"]
         t1 = done["ttft_s"].to_numpy()
         t2 = done["tpot_s"].to_numpy()
@@ -49,17 +77,18 @@ def _point(scn: Scenario, rate: float, replications: int, q: float) -> dict:
 def verify_task(task: dict) -> dict:
     """Simulate one candidate.  ``task``: id, scenario (a Scenario dumped to JSON-able data), rate
     (target, requests/s), replications, iterations (goodput bisection steps), hint (screen goodput),
-    max_rate (search ceiling).  Returns the figures at the target rate and the simulated goodput."""
+    max_rate (search ceiling), lifetime_s (a request's expected lifetime, for run length and warm-up),
+    min_requests.  Returns the figures at the target rate and the simulated goodput."""
     scn = Scenario.model_validate(task["scenario"])
     target, reps, q = task["rate"], task["replications"], scn.slo.attainment
-    at = _point(scn, target, reps, q)
+    at = _point(scn, target, reps, task)
     ok = at["attainment"] >= q
     probes = reps
 
     def meets(rate: float) -> bool:
         nonlocal probes
         probes += reps
-        return _point(scn, rate, reps, q)["attainment"] >= q
+        return _point(scn, rate, reps, task)["attainment"] >= q
 
     capped = False
     if ok:

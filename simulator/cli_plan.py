@@ -1,0 +1,118 @@
+"""``epdsim plan REQUEST.yaml``: the cheapest deployment meeting the SLOs, the Pareto front, artefacts.
+
+Hooked into ``simulator/cli.py`` by ``add_subparsers(sub)``.  User errors
+(bad request, impossible constraints, unknown GPU, Ray unavailable) print one
+paragraph on stderr and exit 2.  Ctrl-C during verification keeps what has
+finished: the tables are printed and written from the verified part.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from pydantic import ValidationError
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+import hwdb
+from simulator.perf import FitError
+from simulator.plan import PlanError, artefacts, load_plan_request, run_plan
+from simulator.plan.executors import ExecutorError
+from simulator.scenario import ScenarioError
+
+PLAN_ERRORS = (PlanError, ExecutorError, ScenarioError, hwdb.HwdbError, FitError, ValidationError, FileNotFoundError)
+
+
+def _f(x: float, unit: str = "") -> str:
+    if x is None or x != x:
+        return "-"
+    if math.isinf(x):
+        return "∞"
+    if unit == "s":
+        return f"{x * 1e3:.0f} ms" if x < 1 else f"{x:.2f} s"
+    return f"{x:,.2f}{unit}"
+
+
+def _table(title: str, df, q: int, full_reason: bool = False) -> Table:
+    t = Table(title=title)
+    for c in ("candidate", "$/h", "$/M tok", "goodput req/s", f"p{q} TTFT", f"p{q} TPOT", "sim", "why not"):
+        t.add_column(c, overflow="fold")
+    for r in df.to_dict("records"):
+        why = r["rejected_reason"] or "recommended"
+        t.add_row(r["layout"], _f(r["cost_usd_per_hour"]), _f(r["cost_usd_per_million_tokens"]),
+                  _f(r["goodput_rps"]), _f(r["ttft_s"], "s"), _f(r["tpot_s"], "s"), "yes" if r["verified"] else "est",
+                  escape(why if full_reason else why.split(":")[0]))
+    return t
+
+
+def cmd_plan(args, con: Console) -> int:
+    req = load_plan_request(args.request)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True, disable=args.quiet) as bar:
+        tasks: dict[str, int] = {}
+
+        def progress(done: int, total: int, stage: str) -> None:
+            if stage not in tasks:
+                tasks[stage] = bar.add_task(stage, total=total)
+            bar.update(tasks[stage], completed=done, total=total)
+
+        res = run_plan(req, progress=progress, workers=args.workers, ray_address=args.ray, out_dir=args.out)
+    q = req.percentile
+    df = res.candidates
+    con.print(f"[bold]{req.name}[/]: {len(df)} candidates, {int(df['verified'].sum())} simulated "
+              f"({req.search.replications} seeds each), target {req.target_rate:g} req/s, SLO p{q} "
+              f"TTFT <= {_f(req.slo.ttft_s, 's')}, TPOT <= {_f(req.slo.tpot_s, 's')}", highlight=False)
+    con.print(_table("Pareto front (cost vs goodput vs TTFT)", res.pareto.head(args.top), q))
+    verified = df[df["verified"]].sort_values("cost_usd_per_hour")
+    con.print(_table("simulated candidates", verified, q, full_reason=True))
+    fam = Table(title="families")
+    for c in ("family", "best", "$/h", "goodput req/s", "lost because"):
+        fam.add_column(c, overflow="fold")
+    for r in res.families.to_dict("records"):
+        fam.add_row(r["family"], str(r["layout"]), _f(r["cost_usd_per_hour"]), _f(r["goodput_rps"]),
+                    escape(str(r["lost_because"])))
+    con.print(fam)
+    for note in res.notes:
+        con.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
+    rec = res.recommended
+    if rec is None:
+        con.print(_table("closest candidates (nothing meets the SLO)", res.closest, q, full_reason=True))
+        return 1
+    con.print(f"[bold green]recommended:[/] {rec['layout']} — ${rec['cost_usd_per_hour']:,.2f}/h, simulated goodput "
+              f"{rec['goodput_rps']:.3g} req/s (headroom {rec['headroom_rate']:+.0%} over {req.target_rate:g}), "
+              f"attainment {rec['attainment']:.1%} ± {rec['attainment_ci95']:.1%} at the target rate",
+              highlight=False)
+    if args.artefacts:
+        out = Path(args.artefacts)
+        for name, text in artefacts(res).items():
+            path = out / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        con.print(f"wrote deployment artefacts to {out}")
+    return 0
+
+
+def _run(args, con: Console | None = None) -> int:
+    con = con or Console()
+    try:
+        return cmd_plan(args, con)
+    except PLAN_ERRORS as exc:
+        Console(stderr=True).print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        return 2
+
+
+def add_subparsers(sub) -> None:
+    """Hook for ``simulator/cli.py``: adds ``epdsim plan``."""
+    p = sub.add_parser("plan", help="search deployments for the cheapest one meeting the SLOs; emit artefacts")
+    p.add_argument("request", help="plan request YAML (see docs/planner.md, examples/plan_*.yaml)")
+    p.add_argument("--workers", type=int, default=None, help="local worker processes (default: usable cores)")
+    p.add_argument("--ray", metavar="ADDRESS", default=None,
+                   help="run simulations on a Ray cluster (needs the 'ray' extra); 'local' starts one here")
+    p.add_argument("--out", help="folder for verified.jsonl (incremental, resumable), candidates.csv, pareto.csv")
+    p.add_argument("--artefacts", metavar="DIR", help="write vLLM/SGLang commands, Kubernetes YAML, router config")
+    p.add_argument("--top", type=int, default=15, help="rows of the Pareto front to print")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_run)
+
