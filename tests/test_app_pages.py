@@ -159,7 +159,8 @@ def test_plan_page_runs_the_planner():
     _ok(at)
     assert at.button(key="plan-run")                             # nothing runs until asked
     at.number_input(key="plan-verify").set_value(1)
-    at.number_input(key="plan-requests").set_value(200)
+    at.number_input(key="plan-requests").set_value(100)
+    at.multiselect(key="plan-tp").set_value([1])
     at.multiselect(key="plan-gpus").set_value(["L40S"]).run()
     at.button(key="plan-run").click().run()
     _ok(at)

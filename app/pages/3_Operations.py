@@ -32,7 +32,7 @@ eager = c3.checkbox("enforce_eager (no compile, no CUDA graphs)", False, key="op
 q = operations.StartQuery(model=model, gpu=gpu, tp=int(tp), storage=storage, compile_cache=cache,
                           image_cached=image_cached, enforce_eager=eager)
 try:
-    cs = operations.cold_start(q)
+    cs = operations.cold_start(q, ui.db(d))
 except scenarios.InputError as exc:
     ui.show_error(exc)
     st.stop()
@@ -66,7 +66,7 @@ liveness = probe_inputs("livenessProbe", "lp", (30, 10, 1, 3), True)
 readiness = probe_inputs("readinessProbe", "rp", (30, 10, 1, 3), True)
 volume = st.checkbox("torch.compile cache on a volume (survives restarts)", False, key="ops-volume")
 try:
-    pr = operations.probes(q, startup, liveness, readiness, compile_cache_volume=volume)
+    pr = operations.probes(q, startup, liveness, readiness, compile_cache_volume=volume, db=ui.db(d))
 except scenarios.InputError as exc:
     ui.show_error(exc)
     st.stop()

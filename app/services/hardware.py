@@ -21,10 +21,10 @@ from app.services.scenarios import InputError, check_size, user_hwdb_dir
 KINDS = ("gpus", "links", "models")
 
 
-def table(kind: str, user_dir: Path | None = None) -> pd.DataFrame:
-    """The shipped database plus the user folder (when it exists), one row per item."""
+def table(kind: str, user_dir: Path | None = None, db: hwdb.HardwareDB | None = None) -> pd.DataFrame:
+    """The shipped database plus the user folder (when it exists), one row per item (``db``: already loaded)."""
     rows = {"gpus": listing.gpu_rows, "links": listing.link_rows, "models": listing.model_rows}[kind]
-    df = pd.DataFrame(rows(load(user_dir)))
+    df = pd.DataFrame(rows(db or load(user_dir)))
     for c in df.columns:           # mixed columns (a bool or None among strings) as text, for display
         if df[c].dtype == object:
             df[c] = df[c].map(lambda v: "" if v is None else str(v))
@@ -67,9 +67,9 @@ class DbCache:
         return hit[1]
 
 
-def describe(kind: str, name: str, user_dir: Path | None = None) -> dict:
+def describe(kind: str, name: str, user_dir: Path | None = None, db: hwdb.HardwareDB | None = None) -> dict:
     try:
-        return listing.describe(load(user_dir), kind.rstrip("s"), name)
+        return listing.describe(db or load(user_dir), kind.rstrip("s"), name)
     except hwdb.HwdbError as exc:
         raise InputError(str(exc)) from None
 
