@@ -60,7 +60,12 @@ def _totals_table(res) -> Table:
                                                  f"({s['max_kv_occupancy']:.1%})"),
         ("preemptions", str(s["preemptions"])),
         *([("TTFT breakdown (mean)", ", ".join(f"{k} {_fmt(v, 's')}" for k, v in s["ttft_breakdown_mean_s"].items()
-                                                if v == v and v > 0))] if res.info.get("kv_transfer") else []),
+                                                if v == v and v > 0))]
+          if res.info.get("kv_transfer") or "encoder" in s else []),
+        *([("encoder (" + s["encoder"]["topology"] + ")",
+            f"{s['encoder']['images']} images, {s['encoder']['images_encoded']} encoded "
+            f"(cache hit rate {s['encoder']['cache_hit_rate']:.1%}), utilisation {s['encoder']['utilisation']:.1%}")]
+          if "encoder" in s else []),
         *([("KV moved", f"{s['kv_bytes_moved'] / 1e9:,.1f} GB over {res.info['kv_transfer']['link']} "
                         f"({res.info['kv_transfer']['connector']})")] if res.info.get("kv_transfer") else []),
         ("SLO attainment", f"{s['slo_attainment']:.1%}"),
@@ -88,6 +93,9 @@ def cmd_simulate(args, con: Console) -> int:
     res = simulate(scn, replication=args.replication)
     con.print(_summary_table(res))
     con.print(_totals_table(res))
+    if "operations" in res.summary:
+        from simulator.cli_ops import operations_table
+        con.print(operations_table(res))
     if args.out:
         paths = res.write(args.out, tuple(args.format))
         con.print(f"wrote {len(paths)} files to {args.out}")
@@ -234,6 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_regress(sub)
     from app.cli import add_subparsers as _add_app
     _add_app(sub)
+    from simulator.cli_epd import add_subparsers as _add_epd
+    _add_epd(sub)
     return p
 
 

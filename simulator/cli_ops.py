@@ -204,3 +204,32 @@ def add_subparsers(sub) -> None:
     p.add_argument("--horizon", type=float, default=1800.0, help="simulated seconds (default 1800)")
     p.add_argument("--margin", type=float, default=0.5, help="safety margin of the recommended startupProbe")
     p.set_defaults(func=_run(cmd_probes))
+
+
+def operations_table(res) -> Table:
+    """Autoscaling and fault figures of a run (``summary["operations"]``, see simulator/opsresults.py)."""
+    o = res.summary["operations"]
+    t = Table(show_header=False, title="operations")
+    kinds = ", ".join(f"{k} {v}" for k, v in sorted(o["crashes_by_kind"].items())) or "none"
+    ups = o["scale_ups"]
+    served = [u["serving_s"] - u["decided_s"] for u in ups if u["serving_s"] is not None]
+    cancelled = sum(1 for u in ups if u["cancelled_s"] is not None)
+    never = len(ups) - len(served) - cancelled
+    rows = [
+        ("failed / availability", f"{o['failed']} / {o['availability']:.2%}"),
+        ("retried requests (re-sends) / discarded tokens",
+         f"{o['retried_requests']} ({o['retries']}) / {o['discarded_tokens']:,}"),
+        ("crashes", f"{o['crashes']} ({kinds})"),
+        ("scale-ups", f"{len(ups)} instances" + (f", order -> serving {min(served):.0f}-{max(served):.0f} s"
+                                                  if served else "") +
+         (f", {cancelled} cancelled before serving" if cancelled else "") +
+         (f", {never} never served (probes)" if never else "")),
+        ("peak serving instances", ", ".join(f"{k} {v}" for k, v in o["peak_instances"].items())),
+        ("SLO violations (during scale-up)", f"{o['slo_violations']} ({o['slo_violations_during_scale_up']})"),
+        ("GPU-hours / cost", f"{o['gpu_hours']:.3f} / ${o['cost_usd']:.2f}"),
+        ("wasted GPU-seconds (starting / lost work)",
+         f"{o['wasted_gpu_s']:,.0f} ({o['starting_gpu_s']:,.0f} / {o['lost_work_gpu_s']:,.0f})"),
+    ]
+    for k, v in rows:
+        t.add_row(k, escape(v))
+    return t

@@ -67,6 +67,9 @@ class Instance:
         self.receiving: set[int] = set()       # decode role: blocks allocated, KV in flight
         self.ready: deque[int] = deque()       # decode role: KV arrived, not yet decoding
         self._freed = 0                        # blocks released from outside the process
+        self.encode_cost = None                # multimodal: callback(instance, rid, now) -> encoder seconds
+        self.last_tok: dict[int, float] = {}   # preempted rid -> time of its last token
+        self.live = None                       # (running order, prefills, decodes) once run() starts
         # Prefix cache (vLLM automatic prefix caching), active when requests carry block hashes:
         # an LRU of hash ids, each covering ``hash_block_tokens`` prompt tokens, with room for as
         # many such blocks as the KV cache holds.
@@ -157,7 +160,8 @@ class Instance:
         fin_at: dict[int, int] = {}        # rid -> step at whose end it finishes
         heap: list[tuple[int, int]] = []
         cnt = [0] * block                  # decodes needing a new block at step s: cnt[s % block]
-        last_tok: dict[int, float] = {}    # preempted rid -> time of its last token
+        last_tok = self.last_tok
+        self.live = (order, prefill, dec_start)   # read by simulator/faults.py when a crash hits
         n_dec = 0
         sum_l = 0                          # sum over decodes of KV length before this step
         kv_used = 0
@@ -193,7 +197,9 @@ class Instance:
                 new_dec.remove(vic)
             return vic, True
 
+        encode = self.encode_cost
         while True:
+            extra = 0.0                    # encoder time of images admitted this step (front-pool encoding)
             if self._freed:
                 kv_used -= self._freed
                 self._freed = 0
@@ -276,6 +282,8 @@ class Instance:
                 if kv_total - kv_used < grow:
                     break
                 waiting.popleft()
+                if encode is not None:
+                    extra += encode(self, rid, now)
                 if pf is None:
                     pf = [done, target, 0]
                     t_sched[rid] = now
@@ -312,7 +320,7 @@ class Instance:
                 # Nothing schedulable although nothing is held: should not happen because the
                 # newest is preempted first; guard against a livelock all the same.
                 raise RuntimeError(f"instance {self.index}: no progress possible at t={now}")
-            dt = step_time(tokens, logits, pairs, sum_l + n_dec, pctx, len(order), len(waiting))
+            dt = step_time(tokens, logits, pairs, sum_l + n_dec, pctx, len(order), len(waiting)) + extra
             yield env.timeout(dt)
             now = env.now
             steps.append((t0, dt, n_dec, tokens - n_dec, logits - n_dec, len(order), len(waiting), kv_used, n_pre))

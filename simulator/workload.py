@@ -11,7 +11,9 @@ Arrivals
     coefficient of variation; cv = 1 is Poisson, cv > 1 burstier; vLLM's
     ``--burstiness`` is 1/cv^2), ``trace`` (replay a file, which also supplies
     lengths and prefix hashes) and ``closed`` (N concurrent users, as
-    ``vllm bench serve --max-concurrency``).
+    ``vllm bench serve --max-concurrency``); ``shaped`` (Poisson with a
+    time-varying rate: step, ramp, diurnal, piecewise, a trace's rate;
+    :mod:`simulator.loadshape`).
 Lengths
     ``fixed``, ``uniform`` (integers, both ends inclusive), ``lognormal``
     (mean and cv of the unclipped distribution, rounded then clipped),
@@ -33,6 +35,8 @@ from typing import Annotated, Literal, Union
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from simulator.epd_config import ImageWorkload
+from simulator.loadshape import ShapedArrivals, shaped_arrivals
 from simulator.traces import Role, Trace, TraceFormat, read_token_columns, read_trace
 
 MAX_REQUESTS = 50_000_000
@@ -178,7 +182,7 @@ class ClosedLoop(_Frozen):
 
 
 Arrival = Annotated[
-    Union[Poisson, Gamma, TraceArrivals, ClosedLoop], Field(discriminator="kind")
+    Union[Poisson, Gamma, TraceArrivals, ClosedLoop, ShapedArrivals], Field(discriminator="kind")
 ]
 
 
@@ -200,6 +204,7 @@ class WorkloadConfig(_Frozen):
     lengths: LengthPairs | None = None
     num_requests: int | None = Field(None, ge=1, le=MAX_REQUESTS)
     duration_s: float | None = Field(None, gt=0)
+    images: ImageWorkload | None = None      # multimodal: images per request (simulator.multimodal)
 
     @model_validator(mode="after")
     def _complete(self) -> WorkloadConfig:
@@ -356,6 +361,9 @@ def generate(cfg: WorkloadConfig, rng_arrivals: np.random.Generator,
     elif closed:
         n = cfg.num_requests
         t = np.zeros(n)
+    elif isinstance(arrival, ShapedArrivals):
+        t = shaped_arrivals(arrival, cfg.duration_s, cfg.num_requests, rng_arrivals, MAX_REQUESTS)
+        n = len(t)
     else:
         t = _open_loop(arrival, cfg.num_requests, cfg.duration_s, rng_arrivals)
         n = len(t)

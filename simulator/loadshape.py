@@ -1,0 +1,161 @@
+"""Time-varying load: a Poisson process whose rate follows a shape (arrival kind ``shaped``).
+
+Shapes (rates in requests/s, times in s from the start):
+
+* ``step``: ``before`` until ``at_s``, then ``after``;
+* ``ramp``: ``start_rate`` until ``start_s``, linear to ``end_rate`` at ``end_s``, then flat;
+* ``diurnal``: ``mean x (1 + amplitude x sin(2 pi (t - phase_s) / period_s))``, ``0 <= amplitude <= 1``;
+* ``piecewise``: linear between ``(times_s[i], rates[i])`` points, flat outside them;
+* ``trace``: the arrival rate of a trace file (:mod:`simulator.traces`), counted in ``bin_s``
+  bins and multiplied by ``scale``, replayed as a piecewise-constant rate (lengths still come from
+  ``input_length``/``output_length``).
+
+Arrivals are drawn by thinning (Lewis and Shedler): candidates of a Poisson
+process at the shape's maximum rate, each kept with probability
+``rate(t) / max``; the result is exactly a non-homogeneous Poisson process.
+Only ``rng_arrivals`` is used, so the same seed gives the same times.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated, Literal, Union
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class StepShape(_Frozen):
+    kind: Literal["step"] = "step"
+    before: float = Field(ge=0)
+    after: float = Field(ge=0)
+    at_s: float = Field(ge=0)
+
+    def rate(self, t: np.ndarray) -> np.ndarray:
+        return np.where(t < self.at_s, self.before, self.after)
+
+    def peak(self) -> float:
+        return max(self.before, self.after)
+
+
+class RampShape(_Frozen):
+    kind: Literal["ramp"] = "ramp"
+    start_rate: float = Field(ge=0)
+    end_rate: float = Field(ge=0)
+    start_s: float = Field(ge=0)
+    end_s: float = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> RampShape:
+        if self.end_s <= self.start_s:
+            raise ValueError(f"end_s={self.end_s} must be after start_s={self.start_s}")
+        return self
+
+    def rate(self, t: np.ndarray) -> np.ndarray:
+        return np.interp(t, [self.start_s, self.end_s], [self.start_rate, self.end_rate])
+
+    def peak(self) -> float:
+        return max(self.start_rate, self.end_rate)
+
+
+class DiurnalShape(_Frozen):
+    kind: Literal["diurnal"] = "diurnal"
+    mean: float = Field(gt=0)
+    amplitude: float = Field(ge=0, le=1)
+    period_s: float = Field(86400.0, gt=0)
+    phase_s: float = 0.0
+
+    def rate(self, t: np.ndarray) -> np.ndarray:
+        return self.mean * (1.0 + self.amplitude * np.sin(2 * math.pi * (t - self.phase_s) / self.period_s))
+
+    def peak(self) -> float:
+        return self.mean * (1.0 + self.amplitude)
+
+
+class PiecewiseShape(_Frozen):
+    kind: Literal["piecewise"] = "piecewise"
+    times_s: tuple[float, ...] = Field(min_length=1)
+    rates: tuple[Annotated[float, Field(ge=0)], ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _aligned(self) -> PiecewiseShape:
+        if len(self.times_s) != len(self.rates):
+            raise ValueError(f"times_s has {len(self.times_s)} points but rates has {len(self.rates)}; "
+                             "give one rate per time")
+        if any(b <= a for a, b in zip(self.times_s, self.times_s[1:])):
+            raise ValueError("times_s must increase strictly")
+        return self
+
+    def rate(self, t: np.ndarray) -> np.ndarray:
+        return np.interp(t, self.times_s, self.rates)
+
+    def peak(self) -> float:
+        return max(self.rates)
+
+
+class TraceRateShape(_Frozen):
+    kind: Literal["trace"] = "trace"
+    path: Path
+    format: str = "auto"
+    bin_s: float = Field(60.0, gt=0)
+    scale: float = Field(1.0, gt=0)
+
+    def table(self) -> tuple[np.ndarray, np.ndarray]:
+        """(bin start times, rates) of the trace."""
+        from simulator.traces import read_trace
+        t = read_trace(self.path, self.format).arrival_s
+        t = t - t[0]
+        counts = np.bincount((t // self.bin_s).astype(np.int64))
+        return np.arange(len(counts)) * self.bin_s, counts / self.bin_s * self.scale
+
+
+Shape = Annotated[Union[StepShape, RampShape, DiurnalShape, PiecewiseShape, TraceRateShape],
+                  Field(discriminator="kind")]
+
+
+class ShapedArrivals(_Frozen):
+    """Open loop, Poisson with a time-varying rate (``shape``); needs ``duration_s``."""
+
+    kind: Literal["shaped"] = "shaped"
+    shape: Shape
+
+
+def shaped_arrivals(arrival: ShapedArrivals, duration_s: float | None, num: int | None,
+                    rng: np.random.Generator, max_requests: int) -> np.ndarray:
+    """Arrival times (s, from 0, non-decreasing) of ``arrival`` over ``duration_s`` (at most ``num``)."""
+    from simulator.workload import WorkloadError
+    if duration_s is None:
+        raise WorkloadError("arrival kind 'shaped' needs duration_s (the shape is a function of time); "
+                            "set workload.duration_s")
+    shape = arrival.shape
+    if isinstance(shape, TraceRateShape):
+        starts, rates = shape.table()
+
+        def rate(t):
+            i = np.minimum((t // shape.bin_s).astype(np.int64), len(rates) - 1)
+            return rates[i]
+        peak = float(rates.max())
+    else:
+        rate, peak = shape.rate, shape.peak()
+    if peak <= 0:
+        raise WorkloadError("the load shape's rate is 0 everywhere; give a positive rate")
+    expected = peak * duration_s
+    if expected > max_requests:
+        raise WorkloadError(f"peak rate x duration_s = {expected:.3g} candidate arrivals exceeds {max_requests}; "
+                            "lower duration_s or the rates")
+    n = int(expected + 6 * math.sqrt(expected) + 16)
+    cand = np.cumsum(rng.exponential(1.0 / peak, n))
+    while cand[-1] < duration_s:
+        cand = np.concatenate([cand, cand[-1] + np.cumsum(rng.exponential(1.0 / peak, n))])
+    cand = cand[cand < duration_s]
+    keep = rng.random(len(cand)) * peak < rate(cand)
+    t = cand[keep]
+    if num is not None:
+        t = t[:num]
+    if len(t) == 0:
+        raise WorkloadError("the load shape produced no arrival within duration_s; raise the rates or duration_s")
+    return t

@@ -1,0 +1,202 @@
+"""Scenario block ``operations``: autoscaling, faults, retries and how instances start.
+
+Validated, frozen pydantic models (part of :class:`simulator.scenario.Scenario`).
+Everything here is off by default: a scenario without an ``operations`` block
+runs exactly as before.  Units: seconds, tokens, requests.
+
+* ``startup``: how a new or restarted instance starts: node provisioning
+  delay, then the cold-start phases (:mod:`simulator.coldstart`) of a pod
+  behind its probes (:mod:`simulator.k8s`);
+* ``autoscale``: per pool name, a policy (registry in
+  :mod:`simulator.autoscale`) with its bounds and targets;
+* ``faults``: FP8 activation-outlier crashes, node failures, link
+  degradation episodes on the PD fabric (:mod:`simulator.faults`);
+* ``retry``: what happens to requests in flight on a crashed instance.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class ProbeConfig(_Strict):
+    """One Kubernetes probe (``httpGet /health``), fields as in the pod spec, in seconds."""
+
+    initial_delay_s: int = 0
+    period_s: int = 10
+    timeout_s: int = 1
+    failure_threshold: int = 3
+
+    @model_validator(mode="after")
+    def _valid(self) -> ProbeConfig:
+        from simulator.k8s import Probe
+        Probe(self.initial_delay_s, self.period_s, self.timeout_s, self.failure_threshold).validate()
+        return self
+
+    def probe(self):
+        from simulator.k8s import Probe
+        return Probe(self.initial_delay_s, self.period_s, self.timeout_s, self.failure_threshold)
+
+
+class StartupConfig(_Strict):
+    """How an instance added by the autoscaler or restarted after a fault becomes ready.
+
+    ``provisioning_s``: node provisioning before the pod starts (scale-up and
+    node replacement).  ``compile_cache``: ``none`` (every container compiles
+    from scratch), ``pod`` (an ``emptyDir``: a restarted container of the same
+    pod finds the cache its predecessor wrote), ``persistent`` (a volume that
+    outlives pods holds a populated cache: every start hits it).
+    ``probes``: ``recommended`` (epdsim's startup probe for a cold compile,
+    with ``margin``) or ``given`` (``startup_probe``/``liveness``/``readiness``
+    below; a start they kill never serves).
+    """
+
+    provisioning_s: float = Field(0.0, ge=0)
+    image_cached: bool = False
+    storage: str = "nvme"
+    compile_cache: Literal["none", "pod", "persistent"] = "none"
+    probes: Literal["recommended", "given"] = "recommended"
+    margin: float = Field(0.5, ge=0)
+    startup_probe: ProbeConfig | None = None
+    liveness: ProbeConfig | None = None
+    readiness: ProbeConfig | None = None
+
+    @model_validator(mode="after")
+    def _probes(self) -> StartupConfig:
+        given = [n for n in ("startup_probe", "liveness", "readiness") if getattr(self, n) is not None]
+        if self.probes == "recommended" and given:
+            raise ValueError(f"{', '.join(given)} given but probes='recommended' ignores them; set probes: given "
+                             f"to use your own probes, or remove them")
+        return self
+
+
+class AutoscaleConfig(_Strict):
+    """A pool's autoscaler.
+
+    ``policy``: ``queue`` (waiting requests per serving instance toward
+    ``target_queue``), ``kv`` (mean KV-cache use toward ``target_kv``) or
+    ``slo`` (predicts the arrival rate ``interval_s`` + start-up time ahead
+    from the last two ``window_s`` windows, and sizes this pool from its
+    per-instance capacity under the scenario's TPOT SLO at
+    ``target_utilisation``; prefill and decode pools are sized separately).
+    Every ``interval_s`` the policy proposes a count, clamped to
+    [``min_instances``, ``max_instances``]; scale-up starts at once, scale-down
+    takes the highest proposal of the last ``scale_down_stabilization_s``
+    (Kubernetes HPA's window) and drains an instance before removing it.
+    """
+
+    policy: str = "queue"
+    min_instances: int = Field(1, ge=1)
+    max_instances: int = Field(8, ge=1)
+    interval_s: float = Field(15.0, gt=0)
+    target_queue: float = Field(4.0, gt=0)
+    target_kv: float = Field(0.8, gt=0, le=1)
+    target_utilisation: float = Field(0.7, gt=0, le=1)
+    window_s: float = Field(60.0, gt=0)
+    scale_down_stabilization_s: float = Field(300.0, ge=0)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscaleConfig:
+        from simulator.autoscale import POLICIES
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy={self.policy!r} is unknown; choose one of {sorted(POLICIES)}")
+        if self.min_instances > self.max_instances:
+            raise ValueError(f"min_instances={self.min_instances} exceeds max_instances={self.max_instances}; "
+                             f"make min_instances <= max_instances")
+        return self
+
+
+class FP8CrashConfig(_Strict):
+    """Crashes from FP8 activation outliers on pools whose weights are FP8.
+
+    Each decoding sequence of context ``L`` adds ``rate_per_token_s x max(0, L
+    - onset_tokens)`` to the instance's crash hazard (per second); ``None``
+    takes the defaults in ``hwdb/data/faults/fp8-activation-outliers.yaml``
+    (assumptions: see the source there).  ``pools``: names; empty = every
+    pool with ``dtype: fp8``.
+    """
+
+    rate_per_token_s: float | None = Field(None, ge=0)
+    onset_tokens: int | None = Field(None, ge=0)
+    pools: tuple[str, ...] = ()
+
+
+class NodeFailureConfig(_Strict):
+    """Each instance's node fails after an exponential time of mean ``mtbf_s``; its replacement
+    starts ``mttr_s`` later (then provisioning and a full start).  ``pools``: empty = all."""
+
+    mtbf_s: float = Field(gt=0)
+    mttr_s: float = Field(0.0, ge=0)
+    pools: tuple[str, ...] = ()
+
+
+class LinkDegradationConfig(_Strict):
+    """Episodes on the PD fabric: every instance's link side independently degrades after an
+    exponential time of mean ``mtbf_s`` to ``bandwidth_factor`` of its bandwidth for an exponential
+    time of mean ``duration_s`` (transfers in flight slow down).  Static degradation and latency
+    jitter are ``kv_transfer.bandwidth_factor`` and ``kv_transfer.jitter_mean_s``."""
+
+    mtbf_s: float = Field(gt=0)
+    duration_s: float = Field(gt=0)
+    bandwidth_factor: float = Field(gt=0, le=1)
+
+
+class FaultsConfig(_Strict):
+    fp8_crash: FP8CrashConfig | None = None
+    node_failure: NodeFailureConfig | None = None
+    link_degradation: LinkDegradationConfig | None = None
+
+    @property
+    def any(self) -> bool:
+        return any(x is not None for x in (self.fp8_crash, self.node_failure, self.link_degradation))
+
+
+class RetryConfig(_Strict):
+    """Requests in flight on a crashed instance: ``none`` (they fail), ``retry`` (the gateway sends
+    them again from scratch, up to ``max_retries`` times; tokens already streamed are discarded),
+    ``reprefill`` (they continue elsewhere: prompt plus the tokens generated so far is prefilled
+    again, and generation resumes)."""
+
+    policy: Literal["none", "retry", "reprefill"] = "none"
+    max_retries: int = Field(2, ge=0)
+
+
+class OperationsConfig(_Strict):
+    startup: StartupConfig = StartupConfig()
+    autoscale: dict[str, AutoscaleConfig] = {}
+    faults: FaultsConfig = FaultsConfig()
+    retry: RetryConfig = RetryConfig()
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the run needs the operations engine (else the plain one runs, unchanged)."""
+        return bool(self.autoscale) or self.faults.any
+
+
+def check_against_pools(ops: OperationsConfig, pools, kv_transfer) -> None:
+    """Cross-checks of ``operations`` against the pools (raises ValueError naming the field)."""
+    names = [p.name for p in pools]
+    for name, cfg in ops.autoscale.items():
+        if name not in names:
+            raise ValueError(f"operations.autoscale.{name}: no pool is named {name!r}; pools are {names}")
+        n = next(p.instances for p in pools if p.name == name)
+        if not cfg.min_instances <= n <= cfg.max_instances:
+            raise ValueError(f"operations.autoscale.{name}: the pool starts with instances={n}, outside "
+                             f"[min_instances={cfg.min_instances}, max_instances={cfg.max_instances}]; "
+                             f"set the pool's instances within the bounds")
+    f = ops.faults
+    for what, cfg in (("fp8_crash", f.fp8_crash), ("node_failure", f.node_failure)):
+        for name in (cfg.pools if cfg is not None else ()):
+            if name not in names:
+                raise ValueError(f"operations.faults.{what}.pools: no pool is named {name!r}; pools are {names}")
+    if f.link_degradation is not None and len(pools) < 2:
+        raise ValueError("operations.faults.link_degradation applies to the KV-transfer fabric of a "
+                         "prefill-decode deployment; this scenario has one pool: remove it or add PD pools")
+    if ops.enabled and len(pools) == 2 and kv_transfer.flow != "vllm":
+        raise ValueError(f"operations (autoscaling/faults) model vLLM's PD proxy flow only; kv_transfer.flow="
+                         f"{kv_transfer.flow!r}: set flow: vllm or drop the operations block")

@@ -1,0 +1,408 @@
+"""The operations engine: pools whose instances come and go (autoscaling, crashes, restarts).
+
+Used instead of :func:`simulator.engine.run_pool` when a scenario has an
+``operations`` block with autoscaling or faults; without one the plain engine
+runs, unchanged.  The same :class:`~simulator.instance.Instance` processes
+serve; this module adds
+
+* :class:`OpsPool`: every incarnation of a pool's instances (a restarted
+  container or a new pod is a new incarnation with a new index), the list the
+  router sees (serving ones only), starts under way, and billing (:class:`Life`);
+* a gateway that holds requests while a pool has no serving instance;
+* crashes (:meth:`OpsRun.crash`): the instance's process stops at once (the
+  step it was running produces nothing), its KV blocks and queues are gone,
+  blocks held for it elsewhere are freed, and each request it held is
+  failed, retried from scratch or re-prefilled elsewhere (``retry.policy``);
+  the instance restarts through the cold-start and probe model.
+
+Request accounting: every request ends exactly once, as completed, rejected,
+failed (``FAILED``, with the crash or "retries exhausted" as reason) or, past
+``max_time_s``, unfinished.  Re-prefill continues a request by prefilling its
+prompt plus the tokens it had generated and asking for the rest; its TTFT
+keeps the first token of the first attempt and the wait is an ITL gap.
+"""
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections import deque
+from dataclasses import dataclass
+
+import simpy
+
+from simulator.autoscale import POLICIES, Observation, PoolContext, autoscaler
+from simulator.engine import PENDING, PoolRun, Recorder, _admissible
+from simulator.instance import Instance
+from simulator.routing import make_router
+from simulator import faults as flt
+
+FAILED = 4
+
+
+class OpsRecorder(Recorder):
+    """A :class:`Recorder` that also records failures and says when every request has ended."""
+
+    def __init__(self, *args, **kw) -> None:
+        super().__init__(*args, **kw)
+        n = len(self.input_tokens)
+        self.ended = 0
+        self.all_ended = None                # a SimPy event, set by OpsRun
+        self.retries = [0] * n
+        self.discarded = [0] * n             # tokens streamed by attempts the client threw away
+        self.carried = [0] * n               # tokens a re-prefilled continuation had already produced
+        self.attempt = [0] * n               # bumped at every crash: stale transfer callbacks ignore it
+        self.orig_input = list(self.input_tokens)
+        self.orig_output = list(self.output_tokens)
+        self.first_orig = [math.nan] * n     # first token of the first attempt (re-prefill)
+        self.sched_orig = [math.nan] * n     # when the first attempt was scheduled (re-prefill)
+        self.resumed_from = [math.nan] * n   # crash time a re-prefilled request resumes from
+
+    def _end(self) -> None:
+        self.ended += 1
+        if self.ended == len(self.outcome) and self.all_ended is not None:
+            self.all_ended.succeed()
+
+    def finish(self, rid: int, now: float, instance: int, generated: int) -> None:
+        super().finish(rid, now, instance, generated)
+        self._end()
+
+    def reject(self, rid: int, now: float, reason: str) -> None:
+        super().reject(rid, now, reason)
+        self._end()
+
+    def fail(self, rid: int, now: float, reason: str, generated: int) -> None:
+        if self.outcome[rid] != PENDING:
+            raise RuntimeError(f"request {rid} ended twice")
+        self.outcome[rid] = FAILED
+        self.reason[rid] = reason
+        self.t_finish[rid] = now
+        self.generated[rid] = generated
+        if self.waiters is not None:
+            self.waiters.pop(rid).succeed()
+        self._end()
+
+
+@dataclass
+class Life:
+    """One incarnation of an instance: billed from ``billed_s`` to ``ended_s`` (seconds)."""
+
+    pool: str
+    index: int
+    gpus: int
+    cause: str                  # initial | scale-up | restart | replacement
+    billed_s: float
+    ready_s: float | None = None
+    ended_s: float | None = None
+    end: str = ""               # crash reason, "removed" (scale-down), "cancelled", or "" (alive at the end)
+    lost_tokens: int = 0        # KV tokens lost in a crash
+
+
+def _guarded(env, inst: Instance):
+    """Run ``inst`` until a crash or removal interrupts it."""
+    try:
+        yield from inst.run(env)
+    except simpy.Interrupt:
+        return
+
+
+class OpsPool:
+    """The instances of one pool over time; ``active`` (serving, routable) is what the router sees."""
+
+    def __init__(self, ops, spec, gpus: int, starts) -> None:
+        self.ops = ops
+        self.env = ops.env
+        self.spec = spec
+        self.gpus = gpus
+        self.starts = starts                  # simulator.opsstart.StartTimes
+        self.all: list[Instance] = []
+        self.active: list[Instance] = []
+        self.starting: list[dict] = []
+        self.decisions: list[tuple] = []
+        self.scaleups: list[list] = []        # [decided_s, ready_s or None]
+        self.router = make_router(spec.router, self.active)
+
+    @property
+    def present(self) -> int:
+        return len(self.active) + len(self.starting)
+
+    def make(self, cause: str, billed_s: float) -> Instance:
+        s = self.spec
+        inst = Instance(len(self.all), s.name, s.step_model, s.memory, s.max_num_seqs, s.max_num_batched_tokens,
+                        s.chunked_prefill, self.ops.rec, s.role, s.prefix_caching)
+        inst.dead = False
+        inst.proc = None
+        inst.life = Life(s.name, inst.index, self.gpus, cause, billed_s)
+        inst.backoff_s = 10.0
+        self.all.append(inst)
+        self.ops.on_make(self, inst)
+        return inst
+
+    def go_live(self, inst: Instance) -> None:
+        inst.proc = self.env.process(_guarded(self.env, inst))
+        inst.life.ready_s = self.env.now
+        self.active.append(inst)
+        self.ops.on_live(self, inst)
+
+    def launch(self, cause: str, delay_s: float | None, billed_s: float, backoff_s: float = 10.0) -> dict:
+        """Start an incarnation that serves ``delay_s`` from now (never, if None)."""
+        tok = {"cancelled": False}
+        self.starting.append(tok)
+        inst = self.make(cause, billed_s)
+        inst.backoff_s = backoff_s
+        tok["inst"] = inst
+
+        def start(env):
+            if delay_s is None:
+                inst.life.end = "never ready: " + self.starts.never_reason(cause)
+                return                      # crash-looping pod: billed, never serving, stays counted
+            yield env.timeout(delay_s)
+            if tok["cancelled"]:
+                return
+            self.starting.remove(tok)
+            self.go_live(inst)
+            for su in self.scaleups:
+                if su[1] is None and tok is su[2]:
+                    su[1] = env.now
+        self.env.process(start(self.env))
+        return tok
+
+    def scale_up(self, n: int, why: str) -> None:
+        now = self.env.now
+        delay = self.starts.new_delay()
+        for _ in range(n):
+            tok = self.launch("scale-up", delay, now + self.starts.provisioning_s)
+            self.scaleups.append([now, None, tok])
+        self.ops.events.append((now, self.spec.name, "scale-up", n, why))
+
+    def scale_down(self, n: int, why: str) -> None:
+        """Cancel starts first (newest first), then drain the newest serving instances (one stays)."""
+        now = self.env.now
+        done = 0
+        while done < n and self.starting:
+            tok = self.starting.pop()
+            tok["cancelled"] = True
+            life = tok["inst"].life
+            life.ended_s, life.end = max(now, life.billed_s), "cancelled"
+            done += 1
+        while done < n and len(self.active) > 1:
+            inst = self.active.pop()
+            self.env.process(self._drain(inst))
+            done += 1
+        self.ops.events.append((now, self.spec.name, "scale-down", done, why))
+
+    def _drain(self, inst: Instance):
+        """Removed from routing; serves what it holds, then stops (billing ends)."""
+        while not inst.dead and (inst.outstanding or inst.held or inst.receiving or inst.remote or inst.ready):
+            yield self.env.timeout(1.0)
+        if not inst.dead:
+            inst.dead = True
+            inst.life.ended_s, inst.life.end = self.env.now, "removed"
+            inst.proc.interrupt()
+
+
+class OpsRun:
+    """One simulation with autoscaling and faults; :meth:`run` returns a :class:`PoolRun`."""
+
+    def __init__(self, scn, rec: OpsRecorder, rng, starts_for) -> None:
+        self.scn = scn
+        self.cfg = scn.operations
+        self.rec = rec
+        self.rng = rng
+        self.starts_for = starts_for          # pool name -> StartTimes
+        self.env = simpy.Environment()
+        self.events: list[tuple] = []         # (time_s, pool, what, count, why)
+        self.link_log: list[tuple] = []
+        self.crashes: list[dict] = []
+        self.arrived: list[float] = []
+        self.sum_in = self.sum_out = 0
+        self.limbo: deque[int] = deque()
+        self.coord = None
+        self.front = self.back = None
+        self.fp8: dict = {}
+        self.coord_rng = None                 # the KV fabric's jitter stream (as in the plain engine)
+
+    # ---- building -------------------------------------------------------------------------
+    def on_make(self, pool: OpsPool, inst: Instance) -> None:
+        if self.coord is not None:
+            self.coord.add(inst)
+
+    def on_live(self, pool: OpsPool, inst: Instance) -> None:
+        env, f = self.env, self.cfg.faults
+        hz = self.fp8.get(pool.spec.name)
+        if hz is not None and pool.spec.role != "prefill":
+            env.process(flt.fp8_crash_process(env, inst, hz, self.rng, self.crash))
+        if f.node_failure is not None and (not f.node_failure.pools or pool.spec.name in f.node_failure.pools):
+            env.process(flt.node_failure_process(env, inst, f.node_failure.mtbf_s, self.rng, self.crash))
+        if pool is self.front:
+            while self.limbo and pool.active:
+                self.dispatch(self.limbo.popleft())
+        elif self.coord is not None:
+            self.coord.flush()
+
+    # ---- requests -------------------------------------------------------------------------
+    def dispatch(self, rid: int) -> None:
+        active = self.front.active
+        if not active:
+            self.limbo.append(rid)
+            return
+        inst = active[self.front.router.choose(rid) % len(active)]
+        if self.coord is not None:
+            self.rec.prefill_instance[rid] = inst.index
+        else:
+            self.rec.instance[rid] = inst.index
+        inst.submit(rid)
+
+    def arrive(self, rid: int) -> bool:
+        rec, front, back = self.rec, self.front.spec, self.back.spec if self.back else None
+        inp, out = rec.input_tokens[rid], rec.output_tokens[rid]
+        self.arrived.append(self.env.now)
+        self.sum_in += inp
+        self.sum_out += out
+        why = _admissible(front, front.memory.kv_blocks, front.memory.block_size, inp, 1 if back else out)
+        if not why and back is not None:
+            why = _admissible(back, back.memory.kv_blocks, back.memory.block_size, inp, out)
+        if why:
+            rec.reject(rid, self.env.now, why)
+            return False
+        self.dispatch(rid)
+        return True
+
+    # ---- crashes --------------------------------------------------------------------------
+    def crash(self, inst: Instance, why: str, kind: str) -> None:
+        """``inst`` dies now: its KV and queues are gone; its requests follow the retry policy."""
+        if inst.dead:
+            return
+        from simulator.opscrash import collect_and_clear
+        now = self.env.now
+        pool = self.front if inst.pool == self.front.spec.name else self.back
+        inst.dead = True
+        if inst in pool.active:
+            pool.active.remove(inst)
+        affected, lost = collect_and_clear(self, pool, inst)
+        inst.proc.interrupt()
+        life = inst.life
+        life.ended_s, life.end, life.lost_tokens = now, why, lost
+        self.crashes.append({"time_s": now, "pool": pool.spec.name, "instance": inst.index, "kind": kind,
+                             "reason": why, "requests": len(affected), "lost_kv_tokens": lost})
+        for rid, g in affected:
+            self.handle(rid, g, f"instance {pool.spec.name}#{inst.index} crashed at {now:.1f} s: {why}")
+        st = pool.starts
+        if kind == "node":
+            mttr = self.cfg.faults.node_failure.mttr_s
+            delay = st.new_delay()
+            pool.launch("replacement", None if delay is None else mttr + delay, now + mttr + st.provisioning_s)
+        else:
+            ran = now - (life.ready_s if life.ready_s is not None else now)
+            backoff = 10.0 if ran >= 600 else inst.backoff_s
+            delay = st.restart_delay()
+            pool.launch("restart", None if delay is None else backoff + delay, now, min(2 * backoff, 300.0))
+
+    def handle(self, rid: int, g: int, why: str) -> None:
+        """A request lost its instance after ``g`` tokens of this attempt: fail, retry or re-prefill."""
+        rec, pol = self.rec, self.cfg.retry
+        now = self.env.now
+        rec.attempt[rid] += 1
+        if pol.policy == "none" or rec.retries[rid] >= pol.max_retries:
+            reason = why if pol.policy == "none" else f"retries exhausted ({rec.retries[rid]}): {why}"
+            rec.fail(rid, now, reason, g + rec.carried[rid])
+            return
+        rec.retries[rid] += 1
+        if pol.policy == "retry":
+            rec.discarded[rid] += g + rec.carried[rid]
+            rec.carried[rid] = 0
+            rec.input_tokens[rid], rec.output_tokens[rid] = rec.orig_input[rid], rec.orig_output[rid]
+            rec.first_orig[rid] = rec.sched_orig[rid] = rec.resumed_from[rid] = math.nan
+        elif g:
+            rec.carried[rid] += g
+            rec.input_tokens[rid] += g
+            rec.output_tokens[rid] -= g
+            if rec.first_orig[rid] != rec.first_orig[rid]:
+                rec.first_orig[rid], rec.sched_orig[rid] = rec.t_first[rid], rec.t_sched[rid]
+            rec.resumed_from[rid] = now
+        rec.t_first[rid] = math.nan
+        self.dispatch(rid)
+
+    # ---- the run --------------------------------------------------------------------------
+    def run(self, front_spec, front_gpus: int, closed_loop=None, max_time_s=None, back_spec=None, back_gpus=0,
+            plan=None, contexts=None) -> PoolRun:
+        env, rec = self.env, self.rec
+        rec.all_ended = env.event()
+        self.front = OpsPool(self, front_spec, front_gpus, self.starts_for[front_spec.name])
+        if back_spec is not None:
+            from simulator.opscrash import OpsCoordinator
+            self.back = OpsPool(self, back_spec, back_gpus, self.starts_for[back_spec.name])
+            self.coord = OpsCoordinator(env, plan, self.back, rec, self.coord_rng, self)
+        pools = [p for p in (self.front, self.back) if p is not None]
+        self.fp8 = flt.fp8_hazard(self.cfg.faults.fp8_crash, self.scn.pools)
+        for pool in pools:
+            for _ in range(pool.spec.instances):
+                pool.go_live(pool.make("initial", 0.0))
+        if self.coord is not None and self.cfg.faults.link_degradation is not None:
+            self.coord.degrade(self.cfg.faults.link_degradation, self.rng, self.link_log)
+        for name, acfg in self.cfg.autoscale.items():
+            pool = next(p for p in pools if p.spec.name == name)
+            policy = POLICIES[acfg.policy](acfg, contexts[name])
+            env.process(autoscaler(env, pool, acfg, policy, lambda p=pool, c=acfg: self.observe(p, c)))
+        if closed_loop is None:
+            env.process(self._open_loop(env))
+        else:
+            rec.waiters = {}
+            next_id = [0]
+            for _ in range(closed_loop[0]):
+                env.process(self._client(env, next_id, closed_loop[1]))
+        stop = rec.all_ended if max_time_s is None else env.any_of([rec.all_ended, env.timeout(max_time_s)])
+        env.run(until=stop)
+        end = env.now
+        for rid, o in enumerate(rec.outcome):
+            if o == PENDING:
+                rec.outcome[rid] = 3
+                rec.reason[rid] = f"still in flight at the time limit {max_time_s} s"
+        for pool in pools:
+            for inst in pool.all:
+                if inst.life.ended_s is None:
+                    inst.life.ended_s = end
+        self.end = end
+        return PoolRun(rec, [i for p in pools for i in p.all], end, self.coord)
+
+    def _open_loop(self, env):
+        arrival = self.rec.arrival
+        for rid in range(len(arrival)):
+            dt = arrival[rid] - env.now
+            if dt > 0:
+                yield env.timeout(dt)
+            self.arrive(rid)
+
+    def _client(self, env, next_id, think):
+        rec = self.rec
+        while next_id[0] < len(rec.input_tokens):
+            rid = next_id[0]
+            next_id[0] += 1
+            rec.arrival[rid] = env.now
+            done = env.event()
+            rec.waiters[rid] = done
+            if self.arrive(rid):
+                yield done
+            else:
+                rec.waiters.pop(rid)
+            if think > 0:
+                yield env.timeout(think)
+
+    def observe(self, pool: OpsPool, cfg) -> Observation:
+        now, w = self.env.now, cfg.window_s
+        a = self.arrived
+        i_now, i_prev = bisect_left(a, now - w), bisect_left(a, now - 2 * w)
+        act = pool.active
+        waiting = sum(len(i.waiting) + len(i.remote) for i in act)
+        waiting += len(self.limbo) if pool is self.front else len(self.coord.limbo) if self.coord else 0
+        n = max(1, len(a))
+        return Observation(
+            now=now, serving=len(act), present=pool.present, waiting=waiting,
+            kv_util=sum(i.kv_used / i.kv_total for i in act) / len(act) if act else 0.0,
+            rate_now=(len(a) - i_now) / min(w, max(now, 1e-9)), rate_prev=(i_now - i_prev) / w,
+            window_s=w, lead_s=pool.starts.new_delay() or 0.0,
+            mean_input=self.sum_in / n, mean_output=self.sum_out / n)
+
+
+def pool_context(pool_cfg, dep, mem, step, tpot_slo) -> PoolContext:
+    k = dep.knobs
+    return PoolContext(pool_cfg.role, step, k.max_num_seqs, k.max_num_batched_tokens, mem.kv_tokens, tpot_slo)

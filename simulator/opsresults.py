@@ -1,0 +1,148 @@
+"""Results of an operations run: request outcomes with failures, and the operations summary.
+
+``summary["operations"]`` (definitions; times in seconds, GPU time in GPU-seconds/hours):
+
+* ``failed``: requests ended by a crash (retry policy ``none``) or with their retries exhausted;
+  ``availability`` = completed / (completed + rejected + failed);
+* ``retried_requests``: requests that were sent again at least once; ``retries``: all re-sends;
+  ``discarded_tokens``: tokens streamed by attempts the client threw away (policy ``retry``);
+* ``gpu_hours``: sum over instance incarnations of GPUs x (end - billing start) / 3600, billing
+  starting when the node is provisioned (the initial instances at 0) and ending at removal, crash
+  (the restart is a new incarnation billed from the crash) or the end of the run;
+  ``cost_usd`` = GPU-hours x each pool's GPU price;
+* ``wasted_gpu_s``: billed GPU time that served nothing (``starting_gpu_s``: starts and restarts
+  until serving, and starts that never served) plus ``lost_work_gpu_s``: the KV tokens a crash
+  destroyed, priced at the crashed instance's mean GPU-seconds per token processed;
+* ``scale_ups``: each scale-up decision with the time its capacity served; ``slo_violations_during_scale_up``:
+  requests arriving while a scale-up was pending that missed the TTFT SLO (or did not complete).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from simulator.engine import OUTCOMES, REJECTED
+from simulator.opsengine import FAILED
+from simulator.results import requests_frame
+
+
+def finalize(rec) -> None:
+    """Undo the per-attempt rewriting of re-prefilled requests: original lengths, the first token of
+    the first attempt, tokens carried over; the wait from the crash to the resumed token is an ITL gap."""
+    for rid in range(len(rec.outcome)):
+        if rec.carried[rid] and rec.outcome[rid] == 1:
+            rec.generated[rid] += rec.carried[rid]
+        if rec.resumed_from[rid] == rec.resumed_from[rid] and rec.t_first[rid] == rec.t_first[rid]:
+            rec.resume_gaps.append(rec.t_first[rid] - rec.resumed_from[rid])
+        if rec.first_orig[rid] == rec.first_orig[rid]:
+            rec.t_first[rid], rec.t_sched[rid] = rec.first_orig[rid], rec.sched_orig[rid]
+        rec.input_tokens[rid], rec.output_tokens[rid] = rec.orig_input[rid], rec.orig_output[rid]
+
+
+def ops_requests_frame(run, pool: str) -> pd.DataFrame:
+    """:func:`simulator.results.requests_frame` with the ``failed`` outcome, ``retries`` and
+    ``discarded_tokens`` columns."""
+    rec = run.recorder
+    finalize(rec)
+    codes = rec.outcome
+    rec.outcome = [REJECTED if o == FAILED else o for o in codes]
+    try:
+        df = requests_frame(run, pool)
+    finally:
+        rec.outcome = codes
+    names = {**OUTCOMES, FAILED: "failed"}
+    df["outcome"] = pd.Categorical([names[o] for o in codes], categories=[*OUTCOMES.values(), "failed"])
+    df["retries"] = np.asarray(rec.retries, dtype=np.int32)
+    df["discarded_tokens"] = np.asarray(rec.discarded, dtype=np.int64)
+    return df
+
+
+def _per_token_gpu_s(inst) -> float:
+    steps = inst.steps
+    if not steps:
+        return 0.0
+    busy = sum(r[1] for r in steps)
+    tokens = sum(r[2] + r[3] for r in steps)
+    return inst.life.gpus * busy / max(1, tokens)
+
+
+def ops_summary(ops, req: pd.DataFrame, ttft_slo: float | None, price_per_gpu_h: dict[str, float]) -> dict:
+    pools = [p for p in (ops.front, ops.back) if p is not None]
+    insts = [i for p in pools for i in p.all]
+    end = ops.end
+    n = len(req)
+    out = req["outcome"].astype(str)
+    completed, rejected, failed = int((out == "completed").sum()), int((out == "rejected").sum()), int(
+        (out == "failed").sum())
+    gpu_s = starting = lost_work = cost = 0.0
+    lives = []
+    for inst in insts:
+        life = inst.life
+        t1 = min(life.ended_s if life.ended_s is not None else end, end)
+        t0 = min(life.billed_s, t1)
+        billed = life.gpus * (t1 - t0)
+        gpu_s += billed
+        cost += billed / 3600.0 * price_per_gpu_h[life.pool]
+        up = life.ready_s if life.ready_s is not None else t1
+        starting += life.gpus * max(0.0, min(up, t1) - t0)
+        lost_work += life.lost_tokens * _per_token_gpu_s(inst)
+        lives.append({"pool": life.pool, "instance": life.index, "cause": life.cause, "billed_s": life.billed_s,
+                      "ready_s": life.ready_s, "ended_s": life.ended_s, "end": life.end, "gpus": life.gpus})
+    arrival = req["arrival_s"].to_numpy()
+    bad = out.to_numpy() != "completed"
+    if ttft_slo is not None:
+        bad |= ~(req["ttft_s"].to_numpy() <= ttft_slo)
+    in_scaleup = np.zeros(n, dtype=bool)
+    scale_ups = []
+    for p in pools:
+        for decided, ready, tok in p.scaleups:
+            life = tok["inst"].life
+            stop = ready if ready is not None else life.ended_s if tok["cancelled"] else end
+            in_scaleup |= (arrival >= decided) & (arrival < stop)
+            scale_ups.append({"pool": p.spec.name, "decided_s": decided, "serving_s": ready,
+                              "cancelled_s": life.ended_s if tok["cancelled"] else None})
+    viol = arrival[bad]
+    kinds: dict[str, int] = {}
+    for c in ops.crashes:
+        kinds[c["kind"]] = kinds.get(c["kind"], 0) + 1
+    return {
+        "failed": failed,
+        "availability": completed / max(1, completed + rejected + failed),
+        "retried_requests": int((req["retries"] > 0).sum()),
+        "retries": int(req["retries"].sum()),
+        "discarded_tokens": int(req["discarded_tokens"].sum()),
+        "crashes": len(ops.crashes),
+        "crashes_by_kind": kinds,
+        "gpu_hours": gpu_s / 3600.0,
+        "cost_usd": cost,
+        "wasted_gpu_s": starting + lost_work,
+        "starting_gpu_s": starting,
+        "lost_work_gpu_s": lost_work,
+        "scale_ups": scale_ups,
+        "slo_violations_during_scale_up": int((bad & in_scaleup).sum()),
+        "slo_violations": int(bad.sum()),
+        "slo_violation_arrivals_s": [float(viol.min()), float(viol.max())] if len(viol) else None,
+        "events": [{"time_s": t, "pool": p, "action": a, "count": c, "why": w} for t, p, a, c, w in ops.events],
+        "crash_log": ops.crashes,
+        "link_degradations": len(ops.link_log) // 2 + len(ops.link_log) % 2,
+        "instances": lives,
+        "peak_instances": {p.spec.name: _peak(p) for p in pools},
+        "end_s": end,
+    }
+
+
+def _peak(pool) -> int:
+    """Most instances of ``pool`` serving at once."""
+    ev = []
+    for i in pool.all:
+        if i.life.ready_s is not None:
+            ev.append((i.life.ready_s, 1))
+            ev.append((i.life.ended_s if i.life.ended_s is not None else math.inf, -1))
+    ev.sort(key=lambda e: (e[0], e[1]))
+    best = cur = 0
+    for _, d in ev:
+        cur += d
+        best = max(best, cur)
+    return best

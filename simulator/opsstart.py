@@ -1,0 +1,71 @@
+"""How long a new or restarted instance takes to serve: cold start behind probes.
+
+A pool's :class:`StartTimes` runs the pod model (:func:`simulator.k8s.simulate_pod`)
+once for each kind of start, over the cold-start phases of the pool's
+deployment (:func:`simulator.coldstart.breakdown`):
+
+* **new** (scale-up, node replacement): ``provisioning_s``, then a pod on a
+  fresh node: image pulled unless ``image_cached``, compile cache hit only
+  with a ``persistent`` cache volume;
+* **restart** (a crashed container, restarted by the kubelet on the same
+  node after its CrashLoopBackOff delay): image on the node, compile cache
+  hit with a ``pod`` or ``persistent`` cache volume.
+
+The delay is the pod's Ready time, so probe periods and crash loops count; a
+start the probes never let finish gives ``None`` (the instance never serves).
+"""
+from __future__ import annotations
+
+import hwdb
+from hwdb.coldstart import load_coldstart
+from simulator.coldstart import ColdStartError, breakdown
+from simulator.k8s import PodSpec, ProbeError, recommend_probes, simulate_pod
+
+HORIZON_S = 3600.0
+
+
+class StartTimes:
+    """Delays (seconds) from ordering an instance to its first request, for one pool."""
+
+    def __init__(self, dep, cfg, hwdb_dirs=(), field: str = "operations.startup") -> None:
+        from simulator.scenario import ScenarioError
+        try:
+            db = load_coldstart(hwdb_dirs)
+
+            def bd(cache: str, image_cached: bool):
+                return breakdown(dep, cache, cfg.storage, image_cached, db=db)
+            volume = cfg.compile_cache != "none"
+            new_cold, new_warm = bd("miss", cfg.image_cached), bd("hit", cfg.image_cached)
+            re_cold, re_warm = bd("miss", True), bd("hit", True)
+            if cfg.probes == "recommended":
+                spec = recommend_probes(new_cold, cfg.margin).pod_spec(volume)
+            else:
+                spec = PodSpec(*(getattr(cfg, n).probe() if getattr(cfg, n) is not None else None
+                                 for n in ("startup_probe", "liveness", "readiness")), compile_cache_volume=volume)
+        except (ColdStartError, hwdb.HwdbError, ProbeError) as exc:
+            raise ScenarioError(f"{field}: {exc}") from None
+        self.provisioning_s = cfg.provisioning_s
+        self.new_breakdown = new_warm if cfg.compile_cache == "persistent" else new_cold
+        self.restart_breakdown = re_warm if volume else re_cold
+        self.new = simulate_pod(self.new_breakdown, spec, new_warm, HORIZON_S)
+        self.restart = simulate_pod(self.restart_breakdown, spec, re_warm, HORIZON_S)
+        self.pod_spec = spec
+
+    def new_delay(self) -> float | None:
+        """Order -> serving for a new instance: provisioning plus the pod's Ready time."""
+        return None if self.new.never_ready else self.provisioning_s + self.new.ready_s
+
+    def restart_delay(self) -> float | None:
+        """Container restart -> serving (the back-off before it is added by the caller)."""
+        return None if self.restart.never_ready else self.restart.ready_s
+
+    def never_reason(self, cause: str) -> str:
+        res = self.restart if cause == "restart" else self.new
+        return res.reason or "never ready"
+
+    def describe(self) -> dict:
+        return {"provisioning_s": self.provisioning_s,
+                "new_start": self.new_breakdown.description, "new_ready_s": self.new.ready_s,
+                "new_serving_delay_s": self.new_delay(),
+                "restart_start": self.restart_breakdown.description, "restart_ready_s": self.restart.ready_s,
+                "never_ready": self.new.reason if self.new.never_ready else None}
