@@ -88,6 +88,32 @@ def test_compare_presets():
     assert len(at.get("plotly_chart")) >= 3
 
 
+def test_epd_scenario_breakdown_images_and_compare():
+    """A multimodal E+PD scenario: encoder phases appear in the breakdown, fewer images per request
+    shorten TTFT, and the deployment comparison adds an E+PD column."""
+    import yaml
+    d = yaml.safe_load((REPO / "examples" / "epd_images_epd.yaml").read_text())
+    at = _page("Home.py")
+    at.session_state["scenario"] = d
+    at.run()
+    _ok(at)
+    assert at.radio(key="layout-0").value == "e+colocated"
+    at.radio(key="view").set_value("Breakdown").run()
+    phases = list(at.dataframe[0].value["phase"])
+    assert {"encode", "embedding_transfer", "prefill", "decode"} <= set(phases)
+    ttft6 = float(_metrics(at)["TTFT p50"].removesuffix(" ms"))
+    at.number_input(key="images-0").set_value(1).run()
+    _ok(at)
+    assert float(_metrics(at)["TTFT p50"].removesuffix(" ms")) < ttft6
+    cmp = _page("pages/1_Compare.py")
+    cmp.session_state["scenario"] = d
+    cmp.run()
+    _ok(cmp)
+    df = cmp.dataframe[0].value
+    assert {"colocated", "PD", "E+PD"} <= set(df.columns)
+    assert df.loc["GPUs", "E+PD"] == 8                            # the example's 4 encoders + TP4 LM
+
+
 def test_operations_crash_loop_then_recommended_startup_probe():
     at = _page("pages/3_Operations.py").run()
     _ok(at)
