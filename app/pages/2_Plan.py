@@ -35,7 +35,7 @@ if data is None:
     max_gpus = c2.number_input("at most GPUs", 1, 1024, 16, key="plan-max-gpus")
     tp = c3.multiselect("TP degrees", [1, 2, 4, 8], default=[1, 2, 4], key="plan-tp")
     c1, c2, c3 = st.columns(3)
-    fams = c1.multiselect("families", ["colocated", "pd"], default=["colocated", "pd"], key="plan-families")
+    fams = c1.multiselect("families", planning.families(), default=planning.families(), key="plan-families")
     verify = c2.number_input("candidates to simulate", 0, 50, 3, key="plan-verify")
     nreq = c3.number_input("requests per simulation", 50, 100000, 400, key="plan-requests")
     if not gpus or not tp or not fams:
