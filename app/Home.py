@@ -24,7 +24,7 @@ d, prices = ui_builder.sidebar()
 res, key = ui.run_scenario(d)
 if res is not None:
     s, info = res.summary, res.info
-    c = scenarios.cost(res, prices)
+    c = scenarios.cost(res, prices, ui.db(d))
     layout = " + ".join(f"{p['instances']}× {p['gpu']} TP{p['tp']} {p['role']}" for p in info["pools"])
     st.subheader(f"{info['model']} on {layout}")
     cols = st.columns(6)
