@@ -60,7 +60,12 @@ def _totals_table(res) -> Table:
                                                  f"({s['max_kv_occupancy']:.1%})"),
         ("preemptions", str(s["preemptions"])),
         *([("TTFT breakdown (mean)", ", ".join(f"{k} {_fmt(v, 's')}" for k, v in s["ttft_breakdown_mean_s"].items()
-                                                if v == v and v > 0))] if res.info.get("kv_transfer") else []),
+                                                if v == v and v > 0))]
+          if res.info.get("kv_transfer") or "encoder" in s else []),
+        *([("encoder (" + s["encoder"]["topology"] + ")",
+            f"{s['encoder']['images']} images, {s['encoder']['images_encoded']} encoded "
+            f"(cache hit rate {s['encoder']['cache_hit_rate']:.1%}), utilisation {s['encoder']['utilisation']:.1%}")]
+          if "encoder" in s else []),
         *([("KV moved", f"{s['kv_bytes_moved'] / 1e9:,.1f} GB over {res.info['kv_transfer']['link']} "
                         f"({res.info['kv_transfer']['connector']})")] if res.info.get("kv_transfer") else []),
         ("SLO attainment", f"{s['slo_attainment']:.1%}"),
@@ -94,6 +99,9 @@ def cmd_simulate(args, con: Console) -> int:
     if args.out:
         paths = res.write(args.out, tuple(args.format))
         con.print(f"wrote {len(paths)} files to {args.out}")
+    if args.report:
+        from app.cli import write_simulation_report
+        con.print(f"wrote report {write_simulation_report(res, args.report)}")
     return 0
 
 
@@ -200,6 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--replication", type=int, default=0, help="independent replication index")
     s.add_argument("--model", help="override the scenario's model (name, alias, config.json or model folder)")
     s.add_argument("--hwdb", action="append", default=[], help="extra user hwdb folder (repeatable)")
+    s.add_argument("--report", metavar="FILE.html", help="also write a self-contained HTML report with charts")
     s.set_defaults(func=cmd_simulate)
     q = sub.add_parser("perf", help="print a model's prefill and decode step times on a GPU")
     q.add_argument("model", help="model name, alias, or a local config.json / model folder")
@@ -229,6 +238,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_ops(sub)
     from simulator.cli_plan import add_subparsers as _add_plan
     _add_plan(sub)
+    from simulator.cli_regress import add_subparsers as _add_regress
+    _add_regress(sub)
+    from app.cli import add_subparsers as _add_app
+    _add_app(sub)
+    from simulator.cli_epd import add_subparsers as _add_epd
+    _add_epd(sub)
     return p
 
 

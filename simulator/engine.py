@@ -88,6 +88,7 @@ class PoolRun:
     instances: list[Instance]
     end_time: float
     coordinator: object = None
+    epd: object = None            # simulator.epd_flow.EPDCoordinator of a multimodal run
 
 
 def _admissible(pool: PoolSpec, inst_kv_blocks: int, block: int, inp: int, out: int) -> str:
@@ -101,7 +102,7 @@ def _admissible(pool: PoolSpec, inst_kv_blocks: int, block: int, inp: int, out: 
 
 def run_pool(pool: PoolSpec, rec: Recorder, closed_loop: tuple[int, float] | None = None,
              max_time_s: float | None = None, decode: PoolSpec | None = None, transfer=None,
-             rng=None) -> PoolRun:
+             rng=None, epd=None) -> PoolRun:
     """Simulate ``pool`` serving every request in ``rec``.
 
     With ``decode`` and ``transfer`` (a :class:`simulator.pd.TransferPlan`),
@@ -113,6 +114,10 @@ def run_pool(pool: PoolSpec, rec: Recorder, closed_loop: tuple[int, float] | Non
     request, wait for it to finish, think, and send the next; arrival times
     are overwritten with the send times.  The run ends when every request has
     ended, or at ``max_time_s`` (requests still in flight become "unfinished").
+
+    With ``epd`` (a :class:`simulator.epd.EPDSetup`), requests with images go
+    through the encoder tier before ``pool`` (:mod:`simulator.epd_flow`), or
+    ``pool`` encodes them in the step that admits them.
     """
     env = simpy.Environment()
 
@@ -138,6 +143,20 @@ def run_pool(pool: PoolSpec, rec: Recorder, closed_loop: tuple[int, float] | Non
         every = instances + d_instances
     sglang_flow = coordinator is not None and coordinator.flow == "sglang"
 
+    def route(rid: int, i: int | None = None) -> None:
+        if i is None:
+            i = router.choose(rid)
+        inst_of[rid] = i
+        if sglang_flow:
+            coordinator.on_arrival(rid)
+        instances[i].submit(rid)
+
+    epd_coord = None
+    if epd is not None:
+        from simulator.epd_flow import EPDCoordinator
+        epd_coord = EPDCoordinator(env, epd, instances, route, router.choose, rng)
+        every = every + epd_coord.encoders
+
     def dispatch(rid: int) -> bool:
         why = _admissible(pool, kv_blocks, block, inp[rid], 1 if decode else out[rid])
         if not why and decode is not None:
@@ -145,11 +164,10 @@ def run_pool(pool: PoolSpec, rec: Recorder, closed_loop: tuple[int, float] | Non
         if why:
             rec.reject(rid, env.now, why)
             return False
-        i = router.choose(rid)
-        inst_of[rid] = i
-        if sglang_flow:
-            coordinator.on_arrival(rid)
-        instances[i].submit(rid)
+        if epd_coord is not None and epd_coord.handles(rid):
+            epd_coord.dispatch(rid)
+            return True
+        route(rid)
         return True
 
     def open_loop(env):
@@ -195,4 +213,4 @@ def run_pool(pool: PoolSpec, rec: Recorder, closed_loop: tuple[int, float] | Non
         if o == PENDING:
             rec.outcome[rid] = UNFINISHED
             rec.reason[rid] = f"still in flight at the time limit {max_time_s} s"
-    return PoolRun(rec, every, end, coordinator)
+    return PoolRun(rec, [i for i in every if hasattr(i, "kv_total")], end, coordinator, epd_coord)

@@ -69,6 +69,7 @@ class Instance:
         self._freed = 0                        # blocks released from outside the process
         self.last_tok: dict[int, float] = {}   # preempted rid -> time of its last token
         self.live = None                       # (running order, prefills, decodes) once run() starts
+        self.encode_cost = None                # multimodal: callback(instance, rid, now) -> encoder seconds
         # Prefix cache (vLLM automatic prefix caching), active when requests carry block hashes:
         # an LRU of hash ids, each covering ``hash_block_tokens`` prompt tokens, with room for as
         # many such blocks as the KV cache holds.
@@ -196,7 +197,9 @@ class Instance:
                 new_dec.remove(vic)
             return vic, True
 
+        encode = self.encode_cost
         while True:
+            extra = 0.0                    # encoder time of images admitted this step (front-pool encoding)
             if self._freed:
                 kv_used -= self._freed
                 self._freed = 0
@@ -279,6 +282,8 @@ class Instance:
                 if kv_total - kv_used < grow:
                     break
                 waiting.popleft()
+                if encode is not None:
+                    extra += encode(self, rid, now)
                 if pf is None:
                     pf = [done, target, 0]
                     t_sched[rid] = now
@@ -315,7 +320,7 @@ class Instance:
                 # Nothing schedulable although nothing is held: should not happen because the
                 # newest is preempted first; guard against a livelock all the same.
                 raise RuntimeError(f"instance {self.index}: no progress possible at t={now}")
-            dt = step_time(tokens, logits, pairs, sum_l + n_dec, pctx, len(order), len(waiting))
+            dt = step_time(tokens, logits, pairs, sum_l + n_dec, pctx, len(order), len(waiting)) + extra
             yield env.timeout(dt)
             now = env.now
             steps.append((t0, dt, n_dec, tokens - n_dec, logits - n_dec, len(order), len(waiting), kv_used, n_pre))

@@ -189,14 +189,18 @@ def check_against_pools(ops: OperationsConfig, pools, kv_transfer) -> None:
             raise ValueError(f"operations.autoscale.{name}: the pool starts with instances={n}, outside "
                              f"[min_instances={cfg.min_instances}, max_instances={cfg.max_instances}]; "
                              f"set the pool's instances within the bounds")
+    if ops.enabled and any(p.role == "encoder" for p in pools):
+        raise ValueError("operations (autoscaling, faults) do not model encoder pools yet; remove the operations "
+                         "block or the encoder pool")
+    pd_ = any(p.role == "prefill" for p in pools)
     f = ops.faults
     for what, cfg in (("fp8_crash", f.fp8_crash), ("node_failure", f.node_failure)):
         for name in (cfg.pools if cfg is not None else ()):
             if name not in names:
                 raise ValueError(f"operations.faults.{what}.pools: no pool is named {name!r}; pools are {names}")
-    if f.link_degradation is not None and len(pools) < 2:
+    if f.link_degradation is not None and not pd_:
         raise ValueError("operations.faults.link_degradation applies to the KV-transfer fabric of a "
                          "prefill-decode deployment; this scenario has one pool: remove it or add PD pools")
-    if ops.enabled and len(pools) == 2 and kv_transfer.flow != "vllm":
+    if ops.enabled and pd_ and kv_transfer.flow != "vllm":
         raise ValueError(f"operations (autoscaling/faults) model vLLM's PD proxy flow only; kv_transfer.flow="
                          f"{kv_transfer.flow!r}: set flow: vllm or drop the operations block")

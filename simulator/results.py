@@ -148,8 +148,9 @@ def summarize(req: pd.DataFrame, steps: pd.DataFrame, resume_gaps: list[float], 
         "max_kv_occupancy": float(steps["kv_occupancy"].max()) if len(steps) else 0.0,
         "slo_attainment": float(ok.mean()) if n else float("nan"),
         "ttft_breakdown_mean_s": {c.removesuffix("_s"): float(np.nanmean(done[c])) if done[c].notna().any() else 0.0
-                                  for c in ("queue_s", "prefill_s", "transfer_wait_s", "transfer_s",
-                                            "decode_admission_s")},
+                                  for c in ("encode_queue_s", "encode_s", "embedding_transfer_s", "queue_s",
+                                            "prefill_s", "transfer_wait_s", "transfer_s", "decode_admission_s")
+                                  if c in done},
         "pools": _pool_stats(steps),
         "gpus": gpus,
         "cost_usd_per_hour": cost_h,

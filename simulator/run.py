@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from simulator.engine import PoolSpec, Recorder, run_pool
+from simulator.epd import EPDError, prepare as prepare_epd
 from simulator.pd import TransferConfigError, build_transfer_plan, crossover_bandwidth
 from simulator.results import Results, links_frame, requests_frame, steps_frame, summarize
 from simulator.scenario import Scenario, ScenarioError, resolve, rng_streams
@@ -29,6 +30,10 @@ def simulate(scn: Scenario, replication: int = 0) -> Results:
         reqs = generate(scn.workload, rngs["arrivals"], rngs["lengths"])
     except (WorkloadError, TraceError) as exc:
         raise ScenarioError(f"workload: {exc}") from None
+    try:
+        reqs, epd = prepare_epd(scn, db, model, pools, reqs, rngs["images"])
+    except EPDError as exc:
+        raise ScenarioError(str(exc)) from None
     by_role = {pool.role: (pool, dep, mem, step) for pool, dep, mem, step in pools}
     plan = None
     if scn.is_pd:
@@ -42,6 +47,9 @@ def simulate(scn: Scenario, replication: int = 0) -> Results:
     closed = (reqs.concurrency, reqs.think_time_s) if reqs.is_closed_loop else None
     ops = None
     if scn.operations.enabled:
+        if epd is not None:
+            raise ScenarioError("operations (autoscaling, faults) do not model image encoding yet; remove the "
+                                "operations block or the images from the workload")
         from simulator.opsrun import run_operations
         ops, run, rec = run_operations(scn, replication, reqs, front, back, plan, closed, rngs["faults"], _spec)
         from simulator.opsresults import ops_requests_frame
@@ -49,11 +57,15 @@ def simulate(scn: Scenario, replication: int = 0) -> Results:
     else:
         rec = Recorder(reqs.input_tokens, reqs.output_tokens, reqs.arrival_s, reqs.hash_ids, reqs.hash_block_tokens)
         run = run_pool(_spec(*front), rec, closed_loop=closed, max_time_s=scn.simulation.max_time_s,
-                       decode=_spec(*back) if back else None, transfer=plan, rng=rngs["faults"])
+                       decode=_spec(*back) if back else None, transfer=plan, rng=rngs["faults"], epd=epd)
         req_df = requests_frame(run, back[0].name if back else front[0].name)
+    if run.epd is not None:
+        from simulator.epd_flow import add_columns
+        req_df = add_columns(req_df, run.epd)
     step_df = steps_frame(run)
-    gpus = sum(p.instances * d.gpus for p, d, _, _ in pools)
-    price = sum(p.instances * d.gpus * d.gpu.price_usd_per_hour.value for p, d, _, _ in pools)
+    gpus = sum(p.instances * d.gpus for p, d, _, _ in pools) + (epd.gpus if epd else 0)
+    price = (sum(p.instances * d.gpus * d.gpu.price_usd_per_hour.value for p, d, _, _ in pools)
+             + (epd.price_usd_per_hour if epd else 0.0))
     summary = summarize(req_df, step_df, rec.resume_gaps, gpus=gpus, cost_usd_per_hour=price,
                         ttft_slo=scn.slo.ttft_s, tpot_slo=scn.slo.tpot_s)
     if ops is not None:
@@ -66,6 +78,9 @@ def simulate(scn: Scenario, replication: int = 0) -> Results:
         mean_prompt = max(1, int(round(float(req_df["input_tokens"].mean()))))
         summary["crossover"] = crossover_bandwidth(front[3], plan.kv_bytes_per_token, mean_prompt,
                                                    front[1].knobs.max_num_batched_tokens)
+    if run.epd is not None:
+        from simulator.epd_flow import encoder_summary
+        summary["encoder"] = encoder_summary(run.epd, summary["duration_s"])
     pool, dep, mem, _ = front
     k = dep.knobs
     info = {
@@ -93,5 +108,10 @@ def simulate(scn: Scenario, replication: int = 0) -> Results:
         "seed": scn.seed,
         "workload_notes": list(reqs.notes),
     }
+    if epd is not None and epd.encoder_pool is not None:
+        ep = epd.encoder_pool
+        info["pools"].append({"name": ep.name, "role": "encoder", "gpu": epd.encoder_gpu, "tp": ep.tp, "pp": 1,
+                              "instances": ep.instances, "kv_cache_tokens_per_instance": 0,
+                              "perf_model": "vision encoder: datasheet peaks x GPU efficiency curves x TP table"})
     links = links_frame(run.coordinator.fabric) if run.coordinator is not None else None
     return Results(scn, req_df, step_df, summary, info, links)

@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 import hwdb
+from simulator.epd_config import EmbeddingTransferConfig, EncoderConfig
 from simulator.perf import Deployment, EngineKnobs, FitError, build_step_model, plan_memory
 from simulator.opsconfig import OperationsConfig, check_against_pools
 from simulator.routing import ROUTERS
@@ -49,7 +50,7 @@ class PoolConfig(_Strict):
     """A pool of identical instances (``tp * pp`` GPUs each)."""
 
     name: str = "main"
-    role: Literal["colocated", "prefill", "decode"] = "colocated"
+    role: Literal["colocated", "prefill", "decode", "encoder"] = "colocated"
     model: str | None = None
     gpu: str
     tp: int = Field(1, ge=1, le=64)
@@ -59,6 +60,7 @@ class PoolConfig(_Strict):
     kv_cache_dtype: Literal["auto", "bf16", "fp16", "fp8"] = "auto"
     engine: EngineConfig = EngineConfig()
     router: str = "least_outstanding"
+    encoder: EncoderConfig = EncoderConfig()   # image encoding: encoder pools, or colocated/prefill pools
 
     @model_validator(mode="after")
     def _router_known(self) -> PoolConfig:
@@ -89,6 +91,9 @@ class SLO(_Strict):
     ttft_s: float | None = Field(None, gt=0)
     tpot_s: float | None = Field(None, gt=0)
     attainment: float = Field(0.9, gt=0, le=1)
+    # Goodput criterion: None counts requests meeting both targets (attainment); a percentile
+    # (e.g. 99) instead requires that percentile of TTFT and of TPOT to meet them (EPD papers).
+    percentile: float | None = Field(None, gt=0, le=100)
 
 
 class SimulationConfig(_Strict):
@@ -107,6 +112,7 @@ class Scenario(_Strict):
     workload: WorkloadConfig
     slo: SLO = SLO()
     kv_transfer: KVTransferConfig = KVTransferConfig()
+    embedding_transfer: EmbeddingTransferConfig = EmbeddingTransferConfig()
     simulation: SimulationConfig = SimulationConfig()
     operations: OperationsConfig = OperationsConfig()
 
@@ -121,14 +127,16 @@ class Scenario(_Strict):
         if len(set(names)) != len(names):
             raise ValueError(f"pool names must be unique, got {names}")
         roles = sorted(p.role for p in self.pools)
-        if roles not in (["colocated"], ["decode", "prefill"]):
-            raise ValueError(f"pools have roles {roles}; give either one colocated pool, or one prefill "
-                             "and one decode pool (prefill-decode disaggregation)")
+        if roles not in (["colocated"], ["decode", "prefill"], ["colocated", "encoder"],
+                         ["decode", "encoder", "prefill"]):
+            raise ValueError(f"pools have roles {roles}; give one colocated pool, or one prefill and one decode "
+                             "pool (prefill-decode disaggregation), each optionally with one encoder pool "
+                             "(encoder-prefill-decode disaggregation)")
         return self
 
     @property
     def is_pd(self) -> bool:
-        return len(self.pools) == 2
+        return any(p.role == "prefill" for p in self.pools)
 
     def pool(self, role: str) -> PoolConfig:
         return next(p for p in self.pools if p.role == role)
@@ -322,6 +330,8 @@ def resolve(scn: Scenario):
                                 "KV can only move between instances of the same model: use one model for both")
     out = []
     for pool in scn.pools:
+        if pool.role == "encoder":   # resolved by simulator.epd.prepare
+            continue
         dep = deployment_for(pool, models[pool.name], db)
         try:
             mem = plan_memory(dep)
@@ -333,6 +343,6 @@ def resolve(scn: Scenario):
 
 def rng_streams(seed: int, replication: int = 0) -> dict[str, np.random.Generator]:
     """One independent generator per purpose, spawned from (seed, replication)."""
-    purposes = ("arrivals", "lengths", "faults", "routing")
+    purposes = ("arrivals", "lengths", "faults", "routing", "images")
     children = np.random.SeedSequence([seed, replication]).spawn(len(purposes))
     return {p: np.random.default_rng(c) for p, c in zip(purposes, children)}

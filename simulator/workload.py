@@ -35,6 +35,7 @@ from typing import Annotated, Literal, Union
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from simulator.epd_config import ImageWorkload
 from simulator.loadshape import ShapedArrivals, shaped_arrivals
 from simulator.traces import Role, Trace, TraceFormat, read_token_columns, read_trace
 
@@ -203,6 +204,7 @@ class WorkloadConfig(_Frozen):
     lengths: LengthPairs | None = None
     num_requests: int | None = Field(None, ge=1, le=MAX_REQUESTS)
     duration_s: float | None = Field(None, gt=0)
+    images: ImageWorkload | None = None      # multimodal: images per request (simulator.multimodal)
 
     @model_validator(mode="after")
     def _complete(self) -> WorkloadConfig:

@@ -1,0 +1,161 @@
+"""Charts: pure functions from DataFrames to Plotly figures (no Streamlit, no simulation).
+
+Times are in seconds in the data and shown in milliseconds where that reads better.
+"""
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from app.services import views
+
+TEMPLATE = "plotly_white"
+LABELS = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2e": "E2E"}
+
+
+def _fig(title: str, x: str, y: str) -> go.Figure:
+    fig = go.Figure()
+    fig.update_layout(title=title, xaxis_title=x, yaxis_title=y, template=TEMPLATE,
+                      margin=dict(l=50, r=20, t=50, b=45), height=340, legend=dict(orientation="h", y=-0.25))
+    return fig
+
+
+def cdf_figure(cdfs: dict[str, pd.DataFrame], metric: str, slo_s: float | None = None) -> go.Figure:
+    """CDF of one latency metric for one or more runs (``cdfs``: run name -> views.ecdf frame),
+    with the SLO as a vertical line."""
+    fig = _fig(f"{LABELS.get(metric, metric)} CDF", f"{LABELS.get(metric, metric)} (ms)", "fraction ≤ x")
+    for name, df in cdfs.items():
+        fig.add_trace(go.Scatter(x=df["value"] * 1e3, y=df["fraction"], mode="lines", name=name,
+                                 line_shape="hv"))
+    if slo_s:
+        fig.add_vline(x=slo_s * 1e3, line_dash="dash", line_color="crimson",
+                      annotation_text=f"SLO {slo_s * 1e3:g} ms", annotation_position="top left")
+    fig.update_yaxes(range=[0, 1.02])
+    return fig
+
+
+def breakdown_figure(phases: dict[str, pd.DataFrame]) -> go.Figure:
+    """Mean time per phase (stacked), one bar per run (``phases``: run name -> views.phase_frame)."""
+    fig = _fig("Latency breakdown per phase (mean of completed requests)", "run", "seconds")
+    order = []
+    for df in phases.values():
+        order += [p for p in df["phase"] if p not in order]
+    names = list(phases)
+    for ph in order:
+        ys = [float(df.loc[df["phase"] == ph, "mean_s"].sum()) for df in phases.values()]
+        fig.add_trace(go.Bar(x=names, y=ys, name=ph))
+    fig.update_layout(barmode="stack")
+    return fig
+
+
+def timeseries_figure(series: pd.DataFrame, column: str, title: str, y_title: str) -> go.Figure:
+    """One line per pool over time from :func:`app.services.views.step_series`."""
+    fig = _fig(title, "time (s)", y_title)
+    for pool, g in series.groupby("pool", sort=True):
+        fig.add_trace(go.Scatter(x=g["t_s"], y=g[column], mode="lines", name=str(pool)))
+    return fig
+
+
+def link_figure(links: pd.DataFrame | None) -> go.Figure:
+    """Utilisation of each fabric link over time (step function: a rate holds until its next point)."""
+    fig = _fig("Link utilisation", "time (s)", "utilisation")
+    if links is not None and not links.empty:
+        for name, g in links.groupby("link", sort=True):
+            fig.add_trace(go.Scatter(x=g["time_s"], y=g["utilisation"], mode="lines", line_shape="hv",
+                                     name=str(name)))
+    else:
+        fig.add_annotation(text="no KV transfer links in this run (colocated)", showarrow=False,
+                           xref="paper", yref="paper", x=0.5, y=0.5)
+    fig.update_yaxes(range=[0, 1.05])
+    return fig
+
+
+def scatter_figure(req: pd.DataFrame, slo_s: float | None = None, max_points: int = 4000) -> go.Figure:
+    """Prompt length vs TTFT per request (a deterministic sample beyond ``max_points``)."""
+    fig = _fig("Prompt length vs TTFT", "prompt tokens", "TTFT (ms)")
+    d = req[req["outcome"] == "completed"] if "outcome" in req else req
+    if len(d) > max_points:
+        d = d.iloc[:: max(1, len(d) // max_points)]
+    for pool, g in d.groupby("pool", sort=True, observed=True):
+        fig.add_trace(go.Scattergl(x=g["input_tokens"], y=g["ttft_s"] * 1e3, mode="markers", name=str(pool),
+                                   marker=dict(size=4, opacity=0.5)))
+    if slo_s:
+        fig.add_hline(y=slo_s * 1e3, line_dash="dash", line_color="crimson")
+    return fig
+
+
+def compare_figure(metrics: pd.DataFrame, rows: list[str]) -> go.Figure:
+    """Grouped bars of selected metric rows of :func:`app.services.compare.metrics_frame`."""
+    names = [c for c in metrics.columns if c not in ("best", "better")]
+    fig = _fig("Compared metrics", "metric", "value")
+    for n in names:
+        fig.add_trace(go.Bar(x=rows, y=[metrics.loc[r, n] for r in rows], name=n))
+    fig.update_layout(barmode="group")
+    return fig
+
+
+def pareto_figure(candidates: pd.DataFrame, pareto: pd.DataFrame, x: str, y: str,
+                  recommended: dict | None = None, label: str | None = None) -> go.Figure:
+    """Cost vs goodput of every candidate, the Pareto front as a line, the recommendation marked."""
+    fig = _fig("Cost vs goodput", x, y)
+    text = candidates[label].astype(str) if label and label in candidates else None
+    fig.add_trace(go.Scatter(x=candidates[x], y=candidates[y], mode="markers", name="candidates",
+                             text=text, marker=dict(size=7, color="lightgray", line=dict(width=1, color="gray"))))
+    p = pareto.sort_values(x)
+    fig.add_trace(go.Scatter(x=p[x], y=p[y], mode="lines+markers", name="Pareto front",
+                             text=p[label].astype(str) if label and label in p else None))
+    if recommended and x in recommended and y in recommended:
+        fig.add_trace(go.Scatter(x=[recommended[x]], y=[recommended[y]], mode="markers", name="recommended",
+                                 marker=dict(size=16, symbol="star", color="crimson")))
+    return fig
+
+
+def coldstart_figure(phases: pd.DataFrame, title: str = "Cold start") -> go.Figure:
+    """Horizontal stacked bar of start-up phases (columns: case, label, seconds), one bar per case."""
+    fig = _fig(title, "seconds", "")
+    cases = list(dict.fromkeys(phases["case"]))
+    for label in dict.fromkeys(phases["label"]):
+        xs = [float(phases[(phases["label"] == label) & (phases["case"] == c)]["seconds"].sum()) for c in cases]
+        fig.add_trace(go.Bar(y=cases, x=xs, name=label, orientation="h"))
+    fig.update_layout(barmode="stack", height=260)
+    return fig
+
+
+def attempts_figure(attempts: pd.DataFrame, horizon_s: float) -> go.Figure:
+    """A pod's container attempts as bars on a time line, coloured by outcome."""
+    fig = _fig("Container attempts", "seconds since pod creation", "attempt")
+    colours = {"serving": "seagreen", "killed": "crimson", "running": "gray"}
+    for outcome, g in attempts.groupby("outcome", sort=False):
+        fig.add_trace(go.Bar(y=g["attempt"].astype(str), x=g["end_s"] - g["start_s"], base=g["start_s"],
+                             orientation="h", name=str(outcome), marker_color=colours.get(str(outcome), "steelblue")))
+    fig.update_xaxes(range=[0, horizon_s])
+    fig.update_layout(height=260)
+    return fig
+
+
+def predicted_vs_measured_figure(df: pd.DataFrame, metric: str) -> go.Figure:
+    """Measured and predicted values per request (columns: phase, measured, predicted) with y = x."""
+    fig = _fig(f"{metric}: predicted vs measured", "measured (ms)", "predicted (ms)")
+    for ph, g in df.groupby("phase", sort=False):
+        fig.add_trace(go.Scatter(x=g["measured"] * 1e3, y=g["predicted"] * 1e3, mode="markers", name=str(ph),
+                                 marker=dict(size=5, opacity=0.6)))
+    if len(df):
+        hi = float(max(df["measured"].max(), df["predicted"].max())) * 1e3
+        fig.add_trace(go.Scatter(x=[0, hi], y=[0, hi], mode="lines", name="y = x",
+                                 line=dict(dash="dash", color="gray")))
+    return fig
+
+
+def results_figures(name: str, res, slo_ttft: float | None, slo_tpot: float | None) -> dict[str, go.Figure]:
+    """Every chart of one run, keyed by a short id (the app's Results tabs and the HTML report)."""
+    cdfs = views.latency_cdfs(res.requests, res.steps)
+    series = views.step_series(res.steps)
+    slos = {"ttft": slo_ttft, "tpot": slo_tpot, "itl": slo_tpot, "e2e": None}
+    figs = {f"cdf_{m}": cdf_figure({name: cdfs[m]}, m, slos[m]) for m in ("ttft", "tpot", "itl", "e2e")}
+    figs["breakdown"] = breakdown_figure({name: views.phase_frame(res.requests)})
+    figs["batch"] = timeseries_figure(series, "batch_size", "Running batch size", "sequences")
+    figs["kv"] = timeseries_figure(series, "kv_occupancy", "KV-cache occupancy", "fraction of blocks")
+    figs["queue"] = timeseries_figure(series, "waiting", "Queue length (waiting requests)", "requests")
+    figs["links"] = link_figure(res.links)
+    figs["scatter"] = scatter_figure(res.requests, slo_ttft)
+    return figs

@@ -1,0 +1,80 @@
+"""``epdsim app`` (start the Streamlit what-if planner) and ``epdsim report`` (HTML without the app).
+
+Hooked into ``simulator/cli.py`` by ``add_subparsers(sub)``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+HOME = Path(__file__).resolve().parent / "Home.py"
+
+
+def cmd_app(args, con=None) -> int:
+    """Run ``streamlit run app/Home.py``; returns its exit code."""
+    cmd = [sys.executable, "-m", "streamlit", "run", str(HOME), "--server.port", str(args.port),
+           "--server.address", args.address, "--server.headless", "true" if args.headless else "false",
+           "--browser.gatherUsageStats", "false", "--server.maxUploadSize", "20"]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HOME.parents[1]), env.get("PYTHONPATH")]))
+    print(f"epdsim app on http://{args.address}:{args.port}", flush=True)
+    try:
+        return subprocess.call(cmd, env=env)
+    except KeyboardInterrupt:
+        return 0
+
+
+def cmd_report(args, con=None) -> int:
+    """``epdsim report validation VALIDATION.json --out FILE.html`` or ``epdsim report plan REQUEST.yaml --out
+    FILE.html`` (runs the planner)."""
+    from app.report import plan_html, validation_html, write
+    from simulator.scenario import ScenarioError
+    if args.kind == "plan":
+        from simulator.plan import PlanError, load_plan_request, run_plan
+
+        def progress(done, total, stage):
+            print(f"\r{stage}: {done}/{total}   ", end="", file=sys.stderr, flush=True)
+        try:
+            res = run_plan(load_plan_request(args.source), progress=progress)
+        except PlanError as exc:          # a user error: exit 2 with the message, like the other commands
+            raise ScenarioError(str(exc)) from None
+        print(file=sys.stderr)
+        print(f"wrote {write(args.out, plan_html(res))}")
+        return 0
+    src = Path(args.source)
+    if src.is_dir():
+        src = src / "validation.json"
+    if not src.is_file():
+        raise ScenarioError(f"{args.source}: no validation.json there; give the folder or file that "
+                            f"`epdsim calibrate validate` wrote (default BUNDLE/validation)")
+    try:
+        data = json.loads(src.read_text())
+    except json.JSONDecodeError as exc:
+        raise ScenarioError(f"{src}: not JSON ({exc}); give the validation.json of `epdsim calibrate validate`") from None
+    path = write(args.out, validation_html(data))
+    print(f"wrote {path}")
+    return 0
+
+
+def write_simulation_report(res, path: str | Path) -> Path:
+    """The HTML report of one run (``epdsim simulate ... --report FILE.html``)."""
+    from app.report import results_html, write
+    return write(path, results_html(res))
+
+
+def add_subparsers(sub) -> None:
+    """Hook for ``simulator/cli.py``: adds ``epdsim app`` and ``epdsim report``."""
+    a = sub.add_parser("app", help="start the what-if planner (Streamlit) in the browser")
+    a.add_argument("--port", type=int, default=8501)
+    a.add_argument("--address", default="localhost")
+    a.add_argument("--headless", action="store_true", help="do not open a browser")
+    a.set_defaults(func=cmd_app)
+    r = sub.add_parser("report", help="self-contained HTML report with the app's charts")
+    r.add_argument("kind", choices=["validation", "plan"],
+                   help="validation: a calibration validation; plan: run a plan request and report it")
+    r.add_argument("source", help="validation: validation.json or its folder; plan: a plan request YAML")
+    r.add_argument("--out", required=True, help="HTML file to write")
+    r.set_defaults(func=cmd_report)

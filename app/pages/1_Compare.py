@@ -1,0 +1,79 @@
+"""Compare: two or more scenarios side by side (presets from the current scenario, or pinned ones)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import streamlit as st  # noqa: E402
+
+from app import charts, report, ui  # noqa: E402
+from app.services import compare, jobs, scenarios, views  # noqa: E402
+
+st.set_page_config(page_title="epdsim: compare", layout="wide")
+st.title("Compare scenarios")
+st.caption("Variants of the scenario built on the Home page, simulated side by side; the best value of "
+           "each metric is highlighted and changes are relative to the first column.")
+
+base = ui.scenario()
+pinned = st.session_state.setdefault("pinned", {})
+c1, c2 = st.columns([2, 1])
+preset = c1.selectbox("Compare", [*compare.PRESETS, "pinned scenarios"], key="preset")
+with c2:
+    name = st.text_input("pin the current scenario as", value=f"scenario {len(pinned) + 1}", key="pin-name")
+    if st.button("Pin current scenario", key="pin"):
+        pinned[name] = base
+        st.success(f"pinned '{name}' ({len(pinned)} pinned)")
+
+named = dict(pinned) if preset == "pinned scenarios" else compare.variants(base, preset)
+if len(named) < 2:
+    st.info("Pin at least two scenarios (change the scenario on the Home page between pins), or pick a preset.")
+    st.stop()
+
+errors = {}
+for n, d in named.items():
+    try:
+        scenarios.to_scenario(d, origin=n)
+    except scenarios.InputError as exc:
+        errors[n] = exc
+for n, exc in errors.items():
+    st.error(f"{n}: {exc}", icon="🚫")
+if errors:
+    st.stop()
+
+cache = ui.run_cache()
+keys = {n: scenarios.scenario_hash(scenarios.to_scenario(d)) + ":0" for n, d in named.items()}
+missing = {n: d for n, d in named.items() if cache.get(keys[n]) is None}
+if missing:
+    done = ui.run_job("compare-" + "-".join(sorted(keys[n] for n in missing)), jobs.run_scenarios, (missing,),
+                      label=f"simulating {len(missing)} scenarios")
+    if done is None:
+        st.stop()
+    for n, r in done.items():
+        cache.put(keys[n], r)
+results = {n: cache.get(keys[n]) for n in named}
+
+metrics = compare.metrics_frame(results)
+names = list(results)
+
+
+def _highlight(row):
+    return ["background-color: #d8f0dc; font-weight: bold" if row["best"] == c else "" for c in row.index]
+
+
+st.subheader("Metrics")
+st.dataframe(metrics.style.apply(_highlight, axis=1).format({n: "{:,.4g}" for n in names}), key="metrics")
+st.subheader("Change against " + names[0])
+st.dataframe(compare.relative_change(metrics).style.format("{:+.1%}", na_rep="-"), key="changes")
+
+cdfs = {n: views.latency_cdfs(r.requests, r.steps) for n, r in results.items()}
+slo = next(iter(results.values())).scenario.slo
+a, b = st.columns(2)
+a.plotly_chart(charts.cdf_figure({n: c["ttft"] for n, c in cdfs.items()}, "ttft", slo.ttft_s), key="cmp-ttft")
+b.plotly_chart(charts.cdf_figure({n: c["tpot"] for n, c in cdfs.items()}, "tpot", slo.tpot_s), key="cmp-tpot")
+a.plotly_chart(charts.breakdown_figure({n: views.phase_frame(r.requests) for n, r in results.items()}),
+               key="cmp-breakdown")
+b.plotly_chart(charts.compare_figure(metrics, ["output tokens/s per GPU"]), key="cmp-bars")
+st.download_button("Download comparison (HTML)", report.comparison_html(results, metrics), "comparison.html",
+                   mime="text/html", key="cmp-report")

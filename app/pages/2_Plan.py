@@ -1,0 +1,96 @@
+"""Plan: the cheapest deployment that meets the SLO for the current scenario's workload."""
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import streamlit as st  # noqa: E402
+
+from app import charts, report, ui  # noqa: E402
+from app.services import builder, planning, scenarios  # noqa: E402
+
+st.set_page_config(page_title="epdsim: plan", layout="wide")
+st.title("Capacity plan")
+st.caption("Searches colocated and prefill/decode deployments over the offered GPUs: an analytic screen of "
+           "every candidate, then simulation of the most promising (docs/planner.md).")
+
+d = ui.scenario()
+opts = builder.options()
+up = st.file_uploader("Load a plan request YAML (else the Home page's scenario is planned)", type=["yaml", "yml"],
+                      key="plan-upload")
+data = None
+if up is not None:
+    try:
+        data = planning.parse_upload(up.name, up.getvalue())
+    except scenarios.InputError as exc:
+        ui.show_error(exc)
+if data is None:
+    c1, c2, c3 = st.columns(3)
+    default = [g for g in ("H100-SXM-80GB", "H200-SXM-141GB", "L40S") if g in opts.gpus]
+    gpus = c1.multiselect("GPUs on offer", opts.gpus, default=default, key="plan-gpus")
+    max_gpus = c2.number_input("at most GPUs", 1, 1024, 16, key="plan-max-gpus")
+    tp = c3.multiselect("TP degrees", [1, 2, 4, 8], default=[1, 2, 4], key="plan-tp")
+    c1, c2, c3 = st.columns(3)
+    fams = c1.multiselect("families", ["colocated", "pd"], default=["colocated", "pd"], key="plan-families")
+    verify = c2.number_input("candidates to simulate", 0, 50, 3, key="plan-verify")
+    nreq = c3.number_input("requests per simulation", 50, 100000, 400, key="plan-requests")
+    if not gpus or not tp or not fams:
+        st.error("Offer at least one GPU, one TP degree and one family.", icon="🚫")
+        st.stop()
+    try:
+        data = planning.request_from_scenario(d, gpus, max_gpus=max_gpus, tp=tuple(sorted(tp)), families=tuple(fams),
+                                              verify=verify, requests=nreq)
+        planning.parse_request(data)
+    except scenarios.InputError as exc:
+        ui.show_error(exc)
+        st.stop()
+with st.expander("plan request (YAML)"):
+    import yaml
+    st.code(yaml.safe_dump(data, sort_keys=False), language="yaml")
+
+key = "plan-" + hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+plans = st.session_state.setdefault("plans", {})
+if key not in plans:
+    if not st.button("Run the planner", type="primary", key="plan-run"):
+        st.stop()
+    res = ui.run_job(key, planning.run, (data,), label="planning")
+    if res is None:
+        st.stop()
+    plans[key] = res
+res = plans[key]
+
+rec = res.recommended
+if rec:
+    st.success(f"Recommended: {rec['layout']} — {rec['gpus']} GPUs, ${rec['cost_usd_per_hour']:,.2f}/h, "
+               f"goodput {rec['goodput_rps']:,.1f} req/s", icon="✅")
+else:
+    st.warning("No candidate meets the SLO. " + " ".join(res.notes))
+c = res.candidates
+st.plotly_chart(charts.pareto_figure(c, res.pareto, "cost_usd_per_hour", "goodput_rps", rec, label="layout"),
+                key="pareto")
+st.subheader("Pareto front")
+st.dataframe(res.pareto, hide_index=True, key="pareto-table")
+with st.expander(f"all {len(c)} candidates"):
+    st.dataframe(c, hide_index=True, key="candidates")
+if res.families is not None and len(res.families):
+    st.dataframe(res.families, hide_index=True, key="families")
+
+cid = planning.candidate_for_artefacts(res)
+if cid:
+    try:
+        files = planning.artefact_files(res, cid)
+    except scenarios.InputError as exc:
+        ui.show_error(exc)
+        st.stop()
+    st.subheader("Artefacts" + ("" if rec else f" (closest candidate {cid})"))
+    st.download_button("Download all (zip)", planning.zip_bytes(files), f"{res.request.name}-artefacts.zip",
+                       mime="application/zip", key="artefacts-zip")
+    for name, text in sorted(files.items()):
+        with st.expander(name):
+            st.code(text, language="yaml" if name.endswith(".yaml") else "bash" if name.endswith(".sh") else None)
+st.download_button("Download plan report (HTML)", report.plan_html(res), f"{res.request.name}.html",
+                   mime="text/html", key="plan-report")

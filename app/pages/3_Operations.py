@@ -1,0 +1,82 @@
+"""Operations: an instance's cold start and a Kubernetes pod's probes (time to ready or crash loop)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import streamlit as st  # noqa: E402
+
+from app import charts, ui  # noqa: E402
+from app.services import builder, operations, scenarios  # noqa: E402
+
+st.set_page_config(page_title="epdsim: operations", layout="wide")
+st.title("Operations: cold start and probes")
+
+d = ui.scenario()
+opts = builder.options()
+pool = d["pools"][-1]
+c1, c2, c3, c4 = st.columns(4)
+models = list(opts.models)
+model = c1.selectbox("model", models, index=models.index(d["model"]) if d["model"] in models else 0, key="ops-model")
+gpus = list(opts.gpus)
+g0 = builder.canonical_gpu(pool["gpu"])
+gpu = c2.selectbox("GPU", gpus, index=gpus.index(g0) if g0 in gpus else 0, key="ops-gpu")
+tp = c3.selectbox("TP", [1, 2, 4, 8], index=[1, 2, 4, 8].index(pool.get("tp", 1)), key="ops-tp")
+storage = c4.selectbox("weights from", operations.storages(), key="ops-storage")
+c1, c2, c3 = st.columns(3)
+cache = c1.radio("torch.compile cache", ["miss", "hit"], horizontal=True, key="ops-cache")
+image_cached = c2.checkbox("image already on the node", True, key="ops-image")
+eager = c3.checkbox("enforce_eager (no compile, no CUDA graphs)", False, key="ops-eager")
+q = operations.StartQuery(model=model, gpu=gpu, tp=int(tp), storage=storage, compile_cache=cache,
+                          image_cached=image_cached, enforce_eager=eager)
+try:
+    cs = operations.cold_start(q)
+except scenarios.InputError as exc:
+    ui.show_error(exc)
+    st.stop()
+
+st.subheader("Cold start")
+m1, m2, m3 = st.columns(3)
+m1.metric("start to API ready", f"{cs['total_s']:,.0f} s")
+m2.metric("from container start", f"{cs['container_s']:,.0f} s")
+m3.metric("with a warm compile cache", f"{cs['warm_total_s']:,.0f} s")
+st.caption(cs["description"])
+st.plotly_chart(charts.coldstart_figure(cs["phases"]), key="coldstart")
+st.dataframe(cs["phases"][["case", "label", "seconds", "detail"]], hide_index=True, key="phases")
+for n in cs["notes"]:
+    st.warning(f"extrapolated: {n}")
+
+st.subheader("Kubernetes probes")
+
+
+def probe_inputs(label: str, key: str, defaults: tuple[int, int, int, int], on: bool):
+    with st.expander(label, expanded=on):
+        use = st.checkbox(f"use a {label}", on, key=f"{key}-on")
+        cols = st.columns(4)
+        vals = tuple(int(cols[i].number_input(n, 0, 100000, defaults[i], key=f"{key}-{i}"))
+                     for i, n in enumerate(("initialDelaySeconds", "periodSeconds", "timeoutSeconds",
+                                            "failureThreshold")))
+    return vals if use else None
+
+
+startup = probe_inputs("startupProbe", "sp", (0, 10, 5, 30), False)
+liveness = probe_inputs("livenessProbe", "lp", (30, 10, 1, 3), True)
+readiness = probe_inputs("readinessProbe", "rp", (30, 10, 1, 3), True)
+volume = st.checkbox("torch.compile cache on a volume (survives restarts)", False, key="ops-volume")
+try:
+    pr = operations.probes(q, startup, liveness, readiness, compile_cache_volume=volume)
+except scenarios.InputError as exc:
+    ui.show_error(exc)
+    st.stop()
+if pr["never_ready"]:
+    st.error(f"Crash loop: {pr['summary']} ({pr['restarts']} restarts in {pr['horizon_s']:.0f} s). "
+             "Use the recommended probes below.", icon="🔁")
+else:
+    st.success(pr["summary"])
+for w in pr["warnings"]:
+    st.warning(w)
+st.plotly_chart(charts.attempts_figure(pr["attempts"], pr["horizon_s"]), key="attempts")
+st.markdown("**Recommended probes** (sized on a cold compile cache, 50% margin)")
+st.code(pr["recommended_yaml"], language="yaml")

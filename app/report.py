@@ -1,0 +1,127 @@
+"""Self-contained HTML reports with the app's charts, for sharing by mail or as CI artefacts.
+
+One file, no network: Plotly's JavaScript is inlined once, each figure follows as a div.
+Used by ``epdsim simulate ... --report FILE.html``, ``epdsim report validation`` and the
+app's download buttons.
+"""
+from __future__ import annotations
+
+import html
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from app import charts
+from app.services import views
+from app.services.scenarios import Prices, cost
+
+STYLE = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px} "
+         "table{border-collapse:collapse;margin:1em 0} td,th{border:1px solid #ccc;padding:3px 9px;text-align:right} "
+         "th:first-child,td:first-child{text-align:left} .grid{display:grid;grid-template-columns:1fr 1fr;gap:8px} "
+         ".best{background:#dff3e3;font-weight:bold}")
+
+
+def _page(title: str, body: list[str]) -> str:
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{STYLE}</style></head><body>" + "".join(body) + "</body></html>")
+
+
+def _figures_html(figs: list) -> list[str]:
+    out = []
+    for i, fig in enumerate(figs):
+        out.append(fig.to_html(full_html=False, include_plotlyjs="inline" if i == 0 else False,
+                               config={"displaylogo": False}))
+    return out
+
+
+def _ms(x: float) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x * 1e3:,.1f} ms"
+
+
+def summary_rows(res, prices: Prices | None = None) -> list[tuple[str, str]]:
+    """The headline figures of a run as (label, text) pairs."""
+    s = res.summary
+    c = cost(res, prices)
+    rows = [(f"{lab} p50 / p90 / p99", " / ".join(_ms(s[k][p]) for p in ("p50", "p90", "p99")))
+            for k, lab in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "E2E"))]
+    rows += [("completed / rejected / unfinished", f"{s['completed']} / {s['rejected']} / {s['unfinished']}"),
+             ("throughput", f"{s['throughput_rps']:.2f} req/s, {s['output_tokens_per_s']:,.0f} output tok/s"),
+             ("SLO attainment", f"{s['slo_attainment']:.1%}"),
+             ("GPUs", str(s["gpus"])),
+             ("cost", f"${c['usd_per_hour']:,.2f}/h, ${c['usd_per_million_output_tokens']:,.3f} per M output tokens"),
+             ("perf model", res.info.get("perf_model", ""))]
+    return rows
+
+
+def _table(rows: list[tuple[str, str]]) -> str:
+    return "<table>" + "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows) \
+        + "</table>"
+
+
+def results_html(res, name: str | None = None, prices: Prices | None = None) -> str:
+    """A run's summary table and every Results chart."""
+    scn = res.scenario
+    name = name or scn.name
+    figs = charts.results_figures(name, res, scn.slo.ttft_s, scn.slo.tpot_s)
+    layout = ", ".join(f"{p['instances']}x {p['gpu']} TP{p['tp']} ({p['role']})" for p in res.info["pools"])
+    body = [f"<h1>{html.escape(name)}</h1>",
+            f"<p>{html.escape(res.info['model'])} on {html.escape(layout)}; seed {scn.seed}. "
+            f"{html.escape(scn.description)}</p>", _table(summary_rows(res, prices)),
+            "<div class='grid'>", *_figures_html(list(figs.values())), "</div>"]
+    return _page(f"epdsim: {name}", body)
+
+
+def comparison_html(results: dict, metrics: pd.DataFrame) -> str:
+    """Several runs side by side: the metrics table (best per row marked) and overlaid CDFs."""
+    names = list(results)
+    head = "<tr><th>metric</th>" + "".join(f"<th>{html.escape(n)}</th>" for n in names) + "</tr>"
+    rows = []
+    for label, row in metrics.iterrows():
+        cells = "".join(f"<td class='{'best' if row['best'] == n else ''}'>{row[n]:,.4g}</td>" for n in names)
+        rows.append(f"<tr><td>{html.escape(str(label))}</td>{cells}</tr>")
+    cdfs = {n: views.latency_cdfs(r.requests, r.steps) for n, r in results.items()}
+    first = next(iter(results.values())).scenario.slo
+    figs = [charts.cdf_figure({n: c[m] for n, c in cdfs.items()}, m, {"ttft": first.ttft_s, "tpot": first.tpot_s}.get(m))
+            for m in ("ttft", "tpot", "itl", "e2e")]
+    figs.append(charts.breakdown_figure({n: views.phase_frame(r.requests) for n, r in results.items()}))
+    return _page("epdsim comparison", ["<h1>Comparison</h1>", f"<table>{head}{''.join(rows)}</table>",
+                                       "<div class='grid'>", *_figures_html(figs), "</div>"])
+
+
+def plan_html(result) -> str:
+    """A plan: the recommendation, the Pareto chart (cost vs goodput) and the Pareto and family tables."""
+    rec = result.recommended
+    head = (f"<p><b>Recommended:</b> {html.escape(str(rec['layout']))}, {rec['gpus']} GPUs, "
+            f"${rec['cost_usd_per_hour']:,.2f}/h, goodput {rec['goodput_rps']:,.1f} req/s</p>" if rec else
+            "<p><b>No candidate meets the SLO.</b> " + html.escape(" ".join(result.notes)) + "</p>")
+    fig = charts.pareto_figure(result.candidates, result.pareto, "cost_usd_per_hour", "goodput_rps", rec,
+                               label="layout")
+    fmt = lambda x: f"{x:,.4g}"  # noqa: E731
+    body = [f"<h1>Plan {html.escape(result.request.name)}</h1>", head, *_figures_html([fig]),
+            "<h2>Pareto front</h2>", result.pareto.to_html(index=False, float_format=fmt)]
+    if result.families is not None and len(result.families):
+        body += ["<h2>Families</h2>", result.families.to_html(index=False, float_format=fmt)]
+    return _page(f"epdsim plan {result.request.name}", body)
+
+
+def validation_html(data: dict) -> str:
+    """A calibration validation (``validation.json`` of ``epdsim calibrate validate``) with the app's
+    predicted-vs-measured charts."""
+    from app.services.calibration import series_frame, checks_frame
+    checks = checks_frame(data)
+    figs = [charts.predicted_vs_measured_figure(series_frame(data, m), m.upper()) for m in ("ttft", "tpot", "e2e")]
+    passed = data["checks"] - data["failed"]
+    body = [f"<h1>Validation of {html.escape(str(data['profile']['name']))}</h1>",
+            f"<p>{html.escape(str(data['model']))} on {html.escape(str(data['gpu']))}; tolerance "
+            f"{data['tolerance']:.0%}: <b>{passed} of {data['checks']} checks pass</b>.</p>",
+            checks.to_html(index=False, float_format=lambda x: f"{x:,.4g}"),
+            "<div class='grid'>", *_figures_html(figs), "</div>"]
+    return _page("epdsim validation", body)
+
+
+def write(path: str | Path, text: str) -> Path:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(text, encoding="utf-8")
+    return p

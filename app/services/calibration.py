@@ -1,0 +1,104 @@
+"""Calibration bundles in the app: overview, fit and validation as tables (no Streamlit).
+
+A bundle is the folder ``epdsim calibrate run`` writes; the fit and the validation are the code
+paths of ``epdsim calibrate fit|validate`` (calibration/fit.py, calibration/validate.py).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from app.services.scenarios import InputError
+
+
+def _errors():
+    import hwdb
+    from calibration.harness.bundle import BundleError
+    return (BundleError, hwdb.HwdbError, ValueError, FileNotFoundError)
+
+
+def overview(path: str | Path) -> dict:
+    """What a bundle holds: model, vLLM version, mode, phases (a DataFrame)."""
+    from calibration.cli import bundle_summary
+    from calibration.fit_inputs import open_bundle
+    p = Path(str(path).strip())
+    if not str(path).strip():
+        raise InputError("bundle folder: empty; give the folder `epdsim calibrate run --out DIR` wrote")
+    if not p.is_dir():
+        raise InputError(f"bundle folder '{p}' does not exist on the app's machine; give the folder that "
+                         f"`epdsim calibrate run --out DIR` wrote (it holds manifest.json)")
+    try:
+        s = bundle_summary(open_bundle(p))
+    except _errors() as exc:
+        raise InputError(str(exc)) from None
+    phases = pd.DataFrame([{k: ph.get(k) for k in ("phase", "done", "ok", "planned", "failed", "ttft_p50",
+                                                     "itl_p50", "throughput_tok_s")} for ph in s["phases"]])
+    return {"model": s["model"], "vllm": s["vllm"], "mode": s["mode"], "created": s["created"], "phases": phases}
+
+
+def fit(path: str | Path, hwdb_dirs: tuple[str, ...] = ()) -> dict:
+    """Fit a profile to the bundle's prefill and decode sweeps (nothing written).
+
+    Returns {"fit": BundleFit, "params": DataFrame(parameter, value, sigma_rel, status),
+    "residuals": DataFrame(kind, phase, measured_s, predicted_s, rel_error), "quality": DataFrame}.
+    """
+    from calibration.fit import fit_bundle
+    try:
+        f = fit_bundle(Path(str(path).strip()), hwdb_dirs=hwdb_dirs)
+    except _errors() as exc:
+        raise InputError(str(exc)) from None
+    r = f.result
+    params = pd.DataFrame([{"parameter": n, "value": v, "sigma_rel": r.sigma_rel.get(n, math.nan),
+                            "status": "fitted" if n in r.free else r.fixed.get(n, "given")}
+                           for n, v in r.params.items()])
+    resid = pd.DataFrame(r.residuals)
+    quality = pd.DataFrame([{"points": k, "n": q.n_points, "median_abs_rel_error": q.median_abs_rel_error,
+                             "p90_abs_rel_error": q.p90_abs_rel_error} for k, q in r.quality.items()])
+    return {"fit": f, "params": params, "residuals": resid, "quality": quality, "profile": f.profile.name}
+
+
+def fit_and_validate(path: str | Path, out: str | Path, hwdb_dirs: tuple[str, ...] = (),
+                     tolerance: float = 0.25, progress=None) -> dict:
+    """Fit, write the profile into ``out``/hwdb, and validate it on the bundle's load tests
+    (the report files go to ``out``/validation).  Returns the fit dict (without the BundleFit
+    object, so that it crosses processes as plain data) plus "validation"."""
+    from calibration.fit_report import write_outputs
+    from calibration.validate import validate
+    if progress:
+        progress(0, 2, "fitting")
+    res = fit(path, hwdb_dirs)
+    hw = Path(out) / "hwdb"
+    try:
+        write_outputs(res.pop("fit"), hw)
+        if progress:
+            progress(1, 2, "validating")
+        res["validation"] = validate(Path(str(path).strip()), hw, tolerance=tolerance, out=Path(out) / "validation",
+                                     hwdb_dirs=hwdb_dirs)
+    except _errors() as exc:
+        raise InputError(str(exc)) from None
+    return res
+
+
+def checks_frame(data: dict) -> pd.DataFrame:
+    """One row per validation check: phase, metric, stat, source, measured_s, predicted_s, rel_error, verdict."""
+    rows = []
+    for ph in data["phases"]:
+        for r in ph["rows"]:
+            verdict = "info" if not r.get("check") else ("pass" if r.get("passed") else "FAIL")
+            rows.append({"phase": ph["phase"], "metric": r["metric"], "stat": r["stat"], "source": r["source"],
+                         "measured_s": r["measured_s"], "predicted_s": r["predicted_s"],
+                         "rel_error": r["rel_error"], "verdict": verdict})
+    return pd.DataFrame(rows)
+
+
+def series_frame(data: dict, metric: str) -> pd.DataFrame:
+    """Per request of every load test: measured and predicted ``metric`` (ttft, tpot, e2e) in seconds."""
+    rows = []
+    for ph in data["phases"]:
+        s = ph["series"]
+        for m, p in zip(s[f"measured_{metric}_s"], s[f"predicted_{metric}_s"]):
+            if m is not None and p is not None and math.isfinite(m) and math.isfinite(p):
+                rows.append({"phase": ph["phase"], "measured": m, "predicted": p})
+    return pd.DataFrame(rows, columns=["phase", "measured", "predicted"])

@@ -1,0 +1,95 @@
+"""Side-by-side comparison of scenarios: preset variants and a metrics table (no Streamlit).
+
+A preset turns the current scenario into named variants (colocated vs PD with the same GPUs,
+RDMA vs TCP for the KV transfer, engine generations vLLM V0 / V1 / SGLang); :func:`metrics_frame`
+puts their headline metrics in one table with each row's best value and the change against
+the first (baseline) column.
+"""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from app.services import builder
+from app.services.scenarios import Prices, cost
+
+ENGINES = ("vllm-v0", "vllm-v1", "sglang")
+PRESETS = ("colocated vs PD", "RDMA vs TCP (PD)", "engine generations")
+
+# (label, getter, better): better is "low" or "high"; the getter reads (summary, cost dict).
+METRICS = (
+    ("TTFT p50 (s)", lambda s, c: s["ttft_s"]["p50"], "low"),
+    ("TTFT p99 (s)", lambda s, c: s["ttft_s"]["p99"], "low"),
+    ("TPOT p50 (s)", lambda s, c: s["tpot_s"]["p50"], "low"),
+    ("TPOT p99 (s)", lambda s, c: s["tpot_s"]["p99"], "low"),
+    ("ITL p99 (s)", lambda s, c: s["itl_s"]["p99"], "low"),
+    ("E2E p50 (s)", lambda s, c: s["e2e_s"]["p50"], "low"),
+    ("queue mean (s)", lambda s, c: s["queue_s"]["mean"], "low"),
+    ("throughput (req/s)", lambda s, c: s["throughput_rps"], "high"),
+    ("output tokens/s", lambda s, c: s["output_tokens_per_s"], "high"),
+    ("output tokens/s per GPU", lambda s, c: s["output_tokens_per_s_per_gpu"], "high"),
+    ("SLO attainment", lambda s, c: s["slo_attainment"], "high"),
+    ("completed", lambda s, c: s["completed"], "high"),
+    ("preemptions", lambda s, c: s["preemptions"], "low"),
+    ("GPUs", lambda s, c: s["gpus"], "low"),
+    ("cost $/h", lambda s, c: c["usd_per_hour"], "low"),
+    ("cost $/M output tokens", lambda s, c: c["usd_per_million_output_tokens"], "low"),
+)
+
+
+def variants(d: dict, preset: str) -> dict[str, dict]:
+    """Named scenario dicts for ``preset`` built from ``d`` (the first is the baseline)."""
+    if preset == "colocated vs PD":
+        colo = builder.with_layout(d, "colocated")
+        pd_ = builder.with_layout(colo, "pd")
+        if sum(p.get("instances", 1) for p in colo["pools"]) < 2:
+            colo = builder.set_pool(colo, 0, instances=2)
+            pd_ = builder.with_layout(colo, "pd")
+        return {"colocated": _named(colo, "colocated"), "PD": _named(pd_, "PD")}
+    if preset == "RDMA vs TCP (PD)":
+        base = builder.with_layout(d, "pd")
+        rdma = builder.set_kv_transfer(base, connector="nixl", fabric="ib-ndr", same_node=False)
+        tcp = builder.set_kv_transfer(base, connector="tcp", fabric="tcp-10gbe", same_node=False)
+        return {"RDMA (NIXL, IB NDR)": _named(rdma, "rdma"), "TCP (10 GbE, host-staged)": _named(tcp, "tcp")}
+    if preset == "engine generations":
+        out = {}
+        for eng in ENGINES:
+            v = d
+            for i in range(len(d["pools"])):
+                v = builder.set_pool(v, i, engine=eng)
+            out[eng] = _named(v, eng)
+        return out
+    raise ValueError(f"preset {preset!r}: choose one of {PRESETS}")
+
+
+def _named(d: dict, label: str) -> dict:
+    return {**d, "name": f"{d.get('name', 'scenario')}-{label}"}
+
+
+def metrics_frame(results: dict, prices: Prices | None = None) -> pd.DataFrame:
+    """Rows: metrics; columns: one per scenario, then ``best`` (the winning scenario's name) and
+    ``better`` ("low"/"high").  Values are floats (NaN where undefined)."""
+    cols = {}
+    for name, res in results.items():
+        c = cost(res, prices)
+        cols[name] = [float(get(res.summary, c)) for _, get, _ in METRICS]
+    df = pd.DataFrame(cols, index=[m[0] for m in METRICS])
+    best = []
+    for (label, _, better), (_, row) in zip(METRICS, df.iterrows()):
+        vals = row.dropna()
+        vals = vals[vals.map(math.isfinite)]
+        if vals.empty or vals.nunique() == 1:
+            best.append("")
+        else:
+            best.append(str(vals.idxmin() if better == "low" else vals.idxmax()))
+    df["best"] = best
+    df["better"] = [m[2] for m in METRICS]
+    return df
+
+
+def relative_change(df: pd.DataFrame) -> pd.DataFrame:
+    """Each scenario's change against the first column, as a fraction (0.1 = 10% higher)."""
+    names = [c for c in df.columns if c not in ("best", "better")]
+    base = df[names[0]]
+    return df[names].apply(lambda col: (col - base) / base.where(base != 0))

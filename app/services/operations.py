@@ -1,0 +1,99 @@
+"""Cold start and Kubernetes probes for one model on one GPU type (no Streamlit).
+
+Wraps :mod:`simulator.coldstart` and :mod:`simulator.k8s` as the ``epdsim coldstart`` and
+``epdsim probes`` commands do, returning DataFrames for the Operations page.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+import hwdb
+from app.services.scenarios import InputError
+from simulator.coldstart import PHASE_LABELS, ColdStartError, breakdown
+from simulator.k8s import PodSpec, Probe, ProbeError, recommend_probes, simulate_pod
+from simulator.perf import FitError
+from simulator.scenario import PoolConfig, ScenarioError, deployment_for
+
+OPS_ERRORS = (ColdStartError, ProbeError, hwdb.HwdbError, ScenarioError, FitError, ValueError)
+
+
+@dataclass(frozen=True)
+class StartQuery:
+    """One instance's start: model, GPU, parallelism, storage, caches (names as in hwdb)."""
+
+    model: str
+    gpu: str
+    tp: int = 1
+    dtype: str = "bf16"
+    storage: str = "nvme"
+    compile_cache: str = "miss"
+    image_cached: bool = True
+    enforce_eager: bool = False
+    hwdb_dirs: tuple[str, ...] = ()
+
+
+def storages() -> list[str]:
+    from hwdb.coldstart import load_coldstart
+    return sorted(load_coldstart().storage)
+
+
+def _deployment(q: StartQuery):
+    from simulator.perf import plan_memory
+    db = hwdb.load(q.hwdb_dirs)
+    model = db.model(q.model)
+    pool = PoolConfig(gpu=q.gpu, tp=q.tp, dtype=q.dtype, engine={"enforce_eager": q.enforce_eager})
+    dep = deployment_for(pool, model, db)
+    plan_memory(dep)
+    return dep
+
+
+def cold_start(q: StartQuery) -> dict:
+    """The start-up breakdown (cold cache as asked, and with a warm compile cache for contrast).
+
+    Returns {"phases": DataFrame(case, phase, label, seconds, detail), "total_s", "container_s",
+    "warm_total_s", "description", "notes"}.
+    """
+    try:
+        dep = _deployment(q)
+        bd = breakdown(dep, q.compile_cache, storage=q.storage, image_cached=q.image_cached)
+        warm = breakdown(dep, "hit", storage=q.storage, image_cached=q.image_cached)
+    except OPS_ERRORS as exc:
+        raise InputError(str(exc)) from None
+    rows = [{"case": f"compile cache {b.compile_cache}", "phase": p.name, "label": PHASE_LABELS.get(p.name, p.name),
+             "seconds": p.seconds, "detail": p.detail} for b in ((bd, warm) if q.compile_cache == "miss" else (bd,))
+            for p in b.phases]
+    return {"phases": pd.DataFrame(rows), "total_s": bd.total_s, "container_s": bd.container_s,
+            "warm_total_s": warm.total_s, "description": bd.description, "notes": list(bd.extrapolated),
+            "breakdown": bd, "warm": warm, "deployment": dep}
+
+
+def probes(q: StartQuery, startup: tuple[int, int, int, int] | None, liveness: tuple[int, int, int, int] | None,
+           readiness: tuple[int, int, int, int] | None = None, compile_cache_volume: bool = False, margin: float = 0.5, horizon_s: float = 1800.0) -> dict:
+    """Simulate the pod under the given probes (each (initialDelaySeconds, periodSeconds, timeoutSeconds,
+    failureThreshold) or None); returns the outcome, the attempts as a DataFrame and the recommended probes."""
+    try:
+        if not horizon_s > 0:
+            raise ProbeError(f"horizon={horizon_s} must be > 0 seconds")
+        st = Probe(*startup, name="startupProbe") if startup else None
+        lv = Probe(*liveness, name="livenessProbe") if liveness else None
+        rd = Probe(*readiness, name="readinessProbe") if readiness else None
+        cs = cold_start(q)
+        bd, warm = cs["breakdown"], cs["warm"]
+        basis = bd if bd.compile_cache == "miss" else breakdown(cs["deployment"], "miss", storage=q.storage,
+                                                                image_cached=q.image_cached)
+        rec = recommend_probes(basis, margin=margin)
+        res = simulate_pod(bd, PodSpec(startup=st, liveness=lv, readiness=rd, compile_cache_volume=compile_cache_volume),
+                           warm, horizon_s=horizon_s)
+    except OPS_ERRORS as exc:
+        raise InputError(str(exc)) from None
+    att = pd.DataFrame([{"attempt": a.index, "start_s": a.started_s,
+                         "end_s": a.ended_s if a.ended_s is not None else min(horizon_s, res.ready_s or horizon_s)
+                         if a.outcome != "serving" else horizon_s,
+                         "outcome": a.outcome, "compile_cache": a.compile_cache, "phase": a.phase,
+                         "killed_by": a.killed_by} for a in res.attempts])
+    return {"ready_s": res.ready_s, "never_ready": res.never_ready, "restarts": res.restarts,
+            "summary": res.summary() if not res.never_ready else f"never ready: {res.reason}",
+            "warnings": list(res.warnings), "attempts": att, "recommended_yaml": rec.yaml,
+            "recommended_startup": rec.startup, "horizon_s": horizon_s, "start_s": bd.total_s}

@@ -1,0 +1,98 @@
+"""Streamlit glue shared by the pages: session state, the run cache, jobs with progress and Cancel.
+
+Layout helpers only; computations live in :mod:`app.services`.
+"""
+from __future__ import annotations
+
+import time
+
+import streamlit as st
+
+from app.services import jobs, scenarios
+
+
+@st.cache_resource
+def run_cache() -> scenarios.RunCache:
+    """One cache of finished runs per app server, keyed by scenario hash."""
+    return scenarios.RunCache()
+
+
+def scenario() -> dict:
+    """The scenario being edited (shared by every page of this browser session)."""
+    if "scenario" not in st.session_state:
+        st.session_state["scenario"] = scenarios.default_scenario()
+    return st.session_state["scenario"]
+
+
+def set_scenario(d: dict, reset_widgets: bool = False) -> None:
+    st.session_state["scenario"] = d
+    if reset_widgets:     # widgets keyed by generation re-read their values from the new scenario
+        st.session_state["gen"] = st.session_state.get("gen", 0) + 1
+
+
+def gen() -> int:
+    return st.session_state.get("gen", 0)
+
+
+def show_error(exc: Exception) -> None:
+    st.error(str(exc), icon="🚫")
+
+
+def run_job(key: str, fn, args: tuple = (), label: str = "running", kwargs: dict | None = None):
+    """Run ``fn(*args, progress=...)`` in a worker process with a progress bar and a Cancel button.
+
+    Returns the result, or None when it was cancelled or failed (the error is shown inline).
+    A click on Cancel reruns the page; Streamlit stops this loop at its next call and the
+    ``finally`` terminates the worker.
+    """
+    cancel_key, state_key = f"cancel-{key}", f"cancelled-{key}"
+    if st.session_state.get(cancel_key):
+        st.session_state[state_key] = True
+    if st.session_state.get(state_key):
+        st.info("Run cancelled. Change an input or press Run to start it again.")
+        if st.button("Run", key=f"rerun-{key}", type="primary"):
+            st.session_state[state_key] = False
+            st.rerun()
+        return None
+    job = jobs.Job(fn, args, kwargs or {}).start()
+    box = st.empty()
+    with box.container():
+        bar = st.progress(0.0, text=label)
+        st.button("Cancel", key=cancel_key)
+    try:
+        while job.poll(0.1) == "running":
+            frac = job.fraction
+            text = f"{label}: {job.stage or 'working'} ({job.elapsed_s:.1f} s)"
+            bar.progress(frac if frac is not None else min(0.95, job.elapsed_s / 30.0), text=text)
+    finally:
+        job.cancel()         # no-op when finished; stops the worker when the page was interrupted
+    box.empty()
+    if job.state == "failed":
+        if job.user_error:
+            st.error(job.error, icon="🚫")
+        else:
+            st.error(f"internal error (please report it): {job.error}", icon="🐞")
+        return None
+    return job.result if job.state == "done" else None
+
+
+def run_scenario(d: dict):
+    """Results of scenario dict ``d`` from the cache, or simulated now with progress and Cancel.
+
+    Returns (results, key) or (None, key); validation errors are shown inline."""
+    try:
+        scn = scenarios.to_scenario(d)
+    except scenarios.InputError as exc:
+        show_error(exc)
+        return None, None
+    key = scenarios.scenario_hash(scn) + ":0"
+    cache = run_cache()
+    hit = cache.get(key)
+    if hit is not None:
+        return hit, key
+    t0 = time.perf_counter()
+    res = run_job(key, jobs.run_one, (d,), label="simulating")
+    if res is not None:
+        cache.put(key, res)
+        st.session_state["last_run_s"] = time.perf_counter() - t0
+    return res, key

@@ -1,0 +1,177 @@
+"""The scenario builder (sidebar widgets): model, pools, fabric, workload, SLOs, prices, YAML in/out.
+
+Widgets start from the current scenario dict and write their values back through
+:mod:`app.services.builder`; widget keys carry a generation so that loading a YAML file
+re-initialises them.
+"""
+from __future__ import annotations
+
+import yaml
+
+import streamlit as st
+
+from app import ui
+from app.services import builder, scenarios
+
+
+def _k(name: str) -> str:
+    return f"{name}-{ui.gen()}"
+
+
+def _upload_scenario() -> None:
+    up = st.file_uploader("Load scenario YAML", type=["yaml", "yml"], key=_k("upload-yaml"),
+                          help=f"at most {scenarios.MAX_UPLOAD_BYTES // 2**20} MiB; parsed with yaml.safe_load")
+    if up is not None and st.session_state.get("loaded-yaml") != (up.name, up.size):
+        try:
+            d = scenarios.parse_yaml_upload(up.name, up.getvalue())
+        except scenarios.InputError as exc:
+            ui.show_error(exc)
+            return
+        st.session_state["loaded-yaml"] = (up.name, up.size)
+        ui.set_scenario(d, reset_widgets=True)
+        st.rerun()
+
+
+def _model(d: dict, opts: builder.Options) -> dict:
+    models = list(opts.models)
+    cur = d.get("model")
+    choices = models + ([cur] if cur not in models else [])
+    model = st.selectbox("Model", choices, index=choices.index(cur), key=_k("model"))
+    up = st.file_uploader("…or upload a Hugging Face config.json", type=["json"], key=_k("upload-config"))
+    if up is not None:
+        try:
+            model = scenarios.model_from_config_upload(up.name, up.getvalue())
+            st.caption(f"using uploaded model {model.rsplit('/', 1)[-1]}")
+        except scenarios.InputError as exc:
+            ui.show_error(exc)
+    return {**d, "model": model}
+
+
+def _pools(d: dict, opts: builder.Options) -> dict:
+    mode = st.radio("Deployment", builder.LAYOUTS, index=builder.LAYOUTS.index(builder.layout(d)),
+                    format_func={"colocated": "colocated", "pd": "prefill/decode (PD)"}.get,
+                    horizontal=True, key=_k("layout"))
+    d = builder.with_layout(d, mode)
+    for i, pool in enumerate(d["pools"]):
+        st.markdown(f"**{pool.get('role', 'colocated')} pool**")
+        gpus = list(opts.gpus)
+        g = builder.canonical_gpu(pool["gpu"], tuple(d.get("hwdb", ())))
+        gi = gpus.index(g) if g in gpus else 0
+        gpu = st.selectbox("GPU", gpus, index=gi, key=_k(f"gpu-{i}-{mode}"))
+        c2, c3 = st.columns(2)
+        tp = c2.selectbox("TP", [1, 2, 4, 8], index=[1, 2, 4, 8].index(pool.get("tp", 1))
+                          if pool.get("tp", 1) in (1, 2, 4, 8) else 0, key=_k(f"tp-{i}-{mode}"))
+        n = c3.number_input("instances", 1, 512, int(pool.get("instances", 1)), key=_k(f"inst-{i}-{mode}"))
+        eng = pool.get("engine") or {}
+        with st.expander("engine arguments"):
+            e = st.selectbox("engine", opts.engines, index=list(opts.engines).index(eng.get("engine", "vllm-v1")),
+                             key=_k(f"engine-{i}-{mode}"))
+            seqs = st.number_input("max_num_seqs (0 = vLLM default)", 0, 4096, int(eng.get("max_num_seqs") or 0),
+                                   key=_k(f"seqs-{i}-{mode}"))
+            toks = st.number_input("max_num_batched_tokens (0 = default)", 0, 262144,
+                                   int(eng.get("max_num_batched_tokens") or 0), key=_k(f"toks-{i}-{mode}"))
+            util = st.slider("gpu_memory_utilization", 0.5, 0.98, float(eng.get("gpu_memory_utilization", 0.9)),
+                             0.01, key=_k(f"util-{i}-{mode}"))
+        d = builder.set_pool(d, i, gpu=gpu, tp=int(tp), instances=int(n), engine=e, max_num_seqs=seqs or None,
+                             max_num_batched_tokens=toks or None,
+                             gpu_memory_utilization=None if abs(util - 0.9) < 1e-9 else float(util))
+    if mode == "pd":
+        kv = d.get("kv_transfer") or {}
+        c1, c2 = st.columns(2)
+        conns = list(opts.connectors)
+        conn = c1.selectbox("KV connector", conns, index=conns.index(kv.get("connector", "nixl"))
+                            if kv.get("connector", "nixl") in conns else 0, key=_k("connector"))
+        fabrics = ["(GPU's default NIC)", *opts.fabrics]
+        fab = c2.selectbox("fabric", fabrics, index=fabrics.index(kv["fabric"]) if kv.get("fabric") in fabrics else 0,
+                           key=_k("fabric"))
+        same = st.checkbox("prefill and decode on the same node (NVLink)", bool(kv.get("same_node", False)),
+                           key=_k("same-node"))
+        d = builder.set_kv_transfer(d, connector=conn, fabric=None if fab.startswith("(") else fab, same_node=same)
+    return d
+
+
+def _workload(d: dict) -> dict:
+    rate, inp, out = builder.workload_means(d)
+    w = d.get("workload") or {}
+    up = st.file_uploader("Replay a trace (Azure CSV, Mooncake JSONL, plain CSV/JSONL)", type=["csv", "jsonl", "json"],
+                          key=_k("upload-trace"))
+    if up is not None:
+        try:
+            path = scenarios.save_upload("traces", up.name, up.getvalue())
+            lim = st.number_input("replay at most N requests", 10, 200000, 2000, key=_k("trace-limit"))
+            d = {**d, "workload": scenarios.trace_workload(path, None, int(lim))}
+            w = d["workload"]
+            rate, inp, out = builder.workload_means(d)
+        except scenarios.InputError as exc:
+            ui.show_error(exc)
+    kind = (w.get("arrival") or {}).get("kind")
+    c1, c2 = st.columns(2)
+    if kind in ("poisson", "gamma", "trace"):
+        r = c1.number_input("rate (req/s)", 0.0 if kind == "trace" else 0.01, 10000.0,
+                            float(rate or 0.0), key=_k("rate"),
+                            help="for a trace: 0 keeps its own timing, otherwise rescaled to this rate")
+        if kind != "trace" or r > 0:
+            d = builder.set_workload(d, rate=r)
+    if w.get("num_requests") is not None:
+        n = c2.number_input("requests", 10, 1_000_000, int(w["num_requests"]), key=_k("nreq"))
+        d = builder.set_workload(d, num_requests=n)
+    if inp is not None and out is not None:
+        c1, c2 = st.columns(2)
+        i = c1.number_input("mean prompt tokens", 1, 1_000_000, int(inp), key=_k("inp"))
+        o = c2.number_input("mean output tokens", 1, 100_000, int(out), key=_k("out"))
+        d = builder.set_workload(d, input_mean=i, output_mean=o)
+    return d
+
+
+def _slo(d: dict) -> dict:
+    slo = d.get("slo") or {}
+    c1, c2 = st.columns(2)
+    t = c1.number_input("TTFT SLO (ms, 0 = none)", 0.0, 600000.0, float((slo.get("ttft_s") or 0) * 1e3), key=_k("ttft"))
+    p = c2.number_input("TPOT SLO (ms, 0 = none)", 0.0, 60000.0, float((slo.get("tpot_s") or 0) * 1e3), key=_k("tpot"))
+    return builder.set_slo(d, t / 1e3 or None, p / 1e3 or None)
+
+
+def _prices(d: dict) -> scenarios.Prices:
+    from app.services.hardware import load
+    out = []
+    db = load()
+    for g in dict.fromkeys(p["gpu"] for p in d["pools"]):
+        try:
+            listp = db.gpu(g).price_usd_per_hour.value
+        except Exception:                                         # noqa: BLE001 - shown by validation instead
+            continue
+        v = st.number_input(f"{g} $/GPU-hour", 0.0, 1000.0, float(listp), 0.05, key=_k(f"price-{g}"))
+        if abs(v - listp) > 1e-9:
+            out.append((g, float(v)))
+    return scenarios.Prices(tuple(out))
+
+
+def sidebar() -> tuple[dict, scenarios.Prices]:
+    """Draw the builder in the sidebar; returns the edited scenario dict and price overrides."""
+    d = ui.scenario()
+    with st.sidebar:
+        st.header("Scenario")
+        _upload_scenario()
+        d = ui.scenario()
+        try:
+            opts = builder.options(tuple(str(p) for p in d.get("hwdb", ())) +
+                                   ((str(scenarios.user_hwdb_dir()),) if scenarios.user_hwdb_dir().is_dir() else ()))
+        except Exception as exc:                                  # noqa: BLE001 - a broken user hwdb folder
+            ui.show_error(exc)
+            opts = builder.options()
+        d = _model(d, opts)
+        st.subheader("Pools")
+        d = _pools(d, opts)
+        st.subheader("Workload")
+        d = _workload(d)
+        st.subheader("SLO")
+        d = _slo(d)
+        with st.expander("Prices"):
+            prices = _prices(d)
+        udir = str(scenarios.user_hwdb_dir())
+        if scenarios.user_hwdb_dir().is_dir() and udir not in d.get("hwdb", []):
+            d = {**d, "hwdb": [*d.get("hwdb", []), udir]}     # GPUs and models added on the Hardware page
+        ui.set_scenario(d)
+        st.download_button("Save scenario YAML", yaml.safe_dump(d, sort_keys=False), "scenario.yaml",
+                           key="save-yaml")
+    return d, prices

@@ -1,0 +1,75 @@
+"""``epdsim vision``: visual tokens, encoder cost and embedding bytes of images for a model.
+
+Hooked into ``simulator/cli.py`` by ``add_subparsers(sub)``.  User errors (a
+text-only model, a malformed size, an unknown GPU) print one paragraph and
+exit with code 2.
+"""
+from __future__ import annotations
+
+import re
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+import hwdb
+from simulator.encoder import tp_speedup
+from simulator.epd import encoder_model
+from simulator.epd_config import EncoderConfig
+from simulator.vision import VisionError, embedding_bytes, encoder_flops, patches, resized, vision_arch, \
+    visual_tokens
+
+
+def _size(text: str) -> tuple[int, int]:
+    m = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
+    if not m:
+        raise VisionError(f"--resolution {text!r} is not WIDTHxHEIGHT in pixels, e.g. 1920x1080")
+    return int(m.group(1)), int(m.group(2))
+
+
+def cmd_vision(args, con: Console) -> int:
+    db = hwdb.load(args.hwdb)
+    entry = db.model(args.model)
+    v = vision_arch(entry)
+    gpu = db.gpu(args.gpu)
+    engine = db.engine(args.engine)
+    cfg = EncoderConfig()
+    tp_speedup(args.tp)                   # unknown TP degree: a clear error before any table
+    model = encoder_model(v, gpu, engine, db.profile_for(gpu.name, engine.engine), args.tp, cfg)
+    t = Table(title=f"{entry.name} vision encoder ({v.params / 1e9:.2f} B parameters, {v.processor}) "
+                    f"on {gpu.name} TP{args.tp}")
+    for col in ("image", "encoder sees", "visual tokens", "patches", "encoder TFLOP", "encode time",
+                "embedding MB"):
+        t.add_column(col, justify="right")
+    for text in args.resolution:
+        w, h = _size(text)
+        rw, rh = resized(v, w, h)
+        lin, attn = encoder_flops(v, w, h)
+        tok = visual_tokens(v, w, h)
+        t.add_row(f"{w}x{h}", f"{rw}x{rh}", f"{tok:,}", f"{patches(v, w, h):,}", f"{(lin + attn) / 1e12:.2f}",
+                  f"{1e3 * model.batch_time(lin, attn, patches(v, w, h)):.1f} ms",
+                  f"{embedding_bytes(v, tok) / 1e6:.2f}")
+    con.print(t)
+    return 0
+
+
+def _run(args, con: Console | None = None) -> int:
+    con = con or Console()
+    try:
+        return cmd_vision(args, con)
+    except (VisionError, hwdb.HwdbError, ValueError) as exc:
+        Console(stderr=True).print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        return 2
+
+
+def add_subparsers(sub) -> None:
+    """Hook for ``simulator/cli.py``: adds ``epdsim vision``."""
+    p = sub.add_parser("vision", help="visual tokens, encoder time and embedding bytes of images for a model")
+    p.add_argument("model", help="a vision-language model name or alias (Qwen2.5-VL-7B, Qwen3-VL-4B, ...)")
+    p.add_argument("--resolution", nargs="+", default=["640x480", "1280x720", "1920x1080", "3840x2160"],
+                   help="image sizes WIDTHxHEIGHT in pixels")
+    p.add_argument("--gpu", default="H100")
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--engine", default="vllm-v1")
+    p.add_argument("--hwdb", action="append", default=[], help="extra user hwdb folder (repeatable)")
+    p.set_defaults(func=_run)

@@ -1,0 +1,250 @@
+"""Encoder-prefill-decode (EPD) disaggregation: topology checks and the set-up of a multimodal run.
+
+Topologies (pool roles of a scenario):
+
+``colocated``                one pool encodes, prefills and decodes (vLLM runs the encoder
+                             inside the engine step that schedules the image's tokens)
+``encoder + colocated``      E + PD: encoder instances, a colocated language model
+``encoder + prefill + decode``  E + P + D: three tiers
+``prefill + decode``         EP + D when requests carry images: prefill instances encode
+
+:func:`prepare` checks the topology (vision model, the encoder's path to the
+prefill pool, image limits), adds each request's visual tokens to its prompt
+(they count toward prompt length, KV and KV transfer), and returns an
+:class:`EPDSetup` that :class:`simulator.epd_flow.EPDCoordinator` runs.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+import hwdb
+from hwdb.schema import DTYPE_BYTES
+from simulator.encoder import EncoderModel, ImageCosts, tp_speedup
+from simulator.epd_config import FixedCount
+from simulator.multimodal import Images, generate_images, read_azure_multimodal
+from simulator.traces import TraceError
+from simulator.vision import VisionArch, VisionError, encoder_flops, embedding_bytes, patches, vision_arch, \
+    visual_tokens
+
+
+class EPDError(ValueError):
+    """A multimodal scenario that cannot run; the message names the field, the value and the fix."""
+
+
+@dataclass(frozen=True)
+class EmbeddingPath:
+    """How embeddings move from one encoder instance to one language-model instance (SI units)."""
+
+    link_name: str
+    encoder_side_Bps: float
+    lm_side_Bps: float
+    latency_s: float
+    setup_s: float
+
+
+@dataclass(frozen=True)
+class EPDSetup:
+    """Everything the EPD coordinator needs; ``encoder_pool`` is None when the front pool encodes."""
+
+    topology: str
+    vision: VisionArch
+    images: Images
+    costs: ImageCosts
+    text_tokens: np.ndarray
+    encoder_pool: object = None          # PoolConfig of the encoder tier
+    encoder_model: EncoderModel | None = None
+    inline_model: EncoderModel | None = None   # encoder run inside the front (colocated/prefill) pool
+    inline_cache_bytes: float = 0.0
+    path: EmbeddingPath | None = None
+    max_batch_tokens: int = 0
+    gpus: int = 0
+    price_usd_per_hour: float = 0.0
+    encoder_gpu: str = ""
+
+
+def topology(roles: list[str], has_images: bool) -> str:
+    r = sorted(roles)
+    if r == ["colocated"]:
+        return "colocated"
+    if r == ["colocated", "encoder"]:
+        return "E+PD"
+    if r == ["decode", "encoder", "prefill"]:
+        return "E+P+D"
+    return "EP+D" if has_images else "P+D"
+
+
+def encoder_model(vision: VisionArch, gpu, engine, profile, tp: int, cfg) -> EncoderModel:
+    """Batch-time coefficients of ``vision`` on ``tp`` GPUs of type ``gpu`` (see :mod:`simulator.encoder`)."""
+    ceff = profile.compute_efficiency if profile and profile.compute_efficiency else gpu.compute_efficiency
+    aeff = (profile.attention_prefill_efficiency if profile and profile.attention_prefill_efficiency else ceff)
+    meff = profile.memory_efficiency if profile and profile.memory_efficiency else gpu.memory_efficiency
+    scale = cfg.compute_efficiency / ceff.max_eff if cfg.compute_efficiency else 1.0
+    return EncoderModel(
+        peak_flops=gpu.peak_flops["bf16"].value, ceff=ceff, aeff=aeff,
+        weight_bytes=vision.params * DTYPE_BYTES["bf16"], peak_bw=gpu.memory_bandwidth_Bps.value,
+        mem_eff=meff.max_eff, speedup=tp_speedup(tp, cfg.tp_efficiency),
+        launch_s=engine.eager_launch_s_per_layer.value * vision.depth, compute_scale=scale)
+
+
+def image_costs(vision: VisionArch, images: Images, where: str) -> ImageCosts:
+    """Per-image tokens, patches, FLOPs and embedding bytes (computed once per distinct resolution)."""
+    n = images.total
+    out = {k: np.zeros(n) for k in ("tokens", "patches", "lin", "attn", "bytes")}
+    memo: dict[tuple[int, int], tuple] = {}
+    for i in range(n):
+        key = (int(images.width[i]), int(images.height[i]))
+        if key not in memo:
+            try:
+                tok = visual_tokens(vision, *key)
+                memo[key] = (tok, patches(vision, *key), *encoder_flops(vision, *key), embedding_bytes(vision, tok))
+            except VisionError as exc:
+                raise EPDError(f"{where}: {exc}") from None
+        for k, v in zip(out, memo[key]):
+            out[k][i] = v
+    return ImageCosts(out["tokens"].astype(np.int64), out["patches"], out["lin"], out["attn"], out["bytes"],
+                      images.image_id)
+
+
+def embedding_path(cfg, db: hwdb.HardwareDB, enc_pool, enc_gpu, enc_gpus: int, lm_pool, lm_dep) -> EmbeddingPath:
+    """The path from an encoder instance to a language-model instance, or :class:`EPDError` if there is none."""
+    where = (f"embedding_transfer: encoder pool '{enc_pool.name}' ({enc_gpu.name}) has no path to "
+             f"{lm_pool.role} pool '{lm_pool.name}' ({lm_dep.gpu.name})")
+    try:
+        conn = db.connector(cfg.connector)
+    except hwdb.HwdbError as exc:
+        raise EPDError(f"embedding_transfer.connector: {exc}") from None
+    if cfg.same_node:
+        if enc_gpu.name != lm_dep.gpu.name:
+            raise EPDError(f"{where}: same_node needs one GPU type in the node; set same_node: false and name a "
+                           "fabric")
+        if enc_gpus + lm_dep.gpus > enc_gpu.gpus_per_node:
+            raise EPDError(f"{where}: one encoder ({enc_gpus} GPUs) and one {lm_pool.role} instance "
+                           f"({lm_dep.gpus} GPUs) do not fit in a {enc_gpu.gpus_per_node}-GPU node; set same_node: "
+                           "false")
+        link = lm_dep.intra_link
+        side_e = side_l = link.effective_Bps
+    else:
+        name = cfg.fabric or enc_gpu.scale_out_link or lm_dep.gpu.scale_out_link
+        if name is None:
+            raise EPDError(f"{where}: neither GPU has a scale-out link; name embedding_transfer.fabric (e.g. "
+                           "roce-200, tcp-25gbe) or set same_node: true")
+        try:
+            link = db.link(name)
+        except hwdb.HwdbError as exc:
+            raise EPDError(f"embedding_transfer.fabric: {exc}") from None
+        if link.kind in ("nvlink", "xgmi", "pcie"):
+            raise EPDError(f"{where}: embedding_transfer.fabric={link.name} is an intra-node link and cannot "
+                           "connect instances on different nodes; use an InfiniBand/RoCE/TCP fabric, or same_node: "
+                           "true")
+        shared_nic = link.kind in ("tcp", "vpc")
+        side_e = link.effective_Bps * (1 if shared_nic else enc_gpus)
+        side_l = link.effective_Bps * (1 if shared_nic else lm_dep.gpus)
+    if conn.gpu_direct_required and not link.gpu_direct:
+        raise EPDError(f"{where}: connector {conn.name} needs GPU-direct RDMA but {link.name} has none; set "
+                       "embedding_transfer.connector: tcp, or use an RDMA fabric (ib-*, roce-*)")
+    if cfg.bandwidth_Bps is not None:
+        side_e = side_l = cfg.bandwidth_Bps
+    eff = conn.efficiency.value
+    return EmbeddingPath(link.name, side_e * eff, side_l * eff, link.latency_s.value, conn.setup_s.value)
+
+
+def _has_images(wl) -> bool:
+    im = wl.images
+    return im is not None and not (isinstance(im.count, FixedCount) and im.count.value == 0)
+
+
+def prepare(scn, db: hwdb.HardwareDB, model: hwdb.ModelEntry, pools: list, reqs, rng):
+    """Check a multimodal scenario and build its :class:`EPDSetup` (None for a text-only, encoder-less run).
+
+    ``pools``: the resolved language-model pools ``[(pool, dep, mem, step)]``.
+    Returns ``(requests with visual tokens in their prompts, setup)``.  Raises :class:`EPDError`.
+    """
+    wl = scn.workload
+    enc_pools = [p for p in scn.pools if p.role == "encoder"]
+    images_on = _has_images(wl)
+    if not images_on and not enc_pools:
+        return reqs, None
+    try:
+        vision = vision_arch(model)
+    except VisionError as exc:
+        field = "workload.images" if images_on else f"pools[{enc_pools[0].name}]"
+        raise EPDError(f"{field}: {exc}") from None
+    by_role = {p.role: (p, d) for p, d, _, _ in pools}
+    front_pool, front_dep = by_role.get("colocated") or by_role["prefill"]
+    n = len(reqs)
+    counts = None
+    if wl.images is not None and wl.images.count.kind == "trace":
+        arrival = wl.arrival
+        if arrival.kind != "trace":
+            raise EPDError("workload.images.count: kind 'trace' reads NumImages from an Azure multimodal trace; "
+                           "replay one with arrival {kind: trace, path: ...}, or give a fixed/uniform/choice count")
+        try:
+            counts = read_azure_multimodal(arrival.path, arrival.limit)
+        except TraceError as exc:
+            raise EPDError(f"workload.images: {exc}") from None
+    if wl.images is not None:
+        images = generate_images(wl.images, n, rng, counts)
+    else:
+        images = Images(np.zeros(n + 1, dtype=np.int64), *(np.zeros(0, dtype=np.int64),) * 3)
+    costs = image_costs(vision, images, "workload.images.resolutions")
+    per_req = np.add.reduceat(np.append(costs.tokens, 0), images.offsets[:-1]) if images.total else np.zeros(n)
+    per_req = np.where(np.diff(images.offsets) > 0, per_req, 0).astype(np.int64)
+    text = np.asarray(reqs.input_tokens, dtype=np.int64)
+    if wl.images is not None and wl.images.trace_tokens_include_images:
+        text = np.maximum(1, text - per_req)
+    biggest = int(costs.tokens.max()) if images.total else 0
+    max_len = min(d.knobs.max_model_len for _, d, _, _ in pools)
+    if biggest >= max_len:
+        i = int(np.argmax(costs.tokens))
+        raise EPDError(f"workload.images.resolutions: a {images.width[i]}x{images.height[i]} image gives {biggest} "
+                       f"visual tokens, more than max_model_len={max_len} allows in one prompt; use smaller "
+                       "images or raise engine.max_model_len")
+    new_reqs = dataclasses.replace(reqs, input_tokens=text + per_req)
+    eng = front_dep.engine
+    common = dict(topology=topology([p.role for p in scn.pools], images_on), vision=vision, images=images,
+                  costs=costs, text_tokens=text)
+    if not enc_pools:
+        cfg = front_pool.encoder
+        inline = encoder_model(vision, front_dep.gpu, eng, front_dep.profile, front_dep.tp, cfg)
+        return new_reqs, EPDSetup(**common, inline_model=inline, inline_cache_bytes=cfg.cache_bytes)
+    ep = enc_pools[0]
+    if ep.model is not None and db.model(ep.model).name != model.name:
+        raise EPDError(f"pools[{ep.name}].model: the encoder pool serves {ep.model} but the language model is "
+                       f"{model.name}; embeddings only fit the model whose encoder made them: use one model")
+    try:
+        gpu = db.gpu(ep.gpu)
+    except hwdb.HwdbError as exc:
+        raise EPDError(f"pools[{ep.name}].gpu: {exc}") from None
+    if vision.num_heads % ep.tp:
+        raise EPDError(f"pools[{ep.name}].tp={ep.tp} does not divide the vision encoder's {vision.num_heads} heads; "
+                       "choose a divisor")
+    if ep.pp != 1 or ep.dtype == "fp8":
+        raise EPDError(f"pools[{ep.name}]: an encoder pool runs the vision encoder in bf16/fp16 without pipeline "
+                       f"stages (got dtype={ep.dtype}, pp={ep.pp}); set dtype: bf16 and pp: 1")
+    if ep.tp > gpu.gpus_per_node:
+        raise EPDError(f"pools[{ep.name}].tp={ep.tp} exceeds the {gpu.gpus_per_node} GPUs of a {gpu.name} node")
+    wbytes = vision.params * DTYPE_BYTES["bf16"] / ep.tp
+    if wbytes > 0.9 * gpu.memory_bytes.value:
+        raise EPDError(f"pools[{ep.name}]: the encoder's {wbytes / 2**30:.1f} GiB of weights per GPU do not fit a "
+                       f"{gpu.name}; raise tp or choose a larger GPU")
+    cfg = ep.encoder
+    budget = cfg.max_batch_tokens or max(vision.max_tokens_per_image, 8192)
+    if biggest > budget:
+        raise EPDError(f"pools[{ep.name}].encoder.max_batch_tokens={budget}: an image of {biggest} visual tokens "
+                       f"(workload.images.resolutions) exceeds one encoder step's budget; raise max_batch_tokens "
+                       f"to at least {biggest} or use smaller images")
+    try:
+        engine = db.engine(ep.engine.engine)
+        path = embedding_path(scn.embedding_transfer, db, ep, gpu, ep.tp, front_pool, front_dep)
+        model_e = encoder_model(vision, gpu, engine, db.profile_for(gpu.name, engine.engine), ep.tp, cfg)
+    except (hwdb.HwdbError, ValueError) as exc:
+        if isinstance(exc, EPDError):
+            raise
+        raise EPDError(f"pools[{ep.name}]: {exc}") from None
+    return new_reqs, EPDSetup(**common, encoder_pool=ep, encoder_model=model_e, path=path, max_batch_tokens=budget,
+                              gpus=ep.instances * ep.tp,
+                              price_usd_per_hour=ep.instances * ep.tp * gpu.price_usd_per_hour.value,
+                              encoder_gpu=gpu.name)

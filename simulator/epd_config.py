@@ -1,0 +1,119 @@
+"""Scenario blocks of encoder-prefill-decode (EPD) serving: images, encoders, embedding transfer.
+
+Pydantic models only (validated, frozen); :mod:`simulator.multimodal` turns
+:class:`ImageWorkload` into images, :mod:`simulator.epd` runs the rest.
+Units: pixels, bytes, seconds.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class FixedCount(_Frozen):
+    """Every request carries ``value`` images (0: text only)."""
+
+    kind: Literal["fixed"] = "fixed"
+    value: int = Field(ge=0, le=1024)
+
+
+class UniformCount(_Frozen):
+    """Image counts uniform on [low, high], both inclusive."""
+
+    kind: Literal["uniform"] = "uniform"
+    low: int = Field(ge=0, le=1024)
+    high: int = Field(ge=0, le=1024)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> UniformCount:
+        if self.low > self.high:
+            raise ValueError(f"low={self.low} exceeds high={self.high}; make low <= high")
+        return self
+
+
+class ChoiceCount(_Frozen):
+    """Image counts drawn from ``values`` with ``weights`` (default equal)."""
+
+    kind: Literal["choice"] = "choice"
+    values: tuple[Annotated[int, Field(ge=0, le=1024)], ...] = Field(min_length=1)
+    weights: tuple[Annotated[float, Field(gt=0)], ...] | None = None
+
+    @model_validator(mode="after")
+    def _same_length(self) -> ChoiceCount:
+        if self.weights is not None and len(self.weights) != len(self.values):
+            raise ValueError(f"weights has {len(self.weights)} entries but values has {len(self.values)}; "
+                             "give one weight per value")
+        return self
+
+
+class TraceCount(_Frozen):
+    """Image counts from the ``NumImages`` column of the replayed Azure multimodal trace."""
+
+    kind: Literal["trace"] = "trace"
+
+
+ImageCount = Annotated[Union[FixedCount, UniformCount, ChoiceCount, TraceCount], Field(discriminator="kind")]
+
+
+class Resolution(_Frozen):
+    """One image size in pixels, drawn with relative ``weight``."""
+
+    width: int = Field(ge=1, le=65536)
+    height: int = Field(ge=1, le=65536)
+    weight: float = Field(1.0, gt=0)
+
+
+class ImageWorkload(_Frozen):
+    """Images carried by each request.
+
+    ``count``: images per request.  ``resolutions``: sizes drawn per image.
+    ``distinct_images``: catalogue size; each image is drawn uniformly from it
+    (an image id fixes its resolution), so repeats hit the encoder cache;
+    None makes every image unique.  ``trace_tokens_include_images``: with an
+    Azure multimodal trace, whether ``ContextTokens`` already counts the
+    visual tokens (then the text part is the rest); by default they are added.
+    """
+
+    count: ImageCount
+    resolutions: tuple[Resolution, ...] = Field((Resolution(width=1920, height=1080),), min_length=1)
+    distinct_images: int | None = Field(None, ge=1)
+    trace_tokens_include_images: bool = False
+
+
+class EncoderConfig(_Frozen):
+    """How a pool encodes images: on encoder instances, or inside colocated/prefill steps.
+
+    ``max_batch_images`` and ``max_batch_tokens`` (visual tokens) bound one
+    encoder step; None for tokens means the largest image the model allows.
+    ``cache_bytes``: embedding cache per instance (LRU, keyed by image id;
+    0 disables it).  ``tp_efficiency``: per TP degree, the fraction of linear
+    speed-up the encoder reaches (speed-up = tp x efficiency); entries given
+    replace the defaults of :data:`simulator.encoder.DEFAULT_TP_EFFICIENCY`.
+    ``compute_efficiency``: fraction of the GPU's peak the encoder's GEMMs
+    reach at large batches (None: the GPU's calibrated or default curve).
+    """
+
+    max_batch_images: int = Field(64, ge=1)
+    max_batch_tokens: int | None = Field(None, ge=1)
+    cache_bytes: float = Field(4 * 2 ** 30, ge=0)
+    tp_efficiency: dict[int, Annotated[float, Field(gt=0, le=1)]] | None = None
+    compute_efficiency: float | None = Field(None, gt=0, le=1)
+
+
+class EmbeddingTransferConfig(_Frozen):
+    """How visual embeddings move from encoder instances to prefill (or colocated) instances.
+
+    ``connector`` names an hwdb connector (its efficiency and setup apply);
+    ``fabric`` a scale-out link (default: the encoder GPU's); ``same_node``
+    uses the node's intra link; ``bandwidth_Bps`` overrides both sides.
+    """
+
+    connector: str = "nixl"
+    fabric: str | None = None
+    same_node: bool = False
+    bandwidth_Bps: float | None = Field(None, gt=0)

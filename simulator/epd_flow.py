@@ -1,0 +1,215 @@
+"""The EPD request flow in SimPy, and the per-request and summary metrics it adds.
+
+Flow with an encoder tier (vLLM's EPD proxy): on arrival each image of a
+request goes to an encoder instance (one that already holds its embedding,
+else the one with the fewest outstanding images), so a request's images are
+encoded in parallel across encoders; when the last one is done the proxy
+picks the language-model instance (its router), every image's embedding
+moves from its encoder over the fabric (max-min fair sharing,
+:mod:`simulator.fabric`), and once all have arrived the request enters that
+instance's queue.  A request without images skips the encoders.
+
+Without an encoder tier the front pool encodes: the engine step that admits
+a request also runs the encoder over its images not in that instance's
+embedding cache, which lengthens that step for every request in the batch.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from simulator.encoder import EmbeddingCache, EncoderInstance
+from simulator.epd import EPDSetup
+from simulator.fabric import Fabric, LinkState
+
+
+class EPDCoordinator:
+    """Routes images to encoders, moves embeddings, and submits requests to the front pool."""
+
+    def __init__(self, env, setup: EPDSetup, front: list, route, choose, rng=None) -> None:
+        self.env = env
+        self.setup = setup
+        self.route = route                       # route(rid, instance or None): submit to the front pool
+        self.choose = choose                     # choose(rid) -> front instance index (the front router)
+        self.images = setup.images
+        self.costs = setup.costs
+        n = len(setup.text_tokens)
+        nan = math.nan
+        self.t_enc_start = [nan] * n             # first image of the request starts encoding (or hits cache)
+        self.t_encoded = [nan] * n               # last image encoded
+        self.t_lm_submit = [nan] * n             # embeddings arrived: request enters the front pool's queue
+        self.inline_encode_s = [0.0] * n         # front pool: encoder time added to the admitting step
+        self.encoder_hits = 0
+        self.bytes_moved = 0.0
+        self.encoders: list[EncoderInstance] = []
+        self.fabric = None
+        self.inline_caches: list[EmbeddingCache] = []
+        self.inline_busy = [0.0] * len(front)
+        self.inline_lookups = 0                  # images looked up at admissions (re-admissions included)
+        self.front = front
+        self._pending: dict[int, int] = {}
+        self._where: dict[int, EncoderInstance] = {}
+        self._inflight: dict[int, list[int]] = {}   # image id -> images waiting on its one encode
+        self._arrived_at: dict[int, float] = {}
+        if setup.encoder_pool is not None:
+            ep = setup.encoder_pool
+            cfg = ep.encoder
+            self.encoders = [EncoderInstance(i, ep.name, setup.encoder_model, self.costs, cfg.max_batch_images,
+                                             setup.max_batch_tokens, cfg.cache_bytes, self._encoder_done)
+                             for i in range(ep.instances)]
+            p = setup.path
+            self.fabric = Fabric(env, rng)
+            self.egress = [LinkState(f"{p.link_name}:encoder{i}:out", p.encoder_side_Bps, p.latency_s)
+                           for i in range(ep.instances)]
+            self.ingress = [LinkState(f"{p.link_name}:{f.pool}{f.index}:embeddings-in", p.lm_side_Bps, p.latency_s)
+                            for f in front]
+        else:
+            self.inline_caches = [EmbeddingCache(setup.inline_cache_bytes) for _ in front]
+            for inst in front:
+                inst.encode_cost = self._inline_cost
+
+    # ------------------------------------------------------------ encoder tier
+    def handles(self, rid: int) -> bool:
+        """Whether ``rid`` goes through the encoder tier (it has images and there is one)."""
+        return bool(self.encoders) and self.images.count(rid) > 0
+
+    def dispatch(self, rid: int) -> None:
+        imgs = self.images.of(rid)
+        self._pending[rid] = len(imgs)
+        self._arrived_at[rid] = self.env.now
+        ids = self.costs.image_id
+        for img in imgs:
+            iid = int(ids[img])
+            holder = next((e for e in self.encoders if iid in e.cache), None)
+            if holder is not None:
+                holder.cache.lookup(iid)
+                self.encoder_hits += 1
+                self._encoded(holder, img, self.env.now, self.env.now)
+                continue
+            if iid in self._inflight:        # the same image is being encoded: share that encode
+                self._inflight[iid].append(img)
+                self.encoder_hits += 1
+                continue
+            self._inflight[iid] = [img]
+            enc = min(self.encoders, key=lambda e: (e.outstanding, e.index))
+            enc.cache.misses += 1
+            enc.submit(img)
+
+    def _encoder_done(self, enc: EncoderInstance, img: int, started: float, now: float) -> None:
+        for waiter in self._inflight.pop(int(self.costs.image_id[img])):
+            self._encoded(enc, waiter, started, now)
+
+    def _owner(self, img: int) -> int:
+        return int(np.searchsorted(self.images.offsets, img, side="right") - 1)
+
+    def _encoded(self, enc: EncoderInstance, img: int, started: float, now: float) -> None:
+        rid = self._owner(img)
+        # An image that joined another request's encode already under way starts when it arrived.
+        started = max(started, self._arrived_at[rid])
+        if not self.t_enc_start[rid] <= started:
+            self.t_enc_start[rid] = started
+        self._where[img] = enc
+        self._pending[rid] -= 1
+        if self._pending[rid]:
+            return
+        self.t_encoded[rid] = now
+        del self._arrived_at[rid]
+        inst = self.choose(rid)
+        imgs = self.images.of(rid)
+        self._pending[rid] = len(imgs)
+        p = self.setup.path
+        for i in imgs:
+            nbytes = float(self.costs.emb_bytes[i])
+            self.bytes_moved += nbytes
+            ev = self.fabric.transfer((self.egress[self._where.pop(i).index], self.ingress[inst]), nbytes, p.setup_s)
+            ev.callbacks.append(lambda _e, rid=rid, inst=inst: self._arrived(rid, inst))
+
+    def _arrived(self, rid: int, inst: int) -> None:
+        self._pending[rid] -= 1
+        if self._pending[rid] == 0:
+            del self._pending[rid]
+            self.t_lm_submit[rid] = self.env.now
+            self.route(rid, inst)
+
+    # ------------------------------------------------------------ inline encoder
+    def _inline_cost(self, inst, rid: int, now: float) -> float:
+        """Encoder seconds the front instance ``inst`` adds to the step that admits ``rid``."""
+        imgs = self.images.of(rid)
+        if not imgs:
+            return 0.0
+        self.inline_lookups += len(imgs)
+        cache = self.inline_caches[inst.index]
+        c = self.costs
+        todo, seen = [], set()
+        for i in imgs:
+            iid = int(c.image_id[i])
+            if iid in seen or cache.lookup(iid):
+                continue
+            seen.add(iid)
+            todo.append(i)
+        if not todo:
+            return 0.0
+        idx = np.asarray(todo)
+        dt = self.setup.inline_model.batch_time(float(c.lin_flops[idx].sum()), float(c.attn_flops[idx].sum()),
+                                                float(c.patches[idx].sum()))
+        for i in todo:
+            cache.insert(int(c.image_id[i]), float(c.emb_bytes[i]))
+        if math.isnan(self.t_enc_start[rid]):
+            self.t_enc_start[rid] = now
+        self.inline_encode_s[rid] += dt
+        self.inline_busy[inst.index] += dt
+        return dt
+
+
+def add_columns(req: pd.DataFrame, coord: EPDCoordinator) -> pd.DataFrame:
+    """Per-request image columns and the EPD split of TTFT (seconds); the split sums to ``ttft_s``.
+
+    Encoder tier: ``encode_queue_s`` (arrival to the first image's encode
+    start), ``encode_s`` (to the last image encoded), ``embedding_transfer_s``
+    (to the last embedding arrived), then ``queue_s`` counts from that moment.
+    Front-pool encoding: ``encode_s`` is the encoder time in the admitting
+    step, taken out of ``prefill_s``.
+    """
+    s = coord.setup
+    arrival = req["arrival_s"].to_numpy()
+    counts = np.diff(s.images.offsets)
+    tokens = np.zeros(len(req), dtype=np.int64)
+    if s.images.total:
+        np.add.at(tokens, np.repeat(np.arange(len(req)), counts), s.costs.tokens)
+    start, enc, sub = (np.asarray(x, dtype=float) for x in (coord.t_enc_start, coord.t_encoded, coord.t_lm_submit))
+    tier = ~np.isnan(sub)
+    out = req.copy()
+    out["num_images"] = counts.astype(np.int64)
+    out["visual_tokens"] = tokens
+    out["text_tokens"] = np.asarray(s.text_tokens, dtype=np.int64)
+    out["encode_queue_s"] = np.where(tier, start - arrival, 0.0)
+    inline = np.asarray(coord.inline_encode_s, dtype=float)
+    out["encode_s"] = np.where(tier, enc - start, inline)
+    out["embedding_transfer_s"] = np.where(tier, sub - enc, 0.0)
+    out["queue_s"] = np.where(tier, req["scheduled_s"].to_numpy() - sub, req["queue_s"].to_numpy())
+    out["prefill_s"] = req["prefill_s"].to_numpy() - np.where(tier, 0.0, inline)
+    return out
+
+
+def encoder_summary(coord: EPDCoordinator, span: float) -> dict:
+    """Encoder utilisation (busy time / run span, per instance and mean), images encoded, cache hits."""
+    s = coord.setup
+    span = max(span, 1e-12)
+    if coord.encoders:
+        busy = [e.busy_s / span for e in coord.encoders]
+        encoded = sum(e.images_encoded for e in coord.encoders)
+        hits = coord.encoder_hits
+        where = s.encoder_pool.name
+    else:
+        busy = [b / span for b in coord.inline_busy]
+        encoded = int(sum(c.misses for c in coord.inline_caches))
+        hits = coord.inline_lookups - encoded
+        where = coord.front[0].pool if coord.front else ""
+    total = hits + encoded
+    return {"topology": s.topology, "pool": where, "images": int(s.images.total),
+            "images_encoded": int(encoded), "cache_hits": int(hits), "cache_hit_rate": hits / total if total else 0.0,
+            "utilisation": float(np.mean(busy)) if busy else 0.0, "utilisation_per_instance": busy,
+            "embedding_bytes_moved": coord.bytes_moved,
+            "links": coord.fabric.link_stats() if coord.fabric is not None else []}

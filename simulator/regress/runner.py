@@ -1,0 +1,112 @@
+"""Run a suite's entries, in parallel across processes, into figure values.
+
+The unit of work is one (entry, seed) of a scenario entry: its replications at
+the entry's rate and, if watched, its goodput bisection; or one plan entry: the
+whole plan, run in its worker process (the planner's own workers = 1).  Seeds of an entry are averaged in
+seed order, so the result does not depend on which process finished first:
+the same code, suite and hwdb give the same floats, bit for bit.
+"""
+from __future__ import annotations
+
+import math
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from simulator.goodput import find_goodput, with_rate
+from simulator.regress.figures import PLAN_FIGURES, RUN_FIGURES, SCENARIO_FIGURES
+from simulator.regress.suite import GoodputConfig, LoadedSuite, RegressError, finite
+from simulator.run import simulate
+from simulator.plan import PlanRequest
+from simulator.scenario import Scenario
+
+# figure name -> value; None for a non-finite value (no completed requests, infinite cost per token).
+Figures = dict[str, float | str | None]
+
+
+@dataclass(frozen=True)
+class Task:
+    """One seed of a scenario entry, or a plan entry; picklable, so it can run in a worker process."""
+
+    entry_id: str
+    scenario: Scenario | None
+    plan: PlanRequest | None
+    seed: int
+    replications: int
+    rate: float | None
+    goodput: GoodputConfig | None
+    figures: tuple[str, ...]
+
+
+def run_task(task: Task) -> dict[str, float | str]:
+    """The task's figures, each averaged over its replications (plan figures: as the plan reports them)."""
+    if task.plan is not None:
+        from simulator.plan import run_plan
+        rec = run_plan(task.plan, workers=1).recommended
+        return {name: PLAN_FIGURES[name].read(rec) for name in task.figures}
+    scn = task.scenario.model_copy(update={"seed": task.seed})
+    out: dict[str, float] = {}
+    run_figs = [f for f in task.figures if f in RUN_FIGURES]
+    if run_figs:
+        at = with_rate(scn, task.rate) if task.rate is not None else scn
+        sums = [simulate(at, r).summary for r in range(task.replications)]
+        for name in run_figs:
+            out[name] = math.fsum(float(SCENARIO_FIGURES[name].read(s)) for s in sums) / len(sums)
+    if "goodput_rps" in task.figures:
+        out["goodput_rps"] = find_goodput(scn, task.goodput.rate_hi, task.goodput.iterations, task.replications)
+    return out
+
+
+def _check_folders(extra: tuple[str, ...]) -> None:
+    for d in extra:
+        if not Path(d).is_dir():
+            raise RegressError(f"--hwdb {d}: folder does not exist; give a folder with profiles/, gpus/, ... "
+                               "subfolders (the layout of hwdb/data)")
+
+
+def tasks_for(loaded: LoadedSuite, extra_hwdb: tuple[str, ...] = ()) -> list[Task]:
+    """The suite's work units, with ``extra_hwdb`` folders appended to each entry's (later folders win)."""
+    _check_folders(extra_hwdb)
+    extra = tuple(str(d) for d in extra_hwdb)
+    tasks = []
+    for e in loaded.entries:
+        figs = tuple(e.tolerances)
+        if e.plan is not None:
+            req = e.plan.model_copy(update={"hwdb": tuple(e.plan.hwdb) + extra}) if extra else e.plan
+            tasks.append(Task(e.id, None, req, 0, 0, None, None, figs))
+            continue
+        scn = e.scenario.model_copy(update={"hwdb": tuple(e.scenario.hwdb) + extra}) if extra else e.scenario
+        tasks += [Task(e.id, scn, None, seed, e.replications, e.rate, e.goodput, figs) for seed in e.seeds]
+    return tasks
+
+
+def default_jobs() -> int:
+    """Worker processes: the CPUs this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return max(1, os.cpu_count() or 1)
+
+
+def run_suite(loaded: LoadedSuite, extra_hwdb: tuple[str, ...] = (), jobs: int | None = None) -> dict[str, Figures]:
+    """Every entry's figures, ``{entry id: {figure: value}}``, averaged over seeds.
+
+    ``jobs`` worker processes (default: the usable CPUs); 1 runs in this
+    process.  Errors in a scenario (e.g. a profile that no longer fits the
+    model) surface as the :class:`~simulator.scenario.ScenarioError` raised
+    by the worker.
+    """
+    tasks = tasks_for(loaded, tuple(extra_hwdb))
+    jobs = min(jobs or default_jobs(), len(tasks))
+    if jobs <= 1:
+        results = [run_task(t) for t in tasks]
+    else:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            results = list(pool.map(run_task, tasks))
+    out: dict[str, Figures] = {}
+    for e in loaded.entries:
+        mine = [r for t, r in zip(tasks, results) if t.entry_id == e.id]
+        out[e.id] = {name: mine[0][name] if isinstance(mine[0][name], str)
+                     else finite(math.fsum(r[name] for r in mine) / len(mine)) for name in e.tolerances}
+    return out

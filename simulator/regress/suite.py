@@ -1,0 +1,328 @@
+"""A regression suite: scenarios to run, the figures to watch on each, and their tolerances.
+
+Read from YAML by :func:`load_suite`, which validates every field and every
+scenario the suite names, so that a bad suite fails before anything runs.
+Relative scenario and hwdb paths are relative to the suite file.  Errors are
+:class:`RegressError` paragraphs naming the suite file, the field, the value
+and the fix.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal, Union
+
+import yaml
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator,
+                      model_validator)
+
+from simulator.regress.figures import PLAN_FIGURES, SCENARIO_FIGURES
+from simulator.plan import PlanError, PlanRequest, parse_plan_request
+from simulator.scenario import Scenario, ScenarioError, parse_scenario
+
+
+class RegressError(ValueError):
+    """The suite, the baseline or a command-line choice is wrong (a user error, exit code 2)."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Tolerance(_Strict):
+    """How far a figure may move before it counts as drift.
+
+    A figure holds when ``|new - old| <= abs`` or ``|new - old| <= rel * |old|``
+    (either bound suffices; an absent bound is not used).  ``abs`` is in the
+    figure's unit, ``rel`` a fraction (0.05 = 5 %).
+    """
+
+    abs: float | None = Field(None, ge=0)
+    rel: float | None = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _one_bound(self) -> Tolerance:
+        if self.abs is None and self.rel is None:
+            raise ValueError("a tolerance needs abs, rel or both, e.g. {rel: 0.05} or {abs: 0}")
+        return self
+
+    def holds(self, old: float | str | None, new: float | str | None) -> bool:
+        """True if ``new`` is within tolerance of ``old``.
+
+        Non-finite values (None) hold only against each other; labels (str) only if identical.
+        """
+        if old is None or new is None or isinstance(old, str) or isinstance(new, str):
+            return old == new
+        d = abs(new - old)
+        return (self.abs is not None and d <= self.abs) or (self.rel is not None and d <= self.rel * abs(old))
+
+    def describe(self) -> str:
+        """``±0.01 or ±5%``: the bounds as a reader sees them."""
+        parts = ([f"±{self.abs:g}"] if self.abs is not None else []) + \
+                ([f"±{self.rel * 100:g}%"] if self.rel is not None else [])
+        return " or ".join(parts)
+
+
+class GoodputConfig(_Strict):
+    """Bisection bounds for ``goodput_rps``: the rate is searched in (0, rate_hi] req/s."""
+
+    rate_hi: float = Field(gt=0)
+    iterations: int = Field(6, ge=1, le=20)
+
+
+class ScenarioEntry(_Strict):
+    """One scenario file, optionally adjusted, and the figures watched on it."""
+
+    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    kind: Literal["scenario"] = "scenario"
+    scenario: str
+    override: dict = {}
+    rate: float | None = Field(None, gt=0)
+    seeds: tuple[int, ...] | None = Field(None, min_length=1)
+    replications: int | None = Field(None, ge=1, le=100)
+    goodput: GoodputConfig | None = None
+    figures: dict[str, Tolerance | None] = Field(min_length=1)
+
+    @field_validator("figures")
+    @classmethod
+    def _known_figures(cls, v: dict) -> dict:
+        unknown = sorted(set(v) - set(SCENARIO_FIGURES))
+        if unknown:
+            raise ValueError(f"unknown figure(s) {', '.join(map(repr, unknown))}; watchable figures: "
+                             f"{', '.join(SCENARIO_FIGURES)}")
+        return v
+
+    @model_validator(mode="after")
+    def _goodput_bounds(self) -> ScenarioEntry:
+        if "goodput_rps" in self.figures and self.goodput is None:
+            raise ValueError("figure goodput_rps needs goodput: {rate_hi: R} (the top of the search in req/s)")
+        return self
+
+
+class PlanEntry(_Strict):
+    """One plan request (simulator.plan), optionally adjusted, and the recommendation's figures watched.
+
+    The request's ``search`` section sets the planner's seed, replications and effort.
+    """
+
+    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    kind: Literal["plan"]
+    request: str
+    override: dict = {}
+    figures: dict[str, Tolerance | None] = Field(min_length=1)
+
+    @field_validator("figures")
+    @classmethod
+    def _known_figures(cls, v: dict) -> dict:
+        unknown = sorted(set(v) - set(PLAN_FIGURES))
+        if unknown:
+            raise ValueError(f"unknown plan figure(s) {', '.join(map(repr, unknown))}; watchable plan figures: "
+                             f"{', '.join(PLAN_FIGURES)}")
+        return v
+
+
+def _kind(v) -> str:
+    return (v.get("kind", "scenario") if isinstance(v, dict) else getattr(v, "kind", "scenario")) or "scenario"
+
+
+AnyEntry = Annotated[Union[Annotated[ScenarioEntry, Tag("scenario")], Annotated[PlanEntry, Tag("plan")]],
+                     Discriminator(_kind, custom_error_type="entry_kind",
+                                   custom_error_message="kind must be scenario (the default) or plan")]
+
+
+class Suite(_Strict):
+    """A named list of entries; ``tolerance`` applies to every figure given without its own."""
+
+    name: str = Field(min_length=1)
+    description: str = ""
+    hwdb: tuple[str, ...] = ()
+    replications: int = Field(1, ge=1, le=100)
+    tolerance: Tolerance = Tolerance(rel=0.02)
+    entries: tuple[AnyEntry, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> Suite:
+        ids = [e.id for e in self.entries]
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        if dup:
+            raise ValueError(f"entry ids must be unique; repeated: {', '.join(dup)}")
+        return self
+
+
+@dataclass(frozen=True)
+class Entry:
+    """An entry ready to run: its validated scenario (kind scenario) or plan request (kind plan).
+
+    ``seeds``, ``replications``, ``rate`` and ``goodput`` apply to scenarios
+    only.  ``fingerprint`` hashes what determines the figures' values (the
+    entry's settings and its scenario or request after overrides, not the
+    tolerances), so a baseline can tell a moved answer from a changed question.
+    """
+
+    id: str
+    kind: Literal["scenario", "plan"]
+    scenario: Scenario | None
+    plan: PlanRequest | None
+    seeds: tuple[int, ...]
+    replications: int
+    rate: float | None
+    goodput: GoodputConfig | None
+    tolerances: dict[str, Tolerance]
+    fingerprint: str
+
+
+@dataclass(frozen=True)
+class LoadedSuite:
+    path: Path
+    suite: Suite
+    entries: tuple[Entry, ...]
+
+    @property
+    def name(self) -> str:
+        return self.suite.name
+
+
+def _merge(base: dict, over: dict) -> dict:
+    """``over`` laid onto ``base``: mappings merge key by key, anything else is replaced.
+
+    A mapping that changes ``kind`` (an arrival or length distribution) replaces the old one whole,
+    since the old kind's keys mean nothing to the new one.
+    """
+    out = dict(base)
+    for k, v in over.items():
+        old = out.get(k)
+        same_kind = isinstance(old, dict) and isinstance(v, dict) and v.get("kind", old.get("kind")) == old.get("kind")
+        out[k] = _merge(old, v) if same_kind else v
+    return out
+
+
+def _loc(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif not str(part).startswith(("function-", "nullable", "union")):
+            out += f".{part}" if out else str(part)
+    return out or "(top level)"
+
+
+def _format(origin: str, err: ValidationError, data) -> str:
+    errors = err.errors()
+    lines = []
+    for e in errors:
+        loc_ = e["loc"]
+        if e["type"] == "too_short" and any(o["loc"][:len(loc_)] == loc_ and len(o["loc"]) > len(loc_)
+                                            for o in errors):
+            continue  # a tuple whose items failed also reports "too short": noise next to the real error
+        inp = e.get("input")
+        got = "" if isinstance(inp, (dict, list)) or e["type"] == "missing" else f" (got {inp!r})"
+        loc = _loc(loc_)
+        if loc_[:1] == ("entries",) and len(loc_) > 1 and isinstance(loc_[1], int):
+            try:
+                ident = f" (id {data['entries'][loc_[1]]['id']!r})"
+            except (KeyError, IndexError, TypeError):
+                ident = ""
+            tail = loc_[3:] if len(loc_) > 2 and loc_[2] in ("scenario", "plan") else loc_[2:]  # union tag
+            rest = _loc(tail)
+            loc = f"entries[{loc_[1]}]{ident}" + ("" if rest == "(top level)" else f".{rest}")
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key; see docs/ci.md for the suite's keys"
+        line = f"  {loc}: {msg}{got}"
+        if line not in lines:
+            lines.append(line)
+    return f"{origin}: invalid regression suite:\n" + "\n".join(lines)
+
+
+def _read_yaml(path: Path, what: str):
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise RegressError(f"{path}: {what} is not valid YAML{where}: "
+                           f"{getattr(exc, 'problem', None) or exc}; fix the syntax there") from None
+
+
+def _hwdb(suite: Suite, path: Path) -> tuple[str, ...]:
+    return tuple(str(path.parent / d) if not Path(d).is_absolute() else d for d in suite.hwdb)
+
+
+def _source(path: Path, i: int, e, field: str, what: str) -> tuple[Path, dict]:
+    """The file an entry names (relative to the suite) and its mapping after the entry's override."""
+    name = getattr(e, field)
+    where = f"{path}: entries[{i}] (id {e.id!r}).{field}"
+    src = (path.parent / name) if not Path(name).is_absolute() else Path(name)
+    if not src.is_file():
+        near = sorted(p.name for p in src.parent.glob("*.yaml")) if src.parent.is_dir() else []
+        raise RegressError(f"{where}: {what} file {name!r} does not exist (looked for {src}); "
+                           f"give a {what} YAML path relative to the suite file"
+                           + (f"; files in {src.parent}: {', '.join(near)}" if near else ""))
+    data = _read_yaml(src, f"the {what}")
+    if not isinstance(data, dict):
+        raise RegressError(f"{where}: {src} is not a {what} (expected a mapping of {what} fields)")
+    return src, _merge(data, e.override)
+
+
+def _fingerprint(e, merged: dict, suite: Suite) -> str:
+    key = json.dumps({"entry": e.model_dump(mode="json", exclude={"figures"}), "source": merged,
+                      "hwdb": list(suite.hwdb)}, sort_keys=True, default=str)
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def _plan_entry(path: Path, i: int, e: PlanEntry, suite: Suite) -> Entry:
+    src, merged = _source(path, i, e, "request", "plan request")
+    try:
+        req = parse_plan_request(merged, f"{src} with entries[{i}].override", src.parent)
+    except PlanError as exc:
+        raise RegressError(f"{path}: entries[{i}] (id {e.id!r}).request: {exc}") from None
+    if suite.hwdb:
+        req = req.model_copy(update={"hwdb": tuple(req.hwdb) + _hwdb(suite, path)})
+    tol = {name: t or suite.tolerance for name, t in e.figures.items()}
+    return Entry(e.id, "plan", None, req, (), 0, None, None, tol, _fingerprint(e, merged, suite))
+
+
+def _entry(path: Path, i: int, e: ScenarioEntry | PlanEntry, suite: Suite) -> Entry:
+    if isinstance(e, PlanEntry):
+        return _plan_entry(path, i, e, suite)
+    src, merged = _source(path, i, e, "scenario", "scenario")
+    try:
+        scn = parse_scenario(merged, f"{src} with entries[{i}].override", src.parent)
+    except ScenarioError as exc:
+        raise RegressError(f"{path}: entries[{i}] (id {e.id!r}).scenario: {exc}") from None
+    if suite.hwdb:
+        scn = scn.model_copy(update={"hwdb": tuple(scn.hwdb) + _hwdb(suite, path)})
+    kind = scn.workload.arrival.kind
+    if e.rate is not None and kind not in ("poisson", "gamma"):
+        raise RegressError(f"{path}: entries[{i}] (id {e.id!r}).rate={e.rate}: the scenario's arrival is "
+                           f"{kind!r}; a rate applies only to poisson or gamma arrivals: drop rate")
+    if e.goodput is not None and kind not in ("poisson", "gamma"):
+        raise RegressError(f"{path}: entries[{i}] (id {e.id!r}).goodput: goodput searches over the arrival "
+                           f"rate but the scenario's arrival is {kind!r}; use a poisson or gamma scenario")
+    tol = {name: t or suite.tolerance for name, t in e.figures.items()}
+    return Entry(e.id, "scenario", scn, None, e.seeds or (scn.seed,), e.replications or suite.replications,
+                 e.rate, e.goodput, tol, _fingerprint(e, merged, suite))
+
+
+def load_suite(path: str | Path) -> LoadedSuite:
+    """Read and validate a suite and every scenario it names (raises :class:`RegressError`)."""
+    path = Path(path)
+    if not path.is_file():
+        raise RegressError(f"suite file '{path}' does not exist; give the path of a suite YAML (see docs/ci.md)")
+    data = _read_yaml(path, "the suite")
+    if not isinstance(data, dict):
+        raise RegressError(f"{path}: expected a mapping with name and entries at the top level, "
+                           f"got {type(data).__name__}")
+    try:
+        suite = Suite.model_validate(data)
+    except ValidationError as err:
+        raise RegressError(_format(str(path), err, data)) from None
+    return LoadedSuite(path, suite, tuple(_entry(path, i, e, suite) for i, e in enumerate(suite.entries)))
+
+
+def finite(x: float) -> float | None:
+    """``x`` as stored in a baseline: non-finite values (no data, infinite cost) become None."""
+    return float(x) if x is not None and math.isfinite(x) else None

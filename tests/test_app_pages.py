@@ -1,0 +1,167 @@
+"""Every page of the app under streamlit.testing.v1.AppTest: it runs with defaults without exceptions,
+and changing an input changes what it shows (asserted on elements and values).
+
+Bad input (a model that does not fit, invalid probes, a missing bundle, a GPU without a source)
+shows an inline st.error with the fix, never an exception.
+"""
+from __future__ import annotations
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from tests.conftest import REPO
+
+APP = REPO / "app"
+TIMEOUT = 240
+
+
+@pytest.fixture(autouse=True)
+def user_hwdb(tmp_path, monkeypatch):
+    monkeypatch.setenv("EPDSIM_HWDB", str(tmp_path / "user-hwdb"))
+
+
+def _page(name: str) -> AppTest:
+    return AppTest.from_file(str(APP / name), default_timeout=TIMEOUT)
+
+
+def _ok(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+
+
+def _metrics(at: AppTest) -> dict[str, str]:
+    return {m.label: m.value for m in at.metric}
+
+
+def test_home_runs_default_and_reacts_to_rate():
+    at = _page("Home.py").run()
+    _ok(at)
+    assert not at.error, [e.value for e in at.error]
+    m = _metrics(at)
+    assert m["SLO attainment"].endswith("%") and m["TTFT p50"].endswith("ms")
+    assert m["cost per hour"] == "$8.50"              # 2 x H100 at the hwdb list price of $4.25/h
+    assert "Llama-3.1-8B on 2× H100-SXM-80GB TP1 colocated" in [s.value for s in at.subheader]
+    tok = float(m["output tok/s"].replace(",", ""))
+    at.number_input(key="rate-0").set_value(40.0).run()
+    _ok(at)
+    m2 = _metrics(at)
+    # Twice the offered load on an unsaturated deployment: about twice the output rate.
+    assert 1.6 < float(m2["output tok/s"].replace(",", "")) / tok < 2.2
+    assert m2["TTFT p50"] != m["TTFT p50"]
+
+
+def test_home_pd_layout_and_prices():
+    at = _page("Home.py").run()
+    at.radio(key="layout-0").set_value("pd").run()
+    _ok(at)
+    assert any("prefill" in s.value and "decode" in s.value for s in at.subheader)
+    at.number_input(key="price-H100-SXM-80GB-0").set_value(2.0).run()
+    _ok(at)
+    assert _metrics(at)["cost per hour"] == "$4.00"   # 1 prefill + 1 decode GPU at $2/h
+
+
+def test_home_model_that_does_not_fit_is_an_inline_error():
+    at = _page("Home.py").run()
+    at.selectbox(key="model-0").set_value("Llama-3.1-405B").run()
+    _ok(at)
+    assert at.error, "expected an inline error for 405B on one H100"
+    msg = at.error[0].value
+    assert "pools[main]" in msg and ("tp" in msg or "GPU" in msg or "memory" in msg)
+    assert not at.metric
+
+
+def test_compare_presets():
+    at = _page("pages/1_Compare.py").run()
+    _ok(at)
+    df = at.dataframe[0].value
+    assert {"colocated", "PD"} <= set(df.columns)
+    assert df.loc["GPUs", "colocated"] == df.loc["GPUs", "PD"] == 2
+    at.selectbox(key="preset").set_value("engine generations").run()
+    _ok(at)
+    df = at.dataframe[0].value
+    assert {"vllm-v0", "vllm-v1", "sglang"} <= set(df.columns)
+    # V0 runs the CPU side of a step in series with the GPU: its TPOT is the highest of the three.
+    assert df.loc["TPOT p50 (s)", "vllm-v0"] > max(df.loc["TPOT p50 (s)", "vllm-v1"], df.loc["TPOT p50 (s)", "sglang"])
+    assert len(at.get("plotly_chart")) >= 3
+
+
+def test_operations_crash_loop_then_recommended_startup_probe():
+    at = _page("pages/3_Operations.py").run()
+    _ok(at)
+    before = _metrics(at)["start to API ready"]
+    assert at.error and "Crash loop" in at.error[0].value     # liveness at 30 s + 3 x 10 s < the start
+    at.checkbox(key="sp-on").check().run()
+    at.number_input(key="sp-3").set_value(60).run()             # 10 s x 59 = 590 s of patience
+    _ok(at)
+    assert not at.error and at.success and "ready at" in at.success[0].value
+    at.selectbox(key="ops-model").set_value("Llama-3.1-70B").run()
+    at.selectbox(key="ops-tp").set_value(4).run()
+    _ok(at)
+    assert _metrics(at)["start to API ready"] != before
+    at.number_input(key="lp-2").set_value(20).run()             # timeoutSeconds >= periodSeconds
+    _ok(at)
+    assert at.error and "timeoutSeconds" in at.error[0].value and "Fix" in at.error[0].value
+
+
+def test_hardware_add_gpu(tmp_path):
+    at = _page("pages/5_Hardware.py").run()
+    _ok(at)
+    n = len(at.dataframe[0].value)
+    at.text_input(key="gpu-name").set_value("Lab-GPU-96")
+    at.button[0].click().run()                                   # no source: refused inline
+    assert at.error and "source" in at.error[0].value
+    at.text_input(key="gpu-source").set_value("our lab's datasheet (test)")
+    at.button[0].click().run()
+    _ok(at)
+    assert at.success and "Lab-GPU-96" in at.success[0].value
+    assert len(at.dataframe[0].value) == n + 1
+    assert (tmp_path / "user-hwdb" / "gpus" / "Lab-GPU-96.yaml").is_file()
+
+
+def test_calibration_page_errors_inline(tmp_path):
+    at = _page("pages/4_Calibration.py").run()
+    _ok(at)
+    assert at.info                                               # asks for a bundle
+    at.text_input(key="bundle").set_value(str(tmp_path / "nope")).run()
+    _ok(at)
+    assert at.error and "does not exist" in at.error[0].value
+
+
+def test_calibration_page_fits_and_validates_a_bundle(tmp_path):
+    import hwdb
+    from tests import synthetic_bundle as tcf
+    tiny = tmp_path / "tiny-llama"
+    tiny.mkdir()
+    import json
+    import yaml
+    (tiny / "config.json").write_text(json.dumps(tcf.TINY_CONFIG))
+    (tiny / "epdsim.yaml").write_text(yaml.safe_dump({"name": "tiny-llama", "source": "test"}))
+    hw = tcf.write_truth_hwdb(tmp_path / "truth-hw", tiny, tcf.CPU_TRUTH, hwdb.load())
+    bundle = tcf.make_bundle(tmp_path / "bundle", hw, tiny)
+    at = _page("pages/4_Calibration.py").run()
+    at.text_input(key="bundle").set_value(str(bundle)).run()
+    _ok(at)
+    assert _metrics(at)["model"] == "tiny-llama"
+    at.button(key="fit").click().run()
+    _ok(at)
+    params = at.dataframe[1].value.set_index("parameter")
+    # The synthetic bundle was measured on a known profile: the fit recovers its step overhead.
+    assert params.loc["step_overhead_s", "value"] == pytest.approx(tcf.CPU_TRUTH["step_overhead_s"], rel=0.15)
+    verdict = (at.success or at.error)[0].value
+    assert "checks within 25%" in verdict
+
+
+def test_plan_page_runs_the_planner():
+    at = _page("pages/2_Plan.py").run()
+    _ok(at)
+    assert at.button(key="plan-run")                             # nothing runs until asked
+    at.number_input(key="plan-verify").set_value(1)
+    at.number_input(key="plan-requests").set_value(200)
+    at.multiselect(key="plan-gpus").set_value(["L40S"]).run()
+    at.button(key="plan-run").click().run()
+    _ok(at)
+    assert at.success or at.warning
+    if at.success:
+        assert "L40S" in at.success[0].value
+    pareto = at.dataframe[0].value
+    assert len(pareto) >= 1 and set(pareto["layout"].str.contains("L40S")) == {True}
+    assert any(e.label.startswith("vllm/") for e in at.expander)

@@ -1,0 +1,160 @@
+"""The app's services, charts and reports without Streamlit: jobs (progress, cancel, errors), scenario
+hashing and caching, uploads parsed safely, phase breakdowns that add up, costs, HTML reports and the CLI."""
+from __future__ import annotations
+
+import copy
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import yaml
+
+from app import charts, report
+from app.services import builder, compare, jobs, scenarios, views
+from tests.conftest import REPO
+
+
+def small(n: int = 300, rate: float = 20.0) -> dict:
+    d = scenarios.default_scenario()
+    return builder.set_workload(d, rate=rate, num_requests=n)
+
+
+@pytest.fixture(scope="module")
+def res():
+    return scenarios.run(small())
+
+
+def forever(progress=None):
+    """A job that never ends on its own (stands for a long simulation)."""
+    progress(0, 1, "started")
+    while True:
+        sum(range(10_000))
+
+
+def test_job_cancel_terminates_the_worker():
+    job = jobs.Job(forever).start()
+    while job.stage != "started":          # the worker is running the function
+        assert job.poll(1.0) == "running"
+    job.cancel()
+    assert job.state == "cancelled" and not job._p.is_alive()
+
+
+def test_job_reports_progress_and_result():
+    job = jobs.Job(jobs.run_scenarios, ({"a": small(200), "b": small(200, rate=30.0)},)).start()
+    assert job.wait(300) == "done"
+    assert (job.done, job.total) == (2, 2)
+    assert set(job.result) == {"a", "b"}
+    assert job.result["b"].summary["throughput_rps"] > job.result["a"].summary["throughput_rps"]
+
+
+def test_job_user_error_is_a_message_not_a_traceback():
+    d = small()
+    d["pools"][0]["tp"] = 3
+    job = jobs.Job(jobs.run_one, (d,)).start()
+    assert job.wait(120) == "failed" and job.user_error
+    assert "tp=3" in job.error and "power of two" in job.error
+
+
+def test_scenario_hash_and_cache(tmp_path):
+    d = small()
+    h = scenarios.scenario_hash(scenarios.to_scenario(d))
+    assert h == scenarios.scenario_hash(scenarios.to_scenario(copy.deepcopy(d)))
+    assert h != scenarios.scenario_hash(scenarios.to_scenario(builder.set_workload(d, rate=21.0)))
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,input_tokens,output_tokens\n0,10,5\n1,20,5\n")
+    t = {**d, "workload": scenarios.trace_workload(trace, None, None)}
+    h1 = scenarios.scenario_hash(scenarios.to_scenario(t))
+    trace.write_text("arrival_s,input_tokens,output_tokens\n0,10,5\n1,20,5\n2,30,5\n")
+    assert scenarios.scenario_hash(scenarios.to_scenario(t)) != h1       # same path, new content
+    cache = scenarios.RunCache(size=2)
+    r1 = scenarios.run(d, cache)
+    assert scenarios.run(d, cache) is r1
+    for rate in (21.0, 22.0):
+        scenarios.run(builder.set_workload(d, rate=rate), cache)
+    assert len(cache) == 2 and scenarios.run(d, cache) is not r1       # least recently used dropped
+
+
+@pytest.mark.parametrize("data, expect", [
+    (b"model: [unclosed", "not valid YAML at line 1"),
+    (pickle.dumps({"model": "x"}), "not UTF-8"),
+    (b"!!python/object/apply:os.system ['true']", "not valid YAML"),
+    (b"- a\n- b\n", "expected a mapping"),
+    (b"model: Llama-3.1-8B\npools: [{gpu: H100, tp: 3}]\nworkload: {arrival: {kind: poisson, rate: 1}, "
+     b"num_requests: 5, input_length: {kind: fixed, value: 5}, output_length: {kind: fixed, value: 5}}\n",
+     "pools[0]: tp=3 must be a power of two"),
+])
+def test_bad_scenario_uploads(data, expect):
+    with pytest.raises(scenarios.InputError) as e:
+        scenarios.parse_yaml_upload("up.yaml", data)
+    assert expect in str(e.value)
+
+
+def test_upload_size_limit_and_file_names(tmp_path):
+    with pytest.raises(scenarios.InputError, match="upload limit"):
+        scenarios.parse_yaml_upload("big.yaml", b"#" * (scenarios.MAX_UPLOAD_BYTES + 1))
+    p = scenarios.save_upload("traces", "../../etc/evil.csv", b"x", folder=tmp_path)
+    assert p.name == "evil.csv" and tmp_path in p.parents
+    with pytest.raises(scenarios.InputError, match="not a JSON"):
+        scenarios.model_from_config_upload("config.json", b"{not json")
+
+
+def test_phases_add_up_to_e2e_and_new_phases_appear(res):
+    ph = views.phase_frame(res.requests)
+    assert list(ph["phase"]) == ["queue", "prefill", "decode"]       # colocated: no transfer phases
+    done = res.requests[res.requests["outcome"] == "completed"]
+    assert ph["mean_s"].sum() == pytest.approx(done["e2e_s"].mean(), rel=1e-9)
+    req = res.requests.assign(encode_s=0.001, encoded_at_s=res.requests["arrival_s"] + 5.0)
+    assert "encode" in list(views.phase_frame(req)["phase"])            # an EPD-style phase column
+    assert "encoded_at" not in list(views.phase_frame(req)["phase"])    # a timestamp, not a phase
+
+
+def test_weighted_ecdf_closed_form():
+    e = views.ecdf(np.array([2.0, 1.0, np.nan]), np.array([3.0, 1.0, 1.0]))
+    assert list(e["value"]) == [1.0, 2.0] and list(e["fraction"]) == [0.25, 1.0]
+
+
+def test_cost_overrides(res):
+    c = scenarios.cost(res)
+    assert c["usd_per_hour"] == pytest.approx(res.summary["cost_usd_per_hour"])
+    assert c["usd_per_million_output_tokens"] == pytest.approx(res.summary["cost_usd_per_million_output_tokens"])
+    half = scenarios.cost(res, scenarios.Prices((("H100-SXM-80GB", 4.25 / 2),)))
+    assert half["usd_per_hour"] == pytest.approx(c["usd_per_hour"] / 2)
+
+
+def test_layout_switch_keeps_gpus():
+    d = builder.set_pool(small(), 0, instances=5)
+    pd_ = builder.with_layout(d, "pd")
+    assert [(p["role"], p["instances"]) for p in pd_["pools"]] == [("prefill", 2), ("decode", 3)]
+    back = builder.with_layout(pd_, "colocated")
+    assert back["pools"][0]["instances"] == 5 and "kv_transfer" not in back
+    assert compare.variants(d, "RDMA vs TCP (PD)")["TCP (10 GbE, host-staged)"]["kv_transfer"]["fabric"] == "tcp-10gbe"
+
+
+def test_charts_have_one_trace_per_pool_and_slo_lines(res):
+    figs = charts.results_figures("x", res, 0.5, 0.05)
+    assert figs["cdf_ttft"].layout.shapes[0].x0 == pytest.approx(500.0)          # SLO line in ms
+    assert len(figs["batch"].data) == 1 and figs["batch"].data[0].name == "main"
+    y = np.asarray(figs["cdf_e2e"].data[0].y)
+    assert np.all(np.diff(y) >= 0) and y[-1] == pytest.approx(1.0)
+
+
+def test_html_report_is_self_contained(res):
+    html = report.results_html(res)
+    assert html.count("class=\"plotly-graph-div\"") == 10
+    assert "<script src=" not in html and "<link " not in html          # nothing loaded from elsewhere
+    assert html.count("<script") >= 11 and len(html) > 3_000_000         # plotly.js inlined once, then 10 figures
+    assert res.scenario.name in html and "SLO attainment" in html
+
+
+def test_cli_simulate_report_and_report_errors(tmp_path):
+    scn = tmp_path / "s.yaml"
+    scn.write_text(yaml.safe_dump(small(200)))
+    out = subprocess.run([sys.executable, "-m", "simulator.cli", "simulate", str(scn), "--report",
+                          str(tmp_path / "r.html")], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert "plotly-graph-div" in (tmp_path / "r.html").read_text()
+    bad = subprocess.run([sys.executable, "-m", "simulator.cli", "report", "validation", str(tmp_path),
+                          "--out", str(tmp_path / "v.html")], capture_output=True, text=True, cwd=REPO)
+    assert bad.returncode == 2 and "validation.json" in bad.stderr and "Traceback" not in bad.stderr
