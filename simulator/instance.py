@@ -67,9 +67,9 @@ class Instance:
         self.receiving: set[int] = set()       # decode role: blocks allocated, KV in flight
         self.ready: deque[int] = deque()       # decode role: KV arrived, not yet decoding
         self._freed = 0                        # blocks released from outside the process
+        self.encode_cost = None                # multimodal: callback(instance, rid, now) -> encoder seconds
         self.last_tok: dict[int, float] = {}   # preempted rid -> time of its last token
         self.live = None                       # (running order, prefills, decodes) once run() starts
-        self.encode_cost = None                # multimodal: callback(instance, rid, now) -> encoder seconds
         # Prefix cache (vLLM automatic prefix caching), active when requests carry block hashes:
         # an LRU of hash ids, each covering ``hash_block_tokens`` prompt tokens, with room for as
         # many such blocks as the KV cache holds.

@@ -48,8 +48,9 @@ def simulate(scn: Scenario, replication: int = 0) -> Results:
     ops = None
     if scn.operations.enabled:
         if epd is not None:
-            raise ScenarioError("operations (autoscaling, faults) do not model image encoding yet; remove the "
-                                "operations block or the images from the workload")
+            raise ScenarioError("operations: autoscaling and faults do not model an encoder tier yet; run the "
+                                "multimodal scenario without `operations`, or the operations study without "
+                                "an encoder pool (pools[].role: encoder) and without images")
         from simulator.opsrun import run_operations
         ops, run, rec = run_operations(scn, replication, reqs, front, back, plan, closed, rngs["faults"], _spec)
         from simulator.opsresults import ops_requests_frame
@@ -59,9 +60,9 @@ def simulate(scn: Scenario, replication: int = 0) -> Results:
         run = run_pool(_spec(*front), rec, closed_loop=closed, max_time_s=scn.simulation.max_time_s,
                        decode=_spec(*back) if back else None, transfer=plan, rng=rngs["faults"], epd=epd)
         req_df = requests_frame(run, back[0].name if back else front[0].name)
-    if run.epd is not None:
-        from simulator.epd_flow import add_columns
-        req_df = add_columns(req_df, run.epd)
+        if run.epd is not None:
+            from simulator.epd_flow import add_columns
+            req_df = add_columns(req_df, run.epd)
     step_df = steps_frame(run)
     gpus = sum(p.instances * d.gpus for p, d, _, _ in pools) + (epd.gpus if epd else 0)
     price = (sum(p.instances * d.gpus * d.gpu.price_usd_per_hour.value for p, d, _, _ in pools)
