@@ -167,15 +167,21 @@ class RetryConfig(_Strict):
 
 
 class OperationsConfig(_Strict):
+    """``queue_timeout_s``: a request not yet scheduled (queued on an instance of the first pool, or
+    held at the gateway) this long after the gateway took it (its arrival, or a re-send after a
+    crash) is rejected with reason "timeout" (the client gave up); a re-prefilled continuation that
+    already streamed tokens is exempt.  Checked every ``min(1, queue_timeout_s / 10)`` seconds."""
+
     startup: StartupConfig = StartupConfig()
     autoscale: dict[str, AutoscaleConfig] = {}
     faults: FaultsConfig = FaultsConfig()
     retry: RetryConfig = RetryConfig()
+    queue_timeout_s: float | None = Field(None, gt=0)
 
     @property
     def enabled(self) -> bool:
         """Whether the run needs the operations engine (else the plain one runs, unchanged)."""
-        return bool(self.autoscale) or self.faults.any
+        return bool(self.autoscale) or self.faults.any or self.queue_timeout_s is not None
 
 
 def check_against_pools(ops: OperationsConfig, pools, kv_transfer) -> None:

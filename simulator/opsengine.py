@@ -56,6 +56,7 @@ class OpsRecorder(Recorder):
         self.first_orig = [math.nan] * n     # first token of the first attempt (re-prefill)
         self.sched_orig = [math.nan] * n     # when the first attempt was scheduled (re-prefill)
         self.resumed_from = [math.nan] * n   # crash time a re-prefilled request resumes from
+        self.sent_at = [math.nan] * n        # when the gateway took this attempt (arrival or re-send)
 
     def _end(self) -> None:
         self.ended += 1
@@ -68,6 +69,13 @@ class OpsRecorder(Recorder):
 
     def reject(self, rid: int, now: float, reason: str) -> None:
         super().reject(rid, now, reason)
+        self._end()
+
+    def expire(self, rid: int, now: float, reason: str) -> None:
+        """Reject a request that was already dispatched (a queue timeout)."""
+        super().reject(rid, now, reason)
+        if self.waiters is not None:
+            self.waiters.pop(rid).succeed()
         self._end()
 
     def fail(self, rid: int, now: float, reason: str, generated: int) -> None:
@@ -256,6 +264,7 @@ class OpsRun:
         rec, front, back = self.rec, self.front.spec, self.back.spec if self.back else None
         inp, out = rec.input_tokens[rid], rec.output_tokens[rid]
         self.arrived.append(self.env.now)
+        rec.sent_at[rid] = self.env.now
         self.sum_in += inp
         self.sum_out += out
         why = _admissible(front, front.memory.kv_blocks, front.memory.block_size, inp, 1 if back else out)
@@ -319,7 +328,8 @@ class OpsRun:
             if rec.first_orig[rid] != rec.first_orig[rid]:
                 rec.first_orig[rid], rec.sched_orig[rid] = rec.t_first[rid], rec.t_sched[rid]
             rec.resumed_from[rid] = now
-        rec.t_first[rid] = math.nan
+        rec.t_first[rid] = rec.t_sched[rid] = math.nan
+        rec.sent_at[rid] = now
         self.dispatch(rid)
 
     # ---- the run --------------------------------------------------------------------------
@@ -343,6 +353,8 @@ class OpsRun:
             pool = next(p for p in pools if p.spec.name == name)
             policy = POLICIES[acfg.policy](acfg, contexts[name])
             env.process(autoscaler(env, pool, acfg, policy, lambda p=pool, c=acfg: self.observe(p, c)))
+        if self.cfg.queue_timeout_s is not None:
+            env.process(self._expire_queued(env, self.cfg.queue_timeout_s))
         if closed_loop is None:
             env.process(self._open_loop(env))
         else:
@@ -363,6 +375,40 @@ class OpsRun:
                     inst.life.ended_s = end
         self.end = end
         return PoolRun(rec, [i for p in pools for i in p.all], end, self.coord)
+
+    def _expire_queued(self, env, timeout: float):
+        """Reject requests whose current attempt is still unscheduled ``timeout`` seconds after the gateway
+        took it (arrival or re-send), unless it already streamed tokens (a re-prefilled continuation).
+        Queues are edited in place: the instance processes hold references to them."""
+        rec = self.rec
+        period = min(1.0, timeout / 10)
+        why = f"timeout: not scheduled within queue_timeout_s={timeout:g} s"
+        while True:
+            yield env.timeout(period)
+            cut = env.now - timeout
+
+            def stale(rid, requeue=()):
+                return (rec.sent_at[rid] <= cut and rid not in requeue and rec.t_sched[rid] != rec.t_sched[rid]
+                        and not rec.carried[rid])
+            for inst in self.front.all:
+                if inst.dead or not inst.waiting:
+                    continue
+                gone = [rid for rid in inst.waiting if stale(rid, inst._requeue)]
+                if gone:
+                    keep = [rid for rid in inst.waiting if not stale(rid, inst._requeue)]
+                    inst.waiting.clear()
+                    inst.waiting.extend(keep)
+                    inst.outstanding -= len(gone)
+                    for rid in gone:
+                        rec.expire(rid, env.now, why)
+            if self.limbo:
+                gone = [rid for rid in self.limbo if stale(rid)]
+                if gone:
+                    keep = [rid for rid in self.limbo if not stale(rid)]
+                    self.limbo.clear()
+                    self.limbo.extend(keep)
+                    for rid in gone:
+                        rec.expire(rid, env.now, why)
 
     def _open_loop(self, env):
         arrival = self.rec.arrival

@@ -231,16 +231,17 @@ def check_fault_invariants(ops, run, req) -> None:
     policy=st.sampled_from(["none", "retry", "reprefill"]),
     max_retries=st.integers(0, 2),
     out_hi=st.integers(1, 400),
+    timeout=st.sampled_from([None, 2.0]),
     seed=st.integers(0, 2 ** 16),
 )
 @example(pd_=True, instances=2, kv_tokens=4096, rate=40.0, hazard=2e-4, onset=0, mtbf=4.0, policy="reprefill",
-         max_retries=2, out_hi=300, seed=3)
+         max_retries=2, out_hi=300, timeout=2.0, seed=3)
 @example(pd_=True, instances=3, kv_tokens=16384, rate=60.0, hazard=2e-5, onset=0, mtbf=4.0, policy="retry",
-         max_retries=1, out_hi=200, seed=4)
+         max_retries=1, out_hi=200, timeout=None, seed=4)
 @example(pd_=False, instances=2, kv_tokens=4096, rate=30.0, hazard=2e-4, onset=256, mtbf=4.0, policy="retry",
-         max_retries=2, out_hi=400, seed=5)
+         max_retries=2, out_hi=400, timeout=2.0, seed=5)
 def test_invariants_under_faults(pd_, instances, kv_tokens, rate, hazard, onset, mtbf, policy, max_retries, out_hi,
-                                 seed):
+                                 timeout, seed):
     engine = {"max_num_seqs": 16, "max_num_batched_tokens": 512, "block_size": 16, "max_model_len": 2048}
     engine["gpu_memory_utilization"] = util_for_kv_tokens(kv_tokens, engine)
     faults = {"fp8_crash": {"rate_per_token_s": hazard, "onset_tokens": onset}}
@@ -256,7 +257,8 @@ def test_invariants_under_faults(pd_, instances, kv_tokens, rate, hazard, onset,
         pools, extra = pool(instances=instances, dtype="fp8", engine=engine), {}
     scn = scenario(seed=seed, pools=pools, **extra,
                    operations={"faults": faults, "retry": {"policy": policy, "max_retries": max_retries},
-                               "startup": {"image_cached": True, "compile_cache": "pod"}},
+                               "startup": {"image_cached": True, "compile_cache": "pod"},
+                               "queue_timeout_s": timeout},
                    workload={"arrival": {"kind": "poisson", "rate": rate},
                              "input_length": {"kind": "uniform", "low": 1, "high": 1500},
                              "output_length": {"kind": "uniform", "low": 1, "high": out_hi}, "num_requests": 120})
@@ -279,3 +281,22 @@ def test_prefill_crash_mid_transfer_frees_the_decode_side(policy):
     assert in_flight, "some prefill crash must catch requests"
     assert any(r for r in ops.rec.t_kv_start if r == r)       # transfers happened
     check_fault_invariants(ops, run, req)
+
+
+def test_queue_timeout_rejects_requests_left_waiting():
+    """One instance under twice its capacity: requests still queued 5 s after arrival are rejected."""
+    scn = scenario(pools=pool(engine={"max_num_seqs": 8}), operations={"queue_timeout_s": 5},
+                   workload={"arrival": {"kind": "poisson", "rate": 20.0}, "num_requests": 800,
+                             "input_length": {"kind": "fixed", "value": 512},
+                             "output_length": {"kind": "fixed", "value": 128}})
+    res = simulate(scn)
+    req = res.requests
+    out = req["outcome"].astype(str)
+    timed = req[req["reason"].str.startswith("timeout")]
+    assert len(timed) > 50 and (out[timed.index] == "rejected").all()
+    waited = timed["finish_s"] - timed["arrival_s"]
+    assert (waited >= 5.0 - 1e-9).all() and (waited < 5.0 + 0.5 + 1e-9).all()      # checked every 0.5 s
+    assert timed["scheduled_s"].isna().all() and (timed["generated_tokens"] == 0).all()
+    done = req[out == "completed"]
+    assert (done["queue_s"] < 5.0 + 0.5).all()
+    assert set(out) == {"completed", "rejected"} and len(done) + len(timed) == len(req)
