@@ -105,12 +105,11 @@ class Life:
     lost_tokens: int = 0        # KV tokens lost in a crash
 
 
-def _guarded(env, inst: Instance):
-    """Run ``inst`` until a crash or removal interrupts it."""
-    try:
-        yield from inst.run(env)
-    except simpy.Interrupt:
-        return
+def _interrupted_is_fine(event) -> None:
+    """Callback on an instance process: its end by a crash or removal (an Interrupt) is expected;
+    any other exception still stops the simulation."""
+    if not event._ok and isinstance(event._value, simpy.Interrupt):
+        event.defused = True
 
 
 class OpsPool:
@@ -146,7 +145,8 @@ class OpsPool:
         return inst
 
     def go_live(self, inst: Instance) -> None:
-        inst.proc = self.env.process(_guarded(self.env, inst))
+        inst.proc = self.env.process(inst.run(self.env))
+        inst.proc.callbacks.append(_interrupted_is_fine)
         inst.life.ready_s = self.env.now
         self.active.append(inst)
         self.ops.on_live(self, inst)
