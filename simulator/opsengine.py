@@ -137,6 +137,7 @@ class OpsPool:
         inst = Instance(len(self.all), s.name, s.step_model, s.memory, s.max_num_seqs, s.max_num_batched_tokens,
                         s.chunked_prefill, self.ops.rec, s.role, s.prefix_caching)
         inst.dead = False
+        inst.draining = False
         inst.proc = None
         inst.life = Life(s.name, inst.index, self.gpus, cause, billed_s)
         inst.backoff_s = 10.0
@@ -194,6 +195,7 @@ class OpsPool:
             done += 1
         while done < n and len(self.active) > 1:
             inst = self.active.pop()
+            inst.draining = True
             self.env.process(self._drain(inst))
             done += 1
         self.ops.events.append((now, self.spec.name, "scale-down", done, why))
@@ -296,6 +298,8 @@ class OpsRun:
         for rid, g in affected:
             self.handle(rid, g, f"instance {pool.spec.name}#{inst.index} crashed at {now:.1f} s: {why}")
         st = pool.starts
+        if inst.draining:
+            return                          # it was being removed: nothing to restart
         if kind == "node":
             mttr = self.cfg.faults.node_failure.mttr_s
             delay = st.new_delay()

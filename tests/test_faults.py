@@ -299,3 +299,24 @@ def test_queue_timeout_rejects_requests_left_waiting():
     done = req[out == "completed"]
     assert (done["queue_s"] < 5.0 + 0.5).all()
     assert set(out) == {"completed", "rejected"} and len(done) + len(timed) == len(req)
+
+
+def test_an_instance_crashing_while_draining_is_not_restarted():
+    """Load drops, scale-down drains instances with long generations; one crashes while draining: its
+    requests follow the retry policy and nothing restarts it (it was being removed)."""
+    ops_cfg = {"autoscale": {"main": {"min_instances": 1, "max_instances": 4, "interval_s": 5,
+                                      "scale_down_stabilization_s": 0}},
+               "faults": {"fp8_crash": {"rate_per_token_s": 1e-6, "onset_tokens": 0}},
+               "retry": {"policy": "reprefill", "max_retries": 5}, "startup": {"image_cached": True}}
+    scn = scenario(seed=1, pools=pool(instances=4, dtype="fp8", engine={"max_num_seqs": 64}), operations=ops_cfg,
+                   workload={"arrival": {"kind": "shaped", "shape": {"kind": "step", "before": 8, "after": 0.2,
+                                                                    "at_s": 20}}, "duration_s": 60,
+                             "input_length": {"kind": "fixed", "value": 2000},
+                             "output_length": {"kind": "fixed", "value": 1500}})
+    ops, run, req = run_objects(scn)
+    check_fault_invariants(ops, run, req)
+    crashed_draining = [i for i in ops.front.all if i.draining and i.life.end.startswith("FP8")]
+    assert crashed_draining
+    restarted_from = {i.life.billed_s for i in ops.front.all if i.life.cause == "restart"}
+    for inst in crashed_draining:
+        assert inst.life.ended_s not in restarted_from
