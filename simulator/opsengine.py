@@ -26,84 +26,15 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections import deque
-from dataclasses import dataclass
 
 import simpy
 
 from simulator.autoscale import POLICIES, Observation, PoolContext, autoscaler
-from simulator.engine import PENDING, PoolRun, Recorder, _admissible
+from simulator.engine import PENDING, PoolRun, _admissible
+from simulator.opsrecord import FAILED, Life, OpsRecorder  # noqa: F401  (re-exported)
 from simulator.instance import Instance
 from simulator.routing import make_router
 from simulator import faults as flt
-
-FAILED = 4
-
-
-class OpsRecorder(Recorder):
-    """A :class:`Recorder` that also records failures and says when every request has ended."""
-
-    def __init__(self, *args, **kw) -> None:
-        super().__init__(*args, **kw)
-        n = len(self.input_tokens)
-        self.ended = 0
-        self.all_ended = None                # a SimPy event, set by OpsRun
-        self.retries = [0] * n
-        self.discarded = [0] * n             # tokens streamed by attempts the client threw away
-        self.carried = [0] * n               # tokens a re-prefilled continuation had already produced
-        self.attempt = [0] * n               # bumped at every crash: stale transfer callbacks ignore it
-        self.orig_input = list(self.input_tokens)
-        self.orig_output = list(self.output_tokens)
-        self.first_orig = [math.nan] * n     # first token of the first attempt (re-prefill)
-        self.sched_orig = [math.nan] * n     # when the first attempt was scheduled (re-prefill)
-        self.resumed_from = [math.nan] * n   # crash time a re-prefilled request resumes from
-        self.sent_at = [math.nan] * n        # when the gateway took this attempt (arrival or re-send)
-
-    def _end(self) -> None:
-        self.ended += 1
-        if self.ended == len(self.outcome) and self.all_ended is not None:
-            self.all_ended.succeed()
-
-    def finish(self, rid: int, now: float, instance: int, generated: int) -> None:
-        super().finish(rid, now, instance, generated)
-        self._end()
-
-    def reject(self, rid: int, now: float, reason: str) -> None:
-        super().reject(rid, now, reason)
-        self._end()
-
-    def expire(self, rid: int, now: float, reason: str) -> None:
-        """Reject a request that was already dispatched (a queue timeout)."""
-        super().reject(rid, now, reason)
-        if self.waiters is not None:
-            self.waiters.pop(rid).succeed()
-        self._end()
-
-    def fail(self, rid: int, now: float, reason: str, generated: int) -> None:
-        if self.outcome[rid] != PENDING:
-            raise RuntimeError(f"request {rid} ended twice")
-        self.outcome[rid] = FAILED
-        self.reason[rid] = reason
-        self.t_finish[rid] = now
-        self.generated[rid] = generated
-        if self.waiters is not None:
-            self.waiters.pop(rid).succeed()
-        self._end()
-
-
-@dataclass
-class Life:
-    """One incarnation of an instance: billed from ``billed_s`` to ``ended_s`` (seconds)."""
-
-    pool: str
-    index: int
-    gpus: int
-    cause: str                  # initial | scale-up | restart | replacement
-    billed_s: float
-    ready_s: float | None = None
-    ended_s: float | None = None
-    end: str = ""               # crash reason, "removed" (scale-down), "cancelled", or "" (alive at the end)
-    lost_tokens: int = 0        # KV tokens lost in a crash
-
 
 def _interrupted_is_fine(event) -> None:
     """Callback on an instance process: its end by a crash or removal (an Interrupt) is expected;
