@@ -69,8 +69,7 @@ def test_operations_engine_without_events_reproduces_the_plain_engine(pd_):
 
 
 def test_no_faults_configured_no_request_fails():
-    res = simulate(fp8_scenario(0.5).model_copy(update={"operations": None}).model_validate(
-        {**fp8_scenario(0.5).model_dump(), "operations": {}}))
+    res = simulate(scenario(**{**fp8_scenario(0.5).model_dump(mode="json"), "operations": {}}))
     assert "operations" not in res.summary                      # the plain engine ran
     assert set(res.requests["outcome"].astype(str)) == {"completed"}
     zero = simulate(fp8_scenario(0.5, rate_per_token_s=0.0)).summary["operations"]
