@@ -162,11 +162,13 @@ async def _scrape(client: CompletionClient):
         return None
 
 
-async def _watchdog(server: Endpoint, every: float = 0.5):
+async def _watchdog(server: Endpoint, phase: str, every: float = 0.5):
+    """Raise ServerDied as soon as the server process is gone, naming the phase it died in (the same
+    words as the in-phase check after a failed request, whichever of the two notices first)."""
     while True:
         await asyncio.sleep(every)
         if not server.alive():
-            await asyncio.to_thread(server.check, "during the measurements")
+            await asyncio.to_thread(server.check, f"during phase {phase}")
 
 
 async def run_phase(bundle: Bundle, phase: dict, client: CompletionClient, server: Endpoint,
@@ -205,7 +207,7 @@ async def run_phase(bundle: Bundle, phase: dict, client: CompletionClient, serve
         work = run_closed_loop(client, specs, phase.get("concurrency", 1), on_result)
     t0 = time.monotonic()
     main = asyncio.ensure_future(work)
-    dog = asyncio.ensure_future(_watchdog(server))
+    dog = asyncio.ensure_future(_watchdog(server, name))
     try:
         finished, _ = await asyncio.wait({main, dog}, return_when=asyncio.FIRST_COMPLETED)
         if dog in finished:
