@@ -167,15 +167,21 @@ class RetryConfig(_Strict):
 
 
 class OperationsConfig(_Strict):
+    """``queue_timeout_s``: a request not yet scheduled (queued on an instance of the first pool, or
+    held at the gateway) this long after the gateway took it (its arrival, or a re-send after a
+    crash) is rejected with reason "timeout" (the client gave up); a re-prefilled continuation that
+    already streamed tokens is exempt.  Checked every ``min(1, queue_timeout_s / 10)`` seconds."""
+
     startup: StartupConfig = StartupConfig()
     autoscale: dict[str, AutoscaleConfig] = {}
     faults: FaultsConfig = FaultsConfig()
     retry: RetryConfig = RetryConfig()
+    queue_timeout_s: float | None = Field(None, gt=0)
 
     @property
     def enabled(self) -> bool:
         """Whether the run needs the operations engine (else the plain one runs, unchanged)."""
-        return bool(self.autoscale) or self.faults.any
+        return bool(self.autoscale) or self.faults.any or self.queue_timeout_s is not None
 
 
 def check_against_pools(ops: OperationsConfig, pools, kv_transfer) -> None:
@@ -189,14 +195,18 @@ def check_against_pools(ops: OperationsConfig, pools, kv_transfer) -> None:
             raise ValueError(f"operations.autoscale.{name}: the pool starts with instances={n}, outside "
                              f"[min_instances={cfg.min_instances}, max_instances={cfg.max_instances}]; "
                              f"set the pool's instances within the bounds")
+    if ops.enabled and any(p.role == "encoder" for p in pools):
+        raise ValueError("operations (autoscaling, faults) do not model encoder pools yet; remove the operations "
+                         "block or the encoder pool")
+    pd_ = any(p.role == "prefill" for p in pools)
     f = ops.faults
     for what, cfg in (("fp8_crash", f.fp8_crash), ("node_failure", f.node_failure)):
         for name in (cfg.pools if cfg is not None else ()):
             if name not in names:
                 raise ValueError(f"operations.faults.{what}.pools: no pool is named {name!r}; pools are {names}")
-    if f.link_degradation is not None and len(pools) < 2:
+    if f.link_degradation is not None and not pd_:
         raise ValueError("operations.faults.link_degradation applies to the KV-transfer fabric of a "
                          "prefill-decode deployment; this scenario has one pool: remove it or add PD pools")
-    if ops.enabled and len(pools) == 2 and kv_transfer.flow != "vllm":
+    if ops.enabled and pd_ and kv_transfer.flow != "vllm":
         raise ValueError(f"operations (autoscaling/faults) model vLLM's PD proxy flow only; kv_transfer.flow="
                          f"{kv_transfer.flow!r}: set flow: vllm or drop the operations block")

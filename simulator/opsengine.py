@@ -26,83 +26,21 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections import deque
-from dataclasses import dataclass
 
 import simpy
 
 from simulator.autoscale import POLICIES, Observation, PoolContext, autoscaler
-from simulator.engine import PENDING, PoolRun, Recorder, _admissible
+from simulator.engine import PENDING, PoolRun, _admissible
+from simulator.opsrecord import FAILED, Life, OpsRecorder  # noqa: F401  (re-exported)
 from simulator.instance import Instance
 from simulator.routing import make_router
 from simulator import faults as flt
 
-FAILED = 4
-
-
-class OpsRecorder(Recorder):
-    """A :class:`Recorder` that also records failures and says when every request has ended."""
-
-    def __init__(self, *args, **kw) -> None:
-        super().__init__(*args, **kw)
-        n = len(self.input_tokens)
-        self.ended = 0
-        self.all_ended = None                # a SimPy event, set by OpsRun
-        self.retries = [0] * n
-        self.discarded = [0] * n             # tokens streamed by attempts the client threw away
-        self.carried = [0] * n               # tokens a re-prefilled continuation had already produced
-        self.attempt = [0] * n               # bumped at every crash: stale transfer callbacks ignore it
-        self.orig_input = list(self.input_tokens)
-        self.orig_output = list(self.output_tokens)
-        self.first_orig = [math.nan] * n     # first token of the first attempt (re-prefill)
-        self.sched_orig = [math.nan] * n     # when the first attempt was scheduled (re-prefill)
-        self.resumed_from = [math.nan] * n   # crash time a re-prefilled request resumes from
-
-    def _end(self) -> None:
-        self.ended += 1
-        if self.ended == len(self.outcome) and self.all_ended is not None:
-            self.all_ended.succeed()
-
-    def finish(self, rid: int, now: float, instance: int, generated: int) -> None:
-        super().finish(rid, now, instance, generated)
-        self._end()
-
-    def reject(self, rid: int, now: float, reason: str) -> None:
-        super().reject(rid, now, reason)
-        self._end()
-
-    def fail(self, rid: int, now: float, reason: str, generated: int) -> None:
-        if self.outcome[rid] != PENDING:
-            raise RuntimeError(f"request {rid} ended twice")
-        self.outcome[rid] = FAILED
-        self.reason[rid] = reason
-        self.t_finish[rid] = now
-        self.generated[rid] = generated
-        if self.waiters is not None:
-            self.waiters.pop(rid).succeed()
-        self._end()
-
-
-@dataclass
-class Life:
-    """One incarnation of an instance: billed from ``billed_s`` to ``ended_s`` (seconds)."""
-
-    pool: str
-    index: int
-    gpus: int
-    cause: str                  # initial | scale-up | restart | replacement
-    billed_s: float
-    ready_s: float | None = None
-    ended_s: float | None = None
-    end: str = ""               # crash reason, "removed" (scale-down), "cancelled", or "" (alive at the end)
-    lost_tokens: int = 0        # KV tokens lost in a crash
-
-
-def _guarded(env, inst: Instance):
-    """Run ``inst`` until a crash or removal interrupts it."""
-    try:
-        yield from inst.run(env)
-    except simpy.Interrupt:
-        return
+def _interrupted_is_fine(event) -> None:
+    """Callback on an instance process: its end by a crash or removal (an Interrupt) is expected;
+    any other exception still stops the simulation."""
+    if not event._ok and isinstance(event._value, simpy.Interrupt):
+        event.defused = True
 
 
 class OpsPool:
@@ -130,6 +68,7 @@ class OpsPool:
         inst = Instance(len(self.all), s.name, s.step_model, s.memory, s.max_num_seqs, s.max_num_batched_tokens,
                         s.chunked_prefill, self.ops.rec, s.role, s.prefix_caching)
         inst.dead = False
+        inst.draining = False
         inst.proc = None
         inst.life = Life(s.name, inst.index, self.gpus, cause, billed_s)
         inst.backoff_s = 10.0
@@ -138,7 +77,8 @@ class OpsPool:
         return inst
 
     def go_live(self, inst: Instance) -> None:
-        inst.proc = self.env.process(_guarded(self.env, inst))
+        inst.proc = self.env.process(inst.run(self.env))
+        inst.proc.callbacks.append(_interrupted_is_fine)
         inst.life.ready_s = self.env.now
         self.active.append(inst)
         self.ops.on_live(self, inst)
@@ -186,6 +126,7 @@ class OpsPool:
             done += 1
         while done < n and len(self.active) > 1:
             inst = self.active.pop()
+            inst.draining = True
             self.env.process(self._drain(inst))
             done += 1
         self.ops.events.append((now, self.spec.name, "scale-down", done, why))
@@ -256,6 +197,7 @@ class OpsRun:
         rec, front, back = self.rec, self.front.spec, self.back.spec if self.back else None
         inp, out = rec.input_tokens[rid], rec.output_tokens[rid]
         self.arrived.append(self.env.now)
+        rec.sent_at[rid] = self.env.now
         self.sum_in += inp
         self.sum_out += out
         why = _admissible(front, front.memory.kv_blocks, front.memory.block_size, inp, 1 if back else out)
@@ -287,6 +229,8 @@ class OpsRun:
         for rid, g in affected:
             self.handle(rid, g, f"instance {pool.spec.name}#{inst.index} crashed at {now:.1f} s: {why}")
         st = pool.starts
+        if inst.draining:
+            return                          # it was being removed: nothing to restart
         if kind == "node":
             mttr = self.cfg.faults.node_failure.mttr_s
             delay = st.new_delay()
@@ -319,7 +263,8 @@ class OpsRun:
             if rec.first_orig[rid] != rec.first_orig[rid]:
                 rec.first_orig[rid], rec.sched_orig[rid] = rec.t_first[rid], rec.t_sched[rid]
             rec.resumed_from[rid] = now
-        rec.t_first[rid] = math.nan
+        rec.t_first[rid] = rec.t_sched[rid] = math.nan
+        rec.sent_at[rid] = now
         self.dispatch(rid)
 
     # ---- the run --------------------------------------------------------------------------
@@ -343,6 +288,8 @@ class OpsRun:
             pool = next(p for p in pools if p.spec.name == name)
             policy = POLICIES[acfg.policy](acfg, contexts[name])
             env.process(autoscaler(env, pool, acfg, policy, lambda p=pool, c=acfg: self.observe(p, c)))
+        if self.cfg.queue_timeout_s is not None:
+            env.process(self._expire_queued(env, self.cfg.queue_timeout_s))
         if closed_loop is None:
             env.process(self._open_loop(env))
         else:
@@ -363,6 +310,40 @@ class OpsRun:
                     inst.life.ended_s = end
         self.end = end
         return PoolRun(rec, [i for p in pools for i in p.all], end, self.coord)
+
+    def _expire_queued(self, env, timeout: float):
+        """Reject requests whose current attempt is still unscheduled ``timeout`` seconds after the gateway
+        took it (arrival or re-send), unless it already streamed tokens (a re-prefilled continuation).
+        Queues are edited in place: the instance processes hold references to them."""
+        rec = self.rec
+        period = min(1.0, timeout / 10)
+        why = f"timeout: not scheduled within queue_timeout_s={timeout:g} s"
+        while True:
+            yield env.timeout(period)
+            cut = env.now - timeout
+
+            def stale(rid, requeue=()):
+                return (rec.sent_at[rid] <= cut and rid not in requeue and rec.t_sched[rid] != rec.t_sched[rid]
+                        and not rec.carried[rid])
+            for inst in self.front.all:
+                if inst.dead or not inst.waiting:
+                    continue
+                gone = [rid for rid in inst.waiting if stale(rid, inst._requeue)]
+                if gone:
+                    keep = [rid for rid in inst.waiting if not stale(rid, inst._requeue)]
+                    inst.waiting.clear()
+                    inst.waiting.extend(keep)
+                    inst.outstanding -= len(gone)
+                    for rid in gone:
+                        rec.expire(rid, env.now, why)
+            if self.limbo:
+                gone = [rid for rid in self.limbo if stale(rid)]
+                if gone:
+                    keep = [rid for rid in self.limbo if not stale(rid)]
+                    self.limbo.clear()
+                    self.limbo.extend(keep)
+                    for rid in gone:
+                        rec.expire(rid, env.now, why)
 
     def _open_loop(self, env):
         arrival = self.rec.arrival

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from simulator.engine import OUTCOMES, REJECTED
-from simulator.opsengine import FAILED
+from simulator.opsrecord import FAILED
 from simulator.results import requests_frame
 
 

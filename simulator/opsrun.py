@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from simulator.opsengine import OpsRecorder, OpsRun, pool_context
+from simulator.opsengine import OpsRun, pool_context
+from simulator.opsrecord import OpsRecorder
 from simulator.opsstart import StartTimes
 
 

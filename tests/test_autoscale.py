@@ -208,3 +208,19 @@ def test_unstartable_pods_never_serve_and_are_reported():
     assert all(i["end"].startswith("never ready: liveness probe killed") for i in started)
     assert ops["peak_instances"]["main"] == 1
     assert ops["starting_gpu_s"] > 0 and math.isclose(ops["wasted_gpu_s"], ops["starting_gpu_s"])
+
+
+def test_cli_prints_the_operations_table(tmp_path, capsys):
+    from simulator.cli import main
+    scn = tmp_path / "ops.yaml"
+    scn.write_text("model: Llama-3.1-8B\npools: [{gpu: H100, engine: {max_num_seqs: 8}}]\n"
+                   "workload: {arrival: {kind: shaped, shape: {kind: step, before: 2, after: 16, at_s: 20}},"
+                   " input_length: {kind: fixed, value: 512}, output_length: {kind: fixed, value: 64},"
+                   " duration_s: 120}\nslo: {ttft_s: 1.0}\n"
+                   "operations: {startup: {image_cached: true}, autoscale: {main: {interval_s: 5}}}\n")
+    assert main(["simulate", str(scn), "--out", str(tmp_path / "out"), "--format", "csv"]) == 0
+    out = capsys.readouterr().out
+    assert "operations" in out and "scale-ups" in out and "GPU-hours" in out
+    import pandas as pd
+    req = pd.read_csv(tmp_path / "out" / "requests.csv")
+    assert {"retries", "discarded_tokens", "outcome", "reason"} <= set(req.columns)

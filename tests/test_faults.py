@@ -69,8 +69,7 @@ def test_operations_engine_without_events_reproduces_the_plain_engine(pd_):
 
 
 def test_no_faults_configured_no_request_fails():
-    res = simulate(fp8_scenario(0.5).model_copy(update={"operations": None}).model_validate(
-        {**fp8_scenario(0.5).model_dump(), "operations": {}}))
+    res = simulate(scenario(**{**fp8_scenario(0.5).model_dump(mode="json"), "operations": {}}))
     assert "operations" not in res.summary                      # the plain engine ran
     assert set(res.requests["outcome"].astype(str)) == {"completed"}
     zero = simulate(fp8_scenario(0.5, rate_per_token_s=0.0)).summary["operations"]
@@ -180,8 +179,7 @@ def test_link_degradation_slows_transfers():
 
 def live_kv_blocks(inst) -> int:
     """Blocks in use as the instance process itself counts them (its local state)."""
-    gen = inst.proc._generator.gi_yieldfrom          # _guarded -> Instance.run
-    return gen.gi_frame.f_locals["kv_used"]
+    return inst.proc._generator.gi_frame.f_locals["kv_used"]     # Instance.run's own counter
 
 
 def check_fault_invariants(ops, run, req) -> None:
@@ -231,16 +229,17 @@ def check_fault_invariants(ops, run, req) -> None:
     policy=st.sampled_from(["none", "retry", "reprefill"]),
     max_retries=st.integers(0, 2),
     out_hi=st.integers(1, 400),
+    timeout=st.sampled_from([None, 2.0]),
     seed=st.integers(0, 2 ** 16),
 )
 @example(pd_=True, instances=2, kv_tokens=4096, rate=40.0, hazard=2e-4, onset=0, mtbf=4.0, policy="reprefill",
-         max_retries=2, out_hi=300, seed=3)
+         max_retries=2, out_hi=300, timeout=2.0, seed=3)
 @example(pd_=True, instances=3, kv_tokens=16384, rate=60.0, hazard=2e-5, onset=0, mtbf=4.0, policy="retry",
-         max_retries=1, out_hi=200, seed=4)
+         max_retries=1, out_hi=200, timeout=None, seed=4)
 @example(pd_=False, instances=2, kv_tokens=4096, rate=30.0, hazard=2e-4, onset=256, mtbf=4.0, policy="retry",
-         max_retries=2, out_hi=400, seed=5)
+         max_retries=2, out_hi=400, timeout=2.0, seed=5)
 def test_invariants_under_faults(pd_, instances, kv_tokens, rate, hazard, onset, mtbf, policy, max_retries, out_hi,
-                                 seed):
+                                 timeout, seed):
     engine = {"max_num_seqs": 16, "max_num_batched_tokens": 512, "block_size": 16, "max_model_len": 2048}
     engine["gpu_memory_utilization"] = util_for_kv_tokens(kv_tokens, engine)
     faults = {"fp8_crash": {"rate_per_token_s": hazard, "onset_tokens": onset}}
@@ -256,7 +255,8 @@ def test_invariants_under_faults(pd_, instances, kv_tokens, rate, hazard, onset,
         pools, extra = pool(instances=instances, dtype="fp8", engine=engine), {}
     scn = scenario(seed=seed, pools=pools, **extra,
                    operations={"faults": faults, "retry": {"policy": policy, "max_retries": max_retries},
-                               "startup": {"image_cached": True, "compile_cache": "pod"}},
+                               "startup": {"image_cached": True, "compile_cache": "pod"},
+                               "queue_timeout_s": timeout},
                    workload={"arrival": {"kind": "poisson", "rate": rate},
                              "input_length": {"kind": "uniform", "low": 1, "high": 1500},
                              "output_length": {"kind": "uniform", "low": 1, "high": out_hi}, "num_requests": 120})
@@ -279,3 +279,43 @@ def test_prefill_crash_mid_transfer_frees_the_decode_side(policy):
     assert in_flight, "some prefill crash must catch requests"
     assert any(r for r in ops.rec.t_kv_start if r == r)       # transfers happened
     check_fault_invariants(ops, run, req)
+
+
+def test_queue_timeout_rejects_requests_left_waiting():
+    """One instance under twice its capacity: requests still queued 5 s after arrival are rejected."""
+    scn = scenario(pools=pool(engine={"max_num_seqs": 8}), operations={"queue_timeout_s": 5},
+                   workload={"arrival": {"kind": "poisson", "rate": 20.0}, "num_requests": 800,
+                             "input_length": {"kind": "fixed", "value": 512},
+                             "output_length": {"kind": "fixed", "value": 128}})
+    res = simulate(scn)
+    req = res.requests
+    out = req["outcome"].astype(str)
+    timed = req[req["reason"].str.startswith("timeout")]
+    assert len(timed) > 50 and (out[timed.index] == "rejected").all()
+    waited = timed["finish_s"] - timed["arrival_s"]
+    assert (waited >= 5.0 - 1e-9).all() and (waited < 5.0 + 0.5 + 1e-9).all()      # checked every 0.5 s
+    assert timed["scheduled_s"].isna().all() and (timed["generated_tokens"] == 0).all()
+    done = req[out == "completed"]
+    assert (done["queue_s"] < 5.0 + 0.5).all()
+    assert set(out) == {"completed", "rejected"} and len(done) + len(timed) == len(req)
+
+
+def test_an_instance_crashing_while_draining_is_not_restarted():
+    """Load drops, scale-down drains instances with long generations; one crashes while draining: its
+    requests follow the retry policy and nothing restarts it (it was being removed)."""
+    ops_cfg = {"autoscale": {"main": {"min_instances": 1, "max_instances": 4, "interval_s": 5,
+                                      "scale_down_stabilization_s": 0}},
+               "faults": {"fp8_crash": {"rate_per_token_s": 1e-6, "onset_tokens": 0}},
+               "retry": {"policy": "reprefill", "max_retries": 5}, "startup": {"image_cached": True}}
+    scn = scenario(seed=1, pools=pool(instances=4, dtype="fp8", engine={"max_num_seqs": 64}), operations=ops_cfg,
+                   workload={"arrival": {"kind": "shaped", "shape": {"kind": "step", "before": 8, "after": 0.2,
+                                                                    "at_s": 20}}, "duration_s": 60,
+                             "input_length": {"kind": "fixed", "value": 2000},
+                             "output_length": {"kind": "fixed", "value": 1500}})
+    ops, run, req = run_objects(scn)
+    check_fault_invariants(ops, run, req)
+    crashed_draining = [i for i in ops.front.all if i.draining and i.life.end.startswith("FP8")]
+    assert crashed_draining
+    restarted_from = {i.life.billed_s for i in ops.front.all if i.life.cause == "restart"}
+    for inst in crashed_draining:
+        assert inst.life.ended_s not in restarted_from
