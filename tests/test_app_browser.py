@@ -158,6 +158,6 @@ def test_bad_uploads_show_inline_errors(app_server, driver, tmp_path):
     assert "broken.yaml" in errors(driver) and "line" in errors(driver)
     uploads = driver.find_elements(By.CSS_SELECTOR, "[data-testid='stSidebar'] input[type='file']")
     uploads[2].send_keys(str(bad_trace))
-    wait.until(lambda d: "line 3" in errors(d))
-    assert "input_tokens='lots'" in errors(driver) and "each row must give" in errors(driver)
+    wait.until(lambda d: "input_tokens='lots'" in errors(d))
+    assert "trace.csv line 3" in errors(driver) and "each row must give" in errors(driver)
     assert not driver.find_elements(By.CSS_SELECTOR, "[data-testid='stException']")
