@@ -17,7 +17,8 @@ from app.services import scenarios, views  # noqa: E402
 
 st.set_page_config(page_title="epdsim what-if planner", page_icon="⚙️", layout="wide")
 st.title("epdsim what-if planner")
-st.caption("Discrete-event simulation of vLLM/SGLang serving: colocated and prefill/decode (PD) deployments. "
+st.caption("Discrete-event simulation of vLLM/SGLang serving: colocated, prefill/decode (PD) and encoder (EPD) "
+           "deployments. "
            "Edit the scenario on the left; results update when it changes.")
 
 d, prices = ui_builder.sidebar()

@@ -4,7 +4,8 @@ Uses Debian's `chromium` and `chromium-driver` packages (CI installs them in .ci
 ever downloaded.  The test starts the app on a free port, waits for Streamlit's health endpoint,
 loads the page, waits for the default scenario's results, checks that the Plotly charts rendered
 (SVG plots with drawn traces) and the headline metrics are shown, and saves a screenshot to
-out/app_browser.png; then a long run shows its progress bar and Cancel stops it.
+out/app_browser.png; then a long run shows its progress bar and Cancel stops it; then a broken
+scenario YAML and a malformed trace, uploaded through the page, give inline errors.
 """
 from __future__ import annotations
 
@@ -132,4 +133,31 @@ def test_long_run_shows_progress_and_cancels(app_server, driver):
     wait.until(lambda d: "Run cancelled" in d.find_element(By.TAG_NAME, "body").text)
     assert not driver.find_elements(By.CSS_SELECTOR, "[data-testid='stProgress']")
     assert not driver.find_elements(By.CSS_SELECTOR, "[data-testid='stMetric']")
+    assert not driver.find_elements(By.CSS_SELECTOR, "[data-testid='stException']")
+
+
+def test_bad_uploads_show_inline_errors(app_server, driver, tmp_path):
+    """An invalid scenario YAML and a malformed trace, uploaded through the browser: each is an inline
+    error naming the problem and the fix; no traceback on the page."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+    driver.get(app_server)
+    wait = WebDriverWait(driver, 120, poll_frequency=0.2)
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "[data-testid='stMetric']"))
+    bad_yaml = tmp_path / "broken.yaml"
+    bad_yaml.write_text("model: Llama-3.1-8B\npools: [{gpu: H100\n")
+    bad_trace = tmp_path / "trace.csv"
+    bad_trace.write_text("arrival_s,input_tokens,output_tokens\n0.0,100,20\n0.5,lots,20\n")
+    uploads = driver.find_elements(By.CSS_SELECTOR, "[data-testid='stSidebar'] input[type='file']")
+    assert len(uploads) == 3                       # scenario YAML, config.json, trace
+    uploads[0].send_keys(str(bad_yaml))
+
+    def errors(d) -> str:
+        return " ".join(e.text for e in d.find_elements(By.CSS_SELECTOR, "[data-testid='stAlert']"))
+    wait.until(lambda d: "not valid YAML" in errors(d))
+    assert "broken.yaml" in errors(driver) and "line" in errors(driver)
+    uploads = driver.find_elements(By.CSS_SELECTOR, "[data-testid='stSidebar'] input[type='file']")
+    uploads[2].send_keys(str(bad_trace))
+    wait.until(lambda d: "input_tokens='lots'" in errors(d))
+    assert "trace.csv line 3" in errors(driver) and "each row must give" in errors(driver)
     assert not driver.find_elements(By.CSS_SELECTOR, "[data-testid='stException']")

@@ -62,6 +62,7 @@ class Job:
     result: object = None
     error: str | None = None
     user_error: bool = False
+    traceback: str | None = None         # the worker's traceback of an unexpected error (for bug reports)
     started_at: float = 0.0
 
     def start(self) -> Job:
