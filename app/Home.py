@@ -24,7 +24,7 @@ d, prices = ui_builder.sidebar()
 res, key = ui.run_scenario(d)
 if res is not None:
     s, info = res.summary, res.info
-    c = scenarios.cost(res, prices)
+    c = scenarios.cost(res, prices, ui.db(d))
     layout = " + ".join(f"{p['instances']}× {p['gpu']} TP{p['tp']} {p['role']}" for p in info["pools"])
     st.subheader(f"{info['model']} on {layout}")
     cols = st.columns(6)
@@ -37,29 +37,26 @@ if res is not None:
     if s["unfinished"] or s["rejected"]:
         st.warning(f"{s['rejected']} requests rejected and {s['unfinished']} unfinished of {s['requests']}: "
                    "the deployment does not keep up or prompts exceed max_model_len.")
-    figs = charts.results_figures(res.scenario.name, res, res.scenario.slo.ttft_s, res.scenario.slo.tpot_s)
-    t_lat, t_brk, t_ts, t_sc, t_tab = st.tabs(["Latency CDFs", "Breakdown", "Time series", "Per request", "Tables"])
-    with t_lat:
-        a, b = st.columns(2)
-        a.plotly_chart(figs["cdf_ttft"], key="cdf_ttft")
-        b.plotly_chart(figs["cdf_tpot"], key="cdf_tpot")
-        a.plotly_chart(figs["cdf_itl"], key="cdf_itl")
-        b.plotly_chart(figs["cdf_e2e"], key="cdf_e2e")
-    with t_brk:
-        st.plotly_chart(figs["breakdown"], key="breakdown")
+    # Only the chosen view is drawn: building every figure on each change would cost more than the simulation.
+    view = st.radio("view", [*charts.GROUPS, "Tables"], horizontal=True, key="view", label_visibility="collapsed")
+    if view == "Tables":
         st.dataframe(views.phase_frame(res.requests), hide_index=True)
-    with t_ts:
-        a, b = st.columns(2)
-        a.plotly_chart(figs["batch"], key="batch")
-        b.plotly_chart(figs["kv"], key="kv")
-        a.plotly_chart(figs["queue"], key="queue")
-        b.plotly_chart(figs["links"], key="links")
-    with t_sc:
-        st.plotly_chart(figs["scatter"], key="scatter")
-    with t_tab:
         st.dataframe(res.requests.head(1000), hide_index=True)
-    st.download_button("Download HTML report", report.results_html(res, prices=prices),
-                       f"{res.scenario.name}.html", mime="text/html", key="report")
+    else:
+        figs = charts.results_figures(res.scenario.name, res, res.scenario.slo.ttft_s, res.scenario.slo.tpot_s,
+                                      which=charts.GROUPS[view])
+        if view == "Breakdown":
+            st.plotly_chart(figs["breakdown"], key="breakdown")
+            st.dataframe(views.phase_frame(res.requests), hide_index=True)
+        else:
+            cols = st.columns(2 if len(figs) > 1 else 1)
+            for i, (k, fig) in enumerate(figs.items()):
+                cols[i % len(cols)].plotly_chart(fig, key=k)
+    if st.button("Prepare HTML report", key="make-report"):
+        st.session_state["report"] = (key, report.results_html(res, prices=prices))
+    if st.session_state.get("report", (None,))[0] == key:
+        st.download_button("Download HTML report", st.session_state["report"][1], f"{res.scenario.name}.html",
+                           mime="text/html", key="report")
     if "last_run_s" in st.session_state:
         st.caption(f"perf model: {info['perf_model']}; last simulation {st.session_state['last_run_s']:.2f} s; "
                    f"scenario hash {key}")

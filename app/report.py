@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from app import charts
-from app.services import views
+from app.services import compare, views
 from app.services.scenarios import Prices, cost
 
 STYLE = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px} "
@@ -78,7 +78,8 @@ def comparison_html(results: dict, metrics: pd.DataFrame) -> str:
     head = "<tr><th>metric</th>" + "".join(f"<th>{html.escape(n)}</th>" for n in names) + "</tr>"
     rows = []
     for label, row in metrics.iterrows():
-        cells = "".join(f"<td class='{'best' if row['best'] == n else ''}'>{row[n]:,.4g}</td>" for n in names)
+        win = compare.winners(row)
+        cells = "".join(f"<td class='{'best' if n in win else ''}'>{row[n]:,.4g}</td>" for n in names)
         rows.append(f"<tr><td>{html.escape(str(label))}</td>{cells}</tr>")
     cdfs = {n: views.latency_cdfs(r.requests, r.steps) for n, r in results.items()}
     first = next(iter(results.values())).scenario.slo

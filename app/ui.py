@@ -17,6 +17,21 @@ def run_cache() -> scenarios.RunCache:
     return scenarios.RunCache()
 
 
+@st.cache_resource
+def _db_cache():
+    from app.services.hardware import DbCache
+    return DbCache()
+
+
+def db(d: dict | None = None):
+    """The hardware database for scenario ``d`` (its hwdb folders and the user's folder), cached."""
+    dirs = [str(p) for p in (d or {}).get("hwdb", ())]
+    udir = scenarios.user_hwdb_dir()
+    if udir.is_dir() and str(udir) not in dirs:
+        dirs.append(str(udir))
+    return _db_cache().get(tuple(dirs))
+
+
 def scenario() -> dict:
     """The scenario being edited (shared by every page of this browser session)."""
     if "scenario" not in st.session_state:

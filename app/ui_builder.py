@@ -49,19 +49,21 @@ def _model(d: dict, opts: builder.Options) -> dict:
 
 def _pools(d: dict, opts: builder.Options) -> dict:
     mode = st.radio("Deployment", builder.LAYOUTS, index=builder.LAYOUTS.index(builder.layout(d)),
-                    format_func={"colocated": "colocated", "pd": "prefill/decode (PD)"}.get,
-                    horizontal=True, key=_k("layout"))
+                    format_func=builder.LAYOUT_LABELS.get, key=_k("layout"))
     d = builder.with_layout(d, mode)
     for i, pool in enumerate(d["pools"]):
         st.markdown(f"**{pool.get('role', 'colocated')} pool**")
         gpus = list(opts.gpus)
-        g = builder.canonical_gpu(pool["gpu"], tuple(d.get("hwdb", ())))
+        g = builder.canonical_gpu(pool["gpu"], ui.db(d))
         gi = gpus.index(g) if g in gpus else 0
         gpu = st.selectbox("GPU", gpus, index=gi, key=_k(f"gpu-{i}-{mode}"))
         c2, c3 = st.columns(2)
         tp = c2.selectbox("TP", [1, 2, 4, 8], index=[1, 2, 4, 8].index(pool.get("tp", 1))
                           if pool.get("tp", 1) in (1, 2, 4, 8) else 0, key=_k(f"tp-{i}-{mode}"))
         n = c3.number_input("instances", 1, 512, int(pool.get("instances", 1)), key=_k(f"inst-{i}-{mode}"))
+        if pool.get("role") == "encoder":
+            d = builder.set_pool(d, i, gpu=gpu, tp=int(tp), instances=int(n))
+            continue
         eng = pool.get("engine") or {}
         with st.expander("engine arguments"):
             e = st.selectbox("engine", opts.engines, index=list(opts.engines).index(eng.get("engine", "vllm-v1")),
@@ -75,7 +77,13 @@ def _pools(d: dict, opts: builder.Options) -> dict:
         d = builder.set_pool(d, i, gpu=gpu, tp=int(tp), instances=int(n), engine=e, max_num_seqs=seqs or None,
                              max_num_batched_tokens=toks or None,
                              gpu_memory_utilization=None if abs(util - 0.9) < 1e-9 else float(util))
-    if mode == "pd":
+    if mode.startswith("e+"):
+        et = d.get("embedding_transfer") or {}
+        fabrics = ["(encoder GPU's NIC)", *opts.fabrics]
+        fab = st.selectbox("embedding transfer fabric", fabrics,
+                           index=fabrics.index(et["fabric"]) if et.get("fabric") in fabrics else 0, key=_k("emb-fabric"))
+        d = builder.set_embedding_transfer(d, fabric=None if fab.startswith("(") else fab)
+    if mode in ("pd", "e+p+d"):
         kv = d.get("kv_transfer") or {}
         c1, c2 = st.columns(2)
         conns = list(opts.connectors)
@@ -88,6 +96,23 @@ def _pools(d: dict, opts: builder.Options) -> dict:
                            key=_k("same-node"))
         d = builder.set_kv_transfer(d, connector=conn, fabric=None if fab.startswith("(") else fab, same_node=same)
     return d
+
+
+def _images(d: dict, db) -> dict:
+    n, w, h = builder.images(d)
+    if not builder.has_vision(d["model"], db):
+        if n:
+            st.caption("images need a vision-language model (e.g. Qwen2.5-VL-7B); they are removed")
+            return builder.set_images(d, 0)
+        return d
+    sizes = ["1920x1080", "1280x720", "1024x1024", "640x480", "448x448"]
+    cur = f"{w}x{h}"
+    c1, c2 = st.columns(2)
+    n = c1.number_input("images per request", 0, 64, n, key=_k("images"))
+    res = c2.selectbox("image size", sizes + ([cur] if cur not in sizes else []),
+                       index=(sizes + [cur]).index(cur), key=_k("image-size"))
+    w, h = (int(x) for x in res.split("x"))
+    return builder.set_images(d, int(n), w, h)
 
 
 def _workload(d: dict) -> dict:
@@ -132,9 +157,8 @@ def _slo(d: dict) -> dict:
 
 
 def _prices(d: dict) -> scenarios.Prices:
-    from app.services.hardware import load
     out = []
-    db = load()
+    db = ui.db(d)
     for g in dict.fromkeys(p["gpu"] for p in d["pools"]):
         try:
             listp = db.gpu(g).price_usd_per_hour.value
@@ -154,16 +178,17 @@ def sidebar() -> tuple[dict, scenarios.Prices]:
         _upload_scenario()
         d = ui.scenario()
         try:
-            opts = builder.options(tuple(str(p) for p in d.get("hwdb", ())) +
-                                   ((str(scenarios.user_hwdb_dir()),) if scenarios.user_hwdb_dir().is_dir() else ()))
+            db = ui.db(d)
         except Exception as exc:                                  # noqa: BLE001 - a broken user hwdb folder
             ui.show_error(exc)
-            opts = builder.options()
+            db = ui._db_cache().get(())
+        opts = builder.options(db)
         d = _model(d, opts)
         st.subheader("Pools")
         d = _pools(d, opts)
         st.subheader("Workload")
         d = _workload(d)
+        d = _images(d, db)
         st.subheader("SLO")
         d = _slo(d)
         with st.expander("Prices"):

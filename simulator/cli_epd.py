@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 import hwdb
-from simulator.encoder import tp_speedup
+from simulator.encoder import fit_tp_efficiency, tp_speedup
 from simulator.epd import encoder_model
 from simulator.epd_config import EncoderConfig
 from simulator.vision import VisionError, embedding_bytes, encoder_flops, patches, resized, vision_arch, \
@@ -27,7 +27,27 @@ def _size(text: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
+def _tp_times(items: list[str]) -> dict[int, float]:
+    out = {}
+    for item in items:
+        m = re.fullmatch(r"\s*(\d+)\s*=\s*([0-9.eE+-]+)\s*", item)
+        if not m or not float(m.group(2)) > 0:
+            raise VisionError(f"--tp-times {item!r} is not TP=SECONDS with a positive time, e.g. 2=0.492")
+        out[int(m.group(1))] = float(m.group(2))
+    return out
+
+
 def cmd_vision(args, con: Console) -> int:
+    if args.tp_times:
+        fitted = fit_tp_efficiency(_tp_times(args.tp_times))
+        t = Table(title="encoder TP efficiency fitted to the given encode times (scenario: encoder.tp_efficiency)")
+        for col in ("tp", "efficiency", "speed-up over one GPU"):
+            t.add_column(col, justify="right")
+        for tp, eff in fitted.items():
+            t.add_row(str(tp), f"{eff:.3f}", f"{tp * eff:.2f}x")
+        con.print(t)
+        con.print("tp_efficiency: {" + ", ".join(f"{tp}: {eff:.3f}" for tp, eff in fitted.items()) + "}")
+        return 0
     db = hwdb.load(args.hwdb)
     entry = db.model(args.model)
     v = vision_arch(entry)
@@ -72,4 +92,8 @@ def add_subparsers(sub) -> None:
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--engine", default="vllm-v1")
     p.add_argument("--hwdb", action="append", default=[], help="extra user hwdb folder (repeatable)")
+    p.add_argument("--tp-times", nargs="+", metavar="TP=SECONDS",
+                   help="measured encode times of one workload at several TP degrees (e.g. 2=0.492 4=0.466): "
+                        "print the fitted encoder.tp_efficiency instead (without TP1, the smallest degree keeps "
+                        "its default efficiency)")
     p.set_defaults(func=_run)

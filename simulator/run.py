@@ -18,13 +18,14 @@ def _spec(pool, dep, mem, step) -> PoolSpec:
                     else pool.engine.enable_prefix_caching)
 
 
-def simulate(scn: Scenario, replication: int = 0) -> Results:
+def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:
     """Run ``scn`` once; ``replication`` selects an independent random stream.
 
     Same scenario and replication give byte-identical DataFrames.  Raises
-    :class:`ScenarioError` for anything wrong with the input.
+    :class:`ScenarioError` for anything wrong with the input.  ``db``: an
+    already loaded ``hwdb.load(scn.hwdb)`` to reuse across many runs.
     """
-    db, model, pools = resolve(scn)
+    db, model, pools = resolve(scn, db)
     rngs = rng_streams(scn.seed, replication)
     try:
         reqs = generate(scn.workload, rngs["arrivals"], rngs["lengths"])

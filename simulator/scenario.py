@@ -315,10 +315,12 @@ def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB
                       profile=db.profile_for(gpu.name, engine.engine))
 
 
-def resolve(scn: Scenario):
-    """Load hardware data and check that every pool fits; returns (db, model, [(pool, dep, memory, step)])."""
+def resolve(scn: Scenario, db: hwdb.HardwareDB | None = None):
+    """Load hardware data and check that every pool fits; returns (db, model, [(pool, dep, memory, step)]).
+
+    ``db``: an already loaded ``hwdb.load(scn.hwdb)`` to reuse (callers that run many scenarios)."""
     try:
-        db = hwdb.load(scn.hwdb)
+        db = db if db is not None else hwdb.load(scn.hwdb)
         model = db.model(scn.model)
         models = {p.name: db.model(p.model) if p.model else model for p in scn.pools}
     except hwdb.HwdbError as exc:

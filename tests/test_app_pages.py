@@ -40,6 +40,10 @@ def test_home_runs_default_and_reacts_to_rate():
     assert m["SLO attainment"].endswith("%") and m["TTFT p50"].endswith("ms")
     assert m["cost per hour"] == "$8.50"              # 2 x H100 at the hwdb list price of $4.25/h
     assert "Llama-3.1-8B on 2× H100-SXM-80GB TP1 colocated" in [s.value for s in at.subheader]
+    assert len(at.get("plotly_chart")) == 4                       # the four latency CDFs
+    at.radio(key="view").set_value("Time series").run()
+    _ok(at)
+    assert len(at.get("plotly_chart")) == 4                       # batch, KV, queue, links
     tok = float(m["output tok/s"].replace(",", ""))
     at.number_input(key="rate-0").set_value(40.0).run()
     _ok(at)
@@ -82,6 +86,32 @@ def test_compare_presets():
     # V0 runs the CPU side of a step in series with the GPU: its TPOT is the highest of the three.
     assert df.loc["TPOT p50 (s)", "vllm-v0"] > max(df.loc["TPOT p50 (s)", "vllm-v1"], df.loc["TPOT p50 (s)", "sglang"])
     assert len(at.get("plotly_chart")) >= 3
+
+
+def test_epd_scenario_breakdown_images_and_compare():
+    """A multimodal E+PD scenario: encoder phases appear in the breakdown, fewer images per request
+    shorten TTFT, and the deployment comparison adds an E+PD column."""
+    import yaml
+    d = yaml.safe_load((REPO / "examples" / "epd_images_epd.yaml").read_text())
+    at = _page("Home.py")
+    at.session_state["scenario"] = d
+    at.run()
+    _ok(at)
+    assert at.radio(key="layout-0").value == "e+colocated"
+    at.radio(key="view").set_value("Breakdown").run()
+    phases = list(at.dataframe[0].value["phase"])
+    assert {"encode", "embedding_transfer", "prefill", "decode"} <= set(phases)
+    ttft6 = float(_metrics(at)["TTFT p50"].removesuffix(" ms"))
+    at.number_input(key="images-0").set_value(1).run()
+    _ok(at)
+    assert float(_metrics(at)["TTFT p50"].removesuffix(" ms")) < ttft6
+    cmp = _page("pages/1_Compare.py")
+    cmp.session_state["scenario"] = d
+    cmp.run()
+    _ok(cmp)
+    df = cmp.dataframe[0].value
+    assert {"colocated", "PD", "E+PD"} <= set(df.columns)
+    assert df.loc["GPUs", "E+PD"] == 8                            # the example's 4 encoders + TP4 LM
 
 
 def test_operations_crash_loop_then_recommended_startup_probe():
@@ -155,7 +185,8 @@ def test_plan_page_runs_the_planner():
     _ok(at)
     assert at.button(key="plan-run")                             # nothing runs until asked
     at.number_input(key="plan-verify").set_value(1)
-    at.number_input(key="plan-requests").set_value(200)
+    at.number_input(key="plan-requests").set_value(100)
+    at.multiselect(key="plan-tp").set_value([1])
     at.multiselect(key="plan-gpus").set_value(["L40S"]).run()
     at.button(key="plan-run").click().run()
     _ok(at)

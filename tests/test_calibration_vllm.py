@@ -91,7 +91,7 @@ def test_vllm_server_killed_mid_load_then_resume(tmp_path, tiny_model, capsys):
     _, err = proc.communicate(timeout=120)
     assert pid is not None, err[-3000:]
     assert proc.returncode == 3, err[-3000:]
-    assert "killed by signal SIGKILL" in err and "during phase load_poisson_r4" in err
+    assert "killed by signal SIGKILL" in err and "during phase load_poisson_r4" in err, err[-3000:]
     b = Bundle.open(out)
     kept = {r["id"]: r for r in b.requests("load_poisson_r4")}
     assert 10 <= len(kept) < 60 and b.phase_done("prefill")

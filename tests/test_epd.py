@@ -263,3 +263,13 @@ def test_vision_command(capsys, monkeypatch):
     assert "is not WIDTHxHEIGHT" in capsys.readouterr().err
     assert main(["vision", "Qwen3-VL-4B", "--tp", "16"]) == 2
     assert "no encoder TP efficiency for tp=16" in capsys.readouterr().err
+    assert main(["vision", "Qwen3-VL-4B", "--tp-times", "1=1.0", "2=0.8", "4=0.5"]) == 0
+    assert "tp_efficiency: {1: 1.000, 2: 0.625, 4: 0.500}" in capsys.readouterr().out
+    assert main(["vision", "Qwen3-VL-4B", "--tp-times", "2=fast"]) == 2
+    assert "is not TP=SECONDS" in capsys.readouterr().err
+
+
+def test_operations_with_an_encoder_tier_is_refused():
+    ops = {"faults": {"fp8_crash": {"rate_per_token_s": 1e-6, "onset_tokens": 2048}}}
+    with pytest.raises(ScenarioError, match="do not model an encoder tier"):
+        simulate(mm(EPD, FOUR_1080P, n=5, operations=ops))

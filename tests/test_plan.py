@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import functools
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.plan import PlanError, parse_plan_request, run_plan
-from simulator.plan.candidates import build_context, enumerate_candidates
+from simulator.plan import PlanError, load_plan_request, parse_plan_request, run_plan
+from simulator.plan.candidates import build_context
+from simulator.plan.families import enumerate_candidates
 from simulator.plan.pareto import pareto_mask
 from simulator.plan.screen import Screen
 from simulator.plan.verify import with_rate
@@ -87,7 +89,7 @@ def _hetero_front(h200_price: float):
                      "input_length": {"kind": "lognormal", "mean": 6000, "cv": 0.5, "low": 512, "high": 16000},
                      "output_length": {"kind": "lognormal", "mean": 1200, "cv": 0.5, "low": 64, "high": 4000},
                      "num_requests": 300},
-        "slo": {"ttft_s": 2.0, "tpot_s": 0.03, "attainment": 0.9},
+        "slo": {"ttft_s": 2.0, "tpot_s": 0.02, "attainment": 0.9},
         "gpus": [{"name": "H100"}, {"name": "H200", "price_usd_per_hour": h200_price}],
         "constraints": {"max_gpus": 12, "max_instances_per_pool": 6, "tp": [1, 2]},
         "search": {"verify": 1, "borderline": 0, "verify_front": 2, "replications": 1, "requests": 300,
@@ -217,3 +219,56 @@ def test_parallel_workers_give_the_serial_answer():
     cols = ["id", "goodput_rps", "ttft_s", "tpot_s", "meets_slo", "rejected_reason"]
     assert a.candidates[cols].equals(b.candidates[cols])
     assert a.recommended["id"] == b.recommended["id"]
+
+
+def _vl_request(**over) -> dict:
+    args = dict(model="Qwen3-VL-30B-A3B",
+                workload={"arrival": {"kind": "poisson", "rate": 2.0},
+                          "input_length": {"kind": "fixed", "value": 300},
+                          "output_length": {"kind": "fixed", "value": 100}, "num_requests": 200,
+                          "images": {"count": {"kind": "fixed", "value": 2},
+                                     "resolutions": [{"width": 1920, "height": 1080}]}},
+                slo={"ttft_s": 2.0, "tpot_s": 0.06},
+                gpus=[{"name": "H100"}],
+                constraints={"max_gpus": 5, "max_instances_per_pool": 3, "tp": [1, 2],
+                             "families": ["colocated", "epd"]},
+                search={"verify": 1, "borderline": 0, "verify_front": 0, "replications": 1, "requests": 200,
+                        "goodput_iterations": 1})
+    args.update(over)
+    return request(**args)
+
+
+def test_epd_family_puts_encoder_pools_in_front_and_simulates_its_best():
+    res = run_plan(parse_plan_request(_vl_request()), workers=1)
+    df = res.candidates
+    epd = df[df["family"] == "epd"]
+    assert len(epd) and epd["layout"].str.contains("encoder").all()
+    best = res.families.set_index("family").loc["epd"]
+    assert df.set_index("id").loc[best["best_id"], "verified"]
+    # an encoder pool takes the images out of the language model's steps: the same LM decodes no slower
+    co = df.set_index("id")
+    pairs = [(cid, cid.split("+", 1)[1]) for cid in epd["id"] if cid.split("+", 1)[1] in co.index]
+    assert pairs
+    for cid, lm in pairs:
+        if np.isfinite(co.loc[lm, "est_tpot_s"]):
+            assert co.loc[cid, "est_tpot_s"] <= co.loc[lm, "est_tpot_s"] * (1 + 1e-9)
+    # the scenario of an EPD candidate has the encoder pool and runs
+    scn = res.to_scenario(best["best_id"])
+    assert sorted(p.role for p in scn.pools)[1] == "encoder"
+
+
+def test_text_only_workloads_have_no_epd_candidates():
+    ctx = build_context(parse_plan_request(request(constraints={"families": ["colocated", "epd"]})))
+    assert {c.family for c in enumerate_candidates(ctx)} == {"colocated"}
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[1] / "examples").glob("plan_*.yaml")))
+def test_plan_examples_load_enumerate_and_screen(path):
+    """Every shipped plan request is valid and its screen finds a deployment for the target rate
+    (the full plans run in benchmarks/bench_plan.py and the regression suite)."""
+    req = load_plan_request(path)
+    ctx = build_context(req)
+    cands = enumerate_candidates(ctx)
+    assert len(cands) >= 100
+    screen = Screen(ctx)
+    assert any(screen.meets(c, req.target_rate) for c in cands if not c.rejected)

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from simulator.cli import main
-from simulator.regress import Tolerance, compare, load_suite, run_suite
+from simulator.regress import Tolerance, compare, load_suite, rows_frame, run_suite
 from simulator.scenario import parse_scenario, resolve
 from tests.conftest import REPO
 
@@ -161,7 +161,8 @@ def test_junit_names_new_and_removed_figures(baseline, capsys, tmp_path):
     ({"rate": 5, "override": {"workload": {"arrival": {"kind": "closed", "concurrency": 8}}},
       "goodput": None, "figures": {"gpus": None}}, ["rate=5", "'closed'", "drop rate"]),
     ({"override": {"pools": [{"gpu": "H100", "tp": 3}]}}, ["entries[0] (id 'chat').scenario", "tp=3"]),
-    ({"colour": "red"}, ["entries[0] (id 'chat').colour", "unknown key"]),
+    ({"colour": "red"}, ["entries[0] (id 'chat').colour", "unknown key", "valid keys here: figures, goodput"]),
+    ({"goodput": {"rate_hi": 80, "iter": 3}}, ["entries[0] (id 'chat').goodput.iter", "iterations, rate_hi"]),
 ])
 def test_bad_suite_is_a_clear_error(tmp_path, capsys, entry, words):
     suite = write_suite(tmp_path, **entry)
@@ -220,6 +221,8 @@ def test_compare_flags_a_redefined_entry(baseline, tmp_path):
     old = json.loads(base.read_text())
     rows = compare(loaded, old, {"chat": old["entries"]["chat"]["figures"]})
     assert all(r.redefined and r.status == "held" for r in rows)
+    frame = rows_frame(rows)
+    assert list(frame["figure"]) == list(FIGURES) and (frame["change"] == 0).all()
 
 
 PLAN = {

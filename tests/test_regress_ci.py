@@ -71,3 +71,12 @@ def test_baseline_is_written_canonically():
     """Sorted keys, two-space indent, trailing newline: what --update writes, so diffs stay minimal."""
     text = BASELINE.read_text()
     assert text == json.dumps(json.loads(text), indent=2, sort_keys=True) + "\n"
+
+
+def test_suite_reference_in_docs_validates():
+    """The annotated suite in docs/ci.md uses only keys and figures the suite model accepts."""
+    from simulator.regress.suite import Suite
+    text = (REPO / "docs" / "ci.md").read_text()
+    block = text.split("## The suite", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    suite = Suite.model_validate(yaml.safe_load(block))
+    assert [e.kind for e in suite.entries] == ["scenario", "plan"]

@@ -59,7 +59,8 @@ names = list(results)
 
 
 def _highlight(row):
-    return ["background-color: #d8f0dc; font-weight: bold" if row["best"] == c else "" for c in row.index]
+    win = compare.winners(row)
+    return ["background-color: #d8f0dc; font-weight: bold" if c in win else "" for c in row.index]
 
 
 st.subheader("Metrics")

@@ -19,7 +19,7 @@ st.caption("Searches colocated and prefill/decode deployments over the offered G
            "every candidate, then simulation of the most promising (docs/planner.md).")
 
 d = ui.scenario()
-opts = builder.options()
+opts = builder.options(ui.db(d))
 up = st.file_uploader("Load a plan request YAML (else the Home page's scenario is planned)", type=["yaml", "yml"],
                       key="plan-upload")
 data = None
@@ -35,7 +35,7 @@ if data is None:
     max_gpus = c2.number_input("at most GPUs", 1, 1024, 16, key="plan-max-gpus")
     tp = c3.multiselect("TP degrees", [1, 2, 4, 8], default=[1, 2, 4], key="plan-tp")
     c1, c2, c3 = st.columns(3)
-    fams = c1.multiselect("families", ["colocated", "pd"], default=["colocated", "pd"], key="plan-families")
+    fams = c1.multiselect("families", planning.families(), default=planning.families(), key="plan-families")
     verify = c2.number_input("candidates to simulate", 0, 50, 3, key="plan-verify")
     nreq = c3.number_input("requests per simulation", 50, 100000, 400, key="plan-requests")
     if not gpus or not tp or not fams:

@@ -15,16 +15,18 @@ st.set_page_config(page_title="epdsim: operations", layout="wide")
 st.title("Operations: cold start and probes")
 
 d = ui.scenario()
-opts = builder.options()
+opts = builder.options(ui.db(d))
 pool = d["pools"][-1]
 c1, c2, c3, c4 = st.columns(4)
 models = list(opts.models)
 model = c1.selectbox("model", models, index=models.index(d["model"]) if d["model"] in models else 0, key="ops-model")
 gpus = list(opts.gpus)
-g0 = builder.canonical_gpu(pool["gpu"])
+g0 = builder.canonical_gpu(pool["gpu"], ui.db(d))
 gpu = c2.selectbox("GPU", gpus, index=gpus.index(g0) if g0 in gpus else 0, key="ops-gpu")
 tp = c3.selectbox("TP", [1, 2, 4, 8], index=[1, 2, 4, 8].index(pool.get("tp", 1)), key="ops-tp")
-storage = c4.selectbox("weights from", operations.storages(), key="ops-storage")
+stores = operations.storages()
+storage = c4.selectbox("weights from", stores, index=stores.index("nvme") if "nvme" in stores else 0,
+                       key="ops-storage")
 c1, c2, c3 = st.columns(3)
 cache = c1.radio("torch.compile cache", ["miss", "hit"], horizontal=True, key="ops-cache")
 image_cached = c2.checkbox("image already on the node", True, key="ops-image")
@@ -32,7 +34,7 @@ eager = c3.checkbox("enforce_eager (no compile, no CUDA graphs)", False, key="op
 q = operations.StartQuery(model=model, gpu=gpu, tp=int(tp), storage=storage, compile_cache=cache,
                           image_cached=image_cached, enforce_eager=eager)
 try:
-    cs = operations.cold_start(q)
+    cs = operations.cold_start(q, ui.db(d))
 except scenarios.InputError as exc:
     ui.show_error(exc)
     st.stop()
@@ -66,7 +68,7 @@ liveness = probe_inputs("livenessProbe", "lp", (30, 10, 1, 3), True)
 readiness = probe_inputs("readinessProbe", "rp", (30, 10, 1, 3), True)
 volume = st.checkbox("torch.compile cache on a volume (survives restarts)", False, key="ops-volume")
 try:
-    pr = operations.probes(q, startup, liveness, readiness, compile_cache_volume=volume)
+    pr = operations.probes(q, startup, liveness, readiness, compile_cache_volume=volume, db=ui.db(d))
 except scenarios.InputError as exc:
     ui.show_error(exc)
     st.stop()

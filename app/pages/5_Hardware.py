@@ -27,20 +27,21 @@ def saved(path) -> None:
 
 
 try:
+    db = ui.db()
     tabs = st.tabs(["GPUs", "links", "models", "add"])
     for tab, kind in zip(tabs[:3], hardware.KINDS):
         with tab:
-            df = hardware.table(kind)
+            df = hardware.table(kind, db=db)
             st.dataframe(df, hide_index=True, key=f"table-{kind}")
             name = st.selectbox(f"details of a {kind[:-1]}", list(df["name"]), key=f"pick-{kind}")
-            st.json(hardware.describe(kind, name), expanded=False)
+            st.json(hardware.describe(kind, name, db=db), expanded=False)
 except scenarios.InputError as exc:
     ui.show_error(exc)
     st.stop()
 
 with tabs[3]:
     st.markdown("**Add a GPU** (other figures — links, power, efficiency defaults — come from the template)")
-    gpus = list(hardware.table("gpus")["name"])
+    gpus = sorted(db.gpus)
     with st.form("add-gpu"):
         c1, c2 = st.columns(2)
         name = c1.text_input("name", "My-GPU", key="gpu-name")

@@ -1,0 +1,1 @@
+"""The app's logic without Streamlit: scenarios, runs, comparison, planning, operations, calibration, hardware."""

@@ -11,7 +11,9 @@ from dataclasses import dataclass
 import hwdb
 from simulator.routing import ROUTERS
 
-LAYOUTS = ("colocated", "pd")
+LAYOUTS = ("colocated", "pd", "e+colocated", "e+p+d")
+LAYOUT_LABELS = {"colocated": "colocated", "pd": "prefill/decode (PD)", "e+colocated": "encoder + colocated (E+PD)",
+                 "e+p+d": "encoder + prefill + decode (E+P+D)"}
 
 
 @dataclass(frozen=True)
@@ -26,50 +28,111 @@ class Options:
     routers: tuple[str, ...]
 
 
-def options(hwdb_dirs: tuple[str, ...] = ()) -> Options:
-    db = hwdb.load(hwdb_dirs)
+def options(db: hwdb.HardwareDB | None = None) -> Options:
+    db = db or hwdb.load()
     fabrics = tuple(sorted(n for n, ln in db.links.items() if ln.kind not in ("nvlink", "pcie", "xgmi")))
     return Options(models=tuple(sorted(db.models)), gpus=tuple(sorted(db.gpus)), fabrics=fabrics,
                    connectors=tuple(sorted(db.connectors)), engines=tuple(sorted(db.engines)),
                    routers=tuple(sorted(ROUTERS)))
 
 
-def canonical_gpu(name: str, hwdb_dirs: tuple[str, ...] = ()) -> str:
+def canonical_gpu(name: str, db: hwdb.HardwareDB | None = None) -> str:
     """The database's name for a GPU name or alias (``H100`` -> ``H100-SXM-80GB``); unchanged if unknown."""
     try:
-        return hwdb.load(hwdb_dirs).gpu(name).name
+        return (db or hwdb.load()).gpu(name).name
     except hwdb.HwdbError:
         return name
 
 
+def _is_encoder(p: dict) -> bool:
+    return p.get("role") == "encoder"
+
+
 def layout(d: dict) -> str:
-    return "pd" if len(d.get("pools") or []) == 2 else "colocated"
+    """One of :data:`LAYOUTS` from the pools' roles."""
+    pools = d.get("pools") or []
+    lm = "pd" if sum(not _is_encoder(p) for p in pools) == 2 else "colocated"
+    if any(_is_encoder(p) for p in pools):
+        return "e+p+d" if lm == "pd" else "e+colocated"
+    return lm
+
+
+def has_vision(model: str, db: hwdb.HardwareDB | None = None) -> bool:
+    """Whether the model has a vision encoder (requests may carry images)."""
+    try:
+        return bool((db or hwdb.load()).model(model).sidecar.vision)
+    except hwdb.HwdbError:
+        return False
 
 
 def with_layout(d: dict, mode: str) -> dict:
-    """Switch between one colocated pool and a prefill + decode pair with the same GPUs in total.
+    """Switch layouts keeping the language model's GPUs: colocated <-> prefill + decode, with or without
+    an encoder pool (EPD).
 
     Colocated -> PD splits the instances (at least one each; prefill gets the smaller half);
-    PD -> colocated sums them.  GPU type, TP and engine arguments carry over.
+    PD -> colocated sums them.  GPU type, TP and engine arguments carry over.  An encoder pool
+    (added as one TP1 instance on the language model's GPU type) is kept across switches that keep
+    an encoder, and dropped with ``embedding_transfer`` otherwise.
     """
     if mode not in LAYOUTS:
         raise ValueError(f"layout {mode!r}: choose one of {LAYOUTS}")
     out = copy.deepcopy(d)
-    pools = out["pools"]
-    if mode == layout(out):
-        return out
-    if mode == "pd":
-        base = pools[0]
+    enc = [p for p in out["pools"] if _is_encoder(p)]
+    lm = [p for p in out["pools"] if not _is_encoder(p)]
+    want_pd = mode in ("pd", "e+p+d")
+    if want_pd and len(lm) == 1:
+        base = lm[0]
         n = int(base.get("instances", 1))
         pre = max(1, n // 2)
         dec = max(1, n - pre)
-        out["pools"] = [{**copy.deepcopy(base), "name": "prefill", "role": "prefill", "instances": pre},
-                        {**copy.deepcopy(base), "name": "decode", "role": "decode", "instances": dec}]
-    else:
-        base = next(p for p in pools if p.get("role") == "decode")
-        n = sum(int(p.get("instances", 1)) for p in pools)
-        out["pools"] = [{**copy.deepcopy(base), "name": "main", "role": "colocated", "instances": n}]
+        lm = [{**copy.deepcopy(base), "name": "prefill", "role": "prefill", "instances": pre},
+              {**copy.deepcopy(base), "name": "decode", "role": "decode", "instances": dec}]
+    elif not want_pd and len(lm) == 2:
+        base = next(p for p in lm if p.get("role") == "decode")
+        n = sum(int(p.get("instances", 1)) for p in lm)
+        lm = [{**copy.deepcopy(base), "name": "main", "role": "colocated", "instances": n}]
+    if not want_pd:
         out.pop("kv_transfer", None)
+    if mode.startswith("e+"):
+        enc = enc or [{"name": "enc", "role": "encoder", "gpu": lm[0]["gpu"], "tp": 1, "instances": 1}]
+    else:
+        enc = []
+        out.pop("embedding_transfer", None)
+    out["pools"] = lm + enc
+    return out
+
+
+def set_images(d: dict, count: int, width: int = 1920, height: int = 1080) -> dict:
+    """``count`` images of ``width`` x ``height`` pixels per request; 0 removes images (text only)."""
+    out = copy.deepcopy(d)
+    w = out.setdefault("workload", {})
+    if count <= 0:
+        w.pop("images", None)
+    else:
+        w["images"] = {**(w.get("images") or {}), "count": {"kind": "fixed", "value": int(count)},
+                       "resolutions": [{"width": int(width), "height": int(height)}]}
+    return out
+
+
+def images(d: dict) -> tuple[int, int, int]:
+    """(images per request, width, height) the builder can show; (0, 1920, 1080) for text only or
+    for image settings it cannot edit (kept as they are)."""
+    im = (d.get("workload") or {}).get("images") or {}
+    c = im.get("count") or {}
+    res = (im.get("resolutions") or [{}])[0]
+    n = int(c.get("value", 0)) if c.get("kind") == "fixed" else 0
+    return n, int(res.get("width", 1920)), int(res.get("height", 1080))
+
+
+def set_embedding_transfer(d: dict, **values) -> dict:
+    """EPD with an encoder pool: connector, fabric (a scale-out link), same_node."""
+    out = copy.deepcopy(d)
+    et = out.setdefault("embedding_transfer", {})
+    for k, v in values.items():
+        if v is None:
+            et.pop(k, None)
+        else:
+            et[k] = v
     return out
 
 

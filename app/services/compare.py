@@ -1,6 +1,7 @@
 """Side-by-side comparison of scenarios: preset variants and a metrics table (no Streamlit).
 
-A preset turns the current scenario into named variants (colocated vs PD with the same GPUs,
+A preset turns the current scenario into named variants (colocated vs PD with the same GPUs, plus
+an encoder pool (E+PD) when requests carry images,
 RDMA vs TCP for the KV transfer, engine generations vLLM V0 / V1 / SGLang); :func:`metrics_frame`
 puts their headline metrics in one table with each row's best value and the change against
 the first (baseline) column.
@@ -15,7 +16,7 @@ from app.services import builder
 from app.services.scenarios import Prices, cost
 
 ENGINES = ("vllm-v0", "vllm-v1", "sglang")
-PRESETS = ("colocated vs PD", "RDMA vs TCP (PD)", "engine generations")
+PRESETS = ("colocated vs PD vs EPD", "RDMA vs TCP (PD)", "engine generations")
 
 # (label, getter, better): better is "low" or "high"; the getter reads (summary, cost dict).
 METRICS = (
@@ -40,13 +41,17 @@ METRICS = (
 
 def variants(d: dict, preset: str) -> dict[str, dict]:
     """Named scenario dicts for ``preset`` built from ``d`` (the first is the baseline)."""
-    if preset == "colocated vs PD":
+    if preset == "colocated vs PD vs EPD":
         colo = builder.with_layout(d, "colocated")
-        pd_ = builder.with_layout(colo, "pd")
         if sum(p.get("instances", 1) for p in colo["pools"]) < 2:
             colo = builder.set_pool(colo, 0, instances=2)
-            pd_ = builder.with_layout(colo, "pd")
-        return {"colocated": _named(colo, "colocated"), "PD": _named(pd_, "PD")}
+        out = {"colocated": _named(colo, "colocated"), "PD": _named(builder.with_layout(colo, "pd"), "PD")}
+        if (d.get("workload") or {}).get("images") and builder.has_vision(d["model"]):
+            # The scenario's own encoder pool when it has one, else one TP1 encoder on the same GPU type.
+            enc = builder.with_layout(d, "e+colocated") if builder.layout(d).startswith("e+") else \
+                builder.with_layout(colo, "e+colocated")
+            out["E+PD"] = _named(enc, "EPD")
+        return out
     if preset == "RDMA vs TCP (PD)":
         base = builder.with_layout(d, "pd")
         rdma = builder.set_kv_transfer(base, connector="nixl", fabric="ib-ndr", same_node=False)
@@ -68,8 +73,9 @@ def _named(d: dict, label: str) -> dict:
 
 
 def metrics_frame(results: dict, prices: Prices | None = None) -> pd.DataFrame:
-    """Rows: metrics; columns: one per scenario, then ``best`` (the winning scenario's name) and
-    ``better`` ("low"/"high").  Values are floats (NaN where undefined)."""
+    """Rows: metrics; columns: one per scenario, then ``best`` (the winning scenarios' names joined by
+    ", " when tied; empty when all are equal) and ``better`` ("low"/"high").  Values are floats (NaN
+    where undefined)."""
     cols = {}
     for name, res in results.items():
         c = cost(res, prices)
@@ -82,7 +88,8 @@ def metrics_frame(results: dict, prices: Prices | None = None) -> pd.DataFrame:
         if vals.empty or vals.nunique() == 1:
             best.append("")
         else:
-            best.append(str(vals.idxmin() if better == "low" else vals.idxmax()))
+            top = vals.min() if better == "low" else vals.max()
+            best.append(", ".join(str(n) for n, v in vals.items() if v == top))
     df["best"] = best
     df["better"] = [m[2] for m in METRICS]
     return df
@@ -93,3 +100,8 @@ def relative_change(df: pd.DataFrame) -> pd.DataFrame:
     names = [c for c in df.columns if c not in ("best", "better")]
     base = df[names[0]]
     return df[names].apply(lambda col: (col - base) / base.where(base != 0))
+
+
+def winners(row) -> list[str]:
+    """The scenario names in a :func:`metrics_frame` row's ``best``."""
+    return [n for n in str(row["best"]).split(", ") if n]

@@ -21,10 +21,10 @@ from app.services.scenarios import InputError, check_size, user_hwdb_dir
 KINDS = ("gpus", "links", "models")
 
 
-def table(kind: str, user_dir: Path | None = None) -> pd.DataFrame:
-    """The shipped database plus the user folder (when it exists), one row per item."""
+def table(kind: str, user_dir: Path | None = None, db: hwdb.HardwareDB | None = None) -> pd.DataFrame:
+    """The shipped database plus the user folder (when it exists), one row per item (``db``: already loaded)."""
     rows = {"gpus": listing.gpu_rows, "links": listing.link_rows, "models": listing.model_rows}[kind]
-    df = pd.DataFrame(rows(load(user_dir)))
+    df = pd.DataFrame(rows(db or load(user_dir)))
     for c in df.columns:           # mixed columns (a bool or None among strings) as text, for display
         if df[c].dtype == object:
             df[c] = df[c].map(lambda v: "" if v is None else str(v))
@@ -36,9 +36,40 @@ def load(user_dir: Path | None = None) -> hwdb.HardwareDB:
     return hwdb.load([d] if d.is_dir() else [])
 
 
-def describe(kind: str, name: str, user_dir: Path | None = None) -> dict:
+def _stamp(dirs: tuple[str, ...]) -> tuple:
+    """Names, sizes and modification times of every file under ``dirs`` (changes when a file does)."""
+    out = []
+    for d in dirs:
+        for p in sorted(Path(d).rglob("*")):
+            if p.is_file():
+                st = p.stat()
+                out.append((str(p), st.st_size, st.st_mtime_ns))
+    return tuple(out)
+
+
+class DbCache:
+    """The last loaded database per folder list, reloaded when a file in the user folders changes.
+
+    Loading the shipped YAML costs ~0.1-0.2 s; the builder needs the database on every rerun.
+    One instance per app server (held by the page layer).
+    """
+
+    def __init__(self):
+        self._entries: dict[tuple[str, ...], tuple[tuple, hwdb.HardwareDB]] = {}
+
+    def get(self, dirs: tuple[str, ...] = ()) -> hwdb.HardwareDB:
+        dirs = tuple(str(d) for d in dirs)
+        stamp = _stamp(dirs)
+        hit = self._entries.get(dirs)
+        if hit is None or hit[0] != stamp:
+            hit = (stamp, hwdb.load(dirs))
+            self._entries[dirs] = hit
+        return hit[1]
+
+
+def describe(kind: str, name: str, user_dir: Path | None = None, db: hwdb.HardwareDB | None = None) -> dict:
     try:
-        return listing.describe(load(user_dir), kind.rstrip("s"), name)
+        return listing.describe(db or load(user_dir), kind.rstrip("s"), name)
     except hwdb.HwdbError as exc:
         raise InputError(str(exc)) from None
 

@@ -39,9 +39,9 @@ def storages() -> list[str]:
     return sorted(load_coldstart().storage)
 
 
-def _deployment(q: StartQuery):
+def _deployment(q: StartQuery, db: hwdb.HardwareDB | None = None):
     from simulator.perf import plan_memory
-    db = hwdb.load(q.hwdb_dirs)
+    db = db or hwdb.load(q.hwdb_dirs)
     model = db.model(q.model)
     pool = PoolConfig(gpu=q.gpu, tp=q.tp, dtype=q.dtype, engine={"enforce_eager": q.enforce_eager})
     dep = deployment_for(pool, model, db)
@@ -49,14 +49,14 @@ def _deployment(q: StartQuery):
     return dep
 
 
-def cold_start(q: StartQuery) -> dict:
+def cold_start(q: StartQuery, db: hwdb.HardwareDB | None = None) -> dict:
     """The start-up breakdown (cold cache as asked, and with a warm compile cache for contrast).
 
     Returns {"phases": DataFrame(case, phase, label, seconds, detail), "total_s", "container_s",
-    "warm_total_s", "description", "notes"}.
+    "warm_total_s", "description", "notes"}.  ``db``: an already loaded database (else loaded here).
     """
     try:
-        dep = _deployment(q)
+        dep = _deployment(q, db)
         bd = breakdown(dep, q.compile_cache, storage=q.storage, image_cached=q.image_cached)
         warm = breakdown(dep, "hit", storage=q.storage, image_cached=q.image_cached)
     except OPS_ERRORS as exc:
@@ -70,7 +70,8 @@ def cold_start(q: StartQuery) -> dict:
 
 
 def probes(q: StartQuery, startup: tuple[int, int, int, int] | None, liveness: tuple[int, int, int, int] | None,
-           readiness: tuple[int, int, int, int] | None = None, compile_cache_volume: bool = False, margin: float = 0.5, horizon_s: float = 1800.0) -> dict:
+           readiness: tuple[int, int, int, int] | None = None, compile_cache_volume: bool = False, margin: float = 0.5,
+           horizon_s: float = 1800.0, db: hwdb.HardwareDB | None = None) -> dict:
     """Simulate the pod under the given probes (each (initialDelaySeconds, periodSeconds, timeoutSeconds,
     failureThreshold) or None); returns the outcome, the attempts as a DataFrame and the recommended probes."""
     try:
@@ -79,7 +80,7 @@ def probes(q: StartQuery, startup: tuple[int, int, int, int] | None, liveness: t
         st = Probe(*startup, name="startupProbe") if startup else None
         lv = Probe(*liveness, name="livenessProbe") if liveness else None
         rd = Probe(*readiness, name="readinessProbe") if readiness else None
-        cs = cold_start(q)
+        cs = cold_start(q, db)
         bd, warm = cs["breakdown"], cs["warm"]
         basis = bd if bd.compile_cache == "miss" else breakdown(cs["deployment"], "miss", storage=q.storage,
                                                                 image_cached=q.image_cached)

@@ -12,6 +12,12 @@ import yaml
 from app.services.scenarios import InputError, USER_ERRORS, check_size
 
 
+def families() -> list[str]:
+    """The deployment families the planner knows (colocated, pd, ...)."""
+    from simulator.plan import FAMILIES
+    return list(FAMILIES)
+
+
 def request_from_scenario(d: dict, gpus: list[str], *, max_gpus: int = 16, tp: tuple[int, ...] = (1, 2, 4),
                           families: tuple[str, ...] = ("colocated", "pd"), verify: int = 3,
                           requests: int = 400, replications: int = 1) -> dict:

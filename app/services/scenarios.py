@@ -157,27 +157,28 @@ class Prices:
         return dict(self.usd_per_gpu_hour).get(gpu)
 
 
-def cost(results, prices: Prices | None = None) -> dict:
-    """Cost per hour and per million output tokens, with optional price overrides per GPU.
+def cost(results, prices: Prices | None = None, db: hwdb.HardwareDB | None = None) -> dict:
+    """Cost per hour and per million output (and total) tokens, with optional price overrides per GPU.
 
-    Without overrides this equals the run's own summary (hwdb list prices).
+    Without overrides this is the run's own summary (hwdb list prices); with them, GPUs without an
+    override keep their list price from ``db`` (loaded from the scenario's folders when not given).
     """
     s = results.summary
-    per_hour = 0.0
-    for p in results.info["pools"]:
-        over = prices.get(p["gpu"]) if prices else None
-        unit = over if over is not None else _hwdb_price(results, p["gpu"])
-        per_hour += p["instances"] * p["tp"] * p["pp"] * unit
+    pools = results.info["pools"]
+    if prices is None or all(prices.get(p["gpu"]) is None for p in pools):
+        per_hour = s["cost_usd_per_hour"]
+    else:
+        db = db or hwdb.load(results.scenario.hwdb)
+        per_hour = 0.0
+        for p in pools:
+            over = prices.get(p["gpu"])
+            unit = over if over is not None else db.gpu(p["gpu"]).price_usd_per_hour.value
+            per_hour += p["instances"] * p["tp"] * p["pp"] * unit
     rate = s["output_tokens_per_s"]
     return {"usd_per_hour": per_hour,
             "usd_per_million_output_tokens": per_hour / (rate * 3600.0) * 1e6 if rate > 0 else float("inf"),
             "usd_per_million_total_tokens": (per_hour / (s["total_tokens_per_s"] * 3600.0) * 1e6
                                              if s["total_tokens_per_s"] > 0 else float("inf"))}
-
-
-def _hwdb_price(results, gpu: str) -> float:
-    db = hwdb.load(results.scenario.hwdb)
-    return db.gpu(gpu).price_usd_per_hour.value
 
 
 class RunCache:

@@ -5,7 +5,8 @@ Public API (stable; see docs/planner.md)::
     from simulator.plan import PlanRequest, load_plan_request, run_plan, artefacts
 """
 from simulator.plan.artefacts import artefacts
-from simulator.plan.candidates import FAMILIES, Candidate, PoolChoice
+from simulator.plan.candidates import Candidate, PoolChoice
+from simulator.plan.families import FAMILIES
 from simulator.plan.request import PlanError, PlanRequest, load_plan_request, parse_plan_request
 from simulator.plan.runner import PlanResult, run_plan, write_result
 

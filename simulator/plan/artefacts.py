@@ -16,7 +16,7 @@ import yaml
 import hwdb
 from simulator.coldstart import breakdown
 from simulator.k8s import recommend_probes
-from simulator.scenario import resolve
+from simulator.scenario import deployment_for, resolve
 
 VLLM_IMAGE = "vllm/vllm-openai:v0.32.0"
 SGLANG_IMAGE = "lmsysorg/sglang:latest"
@@ -58,7 +58,14 @@ def kv_transfer_json(connector: hwdb.schema.Connector | None, role: str) -> dict
     return cfg
 
 
-def vllm_args(model_id: str, dep, role: str, connector) -> list[str]:
+def ec_transfer_json(role: str) -> dict:
+    """vLLM ``--ec-transfer-config`` (encoder-cache transfer, EPD): the encoder pool produces
+    embeddings, the colocated or prefill pool consumes them.  vLLM 0.32 ships ECExampleConnector (disk),
+    ECCPUConnector and ECMooncakeConnector; the RDMA one stands for the modelled NIXL/Mooncake path."""
+    return {"ec_connector": "ECMooncakeConnector", "ec_role": "ec_producer" if role == "encoder" else "ec_consumer"}
+
+
+def vllm_args(model_id: str, dep, role: str, connector, encoder_tier: bool = False) -> list[str]:
     """``vllm serve`` argument vector (after ``vllm serve``) for one instance of a pool."""
     k = dep.knobs
     args = [model_id, "--port", str(VLLM_PORT), "--tensor-parallel-size", str(dep.tp)]
@@ -73,9 +80,13 @@ def vllm_args(model_id: str, dep, role: str, connector) -> list[str]:
         args += ["--kv-cache-dtype", "fp8"]
     if k.enforce_eager:
         args += ["--enforce-eager"]
-    kv = kv_transfer_json(connector, role)
+    kv = kv_transfer_json(connector, role) if role != "encoder" else None
     if kv is not None:
         args += ["--kv-transfer-config", json.dumps(kv, separators=(",", ":"))]
+    if role == "encoder":
+        args += ["--mm-encoder-only"]
+    if role == "encoder" or (encoder_tier and role in ("colocated", "prefill")):
+        args += ["--ec-transfer-config", json.dumps(ec_transfer_json(role), separators=(",", ":"))]
     return args
 
 
@@ -150,20 +161,28 @@ def artefacts(result, candidate_id: str | None = None) -> dict[str, str]:
     files: dict[str, str] = {}
     docs: list[dict] = []
     routes = []
-    for pool, dep, _mem, _step in pools:
+    enc = next((p for p in scn.pools if p.role == "encoder"), None)
+    items = [(pool, dep) for pool, dep, _mem, _step in pools]
+    if enc is not None:
+        # The encoder instance runs the same vLLM with --mm-encoder-only; its cold start is sized on the
+        # model's deployment on that GPU (an upper bound: it loads the vision tower only).
+        items.insert(0, (enc, deployment_for(enc, model, db)))
+    for pool, dep in items:
         name = dns_name(f"{base}-{pool.name}")
-        va = vllm_args(model_id, dep, pool.role, connector)
-        sa = sglang_args(model_id, dep, pool.role, connector)
+        va = vllm_args(model_id, dep, pool.role, connector, encoder_tier=enc is not None)
         head = (f"#!/usr/bin/env bash\n# {cand.layout}: pool {pool.name} ({pool.role}), {pool.instances} instance(s) "
                 f"of {dep.gpus}x {dep.gpu.name}; run once per instance\n")
         files[f"vllm/{pool.name}.sh"] = head + "vllm serve " + shlex.join(va) + "\n"
-        files[f"sglang/{pool.name}.sh"] = head + "python -m sglang.launch_server " + shlex.join(sa) + "\n"
+        if pool.role != "encoder":
+            sa = sglang_args(model_id, dep, pool.role, connector)
+            files[f"sglang/{pool.name}.sh"] = head + "python -m sglang.launch_server " + shlex.join(sa) + "\n"
         resource = "amd.com/gpu" if dep.gpu.vendor == "amd" else "nvidia.com/gpu"
         docs += _manifests(name, pool, dep, va, resource)
         routes.append({"pool": pool.name, "role": pool.role, "service": f"http://{name}:{VLLM_PORT}",
                        "replicas": pool.instances, "policy": pool.router})
     files["k8s/deployment.yaml"] = yaml.dump_all(docs, Dumper=_NoAliases, sort_keys=False)
-    router = {"model": model_id, "mode": "pd" if scn.is_pd else "colocated", "pools": routes}
+    router = {"model": model_id, "mode": ("e+" if enc is not None else "") + ("pd" if scn.is_pd else "colocated"),
+              "pools": routes}
     if scn.is_pd:
         router["kv_transfer"] = {"connector": connector.vllm_name or connector.name, "fabric": cand.fabric,
                                  "flow": scn.kv_transfer.flow}
@@ -180,5 +199,7 @@ def artefacts(result, candidate_id: str | None = None) -> dict[str, str]:
            if rec else "")
         + "\nFiles: vllm/*.sh and sglang/*.sh (one command per instance of each pool), k8s/deployment.yaml "
           "(Deployments and Services; probes sized by the cold-start model, `epdsim probes`), router.yaml "
-          "(the pools behind the router, its policy, and for PD the connector and an SGLang router command).\n")
+          "(the pools behind the router, its policy, and for PD the connector and an SGLang router command).\n"
+        + ("The encoder pool (vLLM --mm-encoder-only with an EC connector) has no SGLang command here.\n"
+           if enc is not None else ""))
     return files

@@ -23,6 +23,9 @@ from simulator.scenario import (KVTransferConfig, PoolConfig, Scenario, Scenario
 from simulator.workload import WorkloadError, generate
 
 
+PRE_SCREEN = ("memory", "kv-transfer", "encoder", "embedding-transfer")   # reasons that rule a row out unscreened
+
+
 @dataclass(frozen=True)
 class PoolChoice:
     """One pool of a candidate: ``instances`` identical instances of ``tp`` GPUs of type ``gpu``."""
@@ -51,6 +54,7 @@ class Candidate:
     fabric: str | None = None
     connector: str | None = None
     rejected: str = ""
+    embedding_fabric: str | None = None     # encoder -> language model (EPD)
 
     @property
     def gpus(self) -> int:
@@ -78,13 +82,27 @@ class Layout:
 
 
 @dataclass(frozen=True)
+class ImageStats:
+    """Per-request means of a multimodal workload's encoder work (FLOPs, patches, bytes, tokens)."""
+
+    vision: object             # simulator.vision.VisionArch
+    images: float
+    lin_flops: float
+    attn_flops: float
+    patches: float
+    emb_bytes: float
+    tokens: float
+
+
+@dataclass(frozen=True)
 class WorkloadStats:
-    """Length statistics of the planned workload (tokens), from one generated sample."""
+    """Length statistics of the planned workload (tokens, visual tokens included), from one sample."""
 
     mean_in: float
     mean_out: float
     q_in: float                # input length at the SLO percentile
     n: int
+    images: ImageStats | None = None
 
 
 @dataclass
@@ -103,7 +121,7 @@ class PlanContext:
         return offer.max_gpus
 
 
-def _sample_stats(req: PlanRequest) -> WorkloadStats:
+def _sample_stats(req: PlanRequest, model) -> WorkloadStats:
     wl = req.workload
     if wl.arrival.kind != "trace":
         wl = wl.model_copy(update={"num_requests": max(2000, req.search.requests or 0), "duration_s": None})
@@ -113,8 +131,26 @@ def _sample_stats(req: PlanRequest) -> WorkloadStats:
     except WorkloadError as exc:
         raise PlanError(f"workload: {exc}") from None
     inp, out = reqs.input_tokens.astype(float), reqs.output_tokens.astype(float)
+    img = None
+    if wl.images is not None and wl.images.count.kind != "trace":
+        from simulator.epd import EPDError, image_costs
+        from simulator.multimodal import generate_images
+        from simulator.vision import VisionError, vision_arch
+        try:
+            vision = vision_arch(model)
+            images = generate_images(wl.images, len(inp), rngs["routing"])
+            costs = image_costs(vision, images, "workload.images.resolutions")
+        except (VisionError, EPDError) as exc:
+            raise PlanError(f"workload.images: {exc}") from None
+        per_req = np.zeros(len(inp))
+        if images.total:
+            np.add.at(per_req, np.repeat(np.arange(len(inp)), np.diff(images.offsets)), costs.tokens)
+        inp = inp + per_req
+        n = len(inp)
+        img = ImageStats(vision, images.total / n, float(costs.lin_flops.sum() / n), float(costs.attn_flops.sum() / n),
+                         float(costs.patches.sum() / n), float(costs.emb_bytes.sum() / n), float(per_req.mean()))
     return WorkloadStats(float(inp.mean()), float(max(1.0, out.mean())),
-                         float(np.quantile(inp, req.slo.attainment)), len(inp))
+                         float(np.quantile(inp, req.quantile)), len(inp), img)
 
 
 def build_context(req: PlanRequest) -> PlanContext:
@@ -124,11 +160,12 @@ def build_context(req: PlanRequest) -> PlanContext:
         model = db.model(req.model)
     except hwdb.HwdbError as exc:
         raise PlanError(f"model/hwdb: {exc}") from None
+    from simulator.plan.families import FAMILIES
     for fam in req.constraints.families:
         if fam not in FAMILIES:
             raise PlanError(f"constraints.families: {fam!r} is not a deployment family this planner knows; "
                             f"choose from {sorted(FAMILIES)}")
-    ctx = PlanContext(req, db, model, _sample_stats(req))
+    ctx = PlanContext(req, db, model, _sample_stats(req, model))
     c = req.constraints
     for offer in req.gpus:
         try:
@@ -228,20 +265,13 @@ class PrefillDecode(Family):
                                             req.fabrics.connector)
 
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (Colocated(), PrefillDecode())}
-
-
-def enumerate_candidates(ctx: PlanContext) -> list[Candidate]:
-    """All candidates of the allowed families, in a deterministic order."""
-    return [cand for fam in ctx.req.constraints.families for cand in FAMILIES[fam].enumerate(ctx)]
-
-
 def to_scenario(req: PlanRequest, cand: Candidate, rate: float | None = None) -> Scenario:
     """The scenario that simulates ``cand`` under the request's workload (at ``rate`` if given)."""
     c = req.constraints
     pools = [{"name": "main" if p.role == "colocated" else p.role, "role": p.role, "gpu": p.gpu, "tp": p.tp,
-              "instances": p.instances, "dtype": c.dtype, "kv_cache_dtype": c.kv_cache_dtype,
-              "engine": c.engine.model_dump(exclude_defaults=True)} for p in cand.pools]
+              "instances": p.instances, "dtype": c.dtype if p.role != "encoder" else "bf16",
+              "kv_cache_dtype": c.kv_cache_dtype, "engine": c.engine.model_dump(exclude_defaults=True)}
+             for p in cand.pools]
     wl = req.workload.model_dump(mode="json", exclude_none=True)
     if req.search.requests is not None:
         wl["num_requests"] = req.search.requests
@@ -252,6 +282,8 @@ def to_scenario(req: PlanRequest, cand: Candidate, rate: float | None = None) ->
             wl["arrival"].pop("time_scale", None)
     data = {"name": f"{req.name}:{cand.id}", "seed": req.search.seed, "model": req.model, "hwdb": list(req.hwdb),
             "pools": pools, "workload": wl, "slo": req.slo.model_dump(exclude_none=True)}
-    if cand.family == "pd":
+    if any(p.role == "prefill" for p in cand.pools):
         data["kv_transfer"] = {"connector": cand.connector or req.fabrics.connector, "fabric": cand.fabric}
+    if any(p.role == "encoder" for p in cand.pools):
+        data["embedding_transfer"] = {"connector": req.fabrics.connector, "fabric": cand.embedding_fabric}
     return parse_scenario(data, f"candidate {cand.id}")

@@ -8,7 +8,10 @@ far with ``interrupted=True``; nothing finished is lost.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import threading
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Callable
 
@@ -25,6 +28,30 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def _worker_init() -> None:
+    """Workers leave Ctrl-C to the parent, which cancels them and keeps what finished."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _hold_further_interrupts() -> None:
+    """After the first Ctrl-C, ignore the next ones until the finished results are assembled and written
+    (:func:`interrupt_guard` restores the handler)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def interrupt_guard():
+    """Restore the SIGINT handler on exit (an interrupted run ignores repeated Ctrl-C meanwhile)."""
+    main = threading.current_thread() is threading.main_thread()
+    old = signal.getsignal(signal.SIGINT) if main else None
+    try:
+        yield
+    finally:
+        if main and old is not None:
+            signal.signal(signal.SIGINT, old)
+
+
 def run_local(fn: Callable[[dict], dict], tasks: list[dict], workers: int,
               on_done: Callable[[dict], None]) -> bool:
     """Run ``tasks`` on ``workers`` processes (1: here, serially).  Returns True if interrupted."""
@@ -33,9 +60,10 @@ def run_local(fn: Callable[[dict], dict], tasks: list[dict], workers: int,
             for t in tasks:
                 on_done(fn(t))
         except KeyboardInterrupt:
+            _hold_further_interrupts()
             return True
         return False
-    pool = ProcessPoolExecutor(max_workers=min(workers, len(tasks)))
+    pool = ProcessPoolExecutor(max_workers=min(workers, len(tasks)), initializer=_worker_init)
     pending = {pool.submit(fn, t) for t in tasks}
     try:
         while pending:
@@ -43,8 +71,12 @@ def run_local(fn: Callable[[dict], dict], tasks: list[dict], workers: int,
             for f in done:
                 on_done(f.result())
     except KeyboardInterrupt:
+        _hold_further_interrupts()
         for f in pending:
             f.cancel()
+        # Running simulations are abandoned: end their processes rather than wait for them.
+        for proc in list(getattr(pool, "_processes", {}).values()):
+            proc.terminate()
         pool.shutdown(wait=False, cancel_futures=True)
         return True
     pool.shutdown()
@@ -75,6 +107,7 @@ def run_ray(fn: Callable[[dict], dict], tasks: list[dict], address: str,
             for r in done:
                 on_done(ray.get(r))
     except KeyboardInterrupt:
+        _hold_further_interrupts()
         for r in refs:
             ray.cancel(r)
         return True

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from simulator.plan.candidates import PRE_SCREEN
 from simulator.plan.pareto import pareto_front
 
 
@@ -36,18 +37,19 @@ def assemble(req, ctx, rows: list[dict], done: dict[str, dict], by_id: dict):
         if d is not None:
             r.update(ttft_s=d["des_ttft_s"], tpot_s=d["des_tpot_s"], goodput_rps=d["des_goodput_rps"],
                      meets_slo=bool(d["des_meets_slo"]), attainment=d["des_attainment"],
-                     attainment_ci95=d["des_attainment_ci95"], goodput_capped=bool(d["des_goodput_capped"]))
+                     attainment_ci95=d["des_attainment_ci95"], goodput_capped=bool(d["des_goodput_capped"]),
+                     des_runs=int(d["des_runs"]))
             if not r["meets_slo"]:
-                r["rejected_reason"] = (f"simulated: attainment {d['des_attainment']:.1%} "
-                                        f"(±{d['des_attainment_ci95']:.1%}) < {req.slo.attainment:.0%} at "
-                                        f"{req.target_rate:g} req/s; p{r['percentile']} TTFT {d['des_ttft_s']:.3g} s, "
-                                        f"TPOT {d['des_tpot_s']:.3g} s")
+                judged = (f"attainment {d['des_attainment']:.1%} (±{d['des_attainment_ci95']:.1%}) < "
+                          f"{req.slo.attainment:.0%}" if req.slo.percentile is None else "percentiles over the targets")
+                r["rejected_reason"] = (f"simulated: {judged} at {req.target_rate:g} req/s; p{r['percentile']} TTFT "
+                                        f"{d['des_ttft_s']:.3g} s, TPOT {d['des_tpot_s']:.3g} s")
             elif r["rejected_reason"]:
                 r["rejected_reason"] = ""      # the screen was pessimistic; the simulation decides
         else:
             r.update(ttft_s=r["est_ttft_s"], tpot_s=r["est_tpot_s"], goodput_rps=r["est_goodput_rps"],
                      meets_slo=bool(r["est_meets_slo"]), attainment=np.nan, attainment_ci95=np.nan,
-                     goodput_capped=False)
+                     goodput_capped=False, des_runs=0)
         r["cost_usd_per_million_tokens"] = _per_million(r["cost_usd_per_hour"], r["goodput_rps"], out_tok)
     ok = [r for r in rows if r["verified"] and r["meets_slo"]]
     ok.sort(key=lambda r: (r["cost_usd_per_hour"], -r["goodput_rps"]))
@@ -65,7 +67,7 @@ def assemble(req, ctx, rows: list[dict], done: dict[str, dict], by_id: dict):
             else:
                 r["rejected_reason"] = "unverified: cheaper and passes the screen, but beyond the verify budget"
     df = pd.DataFrame(rows)
-    front = pareto_front(df[~df["rejected_reason"].str.startswith(("memory", "kv-transfer"))])
+    front = pareto_front(df[~df["rejected_reason"].str.startswith(PRE_SCREEN)])
     df["on_pareto"] = df["id"].isin(front["id"])
     recommended = None
     if rec is not None:
@@ -76,18 +78,28 @@ def assemble(req, ctx, rows: list[dict], done: dict[str, dict], by_id: dict):
             headroom_tpot=(1.0 - rec["tpot_s"] / req.slo.tpot_s) if req.slo.tpot_s else None,
             target_rate_rps=req.target_rate,
             cost_usd_per_million_tokens_at_target=_per_million(rec["cost_usd_per_hour"], req.target_rate, out_tok))
-    live = df[~df["rejected_reason"].str.startswith(("memory", "kv-transfer"))].copy()
+    live = df[~df["rejected_reason"].str.startswith(PRE_SCREEN)].copy()
     closest = live.iloc[0:0]
     if rec is None:
-        live["slo_violation"] = [_violation(r, req.slo) for r in live.to_dict("records")]
-        live = live.sort_values(["goodput_rps", "verified", "slo_violation", "cost_usd_per_hour"],
-                                ascending=[False, False, True, True])
-        closest = live.head(5).reset_index(drop=True)
-        best = closest.iloc[0] if len(closest) else None
-        notes.append("no candidate meets the SLO at the target rate"
-                     + (f"; the closest is {best['layout']} (goodput {best['goodput_rps']:.3g} req/s of "
-                        f"{req.target_rate:g}; limited by: {best['rejected_reason'] or 'the SLO'})" if best is not None else "")
-                     + ". Fix: relax the SLO, lower the rate, raise constraints.max_gpus, or offer faster GPUs.")
+        unseen = live[live["meets_slo"] & ~live["verified"]].sort_values("cost_usd_per_hour")
+        if len(unseen):
+            # The screen accepts these but the simulation never ran them: not "nothing meets the SLO".
+            df.loc[df["id"].isin(unseen["id"]), "rejected_reason"] = (
+                "unverified: passes the screen, not simulated (raise search.verify)")
+            closest = df[df["id"].isin(unseen["id"])].sort_values("cost_usd_per_hour").head(5).reset_index(drop=True)
+            notes.append(f"no simulated candidate meets the SLO, but {len(unseen)} that the screen accepts were not "
+                         f"simulated; the cheapest is {closest.iloc[0]['layout']} (${closest.iloc[0]['cost_usd_per_hour']:,.2f}/h). "
+                         "Fix: raise search.verify (or let an interrupted plan finish) to confirm one.")
+        else:
+            live["slo_violation"] = [_violation(r, req.slo) for r in live.to_dict("records")]
+            live = live.sort_values(["goodput_rps", "verified", "slo_violation", "cost_usd_per_hour"],
+                                    ascending=[False, False, True, True])
+            closest = live.head(5).reset_index(drop=True)
+            best = closest.iloc[0] if len(closest) else None
+            notes.append("no candidate meets the SLO at the target rate"
+                         + (f"; the closest is {best['layout']} (goodput {best['goodput_rps']:.3g} req/s of "
+                            f"{req.target_rate:g}; limited by: {best['rejected_reason']})" if best is not None else "")
+                         + ". Fix: relax the SLO, lower the rate, raise constraints.max_gpus, or offer faster GPUs.")
     fam_rows = []
     for fam in req.constraints.families:
         sub = df[df["family"] == fam]

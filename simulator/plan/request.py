@@ -39,7 +39,7 @@ class Constraints(_Strict):
     max_gpus: int = Field(32, ge=1, le=4096)                # all pools together
     max_instances_per_pool: int = Field(16, ge=1, le=512)
     tp: tuple[int, ...] = (1, 2, 4, 8)                      # tensor-parallel degrees to try
-    families: tuple[str, ...] = ("colocated", "pd")         # names in simulator.plan.candidates.FAMILIES
+    families: tuple[str, ...] = ("colocated", "pd", "epd")  # names in simulator.plan.families.FAMILIES
     heterogeneous: bool = True                              # PD may use different GPU types per pool
     dtype: Literal["bf16", "fp16", "fp8"] = "bf16"
     kv_cache_dtype: Literal["auto", "bf16", "fp16", "fp8"] = "auto"
@@ -51,7 +51,7 @@ class Constraints(_Strict):
         if bad or not self.tp:
             raise ValueError(f"tp={list(self.tp)} must be a non-empty list of powers of two (1, 2, 4, 8)")
         if not self.families:
-            raise ValueError("families is empty; allow at least one of colocated, pd")
+            raise ValueError("families is empty; allow at least one of colocated, pd, epd")
         return self
 
 
@@ -124,9 +124,16 @@ class PlanRequest(_Strict):
         return float(self.workload.arrival.rate)
 
     @property
+    def quantile(self) -> float:
+        """The latency quantile the SLO is judged at: ``slo.percentile`` / 100 when given (then that
+        percentile of TTFT and of TPOT must meet the targets), else the attainment (0.9: nine in ten
+        requests meet both targets)."""
+        return self.slo.percentile / 100.0 if self.slo.percentile is not None else self.slo.attainment
+
+    @property
     def percentile(self) -> int:
-        """The latency percentile the attainment target corresponds to (0.9 -> 90)."""
-        return int(round(self.slo.attainment * 100))
+        """:attr:`quantile` as a percentile (0.9 -> 90)."""
+        return int(round(self.quantile * 100))
 
 
 def parse_plan_request(data: dict, origin: str = "plan request", base: Path | None = None) -> PlanRequest:

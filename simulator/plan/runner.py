@@ -22,8 +22,10 @@ from typing import Callable
 
 import pandas as pd
 
-from simulator.plan.candidates import Candidate, build_context, enumerate_candidates, to_scenario
-from simulator.plan.executors import default_workers, run_local, run_ray
+from simulator.plan.candidates import Candidate, build_context, to_scenario
+from simulator.plan.families import enumerate_candidates
+from simulator.plan.executors import default_workers, interrupt_guard, run_local, run_ray
+from simulator.plan.candidates import PRE_SCREEN
 from simulator.plan.pareto import pareto_front
 from simulator.plan.request import PlanRequest
 from simulator.plan.screen import Screen
@@ -84,7 +86,9 @@ def _est_violation(row: dict, slo) -> float:
 def _choose_verify(rows: list[dict], req: PlanRequest) -> list[str]:
     """Cheapest candidates the screen accepts, cheaper ones it rejected narrowly, and the cheapest
     accepted candidate of each family."""
-    live = [r for r in rows if not r["rejected_reason"].startswith(("memory", "kv-transfer"))]
+    if req.search.verify == 0:
+        return []
+    live = [r for r in rows if not r["rejected_reason"].startswith(PRE_SCREEN)]
     ok = sorted((r for r in live if r["est_meets_slo"]), key=lambda r: (r["cost_usd_per_hour"], -r["est_goodput_rps"]))
     chosen = [r["id"] for r in ok[:req.search.verify]]
     ceiling = ok[0]["cost_usd_per_hour"] if ok else math.inf
@@ -103,7 +107,14 @@ def _choose_verify(rows: list[dict], req: PlanRequest) -> list[str]:
 
 def run_plan(req: PlanRequest, progress: Progress | None = None, workers: int | None = None,
              ray_address: str | None = None, out_dir: str | Path | None = None) -> PlanResult:
-    """Plan ``req``: see the module docstring.  Raises PlanError for impossible input."""
+    """Plan ``req``: see the module docstring.  Raises PlanError for impossible input.  Ctrl-C during
+    the simulations returns the plan built from what finished (``interrupted`` set)."""
+    with interrupt_guard():
+        return _run_plan(req, progress, workers, ray_address, out_dir)
+
+
+def _run_plan(req: PlanRequest, progress: Progress | None, workers: int | None, ray_address: str | None,
+              out_dir: str | Path | None) -> PlanResult:
     progress = progress or (lambda done, total, stage: None)
     ctx = build_context(req)
     cands = enumerate_candidates(ctx)

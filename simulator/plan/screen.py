@@ -58,6 +58,20 @@ def _fixed_point(step, knobs, kv_tokens: int, r: float, I: float, O: float, pref
     return OVERLOAD, r * O * t, "step time does not settle (saturated)"
 
 
+def encode_time(ctx, gpu: str, tp: int) -> float:
+    """Seconds to encode one request's images (the workload's mean work, one batch) on ``tp`` GPUs of
+    type ``gpu`` with the simulator's encoder model; 0 for a text-only workload."""
+    img = ctx.stats.images
+    if img is None or img.images == 0:
+        return 0.0
+    from simulator.epd import encoder_model
+    from simulator.epd_config import EncoderConfig
+    g = ctx.db.gpu(gpu)
+    engine = ctx.db.engine("vllm-v1")
+    model = encoder_model(img.vision, g, engine, ctx.db.profile_for(g.name, engine.engine), tp, EncoderConfig())
+    return model.batch_time(img.lin_flops, img.attn_flops, img.patches)
+
+
 def _wait_quantile(rho: float, mean_service: float, q: float) -> float:
     """M/M/1 waiting-time quantile: P(W > x) = rho exp(-(1 - rho) x / E[S])."""
     if rho >= 1.0:
@@ -74,7 +88,7 @@ class Screen:
         self.ctx = ctx
         s = ctx.stats
         self.I, self.O, self.Iq = s.mean_in, s.mean_out, s.q_in
-        self.q = ctx.req.slo.attainment
+        self.q = ctx.req.quantile
         slo = ctx.req.slo
         self.ttft_slo = slo.ttft_s if slo.ttft_s is not None else math.inf
         self.tpot_slo = slo.tpot_s if slo.tpot_s is not None else math.inf
@@ -83,11 +97,22 @@ class Screen:
         self._prefill = lru_cache(maxsize=None)(self._prefill_raw)
         self._decode = lru_cache(maxsize=None)(self._decode_raw)
         self._plans: dict = {}
+        self._enc: dict = {}
+        self._paths: dict = {}
+        self.images = ctx.stats.images
+
+    def enc(self, gpu: str, tp: int) -> float:
+        if (gpu, tp) not in self._enc:
+            self._enc[(gpu, tp)] = encode_time(self.ctx, gpu, tp)
+        return self._enc[(gpu, tp)]
 
     # -- per-instance figures at per-instance rate r: (ttft_part, tpot, limit)
-    def _colocated_raw(self, key, r: float) -> tuple[float, float, str]:
+    def _colocated_raw(self, key, r: float, inline: bool = True) -> tuple[float, float, str]:
         lay = self.layout[key]
         k, I, O, step = lay.dep.knobs, self.I, self.O, lay.step
+        e = self.enc(*key) if inline else 0.0       # images encoded inside this instance's steps
+        if r * e >= 1.0:
+            return OVERLOAD, OVERLOAD, "encoding images inside the steps saturates the instance"
         budget, ctx = k.max_num_batched_tokens, I + O / 2.0
         t = step.step_time(1.0, 1.0, 0.0, ctx, 0.0, 1, 0)
         for _ in range(200):
@@ -106,7 +131,7 @@ class Screen:
             C = P / f if f > 0 else 0.0
             t_mix = step.step_time(B + C, max(1.0, B), C * I / 2.0, B * ctx, 0.0, int(B) + 1, 0)
             t_dec = step.step_time(max(B, 1.0), max(1.0, B), 0.0, max(B, 1.0) * ctx, 0.0, int(B) + 1, 0)
-            t_new = f * t_mix + (1.0 - f) * t_dec
+            t_new = f * t_mix + (1.0 - f) * t_dec + r * t * e
             if abs(t_new - t) <= 1e-7 + 1e-6 * t:
                 break
             t = t_new
@@ -117,17 +142,18 @@ class Screen:
         t_chunk = step.step_time(B + chunk_q, max(1.0, B), chunk_q * self.Iq / 2.0, B * ctx, 0.0, int(B) + 1, 0)
         service_mean = math.ceil(I / room) * t_mix
         wait = _wait_quantile(P / room, service_mean, self.q)
-        ttft = wait + math.ceil(self.Iq / room) * t_chunk + 0.5 * t
+        ttft = wait + math.ceil(self.Iq / room) * t_chunk + 0.5 * t + e
         return ttft, t, "" if wait < OVERLOAD else "prefill queue saturated"
 
-    def _prefill_raw(self, key, r: float) -> tuple[float, float, str]:
+    def _prefill_raw(self, key, r: float, inline: bool = True) -> tuple[float, float, str]:
         lay = self.layout[key]
         k = lay.dep.knobs
         budget = k.max_num_batched_tokens
-        s_mean = lay.step.prefill_time(max(1, round(self.I)), budget)
-        s_q = lay.step.prefill_time(max(1, round(self.Iq)), budget)
+        e = self.enc(*key) if inline else 0.0
+        s_mean = lay.step.prefill_time(max(1, round(self.I)), budget) + e
+        s_q = lay.step.prefill_time(max(1, round(self.Iq)), budget) + e
         per_tok = min(s_mean / self.I, lay.step.step_time(budget, budget / self.I, budget * self.I / 2.0, 0.0) / budget)
-        rho = r * self.I * per_tok
+        rho = r * (self.I * per_tok + e)
         wait = _wait_quantile(rho, s_mean, self.q)
         return wait + s_q, 0.0, "" if wait < OVERLOAD else "prefill pool saturated"
 
@@ -150,13 +176,51 @@ class Screen:
         return self._plans[key]
 
     # -- candidate figures at total rate lam
+    def _embedding(self, enc, front) -> tuple[float, float]:
+        """(seconds to move one request's embeddings on an idle path, path bandwidth) encoder -> LM."""
+        key = (enc.gpu, enc.tp, front.gpu, front.tp, front.role)
+        if key not in self._paths:
+            from simulator.epd import embedding_path
+            from simulator.epd_config import EmbeddingTransferConfig
+            from simulator.scenario import PoolConfig
+            cfg = EmbeddingTransferConfig(connector=self.ctx.req.fabrics.connector,
+                                          fabric=self.ctx.req.fabrics.links[0])
+            e_pool = PoolConfig(name="encoder", role="encoder", gpu=enc.gpu, tp=enc.tp)
+            l_pool = PoolConfig(name=front.role, role=front.role, gpu=front.gpu, tp=front.tp)
+            path = embedding_path(cfg, self.ctx.db, e_pool, self.ctx.db.gpu(enc.gpu), enc.tp, l_pool,
+                                  self.layout[(front.gpu, front.tp)].dep)
+            bw = min(path.encoder_side_Bps, path.lm_side_Bps)
+            self._paths[key] = (2 * path.latency_s + path.setup_s + self.images.emb_bytes / bw, bw)
+        return self._paths[key]
+
     def at(self, cand, lam: float) -> tuple[float, float, str]:
         """(TTFT at the percentile, TPOT, limit) of ``cand`` at ``lam`` requests/s."""
-        if cand.family == "colocated":
-            p = cand.pools[0]
-            return self._colocated((p.gpu, p.tp), _r(lam / p.instances))
-        pp, pd_ = cand.pool("prefill"), cand.pool("decode")
-        t_pre, _, why = self._prefill((pp.gpu, pp.tp), _r(lam / pp.instances))
+        enc = next((p for p in cand.pools if p.role == "encoder"), None)
+        inline = enc is None
+        extra = 0.0
+        if enc is not None:
+            r = lam / enc.instances
+            e = self.enc(enc.gpu, enc.tp)
+            wait = _wait_quantile(r * e, e, self.q)
+            if wait >= OVERLOAD:
+                return OVERLOAD, OVERLOAD, "encoder pool saturated"
+            front = next(p for p in cand.pools if p.role in ("colocated", "prefill"))
+            from simulator.epd import EPDError
+            try:
+                idle, bw = self._embedding(enc, front)
+            except EPDError as exc:
+                return OVERLOAD, OVERLOAD, f"embedding transfer impossible: {exc}"
+            rho = lam / front.instances * self.images.emb_bytes / bw
+            if rho >= 1.0:
+                return OVERLOAD, OVERLOAD, "embedding transfer saturated"
+            extra = wait + e + idle / (1.0 - rho)
+        roles = {p.role: p for p in cand.pools}
+        if "colocated" in roles:
+            p = roles["colocated"]
+            ttft, tpot, why = self._colocated((p.gpu, p.tp), _r(lam / p.instances), inline)
+            return ttft + extra, tpot, why
+        pp, pd_ = roles["prefill"], roles["decode"]
+        t_pre, _, why = self._prefill((pp.gpu, pp.tp), _r(lam / pp.instances), inline)
         if why:
             return OVERLOAD, OVERLOAD, why
         t_dec, tpot, why = self._decode((pd_.gpu, pd_.tp), _r(lam / pd_.instances))
@@ -167,7 +231,7 @@ class Screen:
         rho = max(lam / pp.instances * nbytes / plan.prefill_side_Bps, lam / pd_.instances * nbytes / plan.decode_side_Bps)
         if rho >= 1.0:
             return OVERLOAD, OVERLOAD, f"KV transfer over {plan.link_name} saturated"
-        return t_pre + plan.idle_time(max(1, round(self.Iq))) / (1.0 - rho) + t_dec, tpot, ""
+        return extra + t_pre + plan.idle_time(max(1, round(self.Iq))) / (1.0 - rho) + t_dec, tpot, ""
 
     def meets(self, cand, lam: float) -> bool:
         ttft, tpot, why = self.at(cand, lam)

@@ -11,6 +11,8 @@ import math
 
 import numpy as np
 
+import hwdb
+
 from simulator.run import simulate
 from simulator.scenario import Scenario
 
@@ -49,16 +51,16 @@ def requests_for(rate: float, lifetime_s: float, minimum: int, span_lifetimes: f
     return int(min(cap, max(minimum, math.ceil(rate * span_lifetimes * lifetime_s))))
 
 
-def _point(scn: Scenario, rate: float, replications: int, task: dict) -> dict:
+def _point(scn: Scenario, rate: float, replications: int, task: dict, db) -> dict:
     """Steady-state attainment (mean and 95% CI half-width over replications) and latency percentiles."""
-    q = scn.slo.attainment
+    q = quantile(scn.slo)
     att, ttft, tpot = [], [], []
     s = with_rate(scn, rate)
     if s.workload.arrival.kind != "trace":
         n = requests_for(rate, task["lifetime_s"], task["min_requests"])
         s = s.model_copy(update={"workload": s.workload.model_copy(update={"num_requests": n, "duration_s": None})})
     for r in range(replications):
-        res = simulate(s, r)
+        res = simulate(s, r, db)
         att.append(steady_attainment(res, scn.slo, task["lifetime_s"]))
         done = res.requests[res.requests["outcome"] == "completed"]
         t1 = done["ttft_s"].to_numpy()
@@ -74,21 +76,36 @@ def _point(scn: Scenario, rate: float, replications: int, task: dict) -> dict:
     return {"attainment": mean, "attainment_ci95": half, "ttft_s": float(np.mean(ttft)), "tpot_s": float(np.mean(tpot))}
 
 
+def quantile(slo) -> float:
+    """The quantile the SLO is judged at: ``percentile`` / 100 when set, else the attainment target."""
+    return slo.percentile / 100.0 if slo.percentile is not None else slo.attainment
+
+
+def _meets(point: dict, slo) -> bool:
+    """Attainment mode: the share of requests meeting both targets reaches ``slo.attainment``.
+    Percentile mode (``slo.percentile``): that percentile of TTFT and of TPOT meet the targets."""
+    if slo.percentile is None:
+        return point["attainment"] >= slo.attainment
+    return ((slo.ttft_s is None or point["ttft_s"] <= slo.ttft_s)
+            and (slo.tpot_s is None or point["tpot_s"] <= slo.tpot_s))
+
+
 def verify_task(task: dict) -> dict:
     """Simulate one candidate.  ``task``: id, scenario (a Scenario dumped to JSON-able data), rate
     (target, requests/s), replications, iterations (goodput bisection steps), hint (screen goodput),
     max_rate (search ceiling), lifetime_s (a request's expected lifetime, for run length and warm-up),
     min_requests.  Returns the figures at the target rate and the simulated goodput."""
     scn = Scenario.model_validate(task["scenario"])
-    target, reps, q = task["rate"], task["replications"], scn.slo.attainment
-    at = _point(scn, target, reps, task)
-    ok = at["attainment"] >= q
+    db = hwdb.load(scn.hwdb)           # once per candidate, not once per simulated point
+    target, reps = task["rate"], task["replications"]
+    at = _point(scn, target, reps, task, db)
+    ok = _meets(at, scn.slo)
     probes = reps
 
     def meets(rate: float) -> bool:
         nonlocal probes
         probes += reps
-        return _point(scn, rate, reps, task)["attainment"] >= q
+        return _meets(_point(scn, rate, reps, task, db), scn.slo)
 
     capped = False
     if ok:

@@ -43,7 +43,7 @@ _SCENARIO = [
       for m, label in (("ttft", "time to first token"), ("tpot", "time per output token"),
                        ("itl", "inter-token latency"), ("e2e", "end-to-end latency"))
       for p in ("p50", "p90", "p99")),
-    Figure("slo_attainment", "fraction of requests meeting the SLO at the entry's rate", "1",
+    Figure("slo_attainment", "fraction of requests meeting the SLO at the entry's rate", "fraction",
            _key("slo_attainment")),
     Figure("throughput_rps", "completed requests per second at the entry's rate", "req/s",
            _key("throughput_rps")),
@@ -52,7 +52,7 @@ _SCENARIO = [
     Figure("output_tokens_per_s_per_gpu", "output tokens per second per GPU at the entry's rate", "tok/s",
            _key("output_tokens_per_s_per_gpu")),
     Figure("mean_batch_size", "step-time weighted mean batch size", "seqs", _key("mean_batch_size")),
-    Figure("preemptions", "preemptions (KV cache full) over the run", "1", _key("preemptions")),
+    Figure("preemptions", "preemptions (KV cache full) over the run", "count", _key("preemptions")),
     Figure("gpus", "GPUs in the deployment", "GPUs", _key("gpus")),
     Figure("cost_usd_per_hour", "price of the deployment's GPUs", "$/h", _key("cost_usd_per_hour")),
     Figure("cost_usd_per_million_output_tokens", "GPU cost per million output tokens at the entry's rate",

@@ -1,8 +1,9 @@
-"""A regression suite: scenarios to run, the figures to watch on each, and their tolerances.
+"""A regression suite: scenarios and plan requests to run, the figures to watch on each, and their tolerances.
 
 Read from YAML by :func:`load_suite`, which validates every field and every
-scenario the suite names, so that a bad suite fails before anything runs.
-Relative scenario and hwdb paths are relative to the suite file.  Errors are
+scenario and plan request the suite names, so that a bad suite fails before
+anything runs.  Relative scenario, request and hwdb paths are relative to the
+suite file.  Errors are
 :class:`RegressError` paragraphs naming the suite file, the field, the value
 and the fix.
 """
@@ -19,9 +20,9 @@ import yaml
 from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator,
                       model_validator)
 
-from simulator.regress.figures import PLAN_FIGURES, SCENARIO_FIGURES
 from simulator.plan import PlanError, PlanRequest, parse_plan_request
-from simulator.scenario import Scenario, ScenarioError, parse_scenario
+from simulator.regress.figures import PLAN_FIGURES, SCENARIO_FIGURES
+from simulator.scenario import Scenario, ScenarioError, _models_in, parse_scenario
 
 
 class RegressError(ValueError):
@@ -209,6 +210,24 @@ def _loc(loc: tuple) -> str:
     return out or "(top level)"
 
 
+def _known_keys(loc: tuple) -> list[str]:
+    """The keys allowed in the mapping at pydantic location ``loc`` of a suite ([] if unsure)."""
+    if loc[-2:-1] == ("figures",):
+        return sorted(Tolerance.model_fields)      # figures: {name: tolerance}
+    tags = {"scenario": ScenarioEntry, "plan": PlanEntry}
+    model: type[BaseModel] | None = Suite
+    for i, part in enumerate(loc):
+        if isinstance(part, int):
+            continue
+        if loc[:1] == ("entries",) and i == 2 and part in tags:   # the entry's union tag
+            model = tags[part]
+            continue
+        field = model.model_fields.get(part) if model is not None else None
+        inner = [m for m in _models_in(field.annotation) if m not in tags.values()] if field else []
+        model = inner[0] if len(inner) == 1 else None
+    return sorted(model.model_fields) if model is not None else []
+
+
 def _format(origin: str, err: ValidationError, data) -> str:
     errors = err.errors()
     lines = []
@@ -230,7 +249,8 @@ def _format(origin: str, err: ValidationError, data) -> str:
             loc = f"entries[{loc_[1]}]{ident}" + ("" if rest == "(top level)" else f".{rest}")
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            msg = "unknown key; see docs/ci.md for the suite's keys"
+            known = _known_keys(loc_[:-1])
+            msg = "unknown key; " + (f"valid keys here: {', '.join(known)}" if known else "see docs/ci.md")
         line = f"  {loc}: {msg}{got}"
         if line not in lines:
             lines.append(line)

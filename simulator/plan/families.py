@@ -1,0 +1,79 @@
+"""The registry of deployment families the planner searches, and the EPD family.
+
+A family is a small strategy class with a ``name`` and ``enumerate(ctx)``
+(see :class:`simulator.plan.candidates.Family`).  ``colocated`` and ``pd``
+serve text and multimodal requests (images are then encoded inside the
+colocated or prefill steps); ``epd`` adds a pool of vision-encoder instances
+in front of a colocated pool (E+PD) or a prefill/decode pair (E+P+D), and
+exists only for workloads with images.
+"""
+from __future__ import annotations
+
+import math
+from typing import Iterator
+
+from simulator.plan.candidates import Candidate, Colocated, Family, PlanContext, PoolChoice, PrefillDecode, _gpu_ok
+
+
+def encoder_layouts(ctx: PlanContext) -> list[tuple[str, int, float, str]]:
+    """(GPU, TP, $/h per GPU, reason) for every encoder layout; reason is "" when it can run."""
+    vision = ctx.stats.images.vision
+    out = []
+    for offer in ctx.req.gpus:
+        gpu = ctx.db.gpu(offer.name)
+        price = gpu.price_usd_per_hour.value if offer.price_usd_per_hour is None else offer.price_usd_per_hour
+        for tp in ctx.req.constraints.tp:
+            why = ""
+            if vision.num_heads % tp:
+                why = f"encoder TP{tp} does not divide the vision encoder's {vision.num_heads} heads"
+            elif tp > gpu.gpus_per_node:
+                why = f"encoder TP{tp} exceeds a {gpu.name} node"
+            elif vision.params * 2.0 / tp > 0.9 * gpu.memory_bytes.value:
+                why = f"the vision encoder's weights do not fit {gpu.name} at TP{tp}"
+            out.append((gpu.name, tp, price, why))
+    return out
+
+
+class EncoderPrefillDecode(Family):
+    """A vision-encoder pool in front of a colocated pool (E+PD) or a homogeneous prefill/decode pair
+    (E+P+D).  Encoder instances are sized to the load: the screen's smallest count that keeps each
+    encoder below 70% busy at the target rate, and one more."""
+
+    name = "epd"
+
+    def enumerate(self, ctx: PlanContext) -> Iterator[Candidate]:
+        if ctx.stats.images is None:
+            return
+        from simulator.plan.screen import encode_time
+        c = ctx.req.constraints
+        lm_parts = [x for x in Colocated().enumerate(ctx) if not x.rejected]
+        lm_parts += [x for x in PrefillDecode().enumerate(ctx) if not x.rejected
+                     and x.pool("prefill").gpu == x.pool("decode").gpu and x.pool("prefill").tp == x.pool("decode").tp]
+        for g, tp, price, why in encoder_layouts(ctx):
+            if why:
+                yield Candidate(f"epd-enc-{g}-tp{tp}-invalid", self.name, (PoolChoice("encoder", g, tp, 1),),
+                                tp * price, rejected=f"encoder: {why}")
+                continue
+            busy = ctx.req.target_rate * encode_time(ctx, g, tp)
+            need = max(1, math.ceil(busy / 0.7))
+            for n in (need, need + 1):
+                if n > c.max_instances_per_pool:
+                    continue
+                enc = PoolChoice("encoder", g, tp, n)
+                for lm in lm_parts:
+                    if not c.heterogeneous and any(p.gpu != g for p in lm.pools):
+                        continue
+                    pools = (enc, *lm.pools)
+                    if not _gpu_ok(ctx, pools):
+                        continue
+                    yield Candidate(f"epd-{g}-tp{tp}-x{n}+{lm.id}", self.name, pools,
+                                    n * tp * price + lm.cost_usd_per_hour, lm.fabric, lm.connector,
+                                    embedding_fabric=ctx.req.fabrics.links[0])
+
+
+FAMILIES: dict[str, Family] = {f.name: f for f in (Colocated(), PrefillDecode(), EncoderPrefillDecode())}
+
+
+def enumerate_candidates(ctx: PlanContext) -> list[Candidate]:
+    """All candidates of the allowed families, in a deterministic order."""
+    return [cand for fam in ctx.req.constraints.families for cand in FAMILIES[fam].enumerate(ctx)]
