@@ -217,7 +217,7 @@ def check_fault_invariants(ops, run, req) -> None:
             assert life.ready_s - 1e-9 <= done.at[rid, "finish_s"] <= life.ended_s + 1e-9
 
 
-@settings(max_examples=20, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=14, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(
     pd_=st.booleans(),
     instances=st.integers(1, 3),
