@@ -1,18 +1,24 @@
 """Fast analytic screen of candidates, built on the simulator's own step model.
 
 For an instance receiving ``r`` requests/s of mean prompt ``I`` and mean
-output ``O`` tokens, the steady state is a fixed point of the step time
+output ``O`` tokens, the steady state is a fixed point of the mean step time
 ``t``: by Little's law ``B = r O t`` sequences decode and ``P = r I t``
-prompt tokens are prefilled per step, and ``t = step_time(B + P, ...)``.
-Iterating from an empty step converges to the smallest fixed point or
-breaks a limit (token budget, ``max_num_seqs``, KV blocks): overload.
-TPOT is ``t``.  TTFT at the SLO percentile ``q`` is the prompt's service
-(chunks of the step budget left by the decodes, the percentile prompt) plus
-an M/M/1 waiting-time quantile ``ln(rho / (1 - q)) E[S] / (1 - rho)`` (zero
-when ``rho <= 1 - q``) with ``rho`` the prefill share of the budget.  PD adds
-the KV transfer of the percentile prompt, slowed by ``1 / (1 - rho_link)``
-(fair sharing), and the decode instance's first step.  Goodput is the
-highest rate at which both percentiles meet the SLO (bisection).  These are
+prompt tokens are prefilled per step.  A colocated instance's steps are
+bimodal: a fraction ``f = P / min(I, budget - B)`` carries prompt chunks
+(``step_time(B + P / f, ...)``), the rest only decode, and ``t`` is the mean of
+the two (the roofline is convex, so this exceeds the step time of the mean
+batch).  A PD decode instance's steps are decode-only.  Iterating from an
+empty step converges to the smallest fixed point or breaks a limit (token
+budget, ``max_num_seqs``, KV blocks): overload.  TPOT is ``t``.  TTFT at the
+SLO quantile ``q`` is the prompt's service (chunks of the step budget left by
+the decodes, the percentile prompt) plus an M/M/1 waiting-time quantile
+``ln(rho / (1 - q)) E[S] / (1 - rho)`` (zero when ``rho <= 1 - q``) with
+``rho`` the prefill share of the budget.  PD adds the KV transfer of the
+percentile prompt, slowed by ``1 / (1 - rho_link)`` (fair sharing), and the
+decode instance's first step.  Images add their encode time (the simulator's
+encoder model) inside the colocated or prefill steps, or, with an encoder
+pool, an M/M/1 encoder queue plus the embedding transfer.  Goodput is the
+highest rate at which both quantiles meet the SLO (bisection).  These are
 screening approximations: the discrete-event simulation verifies.
 """
 from __future__ import annotations
