@@ -41,8 +41,10 @@ def _table(title: str, df, q: int, full_reason: bool = False) -> Table:
         t.add_column(c, overflow="fold")
     for r in df.to_dict("records"):
         why = r["rejected_reason"] or "recommended"
+        # a goodput search that reached its upper bound only knows a lower bound
+        goodput = ("≥ " if r.get("goodput_capped") else "") + _f(r["goodput_rps"])
         t.add_row(r["layout"], _f(r["cost_usd_per_hour"]), _f(r["cost_usd_per_million_tokens"]),
-                  _f(r["goodput_rps"]), _f(r["ttft_s"], "s"), _f(r["tpot_s"], "s"), "yes" if r["verified"] else "est",
+                  goodput, _f(r["ttft_s"], "s"), _f(r["tpot_s"], "s"), "yes" if r["verified"] else "est",
                   escape(why if full_reason else why.split(":")[0]))
     return t
 
@@ -71,7 +73,8 @@ def cmd_plan(args, con: Console) -> int:
     for c in ("family", "best", "$/h", "goodput req/s", "lost because"):
         fam.add_column(c, overflow="fold")
     for r in res.families.to_dict("records"):
-        fam.add_row(r["family"], str(r["layout"]), _f(r["cost_usd_per_hour"]), _f(r["goodput_rps"]),
+        fam.add_row(r["family"], r["layout"] if isinstance(r["layout"], str) else "-",
+                    _f(r["cost_usd_per_hour"]), _f(r["goodput_rps"]),
                     escape(str(r["lost_because"])))
     con.print(fam)
     for note in res.notes:
@@ -80,8 +83,9 @@ def cmd_plan(args, con: Console) -> int:
     if rec is None:
         con.print(_table("closest candidates (nothing meets the SLO)", res.closest, q, full_reason=True))
         return 1
+    at_least = "≥ " if rec.get("goodput_capped") else ""  # the goodput search stopped at its upper bound
     con.print(f"[bold green]recommended:[/] {rec['layout']} — ${rec['cost_usd_per_hour']:,.2f}/h, simulated goodput "
-              f"{rec['goodput_rps']:.3g} req/s (headroom {rec['headroom_rate']:+.0%} over {req.target_rate:g}), "
+              f"{at_least}{rec['goodput_rps']:.3g} req/s (headroom {at_least}{rec['headroom_rate']:+.0%} over {req.target_rate:g}), "
               f"attainment {rec['attainment']:.1%} ± {rec['attainment_ci95']:.1%} at the target rate",
               highlight=False)
     if args.artefacts:
