@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Literal
 
 import numpy as np
 import yaml
@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 import hwdb
 from simulator.epd_config import EmbeddingTransferConfig, EncoderConfig
+from simulator.errors import format_validation_error
 from simulator.perf import Deployment, EngineKnobs, FitError, build_step_model, plan_memory
 from simulator.opsconfig import OperationsConfig, check_against_pools
 from simulator.routing import ROUTERS
@@ -142,71 +143,6 @@ class Scenario(_Strict):
         return next(p for p in self.pools if p.role == role)
 
 
-def _loc(loc: tuple, data) -> str:
-    """``pools[0].engine.max_num_seqs`` from a pydantic location, without union tags."""
-    out, node = "", data
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-            node = node[part] if isinstance(node, (list, tuple)) and -len(node) <= part < len(node) else None
-            continue
-        part = str(part)
-        if part.startswith("function-after"):
-            continue
-        if isinstance(node, dict) and part not in node and node.get("kind") == part:
-            continue  # discriminated-union tag (e.g. arrival 'poisson'), not a key the user wrote
-        out += f".{part}" if out else part
-        node = node.get(part) if isinstance(node, dict) else None
-    return out or "(top level)"
-
-
-def _models_in(ann) -> list[type[BaseModel]]:
-    """The pydantic models inside an annotation (through Optional, tuple, Union, Annotated)."""
-    if isinstance(ann, type) and issubclass(ann, BaseModel):
-        return [ann]
-    return [m for a in get_args(ann) for m in _models_in(a)]
-
-
-def _known_keys(loc: tuple) -> list[str]:
-    """The keys allowed in the mapping at ``loc`` (a pydantic location), or [] if unsure."""
-    models: list[type[BaseModel]] = [Scenario]
-    for part in loc:
-        if isinstance(part, int) or str(part).startswith("function-after"):
-            continue
-        tagged = [m for m in models if m.model_fields.get("kind") is not None
-                  and m.model_fields["kind"].default == part]
-        if tagged:  # discriminated-union tag: pick that member
-            models = tagged
-            continue
-        fields = [m.model_fields[part] for m in models if part in m.model_fields]
-        models = [m for f in fields for m in _models_in(f.annotation)]
-        if not models:
-            return []
-    return sorted({k for m in models for k in m.model_fields}) if len(models) == 1 else []
-
-
-def _format_errors(origin: str, err: ValidationError, data=None) -> str:
-    errors = err.errors()
-    lines = []
-    for e in errors:
-        loc_ = e["loc"]
-        if e["type"] == "too_short" and any(o["loc"][:len(loc_)] == loc_ and len(o["loc"]) > len(loc_)
-                                            for o in errors):
-            continue  # a tuple whose items failed also reports "too short": noise next to the real error
-        loc = _loc(e["loc"], data)
-        inp = e.get("input")
-        got = "" if isinstance(inp, (dict, list)) or e["type"] == "missing" else f" (got {inp!r})"
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            known = _known_keys(e["loc"][:-1])
-            msg = ("unknown key; " + (f"valid keys here: {', '.join(known)}" if known
-                                      else "check the spelling against docs/scenario.md"))
-        line = f"  {loc}: {msg}{got}"
-        if line not in lines:
-            lines.append(line)
-    return f"{origin}: invalid scenario:\n" + "\n".join(lines)
-
-
 def _resolve_paths(node, base: Path):
     """Make relative ``path`` entries relative to the scenario file's folder."""
     if isinstance(node, dict):
@@ -233,7 +169,8 @@ def parse_scenario(data: dict, origin: str = "scenario", base: Path | None = Non
     try:
         return Scenario.model_validate(data)
     except ValidationError as err:
-        raise ScenarioError(_format_errors(origin, err, data)) from None
+        raise ScenarioError(format_validation_error(err, data, root=Scenario, origin=origin, what="scenario",
+                                                    docs="docs/scenario.md")) from None
 
 
 def load_scenario(path: str | Path) -> Scenario:

@@ -13,7 +13,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from simulator.scenario import SLO, EngineConfig, _loc, _models_in, _resolve_paths
+from simulator.errors import format_validation_error
+from simulator.scenario import SLO, EngineConfig, _resolve_paths
 from simulator.workload import WorkloadConfig
 
 
@@ -147,39 +148,8 @@ def parse_plan_request(data: dict, origin: str = "plan request", base: Path | No
     try:
         return PlanRequest.model_validate(data)
     except ValidationError as err:
-        raise PlanError(_format_errors(origin, err, data)) from None
-
-
-def _known_keys(loc: tuple) -> list[str]:
-    """Keys allowed in the mapping at pydantic location ``loc`` of a PlanRequest ([] if unsure)."""
-    models: list[type[BaseModel]] = [PlanRequest]
-    for part in loc:
-        if isinstance(part, int) or str(part).startswith("function-after"):
-            continue
-        tagged = [m for m in models if "kind" in m.model_fields and m.model_fields["kind"].default == part]
-        if tagged:
-            models = tagged
-            continue
-        models = [m for f in (m.model_fields[part] for m in models if part in m.model_fields)
-                  for m in _models_in(f.annotation)]
-        if not models:
-            return []
-    return sorted({k for m in models for k in m.model_fields}) if len(models) == 1 else []
-
-
-def _format_errors(origin: str, err: ValidationError, data) -> str:
-    lines = []
-    for e in err.errors():
-        inp = e.get("input")
-        got = "" if isinstance(inp, (dict, list)) or e["type"] == "missing" else f" (got {inp!r})"
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            known = _known_keys(e["loc"][:-1])
-            msg = "unknown key; " + (f"valid keys here: {', '.join(known)}" if known else "see docs/planner.md")
-        line = f"  {_loc(e['loc'], data)}: {msg}{got}"
-        if line not in lines:
-            lines.append(line)
-    return f"{origin}: invalid plan request:\n" + "\n".join(lines) + "\n(docs/planner.md lists every field)"
+        raise PlanError(format_validation_error(err, data, root=PlanRequest, origin=origin, what="plan request",
+                                                docs="docs/planner.md")) from None
 
 
 def load_plan_request(path: str | Path) -> PlanRequest:

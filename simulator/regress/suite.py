@@ -22,7 +22,8 @@ from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, Validati
 
 from simulator.plan import PlanError, PlanRequest, parse_plan_request
 from simulator.regress.figures import PLAN_FIGURES, SCENARIO_FIGURES
-from simulator.scenario import Scenario, ScenarioError, _models_in, parse_scenario
+from simulator.errors import models_in as _models_in
+from simulator.scenario import Scenario, ScenarioError, parse_scenario
 
 
 class RegressError(ValueError):

@@ -1,0 +1,77 @@
+"""Pydantic validation errors as one paragraph a user can act on.
+
+Every validated input (scenario, plan request) reports each error as ``location: message (got
+value)``, where the location is written as the user wrote it (``pools[0].engine.max_num_seqs``,
+discriminated-union tags left out) and an unknown key lists the keys valid at that place.
+"""
+from __future__ import annotations
+
+from typing import get_args
+
+from pydantic import BaseModel, ValidationError
+
+
+def models_in(ann) -> list[type[BaseModel]]:
+    """The pydantic models inside an annotation (through Optional, tuple, Union, Annotated)."""
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return [ann]
+    return [m for a in get_args(ann) for m in models_in(a)]
+
+
+def location(loc: tuple, data) -> str:
+    """``pools[0].engine.max_num_seqs`` from a pydantic location, without union tags."""
+    out, node = "", data
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+            node = node[part] if isinstance(node, (list, tuple)) and -len(node) <= part < len(node) else None
+            continue
+        part = str(part)
+        if part.startswith("function-after"):
+            continue
+        if isinstance(node, dict) and part not in node and node.get("kind") == part:
+            continue  # discriminated-union tag (e.g. arrival 'poisson'), not a key the user wrote
+        out += f".{part}" if out else part
+        node = node.get(part) if isinstance(node, dict) else None
+    return out or "(top level)"
+
+
+def known_keys(root: type[BaseModel], loc: tuple) -> list[str]:
+    """The keys allowed in the mapping at pydantic location ``loc`` under ``root``, or [] if unsure."""
+    models: list[type[BaseModel]] = [root]
+    for part in loc:
+        if isinstance(part, int) or str(part).startswith("function-after"):
+            continue
+        tagged = [m for m in models if m.model_fields.get("kind") is not None
+                  and m.model_fields["kind"].default == part]
+        if tagged:  # discriminated-union tag: pick that member
+            models = tagged
+            continue
+        fields = [m.model_fields[part] for m in models if part in m.model_fields]
+        models = [m for f in fields for m in models_in(f.annotation)]
+        if not models:
+            return []
+    return sorted({k for m in models for k in m.model_fields}) if len(models) == 1 else []
+
+
+def format_validation_error(err: ValidationError, data, *, root: type[BaseModel], origin: str, what: str,
+                            docs: str) -> str:
+    """``origin: invalid WHAT:`` and one line per distinct error; ``docs`` is where every field is listed."""
+    errors = err.errors()
+    lines = []
+    for e in errors:
+        loc_ = e["loc"]
+        if e["type"] == "too_short" and any(o["loc"][:len(loc_)] == loc_ and len(o["loc"]) > len(loc_)
+                                            for o in errors):
+            continue  # a tuple whose items failed also reports "too short": noise next to the real error
+        inp = e.get("input")
+        got = "" if isinstance(inp, (dict, list)) or e["type"] == "missing" else f" (got {inp!r})"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            known = known_keys(root, loc_[:-1])
+            msg = "unknown key; " + (f"valid keys here: {', '.join(known)}" if known
+                                     else f"check the spelling against {docs}")
+        line = f"  {location(loc_, data)}: {msg}{got}"
+        if line not in lines:
+            lines.append(line)
+    return f"{origin}: invalid {what}:\n" + "\n".join(lines)
