@@ -11,12 +11,12 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 import hwdb
 from pydantic import ValidationError
 
+from simulator.errors import print_user_error
 from simulator.perf import FitError
 from simulator.scenario import ScenarioError
 from simulator.traces import TraceError
@@ -251,15 +251,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if getattr(args, "kind", None) in ("gpu", "link", "model") and args.action == "list":
         args.kind += "s"
-    con = Console()
-    err = Console(stderr=True)
     try:
-        return args.func(args, con)
+        return args.func(args, Console())
     except USER_ERRORS as exc:
-        # escape: messages contain brackets (pools[main]) that rich would take for markup;
-        # soft_wrap: no line breaks inserted into the message, so it pastes as one paragraph.
-        err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
-    return 2
+        return print_user_error(exc)
 
 
 if __name__ == "__main__":

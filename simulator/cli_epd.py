@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 import hwdb
@@ -18,6 +17,7 @@ from simulator.epd import encoder_model
 from simulator.epd_config import EncoderConfig
 from simulator.vision import VisionError, embedding_bytes, encoder_flops, patches, resized, vision_arch, \
     visual_tokens
+from simulator.errors import print_user_error
 
 
 def _size(text: str) -> tuple[int, int]:
@@ -78,8 +78,7 @@ def _run(args, con: Console | None = None) -> int:
     try:
         return cmd_vision(args, con)
     except (VisionError, hwdb.HwdbError, ValueError) as exc:
-        Console(stderr=True).print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
-        return 2
+        return print_user_error(exc)
 
 
 def add_subparsers(sub) -> None:

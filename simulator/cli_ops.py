@@ -18,6 +18,7 @@ from simulator.coldstart import PHASE_LABELS, Breakdown, ColdStartError, breakdo
 from simulator.k8s import PodSpec, Probe, ProbeError, recommend_probes, simulate_pod
 from simulator.perf import FitError
 from simulator.scenario import ScenarioError
+from simulator.errors import print_user_error
 
 OPS_ERRORS = (ColdStartError, ProbeError, hwdb.HwdbError, ScenarioError, FitError, ValidationError)
 
@@ -152,8 +153,7 @@ def _run(func):
         try:
             return func(args, con)
         except OPS_ERRORS as exc:
-            Console(stderr=True).print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
-            return 2
+            return print_user_error(exc)
     return wrapped
 
 

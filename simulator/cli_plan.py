@@ -21,6 +21,7 @@ from simulator.perf import FitError
 from simulator.plan import PlanError, artefacts, load_plan_request, run_plan
 from simulator.plan.executors import ExecutorError
 from simulator.scenario import ScenarioError
+from simulator.errors import print_user_error
 
 PLAN_ERRORS = (PlanError, ExecutorError, ScenarioError, hwdb.HwdbError, FitError, ValidationError, FileNotFoundError)
 
@@ -103,8 +104,7 @@ def _run(args, con: Console | None = None) -> int:
     try:
         return cmd_plan(args, con)
     except PLAN_ERRORS as exc:
-        Console(stderr=True).print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
-        return 2
+        return print_user_error(exc)
 
 
 def add_subparsers(sub) -> None:

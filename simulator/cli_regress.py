@@ -26,6 +26,7 @@ from simulator.regress.report import explain, fmt, fmt_change, markdown, write_j
 from simulator.regress.runner import run_suite
 from simulator.regress.suite import LoadedSuite, RegressError, load_suite
 from simulator.scenario import ScenarioError
+from simulator.errors import print_user_error
 
 REGRESS_ERRORS = (RegressError, PlanError, ScenarioError, hwdb.HwdbError, FitError, ValidationError)
 _STYLE = {"held": "green", "moved": "bold red", "new": "bold red", "removed": "yellow"}
@@ -135,8 +136,7 @@ def cmd_regress(args, con: Console) -> int:
     try:
         return _run(args, con)
     except REGRESS_ERRORS as exc:
-        Console(stderr=True).print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
-        return 2
+        return print_user_error(exc)
 
 
 def add_subparsers(sub) -> None:

@@ -6,6 +6,7 @@ discriminated-union tags left out) and an unknown key lists the keys valid at th
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import get_args
 
 from pydantic import BaseModel, ValidationError
@@ -75,3 +76,36 @@ def format_validation_error(err: ValidationError, data, *, root: type[BaseModel]
         if line not in lines:
             lines.append(line)
     return f"{origin}: invalid {what}:\n" + "\n".join(lines)
+
+
+def yaml_error(path, exc) -> str:
+    """Where a YAML file stops parsing: ``FILE: not valid YAML at line L, column C: problem``, with the
+    line of the construct it was inside when the parser says so."""
+    def at(mark) -> str:
+        return f"line {mark.line + 1}, column {mark.column + 1}"
+    mark, ctx = getattr(exc, "problem_mark", None), getattr(exc, "context_mark", None)
+    what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    where = f" at {at(mark)}" if mark else ""
+    if ctx is not None and getattr(exc, "context", None):
+        where += f" ({exc.context} started at {at(ctx)})"
+    return f"{path}: not valid YAML{where}: {what}; fix the syntax there"
+
+
+def read_yaml(path, error: type[Exception]):
+    """``yaml.safe_load`` of ``path``; a syntax error raises ``error`` with :func:`yaml_error`'s text."""
+    import yaml
+    try:
+        return yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as exc:
+        raise error(yaml_error(path, exc)) from None
+
+
+def print_user_error(exc: BaseException, label: str = "error") -> int:
+    """Print a user error on stderr as one paragraph and return the CLI's user-error exit code, 2.
+
+    ``escape``: messages contain brackets (pools[main]) that rich would take for markup;
+    ``soft_wrap``: no line breaks inserted, so the message pastes as one paragraph."""
+    from rich.console import Console
+    from rich.markup import escape
+    Console(stderr=True).print(f"[red]{label}:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+    return 2

@@ -11,12 +11,11 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 import hwdb
 from simulator.epd_config import EmbeddingTransferConfig, EncoderConfig
-from simulator.errors import format_validation_error
+from simulator.errors import format_validation_error, read_yaml
 from simulator.perf import Deployment, EngineKnobs, FitError, build_step_model, plan_memory
 from simulator.opsconfig import OperationsConfig, check_against_pools
 from simulator.routing import ROUTERS
@@ -178,17 +177,7 @@ def load_scenario(path: str | Path) -> Scenario:
     path = Path(path)
     if not path.exists():
         raise ScenarioError(f"scenario file '{path}' does not exist")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        def at(mark) -> str:
-            return f"line {mark.line + 1}, column {mark.column + 1}"
-        mark, ctx = getattr(exc, "problem_mark", None), getattr(exc, "context_mark", None)
-        what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        where = f" at {at(mark)}" if mark else ""
-        if ctx is not None and getattr(exc, "context", None):
-            where += f" ({exc.context} started at {at(ctx)})"
-        raise ScenarioError(f"{path}: not valid YAML{where}: {what}; fix the syntax there") from None
+    data = read_yaml(path, ScenarioError)
     return parse_scenario(data, str(path), path.parent)
 
 

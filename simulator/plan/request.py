@@ -10,10 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from simulator.errors import format_validation_error
+from simulator.errors import format_validation_error, read_yaml
 from simulator.scenario import SLO, EngineConfig, _resolve_paths
 from simulator.workload import WorkloadConfig
 
@@ -157,10 +156,5 @@ def load_plan_request(path: str | Path) -> PlanRequest:
     path = Path(path)
     if not path.exists():
         raise PlanError(f"plan request file '{path}' does not exist")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise PlanError(f"{path}: not valid YAML{where}: {getattr(exc, 'problem', exc)}; fix the syntax there") from None
+    data = read_yaml(path, PlanError)
     return parse_plan_request(data, str(path), path.parent)
