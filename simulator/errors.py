@@ -56,8 +56,13 @@ def known_keys(root: type[BaseModel], loc: tuple) -> list[str]:
 
 
 def format_validation_error(err: ValidationError, data, *, root: type[BaseModel], origin: str, what: str,
-                            docs: str) -> str:
-    """``origin: invalid WHAT:`` and one line per distinct error; ``docs`` is where every field is listed."""
+                            docs: str, locate=None, known=None) -> str:
+    """``origin: invalid WHAT:`` and one line per distinct error; ``docs`` is where every field is listed.
+
+    ``locate(loc) -> str`` and ``known(loc) -> list[str]`` replace :func:`location` and
+    :func:`known_keys` for inputs whose shape they don't follow (e.g. a regression suite's entries)."""
+    locate = locate or (lambda loc: location(loc, data))
+    known = known or (lambda loc: known_keys(root, loc))
     errors = err.errors()
     lines = []
     for e in errors:
@@ -69,10 +74,10 @@ def format_validation_error(err: ValidationError, data, *, root: type[BaseModel]
         got = "" if isinstance(inp, (dict, list)) or e["type"] == "missing" else f" (got {inp!r})"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            known = known_keys(root, loc_[:-1])
-            msg = "unknown key; " + (f"valid keys here: {', '.join(known)}" if known
+            keys = known(loc_[:-1])
+            msg = "unknown key; " + (f"valid keys here: {', '.join(keys)}" if keys
                                      else f"check the spelling against {docs}")
-        line = f"  {location(loc_, data)}: {msg}{got}"
+        line = f"  {locate(loc_)}: {msg}{got}"
         if line not in lines:
             lines.append(line)
     return f"{origin}: invalid {what}:\n" + "\n".join(lines)

@@ -142,6 +142,14 @@ class Scenario(_Strict):
         return next(p for p in self.pools if p.role == role)
 
 
+def resolve_relative(data: dict, base: Path) -> dict:
+    """``data`` with its relative ``path`` entries and ``hwdb`` folders taken relative to ``base`` (the
+    folder of the file it was read from)."""
+    data = _resolve_paths(data, base)
+    data["hwdb"] = [str(base / d) if not Path(d).is_absolute() else d for d in data.get("hwdb", [])]
+    return data
+
+
 def _resolve_paths(node, base: Path):
     """Make relative ``path`` entries relative to the scenario file's folder."""
     if isinstance(node, dict):
@@ -160,8 +168,7 @@ def parse_scenario(data: dict, origin: str = "scenario", base: Path | None = Non
         raise ScenarioError(f"{origin}: expected a mapping of scenario fields (model, pools, workload, ...) "
                             f"at the top level, got a {type(data).__name__}")
     if base is not None:
-        data = _resolve_paths(data, base)
-        data["hwdb"] = [str(base / d) if not Path(d).is_absolute() else d for d in data.get("hwdb", [])]
+        data = resolve_relative(data, base)
         model = data.get("model")
         if isinstance(model, str) and not Path(model).is_absolute() and (base / model).exists():
             data["model"] = str(base / model)  # a local config.json or model folder next to the scenario

@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from simulator.errors import format_validation_error, read_yaml
-from simulator.scenario import SLO, EngineConfig, _resolve_paths
+from simulator.scenario import SLO, EngineConfig, resolve_relative
 from simulator.workload import WorkloadConfig
 
 
@@ -142,8 +142,7 @@ def parse_plan_request(data: dict, origin: str = "plan request", base: Path | No
         raise PlanError(f"{origin}: expected a mapping with model, workload, slo and gpus at the top level, "
                         f"got {type(data).__name__}; see examples/plan_llama8b.yaml")
     if base is not None:
-        data = _resolve_paths(data, base)
-        data["hwdb"] = [str(base / d) if not Path(d).is_absolute() else d for d in data.get("hwdb", [])]
+        data = resolve_relative(data, base)
     try:
         return PlanRequest.model_validate(data)
     except ValidationError as err:

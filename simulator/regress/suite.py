@@ -22,7 +22,7 @@ from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, Validati
 
 from simulator.plan import PlanError, PlanRequest, parse_plan_request
 from simulator.regress.figures import PLAN_FIGURES, SCENARIO_FIGURES
-from simulator.errors import models_in as _models_in
+from simulator.errors import format_validation_error, models_in as _models_in
 from simulator.scenario import Scenario, ScenarioError, parse_scenario
 
 
@@ -229,33 +229,23 @@ def _known_keys(loc: tuple) -> list[str]:
     return sorted(model.model_fields) if model is not None else []
 
 
+def _entry_loc(loc_: tuple, data) -> str:
+    """``entries[2] (id 'chat').figures.x`` for a location inside an entry, else the plain location."""
+    loc = _loc(loc_)
+    if loc_[:1] == ("entries",) and len(loc_) > 1 and isinstance(loc_[1], int):
+        try:
+            ident = f" (id {data['entries'][loc_[1]]['id']!r})"
+        except (KeyError, IndexError, TypeError):
+            ident = ""
+        tail = loc_[3:] if len(loc_) > 2 and loc_[2] in ("scenario", "plan") else loc_[2:]  # union tag
+        rest = _loc(tail)
+        loc = f"entries[{loc_[1]}]{ident}" + ("" if rest == "(top level)" else f".{rest}")
+    return loc
+
+
 def _format(origin: str, err: ValidationError, data) -> str:
-    errors = err.errors()
-    lines = []
-    for e in errors:
-        loc_ = e["loc"]
-        if e["type"] == "too_short" and any(o["loc"][:len(loc_)] == loc_ and len(o["loc"]) > len(loc_)
-                                            for o in errors):
-            continue  # a tuple whose items failed also reports "too short": noise next to the real error
-        inp = e.get("input")
-        got = "" if isinstance(inp, (dict, list)) or e["type"] == "missing" else f" (got {inp!r})"
-        loc = _loc(loc_)
-        if loc_[:1] == ("entries",) and len(loc_) > 1 and isinstance(loc_[1], int):
-            try:
-                ident = f" (id {data['entries'][loc_[1]]['id']!r})"
-            except (KeyError, IndexError, TypeError):
-                ident = ""
-            tail = loc_[3:] if len(loc_) > 2 and loc_[2] in ("scenario", "plan") else loc_[2:]  # union tag
-            rest = _loc(tail)
-            loc = f"entries[{loc_[1]}]{ident}" + ("" if rest == "(top level)" else f".{rest}")
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            known = _known_keys(loc_[:-1])
-            msg = "unknown key; " + (f"valid keys here: {', '.join(known)}" if known else "see docs/ci.md")
-        line = f"  {loc}: {msg}{got}"
-        if line not in lines:
-            lines.append(line)
-    return f"{origin}: invalid regression suite:\n" + "\n".join(lines)
+    return format_validation_error(err, data, root=Suite, origin=origin, what="regression suite", docs="docs/ci.md",
+                                   locate=lambda loc: _entry_loc(loc, data), known=_known_keys)
 
 
 def _read_yaml(path: Path, what: str):
