@@ -17,6 +17,8 @@ def cmd_app(args, con=None) -> int:
     """Run ``streamlit run app/Home.py``; returns its exit code."""
     cmd = [sys.executable, "-m", "streamlit", "run", str(HOME), "--server.port", str(args.port),
            "--server.address", args.address, "--server.headless", "true" if args.headless else "false",
+           # no first-run email prompt: it waits on stdin before the server starts listening
+           "--server.showEmailPrompt", "false",
            "--browser.gatherUsageStats", "false", "--server.maxUploadSize", "20"]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HOME.parents[1]), env.get("PYTHONPATH")]))

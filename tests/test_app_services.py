@@ -158,3 +158,33 @@ def test_cli_simulate_report_and_report_errors(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "simulator.cli", "report", "validation", str(tmp_path),
                           "--out", str(tmp_path / "v.html")], capture_output=True, text=True, cwd=REPO)
     assert bad.returncode == 2 and "validation.json" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_epdsim_app_serves_without_a_terminal_or_headless_flag(tmp_path):
+    """The README's main command ends with a plain ``epdsim app``: on a fresh machine Streamlit's first-run
+    email prompt would wait on stdin before the server listens. With stdin closed it must still serve."""
+    import os
+    import signal
+    import socket
+    import time
+    import urllib.request
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}   # a home without ~/.streamlit credentials
+    proc = subprocess.Popen([sys.executable, "-m", "simulator.cli", "app", "--port", str(port), "--address", "127.0.0.1"],
+                            cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        end, answer = time.monotonic() + 60, None
+        while time.monotonic() < end and proc.poll() is None and answer is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
+                    answer = r.read().decode().strip()
+            except OSError:
+                time.sleep(0.5)
+        assert answer == "ok", f"no health answer; exit {proc.poll()}"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)   # epdsim and the streamlit server it started
+        out = proc.communicate(timeout=30)[0]
+    assert "Email:" not in out, out[-2000:]
