@@ -78,6 +78,8 @@ class PoolSpec:
     router: str
     role: str = "colocated"
     prefix_caching: bool = True
+    frontend_s: float = 0.0             # front end before the engine sees a request (s) ...
+    frontend_s_per_token: float = 0.0   # ... plus this per prompt token (tokenisation)
 
 
 @dataclass
@@ -100,9 +102,9 @@ def _admissible(pool: PoolSpec, inst_kv_blocks: int, block: int, inp: int, out: 
     return ""
 
 
-def run_pool(pool: PoolSpec, rec: Recorder, closed_loop: tuple[int, float] | None = None,
+def run_pool(pool: PoolSpec, rec: Recorder, closed_loop=None,
              max_time_s: float | None = None, decode: PoolSpec | None = None, transfer=None,
-             rng=None, epd=None) -> PoolRun:
+             rng=None, epd=None, client_rng=None) -> PoolRun:
     """Simulate ``pool`` serving every request in ``rec``.
 
     With ``decode`` and ``transfer`` (a :class:`simulator.pd.TransferPlan`),
@@ -110,9 +112,10 @@ def run_pool(pool: PoolSpec, rec: Recorder, closed_loop: tuple[int, float] | Non
     prefill -> KV transfer -> decode.
 
     Open loop (``closed_loop is None``): requests arrive at ``rec.arrival``.
-    Closed loop ``(concurrency, think_time_s)``: that many clients each send a
-    request, wait for it to finish, think, and send the next; arrival times
-    are overwritten with the send times.  The run ends when every request has
+    Closed loop (a :class:`simulator.workload.ClientModel`): that many clients
+    each send a request (after their share of the ramp-up, and after a client
+    delay drawn from ``client_rng``), wait for it to finish, think, and send
+    the next; arrival times are overwritten with the send times.  The run ends when every request has
     ended, or at ``max_time_s`` (requests still in flight become "unfinished").
 
     With ``epd`` (a :class:`simulator.epd.EPDSetup`), requests with images go
@@ -170,22 +173,40 @@ def run_pool(pool: PoolSpec, rec: Recorder, closed_loop: tuple[int, float] | Non
         route(rid)
         return True
 
+    fe0, fe_tok = pool.frontend_s, pool.frontend_s_per_token
+
     def open_loop(env):
         arrival = rec.arrival
         timeout = env.timeout
-        for rid in range(len(arrival)):
-            dt = arrival[rid] - env.now
+        order = range(len(arrival))
+        if fe0 or fe_tok:
+            # The engine sees each request after its front-end time, which depends on the prompt.
+            seen = [arrival[r] + fe0 + fe_tok * inp[r] for r in order]
+            order = sorted(order, key=seen.__getitem__)
+        else:
+            seen = arrival
+        for rid in order:
+            dt = seen[rid] - env.now
             if dt > 0:
                 yield timeout(dt)
             dispatch(rid)
 
-    def client(env, next_id, think):
+    def client(env, k, next_id, cl):
+        if cl.ramp_up_s > 0:
+            yield env.timeout(cl.ramp_up_s * k / cl.concurrency)
+        delay, think = cl.send_delay_s, cl.think_time_s
         while next_id[0] < len(inp):
+            if delay > 0:
+                yield env.timeout(client_rng.exponential(delay))
+                if next_id[0] >= len(inp):   # another user sent the last request meanwhile
+                    return
             rid = next_id[0]
             next_id[0] += 1
             rec.arrival[rid] = env.now
             done = env.event()
             rec.waiters[rid] = done
+            if fe0 or fe_tok:
+                yield env.timeout(fe0 + fe_tok * inp[rid])
             if dispatch(rid):
                 yield done
             else:
@@ -198,11 +219,11 @@ def run_pool(pool: PoolSpec, rec: Recorder, closed_loop: tuple[int, float] | Non
     if closed_loop is None:
         env.process(open_loop(env))
     else:
-        concurrency, think = closed_loop
         rec.waiters = {}
         next_id = [0]
-        for _ in range(concurrency):
-            env.process(client(env, next_id, think))
+        # Users beyond the request count would never send: one process per request at most.
+        for k in range(min(closed_loop.concurrency, len(inp))):
+            env.process(client(env, k, next_id, closed_loop))
     # Idle instances wait on untriggered events, so the schedule empties when the last request ends.
     if max_time_s is None:
         env.run()

@@ -161,6 +161,7 @@ class OpsRun:
         self.front = self.back = None
         self.fp8: dict = {}
         self.coord_rng = None                 # the KV fabric's jitter stream (as in the plain engine)
+        self.client_rng = None                # closed-loop client delays (the scenario's "clients" stream)
 
     # ---- building -------------------------------------------------------------------------
     def on_make(self, pool: OpsPool, inst: Instance) -> None:
@@ -295,8 +296,8 @@ class OpsRun:
         else:
             rec.waiters = {}
             next_id = [0]
-            for _ in range(closed_loop[0]):
-                env.process(self._client(env, next_id, closed_loop[1]))
+            for k in range(min(closed_loop.concurrency, len(rec.input_tokens))):
+                env.process(self._client(env, k, next_id, closed_loop))
         stop = rec.all_ended if max_time_s is None else env.any_of([rec.all_ended, env.timeout(max_time_s)])
         env.run(until=stop)
         end = env.now
@@ -353,9 +354,17 @@ class OpsRun:
                 yield env.timeout(dt)
             self.arrive(rid)
 
-    def _client(self, env, next_id, think):
+    def _client(self, env, k, next_id, cl):
+        """One closed-loop user (:class:`simulator.workload.ClientModel`), as in simulator.engine."""
         rec = self.rec
+        if cl.ramp_up_s > 0:
+            yield env.timeout(cl.ramp_up_s * k / cl.concurrency)
+        think = cl.think_time_s
         while next_id[0] < len(rec.input_tokens):
+            if cl.send_delay_s > 0:
+                yield env.timeout(self.client_rng.exponential(cl.send_delay_s))
+                if next_id[0] >= len(rec.input_tokens):   # another user sent the last request meanwhile
+                    return
             rid = next_id[0]
             next_id[0] += 1
             rec.arrival[rid] = env.now

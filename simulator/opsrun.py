@@ -8,7 +8,7 @@ from simulator.opsrecord import OpsRecorder
 from simulator.opsstart import StartTimes
 
 
-def run_operations(scn, replication: int, reqs, front, back, plan, closed, rng_faults, spec_of):
+def run_operations(scn, replication: int, reqs, front, back, plan, closed, rng_faults, spec_of, rng_clients=None):
     """Returns ``(ops, PoolRun, recorder)``.  ``front``/``back`` are resolved ``(pool, dep, memory, step)``.
 
     Fault draws use their own generator, spawned from the seed and replication, so the KV
@@ -22,6 +22,7 @@ def run_operations(scn, replication: int, reqs, front, back, plan, closed, rng_f
     rng = np.random.default_rng(np.random.SeedSequence([scn.seed, replication, 0x0FA17]))
     ops = OpsRun(scn, rec, rng, starts)
     ops.coord_rng = rng_faults
+    ops.client_rng = rng_clients
     run = ops.run(spec_of(*front), front[1].gpus, closed, scn.simulation.max_time_s,
                   spec_of(*back) if back else None, back[1].gpus if back else 0, plan, contexts)
     return ops, run, rec

@@ -101,8 +101,12 @@ def _pcts(x: np.ndarray) -> dict[str, float]:
 
 def summarize(req: pd.DataFrame, steps: pd.DataFrame, resume_gaps: list[float], *, gpus: int,
               cost_usd_per_hour: float, ttft_slo: float | None, tpot_slo: float | None) -> dict:
-    """Headline metrics (seconds, tokens/s, dollars); see docs/metrics.md for definitions."""
-    done = req[req["outcome"] == "completed"]
+    """Headline metrics (seconds, tokens/s, dollars); see docs/metrics.md for definitions.
+
+    Latency figures leave out a closed loop's warm-up requests (``warmup`` column), as benchmark
+    clients do."""
+    done = req[(req["outcome"] == "completed").to_numpy() & ~req["warmup"].to_numpy()] if "warmup" in req \
+        else req[req["outcome"] == "completed"]
     n = len(req)
     t0 = float(req["arrival_s"].min())
     t1 = float(np.nanmax(req["finish_s"].to_numpy())) if len(done) else t0

@@ -11,11 +11,13 @@ from simulator.workload import WorkloadError, generate
 
 
 def _spec(pool, dep, mem, step) -> PoolSpec:
-    k = dep.knobs
+    k, eng = dep.knobs, dep.engine
     return PoolSpec(pool.name, pool.instances, step, mem, k.max_num_seqs, k.max_num_batched_tokens,
                     k.enable_chunked_prefill, k.max_model_len, pool.router, pool.role,
-                    dep.engine.default_prefix_caching if pool.engine.enable_prefix_caching is None
-                    else pool.engine.enable_prefix_caching)
+                    eng.default_prefix_caching if pool.engine.enable_prefix_caching is None
+                    else pool.engine.enable_prefix_caching,
+                    eng.frontend_s.value if eng.frontend_s else 0.0,
+                    eng.frontend_s_per_token.value if eng.frontend_s_per_token else 0.0)
 
 
 def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:
@@ -45,7 +47,7 @@ def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:
             raise ScenarioError(str(exc)) from None
     else:
         front, back = by_role["colocated"], None
-    closed = (reqs.concurrency, reqs.think_time_s) if reqs.is_closed_loop else None
+    closed = reqs.client if reqs.is_closed_loop else None
     ops = None
     if scn.operations.enabled:
         if epd is not None:
@@ -53,17 +55,21 @@ def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:
                                 "multimodal scenario without `operations`, or the operations study without "
                                 "an encoder pool (pools[].role: encoder) and without images")
         from simulator.opsrun import run_operations
-        ops, run, rec = run_operations(scn, replication, reqs, front, back, plan, closed, rngs["faults"], _spec)
+        ops, run, rec = run_operations(scn, replication, reqs, front, back, plan, closed, rngs["faults"], _spec,
+                                       rngs["clients"])
         from simulator.opsresults import ops_requests_frame
         req_df = ops_requests_frame(run, back[0].name if back else front[0].name)
     else:
         rec = Recorder(reqs.input_tokens, reqs.output_tokens, reqs.arrival_s, reqs.hash_ids, reqs.hash_block_tokens)
         run = run_pool(_spec(*front), rec, closed_loop=closed, max_time_s=scn.simulation.max_time_s,
-                       decode=_spec(*back) if back else None, transfer=plan, rng=rngs["faults"], epd=epd)
+                       decode=_spec(*back) if back else None, transfer=plan, rng=rngs["faults"], epd=epd,
+                       client_rng=rngs["clients"])
         req_df = requests_frame(run, back[0].name if back else front[0].name)
         if run.epd is not None:
             from simulator.epd_flow import add_columns
             req_df = add_columns(req_df, run.epd)
+    if reqs.client is not None and reqs.client.warmup_requests:
+        req_df["warmup"] = req_df["request_id"].to_numpy() < reqs.client.warmup_requests
     step_df = steps_frame(run)
     gpus = sum(p.instances * d.gpus for p, d, _, _ in pools) + (epd.gpus if epd else 0)
     price = (sum(p.instances * d.gpus * d.gpu.price_usd_per_hour.value for p, d, _, _ in pools)

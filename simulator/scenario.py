@@ -56,7 +56,7 @@ class PoolConfig(_Strict):
     tp: int = Field(1, ge=1, le=64)
     pp: int = Field(1, ge=1, le=64)
     instances: int = Field(1, ge=1, le=4096)
-    dtype: Literal["bf16", "fp16", "fp8"] = "bf16"
+    dtype: Literal["bf16", "fp16", "fp8", "fp4", "int4"] = "bf16"   # fp4: NVFP4/MXFP4; int4: W4A16
     kv_cache_dtype: Literal["auto", "bf16", "fp16", "fp8"] = "auto"
     engine: EngineConfig = EngineConfig()
     router: str = "least_outstanding"
@@ -219,8 +219,9 @@ def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB
     if arch.num_heads % pool.tp:
         raise ScenarioError(f"pools[{pool.name}].tp={pool.tp} does not divide {arch.name}'s "
                             f"{arch.num_heads} attention heads; choose a divisor")
-    if pool.dtype == "fp8" and "fp8" not in gpu.peak_flops:
-        raise ScenarioError(f"pools[{pool.name}].dtype=fp8 but {gpu.name} has no fp8 tensor cores; use bf16")
+    if pool.dtype in ("fp8", "fp4") and pool.dtype not in gpu.peak_flops:
+        raise ScenarioError(f"pools[{pool.name}].dtype={pool.dtype} but {gpu.name} has no {pool.dtype} tensor cores; "
+                            f"use {'fp8 or ' if 'fp8' in gpu.peak_flops else ''}int4 (weight-only) or bf16")
     seqs, tokens = vllm_batch_defaults(gpu)
     e = pool.engine
     chunked = engine.default_chunked_prefill if e.enable_chunked_prefill is None else e.enable_chunked_prefill
@@ -242,7 +243,10 @@ def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB
         max_cudagraph_capture_size=(e.max_cudagraph_capture_size or engine.max_capture_size
                                     or min(2 * max_seqs, 512)),
         max_model_len=max_len, num_gpu_blocks_override=e.num_gpu_blocks_override or 0)
-    kv = pool.dtype if pool.kv_cache_dtype == "auto" else pool.kv_cache_dtype
+    # 'auto' follows the weights for fp8 (vLLM keeps fp8 checkpoints' KV in fp8 only when told; the
+    # scenario's 'auto' has long meant "as the weights"); 4-bit formats keep a bf16 cache.
+    kv = ({"fp4": "bf16", "int4": "bf16"}.get(pool.dtype, pool.dtype) if pool.kv_cache_dtype == "auto"
+          else pool.kv_cache_dtype)
     return Deployment(arch=arch, gpu=gpu, intra_link=link, engine=engine, knobs=knobs, tp=pool.tp,
                       pp=pool.pp, weight_dtype=pool.dtype, kv_dtype=kv,
                       profile=db.profile_for(gpu.name, engine.engine))
@@ -278,6 +282,7 @@ def resolve(scn: Scenario, db: hwdb.HardwareDB | None = None):
 
 def rng_streams(seed: int, replication: int = 0) -> dict[str, np.random.Generator]:
     """One independent generator per purpose, spawned from (seed, replication)."""
-    purposes = ("arrivals", "lengths", "faults", "routing", "images")
+    # New purposes go last: a child's stream depends only on its index, so the others stay the same.
+    purposes = ("arrivals", "lengths", "faults", "routing", "images", "clients")
     children = np.random.SeedSequence([seed, replication]).spawn(len(purposes))
     return {p: np.random.default_rng(c) for p, c in zip(purposes, children)}

@@ -40,6 +40,9 @@ from simulator.loadshape import ShapedArrivals, shaped_arrivals
 from simulator.traces import Role, Trace, TraceFormat, read_token_columns, read_trace
 
 MAX_REQUESTS = 50_000_000
+# Mean client-side delay before each closed-loop send (s); fitted on the e2e table's fitting rows
+# (docs/validation/e2e.md), 0 makes the ideal lock-step client.
+CLIENT_SEND_DELAY_S = 0.0
 """Upper bound on requests one workload may generate (about 2 GB of arrays)."""
 
 
@@ -174,11 +177,23 @@ class TraceArrivals(_Frozen):
 
 
 class ClosedLoop(_Frozen):
-    """``concurrency`` users, each sending its next request ``think_time_s`` after a reply."""
+    """``concurrency`` users, each sending its next request ``think_time_s`` after a reply.
+
+    The defaults model a benchmark client (``vllm bench serve --max-concurrency``, aiperf or
+    genai-perf concurrency mode), not ideal users in lock-step: ``send_delay_s`` is the mean of an
+    exponential client-side delay before each send (reading the last chunk, bookkeeping, handing the
+    slot to the next request; docs/validation/e2e.md gives the fit), which keeps clients that got the
+    same lengths from re-sending in the same engine step; ``ramp_up_s`` spreads the users' first
+    sends evenly over that window; the first ``warmup_requests`` requests are served but left out of
+    the reported figures (``warmup`` column).  ``send_delay_s: 0`` with no ramp is the ideal client.
+    """
 
     kind: Literal["closed"] = "closed"
     concurrency: int = Field(ge=1)
     think_time_s: float = Field(0.0, ge=0)
+    send_delay_s: float = Field(CLIENT_SEND_DELAY_S, ge=0, le=60)
+    ramp_up_s: float = Field(0.0, ge=0, le=3600)
+    warmup_requests: int = Field(0, ge=0)
 
 
 Arrival = Annotated[
@@ -226,6 +241,17 @@ class WorkloadConfig(_Frozen):
 
 # ---------------------------------------------------------------- requests
 
+@dataclass(frozen=True)
+class ClientModel:
+    """The closed loop's users as the engine runs them (seconds; see :class:`ClosedLoop`)."""
+
+    concurrency: int
+    think_time_s: float = 0.0
+    send_delay_s: float = 0.0
+    ramp_up_s: float = 0.0
+    warmup_requests: int = 0
+
+
 @dataclass(frozen=True, eq=False)
 class Requests:
     """Generated requests as parallel read-only arrays, one entry per request.
@@ -247,6 +273,7 @@ class Requests:
     concurrency: int | None = None
     think_time_s: float = 0.0
     notes: tuple[str, ...] = ()
+    client: ClientModel | None = None
 
     def __post_init__(self) -> None:
         n = len(self.arrival_s)
@@ -393,5 +420,7 @@ def generate(cfg: WorkloadConfig, rng_arrivals: np.random.Generator,
         is_closed_loop=closed,
         concurrency=arrival.concurrency if closed else None,
         think_time_s=arrival.think_time_s if closed else 0.0,
+        client=ClientModel(arrival.concurrency, arrival.think_time_s, arrival.send_delay_s, arrival.ramp_up_s,
+                           min(arrival.warmup_requests, n - 1)) if closed else None,
         notes=trace.notes if trace is not None else (),
     )
