@@ -28,7 +28,13 @@ class Figure(_Strict):
 
 
 DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8", "fp4")
-DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "fp4": 0.5}
+DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "fp4": 0.5, "int4": 0.5}
+# Bytes per stored weight including block scales: NVFP4 keeps one fp8 (e4m3) scale per 16 weights
+# (NVIDIA, "Introducing NVFP4", 2025); W4A16 int4 (GPTQ/AWQ/compressed-tensors) one bf16 scale per
+# group of 128.  fp8 per-channel or 128x128 block scales are below 0.1 % and left out.
+WEIGHT_BYTES = {**DTYPE_BYTES, "fp4": 0.5 + 1 / 16, "int4": 0.5 + 2 / 128}
+# The tensor-core dtype a weight format computes in: weight-only int4 dequantises to bf16.
+COMPUTE_DTYPE = {"int4": "bf16"}
 
 
 class EfficiencyCurve(_Strict):
@@ -152,6 +158,14 @@ class EngineProfile(_Strict):
     eager_launch_s_per_layer: Figure
     graphs_for_mixed_batches: bool
     max_capture_size: int | None = None
+    # End-to-end terms fitted on measured serving runs (calibration/e2e_fit.py, docs/validation/e2e.md):
+    # a fixed GPU time per decoder layer per step (kernel floors and gaps between the ~15 small
+    # kernels of a layer, independent of TP: the measured TPOT at TP1..8 leaves the same residual),
+    # and the client-visible front end before the engine sees a request (HTTP, tokenisation,
+    # detokenisation and streaming of the first token): ``frontend_s`` + ``frontend_s_per_token`` x prompt.
+    layer_overhead_s: Figure | None = None
+    frontend_s: Figure | None = None
+    frontend_s_per_token: Figure | None = None
     default_chunked_prefill: bool
     default_prefix_caching: bool
     default_max_num_seqs: int | None = None

@@ -39,7 +39,7 @@ from typing import Iterator, Literal
 
 
 from hwdb.coldstart import ColdStartDB, StartupCoefficients, load_coldstart
-from hwdb.schema import DTYPE_BYTES
+from hwdb.schema import WEIGHT_BYTES
 from simulator.perf import Deployment
 
 CompileCache = Literal["miss", "hit"]
@@ -228,7 +228,7 @@ def breakdown(dep: Deployment, compile_cache: CompileCache = "miss", storage: st
     a, k = dep.arch, dep.knobs
     ranks = dep.tp * dep.pp
     layers = math.ceil(a.num_layers / dep.pp)
-    ckpt = a.total_params * DTYPE_BYTES[dep.weight_dtype]
+    ckpt = a.total_params * WEIGHT_BYTES[dep.weight_dtype]
     p_rank = a.total_params / ranks
     peak = dep.gpu.flops(dep.weight_dtype)
     eager = k.enforce_eager

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from hwdb.models import ModelArch
 from hwdb.profiles import Profile
-from hwdb.schema import DTYPE_BYTES, GPU, EfficiencyCurve, EngineProfile, Link
+from hwdb.schema import COMPUTE_DTYPE, DTYPE_BYTES, GPU, WEIGHT_BYTES, EfficiencyCurve, EngineProfile, Link
 
 GiB = 2 ** 30
 
@@ -114,7 +114,7 @@ def plan_memory(dep: Deployment) -> MemoryPlan:
     a, k = dep.arch, dep.knobs
     gpu_bytes = dep.gpu.memory_bytes.value
     usable = gpu_bytes * k.gpu_memory_utilization
-    wbytes = a.total_params * DTYPE_BYTES[dep.weight_dtype] / dep.gpus
+    wbytes = a.total_params * WEIGHT_BYTES[dep.weight_dtype] / dep.gpus
     act_elems = k.max_num_batched_tokens * (4 * a.hidden_size + 2 * (a.moe_intermediate_size or a.intermediate_size) / dep.tp)
     logits = k.max_num_seqs * a.vocab_size / dep.tp * 4.0
     activation = act_elems * 2.0 + logits
@@ -125,7 +125,7 @@ def plan_memory(dep: Deployment) -> MemoryPlan:
     need = _fit_hint(dep, wbytes, usable)
     if kv <= 0:
         raise FitError(
-            f"{a.name} with {dep.weight_dtype} weights needs {a.total_params * DTYPE_BYTES[dep.weight_dtype] / 1e9:.0f} GB "
+            f"{a.name} with {dep.weight_dtype} weights needs {a.total_params * WEIGHT_BYTES[dep.weight_dtype] / 1e9:.0f} GB "
             f"of weights ({wbytes / 1e9:.1f} GB per GPU at TP={dep.tp}, PP={dep.pp}); "
             f"{dep.gpus}x {dep.gpu.name} with {gpu_bytes / 1e9:.0f} GB each and gpu_memory_utilization="
             f"{k.gpu_memory_utilization} leaves no memory for the KV cache: {need}")
@@ -221,6 +221,7 @@ class StepModel:
     cpu_tok: float
     cpu_sample: float
     calibrated: bool
+    layer_s: float = 0.0
 
     def step_time(self, tokens: int, seqs_logits: int, attn_pairs: float,
                   decode_ctx: float, prefill_ctx: float = 0.0, running: int = 0, waiting: int = 0) -> float:
@@ -236,12 +237,15 @@ class StepModel:
         if self.n_experts:
             touched = self.n_experts * (1.0 - (1.0 - self.experts_per_token / self.n_experts) ** tokens)
             wbytes += self.expert_bytes * touched
-        nbytes = (wbytes + self.kv_bytes_per_token * (decode_ctx + prefill_ctx + tokens)
+        # Pipeline stages: each of the pp micro-batches in flight re-reads its stage's weights, so one
+        # token pays every stage's weight stream in series (pp x this rank's share), while compute
+        # splits across micro-batches; pipelining raises throughput, never single-sequence speed.
+        nbytes = (wbytes * self.pp + self.kv_bytes_per_token * (decode_ctx + prefill_ctx + tokens)
                   + self.act_bytes_per_token * tokens)
         me = self.meff
         # The memory curve was fitted per kernel: each linear kernel pays its own floor (half).
         t_mem = (nbytes + self.mem_floor_bytes) / (self.peak_bw * me.max_eff)
-        t = t_comp if t_comp > t_mem else t_mem
+        t = (t_comp if t_comp > t_mem else t_mem) + self.layer_s
         if self.tp > 1:
             t += self.ar_per_step * (self.ar_bytes_per_token * tokens / self.ar_bw + self.ar_latency)
         if self.pp > 1:
@@ -255,11 +259,6 @@ class StepModel:
         if self.overlapped:
             return t if t > cpu else cpu     # the next step is prepared while the GPU runs this one
         return t + cpu
-
-    def cpu_time(self, tokens: int, seqs_logits: int, running: int, waiting: int) -> float:
-        """Host work of a step (seconds), whether or not it overlaps the GPU."""
-        return (self.cpu_step + self.cpu_run * running + self.cpu_wait * waiting + self.cpu_tok * tokens
-                + self.cpu_sample * seqs_logits)
 
     def prefill_time(self, prompt: int, chunk: int = 0) -> float:
         """Time to prefill ``prompt`` tokens alone, in chunks of ``chunk`` tokens (0 = one step)."""
@@ -281,7 +280,7 @@ def build_step_model(dep: Deployment) -> StepModel:
     """Coefficients for :class:`StepModel` from a deployment (profile overrides GPU defaults)."""
     a, g, prof = dep.arch, dep.gpu, dep.profile
     gpus = dep.gpus
-    wb = DTYPE_BYTES[dep.weight_dtype]
+    wb = WEIGHT_BYTES[dep.weight_dtype]
     ceff = (prof.compute_efficiency if prof and prof.compute_efficiency else g.compute_efficiency)
     meff = (prof.memory_efficiency if prof and prof.memory_efficiency else g.memory_efficiency)
     aeff = (prof.attention_prefill_efficiency if prof and prof.attention_prefill_efficiency else ceff)
@@ -289,9 +288,15 @@ def build_step_model(dep: Deployment) -> StepModel:
     # The input embedding is a gather of a few rows per step, not a stream of the table.
     streamed_embed = 0 if a.tie_embeddings else a.embedding_params
     dense_params = a.total_params - expert_total - streamed_embed
-    compute_dtype = dep.weight_dtype if dep.weight_dtype in g.peak_flops else "bf16"
-    if compute_dtype == "fp8" and prof and prof.compute_efficiency_fp8:
-        ceff = prof.compute_efficiency_fp8
+    compute_dtype = COMPUTE_DTYPE.get(dep.weight_dtype, dep.weight_dtype)
+    compute_dtype = compute_dtype if compute_dtype in g.peak_flops else "bf16"
+    if compute_dtype in ("fp8", "fp4") and prof and prof.compute_efficiency_fp8:
+        # The fp8 GEMM fit's large ramp (half ~120-170 tokens) is the kernel's fixed cost (activation
+        # quantisation) charged per FLOP, which would make a batch-1 decode compute-bound and shrink
+        # with TP; that cost is per kernel, carried by the engine's per-layer overhead, so fp8 keeps
+        # its peak efficiency with the bf16 ramp.  fp4 GEMMs have no table: fp8's efficiency.
+        ceff = type(ceff)(max_eff=prof.compute_efficiency_fp8.max_eff, half=min(ceff.half, prof.compute_efficiency_fp8.half),
+                          source=prof.compute_efficiency_fp8.source, empirical=True)
     eng = dep.engine
     eager = eng.eager_launch_s_per_layer.value * math.ceil(a.num_layers / dep.pp)
     graph = eng.graph_launch_s.value
@@ -331,6 +336,8 @@ def build_step_model(dep: Deployment) -> StepModel:
         cpu_step=cpu_costs[0], cpu_run=cpu_costs[1], cpu_wait=cpu_costs[2], cpu_tok=cpu_costs[3],
         cpu_sample=cpu_costs[4],
         calibrated=bool(prof),
+        # Every layer runs in series for a token, whatever the pipeline split.
+        layer_s=(eng.layer_overhead_s.value * a.num_layers) if eng.layer_overhead_s else 0.0,
     )
 
 
