@@ -1,0 +1,83 @@
+"""Fit the engines' end-to-end terms on the fitting part of the measured serving runs.
+
+Two terms per engine (``hwdb/data/engines/*.yaml``), both physical and both
+invisible to kernel tables:
+
+* ``layer_overhead_s``: GPU time per decoder layer per step beyond the
+  roofline (kernel floors, the gaps between a layer's small kernels).  Fitted
+  on TPOT: with the term at 0, TPOT_pred = TPOT_sim + L x (steps' share) x;
+  the share is 1 for decode steps, so a least-squares fit of relative errors
+  on ``TPOT_sim + L * x`` gives x in closed form.
+* ``frontend_s`` + ``frontend_s_per_token`` x prompt: the client-visible time
+  before the engine sees a request and after the first token leaves it.
+  Fitted on TTFT after the layer term is in: TTFT_pred = TTFT_sim + a + b x isl.
+
+Both fits use a robust loss (soft L1 on relative errors) over the rows of
+:func:`calibration.e2e.split` == 'fit' only; the held-out rows never enter.
+Run: ``python -m calibration.e2e_fit [--engine vllm]``; it prints the YAML
+lines to put in the engine file and the before/after scores.
+"""
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import least_squares
+
+import hwdb
+from calibration import e2e
+from calibration.e2e_rows import ENGINES, load_rows, why_not
+
+TERMS = ("layer_overhead_s", "frontend_s", "frontend_s_per_token")
+
+
+def _robust(fun, x0, bounds):
+    return least_squares(fun, x0, bounds=bounds, loss="soft_l1", f_scale=0.1).x
+
+
+def fit_engine(backend: str, rows, workers: int | None = None) -> tuple[dict[str, float], pd.DataFrame]:
+    """Fitted terms for ``backend`` (table name: vllm, sglang, trtllm) and the final predictions."""
+    engine = ENGINES[backend]
+    db = hwdb.load()
+    fit_rows = [r for r in rows if r.backend == backend and e2e.split(r) == "fit" and not why_not(r, db)]
+    if len(fit_rows) < 10:
+        raise SystemExit(f"{backend}: only {len(fit_rows)} expressible fitting rows; need >= 10")
+    layers = np.array([db.model(r.model).arch.num_layers for r in fit_rows], dtype=float)
+    zero = {engine: {t: 0.0 for t in TERMS}}
+    base = e2e.predict(fit_rows, workers=workers, terms=zero)
+    m, sim = base["tpot_s"].to_numpy(), base["tpot_pred_s"].to_numpy()
+    ok = np.isfinite(sim)
+    (x,) = _robust(lambda p: (sim[ok] + layers[ok] * p[0] - m[ok]) / m[ok], [1e-5], ([0.0], [1e-3]))
+    terms = {engine: {"layer_overhead_s": float(x), "frontend_s": 0.0, "frontend_s_per_token": 0.0}}
+    mid = e2e.predict(fit_rows, workers=workers, terms=terms)
+    m, sim = mid["ttft_s"].to_numpy(), mid["ttft_pred_s"].to_numpy()
+    isl = np.array([r.isl for r in fit_rows], dtype=float) * 0.9   # the random dataset's mean prompt
+    ok = np.isfinite(sim)
+    a, b = _robust(lambda p: (sim[ok] + p[0] + p[1] * isl[ok] - m[ok]) / m[ok], [0.01, 1e-6],
+                   ([0.0, 0.0], [1.0, 1e-4]))
+    terms[engine].update(frontend_s=float(a), frontend_s_per_token=float(b))
+    final = e2e.predict(fit_rows, workers=workers, terms=terms)
+    return terms[engine], pd.concat([base.assign(stage="before"), final.assign(stage="after")])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--engine", action="append", choices=sorted(ENGINES), help="table backend(s) to fit")
+    ap.add_argument("--workers", type=int)
+    args = ap.parse_args(argv)
+    rows = load_rows()
+    for backend in args.engine or ["vllm"]:
+        terms, df = fit_engine(backend, rows, args.workers)
+        n = int((df["stage"] == "after").sum())
+        print(f"# {ENGINES[backend]}: fitted on {n} rows of the 'fit' split (calibration/e2e_fit.py)")
+        for k, v in terms.items():
+            print(f"{k}: {{value: {v:.4g}, empirical: true}}")
+        for stage, g in df.groupby("stage"):
+            print(f"  {stage}: TTFT MAPE {g['ttft_err'].abs().mean():.1%} bias {g['ttft_err'].mean():+.1%}; "
+                  f"TPOT MAPE {g['tpot_err'].abs().mean():.1%} bias {g['tpot_err'].mean():+.1%}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

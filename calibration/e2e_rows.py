@@ -1,0 +1,140 @@
+"""Measured serving runs (``../shared/data/e2e/serving_measurements.csv``) as epdsim scenarios.
+
+Each row of that table is one benchmark run: a client at a fixed concurrency
+(``batch_size``) sending fixed nominal input/output lengths (``isl``, ``osl``)
+to one engine (vLLM, SGLang, TensorRT-LLM) on one GPU type with one parallel
+layout, reporting mean TTFT and TPOT in milliseconds.  :func:`to_scenario`
+turns a row the simulator can express into a scenario dict, and says in one
+short phrase why it cannot for the others (the reasons are counted, never
+dropped silently).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+DEFAULT_TABLE = Path(__file__).resolve().parents[2] / "shared" / "data" / "e2e" / "serving_measurements.csv"
+
+# The table's system names and the hwdb GPU entries they are (aliases resolve the rest).
+SYSTEMS = {"h100_sxm": "H100-SXM-80GB", "h200_sxm": "H200-SXM-141GB", "b200_sxm": "B200-SXM-180GB",
+           "gb200": "GB200"}
+ENGINES = {"vllm": "vllm-v1", "sglang": "sglang", "trtllm": "trtllm"}
+# Weight formats: fp8_block is DeepSeek-style 128x128 block scaling (fp8 tensor cores, scales
+# negligible in bytes); nvfp4 is 4-bit with an fp8 scale per 16 weights; int4_wo is weight-only
+# int4 with bf16 activations (W4A16).
+# The benchmark client that produced the table (see docs/validation/e2e.md): InferenceX-style
+# `benchmark_serving.py --dataset-name random --random-range-ratio 0.8 --num-prompts 10*C
+# --max-concurrency C --ignore-eos`, warm-up requests run before and excluded.
+RANGE_RATIO = 0.8
+REQUESTS_PER_CLIENT = 10
+QUANT = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "fp8_block": "fp8", "nvfp4": "fp4", "int4_wo": "int4"}
+
+
+@dataclass(frozen=True)
+class Row:
+    """One measured run, in the table's own terms (times in seconds)."""
+
+    id: str
+    backend: str
+    version: str
+    model: str
+    system: str
+    quant: str
+    isl: int
+    osl: int
+    concurrency: int
+    tp: int
+    pp: int
+    dp: int
+    moe_tp: int
+    moe_ep: int
+    ttft_s: float
+    tpot_s: float
+    disagg: bool
+
+    @property
+    def subset(self) -> str:
+        """The validation subset: engine x GPU x model x precision x TP."""
+        return f"{self.backend} {self.system} {self.model.split('/')[-1]} {self.quant} tp{self.tp}"
+
+
+def _int(x, default: int = 1) -> int:
+    return default if x is None or (isinstance(x, float) and math.isnan(x)) else int(x)
+
+
+def load_rows(path: str | Path = DEFAULT_TABLE) -> list[Row]:
+    """All rows of the measurement table, in file order."""
+    df = pd.read_csv(path, dtype={"backend_version": str})
+    rows = []
+    for r in df.itertuples(index=False):
+        rows.append(Row(
+            id=str(r.id), backend=str(r.backend), version=str(r.backend_version), model=str(r.model_path),
+            system=str(r.system), quant=str(r.gemm_quant_mode), isl=_int(r.isl), osl=_int(r.osl),
+            concurrency=_int(r.batch_size), tp=_int(r.tp_size), pp=_int(r.pp_size),
+            dp=_int(r.attention_dp_size), moe_tp=_int(r.moe_tp_size), moe_ep=_int(r.moe_ep_size),
+            ttft_s=float(r.silicon_ttft_ms) / 1e3, tpot_s=float(r.silicon_tpot_ms) / 1e3,
+            disagg=str(r.mode) == "disagg"))
+    return rows
+
+
+def why_not(row: Row, db) -> str:
+    """'' when epdsim can express ``row``, else the missing feature in a few words."""
+    if row.disagg:
+        return "disaggregated run (prefill/decode worker layout with attention DP not expressible yet)"
+    if row.system not in SYSTEMS:
+        return f"GPU {row.system} not in hwdb"
+    if row.backend not in ENGINES:
+        return f"engine {row.backend} not modelled"
+    try:
+        db.engine(ENGINES[row.backend])
+    except Exception:
+        return f"engine {row.backend} has no profile in hwdb"
+    if row.quant not in QUANT:
+        return f"weight format {row.quant} not modelled"
+    try:
+        arch = db.model(row.model).arch
+    except Exception:
+        return f"model {row.model.split('/')[-1]} not in hwdb"
+    if row.dp > 1 or row.moe_ep > 1:
+        return "attention data parallel / expert parallel layout not modelled"
+    if row.moe_tp not in (1, row.tp) and arch.is_moe:
+        return "MoE tensor-parallel size differs from attention TP"
+    dtype = QUANT[row.quant]
+    gpu = db.gpu(SYSTEMS[row.system])
+    if dtype in ("fp8", "fp4") and dtype not in gpu.peak_flops:
+        return f"{dtype} on {row.system} (no {dtype} tensor cores)"
+    if not (row.concurrency >= 1 and row.isl >= 1 and row.osl >= 2):
+        return "degenerate row (concurrency or lengths)"
+    if not (row.ttft_s > 0 and row.tpot_s > 0):
+        return "no measured TTFT/TPOT"
+    return ""
+
+
+def _spread(length: int, ratio: float) -> dict:
+    """The random dataset's lengths: uniform on [ratio x L, L] (InferenceX's benchmark_serving fork)."""
+    if ratio >= 1.0:
+        return {"kind": "fixed", "value": length}
+    return {"kind": "uniform", "low": max(1, int(ratio * length)), "high": length}
+
+
+def to_scenario(row: Row, requests_per_client: int, client: dict, range_ratio: float = RANGE_RATIO) -> dict:
+    """A scenario dict that replays ``row`` (only call when :func:`why_not` is '')."""
+    dtype = QUANT[row.quant]
+    # vLLM and SGLang keep the KV cache in the activation dtype unless told otherwise; TensorRT-LLM's
+    # quantised checkpoints ship an fp8 KV cache.
+    kv = "fp8" if row.backend == "trtllm" and dtype in ("fp8", "fp4") else "bf16"
+    n = max(row.concurrency * requests_per_client, row.concurrency + 8)
+    return {
+        "name": row.id,
+        "model": row.model,
+        "pools": [{"name": "main", "gpu": SYSTEMS[row.system], "tp": row.tp, "pp": row.pp, "dtype": dtype,
+                   "kv_cache_dtype": kv, "engine": {"engine": ENGINES[row.backend],
+                                                    "max_model_len": row.isl + row.osl + 16}}],
+        "workload": {"arrival": {"kind": "closed", "concurrency": row.concurrency, **client},
+                     "input_length": _spread(row.isl, range_ratio),
+                     "output_length": _spread(row.osl, range_ratio),
+                     "num_requests": n},
+    }
