@@ -3,9 +3,14 @@
 The config is kept verbatim; :func:`arch_from_config` reads the fields that the
 performance models need and derives parameter counts and KV-cache size.
 Supported families: dense decoder (Llama, Qwen2/3, Mistral), sparse MoE
-(Mixtral, Qwen3-MoE, DeepSeek-V3 with shared experts and dense first layers)
-and multi-head latent attention (DeepSeek-V2/V3).  Vision-language configs
-(Qwen2.5-VL) are read through their ``text_config`` or top-level text fields.
+(Mixtral, Qwen3-MoE, gpt-oss, MiniMax-M2, DeepSeek-V3 / Kimi-K2 with shared
+experts and dense first layers), multi-head latent attention (DeepSeek-V2/V3,
+GLM-5 with the DeepSeek-sparse-attention indexer), alternating sliding-window
+layers (gpt-oss, from ``layer_types``) and hybrid Gated-DeltaNet linear
+attention (Qwen3.5 / Qwen3-Next, from ``layer_types``).  Vision-language and
+other multimodal wrappers (Qwen2.5-VL, Kimi-K2.5, Qwen3.5) are read through
+their ``text_config`` or top-level text fields; their encoders are not counted.
+Multi-token-prediction modules are not counted.
 """
 from __future__ import annotations
 
@@ -22,7 +27,12 @@ class ModelArch:
 
     Invariants: ``active_params <= total_params``; ``kv_elems_per_token`` is
     the number of cached elements per token over all layers (K and V, or the
-    MLA latent), so KV bytes per token = ``kv_elems_per_token * dtype bytes``.
+    MLA latent and any sparse-attention indexer key), so KV bytes per token =
+    ``kv_elems_per_token * dtype bytes``.  Only layers whose cache grows with
+    the whole context count there: sliding-window layers hold at most
+    ``sliding_window`` tokens (``kv_window_elems_per_seq``) and linear-attention
+    layers a fixed recurrent state (``linear_state_elems_per_seq``), both per
+    sequence.  ``num_layers`` counts every decoder layer, of any kind.
     """
 
     name: str
@@ -45,6 +55,19 @@ class ModelArch:
     v_head_dim: int = 0
     q_lora_rank: int = 0
     max_position_embeddings: int = 0
+    # Layers of other kinds, out of num_layers (from config "layer_types").
+    sliding_window: int = 0
+    num_sliding_layers: int = 0          # softmax attention over the last sliding_window tokens
+    num_linear_layers: int = 0           # Gated-DeltaNet linear attention, no per-token KV
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 0
+    attn_output_gate: bool = False       # q_proj also emits a per-head output gate (Qwen3-Next/3.5)
+    # DeepSeek-sparse-attention lightning indexer (DeepSeek-V3.2, GLM-5): its key is cached per token.
+    index_n_heads: int = 0
+    index_head_dim: int = 0
 
     # ---- derived --------------------------------------------------------
     @property
@@ -56,8 +79,19 @@ class ModelArch:
         return self.kv_lora_rank > 0
 
     @property
+    def full_attn_layers(self) -> int:
+        """Layers with softmax attention over the whole context (their KV grows with it)."""
+        return self.num_layers - self.num_sliding_layers - self.num_linear_layers
+
+    @property
     def attn_params_per_layer(self) -> int:
+        """Weights of one softmax-attention layer (full or sliding window), indexer included."""
         h = self.hidden_size
+        index = 0
+        if self.index_n_heads:
+            q_in = self.q_lora_rank or h
+            index = (q_in * self.index_n_heads * self.index_head_dim + h * self.index_head_dim
+                     + h * self.index_n_heads + 2 * self.index_head_dim)
         if self.is_mla:
             qk_head = self.qk_nope_head_dim + self.qk_rope_head_dim
             q = (h * self.q_lora_rank + self.q_lora_rank * self.num_heads * qk_head
@@ -65,11 +99,30 @@ class ModelArch:
             kv_down = h * (self.kv_lora_rank + self.qk_rope_head_dim)
             kv_up = self.kv_lora_rank * self.num_heads * (self.qk_nope_head_dim + self.v_head_dim)
             o = self.num_heads * self.v_head_dim * h
-            return q + kv_down + kv_up + o
-        q = h * self.num_heads * self.head_dim
+            return q + kv_down + kv_up + o + index
+        q = h * self.num_heads * self.head_dim * (2 if self.attn_output_gate else 1)
         kv = 2 * h * self.num_kv_heads * self.head_dim
         o = self.num_heads * self.head_dim * h
-        return q + kv + o
+        return q + kv + o + index
+
+    @property
+    def linear_attn_params_per_layer(self) -> int:
+        """Weights of one Gated-DeltaNet layer: q/k/v/z and b/a projections, causal conv, decay, output."""
+        if not self.num_linear_layers:
+            return 0
+        h = self.hidden_size
+        key = self.linear_num_key_heads * self.linear_key_head_dim
+        value = self.linear_num_value_heads * self.linear_value_head_dim
+        in_proj = h * (2 * key + 2 * value + 2 * self.linear_num_value_heads)
+        conv = (2 * key + value) * self.linear_conv_kernel_dim
+        per_head = 2 * self.linear_num_value_heads  # A_log, dt_bias
+        return in_proj + conv + per_head + self.linear_value_head_dim + value * h
+
+    @property
+    def attention_params(self) -> int:
+        """Token-mixing weights over all layers (softmax and linear attention)."""
+        return ((self.num_layers - self.num_linear_layers) * self.attn_params_per_layer
+                + self.num_linear_layers * self.linear_attn_params_per_layer)
 
     @property
     def dense_mlp_params(self) -> int:
@@ -103,13 +156,12 @@ class ModelArch:
     @property
     def total_params(self) -> int:
         embed = self.embedding_params + (0 if self.tie_embeddings else self.lm_head_params)
-        return (self.num_layers * self.attn_params_per_layer
-                + self._mlp_params(self.num_experts) + embed)
+        return self.attention_params + self._mlp_params(self.num_experts) + embed
 
     @property
     def linear_params_per_token(self) -> int:
         """Weights each token multiplies through (active experts only, no LM head)."""
-        return self.num_layers * self.attn_params_per_layer + self._mlp_params(self.experts_per_token)
+        return self.attention_params + self._mlp_params(self.experts_per_token)
 
     @property
     def active_params(self) -> int:
@@ -124,16 +176,40 @@ class ModelArch:
 
     @property
     def kv_elems_per_token(self) -> int:
+        """Cached elements per token of context, over the layers whose cache grows with the context."""
         if self.is_mla:
-            return self.num_layers * (self.kv_lora_rank + self.qk_rope_head_dim)
-        return self.num_layers * 2 * self.num_kv_heads * self.head_dim
+            return self.full_attn_layers * (self.kv_lora_rank + self.qk_rope_head_dim + self.index_head_dim)
+        return self.full_attn_layers * 2 * self.num_kv_heads * self.head_dim
+
+    @property
+    def kv_window_elems_per_seq(self) -> int:
+        """Most cached elements one sequence holds in its sliding-window layers (a full window)."""
+        return self.num_sliding_layers * self.sliding_window * 2 * self.num_kv_heads * self.head_dim
+
+    @property
+    def linear_state_elems_per_seq(self) -> int:
+        """Recurrent state one sequence holds in its linear-attention layers (delta-rule state + conv tail)."""
+        if not self.num_linear_layers:
+            return 0
+        key = self.linear_num_key_heads * self.linear_key_head_dim
+        value = self.linear_num_value_heads * self.linear_value_head_dim
+        state = self.linear_num_value_heads * self.linear_key_head_dim * self.linear_value_head_dim
+        return self.num_linear_layers * (state + (2 * key + value) * (self.linear_conv_kernel_dim - 1))
 
     @property
     def attn_dim(self) -> int:
-        """Per-token width of the QK^T and PV products summed over heads (one layer)."""
+        """Per-token width of the QK^T and PV products summed over heads, per layer on average.
+
+        Only full-context softmax layers count, so ``num_layers * attn_dim`` is the width summed over
+        the model: sliding-window layers (at most ``sliding_window`` keys) and linear-attention layers
+        (no pairwise products) add nothing.  For models with only full-attention layers this is the
+        width of one layer.
+        """
         if self.is_mla:
-            return self.num_heads * (self.qk_nope_head_dim + self.qk_rope_head_dim + self.v_head_dim) // 2
-        return self.num_heads * self.head_dim
+            width = self.num_heads * (self.qk_nope_head_dim + self.qk_rope_head_dim + self.v_head_dim) // 2
+        else:
+            width = self.num_heads * self.head_dim
+        return width * self.full_attn_layers // self.num_layers
 
 
 def _get(cfg: dict, *keys, default=None, required=True):
@@ -143,6 +219,30 @@ def _get(cfg: dict, *keys, default=None, required=True):
     if required and default is None:
         raise ConfigError(f"config.json lacks '{keys[0]}' (also looked for {list(keys[1:])})")
     return default
+
+
+_LAYER_KINDS = ("full_attention", "sliding_attention", "linear_attention")
+
+
+def _layer_kinds(text: dict, n_layers: int) -> list[str]:
+    """Each layer's attention kind from ``layer_types``; all full attention when the config has none.
+
+    MiniMax's ``attn_type_list`` (1 = softmax, 0 = lightning linear attention) is accepted when it
+    holds only softmax layers, as in MiniMax-M2; lightning attention is not modelled.
+    """
+    kinds = text.get("layer_types")
+    if kinds is None:
+        legacy = text.get("attn_type_list")
+        if legacy is not None and any(int(t) != 1 for t in legacy):
+            raise ConfigError("attn_type_list has lightning-attention layers (0), which are not supported "
+                              "(MiniMax-Text-01 / M1); only all-softmax configs (MiniMax-M2) are")
+        return ["full_attention"] * n_layers
+    if len(kinds) != n_layers:
+        raise ConfigError(f"layer_types lists {len(kinds)} layers but num_hidden_layers is {n_layers}")
+    unknown = sorted(set(kinds) - set(_LAYER_KINDS))
+    if unknown:
+        raise ConfigError(f"layer_types holds unsupported layer kinds {unknown}; known: {list(_LAYER_KINDS)}")
+    return list(kinds)
 
 
 def arch_from_config(cfg: dict, name: str) -> ModelArch:
@@ -157,28 +257,64 @@ def arch_from_config(cfg: dict, name: str) -> ModelArch:
     kv_heads = int(_get(text, "num_key_value_heads", default=heads))
     head_dim = int(_get(text, "head_dim", default=hidden // heads))
     n_experts = int(_get(text, "n_routed_experts", "num_local_experts", "num_experts", default=0, required=False) or 0)
+    n_layers = int(_get(text, "num_hidden_layers", "n_layer", "num_layers"))
+    moe_inter = int(_get(text, "moe_intermediate_size", default=0, required=False)
+                    or (text.get("intermediate_size", 0) if n_experts else 0))
+    first_dense = int(text.get("first_k_dense_replace") or 0)
+    # A layer MLP is only dense where an MoE model says so; an all-MoE config may omit intermediate_size.
+    needs_dense_mlp = not n_experts or first_dense > 0
+    n_shared = int(text.get("n_shared_experts") or 0)
+    shared_inter = int(_get(text, "shared_expert_intermediate_size", "shared_intermediate_size",
+                            default=0, required=False) or 0)
+    if shared_inter and not n_shared:
+        # Qwen2-MoE / Qwen3.5 style: one gated shared MLP of its own width, counted in routed-expert units.
+        if not moe_inter or shared_inter % moe_inter:
+            raise ConfigError(f"shared_expert_intermediate_size={shared_inter} is not a multiple of "
+                              f"moe_intermediate_size={moe_inter}; such a shared expert is not supported")
+        n_shared = shared_inter // moe_inter
+    kinds = _layer_kinds(text, n_layers)
+    n_linear = kinds.count("linear_attention")
+    n_sliding = kinds.count("sliding_attention")
+    window = int(text.get("sliding_window") or 0) if n_sliding else 0
+    if n_sliding and window <= 0:
+        raise ConfigError("layer_types has sliding_attention layers but sliding_window is not set")
+    linear = {}
+    if n_linear:
+        keys = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                "linear_value_head_dim", "linear_conv_kernel_dim")
+        missing = [k for k in keys if not text.get(k)]
+        if missing:
+            raise ConfigError(f"layer_types has linear_attention layers but the config lacks {missing}")
+        linear = {k: int(text[k]) for k in keys}
     arch = ModelArch(
         name=name,
-        num_layers=int(_get(text, "num_hidden_layers", "n_layer", "num_layers")),
+        num_layers=n_layers,
         hidden_size=hidden,
         num_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,
-        intermediate_size=int(_get(text, "intermediate_size", "ffn_dim")),
+        intermediate_size=int(_get(text, "intermediate_size", "ffn_dim", default=None if needs_dense_mlp else 0,
+                                   required=needs_dense_mlp)),
         vocab_size=int(_get(text, "vocab_size")),
         tie_embeddings=bool(text.get("tie_word_embeddings", False)),
         num_experts=n_experts,
         experts_per_token=int(_get(text, "num_experts_per_tok", "num_experts_per_token", default=0, required=False) or 0),
-        moe_intermediate_size=int(_get(text, "moe_intermediate_size", default=0, required=False)
-                                  or (text.get("intermediate_size", 0) if n_experts else 0)),
-        num_shared_experts=int(text.get("n_shared_experts") or 0),
-        first_dense_layers=int(text.get("first_k_dense_replace") or 0),
+        moe_intermediate_size=moe_inter,
+        num_shared_experts=n_shared,
+        first_dense_layers=first_dense,
         kv_lora_rank=int(text.get("kv_lora_rank") or 0),
         qk_rope_head_dim=int(text.get("qk_rope_head_dim") or 0),
         qk_nope_head_dim=int(text.get("qk_nope_head_dim") or 0),
         v_head_dim=int(text.get("v_head_dim") or 0),
         q_lora_rank=int(text.get("q_lora_rank") or 0),
         max_position_embeddings=int(text.get("max_position_embeddings") or 0),
+        sliding_window=window,
+        num_sliding_layers=n_sliding,
+        num_linear_layers=n_linear,
+        **linear,
+        attn_output_gate=bool(text.get("attn_output_gate", False)),
+        index_n_heads=int(text.get("index_n_heads") or 0),
+        index_head_dim=int(text.get("index_head_dim") or 0),
     )
     for field in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "vocab_size"):
         if getattr(arch, field) <= 0:
