@@ -199,3 +199,15 @@ def test_plan_page_runs_the_planner():
     pareto = at.dataframe[0].value
     assert len(pareto) >= 1 and set(pareto["layout"].str.contains("L40S")) == {True}
     assert any(e.label.startswith("vllm/") for e in at.expander)
+
+
+def test_home_html_report_prepares_and_offers_the_download():
+    at = _page("Home.py").run()
+    at.button(key="make-report").click().run()
+    _ok(at)
+    downloads = [b for b in at.get("download_button") if b.proto.label == "Download HTML report"]
+    assert len(downloads) == 1
+    at.radio(key="view").set_value("Time series").run()     # a rerun keeps the prepared report on offer
+    _ok(at)
+    assert [b for b in at.get("download_button") if b.proto.label == "Download HTML report"]
+
