@@ -210,3 +210,15 @@ def test_epdsim_app_serves_without_a_terminal_or_headless_flag(tmp_path):
         os.killpg(proc.pid, signal.SIGTERM)   # epdsim and the streamlit server it started
         out = proc.communicate(timeout=30)[0]
     assert "Email:" not in out, out[-2000:]
+
+
+def test_epdsim_app_hides_streamlits_deploy_button(monkeypatch):
+    """The toolbar's Deploy button opens a Streamlit Cloud dialog that means nothing to a planner's user."""
+    import argparse
+
+    from app import cli
+    calls = []
+    monkeypatch.setattr(cli.subprocess, "call", lambda cmd, env=None: calls.append(cmd) or 0)
+    assert cli.cmd_app(argparse.Namespace(port=8599, address="127.0.0.1", headless=True)) == 0
+    cmd = calls[0]
+    assert cmd[cmd.index("--client.toolbarMode") + 1] == "viewer"
