@@ -53,11 +53,12 @@ if res is not None:
             cols = st.columns(2 if len(figs) > 1 else 1)
             for i, (k, fig) in enumerate(figs.items()):
                 cols[i % len(cols)].plotly_chart(fig, key=k)
+    # The prepared report lives under its own state key: a widget's key is read-only in session_state.
     if st.button("Prepare HTML report", key="make-report"):
-        st.session_state["report"] = (key, report.results_html(res, prices=prices))
-    if st.session_state.get("report", (None,))[0] == key:
-        st.download_button("Download HTML report", st.session_state["report"][1], f"{res.scenario.name}.html",
-                           mime="text/html", key="report")
+        st.session_state["report-html"] = (key, report.results_html(res, prices=prices))
+    if st.session_state.get("report-html", (None,))[0] == key:
+        st.download_button("Download HTML report", st.session_state["report-html"][1], f"{res.scenario.name}.html",
+                           mime="text/html", key="download-report")
     if "last_run_s" in st.session_state:
         st.caption(f"perf model: {info['perf_model']}; last simulation {st.session_state['last_run_s']:.2f} s; "
                    f"scenario hash {key}")

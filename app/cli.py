@@ -19,6 +19,8 @@ def cmd_app(args, con=None) -> int:
            "--server.address", args.address, "--server.headless", "true" if args.headless else "false",
            # no first-run email prompt: it waits on stdin before the server starts listening
            "--server.showEmailPrompt", "false",
+           # viewer: no Deploy button (a Streamlit Cloud dialog) nor rerun/clear-cache developer items
+           "--client.toolbarMode", "viewer",
            "--browser.gatherUsageStats", "false", "--server.maxUploadSize", "20"]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HOME.parents[1]), env.get("PYTHONPATH")]))

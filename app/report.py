@@ -30,7 +30,7 @@ def _page(title: str, body: list[str]) -> str:
 def _figures_html(figs: list) -> list[str]:
     out = []
     for i, fig in enumerate(figs):
-        out.append(fig.to_html(full_html=False, include_plotlyjs="inline" if i == 0 else False,
+        out.append(charts.for_export(fig).to_html(full_html=False, include_plotlyjs="inline" if i == 0 else False,
                                config={"displaylogo": False}))
     return out
 

@@ -115,20 +115,48 @@ def _images(d: dict, db) -> dict:
     return builder.set_images(d, int(n), w, h)
 
 
-def _workload(d: dict) -> dict:
-    rate, inp, out = builder.workload_means(d)
-    w = d.get("workload") or {}
+# (path of the uploaded trace being replayed, the workload it replaced); owned by _trace_upload.
+TRACE_STATE = "trace-upload"
+WORKLOAD_WIDGETS = ("rate", "nreq", "inp", "out", "trace-limit")
+
+
+def _trace_path(d: dict) -> str | None:
+    return ((d.get("workload") or {}).get("arrival") or {}).get("path")
+
+
+def _trace_upload(d: dict) -> dict:
+    """``d`` replaying the uploaded trace; once the file is removed, ``d`` with the workload the trace replaced.
+
+    The replaced workload is held in session state because the scenario dict itself persists between
+    reruns: without it, removing a trace (a bad one above all) would leave its workload in place.
+    """
     up = st.file_uploader("Replay a trace (Azure CSV, Mooncake JSONL, plain CSV/JSONL)", type=["csv", "jsonl", "json"],
                           key=_k("upload-trace"))
-    if up is not None:
-        try:
-            path = scenarios.save_upload("traces", up.name, up.getvalue())
-            lim = st.number_input("replay at most N requests", 10, 200000, 2000, key=_k("trace-limit"))
-            d = {**d, "workload": scenarios.trace_workload(path, None, int(lim))}
-            w = d["workload"]
-            rate, inp, out = builder.workload_means(d)
-        except scenarios.InputError as exc:
-            ui.show_error(exc)
+    held = st.session_state.get(TRACE_STATE)
+    in_use = held is not None and _trace_path(d) == held[0]    # not when a loaded YAML replaced it since
+    if up is None:
+        if held is None:
+            return d
+        del st.session_state[TRACE_STATE]
+        if not in_use:
+            return d
+        for name in WORKLOAD_WIDGETS:        # they re-read the restored workload instead of keeping the trace's
+            st.session_state.pop(_k(name), None)
+        return {**d, "workload": held[1]}
+    try:
+        path = scenarios.save_upload("traces", up.name, up.getvalue())
+    except scenarios.InputError as exc:
+        ui.show_error(exc)
+        return d
+    lim = st.number_input("replay at most N requests", 10, 200000, 2000, key=_k("trace-limit"))
+    st.session_state[TRACE_STATE] = (str(path), held[1] if in_use else d.get("workload"))
+    return {**d, "workload": scenarios.trace_workload(path, None, int(lim))}
+
+
+def _workload(d: dict) -> dict:
+    d = _trace_upload(d)
+    rate, inp, out = builder.workload_means(d)
+    w = d.get("workload") or {}
     kind = (w.get("arrival") or {}).get("kind")
     c1, c2 = st.columns(2)
     if kind in ("poisson", "gamma", "trace"):

@@ -199,3 +199,33 @@ def test_plan_page_runs_the_planner():
     pareto = at.dataframe[0].value
     assert len(pareto) >= 1 and set(pareto["layout"].str.contains("L40S")) == {True}
     assert any(e.label.startswith("vllm/") for e in at.expander)
+
+
+def test_home_html_report_prepares_and_offers_the_download():
+    at = _page("Home.py").run()
+    at.button(key="make-report").click().run()
+    _ok(at)
+    downloads = [b for b in at.get("download_button") if b.proto.label == "Download HTML report"]
+    assert len(downloads) == 1
+    at.radio(key="view").set_value("Time series").run()     # a rerun keeps the prepared report on offer
+    _ok(at)
+    assert [b for b in at.get("download_button") if b.proto.label == "Download HTML report"]
+
+
+def test_home_removing_a_bad_trace_restores_the_workload():
+    at = _page("Home.py").run()
+    before = _metrics(at)
+    good = b"arrival_s,input_tokens,output_tokens\n" + b"".join(b"%d,300,40\n" % i for i in range(50))
+    at.file_uploader(key="upload-trace-0").set_value(("good.csv", good, "text/csv")).run()
+    _ok(at)
+    assert not at.error and _metrics(at) != before
+    # Replacing the good trace by a bad one, then removing it, goes back past both to the workload before.
+    bad = b"arrival_s,input_tokens,output_tokens\n0.0,100,20\n0.5,lots,20\n"
+    at.file_uploader(key="upload-trace-0").set_value(("trace.csv", bad, "text/csv")).run()
+    _ok(at)
+    assert at.error and "trace.csv" in at.error[0].value and not at.metric
+    at.file_uploader(key="upload-trace-0").set_value(None).run()
+    _ok(at)
+    assert not at.error, [e.value for e in at.error]
+    assert at.number_input(key="rate-0").value == 20.0 and at.number_input(key="nreq-0").value == 4000
+    assert _metrics(at) == before                                  # the default scenario again (cached run)

@@ -148,6 +148,28 @@ def test_html_report_is_self_contained(res):
     assert res.scenario.name in html and "SLO attainment" in html
 
 
+
+def _figure_scripts(html: str) -> list[str]:
+    """The figures' own JSON in a report (after Plotly's inlined JavaScript, which has colours of its own)."""
+    return [part.split("</script>")[0] for part in html.split('class="plotly-graph-div"')[1:]]
+
+
+def test_reports_draw_in_the_app_palette_under_streamlit(res, monkeypatch):
+    """In the app's process Streamlit makes its template Plotly's default; its colours are placeholders
+    (#000001, #000002, ...) that only its frontend replaces, so a downloaded report drew every series black."""
+    import re
+
+    import plotly.io as pio
+    monkeypatch.setattr(pio.templates, "default", pio.templates.default)    # restored after the test
+    import streamlit.elements.plotly_chart  # noqa: F401 - registers the "streamlit" template
+    pio.templates.default = "streamlit"
+    other = scenarios.run(small(rate=30.0))
+    results = {"a": res, "b": other}
+    for html in (report.results_html(res), report.comparison_html(results, compare.metrics_frame(results))):
+        figs = _figure_scripts(html)
+        assert figs and not [m for f in figs for m in re.findall(r"#0000(?!00)[0-9]{2}\b", f)]
+        assert figs and all(f'"colorway":["{charts.PALETTE[0]}","{charts.PALETTE[1]}"' in f for f in figs)
+
 def test_cli_simulate_report_and_report_errors(tmp_path):
     scn = tmp_path / "s.yaml"
     scn.write_text(yaml.safe_dump(small(200)))
@@ -188,3 +210,15 @@ def test_epdsim_app_serves_without_a_terminal_or_headless_flag(tmp_path):
         os.killpg(proc.pid, signal.SIGTERM)   # epdsim and the streamlit server it started
         out = proc.communicate(timeout=30)[0]
     assert "Email:" not in out, out[-2000:]
+
+
+def test_epdsim_app_hides_streamlits_deploy_button(monkeypatch):
+    """The toolbar's Deploy button opens a Streamlit Cloud dialog that means nothing to a planner's user."""
+    import argparse
+
+    from app import cli
+    calls = []
+    monkeypatch.setattr(cli.subprocess, "call", lambda cmd, env=None: calls.append(cmd) or 0)
+    assert cli.cmd_app(argparse.Namespace(port=8599, address="127.0.0.1", headless=True)) == 0
+    cmd = calls[0]
+    assert cmd[cmd.index("--client.toolbarMode") + 1] == "viewer"
