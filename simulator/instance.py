@@ -256,18 +256,10 @@ class Instance:
                 kv_used += grow
                 budget -= c
                 chunks.append((rid, pf, c))
-            # --- decode role: allocate blocks for whole prompts whose KV is remote, FCFS
-            while not n_pre and remote:
-                rid = remote[0]
-                grow = -(-(inp[rid] - 1) // block)
-                if kv_total - kv_used < grow:
-                    break
-                remote.popleft()
-                kv_used += grow
-                receiving.add(rid)
-                self.start_transfer(self, rid, now)
-            # --- admit waiting requests FCFS (V1 admits none in a step that preempted)
-            while not n_pre and waiting and budget > 0 and len(order) < max_seqs:
+            # --- admit waiting requests FCFS (V1 admits none in a step that preempted).  A batch
+            # slot is kept for every request whose KV is pulled (receiving or ready), so that KV
+            # starts decoding as soon as it lands.
+            while not n_pre and waiting and budget > 0 and len(order) + len(receiving) + len(ready) < max_seqs:
                 rid = waiting[0]
                 pf = self._requeue.get(rid)
                 target = pf[1] if pf is not None else inp[rid]
@@ -297,6 +289,20 @@ class Instance:
                 prefill[rid] = pf
                 budget -= c
                 chunks.append((rid, pf, c))
+            # --- decode role: allocate blocks for whole prompts whose KV is remote, FCFS, behind
+            # preempted requests (which head V1's single waiting queue), and only for requests
+            # that have a batch slot: pulled KV must not sit in blocks while the running batch
+            # starves for them, or the batch can preempt itself empty with nothing left to run.
+            while (not n_pre and remote and not waiting
+                   and len(order) + len(receiving) + len(ready) < max_seqs):
+                rid = remote[0]
+                grow = -(-(inp[rid] - 1) // block)
+                if kv_total - kv_used < grow:
+                    break
+                remote.popleft()
+                kv_used += grow
+                receiving.add(rid)
+                self.start_transfer(self, rid, now)
             # --- the batch: one token per decode plus the scheduled prompt chunks
             tokens = logits = n_dec
             pairs = pctx = 0.0
@@ -310,15 +316,19 @@ class Instance:
             self.kv_used = kv_used
             self.n_running = len(order)
             if tokens == 0:
-                if self.held or receiving or (remote and order == {}):
-                    # Blocks are held for transfers (or awaited): idle until one completes.
-                    self.kv_used = kv_used
+                if n_pre:
+                    # The preemptions freed blocks and batch slots; V1's next step admits with them.
+                    continue
+                if self.held or receiving:
+                    # Blocks are held for transfers: a release or an arrival of KV wakes the
+                    # instance.  Sleeping on anything else could never end, and the run would
+                    # stop with requests silently unfinished.
                     self.wake = env.event()
                     yield self.wake
                     now = env.now
                     continue
-                # Nothing schedulable although nothing is held: should not happen because the
-                # newest is preempted first; guard against a livelock all the same.
+                # Nothing schedulable and nothing in flight: should not happen because the newest
+                # is preempted first and a batch slot is kept for pulled KV; fail loudly.
                 raise RuntimeError(f"instance {self.index}: no progress possible at t={now}")
             dt = step_time(tokens, logits, pairs, sum_l + n_dec, pctx, len(order), len(waiting)) + extra
             yield env.timeout(dt)
