@@ -57,6 +57,8 @@ class Instance:
         self.outstanding = 0
         self.kv_used = 0
         self.n_running = 0
+        self.queued_kv = 0                     # KV blocks that queued requests (waiting, remote) claim when admitted
+        self._queued: dict[int, int] = {}      # rid -> its share of queued_kv
         self.wake = None
         self.steps: list[tuple] = []
         self._requeue: dict[int, list] = {}   # preempted rid -> [0, recompute target, generated]
@@ -115,6 +117,16 @@ class Instance:
             self.wake = None
             wake.succeed()
 
+    def queue_kv(self, rid: int, tokens: int) -> None:
+        """Count the blocks that ``rid``, now queued, will allocate for ``tokens`` when admitted."""
+        b = -(-tokens // self.block)
+        self.queued_kv += b - self._queued.get(rid, 0)
+        self._queued[rid] = b
+
+    def unqueue(self, rid: int) -> None:
+        """``rid`` left the queue (admitted, or taken away by the operations engine)."""
+        self.queued_kv -= self._queued.pop(rid, 0)
+
     def release(self, rid: int) -> None:
         """Prefill role: the transfer of ``rid`` is done; free its held blocks."""
         self._freed += self.held.pop(rid)
@@ -123,6 +135,7 @@ class Instance:
     def submit_remote(self, rid: int) -> None:
         """Decode role: queue a request whose prompt KV sits on a prefill instance."""
         self.remote.append(rid)
+        self.queue_kv(rid, self.rec.input_tokens[rid] - 1)
         self.outstanding += 1
         self._wake()
 
@@ -135,6 +148,7 @@ class Instance:
     def submit(self, rid: int) -> None:
         """Queue a request; wakes the instance if it is idle."""
         self.waiting.append(rid)
+        self.queue_kv(rid, self.rec.input_tokens[rid])
         self.outstanding += 1
         self._wake()
 
@@ -181,6 +195,7 @@ class Instance:
             if pf is not None:
                 kv_used -= -(-pf[0] // block)
                 self._requeue[vic] = [0, pf[1], pf[2]]
+                self.queue_kv(vic, pf[1])
                 return vic, False
             sd, ld, g0 = dec_start.pop(vic)
             del fin_at[vic]
@@ -191,6 +206,7 @@ class Instance:
             kv_used -= -(-(length + allocated) // block)
             g = g0 + s - sd
             self._requeue[vic] = [0, inp[vic] + g, g]
+            self.queue_kv(vic, inp[vic] + g)
             if g:
                 last_tok[vic] = now
             if vic in new_dec:
@@ -205,6 +221,8 @@ class Instance:
                 self._freed = 0
                 self.kv_used = kv_used
             if not order and not waiting and not remote and not ready:
+                self.kv_used = kv_used     # what the last step's finishes freed, for routers and metrics
+                self.n_running = 0
                 self.wake = env.event()
                 yield self.wake
                 now = env.now
@@ -274,6 +292,7 @@ class Instance:
                 if kv_total - kv_used < grow:
                     break
                 waiting.popleft()
+                self.unqueue(rid)
                 if encode is not None:
                     extra += encode(self, rid, now)
                 if pf is None:
@@ -300,6 +319,7 @@ class Instance:
                 if kv_total - kv_used < grow:
                     break
                 remote.popleft()
+                self.unqueue(rid)
                 kv_used += grow
                 receiving.add(rid)
                 self.start_transfer(self, rid, now)
