@@ -29,9 +29,10 @@ class Instance:
     each prompt with ``max_tokens=1`` and, instead of decoding, hands the
     request to ``hand_off(instance, rid, now)`` while its KV blocks stay held
     until :meth:`release`.  A decode instance takes requests whose KV is
-    remote (:meth:`submit_remote`): it admits one only when it can allocate
-    blocks for the whole prompt, then asks ``start_transfer(instance, rid,
-    now)`` to move the KV, and decodes once :meth:`kv_arrived` is called.  Its
+    remote (:meth:`submit_remote`): it admits one only when it has a batch
+    slot for it (running + pulling < ``max_num_seqs``) and can allocate blocks
+    for the whole prompt, then asks ``start_transfer(instance, rid, now)`` to
+    move the KV, and decodes once :meth:`kv_arrived` is called.  Its
     first step computes the last prompt token and samples the first output
     token, as vLLM's connectors recompute the last token on the decode side.
 
