@@ -230,6 +230,12 @@ def run_pool(pool: PoolSpec, rec: Recorder, closed_loop=None,
     else:
         env.run(until=max_time_s)
     end = env.now
+    if max_time_s is None and PENDING in rec.outcome:
+        # Without a time limit the schedule empties only when every request has ended, unless a
+        # process sleeps on an event nothing will trigger: a simulator bug, never an answer.
+        stuck = [rid for rid, o in enumerate(rec.outcome) if o == PENDING]
+        raise RuntimeError(f"simulation stalled at t={end:.6g} s: {len(stuck)} requests never ended "
+                           f"(first: request {stuck[0]}); no process was left to serve them")
     for rid, o in enumerate(rec.outcome):
         if o == PENDING:
             rec.outcome[rid] = UNFINISHED

@@ -29,9 +29,10 @@ class Instance:
     each prompt with ``max_tokens=1`` and, instead of decoding, hands the
     request to ``hand_off(instance, rid, now)`` while its KV blocks stay held
     until :meth:`release`.  A decode instance takes requests whose KV is
-    remote (:meth:`submit_remote`): it admits one only when it can allocate
-    blocks for the whole prompt, then asks ``start_transfer(instance, rid,
-    now)`` to move the KV, and decodes once :meth:`kv_arrived` is called.  Its
+    remote (:meth:`submit_remote`): it admits one only when it has a batch
+    slot for it (running + pulling < ``max_num_seqs``) and can allocate blocks
+    for the whole prompt, then asks ``start_transfer(instance, rid, now)`` to
+    move the KV, and decodes once :meth:`kv_arrived` is called.  Its
     first step computes the last prompt token and samples the first output
     token, as vLLM's connectors recompute the last token on the decode side.
 
@@ -57,6 +58,8 @@ class Instance:
         self.outstanding = 0
         self.kv_used = 0
         self.n_running = 0
+        self.queued_kv = 0                     # KV blocks that queued requests (waiting, remote) claim when admitted
+        self._queued: dict[int, int] = {}      # rid -> its share of queued_kv
         self.wake = None
         self.steps: list[tuple] = []
         self._requeue: dict[int, list] = {}   # preempted rid -> [0, recompute target, generated]
@@ -115,6 +118,16 @@ class Instance:
             self.wake = None
             wake.succeed()
 
+    def queue_kv(self, rid: int, tokens: int) -> None:
+        """Count the blocks that ``rid``, now queued, will allocate for ``tokens`` when admitted."""
+        b = -(-tokens // self.block)
+        self.queued_kv += b - self._queued.get(rid, 0)
+        self._queued[rid] = b
+
+    def unqueue(self, rid: int) -> None:
+        """``rid`` left the queue (admitted, or taken away by the operations engine)."""
+        self.queued_kv -= self._queued.pop(rid, 0)
+
     def release(self, rid: int) -> None:
         """Prefill role: the transfer of ``rid`` is done; free its held blocks."""
         self._freed += self.held.pop(rid)
@@ -123,6 +136,7 @@ class Instance:
     def submit_remote(self, rid: int) -> None:
         """Decode role: queue a request whose prompt KV sits on a prefill instance."""
         self.remote.append(rid)
+        self.queue_kv(rid, self.rec.input_tokens[rid] - 1)
         self.outstanding += 1
         self._wake()
 
@@ -135,6 +149,7 @@ class Instance:
     def submit(self, rid: int) -> None:
         """Queue a request; wakes the instance if it is idle."""
         self.waiting.append(rid)
+        self.queue_kv(rid, self.rec.input_tokens[rid])
         self.outstanding += 1
         self._wake()
 
@@ -181,6 +196,7 @@ class Instance:
             if pf is not None:
                 kv_used -= -(-pf[0] // block)
                 self._requeue[vic] = [0, pf[1], pf[2]]
+                self.queue_kv(vic, pf[1])
                 return vic, False
             sd, ld, g0 = dec_start.pop(vic)
             del fin_at[vic]
@@ -191,6 +207,7 @@ class Instance:
             kv_used -= -(-(length + allocated) // block)
             g = g0 + s - sd
             self._requeue[vic] = [0, inp[vic] + g, g]
+            self.queue_kv(vic, inp[vic] + g)
             if g:
                 last_tok[vic] = now
             if vic in new_dec:
@@ -205,6 +222,8 @@ class Instance:
                 self._freed = 0
                 self.kv_used = kv_used
             if not order and not waiting and not remote and not ready:
+                self.kv_used = kv_used     # what the last step's finishes freed, for routers and metrics
+                self.n_running = 0
                 self.wake = env.event()
                 yield self.wake
                 now = env.now
@@ -256,18 +275,10 @@ class Instance:
                 kv_used += grow
                 budget -= c
                 chunks.append((rid, pf, c))
-            # --- decode role: allocate blocks for whole prompts whose KV is remote, FCFS
-            while not n_pre and remote:
-                rid = remote[0]
-                grow = -(-(inp[rid] - 1) // block)
-                if kv_total - kv_used < grow:
-                    break
-                remote.popleft()
-                kv_used += grow
-                receiving.add(rid)
-                self.start_transfer(self, rid, now)
-            # --- admit waiting requests FCFS (V1 admits none in a step that preempted)
-            while not n_pre and waiting and budget > 0 and len(order) < max_seqs:
+            # --- admit waiting requests FCFS (V1 admits none in a step that preempted).  A batch
+            # slot is kept for every request whose KV is pulled (receiving or ready), so that KV
+            # starts decoding as soon as it lands.
+            while not n_pre and waiting and budget > 0 and len(order) + len(receiving) + len(ready) < max_seqs:
                 rid = waiting[0]
                 pf = self._requeue.get(rid)
                 target = pf[1] if pf is not None else inp[rid]
@@ -282,6 +293,7 @@ class Instance:
                 if kv_total - kv_used < grow:
                     break
                 waiting.popleft()
+                self.unqueue(rid)
                 if encode is not None:
                     extra += encode(self, rid, now)
                 if pf is None:
@@ -297,6 +309,21 @@ class Instance:
                 prefill[rid] = pf
                 budget -= c
                 chunks.append((rid, pf, c))
+            # --- decode role: allocate blocks for whole prompts whose KV is remote, FCFS, behind
+            # preempted requests (which head V1's single waiting queue), and only for requests
+            # that have a batch slot: pulled KV must not sit in blocks while the running batch
+            # starves for them, or the batch can preempt itself empty with nothing left to run.
+            while (not n_pre and remote and not waiting
+                   and len(order) + len(receiving) + len(ready) < max_seqs):
+                rid = remote[0]
+                grow = -(-(inp[rid] - 1) // block)
+                if kv_total - kv_used < grow:
+                    break
+                remote.popleft()
+                self.unqueue(rid)
+                kv_used += grow
+                receiving.add(rid)
+                self.start_transfer(self, rid, now)
             # --- the batch: one token per decode plus the scheduled prompt chunks
             tokens = logits = n_dec
             pairs = pctx = 0.0
@@ -310,15 +337,19 @@ class Instance:
             self.kv_used = kv_used
             self.n_running = len(order)
             if tokens == 0:
-                if self.held or receiving or (remote and order == {}):
-                    # Blocks are held for transfers (or awaited): idle until one completes.
-                    self.kv_used = kv_used
+                if n_pre:
+                    # The preemptions freed blocks and batch slots; V1's next step admits with them.
+                    continue
+                if self.held or receiving:
+                    # Blocks are held for transfers: a release or an arrival of KV wakes the
+                    # instance.  Sleeping on anything else could never end, and the run would
+                    # stop with requests silently unfinished.
                     self.wake = env.event()
                     yield self.wake
                     now = env.now
                     continue
-                # Nothing schedulable although nothing is held: should not happen because the
-                # newest is preempted first; guard against a livelock all the same.
+                # Nothing schedulable and nothing in flight: should not happen because the newest
+                # is preempted first and a batch slot is kept for pulled KV; fail loudly.
                 raise RuntimeError(f"instance {self.index}: no progress possible at t={now}")
             dt = step_time(tokens, logits, pairs, sum_l + n_dec, pctx, len(order), len(waiting)) + extra
             yield env.timeout(dt)

@@ -60,6 +60,7 @@ def collect_and_clear(ops, pool, inst) -> tuple[list[tuple[int, int]], int]:
             continue
         if rid in d.remote:
             d.remote.remove(rid)
+            d.unqueue(rid)
             d.outstanding -= 1
         elif rid in d.receiving:
             d.receiving.discard(rid)
@@ -82,12 +83,12 @@ def collect_and_clear(ops, pool, inst) -> tuple[list[tuple[int, int]], int]:
         for rid in inst.ready:
             lost += inp[rid] - 1
             affected.append((rid, 0))
-    for box in (inst.waiting, inst._requeue, inst.held, inst.remote, inst.receiving, inst.ready, inst.last_tok,
-                order, prefill, dec_start):
+    for box in (inst.waiting, inst._requeue, inst._queued, inst.held, inst.remote, inst.receiving, inst.ready,
+                inst.last_tok, order, prefill, dec_start):
         box.clear()
     if inst.prefix is not None:
         inst.prefix.clear()
-    inst.kv_used = inst.outstanding = inst.n_running = inst._freed = 0
+    inst.kv_used = inst.outstanding = inst.n_running = inst._freed = inst.queued_kv = 0
     inst.wake = None
     return affected, lost
 

@@ -336,6 +336,7 @@ class OpsRun:
                     inst.waiting.extend(keep)
                     inst.outstanding -= len(gone)
                     for rid in gone:
+                        inst.unqueue(rid)
                         rec.expire(rid, env.now, why)
             if self.limbo:
                 gone = [rid for rid in self.limbo if stale(rid)]

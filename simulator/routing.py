@@ -75,12 +75,39 @@ class LeastOutstanding(Router):
 
 @register
 class LeastKV(Router):
-    """Lowest KV-cache occupancy, then fewest waiting requests."""
+    """Least projected KV demand: blocks held plus blocks the queued prompts will claim.
+
+    An instance's demand is its allocated KV blocks (running sequences, and on the PD sides
+    blocks held for or awaiting a transfer) plus the blocks its queued requests will allocate
+    when admitted (their prompts, or prompt plus generated tokens for a preempted request),
+    as a fraction of its cache.  Occupancy alone ignores the queue: a request holds no KV
+    until a step admits it, so an instance limited by ``max_num_seqs`` or the token budget
+    keeps a low occupancy while its queue grows, and would draw every arrival.  Counting the
+    queued prompts makes each arrival raise the demand of the instance it joins, so identical
+    instances share the load, weighted by KV (prompt) size rather than by request count.
+
+    Ties (an idle pool) go to the instance with fewer outstanding requests, then round robin,
+    so idle instances take turns instead of the first one taking every request.
+    """
 
     name = "least_kv"
 
+    def __init__(self, instances: Sequence) -> None:
+        super().__init__(instances)
+        self._next = 0
+
     def choose(self, rid: int) -> int:
-        return _argmin(self.instances, lambda inst: (inst.kv_used / inst.kv_total, len(inst.waiting)))
+        insts = self.instances
+        n = len(insts)
+        best, best_key = 0, None
+        for k in range(n):
+            i = (self._next + k) % n
+            inst = insts[i]
+            key = ((inst.kv_used + inst.queued_kv) / inst.kv_total, inst.outstanding)
+            if best_key is None or key < best_key:
+                best, best_key = i, key
+        self._next = (best + 1) % n
+        return best
 
 
 @register
