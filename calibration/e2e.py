@@ -22,10 +22,10 @@ import hwdb
 from calibration.e2e_rows import REQUESTS_PER_CLIENT, Row, to_scenario, why_not
 from simulator.scenario import ScenarioError, parse_scenario
 
-# Model families whose rows may fit end-to-end terms (the dense Llama-3.1-70B, the only dense model
-# vLLM was measured on, and DeepSeek for the engines that only ran it); every other family is held
-# out and reported separately.
-FIT_FAMILIES = ("Llama-3.1-70B", "DeepSeek-V3", "DeepSeek-R1")
+# Model families whose rows may fit end-to-end terms: the dense Llama-3.1-70B (the only dense model
+# vLLM was measured on), one MoE family per engine (MiniMax-M2.5 for vLLM, DeepSeek for TensorRT-LLM
+# and SGLang); every other family is held out and reported separately.
+FIT_FAMILIES = ("Llama-3.1-70B", "MiniMax-M2.5", "DeepSeek-V3", "DeepSeek-R1")
 
 
 def family_of(model: str) -> str:
@@ -45,7 +45,7 @@ def _predict_one(row: Row, db, client: dict, requests_per_client: int) -> dict:
     if rec["reason"]:
         return rec
     try:
-        scn = parse_scenario(to_scenario(row, requests_per_client, client), origin=row.id)
+        scn = parse_scenario(to_scenario(row, db, requests_per_client, client), origin=row.id)
         res = simulate(scn, db=db)
     except ScenarioError as exc:
         rec["reason"] = "does not fit: " + str(exc).split(":")[-1].strip()[:80]

@@ -29,7 +29,7 @@ import hwdb
 from calibration import e2e
 from calibration.e2e_rows import ENGINES, load_rows, why_not
 
-TERMS = ("layer_overhead_s", "frontend_s", "frontend_s_per_token")
+TERMS = ("layer_overhead_s", "moe_layer_overhead_s", "frontend_s", "frontend_s_per_token")
 
 
 def _robust(fun, x0, bounds):
@@ -43,13 +43,21 @@ def fit_engine(backend: str, rows, workers: int | None = None) -> tuple[dict[str
     fit_rows = [r for r in rows if r.backend == backend and e2e.split(r) == "fit" and not why_not(r, db)]
     if len(fit_rows) < 10:
         raise SystemExit(f"{backend}: only {len(fit_rows)} expressible fitting rows; need >= 10")
-    layers = np.array([db.model(r.model).arch.num_layers for r in fit_rows], dtype=float)
+    archs = [db.model(r.model).arch for r in fit_rows]
+    layers = np.array([a.num_layers for a in archs], dtype=float)
+    moe = np.array([a.moe_layers for a in archs], dtype=float)
     zero = {engine: {t: 0.0 for t in TERMS}}
     base = e2e.predict(fit_rows, workers=workers, terms=zero)
     m, sim = base["tpot_s"].to_numpy(), base["tpot_pred_s"].to_numpy()
     ok = np.isfinite(sim)
-    (x,) = _robust(lambda p: (sim[ok] + layers[ok] * p[0] - m[ok]) / m[ok], [1e-5], ([0.0], [1e-3]))
-    terms = {engine: {"layer_overhead_s": float(x), "frontend_s": 0.0, "frontend_s_per_token": 0.0}}
+    dense = bool((moe[ok] == 0).any())
+    if dense:
+        x, y = _robust(lambda p: (sim[ok] + layers[ok] * p[0] + moe[ok] * p[1] - m[ok]) / m[ok], [1e-5, 1e-5],
+                       ([0.0, 0.0], [1e-3, 1e-3]))
+    else:   # MoE rows only: every layer's overhead is carried by the MoE term
+        x, (y,) = 0.0, _robust(lambda p: (sim[ok] + moe[ok] * p[0] - m[ok]) / m[ok], [1e-5], ([0.0], [2e-3]))
+    terms = {engine: {"layer_overhead_s": float(x), "moe_layer_overhead_s": float(y), "frontend_s": 0.0,
+                      "frontend_s_per_token": 0.0}}
     mid = e2e.predict(fit_rows, workers=workers, terms=terms)
     m, sim = mid["ttft_s"].to_numpy(), mid["ttft_pred_s"].to_numpy()
     isl = np.array([r.isl for r in fit_rows], dtype=float) * 0.9   # the random dataset's mean prompt

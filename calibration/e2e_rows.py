@@ -43,6 +43,7 @@ class Row:
     model: str
     system: str
     quant: str
+    precision: str
     isl: int
     osl: int
     concurrency: int
@@ -58,7 +59,8 @@ class Row:
     @property
     def subset(self) -> str:
         """The validation subset: engine x GPU x model x precision x TP."""
-        return f"{self.backend} {self.system} {self.model.split('/')[-1]} {self.quant} tp{self.tp}"
+        quant = self.quant if self.quant in QUANT else self.precision
+        return f"{self.backend} {self.system} {self.model.split('/')[-1]} {quant} tp{self.tp}"
 
 
 def _int(x, default: int = 1) -> int:
@@ -72,7 +74,7 @@ def load_rows(path: str | Path = DEFAULT_TABLE) -> list[Row]:
     for r in df.itertuples(index=False):
         rows.append(Row(
             id=str(r.id), backend=str(r.backend), version=str(r.backend_version), model=str(r.model_path),
-            system=str(r.system), quant=str(r.gemm_quant_mode), isl=_int(r.isl), osl=_int(r.osl),
+            system=str(r.system), quant=str(r.gemm_quant_mode), precision=str(r.precision), isl=_int(r.isl), osl=_int(r.osl),
             concurrency=_int(r.batch_size), tp=_int(r.tp_size), pp=_int(r.pp_size),
             dp=_int(r.attention_dp_size), moe_tp=_int(r.moe_tp_size), moe_ep=_int(r.moe_ep_size),
             ttft_s=float(r.silicon_ttft_ms) / 1e3, tpot_s=float(r.silicon_tpot_ms) / 1e3,
@@ -92,7 +94,7 @@ def why_not(row: Row, db) -> str:
         db.engine(ENGINES[row.backend])
     except Exception:
         return f"engine {row.backend} has no profile in hwdb"
-    if row.quant not in QUANT:
+    if row.quant not in QUANT and row.precision not in QUANT:
         return f"weight format {row.quant} not modelled"
     try:
         arch = db.model(row.model).arch
@@ -102,15 +104,24 @@ def why_not(row: Row, db) -> str:
         return "attention data parallel / expert parallel layout not modelled"
     if row.moe_tp not in (1, row.tp) and arch.is_moe:
         return "MoE tensor-parallel size differs from attention TP"
-    dtype = QUANT[row.quant]
+    dtype = dtype_of(row, db)
     gpu = db.gpu(SYSTEMS[row.system])
-    if dtype in ("fp8", "fp4") and dtype not in gpu.peak_flops:
+    if dtype == "fp8" and dtype not in gpu.peak_flops:
         return f"{dtype} on {row.system} (no {dtype} tensor cores)"
     if not (row.concurrency >= 1 and row.isl >= 1 and row.osl >= 2):
         return "degenerate row (concurrency or lengths)"
     if not (row.ttft_s > 0 and row.tpot_s > 0):
         return "no measured TTFT/TPOT"
     return ""
+
+
+def dtype_of(row: Row, db) -> str:
+    """The pool dtype of a row: 4-bit floating-point weights on a GPU without fp4 tensor cores run as
+    weight-only 4-bit (gpt-oss MXFP4 on Hopper goes through vLLM's Marlin/Triton W4A16 kernels)."""
+    dtype = QUANT[row.quant] if isinstance(row.quant, str) and row.quant in QUANT else QUANT.get(row.precision, "")
+    if dtype == "fp4" and "fp4" not in db.gpu(SYSTEMS[row.system]).peak_flops:
+        return "int4"
+    return dtype
 
 
 def _spread(length: int, ratio: float) -> dict:
@@ -120,12 +131,12 @@ def _spread(length: int, ratio: float) -> dict:
     return {"kind": "uniform", "low": max(1, int(ratio * length)), "high": length}
 
 
-def to_scenario(row: Row, requests_per_client: int, client: dict, range_ratio: float = RANGE_RATIO) -> dict:
+def to_scenario(row: Row, db, requests_per_client: int, client: dict, range_ratio: float = RANGE_RATIO) -> dict:
     """A scenario dict that replays ``row`` (only call when :func:`why_not` is '')."""
-    dtype = QUANT[row.quant]
+    dtype = dtype_of(row, db)
     # vLLM and SGLang keep the KV cache in the activation dtype unless told otherwise; TensorRT-LLM's
     # quantised checkpoints ship an fp8 KV cache.
-    kv = "fp8" if row.backend == "trtllm" and dtype in ("fp8", "fp4") else "bf16"
+    kv = "fp8" if row.backend == "trtllm" and dtype in ("fp8", "fp4", "int4") else "bf16"
     n = max(row.concurrency * requests_per_client, row.concurrency + 8)
     return {
         "name": row.id,

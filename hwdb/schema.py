@@ -164,6 +164,7 @@ class EngineProfile(_Strict):
     # and the client-visible front end before the engine sees a request (HTTP, tokenisation,
     # detokenisation and streaming of the first token): ``frontend_s`` + ``frontend_s_per_token`` x prompt.
     layer_overhead_s: Figure | None = None
+    moe_layer_overhead_s: Figure | None = None   # more per MoE layer: routing, top-k, permutation, grouped GEMM
     frontend_s: Figure | None = None
     frontend_s_per_token: Figure | None = None
     default_chunked_prefill: bool

@@ -234,6 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
     h.set_defaults(func=cmd_hw)
     from calibration.cli import add_subparser as _add_calibrate
     _add_calibrate(sub)
+    from calibration.e2e_report import add_subparser as _add_e2e
+    _add_e2e(sub)
     from simulator.cli_ops import add_subparsers as _add_ops
     _add_ops(sub)
     from simulator.cli_plan import add_subparsers as _add_plan

@@ -337,7 +337,8 @@ def build_step_model(dep: Deployment) -> StepModel:
         cpu_sample=cpu_costs[4],
         calibrated=bool(prof),
         # Every layer runs in series for a token, whatever the pipeline split.
-        layer_s=(eng.layer_overhead_s.value * a.num_layers) if eng.layer_overhead_s else 0.0,
+        layer_s=((eng.layer_overhead_s.value * a.num_layers if eng.layer_overhead_s else 0.0)
+                 + (eng.moe_layer_overhead_s.value * a.moe_layers if eng.moe_layer_overhead_s else 0.0)),
     )
 
 

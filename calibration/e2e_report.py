@@ -1,0 +1,129 @@
+"""``epdsim validate-e2e``: the end-to-end validation as a command, a Markdown table and an HTML page.
+
+The command simulates every expressible row of the measured serving table (or
+a fixed subset with ``--sample``), prints MAPE and signed bias of mean TTFT and
+TPOT per subset (engine x GPU x model x precision x TP) for the fitting and the
+held-out families separately, the worst rows, and the rows it could not
+express counted by reason; ``--out DIR`` writes ``predictions.csv``,
+``e2e.md`` and ``e2e.html``.  ``--max-ttft-mape`` / ``--max-tpot-mape`` make it
+a gate (exit 1 when the held-out vLLM figures exceed them).
+"""
+from __future__ import annotations
+
+import html
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from calibration import e2e
+from calibration.e2e_rows import DEFAULT_TABLE, RANGE_RATIO, REQUESTS_PER_CLIENT, load_rows
+
+CLIENT_NOTE = (f"Benchmark client modelled: InferenceX-style `benchmark_serving.py --dataset-name random "
+               f"--random-range-ratio {RANGE_RATIO} --num-prompts {REQUESTS_PER_CLIENT}xC --max-concurrency C "
+               f"--ignore-eos` (lengths uniform on [{RANGE_RATIO}L, L], all C users start together, warm-up "
+               f"requests run before and are not counted).")
+
+
+def sample(rows, every: int):
+    """A fixed, deterministic subset: every ``every``-th row of the table."""
+    return rows[::every]
+
+
+def _pct(x: float) -> str:
+    return "-" if x != x else f"{100 * x:+.1f} %" if abs(x) < 10 else f"{100 * x:+.0f} %"
+
+
+def _mape(x: float) -> str:
+    return "-" if x != x else f"{100 * x:.1f} %"
+
+
+def markdown(df: pd.DataFrame, min_rows: int = 20) -> str:
+    """The report as Markdown: summary by split and engine, subsets with >= ``min_rows`` rows, worst rows,
+    reasons."""
+    lines = [CLIENT_NOTE, ""]
+    by_engine = e2e.score(df, by=["split", "backend"])
+    lines += ["| split | engine | rows | TTFT MAPE | TTFT bias | TPOT MAPE | TPOT bias |", "|---|---|---|---|---|---|---|"]
+    for r in by_engine.itertuples():
+        lines.append(f"| {r.split} | {r.backend} | {r.rows} | {_mape(r.ttft_mape)} | {_pct(r.ttft_bias)} | "
+                     f"{_mape(r.tpot_mape)} | {_pct(r.tpot_bias)} |")
+    sub = e2e.score(df, by=["split", "backend", "system", "model", "quant"], min_rows=min_rows)
+    lines += ["", f"Subsets (engine x GPU x model x precision, all TP) with at least {min_rows} rows:", "",
+              "| split | engine | GPU | model | precision | rows | TTFT MAPE | TTFT bias | TPOT MAPE | TPOT bias |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sub.itertuples():
+        lines.append(f"| {r.split} | {r.backend} | {r.system} | {r.model.split('/')[-1]} | {r.quant} | {r.rows} | "
+                     f"{_mape(r.ttft_mape)} | {_pct(r.ttft_bias)} | {_mape(r.tpot_mape)} | {_pct(r.tpot_bias)} |")
+    tp = e2e.score(df[df["backend"] == "vllm"], by=["split", "tp"])
+    lines += ["", "vLLM by tensor-parallel size:", "", "| split | TP | rows | TTFT MAPE | TTFT bias | TPOT MAPE | TPOT bias |",
+              "|---|---|---|---|---|---|---|"]
+    for r in tp.itertuples():
+        lines.append(f"| {r.split} | {r.tp} | {r.rows} | {_mape(r.ttft_mape)} | {_pct(r.ttft_bias)} | "
+                     f"{_mape(r.tpot_mape)} | {_pct(r.tpot_bias)} |")
+    lines += ["", "Worst rows (largest of |TTFT error|, |TPOT error|):", "",
+              "| id | split | isl | osl | C | TTFT meas / pred (ms) | TPOT meas / pred (ms) |", "|---|---|---|---|---|---|---|"]
+    for r in e2e.worst(df, 12).itertuples():
+        lines.append(f"| {r.id} | {r.split} | {r.isl} | {r.osl} | {r.concurrency} | {1e3 * r.ttft_s:.0f} / "
+                     f"{1e3 * r.ttft_pred_s:.0f} | {1e3 * r.tpot_s:.1f} / {1e3 * r.tpot_pred_s:.1f} |")
+    lines += ["", "Rows not expressed, by reason:", "", "| reason | rows |", "|---|---|"]
+    for r in e2e.reasons(df).itertuples():
+        lines.append(f"| {r.reason} | {r.rows} |")
+    return "\n".join(lines) + "\n"
+
+
+def html_page(df: pd.DataFrame, title: str = "epdsim end-to-end validation") -> str:
+    """A self-contained HTML page of the same tables (no scripts)."""
+    def table(frame: pd.DataFrame) -> str:
+        return frame.to_html(index=False, float_format=lambda x: f"{x:.4g}", border=0)
+    parts = [f"<h1>{html.escape(title)}</h1>", f"<p>{html.escape(CLIENT_NOTE)}</p>",
+             "<h2>By split and engine</h2>", table(e2e.score(df, by=["split", "backend"])),
+             "<h2>Subsets</h2>", table(e2e.score(df, by=["split", "subset"])),
+             "<h2>Worst rows</h2>", table(e2e.worst(df, 25)),
+             "<h2>Rows not expressed</h2>", table(e2e.reasons(df))]
+    style = "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{padding:2px 8px;text-align:right}"
+    return f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>" \
+           f"<style>{style}</style></head><body>{''.join(parts)}</body></html>"
+
+
+def add_subparser(sub) -> None:
+    v = sub.add_parser("validate-e2e", help="simulate measured serving runs and report TTFT/TPOT errors per subset")
+    v.add_argument("--table", default=str(DEFAULT_TABLE), help="measured runs CSV (default: ../shared/data/e2e/...)")
+    v.add_argument("--sample", type=int, default=1, metavar="K", help="every K-th row only (fixed subset)")
+    v.add_argument("--engine", action="append", help="only these table backends (vllm, sglang, trtllm)")
+    v.add_argument("--workers", type=int, help="processes (default: all CPUs)")
+    v.add_argument("--out", help="folder for predictions.csv, e2e.md and e2e.html")
+    v.add_argument("--max-ttft-mape", type=float, help="exit 1 if held-out vLLM TTFT MAPE exceeds this fraction")
+    v.add_argument("--max-tpot-mape", type=float, help="exit 1 if held-out vLLM TPOT MAPE exceeds this fraction")
+    v.set_defaults(func=cmd_validate_e2e)
+
+
+def cmd_validate_e2e(args, con) -> int:
+    path = Path(args.table)
+    if not path.is_file():
+        raise FileNotFoundError(f"--table {path}: no such file; the measured runs live in "
+                                f"../shared/data/e2e/serving_measurements.csv")
+    rows = [r for r in load_rows(path) if not args.engine or r.backend in args.engine]
+    rows = sample(rows, max(1, args.sample))
+    t0 = time.perf_counter()
+    df = e2e.predict(rows, workers=args.workers)
+    wall = time.perf_counter() - t0
+    con.print(markdown(df), markup=False, highlight=False)
+    done = int((df["reason"] == "").sum())
+    con.print(f"{done} of {len(df)} rows simulated in {wall:.1f} s", markup=False)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        df.to_csv(out / "predictions.csv", index=False)
+        (out / "e2e.md").write_text(markdown(df))
+        (out / "e2e.html").write_text(html_page(df))
+    held = e2e.score(df[(df["backend"] == "vllm") & (df["split"] == "held-out")], by=["backend"])
+    if len(held):
+        h = held.iloc[0]
+        bad = [f"TTFT MAPE {h.ttft_mape:.1%} > {args.max_ttft_mape:.1%}" for _ in [0]
+               if args.max_ttft_mape is not None and h.ttft_mape > args.max_ttft_mape]
+        bad += [f"TPOT MAPE {h.tpot_mape:.1%} > {args.max_tpot_mape:.1%}" for _ in [0]
+                if args.max_tpot_mape is not None and h.tpot_mape > args.max_tpot_mape]
+        if bad:
+            con.print("held-out vLLM rows: " + "; ".join(bad), markup=False)
+            return 1
+    return 0
