@@ -65,9 +65,10 @@ def with_engine_terms(db, terms: dict[str, dict[str, float]]):
     from hwdb.schema import Figure   # noqa: PLC0415
     for name, fields in terms.items():
         eng = db.engine(name)
+        def fig(v):
+            return Figure(value=v, source="trial value of calibration/e2e_fit.py", empirical=True)
         db.engines[eng.name] = eng.model_copy(update={
-            k: Figure(value=v, source="trial value of calibration/e2e_fit.py", empirical=True)
-            for k, v in fields.items()})
+            k: ({g: fig(x) for g, x in v.items()} if isinstance(v, dict) else fig(v)) for k, v in fields.items()})
     return db
 
 

@@ -27,7 +27,7 @@ from scipy.optimize import least_squares
 
 import hwdb
 from calibration import e2e
-from calibration.e2e_rows import ENGINES, load_rows, why_not
+from calibration.e2e_rows import ENGINES, SYSTEMS, load_rows, why_not
 
 TERMS = ("layer_overhead_s", "moe_layer_overhead_s", "frontend_s", "frontend_s_per_token")
 
@@ -36,8 +36,12 @@ def _robust(fun, x0, bounds):
     return least_squares(fun, x0, bounds=bounds, loss="soft_l1", f_scale=0.1).x
 
 
-def fit_engine(backend: str, rows, workers: int | None = None) -> tuple[dict[str, float], pd.DataFrame]:
-    """Fitted terms for ``backend`` (table name: vllm, sglang, trtllm) and the final predictions."""
+def fit_engine(backend: str, rows, workers: int | None = None) -> tuple[dict, pd.DataFrame]:
+    """Fitted terms for ``backend`` (table name: vllm, sglang, trtllm) and the final predictions.
+
+    The per-layer terms are fitted on the GPU with the most fitting rows (the reference, scale 1);
+    every other GPU with at least 10 fitting rows gets a scale on both terms, fitted on its rows.
+    """
     engine = ENGINES[backend]
     db = hwdb.load()
     fit_rows = [r for r in rows if r.backend == backend and e2e.split(r) == "fit" and not why_not(r, db)]
@@ -46,18 +50,31 @@ def fit_engine(backend: str, rows, workers: int | None = None) -> tuple[dict[str
     archs = [db.model(r.model).arch for r in fit_rows]
     layers = np.array([a.num_layers for a in archs], dtype=float)
     moe = np.array([a.moe_layers for a in archs], dtype=float)
-    zero = {engine: {t: 0.0 for t in TERMS}}
+    gpus = np.array([SYSTEMS[r.system] for r in fit_rows])
+    zero = {engine: {t: 0.0 for t in TERMS} | {"layer_overhead_scale": {}}}
     base = e2e.predict(fit_rows, workers=workers, terms=zero)
     m, sim = base["tpot_s"].to_numpy(), base["tpot_pred_s"].to_numpy()
     ok = np.isfinite(sim)
-    dense = bool((moe[ok] == 0).any())
-    if dense:
-        x, y = _robust(lambda p: (sim[ok] + layers[ok] * p[0] + moe[ok] * p[1] - m[ok]) / m[ok], [1e-5, 1e-5],
+    counts = pd.Series(gpus[ok]).value_counts()
+    ref = counts.index[0]
+    on = ok & (gpus == ref)
+    if (moe[on] == 0).any() and (moe[on] > 0).any():
+        x, y = _robust(lambda p: (sim[on] + layers[on] * p[0] + moe[on] * p[1] - m[on]) / m[on], [1e-5, 1e-5],
                        ([0.0, 0.0], [1e-3, 1e-3]))
-    else:   # MoE rows only: every layer's overhead is carried by the MoE term
-        x, (y,) = 0.0, _robust(lambda p: (sim[ok] + moe[ok] * p[0] - m[ok]) / m[ok], [1e-5], ([0.0], [2e-3]))
+    elif (moe[on] > 0).all():   # MoE rows only: every layer's overhead is carried by the MoE term
+        x, (y,) = 0.0, _robust(lambda p: (sim[on] + moe[on] * p[0] - m[on]) / m[on], [1e-5], ([0.0], [2e-3]))
+    else:
+        (x,), y = _robust(lambda p: (sim[on] + layers[on] * p[0] - m[on]) / m[on], [1e-5], ([0.0], [1e-3])), 0.0
+    per_layer = layers * x + moe * y
+    scales = {}
+    for g, n in counts.items():
+        sel = ok & (gpus == g)
+        if g == ref or n < 10:
+            continue
+        (sc,) = _robust(lambda p: (sim[sel] + per_layer[sel] * p[0] - m[sel]) / m[sel], [1.0], ([0.2], [5.0]))
+        scales[g] = round(float(sc), 3)
     terms = {engine: {"layer_overhead_s": float(x), "moe_layer_overhead_s": float(y), "frontend_s": 0.0,
-                      "frontend_s_per_token": 0.0}}
+                      "frontend_s_per_token": 0.0, "layer_overhead_scale": scales}}
     mid = e2e.predict(fit_rows, workers=workers, terms=terms)
     m, sim = mid["ttft_s"].to_numpy(), mid["ttft_pred_s"].to_numpy()
     isl = np.array([r.isl for r in fit_rows], dtype=float) * 0.9   # the random dataset's mean prompt
@@ -66,7 +83,7 @@ def fit_engine(backend: str, rows, workers: int | None = None) -> tuple[dict[str
                    ([0.0, 0.0], [1.0, 1e-4]))
     terms[engine].update(frontend_s=float(a), frontend_s_per_token=float(b))
     final = e2e.predict(fit_rows, workers=workers, terms=terms)
-    return terms[engine], pd.concat([base.assign(stage="before"), final.assign(stage="after")])
+    return {**terms[engine], "reference_gpu": ref}, pd.concat([base.assign(stage="before"), final.assign(stage="after")])
 
 
 def main(argv=None) -> int:
@@ -80,7 +97,7 @@ def main(argv=None) -> int:
         n = int((df["stage"] == "after").sum())
         print(f"# {ENGINES[backend]}: fitted on {n} rows of the 'fit' split (calibration/e2e_fit.py)")
         for k, v in terms.items():
-            print(f"{k}: {{value: {v:.4g}, empirical: true}}")
+            print(f"{k}: {v}" if isinstance(v, (dict, str)) else f"{k}: {{value: {v:.4g}, empirical: true}}")
         for stage, g in df.groupby("stage"):
             print(f"  {stage}: TTFT MAPE {g['ttft_err'].abs().mean():.1%} bias {g['ttft_err'].mean():+.1%}; "
                   f"TPOT MAPE {g['tpot_err'].abs().mean():.1%} bias {g['tpot_err'].mean():+.1%}")

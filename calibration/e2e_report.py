@@ -85,6 +85,29 @@ def html_page(df: pd.DataFrame, title: str = "epdsim end-to-end validation") -> 
            f"<style>{style}</style></head><body>{''.join(parts)}</body></html>"
 
 
+def bands(df: pd.DataFrame) -> dict:
+    """Error bands for :mod:`simulator.confidence`: held-out MAPE per engine and per engine x GPU, and
+    which model families the table validates (fit or held-out), from a full validation run."""
+    from calibration.e2e_rows import SYSTEMS   # noqa: PLC0415
+    ok = df[df["reason"] == ""]
+    held = ok[ok["split"] == "held-out"]
+
+    def band(g: pd.DataFrame) -> dict:
+        return {"ttft_mape": round(float(g["ttft_err"].abs().mean()), 4),
+                "tpot_mape": round(float(g["tpot_err"].abs().mean()), 4), "rows": int(len(g))}
+    out: dict = {"source": "epdsim validate-e2e --write-bands (calibration/e2e_report.py) on "
+                           "../shared/data/e2e/serving_measurements.csv; docs/validation/e2e.md", "engines": {}}
+    for backend, g in ok.groupby("backend"):
+        h = held[held["backend"] == backend]
+        out["engines"][backend] = {
+            "all": band(h) if len(h) else None,
+            "gpus": {SYSTEMS[s]: band(x) for s, x in h.groupby("system")},
+            "families": {m.split("/")[-1].removesuffix("-FP8"): sp for m, sp in
+                         g.groupby("model")["split"].first().items()},
+        }
+    return out
+
+
 def add_subparser(sub) -> None:
     v = sub.add_parser("validate-e2e", help="simulate measured serving runs and report TTFT/TPOT errors per subset")
     v.add_argument("--table", default=str(DEFAULT_TABLE), help="measured runs CSV (default: ../shared/data/e2e/...)")
@@ -92,6 +115,8 @@ def add_subparser(sub) -> None:
     v.add_argument("--engine", action="append", help="only these table backends (vllm, sglang, trtllm)")
     v.add_argument("--workers", type=int, help="processes (default: all CPUs)")
     v.add_argument("--out", help="folder for predictions.csv, e2e.md and e2e.html")
+    v.add_argument("--write-bands", metavar="FILE.json", help="write the error bands simulate and plan report "
+                   "(the shipped ones live in hwdb/data/validation/e2e.json)")
     v.add_argument("--max-ttft-mape", type=float, help="exit 1 if held-out vLLM TTFT MAPE exceeds this fraction")
     v.add_argument("--max-tpot-mape", type=float, help="exit 1 if held-out vLLM TPOT MAPE exceeds this fraction")
     v.set_defaults(func=cmd_validate_e2e)
@@ -116,6 +141,10 @@ def cmd_validate_e2e(args, con) -> int:
         df.to_csv(out / "predictions.csv", index=False)
         (out / "e2e.md").write_text(markdown(df))
         (out / "e2e.html").write_text(html_page(df))
+    if args.write_bands:
+        import json   # noqa: PLC0415
+        Path(args.write_bands).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.write_bands).write_text(json.dumps(bands(df), indent=1, sort_keys=True) + "\n")
     held = e2e.score(df[(df["backend"] == "vllm") & (df["split"] == "held-out")], by=["backend"])
     if len(held):
         h = held.iloc[0]

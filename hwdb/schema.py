@@ -165,6 +165,9 @@ class EngineProfile(_Strict):
     # detokenisation and streaming of the first token): ``frontend_s`` + ``frontend_s_per_token`` x prompt.
     layer_overhead_s: Figure | None = None
     moe_layer_overhead_s: Figure | None = None   # more per MoE layer: routing, top-k, permutation, grouped GEMM
+    # Per GPU type: a factor on both per-layer terms (kernel floors differ between GPU generations);
+    # a GPU not listed uses 1, the GPU the terms were fitted on.
+    layer_overhead_scale: dict[str, Figure] = {}
     frontend_s: Figure | None = None
     frontend_s_per_token: Figure | None = None
     default_chunked_prefill: bool

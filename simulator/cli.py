@@ -16,6 +16,7 @@ from rich.table import Table
 import hwdb
 from pydantic import ValidationError
 
+from simulator.confidence import describe
 from simulator.errors import print_user_error
 from simulator.perf import FitError
 from simulator.scenario import ScenarioError
@@ -71,6 +72,7 @@ def _totals_table(res) -> Table:
         ("SLO attainment", f"{s['slo_attainment']:.1%}"),
         ("cost", f"${s['cost_usd_per_hour']:.2f}/h, ${s['cost_usd_per_million_output_tokens']:.3f} per M output tokens"),
         ("perf model", res.info["perf_model"]),
+        *[(f"confidence ({p['name']})", describe(p["confidence"])) for p in res.info["pools"] if "confidence" in p],
     ]
     for k, v in rows:
         t.add_row(k, v)

@@ -29,6 +29,7 @@ class Recorder:
         self.output_tokens = [int(x) for x in output_tokens]
         self.arrival = [float(x) for x in arrival_s]
         self.t_sched = [nan] * n
+        self.t_seen = [nan] * n            # the engine sees the request (after the front end)
         self.t_first = [nan] * n
         self.t_finish = [nan] * n
         self.t_prefilled = [nan] * n       # PD: prefill instance finished the prompt
@@ -161,6 +162,7 @@ def run_pool(pool: PoolSpec, rec: Recorder, closed_loop=None,
         every = every + epd_coord.encoders
 
     def dispatch(rid: int) -> bool:
+        rec.t_seen[rid] = env.now
         why = _admissible(pool, kv_blocks, block, inp[rid], 1 if decode else out[rid])
         if not why and decode is not None:
             why = _admissible(decode, decode.memory.kv_blocks, decode.memory.block_size, inp[rid], out[rid])

@@ -173,7 +173,7 @@ def add_columns(req: pd.DataFrame, coord: EPDCoordinator) -> pd.DataFrame:
     step, taken out of ``prefill_s``.
     """
     s = coord.setup
-    arrival = req["arrival_s"].to_numpy()
+    arrival = req["arrival_s"].to_numpy() + (req["frontend_s"].to_numpy() if "frontend_s" in req else 0.0)
     counts = np.diff(s.images.offsets)
     tokens = np.zeros(len(req), dtype=np.int64)
     if s.images.total:

@@ -199,6 +199,8 @@ class OpsRun:
         inp, out = rec.input_tokens[rid], rec.output_tokens[rid]
         self.arrived.append(self.env.now)
         rec.sent_at[rid] = self.env.now
+        if rec.t_seen[rid] != rec.t_seen[rid]:   # NaN: first attempt (a retry keeps its first front end)
+            rec.t_seen[rid] = self.env.now
         self.sum_in += inp
         self.sum_out += out
         why = _admissible(front, front.memory.kv_blocks, front.memory.block_size, inp, 1 if back else out)
@@ -347,10 +349,16 @@ class OpsRun:
                     for rid in gone:
                         rec.expire(rid, env.now, why)
 
+    def _frontend(self, rid: int) -> float:
+        """Seconds before the engine sees ``rid`` (the front pool's front end, as in simulator.engine)."""
+        spec = self.front.spec
+        return spec.frontend_s + spec.frontend_s_per_token * self.rec.input_tokens[rid]
+
     def _open_loop(self, env):
         arrival = self.rec.arrival
-        for rid in range(len(arrival)):
-            dt = arrival[rid] - env.now
+        seen = [arrival[r] + self._frontend(r) for r in range(len(arrival))]
+        for rid in sorted(range(len(arrival)), key=seen.__getitem__):
+            dt = seen[rid] - env.now
             if dt > 0:
                 yield env.timeout(dt)
             self.arrive(rid)
@@ -371,6 +379,9 @@ class OpsRun:
             rec.arrival[rid] = env.now
             done = env.event()
             rec.waiters[rid] = done
+            fe = self._frontend(rid)
+            if fe > 0:
+                yield env.timeout(fe)
             if self.arrive(rid):
                 yield done
             else:

@@ -303,10 +303,16 @@ def build_step_model(dep: Deployment) -> StepModel:
     cpu = eng.cpu
     cpu_costs = [cpu.step_s.value, cpu.per_running_seq_s.value, cpu.per_waiting_seq_s.value,
                  cpu.per_token_s.value, cpu.per_sampled_seq_s.value]
+    scale = eng.layer_overhead_scale.get(g.name)
+    layer_s = ((eng.layer_overhead_s.value * a.num_layers if eng.layer_overhead_s else 0.0)
+               + (eng.moe_layer_overhead_s.value * a.moe_layers if eng.moe_layer_overhead_s else 0.0)) \
+        * (scale.value if scale is not None else 1.0)
     if prof is not None and prof.step_overhead_s is not None:
-        # A calibrated per-step overhead replaces the engine's launch and CPU defaults.
+        # A calibrated per-step overhead (a harness fit on the real server) replaces the engine's launch,
+        # CPU and per-layer defaults: it measured all of them at once.
         graph = eager = prof.step_overhead_s
         cpu_costs = [0.0] * 5
+        layer_s = 0.0
     return StepModel(
         lin_flops_per_token=2.0 * a.linear_params_per_token / gpus,
         lm_head_flops_per_seq=2.0 * a.lm_head_params / dep.tp,
@@ -337,8 +343,7 @@ def build_step_model(dep: Deployment) -> StepModel:
         cpu_sample=cpu_costs[4],
         calibrated=bool(prof),
         # Every layer runs in series for a token, whatever the pipeline split.
-        layer_s=((eng.layer_overhead_s.value * a.num_layers if eng.layer_overhead_s else 0.0)
-                 + (eng.moe_layer_overhead_s.value * a.moe_layers if eng.moe_layer_overhead_s else 0.0)),
+        layer_s=layer_s,
     )
 
 

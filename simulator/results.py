@@ -40,6 +40,8 @@ def requests_frame(run: PoolRun, pool: str) -> pd.DataFrame:
     first = np.asarray(rec.t_first)
     finish = np.asarray(rec.t_finish)
     out = np.asarray(rec.output_tokens)
+    seen = np.asarray(rec.t_seen)
+    seen = np.where(np.isnan(seen), arrival, seen)   # paths without a front end (operations engine)
     tpot = np.where(out > 1, (finish - first) / np.maximum(out - 1, 1), np.nan)
     return pd.DataFrame({
         "request_id": np.arange(len(arrival)),
@@ -52,7 +54,8 @@ def requests_frame(run: PoolRun, pool: str) -> pd.DataFrame:
         "scheduled_s": np.asarray(rec.t_sched),
         "first_token_s": first,
         "finish_s": finish,
-        "queue_s": np.asarray(rec.t_sched) - arrival,
+        "frontend_s": seen - arrival,
+        "queue_s": np.asarray(rec.t_sched) - seen,
         "prefill_s": np.where(np.isnan(np.asarray(rec.t_prefilled)), first, np.asarray(rec.t_prefilled))
         - np.asarray(rec.t_sched),
         "transfer_wait_s": np.asarray(rec.t_kv_start) - np.asarray(rec.t_prefilled),
@@ -152,7 +155,7 @@ def summarize(req: pd.DataFrame, steps: pd.DataFrame, resume_gaps: list[float], 
         "max_kv_occupancy": float(steps["kv_occupancy"].max()) if len(steps) else 0.0,
         "slo_attainment": float(ok.mean()) if n else float("nan"),
         "ttft_breakdown_mean_s": {c.removesuffix("_s"): float(np.nanmean(done[c])) if done[c].notna().any() else 0.0
-                                  for c in ("encode_queue_s", "encode_s", "embedding_transfer_s", "queue_s",
+                                  for c in ("frontend_s", "encode_queue_s", "encode_s", "embedding_transfer_s", "queue_s",
                                             "prefill_s", "transfer_wait_s", "transfer_s", "decode_admission_s")
                                   if c in done},
         "pools": _pool_stats(steps),

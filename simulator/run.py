@@ -1,6 +1,7 @@
 """The single entry point of a simulation: scenario in, :class:`Results` out."""
 from __future__ import annotations
 
+from simulator.confidence import assess
 from simulator.engine import PoolSpec, Recorder, run_pool
 from simulator.epd import EPDError, prepare as prepare_epd
 from simulator.pd import TransferConfigError, build_transfer_plan, crossover_bandwidth
@@ -12,12 +13,16 @@ from simulator.workload import WorkloadError, generate
 
 def _spec(pool, dep, mem, step) -> PoolSpec:
     k, eng = dep.knobs, dep.engine
+    # A harness-fitted profile describes the server side; `calibrate validate` adds its own measured
+    # front end, so the engine's fitted GPU-serving front end stays out.
+    harness = dep.profile is not None and dep.profile.step_overhead_s is not None
+    fe = (eng.frontend_s.value if eng.frontend_s and not harness else 0.0,
+          eng.frontend_s_per_token.value if eng.frontend_s_per_token and not harness else 0.0)
     return PoolSpec(pool.name, pool.instances, step, mem, k.max_num_seqs, k.max_num_batched_tokens,
                     k.enable_chunked_prefill, k.max_model_len, pool.router, pool.role,
                     eng.default_prefix_caching if pool.engine.enable_prefix_caching is None
                     else pool.engine.enable_prefix_caching,
-                    eng.frontend_s.value if eng.frontend_s else 0.0,
-                    eng.frontend_s_per_token.value if eng.frontend_s_per_token else 0.0)
+                    *fe)
 
 
 def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:
@@ -104,7 +109,8 @@ def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:
         "pools": [{"name": p.name, "role": p.role, "gpu": d.gpu.name, "tp": d.tp, "pp": d.pp,
                    "instances": p.instances, "kv_cache_tokens_per_instance": m.kv_tokens,
                    "perf_model": (f"calibrated profile {d.profile.name}" if d.profile
-                                  else f"datasheet peaks x default efficiencies of {d.gpu.name} (uncalibrated)")}
+                                  else f"datasheet peaks x default efficiencies of {d.gpu.name} (uncalibrated)"),
+                   "confidence": assess(d)}
                   for p, d, m, _ in pools],
         "perf_model": (f"calibrated profile {dep.profile.name}" if dep.profile
                        else f"datasheet peaks x default efficiencies of {dep.gpu.name} (uncalibrated)"),

@@ -40,8 +40,8 @@ from simulator.loadshape import ShapedArrivals, shaped_arrivals
 from simulator.traces import Role, Trace, TraceFormat, read_token_columns, read_trace
 
 MAX_REQUESTS = 50_000_000
-# Mean client-side delay before each closed-loop send (s); fitted on the e2e table's fitting rows
-# (docs/validation/e2e.md), 0 makes the ideal lock-step client.
+# Mean client-side delay before each closed-loop send (s): 0 as in vllm bench serve's asyncio loop; a
+# few milliseconds of client delay changed no validation figure (docs/validation/e2e.md).
 CLIENT_SEND_DELAY_S = 0.0
 """Upper bound on requests one workload may generate (about 2 GB of arrays)."""
 
@@ -179,13 +179,15 @@ class TraceArrivals(_Frozen):
 class ClosedLoop(_Frozen):
     """``concurrency`` users, each sending its next request ``think_time_s`` after a reply.
 
-    The defaults model a benchmark client (``vllm bench serve --max-concurrency``, aiperf or
-    genai-perf concurrency mode), not ideal users in lock-step: ``send_delay_s`` is the mean of an
-    exponential client-side delay before each send (reading the last chunk, bookkeeping, handing the
-    slot to the next request; docs/validation/e2e.md gives the fit), which keeps clients that got the
-    same lengths from re-sending in the same engine step; ``ramp_up_s`` spreads the users' first
-    sends evenly over that window; the first ``warmup_requests`` requests are served but left out of
-    the reported figures (``warmup`` column).  ``send_delay_s: 0`` with no ramp is the ideal client.
+    As benchmark clients run it (``vllm bench serve --max-concurrency N --request-rate inf``, aiperf
+    concurrency mode): all users send their first request at once unless ``ramp_up_s`` spreads those
+    first sends evenly over that window; ``send_delay_s`` is the mean of an exponential client-side
+    delay before each send (0: the next request leaves the moment a reply ends); the first
+    ``warmup_requests`` requests are served but left out of the reported latency figures (the
+    ``warmup`` column).  What desynchronises real benchmark users is their length spread (the
+    ``random`` dataset's range ratio: give uniform lengths), not the client delay: with fixed lengths
+    the users that one prefill step admitted finish in one step and re-send together, which real
+    engines do too (docs/validation/e2e.md).
     """
 
     kind: Literal["closed"] = "closed"

@@ -102,7 +102,7 @@ def test_upload_size_limit_and_file_names(tmp_path):
 
 def test_phases_add_up_to_e2e_and_new_phases_appear(res):
     ph = views.phase_frame(res.requests)
-    assert list(ph["phase"]) == ["queue", "prefill", "decode"]       # colocated: no transfer phases
+    assert list(ph["phase"]) == ["frontend", "queue", "prefill", "decode"]   # colocated: no transfer phases
     done = res.requests[res.requests["outcome"] == "completed"]
     assert ph["mean_s"].sum() == pytest.approx(done["e2e_s"].mean(), rel=1e-9)
     req = res.requests.assign(encode_s=0.001, encoded_at_s=res.requests["arrival_s"] + 5.0)

@@ -10,7 +10,7 @@ import pandas as pd
 
 # Columns of the requests frame that are timestamps or totals, not phases of a request's life.
 NOT_PHASES = {"arrival_s", "scheduled_s", "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s"}
-PHASE_ORDER = ("queue_s", "encode_queue_s", "encode_s", "embedding_transfer_s", "prefill_s", "transfer_wait_s",
+PHASE_ORDER = ("frontend_s", "queue_s", "encode_queue_s", "encode_s", "embedding_transfer_s", "prefill_s", "transfer_wait_s",
                "transfer_s", "decode_admission_s", "decode_s")
 
 

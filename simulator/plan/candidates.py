@@ -115,6 +115,7 @@ class PlanContext:
     stats: WorkloadStats
     layouts: list[Layout] = field(default_factory=list)
     misfits: list[tuple[str, int, float, str]] = field(default_factory=list)   # gpu, tp, price, reason
+    notes: list[str] = field(default_factory=list)
 
     def max_count(self, gpu: str) -> int | None:
         offer = next(o for o in self.req.gpus if self.db.gpu(o.name).name == gpu)
@@ -153,6 +154,21 @@ def _sample_stats(req: PlanRequest, model) -> WorkloadStats:
                          float(np.quantile(inp, req.quantile)), len(inp), img)
 
 
+def _known(db, name: str) -> bool:
+    try:
+        db.gpu(name)
+        return True
+    except hwdb.HwdbError:
+        return False
+
+
+def _engine_family(db, name: str) -> str:
+    try:
+        return db.engine(name).engine
+    except hwdb.HwdbError:
+        return "vllm"
+
+
 def build_context(req: PlanRequest) -> PlanContext:
     """Load hardware, sample the workload and check every (GPU, TP) layout's memory fit once."""
     try:
@@ -167,11 +183,18 @@ def build_context(req: PlanRequest) -> PlanContext:
                             f"choose from {sorted(FAMILIES)}")
     ctx = PlanContext(req, db, model, _sample_stats(req, model))
     c = req.constraints
+    engine = c.engine.engine
+    calibrated = {o.name for o in req.gpus if _known(db, o.name) and db.profile_for(db.gpu(o.name).name,
+                                                                                     _engine_family(db, engine))}
     for offer in req.gpus:
         try:
             gpu = db.gpu(offer.name)
         except hwdb.HwdbError as exc:
             raise PlanError(f"gpus: {exc}") from None
+        if c.prefer_calibrated and calibrated and offer.name not in calibrated:
+            ctx.notes.append(f"{gpu.name} left out (constraints.prefer_calibrated): no calibration profile, "
+                             "its figures are datasheet-only")
+            continue
         price = gpu.price_usd_per_hour.value if offer.price_usd_per_hour is None else offer.price_usd_per_hour
         for tp in c.tp:
             pool = PoolConfig(gpu=gpu.name, tp=tp, dtype=c.dtype, kv_cache_dtype=c.kv_cache_dtype, engine=c.engine)

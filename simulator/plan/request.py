@@ -44,6 +44,9 @@ class Constraints(_Strict):
     dtype: Literal["bf16", "fp16", "fp8"] = "bf16"
     kv_cache_dtype: Literal["auto", "bf16", "fp16", "fp8"] = "auto"
     engine: EngineConfig = EngineConfig()                   # engine arguments for every pool
+    # Leave out GPUs that have no calibration profile (datasheet-only figures, no error band) when at
+    # least one offered GPU has one; the plan's notes say which were left out.
+    prefer_calibrated: bool = False
 
     @model_validator(mode="after")
     def _check(self) -> Constraints:

@@ -189,12 +189,27 @@ def _run_plan(req: PlanRequest, progress: Progress | None, workers: int | None, 
             interrupted = verify(extra)
             result = assemble(req, ctx, rows, done, by_id)
     result.interrupted = interrupted
+    result.notes[:0] = ctx.notes
+    if result.recommended is not None:
+        family = _engine_of(ctx)
+        for gpu in sorted({p.gpu for p in by_id[result.recommended["id"]].pools}):
+            if ctx.db.profile_for(gpu, family) is None:
+                result.notes.append(f"warning: the recommendation rests on {gpu}, which has no calibration profile: "
+                                    "its step times are datasheet peaks x default efficiencies, with no measured "
+                                    "error band; set constraints.prefer_calibrated: true to plan on calibrated GPUs")
     if interrupted:
         result.notes.append(f"interrupted: {sum(c in done for c in planned)} of {len(planned)} verifications "
                             "finished; the rest rely on the screen estimate")
     if out_dir is not None:
         write_result(result, out_dir)
     return result
+
+
+def _engine_of(ctx) -> str:
+    try:
+        return ctx.db.engine(ctx.req.constraints.engine.engine).engine
+    except Exception:   # noqa: BLE001 -- an unknown engine was already refused while building layouts
+        return "vllm"
 
 
 def write_result(result: PlanResult, out_dir: str | Path) -> list[Path]:

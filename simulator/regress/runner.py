@@ -37,10 +37,26 @@ class Task:
     rate: float | None
     goodput: GoodputConfig | None
     figures: tuple[str, ...]
+    e2e: object = None          # simulator.regress.suite.E2EEntry
+
+
+def _run_e2e(entry, figures: tuple[str, ...]) -> dict[str, float]:
+    """Validation errors of the entry's fixed subset of measured runs (calibration.e2e)."""
+    from calibration import e2e   # noqa: PLC0415 -- calibration sits above the simulator
+    from calibration.e2e_rows import load_rows   # noqa: PLC0415
+    rows = [r for r in load_rows(entry.table) if r.backend in entry.engines
+            and (entry.split == "all" or e2e.split(r) == entry.split)][::entry.sample]
+    df = e2e.predict(rows, workers=1)
+    ok = df[df["reason"] == ""]
+    vals = {"ttft_mape": ok["ttft_err"].abs().mean(), "tpot_mape": ok["tpot_err"].abs().mean(),
+            "ttft_bias": ok["ttft_err"].mean(), "tpot_bias": ok["tpot_err"].mean(), "rows": float(len(ok))}
+    return {name: float(vals[name]) for name in figures}
 
 
 def run_task(task: Task) -> dict[str, float | str]:
     """The task's figures, each averaged over its replications (plan figures: as the plan reports them)."""
+    if task.e2e is not None:
+        return _run_e2e(task.e2e, task.figures)
     if task.plan is not None:
         from simulator.plan import run_plan
         rec = run_plan(task.plan, workers=1).recommended
@@ -72,6 +88,9 @@ def tasks_for(loaded: LoadedSuite, extra_hwdb: tuple[str, ...] = ()) -> list[Tas
     tasks = []
     for e in loaded.entries:
         figs = tuple(e.tolerances)
+        if e.e2e is not None:
+            tasks.append(Task(e.id, None, None, 0, 0, None, None, figs, e.e2e))
+            continue
         if e.plan is not None:
             req = e.plan.model_copy(update={"hwdb": tuple(e.plan.hwdb) + extra}) if extra else e.plan
             tasks.append(Task(e.id, None, req, 0, 0, None, None, figs))

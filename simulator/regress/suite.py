@@ -126,13 +126,44 @@ class PlanEntry(_Strict):
         return v
 
 
+E2E_FIGURES = {"ttft_mape": "mean |relative error| of mean TTFT over the rows", "tpot_mape":
+               "mean |relative error| of mean TPOT", "ttft_bias": "mean signed relative error of TTFT",
+               "tpot_bias": "mean signed relative error of TPOT", "rows": "rows simulated"}
+
+
+class E2EEntry(_Strict):
+    """A fixed subset of the measured serving runs (calibration.e2e): the validation's error is the figure.
+
+    ``table``: the measurement CSV (default ``../shared/data/e2e/serving_measurements.csv``);
+    ``engines``: table backends kept; ``split``: 'held-out', 'fit' or 'all' rows; ``sample``: every
+    K-th kept row.  A change to a model that worsens accuracy moves ``ttft_mape``/``tpot_mape``.
+    """
+
+    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    kind: Literal["e2e"]
+    table: str | None = None
+    engines: tuple[Literal["vllm", "sglang", "trtllm"], ...] = ("vllm",)
+    split: Literal["held-out", "fit", "all"] = "all"
+    sample: int = Field(4, ge=1, le=1000)
+    figures: dict[str, Tolerance | None] = Field(min_length=1)
+
+    @field_validator("figures")
+    @classmethod
+    def _known_figures(cls, v: dict) -> dict:
+        unknown = sorted(set(v) - set(E2E_FIGURES))
+        if unknown:
+            raise ValueError(f"unknown e2e figure(s) {', '.join(map(repr, unknown))}; watchable: {', '.join(E2E_FIGURES)}")
+        return v
+
+
 def _kind(v) -> str:
     return (v.get("kind", "scenario") if isinstance(v, dict) else getattr(v, "kind", "scenario")) or "scenario"
 
 
-AnyEntry = Annotated[Union[Annotated[ScenarioEntry, Tag("scenario")], Annotated[PlanEntry, Tag("plan")]],
+AnyEntry = Annotated[Union[Annotated[ScenarioEntry, Tag("scenario")], Annotated[PlanEntry, Tag("plan")],
+                           Annotated[E2EEntry, Tag("e2e")]],
                      Discriminator(_kind, custom_error_type="entry_kind",
-                                   custom_error_message="kind must be scenario (the default) or plan")]
+                                   custom_error_message="kind must be scenario (the default), plan or e2e")]
 
 
 class Suite(_Strict):
@@ -165,7 +196,7 @@ class Entry:
     """
 
     id: str
-    kind: Literal["scenario", "plan"]
+    kind: Literal["scenario", "plan", "e2e"]
     scenario: Scenario | None
     plan: PlanRequest | None
     seeds: tuple[int, ...]
@@ -174,6 +205,7 @@ class Entry:
     goodput: GoodputConfig | None
     tolerances: dict[str, Tolerance]
     fingerprint: str
+    e2e: E2EEntry | None = None
 
 
 @dataclass(frozen=True)
@@ -215,7 +247,7 @@ def _known_keys(loc: tuple) -> list[str]:
     """The keys allowed in the mapping at pydantic location ``loc`` of a suite ([] if unsure)."""
     if loc[-2:-1] == ("figures",):
         return sorted(Tolerance.model_fields)      # figures: {name: tolerance}
-    tags = {"scenario": ScenarioEntry, "plan": PlanEntry}
+    tags = {"scenario": ScenarioEntry, "plan": PlanEntry, "e2e": E2EEntry}
     model: type[BaseModel] | None = Suite
     for i, part in enumerate(loc):
         if isinstance(part, int):
@@ -296,9 +328,25 @@ def _plan_entry(path: Path, i: int, e: PlanEntry, suite: Suite) -> Entry:
     return Entry(e.id, "plan", None, req, (), 0, None, None, tol, _fingerprint(e, merged, suite))
 
 
-def _entry(path: Path, i: int, e: ScenarioEntry | PlanEntry, suite: Suite) -> Entry:
+def _e2e_entry(path: Path, i: int, e: E2EEntry, suite: Suite) -> Entry:
+    from calibration.e2e_rows import DEFAULT_TABLE   # noqa: PLC0415 -- calibration sits above the simulator
+    table = Path(e.table) if e.table and Path(e.table).is_absolute() else (path.parent / e.table if e.table
+                                                                           else DEFAULT_TABLE)
+    if not table.is_file():
+        raise RegressError(f"{path}: entries[{i}] (id {e.id!r}).table: no measurement table at {table}; the e2e "
+                           f"entries need ../shared/data/e2e/serving_measurements.csv (CI has it)")
+    e = e.model_copy(update={"table": str(table)})
+    tol = {name: t or suite.tolerance for name, t in e.figures.items()}
+    digest = hashlib.sha256(table.read_bytes()).hexdigest()[:16]
+    return Entry(e.id, "e2e", None, None, (), 0, None, None, tol,
+                 _fingerprint(e.model_copy(update={"table": digest}), {}, suite), e)
+
+
+def _entry(path: Path, i: int, e: ScenarioEntry | PlanEntry | E2EEntry, suite: Suite) -> Entry:
     if isinstance(e, PlanEntry):
         return _plan_entry(path, i, e, suite)
+    if isinstance(e, E2EEntry):
+        return _e2e_entry(path, i, e, suite)
     src, merged = _source(path, i, e, "scenario", "scenario")
     try:
         scn = parse_scenario(merged, f"{src} with entries[{i}].override", src.parent)
