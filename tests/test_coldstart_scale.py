@@ -63,7 +63,7 @@ def test_sourced_startups_within_30_percent(checks):
     assert len({k.model for k in cases}) >= 3 and len({k.tp for k in cases}) >= 2
     assert len({k.storage for k in cases}) >= 2 and len({k.compile_cache for k in cases}) == 2
     models = hwdb.load()
-    assert any(models.model(k.model).is_moe for k in cases)
+    assert any(models.model(k.model).arch.is_moe for k in cases)
     assert all(k.source for k in cases)
     # the typical prediction is checked on the MoE TP2 / TP8 starts, the high end on the slow hosts
     assert {c.case.level for c in others} == {"typical", "high"}
