@@ -8,6 +8,9 @@ folder); each names its ``kind``:
   and a first-byte latency;
 * ``image``: a serving container image: compressed and unpacked size, registry
   and unpack rates;
+* ``scale``: low / typical / high ranges of the multi-GPU, large-model and
+  MoE phases where sources disagree, and the sourced real start-ups they are
+  checked against;
 * ``startup``: the coefficients of the start-up phase formulas of one engine
   generation, least-squares fitted to measured start-ups, with the rows they
   were fitted to and the residuals kept beside them (``fits``).
@@ -133,7 +136,57 @@ class StartupCoefficients(_Strict):
                             f"regenerate the file with simulator.coldstart_fit.fit_profiler_csvs") from None
 
 
-_KINDS = {"storage": StoragePath, "image": ContainerImage, "startup": StartupCoefficients}
+class PhaseRange(_Strict):
+    """One start-up figure where sources disagree: low / typical / high, with the sources."""
+
+    low: float = Field(ge=0)
+    typical: float = Field(ge=0)
+    high: float = Field(ge=0)
+    unit: str
+    sources: tuple[str, ...]
+
+    def at(self, level: str) -> float:
+        return {"low": self.low, "typical": self.typical, "high": self.high}[level]
+
+
+class StartupCase(_Strict):
+    """A sourced real start-up the model is checked against (docs/operations.md table)."""
+
+    name: str
+    model: str
+    gpu: str
+    tp: int = Field(ge=1)
+    dtype: str = "bf16"
+    storage: str
+    compile_cache: Literal["miss", "hit"]
+    vllm_version: str = "0.11"
+    capture_sizes: tuple[int, ...] | None = None
+    observed_s: float = Field(gt=0)
+    level: Literal["low", "typical", "high"] = "typical"   # the end of the range it is checked against
+    source: str
+
+
+class ScaleRanges(_Strict):
+    """Multi-GPU / large-model / MoE phase ranges of one engine generation (simulator/coldstart_scale.py)."""
+
+    kind: Literal["scale"]
+    name: str
+    aliases: tuple[str, ...] = ()
+    applies_to: str
+    ranges: dict[str, PhaseRange]
+    versions: dict[str, dict[str, str]]
+    cases: tuple[StartupCase, ...] = ()
+    notes: str | None = None
+
+    def at(self, key: str, level: str) -> float:
+        try:
+            return self.ranges[key].at(level)
+        except KeyError:
+            raise HwdbError(f"scale set '{self.name}': ranges lacks '{key}' or level '{level}' "
+                            f"(levels: low, typical, high)") from None
+
+
+_KINDS = {"storage": StoragePath, "image": ContainerImage, "startup": StartupCoefficients, "scale": ScaleRanges}
 
 
 @dataclass(frozen=True)
@@ -143,6 +196,7 @@ class ColdStartDB:
     storage: dict[str, StoragePath] = field(default_factory=dict)
     images: dict[str, ContainerImage] = field(default_factory=dict)
     startup: dict[str, StartupCoefficients] = field(default_factory=dict)
+    scale: dict[str, ScaleRanges] = field(default_factory=dict)
 
     @staticmethod
     def _lookup(kind: str, table: dict, name: str):
@@ -158,10 +212,17 @@ class ColdStartDB:
     def coefficients(self, name: str) -> StartupCoefficients:
         return self._lookup("startup", self.startup, name)
 
+    def scale_ranges(self, engine: str) -> ScaleRanges | None:
+        """The range set for start-up set ``engine`` (``applies_to``), or None."""
+        for s in self.scale.values():
+            if s.applies_to == engine or s.name == engine:
+                return s
+        return None
+
 
 def load_coldstart(user_dirs: Iterable[str | Path] = ()) -> ColdStartDB:
     """Read ``coldstart/*.yaml`` of the shipped database and of user hwdb folders."""
-    tables = {"storage": {}, "image": {}, "startup": {}}
+    tables = {"storage": {}, "image": {}, "startup": {}, "scale": {}}
     folders = [COLDSTART_DIR] + [Path(d) / "coldstart" for d in user_dirs]
     for folder in folders:
         for path in sorted(folder.glob("*.yaml")) if folder.is_dir() else ():
@@ -170,4 +231,5 @@ def load_coldstart(user_dirs: Iterable[str | Path] = ()) -> ColdStartDB:
                 raise HwdbError(f"{path}: field 'kind' must be one of {sorted(_KINDS)} (got {kind!r})")
             item = _parse(path, _KINDS[kind])
             tables[kind][item.name] = item
-    return ColdStartDB(storage=tables["storage"], images=tables["image"], startup=tables["startup"])
+    return ColdStartDB(storage=tables["storage"], images=tables["image"], startup=tables["startup"],
+                       scale=tables["scale"])

@@ -41,36 +41,60 @@ def _deployment(args):
     return dep
 
 
-def _breakdowns(args, dep) -> tuple[Breakdown, Breakdown]:
+def _kw(args) -> dict:
     from hwdb.coldstart import load_coldstart
-    kw = dict(storage=args.storage, image_cached=args.image_cached, compile_sizes=args.compile_sizes,
-              compile_multiplier=args.compile_multiplier, engine=args.startup_set,
-              db=load_coldstart(args.hwdb))
-    return breakdown(dep, args.compile_cache, **kw), breakdown(dep, "hit", **kw)
+    return dict(storage=args.storage, image_cached=args.image_cached, compile_sizes=args.compile_sizes,
+                compile_multiplier=args.compile_multiplier, engine=args.startup_set,
+                db=load_coldstart(args.hwdb), vllm_version=args.vllm_version)
+
+
+def _breakdowns(args, dep, level: str = "typical") -> tuple[Breakdown, Breakdown]:
+    kw = _kw(args)
+    return breakdown(dep, args.compile_cache, level=level, **kw), breakdown(dep, "hit", level=level, **kw)
 
 
 def _fmt_s(x: float) -> str:
     return f"{x:,.1f} s" + (f" ({x / 60:.1f} min)" if x >= 90 else "")
 
 
-def _phase_table(bd: Breakdown) -> Table:
+def _phase_table(bd: Breakdown, low: Breakdown | None = None, high: Breakdown | None = None) -> Table:
     t = Table(title=bd.description)
-    for c, j in (("phase", "left"), ("seconds", "right"), ("share", "right"), ("how", "left")):
+    cols = [("phase", "left"), ("seconds", "right")]
+    if low is not None and high is not None:
+        cols += [("low", "right"), ("high", "right")]
+    cols += [("share", "right"), ("how", "left")]
+    for c, j in cols:
         t.add_column(c, justify=j)
     total = bd.total_s
-    for p in bd.phases:
-        t.add_row(PHASE_LABELS.get(p.name, p.name), f"{p.seconds:,.1f}", f"{p.seconds / total:.0%}", escape(p.detail))
-    t.add_row("[bold]total[/]", f"[bold]{total:,.1f}[/]", "100%",
-              f"container start -> API answers: {bd.container_s:,.1f} s")
+    names = [p.name for p in bd.phases]
+    for extra in (high.phases if high is not None else ()):
+        if extra.name not in names:          # a phase only the high end has (none today; kept for safety)
+            names.append(extra.name)
+    for name in names:
+        p = next((q for q in bd.phases if q.name == name), None)
+        sec = p.seconds if p else 0.0
+        row = [PHASE_LABELS.get(name, name), f"{sec:,.1f}"]
+        if low is not None and high is not None:
+            row += [f"{low.seconds(name):,.1f}", f"{high.seconds(name):,.1f}"]
+        row += [f"{sec / total:.0%}", escape(p.detail if p else "")]
+        t.add_row(*row)
+    last = ["[bold]total[/]", f"[bold]{total:,.1f}[/]"]
+    if low is not None and high is not None:
+        last += [f"{low.total_s:,.1f}", f"{high.total_s:,.1f}"]
+    t.add_row(*last, "100%", f"container start -> API answers: {bd.container_s:,.1f} s")
     return t
 
 
 def cmd_coldstart(args, con: Console) -> int:
     dep = _deployment(args)
     bd, warm = _breakdowns(args, dep)
-    con.print(_phase_table(bd))
+    low, _ = _breakdowns(args, dep, "low")
+    high, _ = _breakdowns(args, dep, "high")
+    con.print(_phase_table(bd, low, high))
     pulled = f"; probes see {_fmt_s(bd.container_s)} from container start" if not bd.image_cached else ""
-    con.print(f"total {_fmt_s(bd.total_s)}{pulled}.", highlight=False)
+    con.print(f"total {_fmt_s(bd.total_s)}{pulled}; sourced range {_fmt_s(low.total_s)} to {_fmt_s(high.total_s)} "
+              f"(low / high: hwdb/data/coldstart/vllm-scale.yaml; probes are sized on the high end).",
+              highlight=False)
     if bd.compile_cache == "miss" and not dep.knobs.enforce_eager:
         con.print(f"with a warm compile cache (on a volume): {_fmt_s(warm.total_s)}, "
                   f"{bd.total_s - warm.total_s:,.1f} s less.", highlight=False)
@@ -112,9 +136,7 @@ def cmd_probes(args, con: Console) -> int:
         raise ProbeError(f"--horizon={args.horizon} must be > 0 seconds")
     dep = _deployment(args)
     bd, warm = _breakdowns(args, dep)
-    rec = recommend_probes(bd if bd.compile_cache == "miss" else breakdown(
-        dep, "miss", storage=args.storage, image_cached=args.image_cached, compile_sizes=args.compile_sizes,
-        compile_multiplier=args.compile_multiplier), margin=args.margin)
+    rec = recommend_probes(breakdown(dep, "miss", level="high", **_kw(args)), margin=args.margin)
     spec = PodSpec(startup=rec.startup if startup == "recommended" else startup, liveness=liveness,
                    readiness=readiness, compile_cache_volume=args.compile_cache_volume)
     res = simulate_pod(bd, spec, warm, horizon_s=args.horizon)
@@ -142,7 +164,8 @@ def cmd_probes(args, con: Console) -> int:
     if len(res.attempts) > 12:
         t.add_row("...", "", "", "", f"{len(res.attempts) - 12} more attempts")
     con.print(t)
-    con.print(f"recommended probes (safety margin {args.margin:.0%} over the cold-cache start):", highlight=False)
+    con.print(f"recommended probes (safety margin {args.margin:.0%} over the high end of the cold-cache start):",
+              highlight=False)
     con.out(rec.yaml.rstrip("\n"), highlight=False)       # no wrapping: the snippet must stay valid YAML
     return 0
 
@@ -174,6 +197,8 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="what-if factor on the Inductor compile (tails: see docs/operations.md)")
     p.add_argument("--enforce-eager", action="store_true", help="no torch.compile, no CUDA graphs")
     p.add_argument("--hwdb", action="append", default=[], help="extra user hwdb folder (repeatable)")
+    p.add_argument("--vllm-version", default=None, choices=["0.10", "0.11"],
+                   help="capture rule and cudagraph mode of that vLLM (default: the engine defaults, >= 0.11)")
     p.add_argument("--startup-set", default="vllm-v1",
                    help="start-up coefficient set (hwdb coldstart/; `calibrate fit` writes calibrated ones)")
 

@@ -24,6 +24,13 @@ cuda_graphs         ``g0 + g1 * N * L + g2 * S * 2 P / peak_flops``: ``N``
 api_ready           constant (HTTP server up after the engine)
 ==================  ==========================================================
 
+On top of the fit, ``hwdb/data/coldstart/vllm-scale.yaml`` carries sourced
+low / typical / high ranges for what the single-GPU data cannot show
+(``level`` picks one end): the custom all-reduce P2P check (per GPU pair,
+skipped on a warm ``~/.cache/vllm``), NCCL init, the per-rank loader rate,
+Dynamo / Inductor multipliers (dense and MoE), kernel JIT and DeepGEMM
+warm-up on a cold cache, and the per-graph-layer capture cost.
+
 The coefficients are least-squares fits (:func:`simulator.coldstart_fit.fit_profiler_csvs`) to vLLM
 0.10.1 start-ups of 0.5B-14B models on one GPU, kept with their residuals in
 ``hwdb/data/coldstart/vllm-v1.yaml``; storage paths and images are further
@@ -45,16 +52,20 @@ from simulator.perf import Deployment
 CompileCache = Literal["miss", "hit"]
 CudagraphMode = Literal["FULL_AND_PIECEWISE", "PIECEWISE", "NONE"]
 
-PHASES = ("image_pull", "process_start", "distributed_init", "weights", "dynamo", "compile",
-          "kv_profile", "cuda_graphs", "api_ready")
+PHASES = ("image_pull", "process_start", "distributed_init", "p2p_check", "weights", "dynamo", "compile",
+          "kv_profile", "jit_kernels", "deepgemm_warmup", "cuda_graphs", "api_ready")
+LEVELS = ("low", "typical", "high")
 PHASE_LABELS = {
     "image_pull": "container image pull",
     "process_start": "process start (imports, config, tokenizer)",
     "distributed_init": "distributed init (workers, NCCL)",
+    "p2p_check": "custom all-reduce P2P access check",
     "weights": "weights load",
     "dynamo": "torch.compile (Dynamo transform)",
     "compile": "torch.compile (Inductor compile)",
     "kv_profile": "KV-cache profiling",
+    "jit_kernels": "Triton / FlashInfer kernel JIT",
+    "deepgemm_warmup": "DeepGEMM JIT warm-up (FP8 MoE)",
     "cuda_graphs": "CUDA-graph capture",
     "api_ready": "API server start",
 }
@@ -88,6 +99,7 @@ class Breakdown:
     image_cached: bool
     description: str = ""
     extrapolated: tuple[str, ...] = ()
+    level: str = "typical"
 
     def __iter__(self) -> Iterator[tuple[str, float]]:
         return iter((p.name, p.seconds) for p in self.phases)
@@ -203,7 +215,8 @@ def breakdown(dep: Deployment, compile_cache: CompileCache = "miss", storage: st
               image_cached: bool = True, *, image: str = "vllm-openai", engine: str = "vllm-v1",
               compile_sizes: int = 0, cudagraph_mode: CudagraphMode = "FULL_AND_PIECEWISE",
               capture_rule: str = "v1", compile_multiplier: float = 1.0,
-              db: ColdStartDB | None = None) -> Breakdown:
+              db: ColdStartDB | None = None, level: str = "typical", vllm_version: str | None = None,
+              capture_sizes_override: list[int] | tuple[int, ...] | None = None) -> Breakdown:
     """Start-up phases of ``dep`` (see the module docstring for every formula).
 
     ``compile_cache``: ``"miss"`` (first start, or a cache that did not
@@ -213,7 +226,12 @@ def breakdown(dep: Deployment, compile_cache: CompileCache = "miss", storage: st
     node (no pull); ``compile_sizes``: static sizes in
     ``compilation_config.compile_sizes`` (V1 default: none);
     ``compile_multiplier``: a what-if factor on the Inductor compile (1 is the
-    fit; the documented 37-minute MoE outlier is ~60x).
+    fit; the documented 37-minute MoE outlier is ~60x); ``level``: ``low``,
+    ``typical`` or ``high`` end of the sourced ranges in
+    ``hwdb/data/coldstart/vllm-scale.yaml`` (see :mod:`simulator.coldstart_scale`);
+    ``vllm_version``: ``"0.10"`` or ``"0.11"`` sets the capture rule and
+    cudagraph mode of that version; ``capture_sizes_override``: an explicit
+    ``cudagraph_capture_sizes`` list.
     """
     _choice("compile_cache", compile_cache, ("miss", "hit"))
     _choice("cudagraph_mode", cudagraph_mode, ("FULL_AND_PIECEWISE", "PIECEWISE", "NONE"))
@@ -222,8 +240,19 @@ def breakdown(dep: Deployment, compile_cache: CompileCache = "miss", storage: st
                              f"(the length of compilation_config.compile_sizes)")
     if not compile_multiplier > 0:
         raise ColdStartError(f"compile_multiplier={compile_multiplier!r} must be > 0 (1 = the fitted compile time)")
+    _choice("level", level, LEVELS)
     db = db or load_coldstart()
     coef = db.coefficients(engine)
+    sc = db.scale_ranges(engine)
+    if vllm_version is not None:
+        if sc is None or vllm_version not in sc.versions:
+            raise ColdStartError(f"vllm_version={vllm_version!r} is unknown; use one of "
+                                 f"{', '.join(sc.versions) if sc else '(no scale set)'}")
+        capture_rule, cudagraph_mode = sc.versions[vllm_version]["capture_rule"], \
+            sc.versions[vllm_version]["cudagraph_mode"]
+
+    def R(key: str, fitted: float) -> float:
+        return sc.at(key, level) if sc is not None else fitted
     path = db.storage_path(storage)
     a, k = dep.arch, dep.knobs
     ranks = dep.tp * dep.pp
@@ -241,29 +270,48 @@ def breakdown(dep: Deployment, compile_cache: CompileCache = "miss", storage: st
         phases.append(Phase("image_pull", t, f"{img.name}: {img.compressed_bytes.value / 1e9:.1f} GB at "
                             f"{img.registry_Bps.value / 1e6:.0f} MB/s + unpack {img.uncompressed_bytes.value / 1e9:.1f}"
                             f" GB at {img.extract_Bps.value / 1e6:.0f} MB/s"))
-    phases.append(Phase("process_start", coef.coef("process_start", "seconds"), "fitted constant"))
+    phases.append(Phase("process_start", R("process_start_s", coef.coef("process_start", "seconds")),
+                        f"{level} of the sourced range"))
     if ranks > 1:
-        phases.append(Phase("distributed_init", coef.distributed_init_s.value, f"{ranks} ranks (not fitted)"))
-    loader = coef.coef("weights_page_cache", "loader_Bps")
+        phases.append(Phase("distributed_init", R("distributed_init_s", coef.distributed_init_s.value),
+                            f"{ranks} ranks, worker spawn + NCCL ({level})"))
+    pairs = dep.tp * (dep.tp - 1) // 2
+    if pairs and compile_cache == "miss" and R("p2p_check_s_per_pair", 0.0) > 0:
+        phases.append(Phase("p2p_check", pairs * R("p2p_check_s_per_pair", 0.0),
+                            f"{pairs} GPU pairs, no cached gpu_p2p_access_cache file"))
+    loader = R("loader_Bps_per_rank", coef.coef("weights_page_cache", "loader_Bps"))
     tw = weights_seconds(ckpt, ranks, path.bandwidth_Bps.value, path.latency_s.value, loader)
     phases.append(Phase("weights", tw, f"{ckpt / 1e9:.1f} GB from {path.name} at {path.bandwidth_Bps.value / 1e9:.2f}"
                         f" GB/s; {ckpt / ranks / 1e9:.1f} GB/rank at {loader / 1e9:.2f} GB/s"))
     if not eager:
-        phases.append(Phase("dynamo", dynamo_seconds(coef, layers), f"{layers} layers/rank"))
+        phases.append(Phase("dynamo", dynamo_seconds(coef, layers) * R("dynamo_multiplier", 1.0),
+                            f"{layers} layers/rank"))
         tc = compile_seconds(coef, layers, compile_cache, compile_sizes)
         if compile_cache == "miss":
-            tc *= compile_multiplier
+            tc *= compile_multiplier * R("compile_miss_multiplier_moe" if a.is_moe else "compile_miss_multiplier", 1.0)
+        else:
+            tc *= R("compile_hit_multiplier", 1.0)
         what = "cache miss: Inductor compile" if compile_cache == "miss" else "cache hit: load artifacts"
         extra = f", {compile_sizes} static sizes" if compile_sizes else ""
         mult = f", x{compile_multiplier:g} what-if" if compile_multiplier != 1 and compile_cache == "miss" else ""
         phases.append(Phase("compile", tc, f"{what}, {layers} layers/rank{extra}{mult}"))
     phases.append(Phase("kv_profile", kv_profile_seconds(coef, layers, "hit" if eager else compile_cache),
                         f"profile run, {layers} layers/rank"))
+    if not eager and compile_cache == "miss" and R("jit_kernels_s", 0.0) > 0:
+        phases.append(Phase("jit_kernels", R("jit_kernels_s", 0.0), "first forward passes on an empty ~/.cache"))
+    hopper_plus = dep.gpu.name.startswith(("H100", "H200", "H20", "B200", "B300", "GB"))
+    if a.is_moe and dep.weight_dtype == "fp8" and hopper_plus and compile_cache == "miss" \
+            and R("deepgemm_warmup_s", 0.0) > 0:
+        phases.append(Phase("deepgemm_warmup", R("deepgemm_warmup_s", 0.0), "FP8 MoE GEMM kernels, cold cache"))
     if not eager and cudagraph_mode != "NONE":
-        sizes = capture_sizes(k.max_cudagraph_capture_size, k.max_num_batched_tokens, capture_rule)
+        sizes = (sorted(capture_sizes_override) if capture_sizes_override else
+                 capture_sizes(k.max_cudagraph_capture_size, k.max_num_batched_tokens, capture_rule))
         n, s = captured_graphs(sizes, k.max_num_seqs, cudagraph_mode, coef.full_graph_relative_cost.value)
-        phases.append(Phase("cuda_graphs", capture_seconds(coef, n, s, layers, p_rank, peak),
-                            f"{len(sizes)} sizes up to {max(sizes) if sizes else 0}, {cudagraph_mode}: {n:.0f} graphs"))
+        g1 = R("capture_s_per_graph_layer", coef.coef("cuda_graphs", "g1_s_per_graph_layer"))
+        tg = capture_seconds(coef, n, s, layers, p_rank, peak) + (g1 - coef.coef(
+            "cuda_graphs", "g1_s_per_graph_layer")) * n * layers if n else 0.0
+        phases.append(Phase("cuda_graphs", tg, f"{len(sizes)} sizes up to {max(sizes) if sizes else 0}, "
+                            f"{cudagraph_mode}: {n:.0f} graphs, {g1 * 1e3:.1f} ms per graph-layer"))
     phases.append(Phase("api_ready", coef.coef("api_ready", "seconds"), "fitted constant"))
 
     notes = []
@@ -274,12 +322,12 @@ def breakdown(dep: Deployment, compile_cache: CompileCache = "miss", storage: st
         notes.append(f"{a.total_params / 1e9:.0f}B parameters is beyond the fitted 0.5-14B: weights load scales "
                      f"with bytes (physics), the rest with layers")
     if ranks > 1:
-        notes.append(f"TP x PP = {ranks}: the data is single-GPU; ranks are assumed to compile and capture "
-                     f"concurrently (distributed_init is an unfitted constant)")
+        notes.append(f"TP x PP = {ranks}: ranks compile and capture concurrently; NCCL init, P2P check and "
+                     f"the per-rank loader rate are sourced ranges (vllm-scale.yaml), not fits")
     if a.is_moe:
-        notes.append("MoE: fused-MoE kernel JIT/tuning is not in the fit; compile tails of tens of minutes are "
-                     "reported (see outliers in vllm-v1.yaml)")
+        notes.append("MoE: compile and DeepGEMM ranges are sourced (vllm-scale.yaml); compile tails of tens of "
+                     "minutes are reported beyond the high end (outliers in vllm-v1.yaml)")
     desc = (f"{a.name} on {ranks}x {dep.gpu.name} TP{dep.tp}" + (f" PP{dep.pp}" if dep.pp > 1 else "")
             + f" {dep.weight_dtype}, compile cache {compile_cache}, weights from {path.name}, image "
-            + ("cached" if image_cached else "pulled"))
-    return Breakdown(tuple(phases), compile_cache, path.name, image_cached, desc, tuple(notes))
+            + ("cached" if image_cached else "pulled") + (f" [{level}]" if level != "typical" else ""))
+    return Breakdown(tuple(phases), compile_cache, path.name, image_cached, desc, tuple(notes), level)

@@ -361,8 +361,10 @@ def recommend_probes(bd: Breakdown, margin: float = 0.5, period_s: int = 10,
     the container starts, so ``failureThreshold = ceil(budget / period) + 1``.
     Liveness (period 10 s, timeout 5 s, 3 failures) and readiness (period 5 s,
     timeout 3 s, 3 failures) then start when it succeeds, with no delay.  Size
-    it on a cold compile cache: a vLLM, torch or config change invalidates a
-    warm one.
+    it on a cold compile cache and on the high end of the sourced range
+    (``breakdown(..., level="high")``, or
+    :func:`simulator.coldstart_scale.recommend_high`): a vLLM, torch or config
+    change invalidates a warm cache, and hosts differ several-fold.
     """
     if not (isinstance(margin, (int, float)) and margin >= 0 and margin == margin):
         raise ProbeError(f"margin={margin!r} must be >= 0 (0.5 = 50% more than the modelled start)")

@@ -32,13 +32,14 @@ class StartTimes:
         try:
             db = load_coldstart(hwdb_dirs)
 
-            def bd(cache: str, image_cached: bool):
-                return breakdown(dep, cache, cfg.storage, image_cached, db=db)
+            def bd(cache: str, image_cached: bool, level: str = "typical"):
+                return breakdown(dep, cache, cfg.storage, image_cached, db=db, level=level)
             volume = cfg.compile_cache != "none"
             new_cold, new_warm = bd("miss", cfg.image_cached), bd("hit", cfg.image_cached)
             re_cold, re_warm = bd("miss", True), bd("hit", True)
             if cfg.probes == "recommended":
-                spec = recommend_probes(new_cold, cfg.margin).pod_spec(volume)
+                # sized on the high end of the sourced range (simulator/coldstart_scale.py)
+                spec = recommend_probes(bd("miss", cfg.image_cached, "high"), cfg.margin).pod_spec(volume)
             else:
                 spec = PodSpec(*(getattr(cfg, n).probe() if getattr(cfg, n) is not None else None
                                  for n in ("startup_probe", "liveness", "readiness")), compile_cache_volume=volume)

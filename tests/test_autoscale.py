@@ -78,8 +78,9 @@ def test_persistent_compile_cache_shortens_scale_up_by_the_compile_phase(step_ru
 
 
 def test_scale_down_drains_before_removal_and_loses_nothing():
-    scn = step_scenario(10.0, duration_s=200.0, stabilization_s=20.0,
-                        shape={"kind": "piecewise", "times_s": (0, 40, 41, 110, 111), "rates": (2, 2, 16, 16, 1)})
+    # the high load lasts past the scale-up's cold start (~80 s for 8B on H100 with capture and kernel JIT)
+    scn = step_scenario(10.0, duration_s=300.0, stabilization_s=20.0,
+                        shape={"kind": "piecewise", "times_s": (0, 40, 41, 190, 191), "rates": (2, 2, 16, 16, 1)})
     res = simulate(scn)
     ops = res.summary["operations"]
     removed = [i for i in ops["instances"] if i["end"] == "removed"]

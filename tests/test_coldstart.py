@@ -54,13 +54,14 @@ def test_enforce_eager_skips_compile_and_capture(db):
 def test_70b_tp8_cold_start_is_minutes(db):
     d = dep(db)
     cold = breakdown(d, "miss", "nvme")
-    # local NVMe, image on the node: about two minutes from container start
-    assert 90 < cold.container_s < 180
+    # local NVMe, image on the node: about four minutes from container start (P2P check, capture at TP8)
+    assert 180 < cold.container_s < 320
     assert 40 < cold.seconds("dynamo") + cold.seconds("compile") < 90
-    # several minutes with a network file system or a first image pull on the node
-    assert breakdown(d, "miss", "nfs").total_s > 180
-    assert breakdown(d, "miss", "nvme", image_cached=False).total_s > 240
-    assert breakdown(d, "miss", "nfs", image_cached=False).total_s > 330
+    assert cold.seconds("p2p_check") == pytest.approx(60, rel=0.01)     # 28 GPU pairs
+    # more with a network file system or a first image pull on the node
+    assert breakdown(d, "miss", "nfs").total_s > 300
+    assert breakdown(d, "miss", "nvme", image_cached=False).total_s > 400
+    assert breakdown(d, "miss", "nfs", image_cached=False).total_s > 450
     assert any("beyond the fitted" in n for n in cold.extrapolated)
 
 
@@ -68,8 +69,9 @@ def test_warm_cache_removes_inductor_compile(db):
     d = dep(db)
     cold, warm = breakdown(d, "miss"), breakdown(d, "hit")
     diff = {n: cold.seconds(n) - warm.seconds(n) for n in PHASES}
-    assert {n for n, v in diff.items() if v} == {"compile", "kv_profile"}   # Dynamo re-runs on a warm start
-    assert cold.total_s - warm.total_s == pytest.approx(diff["compile"] + diff["kv_profile"])
+    # Dynamo re-runs on a warm start; the P2P-check file and JIT caches live in ~/.cache too
+    assert {n for n, v in diff.items() if v} == {"compile", "kv_profile", "p2p_check", "jit_kernels"}
+    assert cold.total_s - warm.total_s == pytest.approx(sum(diff.values()))
     assert diff["compile"] > 0
 
 

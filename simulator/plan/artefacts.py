@@ -106,7 +106,7 @@ def sglang_args(model_id: str, dep, role: str, connector) -> list[str]:
 
 
 def _probes(dep):
-    return recommend_probes(breakdown(dep, "miss"), path="/health", port=VLLM_PORT)
+    return recommend_probes(breakdown(dep, "miss", level="high"), path="/health", port=VLLM_PORT)
 
 
 def _manifests(name: str, pool, dep, args: list[str], gpu_resource: str) -> list[dict]:
