@@ -197,4 +197,7 @@ class Connector(_Strict):
     gpu_direct_required: bool
     layerwise: bool
     default_buffer_bytes: Figure | None = None
+    # A connector with a TCP mode runs host-staged over a fabric without GPU-direct; its value is the
+    # connector efficiency in that mode (None: the connector needs GPU-direct and is refused there).
+    tcp_mode_efficiency: Figure | None = None
     notes: str | None = None

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections import deque
 
-from simulator.fabric import LinkState
 from simulator.faults import link_degradation_process
 from simulator.pd import PDCoordinator
 
@@ -104,6 +103,7 @@ class OpsCoordinator(PDCoordinator):
         self.limbo: deque[int] = deque()
         self._jitter = None
         self._degrade = None
+        self._episoded: set = set()
         if plan.jitter_mean_s > 0:
             mean = plan.jitter_mean_s / 2
             self._jitter = lambda g, mean=mean: float(g.exponential(mean))  # noqa: E731
@@ -113,18 +113,17 @@ class OpsCoordinator(PDCoordinator):
         plan = self.plan
         if inst.role == "prefill":
             assert inst.index == len(self.egress)
-            self.egress.append(LinkState(f"{plan.link_name}:prefill{inst.index}:out", plan.prefill_side_Bps,
-                                         plan.latency_s, plan.bandwidth_factor, self._jitter))
+            self.egress.append(self.side_path("prefill", inst.index))
             inst.hand_off = self.hand_off
         else:
             assert inst.index == len(self.ingress)
-            self.ingress.append(LinkState(f"{plan.link_name}:decode{inst.index}:in", plan.decode_side_Bps,
-                                          plan.latency_s, plan.bandwidth_factor, self._jitter))
+            self.ingress.append(self.side_path("decode", inst.index))
             self.in_buffer.append(0.0)
-            self.buffer_wait.append(deque())
             inst.start_transfer = self.start_transfer
         if self._degrade is not None:
-            self._episodes(self.egress[-1] if inst.role == "prefill" else self.ingress[-1])
+            for ln in (self.egress[-1] if inst.role == "prefill" else self.ingress[-1]):
+                if ln not in self._episoded:      # a NIC shared with an earlier instance has its episodes
+                    self._episodes(ln)
 
     def hand_off(self, p_inst, rid: int, now: float) -> None:
         self.src[rid] = p_inst
@@ -143,35 +142,40 @@ class OpsCoordinator(PDCoordinator):
             self.hand_off(self.src.pop(rid), rid, self.env.now)
 
     def forget_buffered(self, d: int, rid: int) -> None:
-        waiting = self.buffer_wait[d]
-        for item in list(waiting):
-            if item[2] == rid:
-                waiting.remove(item)
+        """Nothing waits for buffer room (overflow goes to the host pool): kept for the crash handler."""
 
-    def _send(self, p_inst, d_inst, rid: int, nbytes: float) -> None:
+    def _send(self, p_inst, d_inst, rid: int, nbytes: float, spill: float = 0.0) -> None:
         plan, rec = self.plan, self.rec
         rec.t_kv_start[rid] = self.env.now
         extra = plan.setup_s + nbytes * plan.staged_s_per_byte
-        ev = self.fabric.transfer((self.egress[p_inst.index], self.ingress[d_inst.index]), nbytes, extra)
+        ev = self.fabric.transfer(self.egress[p_inst.index] + self.ingress[d_inst.index], nbytes, extra)
         self.bytes_moved += nbytes
         token = rec.attempt[rid]
 
-        def done(_e, rid=rid, p_inst=p_inst, d_inst=d_inst, nbytes=nbytes, token=token):
+        def arrived(_e, rid=rid, p_inst=p_inst, d_inst=d_inst, nbytes=nbytes, token=token):
             if rec.attempt[rid] == token:
-                rec.t_kv_done[rid] = self.env.now
                 p_inst.release(rid)
-                d_inst.kv_arrived(rid)
-            if plan.buffer_bytes and not d_inst.dead:
-                self._drain_buffer(d_inst.index, nbytes)
-        ev.callbacks.append(done)
+
+            def land(_t=None):
+                if rec.attempt[rid] == token:
+                    rec.t_kv_done[rid] = self.env.now
+                    d_inst.kv_arrived(rid)
+                if plan.buffer_bytes and not d_inst.dead:
+                    self.in_buffer[d_inst.index] -= nbytes - spill
+            if spill > 0:
+                self.env.timeout(spill * plan.pool_copy_s_per_byte).callbacks.append(land)
+            else:
+                land()
+        ev.callbacks.append(arrived)
 
     def degrade(self, cfg, rng, log) -> None:
         """Start link-degradation episodes on every link side made so far and later."""
         self._degrade = (cfg, rng, log)
-        for ln in self.egress + self.ingress:
+        for ln in dict.fromkeys(ln for path in self.egress + self.ingress for ln in path):
             self._episodes(ln)
 
     def _episodes(self, link) -> None:
+        self._episoded.add(link)
         cfg, rng, log = self._degrade
         self.env.process(link_degradation_process(self.env, self.fabric, link, cfg, self.plan.bandwidth_factor,
                                                   rng, lambda t, n, f: log.append((t, n, f))))

@@ -15,8 +15,14 @@ path is the prefill instance's egress and the decode instance's ingress: one
 bandwidth x the instance's GPU count (one RDMA NIC or NVLink port per GPU;
 a TCP or cloud-VPC NIC is one per node, shared) x link efficiency x connector
 efficiency.  With unequal TP the narrower side is
-the bottleneck, which is how a TP mismatch shows.  Concurrent transfers share
-each side fairly (:mod:`simulator.fabric`).  A host-staged connector (TCP) also
+the bottleneck, which is how a TP mismatch shows.  Topology as data
+(``kv_transfer.gpus_per_nic``, ``nodes_per_rack``, ``oversubscription``): instances are packed onto
+nodes in order; several small instances behind one NIC share one LinkState, and with an oversubscribed
+leaf switch cross-rack transfers also cross the rack's uplink (prefill and decode pools are taken to sit
+in different racks).  Concurrent transfers share every element of the path max-min fairly
+(:mod:`simulator.fabric`).  P2pNccl's ``kv_buffer_size``: bytes that do not fit in the decode
+instance's free GPU buffer go to its host tensor pool (vLLM ``docs/design/p2p_nccl_connector.md``) and
+pay a device->host and a host->device copy over PCIe before decode can use them.  A host-staged connector (TCP) also
 pays a GPU->host and a host->GPU copy over PCIe and the link's per-byte CPU
 cost on both ends, in series before the bytes flow.  A layer-wise connector
 sends each layer's KV as it is computed: only what the link could not carry
@@ -24,7 +30,6 @@ during the prefill remains (at least one layer's worth).
 """
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 
 import hwdb
@@ -51,6 +56,36 @@ class TransferPlan:
     buffer_bytes: float = 0.0      # receive staging buffer per decode instance (0 = none)
     bandwidth_factor: float = 1.0  # degradation of both sides (1 = healthy)
     jitter_mean_s: float = 0.0     # mean of the exponential extra latency per transfer
+    prefill_share: int = 1         # prefill instances behind one NIC group (shared node NICs)
+    decode_share: int = 1
+    gpus_per_node: int = 8
+    prefill_gpus: int = 1
+    decode_gpus: int = 1
+    nodes_per_rack: int | None = None
+    oversubscription: float = 1.0
+    nic_Bps: float = 0.0           # one NIC's usable rate (bytes/s, efficiencies applied)
+    pool_copy_s_per_byte: float = 0.0   # buffer overflow to host memory: D2H + H2D over PCIe, per byte
+
+    def rack_Bps(self, role: str) -> float | None:
+        """Usable uplink of one rack of ``role``'s pool under oversubscription; None without a rack tier."""
+        if self.nodes_per_rack is None or self.oversubscription <= 1:
+            return None
+        gpus = self.prefill_gpus if role == "prefill" else self.decode_gpus
+        side = self.prefill_side_Bps if role == "prefill" else self.decode_side_Bps
+        share = self.prefill_share if role == "prefill" else self.decode_share
+        per_node = self.gpus_per_node / gpus * side / share      # the node's NICs together
+        return self.nodes_per_rack * per_node / self.oversubscription
+
+    def per_instance_Bps(self, role: str) -> float:
+        """An instance's fair share of its path when every instance of the pool transfers at once."""
+        side = self.prefill_side_Bps if role == "prefill" else self.decode_side_Bps
+        share = self.prefill_share if role == "prefill" else self.decode_share
+        bw = side / share
+        rack = self.rack_Bps(role)
+        if rack is not None:
+            gpus = self.prefill_gpus if role == "prefill" else self.decode_gpus
+            bw = min(bw, rack / (self.nodes_per_rack * self.gpus_per_node / gpus))
+        return bw
 
     def bytes_for(self, prompt_tokens: int) -> float:
         return prompt_tokens * self.kv_bytes_per_token
@@ -72,6 +107,11 @@ def build_transfer_plan(cfg, db: hwdb.HardwareDB, p: Deployment, d: Deployment) 
         conn = db.connector(cfg.connector)
     except hwdb.HwdbError as exc:
         raise TransferConfigError(f"kv_transfer.connector: {exc}") from None
+    if p.gpu.vendor != d.gpu.vendor:
+        raise TransferConfigError(
+            f"prefill on {p.gpu.vendor.upper()} {p.gpu.name} and decode on {d.gpu.vendor.upper()} {d.gpu.name}: no "
+            "modelled connector moves KV between vendors (NIXL/RIXL, Mooncake and NCCL/RCCL builds are per vendor, "
+            "and the attention backends' KV layouts differ); use one vendor for both pools")
     if p.kv_dtype != d.kv_dtype:
         raise TransferConfigError(f"prefill KV cache is {p.kv_dtype} but decode KV cache is {d.kv_dtype}; "
                                   "KV moves as it is stored: give both pools the same kv_cache_dtype")
@@ -110,25 +150,38 @@ def build_transfer_plan(cfg, db: hwdb.HardwareDB, p: Deployment, d: Deployment) 
                 f"kv_transfer.fabric={link.name} is an intra-node link and cannot connect instances on different "
                 "nodes; use an InfiniBand/RoCE/TCP fabric, or same_node: true")
         per_gpu_p = per_gpu_d = link.effective_Bps
-    # RDMA NICs come one per GPU (DGX-style rails); a TCP/VPC NIC is one per node, shared.
+    # RDMA NICs come one per GPU (DGX-style rails) unless the topology says otherwise; a TCP/VPC NIC is
+    # one per node, shared by the instances on it.
     shared_nic = link.kind in ("tcp", "vpc")
-    side_p = per_gpu_p * (1 if shared_nic else p.gpus)
-    side_d = per_gpu_d * (1 if shared_nic else d.gpus)
+    g = cfg.gpus_per_nic or (p.gpu.gpus_per_node if shared_nic else 1)
+    if cfg.same_node:
+        g = 1
+    nic = cfg.nic_Bps * link.efficiency.value if cfg.nic_Bps is not None else per_gpu_p
+
+    def side(dep):
+        nics = max(1, dep.gpus // g)                # NICs an instance spans
+        share = max(1, g // dep.gpus)               # instances behind one NIC
+        return nic * nics, share
+    (side_p, share_p), (side_d, share_d) = side(p), side(d)
     if cfg.bandwidth_Bps is not None:
         side_p = side_d = cfg.bandwidth_Bps
+        share_p = share_d = 1
+    host_staged = conn.host_staged
+    eff = conn.efficiency.value
     if conn.gpu_direct_required and not link.gpu_direct:
-        raise TransferConfigError(
-            f"kv_transfer: connector {conn.name} needs GPU-direct RDMA but {link.name} has none; use connector "
-            "tcp (host-staged) or an RDMA fabric (ib-*, roce-*)")
+        if conn.tcp_mode_efficiency is None:
+            raise TransferConfigError(
+                f"kv_transfer: connector {conn.name} needs GPU-direct RDMA but {link.name} has none; use connector "
+                "tcp (host-staged), one with a TCP mode (p2pnccl, mooncake, nixl) or an RDMA fabric (ib-*, roce-*)")
+        host_staged, eff = True, conn.tcp_mode_efficiency.value      # its TCP mode: staged through host memory
+    pcie = db.link("pcie-gen5-x16")
     staged = 0.0
-    if conn.host_staged:
-        pcie = db.link("pcie-gen5-x16")
+    if host_staged:
         ranks = min(p.tp, d.tp)
         # Each rank copies its shard GPU->host, serialises, and the receiver does the reverse.
         staged = (2.0 / pcie.effective_Bps + 2.0 * link.cpu_cost_s_per_byte.value) / ranks
     a = p.arch
     layerwise = conn.layerwise if cfg.layerwise is None else cfg.layerwise
-    eff = conn.efficiency.value
     return TransferPlan(
         connector=conn.name, link_name=link.name,
         kv_bytes_per_token=a.kv_elems_per_token * DTYPE_BYTES[p.kv_dtype],
@@ -136,6 +189,9 @@ def build_transfer_plan(cfg, db: hwdb.HardwareDB, p: Deployment, d: Deployment) 
         latency_s=link.latency_s.value, setup_s=conn.setup_s.value, staged_s_per_byte=staged,
         layerwise=layerwise, num_layers=a.num_layers,
         bandwidth_factor=cfg.bandwidth_factor, jitter_mean_s=cfg.jitter_mean_s, flow=cfg.flow,
+        prefill_share=share_p, decode_share=share_d, gpus_per_node=p.gpu.gpus_per_node, prefill_gpus=p.gpus,
+        decode_gpus=d.gpus, nodes_per_rack=cfg.nodes_per_rack, oversubscription=cfg.oversubscription,
+        nic_Bps=nic * eff, pool_copy_s_per_byte=2.0 / pcie.effective_Bps / d.tp,
         buffer_bytes=(cfg.kv_buffer_size if cfg.kv_buffer_size is not None
                       else conn.default_buffer_bytes.value if conn.default_buffer_bytes else 0.0))
 
@@ -155,23 +211,47 @@ class PDCoordinator:
         self.decode_router = decode_router
         self.rec = rec
         self.src: dict[int, object] = {}
-        f = plan.bandwidth_factor
-        self.egress = [LinkState(f"{plan.link_name}:prefill{i}:out", plan.prefill_side_Bps, plan.latency_s, f, jitter)
-                       for i in range(len(prefill))]
-        self.ingress = [LinkState(f"{plan.link_name}:decode{i}:in", plan.decode_side_Bps, plan.latency_s, f, jitter)
-                        for i in range(len(decode))]
+        self._jitter = jitter
+        self._groups: dict[tuple, LinkState] = {}
+        self.egress: list[tuple] = []
+        self.ingress: list[tuple] = []
+        for i in range(len(prefill)):
+            self.egress.append(self.side_path("prefill", i))
+        for i in range(len(decode)):
+            self.ingress.append(self.side_path("decode", i))
         self.decode = decode
         self.flow = plan.flow
         self.reserved: dict[int, object] = {}
         self.bytes_moved = 0.0
-        # Staging buffer of each decode instance (P2pNcclConnector's kv_buffer_size): bytes in
-        # flight into it, and transfers waiting for room, FCFS.
+        # Receive buffer of each decode instance (P2pNcclConnector's kv_buffer_size): bytes held in it.
         self.in_buffer = [0.0] * len(decode)
-        self.buffer_wait: list[deque] = [deque() for _ in decode]
         for inst in prefill:
             inst.hand_off = self.hand_off
         for inst in decode:
             inst.start_transfer = self.start_transfer
+
+    def side_path(self, role: str, i: int) -> tuple:
+        """The links instance ``i`` of ``role`` crosses on its side: its NIC group (shared by the instances
+        behind one NIC) and, with an oversubscribed leaf switch, its rack's uplink.  Made once, then reused."""
+        plan = self.plan
+        share = plan.prefill_share if role == "prefill" else plan.decode_share
+        cap = plan.prefill_side_Bps if role == "prefill" else plan.decode_side_Bps
+        d = "out" if role == "prefill" else "in"
+        g = i // share
+        name = f"{plan.link_name}:{role}{i}:{d}" if share == 1 else f"{plan.link_name}:{role}-nic{g}:{d}"
+        links = [self._group(name, cap, plan.latency_s)]
+        rack = plan.rack_Bps(role)
+        if rack is not None:
+            gpus = plan.prefill_gpus if role == "prefill" else plan.decode_gpus
+            r = int(i * gpus // (plan.gpus_per_node * plan.nodes_per_rack))
+            links.append(self._group(f"{plan.link_name}:{role}-rack{r}:{'up' if d == 'out' else 'down'}", rack, 0.0))
+        return tuple(links)
+
+    def _group(self, name: str, cap: float, latency: float) -> LinkState:
+        ln = self._groups.get(name)
+        if ln is None:
+            ln = self._groups[name] = LinkState(name, cap, latency, self.plan.bandwidth_factor, self._jitter)
+        return ln
 
     def on_arrival(self, rid: int) -> None:
         """SGLang flow: the decode instance is chosen when the request arrives and reserves
@@ -207,43 +287,38 @@ class PDCoordinator:
         if plan.layerwise:
             overlap = (rec.t_prefilled[rid] - rec.t_sched[rid]) * min(plan.prefill_side_Bps, plan.decode_side_Bps)
             nbytes = max(nbytes / plan.num_layers, nbytes - overlap)
+        spill = 0.0
         if plan.buffer_bytes:
+            # What does not fit in the free GPU buffer goes to the host tensor pool (P2pNccl).
             d = d_inst.index
-            waiting = self.buffer_wait[d]
-            # A transfer larger than the whole buffer goes through alone.
-            if waiting or (self.in_buffer[d] and self.in_buffer[d] + nbytes > plan.buffer_bytes):
-                waiting.append((p_inst, d_inst, rid, nbytes))
-                return
-            self.in_buffer[d] += nbytes
-        self._send(p_inst, d_inst, rid, nbytes)
+            fit = min(nbytes, max(0.0, plan.buffer_bytes - self.in_buffer[d]))
+            self.in_buffer[d] += fit
+            spill = nbytes - fit
+        self._send(p_inst, d_inst, rid, nbytes, spill)
 
-    def _send(self, p_inst, d_inst, rid: int, nbytes: float) -> None:
+    def _send(self, p_inst, d_inst, rid: int, nbytes: float, spill: float = 0.0) -> None:
         plan, rec = self.plan, self.rec
         rec.t_kv_start[rid] = self.env.now
         extra = plan.setup_s + nbytes * plan.staged_s_per_byte
-        path = (self.egress[p_inst.index], self.ingress[d_inst.index])
+        path = self.egress[p_inst.index] + self.ingress[d_inst.index]
         ev = self.fabric.transfer(path, nbytes, extra)
         self.bytes_moved += nbytes
 
-        def done(_e, rid=rid, p_inst=p_inst, d_inst=d_inst, nbytes=nbytes):
-            rec.t_kv_done[rid] = self.env.now
+        def arrived(_e, rid=rid, p_inst=p_inst, d_inst=d_inst, nbytes=nbytes):
             p_inst.release(rid)
-            d_inst.kv_arrived(rid)
-            if plan.buffer_bytes:
-                self._drain_buffer(d_inst.index, nbytes)
-        ev.callbacks.append(done)
+            if spill > 0:      # the overflow is copied to host memory and back before decode can use it
+                self.env.timeout(spill * plan.pool_copy_s_per_byte).callbacks.append(
+                    lambda _t: self._landed(d_inst, rid, nbytes - spill))
+            else:
+                self._landed(d_inst, rid, nbytes)
+        ev.callbacks.append(arrived)
 
-    def _drain_buffer(self, d: int, freed: float) -> None:
-        """The decode instance copied a transfer out of its buffer: start those that now fit."""
-        self.in_buffer[d] -= freed
-        waiting = self.buffer_wait[d]
-        while waiting:
-            p_inst, d_inst, rid, nbytes = waiting[0]
-            if self.in_buffer[d] and self.in_buffer[d] + nbytes > self.plan.buffer_bytes:
-                break
-            waiting.popleft()
-            self.in_buffer[d] += nbytes
-            self._send(p_inst, d_inst, rid, nbytes)
+    def _landed(self, d_inst, rid: int, in_buffer: float) -> None:
+        """The KV is usable on the decode instance: it copies it out of the buffer into its blocks."""
+        self.rec.t_kv_done[rid] = self.env.now
+        d_inst.kv_arrived(rid)
+        if self.plan.buffer_bytes:
+            self.in_buffer[d_inst.index] -= in_buffer
 
 
 def crossover_bandwidth(step_model, kv_bytes_per_token: float, prompt_tokens: int, chunk: int) -> dict:

@@ -18,11 +18,11 @@ from simulator.coldstart import breakdown
 from simulator.k8s import recommend_probes
 from simulator.scenario import deployment_for, resolve
 
-VLLM_IMAGE = "vllm/vllm-openai:v0.32.0"
-SGLANG_IMAGE = "lmsysorg/sglang:latest"
-VLLM_PORT = 8000
-SGLANG_PORT = 30000
-KV_PORT = 14579
+from simulator.plan.manifests import (P2P_KV_PORT, P2P_PROXY_ZMQ_PORT, SGLANG_BOOTSTRAP_PORT, SGLANG_PORT,
+                                     VLLM_PORT, ArtefactOptions, cache_claim, connector_env, engine_deployment,
+                                     env_exports, proxy_objects)
+from simulator.plan.readme import readme
+
 _DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp8": "auto"}
 
 
@@ -39,22 +39,30 @@ def dns_name(text: str) -> str:
     return (s[:63].rstrip("-")) or "epdsim"
 
 
-def kv_transfer_json(connector: hwdb.schema.Connector | None, role: str) -> dict | None:
+def kv_transfer_json(connector: hwdb.schema.Connector | None, role: str, proxy_host: str = "epdsim-proxy",
+                     buffer_bytes: float | None = None) -> dict | None:
     """vLLM ``--kv-transfer-config`` for a PD pool (``role``: prefill or decode); None for colocated.
 
-    NixlConnector serves both directions (``kv_both``); the other connectors take a producer
-    (prefill) and a consumer (decode) role.
+    In the shapes of vLLM's examples: NixlConnector ``kv_both`` (the host-staged ``tcp`` connector runs
+    as NixlConnector over UCX's TCP transport); MooncakeConnector ``kv_producer``/``kv_consumer``;
+    P2pNcclConnector as in ``docs/design/p2p_nccl_connector.md``: ``kv_buffer_size`` (prefill "1e1": it
+    receives nothing in PUT_ASYNC; decode the modelled buffer), ``kv_port``, and
+    ``kv_connector_extra_config`` with the proxy's ``proxy_ip``/``proxy_port``, ``http_port`` (= --port)
+    and ``send_type`` PUT_ASYNC.
     """
     if connector is None or role == "colocated":
         return None
-    name = connector.vllm_name
+    name = "NixlConnector" if connector.name == "tcp" else connector.vllm_name
     if name is None:
         return None
     if name == "NixlConnector":
         return {"kv_connector": name, "kv_role": "kv_both"}
     cfg = {"kv_connector": name, "kv_role": "kv_producer" if role == "prefill" else "kv_consumer"}
     if name == "P2pNcclConnector":
-        cfg.update(kv_port=KV_PORT, kv_connector_extra_config={"kv_buffer_size": "1e9"})
+        buf = buffer_bytes or (connector.default_buffer_bytes.value if connector.default_buffer_bytes else 1e9)
+        cfg.update(kv_buffer_size="1e1" if role == "prefill" else f"{buf:.3g}", kv_port=str(P2P_KV_PORT),
+                   kv_connector_extra_config={"proxy_ip": proxy_host, "proxy_port": str(P2P_PROXY_ZMQ_PORT),
+                                              "http_port": str(VLLM_PORT), "send_type": "PUT_ASYNC"})
     return cfg
 
 
@@ -65,10 +73,11 @@ def ec_transfer_json(role: str) -> dict:
     return {"ec_connector": "ECMooncakeConnector", "ec_role": "ec_producer" if role == "encoder" else "ec_consumer"}
 
 
-def vllm_args(model_id: str, dep, role: str, connector, encoder_tier: bool = False) -> list[str]:
+def vllm_args(model_id: str, dep, role: str, connector, encoder_tier: bool = False, proxy_host: str = "epdsim-proxy",
+              buffer_bytes: float | None = None) -> list[str]:
     """``vllm serve`` argument vector (after ``vllm serve``) for one instance of a pool."""
     k = dep.knobs
-    args = [model_id, "--port", str(VLLM_PORT), "--tensor-parallel-size", str(dep.tp)]
+    args = [model_id, "--host", "0.0.0.0", "--port", str(VLLM_PORT), "--tensor-parallel-size", str(dep.tp)]
     if dep.pp > 1:
         args += ["--pipeline-parallel-size", str(dep.pp)]
     args += ["--dtype", _DTYPE[dep.weight_dtype], "--max-model-len", str(k.max_model_len),
@@ -80,7 +89,7 @@ def vllm_args(model_id: str, dep, role: str, connector, encoder_tier: bool = Fal
         args += ["--kv-cache-dtype", "fp8"]
     if k.enforce_eager:
         args += ["--enforce-eager"]
-    kv = kv_transfer_json(connector, role) if role != "encoder" else None
+    kv = kv_transfer_json(connector, role, proxy_host, buffer_bytes) if role != "encoder" else None
     if kv is not None:
         args += ["--kv-transfer-config", json.dumps(kv, separators=(",", ":"))]
     if role == "encoder":
@@ -90,18 +99,30 @@ def vllm_args(model_id: str, dep, role: str, connector, encoder_tier: bool = Fal
     return args
 
 
-def sglang_args(model_id: str, dep, role: str, connector) -> list[str]:
-    """``python -m sglang.launch_server`` arguments for one instance of a pool."""
+def sglang_args(model_id: str, dep, role: str, connector, tcp: bool = False, encoder_urls: list[str] | None = None,
+                ib_device: str | None = None) -> list[str]:
+    """``python -m sglang.launch_server`` arguments for one instance of a pool, in the flags of SGLang's
+    server arguments and its PD/EPD disaggregation docs (``docs/advanced_features/pd_disaggregation.md``,
+    ``epd_disaggregation.md``): SGLang listens on 30000; the prefill side opens a bootstrap port (8998)."""
     k = dep.knobs
     args = ["--model-path", model_id, "--host", "0.0.0.0", "--port", str(SGLANG_PORT), "--tp-size", str(dep.tp),
-            "--dtype", _DTYPE[dep.weight_dtype], "--context-length", str(k.max_model_len),
-            "--max-running-requests", str(k.max_num_seqs), "--chunked-prefill-size", str(k.max_num_batched_tokens),
-            "--mem-fraction-static", f"{k.gpu_memory_utilization:g}"]
+            "--dtype", _DTYPE[dep.weight_dtype], "--context-length", str(k.max_model_len)]
+    if role == "encoder":
+        return args + ["--encoder-only", "--encoder-transfer-backend", "mooncake" if not tcp else "zmq_to_scheduler"]
+    args += ["--max-running-requests", str(k.max_num_seqs), "--chunked-prefill-size", str(k.max_num_batched_tokens),
+             "--mem-fraction-static", f"{k.gpu_memory_utilization:g}"]
     if dep.kv_dtype == "fp8":
         args += ["--kv-cache-dtype", "fp8_e4m3"]
     if role in ("prefill", "decode"):
         backend = connector.name if connector is not None and connector.name in ("nixl", "mooncake") else "mooncake"
         args += ["--disaggregation-mode", role, "--disaggregation-transfer-backend", backend]
+        if role == "prefill":
+            args += ["--disaggregation-bootstrap-port", str(SGLANG_BOOTSTRAP_PORT)]
+        if ib_device and not tcp and backend == "mooncake":
+            args += ["--disaggregation-ib-device", ib_device]
+    if encoder_urls and role in ("colocated", "prefill"):
+        args += ["--language-only", "--encoder-urls", *encoder_urls,
+                 "--encoder-transfer-backend", "mooncake" if not tcp else "zmq_to_scheduler"]
     return args
 
 
@@ -109,45 +130,24 @@ def _probes(dep):
     return recommend_probes(breakdown(dep, "miss", level="high"), path="/health", port=VLLM_PORT)
 
 
-def _manifests(name: str, pool, dep, args: list[str], gpu_resource: str) -> list[dict]:
-    rec = _probes(dep)
-    labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/part-of": "epdsim-plan",
-              "epdsim/role": pool.role}
-    container = {
-        "name": "vllm",
-        "image": VLLM_IMAGE,
-        "command": ["vllm", "serve"],
-        "args": args,
-        "ports": [{"name": "http", "containerPort": VLLM_PORT, "protocol": "TCP"}],
-        "resources": {"limits": {gpu_resource: str(dep.gpus)}, "requests": {gpu_resource: str(dep.gpus)}},
-        "startupProbe": rec.startup.to_k8s(),
-        "livenessProbe": rec.liveness.to_k8s(),
-        "readinessProbe": rec.readiness.to_k8s(),
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"},
-                         {"name": "vllm-cache", "mountPath": "/root/.cache/vllm"}],
-    }
-    deployment = {
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": name, "labels": labels,
-                     "annotations": {"epdsim/modelled-start-s": f"{rec.basis_s:.0f}"}},
-        "spec": {"replicas": pool.instances, "selector": {"matchLabels": labels},
-                 "template": {"metadata": {"labels": labels},
-                              "spec": {"containers": [container],
-                                       "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}},
-                                                   {"name": "vllm-cache", "emptyDir": {}}]}}},
-    }
-    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "labels": labels},
-               "spec": {"selector": labels, "ports": [{"name": "http", "port": VLLM_PORT, "targetPort": "http",
-                                                       "protocol": "TCP"}]}}
-    return [deployment, service]
+def _fabric(db, scn, dep):
+    """The KV fabric's link of a PD scenario (None for colocated) and whether it is TCP (no GPU-direct)."""
+    if not scn.is_pd:
+        return None, False
+    kv = scn.kv_transfer
+    link = dep.intra_link if kv.same_node else db.link(kv.fabric or dep.gpu.scale_out_link)
+    return link, not link.gpu_direct
 
 
-def artefacts(result, candidate_id: str | None = None) -> dict[str, str]:
+def artefacts(result, candidate_id: str | None = None, options: ArtefactOptions | None = None) -> dict[str, str]:
     """Files for the recommended candidate (or ``candidate_id``): filename -> text.
 
-    ``vllm/<pool>.sh``, ``sglang/<pool>.sh``, ``k8s/deployment.yaml`` (multi-document),
-    ``router.yaml``, ``README.md``.  Raises ValueError when there is no recommendation and no id.
+    ``vllm/<pool>.sh``, ``sglang/<pool>.sh`` (and ``sglang/router.sh`` for PD), ``k8s/deployment.yaml``
+    (multi-document: model-cache claim, Deployments and Services of the pools and, for PD/EPD, of the
+    proxy), ``router.yaml``, ``README.md``.  ``options``: registry, RDMA resource, host networking, ...
+    (:class:`ArtefactOptions`).  Raises ValueError when there is no recommendation and no id.
     """
+    opts = options or ArtefactOptions()
     cid = candidate_id or (result.recommended or {}).get("id")
     if cid is None:
         raise ValueError("the plan has no recommendation (nothing meets the SLO); pass candidate_id= one of "
@@ -158,48 +158,72 @@ def artefacts(result, candidate_id: str | None = None) -> dict[str, str]:
     model_id = model.sidecar.hf_id or model.name
     connector = db.connector(scn.kv_transfer.connector) if scn.is_pd else None
     base = dns_name(result.request.name)
-    files: dict[str, str] = {}
-    docs: list[dict] = []
-    routes = []
+    proxy_name = dns_name(f"{base}-proxy")
     enc = next((p for p in scn.pools if p.role == "encoder"), None)
     items = [(pool, dep) for pool, dep, _mem, _step in pools]
     if enc is not None:
         # The encoder instance runs the same vLLM with --mm-encoder-only; its cold start is sized on the
         # model's deployment on that GPU (an upper bound: it loads the vision tower only).
         items.insert(0, (enc, deployment_for(enc, model, db)))
+    link, tcp = _fabric(db, scn, items[-1][1])
+    rdma = scn.is_pd and not tcp and link.kind in ("infiniband", "roce")
+    svc = {pool.name: dns_name(f"{base}-{pool.name}") for pool, _ in items}
+    claim = dns_name(f"{base}-model-cache")
+    files: dict[str, str] = {}
+    docs: list[dict] = [cache_claim(claim, opts)]
+    routes = []
+    enc_urls = [f"http://{svc[enc.name]}:{SGLANG_PORT}"] if enc is not None else None
     for pool, dep in items:
-        name = dns_name(f"{base}-{pool.name}")
-        va = vllm_args(model_id, dep, pool.role, connector, encoder_tier=enc is not None)
+        name = svc[pool.name]
+        va = vllm_args(model_id, dep, pool.role, connector, encoder_tier=enc is not None, proxy_host=proxy_name,
+                       buffer_bytes=scn.kv_transfer.kv_buffer_size)
+        env = connector_env(connector.name, tcp, opts) if scn.is_pd and pool.role in ("prefill", "decode") else []
         head = (f"#!/usr/bin/env bash\n# {cand.layout}: pool {pool.name} ({pool.role}), {pool.instances} instance(s) "
                 f"of {dep.gpus}x {dep.gpu.name}; run once per instance\n")
-        files[f"vllm/{pool.name}.sh"] = head + "vllm serve " + shlex.join(va) + "\n"
-        if pool.role != "encoder":
-            sa = sglang_args(model_id, dep, pool.role, connector)
-            files[f"sglang/{pool.name}.sh"] = head + "python -m sglang.launch_server " + shlex.join(sa) + "\n"
-        resource = "amd.com/gpu" if dep.gpu.vendor == "amd" else "nvidia.com/gpu"
-        docs += _manifests(name, pool, dep, va, resource)
+        files[f"vllm/{pool.name}.sh"] = head + env_exports(env) + "vllm serve " + shlex.join(va) + "\n"
+        sa = sglang_args(model_id, dep, pool.role, connector, tcp, enc_urls, "mlx5_0" if rdma else None)
+        files[f"sglang/{pool.name}.sh"] = head + "python -m sglang.launch_server " + shlex.join(sa) + "\n"
+        amd = dep.gpu.vendor == "amd"
+        extra = []
+        if env and connector.name in ("nixl", "tcp"):
+            extra = [{"name": "nixl", "containerPort": 5600, "protocol": "TCP"}]
+        elif env and connector.name == "p2pnccl":
+            extra = [{"name": "kv", "containerPort": P2P_KV_PORT, "protocol": "TCP"}]
+        image = opts.vllm_rocm_image if amd else opts.vllm_image
+        if connector is not None and connector.name == "p2pnccl":
+            image = opts.p2pnccl_vllm_image
+        docs += engine_deployment(name, pool.role, pool.instances, opts.image(image), ["vllm", "serve"], va,
+                                  "amd.com/gpu" if amd else "nvidia.com/gpu", dep.gpus, _probes(dep), env,
+                                  rdma and pool.role in ("prefill", "decode"), opts, extra, claim)
         routes.append({"pool": pool.name, "role": pool.role, "service": f"http://{name}:{VLLM_PORT}",
                        "replicas": pool.instances, "policy": pool.router})
+    ends: dict[str, list[str]] = {}
+    for r in routes:
+        ends.setdefault(r["role"], []).append(r["service"])
+    proxy_kind = ("p2pnccl" if connector is not None and connector.name == "p2pnccl" else "toy") if scn.is_pd else None
+    if enc is not None:
+        proxy_kind = "epd"
+    if proxy_kind is not None:
+        first = items[-1][1]
+        image = opts.image(opts.proxy_image or (opts.vllm_rocm_image if first.gpu.vendor == "amd" else opts.vllm_image))
+        docs += proxy_objects(proxy_name, proxy_kind, image, ends, opts)
     files["k8s/deployment.yaml"] = yaml.dump_all(docs, Dumper=_NoAliases, sort_keys=False)
     router = {"model": model_id, "mode": ("e+" if enc is not None else "") + ("pd" if scn.is_pd else "colocated"),
               "pools": routes}
+    if proxy_kind is not None:
+        port = 10001 if proxy_kind == "p2pnccl" else VLLM_PORT
+        router["proxy"] = {"kind": proxy_kind, "service": f"http://{proxy_name}:{port}"}
     if scn.is_pd:
-        router["kv_transfer"] = {"connector": connector.vllm_name or connector.name, "fabric": cand.fabric,
-                                 "flow": scn.kv_transfer.flow}
-        ends = {r["role"]: r["service"] for r in routes}
-        router["sglang_router"] = ("python -m sglang_router.launch_router --pd-disaggregation "
-                                   f"--prefill {ends['prefill']} --decode {ends['decode']} --port 8080")
+        router["kv_transfer"] = {"connector": kv_transfer_json(connector, "decode", proxy_name)["kv_connector"],
+                                 "fabric": cand.fabric, "tcp": tcp, "flow": scn.kv_transfer.flow}
+        sg = {r["role"]: f"http://{svc[r['pool']]}:{SGLANG_PORT}" for r in routes}
+        cmd = ("python -m sglang_router.launch_router --pd-disaggregation "
+               f"--prefill {sg['prefill']} {SGLANG_BOOTSTRAP_PORT} --decode {sg['decode']} --host 0.0.0.0 --port 8000")
+        router["sglang_router"] = cmd
+        files["sglang/router.sh"] = "#!/usr/bin/env bash\n# SGLang's PD router in front of the pools\n" + cmd + "\n"
     files["router.yaml"] = yaml.safe_dump(router, sort_keys=False)
     rec = result.recommended if result.recommended and result.recommended["id"] == cid else None
-    files["README.md"] = (
-        f"# {result.request.name}: {cand.layout}\n\n"
-        f"Planned by epdsim for {result.request.target_rate:g} req/s of {model.name}; cost "
-        f"${cand.cost_usd_per_hour:,.2f}/h on {cand.gpus} GPUs.\n"
-        + (f"Simulated goodput {rec['goodput_rps']:.3g} req/s (headroom {rec['headroom_rate']:+.0%} over the target).\n"
-           if rec else "")
-        + "\nFiles: vllm/*.sh and sglang/*.sh (one command per instance of each pool), k8s/deployment.yaml "
-          "(Deployments and Services; probes sized by the cold-start model, `epdsim probes`), router.yaml "
-          "(the pools behind the router, its policy, and for PD the connector and an SGLang router command).\n"
-        + ("The encoder pool (vLLM --mm-encoder-only with an EC connector) has no SGLang command here.\n"
-           if enc is not None else ""))
+    files["README.md"] = readme(result, cand, model, rec, opts, proxy_kind=proxy_kind, tcp=tcp, rdma=rdma,
+                                amd=any(d.gpu.vendor == "amd" for _, d in items), link=link,
+                                connector=connector.name if connector else None, encoder=enc is not None)
     return files

@@ -234,7 +234,8 @@ class Screen:
             return OVERLOAD, OVERLOAD, why
         plan = self._plan(cand)
         nbytes = plan.bytes_for(self.I)
-        rho = max(lam / pp.instances * nbytes / plan.prefill_side_Bps, lam / pd_.instances * nbytes / plan.decode_side_Bps)
+        rho = max(lam / pp.instances * nbytes / plan.per_instance_Bps("prefill"),
+                  lam / pd_.instances * nbytes / plan.per_instance_Bps("decode"))
         if rho >= 1.0:
             return OVERLOAD, OVERLOAD, f"KV transfer over {plan.link_name} saturated"
         return extra + t_pre + plan.idle_time(max(1, round(self.Iq))) / (1.0 - rho) + t_dec, tpot, ""

@@ -1,0 +1,190 @@
+"""Kubernetes objects and per-connector environment for the planner's artefacts.
+
+What each connector needs on the wire, from the engines' own documentation:
+
+* NixlConnector (vLLM ``docs/features/nixl_connector_usage.md``): UCX transports ``UCX_TLS`` and devices
+  ``UCX_NET_DEVICES`` (NCCL variables do not apply), a side channel ``VLLM_NIXL_SIDE_CHANNEL_HOST`` /
+  ``VLLM_NIXL_SIDE_CHANNEL_PORT`` (5600 in the examples) that the peer reaches; the toy proxy
+  ``tests/v1/kv_connector/nixl_integration/toy_proxy_server.py`` (``--prefiller-hosts/--prefiller-ports/
+  --decoder-hosts/--decoder-ports``) in front.  Over TCP: ``UCX_TLS=tcp,cuda_copy``.
+* P2pNcclConnector (vLLM ``docs/design/p2p_nccl_connector.md``): ``kv_port``, ``kv_buffer_size`` and
+  ``kv_connector_extra_config`` ``{proxy_ip, proxy_port, http_port}`` with ``http_port`` equal to
+  ``--port``; the proxy ``disagg_proxy_p2p_nccl_xpyd.py`` serves clients on 10001 and takes the
+  instances' registrations on 30001 (it needs ``quart``).  Over TCP NCCL uses its socket transport
+  (``NCCL_IB_DISABLE=1``, ``NCCL_SOCKET_IFNAME``).
+* MooncakeConnector: the same toy proxy (Mooncake's ``mooncake_connector_v1`` README); over TCP
+  ``MC_FORCE_TCP=1`` (Mooncake transfer engine).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+VLLM_PORT = 8000
+SGLANG_PORT = 30000
+SGLANG_BOOTSTRAP_PORT = 8998          # SGLang's --disaggregation-bootstrap-port default
+NIXL_SIDE_CHANNEL_PORT = 5600
+P2P_KV_PORT = 21001
+P2P_PROXY_HTTP_PORT = 10001
+P2P_PROXY_ZMQ_PORT = 30001
+VLLM_REF = "v0.32.0"
+_RAW = f"https://raw.githubusercontent.com/vllm-project/vllm/{VLLM_REF}/"
+TOY_PROXY = "tests/v1/kv_connector/nixl_integration/toy_proxy_server.py"
+P2P_PROXY = "examples/online_serving/disaggregated_serving_p2p_nccl_xpyd/disagg_proxy_p2p_nccl_xpyd.py"
+EPD_PROXY = "examples/disaggregated/disaggregated_encoder/disagg_epd_proxy.py"
+
+
+@dataclass(frozen=True)
+class ArtefactOptions:
+    """What differs between clusters; the artefact README says where each one lands.
+
+    ``rdma_resource``: the device-plugin resource of the RDMA NICs (``rdma/ib`` for the Mellanox
+    k8s-rdma-shared-dev-plugin, ``rdma/rdma_shared_device_a``, ``nvidia.com/hostdev``, ...), requested
+    once per pod on RDMA fabrics; ``host_network``: run the pods in the node's network namespace (the
+    simplest way to reach RDMA NICs without SR-IOV/Multus); ``registry``: prefix for every image.
+    """
+
+    registry: str | None = None
+    vllm_image: str = "vllm/vllm-openai:v0.32.0"
+    vllm_rocm_image: str = "rocm/vllm:latest"
+    # P2pNcclConnector and KVTransferConfig.kv_buffer_size are gone from vLLM 0.32 (its connector registry
+    # has no P2pNcclConnector; checked against the installed vLLM by the tests): P2pNccl plans pin the
+    # release of vLLM's P2P NCCL guide (docs/design/p2p_nccl_connector.md, "pip install vllm>=0.9.2").
+    p2pnccl_vllm_image: str = "vllm/vllm-openai:v0.10.1"
+    proxy_image: str | None = None               # default: the vLLM image (it has fastapi/httpx/uvicorn)
+    rdma_resource: str = "rdma/ib"
+    rdma_per_pod: int = 1
+    host_network: bool = False
+    ucx_net_devices: str = "all"                 # e.g. mlx5_0:1,mlx5_1:1
+    socket_ifname: str = "eth0"                  # TCP fabrics: the interface NCCL/UCX use
+    storage_class: str | None = None             # model-cache PVC; None: the cluster default
+    model_cache_size: str = "200Gi"
+    node_selector: dict = field(default_factory=dict)
+
+    def image(self, name: str) -> str:
+        return f"{self.registry.rstrip('/')}/{name}" if self.registry else name
+
+
+def connector_env(connector: str, tcp: bool, opts: ArtefactOptions) -> list[dict]:
+    """Container ``env`` for a PD pod of ``connector`` (hwdb name) over an RDMA (tcp=False) or TCP fabric."""
+    pod_ip = {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+    if connector in ("nixl", "tcp"):
+        return [pod_ip, {"name": "UCX_TLS", "value": "tcp,cuda_copy" if tcp or connector == "tcp" else "all"},
+                {"name": "UCX_NET_DEVICES", "value": opts.socket_ifname if tcp else opts.ucx_net_devices},
+                {"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "value": "$(POD_IP)"},
+                {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(NIXL_SIDE_CHANNEL_PORT)}]
+    if connector == "p2pnccl":
+        return [pod_ip] + ([{"name": "NCCL_IB_DISABLE", "value": "1"},
+                            {"name": "NCCL_SOCKET_IFNAME", "value": opts.socket_ifname}] if tcp else [])
+    if connector == "mooncake":
+        return [pod_ip] + ([{"name": "MC_FORCE_TCP", "value": "1"}] if tcp else [])
+    return [pod_ip]
+
+
+def env_exports(env: list[dict]) -> str:
+    """The same environment as shell exports (for the per-instance scripts)."""
+    out = []
+    for e in env:
+        v = "${POD_IP:-$(hostname -i)}" if "valueFrom" in e else e["value"].replace("$(POD_IP)", "${POD_IP}")
+        out.append(f"export {e['name']}={v}\n")
+    return "".join(out)
+
+
+def labels_for(name: str, role: str) -> dict:
+    return {"app.kubernetes.io/name": name, "app.kubernetes.io/part-of": "epdsim-plan", "epdsim/role": role}
+
+
+def _pod_spec(containers: list[dict], opts: ArtefactOptions, volumes: list[dict], host_network: bool) -> dict:
+    spec: dict = {"containers": containers}
+    if host_network:
+        spec.update(hostNetwork=True, dnsPolicy="ClusterFirstWithHostNet")
+    if opts.node_selector:
+        spec["nodeSelector"] = dict(opts.node_selector)
+    if volumes:
+        spec["volumes"] = volumes
+    return spec
+
+
+def engine_deployment(name: str, role: str, replicas: int, image: str, command: list[str], args: list[str],
+                      gpu_resource: str, gpus: int, probes, env: list[dict], rdma: bool, opts: ArtefactOptions,
+                      extra_ports: list[dict], cache_claim: str) -> list[dict]:
+    """A vLLM pool's Deployment (GPU and RDMA resources, probes, env, shm and caches) and its Service."""
+    labels = labels_for(name, role)
+    limits = {gpu_resource: str(gpus)}
+    if rdma:
+        limits[opts.rdma_resource] = str(opts.rdma_per_pod)
+    container = {
+        "name": "vllm", "image": image, "command": command, "args": args,
+        "ports": [{"name": "http", "containerPort": VLLM_PORT, "protocol": "TCP"}] + extra_ports,
+        "resources": {"limits": dict(limits), "requests": dict(limits)},
+        "startupProbe": probes.startup.to_k8s(), "livenessProbe": probes.liveness.to_k8s(),
+        "readinessProbe": probes.readiness.to_k8s(),
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"},
+                         {"name": "vllm-cache", "mountPath": "/root/.cache/vllm"},
+                         {"name": "hf-cache", "mountPath": "/root/.cache/huggingface"}],
+    }
+    if env:
+        container["env"] = env
+    container["envFrom"] = [{"secretRef": {"name": "hf-token", "optional": True}}]   # HF_TOKEN for gated models
+    if rdma:
+        # RDMA verbs need locked memory; IPC_LOCK lets the NIC pin the KV buffers.
+        container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
+    volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}, {"name": "vllm-cache", "emptyDir": {}},
+               {"name": "hf-cache", "persistentVolumeClaim": {"claimName": cache_claim}}]
+    deployment = {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "labels": labels,
+                     "annotations": {"epdsim/modelled-start-s": f"{probes.basis_s:.0f}"}},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": labels},
+                 "template": {"metadata": {"labels": labels},
+                              "spec": _pod_spec([container], opts, volumes, opts.host_network and rdma)}},
+    }
+    return [deployment, service(name, labels, [("http", VLLM_PORT)])]
+
+
+def service(name: str, labels: dict, ports: list[tuple[str, int]]) -> dict:
+    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "labels": labels},
+            "spec": {"selector": labels, "ports": [{"name": n, "port": p, "targetPort": n, "protocol": "TCP"}
+                                                   for n, p in ports]}}
+
+
+def cache_claim(name: str, opts: ArtefactOptions) -> dict:
+    """The shared Hugging Face cache (weights downloaded once for every pod): ReadWriteMany."""
+    spec = {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": opts.model_cache_size}}}
+    if opts.storage_class:
+        spec["storageClassName"] = opts.storage_class
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": name, "labels": {"app.kubernetes.io/part-of": "epdsim-plan"}}, "spec": spec}
+
+
+def proxy_objects(name: str, kind: str, image: str, ends: dict[str, list[str]], opts: ArtefactOptions) -> list[dict]:
+    """The request router in front of the pools: a Deployment running vLLM's own proxy script for ``kind``
+    (``toy``: NIXL/Mooncake, ``p2pnccl``, ``epd``), fetched at ``VLLM_REF`` (bake it into an image for an
+    air-gapped cluster), and its Service.  ``ends``: role -> Service URLs of that role."""
+    labels = labels_for(name, "proxy")
+    if kind == "p2pnccl":
+        script, pre = P2P_PROXY, "pip install --no-cache-dir quart && "
+        run = "python3 /tmp/proxy.py"     # the script binds 10001 (clients) and 30001 (registrations)
+        ports = [("http", P2P_PROXY_HTTP_PORT), ("zmq", P2P_PROXY_ZMQ_PORT)]
+    elif kind == "epd":
+        script, pre = EPD_PROXY, ""
+        run = (f"python3 /tmp/proxy.py --host 0.0.0.0 --port {VLLM_PORT} --encode-servers-urls "
+               + ",".join(ends["encoder"]) + " --prefill-servers-urls " + (",".join(ends.get("prefill", [])) or "disable")
+               + " --decode-servers-urls " + ",".join(ends.get("decode", ends.get("colocated", []))))
+        ports = [("http", VLLM_PORT)]
+    else:
+        script, pre = TOY_PROXY, ""
+        hp = {r: (" ".join(u.split("//")[1].split(":")[0] for u in ends[r]),
+                  " ".join(u.rsplit(":", 1)[1] for u in ends[r])) for r in ("prefill", "decode")}
+        run = (f"python3 /tmp/proxy.py --host 0.0.0.0 --port {VLLM_PORT} --prefiller-hosts {hp['prefill'][0]} "
+               f"--prefiller-ports {hp['prefill'][1]} --decoder-hosts {hp['decode'][0]} --decoder-ports {hp['decode'][1]}")
+        ports = [("http", VLLM_PORT)]
+    cmd = f"{pre}curl -fsSL {_RAW}{script} -o /tmp/proxy.py && exec {run}"
+    container = {"name": "proxy", "image": image, "command": ["/bin/sh", "-c"], "args": [cmd],
+                 "ports": [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in ports],
+                 "readinessProbe": {"tcpSocket": {"port": ports[0][0]}, "periodSeconds": 5},
+                 "resources": {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "8Gi"}}}
+    deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "labels": labels},
+                  "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+                           "template": {"metadata": {"labels": labels},
+                                        "spec": _pod_spec([container], opts, [], False)}}}
+    return [deployment, service(name, labels, ports)]

@@ -1,0 +1,69 @@
+"""The README of a plan's artefact folder: what was planned, how to apply it, what to edit first."""
+from __future__ import annotations
+
+from simulator.plan.manifests import EPD_PROXY, P2P_PROXY, TOY_PROXY, VLLM_REF
+
+
+def readme(result, cand, model, rec, opts, *, proxy_kind, tcp, rdma, amd, link, connector, encoder) -> str:
+    name = result.request.name
+    lines = [f"# {name}: {cand.layout}", "",
+             f"Planned by epdsim for {result.request.target_rate:g} req/s of {model.name}; cost "
+             f"${cand.cost_usd_per_hour:,.2f}/h on {cand.gpus} GPUs."]
+    if rec:
+        lines.append(f"Simulated goodput {rec['goodput_rps']:.3g} req/s (headroom {rec['headroom_rate']:+.0%} "
+                     "over the target).")
+    lines += ["", "## Apply", "", "```bash", "kubectl create namespace epdsim   # or use your own",
+              "kubectl -n epdsim create secret generic hf-token --from-literal=HF_TOKEN=...   # gated models only",
+              "kubectl -n epdsim apply -f k8s/deployment.yaml",
+              "kubectl -n epdsim rollout status deploy --timeout=60m", "```", "",
+              "Requests go to " + ("the proxy Service (see `router.yaml`, `proxy.service`)." if proxy_kind
+                                   else "the pool's Service (`router.yaml`)."),
+              "", "## Edit before applying", "",
+              f"- **Images**: vLLM `{opts.vllm_image}`" + (f", ROCm pools `{opts.vllm_rocm_image}` (pin the tag that "
+                                                           "matches the vLLM version)" if amd else "")
+              + "; with a private registry set `ArtefactOptions(registry=...)` or rewrite `image:`.",
+              "- **Storage**: the `*-model-cache` PersistentVolumeClaim (ReadWriteMany, "
+              f"{opts.model_cache_size}) holds the Hugging Face cache for every pod; set `storageClassName` "
+              "to an RWX class of your cluster (NFS, CephFS, Filestore, EFS...), or replace it with a hostPath.",
+              "- **Node selectors / tolerations**: none are set; add `nodeSelector` (e.g. the GPU product label "
+              "`nvidia.com/gpu.product`) so that each pool lands on the GPU it was planned for.",
+              "- **Probes** are sized by the cold-start model with a 50% margin (`epdsim probes`); the modelled "
+              "start is in the `epdsim/modelled-start-s` annotation. A slower registry or storage needs more."]
+    if rdma:
+        lines += [f"- **RDMA**: PD pods request `{opts.rdma_resource}: {opts.rdma_per_pod}` (the device-plugin "
+                  "resource of your RDMA NICs; change `ArtefactOptions(rdma_resource=...)`) and `IPC_LOCK`. "
+                  + ("They run with `hostNetwork: true`." if opts.host_network else
+                     "Without SR-IOV/Multus secondary networks set `ArtefactOptions(host_network=True)` so that "
+                     "pods see the node's RDMA NICs."),
+                  f"- **NICs**: `UCX_NET_DEVICES={opts.ucx_net_devices}` (NIXL) / `--disaggregation-ib-device mlx5_0` "
+                  "(SGLang Mooncake): name the HCAs of your nodes (`ibv_devices`)."]
+    if tcp:
+        lines += [f"- **TCP fabric** ({link.name}): no RDMA resources are requested; the connector runs in its TCP "
+                  "mode: " + {"nixl": "NIXL over UCX `UCX_TLS=tcp,cuda_copy`",
+                              "tcp": "NixlConnector over UCX `UCX_TLS=tcp,cuda_copy` (host-staged)",
+                              "p2pnccl": "NCCL's socket transport (`NCCL_IB_DISABLE=1`, `NCCL_SOCKET_IFNAME`)",
+                              "mooncake": "Mooncake's TCP transport (`MC_FORCE_TCP=1`)"}.get(connector, connector)
+                  + f"; set the interface (`{opts.socket_ifname}`). Expect the KV transfer time the plan shows."]
+    if proxy_kind:
+        script = {"p2pnccl": P2P_PROXY, "epd": EPD_PROXY}.get(proxy_kind, TOY_PROXY)
+        lines += [f"- **Proxy**: runs vLLM's `{script}` downloaded at {VLLM_REF} when the pod starts; for an "
+                  "air-gapped cluster bake it into an image. It is vLLM's example proxy (no retries or auth): put "
+                  "your own gateway in front for production."]
+        if proxy_kind == "p2pnccl":
+            lines.append("- **P2pNcclConnector**: instances register with the proxy (`proxy_ip`/`proxy_port` 30001 "
+                         "in `--kv-transfer-config`); `http_port` must equal `--port`; `kv_buffer_size` on decode is "
+                         "the buffer the plan modelled: overflow goes to host memory and slows the transfer. "
+                         f"vLLM 0.32 no longer ships P2pNcclConnector: the pods run `{opts.p2pnccl_vllm_image}` "
+                         "(a release of its P2P NCCL guide); or plan with connector nixl.")
+    lines += ["", "## Files", "",
+              "- `vllm/<pool>.sh`: environment and the `vllm serve` line of one instance (the Deployments run the "
+              "same line).",
+              "- `sglang/<pool>.sh`" + (", `sglang/router.sh`" if proxy_kind in ("toy", "p2pnccl") else "")
+              + ": SGLang equivalents (port 30000; PD prefill bootstrap port 8998"
+              + ("; the encoder pool `--encoder-only`, the language model `--language-only --encoder-urls`"
+                 if encoder else "") + "). Replace the host names with where they run; no Kubernetes objects are "
+              "written for SGLang.",
+              "- `k8s/deployment.yaml`: model-cache claim, per pool a Deployment and Service"
+              + (", the proxy Deployment and Service" if proxy_kind else "") + ".",
+              "- `router.yaml`: epdsim's description of the pools behind the router (not a router's own config)."]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,66 @@
+"""Network topology as data (kv_transfer.gpus_per_nic, nodes_per_rack, oversubscription): shared node
+NICs and an oversubscribed leaf switch are shared fairly by the transfers that cross them; TCP modes of
+connectors are evaluated; cross-vendor PD pairs are refused."""
+from __future__ import annotations
+
+import pytest
+
+from simulator.pd import build_transfer_plan
+from simulator.run import simulate
+from simulator.scenario import ScenarioError, resolve
+from tests.test_pd import pd_scenario
+
+_WL = {"arrival": {"kind": "closed", "concurrency": 8}, "input_length": {"kind": "fixed", "value": 4000},
+       "output_length": {"kind": "fixed", "value": 4}, "num_requests": 8}
+
+
+def _run(**topo):
+    scn = pd_scenario(n_p=8, n_d=8, kv={"connector": "nixl", "fabric": "ib-ndr", **topo}, workload=_WL,
+                      engine={"max_num_batched_tokens": 8192})
+    return scn, simulate(scn)
+
+
+def test_shared_nic_layout_shows_higher_transfer_time_than_one_nic_per_gpu():
+    """Eight TP1 prefill and eight TP1 decode instances, eight prompts at once: with one NIC per GPU each
+    transfer has its own NICs; with 4 GPUs behind a NIC (2 NICs per 8-GPU node) four transfers share each
+    NIC, so each takes four times as long (latency and setup aside)."""
+    scn, own = _run()
+    _, shared = _run(gpus_per_nic=4)
+    db, _, pools = resolve(scn)
+    plan = build_transfer_plan(scn.kv_transfer, db, pools[0][1], pools[1][1])
+    fixed = 2 * plan.latency_s + plan.setup_s
+    t1 = own.requests["transfer_s"].to_numpy() - fixed
+    t4 = shared.requests["transfer_s"].to_numpy() - fixed
+    assert t4.mean() > 3.9 * t1.mean()
+    assert t4 == pytest.approx(4 * t1, rel=1e-6)
+    links = set(shared.links["link"])
+    assert {"ib-ndr:prefill-nic0:out", "ib-ndr:prefill-nic1:out", "ib-ndr:decode-nic1:in"} <= links
+    assert (shared.links["utilisation"] <= 1 + 1e-9).all()
+
+
+def test_oversubscribed_leaf_switch_slows_cross_rack_transfers():
+    """One node per rack, 4:1 oversubscription: the rack uplink carries a quarter of its NICs' rate."""
+    _, flat = _run()
+    _, over = _run(nodes_per_rack=1, oversubscription=4.0)
+    assert over.requests["transfer_s"].mean() > 3.5 * flat.requests["transfer_s"].mean()
+    assert any(":prefill-rack0:up" in n for n in over.links["link"])
+
+
+@pytest.mark.parametrize("connector", ["p2pnccl", "mooncake", "nixl"])
+def test_tcp_modes_are_evaluated_host_staged(connector):
+    scn = pd_scenario(kv={"connector": connector, "fabric": "tcp-25gbe"}, workload=_WL | {"num_requests": 4})
+    res = simulate(scn)
+    db, _, pools = resolve(scn)
+    plan = build_transfer_plan(scn.kv_transfer, db, pools[0][1], pools[1][1])
+    assert plan.staged_s_per_byte > 0 and res.summary["completed"] == 4
+    rdma = build_transfer_plan(scn.kv_transfer.model_copy(update={"fabric": "roce-100"}), db, pools[0][1], pools[1][1])
+    assert plan.idle_time(4000) > rdma.idle_time(4000)     # same line rate (12.5 vs 3.1 GB/s aside): TCP loses
+
+
+def test_cross_vendor_pd_pair_is_refused_with_a_reason():
+    scn = pd_scenario()
+    data = scn.model_dump()
+    data["pools"][1]["gpu"] = "MI300X"
+    from simulator.scenario import parse_scenario
+    with pytest.raises(ScenarioError, match="one vendor"):
+        simulate(parse_scenario(data))
