@@ -16,7 +16,7 @@ from simulator.scenario import ScenarioError, load_scenario, parse_scenario
 from tests.conftest import REPO
 from tests.test_invariants import check_invariants
 
-SPLIT = ["encode_queue_s", "encode_s", "embedding_transfer_s", "queue_s", "prefill_s"]
+SPLIT = ["frontend_s", "encode_queue_s", "encode_s", "embedding_transfer_s", "queue_s", "prefill_s"]
 PD_SPLIT = ["transfer_wait_s", "transfer_s", "decode_admission_s"]
 
 

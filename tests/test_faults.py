@@ -110,7 +110,9 @@ def test_retries_convert_failures_into_latency(fp8_runs):
     assert r["failed"] < n["failed"] and rp["failed"] < n["failed"]
     assert r["retried_requests"] > 0 and rp["retried_requests"] > 0
     for res in (retry, repre):
-        assert res.summary["e2e_s"]["mean"] > none.summary["e2e_s"]["mean"]
+        # Not compared with the no-retry run's mean E2E: with multi-minute restarts the survivors of that
+        # run queue behind the lost capacity, so its mean can be the larger; the latency a retry adds shows
+        # on the retried requests themselves.
         retried = res.requests[(res.requests["retries"] > 0) & (res.requests["outcome"] == "completed")]
         others = res.requests[(res.requests["retries"] == 0) & (res.requests["outcome"] == "completed")]
         assert retried["e2e_s"].mean() > others["e2e_s"].mean()
@@ -292,7 +294,7 @@ def test_queue_timeout_rejects_requests_left_waiting():
     out = req["outcome"].astype(str)
     timed = req[req["reason"].str.startswith("timeout")]
     assert len(timed) > 50 and (out[timed.index] == "rejected").all()
-    waited = timed["finish_s"] - timed["arrival_s"]
+    waited = timed["finish_s"] - timed["arrival_s"] - timed["frontend_s"]   # from when the gateway took it
     assert (waited >= 5.0 - 1e-9).all() and (waited < 5.0 + 0.5 + 1e-9).all()      # checked every 0.5 s
     assert timed["scheduled_s"].isna().all() and (timed["generated_tokens"] == 0).all()
     done = req[out == "completed"]

@@ -89,7 +89,7 @@ def _hetero_front(h200_price: float):
                      "input_length": {"kind": "lognormal", "mean": 6000, "cv": 0.5, "low": 512, "high": 16000},
                      "output_length": {"kind": "lognormal", "mean": 1200, "cv": 0.5, "low": 64, "high": 4000},
                      "num_requests": 300},
-        "slo": {"ttft_s": 2.0, "tpot_s": 0.02, "attainment": 0.9},
+        "slo": {"ttft_s": 2.0, "tpot_s": 0.025, "attainment": 0.9},
         "gpus": [{"name": "H100"}, {"name": "H200", "price_usd_per_hour": h200_price}],
         "constraints": {"max_gpus": 12, "max_instances_per_pool": 6, "tp": [1, 2]},
         "search": {"verify": 1, "borderline": 0, "verify_front": 2, "replications": 1, "requests": 300,

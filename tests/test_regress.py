@@ -246,7 +246,7 @@ def test_plan_entry_holds_on_rerun_and_moves_with_a_slower_profile(capsys, tmp_p
     base = tmp_path / "b.json"
     assert regress(capsys, suite, "--baseline", base, "--update")[0] == 0
     figs = json.loads(base.read_text())["entries"]["tiny"]["figures"]
-    assert figs["recommended"] == "1x H100-SXM-80GB TP1" and figs["recommended_gpus"] == 1
+    assert figs["recommended"].endswith("x H100-SXM-80GB TP1") and 1 <= figs["recommended_gpus"] <= 4
     assert figs["recommended_tpot_s"] <= PLAN["slo"]["tpot_s"]
     code, out, _ = regress(capsys, suite, "--baseline", base, "--jobs", "1")
     assert code == 0 and "4 held" in out
@@ -272,4 +272,4 @@ def test_plan_entry_errors_name_the_field(capsys, tmp_path):
     assert code == 2 and "unknown plan figure(s) 'goodput_rps'" in err and "recommended_gpus" in err
     suite.write_text(yaml.safe_dump({"name": "plans", "entries": [entry | {"kind": "sweep"}]}))
     code, _, err = regress(capsys, suite, "--baseline", tmp_path / "b.json")
-    assert code == 2 and "kind must be scenario (the default) or plan" in err
+    assert code == 2 and "kind must be scenario (the default), plan or e2e" in err
