@@ -7,7 +7,6 @@ app's download buttons.
 from __future__ import annotations
 
 import html
-import math
 from pathlib import Path
 
 import pandas as pd
@@ -15,6 +14,8 @@ import pandas as pd
 from app import charts
 from app.services import compare, views
 from app.services.scenarios import Prices, cost
+from simulator import fmt
+from simulator.serving_summary import slo_text
 
 STYLE = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px} "
          "table{border-collapse:collapse;margin:1em 0} td,th{border:1px solid #ccc;padding:3px 9px;text-align:right} "
@@ -36,7 +37,7 @@ def _figures_html(figs: list) -> list[str]:
 
 
 def _ms(x: float) -> str:
-    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x * 1e3:,.1f} ms"
+    return fmt.duration(x)
 
 
 def summary_rows(res, prices: Prices | None = None) -> list[tuple[str, str]]:
@@ -47,7 +48,8 @@ def summary_rows(res, prices: Prices | None = None) -> list[tuple[str, str]]:
             for k, lab in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "E2E"))]
     rows += [("completed / rejected / unfinished", f"{s['completed']} / {s['rejected']} / {s['unfinished']}"),
              ("throughput", f"{s['throughput_rps']:.2f} req/s, {s['output_tokens_per_s']:,.0f} output tok/s"),
-             ("SLO attainment", f"{s['slo_attainment']:.1%}"),
+             ("SLO attainment", f"{fmt.percent(s['slo_attainment'])} (target {fmt.percent(res.scenario.slo.attainment, 0)}"
+                                f" within {slo_text(res.scenario.slo.ttft_s, res.scenario.slo.tpot_s)})"),
              ("GPUs", str(s["gpus"])),
              ("cost", f"${c['usd_per_hour']:,.2f}/h, ${c['usd_per_million_output_tokens']:,.3f} per M output tokens"),
              ("perf model", res.info.get("perf_model", ""))]
@@ -79,7 +81,8 @@ def comparison_html(results: dict, metrics: pd.DataFrame) -> str:
     rows = []
     for label, row in metrics.iterrows():
         win = compare.winners(row)
-        cells = "".join(f"<td class='{'best' if n in win else ''}'>{row[n]:,.4g}</td>" for n in names)
+        f = compare.row_formatter(str(label))
+        cells = "".join(f"<td class='{'best' if n in win else ''}'>{html.escape(f(row[n]))}</td>" for n in names)
         rows.append(f"<tr><td>{html.escape(str(label))}</td>{cells}</tr>")
     cdfs = {n: views.latency_cdfs(r.requests, r.steps) for n, r in results.items()}
     first = next(iter(results.values())).scenario.slo

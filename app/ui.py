@@ -9,6 +9,7 @@ import time
 import streamlit as st
 
 from app.services import jobs, scenarios
+from simulator import fmt
 
 
 @st.cache_resource
@@ -111,3 +112,26 @@ def run_scenario(d: dict):
         cache.put(key, res)
         st.session_state["last_run_s"] = time.perf_counter() - t0
     return res, key
+
+
+def _pcts_caption(q: dict, target: float | None) -> str:
+    text = f"p90 {fmt.duration(q['p90'])} · p99 {fmt.duration(q['p99'])}"
+    return text + (f" · SLO ≤ {fmt.duration(target)}" if target else " · no SLO")
+
+
+def result_cards(res, c: dict) -> None:
+    """The headline cards of a run: TTFT and TPOT p50 with p90, p99 and the SLO target under them,
+    output tokens/s, SLO attainment with its target, cost; every figure through simulator.fmt."""
+    s, slo = res.summary, res.scenario.slo
+    cols = st.columns(6)
+    for col, key, label, target in ((cols[0], "ttft_s", "TTFT p50", slo.ttft_s), (cols[1], "tpot_s", "TPOT p50", slo.tpot_s)):
+        col.metric(label, fmt.duration(s[key]["p50"]), help=f"mean {fmt.duration(s[key]['mean'])}")
+        col.caption(_pcts_caption(s[key], target))
+    cols[2].metric("output tok/s", f"{s['output_tokens_per_s']:,.0f}")
+    cols[2].caption(f"{s['throughput_rps']:,.2f} req/s completed")
+    cols[3].metric("SLO attainment", fmt.percent(s["slo_attainment"]),
+                   help="share of requests that completed within every SLO target")
+    cols[3].caption(f"target {fmt.percent(slo.attainment, 0)} of requests")
+    cols[4].metric("cost per hour", fmt.usd(c["usd_per_hour"]))
+    cols[4].caption(f"{s['gpus']} GPUs")
+    cols[5].metric("$ per M output tokens", fmt.usd(c["usd_per_million_output_tokens"], 3))

@@ -141,6 +141,10 @@ def cmd_simulate(args, con: Console) -> int:
         from simulator.cli_ops import operations_table
         con.print(operations_table(res))
     con.print(escape(serving_block(serving_summary(res))), highlight=False)
+    from simulator.saturation import saturation
+    sat = saturation(res)
+    if sat:
+        con.print(f"[bold red]{escape(sat['message'])}[/]", highlight=False)
     if args.out:
         paths = res.write(args.out, tuple(args.format))
         con.print(f"wrote {len(paths)} files to {args.out}")

@@ -32,6 +32,12 @@ def _metrics(at: AppTest) -> dict[str, str]:
     return {m.label: m.value for m in at.metric}
 
 
+def _seconds(text: str) -> float:
+    """A simulator.fmt duration ("412 ms", "1.23 s", "12.5 min") back in seconds."""
+    num, unit = text.replace(",", "").split()
+    return float(num) * {"µs": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0}[unit]
+
+
 def test_home_runs_default_and_reacts_to_rate():
     at = _page("Home.py").run()
     _ok(at)
@@ -51,6 +57,25 @@ def test_home_runs_default_and_reacts_to_rate():
     # Twice the offered load on an unsaturated deployment: about twice the output rate.
     assert 1.6 < float(m2["output tok/s"].replace(",", "")) / tok < 2.2
     assert m2["TTFT p50"] != m["TTFT p50"]
+
+
+def test_home_cards_show_percentiles_with_the_slo_and_an_overload_names_the_bottleneck():
+    """Issue 18 item 7: p50 on the card, p90/p99 and the SLO target under it, short values (no
+    truncated "144,492.…" ms), and a banner naming the bottleneck pool when the run is overloaded."""
+    at = _page("Home.py").run()
+    _ok(at)
+    captions = [c.value for c in at.caption]
+    assert any(c.startswith("p90 ") and "p99 " in c and "SLO ≤ 500 ms" in c for c in captions), captions
+    assert any("SLO ≤ 50.0 ms" in c for c in captions), captions
+    assert any(c == "target 90% of requests" for c in captions), captions
+    assert all(len(v) <= 10 for v in _metrics(at).values()), _metrics(at)
+    assert not [e.value for e in at.error if "Overloaded" in e.value]
+    at.number_input(key="rate-0").set_value(400.0).run()
+    _ok(at)
+    m = _metrics(at)
+    assert all(len(v) <= 10 for v in m.values()), m
+    banners = [e.value for e in at.error if "Overloaded" in e.value]
+    assert banners and "Bottleneck: main (2x H100-SXM-80GB TP1, colocated)" in banners[0], [e.value for e in at.error]
 
 
 def test_home_pd_layout_and_prices():
@@ -101,10 +126,10 @@ def test_epd_scenario_breakdown_images_and_compare():
     at.radio(key="view").set_value("Breakdown").run()
     phases = list(at.dataframe[0].value["phase"])
     assert {"encode", "embedding_transfer", "prefill", "decode"} <= set(phases)
-    ttft6 = float(_metrics(at)["TTFT p50"].removesuffix(" ms"))
+    ttft6 = _seconds(_metrics(at)["TTFT p50"])
     at.number_input(key="images-0").set_value(1).run()
     _ok(at)
-    assert float(_metrics(at)["TTFT p50"].removesuffix(" ms")) < ttft6
+    assert _seconds(_metrics(at)["TTFT p50"]) < ttft6
     cmp = _page("pages/1_Compare.py")
     cmp.session_state["scenario"] = d
     cmp.run()

@@ -222,3 +222,39 @@ def test_epdsim_app_hides_streamlits_deploy_button(monkeypatch):
     assert cli.cmd_app(argparse.Namespace(port=8599, address="127.0.0.1", headless=True)) == 0
     cmd = calls[0]
     assert cmd[cmd.index("--client.toolbarMode") + 1] == "viewer"
+
+
+def test_compare_rows_read_in_units_and_float_noise_does_not_win():
+    """Issue 18 item 7: Compare's table in the one formatter's units; "best" needs a real difference."""
+    import pandas as pd
+    assert compare.row_formatter("TTFT p50 (s)")(0.0123) == "12.3 ms"
+    assert compare.row_formatter("E2E p50 (s)")(144.492) == "144 s"
+    assert compare.row_formatter("SLO attainment")(0.9872) == "98.7%"
+    assert compare.row_formatter("cost $/h")(8.5) == "$8.50"
+
+    class R:
+        def __init__(self, s):
+            self.summary = s
+    base = scenarios.run(small(100))
+    a, b = R(dict(base.summary)), R(dict(base.summary))
+    b.summary["throughput_rps"] = a.summary["throughput_rps"] * (1 + 1e-9)      # float noise
+    b.summary["slo_attainment"] = 0.5
+    for r in (a, b):
+        r.scenario, r.info, r.requests, r.steps = base.scenario, base.info, base.requests, base.steps
+    df = compare.metrics_frame({"a": a, "b": b})
+    assert df.loc["throughput (req/s)", "best"] == ""          # a tie, not a win for b
+    assert df.loc["SLO attainment", "best"] == "a"
+    assert isinstance(df, pd.DataFrame)
+
+
+def test_saturation_names_the_bottleneck_pool_only_when_overloaded(res):
+    from simulator.saturation import saturation
+    assert saturation(res) is None                            # 20 req/s on 2x H100: keeps up
+    over = scenarios.run(small(600, rate=400.0))
+    sat = saturation(over)
+    assert sat is not None and sat["pool"].startswith("main (2x H100-SXM-80GB TP1")
+    assert sat["phase"] == "queue" and "Bottleneck: main" in sat["message"] and "SLO attainment" in sat["message"]
+    pd_over = scenarios.run(builder.set_workload(builder.with_layout(scenarios.default_scenario(), "pd"),
+                                                 rate=400.0, num_requests=600))
+    sat = saturation(pd_over)
+    assert sat is not None and ("prefill" in sat["pool"] or "decode" in sat["pool"]), sat

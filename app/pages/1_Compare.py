@@ -6,6 +6,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
 from app import charts, report, ui  # noqa: E402
@@ -64,7 +65,11 @@ def _highlight(row):
 
 
 st.subheader("Metrics")
-st.dataframe(metrics.style.apply(_highlight, axis=1).format({n: "{:,.4g}" for n in names}), key="metrics")
+sty = metrics.style.apply(_highlight, axis=1)
+for label in metrics.index:      # one formatter per row: durations, percentages, dollars (simulator.fmt)
+    sty = sty.format(compare.row_formatter(label), subset=pd.IndexSlice[[label], names])
+st.dataframe(sty, key="metrics")
+st.caption("Best value per row highlighted; values within 0.5% of it tie (no highlight when all tie).")
 st.subheader("Change against " + names[0])
 st.dataframe(compare.relative_change(metrics).style.format("{:+.1%}", na_rep="-"), key="changes")
 

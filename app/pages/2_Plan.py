@@ -70,6 +70,8 @@ if rec:
 else:
     st.warning("No candidate meets the SLO. " + " ".join(res.notes))
 c = res.candidates
+st.caption("Goodput: requests per second meeting the SLO. Rows with `verified` true were simulated (the banner's "
+           "figure); the others carry the analytic screen's estimate, which the simulation may correct either way.")
 st.plotly_chart(charts.pareto_figure(c, res.pareto, "cost_usd_per_hour", "goodput_rps", rec, label="layout"),
                 key="pareto")
 st.subheader("Pareto front")
