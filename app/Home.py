@@ -39,8 +39,7 @@ if res is not None:
     # Only the chosen view is drawn: building every figure on each change would cost more than the simulation.
     view = st.radio("view", [*charts.GROUPS, "Tables"], horizontal=True, key="view", label_visibility="collapsed")
     if view == "Tables":
-        st.dataframe(views.phase_frame(res.requests), hide_index=True)
-        st.dataframe(res.requests.head(1000), hide_index=True)
+        ui.tables_view(res)
     else:
         figs = charts.results_figures(res.scenario.name, res, res.scenario.slo.ttft_s, res.scenario.slo.tpot_s,
                                       which=charts.GROUPS[view])

@@ -135,3 +135,26 @@ def result_cards(res, c: dict) -> None:
     cols[4].metric("cost per hour", fmt.usd(c["usd_per_hour"]))
     cols[4].caption(f"{s['gpus']} GPUs")
     cols[5].metric("$ per M output tokens", fmt.usd(c["usd_per_million_output_tokens"], 3))
+
+
+SHOWN_ROWS = 1000
+
+
+def tables_view(res) -> None:
+    """Phase means, the per-request table (the first rows on the page, said so) and downloads of the
+    whole table (CSV, Parquet), the summary (JSON) and the scenario (YAML)."""
+    from app.services import exports, views
+    st.dataframe(views.phase_frame(res.requests), hide_index=True)
+    req, name = res.requests, res.scenario.name
+    st.dataframe(req.head(SHOWN_ROWS), hide_index=True, key="requests-table")
+    if len(req) > SHOWN_ROWS:
+        st.caption(f"Showing the first {SHOWN_ROWS:,} of {len(req):,} requests; the downloads hold all of them.")
+    c = st.columns(4)
+    c[0].download_button(f"requests CSV ({len(req):,} rows)", exports.requests_csv(res), f"{name}-requests.csv",
+                         mime="text/csv", key="dl-requests-csv")
+    c[1].download_button("requests Parquet", exports.requests_parquet(res), f"{name}-requests.parquet",
+                         mime="application/octet-stream", key="dl-requests-parquet")
+    c[2].download_button("summary JSON", exports.summary_json(res), f"{name}-summary.json",
+                         mime="application/json", key="dl-summary-json")
+    c[3].download_button("scenario YAML", exports.scenario_yaml(res), f"{name}.yaml",
+                         mime="application/x-yaml", key="dl-scenario-yaml")

@@ -150,7 +150,7 @@ def cmd_simulate(args, con: Console) -> int:
         con.print(f"wrote {len(paths)} files to {args.out}")
     if args.report:
         from app.cli import write_simulation_report
-        con.print(f"wrote report {write_simulation_report(res, args.report)}")
+        con.print(f"wrote report {write_simulation_report(res, args.report, plotly=args.report_plotly)}")
     return 0
 
 
@@ -168,4 +168,6 @@ def add_subparser(sub) -> None:
     s.add_argument("--tp", type=int, help="override the tensor-parallel degree of every prefill/decode/colocated pool")
     s.add_argument("--hwdb", action="append", default=[], help="extra user hwdb folder (repeatable)")
     s.add_argument("--report", metavar="FILE.html", help="also write an HTML report with charts")
+    from app.cli import add_plotly_argument
+    add_plotly_argument(s)
     s.set_defaults(func=cmd_simulate)

@@ -78,6 +78,16 @@ def test_home_cards_show_percentiles_with_the_slo_and_an_overload_names_the_bott
     assert banners and "Bottleneck: main (2x H100-SXM-80GB TP1, colocated)" in banners[0], [e.value for e in at.error]
 
 
+def test_home_tables_view_says_what_it_shows_and_offers_full_downloads():
+    """Issue 18 item 8: the page shows 1,000 of 4,000 requests and says so; the downloads hold them all."""
+    at = _page("Home.py").run()
+    at.radio(key="view").set_value("Tables").run()
+    _ok(at)
+    assert any("first 1,000 of 4,000 requests" in c.value for c in at.caption), [c.value for c in at.caption]
+    labels = [b.proto.label for b in at.get("download_button")]
+    assert "requests CSV (4,000 rows)" in labels and {"requests Parquet", "summary JSON", "scenario YAML"} <= set(labels)
+
+
 def test_home_pd_layout_and_prices():
     at = _page("Home.py").run()
     at.radio(key="layout-0").set_value("pd").run()

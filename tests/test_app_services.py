@@ -258,3 +258,45 @@ def test_saturation_names_the_bottleneck_pool_only_when_overloaded(res):
                                                  rate=400.0, num_requests=600))
     sat = saturation(pd_over)
     assert sat is not None and ("prefill" in sat["pool"] or "decode" in sat["pool"]), sat
+
+
+def test_exports_hold_every_request_and_reload():
+    """Issue 18 item 8: the downloads are the whole run, not the 1,000 rows the page shows."""
+    import io
+    import json
+
+    import pandas as pd
+    from app.services import exports
+    from simulator.scenario import parse_scenario
+    big = scenarios.run(small(1500))
+    assert len(pd.read_csv(io.BytesIO(exports.requests_csv(big)))) == 1500
+    assert len(pd.read_parquet(io.BytesIO(exports.requests_parquet(big)))) == 1500
+    data = json.loads(exports.summary_json(big))
+    assert data["summary"]["requests"] == 1500 and data["serving"]["successful_requests"] == big.summary["completed"]
+    assert data["serving"]["slo_ttft_s"] == big.scenario.slo.ttft_s
+    assert parse_scenario(data["scenario"]) == big.scenario
+    assert parse_scenario(yaml.safe_load(exports.scenario_yaml(big))) == big.scenario
+    metrics = compare.metrics_frame({"a": big, "b": big})
+    table = pd.read_csv(io.BytesIO(exports.comparison_csv(metrics)), index_col="metric")
+    assert list(table.index) == list(metrics.index) and {"a", "b", "best"} <= set(table.columns)
+
+
+def test_reports_embed_the_scenario_yaml_and_can_load_plotly_from_the_cdn(res, tmp_path):
+    import html as htmllib
+    import re
+
+    from simulator.scenario import parse_scenario
+    page = report.results_html(res)
+    text = re.search(r"<pre id='scenario-yaml'>(.*?)</pre>", page, re.S).group(1)
+    assert parse_scenario(yaml.safe_load(htmllib.unescape(text))) == res.scenario
+    cmp = report.comparison_html({"a": res, "b": res}, compare.metrics_frame({"a": res, "b": res}))
+    assert "scenario-yaml-0" in cmp and "scenario-yaml-1" in cmp
+    small_page = report.results_html(res, plotly="cdn")
+    assert len(small_page) < len(page) / 4 and 'src="https://cdn.plot.ly/' in small_page
+    assert small_page.count('class="plotly-graph-div"') == page.count('class="plotly-graph-div"')
+    scn = tmp_path / "s.yaml"
+    scn.write_text(yaml.safe_dump(small(100)))
+    out = subprocess.run([sys.executable, "-m", "simulator.cli", "simulate", str(scn), "--report",
+                          str(tmp_path / "r.html"), "--report-plotly", "cdn"], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "r.html").stat().st_size < 1_000_000 and "cdn.plot.ly" in (tmp_path / "r.html").read_text()

@@ -10,7 +10,7 @@ import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
 from app import charts, report, ui  # noqa: E402
-from app.services import compare, jobs, scenarios, views  # noqa: E402
+from app.services import compare, exports, jobs, scenarios, views  # noqa: E402
 
 st.set_page_config(page_title="epdsim: compare", layout="wide")
 st.title("Compare scenarios")
@@ -81,5 +81,8 @@ b.plotly_chart(charts.cdf_figure({n: c["tpot"] for n, c in cdfs.items()}, "tpot"
 a.plotly_chart(charts.breakdown_figure({n: views.phase_frame(r.requests) for n, r in results.items()}),
                key="cmp-breakdown")
 b.plotly_chart(charts.compare_figure(metrics, ["output tokens/s per GPU"]), key="cmp-bars")
-st.download_button("Download comparison (HTML)", report.comparison_html(results, metrics), "comparison.html",
+d1, d2 = st.columns(2)
+d1.download_button("Download comparison (HTML)", report.comparison_html(results, metrics), "comparison.html",
                    mime="text/html", key="cmp-report")
+d2.download_button("Download metrics table (CSV)", exports.comparison_csv(metrics), "comparison.csv",
+                   mime="text/csv", key="cmp-csv")
