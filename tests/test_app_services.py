@@ -300,3 +300,18 @@ def test_reports_embed_the_scenario_yaml_and_can_load_plotly_from_the_cdn(res, t
                           str(tmp_path / "r.html"), "--report-plotly", "cdn"], capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "r.html").stat().st_size < 1_000_000 and "cdn.plot.ly" in (tmp_path / "r.html").read_text()
+
+
+def test_plan_report_states_target_slo_workload_and_embeds_the_request():
+    import html as htmllib
+    import re
+
+    from simulator.plan import run_plan
+    from simulator.plan.request import parse_plan_request
+    from tests.test_plan import request
+    req = parse_plan_request(request(search={"verify": 1, "borderline": 0, "verify_front": 0, "replications": 1,
+                                             "requests": 200, "goodput_iterations": 1}))
+    page = report.plan_html(run_plan(req, workers=1), plotly="cdn")
+    assert "Target 10 req/s" in page and "TTFT &lt;= 1.00 s, TPOT &lt;= 50.0 ms" in page and "poisson" in page
+    text = re.search(r"<pre id='plan-yaml'>(.*?)</pre>", page, re.S).group(1)
+    assert parse_plan_request(yaml.safe_load(htmllib.unescape(text))) == req
