@@ -41,8 +41,9 @@ if res is not None:
     if view == "Tables":
         ui.tables_view(res)
     else:
+        log = view != "Breakdown" and st.toggle("log scale (latencies, queue length)", key="log-axes")
         figs = charts.results_figures(res.scenario.name, res, res.scenario.slo.ttft_s, res.scenario.slo.tpot_s,
-                                      which=charts.GROUPS[view])
+                                      which=charts.GROUPS[view], log=log)
         if view == "Breakdown":
             st.plotly_chart(figs["breakdown"], key="breakdown")
             st.dataframe(views.phase_frame(res.requests), hide_index=True)

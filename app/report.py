@@ -122,7 +122,7 @@ def plan_html(result, plotly: str = "inline") -> str:
             f"${rec['cost_usd_per_hour']:,.2f}/h, goodput {rec['goodput_rps']:,.1f} req/s</p>" if rec else
             "<p><b>No candidate meets the SLO.</b> " + html.escape(" ".join(result.notes)) + "</p>")
     fig = charts.pareto_figure(result.candidates, result.pareto, "cost_usd_per_hour", "goodput_rps", rec,
-                               label="layout")
+                               label="layout", target_rate=result.request.target_rate)
     fmt = lambda x: f"{x:,.4g}"  # noqa: E731
     req = result.request
     slo = req.slo

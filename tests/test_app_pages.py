@@ -49,7 +49,7 @@ def test_home_runs_default_and_reacts_to_rate():
     assert len(at.get("plotly_chart")) == 4                       # the four latency CDFs
     at.radio(key="view").set_value("Time series").run()
     _ok(at)
-    assert len(at.get("plotly_chart")) == 4                       # batch, KV, queue, links
+    assert len(at.get("plotly_chart")) == 5                       # throughput, batch, KV, queue, links
     tok = float(m["output tok/s"].replace(",", ""))
     at.number_input(key="rate-0").set_value(40.0).run()
     _ok(at)
@@ -86,6 +86,19 @@ def test_home_tables_view_says_what_it_shows_and_offers_full_downloads():
     assert any("first 1,000 of 4,000 requests" in c.value for c in at.caption), [c.value for c in at.caption]
     labels = [b.proto.label for b in at.get("download_button")]
     assert "requests CSV (4,000 rows)" in labels and {"requests Parquet", "summary JSON", "scenario YAML"} <= set(labels)
+
+
+def test_log_scale_toggles_on_home_and_compare():
+    import json
+    at = _page("Home.py").run()
+    at.toggle(key="log-axes").set_value(True).run()
+    _ok(at)
+    specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    assert len(specs) == 4 and all(s["layout"]["xaxis"]["type"] == "log" for s in specs)
+    cmp = _page("pages/1_Compare.py").run()
+    cmp.toggle(key="cmp-log").set_value(True).run()
+    _ok(cmp)
+    assert any(json.loads(c.proto.spec)["layout"].get("yaxis", {}).get("type") == "log" for c in cmp.get("plotly_chart"))
 
 
 def test_home_pd_layout_and_prices():

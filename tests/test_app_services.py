@@ -142,9 +142,9 @@ def test_charts_have_one_trace_per_pool_and_slo_lines(res):
 
 def test_html_report_is_self_contained(res):
     html = report.results_html(res)
-    assert html.count("class=\"plotly-graph-div\"") == 10
+    assert html.count("class=\"plotly-graph-div\"") == 11
     assert "<script src=" not in html and "<link " not in html          # nothing loaded from elsewhere
-    assert html.count("<script") >= 11 and len(html) > 3_000_000         # plotly.js inlined once, then 10 figures
+    assert html.count("<script") >= 12 and len(html) > 3_000_000         # plotly.js inlined once, then 11 figures
     assert res.scenario.name in html and "SLO attainment" in html
 
 
@@ -315,3 +315,44 @@ def test_plan_report_states_target_slo_workload_and_embeds_the_request():
     assert "Target 10 req/s" in page and "TTFT &lt;= 1.00 s, TPOT &lt;= 50.0 ms" in page and "poisson" in page
     text = re.search(r"<pre id='plan-yaml'>(.*?)</pre>", page, re.S).group(1)
     assert parse_plan_request(yaml.safe_load(htmllib.unescape(text))) == req
+
+
+def test_link_chart_is_downsampled_and_keeps_the_busy_time():
+    """Issue 18 item 6: thousands of busy/idle change points become a few hundred bins; the area (busy
+    link-seconds) is the same."""
+    pd_res = scenarios.run(builder.with_layout(small(1500), "pd"))
+    links = pd_res.links
+    assert len(links) > 1000
+    fig = charts.link_figure(links)
+    assert fig.data and all(len(tr.x) <= 200 for tr in fig.data)
+    series = views.link_series(links, bins=200)
+    for name, g in links.sort_values("time_s").groupby("link"):
+        t = np.append(g["time_s"].to_numpy(), links["time_s"].max())
+        exact = float((g["utilisation"].to_numpy() * np.diff(t)).sum())
+        s_ = series[series["link"] == name]
+        width = (links["time_s"].max() - links["time_s"].min()) / 200
+        assert float(s_["utilisation"].sum() * width) == pytest.approx(exact, rel=1e-6)
+        assert ((s_["utilisation"] >= 0) & (s_["utilisation"] <= 1 + 1e-9)).all()
+    ts = views.throughput_series(pd_res.requests)
+    width = ts["t_s"].diff().median()
+    assert float(ts["requests_per_s"].sum() * width) == pytest.approx(pd_res.summary["completed"], rel=1e-6)
+
+
+def test_log_axes_pareto_titles_target_line_and_legends(res):
+    import pandas as pd
+    figs = charts.results_figures("r", res, 0.5, 0.05, log=True)
+    assert figs["cdf_ttft"].layout.xaxis.type == "log" and figs["queue"].layout.yaxis.type == "log"
+    assert charts.results_figures("r", res, 0.5, 0.05, which=("cdf_ttft",))["cdf_ttft"].layout.xaxis.type != "log"
+    m = compare.metrics_frame({"a": res, "b": res})
+    assert charts.compare_figure(m, ["TTFT p50 (s)"], log_y=True).layout.yaxis.type == "log"
+    cand = pd.DataFrame({"cost_usd_per_hour": [4.0, 8.0, 12.0], "goodput_rps": [5.0, 11.0, 18.0],
+                         "layout": ["a", "b", "c"]})
+    fig = charts.pareto_figure(cand, cand, "cost_usd_per_hour", "goodput_rps", {"cost_usd_per_hour": 8.0,
+                               "goodput_rps": 11.0}, label="layout", target_rate=10.0)
+    assert fig.layout.xaxis.title.text == "cost ($/h)" and fig.layout.yaxis.title.text.startswith("goodput (req/s")
+    assert [sh.y0 for sh in fig.layout.shapes] == [10.0] and fig.layout.showlegend
+    phases = pd.DataFrame({"case": ["cold"] * 2, "label": ["pull", "load"], "seconds": [10.0, 20.0]})
+    cs = charts.coldstart_figure(phases)
+    assert cs.layout.legend.y >= 1 and cs.layout.showlegend      # above the plot, clear of the axis title
+    att = pd.DataFrame({"attempt": [1], "start_s": [0.0], "end_s": [30.0], "outcome": ["serving"]})
+    assert charts.attempts_figure(att, 60).layout.showlegend     # one outcome still says what its colour is

@@ -75,12 +75,17 @@ st.dataframe(compare.relative_change(metrics).style.format("{:+.1%}", na_rep="-"
 
 cdfs = {n: views.latency_cdfs(r.requests, r.steps) for n, r in results.items()}
 slo = next(iter(results.values())).scenario.slo
+log = st.toggle("log scale (latencies and bars): differences over orders of magnitude", key="cmp-log")
 a, b = st.columns(2)
-a.plotly_chart(charts.cdf_figure({n: c["ttft"] for n, c in cdfs.items()}, "ttft", slo.ttft_s), key="cmp-ttft")
-b.plotly_chart(charts.cdf_figure({n: c["tpot"] for n, c in cdfs.items()}, "tpot", slo.tpot_s), key="cmp-tpot")
+a.plotly_chart(charts.log_axes(charts.cdf_figure({n: c["ttft"] for n, c in cdfs.items()}, "ttft", slo.ttft_s), x=log),
+               key="cmp-ttft")
+b.plotly_chart(charts.log_axes(charts.cdf_figure({n: c["tpot"] for n, c in cdfs.items()}, "tpot", slo.tpot_s), x=log),
+               key="cmp-tpot")
 a.plotly_chart(charts.breakdown_figure({n: views.phase_frame(r.requests) for n, r in results.items()}),
                key="cmp-breakdown")
-b.plotly_chart(charts.compare_figure(metrics, ["output tokens/s per GPU"]), key="cmp-bars")
+bars = b.selectbox("bars of", list(metrics.index), index=list(metrics.index).index("output tokens/s per GPU"),
+                   key="cmp-bars-metric")
+b.plotly_chart(charts.compare_figure(metrics, [bars], log_y=log), key="cmp-bars")
 d1, d2 = st.columns(2)
 d1.download_button("Download comparison (HTML)", report.comparison_html(results, metrics), "comparison.html",
                    mime="text/html", key="cmp-report")

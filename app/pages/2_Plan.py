@@ -72,8 +72,8 @@ else:
 c = res.candidates
 st.caption("Goodput: requests per second meeting the SLO. Rows with `verified` true were simulated (the banner's "
            "figure); the others carry the analytic screen's estimate, which the simulation may correct either way.")
-st.plotly_chart(charts.pareto_figure(c, res.pareto, "cost_usd_per_hour", "goodput_rps", rec, label="layout"),
-                key="pareto")
+st.plotly_chart(charts.pareto_figure(c, res.pareto, "cost_usd_per_hour", "goodput_rps", rec, label="layout",
+                                    target_rate=res.request.target_rate), key="pareto")
 st.subheader("Pareto front")
 st.dataframe(res.pareto, hide_index=True, key="pareto-table")
 with st.expander(f"all {len(c)} candidates"):
