@@ -146,7 +146,7 @@ def tables_view(res) -> None:
     from app.services import exports, views
     st.dataframe(views.phase_frame(res.requests), hide_index=True)
     req, name = res.requests, res.scenario.name
-    st.dataframe(req.head(SHOWN_ROWS), hide_index=True, key="requests-table")
+    st.dataframe(req.head(SHOWN_ROWS), hide_index=True, key="requests-table", column_config=column_config(req))
     if len(req) > SHOWN_ROWS:
         st.caption(f"Showing the first {SHOWN_ROWS:,} of {len(req):,} requests; the downloads hold all of them.")
     c = st.columns(4)
@@ -158,3 +158,19 @@ def tables_view(res) -> None:
                          mime="application/json", key="dl-summary-json")
     c[3].download_button("scenario YAML", exports.scenario_yaml(res), f"{name}.yaml",
                          mime="application/x-yaml", key="dl-scenario-yaml")
+
+
+def column_config(df) -> dict:
+    """Number formats for a results table: fractions (attainment, occupancy, share, utilisation) as
+    percentages, dollars, seconds with their unit, so a table reads as the cards above it do."""
+    cc = {}
+    for c in df.columns:
+        name = str(c)
+        if name.startswith("cost_usd") or name.startswith("usd"):
+            cc[name] = st.column_config.NumberColumn(format="dollar")
+        elif any(k in name for k in ("attainment", "occupancy", "utilisation", "share", "hit_rate")) \
+                and not name.endswith("_ci95_s"):
+            cc[name] = st.column_config.NumberColumn(format="percent")
+        elif name.endswith("_s") and df[c].dtype.kind == "f":
+            cc[name] = st.column_config.NumberColumn(format="%.3f s")
+    return cc

@@ -133,7 +133,8 @@ def cmd_simulate(args, con: Console) -> int:
     from simulator.scenario import load_scenario
     from simulator.serving_summary import serving_block, serving_summary
     scn = apply_overrides(load_scenario(args.scenario or DEFAULT_SCENARIO), args)
-    with elapsed_status(f"simulating {scn.name}", STATUS_AFTER_S):
+    n = scn.workload.num_requests
+    with elapsed_status(f"simulating {scn.name}" + (f", {n:,} requests" if n else ""), STATUS_AFTER_S):
         res = simulate(scn, replication=args.replication)
     con.print(summary_table(res))
     con.print(totals_table(res))

@@ -277,3 +277,14 @@ def test_home_removing_a_bad_trace_restores_the_workload():
     assert not at.error, [e.value for e in at.error]
     assert at.number_input(key="rate-0").value == 20.0 and at.number_input(key="nreq-0").value == 4000
     assert _metrics(at) == before                                  # the default scenario again (cached run)
+
+
+def test_result_tables_format_fractions_as_percentages_and_seconds_with_units():
+    import pandas as pd
+    from app import ui
+    cc = ui.column_config(pd.DataFrame({"attainment": [0.9872], "ttft_s": [0.1], "cost_usd_per_hour": [8.5],
+                                        "layout": ["x"], "gpus": [2]}))
+    assert cc["attainment"]["type_config"]["format"] == "percent"
+    assert cc["ttft_s"]["type_config"]["format"] == "%.3f s"
+    assert cc["cost_usd_per_hour"]["type_config"]["format"] == "dollar"
+    assert "layout" not in cc and "gpus" not in cc

@@ -75,11 +75,11 @@ st.caption("Goodput: requests per second meeting the SLO. Rows with `verified` t
 st.plotly_chart(charts.pareto_figure(c, res.pareto, "cost_usd_per_hour", "goodput_rps", rec, label="layout",
                                     target_rate=res.request.target_rate), key="pareto")
 st.subheader("Pareto front")
-st.dataframe(res.pareto, hide_index=True, key="pareto-table")
+st.dataframe(res.pareto, hide_index=True, key="pareto-table", column_config=ui.column_config(res.pareto))
 with st.expander(f"all {len(c)} candidates"):
-    st.dataframe(c, hide_index=True, key="candidates")
+    st.dataframe(c, hide_index=True, key="candidates", column_config=ui.column_config(c))
 if res.families is not None and len(res.families):
-    st.dataframe(res.families, hide_index=True, key="families")
+    st.dataframe(res.families, hide_index=True, key="families", column_config=ui.column_config(res.families))
 
 cid = planning.candidate_for_artefacts(res)
 if cid:
