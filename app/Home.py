@@ -14,6 +14,7 @@ import streamlit as st  # noqa: E402
 
 from app import charts, report, ui, ui_builder  # noqa: E402
 from app.services import scenarios, views  # noqa: E402
+from simulator.saturation import saturation  # noqa: E402
 
 st.set_page_config(page_title="epdsim what-if planner", page_icon="⚙️", layout="wide")
 st.title("epdsim what-if planner")
@@ -28,24 +29,21 @@ if res is not None:
     c = scenarios.cost(res, prices, ui.db(d))
     layout = " + ".join(f"{p['instances']}× {p['gpu']} TP{p['tp']} {p['role']}" for p in info["pools"])
     st.subheader(f"{info['model']} on {layout}")
-    cols = st.columns(6)
-    cols[0].metric("TTFT p50", f"{s['ttft_s']['p50'] * 1e3:,.1f} ms", help=f"p99 {s['ttft_s']['p99'] * 1e3:,.1f} ms")
-    cols[1].metric("TPOT p50", f"{s['tpot_s']['p50'] * 1e3:,.2f} ms", help=f"p99 {s['tpot_s']['p99'] * 1e3:,.2f} ms")
-    cols[2].metric("output tok/s", f"{s['output_tokens_per_s']:,.0f}")
-    cols[3].metric("SLO attainment", f"{s['slo_attainment']:.1%}")
-    cols[4].metric("cost per hour", f"${c['usd_per_hour']:,.2f}")
-    cols[5].metric("$ per M output tokens", f"${c['usd_per_million_output_tokens']:,.3f}")
-    if s["unfinished"] or s["rejected"]:
+    ui.result_cards(res, c)
+    sat = saturation(res)
+    if sat:
+        st.error(sat["message"], icon="🔥")
+    elif s["unfinished"] or s["rejected"]:
         st.warning(f"{s['rejected']} requests rejected and {s['unfinished']} unfinished of {s['requests']}: "
                    "the deployment does not keep up or prompts exceed max_model_len.")
     # Only the chosen view is drawn: building every figure on each change would cost more than the simulation.
     view = st.radio("view", [*charts.GROUPS, "Tables"], horizontal=True, key="view", label_visibility="collapsed")
     if view == "Tables":
-        st.dataframe(views.phase_frame(res.requests), hide_index=True)
-        st.dataframe(res.requests.head(1000), hide_index=True)
+        ui.tables_view(res)
     else:
+        log = view != "Breakdown" and st.toggle("log scale (latencies, queue length)", key="log-axes")
         figs = charts.results_figures(res.scenario.name, res, res.scenario.slo.ttft_s, res.scenario.slo.tpot_s,
-                                      which=charts.GROUPS[view])
+                                      which=charts.GROUPS[view], log=log)
         if view == "Breakdown":
             st.plotly_chart(figs["breakdown"], key="breakdown")
             st.dataframe(views.phase_frame(res.requests), hide_index=True)

@@ -25,7 +25,9 @@ def _fig(title: str, x: str, y: str) -> go.Figure:
     fig = go.Figure()
     # No named template: applying one costs ~30 ms per figure (validation of the whole template), a
     # third of the app's chart time; Streamlit styles figures with its own theme anyway.
-    fig.update_layout(title=title, xaxis_title=x, yaxis_title=y, margin=dict(l=50, r=20, t=50, b=45), height=340, legend=dict(orientation="h", y=-0.25))
+    # the legend hangs below the x-axis title, not over it
+    fig.update_layout(title=title, xaxis_title=x, yaxis_title=y, margin=dict(l=50, r=20, t=50, b=90), height=370,
+                      legend=dict(orientation="h", x=0, y=-0.2, yanchor="top"))
     return fig
 
 
@@ -71,17 +73,39 @@ def timeseries_figure(series: pd.DataFrame, column: str, title: str, y_title: st
     return fig
 
 
-def link_figure(links: pd.DataFrame | None) -> go.Figure:
-    """Utilisation of each fabric link over time (step function: a rate holds until its next point)."""
-    fig = _fig("Link utilisation", "time (s)", "utilisation")
-    if links is not None and not links.empty:
-        for name, g in links.groupby("link", sort=True):
-            fig.add_trace(go.Scatter(x=g["time_s"], y=g["utilisation"], mode="lines", line_shape="hv",
-                                     name=str(name)))
+def link_figure(links: pd.DataFrame | None, bins: int = 200) -> go.Figure:
+    """Utilisation of each fabric link over time: the time-weighted mean per bin (:func:`views.link_series`),
+    not one point per transfer start and end (thousands of them drew a solid block)."""
+    fig = _fig("Link utilisation (mean per time bin)", "time (s)", "utilisation")
+    series = views.link_series(links, bins)
+    if not series.empty:
+        for name, g in series.groupby("link", sort=True):
+            fig.add_trace(go.Scatter(x=g["t_s"], y=g["utilisation"], mode="lines", name=str(name)))
     else:
         fig.add_annotation(text="no KV transfer links in this run (colocated)", showarrow=False,
                            xref="paper", yref="paper", x=0.5, y=0.5)
-    fig.update_yaxes(range=[0, 1.05])
+    fig.update_yaxes(range=[0, 1.05], tickformat=".0%")
+    return fig
+
+
+def throughput_figure(req: pd.DataFrame) -> go.Figure:
+    """Completed requests per second over time (by finish time), output tokens per second on a second axis."""
+    fig = _fig("Throughput over time", "time (s)", "completed requests/s")
+    ts = views.throughput_series(req)
+    fig.add_trace(go.Scatter(x=ts["t_s"], y=ts["requests_per_s"], mode="lines", name="requests/s"))
+    fig.add_trace(go.Scatter(x=ts["t_s"], y=ts["output_tokens_per_s"], mode="lines", name="output tokens/s",
+                             yaxis="y2", line=dict(dash="dot")))
+    fig.update_layout(yaxis2=dict(title="output tokens/s", overlaying="y", side="right", showgrid=False),
+                      margin=dict(l=50, r=60, t=50, b=45))
+    return fig
+
+
+def log_axes(fig: go.Figure, x: bool = False, y: bool = False) -> go.Figure:
+    """Log scale on the chosen axes (wide-range latencies or queue lengths)."""
+    if x:
+        fig.update_xaxes(type="log")
+    if y:
+        fig.update_yaxes(type="log", range=None)
     return fig
 
 
@@ -99,20 +123,27 @@ def scatter_figure(req: pd.DataFrame, slo_s: float | None = None, max_points: in
     return fig
 
 
-def compare_figure(metrics: pd.DataFrame, rows: list[str]) -> go.Figure:
+def compare_figure(metrics: pd.DataFrame, rows: list[str], log_y: bool = False) -> go.Figure:
     """Grouped bars of selected metric rows of :func:`app.services.compare.metrics_frame`."""
     names = [c for c in metrics.columns if c not in ("best", "better")]
-    fig = _fig("Compared metrics", "metric", "value")
+    fig = _fig("Compared metrics", "metric", "value" + (" (log scale)" if log_y else ""))
     for n in names:
         fig.add_trace(go.Bar(x=rows, y=[metrics.loc[r, n] for r in rows], name=n))
-    fig.update_layout(barmode="group")
-    return fig
+    fig.update_layout(barmode="group", showlegend=True)
+    return log_axes(fig, y=log_y)
+
+
+AXIS_TITLES = {"cost_usd_per_hour": "cost ($/h)", "goodput_rps": "goodput (req/s meeting the SLO)",
+               "cost_usd_per_million_tokens": "cost ($ per M output tokens)", "gpus": "GPUs",
+               "ttft_s": "TTFT (s)", "tpot_s": "TPOT (s)"}
 
 
 def pareto_figure(candidates: pd.DataFrame, pareto: pd.DataFrame, x: str, y: str,
-                  recommended: dict | None = None, label: str | None = None) -> go.Figure:
-    """Cost vs goodput of every candidate, the Pareto front as a line, the recommendation marked."""
-    fig = _fig("Cost vs goodput", x, y)
+                  recommended: dict | None = None, label: str | None = None,
+                  target_rate: float | None = None) -> go.Figure:
+    """Cost vs goodput of every candidate, the Pareto front as a line, the recommendation marked, and the
+    target rate as a horizontal line when the y axis is the goodput."""
+    fig = _fig("Cost vs goodput", AXIS_TITLES.get(x, x), AXIS_TITLES.get(y, y))
     text = candidates[label].astype(str) if label and label in candidates else None
     fig.add_trace(go.Scatter(x=candidates[x], y=candidates[y], mode="markers", name="candidates",
                              text=text, marker=dict(size=7, color="lightgray", line=dict(width=1, color="gray"))))
@@ -122,6 +153,10 @@ def pareto_figure(candidates: pd.DataFrame, pareto: pd.DataFrame, x: str, y: str
     if recommended and x in recommended and y in recommended:
         fig.add_trace(go.Scatter(x=[recommended[x]], y=[recommended[y]], mode="markers", name="recommended",
                                  marker=dict(size=16, symbol="star", color="crimson")))
+    if target_rate and y == "goodput_rps":
+        fig.add_hline(y=target_rate, line_dash="dash", line_color="crimson",
+                      annotation_text=f"target {target_rate:g} req/s", annotation_position="bottom right")
+    fig.update_layout(showlegend=True)
     return fig
 
 
@@ -132,7 +167,9 @@ def coldstart_figure(phases: pd.DataFrame, title: str = "Cold start") -> go.Figu
     for label in dict.fromkeys(phases["label"]):
         xs = [float(phases[(phases["label"] == label) & (phases["case"] == c)]["seconds"].sum()) for c in cases]
         fig.add_trace(go.Bar(y=cases, x=xs, name=label, orientation="h"))
-    fig.update_layout(barmode="stack", height=260)
+    # the legend goes above the plot: below it, it covered the x-axis title
+    fig.update_layout(barmode="stack", height=300, showlegend=True,
+                      legend=dict(orientation="h", x=0, y=1.02, yanchor="bottom"), margin=dict(l=50, r=20, t=80, b=45))
     return fig
 
 
@@ -144,7 +181,10 @@ def attempts_figure(attempts: pd.DataFrame, horizon_s: float) -> go.Figure:
         fig.add_trace(go.Bar(y=g["attempt"].astype(str), x=g["end_s"] - g["start_s"], base=g["start_s"],
                              orientation="h", name=str(outcome), marker_color=colours.get(str(outcome), "steelblue")))
     fig.update_xaxes(range=[0, horizon_s])
-    fig.update_layout(height=260)
+    # one outcome only would hide Plotly's legend: keep it, it says what the colour means
+    fig.update_layout(height=300, showlegend=True, legend=dict(orientation="h", x=0, y=1.02, yanchor="bottom",
+                                                               title_text="outcome"),
+                      margin=dict(l=50, r=20, t=80, b=45))
     return fig
 
 
@@ -163,13 +203,14 @@ def predicted_vs_measured_figure(df: pd.DataFrame, metric: str) -> go.Figure:
 
 GROUPS = {"Latency CDFs": ("cdf_ttft", "cdf_tpot", "cdf_itl", "cdf_e2e"),
           "Breakdown": ("breakdown",),
-          "Time series": ("batch", "kv", "queue", "links"),
+          "Time series": ("throughput", "batch", "kv", "queue", "links"),
           "Per request": ("scatter",)}
 
 
 def results_figures(name: str, res, slo_ttft: float | None, slo_tpot: float | None,
-                    which: tuple[str, ...] | None = None) -> dict[str, go.Figure]:
-    """The charts of one run keyed by a short id (all of :data:`GROUPS`, or only ``which``)."""
+                    which: tuple[str, ...] | None = None, log: bool = False) -> dict[str, go.Figure]:
+    """The charts of one run keyed by a short id (all of :data:`GROUPS`, or only ``which``); ``log``: log
+    latency axes (CDFs' x, the scatter's TTFT) and log queue lengths."""
     want = set(which) if which is not None else {k for g in GROUPS.values() for k in g}
     figs = {}
     slos = {"ttft": slo_ttft, "tpot": slo_tpot, "itl": slo_tpot, "e2e": None}
@@ -177,7 +218,7 @@ def results_figures(name: str, res, slo_ttft: float | None, slo_tpot: float | No
         cdfs = views.latency_cdfs(res.requests, res.steps)
         for m in ("ttft", "tpot", "itl", "e2e"):
             if f"cdf_{m}" in want:
-                figs[f"cdf_{m}"] = cdf_figure({name: cdfs[m]}, m, slos[m])
+                figs[f"cdf_{m}"] = log_axes(cdf_figure({name: cdfs[m]}, m, slos[m]), x=log)
     if "breakdown" in want:
         figs["breakdown"] = breakdown_figure({name: views.phase_frame(res.requests)})
     if want & {"batch", "kv", "queue"}:
@@ -186,9 +227,11 @@ def results_figures(name: str, res, slo_ttft: float | None, slo_tpot: float | No
                                       ("kv", "kv_occupancy", "KV-cache occupancy", "fraction of blocks"),
                                       ("queue", "waiting", "Queue length (waiting requests)", "requests")):
             if key in want:
-                figs[key] = timeseries_figure(series, col, title, unit)
+                figs[key] = log_axes(timeseries_figure(series, col, title, unit), y=log and key == "queue")
+    if "throughput" in want:
+        figs["throughput"] = throughput_figure(res.requests)
     if "links" in want:
         figs["links"] = link_figure(res.links)
     if "scatter" in want:
-        figs["scatter"] = scatter_figure(res.requests, slo_ttft)
+        figs["scatter"] = log_axes(scatter_figure(res.requests, slo_ttft), y=log)
     return figs

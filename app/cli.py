@@ -46,7 +46,7 @@ def cmd_report(args, con=None) -> int:
         except PlanError as exc:          # a user error: exit 2 with the message, like the other commands
             raise ScenarioError(str(exc)) from None
         print(file=sys.stderr)
-        print(f"wrote {write(args.out, plan_html(res))}")
+        print(f"wrote {write(args.out, plan_html(res, plotly=args.report_plotly))}")
         return 0
     src = Path(args.source)
     if src.is_dir():
@@ -58,15 +58,23 @@ def cmd_report(args, con=None) -> int:
         data = json.loads(src.read_text())
     except json.JSONDecodeError as exc:
         raise ScenarioError(f"{src}: not JSON ({exc}); give the validation.json of `epdsim calibrate validate`") from None
-    path = write(args.out, validation_html(data))
+    path = write(args.out, validation_html(data, plotly=args.report_plotly))
     print(f"wrote {path}")
     return 0
 
 
-def write_simulation_report(res, path: str | Path) -> Path:
-    """The HTML report of one run (``epdsim simulate ... --report FILE.html``)."""
+def write_simulation_report(res, path: str | Path, plotly: str = "inline") -> Path:
+    """The HTML report of one run (``epdsim simulate ... --report FILE.html [--report-plotly cdn]``)."""
     from app.report import results_html, write
-    return write(path, results_html(res))
+    return write(path, results_html(res, plotly=plotly))
+
+
+def add_plotly_argument(parser) -> None:
+    """``--report-plotly inline|cdn`` (for ``epdsim simulate`` and ``epdsim report``)."""
+    parser.add_argument("--report-plotly", choices=["inline", "cdn"], default="inline",
+                        help="inline (default): Plotly's JavaScript inside the report, which opens offline (~5 MB); "
+                             "cdn: a script tag loads it from cdn.plot.ly, for a report of kilobytes that needs "
+                             "the network when opened")
 
 
 def add_subparsers(sub) -> None:
@@ -81,4 +89,5 @@ def add_subparsers(sub) -> None:
                    help="validation: a calibration validation; plan: run a plan request and report it")
     r.add_argument("source", help="validation: validation.json or its folder; plan: a plan request YAML")
     r.add_argument("--out", required=True, help="HTML file to write")
+    add_plotly_argument(r)
     r.set_defaults(func=cmd_report)

@@ -9,6 +9,7 @@ import time
 import streamlit as st
 
 from app.services import jobs, scenarios
+from simulator import fmt
 
 
 @st.cache_resource
@@ -111,3 +112,65 @@ def run_scenario(d: dict):
         cache.put(key, res)
         st.session_state["last_run_s"] = time.perf_counter() - t0
     return res, key
+
+
+def _pcts_caption(q: dict, target: float | None) -> str:
+    text = f"p90 {fmt.duration(q['p90'])} · p99 {fmt.duration(q['p99'])}"
+    return text + (f" · SLO ≤ {fmt.duration(target)}" if target else " · no SLO")
+
+
+def result_cards(res, c: dict) -> None:
+    """The headline cards of a run: TTFT and TPOT p50 with p90, p99 and the SLO target under them,
+    output tokens/s, SLO attainment with its target, cost; every figure through simulator.fmt."""
+    s, slo = res.summary, res.scenario.slo
+    cols = st.columns(6)
+    for col, key, label, target in ((cols[0], "ttft_s", "TTFT p50", slo.ttft_s), (cols[1], "tpot_s", "TPOT p50", slo.tpot_s)):
+        col.metric(label, fmt.duration(s[key]["p50"]), help=f"mean {fmt.duration(s[key]['mean'])}")
+        col.caption(_pcts_caption(s[key], target))
+    cols[2].metric("output tok/s", f"{s['output_tokens_per_s']:,.0f}")
+    cols[2].caption(f"{s['throughput_rps']:,.2f} req/s completed")
+    cols[3].metric("SLO attainment", fmt.percent(s["slo_attainment"]),
+                   help="share of requests that completed within every SLO target")
+    cols[3].caption(f"target {fmt.percent(slo.attainment, 0)} of requests")
+    cols[4].metric("cost per hour", fmt.usd(c["usd_per_hour"]))
+    cols[4].caption(f"{s['gpus']} GPUs")
+    cols[5].metric("$ per M output tokens", fmt.usd(c["usd_per_million_output_tokens"], 3))
+
+
+SHOWN_ROWS = 1000
+
+
+def tables_view(res) -> None:
+    """Phase means, the per-request table (the first rows on the page, said so) and downloads of the
+    whole table (CSV, Parquet), the summary (JSON) and the scenario (YAML)."""
+    from app.services import exports, views
+    st.dataframe(views.phase_frame(res.requests), hide_index=True)
+    req, name = res.requests, res.scenario.name
+    st.dataframe(req.head(SHOWN_ROWS), hide_index=True, key="requests-table", column_config=column_config(req))
+    if len(req) > SHOWN_ROWS:
+        st.caption(f"Showing the first {SHOWN_ROWS:,} of {len(req):,} requests; the downloads hold all of them.")
+    c = st.columns(4)
+    c[0].download_button(f"requests CSV ({len(req):,} rows)", exports.requests_csv(res), f"{name}-requests.csv",
+                         mime="text/csv", key="dl-requests-csv")
+    c[1].download_button("requests Parquet", exports.requests_parquet(res), f"{name}-requests.parquet",
+                         mime="application/octet-stream", key="dl-requests-parquet")
+    c[2].download_button("summary JSON", exports.summary_json(res), f"{name}-summary.json",
+                         mime="application/json", key="dl-summary-json")
+    c[3].download_button("scenario YAML", exports.scenario_yaml(res), f"{name}.yaml",
+                         mime="application/x-yaml", key="dl-scenario-yaml")
+
+
+def column_config(df) -> dict:
+    """Number formats for a results table: fractions (attainment, occupancy, share, utilisation) as
+    percentages, dollars, seconds with their unit, so a table reads as the cards above it do."""
+    cc = {}
+    for c in df.columns:
+        name = str(c)
+        if name.startswith("cost_usd") or name.startswith("usd"):
+            cc[name] = st.column_config.NumberColumn(format="dollar")
+        elif any(k in name for k in ("attainment", "occupancy", "utilisation", "share", "hit_rate")) \
+                and not name.endswith("_ci95_s"):
+            cc[name] = st.column_config.NumberColumn(format="percent")
+        elif name.endswith("_s") and df[c].dtype.kind == "f":
+            cc[name] = st.column_config.NumberColumn(format="%.3f s")
+    return cc

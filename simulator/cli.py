@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -16,95 +15,23 @@ from rich.table import Table
 import hwdb
 from pydantic import ValidationError
 
-from simulator.confidence import describe
+from simulator.console import stdout_console
 from simulator.errors import print_user_error
 from simulator.perf import FitError
 from simulator.scenario import ScenarioError
 from simulator.traces import TraceError
 from simulator.workload import WorkloadError
 
-DEFAULT_SCENARIO = Path(__file__).resolve().parent.parent / "examples" / "llama8b_h100_chat.yaml"
+from simulator import fmt
+from simulator.cli_simulate import DEFAULT_SCENARIO  # noqa: F401  (re-exported)
 USER_ERRORS = (ScenarioError, hwdb.HwdbError, TraceError, WorkloadError, FitError, ValidationError,
                FileNotFoundError)
 
 
 def _fmt(x: float, unit: str = "") -> str:
-    if x != x:
-        return "-"
     if unit == "s":
-        return f"{x * 1e3:.1f} ms" if x < 1 else f"{x:.2f} s"
-    return f"{x:,.2f}{unit}"
-
-
-def _summary_table(res) -> Table:
-    s, info = res.summary, res.info
-    layout = " + ".join(f"{p['instances']}x {p['gpu']} TP{p['tp']}" + (f" PP{p['pp']}" if p["pp"] > 1 else "")
-                        + ("" if p["role"] == "colocated" else f" {p['role']}") for p in info["pools"])
-    t = Table(title=f"{res.scenario.name}: {info['model']} on {layout}")
-    t.add_column("metric")
-    for p in ("p50", "p90", "p99", "mean"):
-        t.add_column(p, justify="right")
-    for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "E2E"),
-                       ("queue_s", "queue")):
-        t.add_row(label, *(_fmt(s[key][p], "s") for p in ("p50", "p90", "p99", "mean")))
-    return t
-
-
-def _totals_table(res) -> Table:
-    s = res.summary
-    t = Table(show_header=False)
-    rows = [
-        ("requests completed / rejected / unfinished", f"{s['completed']} / {s['rejected']} / {s['unfinished']}"),
-        ("throughput", f"{s['throughput_rps']:.2f} req/s, {s['output_tokens_per_s']:,.0f} output tok/s "
-                       f"({s['output_tokens_per_s_per_gpu']:,.0f} per GPU)"),
-        ("mean batch size / KV occupancy (max)", f"{s['mean_batch_size']:.1f} / {s['mean_kv_occupancy']:.1%} "
-                                                 f"({s['max_kv_occupancy']:.1%})"),
-        ("preemptions", str(s["preemptions"])),
-        *([("TTFT breakdown (mean)", ", ".join(f"{k} {_fmt(v, 's')}" for k, v in s["ttft_breakdown_mean_s"].items()
-                                                if v == v and v > 0))]
-          if res.info.get("kv_transfer") or "encoder" in s else []),
-        *([("encoder (" + s["encoder"]["topology"] + ")",
-            f"{s['encoder']['images']} images, {s['encoder']['images_encoded']} encoded "
-            f"(cache hit rate {s['encoder']['cache_hit_rate']:.1%}), utilisation {s['encoder']['utilisation']:.1%}")]
-          if "encoder" in s else []),
-        *([("KV moved", f"{s['kv_bytes_moved'] / 1e9:,.1f} GB over {res.info['kv_transfer']['link']} "
-                        f"({res.info['kv_transfer']['connector']})")] if res.info.get("kv_transfer") else []),
-        ("SLO attainment", f"{s['slo_attainment']:.1%}"),
-        ("cost", f"${s['cost_usd_per_hour']:.2f}/h, ${s['cost_usd_per_million_output_tokens']:.3f} per M output tokens"),
-        ("perf model", res.info["perf_model"]),
-        *[(f"confidence ({p['name']})", describe(p["confidence"])) for p in res.info["pools"] if "confidence" in p],
-    ]
-    for k, v in rows:
-        t.add_row(k, v)
-    return t
-
-
-def cmd_simulate(args, con: Console) -> int:
-    from simulator.run import simulate
-    from simulator.scenario import load_scenario
-    scn = load_scenario(args.scenario or DEFAULT_SCENARIO)
-    over = {}
-    if args.seed is not None:
-        over["seed"] = args.seed
-    if args.model:
-        over["model"] = args.model
-    if args.hwdb:
-        over["hwdb"] = tuple(scn.hwdb) + tuple(args.hwdb)
-    if over:
-        scn = scn.model_copy(update=over)
-    res = simulate(scn, replication=args.replication)
-    con.print(_summary_table(res))
-    con.print(_totals_table(res))
-    if "operations" in res.summary:
-        from simulator.cli_ops import operations_table
-        con.print(operations_table(res))
-    if args.out:
-        paths = res.write(args.out, tuple(args.format))
-        con.print(f"wrote {len(paths)} files to {args.out}")
-    if args.report:
-        from app.cli import write_simulation_report
-        con.print(f"wrote report {write_simulation_report(res, args.report)}")
-    return 0
+        return fmt.duration(x)
+    return fmt.number(x) + unit
 
 
 def cmd_perf(args, con: Console) -> int:
@@ -175,6 +102,24 @@ def cmd_crossover(args, con: Console) -> int:
     return 0
 
 
+def _cell(v) -> str:
+    if isinstance(v, float):
+        return f"{v:,.4g}" if abs(v) < 1e4 else f"{v:,.0f}"
+    return "-" if v is None else f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v)
+
+
+def hw_tables(kind: str, rows: list[dict], width: int) -> list[Table]:
+    """A ``hw list`` table: full names and figures, split into column groups that fit ``width``."""
+    from simulator.console import wide_tables
+    if not rows:
+        return [Table(title=f"{kind}: none")]
+    headers = [str(c) for c in rows[0]]
+    cells = [[_cell(v) for v in r.values()] for r in rows]
+    right = {h: "right" for h, v in zip(headers, rows[0].values()) if isinstance(v, (int, float))
+             and not isinstance(v, bool)}
+    return wide_tables(kind, headers, cells, width, right)
+
+
 def cmd_hw(args, con: Console) -> int:
     from hwdb import listing
     db = hwdb.load(args.hwdb)
@@ -182,12 +127,8 @@ def cmd_hw(args, con: Console) -> int:
         kinds = [args.kind] if args.kind else ["gpus", "links", "models"]
         for kind in kinds:
             rows = {"gpus": listing.gpu_rows, "links": listing.link_rows, "models": listing.model_rows}[kind](db)
-            t = Table(title=kind)
-            for c in rows[0]:
-                t.add_column(str(c))
-            for r in rows:
-                t.add_row(*(f"{v:,.3g}" if isinstance(v, float) else str(v) for v in r.values()))
-            con.print(t)
+            for t in hw_tables(kind, rows, con.width):
+                con.print(t)
         return 0
     if not args.name:
         raise ScenarioError("hw show needs a KIND and NAME, e.g. `epdsim hw show gpu H100`")
@@ -199,19 +140,20 @@ def cmd_hw(args, con: Console) -> int:
     return 0
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("epdsim")
+    except PackageNotFoundError:       # run from a source tree that is not installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="epdsim", description="LLM serving capacity planner (discrete-event simulation)")
     sub = p.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("simulate", help="run a scenario and print its summary")
-    s.add_argument("scenario", nargs="?", help=f"scenario YAML (default: {DEFAULT_SCENARIO.name})")
-    s.add_argument("--out", help="directory for requests/steps tables and summary.json")
-    s.add_argument("--format", nargs="+", default=["parquet"], choices=["parquet", "csv", "json"])
-    s.add_argument("--seed", type=int, help="override the scenario's seed")
-    s.add_argument("--replication", type=int, default=0, help="independent replication index")
-    s.add_argument("--model", help="override the scenario's model (name, alias, config.json or model folder)")
-    s.add_argument("--hwdb", action="append", default=[], help="extra user hwdb folder (repeatable)")
-    s.add_argument("--report", metavar="FILE.html", help="also write a self-contained HTML report with charts")
-    s.set_defaults(func=cmd_simulate)
+    p.add_argument("--version", action="version", version=f"epdsim {_version()}")
+    from simulator.cli_simulate import add_subparser as _add_simulate
+    _add_simulate(sub)
     q = sub.add_parser("perf", help="print a model's prefill and decode step times on a GPU")
     q.add_argument("model", help="model name, alias, or a local config.json / model folder")
     q.add_argument("--gpu", required=True)
@@ -256,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "kind", None) in ("gpu", "link", "model") and args.action == "list":
         args.kind += "s"
     try:
-        return args.func(args, Console())
+        return args.func(args, stdout_console())
     except USER_ERRORS as exc:
         return print_user_error(exc)
 

@@ -17,6 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 import hwdb
+from simulator import fmt
 from simulator.perf import FitError
 from simulator.plan import PlanError, artefacts, load_plan_request, run_plan
 from simulator.plan.executors import ExecutorError
@@ -38,8 +39,11 @@ def _f(x: float, unit: str = "") -> str:
 
 def _table(title: str, df, q: int, full_reason: bool = False) -> Table:
     t = Table(title=title)
-    for c in ("candidate", "$/h", "$/M tok", "goodput req/s", f"p{q} TTFT", f"p{q} TPOT", "sim", "why not"):
-        t.add_column(c, overflow="fold")
+    # Names and figures never wrap; on a narrow terminal only the reason wraps, at spaces. Not on a
+    # terminal the console is as wide as the table (simulator.console), so a CI log gets whole lines.
+    for c in ("candidate", "$/h", "$/M tok", "goodput req/s", f"p{q} TTFT", f"p{q} TPOT", "sim"):
+        t.add_column(c, no_wrap=True)
+    t.add_column("why not", overflow="fold")
     for r in df.to_dict("records"):
         why = r["rejected_reason"] or "recommended"
         # a goodput search that reached its upper bound only knows a lower bound
@@ -71,8 +75,9 @@ def cmd_plan(args, con: Console) -> int:
     verified = df[df["verified"]].sort_values("cost_usd_per_hour")
     con.print(_table("simulated candidates", verified, q, full_reason=True))
     fam = Table(title="families")
-    for c in ("family", "best", "$/h", "goodput req/s", "lost because"):
-        fam.add_column(c, overflow="fold")
+    for c in ("family", "best", "$/h", "goodput req/s"):
+        fam.add_column(c, no_wrap=True)
+    fam.add_column("lost because", overflow="fold")
     for r in res.families.to_dict("records"):
         fam.add_row(r["family"], r["layout"] if isinstance(r["layout"], str) else "-",
                     _f(r["cost_usd_per_hour"]), _f(r["goodput_rps"]),
@@ -87,7 +92,7 @@ def cmd_plan(args, con: Console) -> int:
     at_least = "≥ " if rec.get("goodput_capped") else ""  # the goodput search stopped at its upper bound
     con.print(f"[bold green]recommended:[/] {rec['layout']} — ${rec['cost_usd_per_hour']:,.2f}/h, simulated goodput "
               f"{at_least}{rec['goodput_rps']:.3g} req/s (headroom {at_least}{rec['headroom_rate']:+.0%} over {req.target_rate:g}), "
-              f"attainment {rec['attainment']:.1%} ± {rec['attainment_ci95']:.1%} at the target rate",
+              f"attainment {fmt.attainment(rec['attainment'], rec['attainment_ci95'], req.search.replications)} at the target rate",
               highlight=False)
     if args.artefacts:
         out = Path(args.artefacts)

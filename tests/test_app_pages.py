@@ -32,6 +32,12 @@ def _metrics(at: AppTest) -> dict[str, str]:
     return {m.label: m.value for m in at.metric}
 
 
+def _seconds(text: str) -> float:
+    """A simulator.fmt duration ("412 ms", "1.23 s", "12.5 min") back in seconds."""
+    num, unit = text.replace(",", "").split()
+    return float(num) * {"µs": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0}[unit]
+
+
 def test_home_runs_default_and_reacts_to_rate():
     at = _page("Home.py").run()
     _ok(at)
@@ -43,7 +49,7 @@ def test_home_runs_default_and_reacts_to_rate():
     assert len(at.get("plotly_chart")) == 4                       # the four latency CDFs
     at.radio(key="view").set_value("Time series").run()
     _ok(at)
-    assert len(at.get("plotly_chart")) == 4                       # batch, KV, queue, links
+    assert len(at.get("plotly_chart")) == 5                       # throughput, batch, KV, queue, links
     tok = float(m["output tok/s"].replace(",", ""))
     at.number_input(key="rate-0").set_value(40.0).run()
     _ok(at)
@@ -51,6 +57,48 @@ def test_home_runs_default_and_reacts_to_rate():
     # Twice the offered load on an unsaturated deployment: about twice the output rate.
     assert 1.6 < float(m2["output tok/s"].replace(",", "")) / tok < 2.2
     assert m2["TTFT p50"] != m["TTFT p50"]
+
+
+def test_home_cards_show_percentiles_with_the_slo_and_an_overload_names_the_bottleneck():
+    """Issue 18 item 7: p50 on the card, p90/p99 and the SLO target under it, short values (no
+    truncated "144,492.…" ms), and a banner naming the bottleneck pool when the run is overloaded."""
+    at = _page("Home.py").run()
+    _ok(at)
+    captions = [c.value for c in at.caption]
+    assert any(c.startswith("p90 ") and "p99 " in c and "SLO ≤ 500 ms" in c for c in captions), captions
+    assert any("SLO ≤ 50.0 ms" in c for c in captions), captions
+    assert any(c == "target 90% of requests" for c in captions), captions
+    assert all(len(v) <= 10 for v in _metrics(at).values()), _metrics(at)
+    assert not [e.value for e in at.error if "Overloaded" in e.value]
+    at.number_input(key="rate-0").set_value(400.0).run()
+    _ok(at)
+    m = _metrics(at)
+    assert all(len(v) <= 10 for v in m.values()), m
+    banners = [e.value for e in at.error if "Overloaded" in e.value]
+    assert banners and "Bottleneck: main (2x H100-SXM-80GB TP1, colocated)" in banners[0], [e.value for e in at.error]
+
+
+def test_home_tables_view_says_what_it_shows_and_offers_full_downloads():
+    """Issue 18 item 8: the page shows 1,000 of 4,000 requests and says so; the downloads hold them all."""
+    at = _page("Home.py").run()
+    at.radio(key="view").set_value("Tables").run()
+    _ok(at)
+    assert any("first 1,000 of 4,000 requests" in c.value for c in at.caption), [c.value for c in at.caption]
+    labels = [b.proto.label for b in at.get("download_button")]
+    assert "requests CSV (4,000 rows)" in labels and {"requests Parquet", "summary JSON", "scenario YAML"} <= set(labels)
+
+
+def test_log_scale_toggles_on_home_and_compare():
+    import json
+    at = _page("Home.py").run()
+    at.toggle(key="log-axes").set_value(True).run()
+    _ok(at)
+    specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    assert len(specs) == 4 and all(s["layout"]["xaxis"]["type"] == "log" for s in specs)
+    cmp = _page("pages/1_Compare.py").run()
+    cmp.toggle(key="cmp-log").set_value(True).run()
+    _ok(cmp)
+    assert any(json.loads(c.proto.spec)["layout"].get("yaxis", {}).get("type") == "log" for c in cmp.get("plotly_chart"))
 
 
 def test_home_pd_layout_and_prices():
@@ -101,10 +149,10 @@ def test_epd_scenario_breakdown_images_and_compare():
     at.radio(key="view").set_value("Breakdown").run()
     phases = list(at.dataframe[0].value["phase"])
     assert {"encode", "embedding_transfer", "prefill", "decode"} <= set(phases)
-    ttft6 = float(_metrics(at)["TTFT p50"].removesuffix(" ms"))
+    ttft6 = _seconds(_metrics(at)["TTFT p50"])
     at.number_input(key="images-0").set_value(1).run()
     _ok(at)
-    assert float(_metrics(at)["TTFT p50"].removesuffix(" ms")) < ttft6
+    assert _seconds(_metrics(at)["TTFT p50"]) < ttft6
     cmp = _page("pages/1_Compare.py")
     cmp.session_state["scenario"] = d
     cmp.run()
@@ -229,3 +277,14 @@ def test_home_removing_a_bad_trace_restores_the_workload():
     assert not at.error, [e.value for e in at.error]
     assert at.number_input(key="rate-0").value == 20.0 and at.number_input(key="nreq-0").value == 4000
     assert _metrics(at) == before                                  # the default scenario again (cached run)
+
+
+def test_result_tables_format_fractions_as_percentages_and_seconds_with_units():
+    import pandas as pd
+    from app import ui
+    cc = ui.column_config(pd.DataFrame({"attainment": [0.9872], "ttft_s": [0.1], "cost_usd_per_hour": [8.5],
+                                        "layout": ["x"], "gpus": [2]}))
+    assert cc["attainment"]["type_config"]["format"] == "percent"
+    assert cc["ttft_s"]["type_config"]["format"] == "%.3f s"
+    assert cc["cost_usd_per_hour"]["type_config"]["format"] == "dollar"
+    assert "layout" not in cc and "gpus" not in cc

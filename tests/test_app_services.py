@@ -142,9 +142,9 @@ def test_charts_have_one_trace_per_pool_and_slo_lines(res):
 
 def test_html_report_is_self_contained(res):
     html = report.results_html(res)
-    assert html.count("class=\"plotly-graph-div\"") == 10
+    assert html.count("class=\"plotly-graph-div\"") == 11
     assert "<script src=" not in html and "<link " not in html          # nothing loaded from elsewhere
-    assert html.count("<script") >= 11 and len(html) > 3_000_000         # plotly.js inlined once, then 10 figures
+    assert html.count("<script") >= 12 and len(html) > 3_000_000         # plotly.js inlined once, then 11 figures
     assert res.scenario.name in html and "SLO attainment" in html
 
 
@@ -222,3 +222,137 @@ def test_epdsim_app_hides_streamlits_deploy_button(monkeypatch):
     assert cli.cmd_app(argparse.Namespace(port=8599, address="127.0.0.1", headless=True)) == 0
     cmd = calls[0]
     assert cmd[cmd.index("--client.toolbarMode") + 1] == "viewer"
+
+
+def test_compare_rows_read_in_units_and_float_noise_does_not_win():
+    """Issue 18 item 7: Compare's table in the one formatter's units; "best" needs a real difference."""
+    import pandas as pd
+    assert compare.row_formatter("TTFT p50 (s)")(0.0123) == "12.3 ms"
+    assert compare.row_formatter("E2E p50 (s)")(144.492) == "144 s"
+    assert compare.row_formatter("SLO attainment")(0.9872) == "98.7%"
+    assert compare.row_formatter("cost $/h")(8.5) == "$8.50"
+
+    class R:
+        def __init__(self, s):
+            self.summary = s
+    base = scenarios.run(small(100))
+    a, b = R(dict(base.summary)), R(dict(base.summary))
+    b.summary["throughput_rps"] = a.summary["throughput_rps"] * (1 + 1e-9)      # float noise
+    b.summary["slo_attainment"] = 0.5
+    for r in (a, b):
+        r.scenario, r.info, r.requests, r.steps = base.scenario, base.info, base.requests, base.steps
+    df = compare.metrics_frame({"a": a, "b": b})
+    assert df.loc["throughput (req/s)", "best"] == ""          # a tie, not a win for b
+    assert df.loc["SLO attainment", "best"] == "a"
+    assert isinstance(df, pd.DataFrame)
+
+
+def test_saturation_names_the_bottleneck_pool_only_when_overloaded(res):
+    from simulator.saturation import saturation
+    assert saturation(res) is None                            # 20 req/s on 2x H100: keeps up
+    over = scenarios.run(small(600, rate=400.0))
+    sat = saturation(over)
+    assert sat is not None and sat["pool"].startswith("main (2x H100-SXM-80GB TP1")
+    assert sat["phase"] == "queue" and "Bottleneck: main" in sat["message"] and "SLO attainment" in sat["message"]
+    pd_over = scenarios.run(builder.set_workload(builder.with_layout(scenarios.default_scenario(), "pd"),
+                                                 rate=400.0, num_requests=600))
+    sat = saturation(pd_over)
+    assert sat is not None and ("prefill" in sat["pool"] or "decode" in sat["pool"]), sat
+
+
+def test_exports_hold_every_request_and_reload():
+    """Issue 18 item 8: the downloads are the whole run, not the 1,000 rows the page shows."""
+    import io
+    import json
+
+    import pandas as pd
+    from app.services import exports
+    from simulator.scenario import parse_scenario
+    big = scenarios.run(small(1500))
+    assert len(pd.read_csv(io.BytesIO(exports.requests_csv(big)))) == 1500
+    assert len(pd.read_parquet(io.BytesIO(exports.requests_parquet(big)))) == 1500
+    data = json.loads(exports.summary_json(big))
+    assert data["summary"]["requests"] == 1500 and data["serving"]["successful_requests"] == big.summary["completed"]
+    assert data["serving"]["slo_ttft_s"] == big.scenario.slo.ttft_s
+    assert parse_scenario(data["scenario"]) == big.scenario
+    assert parse_scenario(yaml.safe_load(exports.scenario_yaml(big))) == big.scenario
+    metrics = compare.metrics_frame({"a": big, "b": big})
+    table = pd.read_csv(io.BytesIO(exports.comparison_csv(metrics)), index_col="metric")
+    assert list(table.index) == list(metrics.index) and {"a", "b", "best"} <= set(table.columns)
+
+
+def test_reports_embed_the_scenario_yaml_and_can_load_plotly_from_the_cdn(res, tmp_path):
+    import html as htmllib
+    import re
+
+    from simulator.scenario import parse_scenario
+    page = report.results_html(res)
+    text = re.search(r"<pre id='scenario-yaml'>(.*?)</pre>", page, re.S).group(1)
+    assert parse_scenario(yaml.safe_load(htmllib.unescape(text))) == res.scenario
+    cmp = report.comparison_html({"a": res, "b": res}, compare.metrics_frame({"a": res, "b": res}))
+    assert "scenario-yaml-0" in cmp and "scenario-yaml-1" in cmp
+    small_page = report.results_html(res, plotly="cdn")
+    assert len(small_page) < len(page) / 4 and 'src="https://cdn.plot.ly/' in small_page
+    assert small_page.count('class="plotly-graph-div"') == page.count('class="plotly-graph-div"')
+    scn = tmp_path / "s.yaml"
+    scn.write_text(yaml.safe_dump(small(100)))
+    out = subprocess.run([sys.executable, "-m", "simulator.cli", "simulate", str(scn), "--report",
+                          str(tmp_path / "r.html"), "--report-plotly", "cdn"], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "r.html").stat().st_size < 1_000_000 and "cdn.plot.ly" in (tmp_path / "r.html").read_text()
+
+
+def test_plan_report_states_target_slo_workload_and_embeds_the_request():
+    import html as htmllib
+    import re
+
+    from simulator.plan import run_plan
+    from simulator.plan.request import parse_plan_request
+    from tests.test_plan import request
+    req = parse_plan_request(request(search={"verify": 1, "borderline": 0, "verify_front": 0, "replications": 1,
+                                             "requests": 200, "goodput_iterations": 1}))
+    page = report.plan_html(run_plan(req, workers=1), plotly="cdn")
+    assert "Target 10 req/s" in page and "TTFT &lt;= 1.00 s, TPOT &lt;= 50.0 ms" in page and "poisson" in page
+    text = re.search(r"<pre id='plan-yaml'>(.*?)</pre>", page, re.S).group(1)
+    assert parse_plan_request(yaml.safe_load(htmllib.unescape(text))) == req
+
+
+def test_link_chart_is_downsampled_and_keeps_the_busy_time():
+    """Issue 18 item 6: thousands of busy/idle change points become a few hundred bins; the area (busy
+    link-seconds) is the same."""
+    pd_res = scenarios.run(builder.with_layout(small(1500), "pd"))
+    links = pd_res.links
+    assert len(links) > 1000
+    fig = charts.link_figure(links)
+    assert fig.data and all(len(tr.x) <= 200 for tr in fig.data)
+    series = views.link_series(links, bins=200)
+    for name, g in links.sort_values("time_s").groupby("link"):
+        t = np.append(g["time_s"].to_numpy(), links["time_s"].max())
+        exact = float((g["utilisation"].to_numpy() * np.diff(t)).sum())
+        s_ = series[series["link"] == name]
+        width = (links["time_s"].max() - links["time_s"].min()) / 200
+        assert float(s_["utilisation"].sum() * width) == pytest.approx(exact, rel=1e-6)
+        assert ((s_["utilisation"] >= 0) & (s_["utilisation"] <= 1 + 1e-9)).all()
+    ts = views.throughput_series(pd_res.requests)
+    width = ts["t_s"].diff().median()
+    assert float(ts["requests_per_s"].sum() * width) == pytest.approx(pd_res.summary["completed"], rel=1e-6)
+
+
+def test_log_axes_pareto_titles_target_line_and_legends(res):
+    import pandas as pd
+    figs = charts.results_figures("r", res, 0.5, 0.05, log=True)
+    assert figs["cdf_ttft"].layout.xaxis.type == "log" and figs["queue"].layout.yaxis.type == "log"
+    assert charts.results_figures("r", res, 0.5, 0.05, which=("cdf_ttft",))["cdf_ttft"].layout.xaxis.type != "log"
+    m = compare.metrics_frame({"a": res, "b": res})
+    assert charts.compare_figure(m, ["TTFT p50 (s)"], log_y=True).layout.yaxis.type == "log"
+    cand = pd.DataFrame({"cost_usd_per_hour": [4.0, 8.0, 12.0], "goodput_rps": [5.0, 11.0, 18.0],
+                         "layout": ["a", "b", "c"]})
+    fig = charts.pareto_figure(cand, cand, "cost_usd_per_hour", "goodput_rps", {"cost_usd_per_hour": 8.0,
+                               "goodput_rps": 11.0}, label="layout", target_rate=10.0)
+    assert fig.layout.xaxis.title.text == "cost ($/h)" and fig.layout.yaxis.title.text.startswith("goodput (req/s")
+    assert [sh.y0 for sh in fig.layout.shapes] == [10.0] and fig.layout.showlegend
+    phases = pd.DataFrame({"case": ["cold"] * 2, "label": ["pull", "load"], "seconds": [10.0, 20.0]})
+    cs = charts.coldstart_figure(phases)
+    assert cs.layout.legend.y >= 1 and cs.layout.showlegend      # above the plot, clear of the axis title
+    att = pd.DataFrame({"attempt": [1], "start_s": [0.0], "end_s": [30.0], "outcome": ["serving"]})
+    assert charts.attempts_figure(att, 60).layout.showlegend     # one outcome still says what its colour is

@@ -6,10 +6,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
 from app import charts, report, ui  # noqa: E402
-from app.services import compare, jobs, scenarios, views  # noqa: E402
+from app.services import compare, exports, jobs, scenarios, views  # noqa: E402
 
 st.set_page_config(page_title="epdsim: compare", layout="wide")
 st.title("Compare scenarios")
@@ -64,17 +65,29 @@ def _highlight(row):
 
 
 st.subheader("Metrics")
-st.dataframe(metrics.style.apply(_highlight, axis=1).format({n: "{:,.4g}" for n in names}), key="metrics")
+sty = metrics.style.apply(_highlight, axis=1)
+for label in metrics.index:      # one formatter per row: durations, percentages, dollars (simulator.fmt)
+    sty = sty.format(compare.row_formatter(label), subset=pd.IndexSlice[[label], names])
+st.dataframe(sty, key="metrics")
+st.caption("Best value per row highlighted; values within 0.5% of it tie (no highlight when all tie).")
 st.subheader("Change against " + names[0])
 st.dataframe(compare.relative_change(metrics).style.format("{:+.1%}", na_rep="-"), key="changes")
 
 cdfs = {n: views.latency_cdfs(r.requests, r.steps) for n, r in results.items()}
 slo = next(iter(results.values())).scenario.slo
+log = st.toggle("log scale (latencies and bars): differences over orders of magnitude", key="cmp-log")
 a, b = st.columns(2)
-a.plotly_chart(charts.cdf_figure({n: c["ttft"] for n, c in cdfs.items()}, "ttft", slo.ttft_s), key="cmp-ttft")
-b.plotly_chart(charts.cdf_figure({n: c["tpot"] for n, c in cdfs.items()}, "tpot", slo.tpot_s), key="cmp-tpot")
+a.plotly_chart(charts.log_axes(charts.cdf_figure({n: c["ttft"] for n, c in cdfs.items()}, "ttft", slo.ttft_s), x=log),
+               key="cmp-ttft")
+b.plotly_chart(charts.log_axes(charts.cdf_figure({n: c["tpot"] for n, c in cdfs.items()}, "tpot", slo.tpot_s), x=log),
+               key="cmp-tpot")
 a.plotly_chart(charts.breakdown_figure({n: views.phase_frame(r.requests) for n, r in results.items()}),
                key="cmp-breakdown")
-b.plotly_chart(charts.compare_figure(metrics, ["output tokens/s per GPU"]), key="cmp-bars")
-st.download_button("Download comparison (HTML)", report.comparison_html(results, metrics), "comparison.html",
+bars = b.selectbox("bars of", list(metrics.index), index=list(metrics.index).index("output tokens/s per GPU"),
+                   key="cmp-bars-metric")
+b.plotly_chart(charts.compare_figure(metrics, [bars], log_y=log), key="cmp-bars")
+d1, d2 = st.columns(2)
+d1.download_button("Download comparison (HTML)", report.comparison_html(results, metrics), "comparison.html",
                    mime="text/html", key="cmp-report")
+d2.download_button("Download metrics table (CSV)", exports.comparison_csv(metrics), "comparison.csv",
+                   mime="text/csv", key="cmp-csv")

@@ -70,14 +70,16 @@ if rec:
 else:
     st.warning("No candidate meets the SLO. " + " ".join(res.notes))
 c = res.candidates
-st.plotly_chart(charts.pareto_figure(c, res.pareto, "cost_usd_per_hour", "goodput_rps", rec, label="layout"),
-                key="pareto")
+st.caption("Goodput: requests per second meeting the SLO. Rows with `verified` true were simulated (the banner's "
+           "figure); the others carry the analytic screen's estimate, which the simulation may correct either way.")
+st.plotly_chart(charts.pareto_figure(c, res.pareto, "cost_usd_per_hour", "goodput_rps", rec, label="layout",
+                                    target_rate=res.request.target_rate), key="pareto")
 st.subheader("Pareto front")
-st.dataframe(res.pareto, hide_index=True, key="pareto-table")
+st.dataframe(res.pareto, hide_index=True, key="pareto-table", column_config=ui.column_config(res.pareto))
 with st.expander(f"all {len(c)} candidates"):
-    st.dataframe(c, hide_index=True, key="candidates")
+    st.dataframe(c, hide_index=True, key="candidates", column_config=ui.column_config(c))
 if res.families is not None and len(res.families):
-    st.dataframe(res.families, hide_index=True, key="families")
+    st.dataframe(res.families, hide_index=True, key="families", column_config=ui.column_config(res.families))
 
 cid = planning.candidate_for_artefacts(res)
 if cid:

@@ -74,7 +74,7 @@ def _named(d: dict, label: str) -> dict:
 
 def metrics_frame(results: dict, prices: Prices | None = None) -> pd.DataFrame:
     """Rows: metrics; columns: one per scenario, then ``best`` (the winning scenarios' names joined by
-    ", " when tied; empty when all are equal) and ``better`` ("low"/"high").  Values are floats (NaN
+    ", " when tied within :data:`REL_TIE`; empty when all tie) and ``better`` ("low"/"high").  Values are floats (NaN
     where undefined)."""
     cols = {}
     for name, res in results.items():
@@ -85,14 +85,35 @@ def metrics_frame(results: dict, prices: Prices | None = None) -> pd.DataFrame:
     for (label, _, better), (_, row) in zip(METRICS, df.iterrows()):
         vals = row.dropna()
         vals = vals[vals.map(math.isfinite)]
-        if vals.empty or vals.nunique() == 1:
-            best.append("")
-        else:
-            top = vals.min() if better == "low" else vals.max()
-            best.append(", ".join(str(n) for n, v in vals.items() if v == top))
+        top = (vals.min() if better == "low" else vals.max()) if not vals.empty else 0.0
+        win = [n for n, v in vals.items() if _same(v, top)]
+        # no highlight when every run ties (within float noise): nothing to prefer
+        best.append("" if vals.empty or len(win) == len(vals) else ", ".join(str(n) for n in win))
     df["best"] = best
     df["better"] = [m[2] for m in METRICS]
     return df
+
+
+REL_TIE = 0.005      # values within 0.5% of the best tie with it: float noise is no reason to win
+
+
+def _same(v: float, top: float) -> bool:
+    return abs(v - top) <= REL_TIE * max(abs(v), abs(top), 1e-300)
+
+
+def row_formatter(label: str):
+    """How a :func:`metrics_frame` row reads (simulator.fmt): durations for "(s)" rows, a percentage for
+    the attainment, whole counts, dollars."""
+    from simulator import fmt
+    if label.endswith("(s)"):
+        return fmt.duration
+    if label == "SLO attainment":
+        return fmt.percent
+    if label.startswith("cost"):
+        return lambda x: fmt.usd(x, 3 if "/M" in label else 2)
+    if label in ("completed", "preemptions", "GPUs"):
+        return lambda x: fmt.number(x, 0)
+    return lambda x: fmt.number(x, 2 if abs(x) < 100 else 0) if x == x else "-"
 
 
 def relative_change(df: pd.DataFrame) -> pd.DataFrame:

@@ -95,3 +95,55 @@ def latency_cdfs(req: pd.DataFrame, steps: pd.DataFrame) -> dict[str, pd.DataFra
     out = {m: ecdf(done[f"{m}_s"].to_numpy()) for m in ("ttft", "tpot", "e2e")}
     out["itl"] = ecdf(steps["duration_s"].to_numpy(), steps["decode_tokens"].to_numpy())
     return out
+
+
+def link_series(links: pd.DataFrame | None, bins: int = 200, t_end: float | None = None) -> pd.DataFrame:
+    """Per link and time bin, the time-weighted mean utilisation (``utilisation``) and the busy share
+    of the bin at any rate (``busy``): a few hundred points instead of one per transfer start and end.
+
+    ``links`` holds change points (the rate holds until the link's next point, and the last one
+    until ``t_end``, default the last change point of any link)."""
+    cols = ["link", "t_s", "utilisation", "busy"]
+    if links is None or links.empty:
+        return pd.DataFrame(columns=cols)
+    t0 = float(links["time_s"].min())
+    t1 = float(t_end if t_end is not None else links["time_s"].max())
+    if t1 <= t0:
+        t1 = t0 + 1e-9
+    edges = np.linspace(t0, t1, bins + 1)
+    out = []
+    for name, g in links.sort_values("time_s", kind="stable").groupby("link", sort=True):
+        t = np.append(g["time_s"].to_numpy(dtype=float), t1)
+        u = g["utilisation"].to_numpy(dtype=float)
+        on = (u > 0).astype(float)
+        # integral of the step function from t0 to each edge, through the cumulative area at change points
+        area_u = np.concatenate([[0.0], np.cumsum(u * np.diff(t))])
+        area_b = np.concatenate([[0.0], np.cumsum(on * np.diff(t))])
+
+        def integral(area, vals, x):
+            i = np.clip(np.searchsorted(t, x, side="right") - 1, 0, len(vals) - 1)
+            before = x < t[0]
+            res = area[i] + vals[i] * (np.minimum(x, t[-1]) - t[i])
+            return np.where(before, 0.0, res)
+        width = np.diff(edges)
+        iu, ib = integral(area_u, u, edges), integral(area_b, on, edges)
+        out.append(pd.DataFrame({"link": str(name), "t_s": (edges[:-1] + edges[1:]) / 2,
+                                 "utilisation": np.diff(iu) / width, "busy": np.diff(ib) / width}))
+    return pd.concat(out, ignore_index=True)[cols]
+
+
+def throughput_series(req: pd.DataFrame, bins: int = 100) -> pd.DataFrame:
+    """Completed requests and output tokens per second over time (by finish time): t_s, requests_per_s,
+    output_tokens_per_s."""
+    done = req[req["outcome"] == "completed"] if "outcome" in req else req
+    cols = ["t_s", "requests_per_s", "output_tokens_per_s"]
+    if done.empty:
+        return pd.DataFrame(columns=cols)
+    t0 = float(req["arrival_s"].min())
+    t1 = max(float(done["finish_s"].max()), t0 + 1e-9)
+    edges = np.linspace(t0, t1, bins + 1)
+    n, _ = np.histogram(done["finish_s"].to_numpy(), edges)
+    tok, _ = np.histogram(done["finish_s"].to_numpy(), edges, weights=done["output_tokens"].to_numpy(dtype=float))
+    width = np.diff(edges)
+    return pd.DataFrame({"t_s": (edges[:-1] + edges[1:]) / 2, "requests_per_s": n / width,
+                         "output_tokens_per_s": tok / width})

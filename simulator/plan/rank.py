@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from simulator import fmt
 from simulator.plan.candidates import PRE_SCREEN
 from simulator.plan.pareto import pareto_front
 
@@ -40,8 +41,8 @@ def assemble(req, ctx, rows: list[dict], done: dict[str, dict], by_id: dict):
                      attainment_ci95=d["des_attainment_ci95"], goodput_capped=bool(d["des_goodput_capped"]),
                      des_runs=int(d["des_runs"]))
             if not r["meets_slo"]:
-                judged = (f"attainment {d['des_attainment']:.1%} (±{d['des_attainment_ci95']:.1%}) < "
-                          f"{req.slo.attainment:.0%}" if req.slo.percentile is None else "percentiles over the targets")
+                judged = (f"attainment {fmt.attainment(d['des_attainment'], d['des_attainment_ci95'], req.search.replications)}"
+                          f" < {fmt.percent(req.slo.attainment, 0)}" if req.slo.percentile is None else "percentiles over the targets")
                 r["rejected_reason"] = (f"simulated: {judged} at {req.target_rate:g} req/s; p{r['percentile']} TTFT "
                                         f"{d['des_ttft_s']:.3g} s, TPOT {d['des_tpot_s']:.3g} s")
             elif r["rejected_reason"]:

@@ -1,0 +1,176 @@
+"""``epdsim simulate``: run a scenario (with command-line overrides) and print its summary.
+
+Hooked into ``simulator/cli.py`` by ``add_subparser(sub)``.  The overrides ``--rate``,
+``--num-requests``, ``--gpu`` and ``--tp`` edit the scenario's data and validate it again, so a bad
+value fails with the scenario's own message naming the flag.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from simulator.confidence import describe
+from simulator import fmt
+from simulator.scenario import ScenarioError
+from simulator.serving_summary import slo_text
+
+DEFAULT_SCENARIO = Path(__file__).resolve().parent.parent / "examples" / "llama8b_h100_chat.yaml"
+# A run longer than this shows an elapsed-time status on stderr (only when stderr is a terminal).
+STATUS_AFTER_S = 1.0
+
+
+def layout_text(info: dict) -> str:
+    return " + ".join(f"{p['instances']}x {p['gpu']} TP{p['tp']}" + (f" PP{p['pp']}" if p["pp"] > 1 else "")
+                      + ("" if p["role"] == "colocated" else f" {p['role']}") for p in info["pools"])
+
+
+def summary_table(res) -> Table:
+    s, info = res.summary, res.info
+    t = Table(title=f"{res.scenario.name}: {info['model']} on {layout_text(info)}")
+    t.add_column("metric", no_wrap=True)
+    for p in ("p50", "p90", "p99", "mean"):
+        t.add_column(p, justify="right", no_wrap=True)
+    t.add_column("SLO", justify="right", no_wrap=True)
+    slo = {"ttft_s": res.scenario.slo.ttft_s, "tpot_s": res.scenario.slo.tpot_s}
+    for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "E2E"),
+                       ("queue_s", "queue")):
+        target = slo.get(key)
+        t.add_row(label, *(fmt.duration(s[key][p]) for p in ("p50", "p90", "p99", "mean")),
+                  f"<= {fmt.duration(target)}" if target else "")
+    return t
+
+
+def totals_table(res) -> Table:
+    s = res.summary
+    t = Table(show_header=False)
+    t.add_column(no_wrap=True)
+    t.add_column()
+    rows = [
+        ("requests completed / rejected / unfinished", f"{s['completed']} / {s['rejected']} / {s['unfinished']}"),
+        ("throughput", f"{s['throughput_rps']:.2f} req/s, {s['output_tokens_per_s']:,.0f} output tok/s "
+                       f"({s['output_tokens_per_s_per_gpu']:,.0f} per GPU)"),
+        ("mean batch size / KV occupancy (max)", f"{s['mean_batch_size']:.1f} / {fmt.percent(s['mean_kv_occupancy'])} "
+                                                 f"({fmt.percent(s['max_kv_occupancy'])})"),
+        ("preemptions", str(s["preemptions"])),
+        *([("TTFT breakdown (mean)", ", ".join(f"{k} {fmt.duration(v)}" for k, v in s["ttft_breakdown_mean_s"].items()
+                                                if v == v and v > 0))]
+          if res.info.get("kv_transfer") or "encoder" in s else []),
+        *([("encoder (" + s["encoder"]["topology"] + ")",
+            f"{s['encoder']['images']} images, {s['encoder']['images_encoded']} encoded "
+            f"(cache hit rate {fmt.percent(s['encoder']['cache_hit_rate'])}), "
+            f"utilisation {fmt.percent(s['encoder']['utilisation'])}")]
+          if "encoder" in s else []),
+        *([("KV moved", f"{s['kv_bytes_moved'] / 1e9:,.1f} GB over {res.info['kv_transfer']['link']} "
+                        f"({res.info['kv_transfer']['connector']})")] if res.info.get("kv_transfer") else []),
+        ("SLO attainment", f"{fmt.percent(s['slo_attainment'])} of requests meet "
+                           + slo_text(res.scenario.slo.ttft_s, res.scenario.slo.tpot_s) + f" (target {fmt.percent(res.scenario.slo.attainment, 0)})"),
+        ("cost", f"${s['cost_usd_per_hour']:.2f}/h, ${s['cost_usd_per_million_output_tokens']:.3f} per M output tokens"),
+        ("perf model", res.info["perf_model"]),
+        *[(f"confidence ({p['name']})", describe(p["confidence"])) for p in res.info["pools"] if "confidence" in p],
+    ]
+    for k, v in rows:
+        t.add_row(k, v)
+    return t
+
+
+def _override_error(flag: str, msg: str) -> ScenarioError:
+    return ScenarioError(f"epdsim simulate {flag}: {msg}")
+
+
+def apply_overrides(scn, args):
+    """``scn`` with the command line's ``--seed --model --hwdb --rate --num-requests --gpu --tp``,
+    validated as a scenario file would be."""
+    from simulator.scenario import parse_scenario
+    data = scn.model_dump(mode="json")
+    flags = []
+    if args.seed is not None:
+        data["seed"] = args.seed
+        flags.append(f"--seed {args.seed}")
+    if args.model:
+        data["model"] = args.model
+        flags.append(f"--model {args.model}")
+    if args.hwdb:
+        data["hwdb"] = list(data.get("hwdb") or []) + list(args.hwdb)
+    if args.rate is not None:
+        kind = data["workload"]["arrival"]["kind"]
+        if kind == "closed":
+            raise _override_error("--rate", "the scenario's arrivals are a closed loop (a fixed number of "
+                                  "users), which has no rate; change workload.arrival.concurrency in the YAML, "
+                                  "or give an open-loop scenario (poisson, gamma, trace)")
+        if kind == "shaped":
+            raise _override_error("--rate", "the scenario's arrival rate follows a shape over time "
+                                  "(workload.arrival.shape); edit the shape in the YAML")
+        if not args.rate > 0:
+            raise _override_error("--rate", f"must be a positive number of requests per second (got {args.rate:g})")
+        data["workload"]["arrival"]["rate"] = args.rate
+        if kind == "trace":
+            data["workload"]["arrival"]["time_scale"] = 1.0     # a trace's rate replaces its time scale
+        flags.append(f"--rate {args.rate:g}")
+    if args.num_requests is not None:
+        if args.num_requests < 1:
+            raise _override_error("--num-requests", f"must be at least 1 (got {args.num_requests})")
+        data["workload"]["num_requests"] = args.num_requests
+        if data["workload"].get("duration_s") is not None and data["workload"]["arrival"]["kind"] != "closed":
+            data["workload"]["duration_s"] = None               # the count decides, not the scenario's duration
+        flags.append(f"--num-requests {args.num_requests}")
+    for flag, key, value in (("--gpu", "gpu", args.gpu), ("--tp", "tp", args.tp)):
+        if value is None:
+            continue
+        pools = [p for p in data["pools"] if p.get("role", "colocated") != "encoder"] if key == "tp" else data["pools"]
+        for p in pools:
+            p[key] = value
+        flags.append(f"{flag} {value}")
+    if not flags and not args.hwdb:
+        return scn
+    origin = f"{scn.name} with {' '.join(flags)}" if flags else scn.name
+    return parse_scenario(data, origin=origin)
+
+
+def cmd_simulate(args, con: Console) -> int:
+    from simulator.console import elapsed_status
+    from simulator.run import simulate
+    from simulator.scenario import load_scenario
+    from simulator.serving_summary import serving_block, serving_summary
+    scn = apply_overrides(load_scenario(args.scenario or DEFAULT_SCENARIO), args)
+    n = scn.workload.num_requests
+    with elapsed_status(f"simulating {scn.name}" + (f", {n:,} requests" if n else ""), STATUS_AFTER_S):
+        res = simulate(scn, replication=args.replication)
+    con.print(summary_table(res))
+    con.print(totals_table(res))
+    if "operations" in res.summary:
+        from simulator.cli_ops import operations_table
+        con.print(operations_table(res))
+    con.print(escape(serving_block(serving_summary(res))), highlight=False)
+    from simulator.saturation import saturation
+    sat = saturation(res)
+    if sat:
+        con.print(f"[bold red]{escape(sat['message'])}[/]", highlight=False)
+    if args.out:
+        paths = res.write(args.out, tuple(args.format))
+        con.print(f"wrote {len(paths)} files to {args.out}")
+    if args.report:
+        from app.cli import write_simulation_report
+        con.print(f"wrote report {write_simulation_report(res, args.report, plotly=args.report_plotly)}")
+    return 0
+
+
+def add_subparser(sub) -> None:
+    s = sub.add_parser("simulate", help="run a scenario and print its summary")
+    s.add_argument("scenario", nargs="?", help=f"scenario YAML (default: {DEFAULT_SCENARIO.name})")
+    s.add_argument("--out", help="directory for requests/steps tables and summary.json")
+    s.add_argument("--format", nargs="+", default=["parquet"], choices=["parquet", "csv", "json"])
+    s.add_argument("--seed", type=int, help="override the scenario's seed")
+    s.add_argument("--replication", type=int, default=0, help="independent replication index")
+    s.add_argument("--model", help="override the scenario's model (name, alias, config.json or model folder)")
+    s.add_argument("--rate", type=float, help="override the open-loop arrival rate (requests/s)")
+    s.add_argument("--num-requests", type=int, help="override the number of requests")
+    s.add_argument("--gpu", help="override the GPU of every pool")
+    s.add_argument("--tp", type=int, help="override the tensor-parallel degree of every prefill/decode/colocated pool")
+    s.add_argument("--hwdb", action="append", default=[], help="extra user hwdb folder (repeatable)")
+    s.add_argument("--report", metavar="FILE.html", help="also write an HTML report with charts")
+    from app.cli import add_plotly_argument
+    add_plotly_argument(s)
+    s.set_defaults(func=cmd_simulate)
