@@ -57,6 +57,10 @@ def assess(dep, bands_path: Path = BANDS) -> dict:
 def describe(status: dict) -> str:
     """One line for a summary table."""
     band = status["error_band"]
-    b = (f"validation error ~{band['ttft_mape']:.0%} TTFT, ~{band['tpot_mape']:.0%} TPOT ({band['basis']})"
-         if band else "no error band: this GPU has no measurements behind it")
+    if band:
+        b = f"validation error ~{band['ttft_mape']:.0%} TTFT, ~{band['tpot_mape']:.0%} TPOT ({band['basis']})"
+    elif status["calibrated"]:
+        b = "no error band: no held-out serving runs of this engine (epdsim validate-e2e --write-bands)"
+    else:
+        b = "no error band: datasheet figures only, nothing measured behind them"
     return f"GPU {status['gpu']}; engine {status['engine']}; model {status['model_family']}; {b}"

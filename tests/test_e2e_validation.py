@@ -169,3 +169,38 @@ def test_validate_e2e_command_writes_reports_and_gates(tmp_path):
 def test_validate_e2e_names_a_missing_table(tmp_path, capsys):
     assert cli_main(["validate-e2e", "--table", str(tmp_path / "none.csv")]) == 2
     assert "none.csv" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- how sure a number is
+
+def test_each_pool_says_what_it_rests_on():
+    cal = simulate(_closed(1, 2, None, gpu="H200", tp=8)).info["pools"][0]["confidence"]
+    assert cal["gpu"].startswith("kernel-fitted") and cal["engine"] == "e2e-fitted"
+    assert cal["model_family"].startswith("validated end to end")       # Llama-3.1-70B is in the table
+    assert cal["error_band"] is not None and 0 < cal["error_band"]["tpot_mape"] < 1
+    raw = simulate(_closed(1, 2, None, gpu="MI300X", tp=8, dtype="bf16")).info["pools"][0]["confidence"]
+    assert raw["gpu"] == "datasheet only" and raw["error_band"] is None
+
+
+def _tiny_plan(gpus, **constraints):
+    from simulator.plan import parse_plan_request, run_plan
+    req = parse_plan_request({
+        "name": "tiny", "model": "Llama-3.1-8B",
+        "workload": {"arrival": {"kind": "poisson", "rate": 4}, "input_length": {"kind": "fixed", "value": 512},
+                     "output_length": {"kind": "fixed", "value": 128}, "num_requests": 200},
+        "slo": {"ttft_s": 1.0, "tpot_s": 0.05, "attainment": 0.9}, "gpus": [{"name": g} for g in gpus],
+        "constraints": {"max_gpus": 2, "max_instances_per_pool": 2, "tp": [1], "families": ["colocated"],
+                        **constraints},
+        "search": {"verify": 1, "borderline": 0, "verify_front": 0, "replications": 1, "requests": 200,
+                   "goodput_iterations": 2}})
+    return run_plan(req, workers=1)
+
+
+def test_planner_warns_on_an_uncalibrated_recommendation_and_can_prefer_calibrated_gpus():
+    res = _tiny_plan(["MI300X"])
+    assert res.recommended is not None
+    assert any(n.startswith("warning: the recommendation rests on MI300X") for n in res.notes)
+    pref = _tiny_plan(["MI300X", "H100"], prefer_calibrated=True)
+    assert "H100" in pref.recommended["layout"]
+    assert any("MI300X" in n and "prefer_calibrated" in n for n in pref.notes)
+    assert not any(n.startswith("warning:") for n in pref.notes)
