@@ -78,7 +78,7 @@ def linear_time(sm: StepModel, tokens: int, weight_bytes: float | None = None) -
         t_mem  = (B + mem_floor_bytes) / (peak_bw * meff.max_eff)
         t      = max(t_comp, t_mem)
 
-    ``mem_floor_bytes = 4 x ceil(layers / pp) x meff.half``: the memory curve was fitted per
+    ``mem_floor_bytes = 4 x layers x meff.half`` (a token crosses every stage): the memory curve was fitted per
     GEMM, ``B / (BW * me(B)) = (B + half) / (BW * max_eff)``, so each of the four
     GEMMs of a layer pays ``half / (BW * max_eff)`` (about 3.5 us on H100).
 

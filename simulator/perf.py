@@ -327,9 +327,10 @@ def build_step_model(dep: Deployment) -> StepModel:
         peak_flops=g.flops(compute_dtype),
         peak_bw=g.memory_bandwidth_Bps.value,
         ceff=ceff, meff=meff, aeff=aeff,
-        mem_floor_bytes=4 * math.ceil(a.num_layers / dep.pp) * meff.half,
+        # A token crosses every stage, so it pays every layer's kernel floors and all-reduces in series.
+        mem_floor_bytes=4 * a.num_layers * meff.half,
         ar_bytes_per_token=2.0 * (dep.tp - 1) / dep.tp * a.hidden_size * 2.0,
-        ar_per_step=2 * math.ceil(a.num_layers / dep.pp),
+        ar_per_step=2 * a.num_layers,
         ar_bw=dep.intra_link.effective_Bps,
         ar_latency=dep.intra_link.latency_s.value,
         tp=dep.tp, pp=dep.pp,

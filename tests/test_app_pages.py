@@ -165,19 +165,21 @@ def test_epd_scenario_breakdown_images_and_compare():
 def test_operations_crash_loop_then_startup_probe():
     at = _page("pages/3_Operations.py").run()
     _ok(at)
-    before = _metrics(at)["start to API ready"]
-    # Llama-3.1-8B from NVMe starts in under a minute: liveness (30 s + 3 x 10 s) lets it through.
-    assert not at.error and at.success and "ready at" in at.success[0].value
-    at.selectbox(key="ops-model").set_value("Llama-3.1-70B").run()
-    at.selectbox(key="ops-tp").set_value(4).run()
-    _ok(at)
-    assert _metrics(at)["start to API ready"] != before
-    # ~2 minutes of start-up: the same liveness probe kills it again and again.
+    m = _metrics(at)
+    start = float(m["start to API ready"].removesuffix(" s"))
+    # Llama-3.1-8B from NVMe on a cold compile cache takes over a minute (the sourced phases of
+    # docs/operations.md): the default liveness probe (30 s + 3 x 10 s) kills it again and again.
+    assert start > 60
     assert at.error and "Crash loop" in at.error[0].value and "CrashLoopBackOff" in at.error[0].value
     at.checkbox(key="sp-on").check().run()
     at.number_input(key="sp-3").set_value(60).run()             # 10 s x 59 = 590 s of patience
     _ok(at)
     assert not at.error and at.success and "ready at" in at.success[0].value
+    at.selectbox(key="ops-model").set_value("Llama-3.1-70B").run()
+    at.selectbox(key="ops-tp").set_value(4).run()
+    _ok(at)
+    assert float(_metrics(at)["start to API ready"].removesuffix(" s")) > start
+    assert not at.error and at.success and "ready at" in at.success[0].value   # the startup probe holds
     at.number_input(key="lp-2").set_value(20).run()             # timeoutSeconds >= periodSeconds
     _ok(at)
     assert at.error and "timeoutSeconds" in at.error[0].value and "Fix" in at.error[0].value

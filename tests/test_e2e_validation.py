@@ -37,7 +37,7 @@ def _step(scn):
 # ---------------------------------------------------------------- physics of one step
 
 def test_fp8_decode_at_batch_one_is_memory_bound_and_grows_with_context():
-    step = _step(_closed(1, 1, None, gpu="H200", tp=8))
+    step = _step(_closed(1, 1, None, gpu="H200", tp=1))
     assert regime(step, 1, 1, 0.0, 1024.0) == "memory"
     short, long_ = step.decode_time(1, 1024), step.decode_time(1, 8192)
     assert long_ > short * 1.01                       # the KV read is visible at batch 1

@@ -93,8 +93,8 @@ def test_memory_floor_is_the_per_gemm_sum(db):
         wb = pc.linear_weight_bytes(arch, tp)
         assert wb == pytest.approx(sum(k * n * 2.0 for n, k in gemms) * arch.num_layers, rel=1e-12)
         assert pc.linear_time(sm, 1, wb) == pytest.approx(per_gemm, rel=1e-3)  # act bytes of one token differ
-    # A pipeline stage runs its own layers only.
-    assert _sm(db, "Llama-2-70B", tp=4, pp=2).mem_floor_bytes == 4 * 40 * sm.meff.half
+    # A token crosses every pipeline stage, so it pays every layer's GEMM floors in series.
+    assert _sm(db, "Llama-2-70B", tp=4, pp=2).mem_floor_bytes == 4 * 80 * sm.meff.half
 
 
 def test_decode_batch1_is_memory_bound(db):
@@ -164,7 +164,9 @@ def test_moe_decode_batch1_reads_a_fraction_of_the_experts(db):
     assert moe.mem_floor_bytes == 4 * a_moe.num_layers * moe.meff.half
     nb = read + moe.act_bytes_per_token + moe.mem_floor_bytes
     assert pc.linear_time(moe, 1) == pytest.approx(nb / (moe.peak_bw * moe.meff.max_eff), rel=1e-12)
-    assert moe.decode_time(1, 1024) < 0.25 * dense.decode_time(1, 1024)
+    # About a tenth of the weights read, but each layer's fixed kernel cost (the fitted per-layer and
+    # MoE-layer terms) does not shrink with the active parameters, so the step is not 10x shorter.
+    assert moe.decode_time(1, 1024) < 0.35 * dense.decode_time(1, 1024)
     # A large batch touches nearly every expert.
     assert pc.linear_time(moe, 4096) > 5 * pc.linear_time(moe, 1)
 
