@@ -14,6 +14,7 @@ import streamlit as st  # noqa: E402
 
 from app import charts, report, ui, ui_builder  # noqa: E402
 from app.services import scenarios, views  # noqa: E402
+from simulator.confidence import describe  # noqa: E402
 from simulator.saturation import saturation  # noqa: E402
 
 st.set_page_config(page_title="epdsim what-if planner", page_icon="⚙️", layout="wide")
@@ -60,3 +61,11 @@ if res is not None:
     if "last_run_s" in st.session_state:
         st.caption(f"perf model: {info['perf_model']}; last simulation {st.session_state['last_run_s']:.2f} s; "
                    f"scenario hash {key}")
+    for p in info.get("pools", []):
+        if "confidence" in p:
+            # How sure the numbers are: what they rest on and the measured error band (docs/validation/e2e.md).
+            text = f"Confidence ({p['name']}): {describe(p['confidence'])}"
+            if p["confidence"]["error_band"]:
+                st.caption(text)
+            else:
+                st.warning(text)

@@ -17,6 +17,7 @@ from app import charts
 from app.services import compare, views
 from app.services.scenarios import Prices, cost
 from simulator import fmt
+from simulator.confidence import describe
 from simulator.serving_summary import slo_text
 
 STYLE = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px} "
@@ -71,6 +72,8 @@ def summary_rows(res, prices: Prices | None = None) -> list[tuple[str, str]]:
              ("GPUs", str(s["gpus"])),
              ("cost", f"${c['usd_per_hour']:,.2f}/h, ${c['usd_per_million_output_tokens']:,.3f} per M output tokens"),
              ("perf model", res.info.get("perf_model", ""))]
+    rows += [(f"confidence ({p['name']})", describe(p["confidence"])) for p in res.info.get("pools", [])
+             if "confidence" in p]
     return rows
 
 

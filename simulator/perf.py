@@ -222,6 +222,8 @@ class StepModel:
     cpu_sample: float
     calibrated: bool
     layer_s: float = 0.0
+    kv_max_eff: float = 1.0
+    kv_floor_bytes: float = 0.0
 
     def step_time(self, tokens: int, seqs_logits: int, attn_pairs: float,
                   decode_ctx: float, prefill_ctx: float = 0.0, running: int = 0, waiting: int = 0) -> float:
@@ -240,11 +242,15 @@ class StepModel:
         # Pipeline stages: each of the pp micro-batches in flight re-reads its stage's weights, so one
         # token pays every stage's weight stream in series (pp x this rank's share), while compute
         # splits across micro-batches; pipelining raises throughput, never single-sequence speed.
-        nbytes = (wbytes * self.pp + self.kv_bytes_per_token * (decode_ctx + prefill_ctx + tokens)
+        nbytes = (wbytes * self.pp + self.kv_bytes_per_token * (prefill_ctx + tokens)
                   + self.act_bytes_per_token * tokens)
         me = self.meff
         # The memory curve was fitted per kernel: each linear kernel pays its own floor (half).
         t_mem = (nbytes + self.mem_floor_bytes) / (self.peak_bw * me.max_eff)
+        if decode_ctx > 0.0:
+            # Decode attention streams the KV cache at the decode-attention curve, one kernel per layer:
+            # sum over layers of (bytes + half) / (BW * max_eff).
+            t_mem += (self.kv_bytes_per_token * decode_ctx + self.kv_floor_bytes) / (self.peak_bw * self.kv_max_eff)
         t = (t_comp if t_comp > t_mem else t_mem) + self.layer_s
         if self.tp > 1:
             t += self.ar_per_step * (self.ar_bytes_per_token * tokens / self.ar_bw + self.ar_latency)
@@ -284,6 +290,8 @@ def build_step_model(dep: Deployment) -> StepModel:
     ceff = (prof.compute_efficiency if prof and prof.compute_efficiency else g.compute_efficiency)
     meff = (prof.memory_efficiency if prof and prof.memory_efficiency else g.memory_efficiency)
     aeff = (prof.attention_prefill_efficiency if prof and prof.attention_prefill_efficiency else ceff)
+    # Decode attention's KV stream: its own fitted curve where a profile has one, else the GEMM memory curve.
+    deff = (prof.attention_decode_efficiency if prof and prof.attention_decode_efficiency else meff)
     expert_total = a.moe_layers * a.num_experts * a.expert_params if a.is_moe else 0
     # The input embedding is a gather of a few rows per step, not a stream of the table.
     streamed_embed = 0 if a.tie_embeddings else a.embedding_params
@@ -345,6 +353,8 @@ def build_step_model(dep: Deployment) -> StepModel:
         calibrated=bool(prof),
         # Every layer runs in series for a token, whatever the pipeline split.
         layer_s=layer_s,
+        kv_max_eff=deff.max_eff,
+        kv_floor_bytes=a.num_layers * deff.half,
     )
 
 
@@ -356,6 +366,8 @@ def regime(model: StepModel, tokens: int, seqs_logits: int, attn_pairs: float,
     t_comp = lin / (m.peak_flops * m.ceff.at(tokens)) + attn_pairs * m.attn_flops_per_pair / (m.peak_flops * m.aeff.at(tokens))
     wbytes = m.dense_weight_bytes + (m.expert_bytes * m.n_experts * (1 - (1 - m.experts_per_token / m.n_experts) ** tokens)
                                      if m.n_experts else 0.0)
-    nbytes = wbytes + m.kv_bytes_per_token * (decode_ctx + prefill_ctx + tokens) + m.act_bytes_per_token * tokens
+    nbytes = wbytes * m.pp + m.kv_bytes_per_token * (prefill_ctx + tokens) + m.act_bytes_per_token * tokens
     t_mem = (nbytes + m.mem_floor_bytes) / (m.peak_bw * m.meff.max_eff)
+    if decode_ctx > 0.0:
+        t_mem += (m.kv_bytes_per_token * decode_ctx + m.kv_floor_bytes) / (m.peak_bw * m.kv_max_eff)
     return "compute" if t_comp > t_mem else "memory"

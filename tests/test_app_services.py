@@ -356,3 +356,10 @@ def test_log_axes_pareto_titles_target_line_and_legends(res):
     assert cs.layout.legend.y >= 1 and cs.layout.showlegend      # above the plot, clear of the axis title
     att = pd.DataFrame({"attempt": [1], "start_s": [0.0], "end_s": [30.0], "outcome": ["serving"]})
     assert charts.attempts_figure(att, 60).layout.showlegend     # one outcome still says what its colour is
+
+
+def test_reports_say_how_sure_each_pool_is(res):
+    """The HTML report carries each pool's calibration status and error band (docs/validation/e2e.md)."""
+    from app import report
+    html_text = report.results_html(res)
+    assert "confidence (" in html_text and "kernel-fitted" in html_text
