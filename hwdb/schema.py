@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Figure(_Strict):
@@ -84,6 +84,19 @@ class GPU(_Strict):
             raise ValueError("peak_flops needs at least bf16 or fp16")
         return v
 
+    @model_validator(mode="after")
+    def _positive(self) -> GPU:
+        """Memory, bandwidths and FLOP/s divide the step-time model: each must be above 0."""
+        for fld in ("memory_bytes", "memory_bandwidth_Bps", "intra_node_bandwidth_Bps", "scale_out_bandwidth_Bps"):
+            fig = getattr(self, fld)
+            if fig is not None and fig.value <= 0:
+                raise ValueError(f"{fld}.value must be above 0 (got {fig.value}); give the datasheet figure in SI units")
+        for dtype, fig in self.peak_flops.items():
+            if fig.value <= 0:
+                raise ValueError(f"peak_flops.{dtype}.value must be above 0 (got {fig.value}); give FLOP/s, "
+                                 f"or leave the dtype out")
+        return self
+
     def flops(self, dtype: str) -> float:
         """Peak dense FLOP/s for ``dtype``; falls back to bf16/fp16 when absent."""
         for key in (dtype, "bf16", "fp16"):
@@ -104,6 +117,16 @@ class Link(_Strict):
     gpu_direct: bool
     cpu_cost_s_per_byte: Figure
     notes: str | None = None
+
+    @model_validator(mode="after")
+    def _positive(self) -> Link:
+        if self.bandwidth_Bps.value <= 0:
+            raise ValueError(f"bandwidth_Bps.value must be above 0 (got {self.bandwidth_Bps.value}); "
+                             "give bytes per second per direction")
+        if not 0 < self.efficiency.value <= 1:
+            raise ValueError(f"efficiency.value must be in (0, 1] (got {self.efficiency.value}); "
+                             "it is the fraction of bandwidth achieved")
+        return self
 
     @property
     def effective_Bps(self) -> float:

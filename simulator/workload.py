@@ -40,6 +40,9 @@ from simulator.loadshape import ShapedArrivals, shaped_arrivals
 from simulator.traces import Role, Trace, TraceFormat, read_token_columns, read_trace
 
 MAX_REQUESTS = 50_000_000
+MAX_TOKENS = 10_000_000        # longest prompt or output one request may have (tokens)
+MIN_RATE, MAX_RATE = 1e-6, 1e7  # requests/s: one a fortnight .. ten million a second
+MAX_SECONDS = 1e9              # durations and times: about 30 years
 # Mean client-side delay before each closed-loop send (s); fitted on the e2e table's fitting rows
 # (docs/validation/e2e.md), 0 makes the ideal lock-step client.
 CLIENT_SEND_DELAY_S = 0.0
@@ -60,15 +63,15 @@ class FixedLength(_Frozen):
     """Every request has ``value`` tokens."""
 
     kind: Literal["fixed"] = "fixed"
-    value: int = Field(ge=1, description="tokens")
+    value: int = Field(ge=1, le=MAX_TOKENS, description="tokens")
 
 
 class UniformLength(_Frozen):
     """Integer lengths uniform on [low, high], both inclusive (tokens)."""
 
     kind: Literal["uniform"] = "uniform"
-    low: int = Field(ge=1)
-    high: int = Field(ge=1)
+    low: int = Field(ge=1, le=MAX_TOKENS)
+    high: int = Field(ge=1, le=MAX_TOKENS)
 
     @model_validator(mode="after")
     def _ordered(self) -> UniformLength:
@@ -87,10 +90,10 @@ class LognormalLength(_Frozen):
     """
 
     kind: Literal["lognormal"] = "lognormal"
-    mean: float = Field(gt=0)
-    cv: float = Field(gt=0)
-    low: int = Field(1, ge=1)
-    high: int | None = Field(None, ge=1)
+    mean: float = Field(ge=1, le=MAX_TOKENS)
+    cv: float = Field(gt=0, le=100)
+    low: int = Field(1, ge=1, le=MAX_TOKENS)
+    high: int | None = Field(None, ge=1, le=MAX_TOKENS)
 
     @model_validator(mode="after")
     def _ordered(self) -> LognormalLength:
@@ -105,7 +108,7 @@ class EmpiricalLength(_Frozen):
     kind: Literal["empirical"] = "empirical"
     path: Path | None = None
     column: str | None = None
-    values: tuple[Annotated[int, Field(ge=1)], ...] | None = Field(None, min_length=1)
+    values: tuple[Annotated[int, Field(ge=1, le=MAX_TOKENS)], ...] | None = Field(None, min_length=1)
 
     @model_validator(mode="after")
     def _one_source(self) -> EmpiricalLength:
@@ -139,7 +142,7 @@ class Poisson(_Frozen):
     """Open loop, exponential inter-arrival gaps; ``rate`` in requests/s."""
 
     kind: Literal["poisson"] = "poisson"
-    rate: float = Field(gt=0)
+    rate: float = Field(ge=MIN_RATE, le=MAX_RATE)
 
 
 class Gamma(_Frozen):
@@ -149,8 +152,8 @@ class Gamma(_Frozen):
     """
 
     kind: Literal["gamma"] = "gamma"
-    rate: float = Field(gt=0)
-    cv: float = Field(gt=0)
+    rate: float = Field(ge=MIN_RATE, le=MAX_RATE)
+    cv: float = Field(ge=1e-3, le=100)
 
 
 class TraceArrivals(_Frozen):
@@ -165,9 +168,9 @@ class TraceArrivals(_Frozen):
     kind: Literal["trace"] = "trace"
     path: Path
     format: TraceFormat = "auto"
-    time_scale: float = Field(1.0, gt=0)
-    rate: float | None = Field(None, gt=0)
-    limit: int | None = Field(None, ge=1)
+    time_scale: float = Field(1.0, ge=1e-9, le=1e9)
+    rate: float | None = Field(None, ge=MIN_RATE, le=MAX_RATE)
+    limit: int | None = Field(None, ge=1, le=MAX_REQUESTS)
 
     @model_validator(mode="after")
     def _one_scaling(self) -> TraceArrivals:
@@ -189,11 +192,11 @@ class ClosedLoop(_Frozen):
     """
 
     kind: Literal["closed"] = "closed"
-    concurrency: int = Field(ge=1)
-    think_time_s: float = Field(0.0, ge=0)
+    concurrency: int = Field(ge=1, le=MAX_REQUESTS)
+    think_time_s: float = Field(0.0, ge=0, le=MAX_SECONDS)
     send_delay_s: float = Field(CLIENT_SEND_DELAY_S, ge=0, le=60)
     ramp_up_s: float = Field(0.0, ge=0, le=3600)
-    warmup_requests: int = Field(0, ge=0)
+    warmup_requests: int = Field(0, ge=0, le=MAX_REQUESTS)
 
 
 Arrival = Annotated[
@@ -218,7 +221,7 @@ class WorkloadConfig(_Frozen):
     output_length: LengthDist | None = None
     lengths: LengthPairs | None = None
     num_requests: int | None = Field(None, ge=1, le=MAX_REQUESTS)
-    duration_s: float | None = Field(None, gt=0)
+    duration_s: float | None = Field(None, gt=0, le=MAX_SECONDS)
     images: ImageWorkload | None = None      # multimodal: images per request (simulator.multimodal)
 
     @model_validator(mode="after")
