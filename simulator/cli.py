@@ -17,14 +17,16 @@ import hwdb
 from pydantic import ValidationError
 
 from simulator.errors import print_user_error
+from simulator.inputs import InputFileError, int_arg
 from simulator.perf import FitError
 from simulator.scenario import ScenarioError
 from simulator.traces import TraceError
 from simulator.workload import WorkloadError
 
 DEFAULT_SCENARIO = Path(__file__).resolve().parent.parent / "examples" / "llama8b_h100_chat.yaml"
+# OSError: a path the user gave cannot be read or written (a folder for a file, --out under a file, ...).
 USER_ERRORS = (ScenarioError, hwdb.HwdbError, TraceError, WorkloadError, FitError, ValidationError,
-               FileNotFoundError)
+               InputFileError, OSError)
 
 
 def _fmt(x: float, unit: str = "") -> str:
@@ -156,6 +158,9 @@ def cmd_crossover(args, con: Console) -> int:
     model = db.model(args.model)
     dep = deployment_for(PoolConfig(gpu=args.gpu, tp=args.tp, dtype=args.dtype), model, db)
     plan_memory(dep)
+    if args.prompt > dep.knobs.max_model_len:
+        raise ScenarioError(f"--prompt={args.prompt} exceeds {model.name}'s max_model_len "
+                            f"({dep.knobs.max_model_len} tokens); no such request can be served: lower --prompt")
     kvpt = model.arch.kv_elems_per_token * DTYPE_BYTES[dep.kv_dtype]
     x = crossover_bandwidth(build_step_model(dep), kvpt, args.prompt, dep.knobs.max_num_batched_tokens)
     con.print(f"{model.name} on {dep.gpus}x {dep.gpu.name} TP{dep.tp}, {args.prompt}-token prompt: "
@@ -204,8 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("scenario", nargs="?", help=f"scenario YAML (default: {DEFAULT_SCENARIO.name})")
     s.add_argument("--out", help="directory for requests/steps tables and summary.json")
     s.add_argument("--format", nargs="+", default=["parquet"], choices=["parquet", "csv", "json"])
-    s.add_argument("--seed", type=int, help="override the scenario's seed")
-    s.add_argument("--replication", type=int, default=0, help="independent replication index")
+    s.add_argument("--seed", type=int_arg(0, 2**63 - 1), help="override the scenario's seed")
+    s.add_argument("--replication", type=int_arg(0, 2**31), default=0, help="independent replication index")
     s.add_argument("--model", help="override the scenario's model (name, alias, config.json or model folder)")
     s.add_argument("--hwdb", action="append", default=[], help="extra user hwdb folder (repeatable)")
     s.add_argument("--report", metavar="FILE.html", help="also write a self-contained HTML report with charts")
@@ -213,17 +218,17 @@ def build_parser() -> argparse.ArgumentParser:
     q = sub.add_parser("perf", help="print a model's prefill and decode step times on a GPU")
     q.add_argument("model", help="model name, alias, or a local config.json / model folder")
     q.add_argument("--gpu", required=True)
-    q.add_argument("--tp", type=int, default=1)
-    q.add_argument("--pp", type=int, default=1)
+    q.add_argument("--tp", type=int_arg(1, 64), default=1)
+    q.add_argument("--pp", type=int_arg(1, 64), default=1)
     q.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp8"])
     q.add_argument("--hwdb", action="append", default=[], help="extra user hwdb folder (repeatable)")
     q.set_defaults(func=cmd_perf)
     x = sub.add_parser("pd-crossover", help="bandwidth below which PD's KV transfer costs more than the prefill")
     x.add_argument("model")
     x.add_argument("--gpu", required=True)
-    x.add_argument("--tp", type=int, default=1)
+    x.add_argument("--tp", type=int_arg(1, 64), default=1)
     x.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp8"])
-    x.add_argument("--prompt", type=int, default=4000, help="prompt length in tokens")
+    x.add_argument("--prompt", type=int_arg(1, 10_000_000), default=4000, help="prompt length in tokens")
     x.add_argument("--hwdb", action="append", default=[], help="extra user hwdb folder (repeatable)")
     x.set_defaults(func=cmd_crossover)
     h = sub.add_parser("hw", help="list or show GPUs, links and models")

@@ -6,6 +6,7 @@ exit with code 2.
 """
 from __future__ import annotations
 
+import math
 import re
 
 from rich.console import Console
@@ -31,9 +32,18 @@ def _tp_times(items: list[str]) -> dict[int, float]:
     out = {}
     for item in items:
         m = re.fullmatch(r"\s*(\d+)\s*=\s*([0-9.eE+-]+)\s*", item)
-        if not m or not float(m.group(2)) > 0:
-            raise VisionError(f"--tp-times {item!r} is not TP=SECONDS with a positive time, e.g. 2=0.492")
-        out[int(m.group(1))] = float(m.group(2))
+        tp, secs = 0, math.nan
+        if m:
+            try:
+                tp, secs = int(m.group(1)), float(m.group(2))
+            except ValueError:
+                pass
+        if not m or not (0 < secs < 1e6) or not 1 <= tp <= 64:
+            raise VisionError(f"--tp-times {item!r} is not TP=SECONDS with TP from 1 to 64 and a positive, finite "
+                              f"time below 1e6 s, e.g. 2=0.492")
+        if tp in out:
+            raise VisionError(f"--tp-times gives TP {tp} twice; give each TP degree once")
+        out[tp] = secs
     return out
 
 

@@ -96,6 +96,18 @@ def read_yaml(path, error: type[Exception], what: str = "YAML file"):
     return _read_yaml(path, error, what)
 
 
+def os_error_message(exc: OSError) -> str:
+    """``PATH: what went wrong; fix`` for an OSError met while reading or writing a user's path."""
+    where = exc.filename if exc.filename is not None else "a file"
+    what = exc.strerror or str(exc)
+    hint = {NotADirectoryError: "a part of the path is a file, not a folder: choose another path",
+            IsADirectoryError: "it is a folder: give a file path",
+            FileExistsError: "a file is in the way: choose another path or remove it",
+            PermissionError: "check its permissions or choose another path",
+            FileNotFoundError: "check the path"}.get(type(exc), "check the path")
+    return f"{where}: {what}; {hint}"
+
+
 def print_user_error(exc: BaseException, label: str = "error") -> int:
     """Print a user error on stderr as one paragraph and return the CLI's user-error exit code, 2.
 
@@ -104,6 +116,6 @@ def print_user_error(exc: BaseException, label: str = "error") -> int:
     from rich.console import Console
     from rich.text import Text
     text = Text(f"{label}: ", style="red")
-    text.append(str(exc))
+    text.append(os_error_message(exc) if isinstance(exc, OSError) else str(exc))
     Console(stderr=True, emoji=False, markup=False, highlight=False).print(text, soft_wrap=True)
     return 2

@@ -246,3 +246,37 @@ def read_json(path, error: type[Exception] = InputFileError, what: str = "JSON f
               limit: int | None = MAX_JSON_BYTES):
     """Read and parse a JSON file with every check of this module."""
     return parse_json(read_text(path, error, what, limit), str(path), error, what)
+
+
+# ---------------------------------------------------------------- command-line numbers
+
+def int_arg(lo: int, hi: int | None = None):
+    """An argparse ``type``: a whole number in [lo, hi]; anything else is argparse's usage error (exit 2)."""
+    import argparse
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if v < lo or (hi is not None and v > hi):
+            raise argparse.ArgumentTypeError(f"{v} is out of range: give {lo} .. {hi}" if hi is not None
+                                             else f"{v} is out of range: give at least {lo}")
+        return v
+    return parse
+
+
+def float_arg(lo: float, hi: float, lo_open: bool = False):
+    """An argparse ``type``: a finite number in [lo, hi] (or (lo, hi] with ``lo_open``)."""
+    import argparse
+
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(v) or v < lo or v > hi or (lo_open and v == lo):
+            raise argparse.ArgumentTypeError(f"{text} is out of range: give a finite number "
+                                             f"{'above' if lo_open else 'from'} {lo:g} {'up to' if lo_open else 'to'} {hi:g}")
+        return v
+    return parse
