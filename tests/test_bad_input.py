@@ -284,7 +284,7 @@ def test_missing_scenario_file(tmp_path):
     path = tmp_path / "nope.yaml"
     with pytest.raises(ScenarioError, match="nope.yaml: no such file"):
         load_scenario(path)
-    cli_error("simulate", path, words=("nope.yaml", "does not exist"))
+    cli_error("simulate", path, words=("nope.yaml", "no such file"))
 
 
 def test_perf_unknown_model():
