@@ -25,6 +25,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from calibration.harness.bundle import Bundle, BundleError
+from simulator.errors import print_user_error
 
 # The probe, client and server modules (httpx) are imported when a command runs, so that
 # building the ``epdsim`` parser stays cheap.
@@ -170,10 +171,9 @@ def cmd_calibrate(args, con: Console | None = None) -> int:
     try:
         return args.calibrate_func(args, con)
     except BundleError as exc:
-        err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
-        return 2
+        return print_user_error(exc)
     except ServerError as exc:
-        err.print(f"[red]server error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        print_user_error(exc, "server error")
         return 3
     except KeyboardInterrupt:
         err.print("[red]interrupted[/]: the bundle keeps every completed request; continue with --resume")
@@ -273,10 +273,16 @@ def _show(b: Bundle, con: Console) -> None:
 
 def cmd_show(a, con: Console) -> int:
     b = Bundle.open(a.bundle)
-    if a.json:
-        print(json.dumps(bundle_summary(b), indent=2, default=str))
-    else:
-        _show(b, con)
+    try:
+        summary = bundle_summary(b)
+        if a.json:
+            print(json.dumps(summary, indent=2, default=str))
+        else:
+            _show(b, con)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        # a hand-edited bundle: the manifest and records passed the shape checks but hold values of another kind
+        raise BundleError(f"{b.path}: the bundle holds a value of an unexpected type or lacks a field "
+                          f"({type(exc).__name__}: {str(exc)[:160]}); restore the files the harness wrote") from None
     return 0
 
 

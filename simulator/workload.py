@@ -162,7 +162,8 @@ class TraceArrivals(_Frozen):
     Timestamps are multiplied by ``time_scale`` (2.0 = half the rate), or,
     with ``rate`` set, rescaled so that (n - 1) / (last - first arrival)
     equals ``rate`` over the requests replayed.  ``limit`` reads at most that
-    many rows of the file.
+    many rows of the file; so does the workload's ``num_requests`` (the first
+    rows of the file, sorted by arrival after reading, are replayed).
     """
 
     kind: Literal["trace"] = "trace"
@@ -336,7 +337,9 @@ def _open_loop(arrival: Poisson | Gamma, num: int | None, duration: float | None
 
 def _replay(arrival: TraceArrivals, cfg: WorkloadConfig) -> tuple[Trace, np.ndarray, int]:
     """The trace, its (scaled) arrival times and how many rows to replay."""
-    trace = read_trace(arrival.path, arrival.format, limit=arrival.limit)
+    # Read only the rows the run can use: num_requests caps the replay (a 200 MB trace is not read whole).
+    limit = min(x for x in (arrival.limit, cfg.num_requests, MAX_REQUESTS) if x is not None)
+    trace = read_trace(arrival.path, arrival.format, limit=limit)
     n = len(trace) if cfg.num_requests is None else cfg.num_requests
     if n > len(trace):
         raise WorkloadError(
