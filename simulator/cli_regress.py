@@ -18,7 +18,6 @@ from rich.markup import escape
 from rich.table import Table
 
 import hwdb
-import yaml
 from simulator.perf import FitError
 from simulator.plan import PlanError
 from simulator.regress.compare import Row, baseline_record, compare, read_baseline, write_baseline
