@@ -65,6 +65,9 @@ def show_error(exc: Exception) -> None:
     user errors the services name (a bug, or input they missed) is labelled with its type."""
     msg = str(exc) if isinstance(exc, (scenarios.InputError, *scenarios.USER_ERRORS)) else \
         f"could not use this input ({type(exc).__name__}): {exc}"
+    up = st.session_state.get("upload-dir")
+    if up:                               # name the user's file, not the server's copy of it
+        msg = msg.replace(str(up) + "/", "")
     st.error(plain(msg), icon="🚫")
 
 

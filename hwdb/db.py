@@ -70,8 +70,9 @@ def _fmt_validation(path: Path, err: ValidationError) -> str:
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
         got = e.get("input")
-        got_s = "" if isinstance(got, dict) else f" (got {got!r})"
-        lines.append(f"  field '{loc}': {e['msg']}{got_s}")
+        msg = e["msg"].removeprefix("Value error, ")
+        got_s = "" if isinstance(got, dict) or "(got " in msg else f" (got {got!r})"
+        lines.append(f"  field '{loc}': {msg}{got_s}")
     return f"{path}: invalid hardware file:\n" + "\n".join(lines)
 
 

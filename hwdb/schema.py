@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class _Strict(BaseModel):
@@ -84,18 +84,22 @@ class GPU(_Strict):
             raise ValueError("peak_flops needs at least bf16 or fp16")
         return v
 
-    @model_validator(mode="after")
-    def _positive(self) -> GPU:
-        """Memory, bandwidths and FLOP/s divide the step-time model: each must be above 0."""
-        for fld in ("memory_bytes", "memory_bandwidth_Bps", "intra_node_bandwidth_Bps", "scale_out_bandwidth_Bps"):
-            fig = getattr(self, fld)
-            if fig is not None and fig.value <= 0:
-                raise ValueError(f"{fld}.value must be above 0 (got {fig.value}); give the datasheet figure in SI units")
-        for dtype, fig in self.peak_flops.items():
+    @field_validator("memory_bytes", "memory_bandwidth_Bps", "intra_node_bandwidth_Bps", "scale_out_bandwidth_Bps")
+    @classmethod
+    def _above_zero(cls, v: Figure | None) -> Figure | None:
+        """Memory and bandwidths divide the step-time model: each must be above 0."""
+        if v is not None and v.value <= 0:
+            raise ValueError(f"value must be above 0 (got {v.value}); give the datasheet figure in SI units")
+        return v
+
+    @field_validator("peak_flops")
+    @classmethod
+    def _flops_above_zero(cls, v: dict[str, Figure]) -> dict[str, Figure]:
+        for dtype, fig in v.items():
             if fig.value <= 0:
-                raise ValueError(f"peak_flops.{dtype}.value must be above 0 (got {fig.value}); give FLOP/s, "
-                                 f"or leave the dtype out")
-        return self
+                raise ValueError(f"{dtype}.value must be above 0 (got {fig.value}); give FLOP/s, or leave the "
+                                 f"dtype out")
+        return v
 
     def flops(self, dtype: str) -> float:
         """Peak dense FLOP/s for ``dtype``; falls back to bf16/fp16 when absent."""
@@ -118,15 +122,19 @@ class Link(_Strict):
     cpu_cost_s_per_byte: Figure
     notes: str | None = None
 
-    @model_validator(mode="after")
-    def _positive(self) -> Link:
-        if self.bandwidth_Bps.value <= 0:
-            raise ValueError(f"bandwidth_Bps.value must be above 0 (got {self.bandwidth_Bps.value}); "
-                             "give bytes per second per direction")
-        if not 0 < self.efficiency.value <= 1:
-            raise ValueError(f"efficiency.value must be in (0, 1] (got {self.efficiency.value}); "
-                             "it is the fraction of bandwidth achieved")
-        return self
+    @field_validator("bandwidth_Bps")
+    @classmethod
+    def _bandwidth_above_zero(cls, v: Figure) -> Figure:
+        if v.value <= 0:
+            raise ValueError(f"value must be above 0 (got {v.value}); give bytes per second per direction")
+        return v
+
+    @field_validator("efficiency")
+    @classmethod
+    def _efficiency_fraction(cls, v: Figure) -> Figure:
+        if not 0 < v.value <= 1:
+            raise ValueError(f"value must be in (0, 1] (got {v.value}); it is the fraction of bandwidth achieved")
+        return v
 
     @property
     def effective_Bps(self) -> float:

@@ -108,6 +108,17 @@ def os_error_message(exc: OSError) -> str:
     return f"{where}: {what}; {hint}"
 
 
+def validation_message(err: ValidationError) -> str:
+    """A pydantic error raised outside a file's validation (e.g. a command's options) as
+    ``location: message (got value)`` lines, without pydantic's dump and documentation URL."""
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-after"))
+        got = "" if isinstance(e.get("input"), (dict, list)) or e["type"] == "missing" else f" (got {e['input']!r})"
+        lines.append(f"{loc + ': ' if loc else ''}{e['msg'].removeprefix('Value error, ')}{got}")
+    return "invalid option: " + "; ".join(lines)
+
+
 def print_user_error(exc: BaseException, label: str = "error") -> int:
     """Print a user error on stderr as one paragraph and return the CLI's user-error exit code, 2.
 
@@ -116,6 +127,7 @@ def print_user_error(exc: BaseException, label: str = "error") -> int:
     from rich.console import Console
     from rich.text import Text
     text = Text(f"{label}: ", style="red")
-    text.append(os_error_message(exc) if isinstance(exc, OSError) else str(exc))
+    text.append(os_error_message(exc) if isinstance(exc, OSError) else
+                validation_message(exc) if isinstance(exc, ValidationError) else str(exc))
     Console(stderr=True, emoji=False, markup=False, highlight=False).print(text, soft_wrap=True)
     return 2

@@ -192,7 +192,9 @@ def parse_yaml(text: str, origin: str, error: type[Exception] = InputFileError):
     except error:
         raise
     except (ValueError, OverflowError) as exc:   # e.g. an integer of 5,000 digits
-        raise error(f"{origin}: a value cannot be read ({str(exc)[:200]}); write it as a plain number or string") from None
+        what = ("a number has more than 4,300 digits" if "digits" in str(exc)
+                else f"a value cannot be read ({str(exc)[:200]})")
+        raise error(f"{origin}: {what}; write numbers of ordinary size (in SI units)") from None
     except RecursionError:
         raise error(f"{origin}: nested too deeply to read (thousands of levels of lists or mappings); "
                     f"a valid file is a few levels deep") from None

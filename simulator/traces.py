@@ -160,7 +160,10 @@ def _read_csv(path: Path, required: tuple[str, ...], optional: tuple[str, ...],
                              nrows=limit, skipinitialspace=True, index_col=False)
     except pd.errors.EmptyDataError:
         raise TraceError(f"{path} is empty; {expected}.") from None
-    except (pd.errors.ParserError, pd.errors.ParserWarning, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError:
+        raise TraceError(f"{path}{_bad_utf8_line(path)}: not UTF-8 text (latin-1 or another legacy encoding?); "
+                         f"save the trace as UTF-8") from None
+    except (pd.errors.ParserError, pd.errors.ParserWarning) as exc:
         where = _wide_row(path) or f": not a readable CSV ({str(exc).strip()})"
         raise TraceError(f"{path}{where}; {expected}.") from None
     df.columns = [str(c).strip() for c in df.columns]
@@ -176,6 +179,17 @@ def _read_csv(path: Path, required: tuple[str, ...], optional: tuple[str, ...],
         raise TraceError(f"{path} has a header but no rows; {expected}.")
     keep = [c for c in (*required, *optional) if c in df.columns]
     return _Table(str(path), df[keep], lines, expected)
+
+
+def _bad_utf8_line(path: Path) -> str:
+    """' line N' for the first line of ``path`` that is not UTF-8, else ''."""
+    with path.open("rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError:
+                return f" line {lineno}"
+    return ""
 
 
 def _wide_row(path: Path) -> str:

@@ -104,7 +104,7 @@ FILE_CASES = {
     "empty": (lambda t: put(t, "e.yaml", ""), ["e.yaml", "empty"]),
     "top-level-list": (lambda t: put(t, "l2.yaml", "- a\n- b\n"), ["l2.yaml", "mapping"]),
     "top-level-scalar": (lambda t: put(t, "s2.yaml", "42\n"), ["s2.yaml", "mapping"]),
-    "huge-integer": (lambda t: put(t, "i.yaml", "seed: " + "9" * 5000 + "\n"), ["i.yaml"]),
+    "huge-integer": (lambda t: put(t, "i.yaml", "seed: " + "9" * 5000 + "\n"), ["i.yaml", "4,300 digits"]),
     "syntax": (lambda t: put(t, "x.yaml", "model: [unclosed\n"), ["x.yaml", "not valid YAML", "line"]),
 }
 
@@ -207,7 +207,7 @@ TRACE_CASES = {
     "binary": (lambda t: trace_case(t, "b.csv", b"\x00\x9f\x92\x96" * 50), ["b.csv", "binary"]),
     "utf16": (lambda t: trace_case(t, "u.csv", (PLAIN_HEAD + "0,5,5\n").encode("utf-16")), ["u.csv", "UTF-16"]),
     "latin1-csv": (lambda t: trace_case(t, "l.csv", (PLAIN_HEAD + "0,5,5\n1,6,\xe9\n").encode("latin-1"), "plain"),
-                   ["l.csv"]),
+                   ["l.csv", "line 3", "UTF-8"]),
     "latin1-jsonl": (lambda t: trace_case(t, "l.jsonl", '{"arrival_s": 0, "input_tokens": 5, "output_tokens": 5, '
                                           '"x": "caf\xe9"}\n'.encode("latin-1"), "plain"), ["l.jsonl", "UTF-8"]),
     "mixed-time-zones": (lambda t: trace_case(t, "az.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"

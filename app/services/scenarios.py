@@ -163,9 +163,9 @@ def parse_yaml_upload(name: str, data: bytes, folder: Path | None = None,
 
     ``files``: (name, bytes) uploaded with it (traces, length files, config.json), saved into the
     session's upload ``folder`` (a new private one when None) where the scenario may name them."""
-    from simulator.inputs import parse_yaml
+    from simulator.inputs import MAX_YAML_BYTES, parse_yaml
     name = safe_name(name)
-    check_size(name, data)
+    check_size(name, data, MAX_YAML_BYTES)      # YAML parses at ~1 MB/s: a scenario is a few kB
     text = _decode(name, data, "scenario")
     folder = folder or new_upload_dir()
     for fname, fdata in files:
