@@ -186,6 +186,9 @@ def load(user_dirs: Iterable[str | Path] = ()) -> HardwareDB:
     tables: dict[str, dict] = {kind: {} for kind in (*_SCHEMAS, "models")}
     origins: dict = {}
     for folder in [DATA_DIR, *map(Path, user_dirs)]:
+        if folder.is_file():
+            raise HwdbError(f"hwdb folder '{folder}' is a file, not a folder. Give the folder that holds gpus/, "
+                            f"links/ and models/ (--hwdb DIR or the scenario's hwdb list).")
         if not folder.is_dir():
             raise HwdbError(f"hwdb folder '{folder}' does not exist. Create it or fix the path given to --hwdb.")
         _load_folder(folder, tables, origins)

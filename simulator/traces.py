@@ -296,7 +296,7 @@ def _hash_ids(t: _Table, column: str) -> tuple[tuple[int, ...], ...] | None:
                 v = [int(s) for s in v.strip().strip("[]").replace(",", " ").split()]
             except ValueError:
                 v = None
-        if not isinstance(v, list) or not all(type(h) is int for h in v):
+        if not isinstance(v, list) or not all(type(h) is int and -2**63 <= h < 2**63 for h in v):
             raise t.fail(i, column, "a list of integer block ids")
         rows.append(tuple(v))
     return tuple(rows)

@@ -222,6 +222,9 @@ TRACE_CASES = {
     "hash-blocks-outnumber-tokens": (lambda t: trace_case(t, "mc.jsonl", json.dumps(
         {"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": list(range(100))}) + "\n"),
         ["mc.jsonl", "line 1", "hash_ids", "100 blocks"]),
+    "hash-id-overflow": (lambda t: trace_case(t, "ho.jsonl", json.dumps(
+        {"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [10**30]}) + "\n"),
+        ["ho.jsonl", "line 1", "hash_ids"]),
     "empty": (lambda t: trace_case(t, "e.csv", ""), ["e.csv", "empty"]),
     "header-only": (lambda t: trace_case(t, "h.csv", PLAIN_HEAD, "plain"), ["h.csv", "no rows"]),
     "missing-column": (lambda t: trace_case(t, "m.csv", "arrival_s,input_tokens\n0,5\n", "plain"),
@@ -370,6 +373,7 @@ def test_hardware_folder(case, tmp_path, capsys):
 
 def test_hwdb_folder_missing_or_a_file(tmp_path, capsys):
     expect_user_error(["hw", "list", "--hwdb", tmp_path / "none"], ["none", "does not exist"], capsys)
+    expect_user_error(["hw", "list", "--hwdb", put(tmp_path, "gpu.yaml", GPU)], ["gpu.yaml", "is a file"], capsys)
 
 
 # ---------------------------------------------------------------- plan
