@@ -19,13 +19,17 @@ from simulator.epd_config import EncoderConfig
 from simulator.vision import VisionError, embedding_bytes, encoder_flops, patches, resized, vision_arch, \
     visual_tokens
 from simulator.errors import print_user_error
+from simulator.inputs import int_arg
 
 
 def _size(text: str) -> tuple[int, int]:
     m = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
     if not m:
         raise VisionError(f"--resolution {text!r} is not WIDTHxHEIGHT in pixels, e.g. 1920x1080")
-    return int(m.group(1)), int(m.group(2))
+    w, h = int(m.group(1)), int(m.group(2))
+    if not (1 <= w <= 65536 and 1 <= h <= 65536):
+        raise VisionError(f"--resolution {text!r}: each side must be from 1 to 65536 pixels")
+    return w, h
 
 
 def _tp_times(items: list[str]) -> dict[int, float]:
@@ -98,7 +102,7 @@ def add_subparsers(sub) -> None:
     p.add_argument("--resolution", nargs="+", default=["640x480", "1280x720", "1920x1080", "3840x2160"],
                    help="image sizes WIDTHxHEIGHT in pixels")
     p.add_argument("--gpu", default="H100")
-    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--tp", type=int_arg(1, 64), default=1)
     p.add_argument("--engine", default="vllm-v1")
     p.add_argument("--hwdb", action="append", default=[], help="extra user hwdb folder (repeatable)")
     p.add_argument("--tp-times", nargs="+", metavar="TP=SECONDS",

@@ -508,9 +508,14 @@ def test_calibration_bundle(case, tmp_path, capsys):
     (["vision", "Qwen2.5-VL-7B", "--tp-times", "2=nan"], ["--tp-times"]),
     (["vision", "Qwen2.5-VL-7B", "--tp-times", "2=-1"], ["--tp-times"]),
     (["vision", "Qwen2.5-VL-7B", "--tp-times", "2=0.5", "2=0.4"], ["TP 2 twice"]),
+    (["vision", "Qwen2.5-VL-7B", "--resolution", "99999999x99999999"], ["--resolution", "65536"]),
+    (["vision", "Qwen2.5-VL-7B", "--tp", "0"], ["--tp"]),
+    (["calibrate", "run", "--out", REPO / "README.md" / "bundle", "--attach", "http://127.0.0.1:1"],
+     ["README.md", "is a file"]),
 ], ids=["horizon-inf", "horizon-nan", "horizon-0", "horizon-1e300", "coldstart-tp-0", "crossover-prompt-0",
         "crossover-prompt-above-max-len", "crossover-tp-0", "crossover-tp-3", "perf-pp-0", "tp-times-1e999",
-        "tp-times-nan", "tp-times-negative", "tp-times-twice"])
+        "tp-times-nan", "tp-times-negative", "tp-times-twice", "vision-resolution-huge", "vision-tp-0",
+        "calibrate-out-under-a-file"])
 def test_command_line_numbers(argv, words, capsys):
     expect_user_error(argv, words, capsys)
 
