@@ -24,6 +24,7 @@ import math
 from pathlib import Path
 
 import yaml
+from pydantic import BaseModel, model_validator
 
 MAX_YAML_BYTES = 1 * 2**20     # scenarios, plan requests, suites, hardware files: a few kB each
 MAX_JSON_BYTES = 16 * 2**20    # config.json, baselines, bundle manifests
@@ -282,3 +283,28 @@ def float_arg(lo: float, hi: float, lo_open: bool = False):
                                              f"{'above' if lo_open else 'from'} {lo:g} {'up to' if lo_open else 'to'} {hi:g}")
         return v
     return parse
+
+
+# ---------------------------------------------------------------- schemas
+
+def _allows_bool(ann) -> bool:
+    from typing import Any, get_args
+    if ann is bool or ann is Any or ann is object:
+        return True
+    return any(_allows_bool(a) for a in get_args(ann) if isinstance(a, type) or get_args(a))
+
+
+class NoBoolNumbers(BaseModel):
+    """Base of the project's schemas: ``true``/``false`` is not accepted for a number field (pydantic's
+    lax mode would read ``rate: true`` as 1 and answer nonsense)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, data):
+        if isinstance(data, dict):
+            for key, v in data.items():
+                field = cls.model_fields.get(key) if isinstance(v, bool) else None
+                if field is not None and not _allows_bool(field.annotation):
+                    raise ValueError(f"{key}: {str(v).lower()} is a yes/no value, not what {key} takes; "
+                                     f"give a number (or the value the field documents)")
+        return data

@@ -19,8 +19,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from simulator.inputs import NoBoolNumbers
 
-class _Strict(BaseModel):
+
+class _Strict(NoBoolNumbers):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 

@@ -13,6 +13,8 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from simulator.inputs import NoBoolNumbers
+
 import hwdb
 from simulator.epd_config import EmbeddingTransferConfig, EncoderConfig
 from simulator.errors import format_validation_error, read_yaml
@@ -26,7 +28,7 @@ class ScenarioError(ValueError):
     """The scenario is malformed or describes an impossible deployment."""
 
 
-class _Strict(BaseModel):
+class _Strict(NoBoolNumbers):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 

@@ -35,6 +35,8 @@ from typing import Annotated, Literal, Union
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from simulator.inputs import NoBoolNumbers
+
 from simulator.epd_config import ImageWorkload
 from simulator.loadshape import ShapedArrivals, shaped_arrivals
 from simulator.traces import Role, Trace, TraceFormat, read_token_columns, read_trace
@@ -53,7 +55,7 @@ class WorkloadError(ValueError):
     """A valid-looking config cannot produce requests; the message says what to change."""
 
 
-class _Frozen(BaseModel):
+class _Frozen(NoBoolNumbers):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 

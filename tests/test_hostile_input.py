@@ -160,6 +160,10 @@ NUMBER_CASES = {
     "unknown-router": ("pools.0.router", "fastest", "router"),
     "unknown-gpu": ("pools.0.gpu", "H900", "H900"),
     "unknown-model": ("model", "Llama-9-1T", "Llama-9-1T"),
+    "rate-true": ("workload.arrival", {"kind": "poisson", "rate": True}, "yes/no value"),
+    "tp-true": ("pools.0.tp", True, "tp: true"),
+    "num-requests-true": ("workload.num_requests", True, "num_requests: true"),
+    "ttft-false": ("slo.ttft_s", False, "ttft_s: false"),
     "time-scale-0": ("workload.arrival", {"kind": "trace", "path": "t.csv", "time_scale": 0}, "time_scale"),
     "trace-limit-0": ("workload.arrival", {"kind": "trace", "path": "t.csv", "limit": 0}, "limit"),
 }
@@ -352,6 +356,7 @@ HW_CASES = {
     "gpu-zero-nvlink": ({"gpus/lab.yaml": gpu_with(intra_node_bandwidth_Bps=0)}, ["lab.yaml", "intra_node"]),
     "gpu-infinite-price": ({"gpus/lab.yaml": gpu_with(price=float("inf"))}, ["lab.yaml", "price_usd_per_hour"]),
     "gpu-nan-memory": ({"gpus/lab.yaml": gpu_with(memory_bytes=float("nan"))}, ["lab.yaml", "memory_bytes"]),
+    "gpu-flops-true": ({"gpus/lab.yaml": gpu_with(peak_flops=True)}, ["lab.yaml", "yes/no value"]),
     "gpu-same-name-twice": ({"gpus/a.yaml": gpu_with(), "gpus/b.yaml": gpu_with()}, ["b.yaml", "Lab-GPU", "a.yaml"]),
     "gpu-duplicate-key": ({"gpus/lab.yaml": gpu_with() + "vendor: amd\n"}, ["lab.yaml", "duplicate key 'vendor'"]),
     "gpu-binary": ({"gpus/lab.yaml": b"\x00\xffGPU"}, ["lab.yaml", "binary"]),

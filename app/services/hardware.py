@@ -100,8 +100,9 @@ def _refuse_clash(kind: str, name: str, aliases, override: bool) -> None:
                          f"on purpose")
 
 
-def _validated_write(user_dir: Path, rel: str, content: bytes) -> Path:
-    """Check the user folder with the new file by loading it, then write it for real."""
+def _validated_write(user_dir: Path, rel: str, content: bytes, label: str | None = None) -> Path:
+    """Check the user folder with the new file by loading it, then write it for real; an error about the
+    new file names ``label`` (the uploaded file's name), never the trial copy."""
     with tempfile.TemporaryDirectory() as tmp:
         trial = Path(tmp) / "hw"
         if user_dir.is_dir():
@@ -112,7 +113,8 @@ def _validated_write(user_dir: Path, rel: str, content: bytes) -> Path:
         try:
             hwdb.load([trial])
         except hwdb.HwdbError as exc:
-            raise InputError(str(exc).replace(str(trial), str(user_dir))) from None
+            msg = str(exc).replace(str(target), label) if label else str(exc)
+            raise InputError(msg.replace(str(trial), str(user_dir))) from None
     out = user_dir / rel
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(content)
@@ -170,7 +172,7 @@ def add_yaml(kind: str, filename: str, data: bytes, user_dir: Path | None = None
     name = _safe_name(d["name"], kind[:-1])
     aliases = d.get("aliases") if isinstance(d.get("aliases"), list) else ()
     _refuse_clash(kind, name, aliases, override)
-    return _validated_write(user_dir, f"{kind}/{name}.yaml", data)
+    return _validated_write(user_dir, f"{kind}/{name}.yaml", data, filename)
 
 
 def add_model(name: str, filename: str, data: bytes, source: str, user_dir: Path | None = None,

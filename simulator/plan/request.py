@@ -12,6 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from simulator.inputs import NoBoolNumbers
+
 from simulator.errors import format_validation_error, read_yaml
 from simulator.scenario import SLO, EngineConfig, resolve_relative
 from simulator.workload import WorkloadConfig
@@ -21,7 +23,7 @@ class PlanError(ValueError):
     """The plan request is malformed or its constraints admit no deployment at all."""
 
 
-class _Strict(BaseModel):
+class _Strict(NoBoolNumbers):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 

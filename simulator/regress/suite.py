@@ -19,6 +19,8 @@ from typing import Annotated, Literal, Union
 from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator,
                       model_validator)
 
+from simulator.inputs import NoBoolNumbers
+
 from simulator.plan import PlanError, PlanRequest, parse_plan_request
 from simulator.regress.figures import PLAN_FIGURES, SCENARIO_FIGURES
 from simulator.errors import format_validation_error, models_in as _models_in
@@ -30,7 +32,7 @@ class RegressError(ValueError):
     """The suite, the baseline or a command-line choice is wrong (a user error, exit code 2)."""
 
 
-class _Strict(BaseModel):
+class _Strict(NoBoolNumbers):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
