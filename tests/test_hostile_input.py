@@ -179,6 +179,23 @@ def test_scenario_number(case, tmp_path, capsys):
                                                                     "unknown-model") else "", words], capsys)
 
 
+@pytest.mark.parametrize("example,where,value,words", [
+    ("autoscale_step_load", "operations.autoscale.main.interval_s", 1e-308, "interval_s"),
+    ("autoscale_step_load", "operations.startup.provisioning_s", float("inf"), "provisioning_s"),
+    ("fp8_decode_crashes_pd", "operations.faults.fp8_crash.rate_per_token_s", 1e308, "rate_per_token_s"),
+    ("fp8_decode_crashes_pd", "operations.faults.node_failure", {"mtbf_s": 1e-308}, "mtbf_s"),
+    ("fp8_decode_crashes_pd", "operations.faults.link_degradation",
+     {"mtbf_s": 1e-308, "duration_s": 1, "bandwidth_factor": 0.5}, "mtbf_s"),
+], ids=["autoscale-interval-1e-308", "provisioning-inf", "fp8-rate-1e308", "node-mtbf-1e-308", "link-mtbf-1e-308"])
+def test_operations_that_could_never_end(example, where, value, words, tmp_path, capsys):
+    """Event rates that would keep a run from ending (a tick or a failure every 1e-308 s) are refused."""
+    from simulator.scenario import resolve_relative
+    ex = REPO / "examples" / f"{example}.yaml"
+    d = resolve_relative(yaml.safe_load(ex.read_text()), ex.parent)
+    path = put(tmp_path, "ops.yaml", setting(d, where, value))
+    expect_user_error(["simulate", path], ["ops.yaml", words], capsys)
+
+
 @pytest.mark.parametrize("argv,words", [
     (["--seed", "-1"], ["--seed", "-1"]),
     (["--seed", "abc"], ["--seed", "abc"]),
