@@ -48,12 +48,24 @@ class EfficiencyCurve(_Strict):
     """
 
     max_eff: float = Field(gt=0, le=1)
-    half: float = Field(ge=0)
+    half: float = Field(ge=0, le=1e15)
     source: str = Field(min_length=3)
     empirical: bool = False
 
     def at(self, x: float) -> float:
         return self.max_eff * x / (x + self.half) if x > 0 else self.max_eff * 1e-9
+
+
+# (lowest, highest, unit) a GPU figure may take: generous bounds around real hardware, so that a typo
+# (a zero, 1e-308, a value in GB instead of bytes) is an error and not an answer.
+GPU_RANGES = {
+    "memory_bytes": (1e8, 1e14, "bytes"),
+    "memory_bandwidth_Bps": (1e9, 1e16, "bytes/s"),
+    "intra_node_bandwidth_Bps": (1e6, 1e15, "bytes/s"),
+    "scale_out_bandwidth_Bps": (1e6, 1e15, "bytes/s"),
+    "price_usd_per_hour": (0, 1e4, "US dollars per hour"),
+    "power_W": (0, 1e5, "W"),
+}
 
 
 class GPU(_Strict):
@@ -86,21 +98,24 @@ class GPU(_Strict):
             raise ValueError("peak_flops needs at least bf16 or fp16")
         return v
 
-    @field_validator("memory_bytes", "memory_bandwidth_Bps", "intra_node_bandwidth_Bps", "scale_out_bandwidth_Bps")
+    @field_validator("memory_bytes", "memory_bandwidth_Bps", "intra_node_bandwidth_Bps", "scale_out_bandwidth_Bps",
+                     "price_usd_per_hour", "power_W")
     @classmethod
-    def _above_zero(cls, v: Figure | None) -> Figure | None:
-        """Memory and bandwidths divide the step-time model: each must be above 0."""
-        if v is not None and v.value <= 0:
-            raise ValueError(f"value must be above 0 (got {v.value}); give the datasheet figure in SI units")
+    def _physical(cls, v: Figure | None, info) -> Figure | None:
+        """Memory and bandwidths divide the step-time model: each must lie in the range of real hardware."""
+        lo, hi, unit = GPU_RANGES[info.field_name]
+        if v is not None and not lo <= v.value <= hi:
+            raise ValueError(f"value must be from {lo:g} to {hi:g} {unit} (got {v.value:g}); give the datasheet "
+                             f"figure in SI units")
         return v
 
     @field_validator("peak_flops")
     @classmethod
-    def _flops_above_zero(cls, v: dict[str, Figure]) -> dict[str, Figure]:
+    def _flops_physical(cls, v: dict[str, Figure]) -> dict[str, Figure]:
         for dtype, fig in v.items():
-            if fig.value <= 0:
-                raise ValueError(f"{dtype}.value must be above 0 (got {fig.value}); give FLOP/s, or leave the "
-                                 f"dtype out")
+            if not 1e9 <= fig.value <= 1e19:
+                raise ValueError(f"{dtype}.value must be from 1e9 to 1e19 FLOP/s (got {fig.value:g}); give dense "
+                                 f"FLOP/s, or leave the dtype out")
         return v
 
     def flops(self, dtype: str) -> float:
@@ -127,8 +142,9 @@ class Link(_Strict):
     @field_validator("bandwidth_Bps")
     @classmethod
     def _bandwidth_above_zero(cls, v: Figure) -> Figure:
-        if v.value <= 0:
-            raise ValueError(f"value must be above 0 (got {v.value}); give bytes per second per direction")
+        if not 1e3 <= v.value <= 1e15:
+            raise ValueError(f"value must be from 1e3 to 1e15 bytes/s (got {v.value:g}); give bytes per second "
+                             f"per direction")
         return v
 
     @field_validator("efficiency")
