@@ -678,3 +678,14 @@ def test_hardware_upload_cannot_silently_replace_shipped_entries(tmp_path):
     assert shipped       # the explicit override is the only way, and even then the schema applies
     saved = hardware.add_yaml("gpus", "h100.yaml", GPU.encode(), user_dir=tmp_path, override=True)
     assert saved.exists()
+
+
+# ---------------------------------------------------------------- what stays allowed
+
+def test_ordinary_anchors_aliases_and_merge_keys_still_load():
+    """The alias budget and the duplicate-key check leave ordinary YAML alone: anchors reused a few
+    times, and merge keys whose entries an explicit key overrides."""
+    from simulator.inputs import parse_yaml
+    data = parse_yaml("base: &b {gpu: H100, tp: 1}\npools:\n  - {<<: *b, name: a}\n  - {<<: *b, name: b, tp: 2}\n"
+                      "lengths: &l [1, 2, 3]\nagain: *l\n", "ok.yaml")
+    assert data["pools"][1] == {"gpu": "H100", "tp": 2, "name": "b"} and data["again"] == [1, 2, 3]
