@@ -11,13 +11,12 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-
-from simulator.inputs import NoBoolNumbers
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 import hwdb
 from simulator.epd_config import EmbeddingTransferConfig, EncoderConfig
 from simulator.errors import format_validation_error, read_yaml
+from simulator.inputs import NoBoolNumbers
 from simulator.perf import Deployment, EngineKnobs, FitError, build_step_model, plan_memory
 from simulator.opsconfig import OperationsConfig, check_against_pools
 from simulator.routing import ROUTERS

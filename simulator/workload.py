@@ -33,11 +33,10 @@ from pathlib import Path
 from typing import Annotated, Literal, Union
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
-from simulator.inputs import NoBoolNumbers
+from pydantic import ConfigDict, Field, model_validator
 
 from simulator.epd_config import ImageWorkload
+from simulator.inputs import NoBoolNumbers
 from simulator.loadshape import ShapedArrivals, shaped_arrivals
 from simulator.traces import Role, Trace, TraceFormat, read_token_columns, read_trace
 

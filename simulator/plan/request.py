@@ -10,11 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-
-from simulator.inputs import NoBoolNumbers
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from simulator.errors import format_validation_error, read_yaml
+from simulator.inputs import NoBoolNumbers
 from simulator.scenario import SLO, EngineConfig, resolve_relative
 from simulator.workload import WorkloadConfig
 

@@ -19,12 +19,10 @@ from typing import Annotated, Literal, Union
 from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator,
                       model_validator)
 
-from simulator.inputs import NoBoolNumbers
-
 from simulator.plan import PlanError, PlanRequest, parse_plan_request
 from simulator.regress.figures import PLAN_FIGURES, SCENARIO_FIGURES
 from simulator.errors import format_validation_error, models_in as _models_in
-from simulator.inputs import read_yaml
+from simulator.inputs import NoBoolNumbers, read_yaml
 from simulator.scenario import Scenario, ScenarioError, parse_scenario
 
 
