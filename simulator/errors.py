@@ -98,8 +98,9 @@ def read_yaml(path, error: type[Exception], what: str = "YAML file"):
 
 def os_error_message(exc: OSError) -> str:
     """``PATH: what went wrong; fix`` for an OSError met while reading or writing a user's path."""
-    where = exc.filename if exc.filename is not None else "a file"
-    what = exc.strerror or str(exc)
+    if exc.filename is None or exc.strerror is None:
+        return str(exc)          # raised with a message of its own
+    where, what = exc.filename, exc.strerror
     hint = {NotADirectoryError: "a part of the path is a file, not a folder: choose another path",
             IsADirectoryError: "it is a folder: give a file path",
             FileExistsError: "a file is in the way: choose another path or remove it",

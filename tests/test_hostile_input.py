@@ -512,6 +512,15 @@ BUNDLE_CASES = {
 }
 
 
+@pytest.mark.parametrize("content,words", [(b"\x00\x01", "binary"), ("- a\n- b\n", "mapping"),
+                                           ("name: a\nname: b\n", "duplicate key 'name'")],
+                         ids=["binary", "list", "duplicate-key"])
+def test_calibration_profile_file(content, words, tmp_path, capsys):
+    b = bundle(tmp_path, GOOD_MANIFEST)
+    prof = put(tmp_path, "hw/profiles/p.yaml", content)
+    expect_user_error(["calibrate", "validate", b, "--profile", prof], ["p.yaml", words], capsys)
+
+
 @pytest.mark.parametrize("case", sorted(BUNDLE_CASES))
 def test_calibration_bundle(case, tmp_path, capsys):
     make, words = BUNDLE_CASES[case]
