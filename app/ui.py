@@ -71,9 +71,12 @@ def show_error(exc: Exception) -> None:
     st.error(plain(msg), icon="🚫")
 
 
-def upload_dir() -> Path:
-    """This browser session's private upload folder (``tempfile.mkdtemp``, made on first use)."""
+def upload_dir(create: bool = True) -> Path | None:
+    """This browser session's private upload folder (``tempfile.mkdtemp``, made on first use; with
+    ``create=False`` None until something was uploaded)."""
     p = st.session_state.get("upload-dir")
+    if not create and p is None:
+        return None
     if p is None or not Path(p).is_dir():
         p = str(scenarios.new_upload_dir())
         st.session_state["upload-dir"] = p
@@ -123,7 +126,7 @@ def run_scenario(d: dict):
 
     Returns (results, key) or (None, key); validation errors are shown inline."""
     try:
-        scn = scenarios.to_scenario(d, folder=upload_dir(), sandboxed=True)
+        scn = scenarios.to_scenario(d, folder=upload_dir(create=False), sandboxed=True)
     except Exception as exc:     # every input error inline, never a traceback on the page
         show_error(exc)
         return None, None

@@ -167,7 +167,8 @@ def parse_yaml_upload(name: str, data: bytes, folder: Path | None = None,
     name = safe_name(name)
     check_size(name, data, MAX_YAML_BYTES)      # YAML parses at ~1 MB/s: a scenario is a few kB
     text = _decode(name, data, "scenario")
-    folder = folder or new_upload_dir()
+    if folder is None and files:
+        folder = new_upload_dir()
     for fname, fdata in files:
         save_upload("files", fname, fdata, folder)
     try:
