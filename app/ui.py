@@ -4,7 +4,9 @@ Layout helpers only; computations live in :mod:`app.services`.
 """
 from __future__ import annotations
 
+import re
 import time
+from pathlib import Path
 
 import streamlit as st
 
@@ -50,8 +52,36 @@ def gen() -> int:
     return st.session_state.get("gen", 0)
 
 
+def plain(text: str) -> str:
+    """``text`` for Streamlit's Markdown shown as written: no emoji codes (``:x:``), no math (``$``), no links.
+
+    A zero-width space breaks ``:word:`` and ``](``; the rest of the text is left as it is, so it reads
+    (and copies) the same."""
+    out = re.sub(r":(?=[A-Za-z0-9_+-]+:)", ":\u200b", str(text))
+    return out.replace("$", "\\$").replace("](", "]\u200b(")
+
+
 def show_error(exc: Exception) -> None:
-    st.error(str(exc), icon="🚫")
+    """An error inline, its text never read as Markdown or emoji codes; an error that is not one of the
+    user errors the services name (a bug, or input they missed) is labelled with its type."""
+    msg = str(exc) if isinstance(exc, (scenarios.InputError, *scenarios.USER_ERRORS)) else \
+        f"could not use this input ({type(exc).__name__}): {exc}"
+    up = st.session_state.get("upload-dir")
+    if up:                               # name the user's file, not the server's copy of it
+        msg = msg.replace(str(up) + "/", "")
+    st.error(plain(msg), icon="🚫")
+
+
+def upload_dir(create: bool = True) -> Path | None:
+    """This browser session's private upload folder (``tempfile.mkdtemp``, made on first use; with
+    ``create=False`` None until something was uploaded)."""
+    p = st.session_state.get("upload-dir")
+    if not create and p is None:
+        return None
+    if p is None or not Path(p).is_dir():
+        p = str(scenarios.new_upload_dir())
+        st.session_state["upload-dir"] = p
+    return Path(p)
 
 
 def run_job(key: str, fn, args: tuple = (), label: str = "running", kwargs: dict | None = None):
@@ -97,8 +127,8 @@ def run_scenario(d: dict):
 
     Returns (results, key) or (None, key); validation errors are shown inline."""
     try:
-        scn = scenarios.to_scenario(d)
-    except scenarios.InputError as exc:
+        scn = scenarios.to_scenario(d, folder=upload_dir(create=False), sandboxed=True)
+    except Exception as exc:     # every input error inline, never a traceback on the page
         show_error(exc)
         return None, None
     key = scenarios.scenario_hash(scn) + ":0"

@@ -19,15 +19,28 @@ def _k(name: str) -> str:
 
 
 def _upload_scenario() -> None:
-    up = st.file_uploader("Load scenario YAML", type=["yaml", "yml"], key=_k("upload-yaml"),
-                          help=f"at most {scenarios.MAX_UPLOAD_BYTES // 2**20} MiB; parsed with yaml.safe_load")
-    if up is not None and st.session_state.get("loaded-yaml") != (up.name, up.size):
+    ups = st.file_uploader("Load scenario YAML (with the traces, length files or config.json it names)",
+                           type=["yaml", "yml", "csv", "jsonl", "json"], key=_k("upload-yaml"),
+                           accept_multiple_files=True,
+                           help=f"at most {scenarios.MAX_UPLOAD_BYTES // 2**20} MiB each; the scenario may name "
+                                f"only files uploaded with it (by file name) or the shipped examples")
+    ups = list(ups or [])
+    yamls = [u for u in ups if u.name.lower().endswith((".yaml", ".yml"))]
+    if not yamls:
+        return
+    up = yamls[0]
+    sig = tuple((u.name, u.size) for u in ups)
+    if st.session_state.get("loaded-yaml") != sig:
         try:
-            d = scenarios.parse_yaml_upload(up.name, up.getvalue())
-        except scenarios.InputError as exc:
+            if len(yamls) > 1:
+                raise scenarios.InputError(f"{len(yamls)} YAML files uploaded ({', '.join(u.name for u in yamls)}); "
+                                           f"upload one scenario at a time, with the data files it names")
+            d = scenarios.parse_yaml_upload(up.name, up.getvalue(), folder=ui.upload_dir(),
+                                            files=tuple((u.name, u.getvalue()) for u in ups if u is not up))
+        except Exception as exc:       # every upload error inline, never a traceback on the page
             ui.show_error(exc)
             return
-        st.session_state["loaded-yaml"] = (up.name, up.size)
+        st.session_state["loaded-yaml"] = sig
         ui.set_scenario(d, reset_widgets=True)
         st.rerun()
 
@@ -40,9 +53,9 @@ def _model(d: dict, opts: builder.Options) -> dict:
     up = st.file_uploader("…or upload a Hugging Face config.json", type=["json"], key=_k("upload-config"))
     if up is not None:
         try:
-            model = scenarios.model_from_config_upload(up.name, up.getvalue())
+            model = scenarios.model_from_config_upload(up.name, up.getvalue(), folder=ui.upload_dir())
             st.caption(f"using uploaded model {model.rsplit('/', 1)[-1]}")
-        except scenarios.InputError as exc:
+        except Exception as exc:       # every upload error inline, never a traceback on the page
             ui.show_error(exc)
     return {**d, "model": model}
 
@@ -144,8 +157,8 @@ def _trace_upload(d: dict) -> dict:
             st.session_state.pop(_k(name), None)
         return {**d, "workload": held[1]}
     try:
-        path = scenarios.save_upload("traces", up.name, up.getvalue())
-    except scenarios.InputError as exc:
+        path = scenarios.save_upload("traces", up.name, up.getvalue(), folder=ui.upload_dir())
+    except Exception as exc:           # every upload error inline, never a traceback on the page
         ui.show_error(exc)
         return d
     lim = st.number_input("replay at most N requests", 10, 200000, 2000, key=_k("trace-limit"))

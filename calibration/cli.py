@@ -25,6 +25,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from calibration.harness.bundle import Bundle, BundleError
+from simulator.errors import print_user_error
+from simulator.inputs import float_arg
 
 # The probe, client and server modules (httpx) are imported when a command runs, so that
 # building the ``epdsim`` parser stays cheap.
@@ -83,7 +85,7 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                           "--engine-arg=--max-num-seqs=64)")
     srv.add_argument("--no-enforce-eager", action="store_true", help="default launch without --enforce-eager")
     srv.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="server environment (repeatable)")
-    srv.add_argument("--ready-timeout", type=float, default=900.0, help="seconds to wait for readiness (900)")
+    srv.add_argument("--ready-timeout", type=float_arg(0, 7 * 86400, lo_open=True), default=900.0, help="seconds to wait for readiness (900)")
     att = r.add_argument_group("attach")
     att.add_argument("--model", help="model id to measure (default: the first of /v1/models)")
     att.add_argument("--api-key", help="bearer token for the server")
@@ -170,10 +172,9 @@ def cmd_calibrate(args, con: Console | None = None) -> int:
     try:
         return args.calibrate_func(args, con)
     except BundleError as exc:
-        err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
-        return 2
+        return print_user_error(exc)
     except ServerError as exc:
-        err.print(f"[red]server error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        print_user_error(exc, "server error")
         return 3
     except KeyboardInterrupt:
         err.print("[red]interrupted[/]: the bundle keeps every completed request; continue with --resume")
@@ -200,7 +201,11 @@ def cmd_run(a, con: Console) -> int:
         env = _env(a.env)
     except argparse.ArgumentTypeError as exc:
         raise BundleError(str(exc)) from None
-    opts = RunOptions(out=Path(a.out), attach=a.attach, serve_cmd=shlex.split(a.serve_cmd) if a.serve_cmd else None,
+    out = Path(a.out)
+    blocker = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:   # before any server is launched or attached
+        raise BundleError(f"--out {out}: {blocker} is a file, not a folder; give a bundle folder path")
+    opts = RunOptions(out=out, attach=a.attach, serve_cmd=shlex.split(a.serve_cmd) if a.serve_cmd else None,
                       url=a.url, port=a.port, vllm_python=a.vllm_python, model_dir=a.model_dir,
                       served_model_name=a.served_model_name, engine_args=a.engine_arg, env=env,
                       enforce_eager=not a.no_enforce_eager, ready_timeout=a.ready_timeout, model=a.model,
@@ -273,10 +278,16 @@ def _show(b: Bundle, con: Console) -> None:
 
 def cmd_show(a, con: Console) -> int:
     b = Bundle.open(a.bundle)
-    if a.json:
-        print(json.dumps(bundle_summary(b), indent=2, default=str))
-    else:
-        _show(b, con)
+    try:
+        summary = bundle_summary(b)
+        if a.json:
+            print(json.dumps(summary, indent=2, default=str))
+        else:
+            _show(b, con)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        # a hand-edited bundle: the manifest and records passed the shape checks but hold values of another kind
+        raise BundleError(f"{b.path}: the bundle holds a value of an unexpected type or lacks a field "
+                          f"({type(exc).__name__}: {str(exc)[:160]}); restore the files the harness wrote") from None
     return 0
 
 

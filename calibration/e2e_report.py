@@ -17,7 +17,8 @@ from pathlib import Path
 import pandas as pd
 
 from calibration import e2e
-from calibration.e2e_rows import DEFAULT_TABLE, RANGE_RATIO, REQUESTS_PER_CLIENT, load_rows
+from calibration.e2e_rows import DEFAULT_TABLE, RANGE_RATIO, REQUESTS_PER_CLIENT, TableError, load_rows
+from simulator.inputs import int_arg
 
 CLIENT_NOTE = (f"Benchmark client modelled: InferenceX-style `benchmark_serving.py --dataset-name random "
                f"--random-range-ratio {RANGE_RATIO} --num-prompts {REQUESTS_PER_CLIENT}xC --max-concurrency C "
@@ -111,9 +112,9 @@ def bands(df: pd.DataFrame) -> dict:
 def add_subparser(sub) -> None:
     v = sub.add_parser("validate-e2e", help="simulate measured serving runs and report TTFT/TPOT errors per subset")
     v.add_argument("--table", default=str(DEFAULT_TABLE), help="measured runs CSV (default: ../shared/data/e2e/...)")
-    v.add_argument("--sample", type=int, default=1, metavar="K", help="every K-th row only (fixed subset)")
+    v.add_argument("--sample", type=int_arg(1, 100_000), default=1, metavar="K", help="every K-th row only (fixed subset)")
     v.add_argument("--engine", action="append", help="only these table backends (vllm, sglang, trtllm)")
-    v.add_argument("--workers", type=int, help="processes (default: all CPUs)")
+    v.add_argument("--workers", type=int_arg(1, 256), help="processes (default: all CPUs)")
     v.add_argument("--out", help="folder for predictions.csv, e2e.md and e2e.html")
     v.add_argument("--write-bands", metavar="FILE.json", help="write the error bands simulate and plan report "
                    "(the shipped ones live in hwdb/data/validation/e2e.json)")
@@ -127,7 +128,11 @@ def cmd_validate_e2e(args, con) -> int:
     if not path.is_file():
         raise FileNotFoundError(f"--table {path}: no such file; the measured runs live in "
                                 f"../shared/data/e2e/serving_measurements.csv")
-    rows = [r for r in load_rows(path) if not args.engine or r.backend in args.engine]
+    try:
+        rows = [r for r in load_rows(path) if not args.engine or r.backend in args.engine]
+    except TableError as exc:
+        from simulator.errors import print_user_error   # noqa: PLC0415
+        return print_user_error(exc)
     rows = sample(rows, max(1, args.sample))
     t0 = time.perf_counter()
     df = e2e.predict(rows, workers=args.workers)

@@ -67,9 +67,30 @@ def _int(x, default: int = 1) -> int:
     return default if x is None or (isinstance(x, float) and math.isnan(x)) else int(x)
 
 
+COLUMNS = ("id", "backend", "backend_version", "model_path", "system", "precision", "mode", "isl", "osl",
+           "gemm_quant_mode", "batch_size", "tp_size", "pp_size", "attention_dp_size", "moe_tp_size",
+           "moe_ep_size", "silicon_ttft_ms", "silicon_tpot_ms")
+
+
+class TableError(ValueError):
+    """The measurement table cannot be read as one (a user error: the message names the file and the fix)."""
+
+
 def load_rows(path: str | Path = DEFAULT_TABLE) -> list[Row]:
-    """All rows of the measurement table, in file order."""
-    df = pd.read_csv(path, dtype={"backend_version": str})
+    """All rows of the measurement table, in file order (raises :class:`TableError`)."""
+    try:
+        df = pd.read_csv(path, dtype={"backend_version": str})
+    except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError, OSError) as exc:
+        raise TableError(f"{path}: not a readable CSV measurement table ({type(exc).__name__}: "
+                         f"{str(exc)[:120]}); give ../shared/data/e2e/serving_measurements.csv or a CSV "
+                         f"with its columns") from None
+    missing = [c for c in COLUMNS if c not in df.columns]
+    if missing:
+        raise TableError(f"{path}: lacks the column(s) {', '.join(missing)} of a serving measurement table "
+                         f"(../shared/data/e2e/README.md lists them)")
+    for c in ("isl", "osl", "batch_size", "tp_size", "silicon_ttft_ms", "silicon_tpot_ms"):
+        if not pd.api.types.is_numeric_dtype(df[c]):
+            raise TableError(f"{path}: column {c} must hold numbers (found e.g. {df[c].iloc[0]!r})")
     rows = []
     for r in df.itertuples(index=False):
         rows.append(Row(

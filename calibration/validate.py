@@ -52,6 +52,7 @@ from calibration.validate_replay import (LABEL, METRICS, PCTS, compare, measured
                                          simulate_phase)
 from calibration.validate_report import _err, _json_default, _ms, _verdict, html_report, markdown_report
 from hwdb.profiles import Profile
+from simulator.inputs import read_yaml
 
 __all__ = ["LABEL", "METRICS", "PCTS", "cmd_validate", "compare", "html_report", "markdown_report", "measured_phase",
            "predicted_phase", "resolve_profile", "simulate_phase", "validate", "without_overhead_folder"]
@@ -65,9 +66,9 @@ def _user_profiles(folder: Path) -> dict[str, dict]:
     out = {}
     for p in sorted((folder / "profiles").glob("*.yaml")):
         try:
-            d = yaml.safe_load(p.read_text())
-        except yaml.YAMLError:
-            continue
+            d = read_yaml(p, FitInputError, "calibration profile")
+        except FitInputError:
+            continue                 # hwdb.load reports a broken profile file
         if isinstance(d, dict) and d.get("name"):
             out[d["name"]] = {"path": p, "gpu": d.get("gpu"), "created": str(d.get("created"))}
     return out
@@ -81,7 +82,11 @@ def resolve_profile(b: Bundle, profile: str | Path, gpu: str | None, hwdb_dirs=(
                             f"(default BUNDLE/hwdb) or one of its profile YAML files.")
     if p.is_file():
         folder = p.parent.parent if p.parent.name == "profiles" else p.parent
-        only = yaml.safe_load(p.read_text()).get("name") if p.suffix in (".yaml", ".yml") else None
+        d = read_yaml(p, FitInputError, "calibration profile") if p.suffix in (".yaml", ".yml") else None
+        if d is not None and not isinstance(d, dict):
+            raise FitInputError(f"--profile {p}: expected a calibration profile (a mapping with name, gpu, ...), "
+                                f"got a {type(d).__name__}")
+        only = d.get("name") if d else None
     else:
         folder, only = p, None
     dirs = [*map(Path, hwdb_dirs), folder]

@@ -17,17 +17,16 @@ plain value built by :func:`load`.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from hwdb.models import ConfigError, ModelArch, arch_from_config
 from hwdb.profiles import Profile
 from hwdb.schema import GPU, Connector, EngineProfile, Link, ModelSidecar
+from simulator.inputs import read_json, read_yaml
 
 DATA_DIR = Path(__file__).parent / "data"
 
@@ -71,16 +70,14 @@ def _fmt_validation(path: Path, err: ValidationError) -> str:
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
         got = e.get("input")
-        got_s = "" if isinstance(got, dict) else f" (got {got!r})"
-        lines.append(f"  field '{loc}': {e['msg']}{got_s}")
+        msg = e["msg"].removeprefix("Value error, ")
+        got_s = "" if isinstance(got, dict) or "(got " in msg else f" (got {got!r})"
+        lines.append(f"  field '{loc}': {msg}{got_s}")
     return f"{path}: invalid hardware file:\n" + "\n".join(lines)
 
 
 def _read_yaml(path: Path) -> dict:
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise HwdbError(f"{path}: not valid YAML ({exc}). Fix the syntax at the line shown.") from None
+    data = read_yaml(path, HwdbError, "hardware file")
     if not isinstance(data, dict):
         raise HwdbError(f"{path}: expected a mapping of fields at the top level, got {type(data).__name__}")
     return data
@@ -96,13 +93,13 @@ def _parse(path: Path, schema: type[BaseModel]):
 def load_model_dir(path: Path, name: str | None = None) -> ModelEntry:
     """Load a model folder (``config.json`` plus optional ``epdsim.yaml``) or a bare config.json."""
     path = Path(path)
+    if not path.exists():
+        raise HwdbError(f"{path}: no such file or folder. Point --model at a Hugging Face model folder, its "
+                        f"config.json, or a model name (epdsim hw list models).")
     cfg_path = path if path.is_file() else path / "config.json"
     if not cfg_path.exists():
         raise HwdbError(f"{path}: no config.json found. Point --model at a Hugging Face model folder or its config.json.")
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise HwdbError(f"{cfg_path}: not valid JSON ({exc})") from None
+    cfg = read_json(cfg_path, HwdbError, "model config.json")
     folder = cfg_path.parent
     side_path = folder / "epdsim.yaml"
     default_name = name or (folder.name if cfg_path.name == "config.json" else cfg_path.stem)
@@ -114,6 +111,9 @@ def load_model_dir(path: Path, name: str | None = None) -> ModelEntry:
         arch = arch_from_config(cfg, sidecar.name)
     except ConfigError as exc:
         raise HwdbError(f"{cfg_path}: {exc}") from None
+    except (TypeError, ValueError, AttributeError, OverflowError, ZeroDivisionError) as exc:
+        raise HwdbError(f"{cfg_path}: not a usable model config ({type(exc).__name__}: {str(exc)[:200]}); "
+                        f"compare it with the config.json of a Hugging Face model") from None
     return ModelEntry(sidecar.name, cfg, sidecar, arch, folder)
 
 
@@ -142,7 +142,12 @@ class HardwareDB:
         p = Path(name)
         if name not in self.models and (p.is_dir() or p.suffix == ".json") and p.exists():
             return load_model_dir(p)
-        return self._lookup("model", self.models, name)
+        try:
+            return self._lookup("model", self.models, name)
+        except HwdbError:
+            if p.suffix == ".json" or (("/" in name or "\\" in name) and p.parent.exists()):
+                load_model_dir(p)   # a path the user meant: say what is wrong with it, not "unknown model"
+            raise
 
     def connector(self, name: str) -> Connector:
         return self._lookup("connector", self.connectors, name)
@@ -160,9 +165,14 @@ _SCHEMAS = {"gpus": GPU, "links": Link, "profiles": Profile, "engines": EnginePr
 
 
 def _load_folder(folder: Path, tables: dict[str, dict], origins: dict) -> None:
+    here: dict = {}
     for kind, schema in _SCHEMAS.items():
         for path in sorted((folder / kind).glob("*.yaml")):
             item = _parse(path, schema)
+            if (kind, item.name) in here:
+                raise HwdbError(f"{path}: field 'name': {kind[:-1]} '{item.name}' is also defined in "
+                                f"{here[kind, item.name]}; one folder may define a name once: rename or remove one")
+            here[kind, item.name] = path
             tables[kind][item.name] = item
             origins[item.name] = path
     for path in sorted((folder / "models").glob("*")):
@@ -176,6 +186,9 @@ def load(user_dirs: Iterable[str | Path] = ()) -> HardwareDB:
     tables: dict[str, dict] = {kind: {} for kind in (*_SCHEMAS, "models")}
     origins: dict = {}
     for folder in [DATA_DIR, *map(Path, user_dirs)]:
+        if folder.is_file():
+            raise HwdbError(f"hwdb folder '{folder}' is a file, not a folder. Give the folder that holds gpus/, "
+                            f"links/ and models/ (--hwdb DIR or the scenario's hwdb list).")
         if not folder.is_dir():
             raise HwdbError(f"hwdb folder '{folder}' does not exist. Create it or fix the path given to --hwdb.")
         _load_folder(folder, tables, origins)

@@ -245,15 +245,50 @@ def _layer_kinds(text: dict, n_layers: int) -> list[str]:
     return list(kinds)
 
 
+# Every integer field the reader uses: a whole number in [0, 2**40] wherever a config gives it.
+INT_FIELDS = (
+    "hidden_size", "d_model", "n_embd", "num_attention_heads", "n_head", "num_key_value_heads", "head_dim",
+    "n_routed_experts", "num_local_experts", "num_experts", "num_hidden_layers", "n_layer", "num_layers",
+    "moe_intermediate_size", "intermediate_size", "ffn_dim", "first_k_dense_replace", "n_shared_experts",
+    "shared_expert_intermediate_size", "shared_intermediate_size", "sliding_window", "linear_num_key_heads",
+    "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim",
+    "vocab_size", "num_experts_per_tok", "num_experts_per_token", "kv_lora_rank", "qk_rope_head_dim",
+    "qk_nope_head_dim", "v_head_dim", "q_lora_rank", "max_position_embeddings", "index_n_heads", "index_head_dim",
+)
+
+
+def _check_fields(text: dict) -> None:
+    """Each field of :data:`INT_FIELDS` present is a whole number in range; lists are lists."""
+    for key in INT_FIELDS:
+        v = text.get(key)
+        if v is None:
+            continue
+        whole = (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, float) and v.is_integer())
+        if not whole or not 0 <= v <= 2**40:
+            raise ConfigError(f"field {key}={v!r} must be a whole number from 0 to 2**40 "
+                              f"(a count or a size in elements); fix it in config.json")
+    for key in ("layer_types", "attn_type_list"):
+        v = text.get(key)
+        if v is not None and not (isinstance(v, list) and all(isinstance(x, (str, int)) for x in v)):
+            raise ConfigError(f"field {key} must be a list (one entry per layer), got {type(v).__name__}")
+
+
 def arch_from_config(cfg: dict, name: str) -> ModelArch:
     """Build a :class:`ModelArch` from a parsed Hugging Face config dict."""
     if not isinstance(cfg, dict):
-        raise ConfigError("config.json must hold a JSON object")
-    text = cfg.get("text_config") or cfg
+        raise ConfigError(f"config.json must hold a JSON object, got a {type(cfg).__name__}")
+    sub = cfg.get("text_config")
+    if sub is not None and not isinstance(sub, dict):
+        raise ConfigError(f"field text_config must be a JSON object (the language model's config), "
+                          f"got a {type(sub).__name__}")
+    text = sub or cfg
     if text is not cfg:
         text = {**{k: v for k, v in cfg.items() if k != "text_config"}, **text}
+    _check_fields(text)
     hidden = int(_get(text, "hidden_size", "d_model", "n_embd"))
     heads = int(_get(text, "num_attention_heads", "n_head"))
+    if heads <= 0:
+        raise ConfigError(f"num_attention_heads={heads} must be positive")
     kv_heads = int(_get(text, "num_key_value_heads", default=heads))
     head_dim = int(_get(text, "head_dim", default=hidden // heads))
     n_experts = int(_get(text, "n_routed_experts", "num_local_experts", "num_experts", default=0, required=False) or 0)
@@ -323,4 +358,13 @@ def arch_from_config(cfg: dict, name: str) -> ModelArch:
         raise ConfigError(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
     if n_experts and arch.experts_per_token <= 0:
         raise ConfigError("an MoE config needs num_experts_per_tok > 0")
+    if arch.experts_per_token > n_experts:
+        raise ConfigError(f"num_experts_per_tok={arch.experts_per_token} exceeds the {n_experts} routed experts; "
+                          f"a token cannot be routed to more experts than exist")
+    if needs_dense_mlp and arch.intermediate_size <= 0:
+        raise ConfigError(f"intermediate_size={arch.intermediate_size} must be positive for dense MLP layers")
+    if n_experts and moe_inter <= 0:
+        raise ConfigError("an MoE config needs a positive moe_intermediate_size (or intermediate_size)")
+    if arch.first_dense_layers > n_layers:
+        raise ConfigError(f"first_k_dense_replace={arch.first_dense_layers} exceeds num_hidden_layers={n_layers}")
     return arch

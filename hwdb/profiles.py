@@ -11,7 +11,7 @@ from hwdb.schema import EfficiencyCurve
 
 
 class FitQuality(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     n_points: int = Field(ge=0)
     median_abs_rel_error: float = Field(ge=0)
@@ -22,7 +22,7 @@ class FitQuality(BaseModel):
 class Profile(BaseModel):
     """Fitted efficiency curves for one (GPU, engine, engine version)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str
     gpu: str

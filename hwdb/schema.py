@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
+
+from simulator.inputs import NoBoolNumbers
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _Strict(NoBoolNumbers):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Figure(_Strict):
@@ -46,12 +48,24 @@ class EfficiencyCurve(_Strict):
     """
 
     max_eff: float = Field(gt=0, le=1)
-    half: float = Field(ge=0)
+    half: float = Field(ge=0, le=1e15)
     source: str = Field(min_length=3)
     empirical: bool = False
 
     def at(self, x: float) -> float:
         return self.max_eff * x / (x + self.half) if x > 0 else self.max_eff * 1e-9
+
+
+# (lowest, highest, unit) a GPU figure may take: generous bounds around real hardware, so that a typo
+# (a zero, 1e-308, a value in GB instead of bytes) is an error and not an answer.
+GPU_RANGES = {
+    "memory_bytes": (1e8, 1e14, "bytes"),
+    "memory_bandwidth_Bps": (1e9, 1e16, "bytes/s"),
+    "intra_node_bandwidth_Bps": (1e6, 1e15, "bytes/s"),
+    "scale_out_bandwidth_Bps": (1e6, 1e15, "bytes/s"),
+    "price_usd_per_hour": (0, 1e4, "US dollars per hour"),
+    "power_W": (0, 1e5, "W"),
+}
 
 
 class GPU(_Strict):
@@ -84,6 +98,26 @@ class GPU(_Strict):
             raise ValueError("peak_flops needs at least bf16 or fp16")
         return v
 
+    @field_validator("memory_bytes", "memory_bandwidth_Bps", "intra_node_bandwidth_Bps", "scale_out_bandwidth_Bps",
+                     "price_usd_per_hour", "power_W")
+    @classmethod
+    def _physical(cls, v: Figure | None, info) -> Figure | None:
+        """Memory and bandwidths divide the step-time model: each must lie in the range of real hardware."""
+        lo, hi, unit = GPU_RANGES[info.field_name]
+        if v is not None and not lo <= v.value <= hi:
+            raise ValueError(f"value must be from {lo:g} to {hi:g} {unit} (got {v.value:g}); give the datasheet "
+                             f"figure in SI units")
+        return v
+
+    @field_validator("peak_flops")
+    @classmethod
+    def _flops_physical(cls, v: dict[str, Figure]) -> dict[str, Figure]:
+        for dtype, fig in v.items():
+            if not 1e9 <= fig.value <= 1e19:
+                raise ValueError(f"{dtype}.value must be from 1e9 to 1e19 FLOP/s (got {fig.value:g}); give dense "
+                                 f"FLOP/s, or leave the dtype out")
+        return v
+
     def flops(self, dtype: str) -> float:
         """Peak dense FLOP/s for ``dtype``; falls back to bf16/fp16 when absent."""
         for key in (dtype, "bf16", "fp16"):
@@ -104,6 +138,21 @@ class Link(_Strict):
     gpu_direct: bool
     cpu_cost_s_per_byte: Figure
     notes: str | None = None
+
+    @field_validator("bandwidth_Bps")
+    @classmethod
+    def _bandwidth_above_zero(cls, v: Figure) -> Figure:
+        if not 1e3 <= v.value <= 1e15:
+            raise ValueError(f"value must be from 1e3 to 1e15 bytes/s (got {v.value:g}); give bytes per second "
+                             f"per direction")
+        return v
+
+    @field_validator("efficiency")
+    @classmethod
+    def _efficiency_fraction(cls, v: Figure) -> Figure:
+        if not 0 < v.value <= 1:
+            raise ValueError(f"value must be in (0, 1] (got {v.value}); it is the fraction of bandwidth achieved")
+        return v
 
     @property
     def effective_Bps(self) -> float:

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from simulator.console import stdout_console
 from simulator.errors import print_user_error
+from simulator.inputs import InputFileError, int_arg
 from simulator.perf import FitError
 from simulator.scenario import ScenarioError
 from simulator.traces import TraceError
@@ -25,7 +26,7 @@ from simulator.workload import WorkloadError
 from simulator import fmt
 from simulator.cli_simulate import DEFAULT_SCENARIO  # noqa: F401  (re-exported)
 USER_ERRORS = (ScenarioError, hwdb.HwdbError, TraceError, WorkloadError, FitError, ValidationError,
-               FileNotFoundError)
+               InputFileError, OSError)
 
 
 def _fmt(x: float, unit: str = "") -> str:
@@ -85,6 +86,9 @@ def cmd_crossover(args, con: Console) -> int:
     model = db.model(args.model)
     dep = deployment_for(PoolConfig(gpu=args.gpu, tp=args.tp, dtype=args.dtype), model, db)
     plan_memory(dep)
+    if args.prompt > dep.knobs.max_model_len:
+        raise ScenarioError(f"--prompt={args.prompt} exceeds {model.name}'s max_model_len "
+                            f"({dep.knobs.max_model_len} tokens); no such request can be served: lower --prompt")
     kvpt = model.arch.kv_elems_per_token * DTYPE_BYTES[dep.kv_dtype]
     x = crossover_bandwidth(build_step_model(dep), kvpt, args.prompt, dep.knobs.max_num_batched_tokens)
     con.print(f"{model.name} on {dep.gpus}x {dep.gpu.name} TP{dep.tp}, {args.prompt}-token prompt: "
@@ -157,17 +161,17 @@ def build_parser() -> argparse.ArgumentParser:
     q = sub.add_parser("perf", help="print a model's prefill and decode step times on a GPU")
     q.add_argument("model", help="model name, alias, or a local config.json / model folder")
     q.add_argument("--gpu", required=True)
-    q.add_argument("--tp", type=int, default=1)
-    q.add_argument("--pp", type=int, default=1)
+    q.add_argument("--tp", type=int_arg(1, 64), default=1)
+    q.add_argument("--pp", type=int_arg(1, 64), default=1)
     q.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp8"])
     q.add_argument("--hwdb", action="append", default=[], help="extra user hwdb folder (repeatable)")
     q.set_defaults(func=cmd_perf)
     x = sub.add_parser("pd-crossover", help="bandwidth below which PD's KV transfer costs more than the prefill")
     x.add_argument("model")
     x.add_argument("--gpu", required=True)
-    x.add_argument("--tp", type=int, default=1)
+    x.add_argument("--tp", type=int_arg(1, 64), default=1)
     x.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp8"])
-    x.add_argument("--prompt", type=int, default=4000, help="prompt length in tokens")
+    x.add_argument("--prompt", type=int_arg(1, 10_000_000), default=4000, help="prompt length in tokens")
     x.add_argument("--hwdb", action="append", default=[], help="extra user hwdb folder (repeatable)")
     x.set_defaults(func=cmd_crossover)
     h = sub.add_parser("hw", help="list or show GPUs, links and models")

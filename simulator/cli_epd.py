@@ -6,6 +6,7 @@ exit with code 2.
 """
 from __future__ import annotations
 
+import math
 import re
 
 from rich.console import Console
@@ -18,22 +19,35 @@ from simulator.epd_config import EncoderConfig
 from simulator.vision import VisionError, embedding_bytes, encoder_flops, patches, resized, vision_arch, \
     visual_tokens
 from simulator.errors import print_user_error
+from simulator.inputs import int_arg
 
 
 def _size(text: str) -> tuple[int, int]:
     m = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
     if not m:
         raise VisionError(f"--resolution {text!r} is not WIDTHxHEIGHT in pixels, e.g. 1920x1080")
-    return int(m.group(1)), int(m.group(2))
+    w, h = int(m.group(1)), int(m.group(2))
+    if not (1 <= w <= 65536 and 1 <= h <= 65536):
+        raise VisionError(f"--resolution {text!r}: each side must be from 1 to 65536 pixels")
+    return w, h
 
 
 def _tp_times(items: list[str]) -> dict[int, float]:
     out = {}
     for item in items:
         m = re.fullmatch(r"\s*(\d+)\s*=\s*([0-9.eE+-]+)\s*", item)
-        if not m or not float(m.group(2)) > 0:
-            raise VisionError(f"--tp-times {item!r} is not TP=SECONDS with a positive time, e.g. 2=0.492")
-        out[int(m.group(1))] = float(m.group(2))
+        tp, secs = 0, math.nan
+        if m:
+            try:
+                tp, secs = int(m.group(1)), float(m.group(2))
+            except ValueError:
+                pass
+        if not m or not (0 < secs < 1e6) or not 1 <= tp <= 64:
+            raise VisionError(f"--tp-times {item!r} is not TP=SECONDS with TP from 1 to 64 and a positive, finite "
+                              f"time below 1e6 s, e.g. 2=0.492")
+        if tp in out:
+            raise VisionError(f"--tp-times gives TP {tp} twice; give each TP degree once")
+        out[tp] = secs
     return out
 
 
@@ -88,7 +102,7 @@ def add_subparsers(sub) -> None:
     p.add_argument("--resolution", nargs="+", default=["640x480", "1280x720", "1920x1080", "3840x2160"],
                    help="image sizes WIDTHxHEIGHT in pixels")
     p.add_argument("--gpu", default="H100")
-    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--tp", type=int_arg(1, 64), default=1)
     p.add_argument("--engine", default="vllm-v1")
     p.add_argument("--hwdb", action="append", default=[], help="extra user hwdb folder (repeatable)")
     p.add_argument("--tp-times", nargs="+", metavar="TP=SECONDS",

@@ -19,6 +19,7 @@ from simulator.k8s import PodSpec, Probe, ProbeError, recommend_probes, simulate
 from simulator.perf import FitError
 from simulator.scenario import ScenarioError
 from simulator.errors import print_user_error
+from simulator.inputs import float_arg, int_arg
 
 OPS_ERRORS = (ColdStartError, ProbeError, hwdb.HwdbError, ScenarioError, FitError, ValidationError)
 
@@ -183,8 +184,8 @@ def _run(func):
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="model name, alias, or a local config.json / model folder")
     p.add_argument("--gpu", required=True)
-    p.add_argument("--tp", type=int, default=1)
-    p.add_argument("--pp", type=int, default=1)
+    p.add_argument("--tp", type=int_arg(1, 64), default=1)
+    p.add_argument("--pp", type=int_arg(1, 64), default=1)
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp8"])
     p.add_argument("--compile-cache", default="miss", choices=["miss", "hit"],
                    help="vLLM's torch.compile cache: miss (first start) or hit (on disk)")
@@ -192,8 +193,8 @@ def _common(p: argparse.ArgumentParser) -> None:
                                                      "(or a storage file in a user hwdb's coldstart/)")
     p.add_argument("--image-cached", action=argparse.BooleanOptionalAction, default=True,
                    help="the serving image is already on the node (default) or must be pulled")
-    p.add_argument("--compile-sizes", type=int, default=0, help="static sizes in compilation_config.compile_sizes")
-    p.add_argument("--compile-multiplier", type=float, default=1.0,
+    p.add_argument("--compile-sizes", type=int_arg(0, 1024), default=0, help="static sizes in compilation_config.compile_sizes")
+    p.add_argument("--compile-multiplier", type=float_arg(0, 100, lo_open=True), default=1.0,
                    help="what-if factor on the Inductor compile (tails: see docs/operations.md)")
     p.add_argument("--enforce-eager", action="store_true", help="no torch.compile, no CUDA graphs")
     p.add_argument("--hwdb", action="append", default=[], help="extra user hwdb folder (repeatable)")
@@ -205,10 +206,10 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def _probe_args(p: argparse.ArgumentParser, prefix: str, delay: int, period: int, timeout: int, thr: int) -> None:
     g = p.add_argument_group(f"{prefix}Probe")
-    g.add_argument(f"--{prefix}-initial-delay", type=int, default=delay, metavar="S")
-    g.add_argument(f"--{prefix}-period", type=int, default=period, metavar="S")
-    g.add_argument(f"--{prefix}-timeout", type=int, default=timeout, metavar="S")
-    g.add_argument(f"--{prefix}-failure-threshold", type=int, default=thr, metavar="N")
+    g.add_argument(f"--{prefix}-initial-delay", type=int_arg(0, 86400), default=delay, metavar="S")
+    g.add_argument(f"--{prefix}-period", type=int_arg(1, 86400), default=period, metavar="S")
+    g.add_argument(f"--{prefix}-timeout", type=int_arg(1, 86400), default=timeout, metavar="S")
+    g.add_argument(f"--{prefix}-failure-threshold", type=int_arg(1, 100_000), default=thr, metavar="N")
     g.add_argument(f"--no-{prefix}", action="store_true", help=f"no {prefix}Probe")
 
 
@@ -226,8 +227,8 @@ def add_subparsers(sub) -> None:
                         "initialDelaySeconds,periodSeconds,timeoutSeconds,failureThreshold")
     p.add_argument("--compile-cache-volume", action="store_true",
                    help="the torch.compile cache is on a volume and survives container restarts")
-    p.add_argument("--horizon", type=float, default=1800.0, help="simulated seconds (default 1800)")
-    p.add_argument("--margin", type=float, default=0.5, help="safety margin of the recommended startupProbe")
+    p.add_argument("--horizon", type=float_arg(0, 7 * 86400, lo_open=True), default=1800.0, help="simulated seconds (default 1800)")
+    p.add_argument("--margin", type=float_arg(0, 10), default=0.5, help="safety margin of the recommended startupProbe")
     p.set_defaults(func=_run(cmd_probes))
 
 

@@ -23,6 +23,7 @@ from simulator.plan import PlanError, artefacts, load_plan_request, run_plan
 from simulator.plan.executors import ExecutorError
 from simulator.scenario import ScenarioError
 from simulator.errors import print_user_error
+from simulator.inputs import int_arg
 
 PLAN_ERRORS = (PlanError, ExecutorError, ScenarioError, hwdb.HwdbError, FitError, ValidationError, FileNotFoundError)
 
@@ -116,12 +117,12 @@ def add_subparsers(sub) -> None:
     """Hook for ``simulator/cli.py``: adds ``epdsim plan``."""
     p = sub.add_parser("plan", help="search deployments for the cheapest one meeting the SLOs; emit artefacts")
     p.add_argument("request", help="plan request YAML (see docs/planner.md, examples/plan_*.yaml)")
-    p.add_argument("--workers", type=int, default=None, help="local worker processes (default: usable cores)")
+    p.add_argument("--workers", type=int_arg(1, 4096), default=None, help="local worker processes (default: usable cores)")
     p.add_argument("--ray", metavar="ADDRESS", default=None,
                    help="run simulations on a Ray cluster (needs the 'ray' extra); 'local' starts one here")
     p.add_argument("--out", help="folder for verified.jsonl (incremental, resumable), candidates.csv, pareto.csv")
     p.add_argument("--artefacts", metavar="DIR", help="write vLLM/SGLang commands, Kubernetes YAML, router config")
-    p.add_argument("--top", type=int, default=15, help="rows of the Pareto front to print")
+    p.add_argument("--top", type=int_arg(0, 100_000), default=15, help="rows of the Pareto front to print")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_run)
 

@@ -18,7 +18,6 @@ from rich.markup import escape
 from rich.table import Table
 
 import hwdb
-import yaml
 from simulator.perf import FitError
 from simulator.plan import PlanError
 from simulator.regress.compare import Row, baseline_record, compare, read_baseline, write_baseline
@@ -27,6 +26,7 @@ from simulator.regress.runner import run_suite
 from simulator.regress.suite import LoadedSuite, RegressError, load_suite
 from simulator.scenario import ScenarioError
 from simulator.errors import print_user_error
+from simulator.inputs import read_yaml
 
 REGRESS_ERRORS = (RegressError, PlanError, ScenarioError, hwdb.HwdbError, FitError, ValidationError)
 _STYLE = {"held": "green", "moved": "bold red", "new": "bold red", "removed": "yellow"}
@@ -64,7 +64,7 @@ def _check_selected(folders: tuple[str, ...], label: str, require: bool = False)
     db = hwdb.load(folders)          # validates the files, with errors naming file and field
     for folder in folders:
         files = sorted((Path(folder) / "profiles").glob("*.yaml"))
-        mine = [db.profiles[n] for n in (yaml.safe_load(f.read_text()).get("name") for f in files)
+        mine = [db.profiles[n] for n in (read_yaml(f, RegressError, "profile").get("name") for f in files)
                 if n in db.profiles]
         if require and not mine:
             raise RegressError(f"{label} '{folder}' holds no calibration profile (profiles/*.yaml)")

@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from simulator.confidence import describe
+from simulator.inputs import int_arg
 from simulator import fmt
 from simulator.scenario import ScenarioError
 from simulator.serving_summary import slo_text
@@ -162,8 +163,8 @@ def add_subparser(sub) -> None:
     s.add_argument("scenario", nargs="?", help=f"scenario YAML (default: {DEFAULT_SCENARIO.name})")
     s.add_argument("--out", help="directory for requests/steps tables and summary.json")
     s.add_argument("--format", nargs="+", default=["parquet"], choices=["parquet", "csv", "json"])
-    s.add_argument("--seed", type=int, help="override the scenario's seed")
-    s.add_argument("--replication", type=int, default=0, help="independent replication index")
+    s.add_argument("--seed", type=int_arg(0, 2**63 - 1), help="override the scenario's seed")
+    s.add_argument("--replication", type=int_arg(0, 2**31), default=0, help="independent replication index")
     s.add_argument("--model", help="override the scenario's model (name, alias, config.json or model folder)")
     s.add_argument("--rate", type=float, help="override the open-loop arrival rate (requests/s)")
     s.add_argument("--num-requests", type=int, help="override the number of requests")

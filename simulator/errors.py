@@ -84,33 +84,51 @@ def format_validation_error(err: ValidationError, data, *, root: type[BaseModel]
 
 
 def yaml_error(path, exc) -> str:
-    """Where a YAML file stops parsing: ``FILE: not valid YAML at line L, column C: problem``, with the
-    line of the construct it was inside when the parser says so."""
-    def at(mark) -> str:
-        return f"line {mark.line + 1}, column {mark.column + 1}"
-    mark, ctx = getattr(exc, "problem_mark", None), getattr(exc, "context_mark", None)
-    what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-    where = f" at {at(mark)}" if mark else ""
-    if ctx is not None and getattr(exc, "context", None):
-        where += f" ({exc.context} started at {at(ctx)})"
-    return f"{path}: not valid YAML{where}: {what}; fix the syntax there"
+    """Where a YAML file stops parsing (see :func:`simulator.inputs.yaml_error`)."""
+    from simulator.inputs import yaml_error as _yaml_error
+    return _yaml_error(path, exc)
 
 
-def read_yaml(path, error: type[Exception]):
-    """``yaml.safe_load`` of ``path``; a syntax error raises ``error`` with :func:`yaml_error`'s text."""
-    import yaml
-    try:
-        return yaml.safe_load(Path(path).read_text())
-    except yaml.YAMLError as exc:
-        raise error(yaml_error(path, exc)) from None
+def read_yaml(path, error: type[Exception], what: str = "YAML file"):
+    """``path`` parsed by :func:`simulator.inputs.read_yaml` (size, encoding, directory, alias budget and
+    duplicate-key checks); every failure raises ``error`` with the file and line."""
+    from simulator.inputs import read_yaml as _read_yaml
+    return _read_yaml(path, error, what)
+
+
+def os_error_message(exc: OSError) -> str:
+    """``PATH: what went wrong; fix`` for an OSError met while reading or writing a user's path."""
+    if exc.filename is None or exc.strerror is None:
+        return str(exc)          # raised with a message of its own
+    where, what = exc.filename, exc.strerror
+    hint = {NotADirectoryError: "a part of the path is a file, not a folder: choose another path",
+            IsADirectoryError: "it is a folder: give a file path",
+            FileExistsError: "a file is in the way: choose another path or remove it",
+            PermissionError: "check its permissions or choose another path",
+            FileNotFoundError: "check the path"}.get(type(exc), "check the path")
+    return f"{where}: {what}; {hint}"
+
+
+def validation_message(err: ValidationError) -> str:
+    """A pydantic error raised outside a file's validation (e.g. a command's options) as
+    ``location: message (got value)`` lines, without pydantic's dump and documentation URL."""
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-after"))
+        got = "" if isinstance(e.get("input"), (dict, list)) or e["type"] == "missing" else f" (got {e['input']!r})"
+        lines.append(f"{loc + ': ' if loc else ''}{e['msg'].removeprefix('Value error, ')}{got}")
+    return "invalid option: " + "; ".join(lines)
 
 
 def print_user_error(exc: BaseException, label: str = "error") -> int:
     """Print a user error on stderr as one paragraph and return the CLI's user-error exit code, 2.
 
-    ``escape``: messages contain brackets (pools[main]) that rich would take for markup;
-    ``soft_wrap``: no line breaks inserted, so the message pastes as one paragraph."""
+    The message is printed as plain text: never rich markup (``pools[main]``) nor emoji codes
+    (``:x:``); ``soft_wrap``: no line breaks inserted, so the message pastes as one paragraph."""
     from rich.console import Console
-    from rich.markup import escape
-    Console(stderr=True).print(f"[red]{label}:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+    from rich.text import Text
+    text = Text(f"{label}: ", style="red")
+    text.append(os_error_message(exc) if isinstance(exc, OSError) else
+                validation_message(exc) if isinstance(exc, ValidationError) else str(exc))
+    Console(stderr=True, emoji=False, markup=False, highlight=False).print(text, soft_wrap=True)
     return 2

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
+
+from simulator.inputs import NoBoolNumbers
 
 
-class _Strict(BaseModel):
+class _Strict(NoBoolNumbers):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
@@ -93,11 +95,11 @@ class AutoscaleConfig(_Strict):
     policy: str = "queue"
     min_instances: int = Field(1, ge=1)
     max_instances: int = Field(8, ge=1)
-    interval_s: float = Field(15.0, gt=0)
+    interval_s: float = Field(15.0, ge=0.1, le=86400)   # below 0.1 s the autoscaler's ticks swamp the run
     target_queue: float = Field(4.0, gt=0)
     target_kv: float = Field(0.8, gt=0, le=1)
     target_utilisation: float = Field(0.7, gt=0, le=1)
-    window_s: float = Field(60.0, gt=0)
+    window_s: float = Field(60.0, gt=0, le=1e7)
     scale_down_stabilization_s: float = Field(300.0, ge=0)
 
     @model_validator(mode="after")
@@ -121,7 +123,7 @@ class FP8CrashConfig(_Strict):
     pool with ``dtype: fp8``.
     """
 
-    rate_per_token_s: float | None = Field(None, ge=0)
+    rate_per_token_s: float | None = Field(None, ge=0, le=1e-3)   # 1e-3: a 1k-token instance crashes each second
     onset_tokens: int | None = Field(None, ge=0)
     pools: tuple[str, ...] = ()
 
@@ -130,8 +132,8 @@ class NodeFailureConfig(_Strict):
     """Each instance's node fails after an exponential time of mean ``mtbf_s``; its replacement
     starts ``mttr_s`` later (then provisioning and a full start).  ``pools``: empty = all."""
 
-    mtbf_s: float = Field(gt=0)
-    mttr_s: float = Field(0.0, ge=0)
+    mtbf_s: float = Field(ge=1, le=1e12)        # failures more often than each second would never let a run end
+    mttr_s: float = Field(0.0, ge=0, le=1e9)
     pools: tuple[str, ...] = ()
 
 
@@ -141,8 +143,8 @@ class LinkDegradationConfig(_Strict):
     time of mean ``duration_s`` (transfers in flight slow down).  Static degradation and latency
     jitter are ``kv_transfer.bandwidth_factor`` and ``kv_transfer.jitter_mean_s``."""
 
-    mtbf_s: float = Field(gt=0)
-    duration_s: float = Field(gt=0)
+    mtbf_s: float = Field(ge=1e-3, le=1e12)
+    duration_s: float = Field(ge=1e-3, le=1e9)
     bandwidth_factor: float = Field(gt=0, le=1)
 
 

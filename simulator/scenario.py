@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 import hwdb
 from simulator.epd_config import EmbeddingTransferConfig, EncoderConfig
 from simulator.errors import format_validation_error, read_yaml
+from simulator.inputs import NoBoolNumbers
 from simulator.perf import Deployment, EngineKnobs, FitError, build_step_model, plan_memory
 from simulator.opsconfig import OperationsConfig, check_against_pools
 from simulator.routing import ROUTERS
@@ -26,8 +27,8 @@ class ScenarioError(ValueError):
     """The scenario is malformed or describes an impossible deployment."""
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _Strict(NoBoolNumbers):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class EngineConfig(_Strict):
@@ -79,9 +80,9 @@ class KVTransferConfig(_Strict):
     fabric: str | None = None
     same_node: bool = False
     layerwise: bool | None = None
-    bandwidth_Bps: float | None = Field(None, gt=0)   # what-if: per-instance bandwidth instead of the fabric's
+    bandwidth_Bps: float | None = Field(None, ge=1e3)  # what-if: per-instance bandwidth instead of the fabric's
     bandwidth_factor: float = Field(1.0, gt=0, le=1)  # degraded fabric: fraction of bandwidth left
-    jitter_mean_s: float = Field(0.0, ge=0)           # extra latency per transfer, exponential with this mean
+    jitter_mean_s: float = Field(0.0, ge=0, le=3600)         # extra latency per transfer, exponential with this mean
     kv_buffer_size: float | None = Field(None, gt=0)  # bytes; receive buffer per decode instance (P2pNccl)
     # Network topology (simulator/pd.py): GPUs behind one NIC (None: 1 on RDMA fabrics, a node on TCP/VPC),
     # one NIC's line rate (None: the fabric link's), nodes under one leaf switch and its oversubscription.
@@ -94,8 +95,8 @@ class KVTransferConfig(_Strict):
 class SLO(_Strict):
     """Latency targets (seconds) a request must meet to count toward attainment and goodput."""
 
-    ttft_s: float | None = Field(None, gt=0)
-    tpot_s: float | None = Field(None, gt=0)
+    ttft_s: float | None = Field(None, gt=0, le=1e6)
+    tpot_s: float | None = Field(None, gt=0, le=1e6)
     attainment: float = Field(0.9, gt=0, le=1)
     # Goodput criterion: None counts requests meeting both targets (attainment); a percentile
     # (e.g. 99) instead requires that percentile of TTFT and of TPOT to meet them (EPD papers).
@@ -103,7 +104,7 @@ class SLO(_Strict):
 
 
 class SimulationConfig(_Strict):
-    max_time_s: float | None = Field(None, gt=0)
+    max_time_s: float | None = Field(None, gt=0, le=1e9)
 
 
 class Scenario(_Strict):
@@ -111,7 +112,7 @@ class Scenario(_Strict):
 
     name: str = "scenario"
     description: str = ""
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, lt=2**63)
     model: str
     hwdb: tuple[str, ...] = ()
     pools: tuple[PoolConfig, ...] = Field(min_length=1)
@@ -188,9 +189,7 @@ def parse_scenario(data: dict, origin: str = "scenario", base: Path | None = Non
 def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario YAML file."""
     path = Path(path)
-    if not path.exists():
-        raise ScenarioError(f"scenario file '{path}' does not exist")
-    data = read_yaml(path, ScenarioError)
+    data = read_yaml(path, ScenarioError, "scenario")
     return parse_scenario(data, str(path), path.parent)
 
 
@@ -222,6 +221,9 @@ def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB
         raise ScenarioError(f"pools[{pool.name}].tp={pool.tp} exceeds the {gpu.gpus_per_node} GPUs in a "
                             f"{gpu.name} node; tensor parallelism stays within a node: lower tp and raise pp")
     arch = model.arch
+    if pool.pp > arch.num_layers:
+        raise ScenarioError(f"pools[{pool.name}].pp={pool.pp} exceeds {arch.name}'s {arch.num_layers} layers; "
+                            f"each pipeline stage needs at least one layer: lower pp")
     if arch.num_heads % pool.tp:
         raise ScenarioError(f"pools[{pool.name}].tp={pool.tp} does not divide {arch.name}'s "
                             f"{arch.num_heads} attention heads; choose a divisor")

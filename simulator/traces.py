@@ -45,6 +45,8 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
+from simulator.inputs import check_file, decode
+
 TraceFormat = Literal["azure", "mooncake", "plain", "auto"]
 Role = Literal["input", "output"]
 
@@ -121,15 +123,36 @@ class _Table:
         )
 
 
+MAX_ABS_SECONDS = 1e11
+"""Largest arrival time (s, either sign) a trace may give: about 3,000 years."""
+
+
 def _missing_file(path: Path) -> TraceError:
-    return TraceError(f"{path}: no such file; check the path (relative paths start at {Path.cwd()})")
+    """The error for a path that is not a readable text file (missing, a folder, binary, UTF-16)."""
+    try:
+        check_file(path, TraceError, "trace")
+        with path.open("rb") as fh:
+            decode(fh.read(65536).rsplit(b"\n", 1)[0] if path.stat().st_size > 65536 else fh.read(),
+                   str(path), TraceError, "trace")
+    except TraceError as exc:
+        return exc
+    return TraceError(f"{path}: cannot be read as a trace; check the path")
+
+
+def _check_readable(path: Path) -> None:
+    """Raise the :func:`_missing_file` error unless ``path`` is a file that starts as UTF-8 text."""
+    if not path.is_file():
+        raise _missing_file(path)
+    with path.open("rb") as fh:
+        head = fh.read(65536)
+    if head[:2] in (b"\xff\xfe", b"\xfe\xff") or b"\x00" in head:
+        raise _missing_file(path)
 
 
 def _read_csv(path: Path, required: tuple[str, ...], optional: tuple[str, ...],
               expected: str, limit: int | None) -> _Table:
     """Read a headed CSV as strings, keeping each row's line number (header = line 1)."""
-    if not path.is_file():
-        raise _missing_file(path)
+    _check_readable(path)
     try:
         with warnings.catch_warnings():  # a too-wide first row is only a ParserWarning
             warnings.simplefilter("error", pd.errors.ParserWarning)
@@ -137,7 +160,10 @@ def _read_csv(path: Path, required: tuple[str, ...], optional: tuple[str, ...],
                              nrows=limit, skipinitialspace=True, index_col=False)
     except pd.errors.EmptyDataError:
         raise TraceError(f"{path} is empty; {expected}.") from None
-    except (pd.errors.ParserError, pd.errors.ParserWarning, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError:
+        raise TraceError(f"{path}{_bad_utf8_line(path)}: not UTF-8 text (latin-1 or another legacy encoding?); "
+                         f"save the trace as UTF-8") from None
+    except (pd.errors.ParserError, pd.errors.ParserWarning) as exc:
         where = _wide_row(path) or f": not a readable CSV ({str(exc).strip()})"
         raise TraceError(f"{path}{where}; {expected}.") from None
     df.columns = [str(c).strip() for c in df.columns]
@@ -155,6 +181,17 @@ def _read_csv(path: Path, required: tuple[str, ...], optional: tuple[str, ...],
     return _Table(str(path), df[keep], lines, expected)
 
 
+def _bad_utf8_line(path: Path) -> str:
+    """' line N' for the first line of ``path`` that is not UTF-8, else ''."""
+    with path.open("rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError:
+                return f" line {lineno}"
+    return ""
+
+
 def _wide_row(path: Path) -> str:
     """' line N: ...' for the first row with more comma-separated fields than the header, else ''."""
     with path.open(encoding="utf-8", errors="replace") as fh:
@@ -170,20 +207,26 @@ def _wide_row(path: Path) -> str:
 
 def _read_jsonl(path: Path, required: tuple[str, ...], optional: tuple[str, ...],
                 expected: str, limit: int | None) -> _Table:
-    """Read JSON Lines, one object per non-blank line, keeping line numbers."""
-    if not path.is_file():
-        raise _missing_file(path)
+    """Read JSON Lines, one object per non-blank line, keeping line numbers (stops after ``limit``)."""
+    _check_readable(path)
     records: list[dict] = []
     lines: list[int] = []
-    with path.open(encoding="utf-8") as fh:
+    with path.open(encoding="utf-8", errors="surrogateescape") as fh:
         for lineno, text in enumerate(fh, start=1):
+            if any("\udc80" <= ch <= "\udcff" for ch in text):
+                raise TraceError(f"{path} line {lineno}: not UTF-8 text (latin-1 or another legacy "
+                                 f"encoding?); save the trace as UTF-8")
             if not text.strip():
                 continue
             if limit is not None and len(records) >= limit:
                 break
             try:
-                rec = json.loads(text)
-            except json.JSONDecodeError as exc:
+                rec = json.loads(text, parse_constant=_reject_constant)
+            except RecursionError:
+                raise TraceError(f"{path} line {lineno}: nested too deeply; {expected}.") from None
+            except ValueError as exc:
+                if not isinstance(exc, json.JSONDecodeError):
+                    raise TraceError(f"{path} line {lineno}: {exc}; {expected}.") from None
                 raise TraceError(f"{path} line {lineno}: not valid JSON ({exc.msg}); "
                                  f"{expected}.") from None
             if not isinstance(rec, dict):
@@ -230,12 +273,16 @@ def _tokens(t: _Table, column: str, role: Role, notes: list[str]) -> np.ndarray:
     return out
 
 
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
 def _seconds(t: _Table, column: str, unit_s: float) -> np.ndarray:
-    x = _numbers(t.df[column])
-    bad = ~np.isfinite(x)
+    x = _numbers(t.df[column]) * unit_s
+    bad = ~np.isfinite(x) | (np.abs(x) > MAX_ABS_SECONDS)
     if bad.any():
-        raise t.fail(int(np.argmax(bad)), column, "a number")
-    return x * unit_s
+        raise t.fail(int(np.argmax(bad)), column, "a number (a finite time within ±1e11 s)")
+    return x
 
 
 def _hash_ids(t: _Table, column: str) -> tuple[tuple[int, ...], ...] | None:
@@ -249,10 +296,24 @@ def _hash_ids(t: _Table, column: str) -> tuple[tuple[int, ...], ...] | None:
                 v = [int(s) for s in v.strip().strip("[]").replace(",", " ").split()]
             except ValueError:
                 v = None
-        if not isinstance(v, list) or not all(type(h) is int for h in v):
+        if not isinstance(v, list) or not all(type(h) is int and -2**63 <= h < 2**63 for h in v):
             raise t.fail(i, column, "a list of integer block ids")
         rows.append(tuple(v))
     return tuple(rows)
+
+
+def _check_hashes(t: _Table, column: str, hashes, inp: np.ndarray) -> None:
+    """A row cannot name more prefix blocks than its prompt fills (``HASH_BLOCK_TOKENS`` tokens each)."""
+    if hashes is None:
+        return
+    blocks = np.fromiter((len(h) for h in hashes), dtype=np.int64, count=len(hashes))
+    most = -(-inp // HASH_BLOCK_TOKENS)
+    bad = blocks > most
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise TraceError(f"{t.path} line {t.lines[i]}: {column} lists {blocks[i]} blocks but the prompt's "
+                         f"{inp[i]} tokens fill at most {most[i]} blocks of {HASH_BLOCK_TOKENS}; give one id per "
+                         f"{HASH_BLOCK_TOKENS}-token block of the prompt")
 
 
 def _finish(t: _Table, arrival: np.ndarray, inp: np.ndarray, out: np.ndarray,
@@ -282,7 +343,14 @@ def read_azure_csv(path: str | Path, limit: int | None = None) -> Trace:
     expected = ("each row must be TIMESTAMP,ContextTokens,GeneratedTokens, e.g. "
                 "'2023-11-16 18:15:46.6805900,374,44', below that header line")
     t = _read_csv(Path(path), AZURE_COLUMNS, (), expected, limit)
-    stamps = pd.to_datetime(t.df["TIMESTAMP"], format="ISO8601", errors="coerce")
+    try:
+        stamps = pd.to_datetime(t.df["TIMESTAMP"], format="ISO8601", errors="coerce")
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise TraceError(f"{t.path}: the TIMESTAMP column cannot be read as one time line ({str(exc)[:160]}); "
+                         f"give every timestamp in the same time zone, or none; {expected}.") from None
+    if not isinstance(stamps.dtype, (np.dtype, pd.DatetimeTZDtype)) or stamps.dtype == object:
+        raise TraceError(f"{t.path}: the TIMESTAMP column mixes time zones (or zone-less and zoned times); "
+                         f"give every timestamp in the same time zone, or none; {expected}.")
     bad = stamps.isna().to_numpy()
     if bad.any():
         raise t.fail(int(np.argmax(bad)), "TIMESTAMP", "a timestamp like 2023-11-16 18:15:46.6805900")
@@ -305,7 +373,9 @@ def read_mooncake_jsonl(path: str | Path, limit: int | None = None) -> Trace:
     arrival = _seconds(t, "timestamp", 1e-3)
     inp = _tokens(t, "input_length", "input", notes)
     out = _tokens(t, "output_length", "output", notes)
-    return _finish(t, arrival, inp, out, _hash_ids(t, "hash_ids"), notes)
+    hashes = _hash_ids(t, "hash_ids")
+    _check_hashes(t, "hash_ids", hashes, inp)
+    return _finish(t, arrival, inp, out, hashes, notes)
 
 
 def read_plain(path: str | Path, limit: int | None = None) -> Trace:
@@ -325,12 +395,13 @@ def read_plain(path: str | Path, limit: int | None = None) -> Trace:
     arrival = _seconds(t, "arrival_s", 1.0)
     inp = _tokens(t, "input_tokens", "input", notes)
     out = _tokens(t, "output_tokens", "output", notes)
-    return _finish(t, arrival, inp, out, _hash_ids(t, "hash_ids"), notes)
+    hashes = _hash_ids(t, "hash_ids")
+    _check_hashes(t, "hash_ids", hashes, inp)
+    return _finish(t, arrival, inp, out, hashes, notes)
 
 
 def _first_line(path: Path) -> str:
-    if not path.is_file():
-        raise _missing_file(path)
+    _check_readable(path)
     with path.open(encoding="utf-8", errors="replace") as fh:
         for text in fh:
             if text.strip():

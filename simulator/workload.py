@@ -33,24 +33,28 @@ from pathlib import Path
 from typing import Annotated, Literal, Union
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from simulator.epd_config import ImageWorkload
+from simulator.inputs import NoBoolNumbers
 from simulator.loadshape import ShapedArrivals, shaped_arrivals
 from simulator.traces import Role, Trace, TraceFormat, read_token_columns, read_trace
 
 MAX_REQUESTS = 50_000_000
+"""Upper bound on requests one workload may generate (about 2 GB of arrays)."""
+MAX_TOKENS = 10_000_000        # longest prompt or output one request may have (tokens)
+MIN_RATE, MAX_RATE = 1e-6, 1e7  # requests/s: one a fortnight .. ten million a second
+MAX_SECONDS = 1e9              # durations and times: about 30 years
 # Mean client-side delay before each closed-loop send (s): 0 as in vllm bench serve's asyncio loop; a
 # few milliseconds of client delay changed no validation figure (docs/validation/e2e.md).
 CLIENT_SEND_DELAY_S = 0.0
-"""Upper bound on requests one workload may generate (about 2 GB of arrays)."""
 
 
 class WorkloadError(ValueError):
     """A valid-looking config cannot produce requests; the message says what to change."""
 
 
-class _Frozen(BaseModel):
+class _Frozen(NoBoolNumbers):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
@@ -60,15 +64,15 @@ class FixedLength(_Frozen):
     """Every request has ``value`` tokens."""
 
     kind: Literal["fixed"] = "fixed"
-    value: int = Field(ge=1, description="tokens")
+    value: int = Field(ge=1, le=MAX_TOKENS, description="tokens")
 
 
 class UniformLength(_Frozen):
     """Integer lengths uniform on [low, high], both inclusive (tokens)."""
 
     kind: Literal["uniform"] = "uniform"
-    low: int = Field(ge=1)
-    high: int = Field(ge=1)
+    low: int = Field(ge=1, le=MAX_TOKENS)
+    high: int = Field(ge=1, le=MAX_TOKENS)
 
     @model_validator(mode="after")
     def _ordered(self) -> UniformLength:
@@ -87,10 +91,10 @@ class LognormalLength(_Frozen):
     """
 
     kind: Literal["lognormal"] = "lognormal"
-    mean: float = Field(gt=0)
-    cv: float = Field(gt=0)
-    low: int = Field(1, ge=1)
-    high: int | None = Field(None, ge=1)
+    mean: float = Field(ge=1, le=MAX_TOKENS)
+    cv: float = Field(gt=0, le=100)
+    low: int = Field(1, ge=1, le=MAX_TOKENS)
+    high: int | None = Field(None, ge=1, le=MAX_TOKENS)
 
     @model_validator(mode="after")
     def _ordered(self) -> LognormalLength:
@@ -105,7 +109,7 @@ class EmpiricalLength(_Frozen):
     kind: Literal["empirical"] = "empirical"
     path: Path | None = None
     column: str | None = None
-    values: tuple[Annotated[int, Field(ge=1)], ...] | None = Field(None, min_length=1)
+    values: tuple[Annotated[int, Field(ge=1, le=MAX_TOKENS)], ...] | None = Field(None, min_length=1)
 
     @model_validator(mode="after")
     def _one_source(self) -> EmpiricalLength:
@@ -139,7 +143,7 @@ class Poisson(_Frozen):
     """Open loop, exponential inter-arrival gaps; ``rate`` in requests/s."""
 
     kind: Literal["poisson"] = "poisson"
-    rate: float = Field(gt=0)
+    rate: float = Field(ge=MIN_RATE, le=MAX_RATE)
 
 
 class Gamma(_Frozen):
@@ -149,8 +153,8 @@ class Gamma(_Frozen):
     """
 
     kind: Literal["gamma"] = "gamma"
-    rate: float = Field(gt=0)
-    cv: float = Field(gt=0)
+    rate: float = Field(ge=MIN_RATE, le=MAX_RATE)
+    cv: float = Field(ge=1e-3, le=100)
 
 
 class TraceArrivals(_Frozen):
@@ -159,15 +163,16 @@ class TraceArrivals(_Frozen):
     Timestamps are multiplied by ``time_scale`` (2.0 = half the rate), or,
     with ``rate`` set, rescaled so that (n - 1) / (last - first arrival)
     equals ``rate`` over the requests replayed.  ``limit`` reads at most that
-    many rows of the file.
+    many rows of the file; so does the workload's ``num_requests`` (the first
+    rows of the file, sorted by arrival after reading, are replayed).
     """
 
     kind: Literal["trace"] = "trace"
     path: Path
     format: TraceFormat = "auto"
-    time_scale: float = Field(1.0, gt=0)
-    rate: float | None = Field(None, gt=0)
-    limit: int | None = Field(None, ge=1)
+    time_scale: float = Field(1.0, ge=1e-9, le=1e9)
+    rate: float | None = Field(None, ge=MIN_RATE, le=MAX_RATE)
+    limit: int | None = Field(None, ge=1, le=MAX_REQUESTS)
 
     @model_validator(mode="after")
     def _one_scaling(self) -> TraceArrivals:
@@ -191,11 +196,11 @@ class ClosedLoop(_Frozen):
     """
 
     kind: Literal["closed"] = "closed"
-    concurrency: int = Field(ge=1)
-    think_time_s: float = Field(0.0, ge=0)
+    concurrency: int = Field(ge=1, le=MAX_REQUESTS)
+    think_time_s: float = Field(0.0, ge=0, le=MAX_SECONDS)
     send_delay_s: float = Field(CLIENT_SEND_DELAY_S, ge=0, le=60)
     ramp_up_s: float = Field(0.0, ge=0, le=3600)
-    warmup_requests: int = Field(0, ge=0)
+    warmup_requests: int = Field(0, ge=0, le=MAX_REQUESTS)
 
 
 Arrival = Annotated[
@@ -220,7 +225,7 @@ class WorkloadConfig(_Frozen):
     output_length: LengthDist | None = None
     lengths: LengthPairs | None = None
     num_requests: int | None = Field(None, ge=1, le=MAX_REQUESTS)
-    duration_s: float | None = Field(None, gt=0)
+    duration_s: float | None = Field(None, gt=0, le=MAX_SECONDS)
     images: ImageWorkload | None = None      # multimodal: images per request (simulator.multimodal)
 
     @model_validator(mode="after")
@@ -335,7 +340,9 @@ def _open_loop(arrival: Poisson | Gamma, num: int | None, duration: float | None
 
 def _replay(arrival: TraceArrivals, cfg: WorkloadConfig) -> tuple[Trace, np.ndarray, int]:
     """The trace, its (scaled) arrival times and how many rows to replay."""
-    trace = read_trace(arrival.path, arrival.format, limit=arrival.limit)
+    # Read only the rows the run can use: num_requests caps the replay (a 200 MB trace is not read whole).
+    limit = min(x for x in (arrival.limit, cfg.num_requests, MAX_REQUESTS) if x is not None)
+    trace = read_trace(arrival.path, arrival.format, limit=limit)
     n = len(trace) if cfg.num_requests is None else cfg.num_requests
     if n > len(trace):
         raise WorkloadError(

@@ -161,3 +161,25 @@ def test_bad_uploads_show_inline_errors(app_server, driver, tmp_path):
     wait.until(lambda d: "input_tokens='lots'" in errors(d))
     assert "trace.csv line 3" in errors(driver) and "each row must give" in errors(driver)
     assert not driver.find_elements(By.CSS_SELECTOR, "[data-testid='stException']")
+
+
+def test_upload_naming_a_server_file_is_refused(app_server, driver, tmp_path):
+    """A scenario uploaded through the browser that names /etc/passwd as its trace is refused inline
+    before anything is read: the page shows the field and the fix, nothing of the file."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+    driver.get(app_server)
+    wait = WebDriverWait(driver, 120, poll_frequency=0.2)
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "[data-testid='stMetric']"))
+    evil = tmp_path / "evil.yaml"
+    evil.write_text("model: Llama-3.1-8B\npools: [{gpu: H100}]\n"
+                    "workload: {arrival: {kind: trace, path: /etc/passwd, format: plain}, num_requests: 5}\n")
+    uploads = driver.find_elements(By.CSS_SELECTOR, "[data-testid='stSidebar'] input[type='file']")
+    uploads[0].send_keys(str(evil))
+
+    def errors(d) -> str:
+        return " ".join(e.text for e in d.find_elements(By.CSS_SELECTOR, "[data-testid='stAlert']"))
+    wait.until(lambda d: "outside the files uploaded" in errors(d))
+    assert "workload.arrival.path" in errors(driver)
+    assert "root:" not in driver.find_element(By.TAG_NAME, "body").text
+    assert not driver.find_elements(By.CSS_SELECTOR, "[data-testid='stException']")

@@ -204,3 +204,12 @@ def test_planner_warns_on_an_uncalibrated_recommendation_and_can_prefer_calibrat
     assert "H100" in pref.recommended["layout"]
     assert any("MI300X" in n and "prefer_calibrated" in n for n in pref.notes)
     assert not any(n.startswith("warning:") for n in pref.notes)
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe\x00garbage", b"a,b\n1,2\n", b""])
+def test_validate_e2e_refuses_a_table_that_is_not_one(tmp_path, capsys, content):
+    bad = tmp_path / "bad.csv"
+    bad.write_bytes(content)
+    assert cli_main(["validate-e2e", "--table", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "bad.csv" in err and "Traceback" not in err

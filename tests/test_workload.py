@@ -278,8 +278,8 @@ def test_full_sharegpt_pairs():
 # ------------------------------------------------------------ validation
 
 BAD = [
-    ({"arrival": {"kind": "poisson", "rate": 0}}, "arrival.poisson.rate", "greater than 0"),
-    ({"arrival": {"kind": "gamma", "rate": 1, "cv": 0}}, "arrival.gamma.cv", "greater than 0"),
+    ({"arrival": {"kind": "poisson", "rate": 0}}, "arrival.poisson.rate", "greater than or equal to 0.000001"),
+    ({"arrival": {"kind": "gamma", "rate": 1, "cv": 0}}, "arrival.gamma.cv", "greater than or equal to 0.001"),
     ({"arrival": {"kind": "poisson", "rate": float("inf")}}, "rate", "finite"),
     ({"arrival": {"kind": "poison", "rate": 1}}, "arrival", "'poisson', 'gamma', 'trace', 'closed'"),
     ({"arrival": {"kind": "closed", "concurrency": 0}}, "concurrency", "greater than or equal to 1"),

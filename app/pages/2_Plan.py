@@ -25,8 +25,8 @@ up = st.file_uploader("Load a plan request YAML (else the Home page's scenario i
 data = None
 if up is not None:
     try:
-        data = planning.parse_upload(up.name, up.getvalue())
-    except scenarios.InputError as exc:
+        data = planning.parse_upload(up.name, up.getvalue(), folder=ui.upload_dir())
+    except Exception as exc:           # every upload error inline, never a traceback on the page
         ui.show_error(exc)
 if data is None:
     c1, c2, c3 = st.columns(3)

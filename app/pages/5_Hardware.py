@@ -63,11 +63,14 @@ with tabs[3]:
                 saved(p)
     st.markdown("**Add a link or GPU file** (YAML like those in hwdb/data)")
     kind = st.radio("kind", ["links", "gpus"], horizontal=True, key="yaml-kind")
+    replace = st.checkbox("replace the shipped entry of the same name (for every session of this app)",
+                          key="hw-override", help="off: a file naming shipped hardware is refused")
     up = st.file_uploader("YAML file", type=["yaml", "yml"], key="yaml-upload")
     if up is not None:
         try:
-            st.success(f"saved {hardware.add_yaml(kind, up.name, up.getvalue())}")
-        except scenarios.InputError as exc:
+            st.success(f"saved {hardware.add_yaml(kind, up.name, up.getvalue(), override=replace)}"
+                       + (" (it replaces the shipped entry)" if replace else ""))
+        except Exception as exc:       # every upload error inline, never a traceback on the page
             ui.show_error(exc)
     st.markdown("**Add a model** (its Hugging Face config.json)")
     mname = st.text_input("model name", "", key="model-name")
@@ -75,6 +78,6 @@ with tabs[3]:
     mup = st.file_uploader("config.json", type=["json"], key="model-upload")
     if mup is not None and mname:
         try:
-            st.success(f"saved {hardware.add_model(mname, mup.name, mup.getvalue(), msrc)}")
-        except scenarios.InputError as exc:
+            st.success(f"saved {hardware.add_model(mname, mup.name, mup.getvalue(), msrc, override=replace)}")
+        except Exception as exc:       # every upload error inline, never a traceback on the page
             ui.show_error(exc)

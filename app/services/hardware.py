@@ -5,7 +5,6 @@ user folder with the new file) before anything is written; every figure keeps a 
 """
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import tempfile
@@ -16,7 +15,7 @@ import yaml
 
 import hwdb
 from hwdb import listing
-from app.services.scenarios import InputError, check_size, user_hwdb_dir
+from app.services.scenarios import InputError, check_size, safe_name, user_hwdb_dir
 
 KINDS = ("gpus", "links", "models")
 
@@ -80,8 +79,30 @@ def _safe_name(name: str, what: str) -> str:
     return name
 
 
-def _validated_write(user_dir: Path, rel: str, content: bytes) -> Path:
-    """Check the user folder with the new file by loading it, then write it for real."""
+def shipped_clash(kind: str, name: str, aliases=()) -> str | None:
+    """The shipped ``kind`` entry (gpus, links, models) that ``name`` or one of ``aliases`` would
+    replace, or None.  The app never replaces shipped hardware unless told to (``override``)."""
+    shipped = hwdb.load([])
+    table = {"gpus": shipped.gpus, "links": shipped.links, "models": shipped.models}[kind]
+    for n in (name, *[a for a in aliases if isinstance(a, str)]):
+        try:
+            return hwdb.db.find(kind[:-1], table, n, "").name
+        except hwdb.HwdbError:
+            continue
+    return None
+
+
+def _refuse_clash(kind: str, name: str, aliases, override: bool) -> None:
+    hit = shipped_clash(kind, name, aliases)
+    if hit is not None and not override:
+        raise InputError(f"{kind[:-1]} {name!r} would replace the shipped {kind[:-1]} {hit!r} for every session "
+                         f"of this app; choose another name, or tick 'replace the shipped entry' to override it "
+                         f"on purpose")
+
+
+def _validated_write(user_dir: Path, rel: str, content: bytes, label: str | None = None) -> Path:
+    """Check the user folder with the new file by loading it, then write it for real; an error about the
+    new file names ``label`` (the uploaded file's name), never the trial copy."""
     with tempfile.TemporaryDirectory() as tmp:
         trial = Path(tmp) / "hw"
         if user_dir.is_dir():
@@ -92,7 +113,8 @@ def _validated_write(user_dir: Path, rel: str, content: bytes) -> Path:
         try:
             hwdb.load([trial])
         except hwdb.HwdbError as exc:
-            raise InputError(str(exc).replace(str(trial), str(user_dir))) from None
+            msg = str(exc).replace(str(target), label) if label else str(exc)
+            raise InputError(msg.replace(str(trial), str(user_dir))) from None
     out = user_dir / rel
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(content)
@@ -100,21 +122,22 @@ def _validated_write(user_dir: Path, rel: str, content: bytes) -> Path:
 
 
 def add_gpu(name: str, template: str, memory_GiB: float, bandwidth_TBps: float, bf16_TFLOPS: float,
-            price_usd_per_hour: float, source: str, user_dir: Path | None = None) -> Path:
+            price_usd_per_hour: float, source: str, user_dir: Path | None = None, override: bool = False) -> Path:
     """A GPU like ``template`` with the given memory, bandwidth, bf16 peak and price, each citing ``source``.
 
     Figures not given (links, power, efficiency defaults) are the template's, with its sources.
     """
     user_dir = user_dir or user_hwdb_dir()
     _safe_name(name, "GPU")
+    _refuse_clash("gpus", name, (), override)
     if not source or not source.strip():
         raise InputError("source: every hardware figure needs its source (a datasheet, a measurement); "
                          "write where the numbers come from")
     for field, v in (("memory_GiB", memory_GiB), ("bandwidth_TBps", bandwidth_TBps), ("bf16_TFLOPS", bf16_TFLOPS)):
-        if not v or v <= 0:
-            raise InputError(f"{field}={v!r} must be > 0")
-    if price_usd_per_hour < 0:
-        raise InputError(f"price_usd_per_hour={price_usd_per_hour!r} must be >= 0")
+        if not v or not 0 < v < 1e9:
+            raise InputError(f"{field}={v!r} must be a finite number > 0")
+    if not 0 <= price_usd_per_hour < 1e6:
+        raise InputError(f"price_usd_per_hour={price_usd_per_hour!r} must be a finite number >= 0")
     db = load(user_dir)
     try:
         base = db.gpu(template).model_dump(mode="json", exclude_none=True)
@@ -131,32 +154,40 @@ def add_gpu(name: str, template: str, memory_GiB: float, bandwidth_TBps: float, 
     return _validated_write(user_dir, f"gpus/{name}.yaml", text.encode())
 
 
-def add_yaml(kind: str, filename: str, data: bytes, user_dir: Path | None = None) -> Path:
-    """An uploaded GPU or link YAML file (``kind``: gpus or links), parsed with ``yaml.safe_load``."""
+def add_yaml(kind: str, filename: str, data: bytes, user_dir: Path | None = None, override: bool = False) -> Path:
+    """An uploaded GPU or link YAML file (``kind``: gpus or links), read by the project's reading layer
+    (alias budget, duplicate keys refused).  A name of shipped hardware is refused unless ``override``."""
+    from simulator.inputs import decode, parse_yaml
     user_dir = user_dir or user_hwdb_dir()
     if kind not in ("gpus", "links"):
         raise InputError(f"kind {kind!r}: YAML uploads add gpus or links")
+    filename = safe_name(filename)
     check_size(filename, data, 1 * 2**20)
     try:
-        d = yaml.safe_load(data.decode("utf-8"))
-    except (UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise InputError(f"{filename}: not valid YAML ({str(exc).splitlines()[0]}); compare with "
-                         f"hwdb/data/{kind}/ files") from None
+        d = parse_yaml(decode(data, filename, InputError, "hardware file"), filename, InputError)
+    except InputError as exc:
+        raise InputError(f"{exc}; compare with hwdb/data/{kind}/ files") from None
     if not isinstance(d, dict) or not isinstance(d.get("name"), str):
         raise InputError(f"{filename}: expected a mapping with a 'name' like the files in hwdb/data/{kind}/")
     name = _safe_name(d["name"], kind[:-1])
-    return _validated_write(user_dir, f"{kind}/{name}.yaml", data)
+    aliases = d.get("aliases") if isinstance(d.get("aliases"), list) else ()
+    _refuse_clash(kind, name, aliases, override)
+    return _validated_write(user_dir, f"{kind}/{name}.yaml", data, filename)
 
 
-def add_model(name: str, filename: str, data: bytes, source: str, user_dir: Path | None = None) -> Path:
+def add_model(name: str, filename: str, data: bytes, source: str, user_dir: Path | None = None,
+              override: bool = False) -> Path:
     """An uploaded Hugging Face config.json as model ``name`` (a folder with config.json + epdsim.yaml)."""
+    from simulator.inputs import decode, parse_json
     user_dir = user_dir or user_hwdb_dir()
     _safe_name(name, "model")
+    _refuse_clash("models", name, (), override)
+    filename = safe_name(filename)
     check_size(filename, data, 1 * 2**20)
     try:
-        cfg = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{filename}: not JSON ({exc}); upload the model's config.json") from None
+        cfg = parse_json(decode(data, filename, InputError, "config.json"), filename, InputError, "config.json")
+    except InputError as exc:
+        raise InputError(f"{exc}; upload the model's config.json") from None
     if not isinstance(cfg, dict):
         raise InputError(f"{filename}: expected a JSON object (a Hugging Face config.json)")
     if not source or not source.strip():

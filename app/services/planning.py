@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import zipfile
 
-import yaml
 
 from app.services.scenarios import InputError, USER_ERRORS, check_size
 
@@ -40,14 +39,18 @@ def parse_request(data: dict, origin: str = "plan request"):
         raise InputError(str(exc)) from None
 
 
-def parse_upload(name: str, data: bytes) -> dict:
-    """An uploaded plan YAML (size-limited, ``yaml.safe_load``), validated."""
+def parse_upload(name: str, data: bytes, folder=None) -> dict:
+    """An uploaded plan YAML (size-limited, read by the reading layer), sandboxed to the upload
+    ``folder`` and the shipped data like a scenario (:func:`app.services.scenarios.sandbox`), validated."""
+    from app.services.scenarios import safe_name, sandbox
+    from simulator.inputs import decode, parse_yaml
+    name = safe_name(name)
     check_size(name, data, 1 * 2**20)
     try:
-        d = yaml.safe_load(data.decode("utf-8"))
-    except (UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise InputError(f"{name}: not valid YAML ({str(exc).splitlines()[0]}); compare with "
-                         f"examples/plan_llama8b.yaml") from None
+        d = parse_yaml(decode(data, name, InputError, "plan request"), name, InputError)
+    except InputError as exc:
+        raise InputError(f"{exc}; compare with examples/plan_llama8b.yaml") from None
+    d = sandbox(d, folder, name)
     parse_request(d, name)
     return d
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import json
 import os
 import tempfile
 from collections import OrderedDict
@@ -36,7 +35,7 @@ class InputError(ValueError):
 
 def default_scenario() -> dict:
     """The built-in default scenario (Llama-3.1-8B on 2x H100, Poisson chat load) as a dict."""
-    return yaml.safe_load(DEFAULT_SCENARIO.read_text())
+    return yaml.safe_load(DEFAULT_SCENARIO.read_text())   # shipped file: trusted
 
 
 def user_hwdb_dir() -> Path:
@@ -51,60 +50,176 @@ def check_size(name: str, data: bytes, limit: int = MAX_UPLOAD_BYTES) -> None:
                          f"or run it from the command line with `epdsim simulate`")
 
 
-def parse_yaml_upload(name: str, data: bytes) -> dict:
-    """An uploaded scenario YAML as a dict, checked (size, syntax with ``yaml.safe_load``, schema)."""
-    check_size(name, data)
+def new_upload_dir() -> Path:
+    """A private folder (mode 0700, a fresh random name) for one browser session's uploads."""
+    return Path(tempfile.mkdtemp(prefix="epdsim-uploads-"))
+
+
+def safe_name(name: str) -> str:
+    """An uploaded file's name reduced to one harmless path component (InputError if none is left)."""
+    raw = str(name or "")
+    if "\x00" in raw:
+        raise InputError(f"{raw.replace(chr(0), '?')!r}: a file name may not contain a NUL byte; rename the file")
+    base = raw.replace("\\", "/").rsplit("/", 1)[-1].strip()
+    if len(base.encode("utf-8", "surrogatepass")) > 255:
+        raise InputError(f"{base[:40]!r}...: the file name is over 255 bytes; give the file a shorter name")
+    if base in ("", ".", "..") or base.startswith(".."):
+        raise InputError(f"{raw!r}: not a usable file name; give the file a plain name such as trace.csv")
+    return base
+
+
+def allowed_roots(folder: Path | None) -> tuple[Path, ...]:
+    """Where a scenario in the app may read files: this session's uploads and the shipped data."""
+    roots = [REPO / "examples", hwdb.db.DATA_DIR, user_hwdb_dir()]
+    if folder is not None:
+        roots.insert(0, Path(folder))
+    return tuple(r.resolve() for r in roots)
+
+
+def _inside(path: Path, roots: tuple[Path, ...]) -> bool:
     try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise InputError(f"{name}: not UTF-8 text; save the scenario as a plain-text YAML file") from None
+        real = path.resolve()
+    except (OSError, RuntimeError):
+        return False
+    return any(real == r or real.is_relative_to(r) for r in roots)
+
+
+def sandbox(d, folder: Path | None, origin: str = "scenario"):
+    """``d`` with every file it names (``path`` entries, ``hwdb`` folders, a ``model`` path) taken
+    relative to the upload ``folder`` and checked to lie in :func:`allowed_roots`.
+
+    A scenario uploaded to the app may only read what was uploaded with it (or the shipped examples and
+    hardware data): a path elsewhere on the server is refused before anything is read, so no message
+    can show a server file's contents.  Raises :class:`InputError` naming the field and the value."""
+    if not isinstance(d, dict):
+        return d
+    roots = allowed_roots(folder)
+    base = Path(folder) if folder is not None else None
+
+    def place(value: str) -> Path:
+        p = Path(value).expanduser() if value.startswith("~") else Path(value)
+        return p if p.is_absolute() or base is None else base / p
+
+    def refuse(field: str, value: str):
+        return InputError(f"{origin}: {field} = {value!r} is outside the files uploaded in this session; the app "
+                          f"reads only files uploaded with the scenario (and the shipped examples): upload the "
+                          f"file too and give its name, e.g. path: trace.csv")
+
+    def walk(node, where: str):
+        if isinstance(node, dict):
+            out = {}
+            for k, v in node.items():
+                at = f"{where}.{k}" if where else str(k)
+                if k == "path" and isinstance(v, str):
+                    p = place(v)
+                    if not _inside(p, roots):
+                        raise refuse(at, v)
+                    out[k] = str(p)
+                elif k == "model" and isinstance(v, str) and _looks_like_path(v, base):
+                    p = place(v)
+                    if not _inside(p, roots):
+                        raise refuse(at, v)
+                    out[k] = str(p)
+                else:
+                    out[k] = walk(v, at)
+            return out
+        if isinstance(node, list):
+            return [walk(v, f"{where}[{i}]") for i, v in enumerate(node)]
+        return node
+
+    out = walk({k: v for k, v in d.items() if k != "hwdb"}, "")
+    if "hwdb" in d:
+        dirs = d["hwdb"] if isinstance(d["hwdb"], list) else [d["hwdb"]]
+        out["hwdb"] = []
+        for i, v in enumerate(dirs):
+            if isinstance(v, str):
+                p = place(v)
+                if not _inside(p, roots):
+                    raise refuse(f"hwdb[{i}]", v)
+                v = str(p)
+            out["hwdb"].append(v)
+    return out
+
+
+def _looks_like_path(value: str, base: Path | None) -> bool:
+    """A ``model`` value that names a file or folder rather than a model of the database."""
+    if value.endswith(".json") or value.startswith((".", "~", "/")) or "\\" in value:
+        return True
     try:
-        d = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise InputError(f"{name}: not valid YAML{where}: {what}; fix the syntax there "
-                         f"(compare with examples/llama8b_h100_chat.yaml)") from None
+        return Path(value).exists() or (base is not None and (base / value).exists())
+    except OSError:
+        return True
+
+
+def _decode(name: str, data: bytes, what: str) -> str:
+    from simulator.inputs import decode
+    return decode(data, name, InputError, what)
+
+
+def parse_yaml_upload(name: str, data: bytes, folder: Path | None = None,
+                      files: tuple[tuple[str, bytes], ...] = ()) -> dict:
+    """An uploaded scenario YAML as a dict, checked (size, encoding, YAML with the alias budget and
+    duplicate keys refused, the files it names sandboxed by :func:`sandbox`, schema).
+
+    ``files``: (name, bytes) uploaded with it (traces, length files, config.json), saved into the
+    session's upload ``folder`` (a new private one when None) where the scenario may name them."""
+    from simulator.inputs import MAX_YAML_BYTES, parse_yaml
+    name = safe_name(name)
+    check_size(name, data, MAX_YAML_BYTES)      # YAML parses at ~1 MB/s: a scenario is a few kB
+    text = _decode(name, data, "scenario")
+    if folder is None and files:
+        folder = new_upload_dir()
+    for fname, fdata in files:
+        save_upload("files", fname, fdata, folder)
+    try:
+        d = parse_yaml(text, name, InputError)
+    except InputError as exc:
+        raise InputError(f"{exc} (compare with examples/llama8b_h100_chat.yaml)") from None
+    d = sandbox(d, folder, name)
     to_scenario(d, origin=name)       # raises InputError when it is not a valid scenario
     return d
 
 
 def save_upload(kind: str, name: str, data: bytes, folder: Path | None = None) -> Path:
-    """Write an uploaded trace or config.json under a private temp folder; returns its path.
+    """Write an uploaded file into the session's private upload ``folder``; returns its path.
 
-    The file name is reduced to its last component, so an upload cannot write elsewhere.
-    """
+    ``folder`` None: a new private folder (:func:`new_upload_dir`).  The name is reduced to one
+    component by :func:`safe_name`, so an upload cannot write elsewhere; ``kind`` is only for messages."""
     check_size(name, data)
-    base = folder or Path(tempfile.gettempdir()) / "epdsim-app-uploads"
-    digest = hashlib.sha256(data).hexdigest()[:16]
-    d = base / kind / digest
-    d.mkdir(parents=True, exist_ok=True)
-    p = d / (Path(name).name or "upload")
+    folder = Path(folder) if folder is not None else new_upload_dir()
+    p = folder / safe_name(name)
+    if p.is_symlink() or (p.exists() and not p.is_file()):
+        raise InputError(f"{p.name}: an upload of this name cannot be stored; rename the file")
     p.write_bytes(data)
     return p
 
 
-def model_from_config_upload(name: str, data: bytes) -> str:
+def model_from_config_upload(name: str, data: bytes, folder: Path | None = None) -> str:
     """Store an uploaded Hugging Face ``config.json``; returns the model folder to use as ``model``."""
+    import re
+    from simulator.inputs import parse_json
+    name = safe_name(name)
     check_size(name, data)
     try:
-        cfg = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{name}: not a JSON file ({exc}); upload the model's config.json from its "
-                         f"Hugging Face repository") from None
+        cfg = parse_json(_decode(name, data, "config.json"), name, InputError, "config.json")
+    except InputError as exc:
+        raise InputError(f"{exc}; upload the model's config.json from its Hugging Face repository") from None
     if not isinstance(cfg, dict):
         raise InputError(f"{name}: expected a JSON object like a Hugging Face config.json, got a "
                          f"{type(cfg).__name__}")
-    stem = str(cfg.get("_name_or_path") or Path(name).stem).replace("/", "_") or "uploaded-model"
-    folder = save_upload("models", "config.json", data).parent / stem
-    folder.mkdir(exist_ok=True)
-    (folder / "config.json").write_bytes(data)
+    raw = cfg.get("_name_or_path")
+    raw = raw if isinstance(raw, str) else Path(name).stem
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", raw.replace("/", "_"))[:64].lstrip("._-") or "uploaded-model"
+    root = (Path(folder) if folder is not None else new_upload_dir()) / "models"
+    root.mkdir(exist_ok=True)
+    target = root / stem
+    target.mkdir(exist_ok=True)
+    (target / "config.json").write_bytes(data)
     try:
-        hwdb.load_model_dir(folder)
+        hwdb.load_model_dir(target)
     except hwdb.HwdbError as exc:
-        raise InputError(f"{name}: {exc}") from None
-    return str(folder)
+        raise InputError(str(exc).replace(str(target / "config.json"), name)) from None
+    return str(target)
 
 
 def trace_workload(path: Path, rate: float | None, limit: int | None) -> dict:
@@ -117,8 +232,13 @@ def trace_workload(path: Path, rate: float | None, limit: int | None) -> dict:
     return {"arrival": arr}
 
 
-def to_scenario(d: dict, origin: str = "scenario") -> Scenario:
-    """Validate a scenario dict; raises :class:`InputError` with the field, the value and the fix."""
+def to_scenario(d: dict, origin: str = "scenario", folder: Path | None = None, sandboxed: bool = False) -> Scenario:
+    """Validate a scenario dict; raises :class:`InputError` with the field, the value and the fix.
+
+    ``sandboxed``: first check with :func:`sandbox` that it reads only files of the upload ``folder``
+    and the shipped data (the app does, for every scenario it runs)."""
+    if sandboxed:
+        d = sandbox(d, folder, origin)
     try:
         return parse_scenario(copy.deepcopy(d), origin)
     except ScenarioError as exc:

@@ -29,6 +29,8 @@ import re
 from pathlib import Path
 from typing import Any, Iterable
 
+from simulator.inputs import read_text
+
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
 RECORDS = "records"
@@ -82,15 +84,19 @@ class Bundle:
             raise BundleError(f"no bundle at {path}: not a directory")
         if not mf.exists():
             raise BundleError(f"{path} is not a measurement bundle: {MANIFEST} is missing")
+        text = read_text(mf, BundleError, "bundle manifest")
         try:
-            m = json.loads(mf.read_text())
+            m = json.loads(text)        # NaN allowed: the harness writes it for unmeasured figures
         except json.JSONDecodeError as exc:
             raise BundleError(f"{mf} is not valid JSON: {exc}") from None
+        except (ValueError, RecursionError) as exc:
+            raise BundleError(f"{mf} cannot be read ({str(exc)[:160]})") from None
         if not isinstance(m, dict):
             raise BundleError(f"{mf} must hold a JSON object")
         missing = [k for k in REQUIRED_MANIFEST_KEYS if k not in m]
         if missing:
             raise BundleError(f"{mf} lacks {', '.join(missing)}")
+        _check_shapes(mf, m)
         if m["schema_version"] != SCHEMA_VERSION:
             raise BundleError(f"{mf} has schema_version {m['schema_version']!r}; "
                               f"this epdsim reads version {SCHEMA_VERSION}")
@@ -148,13 +154,19 @@ class Bundle:
         if not f.exists():
             return []
         out = []
-        for line in f.read_text().splitlines():
+        for line in read_text(f, BundleError, "bundle record file", limit=None).splitlines():
             if not line.strip():
                 continue
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError:
                 continue  # torn line of a killed run
+            except (ValueError, RecursionError) as exc:
+                raise BundleError(f"{f}: a record cannot be read ({str(exc)[:160]})") from None
+            if not isinstance(rec, dict):
+                raise BundleError(f"{f}: a record is a JSON {type(rec).__name__}, expected an object")
+            if rec.get("kind") == "request" and not isinstance(rec.get("id"), str):
+                raise BundleError(f"{f}: a request record has id {rec.get('id')!r}; each request needs a string id")
             if kind is None or rec.get("kind") == kind:
                 out.append(rec)
         return out
@@ -197,6 +209,27 @@ class Bundle:
                 if rec["kind"] == "request" and rec.get("model") != self.model_name:
                     raise BundleError(f"{f}: request {rec.get('id')!r} was measured on model "
                                       f"{rec.get('model')!r}, but the manifest says {self.model_name!r}")
+
+
+_MANIFEST_SHAPES = {"model": dict, "plan": list, "runs": list, "launches": list, "versions": dict,
+                    "mode": str, "created": str}
+
+
+def _check_shapes(mf: Path, m: dict) -> None:
+    """The manifest fields that ``calibrate show`` and the fits read have the JSON types they need."""
+    for key, kind in _MANIFEST_SHAPES.items():
+        if key in m and m[key] is not None and not isinstance(m[key], kind):
+            raise BundleError(f"{mf}: field {key} is a {type(m[key]).__name__}, expected a JSON "
+                              f"{'object' if kind is dict else 'array' if kind is list else 'string'}; "
+                              f"restore the manifest the harness wrote")
+    for key in ("plan", "runs", "launches"):
+        for i, item in enumerate(m.get(key) or []):
+            if not isinstance(item, dict):
+                raise BundleError(f"{mf}: {key}[{i}] is a {type(item).__name__}, expected a JSON object")
+            if key == "plan" and not isinstance(item.get("name"), str):
+                raise BundleError(f"{mf}: plan[{i}].name is missing or not a string; each planned phase has a name")
+    if m.get("model") is not None and not isinstance(m["model"].get("served_name", ""), str):
+        raise BundleError(f"{mf}: model.served_name is not a string")
 
 
 def _ends_with_newline(f: Path) -> bool:

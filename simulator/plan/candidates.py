@@ -125,7 +125,9 @@ class PlanContext:
 def _sample_stats(req: PlanRequest, model) -> WorkloadStats:
     wl = req.workload
     if wl.arrival.kind != "trace":
-        wl = wl.model_copy(update={"num_requests": max(2000, req.search.requests or 0), "duration_s": None})
+        # model_copy skips validation: keep the sample within what a run may generate
+        wl = wl.model_copy(update={"num_requests": min(50_000, max(2000, req.search.requests or 0)),
+                                   "duration_s": None})
     rngs = rng_streams(req.search.seed, 0)
     try:
         reqs = generate(wl, rngs["arrivals"], rngs["lengths"])

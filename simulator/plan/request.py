@@ -10,9 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from simulator.errors import format_validation_error, read_yaml
+from simulator.inputs import NoBoolNumbers
 from simulator.scenario import SLO, EngineConfig, resolve_relative
 from simulator.workload import WorkloadConfig
 
@@ -21,8 +22,8 @@ class PlanError(ValueError):
     """The plan request is malformed or its constraints admit no deployment at all."""
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _Strict(NoBoolNumbers):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class GpuOffer(_Strict):
@@ -84,10 +85,10 @@ class SearchConfig(_Strict):
     borderline: int = Field(2, ge=0, le=100)
     verify_front: int = Field(4, ge=0, le=100)
     replications: int = Field(3, ge=1, le=50)
-    requests: int | None = Field(1000, ge=50)
+    requests: int | None = Field(1000, ge=50, le=50_000)   # runs are capped at 50,000 requests (verify.py)
     goodput_iterations: int = Field(5, ge=0, le=30)
     goodput_max_factor: float = Field(4.0, gt=1.0, le=100.0)
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, lt=2**63)
 
 
 class PlanRequest(_Strict):
@@ -156,7 +157,5 @@ def parse_plan_request(data: dict, origin: str = "plan request", base: Path | No
 def load_plan_request(path: str | Path) -> PlanRequest:
     """Read and validate a plan request YAML file."""
     path = Path(path)
-    if not path.exists():
-        raise PlanError(f"plan request file '{path}' does not exist")
-    data = read_yaml(path, PlanError)
+    data = read_yaml(path, PlanError, "plan request")
     return parse_plan_request(data, str(path), path.parent)

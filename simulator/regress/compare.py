@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from simulator.inputs import read_json
 from simulator.regress.figures import ALL_FIGURES
 from simulator.regress.runner import Figures
 from simulator.regress.suite import LoadedSuite, RegressError
@@ -82,14 +83,19 @@ def read_baseline(path: str | Path, loaded: LoadedSuite, must_exist: bool = True
             raise RegressError(f"baseline '{path}' does not exist; create it from the current code with "
                                f"`epdsim regress {loaded.path} --baseline {path} --update`")
         return None
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise RegressError(f"baseline '{path}' is not valid JSON (line {exc.lineno}: {exc.msg}); "
-                           "restore it from git or rewrite it with --update") from None
+    data = read_json(path, RegressError, "regress baseline")
     if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("entries"), dict):
         raise RegressError(f"baseline '{path}' is not an epdsim regress baseline (expected \"format\": "
                            f"\"{FORMAT}\"); point --baseline at the file written by --update")
+    for eid, rec in data["entries"].items():
+        figs = rec.get("figures") if isinstance(rec, dict) else None
+        bad = (f"entries.{eid} is a {type(rec).__name__}, not a mapping" if not isinstance(rec, dict)
+               else f"entries.{eid}.figures is missing or not a mapping" if not isinstance(figs, dict)
+               else f"entries.{eid}.fingerprint is not a string" if not isinstance(rec.get("fingerprint", ""), str)
+               else next((f"entries.{eid}.figures.{k}={v!r} is not a number" for k, v in figs.items()
+                          if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)))), None))
+        if bad:
+            raise RegressError(f"baseline '{path}': {bad}; restore it from git or rewrite it with --update")
     if data.get("suite") != loaded.name:
         raise RegressError(f"baseline '{path}' belongs to suite {data.get('suite')!r}, but {loaded.path} is suite "
                            f"{loaded.name!r}; give the baseline of this suite, or create one with --update "

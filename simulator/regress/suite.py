@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
-import yaml
 from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator,
                       model_validator)
 
 from simulator.plan import PlanError, PlanRequest, parse_plan_request
 from simulator.regress.figures import PLAN_FIGURES, SCENARIO_FIGURES
 from simulator.errors import format_validation_error, models_in as _models_in
+from simulator.inputs import NoBoolNumbers, read_yaml
 from simulator.scenario import Scenario, ScenarioError, parse_scenario
 
 
@@ -30,8 +30,8 @@ class RegressError(ValueError):
     """The suite, the baseline or a command-line choice is wrong (a user error, exit code 2)."""
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _Strict(NoBoolNumbers):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Tolerance(_Strict):
@@ -281,13 +281,7 @@ def _format(origin: str, err: ValidationError, data) -> str:
 
 
 def _read_yaml(path: Path, what: str):
-    try:
-        return yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise RegressError(f"{path}: {what} is not valid YAML{where}: "
-                           f"{getattr(exc, 'problem', None) or exc}; fix the syntax there") from None
+    return read_yaml(path, RegressError, what.removeprefix("the "))
 
 
 def _hwdb(suite: Suite, path: Path) -> tuple[str, ...]:
@@ -299,7 +293,7 @@ def _source(path: Path, i: int, e, field: str, what: str) -> tuple[Path, dict]:
     name = getattr(e, field)
     where = f"{path}: entries[{i}] (id {e.id!r}).{field}"
     src = (path.parent / name) if not Path(name).is_absolute() else Path(name)
-    if not src.is_file():
+    if not src.exists():
         near = sorted(p.name for p in src.parent.glob("*.yaml")) if src.parent.is_dir() else []
         raise RegressError(f"{where}: {what} file {name!r} does not exist (looked for {src}); "
                            f"give a {what} YAML path relative to the suite file"
@@ -369,7 +363,7 @@ def _entry(path: Path, i: int, e: ScenarioEntry | PlanEntry | E2EEntry, suite: S
 def load_suite(path: str | Path) -> LoadedSuite:
     """Read and validate a suite and every scenario it names (raises :class:`RegressError`)."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise RegressError(f"suite file '{path}' does not exist; give the path of a suite YAML (see docs/ci.md)")
     data = _read_yaml(path, "the suite")
     if not isinstance(data, dict):
