@@ -303,8 +303,13 @@ class NoBoolNumbers(BaseModel):
     def _no_bool_numbers(cls, data):
         if isinstance(data, dict):
             for key, v in data.items():
-                field = cls.model_fields.get(key) if isinstance(v, bool) else None
+                # A yes/no inside a list of numbers (tp: [1, true]) is as wrong as one on its own.
+                flag = isinstance(v, bool) or (isinstance(v, (list, tuple)) and any(isinstance(x, bool) for x in v))
+                field = cls.model_fields.get(key) if flag else None
                 if field is not None and not _allows_bool(field.annotation):
-                    raise ValueError(f"{key}: {str(v).lower()} is a yes/no value, not what {key} takes; "
-                                     f"give a number (or the value the field documents)")
+                    if isinstance(v, bool):
+                        raise ValueError(f"{key}: {str(v).lower()} is a yes/no value, not what {key} takes; "
+                                         f"give a number (or the value the field documents)")
+                    raise ValueError(f"{key}: {v!r} holds a yes/no value, not what {key} takes; "
+                                     f"give numbers (or the values the field documents)")
         return data

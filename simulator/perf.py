@@ -131,7 +131,13 @@ def plan_memory(dep: Deployment) -> MemoryPlan:
             f"{k.gpu_memory_utilization} leaves no memory for the KV cache: {need}")
     blocks = int(kv // (kvpt * k.block_size))
     if k.num_gpu_blocks_override:
-        # vLLM uses the override instead of the profiled number (e.g. a CPU backend's KV space).
+        # vLLM uses the override instead of the profiled number (e.g. a CPU backend's KV space); more
+        # blocks than the memory left after weights and activations would fail to allocate.
+        if k.num_gpu_blocks_override > blocks:
+            raise FitError(
+                f"engine.num_gpu_blocks_override={k.num_gpu_blocks_override} blocks of {k.block_size} tokens need "
+                f"{k.num_gpu_blocks_override * k.block_size * kvpt / 1e9:,.1f} GB per GPU, but {max(kv, 0) / 1e9:.1f} GB "
+                f"is left for the KV cache on {dep.gpu.name} (at most {blocks} blocks); lower it or drop it")
         blocks = k.num_gpu_blocks_override
     plan = MemoryPlan(gpu_bytes, usable, wbytes, activation, runtime, kv, kvpt, blocks, k.block_size)
     if k.max_model_len and plan.kv_tokens < k.max_model_len:

@@ -213,3 +213,11 @@ def test_validate_e2e_refuses_a_table_that_is_not_one(tmp_path, capsys, content)
     assert cli_main(["validate-e2e", "--table", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "bad.csv" in err and "Traceback" not in err
+
+
+def test_kv_block_override_beyond_memory_is_refused():
+    from simulator.scenario import ScenarioError
+    base = _closed(1, 2, None, model="Llama-3.1-8B", gpu="H100", tp=1, dtype="bf16").model_dump()
+    base["pools"][0]["engine"]["num_gpu_blocks_override"] = 10 ** 12
+    with pytest.raises(ScenarioError, match="num_gpu_blocks_override=1000000000000"):
+        resolve(parse_scenario(base))

@@ -59,6 +59,12 @@ class Row:
         return self.status in FAILING
 
 
+
+def _is_label(name: str) -> bool:
+    """A figure whose value is a label (the planner's recommended layout), not a number."""
+    fig = ALL_FIGURES.get(name)
+    return fig is not None and fig.unit == "label"
+
 def baseline_record(loaded: LoadedSuite, figures: dict[str, Figures]) -> dict:
     """The JSON-ready baseline of a run."""
     return {"format": FORMAT, "suite": loaded.name,
@@ -92,9 +98,9 @@ def read_baseline(path: str | Path, loaded: LoadedSuite, must_exist: bool = True
         bad = (f"entries.{eid} is a {type(rec).__name__}, not a mapping" if not isinstance(rec, dict)
                else f"entries.{eid}.figures is missing or not a mapping" if not isinstance(figs, dict)
                else f"entries.{eid}.fingerprint is not a string" if not isinstance(rec.get("fingerprint", ""), str)
-               else next((f"entries.{eid}.figures.{k}={v!r} is not a number or a label" for k, v in figs.items()
-                          if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float, str)))),
-                         None))
+               else next((f"entries.{eid}.figures.{k}={v!r} is not a number" for k, v in figs.items()
+                          if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float, str))
+                                                or (isinstance(v, str) and not _is_label(k)))), None))
         if bad:
             raise RegressError(f"baseline '{path}': {bad}; restore it from git or rewrite it with --update")
     if data.get("suite") != loaded.name:
