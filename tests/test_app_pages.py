@@ -200,7 +200,17 @@ def test_hardware_add_gpu(tmp_path):
     assert (tmp_path / "user-hwdb" / "gpus" / "Lab-GPU-96.yaml").is_file()
 
 
-def test_calibration_page_errors_inline(tmp_path):
+def test_calibration_page_reads_bundles_only_under_its_roots(tmp_path, monkeypatch):
+    monkeypatch.delenv("EPDSIM_BUNDLE_ROOTS", raising=False)
+    at = _page("pages/4_Calibration.py").run()
+    at.text_input(key="bundle").set_value("/etc").run()
+    _ok(at)
+    assert at.error and "outside the folders this app reads bundles from" in at.error[0].value
+    assert "passwd" not in at.error[0].value and "root:" not in at.error[0].value
+
+
+def test_calibration_page_errors_inline(tmp_path, monkeypatch):
+    monkeypatch.setenv("EPDSIM_BUNDLE_ROOTS", str(tmp_path))
     at = _page("pages/4_Calibration.py").run()
     _ok(at)
     assert at.info                                               # asks for a bundle
@@ -209,7 +219,8 @@ def test_calibration_page_errors_inline(tmp_path):
     assert at.error and "does not exist" in at.error[0].value
 
 
-def test_calibration_page_fits_and_validates_a_bundle(tmp_path):
+def test_calibration_page_fits_and_validates_a_bundle(tmp_path, monkeypatch):
+    monkeypatch.setenv("EPDSIM_BUNDLE_ROOTS", str(tmp_path))
     import hwdb
     from tests import synthetic_bundle as tcf
     tiny = tmp_path / "tiny-llama"

@@ -19,6 +19,27 @@ def _errors():
     return (BundleError, hwdb.HwdbError, ValueError, FileNotFoundError)
 
 
+BUNDLE_ROOTS_ENV = "EPDSIM_BUNDLE_ROOTS"
+
+
+def bundle_roots() -> list[Path]:
+    """Folders the app may read bundles from: the folder it was started in and those listed in
+    ``EPDSIM_BUNDLE_ROOTS`` (os.pathsep-separated); never the rest of the server's files."""
+    import os
+    extra = [Path(p) for p in os.environ.get(BUNDLE_ROOTS_ENV, "").split(os.pathsep) if p.strip()]
+    return [r.resolve() for r in (Path.cwd(), *extra)]
+
+
+def _inside_roots(p: Path) -> Path:
+    real = p.resolve()
+    roots = bundle_roots()
+    if not any(real == r or r in real.parents for r in roots):
+        raise InputError(f"bundle folder '{p}' is outside the folders this app reads bundles from "
+                         f"({', '.join(map(str, roots))}); copy the bundle there, or start the app with "
+                         f"{BUNDLE_ROOTS_ENV} naming its parent folder")
+    return real
+
+
 def overview(path: str | Path) -> dict:
     """What a bundle holds: model, vLLM version, mode, phases (a DataFrame)."""
     from calibration.cli import bundle_summary
@@ -26,6 +47,7 @@ def overview(path: str | Path) -> dict:
     p = Path(str(path).strip())
     if not str(path).strip():
         raise InputError("bundle folder: empty; give the folder `epdsim calibrate run --out DIR` wrote")
+    p = _inside_roots(p)
     if not p.is_dir():
         raise InputError(f"bundle folder '{p}' does not exist on the app's machine; give the folder that "
                          f"`epdsim calibrate run --out DIR` wrote (it holds manifest.json)")
@@ -46,7 +68,7 @@ def fit(path: str | Path, hwdb_dirs: tuple[str, ...] = ()) -> dict:
     """
     from calibration.fit import fit_bundle
     try:
-        f = fit_bundle(Path(str(path).strip()), hwdb_dirs=hwdb_dirs)
+        f = fit_bundle(_inside_roots(Path(str(path).strip())), hwdb_dirs=hwdb_dirs)
     except _errors() as exc:
         raise InputError(str(exc)) from None
     r = f.result
