@@ -68,7 +68,9 @@ def fit(path: str | Path, hwdb_dirs: tuple[str, ...] = ()) -> dict:
     """
     from calibration.fit import fit_bundle
     try:
-        f = fit_bundle(_inside_roots(Path(str(path).strip())), hwdb_dirs=hwdb_dirs)
+        # The page admits ``path`` through overview() first (bundle roots checked in the app's process;
+        # a job worker started earlier may not see the environment the roots come from).
+        f = fit_bundle(Path(str(path).strip()), hwdb_dirs=hwdb_dirs)
     except _errors() as exc:
         raise InputError(str(exc)) from None
     r = f.result
