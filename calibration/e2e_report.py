@@ -125,6 +125,9 @@ def add_subparser(sub) -> None:
 
 def cmd_validate_e2e(args, con) -> int:
     path = Path(args.table)
+    if path.is_dir():
+        raise FileNotFoundError(f"--table {path}: is a directory; give the CSV file itself "
+                                f"(../shared/data/e2e/serving_measurements.csv)")
     if not path.is_file():
         raise FileNotFoundError(f"--table {path}: no such file; the measured runs live in "
                                 f"../shared/data/e2e/serving_measurements.csv")

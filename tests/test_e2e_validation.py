@@ -169,6 +169,8 @@ def test_validate_e2e_command_writes_reports_and_gates(tmp_path):
 def test_validate_e2e_names_a_missing_table(tmp_path, capsys):
     assert cli_main(["validate-e2e", "--table", str(tmp_path / "none.csv")]) == 2
     assert "none.csv" in capsys.readouterr().err
+    assert cli_main(["validate-e2e", "--table", str(tmp_path)]) == 2
+    assert "is a directory" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- how sure a number is

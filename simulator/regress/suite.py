@@ -68,6 +68,15 @@ class Tolerance(_Strict):
         return " or ".join(parts)
 
 
+def _check_figures(v: dict, known, what: str = "") -> dict:
+    """``v`` if every figure name is in ``known``, else the error naming the unknown ones and the choices."""
+    unknown = sorted(set(v) - set(known))
+    if unknown:
+        raise ValueError(f"unknown {what}figure(s) {', '.join(map(repr, unknown))}; watchable {what}figures: "
+                         f"{', '.join(known)}")
+    return v
+
+
 class GoodputConfig(_Strict):
     """Bisection bounds for ``goodput_rps``: the rate is searched in (0, rate_hi] req/s."""
 
@@ -91,11 +100,7 @@ class ScenarioEntry(_Strict):
     @field_validator("figures")
     @classmethod
     def _known_figures(cls, v: dict) -> dict:
-        unknown = sorted(set(v) - set(SCENARIO_FIGURES))
-        if unknown:
-            raise ValueError(f"unknown figure(s) {', '.join(map(repr, unknown))}; watchable figures: "
-                             f"{', '.join(SCENARIO_FIGURES)}")
-        return v
+        return _check_figures(v, SCENARIO_FIGURES)
 
     @model_validator(mode="after")
     def _goodput_bounds(self) -> ScenarioEntry:
@@ -119,11 +124,7 @@ class PlanEntry(_Strict):
     @field_validator("figures")
     @classmethod
     def _known_figures(cls, v: dict) -> dict:
-        unknown = sorted(set(v) - set(PLAN_FIGURES))
-        if unknown:
-            raise ValueError(f"unknown plan figure(s) {', '.join(map(repr, unknown))}; watchable plan figures: "
-                             f"{', '.join(PLAN_FIGURES)}")
-        return v
+        return _check_figures(v, PLAN_FIGURES, "plan ")
 
 
 E2E_FIGURES = {"ttft_mape": "mean |relative error| of mean TTFT over the rows", "tpot_mape":
@@ -150,10 +151,7 @@ class E2EEntry(_Strict):
     @field_validator("figures")
     @classmethod
     def _known_figures(cls, v: dict) -> dict:
-        unknown = sorted(set(v) - set(E2E_FIGURES))
-        if unknown:
-            raise ValueError(f"unknown e2e figure(s) {', '.join(map(repr, unknown))}; watchable: {', '.join(E2E_FIGURES)}")
-        return v
+        return _check_figures(v, E2E_FIGURES, "e2e ")
 
 
 def _kind(v) -> str:
