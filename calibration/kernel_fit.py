@@ -32,7 +32,9 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
+import hwdb
 from hwdb.profiles import FitQuality, Profile
+from calibration.gemm_shape_fit import curves_for
 
 from calibration.kernel_tables import (  # noqa: F401  (re-exported for callers of kernel_fit)
     ATTN_HEAD_DIMS, ATTN_MIN_HEADS, Curve, DATASET, DATASET_CITE, DECODE_MAX_BATCH, DECODE_MIN_CTX,
@@ -296,7 +298,13 @@ def fit_system(root: Path | str, system: str, holdout: str = "models", created: 
     """Load one system's tables, fit every curve and return the calibration Profile."""
     root = Path(root)
     r = fit_tables(load_tables(root, system), load_peaks(root, system), holdout=holdout, system=system)
-    return result_to_profile(r, root, holdout=holdout, created=created)
+    return with_shape_curves(result_to_profile(r, root, holdout=holdout, created=created), root, system)
+
+
+def with_shape_curves(prof: Profile, root: Path, system: str) -> Profile:
+    """The profile with its fp8/fp4 GEMM-by-shape curves (calibration/gemm_shape_fit.py) fitted on the same table."""
+    gpu = hwdb.load().gpu(prof.gpu)
+    return prof.model_copy(update={"gemm_shape_efficiency": curves_for(root, system, gpu, prof.memory_efficiency)})
 
 
 
@@ -319,7 +327,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         t0 = time.perf_counter()
         r = fit_tables(load_tables(args.data, system), load_peaks(args.data, system), holdout=args.holdout,
                        system=system)
-        prof = result_to_profile(r, args.data, holdout=args.holdout, created=args.created)
+        prof = with_shape_curves(result_to_profile(r, args.data, holdout=args.holdout, created=args.created),
+                                 args.data, system)
         out = write_profile(prof, args.out / profile_filename(prof))
         print(_summary(prof, r, time.perf_counter() - t0))
         print(f"  wrote {out}")

@@ -73,7 +73,7 @@ def linear_time(sm: StepModel, tokens: int, weight_bytes: float | None = None) -
     Same fields and formula as ``step_time`` with no LM head rows, no attention
     FLOPs, no KV bytes, no all-reduce and no host overhead::
 
-        t_comp = lin_flops_per_token * T / (peak_flops * ceff(T))
+        t_comp = lin_flops_per_token * T / (peak_flops * ceff(T))   (+ routed experts' own term)
         B      = weights + act_bytes_per_token * T
         t_mem  = (B + mem_floor_bytes) / (peak_bw * meff.max_eff)
         t      = max(t_comp, t_mem)
@@ -90,6 +90,8 @@ def linear_time(sm: StepModel, tokens: int, weight_bytes: float | None = None) -
     if tokens <= 0:
         return 0.0
     t_comp = sm.lin_flops_per_token * tokens / (sm.peak_flops * sm.ceff.at(tokens))
+    if sm.expert_flops_per_token:   # routed experts: their own peak fraction and ramp
+        t_comp += sm.expert_flops_per_token * (tokens + sm.expert_half) / (sm.peak_flops * sm.expert_max_eff)
     if weight_bytes is None:
         weight_bytes = sm.dense_weight_bytes
         if sm.n_experts:

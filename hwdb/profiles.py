@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from hwdb.schema import EfficiencyCurve
+from hwdb.schema import EfficiencyCurve, GemmShapeCurve
 
 
 class FitQuality(BaseModel):
@@ -36,6 +36,9 @@ class Profile(BaseModel):
     memory_efficiency: EfficiencyCurve | None = None
     attention_prefill_efficiency: EfficiencyCurve | None = None
     attention_decode_efficiency: EfficiencyCurve | None = None
+    # Per compute dtype (bf16, fp8, fp4): GEMM efficiency by rows and weight shape; when present the
+    # step model derives each deployment's compute curve from its own per-rank GEMM shapes.
+    gemm_shape_efficiency: dict[str, GemmShapeCurve] = {}
     step_overhead_s: float | None = Field(default=None, ge=0)
     quality: dict[str, FitQuality] = {}
     notes: str | None = None

@@ -56,6 +56,35 @@ class EfficiencyCurve(_Strict):
         return self.max_eff * x / (x + self.half) if x > 0 else self.max_eff * 1e-9
 
 
+class GemmShapeCurve(_Strict):
+    """Achieved fraction of a tensor-core peak for one GEMM of M rows and an N x K weight.
+
+    ``eff(M, S) = max_eff * M / (M + half_m) * S / (S + half_nk)`` with ``S = N * K``: small weights
+    (a tensor-parallel rank's slice, one MoE expert) use the tensor cores worse at any M, as a
+    kernel's fixed pipeline prologue and epilogue and its wave tail weigh more.  ``fixed_s`` is the
+    per-kernel cost the fit found beside it (the engine's per-layer overhead carries it in a step).
+    Fitted on measured kernel tables (calibration/gemm_shape_fit.py).
+    """
+
+    max_eff: float = Field(gt=0, le=1)
+    half_m: float = Field(ge=0, le=1e6)
+    half_nk: float = Field(ge=0, le=1e12)
+    fixed_s: float = Field(default=0.0, ge=0, le=1e-3)
+    source: str = Field(min_length=3)
+    empirical: bool = True
+
+    def for_shapes(self, shapes: list[tuple[float, float]]) -> float:
+        """Peak fraction at large M of a set of GEMMs run in series: ``shapes`` = [(N*K, FLOP share)].
+
+        Time adds per GEMM, so the shares combine harmonically: 1/eff = sum share_i / eff_i.
+        """
+        total = sum(w for _, w in shapes)
+        if total <= 0:
+            return self.max_eff
+        inv = sum(w / total * (nk + self.half_nk) / nk for nk, w in shapes if nk > 0)
+        return self.max_eff / inv if inv > 0 else self.max_eff
+
+
 # (lowest, highest, unit) a GPU figure may take: generous bounds around real hardware, so that a typo
 # (a zero, 1e-308, a value in GB instead of bytes) is an error and not an answer.
 GPU_RANGES = {

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from hwdb.models import ModelArch
 from hwdb.profiles import Profile
+from simulator.gemm_shapes import shape_curves
 from hwdb.schema import COMPUTE_DTYPE, DTYPE_BYTES, GPU, WEIGHT_BYTES, EfficiencyCurve, EngineProfile, Link
 
 GiB = 2 ** 30
@@ -195,6 +196,7 @@ class StepModel:
 
     lin_flops_per_token: float
     lm_head_flops_per_seq: float
+    expert_flops_per_token: float
     attn_flops_per_pair: float
     dense_weight_bytes: float
     expert_bytes: float
@@ -230,6 +232,9 @@ class StepModel:
     layer_s: float = 0.0
     kv_max_eff: float = 1.0
     kv_floor_bytes: float = 0.0
+    # Routed-expert GEMMs: their own peak fraction (per-expert weight shapes) and M ramp in step tokens.
+    expert_max_eff: float = 1.0
+    expert_half: float = 0.0
 
     def step_time(self, tokens: int, seqs_logits: int, attn_pairs: float,
                   decode_ctx: float, prefill_ctx: float = 0.0, running: int = 0, waiting: int = 0) -> float:
@@ -238,6 +243,8 @@ class StepModel:
         ce = self.ceff
         lin = self.lin_flops_per_token * tokens + self.lm_head_flops_per_seq * seqs_logits
         t_comp = lin / (self.peak_flops * ce.max_eff * tokens / (tokens + ce.half))
+        if self.expert_flops_per_token:
+            t_comp += self.expert_flops_per_token * (tokens + self.expert_half) / (self.peak_flops * self.expert_max_eff)
         if attn_pairs > 0.0:
             ae = self.aeff
             t_comp += attn_pairs * self.attn_flops_per_pair / (self.peak_flops * ae.max_eff * tokens / (tokens + ae.half))
@@ -311,6 +318,13 @@ def build_step_model(dep: Deployment) -> StepModel:
         # its peak efficiency with the bf16 ramp.  fp4 GEMMs have no table: fp8's efficiency.
         ceff = type(ceff)(max_eff=prof.compute_efficiency_fp8.max_eff, half=min(ceff.half, prof.compute_efficiency_fp8.half),
                           source=prof.compute_efficiency_fp8.source, empirical=True)
+    shape = prof.gemm_shape_efficiency.get(compute_dtype) if prof else None
+    expert_flops, expert_max, expert_half = 0.0, 1.0, 0.0
+    if shape is not None:
+        # Measured kernels by weight shape: each deployment's own per-rank slices set its efficiency.
+        ceff, expert_max, expert_half = shape_curves(shape, a, dep.tp)
+        if a.is_moe:
+            expert_flops = 2.0 * a.moe_layers * a.experts_per_token * a.expert_params / gpus
     eng = dep.engine
     eager = eng.eager_launch_s_per_layer.value * math.ceil(a.num_layers / dep.pp)
     graph = eng.graph_launch_s.value
@@ -328,7 +342,8 @@ def build_step_model(dep: Deployment) -> StepModel:
         cpu_costs = [0.0] * 5
         layer_s = 0.0
     return StepModel(
-        lin_flops_per_token=2.0 * a.linear_params_per_token / gpus,
+        lin_flops_per_token=2.0 * a.linear_params_per_token / gpus - expert_flops,
+        expert_flops_per_token=expert_flops, expert_max_eff=expert_max, expert_half=expert_half,
         lm_head_flops_per_seq=2.0 * a.lm_head_params / dep.tp,
         attn_flops_per_pair=4.0 * a.num_layers * a.attn_dim / gpus,
         dense_weight_bytes=dense_params * wb / gpus,
@@ -370,6 +385,8 @@ def regime(model: StepModel, tokens: int, seqs_logits: int, attn_pairs: float,
     m = model
     lin = m.lin_flops_per_token * tokens + m.lm_head_flops_per_seq * seqs_logits
     t_comp = lin / (m.peak_flops * m.ceff.at(tokens)) + attn_pairs * m.attn_flops_per_pair / (m.peak_flops * m.aeff.at(tokens))
+    if m.expert_flops_per_token:
+        t_comp += m.expert_flops_per_token * (tokens + m.expert_half) / (m.peak_flops * m.expert_max_eff)
     wbytes = m.dense_weight_bytes + (m.expert_bytes * m.n_experts * (1 - (1 - m.experts_per_token / m.n_experts) ** tokens)
                                      if m.n_experts else 0.0)
     nbytes = wbytes * m.pp + m.kv_bytes_per_token * (prefill_ctx + tokens) + m.act_bytes_per_token * tokens

@@ -1,0 +1,77 @@
+"""The linear layers one tensor-parallel rank runs per token, as GEMM weight shapes.
+
+The step model charges linear FLOPs at a compute efficiency; measured kernels reach a
+lower fraction of the peak on small weights (``hwdb.schema.GemmShapeCurve``), so the
+efficiency of a deployment depends on the per-rank slices of its layers.  This module
+lists those slices with their FLOP shares and turns a profile's shape curve into the
+two curves the step model uses: one for the dense GEMMs (attention projections, dense
+and shared-expert MLPs), one for the routed experts.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hwdb.models import ModelArch
+from hwdb.schema import EfficiencyCurve, GemmShapeCurve
+
+
+@dataclass(frozen=True)
+class RankGemms:
+    """Per-rank weight sizes N*K (elements) of one token's linear layers, with FLOP shares."""
+
+    dense: list[tuple[float, float]]
+    experts: list[tuple[float, float]]
+
+
+def _split(n: float, k: float, layers: int) -> list[tuple[float, float]]:
+    return [(n * k, n * k * layers)] if layers and n > 0 and k > 0 else []
+
+
+def rank_gemms(a: ModelArch, tp: int) -> RankGemms:
+    """The GEMMs of a token on one TP rank: columns split N, rows split K, as vLLM shards them.
+
+    Softmax attention: a fused q/k/v projection (KV heads replicated when fewer than ranks) and
+    the output projection.  MLA and linear-attention layers, whose projections mix replicated
+    low-rank and sharded parts, count as two GEMMs of half their weights each.  MLPs: fused
+    gate/up and down.  Shares are FLOPs per token (2 N K per GEMM, the factor 2 dropped).
+    """
+    h = a.hidden_size
+    dense: list[tuple[float, float]] = []
+    softmax_layers = a.num_layers - a.num_linear_layers
+    if a.is_mla:
+        half = a.attn_params_per_layer / (2 * tp)
+        dense += [(half, half * softmax_layers)] * 2
+    else:
+        kv = max(1, a.num_kv_heads // tp) * a.head_dim * 2
+        q = a.num_heads * a.head_dim * (2 if a.attn_output_gate else 1) / tp
+        dense += _split(q + kv, h, softmax_layers) + _split(h, a.num_heads * a.head_dim / tp, softmax_layers)
+    if a.num_linear_layers:
+        half = a.linear_attn_params_per_layer / (2 * tp)
+        dense += [(half, half * a.num_linear_layers)] * 2
+    dense_mlp = a.num_layers - a.moe_layers
+    dense += _split(2 * a.intermediate_size / tp, h, dense_mlp) + _split(h, a.intermediate_size / tp, dense_mlp)
+    experts: list[tuple[float, float]] = []
+    if a.is_moe:
+        inter = a.moe_intermediate_size / tp
+        shared = a.moe_layers * a.num_shared_experts
+        dense += _split(2 * inter, h, shared) + _split(h, inter, shared)
+        routed = a.moe_layers * a.experts_per_token
+        experts += _split(2 * inter, h, routed) + _split(h, inter, routed)
+    return RankGemms(dense, experts)
+
+
+def shape_curves(curve: GemmShapeCurve, a: ModelArch, tp: int) -> tuple[EfficiencyCurve, float, float]:
+    """(dense compute curve, routed-expert peak fraction, routed-expert ramp in step tokens).
+
+    The routed experts get the peak fraction of their own (small) weight shapes but the ramp of
+    the step's token count, not of the few tokens each expert sees: grouped MoE kernels are tuned
+    for small per-expert M, and a per-expert ramp (tested: ``half_m x experts / top-k`` tokens)
+    made MiniMax-M2.5 decode three times slower than measured (TPOT bias +216 % on the fitting rows).
+    """
+    g = rank_gemms(a, tp)
+    dense = EfficiencyCurve(max_eff=min(1.0, curve.for_shapes(g.dense)), half=curve.half_m,
+                            source=f"per-rank GEMM shapes (simulator/gemm_shapes.py) on {curve.source}",
+                            empirical=True)
+    if not g.experts:
+        return dense, 1.0, 0.0
+    return dense, min(1.0, curve.for_shapes(g.experts)), curve.half_m
