@@ -257,7 +257,7 @@ def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB
           else pool.kv_cache_dtype)
     return Deployment(arch=arch, gpu=gpu, intra_link=link, engine=engine, knobs=knobs, tp=pool.tp,
                       pp=pool.pp, weight_dtype=pool.dtype, kv_dtype=kv,
-                      profile=db.profile_for(gpu.name, engine.engine))
+                      profile=db.profile_for(gpu.name, engine.engine, engine.version, model.name))
 
 
 def resolve(scn: Scenario, db: hwdb.HardwareDB | None = None):
