@@ -60,14 +60,13 @@ def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:
                                 "multimodal scenario without `operations`, or the operations study without "
                                 "an encoder pool (pools[].role: encoder) and without images")
         from simulator.opsrun import run_operations
-        ops, run, rec = run_operations(scn, replication, reqs, front, back, plan, closed, rngs["faults"], _spec,
-                                       rngs["clients"])
+        ops, run, rec = run_operations(scn, reqs, front, back, plan, closed, rngs, _spec)
         from simulator.opsresults import ops_requests_frame
         req_df = ops_requests_frame(run, back[0].name if back else front[0].name)
     else:
         rec = Recorder(reqs.input_tokens, reqs.output_tokens, reqs.arrival_s, reqs.hash_ids, reqs.hash_block_tokens)
         run = run_pool(_spec(*front), rec, closed_loop=closed, max_time_s=scn.simulation.max_time_s,
-                       decode=_spec(*back) if back else None, transfer=plan, rng=rngs["faults"], epd=epd,
+                       decode=_spec(*back) if back else None, transfer=plan, rng=rngs["transfer"], epd=epd,
                        client_rng=rngs["clients"])
         req_df = requests_frame(run, back[0].name if back else front[0].name)
         if run.epd is not None:

@@ -141,7 +141,7 @@ def _sample_stats(req: PlanRequest, model) -> WorkloadStats:
         from simulator.vision import VisionError, vision_arch
         try:
             vision = vision_arch(model)
-            images = generate_images(wl.images, len(inp), rngs["routing"])
+            images = generate_images(wl.images, len(inp), rngs["images"])   # the stream simulate draws images from
             costs = image_costs(vision, images, "workload.images.resolutions")
         except (VisionError, EPDError) as exc:
             raise PlanError(f"workload.images: {exc}") from None
