@@ -4,11 +4,12 @@ from __future__ import annotations
 from simulator.confidence import assess
 from simulator.engine import PoolSpec, Recorder, run_pool
 from simulator.epd import EPDError, prepare as prepare_epd
+from simulator.errors import WorkloadError
 from simulator.pd import TransferConfigError, build_transfer_plan, crossover_bandwidth
 from simulator.results import Results, links_frame, requests_frame, steps_frame, summarize
 from simulator.scenario import Scenario, ScenarioError, resolve, rng_streams
 from simulator.traces import TraceError
-from simulator.workload import WorkloadError, generate
+from simulator.workload import generate
 
 
 def _spec(pool, dep, mem, step) -> PoolSpec:
