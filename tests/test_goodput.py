@@ -81,3 +81,18 @@ def test_find_goodput_loads_the_hardware_database_once(monkeypatch):
     scn = scn.model_copy(update={"workload": scn.workload.model_copy(update={"num_requests": 60})})
     g = find_goodput(scn, rate_hi=64.0, iterations=3)
     assert len(loads) == 1 and 0 <= g <= 64.0
+
+
+def test_whole_run_attainment_is_the_summary_slo_attainment():
+    """results.summarize computes SLO attainment itself (it sits below goodput.py); on a run with
+    misses (45% of requests over a target) both must give the same share."""
+    from simulator.run import simulate
+    from tests.conftest import scenario
+    scn = scenario(workload={"arrival": {"kind": "poisson", "rate": 4.0}, "num_requests": 300,
+                             "input_length": {"kind": "uniform", "low": 100, "high": 6000},
+                             "output_length": {"kind": "fixed", "value": 64}},
+                   slo={"ttft_s": 0.3, "tpot_s": 0.012})
+    res = simulate(scn)
+    share = attainment(res.requests, scn.slo)
+    assert 0.0 < share < 1.0
+    assert share == res.summary["slo_attainment"]
