@@ -82,8 +82,9 @@ def _final_profile(res: FitResult, g: hwdb.GPU, served: str, version, created: s
               "central-difference Jacobian: cov = inv(J^T J) s^2. Parameters the data cannot see, that end at a "
               "bound, or that are poorly determined (1-sigma > 50%) and not needed (F-test of the nested fits, 5%) "
               "are fixed.")
+    # ``model``: a harness fit measured this model end to end; lookup never applies it to another.
     return Profile(name=profile_name(g.name, version, served), gpu=g.name, engine="vllm",
-                   engine_version=str(version or "unknown"), created=created,
+                   engine_version=str(version or "unknown"), model=served, created=created,
                    source=f"epdsim calibrate fit {bundle} (bundle created {prov.get('bundle_created')}, "
                           f"{prov.get('mode')} mode, vLLM {version}, model {served})",
                    method=method, compute_efficiency=ce, attention_prefill_efficiency=att, memory_efficiency=me,

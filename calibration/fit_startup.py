@@ -36,9 +36,6 @@ import yaml
 from hwdb.coldstart import load_coldstart
 from hwdb.models import arch_from_config
 
-MEASURED = ("process_start", "weights_page_cache", "dynamo", "compile_miss", "kv_profile", "cuda_graphs",
-            "api_ready")
-
 
 class StartupFitError(ValueError):
     pass

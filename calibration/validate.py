@@ -118,9 +118,10 @@ def resolve_profile(b: Bundle, profile: str | Path, gpu: str | None, hwdb_dirs=(
                             f"`epdsim calibrate fit FIT_BUNDLE --gpu {gname} --out {folder}`.")
     name = max(cands, key=lambda n: mine[n]["created"])
     prof = db.profiles[name]
-    winner = db.profile_for(gname, prof.engine)
+    winner = db.profile_for(gname, prof.engine, prof.engine_version, prof.model)
     if winner is not prof:
-        raise FitInputError(f"the simulator would use profile {winner.name!r} (newest for {gname}), not "
+        raise FitInputError(f"the simulator would use profile {winner.name!r} (newest for {gname} under "
+                            f"{prof.engine} {prof.engine_version}), not "
                             f"{prof.name!r} from {p}; put the profile to validate alone in a hwdb folder "
                             f"(profiles/{prof.name}.yaml) and pass that folder.")
     report = None

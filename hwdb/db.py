@@ -24,7 +24,7 @@ from typing import Iterable
 from pydantic import BaseModel, ValidationError
 
 from hwdb.models import ConfigError, ModelArch, arch_from_config
-from hwdb.profiles import Profile
+from hwdb.profiles import Profile, ProfileMatch, version_matches
 from hwdb.schema import GPU, Connector, EngineProfile, Link, ModelSidecar
 from simulator.inputs import read_json, read_yaml
 
@@ -155,10 +155,41 @@ class HardwareDB:
     def engine(self, name: str) -> EngineProfile:
         return self._lookup("engine", self.engines, name)
 
-    def profile_for(self, gpu: str, engine: str = "vllm") -> Profile | None:
-        """The calibration profile for a GPU and engine, if one exists (newest wins)."""
-        hits = [p for p in self.profiles.values() if p.gpu == gpu and p.engine == engine]
-        return max(hits, key=lambda p: p.created) if hits else None
+    def find_profile(self, gpu: str, engine: str = "vllm", version: str | None = None,
+                     model: str | None = None) -> ProfileMatch:
+        """The calibration profile stored under the key (GPU, engine, engine version, model), each part
+        honoured where given.
+
+        A profile fitted on one model (``Profile.model``, a harness fit) is never used for another,
+        and wins over model-independent ones (kernel fits) for its own model.  With ``version``,
+        profiles of that version (:func:`version_matches`) are chosen; when there is none, the
+        newest profile of the GPU and engine is the explicit fallback and ``fallback`` says so,
+        since a kernel fit of another version is still better than datasheet defaults.  Among
+        equals the newest ``created`` wins (on a tie, the one loaded first).
+        """
+        hits = [p for p in self.profiles.values() if p.gpu == gpu and p.engine == engine
+                and (model is None or p.model in (None, model))]
+        if model is not None and any(p.model == model for p in hits):
+            hits = [p for p in hits if p.model == model]
+        if not hits:
+            return ProfileMatch(None)
+
+        def newest(ps: list[Profile]) -> Profile:
+            return max(ps, key=lambda p: p.created)
+
+        if version is None:
+            return ProfileMatch(newest(hits))
+        same = [p for p in hits if version_matches(p.engine_version, version)]
+        if same:
+            return ProfileMatch(newest(same))
+        p = newest(hits)
+        return ProfileMatch(p, f"no {engine} {version} profile for {gpu}: using the newest, {p.name} "
+                               f"(fitted under {engine} {p.engine_version})")
+
+    def profile_for(self, gpu: str, engine: str = "vllm", version: str | None = None,
+                    model: str | None = None) -> Profile | None:
+        """:meth:`find_profile`'s profile (None if the GPU has none for ``engine``)."""
+        return self.find_profile(gpu, engine, version, model).profile
 
 
 _SCHEMAS = {"gpus": GPU, "links": Link, "profiles": Profile, "engines": EngineProfile, "connectors": Connector}

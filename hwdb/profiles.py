@@ -5,6 +5,8 @@ and records where they came from, the fitted curves and their residuals.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from hwdb.schema import EfficiencyCurve, GemmShapeCurve
@@ -20,7 +22,11 @@ class FitQuality(BaseModel):
 
 
 class Profile(BaseModel):
-    """Fitted efficiency curves for one (GPU, engine, engine version)."""
+    """Fitted efficiency curves for one (GPU, engine, engine version[, model]).
+
+    ``model``: the model an end-to-end (harness) fit measured, whose curves hold for that model only;
+    None for kernel fits, which hold for any model.  Lookup: :meth:`hwdb.db.HardwareDB.find_profile`.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
@@ -28,6 +34,7 @@ class Profile(BaseModel):
     gpu: str
     engine: str = "vllm"
     engine_version: str
+    model: str | None = None
     created: str
     source: str = Field(min_length=3)
     method: str
@@ -42,3 +49,18 @@ class Profile(BaseModel):
     step_overhead_s: float | None = Field(default=None, ge=0)
     quality: dict[str, FitQuality] = {}
     notes: str | None = None
+
+
+def version_matches(fitted: str, wanted: str) -> bool:
+    """Whether a profile fitted under engine version ``fitted`` is one of version ``wanted``: equal, or
+    ``wanted`` a release line of it ("0.11" covers "0.11.2", not "0.110")."""
+    return fitted == wanted or fitted.startswith(wanted + ".")
+
+
+@dataclass(frozen=True)
+class ProfileMatch:
+    """A profile lookup's answer: the profile (None: no profile for that GPU and engine) and, when it
+    is not of the version asked for, why it was taken anyway (``fallback``; "" for an exact match)."""
+
+    profile: Profile | None
+    fallback: str = ""

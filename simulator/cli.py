@@ -16,12 +16,11 @@ import hwdb
 from pydantic import ValidationError
 
 from simulator.console import stdout_console
-from simulator.errors import print_user_error
+from simulator.errors import WorkloadError, print_user_error
 from simulator.inputs import InputFileError, int_arg
 from simulator.perf import FitError
 from simulator.scenario import ScenarioError
 from simulator.traces import TraceError
-from simulator.workload import WorkloadError
 
 from simulator import fmt
 from simulator.cli_simulate import DEFAULT_SCENARIO  # noqa: F401  (re-exported)

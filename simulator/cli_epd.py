@@ -69,7 +69,7 @@ def cmd_vision(args, con: Console) -> int:
     engine = db.engine(args.engine)
     cfg = EncoderConfig()
     tp_speedup(args.tp)                   # unknown TP degree: a clear error before any table
-    model = encoder_model(v, gpu, engine, db.profile_for(gpu.name, engine.engine), args.tp, cfg)
+    model = encoder_model(v, gpu, engine, db.profile_for(gpu.name, engine.engine, engine.version), args.tp, cfg)
     t = Table(title=f"{entry.name} vision encoder ({v.params / 1e9:.2f} B parameters, {v.processor}) "
                     f"on {gpu.name} TP{args.tp}")
     for col in ("image", "encoder sees", "visual tokens", "patches", "encoder TFLOP", "encode time",

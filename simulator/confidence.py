@@ -3,7 +3,8 @@
 Each pool's prediction rests on three things, each with a status:
 
 * the GPU: ``kernel-fitted`` (a calibration profile fitted on measured kernel tables) or
-  ``datasheet only`` (peaks times default efficiencies);
+  ``datasheet only`` (peaks times default efficiencies); ``profile_fallback`` says when the profile
+  is of another engine version than the pool's (none of its version exists, the newest is used);
 * the engine: ``e2e-fitted`` (its per-layer and front-end terms were fitted on measured serving
   runs) or ``defaults``;
 * the model family: ``validated end to end`` when the measured serving table holds runs of it on
@@ -19,6 +20,8 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 from pathlib import Path
+
+from hwdb.profiles import version_matches
 
 BANDS = Path(__file__).resolve().parent.parent / "hwdb" / "data" / "validation" / "e2e.json"
 MIN_ROWS = 20
@@ -45,8 +48,14 @@ def assess(dep, bands_path: Path = BANDS) -> dict:
             band = {**gpu_band, "basis": f"{eng.engine} held-out rows on {dep.gpu.name}"}
         elif engine_band.get("all"):
             band = {**engine_band["all"], "basis": f"{eng.engine} held-out rows, all GPUs"}
+    # The profile lookup falls back to the newest profile when none is of the engine's version; say so.
+    fallback = ""
+    if dep.profile is not None and not version_matches(dep.profile.engine_version, eng.version):
+        fallback = (f"profile fitted under {dep.profile.engine} {dep.profile.engine_version}; none for "
+                    f"{eng.engine} {eng.version}, so the newest is used")
     return {
         "gpu": (f"kernel-fitted ({dep.profile.name})" if dep.profile is not None else "datasheet only"),
+        "profile_fallback": fallback,
         "engine": "e2e-fitted" if e2e_fitted else "defaults",
         "model_family": (f"validated end to end ({family})" if family else "not validated"),
         "error_band": band,
@@ -63,4 +72,5 @@ def describe(status: dict) -> str:
         b = "no error band: no held-out serving runs of this engine (epdsim validate-e2e --write-bands)"
     else:
         b = "no error band: datasheet figures only, nothing measured behind them"
-    return f"GPU {status['gpu']}; engine {status['engine']}; model {status['model_family']}; {b}"
+    fallback = f" ({status['profile_fallback']})" if status.get("profile_fallback") else ""
+    return f"GPU {status['gpu']}{fallback}; engine {status['engine']}; model {status['model_family']}; {b}"

@@ -239,7 +239,7 @@ def prepare(scn, db: hwdb.HardwareDB, model: hwdb.ModelEntry, pools: list, reqs,
     try:
         engine = db.engine(ep.engine.engine)
         path = embedding_path(scn.embedding_transfer, db, ep, gpu, ep.tp, front_pool, front_dep)
-        model_e = encoder_model(vision, gpu, engine, db.profile_for(gpu.name, engine.engine), ep.tp, cfg)
+        model_e = encoder_model(vision, gpu, engine, db.profile_for(gpu.name, engine.engine, engine.version), ep.tp, cfg)
     except (hwdb.HwdbError, ValueError) as exc:
         if isinstance(exc, EPDError):
             raise

@@ -1,4 +1,5 @@
-"""Pydantic validation errors as one paragraph a user can act on.
+"""Pydantic validation errors as one paragraph a user can act on, and the input errors several
+modules raise (:class:`WorkloadError`).
 
 Every validated input (scenario, plan request) reports each error as ``location: message (got
 value)``, where the location is written as the user wrote it (``pools[0].engine.max_num_seqs``,
@@ -6,10 +7,16 @@ discriminated-union tags left out) and an unknown key lists the keys valid at th
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import get_args
 
 from pydantic import BaseModel, ValidationError
+
+
+class WorkloadError(ValueError):
+    """A valid-looking workload config cannot produce requests; the message says what to change.
+
+    Here, below both the workload generator and the load shapes that raise it, so that neither
+    has to import the other's module for it."""
 
 
 def models_in(ann) -> list[type[BaseModel]]:

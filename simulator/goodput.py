@@ -1,71 +1,157 @@
 """Goodput: the highest arrival rate at which a deployment still meets its SLO.
 
-Two criteria (``scenario.slo``): by default the fraction of requests meeting
-both the TTFT and the TPOT target must reach ``attainment``; with
-``percentile`` set (e.g. 99, as the published EPD evaluations use: P99 TTFT
-and P99 TPOT under their targets), that percentile of each must meet its
-target over all requests, a rejected or unfinished request counting as a miss.
+One definition, used by ``epdsim regress``, the examples and the planner's
+verification (:mod:`simulator.plan.verify`); ``docs/metrics.md`` states it.
+
+*Which requests are judged* is the only option: the whole run (the default),
+or, with ``steady_trim_s`` (the planner passes a request's expected lifetime),
+the requests that arrived in steady state: those arriving in the first and
+last ``steady_trim_s`` seconds (ramp-up from an empty system, drain) are left
+out, unless fewer than half the requests would remain, in which case all are
+judged.
+
+*The criterion* (``scenario.slo``) over the judged requests: by default the
+share of them that completed with TTFT <= ``ttft_s`` and TPOT <= ``tpot_s``
+(a one-token output's NaN TPOT passes) must reach ``attainment``; with
+``percentile`` set (e.g. 99, as the published EPD evaluations use), that
+percentile (inverted CDF) of TTFT and of TPOT must meet each target.  In both
+a rejected or unfinished request is a miss (infinitely late in a percentile).
+Over several replications the mean attainment, or the mean of each
+percentile, is compared with the target.
 
 Attainment falls as load rises (more queueing), so the goodput is found by
-bisection over the Poisson/Gamma rate.  Common random numbers: every probe
-uses the same seed, so arrivals at two rates are the same pattern scaled,
-which keeps the attainment curve monotone in practice.
+bisection over the rate.  Common random numbers: every probe uses the same
+seeds, so arrivals at two rates are the same pattern scaled, which keeps the
+attainment curve monotone in practice.
 """
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+import hwdb
 from simulator.run import simulate
-from simulator.scenario import Scenario, ScenarioError
+from simulator.scenario import SLO, Scenario, ScenarioError
 
 
 def with_rate(scn: Scenario, rate: float) -> Scenario:
+    """``scn`` with its open-loop arrival rate (Poisson, Gamma, or a trace rescaled to ``rate``) set.
+
+    Raises :class:`ScenarioError` for a closed loop, which has no rate to set."""
     arrival = scn.workload.arrival
-    if arrival.kind not in ("poisson", "gamma"):
-        raise ScenarioError(f"goodput needs an open-loop poisson or gamma arrival, got kind={arrival.kind!r}")
-    wl = scn.workload.model_copy(update={"arrival": arrival.model_copy(update={"rate": rate})})
+    if arrival.kind not in ("poisson", "gamma", "trace"):
+        raise ScenarioError(f"goodput needs an open-loop poisson, gamma or trace arrival, got kind={arrival.kind!r}")
+    update = {"rate": rate}
+    if arrival.kind == "trace":
+        update["time_scale"] = 1.0      # a trace's rate and time_scale are alternatives; the rate wins
+    wl = scn.workload.model_copy(update={"arrival": arrival.model_copy(update=update)})
     return scn.model_copy(update={"workload": wl})
 
 
-def attainment(scn: Scenario, rate: float, replications: int = 1) -> float:
-    """Mean SLO attainment over ``replications`` runs at ``rate`` requests/s."""
-    s = with_rate(scn, rate)
-    return sum(simulate(s, r).summary["slo_attainment"] for r in range(replications)) / replications
+def judged(requests: pd.DataFrame, steady_trim_s: float | None = None) -> np.ndarray:
+    """Boolean mask of the requests a probe judges (see the module docstring for the window)."""
+    keep = np.ones(len(requests), dtype=bool)
+    if steady_trim_s is None or not len(requests):
+        return keep
+    t = requests["arrival_s"].to_numpy()
+    steady = (t >= t.min() + steady_trim_s) & (t <= t.max() - steady_trim_s)
+    # Too short a run has no steady part worth the name: judge it whole rather than on a handful.
+    return steady if steady.sum() >= 0.5 * len(t) else keep
 
 
-def percentile_slo_met(requests, slo) -> bool:
-    """Whether the ``slo.percentile``-th percentile of TTFT and of TPOT meet their targets.
-
-    Percentiles are over every request (inverted CDF); requests that did not
-    complete count as infinitely late, and a NaN TPOT (one output token) as 0.
-    """
-    import numpy as np
-    done = (requests["outcome"] == "completed").to_numpy()
-    q = slo.percentile / 100.0
-    for col, target in (("ttft_s", slo.ttft_s), ("tpot_s", slo.tpot_s)):
-        if target is None:
-            continue
-        x = np.where(done, np.nan_to_num(requests[col].to_numpy(), nan=0.0), np.inf)
-        if len(x) and np.quantile(x, q, method="inverted_cdf") > target:
-            return False
-    return True
+def attainment(requests: pd.DataFrame, slo: SLO, steady_trim_s: float | None = None) -> float:
+    """Share of the judged requests that completed within both targets (NaN if none is judged)."""
+    keep = judged(requests, steady_trim_s)
+    ok = (requests["outcome"] == "completed").to_numpy().copy()
+    if slo.ttft_s is not None:
+        ok &= requests["ttft_s"].to_numpy() <= slo.ttft_s
+    if slo.tpot_s is not None:
+        ok &= ~(requests["tpot_s"].to_numpy() > slo.tpot_s)     # NaN (one output token) passes
+    return float(ok[keep].mean()) if keep.any() else math.nan
 
 
-def meets(scn: Scenario, rate: float, replications: int = 1) -> bool:
-    """Whether ``scn`` at ``rate`` requests/s meets its SLO criterion (every replication, for percentiles)."""
-    if scn.slo.percentile is None:
-        return attainment(scn, rate, replications) >= scn.slo.attainment
-    s = with_rate(scn, rate)
-    return all(percentile_slo_met(simulate(s, r).requests, scn.slo) for r in range(replications))
+def quantile(slo: SLO) -> float:
+    """The quantile latencies are judged (and reported) at: ``percentile`` / 100, else the attainment target."""
+    return slo.percentile / 100.0 if slo.percentile is not None else slo.attainment
 
 
-def find_goodput(scn: Scenario, rate_hi: float, iterations: int = 8, replications: int = 1) -> float:
-    """Highest rate in (0, rate_hi] meeting the scenario's SLO criterion (0 if none does)."""
-    if meets(scn, rate_hi, replications):
-        return rate_hi
-    lo, hi = 0.0, rate_hi
+def latency_quantiles(requests: pd.DataFrame, q: float, steady_trim_s: float | None = None) -> tuple[float, float]:
+    """``q``-quantile (inverted CDF) of TTFT and of TPOT over the judged requests; a request that did not
+    complete counts as infinitely late, a NaN TPOT (one output token) as 0."""
+    keep = judged(requests, steady_trim_s)
+    done = (requests["outcome"] == "completed").to_numpy()[keep]
+    out = []
+    for col in ("ttft_s", "tpot_s"):
+        x = np.where(done, np.nan_to_num(requests[col].to_numpy()[keep], nan=0.0), np.inf)
+        out.append(float(np.quantile(x, q, method="inverted_cdf")) if len(x) else math.inf)
+    return out[0], out[1]
+
+
+def percentile_slo_met(requests: pd.DataFrame, slo: SLO, steady_trim_s: float | None = None) -> bool:
+    """Whether the ``slo.percentile``-th percentile of TTFT and of TPOT of one run meet their targets."""
+    ttft, tpot = latency_quantiles(requests, slo.percentile / 100.0, steady_trim_s)
+    return (slo.ttft_s is None or ttft <= slo.ttft_s) and (slo.tpot_s is None or tpot <= slo.tpot_s)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One rate's verdict over its replications: mean attainment and its 95% CI half-width (0 for one
+    replication), and the mean over replications of the TTFT and TPOT quantiles at :func:`quantile`."""
+
+    attainment: float
+    attainment_ci95: float
+    ttft_s: float
+    tpot_s: float
+
+    def meets(self, slo: SLO) -> bool:
+        if slo.percentile is None:
+            return self.attainment >= slo.attainment
+        return (slo.ttft_s is None or self.ttft_s <= slo.ttft_s) and (slo.tpot_s is None or self.tpot_s <= slo.tpot_s)
+
+
+def judge(runs: list[pd.DataFrame], slo: SLO, steady_trim_s: float | None = None) -> Probe:
+    """The :class:`Probe` of the requests tables of a rate's replications."""
+    att = [attainment(r, slo, steady_trim_s) for r in runs]
+    lat = [latency_quantiles(r, quantile(slo), steady_trim_s) for r in runs]
+    half = 0.0
+    if len(att) > 1:
+        from scipy.stats import t as student   # noqa: PLC0415 -- scipy is slow to import; only CIs need it
+        half = float(student.ppf(0.975, len(att) - 1) * np.std(att, ddof=1) / math.sqrt(len(att)))
+    return Probe(float(np.mean(att)), half, float(np.mean([a for a, _ in lat])), float(np.mean([b for _, b in lat])))
+
+
+def probe(scn: Scenario, replications: int = 1, db: hwdb.HardwareDB | None = None,
+          steady_trim_s: float | None = None) -> Probe:
+    """Simulate ``scn`` (already at the rate to probe) ``replications`` times and judge it.
+
+    ``db``: the loaded ``hwdb.load(scn.hwdb)``; pass it when probing many rates (loading costs ~0.5 s)."""
+    db = db if db is not None else hwdb.load(scn.hwdb)
+    return judge([simulate(scn, r, db).requests for r in range(replications)], scn.slo, steady_trim_s)
+
+
+def bisect(meets: Callable[[float], bool], lo: float, hi: float, iterations: int) -> float:
+    """Narrow [lo, hi] ``iterations`` times, ``lo`` meeting and ``hi`` failing; returns ``lo``."""
     for _ in range(iterations):
         mid = 0.5 * (lo + hi)
-        if meets(scn, mid, replications):
+        if meets(mid):
             lo = mid
         else:
             hi = mid
     return lo
+
+
+def find_goodput(scn: Scenario, rate_hi: float, iterations: int = 8, replications: int = 1,
+                 db: hwdb.HardwareDB | None = None, steady_trim_s: float | None = None) -> float:
+    """Highest rate in (0, rate_hi] meeting the scenario's SLO criterion (0 if none does).
+
+    The hardware database is loaded once (or ``db`` used) for every probe."""
+    db = db if db is not None else hwdb.load(scn.hwdb)
+
+    def meets(rate: float) -> bool:
+        return probe(with_rate(scn, rate), replications, db, steady_trim_s).meets(scn.slo)
+
+    return rate_hi if meets(rate_hi) else bisect(meets, 0.0, rate_hi, iterations)

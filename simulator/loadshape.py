@@ -24,7 +24,9 @@ from typing import Annotated, Literal, Union
 import numpy as np
 from pydantic import ConfigDict, Field, model_validator
 
+from simulator.errors import WorkloadError
 from simulator.inputs import NoBoolNumbers
+from simulator.traces import read_trace
 
 
 class _Frozen(NoBoolNumbers):
@@ -108,7 +110,6 @@ class TraceRateShape(_Frozen):
 
     def table(self) -> tuple[np.ndarray, np.ndarray]:
         """(bin start times, rates) of the trace."""
-        from simulator.traces import read_trace
         t = read_trace(self.path, self.format).arrival_s
         t = t - t[0]
         counts = np.bincount((t // self.bin_s).astype(np.int64))
@@ -129,7 +130,6 @@ class ShapedArrivals(_Frozen):
 def shaped_arrivals(arrival: ShapedArrivals, duration_s: float | None, num: int | None,
                     rng: np.random.Generator, max_requests: int) -> np.ndarray:
     """Arrival times (s, from 0, non-decreasing) of ``arrival`` over ``duration_s`` (at most ``num``)."""
-    from simulator.workload import WorkloadError
     if duration_s is None:
         raise WorkloadError("arrival kind 'shaped' needs duration_s (the shape is a function of time); "
                             "set workload.duration_s")

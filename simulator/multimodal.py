@@ -76,8 +76,9 @@ def generate_images(cfg: ImageWorkload, n: int, rng: np.random.Generator,
         which = rng.choice(len(p), size=total, p=p)
     else:
         ids = rng.integers(0, cfg.distinct_images, size=total, dtype=np.int64)
-        # A catalogue image's resolution is a function of its id (drawn once per id).
-        per_id = np.random.default_rng([cfg.distinct_images, 7]).choice(len(p), size=cfg.distinct_images, p=p)
+        # A catalogue image's resolution is a function of its id (drawn once per id), from a child of the
+        # images stream: part of the seed tree, and independent of how many draws the requests took.
+        per_id = rng.spawn(1)[0].choice(len(p), size=cfg.distinct_images, p=p)
         which = per_id[ids]
     w = np.asarray([r.width for r in cfg.resolutions], dtype=np.int64)[which]
     h = np.asarray([r.height for r in cfg.resolutions], dtype=np.int64)[which]

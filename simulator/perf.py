@@ -67,13 +67,6 @@ class MemoryPlan:
         return self.kv_blocks * self.block_size
 
 
-def _allreduce_time(nbytes: float, tp: int, link: Link) -> float:
-    """Ring all-reduce: 2(tp-1)/tp of the message crosses each GPU's link."""
-    if tp <= 1:
-        return 0.0
-    return 2.0 * (tp - 1) / tp * nbytes / link.effective_Bps + link.latency_s.value
-
-
 @dataclass(frozen=True)
 class Deployment:
     """What the perf models need about an instance: model, GPU, parallelism, dtypes."""
@@ -202,7 +195,6 @@ class StepModel:
     expert_bytes: float
     n_experts: int
     experts_per_token: int
-    moe_layers_frac: float
     kv_bytes_per_token: float
     act_bytes_per_token: float
     peak_flops: float
@@ -228,7 +220,6 @@ class StepModel:
     cpu_wait: float
     cpu_tok: float
     cpu_sample: float
-    calibrated: bool
     layer_s: float = 0.0
     kv_max_eff: float = 1.0
     kv_floor_bytes: float = 0.0
@@ -350,7 +341,6 @@ def build_step_model(dep: Deployment) -> StepModel:
         expert_bytes=(a.moe_layers * a.expert_params * wb / gpus) if a.is_moe else 0.0,
         n_experts=a.num_experts,
         experts_per_token=a.experts_per_token,
-        moe_layers_frac=a.moe_layers / a.num_layers,
         kv_bytes_per_token=kv_bytes_per_token(dep),
         act_bytes_per_token=4.0 * a.hidden_size * 2.0 * a.num_layers / dep.pp,
         peak_flops=g.flops(compute_dtype),
@@ -371,7 +361,6 @@ def build_step_model(dep: Deployment) -> StepModel:
         overlapped=eng.scheduling_overlapped,
         cpu_step=cpu_costs[0], cpu_run=cpu_costs[1], cpu_wait=cpu_costs[2], cpu_tok=cpu_costs[3],
         cpu_sample=cpu_costs[4],
-        calibrated=bool(prof),
         # Every layer runs in series for a token, whatever the pipeline split.
         layer_s=layer_s,
         kv_max_eff=deff.max_eff,

@@ -4,11 +4,12 @@ from __future__ import annotations
 from simulator.confidence import assess
 from simulator.engine import PoolSpec, Recorder, run_pool
 from simulator.epd import EPDError, prepare as prepare_epd
+from simulator.errors import WorkloadError
 from simulator.pd import TransferConfigError, build_transfer_plan, crossover_bandwidth
 from simulator.results import Results, links_frame, requests_frame, steps_frame, summarize
 from simulator.scenario import Scenario, ScenarioError, resolve, rng_streams
 from simulator.traces import TraceError
-from simulator.workload import WorkloadError, generate
+from simulator.workload import generate
 
 
 def _spec(pool, dep, mem, step) -> PoolSpec:
@@ -60,14 +61,13 @@ def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:
                                 "multimodal scenario without `operations`, or the operations study without "
                                 "an encoder pool (pools[].role: encoder) and without images")
         from simulator.opsrun import run_operations
-        ops, run, rec = run_operations(scn, replication, reqs, front, back, plan, closed, rngs["faults"], _spec,
-                                       rngs["clients"])
+        ops, run, rec = run_operations(scn, reqs, front, back, plan, closed, rngs, _spec)
         from simulator.opsresults import ops_requests_frame
         req_df = ops_requests_frame(run, back[0].name if back else front[0].name)
     else:
         rec = Recorder(reqs.input_tokens, reqs.output_tokens, reqs.arrival_s, reqs.hash_ids, reqs.hash_block_tokens)
         run = run_pool(_spec(*front), rec, closed_loop=closed, max_time_s=scn.simulation.max_time_s,
-                       decode=_spec(*back) if back else None, transfer=plan, rng=rngs["faults"], epd=epd,
+                       decode=_spec(*back) if back else None, transfer=plan, rng=rngs["transfer"], epd=epd,
                        client_rng=rngs["clients"])
         req_df = requests_frame(run, back[0].name if back else front[0].name)
         if run.epd is not None:

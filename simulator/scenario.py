@@ -257,7 +257,7 @@ def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB
           else pool.kv_cache_dtype)
     return Deployment(arch=arch, gpu=gpu, intra_link=link, engine=engine, knobs=knobs, tp=pool.tp,
                       pp=pool.pp, weight_dtype=pool.dtype, kv_dtype=kv,
-                      profile=db.profile_for(gpu.name, engine.engine))
+                      profile=db.profile_for(gpu.name, engine.engine, engine.version, model.name))
 
 
 def resolve(scn: Scenario, db: hwdb.HardwareDB | None = None):
@@ -289,8 +289,16 @@ def resolve(scn: Scenario, db: hwdb.HardwareDB | None = None):
 
 
 def rng_streams(seed: int, replication: int = 0) -> dict[str, np.random.Generator]:
-    """One independent generator per purpose, spawned from (seed, replication)."""
+    """One independent generator per purpose, spawned from (seed, replication): every random draw of a
+    simulation (and of the planner's workload sample) comes from one of these.
+
+    arrivals, lengths: the workload; faults: the operations block's crashes, node failures and link
+    degradations; routing: reserved (no router draws yet); images: image counts, catalogue ids and
+    resolutions (the catalogue's resolutions from a child of it); clients: closed-loop send delays;
+    transfer: the KV and embedding transfers' jitter.  Giving transfers their own stream keeps the
+    fault draws independent of how many transfers a run makes, and the reverse.
+    """
     # New purposes go last: a child's stream depends only on its index, so the others stay the same.
-    purposes = ("arrivals", "lengths", "faults", "routing", "images", "clients")
+    purposes = ("arrivals", "lengths", "faults", "routing", "images", "clients", "transfer")
     children = np.random.SeedSequence([seed, replication]).spawn(len(purposes))
     return {p: np.random.default_rng(c) for p, c in zip(purposes, children)}

@@ -36,6 +36,7 @@ import numpy as np
 from pydantic import ConfigDict, Field, model_validator
 
 from simulator.epd_config import ImageWorkload
+from simulator.errors import WorkloadError
 from simulator.inputs import NoBoolNumbers
 from simulator.loadshape import ShapedArrivals, shaped_arrivals
 from simulator.traces import Role, Trace, TraceFormat, read_token_columns, read_trace
@@ -48,10 +49,6 @@ MAX_SECONDS = 1e9              # durations and times: about 30 years
 # Mean client-side delay before each closed-loop send (s): 0 as in vllm bench serve's asyncio loop; a
 # few milliseconds of client delay changed no validation figure (docs/validation/e2e.md).
 CLIENT_SEND_DELAY_S = 0.0
-
-
-class WorkloadError(ValueError):
-    """A valid-looking config cannot produce requests; the message says what to change."""
 
 
 class _Frozen(NoBoolNumbers):

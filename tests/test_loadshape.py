@@ -8,7 +8,7 @@ import pytest
 
 from simulator.loadshape import ShapedArrivals, shaped_arrivals
 from simulator.scenario import ScenarioError
-from simulator.workload import WorkloadError
+from simulator.errors import WorkloadError
 from tests.conftest import scenario
 
 

@@ -16,7 +16,7 @@ from simulator.plan.candidates import build_context
 from simulator.plan.families import enumerate_candidates
 from simulator.plan.pareto import pareto_mask
 from simulator.plan.screen import Screen
-from simulator.plan.verify import with_rate
+from simulator.goodput import with_rate
 from simulator.run import simulate
 
 

@@ -18,10 +18,10 @@ from pathlib import Path
 import yaml
 
 import hwdb
+from simulator.errors import WorkloadError
 from simulator.perf import FitError
 from simulator.scenario import Scenario, ScenarioError, parse_scenario
 from simulator.traces import TraceError
-from simulator.workload import WorkloadError
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SCENARIO = REPO / "examples" / "llama8b_h100_chat.yaml"

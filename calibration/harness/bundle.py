@@ -27,7 +27,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from simulator.inputs import read_text
 
@@ -246,8 +246,3 @@ def _json_default(o):
     if hasattr(o, "item"):
         return o.item()
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
-
-
-def iter_all_requests(b: Bundle) -> Iterable[dict]:
-    for p in b.phases():
-        yield from b.requests(p)

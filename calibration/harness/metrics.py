@@ -131,7 +131,3 @@ def histogram_quantile(q: float, buckets: list[list]) -> float:
             return prev_le + (le - prev_le) * (rank - prev_c) / (c - prev_c)
         prev_le, prev_c = le, c
     return bs[-1][0]
-
-
-def histogram_mean(series: dict) -> float:
-    return series["sum"] / series["count"] if series.get("count") else math.nan

@@ -8,7 +8,8 @@ from simulator.plan.artefacts import artefacts
 from simulator.plan.candidates import Candidate, PoolChoice
 from simulator.plan.families import FAMILIES
 from simulator.plan.request import PlanError, PlanRequest, load_plan_request, parse_plan_request
-from simulator.plan.runner import PlanResult, run_plan, write_result
+from simulator.plan.rank import PlanResult
+from simulator.plan.runner import run_plan, write_result
 
 __all__ = ["FAMILIES", "Candidate", "PlanError", "PlanRequest", "PlanResult", "PoolChoice", "artefacts",
            "load_plan_request", "parse_plan_request", "run_plan", "write_result"]

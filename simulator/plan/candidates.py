@@ -15,12 +15,13 @@ from typing import Iterator
 import numpy as np
 
 import hwdb
+from simulator.errors import WorkloadError
 from simulator.pd import TransferConfigError, build_transfer_plan
 from simulator.perf import FitError, MemoryPlan, StepModel, build_step_model, plan_memory
 from simulator.plan.request import PlanError, PlanRequest
 from simulator.scenario import (KVTransferConfig, PoolConfig, Scenario, ScenarioError, deployment_for,
                                 parse_scenario, rng_streams)
-from simulator.workload import WorkloadError, generate
+from simulator.workload import generate
 
 
 PRE_SCREEN = ("memory", "kv-transfer", "encoder", "embedding-transfer")   # reasons that rule a row out unscreened
@@ -141,7 +142,7 @@ def _sample_stats(req: PlanRequest, model) -> WorkloadStats:
         from simulator.vision import VisionError, vision_arch
         try:
             vision = vision_arch(model)
-            images = generate_images(wl.images, len(inp), rngs["routing"])
+            images = generate_images(wl.images, len(inp), rngs["images"])   # the stream simulate draws images from
             costs = image_costs(vision, images, "workload.images.resolutions")
         except (VisionError, EPDError) as exc:
             raise PlanError(f"workload.images: {exc}") from None
@@ -178,11 +179,6 @@ def build_context(req: PlanRequest) -> PlanContext:
         model = db.model(req.model)
     except hwdb.HwdbError as exc:
         raise PlanError(f"model/hwdb: {exc}") from None
-    from simulator.plan.families import FAMILIES
-    for fam in req.constraints.families:
-        if fam not in FAMILIES:
-            raise PlanError(f"constraints.families: {fam!r} is not a deployment family this planner knows; "
-                            f"choose from {sorted(FAMILIES)}")
     ctx = PlanContext(req, db, model, _sample_stats(req, model))
     c = req.constraints
     engine = c.engine.engine

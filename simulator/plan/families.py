@@ -13,6 +13,7 @@ import math
 from typing import Iterator
 
 from simulator.plan.candidates import Candidate, Colocated, Family, PlanContext, PoolChoice, PrefillDecode, _gpu_ok
+from simulator.plan.request import PlanError, PlanRequest
 
 
 def encoder_layouts(ctx: PlanContext) -> list[tuple[str, int, float, str]]:
@@ -72,6 +73,14 @@ class EncoderPrefillDecode(Family):
 
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (Colocated(), PrefillDecode(), EncoderPrefillDecode())}
+
+
+def check_families(req: PlanRequest) -> None:
+    """Raise :class:`PlanError` for a family in ``constraints.families`` that is not in the registry."""
+    for fam in req.constraints.families:
+        if fam not in FAMILIES:
+            raise PlanError(f"constraints.families: {fam!r} is not a deployment family this planner knows; "
+                            f"choose from {sorted(FAMILIES)}")
 
 
 def enumerate_candidates(ctx: PlanContext) -> list[Candidate]:

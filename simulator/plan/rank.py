@@ -4,13 +4,47 @@ closest candidates when nothing meets the SLO."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from simulator import fmt
-from simulator.plan.candidates import PRE_SCREEN
+from simulator.plan.candidates import PRE_SCREEN, Candidate, to_scenario
 from simulator.plan.pareto import pareto_front
+from simulator.plan.request import PlanRequest
+from simulator.scenario import Scenario
+
+
+@dataclass
+class PlanResult:
+    """A finished (or interrupted) plan.
+
+    ``candidates``: one row per candidate (columns in docs/planner.md); ``pareto``: the rows on the
+    cost/goodput/TTFT front; ``recommended``: the chosen candidate's record with its headroom, or None
+    when nothing meets the SLO (then ``closest`` holds the nearest candidates and what limits them);
+    ``families``: per family, its best candidate and why it lost.
+    """
+
+    request: PlanRequest
+    candidates: pd.DataFrame
+    pareto: pd.DataFrame
+    recommended: dict | None
+    closest: pd.DataFrame
+    families: pd.DataFrame
+    notes: list[str] = field(default_factory=list)
+    interrupted: bool = False
+    _cands: dict[str, Candidate] = field(default_factory=dict, repr=False)
+
+    def candidate(self, candidate_id: str) -> Candidate:
+        try:
+            return self._cands[candidate_id]
+        except KeyError:
+            raise KeyError(f"no candidate {candidate_id!r} in this plan") from None
+
+    def to_scenario(self, candidate_id: str, rate: float | None = None) -> Scenario:
+        """The scenario that simulates a candidate under the planned workload (at ``rate`` if given)."""
+        return to_scenario(self.request, self.candidate(candidate_id), rate)
 
 
 def _per_million(cost_h: float, rps: float, out_tokens: float) -> float:
@@ -28,8 +62,7 @@ def _violation(row: dict, slo) -> float:
     return max(v) if v else 0.0
 
 
-def assemble(req, ctx, rows: list[dict], done: dict[str, dict], by_id: dict):
-    from simulator.plan.runner import PlanResult
+def assemble(req, ctx, rows: list[dict], done: dict[str, dict], by_id: dict) -> PlanResult:
     out_tok = ctx.stats.mean_out
     rows = [dict(r) for r in rows]
     for r in rows:

@@ -16,54 +16,18 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import pandas as pd
-
-from simulator.plan.candidates import Candidate, build_context, to_scenario
-from simulator.plan.families import enumerate_candidates
+from simulator.plan.candidates import PRE_SCREEN, build_context, to_scenario
 from simulator.plan.executors import default_workers, interrupt_guard, run_local, run_ray
-from simulator.plan.candidates import PRE_SCREEN
-from simulator.plan.pareto import pareto_front
+from simulator.plan.families import check_families, enumerate_candidates
+from simulator.plan.rank import PlanResult, assemble
 from simulator.plan.request import PlanRequest
 from simulator.plan.screen import Screen
 from simulator.plan.verify import verify_task
-from simulator.scenario import Scenario
 
 Progress = Callable[[int, int, str], None]
-
-
-@dataclass
-class PlanResult:
-    """A finished (or interrupted) plan.
-
-    ``candidates``: one row per candidate (columns in docs/planner.md); ``pareto``: the rows on the
-    cost/goodput/TTFT front; ``recommended``: the chosen candidate's record with its headroom, or None
-    when nothing meets the SLO (then ``closest`` holds the nearest candidates and what limits them);
-    ``families``: per family, its best candidate and why it lost.
-    """
-
-    request: PlanRequest
-    candidates: pd.DataFrame
-    pareto: pd.DataFrame
-    recommended: dict | None
-    closest: pd.DataFrame
-    families: pd.DataFrame
-    notes: list[str] = field(default_factory=list)
-    interrupted: bool = False
-    _cands: dict[str, Candidate] = field(default_factory=dict, repr=False)
-
-    def candidate(self, candidate_id: str) -> Candidate:
-        try:
-            return self._cands[candidate_id]
-        except KeyError:
-            raise KeyError(f"no candidate {candidate_id!r} in this plan") from None
-
-    def to_scenario(self, candidate_id: str, rate: float | None = None) -> Scenario:
-        """The scenario that simulates a candidate under the planned workload (at ``rate`` if given)."""
-        return to_scenario(self.request, self.candidate(candidate_id), rate)
 
 
 def request_lifetime(req: PlanRequest, mean_out: float) -> float:
@@ -116,6 +80,7 @@ def run_plan(req: PlanRequest, progress: Progress | None = None, workers: int | 
 def _run_plan(req: PlanRequest, progress: Progress | None, workers: int | None, ray_address: str | None,
               out_dir: str | Path | None) -> PlanResult:
     progress = progress or (lambda done, total, stage: None)
+    check_families(req)                 # before the hwdb is loaded and the workload sampled
     ctx = build_context(req)
     cands = enumerate_candidates(ctx)
     by_id = {c.id: c for c in cands}
@@ -176,7 +141,6 @@ def _run_plan(req: PlanRequest, progress: Progress | None, workers: int | None, 
             return run_ray(verify_task, tasks, ray_address, on_done)
         return run_local(verify_task, tasks, workers or default_workers(), on_done)
 
-    from simulator.plan.rank import assemble
     interrupted = verify(verify_ids)
     result = assemble(req, ctx, rows, done, by_id)
     if not interrupted and req.search.verify_front:

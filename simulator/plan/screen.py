@@ -74,7 +74,7 @@ def encode_time(ctx, gpu: str, tp: int) -> float:
     from simulator.epd_config import EncoderConfig
     g = ctx.db.gpu(gpu)
     engine = ctx.db.engine("vllm-v1")
-    model = encoder_model(img.vision, g, engine, ctx.db.profile_for(g.name, engine.engine), tp, EncoderConfig())
+    model = encoder_model(img.vision, g, engine, ctx.db.profile_for(g.name, engine.engine, engine.version), tp, EncoderConfig())
     return model.batch_time(img.lin_flops, img.attn_flops, img.patches)
 
 

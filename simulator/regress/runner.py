@@ -14,6 +14,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import hwdb
 from simulator.goodput import find_goodput, with_rate
 from simulator.regress.figures import PLAN_FIGURES, RUN_FIGURES, SCENARIO_FIGURES
 from simulator.regress.suite import GoodputConfig, LoadedSuite, RegressError, finite
@@ -62,15 +63,16 @@ def run_task(task: Task) -> dict[str, float | str]:
         rec = run_plan(task.plan, workers=1).recommended
         return {name: PLAN_FIGURES[name].read(rec) for name in task.figures}
     scn = task.scenario.model_copy(update={"seed": task.seed})
+    db = hwdb.load(scn.hwdb)      # once for every run of the task, goodput probes included
     out: dict[str, float] = {}
     run_figs = [f for f in task.figures if f in RUN_FIGURES]
     if run_figs:
         at = with_rate(scn, task.rate) if task.rate is not None else scn
-        sums = [simulate(at, r).summary for r in range(task.replications)]
+        sums = [simulate(at, r, db).summary for r in range(task.replications)]
         for name in run_figs:
             out[name] = math.fsum(float(SCENARIO_FIGURES[name].read(s)) for s in sums) / len(sums)
     if "goodput_rps" in task.figures:
-        out["goodput_rps"] = find_goodput(scn, task.goodput.rate_hi, task.goodput.iterations, task.replications)
+        out["goodput_rps"] = find_goodput(scn, task.goodput.rate_hi, task.goodput.iterations, task.replications, db)
     return out
 
 
