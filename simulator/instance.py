@@ -21,6 +21,23 @@ from collections import OrderedDict, deque
 
 from simulator.perf import MemoryPlan, StepModel
 
+# Shortcuts that leave results unchanged: steps that end before any other event advance the clock
+# inline instead of through a SimPy timeout, and decode-only steps skip the general step's empty
+# branches.  tests/test_run_ahead.py turns them off to compare with the plain step, one event each.
+FAST_STEPS = True
+
+
+class _TimedLog:
+    """``append(x)`` stores ``(env.now, x)`` in ``log``: resume gaps of a run-ahead instance."""
+
+    __slots__ = ("log", "env")
+
+    def __init__(self, log: list, env) -> None:
+        self.log, self.env = log, env
+
+    def append(self, x: float) -> None:
+        self.log.append((self.env.now, x))
+
 
 class Instance:
     """One instance: state, and :meth:`run`, the SimPy process that drives it.
@@ -73,6 +90,13 @@ class Instance:
         self.encode_cost = None                # multimodal: callback(instance, rid, now) -> encoder seconds
         self.last_tok: dict[int, float] = {}   # preempted rid -> time of its last token
         self.live = None                       # (running order, prefills, decodes) once run() starts
+        # Run-ahead (simulator/engine.py): a one-element list holding the time of the next event that
+        # can look at or change this instance (the next arrival), shared by the pool's instances; the
+        # instance steps without SimPy events until then.  None: any event may, so it steps ahead only
+        # while SimPy has nothing else due.  With a gate, resume gaps go to ``gap_log`` as (time, gap)
+        # and the pool merges them in time order, the order SimPy would have produced.
+        self.gate: list[float] | None = None
+        self.gap_log: list[tuple[float, float]] = []
         # Prefix cache (vLLM automatic prefix caching), active when requests carry block hashes:
         # an LRU of hash ids, each covering ``hash_block_tokens`` prompt tokens, with room for as
         # many such blocks as the KV cache holds.
@@ -158,7 +182,8 @@ class Instance:
         rec = self.rec
         inp, out = rec.input_tokens, rec.output_tokens
         t_sched, t_first = rec.t_sched, rec.t_first
-        preempts, gaps = rec.preemptions, rec.resume_gaps
+        preempts = rec.preemptions
+        gaps = rec.resume_gaps if self.gate is None else _TimedLog(self.gap_log, env)
         waiting, steps, block = self.waiting, self.steps, self.block
         step_time = self.model.step_time
         budget_max, max_seqs, chunked = self.budget, self.max_seqs, self.chunked
@@ -214,8 +239,49 @@ class Instance:
                 new_dec.remove(vic)
             return vic, True
 
+        def finish_due(s: int, now: float) -> None:
+            """Requests whose last token step ``s`` made leave (stale heap entries are skipped)."""
+            nonlocal n_dec, sum_l, kv_used
+            while heap and heap[0][0] <= s:
+                f, rid = heappop(heap)
+                if fin_at.get(rid) != f:
+                    continue
+                del fin_at[rid]
+                sd, ld, g0 = dec_start.pop(rid)
+                length = ld + s - sd + 1
+                cnt[(sd - ld) % block] -= 1
+                n_dec -= 1
+                sum_l -= length
+                kv_used -= -(-length // block)
+                self._finish(rid, now, order, g0 + s - sd + 1)
+
         encode = self.encode_cost
+        queue = env._queue                 # SimPy's event heap of (time, priority, id, event)
+        gate = self.gate
+        inline = FAST_STEPS
         while True:
+            # --- decode-only steps (nothing waiting, no prompt chunk, no KV arriving, blocks for every
+            # decode): the general step below with its empty branches left out, so the same state
+            # changes in the same order; it leaves for the general path when any condition fails.
+            while (inline and n_dec and not waiting and not prefill and not ready and not remote and not self._freed
+                   and kv_total - kv_used >= cnt[s % block]):
+                t0 = now
+                kv_used += cnt[s % block]
+                n_run = len(order)
+                self.kv_used = kv_used
+                self.n_running = n_run
+                dt = step_time(n_dec, n_dec, 0.0, sum_l + n_dec, 0.0, n_run, 0) + 0.0
+                t_end = now + dt
+                if inline and ((t_end < gate[0]) if gate is not None else (not queue or t_end < queue[0][0])):
+                    env._now = now = t_end
+                else:
+                    yield env.timeout(dt)
+                    now = env.now
+                steps.append((t0, dt, n_dec, 0, 0, n_run, len(waiting), kv_used, 0))   # queue at the step's end
+                sum_l += n_dec
+                if heap and heap[0][0] <= s:
+                    finish_due(s, now)
+                s += 1
             extra = 0.0                    # encoder time of images admitted this step (front-pool encoding)
             if self._freed:
                 kv_used -= self._freed
@@ -352,8 +418,16 @@ class Instance:
                 # is preempted first and a batch slot is kept for pulled KV; fail loudly.
                 raise RuntimeError(f"instance {self.index}: no progress possible at t={now}")
             dt = step_time(tokens, logits, pairs, sum_l + n_dec, pctx, len(order), len(waiting)) + extra
-            yield env.timeout(dt)
-            now = env.now
+            t_end = now + dt
+            if inline and ((t_end < gate[0]) if gate is not None else (not queue or t_end < queue[0][0])):
+                # Nothing that could see this instance is due before this step ends (nor at the same
+                # time): advance its clock here instead of scheduling a timeout.  The arithmetic is
+                # the timeout's (env.now + dt); the clock is set so that anything this step calls
+                # sees the time the timeout would have fired at.
+                env._now = now = t_end
+            else:
+                yield env.timeout(dt)
+                now = env.now
             steps.append((t0, dt, n_dec, tokens - n_dec, logits - n_dec, len(order), len(waiting), kv_used, n_pre))
             # --- apply the step: decodes grow, chunks advance, finishes leave
             sum_l += n_dec
@@ -394,18 +468,8 @@ class Instance:
                 f = s + remaining
                 fin_at[rid] = f
                 heappush(heap, (f, rid))
-            while heap and heap[0][0] <= s:
-                f, rid = heappop(heap)
-                if fin_at.get(rid) != f:
-                    continue
-                del fin_at[rid]
-                sd, ld, g0 = dec_start.pop(rid)
-                length = ld + s - sd + 1
-                cnt[(sd - ld) % block] -= 1
-                n_dec -= 1
-                sum_l -= length
-                kv_used -= -(-length // block)
-                self._finish(rid, now, order, g0 + s - sd + 1)
+            if heap and heap[0][0] <= s:
+                finish_due(s, now)
             s += 1
 
     def _finish(self, rid: int, now: float, order: dict, generated: int) -> None:
