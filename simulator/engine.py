@@ -7,6 +7,7 @@ processes that receive it.  Results are plain Python lists held by a
 """
 from __future__ import annotations
 
+import gc
 import math
 from dataclasses import dataclass
 
@@ -244,10 +245,18 @@ def run_pool(pool: PoolSpec, rec: Recorder, closed_loop=None,
         for k in range(min(closed_loop.concurrency, len(inp))):
             env.process(client(env, k, next_id, closed_loop))
     # Idle instances wait on untriggered events, so the schedule empties when the last request ends.
-    if max_time_s is None:
-        env.run()
-    else:
-        env.run(until=max_time_s)
+    # The run allocates millions of short-lived events and step tuples but builds no reference
+    # cycles worth collecting; the cyclic collector's passes over them cost 10-20% of the run.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        if max_time_s is None:
+            env.run()
+        else:
+            env.run(until=max_time_s)
+    finally:
+        if collecting:
+            gc.enable()
     end = env.now
     if gate is not None:
         # Instances that ran ahead past the last event: the run ends with the last step, and their
