@@ -17,7 +17,8 @@ Scenarios (issue 21), with per-request records and the per-step log kept:
   ../shared, else a lognormal fit of it), Poisson at 26.8 req/s (80% of the closed-loop saturation
   measured in docs/performance.md); 100,000 requests by default.
 * ``pd``: Llama-3.1-70B, 2 prefill + 6 decode instances, H200 TP4 each, NIXL over InfiniBand NDR,
-  the same lengths, Poisson at 13.0 req/s (80% of this layout's closed-loop saturation, 16.3 req/s).
+  the same lengths, Poisson at 13.0 req/s (94% of this layout's closed-loop throughput, 13.8 req/s
+  measured with 20,000 requests and 6,144 users: a high-batch, heavily loaded case).
 * ``vidur``: Vidur's low-batch case: Llama-2-70B on A100-80GB TP2 PP2, 4 instances, Poisson 2 req/s,
   conversation lengths (Azure LLM inference trace 2023, conversation: the lengths Splitwise and
   Vidur replay), chunk 512 (max_num_batched_tokens); 10,000 requests.
@@ -85,9 +86,9 @@ def vidur(n: int, arrival: dict | None = None) -> dict:
     if AZURE_CONV.exists():
         lengths = {"lengths": {"kind": "pairs", "path": str(AZURE_CONV), "input_column": "ContextTokens",
                                "output_column": "GeneratedTokens"}}
-    else:   # lognormal fit of that table (prompt mean 1,155, output mean 211)
-        lengths = {"input_length": {"kind": "lognormal", "mean": 1155, "cv": 1.3, "low": 2, "high": 8000},
-                   "output_length": {"kind": "lognormal", "mean": 211, "cv": 0.75, "low": 1, "high": 2000}}
+    else:   # lognormal with that table's means, coefficients of variation and ranges
+        lengths = {"input_length": {"kind": "lognormal", "mean": 1155, "cv": 0.96, "low": 2, "high": 14050},
+                   "output_length": {"kind": "lognormal", "mean": 211, "cv": 0.77, "low": 7, "high": 1000}}
     return {"name": "bench-vidur-llama2-70b-a100", "seed": 3, "model": "Llama-2-70B",
             "pools": [{"gpu": "A100-80GB", "tp": 2, "pp": 2, "instances": 4,
                        "engine": {"max_num_batched_tokens": 512}}],
