@@ -1,28 +1,64 @@
-"""Simulator speed: simulated requests per wall second, and per-step cost vs batch size.
+"""Simulator speed: simulated requests per wall second of ``simulate()``, and per-step cost vs batch size.
 
 Run on demand (not part of the tests):
 
-    .venv/bin/python benchmarks/bench_sim.py [--requests 100000] [--repeat 3]
+    .venv/bin/python benchmarks/bench_sim.py [--scenarios colocated pd vidur steps] [--requests N]
+                                             [--repeat 3] [--old DIR]
 
-Reference scenario (issue 2): Llama-3.1-70B, TP4 on H100 SXM, 8 instances,
-Poisson arrivals at ~80% of the measured saturation throughput,
-ShareGPT-like lengths (the ShareGPT length table in ../shared when present,
-else a lognormal fit of it), per-request records and the per-step log kept.
+``--old DIR``: another checkout (``git worktree add /tmp/base main``) measured in the same run,
+interleaved with this one (old, new, old, new, ...), so a busy machine slows both alike.  Every
+measurement runs ``simulate()`` once in a fresh interpreter with that checkout first on
+``sys.path`` (so it includes one hardware-database load, as a CLI run does) and reports its wall
+time, engine steps and peak RSS; the median of ``--repeat`` is printed.
+
+Scenarios (issue 21), with per-request records and the per-step log kept:
+
+* ``colocated``: Llama-3.1-70B TP4 on H100 SXM, 8 instances, ShareGPT lengths (the Sarathi table in
+  ../shared, else a lognormal fit of it), Poisson at 26.8 req/s (80% of the closed-loop saturation
+  measured in docs/performance.md); 100,000 requests by default.
+* ``pd``: Llama-3.1-70B, 2 prefill + 6 decode instances, H200 TP4 each, NIXL over InfiniBand NDR,
+  the same lengths, Poisson at 13.0 req/s (94% of this layout's closed-loop throughput, 13.8 req/s
+  measured with 20,000 requests and 6,144 users: a high-batch, heavily loaded case).
+* ``vidur``: Vidur's low-batch case: Llama-2-70B on A100-80GB TP2 PP2, 4 instances, Poisson 2 req/s,
+  conversation lengths (Azure LLM inference trace 2023, conversation: the lengths Splitwise and
+  Vidur replay), chunk 512 (max_num_batched_tokens); 10,000 requests.
+* ``steps``: the cost of one step at batch 8, 64 and 512 (a closed loop that keeps max_num_seqs
+  sequences decoding; the wall-time difference of two output lengths over their step difference).
 """
 from __future__ import annotations
 
 import argparse
-import gc
-import time
+import json
+import os
+import statistics
+import subprocess
+import sys
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "data" / "traces"
+SHAREGPT = SHARED / "sharegpt_lengths" / "sharegpt_8k_filtered_stats_llama2_tokenizer.csv"
+AZURE_CONV = SHARED / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"
+
+# Runs in the child interpreter: only the public API that every version has.
+CHILD = """
+import json, resource, sys, time
 from simulator.run import simulate
 from simulator.scenario import parse_scenario
+out = []
+for data in json.load(sys.stdin):
+    scn = parse_scenario(data)
+    t = time.perf_counter()
+    res = simulate(scn)
+    wall = time.perf_counter() - t
+    out.append({"wall": wall, "steps": len(res.steps), "requests": len(res.requests),
+                "mean_batch": res.summary["mean_batch_size"], "ttft_p50": res.summary["ttft_s"]["p50"],
+                "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
+print(json.dumps(out))
+"""
 
-SHAREGPT = Path(__file__).resolve().parents[2] / "shared/data/traces/sharegpt_lengths/sharegpt_8k_filtered_stats_llama2_tokenizer.csv"
 
-
-def _lengths() -> dict:
+def _sharegpt() -> dict:
     if SHAREGPT.exists():
         return {"lengths": {"kind": "pairs", "path": str(SHAREGPT), "input_column": "num_prefill_tokens",
                             "output_column": "num_decode_tokens"}}
@@ -32,83 +68,88 @@ def _lengths() -> dict:
             "output_length": {"kind": "lognormal", "mean": 439, "cv": 0.61, "low": 2, "high": 1024}}
 
 
-def reference(arrival: dict, n: int, max_num_seqs: int | None = None, instances: int = 8) -> dict:
-    engine = {"max_num_seqs": max_num_seqs} if max_num_seqs else {}
+def colocated(n: int, arrival: dict | None = None) -> dict:
     return {"name": "bench-70b-tp4-h100", "seed": 3, "model": "Llama-3.1-70B",
-            "pools": [{"gpu": "H100", "tp": 4, "instances": instances, "engine": engine}],
-            "workload": {"arrival": arrival, "num_requests": n, **_lengths()}}
+            "pools": [{"gpu": "H100", "tp": 4, "instances": 8}],
+            "workload": {"arrival": arrival or {"kind": "poisson", "rate": 26.8}, "num_requests": n, **_sharegpt()}}
 
 
-def timed(data: dict):
-    scn = parse_scenario(data)
-    gc.collect()
-    t = time.perf_counter()
-    res = simulate(scn)
-    return res, time.perf_counter() - t
+def pd(n: int, arrival: dict | None = None) -> dict:
+    return {"name": "bench-pd-2p6d", "seed": 3, "model": "Llama-3.1-70B",
+            "pools": [{"name": "prefill", "role": "prefill", "gpu": "H200", "tp": 4, "instances": 2},
+                      {"name": "decode", "role": "decode", "gpu": "H200", "tp": 4, "instances": 6}],
+            "kv_transfer": {"connector": "nixl", "fabric": "ib-ndr"},
+            "workload": {"arrival": arrival or {"kind": "poisson", "rate": 13.0}, "num_requests": n, **_sharegpt()}}
 
 
-def at_80_percent(make, concurrency: int, requests: int, repeat: int):
-    """Saturation throughput from a closed loop, then the best of ``repeat`` timed Poisson runs at 80% of it.
+def vidur(n: int, arrival: dict | None = None) -> dict:
+    if AZURE_CONV.exists():
+        lengths = {"lengths": {"kind": "pairs", "path": str(AZURE_CONV), "input_column": "ContextTokens",
+                               "output_column": "GeneratedTokens"}}
+    else:   # lognormal with that table's means, coefficients of variation and ranges
+        lengths = {"input_length": {"kind": "lognormal", "mean": 1155, "cv": 0.96, "low": 2, "high": 14050},
+                   "output_length": {"kind": "lognormal", "mean": 211, "cv": 0.77, "low": 7, "high": 1000}}
+    return {"name": "bench-vidur-llama2-70b-a100", "seed": 3, "model": "Llama-2-70B",
+            "pools": [{"gpu": "A100-80GB", "tp": 2, "pp": 2, "instances": 4,
+                       "engine": {"max_num_batched_tokens": 512}}],
+            "workload": {"arrival": arrival or {"kind": "poisson", "rate": 2.0}, "num_requests": n, **lengths}}
 
-    Returns (saturation req/s, Poisson rate, last result, best wall seconds).
-    """
-    sat, _ = timed(make({"kind": "closed", "concurrency": concurrency}, 40_000))
-    capacity = sat.summary["throughput_rps"]
-    rate = 0.8 * capacity
-    best = res = None
-    for _ in range(repeat):
-        res, wall = timed(make({"kind": "poisson", "rate": rate}, requests))
-        best = wall if best is None or wall < best else best
-    return capacity, rate, res, best
+
+def step_scenario(seqs: int, out: int) -> dict:
+    return {"name": "bench-step", "seed": 1, "model": "Llama-3.1-8B",
+            "pools": [{"gpu": "H200", "tp": 1, "instances": 1, "engine": {"max_num_seqs": seqs}}],
+            "workload": {"arrival": {"kind": "closed", "concurrency": seqs}, "num_requests": 10 * seqs,
+                         "input_length": {"kind": "fixed", "value": 64},
+                         "output_length": {"kind": "fixed", "value": out}}}
+
+
+def run_child(tree: Path, scenarios: list[dict]) -> list[dict]:
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    r = subprocess.run([sys.executable, "-c", CHILD], input=json.dumps(scenarios), cwd=tree, env=env,
+                       capture_output=True, text=True, check=True)
+    return json.loads(r.stdout)
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--requests", type=int, default=100_000)
+    ap.add_argument("--scenarios", nargs="+", default=["colocated", "pd", "vidur", "steps"],
+                    choices=["colocated", "pd", "vidur", "steps"])
+    ap.add_argument("--requests", type=int, help="requests per run (default 100,000; vidur 10,000)")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--old", type=Path, help="checkout to measure beside this one")
     args = ap.parse_args(argv)
-    lengths = "ShareGPT length table" if SHAREGPT.exists() else "lognormal ShareGPT-like lengths"
-
-    capacity, rate, res, best = at_80_percent(reference, 8 * 1024, args.requests, args.repeat)
-    print(f"saturation throughput {capacity:.1f} req/s -> Poisson rate {rate:.1f} req/s ({lengths})")
-    steps = len(res.steps)
-    print(f"reference: {args.requests:,} requests, {steps:,} steps, wall {best:.2f} s (best of {args.repeat}) -> "
-          f"{args.requests / best:,.0f} simulated requests/s, {best / steps * 1e6:.1f} us per step (all work / steps); "
-          f"mean batch {res.summary['mean_batch_size']:.0f}, TTFT p50 {res.summary['ttft_s']['p50'] * 1e3:.0f} ms")
-
-    # PD reference (issue 3): Llama-3.1-70B, 4 prefill TP2 + 4 decode TP4 on H200, NIXL over IB NDR.
-    def pd(arrival: dict, n: int) -> dict:
-        return {"name": "bench-pd", "seed": 3, "model": "Llama-3.1-70B",
-                "pools": [{"name": "prefill", "role": "prefill", "gpu": "H200", "tp": 2, "instances": 4},
-                          {"name": "decode", "role": "decode", "gpu": "H200", "tp": 4, "instances": 4}],
-                "kv_transfer": {"connector": "nixl", "fabric": "ib-ndr"},
-                "workload": {"arrival": arrival, "num_requests": n, **_lengths()}}
-    capacity, rate, res, best = at_80_percent(pd, 4 * 1024, args.requests, args.repeat)
-    steps = len(res.steps)
-    print(f"PD reference: saturation {capacity:.1f} req/s, Poisson {rate:.1f} req/s; "
-          f"{args.requests:,} requests, {steps:,} steps, {args.requests:,} KV transfers, wall {best:.2f} s -> "
-          f"{args.requests / best:,.0f} simulated requests/s; TTFT p50 {res.summary['ttft_s']['p50'] * 1e3:.0f} ms, "
-          f"transfer mean {res.summary['ttft_breakdown_mean_s']['transfer'] * 1e3:.1f} ms")
-
-    # Per-step cost vs batch size: a closed loop that keeps max_num_seqs sequences decoding
-    # (Llama-3.1-8B on one H200). Two output lengths per batch size; the difference in wall time
-    # over the difference in steps cancels the per-request work and leaves the cost of a step.
-    print("per-step cost vs batch size (differential: extra wall time / extra steps):")
-    for seqs in (64, 512):
-        walls, nsteps = [], []
-        for out in (200, 1200):
-            data = {"name": "bench-step", "seed": 1, "model": "Llama-3.1-8B",
-                    "pools": [{"gpu": "H200", "tp": 1, "instances": 1, "engine": {"max_num_seqs": seqs}}],
-                    "workload": {"arrival": {"kind": "closed", "concurrency": seqs}, "num_requests": 10 * seqs,
-                                 "input_length": {"kind": "fixed", "value": 64},
-                                 "output_length": {"kind": "fixed", "value": out}}}
-            best = min(timed(data)[1] for _ in range(max(args.repeat, 7)))
-            res, _ = timed(data)
-            assert res.summary["preemptions"] == 0 and res.steps["batch_size"].max() == seqs
-            walls.append(best)
-            nsteps.append(len(res.steps))
-        print(f"  max_num_seqs={seqs:4d} (batch {seqs}): {(walls[1] - walls[0]) / (nsteps[1] - nsteps[0]) * 1e6:.2f} us "
-              f"per step ({nsteps[1] - nsteps[0]:,} extra steps)")
+    trees = {"new": REPO} | ({"old": args.old.resolve()} if args.old else {})
+    order = list(reversed(trees)) if args.old else list(trees)     # old first: it is the baseline
+    builders = {"colocated": (colocated, 100_000), "pd": (pd, 100_000), "vidur": (vidur, 10_000)}
+    for name in args.scenarios:
+        if name == "steps":
+            continue
+        build, default_n = builders[name]
+        n = args.requests or default_n
+        runs: dict[str, list[dict]] = {k: [] for k in trees}
+        for _ in range(args.repeat):
+            for k in order:
+                runs[k] += run_child(trees[k], [build(n)])
+        for k in order:
+            walls = [r["wall"] for r in runs[k]]
+            r0 = runs[k][0]
+            med = statistics.median(walls)
+            print(f"{name} [{k}]: {n:,} requests, {r0['steps']:,} steps (mean batch {r0['mean_batch']:.1f}), "
+                  f"wall median {med:.2f} s of {[round(w, 2) for w in walls]} -> {n / med:,.0f} simulated "
+                  f"requests/s, {med / r0['steps'] * 1e6:.2f} us per step; peak RSS {r0['rss_mb']:.0f} MB", flush=True)
+    if "steps" in args.scenarios:
+        # Two output lengths per batch size: (wall difference) / (step difference) cancels the
+        # per-request work and leaves the cost of one step.  Several runs in one child, min of them.
+        reps = max(args.repeat, 5)
+        for seqs in (8, 64, 512):
+            for k in order:
+                data = [step_scenario(seqs, out) for out in (200, 1200) for _ in range(reps)]
+                res = run_child(trees[k], data)
+                short, long_ = res[:reps], res[reps:]
+                dw = min(r["wall"] for r in long_) - min(r["wall"] for r in short)
+                ds = long_[0]["steps"] - short[0]["steps"]
+                print(f"  step cost, batch {seqs:4d} [{k}]: {dw / ds * 1e6:.2f} us per step ({ds:,} extra steps)",
+                      flush=True)
 
 
 if __name__ == "__main__":

@@ -14,11 +14,13 @@ import html
 import time
 from pathlib import Path
 
-import pandas as pd
+from typing import TYPE_CHECKING
 
-from calibration import e2e
 from calibration.e2e_rows import DEFAULT_TABLE, RANGE_RATIO, REQUESTS_PER_CLIENT, TableError, load_rows
 from simulator.inputs import int_arg
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 CLIENT_NOTE = (f"Benchmark client modelled: InferenceX-style `benchmark_serving.py --dataset-name random "
                f"--random-range-ratio {RANGE_RATIO} --num-prompts {REQUESTS_PER_CLIENT}xC --max-concurrency C "
@@ -42,6 +44,7 @@ def _mape(x: float) -> str:
 def markdown(df: pd.DataFrame, min_rows: int = 20) -> str:
     """The report as Markdown: summary by split and engine, subsets with >= ``min_rows`` rows, worst rows,
     reasons."""
+    from calibration import e2e   # with pandas and the simulator: only when validating
     lines = [CLIENT_NOTE, ""]
     by_engine = e2e.score(df, by=["split", "backend"])
     lines += ["| split | engine | rows | TTFT MAPE | TTFT bias | TPOT MAPE | TPOT bias |", "|---|---|---|---|---|---|---|"]
@@ -74,6 +77,7 @@ def markdown(df: pd.DataFrame, min_rows: int = 20) -> str:
 
 def html_page(df: pd.DataFrame, title: str = "epdsim end-to-end validation") -> str:
     """A self-contained HTML page of the same tables (no scripts)."""
+    from calibration import e2e   # with pandas and the simulator: only when validating
     def table(frame: pd.DataFrame) -> str:
         return frame.to_html(index=False, float_format=lambda x: f"{x:.4g}", border=0)
     parts = [f"<h1>{html.escape(title)}</h1>", f"<p>{html.escape(CLIENT_NOTE)}</p>",
@@ -124,6 +128,7 @@ def add_subparser(sub) -> None:
 
 
 def cmd_validate_e2e(args, con) -> int:
+    from calibration import e2e   # with pandas and the simulator: only when validating
     path = Path(args.table)
     if path.is_dir():
         raise FileNotFoundError(f"--table {path}: is a directory; give the CSV file itself "

@@ -14,7 +14,6 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-import pandas as pd
 
 DEFAULT_TABLE = Path(__file__).resolve().parents[2] / "shared" / "data" / "e2e" / "serving_measurements.csv"
 
@@ -78,6 +77,7 @@ class TableError(ValueError):
 
 def load_rows(path: str | Path = DEFAULT_TABLE) -> list[Row]:
     """All rows of the measurement table, in file order (raises :class:`TableError`)."""
+    import pandas as pd   # imported here: the CLI starts without pandas
     try:
         df = pd.read_csv(path, dtype={"backend_version": str})
     except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError, OSError) as exc:

@@ -19,7 +19,7 @@ from rich.table import Table
 import hwdb
 from simulator import fmt
 from simulator.perf import FitError
-from simulator.plan import PlanError, artefacts, load_plan_request, run_plan
+from simulator.plan import PlanError, artefacts, load_plan_request
 from simulator.plan.executors import ExecutorError
 from simulator.scenario import ScenarioError
 from simulator.errors import print_user_error
@@ -66,6 +66,7 @@ def cmd_plan(args, con: Console) -> int:
                 tasks[stage] = bar.add_task(stage, total=total)
             bar.update(tasks[stage], completed=done, total=total)
 
+        from simulator.plan import run_plan   # pandas and the simulator: not at start-up
         res = run_plan(req, progress=progress, workers=args.workers, ray_address=args.ray, out_dir=args.out)
     q = req.percentile
     df = res.candidates

@@ -11,6 +11,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 from rich.console import Console
@@ -20,19 +21,20 @@ from rich.table import Table
 import hwdb
 from simulator.perf import FitError
 from simulator.plan import PlanError
-from simulator.regress.compare import Row, baseline_record, compare, read_baseline, write_baseline
-from simulator.regress.report import explain, fmt, fmt_change, markdown, write_junit
-from simulator.regress.runner import run_suite
 from simulator.regress.suite import LoadedSuite, RegressError, load_suite
 from simulator.scenario import ScenarioError
 from simulator.errors import print_user_error
 from simulator.inputs import read_yaml
+
+if TYPE_CHECKING:
+    from simulator.regress.compare import Row
 
 REGRESS_ERRORS = (RegressError, PlanError, ScenarioError, hwdb.HwdbError, FitError, ValidationError)
 _STYLE = {"held": "green", "moved": "bold red", "new": "bold red", "removed": "yellow"}
 
 
 def _table(rows: list[Row], title: str, old_label: str, new_label: str) -> Table:
+    from simulator.regress.report import fmt, fmt_change
     t = Table(title=title)
     for c, j in (("entry", "left"), ("figure", "left"), (old_label, "right"), (new_label, "right"),
                  ("change", "right"), ("tolerance", "left"), ("status", "left")):
@@ -78,6 +80,7 @@ def _check_selected(folders: tuple[str, ...], label: str, require: bool = False)
 
 def _report(args, con: Console, loaded: LoadedSuite, rows: list[Row], elapsed: float,
             old_label: str, new_label: str) -> int:
+    from simulator.regress.report import explain, markdown, write_junit
     con.print(_table(rows, f"epdsim regress {loaded.name}", old_label, new_label))
     failed = [r for r in rows if r.failed]
     for r in failed:
@@ -95,6 +98,9 @@ def _report(args, con: Console, loaded: LoadedSuite, rows: list[Row], elapsed: f
 
 
 def _run(args, con: Console) -> int:
+    # compare and the runner bring pandas and the simulator: imported here, not when the CLI starts.
+    from simulator.regress.compare import baseline_record, compare, read_baseline, write_baseline
+    from simulator.regress.runner import run_suite
     if args.jobs is not None and args.jobs < 1:
         raise RegressError(f"--jobs {args.jobs}: give at least 1 worker process (1 runs in this process)")
     if args.compare_profiles and (args.update or args.baseline):

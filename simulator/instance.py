@@ -17,148 +17,25 @@ done only at admission, prefill completion, preemption and finish.
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict, deque
 
-from simulator.perf import MemoryPlan, StepModel
+from simulator.instance_state import InstanceState, _TimedLog
+
+# Shortcuts that leave results unchanged: steps that end before any other event advance the clock
+# inline instead of through a SimPy timeout, and decode-only steps skip the general step's empty
+# branches.  tests/test_run_ahead.py turns them off to compare with the plain step, one event each.
+FAST_STEPS = True
 
 
-class Instance:
-    """One instance: state, and :meth:`run`, the SimPy process that drives it.
-
-    ``role`` is "colocated", "prefill" or "decode".  A prefill instance runs
-    each prompt with ``max_tokens=1`` and, instead of decoding, hands the
-    request to ``hand_off(instance, rid, now)`` while its KV blocks stay held
-    until :meth:`release`.  A decode instance takes requests whose KV is
-    remote (:meth:`submit_remote`): it admits one only when it has a batch
-    slot for it (running + pulling < ``max_num_seqs``) and can allocate blocks
-    for the whole prompt, then asks ``start_transfer(instance, rid, now)`` to
-    move the KV, and decodes once :meth:`kv_arrived` is called.  Its
-    first step computes the last prompt token and samples the first output
-    token, as vLLM's connectors recompute the last token on the decode side.
-
-    Invariants (checked by tests): ``0 <= kv_used <= kv_total`` at every step;
-    every admitted request finishes exactly once; a request's generated tokens
-    equal its requested output tokens when it completes.
-    """
-
-    def __init__(self, index: int, pool: str, step_model: StepModel, memory: MemoryPlan,
-                 max_num_seqs: int, max_num_batched_tokens: int, chunked_prefill: bool, recorder,
-                 role: str = "colocated", prefix_caching: bool = True) -> None:
-        self.index = index
-        self.role = role
-        self.pool = pool
-        self.model = step_model
-        self.kv_total = memory.kv_blocks
-        self.block = memory.block_size
-        self.max_seqs = max_num_seqs
-        self.budget = max_num_batched_tokens
-        self.chunked = chunked_prefill
-        self.rec = recorder
-        self.waiting: deque[int] = deque()
-        self.outstanding = 0
-        self.kv_used = 0
-        self.n_running = 0
-        self.queued_kv = 0                     # KV blocks that queued requests (waiting, remote) claim when admitted
-        self._queued: dict[int, int] = {}      # rid -> its share of queued_kv
-        self.wake = None
-        self.steps: list[tuple] = []
-        self._requeue: dict[int, list] = {}   # preempted rid -> [0, recompute target, generated]
-        self.hand_off = None                   # prefill role: callback(instance, rid, now)
-        self.start_transfer = None             # decode role: callback(instance, rid, now)
-        self.held: dict[int, int] = {}         # prefill role: rid -> KV blocks held for a transfer
-        self.remote: deque[int] = deque()      # decode role: requests waiting for KV blocks
-        self.receiving: set[int] = set()       # decode role: blocks allocated, KV in flight
-        self.ready: deque[int] = deque()       # decode role: KV arrived, not yet decoding
-        self._freed = 0                        # blocks released from outside the process
-        self.encode_cost = None                # multimodal: callback(instance, rid, now) -> encoder seconds
-        self.last_tok: dict[int, float] = {}   # preempted rid -> time of its last token
-        self.live = None                       # (running order, prefills, decodes) once run() starts
-        # Prefix cache (vLLM automatic prefix caching), active when requests carry block hashes:
-        # an LRU of hash ids, each covering ``hash_block_tokens`` prompt tokens, with room for as
-        # many such blocks as the KV cache holds.
-        hashes = recorder.hash_ids
-        self.prefix: OrderedDict | None = OrderedDict() if hashes is not None and prefix_caching else None
-        self.hash_tokens = recorder.hash_block_tokens or 0
-        self.prefix_capacity = (self.kv_total * self.block) // self.hash_tokens if self.hash_tokens else 0
-
-    def prefix_hits(self, rid: int) -> int:
-        """Number of leading hash blocks of ``rid``'s prompt in this instance's cache (no LRU update)."""
-        cache = self.prefix
-        n = 0
-        for h in self.rec.hash_ids[rid]:
-            if h not in cache:
-                break
-            n += 1
-        return n
-
-    def cached_prefix(self, rid: int, target: int) -> int:
-        """Prompt tokens of ``rid`` served from the prefix cache (a whole number of KV blocks)."""
-        cache = self.prefix
-        n = 0
-        for h in self.rec.hash_ids[rid]:
-            if h not in cache:
-                break
-            cache.move_to_end(h)
-            n += 1
-        tokens = min(n * self.hash_tokens, target - 1)
-        return tokens - tokens % self.block
-
-    def remember_prefix(self, rid: int) -> None:
-        """Insert ``rid``'s prompt blocks into the cache, evicting least recently used ones."""
-        cache = self.prefix
-        for h in self.rec.hash_ids[rid]:
-            cache[h] = None
-            cache.move_to_end(h)
-        while len(cache) > self.prefix_capacity:
-            cache.popitem(last=False)
-
-    def _wake(self) -> None:
-        wake = self.wake
-        if wake is not None:
-            self.wake = None
-            wake.succeed()
-
-    def queue_kv(self, rid: int, tokens: int) -> None:
-        """Count the blocks that ``rid``, now queued, will allocate for ``tokens`` when admitted."""
-        b = -(-tokens // self.block)
-        self.queued_kv += b - self._queued.get(rid, 0)
-        self._queued[rid] = b
-
-    def unqueue(self, rid: int) -> None:
-        """``rid`` left the queue (admitted, or taken away by the operations engine)."""
-        self.queued_kv -= self._queued.pop(rid, 0)
-
-    def release(self, rid: int) -> None:
-        """Prefill role: the transfer of ``rid`` is done; free its held blocks."""
-        self._freed += self.held.pop(rid)
-        self._wake()
-
-    def submit_remote(self, rid: int) -> None:
-        """Decode role: queue a request whose prompt KV sits on a prefill instance."""
-        self.remote.append(rid)
-        self.queue_kv(rid, self.rec.input_tokens[rid] - 1)
-        self.outstanding += 1
-        self._wake()
-
-    def kv_arrived(self, rid: int) -> None:
-        """Decode role: the KV of ``rid`` has arrived; it decodes from the next step."""
-        self.receiving.remove(rid)
-        self.ready.append(rid)
-        self._wake()
-
-    def submit(self, rid: int) -> None:
-        """Queue a request; wakes the instance if it is idle."""
-        self.waiting.append(rid)
-        self.queue_kv(rid, self.rec.input_tokens[rid])
-        self.outstanding += 1
-        self._wake()
+class Instance(InstanceState):
+    """One instance: :class:`InstanceState` and :meth:`run`, the SimPy process that drives it."""
 
     def run(self, env):
         """SimPy process: one iteration per engine step, forever."""
         rec = self.rec
         inp, out = rec.input_tokens, rec.output_tokens
         t_sched, t_first = rec.t_sched, rec.t_first
-        preempts, gaps = rec.preemptions, rec.resume_gaps
+        preempts = rec.preemptions
+        gaps = rec.resume_gaps if self.gate is None else _TimedLog(self.gap_log, env)
         waiting, steps, block = self.waiting, self.steps, self.block
         step_time = self.model.step_time
         budget_max, max_seqs, chunked = self.budget, self.max_seqs, self.chunked
@@ -214,8 +91,49 @@ class Instance:
                 new_dec.remove(vic)
             return vic, True
 
+        def finish_due(s: int, now: float) -> None:
+            """Requests whose last token step ``s`` made leave (stale heap entries are skipped)."""
+            nonlocal n_dec, sum_l, kv_used
+            while heap and heap[0][0] <= s:
+                f, rid = heappop(heap)
+                if fin_at.get(rid) != f:
+                    continue
+                del fin_at[rid]
+                sd, ld, g0 = dec_start.pop(rid)
+                length = ld + s - sd + 1
+                cnt[(sd - ld) % block] -= 1
+                n_dec -= 1
+                sum_l -= length
+                kv_used -= -(-length // block)
+                self._finish(rid, now, order, g0 + s - sd + 1)
+
         encode = self.encode_cost
+        queue = env._queue                 # SimPy's event heap of (time, priority, id, event)
+        gate = self.gate
+        inline = FAST_STEPS
         while True:
+            # --- decode-only steps (nothing waiting, no prompt chunk, no KV arriving, blocks for every
+            # decode): the general step below with its empty branches left out, so the same state
+            # changes in the same order; it leaves for the general path when any condition fails.
+            while (inline and n_dec and not waiting and not prefill and not ready and not remote and not self._freed
+                   and kv_total - kv_used >= cnt[s % block]):
+                t0 = now
+                kv_used += cnt[s % block]
+                n_run = len(order)
+                self.kv_used = kv_used
+                self.n_running = n_run
+                dt = step_time(n_dec, n_dec, 0.0, sum_l + n_dec, 0.0, n_run, 0) + 0.0
+                t_end = now + dt
+                if inline and ((t_end < gate[0]) if gate is not None else (not queue or t_end < queue[0][0])):
+                    env._now = now = t_end
+                else:
+                    yield env.timeout(dt)
+                    now = env.now
+                steps.append((t0, dt, n_dec, 0, 0, n_run, len(waiting), kv_used, 0))   # queue at the step's end
+                sum_l += n_dec
+                if heap and heap[0][0] <= s:
+                    finish_due(s, now)
+                s += 1
             extra = 0.0                    # encoder time of images admitted this step (front-pool encoding)
             if self._freed:
                 kv_used -= self._freed
@@ -352,8 +270,16 @@ class Instance:
                 # is preempted first and a batch slot is kept for pulled KV; fail loudly.
                 raise RuntimeError(f"instance {self.index}: no progress possible at t={now}")
             dt = step_time(tokens, logits, pairs, sum_l + n_dec, pctx, len(order), len(waiting)) + extra
-            yield env.timeout(dt)
-            now = env.now
+            t_end = now + dt
+            if inline and ((t_end < gate[0]) if gate is not None else (not queue or t_end < queue[0][0])):
+                # Nothing that could see this instance is due before this step ends (nor at the same
+                # time): advance its clock here instead of scheduling a timeout.  The arithmetic is
+                # the timeout's (env.now + dt); the clock is set so that anything this step calls
+                # sees the time the timeout would have fired at.
+                env._now = now = t_end
+            else:
+                yield env.timeout(dt)
+                now = env.now
             steps.append((t0, dt, n_dec, tokens - n_dec, logits - n_dec, len(order), len(waiting), kv_used, n_pre))
             # --- apply the step: decodes grow, chunks advance, finishes leave
             sum_l += n_dec
@@ -394,18 +320,8 @@ class Instance:
                 f = s + remaining
                 fin_at[rid] = f
                 heappush(heap, (f, rid))
-            while heap and heap[0][0] <= s:
-                f, rid = heappop(heap)
-                if fin_at.get(rid) != f:
-                    continue
-                del fin_at[rid]
-                sd, ld, g0 = dec_start.pop(rid)
-                length = ld + s - sd + 1
-                cnt[(sd - ld) % block] -= 1
-                n_dec -= 1
-                sum_l -= length
-                kv_used -= -(-length // block)
-                self._finish(rid, now, order, g0 + s - sd + 1)
+            if heap and heap[0][0] <= s:
+                finish_due(s, now)
             s += 1
 
     def _finish(self, rid: int, now: float, order: dict, generated: int) -> None:

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from simulator.epd_config import ChoiceCount, FixedCount, ImageWorkload, TraceCount, UniformCount
 from simulator.traces import TraceError, _numbers, _read_csv
@@ -92,6 +91,7 @@ def read_azure_multimodal(path: str | Path, limit: int | None = None) -> np.ndar
     """
     expected = ("each row must be TIMESTAMP,NumImages,ContextTokens,GeneratedTokens, e.g. "
                 "'2024-05-10 00:00:00.011000,2,1043,132' (the Azure multimodal trace)")
+    import pandas as pd   # imported here: the CLI starts without pandas
     t = _read_csv(Path(path), AZURE_MM_COLUMNS, (), expected, limit)
     x = _numbers(t.df["NumImages"])
     bad = ~np.isfinite(x) | (x != np.floor(x)) | (x < 0) | (x > 1024)

@@ -188,6 +188,27 @@ def links_frame(fabric) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["link", "time_s", "rate_Bps", "utilisation"])
 
 
+def write_csv(df: pd.DataFrame, path: Path) -> None:
+    """``df`` as CSV through pyarrow's writer (~10x faster than pandas' for the step log).
+
+    Values read back equal to pandas' output; the text differs in form only: floats in shortest
+    round-trip form without a forced ``.0`` (``0`` for 0.0, ``1.445e+11``), booleans ``true``/``false``,
+    and strings quoted only when a value holds a comma, quote or line break."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    with open(path, "wb") as f:
+        # pyarrow quotes the header; pandas' plain header keeps the files easy to read.
+        f.write(pd.DataFrame(columns=df.columns).to_csv(index=False).encode())
+        try:
+            pacsv.write_csv(table, f, pacsv.WriteOptions(include_header=False, quoting_style="none"))
+        except pa.ArrowInvalid:     # a value needs quotes (a comma in a name or reason): quote strings
+            f.seek(0)
+            f.truncate()
+            f.write(pd.DataFrame(columns=df.columns).to_csv(index=False).encode())
+            pacsv.write_csv(table, f, pacsv.WriteOptions(include_header=False, quoting_style="needed"))
+
+
 @dataclass
 class Results:
     """A finished run: DataFrames, the summary and what produced them."""
@@ -213,7 +234,7 @@ class Results:
                 df.to_parquet(paths[-1], index=False)
             if "csv" in formats:
                 paths.append(out / f"{name}.csv")
-                df.to_csv(paths[-1], index=False)
+                write_csv(df, paths[-1])
             if "json" in formats:
                 paths.append(out / f"{name}.json")
                 df.to_json(paths[-1], orient="records", lines=True)

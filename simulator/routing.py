@@ -5,7 +5,7 @@ request.  ``choose`` is called once per request, so it must be cheap.
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Sequence
 
 
 class Router:
@@ -54,15 +54,6 @@ class RoundRobin(Router):
         return i
 
 
-def _argmin(instances: Sequence, key: Callable) -> int:
-    best, best_v = 0, None
-    for i, inst in enumerate(instances):
-        v = key(inst)
-        if best_v is None or v < best_v:
-            best, best_v = i, v
-    return best
-
-
 @register
 class LeastOutstanding(Router):
     """Fewest requests queued or running (ties go to the lowest index)."""
@@ -70,7 +61,9 @@ class LeastOutstanding(Router):
     name = "least_outstanding"
 
     def choose(self, rid: int) -> int:
-        return _argmin(self.instances, lambda inst: inst.outstanding)
+        # A list and min/index (both first-wins, in C) cost a third of a Python argmin loop.
+        outs = [inst.outstanding for inst in self.instances]
+        return outs.index(min(outs))
 
 
 @register

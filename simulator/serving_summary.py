@@ -6,10 +6,14 @@ be read side by side with a real benchmark.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
 
 from simulator import fmt
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def peak_concurrency(req: pd.DataFrame) -> int:

@@ -40,12 +40,14 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import pandas as pd
 
 from simulator.inputs import check_file, decode
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 TraceFormat = Literal["azure", "mooncake", "plain", "auto"]
 Role = Literal["input", "output"]
@@ -152,6 +154,7 @@ def _check_readable(path: Path) -> None:
 def _read_csv(path: Path, required: tuple[str, ...], optional: tuple[str, ...],
               expected: str, limit: int | None) -> _Table:
     """Read a headed CSV as strings, keeping each row's line number (header = line 1)."""
+    import pandas as pd   # imported here: the CLI starts without pandas
     _check_readable(path)
     try:
         with warnings.catch_warnings():  # a too-wide first row is only a ParserWarning
@@ -208,6 +211,7 @@ def _wide_row(path: Path) -> str:
 def _read_jsonl(path: Path, required: tuple[str, ...], optional: tuple[str, ...],
                 expected: str, limit: int | None) -> _Table:
     """Read JSON Lines, one object per non-blank line, keeping line numbers (stops after ``limit``)."""
+    import pandas as pd   # imported here: the CLI starts without pandas
     _check_readable(path)
     records: list[dict] = []
     lines: list[int] = []
@@ -248,6 +252,7 @@ def _read_jsonl(path: Path, required: tuple[str, ...], optional: tuple[str, ...]
 
 def _numbers(col: pd.Series) -> np.ndarray:
     """Column as float64; anything that is not a number (or is a bool) becomes NaN."""
+    import pandas as pd   # imported here: the CLI starts without pandas
     if col.dtype == object:
         col = col.map(lambda v: v if isinstance(v, (int, float, str)) and not isinstance(v, bool)
                       else None)
@@ -340,6 +345,7 @@ def read_azure_csv(path: str | Path, limit: int | None = None) -> Trace:
 
     ``limit`` reads at most that many rows.  Raises :class:`TraceError`.
     """
+    import pandas as pd   # imported here: the CLI starts without pandas
     expected = ("each row must be TIMESTAMP,ContextTokens,GeneratedTokens, e.g. "
                 "'2023-11-16 18:15:46.6805900,374,44', below that header line")
     t = _read_csv(Path(path), AZURE_COLUMNS, (), expected, limit)

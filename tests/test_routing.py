@@ -52,3 +52,9 @@ def test_least_kv_mean_ttft_does_not_fall_as_load_rises(seed):
     ttft = [run("least_kv", rate, {"max_num_seqs": 1}, seed=seed).summary["ttft_s"]["mean"]
             for rate in (0.5, 1.0, 2.0, 4.0)]
     assert all(b >= a for a, b in zip(ttft, ttft[1:])), ttft
+
+
+@pytest.mark.parametrize("outs,expect", [([3, 1, 2], 1), ([2, 0, 0, 5], 1), ([4, 4, 4], 0), ([7], 0), ([2, 3, 1], 2)])
+def test_least_outstanding_picks_the_fewest_and_the_lowest_index_on_ties(outs, expect):
+    r = make_router("least_outstanding", [fake(outstanding=o) for o in outs])
+    assert r.choose(0) == expect

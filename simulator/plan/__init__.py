@@ -8,8 +8,15 @@ from simulator.plan.artefacts import artefacts
 from simulator.plan.candidates import Candidate, PoolChoice
 from simulator.plan.families import FAMILIES
 from simulator.plan.request import PlanError, PlanRequest, load_plan_request, parse_plan_request
-from simulator.plan.rank import PlanResult
-from simulator.plan.runner import run_plan, write_result
+
+
+def __getattr__(name: str):
+    # The runner brings pandas and the simulator (~0.3 s); `epdsim --help` and the plan request's
+    # checks do not need them, so it is imported on first use of one of its names.
+    if name in ("PlanResult", "run_plan", "write_result"):
+        from simulator.plan import runner
+        return getattr(runner, name)
+    raise AttributeError(f"module 'simulator.plan' has no attribute {name!r}")
 
 __all__ = ["FAMILIES", "Candidate", "PlanError", "PlanRequest", "PlanResult", "PoolChoice", "artefacts",
            "load_plan_request", "parse_plan_request", "run_plan", "write_result"]

@@ -12,13 +12,15 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from simulator.inputs import read_json
 from simulator.regress.figures import ALL_FIGURES
 from simulator.regress.runner import Figures
 from simulator.regress.suite import LoadedSuite, RegressError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 FORMAT = "epdsim-regress-baseline/1"
 FAILING = ("moved", "new")
@@ -146,6 +148,7 @@ def compare(loaded: LoadedSuite, old: dict | None, new: dict[str, Figures],
 
 def rows_frame(rows: list[Row]) -> pd.DataFrame:
     """The comparison as a DataFrame (one row per figure, with change and rel_change)."""
+    import pandas as pd   # imported here: the CLI starts without pandas
     return pd.DataFrame([asdict(r) | {"change": r.change, "rel_change": r.rel_change} for r in rows],
                         columns=["entry", "figure", "unit", "old", "new", "change", "rel_change", "tolerance",
                                  "status", "redefined"])

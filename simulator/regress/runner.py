@@ -15,10 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import hwdb
-from simulator.goodput import find_goodput, with_rate
 from simulator.regress.figures import PLAN_FIGURES, RUN_FIGURES, SCENARIO_FIGURES
 from simulator.regress.suite import GoodputConfig, LoadedSuite, RegressError, finite
-from simulator.run import simulate
 from simulator.plan import PlanRequest
 from simulator.scenario import Scenario
 
@@ -56,6 +54,9 @@ def _run_e2e(entry, figures: tuple[str, ...]) -> dict[str, float]:
 
 def run_task(task: Task) -> dict[str, float | str]:
     """The task's figures, each averaged over its replications (plan figures: as the plan reports them)."""
+    # The simulator (pandas, SimPy) is imported by the task, so `epdsim --help` starts without it.
+    from simulator.goodput import find_goodput, with_rate
+    from simulator.run import simulate
     if task.e2e is not None:
         return _run_e2e(task.e2e, task.figures)
     if task.plan is not None:

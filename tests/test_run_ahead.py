@@ -1,0 +1,77 @@
+"""Stepping without SimPy events changes no result.
+
+Instances advance their clock inline when no other event is due before a step ends, and colocated
+open-loop pools step ahead of SimPy up to the next arrival (simulator/engine.py, instance.py).
+Decode-only steps also take a shorter path.  All of it is switched off here to get the plain step
+with one SimPy event per step, the reference every table (and the resume gaps, in order) must equal.
+"""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from simulator import engine, instance, run
+from simulator.results import summarize
+from simulator.run import simulate
+from simulator.scenario import parse_scenario
+
+
+def _scenario(**over) -> dict:
+    data = {"name": "run-ahead", "seed": 11, "model": "Llama-3.1-8B",
+            "pools": [{"gpu": "H100", "tp": 1, "instances": 3, "router": "least_kv"}],
+            "workload": {"arrival": {"kind": "poisson", "rate": 30.0}, "num_requests": 600,
+                         "input_length": {"kind": "lognormal", "mean": 900, "cv": 1.0, "low": 8, "high": 6000},
+                         "output_length": {"kind": "lognormal", "mean": 300, "cv": 1.0, "low": 2, "high": 2000}}}
+    for key, value in over.items():
+        if key == "engine":
+            data["pools"][0]["engine"] = value
+        elif key == "arrival":
+            data["workload"]["arrival"] = value
+        else:
+            data[key] = value
+    return data
+
+
+CASES = {
+    "colocated": _scenario(),
+    # 500 KV blocks (8,000 tokens) per instance: the batch outgrows the cache, so requests are preempted and resumed.
+    "preemptions": _scenario(engine={"num_gpu_blocks_override": 500, "max_model_len": 8000}),
+    "time limit": _scenario(simulation={"max_time_s": 9.0}),
+    "closed loop": _scenario(arrival={"kind": "closed", "concurrency": 40}),
+    "pd": {**_scenario(), "pools": [{"name": "p", "role": "prefill", "gpu": "H100", "tp": 1, "instances": 1},
+                                    {"name": "d", "role": "decode", "gpu": "H100", "tp": 1, "instances": 2}],
+           "kv_transfer": {"connector": "nixl", "fabric": "ib-ndr"}},
+}
+
+
+def _run(data: dict, monkeypatch, inline: bool):
+    """The results, and the resume gaps in the order the recorder holds them."""
+    monkeypatch.setattr(instance, "FAST_STEPS", inline)
+    monkeypatch.setattr(engine, "RUN_AHEAD", inline)
+    seen = []
+
+    def spy(req, steps, resume_gaps, **kw):
+        seen.append(list(resume_gaps))
+        return summarize(req, steps, resume_gaps, **kw)
+    monkeypatch.setattr(run, "summarize", spy)
+    res = simulate(parse_scenario(data))
+    return res, seen[0]
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_tables_equal_one_event_per_step(case, monkeypatch):
+    ref, ref_gaps = _run(CASES[case], monkeypatch, False)
+    fast, fast_gaps = _run(CASES[case], monkeypatch, True)
+    assert len(ref.steps) > 1000
+    assert fast_gaps == ref_gaps
+    pd.testing.assert_frame_equal(fast.requests, ref.requests, check_exact=True)
+    pd.testing.assert_frame_equal(fast.steps, ref.steps, check_exact=True)
+    assert fast.summary == ref.summary or str(fast.summary) == str(ref.summary)   # NaN != NaN
+
+
+def test_the_preemption_case_preempts_and_the_limit_case_stops_early(monkeypatch):
+    res, gaps = _run(CASES["preemptions"], monkeypatch, True)
+    pre = res.summary
+    assert pre["preemptions"] > 10 and len(gaps) > 10 and len(set(res.requests["instance"])) == 3
+    lim = _run(CASES["time limit"], monkeypatch, True)[0].summary
+    assert lim["unfinished"] > 0
