@@ -277,6 +277,14 @@ def _show(b: Bundle, con: Console) -> None:
 
 
 def cmd_show(a, con: Console) -> int:
+    from calibration import pd_bundle
+    if pd_bundle.read_manifest(a.bundle) is not None:
+        s = pd_bundle.pd_summary(a.bundle)
+        if a.json:
+            print(json.dumps(s, indent=2, default=str))
+        else:
+            pd_bundle.show_pd(s, con)
+        return 0
     b = Bundle.open(a.bundle)
     try:
         summary = bundle_summary(b)

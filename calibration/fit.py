@@ -52,7 +52,8 @@ Output
     provenance), ``HWDB_DIR/models/<served name>/`` (the model's config.json and sidecar, so the
     folder is a self-contained ``--hwdb``), ``HWDB_DIR/fits/<profile>.json`` (parameters,
     uncertainty, correlation, every residual, the front-end latency, the engine arguments) and, with
-    a fitted ``per_seq_s``, ``HWDB_DIR/engines/<profile>.yaml``.
+    ``HWDB_DIR/engines/<profile>.yaml`` (the engine with the fitted host costs; scenarios name it as
+    ``engine: {engine: <profile>}``).
 
 Modules
     :mod:`calibration.fit_inputs` (the bundle: consistency checks, engine arguments, GPU, model),
@@ -120,9 +121,9 @@ class BundleFit:
     deployment: Any = None
 
     @property
-    def engine_name(self) -> str | None:
-        """The calibrated engine scenarios should name (None: the profile alone suffices)."""
-        return self.profile.name if "per_seq_s" in self.result.params else None
+    def engine_name(self) -> str:
+        """The calibrated engine scenarios name (``engines/<profile>.yaml``, written by every fit)."""
+        return self.profile.name
 
 
 def deployment(db: hwdb.HardwareDB, gpu: str, model: hwdb.ModelEntry, setup: EngineSetup):
@@ -226,7 +227,6 @@ def cmd_fit(a, con) -> int:
     if fit.frontend_s is not None:
         con.print(f"front end (client - server TTFT, lone requests): {fit.frontend_s * 1e3:.2f} ms")
     con.print("wrote " + ", ".join(str(v) for v in paths.values()))
-    if fit.engine_name:
-        con.print(f"scenarios: pools[].gpu: {fit.gpu.name}, pools[].engine.engine: {fit.engine_name}, --hwdb {out}")
+    con.print(f"scenarios: pools[].gpu: {fit.gpu.name}, pools[].engine.engine: {fit.engine_name}, --hwdb {out}")
     con.print(f"validate: epdsim calibrate validate BUNDLE --profile {out}")
     return 0

@@ -93,6 +93,10 @@ class Bundle:
             raise BundleError(f"{mf} cannot be read ({str(exc)[:160]})") from None
         if not isinstance(m, dict):
             raise BundleError(f"{mf} must hold a JSON object")
+        if m.get("kind") == "pd_run":   # calibration/pd_bundle.py reads these
+            raise BundleError(f"{path} is a PD bundle (written by `python -m calibration.pd_run run`), not a "
+                              f"colocated calibration bundle: summarise it with `epdsim calibrate show {path}` and "
+                              f"replay it with `python -m calibration.pd_run replay {path} --hwdb HWDB_DIR`")
         missing = [k for k in REQUIRED_MANIFEST_KEYS if k not in m]
         if missing:
             raise BundleError(f"{mf} lacks {', '.join(missing)}")
