@@ -119,6 +119,12 @@ class BundleFit:
     profile: Profile
     provenance: dict
     deployment: Any = None
+    host: dict | None = None      # calibration.fit_host.host_check's report (CPU servers)
+
+    @property
+    def derived_gpu(self) -> bool:
+        """Whether ``gpu`` is a CPU-host entry derived from the bundle's host (written to gpus/)."""
+        return bool(self.host and self.host.get("entry") == "derived")
 
     @property
     def engine_name(self) -> str:
@@ -149,6 +155,13 @@ def fit_bundle(path: str | Path, *, gpu: str | None = None, model: str | None = 
         raise FitInputError(str(exc)) from None
     gname = target_gpu(b, gpu, db)
     g = db.gpu(gname)
+    host = None
+    if gname == CPU_GPU:   # the shipped entry describes one Xeon VM: derive another host's peaks
+        from calibration.fit_host import host_check
+        derived, host = host_check(b.manifest, g, explicit_gpu=gpu is not None)
+        if derived is not None:
+            db = dataclasses.replace(db, gpus={**db.gpus, CPU_GPU: derived})
+            g = derived
     entry = bundle_model(b, model, db)
     setup = engine_setup(b, overrides)
     raw, notes = measurement_points(b)
@@ -176,8 +189,11 @@ def fit_bundle(path: str | Path, *, gpu: str | None = None, model: str | None = 
             "phases": [p["name"] for p in m["plan"] if p["kind"] in ("prefill", "decode")],
             "fitted_at": created}
     fe = frontend_latency(raw)
+    prov["host"] = host
     prof = _final_profile(res, g, served, version, created, prov, setup, notes, fe)
-    return BundleFit(b, g, entry, setup, points, notes, res, fe, prof, prov, dep)
+    if host and host["warnings"]:
+        prof = prof.model_copy(update={"notes": "\n".join([prof.notes or "", *("host: " + w for w in host["warnings"])])})
+    return BundleFit(b, g, entry, setup, points, notes, res, fe, prof, prov, dep, host)
 
 
 
@@ -188,11 +204,14 @@ def _short(why: str) -> str:
 
 
 def cmd_fit(a, con) -> int:
+    from rich.markup import escape
     from rich.table import Table
     overrides = {"max_num_seqs": a.max_num_seqs, "max_num_batched_tokens": a.max_num_batched_tokens,
                  "block_size": a.block_size}
     fit = fit_bundle(a.bundle, gpu=a.gpu, model=a.model, hwdb_dirs=tuple(a.hwdb), overrides=overrides)
     out = Path(a.out) if a.out else fit.bundle.path / "hwdb"
+    for w in (fit.host or {}).get("warnings", []):
+        con.print(f"[yellow]warning:[/] {escape(w)}")
     paths = write_outputs(fit, out)
     if any((ln.get("startup") for ln in fit.bundle.manifest.get("launches") or [])):   # launched: cold start
         from calibration.fit_startup import fit_startup, write_startup

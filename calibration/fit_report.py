@@ -139,6 +139,13 @@ def write_outputs(fit: BundleFit, out: str | Path) -> dict[str, Path]:
     epath.write_text(f"# Engine with the host costs fitted by `epdsim calibrate fit` (see profiles/{prof.name}.yaml)\n"
                      + yaml.safe_dump(eng.model_dump(exclude_none=True), sort_keys=False, width=100))
     paths["engine"] = epath
+    if fit.derived_gpu:   # the profile's efficiencies are relative to these peaks: they travel together
+        (out / "gpus").mkdir(parents=True, exist_ok=True)
+        gpath = out / "gpus" / f"{fit.gpu.name}.yaml"
+        gpath.write_text(f"# {fit.gpu.name} derived from the host of bundle {fit.provenance['bundle']} by `epdsim "
+                         f"calibrate fit` (calibration/fit_host.py); the shipped entry describes another CPU\n"
+                         + yaml.safe_dump(fit.gpu.model_dump(mode="json", exclude_none=True), sort_keys=False, width=100))
+        paths["gpu"] = gpath
     (out / "fits").mkdir(parents=True, exist_ok=True)
     rpath = out / "fits" / f"{prof.name}.json"
     rpath.write_text(json.dumps(fit_report(fit), indent=2, default=str) + "\n")
@@ -164,6 +171,6 @@ def fit_report(fit: BundleFit) -> dict:
         "free": r.free, "correlation": r.correlation, "s": math.sqrt(r.s2), "cost": r.cost,
         "n_points": r.n_points, "starts": r.starts,
         "quality": {k: v.model_dump() for k, v in r.quality.items()},
-        "frontend_s": fit.frontend_s, "decode_batch": fit.notes.get("decode_batch"),
+        "frontend_s": fit.frontend_s, "decode_batch": fit.notes.get("decode_batch"), "host": fit.host,
         "residuals": r.residuals,
     }

@@ -43,6 +43,9 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
+
+from calibration.harness import env as envinfo
 from calibration.harness.bundle import BundleError
 from calibration.harness.client import (CompletionClient, PromptFactory, RequestSpec, poisson_arrivals,
                                         run_open_loop)
@@ -190,6 +193,13 @@ async def drive(router_url_prefill: str, router_url_decode: str, specs_args: dic
             "prompt_source": pf.source}
 
 
+def _server_version(base_url: str) -> str | None:
+    try:
+        return httpx.get(base_url + "/version", timeout=10).json().get("version")
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+
+
 def count_injections(log_path: Path) -> list[int]:
     try:
         return [int(m.group(1)) for m in INJECT_RX.finditer(log_path.read_text(errors="replace"))]
@@ -212,6 +222,7 @@ def cmd_run(a) -> int:
     manifest: dict = {"kind": PD_KIND, "schema_version": PD_SCHEMA_VERSION,
                       "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "status": "running",
                       "argv": list(sys.argv), "kv_path": kv_path, "connector": "ExampleConnector", "block_size": BLOCK}
+    manifest["host"] = {"hardware": envinfo.hardware(), "conditions": {"before": envinfo.conditions()}}
     # Written at once, so that a run killed before its end still reads as one (status "running").
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1, default=str))
     try:
@@ -229,6 +240,7 @@ def cmd_run(a) -> int:
             manifest["binds"] = {"prefill": a.prefill_bind, "decode": a.decode_bind}
             manifest["ready_s"] = {"prefill": p.ready_s, "decode": d.ready_s}
         manifest["urls"] = {"prefill": p.base_url, "decode": d.base_url}
+        manifest["versions"] = {"vllm": _server_version(p.base_url)}
         blocks = [int(x) for x in a.blocks.split(",")]
         specs_args = dict(n=a.requests, rate=a.rate, seed=a.seed, blocks=blocks, extra=a.extra_tokens,
                           out_min=a.out_min, out_max=a.out_max)
@@ -252,6 +264,7 @@ def cmd_run(a) -> int:
         for s in servers:
             s.stop()
         manifest["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        manifest["host"]["conditions"]["after"] = envinfo.conditions()
         (out / "manifest.json").write_text(json.dumps(manifest, indent=1, default=str))
     print(json.dumps({k: manifest.get(k) for k in ("result", "kv_loaded", "file_bandwidth")}, indent=1))
     return 0

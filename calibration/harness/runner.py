@@ -234,7 +234,9 @@ class CalibrationRun:
         elif (Path(o.out) / "manifest.json").exists():
             raise BundleError(f"{o.out} already holds a bundle; pass --resume to continue it, or choose "
                               "another --out")
-        run_rec = {"started": now_iso(), "argv": o.argv, "resume": o.resume, "status": "running"}
+        # Load before the launch is other work's; after the run it still holds this run's own (1-min decay).
+        run_rec = {"started": now_iso(), "argv": o.argv, "resume": o.resume, "status": "running",
+                   "conditions": {"before": envinfo.conditions()}}
         try:
             srv, models = self._start_server()
             self.server = srv
@@ -251,6 +253,7 @@ class CalibrationRun:
                     self._launch_record["exit_code"] = code
                     self._launch_record["stopped"] = now_iso()
                 run_rec["finished"] = now_iso()
+                run_rec["conditions"]["after"] = envinfo.conditions()
                 self.bundle.write_manifest()
 
     async def _measure(self, srv: Endpoint, models: dict, run_rec: dict) -> Bundle:
