@@ -52,7 +52,8 @@ def markdown_report(d: dict) -> str:
                   f"{ph['requests']} requests, {how}, prompts {ph['prompt_tokens'][0]}-{ph['prompt_tokens'][1]} "
                   f"tokens, outputs {ph['output_tokens'][0]}-{ph['output_tokens'][1]} tokens; the simulator "
                   f"completed {ph['simulated_completed']}; engine steps measured {ph['engine_steps']['measured']}, "
-                  f"simulated {ph['engine_steps']['simulated']}. "
+                  f"simulated {ph['engine_steps']['simulated']} (per-step figures over "
+                  f"{ph.get('per_step_scope', 'all segments')}). "
                   f"**{ph['checks'] - ph['failed']} of {ph['checks']} checks pass.**", "",
                   "| metric | stat | measured (source) | predicted | error | verdict |",
                   "|---|---|---|---|---|---|"]

@@ -213,24 +213,48 @@ async def run_phase(bundle: Bundle, phase: dict, client: CompletionClient, serve
         if dog in finished:
             dog.result()  # raises ServerDied
         main.result()
+    except BaseException as exc:   # Ctrl-C, SIGTERM, a dead server: keep this segment's /metrics delta
+        for t in (main, dog):
+            t.cancel()
+        await asyncio.gather(main, dog, return_exceptions=True)
+        # Ctrl-C and SIGTERM reach this task as a cancellation from asyncio.run, without their reason
+        why = ("cancelled (Ctrl-C or SIGTERM)" if isinstance(exc, asyncio.CancelledError)
+               else f"{type(exc).__name__}: {str(exc)[:300]}")
+        await _segment_metrics(bundle, name, seg, client, before, time.monotonic() - t0, interrupted=why)
+        raise
     finally:
         for t in (main, dog):
             t.cancel()
         await asyncio.gather(main, dog, return_exceptions=True)
     wall = time.monotonic() - t0
-    after = await _scrape(client)
-    if before is not None and after is not None:
-        bundle.append(name, {"kind": "metrics", "segment": seg, "t": time.time(), "wall_s": round(wall, 3),
-                             "histograms": histogram_deltas(before, after),
-                             "counters": counter_deltas(before, after)})
-    else:
-        bundle.append(name, {"kind": "metrics", "segment": seg, "t": time.time(), "wall_s": round(wall, 3),
-                             "unavailable": "GET /metrics failed"})
+    await _segment_metrics(bundle, name, seg, client, before, wall)
     n_ok = len(bundle.completed_ids(name))
     bundle.append(name, {"kind": "phase_done", "t": time.time(), "at": now_iso(), "ok": n_ok,
                          "failed": len(phase["requests"]) - n_ok})
     log(f"phase {name}: done in {wall:.1f} s, {n_ok}/{len(phase['requests'])} ok")
     return {"phase": name, "ok": n_ok, "failed": len(failures), "wall_s": wall}
+
+
+async def _segment_metrics(bundle: Bundle, name: str, seg: int, client: CompletionClient, before, wall: float,
+                           interrupted: str | None = None) -> None:
+    """Append the segment's ``metrics`` record: the /metrics delta since its start, or why there is none.
+
+    At an interruption the delta also counts the tokens of requests cut off in flight (they have no
+    ok record and are sent again on resume): the record says ``partial``.  The scrape is bounded, so
+    that a hung server cannot hold up the shutdown."""
+    try:
+        after = await asyncio.wait_for(_scrape(client), 5.0) if before is not None else None
+    except (asyncio.TimeoutError, asyncio.CancelledError):
+        after = None
+    rec = {"kind": "metrics", "segment": seg, "t": time.time(), "wall_s": round(wall, 3)}
+    if interrupted:
+        rec.update(partial=True, interrupted=interrupted)
+    if before is not None and after is not None:
+        rec.update(histograms=histogram_deltas(before, after), counters=counter_deltas(before, after))
+    else:
+        rec["unavailable"] = ("GET /metrics failed at the interruption (the server is gone or did not answer)"
+                              if interrupted else "GET /metrics failed")
+    bundle.append(name, rec)
 
 
 def summarize_phase(bundle: Bundle, name: str) -> dict:
