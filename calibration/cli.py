@@ -106,6 +106,11 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     pl.add_argument("--load-prompt", type=_range, help="LO:HI prompt lengths of load requests")
     pl.add_argument("--load-output", type=_range, help="LO:HI output lengths of load requests")
     pl.add_argument("--closed-concurrency", type=_ints, help="closed-loop load levels (comma list)")
+    pl.add_argument("--trace", metavar="FILE", help="replay a trace file as the load test (arrivals and lengths as "
+                                                    "recorded; the formats `epdsim simulate` reads) instead of the "
+                                                    "Poisson and closed-loop loads")
+    pl.add_argument("--trace-format", default="auto", help="azure, mooncake, plain or auto (default)")
+    pl.add_argument("--trace-limit", type=int, help="replay only the first N requests of the trace")
     r.set_defaults(calibrate_func=cmd_run)
     s = sub.add_parser("show", help="summarise a bundle")
     s.add_argument("bundle")
@@ -192,7 +197,8 @@ def _plan_options(a):
                        decode_prompt=a.decode_prompt, decode_output=a.decode_output,
                        load_fractions=a.load_fractions, load_rates=a.load_rates, load_requests=a.load_requests,
                        load_prompt=a.load_prompt, load_output=a.load_output,
-                       closed_concurrency=a.closed_concurrency)
+                       closed_concurrency=a.closed_concurrency, trace=a.trace, trace_format=a.trace_format,
+                       trace_limit=a.trace_limit)
 
 
 def cmd_run(a, con: Console) -> int:
@@ -202,6 +208,11 @@ def cmd_run(a, con: Console) -> int:
     except argparse.ArgumentTypeError as exc:
         raise BundleError(str(exc)) from None
     out = Path(a.out)
+    if a.trace and not a.resume:   # a bad file fails here, before a server is launched
+        from calibration.harness.trace_plan import read
+        read(a.trace, a.trace_format, a.trace_limit)
+        if "load" not in {k.strip() for k in a.phases.split(",")}:
+            raise BundleError(f"--trace {a.trace}: the trace is the load test, but --phases {a.phases} has no load")
     blocker = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
     if blocker is not None:   # before any server is launched or attached
         raise BundleError(f"--out {out}: {blocker} is a file, not a folder; give a bundle folder path")

@@ -48,7 +48,7 @@ import yaml
 import hwdb
 from calibration.fit_inputs import CPU_GPU, FitInputError, bundle_model, engine_setup, is_cpu_server, open_bundle
 from calibration.harness.bundle import Bundle
-from calibration.validate_replay import (LABEL, METRICS, PCTS, compare, measured_phase, per_step_scope,
+from calibration.validate_replay import (LABEL, METRICS, PCTS, arrival_stats, compare, measured_phase, per_step_scope,
                                          predicted_phase, simulate_phase)
 from calibration.validate_report import _err, _json_default, _ms, _verdict, html_report, markdown_report
 from hwdb.profiles import Profile
@@ -190,7 +190,8 @@ def validate(bundle: str | Path, profile: str | Path, *, tolerance: float = 0.25
         checks = [r for r in cmp_rows if r["check"]]
         it = notes.get("iterations")
         results.append({
-            "phase": ph["name"], "mode": ph.get("mode"), "rate": ph.get("rate"),
+            "phase": ph["name"], "mode": ph.get("mode"), "rate": ph.get("rate"), "workload": ph.get("workload"),
+            "arrivals": arrival_stats(rows),
             "concurrency": ph.get("concurrency"), "requests": len(rows), "segments": notes.get("segments"),
             "prompt_tokens": [min(r["input_tokens"] for r in rows), max(r["input_tokens"] for r in rows)],
             "output_tokens": [min(r["output_tokens"] for r in rows), max(r["output_tokens"] for r in rows)],

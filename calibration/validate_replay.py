@@ -87,6 +87,16 @@ def measured_phase(b: Bundle, phase: str) -> tuple[list[dict], dict]:
     return rows, notes
 
 
+def arrival_stats(rows: list[dict]) -> dict:
+    """The arrivals as the client sent them: count, span (s), mean rate (req/s), inter-arrival CV.
+    Reports describe the load from these, whatever the plan called it."""
+    arr = np.sort(np.array([r["arrival_s"] for r in rows], dtype=float))
+    gaps = np.diff(arr)
+    span = float(arr[-1] - arr[0]) if len(arr) else 0.0
+    cv = float(gaps.std() / gaps.mean()) if len(gaps) > 1 and gaps.mean() > 0 else None
+    return {"n": len(arr), "span_s": span, "mean_rate": (len(arr) - 1) / span if span > 0 else None, "cv": cv}
+
+
 def per_step_scope(notes: dict) -> str:
     """Which segments the per-step figures (ITL histogram, engine steps) cover, in words."""
     ps = notes.get("per_step") or {}

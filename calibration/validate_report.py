@@ -2,9 +2,12 @@
 ``report.html`` (plus the JSON encoder of ``validation.json``)."""
 from __future__ import annotations
 
+import html
 from pathlib import Path
 
 import numpy as np
+
+from calibration.harness.trace_plan import workload_text
 
 
 def _json_default(o):
@@ -46,8 +49,11 @@ def markdown_report(d: dict) -> str:
              f"predictions: {_ms(d['frontend_s'])}",
              f"- **verdict: {d['checks'] - d['failed']} of {d['checks']} checks pass**", ""]
     for ph in d["phases"]:
-        how = (f"Poisson {ph['rate']:g} req/s" if ph.get("rate") else
-               f"closed loop, {ph.get('concurrency')} users" if ph.get("concurrency") else ph.get("mode"))
+        how = workload_text(ph)
+        a = ph.get("arrivals") or {}
+        if a.get("mean_rate"):
+            how += (f"; arrivals as sent: mean {a['mean_rate']:.3g} req/s over {a['span_s']:.1f} s"
+                    + (f", inter-arrival CV {a['cv']:.2f}" if a.get("cv") is not None else ""))
         lines += [f"## {ph['phase']}", "",
                   f"{ph['requests']} requests, {how}, prompts {ph['prompt_tokens'][0]}-{ph['prompt_tokens'][1]} "
                   f"tokens, outputs {ph['output_tokens'][0]}-{ph['output_tokens'][1]} tokens; the simulator "
@@ -105,7 +111,7 @@ def html_report(d: dict) -> str:
              f"<b>{d['checks'] - d['failed']} of {d['checks']} checks pass</b>.</p>"]
     first = True
     for ph in d["phases"]:
-        parts.append(f"<h2>{ph['phase']}</h2><table><tr><th>metric</th><th>stat</th><th>source</th>"
+        parts.append(f"<h2>{html.escape(ph['phase'])}</h2><p>{html.escape(workload_text(ph))}</p><table><tr><th>metric</th><th>stat</th><th>source</th>"
                      "<th>measured</th><th>predicted</th><th>error</th><th>verdict</th></tr>")
         for r in ph["rows"]:
             v = _verdict(r)

@@ -7,6 +7,8 @@
 - ``load_poisson_<x>``: open loop, Poisson arrivals (seeded), lengths drawn (seeded) from ranges;
   the rate is a fraction ``x`` of the capacity seen in the decode sweep (or absolute ``r<rate>``).
 - ``load_closed_c<N>``: closed loop with N users and the load lengths.
+- ``load_trace_<file>``: with ``--trace FILE``, instead of the two above: the file's requests at
+  their recorded arrival offsets and lengths (:mod:`calibration.harness.trace_plan`).
 
 Each phase scrapes ``/metrics`` before and after and stores the deltas of vLLM's histograms and
 counters.  A plan is plain JSON (stored in the manifest) so that a resumed run repeats exactly
@@ -47,6 +49,9 @@ class PlanOptions:
     load_prompt: tuple[int, int] | None = None
     load_output: tuple[int, int] | None = None
     closed_concurrency: list[int] | None = None
+    trace: str | None = None                        # a trace file: the load test replays it instead
+    trace_format: str = "auto"
+    trace_limit: int | None = None
 
     def resolved(self) -> "PlanOptions":
         q = self.quick
@@ -83,7 +88,10 @@ def build_plan(opts: PlanOptions, max_model_len: int) -> list[dict]:
             reqs = [[f"decode-c{c}-{i}", p, out, None] for i in range(c * o.decode_rounds)]
             plan.append({"name": f"decode_c{c}", "kind": "decode", "mode": "closed", "concurrency": c,
                          "requests": reqs})
-    if "load" in o.kinds:
+    if "load" in o.kinds and o.trace:
+        from calibration.harness.trace_plan import trace_phase
+        plan.append(trace_phase(o.trace, o.trace_format, o.trace_limit, max_model_len))
+    elif "load" in o.kinds:
         rng = random.Random(f"load:{o.seed}")
         lo_p, hi_p = o.load_prompt
         lo_o, hi_o = o.load_output
