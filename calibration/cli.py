@@ -22,9 +22,9 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from calibration.harness.bundle import Bundle, BundleError
+from simulator.console import stdout_console, wide_tables
 from simulator.errors import print_user_error
 from simulator.inputs import float_arg
 
@@ -172,7 +172,7 @@ def add_subparser(subparsers) -> argparse.ArgumentParser:
 def cmd_calibrate(args, con: Console | None = None) -> int:
     """Entry point for ``args.func(args, con)``; handles its own errors (exit codes 2 and 3)."""
     from calibration.harness.server import ServerError
-    con = con or Console()
+    con = con or stdout_console()   # piped output as wide as its tables (simulator/console.py)
     err = Console(stderr=True)
     try:
         return args.calibrate_func(args, con)
@@ -274,17 +274,18 @@ def _show(b: Bundle, con: Console) -> None:
             parts.append(f"KV cache {st['kv_cache_tokens']:,} tokens")
         con.print(f"launch {l['index']}: " + ", ".join(parts) + (f", exit code {l['exit_code']}"
                                                                   if l.get("exit_code") is not None else ""))
-    t = Table(title="phases (client-side times; server TTFT from per-request metrics)")
-    t.add_column("phase", no_wrap=True)
-    for c in ("done", "ok", "fail", "TTFT p50", "TTFT p90", "srv TTFT", "ITL p50", "ITL p90", "tok/s"):
-        t.add_column(c, justify="right", no_wrap=True)
+    heads = ["phase", "done", "ok", "fail", "TTFT p50", "TTFT p90", "srv TTFT", "ITL p50", "ITL p90", "tok/s"]
+    rows = []
     for p in s["phases"]:
         tput = p.get("throughput_tok_s")
-        t.add_row(p["phase"], "yes" if p["done"] else "no", f"{p['ok']}/{p['planned']}", str(p["failed"]),
-                  _fmt_s(p.get("ttft_p50")), _fmt_s(p.get("ttft_p90")), _fmt_s(p.get("server_ttft_p50")),
-                  _fmt_s(p.get("itl_p50")), _fmt_s(p.get("itl_p90")),
-                  f"{tput:,.0f}" if tput is not None and tput == tput else "-")
-    con.print(t)
+        rows.append([p["phase"], "yes" if p["done"] else "no", f"{p['ok']}/{p['planned']}", str(p["failed"]),
+                     _fmt_s(p.get("ttft_p50")), _fmt_s(p.get("ttft_p90")), _fmt_s(p.get("server_ttft_p50")),
+                     _fmt_s(p.get("itl_p50")), _fmt_s(p.get("itl_p90")),
+                     f"{tput:,.0f}" if tput is not None and tput == tput else "-"])
+    # never cut a phase name or a figure: split into column groups on a narrow terminal
+    for t in wide_tables("phases (client-side times; server TTFT from per-request metrics)", heads, rows,
+                         con.width, justify={h: "right" for h in heads[1:]}):
+        con.print(t)
 
 
 def cmd_show(a, con: Console) -> int:

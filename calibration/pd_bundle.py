@@ -98,7 +98,8 @@ def pd_summary(path: str | Path) -> dict:
 def show_pd(s: dict, con) -> None:
     """Print :func:`pd_summary` (rich Console); tables keep their full width (no cut columns)."""
     from rich.markup import escape
-    from rich.table import Table
+
+    from simulator.console import wide_tables
 
     def ms(x):
         return "-" if x is None else f"{x * 1e3:.1f} ms"
@@ -116,14 +117,14 @@ def show_pd(s: dict, con) -> None:
         con.print(f"KV loaded by the decode server: {kv.get('injections')} injections, {kv.get('tokens')} tokens")
     if s.get("file_bandwidth_Bps"):
         con.print(f"file bandwidth (write + read): {s['file_bandwidth_Bps'] / 1e9:.2f} GB/s")
-    t = Table(title=f"load_pd: {s['ok']} of {s['requests']} requests ok")
-    for c in ("client TTFT p50", "client TTFT p90", "prefill srv TTFT p50", "decode srv TTFT p50",
-              "decode TPOT p50"):
-        t.add_column(c, justify="right", no_wrap=True)
     f = s["figures"]
-    t.add_row(*(ms(f[k]) for k in ("client_ttft_p50", "client_ttft_p90", "prefill_server_ttft_p50",
-                                    "decode_server_ttft_p50", "decode_tpot_p50")))
-    con.print(t)
+    heads = ["requests", "client TTFT p50", "client TTFT p90", "prefill srv TTFT p50", "decode srv TTFT p50",
+             "decode TPOT p50"]
+    row = [f"{s['ok']} of {s['requests']} ok", *(ms(f[k]) for k in (
+        "client_ttft_p50", "client_ttft_p90", "prefill_server_ttft_p50", "decode_server_ttft_p50", "decode_tpot_p50"))]
+    for t in wide_tables("load_pd (client through the router; servers' own metrics)", heads, [row], con.width,
+                         justify={h: "right" for h in heads}):
+        con.print(t)
     if not s["replay"]:
         con.print("not replayed yet: " + REPLAY_HINT.replace("BUNDLE", s["path"]))
 
