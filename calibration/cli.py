@@ -255,14 +255,43 @@ def bundle_summary(b: Bundle) -> dict:
                  for a in m.get("attachments", []) if a.get("startup")]
     return {"path": str(b.path), "model": m["model"].get("served_name"), "mode": m.get("mode"),
             "vllm": m.get("versions", {}).get("vllm"), "created": m.get("created"),
-            "runs": [{k: r.get(k) for k in ("started", "finished", "status", "resume")} for r in m.get("runs", [])],
+            "runs": [{k: r.get(k) for k in ("started", "finished", "status", "resume", "conditions", "interrupted_by")}
+                     for r in m.get("runs", [])],
+            "host": _host(m),
             "launches": launches, "phases": [summarize_phase(b, p) for p in b.phases()]}
+
+
+def _host(m: dict) -> dict | None:
+    """The server host as recorded (launch mode): CPU, ISA features, cores."""
+    hw = (m.get("hardware") or {}).get("server")
+    if not isinstance(hw, dict):
+        return {"note": hw} if hw else None
+    cpu = hw.get("cpu") or {}
+    return {"cpu": cpu.get("model_name") or hw.get("cpu_model"), "vendor": cpu.get("vendor"),
+            "family": cpu.get("family"), "isa": cpu.get("isa"), "cores": hw.get("cpu_affinity") or hw.get("cpu_count")}
+
+
+def _load_text(runs: list[dict]) -> str:
+    parts = []
+    for i, r in enumerate(runs):
+        c = r.get("conditions") or {}
+        la = [(c.get(k) or {}).get("loadavg") for k in ("before", "after")]
+        if any(la):
+            parts.append(f"run {i} " + " / ".join(f"{x[0]:.2f}" if x else "-" for x in la))
+    return ("1-min load before / after: " + ", ".join(parts)) if parts else ""
 
 
 def _show(b: Bundle, con: Console) -> None:
     s = bundle_summary(b)
     con.print(f"[bold]{escape(s['path'])}[/]: model {escape(str(s['model']))}, vLLM {s['vllm']}, {s['mode']} mode, "
               f"{len(s['runs'])} run(s), last status {s['runs'][-1]['status'] if s['runs'] else '-'}")
+    h = s.get("host") or {}
+    if h.get("cpu") or h.get("note"):
+        isa = f"; {', '.join(h['isa'])}" if h.get("isa") else "; ISA not recorded"
+        con.print(f"server host: {escape(str(h.get('cpu') or h.get('note')))}"
+                  + (f" ({h.get('vendor')} family {h.get('family')}{isa}), {h.get('cores')} cores" if h.get("cpu") else ""))
+    if _load_text(s["runs"]):
+        con.print(_load_text(s["runs"]))
     for l in s["launches"]:
         st = l["startup"]
         parts = [f"ready {l['ready_s']:.1f} s" if l.get("ready_s") is not None else "not ready"]

