@@ -15,6 +15,7 @@ import hwdb
 from calibration.fit import fit_bundle, write_outputs
 from calibration.fit_host import cpu_family, host_check
 from calibration.harness import env
+from calibration.validate import validate
 from tests.synthetic_bundle import CPU_TRUTH, TINY_CONFIG, make_bundle, write_truth_hwdb
 
 #: /proc/cpuinfo heads as these hosts print them (flags cut to the ones that matter plus a few)
@@ -129,3 +130,8 @@ def test_fit_on_an_epyc_bundle_writes_the_derived_entry(tmp_path):
     rep = json.loads(paths["report"].read_text())
     assert rep["host"]["entry"] == "derived" and rep["host"]["busy_runs"]
     assert "host: the host was busy" in db.profiles[fit.profile.name].notes
+    # validate picks the derived entry up from the folder: the replay matches the (simulated) truth
+    v = validate(bundle, tmp_path / "hw", out=tmp_path / "val")
+    assert v["gpu"] == "CPU-host" and v["checks"] > 0
+    errs = [abs(r["rel_error"]) for r in v["phases"][0]["rows"] if r["check"] and r["stat"] == "p50"]
+    assert errs and max(errs) < 0.15, errs
