@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 from calibration.harness.bundle import BundleError
@@ -34,6 +35,24 @@ def read_manifest(path: str | Path) -> dict | None:
     except (OSError, ValueError):
         return None
     return m if isinstance(m, dict) and m.get("kind") == PD_KIND else None
+
+
+def _settle(path: Path, m: dict) -> None:
+    """A run still ``running`` whose process is gone on this host (SIGKILL, a crash) is marked
+    ``interrupted`` (as :meth:`Bundle.settle_stale_runs` does for colocated bundles)."""
+    from calibration.harness.bundle import process_alive
+    if m.get("status") != "running" or not m.get("pid") or m.get("hostname") != os.uname().nodename:
+        return
+    if process_alive(m["pid"], m.get("proc_start")):
+        return
+    m.update(status="interrupted", interrupted_by=f"found with its process {m['pid']} gone (killed with SIGKILL, "
+                                                  f"crashed, or the machine stopped)")
+    try:
+        tmp = path / "manifest.json.tmp"
+        tmp.write_text(json.dumps(m, indent=1, default=str))
+        os.replace(tmp, path / "manifest.json")
+    except OSError:
+        pass   # read-only: corrected in memory only
 
 
 def _pct(xs: list[float], p: float) -> float | None:
@@ -71,6 +90,7 @@ def pd_summary(path: str | Path) -> dict:
     m = read_manifest(path)
     if m is None:
         raise BundleError(f"{path} is not a PD bundle: its manifest.json is missing or has no kind {PD_KIND!r}")
+    _settle(path, m)
     recs = _records(path)
     ok = [r for r in recs if r.get("ok")]
 
@@ -85,6 +105,7 @@ def pd_summary(path: str | Path) -> dict:
     load = m.get("load") or {}
     return {"path": str(path), "kind": PD_KIND, "schema_version": m.get("schema_version"), "mode": m.get("mode"),
             "created": m.get("created"), "status": m.get("status", "unknown (written before status was kept)"),
+            "interrupted_by": m.get("interrupted_by"),
             "connector": m.get("connector"), "block_size": m.get("block_size"), "binds": m.get("binds"),
             "ready_s": m.get("ready_s"), "vllm": (m.get("versions") or {}).get("vllm"),
             "host": m.get("host"), "load": load, "requests": len(recs), "ok": len(ok),

@@ -46,7 +46,7 @@ from pathlib import Path
 import httpx
 
 from calibration.harness import env as envinfo
-from calibration.harness.bundle import BundleError
+from calibration.harness.bundle import BundleError, proc_start
 from calibration.harness.client import (CompletionClient, PromptFactory, RequestSpec, poisson_arrivals,
                                         run_open_loop)
 from calibration.harness.pd_router import PDRouter, prompt_hash
@@ -221,7 +221,8 @@ def cmd_run(a) -> int:
     servers = []
     manifest: dict = {"kind": PD_KIND, "schema_version": PD_SCHEMA_VERSION,
                       "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "status": "running",
-                      "argv": list(sys.argv), "kv_path": kv_path, "connector": "ExampleConnector", "block_size": BLOCK}
+                      "argv": list(sys.argv), "pid": os.getpid(), "hostname": os.uname().nodename,
+                      "proc_start": proc_start(), "kv_path": kv_path, "connector": "ExampleConnector", "block_size": BLOCK}
     manifest["host"] = {"hardware": envinfo.hardware(), "conditions": {"before": envinfo.conditions()}}
     # Written at once, so that a run killed before its end still reads as one (status "running").
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1, default=str))

@@ -172,3 +172,19 @@ def test_vllm_documented_pd_commands_run_verbatim(tmp_path):
     assert "12 of 12 ok" in show
     # the figures of this run, for the docs' table (printed with -s)
     print(json.dumps({"table": report["table"], "parts": report["measured_parts"]}, indent=1))
+
+
+def test_pd_run_killed_with_sigkill_reads_as_interrupted(tmp_path, capsys):
+    """A PD run killed before its end leaves status running; its process is gone, so show says interrupted."""
+    import os
+    import sys
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    pd = _pd_bundle(tmp_path / "pd-run")
+    m = json.loads((pd / "manifest.json").read_text())
+    m.update(status="running", pid=dead.pid, hostname=os.uname().nodename)
+    (pd / "manifest.json").write_text(json.dumps(m))
+    assert calibrate_main(["show", str(pd)]) == 0
+    assert "status interrupted" in capsys.readouterr().out
+    m = json.loads((pd / "manifest.json").read_text())
+    assert m["status"] == "interrupted" and f"process {dead.pid} gone" in m["interrupted_by"]
