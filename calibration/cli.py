@@ -22,9 +22,9 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from calibration.harness.bundle import Bundle, BundleError
+from simulator.console import stdout_console, wide_tables
 from simulator.errors import print_user_error
 from simulator.inputs import float_arg
 
@@ -106,6 +106,11 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     pl.add_argument("--load-prompt", type=_range, help="LO:HI prompt lengths of load requests")
     pl.add_argument("--load-output", type=_range, help="LO:HI output lengths of load requests")
     pl.add_argument("--closed-concurrency", type=_ints, help="closed-loop load levels (comma list)")
+    pl.add_argument("--trace", metavar="FILE", help="replay a trace file as the load test (arrivals and lengths as "
+                                                    "recorded; the formats `epdsim simulate` reads) instead of the "
+                                                    "Poisson and closed-loop loads")
+    pl.add_argument("--trace-format", default="auto", help="azure, mooncake, plain or auto (default)")
+    pl.add_argument("--trace-limit", type=int, help="replay only the first N requests of the trace")
     r.set_defaults(calibrate_func=cmd_run)
     s = sub.add_parser("show", help="summarise a bundle")
     s.add_argument("bundle")
@@ -167,7 +172,7 @@ def add_subparser(subparsers) -> argparse.ArgumentParser:
 def cmd_calibrate(args, con: Console | None = None) -> int:
     """Entry point for ``args.func(args, con)``; handles its own errors (exit codes 2 and 3)."""
     from calibration.harness.server import ServerError
-    con = con or Console()
+    con = con or stdout_console()   # piped output as wide as its tables (simulator/console.py)
     err = Console(stderr=True)
     try:
         return args.calibrate_func(args, con)
@@ -192,7 +197,8 @@ def _plan_options(a):
                        decode_prompt=a.decode_prompt, decode_output=a.decode_output,
                        load_fractions=a.load_fractions, load_rates=a.load_rates, load_requests=a.load_requests,
                        load_prompt=a.load_prompt, load_output=a.load_output,
-                       closed_concurrency=a.closed_concurrency)
+                       closed_concurrency=a.closed_concurrency, trace=a.trace, trace_format=a.trace_format,
+                       trace_limit=a.trace_limit)
 
 
 def cmd_run(a, con: Console) -> int:
@@ -202,6 +208,11 @@ def cmd_run(a, con: Console) -> int:
     except argparse.ArgumentTypeError as exc:
         raise BundleError(str(exc)) from None
     out = Path(a.out)
+    if a.trace and not a.resume:   # a bad file fails here, before a server is launched
+        from calibration.harness.trace_plan import read
+        read(a.trace, a.trace_format, a.trace_limit)
+        if "load" not in {k.strip() for k in a.phases.split(",")}:
+            raise BundleError(f"--trace {a.trace}: the trace is the load test, but --phases {a.phases} has no load")
     blocker = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
     if blocker is not None:   # before any server is launched or attached
         raise BundleError(f"--out {out}: {blocker} is a file, not a folder; give a bundle folder path")
@@ -244,14 +255,43 @@ def bundle_summary(b: Bundle) -> dict:
                  for a in m.get("attachments", []) if a.get("startup")]
     return {"path": str(b.path), "model": m["model"].get("served_name"), "mode": m.get("mode"),
             "vllm": m.get("versions", {}).get("vllm"), "created": m.get("created"),
-            "runs": [{k: r.get(k) for k in ("started", "finished", "status", "resume")} for r in m.get("runs", [])],
+            "runs": [{k: r.get(k) for k in ("started", "finished", "status", "resume", "conditions", "interrupted_by")}
+                     for r in m.get("runs", [])],
+            "host": _host(m),
             "launches": launches, "phases": [summarize_phase(b, p) for p in b.phases()]}
+
+
+def _host(m: dict) -> dict | None:
+    """The server host as recorded (launch mode): CPU, ISA features, cores."""
+    hw = (m.get("hardware") or {}).get("server")
+    if not isinstance(hw, dict):
+        return {"note": hw} if hw else None
+    cpu = hw.get("cpu") or {}
+    return {"cpu": cpu.get("model_name") or hw.get("cpu_model"), "vendor": cpu.get("vendor"),
+            "family": cpu.get("family"), "isa": cpu.get("isa"), "cores": hw.get("cpu_affinity") or hw.get("cpu_count")}
+
+
+def _load_text(runs: list[dict]) -> str:
+    parts = []
+    for i, r in enumerate(runs):
+        c = r.get("conditions") or {}
+        la = [(c.get(k) or {}).get("loadavg") for k in ("before", "after")]
+        if any(la):
+            parts.append(f"run {i} " + " / ".join(f"{x[0]:.2f}" if x else "-" for x in la))
+    return ("1-min load before / after: " + ", ".join(parts)) if parts else ""
 
 
 def _show(b: Bundle, con: Console) -> None:
     s = bundle_summary(b)
     con.print(f"[bold]{escape(s['path'])}[/]: model {escape(str(s['model']))}, vLLM {s['vllm']}, {s['mode']} mode, "
               f"{len(s['runs'])} run(s), last status {s['runs'][-1]['status'] if s['runs'] else '-'}")
+    h = s.get("host") or {}
+    if h.get("cpu") or h.get("note"):
+        isa = f"; {', '.join(h['isa'])}" if h.get("isa") else "; ISA not recorded"
+        con.print(f"server host: {escape(str(h.get('cpu') or h.get('note')))}"
+                  + (f" ({h.get('vendor')} family {h.get('family')}{isa}), {h.get('cores')} cores" if h.get("cpu") else ""))
+    if _load_text(s["runs"]):
+        con.print(_load_text(s["runs"]))
     for l in s["launches"]:
         st = l["startup"]
         parts = [f"ready {l['ready_s']:.1f} s" if l.get("ready_s") is not None else "not ready"]
@@ -263,20 +303,29 @@ def _show(b: Bundle, con: Console) -> None:
             parts.append(f"KV cache {st['kv_cache_tokens']:,} tokens")
         con.print(f"launch {l['index']}: " + ", ".join(parts) + (f", exit code {l['exit_code']}"
                                                                   if l.get("exit_code") is not None else ""))
-    t = Table(title="phases (client-side times; server TTFT from per-request metrics)")
-    t.add_column("phase", no_wrap=True)
-    for c in ("done", "ok", "fail", "TTFT p50", "TTFT p90", "srv TTFT", "ITL p50", "ITL p90", "tok/s"):
-        t.add_column(c, justify="right", no_wrap=True)
+    heads = ["phase", "done", "ok", "fail", "TTFT p50", "TTFT p90", "srv TTFT", "ITL p50", "ITL p90", "tok/s"]
+    rows = []
     for p in s["phases"]:
         tput = p.get("throughput_tok_s")
-        t.add_row(p["phase"], "yes" if p["done"] else "no", f"{p['ok']}/{p['planned']}", str(p["failed"]),
-                  _fmt_s(p.get("ttft_p50")), _fmt_s(p.get("ttft_p90")), _fmt_s(p.get("server_ttft_p50")),
-                  _fmt_s(p.get("itl_p50")), _fmt_s(p.get("itl_p90")),
-                  f"{tput:,.0f}" if tput is not None and tput == tput else "-")
-    con.print(t)
+        rows.append([p["phase"], "yes" if p["done"] else "no", f"{p['ok']}/{p['planned']}", str(p["failed"]),
+                     _fmt_s(p.get("ttft_p50")), _fmt_s(p.get("ttft_p90")), _fmt_s(p.get("server_ttft_p50")),
+                     _fmt_s(p.get("itl_p50")), _fmt_s(p.get("itl_p90")),
+                     f"{tput:,.0f}" if tput is not None and tput == tput else "-"])
+    # never cut a phase name or a figure: split into column groups on a narrow terminal
+    for t in wide_tables("phases (client-side times; server TTFT from per-request metrics)", heads, rows,
+                         con.width, justify={h: "right" for h in heads[1:]}):
+        con.print(t)
 
 
 def cmd_show(a, con: Console) -> int:
+    from calibration import pd_bundle
+    if pd_bundle.read_manifest(a.bundle) is not None:
+        s = pd_bundle.pd_summary(a.bundle)
+        if a.json:
+            print(json.dumps(s, indent=2, default=str))
+        else:
+            pd_bundle.show_pd(s, con)
+        return 0
     b = Bundle.open(a.bundle)
     try:
         summary = bundle_summary(b)

@@ -52,7 +52,8 @@ Output
     provenance), ``HWDB_DIR/models/<served name>/`` (the model's config.json and sidecar, so the
     folder is a self-contained ``--hwdb``), ``HWDB_DIR/fits/<profile>.json`` (parameters,
     uncertainty, correlation, every residual, the front-end latency, the engine arguments) and, with
-    a fitted ``per_seq_s``, ``HWDB_DIR/engines/<profile>.yaml``.
+    ``HWDB_DIR/engines/<profile>.yaml`` (the engine with the fitted host costs; scenarios name it as
+    ``engine: {engine: <profile>}``).
 
 Modules
     :mod:`calibration.fit_inputs` (the bundle: consistency checks, engine arguments, GPU, model),
@@ -118,11 +119,17 @@ class BundleFit:
     profile: Profile
     provenance: dict
     deployment: Any = None
+    host: dict | None = None      # calibration.fit_host.host_check's report (CPU servers)
 
     @property
-    def engine_name(self) -> str | None:
-        """The calibrated engine scenarios should name (None: the profile alone suffices)."""
-        return self.profile.name if "per_seq_s" in self.result.params else None
+    def derived_gpu(self) -> bool:
+        """Whether ``gpu`` is a CPU-host entry derived from the bundle's host (written to gpus/)."""
+        return bool(self.host and self.host.get("entry") == "derived")
+
+    @property
+    def engine_name(self) -> str:
+        """The calibrated engine scenarios name (``engines/<profile>.yaml``, written by every fit)."""
+        return self.profile.name
 
 
 def deployment(db: hwdb.HardwareDB, gpu: str, model: hwdb.ModelEntry, setup: EngineSetup):
@@ -148,6 +155,13 @@ def fit_bundle(path: str | Path, *, gpu: str | None = None, model: str | None = 
         raise FitInputError(str(exc)) from None
     gname = target_gpu(b, gpu, db)
     g = db.gpu(gname)
+    host = None
+    if gname == CPU_GPU:   # the shipped entry describes one Xeon VM: derive another host's peaks
+        from calibration.fit_host import host_check
+        derived, host = host_check(b.manifest, g, explicit_gpu=gpu is not None)
+        if derived is not None:
+            db = dataclasses.replace(db, gpus={**db.gpus, CPU_GPU: derived})
+            g = derived
     entry = bundle_model(b, model, db)
     setup = engine_setup(b, overrides)
     raw, notes = measurement_points(b)
@@ -175,8 +189,11 @@ def fit_bundle(path: str | Path, *, gpu: str | None = None, model: str | None = 
             "phases": [p["name"] for p in m["plan"] if p["kind"] in ("prefill", "decode")],
             "fitted_at": created}
     fe = frontend_latency(raw)
+    prov["host"] = host
     prof = _final_profile(res, g, served, version, created, prov, setup, notes, fe)
-    return BundleFit(b, g, entry, setup, points, notes, res, fe, prof, prov, dep)
+    if host and host["warnings"]:
+        prof = prof.model_copy(update={"notes": "\n".join([prof.notes or "", *("host: " + w for w in host["warnings"])])})
+    return BundleFit(b, g, entry, setup, points, notes, res, fe, prof, prov, dep, host)
 
 
 
@@ -187,11 +204,14 @@ def _short(why: str) -> str:
 
 
 def cmd_fit(a, con) -> int:
+    from rich.markup import escape
     from rich.table import Table
     overrides = {"max_num_seqs": a.max_num_seqs, "max_num_batched_tokens": a.max_num_batched_tokens,
                  "block_size": a.block_size}
     fit = fit_bundle(a.bundle, gpu=a.gpu, model=a.model, hwdb_dirs=tuple(a.hwdb), overrides=overrides)
     out = Path(a.out) if a.out else fit.bundle.path / "hwdb"
+    for w in (fit.host or {}).get("warnings", []):
+        con.print(f"[yellow]warning:[/] {escape(w)}")
     paths = write_outputs(fit, out)
     if any((ln.get("startup") for ln in fit.bundle.manifest.get("launches") or [])):   # launched: cold start
         from calibration.fit_startup import fit_startup, write_startup
@@ -226,7 +246,6 @@ def cmd_fit(a, con) -> int:
     if fit.frontend_s is not None:
         con.print(f"front end (client - server TTFT, lone requests): {fit.frontend_s * 1e3:.2f} ms")
     con.print("wrote " + ", ".join(str(v) for v in paths.values()))
-    if fit.engine_name:
-        con.print(f"scenarios: pools[].gpu: {fit.gpu.name}, pools[].engine.engine: {fit.engine_name}, --hwdb {out}")
+    con.print(f"scenarios: pools[].gpu: {fit.gpu.name}, pools[].engine.engine: {fit.engine_name}, --hwdb {out}")
     con.print(f"validate: epdsim calibrate validate BUNDLE --profile {out}")
     return 0

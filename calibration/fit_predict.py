@@ -86,6 +86,9 @@ def calibrated_engine(base, overhead_s: float, per_seq_s: float, *, name: str = 
     upd = {"name": name, "aliases": (), "version": version or base.version, "scheduling_overlapped": False,
            "cpu": cpu, "graph_launch_s": zero("folded into step_s"), "eager_launch_s_per_layer": zero("folded into step_s"),
            "notes": f"calibrated by {source}; the host cost adds to the device time (no overlap)"}
+    # The harness measures its own front end (client - server TTFT, kept in the fit report); the base
+    # engine's front end was fitted on GPU serving runs and would be counted twice.
+    upd.update({k: None for k in ("frontend_s", "frontend_s_per_token") if k in type(base).model_fields})
     if cpu_defaults and "default_max_num_seqs" in type(base).model_fields:
         upd.update(default_max_num_seqs=CPU_DEFAULT_MAX_NUM_SEQS,
                    default_max_num_batched_tokens=CPU_DEFAULT_MAX_NUM_BATCHED_TOKENS,

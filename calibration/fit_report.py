@@ -93,19 +93,25 @@ def _final_profile(res: FitResult, g: hwdb.GPU, served: str, version, created: s
 
 
 def final_engine(fit: "BundleFit"):
-    """The calibrated engine profile when the fit has a per-sequence host cost, else None."""
+    """The calibrated engine profile ``engines/<profile>.yaml``, written by every fit.
+
+    With a fitted ``per_seq_s`` it carries the host cost (``step_overhead_s`` + ``per_seq_s`` x sampled
+    sequences) and the profile has no ``step_overhead_s``.  Without one it carries the fitted
+    ``step_overhead_s`` and no per-sequence term; the profile keeps its own ``step_overhead_s`` too,
+    which replaces the engine's host costs wherever the profile applies, so naming this engine changes
+    no prediction.  Writing it always gives scenarios (and the documented PD replay) one engine name
+    per fit, whatever the data could resolve."""
     p = fit.result.params
-    if "per_seq_s" not in p:
-        return None
     base = fit.deployment.engine
     src = f"epdsim calibrate fit {fit.provenance['bundle']}"
-    unc = {n: fit.result.sigma_rel.get(n) for n in ("step_overhead_s", "per_seq_s")}
-    e = calibrated_engine(base, round(p["step_overhead_s"], 9), round(p["per_seq_s"], 9), name=fit.profile.name,
-                          version=str(fit.provenance.get("vllm") or base.version),
-                          source=src + " (1-sigma " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in unc.items()
-                                                               if v is not None) + ")",
-                          cpu_defaults=fit.gpu.name == CPU_GPU)
-    return e
+    per_seq = p.get("per_seq_s", 0.0)
+    unc = {n: fit.result.sigma_rel.get(n) for n in ("step_overhead_s", "per_seq_s") if n in p}
+    why = "" if "per_seq_s" in p else f"; per_sampled_seq_s 0: {fit.result.fixed.get('per_seq_s', 'not fitted')}"
+    return calibrated_engine(base, round(p["step_overhead_s"], 9), round(per_seq, 9), name=fit.profile.name,
+                             version=str(fit.provenance.get("vllm") or base.version),
+                             source=src + " (1-sigma " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in unc.items()
+                                                                  if v is not None) + ")" + why,
+                             cpu_defaults=fit.gpu.name == CPU_GPU)
 
 
 def write_outputs(fit: BundleFit, out: str | Path) -> dict[str, Path]:
@@ -129,12 +135,18 @@ def write_outputs(fit: BundleFit, out: str | Path) -> dict[str, Path]:
     (mdir / "epdsim.yaml").write_text(yaml.safe_dump(side, sort_keys=False))
     paths["model"] = mdir
     eng = final_engine(fit)
-    if eng is not None:
-        (out / "engines").mkdir(parents=True, exist_ok=True)
-        epath = out / "engines" / f"{eng.name}.yaml"
-        epath.write_text(f"# Engine with the host costs fitted by `epdsim calibrate fit` (see profiles/{prof.name}.yaml)\n"
-                         + yaml.safe_dump(eng.model_dump(exclude_none=True), sort_keys=False, width=100))
-        paths["engine"] = epath
+    (out / "engines").mkdir(parents=True, exist_ok=True)
+    epath = out / "engines" / f"{eng.name}.yaml"
+    epath.write_text(f"# Engine with the host costs fitted by `epdsim calibrate fit` (see profiles/{prof.name}.yaml)\n"
+                     + yaml.safe_dump(eng.model_dump(exclude_none=True), sort_keys=False, width=100))
+    paths["engine"] = epath
+    if fit.derived_gpu:   # the profile's efficiencies are relative to these peaks: they travel together
+        (out / "gpus").mkdir(parents=True, exist_ok=True)
+        gpath = out / "gpus" / f"{fit.gpu.name}.yaml"
+        gpath.write_text(f"# {fit.gpu.name} derived from the host of bundle {fit.provenance['bundle']} by `epdsim "
+                         f"calibrate fit` (calibration/fit_host.py); the shipped entry describes another CPU\n"
+                         + yaml.safe_dump(fit.gpu.model_dump(mode="json", exclude_none=True), sort_keys=False, width=100))
+        paths["gpu"] = gpath
     (out / "fits").mkdir(parents=True, exist_ok=True)
     rpath = out / "fits" / f"{prof.name}.json"
     rpath.write_text(json.dumps(fit_report(fit), indent=2, default=str) + "\n")
@@ -160,6 +172,6 @@ def fit_report(fit: BundleFit) -> dict:
         "free": r.free, "correlation": r.correlation, "s": math.sqrt(r.s2), "cost": r.cost,
         "n_points": r.n_points, "starts": r.starts,
         "quality": {k: v.model_dump() for k, v in r.quality.items()},
-        "frontend_s": fit.frontend_s, "decode_batch": fit.notes.get("decode_batch"),
+        "frontend_s": fit.frontend_s, "decode_batch": fit.notes.get("decode_batch"), "host": fit.host,
         "residuals": r.residuals,
     }

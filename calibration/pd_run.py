@@ -20,9 +20,11 @@ and leave two to recompute (a prompt of ``128 k + 1`` tokens finds no KV at all)
 with the ``example`` connector and ``bandwidth_Bps`` = the file write+read bandwidth measured
 by ``run``), simulates the same arrivals and lengths, and compares TTFT / TPOT::
 
-    python -m calibration.pd_run run --out /tmp/pd/run1 --model-dir /tmp/cal/q1/model
-    python -m calibration.pd_run replay /tmp/pd/run1 --hwdb /tmp/cal/e1/hw \
-        --engine CPU-host_vllm-0.32.0_tiny-llama --model /tmp/cal/q1/val/model
+    python -m calibration.pd_run run --out pd-run --model-dir cpu-fit/model
+    python -m calibration.pd_run replay pd-run --hwdb cpu-hw --engine CPU-host_vllm-0.32.0_tiny-llama
+
+(``cpu-fit`` a colocated bundle of the same model, ``cpu-hw`` what ``epdsim calibrate fit`` wrote
+from it; the model folder defaults to ``cpu-hw/models/tiny-llama``.)
 """
 from __future__ import annotations
 
@@ -34,15 +36,23 @@ import os
 import random
 import re
 import shutil
+import signal
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
+import httpx
+
+from calibration.harness import env as envinfo
+from calibration.harness.bundle import BundleError, proc_start
 from calibration.harness.client import (CompletionClient, PromptFactory, RequestSpec, poisson_arrivals,
                                         run_open_loop)
 from calibration.harness.pd_router import PDRouter, prompt_hash
 from calibration.harness.server import Endpoint, ServerProcess
+from calibration.pd_bundle import (PD_KIND, PD_SCHEMA_VERSION, PDReplayError, measured_rows, read_manifest,
+                                   replay_inputs)
 
 REPO = Path(__file__).resolve().parents[1]
 SERVED = "tiny-llama"
@@ -183,6 +193,13 @@ async def drive(router_url_prefill: str, router_url_decode: str, specs_args: dic
             "prompt_source": pf.source}
 
 
+def _server_version(base_url: str) -> str | None:
+    try:
+        return httpx.get(base_url + "/version", timeout=10).json().get("version")
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+
+
 def count_injections(log_path: Path) -> list[int]:
     try:
         return [int(m.group(1)) for m in INJECT_RX.finditer(log_path.read_text(errors="replace"))]
@@ -191,21 +208,32 @@ def count_injections(log_path: Path) -> list[int]:
 
 
 def cmd_run(a) -> int:
-    out = Path(a.out)
+    out = Path(a.out).resolve()   # the servers run in the repository: relative paths would point there
+    attach = bool(a.prefill_url and a.decode_url)
+    model_dir = Path(a.model_dir).resolve() if a.model_dir else None
+    if not attach and (model_dir is None or not (model_dir / "config.json").is_file()):
+        raise PDReplayError(f"--model-dir {a.model_dir}: no config.json there; give the model folder of a colocated "
+                            f"bundle (e.g. cpu-fit/model, made by `epdsim calibrate run --out cpu-fit --launch`), "
+                            f"or attach with --prefill-url and --decode-url")
     out.mkdir(parents=True, exist_ok=True)
-    kv_path = a.kv_path or str(out / "kv")
+    kv_path = str(Path(a.kv_path).resolve()) if a.kv_path else str(out / "kv")
     Path(kv_path).mkdir(parents=True, exist_ok=True)
     servers = []
-    manifest: dict = {"kind": "pd_run", "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                      "kv_path": kv_path, "connector": "ExampleConnector", "block_size": BLOCK}
+    manifest: dict = {"kind": PD_KIND, "schema_version": PD_SCHEMA_VERSION,
+                      "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "status": "running",
+                      "argv": list(sys.argv), "pid": os.getpid(), "hostname": os.uname().nodename,
+                      "proc_start": proc_start(), "kv_path": kv_path, "connector": "ExampleConnector", "block_size": BLOCK}
+    manifest["host"] = {"hardware": envinfo.hardware(), "conditions": {"before": envinfo.conditions()}}
+    # Written at once, so that a run killed before its end still reads as one (status "running").
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1, default=str))
     try:
-        if a.prefill_url and a.decode_url:
+        if attach:
             p, d = Endpoint(a.prefill_url), Endpoint(a.decode_url)
             p.wait_ready(60)
             d.wait_ready(60)
             manifest["mode"] = "attach"
         else:
-            p, d = launch_pair(out, a.model_dir, kv_path, vllm_python=a.vllm_python,
+            p, d = launch_pair(out, str(model_dir), kv_path, vllm_python=a.vllm_python,
                                prefill_bind=a.prefill_bind, decode_bind=a.decode_bind)
             servers = [p, d]
             manifest["mode"] = "launch"
@@ -213,6 +241,7 @@ def cmd_run(a) -> int:
             manifest["binds"] = {"prefill": a.prefill_bind, "decode": a.decode_bind}
             manifest["ready_s"] = {"prefill": p.ready_s, "decode": d.ready_s}
         manifest["urls"] = {"prefill": p.base_url, "decode": d.base_url}
+        manifest["versions"] = {"vllm": _server_version(p.base_url)}
         blocks = [int(x) for x in a.blocks.split(",")]
         specs_args = dict(n=a.requests, rate=a.rate, seed=a.seed, blocks=blocks, extra=a.extra_tokens,
                           out_min=a.out_min, out_max=a.out_max)
@@ -227,9 +256,16 @@ def cmd_run(a) -> int:
         med_blocks = sorted(blocks)[len(blocks) // 2]
         layer_bytes = med_blocks * BLOCK * a.kv_bytes_per_token_layer
         manifest["file_bandwidth"] = file_bandwidth(Path(kv_path) / "_bw", layer_bytes, files=a.layers)
+        manifest["status"] = "completed"
+    except BaseException as exc:
+        manifest["status"] = "interrupted" if isinstance(exc, KeyboardInterrupt) else "error"
+        manifest["error"] = f"{type(exc).__name__}: {str(exc)[:2000]}"
+        raise
     finally:
         for s in servers:
             s.stop()
+        manifest["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        manifest["host"]["conditions"]["after"] = envinfo.conditions()
         (out / "manifest.json").write_text(json.dumps(manifest, indent=1, default=str))
     print(json.dumps({k: manifest.get(k) for k in ("result", "kv_loaded", "file_bandwidth")}, indent=1))
     return 0
@@ -242,38 +278,19 @@ def _pct(xs, p):
     return float(np.percentile(xs, p)) if xs else math.nan
 
 
-def measured_rows(out: Path) -> list[dict]:
-    rows = []
-    recs = [json.loads(x) for x in (out / "records" / "load_pd.jsonl").read_text().splitlines() if x.strip()]
-    recs = [r for r in recs if r.get("ok")]
-    t0 = min(r["t_send"] for r in recs)
-    for r in recs:
-        pd = r.get("pd") or {}
-        pm, dm = pd.get("prefill_metrics") or {}, pd.get("decode_metrics") or r.get("server_metrics") or {}
-        o = int(r["output_tokens"])
-        rows.append({
-            "id": r["id"], "arrival_s": r["t_send"] - t0, "input_tokens": int(r["prompt_tokens"]),
-            "output_tokens": o, "client_ttft_s": r.get("ttft_s"),
-            "client_tpot_s": ((r["e2e_s"] - r["ttft_s"]) / (o - 1)) if o > 1 else None,
-            "prefill_server_ttft_s": pm.get("time_to_first_token_ms", math.nan) / 1e3 if pm else None,
-            "prefill_leg_s": (pd["prefill_done_s"] - pd["prefill_sent_s"]) if pd.get("prefill_done_s") else None,
-            "decode_server_ttft_s": dm.get("time_to_first_token_ms", math.nan) / 1e3 if dm else None,
-            "decode_server_tpot_s": dm["mean_itl_ms"] / 1e3 if dm.get("mean_itl_ms") and o > 1 else None,
-        })
-        r_ = rows[-1]
-        # the engines' share of TTFT: prefill server TTFT + decode server TTFT (no HTTP hops, no router)
-        r_["servers_ttft_s"] = (r_["prefill_server_ttft_s"] + r_["decode_server_ttft_s"]
-                                if r_["prefill_server_ttft_s"] is not None and r_["decode_server_ttft_s"] is not None
-                                else None)
-    return rows
-
-
 def cmd_replay(a) -> int:
     import yaml
     from simulator.run import simulate
     from simulator.scenario import parse_scenario
     out = Path(a.bundle)
-    man = json.loads((out / "manifest.json").read_text())
+    man = read_manifest(out)
+    if man is None:
+        raise PDReplayError(f"{out}: not a PD bundle (no manifest.json with kind pd_run); give the --out folder "
+                            f"of `python -m calibration.pd_run run`")
+    if not (man.get("file_bandwidth") or {}).get("write_read_Bps") and not a.bandwidth_Bps:
+        raise PDReplayError(f"{out}: the run measured no file bandwidth (status {man.get('status', 'unknown')}); "
+                            f"re-run it, or give --bandwidth-Bps")
+    a.engine, a.model = replay_inputs(a.hwdb, a.engine, a.model)
     rows = measured_rows(out)
     bw = a.bandwidth_Bps or man["file_bandwidth"]["write_read_Bps"]
     vdir = out / "replay"
@@ -284,8 +301,6 @@ def cmd_replay(a) -> int:
     eng = {"engine": a.engine, "max_num_seqs": 128, "max_num_batched_tokens": 2048, "block_size": BLOCK,
            "enforce_eager": True, "max_model_len": 4096, "num_gpu_blocks_override": 8192,
            "enable_chunked_prefill": True, "enable_prefix_caching": False}
-    if not a.engine:
-        eng.pop("engine")
     data = {"name": "replay-pd-cpu", "description": "PD pair on CPU with ExampleConnector (calibration.pd_run)",
             "model": str(Path(a.model).resolve()), "hwdb": [str(Path(h).resolve()) for h in a.hwdb],
             "pools": [{"name": "prefill", "role": "prefill", "gpu": "CPU-host", "engine": dict(eng)},
@@ -351,13 +366,28 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("replay", help="simulate a pd_run folder as a PD scenario and compare")
     p.add_argument("bundle")
     p.add_argument("--hwdb", action="append", default=[], help="hwdb folder with the fitted profile (repeatable)")
-    p.add_argument("--engine", default=None, help="fitted engine/profile name, e.g. CPU-host_vllm-0.32.0_tiny-llama")
-    p.add_argument("--model", required=True, help="model folder with config.json + epdsim.yaml")
+    p.add_argument("--engine", default=None, help="engine written by `calibrate fit`, e.g. "
+                                                  "CPU-host_vllm-0.32.0_tiny-llama (default: the hwdb's one fit)")
+    p.add_argument("--model", default=None, help="model folder with config.json (default: HWDB/models/tiny-llama)")
     p.add_argument("--fabric", default="tcp-100gbe", help="a non-GPU-direct link (its bandwidth is overridden)")
     p.add_argument("--bandwidth-Bps", type=float, default=None, help="override the measured file bandwidth")
     p.set_defaults(fn=cmd_replay)
     a = ap.parse_args(argv)
-    return a.fn(a)
+    if threading.current_thread() is threading.main_thread():
+        # SIGTERM (kill, a job scheduler) unwinds like Ctrl-C: the servers stop and the manifest says so
+        signal.signal(signal.SIGTERM, _sigterm)
+    try:
+        return a.fn(a)
+    except (PDReplayError, BundleError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"interrupted: {getattr(a, 'out', '')}/manifest.json has status interrupted", file=sys.stderr)
+        return 130
+
+
+def _sigterm(signum, frame):
+    raise KeyboardInterrupt("SIGTERM")
 
 
 if __name__ == "__main__":

@@ -48,8 +48,8 @@ import yaml
 import hwdb
 from calibration.fit_inputs import CPU_GPU, FitInputError, bundle_model, engine_setup, is_cpu_server, open_bundle
 from calibration.harness.bundle import Bundle
-from calibration.validate_replay import (LABEL, METRICS, PCTS, compare, measured_phase, predicted_phase,
-                                         simulate_phase)
+from calibration.validate_replay import (LABEL, METRICS, PCTS, arrival_stats, compare, measured_phase, per_step_scope,
+                                         predicted_phase, simulate_phase)
 from calibration.validate_report import _err, _json_default, _ms, _verdict, html_report, markdown_report
 from hwdb.profiles import Profile
 from simulator.inputs import read_yaml
@@ -186,17 +186,19 @@ def validate(bundle: str | Path, profile: str | Path, *, tolerance: float = 0.25
             continue
         scen, res = simulate_phase(rows, model_ref=str(mdir), hwdb_dirs=dirs, gpu=g.name, setup=setup, out=out,
                                    phase=ph["name"], engine=engine_name)
-        pred = predicted_phase(res, rows, frontend)
+        pred = predicted_phase(res, rows, frontend, notes)
         cmp_rows = compare(rows, pred, notes, tolerance)
         checks = [r for r in cmp_rows if r["check"]]
         it = notes.get("iterations")
         results.append({
-            "phase": ph["name"], "mode": ph.get("mode"), "rate": ph.get("rate"),
+            "phase": ph["name"], "mode": ph.get("mode"), "rate": ph.get("rate"), "workload": ph.get("workload"),
+            "arrivals": arrival_stats(rows),
             "concurrency": ph.get("concurrency"), "requests": len(rows), "segments": notes.get("segments"),
             "prompt_tokens": [min(r["input_tokens"] for r in rows), max(r["input_tokens"] for r in rows)],
             "output_tokens": [min(r["output_tokens"] for r in rows), max(r["output_tokens"] for r in rows)],
             "simulated_completed": pred["completed"],
-            "engine_steps": {"measured": it["count"] if it else None, "simulated": int(len(res.steps))},
+            "engine_steps": {"measured": it["count"] if it else None, "simulated": pred["steps"]},
+            "per_step_scope": per_step_scope(notes),
             "rows": cmp_rows, "checks": len(checks), "failed": sum(1 for r in checks if not r["passed"]),
             "passed": all(r["passed"] for r in checks),
             "scenario": f"{ph['name']}.scenario.yaml",
@@ -276,6 +278,9 @@ def cmd_validate(a, con) -> int:
             t.add_row(r["metric"], r["stat"], r["source"], _ms(r["measured_s"]), _ms(r["predicted_s"]),
                       _err(r["rel_error"]), f"[red]{v}[/]" if v == "FAIL" else escape(v))
         con.print(t)
+        if ph["per_step_scope"] != "all segments":
+            con.print(f"[yellow]{ph['phase']}: per-step figures (ITL histogram, engine steps) over "
+                      f"{escape(ph['per_step_scope'])}[/]")
     con.print(f"{d['checks'] - d['failed']} of {d['checks']} checks pass; report: {d['out']}/report.md, "
               f"{d['out']}/report.html")
     return 1 if a.strict and not d["passed"] else 0

@@ -21,10 +21,13 @@ LABEL = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2e": "E2E"}
 
 
 # ============================================================================ measured
-def _sum_histograms(b: Bundle, phase: str, name: str) -> dict | None:
-    """A histogram delta summed over the phase's segments: {count, sum, buckets}."""
+def _sum_histograms(b: Bundle, phase: str, name: str, segments: list[int] | None = None) -> dict | None:
+    """A histogram delta summed over the phase's segments (those in ``segments`` when given):
+    {count, sum, buckets}."""
     tot = None
     for rec in b.records(phase, "metrics"):
+        if segments is not None and rec.get("segment", 0) not in segments:
+            continue
         series = ((rec.get("histograms") or {}).get(name) or [])
         for s in series:
             if tot is None:
@@ -73,10 +76,40 @@ def measured_phase(b: Bundle, phase: str) -> tuple[list[dict], dict]:
                               if o > 1 and r.get("e2e_s") is not None and r.get("ttft_s") is not None else None),
             "client_itl_s": [b_ - a_ for a_, b_ in zip(tt, tt[1:])],
         })
-    notes = {"segments": len({r["segment"] for r in rows}),
-             "itl_hist": _sum_histograms(b, phase, "vllm:inter_token_latency_seconds"),
-             "iterations": _sum_histograms(b, phase, "vllm:iteration_tokens_total")}
+    segs = sorted({r["segment"] for r in rows})
+    mrecs = [m for m in b.records(phase, "metrics") if m.get("histograms")]
+    covered = sorted({m.get("segment", 0) for m in mrecs} & set(segs))
+    notes = {"segments": len(segs),
+             "per_step": {"segments": segs, "with_metrics": covered,
+                          "partial": sorted({m.get("segment", 0) for m in mrecs if m.get("partial")} & set(covered))},
+             "itl_hist": _sum_histograms(b, phase, "vllm:inter_token_latency_seconds", covered),
+             "iterations": _sum_histograms(b, phase, "vllm:iteration_tokens_total", covered)}
     return rows, notes
+
+
+def arrival_stats(rows: list[dict]) -> dict:
+    """The arrivals as the client sent them: count, span (s), mean rate (req/s), inter-arrival CV.
+    Reports describe the load from these, whatever the plan called it."""
+    arr = np.sort(np.array([r["arrival_s"] for r in rows], dtype=float))
+    gaps = np.diff(arr)
+    span = float(arr[-1] - arr[0]) if len(arr) else 0.0
+    cv = float(gaps.std() / gaps.mean()) if len(gaps) > 1 and gaps.mean() > 0 else None
+    return {"n": len(arr), "span_s": span, "mean_rate": (len(arr) - 1) / span if span > 0 else None, "cv": cv}
+
+
+def per_step_scope(notes: dict) -> str:
+    """Which segments the per-step figures (ITL histogram, engine steps) cover, in words."""
+    ps = notes.get("per_step") or {}
+    segs, cov, part = ps.get("segments", []), ps.get("with_metrics", []), ps.get("partial", [])
+    if not cov:
+        return f"no segment of {len(segs)} has a /metrics record: no per-step figures"
+    text = ("all segments" if cov == segs else
+            f"segment(s) {', '.join(map(str, cov))} of {', '.join(map(str, segs))} (the others have no /metrics "
+            f"record; the simulator's figures are restricted to the same segments' requests)")
+    if part:
+        text += (f"; segment(s) {', '.join(map(str, part))} scraped at an interruption (their delta also counts "
+                 f"requests cut off in flight)")
+    return text
 
 
 # ============================================================================ simulated
@@ -104,8 +137,9 @@ def simulate_phase(rows: list[dict], *, model_ref: str, hwdb_dirs: list[Path], g
     return data, res
 
 
-def predicted_phase(res, rows: list[dict], frontend_s: float | None) -> dict:
-    """Per-request simulator times aligned with ``rows`` (same order: the trace's)."""
+def predicted_phase(res, rows: list[dict], frontend_s: float | None, notes: dict | None = None) -> dict:
+    """Per-request simulator times aligned with ``rows`` (same order: the trace's); ``itl`` and
+    ``steps`` over the segments ``notes["per_step"]`` says have a /metrics record."""
     req = res.requests.sort_values("request_id")
     steps = res.steps.sort_values("start_s")
     starts = steps["start_s"].to_numpy()
@@ -115,12 +149,29 @@ def predicted_phase(res, rows: list[dict], frontend_s: float | None) -> dict:
     idx = np.searchsorted(starts, arr - 1e-12, side="left")
     pickup = np.where(idx < len(starts), starts[np.minimum(idx, len(starts) - 1)], arr)
     fe = frontend_s or 0.0
+    itl = dict(res.summary["itl_s"])
+    ps = (notes or {}).get("per_step") or {}
+    steps_n = int(len(steps))
+    if ps.get("with_metrics") is not None and ps["with_metrics"] != ps.get("segments"):
+        # per-step figures over the covered segments' requests only: ITL mean = decode time / gaps, and
+        # the steps that start inside those segments' spans (a resumed segment runs later, apart)
+        seg = np.array([r["segment"] for r in rows])
+        out = np.array([r["output_tokens"] for r in rows])
+        keep = np.isin(seg, ps["with_metrics"])
+        gaps = float(np.sum(np.maximum(out[keep] - 1, 0)))
+        itl["mean"] = float(np.sum((fin - first)[keep]) / gaps) if gaps else math.nan
+        inside = np.zeros(len(starts), dtype=bool)
+        for s_ in ps["with_metrics"]:
+            k = seg == s_
+            if k.any():
+                inside |= (starts >= arr[k].min() - 1e-9) & (starts <= fin[k].max() + 1e-9)
+        steps_n = int(inside.sum())
     return {"server_ttft_s": first - pickup, "server_tpot_s": req["tpot_s"].to_numpy(),
             "server_e2e_s": fin - pickup,
             "client_ttft_s": req["ttft_s"].to_numpy() + fe, "client_e2e_s": req["e2e_s"].to_numpy() + fe,
             "client_tpot_s": req["tpot_s"].to_numpy(),
             "completed": int((req["outcome"] == "completed").sum()), "n": len(req),
-            "itl": res.summary["itl_s"]}
+            "itl": itl, "steps": steps_n}
 
 
 # ============================================================================ comparison
@@ -151,13 +202,17 @@ def compare(rows: list[dict], pred: dict, notes: dict, tol: float) -> list[dict]
     h = notes.get("itl_hist")
     it = pred["itl"]
     if h and h["count"] > 0:
-        out.append(_row("ITL", "mean", "server histogram", h["sum"] / h["count"], it["mean"], tol))
+        ps = notes.get("per_step") or {}
+        some = ps.get("with_metrics") is not None and ps["with_metrics"] != ps.get("segments")
+        scope = f"segments {', '.join(map(str, ps['with_metrics']))} only" if some else ""
+        out.append(_row("ITL", "mean", "server histogram", h["sum"] / h["count"], it["mean"], tol, note=scope))
         for p in PCTS:
             q = histogram_quantile(p / 100.0, h["buckets"])
             w = _bucket_width(q, h["buckets"])
-            resolved = np.isfinite(q) and w <= 2 * tol * q
+            resolved = np.isfinite(q) and w <= 2 * tol * q and not some
             out.append(_row("ITL", f"p{p}", "server histogram", q, it[f"p{p}"], tol, check=resolved,
-                            note="" if resolved else f"unresolved ({w * 1e3:g} ms bucket)"))
+                            note="" if resolved else (f"unresolved ({w * 1e3:g} ms bucket)" if not some else
+                                                      f"{scope}; simulated over all requests")))
     # client side: information
     for m in ("ttft", "e2e", "tpot"):
         key = f"client_{m}_s"

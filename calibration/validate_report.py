@@ -2,9 +2,12 @@
 ``report.html`` (plus the JSON encoder of ``validation.json``)."""
 from __future__ import annotations
 
+import html
 from pathlib import Path
 
 import numpy as np
+
+from calibration.harness.trace_plan import workload_text
 
 
 def _json_default(o):
@@ -46,13 +49,17 @@ def markdown_report(d: dict) -> str:
              f"predictions: {_ms(d['frontend_s'])}",
              f"- **verdict: {d['checks'] - d['failed']} of {d['checks']} checks pass**", ""]
     for ph in d["phases"]:
-        how = (f"Poisson {ph['rate']:g} req/s" if ph.get("rate") else
-               f"closed loop, {ph.get('concurrency')} users" if ph.get("concurrency") else ph.get("mode"))
+        how = workload_text(ph)
+        a = ph.get("arrivals") or {}
+        if a.get("mean_rate"):
+            how += (f"; arrivals as sent: mean {a['mean_rate']:.3g} req/s over {a['span_s']:.1f} s"
+                    + (f", inter-arrival CV {a['cv']:.2f}" if a.get("cv") is not None else ""))
         lines += [f"## {ph['phase']}", "",
                   f"{ph['requests']} requests, {how}, prompts {ph['prompt_tokens'][0]}-{ph['prompt_tokens'][1]} "
                   f"tokens, outputs {ph['output_tokens'][0]}-{ph['output_tokens'][1]} tokens; the simulator "
                   f"completed {ph['simulated_completed']}; engine steps measured {ph['engine_steps']['measured']}, "
-                  f"simulated {ph['engine_steps']['simulated']}. "
+                  f"simulated {ph['engine_steps']['simulated']} (per-step figures over "
+                  f"{ph.get('per_step_scope', 'all segments')}). "
                   f"**{ph['checks'] - ph['failed']} of {ph['checks']} checks pass.**", "",
                   "| metric | stat | measured (source) | predicted | error | verdict |",
                   "|---|---|---|---|---|---|"]
@@ -104,7 +111,7 @@ def html_report(d: dict) -> str:
              f"<b>{d['checks'] - d['failed']} of {d['checks']} checks pass</b>.</p>"]
     first = True
     for ph in d["phases"]:
-        parts.append(f"<h2>{ph['phase']}</h2><table><tr><th>metric</th><th>stat</th><th>source</th>"
+        parts.append(f"<h2>{html.escape(ph['phase'])}</h2><p>{html.escape(workload_text(ph))}</p><table><tr><th>metric</th><th>stat</th><th>source</th>"
                      "<th>measured</th><th>predicted</th><th>error</th><th>verdict</th></tr>")
         for r in ph["rows"]:
             v = _verdict(r)

@@ -348,6 +348,12 @@ def test_cli_run_kill_and_resume_against_fake_server(tmp_path, capsys, monkeypat
     assert b.manifest["runs"][-1]["status"] == "server_died"
     assert b.manifest["launches"][-1]["exit_code"] == 17
 
+    # continuing with a server of another model is refused, before any measurement
+    rc, _, err = _run(["run", "--out", str(out), "--resume", "--serve-cmd",
+                       " ".join(fake_cmd(port, "--model", "other")), *common], capsys)
+    assert rc == 2 and "another model" in err
+    assert len(Bundle.open(out).records("load_poisson_r40", "request")) == len(
+        [r for r in b.records("load_poisson_r40", "request")])
     rc, _, err = _run(["run", "--out", str(out), "--resume", "--serve-cmd", " ".join(fake_cmd(port)), *common],
                       capsys)
     assert rc == 0, err
@@ -368,10 +374,6 @@ def test_cli_run_kill_and_resume_against_fake_server(tmp_path, capsys, monkeypat
     rc, js, _ = _run(["show", str(out), "--json"], capsys)
     assert json.loads(js)["phases"][1]["ok"] == 16
 
-    # continuing with a server of another model is refused, before any measurement
-    rc, _, err = _run(["run", "--out", str(out), "--resume", "--serve-cmd",
-                       " ".join(fake_cmd(port, "--model", "other")), *common], capsys)
-    assert rc == 2 and "another model" in err
     # and a fresh run into the same directory needs --resume
     rc, _, err = _run(["run", "--out", str(out), "--attach", "http://127.0.0.1:9"], capsys)
     assert rc == 2 and "--resume" in err

@@ -93,6 +93,10 @@ class Bundle:
             raise BundleError(f"{mf} cannot be read ({str(exc)[:160]})") from None
         if not isinstance(m, dict):
             raise BundleError(f"{mf} must hold a JSON object")
+        if m.get("kind") == "pd_run":   # calibration/pd_bundle.py reads these
+            raise BundleError(f"{path} is a PD bundle (written by `python -m calibration.pd_run run`), not a "
+                              f"colocated calibration bundle: summarise it with `epdsim calibrate show {path}` and "
+                              f"replay it with `python -m calibration.pd_run replay {path} --hwdb HWDB_DIR`")
         missing = [k for k in REQUIRED_MANIFEST_KEYS if k not in m]
         if missing:
             raise BundleError(f"{mf} lacks {', '.join(missing)}")
@@ -105,7 +109,32 @@ class Bundle:
         b = cls(path, m)
         if validate_records:
             b.validate()
+        b.settle_stale_runs()
         return b
+
+    def settle_stale_runs(self) -> list[int]:
+        """Mark ``interrupted`` the runs still ``running`` whose harness process is gone.
+
+        A run killed with SIGKILL (or a crash, a lost machine) cannot write its end; the next reader
+        on the same host sees that its process no longer exists (or is another process with the same
+        id: the start time differs) and says so in the manifest.  Returns the indices settled; the
+        manifest is rewritten when the folder is writable."""
+        host = os.uname().nodename if hasattr(os, "uname") else None
+        settled = []
+        for i, r in enumerate(self.manifest.get("runs") or []):
+            if r.get("status") != "running" or not r.get("pid") or r.get("hostname") != host:
+                continue   # finished, from before pids were kept, or from another host: cannot tell
+            if process_alive(r["pid"], r.get("proc_start")):
+                continue
+            r.update(status="interrupted", interrupted_by=f"found at {now_iso()} with its process {r['pid']} gone "
+                                                          f"(killed with SIGKILL, crashed, or the machine stopped)")
+            settled.append(i)
+        if settled:
+            try:
+                self.write_manifest()
+            except OSError:
+                pass   # a read-only bundle: the status is corrected in memory only
+        return settled
 
     # ----------------------------------------------------------------- manifest
     def write_manifest(self) -> None:
@@ -230,6 +259,34 @@ def _check_shapes(mf: Path, m: dict) -> None:
                 raise BundleError(f"{mf}: plan[{i}].name is missing or not a string; each planned phase has a name")
     if m.get("model") is not None and not isinstance(m["model"].get("served_name", ""), str):
         raise BundleError(f"{mf}: model.served_name is not a string")
+
+
+def proc_start(pid: int | str = "self") -> str | None:
+    """The process's start time in clock ticks since boot (``/proc/PID/stat`` field 22), or None."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()   # the command name may hold spaces and parentheses
+    return fields[19] if len(fields) > 19 else None
+
+
+def process_alive(pid: int, started: str | None = None) -> bool:
+    """Whether ``pid`` runs (not a zombie) and, when ``started`` is known, is the process that had it."""
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    fields = stat.rsplit(")", 1)[-1].split()
+    if fields and fields[0] in ("Z", "X"):
+        return False
+    return started is None or proc_start(pid) == started
 
 
 def _ends_with_newline(f: Path) -> bool:

@@ -1,6 +1,7 @@
 """What a bundle records about where it was measured: hardware, software versions, git commit."""
 from __future__ import annotations
 
+import datetime as _dt
 import json
 import os
 import platform
@@ -61,6 +62,52 @@ def _num(s: str):
         return s
 
 
+#: the ISA features that set a CPU's matmul peak (what calibration.fit_host derives CPU-host from)
+ISA_FLAGS = ("amx_bf16", "amx_int8", "amx_tile", "avx512f", "avx512_bf16", "avx512_vnni", "avx512_fp16",
+             "avx2", "fma", "asimd", "sve", "sve2")
+
+
+def cpu_id(cpuinfo: str | None = None) -> dict:
+    """Vendor, family, model, clock and the :data:`ISA_FLAGS` present, from ``/proc/cpuinfo``
+    (first processor; every core of a host has the same).  Empty figures where the file lacks them."""
+    text = _read("/proc/cpuinfo") if cpuinfo is None else cpuinfo
+    first: dict[str, str] = {}
+    for line in text.split("\n\n", 1)[0].splitlines():
+        k, sep, v = line.partition(":")
+        if sep:
+            first.setdefault(k.strip().lower(), v.strip())
+    flags = set((first.get("flags") or first.get("features") or "").split())
+
+    def num(key):
+        try:
+            return float(first[key])
+        except (KeyError, ValueError):
+            return None
+    mhz, bogo = num("cpu mhz"), num("bogomips")
+    clock = (mhz / 1e3, "cpu MHz of /proc/cpuinfo") if mhz else \
+        ((bogo / 2e3, "BogoMIPS / 2 of /proc/cpuinfo") if bogo else (None, None))
+    fam = first.get("cpu family")
+    return {"vendor": first.get("vendor_id") or first.get("cpu implementer"), "model_name": cpu_model() if
+            cpuinfo is None else first.get("model name"), "family": int(fam) if fam and fam.isdigit() else None,
+            "model": int(first["model"]) if first.get("model", "").isdigit() else None,
+            "clock_ghz": round(clock[0], 4) if clock[0] else None, "clock_source": clock[1],
+            "isa": [f for f in ISA_FLAGS if f in flags]}
+
+
+def conditions() -> dict:
+    """How busy the host is now: load averages (1, 5, 15 min) and the cores this process may use.
+    A 1-min load above the cores means other work competed for them (a fit then drifts)."""
+    try:
+        load = [round(x, 2) for x in os.getloadavg()]
+    except (OSError, AttributeError):
+        load = None
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count()
+    return {"at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "loadavg": load, "cores": cores}
+
+
 def hardware() -> dict:
     try:
         affinity = len(os.sched_getaffinity(0))
@@ -68,7 +115,7 @@ def hardware() -> dict:
         affinity = None
     return {"hostname": platform.node(), "machine": platform.machine(), "os": platform.platform(),
             "cpu_model": cpu_model(), "cpu_count": os.cpu_count(), "cpu_affinity": affinity,
-            "memory_bytes": memory_bytes(), "gpus": gpus()}
+            "cpu": cpu_id(), "memory_bytes": memory_bytes(), "gpus": gpus()}
 
 
 def git_commit(repo: Path = REPO) -> dict:

@@ -7,6 +7,8 @@
 - ``load_poisson_<x>``: open loop, Poisson arrivals (seeded), lengths drawn (seeded) from ranges;
   the rate is a fraction ``x`` of the capacity seen in the decode sweep (or absolute ``r<rate>``).
 - ``load_closed_c<N>``: closed loop with N users and the load lengths.
+- ``load_trace_<file>``: with ``--trace FILE``, instead of the two above: the file's requests at
+  their recorded arrival offsets and lengths (:mod:`calibration.harness.trace_plan`).
 
 Each phase scrapes ``/metrics`` before and after and stores the deltas of vLLM's histograms and
 counters.  A plan is plain JSON (stored in the manifest) so that a resumed run repeats exactly
@@ -47,6 +49,9 @@ class PlanOptions:
     load_prompt: tuple[int, int] | None = None
     load_output: tuple[int, int] | None = None
     closed_concurrency: list[int] | None = None
+    trace: str | None = None                        # a trace file: the load test replays it instead
+    trace_format: str = "auto"
+    trace_limit: int | None = None
 
     def resolved(self) -> "PlanOptions":
         q = self.quick
@@ -83,7 +88,10 @@ def build_plan(opts: PlanOptions, max_model_len: int) -> list[dict]:
             reqs = [[f"decode-c{c}-{i}", p, out, None] for i in range(c * o.decode_rounds)]
             plan.append({"name": f"decode_c{c}", "kind": "decode", "mode": "closed", "concurrency": c,
                          "requests": reqs})
-    if "load" in o.kinds:
+    if "load" in o.kinds and o.trace:
+        from calibration.harness.trace_plan import trace_phase
+        plan.append(trace_phase(o.trace, o.trace_format, o.trace_limit, max_model_len))
+    elif "load" in o.kinds:
         rng = random.Random(f"load:{o.seed}")
         lo_p, hi_p = o.load_prompt
         lo_o, hi_o = o.load_output
@@ -213,24 +221,48 @@ async def run_phase(bundle: Bundle, phase: dict, client: CompletionClient, serve
         if dog in finished:
             dog.result()  # raises ServerDied
         main.result()
+    except BaseException as exc:   # Ctrl-C, SIGTERM, a dead server: keep this segment's /metrics delta
+        for t in (main, dog):
+            t.cancel()
+        await asyncio.gather(main, dog, return_exceptions=True)
+        # Ctrl-C and SIGTERM reach this task as a cancellation from asyncio.run, without their reason
+        why = ("cancelled (Ctrl-C or SIGTERM)" if isinstance(exc, asyncio.CancelledError)
+               else f"{type(exc).__name__}: {str(exc)[:300]}")
+        await _segment_metrics(bundle, name, seg, client, before, time.monotonic() - t0, interrupted=why)
+        raise
     finally:
         for t in (main, dog):
             t.cancel()
         await asyncio.gather(main, dog, return_exceptions=True)
     wall = time.monotonic() - t0
-    after = await _scrape(client)
-    if before is not None and after is not None:
-        bundle.append(name, {"kind": "metrics", "segment": seg, "t": time.time(), "wall_s": round(wall, 3),
-                             "histograms": histogram_deltas(before, after),
-                             "counters": counter_deltas(before, after)})
-    else:
-        bundle.append(name, {"kind": "metrics", "segment": seg, "t": time.time(), "wall_s": round(wall, 3),
-                             "unavailable": "GET /metrics failed"})
+    await _segment_metrics(bundle, name, seg, client, before, wall)
     n_ok = len(bundle.completed_ids(name))
     bundle.append(name, {"kind": "phase_done", "t": time.time(), "at": now_iso(), "ok": n_ok,
                          "failed": len(phase["requests"]) - n_ok})
     log(f"phase {name}: done in {wall:.1f} s, {n_ok}/{len(phase['requests'])} ok")
     return {"phase": name, "ok": n_ok, "failed": len(failures), "wall_s": wall}
+
+
+async def _segment_metrics(bundle: Bundle, name: str, seg: int, client: CompletionClient, before, wall: float,
+                           interrupted: str | None = None) -> None:
+    """Append the segment's ``metrics`` record: the /metrics delta since its start, or why there is none.
+
+    At an interruption the delta also counts the tokens of requests cut off in flight (they have no
+    ok record and are sent again on resume): the record says ``partial``.  The scrape is bounded, so
+    that a hung server cannot hold up the shutdown."""
+    try:
+        after = await asyncio.wait_for(_scrape(client), 5.0) if before is not None else None
+    except (asyncio.TimeoutError, asyncio.CancelledError):
+        after = None
+    rec = {"kind": "metrics", "segment": seg, "t": time.time(), "wall_s": round(wall, 3)}
+    if interrupted:
+        rec.update(partial=True, interrupted=interrupted)
+    if before is not None and after is not None:
+        rec.update(histograms=histogram_deltas(before, after), counters=counter_deltas(before, after))
+    else:
+        rec["unavailable"] = ("GET /metrics failed at the interruption (the server is gone or did not answer)"
+                              if interrupted else "GET /metrics failed")
+    bundle.append(name, rec)
 
 
 def summarize_phase(bundle: Bundle, name: str) -> dict:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from calibration.harness import env as envinfo
-from calibration.harness.bundle import Bundle, BundleError, now_iso
+from calibration.harness.bundle import Bundle, BundleError, now_iso, proc_start
 from calibration.harness.client import CompletionClient, PromptFactory, RequestSpec
 from calibration.harness.metrics import parse_prometheus
 from calibration.harness.probes import PlanOptions, build_plan, resolve_rate, run_phase
@@ -230,11 +230,20 @@ class CalibrationRun:
     def run(self) -> Bundle:
         o = self.opts
         if o.resume:
-            Bundle.open(o.out)  # fail fast, before a launch, on a missing or broken bundle
+            b = Bundle.open(o.out)  # fail fast, before a launch, on a missing or broken bundle
+            plan = b.manifest["plan"]
+            if all(b.phase_done(p["name"]) for p in plan):
+                self.log(f"{o.out}: all {len(plan)} phases of the plan are done; nothing to resume (no server "
+                         f"started). Measure more into a new --out")
+                return b
         elif (Path(o.out) / "manifest.json").exists():
             raise BundleError(f"{o.out} already holds a bundle; pass --resume to continue it, or choose "
                               "another --out")
-        run_rec = {"started": now_iso(), "argv": o.argv, "resume": o.resume, "status": "running"}
+        # Load before the launch is other work's; after the run it still holds this run's own (1-min decay).
+        # pid, host and process start time let a later reader tell a SIGKILLed run from a live one
+        run_rec = {"started": now_iso(), "argv": o.argv, "resume": o.resume, "status": "running",
+                   "pid": os.getpid(), "hostname": os.uname().nodename, "proc_start": proc_start(),
+                   "conditions": {"before": envinfo.conditions()}}
         try:
             srv, models = self._start_server()
             self.server = srv
@@ -251,6 +260,7 @@ class CalibrationRun:
                     self._launch_record["exit_code"] = code
                     self._launch_record["stopped"] = now_iso()
                 run_rec["finished"] = now_iso()
+                run_rec["conditions"]["after"] = envinfo.conditions()
                 self.bundle.write_manifest()
 
     async def _measure(self, srv: Endpoint, models: dict, run_rec: dict) -> Bundle:
