@@ -13,9 +13,12 @@ import math
 import os
 from pathlib import Path
 
+import hwdb
 from calibration.harness.bundle import BundleError
 
 PD_KIND = "pd_run"
+# The name both servers of a PD pair serve the tiny model under (and the fit names its model folder).
+SERVED = "tiny-llama"
 PD_SCHEMA_VERSION = 1
 RECORDS = Path("records") / "load_pd.jsonl"
 REPLAY_HINT = ("replay it with `python -m calibration.pd_run replay BUNDLE --hwdb HWDB_DIR` "
@@ -154,8 +157,6 @@ def replay_inputs(hwdb_dirs: list[str], engine: str | None, model: str | None) -
     """The engine and model folder a replay uses: as given, else what ``calibrate fit`` wrote into the
     hwdb folders (``fits/<profile>.json`` names its engine, ``models/<served name>/``).
     Raises :class:`PDReplayError` naming the flag, the value and the fix."""
-    import hwdb
-    from calibration.pd_run import SERVED
     if not hwdb_dirs:
         raise PDReplayError("--hwdb: missing; give the folder `epdsim calibrate fit FIT_BUNDLE --out HWDB_DIR` wrote")
     try:

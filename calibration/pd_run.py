@@ -51,11 +51,10 @@ from calibration.harness.client import (CompletionClient, PromptFactory, Request
                                         run_open_loop)
 from calibration.harness.pd_router import PDRouter, prompt_hash
 from calibration.harness.server import Endpoint, ServerProcess
-from calibration.pd_bundle import (PD_KIND, PD_SCHEMA_VERSION, PDReplayError, measured_rows, read_manifest,
+from calibration.pd_bundle import (PD_KIND, SERVED, PD_SCHEMA_VERSION, PDReplayError, measured_rows, read_manifest,
                                    replay_inputs)
 
 REPO = Path(__file__).resolve().parents[1]
-SERVED = "tiny-llama"
 BLOCK = 128
 INJECT_RX = re.compile(r"Inject KV cache of (\d+) tokens")
 SAVE_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "2", "TOKENIZERS_PARALLELISM": "false"}

@@ -184,7 +184,8 @@ def add_columns(req: pd.DataFrame, coord: EPDCoordinator) -> pd.DataFrame:
     out["num_images"] = counts.astype(np.int64)
     out["visual_tokens"] = tokens
     out["text_tokens"] = np.asarray(s.text_tokens, dtype=np.int64)
-    out["encode_queue_s"] = np.where(tier, start - arrival, 0.0)
+    # The engine reached ``start`` through its own sum of arrival and front end: an ulp apart at most.
+    out["encode_queue_s"] = np.where(tier, np.maximum(start - arrival, 0.0), 0.0)
     inline = np.asarray(coord.inline_encode_s, dtype=float)
     out["encode_s"] = np.where(tier, enc - start, inline)
     out["embedding_transfer_s"] = np.where(tier, sub - enc, 0.0)

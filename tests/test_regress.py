@@ -92,7 +92,7 @@ def test_twenty_percent_less_decode_bandwidth_fails_naming_figures(baseline, cap
     passing = {c.get("name") for c in root.iter("testcase") if c.find("failure") is None}
     # Decode is bandwidth-bound: TPOT rises and goodput against a TPOT SLO falls; the bill does not change.
     assert {"tpot_p50_s", "tpot_p99_s", "goodput_rps"} <= failing
-    assert passing == {"gpus", "cost_usd_per_hour"}
+    assert {"gpus", "cost_usd_per_hour"} <= passing and not passing & {"tpot_p50_s", "goodput_rps"}
     assert root.find("testsuite").get("failures") == str(len(failing))
     for name in failing:
         assert f"drift chat: {name} moved" in out
