@@ -144,7 +144,12 @@ def _on_off_trace(path) -> list[tuple[float, int, int]]:
 def test_vllm_trace_replayed_and_validated(tmp_path):
     """One real server: a fit bundle (prefill + decode sweeps), then the on/off trace twice through
     ``--trace`` (T1, T2: their difference is this run's noise); fit, validate both, and check the
-    replay and the server-side medians (within 35% + 2 x the noise, as the fit test does)."""
+    replay and the server-side means (within 35% + 2 x the noise, as the fit test does).
+
+    Means, not medians: the trace is half long-prompt and half short-prompt requests, so a p50 over
+    the 30 falls exactly between the two classes and swings with a few milliseconds of send jitter
+    (a CI run measured 22.2 ms twice while the predictions, replayed from each run's send times,
+    were 12.5 and 20.7 ms); the mean moves smoothly with the same jitter."""
     from calibration.harness.probes import PlanOptions
     from calibration.harness.runner import (DEFAULT_LAUNCH_ENV, CalibrationRun, RunOptions, _pythonpath,
                                             default_launch_command, ensure_tiny_model)
@@ -183,13 +188,14 @@ def test_vllm_trace_replayed_and_validated(tmp_path):
     def fig(v, metric, stat, source):
         return next(r for r in v["phases"][0]["rows"] if (r["metric"], r["stat"], r["source"]) == (metric, stat, source))
     out = {}
-    for metric, stat, source in (("TTFT", "p50", "server"), ("TPOT", "p50", "server"), ("E2E", "p50", "server"),
-                                 ("TTFT", "p50", "client"), ("TTFT", "p90", "client")):
+    for metric, stat, source in (("TTFT", "mean", "server"), ("TPOT", "mean", "server"), ("TTFT", "p50", "server"),
+                                 ("TPOT", "p50", "server"), ("E2E", "p50", "server"), ("TTFT", "p50", "client"),
+                                 ("TTFT", "p90", "client")):
         a, c = fig(v1, metric, stat, source), fig(v2, metric, stat, source)
         out[f"{metric} {stat} {source}"] = {"measured_ms": [a["measured_s"] * 1e3, c["measured_s"] * 1e3],
                                             "error": [a["rel_error"], c["rel_error"]],
                                             "noise": abs(c["measured_s"] / a["measured_s"] - 1)}
     print(json.dumps(out, indent=1))
-    for k in ("TTFT p50 server", "TPOT p50 server"):
+    for k in ("TTFT mean server", "TPOT mean server"):
         bound = 0.35 + 2 * out[k]["noise"]
         assert all(abs(e) <= bound for e in out[k]["error"]), (k, out[k], bound)
