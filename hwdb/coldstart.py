@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from hwdb.db import DATA_DIR, HwdbError, _parse, _read_yaml, find
 from hwdb.schema import Figure, _Strict
@@ -150,7 +150,13 @@ class PhaseRange(_Strict):
 
 
 class StartupCase(_Strict):
-    """A sourced real start-up the model is checked against (docs/operations.md table)."""
+    """A sourced real start-up the model is checked against (docs/operations.md table).
+
+    ``observed_s`` is the sum of ``observed_phases`` as the source logged them
+    (None: from container start to an answering API); ``logged`` keeps the
+    per-phase seconds the source names; ``feeds`` lists the range keys one of
+    whose bounds was read from this very run, so its check is partly circular.
+    """
 
     name: str
     model: str
@@ -162,7 +168,22 @@ class StartupCase(_Strict):
     vllm_version: str = "0.11"
     capture_sizes: tuple[int, ...] | None = None
     observed_s: float = Field(gt=0)
+    observed_phases: tuple[str, ...] | None = None
+    logged: dict[str, float] = {}
+    feeds: tuple[str, ...] = ()
     level: Literal["low", "typical", "high"] = "typical"   # the end of the range it is checked against
+    source: str
+
+
+class VersionRules(_Strict):
+    """What one vLLM release does at start-up that switches phases on or off (sourced)."""
+
+    capture_rule: Literal["0.10", "v1"]           # simulator.coldstart.capture_sizes
+    cudagraph_mode: Literal["FULL_AND_PIECEWISE", "PIECEWISE", "NONE"]
+    gc_per_capture_size: bool                    # gc.collect once per captured size (before vLLM PR #21146)
+    p2p_check: bool                              # custom all-reduce P2P access check on by default
+    repeat_pieces_compiled: bool                 # repeated per-layer pieces cost Inductor time (before PR #34003)
+    moe_pieces_unique: bool                      # every MoE layer's piece is a distinct graph (issue #29992)
     source: str
 
 
@@ -173,10 +194,25 @@ class ScaleRanges(_Strict):
     name: str
     aliases: tuple[str, ...] = ()
     applies_to: str
+    default_version: str
     ranges: dict[str, PhaseRange]
-    versions: dict[str, dict[str, str]]
+    versions: dict[str, VersionRules]
     cases: tuple[StartupCase, ...] = ()
     notes: str | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.default_version not in self.versions:
+            raise ValueError(f"default_version {self.default_version!r} is not one of versions "
+                             f"({', '.join(self.versions)})")
+        for case in self.cases:
+            if case.vllm_version not in self.versions:
+                raise ValueError(f"case {case.name!r}: vllm_version {case.vllm_version!r} is not one of versions "
+                                 f"({', '.join(self.versions)})")
+            unknown = sorted(set(case.feeds) - set(self.ranges))
+            if unknown:
+                raise ValueError(f"case {case.name!r}: feeds names {unknown}, not keys of ranges")
+        return self
 
     def at(self, key: str, level: str) -> float:
         try:
@@ -184,6 +220,14 @@ class ScaleRanges(_Strict):
         except KeyError:
             raise HwdbError(f"scale set '{self.name}': ranges lacks '{key}' or level '{level}' "
                             f"(levels: low, typical, high)") from None
+
+    def version(self, name: str | None) -> VersionRules:
+        """The rules of release ``name`` (None: ``default_version``); unknown names list the known ones."""
+        key = self.default_version if name is None else str(name)
+        if key not in self.versions:
+            raise HwdbError(f"vllm_version={name!r} is unknown; use one of {', '.join(self.versions)} "
+                            f"(hwdb/data/coldstart/{self.name}.yaml, versions)")
+        return self.versions[key]
 
 
 _KINDS = {"storage": StoragePath, "image": ContainerImage, "startup": StartupCoefficients, "scale": ScaleRanges}

@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 import hwdb
-from simulator.coldstart import PHASE_LABELS, Breakdown, ColdStartError, breakdown
+from simulator.coldstart import PHASE_LABELS, PHASES, Breakdown, ColdStartError, breakdown
 from simulator.k8s import PodSpec, Probe, ProbeError, recommend_probes, simulate_pod
 from simulator.perf import FitError
 from simulator.scenario import ScenarioError
@@ -67,10 +67,8 @@ def _phase_table(bd: Breakdown, low: Breakdown | None = None, high: Breakdown | 
     for c, j in cols:
         t.add_column(c, justify=j)
     total = bd.total_s
-    names = [p.name for p in bd.phases]
-    for extra in (high.phases if high is not None else ()):
-        if extra.name not in names:          # a phase only the high end has (none today; kept for safety)
-            names.append(extra.name)
+    present = {p.name for b in (bd, low, high) if b is not None for p in b.phases}
+    names = [n for n in PHASES if n in present]          # e.g. the P2P check only the high end runs
     for name in names:
         p = next((q for q in bd.phases if q.name == name), None)
         sec = p.seconds if p else 0.0
@@ -198,8 +196,9 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="what-if factor on the Inductor compile (tails: see docs/operations.md)")
     p.add_argument("--enforce-eager", action="store_true", help="no torch.compile, no CUDA graphs")
     p.add_argument("--hwdb", action="append", default=[], help="extra user hwdb folder (repeatable)")
-    p.add_argument("--vllm-version", default=None, choices=["0.10", "0.11"],
-                   help="capture rule and cudagraph mode of that vLLM (default: the engine defaults, >= 0.11)")
+    p.add_argument("--vllm-version", default=None, metavar="RELEASE",
+                   help="vLLM release whose start-up to model: 0.9, 0.10, 0.11 or latest (capture sizes and mode, "
+                        "gc, P2P check, compiled repeats; hwdb/data/coldstart/vllm-scale.yaml; default 0.11)")
     p.add_argument("--startup-set", default="vllm-v1",
                    help="start-up coefficient set (hwdb coldstart/; `calibrate fit` writes calibrated ones)")
 

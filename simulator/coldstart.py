@@ -2,41 +2,53 @@
 
 ``breakdown(deployment, compile_cache=..., storage=..., image_cached=...)``
 returns the phases in order, each in seconds (SI units throughout).  With
-``L`` the decoder layers on one rank (``ceil(layers / pp)``), ``P`` the
-parameters on one rank (``total / (tp * pp)``) and ``B`` the checkpoint bytes:
+``L`` the decoder layers on one rank (``ceil(layers / pp)``), ``M`` the MoE
+layers among them, ``R`` the ranks (``tp * pp``), ``P`` the parameters one
+rank computes per token (active ones for MoE) and ``B`` the checkpoint bytes:
 
 ==================  ==========================================================
 image_pull          ``compressed / registry_Bps + uncompressed / extract_Bps``;
                     0 when the image is already on the node
 process_start       constant (imports, config, tokenizer, engine process)
-distributed_init    constant when ``tp * pp > 1`` (workers, NCCL), else 0
-weights             ``latency + max(B / storage_Bps, B / (tp*pp) / loader_Bps)``:
-                    the node reads the checkpoint once (the page cache shares it
-                    between ranks), each rank moves its shard at the loader rate
-dynamo              ``d0 + d1 * L`` (vLLM re-runs Dynamo on a warm cache too)
-compile             miss: ``(c0 + c1 * L) * (1 + r * n_compile_sizes)``;
-                    hit: ``h1 * L * (1 + r * n_compile_sizes)`` (load artifacts)
-kv_profile          ``k0 + k * L`` with ``k`` = ``k_miss`` or ``k_hit`` (on a
-                    miss the first forward also JIT-compiles Triton kernels)
-cuda_graphs         ``g0 + g1 * N * L + g2 * S * 2 P / peak_flops``: ``N``
-                    captured graphs, ``S`` the sum of their batch sizes; 0 with
-                    ``enforce_eager``
+distributed_init    ``base + per_rank * R`` when ``R > 1`` (workers, NCCL)
+p2p_check           ``tp (tp - 1) / 2 * s_per_pair``: the custom all-reduce
+                    P2P access check, on a cold ``~/.cache`` where the
+                    release runs it by default
+weights             ``latency + max(B / storage_Bps, B / R / loader_Bps)``:
+                    the node reads the checkpoint once, each rank moves its
+                    shard at the loader rate, overlapped
+dynamo              ``(d0 + d1 * (L + (w - 1) * M)) * m`` (MoE layers weigh ``w``)
+compile             miss: Inductor compiles every *distinct* piece (the graph
+                    is split at attention into ``L + 1`` pieces; 3 distinct
+                    for a dense model, one more per MoE layer where the
+                    release names the layer in its graph) at ``c_u`` each,
+                    and re-runs AOTAutograd on each repeated piece at ``c1``
+                    until vLLM reuses the artifacts: ``(u * c_u + (L + 1 -
+                    u) * c_r) * m``, with ``c_u = (c0 + 2 c1) / 3`` so a dense
+                    model reproduces the fitted ``c0 + c1 L``; hit: ``h1 * L * m``
+kv_profile          ``k0 + k * L`` with ``k`` = ``k_miss`` or ``k_hit``
+jit_kernels         constant on a cold cache (Triton / FlashInfer JIT)
+deepgemm_warmup     constant, FP8 MoE on Hopper or later, cold cache
+cuda_graphs         ``g0 + g1 * N * (L + (w - 1) * M) + g2 * S * 2 P / peak``
+                    ``+ gc * N * L`` where the release runs gc.collect once
+                    per captured graph: ``N`` graphs (piecewise sizes, plus
+                    the FULL decode sizes up to ``max_num_seqs``), ``S`` the
+                    sum of their batch sizes; 0 with ``enforce_eager``
 api_ready           constant (HTTP server up after the engine)
 ==================  ==========================================================
 
-On top of the fit, ``hwdb/data/coldstart/vllm-scale.yaml`` carries sourced
-low / typical / high ranges for what the single-GPU data cannot show
-(``level`` picks one end): the custom all-reduce P2P check (per GPU pair,
-skipped on a warm ``~/.cache/vllm``), NCCL init, the per-rank loader rate,
-Dynamo / Inductor multipliers (dense and MoE), kernel JIT and DeepGEMM
-warm-up on a cold cache, and the per-graph-layer capture cost.
-
-The coefficients are least-squares fits (:func:`simulator.coldstart_fit.fit_profiler_csvs`) to vLLM
-0.10.1 start-ups of 0.5B-14B models on one GPU, kept with their residuals in
-``hwdb/data/coldstart/vllm-v1.yaml``; storage paths and images are further
-files there.  ``enforce_eager`` skips Dynamo, Inductor and capture (vLLM V1
-turns compilation off with it).  Beyond 48 layers, 14B parameters or one GPU
-the formulas extrapolate: :attr:`Breakdown.extrapolated` says which.
+The constants ``d0 d1 c0 c1 h1 k0 k g0 g1 g2`` are least-squares fits
+(:func:`simulator.coldstart_fit.fit_profiler_csvs`) to vLLM 0.10.1 start-ups
+of 0.5B-14B models on one GPU, kept with their residuals in
+``hwdb/data/coldstart/vllm-v1.yaml``.  What one GPU cannot show (ranks, the
+P2P check, per-rank loading, MoE layers, capture at TP > 1, gc) comes from
+``hwdb/data/coldstart/vllm-scale.yaml``: each rate as a sourced low / typical
+/ high range (``level`` picks one end) and each vLLM release's switches
+(``vllm_version``: capture sizes and mode, gc per capture, P2P check,
+compiled repeats, distinct MoE pieces).  ``level="low"`` skips the P2P check
+(``VLLM_SKIP_P2P_CHECK=1``), ``"high"`` runs it on any release (``=0``).  ``enforce_eager`` skips Dynamo,
+Inductor and capture.  Beyond 48 layers, 14B parameters or one GPU the fitted
+formulas extrapolate: :attr:`Breakdown.extrapolated` says which.
 """
 from __future__ import annotations
 
@@ -45,7 +57,8 @@ from dataclasses import dataclass
 from typing import Iterator, Literal
 
 
-from hwdb.coldstart import ColdStartDB, StartupCoefficients, load_coldstart
+from hwdb.coldstart import ColdStartDB, StartupCoefficients, VersionRules, load_coldstart
+from hwdb.db import HwdbError
 from hwdb.schema import WEIGHT_BYTES
 from simulator.perf import Deployment
 
@@ -128,10 +141,10 @@ class Breakdown:
 def capture_sizes(max_size: int, max_num_batched_tokens: int | None = None, rule: str = "v1") -> list[int]:
     """Batch sizes vLLM captures CUDA graphs for (ascending).
 
-    ``rule="v1"`` (vLLM >= 0.11, ``vllm/config/compilation.py``):
+    ``rule="v1"`` (vLLM releases of 2026; ``latest`` in vllm-scale.yaml):
     ``[1, 2, 4] + range(8, 256, 8) + range(256, max + 1, 16)``, with ``max``
     = ``max_cudagraph_capture_size`` (default ``min(2 * max_num_seqs, 512)``):
-    51 sizes for 512.  ``rule="0.10"`` (vLLM 0.10.x):
+    51 sizes for 512.  ``rule="0.10"`` (vLLM 0.9 to 0.11):
     ``[1, 2, 4] + range(8, max + 1, 8)``: 35 sizes for 256, 67 for 512.
     Sizes above ``max_num_batched_tokens`` are dropped.
     """
@@ -155,10 +168,10 @@ def captured_graphs(piecewise: list[int], max_num_seqs: int, mode: str,
                     full_relative_cost: float) -> tuple[float, float]:
     """(graphs, sum of batch sizes) captured, FULL decode graphs weighted by their relative cost.
 
-    ``FULL_AND_PIECEWISE`` (V1 default since 0.11) captures every size as a
-    piecewise graph for mixed batches and, for uniform decode batches, the
+    ``FULL_AND_PIECEWISE`` (default since vLLM 0.11) captures every size as
+    a piecewise graph for mixed batches and, for uniform decode batches, the
     sizes up to ``max_num_seqs`` again as full graphs; ``PIECEWISE`` (vLLM
-    0.10) the piecewise set only; ``NONE`` nothing.
+    0.9 and 0.10) the piecewise set only; ``NONE`` nothing.
     """
     if mode == "NONE":
         return 0.0, 0.0
@@ -180,14 +193,25 @@ def weights_seconds(checkpoint_bytes: float, ranks: int, storage_Bps: float, lat
     return latency_s + max(checkpoint_bytes / storage_Bps, checkpoint_bytes / ranks / loader_Bps)
 
 
-def dynamo_seconds(c: StartupCoefficients, layers: int) -> float:
-    return c.coef("dynamo", "d0_s") + c.coef("dynamo", "d1_s_per_layer") * layers
+def dynamo_seconds(c: StartupCoefficients, layers: int, moe_layers: int = 0, moe_weight: float = 1.0) -> float:
+    """Dynamo bytecode transform, s: ``d0 + d1 * (layers + (moe_weight - 1) * moe_layers)``."""
+    return c.coef("dynamo", "d0_s") + c.coef("dynamo", "d1_s_per_layer") * (layers + (moe_weight - 1.0) * moe_layers)
 
 
-def compile_seconds(c: StartupCoefficients, layers: int, cache: str, compile_sizes: int = 0) -> float:
+def unique_piece_seconds(c: StartupCoefficients) -> float:
+    """Inductor time of one distinct piece, s: ``(c0 + 2 c1) / 3`` (3 distinct pieces in the fitted dense rows)."""
+    return (c.coef("compile_miss", "c0_s") + 2.0 * c.coef("compile_miss", "c1_s_per_layer")) / 3.0
+
+
+def compile_seconds(c: StartupCoefficients, layers: int, cache: str, compile_sizes: int = 0,
+                    unique: int = 3, repeats_compiled: bool = True) -> float:
+    """Inductor on a miss (``unique`` distinct of ``layers + 1`` pieces), artifact load on a hit, s."""
     extra = 1.0 + c.compile_size_relative_cost.value * compile_sizes
     if cache == "miss":
-        return (c.coef("compile_miss", "c0_s") + c.coef("compile_miss", "c1_s_per_layer") * layers) * extra
+        pieces = layers + 1
+        u = min(unique, pieces)
+        repeat = c.coef("compile_miss", "c1_s_per_layer") if repeats_compiled else 0.0
+        return (u * unique_piece_seconds(c) + (pieces - u) * repeat) * extra
     return c.coef("compile_hit", "h1_s_per_layer") * layers * extra
 
 
@@ -196,11 +220,13 @@ def kv_profile_seconds(c: StartupCoefficients, layers: int, cache: str) -> float
     return c.coef("kv_profile", "k0_s") + k * layers
 
 
-def capture_seconds(c: StartupCoefficients, graphs: float, size_sum: float, layers: int,
-                    params_per_rank: float, peak_flops: float) -> float:
+def capture_seconds(c: StartupCoefficients, graphs: float, size_sum: float, layers: float,
+                    params_per_rank: float, peak_flops: float, g1: float | None = None) -> float:
+    """CUDA-graph capture without gc, s; ``layers`` may be weighted (MoE), ``g1`` defaults to the fit."""
     if graphs <= 0:
         return 0.0
-    return (c.coef("cuda_graphs", "g0_s") + c.coef("cuda_graphs", "g1_s_per_graph_layer") * graphs * layers
+    g1 = c.coef("cuda_graphs", "g1_s_per_graph_layer") if g1 is None else g1
+    return (c.coef("cuda_graphs", "g0_s") + g1 * graphs * layers
             + c.coef("cuda_graphs", "g2_passes") * size_sum * 2.0 * params_per_rank / peak_flops)
 
 
@@ -211,30 +237,35 @@ def _choice(name: str, value, allowed) -> None:
         raise ColdStartError(f"{name}={value!r} is not valid; choose one of {', '.join(map(str, allowed))}")
 
 
+# Without a scale set (a calibrated start-up set of one's own): the fit alone, no P2P check or gc.
+_FIT_ONLY = VersionRules(capture_rule="v1", cudagraph_mode="FULL_AND_PIECEWISE", gc_per_capture_size=False,
+                         p2p_check=False, repeat_pieces_compiled=True, moe_pieces_unique=False,
+                         source="no scale set: the fitted formulas only")
+
+
 def breakdown(dep: Deployment, compile_cache: CompileCache = "miss", storage: str = "nvme",
               image_cached: bool = True, *, image: str = "vllm-openai", engine: str = "vllm-v1",
-              compile_sizes: int = 0, cudagraph_mode: CudagraphMode = "FULL_AND_PIECEWISE",
-              capture_rule: str = "v1", compile_multiplier: float = 1.0,
+              compile_sizes: int = 0, cudagraph_mode: CudagraphMode | None = None,
+              capture_rule: str | None = None, compile_multiplier: float = 1.0,
               db: ColdStartDB | None = None, level: str = "typical", vllm_version: str | None = None,
               capture_sizes_override: list[int] | tuple[int, ...] | None = None) -> Breakdown:
     """Start-up phases of ``dep`` (see the module docstring for every formula).
 
     ``compile_cache``: ``"miss"`` (first start, or a cache that did not
-    persist) or ``"hit"`` (vLLM's torch.compile cache is on disk);
-    ``storage``: a storage file in ``hwdb/data/coldstart`` (``nvme``, ``nfs``,
-    ``s3``, ``page_cache``); ``image_cached``: the image is already on the
-    node (no pull); ``compile_sizes``: static sizes in
-    ``compilation_config.compile_sizes`` (V1 default: none);
-    ``compile_multiplier``: a what-if factor on the Inductor compile (1 is the
-    fit; the documented 37-minute MoE outlier is ~60x); ``level``: ``low``,
-    ``typical`` or ``high`` end of the sourced ranges in
-    ``hwdb/data/coldstart/vllm-scale.yaml`` (see :mod:`simulator.coldstart_scale`);
-    ``vllm_version``: ``"0.10"`` or ``"0.11"`` sets the capture rule and
-    cudagraph mode of that version; ``capture_sizes_override``: an explicit
-    ``cudagraph_capture_sizes`` list.
+    persist) or ``"hit"`` (``~/.cache/vllm`` on a volume); ``storage``: a
+    storage file in ``hwdb/data/coldstart`` (``nvme``, ``nfs``, ``s3``,
+    ``page_cache``); ``image_cached``: the image is already on the node (no
+    pull); ``compile_sizes``: static sizes in ``compilation_config.compile_sizes``;
+    ``compile_multiplier``: a what-if factor on the Inductor compile (the
+    documented 37-minute MoE outlier is ~60x); ``level``: ``low``,
+    ``typical`` or ``high`` end of the sourced ranges; ``vllm_version``: a
+    release in ``vllm-scale.yaml`` ``versions`` (None: its
+    ``default_version``); ``cudagraph_mode`` / ``capture_rule`` /
+    ``capture_sizes_override`` override what that release captures.
+    Raises :class:`ColdStartError` on a bad choice, ``HwdbError`` on an
+    unknown storage or image.
     """
     _choice("compile_cache", compile_cache, ("miss", "hit"))
-    _choice("cudagraph_mode", cudagraph_mode, ("FULL_AND_PIECEWISE", "PIECEWISE", "NONE"))
     if compile_sizes < 0 or int(compile_sizes) != compile_sizes:
         raise ColdStartError(f"compile_sizes={compile_sizes!r} must be a whole number >= 0 "
                              f"(the length of compilation_config.compile_sizes)")
@@ -244,12 +275,16 @@ def breakdown(dep: Deployment, compile_cache: CompileCache = "miss", storage: st
     db = db or load_coldstart()
     coef = db.coefficients(engine)
     sc = db.scale_ranges(engine)
-    if vllm_version is not None:
-        if sc is None or vllm_version not in sc.versions:
-            raise ColdStartError(f"vllm_version={vllm_version!r} is unknown; use one of "
-                                 f"{', '.join(sc.versions) if sc else '(no scale set)'}")
-        capture_rule, cudagraph_mode = sc.versions[vllm_version]["capture_rule"], \
-            sc.versions[vllm_version]["cudagraph_mode"]
+    if sc is None and vllm_version is not None:
+        raise ColdStartError(f"vllm_version={vllm_version!r} needs a scale set for start-up set '{engine}' "
+                             f"(hwdb/data/coldstart/vllm-scale.yaml applies to vllm-v1)")
+    try:
+        rules = sc.version(vllm_version) if sc is not None else _FIT_ONLY
+    except HwdbError as exc:
+        raise ColdStartError(str(exc)) from None
+    mode = cudagraph_mode or rules.cudagraph_mode
+    _choice("cudagraph_mode", mode, ("FULL_AND_PIECEWISE", "PIECEWISE", "NONE"))
+    rule = capture_rule or rules.capture_rule
 
     def R(key: str, fitted: float) -> float:
         return sc.at(key, level) if sc is not None else fitted
@@ -257,10 +292,13 @@ def breakdown(dep: Deployment, compile_cache: CompileCache = "miss", storage: st
     a, k = dep.arch, dep.knobs
     ranks = dep.tp * dep.pp
     layers = math.ceil(a.num_layers / dep.pp)
+    moe_l = round(layers * a.moe_layers / a.num_layers) if a.is_moe else 0
     ckpt = a.total_params * WEIGHT_BYTES[dep.weight_dtype]
-    p_rank = a.total_params / ranks
+    p_rank = (a.active_params if a.is_moe else a.total_params) / ranks
     peak = dep.gpu.flops(dep.weight_dtype)
     eager = k.enforce_eager
+    miss = compile_cache == "miss"
+    ver = vllm_version or (sc.default_version if sc is not None else "fit")
     phases: list[Phase] = []
 
     if not image_cached:
@@ -273,61 +311,71 @@ def breakdown(dep: Deployment, compile_cache: CompileCache = "miss", storage: st
     phases.append(Phase("process_start", R("process_start_s", coef.coef("process_start", "seconds")),
                         f"{level} of the sourced range"))
     if ranks > 1:
-        phases.append(Phase("distributed_init", R("distributed_init_s", coef.distributed_init_s.value),
-                            f"{ranks} ranks, worker spawn + NCCL ({level})"))
+        base, per = R("distributed_init_s_base", coef.distributed_init_s.value), R("distributed_init_s_per_rank", 0.0)
+        phases.append(Phase("distributed_init", base + per * ranks,
+                            f"{base:.0f} s + {ranks} ranks x {per:.2f} s (worker spawn, NCCL)"))
     pairs = dep.tp * (dep.tp - 1) // 2
-    if pairs and compile_cache == "miss" and R("p2p_check_s_per_pair", 0.0) > 0:
-        phases.append(Phase("p2p_check", pairs * R("p2p_check_s_per_pair", 0.0),
-                            f"{pairs} GPU pairs, no cached gpu_p2p_access_cache file"))
+    p2p_on = level == "high" or (level == "typical" and rules.p2p_check)   # high: VLLM_SKIP_P2P_CHECK=0
+    if pairs and miss and p2p_on and sc is not None:
+        per_pair = R("p2p_check_s_per_pair", 0.0)
+        phases.append(Phase("p2p_check", pairs * per_pair, f"{pairs} GPU pairs x {per_pair:.2f} s, no cached "
+                            f"gpu_p2p_access_cache file (vLLM {ver} runs it by default)" if rules.p2p_check else
+                            f"{pairs} GPU pairs x {per_pair:.2f} s (VLLM_SKIP_P2P_CHECK=0)"))
     loader = R("loader_Bps_per_rank", coef.coef("weights_page_cache", "loader_Bps"))
     tw = weights_seconds(ckpt, ranks, path.bandwidth_Bps.value, path.latency_s.value, loader)
     phases.append(Phase("weights", tw, f"{ckpt / 1e9:.1f} GB from {path.name} at {path.bandwidth_Bps.value / 1e9:.2f}"
                         f" GB/s; {ckpt / ranks / 1e9:.1f} GB/rank at {loader / 1e9:.2f} GB/s"))
     if not eager:
-        phases.append(Phase("dynamo", dynamo_seconds(coef, layers) * R("dynamo_multiplier", 1.0),
-                            f"{layers} layers/rank"))
-        tc = compile_seconds(coef, layers, compile_cache, compile_sizes)
-        if compile_cache == "miss":
-            tc *= compile_multiplier * R("compile_miss_multiplier_moe" if a.is_moe else "compile_miss_multiplier", 1.0)
+        w_dyn = R("dynamo_moe_layer_weight", 1.0)
+        phases.append(Phase("dynamo", dynamo_seconds(coef, layers, moe_l, w_dyn) * R("dynamo_multiplier", 1.0),
+                            f"{layers} layers/rank" + (f", {moe_l} MoE at x{w_dyn:.2f}" if moe_l else "")))
+        unique = min(layers + 1, 3 + (moe_l if rules.moe_pieces_unique else 0))
+        tc = compile_seconds(coef, layers, compile_cache, compile_sizes, unique, rules.repeat_pieces_compiled)
+        if miss:
+            tc *= compile_multiplier * R("compile_miss_multiplier", 1.0)
+            what = (f"cache miss: {unique} distinct of {layers + 1} pieces at {unique_piece_seconds(coef):.2f} s"
+                    + (", repeats re-run AOTAutograd" if rules.repeat_pieces_compiled else ", repeats reused"))
         else:
             tc *= R("compile_hit_multiplier", 1.0)
-        what = "cache miss: Inductor compile" if compile_cache == "miss" else "cache hit: load artifacts"
+            what = f"cache hit: load artifacts, {layers} layers/rank"
         extra = f", {compile_sizes} static sizes" if compile_sizes else ""
-        mult = f", x{compile_multiplier:g} what-if" if compile_multiplier != 1 and compile_cache == "miss" else ""
-        phases.append(Phase("compile", tc, f"{what}, {layers} layers/rank{extra}{mult}"))
+        mult = f", x{compile_multiplier:g} what-if" if compile_multiplier != 1 and miss else ""
+        phases.append(Phase("compile", tc, f"{what}{extra}{mult}"))
     phases.append(Phase("kv_profile", kv_profile_seconds(coef, layers, "hit" if eager else compile_cache),
                         f"profile run, {layers} layers/rank"))
-    if not eager and compile_cache == "miss" and R("jit_kernels_s", 0.0) > 0:
+    if not eager and miss and R("jit_kernels_s", 0.0) > 0:
         phases.append(Phase("jit_kernels", R("jit_kernels_s", 0.0), "first forward passes on an empty ~/.cache"))
     hopper_plus = dep.gpu.name.startswith(("H100", "H200", "H20", "B200", "B300", "GB"))
-    if a.is_moe and dep.weight_dtype == "fp8" and hopper_plus and compile_cache == "miss" \
-            and R("deepgemm_warmup_s", 0.0) > 0:
+    if a.is_moe and dep.weight_dtype == "fp8" and hopper_plus and miss and R("deepgemm_warmup_s", 0.0) > 0:
         phases.append(Phase("deepgemm_warmup", R("deepgemm_warmup_s", 0.0), "FP8 MoE GEMM kernels, cold cache"))
-    if not eager and cudagraph_mode != "NONE":
+    if not eager and mode != "NONE":
         sizes = (sorted(capture_sizes_override) if capture_sizes_override else
-                 capture_sizes(k.max_cudagraph_capture_size, k.max_num_batched_tokens, capture_rule))
-        n, s = captured_graphs(sizes, k.max_num_seqs, cudagraph_mode, coef.full_graph_relative_cost.value)
+                 capture_sizes(k.max_cudagraph_capture_size, k.max_num_batched_tokens, rule))
+        n, s = captured_graphs(sizes, k.max_num_seqs, mode, coef.full_graph_relative_cost.value)
+        w_cap = R("capture_moe_layer_weight", 1.0)
         g1 = R("capture_s_per_graph_layer", coef.coef("cuda_graphs", "g1_s_per_graph_layer"))
-        tg = capture_seconds(coef, n, s, layers, p_rank, peak) + (g1 - coef.coef(
-            "cuda_graphs", "g1_s_per_graph_layer")) * n * layers if n else 0.0
-        phases.append(Phase("cuda_graphs", tg, f"{len(sizes)} sizes up to {max(sizes) if sizes else 0}, "
-                            f"{cudagraph_mode}: {n:.0f} graphs, {g1 * 1e3:.1f} ms per graph-layer"))
+        tg = capture_seconds(coef, n, s, layers + (w_cap - 1.0) * moe_l, p_rank, peak, g1)
+        gc = R("capture_gc_s_per_size_layer", 0.0) * n * layers if rules.gc_per_capture_size and n else 0.0
+        phases.append(Phase("cuda_graphs", tg + gc, f"{len(sizes)} sizes up to {max(sizes) if sizes else 0}, {mode}: "
+                            f"{n:.0f} graphs, {g1 * 1e3:.2f} ms per graph-layer"
+                            + (f", MoE x{w_cap:.2f}" if moe_l else "") + (f", gc.collect per graph {gc:.0f} s" if gc else "")))
     phases.append(Phase("api_ready", coef.coef("api_ready", "seconds"), "fitted constant"))
 
     notes = []
     if layers > FIT_MAX_LAYERS:
         notes.append(f"{layers} layers/rank is beyond the fitted 24-{FIT_MAX_LAYERS}: Dynamo, compile, profiling "
-                     f"and capture extrapolate linearly in layers")
+                     f"and capture scale per layer and per piece from the fit")
     if a.total_params > FIT_MAX_PARAMS:
         notes.append(f"{a.total_params / 1e9:.0f}B parameters is beyond the fitted 0.5-14B: weights load scales "
                      f"with bytes (physics), the rest with layers")
     if ranks > 1:
-        notes.append(f"TP x PP = {ranks}: ranks compile and capture concurrently; NCCL init, P2P check and "
-                     f"the per-rank loader rate are sourced ranges (vllm-scale.yaml), not fits")
+        notes.append(f"TP x PP = {ranks}: ranks compile and capture concurrently; worker start, NCCL, P2P check, "
+                     f"per-rank loading and capture at TP > 1 are sourced ranges (vllm-scale.yaml), not fits")
     if a.is_moe:
-        notes.append("MoE: compile and DeepGEMM ranges are sourced (vllm-scale.yaml); compile tails of tens of "
-                     "minutes are reported beyond the high end (outliers in vllm-v1.yaml)")
+        notes.append("MoE: Dynamo, distinct compiled pieces and capture weigh MoE layers from sourced logs "
+                     "(vllm-scale.yaml); compile tails of tens of minutes lie beyond the high end (outliers in "
+                     "vllm-v1.yaml)")
     desc = (f"{a.name} on {ranks}x {dep.gpu.name} TP{dep.tp}" + (f" PP{dep.pp}" if dep.pp > 1 else "")
-            + f" {dep.weight_dtype}, compile cache {compile_cache}, weights from {path.name}, image "
+            + f" {dep.weight_dtype}, vLLM {ver}, compile cache {compile_cache}, weights from {path.name}, image "
             + ("cached" if image_cached else "pulled") + (f" [{level}]" if level != "typical" else ""))
     return Breakdown(tuple(phases), compile_cache, path.name, image_cached, desc, tuple(notes), level)

@@ -3,32 +3,35 @@
 The single-GPU fit (``hwdb/data/coldstart/vllm-v1.yaml``, 0.5-14B models on
 one GPU) cannot see what multi-GPU and MoE starts spend their time on.
 ``hwdb/data/coldstart/vllm-scale.yaml`` adds, for each such phase, the range
-that public measurements span (every number with its source):
+of the per-unit rate that public logs span (every number with its source),
+and per vLLM release the behaviours that switch phases on or off:
 
 ==========================  ===================================================================
-custom all-reduce P2P check ``pairs x s_per_pair`` (``tp (tp - 1) / 2`` pairs; 0 when a cached
-                            ``gpu_p2p_access_cache`` file survives, i.e. on a warm ``~/.cache``)
-distributed init            worker spawn + NCCL, when ``tp x pp > 1``
+distributed init            ``base + per_rank * ranks`` (worker start, NCCL), when ``tp x pp > 1``
+custom all-reduce P2P check ``s_per_pair * tp (tp - 1) / 2`` on a cold ``~/.cache``, where the
+                            release runs it (<= 0.10) or ``VLLM_SKIP_P2P_CHECK=0`` (level high)
 weights                     per-rank loader rate (each rank moves its shard; MoE experts alike)
-Dynamo / Inductor           multipliers on the fitted per-layer formulas, dense and MoE apart
-kernel JIT                  Triton / FlashInfer JIT of the first passes, cold cache only
-DeepGEMM warm-up            FP8 MoE on Hopper / Blackwell, cold cache only
-CUDA-graph capture          seconds per captured graph per layer (ranks capture concurrently);
-                            graphs per size x mode from the vLLM version's capture rule
-process start               imports, engine process, API server (host speed)
+Dynamo                      host multiplier; MoE layers weigh more (Qwen3-235B vs Llama-3-70B)
+Inductor                    distinct pieces x a fitted per-piece time (+ repeated pieces where
+                            the release still re-runs AOTAutograd), times a host multiplier
+kernel JIT / DeepGEMM       constants on a cold cache (DeepGEMM: FP8 MoE, Hopper or later)
+CUDA-graph capture          seconds per captured graph per layer (MoE layers weigh more), plus
+                            gc.collect once per graph on releases before gc was frozen
+process start               imports, engine process (host speed)
 ==========================  ===================================================================
 
 ``typical`` is what ``epdsim coldstart`` prints first; ``high`` sizes the
 probe recommendations (``epdsim probes``, :func:`recommend_high`), so a slow
 host or storage still starts inside the startupProbe.  :func:`check_cases`
-re-predicts every sourced real start-up kept in the file.
+re-predicts every sourced real start-up kept in the file, over the phases the
+source timed (``observed_phases``), at the release it ran (``vllm_version``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from hwdb.coldstart import ColdStartDB, StartupCase, load_coldstart
-from simulator.coldstart import LEVELS, Breakdown, breakdown
+from simulator.coldstart import LEVELS, PHASE_LABELS, PHASES, Breakdown, ColdStartError, breakdown
 
 
 def breakdown_range(dep, compile_cache: str = "miss", storage: str = "nvme", image_cached: bool = True,
@@ -48,10 +51,11 @@ def recommend_high(dep, storage: str = "nvme", image_cached: bool = True, margin
 
 @dataclass(frozen=True)
 class CaseCheck:
-    """One sourced real start-up beside the model's range (container start -> API answers)."""
+    """One sourced real start-up beside the model's range, over the phases the source timed."""
 
     case: StartupCase
-    predicted: dict[str, float]
+    predicted: dict[str, float]                  # level -> seconds over case.observed_phases
+    phases: dict[str, float]                     # phase -> typical seconds (the phases compared)
 
     @property
     def observed_s(self) -> float:
@@ -71,6 +75,10 @@ class CaseCheck:
     def in_range(self) -> bool:
         return self.predicted["low"] <= self.observed_s <= self.predicted["high"]
 
+    def phase_errors(self) -> dict[str, float]:
+        """Relative error of the typical prediction per phase the source logged on its own."""
+        return {n: self.phases.get(n, 0.0) / v - 1.0 for n, v in self.case.logged.items() if v > 0}
+
 
 def case_deployment(case: StartupCase, db=None):
     import hwdb
@@ -85,6 +93,16 @@ def case_breakdowns(case: StartupCase, cs: ColdStartDB | None = None, db=None) -
                            vllm_version=case.vllm_version, capture_sizes_override=case.capture_sizes, db=cs)
 
 
+def compared_seconds(bd: Breakdown, case: StartupCase) -> float:
+    """Seconds of ``bd`` over the phases ``case`` timed (all container phases when it names none)."""
+    if case.observed_phases is None:
+        return bd.container_s
+    unknown = sorted(set(case.observed_phases) - set(PHASES))
+    if unknown:
+        raise ColdStartError(f"case {case.name!r}: observed_phases names {unknown}; phases are {', '.join(PHASES)}")
+    return sum(bd.seconds(n) for n in case.observed_phases)
+
+
 def check_cases(cs: ColdStartDB | None = None, engine: str = "vllm-v1", db=None) -> list[CaseCheck]:
     """Every sourced real start-up of the scale set, predicted at low / typical / high."""
     cs = cs or load_coldstart()
@@ -92,19 +110,37 @@ def check_cases(cs: ColdStartDB | None = None, engine: str = "vllm-v1", db=None)
     out = []
     for case in (sc.cases if sc is not None else ()):
         bds = case_breakdowns(case, cs, db)
-        out.append(CaseCheck(case, {lv: b.container_s for lv, b in bds.items()}))
+        names = case.observed_phases or [p.name for p in bds["typical"].container_phases()]
+        out.append(CaseCheck(case, {lv: compared_seconds(b, case) for lv, b in bds.items()},
+                             {n: bds["typical"].seconds(n) for n in names}))
     return out
 
 
 def cases_markdown(checks: list[CaseCheck]) -> str:
     """The docs/operations.md table: predicted range vs each sourced start-up, with the error."""
-    rows = ["| start-up | config | observed | low / typical / high | checked at | error |",
-            "|---|---|---|---|---|---|"]
+    rows = ["| start-up | config | compared | observed | low / typical / high | checked at | error |",
+            "|---|---|---|---|---|---|---|"]
     for c in checks:
         k = c.case
         cfg = (f"{k.model} {k.gpu} TP{k.tp} {k.dtype}, {k.storage}, cache {k.compile_cache}, "
                f"vLLM {k.vllm_version}" + (f", sizes {list(k.capture_sizes)}" if k.capture_sizes else ""))
+        what = "container start -> API" if k.observed_phases is None else ", ".join(k.observed_phases)
         p = c.predicted
-        rows.append(f"| {k.name} | {cfg} | {k.observed_s:.0f} s | {p['low']:.0f} / {p['typical']:.0f} / "
+        rows.append(f"| {k.name} | {cfg} | {what} | {k.observed_s:.0f} s | {p['low']:.0f} / {p['typical']:.0f} / "
                     f"{p['high']:.0f} s | {k.level} | {c.error:+.0%} |")
+    return "\n".join(rows)
+
+
+def phases_markdown(checks: list[CaseCheck]) -> str:
+    """Per-phase typical prediction vs what each source logged, with the error (cases with logged phases)."""
+    names = [n for n in PHASES if any(n in c.case.logged for c in checks)]
+    rows = ["| start-up | " + " | ".join(PHASE_LABELS[n] for n in names) + " |",
+            "|---|" + "---|" * len(names)]
+    for c in checks:
+        if not c.case.logged:
+            continue
+        err = c.phase_errors()
+        cells = [f"{c.phases.get(n, 0.0):.0f} / {c.case.logged[n]:.0f} s ({err[n]:+.0%})" if n in c.case.logged
+                 else "" for n in names]
+        rows.append(f"| {c.case.name} | " + " | ".join(cells) + " |")
     return "\n".join(rows)

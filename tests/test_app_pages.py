@@ -167,9 +167,9 @@ def test_operations_crash_loop_then_startup_probe():
     _ok(at)
     m = _metrics(at)
     start = float(m["start to API ready"].removesuffix(" s"))
-    # Llama-3.1-8B from NVMe on a cold compile cache takes over a minute (the sourced phases of
-    # docs/operations.md): the default liveness probe (30 s + 3 x 10 s) kills it again and again.
-    assert start > 60
+    # Llama-3.1-8B from NVMe on a cold compile cache takes about a minute (the sourced phases of
+    # docs/operations.md): the default liveness probe gives up at 30 s + 2 x 10 s and kills it again and again.
+    assert start > 30 + 2 * 10
     assert at.error and "Crash loop" in at.error[0].value and "CrashLoopBackOff" in at.error[0].value
     at.checkbox(key="sp-on").check().run()
     at.number_input(key="sp-3").set_value(60).run()             # 10 s x 59 = 590 s of patience

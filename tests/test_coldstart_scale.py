@@ -9,10 +9,10 @@ from rich.console import Console
 import hwdb
 from hwdb.coldstart import load_coldstart
 from simulator.cli_ops import add_subparsers
-from simulator.coldstart import breakdown
+from simulator.coldstart import Breakdown, ColdStartError, Phase, breakdown
 from simulator.coldstart_scale import (breakdown_range, case_breakdowns, cases_markdown, check_cases,
-                                       recommend_high)
-from simulator.k8s import recommend_probes, simulate_pod
+                                       phases_markdown, recommend_high)
+from simulator.k8s import PodSpec, Probe, recommend_probes, simulate_pod
 from simulator.scenario import PoolConfig, deployment_for
 
 
@@ -27,60 +27,99 @@ def checks():
 
 
 def test_vllm_19824_within_25_percent(db):
-    """`epdsim coldstart Llama-3.1-70B --gpu H100 --tp 8 --dtype fp8 --storage page_cache --compile-cache miss`."""
+    """`epdsim coldstart Llama-3.1-70B --gpu H100 --tp 8 --dtype fp8 --storage page_cache --vllm-version 0.9`.
+
+    The report times five phases (P2P check, weights, Dynamo, Inductor, capture: ~215 s); the same five
+    are compared, at the release it ran (June 2025: P2P check on by default, gc.collect per captured size).
+    """
     dep = deployment_for(PoolConfig(gpu="H100", tp=8, dtype="fp8"), db.model("Llama-3.1-70B"), db)
-    bd = breakdown(dep, "miss", "page_cache")
-    assert bd.container_s == pytest.approx(215, rel=0.25)
-    # the phases the report names are all there, each in the reported order of magnitude
-    assert bd.seconds("p2p_check") == pytest.approx(60, rel=0.05)
+    bd = breakdown(dep, "miss", "page_cache", vllm_version="0.9")
+    named = ("p2p_check", "weights", "dynamo", "compile", "cuda_graphs")
+    assert sum(bd.seconds(n) for n in named) == pytest.approx(215, rel=0.25)
+    # each phase the report names, in its order of magnitude
+    assert bd.seconds("p2p_check") == pytest.approx(28 * 1.61)
     assert 3 < bd.seconds("weights") < 15 and 10 < bd.seconds("dynamo") < 20
-    assert 20 < bd.seconds("compile") < 80 and 40 < bd.seconds("cuda_graphs") < 120
-    rng = breakdown_range(dep, "miss", "page_cache")
-    assert rng["low"].container_s < 215 < rng["high"].container_s
+    assert 30 < bd.seconds("compile") < 80 and 40 < bd.seconds("cuda_graphs") < 80
+    rng = breakdown_range(dep, "miss", "page_cache", vllm_version="0.9")
+    assert sum(rng["low"].seconds(n) for n in named) < 215 < sum(rng["high"].seconds(n) for n in named)
+    # on the default release (0.11) the same start has no P2P check and gc-free capture: much shorter
+    assert breakdown(dep, "miss", "page_cache").container_s < bd.container_s - 60
 
 
-def test_cli_shows_the_range(capsys):
+def _cli(argv, capsys):
     import sys
     p = argparse.ArgumentParser()
     add_subparsers(p.add_subparsers(dest="cmd"))
-    args = p.parse_args(["coldstart", "Llama-3.1-70B", "--gpu", "H100", "--tp", "8", "--dtype", "fp8",
-                         "--storage", "page_cache", "--compile-cache", "miss"])
+    args = p.parse_args(argv)
     rc = args.func(args, Console(file=sys.stdout, width=200))
-    out = " ".join(capsys.readouterr().out.split())
-    assert rc == 0 and "low" in out and "high" in out and "sourced range" in out
-    assert "P2P access check" in out
+    out = capsys.readouterr()
+    return rc, " ".join(out.out.split()), out.err
+
+
+def test_cli_shows_the_range_and_the_release(capsys):
+    base = ["coldstart", "Llama-3.1-70B", "--gpu", "H100", "--tp", "8", "--dtype", "fp8", "--storage", "page_cache",
+            "--compile-cache", "miss"]
+    rc, out, _ = _cli(base, capsys)
+    assert rc == 0 and "low" in out and "high" in out and "sourced range" in out and "vLLM 0.11" in out
+    assert "P2P access check" in out                  # only the high end runs it on 0.11: still a row
+    rc, out, _ = _cli(base + ["--vllm-version", "0.9"], capsys)
+    assert rc == 0 and "vLLM 0.9" in out and "28 GPU pairs x 1.61 s" in out and "gc.collect per graph" in out
+    rc, out, err = _cli(base + ["--vllm-version", "0.12"], capsys)
+    assert rc == 2 and "vllm_version='0.12' is unknown; use one of 0.9, 0.10, 0.11, latest" in " ".join(err.split())
+    assert "Traceback" not in err
 
 
 def test_sourced_startups_within_30_percent(checks):
-    """>= 4 other real start-ups (models, TP, storage, cache state, >= 1 MoE) within 30 % at their level."""
+    """>= 4 other real start-ups (models, TP, storage, cache state, >= 1 MoE) within 30 % at the typical level."""
     others = [c for c in checks if not c.case.name.startswith("vllm#19824")]
-    assert len(others) >= 4
-    for c in others:
+    typical = [c for c in others if c.case.level == "typical"]
+    assert len(typical) >= 4
+    for c in others:                                   # slow hosts are checked against the high end
         assert abs(c.error) <= 0.30, (c.case.name, c.predicted, c.observed_s)
         if c.case.level == "typical":
             assert c.in_range, (c.case.name, c.predicted, c.observed_s)
-    cases = [c.case for c in others]
+    cases = [c.case for c in typical]
     assert len({k.model for k in cases}) >= 3 and len({k.tp for k in cases}) >= 2
     assert len({k.storage for k in cases}) >= 2 and len({k.compile_cache for k in cases}) == 2
     models = hwdb.load()
-    assert any(models.model(k.model).arch.is_moe for k in cases)
+    assert sum(models.model(k.model).arch.is_moe for k in cases) >= 2
     assert all(k.source for k in cases)
-    # the typical prediction is checked on the MoE TP2 / TP8 starts, the high end on the slow hosts
-    assert {c.case.level for c in others} == {"typical", "high"}
+
+
+def test_phase_predictions_against_logged_phases(checks):
+    """Where a source timed a phase on its own, the typical prediction is within a factor 2.1 of it."""
+    logged = [c for c in checks if c.case.logged]
+    assert len(logged) >= 6
+    for c in logged:
+        for name, err in c.phase_errors().items():
+            assert -0.55 < err < 1.1, (c.case.name, name, c.phases.get(name), c.case.logged[name])
+
+
+def _real_start(c, high) -> Breakdown:
+    """The sourced start as a pod would run it: the observed seconds plus the phases the source did not time."""
+    untimed = [p for p in high.container_phases() if c.case.observed_phases is not None
+               and p.name not in c.case.observed_phases]
+    return Breakdown(tuple(untimed) + (Phase("compile", c.observed_s),), c.case.compile_cache, c.case.storage, True)
 
 
 def test_probes_keep_every_case_out_of_crashloop(checks):
-    """The recommendation (high end, cold cache) lets each case start, even at the high end of the range."""
+    """The recommendation (high end, cold cache) lets each case start, at its typical, its high end and as observed."""
     for c in checks:
         bds = case_breakdowns(c.case)
         cold_high = bds["high"] if c.case.compile_cache == "miss" else case_breakdowns(
             c.case.model_copy(update={"compile_cache": "miss"}))["high"]
         rec = recommend_probes(cold_high)
-        assert rec.budget_s >= c.observed_s                  # the real start fits the startupProbe
-        for level in ("typical", "high"):
-            res = simulate_pod(bds[level], rec.pod_spec(), horizon_s=3600)
-            assert res.restarts == 0 and not res.never_ready, (c.case.name, level, res.reason)
-            assert res.ready_s - bds[level].total_s < rec.startup.period_s
+        real = _real_start(c, bds["high"])
+        assert rec.budget_s >= real.container_s               # the real start fits the startupProbe
+        for bd in (bds["typical"], bds["high"], real):
+            res = simulate_pod(bd, rec.pod_spec(), horizon_s=3600)
+            assert res.restarts == 0 and not res.never_ready, (c.case.name, bd.level, res.reason)
+            assert res.ready_s - bd.total_s < rec.startup.period_s
+        # without the startupProbe, a chart's usual liveness probe kills the same real start over and over
+        if real.container_s > 120:
+            loop = simulate_pod(real, PodSpec(liveness=Probe(60, 10, 1, 3), readiness=Probe(60, 10, 1, 3)),
+                                horizon_s=3600)
+            assert loop.never_ready and "CrashLoopBackOff" in loop.reason, c.case.name
 
 
 def test_cli_probes_use_the_high_end(db):
@@ -105,19 +144,61 @@ def test_moe_phases(db):
     bd = breakdown(dep, "miss", "page_cache")
     assert bd.seconds("deepgemm_warmup") == pytest.approx(183, rel=0.01)
     assert breakdown(dep, "hit", "page_cache").seconds("deepgemm_warmup") == 0
-    # MoE compile has its own (wider) high end: DeepSeek-V3.2 118 s cold compile at TP8 (vllm #26511)
+    # every MoE piece is its own graph on 0.11: the high end is near DeepSeek-V3.2's 118 s cold compile at TP8
     hi = breakdown(dep, "miss", "page_cache", level="high")
     assert hi.seconds("dynamo") + hi.seconds("compile") == pytest.approx(118.4, rel=0.3)
+    # MoE layers weigh more in Dynamo and capture than dense ones (anyscale Qwen3-235B vs Llama-3-70B logs)
+    dense = deployment_for(PoolConfig(gpu="H200", tp=8, dtype="fp8"), db.model("Llama-3.1-70B"), db)
+    d_bd = breakdown(dense, "miss", "page_cache")
+    per_layer = lambda b, L, n: b.seconds(n) / L                                      # noqa: E731
+    assert per_layer(bd, 61, "cuda_graphs") > 2 * per_layer(d_bd, 80, "cuda_graphs")
+    assert per_layer(bd, 61, "dynamo") > 1.1 * per_layer(d_bd, 80, "dynamo")
 
 
 def test_vllm_version_changes_capture(db):
     dep = deployment_for(PoolConfig(gpu="H100", tp=8), db.model("Llama-3.1-70B"), db)
-    old = breakdown(dep, vllm_version="0.10").phases
-    new = breakdown(dep, vllm_version="0.11").phases
-    g = {p.name: p for p in old}["cuda_graphs"], {p.name: p for p in new}["cuda_graphs"]
-    assert "PIECEWISE: 67 graphs" in g[0].detail and "FULL_AND_PIECEWISE: 102 graphs" in g[1].detail
+    graphs = {v: {p.name: p for p in breakdown(dep, vllm_version=v).phases}["cuda_graphs"].detail
+              for v in ("0.10", "0.11", "latest")}
+    assert "67 sizes up to 512, PIECEWISE: 67 graphs" in graphs["0.10"]
+    assert "67 sizes up to 512, FULL_AND_PIECEWISE: 134 graphs" in graphs["0.11"]
+    assert "51 sizes up to 512, FULL_AND_PIECEWISE: 102 graphs" in graphs["latest"]
 
 
-def test_markdown_table_lists_every_case(checks):
+def test_markdown_tables_list_every_case(checks):
     md = cases_markdown(checks)
     assert md.count("\n") == len(checks) + 1 and "vllm#19824" in md
+    ph = phases_markdown(checks)
+    assert ph.count("\n") == sum(bool(c.case.logged) for c in checks) + 1 and ("(+" in ph or "(-" in ph)
+
+
+def _write_scale(tmp_path, **change):
+    import yaml
+    from hwdb.coldstart import COLDSTART_DIR
+    doc = yaml.safe_load((COLDSTART_DIR / "vllm-scale.yaml").read_text())
+    doc.update(name="my-scale", **change)
+    folder = tmp_path / "hw" / "coldstart"
+    folder.mkdir(parents=True)
+    (folder / "my-scale.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    return tmp_path / "hw"
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(default_version="0.7"), r"default_version '0\.7' is not one of versions \(0\.9, 0\.10, 0\.11, latest\)"),
+    (dict(cases=[{"name": "x", "model": "Llama-3.1-8B", "gpu": "H100", "tp": 1, "storage": "nvme", "compile_cache": "miss",
+                  "observed_s": 60, "source": "s", "feeds": ["warp_drive"]}]), r"case 'x': feeds names \['warp_drive'\]"),
+    (dict(cases=[{"name": "x", "model": "Llama-3.1-8B", "gpu": "H100", "tp": 1, "storage": "nvme", "compile_cache": "miss",
+                  "observed_s": 60, "source": "s", "vllm_version": "9.9"}]), r"case 'x': vllm_version '9\.9'"),
+])
+def test_bad_scale_files_are_named(tmp_path, change, match):
+    with pytest.raises(hwdb.HwdbError, match=match):
+        load_coldstart([_write_scale(tmp_path, **change)])
+
+
+def test_case_naming_an_unknown_phase_is_refused(tmp_path):
+    hw = _write_scale(tmp_path, applies_to="mine", cases=[
+        {"name": "x", "model": "Llama-3.1-8B", "gpu": "H100", "tp": 1, "storage": "nvme", "compile_cache": "miss",
+         "observed_s": 60, "source": "s", "observed_phases": ["weights", "warm_up"]}])
+    cs = load_coldstart([hw])
+    cs.startup["mine"] = cs.coefficients("vllm-v1").model_copy(update={"name": "mine"})
+    with pytest.raises(ColdStartError, match=r"case 'x': observed_phases names \['warm_up'\]"):
+        check_cases(cs, engine="mine")
