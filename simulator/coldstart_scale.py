@@ -124,7 +124,9 @@ def cases_markdown(checks: list[CaseCheck]) -> str:
         k = c.case
         cfg = (f"{k.model} {k.gpu} TP{k.tp} {k.dtype}, {k.storage}, cache {k.compile_cache}, "
                f"vLLM {k.vllm_version}" + (f", sizes {list(k.capture_sizes)}" if k.capture_sizes else ""))
-        what = "container start -> API" if k.observed_phases is None else ", ".join(k.observed_phases)
+        obs = k.observed_phases
+        what = ("container start -> API" if obs is None else
+                "engine start -> API" if "api_ready" in obs and "process_start" not in obs else ", ".join(obs))
         p = c.predicted
         rows.append(f"| {k.name} | {cfg} | {what} | {k.observed_s:.0f} s | {p['low']:.0f} / {p['typical']:.0f} / "
                     f"{p['high']:.0f} s | {k.level} | {c.error:+.0%} |")
