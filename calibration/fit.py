@@ -36,7 +36,7 @@ What it is fitted to
 How
     Every prediction comes from the simulator itself: a candidate :class:`hwdb.profiles.Profile`
     is put on the deployment (model, GPU, engine arguments read from the bundle) and
-    :func:`simulator.perf.build_step_model` builds the StepModel whose ``prefill_time`` and
+    :func:`simulator.step_build.build_step_model` builds the StepModel whose ``prefill_time`` and
     ``step_time`` are compared with the measurements.  ``scipy.optimize.least_squares`` (trf,
     bounded, ``soft_l1`` loss with a 25% scale against outliers of a noisy host) works on
     log-parameters and log-residuals ``log(predicted / measured)``, from several starting points.

@@ -1,6 +1,6 @@
 """Predictions through the simulator itself: a candidate parameter set becomes a
 :class:`hwdb.profiles.Profile` (and, with a per-sequence host cost, a calibrated engine profile) on the
-bundle's deployment, and :func:`simulator.perf.build_step_model` gives the times of each point."""
+bundle's deployment, and :func:`simulator.step_build.build_step_model` gives the times of each point."""
 from __future__ import annotations
 
 import dataclasses

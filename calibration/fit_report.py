@@ -74,7 +74,7 @@ def _final_profile(res: FitResult, g: hwdb.GPU, served: str, version, created: s
                      f"step_overhead_s would replace the engine's CPU costs)")
     method = ("scipy.optimize.least_squares (trf, bounded, soft_l1 loss f_scale=0.25, 7 starts) on log-parameters "
               "and log(predicted/measured) residuals of medians (one point per prompt length of the prefill sweep "
-              "and per decode phase); predictions from simulator.perf.build_step_model with the "
+              "and per decode phase); predictions from simulator.step_build.build_step_model with the "
               "candidate profile on the bundle's deployment: prefill sweep = StepModel.prefill_time(prompt, "
               "max_num_batched_tokens) vs the server's time_to_first_token_ms; decode sweeps = StepModel.step_time of "
               "the engine's batch (from /metrics deltas) at the mean context, mixed with a prefill of another "

@@ -84,7 +84,7 @@ def fit_points(points: list[Point], dep, *, free: tuple[str, ...] | None = None,
     ``free``: parameters to fit (default all of :data:`PARAMS`); ``init``: starting values."""
     from scipy.optimize import least_squares
 
-    from simulator.perf import build_step_model
+    from simulator.step_build import build_step_model
     if not points:
         raise FitInputError("no measurements to fit")
     gpu = dep.gpu

@@ -34,6 +34,7 @@ from scipy.optimize import least_squares
 
 import hwdb
 from hwdb.profiles import FitQuality, Profile
+from calibration.comm_fit import curve_for as allreduce_curve
 from calibration.gemm_shape_fit import curves_for
 
 from calibration.kernel_tables import (  # noqa: F401  (re-exported for callers of kernel_fit)
@@ -302,9 +303,11 @@ def fit_system(root: Path | str, system: str, holdout: str = "models", created: 
 
 
 def with_shape_curves(prof: Profile, root: Path, system: str) -> Profile:
-    """The profile with its fp8/fp4 GEMM-by-shape curves (calibration/gemm_shape_fit.py) fitted on the same table."""
+    """The profile with its fp8/fp4 GEMM-by-shape curves (calibration/gemm_shape_fit.py) fitted on the same table,
+    and the system's measured all-reduce (calibration/comm_fit.py)."""
     gpu = hwdb.load().gpu(prof.gpu)
-    return prof.model_copy(update={"gemm_shape_efficiency": curves_for(root, system, gpu, prof.memory_efficiency)})
+    return prof.model_copy(update={"gemm_shape_efficiency": curves_for(root, system, gpu, prof.memory_efficiency),
+                                   "allreduce": allreduce_curve(root, system)})
 
 
 

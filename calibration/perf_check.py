@@ -28,8 +28,9 @@ import numpy as np
 import pandas as pd
 
 from hwdb.models import ModelArch
-from hwdb.schema import DTYPE_BYTES
-from simulator.perf import StepModel
+from hwdb.schema import DTYPE_BYTES, WEIGHT_BYTES
+from simulator.perf import Deployment, StepModel
+from simulator.step_build import compute_curve
 
 VIDUR = "vidur"
 VIDUR_LINEAR_CSV = "compute_h100_meta-llama_Llama-2-70b-hf_mlp.csv"
@@ -68,50 +69,29 @@ def linear_weight_bytes(arch: ModelArch, tp: int, dtype: str = "bf16") -> float:
 
 
 def linear_time(sm: StepModel, tokens: int, weight_bytes: float | None = None) -> float:
-    """The linear-layer part of ``StepModel.step_time`` for a step of ``tokens`` new tokens.
+    """The linear-layer part of ``StepModel.step_time`` for a step of ``tokens`` new tokens:
+    ``max(*sm.linear_time(tokens))``, no LM head rows, attention, element-wise kernels, all-reduce
+    or host overhead.
 
-    Same fields and formula as ``step_time`` with no LM head rows, no attention
-    FLOPs, no KV bytes, no all-reduce and no host overhead::
-
-        t_comp = lin_flops_per_token * T / (peak_flops * ceff(T))   (+ routed experts' own term)
-        B      = weights + act_bytes_per_token * T
-        t_mem  = (B + mem_floor_bytes) / (peak_bw * meff.max_eff)
-        t      = max(t_comp, t_mem)
-
-    ``mem_floor_bytes = 4 x layers x meff.half`` (a token crosses every stage): the memory curve was fitted per
-    GEMM, ``B / (BW * me(B)) = (B + half) / (BW * max_eff)``, so each of the four
-    GEMMs of a layer pays ``half / (BW * max_eff)`` (about 3.5 us on H100).
-
-    ``weights`` defaults to what ``step_time`` reads (``dense_weight_bytes``: the
-    decoder layers and the LM head, not the input embedding, plus the experts
-    the step touches); pass :func:`linear_weight_bytes` to compare with
-    per-layer operator timings.
+    ``weight_bytes`` replaces what the step streams (``StepModel.streamed_weight_bytes``: the
+    decoder layers and the LM head, not the input embedding, plus the experts the step touches);
+    pass :func:`linear_weight_bytes` to compare with per-layer operator timings.  The memory side
+    keeps ``mem_floor_bytes = 4 x layers x meff.half`` (a token crosses every stage): the memory
+    curve was fitted per GEMM, ``B / (BW * me(B)) = (B + half) / (BW * max_eff)``, so each of the
+    four GEMMs of a layer pays ``half / (BW * max_eff)`` (about 3.5 us on H100).
     """
     if tokens <= 0:
         return 0.0
-    t_comp = sm.lin_flops_per_token * tokens / (sm.peak_flops * sm.ceff.at(tokens))
-    if sm.expert_flops_per_token:   # routed experts: their own peak fraction and ramp
-        t_comp += sm.expert_flops_per_token * (tokens + sm.expert_half) / (sm.peak_flops * sm.expert_max_eff)
-    if weight_bytes is None:
-        weight_bytes = sm.dense_weight_bytes
-        if sm.n_experts:
-            touched = sm.n_experts * (1.0 - (1.0 - sm.experts_per_token / sm.n_experts) ** tokens)
-            weight_bytes += sm.expert_bytes * touched
-    nbytes = weight_bytes + sm.act_bytes_per_token * tokens
-    t_mem = (nbytes + sm.mem_floor_bytes) / (sm.peak_bw * sm.meff.max_eff)
+    t_comp, t_mem = sm.linear_time(tokens)
+    if weight_bytes is not None:
+        t_mem += (weight_bytes - sm.streamed_weight_bytes(tokens)) * sm.pp / (sm.peak_bw * sm.meff.max_eff)
     return max(t_comp, t_mem)
 
 
 def allreduce_time(sm: StepModel, message_bytes: float) -> float:
-    """One TP all-reduce of ``message_bytes`` as ``step_time`` charges it.
-
-    ``step_time`` adds ``ar_bytes_per_token * T / ar_bw + ar_latency`` per
-    all-reduce, with ``ar_bytes_per_token = 2 (tp-1)/tp * hidden * 2``: a ring
-    moving 2 (tp-1)/tp of the bf16 message over each GPU's link.
-    """
-    if sm.tp <= 1:
-        return 0.0
-    return 2.0 * (sm.tp - 1) / sm.tp * message_bytes / sm.ar_bw + sm.ar_latency
+    """One TP all-reduce of ``message_bytes`` as ``step_time`` charges it in a CUDA graph
+    (``StepModel.allreduce_time``: the profile's measured curve, else a ring over the link)."""
+    return sm.allreduce_time(message_bytes)
 
 
 # --------------------------------------------------------------------------- measured side
@@ -268,15 +248,19 @@ def dense_layer_gemms(arch: ModelArch, tp: int) -> dict[str, tuple[int, int]]:
             "mlp_down_proj": (h, arch.intermediate_size // tp)}
 
 
-def gemm_time(sm: StepModel, m: int, n: int, k: int, weight_bytes: float = 2.0) -> float:
-    """One GEMM in the form the curves were fitted to (docs/kernel_fit.md):
-    ``max(2mnk / (P ce(m)), B / (BW me(B)))``, ``B = (mk + mn) 2 + kn w``."""
-    b = (m * k + m * n) * 2.0 + k * n * weight_bytes
-    return max(2.0 * m * n * k / (sm.peak_flops * sm.ceff.at(m)), b / (sm.peak_bw * sm.meff.at(b)))
+def gemm_time(dep: Deployment, m: int, n: int, k: int, dtype: str = "bf16") -> float:
+    """One GEMM as the step model prices it (docs/kernel_fit.md): ``max(2mnk / (P ce(m)), B / (BW me(B)))``,
+    ``B = (mk + mn) 2 + kn w``, with ``ce`` the deployment's compute curve for this one (n, k) shape in
+    ``dtype`` (:func:`simulator.step_build.compute_curve`) and ``w`` the dtype's bytes per weight."""
+    prof, g = dep.profile, dep.gpu
+    meff = prof.memory_efficiency if prof and prof.memory_efficiency else g.memory_efficiency
+    ce = compute_curve(dep, dtype, [(float(n * k), 1.0)])
+    b = (m * k + m * n) * 2.0 + k * n * WEIGHT_BYTES[dtype]
+    return max(2.0 * m * n * k / (g.flops(dtype) * ce.at(m)), b / (g.memory_bandwidth_Bps.value * meff.at(b)))
 
 
 def vidur_vs_aic_gemm(vidur_csv: Path, aic_gemm: Path, arch: ModelArch,
-                      models: dict[int, StepModel]) -> pd.DataFrame:
+                      models: dict[int, Deployment]) -> pd.DataFrame:
     """Vidur's per-operator times next to aiconfigurator's bf16 GEMM times of the same (m, n, k).
 
     Only cells present in both grids (Vidur: Llama-2-70B layers at TP 1-8;

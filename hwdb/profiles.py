@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from hwdb.schema import EfficiencyCurve, GemmShapeCurve
+from hwdb.schema import AllReduceCurve, EfficiencyCurve, GemmShapeCurve
 
 
 class FitQuality(BaseModel):
@@ -46,6 +46,9 @@ class Profile(BaseModel):
     # Per compute dtype (bf16, fp8, fp4): GEMM efficiency by rows and weight shape; when present the
     # step model derives each deployment's compute curve from its own per-rank GEMM shapes.
     gemm_shape_efficiency: dict[str, GemmShapeCurve] = {}
+    # The engine's tensor-parallel all-reduce as measured (latency by message size per TP size);
+    # when present it replaces the intra-node link's alpha-beta estimate.
+    allreduce: AllReduceCurve | None = None
     step_overhead_s: float | None = Field(default=None, ge=0)
     quality: dict[str, FitQuality] = {}
     notes: str | None = None

@@ -85,6 +85,49 @@ class GemmShapeCurve(_Strict):
         return self.max_eff / inv if inv > 0 else self.max_eff
 
 
+class AllReduceCurve(_Strict):
+    """Measured latency of one tensor-parallel all-reduce against its message size, per TP size.
+
+    ``sizes_bytes`` is increasing; ``graph_s[tp]`` and ``eager_s[tp]`` hold one latency (seconds) per
+    size, inside a captured CUDA graph and launched eagerly.  Between sizes the latency is linear in
+    bytes (each segment is one doubling, where a collective's algorithm and protocol are fixed); past
+    the largest size it grows at the last segment's slope (the bandwidth regime).  The measured
+    curve keeps what an alpha-beta line loses: the switches between one-shot, two-shot and NCCL
+    algorithms (on B200 at TP8 a 256 KiB message costs 3x a 128 KiB one).
+    """
+
+    sizes_bytes: list[float] = Field(min_length=2, max_length=64)
+    graph_s: dict[int, list[float]]
+    eager_s: dict[int, list[float]] = {}
+    source: str = Field(min_length=3)
+    empirical: bool = True
+
+    @field_validator("sizes_bytes")
+    @classmethod
+    def _increasing(cls, v: list[float]) -> list[float]:
+        if any(b <= a for a, b in zip(v, v[1:])) or v[0] <= 0:
+            raise ValueError("sizes_bytes must be positive and strictly increasing")
+        return v
+
+    @field_validator("graph_s", "eager_s")
+    @classmethod
+    def _latencies(cls, v: dict[int, list[float]], info) -> dict[int, list[float]]:
+        n = len(info.data.get("sizes_bytes") or [])
+        for tp, lat in v.items():
+            if tp < 2:
+                raise ValueError(f"tp={tp}: an all-reduce needs at least 2 ranks")
+            if len(lat) != n:
+                raise ValueError(f"tp={tp}: {len(lat)} latencies for {n} sizes; give one per size")
+            if any(not (0 < x < 10.0) for x in lat):
+                raise ValueError(f"tp={tp}: latencies must be seconds in (0, 10)")
+        return v
+
+    def table(self, tp: int, graph: bool = True) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+        """(sizes, latencies) for ``tp`` ranks, or None when this TP size was not measured."""
+        lat = (self.graph_s if graph or tp not in self.eager_s else self.eager_s).get(tp)
+        return (tuple(self.sizes_bytes), tuple(lat)) if lat else None
+
+
 # (lowest, highest, unit) a GPU figure may take: generous bounds around real hardware, so that a typo
 # (a zero, 1e-308, a value in GB instead of bytes) is an error and not an answer.
 GPU_RANGES = {
@@ -188,6 +231,13 @@ class Link(_Strict):
         return self.bandwidth_Bps.value * self.efficiency.value
 
 
+class KeptModules(_Strict):
+    """Weight groups a quantised checkpoint keeps unquantised, and the checkpoint config that says so."""
+
+    modules: tuple[Literal["attention", "dense_mlp", "shared_experts"], ...]
+    source: str = Field(min_length=3)
+
+
 class ModelSidecar(_Strict):
     """What a Hugging Face ``config.json`` lacks, kept beside it as ``epdsim.yaml``."""
 
@@ -196,6 +246,12 @@ class ModelSidecar(_Strict):
     hf_id: str | None = None
     source: str = Field(min_length=3)
     default_dtype: Literal["bf16", "fp16", "fp8", "fp32"] = "bf16"
+    # Per weight format, the weight groups the model's checkpoint in that format keeps in bf16 (the LM
+    # head and the MoE router always are): simulator/linear_groups.py.
+    bf16_modules: dict[Literal["fp8", "fp4", "int4"], KeptModules] = {}
+    # Bytes per quantised weight (with its scales) where this model's checkpoint differs from the
+    # format's default in WEIGHT_BYTES (e.g. MXFP4: one 1-byte scale per 32 weights, 0.53125 B).
+    quant_bytes: dict[Literal["fp8", "fp4", "int4"], Figure] = {}
     vision: dict | None = None
     notes: str | None = None
 

@@ -37,7 +37,8 @@ def _fmt(x: float, unit: str = "") -> str:
 def cmd_perf(args, con: Console) -> int:
     from simulator.perf import regime
     from simulator.scenario import PoolConfig, deployment_for
-    from simulator.perf import build_step_model, plan_memory
+    from simulator.perf import plan_memory
+    from simulator.step_build import build_step_model
     db = hwdb.load(args.hwdb)
     model = db.model(args.model)
     try:
@@ -78,7 +79,8 @@ def cmd_perf(args, con: Console) -> int:
 
 def cmd_crossover(args, con: Console) -> int:
     from simulator.pd import crossover_bandwidth, fabric_verdicts
-    from simulator.perf import build_step_model, plan_memory
+    from simulator.perf import plan_memory
+    from simulator.step_build import build_step_model
     from simulator.scenario import PoolConfig, deployment_for
     from hwdb.schema import DTYPE_BYTES
     db = hwdb.load(args.hwdb)

@@ -27,8 +27,9 @@ def _split(n: float, k: float, layers: int) -> list[tuple[float, float]]:
     return [(n * k, n * k * layers)] if layers and n > 0 and k > 0 else []
 
 
-def rank_gemms(a: ModelArch, tp: int) -> RankGemms:
-    """The GEMMs of a token on one TP rank: columns split N, rows split K, as vLLM shards them.
+def rank_gemm_groups(a: ModelArch, tp: int) -> dict[str, list[tuple[float, float]]]:
+    """The GEMMs of a token on one TP rank by weight group: columns split N, rows split K, as vLLM
+    shards them.  Keys as :mod:`simulator.linear_groups`: attention, dense_mlp, shared_experts, experts.
 
     Softmax attention: a fused q/k/v projection (KV heads replicated when fewer than ranks) and
     the output projection.  MLA and linear-attention layers, whose projections mix replicated
@@ -36,28 +37,35 @@ def rank_gemms(a: ModelArch, tp: int) -> RankGemms:
     gate/up and down.  Shares are FLOPs per token (2 N K per GEMM, the factor 2 dropped).
     """
     h = a.hidden_size
-    dense: list[tuple[float, float]] = []
+    attn: list[tuple[float, float]] = []
     softmax_layers = a.num_layers - a.num_linear_layers
     if a.is_mla:
         half = a.attn_params_per_layer / (2 * tp)
-        dense += [(half, half * softmax_layers)] * 2
+        attn += [(half, half * softmax_layers)] * 2
     else:
         kv = max(1, a.num_kv_heads // tp) * a.head_dim * 2
         q = a.num_heads * a.head_dim * (2 if a.attn_output_gate else 1) / tp
-        dense += _split(q + kv, h, softmax_layers) + _split(h, a.num_heads * a.head_dim / tp, softmax_layers)
+        attn += _split(q + kv, h, softmax_layers) + _split(h, a.num_heads * a.head_dim / tp, softmax_layers)
     if a.num_linear_layers:
         half = a.linear_attn_params_per_layer / (2 * tp)
-        dense += [(half, half * a.num_linear_layers)] * 2
+        attn += [(half, half * a.num_linear_layers)] * 2
     dense_mlp = a.num_layers - a.moe_layers
-    dense += _split(2 * a.intermediate_size / tp, h, dense_mlp) + _split(h, a.intermediate_size / tp, dense_mlp)
-    experts: list[tuple[float, float]] = []
+    out = {"attention": attn,
+           "dense_mlp": _split(2 * a.intermediate_size / tp, h, dense_mlp) + _split(h, a.intermediate_size / tp, dense_mlp),
+           "shared_experts": [], "experts": []}
     if a.is_moe:
         inter = a.moe_intermediate_size / tp
         shared = a.moe_layers * a.num_shared_experts
-        dense += _split(2 * inter, h, shared) + _split(h, inter, shared)
+        out["shared_experts"] = _split(2 * inter, h, shared) + _split(h, inter, shared)
         routed = a.moe_layers * a.experts_per_token
-        experts += _split(2 * inter, h, routed) + _split(h, inter, routed)
-    return RankGemms(dense, experts)
+        out["experts"] = _split(2 * inter, h, routed) + _split(h, inter, routed)
+    return out
+
+
+def rank_gemms(a: ModelArch, tp: int) -> RankGemms:
+    """The GEMMs of a token on one TP rank: dense (every non-routed group) and routed experts."""
+    g = rank_gemm_groups(a, tp)
+    return RankGemms(g["attention"] + g["dense_mlp"] + g["shared_experts"], g["experts"])
 
 
 def shape_curves(curve: GemmShapeCurve, a: ModelArch, tp: int) -> tuple[EfficiencyCurve, float, float]:

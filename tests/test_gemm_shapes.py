@@ -6,7 +6,7 @@ import pytest
 import hwdb
 from hwdb.schema import GemmShapeCurve
 from simulator.gemm_shapes import rank_gemms, shape_curves
-from simulator.perf import build_step_model
+from simulator.step_build import build_step_model
 from simulator.scenario import PoolConfig, deployment_for
 
 CURVE = GemmShapeCurve(max_eff=0.6, half_m=200.0, half_nk=1e7, source="test curve")
@@ -42,9 +42,10 @@ def test_tp_slices_lose_efficiency_and_tp8_prefill_is_not_eight_times_faster(db)
         return build_step_model(deployment_for(PoolConfig(gpu="B200", tp=tp, dtype="fp8"),
                                                db.model("Llama-3.1-70B"), db))
     s1, s8 = step(1), step(8)
-    assert s8.ceff.max_eff < 0.8 * s1.ceff.max_eff
-    shape = s1.ceff.source
-    assert "gemm_shapes" in shape
+    # Seconds per token of the MLP GEMMs at full ramp: TP8 slices reach a lower fraction of the peak, so
+    # a rank's share takes more than an eighth of TP1's time.
+    mlp = {tp: next(c for name, _, c, _ in s.compute_groups if name == "dense_mlp") for tp, s in ((1, s1), (8, s8))}
+    assert mlp[8] > 1.25 * mlp[1] / 8
     speedup = s1.prefill_time(8192) / s8.prefill_time(8192)
     assert 3.0 < speedup < 8.0
 

@@ -17,7 +17,8 @@ import numpy as np
 import hwdb
 from simulator.errors import WorkloadError
 from simulator.pd import TransferConfigError, build_transfer_plan
-from simulator.perf import FitError, MemoryPlan, StepModel, build_step_model, plan_memory
+from simulator.perf import FitError, MemoryPlan, StepModel, plan_memory
+from simulator.step_build import build_step_model
 from simulator.plan.request import PlanError, PlanRequest
 from simulator.scenario import (KVTransferConfig, PoolConfig, Scenario, ScenarioError, deployment_for,
                                 parse_scenario, rng_streams)

@@ -1,0 +1,183 @@
+"""Coefficients of a :class:`simulator.perf.StepModel` from a deployment.
+
+Everything that depends on the model, GPU, parallel layout, weight format and calibration
+profile is folded here into a few numbers, so that a step's time is a few dozen float
+operations whatever the batch.  Sources of each term:
+
+* linear layers: per weight group (:mod:`simulator.linear_groups`) FLOPs over the group's
+  compute dtype's peak and GEMM efficiency (the profile's GEMM-by-shape curve on this rank's
+  own slices, :mod:`simulator.gemm_shapes`; bf16 the pooled curve), weights streamed at the
+  memory curve;
+* attention: prefill FLOPs at the bf16 peak (the attention kernels compute in bf16 whatever
+  the weights) and the prefill-attention curve; the decode KV stream at the decode-attention curve;
+* element-wise kernels: the bytes of the norms, rotary embedding, activation and MoE token
+  permutation of a layer, at the memory curve's peak fraction;
+* all-reduce: the profile's measured curve for this TP size, else the intra-node link;
+* per-layer kernel floors, launches and host work: the engine profile.
+"""
+from __future__ import annotations
+
+import math
+
+from hwdb.schema import EfficiencyCurve
+from simulator.gemm_shapes import rank_gemm_groups
+from simulator.perf import Deployment, StepModel, kv_bytes_per_token
+
+ACT_BYTES = 2.0   # activations stay bf16 between kernels whatever the weight format
+
+
+def _allreduce_tables(dep: Deployment) -> dict:
+    """StepModel fields of the measured all-reduce for this TP size, or {} (the link model applies)."""
+    curve = dep.profile.allreduce if dep.profile is not None else None
+    graph = curve.table(dep.tp, graph=True) if curve is not None and dep.tp > 1 else None
+    if graph is None:
+        return {}
+    eager = curve.table(dep.tp, graph=False)
+    return {"ar_sizes": graph[0], "ar_graph": _monotone(graph[1]), "ar_eager": _monotone(eager[1])}
+
+
+def _monotone(lat: tuple[float, ...]) -> tuple[float, ...]:
+    """The lower non-decreasing envelope of latencies by size (running minimum from the largest).
+
+    The tables have bumps where one algorithm hands over to the next too late (B200 TP8: 26 us at
+    256-512 KiB, 17 us at 1 MiB); the measured serving runs show no such step in TPOT between
+    batch 8 and 32 (Llama-3.1-70B fp8 TP8: 6.9, 7.6, 9.2 ms), so a message is charged no more than
+    a larger one costs."""
+    out, low = [], math.inf
+    for x in reversed(lat):
+        low = min(low, x)
+        out.append(low)
+    return tuple(reversed(out))
+
+
+def compute_curve(dep: Deployment, dtype: str, shapes: list[tuple[float, float]]) -> EfficiencyCurve:
+    """The compute efficiency of GEMMs of ``shapes`` (per-rank N*K with FLOP shares) in ``dtype``.
+
+    With the profile's GEMM-by-shape curve for that dtype: its peak fraction over these shapes and its
+    M ramp.  Without one, bf16 takes the pooled curve (profile, else GPU defaults); fp8/fp4 take the
+    fp8 table's peak fraction with the bf16 ramp: the fp8 fit's large ramp (half ~120-170 tokens) is
+    the kernel's fixed cost (activation quantisation) charged per FLOP, which would make a batch-1
+    decode compute-bound; that cost is per kernel and carried by the engine's per-layer overhead.
+    """
+    prof, g = dep.profile, dep.gpu
+    pooled = prof.compute_efficiency if prof and prof.compute_efficiency else g.compute_efficiency
+    shape = prof.gemm_shape_efficiency.get(dtype) if prof else None
+    if shape is not None and shapes:
+        return EfficiencyCurve(max_eff=min(1.0, shape.for_shapes(shapes)), half=shape.half_m,
+                               source=f"per-rank GEMM shapes (simulator/gemm_shapes.py) on {shape.source}",
+                               empirical=True)
+    if dtype in ("fp8", "fp4") and prof and prof.compute_efficiency_fp8:
+        f8 = prof.compute_efficiency_fp8
+        return EfficiencyCurve(max_eff=f8.max_eff, half=min(pooled.half, f8.half), source=f8.source, empirical=True)
+    return pooled
+
+
+def elementwise_bytes_per_token(dep: Deployment) -> float:
+    """Bytes one rank's element-wise kernels move per token over the whole model (bf16 activations).
+
+    Per layer, as vLLM's decoder layers run them: two fused residual-add + RMSNorm (read the hidden
+    state and the residual, write both: 4 x hidden each, on every rank), rotary embedding on this
+    rank's queries and keys (read and write), the gated activation (read gate and up, write one:
+    3 x the rank's intermediate width) and, in MoE layers, the top-k partial outputs of every token
+    (vLLM's fused MoE gathers a token's input inside the grouped GEMM but writes its k expert outputs,
+    each hidden-wide on every TP rank, and reads them back to sum: 2 x k x hidden).
+    """
+    a, tp = dep.arch, dep.tp
+    h = a.hidden_size
+    qk = (a.num_heads + max(1, a.num_kv_heads // tp) * tp) * a.head_dim / tp if not a.is_mla else \
+        a.num_heads * (a.qk_rope_head_dim or a.head_dim) / tp
+    dense_layers = a.num_layers - a.moe_layers
+    per_layer = 8.0 * h + 2.0 * qk
+    total = per_layer * a.num_layers + dense_layers * 3.0 * a.intermediate_size / tp
+    if a.is_moe:
+        inter = (a.experts_per_token + a.num_shared_experts) * a.moe_intermediate_size / tp
+        total += a.moe_layers * (3.0 * inter + 2.0 * a.experts_per_token * h)
+    return total * ACT_BYTES / dep.pp
+
+
+def build_step_model(dep: Deployment) -> StepModel:
+    """Coefficients for :class:`StepModel` from a deployment (profile overrides GPU defaults)."""
+    a, g, prof = dep.arch, dep.gpu, dep.profile
+    gpus = dep.gpus
+    meff = (prof.memory_efficiency if prof and prof.memory_efficiency else g.memory_efficiency)
+    ceff = (prof.compute_efficiency if prof and prof.compute_efficiency else g.compute_efficiency)
+    aeff = (prof.attention_prefill_efficiency if prof and prof.attention_prefill_efficiency else ceff)
+    # Decode attention's KV stream: its own fitted curve where a profile has one, else the GEMM memory curve.
+    deff = (prof.attention_decode_efficiency if prof and prof.attention_decode_efficiency else meff)
+    plain = "fp16" if dep.weight_dtype == "fp16" or "bf16" not in g.peak_flops else "bf16"
+    shapes = rank_gemm_groups(a, dep.tp)
+    comp_a = comp_b = 0.0
+    parts = []
+    dense_bytes = expert_bytes = 0.0
+    lm = None
+    for grp in dep.linear_groups():
+        if grp.name == "experts":
+            expert_bytes = a.moe_layers * a.expert_params * grp.weight_bytes / gpus
+        else:
+            dense_bytes += grp.params * grp.weight_bytes / gpus
+        if grp.name == "lm_head":
+            lm = grp
+            continue
+        curve = compute_curve(dep, grp.compute_dtype, shapes.get(grp.name, []))
+        coef = 2.0 * grp.per_token / gpus / (g.flops(grp.compute_dtype) * curve.max_eff)
+        comp_a += coef
+        comp_b += coef * curve.half
+        parts.append((grp.name, grp.compute_dtype, coef, curve.half))
+    lm_curve = compute_curve(dep, lm.compute_dtype, [])
+    lm_coef = 2.0 * lm.per_token / dep.tp / (g.flops(lm.compute_dtype) * lm_curve.max_eff)
+    eng = dep.engine
+    eager = eng.eager_launch_s_per_layer.value * math.ceil(a.num_layers / dep.pp)
+    graph = eng.graph_launch_s.value
+    cpu = eng.cpu
+    cpu_costs = [cpu.step_s.value, cpu.per_running_seq_s.value, cpu.per_waiting_seq_s.value,
+                 cpu.per_token_s.value, cpu.per_sampled_seq_s.value]
+    scale = eng.layer_overhead_scale.get(g.name)
+    layer_s = ((eng.layer_overhead_s.value * a.num_layers if eng.layer_overhead_s else 0.0)
+               + (eng.moe_layer_overhead_s.value * a.moe_layers if eng.moe_layer_overhead_s else 0.0)) \
+        * (scale.value if scale is not None else 1.0)
+    bw = g.memory_bandwidth_Bps.value
+    elem = elementwise_bytes_per_token(dep) / (bw * meff.max_eff)
+    if prof is not None and prof.step_overhead_s is not None:
+        # A calibrated per-step overhead (a harness fit on the real server) replaces the engine's launch,
+        # CPU and per-layer defaults: it measured all of them at once; its compute curve likewise measured
+        # every kernel's per-token work together, element-wise ones included.
+        graph = eager = prof.step_overhead_s
+        cpu_costs = [0.0] * 5
+        layer_s = elem = 0.0
+    return StepModel(
+        comp_a=comp_a, comp_b=comp_b, lm_coef=lm_coef, lm_half=lm_curve.half,
+        attn_s_per_pair=4.0 * a.num_layers * a.attn_dim / gpus / (g.flops(plain) * aeff.max_eff),
+        attn_half=aeff.half,
+        dense_weight_bytes=dense_bytes,
+        expert_bytes=expert_bytes,
+        n_experts=a.num_experts,
+        experts_per_token=a.experts_per_token,
+        kv_bytes_per_token=kv_bytes_per_token(dep),
+        act_bytes_per_token=4.0 * a.hidden_size * ACT_BYTES * a.num_layers / dep.pp,
+        elem_s_per_token=elem,
+        peak_bw=bw,
+        meff=meff,
+        # A token crosses every stage, so it pays every layer's kernel floors and all-reduces in series.
+        mem_floor_bytes=4 * a.num_layers * meff.half,
+        # One message per all-reduce: this step's hidden states in bf16 (vLLM reduces activations in the
+        # model dtype whatever the weight format).
+        ar_msg_bytes_per_token=a.hidden_size * ACT_BYTES,
+        ar_per_step=2 * a.num_layers,
+        ar_bw=dep.intra_link.effective_Bps,
+        ar_latency=dep.intra_link.latency_s.value,
+        tp=dep.tp, pp=dep.pp,
+        pp_handoff_s=dep.intra_link.latency_s.value,
+        graph_launch=graph,
+        eager_launch=eager,
+        max_graph_tokens=0 if dep.knobs.enforce_eager else dep.knobs.max_cudagraph_capture_size,
+        graphs_mixed=eng.graphs_for_mixed_batches,
+        overlapped=eng.scheduling_overlapped,
+        cpu_step=cpu_costs[0], cpu_run=cpu_costs[1], cpu_wait=cpu_costs[2], cpu_tok=cpu_costs[3],
+        cpu_sample=cpu_costs[4],
+        # Every layer runs in series for a token, whatever the pipeline split.
+        layer_s=layer_s,
+        kv_max_eff=deff.max_eff,
+        kv_floor_bytes=a.num_layers * deff.half,
+        compute_groups=tuple(parts) + (("lm_head", lm.compute_dtype, lm_coef, lm_curve.half),),
+        **_allreduce_tables(dep),
+    )
