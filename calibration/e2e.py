@@ -19,8 +19,8 @@ import numpy as np
 import pandas as pd
 
 import hwdb
-from calibration.e2e_rows import REQUESTS_PER_CLIENT, Row, to_scenario, why_not
-from simulator.scenario import ScenarioError, parse_scenario
+from calibration.e2e_rows import REQUESTS_PER_CLIENT, Row, admission_anomaly, to_scenario, why_not
+from simulator.scenario import ScenarioError, parse_scenario, resolve
 
 # Model families whose rows may fit end-to-end terms: the dense Llama-3.1-70B (the only dense model
 # vLLM was measured on), one MoE family per engine (MiniMax-M2.5 for vLLM, DeepSeek for TensorRT-LLM
@@ -41,15 +41,18 @@ def split(row: Row) -> str:
 def _predict_one(row: Row, db, client: dict, requests_per_client: int) -> dict:
     from simulator.run import simulate   # noqa: PLC0415 -- keeps worker start-up light
     rec = {**asdict(row), "subset": row.subset, "split": split(row), "reason": why_not(row, db),
-           "ttft_pred_s": np.nan, "tpot_pred_s": np.nan}
+           "excluded": "", "ttft_pred_s": np.nan, "tpot_pred_s": np.nan}
     if rec["reason"]:
         return rec
     try:
         scn = parse_scenario(to_scenario(row, db, requests_per_client, client), origin=row.id)
+        _, _, pools = resolve(scn, db)
         res = simulate(scn, db=db)
     except ScenarioError as exc:
         rec["reason"] = "does not fit: " + str(exc).split(":")[-1].strip()[:80]
         return rec
+    _, dep, mem, _ = pools[0]
+    rec["excluded"] = admission_anomaly(row, mem.kv_tokens, dep.knobs.max_num_seqs)
     req = res.requests
     done = req[(req["outcome"] == "completed") & ~req.get("warmup", False)]
     rec["ttft_pred_s"] = float(done["ttft_s"].mean())
@@ -109,7 +112,7 @@ def predict(rows: list[Row], client: dict | None = None, workers: int | None = N
 def score(df: pd.DataFrame, by: list[str] | None = None, min_rows: int = 1) -> pd.DataFrame:
     """MAPE and signed mean bias of TTFT and TPOT per group of expressed rows (fractions, not %)."""
     by = by or ["split", "subset"]
-    ok = df[df["reason"] == ""]
+    ok = scored(df)
     g = ok.groupby(by, sort=True)
     out = pd.DataFrame({
         "rows": g.size(),
@@ -117,8 +120,26 @@ def score(df: pd.DataFrame, by: list[str] | None = None, min_rows: int = 1) -> p
         "ttft_bias": g["ttft_err"].mean(),
         "tpot_mape": g["tpot_err"].apply(lambda e: float(np.mean(np.abs(e)))),
         "tpot_bias": g["tpot_err"].mean(),
+        # Medians of |error|: what a typical row sees, beside the MAPE that a few outlying runs can dominate.
+        "ttft_mdape": g["ttft_err"].apply(lambda e: float(np.median(np.abs(e)))),
+        "tpot_mdape": g["tpot_err"].apply(lambda e: float(np.median(np.abs(e)))),
     }).reset_index()
     return out[out["rows"] >= min_rows]
+
+
+def scored(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows that enter the scores: simulated, and not excluded as runs their settings cannot produce."""
+    ok = df["reason"] == ""
+    if "excluded" in df:
+        ok &= df["excluded"].fillna("") == ""
+    return df[ok]
+
+
+def excluded(df: pd.DataFrame) -> pd.DataFrame:
+    """Simulated rows left out of the scores (:func:`calibration.e2e_rows.admission_anomaly`), with why."""
+    if "excluded" not in df:
+        return df.iloc[:0]
+    return df[(df["reason"] == "") & (df["excluded"].fillna("") != "")]
 
 
 def reasons(df: pd.DataFrame) -> pd.DataFrame:
@@ -128,7 +149,7 @@ def reasons(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def worst(df: pd.DataFrame, n: int = 15) -> pd.DataFrame:
-    ok = df[df["reason"] == ""].copy()
+    ok = scored(df).copy()
     ok["worst"] = np.maximum(ok["ttft_err"].abs(), ok["tpot_err"].abs())
     cols = ["id", "split", "subset", "isl", "osl", "concurrency", "ttft_s", "ttft_pred_s", "tpot_s",
             "tpot_pred_s", "ttft_err", "tpot_err"]

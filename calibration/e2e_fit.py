@@ -20,6 +20,8 @@ lines to put in the engine file and the before/after scores.
 from __future__ import annotations
 
 import argparse
+import re
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -86,18 +88,66 @@ def fit_engine(backend: str, rows, workers: int | None = None) -> tuple[dict, pd
     return {**terms[engine], "reference_gpu": ref}, pd.concat([base.assign(stage="before"), final.assign(stage="after")])
 
 
+ENGINE_FILES = Path(__file__).resolve().parents[1] / "hwdb" / "data" / "engines"
+# GPUs without fitting rows that take another GPU's fitted scale, and why.
+SAME_DIE = {"H100-SXM-80GB": ("H200-SXM-141GB", "as H200: the same GH100 die and clocks, only the HBM differs "
+                              "(NVIDIA H200 datasheet); kernel floors follow the die; no H100 fitting rows")}
+# Engines with no measured rows of their own that carry another engine's terms.
+FOLLOWERS = {"vllm-v1": ("vllm-v0", "as vllm-v1 (the same GPU kernels and OpenAI front end; no measured V0 runs "
+                                    "to fit on): see hwdb/data/engines/vllm-v1.yaml")}
+
+
+def yaml_lines(terms: dict, source: str) -> dict[str, str]:
+    """One flow-style YAML line per fitted term of an engine file, each with its source."""
+    def fig(v: float, src: str) -> str:
+        v = 0.0 if abs(v) < 1e-12 else v      # a bound the robust fit sits on, not a measurement
+        return f'{{value: {v:.4g}, source: "{src}", empirical: true}}'
+    out = {k: f"{k}: {fig(terms[k], source)}" for k in TERMS}
+    scales = {g: fig(v, f"fitted on that GPU's fit rows (calibration/e2e_fit.py); {source}")
+              for g, v in sorted(terms["layer_overhead_scale"].items())}
+    for gpu, (ref, why) in SAME_DIE.items():
+        if gpu not in scales and ref in terms["layer_overhead_scale"]:
+            scales[gpu] = fig(terms["layer_overhead_scale"][ref], why)
+    out["layer_overhead_scale"] = "layer_overhead_scale: {" + ", ".join(f"{g}: {f}" for g, f in scales.items()) + "}"
+    return out
+
+
+def write_terms(path: Path, lines: dict[str, str]) -> None:
+    """Replace the fitted terms' lines of an engine file, leaving every other line as written."""
+    src = path.read_text()
+    for key, line in lines.items():
+        src, n = re.subn(rf"^{key}: .*$", lambda _: line, src, flags=re.M)
+        if not n:
+            src = src.rstrip("\n") + "\n" + line + "\n"
+    path.write_text(src)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--engine", action="append", choices=sorted(ENGINES), help="table backend(s) to fit")
     ap.add_argument("--workers", type=int)
+    ap.add_argument("--write", action="store_true", help="write the fitted terms into hwdb/data/engines/<engine>.yaml")
     args = ap.parse_args(argv)
     rows = load_rows()
     for backend in args.engine or ["vllm"]:
         terms, df = fit_engine(backend, rows, args.workers)
         n = int((df["stage"] == "after").sum())
+        fams = sorted({r.model.split("/")[-1] for r in rows if r.backend == backend and e2e.split(r) == "fit"})
+        source = (f"end-to-end fit (python -m calibration.e2e_fit --engine {backend}) on {n} distinct rows of the 'fit' "
+                  f"families of ../shared/data/e2e/serving_measurements.csv ({', '.join(fams)}); per-layer terms on "
+                  f"the {terms['reference_gpu']} rows, other GPUs' scales on their own; docs/validation/e2e.md")
+        lines = yaml_lines(terms, source)
         print(f"# {ENGINES[backend]}: fitted on {n} rows of the 'fit' split (calibration/e2e_fit.py)")
-        for k, v in terms.items():
-            print(f"{k}: {v}" if isinstance(v, (dict, str)) else f"{k}: {{value: {v:.4g}, empirical: true}}")
+        for line in lines.values():
+            print(line)
+        if args.write:
+            path = ENGINE_FILES / f"{ENGINES[backend]}.yaml"
+            write_terms(path, lines)
+            print(f"  wrote {path}")
+            if ENGINES[backend] in FOLLOWERS:
+                name, why = FOLLOWERS[ENGINES[backend]]
+                write_terms(ENGINE_FILES / f"{name}.yaml", yaml_lines(terms, why))
+                print(f"  wrote {ENGINE_FILES / f'{name}.yaml'} ({why})")
         for stage, g in df.groupby("stage"):
             print(f"  {stage}: TTFT MAPE {g['ttft_err'].abs().mean():.1%} bias {g['ttft_err'].mean():+.1%}; "
                   f"TPOT MAPE {g['tpot_err'].abs().mean():.1%} bias {g['tpot_err'].mean():+.1%}")

@@ -46,11 +46,17 @@ def markdown(df: pd.DataFrame, min_rows: int = 20) -> str:
     reasons."""
     from calibration import e2e   # with pandas and the simulator: only when validating
     lines = [CLIENT_NOTE, ""]
+    if "copies" in df and (df["copies"] > 1).any():
+        rep = df[df["copies"] > 1]
+        lines += [f"{int(df['copies'].sum())} table rows hold {len(df)} distinct measured runs: {len(rep)} runs are "
+                  f"listed more than once (the same configuration and figures under several source files) and "
+                  f"count once.", ""]
     by_engine = e2e.score(df, by=["split", "backend"])
-    lines += ["| split | engine | rows | TTFT MAPE | TTFT bias | TPOT MAPE | TPOT bias |", "|---|---|---|---|---|---|---|"]
+    lines += ["| split | engine | rows | TTFT MAPE | TTFT MdAPE | TTFT bias | TPOT MAPE | TPOT MdAPE | TPOT bias |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for r in by_engine.itertuples():
-        lines.append(f"| {r.split} | {r.backend} | {r.rows} | {_mape(r.ttft_mape)} | {_pct(r.ttft_bias)} | "
-                     f"{_mape(r.tpot_mape)} | {_pct(r.tpot_bias)} |")
+        lines.append(f"| {r.split} | {r.backend} | {r.rows} | {_mape(r.ttft_mape)} | {_mape(r.ttft_mdape)} | "
+                     f"{_pct(r.ttft_bias)} | {_mape(r.tpot_mape)} | {_mape(r.tpot_mdape)} | {_pct(r.tpot_bias)} |")
     sub = e2e.score(df, by=["split", "backend", "system", "model", "quant"], min_rows=min_rows)
     lines += ["", f"Subsets (engine x GPU x model x precision, all TP) with at least {min_rows} rows:", "",
               "| split | engine | GPU | model | precision | rows | TTFT MAPE | TTFT bias | TPOT MAPE | TPOT bias |",
@@ -69,6 +75,15 @@ def markdown(df: pd.DataFrame, min_rows: int = 20) -> str:
     for r in e2e.worst(df, 12).itertuples():
         lines.append(f"| {r.id} | {r.split} | {r.isl} | {r.osl} | {r.concurrency} | {1e3 * r.ttft_s:.0f} / "
                      f"{1e3 * r.ttft_pred_s:.0f} | {1e3 * r.tpot_s:.1f} / {1e3 * r.tpot_pred_s:.1f} |")
+    ex = e2e.excluded(df)
+    if len(ex):
+        lines += ["", f"Measured runs left out of the scores ({len(ex)}): simulated, but their own figures say the server "
+                  "held far fewer requests than its stated settings admit (`admission_anomaly` in "
+                  "calibration/e2e_rows.py):", "",
+                  "| id | C | TTFT meas / pred (ms) | TPOT meas / pred (ms) | why |", "|---|---|---|---|---|"]
+        for r in ex.itertuples():
+            lines.append(f"| {r.id} | {r.concurrency} | {1e3 * r.ttft_s:.0f} / {1e3 * r.ttft_pred_s:.0f} | "
+                         f"{1e3 * r.tpot_s:.1f} / {1e3 * r.tpot_pred_s:.1f} | {r.excluded} |")
     lines += ["", "Rows not expressed, by reason:", "", "| reason | rows |", "|---|---|"]
     for r in e2e.reasons(df).itertuples():
         lines.append(f"| {r.reason} | {r.rows} |")
@@ -93,8 +108,9 @@ def html_page(df: pd.DataFrame, title: str = "epdsim end-to-end validation") -> 
 def bands(df: pd.DataFrame) -> dict:
     """Error bands for :mod:`simulator.confidence`: held-out MAPE per engine and per engine x GPU, and
     which model families the table validates (fit or held-out), from a full validation run."""
+    from calibration import e2e   # noqa: PLC0415
     from calibration.e2e_rows import SYSTEMS   # noqa: PLC0415
-    ok = df[df["reason"] == ""]
+    ok = e2e.scored(df)
     held = ok[ok["split"] == "held-out"]
 
     def band(g: pd.DataFrame) -> dict:

@@ -10,6 +10,7 @@ dropped silently).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +55,9 @@ class Row:
     ttft_s: float
     tpot_s: float
     disagg: bool
+    # Rows of the table holding this same measurement (the same run listed under several source
+    # files, e.g. 2026_03_25_... and 2026_04_06_... ids): counted once, the first id kept.
+    copies: int = 1
 
     @property
     def subset(self) -> str:
@@ -76,7 +80,11 @@ class TableError(ValueError):
 
 
 def load_rows(path: str | Path = DEFAULT_TABLE) -> list[Row]:
-    """All rows of the measurement table, in file order (raises :class:`TableError`)."""
+    """The measurement table's runs in file order, each once (raises :class:`TableError`).
+
+    A run listed several times (the same configuration and the same measured figures under several
+    source files) is kept once, its first id, with ``copies`` counting the listings, so that no
+    measurement weighs double in a score."""
     import pandas as pd   # imported here: the CLI starts without pandas
     try:
         df = pd.read_csv(path, dtype={"backend_version": str})
@@ -91,16 +99,22 @@ def load_rows(path: str | Path = DEFAULT_TABLE) -> list[Row]:
     for c in ("isl", "osl", "batch_size", "tp_size", "silicon_ttft_ms", "silicon_tpot_ms"):
         if not pd.api.types.is_numeric_dtype(df[c]):
             raise TableError(f"{path}: column {c} must hold numbers (found e.g. {df[c].iloc[0]!r})")
-    rows = []
+    rows: dict[tuple, Row] = {}
     for r in df.itertuples(index=False):
-        rows.append(Row(
+        row = Row(
             id=str(r.id), backend=str(r.backend), version=str(r.backend_version), model=str(r.model_path),
             system=str(r.system), quant=str(r.gemm_quant_mode), precision=str(r.precision), isl=_int(r.isl), osl=_int(r.osl),
             concurrency=_int(r.batch_size), tp=_int(r.tp_size), pp=_int(r.pp_size),
             dp=_int(r.attention_dp_size), moe_tp=_int(r.moe_tp_size), moe_ep=_int(r.moe_ep_size),
             ttft_s=float(r.silicon_ttft_ms) / 1e3, tpot_s=float(r.silicon_tpot_ms) / 1e3,
-            disagg=str(r.mode) == "disagg"))
-    return rows
+            disagg=str(r.mode) == "disagg")
+        # Every column but the id and the source note: the disaggregated layouts' per-side columns too.
+        key = tuple(str(v) for k, v in r._asdict().items() if k not in ("id", "silicon_data_source"))
+        if key in rows:
+            rows[key] = dataclasses.replace(rows[key], copies=rows[key].copies + 1)
+        else:
+            rows[key] = row
+    return list(rows.values())
 
 
 def why_not(row: Row, db) -> str:
@@ -133,6 +147,24 @@ def why_not(row: Row, db) -> str:
         return "degenerate row (concurrency or lengths)"
     if not (row.ttft_s > 0 and row.tpot_s > 0):
         return "no measured TTFT/TPOT"
+    return ""
+
+
+def admission_anomaly(row: Row, kv_tokens: int, max_num_seqs: int) -> str:
+    """'' or why a measured run cannot have come from an engine that admits every request it has room for.
+
+    Little's law on the closed loop: each of the C users cycles through TTFT + (osl - 1) x TPOT, so the mean
+    number of requests decoding is ``N = C (osl - 1) TPOT / (TTFT + (osl - 1) TPOT)``; the others wait or
+    prefill.  vLLM's scheduler (like SGLang's and TensorRT-LLM's) admits a waiting request as soon as a
+    sequence slot and its KV blocks are free, so a run whose decode batch stays below half of what the
+    stated settings hold (``min(C, max_num_seqs, KV capacity in whole requests)``) while most users wait
+    was limited by something the table does not state (a smaller max_num_seqs, a stalled client)."""
+    cycle = row.ttft_s + (row.osl - 1) * row.tpot_s
+    decoding = row.concurrency * (row.osl - 1) * row.tpot_s / cycle
+    room = min(row.concurrency, max_num_seqs, kv_tokens // max(1, row.isl + row.osl))
+    if decoding < 0.5 * row.concurrency and decoding < 0.5 * room:
+        return (f"measured run its settings cannot produce: {decoding:.0f} of {row.concurrency} users decoding on "
+                f"average (Little's law) where the engine has room for {room}")
     return ""
 
 

@@ -48,18 +48,20 @@ def test_recommendation_meets_slo_and_a_cheaper_rejected_candidate_does_not(plan
     assert rec is not None and rec["verified"] and rec["meets_slo"]
     df = plan.candidates
     assert df.loc[df["id"] == rec["id"], "rejected_reason"].item() == ""
-    # Simulated directly, with more requests and seeds the planner never used.
+    # Simulated directly, with more requests and seeds the planner never used, judged as the planner judges
+    # (mean attainment over replications): near the SLO one replication alone swings (0.74-0.98 here).
     q = plan.request.slo.attainment
-    scn = plan.to_scenario(rec["id"]).model_copy(update={"seed": 99})
-    scn = scn.model_copy(update={"workload": scn.workload.model_copy(update={"num_requests": 1200})})
-    assert simulate(scn, 3).summary["slo_attainment"] >= q
+
+    def attainment(cid: str) -> float:
+        scn = plan.to_scenario(cid).model_copy(update={"seed": 99})
+        scn = scn.model_copy(update={"workload": scn.workload.model_copy(update={"num_requests": 1200})})
+        return float(np.mean([simulate(scn, r).summary["slo_attainment"] for r in range(6)]))
+    assert attainment(rec["id"]) >= q
     cheaper = df[(df["cost_usd_per_hour"] < rec["cost_usd_per_hour"]) & df["verified"] & ~df["meets_slo"]]
     assert len(cheaper), "the rejected list should hold a simulated, cheaper candidate"
     row = cheaper.sort_values("cost_usd_per_hour").iloc[-1]
     assert row["rejected_reason"].startswith("simulated")
-    bad = plan.to_scenario(row["id"]).model_copy(update={"seed": 99})
-    bad = bad.model_copy(update={"workload": bad.workload.model_copy(update={"num_requests": 1200})})
-    assert simulate(bad, 3).summary["slo_attainment"] < q
+    assert attainment(row["id"]) < q
     # Every non-recommended candidate says why it lost.
     assert (df.loc[df["id"] != rec["id"], "rejected_reason"] != "").all()
 

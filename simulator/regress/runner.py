@@ -46,7 +46,7 @@ def _run_e2e(entry, figures: tuple[str, ...]) -> dict[str, float]:
     rows = [r for r in load_rows(entry.table) if r.backend in entry.engines
             and (entry.split == "all" or e2e.split(r) == entry.split)][::entry.sample]
     df = e2e.predict(rows, workers=1)
-    ok = df[df["reason"] == ""]
+    ok = e2e.scored(df)
     vals = {"ttft_mape": ok["ttft_err"].abs().mean(), "tpot_mape": ok["tpot_err"].abs().mean(),
             "ttft_bias": ok["ttft_err"].mean(), "tpot_bias": ok["tpot_err"].mean(), "rows": float(len(ok))}
     return {name: float(vals[name]) for name in figures}
