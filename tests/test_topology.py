@@ -105,3 +105,21 @@ def test_every_shipped_network_layout_cites_its_cloud_documentation():
         assert "https://" in lay.nic_Bps.source, lay.name
         assert lay.fabric in db.links and all(g in db.gpus for g in lay.gpus)
         assert lay.gpus_per_nic * lay.nics_per_node >= lay.gpus_per_node
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"nics_per_node": 3}, "gpus_per_node=8 and nics_per_node=3: one must divide the other"),
+    ({"fabric": "ib-fast"}, "field 'fabric': link 'ib-fast' is not defined in links/"),
+    ({"gpus": ["H100"]}, "field 'gpus': ['H100'] not defined in gpus/ (use canonical names)"),
+    ({"nic_Bps": {"value": 400, "source": "400 Gb/s"}}, "give one NIC's line rate in bytes per second")])
+def test_a_bad_user_network_layout_names_the_file_field_and_fix(tmp_path, change, message):
+    import hwdb
+    import yaml
+    base = {"name": "my-node", "provider": "on-prem", "instance": "dgx", "gpus": ["H100-SXM-80GB"],
+            "gpus_per_node": 8, "fabric": "ib-ndr", "nics_per_node": 8,
+            "nic_Bps": {"value": 50e9, "source": "ConnectX-7 NDR 400 Gb/s"}}
+    (tmp_path / "networks").mkdir()
+    (tmp_path / "networks" / "my-node.yaml").write_text(yaml.safe_dump({**base, **change}))
+    with pytest.raises(hwdb.HwdbError) as err:
+        hwdb.load([tmp_path])
+    assert "my-node.yaml" in str(err.value) and message in str(err.value)
