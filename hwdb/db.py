@@ -10,6 +10,7 @@ name).  Layout of a folder::
     profiles/<name>.yaml      -> calibration profile (hwdb.profiles.Profile)
     engines/<name>.yaml       -> hwdb.schema.EngineProfile
     connectors/<name>.yaml    -> hwdb.schema.Connector (KV-transfer connectors)
+    networks/<name>.yaml      -> hwdb.schema.NetworkLayout (a node type's GPU NICs: link, count, rate)
 
 Every error is a :class:`HwdbError` naming the file, the field and the
 expected form.  :func:`load` parses each folder list once per process (see
@@ -29,7 +30,7 @@ from pydantic import BaseModel, ValidationError
 
 from hwdb.models import ConfigError, ModelArch, arch_from_config
 from hwdb.profiles import Profile, ProfileMatch, version_matches
-from hwdb.schema import GPU, Connector, EngineProfile, Link, ModelSidecar
+from hwdb.schema import GPU, Connector, EngineProfile, Link, ModelSidecar, NetworkLayout
 from simulator.inputs import read_json, read_yaml
 
 DATA_DIR = Path(__file__).parent / "data"
@@ -131,6 +132,7 @@ class HardwareDB:
     profiles: dict[str, Profile] = field(default_factory=dict)
     engines: dict[str, EngineProfile] = field(default_factory=dict)
     connectors: dict[str, Connector] = field(default_factory=dict)
+    networks: dict[str, NetworkLayout] = field(default_factory=dict)
 
     @staticmethod
     def _lookup(kind: str, table: dict, name: str):
@@ -152,6 +154,21 @@ class HardwareDB:
             if p.suffix == ".json" or (("/" in name or "\\" in name) and p.parent.exists()):
                 load_model_dir(p)   # a path the user meant: say what is wrong with it, not "unknown model"
             raise
+
+    def network(self, name: str) -> NetworkLayout:
+        return self._lookup("network layout", self.networks, name)
+
+    def fabric(self, name: str) -> tuple[Link, NetworkLayout | None]:
+        """A KV/embedding fabric by name: a link (links/), or a node type's network layout (networks/), which
+        names its link.  Returns (link, layout or None); unknown names raise HwdbError listing both kinds."""
+        try:
+            return self.link(name), None
+        except HwdbError as exc:
+            try:
+                lay = find("network layout", self.networks, name, "")
+            except HwdbError:
+                raise HwdbError(f"{exc} Or a network layout: {', '.join(sorted(self.networks))}.") from None
+            return self.links[lay.fabric], lay
 
     def connector(self, name: str) -> Connector:
         return self._lookup("connector", self.connectors, name)
@@ -196,7 +213,8 @@ class HardwareDB:
         return self.find_profile(gpu, engine, version, model).profile
 
 
-_SCHEMAS = {"gpus": GPU, "links": Link, "profiles": Profile, "engines": EngineProfile, "connectors": Connector}
+_SCHEMAS = {"gpus": GPU, "links": Link, "profiles": Profile, "engines": EngineProfile, "connectors": Connector,
+            "networks": NetworkLayout}
 
 
 def _load_folder(folder: Path, tables: dict[str, dict], origins: dict) -> None:
@@ -282,4 +300,12 @@ def _load(folders: list[Path]) -> HardwareDB:
             if ref is not None and ref not in links:
                 raise HwdbError(f"{origins.get(g.name, 'GPU ' + repr(g.name))}: field '{fld}': link '{ref}' "
                                 f"is not defined in links/. Known: {sorted(links)}")
+    for lay in tables["networks"].values():
+        where = origins.get(lay.name, f"network {lay.name!r}")
+        if lay.fabric not in links:
+            raise HwdbError(f"{where}: field 'fabric': link '{lay.fabric}' is not defined in links/. Known: {sorted(links)}")
+        bad = [g for g in lay.gpus if g not in tables["gpus"]]
+        if bad:
+            raise HwdbError(f"{where}: field 'gpus': {bad} not defined in gpus/ (use canonical names). "
+                            f"Known: {sorted(tables['gpus'])}")
     return db

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from simulator.inputs import NoBoolNumbers
 
@@ -203,7 +203,7 @@ class Link(_Strict):
 
     name: str
     aliases: tuple[str, ...] = ()
-    kind: Literal["nvlink", "pcie", "infiniband", "roce", "tcp", "vpc", "xgmi"]
+    kind: Literal["nvlink", "pcie", "infiniband", "roce", "efa", "tcp", "vpc", "xgmi"]
     bandwidth_Bps: Figure
     latency_s: Figure
     efficiency: Figure
@@ -229,6 +229,55 @@ class Link(_Strict):
     @property
     def effective_Bps(self) -> float:
         return self.bandwidth_Bps.value * self.efficiency.value
+
+
+class NetworkLayout(_Strict):
+    """How a cloud instance type (or a cluster's node) reaches the network: which link its GPU NICs speak,
+    how many there are and their line rate.  Used as a KV/embedding fabric name: it supplies the link,
+    GPUs per NIC and the NIC rate (``kv_transfer.fabric: gcp-a3-high``).
+
+    ``nics_per_node`` NICs of ``nic_Bps`` each serve ``gpus_per_node`` GPUs; either count divides the
+    other.  Fewer NICs than GPUs: ``gpus_per_node / nics_per_node`` GPUs share one NIC; more NICs than
+    GPUs (AWS p5: 32 EFA cards for 8 GPUs): each GPU has its own ``nics_per_node / gpus_per_node`` NICs,
+    taken together as one per-GPU NIC of their summed rate.
+    """
+
+    name: str
+    aliases: tuple[str, ...] = ()
+    provider: str
+    instance: str
+    gpus: tuple[str, ...] = Field(min_length=1)      # GPU names of hwdb gpus/ this node type carries
+    gpus_per_node: int = Field(ge=1, le=72)
+    fabric: str                                      # the link (links/) its GPU NICs speak
+    nics_per_node: int = Field(ge=1, le=64)
+    nic_Bps: Figure                                  # line rate of one NIC, bytes/s per direction
+    notes: str | None = None
+
+    @field_validator("nic_Bps")
+    @classmethod
+    def _nic_rate(cls, v: Figure) -> Figure:
+        if not 1e8 <= v.value <= 1e12:
+            raise ValueError(f"value must be from 1e8 to 1e12 bytes/s (got {v.value:g}); give one NIC's line "
+                             "rate in bytes per second per direction (400 Gb/s = 50e9)")
+        return v
+
+    @model_validator(mode="after")
+    def _counts_divide(self) -> NetworkLayout:
+        g, n = self.gpus_per_node, self.nics_per_node
+        if max(g, n) % min(g, n):
+            raise ValueError(f"gpus_per_node={g} and nics_per_node={n}: one must divide the other (e.g. 8 GPUs "
+                             "behind 4 NICs, or 32 NICs for 8 GPUs)")
+        return self
+
+    @property
+    def gpus_per_nic(self) -> int:
+        """GPUs behind one (per-GPU aggregated) NIC."""
+        return max(1, self.gpus_per_node // self.nics_per_node)
+
+    @property
+    def per_nic_Bps(self) -> float:
+        """Line rate of that (aggregated) NIC, bytes/s."""
+        return self.nic_Bps.value * max(1, self.nics_per_node // self.gpus_per_node)
 
 
 class KeptModules(_Strict):

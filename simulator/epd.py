@@ -132,7 +132,7 @@ def embedding_path(cfg, db: hwdb.HardwareDB, enc_pool, enc_gpu, enc_gpus: int, l
             raise EPDError(f"{where}: neither GPU has a scale-out link; name embedding_transfer.fabric (e.g. "
                            "roce-200, tcp-25gbe) or set same_node: true")
         try:
-            link = db.link(name)
+            link = db.fabric(name)[0]     # a network layout's link; its NIC layout is a KV-path refinement
         except hwdb.HwdbError as exc:
             raise EPDError(f"embedding_transfer.fabric: {exc}") from None
         if link.kind in ("nvlink", "xgmi", "pcie"):

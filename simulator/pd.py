@@ -17,7 +17,9 @@ a TCP or cloud-VPC NIC is one per node, shared) x link efficiency x connector
 efficiency.  With unequal TP the narrower side is
 the bottleneck, which is how a TP mismatch shows.  Topology as data
 (``kv_transfer.gpus_per_nic``, ``nodes_per_rack``, ``oversubscription``): instances are packed onto
-nodes in order; several small instances behind one NIC share one LinkState, and with an oversubscribed
+nodes in order; ``kv_transfer.fabric`` may name a node type's network layout (hwdb ``networks/``, e.g.
+``gcp-a3-high``: 8 H100 behind 4 NICs), which supplies the link, GPUs per NIC and the NIC rate; several
+small instances behind one NIC share one LinkState, and with an oversubscribed
 leaf switch cross-rack transfers also cross the rack's uplink (prefill and decode pools are taken to sit
 in different racks).  Concurrent transfers share every element of the path max-min fairly
 (:mod:`simulator.fabric`).  P2pNccl's ``kv_buffer_size``: bytes that do not fit in the decode
@@ -134,7 +136,7 @@ def build_transfer_plan(cfg, db: hwdb.HardwareDB, p: Deployment, d: Deployment) 
             raise TransferConfigError(
                 f"kv_transfer.same_node: one prefill ({p.gpus} GPUs) and one decode instance ({d.gpus} GPUs) do not fit "
                 f"in a {p.gpu.gpus_per_node}-GPU {p.gpu.name} node; set same_node: false")
-        link = p.intra_link
+        link, lay = p.intra_link, None
         per_gpu_p = per_gpu_d = link.effective_Bps
     else:
         name = cfg.fabric or p.gpu.scale_out_link
@@ -142,9 +144,11 @@ def build_transfer_plan(cfg, db: hwdb.HardwareDB, p: Deployment, d: Deployment) 
             raise TransferConfigError(f"kv_transfer.fabric: {p.gpu.name} has no default scale-out link; name one "
                                       f"(e.g. roce-200, ib-ndr, tcp-25gbe)")
         try:
-            link = db.link(name)
+            link, lay = db.fabric(name)
         except hwdb.HwdbError as exc:
             raise TransferConfigError(f"kv_transfer.fabric: {exc}") from None
+        if lay is not None:
+            _check_layout_gpus(lay, db, p, d)
         if link.kind in ("nvlink", "xgmi", "pcie"):
             raise TransferConfigError(
                 f"kv_transfer.fabric={link.name} is an intra-node link and cannot connect instances on different "
@@ -152,11 +156,13 @@ def build_transfer_plan(cfg, db: hwdb.HardwareDB, p: Deployment, d: Deployment) 
         per_gpu_p = per_gpu_d = link.effective_Bps
     # RDMA NICs come one per GPU (DGX-style rails) unless the topology says otherwise; a TCP/VPC NIC is
     # one per node, shared by the instances on it.
+    # A network layout (hwdb networks/) gives both from its cloud's documentation; explicit fields win.
     shared_nic = link.kind in ("tcp", "vpc")
-    g = cfg.gpus_per_nic or (p.gpu.gpus_per_node if shared_nic else 1)
+    g = cfg.gpus_per_nic or (lay.gpus_per_nic if lay else p.gpu.gpus_per_node if shared_nic else 1)
     if cfg.same_node:
         g = 1
-    nic = cfg.nic_Bps * link.efficiency.value if cfg.nic_Bps is not None else per_gpu_p
+    nic_line = cfg.nic_Bps if cfg.nic_Bps is not None else lay.per_nic_Bps if lay else None
+    nic = nic_line * link.efficiency.value if nic_line is not None else per_gpu_p
 
     def side(dep):
         nics = max(1, dep.gpus // g)                # NICs an instance spans
@@ -183,7 +189,7 @@ def build_transfer_plan(cfg, db: hwdb.HardwareDB, p: Deployment, d: Deployment) 
     a = p.arch
     layerwise = conn.layerwise if cfg.layerwise is None else cfg.layerwise
     return TransferPlan(
-        connector=conn.name, link_name=link.name,
+        connector=conn.name, link_name=lay.name if lay else link.name,
         kv_bytes_per_token=a.kv_elems_per_token * DTYPE_BYTES[p.kv_dtype],
         prefill_side_Bps=side_p * eff, decode_side_Bps=side_d * eff,
         latency_s=link.latency_s.value, setup_s=conn.setup_s.value, staged_s_per_byte=staged,
@@ -194,6 +200,18 @@ def build_transfer_plan(cfg, db: hwdb.HardwareDB, p: Deployment, d: Deployment) 
         nic_Bps=nic * eff, pool_copy_s_per_byte=2.0 / pcie.effective_Bps / d.tp,
         buffer_bytes=(cfg.kv_buffer_size if cfg.kv_buffer_size is not None
                       else conn.default_buffer_bytes.value if conn.default_buffer_bytes else 0.0))
+
+
+def _check_layout_gpus(lay, db: hwdb.HardwareDB, p: Deployment, d: Deployment) -> None:
+    """A node type's network layout describes the nodes of its own GPUs only."""
+    for dep, role in ((p, "prefill"), (d, "decode")):
+        if dep.gpu.name not in lay.gpus:
+            same = sorted(n for n, x in db.networks.items() if dep.gpu.name in x.gpus)
+            raise TransferConfigError(
+                f"kv_transfer.fabric={lay.name} is the network of {lay.provider} {lay.instance} "
+                f"({lay.gpus_per_node}x {'/'.join(lay.gpus)}) but the {role} pool runs on {dep.gpu.name}; use "
+                + (f"a layout of that GPU ({', '.join(same)})" if same else "a link (ib-ndr, roce-400, tcp-25gbe, ...)")
+                + " or the same GPU for both pools")
 
 
 class PDCoordinator:

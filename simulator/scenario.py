@@ -85,7 +85,8 @@ class KVTransferConfig(_Strict):
     bandwidth_factor: float = Field(1.0, gt=0, le=1)  # degraded fabric: fraction of bandwidth left
     jitter_mean_s: float = Field(0.0, ge=0, le=3600)         # extra latency per transfer, exponential with this mean
     kv_buffer_size: float | None = Field(None, gt=0)  # bytes; receive buffer per decode instance (P2pNccl)
-    # Network topology (simulator/pd.py): GPUs behind one NIC (None: 1 on RDMA fabrics, a node on TCP/VPC),
+    # ``fabric``: a link (hwdb links/) or a node type's network layout (networks/: link, GPUs per NIC, NIC rate).
+    # Network topology (simulator/pd.py): GPUs behind one NIC (None: the layout's, else 1 on RDMA fabrics, a node on TCP/VPC),
     # one NIC's line rate (None: the fabric link's), nodes under one leaf switch and its oversubscription.
     gpus_per_nic: int | None = Field(None, ge=1, le=72)
     nic_Bps: float | None = Field(None, gt=0)

@@ -64,3 +64,62 @@ def test_cross_vendor_pd_pair_is_refused_with_a_reason():
     from simulator.scenario import parse_scenario
     with pytest.raises(ScenarioError, match="one vendor"):
         simulate(parse_scenario(data))
+
+
+def test_cloud_layout_with_two_gpus_per_nic_shows_longer_transfers_than_one_nic_per_gpu():
+    """The shipped cloud layouts (hwdb networks/): gcp-a3-high puts two H100s behind each 200 Gb/s NIC,
+    gcp-a3-mega gives each H100 its own 200 Gb/s NIC; same link model (host-staged TCP), same load.  Eight
+    concurrent prompts: on A3 High two transfers share every NIC, so the wire part takes twice as long."""
+    runs = {}
+    for fabric in ("gcp-a3-mega", "gcp-a3-high"):
+        scn = pd_scenario(n_p=8, n_d=8, kv={"connector": "nixl", "fabric": fabric}, workload=_WL,
+                          engine={"max_num_batched_tokens": 8192})
+        db, _, pools = resolve(scn)
+        plan = build_transfer_plan(scn.kv_transfer, db, pools[0][1], pools[1][1])
+        nbytes = plan.bytes_for(4000)
+        fixed = 2 * plan.latency_s + plan.setup_s + nbytes * plan.staged_s_per_byte
+        runs[fabric] = (plan, simulate(scn).requests["transfer_s"].to_numpy() - fixed)
+    (mega, t1), (high, t2) = runs["gcp-a3-mega"], runs["gcp-a3-high"]
+    assert (mega.prefill_share, high.prefill_share) == (1, 2)
+    assert mega.prefill_side_Bps == high.prefill_side_Bps            # the same NIC rate per instance
+    assert t2 == pytest.approx(2 * t1, rel=1e-6) and t2.mean() > 1.9 * t1.mean()
+
+
+def test_a_cloud_layout_names_its_link_and_refuses_pools_on_other_gpus():
+    db, _, pools = resolve(pd_scenario(kv={"connector": "nixl", "fabric": "p5.48xlarge"}))
+    plan = build_transfer_plan(pd_scenario(kv={"connector": "nixl", "fabric": "aws-p5"}).kv_transfer, db,
+                               pools[0][1], pools[1][1])
+    # four 100 Gb/s EFA cards per H100, taken together: 400 Gb/s x link and connector efficiencies
+    assert plan.link_name == "aws-p5" and plan.prefill_share == 1
+    assert plan.prefill_side_Bps == pytest.approx(50e9 * db.link("aws-efa").efficiency.value
+                                                  * db.connector("nixl").efficiency.value)
+    h200 = pd_scenario(gpu="H200", kv={"connector": "nixl", "fabric": "aws-p5"})
+    with pytest.raises(ScenarioError, match=r"aws-p5 is the network of AWS p5\.48xlarge .* H200.*aws-p5e"):
+        simulate(h200)
+
+
+def test_every_shipped_network_layout_cites_its_cloud_documentation():
+    db = resolve(pd_scenario())[0]
+    assert {"aws-p5", "aws-p5e", "gcp-a3-high", "gcp-a3-mega", "gcp-a3-ultra", "azure-nd-h100-v5"} <= set(db.networks)
+    for lay in db.networks.values():
+        assert "https://" in lay.nic_Bps.source, lay.name
+        assert lay.fabric in db.links and all(g in db.gpus for g in lay.gpus)
+        assert lay.gpus_per_nic * lay.nics_per_node >= lay.gpus_per_node
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"nics_per_node": 3}, "gpus_per_node=8 and nics_per_node=3: one must divide the other"),
+    ({"fabric": "ib-fast"}, "field 'fabric': link 'ib-fast' is not defined in links/"),
+    ({"gpus": ["H100"]}, "field 'gpus': ['H100'] not defined in gpus/ (use canonical names)"),
+    ({"nic_Bps": {"value": 400, "source": "400 Gb/s"}}, "give one NIC's line rate in bytes per second")])
+def test_a_bad_user_network_layout_names_the_file_field_and_fix(tmp_path, change, message):
+    import hwdb
+    import yaml
+    base = {"name": "my-node", "provider": "on-prem", "instance": "dgx", "gpus": ["H100-SXM-80GB"],
+            "gpus_per_node": 8, "fabric": "ib-ndr", "nics_per_node": 8,
+            "nic_Bps": {"value": 50e9, "source": "ConnectX-7 NDR 400 Gb/s"}}
+    (tmp_path / "networks").mkdir()
+    (tmp_path / "networks" / "my-node.yaml").write_text(yaml.safe_dump({**base, **change}))
+    with pytest.raises(hwdb.HwdbError) as err:
+        hwdb.load([tmp_path])
+    assert "my-node.yaml" in str(err.value) and message in str(err.value)

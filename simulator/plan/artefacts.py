@@ -18,12 +18,10 @@ from simulator.coldstart import breakdown
 from simulator.k8s import recommend_probes
 from simulator.scenario import deployment_for, resolve
 
-from simulator.plan.manifests import (P2P_KV_PORT, P2P_PROXY_ZMQ_PORT, SGLANG_BOOTSTRAP_PORT, SGLANG_PORT,
-                                     VLLM_PORT, ArtefactOptions, cache_claim, connector_env, engine_deployment,
-                                     env_exports, proxy_objects)
+from simulator.plan.manifests import (P2P_KV_PORT, P2P_PROXY_ZMQ_PORT, SGLANG_PORT, VLLM_PORT, ArtefactOptions,
+                                     cache_claim, connector_env, engine_deployment, env_exports, proxy_objects)
 from simulator.plan.readme import readme
-
-_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp8": "auto"}
+from simulator.plan.sglang import _DTYPE, ROUTER_MODULE, router_args, sglang_args, sglang_objects
 
 
 class _NoAliases(yaml.SafeDumper):
@@ -99,44 +97,30 @@ def vllm_args(model_id: str, dep, role: str, connector, encoder_tier: bool = Fal
     return args
 
 
-def sglang_args(model_id: str, dep, role: str, connector, tcp: bool = False, encoder_urls: list[str] | None = None,
-                ib_device: str | None = None) -> list[str]:
-    """``python -m sglang.launch_server`` arguments for one instance of a pool, in the flags of SGLang's
-    server arguments and its PD/EPD disaggregation docs (``docs/advanced_features/pd_disaggregation.md``,
-    ``epd_disaggregation.md``): SGLang listens on 30000; the prefill side opens a bootstrap port (8998)."""
-    k = dep.knobs
-    args = ["--model-path", model_id, "--host", "0.0.0.0", "--port", str(SGLANG_PORT), "--tp-size", str(dep.tp),
-            "--dtype", _DTYPE[dep.weight_dtype], "--context-length", str(k.max_model_len)]
-    if role == "encoder":
-        return args + ["--encoder-only", "--encoder-transfer-backend", "mooncake" if not tcp else "zmq_to_scheduler"]
-    args += ["--max-running-requests", str(k.max_num_seqs), "--chunked-prefill-size", str(k.max_num_batched_tokens),
-             "--mem-fraction-static", f"{k.gpu_memory_utilization:g}"]
-    if dep.kv_dtype == "fp8":
-        args += ["--kv-cache-dtype", "fp8_e4m3"]
-    if role in ("prefill", "decode"):
-        backend = connector.name if connector is not None and connector.name in ("nixl", "mooncake") else "mooncake"
-        args += ["--disaggregation-mode", role, "--disaggregation-transfer-backend", backend]
-        if role == "prefill":
-            args += ["--disaggregation-bootstrap-port", str(SGLANG_BOOTSTRAP_PORT)]
-        if ib_device and not tcp and backend == "mooncake":
-            args += ["--disaggregation-ib-device", ib_device]
-    if encoder_urls and role in ("colocated", "prefill"):
-        args += ["--language-only", "--encoder-urls", *encoder_urls,
-                 "--encoder-transfer-backend", "mooncake" if not tcp else "zmq_to_scheduler"]
-    return args
-
-
-def _probes(dep):
-    return recommend_probes(breakdown(dep, "miss", level="high"), path="/health", port=VLLM_PORT)
+def _probes(dep, port: int = VLLM_PORT):
+    """Probes on /health sized by the cold-start model (vLLM's phases; SGLang's start has the same ones:
+    weights, warm-up, graph capture)."""
+    return recommend_probes(breakdown(dep, "miss", level="high"), path="/health", port=port)
 
 
 def _fabric(db, scn, dep):
-    """The KV fabric's link of a PD scenario (None for colocated) and whether it is TCP (no GPU-direct)."""
+    """The KV fabric of a PD scenario: (link or None for colocated, TCP i.e. no GPU-direct, network layout)."""
     if not scn.is_pd:
-        return None, False
+        return None, False, None
     kv = scn.kv_transfer
-    link = dep.intra_link if kv.same_node else db.link(kv.fabric or dep.gpu.scale_out_link)
-    return link, not link.gpu_direct
+    if kv.same_node:
+        return dep.intra_link, not dep.intra_link.gpu_direct, None
+    link, lay = db.fabric(kv.fabric or dep.gpu.scale_out_link)
+    return link, not link.gpu_direct, lay
+
+
+def _rdma(link, lay, gpus: int, opts: ArtefactOptions) -> tuple[str, int]:
+    """The NIC device-plugin resource a PD pod requests: on EFA the AWS plugin's vpc.amazonaws.com/efa, one
+    per EFA card of the pod's GPUs (4 per GPU on p5); elsewhere ArtefactOptions.rdma_resource."""
+    if link.kind == "efa" and opts.rdma_resource == ArtefactOptions.rdma_resource:
+        per_gpu = lay.nics_per_node // lay.gpus_per_node if lay and lay.nics_per_node >= lay.gpus_per_node else 1
+        return "vpc.amazonaws.com/efa", per_gpu * gpus
+    return opts.rdma_resource, opts.rdma_per_pod
 
 
 def artefacts(result, candidate_id: str | None = None, options: ArtefactOptions | None = None) -> dict[str, str]:
@@ -144,7 +128,8 @@ def artefacts(result, candidate_id: str | None = None, options: ArtefactOptions 
 
     ``vllm/<pool>.sh``, ``sglang/<pool>.sh`` (and ``sglang/router.sh`` for PD), ``k8s/deployment.yaml``
     (multi-document: model-cache claim, Deployments and Services of the pools and, for PD/EPD, of the
-    proxy), ``router.yaml``, ``README.md``.  ``options``: registry, RDMA resource, host networking, ...
+    proxy), ``k8s/sglang.yaml`` (the same deployment on SGLang, with its router for PD; apply one of the
+    two), ``router.yaml``, ``README.md``.  ``options``: registry, RDMA resource, host networking, ...
     (:class:`ArtefactOptions`).  Raises ValueError when there is no recommendation and no id.
     """
     opts = options or ArtefactOptions()
@@ -165,12 +150,13 @@ def artefacts(result, candidate_id: str | None = None, options: ArtefactOptions 
         # The encoder instance runs the same vLLM with --mm-encoder-only; its cold start is sized on the
         # model's deployment on that GPU (an upper bound: it loads the vision tower only).
         items.insert(0, (enc, deployment_for(enc, model, db)))
-    link, tcp = _fabric(db, scn, items[-1][1])
-    rdma = scn.is_pd and not tcp and link.kind in ("infiniband", "roce")
+    link, tcp, lay = _fabric(db, scn, items[-1][1])
+    rdma = scn.is_pd and not tcp and link.kind in ("infiniband", "roce", "efa")
     svc = {pool.name: dns_name(f"{base}-{pool.name}") for pool, _ in items}
     claim = dns_name(f"{base}-model-cache")
     files: dict[str, str] = {}
     docs: list[dict] = [cache_claim(claim, opts)]
+    sg_pools: list[dict] = []
     routes = []
     enc_urls = [f"http://{svc[enc.name]}:{SGLANG_PORT}"] if enc is not None else None
     for pool, dep in items:
@@ -192,9 +178,12 @@ def artefacts(result, candidate_id: str | None = None, options: ArtefactOptions 
         image = opts.vllm_rocm_image if amd else opts.vllm_image
         if connector is not None and connector.name == "p2pnccl":
             image = opts.p2pnccl_vllm_image
+        nic = _rdma(link, lay, dep.gpus, opts) if rdma and pool.role in ("prefill", "decode") else None
         docs += engine_deployment(name, pool.role, pool.instances, opts.image(image), ["vllm", "serve"], va,
                                   "amd.com/gpu" if amd else "nvidia.com/gpu", dep.gpus, _probes(dep), env,
-                                  rdma and pool.role in ("prefill", "decode"), opts, extra, claim)
+                                  nic, opts, extra, claim)
+        sg_pools.append({"name": name, "role": pool.role, "instances": pool.instances, "amd": amd, "args": sa,
+                         "gpus": dep.gpus, "probes": _probes(dep, SGLANG_PORT), "env": env, "rdma": nic})
         routes.append({"pool": pool.name, "role": pool.role, "service": f"http://{name}:{VLLM_PORT}",
                        "replicas": pool.instances, "policy": pool.router})
     ends: dict[str, list[str]] = {}
@@ -208,6 +197,11 @@ def artefacts(result, candidate_id: str | None = None, options: ArtefactOptions 
         image = opts.image(opts.proxy_image or (opts.vllm_rocm_image if first.gpu.vendor == "amd" else opts.vllm_image))
         docs += proxy_objects(proxy_name, proxy_kind, image, ends, opts)
     files["k8s/deployment.yaml"] = yaml.dump_all(docs, Dumper=_NoAliases, sort_keys=False)
+    sg = {r["role"]: f"http://{svc[r['pool']]}:{SGLANG_PORT}" for r in routes}
+    sg_router = router_args(sg["prefill"], sg["decode"]) if scn.is_pd else None
+    files["k8s/sglang.yaml"] = yaml.dump_all(
+        sglang_objects(sg_pools, cache_claim(claim, opts), opts, proxy_name if scn.is_pd else None, sg_router),
+        Dumper=_NoAliases, sort_keys=False)
     router = {"model": model_id, "mode": ("e+" if enc is not None else "") + ("pd" if scn.is_pd else "colocated"),
               "pools": routes}
     if proxy_kind is not None:
@@ -216,14 +210,12 @@ def artefacts(result, candidate_id: str | None = None, options: ArtefactOptions 
     if scn.is_pd:
         router["kv_transfer"] = {"connector": kv_transfer_json(connector, "decode", proxy_name)["kv_connector"],
                                  "fabric": cand.fabric, "tcp": tcp, "flow": scn.kv_transfer.flow}
-        sg = {r["role"]: f"http://{svc[r['pool']]}:{SGLANG_PORT}" for r in routes}
-        cmd = ("python -m sglang_router.launch_router --pd-disaggregation "
-               f"--prefill {sg['prefill']} {SGLANG_BOOTSTRAP_PORT} --decode {sg['decode']} --host 0.0.0.0 --port 8000")
+        cmd = f"python -m {ROUTER_MODULE} " + shlex.join(sg_router)
         router["sglang_router"] = cmd
         files["sglang/router.sh"] = "#!/usr/bin/env bash\n# SGLang's PD router in front of the pools\n" + cmd + "\n"
     files["router.yaml"] = yaml.safe_dump(router, sort_keys=False)
     rec = result.recommended if result.recommended and result.recommended["id"] == cid else None
-    files["README.md"] = readme(result, cand, model, rec, opts, proxy_kind=proxy_kind, tcp=tcp, rdma=rdma,
+    files["README.md"] = readme(result, cand, model, rec, opts, proxy_kind=proxy_kind, tcp=tcp, rdma=rdma, layout=lay,
                                 amd=any(d.gpu.vendor == "amd" for _, d in items), link=link,
                                 connector=connector.name if connector else None, encoder=enc is not None)
     return files

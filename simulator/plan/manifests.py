@@ -27,7 +27,6 @@ P2P_KV_PORT = 21001
 P2P_PROXY_HTTP_PORT = 10001
 P2P_PROXY_ZMQ_PORT = 30001
 VLLM_REF = "v0.32.0"
-_RAW = f"https://raw.githubusercontent.com/vllm-project/vllm/{VLLM_REF}/"
 TOY_PROXY = "tests/v1/kv_connector/nixl_integration/toy_proxy_server.py"
 P2P_PROXY = "examples/online_serving/disaggregated_serving_p2p_nccl_xpyd/disagg_proxy_p2p_nccl_xpyd.py"
 EPD_PROXY = "examples/disaggregated/disaggregated_encoder/disagg_epd_proxy.py"
@@ -47,9 +46,18 @@ class ArtefactOptions:
     vllm_image: str = "vllm/vllm-openai:v0.32.0"
     vllm_rocm_image: str = "rocm/vllm:latest"
     # P2pNcclConnector and KVTransferConfig.kv_buffer_size are gone from vLLM 0.32 (its connector registry
-    # has no P2pNcclConnector; checked against the installed vLLM by the tests): P2pNccl plans pin the
-    # release of vLLM's P2P NCCL guide (docs/design/p2p_nccl_connector.md, "pip install vllm>=0.9.2").
+    # has no P2pNcclConnector; checked against the installed vLLM by the tests): P2pNccl plans pin v0.10.1,
+    # a release that has both: vllm/distributed/kv_transfer/kv_connector/v1/p2p (listed in the v0.10.0 and
+    # later API docs, docs.vllm.ai/en/v0.10.0/api/vllm/distributed/kv_transfer/kv_connector/v1/), registered as
+    # "P2pNcclConnector" in kv_connector/factory.py, and KVTransferConfig.kv_buffer_size/kv_port/
+    # kv_connector_extra_config (still there in v0.12.0, docs.vllm.ai/en/v0.12.0/api/vllm/config/kv_transfer/);
+    # the tag's image exists on Docker Hub (used by Azure/aks-rdma-infiniband PR #92).  Its proxy script is
+    # fetched at the same tag (proxy_ref).
     p2pnccl_vllm_image: str = "vllm/vllm-openai:v0.10.1"
+    # SGLang's images (docs: "latest contains the newest stable release"; AMD's ROCm build, rocm.docs.amd.com
+    # SGLang inference page); pin the release you tested.
+    sglang_image: str = "lmsysorg/sglang:latest"
+    sglang_rocm_image: str = "rocm/sgl-dev:v0.5.13.post1-ubuntu24.04-py3.14-rocm7.14"
     proxy_image: str | None = None               # default: the vLLM image (it has fastapi/httpx/uvicorn)
     rdma_resource: str = "rdma/ib"
     rdma_per_pod: int = 1
@@ -62,6 +70,15 @@ class ArtefactOptions:
 
     def image(self, name: str) -> str:
         return f"{self.registry.rstrip('/')}/{name}" if self.registry else name
+
+
+def proxy_ref(kind: str, opts: ArtefactOptions) -> str:
+    """The vLLM git tag a proxy script is fetched at: that of the image its pods run (P2pNccl pools pin
+    their own), so that script and servers speak the same protocol."""
+    if kind == "p2pnccl":
+        tag = opts.p2pnccl_vllm_image.rsplit(":", 1)[-1]
+        return tag if tag.startswith("v") else VLLM_REF
+    return VLLM_REF
 
 
 def connector_env(connector: str, tcp: bool, opts: ArtefactOptions) -> list[dict]:
@@ -105,21 +122,25 @@ def _pod_spec(containers: list[dict], opts: ArtefactOptions, volumes: list[dict]
 
 
 def engine_deployment(name: str, role: str, replicas: int, image: str, command: list[str], args: list[str],
-                      gpu_resource: str, gpus: int, probes, env: list[dict], rdma: bool, opts: ArtefactOptions,
-                      extra_ports: list[dict], cache_claim: str) -> list[dict]:
-    """A vLLM pool's Deployment (GPU and RDMA resources, probes, env, shm and caches) and its Service."""
+                      gpu_resource: str, gpus: int, probes, env: list[dict], rdma: tuple[str, int] | None,
+                      opts: ArtefactOptions, extra_ports: list[dict], cache_claim: str, *, engine: str = "vllm",
+                      port: int = VLLM_PORT) -> list[dict]:
+    """A pool's Deployment (GPU and RDMA resources, probes, env, shm and caches) and its Service.
+
+    ``engine``: ``vllm`` or ``sglang`` (container name and compile-cache path); ``port``: the HTTP port the
+    server listens on; ``rdma``: (device-plugin resource, count per pod) on RDMA fabrics, else None."""
     labels = labels_for(name, role)
     limits = {gpu_resource: str(gpus)}
     if rdma:
-        limits[opts.rdma_resource] = str(opts.rdma_per_pod)
+        limits[rdma[0]] = str(rdma[1])
     container = {
-        "name": "vllm", "image": image, "command": command, "args": args,
-        "ports": [{"name": "http", "containerPort": VLLM_PORT, "protocol": "TCP"}] + extra_ports,
+        "name": engine, "image": image, "command": command, "args": args,
+        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}] + extra_ports,
         "resources": {"limits": dict(limits), "requests": dict(limits)},
         "startupProbe": probes.startup.to_k8s(), "livenessProbe": probes.liveness.to_k8s(),
         "readinessProbe": probes.readiness.to_k8s(),
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"},
-                         {"name": "vllm-cache", "mountPath": "/root/.cache/vllm"},
+                         {"name": "compile-cache", "mountPath": f"/root/.cache/{engine}"},
                          {"name": "hf-cache", "mountPath": "/root/.cache/huggingface"}],
     }
     if env:
@@ -128,7 +149,7 @@ def engine_deployment(name: str, role: str, replicas: int, image: str, command: 
     if rdma:
         # RDMA verbs need locked memory; IPC_LOCK lets the NIC pin the KV buffers.
         container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
-    volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}, {"name": "vllm-cache", "emptyDir": {}},
+    volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}, {"name": "compile-cache", "emptyDir": {}},
                {"name": "hf-cache", "persistentVolumeClaim": {"claimName": cache_claim}}]
     deployment = {
         "apiVersion": "apps/v1", "kind": "Deployment",
@@ -138,7 +159,8 @@ def engine_deployment(name: str, role: str, replicas: int, image: str, command: 
                  "template": {"metadata": {"labels": labels},
                               "spec": _pod_spec([container], opts, volumes, opts.host_network and rdma)}},
     }
-    return [deployment, service(name, labels, [("http", VLLM_PORT)])]
+    ports = [("http", port)] + [(p["name"], p["containerPort"]) for p in extra_ports if p["name"] == "bootstrap"]
+    return [deployment, service(name, labels, ports)]
 
 
 def service(name: str, labels: dict, ports: list[tuple[str, int]]) -> dict:
@@ -158,9 +180,9 @@ def cache_claim(name: str, opts: ArtefactOptions) -> dict:
 
 def proxy_objects(name: str, kind: str, image: str, ends: dict[str, list[str]], opts: ArtefactOptions) -> list[dict]:
     """The request router in front of the pools: a Deployment running vLLM's own proxy script for ``kind``
-    (``toy``: NIXL/Mooncake, ``p2pnccl``, ``epd``), fetched at ``VLLM_REF`` (bake it into an image for an
-    air-gapped cluster), and its Service.  ``ends``: role -> Service URLs of that role."""
-    labels = labels_for(name, "proxy")
+    (``toy``: NIXL/Mooncake, ``p2pnccl``, ``epd``), fetched at the vLLM tag of the pods it serves
+    (:func:`proxy_ref`; bake it into an image for an air-gapped cluster), and its Service, with probes."""
+    raw = f"https://raw.githubusercontent.com/vllm-project/vllm/{proxy_ref(kind, opts)}/"
     if kind == "p2pnccl":
         script, pre = P2P_PROXY, "pip install --no-cache-dir quart && "
         run = "python3 /tmp/proxy.py"     # the script binds 10001 (clients) and 30001 (registrations)
@@ -178,10 +200,27 @@ def proxy_objects(name: str, kind: str, image: str, ends: dict[str, list[str]], 
         run = (f"python3 /tmp/proxy.py --host 0.0.0.0 --port {VLLM_PORT} --prefiller-hosts {hp['prefill'][0]} "
                f"--prefiller-ports {hp['prefill'][1]} --decoder-hosts {hp['decode'][0]} --decoder-ports {hp['decode'][1]}")
         ports = [("http", VLLM_PORT)]
-    cmd = f"{pre}curl -fsSL {_RAW}{script} -o /tmp/proxy.py && exec {run}"
-    container = {"name": "proxy", "image": image, "command": ["/bin/sh", "-c"], "args": [cmd],
+    cmd = f"{pre}curl -fsSL {raw}{script} -o /tmp/proxy.py && exec {run}"
+    return router_objects(name, image, ["/bin/sh", "-c"], [cmd], ports, opts, start_budget_s=300)
+
+
+def router_objects(name: str, image: str, command: list[str], args: list[str], ports: list[tuple[str, int]],
+                   opts: ArtefactOptions, start_budget_s: int = 120) -> list[dict]:
+    """A request router in front of the pools (a vLLM proxy script, SGLang's router): one replica, its
+    Service, and TCP probes on its first port (the scripts have no common health route; an accepted
+    connection means the server listens).  The startup probe allows ``start_budget_s`` for what the
+    container does first (pip install, downloading the script); liveness restarts a hung router after 30 s."""
+    labels = labels_for(name, "proxy")
+    first = ports[0][0]
+    startup = {"tcpSocket": {"port": first}, "periodSeconds": 5, "timeoutSeconds": 3, "successThreshold": 1,
+               "failureThreshold": start_budget_s // 5 + 1}
+    container = {"name": "router", "image": image, "command": command, "args": args,
                  "ports": [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in ports],
-                 "readinessProbe": {"tcpSocket": {"port": ports[0][0]}, "periodSeconds": 5},
+                 "startupProbe": startup,
+                 "livenessProbe": {"tcpSocket": {"port": first}, "periodSeconds": 10, "timeoutSeconds": 5,
+                                   "successThreshold": 1, "failureThreshold": 3},
+                 "readinessProbe": {"tcpSocket": {"port": first}, "periodSeconds": 5, "timeoutSeconds": 3,
+                                    "successThreshold": 1, "failureThreshold": 3},
                  "resources": {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "8Gi"}}}
     deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "labels": labels},
                   "spec": {"replicas": 1, "selector": {"matchLabels": labels},

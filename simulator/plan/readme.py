@@ -1,10 +1,11 @@
 """The README of a plan's artefact folder: what was planned, how to apply it, what to edit first."""
 from __future__ import annotations
 
-from simulator.plan.manifests import EPD_PROXY, P2P_PROXY, TOY_PROXY, VLLM_REF
+from simulator.plan.manifests import EPD_PROXY, P2P_PROXY, TOY_PROXY, proxy_ref
 
 
-def readme(result, cand, model, rec, opts, *, proxy_kind, tcp, rdma, amd, link, connector, encoder) -> str:
+def readme(result, cand, model, rec, opts, *, proxy_kind, tcp, rdma, amd, link, connector, encoder,
+           layout=None) -> str:
     name = result.request.name
     lines = [f"# {name}: {cand.layout}", "",
              f"Planned by epdsim for {result.request.target_rate:g} req/s of {model.name}; cost "
@@ -14,7 +15,7 @@ def readme(result, cand, model, rec, opts, *, proxy_kind, tcp, rdma, amd, link, 
                      "over the target).")
     lines += ["", "## Apply", "", "```bash", "kubectl create namespace epdsim   # or use your own",
               "kubectl -n epdsim create secret generic hf-token --from-literal=HF_TOKEN=...   # gated models only",
-              "kubectl -n epdsim apply -f k8s/deployment.yaml",
+              "kubectl -n epdsim apply -f k8s/deployment.yaml   # vLLM; or k8s/sglang.yaml for SGLang (not both)",
               "kubectl -n epdsim rollout status deploy --timeout=60m", "```", "",
               "Requests go to " + ("the proxy Service (see `router.yaml`, `proxy.service`)." if proxy_kind
                                    else "the pool's Service (`router.yaml`)."),
@@ -29,7 +30,15 @@ def readme(result, cand, model, rec, opts, *, proxy_kind, tcp, rdma, amd, link, 
               "`nvidia.com/gpu.product`) so that each pool lands on the GPU it was planned for.",
               "- **Probes** are sized by the cold-start model with a 50% margin (`epdsim probes`); the modelled "
               "start is in the `epdsim/modelled-start-s` annotation. A slower registry or storage needs more."]
-    if rdma:
+    if layout is not None:
+        lines.append(f"- **Network**: planned on {layout.provider} {layout.instance} ({layout.nics_per_node} NICs for "
+                     f"{layout.gpus_per_node} GPUs, {layout.gpus_per_nic} GPU(s) per NIC); add a node selector for "
+                     "that instance type so that the pods land on it.")
+    if rdma and link.kind == "efa":
+        lines += ["- **EFA**: PD pods request `vpc.amazonaws.com/efa` (the AWS EFA device plugin) and `IPC_LOCK`. "
+                  "NIXL reaches EFA through its Libfabric backend, not UCX: select it as vLLM's NixlConnector guide "
+                  "says (\"Selecting a NIXL transport backend\"); SGLang's Mooncake backend needs its EFA build."]
+    elif rdma:
         lines += [f"- **RDMA**: PD pods request `{opts.rdma_resource}: {opts.rdma_per_pod}` (the device-plugin "
                   "resource of your RDMA NICs; change `ArtefactOptions(rdma_resource=...)`) and `IPC_LOCK`. "
                   + ("They run with `hostNetwork: true`." if opts.host_network else
@@ -46,9 +55,10 @@ def readme(result, cand, model, rec, opts, *, proxy_kind, tcp, rdma, amd, link, 
                   + f"; set the interface (`{opts.socket_ifname}`). Expect the KV transfer time the plan shows."]
     if proxy_kind:
         script = {"p2pnccl": P2P_PROXY, "epd": EPD_PROXY}.get(proxy_kind, TOY_PROXY)
-        lines += [f"- **Proxy**: runs vLLM's `{script}` downloaded at {VLLM_REF} when the pod starts; for an "
-                  "air-gapped cluster bake it into an image. It is vLLM's example proxy (no retries or auth): put "
-                  "your own gateway in front for production."]
+        lines += [f"- **Proxy**: runs vLLM's `{script}` downloaded at {proxy_ref(proxy_kind, opts)} when the pod "
+                  "starts (TCP startup, readiness and liveness probes); for an air-gapped cluster bake it into an "
+                  "image. It is vLLM's example proxy (no retries or auth): put your own gateway in front for "
+                  "production."]
         if proxy_kind == "p2pnccl":
             lines.append("- **P2pNcclConnector**: instances register with the proxy (`proxy_ip`/`proxy_port` 30001 "
                          "in `--kv-transfer-config`); `http_port` must equal `--port`; `kv_buffer_size` on decode is "
@@ -61,8 +71,11 @@ def readme(result, cand, model, rec, opts, *, proxy_kind, tcp, rdma, amd, link, 
               "- `sglang/<pool>.sh`" + (", `sglang/router.sh`" if proxy_kind in ("toy", "p2pnccl") else "")
               + ": SGLang equivalents (port 30000; PD prefill bootstrap port 8998"
               + ("; the encoder pool `--encoder-only`, the language model `--language-only --encoder-urls`"
-                 if encoder else "") + "). Replace the host names with where they run; no Kubernetes objects are "
-              "written for SGLang.",
+                 if encoder else "") + "). The host names are the Services of `k8s/sglang.yaml`.",
+              f"- `k8s/sglang.yaml`: the same pools on SGLang (`{opts.sglang_image}`"
+              + (f", ROCm `{opts.sglang_rocm_image}`" if amd else "") + "), probes on `/health:30000`"
+              + (", SGLang's PD router as the proxy Service" if proxy_kind in ("toy", "p2pnccl") else "")
+              + ". Same Service names as the vLLM file: apply one of the two.",
               "- `k8s/deployment.yaml`: model-cache claim, per pool a Deployment and Service"
               + (", the proxy Deployment and Service" if proxy_kind else "") + ".",
               "- `router.yaml`: epdsim's description of the pools behind the router (not a router's own config)."]
