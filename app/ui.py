@@ -162,9 +162,38 @@ def result_cards(res, c: dict) -> None:
     cols[3].metric("SLO attainment", fmt.percent(s["slo_attainment"]),
                    help="share of requests that completed within every SLO target")
     cols[3].caption(f"target {fmt.percent(slo.attainment, 0)} of requests")
-    cols[4].metric("cost per hour", fmt.usd(c["usd_per_hour"]))
-    cols[4].caption(f"{s['gpus']} GPUs")
+    cols[4].metric("cost per hour", fmt.usd(c["usd_per_hour"]),
+                   help="mean over the run of the GPU-hours billed as instances came and went" if c.get("with_scaling")
+                   else "GPUs x their price per GPU-hour (hwdb list price unless overridden under Prices)")
+    if c.get("with_scaling"):
+        cols[4].caption(f"with scaling: {fmt.usd(c['usd'])} for {c['gpu_hours']:,.2f} GPU-hours")
+    else:
+        cols[4].caption(f"{s['gpus']} GPUs")
     cols[5].metric("$ per M output tokens", fmt.usd(c["usd_per_million_output_tokens"], 3))
+
+
+def ops_cards(res) -> None:
+    """The operations figures of a run with autoscaling or faults (``summary["operations"]``); nothing
+    for a run without."""
+    o = res.summary.get("operations")
+    if o is None:
+        return
+    ups = o["scale_ups"]
+    cols = st.columns(6)
+    cols[0].metric("availability", fmt.percent(o["availability"]),
+                   help="completed / (completed + rejected + failed)")
+    cols[1].metric("failed requests", f"{o['failed']:,}", help="ended by a crash or with their retries exhausted")
+    cols[2].metric("retried requests", f"{o['retried_requests']:,}", help="sent again at least once")
+    cols[2].caption(f"{o['retries']:,} re-sends, {o['discarded_tokens']:,} tokens discarded")
+    kinds = ", ".join(f"{k} {v}" for k, v in sorted(o["crashes_by_kind"].items()))
+    cols[3].metric("crashes", f"{o['crashes']:,}", help=kinds or None)
+    cols[4].metric("scale-ups", f"{len(ups):,}", help="instances ordered by the autoscaler")
+    cols[4].caption("peak serving " + ", ".join(f"{k} {v}" for k, v in o["peak_instances"].items()))
+    cols[5].metric("GPU-hours", f"{o['gpu_hours']:,.2f}", help="billed from provisioning to removal, crash or the end")
+    cols[5].caption(f"{o['wasted_gpu_s']:,.0f} GPU-s wasted (starting, lost work)")
+    if ups:
+        st.caption(f"{o['slo_violations_during_scale_up']:,} of {o['slo_violations']:,} SLO violations arrived while "
+                   f"a scale-up was pending")
 
 
 SHOWN_ROWS = 1000

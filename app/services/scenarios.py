@@ -280,10 +280,19 @@ class Prices:
 def cost(results, prices: Prices | None = None, db: hwdb.HardwareDB | None = None) -> dict:
     """Cost per hour and per million output (and total) tokens, with optional price overrides per GPU.
 
+    A run with operations (autoscaling, crashes) is priced by its billed GPU-hours: ``usd_per_hour`` is
+    then the mean over the run, and the dict adds ``with_scaling`` (True), ``usd`` and ``gpu_hours``.
+
     Without overrides this is the run's own summary (hwdb list prices); with them, GPUs without an
     override keep their list price from ``db`` (loaded from the scenario's folders when not given).
     """
     s = results.summary
+    if "operations" in s:
+        # instances come and go (autoscaling, crashes): the GPU-hours actually billed, as a mean per hour
+        from app.services.opsviews import ops_cost
+        c = ops_cost(results, prices, db)
+        return {k: c[k] for k in ("usd_per_hour", "usd_per_million_output_tokens", "usd_per_million_total_tokens")} \
+            | {"with_scaling": True, "usd": c["usd"], "gpu_hours": c["gpu_hours"]}
     pools = results.info["pools"]
     if prices is None or all(prices.get(p["gpu"]) is None for p in pools):
         per_hour = s["cost_usd_per_hour"]
