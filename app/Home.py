@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # `streamlit run 
 import streamlit as st  # noqa: E402
 
 from app import charts, report, ui, ui_builder  # noqa: E402
-from app.services import opsviews, scenarios, views  # noqa: E402
+from app.services import glossary, opsviews, scenarios, views  # noqa: E402
 from simulator.confidence import describe  # noqa: E402
 from simulator.saturation import saturation  # noqa: E402
 
@@ -24,6 +24,8 @@ st.caption("Discrete-event simulation of vLLM/SGLang serving: colocated, prefill
            "Edit the scenario on the left; results update when it changes.")
 
 d, prices = ui_builder.sidebar()
+with st.expander("What the terms mean (layouts, TTFT/TPOT, SLO attainment, goodput, ...)"):
+    st.markdown(glossary.markdown())
 res, key = ui.run_scenario(d)
 if res is not None:
     s, info = res.summary, res.info
@@ -58,8 +60,11 @@ if res is not None:
                 cols[i % len(cols)].plotly_chart(fig, key=k)
         if view == "Operations":
             st.dataframe(opsviews.events_frame(res.summary["operations"]), hide_index=True, key="ops-events")
+    b1, b2 = st.columns(2)
+    with b1:
+        ui.pin_button(d)
     # The prepared report lives under its own state key: a widget's key is read-only in session_state.
-    if st.button("Prepare HTML report", key="make-report"):
+    if b2.button("Prepare HTML report", key="make-report"):
         st.session_state["report-html"] = (key, report.results_html(res, prices=prices))
     if st.session_state.get("report-html", (None,))[0] == key:
         st.download_button("Download HTML report", st.session_state["report-html"][1], f"{res.scenario.name}.html",

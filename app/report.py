@@ -51,8 +51,8 @@ def _yaml_block(title: str, text: str, ident: str) -> str:
 
 
 def _scenario_yaml(scn) -> str:
-    import yaml
-    return yaml.safe_dump(scn.model_dump(mode="json"), sort_keys=False)
+    from app.services.share import portable_yaml
+    return portable_yaml(scn.model_dump(mode="json"))
 
 
 def _ms(x: float) -> str:
