@@ -96,8 +96,9 @@ def _pools(d: dict, opts: builder.Options) -> dict:
             continue
         eng = pool.get("engine") or {}
         with st.expander("engine arguments"):
-            e = st.selectbox("engine", opts.engines, index=list(opts.engines).index(eng.get("engine", "vllm-v1")),
-                             key=_k(f"engine-{i}-{mode}"))
+            cur = eng.get("engine", "vllm-v1")
+            engines = list(opts.engines) + ([cur] if cur not in opts.engines else [])   # shown by validation
+            e = st.selectbox("engine", engines, index=engines.index(cur), key=_k(f"engine-{i}-{mode}"))
             seqs = st.number_input("max_num_seqs (0 = vLLM default)", 0, 4096, int(eng.get("max_num_seqs") or 0),
                                    key=_k(f"seqs-{i}-{mode}"))
             toks = st.number_input("max_num_batched_tokens (0 = default)", 0, 262144,
