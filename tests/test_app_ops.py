@@ -132,3 +132,16 @@ def test_home_shows_operations_cards_and_timelines():
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     assert "Operations" not in at.radio(key="view").options and "scale-ups" not in {x.label for x in at.metric}
+
+
+def test_operations_page_opens_an_operations_run_on_home():
+    at = AppTest.from_file(str(REPO / "app" / "Home.py"), default_timeout=240).run()
+    at.switch_page("pages/3_Operations.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    at.button(key="ops-open-fp8_decode_crashes_pd.yaml").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.radio(key="view").value == "Operations"
+    m = {x.label: x.value for x in at.metric}
+    assert m["crashes"] == "1" and int(m["retried requests"]) >= 1
+    assert {json.loads(c.proto.spec)["layout"]["title"]["text"] for c in at.get("plotly_chart")} >= {
+        "Instances over time", "Cost with scaling"}
