@@ -230,6 +230,7 @@ def failures_figure(fails: pd.DataFrame) -> go.Figure:
     fig = _fig("Failed and retried requests (by arrival time)", "arrival time (s)", "requests")
     for col, colour in (("failed", "#ff2b2b"), ("retried", "#ff8700"), ("rejected", "#6d3fc0")):
         fig.add_trace(go.Bar(x=fails["t_s"], y=fails[col], name=col, marker_color=colour))
+    fig.update_yaxes(rangemode="nonnegative")
     fig.update_layout(barmode="group", showlegend=True)
     return fig
 
