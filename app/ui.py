@@ -47,7 +47,9 @@ def scenario() -> dict:
             except scenarios.InputError as exc:      # shown by the builder; the default scenario meanwhile
                 st.session_state["link-error"] = str(exc)
         st.session_state["scenario"] = d
-    return st.session_state["scenario"]
+    d = st.session_state["scenario"]
+    publish(d)                 # every page's link carries it: a refresh on any page keeps the session's edits
+    return d
 
 
 def load_scenario(d: dict) -> None:

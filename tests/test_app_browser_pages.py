@@ -70,10 +70,16 @@ def _alerts(drv) -> str:
 
 
 def _click(drv, text: str) -> None:
+    """Click the button labelled ``text`` once it is there, again if a rerun replaced it meanwhile."""
     from selenium.webdriver.common.by import By
-    buttons = [b for b in drv.find_elements(By.CSS_SELECTOR, "button") if b.text.strip() == text]
-    assert buttons, f"no button {text!r}"
-    buttons[0].click()
+
+    def press(d) -> bool:
+        buttons = [b for b in d.find_elements(By.CSS_SELECTOR, "button") if b.text.strip() == text]
+        if buttons and buttons[0].is_enabled():
+            buttons[0].click()
+            return True
+        return False
+    _wait(drv, 60).until(press)
 
 
 def _shot(drv, name: str) -> None:
@@ -144,13 +150,13 @@ def test_compare_colocated_vs_pd(app_server, driver):
     legend = {t.text for t in driver.find_elements(By.CSS_SELECTOR, ".js-plotly-plot .legendtext")}
     assert {"colocated", "PD"} <= legend, legend
     assert "Best value per row highlighted" in body_text(driver)
+    _wait(driver, 30).until(lambda d: "scenario=" in d.current_url)          # a refresh here keeps the scenario
     assert_no_traceback(driver)
     _shot(driver, "compare")
 
 
 def test_plan_recommends_a_deployment(app_server, driver):
     driver.get(app_server + "Plan")
-    _wait(driver, 60).until(lambda d: any(b.text == "Run the planner" for b in d.find_elements("css selector", "button")))
     _click(driver, "Run the planner")
     _wait(driver, 300).until(lambda d: "Recommended:" in _alerts(d) or "No candidate" in _alerts(d))
     text = _alerts(driver)

@@ -97,7 +97,8 @@ def portable_yaml(d: dict) -> str:
 
 def encode(d: dict) -> str:
     """``d`` (made :func:`portable`) as a URL parameter value: compact JSON, zlib, URL-safe base64."""
-    raw = json.dumps(portable(d), separators=(",", ":"), ensure_ascii=False).encode()
+    # default=str: YAML may hold dates or other non-JSON scalars; the schema reads them back as text
+    raw = json.dumps(portable(d), separators=(",", ":"), ensure_ascii=False, default=str).encode()
     return base64.urlsafe_b64encode(zlib.compress(raw, 9)).decode().rstrip("=")
 
 
