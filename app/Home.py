@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # `streamlit run 
 import streamlit as st  # noqa: E402
 
 from app import charts, report, ui, ui_builder  # noqa: E402
-from app.services import scenarios, views  # noqa: E402
+from app.services import glossary, opsviews, scenarios, views  # noqa: E402
 from simulator.confidence import describe  # noqa: E402
 from simulator.saturation import saturation  # noqa: E402
 
@@ -24,6 +24,8 @@ st.caption("Discrete-event simulation of vLLM/SGLang serving: colocated, prefill
            "Edit the scenario on the left; results update when it changes.")
 
 d, prices = ui_builder.sidebar()
+with st.expander("What the terms mean (layouts, TTFT/TPOT, SLO attainment, goodput, ...)"):
+    st.markdown(glossary.markdown())
 res, key = ui.run_scenario(d)
 if res is not None:
     s, info = res.summary, res.info
@@ -31,6 +33,7 @@ if res is not None:
     layout = " + ".join(f"{p['instances']}× {p['gpu']} TP{p['tp']} {p['role']}" for p in info["pools"])
     st.subheader(f"{info['model']} on {layout}")
     ui.result_cards(res, c)
+    ui.ops_cards(res)
     sat = saturation(res)
     if sat:
         st.error(sat["message"], icon="🔥")
@@ -38,13 +41,16 @@ if res is not None:
         st.warning(f"{s['rejected']} requests rejected and {s['unfinished']} unfinished of {s['requests']}: "
                    "the deployment does not keep up or prompts exceed max_model_len.")
     # Only the chosen view is drawn: building every figure on each change would cost more than the simulation.
-    view = st.radio("view", [*charts.GROUPS, "Tables"], horizontal=True, key="view", label_visibility="collapsed")
+    views_on_offer = [*charts.groups(res), "Tables"]
+    if st.session_state.get("view") not in views_on_offer:      # Operations, left from a run that had them
+        st.session_state["view"] = views_on_offer[0]
+    view = st.radio("view", views_on_offer, horizontal=True, key="view", label_visibility="collapsed")
     if view == "Tables":
         ui.tables_view(res)
     else:
         log = view != "Breakdown" and st.toggle("log scale (latencies, queue length)", key="log-axes")
         figs = charts.results_figures(res.scenario.name, res, res.scenario.slo.ttft_s, res.scenario.slo.tpot_s,
-                                      which=charts.GROUPS[view], log=log)
+                                      which=charts.GROUPS[view], log=log, prices=prices)
         if view == "Breakdown":
             st.plotly_chart(figs["breakdown"], key="breakdown")
             st.dataframe(views.phase_frame(res.requests), hide_index=True)
@@ -52,8 +58,13 @@ if res is not None:
             cols = st.columns(2 if len(figs) > 1 else 1)
             for i, (k, fig) in enumerate(figs.items()):
                 cols[i % len(cols)].plotly_chart(fig, key=k)
+        if view == "Operations":
+            st.dataframe(opsviews.events_frame(res.summary["operations"]), hide_index=True, key="ops-events")
+    b1, b2 = st.columns(2)
+    with b1:
+        ui.pin_button(d)
     # The prepared report lives under its own state key: a widget's key is read-only in session_state.
-    if st.button("Prepare HTML report", key="make-report"):
+    if b2.button("Prepare HTML report", key="make-report"):
         st.session_state["report-html"] = (key, report.results_html(res, prices=prices))
     if st.session_state.get("report-html", (None,))[0] == key:
         st.download_button("Download HTML report", st.session_state["report-html"][1], f"{res.scenario.name}.html",

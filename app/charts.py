@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from app.services import views
+from app.services import opsviews, views
 
 LABELS = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2e": "E2E"}
 # Streamlit's categorical chart colours (light theme), so that a report's series look as on the page.
@@ -201,17 +201,70 @@ def predicted_vs_measured_figure(df: pd.DataFrame, metric: str) -> go.Figure:
     return fig
 
 
+def instances_figure(series: pd.DataFrame, events: pd.DataFrame) -> go.Figure:
+    """Instances over time per pool (:func:`opsviews.instances_series`): serving as a solid step line,
+    billed (starting included) dashed; scale-ups, scale-downs and crashes as markers on the time axis."""
+    fig = _fig("Instances over time", "time (s)", "instances")
+    for i, (pool, g) in enumerate(series.groupby("pool", sort=False)):
+        colour = PALETTE[(2 * i) % len(PALETTE)]
+        fig.add_trace(go.Scatter(x=g["t_s"], y=g["serving"], mode="lines", line_shape="hv", name=f"{pool} serving",
+                                 line=dict(color=colour)))
+        fig.add_trace(go.Scatter(x=g["t_s"], y=g["billed"], mode="lines", line_shape="hv", name=f"{pool} billed",
+                                 line=dict(color=colour, dash="dot")))
+    marks = {"scale-up": ("triangle-up", "#29b09d"), "scale-down": ("triangle-down", "#ff8700"),
+             "crash": ("x", "#ff2b2b")}
+    for kind, (symbol, colour) in marks.items():
+        ev = events[events["event"] == kind]
+        if ev.empty:
+            continue
+        fig.add_trace(go.Scatter(x=ev["time_s"], y=[0] * len(ev), mode="markers", name=kind,
+                                 text=[f"{p}: {kind} x{c}. {w}" for p, c, w in zip(ev["pool"], ev["count"], ev["detail"])],
+                                 hoverinfo="x+text", marker=dict(symbol=symbol, size=13, color=colour)))
+    fig.update_yaxes(rangemode="tozero")
+    fig.update_layout(showlegend=True)
+    return fig
+
+
+def failures_figure(fails: pd.DataFrame) -> go.Figure:
+    """Failed, retried and rejected requests per arrival time bin (:func:`opsviews.failures_series`)."""
+    fig = _fig("Failed and retried requests (by arrival time)", "arrival time (s)", "requests")
+    for col, colour in (("failed", "#ff2b2b"), ("retried", "#ff8700"), ("rejected", "#6d3fc0")):
+        fig.add_trace(go.Bar(x=fails["t_s"], y=fails[col], name=col, marker_color=colour))
+    fig.update_yaxes(rangemode="nonnegative")
+    fig.update_layout(barmode="group", showlegend=True)
+    return fig
+
+
+def cost_figure(cost: pd.DataFrame) -> go.Figure:
+    """Cumulative cost over the run (:func:`opsviews.cost_series`) with the billed GPUs on a second axis."""
+    fig = _fig("Cost with scaling", "time (s)", "cumulative cost ($)")
+    fig.add_trace(go.Scatter(x=cost["t_s"], y=cost["cost_usd"], mode="lines", name="cost so far ($)"))
+    fig.add_trace(go.Scatter(x=cost["t_s"], y=cost["gpus"], mode="lines", line_shape="hv", name="billed GPUs",
+                             yaxis="y2", line=dict(dash="dot")))
+    fig.update_layout(yaxis2=dict(title="billed GPUs", overlaying="y", side="right", showgrid=False,
+                                  rangemode="tozero"), showlegend=True, margin=dict(l=50, r=60, t=50, b=90))
+    return fig
+
+
 GROUPS = {"Latency CDFs": ("cdf_ttft", "cdf_tpot", "cdf_itl", "cdf_e2e"),
           "Breakdown": ("breakdown",),
           "Time series": ("throughput", "batch", "kv", "queue", "links"),
-          "Per request": ("scatter",)}
+          "Per request": ("scatter",),
+          "Operations": ("instances", "failures", "cost")}   # only for runs with operations (autoscaling, faults)
+
+
+def groups(res) -> list[str]:
+    """The chart groups a run has: Operations only for a run with operations."""
+    return [g for g in GROUPS if g != "Operations" or "operations" in res.summary]
 
 
 def results_figures(name: str, res, slo_ttft: float | None, slo_tpot: float | None,
-                    which: tuple[str, ...] | None = None, log: bool = False) -> dict[str, go.Figure]:
-    """The charts of one run keyed by a short id (all of :data:`GROUPS`, or only ``which``); ``log``: log
-    latency axes (CDFs' x, the scatter's TTFT) and log queue lengths."""
-    want = set(which) if which is not None else {k for g in GROUPS.values() for k in g}
+                    which: tuple[str, ...] | None = None, log: bool = False,
+                    prices=None) -> dict[str, go.Figure]:
+    """The charts of one run keyed by a short id (all of its :func:`groups`, or only ``which``); ``log``: log
+    latency axes (CDFs' x, the scatter's TTFT) and log queue lengths; ``prices``: overrides for the cost
+    chart of an operations run."""
+    want = set(which) if which is not None else {k for g in groups(res) for k in GROUPS[g]}
     figs = {}
     slos = {"ttft": slo_ttft, "tpot": slo_tpot, "itl": slo_tpot, "e2e": None}
     if want & set(GROUPS["Latency CDFs"]):
@@ -234,4 +287,12 @@ def results_figures(name: str, res, slo_ttft: float | None, slo_tpot: float | No
         figs["links"] = link_figure(res.links)
     if "scatter" in want:
         figs["scatter"] = log_axes(scatter_figure(res.requests, slo_ttft), y=log)
+    o = res.summary.get("operations")
+    if o is not None and want & set(GROUPS["Operations"]):
+        if "instances" in want:
+            figs["instances"] = instances_figure(opsviews.instances_series(o), opsviews.events_frame(o))
+        if "failures" in want:
+            figs["failures"] = failures_figure(opsviews.failures_series(res.requests))
+        if "cost" in want:
+            figs["cost"] = cost_figure(opsviews.cost_series(o, opsviews.pool_prices(res, prices)))
     return figs

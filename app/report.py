@@ -51,8 +51,8 @@ def _yaml_block(title: str, text: str, ident: str) -> str:
 
 
 def _scenario_yaml(scn) -> str:
-    import yaml
-    return yaml.safe_dump(scn.model_dump(mode="json"), sort_keys=False)
+    from app.services.share import portable_yaml
+    return portable_yaml(scn.model_dump(mode="json"))
 
 
 def _ms(x: float) -> str:
@@ -70,8 +70,19 @@ def summary_rows(res, prices: Prices | None = None) -> list[tuple[str, str]]:
              ("SLO attainment", f"{fmt.percent(s['slo_attainment'])} (target {fmt.percent(res.scenario.slo.attainment, 0)}"
                                 f" within {slo_text(res.scenario.slo.ttft_s, res.scenario.slo.tpot_s)})"),
              ("GPUs", str(s["gpus"])),
-             ("cost", f"${c['usd_per_hour']:,.2f}/h, ${c['usd_per_million_output_tokens']:,.3f} per M output tokens"),
+             ("cost", f"${c['usd_per_hour']:,.2f}/h, ${c['usd_per_million_output_tokens']:,.3f} per M output tokens"
+                      + (f" (mean with scaling: ${c['usd']:,.2f} for {c['gpu_hours']:,.2f} GPU-hours)"
+                         if c.get("with_scaling") else "")),
              ("perf model", res.info.get("perf_model", ""))]
+    o = s.get("operations")
+    if o is not None:
+        kinds = ", ".join(f"{k} {v}" for k, v in sorted(o["crashes_by_kind"].items())) or "none"
+        rows += [("availability / failed", f"{fmt.percent(o['availability'])} / {o['failed']:,}"),
+                 ("retried requests (re-sends)", f"{o['retried_requests']:,} ({o['retries']:,})"),
+                 ("crashes", f"{o['crashes']:,} ({kinds})"),
+                 ("scale-ups / peak serving instances", f"{len(o['scale_ups']):,} / " +
+                  ", ".join(f"{k} {v}" for k, v in o["peak_instances"].items())),
+                 ("GPU-hours", f"{o['gpu_hours']:,.3f}")]
     rows += [(f"confidence ({p['name']})", describe(p["confidence"])) for p in res.info.get("pools", [])
              if "confidence" in p]
     return rows
@@ -86,7 +97,7 @@ def results_html(res, name: str | None = None, prices: Prices | None = None, plo
     """A run's summary table and every Results chart."""
     scn = res.scenario
     name = name or scn.name
-    figs = charts.results_figures(name, res, scn.slo.ttft_s, scn.slo.tpot_s)
+    figs = charts.results_figures(name, res, scn.slo.ttft_s, scn.slo.tpot_s, prices=prices)
     layout = ", ".join(f"{p['instances']}x {p['gpu']} TP{p['tp']} ({p['role']})" for p in res.info["pools"])
     body = [f"<h1>{html.escape(name)}</h1>",
             f"<p>{html.escape(res.info['model'])} on {html.escape(layout)}; seed {scn.seed}. "

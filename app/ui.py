@@ -10,7 +10,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from app.services import jobs, scenarios
+from app.services import glossary, jobs, scenarios, share
 from simulator import fmt
 
 
@@ -36,10 +36,45 @@ def db(d: dict | None = None):
 
 
 def scenario() -> dict:
-    """The scenario being edited (shared by every page of this browser session)."""
+    """The scenario being edited (shared by every page of this browser session): at the session's
+    start the one in the page's link (``?scenario=...``, see :mod:`app.services.share`) or the default."""
     if "scenario" not in st.session_state:
-        st.session_state["scenario"] = scenarios.default_scenario()
-    return st.session_state["scenario"]
+        d = scenarios.default_scenario()
+        link = st.query_params.get(share.URL_PARAM)
+        if link:
+            try:
+                d = share.decode(link)
+            except scenarios.InputError as exc:      # shown by the builder; the default scenario meanwhile
+                st.session_state["link-error"] = str(exc)
+        st.session_state["scenario"] = d
+    d = st.session_state["scenario"]
+    publish(d)                 # every page's link carries it: a refresh on any page keeps the session's edits
+    return d
+
+
+def load_scenario(d: dict) -> None:
+    """Replace the edited scenario by a loaded one (YAML, example): the widgets re-read it and its own
+    name and description hold until it is edited."""
+    set_scenario(d, reset_widgets=True)
+    st.session_state.pop(LABEL_BASE, None)
+    st.session_state[LABEL_CUSTOM] = {}
+
+
+LABEL_BASE, LABEL_CUSTOM = "label-base", "label-custom"
+
+
+def publish(d: dict) -> list[str]:
+    """Put scenario ``d`` into the page's link so that a refresh or a shared link restores it.
+    Returns the uploaded files it reads (then the link is left without a scenario: it cannot carry them)."""
+    files = share.uploaded_files(d)
+    if files:
+        if share.URL_PARAM in st.query_params:
+            del st.query_params[share.URL_PARAM]
+        return files
+    q = share.encode(d)
+    if st.query_params.get(share.URL_PARAM) != q:
+        st.query_params[share.URL_PARAM] = q
+    return []
 
 
 def set_scenario(d: dict, reset_widgets: bool = False) -> None:
@@ -160,11 +195,54 @@ def result_cards(res, c: dict) -> None:
     cols[2].metric("output tok/s", f"{s['output_tokens_per_s']:,.0f}")
     cols[2].caption(f"{s['throughput_rps']:,.2f} req/s completed")
     cols[3].metric("SLO attainment", fmt.percent(s["slo_attainment"]),
-                   help="share of requests that completed within every SLO target")
+                   help=glossary.help_for("SLO attainment"))
     cols[3].caption(f"target {fmt.percent(slo.attainment, 0)} of requests")
-    cols[4].metric("cost per hour", fmt.usd(c["usd_per_hour"]))
-    cols[4].caption(f"{s['gpus']} GPUs")
+    cols[4].metric("cost per hour", fmt.usd(c["usd_per_hour"]),
+                   help="mean over the run of the GPU-hours billed as instances came and went" if c.get("with_scaling")
+                   else "GPUs x their price per GPU-hour (hwdb list price unless overridden under Prices)")
+    if c.get("with_scaling"):
+        cols[4].caption(f"with scaling: {fmt.usd(c['usd'])} for {c['gpu_hours']:,.2f} GPU-hours")
+    else:
+        cols[4].caption(f"{s['gpus']} GPUs")
     cols[5].metric("$ per M output tokens", fmt.usd(c["usd_per_million_output_tokens"], 3))
+
+
+def ops_cards(res) -> None:
+    """The operations figures of a run with autoscaling or faults (``summary["operations"]``); nothing
+    for a run without."""
+    o = res.summary.get("operations")
+    if o is None:
+        return
+    ups = o["scale_ups"]
+    cols = st.columns(6)
+    cols[0].metric("availability", fmt.percent(o["availability"]),
+                   help="completed / (completed + rejected + failed)")
+    cols[1].metric("failed requests", f"{o['failed']:,}", help="ended by a crash or with their retries exhausted")
+    cols[2].metric("retried requests", f"{o['retried_requests']:,}", help="sent again at least once")
+    cols[2].caption(f"{o['retries']:,} re-sends, {o['discarded_tokens']:,} tokens discarded")
+    kinds = ", ".join(f"{k} {v}" for k, v in sorted(o["crashes_by_kind"].items()))
+    cols[3].metric("crashes", f"{o['crashes']:,}", help=kinds or None)
+    cols[4].metric("scale-ups", f"{len(ups):,}", help="instances ordered by the autoscaler")
+    cols[4].caption("peak serving " + ", ".join(f"{k} {v}" for k, v in o["peak_instances"].items()))
+    cols[5].metric("GPU-hours", f"{o['gpu_hours']:,.2f}", help="billed from provisioning to removal, crash or the end")
+    cols[5].caption(f"{o['wasted_gpu_s']:,.0f} GPU-s wasted (starting, lost work)")
+    if ups:
+        st.caption(f"{o['slo_violations_during_scale_up']:,} of {o['slo_violations']:,} SLO violations arrived while "
+                   f"a scale-up was pending")
+
+
+PINNED = "pinned"      # name -> scenario dict, pinned for the Compare page
+
+
+def pin_button(d: dict) -> None:
+    """One click keeps scenario ``d`` for the Compare page, which then shows it against whatever the
+    scenario is when you get there ("pinned vs current")."""
+    pinned = st.session_state.setdefault(PINNED, {})
+    if st.button("Pin for Compare", key="pin-home",
+                 help="keep this configuration; edit the scenario, then open Compare to see both side by side"):
+        pinned[str(d.get("name") or f"scenario {len(pinned) + 1}")] = d
+    if pinned:
+        st.caption(f"pinned for Compare: {', '.join(pinned)}")
 
 
 SHOWN_ROWS = 1000

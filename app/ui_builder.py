@@ -6,12 +6,10 @@ re-initialises them.
 """
 from __future__ import annotations
 
-import yaml
-
 import streamlit as st
 
 from app import ui
-from app.services import builder, scenarios
+from app.services import builder, glossary, scenarios, share
 
 
 def _k(name: str) -> str:
@@ -41,7 +39,16 @@ def _upload_scenario() -> None:
             ui.show_error(exc)
             return
         st.session_state["loaded-yaml"] = sig
-        ui.set_scenario(d, reset_widgets=True)
+        ui.load_scenario(d)
+        st.rerun()
+
+
+def _examples() -> None:
+    pick = st.selectbox("Start from an example", list(scenarios.EXAMPLES), index=None,
+                        format_func=scenarios.EXAMPLES.get, placeholder="choose a shipped example…",
+                        key=_k("example"), help="replaces the scenario being edited (save it first to keep it)")
+    if pick is not None:
+        ui.load_scenario(scenarios.example(pick))
         st.rerun()
 
 
@@ -62,7 +69,8 @@ def _model(d: dict, opts: builder.Options) -> dict:
 
 def _pools(d: dict, opts: builder.Options) -> dict:
     mode = st.radio("Deployment", builder.LAYOUTS, index=builder.LAYOUTS.index(builder.layout(d)),
-                    format_func=builder.LAYOUT_LABELS.get, key=_k("layout"))
+                    format_func=builder.LAYOUT_LABELS.get, key=_k("layout"),
+                    help=glossary.help_for("colocated", "PD", "E+PD", "E+P+D"))
     d = builder.with_layout(d, mode)
     for i, pool in enumerate(d["pools"]):
         st.markdown(f"**{pool.get('role', 'colocated')} pool**")
@@ -74,13 +82,23 @@ def _pools(d: dict, opts: builder.Options) -> dict:
         tp = c2.selectbox("TP", [1, 2, 4, 8], index=[1, 2, 4, 8].index(pool.get("tp", 1))
                           if pool.get("tp", 1) in (1, 2, 4, 8) else 0, key=_k(f"tp-{i}-{mode}"))
         n = c3.number_input("instances", 1, 512, int(pool.get("instances", 1)), key=_k(f"inst-{i}-{mode}"))
+        c4, c5 = st.columns(2)
+        cur = pool.get("dtype", "bf16")
+        dtypes = list(builder.DTYPES) + ([cur] if cur not in builder.DTYPES else [])
+        dtype = c4.selectbox("weights", dtypes, index=dtypes.index(cur), key=_k(f"dtype-{i}-{mode}"),
+                             help=glossary.help_for("weights (dtype)"))
+        pp = c5.selectbox("PP", [1, 2, 4, 8], index=[1, 2, 4, 8].index(pool.get("pp", 1))
+                          if pool.get("pp", 1) in (1, 2, 4, 8) else 0, key=_k(f"pp-{i}-{mode}"),
+                          help=glossary.help_for("TP / PP"))
+        d = builder.set_pool(d, i, dtype=dtype, pp=int(pp))
         if pool.get("role") == "encoder":
             d = builder.set_pool(d, i, gpu=gpu, tp=int(tp), instances=int(n))
             continue
         eng = pool.get("engine") or {}
         with st.expander("engine arguments"):
-            e = st.selectbox("engine", opts.engines, index=list(opts.engines).index(eng.get("engine", "vllm-v1")),
-                             key=_k(f"engine-{i}-{mode}"))
+            cur = eng.get("engine", "vllm-v1")
+            engines = list(opts.engines) + ([cur] if cur not in opts.engines else [])   # shown by validation
+            e = st.selectbox("engine", engines, index=engines.index(cur), key=_k(f"engine-{i}-{mode}"))
             seqs = st.number_input("max_num_seqs (0 = vLLM default)", 0, 4096, int(eng.get("max_num_seqs") or 0),
                                    key=_k(f"seqs-{i}-{mode}"))
             toks = st.number_input("max_num_batched_tokens (0 = default)", 0, 262144,
@@ -130,7 +148,7 @@ def _images(d: dict, db) -> dict:
 
 # (path of the uploaded trace being replayed, the workload it replaced); owned by _trace_upload.
 TRACE_STATE = "trace-upload"
-WORKLOAD_WIDGETS = ("rate", "nreq", "inp", "out", "trace-limit")
+WORKLOAD_WIDGETS = ("rate", "nreq", "inp", "out", "trace-limit", "arrival", "cv", "users", "think")
 
 
 def _trace_path(d: dict) -> str | None:
@@ -168,10 +186,29 @@ def _trace_upload(d: dict) -> dict:
 
 def _workload(d: dict) -> dict:
     d = _trace_upload(d)
+    kind = builder.arrival(d).get("kind")
+    if kind in builder.ARRIVALS:
+        new = st.selectbox("arrivals", builder.ARRIVALS, index=builder.ARRIVALS.index(kind),
+                           format_func=builder.ARRIVAL_LABELS.get, key=_k("arrival"),
+                           help=glossary.help_for("arrival process"))
+        if new != kind:
+            d, kind = builder.set_arrival(d, new), new
+    elif kind != "trace":
+        st.caption(f"arrivals: {kind} (as loaded; edit them in the YAML)")
     rate, inp, out = builder.workload_means(d)
     w = d.get("workload") or {}
-    kind = (w.get("arrival") or {}).get("kind")
     c1, c2 = st.columns(2)
+    if kind == "closed":
+        a = builder.arrival(d)
+        users = c1.number_input("users", 1, 100_000, int(a.get("concurrency", 16)), key=_k("users"))
+        think = c2.number_input("think time (s)", 0.0, 3600.0, float(a.get("think_time_s", 0.0)), key=_k("think"))
+        d = builder.set_arrival(d, "closed", concurrency=int(users), think_time_s=float(think))
+        c1, c2 = st.columns(2)
+    if kind == "gamma":
+        cv = c2.number_input("burstiness (cv)", 0.1, 20.0, float(builder.arrival(d).get("cv", 2.0)), 0.1,
+                             key=_k("cv"), help="coefficient of variation of the gaps: 1 = Poisson, above 1 = burstier")
+        d = builder.set_arrival(d, "gamma", cv=float(cv))
+        c1, c2 = st.columns(2)
     if kind in ("poisson", "gamma", "trace"):
         r = c1.number_input("rate (req/s)", 0.0 if kind == "trace" else 0.01, 10000.0,
                             float(rate or 0.0), key=_k("rate"),
@@ -186,7 +223,9 @@ def _workload(d: dict) -> dict:
         i = c1.number_input("mean prompt tokens", 1, 1_000_000, int(inp), key=_k("inp"))
         o = c2.number_input("mean output tokens", 1, 100_000, int(out), key=_k("out"))
         d = builder.set_workload(d, input_mean=i, output_mean=o)
-    return d
+    seed = st.number_input("seed", 0, 2**31 - 1, int(d.get("seed", 0)), key=_k("seed"),
+                           help=glossary.help_for("seed"))
+    return builder.set_seed(d, int(seed)) if int(seed) != int(d.get("seed", 0)) else d
 
 
 def _slo(d: dict) -> dict:
@@ -211,12 +250,47 @@ def _prices(d: dict) -> scenarios.Prices:
     return scenarios.Prices(tuple(out))
 
 
+def _custom_label(field: str, key: str) -> None:
+    value = str(st.session_state.get(key, "")).strip()
+    custom = st.session_state.setdefault(ui.LABEL_CUSTOM, {})
+    if value:
+        custom[field] = value
+    else:                                   # cleared: the automatic label again
+        custom.pop(field, None)
+
+
+def _label(d: dict) -> dict:
+    """``d`` with its name and description: as loaded while it is unchanged, then what it now is
+    (:func:`builder.auto_label`), unless the user typed their own."""
+    base = st.session_state.get(ui.LABEL_BASE)
+    if base is None or base["gen"] != ui.gen():     # the first run since it was loaded: d as the widgets give it
+        base = {"gen": ui.gen(), "core": builder.core(d), "name": d.get("name"), "description": d.get("description")}
+        st.session_state[ui.LABEL_BASE] = base
+    auto_name, auto_desc = builder.auto_label(d)
+    same = builder.core(d) == base["core"]
+    label = {"name": (base["name"] if same and base["name"] else auto_name),
+             "description": (base["description"] if same and base["description"] is not None else auto_desc)}
+    custom = st.session_state.setdefault(ui.LABEL_CUSTOM, {})
+    keys = {"name": _k("scn-name"), "description": _k("scn-desc")}
+    for field, key in keys.items():
+        if field not in custom:
+            st.session_state[key] = label[field]
+    st.text_input("Scenario name", key=keys["name"], on_change=_custom_label, args=("name", keys["name"]),
+                  help="follows your edits until you type your own (clear it to go back)")
+    st.text_area("Description", key=keys["description"], on_change=_custom_label,
+                 args=("description", keys["description"]), height=90)
+    return {**d, **label, **custom}
+
+
 def sidebar() -> tuple[dict, scenarios.Prices]:
     """Draw the builder in the sidebar; returns the edited scenario dict and price overrides."""
     d = ui.scenario()
     with st.sidebar:
         st.header("Scenario")
+        _examples()
         _upload_scenario()
+        if "link-error" in st.session_state:
+            ui.show_error(scenarios.InputError(st.session_state.pop("link-error")))
         d = ui.scenario()
         try:
             db = ui.db(d)
@@ -237,7 +311,16 @@ def sidebar() -> tuple[dict, scenarios.Prices]:
         udir = str(scenarios.user_hwdb_dir())
         if scenarios.user_hwdb_dir().is_dir() and udir not in d.get("hwdb", []):
             d = {**d, "hwdb": [*d.get("hwdb", []), udir]}     # GPUs and models added on the Hardware page
+        st.subheader("Save and share")
+        d = _label(d)
         ui.set_scenario(d)
-        st.download_button("Save scenario YAML", yaml.safe_dump(d, sort_keys=False), "scenario.yaml",
-                           key="save-yaml")
+        st.download_button("Save scenario YAML", share.portable_yaml(d), f"{d['name']}.yaml",
+                           mime="application/x-yaml", key="save-yaml",
+                           help="no server paths: uploaded files are named by their file name")
+        files = ui.publish(d)
+        if files:
+            st.caption(f"This page's link cannot carry uploaded files ({', '.join(files)}): save the YAML and "
+                       f"keep them beside it.")
+        else:
+            st.caption("This page's link holds the scenario: a refresh keeps your edits; bookmark or share it.")
     return d, prices

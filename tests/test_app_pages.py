@@ -203,6 +203,7 @@ def test_hardware_add_gpu(tmp_path):
 def test_calibration_page_reads_bundles_only_under_its_roots(tmp_path, monkeypatch):
     monkeypatch.delenv("EPDSIM_BUNDLE_ROOTS", raising=False)
     at = _page("pages/4_Calibration.py").run()
+    at.radio(key="bundle-source").set_value("folder").run()
     at.text_input(key="bundle").set_value("/etc").run()
     _ok(at)
     assert at.error and "outside the folders this app reads bundles from" in at.error[0].value
@@ -213,6 +214,7 @@ def test_calibration_page_errors_inline(tmp_path, monkeypatch):
     monkeypatch.setenv("EPDSIM_BUNDLE_ROOTS", str(tmp_path))
     at = _page("pages/4_Calibration.py").run()
     _ok(at)
+    at.radio(key="bundle-source").set_value("folder").run()
     assert at.info                                               # asks for a bundle
     at.text_input(key="bundle").set_value(str(tmp_path / "nope")).run()
     _ok(at)
@@ -232,6 +234,7 @@ def test_calibration_page_fits_and_validates_a_bundle(tmp_path, monkeypatch):
     hw = tcf.write_truth_hwdb(tmp_path / "truth-hw", tiny, tcf.CPU_TRUTH, hwdb.load())
     bundle = tcf.make_bundle(tmp_path / "bundle", hw, tiny)
     at = _page("pages/4_Calibration.py").run()
+    at.radio(key="bundle-source").set_value("folder").run()
     at.text_input(key="bundle").set_value(str(bundle)).run()
     _ok(at)
     assert _metrics(at)["model"] == "tiny-llama"

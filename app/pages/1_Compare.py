@@ -18,16 +18,25 @@ st.caption("Variants of the scenario built on the Home page, simulated side by s
            "each metric is highlighted and changes are relative to the first column.")
 
 base = ui.scenario()
-pinned = st.session_state.setdefault("pinned", {})
+pinned = st.session_state.setdefault(ui.PINNED, {})
 c1, c2 = st.columns([2, 1])
-preset = c1.selectbox("Compare", [*compare.PRESETS, "pinned scenarios"], key="preset")
+# With a pinned scenario (Home's "Pin for Compare"), the first choice is that one against the current scenario.
+choices = (["pinned vs current"] if pinned else []) + [*compare.PRESETS, "pinned scenarios"]
+if st.session_state.get("preset") not in choices:
+    st.session_state["preset"] = choices[0]
+preset = c1.selectbox("Compare", choices, key="preset")
 with c2:
     name = st.text_input("pin the current scenario as", value=f"scenario {len(pinned) + 1}", key="pin-name")
     if st.button("Pin current scenario", key="pin"):
         pinned[name] = base
         st.success(f"pinned '{name}' ({len(pinned)} pinned)")
 
-named = dict(pinned) if preset == "pinned scenarios" else compare.variants(base, preset)
+if preset == "pinned vs current":
+    named = compare.with_current(pinned, base)
+elif preset == "pinned scenarios":
+    named = dict(pinned)
+else:
+    named = compare.variants(base, preset)
 if len(named) < 2:
     st.info("Pin at least two scenarios (change the scenario on the Home page between pins), or pick a preset.")
     st.stop()

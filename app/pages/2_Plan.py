@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import streamlit as st  # noqa: E402
 
 from app import charts, report, ui  # noqa: E402
-from app.services import builder, planning, scenarios  # noqa: E402
+from app.services import builder, glossary, planning, scenarios  # noqa: E402
 
 st.set_page_config(page_title="epdsim: plan", layout="wide")
 st.title("Capacity plan")
@@ -35,7 +35,8 @@ if data is None:
     max_gpus = c2.number_input("at most GPUs", 1, 1024, 16, key="plan-max-gpus")
     tp = c3.multiselect("TP degrees", [1, 2, 4, 8], default=[1, 2, 4], key="plan-tp")
     c1, c2, c3 = st.columns(3)
-    fams = c1.multiselect("families", planning.families(), default=planning.families(), key="plan-families")
+    fams = c1.multiselect("families", planning.families(), default=planning.families(), key="plan-families",
+                          help=glossary.help_for("families"))
     verify = c2.number_input("candidates to simulate", 0, 50, 3, key="plan-verify")
     nreq = c3.number_input("requests per simulation", 50, 100000, 400, key="plan-requests")
     if not gpus or not tp or not fams:
@@ -70,7 +71,7 @@ if rec:
 else:
     st.warning("No candidate meets the SLO. " + " ".join(res.notes))
 c = res.candidates
-st.caption("Goodput: requests per second meeting the SLO. Rows with `verified` true were simulated (the banner's "
+st.caption(f"Goodput: {glossary.TERMS['goodput']} Rows with `verified` true were simulated (the banner's "
            "figure); the others carry the analytic screen's estimate, which the simulation may correct either way.")
 st.plotly_chart(charts.pareto_figure(c, res.pareto, "cost_usd_per_hour", "goodput_rps", rec, label="layout",
                                     target_rate=res.request.target_rate), key="pareto")

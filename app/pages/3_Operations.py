@@ -13,6 +13,15 @@ from app.services import builder, operations, scenarios  # noqa: E402
 
 st.set_page_config(page_title="epdsim: operations", layout="wide")
 st.title("Operations: cold start and probes")
+st.caption("Autoscaling, crashes and retries over a whole run are simulated on the Home page from a scenario's "
+           "`operations` section; its Operations view shows instances over time, scale events, crashes, failed and "
+           "retried requests, GPU-hours and the cost with scaling.")
+o1, o2 = st.columns(2)
+for col, name in ((o1, "autoscale_step_load.yaml"), (o2, "fp8_decode_crashes_pd.yaml")):
+    if col.button(f"Open on Home: {scenarios.EXAMPLES[name]}", key=f"ops-open-{name}"):
+        ui.load_scenario(scenarios.example(name))
+        st.session_state["view"] = "Operations"
+        st.switch_page("Home.py")
 
 d = ui.scenario()
 opts = builder.options(ui.db(d))

@@ -136,17 +136,24 @@ def set_embedding_transfer(d: dict, **values) -> dict:
     return out
 
 
-def set_pool(d: dict, index: int, **values) -> dict:
-    """Set pool fields (gpu, tp, instances, router) and engine arguments (keys of EngineConfig).
+POOL_DEFAULTS = {("dtype", "bf16"), ("pp", 1)}
+DTYPES = ("bf16", "fp8", "fp4", "int4", "fp16")    # weights: fp8 halves them (and needs a GPU with FP8)
 
-    ``None`` removes an engine argument (vLLM's default applies).
+
+def set_pool(d: dict, index: int, **values) -> dict:
+    """Set pool fields (gpu, tp, pp, instances, dtype, router) and engine arguments (keys of EngineConfig).
+
+    ``None`` removes an engine argument (vLLM's default applies); a field set to its default (bf16
+    weights, PP 1) is removed, so that a scenario edited back to what it was compares equal to it.
     """
     engine_keys = {"engine", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
                    "enable_prefix_caching", "enable_chunked_prefill", "block_size", "max_model_len"}
     out = copy.deepcopy(d)
     pool = out["pools"][index]
     for k, v in values.items():
-        if k in engine_keys:
+        if (k, v) in POOL_DEFAULTS:        # the schema's default: not written, so the dict stays as loaded
+            pool.pop(k, None)
+        elif k in engine_keys:
             eng = pool.setdefault("engine", {})
             if v is None:
                 eng.pop(k, None)
@@ -219,3 +226,90 @@ def set_slo(d: dict, ttft_s: float | None, tpot_s: float | None) -> dict:
         else:
             slo[k] = float(v)
     return out
+
+
+ARRIVALS = ("poisson", "gamma", "closed")
+ARRIVAL_LABELS = {"poisson": "Poisson (open loop)", "gamma": "bursty (gamma gaps, open loop)",
+                  "closed": "closed loop (fixed number of users)"}
+
+
+def arrival(d: dict) -> dict:
+    """The scenario's arrival process (a dict with ``kind``)."""
+    return dict((d.get("workload") or {}).get("arrival") or {})
+
+
+def set_arrival(d: dict, kind: str, *, rate: float | None = None, cv: float | None = None,
+                concurrency: int | None = None, think_time_s: float | None = None) -> dict:
+    """Switch the arrival process to ``kind`` (one of :data:`ARRIVALS`) keeping what carries over: the
+    rate between Poisson and gamma, the request count and the lengths.  Switching from a closed loop to
+    an open one needs ``rate``; to a closed loop, ``concurrency`` (default 16 users)."""
+    if kind not in ARRIVALS:
+        raise ValueError(f"arrival {kind!r}: choose one of {ARRIVALS}")
+    out = copy.deepcopy(d)
+    w = out.setdefault("workload", {})
+    cur = w.get("arrival") or {}
+    if kind in ("poisson", "gamma"):
+        r = float(rate if rate is not None else cur.get("rate") or 10.0)
+        new = {"kind": kind, "rate": r}
+        if kind == "gamma":
+            new["cv"] = float(cv if cv is not None else cur.get("cv", 2.0))
+    else:
+        new = {"kind": "closed", "concurrency": int(concurrency or cur.get("concurrency") or 16)}
+        t = think_time_s if think_time_s is not None else cur.get("think_time_s")
+        if t:
+            new["think_time_s"] = float(t)
+        if w.get("num_requests") is None:
+            w["num_requests"] = 1000
+    w["arrival"] = new
+    return out
+
+
+def set_seed(d: dict, seed: int) -> dict:
+    """The run's seed: the same seed gives the same requests and the same results."""
+    return {**copy.deepcopy(d), "seed": int(seed)}
+
+
+def core(d: dict) -> dict:
+    """``d`` without its name, description and hardware folders: what the user edits of a run."""
+    return {k: v for k, v in d.items() if k not in ("name", "description", "hwdb")}
+
+
+def _arrival_text(d: dict) -> str:
+    a = arrival(d)
+    kind = a.get("kind")
+    if kind == "poisson":
+        return f"Poisson {a.get('rate', 0):g} req/s"
+    if kind == "gamma":
+        return f"bursty {a.get('rate', 0):g} req/s (cv {a.get('cv', 1):g})"
+    if kind == "closed":
+        return f"closed loop, {a.get('concurrency')} users"
+    if kind == "trace":
+        return f"trace {str(a.get('path', '')).rsplit('/', 1)[-1]}"
+    return str(kind or "no arrivals")
+
+
+def auto_label(d: dict) -> tuple[str, str]:
+    """(name, description) that say what scenario ``d`` is: model, pools, load, lengths.
+
+    The builder gives an edited scenario these unless the user typed a name or description, so that
+    charts, reports and saved files never carry the label of the scenario it was edited from."""
+    model = str(d.get("model", "model")).rstrip("/").rsplit("/", 1)[-1]
+    pools = [p for p in d.get("pools") or []]
+
+    def pool_text(p, sep):
+        extra = "".join(f"{sep}{k}{p[k]}" for k in ("pp",) if p.get(k, 1) != 1)
+        dt = f"{sep}{p['dtype']}" if p.get("dtype", "bf16") != "bf16" else ""
+        return f"{p.get('instances', 1)}x{' ' if sep == ' ' else ''}{p['gpu']}{sep}TP{p.get('tp', 1)}{extra}{dt}"
+    name = "-".join([model, *(pool_text(p, "-") for p in pools)]).replace(" ", "")
+    wl = d.get("workload") or {}
+    rate, inp, out = workload_means(d)
+    parts = [f"{model}, " + " + ".join(f"{pool_text(p, ' ')} {p.get('role', 'colocated')}" for p in pools),
+             _arrival_text(d)]
+    if wl.get("num_requests"):
+        parts.append(f"{wl['num_requests']:,} requests")
+    if inp is not None and out is not None:
+        parts.append(f"~{inp:g} prompt / ~{out:g} output tokens")
+    n_img = images(d)[0]
+    if n_img:
+        parts.append(f"{n_img} image(s) per request")
+    return name, ", ".join(parts)

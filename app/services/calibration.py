@@ -22,17 +22,21 @@ def _errors():
 BUNDLE_ROOTS_ENV = "EPDSIM_BUNDLE_ROOTS"
 
 
-def bundle_roots() -> list[Path]:
-    """Folders the app may read bundles from: the folder it was started in and those listed in
-    ``EPDSIM_BUNDLE_ROOTS`` (os.pathsep-separated); never the rest of the server's files."""
+SAMPLE_BUNDLE = Path(__file__).resolve().parents[2] / "examples" / "calibration_sample"
+
+
+def bundle_roots(extra: tuple[Path, ...] = ()) -> list[Path]:
+    """Folders the app may read bundles from: the folder it was started in, those listed in
+    ``EPDSIM_BUNDLE_ROOTS`` (os.pathsep-separated), the shipped sample and ``extra`` (the session's
+    upload folder); never the rest of the server's files."""
     import os
-    extra = [Path(p) for p in os.environ.get(BUNDLE_ROOTS_ENV, "").split(os.pathsep) if p.strip()]
-    return [r.resolve() for r in (Path.cwd(), *extra)]
+    env = [Path(p) for p in os.environ.get(BUNDLE_ROOTS_ENV, "").split(os.pathsep) if p.strip()]
+    return [r.resolve() for r in (Path.cwd(), *env, SAMPLE_BUNDLE, *extra)]
 
 
-def _inside_roots(p: Path) -> Path:
+def _inside_roots(p: Path, extra: tuple[Path, ...] = ()) -> Path:
     real = p.resolve()
-    roots = bundle_roots()
+    roots = bundle_roots(extra)
     if not any(real == r or r in real.parents for r in roots):
         raise InputError(f"bundle folder '{p}' is outside the folders this app reads bundles from "
                          f"({', '.join(map(str, roots))}); copy the bundle there, or start the app with "
@@ -40,14 +44,15 @@ def _inside_roots(p: Path) -> Path:
     return real
 
 
-def overview(path: str | Path) -> dict:
-    """What a bundle holds: model, vLLM version, mode, phases (a DataFrame)."""
+def overview(path: str | Path, extra_roots: tuple[Path, ...] = ()) -> dict:
+    """What a bundle holds: model, vLLM version, mode, phases (a DataFrame).  ``extra_roots``: folders
+    besides :func:`bundle_roots` it may lie in (the session's uploads)."""
     from calibration.cli import bundle_summary
     from calibration.fit_inputs import open_bundle
     p = Path(str(path).strip())
     if not str(path).strip():
         raise InputError("bundle folder: empty; give the folder `epdsim calibrate run --out DIR` wrote")
-    p = _inside_roots(p)
+    p = _inside_roots(p, tuple(extra_roots))
     if not p.is_dir():
         raise InputError(f"bundle folder '{p}' does not exist on the app's machine; give the folder that "
                          f"`epdsim calibrate run --out DIR` wrote (it holds manifest.json)")
@@ -102,6 +107,13 @@ def fit_and_validate(path: str | Path, out: str | Path, hwdb_dirs: tuple[str, ..
                                      hwdb_dirs=hwdb_dirs)
     except _errors() as exc:
         raise InputError(str(exc)) from None
+    from app.services import bundles
+    res["files"] = bundles.fitted_files(hw)         # to download, or to save into the user's hardware folder
+    model = res["validation"].get("model") or res["profile"]
+    try:
+        res["scenario"] = bundles.replay_scenario(Path(out) / "validation", str(model))
+    except (InputError, KeyError, ValueError, OSError) as exc:
+        res["scenario"], res["scenario_error"] = None, str(exc)
     return res
 
 

@@ -68,6 +68,15 @@ def variants(d: dict, preset: str) -> dict[str, dict]:
     raise ValueError(f"preset {preset!r}: choose one of {PRESETS}")
 
 
+def with_current(pinned: dict[str, dict], current: dict) -> dict[str, dict]:
+    """The pinned scenarios, then the current one (named "current: NAME"), unless it is one of them
+    unchanged."""
+    out = dict(pinned)
+    if not any(builder.core(p) == builder.core(current) for p in pinned.values()):
+        out[f"current: {current.get('name', 'scenario')}"] = current
+    return out
+
+
 def _named(d: dict, label: str) -> dict:
     return {**d, "name": f"{d.get('name', 'scenario')}-{label}"}
 

@@ -8,7 +8,6 @@ import json
 import math
 
 import pandas as pd
-import yaml
 
 from simulator.serving_summary import serving_summary
 
@@ -25,8 +24,10 @@ def _clean(x):
 
 
 def scenario_yaml(res) -> str:
-    """The scenario that produced ``res``, as YAML that ``epdsim simulate`` reloads."""
-    return yaml.safe_dump(res.scenario.model_dump(mode="json"), sort_keys=False)
+    """The scenario that produced ``res``, as YAML that ``epdsim simulate`` reloads (no server paths:
+    :func:`app.services.share.portable_yaml`)."""
+    from app.services.share import portable_yaml
+    return portable_yaml(res.scenario.model_dump(mode="json"))
 
 
 def requests_csv(res) -> bytes:
@@ -40,8 +41,9 @@ def requests_parquet(res) -> bytes:
 
 
 def summary_json(res) -> bytes:
+    from app.services.share import portable
     data = {"summary": res.summary, "info": res.info, "serving": serving_summary(res),
-            "scenario": res.scenario.model_dump(mode="json")}
+            "scenario": portable(res.scenario.model_dump(mode="json"))}
     return json.dumps(_clean(data), indent=2, sort_keys=True, default=str).encode()
 
 

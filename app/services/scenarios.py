@@ -38,6 +38,31 @@ def default_scenario() -> dict:
     return yaml.safe_load(DEFAULT_SCENARIO.read_text())   # shipped file: trusted
 
 
+# Shipped example scenarios the builder offers (file in examples/ -> what it shows); those replaying
+# traces from ../shared/data are left out: the app reads only the shipped examples and uploads.
+EXAMPLES = {
+    "llama8b_h100_chat.yaml": "Llama-3.1-8B chat on 2x H100 (the default)",
+    "autoscale_step_load.yaml": "Autoscaling under a step in load (operations)",
+    "fp8_decode_crashes_pd.yaml": "FP8 crashes on prefill/decode, requests re-prefilled (operations)",
+    "interference_colocated.yaml": "Llama-3.1-70B, 3 colocated TP4 instances",
+    "interference_pd.yaml": "Llama-3.1-70B, 1 prefill + 2 decode TP4 instances",
+    "epd_images_colocated.yaml": "Qwen3-VL with six images per request, colocated TP8",
+    "epd_images_epd.yaml": "Qwen3-VL with six images per request, encoder pool + TP4 (E+PD)",
+    "qwen3_moe_h200_closed_loop.yaml": "Qwen3-30B-A3B (MoE) on H200, 64 users in a closed loop",
+    "deepseek_v3_h200_tp8_fp8.yaml": "DeepSeek-V3 in fp8 on 8x H200",
+    "llama70b_h100_tp4_sharegpt.yaml": "Llama-3.1-70B, 8 TP4 instances, ShareGPT-like lengths",
+}
+
+
+def example(name: str) -> dict:
+    """A shipped example scenario (a key of :data:`EXAMPLES`) as a dict, its relative paths resolved."""
+    from simulator.scenario import resolve_relative
+    if name not in EXAMPLES:
+        raise InputError(f"example {name!r}: choose one of {', '.join(EXAMPLES)}")
+    d = yaml.safe_load((REPO / "examples" / name).read_text())      # shipped file: trusted
+    return resolve_relative(d, REPO / "examples") if any(_paths(d)) or d.get("hwdb") else d
+
+
 def user_hwdb_dir() -> Path:
     """The user's own hardware folder (``$EPDSIM_HWDB`` or ``~/.epdsim/hwdb``); may not exist yet."""
     return Path(os.environ.get("EPDSIM_HWDB") or Path.home() / ".epdsim" / "hwdb")
@@ -280,10 +305,19 @@ class Prices:
 def cost(results, prices: Prices | None = None, db: hwdb.HardwareDB | None = None) -> dict:
     """Cost per hour and per million output (and total) tokens, with optional price overrides per GPU.
 
+    A run with operations (autoscaling, crashes) is priced by its billed GPU-hours: ``usd_per_hour`` is
+    then the mean over the run, and the dict adds ``with_scaling`` (True), ``usd`` and ``gpu_hours``.
+
     Without overrides this is the run's own summary (hwdb list prices); with them, GPUs without an
     override keep their list price from ``db`` (loaded from the scenario's folders when not given).
     """
     s = results.summary
+    if "operations" in s:
+        # instances come and go (autoscaling, crashes): the GPU-hours actually billed, as a mean per hour
+        from app.services.opsviews import ops_cost
+        c = ops_cost(results, prices, db)
+        return {k: c[k] for k in ("usd_per_hour", "usd_per_million_output_tokens", "usd_per_million_total_tokens")} \
+            | {"with_scaling": True, "usd": c["usd"], "gpu_hours": c["gpu_hours"]}
     pools = results.info["pools"]
     if prices is None or all(prices.get(p["gpu"]) is None for p in pools):
         per_hour = s["cost_usd_per_hour"]

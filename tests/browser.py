@@ -1,0 +1,110 @@
+"""Helpers for the browser tests: `epdsim app` on a free localhost port and Debian's headless Chromium
+driven by Selenium (no browser is ever downloaded; CI installs `chromium` and `chromium-driver`).
+
+Import the fixtures into a test module (``from tests.browser import app_server, driver``) and mark it
+with :data:`pytestmark`, which skips with the reason when Chromium or its driver is missing.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from tests.conftest import REPO
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+DRIVER = shutil.which("chromedriver")
+try:
+    import selenium  # noqa: F401
+    HAVE_SELENIUM = True
+except ImportError:
+    HAVE_SELENIUM = False
+
+pytestmark = pytest.mark.skipif(not HAVE_SELENIUM, reason="selenium is not installed (pip install -e '.[test]')")
+needs_chromium = pytest.mark.skipif(not (CHROMIUM and DRIVER),
+                                reason="no chromium/chromedriver here (apt-get install chromium chromium-driver; "
+                                       ".ci/run installs them)")
+
+FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--disable-dev-shm-usage", "--window-size=1600,1400"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_health(url: str, proc: subprocess.Popen, timeout_s: float = 90.0) -> None:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise AssertionError(f"epdsim app exited with code {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.read().decode().strip() == "ok":
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"{url} did not answer 'ok' within {timeout_s:.0f} s")
+
+
+@pytest.fixture(scope="module")
+def app_server(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("app")
+    port = _free_port()
+    env = {**os.environ, "EPDSIM_HWDB": str(tmp_path / "user-hwdb"), "HOME": str(tmp_path)}
+    log = open(tmp_path / "app.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "simulator.cli", "app", "--port", str(port), "--headless"],
+                            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _wait_health(f"http://localhost:{port}/_stcore/health", proc)
+        yield f"http://localhost:{port}/"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
+@pytest.fixture
+def driver(tmp_path):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for f in FLAGS + [f"--user-data-dir={tmp_path / 'chromium-profile'}"]:
+        opts.add_argument(f)
+    drv = webdriver.Chrome(service=Service(executable_path=DRIVER), options=opts)
+    try:
+        yield drv
+    finally:
+        drv.quit()
+
+
+def body_text(drv) -> str:
+    from selenium.webdriver.common.by import By
+    return drv.find_element(By.TAG_NAME, "body").text
+
+
+def alerts(drv) -> str:
+    from selenium.webdriver.common.by import By
+    return " ".join(e.text for e in drv.find_elements(By.CSS_SELECTOR, "[data-testid='stAlert']"))
+
+
+def assert_no_traceback(drv) -> None:
+    """No Streamlit exception box and no Python traceback anywhere on the page."""
+    from selenium.webdriver.common.by import By
+    assert not drv.find_elements(By.CSS_SELECTOR, "[data-testid='stException']"), body_text(drv)[:2000]
+    assert "Traceback" not in body_text(drv)
