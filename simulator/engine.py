@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import simpy
 
+from simulator.dp_group import DPGroup
 from simulator.instance import Instance
 from simulator.routing import make_router
 
@@ -85,6 +86,7 @@ class PoolSpec:
     prefix_caching: bool = True
     frontend_s: float = 0.0             # front end before the engine sees a request (s) ...
     frontend_s_per_token: float = 0.0   # ... plus this per prompt token (tokenisation)
+    dp: int = 1                         # ranks per lock-stepped data-parallel instance (instances counts ranks)
 
 
 @dataclass
@@ -130,10 +132,16 @@ def run_pool(pool: PoolSpec, rec: Recorder, closed_loop=None,
     env = simpy.Environment()
 
     def build(spec: PoolSpec) -> list[Instance]:
-        return [Instance(i, spec.name, spec.step_model, spec.memory, spec.max_num_seqs,
-                         spec.max_num_batched_tokens, spec.chunked_prefill, rec, spec.role,
-                         spec.prefix_caching)
-                for i in range(spec.instances)]
+        out = [Instance(i, spec.name, spec.step_model, spec.memory, spec.max_num_seqs,
+                        spec.max_num_batched_tokens, spec.chunked_prefill, rec, spec.role,
+                        spec.prefix_caching)
+               for i in range(spec.instances)]
+        if spec.dp > 1:
+            for g in range(0, len(out), spec.dp):
+                group = DPGroup(env, spec.step_model, spec.dp)
+                for r, inst in enumerate(out[g:g + spec.dp]):
+                    inst.group, inst.rank = group, r
+        return out
     instances = build(pool)
     router = make_router(pool.router, instances)
     block = pool.memory.block_size

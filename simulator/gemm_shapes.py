@@ -27,16 +27,18 @@ def _split(n: float, k: float, layers: int) -> list[tuple[float, float]]:
     return [(n * k, n * k * layers)] if layers and n > 0 and k > 0 else []
 
 
-def rank_gemm_groups(a: ModelArch, tp: int) -> dict[str, list[tuple[float, float]]]:
+def rank_gemm_groups(a: ModelArch, tp: int, moe_tp: int | None = None) -> dict[str, list[tuple[float, float]]]:
     """The GEMMs of a token on one TP rank by weight group: columns split N, rows split K, as vLLM
     shards them.  Keys as :mod:`simulator.linear_groups`: attention, dense_mlp, shared_experts, experts.
 
     Softmax attention: a fused q/k/v projection (KV heads replicated when fewer than ranks) and
     the output projection.  MLA and linear-attention layers, whose projections mix replicated
     low-rank and sharded parts, count as two GEMMs of half their weights each.  MLPs: fused
-    gate/up and down.  Shares are FLOPs per token (2 N K per GEMM, the factor 2 dropped).
+    gate/up and down.  Shares are FLOPs per token (2 N K per GEMM, the factor 2 dropped).  ``moe_tp``: the
+    ways each routed expert is sliced (expert parallelism keeps experts whole; default ``tp``).
     """
     h = a.hidden_size
+    moe_tp = tp if moe_tp is None else moe_tp
     attn: list[tuple[float, float]] = []
     softmax_layers = a.num_layers - a.num_linear_layers
     if a.is_mla:
@@ -58,7 +60,8 @@ def rank_gemm_groups(a: ModelArch, tp: int) -> dict[str, list[tuple[float, float
         shared = a.moe_layers * a.num_shared_experts
         out["shared_experts"] = _split(2 * inter, h, shared) + _split(h, inter, shared)
         routed = a.moe_layers * a.experts_per_token
-        out["experts"] = _split(2 * inter, h, routed) + _split(h, inter, routed)
+        sliced = a.moe_intermediate_size / moe_tp
+        out["experts"] = _split(2 * sliced, h, routed) + _split(h, sliced, routed)
     return out
 
 

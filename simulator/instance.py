@@ -110,7 +110,9 @@ class Instance(InstanceState):
         encode = self.encode_cost
         queue = env._queue                 # SimPy's event heap of (time, priority, id, event)
         gate = self.gate
-        inline = FAST_STEPS
+        group, rank = self.group, self.rank   # attention data-parallel ranks step together (dp_group.py)
+        local_time = self.model.local_time
+        inline = FAST_STEPS and group is None
         while True:
             # --- decode-only steps (nothing waiting, no prompt chunk, no KV arriving, blocks for every
             # decode): the general step below with its empty branches left out, so the same state
@@ -142,6 +144,8 @@ class Instance(InstanceState):
             if not order and not waiting and not remote and not ready:
                 self.kv_used = kv_used     # what the last step's finishes freed, for routers and metrics
                 self.n_running = 0
+                if group is not None:
+                    group.leave(rank)
                 self.wake = env.event()
                 yield self.wake
                 now = env.now
@@ -262,6 +266,8 @@ class Instance(InstanceState):
                     # Blocks are held for transfers: a release or an arrival of KV wakes the
                     # instance.  Sleeping on anything else could never end, and the run would
                     # stop with requests silently unfinished.
+                    if group is not None:
+                        group.leave(rank)
                     self.wake = env.event()
                     yield self.wake
                     now = env.now
@@ -269,9 +275,16 @@ class Instance(InstanceState):
                 # Nothing schedulable and nothing in flight: should not happen because the newest
                 # is preempted first and a batch slot is kept for pulled KV; fail loudly.
                 raise RuntimeError(f"instance {self.index}: no progress possible at t={now}")
-            dt = step_time(tokens, logits, pairs, sum_l + n_dec, pctx, len(order), len(waiting)) + extra
+            if group is not None:
+                gpu, cpu = local_time(tokens, logits, pairs, sum_l + n_dec, pctx, len(order), len(waiting))
+                t0, dt = yield from group.step(rank, tokens, gpu + extra, cpu)
+                now = env.now
+            else:
+                dt = step_time(tokens, logits, pairs, sum_l + n_dec, pctx, len(order), len(waiting)) + extra
             t_end = now + dt
-            if inline and ((t_end < gate[0]) if gate is not None else (not queue or t_end < queue[0][0])):
+            if group is not None:
+                pass                       # the group's step has already run to its end
+            elif inline and ((t_end < gate[0]) if gate is not None else (not queue or t_end < queue[0][0])):
                 # Nothing that could see this instance is due before this step ends (nor at the same
                 # time): advance its clock here instead of scheduling a timeout.  The arithmetic is
                 # the timeout's (env.now + dt); the clock is set so that anything this step calls

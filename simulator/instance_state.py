@@ -73,6 +73,8 @@ class InstanceState:
         self.encode_cost = None                # multimodal: callback(instance, rid, now) -> encoder seconds
         self.last_tok: dict[int, float] = {}   # preempted rid -> time of its last token
         self.live = None                       # (running order, prefills, decodes) once run() starts
+        self.group = None                      # attention data parallel: the instance's DPGroup, this rank's index
+        self.rank = 0
         # Run-ahead (simulator/engine.py): a one-element list holding the time of the next event that
         # can look at or change this instance (the next arrival), shared by the pool's instances; the
         # instance steps without SimPy events until then.  None: any event may, so it steps ahead only

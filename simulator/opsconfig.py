@@ -197,6 +197,10 @@ def check_against_pools(ops: OperationsConfig, pools, kv_transfer) -> None:
             raise ValueError(f"operations.autoscale.{name}: the pool starts with instances={n}, outside "
                              f"[min_instances={cfg.min_instances}, max_instances={cfg.max_instances}]; "
                              f"set the pool's instances within the bounds")
+    if ops.enabled and any(p.dp > 1 for p in pools):
+        raise ValueError("operations (autoscaling, faults) do not model attention data-parallel instances yet (a "
+                         "crash or a scale step would take all dp ranks at once); remove the operations block or "
+                         "set dp: 1")
     if ops.enabled and any(p.role == "encoder" for p in pools):
         raise ValueError("operations (autoscaling, faults) do not model encoder pools yet; remove the operations "
                          "block or the encoder pool")

@@ -117,7 +117,9 @@ def build_transfer_plan(cfg, db: hwdb.HardwareDB, p: Deployment, d: Deployment) 
     if p.kv_dtype != d.kv_dtype:
         raise TransferConfigError(f"prefill KV cache is {p.kv_dtype} but decode KV cache is {d.kv_dtype}; "
                                   "KV moves as it is stored: give both pools the same kv_cache_dtype")
-    if conn.name == "nixl" and d.tp % p.tp:
+    # vLLM's NixlConnector maps a prefill rank's KV heads onto decode ranks only when decode TP is a multiple
+    # of prefill TP; SGLang's and TensorRT-LLM's transfer engines re-shard any pair of divisible TP sizes.
+    if conn.name == "nixl" and p.engine.engine == "vllm" and d.tp % p.tp:
         raise TransferConfigError(
             f"prefill TP={p.tp} and decode TP={d.tp} cannot map KV shards with NixlConnector, which needs the "
             "decode TP to be a multiple of the prefill TP; use prefill tp <= decode tp")

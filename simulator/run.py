@@ -19,11 +19,13 @@ def _spec(pool, dep, mem, step) -> PoolSpec:
     harness = dep.profile is not None and dep.profile.step_overhead_s is not None
     fe = (eng.frontend_s.value if eng.frontend_s and not harness else 0.0,
           eng.frontend_s_per_token.value if eng.frontend_s_per_token and not harness else 0.0)
-    return PoolSpec(pool.name, pool.instances, step, mem, k.max_num_seqs, k.max_num_batched_tokens,
+    # Each attention data-parallel rank schedules its own batch into its own KV cache: the engine runs
+    # ranks (instances x dp of them); the pool's GPUs and cost count whole instances (Deployment.gpus).
+    return PoolSpec(pool.name, pool.instances * dep.dp, step, mem, k.max_num_seqs, k.max_num_batched_tokens,
                     k.enable_chunked_prefill, k.max_model_len, pool.router, pool.role,
                     eng.default_prefix_caching if pool.engine.enable_prefix_caching is None
                     else pool.engine.enable_prefix_caching,
-                    *fe)
+                    *fe, dep.dp)
 
 
 def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:
@@ -106,7 +108,7 @@ def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:
         "max_model_len": k.max_model_len,
         "kv_cache_tokens_per_instance": mem.kv_tokens,
         "weights_bytes_per_gpu": mem.weight_bytes,
-        "pools": [{"name": p.name, "role": p.role, "gpu": d.gpu.name, "tp": d.tp, "pp": d.pp,
+        "pools": [{"name": p.name, "role": p.role, "gpu": d.gpu.name, "tp": d.tp, "pp": d.pp, "dp": d.dp, "ep": d.ep,
                    "instances": p.instances, "kv_cache_tokens_per_instance": m.kv_tokens,
                    "perf_model": (f"calibrated profile {d.profile.name}" if d.profile
                                   else f"datasheet peaks x default efficiencies of {d.gpu.name} (uncalibrated)"),

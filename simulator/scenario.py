@@ -55,8 +55,13 @@ class PoolConfig(_Strict):
     role: Literal["colocated", "prefill", "decode", "encoder"] = "colocated"
     model: str | None = None
     gpu: str
-    tp: int = Field(1, ge=1, le=64)
+    tp: int = Field(1, ge=1, le=72)
     pp: int = Field(1, ge=1, le=64)
+    # Attention data parallelism (vLLM --data-parallel-size, SGLang --enable-dp-attention --dp-size): an
+    # instance is dp ranks of tp x pp GPUs, each its own scheduler and KV cache, whose MoE layers run
+    # together over all the instance's GPUs; ep: expert parallelism over them (1: experts TP-sharded).
+    dp: int = Field(1, ge=1, le=256)
+    ep: int = Field(1, ge=1, le=1024)
     instances: int = Field(1, ge=1, le=4096)
     dtype: Literal["bf16", "fp16", "fp8", "fp4", "int4"] = "bf16"   # fp4: NVFP4/MXFP4; int4: W4A16
     kv_cache_dtype: Literal["auto", "bf16", "fp16", "fp8"] = "auto"
@@ -68,8 +73,9 @@ class PoolConfig(_Strict):
     def _router_known(self) -> PoolConfig:
         if self.router not in ROUTERS:
             raise ValueError(f"router={self.router!r} is unknown; choose one of {sorted(ROUTERS)}")
-        if self.tp & (self.tp - 1):
-            raise ValueError(f"tp={self.tp} must be a power of two (1, 2, 4, 8, ...)")
+        if (self.tp * self.dp) % self.ep:
+            raise ValueError(f"ep={self.ep} must divide the instance's tp x dp = {self.tp * self.dp} GPUs (experts "
+                             f"are spread over them, ep ways by expert and the rest by tensor slices)")
         return self
 
 
@@ -221,8 +227,17 @@ def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB
         raise ScenarioError(f"pools[{pool.name}]: {exc}") from None
     if pool.tp > gpu.gpus_per_node:
         raise ScenarioError(f"pools[{pool.name}].tp={pool.tp} exceeds the {gpu.gpus_per_node} GPUs in a "
-                            f"{gpu.name} node; tensor parallelism stays within a node: lower tp and raise pp")
+                            f"{gpu.name} node; tensor parallelism stays within a node: lower tp and raise pp or dp")
     arch = model.arch
+    if pool.ep > 1 and not arch.is_moe:
+        raise ScenarioError(f"pools[{pool.name}].ep={pool.ep} but {arch.name} has no experts; expert parallelism "
+                            f"needs a MoE model: set ep: 1")
+    if arch.is_moe and arch.num_experts % pool.ep:
+        raise ScenarioError(f"pools[{pool.name}].ep={pool.ep} does not divide {arch.name}'s {arch.num_experts} "
+                            f"routed experts; choose a divisor")
+    if arch.num_kv_heads and not arch.is_mla and (arch.num_kv_heads % pool.tp and pool.tp % arch.num_kv_heads):
+        raise ScenarioError(f"pools[{pool.name}].tp={pool.tp} neither divides nor is a multiple of {arch.name}'s "
+                            f"{arch.num_kv_heads} KV heads; choose tp among their divisors or multiples")
     if pool.pp > arch.num_layers:
         raise ScenarioError(f"pools[{pool.name}].pp={pool.pp} exceeds {arch.name}'s {arch.num_layers} layers; "
                             f"each pipeline stage needs at least one layer: lower pp")
@@ -259,8 +274,16 @@ def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB
           else pool.kv_cache_dtype)
     kept = model.sidecar.bf16_modules.get(pool.dtype)
     qbytes = model.sidecar.quant_bytes.get(pool.dtype)
+    scale_out = None
+    if pool.tp * pool.dp * pool.pp > gpu.gpus_per_node and pool.ep > 1:
+        try:
+            scale_out = db.link(gpu.scale_out_link)
+        except hwdb.HwdbError as exc:
+            raise ScenarioError(f"pools[{pool.name}]: experts span {pool.tp * pool.dp * pool.pp} GPUs, more than a "
+                                f"{gpu.name} node: {exc}") from None
     return Deployment(arch=arch, gpu=gpu, intra_link=link, engine=engine, knobs=knobs, tp=pool.tp,
-                      pp=pool.pp, weight_dtype=pool.dtype, kv_dtype=kv,
+                      pp=pool.pp, dp=pool.dp, ep=pool.ep, scale_out_link=scale_out,
+                      weight_dtype=pool.dtype, kv_dtype=kv,
                       profile=db.profile_for(gpu.name, engine.engine, engine.version, model.name),
                       bf16_modules=frozenset(kept.modules) if kept else frozenset(),
                       quant_bytes=qbytes.value if qbytes else None)

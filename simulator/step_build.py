@@ -21,7 +21,8 @@ import math
 
 from hwdb.schema import EfficiencyCurve
 from simulator.gemm_shapes import rank_gemm_groups
-from simulator.perf import Deployment, StepModel, kv_bytes_per_token
+from simulator.perf import Deployment, kv_bytes_per_token
+from simulator.stepmodel import StepModel
 
 ACT_BYTES = 2.0   # activations stay bf16 between kernels whatever the weight format
 
@@ -95,30 +96,69 @@ def elementwise_bytes_per_token(dep: Deployment) -> float:
     return total * ACT_BYTES / dep.pp
 
 
+def moe_exchange(dep: Deployment) -> dict:
+    """StepModel fields of the MoE layers' token exchange when the experts span more than one rank's GPUs
+    (dp > 1 or ep > 1), per MoE layer: ``moe_comm_s_per_token`` x this rank's tokens + ``moe_comm_lat_s``.
+
+    Expert parallel (ep > 1): an all-to-all dispatch of each token to its top-k experts and a combine
+    back, each moving k hidden-wide bf16 rows of which (ep - 1) / ep leave the GPU; a rank's tp GPUs
+    send a tp-th of its tokens each.  Tensor-parallel experts across dp ranks (ep = 1, dp > 1): the
+    ranks' tokens are gathered and the partial outputs reduce-scattered, a ring all-reduce of dp x the
+    rank's rows over the instance.  Within a node both run over the intra-node link; when the instance
+    spans nodes, the share of peers on other nodes goes over the scale-out link at the same time (the
+    slower side sets the time) and its latency is paid.  {} when the MoE layers stay within a rank."""
+    a = dep.arch
+    if not a.is_moe or (dep.dp == 1 and dep.ep == 1):
+        return {}
+    g = dep.gpus
+    node = dep.gpu.gpus_per_node
+    off = 0.0 if g <= node or dep.scale_out_link is None else (g - node) / (g - 1)
+    intra, inter = dep.intra_link, dep.scale_out_link
+    bw_in = intra.effective_Bps
+    lat = intra.latency_s.value if off == 0.0 else max(intra.latency_s.value, inter.latency_s.value)
+    row = a.hidden_size * ACT_BYTES
+    if dep.ep > 1:
+        per_token = 2.0 * a.experts_per_token * row * (dep.ep - 1) / dep.ep / dep.tp
+        lat *= 2.0
+    else:
+        per_token = 2.0 * (g - 1) / g * dep.dp * row
+    t_in = (1.0 - off) / bw_in
+    t_out = off / inter.effective_Bps if off else 0.0
+    return {"moe_comm_s_per_token": per_token * max(t_in, t_out), "moe_comm_lat_s": lat}
+
+
 def build_step_model(dep: Deployment) -> StepModel:
     """Coefficients for :class:`StepModel` from a deployment (profile overrides GPU defaults)."""
     a, g, prof = dep.arch, dep.gpu, dep.profile
-    gpus = dep.gpus
+    gpus = dep.rank_gpus     # dense weights and this rank's own tokens: one data-parallel rank's GPUs
     meff = (prof.memory_efficiency if prof and prof.memory_efficiency else g.memory_efficiency)
     ceff = (prof.compute_efficiency if prof and prof.compute_efficiency else g.compute_efficiency)
     aeff = (prof.attention_prefill_efficiency if prof and prof.attention_prefill_efficiency else ceff)
     # Decode attention's KV stream: its own fitted curve where a profile has one, else the GEMM memory curve.
     deff = (prof.attention_decode_efficiency if prof and prof.attention_decode_efficiency else meff)
     plain = "fp16" if dep.weight_dtype == "fp16" or "bf16" not in g.peak_flops else "bf16"
-    shapes = rank_gemm_groups(a, dep.tp)
-    comp_a = comp_b = 0.0
+    shapes = rank_gemm_groups(a, dep.tp, dep.moe_tp)
+    comp_a = comp_b = exp_a = exp_b = 0.0
     parts = []
     dense_bytes = expert_bytes = 0.0
     lm = None
     for grp in dep.linear_groups():
         if grp.name == "experts":
-            expert_bytes = a.moe_layers * a.expert_params * grp.weight_bytes / gpus
+            # Per expert index, over every GPU of the instance (dp ranks share the experts).
+            expert_bytes = a.moe_layers * a.expert_params * grp.weight_bytes / dep.gpus
         else:
             dense_bytes += grp.params * grp.weight_bytes / gpus
         if grp.name == "lm_head":
             lm = grp
             continue
         curve = compute_curve(dep, grp.compute_dtype, shapes.get(grp.name, []))
+        if grp.name == "experts":
+            # Per token routed through the MoE layers, over every GPU of the instance: a GPU's experts serve
+            # all data-parallel ranks' tokens (the ramp is in those tokens).
+            exp_a = 2.0 * grp.per_token / dep.gpus / (g.flops(grp.compute_dtype) * curve.max_eff)
+            exp_b = exp_a * curve.half
+            parts.append((grp.name, grp.compute_dtype, exp_a, curve.half))
+            continue
         coef = 2.0 * grp.per_token / gpus / (g.flops(grp.compute_dtype) * curve.max_eff)
         comp_a += coef
         comp_b += coef * curve.half
@@ -137,6 +177,7 @@ def build_step_model(dep: Deployment) -> StepModel:
         * (scale.value if scale is not None else 1.0)
     bw = g.memory_bandwidth_Bps.value
     elem = elementwise_bytes_per_token(dep) / (bw * meff.max_eff)
+    moe_comm = moe_exchange(dep)
     if prof is not None and prof.step_overhead_s is not None:
         # A calibrated per-step overhead (a harness fit on the real server) replaces the engine's launch,
         # CPU and per-layer defaults: it measured all of them at once; its compute curve likewise measured
@@ -162,7 +203,9 @@ def build_step_model(dep: Deployment) -> StepModel:
         # One message per all-reduce: this step's hidden states in bf16 (vLLM reduces activations in the
         # model dtype whatever the weight format).
         ar_msg_bytes_per_token=a.hidden_size * ACT_BYTES,
-        ar_per_step=2 * a.num_layers,
+        # Attention and dense-MLP layers reduce over the rank's tp; MoE layers too when their experts are
+        # TP-sharded within the rank alone, else they exchange tokens across the instance (moe_comm_*).
+        ar_per_step=2 * a.num_layers - (a.moe_layers if moe_comm else 0),
         ar_bw=dep.intra_link.effective_Bps,
         ar_latency=dep.intra_link.latency_s.value,
         tp=dep.tp, pp=dep.pp,
@@ -179,5 +222,7 @@ def build_step_model(dep: Deployment) -> StepModel:
         kv_max_eff=deff.max_eff,
         kv_floor_bytes=a.num_layers * deff.half,
         compute_groups=tuple(parts) + (("lm_head", lm.compute_dtype, lm_coef, lm_curve.half),),
+        exp_a=exp_a, exp_b=exp_b, moe_token_scale=dep.dp, moe_layers=a.moe_layers,
+        **moe_comm,
         **_allreduce_tables(dep),
     )

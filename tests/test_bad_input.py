@@ -242,10 +242,11 @@ def test_tp_larger_than_node(tmp_path):
     check(write(tmp_path, data), "pools[main].tp=16", "8 GPUs", "lower tp")
 
 
-def test_tp_not_power_of_two(tmp_path):
+def test_tp_that_splits_heads_unevenly(tmp_path):
+    """vLLM shards KV heads over TP: tp must divide them or be a multiple of them."""
     data = base()
     data["pools"][0]["tp"] = 3
-    check(write(tmp_path, data), "pools[0]", "tp=3", "power of two")
+    check(write(tmp_path, data), "pools[main].tp=3", "8 KV heads", "divisors or multiples")
 
 
 def test_unknown_router(tmp_path):
@@ -292,7 +293,7 @@ def test_perf_unknown_model():
 
 
 def test_perf_bad_options():
-    cli_error("perf", "Llama-3.1-8B", "--gpu", "H100", "--tp", "3", words=("tp=3", "power of two"))
+    cli_error("perf", "Llama-3.1-8B", "--gpu", "H100", "--tp", "3", words=("tp=3", "KV heads"))
     cli_error("perf", "Llama-3.1-8B", "--gpu", "H900", words=("unknown GPU 'H900'", "H100-SXM-80GB"))
 
 

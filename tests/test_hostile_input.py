@@ -175,7 +175,7 @@ def test_scenario_number(case, tmp_path, capsys):
     data = setting(scenario(), where, value)
     text = yaml.safe_dump(data, sort_keys=False)   # .inf / .nan as YAML writes them
     path = put(tmp_path, "s.yaml", text)
-    expect_user_error(["simulate", path], ["s.yaml" if case not in ("pp-above-layers", "unknown-gpu",
+    expect_user_error(["simulate", path], ["s.yaml" if case not in ("pp-above-layers", "tp-3", "unknown-gpu",
                                                                     "unknown-model") else "", words], capsys)
 
 
@@ -476,7 +476,8 @@ def test_regress_suite_file(case, tmp_path, capsys):
         (tmp_path / "s.yaml").mkdir()
         path = put(tmp_path, "suite.yaml", {"name": "x", "entries": [{"id": "a", "scenario": "s.yaml",
                                                                       "figures": {"ttft_p50_s": None}}]})
-        return expect_user_error(["regress", path], ["s.yaml", "is a directory"], capsys)
+        expect_user_error(["regress", path], ["s.yaml", "is a directory"], capsys)
+        return
     p = tmp_path / "suite.yaml"
     {"directory": lambda: p.mkdir(), "binary": lambda: p.write_bytes(b"\x00name: x"),
      "duplicate-key": lambda: p.write_text("name: a\nname: b\n"), "billion-laughs": lambda: p.write_text(LAUGHS)}[case]()

@@ -160,7 +160,7 @@ def test_junit_names_new_and_removed_figures(baseline, capsys, tmp_path):
     ({"figures": {"gpus": {}}}, ["figures.gpus", "needs abs, rel or both"]),
     ({"rate": 5, "override": {"workload": {"arrival": {"kind": "closed", "concurrency": 8}}},
       "goodput": None, "figures": {"gpus": None}}, ["rate=5", "'closed'", "drop rate"]),
-    ({"override": {"pools": [{"gpu": "H100", "tp": 3}]}}, ["entries[0] (id 'chat').scenario", "tp=3"]),
+    ({"override": {"pools": [{"gpu": "H100", "tp": 0}]}}, ["entries[0] (id 'chat').scenario", "tp"]),
     ({"colour": "red"}, ["entries[0] (id 'chat').colour", "unknown key", "valid keys here: figures, goodput"]),
     ({"goodput": {"rate_hi": 80, "iter": 3}}, ["entries[0] (id 'chat').goodput.iter", "iterations, rate_hi"]),
 ])

@@ -78,6 +78,15 @@ def vllm_args(model_id: str, dep, role: str, connector, encoder_tier: bool = Fal
     args = [model_id, "--host", "0.0.0.0", "--port", str(VLLM_PORT), "--tensor-parallel-size", str(dep.tp)]
     if dep.pp > 1:
         args += ["--pipeline-parallel-size", str(dep.pp)]
+    if dep.dp > 1:
+        args += ["--data-parallel-size", str(dep.dp)]
+    if dep.ep > 1:
+        # vLLM's expert parallelism spans every GPU of the instance (EP = DP x TP); a partial EP with
+        # experts also sliced (SGLang's --ep-size below --tp-size) has no vLLM flag.
+        if dep.ep != dep.gpus:
+            raise ValueError(f"ep={dep.ep}: vLLM's --enable-expert-parallel spreads the experts over all "
+                             f"{dep.gpus} GPUs of an instance (dp x tp); use ep: 1 or ep: {dep.gpus} for vLLM")
+        args += ["--enable-expert-parallel"]
     args += ["--dtype", _DTYPE[dep.weight_dtype], "--max-model-len", str(k.max_model_len),
              "--max-num-seqs", str(k.max_num_seqs), "--max-num-batched-tokens", str(k.max_num_batched_tokens),
              "--gpu-memory-utilization", f"{k.gpu_memory_utilization:g}", "--block-size", str(k.block_size)]

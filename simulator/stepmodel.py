@@ -1,0 +1,228 @@
+"""The step-time model of one serving instance (or one attention data-parallel rank): :class:`StepModel`.
+
+A step processes ``tokens`` new tokens (one per decoding sequence plus the prefill chunks scheduled in
+it).  Kernels of different kinds run one after another, so their times add:
+
+* the dense linear layers (attention projections, dense and shared-expert MLPs, router, LM head): the
+  roofline max of their FLOPs over each weight group's peak x GEMM efficiency and of this rank's
+  weights, activations and new KV over HBM bandwidth x the memory curve;
+* the routed experts: the same roofline over the experts the step's tokens touch; under attention data
+  parallelism the experts serve every rank's tokens, so this part depends on the whole group's step;
+* attention: prefill FLOPs at the bf16 peak, the decoding sequences' KV stream at its own curve;
+* element-wise kernels (norms, rotary, activation, MoE partial outputs);
+* tensor-parallel all-reduces (the profile's measured curve, else a ring over the link), the MoE
+  layers' token exchange across ranks, pipeline hand-offs, per-layer kernel floors and launches;
+
+and the host's work per step overlaps the GPU's when the engine schedules ahead.  Coefficients are
+precomputed (:mod:`simulator.step_build`) so that a step costs a few dozen float operations whatever the
+batch size: the engine passes aggregates, never per-request lists.  SI units throughout.
+"""
+from __future__ import annotations
+
+from bisect import bisect_left
+from dataclasses import dataclass
+
+from hwdb.schema import EfficiencyCurve
+
+
+@dataclass(frozen=True)
+class StepModel:
+    """Precomputed coefficients of one instance's (one rank's) step time.
+
+    ``step_time(tokens, seqs_logits, attn_pairs, decode_ctx, prefill_ctx, running, waiting)``:
+
+    * ``tokens``: new tokens this step (decodes + prefill chunk tokens);
+    * ``seqs_logits``: sequences that sample a token (LM head rows);
+    * ``attn_pairs``: causal query-key pairs of prefill chunks
+      (a chunk of c tokens after p cached ones has c*p + c*(c+1)/2);
+    * ``decode_ctx``: total context attended by decoding sequences (tokens);
+    * ``prefill_ctx``: cached tokens re-read by prefill chunks.
+
+    Returns seconds.  A data-parallel rank stepping with its group uses :meth:`local_time` and the
+    group adds :meth:`moe_time` of all ranks' tokens (:mod:`simulator.dp_group`).
+    """
+
+    # Dense linear layers: compute-bound time comp_a x tokens + comp_b (the sum over weight groups of
+    # FLOPs / (peak x max_eff) x (tokens + half)); the LM head lm_coef x rows x (tokens + lm_half) / tokens.
+    comp_a: float
+    comp_b: float
+    lm_coef: float
+    lm_half: float
+    # Prefill attention: seconds per causal query-key pair at full efficiency, and its ramp in tokens.
+    attn_s_per_pair: float
+    attn_half: float
+    dense_weight_bytes: float
+    expert_bytes: float
+    n_experts: int
+    experts_per_token: int
+    kv_bytes_per_token: float
+    act_bytes_per_token: float
+    peak_bw: float
+    meff: EfficiencyCurve
+    mem_floor_bytes: float
+    ar_msg_bytes_per_token: float
+    ar_per_step: int
+    ar_bw: float
+    ar_latency: float
+    tp: int
+    pp: int
+    pp_handoff_s: float
+    graph_launch: float
+    eager_launch: float
+    max_graph_tokens: int
+    graphs_mixed: bool
+    overlapped: bool
+    cpu_step: float
+    cpu_run: float
+    cpu_wait: float
+    cpu_tok: float
+    cpu_sample: float
+    layer_s: float = 0.0
+    kv_max_eff: float = 1.0
+    kv_floor_bytes: float = 0.0
+    # Element-wise kernels (norms, rotary, activation, MoE partial outputs): seconds per token.
+    elem_s_per_token: float = 0.0
+    # The measured all-reduce (a profile's AllReduceCurve for this TP size): message sizes (bytes) and
+    # latencies (s) in CUDA graphs and eagerly; empty: the link's alpha-beta line.
+    ar_sizes: tuple[float, ...] = ()
+    ar_graph: tuple[float, ...] = ()
+    ar_eager: tuple[float, ...] = ()
+    # (group, dtype, seconds per token, half) of each linear group, the routed experts' included: for reports.
+    compute_groups: tuple[tuple[str, str, float, float], ...] = ()
+    # Routed experts: compute-bound time exp_a x routed tokens + exp_b; their weights stream at the memory
+    # curve.  Routed tokens are the whole data-parallel group's: moe_token_scale x a rank's own when a rank
+    # is priced alone (ranks balanced).  Each MoE layer exchanges a rank's tokens across the instance
+    # (moe_comm_s_per_token x tokens + moe_comm_lat_s; simulator/step_build.moe_exchange).
+    exp_a: float = 0.0
+    exp_b: float = 0.0
+    moe_token_scale: int = 1
+    moe_comm_s_per_token: float = 0.0
+    moe_comm_lat_s: float = 0.0
+    moe_layers: int = 0
+
+    def streamed_weight_bytes(self, tokens: int) -> float:
+        """Weight bytes one GPU reads in a step of ``tokens`` tokens of its own: the dense groups and LM
+        head, and the routed experts the group's tokens touch (top-k of n each, independently)."""
+        return self.dense_weight_bytes + self.expert_stream_bytes(tokens * self.moe_token_scale)
+
+    def expert_stream_bytes(self, routed: float) -> float:
+        """Routed-expert weight bytes one GPU reads when ``routed`` tokens pass the MoE layers."""
+        if not self.n_experts:
+            return 0.0
+        touched = self.n_experts * (1.0 - (1.0 - self.experts_per_token / self.n_experts) ** routed)
+        return self.expert_bytes * touched
+
+    def allreduce_time(self, message_bytes: float, graph: bool = True) -> float:
+        """One tensor-parallel all-reduce of ``message_bytes``: the measured curve where the profile has
+        one (in a CUDA graph or eager), else a ring over the intra-node link."""
+        if self.tp <= 1:
+            return 0.0
+        if self.ar_sizes:
+            return interp_linear(self.ar_sizes, self.ar_graph if graph else self.ar_eager, message_bytes)
+        return 2.0 * (self.tp - 1) / self.tp * message_bytes / self.ar_bw + self.ar_latency
+
+    def linear_time(self, tokens: int, seqs_logits: int = 0, prefill_ctx: float = 0.0) -> tuple[float, float]:
+        """(compute, memory) time of the step's dense linear layers: the two sides of their roofline."""
+        t_comp = self.comp_a * tokens + self.comp_b
+        if seqs_logits:
+            # The LM head's rows ride the step's ramp (its GEMM runs beside the step's others, never alone).
+            t_comp += self.lm_coef * seqs_logits * (tokens + self.lm_half) / tokens
+        # Pipeline stages: each of the pp micro-batches in flight re-reads its stage's weights, so one
+        # token pays every stage's weight stream in series (pp x this rank's share), while compute
+        # splits across micro-batches; pipelining raises throughput, never single-sequence speed.
+        nbytes = (self.dense_weight_bytes * self.pp + self.kv_bytes_per_token * (prefill_ctx + tokens)
+                  + self.act_bytes_per_token * tokens)
+        # The memory curve was fitted per kernel: each linear kernel pays its own floor (half).
+        return t_comp, (nbytes + self.mem_floor_bytes) / (self.peak_bw * self.meff.max_eff)
+
+    def moe_time(self, routed: float, own: float | None = None) -> float:
+        """The routed experts and the MoE token exchange when ``routed`` tokens pass the MoE layers;
+        ``own``: a rank's share of them, which sets its exchange (default: ``routed / moe_token_scale``)."""
+        if not self.n_experts:
+            return 0.0
+        t_comp = self.exp_a * routed + self.exp_b
+        t_mem = self.expert_stream_bytes(routed) * self.pp / (self.peak_bw * self.meff.max_eff)
+        t = t_comp if t_comp > t_mem else t_mem
+        if self.moe_comm_s_per_token:
+            own = routed / self.moe_token_scale if own is None else own
+            t += self.moe_layers * (self.moe_comm_s_per_token * own + self.moe_comm_lat_s)
+        return t
+
+    def attention_time(self, tokens: int, attn_pairs: float, decode_ctx: float) -> float:
+        """Prefill attention FLOPs (bf16, ramp in the step's tokens) plus the decode KV stream at the
+        decode-attention curve, one kernel per layer: sum over layers of (bytes + half) / (BW x max_eff)."""
+        t = attn_pairs * self.attn_s_per_pair * (tokens + self.attn_half) / tokens if attn_pairs > 0.0 else 0.0
+        if decode_ctx > 0.0:
+            t += (self.kv_bytes_per_token * decode_ctx + self.kv_floor_bytes) / (self.peak_bw * self.kv_max_eff)
+        return t
+
+    def local_time(self, tokens: int, seqs_logits: int, attn_pairs: float, decode_ctx: float,
+                   prefill_ctx: float = 0.0, running: int = 0, waiting: int = 0) -> tuple[float, float]:
+        """(GPU, host) seconds of a step without its routed experts: what a rank does on its own."""
+        t_comp, t_mem = self.linear_time(tokens, seqs_logits, prefill_ctx)
+        t = ((t_comp if t_comp > t_mem else t_mem) + self.attention_time(tokens, attn_pairs, decode_ctx)
+             + self.elem_s_per_token * tokens + self.layer_s)
+        graph = tokens <= self.max_graph_tokens and (self.graphs_mixed or attn_pairs == 0.0)
+        if self.tp > 1:
+            t += self.ar_per_step * self.allreduce_time(self.ar_msg_bytes_per_token * tokens, graph)
+        if self.pp > 1:
+            t += (self.pp - 1) * self.pp_handoff_s
+        t += self.graph_launch if graph else self.eager_launch
+        cpu = (self.cpu_step + self.cpu_run * running + self.cpu_wait * waiting + self.cpu_tok * tokens
+               + self.cpu_sample * seqs_logits)
+        return t, cpu
+
+    def combine(self, gpu: float, cpu: float) -> float:
+        """A step's duration from its GPU and host time: the next step is prepared while the GPU runs
+        this one when the engine overlaps them."""
+        if self.overlapped:
+            return gpu if gpu > cpu else cpu
+        return gpu + cpu
+
+    def step_time(self, tokens: int, seqs_logits: int, attn_pairs: float,
+                  decode_ctx: float, prefill_ctx: float = 0.0, running: int = 0, waiting: int = 0) -> float:
+        if tokens <= 0:
+            return 0.0
+        gpu, cpu = self.local_time(tokens, seqs_logits, attn_pairs, decode_ctx, prefill_ctx, running, waiting)
+        if self.n_experts:
+            gpu += self.moe_time(tokens * self.moe_token_scale, tokens)
+        return self.combine(gpu, cpu)
+
+    def prefill_time(self, prompt: int, chunk: int = 0) -> float:
+        """Time to prefill ``prompt`` tokens alone, in chunks of ``chunk`` tokens (0 = one step)."""
+        chunk = chunk or prompt
+        t, done = 0.0, 0
+        while done < prompt:
+            c = min(chunk, prompt - done)
+            last = 1 if done + c == prompt else 0
+            t += self.step_time(c, last, c * done + c * (c + 1) / 2, 0.0, done, 1, 0)
+            done += c
+        return t
+
+    def decode_time(self, batch: int, context: int) -> float:
+        """Time of a decode-only step for ``batch`` sequences of ``context`` tokens each."""
+        return self.step_time(batch, batch, 0.0, float(batch * context), 0.0, batch, 0)
+
+
+def interp_linear(xs: tuple[float, ...], ys: tuple[float, ...], x: float) -> float:
+    """``ys`` at ``x``, linear between the points of increasing ``xs``; the first value below them,
+    the last segment's line above them (O(log n))."""
+    i = bisect_left(xs, x)
+    if i == 0:
+        return ys[0]
+    if i == len(xs):
+        i -= 1
+    x0, y0 = xs[i - 1], ys[i - 1]
+    return y0 + (x - x0) * (ys[i] - y0) / (xs[i] - x0)
+
+
+def regime(model: StepModel, tokens: int, seqs_logits: int, attn_pairs: float,
+           decode_ctx: float, prefill_ctx: float = 0.0) -> str:
+    """'compute' or 'memory': which roofline side bounds this step's linear layers (routed experts
+    included) and attention (prefill attention counted with compute, the decode KV stream with memory)."""
+    t_comp, t_mem = model.linear_time(tokens, seqs_logits, prefill_ctx)
+    routed = tokens * model.moe_token_scale
+    t_comp += model.attention_time(tokens, attn_pairs, 0.0) + model.exp_a * routed + model.exp_b
+    t_mem += (model.attention_time(tokens, 0.0, decode_ctx)
+              + model.expert_stream_bytes(routed) * model.pp / (model.peak_bw * model.meff.max_eff))
+    return "compute" if t_comp > t_mem else "memory"
