@@ -46,7 +46,10 @@ def fit_engine(backend: str, rows, workers: int | None = None) -> tuple[dict, pd
     """
     engine = ENGINES[backend]
     db = hwdb.load()
-    fit_rows = [r for r in rows if r.backend == backend and e2e.split(r) == "fit" and not why_not(r, db)]
+    # Attention data-parallel rows are scored with these terms but do not fit them: their measured figures
+    # follow the single-rank TP engine at the same total concurrency (docs/validation/e2e.md), which no
+    # per-layer or front-end term should be bent to.
+    fit_rows = [r for r in rows if r.backend == backend and e2e.split(r) == "fit" and r.dp == 1 and not why_not(r, db)]
     if len(fit_rows) < 10:
         raise SystemExit(f"{backend}: only {len(fit_rows)} expressible fitting rows; need >= 10")
     archs = [db.model(r.model).arch for r in fit_rows]

@@ -57,6 +57,13 @@ def markdown(df: pd.DataFrame, min_rows: int = 20) -> str:
     for r in by_engine.itertuples():
         lines.append(f"| {r.split} | {r.backend} | {r.rows} | {_mape(r.ttft_mape)} | {_mape(r.ttft_mdape)} | "
                      f"{_pct(r.ttft_bias)} | {_mape(r.tpot_mape)} | {_mape(r.tpot_mdape)} | {_pct(r.tpot_bias)} |")
+    kinds = e2e.score(df.assign(layout=layout_kind(df)), by=["split", "backend", "layout"])
+    lines += ["", "By layout (colocated with one attention rank, colocated with attention data parallelism, "
+              "prefill-decode disaggregated):", "",
+              "| split | engine | layout | rows | TTFT MAPE | TTFT bias | TPOT MAPE | TPOT bias |", "|---|---|---|---|---|---|---|---|"]
+    for r in kinds.itertuples():
+        lines.append(f"| {r.split} | {r.backend} | {r.layout} | {r.rows} | {_mape(r.ttft_mape)} | {_pct(r.ttft_bias)} | "
+                     f"{_mape(r.tpot_mape)} | {_pct(r.tpot_bias)} |")
     sub = e2e.score(df, by=["split", "backend", "system", "model", "quant"], min_rows=min_rows)
     lines += ["", f"Subsets (engine x GPU x model x precision, all TP) with at least {min_rows} rows:", "",
               "| split | engine | GPU | model | precision | rows | TTFT MAPE | TTFT bias | TPOT MAPE | TPOT bias |",
@@ -88,6 +95,12 @@ def markdown(df: pd.DataFrame, min_rows: int = 20) -> str:
     for r in e2e.reasons(df).itertuples():
         lines.append(f"| {r.reason} | {r.rows} |")
     return "\n".join(lines) + "\n"
+
+
+def layout_kind(df: pd.DataFrame):
+    """colocated / colocated DP (attention data parallel) / PD, per row."""
+    import numpy as np   # noqa: PLC0415
+    return np.where(df["disagg"].astype(bool), "PD", np.where(df["dp"] > 1, "colocated DP", "colocated"))
 
 
 def html_page(df: pd.DataFrame, title: str = "epdsim end-to-end validation") -> str:

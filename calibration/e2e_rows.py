@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +21,7 @@ DEFAULT_TABLE = Path(__file__).resolve().parents[2] / "shared" / "data" / "e2e" 
 
 # The table's system names and the hwdb GPU entries they are (aliases resolve the rest).
 SYSTEMS = {"h100_sxm": "H100-SXM-80GB", "h200_sxm": "H200-SXM-141GB", "b200_sxm": "B200-SXM-180GB",
-           "gb200": "GB200"}
+           "gb200": "GB200", "b300_sxm": "B300-SXM", "gb300": "GB300"}
 ENGINES = {"vllm": "vllm-v1", "sglang": "sglang", "trtllm": "trtllm"}
 # Weight formats: fp8_block is DeepSeek-style 128x128 block scaling (fp8 tensor cores, scales
 # negligible in bytes); nvfp4 is 4-bit with an fp8 scale per 16 weights; int4_wo is weight-only
@@ -58,12 +59,22 @@ class Row:
     # Rows of the table holding this same measurement (the same run listed under several source
     # files, e.g. 2026_03_25_... and 2026_04_06_... ids): counted once, the first id kept.
     copies: int = 1
+    # Disaggregated runs: (workers, tp, dp, moe_tp, moe_ep) of the prefill side and of the decode side;
+    # () when the table does not give the worker counts.
+    sides: tuple = ()
 
     @property
     def subset(self) -> str:
         """The validation subset: engine x GPU x model x precision x TP."""
         quant = self.quant if self.quant in QUANT else self.precision
-        return f"{self.backend} {self.system} {self.model.split('/')[-1]} {quant} tp{self.tp}"
+        def lay(tp, dp, ep):
+            return f"tp{tp}" + (f" dp{dp}" if dp > 1 else "") + (f" ep{ep}" if ep > 1 else "")
+        if self.sides:
+            (pw, ptp, pdp, _, pep), (dw, dtp, ddp, _, dep) = self.sides
+            layout = f"PD {pw}x({lay(ptp, pdp, pep)}) + {dw}x({lay(dtp, ddp, dep)})"
+        else:
+            layout = lay(self.tp, self.dp, self.moe_ep)
+        return f"{self.backend} {self.system} {self.model.split('/')[-1]} {quant} {layout}"
 
 
 def _int(x, default: int = 1) -> int:
@@ -83,8 +94,9 @@ def load_rows(path: str | Path = DEFAULT_TABLE) -> list[Row]:
     """The measurement table's runs in file order, each once (raises :class:`TableError`).
 
     A run listed several times (the same configuration and the same measured figures under several
-    source files) is kept once, its first id, with ``copies`` counting the listings, so that no
-    measurement weighs double in a score."""
+    source files, or under several encodings of its layout) is kept once, with ``copies`` counting the
+    listings, so that no measurement weighs double in a score.  ``concurrency`` is the client's total:
+    the table's ``batch_size`` is per attention data-parallel rank."""
     import pandas as pd   # imported here: the CLI starts without pandas
     try:
         df = pd.read_csv(path, dtype={"backend_version": str})
@@ -101,26 +113,62 @@ def load_rows(path: str | Path = DEFAULT_TABLE) -> list[Row]:
             raise TableError(f"{path}: column {c} must hold numbers (found e.g. {df[c].iloc[0]!r})")
     rows: dict[tuple, Row] = {}
     for r in df.itertuples(index=False):
+        dp = _int(r.attention_dp_size)
         row = Row(
             id=str(r.id), backend=str(r.backend), version=str(r.backend_version), model=str(r.model_path),
             system=str(r.system), quant=str(r.gemm_quant_mode), precision=str(r.precision), isl=_int(r.isl), osl=_int(r.osl),
-            concurrency=_int(r.batch_size), tp=_int(r.tp_size), pp=_int(r.pp_size),
-            dp=_int(r.attention_dp_size), moe_tp=_int(r.moe_tp_size), moe_ep=_int(r.moe_ep_size),
+            # batch_size is per attention data-parallel rank: the client ran batch_size x dp users (vLLM
+            # MiniMax-M2.5 on B200: tp2 dp2 at 64 measures what tp2 measures at 128, 28.0 vs 27.9 ms TPOT).
+            concurrency=_int(r.batch_size) * dp, tp=_int(r.tp_size), pp=_int(r.pp_size),
+            dp=dp, moe_tp=_int(r.moe_tp_size), moe_ep=_int(r.moe_ep_size),
             ttft_s=float(r.silicon_ttft_ms) / 1e3, tpot_s=float(r.silicon_tpot_ms) / 1e3,
             disagg=str(r.mode) == "disagg")
-        # Every column but the id and the source note: the disaggregated layouts' per-side columns too.
-        key = tuple(str(v) for k, v in r._asdict().items() if k not in ("id", "silicon_data_source"))
-        if key in rows:
-            rows[key] = dataclasses.replace(rows[key], copies=rows[key].copies + 1)
+        if row.disagg:
+            row = _disagg(row, r)
+            # Every column but the id and the source note: the disaggregated layouts' per-side columns too.
+            key = tuple(str(v) for k, v in r._asdict().items() if k not in ("id", "silicon_data_source"))
         else:
+            # The same run is also listed under other layout encodings with identical figures (SGLang
+            # Qwen3.5-397B: tp4 ep4 again as tp16 with moe 4x4): the layout is not in the key, and the
+            # listing on the fewest GPUs is kept.
+            key = (row.backend, row.version, row.model, row.system, row.quant, row.precision, row.isl, row.osl,
+                   row.concurrency, r.silicon_ttft_ms, r.silicon_tpot_ms)
+        old = rows.get(key)
+        if old is None:
             rows[key] = row
+        elif row.tp * row.dp * row.pp < old.tp * old.dp * old.pp:
+            rows[key] = dataclasses.replace(row, copies=old.copies + 1)
+        else:
+            rows[key] = dataclasses.replace(old, copies=old.copies + 1)
     return list(rows.values())
+
+
+def _disagg(row: Row, r) -> Row:
+    """A disaggregated row with its two sides' layouts and its client concurrency: the source note's
+    ``silicon_concurrency`` where it has one (it always equals decode batch x workers x attention dp,
+    the decode side's batch being per rank), else that product."""
+    if any(_int(getattr(r, f"{side}_num_workers"), 0) < 1 for side in ("prefill", "decode")):
+        return row
+    sides = tuple((_int(getattr(r, f"{side}_num_workers")), _int(getattr(r, f"{side}_tp_size")),
+                   _int(getattr(r, f"{side}_attention_dp_size")), _int(getattr(r, f"{side}_moe_tp_size")),
+                   _int(getattr(r, f"{side}_moe_ep_size"))) for side in ("prefill", "decode"))
+    m = re.search(r"silicon_concurrency=(\d+)", str(r.silicon_data_source))
+    conc = int(m.group(1)) if m else _int(r.decode_batch_size, 0) * sides[1][0] * sides[1][2]
+    return dataclasses.replace(row, sides=sides, concurrency=conc)
+
+
+def _layout_why(tp: int, dp: int, moe_tp: int, moe_ep: int, arch, gpu, where: str = "") -> str:
+    if arch.is_moe and tp * dp != moe_tp * moe_ep:
+        return f"layout inconsistent{where}: attention tp x dp differs from MoE tp x ep"
+    if tp > gpu.gpus_per_node:
+        return f"tensor parallelism across nodes{where} (tp={tp} on {gpu.gpus_per_node}-GPU nodes) not modelled"
+    return ""
 
 
 def why_not(row: Row, db) -> str:
     """'' when epdsim can express ``row``, else the missing feature in a few words."""
-    if row.disagg:
-        return "disaggregated run (prefill/decode worker layout with attention DP not expressible yet)"
+    if row.disagg and not row.sides:
+        return "disaggregated run without its worker counts in the table"
     if row.system not in SYSTEMS:
         return f"GPU {row.system} not in hwdb"
     if row.backend not in ENGINES:
@@ -135,12 +183,13 @@ def why_not(row: Row, db) -> str:
         arch = db.model(row.model).arch
     except Exception:
         return f"model {row.model.split('/')[-1]} not in hwdb"
-    if row.dp > 1 or row.moe_ep > 1:
-        return "attention data parallel / expert parallel layout not modelled"
-    if row.moe_tp not in (1, row.tp) and arch.is_moe:
-        return "MoE tensor-parallel size differs from attention TP"
-    dtype = dtype_of(row, db)
     gpu = db.gpu(SYSTEMS[row.system])
+    for where, (_, tp, dp, moe_tp, moe_ep) in (zip((" (prefill)", " (decode)"), row.sides) if row.disagg
+                                                else [("", (1, row.tp, row.dp, row.moe_tp, row.moe_ep))]):
+        why = _layout_why(tp, dp, moe_tp, moe_ep, arch, gpu, where)
+        if why:
+            return why
+    dtype = dtype_of(row, db)
     if dtype == "fp8" and dtype not in gpu.peak_flops:
         return f"{dtype} on {row.system} (no {dtype} tensor cores)"
     if not (row.concurrency >= 1 and row.isl >= 1 and row.osl >= 2):
@@ -193,12 +242,38 @@ def to_scenario(row: Row, db, requests_per_client: int, client: dict, range_rati
     # bf16 KV (half the tokens, preemption storms).  Weight-only int4 and bf16 runs keep bf16 KV.
     kv = "fp8" if dtype in ("fp8", "fp4") else "bf16"
     n = max(row.concurrency * requests_per_client, row.concurrency + 8)
+    if row.disagg:
+        return _pd_scenario(row, db, dtype, kv, n, client, range_ratio)
     return {
         "name": row.id,
         "model": row.model,
-        "pools": [{"name": "main", "gpu": SYSTEMS[row.system], "tp": row.tp, "pp": row.pp, "dtype": dtype,
+        "pools": [{"name": "main", "gpu": SYSTEMS[row.system], "tp": row.tp, "pp": row.pp, "dp": row.dp,
+                   "ep": row.moe_ep if db.model(row.model).arch.is_moe else 1, "dtype": dtype,
                    "kv_cache_dtype": kv, "engine": {"engine": ENGINES[row.backend],
                                                     "max_model_len": row.isl + row.osl + 16}}],
+        "workload": {"arrival": {"kind": "closed", "concurrency": row.concurrency, **client},
+                     "input_length": _spread(row.isl, range_ratio),
+                     "output_length": _spread(row.osl, range_ratio),
+                     "num_requests": n},
+    }
+
+
+def _pd_scenario(row: Row, db, dtype: str, kv: str, n: int, client: dict, range_ratio: float) -> dict:
+    """A disaggregated row as a PD scenario: one prefill and one decode pool with the row's workers and
+    layouts, KV over NVLink when both sides fit one NVLink domain (GB200/GB300 NVL72 racks), else the
+    GPU's scale-out fabric; SGLang's own PD flow for SGLang rows (Dynamo's NIXL connector for all)."""
+    gpu = db.gpu(SYSTEMS[row.system])
+    moe = db.model(row.model).arch.is_moe
+    pools, total = [], 0
+    for role, (workers, tp, dp, _, moe_ep) in zip(("prefill", "decode"), row.sides):
+        pools.append({"name": role, "role": role, "gpu": SYSTEMS[row.system], "tp": tp, "dp": dp,
+                      "ep": moe_ep if moe else 1, "instances": workers, "dtype": dtype, "kv_cache_dtype": kv,
+                      "engine": {"engine": ENGINES[row.backend], "max_model_len": row.isl + row.osl + 16}})
+        total += workers * tp * dp
+    return {
+        "name": row.id, "model": row.model, "pools": pools,
+        "kv_transfer": {"connector": "nixl", "flow": "sglang" if row.backend == "sglang" else "vllm",
+                        "same_node": total <= gpu.gpus_per_node},
         "workload": {"arrival": {"kind": "closed", "concurrency": row.concurrency, **client},
                      "input_length": _spread(row.isl, range_ratio),
                      "output_length": _spread(row.osl, range_ratio),

@@ -69,23 +69,23 @@ def linear_weight_bytes(arch: ModelArch, tp: int, dtype: str = "bf16") -> float:
 
 
 def linear_time(sm: StepModel, tokens: int, weight_bytes: float | None = None) -> float:
-    """The linear-layer part of ``StepModel.step_time`` for a step of ``tokens`` new tokens:
-    ``max(*sm.linear_time(tokens))``, no LM head rows, attention, element-wise kernels, all-reduce
-    or host overhead.
+    """The linear-layer part of ``StepModel.step_time`` for a step of ``tokens`` new tokens: the dense
+    layers' roofline ``max(*sm.linear_time(tokens))`` plus the routed experts' (``sm.moe_time``), with no
+    LM head rows, attention, element-wise kernels, all-reduce or host overhead.
 
-    ``weight_bytes`` replaces what the step streams (``StepModel.streamed_weight_bytes``: the
-    decoder layers and the LM head, not the input embedding, plus the experts the step touches);
-    pass :func:`linear_weight_bytes` to compare with per-layer operator timings.  The memory side
-    keeps ``mem_floor_bytes = 4 x layers x meff.half`` (a token crosses every stage): the memory
-    curve was fitted per GEMM, ``B / (BW * me(B)) = (B + half) / (BW * max_eff)``, so each of the
-    four GEMMs of a layer pays ``half / (BW * max_eff)`` (about 3.5 us on H100).
+    ``weight_bytes`` replaces the dense weights the step streams (``dense_weight_bytes``: the decoder
+    layers and the LM head, not the input embedding); pass :func:`linear_weight_bytes` for a dense model
+    to compare with per-layer operator timings.  The memory side keeps ``mem_floor_bytes = 4 x layers x
+    meff.half`` (a token crosses every stage): the memory curve was fitted per GEMM, ``B / (BW * me(B)) =
+    (B + half) / (BW * max_eff)``, so each of the four GEMMs of a layer pays ``half / (BW * max_eff)``
+    (about 3.5 us on H100).
     """
     if tokens <= 0:
         return 0.0
     t_comp, t_mem = sm.linear_time(tokens)
     if weight_bytes is not None:
-        t_mem += (weight_bytes - sm.streamed_weight_bytes(tokens)) * sm.pp / (sm.peak_bw * sm.meff.max_eff)
-    return max(t_comp, t_mem)
+        t_mem += (weight_bytes - sm.dense_weight_bytes) * sm.pp / (sm.peak_bw * sm.meff.max_eff)
+    return max(t_comp, t_mem) + sm.moe_time(tokens * sm.moe_token_scale, tokens)
 
 
 def allreduce_time(sm: StepModel, message_bytes: float) -> float:

@@ -74,10 +74,13 @@ def test_step_time_is_the_sum_of_its_kernels(db):
             ar = sm.ar_per_step * sm.allreduce_time(tokens * hidden * 2.0, graph) if tp > 1 else 0.0
             if graph:
                 assert ar == pytest.approx(sm.ar_per_step * pc.allreduce_time(sm, tokens * hidden * 2.0), rel=1e-12)
-            parts = (max(sm.linear_time(tokens, tokens, 0.0)) + sm.attention_time(tokens, 0.0, tokens * 1000.0)
-                     + sm.elem_s_per_token * tokens + sm.layer_s + ar + launch)
+            parts = (max(sm.linear_time(tokens, tokens, 0.0)) + sm.moe_time(tokens)
+                     + sm.attention_time(tokens, 0.0, tokens * 1000.0) + sm.elem_s_per_token * tokens
+                     + sm.layer_s + ar + launch)
             assert sm.step_time(tokens, tokens, 0.0, tokens * 1000.0) == pytest.approx(parts, rel=1e-12)
-            assert pc.linear_time(sm, tokens) == pytest.approx(max(sm.linear_time(tokens)), rel=1e-12)
+            assert pc.linear_time(sm, tokens) == pytest.approx(max(sm.linear_time(tokens)) + sm.moe_time(tokens),
+                                                               rel=1e-12)
+            assert (sm.moe_time(tokens) > 0) == (model == "Qwen3-30B-A3B")
             assert sm.elem_s_per_token > 0 and sm.attention_time(tokens, 0.0, tokens * 1000.0) > 0
 
 
@@ -219,6 +222,7 @@ def test_moe_decode_batch1_reads_a_fraction_of_the_experts(db):
     assert read / allb < 0.2
     assert moe.mem_floor_bytes == 4 * a_moe.num_layers * moe.meff.half
     assert moe.streamed_weight_bytes(1) == pytest.approx(read, rel=1e-12)
+    # Dense kernels and the grouped expert kernels run one after the other, each memory-bound at batch 1.
     nb = read + moe.act_bytes_per_token + moe.kv_bytes_per_token + moe.mem_floor_bytes   # weights, activations, the new KV
     assert pc.linear_time(moe, 1) == pytest.approx(nb / (moe.peak_bw * moe.meff.max_eff), rel=1e-12)
     # About a tenth of the weights read, but each layer's fixed kernel cost (the fitted per-layer and
