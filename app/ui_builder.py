@@ -90,7 +90,14 @@ def _pools(d: dict, opts: builder.Options) -> dict:
         pp = c5.selectbox("PP", [1, 2, 4, 8], index=[1, 2, 4, 8].index(pool.get("pp", 1))
                           if pool.get("pp", 1) in (1, 2, 4, 8) else 0, key=_k(f"pp-{i}-{mode}"),
                           help=glossary.help_for("TP / PP"))
-        d = builder.set_pool(d, i, dtype=dtype, pp=int(pp))
+        c6, c7 = st.columns(2)
+        dp = c6.selectbox("attention DP", [1, 2, 4, 8], index=[1, 2, 4, 8].index(pool.get("dp", 1))
+                          if pool.get("dp", 1) in (1, 2, 4, 8) else 0, key=_k(f"dp-{i}-{mode}"),
+                          help=glossary.help_for("DP / EP"))
+        eps = sorted({1, int(tp) * int(dp), int(pool.get("ep", 1))})
+        ep = c7.selectbox("EP (experts over GPUs)", eps, index=eps.index(int(pool.get("ep", 1))),
+                          key=_k(f"ep-{i}-{mode}-{tp}-{dp}"), help=glossary.help_for("DP / EP"))
+        d = builder.set_pool(d, i, dtype=dtype, pp=int(pp), dp=int(dp), ep=int(ep))
         if pool.get("role") == "encoder":
             d = builder.set_pool(d, i, gpu=gpu, tp=int(tp), instances=int(n))
             continue

@@ -12,6 +12,7 @@ fitted on one part and reported on the other.
 from __future__ import annotations
 
 import os
+import re
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
@@ -52,7 +53,9 @@ def _predict_one(row: Row, db, client: dict, requests_per_client: int) -> dict:
         _, _, pools = resolve(scn, db)
         res = simulate(scn, db=db)
     except ScenarioError as exc:
-        rec["reason"] = "does not fit: " + str(exc).split(":")[-1].strip()[:80]
+        # the broken rule, without the scenario's origin, pool name or the fix that follows it
+        msg = str(exc).removeprefix(f"{row.id}: ").split("; ")[0]
+        rec["reason"] = "does not fit: " + re.sub(r"pools\[\w+\]\.", "", msg)[:100]
         return rec
     # The batch a client waits on is the decode side's (the only pool of a colocated run).
     pool, dep, mem, _ = pools[-1]

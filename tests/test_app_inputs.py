@@ -55,6 +55,25 @@ def test_pp_multiplies_the_gpus_and_the_cost():
     assert "pp" not in at.session_state["scenario"]["pools"][0]      # back to the default: not written
 
 
+def test_dp_attention_and_expert_parallel_for_a_moe_model():
+    """Issue 15: the builder offers attention DP and EP; DP multiplies the GPUs of an instance, EP spans them."""
+    at = _home().run()
+    at.number_input(key="nreq-0").set_value(200)
+    at.selectbox(key="model-0").set_value("Qwen3-30B-A3B")
+    at.number_input(key="inst-0-colocated-0").set_value(1).run()
+    _ok(at)
+    one = float(_metrics(at)["cost per hour"].strip("$").replace(",", ""))
+    at.selectbox(key="dp-0-colocated-0").set_value(2).run()
+    _ok(at)
+    at.selectbox(key="ep-0-colocated-1-2-0").set_value(2).run()
+    _ok(at)
+    pool = at.session_state["scenario"]["pools"][0]
+    assert (pool["dp"], pool["ep"]) == (2, 2)
+    assert not at.error, [e.value for e in at.error]
+    assert float(_metrics(at)["cost per hour"].strip("$").replace(",", "")) == pytest.approx(2 * one)
+    assert _metrics(at)["TTFT p50"]
+
+
 def test_arrival_process_closed_loop_and_bursty():
     at = _home().run()
     poisson = _metrics(at)["TTFT p50"]

@@ -197,7 +197,8 @@ _SGLANG_FLAGS = {
     "--kv-cache-dtype": {"auto", "fp8_e5m2", "fp8_e4m3"}, "--disaggregation-mode": {"null", "prefill", "decode"},
     "--disaggregation-transfer-backend": {"mooncake", "nixl", "ascend", "fake"},
     "--disaggregation-bootstrap-port": None, "--disaggregation-ib-device": None, "--encoder-only": None,
-    "--language-only": None, "--encoder-urls": None,
+    "--language-only": None, "--encoder-urls": None, "--dp-size": None, "--enable-dp-attention": None,
+    "--ep-size": None,
     "--encoder-transfer-backend": {"zmq_to_scheduler", "zmq_to_tokenizer", "mooncake"}}
 
 

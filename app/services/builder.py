@@ -136,15 +136,15 @@ def set_embedding_transfer(d: dict, **values) -> dict:
     return out
 
 
-POOL_DEFAULTS = {("dtype", "bf16"), ("pp", 1)}
+POOL_DEFAULTS = {("dtype", "bf16"), ("pp", 1), ("dp", 1), ("ep", 1)}
 DTYPES = ("bf16", "fp8", "fp4", "int4", "fp16")    # weights: fp8 halves them (and needs a GPU with FP8)
 
 
 def set_pool(d: dict, index: int, **values) -> dict:
-    """Set pool fields (gpu, tp, pp, instances, dtype, router) and engine arguments (keys of EngineConfig).
+    """Set pool fields (gpu, tp, pp, dp, ep, instances, dtype, router) and engine arguments (keys of EngineConfig).
 
     ``None`` removes an engine argument (vLLM's default applies); a field set to its default (bf16
-    weights, PP 1) is removed, so that a scenario edited back to what it was compares equal to it.
+    weights, PP, DP and EP 1) is removed, so that a scenario edited back to what it was compares equal to it.
     """
     engine_keys = {"engine", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
                    "enable_prefix_caching", "enable_chunked_prefill", "block_size", "max_model_len"}
@@ -297,7 +297,7 @@ def auto_label(d: dict) -> tuple[str, str]:
     pools = [p for p in d.get("pools") or []]
 
     def pool_text(p, sep):
-        extra = "".join(f"{sep}{k}{p[k]}" for k in ("pp",) if p.get(k, 1) != 1)
+        extra = "".join(f"{sep}{k}{p[k]}" for k in ("pp", "dp", "ep") if p.get(k, 1) != 1)
         dt = f"{sep}{p['dtype']}" if p.get("dtype", "bf16") != "bf16" else ""
         return f"{p.get('instances', 1)}x{' ' if sep == ' ' else ''}{p['gpu']}{sep}TP{p.get('tp', 1)}{extra}{dt}"
     name = "-".join([model, *(pool_text(p, "-") for p in pools)]).replace(" ", "")

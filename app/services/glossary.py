@@ -24,6 +24,11 @@ TERMS = {
     "TP / PP": "Tensor parallelism splits every layer over TP GPUs (more memory and bandwidth per instance, "
                "all-reduce per layer); pipeline parallelism splits the layers into PP stages. An instance uses "
                "TP x PP GPUs.",
+    "DP / EP": "Attention data parallelism (vLLM --data-parallel-size, SGLang --enable-dp-attention) runs DP "
+               "ranks of TP GPUs each, every rank with its own batch and KV cache; for MoE models the ranks step "
+               "together through the expert layers. Expert parallelism places whole experts on EP GPUs and "
+               "sends each token to its experts (all-to-all); vLLM's --enable-expert-parallel sets EP = DP x TP. "
+               "An instance uses DP x TP GPUs.",
     "weights (dtype)": "bf16 is the default; fp8 halves the weights and speeds up the matrix products on GPUs with "
                        "FP8 (H100, H200, B200, L40S...), which lets a model fit where bf16 does not; fp4/int4 halve "
                        "them again where supported.",

@@ -30,19 +30,39 @@ PRE_SCREEN = ("memory", "kv-transfer", "encoder", "embedding-transfer")   # reas
 
 @dataclass(frozen=True)
 class PoolChoice:
-    """One pool of a candidate: ``instances`` identical instances of ``tp`` GPUs of type ``gpu``."""
+    """One pool of a candidate: ``instances`` identical instances of ``dp`` x ``tp`` GPUs of type ``gpu``
+    (``dp`` attention data-parallel ranks of ``tp`` GPUs each, experts over ``ep`` of them), weights in
+    ``dtype``."""
 
-    role: str                  # colocated | prefill | decode
+    role: str                  # colocated | prefill | decode | encoder
     gpu: str                   # hwdb canonical name
     tp: int
     instances: int
+    dtype: str = "bf16"
+    dp: int = 1
+    ep: int = 1
 
     @property
     def gpus(self) -> int:
-        return self.tp * self.instances
+        return self.tp * self.dp * self.instances
+
+    @property
+    def key(self) -> tuple:
+        """The :class:`Layout` this pool runs (its :attr:`Layout.key`)."""
+        return (self.gpu, self.dtype, self.tp, self.dp, self.ep)
+
+    def shape(self) -> str:
+        """``TP4``, ``DP4xTP2 EP8 fp4``: the per-instance layout, defaults left out."""
+        text = (f"DP{self.dp}xTP{self.tp}" if self.dp > 1 else f"TP{self.tp}") + (f" EP{self.ep}" if self.ep > 1 else "")
+        return text + ("" if self.dtype == "bf16" or self.role == "encoder" else f" {self.dtype}")
+
+    def tag(self) -> str:
+        """The layout's part of a candidate id: ``H100-tp2``, ``B200-fp4-dp4-tp2-ep8``."""
+        return (self.gpu + (f"-{self.dtype}" if self.dtype != "bf16" else "") + (f"-dp{self.dp}" if self.dp > 1 else "")
+                + f"-tp{self.tp}" + (f"-ep{self.ep}" if self.ep > 1 else ""))
 
     def label(self) -> str:
-        return f"{self.instances}x {self.gpu} TP{self.tp}" + ("" if self.role == "colocated" else f" {self.role}")
+        return f"{self.instances}x {self.gpu} {self.shape()}" + ("" if self.role == "colocated" else f" {self.role}")
 
 
 @dataclass(frozen=True)
@@ -73,7 +93,8 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Layout:
-    """A pool layout (GPU type, TP) that fits: its resolved deployment, memory plan and step model."""
+    """A pool layout (GPU type, weight format, TP, DP, EP) that fits: its resolved deployment, memory plan
+    and step model (one data-parallel rank's)."""
 
     gpu: str
     tp: int
@@ -81,6 +102,24 @@ class Layout:
     mem: MemoryPlan
     step: StepModel
     price: float               # $/h per GPU (the request's price, else hwdb's)
+    dtype: str = "bf16"
+    dp: int = 1
+    ep: int = 1
+
+    @property
+    def key(self) -> tuple:
+        return (self.gpu, self.dtype, self.tp, self.dp, self.ep)
+
+    @property
+    def gpus(self) -> int:
+        """GPUs of one instance (dp x tp)."""
+        return self.tp * self.dp
+
+    def choice(self, role: str, instances: int) -> PoolChoice:
+        return PoolChoice(role, self.gpu, self.tp, instances, self.dtype, self.dp, self.ep)
+
+    def tag(self) -> str:
+        return self.choice("colocated", 1).tag()
 
 
 @dataclass(frozen=True)
@@ -116,7 +155,7 @@ class PlanContext:
     model: object
     stats: WorkloadStats
     layouts: list[Layout] = field(default_factory=list)
-    misfits: list[tuple[str, int, float, str]] = field(default_factory=list)   # gpu, tp, price, reason
+    misfits: list[tuple[PoolChoice, float, str]] = field(default_factory=list)   # layout (1 instance), $/h per GPU, reason
     notes: list[str] = field(default_factory=list)
 
     def max_count(self, gpu: str) -> int | None:
@@ -195,26 +234,40 @@ def build_context(req: PlanRequest) -> PlanContext:
                              "its figures are datasheet-only")
             continue
         price = gpu.price_usd_per_hour.value if offer.price_usd_per_hour is None else offer.price_usd_per_hour
-        for tp in c.tp:
-            pool = PoolConfig(gpu=gpu.name, tp=tp, dtype=c.dtype, kv_cache_dtype=c.kv_cache_dtype, engine=c.engine)
+        for dtype, tp, dp, ep in _shapes(c, model):
+            shape = PoolChoice("colocated", gpu.name, tp, 1, dtype, dp, ep)
+            pool = PoolConfig(gpu=gpu.name, tp=tp, dp=dp, ep=ep, dtype=dtype, kv_cache_dtype=c.kv_cache_dtype,
+                              engine=c.engine)
             try:
                 dep = deployment_for(pool, model, db)
                 mem = plan_memory(dep)
             except (ScenarioError, FitError) as exc:
                 reason = str(exc).split(": ", 1)[-1] if isinstance(exc, ScenarioError) else str(exc)
-                ctx.misfits.append((gpu.name, tp, price, reason))
+                ctx.misfits.append((shape, price, reason))
                 continue
-            if tp > c.max_gpus or (offer.max_gpus is not None and tp > offer.max_gpus):
-                ctx.misfits.append((gpu.name, tp, price, f"TP{tp} exceeds the GPU limit of the constraints"))
+            if shape.gpus > c.max_gpus or (offer.max_gpus is not None and shape.gpus > offer.max_gpus):
+                ctx.misfits.append((shape, price, f"{shape.shape()} exceeds the GPU limit of the constraints"))
                 continue
-            ctx.layouts.append(Layout(gpu.name, tp, dep, mem, build_step_model(dep), price))
+            ctx.layouts.append(Layout(gpu.name, tp, dep, mem, build_step_model(dep), price, dtype, dp, ep))
     if not ctx.layouts:
-        why = "; ".join(f"{g} TP{tp}: {r}" for g, tp, _, r in ctx.misfits[:6])
+        why = "; ".join(f"{sh.gpu} {sh.shape()}: {r}" for sh, _, r in ctx.misfits[:6])
         raise PlanError(f"no (GPU, TP) layout can serve {model.name} within the constraints "
                         f"(gpus {[o.name for o in req.gpus]}, tp {list(c.tp)}, max_gpus {c.max_gpus}): {why}. "
                         "Fix: allow larger TP (constraints.tp), more GPUs (constraints.max_gpus), GPUs with more "
                         "memory, fp8 weights (constraints.dtype), or a smaller engine.max_model_len.")
     return ctx
+
+
+def _shapes(c, model) -> Iterator[tuple[str, int, int, int]]:
+    """(dtype, tp, dp, ep) per instance to try.  Data-parallel attention and expert parallelism apply to
+    MoE models only (for a dense model DP ranks are independent replicas: more instances); EP, when tried,
+    spans every GPU of the instance (vLLM's rule: EP = DP x TP)."""
+    moe = model.arch.is_moe
+    for dtype in c.dtype:
+        for tp in c.tp:
+            for dp in (c.dp if moe else (1,)):
+                for ep in dict.fromkeys(tp * dp if on and moe and tp * dp > 1 else 1 for on in c.expert_parallel):
+                    yield dtype, tp, dp, ep
 
 
 class Family:
@@ -243,15 +296,14 @@ class Colocated(Family):
 
     def enumerate(self, ctx: PlanContext) -> Iterator[Candidate]:
         c = ctx.req.constraints
-        for g, tp, price, reason in ctx.misfits:
-            yield Candidate(f"colocated-{g}-tp{tp}-nofit", self.name, (PoolChoice("colocated", g, tp, 1),),
-                            tp * price, rejected=f"memory: {reason}")
+        for sh, price, reason in ctx.misfits:
+            yield Candidate(f"colocated-{sh.tag()}-nofit", self.name, (sh,), sh.gpus * price, rejected=f"memory: {reason}")
         for lay in ctx.layouts:
             for n in range(1, c.max_instances_per_pool + 1):
-                pools = (PoolChoice("colocated", lay.gpu, lay.tp, n),)
+                pools = (lay.choice("colocated", n),)
                 if not _gpu_ok(ctx, pools):
                     break
-                yield Candidate(f"colocated-{lay.gpu}-tp{lay.tp}-x{n}", self.name, pools, n * lay.tp * lay.price)
+                yield Candidate(f"colocated-{lay.tag()}-x{n}", self.name, pools, n * lay.gpus * lay.price)
 
 
 class PrefillDecode(Family):
@@ -264,26 +316,26 @@ class PrefillDecode(Family):
         for fabric in req.fabrics.links:
             for lp in ctx.layouts:
                 for ld in ctx.layouts:
-                    if lp.gpu != ld.gpu and not c.heterogeneous:
-                        continue
-                    tag = f"pd-{lp.gpu}-tp{lp.tp}-{ld.gpu}-tp{ld.tp}" + (f"-{fabric}" if fabric else "")
+                    if (lp.gpu != ld.gpu and not c.heterogeneous) or lp.dtype != ld.dtype:
+                        continue       # one checkpoint serves both pools
+                    tag = f"pd-{lp.tag()}-{ld.tag()}" + (f"-{fabric}" if fabric else "")
                     cfg = KVTransferConfig(connector=req.fabrics.connector, fabric=fabric)
                     try:
                         plan = build_transfer_plan(cfg, ctx.db, lp.dep, ld.dep)
                     except TransferConfigError as exc:
-                        pools = (PoolChoice("prefill", lp.gpu, lp.tp, 1), PoolChoice("decode", ld.gpu, ld.tp, 1))
-                        yield Candidate(tag + "-invalid", self.name, pools, lp.tp * lp.price + ld.tp * ld.price,
+                        pools = (lp.choice("prefill", 1), ld.choice("decode", 1))
+                        yield Candidate(tag + "-invalid", self.name, pools, lp.gpus * lp.price + ld.gpus * ld.price,
                                         fabric, req.fabrics.connector, rejected=f"kv-transfer: {exc}")
                         continue
                     for npf in range(1, c.max_instances_per_pool + 1):
-                        if npf * lp.tp >= c.max_gpus:
+                        if npf * lp.gpus >= c.max_gpus:
                             break
                         for nd in range(1, c.max_instances_per_pool + 1):
-                            pools = (PoolChoice("prefill", lp.gpu, lp.tp, npf), PoolChoice("decode", ld.gpu, ld.tp, nd))
+                            pools = (lp.choice("prefill", npf), ld.choice("decode", nd))
                             if not _gpu_ok(ctx, pools):
                                 break
                             yield Candidate(f"{tag}-{npf}p{nd}d", self.name, pools,
-                                            npf * lp.tp * lp.price + nd * ld.tp * ld.price, plan.link_name,
+                                            npf * lp.gpus * lp.price + nd * ld.gpus * ld.price, plan.link_name,
                                             req.fabrics.connector)
 
 
@@ -291,7 +343,7 @@ def to_scenario(req: PlanRequest, cand: Candidate, rate: float | None = None) ->
     """The scenario that simulates ``cand`` under the request's workload (at ``rate`` if given)."""
     c = req.constraints
     pools = [{"name": "main" if p.role == "colocated" else p.role, "role": p.role, "gpu": p.gpu, "tp": p.tp,
-              "instances": p.instances, "dtype": c.dtype if p.role != "encoder" else "bf16",
+              "dp": p.dp, "ep": p.ep, "instances": p.instances, "dtype": p.dtype if p.role != "encoder" else "bf16",
               "kv_cache_dtype": c.kv_cache_dtype, "engine": c.engine.model_dump(exclude_defaults=True)}
              for p in cand.pools]
     wl = req.workload.model_dump(mode="json", exclude_none=True)

@@ -49,7 +49,7 @@ class EncoderPrefillDecode(Family):
         c = ctx.req.constraints
         lm_parts = [x for x in Colocated().enumerate(ctx) if not x.rejected]
         lm_parts += [x for x in PrefillDecode().enumerate(ctx) if not x.rejected
-                     and x.pool("prefill").gpu == x.pool("decode").gpu and x.pool("prefill").tp == x.pool("decode").tp]
+                     and x.pool("prefill").key == x.pool("decode").key]
         for g, tp, price, why in encoder_layouts(ctx):
             if why:
                 yield Candidate(f"epd-enc-{g}-tp{tp}-invalid", self.name, (PoolChoice("encoder", g, tp, 1),),

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from simulator.errors import format_validation_error, read_yaml
 from simulator.inputs import NoBoolNumbers
@@ -40,20 +40,37 @@ class Constraints(_Strict):
     max_gpus: int = Field(32, ge=1, le=4096)                # all pools together
     max_instances_per_pool: int = Field(16, ge=1, le=512)
     tp: tuple[int, ...] = (1, 2, 4, 8)                      # tensor-parallel degrees to try
+    # Attention data-parallel degrees to try (vLLM --data-parallel-size, SGLang --enable-dp-attention):
+    # MoE models only, an instance is then dp x tp GPUs whose ranks step together for the MoE layers.
+    dp: tuple[int, ...] = (1,)
+    # Expert parallelism to try: False keeps every expert sliced over each rank's TP GPUs, True spreads
+    # the experts over all dp x tp GPUs of an instance (vLLM --enable-expert-parallel); [false, true] tries both.
+    expert_parallel: tuple[bool, ...] = (False,)
     families: tuple[str, ...] = ("colocated", "pd", "epd")  # names in simulator.plan.families.FAMILIES
     heterogeneous: bool = True                              # PD may use different GPU types per pool
-    dtype: Literal["bf16", "fp16", "fp8"] = "bf16"
+    # Weight formats to try (one string or a list): fp4 (NVFP4/MXFP4) and int4 (W4A16) are pre-quantised
+    # checkpoints; GPUs without the format's tensor cores are listed as misfits.
+    dtype: tuple[Literal["bf16", "fp16", "fp8", "fp4", "int4"], ...] = ("bf16",)
     kv_cache_dtype: Literal["auto", "bf16", "fp16", "fp8"] = "auto"
     engine: EngineConfig = EngineConfig()                   # engine arguments for every pool
     # Leave out GPUs that have no calibration profile (datasheet-only figures, no error band) when at
     # least one offered GPU has one; the plan's notes say which were left out.
     prefer_calibrated: bool = False
 
+    @field_validator("dtype", mode="before")
+    @classmethod
+    def _one_dtype(cls, v):
+        return (v,) if isinstance(v, str) else v
+
     @model_validator(mode="after")
     def _check(self) -> Constraints:
-        bad = [t for t in self.tp if t < 1 or t & (t - 1)]
-        if bad or not self.tp:
-            raise ValueError(f"tp={list(self.tp)} must be a non-empty list of powers of two (1, 2, 4, 8)")
+        for name in ("tp", "dp"):
+            sizes = getattr(self, name)
+            if not sizes or any(t < 1 or t > 72 for t in sizes):
+                raise ValueError(f"{name}={list(sizes)} must be a non-empty list of sizes from 1 to 72 "
+                                 f"(e.g. [1, 2, 4, 8])")
+        if not self.dtype or not self.expert_parallel:
+            raise ValueError("dtype and expert_parallel need at least one value each (e.g. dtype: fp8)")
         if not self.families:
             raise ValueError("families is empty; allow at least one of colocated, pd, epd")
         return self

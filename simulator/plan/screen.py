@@ -98,7 +98,7 @@ class Screen:
         slo = ctx.req.slo
         self.ttft_slo = slo.ttft_s if slo.ttft_s is not None else math.inf
         self.tpot_slo = slo.tpot_s if slo.tpot_s is not None else math.inf
-        self.layout = {(lay.gpu, lay.tp): lay for lay in ctx.layouts}
+        self.layout = {lay.key: lay for lay in ctx.layouts}
         self._colocated = lru_cache(maxsize=None)(self._colocated_raw)
         self._prefill = lru_cache(maxsize=None)(self._prefill_raw)
         self._decode = lru_cache(maxsize=None)(self._decode_raw)
@@ -112,11 +112,12 @@ class Screen:
             self._enc[(gpu, tp)] = encode_time(self.ctx, gpu, tp)
         return self._enc[(gpu, tp)]
 
-    # -- per-instance figures at per-instance rate r: (ttft_part, tpot, limit)
+    # -- per-rank figures at per-rank rate r (an instance of dp ranks takes dp x r): (ttft_part, tpot, limit).
+    # A rank's step model prices the MoE layers for the whole group's tokens (ranks equally loaded).
     def _colocated_raw(self, key, r: float, inline: bool = True) -> tuple[float, float, str]:
         lay = self.layout[key]
         k, I, O, step = lay.dep.knobs, self.I, self.O, lay.step
-        e = self.enc(*key) if inline else 0.0       # images encoded inside this instance's steps
+        e = self.enc(lay.gpu, lay.tp) if inline else 0.0       # images encoded inside this instance's steps
         if r * e >= 1.0:
             return OVERLOAD, OVERLOAD, "encoding images inside the steps saturates the instance"
         budget, ctx = k.max_num_batched_tokens, I + O / 2.0
@@ -155,7 +156,7 @@ class Screen:
         lay = self.layout[key]
         k = lay.dep.knobs
         budget = k.max_num_batched_tokens
-        e = self.enc(*key) if inline else 0.0
+        e = self.enc(lay.gpu, lay.tp) if inline else 0.0
         s_mean = lay.step.prefill_time(max(1, round(self.I)), budget) + e
         s_q = lay.step.prefill_time(max(1, round(self.Iq)), budget) + e
         per_tok = min(s_mean / self.I, lay.step.step_time(budget, budget / self.I, budget * self.I / 2.0, 0.0) / budget)
@@ -173,10 +174,9 @@ class Screen:
     def _plan(self, cand) -> TransferPlan:
         from simulator.pd import build_transfer_plan
         from simulator.scenario import KVTransferConfig
-        key = (cand.pool("prefill").gpu, cand.pool("prefill").tp, cand.pool("decode").gpu, cand.pool("decode").tp,
-               cand.fabric)
+        key = (cand.pool("prefill").key, cand.pool("decode").key, cand.fabric)
         if key not in self._plans:
-            lp, ld = self.layout[key[:2]], self.layout[key[2:4]]
+            lp, ld = self.layout[key[0]], self.layout[key[1]]
             cfg = KVTransferConfig(connector=cand.connector, fabric=cand.fabric)
             self._plans[key] = build_transfer_plan(cfg, self.ctx.db, lp.dep, ld.dep)
         return self._plans[key]
@@ -194,7 +194,7 @@ class Screen:
             e_pool = PoolConfig(name="encoder", role="encoder", gpu=enc.gpu, tp=enc.tp)
             l_pool = PoolConfig(name=front.role, role=front.role, gpu=front.gpu, tp=front.tp)
             path = embedding_path(cfg, self.ctx.db, e_pool, self.ctx.db.gpu(enc.gpu), enc.tp, l_pool,
-                                  self.layout[(front.gpu, front.tp)].dep)
+                                  self.layout[front.key].dep)
             bw = min(path.encoder_side_Bps, path.lm_side_Bps)
             self._paths[key] = (2 * path.latency_s + path.setup_s + self.images.emb_bytes / bw, bw)
         return self._paths[key]
@@ -216,20 +216,20 @@ class Screen:
                 idle, bw = self._embedding(enc, front)
             except EPDError as exc:
                 return OVERLOAD, OVERLOAD, f"embedding transfer impossible: {exc}"
-            rho = lam / front.instances * self.images.emb_bytes / bw
+            rho = lam / (front.instances * front.dp) * self.images.emb_bytes / bw
             if rho >= 1.0:
                 return OVERLOAD, OVERLOAD, "embedding transfer saturated"
             extra = wait + e + idle / (1.0 - rho)
         roles = {p.role: p for p in cand.pools}
         if "colocated" in roles:
             p = roles["colocated"]
-            ttft, tpot, why = self._colocated((p.gpu, p.tp), _r(lam / p.instances), inline)
+            ttft, tpot, why = self._colocated(p.key, _r(lam / (p.instances * p.dp)), inline)
             return ttft + extra, tpot, why
         pp, pd_ = roles["prefill"], roles["decode"]
-        t_pre, _, why = self._prefill((pp.gpu, pp.tp), _r(lam / pp.instances), inline)
+        t_pre, _, why = self._prefill(pp.key, _r(lam / (pp.instances * pp.dp)), inline)
         if why:
             return OVERLOAD, OVERLOAD, why
-        t_dec, tpot, why = self._decode((pd_.gpu, pd_.tp), _r(lam / pd_.instances))
+        t_dec, tpot, why = self._decode(pd_.key, _r(lam / (pd_.instances * pd_.dp)))
         if why:
             return OVERLOAD, OVERLOAD, why
         plan = self._plan(cand)

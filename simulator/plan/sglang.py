@@ -12,7 +12,8 @@ from __future__ import annotations
 from simulator.plan.manifests import (SGLANG_BOOTSTRAP_PORT, SGLANG_PORT, VLLM_PORT, ArtefactOptions,
                                      engine_deployment, router_objects)
 
-_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp8": "auto"}
+# fp8/fp4/int4: the checkpoint's own quantization_config decides (pre-quantised weights), as in vLLM.
+_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp8": "auto", "fp4": "auto", "int4": "auto"}
 ROUTER_MODULE = "sglang_router.launch_router"
 
 
@@ -22,8 +23,14 @@ def sglang_args(model_id: str, dep, role: str, connector, tcp: bool = False, enc
     decode or encoder).  ``encoder_urls``: the encoder Service(s) of an EPD plan, given to the language
     model's ``--language-only`` server."""
     k = dep.knobs
-    args = ["--model-path", model_id, "--host", "0.0.0.0", "--port", str(SGLANG_PORT), "--tp-size", str(dep.tp),
-            "--dtype", _DTYPE[dep.weight_dtype], "--context-length", str(k.max_model_len)]
+    # SGLang's --tp-size counts every GPU of the instance; with --enable-dp-attention the attention runs
+    # as --dp-size ranks of tp-size / dp-size GPUs each and the experts over --ep-size of them.
+    args = ["--model-path", model_id, "--host", "0.0.0.0", "--port", str(SGLANG_PORT), "--tp-size",
+            str(dep.tp * dep.dp), "--dtype", _DTYPE[dep.weight_dtype], "--context-length", str(k.max_model_len)]
+    if dep.dp > 1:
+        args += ["--dp-size", str(dep.dp), "--enable-dp-attention"]
+    if dep.ep > 1:
+        args += ["--ep-size", str(dep.ep)]
     if role == "encoder":
         return args + ["--encoder-only", "--encoder-transfer-backend", "mooncake" if not tcp else "zmq_to_scheduler"]
     args += ["--max-running-requests", str(k.max_num_seqs), "--chunked-prefill-size", str(k.max_num_batched_tokens),
