@@ -55,7 +55,7 @@ def _predict_one(row: Row, db, client: dict, requests_per_client: int) -> dict:
     except ScenarioError as exc:
         # the broken rule, without the scenario's origin, pool name or the fix that follows it
         msg = str(exc).removeprefix(f"{row.id}: ").split("; ")[0]
-        rec["reason"] = "does not fit: " + re.sub(r"pools\[\w+\]\.", "", msg)[:100]
+        rec["reason"] = "does not fit: " + re.sub(r"pools\[\w+\](\.|: )", "", msg)[:100]
         return rec
     # The batch a client waits on is the decode side's (the only pool of a colocated run).
     pool, dep, mem, _ = pools[-1]
