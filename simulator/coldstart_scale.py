@@ -24,7 +24,9 @@ process start               imports, engine process (host speed)
 probe recommendations (``epdsim probes``, :func:`recommend_high`), so a slow
 host or storage still starts inside the startupProbe.  :func:`check_cases`
 re-predicts every sourced real start-up kept in the file, over the phases the
-source timed (``observed_phases``), at the release it ran (``vllm_version``).
+source timed (``observed_phases``), at the release it ran (``vllm_version``);
+:func:`calibration.coldstart_holdout.held_out_checks` predicts each again with
+the ranges re-derived without the case's own source.
 """
 from __future__ import annotations
 

@@ -2,14 +2,17 @@
 from __future__ import annotations
 
 import argparse
+import statistics
+from pathlib import Path
 
 import pytest
 from rich.console import Console
 
 import hwdb
+from calibration.coldstart_holdout import derive_ranges, fed_ranges, held_out_checks, holdout_markdown
 from hwdb.coldstart import load_coldstart
 from simulator.cli_ops import add_subparsers
-from simulator.coldstart import Breakdown, ColdStartError, Phase, breakdown
+from simulator.coldstart import LEVELS, Breakdown, ColdStartError, Phase, breakdown
 from simulator.coldstart_scale import (breakdown_range, case_breakdowns, cases_markdown, check_cases,
                                        phases_markdown, recommend_high)
 from simulator.k8s import PodSpec, Probe, recommend_probes, simulate_pod
@@ -24,6 +27,16 @@ def db():
 @pytest.fixture(scope="module")
 def checks():
     return check_cases()
+
+
+@pytest.fixture(scope="module")
+def held():
+    return held_out_checks()
+
+
+@pytest.fixture(scope="module")
+def held_publication():
+    return held_out_checks(by="publication")
 
 
 def test_vllm_19824_within_25_percent(db):
@@ -164,11 +177,58 @@ def test_vllm_version_changes_capture(db):
     assert "51 sizes up to 512, FULL_AND_PIECEWISE: 102 graphs" in graphs["latest"]
 
 
-def test_markdown_tables_list_every_case(checks):
+def test_markdown_tables_list_every_case(checks, held, held_publication):
     md = cases_markdown(checks)
     assert md.count("\n") == len(checks) + 1 and "vllm#19824" in md
     ph = phases_markdown(checks)
     assert ph.count("\n") == sum(bool(c.case.logged) for c in checks) + 1 and ("(+" in ph or "(-" in ph)
+    ho = holdout_markdown(held, held_publication)
+    assert ho.count("\n") == len(checks) + 1 and "publication held out" in ho
+
+
+def test_docs_tables_are_the_generated_ones(checks, held, held_publication):
+    """docs/operations.md carries the three cold-start case tables exactly as the functions print them."""
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "operations.md").read_text()
+    for md in (cases_markdown(checks), phases_markdown(checks), holdout_markdown(held, held_publication)):
+        assert md in doc, md.splitlines()[0]
+
+
+def test_ranges_follow_their_stated_rule():
+    """Each range a case feeds is the median (typical) and the extremes (low, high) of the measurements
+    its sources list, re-derived in calibration/coldstart_holdout.py: the file agrees to its rounding."""
+    sc = load_coldstart().scale_ranges("vllm-v1")
+    derived = derive_ranges()
+    assert {"p2p_check_s_per_pair", "loader_Bps_per_rank", "compile_miss_multiplier", "compile_hit_multiplier",
+            "capture_moe_layer_weight", "distributed_init_s_per_rank", "jit_kernels_s"} <= set(derived)
+    for key, d in derived.items():
+        for lv in LEVELS:
+            assert getattr(d, lv) == pytest.approx(sc.at(key, lv), rel=0.01, abs=1e-9), (key, lv)
+    # the Inductor multiplier: median of Qwen3-235B 0.91, PR #25493 1.05, Llama-3-70B 1.17 and #19824 1.69
+    assert sc.at("compile_miss_multiplier", "typical") == pytest.approx(statistics.median([0.91, 1.05, 1.17, 1.69]))
+
+
+def test_feeds_list_every_range_a_case_is_a_source_of():
+    sc = load_coldstart().scale_ranges("vllm-v1")
+    assert fed_ranges() == {c.name: list(c.feeds) for c in sc.cases}
+
+
+def test_held_out_cases_within_30_percent(held, held_publication):
+    """Leave-one-source-out: each case re-predicted with the ranges re-derived without its own run."""
+    within = [h for h in held if abs(h.held.error) <= 0.30]
+    assert len(within) >= 4, [(h.case.name, round(h.held.error, 3)) for h in held]
+    assert sum(bool(h.case.feeds) for h in within) >= 4          # cases that fed a range, not only bystanders
+    # #19824 set the high ends of the P2P check, the loader and the Inductor multiplier: without them it is further off
+    h19 = next(h for h in held if h.run == "vllm#19824")
+    assert set(h19.moved) == {"p2p_check_s_per_pair", "loader_Bps_per_rank", "compile_miss_multiplier"}
+    assert h19.held.error < h19.fitted.error < 0
+    for h in held:
+        if not h.case.feeds:                                    # nothing of theirs in the ranges: same prediction
+            assert h.held.checked_s == pytest.approx(h.fitted.checked_s, rel=0.01), h.case.name
+    # without any anyscale run the MoE weights fall back to x1 and the init slope to the TP2 reports' median
+    anyscale = [h for h in held_publication if h.run.startswith("anyscale/")]
+    assert len(anyscale) == 5
+    for h in anyscale:
+        assert "distributed_init_s_per_rank" in h.moved and h.held.checked_s != h.fitted.checked_s
 
 
 def _write_scale(tmp_path, **change):

@@ -107,7 +107,7 @@ def test_warm_cache_shortens_start_by_breakdown_difference(cold, warm):
 
 
 def test_volume_does_not_rescue_default_probes_for_70b(cold, warm):
-    """The kill (50 s) comes before torch.compile ends (~129 s): no attempt ever writes the cache."""
+    """The kill (50 s) comes before torch.compile ends (~127 s): no attempt ever writes the cache."""
     assert 30 + 20 < elapsed_at(cold, "compile")
     res = simulate_pod(cold, common_probes(30, volume=True), warm, horizon_s=HORIZON)
     assert res.never_ready and res.restarts >= 3
