@@ -36,13 +36,33 @@ class EPDError(ValueError):
 
 @dataclass(frozen=True)
 class EmbeddingPath:
-    """How embeddings move from one encoder instance to one language-model instance (SI units)."""
+    """How embeddings move from one encoder instance to one language-model instance (SI units).
+
+    ``encoder_side_Bps`` / ``lm_side_Bps``: the NIC group an instance sends or receives through (one NIC per
+    GPU on RDMA rails, one per node on TCP/VPC, or the network layout's GPUs per NIC); ``encoder_share`` /
+    ``lm_share`` instances sit behind one such group and share it.  ``staged_s_per_byte``: host staging of a
+    connector without GPU-direct (or of one in its TCP mode): GPU->host and host->GPU copies over PCIe and
+    the link's per-byte CPU cost on both ends, paid in series before the bytes flow, as on the KV path.
+    """
 
     link_name: str
     encoder_side_Bps: float
     lm_side_Bps: float
     latency_s: float
     setup_s: float
+    staged_s_per_byte: float = 0.0
+    encoder_share: int = 1
+    lm_share: int = 1
+    host_staged: bool = False
+
+    def idle_time(self, nbytes: float) -> float:
+        """Seconds to move ``nbytes`` on an idle path."""
+        return (2 * self.latency_s + self.setup_s + nbytes * self.staged_s_per_byte
+                + nbytes / min(self.encoder_side_Bps, self.lm_side_Bps))
+
+    def per_instance_Bps(self) -> float:
+        """An instance's fair share of the narrower side when every instance behind a NIC sends at once."""
+        return min(self.encoder_side_Bps / self.encoder_share, self.lm_side_Bps / self.lm_share)
 
 
 @dataclass(frozen=True)
@@ -109,13 +129,19 @@ def image_costs(vision: VisionArch, images: Images, where: str) -> ImageCosts:
 
 
 def embedding_path(cfg, db: hwdb.HardwareDB, enc_pool, enc_gpu, enc_gpus: int, lm_pool, lm_dep) -> EmbeddingPath:
-    """The path from an encoder instance to a language-model instance, or :class:`EPDError` if there is none."""
+    """The path from an encoder instance to a language-model instance, or :class:`EPDError` if there is none.
+
+    Resolved as the KV path is (:func:`simulator.pd.build_transfer_plan`): ``fabric`` names a link or a node
+    type's network layout (its GPUs per NIC and NIC rate); RDMA NICs come one per GPU, a TCP/VPC NIC one per
+    node, shared by the instances on it.  A connector that needs GPU-direct RDMA runs over a TCP fabric in its
+    TCP mode (``tcp_mode_efficiency``), staged through host memory; one without a TCP mode is refused."""
     where = (f"embedding_transfer: encoder pool '{enc_pool.name}' ({enc_gpu.name}) has no path to "
              f"{lm_pool.role} pool '{lm_pool.name}' ({lm_dep.gpu.name})")
     try:
         conn = db.connector(cfg.connector)
     except hwdb.HwdbError as exc:
         raise EPDError(f"embedding_transfer.connector: {exc}") from None
+    share_e = share_l = 1
     if cfg.same_node:
         if enc_gpu.name != lm_dep.gpu.name:
             raise EPDError(f"{where}: same_node needs one GPU type in the node; set same_node: false and name a "
@@ -124,7 +150,7 @@ def embedding_path(cfg, db: hwdb.HardwareDB, enc_pool, enc_gpu, enc_gpus: int, l
             raise EPDError(f"{where}: one encoder ({enc_gpus} GPUs) and one {lm_pool.role} instance "
                            f"({lm_dep.gpus} GPUs) do not fit in a {enc_gpu.gpus_per_node}-GPU node; set same_node: "
                            "false")
-        link = lm_dep.intra_link
+        link, lay = lm_dep.intra_link, None
         side_e = side_l = link.effective_Bps
     else:
         name = cfg.fabric or enc_gpu.scale_out_link or lm_dep.gpu.scale_out_link
@@ -132,23 +158,43 @@ def embedding_path(cfg, db: hwdb.HardwareDB, enc_pool, enc_gpu, enc_gpus: int, l
             raise EPDError(f"{where}: neither GPU has a scale-out link; name embedding_transfer.fabric (e.g. "
                            "roce-200, tcp-25gbe) or set same_node: true")
         try:
-            link = db.fabric(name)[0]     # a network layout's link; its NIC layout is a KV-path refinement
+            link, lay = db.fabric(name)
         except hwdb.HwdbError as exc:
             raise EPDError(f"embedding_transfer.fabric: {exc}") from None
         if link.kind in ("nvlink", "xgmi", "pcie"):
             raise EPDError(f"{where}: embedding_transfer.fabric={link.name} is an intra-node link and cannot "
                            "connect instances on different nodes; use an InfiniBand/RoCE/TCP fabric, or same_node: "
                            "true")
+        if lay is not None:
+            for gpu, role in ((enc_gpu, "encoder"), (lm_dep.gpu, lm_pool.role)):
+                if gpu.name not in lay.gpus:
+                    raise EPDError(f"{where}: embedding_transfer.fabric={lay.name} is the network of {lay.provider} "
+                                   f"{lay.instance} ({lay.gpus_per_node}x {'/'.join(lay.gpus)}) but the {role} pool "
+                                   f"runs on {gpu.name}; use a link (ib-ndr, roce-400, tcp-25gbe, ...) or that GPU")
         shared_nic = link.kind in ("tcp", "vpc")
-        side_e = link.effective_Bps * (1 if shared_nic else enc_gpus)
-        side_l = link.effective_Bps * (1 if shared_nic else lm_dep.gpus)
+        nic = lay.per_nic_Bps * link.efficiency.value if lay is not None else link.effective_Bps
+
+        def side(gpu, gpus: int) -> tuple[float, int]:
+            g = lay.gpus_per_nic if lay is not None else gpu.gpus_per_node if shared_nic else 1
+            return nic * max(1, gpus // g), max(1, g // gpus)     # NICs it spans x rate, instances per NIC
+        (side_e, share_e), (side_l, share_l) = side(enc_gpu, enc_gpus), side(lm_dep.gpu, lm_dep.gpus)
+    host_staged, eff = conn.host_staged, conn.efficiency.value
     if conn.gpu_direct_required and not link.gpu_direct:
-        raise EPDError(f"{where}: connector {conn.name} needs GPU-direct RDMA but {link.name} has none; set "
-                       "embedding_transfer.connector: tcp, or use an RDMA fabric (ib-*, roce-*)")
+        if conn.tcp_mode_efficiency is None:
+            raise EPDError(f"{where}: connector {conn.name} needs GPU-direct RDMA but {link.name} has none and no "
+                           "TCP mode; set embedding_transfer.connector: tcp (or nixl, mooncake: they run over TCP), "
+                           "or use an RDMA fabric (ib-*, roce-*)")
+        host_staged, eff = True, conn.tcp_mode_efficiency.value      # its TCP mode: staged through host memory
     if cfg.bandwidth_Bps is not None:
         side_e = side_l = cfg.bandwidth_Bps
-    eff = conn.efficiency.value
-    return EmbeddingPath(link.name, side_e * eff, side_l * eff, link.latency_s.value, conn.setup_s.value)
+        share_e = share_l = 1
+    staged = 0.0
+    if host_staged:
+        # Each rank copies its part GPU->host and serialises it; the receiver does the reverse.
+        pcie = db.link("pcie-gen5-x16")
+        staged = (2.0 / pcie.effective_Bps + 2.0 * link.cpu_cost_s_per_byte.value) / min(enc_gpus, lm_dep.tp)
+    return EmbeddingPath(lay.name if lay is not None else link.name, side_e * eff, side_l * eff,
+                         link.latency_s.value, conn.setup_s.value, staged, share_e, share_l, host_staged)
 
 
 def _has_images(wl) -> bool:

@@ -6,7 +6,8 @@ else the one with the fewest outstanding images), so a request's images are
 encoded in parallel across encoders; when the last one is done the proxy
 picks the language-model instance (its router), every image's embedding
 moves from its encoder over the fabric (max-min fair sharing,
-:mod:`simulator.fabric`), and once all have arrived the request enters that
+:mod:`simulator.fabric`; instances behind one NIC share it; a host-staged
+path first pays its copies and CPU cost), and once all have arrived the request enters that
 instance's queue.  A request without images skips the encoders.
 
 Without an encoder tier the front pool encodes: the engine step that admits
@@ -61,9 +62,18 @@ class EPDCoordinator:
                              for i in range(ep.instances)]
             p = setup.path
             self.fabric = Fabric(env, rng)
-            self.egress = [LinkState(f"{p.link_name}:encoder{i}:out", p.encoder_side_Bps, p.latency_s)
+            # Instances behind one NIC (a TCP node NIC, a layout's GPUs per NIC) share one link state.
+            groups: dict[str, LinkState] = {}
+
+            def nic(name: str, cap: float) -> LinkState:
+                if name not in groups:
+                    groups[name] = LinkState(name, cap, p.latency_s)
+                return groups[name]
+            self.egress = [nic(f"{p.link_name}:encoder{i}:out" if p.encoder_share == 1 else
+                               f"{p.link_name}:encoder-nic{i // p.encoder_share}:out", p.encoder_side_Bps)
                            for i in range(ep.instances)]
-            self.ingress = [LinkState(f"{p.link_name}:{f.pool}{f.index}:embeddings-in", p.lm_side_Bps, p.latency_s)
+            self.ingress = [nic(f"{p.link_name}:{f.pool}{f.index}:embeddings-in" if p.lm_share == 1 else
+                                f"{p.link_name}:{f.pool}-nic{f.index // p.lm_share}:embeddings-in", p.lm_side_Bps)
                             for f in front]
         else:
             self.inline_caches = [EmbeddingCache(setup.inline_cache_bytes) for _ in front]
@@ -123,7 +133,9 @@ class EPDCoordinator:
         for i in imgs:
             nbytes = float(self.costs.emb_bytes[i])
             self.bytes_moved += nbytes
-            ev = self.fabric.transfer((self.egress[self._where.pop(i).index], self.ingress[inst]), nbytes, p.setup_s)
+            # Host staging (a connector without GPU-direct, or in its TCP mode) is paid in series before the bytes flow.
+            ev = self.fabric.transfer((self.egress[self._where.pop(i).index], self.ingress[inst]), nbytes,
+                                      p.setup_s + nbytes * p.staged_s_per_byte)
             ev.callbacks.append(lambda _e, rid=rid, inst=inst: self._arrived(rid, inst))
 
     def _arrived(self, rid: int, inst: int) -> None:

@@ -59,7 +59,7 @@ def _k8s_roundtrip(doc: dict) -> dict:
     kubernetes = pytest.importorskip("kubernetes", reason="the kubernetes client (test extra) is not installed")
     api = kubernetes.client.ApiClient()
 
-    kind = {"Deployment": "V1Deployment", "Service": "V1Service",
+    kind = {"Deployment": "V1Deployment", "StatefulSet": "V1StatefulSet", "Service": "V1Service",
             "PersistentVolumeClaim": "V1PersistentVolumeClaim"}[doc["kind"]]
     try:
         obj = api.deserialize(json.dumps(doc), kind, "application/json")      # client >= 35
@@ -74,7 +74,8 @@ def _k8s_roundtrip(doc: dict) -> dict:
 
 def _docs(files):
     docs = list(yaml.safe_load_all(files["k8s/deployment.yaml"]))
-    pools = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["labels"]["epdsim/role"] != "proxy"]
+    pools = [d for d in docs if d["kind"] in ("Deployment", "StatefulSet")
+             and d["metadata"]["labels"]["epdsim/role"] != "proxy"]
     proxy = [d for d in docs if d["metadata"].get("labels", {}).get("epdsim/role") == "proxy"]
     return docs, pools, proxy
 
@@ -151,6 +152,88 @@ def test_p2pnccl_config_has_the_fields_of_vllms_example_and_a_proxy_to_register_
         assert extra["proxy_ip"] == svc["metadata"]["name"] and extra["proxy_port"] == "30001"
         assert extra["http_port"] == argv[argv.index("--port") + 1]
         assert float(kv["kv_buffer_size"]) == (10 if role == "prefill" else 1e9)
+
+
+_MOONCAKE_PROXY = "/vllm-project/vllm/v0.32.0/examples/disaggregated/mooncake_connector/mooncake_connector_proxy.py"
+
+
+@pytest.mark.parametrize("link", ["roce-400", "tcp-25gbe"])
+def test_mooncake_plans_run_vllms_mooncake_proxy_with_each_prefill_pods_bootstrap_port(link):
+    """vLLM 0.32's MooncakeConnector needs a transfer_id (prefill skips the send without one) and, on decode,
+    the prefill's bootstrap address and engine id: its own proxy (examples/disaggregated/mooncake_connector)
+    sends them, given --prefill URL BOOTSTRAP_PORT per prefill instance and --decode URL.  The proxy pins one
+    engine id per prefill address, so each prefill pod is addressed on its own: a StatefulSet behind a
+    headless Service, pods <svc>-<i>.<svc>; the bootstrap port 8998 is open on the pod and its Service."""
+    res = _plan("mooncake", link)
+    cid = next(c for c in res.candidates["id"] if c.startswith("pd-") and c.endswith("-2p1d")
+               and "MI300X" not in c and f"-{link}-" in c)
+    cand = res.candidate(cid)
+    files = artefacts(res, cid)
+    docs, pools, proxy = _docs(files)
+    for doc in docs:
+        assert _k8s_roundtrip(doc) == doc
+    by_role = {d["metadata"]["labels"]["epdsim/role"]: d for d in pools}
+    services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
+    pre, dec = by_role["prefill"], by_role["decode"]
+    name = pre["metadata"]["name"]
+    assert pre["kind"] == "StatefulSet" and dec["kind"] == "Deployment"
+    assert pre["spec"]["serviceName"] == name and pre["spec"]["podManagementPolicy"] == "Parallel"
+    assert pre["spec"]["replicas"] == cand.pool("prefill").instances == 2
+    assert services[name]["spec"]["clusterIP"] == "None"                       # headless: DNS per pod
+    assert "clusterIP" not in services[dec["metadata"]["name"]]["spec"]
+    ctr = pre["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "bootstrap", "containerPort": 8998, "protocol": "TCP"} in ctr["ports"]
+    assert {"name": "bootstrap", "port": 8998, "targetPort": "bootstrap", "protocol": "TCP"} in \
+        services[name]["spec"]["ports"]
+    env = {e["name"]: e.get("value") for e in ctr["env"]}
+    assert env["VLLM_MOONCAKE_BOOTSTRAP_PORT"] == "8998"
+    dctr = dec["spec"]["template"]["spec"]["containers"][0]
+    assert "VLLM_MOONCAKE_BOOTSTRAP_PORT" not in {e["name"] for e in dctr["env"]}
+    assert all(p["name"] != "bootstrap" for p in dctr["ports"])
+    tcp = link.startswith("tcp")
+    for c, role in ((ctr, "prefill"), (dctr, "decode")):
+        kv = json.loads(c["args"][c["args"].index("--kv-transfer-config") + 1])
+        want = {"kv_connector": "MooncakeConnector", "kv_role": "kv_producer" if role == "prefill" else "kv_consumer"}
+        if tcp:
+            want["kv_connector_extra_config"] = {"mooncake_protocol": "tcp"}
+        assert kv == want
+        assert ({e["name"]: e.get("value") for e in c["env"]}.get("MC_FORCE_TCP") == "1") == tcp
+    # the proxy: vLLM's Mooncake proxy (not the NIXL toy proxy), one --prefill per pod with its bootstrap port
+    dep, svc = proxy
+    cmd = dep["spec"]["template"]["spec"]["containers"][0]["args"][0]
+    assert _MOONCAKE_PROXY in cmd and "toy_proxy_server" not in cmd
+    argv = shlex.split(cmd.split("&& exec ", 1)[1])
+    assert argv[:6] == ["python3", "/tmp/proxy.py", "--host", "0.0.0.0", "--port", "8000"]
+    prefills = [argv[i + 1:i + 3] for i, a in enumerate(argv) if a == "--prefill"]
+    assert prefills == [[f"http://{name}-{i}.{name}:8000", "8998"] for i in range(2)]
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--decode"] == [
+        f"http://{dec['metadata']['name']}:8000"]
+    assert {p["port"] for p in svc["spec"]["ports"]} == {8000}
+    router = yaml.safe_load(files["router.yaml"])
+    assert router["proxy"]["kind"] == "mooncake"
+    assert next(p for p in router["pools"] if p["role"] == "prefill")["pods"] == [u for u, _ in prefills]
+    readme = files["README.md"]
+    assert "mooncake_connector_proxy.py" in readme and "StatefulSet behind a headless Service" in readme
+
+
+def test_mooncake_proxy_arguments_parse_with_the_proxy_scripts_own_flags():
+    """The proxy's argv against the flags of vLLM's Mooncake proxy (--host, --port, --prefill URL [PORT]
+    appended, --decode URL appended), rebuilt here with argparse as the script declares them."""
+    import argparse
+    res = _plan("mooncake", "roce-400")
+    cid = next(c for c in res.candidates["id"] if c.startswith("pd-") and c.endswith("-2p1d") and "MI300X" not in c)
+    _, _, proxy = _docs(artefacts(res, cid))
+    cmd = proxy[0]["spec"]["template"]["spec"]["containers"][0]["args"][0]
+    argv = shlex.split(cmd.split("&& exec ", 1)[1])[2:]
+    ap = argparse.ArgumentParser(exit_on_error=False)
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--host", type=str, default="127.0.0.1")
+    ap.add_argument("--prefill", nargs="+", action="append", dest="prefill_raw")
+    ap.add_argument("--decode", nargs=1, action="append", dest="decode_raw")
+    ns = ap.parse_args(argv)
+    assert ns.host == "0.0.0.0" and ns.port == 8000
+    assert all(len(p) == 2 and int(p[1]) == 8998 for p in ns.prefill_raw) and len(ns.prefill_raw) == 2
+    assert len(ns.decode_raw) == 1
 
 
 def test_router_config_points_at_the_services():
@@ -278,7 +361,8 @@ print(json.dumps(out))
 @needs_vllm
 def test_vllm_command_lines_parse_with_vllms_own_parser():
     cases = []
-    for connector, link in (("nixl", "roce-400"), ("mooncake", "roce-400"), ("tcp", "tcp-25gbe")):
+    for connector, link in (("nixl", "roce-400"), ("mooncake", "roce-400"), ("mooncake", "tcp-25gbe"),
+                            ("tcp", "tcp-25gbe")):
         res = _plan(connector, link)
         for family, hetero in (("colocated", False), ("pd", True)):
             cand = res.candidate(_pick(res, family, hetero))
@@ -317,6 +401,9 @@ def test_vllm_command_lines_parse_with_vllms_own_parser():
             assert got["kv"] == ["NixlConnector", "kv_both"]
         else:
             assert got["kv"] == ["MooncakeConnector", "kv_producer" if pool.role == "prefill" else "kv_consumer"]
+            # over TCP the Mooncake worker reads mooncake_protocol from kv_connector_extra_config (default rdma)
+            tcp = '"mooncake_protocol":"tcp"' in argv[argv.index("--kv-transfer-config") + 1]
+            assert got["kv_extra"][1] == ({"mooncake_protocol": "tcp"} if tcp else {})
         if got["kv"] is not None:
             assert got["registered"] is True
 

@@ -2,6 +2,8 @@
 and a cloud network layout (hwdb networks/) can be planned on like any fabric."""
 from __future__ import annotations
 
+import math
+
 import yaml
 
 from simulator.cli import main
@@ -64,3 +66,23 @@ def test_a_cloud_layout_is_a_fabric_the_planner_plans_on_and_refuses_for_other_g
     for cid, row in h100[h100["id"].str.contains("-gcp-a3-high-")].set_index("id").iterrows():
         twin = df.set_index("id").loc[cid.replace("-gcp-a3-high-", "-gcp-a3-mega-")]
         assert row["est_ttft_s"] >= twin["est_ttft_s"] - 1e-12
+
+
+def test_epd_candidates_over_tcp_are_evaluated_not_refused_and_slower_than_over_rdma():
+    """The same multimodal plan with its embeddings (and KV) over 25 GbE TCP and over RoCE: no EPD candidate is
+    refused as "embedding transfer impossible" (NIXL runs host-staged over UCX TCP), each gets a finite screen
+    TTFT or a load verdict, and none is faster than its RoCE twin."""
+    from tests.test_plan import _vl_request
+    out = {}
+    for link in ("roce-400", "tcp-25gbe"):
+        req = _vl_request(search=_SCREEN, fabrics={"connector": "nixl", "links": [link]})
+        df = run_plan(parse_plan_request(req), workers=1).candidates
+        out[link] = df[df["family"] == "epd"].set_index("id")
+    tcp, rdma = out["tcp-25gbe"], out["roce-400"]
+    assert len(tcp) > 0 and not tcp["rejected_reason"].str.contains("embedding transfer impossible").any()
+    e_pd = tcp[~tcp.index.str.contains("+pd-", regex=False)]         # encoder + colocated: no KV path
+    assert len(e_pd) > 0 and e_pd["est_ttft_s"].map(math.isfinite).all()
+    for cid, row in tcp.iterrows():
+        twin = rdma.loc[cid.replace("-tcp-25gbe-", "-roce-400-")]
+        assert row["est_ttft_s"] >= twin["est_ttft_s"] - 1e-12
+    assert (e_pd["est_ttft_s"] > rdma.loc[e_pd.index, "est_ttft_s"] * 1.05).all()

@@ -18,8 +18,9 @@ from simulator.coldstart import breakdown
 from simulator.k8s import recommend_probes
 from simulator.scenario import deployment_for, resolve
 
-from simulator.plan.manifests import (P2P_KV_PORT, P2P_PROXY_ZMQ_PORT, SGLANG_PORT, VLLM_PORT, ArtefactOptions,
-                                     cache_claim, connector_env, engine_deployment, env_exports, proxy_objects)
+from simulator.plan.manifests import (MOONCAKE_BOOTSTRAP_PORT, P2P_KV_PORT, P2P_PROXY_ZMQ_PORT, SGLANG_PORT, VLLM_PORT,
+                                     ArtefactOptions, cache_claim, connector_env, engine_deployment, env_exports,
+                                     pod_urls, proxy_objects)
 from simulator.plan.readme import readme
 from simulator.plan.sglang import _DTYPE, ROUTER_MODULE, router_args, sglang_args, sglang_objects
 
@@ -38,11 +39,13 @@ def dns_name(text: str) -> str:
 
 
 def kv_transfer_json(connector: hwdb.schema.Connector | None, role: str, proxy_host: str = "epdsim-proxy",
-                     buffer_bytes: float | None = None) -> dict | None:
+                     buffer_bytes: float | None = None, tcp: bool = False) -> dict | None:
     """vLLM ``--kv-transfer-config`` for a PD pool (``role``: prefill or decode); None for colocated.
 
     In the shapes of vLLM's examples: NixlConnector ``kv_both`` (the host-staged ``tcp`` connector runs
-    as NixlConnector over UCX's TCP transport); MooncakeConnector ``kv_producer``/``kv_consumer``;
+    as NixlConnector over UCX's TCP transport); MooncakeConnector ``kv_producer``/``kv_consumer`` (``tcp``:
+    a TCP fabric, ``kv_connector_extra_config.mooncake_protocol`` "tcp", read by vLLM 0.32's
+    MooncakeConnector worker; its default is "rdma");
     P2pNcclConnector as in ``docs/design/p2p_nccl_connector.md``: ``kv_buffer_size`` (prefill "1e1": it
     receives nothing in PUT_ASYNC; decode the modelled buffer), ``kv_port``, and
     ``kv_connector_extra_config`` with the proxy's ``proxy_ip``/``proxy_port``, ``http_port`` (= --port)
@@ -56,6 +59,8 @@ def kv_transfer_json(connector: hwdb.schema.Connector | None, role: str, proxy_h
     if name == "NixlConnector":
         return {"kv_connector": name, "kv_role": "kv_both"}
     cfg = {"kv_connector": name, "kv_role": "kv_producer" if role == "prefill" else "kv_consumer"}
+    if name == "MooncakeConnector" and tcp:
+        cfg["kv_connector_extra_config"] = {"mooncake_protocol": "tcp"}
     if name == "P2pNcclConnector":
         buf = buffer_bytes or (connector.default_buffer_bytes.value if connector.default_buffer_bytes else 1e9)
         cfg.update(kv_buffer_size="1e1" if role == "prefill" else f"{buf:.3g}", kv_port=str(P2P_KV_PORT),
@@ -72,7 +77,7 @@ def ec_transfer_json(role: str) -> dict:
 
 
 def vllm_args(model_id: str, dep, role: str, connector, encoder_tier: bool = False, proxy_host: str = "epdsim-proxy",
-              buffer_bytes: float | None = None) -> list[str]:
+              buffer_bytes: float | None = None, tcp: bool = False) -> list[str]:
     """``vllm serve`` argument vector (after ``vllm serve``) for one instance of a pool."""
     k = dep.knobs
     args = [model_id, "--host", "0.0.0.0", "--port", str(VLLM_PORT), "--tensor-parallel-size", str(dep.tp)]
@@ -96,7 +101,7 @@ def vllm_args(model_id: str, dep, role: str, connector, encoder_tier: bool = Fal
         args += ["--kv-cache-dtype", "fp8"]
     if k.enforce_eager:
         args += ["--enforce-eager"]
-    kv = kv_transfer_json(connector, role, proxy_host, buffer_bytes) if role != "encoder" else None
+    kv = kv_transfer_json(connector, role, proxy_host, buffer_bytes, tcp) if role != "encoder" else None
     if kv is not None:
         args += ["--kv-transfer-config", json.dumps(kv, separators=(",", ":"))]
     if role == "encoder":
@@ -171,8 +176,11 @@ def artefacts(result, candidate_id: str | None = None, options: ArtefactOptions 
     for pool, dep in items:
         name = svc[pool.name]
         va = vllm_args(model_id, dep, pool.role, connector, encoder_tier=enc is not None, proxy_host=proxy_name,
-                       buffer_bytes=scn.kv_transfer.kv_buffer_size)
-        env = connector_env(connector.name, tcp, opts) if scn.is_pd and pool.role in ("prefill", "decode") else []
+                       buffer_bytes=scn.kv_transfer.kv_buffer_size, tcp=tcp)
+        pd_pool = scn.is_pd and pool.role in ("prefill", "decode")
+        env = connector_env(connector.name, tcp, opts, pool.role) if pd_pool else []
+        # vLLM Mooncake prefill pods: each runs a bootstrap server the proxy and decode reach at the pod itself.
+        mooncake_prefill = pd_pool and connector.name == "mooncake" and pool.role == "prefill"
         head = (f"#!/usr/bin/env bash\n# {cand.layout}: pool {pool.name} ({pool.role}), {pool.instances} instance(s) "
                 f"of {dep.gpus}x {dep.gpu.name}; run once per instance\n")
         files[f"vllm/{pool.name}.sh"] = head + env_exports(env) + "vllm serve " + shlex.join(va) + "\n"
@@ -184,21 +192,26 @@ def artefacts(result, candidate_id: str | None = None, options: ArtefactOptions 
             extra = [{"name": "nixl", "containerPort": 5600, "protocol": "TCP"}]
         elif env and connector.name == "p2pnccl":
             extra = [{"name": "kv", "containerPort": P2P_KV_PORT, "protocol": "TCP"}]
+        elif mooncake_prefill:
+            extra = [{"name": "bootstrap", "containerPort": MOONCAKE_BOOTSTRAP_PORT, "protocol": "TCP"}]
         image = opts.vllm_rocm_image if amd else opts.vllm_image
         if connector is not None and connector.name == "p2pnccl":
             image = opts.p2pnccl_vllm_image
         nic = _rdma(link, lay, dep.gpus, opts) if rdma and pool.role in ("prefill", "decode") else None
         docs += engine_deployment(name, pool.role, pool.instances, opts.image(image), ["vllm", "serve"], va,
                                   "amd.com/gpu" if amd else "nvidia.com/gpu", dep.gpus, _probes(dep), env,
-                                  nic, opts, extra, claim)
+                                  nic, opts, extra, claim, per_pod=mooncake_prefill)
         sg_pools.append({"name": name, "role": pool.role, "instances": pool.instances, "amd": amd, "args": sa,
                          "gpus": dep.gpus, "probes": _probes(dep, SGLANG_PORT), "env": env, "rdma": nic})
         routes.append({"pool": pool.name, "role": pool.role, "service": f"http://{name}:{VLLM_PORT}",
                        "replicas": pool.instances, "policy": pool.router})
+        if mooncake_prefill:
+            routes[-1]["pods"] = pod_urls(name, pool.instances, VLLM_PORT)
     ends: dict[str, list[str]] = {}
     for r in routes:
-        ends.setdefault(r["role"], []).append(r["service"])
-    proxy_kind = ("p2pnccl" if connector is not None and connector.name == "p2pnccl" else "toy") if scn.is_pd else None
+        ends.setdefault(r["role"], []).extend(r.get("pods", [r["service"]]))
+    proxy_kind = ({"p2pnccl": "p2pnccl", "mooncake": "mooncake"}.get(connector.name, "toy")
+                  if scn.is_pd else None)
     if enc is not None:
         proxy_kind = "epd"
     if proxy_kind is not None:

@@ -12,8 +12,18 @@ What each connector needs on the wire, from the engines' own documentation:
   ``--port``; the proxy ``disagg_proxy_p2p_nccl_xpyd.py`` serves clients on 10001 and takes the
   instances' registrations on 30001 (it needs ``quart``).  Over TCP NCCL uses its socket transport
   (``NCCL_IB_DISABLE=1``, ``NCCL_SOCKET_IFNAME``).
-* MooncakeConnector: the same toy proxy (Mooncake's ``mooncake_connector_v1`` README); over TCP
-  ``MC_FORCE_TCP=1`` (Mooncake transfer engine).
+* MooncakeConnector (vLLM 0.32 ``docs/features/mooncake_connector_usage.md``, ``vllm/distributed/kv_transfer/
+  kv_connector/v1/mooncake/mooncake_connector.py``): ``kv_producer``/``kv_consumer``; the prefill instance
+  runs a bootstrap server on ``VLLM_MOONCAKE_BOOTSTRAP_PORT`` (8998) where its workers register.  Its proxy
+  is ``examples/disaggregated/mooncake_connector/mooncake_connector_proxy.py`` (``--prefill URL
+  BOOTSTRAP_PORT`` per prefill instance, ``--decode URL`` per decode instance): at start it asks each
+  prefill's bootstrap ``/query`` for its engine id, then sends the prefill ``kv_transfer_params``
+  ``{do_remote_decode, transfer_id}`` and the decode ``{do_remote_prefill, remote_bootstrap_addr,
+  remote_engine_id, transfer_id}``; without a ``transfer_id`` (the NIXL toy proxy) the prefill skips the
+  send ("Missing transfer_id") and the decode recomputes.  Because the proxy pins one engine id and one
+  bootstrap address per ``--prefill`` entry, every prefill pod needs its own address: the prefill pool is a
+  StatefulSet behind a headless Service (``<svc>-<i>.<svc>``).  Over TCP ``kv_connector_extra_config``
+  ``{"mooncake_protocol": "tcp"}`` (default "rdma") and ``MC_FORCE_TCP=1`` (Mooncake transfer engine).
 """
 from __future__ import annotations
 
@@ -22,6 +32,7 @@ from dataclasses import dataclass, field
 VLLM_PORT = 8000
 SGLANG_PORT = 30000
 SGLANG_BOOTSTRAP_PORT = 8998          # SGLang's --disaggregation-bootstrap-port default
+MOONCAKE_BOOTSTRAP_PORT = 8998        # vLLM's VLLM_MOONCAKE_BOOTSTRAP_PORT default (prefill instances)
 NIXL_SIDE_CHANNEL_PORT = 5600
 P2P_KV_PORT = 21001
 P2P_PROXY_HTTP_PORT = 10001
@@ -30,6 +41,7 @@ VLLM_REF = "v0.32.0"
 TOY_PROXY = "tests/v1/kv_connector/nixl_integration/toy_proxy_server.py"
 P2P_PROXY = "examples/online_serving/disaggregated_serving_p2p_nccl_xpyd/disagg_proxy_p2p_nccl_xpyd.py"
 EPD_PROXY = "examples/disaggregated/disaggregated_encoder/disagg_epd_proxy.py"
+MOONCAKE_PROXY = "examples/disaggregated/mooncake_connector/mooncake_connector_proxy.py"
 
 
 @dataclass(frozen=True)
@@ -81,8 +93,9 @@ def proxy_ref(kind: str, opts: ArtefactOptions) -> str:
     return VLLM_REF
 
 
-def connector_env(connector: str, tcp: bool, opts: ArtefactOptions) -> list[dict]:
-    """Container ``env`` for a PD pod of ``connector`` (hwdb name) over an RDMA (tcp=False) or TCP fabric."""
+def connector_env(connector: str, tcp: bool, opts: ArtefactOptions, role: str | None = None) -> list[dict]:
+    """Container ``env`` for a PD pod of ``connector`` (hwdb name) over an RDMA (tcp=False) or TCP fabric;
+    ``role``: prefill or decode (a Mooncake prefill pod names its bootstrap port)."""
     pod_ip = {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
     if connector in ("nixl", "tcp"):
         return [pod_ip, {"name": "UCX_TLS", "value": "tcp,cuda_copy" if tcp or connector == "tcp" else "all"},
@@ -93,7 +106,9 @@ def connector_env(connector: str, tcp: bool, opts: ArtefactOptions) -> list[dict
         return [pod_ip] + ([{"name": "NCCL_IB_DISABLE", "value": "1"},
                             {"name": "NCCL_SOCKET_IFNAME", "value": opts.socket_ifname}] if tcp else [])
     if connector == "mooncake":
-        return [pod_ip] + ([{"name": "MC_FORCE_TCP", "value": "1"}] if tcp else [])
+        boot = ([{"name": "VLLM_MOONCAKE_BOOTSTRAP_PORT", "value": str(MOONCAKE_BOOTSTRAP_PORT)}]
+                if role == "prefill" else [])
+        return [pod_ip] + boot + ([{"name": "MC_FORCE_TCP", "value": "1"}] if tcp else [])
     return [pod_ip]
 
 
@@ -124,11 +139,13 @@ def _pod_spec(containers: list[dict], opts: ArtefactOptions, volumes: list[dict]
 def engine_deployment(name: str, role: str, replicas: int, image: str, command: list[str], args: list[str],
                       gpu_resource: str, gpus: int, probes, env: list[dict], rdma: tuple[str, int] | None,
                       opts: ArtefactOptions, extra_ports: list[dict], cache_claim: str, *, engine: str = "vllm",
-                      port: int = VLLM_PORT) -> list[dict]:
+                      port: int = VLLM_PORT, per_pod: bool = False) -> list[dict]:
     """A pool's Deployment (GPU and RDMA resources, probes, env, shm and caches) and its Service.
 
     ``engine``: ``vllm`` or ``sglang`` (container name and compile-cache path); ``port``: the HTTP port the
-    server listens on; ``rdma``: (device-plugin resource, count per pod) on RDMA fabrics, else None."""
+    server listens on; ``rdma``: (device-plugin resource, count per pod) on RDMA fabrics, else None.
+    ``per_pod``: a StatefulSet behind a headless Service instead, so that each pod has a stable address
+    ``<name>-<i>.<name>`` (:func:`pod_urls`) for a proxy that must reach one pod, not any of them."""
     labels = labels_for(name, role)
     limits = {gpu_resource: str(gpus)}
     if rdma:
@@ -151,22 +168,34 @@ def engine_deployment(name: str, role: str, replicas: int, image: str, command: 
         container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
     volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}, {"name": "compile-cache", "emptyDir": {}},
                {"name": "hf-cache", "persistentVolumeClaim": {"claimName": cache_claim}}]
+    spec = {"replicas": replicas, "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": labels},
+                         "spec": _pod_spec([container], opts, volumes, opts.host_network and rdma)}}
+    if per_pod:
+        # Pods start together (not one after the other: each takes the modelled cold start).
+        spec = {"serviceName": name, "podManagementPolicy": "Parallel", **spec}
     deployment = {
-        "apiVersion": "apps/v1", "kind": "Deployment",
+        "apiVersion": "apps/v1", "kind": "StatefulSet" if per_pod else "Deployment",
         "metadata": {"name": name, "labels": labels,
                      "annotations": {"epdsim/modelled-start-s": f"{probes.basis_s:.0f}"}},
-        "spec": {"replicas": replicas, "selector": {"matchLabels": labels},
-                 "template": {"metadata": {"labels": labels},
-                              "spec": _pod_spec([container], opts, volumes, opts.host_network and rdma)}},
+        "spec": spec,
     }
     ports = [("http", port)] + [(p["name"], p["containerPort"]) for p in extra_ports if p["name"] == "bootstrap"]
-    return [deployment, service(name, labels, ports)]
+    return [deployment, service(name, labels, ports, headless=per_pod)]
 
 
-def service(name: str, labels: dict, ports: list[tuple[str, int]]) -> dict:
-    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "labels": labels},
-            "spec": {"selector": labels, "ports": [{"name": n, "port": p, "targetPort": n, "protocol": "TCP"}
-                                                   for n, p in ports]}}
+def pod_urls(name: str, replicas: int, port: int) -> list[str]:
+    """The stable per-pod URLs of a ``per_pod`` pool (StatefulSet ``name`` behind the headless Service
+    ``name``, same namespace): ``http://<name>-<i>.<name>:<port>``."""
+    return [f"http://{name}-{i}.{name}:{port}" for i in range(replicas)]
+
+
+def service(name: str, labels: dict, ports: list[tuple[str, int]], headless: bool = False) -> dict:
+    spec = {"selector": labels, "ports": [{"name": n, "port": p, "targetPort": n, "protocol": "TCP"}
+                                          for n, p in ports]}
+    if headless:
+        spec = {"clusterIP": "None", **spec}       # DNS names each pod; no load-balanced virtual IP
+    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "labels": labels}, "spec": spec}
 
 
 def cache_claim(name: str, opts: ArtefactOptions) -> dict:
@@ -180,8 +209,9 @@ def cache_claim(name: str, opts: ArtefactOptions) -> dict:
 
 def proxy_objects(name: str, kind: str, image: str, ends: dict[str, list[str]], opts: ArtefactOptions) -> list[dict]:
     """The request router in front of the pools: a Deployment running vLLM's own proxy script for ``kind``
-    (``toy``: NIXL/Mooncake, ``p2pnccl``, ``epd``), fetched at the vLLM tag of the pods it serves
-    (:func:`proxy_ref`; bake it into an image for an air-gapped cluster), and its Service, with probes."""
+    (``toy``: NIXL, ``mooncake``, ``p2pnccl``, ``epd``), fetched at the vLLM tag of the pods it serves
+    (:func:`proxy_ref`; bake it into an image for an air-gapped cluster), and its Service, with probes.
+    ``ends``: role -> URLs; for ``mooncake`` the prefill URLs are the pods' own (:func:`pod_urls`)."""
     raw = f"https://raw.githubusercontent.com/vllm-project/vllm/{proxy_ref(kind, opts)}/"
     if kind == "p2pnccl":
         script, pre = P2P_PROXY, "pip install --no-cache-dir quart && "
@@ -192,6 +222,14 @@ def proxy_objects(name: str, kind: str, image: str, ends: dict[str, list[str]], 
         run = (f"python3 /tmp/proxy.py --host 0.0.0.0 --port {VLLM_PORT} --encode-servers-urls "
                + ",".join(ends["encoder"]) + " --prefill-servers-urls " + (",".join(ends.get("prefill", [])) or "disable")
                + " --decode-servers-urls " + ",".join(ends.get("decode", ends.get("colocated", []))))
+        ports = [("http", VLLM_PORT)]
+    elif kind == "mooncake":
+        # One --prefill URL BOOTSTRAP_PORT per prefill pod (the proxy queries that pod's bootstrap server for
+        # its engine id and hands decode that address), one --decode URL per decode Service.
+        script, pre = MOONCAKE_PROXY, ""
+        run = (f"python3 /tmp/proxy.py --host 0.0.0.0 --port {VLLM_PORT} "
+               + " ".join(f"--prefill {u} {MOONCAKE_BOOTSTRAP_PORT}" for u in ends["prefill"]) + " "
+               + " ".join(f"--decode {u}" for u in ends["decode"]))
         ports = [("http", VLLM_PORT)]
     else:
         script, pre = TOY_PROXY, ""

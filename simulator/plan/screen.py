@@ -195,8 +195,7 @@ class Screen:
             l_pool = PoolConfig(name=front.role, role=front.role, gpu=front.gpu, tp=front.tp)
             path = embedding_path(cfg, self.ctx.db, e_pool, self.ctx.db.gpu(enc.gpu), enc.tp, l_pool,
                                   self.layout[front.key].dep)
-            bw = min(path.encoder_side_Bps, path.lm_side_Bps)
-            self._paths[key] = (2 * path.latency_s + path.setup_s + self.images.emb_bytes / bw, bw)
+            self._paths[key] = (path.idle_time(self.images.emb_bytes), path.per_instance_Bps())
         return self._paths[key]
 
     def at(self, cand, lam: float) -> tuple[float, float, str]:
