@@ -108,3 +108,36 @@ def assert_no_traceback(drv) -> None:
     from selenium.webdriver.common.by import By
     assert not drv.find_elements(By.CSS_SELECTOR, "[data-testid='stException']"), body_text(drv)[:2000]
     assert "Traceback" not in body_text(drv)
+
+
+def wait(drv, seconds: float = 180):
+    """A WebDriverWait that retries through stale elements (a Streamlit rerun redraws what it reads)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.support.ui import WebDriverWait
+    return WebDriverWait(drv, seconds, poll_frequency=0.25, ignored_exceptions=(StaleElementReferenceException,))
+
+
+def settled(read):
+    """``read`` retried while Streamlit replaces the elements it reads (a rerun redraws them)."""
+    def wrapped(drv):
+        from selenium.common.exceptions import StaleElementReferenceException
+        for _ in range(20):
+            try:
+                return read(drv)
+            except StaleElementReferenceException:
+                continue
+        return read(drv)
+    return wrapped
+
+
+def click(drv, text: str) -> None:
+    """Click the button labelled ``text`` once it is there, again if a rerun replaced it meanwhile."""
+    from selenium.webdriver.common.by import By
+
+    def press(d) -> bool:
+        buttons = [b for b in d.find_elements(By.CSS_SELECTOR, "button") if b.text.strip() == text]
+        if buttons and buttons[0].is_enabled():
+            buttons[0].click()
+            return True
+        return False
+    wait(drv, 60).until(press)

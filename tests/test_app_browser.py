@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.browser import (app_server, driver, needs_chromium, pytestmark as _selenium)  # noqa: F401
+from tests.browser import (alerts, app_server, body_text, click, driver, needs_chromium,  # noqa: F401
+                           pytestmark as _selenium, settled, wait)
 from tests.conftest import REPO
 
 pytestmark = [_selenium, needs_chromium]
@@ -19,12 +20,10 @@ pytestmark = [_selenium, needs_chromium]
 
 def test_default_scenario_renders_charts_in_chromium(app_server, driver):
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
     driver.get(app_server)
-    wait = WebDriverWait(driver, 120, poll_frequency=0.5)
     # The default view holds four CDF charts; each is a Plotly div with SVG and drawn line traces.
-    wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".js-plotly-plot .main-svg")) >= 4)
-    wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".js-plotly-plot path.js-line")) >= 4)
+    wait(driver).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".js-plotly-plot .main-svg")) >= 4)
+    wait(driver).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".js-plotly-plot path.js-line")) >= 4)
     plots = driver.find_elements(By.CSS_SELECTOR, ".js-plotly-plot")
     titles = [t.text for t in driver.find_elements(By.CSS_SELECTOR, ".js-plotly-plot .gtitle")]
     assert {"TTFT CDF", "TPOT CDF", "ITL CDF", "E2E CDF"} <= set(titles), titles
@@ -44,18 +43,18 @@ def test_long_run_shows_progress_and_cancels(app_server, driver):
     page says so instead of showing results."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
-    from selenium.webdriver.support.ui import WebDriverWait
     driver.get(app_server)
-    wait = WebDriverWait(driver, 120, poll_frequency=0.2)
-    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "[data-testid='stMetric']"))
+    wait(driver).until(lambda d: d.find_elements(By.CSS_SELECTOR, "[data-testid='stMetric']"))
     box = driver.find_element(By.CSS_SELECTOR, "input[aria-label='requests']")
     box.send_keys(Keys.CONTROL, "a")
     box.send_keys("400000", Keys.ENTER)
-    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "[data-testid='stProgress']"))
-    assert "simulating" in driver.find_element(By.CSS_SELECTOR, "[data-testid='stProgress']").text
-    cancel = next(b for b in driver.find_elements(By.CSS_SELECTOR, "button") if b.text == "Cancel")
-    cancel.click()
-    wait.until(lambda d: "Run cancelled" in d.find_element(By.TAG_NAME, "body").text)
+
+    @settled
+    def progress(d) -> str:
+        return " ".join(e.text for e in d.find_elements(By.CSS_SELECTOR, "[data-testid='stProgress']"))
+    wait(driver).until(lambda d: "simulating" in progress(d))
+    click(driver, "Cancel")
+    wait(driver).until(lambda d: "Run cancelled" in settled(body_text)(d))
     assert not driver.find_elements(By.CSS_SELECTOR, "[data-testid='stProgress']")
     assert not driver.find_elements(By.CSS_SELECTOR, "[data-testid='stMetric']")
     assert not driver.find_elements(By.CSS_SELECTOR, "[data-testid='stException']")
@@ -65,10 +64,8 @@ def test_bad_uploads_show_inline_errors(app_server, driver, tmp_path):
     """An invalid scenario YAML and a malformed trace, uploaded through the browser: each is an inline
     error naming the problem and the fix; no traceback on the page."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
     driver.get(app_server)
-    wait = WebDriverWait(driver, 120, poll_frequency=0.2)
-    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "[data-testid='stMetric']"))
+    wait(driver).until(lambda d: d.find_elements(By.CSS_SELECTOR, "[data-testid='stMetric']"))
     bad_yaml = tmp_path / "broken.yaml"
     bad_yaml.write_text("model: Llama-3.1-8B\npools: [{gpu: H100\n")
     bad_trace = tmp_path / "trace.csv"
@@ -77,13 +74,12 @@ def test_bad_uploads_show_inline_errors(app_server, driver, tmp_path):
     assert len(uploads) == 3                       # scenario YAML, config.json, trace
     uploads[0].send_keys(str(bad_yaml))
 
-    def errors(d) -> str:
-        return " ".join(e.text for e in d.find_elements(By.CSS_SELECTOR, "[data-testid='stAlert']"))
-    wait.until(lambda d: "not valid YAML" in errors(d))
+    errors = settled(alerts)
+    wait(driver).until(lambda d: "not valid YAML" in errors(d))
     assert "broken.yaml" in errors(driver) and "line" in errors(driver)
     uploads = driver.find_elements(By.CSS_SELECTOR, "[data-testid='stSidebar'] input[type='file']")
     uploads[2].send_keys(str(bad_trace))
-    wait.until(lambda d: "input_tokens='lots'" in errors(d))
+    wait(driver).until(lambda d: "input_tokens='lots'" in errors(d))
     assert "trace.csv line 3" in errors(driver) and "each row must give" in errors(driver)
     assert not driver.find_elements(By.CSS_SELECTOR, "[data-testid='stException']")
 
@@ -92,19 +88,16 @@ def test_upload_naming_a_server_file_is_refused(app_server, driver, tmp_path):
     """A scenario uploaded through the browser that names /etc/passwd as its trace is refused inline
     before anything is read: the page shows the field and the fix, nothing of the file."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
     driver.get(app_server)
-    wait = WebDriverWait(driver, 120, poll_frequency=0.2)
-    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "[data-testid='stMetric']"))
+    wait(driver).until(lambda d: d.find_elements(By.CSS_SELECTOR, "[data-testid='stMetric']"))
     evil = tmp_path / "evil.yaml"
     evil.write_text("model: Llama-3.1-8B\npools: [{gpu: H100}]\n"
                     "workload: {arrival: {kind: trace, path: /etc/passwd, format: plain}, num_requests: 5}\n")
     uploads = driver.find_elements(By.CSS_SELECTOR, "[data-testid='stSidebar'] input[type='file']")
     uploads[0].send_keys(str(evil))
 
-    def errors(d) -> str:
-        return " ".join(e.text for e in d.find_elements(By.CSS_SELECTOR, "[data-testid='stAlert']"))
-    wait.until(lambda d: "outside the files uploaded" in errors(d))
+    errors = settled(alerts)
+    wait(driver).until(lambda d: "outside the files uploaded" in errors(d))
     assert "workload.arrival.path" in errors(driver)
     assert "root:" not in driver.find_element(By.TAG_NAME, "body").text
     assert not driver.find_elements(By.CSS_SELECTOR, "[data-testid='stException']")

@@ -12,30 +12,12 @@ from __future__ import annotations
 from app.services import share
 from tests.browser import (alerts, app_server, assert_no_traceback, body_text, driver,  # noqa: F401
                            needs_chromium, pytestmark as _selenium)
+from tests.browser import click as _click, settled as _settled, wait as _wait
 from tests.conftest import REPO
 from tests.test_app_ops import expected_ops
 
 pytestmark = [_selenium, needs_chromium]
 SHOTS = REPO / "out" / "browser"
-
-
-def _wait(drv, seconds: float = 180):
-    from selenium.common.exceptions import StaleElementReferenceException
-    from selenium.webdriver.support.ui import WebDriverWait
-    return WebDriverWait(drv, seconds, poll_frequency=0.25, ignored_exceptions=(StaleElementReferenceException,))
-
-
-def _settled(read):
-    """``read`` retried while Streamlit replaces the elements it reads (a rerun redraws them)."""
-    def wrapped(drv):
-        from selenium.common.exceptions import StaleElementReferenceException
-        for _ in range(20):
-            try:
-                return read(drv)
-            except StaleElementReferenceException:
-                continue
-        return read(drv)
-    return wrapped
 
 
 @_settled
@@ -68,19 +50,6 @@ def _type(drv, label: str, value: str, enter: bool = True) -> None:
 @_settled
 def _alerts(drv) -> str:
     return alerts(drv)
-
-
-def _click(drv, text: str) -> None:
-    """Click the button labelled ``text`` once it is there, again if a rerun replaced it meanwhile."""
-    from selenium.webdriver.common.by import By
-
-    def press(d) -> bool:
-        buttons = [b for b in d.find_elements(By.CSS_SELECTOR, "button") if b.text.strip() == text]
-        if buttons and buttons[0].is_enabled():
-            buttons[0].click()
-            return True
-        return False
-    _wait(drv, 60).until(press)
 
 
 def _shot(drv, name: str) -> None:
