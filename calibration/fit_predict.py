@@ -19,7 +19,10 @@ def step(sm, tokens: float, logits: float, pairs: float, decode_ctx: float, pref
 
 
 def predict(sm, pt: Point, chunk: int) -> float:
-    """The simulator's time for a measurement point (seconds)."""
+    """The simulator's time for a measurement point (seconds): the mean step time at the batch and
+    prefill share the point *measured* (``pt.batch``, ``pt.mix``), so the fit compares step times, not
+    capacities.  Unlike the planner's screen (:mod:`simulator.plan.screen`), which solves for the batch
+    a rate produces, nothing here is solved for: the measured load is given."""
     if pt.kind == "prefill":
         return sm.prefill_time(pt.prompt, chunk)
     b = max(pt.batch, 1.0)
