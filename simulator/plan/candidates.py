@@ -187,13 +187,12 @@ def _sample_stats(req: PlanRequest, model) -> WorkloadStats:
         raise PlanError(f"workload: {exc}") from None
     inp, out = reqs.input_tokens.astype(float), reqs.output_tokens.astype(float)
     img = None
-    if wl.images is not None and wl.images.count.kind != "trace":
-        from simulator.epd import EPDError, image_costs
-        from simulator.multimodal import generate_images
+    if wl.images is not None:
+        from simulator.epd import EPDError, draw_images, image_costs
         from simulator.vision import VisionError, vision_arch
         try:
             vision = vision_arch(model)
-            images = generate_images(wl.images, len(inp), rngs["images"])   # the stream simulate draws images from
+            images = draw_images(wl, len(inp), rngs["images"])   # as simulate draws them, from the same stream
             costs = image_costs(vision, images, "workload.images.resolutions")
         except (VisionError, EPDError) as exc:
             raise PlanError(f"workload.images: {exc}") from None
