@@ -78,8 +78,7 @@ from calibration.fit_inputs import (CPU_DEFAULT_MAX_NUM_BATCHED_TOKENS, CPU_DEFA
                                     is_cpu_server, open_bundle, target_gpu)
 from calibration.fit_points import (Point, aggregate, engine_batch, frontend_latency, measurement_points,
                                     server_ttft_s)
-from calibration.fit_predict import (calibrated_engine, candidate_deployment, candidate_profile, predict, step,
-                                     supports_per_seq)
+from calibration.fit_predict import calibrated_engine, candidate_deployment, candidate_profile, predict, step
 from calibration.fit_report import _final_profile, _fmt_param, final_engine, fit_report, profile_name, write_outputs
 from calibration.fit_solver import (BOUNDS, MAX_SIGMA_REL, OPTIONAL, PARAMS, SENSITIVITY_FLOOR, SOFT_L1_SCALE,
                                     UNITS, FitResult, fit_points)
@@ -94,7 +93,7 @@ __all__ = [
     # fit_points: measurements
     "Point", "aggregate", "engine_batch", "frontend_latency", "measurement_points", "server_ttft_s",
     # fit_predict: predictions through the simulator
-    "calibrated_engine", "candidate_deployment", "candidate_profile", "predict", "step", "supports_per_seq",
+    "calibrated_engine", "candidate_deployment", "candidate_profile", "predict", "step",
     # fit_solver: the least-squares fit, uncertainty, identifiability
     "BOUNDS", "MAX_SIGMA_REL", "OPTIONAL", "PARAMS", "SENSITIVITY_FLOOR", "SOFT_L1_SCALE", "UNITS", "FitResult",
     "fit_points",

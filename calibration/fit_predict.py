@@ -4,8 +4,6 @@ bundle's deployment, and :func:`simulator.step_build.build_step_model` gives the
 from __future__ import annotations
 
 import dataclasses
-import inspect
-from typing import Callable
 
 import hwdb
 from calibration.fit_inputs import CPU_DEFAULT_MAX_NUM_BATCHED_TOKENS, CPU_DEFAULT_MAX_NUM_SEQS
@@ -14,23 +12,17 @@ from hwdb.profiles import Profile
 from hwdb.schema import EfficiencyCurve
 
 # ============================================================================ predictions
-def _accepts_running(fn: Callable) -> bool:
-    try:
-        return "running" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 def step(sm, tokens: float, logits: float, pairs: float, decode_ctx: float, prefill_ctx: float = 0.0,
          running: float = 0.0) -> float:
-    """``StepModel.step_time`` with the running-sequence count where this simulator version takes it."""
-    if _accepts_running(sm.step_time):
-        return sm.step_time(tokens, logits, pairs, decode_ctx, prefill_ctx, running=running)
-    return sm.step_time(tokens, logits, pairs, decode_ctx, prefill_ctx)
+    """``StepModel.step_time`` of one step, with its running-sequence count (the host's per-sequence cost)."""
+    return sm.step_time(tokens, logits, pairs, decode_ctx, prefill_ctx, running=running)
 
 
 def predict(sm, pt: Point, chunk: int) -> float:
-    """The simulator's time for a measurement point (seconds)."""
+    """The simulator's time for a measurement point (seconds): the mean step time at the batch and
+    prefill share the point *measured* (``pt.batch``, ``pt.mix``), so the fit compares step times, not
+    capacities.  Unlike the planner's screen (:mod:`simulator.plan.screen`), which solves for the batch
+    a rate produces, nothing here is solved for: the measured load is given."""
     if pt.kind == "prefill":
         return sm.prefill_time(pt.prompt, chunk)
     b = max(pt.batch, 1.0)
@@ -60,13 +52,6 @@ def candidate_profile(vals: dict[str, float], gpu: hwdb.GPU, **meta) -> Profile:
                    step_overhead_s=vals.get("step_overhead_s"), **base)
 
 
-def supports_per_seq(engine) -> bool:
-    """Whether the simulator's engine profile has the host CPU costs (step and per sampled sequence)."""
-    cpu = getattr(engine, "cpu", None)
-    return cpu is not None and hasattr(cpu, "per_sampled_seq_s") and hasattr(cpu, "step_s") \
-        and hasattr(engine, "graph_launch_s")
-
-
 def calibrated_engine(base, overhead_s: float, per_seq_s: float, *, name: str = "candidate", version: str = "",
                       source: str = "epdsim calibrate fit (candidate)", cpu_defaults: bool = False):
     """``base`` (an EngineProfile) with the host cost replaced by ``overhead_s + per_seq_s x sampled
@@ -88,8 +73,8 @@ def calibrated_engine(base, overhead_s: float, per_seq_s: float, *, name: str = 
            "notes": f"calibrated by {source}; the host cost adds to the device time (no overlap)"}
     # The harness measures its own front end (client - server TTFT, kept in the fit report); the base
     # engine's front end was fitted on GPU serving runs and would be counted twice.
-    upd.update({k: None for k in ("frontend_s", "frontend_s_per_token") if k in type(base).model_fields})
-    if cpu_defaults and "default_max_num_seqs" in type(base).model_fields:
+    upd.update(frontend_s=None, frontend_s_per_token=None)
+    if cpu_defaults:
         upd.update(default_max_num_seqs=CPU_DEFAULT_MAX_NUM_SEQS,
                    default_max_num_batched_tokens=CPU_DEFAULT_MAX_NUM_BATCHED_TOKENS,
                    defaults_source="vLLM 0.32 EngineArgs.get_batch_defaults for a CPU platform (OpenAI server, world "
@@ -99,7 +84,7 @@ def calibrated_engine(base, overhead_s: float, per_seq_s: float, *, name: str = 
 
 def candidate_deployment(dep, vals: dict[str, float]):
     """``dep`` with a candidate profile, and with a calibrated engine when ``vals`` has ``per_seq_s``."""
-    if "per_seq_s" in vals and supports_per_seq(dep.engine):
+    if "per_seq_s" in vals:
         v = {k: x for k, x in vals.items() if k != "step_overhead_s"}
         return dataclasses.replace(dep, profile=candidate_profile(v, dep.gpu),
                                    engine=calibrated_engine(dep.engine, vals["step_overhead_s"], vals["per_seq_s"]))

@@ -12,7 +12,7 @@ import numpy as np
 import hwdb
 from calibration.fit_inputs import FitInputError
 from calibration.fit_points import Point
-from calibration.fit_predict import candidate_deployment, predict, supports_per_seq
+from calibration.fit_predict import candidate_deployment, predict
 from hwdb.profiles import FitQuality
 
 PARAMS = ("compute_max_eff", "compute_half", "attention_max_eff", "memory_max_eff", "step_overhead_s",
@@ -110,11 +110,6 @@ def fit_points(points: list[Point], dep, *, free: tuple[str, ...] | None = None,
             lo, hi = BOUNDS[n]
             v[n] = min(max(math.exp(xi), lo), hi)
         return v
-
-    if not supports_per_seq(dep.engine) and "per_seq_s" not in fixed:
-        fixed["per_seq_s"] = ("this simulator's engine profile has no per-sequence host cost "
-                              "(EngineProfile.cpu.per_sampled_seq_s)")
-        values.pop("per_seq_s", None)
 
     def predictions(v: dict) -> np.ndarray:
         sm = build_step_model(candidate_deployment(dep, v))

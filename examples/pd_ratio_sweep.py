@@ -8,6 +8,7 @@ InfiniBand NDR. Two workloads: chat-like (short prompts, long answers) and summa
 """
 from __future__ import annotations
 
+import hwdb
 from simulator.goodput import find_goodput
 from simulator.scenario import parse_scenario
 
@@ -33,9 +34,11 @@ def scenario(n_p: int, n_d: int, inp: dict, out: dict, duration_s: float = 30.0)
 def sweep(duration_s: float = 30.0, iterations: int = 10) -> dict[str, dict[tuple[int, int], float]]:
     """Goodput per GPU (requests/s/GPU) per workload and (prefill, decode) instance count."""
     out = {}
+    db = None                  # the hardware database, loaded once for every probe of every ratio
     for name, (inp, outl) in WORKLOADS.items():
+        db = db or hwdb.load(scenario(1, 1, inp, outl, duration_s).hwdb)
         out[name] = {(p, d): find_goodput(scenario(p, d, inp, outl, duration_s), rate_hi=400.0,
-                                          iterations=iterations) / (p + d)
+                                          iterations=iterations, db=db) / (p + d)
                      for p, d in RATIOS}
     return out
 

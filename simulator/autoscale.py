@@ -102,6 +102,12 @@ def instance_capacity(ctx: PoolContext, mean_input: float, mean_output: float) -
     (and fits ``max_num_seqs`` and the KV cache at context ``in + out/2``);
     a request costs its prefill alone plus ``out`` tokens at ``step(b) / b``.
     Prefill pools count only the prefill, decode pools only the decode.
+
+    A throughput ceiling, not the planner's estimate: the planner's screen
+    (:func:`simulator.plan.screen.steady_state`) solves the steady state *at a given rate* (mixed
+    prefill/decode steps, TTFT with queueing) to find where the SLO breaks; this answers "how many
+    requests per second at most" from lengths observed during the run, cheaply enough to ask every
+    autoscaling interval, and ignores TTFT (the policy's ``target_utilisation`` is the headroom).
     """
     m = ctx.step_model
     n_in = max(1, int(round(mean_input)))

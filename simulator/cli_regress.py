@@ -61,8 +61,9 @@ def _profile_folder(arg: str, tmp: Path, label: str) -> str:
 
 
 def _check_selected(folders: tuple[str, ...], label: str, require: bool = False) -> None:
-    """Every profile in ``folders`` must be the one the simulator picks for its GPU and engine
-    (same name as the one it replaces, or newest), else a run would silently use another."""
+    """Every profile in ``folders`` must be the one the simulator picks for the key it is stored under
+    (GPU, engine, engine version, model where given; same name as the one it replaces, or newest), else
+    a run would silently use another."""
     db = hwdb.load(folders)          # validates the files, with errors naming file and field
     for folder in folders:
         files = sorted((Path(folder) / "profiles").glob("*.yaml"))
@@ -71,10 +72,11 @@ def _check_selected(folders: tuple[str, ...], label: str, require: bool = False)
         if require and not mine:
             raise RegressError(f"{label} '{folder}' holds no calibration profile (profiles/*.yaml)")
         for p in mine:
-            chosen = db.profile_for(p.gpu, p.engine)
+            chosen = db.profile_for(p.gpu, p.engine, p.engine_version, p.model)
             if chosen.name != p.name:
+                key = f"{p.gpu}, {p.engine} {p.engine_version}" + (f", {p.model}" if p.model else "")
                 raise RegressError(f"{label}: profile {p.name!r} in {folder} (created {p.created}) would not be "
-                                   f"used: profile {chosen.name!r} for {p.gpu} is newer (created {chosen.created}); "
+                                   f"used: profile {chosen.name!r} for {key} is newer (created {chosen.created}); "
                                    "give it the same name as the profile it replaces, or a later created date")
 
 

@@ -202,6 +202,23 @@ def _has_images(wl) -> bool:
     return im is not None and not (isinstance(im.count, FixedCount) and im.count.value == 0)
 
 
+def draw_images(wl, n: int, rng) -> Images:
+    """The images of ``n`` requests of workload ``wl`` (which has ``images``), drawn from ``rng`` (the
+    seed tree's images stream); a ``trace`` count reads NumImages from the replayed Azure trace.  The
+    planner's screen samples its workload through this too, so it sees the simulation's inputs."""
+    counts = None
+    if wl.images.count.kind == "trace":
+        arrival = wl.arrival
+        if arrival.kind != "trace":
+            raise EPDError("workload.images.count: kind 'trace' reads NumImages from an Azure multimodal trace; "
+                           "replay one with arrival {kind: trace, path: ...}, or give a fixed/uniform/choice count")
+        try:
+            counts = read_azure_multimodal(arrival.path, arrival.limit)
+        except TraceError as exc:
+            raise EPDError(f"workload.images: {exc}") from None
+    return generate_images(wl.images, n, rng, counts)
+
+
 def prepare(scn, db: hwdb.HardwareDB, model: hwdb.ModelEntry, pools: list, reqs, rng):
     """Check a multimodal scenario and build its :class:`EPDSetup` (None for a text-only, encoder-less run).
 
@@ -221,18 +238,8 @@ def prepare(scn, db: hwdb.HardwareDB, model: hwdb.ModelEntry, pools: list, reqs,
     by_role = {p.role: (p, d) for p, d, _, _ in pools}
     front_pool, front_dep = by_role.get("colocated") or by_role["prefill"]
     n = len(reqs)
-    counts = None
-    if wl.images is not None and wl.images.count.kind == "trace":
-        arrival = wl.arrival
-        if arrival.kind != "trace":
-            raise EPDError("workload.images.count: kind 'trace' reads NumImages from an Azure multimodal trace; "
-                           "replay one with arrival {kind: trace, path: ...}, or give a fixed/uniform/choice count")
-        try:
-            counts = read_azure_multimodal(arrival.path, arrival.limit)
-        except TraceError as exc:
-            raise EPDError(f"workload.images: {exc}") from None
     if wl.images is not None:
-        images = generate_images(wl.images, n, rng, counts)
+        images = draw_images(wl, n, rng)
     else:
         images = Images(np.zeros(n + 1, dtype=np.int64), *(np.zeros(0, dtype=np.int64),) * 3)
     costs = image_costs(vision, images, "workload.images.resolutions")

@@ -135,13 +135,20 @@ class StepModel:
         # The memory curve was fitted per kernel: each linear kernel pays its own floor (half).
         return t_comp, (nbytes + self.mem_floor_bytes) / (self.peak_bw * self.meff.max_eff)
 
+    def expert_roofline(self, routed: float) -> tuple[float, float]:
+        """(compute, memory) time of the routed experts when ``routed`` tokens pass the MoE layers: the
+        two sides of their roofline (both 0 for a dense model)."""
+        if not self.n_experts:
+            return 0.0, 0.0
+        return (self.exp_a * routed + self.exp_b,
+                self.expert_stream_bytes(routed) * self.pp / (self.peak_bw * self.meff.max_eff))
+
     def moe_time(self, routed: float, own: float | None = None) -> float:
         """The routed experts and the MoE token exchange when ``routed`` tokens pass the MoE layers;
         ``own``: a rank's share of them, which sets its exchange (default: ``routed / moe_token_scale``)."""
         if not self.n_experts:
             return 0.0
-        t_comp = self.exp_a * routed + self.exp_b
-        t_mem = self.expert_stream_bytes(routed) * self.pp / (self.peak_bw * self.meff.max_eff)
+        t_comp, t_mem = self.expert_roofline(routed)
         t = t_comp if t_comp > t_mem else t_mem
         if self.moe_comm_s_per_token:
             own = routed / self.moe_token_scale if own is None else own
@@ -219,10 +226,12 @@ def interp_linear(xs: tuple[float, ...], ys: tuple[float, ...], x: float) -> flo
 def regime(model: StepModel, tokens: int, seqs_logits: int, attn_pairs: float,
            decode_ctx: float, prefill_ctx: float = 0.0) -> str:
     """'compute' or 'memory': which roofline side bounds this step's linear layers (routed experts
-    included) and attention (prefill attention counted with compute, the decode KV stream with memory)."""
+    included) and attention (prefill attention counted with compute, the decode KV stream with memory).
+
+    The sides are :meth:`StepModel.step_time`'s own terms (``linear_time``, ``expert_roofline``,
+    ``attention_time``), summed per side instead of maxed per kernel kind."""
     t_comp, t_mem = model.linear_time(tokens, seqs_logits, prefill_ctx)
-    routed = tokens * model.moe_token_scale
-    t_comp += model.attention_time(tokens, attn_pairs, 0.0) + model.exp_a * routed + model.exp_b
-    t_mem += (model.attention_time(tokens, 0.0, decode_ctx)
-              + model.expert_stream_bytes(routed) * model.pp / (model.peak_bw * model.meff.max_eff))
+    e_comp, e_mem = model.expert_roofline(tokens * model.moe_token_scale)
+    t_comp += model.attention_time(tokens, attn_pairs, 0.0) + e_comp
+    t_mem += model.attention_time(tokens, 0.0, decode_ctx) + e_mem
     return "compute" if t_comp > t_mem else "memory"

@@ -106,3 +106,20 @@ def test_images_do_not_move_arrivals_or_lengths():
     img = simulate(parse_scenario(base)).requests
     np.testing.assert_array_equal(text["arrival_s"], img["arrival_s"])
     np.testing.assert_array_equal(text["input_tokens"] + 2691, img["input_tokens"])
+
+
+def test_planner_screen_samples_trace_image_counts_as_the_simulation_does(tmp_path):
+    """Issue 16: the screen's workload sample draws images like simulate (simulator.epd.draw_images,
+    the images stream), NumImages of a replayed Azure trace included (it used to screen them as text)."""
+    from simulator.plan import parse_plan_request
+    from simulator.plan.candidates import build_context
+    rows = [ROWS[0], ROWS[1], ROWS[3], ROWS[2], ROWS[4]]           # in time order
+    p = write(tmp_path, rows)
+    req = parse_plan_request({
+        "name": "t", "model": "Qwen3-VL-30B-A3B",
+        "workload": {"arrival": {"kind": "trace", "path": str(p), "format": "azure", "rate": 1.0},
+                     "images": {"count": {"kind": "trace"}, "resolutions": [{"width": 640, "height": 480}]}},
+        "slo": {"ttft_s": 2.0, "tpot_s": 0.06, "attainment": 0.9},
+        "gpus": [{"name": "H100"}], "constraints": {"max_gpus": 2, "tp": [2]}})
+    stats = build_context(req).stats
+    assert stats.images is not None and stats.images.images == pytest.approx(2.0)   # (2 + 5 + 0 + 1) / 4

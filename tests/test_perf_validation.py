@@ -81,6 +81,9 @@ def test_step_time_is_the_sum_of_its_kernels(db):
             assert pc.linear_time(sm, tokens) == pytest.approx(max(sm.linear_time(tokens)) + sm.moe_time(tokens),
                                                                rel=1e-12)
             assert (sm.moe_time(tokens) > 0) == (model == "Qwen3-30B-A3B")
+            # regime's expert sides are moe_time's roofline (moe_time adds only the token exchange)
+            comm = sm.moe_layers * (sm.moe_comm_s_per_token * tokens + sm.moe_comm_lat_s) if sm.moe_comm_s_per_token else 0.0
+            assert max(sm.expert_roofline(tokens)) + comm == pytest.approx(sm.moe_time(tokens), rel=1e-12, abs=1e-15)
             assert sm.elem_s_per_token > 0 and sm.attention_time(tokens, 0.0, tokens * 1000.0) > 0
 
 

@@ -158,6 +158,17 @@ class PlanContext:
     misfits: list[tuple[PoolChoice, float, str]] = field(default_factory=list)   # layout (1 instance), $/h per GPU, reason
     notes: list[str] = field(default_factory=list)
 
+    def profile(self, gpu: str):
+        """The calibration profile a simulated candidate on ``gpu`` uses: looked up by the key it is
+        stored under (GPU, engine, engine version, model), as :func:`simulator.scenario.deployment_for`
+        does; None when the GPU has none for this engine and model."""
+        try:
+            engine = self.db.engine(self.req.constraints.engine.engine)
+            family, version = engine.engine, engine.version
+        except hwdb.HwdbError:   # an unknown engine is refused while building layouts
+            family, version = "vllm", None
+        return self.db.profile_for(self.db.gpu(gpu).name, family, version, self.model.name)
+
     def max_count(self, gpu: str) -> int | None:
         offer = next(o for o in self.req.gpus if self.db.gpu(o.name).name == gpu)
         return offer.max_gpus
@@ -176,13 +187,12 @@ def _sample_stats(req: PlanRequest, model) -> WorkloadStats:
         raise PlanError(f"workload: {exc}") from None
     inp, out = reqs.input_tokens.astype(float), reqs.output_tokens.astype(float)
     img = None
-    if wl.images is not None and wl.images.count.kind != "trace":
-        from simulator.epd import EPDError, image_costs
-        from simulator.multimodal import generate_images
+    if wl.images is not None:
+        from simulator.epd import EPDError, draw_images, image_costs
         from simulator.vision import VisionError, vision_arch
         try:
             vision = vision_arch(model)
-            images = generate_images(wl.images, len(inp), rngs["images"])   # the stream simulate draws images from
+            images = draw_images(wl, len(inp), rngs["images"])   # as simulate draws them, from the same stream
             costs = image_costs(vision, images, "workload.images.resolutions")
         except (VisionError, EPDError) as exc:
             raise PlanError(f"workload.images: {exc}") from None
@@ -205,13 +215,6 @@ def _known(db, name: str) -> bool:
         return False
 
 
-def _engine_family(db, name: str) -> str:
-    try:
-        return db.engine(name).engine
-    except hwdb.HwdbError:
-        return "vllm"
-
-
 def build_context(req: PlanRequest) -> PlanContext:
     """Load hardware, sample the workload and check every (GPU, TP) layout's memory fit once."""
     try:
@@ -221,9 +224,7 @@ def build_context(req: PlanRequest) -> PlanContext:
         raise PlanError(f"model/hwdb: {exc}") from None
     ctx = PlanContext(req, db, model, _sample_stats(req, model))
     c = req.constraints
-    engine = c.engine.engine
-    calibrated = {o.name for o in req.gpus if _known(db, o.name) and db.profile_for(db.gpu(o.name).name,
-                                                                                     _engine_family(db, engine))}
+    calibrated = {o.name for o in req.gpus if _known(db, o.name) and ctx.profile(o.name) is not None}
     for offer in req.gpus:
         try:
             gpu = db.gpu(offer.name)

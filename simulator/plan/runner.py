@@ -155,9 +155,8 @@ def _run_plan(req: PlanRequest, progress: Progress | None, workers: int | None, 
     result.interrupted = interrupted
     result.notes[:0] = ctx.notes
     if result.recommended is not None:
-        family = _engine_of(ctx)
         for gpu in sorted({p.gpu for p in by_id[result.recommended["id"]].pools}):
-            if ctx.db.profile_for(gpu, family) is None:
+            if ctx.profile(gpu) is None:
                 result.notes.append(f"warning: the recommendation rests on {gpu}, which has no calibration profile: "
                                     "its step times are datasheet peaks x default efficiencies, with no measured "
                                     "error band; set constraints.prefer_calibrated: true to plan on calibrated GPUs")
@@ -167,13 +166,6 @@ def _run_plan(req: PlanRequest, progress: Progress | None, workers: int | None, 
     if out_dir is not None:
         write_result(result, out_dir)
     return result
-
-
-def _engine_of(ctx) -> str:
-    try:
-        return ctx.db.engine(ctx.req.constraints.engine.engine).engine
-    except Exception:   # noqa: BLE001 -- an unknown engine was already refused while building layouts
-        return "vllm"
 
 
 def write_result(result: PlanResult, out_dir: str | Path) -> list[Path]:

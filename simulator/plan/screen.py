@@ -42,26 +42,45 @@ class Estimate:
     limit: str                 # "" when the SLO is met at the target rate, else what breaks first
 
 
-def _fixed_point(step, knobs, kv_tokens: int, r: float, I: float, O: float, prefill: bool) -> tuple[float, float, str]:
-    """Steady-state step time ``t`` and decoding batch ``B`` of one instance (``prefill``: it also prefills)."""
+def steady_state(step, knobs, kv_tokens: int, r: float, I: float, O: float, prefill: bool,
+                  e: float = 0.0) -> tuple[float, float, float, float, str]:
+    """The one steady-state estimate of an instance at ``r`` requests/s (see the module docstring):
+    ``(t, B, P, t_mix, limit)``: the mean step time, the decoding batch, the prompt tokens per step and
+    the step time of a step that carries prompt tokens, or ``OVERLOAD`` and what breaks first.
+
+    ``prefill``: the instance also prefills (colocated): its steps are bimodal, a fraction ``f`` carrying
+    prompt chunks, and images encoded inside the steps (``e`` seconds per request) add ``r t e``.
+    Otherwise (a PD decode instance) each step recomputes one prompt token per arrival."""
     ctx = I + O / 2.0
     budget, seqs = knobs.max_num_batched_tokens, knobs.max_num_seqs
     t = step.step_time(1.0, 1.0, 0.0, ctx, 0.0, 1, 0)
     for _ in range(200):
         B = r * O * t
-        P = r * I * t if prefill else r * t          # PD decode: one recomputed prompt token per arrival
         if B > seqs:
-            return OVERLOAD, B, f"max_num_seqs={seqs} reached"
+            return OVERLOAD, B, 0.0, OVERLOAD, f"max_num_seqs={seqs} reached"
         if B * ctx > 0.95 * kv_tokens:
-            return OVERLOAD, B, f"KV cache full ({kv_tokens:,} tokens)"
-        if B + P > budget:
-            return OVERLOAD, B, f"token budget {budget} per step exceeded"
-        pairs = r * t * I * I / 2.0 if prefill else 0.0
-        t_new = step.step_time(B + P, max(1.0, B), pairs, B * ctx, 0.0, int(B) + 1, 0)
+            return OVERLOAD, B, 0.0, OVERLOAD, f"KV cache full ({kv_tokens:,} tokens)"
+        if prefill:
+            room = budget - B
+            P = r * I * t                          # prompt tokens to prefill per step
+            if room < 1 or P > room:
+                return OVERLOAD, B, P, OVERLOAD, f"token budget {budget} per step exceeded"
+            # Steps are bimodal: a fraction f carries C prompt tokens, the rest only decodes
+            # (the mean of the two step times, not the step time of the mean: the roofline is convex).
+            f = min(1.0, P / min(I, room))
+            C = P / f if f > 0 else 0.0
+            t_mix = step.step_time(B + C, max(1.0, B), C * I / 2.0, B * ctx, 0.0, int(B) + 1, 0)
+            t_dec = step.step_time(max(B, 1.0), max(1.0, B), 0.0, max(B, 1.0) * ctx, 0.0, int(B) + 1, 0)
+            t_new = f * t_mix + (1.0 - f) * t_dec + r * t * e
+        else:
+            P = r * t                              # PD decode: one recomputed prompt token per arrival
+            if B + P > budget:
+                return OVERLOAD, B, P, OVERLOAD, f"token budget {budget} per step exceeded"
+            t_mix = t_new = step.step_time(B + P, max(1.0, B), 0.0, B * ctx, 0.0, int(B) + 1, 0)
         if abs(t_new - t) <= 1e-7 + 1e-6 * t:
-            return t_new, B, ""
+            return t_new, B, P, t_mix, ""
         t = t_new
-    return OVERLOAD, r * O * t, "step time does not settle (saturated)"
+    return OVERLOAD, r * O * t, 0.0, OVERLOAD, "step time does not settle (saturated)"
 
 
 def encode_time(ctx, gpu: str, tp: int) -> float:
@@ -120,31 +139,11 @@ class Screen:
         e = self.enc(lay.gpu, lay.tp) if inline else 0.0       # images encoded inside this instance's steps
         if r * e >= 1.0:
             return OVERLOAD, OVERLOAD, "encoding images inside the steps saturates the instance"
+        t, B, P, t_mix, why = steady_state(step, k, lay.mem.kv_tokens, r, I, O, True, e)
+        if why:
+            return OVERLOAD, OVERLOAD, why
         budget, ctx = k.max_num_batched_tokens, I + O / 2.0
-        t = step.step_time(1.0, 1.0, 0.0, ctx, 0.0, 1, 0)
-        for _ in range(200):
-            B = r * O * t
-            room = budget - B
-            if B > k.max_num_seqs:
-                return OVERLOAD, OVERLOAD, f"max_num_seqs={k.max_num_seqs} reached"
-            if B * ctx > 0.95 * lay.mem.kv_tokens:
-                return OVERLOAD, OVERLOAD, f"KV cache full ({lay.mem.kv_tokens:,} tokens)"
-            P = r * I * t                          # prompt tokens to prefill per step
-            if room < 1 or P > room:
-                return OVERLOAD, OVERLOAD, f"token budget {budget} per step exceeded"
-            # Steps are bimodal: a fraction f carries C prompt tokens, the rest only decodes
-            # (the mean of the two step times, not the step time of the mean: the roofline is convex).
-            f = min(1.0, P / min(I, room))
-            C = P / f if f > 0 else 0.0
-            t_mix = step.step_time(B + C, max(1.0, B), C * I / 2.0, B * ctx, 0.0, int(B) + 1, 0)
-            t_dec = step.step_time(max(B, 1.0), max(1.0, B), 0.0, max(B, 1.0) * ctx, 0.0, int(B) + 1, 0)
-            t_new = f * t_mix + (1.0 - f) * t_dec + r * t * e
-            if abs(t_new - t) <= 1e-7 + 1e-6 * t:
-                break
-            t = t_new
-        else:
-            return OVERLOAD, OVERLOAD, "step time does not settle (saturated)"
-        t = t_new
+        room = budget - B
         chunk_q = min(self.Iq, room)
         t_chunk = step.step_time(B + chunk_q, max(1.0, B), chunk_q * self.Iq / 2.0, B * ctx, 0.0, int(B) + 1, 0)
         service_mean = math.ceil(I / room) * t_mix
@@ -166,7 +165,7 @@ class Screen:
 
     def _decode_raw(self, key, r: float) -> tuple[float, float, str]:
         lay = self.layout[key]
-        t, B, why = _fixed_point(lay.step, lay.dep.knobs, lay.mem.kv_tokens, r, self.I, self.O, False)
+        t, _, _, _, why = steady_state(lay.step, lay.dep.knobs, lay.mem.kv_tokens, r, self.I, self.O, False)
         if why:
             return OVERLOAD, OVERLOAD, f"decode: {why}"
         return 1.5 * t, t, ""
