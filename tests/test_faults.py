@@ -214,7 +214,7 @@ def check_fault_invariants(ops, run, req) -> None:
             # and its KV blocks are gone
             assert inst.kv_used == 0 and inst.outstanding == 0
             assert not (inst.waiting or inst.held or inst.remote or inst.receiving or inst.ready)
-            assert all(len(d) == 0 for d in inst.live)
+            assert inst.is_empty() and inst.n_running == 0 and not list(inst.decode_contexts())
         elif inst.proc is not None and life.end == "":
             # a live instance holds nothing once every request has ended (no leaked blocks)
             assert live_kv_blocks(inst) == 0
