@@ -157,6 +157,7 @@ def run_pool(pool: PoolSpec, rec: Recorder, closed_loop=None,
                                     make_router(decode.router, d_instances), rec, rng)
         inst_of = rec.prefill_instance
         every = instances + d_instances
+    served = every                       # the LLM instances (every process started, less encoders)
     sglang_flow = coordinator is not None and coordinator.flow == "sglang"
 
     def route(rid: int, i: int | None = None) -> None:
@@ -285,4 +286,4 @@ def run_pool(pool: PoolSpec, rec: Recorder, closed_loop=None,
         if o == PENDING:
             rec.outcome[rid] = UNFINISHED
             rec.reason[rid] = f"still in flight at the time limit {max_time_s} s"
-    return PoolRun(rec, [i for i in every if hasattr(i, "kv_total")], end, coordinator, epd_coord)
+    return PoolRun(rec, list(served), end, coordinator, epd_coord)

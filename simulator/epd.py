@@ -222,7 +222,7 @@ def draw_images(wl, n: int, rng) -> Images:
 def prepare(scn, db: hwdb.HardwareDB, model: hwdb.ModelEntry, pools: list, reqs, rng):
     """Check a multimodal scenario and build its :class:`EPDSetup` (None for a text-only, encoder-less run).
 
-    ``pools``: the resolved language-model pools ``[(pool, dep, mem, step)]``.
+    ``pools``: the resolved language-model pools (:class:`simulator.scenario.ResolvedPool`).
     Returns ``(requests with visual tokens in their prompts, setup)``.  Raises :class:`EPDError`.
     """
     wl = scn.workload
@@ -235,7 +235,7 @@ def prepare(scn, db: hwdb.HardwareDB, model: hwdb.ModelEntry, pools: list, reqs,
     except VisionError as exc:
         field = "workload.images" if images_on else f"pools[{enc_pools[0].name}]"
         raise EPDError(f"{field}: {exc}") from None
-    by_role = {p.role: (p, d) for p, d, _, _ in pools}
+    by_role = {r.role: (r.pool, r.dep) for r in pools}
     front_pool, front_dep = by_role.get("colocated") or by_role["prefill"]
     n = len(reqs)
     if wl.images is not None:
@@ -249,7 +249,7 @@ def prepare(scn, db: hwdb.HardwareDB, model: hwdb.ModelEntry, pools: list, reqs,
     if wl.images is not None and wl.images.trace_tokens_include_images:
         text = np.maximum(1, text - per_req)
     biggest = int(costs.tokens.max()) if images.total else 0
-    max_len = min(d.knobs.max_model_len for _, d, _, _ in pools)
+    max_len = min(r.dep.knobs.max_model_len for r in pools)
     if biggest >= max_len:
         i = int(np.argmax(costs.tokens))
         raise EPDError(f"workload.images.resolutions: a {images.width[i]}x{images.height[i]} image gives {biggest} "

@@ -67,13 +67,9 @@ def fp8_hazard(cfg, pools) -> dict[str, FP8Hazard]:
 
 def context_excess(inst, onset: int) -> float:
     """``sum_i max(0, L_i - onset)`` over the decoding sequences of ``inst`` (tokens)."""
-    if inst.live is None:
-        return 0.0
-    _, _, dec_start = inst.live
-    s = len(inst.steps)
     total = 0.0
-    for sd, ld, _ in dec_start.values():
-        excess = ld + s - sd - onset
+    for length in inst.decode_contexts():
+        excess = length - onset
         if excess > 0:
             total += excess
     return total

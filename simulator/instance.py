@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import heapq
 
-from simulator.instance_state import InstanceState, _TimedLog
+from simulator.instance_state import InstanceState, TimedLog
 
 # Shortcuts that leave results unchanged: steps that end before any other event advance the clock
 # inline instead of through a SimPy timeout, and decode-only steps skip the general step's empty
@@ -35,7 +35,7 @@ class Instance(InstanceState):
         inp, out = rec.input_tokens, rec.output_tokens
         t_sched, t_first = rec.t_sched, rec.t_first
         preempts = rec.preemptions
-        gaps = rec.resume_gaps if self.gate is None else _TimedLog(self.gap_log, env)
+        gaps = rec.resume_gaps if self.gate is None else TimedLog(self.gap_log, env)
         waiting, steps, block = self.waiting, self.steps, self.block
         step_time = self.model.step_time
         budget_max, max_seqs, chunked = self.budget, self.max_seqs, self.chunked
@@ -53,7 +53,7 @@ class Instance(InstanceState):
         heap: list[tuple[int, int]] = []
         cnt = [0] * block                  # decodes needing a new block at step s: cnt[s % block]
         last_tok = self.last_tok
-        self.live = (order, prefill, dec_start)   # read by simulator/faults.py when a crash hits
+        self._live = (order, prefill, dec_start)   # read by decode_contexts() and crash()
         n_dec = 0
         sum_l = 0                          # sum over decodes of KV length before this step
         kv_used = 0

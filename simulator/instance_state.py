@@ -10,7 +10,7 @@ from collections import OrderedDict, deque
 from simulator.perf import MemoryPlan, StepModel
 
 
-class _TimedLog:
+class TimedLog:
     """``append(x)`` stores ``(env.now, x)`` in ``log``: resume gaps of a run-ahead instance."""
 
     __slots__ = ("log", "env")
@@ -43,7 +43,7 @@ class InstanceState:
 
     def __init__(self, index: int, pool: str, step_model: StepModel, memory: MemoryPlan,
                  max_num_seqs: int, max_num_batched_tokens: int, chunked_prefill: bool, recorder,
-                 role: str = "colocated", prefix_caching: bool = True) -> None:
+                 role: str = "colocated", prefix_caching: bool = True, life=None) -> None:
         self.index = index
         self.role = role
         self.pool = pool
@@ -72,7 +72,7 @@ class InstanceState:
         self._freed = 0                        # blocks released from outside the process
         self.encode_cost = None                # multimodal: callback(instance, rid, now) -> encoder seconds
         self.last_tok: dict[int, float] = {}   # preempted rid -> time of its last token
-        self.live = None                       # (running order, prefills, decodes) once run() starts
+        self._live = None                      # (running order, prefills, decodes) once run() starts
         self.group = None                      # attention data parallel: the instance's DPGroup, this rank's index
         self.rank = 0
         # Run-ahead (simulator/engine.py): a one-element list holding the time of the next event that
@@ -89,6 +89,13 @@ class InstanceState:
         self.prefix: OrderedDict | None = OrderedDict() if hashes is not None and prefix_caching else None
         self.hash_tokens = recorder.hash_block_tokens or 0
         self.prefix_capacity = (self.kv_total * self.block) // self.hash_tokens if self.hash_tokens else 0
+        # Lifecycle under operations (simulator/opsengine.py): the billing record (opsrecord.Life), the
+        # SimPy process once started, and whether the instance has died (crash, removal) or is draining.
+        self.life = life
+        self.proc = None
+        self.dead = False
+        self.draining = False
+        self.backoff_s = 10.0                  # restart back-off after its next crash
 
     def prefix_hits(self, rid: int) -> int:
         """Number of leading hash blocks of ``rid``'s prompt in this instance's cache (no LRU update)."""
@@ -161,3 +168,115 @@ class InstanceState:
         self.queue_kv(rid, self.rec.input_tokens[rid])
         self.outstanding += 1
         self._wake()
+
+    # ---- queries ------------------------------------------------------------------------------
+    def is_empty(self) -> bool:
+        """Nothing queued, running, held for a transfer or being pulled."""
+        return not (self.outstanding or self.held or self.receiving or self.remote or self.ready)
+
+    def n_queued(self) -> int:
+        """Requests waiting for admission (prompts to prefill and, decode role, KV to pull)."""
+        return len(self.waiting) + len(self.remote)
+
+    def holds(self, rid: int) -> bool:
+        """Prefill role: ``rid``'s KV blocks are held here for a transfer."""
+        return rid in self.held
+
+    def decode_contexts(self):
+        """KV length (prompt plus tokens so far) of each decoding sequence, at the current step."""
+        if self._live is None:
+            return
+        s = len(self.steps)
+        for sd, ld, _ in self._live[2].values():
+            yield ld + s - sd
+
+    # ---- lifecycle under operations ------------------------------------------------------------
+    def start(self, env):
+        """Start the instance's SimPy process (:meth:`run`); returns it."""
+        self.proc = env.process(self.run(env))
+        return self.proc
+
+    def stop(self) -> None:
+        """Mark the instance dead and end its process (what it held is not touched: see :meth:`crash`)."""
+        self.dead = True
+        self.proc.interrupt()
+
+    def expire(self, stale) -> list[int]:
+        """Take the waiting requests for which ``stale(rid)`` holds (never a preempted one) out of the
+        queue, in queue order; returns them.  The queue is edited in place (the process holds it)."""
+        requeue = self._requeue
+        gone = [rid for rid in self.waiting if rid not in requeue and stale(rid)]
+        if gone:
+            out = set(gone)
+            keep = [rid for rid in self.waiting if rid not in out]
+            self.waiting.clear()
+            self.waiting.extend(keep)
+            self.outstanding -= len(gone)
+            for rid in gone:
+                self.unqueue(rid)
+        return gone
+
+    def withdraw(self, rid: int) -> str:
+        """Decode role: ``rid``'s KV will never come (its prefill instance died).  Drops it from the
+        remote queue ("remote") or frees the blocks allocated for its pull ("receiving"); "" if neither."""
+        if rid in self.remote:
+            self.remote.remove(rid)
+            self.unqueue(rid)
+            self.outstanding -= 1
+            return "remote"
+        if rid in self.receiving:
+            self.receiving.discard(rid)
+            self._freed += -(-(self.rec.input_tokens[rid] - 1) // self.block)
+            self.outstanding -= 1
+            self._wake()
+            return "receiving"
+        return ""
+
+    def crash(self):
+        """The instance dies now: its KV blocks, queues and prefix cache are gone (its process must be
+        stopped by the caller, after the other side of its transfers is settled).
+
+        Returns ``(affected, lost, held, remote, receiving)``: each request it held with the tokens its
+        current attempt had produced (running, then waiting, held, remote, receiving, ready), the KV
+        tokens lost, and the requests whose transfers other instances take part in (held here for a
+        pull; queued or being pulled from a prefill instance).
+        """
+        self.dead = True
+        inp = self.rec.input_tokens
+        affected: list[tuple[int, int]] = []
+        lost = 0
+        order, prefill, dec_start = self._live if self._live is not None else ({}, {}, {})
+        s = len(self.steps)
+        for rid in order:
+            if rid in dec_start:
+                sd, ld, g0 = dec_start[rid]
+                affected.append((rid, g0 + s - sd))
+                lost += ld + s - sd
+            else:
+                pf = prefill[rid]
+                affected.append((rid, pf[2]))
+                lost += pf[0]
+        for rid in self.waiting:
+            pf = self._requeue.get(rid)
+            affected.append((rid, pf[2] if pf is not None else 0))
+        held = list(self.held)
+        for rid in held:                       # prefill role: KV kept for a pull that will not come
+            lost += inp[rid]
+            affected.append((rid, 0))
+        remote: list[int] = []
+        receiving: list[int] = []
+        if self.role == "decode":
+            remote, receiving = list(self.remote), list(self.receiving)
+            affected.extend((rid, 0) for rid in remote)
+            affected.extend((rid, 0) for rid in receiving)
+            for rid in self.ready:
+                lost += inp[rid] - 1
+                affected.append((rid, 0))
+        for box in (self.waiting, self._requeue, self._queued, self.held, self.remote, self.receiving, self.ready,
+                    self.last_tok, order, prefill, dec_start):
+            box.clear()
+        if self.prefix is not None:
+            self.prefix.clear()
+        self.kv_used = self.outstanding = self.n_running = self._freed = self.queued_kv = 0
+        self.wake = None
+        return affected, lost, held, remote, receiving

@@ -65,20 +65,16 @@ class OpsPool:
 
     def make(self, cause: str, billed_s: float) -> Instance:
         s = self.spec
-        inst = Instance(len(self.all), s.name, s.step_model, s.memory, s.max_num_seqs, s.max_num_batched_tokens,
-                        s.chunked_prefill, self.ops.rec, s.role, s.prefix_caching)
-        inst.dead = False
-        inst.draining = False
-        inst.proc = None
-        inst.life = Life(s.name, inst.index, self.gpus, cause, billed_s)
-        inst.backoff_s = 10.0
+        index = len(self.all)
+        inst = Instance(index, s.name, s.step_model, s.memory, s.max_num_seqs, s.max_num_batched_tokens,
+                        s.chunked_prefill, self.ops.rec, s.role, s.prefix_caching,
+                        life=Life(s.name, index, self.gpus, cause, billed_s))
         self.all.append(inst)
         self.ops.on_make(self, inst)
         return inst
 
     def go_live(self, inst: Instance) -> None:
-        inst.proc = self.env.process(inst.run(self.env))
-        inst.proc.callbacks.append(_interrupted_is_fine)
+        inst.start(self.env).callbacks.append(_interrupted_is_fine)
         inst.life.ready_s = self.env.now
         self.active.append(inst)
         self.ops.on_live(self, inst)
@@ -133,12 +129,11 @@ class OpsPool:
 
     def _drain(self, inst: Instance):
         """Removed from routing; serves what it holds, then stops (billing ends)."""
-        while not inst.dead and (inst.outstanding or inst.held or inst.receiving or inst.remote or inst.ready):
+        while not inst.dead and not inst.is_empty():
             yield self.env.timeout(1.0)
         if not inst.dead:
-            inst.dead = True
             inst.life.ended_s, inst.life.end = self.env.now, "removed"
-            inst.proc.interrupt()
+            inst.stop()
 
 
 class OpsRun:
@@ -220,11 +215,10 @@ class OpsRun:
         from simulator.opscrash import collect_and_clear
         now = self.env.now
         pool = self.front if inst.pool == self.front.spec.name else self.back
-        inst.dead = True
         if inst in pool.active:
             pool.active.remove(inst)
         affected, lost = collect_and_clear(self, pool, inst)
-        inst.proc.interrupt()
+        inst.stop()
         life = inst.life
         life.ended_s, life.end, life.lost_tokens = now, why, lost
         self.crashes.append({"time_s": now, "pool": pool.spec.name, "instance": inst.index, "kind": kind,
@@ -325,21 +319,13 @@ class OpsRun:
             yield env.timeout(period)
             cut = env.now - timeout
 
-            def stale(rid, requeue=()):
-                return (rec.sent_at[rid] <= cut and rid not in requeue and rec.t_sched[rid] != rec.t_sched[rid]
-                        and not rec.carried[rid])
+            def stale(rid):
+                return rec.sent_at[rid] <= cut and rec.t_sched[rid] != rec.t_sched[rid] and not rec.carried[rid]
             for inst in self.front.all:
-                if inst.dead or not inst.waiting:
+                if inst.dead:
                     continue
-                gone = [rid for rid in inst.waiting if stale(rid, inst._requeue)]
-                if gone:
-                    keep = [rid for rid in inst.waiting if not stale(rid, inst._requeue)]
-                    inst.waiting.clear()
-                    inst.waiting.extend(keep)
-                    inst.outstanding -= len(gone)
-                    for rid in gone:
-                        inst.unqueue(rid)
-                        rec.expire(rid, env.now, why)
+                for rid in inst.expire(stale):
+                    rec.expire(rid, env.now, why)
             if self.limbo:
                 gone = [rid for rid in self.limbo if stale(rid)]
                 if gone:
@@ -394,7 +380,7 @@ class OpsRun:
         a = self.arrived
         i_now, i_prev = bisect_left(a, now - w), bisect_left(a, now - 2 * w)
         act = pool.active
-        waiting = sum(len(i.waiting) + len(i.remote) for i in act)
+        waiting = sum(i.n_queued() for i in act)
         waiting += len(self.limbo) if pool is self.front else len(self.coord.limbo) if self.coord else 0
         n = max(1, len(a))
         return Observation(

@@ -1,6 +1,6 @@
 """How long a new or restarted instance takes to serve: cold start behind probes.
 
-A pool's :class:`StartTimes` runs the pod model (:func:`simulator.k8s.simulate_pod`)
+:func:`start_times` runs the pod model (:func:`simulator.k8s.simulate_pod`)
 once for each kind of start, over the cold-start phases of the pool's
 deployment (:func:`simulator.coldstart.breakdown`):
 
@@ -24,33 +24,23 @@ from simulator.k8s import PodSpec, ProbeError, recommend_probes, simulate_pod
 HORIZON_S = 3600.0
 
 
+class StartupError(ValueError):
+    """The start-up model cannot be built (cold-start data, probes); the message names the field."""
+
+
 class StartTimes:
-    """Delays (seconds) from ordering an instance to its first request, for one pool."""
+    """Delays (seconds) from ordering an instance to its first request, for one pool.
 
-    def __init__(self, dep, cfg, hwdb_dirs=(), field: str = "operations.startup") -> None:
-        from simulator.scenario import ScenarioError
-        try:
-            db = load_coldstart(hwdb_dirs)
+    A plain record of the pod model's results: :func:`start_times` computes them (once, when the
+    scenario is resolved)."""
 
-            def bd(cache: str, image_cached: bool, level: str = "typical"):
-                return breakdown(dep, cache, cfg.storage, image_cached, db=db, level=level)
-            volume = cfg.compile_cache != "none"
-            new_cold, new_warm = bd("miss", cfg.image_cached), bd("hit", cfg.image_cached)
-            re_cold, re_warm = bd("miss", True), bd("hit", True)
-            if cfg.probes == "recommended":
-                # sized on the high end of the sourced range (simulator/coldstart_scale.py)
-                spec = recommend_probes(bd("miss", cfg.image_cached, "high"), cfg.margin).pod_spec(volume)
-            else:
-                spec = PodSpec(*(getattr(cfg, n).probe() if getattr(cfg, n) is not None else None
-                                 for n in ("startup_probe", "liveness", "readiness")), compile_cache_volume=volume)
-        except (ColdStartError, hwdb.HwdbError, ProbeError) as exc:
-            raise ScenarioError(f"{field}: {exc}") from None
-        self.provisioning_s = cfg.provisioning_s
-        self.new_breakdown = new_warm if cfg.compile_cache == "persistent" else new_cold
-        self.restart_breakdown = re_warm if volume else re_cold
-        self.new = simulate_pod(self.new_breakdown, spec, new_warm, HORIZON_S)
-        self.restart = simulate_pod(self.restart_breakdown, spec, re_warm, HORIZON_S)
-        self.pod_spec = spec
+    def __init__(self, provisioning_s: float, new_breakdown, restart_breakdown, new, restart, pod_spec) -> None:
+        self.provisioning_s = provisioning_s
+        self.new_breakdown = new_breakdown
+        self.restart_breakdown = restart_breakdown
+        self.new = new                  # simulator.k8s pod result of a new instance
+        self.restart = restart          # ... and of a restarted container
+        self.pod_spec = pod_spec
 
     def new_delay(self) -> float | None:
         """Order -> serving for a new instance: provisioning plus the pod's Ready time."""
@@ -70,3 +60,27 @@ class StartTimes:
                 "new_serving_delay_s": self.new_delay(),
                 "restart_start": self.restart_breakdown.description, "restart_ready_s": self.restart.ready_s,
                 "never_ready": self.new.reason if self.new.never_ready else None}
+
+
+def start_times(dep, cfg, hwdb_dirs=(), field: str = "operations.startup") -> StartTimes:
+    """Run the pod model for ``dep`` under start-up config ``cfg``; raises :class:`StartupError`."""
+    try:
+        db = load_coldstart(hwdb_dirs)
+
+        def bd(cache: str, image_cached: bool, level: str = "typical"):
+            return breakdown(dep, cache, cfg.storage, image_cached, db=db, level=level)
+        volume = cfg.compile_cache != "none"
+        new_cold, new_warm = bd("miss", cfg.image_cached), bd("hit", cfg.image_cached)
+        re_cold, re_warm = bd("miss", True), bd("hit", True)
+        if cfg.probes == "recommended":
+            # sized on the high end of the sourced range (simulator/coldstart_scale.py)
+            spec = recommend_probes(bd("miss", cfg.image_cached, "high"), cfg.margin).pod_spec(volume)
+        else:
+            spec = PodSpec(*(getattr(cfg, n).probe() if getattr(cfg, n) is not None else None
+                             for n in ("startup_probe", "liveness", "readiness")), compile_cache_volume=volume)
+    except (ColdStartError, hwdb.HwdbError, ProbeError) as exc:
+        raise StartupError(f"{field}: {exc}") from None
+    new_bd = new_warm if cfg.compile_cache == "persistent" else new_cold
+    restart_bd = re_warm if volume else re_cold
+    return StartTimes(cfg.provisioning_s, new_bd, restart_bd, simulate_pod(new_bd, spec, new_warm, HORIZON_S),
+                      simulate_pod(restart_bd, spec, re_warm, HORIZON_S), spec)

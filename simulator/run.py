@@ -7,12 +7,14 @@ from simulator.epd import EPDError, prepare as prepare_epd
 from simulator.errors import WorkloadError
 from simulator.pd import TransferConfigError, build_transfer_plan, crossover_bandwidth
 from simulator.results import Results, links_frame, requests_frame, steps_frame, summarize
-from simulator.scenario import Scenario, ScenarioError, resolve, rng_streams
+from simulator.scenario import ResolvedPool, Scenario, ScenarioError, resolve, rng_streams
 from simulator.traces import TraceError
 from simulator.workload import generate
 
 
-def _spec(pool, dep, mem, step) -> PoolSpec:
+def pool_spec(r: ResolvedPool) -> PoolSpec:
+    """The engine's view of a resolved pool."""
+    pool, dep = r.pool, r.dep
     k, eng = dep.knobs, dep.engine
     # A harness-fitted profile describes the server side; `calibrate validate` adds its own measured
     # front end, so the engine's fitted GPU-serving front end stays out.
@@ -21,7 +23,7 @@ def _spec(pool, dep, mem, step) -> PoolSpec:
           eng.frontend_s_per_token.value if eng.frontend_s_per_token and not harness else 0.0)
     # Each attention data-parallel rank schedules its own batch into its own KV cache: the engine runs
     # ranks (instances x dp of them); the pool's GPUs and cost count whole instances (Deployment.gpus).
-    return PoolSpec(pool.name, pool.instances * dep.dp, step, mem, k.max_num_seqs, k.max_num_batched_tokens,
+    return PoolSpec(pool.name, pool.instances * dep.dp, r.step, r.memory, k.max_num_seqs, k.max_num_batched_tokens,
                     k.enable_chunked_prefill, k.max_model_len, pool.router, pool.role,
                     eng.default_prefix_caching if pool.engine.enable_prefix_caching is None
                     else pool.engine.enable_prefix_caching,
@@ -35,7 +37,8 @@ def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:
     :class:`ScenarioError` for anything wrong with the input.  ``db``: an
     already loaded ``hwdb.load(scn.hwdb)`` to reuse across many runs.
     """
-    db, model, pools = resolve(scn, db)
+    rs = resolve(scn, db)
+    db, model, pools = rs.db, rs.model, rs.pools
     rngs = rng_streams(scn.seed, replication)
     try:
         reqs = generate(scn.workload, rngs["arrivals"], rngs["lengths"])
@@ -45,16 +48,15 @@ def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:
         reqs, epd = prepare_epd(scn, db, model, pools, reqs, rngs["images"])
     except EPDError as exc:
         raise ScenarioError(str(exc)) from None
-    by_role = {pool.role: (pool, dep, mem, step) for pool, dep, mem, step in pools}
     plan = None
     if scn.is_pd:
-        front, back = by_role["prefill"], by_role["decode"]
+        front, back = rs.role("prefill"), rs.role("decode")
         try:
-            plan = build_transfer_plan(scn.kv_transfer, db, front[1], back[1])
+            plan = build_transfer_plan(scn.kv_transfer, db, front.dep, back.dep)
         except TransferConfigError as exc:
             raise ScenarioError(str(exc)) from None
     else:
-        front, back = by_role["colocated"], None
+        front, back = rs.role("colocated"), None
     closed = reqs.client if reqs.is_closed_loop else None
     ops = None
     if scn.operations.enabled:
@@ -63,48 +65,48 @@ def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:
                                 "multimodal scenario without `operations`, or the operations study without "
                                 "an encoder pool (pools[].role: encoder) and without images")
         from simulator.opsrun import run_operations
-        ops, run, rec = run_operations(scn, reqs, front, back, plan, closed, rngs, _spec)
+        ops, run, rec = run_operations(scn, reqs, front, back, plan, closed, rngs, pool_spec)
         from simulator.opsresults import ops_requests_frame
-        req_df = ops_requests_frame(run, back[0].name if back else front[0].name)
+        req_df = ops_requests_frame(run, back.name if back else front.name)
     else:
         rec = Recorder(reqs.input_tokens, reqs.output_tokens, reqs.arrival_s, reqs.hash_ids, reqs.hash_block_tokens)
-        run = run_pool(_spec(*front), rec, closed_loop=closed, max_time_s=scn.simulation.max_time_s,
-                       decode=_spec(*back) if back else None, transfer=plan, rng=rngs["transfer"], epd=epd,
+        run = run_pool(pool_spec(front), rec, closed_loop=closed, max_time_s=scn.simulation.max_time_s,
+                       decode=pool_spec(back) if back else None, transfer=plan, rng=rngs["transfer"], epd=epd,
                        client_rng=rngs["clients"])
-        req_df = requests_frame(run, back[0].name if back else front[0].name)
+        req_df = requests_frame(run, back.name if back else front.name)
         if run.epd is not None:
             from simulator.epd_flow import add_columns
             req_df = add_columns(req_df, run.epd)
     if reqs.client is not None and reqs.client.warmup_requests:
         req_df["warmup"] = req_df["request_id"].to_numpy() < reqs.client.warmup_requests
     step_df = steps_frame(run)
-    gpus = sum(p.instances * d.gpus for p, d, _, _ in pools) + (epd.gpus if epd else 0)
-    price = (sum(p.instances * d.gpus * d.gpu.price_usd_per_hour.value for p, d, _, _ in pools)
+    gpus = sum(r.pool.instances * r.dep.gpus for r in pools) + (epd.gpus if epd else 0)
+    price = (sum(r.pool.instances * r.dep.gpus * r.dep.gpu.price_usd_per_hour.value for r in pools)
              + (epd.price_usd_per_hour if epd else 0.0))
     summary = summarize(req_df, step_df, rec.resume_gaps, gpus=gpus, cost_usd_per_hour=price,
                         ttft_slo=scn.slo.ttft_s, tpot_slo=scn.slo.tpot_s)
     if ops is not None:
         from simulator.opsresults import ops_summary
         summary["operations"] = ops_summary(ops, req_df, scn.slo.ttft_s, {
-            p.name: d.gpu.price_usd_per_hour.value for p, d, _, _ in pools})
+            r.name: r.dep.gpu.price_usd_per_hour.value for r in pools})
     if run.coordinator is not None:
         summary["kv_bytes_moved"] = run.coordinator.bytes_moved
         summary["links"] = run.coordinator.fabric.link_stats()
         mean_prompt = max(1, int(round(float(req_df["input_tokens"].mean()))))
-        summary["crossover"] = crossover_bandwidth(front[3], plan.kv_bytes_per_token, mean_prompt,
-                                                   front[1].knobs.max_num_batched_tokens)
+        summary["crossover"] = crossover_bandwidth(front.step, plan.kv_bytes_per_token, mean_prompt,
+                                                   front.dep.knobs.max_num_batched_tokens)
     if run.epd is not None:
         from simulator.epd_flow import encoder_summary
         summary["encoder"] = encoder_summary(run.epd, summary["duration_s"])
-    pool, dep, mem, _ = front
+    pool, dep, mem = front.pool, front.dep, front.memory
     k = dep.knobs
     info = {
         "model": model.name,
         "gpu": dep.gpu.name,
         "tp": dep.tp, "pp": dep.pp, "instances": pool.instances,
         "engine": dep.engine.name,
-        "max_num_seqs": max(d.knobs.max_num_seqs for _, d, _, _ in pools),
-        "max_num_batched_tokens": max(d.knobs.max_num_batched_tokens for _, d, _, _ in pools),
+        "max_num_seqs": max(r.dep.knobs.max_num_seqs for r in pools),
+        "max_num_batched_tokens": max(r.dep.knobs.max_num_batched_tokens for r in pools),
         "max_model_len": k.max_model_len,
         "kv_cache_tokens_per_instance": mem.kv_tokens,
         "weights_bytes_per_gpu": mem.weight_bytes,
@@ -113,7 +115,7 @@ def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:
                    "perf_model": (f"calibrated profile {d.profile.name}" if d.profile
                                   else f"datasheet peaks x default efficiencies of {d.gpu.name} (uncalibrated)"),
                    "confidence": assess(d)}
-                  for p, d, m, _ in pools],
+                  for p, d, m in ((r.pool, r.dep, r.memory) for r in pools)],
         "perf_model": (f"calibrated profile {dep.profile.name}" if dep.profile
                        else f"datasheet peaks x default efficiencies of {dep.gpu.name} (uncalibrated)"),
         "kv_transfer": (None if plan is None else

@@ -17,9 +17,10 @@ import hwdb
 from simulator.epd_config import EmbeddingTransferConfig, EncoderConfig
 from simulator.errors import format_validation_error, read_yaml
 from simulator.inputs import NoBoolNumbers
-from simulator.perf import Deployment, EngineKnobs, FitError, plan_memory
+from simulator.perf import Deployment, EngineKnobs, FitError, MemoryPlan, StepModel, plan_memory
 from simulator.step_build import build_step_model
 from simulator.opsconfig import OperationsConfig, check_against_pools
+from simulator.opsstart import StartTimes, StartupError, start_times
 from simulator.routing import ROUTERS
 from simulator.workload import WorkloadConfig
 
@@ -289,8 +290,49 @@ def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB
                       quant_bytes=qbytes.value if qbytes else None)
 
 
-def resolve(scn: Scenario, db: hwdb.HardwareDB | None = None):
-    """Load hardware data and check that every pool fits; returns (db, model, [(pool, dep, memory, step)]).
+@dataclasses.dataclass(frozen=True)
+class ResolvedPool:
+    """One LLM pool of a scenario resolved against the hardware data (built by :func:`resolve` only)."""
+
+    pool: PoolConfig
+    dep: Deployment
+    memory: MemoryPlan
+    step: StepModel
+    starts: StartTimes | None = None      # start-up delays, when the scenario has an operations block
+
+    @property
+    def name(self) -> str:
+        return self.pool.name
+
+    @property
+    def role(self) -> str:
+        return self.pool.role
+
+    def __iter__(self):
+        # Transitional, for callers not yet moved to the names (simulator/plan/artefacts.py,
+        # calibration/e2e.py): unpacks as (pool, dep, memory, step).
+        return iter((self.pool, self.dep, self.memory, self.step))
+
+
+@dataclasses.dataclass(frozen=True)
+class ResolvedScenario:
+    """A scenario's hardware data, model and resolved LLM pools (encoder pools: simulator.epd.prepare)."""
+
+    db: hwdb.HardwareDB
+    model: object
+    pools: tuple[ResolvedPool, ...]
+
+    def role(self, role: str) -> ResolvedPool | None:
+        """The pool of ``role`` (the first one), or None."""
+        return next((r for r in self.pools if r.role == role), None)
+
+    def __iter__(self):
+        # Transitional, as ResolvedPool.__iter__: unpacks as (db, model, pools).
+        return iter((self.db, self.model, self.pools))
+
+
+def resolve(scn: Scenario, db: hwdb.HardwareDB | None = None) -> ResolvedScenario:
+    """Load hardware data, check that every pool fits and, with operations, model its start-ups.
 
     ``db``: an already loaded ``hwdb.load(scn.hwdb)`` to reuse (callers that run many scenarios)."""
     try:
@@ -314,7 +356,13 @@ def resolve(scn: Scenario, db: hwdb.HardwareDB | None = None):
         except FitError as exc:
             raise ScenarioError(f"pools[{pool.name}]: {exc}") from None
         out.append((pool, dep, mem, build_step_model(dep)))
-    return db, model, out
+    starts: dict[str, StartTimes] = {}
+    if scn.operations.enabled:
+        try:
+            starts = {pool.name: start_times(dep, scn.operations.startup, scn.hwdb) for pool, dep, _, _ in out}
+        except StartupError as exc:
+            raise ScenarioError(str(exc)) from None
+    return ResolvedScenario(db, model, tuple(ResolvedPool(*x, starts.get(x[0].name)) for x in out))
 
 
 def rng_streams(seed: int, replication: int = 0) -> dict[str, np.random.Generator]:

@@ -7,7 +7,7 @@ import pytest
 
 from simulator.run import simulate
 from simulator.scenario import ScenarioError, resolve
-from simulator.opsstart import StartTimes
+from simulator.opsstart import StartTimes, start_times as _start_times
 from tests.conftest import pool, scenario
 
 STEP_AT = 60.0
@@ -29,8 +29,8 @@ def step_scenario(provisioning_s: float = 20.0, policy: str = "queue", cache: st
 
 
 def start_times(scn) -> StartTimes:
-    _, _, pools = resolve(scn)
-    return StartTimes(pools[0][1], scn.operations.startup)
+    pools = resolve(scn).pools
+    return _start_times(pools[0].dep, scn.operations.startup)
 
 
 def violation_window(res) -> float:
@@ -148,8 +148,8 @@ def test_slo_policy_sizes_prefill_and_decode_separately():
     long_prompts = pd(8000, 16)
     short_prompts = pd(128, 1024)
     # the capacity model itself: prefill-heavy work loads prefill instances, decode-heavy work decode ones
-    _, _, pools = resolve(long_prompts)
-    ctx = {p.name: pool_context(p, d, m, s, 0.02) for p, d, m, s in pools}
+    pools = resolve(long_prompts).pools
+    ctx = {r.name: pool_context(r.pool, r.dep, r.memory, r.step, 0.02) for r in pools}
     assert instance_capacity(ctx["prefill"], 8000, 16) < instance_capacity(ctx["decode"], 8000, 16)
     assert instance_capacity(ctx["prefill"], 128, 1024) > instance_capacity(ctx["decode"], 128, 1024)
     a = simulate(long_prompts).summary["operations"]["peak_instances"]

@@ -31,7 +31,7 @@ def _closed(c: int, n: int, spread: float | None, gpu="B200", tp=8, model="Llama
 
 
 def _step(scn):
-    return resolve(scn)[2][0][3]
+    return resolve(scn).pools[0].step
 
 
 # ---------------------------------------------------------------- physics of one step
@@ -54,8 +54,9 @@ def test_tpot_floor_does_not_shrink_with_tp():
 def test_pipeline_never_beats_one_weight_read_per_token(pp):
     """A token passes every stage: TPOT at batch 1 is at least the time to stream all weights once."""
     scn = _closed(1, 1, None, model="Llama-3.1-8B", gpu="H100", tp=1, dtype="bf16", pp=pp)
-    db, _, pools = resolve(scn)
-    dep, step = pools[0][1], pools[0][3]
+    rs = resolve(scn)
+    db, pools = rs.db, rs.pools
+    dep, step = pools[0].dep, pools[0].step
     weights = dep.arch.total_params * 2.0 / dep.tp
     floor = weights / dep.gpu.memory_bandwidth_Bps.value
     assert step.decode_time(1, 1024) >= floor

@@ -46,7 +46,7 @@ def _step_model(engine: str, **engine_args):
                           "workload": {"arrival": {"kind": "poisson", "rate": 1},
                                        "input_length": {"kind": "fixed", "value": 8},
                                        "output_length": {"kind": "fixed", "value": 8}, "num_requests": 1}})
-    return resolve(scn)[2][0][3]
+    return resolve(scn).pools[0].step
 
 
 def test_batches_above_the_largest_cuda_graph_pay_eager_launches():

@@ -176,7 +176,7 @@ def test_single_request_closed_form():
     lin, attn = encoder_flops(v, 1920, 1080)
     assert req["encode_queue_s"] == 0.0
     assert req["encode_s"] == pytest.approx(model.batch_time(4 * lin, 4 * attn, 4 * patches(v, 1920, 1080)))
-    dep = resolve(scn)[2][0][1]
+    dep = resolve(scn).pools[0].dep
     path = embedding_path(EmbeddingTransferConfig(), db, scn.pools[1], gpu, 1, scn.pools[0], dep)
     nbytes = embedding_bytes(v, visual_tokens(v, 1920, 1080))
     # Four embeddings share both sides fairly: together they take 4x one's bytes at the narrower side.

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from simulator.faults import fp8_defaults
-from simulator.run import _spec, simulate
+from simulator.run import pool_spec, simulate
 from simulator.scenario import resolve, rng_streams
 from simulator.workload import generate
 from tests.conftest import pool, scenario
@@ -38,13 +38,13 @@ def run_objects(scn):
     from simulator.opsrun import run_operations
     from simulator.opsresults import ops_requests_frame
     from simulator.pd import build_transfer_plan
-    db, _, pools = resolve(scn)
+    rs = resolve(scn)
+    db, pools = rs.db, rs.pools
     rngs = rng_streams(scn.seed, 0)
     reqs = generate(scn.workload, rngs["arrivals"], rngs["lengths"])
-    by_role = {p.role: x for x in pools for p in [x[0]]}
-    front, back = (by_role["prefill"], by_role["decode"]) if scn.is_pd else (by_role["colocated"], None)
-    plan = build_transfer_plan(scn.kv_transfer, db, front[1], back[1]) if back else None
-    ops, run, rec = run_operations(scn, reqs, front, back, plan, None, rngs, _spec)
+    front, back = (rs.role("prefill"), rs.role("decode")) if scn.is_pd else (rs.role("colocated"), None)
+    plan = build_transfer_plan(scn.kv_transfer, db, front.dep, back.dep) if back else None
+    ops, run, rec = run_operations(scn, reqs, front, back, plan, None, rngs, pool_spec)
     return ops, run, ops_requests_frame(run, "x")
 
 
@@ -139,10 +139,11 @@ def test_failed_requests_name_their_crash(fp8_runs):
 # ---- restarts through the cold-start and probe model --------------------------------------------
 
 def test_crashed_instance_restarts_after_backoff_plus_its_start():
-    from simulator.opsstart import StartTimes
+    from simulator.opsstart import start_times
     scn = fp8_scenario(0.5, rate_per_token_s=2e-6)
     ops, run, _ = run_objects(scn)
-    st = StartTimes(resolve(scn)[2][0][1], scn.operations.startup)
+    st = resolve(scn).pools[0].starts
+    assert st.describe() == start_times(resolve(scn).pools[0].dep, scn.operations.startup).describe()
     assert st.restart_breakdown.compile_cache == "hit"            # compile_cache: pod
     crashed = {(c["instance"], c["time_s"]) for c in ops.crashes}
     assert crashed
@@ -214,7 +215,7 @@ def check_fault_invariants(ops, run, req) -> None:
             # and its KV blocks are gone
             assert inst.kv_used == 0 and inst.outstanding == 0
             assert not (inst.waiting or inst.held or inst.remote or inst.receiving or inst.ready)
-            assert all(len(d) == 0 for d in inst.live)
+            assert inst.is_empty() and inst.n_running == 0 and not list(inst.decode_contexts())
         elif inst.proc is not None and life.end == "":
             # a live instance holds nothing once every request has ended (no leaked blocks)
             assert live_kv_blocks(inst) == 0

@@ -71,7 +71,7 @@ def test_network_gotcha_tcp_worse_rdma_not(model, tp, rate):
     assert rdma["ttft_s"]["mean"] < 1.15 * base
     # The crossover bandwidth lies between the two fabrics' per-instance bandwidths.
     db = hwdb.load()
-    dep = resolve(colocated(model, "H100", tp, 1, wl))[2][0][1]
+    dep = resolve(colocated(model, "H100", tp, 1, wl)).pools[0].dep
     x = tcp["crossover"]
     slow = build_transfer_plan(KVTransferConfig(connector="tcp", fabric="tcp-10gbe"), db, dep, dep)
     fast = build_transfer_plan(KVTransferConfig(connector="nixl", fabric="roce-400"), db, dep, dep)
@@ -89,8 +89,9 @@ def _one_request(kv, n=1, model="Llama-3.1-8B", prompt=2000, n_p=None, tp=1):
 
 def test_transfer_on_idle_path_is_bytes_over_bandwidth_plus_latency():
     scn, res = _one_request({"connector": "nixl", "fabric": "ib-ndr"})
-    db, _, pools = resolve(scn)
-    plan = build_transfer_plan(scn.kv_transfer, db, pools[0][1], pools[1][1])
+    rs = resolve(scn)
+    db, pools = rs.db, rs.pools
+    plan = build_transfer_plan(scn.kv_transfer, db, pools[0].dep, pools[1].dep)
     link = db.link("ib-ndr")
     expect = 2000 * plan.kv_bytes_per_token / (link.effective_Bps * 0.85) + 2 * link.latency_s.value + plan.setup_s
     assert res.requests["transfer_s"].iloc[0] == pytest.approx(expect, rel=1e-9)
@@ -102,8 +103,9 @@ def test_n_concurrent_transfers_into_one_decode_take_n_times_longer(n):
     kv = {"connector": "nixl", "fabric": "ib-ndr"}
     scn, one = _one_request(kv)
     _, many = _one_request(kv, n=n)
-    db, _, pools = resolve(scn)
-    plan = build_transfer_plan(scn.kv_transfer, db, pools[0][1], pools[1][1])
+    rs = resolve(scn)
+    db, pools = rs.db, rs.pools
+    plan = build_transfer_plan(scn.kv_transfer, db, pools[0].dep, pools[1].dep)
     fixed = 2 * plan.latency_s + plan.setup_s
     t1 = one.requests["transfer_s"].iloc[0] - fixed
     tn = many.requests["transfer_s"].to_numpy() - fixed
@@ -133,10 +135,10 @@ def test_crossover_scales_with_kv_size():
     small = resolve(colocated("Llama-3.1-8B", "H100", 1, 1, {"arrival": {"kind": "poisson", "rate": 1},
                                                               "input_length": {"kind": "fixed", "value": 9},
                                                               "output_length": {"kind": "fixed", "value": 9},
-                                                              "num_requests": 1}))[2][0]
-    x = crossover_bandwidth(small[3], 131072.0, 4000, 8192)
+                                                              "num_requests": 1})).pools[0]
+    x = crossover_bandwidth(small.step, 131072.0, 4000, 8192)
     assert x["crossover_Bps"] == pytest.approx(x["kv_bytes"] / x["prefill_s"])
-    assert crossover_bandwidth(small[3], 2 * 131072.0, 4000, 8192)["crossover_Bps"] == pytest.approx(
+    assert crossover_bandwidth(small.step, 2 * 131072.0, 4000, 8192)["crossover_Bps"] == pytest.approx(
         2 * x["crossover_Bps"])
     del db
 
@@ -243,8 +245,9 @@ def test_p2pnccl_buffer_overflow_goes_to_host_memory_and_makes_decode_wait():
     kv = {"connector": "p2pnccl", "fabric": "ib-ndr", "layerwise": False}
     scn, big = _one_request({**kv, "kv_buffer_size": 1e10}, prompt=12000)
     _, small = _one_request({**kv, "kv_buffer_size": 5e8}, prompt=12000)
-    db, _, pools = resolve(scn)
-    plan = build_transfer_plan(scn.kv_transfer, db, pools[0][1], pools[1][1])
+    rs = resolve(scn)
+    db, pools = rs.db, rs.pools
+    plan = build_transfer_plan(scn.kv_transfer, db, pools[0].dep, pools[1].dep)
     nbytes = plan.bytes_for(12000)
     assert nbytes == pytest.approx(1.57e9, rel=0.01)
     spill = nbytes - 5e8

@@ -47,8 +47,8 @@ def test_a_model_specific_profile_serves_only_its_model(tmp_path):
 def test_scenario_reports_the_version_fallback():
     """The default scenario runs vLLM V1 (0.11); the shipped H100 profile is fitted under 0.24.0."""
     scn = load_scenario(REPO / "examples/llama8b_h100_chat.yaml")
-    _, _, pools = resolve(scn)
-    dep = pools[0][1]
+    pools = resolve(scn).pools
+    dep = pools[0].dep
     assert dep.profile.name == SHIPPED
     status = assess(dep)
     assert "vllm 0.24.0" in status["profile_fallback"] and "vllm 0.11" in status["profile_fallback"]

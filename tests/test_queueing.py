@@ -63,7 +63,7 @@ def _ci(x: np.ndarray, level: float = 0.99) -> tuple[float, float]:
 def test_md1_mean_wait_matches_theory():
     out = 8
     probe = _single_server(1.0, {"kind": "fixed", "value": out})
-    step = resolve(probe)[2][0][3]
+    step = resolve(probe).pools[0].step
     s = _service_time(step, out)
     rate = 0.6 / s
     waits, sojourns, services = _replicated_waits(_single_server(rate, {"kind": "fixed", "value": out}))
@@ -82,7 +82,7 @@ def test_md1_mean_wait_matches_theory():
 def test_mg1_pollaczek_khinchine_uniform_outputs():
     low, high = 1, 24
     probe = _single_server(1.0, {"kind": "uniform", "low": low, "high": high})
-    step = resolve(probe)[2][0][3]
+    step = resolve(probe).pools[0].step
     svc = np.array([_service_time(step, k) for k in range(low, high + 1)])
     es, es2 = svc.mean(), (svc ** 2).mean()
     rate = 0.7 / es
@@ -100,7 +100,7 @@ def test_near_mm1_geometric_outputs():
     values = tuple(int(v) for v in rng.geometric(1 / 20, size=4000))
     dist = {"kind": "empirical", "values": values}
     probe = _single_server(1.0, dist)
-    step = resolve(probe)[2][0][3]
+    step = resolve(probe).pools[0].step
     per = {k: _service_time(step, k) for k in set(values)}
     svc = np.array([per[v] for v in values])
     es = svc.mean()

@@ -107,7 +107,7 @@ def test_slow_profile_is_what_the_simulator_uses(tmp_path):
     memory, is slower by more than nothing and by at most 1/0.8 (compute and overheads unchanged)."""
     slow_profile(tmp_path / "hw")
     scn = parse_scenario(SCENARIO)
-    step = {hw: resolve(scn.model_copy(update={"hwdb": hw}))[2][0][3] for hw in ((), (str(tmp_path / "hw"),))}
+    step = {hw: resolve(scn.model_copy(update={"hwdb": hw})).pools[0].step for hw in ((), (str(tmp_path / "hw"),))}
     for batch, ctx in ((1, 512), (16, 640), (64, 2048)):
         ratio = step[(str(tmp_path / "hw"),)].decode_time(batch, ctx) / step[()].decode_time(batch, ctx)
         assert 1.05 < ratio <= 1.25 + 1e-9, (batch, ctx, ratio)

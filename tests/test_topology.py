@@ -26,8 +26,9 @@ def test_shared_nic_layout_shows_higher_transfer_time_than_one_nic_per_gpu():
     NIC, so each takes four times as long (latency and setup aside)."""
     scn, own = _run()
     _, shared = _run(gpus_per_nic=4)
-    db, _, pools = resolve(scn)
-    plan = build_transfer_plan(scn.kv_transfer, db, pools[0][1], pools[1][1])
+    rs = resolve(scn)
+    db, pools = rs.db, rs.pools
+    plan = build_transfer_plan(scn.kv_transfer, db, pools[0].dep, pools[1].dep)
     fixed = 2 * plan.latency_s + plan.setup_s
     t1 = own.requests["transfer_s"].to_numpy() - fixed
     t4 = shared.requests["transfer_s"].to_numpy() - fixed
@@ -50,10 +51,11 @@ def test_oversubscribed_leaf_switch_slows_cross_rack_transfers():
 def test_tcp_modes_are_evaluated_host_staged(connector):
     scn = pd_scenario(kv={"connector": connector, "fabric": "tcp-25gbe"}, workload=_WL | {"num_requests": 4})
     res = simulate(scn)
-    db, _, pools = resolve(scn)
-    plan = build_transfer_plan(scn.kv_transfer, db, pools[0][1], pools[1][1])
+    rs = resolve(scn)
+    db, pools = rs.db, rs.pools
+    plan = build_transfer_plan(scn.kv_transfer, db, pools[0].dep, pools[1].dep)
     assert plan.staged_s_per_byte > 0 and res.summary["completed"] == 4
-    rdma = build_transfer_plan(scn.kv_transfer.model_copy(update={"fabric": "roce-100"}), db, pools[0][1], pools[1][1])
+    rdma = build_transfer_plan(scn.kv_transfer.model_copy(update={"fabric": "roce-100"}), db, pools[0].dep, pools[1].dep)
     assert plan.idle_time(4000) > rdma.idle_time(4000)     # same line rate (12.5 vs 3.1 GB/s aside): TCP loses
 
 
@@ -74,8 +76,9 @@ def test_cloud_layout_with_two_gpus_per_nic_shows_longer_transfers_than_one_nic_
     for fabric in ("gcp-a3-mega", "gcp-a3-high"):
         scn = pd_scenario(n_p=8, n_d=8, kv={"connector": "nixl", "fabric": fabric}, workload=_WL,
                           engine={"max_num_batched_tokens": 8192})
-        db, _, pools = resolve(scn)
-        plan = build_transfer_plan(scn.kv_transfer, db, pools[0][1], pools[1][1])
+        rs = resolve(scn)
+        db, pools = rs.db, rs.pools
+        plan = build_transfer_plan(scn.kv_transfer, db, pools[0].dep, pools[1].dep)
         nbytes = plan.bytes_for(4000)
         fixed = 2 * plan.latency_s + plan.setup_s + nbytes * plan.staged_s_per_byte
         runs[fabric] = (plan, simulate(scn).requests["transfer_s"].to_numpy() - fixed)
@@ -86,9 +89,10 @@ def test_cloud_layout_with_two_gpus_per_nic_shows_longer_transfers_than_one_nic_
 
 
 def test_a_cloud_layout_names_its_link_and_refuses_pools_on_other_gpus():
-    db, _, pools = resolve(pd_scenario(kv={"connector": "nixl", "fabric": "p5.48xlarge"}))
+    rs = resolve(pd_scenario(kv={"connector": "nixl", "fabric": "p5.48xlarge"}))
+    db, pools = rs.db, rs.pools
     plan = build_transfer_plan(pd_scenario(kv={"connector": "nixl", "fabric": "aws-p5"}).kv_transfer, db,
-                               pools[0][1], pools[1][1])
+                               pools[0].dep, pools[1].dep)
     # four 100 Gb/s EFA cards per H100, taken together: 400 Gb/s x link and connector efficiencies
     assert plan.link_name == "aws-p5" and plan.prefill_share == 1
     assert plan.prefill_side_Bps == pytest.approx(50e9 * db.link("aws-efa").efficiency.value
@@ -99,7 +103,7 @@ def test_a_cloud_layout_names_its_link_and_refuses_pools_on_other_gpus():
 
 
 def test_every_shipped_network_layout_cites_its_cloud_documentation():
-    db = resolve(pd_scenario())[0]
+    db = resolve(pd_scenario()).db
     assert {"aws-p5", "aws-p5e", "gcp-a3-high", "gcp-a3-mega", "gcp-a3-ultra", "azure-nd-h100-v5"} <= set(db.networks)
     for lay in db.networks.values():
         assert "https://" in lay.nic_Bps.source, lay.name
