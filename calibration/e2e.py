@@ -50,7 +50,7 @@ def _predict_one(row: Row, db, client: dict, requests_per_client: int) -> dict:
     k = requests_per_client if _cheap(row, requests_per_client) else min(requests_per_client, SHORT_RUN)
     try:
         scn = parse_scenario(to_scenario(row, db, k, client), origin=row.id)
-        _, _, pools = resolve(scn, db)
+        last = resolve(scn, db).pools[-1]
         res = simulate(scn, db=db)
     except ScenarioError as exc:
         # the broken rule, without the scenario's origin, pool name or the fix that follows it
@@ -58,9 +58,8 @@ def _predict_one(row: Row, db, client: dict, requests_per_client: int) -> dict:
         rec["reason"] = "does not fit: " + re.sub(r"pools\[\w+\](\.|: )", "", msg)[:100]
         return rec
     # The batch a client waits on is the decode side's (the only pool of a colocated run).
-    pool, dep, mem, _ = pools[-1]
-    rec["excluded"] = admission_anomaly(row, mem.kv_tokens * dep.dp * pool.instances,
-                                        dep.knobs.max_num_seqs * dep.dp * pool.instances)
+    ranks = last.dep.dp * last.pool.instances
+    rec["excluded"] = admission_anomaly(row, last.memory.kv_tokens * ranks, last.dep.knobs.max_num_seqs * ranks)
     req = res.requests
     done = req[(req["outcome"] == "completed") & ~req.get("warmup", False)]
     ids = done["request_id"].to_numpy()

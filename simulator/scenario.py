@@ -308,11 +308,6 @@ class ResolvedPool:
     def role(self) -> str:
         return self.pool.role
 
-    def __iter__(self):
-        # Transitional, for callers not yet moved to the names (simulator/plan/artefacts.py,
-        # calibration/e2e.py): unpacks as (pool, dep, memory, step).
-        return iter((self.pool, self.dep, self.memory, self.step))
-
 
 @dataclasses.dataclass(frozen=True)
 class ResolvedScenario:
@@ -325,10 +320,6 @@ class ResolvedScenario:
     def role(self, role: str) -> ResolvedPool | None:
         """The pool of ``role`` (the first one), or None."""
         return next((r for r in self.pools if r.role == role), None)
-
-    def __iter__(self):
-        # Transitional, as ResolvedPool.__iter__: unpacks as (db, model, pools).
-        return iter((self.db, self.model, self.pools))
 
 
 def resolve(scn: Scenario, db: hwdb.HardwareDB | None = None) -> ResolvedScenario:

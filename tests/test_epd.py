@@ -298,7 +298,7 @@ def test_epd_over_tcp_runs_the_connectors_tcp_mode_host_staged_and_slower_than_r
     split_sums_to_ttft(tcp.requests)
     db = hwdb.load()
     scn = mm(EPD, FOUR_1080P, n=1)
-    dep = resolve(scn)[2][0][1]
+    dep = resolve(scn).pools[0].dep
     gpu = db.gpu("H100")
     conn = db.connector(connector)
     path = embedding_path(EmbeddingTransferConfig(connector=connector, fabric="tcp-25gbe"), db, scn.pools[1], gpu, 1,
@@ -321,7 +321,7 @@ def test_a_connector_without_a_tcp_mode_is_still_refused_over_tcp():
     from simulator.scenario import resolve
     db = hwdb.load()
     scn = mm(EPD, FOUR_1080P, n=1)
-    dep = resolve(scn)[2][0][1]
+    dep = resolve(scn).pools[0].dep
     rdma_only = db.connector("nixl").model_copy(update={"tcp_mode_efficiency": None})
 
     class DB:

@@ -153,13 +153,14 @@ def artefacts(result, candidate_id: str | None = None, options: ArtefactOptions 
                          "result.closest['id'] to get artefacts for it anyway")
     cand = result.candidate(cid)
     scn = result.to_scenario(cid)
-    db, model, pools = resolve(scn)
+    rs = resolve(scn)
+    db, model = rs.db, rs.model
     model_id = model.sidecar.hf_id or model.name
     connector = db.connector(scn.kv_transfer.connector) if scn.is_pd else None
     base = dns_name(result.request.name)
     proxy_name = dns_name(f"{base}-proxy")
     enc = next((p for p in scn.pools if p.role == "encoder"), None)
-    items = [(pool, dep) for pool, dep, _mem, _step in pools]
+    items = [(r.pool, r.dep) for r in rs.pools]
     if enc is not None:
         # The encoder instance runs the same vLLM with --mm-encoder-only; its cold start is sized on the
         # model's deployment on that GPU (an upper bound: it loads the vision tower only).
