@@ -13,6 +13,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+try:
+    import kubernetes_validate
+except ImportError:                # optional: the round trip through the client's models still runs
+    kubernetes_validate = None
+
 from simulator.plan import artefacts, parse_plan_request, run_plan
 from tests.conftest import REPO, VLLM_PY, needs_vllm
 from tests.test_plan_artefacts import (_CHECK, _check_sglang, _epd_id, _k8s_roundtrip, _pick, _plan, _vl_plan)
@@ -20,10 +25,18 @@ from tests.test_plan_artefacts import (_CHECK, _check_sglang, _epd_id, _k8s_roun
 EXAMPLES = sorted((REPO / "examples").glob("plan_*.yaml"))
 
 
+# The oldest Kubernetes release still in vendor support when this was written; the objects use nothing newer.
+K8S_VERSION = "1.30"
+
+
 def _load(files, name):
+    """The objects of one manifest, each through the official client's models (round trip) and, where
+    ``kubernetes-validate`` is installed (the test extra), the API server's OpenAPI schema, strictly."""
     docs = list(yaml.safe_load_all(files[name]))
     for doc in docs:
         assert _k8s_roundtrip(doc) == doc, (name, doc["kind"], doc["metadata"]["name"])
+        if kubernetes_validate is not None:
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
     return docs
 
 
@@ -125,6 +138,15 @@ def _example_folders() -> list[tuple[str, str, dict]]:
         for family, rows in df.groupby("family"):
             out.append((path.name, rows["id"].iloc[0], artefacts(res, rows["id"].iloc[0])))
     return out
+
+
+def test_schema_validator_refuses_a_wrong_value_type():
+    """The schema check is strict: a Service port given as a string is refused, naming the field."""
+    if kubernetes_validate is None:
+        pytest.skip("kubernetes-validate is not installed (pip install -e '.[test]')")
+    svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "x"}, "spec": {"ports": [{"port": "80"}]}}
+    with pytest.raises(kubernetes_validate.ValidationError, match="not of type 'integer'"):
+        kubernetes_validate.validate(svc, K8S_VERSION, strict=True)
 
 
 def test_every_example_plan_folder_passes_the_kubernetes_and_sglang_validators():
