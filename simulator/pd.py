@@ -19,9 +19,9 @@ the bottleneck, which is how a TP mismatch shows.  Topology as data
 (``kv_transfer.gpus_per_nic``, ``nodes_per_rack``, ``oversubscription``): instances are packed onto
 nodes in order; ``kv_transfer.fabric`` may name a node type's network layout (hwdb ``networks/``, e.g.
 ``gcp-a3-high``: 8 H100 behind 4 NICs), which supplies the link, GPUs per NIC and the NIC rate; several
-small instances behind one NIC share one LinkState, and with an oversubscribed
-leaf switch cross-rack transfers also cross the rack's uplink (prefill and decode pools are taken to sit
-in different racks).  Concurrent transfers share every element of the path max-min fairly
+small instances behind one NIC share one LinkState; switch tiers: with an oversubscribed leaf switch a
+transfer between racks also crosses each side's rack uplink, and between pods (racks under one spine)
+each side's pod uplink too (``placement``: cross_rack by default, same_rack, cross_pod).  Concurrent transfers share every element of the path max-min fairly
 (:mod:`simulator.fabric`).  P2pNccl's ``kv_buffer_size``: bytes that do not fit in the decode
 instance's free GPU buffer go to its host tensor pool (vLLM ``docs/design/p2p_nccl_connector.md``) and
 pay a device->host and a host->device copy over PCIe before decode can use them.  A host-staged connector (TCP) also
@@ -65,29 +65,34 @@ class TransferPlan:
     decode_gpus: int = 1
     nodes_per_rack: int | None = None
     oversubscription: float = 1.0
+    racks_per_pod: int | None = None
+    pod_oversubscription: float = 1.0
+    placement: str = "cross_rack"  # same_rack: no uplink crossed; cross_pod: the rack's and the pod's
     nic_Bps: float = 0.0           # one NIC's usable rate (bytes/s, efficiencies applied)
     pool_copy_s_per_byte: float = 0.0   # buffer overflow to host memory: D2H + H2D over PCIe, per byte
 
-    def rack_Bps(self, role: str) -> float | None:
-        """Usable uplink of one rack of ``role``'s pool under oversubscription; None without a rack tier."""
-        if self.nodes_per_rack is None or self.oversubscription <= 1:
-            return None
+    def uplinks(self, role: str) -> list[tuple[str, float, int]]:
+        """The switch uplinks a transfer of ``role``'s pool crosses, as (tier, usable bytes/s of one, nodes
+        under one): the rack's leaf uplink unless the pools share racks, and the pod's spine uplink when
+        they sit in different pods.  An uplink that is not oversubscribed never binds and is left out."""
+        if self.nodes_per_rack is None or self.placement == "same_rack":
+            return []
         gpus = self.prefill_gpus if role == "prefill" else self.decode_gpus
         side = self.prefill_side_Bps if role == "prefill" else self.decode_side_Bps
         share = self.prefill_share if role == "prefill" else self.decode_share
-        per_node = self.gpus_per_node / gpus * side / share      # the node's NICs together
-        return self.nodes_per_rack * per_node / self.oversubscription
+        rack = self.nodes_per_rack * self.gpus_per_node / gpus * side / share / self.oversubscription
+        out = [("rack", rack, self.nodes_per_rack)] if self.oversubscription > 1 else []
+        if self.placement == "cross_pod" and self.pod_oversubscription > 1:
+            out.append(("pod", self.racks_per_pod * rack / self.pod_oversubscription,
+                        self.racks_per_pod * self.nodes_per_rack))
+        return out
 
     def per_instance_Bps(self, role: str) -> float:
         """An instance's fair share of its path when every instance of the pool transfers at once."""
         side = self.prefill_side_Bps if role == "prefill" else self.decode_side_Bps
         share = self.prefill_share if role == "prefill" else self.decode_share
-        bw = side / share
-        rack = self.rack_Bps(role)
-        if rack is not None:
-            gpus = self.prefill_gpus if role == "prefill" else self.decode_gpus
-            bw = min(bw, rack / (self.nodes_per_rack * self.gpus_per_node / gpus))
-        return bw
+        gpus = self.prefill_gpus if role == "prefill" else self.decode_gpus
+        return min([side / share] + [cap / (nodes * self.gpus_per_node / gpus) for _, cap, nodes in self.uplinks(role)])
 
     def bytes_for(self, prompt_tokens: int) -> float:
         return prompt_tokens * self.kv_bytes_per_token
@@ -199,6 +204,7 @@ def build_transfer_plan(cfg, db: hwdb.HardwareDB, p: Deployment, d: Deployment) 
         bandwidth_factor=cfg.bandwidth_factor, jitter_mean_s=cfg.jitter_mean_s, flow=cfg.flow,
         prefill_share=share_p, decode_share=share_d, gpus_per_node=p.gpu.gpus_per_node, prefill_gpus=p.gpus,
         decode_gpus=d.gpus, nodes_per_rack=cfg.nodes_per_rack, oversubscription=cfg.oversubscription,
+        racks_per_pod=cfg.racks_per_pod, pod_oversubscription=cfg.pod_oversubscription, placement=cfg.placement,
         nic_Bps=nic * eff, pool_copy_s_per_byte=2.0 / pcie.effective_Bps / d.tp,
         buffer_bytes=(cfg.kv_buffer_size if cfg.kv_buffer_size is not None
                       else conn.default_buffer_bytes.value if conn.default_buffer_bytes else 0.0))
@@ -260,11 +266,10 @@ class PDCoordinator:
         g = i // share
         name = f"{plan.link_name}:{role}{i}:{d}" if share == 1 else f"{plan.link_name}:{role}-nic{g}:{d}"
         links = [self._group(name, cap, plan.latency_s)]
-        rack = plan.rack_Bps(role)
-        if rack is not None:
-            gpus = plan.prefill_gpus if role == "prefill" else plan.decode_gpus
-            r = int(i * gpus // (plan.gpus_per_node * plan.nodes_per_rack))
-            links.append(self._group(f"{plan.link_name}:{role}-rack{r}:{'up' if d == 'out' else 'down'}", rack, 0.0))
+        gpus = plan.prefill_gpus if role == "prefill" else plan.decode_gpus
+        for tier, up, nodes in plan.uplinks(role):
+            r = int(i * gpus // (plan.gpus_per_node * nodes))
+            links.append(self._group(f"{plan.link_name}:{role}-{tier}{r}:{'up' if d == 'out' else 'down'}", up, 0.0))
         return tuple(links)
 
     def _group(self, name: str, cap: float, latency: float) -> LinkState:

@@ -94,11 +94,23 @@ class KVTransferConfig(_Strict):
     kv_buffer_size: float | None = Field(None, gt=0)  # bytes; receive buffer per decode instance (P2pNccl)
     # ``fabric``: a link (hwdb links/) or a node type's network layout (networks/: link, GPUs per NIC, NIC rate).
     # Network topology (simulator/pd.py): GPUs behind one NIC (None: the layout's, else 1 on RDMA fabrics, a node on TCP/VPC),
-    # one NIC's line rate (None: the fabric link's), nodes under one leaf switch and its oversubscription.
+    # one NIC's line rate (None: the fabric link's), nodes under one leaf switch and its uplink's
+    # oversubscription, racks under one spine (a pod) and the pod uplink's; where the pools sit.
     gpus_per_nic: int | None = Field(None, ge=1, le=72)
     nic_Bps: float | None = Field(None, gt=0)
     nodes_per_rack: int | None = Field(None, ge=1)
     oversubscription: float = Field(1.0, ge=1)
+    racks_per_pod: int | None = Field(None, ge=1)
+    pod_oversubscription: float = Field(1.0, ge=1)
+    placement: Literal["cross_rack", "same_rack", "cross_pod"] = "cross_rack"
+
+    @model_validator(mode="after")
+    def _tiers(self) -> KVTransferConfig:
+        if self.racks_per_pod is not None and self.nodes_per_rack is None:
+            raise ValueError(f"racks_per_pod={self.racks_per_pod} needs nodes_per_rack (the pod is made of racks)")
+        if self.placement == "cross_pod" and self.racks_per_pod is None:
+            raise ValueError("placement=cross_pod needs racks_per_pod and nodes_per_rack (the pod's size)")
+        return self
 
 
 class SLO(_Strict):

@@ -1,5 +1,5 @@
-"""Network topology as data (kv_transfer.gpus_per_nic, nodes_per_rack, oversubscription): shared node
-NICs and an oversubscribed leaf switch are shared fairly by the transfers that cross them; TCP modes of
+"""Network topology as data (kv_transfer.gpus_per_nic, nodes_per_rack, oversubscription, racks_per_pod,
+pod_oversubscription, placement): shared node NICs and oversubscribed leaf and spine uplinks are shared fairly by the transfers that cross them; TCP modes of
 connectors are evaluated; cross-vendor PD pairs are refused."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from simulator.pd import build_transfer_plan
 from simulator.run import simulate
-from simulator.scenario import ScenarioError, resolve
+from simulator.scenario import ScenarioError, parse_scenario, resolve
 from tests.test_pd import pd_scenario
 
 _WL = {"arrival": {"kind": "closed", "concurrency": 8}, "input_length": {"kind": "fixed", "value": 4000},
@@ -47,6 +47,37 @@ def test_oversubscribed_leaf_switch_slows_cross_rack_transfers():
     assert any(":prefill-rack0:up" in n for n in over.links["link"])
 
 
+def test_switch_tiers_and_placement():
+    """One node per rack at 2:1, two racks per pod at 4:1 above that: pools in the same racks cross no
+    uplink; in other racks the rack uplink halves the eight transfers' rate; in other pods the pod uplink
+    (two racks' uplinks / 4) halves it again."""
+    tiers = {"nodes_per_rack": 1, "oversubscription": 2.0, "racks_per_pod": 2, "pod_oversubscription": 4.0}
+    _, flat = _run()
+    _, same = _run(**tiers, placement="same_rack")
+    _, rack = _run(**tiers)
+    _, pod = _run(**tiers, placement="cross_pod")
+    t = {k: r.requests["transfer_s"].mean() for k, r in
+         {"flat": flat, "same": same, "rack": rack, "pod": pod}.items()}
+    assert t["same"] == pytest.approx(t["flat"], rel=1e-9)
+    assert 1.8 * t["flat"] < t["rack"] < 2.1 * t["flat"]
+    assert 1.8 * t["rack"] < t["pod"] < 2.1 * t["rack"]
+    assert any(":prefill-pod0:up" in n for n in pod.links["link"])
+    assert not any("-pod" in n for n in rack.links["link"])
+    assert (pod.links["utilisation"] <= 1 + 1e-9).all()
+
+
+@pytest.mark.parametrize("kv, needle", [
+    ({"racks_per_pod": 2}, "racks_per_pod=2 needs nodes_per_rack"),
+    ({"nodes_per_rack": 4, "placement": "cross_pod"}, "placement=cross_pod needs racks_per_pod"),
+    ({"placement": "same_pod"}, "placement"),
+])
+def test_bad_switch_tiers_name_the_field(kv, needle):
+    data = pd_scenario().model_dump()
+    data["kv_transfer"].update(kv)
+    with pytest.raises(ScenarioError, match=needle):
+        parse_scenario(data)
+
+
 @pytest.mark.parametrize("connector", ["p2pnccl", "mooncake", "nixl"])
 def test_tcp_modes_are_evaluated_host_staged(connector):
     scn = pd_scenario(kv={"connector": connector, "fabric": "tcp-25gbe"}, workload=_WL | {"num_requests": 4})
@@ -63,7 +94,6 @@ def test_cross_vendor_pd_pair_is_refused_with_a_reason():
     scn = pd_scenario()
     data = scn.model_dump()
     data["pools"][1]["gpu"] = "MI300X"
-    from simulator.scenario import parse_scenario
     with pytest.raises(ScenarioError, match="one vendor"):
         simulate(parse_scenario(data))
 
