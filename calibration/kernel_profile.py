@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import yaml
 
 from hwdb.profiles import Profile
+from simulator.inputs import read_yaml
 from hwdb.schema import EfficiencyCurve
 
 from calibration.kernel_tables import (
@@ -145,7 +146,7 @@ def write_profile(profile: Profile, path: Path | str) -> Path:
 
 
 def read_profile(path: Path | str) -> Profile:
-    return Profile.model_validate(yaml.safe_load(Path(path).read_text()))
+    return Profile.model_validate(read_yaml(path))
 
 
 

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import yaml
-
 from hwdb.schema import EfficiencyCurve
+from simulator.inputs import read_yaml
 
 # --------------------------------------------------------------------------- constants
 
@@ -112,7 +111,7 @@ def load_tables(root: Path, system: str) -> dict[str, pd.DataFrame]:
 def load_peaks(root: Path, system: str) -> dict[str, float]:
     """Datasheet peaks from aiconfigurator's ``systems/<system>.yaml``: FLOP/s and bytes/s."""
     path = Path(root) / f"{system}.yaml"
-    gpu = yaml.safe_load(path.read_text())["gpu"]
+    gpu = read_yaml(path)["gpu"]
     return {"bf16": float(gpu["bfloat16_tc_flops"]), "fp8": float(gpu["fp8_tc_flops"]),
             "mem_bw": float(gpu["mem_bw"])}
 

@@ -28,10 +28,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from hwdb.db import DATA_DIR
 from hwdb.schema import Figure
+from simulator.inputs import read_yaml
 
 FP8_FILE = DATA_DIR / "faults" / "fp8-activation-outliers.yaml"
 
@@ -47,7 +46,7 @@ class FP8Hazard:
 
 def fp8_defaults(path: Path = FP8_FILE) -> FP8Hazard:
     """The shipped default hazard, every figure checked to carry a source."""
-    data = yaml.safe_load(path.read_text())
+    data = read_yaml(path)
     rate = Figure.model_validate(data["rate_per_token_s"])
     onset = Figure.model_validate(data["onset_tokens"])
     return FP8Hazard(rate.value, int(onset.value), f"{path.name}: {rate.source}")

@@ -17,9 +17,8 @@ import stat
 import zipfile
 from pathlib import Path
 
-import yaml
-
 from app.services.scenarios import MAX_UPLOAD_BYTES, InputError, check_size, safe_name
+from simulator.inputs import decode, parse_yaml, read_text, read_yaml
 
 MAX_UNPACKED_BYTES = 200 * 2**20
 MAX_ENTRIES = 5000
@@ -90,7 +89,7 @@ def _names(files: dict[str, bytes]) -> dict[tuple[str, str], str]:
         if parts[0] == "models":
             out["models", parts[1]] = rel
         elif parts[0] in ("profiles", "engines", "gpus") and rel.endswith(".yaml"):
-            out[parts[0], str(yaml.safe_load(files[rel]).get("name", Path(rel).stem))] = rel
+            out[parts[0], str((parse_yaml(decode(files[rel], rel, InputError), rel, InputError) or {}).get("name", Path(rel).stem))] = rel
     return out
 
 
@@ -128,12 +127,11 @@ def replay_scenario(validation_dir: Path, model: str, requests: int = 300) -> di
     """A Home-page scenario running the fitted profile on the bundle's first load test: its pool and
     engine settings as validated, Poisson arrivals at the test's rate, lognormal lengths with its means.
     ``model``: the served model name (saved in the user's hardware folder with the profile)."""
-    from simulator.inputs import read_text
     vdir = Path(validation_dir)
     scns = sorted(vdir.glob("*.scenario.yaml"))
     if not scns:
         raise InputError("the bundle has no load test to replay; add one to its plan (epdsim calibrate run)")
-    d = yaml.safe_load(scns[0].read_text())
+    d = read_yaml(scns[0], InputError)
     path = Path(d["workload"]["arrival"]["path"])
     rows = [json.loads(line) for line in read_text(path, InputError, "trace").splitlines() if line.strip()]
     t = sorted(float(r["arrival_s"]) for r in rows)

@@ -15,10 +15,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 import hwdb
 from simulator.errors import WorkloadError
+from simulator.inputs import read_yaml
 from simulator.perf import FitError
 from simulator.scenario import Scenario, ScenarioError, parse_scenario
 from simulator.traces import TraceError
@@ -35,7 +34,7 @@ class InputError(ValueError):
 
 def default_scenario() -> dict:
     """The built-in default scenario (Llama-3.1-8B on 2x H100, Poisson chat load) as a dict."""
-    return yaml.safe_load(DEFAULT_SCENARIO.read_text())   # shipped file: trusted
+    return read_yaml(DEFAULT_SCENARIO)
 
 
 # Shipped example scenarios the builder offers (file in examples/ -> what it shows); those replaying
@@ -59,7 +58,7 @@ def example(name: str) -> dict:
     from simulator.scenario import resolve_relative
     if name not in EXAMPLES:
         raise InputError(f"example {name!r}: choose one of {', '.join(EXAMPLES)}")
-    d = yaml.safe_load((REPO / "examples" / name).read_text())      # shipped file: trusted
+    d = read_yaml(REPO / "examples" / name)
     return resolve_relative(d, REPO / "examples") if any(_paths(d)) or d.get("hwdb") else d
 
 
