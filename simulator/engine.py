@@ -15,13 +15,13 @@ import simpy
 
 from simulator.dp_group import DPGroup
 from simulator.instance import Instance
+from simulator.outcome import Outcome
 from simulator.routing import make_router
 
-PENDING, COMPLETED, REJECTED, UNFINISHED = 0, 1, 2, 3
+PENDING = Outcome.PENDING
 # Colocated open-loop instances step ahead of SimPy up to the next dispatch (see run_pool); results
 # are the same, and tests/test_run_ahead.py turns this off to compare.
 RUN_AHEAD = True
-OUTCOMES = {PENDING: "pending", COMPLETED: "completed", REJECTED: "rejected", UNFINISHED: "unfinished"}
 
 
 class Recorder:
@@ -47,7 +47,7 @@ class Recorder:
         self.hash_block_tokens = hash_block_tokens
         self.cached_tokens = [0] * n           # prompt tokens served from the prefix cache
         self.generated = [0] * n
-        self.outcome = [PENDING] * n
+        self.outcome: list[Outcome] = [PENDING] * n
         self.reason = [""] * n
         self.resume_gaps: list[float] = []
         self.waiters: dict[int, object] | None = None
@@ -55,16 +55,34 @@ class Recorder:
     def finish(self, rid: int, now: float, instance: int, generated: int) -> None:
         if self.outcome[rid] != PENDING:
             raise RuntimeError(f"request {rid} ended twice")
-        self.outcome[rid] = COMPLETED
+        self.outcome[rid] = Outcome.COMPLETED
         self.t_finish[rid] = now
         self.generated[rid] = generated
         if self.waiters is not None:
             self.waiters.pop(rid).succeed()
 
+    def close(self, end: float, max_time_s: float | None) -> None:
+        """The end-of-run sweep, at simulated time ``end``: requests still pending become unfinished.
+
+        Without a time limit the schedule empties only when every request has ended, unless a
+        process sleeps on an event nothing will trigger: a simulator bug, never an answer, so a
+        pending request then raises."""
+        outcome = self.outcome
+        if PENDING not in outcome:
+            return
+        if max_time_s is None:
+            stuck = [rid for rid, o in enumerate(outcome) if o == PENDING]
+            raise RuntimeError(f"simulation stalled at t={end:.6g} s: {len(stuck)} requests never ended "
+                               f"(first: request {stuck[0]}); no process was left to serve them")
+        for rid, o in enumerate(outcome):
+            if o == PENDING:
+                outcome[rid] = Outcome.UNFINISHED
+                self.reason[rid] = f"still in flight at the time limit {max_time_s} s"
+
     def reject(self, rid: int, now: float, reason: str) -> None:
         if self.outcome[rid] != PENDING:
             raise RuntimeError(f"request {rid} ended twice")
-        self.outcome[rid] = REJECTED
+        self.outcome[rid] = Outcome.REJECTED
         self.reason[rid] = reason
         self.t_finish[rid] = now
 
@@ -276,14 +294,5 @@ def run_pool(pool: PoolSpec, rec: Recorder, closed_loop=None,
                 end = max(end, t0 + dt)
         merged = sorted((g for inst in instances for g in inst.gap_log), key=lambda g: g[0])
         rec.resume_gaps.extend(g for _, g in merged)
-    if max_time_s is None and PENDING in rec.outcome:
-        # Without a time limit the schedule empties only when every request has ended, unless a
-        # process sleeps on an event nothing will trigger: a simulator bug, never an answer.
-        stuck = [rid for rid, o in enumerate(rec.outcome) if o == PENDING]
-        raise RuntimeError(f"simulation stalled at t={end:.6g} s: {len(stuck)} requests never ended "
-                           f"(first: request {stuck[0]}); no process was left to serve them")
-    for rid, o in enumerate(rec.outcome):
-        if o == PENDING:
-            rec.outcome[rid] = UNFINISHED
-            rec.reason[rid] = f"still in flight at the time limit {max_time_s} s"
+    rec.close(end, max_time_s)
     return PoolRun(rec, list(served), end, coordinator, epd_coord)

@@ -16,7 +16,7 @@ serve; this module adds
   the instance restarts through the cold-start and probe model.
 
 Request accounting: every request ends exactly once, as completed, rejected,
-failed (``FAILED``, with the crash or "retries exhausted" as reason) or, past
+failed (``Outcome.FAILED``, with the crash or "retries exhausted" as reason) or, past
 ``max_time_s``, unfinished.  Re-prefill continues a request by prefilling its
 prompt plus the tokens it had generated and asking for the rest; its TTFT
 keeps the first token of the first attempt and the wait is an ITL gap.
@@ -30,8 +30,8 @@ from collections import deque
 import simpy
 
 from simulator.autoscale import POLICIES, Observation, PoolContext, autoscaler
-from simulator.engine import PENDING, PoolRun, _admissible
-from simulator.opsrecord import FAILED, Life, OpsRecorder  # noqa: F401  (re-exported)
+from simulator.engine import PoolRun, _admissible
+from simulator.opsrecord import Life, OpsRecorder  # noqa: F401  (re-exported)
 from simulator.instance import Instance
 from simulator.routing import make_router
 from simulator import faults as flt
@@ -297,10 +297,7 @@ class OpsRun:
         stop = rec.all_ended if max_time_s is None else env.any_of([rec.all_ended, env.timeout(max_time_s)])
         env.run(until=stop)
         end = env.now
-        for rid, o in enumerate(rec.outcome):
-            if o == PENDING:
-                rec.outcome[rid] = 3
-                rec.reason[rid] = f"still in flight at the time limit {max_time_s} s"
+        rec.close(end, max_time_s)
         for pool in pools:
             for inst in pool.all:
                 if inst.life.ended_s is None:

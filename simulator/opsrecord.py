@@ -1,7 +1,7 @@
 """Records of an operations run: requests that can fail, and instance incarnations with their billing.
 
 :class:`OpsRecorder` is the engine's :class:`~simulator.engine.Recorder` plus what
-crashes and retries need: the ``FAILED`` outcome, per-request retry counts and
+crashes and retries need: the ``Outcome.FAILED`` outcome, per-request retry counts and
 tokens discarded or carried over, the original lengths of re-prefilled requests,
 and an event that fires when every request has ended.  :class:`Life` is one
 incarnation of an instance (a restarted container or a new pod is a new one).
@@ -11,9 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from simulator.engine import PENDING, Recorder
-
-FAILED = 4
+from simulator.engine import Recorder
+from simulator.outcome import Outcome
 
 
 class OpsRecorder(Recorder):
@@ -56,9 +55,9 @@ class OpsRecorder(Recorder):
         self._end()
 
     def fail(self, rid: int, now: float, reason: str, generated: int) -> None:
-        if self.outcome[rid] != PENDING:
+        if self.outcome[rid] != Outcome.PENDING:
             raise RuntimeError(f"request {rid} ended twice")
-        self.outcome[rid] = FAILED
+        self.outcome[rid] = Outcome.FAILED
         self.reason[rid] = reason
         self.t_finish[rid] = now
         self.generated[rid] = generated
