@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import simpy
 
+from simulator.arrivals import start_workload
 from simulator.dp_group import DPGroup
 from simulator.instance import Instance
 from simulator.outcome import Outcome
@@ -118,6 +119,15 @@ class PoolRun:
     epd: object = None            # simulator.epd_flow.EPDCoordinator of a multimodal run
 
 
+def refusal(front: PoolSpec, back: PoolSpec | None, inp: int, out: int) -> str:
+    """Why a request of ``inp`` prompt and ``out`` output tokens is refused at admission ("" if it is
+    not): it must fit the front pool (which, in PD, only prefills: one output token) and the back pool."""
+    why = _admissible(front, front.memory.kv_blocks, front.memory.block_size, inp, 1 if back else out)
+    if not why and back is not None:
+        why = _admissible(back, back.memory.kv_blocks, back.memory.block_size, inp, out)
+    return why
+
+
 def _admissible(pool: PoolSpec, inst_kv_blocks: int, block: int, inp: int, out: int) -> str:
     total = inp + out - 1
     if pool.max_model_len and inp + out > pool.max_model_len:
@@ -162,8 +172,6 @@ def run_pool(pool: PoolSpec, rec: Recorder, closed_loop=None,
         return out
     instances = build(pool)
     router = make_router(pool.router, instances)
-    block = pool.memory.block_size
-    kv_blocks = pool.memory.kv_blocks
     inp, out = rec.input_tokens, rec.output_tokens
     inst_of = rec.instance
     coordinator = None
@@ -194,9 +202,7 @@ def run_pool(pool: PoolSpec, rec: Recorder, closed_loop=None,
 
     def dispatch(rid: int) -> bool:
         rec.t_seen[rid] = env.now
-        why = _admissible(pool, kv_blocks, block, inp[rid], 1 if decode else out[rid])
-        if not why and decode is not None:
-            why = _admissible(decode, decode.memory.kv_blocks, decode.memory.block_size, inp[rid], out[rid])
+        why = refusal(pool, decode, inp[rid], out[rid])
         if why:
             rec.reject(rid, env.now, why)
             return False
@@ -206,7 +212,6 @@ def run_pool(pool: PoolSpec, rec: Recorder, closed_loop=None,
         route(rid)
         return True
 
-    fe0, fe_tok = pool.frontend_s, pool.frontend_s_per_token
     # Run-ahead: in a colocated pool under open-loop arrivals, instances interact only through
     # dispatch (the router reads their state, submit wakes one), so each may step inline up to the
     # next dispatch instead of scheduling one SimPy event per step.  PD hand-offs, EPD encoders and
@@ -217,60 +222,10 @@ def run_pool(pool: PoolSpec, rec: Recorder, closed_loop=None,
         inst.gate = gate
     limit = math.inf if max_time_s is None else max_time_s
 
-    def open_loop(env):
-        arrival = rec.arrival
-        timeout = env.timeout
-        order = range(len(arrival))
-        if fe0 or fe_tok:
-            # The engine sees each request after its front-end time, which depends on the prompt.
-            seen = [arrival[r] + fe0 + fe_tok * inp[r] for r in order]
-            order = sorted(order, key=seen.__getitem__)
-        else:
-            seen = arrival
-        for rid in order:
-            dt = seen[rid] - env.now
-            if dt > 0:
-                if gate is not None:
-                    t = env.now + dt        # when this timeout fires, computed as SimPy does
-                    gate[0] = t if t < limit else limit
-                yield timeout(dt)
-            dispatch(rid)
-        if gate is not None:
-            gate[0] = limit
-
-    def client(env, k, next_id, cl):
-        if cl.ramp_up_s > 0:
-            yield env.timeout(cl.ramp_up_s * k / cl.concurrency)
-        delay, think = cl.send_delay_s, cl.think_time_s
-        while next_id[0] < len(inp):
-            if delay > 0:
-                yield env.timeout(client_rng.exponential(delay))
-                if next_id[0] >= len(inp):   # another user sent the last request meanwhile
-                    return
-            rid = next_id[0]
-            next_id[0] += 1
-            rec.arrival[rid] = env.now
-            done = env.event()
-            rec.waiters[rid] = done
-            if fe0 or fe_tok:
-                yield env.timeout(fe0 + fe_tok * inp[rid])
-            if dispatch(rid):
-                yield done
-            else:
-                rec.waiters.pop(rid)
-            if think > 0:
-                yield env.timeout(think)
-
     for inst in every:
         env.process(inst.run(env))
-    if closed_loop is None:
-        env.process(open_loop(env))
-    else:
-        rec.waiters = {}
-        next_id = [0]
-        # Users beyond the request count would never send: one process per request at most.
-        for k in range(min(closed_loop.concurrency, len(inp))):
-            env.process(client(env, k, next_id, closed_loop))
+    start_workload(env, rec, closed_loop, (pool.frontend_s, pool.frontend_s_per_token), dispatch, client_rng,
+                   gate, limit)
     # Idle instances wait on untriggered events, so the schedule empties when the last request ends.
     # The run allocates millions of short-lived events and step tuples but builds no reference
     # cycles worth collecting; the cyclic collector's passes over them cost 10-20% of the run.

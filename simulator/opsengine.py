@@ -30,7 +30,8 @@ from collections import deque
 import simpy
 
 from simulator.autoscale import POLICIES, Observation, PoolContext, autoscaler
-from simulator.engine import PoolRun, _admissible
+from simulator.arrivals import start_workload
+from simulator.engine import PoolRun, refusal
 from simulator.opsrecord import Life, OpsRecorder  # noqa: F401  (re-exported)
 from simulator.instance import Instance
 from simulator.routing import make_router
@@ -190,7 +191,7 @@ class OpsRun:
         inst.submit(rid)
 
     def arrive(self, rid: int) -> bool:
-        rec, front, back = self.rec, self.front.spec, self.back.spec if self.back else None
+        rec = self.rec
         inp, out = rec.input_tokens[rid], rec.output_tokens[rid]
         self.arrived.append(self.env.now)
         rec.sent_at[rid] = self.env.now
@@ -198,9 +199,7 @@ class OpsRun:
             rec.t_seen[rid] = self.env.now
         self.sum_in += inp
         self.sum_out += out
-        why = _admissible(front, front.memory.kv_blocks, front.memory.block_size, inp, 1 if back else out)
-        if not why and back is not None:
-            why = _admissible(back, back.memory.kv_blocks, back.memory.block_size, inp, out)
+        why = refusal(self.front.spec, self.back.spec if self.back else None, inp, out)
         if why:
             rec.reject(rid, self.env.now, why)
             return False
@@ -287,13 +286,8 @@ class OpsRun:
             env.process(autoscaler(env, pool, acfg, policy, lambda p=pool, c=acfg: self.observe(p, c)))
         if self.cfg.queue_timeout_s is not None:
             env.process(self._expire_queued(env, self.cfg.queue_timeout_s))
-        if closed_loop is None:
-            env.process(self._open_loop(env))
-        else:
-            rec.waiters = {}
-            next_id = [0]
-            for k in range(min(closed_loop.concurrency, len(rec.input_tokens))):
-                env.process(self._client(env, k, next_id, closed_loop))
+        start_workload(env, rec, closed_loop, (front_spec.frontend_s, front_spec.frontend_s_per_token),
+                       self.arrive, self.client_rng, whole_frontend=True)
         stop = rec.all_ended if max_time_s is None else env.any_of([rec.all_ended, env.timeout(max_time_s)])
         env.run(until=stop)
         end = env.now
@@ -331,46 +325,6 @@ class OpsRun:
                     self.limbo.extend(keep)
                     for rid in gone:
                         rec.expire(rid, env.now, why)
-
-    def _frontend(self, rid: int) -> float:
-        """Seconds before the engine sees ``rid`` (the front pool's front end, as in simulator.engine)."""
-        spec = self.front.spec
-        return spec.frontend_s + spec.frontend_s_per_token * self.rec.input_tokens[rid]
-
-    def _open_loop(self, env):
-        arrival = self.rec.arrival
-        seen = [arrival[r] + self._frontend(r) for r in range(len(arrival))]
-        for rid in sorted(range(len(arrival)), key=seen.__getitem__):
-            dt = seen[rid] - env.now
-            if dt > 0:
-                yield env.timeout(dt)
-            self.arrive(rid)
-
-    def _client(self, env, k, next_id, cl):
-        """One closed-loop user (:class:`simulator.workload.ClientModel`), as in simulator.engine."""
-        rec = self.rec
-        if cl.ramp_up_s > 0:
-            yield env.timeout(cl.ramp_up_s * k / cl.concurrency)
-        think = cl.think_time_s
-        while next_id[0] < len(rec.input_tokens):
-            if cl.send_delay_s > 0:
-                yield env.timeout(self.client_rng.exponential(cl.send_delay_s))
-                if next_id[0] >= len(rec.input_tokens):   # another user sent the last request meanwhile
-                    return
-            rid = next_id[0]
-            next_id[0] += 1
-            rec.arrival[rid] = env.now
-            done = env.event()
-            rec.waiters[rid] = done
-            fe = self._frontend(rid)
-            if fe > 0:
-                yield env.timeout(fe)
-            if self.arrive(rid):
-                yield done
-            else:
-                rec.waiters.pop(rid)
-            if think > 0:
-                yield env.timeout(think)
 
     def observe(self, pool: OpsPool, cfg) -> Observation:
         now, w = self.env.now, cfg.window_s
