@@ -32,6 +32,7 @@ import simpy
 from simulator.autoscale import POLICIES, Observation, PoolContext, autoscaler
 from simulator.arrivals import start_workload
 from simulator.engine import PoolRun, refusal
+from simulator.epd_flow import EPDCoordinator
 from simulator.opsrecord import Life, OpsRecorder  # noqa: F401  (re-exported)
 from simulator.instance import Instance
 from simulator.routing import make_router
@@ -154,6 +155,7 @@ class OpsRun:
         self.sum_in = self.sum_out = 0
         self.limbo: deque[int] = deque()
         self.coord = None
+        self.epd = None                       # simulator.epd_flow.EPDCoordinator of a multimodal run
         self.front = self.back = None
         self.fp8: dict = {}
         self.coord_rng = None                 # the KV fabric's jitter stream (as in the plain engine)
@@ -163,6 +165,8 @@ class OpsRun:
     def on_make(self, pool: OpsPool, inst: Instance) -> None:
         if self.coord is not None:
             self.coord.add(inst)
+        if self.epd is not None and pool is self.front:
+            self.epd.add_front(inst)
 
     def on_live(self, pool: OpsPool, inst: Instance) -> None:
         env, f = self.env, self.cfg.faults
@@ -203,8 +207,33 @@ class OpsRun:
         if why:
             rec.reject(rid, self.env.now, why)
             return False
-        self.dispatch(rid)
+        self.send(rid)
         return True
+
+    def send(self, rid: int) -> None:
+        """Send an admitted request on: through the encoder tier if it has images for one, else to the front."""
+        if self.epd is not None and self.epd.handles(rid):
+            self.epd.dispatch(rid)
+        else:
+            self.dispatch(rid)
+
+    def choose_front(self, rid: int) -> int | None:
+        """The front instance the router picks for ``rid`` (its index), or None while none serves."""
+        active = self.front.active
+        return active[self.front.router.choose(rid) % len(active)].index if active else None
+
+    def encoded(self, rid: int, i: int | None) -> None:
+        """The encoder tier is done with ``rid`` and its embeddings reached front instance ``i``; if that
+        one has since crashed or left routing (or none served), the gateway routes the request anew."""
+        inst = None if i is None else self.front.all[i]
+        if inst is None or inst.dead or inst.draining:
+            self.dispatch(rid)
+            return
+        if self.coord is not None:
+            self.rec.prefill_instance[rid] = i
+        else:
+            self.rec.instance[rid] = i
+        inst.submit(rid)
 
     # ---- crashes --------------------------------------------------------------------------
     def crash(self, inst: Instance, why: str, kind: str) -> None:
@@ -261,11 +290,15 @@ class OpsRun:
             rec.resumed_from[rid] = now
         rec.t_first[rid] = rec.t_sched[rid] = math.nan
         rec.sent_at[rid] = now
-        self.dispatch(rid)
+        # Its embeddings went with the crashed instance: a request with images is encoded again
+        # (an encoder that still caches an image serves it as a hit).
+        self.send(rid)
 
     # ---- the run --------------------------------------------------------------------------
     def run(self, front_spec, front_gpus: int, closed_loop=None, max_time_s=None, back_spec=None, back_gpus=0,
-            plan=None, contexts=None) -> PoolRun:
+            plan=None, contexts=None, epd=None) -> PoolRun:
+        """Serve every request of the recorder; ``epd`` (a :class:`simulator.epd.EPDSetup`): requests with
+        images go through the encoder tier first, or the front pool encodes them (:mod:`simulator.epd_flow`)."""
         env, rec = self.env, self.rec
         rec.all_ended = env.event()
         self.front = OpsPool(self, front_spec, front_gpus, self.starts_for[front_spec.name])
@@ -274,6 +307,10 @@ class OpsRun:
             self.back = OpsPool(self, back_spec, back_gpus, self.starts_for[back_spec.name])
             self.coord = OpsCoordinator(env, plan, self.back, rec, self.coord_rng, self)
         pools = [p for p in (self.front, self.back) if p is not None]
+        if epd is not None:
+            self.epd = EPDCoordinator(env, epd, [], self.encoded, self.choose_front, self.coord_rng)
+            for enc in self.epd.encoders:
+                env.process(enc.run(env))
         self.fp8 = flt.fp8_hazard(self.cfg.faults.fp8_crash, self.scn.pools)
         for pool in pools:
             for _ in range(pool.spec.instances):
@@ -297,7 +334,7 @@ class OpsRun:
                 if inst.life.ended_s is None:
                     inst.life.ended_s = end
         self.end = end
-        return PoolRun(rec, [i for p in pools for i in p.all], end, self.coord)
+        return PoolRun(rec, [i for p in pools for i in p.all], end, self.coord, self.epd)
 
     def _expire_queued(self, env, timeout: float):
         """Reject requests whose current attempt is still unscheduled ``timeout`` seconds after the gateway

@@ -5,10 +5,11 @@ from simulator.opsengine import OpsRun, pool_context
 from simulator.opsrecord import OpsRecorder
 
 
-def run_operations(scn, reqs, front, back, plan, closed, rngs, spec_of):
+def run_operations(scn, reqs, front, back, plan, closed, rngs, spec_of, epd=None):
     """Returns ``(ops, PoolRun, recorder)``.  ``front``/``back``: :class:`simulator.scenario.ResolvedPool`
     (``back`` None without PD), each with its start times; ``spec_of`` turns one into the engine's PoolSpec;
-    ``rngs``: the run's :func:`simulator.scenario.rng_streams`.
+    ``rngs``: the run's :func:`simulator.scenario.rng_streams`; ``epd``: the :class:`simulator.epd.EPDSetup`
+    of a multimodal run, or None.
 
     Fault draws come from the ``faults`` stream, the fabric's jitter from ``transfer`` (as without
     operations), closed-loop delays from ``clients``.
@@ -21,5 +22,5 @@ def run_operations(scn, reqs, front, back, plan, closed, rngs, spec_of):
     ops.coord_rng = rngs["transfer"]
     ops.client_rng = rngs["clients"]
     run = ops.run(spec_of(front), front.dep.gpus, closed, scn.simulation.max_time_s,
-                  spec_of(back) if back else None, back.dep.gpus if back else 0, plan, contexts)
+                  spec_of(back) if back else None, back.dep.gpus if back else 0, plan, contexts, epd)
     return ops, run, rec

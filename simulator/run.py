@@ -60,12 +60,8 @@ def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:
     closed = reqs.client if reqs.is_closed_loop else None
     ops = None
     if scn.operations.enabled:
-        if epd is not None:
-            raise ScenarioError("operations: autoscaling and faults do not model an encoder tier yet; run the "
-                                "multimodal scenario without `operations`, or the operations study without "
-                                "an encoder pool (pools[].role: encoder) and without images")
         from simulator.opsrun import run_operations
-        ops, run, rec = run_operations(scn, reqs, front, back, plan, closed, rngs, pool_spec)
+        ops, run, rec = run_operations(scn, reqs, front, back, plan, closed, rngs, pool_spec, epd)
         from simulator.opsresults import ops_requests_frame
         req_df = ops_requests_frame(run, back.name if back else front.name)
     else:
@@ -74,9 +70,9 @@ def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:
                        decode=pool_spec(back) if back else None, transfer=plan, rng=rngs["transfer"], epd=epd,
                        client_rng=rngs["clients"])
         req_df = requests_frame(run, back.name if back else front.name)
-        if run.epd is not None:
-            from simulator.epd_flow import add_columns
-            req_df = add_columns(req_df, run.epd)
+    if run.epd is not None:
+        from simulator.epd_flow import add_columns
+        req_df = add_columns(req_df, run.epd)
     if reqs.client is not None and reqs.client.warmup_requests:
         req_df["warmup"] = req_df["request_id"].to_numpy() < reqs.client.warmup_requests
     step_df = steps_frame(run)
