@@ -17,6 +17,7 @@ from simulator.arrivals import start_workload
 from simulator.dp_group import DPGroup
 from simulator.instance import Instance
 from simulator.outcome import Outcome
+from simulator.pd_proxy import PDCoordinator
 from simulator.routing import make_router
 
 PENDING = Outcome.PENDING
@@ -49,6 +50,7 @@ class Recorder:
         self.cached_tokens = [0] * n           # prompt tokens served from the prefix cache
         self.generated = [0] * n
         self.outcome: list[Outcome] = [PENDING] * n
+        self.attempt = [0] * n                 # bumped at every crash: stale transfer completions ignore it
         self.reason = [""] * n
         self.resume_gaps: list[float] = []
         self.waiters: dict[int, object] | None = None
@@ -177,7 +179,6 @@ def run_pool(pool: PoolSpec, rec: Recorder, closed_loop=None,
     coordinator = None
     every = instances
     if decode is not None:
-        from simulator.pd import PDCoordinator
         d_instances = build(decode)
         coordinator = PDCoordinator(env, transfer, instances, d_instances,
                                     make_router(decode.router, d_instances), rec, rng)

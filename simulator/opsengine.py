@@ -33,6 +33,7 @@ from simulator.autoscale import POLICIES, Observation, PoolContext, autoscaler
 from simulator.arrivals import start_workload
 from simulator.engine import PoolRun, refusal
 from simulator.epd_flow import EPDCoordinator
+from simulator.pd_proxy import PDCoordinator
 from simulator.opsrecord import Life, OpsRecorder  # noqa: F401  (re-exported)
 from simulator.instance import Instance
 from simulator.routing import make_router
@@ -303,9 +304,9 @@ class OpsRun:
         rec.all_ended = env.event()
         self.front = OpsPool(self, front_spec, front_gpus, self.starts_for[front_spec.name])
         if back_spec is not None:
-            from simulator.opscrash import OpsCoordinator
             self.back = OpsPool(self, back_spec, back_gpus, self.starts_for[back_spec.name])
-            self.coord = OpsCoordinator(env, plan, self.back, rec, self.coord_rng, self)
+            self.coord = PDCoordinator(env, plan, [], self.back.all, self.back.router, rec, self.coord_rng,
+                                       serving=self.back.active)
         pools = [p for p in (self.front, self.back) if p is not None]
         if epd is not None:
             self.epd = EPDCoordinator(env, epd, [], self.encoded, self.choose_front, self.coord_rng)

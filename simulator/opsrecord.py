@@ -26,7 +26,6 @@ class OpsRecorder(Recorder):
         self.retries = [0] * n
         self.discarded = [0] * n             # tokens streamed by attempts the client threw away
         self.carried = [0] * n               # tokens a re-prefilled continuation had already produced
-        self.attempt = [0] * n               # bumped at every crash: stale transfer callbacks ignore it
         self.orig_input = list(self.input_tokens)
         self.orig_output = list(self.output_tokens)
         self.first_orig = [math.nan] * n     # first token of the first attempt (re-prefill)
