@@ -44,7 +44,8 @@ class EPDCoordinator:
         self.inline_encode_s = [0.0] * n         # front pool: encoder time added to the admitting step
         self.encoder_hits = 0
         self.bytes_moved = 0.0
-        self.encoders: list[EncoderInstance] = []
+        self.encoders: list[EncoderInstance] = []   # serving encoders: images go to these
+        self.made: list[EncoderInstance] = []       # every encoder instance made, by index
         self.fabric = None
         self.inline_caches: list[EmbeddingCache] = []
         self.inline_busy: list[float] = []       # per front instance: inline encoder seconds
@@ -57,18 +58,11 @@ class EPDCoordinator:
         self._inflight: dict[int, list[int]] = {}   # image id -> images waiting on its one encode
         self._arrived_at: dict[int, float] = {}
         if setup.encoder_pool is not None:
-            ep = setup.encoder_pool
-            cfg = ep.encoder
-            self.encoders = [EncoderInstance(i, ep.name, setup.encoder_model, self.costs, cfg.max_batch_images,
-                                             setup.max_batch_tokens, cfg.cache_bytes, self._encoder_done)
-                             for i in range(ep.instances)]
-            p = setup.path
             self.fabric = Fabric(env, rng)
             # Instances behind one NIC (a TCP node NIC, a layout's GPUs per NIC) share one link state.
             self._nics: dict[str, LinkState] = {}
-            self.egress = [self._nic(f"{p.link_name}:encoder{i}:out" if p.encoder_share == 1 else
-                                     f"{p.link_name}:encoder-nic{i // p.encoder_share}:out", p.encoder_side_Bps)
-                           for i in range(ep.instances)]
+            for _ in range(setup.encoder_pool.instances):
+                self.encoders.append(self.add_encoder())
         for inst in front:
             self.add_front(inst)
 
@@ -78,11 +72,22 @@ class EPDCoordinator:
             self._nics[name] = LinkState(name, cap, self.setup.path.latency_s)
         return self._nics[name]
 
+    def add_encoder(self) -> EncoderInstance:
+        """A new encoder instance (the next index) with its egress NIC; images go to it once the caller
+        puts it in :attr:`encoders`, and its process (:meth:`EncoderInstance.run`) is the caller's to start."""
+        ep, p, i = self.setup.encoder_pool, self.setup.path, len(self.made)
+        enc = EncoderInstance(i, ep.name, self.setup.encoder_model, self.costs, ep.encoder.max_batch_images,
+                              self.setup.max_batch_tokens, ep.encoder.cache_bytes, self._encoder_done)
+        self.made.append(enc)
+        self.egress.append(self._nic(f"{p.link_name}:encoder{i}:out" if p.encoder_share == 1 else
+                                     f"{p.link_name}:encoder-nic{i // p.encoder_share}:out", p.encoder_side_Bps))
+        return enc
+
     def add_front(self, inst) -> None:
         """A front-pool instance (index ``len(self.front)``): its embedding ingress, or its inline encoder."""
         assert inst.index == len(self.front)
         self.front.append(inst)
-        if self.encoders:
+        if self.setup.encoder_pool is not None:
             p = self.setup.path
             self.ingress.append(self._nic(f"{p.link_name}:{inst.pool}{inst.index}:embeddings-in" if p.lm_share == 1
                                           else f"{p.link_name}:{inst.pool}-nic{inst.index // p.lm_share}:embeddings-in",
@@ -95,7 +100,7 @@ class EPDCoordinator:
     # ------------------------------------------------------------ encoder tier
     def handles(self, rid: int) -> bool:
         """Whether ``rid`` goes through the encoder tier (it has images and there is one)."""
-        return bool(self.encoders) and self.images.count(rid) > 0
+        return self.setup.encoder_pool is not None and self.images.count(rid) > 0
 
     def dispatch(self, rid: int) -> None:
         imgs = self.images.of(rid)
@@ -230,9 +235,9 @@ def encoder_summary(coord: EPDCoordinator, span: float) -> dict:
     """Encoder utilisation (busy time / run span, per instance and mean), images encoded, cache hits."""
     s = coord.setup
     span = max(span, 1e-12)
-    if coord.encoders:
-        busy = [e.busy_s / span for e in coord.encoders]
-        encoded = sum(e.images_encoded for e in coord.encoders)
+    if coord.made:
+        busy = [e.busy_s / span for e in coord.made]
+        encoded = sum(e.images_encoded for e in coord.made)
         hits = coord.encoder_hits
         where = s.encoder_pool.name
     else:

@@ -203,9 +203,10 @@ def check_against_pools(ops: OperationsConfig, pools, kv_transfer) -> None:
                          "set dp: 1")
     encoders = [p.name for p in pools if p.role == "encoder"]
     for name in ops.autoscale:
-        if name in encoders:
-            raise ValueError(f"operations.autoscale.{name}: autoscaling an encoder pool is not modelled yet; "
-                             f"autoscale the language-model pools, or give {name!r} a fixed instance count")
+        if name in encoders and cfg.policy != "queue":
+            raise ValueError(f"operations.autoscale.{name}: an encoder pool autoscales on its image queue only "
+                             f"(policy: queue, target_queue in images); policy {cfg.policy!r} reads a "
+                             f"language model's KV cache or step times")
     pd_ = any(p.role == "prefill" for p in pools)
     f = ops.faults
     for what, cfg in (("fp8_crash", f.fp8_crash), ("node_failure", f.node_failure)):

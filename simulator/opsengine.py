@@ -33,6 +33,7 @@ from simulator.autoscale import POLICIES, Observation, PoolContext, autoscaler
 from simulator.arrivals import start_workload
 from simulator.engine import PoolRun, refusal
 from simulator.epd_flow import EPDCoordinator
+from simulator.opsencoder import EncoderPool
 from simulator.pd_proxy import PDCoordinator
 from simulator.opsrecord import Life, OpsRecorder  # noqa: F401  (re-exported)
 from simulator.instance import Instance
@@ -319,6 +320,11 @@ class OpsRun:
         if self.coord is not None and self.cfg.faults.link_degradation is not None:
             self.coord.degrade(self.cfg.faults.link_degradation, self.rng, self.link_log)
         for name, acfg in self.cfg.autoscale.items():
+            if self.epd is not None and name == epd.encoder_pool.name:
+                enc = EncoderPool(env, self.epd, self.starts_for[front_spec.name], self.events)
+                policy = POLICIES[acfg.policy](acfg, None)
+                env.process(autoscaler(env, enc, acfg, policy, lambda p=enc, c=acfg: p.observe(c)))
+                continue
             pool = next(p for p in pools if p.spec.name == name)
             policy = POLICIES[acfg.policy](acfg, contexts[name])
             env.process(autoscaler(env, pool, acfg, policy, lambda p=pool, c=acfg: self.observe(p, c)))
