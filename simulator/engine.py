@@ -1,28 +1,20 @@
-"""Drive a pool of instances with a workload in SimPy and collect records.
+"""The engine's records and pool description: what a run (:class:`simulator.opsengine.OpsRun`) fills in.
 
-:func:`run_pool` is the single place where the environment is created; the
-workload (open-loop arrivals or closed-loop clients) and every instance are
-processes that receive it.  Results are plain Python lists held by a
-:class:`Recorder`, turned into DataFrames at the end (``simulator.results``).
+:class:`Recorder` holds per-request records as plain Python lists, turned into DataFrames at the
+end (``simulator.results``); :class:`PoolSpec` is what the engine needs to build a pool's
+instances; :class:`PoolRun` is a run's raw output; :func:`refusal` is the one admission check.
 """
 from __future__ import annotations
 
-import gc
 import math
 from dataclasses import dataclass
 
-import simpy
-
-from simulator.arrivals import start_workload
-from simulator.dp_group import DPGroup
 from simulator.instance import Instance
 from simulator.outcome import Outcome
-from simulator.pd_proxy import PDCoordinator
-from simulator.routing import make_router
 
 PENDING = Outcome.PENDING
-# Colocated open-loop instances step ahead of SimPy up to the next dispatch (see run_pool); results
-# are the same, and tests/test_run_ahead.py turns this off to compare.
+# Colocated open-loop instances of a static pool step ahead of SimPy up to the next dispatch (see
+# OpsRun.run); results are the same, and tests/test_run_ahead.py turns this off to compare.
 RUN_AHEAD = True
 
 
@@ -92,7 +84,7 @@ class Recorder:
 
 @dataclass(frozen=True)
 class PoolSpec:
-    """What :func:`run_pool` needs to build a pool's instances."""
+    """What the engine needs to build a pool's instances."""
 
     name: str
     instances: int
@@ -137,118 +129,3 @@ def _admissible(pool: PoolSpec, inst_kv_blocks: int, block: int, inp: int, out: 
     if -(-max(total, inp) // block) > inst_kv_blocks:
         return f"needs {total} tokens of KV; an instance holds {inst_kv_blocks * block}"
     return ""
-
-
-def run_pool(pool: PoolSpec, rec: Recorder, closed_loop=None,
-             max_time_s: float | None = None, decode: PoolSpec | None = None, transfer=None,
-             rng=None, epd=None, client_rng=None) -> PoolRun:
-    """Simulate ``pool`` serving every request in ``rec``.
-
-    With ``decode`` and ``transfer`` (a :class:`simulator.pd.TransferPlan`),
-    ``pool`` is the prefill pool of a PD deployment and every request goes
-    prefill -> KV transfer -> decode.
-
-    Open loop (``closed_loop is None``): requests arrive at ``rec.arrival``.
-    Closed loop (a :class:`simulator.workload.ClientModel`): that many clients
-    each send a request (after their share of the ramp-up, and after a client
-    delay drawn from ``client_rng``), wait for it to finish, think, and send
-    the next; arrival times are overwritten with the send times.  The run ends when every request has
-    ended, or at ``max_time_s`` (requests still in flight become "unfinished").
-
-    With ``epd`` (a :class:`simulator.epd.EPDSetup`), requests with images go
-    through the encoder tier before ``pool`` (:mod:`simulator.epd_flow`), or
-    ``pool`` encodes them in the step that admits them.
-    """
-    env = simpy.Environment()
-
-    def build(spec: PoolSpec) -> list[Instance]:
-        out = [Instance(i, spec.name, spec.step_model, spec.memory, spec.max_num_seqs,
-                        spec.max_num_batched_tokens, spec.chunked_prefill, rec, spec.role,
-                        spec.prefix_caching)
-               for i in range(spec.instances)]
-        if spec.dp > 1:
-            for g in range(0, len(out), spec.dp):
-                group = DPGroup(env, spec.step_model, spec.dp)
-                for r, inst in enumerate(out[g:g + spec.dp]):
-                    inst.group, inst.rank = group, r
-        return out
-    instances = build(pool)
-    router = make_router(pool.router, instances)
-    inp, out = rec.input_tokens, rec.output_tokens
-    inst_of = rec.instance
-    coordinator = None
-    every = instances
-    if decode is not None:
-        d_instances = build(decode)
-        coordinator = PDCoordinator(env, transfer, instances, d_instances,
-                                    make_router(decode.router, d_instances), rec, rng)
-        inst_of = rec.prefill_instance
-        every = instances + d_instances
-    served = every                       # the LLM instances (every process started, less encoders)
-    sglang_flow = coordinator is not None and coordinator.flow == "sglang"
-
-    def route(rid: int, i: int | None = None) -> None:
-        if i is None:
-            i = router.choose(rid)
-        inst_of[rid] = i
-        if sglang_flow:
-            coordinator.on_arrival(rid)
-        instances[i].submit(rid)
-
-    epd_coord = None
-    if epd is not None:
-        from simulator.epd_flow import EPDCoordinator
-        epd_coord = EPDCoordinator(env, epd, instances, route, router.choose, rng)
-        every = every + epd_coord.encoders
-
-    def dispatch(rid: int) -> bool:
-        rec.t_seen[rid] = env.now
-        why = refusal(pool, decode, inp[rid], out[rid])
-        if why:
-            rec.reject(rid, env.now, why)
-            return False
-        if epd_coord is not None and epd_coord.handles(rid):
-            epd_coord.dispatch(rid)
-            return True
-        route(rid)
-        return True
-
-    # Run-ahead: in a colocated pool under open-loop arrivals, instances interact only through
-    # dispatch (the router reads their state, submit wakes one), so each may step inline up to the
-    # next dispatch instead of scheduling one SimPy event per step.  PD hand-offs, EPD encoders and
-    # closed-loop clients (woken by finishes) react to an instance's steps, so those runs step with
-    # one event per step whenever another event falls inside the step.
-    gate = [-math.inf] if RUN_AHEAD and decode is None and epd is None and closed_loop is None else None
-    for inst in instances:
-        inst.gate = gate
-    limit = math.inf if max_time_s is None else max_time_s
-
-    for inst in every:
-        env.process(inst.run(env))
-    start_workload(env, rec, closed_loop, (pool.frontend_s, pool.frontend_s_per_token), dispatch, client_rng,
-                   gate, limit)
-    # Idle instances wait on untriggered events, so the schedule empties when the last request ends.
-    # The run allocates millions of short-lived events and step tuples but builds no reference
-    # cycles worth collecting; the cyclic collector's passes over them cost 10-20% of the run.
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        if max_time_s is None:
-            env.run()
-        else:
-            env.run(until=max_time_s)
-    finally:
-        if collecting:
-            gc.enable()
-    end = env.now
-    if gate is not None:
-        # Instances that ran ahead past the last event: the run ends with the last step, and their
-        # resume gaps join the recorder in time order (stable: ties keep the instance order).
-        for inst in instances:
-            if inst.steps:
-                t0, dt = inst.steps[-1][:2]
-                end = max(end, t0 + dt)
-        merged = sorted((g for inst in instances for g in inst.gap_log), key=lambda g: g[0])
-        rec.resume_gaps.extend(g for _, g in merged)
-    rec.close(end, max_time_s)
-    return PoolRun(rec, list(served), end, coordinator, epd_coord)

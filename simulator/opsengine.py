@@ -1,13 +1,15 @@
-"""The operations engine: pools whose instances come and go (autoscaling, crashes, restarts).
+"""The engine: one simulation of a scenario's pools in SimPy, static or with operations.
 
-Used instead of :func:`simulator.engine.run_pool` when a scenario has an
-``operations`` block with autoscaling or faults; without one the plain engine
-runs, unchanged.  The same :class:`~simulator.instance.Instance` processes
-serve; this module adds
+:class:`OpsRun` creates the environment; the workload (open-loop arrivals or closed-loop clients,
+:mod:`simulator.arrivals`), every instance, the PD proxy (:mod:`simulator.pd_proxy`) and the EPD
+proxy (:mod:`simulator.epd_flow`) are processes or callbacks that receive it.  A static pool is a
+run whose lifecycle never fires: without an ``operations`` block no instance crashes, starts or
+leaves, and the run ends when its schedule empties.  With one, pools change over time:
 
-* :class:`OpsPool`: every incarnation of a pool's instances (a restarted
-  container or a new pod is a new incarnation with a new index), the list the
-  router sees (serving ones only), starts under way, and billing (:class:`Life`);
+* :class:`~simulator.opspool.OpsPool`: every incarnation of a pool's instances (a restarted
+  container or a new pod is a new incarnation with a new index), the list the router sees
+  (serving ones only), starts under way, and billing (:class:`~simulator.opsrecord.Life`);
+  an encoder pool that autoscales: :mod:`simulator.opsencoder`;
 * a gateway that holds requests while a pool has no serving instance;
 * crashes (:meth:`OpsRun.crash`): the instance's process stops at once (the
   step it was running produces nothing), its KV blocks and queues are gone,
@@ -27,121 +29,24 @@ import math
 from bisect import bisect_left
 from collections import deque
 
+import gc
+
 import simpy
 
-from simulator.autoscale import POLICIES, Observation, PoolContext, autoscaler
+from simulator import engine
+from simulator import faults as flt
 from simulator.arrivals import start_workload
+from simulator.autoscale import POLICIES, Observation, PoolContext, autoscaler
 from simulator.engine import PoolRun, refusal
 from simulator.epd_flow import EPDCoordinator
-from simulator.opsencoder import EncoderPool
-from simulator.pd_proxy import PDCoordinator
-from simulator.opsrecord import Life, OpsRecorder  # noqa: F401  (re-exported)
 from simulator.instance import Instance
-from simulator.routing import make_router
-from simulator import faults as flt
-
-def _interrupted_is_fine(event) -> None:
-    """Callback on an instance process: its end by a crash or removal (an Interrupt) is expected;
-    any other exception still stops the simulation."""
-    if not event._ok and isinstance(event._value, simpy.Interrupt):
-        event.defused = True
-
-
-class OpsPool:
-    """The instances of one pool over time; ``active`` (serving, routable) is what the router sees."""
-
-    def __init__(self, ops, spec, gpus: int, starts) -> None:
-        self.ops = ops
-        self.env = ops.env
-        self.spec = spec
-        self.gpus = gpus
-        self.starts = starts                  # simulator.opsstart.StartTimes
-        self.all: list[Instance] = []
-        self.active: list[Instance] = []
-        self.starting: list[dict] = []
-        self.decisions: list[tuple] = []
-        self.scaleups: list[list] = []        # [decided_s, ready_s or None]
-        self.router = make_router(spec.router, self.active)
-
-    @property
-    def present(self) -> int:
-        return len(self.active) + len(self.starting)
-
-    def make(self, cause: str, billed_s: float) -> Instance:
-        s = self.spec
-        index = len(self.all)
-        inst = Instance(index, s.name, s.step_model, s.memory, s.max_num_seqs, s.max_num_batched_tokens,
-                        s.chunked_prefill, self.ops.rec, s.role, s.prefix_caching,
-                        life=Life(s.name, index, self.gpus, cause, billed_s))
-        self.all.append(inst)
-        self.ops.on_make(self, inst)
-        return inst
-
-    def go_live(self, inst: Instance) -> None:
-        inst.start(self.env).callbacks.append(_interrupted_is_fine)
-        inst.life.ready_s = self.env.now
-        self.active.append(inst)
-        self.ops.on_live(self, inst)
-
-    def launch(self, cause: str, delay_s: float | None, billed_s: float, backoff_s: float = 10.0) -> dict:
-        """Start an incarnation that serves ``delay_s`` from now (never, if None)."""
-        tok = {"cancelled": False}
-        self.starting.append(tok)
-        inst = self.make(cause, billed_s)
-        inst.backoff_s = backoff_s
-        tok["inst"] = inst
-
-        def start(env):
-            if delay_s is None:
-                inst.life.end = "never ready: " + self.starts.never_reason(cause)
-                return                      # crash-looping pod: billed, never serving, stays counted
-            yield env.timeout(delay_s)
-            if tok["cancelled"]:
-                return
-            self.starting.remove(tok)
-            self.go_live(inst)
-            for su in self.scaleups:
-                if su[1] is None and tok is su[2]:
-                    su[1] = env.now
-        self.env.process(start(self.env))
-        return tok
-
-    def scale_up(self, n: int, why: str) -> None:
-        now = self.env.now
-        delay = self.starts.new_delay()
-        for _ in range(n):
-            tok = self.launch("scale-up", delay, now + self.starts.provisioning_s)
-            self.scaleups.append([now, None, tok])
-        self.ops.events.append((now, self.spec.name, "scale-up", n, why))
-
-    def scale_down(self, n: int, why: str) -> None:
-        """Cancel starts first (newest first), then drain the newest serving instances (one stays)."""
-        now = self.env.now
-        done = 0
-        while done < n and self.starting:
-            tok = self.starting.pop()
-            tok["cancelled"] = True
-            life = tok["inst"].life
-            life.ended_s, life.end = max(now, life.billed_s), "cancelled"
-            done += 1
-        while done < n and len(self.active) > 1:
-            inst = self.active.pop()
-            inst.draining = True
-            self.env.process(self._drain(inst))
-            done += 1
-        self.ops.events.append((now, self.spec.name, "scale-down", done, why))
-
-    def _drain(self, inst: Instance):
-        """Removed from routing; serves what it holds, then stops (billing ends)."""
-        while not inst.dead and not inst.is_empty():
-            yield self.env.timeout(1.0)
-        if not inst.dead:
-            inst.life.ended_s, inst.life.end = self.env.now, "removed"
-            inst.stop()
-
+from simulator.opsencoder import EncoderPool
+from simulator.opspool import OpsPool
+from simulator.opsrecord import OpsRecorder
+from simulator.pd_proxy import PDCoordinator
 
 class OpsRun:
-    """One simulation with autoscaling and faults; :meth:`run` returns a :class:`PoolRun`."""
+    """One simulation, with or without operations; :meth:`run` returns a :class:`PoolRun`."""
 
     def __init__(self, scn, rec: OpsRecorder, rng, starts_for) -> None:
         self.scn = scn
@@ -189,9 +94,13 @@ class OpsRun:
         if not active:
             self.limbo.append(rid)
             return
-        inst = active[self.front.router.choose(rid) % len(active)]
+        self._submit(rid, active[self.front.router.choose(rid) % len(active)])
+
+    def _submit(self, rid: int, inst: Instance) -> None:
         if self.coord is not None:
             self.rec.prefill_instance[rid] = inst.index
+            if self.coord.flow == "sglang":
+                self.coord.on_arrival(rid)
         else:
             self.rec.instance[rid] = inst.index
         inst.submit(rid)
@@ -231,11 +140,7 @@ class OpsRun:
         if inst is None or inst.dead or inst.draining:
             self.dispatch(rid)
             return
-        if self.coord is not None:
-            self.rec.prefill_instance[rid] = i
-        else:
-            self.rec.instance[rid] = i
-        inst.submit(rid)
+        self._submit(rid, inst)
 
     # ---- crashes --------------------------------------------------------------------------
     def crash(self, inst: Instance, why: str, kind: str) -> None:
@@ -301,7 +206,7 @@ class OpsRun:
             plan=None, contexts=None, epd=None) -> PoolRun:
         """Serve every request of the recorder; ``epd`` (a :class:`simulator.epd.EPDSetup`): requests with
         images go through the encoder tier first, or the front pool encodes them (:mod:`simulator.epd_flow`)."""
-        env, rec = self.env, self.rec
+        env, rec, cfg = self.env, self.rec, self.cfg
         rec.all_ended = env.event()
         self.front = OpsPool(self, front_spec, front_gpus, self.starts_for[front_spec.name])
         if back_spec is not None:
@@ -311,15 +216,14 @@ class OpsRun:
         pools = [p for p in (self.front, self.back) if p is not None]
         if epd is not None:
             self.epd = EPDCoordinator(env, epd, [], self.encoded, self.choose_front, self.coord_rng)
-            for enc in self.epd.encoders:
-                env.process(enc.run(env))
-        self.fp8 = flt.fp8_hazard(self.cfg.faults.fp8_crash, self.scn.pools)
+        self.fp8 = flt.fp8_hazard(cfg.faults.fp8_crash, self.scn.pools)
         for pool in pools:
-            for _ in range(pool.spec.instances):
-                pool.go_live(pool.make("initial", 0.0))
-        if self.coord is not None and self.cfg.faults.link_degradation is not None:
-            self.coord.degrade(self.cfg.faults.link_degradation, self.rng, self.link_log)
-        for name, acfg in self.cfg.autoscale.items():
+            pool.start_initial()
+        for enc in self.epd.encoders if self.epd is not None else ():
+            env.process(enc.run(env))
+        if self.coord is not None and cfg.faults.link_degradation is not None:
+            self.coord.degrade(cfg.faults.link_degradation, self.rng, self.link_log)
+        for name, acfg in cfg.autoscale.items():
             if self.epd is not None and name == epd.encoder_pool.name:
                 enc = EncoderPool(env, self.epd, self.starts_for[front_spec.name], self.events)
                 policy = POLICIES[acfg.policy](acfg, None)
@@ -328,13 +232,48 @@ class OpsRun:
             pool = next(p for p in pools if p.spec.name == name)
             policy = POLICIES[acfg.policy](acfg, contexts[name])
             env.process(autoscaler(env, pool, acfg, policy, lambda p=pool, c=acfg: self.observe(p, c)))
-        if self.cfg.queue_timeout_s is not None:
-            env.process(self._expire_queued(env, self.cfg.queue_timeout_s))
+        if cfg.queue_timeout_s is not None:
+            env.process(self._expire_queued(env, cfg.queue_timeout_s))
+        # Run-ahead: in a static colocated pool under open-loop arrivals, instances interact only through
+        # dispatch (the router reads their state, submit wakes one), so each may step inline up to the
+        # next dispatch instead of scheduling one SimPy event per step.  PD hand-offs, EPD encoders,
+        # closed-loop clients (woken by finishes) and the lifecycle (crashes, scaling) react to an
+        # instance's steps, so those runs step with one event per step whenever another event falls
+        # inside the step.
+        static = not cfg.enabled
+        gate = ([-math.inf] if engine.RUN_AHEAD and static and back_spec is None and epd is None
+                and closed_loop is None else None)
+        for inst in self.front.all:
+            inst.gate = gate
+        limit = math.inf if max_time_s is None else max_time_s
         start_workload(env, rec, closed_loop, (front_spec.frontend_s, front_spec.frontend_s_per_token),
-                       self.arrive, self.client_rng, whole_frontend=True)
-        stop = rec.all_ended if max_time_s is None else env.any_of([rec.all_ended, env.timeout(max_time_s)])
-        env.run(until=stop)
+                       self.arrive, self.client_rng, gate, limit, whole_frontend=not static)
+        # A static run's idle instances wait on untriggered events, so its schedule empties when the last
+        # request ends; the lifecycle's processes (autoscalers, fault clocks) never end, so a run with
+        # operations stops when every request has ended.
+        if static:
+            stop = max_time_s
+        else:
+            stop = rec.all_ended if max_time_s is None else env.any_of([rec.all_ended, env.timeout(max_time_s)])
+        # The run allocates millions of short-lived events and step tuples but builds no reference
+        # cycles worth collecting; the cyclic collector's passes over them cost 10-20% of the run.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            env.run(until=stop)
+        finally:
+            if collecting:
+                gc.enable()
         end = env.now
+        if gate is not None:
+            # Instances that ran ahead past the last event: the run ends with the last step, and their
+            # resume gaps join the recorder in time order (stable: ties keep the instance order).
+            for inst in self.front.all:
+                if inst.steps:
+                    t0, dt = inst.steps[-1][:2]
+                    end = max(end, t0 + dt)
+            merged = sorted((g for inst in self.front.all for g in inst.gap_log), key=lambda g: g[0])
+            rec.resume_gaps.extend(g for _, g in merged)
         rec.close(end, max_time_s)
         for pool in pools:
             for inst in pool.all:

@@ -1,4 +1,4 @@
-"""Set up and run the operations engine for a resolved scenario (called by :func:`simulator.run.simulate`)."""
+"""Set up and run the engine (static or with operations) for a resolved scenario (called by :func:`simulator.run.simulate`)."""
 from __future__ import annotations
 
 from simulator.opsengine import OpsRun, pool_context
