@@ -19,7 +19,13 @@ RUN_AHEAD = True
 
 
 class Recorder:
-    """Per-request records, indexed by request id (0..n-1).  Times in seconds."""
+    """Per-request records, indexed by request id (0..n-1).  Times in seconds.
+
+    Every request ends exactly once (:meth:`finish`, :meth:`reject`, :meth:`expire`, :meth:`fail`, or
+    :meth:`close` at the end of the run); a second end raises.  ``all_ended`` (a SimPy event the run
+    sets) fires when the last one ends.  Crashes and retries (operations) rewrite a request's lengths
+    per attempt; the original ones are kept to restore (``simulator.opsresults.finalize``).
+    """
 
     def __init__(self, input_tokens, output_tokens, arrival_s, hash_ids=None, hash_block_tokens=None) -> None:
         n = len(input_tokens)
@@ -46,6 +52,22 @@ class Recorder:
         self.reason = [""] * n
         self.resume_gaps: list[float] = []
         self.waiters: dict[int, object] | None = None
+        self.ended = 0
+        self.all_ended = None                # a SimPy event, set by the run
+        self.retries = [0] * n
+        self.discarded = [0] * n             # tokens streamed by attempts the client threw away
+        self.carried = [0] * n               # tokens a re-prefilled continuation had already produced
+        self.orig_input = list(self.input_tokens)
+        self.orig_output = list(self.output_tokens)
+        self.first_orig = [nan] * n          # first token of the first attempt (re-prefill)
+        self.sched_orig = [nan] * n          # when the first attempt was scheduled (re-prefill)
+        self.resumed_from = [nan] * n        # crash time a re-prefilled request resumes from
+        self.sent_at = [nan] * n             # when the gateway took this attempt (arrival or re-send)
+
+    def _end(self) -> None:
+        self.ended += 1
+        if self.ended == len(self.outcome) and self.all_ended is not None:
+            self.all_ended.succeed()
 
     def finish(self, rid: int, now: float, instance: int, generated: int) -> None:
         if self.outcome[rid] != PENDING:
@@ -55,6 +77,7 @@ class Recorder:
         self.generated[rid] = generated
         if self.waiters is not None:
             self.waiters.pop(rid).succeed()
+        self._end()
 
     def close(self, end: float, max_time_s: float | None) -> None:
         """The end-of-run sweep, at simulated time ``end``: requests still pending become unfinished.
@@ -80,6 +103,30 @@ class Recorder:
         self.outcome[rid] = Outcome.REJECTED
         self.reason[rid] = reason
         self.t_finish[rid] = now
+        self._end()
+
+    def expire(self, rid: int, now: float, reason: str) -> None:
+        """Reject a request that was already dispatched (a queue timeout): its client stops waiting."""
+        if self.outcome[rid] != PENDING:
+            raise RuntimeError(f"request {rid} ended twice")
+        self.outcome[rid] = Outcome.REJECTED
+        self.reason[rid] = reason
+        self.t_finish[rid] = now
+        if self.waiters is not None:
+            self.waiters.pop(rid).succeed()
+        self._end()
+
+    def fail(self, rid: int, now: float, reason: str, generated: int) -> None:
+        """A crash ended the request (retry policy "none", or retries exhausted) after ``generated`` tokens."""
+        if self.outcome[rid] != PENDING:
+            raise RuntimeError(f"request {rid} ended twice")
+        self.outcome[rid] = Outcome.FAILED
+        self.reason[rid] = reason
+        self.t_finish[rid] = now
+        self.generated[rid] = generated
+        if self.waiters is not None:
+            self.waiters.pop(rid).succeed()
+        self._end()
 
 
 @dataclass(frozen=True)

@@ -37,18 +37,17 @@ from simulator import engine
 from simulator import faults as flt
 from simulator.arrivals import start_workload
 from simulator.autoscale import POLICIES, Observation, PoolContext, autoscaler
-from simulator.engine import PoolRun, refusal
+from simulator.engine import PoolRun, Recorder, refusal
 from simulator.epd_flow import EPDCoordinator
 from simulator.instance import Instance
 from simulator.opsencoder import EncoderPool
 from simulator.opspool import OpsPool
-from simulator.opsrecord import OpsRecorder
 from simulator.pd_proxy import PDCoordinator
 
 class OpsRun:
     """One simulation, with or without operations; :meth:`run` returns a :class:`PoolRun`."""
 
-    def __init__(self, scn, rec: OpsRecorder, rng, starts_for) -> None:
+    def __init__(self, scn, rec: Recorder, rng, starts_for) -> None:
         self.scn = scn
         self.cfg = scn.operations
         self.rec = rec

@@ -1,8 +1,8 @@
 """Set up and run the engine (static or with operations) for a resolved scenario (called by :func:`simulator.run.simulate`)."""
 from __future__ import annotations
 
+from simulator.engine import Recorder
 from simulator.opsengine import OpsRun, pool_context
-from simulator.opsrecord import OpsRecorder
 
 
 def run_operations(scn, reqs, front, back, plan, closed, rngs, spec_of, epd=None):
@@ -14,7 +14,7 @@ def run_operations(scn, reqs, front, back, plan, closed, rngs, spec_of, epd=None
     Fault draws come from the ``faults`` stream, the fabric's jitter from ``transfer`` (as without
     operations), closed-loop delays from ``clients``.
     """
-    rec = OpsRecorder(reqs.input_tokens, reqs.output_tokens, reqs.arrival_s, reqs.hash_ids, reqs.hash_block_tokens)
+    rec = Recorder(reqs.input_tokens, reqs.output_tokens, reqs.arrival_s, reqs.hash_ids, reqs.hash_block_tokens)
     resolved = [r for r in (front, back) if r is not None]
     starts = {r.name: r.starts for r in resolved}
     contexts = {r.name: pool_context(r.pool, r.dep, r.memory, r.step, scn.slo.tpot_s) for r in resolved}
