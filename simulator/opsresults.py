@@ -23,7 +23,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from simulator.outcome import Outcome
+from simulator.outcome import LABELS, Outcome
 from simulator.results import requests_frame
 
 
@@ -51,7 +51,7 @@ def ops_requests_frame(run, pool: str) -> pd.DataFrame:
         df = requests_frame(run, pool)
     finally:
         rec.outcome = codes
-    df["outcome"] = pd.Categorical([Outcome(o).label for o in codes], categories=[o.label for o in Outcome])
+    df["outcome"] = pd.Categorical([LABELS[o] for o in codes], categories=list(LABELS))
     df["retries"] = np.asarray(rec.retries, dtype=np.int32)
     df["discarded_tokens"] = np.asarray(rec.discarded, dtype=np.int64)
     return df

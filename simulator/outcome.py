@@ -25,5 +25,7 @@ class Outcome(IntEnum):
         return self.name.lower()
 
 
+# Labels by outcome value, for building a table's column without an Enum lookup per request.
+LABELS = tuple(o.label for o in Outcome)
 # The table's categories: a run without operations never fails a request, and its table lists no "failed".
 STATIC_OUTCOMES = (Outcome.PENDING, Outcome.COMPLETED, Outcome.REJECTED, Outcome.UNFINISHED)
