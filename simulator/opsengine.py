@@ -105,17 +105,18 @@ class OpsRun:
         inst.submit(rid)
 
     def arrive(self, rid: int) -> bool:
-        rec = self.rec
+        """The engine sees ``rid`` (after its front end): admit it (True) or reject it at once (False)."""
+        rec, now = self.rec, self.env.now
         inp, out = rec.input_tokens[rid], rec.output_tokens[rid]
-        self.arrived.append(self.env.now)
-        rec.sent_at[rid] = self.env.now
+        self.arrived.append(now)
+        rec.sent_at[rid] = now
         if rec.t_seen[rid] != rec.t_seen[rid]:   # NaN: first attempt (a retry keeps its first front end)
-            rec.t_seen[rid] = self.env.now
+            rec.t_seen[rid] = now
         self.sum_in += inp
         self.sum_out += out
         why = refusal(self.front.spec, self.back.spec if self.back else None, inp, out)
         if why:
-            rec.reject(rid, self.env.now, why)
+            rec.reject(rid, now, why)
             return False
         self.send(rid)
         return True
