@@ -33,7 +33,7 @@ class EPDCoordinator:
         self.env = env
         self.setup = setup
         self.route = route                       # route(rid, instance or None): submit to the front pool
-        self.choose = choose                     # choose(rid) -> front instance index (the front router)
+        self.choose = choose                     # choose(rid) -> front instance index (the front router), or None
         self.images = setup.images
         self.costs = setup.costs
         n = len(setup.text_tokens)
@@ -44,46 +44,63 @@ class EPDCoordinator:
         self.inline_encode_s = [0.0] * n         # front pool: encoder time added to the admitting step
         self.encoder_hits = 0
         self.bytes_moved = 0.0
-        self.encoders: list[EncoderInstance] = []
+        self.encoders: list[EncoderInstance] = []   # serving encoders: images go to these
+        self.made: list[EncoderInstance] = []       # every encoder instance made, by index
         self.fabric = None
         self.inline_caches: list[EmbeddingCache] = []
-        self.inline_busy = [0.0] * len(front)
+        self.inline_busy: list[float] = []       # per front instance: inline encoder seconds
         self.inline_lookups = 0                  # images looked up at admissions (re-admissions included)
-        self.front = front
+        self.front: list = []                    # front instances by index (add_front)
+        self.egress: list = []
+        self.ingress: list = []
         self._pending: dict[int, int] = {}
         self._where: dict[int, EncoderInstance] = {}
         self._inflight: dict[int, list[int]] = {}   # image id -> images waiting on its one encode
         self._arrived_at: dict[int, float] = {}
         if setup.encoder_pool is not None:
-            ep = setup.encoder_pool
-            cfg = ep.encoder
-            self.encoders = [EncoderInstance(i, ep.name, setup.encoder_model, self.costs, cfg.max_batch_images,
-                                             setup.max_batch_tokens, cfg.cache_bytes, self._encoder_done)
-                             for i in range(ep.instances)]
-            p = setup.path
             self.fabric = Fabric(env, rng)
             # Instances behind one NIC (a TCP node NIC, a layout's GPUs per NIC) share one link state.
-            groups: dict[str, LinkState] = {}
+            self._nics: dict[str, LinkState] = {}
+            for _ in range(setup.encoder_pool.instances):
+                self.encoders.append(self.add_encoder())
+        for inst in front:
+            self.add_front(inst)
 
-            def nic(name: str, cap: float) -> LinkState:
-                if name not in groups:
-                    groups[name] = LinkState(name, cap, p.latency_s)
-                return groups[name]
-            self.egress = [nic(f"{p.link_name}:encoder{i}:out" if p.encoder_share == 1 else
-                               f"{p.link_name}:encoder-nic{i // p.encoder_share}:out", p.encoder_side_Bps)
-                           for i in range(ep.instances)]
-            self.ingress = [nic(f"{p.link_name}:{f.pool}{f.index}:embeddings-in" if p.lm_share == 1 else
-                                f"{p.link_name}:{f.pool}-nic{f.index // p.lm_share}:embeddings-in", p.lm_side_Bps)
-                            for f in front]
+    def _nic(self, name: str, cap: float) -> LinkState:
+        """The link state of NIC ``name``: instances behind one NIC share one."""
+        if name not in self._nics:
+            self._nics[name] = LinkState(name, cap, self.setup.path.latency_s)
+        return self._nics[name]
+
+    def add_encoder(self) -> EncoderInstance:
+        """A new encoder instance (the next index) with its egress NIC; images go to it once the caller
+        puts it in :attr:`encoders`, and its process (:meth:`EncoderInstance.run`) is the caller's to start."""
+        ep, p, i = self.setup.encoder_pool, self.setup.path, len(self.made)
+        enc = EncoderInstance(i, ep.name, self.setup.encoder_model, self.costs, ep.encoder.max_batch_images,
+                              self.setup.max_batch_tokens, ep.encoder.cache_bytes, self._encoder_done)
+        self.made.append(enc)
+        self.egress.append(self._nic(f"{p.link_name}:encoder{i}:out" if p.encoder_share == 1 else
+                                     f"{p.link_name}:encoder-nic{i // p.encoder_share}:out", p.encoder_side_Bps))
+        return enc
+
+    def add_front(self, inst) -> None:
+        """A front-pool instance (index ``len(self.front)``): its embedding ingress, or its inline encoder."""
+        assert inst.index == len(self.front)
+        self.front.append(inst)
+        if self.setup.encoder_pool is not None:
+            p = self.setup.path
+            self.ingress.append(self._nic(f"{p.link_name}:{inst.pool}{inst.index}:embeddings-in" if p.lm_share == 1
+                                          else f"{p.link_name}:{inst.pool}-nic{inst.index // p.lm_share}:embeddings-in",
+                                          p.lm_side_Bps))
         else:
-            self.inline_caches = [EmbeddingCache(setup.inline_cache_bytes) for _ in front]
-            for inst in front:
-                inst.encode_cost = self._inline_cost
+            self.inline_caches.append(EmbeddingCache(self.setup.inline_cache_bytes))
+            self.inline_busy.append(0.0)
+            inst.encode_cost = self._inline_cost
 
     # ------------------------------------------------------------ encoder tier
     def handles(self, rid: int) -> bool:
         """Whether ``rid`` goes through the encoder tier (it has images and there is one)."""
-        return bool(self.encoders) and self.images.count(rid) > 0
+        return self.setup.encoder_pool is not None and self.images.count(rid) > 0
 
     def dispatch(self, rid: int) -> None:
         imgs = self.images.of(rid)
@@ -128,6 +145,14 @@ class EPDCoordinator:
         del self._arrived_at[rid]
         inst = self.choose(rid)
         imgs = self.images.of(rid)
+        if inst is None:
+            # No front instance serves (operations: all crashed or still starting): the request waits at
+            # the gateway for one, and the move of its embeddings to that one is not modelled.
+            for i in imgs:
+                del self._where[i]
+            self.t_lm_submit[rid] = self.env.now
+            self.route(rid, None)
+            return
         self._pending[rid] = len(imgs)
         p = self.setup.path
         for i in imgs:
@@ -210,9 +235,9 @@ def encoder_summary(coord: EPDCoordinator, span: float) -> dict:
     """Encoder utilisation (busy time / run span, per instance and mean), images encoded, cache hits."""
     s = coord.setup
     span = max(span, 1e-12)
-    if coord.encoders:
-        busy = [e.busy_s / span for e in coord.encoders]
-        encoded = sum(e.images_encoded for e in coord.encoders)
+    if coord.made:
+        busy = [e.busy_s / span for e in coord.made]
+        encoded = sum(e.images_encoded for e in coord.made)
         hits = coord.encoder_hits
         where = s.encoder_pool.name
     else:

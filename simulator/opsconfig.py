@@ -201,15 +201,21 @@ def check_against_pools(ops: OperationsConfig, pools, kv_transfer) -> None:
         raise ValueError("operations (autoscaling, faults) do not model attention data-parallel instances yet (a "
                          "crash or a scale step would take all dp ranks at once); remove the operations block or "
                          "set dp: 1")
-    if ops.enabled and any(p.role == "encoder" for p in pools):
-        raise ValueError("operations (autoscaling, faults) do not model encoder pools yet; remove the operations "
-                         "block or the encoder pool")
+    encoders = [p.name for p in pools if p.role == "encoder"]
+    for name in ops.autoscale:
+        if name in encoders and cfg.policy != "queue":
+            raise ValueError(f"operations.autoscale.{name}: an encoder pool autoscales on its image queue only "
+                             f"(policy: queue, target_queue in images); policy {cfg.policy!r} reads a "
+                             f"language model's KV cache or step times")
     pd_ = any(p.role == "prefill" for p in pools)
     f = ops.faults
     for what, cfg in (("fp8_crash", f.fp8_crash), ("node_failure", f.node_failure)):
         for name in (cfg.pools if cfg is not None else ()):
             if name not in names:
                 raise ValueError(f"operations.faults.{what}.pools: no pool is named {name!r}; pools are {names}")
+            if name in encoders:
+                raise ValueError(f"operations.faults.{what}.pools: {name!r} is an encoder pool, and encoder "
+                                 f"crashes are not modelled yet (faults strike language-model instances)")
     if f.link_degradation is not None and not pd_:
         raise ValueError("operations.faults.link_degradation applies to the KV-transfer fabric of a "
                          "prefill-decode deployment; this scenario has one pool: remove it or add PD pools")

@@ -1,4 +1,4 @@
-"""What a crash takes with it, and the PD proxy for pools whose instances come and go.
+"""What a crash takes with it.
 
 :func:`collect_and_clear` empties a crashed instance: it returns each request
 the instance held with the tokens that request's current attempt had
@@ -6,20 +6,8 @@ produced, frees what other instances held for those requests (a prefill
 instance's blocks waiting for a pull, a decode instance's blocks allocated
 for a pull from a dead prefill instance), and leaves the instance with no
 KV blocks in use and no queues.
-
-:class:`OpsCoordinator` is the vLLM PD proxy (:class:`simulator.pd.PDCoordinator`)
-with link sides added as instances are made, a decode choice among serving
-instances only (requests wait at the proxy while none serves), and transfer
-completions that are ignored when the request has since crashed away (its
-blocks were freed at the crash; the bytes already on the wire still occupy the
-link until they would have arrived).
 """
 from __future__ import annotations
-
-from collections import deque
-
-from simulator.faults import link_degradation_process
-from simulator.pd import PDCoordinator
 
 
 def collect_and_clear(ops, pool, inst) -> tuple[list[tuple[int, int]], int]:
@@ -37,11 +25,9 @@ def collect_and_clear(ops, pool, inst) -> tuple[list[tuple[int, int]], int]:
         if rid in coord.limbo:
             coord.limbo.remove(rid)
             continue
-        d = coord.pool.all[rec.instance[rid]]
-        if d.dead:
-            continue
-        if d.withdraw(rid) == "receiving":
-            coord.forget_buffered(d.index, rid)
+        d = coord.decode[rec.instance[rid]]
+        if not d.dead:
+            d.withdraw(rid)
     for rid in remote:                        # the prefill side still holds the prompt's KV
         p = coord.src.pop(rid, None)
         if p is not None and not p.dead and p.holds(rid):
@@ -50,94 +36,4 @@ def collect_and_clear(ops, pool, inst) -> tuple[list[tuple[int, int]], int]:
         p = ops.front.all[rec.prefill_instance[rid]]
         if not p.dead and p.holds(rid):
             p.release(rid)
-        coord.forget_buffered(inst.index, rid)
     return affected, lost
-
-
-class OpsCoordinator(PDCoordinator):
-    """The PD proxy over an :class:`~simulator.opsengine.OpsPool` of decode instances."""
-
-    def __init__(self, env, plan, decode_pool, rec, rng, ops) -> None:
-        super().__init__(env, plan, [], [], decode_pool.router, rec, rng)
-        self.pool = decode_pool
-        self.decode = decode_pool.all
-        self.ops = ops
-        self.limbo: deque[int] = deque()
-        self._jitter = None
-        self._degrade = None
-        self._episoded: set = set()
-        if plan.jitter_mean_s > 0:
-            mean = plan.jitter_mean_s / 2
-            self._jitter = lambda g, mean=mean: float(g.exponential(mean))  # noqa: E731
-
-    def add(self, inst) -> None:
-        """A new instance of either pool: give it its side of the fabric."""
-        plan = self.plan
-        if inst.role == "prefill":
-            assert inst.index == len(self.egress)
-            self.egress.append(self.side_path("prefill", inst.index))
-            inst.hand_off = self.hand_off
-        else:
-            assert inst.index == len(self.ingress)
-            self.ingress.append(self.side_path("decode", inst.index))
-            self.in_buffer.append(0.0)
-            inst.start_transfer = self.start_transfer
-        if self._degrade is not None:
-            for ln in (self.egress[-1] if inst.role == "prefill" else self.ingress[-1]):
-                if ln not in self._episoded:      # a NIC shared with an earlier instance has its episodes
-                    self._episodes(ln)
-
-    def hand_off(self, p_inst, rid: int, now: float) -> None:
-        self.src[rid] = p_inst
-        active = self.pool.active
-        if not active:
-            self.limbo.append(rid)
-            return
-        d_inst = active[self.decode_router.choose(rid) % len(active)]
-        self.rec.instance[rid] = d_inst.index
-        d_inst.submit_remote(rid)
-
-    def flush(self) -> None:
-        """A decode instance began serving: hand it the requests waiting at the proxy."""
-        while self.limbo and self.pool.active:
-            rid = self.limbo.popleft()
-            self.hand_off(self.src.pop(rid), rid, self.env.now)
-
-    def forget_buffered(self, d: int, rid: int) -> None:
-        """Nothing waits for buffer room (overflow goes to the host pool): kept for the crash handler."""
-
-    def _send(self, p_inst, d_inst, rid: int, nbytes: float, spill: float = 0.0) -> None:
-        plan, rec = self.plan, self.rec
-        rec.t_kv_start[rid] = self.env.now
-        extra = plan.setup_s + nbytes * plan.staged_s_per_byte
-        ev = self.fabric.transfer(self.egress[p_inst.index] + self.ingress[d_inst.index], nbytes, extra)
-        self.bytes_moved += nbytes
-        token = rec.attempt[rid]
-
-        def arrived(_e, rid=rid, p_inst=p_inst, d_inst=d_inst, nbytes=nbytes, token=token):
-            if rec.attempt[rid] == token:
-                p_inst.release(rid)
-
-            def land(_t=None):
-                if rec.attempt[rid] == token:
-                    rec.t_kv_done[rid] = self.env.now
-                    d_inst.kv_arrived(rid)
-                if plan.buffer_bytes and not d_inst.dead:
-                    self.in_buffer[d_inst.index] -= nbytes - spill
-            if spill > 0:
-                self.env.timeout(spill * plan.pool_copy_s_per_byte).callbacks.append(land)
-            else:
-                land()
-        ev.callbacks.append(arrived)
-
-    def degrade(self, cfg, rng, log) -> None:
-        """Start link-degradation episodes on every link side made so far and later."""
-        self._degrade = (cfg, rng, log)
-        for ln in dict.fromkeys(ln for path in self.egress + self.ingress for ln in path):
-            self._episodes(ln)
-
-    def _episodes(self, link) -> None:
-        self._episoded.add(link)
-        cfg, rng, log = self._degrade
-        self.env.process(link_degradation_process(self.env, self.fabric, link, cfg, self.plan.bandwidth_factor,
-                                                  rng, lambda t, n, f: log.append((t, n, f))))

@@ -1,13 +1,15 @@
-"""The operations engine: pools whose instances come and go (autoscaling, crashes, restarts).
+"""The engine: one simulation of a scenario's pools in SimPy, static or with operations.
 
-Used instead of :func:`simulator.engine.run_pool` when a scenario has an
-``operations`` block with autoscaling or faults; without one the plain engine
-runs, unchanged.  The same :class:`~simulator.instance.Instance` processes
-serve; this module adds
+:class:`OpsRun` creates the environment; the workload (open-loop arrivals or closed-loop clients,
+:mod:`simulator.arrivals`), every instance, the PD proxy (:mod:`simulator.pd_proxy`) and the EPD
+proxy (:mod:`simulator.epd_flow`) are processes or callbacks that receive it.  A static pool is a
+run whose lifecycle never fires: without an ``operations`` block no instance crashes, starts or
+leaves, and the run ends when its schedule empties.  With one, pools change over time:
 
-* :class:`OpsPool`: every incarnation of a pool's instances (a restarted
-  container or a new pod is a new incarnation with a new index), the list the
-  router sees (serving ones only), starts under way, and billing (:class:`Life`);
+* :class:`~simulator.opspool.OpsPool`: every incarnation of a pool's instances (a restarted
+  container or a new pod is a new incarnation with a new index), the list the router sees
+  (serving ones only), starts under way, and billing (:class:`~simulator.opsrecord.Life`);
+  an encoder pool that autoscales: :mod:`simulator.opsencoder`;
 * a gateway that holds requests while a pool has no serving instance;
 * crashes (:meth:`OpsRun.crash`): the instance's process stops at once (the
   step it was running produces nothing), its KV blocks and queues are gone,
@@ -16,7 +18,7 @@ serve; this module adds
   the instance restarts through the cold-start and probe model.
 
 Request accounting: every request ends exactly once, as completed, rejected,
-failed (``FAILED``, with the crash or "retries exhausted" as reason) or, past
+failed (``Outcome.FAILED``, with the crash or "retries exhausted" as reason) or, past
 ``max_time_s``, unfinished.  Re-prefill continues a request by prefilling its
 prompt plus the tokens it had generated and asking for the rest; its TTFT
 keeps the first token of the first attempt and the wait is an ITL gap.
@@ -27,119 +29,25 @@ import math
 from bisect import bisect_left
 from collections import deque
 
+import gc
+
 import simpy
 
-from simulator.autoscale import POLICIES, Observation, PoolContext, autoscaler
-from simulator.engine import PENDING, PoolRun, _admissible
-from simulator.opsrecord import FAILED, Life, OpsRecorder  # noqa: F401  (re-exported)
-from simulator.instance import Instance
-from simulator.routing import make_router
+from simulator import engine
 from simulator import faults as flt
-
-def _interrupted_is_fine(event) -> None:
-    """Callback on an instance process: its end by a crash or removal (an Interrupt) is expected;
-    any other exception still stops the simulation."""
-    if not event._ok and isinstance(event._value, simpy.Interrupt):
-        event.defused = True
-
-
-class OpsPool:
-    """The instances of one pool over time; ``active`` (serving, routable) is what the router sees."""
-
-    def __init__(self, ops, spec, gpus: int, starts) -> None:
-        self.ops = ops
-        self.env = ops.env
-        self.spec = spec
-        self.gpus = gpus
-        self.starts = starts                  # simulator.opsstart.StartTimes
-        self.all: list[Instance] = []
-        self.active: list[Instance] = []
-        self.starting: list[dict] = []
-        self.decisions: list[tuple] = []
-        self.scaleups: list[list] = []        # [decided_s, ready_s or None]
-        self.router = make_router(spec.router, self.active)
-
-    @property
-    def present(self) -> int:
-        return len(self.active) + len(self.starting)
-
-    def make(self, cause: str, billed_s: float) -> Instance:
-        s = self.spec
-        index = len(self.all)
-        inst = Instance(index, s.name, s.step_model, s.memory, s.max_num_seqs, s.max_num_batched_tokens,
-                        s.chunked_prefill, self.ops.rec, s.role, s.prefix_caching,
-                        life=Life(s.name, index, self.gpus, cause, billed_s))
-        self.all.append(inst)
-        self.ops.on_make(self, inst)
-        return inst
-
-    def go_live(self, inst: Instance) -> None:
-        inst.start(self.env).callbacks.append(_interrupted_is_fine)
-        inst.life.ready_s = self.env.now
-        self.active.append(inst)
-        self.ops.on_live(self, inst)
-
-    def launch(self, cause: str, delay_s: float | None, billed_s: float, backoff_s: float = 10.0) -> dict:
-        """Start an incarnation that serves ``delay_s`` from now (never, if None)."""
-        tok = {"cancelled": False}
-        self.starting.append(tok)
-        inst = self.make(cause, billed_s)
-        inst.backoff_s = backoff_s
-        tok["inst"] = inst
-
-        def start(env):
-            if delay_s is None:
-                inst.life.end = "never ready: " + self.starts.never_reason(cause)
-                return                      # crash-looping pod: billed, never serving, stays counted
-            yield env.timeout(delay_s)
-            if tok["cancelled"]:
-                return
-            self.starting.remove(tok)
-            self.go_live(inst)
-            for su in self.scaleups:
-                if su[1] is None and tok is su[2]:
-                    su[1] = env.now
-        self.env.process(start(self.env))
-        return tok
-
-    def scale_up(self, n: int, why: str) -> None:
-        now = self.env.now
-        delay = self.starts.new_delay()
-        for _ in range(n):
-            tok = self.launch("scale-up", delay, now + self.starts.provisioning_s)
-            self.scaleups.append([now, None, tok])
-        self.ops.events.append((now, self.spec.name, "scale-up", n, why))
-
-    def scale_down(self, n: int, why: str) -> None:
-        """Cancel starts first (newest first), then drain the newest serving instances (one stays)."""
-        now = self.env.now
-        done = 0
-        while done < n and self.starting:
-            tok = self.starting.pop()
-            tok["cancelled"] = True
-            life = tok["inst"].life
-            life.ended_s, life.end = max(now, life.billed_s), "cancelled"
-            done += 1
-        while done < n and len(self.active) > 1:
-            inst = self.active.pop()
-            inst.draining = True
-            self.env.process(self._drain(inst))
-            done += 1
-        self.ops.events.append((now, self.spec.name, "scale-down", done, why))
-
-    def _drain(self, inst: Instance):
-        """Removed from routing; serves what it holds, then stops (billing ends)."""
-        while not inst.dead and not inst.is_empty():
-            yield self.env.timeout(1.0)
-        if not inst.dead:
-            inst.life.ended_s, inst.life.end = self.env.now, "removed"
-            inst.stop()
-
+from simulator.arrivals import start_workload
+from simulator.autoscale import POLICIES, Observation, PoolContext, autoscaler
+from simulator.engine import PoolRun, Recorder, refusal
+from simulator.epd_flow import EPDCoordinator
+from simulator.instance import Instance
+from simulator.opsencoder import EncoderPool
+from simulator.opspool import OpsPool
+from simulator.pd_proxy import PDCoordinator
 
 class OpsRun:
-    """One simulation with autoscaling and faults; :meth:`run` returns a :class:`PoolRun`."""
+    """One simulation, with or without operations; :meth:`run` returns a :class:`PoolRun`."""
 
-    def __init__(self, scn, rec: OpsRecorder, rng, starts_for) -> None:
+    def __init__(self, scn, rec: Recorder, rng, starts_for) -> None:
         self.scn = scn
         self.cfg = scn.operations
         self.rec = rec
@@ -153,6 +61,7 @@ class OpsRun:
         self.sum_in = self.sum_out = 0
         self.limbo: deque[int] = deque()
         self.coord = None
+        self.epd = None                       # simulator.epd_flow.EPDCoordinator of a multimodal run
         self.front = self.back = None
         self.fp8: dict = {}
         self.coord_rng = None                 # the KV fabric's jitter stream (as in the plain engine)
@@ -162,6 +71,8 @@ class OpsRun:
     def on_make(self, pool: OpsPool, inst: Instance) -> None:
         if self.coord is not None:
             self.coord.add(inst)
+        if self.epd is not None and pool is self.front:
+            self.epd.add_front(inst)
 
     def on_live(self, pool: OpsPool, inst: Instance) -> None:
         env, f = self.env, self.cfg.faults
@@ -182,30 +93,54 @@ class OpsRun:
         if not active:
             self.limbo.append(rid)
             return
-        inst = active[self.front.router.choose(rid) % len(active)]
+        self._submit(rid, active[self.front.router.choose(rid) % len(active)])
+
+    def _submit(self, rid: int, inst: Instance) -> None:
         if self.coord is not None:
             self.rec.prefill_instance[rid] = inst.index
+            if self.coord.flow == "sglang":
+                self.coord.on_arrival(rid)
         else:
             self.rec.instance[rid] = inst.index
         inst.submit(rid)
 
     def arrive(self, rid: int) -> bool:
-        rec, front, back = self.rec, self.front.spec, self.back.spec if self.back else None
+        """The engine sees ``rid`` (after its front end): admit it (True) or reject it at once (False)."""
+        rec, now = self.rec, self.env.now
         inp, out = rec.input_tokens[rid], rec.output_tokens[rid]
-        self.arrived.append(self.env.now)
-        rec.sent_at[rid] = self.env.now
+        self.arrived.append(now)
+        rec.sent_at[rid] = now
         if rec.t_seen[rid] != rec.t_seen[rid]:   # NaN: first attempt (a retry keeps its first front end)
-            rec.t_seen[rid] = self.env.now
+            rec.t_seen[rid] = now
         self.sum_in += inp
         self.sum_out += out
-        why = _admissible(front, front.memory.kv_blocks, front.memory.block_size, inp, 1 if back else out)
-        if not why and back is not None:
-            why = _admissible(back, back.memory.kv_blocks, back.memory.block_size, inp, out)
+        why = refusal(self.front.spec, self.back.spec if self.back else None, inp, out)
         if why:
-            rec.reject(rid, self.env.now, why)
+            rec.reject(rid, now, why)
             return False
-        self.dispatch(rid)
+        self.send(rid)
         return True
+
+    def send(self, rid: int) -> None:
+        """Send an admitted request on: through the encoder tier if it has images for one, else to the front."""
+        if self.epd is not None and self.epd.handles(rid):
+            self.epd.dispatch(rid)
+        else:
+            self.dispatch(rid)
+
+    def choose_front(self, rid: int) -> int | None:
+        """The front instance the router picks for ``rid`` (its index), or None while none serves."""
+        active = self.front.active
+        return active[self.front.router.choose(rid) % len(active)].index if active else None
+
+    def encoded(self, rid: int, i: int | None) -> None:
+        """The encoder tier is done with ``rid`` and its embeddings reached front instance ``i``; if that
+        one has since crashed or left routing (or none served), the gateway routes the request anew."""
+        inst = None if i is None else self.front.all[i]
+        if inst is None or inst.dead or inst.draining:
+            self.dispatch(rid)
+            return
+        self._submit(rid, inst)
 
     # ---- crashes --------------------------------------------------------------------------
     def crash(self, inst: Instance, why: str, kind: str) -> None:
@@ -262,51 +197,90 @@ class OpsRun:
             rec.resumed_from[rid] = now
         rec.t_first[rid] = rec.t_sched[rid] = math.nan
         rec.sent_at[rid] = now
-        self.dispatch(rid)
+        # Its embeddings went with the crashed instance: a request with images is encoded again
+        # (an encoder that still caches an image serves it as a hit).
+        self.send(rid)
 
     # ---- the run --------------------------------------------------------------------------
     def run(self, front_spec, front_gpus: int, closed_loop=None, max_time_s=None, back_spec=None, back_gpus=0,
-            plan=None, contexts=None) -> PoolRun:
-        env, rec = self.env, self.rec
+            plan=None, contexts=None, epd=None) -> PoolRun:
+        """Serve every request of the recorder; ``epd`` (a :class:`simulator.epd.EPDSetup`): requests with
+        images go through the encoder tier first, or the front pool encodes them (:mod:`simulator.epd_flow`)."""
+        env, rec, cfg = self.env, self.rec, self.cfg
         rec.all_ended = env.event()
         self.front = OpsPool(self, front_spec, front_gpus, self.starts_for[front_spec.name])
         if back_spec is not None:
-            from simulator.opscrash import OpsCoordinator
             self.back = OpsPool(self, back_spec, back_gpus, self.starts_for[back_spec.name])
-            self.coord = OpsCoordinator(env, plan, self.back, rec, self.coord_rng, self)
+            self.coord = PDCoordinator(env, plan, [], self.back.all, self.back.router, rec, self.coord_rng,
+                                       serving=self.back.active)
         pools = [p for p in (self.front, self.back) if p is not None]
-        self.fp8 = flt.fp8_hazard(self.cfg.faults.fp8_crash, self.scn.pools)
+        if epd is not None:
+            self.epd = EPDCoordinator(env, epd, [], self.encoded, self.choose_front, self.coord_rng)
+        self.fp8 = flt.fp8_hazard(cfg.faults.fp8_crash, self.scn.pools)
         for pool in pools:
-            for _ in range(pool.spec.instances):
-                pool.go_live(pool.make("initial", 0.0))
-        if self.coord is not None and self.cfg.faults.link_degradation is not None:
-            self.coord.degrade(self.cfg.faults.link_degradation, self.rng, self.link_log)
-        for name, acfg in self.cfg.autoscale.items():
+            pool.start_initial()
+        for enc in self.epd.encoders if self.epd is not None else ():
+            env.process(enc.run(env))
+        if self.coord is not None and cfg.faults.link_degradation is not None:
+            self.coord.degrade(cfg.faults.link_degradation, self.rng, self.link_log)
+        for name, acfg in cfg.autoscale.items():
+            if self.epd is not None and name == epd.encoder_pool.name:
+                enc = EncoderPool(env, self.epd, self.starts_for[front_spec.name], self.events)
+                policy = POLICIES[acfg.policy](acfg, None)
+                env.process(autoscaler(env, enc, acfg, policy, lambda p=enc, c=acfg: p.observe(c)))
+                continue
             pool = next(p for p in pools if p.spec.name == name)
             policy = POLICIES[acfg.policy](acfg, contexts[name])
             env.process(autoscaler(env, pool, acfg, policy, lambda p=pool, c=acfg: self.observe(p, c)))
-        if self.cfg.queue_timeout_s is not None:
-            env.process(self._expire_queued(env, self.cfg.queue_timeout_s))
-        if closed_loop is None:
-            env.process(self._open_loop(env))
+        if cfg.queue_timeout_s is not None:
+            env.process(self._expire_queued(env, cfg.queue_timeout_s))
+        # Run-ahead: in a static colocated pool under open-loop arrivals, instances interact only through
+        # dispatch (the router reads their state, submit wakes one), so each may step inline up to the
+        # next dispatch instead of scheduling one SimPy event per step.  PD hand-offs, EPD encoders,
+        # closed-loop clients (woken by finishes) and the lifecycle (crashes, scaling) react to an
+        # instance's steps, so those runs step with one event per step whenever another event falls
+        # inside the step.
+        static = not cfg.enabled
+        gate = ([-math.inf] if engine.RUN_AHEAD and static and back_spec is None and epd is None
+                and closed_loop is None else None)
+        for inst in self.front.all:
+            inst.gate = gate
+        limit = math.inf if max_time_s is None else max_time_s
+        start_workload(env, rec, closed_loop, (front_spec.frontend_s, front_spec.frontend_s_per_token),
+                       self.arrive, self.client_rng, gate, limit, whole_frontend=not static)
+        # A static run's idle instances wait on untriggered events, so its schedule empties when the last
+        # request ends; the lifecycle's processes (autoscalers, fault clocks) never end, so a run with
+        # operations stops when every request has ended.
+        if static:
+            stop = max_time_s
         else:
-            rec.waiters = {}
-            next_id = [0]
-            for k in range(min(closed_loop.concurrency, len(rec.input_tokens))):
-                env.process(self._client(env, k, next_id, closed_loop))
-        stop = rec.all_ended if max_time_s is None else env.any_of([rec.all_ended, env.timeout(max_time_s)])
-        env.run(until=stop)
+            stop = rec.all_ended if max_time_s is None else env.any_of([rec.all_ended, env.timeout(max_time_s)])
+        # The run allocates millions of short-lived events and step tuples but builds no reference
+        # cycles worth collecting; the cyclic collector's passes over them cost 10-20% of the run.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            env.run(until=stop)
+        finally:
+            if collecting:
+                gc.enable()
         end = env.now
-        for rid, o in enumerate(rec.outcome):
-            if o == PENDING:
-                rec.outcome[rid] = 3
-                rec.reason[rid] = f"still in flight at the time limit {max_time_s} s"
+        if gate is not None:
+            # Instances that ran ahead past the last event: the run ends with the last step, and their
+            # resume gaps join the recorder in time order (stable: ties keep the instance order).
+            for inst in self.front.all:
+                if inst.steps:
+                    t0, dt = inst.steps[-1][:2]
+                    end = max(end, t0 + dt)
+            merged = sorted((g for inst in self.front.all for g in inst.gap_log), key=lambda g: g[0])
+            rec.resume_gaps.extend(g for _, g in merged)
+        rec.close(end, max_time_s)
         for pool in pools:
             for inst in pool.all:
                 if inst.life.ended_s is None:
                     inst.life.ended_s = end
         self.end = end
-        return PoolRun(rec, [i for p in pools for i in p.all], end, self.coord)
+        return PoolRun(rec, [i for p in pools for i in p.all], end, self.coord, self.epd)
 
     def _expire_queued(self, env, timeout: float):
         """Reject requests whose current attempt is still unscheduled ``timeout`` seconds after the gateway
@@ -334,46 +308,6 @@ class OpsRun:
                     self.limbo.extend(keep)
                     for rid in gone:
                         rec.expire(rid, env.now, why)
-
-    def _frontend(self, rid: int) -> float:
-        """Seconds before the engine sees ``rid`` (the front pool's front end, as in simulator.engine)."""
-        spec = self.front.spec
-        return spec.frontend_s + spec.frontend_s_per_token * self.rec.input_tokens[rid]
-
-    def _open_loop(self, env):
-        arrival = self.rec.arrival
-        seen = [arrival[r] + self._frontend(r) for r in range(len(arrival))]
-        for rid in sorted(range(len(arrival)), key=seen.__getitem__):
-            dt = seen[rid] - env.now
-            if dt > 0:
-                yield env.timeout(dt)
-            self.arrive(rid)
-
-    def _client(self, env, k, next_id, cl):
-        """One closed-loop user (:class:`simulator.workload.ClientModel`), as in simulator.engine."""
-        rec = self.rec
-        if cl.ramp_up_s > 0:
-            yield env.timeout(cl.ramp_up_s * k / cl.concurrency)
-        think = cl.think_time_s
-        while next_id[0] < len(rec.input_tokens):
-            if cl.send_delay_s > 0:
-                yield env.timeout(self.client_rng.exponential(cl.send_delay_s))
-                if next_id[0] >= len(rec.input_tokens):   # another user sent the last request meanwhile
-                    return
-            rid = next_id[0]
-            next_id[0] += 1
-            rec.arrival[rid] = env.now
-            done = env.event()
-            rec.waiters[rid] = done
-            fe = self._frontend(rid)
-            if fe > 0:
-                yield env.timeout(fe)
-            if self.arrive(rid):
-                yield done
-            else:
-                rec.waiters.pop(rid)
-            if think > 0:
-                yield env.timeout(think)
 
     def observe(self, pool: OpsPool, cfg) -> Observation:
         now, w = self.env.now, cfg.window_s

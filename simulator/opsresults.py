@@ -23,8 +23,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from simulator.engine import OUTCOMES, REJECTED
-from simulator.opsrecord import FAILED
+from simulator.outcome import LABELS, Outcome
 from simulator.results import requests_frame
 
 
@@ -32,7 +31,7 @@ def finalize(rec) -> None:
     """Undo the per-attempt rewriting of re-prefilled requests: original lengths, the first token of
     the first attempt, tokens carried over; the wait from the crash to the resumed token is an ITL gap."""
     for rid in range(len(rec.outcome)):
-        if rec.carried[rid] and rec.outcome[rid] == 1:
+        if rec.carried[rid] and rec.outcome[rid] == Outcome.COMPLETED:
             rec.generated[rid] += rec.carried[rid]
         if rec.resumed_from[rid] == rec.resumed_from[rid] and rec.t_first[rid] == rec.t_first[rid]:
             rec.resume_gaps.append(rec.t_first[rid] - rec.resumed_from[rid])
@@ -47,13 +46,12 @@ def ops_requests_frame(run, pool: str) -> pd.DataFrame:
     rec = run.recorder
     finalize(rec)
     codes = rec.outcome
-    rec.outcome = [REJECTED if o == FAILED else o for o in codes]
+    rec.outcome = [Outcome.REJECTED if o == Outcome.FAILED else o for o in codes]
     try:
         df = requests_frame(run, pool)
     finally:
         rec.outcome = codes
-    names = {**OUTCOMES, FAILED: "failed"}
-    df["outcome"] = pd.Categorical([names[o] for o in codes], categories=[*OUTCOMES.values(), "failed"])
+    df["outcome"] = pd.Categorical([LABELS[o] for o in codes], categories=list(LABELS))
     df["retries"] = np.asarray(rec.retries, dtype=np.int32)
     df["discarded_tokens"] = np.asarray(rec.discarded, dtype=np.int64)
     return df

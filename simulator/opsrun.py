@@ -1,19 +1,20 @@
-"""Set up and run the operations engine for a resolved scenario (called by :func:`simulator.run.simulate`)."""
+"""Set up and run the engine (static or with operations) for a resolved scenario (called by :func:`simulator.run.simulate`)."""
 from __future__ import annotations
 
+from simulator.engine import Recorder
 from simulator.opsengine import OpsRun, pool_context
-from simulator.opsrecord import OpsRecorder
 
 
-def run_operations(scn, reqs, front, back, plan, closed, rngs, spec_of):
+def run_operations(scn, reqs, front, back, plan, closed, rngs, spec_of, epd=None):
     """Returns ``(ops, PoolRun, recorder)``.  ``front``/``back``: :class:`simulator.scenario.ResolvedPool`
     (``back`` None without PD), each with its start times; ``spec_of`` turns one into the engine's PoolSpec;
-    ``rngs``: the run's :func:`simulator.scenario.rng_streams`.
+    ``rngs``: the run's :func:`simulator.scenario.rng_streams`; ``epd``: the :class:`simulator.epd.EPDSetup`
+    of a multimodal run, or None.
 
     Fault draws come from the ``faults`` stream, the fabric's jitter from ``transfer`` (as without
     operations), closed-loop delays from ``clients``.
     """
-    rec = OpsRecorder(reqs.input_tokens, reqs.output_tokens, reqs.arrival_s, reqs.hash_ids, reqs.hash_block_tokens)
+    rec = Recorder(reqs.input_tokens, reqs.output_tokens, reqs.arrival_s, reqs.hash_ids, reqs.hash_block_tokens)
     resolved = [r for r in (front, back) if r is not None]
     starts = {r.name: r.starts for r in resolved}
     contexts = {r.name: pool_context(r.pool, r.dep, r.memory, r.step, scn.slo.tpot_s) for r in resolved}
@@ -21,5 +22,5 @@ def run_operations(scn, reqs, front, back, plan, closed, rngs, spec_of):
     ops.coord_rng = rngs["transfer"]
     ops.client_rng = rngs["clients"]
     run = ops.run(spec_of(front), front.dep.gpus, closed, scn.simulation.max_time_s,
-                  spec_of(back) if back else None, back.dep.gpus if back else 0, plan, contexts)
+                  spec_of(back) if back else None, back.dep.gpus if back else 0, plan, contexts, epd)
     return ops, run, rec

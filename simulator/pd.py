@@ -1,4 +1,5 @@
-"""Prefill-decode disaggregation: the KV-transfer model and the PD proxy flow.
+"""Prefill-decode disaggregation: the KV-transfer model and the PD proxy flow (the proxy itself:
+:mod:`simulator.pd_proxy`).
 
 Flow (vLLM's disaggregated serving proxy): the router sends the prompt to a
 prefill instance with ``max_tokens=1``; when its prefill completes the proxy
@@ -36,7 +37,6 @@ from dataclasses import dataclass
 
 import hwdb
 from hwdb.schema import DTYPE_BYTES
-from simulator.fabric import Fabric, LinkState
 from simulator.perf import Deployment
 
 
@@ -220,130 +220,6 @@ def _check_layout_gpus(lay, db: hwdb.HardwareDB, p: Deployment, d: Deployment) -
                 f"({lay.gpus_per_node}x {'/'.join(lay.gpus)}) but the {role} pool runs on {dep.gpu.name}; use "
                 + (f"a layout of that GPU ({', '.join(same)})" if same else "a link (ib-ndr, roce-400, tcp-25gbe, ...)")
                 + " or the same GPU for both pools")
-
-
-class PDCoordinator:
-    """The PD proxy: hands prompts from prefill to decode instances and moves their KV."""
-
-    def __init__(self, env, plan: TransferPlan, prefill: list, decode: list, decode_router, rec,
-                 rng=None) -> None:
-        self.env = env
-        self.plan = plan
-        self.fabric = Fabric(env, rng)
-        jitter = None
-        if plan.jitter_mean_s > 0:
-            mean = plan.jitter_mean_s / 2   # drawn on each of the two sides of the path
-            jitter = lambda g, mean=mean: float(g.exponential(mean))  # noqa: E731
-        self.decode_router = decode_router
-        self.rec = rec
-        self.src: dict[int, object] = {}
-        self._jitter = jitter
-        self._groups: dict[tuple, LinkState] = {}
-        self.egress: list[tuple] = []
-        self.ingress: list[tuple] = []
-        for i in range(len(prefill)):
-            self.egress.append(self.side_path("prefill", i))
-        for i in range(len(decode)):
-            self.ingress.append(self.side_path("decode", i))
-        self.decode = decode
-        self.flow = plan.flow
-        self.reserved: dict[int, object] = {}
-        self.bytes_moved = 0.0
-        # Receive buffer of each decode instance (P2pNcclConnector's kv_buffer_size): bytes held in it.
-        self.in_buffer = [0.0] * len(decode)
-        for inst in prefill:
-            inst.hand_off = self.hand_off
-        for inst in decode:
-            inst.start_transfer = self.start_transfer
-
-    def side_path(self, role: str, i: int) -> tuple:
-        """The links instance ``i`` of ``role`` crosses on its side: its NIC group (shared by the instances
-        behind one NIC) and, with an oversubscribed leaf switch, its rack's uplink.  Made once, then reused."""
-        plan = self.plan
-        share = plan.prefill_share if role == "prefill" else plan.decode_share
-        cap = plan.prefill_side_Bps if role == "prefill" else plan.decode_side_Bps
-        d = "out" if role == "prefill" else "in"
-        g = i // share
-        name = f"{plan.link_name}:{role}{i}:{d}" if share == 1 else f"{plan.link_name}:{role}-nic{g}:{d}"
-        links = [self._group(name, cap, plan.latency_s)]
-        gpus = plan.prefill_gpus if role == "prefill" else plan.decode_gpus
-        for tier, up, nodes in plan.uplinks(role):
-            r = int(i * gpus // (plan.gpus_per_node * nodes))
-            links.append(self._group(f"{plan.link_name}:{role}-{tier}{r}:{'up' if d == 'out' else 'down'}", up, 0.0))
-        return tuple(links)
-
-    def _group(self, name: str, cap: float, latency: float) -> LinkState:
-        ln = self._groups.get(name)
-        if ln is None:
-            ln = self._groups[name] = LinkState(name, cap, latency, self.plan.bandwidth_factor, self._jitter)
-        return ln
-
-    def on_arrival(self, rid: int) -> None:
-        """SGLang flow: the decode instance is chosen when the request arrives and reserves
-        blocks for the prompt while the prefill runs (its bootstrap handshake)."""
-        d = self.decode_router.choose(rid)
-        self.rec.instance[rid] = d
-        self.decode[d].submit_remote(rid)
-
-    def hand_off(self, p_inst, rid: int, now: float) -> None:
-        """Prefill done.  vLLM flow: pick a decode instance, which allocates blocks when it can.
-        SGLang flow: push the KV as soon as the decode side has its blocks."""
-        self.src[rid] = p_inst
-        if self.flow == "sglang":
-            d_inst = self.reserved.pop(rid, None)
-            if d_inst is not None:
-                self._transfer(d_inst, rid, now)
-            return
-        d = self.decode_router.choose(rid)
-        self.rec.instance[rid] = d
-        self.decode[d].submit_remote(rid)
-
-    def start_transfer(self, d_inst, rid: int, now: float) -> None:
-        """The decode instance has blocks for the prompt: move the KV (once the prefill is done)."""
-        if rid not in self.src:        # SGLang flow, prefill still running: wait for hand_off
-            self.reserved[rid] = d_inst
-            return
-        self._transfer(d_inst, rid, now)
-
-    def _transfer(self, d_inst, rid: int, now: float) -> None:
-        plan, rec = self.plan, self.rec
-        p_inst = self.src.pop(rid)
-        nbytes = plan.bytes_for(rec.input_tokens[rid])
-        if plan.layerwise:
-            overlap = (rec.t_prefilled[rid] - rec.t_sched[rid]) * min(plan.prefill_side_Bps, plan.decode_side_Bps)
-            nbytes = max(nbytes / plan.num_layers, nbytes - overlap)
-        spill = 0.0
-        if plan.buffer_bytes:
-            # What does not fit in the free GPU buffer goes to the host tensor pool (P2pNccl).
-            d = d_inst.index
-            fit = min(nbytes, max(0.0, plan.buffer_bytes - self.in_buffer[d]))
-            self.in_buffer[d] += fit
-            spill = nbytes - fit
-        self._send(p_inst, d_inst, rid, nbytes, spill)
-
-    def _send(self, p_inst, d_inst, rid: int, nbytes: float, spill: float = 0.0) -> None:
-        plan, rec = self.plan, self.rec
-        rec.t_kv_start[rid] = self.env.now
-        extra = plan.setup_s + nbytes * plan.staged_s_per_byte
-        path = self.egress[p_inst.index] + self.ingress[d_inst.index]
-        ev = self.fabric.transfer(path, nbytes, extra)
-        self.bytes_moved += nbytes
-
-        def arrived(_e, rid=rid, p_inst=p_inst, d_inst=d_inst, nbytes=nbytes):
-            p_inst.release(rid)
-            if spill > 0:      # the overflow is copied to host memory and back before decode can use it
-                self.env.timeout(spill * plan.pool_copy_s_per_byte).callbacks.append(
-                    lambda _t: self._landed(d_inst, rid, nbytes - spill))
-            else:
-                self._landed(d_inst, rid, nbytes)
-        ev.callbacks.append(arrived)
-
-    def _landed(self, d_inst, rid: int, in_buffer: float) -> None:
-        """The KV is usable on the decode instance: it copies it out of the buffer into its blocks."""
-        self.rec.t_kv_done[rid] = self.env.now
-        d_inst.kv_arrived(rid)
-        if self.plan.buffer_bytes:
-            self.in_buffer[d_inst.index] -= in_buffer
 
 
 def crossover_bandwidth(step_model, kv_bytes_per_token: float, prompt_tokens: int, chunk: int) -> dict:

@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from simulator.engine import OUTCOMES, PoolRun
+from simulator.engine import PoolRun
+from simulator.outcome import LABELS, STATIC_OUTCOMES
 
 PCTS = (50, 90, 99)
 
@@ -67,7 +68,8 @@ def requests_frame(run: PoolRun, pool: str) -> pd.DataFrame:
         "preemptions": np.asarray(rec.preemptions, dtype=np.int32),
         "generated_tokens": np.asarray(rec.generated, dtype=np.int64),
         "cached_tokens": np.asarray(rec.cached_tokens, dtype=np.int64),
-        "outcome": pd.Categorical([OUTCOMES[o] for o in rec.outcome], categories=list(OUTCOMES.values())),
+        "outcome": pd.Categorical([LABELS[o] for o in rec.outcome],
+                                  categories=[o.label for o in STATIC_OUTCOMES]),
         "reason": rec.reason,
     })
 

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 from simulator.confidence import assess
-from simulator.engine import PoolSpec, Recorder, run_pool
+from simulator.engine import PoolSpec
 from simulator.epd import EPDError, prepare as prepare_epd
+from simulator.opsresults import ops_requests_frame
+from simulator.opsrun import run_operations
 from simulator.errors import WorkloadError
 from simulator.pd import TransferConfigError, build_transfer_plan, crossover_bandwidth
 from simulator.results import Results, links_frame, requests_frame, steps_frame, summarize
@@ -58,25 +60,17 @@ def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:
     else:
         front, back = rs.role("colocated"), None
     closed = reqs.client if reqs.is_closed_loop else None
-    ops = None
+    # A run without operations is an operations run whose lifecycle never fires; its requests table
+    # has no failures, retries or discarded tokens to show.
+    ops, run, rec = run_operations(scn, reqs, front, back, plan, closed, rngs, pool_spec, epd)
     if scn.operations.enabled:
-        if epd is not None:
-            raise ScenarioError("operations: autoscaling and faults do not model an encoder tier yet; run the "
-                                "multimodal scenario without `operations`, or the operations study without "
-                                "an encoder pool (pools[].role: encoder) and without images")
-        from simulator.opsrun import run_operations
-        ops, run, rec = run_operations(scn, reqs, front, back, plan, closed, rngs, pool_spec)
-        from simulator.opsresults import ops_requests_frame
         req_df = ops_requests_frame(run, back.name if back else front.name)
     else:
-        rec = Recorder(reqs.input_tokens, reqs.output_tokens, reqs.arrival_s, reqs.hash_ids, reqs.hash_block_tokens)
-        run = run_pool(pool_spec(front), rec, closed_loop=closed, max_time_s=scn.simulation.max_time_s,
-                       decode=pool_spec(back) if back else None, transfer=plan, rng=rngs["transfer"], epd=epd,
-                       client_rng=rngs["clients"])
         req_df = requests_frame(run, back.name if back else front.name)
-        if run.epd is not None:
-            from simulator.epd_flow import add_columns
-            req_df = add_columns(req_df, run.epd)
+        ops = None
+    if run.epd is not None:
+        from simulator.epd_flow import add_columns
+        req_df = add_columns(req_df, run.epd)
     if reqs.client is not None and reqs.client.warmup_requests:
         req_df["warmup"] = req_df["request_id"].to_numpy() < reqs.client.warmup_requests
     step_df = steps_frame(run)

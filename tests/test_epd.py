@@ -268,14 +268,6 @@ def test_vision_command(capsys, monkeypatch):
     assert "is not TP=SECONDS" in capsys.readouterr().err
 
 
-def test_operations_with_an_encoder_tier_is_refused():
-    ops = {"faults": {"fp8_crash": {"rate_per_token_s": 1e-6, "onset_tokens": 2048}}}
-    with pytest.raises(ScenarioError, match="do not model encoder pools"):
-        mm(EPD, FOUR_1080P, n=5, operations=ops)
-    with pytest.raises(ScenarioError, match="do not model an encoder tier"):   # images encoded in the front pool
-        simulate(mm(COLO, FOUR_1080P, n=5, operations=ops))
-
-
 # ------------------------------------------------------------ embedding transfer over TCP and shared NICs
 
 def _emb_run(fabric, connector="nixl", pools=EPD, n=1, rate=4.0):

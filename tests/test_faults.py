@@ -48,7 +48,7 @@ def run_objects(scn):
     return ops, run, ops_requests_frame(run, "x")
 
 
-# ---- with nothing happening, the operations engine is the plain engine ------------------------
+# ---- with nothing happening, a run with operations is a static run ------------------------------
 
 @pytest.mark.parametrize("pd_", [False, True], ids=["colocated", "pd"])
 def test_operations_engine_without_events_reproduces_the_plain_engine(pd_):
@@ -72,7 +72,7 @@ def test_operations_engine_without_events_reproduces_the_plain_engine(pd_):
 
 def test_no_faults_configured_no_request_fails():
     res = simulate(scenario(**{**fp8_scenario(0.5).model_dump(mode="json"), "operations": {}}))
-    assert "operations" not in res.summary                      # the plain engine ran
+    assert "operations" not in res.summary                      # a static run: no lifecycle
     assert set(res.requests["outcome"].astype(str)) == {"completed"}
     zero = simulate(fp8_scenario(0.5, rate_per_token_s=0.0)).summary["operations"]
     assert zero["failed"] == 0 and zero["crashes"] == 0

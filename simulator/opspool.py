@@ -1,0 +1,127 @@
+"""The instances of one pool over time: every incarnation, the serving ones the router sees, starts under way.
+
+A restarted container or a new pod is a new incarnation with a new index (:class:`~simulator.opsrecord.Life`
+bills it).  A static pool (no operations) is the same object whose lifecycle never fires: its
+instances go live at time 0 and serve to the end.
+"""
+from __future__ import annotations
+
+import simpy
+
+from simulator.dp_group import DPGroup
+from simulator.instance import Instance
+from simulator.opsrecord import Life
+from simulator.routing import make_router
+
+
+def _interrupted_is_fine(event) -> None:
+    """Callback on an instance process: its end by a crash or removal (an Interrupt) is expected;
+    any other exception still stops the simulation."""
+    if not event._ok and isinstance(event._value, simpy.Interrupt):
+        event.defused = True
+
+
+class OpsPool:
+    """The instances of one pool over time; ``active`` (serving, routable) is what the router sees."""
+
+    def __init__(self, ops, spec, gpus: int, starts) -> None:
+        self.ops = ops
+        self.env = ops.env
+        self.spec = spec
+        self.gpus = gpus
+        self.starts = starts                  # simulator.opsstart.StartTimes
+        self.all: list[Instance] = []
+        self.active: list[Instance] = []
+        self.starting: list[dict] = []
+        self.decisions: list[tuple] = []
+        self.scaleups: list[list] = []        # [decided_s, ready_s or None]
+        self.router = make_router(spec.router, self.active)
+
+    @property
+    def present(self) -> int:
+        return len(self.active) + len(self.starting)
+
+    def make(self, cause: str, billed_s: float) -> Instance:
+        s = self.spec
+        index = len(self.all)
+        inst = Instance(index, s.name, s.step_model, s.memory, s.max_num_seqs, s.max_num_batched_tokens,
+                        s.chunked_prefill, self.ops.rec, s.role, s.prefix_caching,
+                        life=Life(s.name, index, self.gpus, cause, billed_s))
+        self.all.append(inst)
+        self.ops.on_make(self, inst)
+        return inst
+
+    def start_initial(self) -> None:
+        """The pool's instances at time 0: made, grouped into lock-stepped data-parallel instances of
+        ``spec.dp`` ranks (static pools only), then serving, in index order."""
+        insts = [self.make("initial", 0.0) for _ in range(self.spec.instances)]
+        dp = self.spec.dp
+        if dp > 1:
+            for g in range(0, len(insts), dp):
+                group = DPGroup(self.env, self.spec.step_model, dp)
+                for r, inst in enumerate(insts[g:g + dp]):
+                    inst.group, inst.rank = group, r
+        for inst in insts:
+            self.go_live(inst)
+
+    def go_live(self, inst: Instance) -> None:
+        inst.start(self.env).callbacks.append(_interrupted_is_fine)
+        inst.life.ready_s = self.env.now
+        self.active.append(inst)
+        self.ops.on_live(self, inst)
+
+    def launch(self, cause: str, delay_s: float | None, billed_s: float, backoff_s: float = 10.0) -> dict:
+        """Start an incarnation that serves ``delay_s`` from now (never, if None)."""
+        tok = {"cancelled": False}
+        self.starting.append(tok)
+        inst = self.make(cause, billed_s)
+        inst.backoff_s = backoff_s
+        tok["inst"] = inst
+
+        def start(env):
+            if delay_s is None:
+                inst.life.end = "never ready: " + self.starts.never_reason(cause)
+                return                      # crash-looping pod: billed, never serving, stays counted
+            yield env.timeout(delay_s)
+            if tok["cancelled"]:
+                return
+            self.starting.remove(tok)
+            self.go_live(inst)
+            for su in self.scaleups:
+                if su[1] is None and tok is su[2]:
+                    su[1] = env.now
+        self.env.process(start(self.env))
+        return tok
+
+    def scale_up(self, n: int, why: str) -> None:
+        now = self.env.now
+        delay = self.starts.new_delay()
+        for _ in range(n):
+            tok = self.launch("scale-up", delay, now + self.starts.provisioning_s)
+            self.scaleups.append([now, None, tok])
+        self.ops.events.append((now, self.spec.name, "scale-up", n, why))
+
+    def scale_down(self, n: int, why: str) -> None:
+        """Cancel starts first (newest first), then drain the newest serving instances (one stays)."""
+        now = self.env.now
+        done = 0
+        while done < n and self.starting:
+            tok = self.starting.pop()
+            tok["cancelled"] = True
+            life = tok["inst"].life
+            life.ended_s, life.end = max(now, life.billed_s), "cancelled"
+            done += 1
+        while done < n and len(self.active) > 1:
+            inst = self.active.pop()
+            inst.draining = True
+            self.env.process(self._drain(inst))
+            done += 1
+        self.ops.events.append((now, self.spec.name, "scale-down", done, why))
+
+    def _drain(self, inst: Instance):
+        """Removed from routing; serves what it holds, then stops (billing ends)."""
+        while not inst.dead and not inst.is_empty():
+            yield self.env.timeout(1.0)
+        if not inst.dead:
+            inst.life.ended_s, inst.life.end = self.env.now, "removed"
+            inst.stop()
