@@ -42,7 +42,7 @@ def requests_frame(run: PoolRun, pool: str) -> pd.DataFrame:
     finish = np.asarray(rec.t_finish)
     out = np.asarray(rec.output_tokens)
     seen = np.asarray(rec.t_seen)
-    seen = np.where(np.isnan(seen), arrival, seen)   # paths without a front end (operations engine)
+    seen = np.where(np.isnan(seen), arrival, seen)   # never dispatched (past max_time_s, or never sent by a user)
     tpot = np.where(out > 1, (finish - first) / np.maximum(out - 1, 1), np.nan)
     return pd.DataFrame({
         "request_id": np.arange(len(arrival)),
