@@ -61,6 +61,7 @@ class Recorder:
         self.orig_output = list(self.output_tokens)
         self.first_orig = [nan] * n          # first token of the first attempt (re-prefill)
         self.sched_orig = [nan] * n          # when the first attempt was scheduled (re-prefill)
+        self.pd_orig: dict[int, tuple] = {}  # PD: the first attempt's (t_prefilled, t_kv_start, t_kv_done)
         self.resumed_from = [nan] * n        # crash time a re-prefilled request resumes from
         self.sent_at = [nan] * n             # when the gateway took this attempt (arrival or re-send)
 

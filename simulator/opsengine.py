@@ -188,12 +188,14 @@ class OpsRun:
             rec.carried[rid] = 0
             rec.input_tokens[rid], rec.output_tokens[rid] = rec.orig_input[rid], rec.orig_output[rid]
             rec.first_orig[rid] = rec.sched_orig[rid] = rec.resumed_from[rid] = math.nan
+            rec.pd_orig.pop(rid, None)
         elif g:
             rec.carried[rid] += g
             rec.input_tokens[rid] += g
             rec.output_tokens[rid] -= g
             if rec.first_orig[rid] != rec.first_orig[rid]:
                 rec.first_orig[rid], rec.sched_orig[rid] = rec.t_first[rid], rec.t_sched[rid]
+                rec.pd_orig[rid] = (rec.t_prefilled[rid], rec.t_kv_start[rid], rec.t_kv_done[rid])
             rec.resumed_from[rid] = now
         rec.t_first[rid] = rec.t_sched[rid] = math.nan
         rec.sent_at[rid] = now

@@ -36,7 +36,10 @@ def finalize(rec) -> None:
         if rec.resumed_from[rid] == rec.resumed_from[rid] and rec.t_first[rid] == rec.t_first[rid]:
             rec.resume_gaps.append(rec.t_first[rid] - rec.resumed_from[rid])
         if rec.first_orig[rid] == rec.first_orig[rid]:
+            # The TTFT split is the first attempt's, whose first token the row keeps.
             rec.t_first[rid], rec.t_sched[rid] = rec.first_orig[rid], rec.sched_orig[rid]
+            if rid in rec.pd_orig:
+                rec.t_prefilled[rid], rec.t_kv_start[rid], rec.t_kv_done[rid] = rec.pd_orig[rid]
         rec.input_tokens[rid], rec.output_tokens[rid] = rec.orig_input[rid], rec.orig_output[rid]
 
 

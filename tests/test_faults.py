@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 
 from simulator.faults import fp8_defaults
 from simulator.run import pool_spec, simulate
-from simulator.scenario import resolve, rng_streams
+from simulator.scenario import load_scenario, resolve, rng_streams
 from simulator.workload import generate
-from tests.conftest import pool, scenario
+from tests.conftest import REPO, pool, scenario
 from tests.test_invariants import util_for_kv_tokens
 
 PD_POOLS = [{"name": "prefill", "role": "prefill", "gpu": "H100", "instances": 2},
@@ -329,3 +329,18 @@ def test_an_instance_crashing_while_draining_is_not_restarted():
     restarted_from = {i.life.billed_s for i in ops.front.all if i.life.cause == "restart"}
     for inst in crashed_draining:
         assert inst.life.ended_s not in restarted_from
+
+
+def test_a_re_prefilled_pd_request_keeps_its_first_attempts_ttft_split():
+    """PD with FP8 crashes on decode and re-prefill (the shipped example): a request that made tokens,
+    lost its decode instance and was re-prefilled keeps its first attempt's first token, so its TTFT
+    split (queue, prefill, KV wait, transfer, decode admission) is that attempt's: no part negative,
+    the parts sum to TTFT."""
+    req = simulate(load_scenario(REPO / "examples" / "fp8_decode_crashes_pd.yaml")).requests
+    done = req[req["outcome"].astype(str) == "completed"]
+    assert (done["retries"] > 0).sum() >= 3          # the case is exercised
+    parts = ["frontend_s", "queue_s", "prefill_s", "transfer_wait_s", "transfer_s", "decode_admission_s"]
+    split = done[parts].fillna(0.0)
+    assert (split >= -1e-12).all().all(), split[(split < -1e-12).any(axis=1)]
+    assert np.allclose(split.sum(axis=1), done["ttft_s"], rtol=0, atol=1e-9)
+
