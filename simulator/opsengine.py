@@ -40,6 +40,7 @@ from simulator.autoscale import POLICIES, Observation, PoolContext, autoscaler
 from simulator.engine import PoolRun, Recorder, refusal
 from simulator.epd_flow import EPDCoordinator
 from simulator.instance import Instance
+from simulator.opscrash import collect_and_clear
 from simulator.opsencoder import EncoderPool
 from simulator.opspool import OpsPool
 from simulator.pd_proxy import PDCoordinator
@@ -147,7 +148,6 @@ class OpsRun:
         """``inst`` dies now: its KV and queues are gone; its requests follow the retry policy."""
         if inst.dead:
             return
-        from simulator.opscrash import collect_and_clear
         now = self.env.now
         pool = self.front if inst.pool == self.front.spec.name else self.back
         if inst in pool.active:
