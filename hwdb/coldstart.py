@@ -133,7 +133,7 @@ class StartupCoefficients(_Strict):
             return self.fits[phase].coefficients[name]
         except KeyError:
             raise HwdbError(f"start-up coefficients '{self.name}': fits.{phase}.coefficients lacks '{name}'; "
-                            f"regenerate the file with simulator.coldstart_fit.fit_profiler_csvs") from None
+                            f"regenerate the file with calibration.coldstart_fit.fit_profiler_csvs") from None
 
 
 class PhaseRange(_Strict):

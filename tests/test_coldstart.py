@@ -6,7 +6,7 @@ import pytest
 import hwdb
 from hwdb.coldstart import load_coldstart
 from simulator.coldstart import PHASES, ColdStartError, breakdown, capture_sizes, compile_seconds, dynamo_seconds
-from simulator.coldstart_fit import check_profiler_rows, fit_profiler_csvs
+from calibration.coldstart_fit import check_profiler_rows, fit_profiler_csvs
 from simulator.scenario import PoolConfig, deployment_for
 
 
