@@ -1,5 +1,5 @@
 """Fit of the cold-start coefficients to the vllm-startup-profiler CSVs, and the per-row check of
-the formulas in :mod:`simulator.coldstart` against them (``docs/operations.md`` gives the figures).
+the formulas in :mod:`simulator.ops.coldstart` against them (``docs/operations.md`` gives the figures).
 
 ``fit_profiler_csvs`` regenerates the numbers in ``hwdb/data/coldstart/``; ``check_profiler_rows``
 puts each measured start-up beside the breakdown's phase formulas.
@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from hwdb.coldstart import StartupCoefficients, load_coldstart
-from simulator.coldstart import (capture_seconds, capture_sizes, compile_seconds, dynamo_seconds,
+from simulator.ops.coldstart import (capture_seconds, capture_sizes, compile_seconds, dynamo_seconds,
                                  kv_profile_seconds, weights_seconds)
 
 FIG10 = "vllm_startup_profiler_fig10_gpu0_uncached.csv"

@@ -1,7 +1,7 @@
 """Leave-one-source-out check of the cold-start ranges against the sourced real start-ups.
 
 Several range ends in ``hwdb/data/coldstart/vllm-scale.yaml`` are read from the very start-ups
-:func:`simulator.coldstart_scale.check_cases` compares them with (``feeds`` of each case), so
+:func:`simulator.ops.coldstart_scale.check_cases` compares them with (``feeds`` of each case), so
 those comparisons are partly fitted on themselves.  Here every such range is re-derived from its
 measurements by the rule the YAML states (``typical`` = median of the sourced measurements, ``low``
 and ``high`` = their extremes, widened by the bounds that are not measurements: a skipped phase,
@@ -23,9 +23,9 @@ import statistics
 from dataclasses import dataclass
 
 from hwdb.coldstart import ColdStartDB, StartupCase, load_coldstart
-from simulator.coldstart import (capture_seconds, captured_graphs, capture_sizes, compile_seconds,
+from simulator.ops.coldstart import (capture_seconds, captured_graphs, capture_sizes, compile_seconds,
                                  dynamo_seconds)
-from simulator.coldstart_scale import CaseCheck, case_breakdowns, case_deployment, compared_seconds
+from simulator.ops.coldstart_scale import CaseCheck, case_breakdowns, case_deployment, compared_seconds
 
 GIB = 1024 ** 3
 
@@ -187,7 +187,7 @@ def derive_ranges(exclude: frozenset[str] | set[str] = frozenset(), cs: ColdStar
     out["dynamo_moe_layer_weight"] = _span(pts((moe_dyn, f"{joined(dyn['qwen235b'])}+{joined(llama_dyn)}")),
                                            bounds=[(1.0, "")], fallback=1.0)
 
-    # Inductor on a miss, against the piece formula at x1 (simulator.coldstart.compile_seconds)
+    # Inductor on a miss, against the piece formula at x1 (simulator.ops.coldstart.compile_seconds)
     piece = {"llama70b": compile_seconds(coef, 80, "miss"),
              "qwen235b": compile_seconds(coef, 94, "miss", unique=95)}
     comp = {m: _group(runs, m, "compile_s") for m in _LAYERS}

@@ -5,7 +5,7 @@ that :func:`calibration.harness.server.parse_startup_log` read from the vLLM log
 .startup``: events with ``t`` = seconds since launch, and a summary).  This module turns them
 into per-phase durations and writes a ``kind: startup`` set (:class:`hwdb.coldstart.
 StartupCoefficients`) into ``<hwdb>/coldstart/``, where :func:`hwdb.coldstart.load_coldstart`
-finds it and ``simulator.coldstart.breakdown(dep, engine=NAME, db=load_coldstart([hwdb]))``
+finds it and ``simulator.ops.coldstart.breakdown(dep, engine=NAME, db=load_coldstart([hwdb]))``
 uses it.
 
 Phases (seconds), from the log events:

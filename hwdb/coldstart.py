@@ -107,7 +107,7 @@ class ProfiledHost(_Strict):
 
 
 class StartupCoefficients(_Strict):
-    """Start-up phase coefficients of one serving-engine generation (see simulator/coldstart.py).
+    """Start-up phase coefficients of one serving-engine generation (see simulator/ops/coldstart.py).
 
     ``fits`` holds the least-squares fitted phases (``process_start``,
     ``weights_storage``, ``weights_page_cache``, ``dynamo``, ``compile_miss``,
@@ -178,7 +178,7 @@ class StartupCase(_Strict):
 class VersionRules(_Strict):
     """What one vLLM release does at start-up that switches phases on or off (sourced)."""
 
-    capture_rule: Literal["0.10", "v1"]           # simulator.coldstart.capture_sizes
+    capture_rule: Literal["0.10", "v1"]           # simulator.ops.coldstart.capture_sizes
     cudagraph_mode: Literal["FULL_AND_PIECEWISE", "PIECEWISE", "NONE"]
     gc_per_capture_size: bool                    # gc.collect once per captured size (before vLLM PR #21146)
     p2p_check: bool                              # custom all-reduce P2P access check on by default
@@ -188,7 +188,7 @@ class VersionRules(_Strict):
 
 
 class ScaleRanges(_Strict):
-    """Multi-GPU / large-model / MoE phase ranges of one engine generation (simulator/coldstart_scale.py)."""
+    """Multi-GPU / large-model / MoE phase ranges of one engine generation (simulator/ops/coldstart_scale.py)."""
 
     kind: Literal["scale"]
     name: str

@@ -14,8 +14,8 @@ from rich.markup import escape
 from rich.table import Table
 
 import hwdb
-from simulator.coldstart import PHASE_LABELS, PHASES, Breakdown, ColdStartError, breakdown
-from simulator.k8s import PodSpec, Probe, ProbeError, recommend_probes, simulate_pod
+from simulator.ops.coldstart import PHASE_LABELS, PHASES, Breakdown, ColdStartError, breakdown
+from simulator.ops.k8s import PodSpec, Probe, ProbeError, recommend_probes, simulate_pod
 from simulator.perf import FitError
 from simulator.scenario import ScenarioError
 from simulator.errors import print_user_error

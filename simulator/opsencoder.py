@@ -12,12 +12,12 @@ times); the queue policy counts images waiting on serving encoders (not yet in a
 """
 from __future__ import annotations
 
-from simulator.autoscale import Observation
+from simulator.ops.autoscale import Observation
 
 
 class EncoderPool:
     """The encoder instances of an EPD run over time.  ``events``: the run's operations log, appended
-    ``(time_s, pool, action, count, why)``; ``starts``: a :class:`simulator.opsstart.StartTimes`."""
+    ``(time_s, pool, action, count, why)``; ``starts``: a :class:`simulator.ops.opsstart.StartTimes`."""
 
     def __init__(self, env, coord, starts, events: list) -> None:
         self.env = env

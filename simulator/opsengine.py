@@ -34,9 +34,9 @@ import gc
 import simpy
 
 from simulator import engine
-from simulator import faults as flt
+from simulator.ops import faults as flt
 from simulator.arrivals import start_workload
-from simulator.autoscale import POLICIES, Observation, PoolContext, autoscaler
+from simulator.ops.autoscale import POLICIES, Observation, PoolContext, autoscaler
 from simulator.engine import PoolRun, Recorder, refusal
 from simulator.epd_flow import EPDCoordinator
 from simulator.instance import Instance

@@ -29,7 +29,7 @@ class OpsPool:
         self.env = ops.env
         self.spec = spec
         self.gpus = gpus
-        self.starts = starts                  # simulator.opsstart.StartTimes
+        self.starts = starts                  # simulator.ops.opsstart.StartTimes
         self.all: list[Instance] = []
         self.active: list[Instance] = []
         self.starting: list[dict] = []

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import deque
 
 from simulator.fabric import Fabric, LinkState
-from simulator.faults import link_degradation_process
+from simulator.ops.faults import link_degradation_process
 
 
 class PDCoordinator:

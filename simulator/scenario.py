@@ -19,8 +19,8 @@ from simulator.errors import format_validation_error, read_yaml
 from simulator.inputs import NoBoolNumbers
 from simulator.perf import Deployment, EngineKnobs, FitError, MemoryPlan, StepModel, plan_memory
 from simulator.step_build import build_step_model
-from simulator.opsconfig import OperationsConfig, check_against_pools
-from simulator.opsstart import StartTimes, StartupError, start_times
+from simulator.ops.opsconfig import OperationsConfig, check_against_pools
+from simulator.ops.opsstart import StartTimes, StartupError, start_times
 from simulator.routing import ROUTERS
 from simulator.workload import WorkloadConfig
 

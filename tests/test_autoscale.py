@@ -1,4 +1,4 @@
-"""Autoscaling (simulator/autoscale.py, simulator/opsengine.py): a step in load, start delays, drains, GPU-hours."""
+"""Autoscaling (simulator/ops/autoscale.py, simulator/opsengine.py): a step in load, start delays, drains, GPU-hours."""
 from __future__ import annotations
 
 import math
@@ -7,7 +7,7 @@ import pytest
 
 from simulator.run import simulate
 from simulator.scenario import ScenarioError, resolve
-from simulator.opsstart import StartTimes, start_times as _start_times
+from simulator.ops.opsstart import StartTimes, start_times as _start_times
 from tests.conftest import pool, scenario
 
 STEP_AT = 60.0
@@ -132,7 +132,7 @@ def test_kv_policy_scales_a_kv_bound_pool():
 
 
 def test_slo_policy_sizes_prefill_and_decode_separately():
-    from simulator.autoscale import instance_capacity
+    from simulator.ops.autoscale import instance_capacity
     from simulator.opsengine import pool_context
 
     def pd(inp, out):

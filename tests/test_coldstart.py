@@ -1,11 +1,11 @@
-"""Cold-start phases (simulator/coldstart.py) and their data (hwdb/data/coldstart)."""
+"""Cold-start phases (simulator/ops/coldstart.py) and their data (hwdb/data/coldstart)."""
 from __future__ import annotations
 
 import pytest
 
 import hwdb
 from hwdb.coldstart import load_coldstart
-from simulator.coldstart import PHASES, ColdStartError, breakdown, capture_sizes, compile_seconds, dynamo_seconds
+from simulator.ops.coldstart import PHASES, ColdStartError, breakdown, capture_sizes, compile_seconds, dynamo_seconds
 from calibration.coldstart_fit import check_profiler_rows, fit_profiler_csvs
 from simulator.scenario import PoolConfig, deployment_for
 

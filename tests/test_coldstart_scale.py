@@ -12,10 +12,10 @@ import hwdb
 from calibration.coldstart_holdout import derive_ranges, fed_ranges, held_out_checks, holdout_markdown
 from hwdb.coldstart import load_coldstart
 from simulator.cli_ops import add_subparsers
-from simulator.coldstart import LEVELS, Breakdown, ColdStartError, Phase, breakdown
-from simulator.coldstart_scale import (breakdown_range, case_breakdowns, cases_markdown, check_cases,
+from simulator.ops.coldstart import LEVELS, Breakdown, ColdStartError, Phase, breakdown
+from simulator.ops.coldstart_scale import (breakdown_range, case_breakdowns, cases_markdown, check_cases,
                                        phases_markdown, recommend_high)
-from simulator.k8s import PodSpec, Probe, recommend_probes, simulate_pod
+from simulator.ops.k8s import PodSpec, Probe, recommend_probes, simulate_pod
 from simulator.scenario import PoolConfig, deployment_for
 
 

@@ -1,4 +1,4 @@
-"""Faults (simulator/faults.py, opscrash.py, opsengine.py): FP8 crashes, node failures, retries, accounting."""
+"""Faults (simulator/ops/faults.py, opscrash.py, opsengine.py): FP8 crashes, node failures, retries, accounting."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from simulator.faults import fp8_defaults
+from simulator.ops.faults import fp8_defaults
 from simulator.run import pool_spec, simulate
 from simulator.scenario import load_scenario, resolve, rng_streams
 from simulator.workload import generate
@@ -139,7 +139,7 @@ def test_failed_requests_name_their_crash(fp8_runs):
 # ---- restarts through the cold-start and probe model --------------------------------------------
 
 def test_crashed_instance_restarts_after_backoff_plus_its_start():
-    from simulator.opsstart import start_times
+    from simulator.ops.opsstart import start_times
     scn = fp8_scenario(0.5, rate_per_token_s=2e-6)
     ops, run, _ = run_objects(scn)
     st = resolve(scn).pools[0].starts

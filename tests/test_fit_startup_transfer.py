@@ -57,11 +57,11 @@ def test_startup_yaml_loads_and_breakdown_uses_it(tmp_path):
     assert c.coef("kv_profile", "k_miss_s_per_layer") == 0.0
     assert len(c.fits["process_start"].rows) == 3
     assert str(b1.resolve()) in c.notes and "dynamo" in c.notes  # provenance + phases kept from the base
-    # usable by simulator.coldstart.breakdown through its engine/db arguments
+    # usable by simulator.ops.coldstart.breakdown through its engine/db arguments
     from types import SimpleNamespace as N
 
     from simulator.cli_ops import _deployment
-    from simulator.coldstart import breakdown
+    from simulator.ops.coldstart import breakdown
     dep = _deployment(N(hwdb=[], model="llama-3.1-8b", gpu="h100", tp=1, pp=1, dtype="bf16",
                         enforce_eager=True, cmd="coldstart"))
     bd = breakdown(dep, "hit", storage="page_cache", engine=doc["name"], db=load_coldstart([tmp_path / "hw"]))

@@ -1,4 +1,4 @@
-"""Kubernetes pod lifecycle (simulator/k8s.py): the seed's crash loop and its fixes."""
+"""Kubernetes pod lifecycle (simulator/ops/k8s.py): the seed's crash loop and its fixes."""
 from __future__ import annotations
 
 import argparse
@@ -9,8 +9,8 @@ from rich.console import Console
 
 import hwdb
 from simulator.cli_ops import add_subparsers
-from simulator.coldstart import Breakdown, Phase, breakdown
-from simulator.k8s import PodSpec, Probe, ProbeError, recommend_probes, simulate_pod
+from simulator.ops.coldstart import Breakdown, Phase, breakdown
+from simulator.ops.k8s import PodSpec, Probe, ProbeError, recommend_probes, simulate_pod
 from simulator.scenario import PoolConfig, deployment_for
 
 HORIZON = 1800.0   # 30 minutes

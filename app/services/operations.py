@@ -1,6 +1,6 @@
 """Cold start and Kubernetes probes for one model on one GPU type (no Streamlit).
 
-Wraps :mod:`simulator.coldstart` and :mod:`simulator.k8s` as the ``epdsim coldstart`` and
+Wraps :mod:`simulator.ops.coldstart` and :mod:`simulator.ops.k8s` as the ``epdsim coldstart`` and
 ``epdsim probes`` commands do, returning DataFrames for the Operations page.
 """
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pandas as pd
 
 import hwdb
 from app.services.scenarios import InputError
-from simulator.coldstart import PHASE_LABELS, ColdStartError, breakdown
-from simulator.k8s import PodSpec, Probe, ProbeError, recommend_probes, simulate_pod
+from simulator.ops.coldstart import PHASE_LABELS, ColdStartError, breakdown
+from simulator.ops.k8s import PodSpec, Probe, ProbeError, recommend_probes, simulate_pod
 from simulator.perf import FitError
 from simulator.scenario import PoolConfig, ScenarioError, deployment_for
 

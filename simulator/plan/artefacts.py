@@ -14,8 +14,8 @@ import shlex
 import yaml
 
 import hwdb
-from simulator.coldstart import breakdown
-from simulator.k8s import recommend_probes
+from simulator.ops.coldstart import breakdown
+from simulator.ops.k8s import recommend_probes
 from simulator.scenario import deployment_for, resolve
 
 from simulator.plan.manifests import (MOONCAKE_BOOTSTRAP_PORT, P2P_KV_PORT, P2P_PROXY_ZMQ_PORT, SGLANG_PORT, VLLM_PORT,

@@ -3,7 +3,7 @@
 A SimPy simulation of one pod with ``restartPolicy: Always``.  The image is
 pulled once (before the first container start; probes do not see it), then
 each container attempt runs the cold-start phases of a
-:class:`simulator.coldstart.Breakdown` in order.  The probes' HTTP endpoint
+:class:`simulator.ops.coldstart.Breakdown` in order.  The probes' HTTP endpoint
 answers only once the API server is up (before that the port is closed and a
 probe fails at once, so ``timeoutSeconds`` never elapses here; it matters for
 a hung server, which this model does not produce).
@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import simpy
 import yaml
 
-from simulator.coldstart import PHASE_LABELS, Breakdown
+from simulator.ops.coldstart import PHASE_LABELS, Breakdown
 
 
 class ProbeError(ValueError):
@@ -363,7 +363,7 @@ def recommend_probes(bd: Breakdown, margin: float = 0.5, period_s: int = 10,
     timeout 3 s, 3 failures) then start when it succeeds, with no delay.  Size
     it on a cold compile cache and on the high end of the sourced range
     (``breakdown(..., level="high")``, or
-    :func:`simulator.coldstart_scale.recommend_high`): a vLLM, torch or config
+    :func:`simulator.ops.coldstart_scale.recommend_high`): a vLLM, torch or config
     change invalidates a warm cache, and hosts differ several-fold.
     """
     if not (isinstance(margin, (int, float)) and margin >= 0 and margin == margin):

@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hwdb.coldstart import ColdStartDB, StartupCase, load_coldstart
-from simulator.coldstart import LEVELS, PHASE_LABELS, PHASES, Breakdown, ColdStartError, breakdown
+from simulator.ops.coldstart import LEVELS, PHASE_LABELS, PHASES, Breakdown, ColdStartError, breakdown
 
 
 def breakdown_range(dep, compile_cache: str = "miss", storage: str = "nvme", image_cached: bool = True,
@@ -43,8 +43,8 @@ def breakdown_range(dep, compile_cache: str = "miss", storage: str = "nvme", ima
 
 
 def recommend_high(dep, storage: str = "nvme", image_cached: bool = True, margin: float = 0.5, **kw):
-    """Probe recommendation sized on the high end of a cold-cache start (see :mod:`simulator.k8s`)."""
-    from simulator.k8s import recommend_probes
+    """Probe recommendation sized on the high end of a cold-cache start (see :mod:`simulator.ops.k8s`)."""
+    from simulator.ops.k8s import recommend_probes
     path = kw.pop("path", "/health")
     port = kw.pop("port", 8000)
     return recommend_probes(breakdown(dep, "miss", storage, image_cached, level="high", **kw), margin=margin,

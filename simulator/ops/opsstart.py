@@ -1,8 +1,8 @@
 """How long a new or restarted instance takes to serve: cold start behind probes.
 
-:func:`start_times` runs the pod model (:func:`simulator.k8s.simulate_pod`)
+:func:`start_times` runs the pod model (:func:`simulator.ops.k8s.simulate_pod`)
 once for each kind of start, over the cold-start phases of the pool's
-deployment (:func:`simulator.coldstart.breakdown`):
+deployment (:func:`simulator.ops.coldstart.breakdown`):
 
 * **new** (scale-up, node replacement): ``provisioning_s``, then a pod on a
   fresh node: image pulled unless ``image_cached``, compile cache hit only
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import hwdb
 from hwdb.coldstart import load_coldstart
-from simulator.coldstart import ColdStartError, breakdown
-from simulator.k8s import PodSpec, ProbeError, recommend_probes, simulate_pod
+from simulator.ops.coldstart import ColdStartError, breakdown
+from simulator.ops.k8s import PodSpec, ProbeError, recommend_probes, simulate_pod
 
 HORIZON_S = 3600.0
 
@@ -38,7 +38,7 @@ class StartTimes:
         self.provisioning_s = provisioning_s
         self.new_breakdown = new_breakdown
         self.restart_breakdown = restart_breakdown
-        self.new = new                  # simulator.k8s pod result of a new instance
+        self.new = new                  # simulator.ops.k8s pod result of a new instance
         self.restart = restart          # ... and of a restarted container
         self.pod_spec = pod_spec
 
@@ -73,7 +73,7 @@ def start_times(dep, cfg, hwdb_dirs=(), field: str = "operations.startup") -> St
         new_cold, new_warm = bd("miss", cfg.image_cached), bd("hit", cfg.image_cached)
         re_cold, re_warm = bd("miss", True), bd("hit", True)
         if cfg.probes == "recommended":
-            # sized on the high end of the sourced range (simulator/coldstart_scale.py)
+            # sized on the high end of the sourced range (simulator/ops/coldstart_scale.py)
             spec = recommend_probes(bd("miss", cfg.image_cached, "high"), cfg.margin).pod_spec(volume)
         else:
             spec = PodSpec(*(getattr(cfg, n).probe() if getattr(cfg, n) is not None else None

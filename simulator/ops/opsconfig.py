@@ -5,12 +5,12 @@ Everything here is off by default: a scenario without an ``operations`` block
 runs exactly as before.  Units: seconds, tokens, requests.
 
 * ``startup``: how a new or restarted instance starts: node provisioning
-  delay, then the cold-start phases (:mod:`simulator.coldstart`) of a pod
-  behind its probes (:mod:`simulator.k8s`);
+  delay, then the cold-start phases (:mod:`simulator.ops.coldstart`) of a pod
+  behind its probes (:mod:`simulator.ops.k8s`);
 * ``autoscale``: per pool name, a policy (registry in
-  :mod:`simulator.autoscale`) with its bounds and targets;
+  :mod:`simulator.ops.autoscale`) with its bounds and targets;
 * ``faults``: FP8 activation-outlier crashes, node failures, link
-  degradation episodes on the PD fabric (:mod:`simulator.faults`);
+  degradation episodes on the PD fabric (:mod:`simulator.ops.faults`);
 * ``retry``: what happens to requests in flight on a crashed instance.
 """
 from __future__ import annotations
@@ -36,12 +36,12 @@ class ProbeConfig(_Strict):
 
     @model_validator(mode="after")
     def _valid(self) -> ProbeConfig:
-        from simulator.k8s import Probe
+        from simulator.ops.k8s import Probe
         Probe(self.initial_delay_s, self.period_s, self.timeout_s, self.failure_threshold).validate()
         return self
 
     def probe(self):
-        from simulator.k8s import Probe
+        from simulator.ops.k8s import Probe
         return Probe(self.initial_delay_s, self.period_s, self.timeout_s, self.failure_threshold)
 
 
@@ -104,7 +104,7 @@ class AutoscaleConfig(_Strict):
 
     @model_validator(mode="after")
     def _bounds(self) -> AutoscaleConfig:
-        from simulator.autoscale import POLICIES
+        from simulator.ops.autoscale import POLICIES
         if self.policy not in POLICIES:
             raise ValueError(f"policy={self.policy!r} is unknown; choose one of {sorted(POLICIES)}")
         if self.min_instances > self.max_instances:
