@@ -14,12 +14,12 @@ from pathlib import Path
 import yaml
 
 import hwdb
-from simulator.epd import encoder_model
-from simulator.epd_config import EncoderConfig
+from simulator.epd.epd import encoder_model
+from simulator.epd.epd_config import EncoderConfig
 from simulator.goodput import find_goodput
 from simulator.run import simulate
 from simulator.scenario import parse_scenario
-from simulator.vision import encoder_flops, patches, vision_arch, visual_tokens
+from simulator.epd.vision import encoder_flops, patches, vision_arch, visual_tokens
 
 # H20 is not in hwdb (no sourced datasheet was read); these figures are the widely reported NVIDIA HGX H20
 # specification and are used only for the ViT timing check below.

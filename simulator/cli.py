@@ -78,7 +78,7 @@ def cmd_perf(args, con: Console) -> int:
 
 
 def cmd_crossover(args, con: Console) -> int:
-    from simulator.pd import crossover_bandwidth, fabric_verdicts
+    from simulator.pd.pd import crossover_bandwidth, fabric_verdicts
     from simulator.perf import plan_memory
     from simulator.step_build import build_step_model
     from simulator.scenario import PoolConfig, deployment_for

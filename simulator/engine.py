@@ -158,7 +158,7 @@ class PoolRun:
     instances: list[Instance]
     end_time: float
     coordinator: object = None
-    epd: object = None            # simulator.epd_flow.EPDCoordinator of a multimodal run
+    epd: object = None            # simulator.epd.epd_flow.EPDCoordinator of a multimodal run
 
 
 def refusal(front: PoolSpec, back: PoolSpec | None, inp: int, out: int) -> str:

@@ -1,6 +1,6 @@
 """An encoder pool that autoscales: the autoscaler's view of an EPD run's encoder tier.
 
-The proxy (:class:`simulator.epd_flow.EPDCoordinator`) sends images to its serving encoders
+The proxy (:class:`simulator.epd.epd_flow.EPDCoordinator`) sends images to its serving encoders
 (``coord.encoders``, the list edited here).  A scale-up makes new encoder instances that serve after
 the pool's start delay; a scale-down cancels starts first (newest first), then takes the newest
 serving encoders out of routing (one always stays): each finishes the images already queued on it,

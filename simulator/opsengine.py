@@ -1,8 +1,8 @@
 """The engine: one simulation of a scenario's pools in SimPy, static or with operations.
 
 :class:`OpsRun` creates the environment; the workload (open-loop arrivals or closed-loop clients,
-:mod:`simulator.arrivals`), every instance, the PD proxy (:mod:`simulator.pd_proxy`) and the EPD
-proxy (:mod:`simulator.epd_flow`) are processes or callbacks that receive it.  A static pool is a
+:mod:`simulator.arrivals`), every instance, the PD proxy (:mod:`simulator.pd.pd_proxy`) and the EPD
+proxy (:mod:`simulator.epd.epd_flow`) are processes or callbacks that receive it.  A static pool is a
 run whose lifecycle never fires: without an ``operations`` block no instance crashes, starts or
 leaves, and the run ends when its schedule empties.  With one, pools change over time:
 
@@ -38,12 +38,12 @@ from simulator.ops import faults as flt
 from simulator.arrivals import start_workload
 from simulator.ops.autoscale import POLICIES, Observation, PoolContext, autoscaler
 from simulator.engine import PoolRun, Recorder, refusal
-from simulator.epd_flow import EPDCoordinator
+from simulator.epd.epd_flow import EPDCoordinator
 from simulator.instance import Instance
 from simulator.opscrash import collect_and_clear
 from simulator.opsencoder import EncoderPool
 from simulator.opspool import OpsPool
-from simulator.pd_proxy import PDCoordinator
+from simulator.pd.pd_proxy import PDCoordinator
 
 class OpsRun:
     """One simulation, with or without operations; :meth:`run` returns a :class:`PoolRun`."""
@@ -62,7 +62,7 @@ class OpsRun:
         self.sum_in = self.sum_out = 0
         self.limbo: deque[int] = deque()
         self.coord = None
-        self.epd = None                       # simulator.epd_flow.EPDCoordinator of a multimodal run
+        self.epd = None                       # simulator.epd.epd_flow.EPDCoordinator of a multimodal run
         self.front = self.back = None
         self.fp8: dict = {}
         self.coord_rng = None                 # the KV fabric's jitter stream (as in the plain engine)
@@ -206,8 +206,8 @@ class OpsRun:
     # ---- the run --------------------------------------------------------------------------
     def run(self, front_spec, front_gpus: int, closed_loop=None, max_time_s=None, back_spec=None, back_gpus=0,
             plan=None, contexts=None, epd=None) -> PoolRun:
-        """Serve every request of the recorder; ``epd`` (a :class:`simulator.epd.EPDSetup`): requests with
-        images go through the encoder tier first, or the front pool encodes them (:mod:`simulator.epd_flow`)."""
+        """Serve every request of the recorder; ``epd`` (a :class:`simulator.epd.epd.EPDSetup`): requests with
+        images go through the encoder tier first, or the front pool encodes them (:mod:`simulator.epd.epd_flow`)."""
         env, rec, cfg = self.env, self.rec, self.cfg
         rec.all_ended = env.event()
         self.front = OpsPool(self, front_spec, front_gpus, self.starts_for[front_spec.name])

@@ -8,7 +8,7 @@ from simulator.opsengine import OpsRun, pool_context
 def run_operations(scn, reqs, front, back, plan, closed, rngs, spec_of, epd=None):
     """Returns ``(ops, PoolRun, recorder)``.  ``front``/``back``: :class:`simulator.scenario.ResolvedPool`
     (``back`` None without PD), each with its start times; ``spec_of`` turns one into the engine's PoolSpec;
-    ``rngs``: the run's :func:`simulator.scenario.rng_streams`; ``epd``: the :class:`simulator.epd.EPDSetup`
+    ``rngs``: the run's :func:`simulator.scenario.rng_streams`; ``epd``: the :class:`simulator.epd.epd.EPDSetup`
     of a multimodal run, or None.
 
     Fault draws come from the ``faults`` stream, the fabric's jitter from ``transfer`` (as without

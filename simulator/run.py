@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from simulator.confidence import assess
 from simulator.engine import PoolSpec
-from simulator.epd import EPDError, prepare as prepare_epd
+from simulator.epd.epd import EPDError, prepare as prepare_epd
 from simulator.opsresults import ops_requests_frame
 from simulator.opsrun import run_operations
 from simulator.errors import WorkloadError
-from simulator.pd import TransferConfigError, build_transfer_plan, crossover_bandwidth
+from simulator.pd.pd import TransferConfigError, build_transfer_plan, crossover_bandwidth
 from simulator.results import Results, links_frame, requests_frame, steps_frame, summarize
 from simulator.scenario import ResolvedPool, Scenario, ScenarioError, resolve, rng_streams
 from simulator.traces import TraceError
@@ -69,7 +69,7 @@ def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:
         req_df = requests_frame(run, back.name if back else front.name)
         ops = None
     if run.epd is not None:
-        from simulator.epd_flow import add_columns
+        from simulator.epd.epd_flow import add_columns
         req_df = add_columns(req_df, run.epd)
     if reqs.client is not None and reqs.client.warmup_requests:
         req_df["warmup"] = req_df["request_id"].to_numpy() < reqs.client.warmup_requests
@@ -90,7 +90,7 @@ def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:
         summary["crossover"] = crossover_bandwidth(front.step, plan.kv_bytes_per_token, mean_prompt,
                                                    front.dep.knobs.max_num_batched_tokens)
     if run.epd is not None:
-        from simulator.epd_flow import encoder_summary
+        from simulator.epd.epd_flow import encoder_summary
         summary["encoder"] = encoder_summary(run.epd, summary["duration_s"])
     pool, dep, mem = front.pool, front.dep, front.memory
     k = dep.knobs

@@ -14,7 +14,7 @@ import numpy as np
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 import hwdb
-from simulator.epd_config import EmbeddingTransferConfig, EncoderConfig
+from simulator.epd.epd_config import EmbeddingTransferConfig, EncoderConfig
 from simulator.errors import format_validation_error, read_yaml
 from simulator.inputs import NoBoolNumbers
 from simulator.perf import Deployment, EngineKnobs, FitError, MemoryPlan, StepModel, plan_memory
@@ -93,7 +93,7 @@ class KVTransferConfig(_Strict):
     jitter_mean_s: float = Field(0.0, ge=0, le=3600)         # extra latency per transfer, exponential with this mean
     kv_buffer_size: float | None = Field(None, gt=0)  # bytes; receive buffer per decode instance (P2pNccl)
     # ``fabric``: a link (hwdb links/) or a node type's network layout (networks/: link, GPUs per NIC, NIC rate).
-    # Network topology (simulator/pd.py): GPUs behind one NIC (None: the layout's, else 1 on RDMA fabrics, a node on TCP/VPC),
+    # Network topology (simulator/pd/pd.py): GPUs behind one NIC (None: the layout's, else 1 on RDMA fabrics, a node on TCP/VPC),
     # one NIC's line rate (None: the fabric link's), nodes under one leaf switch and its uplink's
     # oversubscription, racks under one spine (a pod) and the pod uplink's; where the pools sit.
     gpus_per_nic: int | None = Field(None, ge=1, le=72)
@@ -323,7 +323,7 @@ class ResolvedPool:
 
 @dataclasses.dataclass(frozen=True)
 class ResolvedScenario:
-    """A scenario's hardware data, model and resolved LLM pools (encoder pools: simulator.epd.prepare)."""
+    """A scenario's hardware data, model and resolved LLM pools (encoder pools: simulator.epd.epd.prepare)."""
 
     db: hwdb.HardwareDB
     model: object
@@ -351,7 +351,7 @@ def resolve(scn: Scenario, db: hwdb.HardwareDB | None = None) -> ResolvedScenari
                                 "KV can only move between instances of the same model: use one model for both")
     out = []
     for pool in scn.pools:
-        if pool.role == "encoder":   # resolved by simulator.epd.prepare
+        if pool.role == "encoder":   # resolved by simulator.epd.epd.prepare
             continue
         dep = deployment_for(pool, models[pool.name], db)
         try:

@@ -35,7 +35,7 @@ from typing import Annotated, Literal, Union
 import numpy as np
 from pydantic import ConfigDict, Field, model_validator
 
-from simulator.epd_config import ImageWorkload
+from simulator.epd.epd_config import ImageWorkload
 from simulator.errors import WorkloadError
 from simulator.inputs import NoBoolNumbers
 from simulator.loadshape import ShapedArrivals, shaped_arrivals
@@ -223,7 +223,7 @@ class WorkloadConfig(_Frozen):
     lengths: LengthPairs | None = None
     num_requests: int | None = Field(None, ge=1, le=MAX_REQUESTS)
     duration_s: float | None = Field(None, gt=0, le=MAX_SECONDS)
-    images: ImageWorkload | None = None      # multimodal: images per request (simulator.multimodal)
+    images: ImageWorkload | None = None      # multimodal: images per request (simulator.epd.multimodal)
 
     @model_validator(mode="after")
     def _complete(self) -> WorkloadConfig:

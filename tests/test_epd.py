@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from simulator.encoder import DEFAULT_TP_EFFICIENCY, fit_tp_efficiency, tp_speedup
+from simulator.epd.encoder import DEFAULT_TP_EFFICIENCY, fit_tp_efficiency, tp_speedup
 from simulator.goodput import percentile_slo_met
 from simulator.run import simulate
 from simulator.scenario import ScenarioError, load_scenario, parse_scenario
@@ -162,10 +162,10 @@ def test_shared_encode_starts_no_earlier_than_arrival():
 def test_single_request_closed_form():
     """One request, idle E+PD: encode = the encoder's batch time, transfer = latencies + setup + bytes / bandwidth."""
     import hwdb
-    from simulator.epd import embedding_path, encoder_model
-    from simulator.epd_config import EmbeddingTransferConfig, EncoderConfig
+    from simulator.epd.epd import embedding_path, encoder_model
+    from simulator.epd.epd_config import EmbeddingTransferConfig, EncoderConfig
     from simulator.scenario import resolve
-    from simulator.vision import embedding_bytes, encoder_flops, patches, vision_arch, visual_tokens
+    from simulator.epd.vision import embedding_bytes, encoder_flops, patches, vision_arch, visual_tokens
     scn = mm(EPD, FOUR_1080P, n=1)
     req = simulate(scn).requests.iloc[0]
     db = hwdb.load()
@@ -278,10 +278,10 @@ def _emb_run(fabric, connector="nixl", pools=EPD, n=1, rate=4.0):
 @pytest.mark.parametrize("connector", ["nixl", "mooncake"])
 def test_epd_over_tcp_runs_the_connectors_tcp_mode_host_staged_and_slower_than_rdma(connector):
     """NIXL and Mooncake need GPU-direct RDMA but have TCP modes (hwdb tcp_mode_efficiency): over 25 GbE the
-    embeddings are staged through host memory, as KV is (simulator/pd.py), and arrive later than over IB."""
+    embeddings are staged through host memory, as KV is (simulator/pd/pd.py), and arrive later than over IB."""
     import hwdb
-    from simulator.epd import embedding_path
-    from simulator.epd_config import EmbeddingTransferConfig
+    from simulator.epd.epd import embedding_path
+    from simulator.epd.epd_config import EmbeddingTransferConfig
     from simulator.scenario import resolve
     tcp, rdma = _emb_run("tcp-25gbe", connector), _emb_run("ib-ndr", connector)
     t_tcp, t_rdma = (r.requests["embedding_transfer_s"].iloc[0] for r in (tcp, rdma))
@@ -308,8 +308,8 @@ def test_epd_over_tcp_runs_the_connectors_tcp_mode_host_staged_and_slower_than_r
 
 def test_a_connector_without_a_tcp_mode_is_still_refused_over_tcp():
     import hwdb
-    from simulator.epd import EPDError, embedding_path
-    from simulator.epd_config import EmbeddingTransferConfig
+    from simulator.epd.epd import EPDError, embedding_path
+    from simulator.epd.epd_config import EmbeddingTransferConfig
     from simulator.scenario import resolve
     db = hwdb.load()
     scn = mm(EPD, FOUR_1080P, n=1)

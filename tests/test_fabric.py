@@ -1,4 +1,4 @@
-"""simulator.fabric: fluid max-min fair sharing of transfers over chains of links."""
+"""simulator.pd.fabric: fluid max-min fair sharing of transfers over chains of links."""
 from __future__ import annotations
 
 import math
@@ -9,7 +9,7 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.fabric import Fabric, LinkState, TransferRecord
+from simulator.pd.fabric import Fabric, LinkState, TransferRecord
 
 GB = 1e9
 

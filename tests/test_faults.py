@@ -37,7 +37,7 @@ def run_objects(scn):
     """Like :func:`simulate`, returning the operations engine's objects too (for white-box checks)."""
     from simulator.opsrun import run_operations
     from simulator.opsresults import ops_requests_frame
-    from simulator.pd import build_transfer_plan
+    from simulator.pd.pd import build_transfer_plan
     rs = resolve(scn)
     db, pools = rs.db, rs.pools
     rngs = rng_streams(scn.seed, 0)

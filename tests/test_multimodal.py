@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from simulator.epd_config import ImageWorkload
-from simulator.multimodal import generate_images, read_azure_multimodal
+from simulator.epd.epd_config import ImageWorkload
+from simulator.epd.multimodal import generate_images, read_azure_multimodal
 from simulator.run import simulate
 from simulator.scenario import ScenarioError, parse_scenario
 from simulator.traces import TraceError, read_trace
@@ -109,7 +109,7 @@ def test_images_do_not_move_arrivals_or_lengths():
 
 
 def test_planner_screen_samples_trace_image_counts_as_the_simulation_does(tmp_path):
-    """Issue 16: the screen's workload sample draws images like simulate (simulator.epd.draw_images,
+    """Issue 16: the screen's workload sample draws images like simulate (simulator.epd.epd.draw_images,
     the images stream), NumImages of a replayed Azure trace included (it used to screen them as text)."""
     from simulator.plan import parse_plan_request
     from simulator.plan.candidates import build_context

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hwdb
-from simulator.pd import build_transfer_plan, crossover_bandwidth
+from simulator.pd.pd import build_transfer_plan, crossover_bandwidth
 from simulator.run import simulate
 from simulator.scenario import KVTransferConfig, ScenarioError, load_scenario, parse_scenario, resolve
 from tests.conftest import REPO

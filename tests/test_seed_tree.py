@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 
 import hwdb
-from simulator.epd_config import ImageWorkload
-from simulator.multimodal import generate_images
+from simulator.epd.epd_config import ImageWorkload
+from simulator.epd.multimodal import generate_images
 from simulator.plan import parse_plan_request
 from simulator.plan.candidates import _sample_stats
 from simulator.run import simulate

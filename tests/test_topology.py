@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from simulator.pd import build_transfer_plan
+from simulator.pd.pd import build_transfer_plan
 from simulator.run import simulate
 from simulator.scenario import ScenarioError, parse_scenario, resolve
 from tests.test_pd import pd_scenario

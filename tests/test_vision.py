@@ -1,7 +1,7 @@
 """Image -> visual tokens follows each model's documented resize rule; encoder sizes and bytes.
 
 Expected token counts are worked by hand from the processors' rules (see
-simulator/vision.py): Qwen2.5-VL smart_resize with factor 28 (patch 14 x
+simulator/epd/vision.py): Qwen2.5-VL smart_resize with factor 28 (patch 14 x
 merge 2), min 3136 and max 12845056 pixels; Qwen3-VL factor 32 (patch 16 x
 merge 2), min 65536 and max 16777216 pixels; LLaVA-1.5 a fixed 336 px square,
 (336/14)^2 = 576 tokens.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 import hwdb
-from simulator.vision import VisionError, embedding_bytes, encoder_flops, patches, resized, vision_arch, \
+from simulator.epd.vision import VisionError, embedding_bytes, encoder_flops, patches, resized, vision_arch, \
     visual_tokens
 
 DB = hwdb.load()

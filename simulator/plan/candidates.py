@@ -16,7 +16,7 @@ import numpy as np
 
 import hwdb
 from simulator.errors import WorkloadError
-from simulator.pd import TransferConfigError, build_transfer_plan
+from simulator.pd.pd import TransferConfigError, build_transfer_plan
 from simulator.perf import FitError, MemoryPlan, StepModel, plan_memory
 from simulator.step_build import build_step_model
 from simulator.plan.request import PlanError, PlanRequest
@@ -126,7 +126,7 @@ class Layout:
 class ImageStats:
     """Per-request means of a multimodal workload's encoder work (FLOPs, patches, bytes, tokens)."""
 
-    vision: object             # simulator.vision.VisionArch
+    vision: object             # simulator.epd.vision.VisionArch
     images: float
     lin_flops: float
     attn_flops: float
@@ -188,8 +188,8 @@ def _sample_stats(req: PlanRequest, model) -> WorkloadStats:
     inp, out = reqs.input_tokens.astype(float), reqs.output_tokens.astype(float)
     img = None
     if wl.images is not None:
-        from simulator.epd import EPDError, draw_images, image_costs
-        from simulator.vision import VisionError, vision_arch
+        from simulator.epd.epd import EPDError, draw_images, image_costs
+        from simulator.epd.vision import VisionError, vision_arch
         try:
             vision = vision_arch(model)
             images = draw_images(wl, len(inp), rngs["images"])   # as simulate draws them, from the same stream

@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from simulator.pd import TransferPlan
+from simulator.pd.pd import TransferPlan
 
 OVERLOAD = math.inf
 
@@ -89,8 +89,8 @@ def encode_time(ctx, gpu: str, tp: int) -> float:
     img = ctx.stats.images
     if img is None or img.images == 0:
         return 0.0
-    from simulator.epd import encoder_model
-    from simulator.epd_config import EncoderConfig
+    from simulator.epd.epd import encoder_model
+    from simulator.epd.epd_config import EncoderConfig
     g = ctx.db.gpu(gpu)
     engine = ctx.db.engine("vllm-v1")
     model = encoder_model(img.vision, g, engine, ctx.db.profile_for(g.name, engine.engine, engine.version), tp, EncoderConfig())
@@ -171,7 +171,7 @@ class Screen:
         return 1.5 * t, t, ""
 
     def _plan(self, cand) -> TransferPlan:
-        from simulator.pd import build_transfer_plan
+        from simulator.pd.pd import build_transfer_plan
         from simulator.scenario import KVTransferConfig
         key = (cand.pool("prefill").key, cand.pool("decode").key, cand.fabric)
         if key not in self._plans:
@@ -185,8 +185,8 @@ class Screen:
         """(seconds to move one request's embeddings on an idle path, path bandwidth) encoder -> LM."""
         key = (enc.gpu, enc.tp, front.gpu, front.tp, front.role)
         if key not in self._paths:
-            from simulator.epd import embedding_path
-            from simulator.epd_config import EmbeddingTransferConfig
+            from simulator.epd.epd import embedding_path
+            from simulator.epd.epd_config import EmbeddingTransferConfig
             from simulator.scenario import PoolConfig
             cfg = EmbeddingTransferConfig(connector=self.ctx.req.fabrics.connector,
                                           fabric=self.ctx.req.fabrics.links[0])
@@ -209,7 +209,7 @@ class Screen:
             if wait >= OVERLOAD:
                 return OVERLOAD, OVERLOAD, "encoder pool saturated"
             front = next(p for p in cand.pools if p.role in ("colocated", "prefill"))
-            from simulator.epd import EPDError
+            from simulator.epd.epd import EPDError
             try:
                 idle, bw = self._embedding(enc, front)
             except EPDError as exc:

@@ -6,7 +6,7 @@ else the one with the fewest outstanding images), so a request's images are
 encoded in parallel across encoders; when the last one is done the proxy
 picks the language-model instance (its router), every image's embedding
 moves from its encoder over the fabric (max-min fair sharing,
-:mod:`simulator.fabric`; instances behind one NIC share it; a host-staged
+:mod:`simulator.pd.fabric`; instances behind one NIC share it; a host-staged
 path first pays its copies and CPU cost), and once all have arrived the request enters that
 instance's queue.  A request without images skips the encoders.
 
@@ -21,9 +21,9 @@ import math
 import numpy as np
 import pandas as pd
 
-from simulator.encoder import EmbeddingCache, EncoderInstance
-from simulator.epd import EPDSetup
-from simulator.fabric import Fabric, LinkState
+from simulator.epd.encoder import EmbeddingCache, EncoderInstance
+from simulator.epd.epd import EPDSetup
+from simulator.pd.fabric import Fabric, LinkState
 
 
 class EPDCoordinator:

@@ -2,7 +2,7 @@
 
 Step-time model (:class:`EncoderModel`), for a batch of images with ``P``
 patches in total, linear FLOPs ``L`` and attention FLOPs ``A``
-(:func:`simulator.vision.encoder_flops`)::
+(:func:`simulator.epd.vision.encoder_flops`)::
 
     t = max(L / (peak x ceff(P)) + A / (peak x aeff(P)),  W / (bw x meff)) / speedup(tp) + launch
 
@@ -88,7 +88,7 @@ class EncoderModel:
 
 @dataclass(frozen=True)
 class ImageCosts:
-    """Per image (index into :class:`simulator.multimodal.Images`): what encoding it costs and yields."""
+    """Per image (index into :class:`simulator.epd.multimodal.Images`): what encoding it costs and yields."""
 
     tokens: np.ndarray          # visual tokens (int64)
     patches: np.ndarray         # patches through the encoder blocks

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from simulator.epd_config import ChoiceCount, FixedCount, ImageWorkload, TraceCount, UniformCount
+from simulator.epd.epd_config import ChoiceCount, FixedCount, ImageWorkload, TraceCount, UniformCount
 from simulator.traces import TraceError, _numbers, _read_csv
 
 AZURE_MM_COLUMNS = ("TIMESTAMP", "NumImages", "ContextTokens", "GeneratedTokens")

@@ -11,7 +11,7 @@ Topologies (pool roles of a scenario):
 :func:`prepare` checks the topology (vision model, the encoder's path to the
 prefill pool, image limits), adds each request's visual tokens to its prompt
 (they count toward prompt length, KV and KV transfer), and returns an
-:class:`EPDSetup` that :class:`simulator.epd_flow.EPDCoordinator` runs.
+:class:`EPDSetup` that :class:`simulator.epd.epd_flow.EPDCoordinator` runs.
 """
 from __future__ import annotations
 
@@ -22,11 +22,11 @@ import numpy as np
 
 import hwdb
 from hwdb.schema import DTYPE_BYTES
-from simulator.encoder import EncoderModel, ImageCosts, tp_speedup
-from simulator.epd_config import FixedCount
-from simulator.multimodal import Images, generate_images, read_azure_multimodal
+from simulator.epd.encoder import EncoderModel, ImageCosts, tp_speedup
+from simulator.epd.epd_config import FixedCount
+from simulator.epd.multimodal import Images, generate_images, read_azure_multimodal
 from simulator.traces import TraceError
-from simulator.vision import VisionArch, VisionError, encoder_flops, embedding_bytes, patches, vision_arch, \
+from simulator.epd.vision import VisionArch, VisionError, encoder_flops, embedding_bytes, patches, vision_arch, \
     visual_tokens
 
 
@@ -97,7 +97,7 @@ def topology(roles: list[str], has_images: bool) -> str:
 
 
 def encoder_model(vision: VisionArch, gpu, engine, profile, tp: int, cfg) -> EncoderModel:
-    """Batch-time coefficients of ``vision`` on ``tp`` GPUs of type ``gpu`` (see :mod:`simulator.encoder`)."""
+    """Batch-time coefficients of ``vision`` on ``tp`` GPUs of type ``gpu`` (see :mod:`simulator.epd.encoder`)."""
     ceff = profile.compute_efficiency if profile and profile.compute_efficiency else gpu.compute_efficiency
     aeff = (profile.attention_prefill_efficiency if profile and profile.attention_prefill_efficiency else ceff)
     meff = profile.memory_efficiency if profile and profile.memory_efficiency else gpu.memory_efficiency
@@ -131,7 +131,7 @@ def image_costs(vision: VisionArch, images: Images, where: str) -> ImageCosts:
 def embedding_path(cfg, db: hwdb.HardwareDB, enc_pool, enc_gpu, enc_gpus: int, lm_pool, lm_dep) -> EmbeddingPath:
     """The path from an encoder instance to a language-model instance, or :class:`EPDError` if there is none.
 
-    Resolved as the KV path is (:func:`simulator.pd.build_transfer_plan`): ``fabric`` names a link or a node
+    Resolved as the KV path is (:func:`simulator.pd.pd.build_transfer_plan`): ``fabric`` names a link or a node
     type's network layout (its GPUs per NIC and NIC rate); RDMA NICs come one per GPU, a TCP/VPC NIC one per
     node, shared by the instances on it.  A connector that needs GPU-direct RDMA runs over a TCP fabric in its
     TCP mode (``tcp_mode_efficiency``), staged through host memory; one without a TCP mode is refused."""

@@ -1,5 +1,5 @@
 """Prefill-decode disaggregation: the KV-transfer model and the PD proxy flow (the proxy itself:
-:mod:`simulator.pd_proxy`).
+:mod:`simulator.pd.pd_proxy`).
 
 Flow (vLLM's disaggregated serving proxy): the router sends the prompt to a
 prefill instance with ``max_tokens=1``; when its prefill completes the proxy
@@ -12,7 +12,7 @@ while the prompt is prefilled, and the KV moves as soon as both are ready.
 Transfer model: bytes = prompt tokens x the model's KV bytes per token (all
 layers, K and V, whole model; each TP rank moves its shard in parallel).  The
 path is the prefill instance's egress and the decode instance's ingress: one
-:class:`~simulator.fabric.LinkState` each, whose capacity is the per-GPU link
+:class:`~simulator.pd.fabric.LinkState` each, whose capacity is the per-GPU link
 bandwidth x the instance's GPU count (one RDMA NIC or NVLink port per GPU;
 a TCP or cloud-VPC NIC is one per node, shared) x link efficiency x connector
 efficiency.  With unequal TP the narrower side is
@@ -23,7 +23,7 @@ nodes in order; ``kv_transfer.fabric`` may name a node type's network layout (hw
 small instances behind one NIC share one LinkState; switch tiers: with an oversubscribed leaf switch a
 transfer between racks also crosses each side's rack uplink, and between pods (racks under one spine)
 each side's pod uplink too (``placement``: cross_rack by default, same_rack, cross_pod).  Concurrent transfers share every element of the path max-min fairly
-(:mod:`simulator.fabric`).  P2pNccl's ``kv_buffer_size``: bytes that do not fit in the decode
+(:mod:`simulator.pd.fabric`).  P2pNccl's ``kv_buffer_size``: bytes that do not fit in the decode
 instance's free GPU buffer go to its host tensor pool (vLLM ``docs/design/p2p_nccl_connector.md``) and
 pay a device->host and a host->device copy over PCIe before decode can use them.  A host-staged connector (TCP) also
 pays a GPU->host and a host->GPU copy over PCIe and the link's per-byte CPU

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from simulator.fabric import Fabric, LinkState
+from simulator.pd.fabric import Fabric, LinkState
 from simulator.ops.faults import link_degradation_process
 
 

@@ -1,7 +1,7 @@
 """Scenario blocks of encoder-prefill-decode (EPD) serving: images, encoders, embedding transfer.
 
-Pydantic models only (validated, frozen); :mod:`simulator.multimodal` turns
-:class:`ImageWorkload` into images, :mod:`simulator.epd` runs the rest.
+Pydantic models only (validated, frozen); :mod:`simulator.epd.multimodal` turns
+:class:`ImageWorkload` into images, :mod:`simulator.epd.epd` runs the rest.
 Units: pixels, bytes, seconds.
 """
 from __future__ import annotations
@@ -95,7 +95,7 @@ class EncoderConfig(_Frozen):
     ``cache_bytes``: embedding cache per instance (LRU, keyed by image id;
     0 disables it).  ``tp_efficiency``: per TP degree, the fraction of linear
     speed-up the encoder reaches (speed-up = tp x efficiency); entries given
-    replace the defaults of :data:`simulator.encoder.DEFAULT_TP_EFFICIENCY`.
+    replace the defaults of :data:`simulator.epd.encoder.DEFAULT_TP_EFFICIENCY`.
     ``compute_efficiency``: fraction of the GPU's peak the encoder's GEMMs
     reach at large batches (None: the GPU's calibrated or default curve).
     """
