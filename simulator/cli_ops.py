@@ -232,7 +232,7 @@ def add_subparsers(sub) -> None:
 
 
 def operations_table(res) -> Table:
-    """Autoscaling and fault figures of a run (``summary["operations"]``, see simulator/opsresults.py)."""
+    """Autoscaling and fault figures of a run (``summary["operations"]``, see simulator/engine/opsresults.py)."""
     o = res.summary["operations"]
     t = Table(show_header=False, title="operations")
     kinds = ", ".join(f"{k} {v}" for k, v in sorted(o["crashes_by_kind"].items())) or "none"

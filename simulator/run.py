@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 from simulator.confidence import assess
-from simulator.engine import PoolSpec
+from simulator.engine.engine import PoolSpec
 from simulator.epd.epd import EPDError, prepare as prepare_epd
-from simulator.opsresults import ops_requests_frame
-from simulator.opsrun import run_operations
+from simulator.engine.opsresults import ops_requests_frame
+from simulator.engine.opsrun import run_operations
 from simulator.errors import WorkloadError
 from simulator.pd.pd import TransferConfigError, build_transfer_plan, crossover_bandwidth
-from simulator.results import Results, links_frame, requests_frame, steps_frame, summarize
+from simulator.engine.results import Results, links_frame, requests_frame, steps_frame, summarize
 from simulator.scenario import ResolvedPool, Scenario, ScenarioError, resolve, rng_streams
 from simulator.traces import TraceError
 from simulator.workload import generate
@@ -80,7 +80,7 @@ def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:
     summary = summarize(req_df, step_df, rec.resume_gaps, gpus=gpus, cost_usd_per_hour=price,
                         ttft_slo=scn.slo.ttft_s, tpot_slo=scn.slo.tpot_s)
     if ops is not None:
-        from simulator.opsresults import ops_summary
+        from simulator.engine.opsresults import ops_summary
         summary["operations"] = ops_summary(ops, req_df, scn.slo.ttft_s, {
             r.name: r.dep.gpu.price_usd_per_hour.value for r in pools})
     if run.coordinator is not None:

@@ -39,7 +39,7 @@ class StepModel:
     * ``prefill_ctx``: cached tokens re-read by prefill chunks.
 
     Returns seconds.  A data-parallel rank stepping with its group uses :meth:`local_time` and the
-    group adds :meth:`moe_time` of all ranks' tokens (:mod:`simulator.dp_group`).
+    group adds :meth:`moe_time` of all ranks' tokens (:mod:`simulator.engine.dp_group`).
     """
 
     # Dense linear layers: compute-bound time comp_a x tokens + comp_b (the sum over weight groups of

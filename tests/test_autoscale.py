@@ -1,4 +1,4 @@
-"""Autoscaling (simulator/ops/autoscale.py, simulator/opsengine.py): a step in load, start delays, drains, GPU-hours."""
+"""Autoscaling (simulator/ops/autoscale.py, simulator/engine/opsengine.py): a step in load, start delays, drains, GPU-hours."""
 from __future__ import annotations
 
 import math
@@ -133,7 +133,7 @@ def test_kv_policy_scales_a_kv_bound_pool():
 
 def test_slo_policy_sizes_prefill_and_decode_separately():
     from simulator.ops.autoscale import instance_capacity
-    from simulator.opsengine import pool_context
+    from simulator.engine.opsengine import pool_context
 
     def pd(inp, out):
         auto = {"policy": "slo", "max_instances": 8, "interval_s": 10, "window_s": 20}

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from simulator.epd.epd import prepare as prepare_epd
-from simulator.opsresults import ops_requests_frame
-from simulator.opsrun import run_operations
+from simulator.engine.opsresults import ops_requests_frame
+from simulator.engine.opsrun import run_operations
 from simulator.pd.pd import build_transfer_plan
 from simulator.run import pool_spec, simulate
 from simulator.scenario import ScenarioError, resolve, rng_streams

@@ -35,8 +35,8 @@ def fp8_scenario(long_share: float, policy: str = "none", seed: int = 1, rate_pe
 
 def run_objects(scn):
     """Like :func:`simulate`, returning the operations engine's objects too (for white-box checks)."""
-    from simulator.opsrun import run_operations
-    from simulator.opsresults import ops_requests_frame
+    from simulator.engine.opsrun import run_operations
+    from simulator.engine.opsresults import ops_requests_frame
     from simulator.pd.pd import build_transfer_plan
     rs = resolve(scn)
     db, pools = rs.db, rs.pools

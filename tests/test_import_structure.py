@@ -174,7 +174,7 @@ def test_the_graph_is_read_from_the_code():
     g = graph()
     print(report(g))
     assert "simulator.run" in g["simulator.goodput"]                     # module level
-    assert "simulator.opsrun" in g["simulator.run"]                      # inside simulate()
+    assert "simulator.engine.opsrun" in g["simulator.run"]                      # inside simulate()
     assert "hwdb.db" in g["hwdb"]                                        # the package's re-exports
     assert len(g) > 100
 

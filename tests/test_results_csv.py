@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simulator.results import write_csv
+from simulator.engine.results import write_csv
 from simulator.run import simulate
 from simulator.scenario import load_scenario
 from tests.conftest import REPO

@@ -1,7 +1,7 @@
 """Stepping without SimPy events changes no result.
 
 Instances advance their clock inline when no other event is due before a step ends, and colocated
-open-loop pools step ahead of SimPy up to the next arrival (simulator/engine.py, instance.py).
+open-loop pools step ahead of SimPy up to the next arrival (simulator/engine/engine.py, instance.py).
 Decode-only steps also take a shorter path.  All of it is switched off here to get the plain step
 with one SimPy event per step, the reference every table (and the resume gaps, in order) must equal.
 """
@@ -10,8 +10,9 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from simulator import engine, instance, run
-from simulator.results import summarize
+from simulator import run
+from simulator.engine import engine, instance
+from simulator.engine.results import summarize
 from simulator.run import simulate
 from simulator.scenario import parse_scenario
 

@@ -1,6 +1,6 @@
 """An operations run (autoscaling, crashes, retries) reshaped for charts and cards (pure pandas).
 
-Reads ``summary["operations"]`` of a run (see :mod:`simulator.opsresults` for the definitions) and
+Reads ``summary["operations"]`` of a run (see :mod:`simulator.engine.opsresults` for the definitions) and
 its requests table; runs without operations have no such key and get None or empty frames.
 Times are seconds from the start of the run; GPU time is billed as the simulator bills it: from
 the node's provisioning (the initial instances from 0) to removal, crash or the end of the run.

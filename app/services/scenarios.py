@@ -366,7 +366,7 @@ class RunCache:
 def run(d: dict, cache: RunCache | None = None, replication: int = 0):
     """Simulate a scenario dict (validated here), using ``cache`` when given.
 
-    Returns :class:`simulator.results.Results`; raises :class:`InputError` for bad input
+    Returns :class:`simulator.engine.results.Results`; raises :class:`InputError` for bad input
     (including a model that does not fit the GPUs).
     """
     from simulator.run import simulate

@@ -1,7 +1,7 @@
 """Fault processes: FP8 activation-outlier crashes, node failures, link degradation episodes.
 
 Each is a SimPy process that receives the environment and calls back into
-the operations engine (:class:`simulator.opsengine.OpsRun`) when a fault
+the operations engine (:class:`simulator.engine.opsengine.OpsRun`) when a fault
 strikes; what a crash does to requests and KV is decided there.
 
 FP8 crash hazard

@@ -25,7 +25,7 @@ from simulator.stepmodel import StepModel
 
 class DPGroup:
     """The lock-step barrier of one instance's ``size`` data-parallel ranks (a SimPy helper, one per
-    instance, created by :meth:`simulator.opspool.OpsPool.start_initial`)."""
+    instance, created by :meth:`simulator.engine.opspool.OpsPool.start_initial`)."""
 
     def __init__(self, env, model: StepModel, size: int) -> None:
         self.env = env

@@ -1,8 +1,8 @@
 """Set up and run the engine (static or with operations) for a resolved scenario (called by :func:`simulator.run.simulate`)."""
 from __future__ import annotations
 
-from simulator.engine import Recorder
-from simulator.opsengine import OpsRun, pool_context
+from simulator.engine.engine import Recorder
+from simulator.engine.opsengine import OpsRun, pool_context
 
 
 def run_operations(scn, reqs, front, back, plan, closed, rngs, spec_of, epd=None):

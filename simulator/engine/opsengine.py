@@ -1,15 +1,15 @@
 """The engine: one simulation of a scenario's pools in SimPy, static or with operations.
 
 :class:`OpsRun` creates the environment; the workload (open-loop arrivals or closed-loop clients,
-:mod:`simulator.arrivals`), every instance, the PD proxy (:mod:`simulator.pd.pd_proxy`) and the EPD
+:mod:`simulator.engine.arrivals`), every instance, the PD proxy (:mod:`simulator.pd.pd_proxy`) and the EPD
 proxy (:mod:`simulator.epd.epd_flow`) are processes or callbacks that receive it.  A static pool is a
 run whose lifecycle never fires: without an ``operations`` block no instance crashes, starts or
 leaves, and the run ends when its schedule empties.  With one, pools change over time:
 
-* :class:`~simulator.opspool.OpsPool`: every incarnation of a pool's instances (a restarted
+* :class:`~simulator.engine.opspool.OpsPool`: every incarnation of a pool's instances (a restarted
   container or a new pod is a new incarnation with a new index), the list the router sees
-  (serving ones only), starts under way, and billing (:class:`~simulator.opsrecord.Life`);
-  an encoder pool that autoscales: :mod:`simulator.opsencoder`;
+  (serving ones only), starts under way, and billing (:class:`~simulator.engine.opsrecord.Life`);
+  an encoder pool that autoscales: :mod:`simulator.engine.opsencoder`;
 * a gateway that holds requests while a pool has no serving instance;
 * crashes (:meth:`OpsRun.crash`): the instance's process stops at once (the
   step it was running produces nothing), its KV blocks and queues are gone,
@@ -33,16 +33,16 @@ import gc
 
 import simpy
 
-from simulator import engine
+from simulator.engine import engine
 from simulator.ops import faults as flt
-from simulator.arrivals import start_workload
+from simulator.engine.arrivals import start_workload
 from simulator.ops.autoscale import POLICIES, Observation, PoolContext, autoscaler
-from simulator.engine import PoolRun, Recorder, refusal
+from simulator.engine.engine import PoolRun, Recorder, refusal
 from simulator.epd.epd_flow import EPDCoordinator
-from simulator.instance import Instance
-from simulator.opscrash import collect_and_clear
-from simulator.opsencoder import EncoderPool
-from simulator.opspool import OpsPool
+from simulator.engine.instance import Instance
+from simulator.engine.opscrash import collect_and_clear
+from simulator.engine.opsencoder import EncoderPool
+from simulator.engine.opspool import OpsPool
 from simulator.pd.pd_proxy import PDCoordinator
 
 class OpsRun:

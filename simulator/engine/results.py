@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from simulator.engine import PoolRun
-from simulator.outcome import LABELS, STATIC_OUTCOMES
+from simulator.engine.engine import PoolRun
+from simulator.engine.outcome import LABELS, STATIC_OUTCOMES
 
 PCTS = (50, 90, 99)
 

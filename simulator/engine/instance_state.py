@@ -1,6 +1,6 @@
 """An instance's state and the calls other processes make on it (routers, the PD and EPD flows).
 
-:class:`simulator.instance.Instance` adds the SimPy process that steps it.  Kept apart so that the
+:class:`simulator.engine.instance.Instance` adds the SimPy process that steps it.  Kept apart so that the
 step loop and its invariants read on their own.
 """
 from __future__ import annotations
@@ -75,7 +75,7 @@ class InstanceState:
         self._live = None                      # (running order, prefills, decodes) once run() starts
         self.group = None                      # attention data parallel: the instance's DPGroup, this rank's index
         self.rank = 0
-        # Run-ahead (simulator/engine.py): a one-element list holding the time of the next event that
+        # Run-ahead (simulator/engine/engine.py): a one-element list holding the time of the next event that
         # can look at or change this instance (the next arrival), shared by the pool's instances; the
         # instance steps without SimPy events until then.  None: any event may, so it steps ahead only
         # while SimPy has nothing else due.  With a gate, resume gaps go to ``gap_log`` as (time, gap)
@@ -89,7 +89,7 @@ class InstanceState:
         self.prefix: OrderedDict | None = OrderedDict() if hashes is not None and prefix_caching else None
         self.hash_tokens = recorder.hash_block_tokens or 0
         self.prefix_capacity = (self.kv_total * self.block) // self.hash_tokens if self.hash_tokens else 0
-        # Lifecycle under operations (simulator/opsengine.py): the billing record (opsrecord.Life), the
+        # Lifecycle under operations (simulator/engine/opsengine.py): the billing record (opsrecord.Life), the
         # SimPy process once started, and whether the instance has died (crash, removal) or is draining.
         self.life = life
         self.proc = None

@@ -1,7 +1,7 @@
-"""The engine's records and pool description: what a run (:class:`simulator.opsengine.OpsRun`) fills in.
+"""The engine's records and pool description: what a run (:class:`simulator.engine.opsengine.OpsRun`) fills in.
 
 :class:`Recorder` holds per-request records as plain Python lists, turned into DataFrames at the
-end (``simulator.results``); :class:`PoolSpec` is what the engine needs to build a pool's
+end (``simulator.engine.results``); :class:`PoolSpec` is what the engine needs to build a pool's
 instances; :class:`PoolRun` is a run's raw output; :func:`refusal` is the one admission check.
 """
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from simulator.instance import Instance
-from simulator.outcome import Outcome
+from simulator.engine.instance import Instance
+from simulator.engine.outcome import Outcome
 
 PENDING = Outcome.PENDING
 # Colocated open-loop instances of a static pool step ahead of SimPy up to the next dispatch (see
@@ -24,7 +24,7 @@ class Recorder:
     Every request ends exactly once (:meth:`finish`, :meth:`reject`, :meth:`expire`, :meth:`fail`, or
     :meth:`close` at the end of the run); a second end raises.  ``all_ended`` (a SimPy event the run
     sets) fires when the last one ends.  Crashes and retries (operations) rewrite a request's lengths
-    per attempt; the original ones are kept to restore (``simulator.opsresults.finalize``).
+    per attempt; the original ones are kept to restore (``simulator.engine.opsresults.finalize``).
     """
 
     def __init__(self, input_tokens, output_tokens, arrival_s, hash_ids=None, hash_block_tokens=None) -> None:

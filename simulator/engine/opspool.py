@@ -1,6 +1,6 @@
 """The instances of one pool over time: every incarnation, the serving ones the router sees, starts under way.
 
-A restarted container or a new pod is a new incarnation with a new index (:class:`~simulator.opsrecord.Life`
+A restarted container or a new pod is a new incarnation with a new index (:class:`~simulator.engine.opsrecord.Life`
 bills it).  A static pool (no operations) is the same object whose lifecycle never fires: its
 instances go live at time 0 and serve to the end.
 """
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import simpy
 
-from simulator.dp_group import DPGroup
-from simulator.instance import Instance
-from simulator.opsrecord import Life
+from simulator.engine.dp_group import DPGroup
+from simulator.engine.instance import Instance
+from simulator.engine.opsrecord import Life
 from simulator.routing import make_router
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import heapq
 
-from simulator.instance_state import InstanceState, TimedLog
+from simulator.engine.instance_state import InstanceState, TimedLog
 
 # Shortcuts that leave results unchanged: steps that end before any other event advance the clock
 # inline instead of through a SimPy timeout, and decode-only steps skip the general step's empty

@@ -23,8 +23,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from simulator.outcome import LABELS, Outcome
-from simulator.results import requests_frame
+from simulator.engine.outcome import LABELS, Outcome
+from simulator.engine.results import requests_frame
 
 
 def finalize(rec) -> None:
@@ -44,7 +44,7 @@ def finalize(rec) -> None:
 
 
 def ops_requests_frame(run, pool: str) -> pd.DataFrame:
-    """:func:`simulator.results.requests_frame` with the ``failed`` outcome, ``retries`` and
+    """:func:`simulator.engine.results.requests_frame` with the ``failed`` outcome, ``retries`` and
     ``discarded_tokens`` columns."""
     rec = run.recorder
     finalize(rec)
