@@ -1,6 +1,6 @@
 """``epdsim app`` (start the Streamlit what-if planner) and ``epdsim report`` (HTML without the app).
 
-Hooked into ``simulator/cli.py`` by ``add_subparsers(sub)``.
+Hooked into ``simulator/cli/commands.py`` by ``add_subparsers(sub)``.
 """
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def add_plotly_argument(parser) -> None:
 
 
 def add_subparsers(sub) -> None:
-    """Hook for ``simulator/cli.py``: adds ``epdsim app`` and ``epdsim report``."""
+    """Hook for ``simulator/cli/commands.py``: adds ``epdsim app`` and ``epdsim report``."""
     a = sub.add_parser("app", help="start the what-if planner (Streamlit) in the browser")
     a.add_argument("--port", type=int, default=8501)
     a.add_argument("--address", default="localhost")

@@ -161,7 +161,7 @@ def _cmd_validate(a, con: Console) -> int:
 
 
 def add_subparser(subparsers) -> argparse.ArgumentParser:
-    """Hook for ``simulator/cli.py``: ``add_subparser(sub)`` adds ``epdsim calibrate``."""
+    """Hook for ``simulator/cli/commands.py``: ``add_subparser(sub)`` adds ``epdsim calibrate``."""
     p = subparsers.add_parser("calibrate", help="measure a real vLLM server into a calibration bundle",
                               description=__doc__.splitlines()[0])
     configure(p)

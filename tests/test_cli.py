@@ -128,7 +128,7 @@ def test_hw_list_on_an_80_column_terminal_splits_columns_instead_of_cutting_name
     import hwdb
     from rich.console import Console
     from hwdb import listing
-    from simulator.cli import hw_tables
+    from simulator.cli.commands import hw_tables
     rows = listing.model_rows(hwdb.load())
     con = Console(width=80, force_terminal=True, no_color=True, record=True)
     tables = hw_tables("models", rows, con.width)
@@ -144,7 +144,7 @@ def test_hw_list_on_an_80_column_terminal_splits_columns_instead_of_cutting_name
 
 def test_plan_tables_keep_names_and_words_whole_in_a_ci_log(capsys):
     import pandas as pd
-    from simulator.cli_plan import _table
+    from simulator.cli.plan import _table
     from simulator.console import stdout_console
     layout = "2x H100-SXM-80GB TP2 prefill + 6x H200-SXM-141GB TP4 decode over ib-ndr (nixl)"
     reason = ("simulated: attainment 57.1% (95% CI 0.0-100.0% over 2 seeds) < 90% at 20 req/s; "

@@ -17,11 +17,11 @@ def _loaded_after(code: str) -> list[str]:
 
 
 def test_building_the_parser_imports_no_heavy_library():
-    assert _loaded_after("from simulator.cli import build_parser\nbuild_parser()") == []
+    assert _loaded_after("from simulator.cli.commands import build_parser\nbuild_parser()") == []
 
 
 def test_help_imports_no_heavy_library():
-    code = ("import contextlib, io\nfrom simulator.cli import main\nf = io.StringIO()\n"
+    code = ("import contextlib, io\nfrom simulator.cli.commands import main\nf = io.StringIO()\n"
             "with contextlib.redirect_stdout(f):\n    try:\n        main(['--help'])\n    except SystemExit:\n        pass\n"
             "assert 'simulate' in f.getvalue()")
     assert _loaded_after(code) == []

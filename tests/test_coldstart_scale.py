@@ -11,7 +11,7 @@ from rich.console import Console
 import hwdb
 from calibration.coldstart_holdout import derive_ranges, fed_ranges, held_out_checks, holdout_markdown
 from hwdb.coldstart import load_coldstart
-from simulator.cli_ops import add_subparsers
+from simulator.cli.ops import add_subparsers
 from simulator.ops.coldstart import LEVELS, Breakdown, ColdStartError, Phase, breakdown
 from simulator.ops.coldstart_scale import (breakdown_range, case_breakdowns, cases_markdown, check_cases,
                                        phases_markdown, recommend_high)

@@ -60,7 +60,7 @@ def test_startup_yaml_loads_and_breakdown_uses_it(tmp_path):
     # usable by simulator.ops.coldstart.breakdown through its engine/db arguments
     from types import SimpleNamespace as N
 
-    from simulator.cli_ops import _deployment
+    from simulator.cli.ops import _deployment
     from simulator.ops.coldstart import breakdown
     dep = _deployment(N(hwdb=[], model="llama-3.1-8b", gpu="h100", tp=1, pp=1, dtype="bf16",
                         enforce_eager=True, cmd="coldstart"))

@@ -35,7 +35,7 @@ def test_attainment_interval_is_clipped_to_what_a_fraction_can_be():
 
 def test_plan_reasons_use_the_clipped_interval():
     import inspect
-    from simulator import cli_plan
+    from simulator.cli import plan as cli_plan
     from simulator.plan import rank
     for mod in (rank, cli_plan):
         src = inspect.getsource(mod)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from simulator import cli
+from simulator.cli import commands as cli
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = yaml.safe_load((REPO / "examples" / "llama8b_h100_chat.yaml").read_text())

@@ -8,7 +8,7 @@ import yaml
 from rich.console import Console
 
 import hwdb
-from simulator.cli_ops import add_subparsers
+from simulator.cli.ops import add_subparsers
 from simulator.ops.coldstart import Breakdown, Phase, breakdown
 from simulator.ops.k8s import PodSpec, Probe, ProbeError, recommend_probes, simulate_pod
 from simulator.scenario import PoolConfig, deployment_for

@@ -2,7 +2,7 @@
 
 ``load_suite`` (suite.py) -> ``run_suite`` (runner.py) -> ``compare`` against
 ``read_baseline`` (compare.py) -> ``write_junit`` / ``markdown`` (report.py).
-The command line is ``epdsim regress`` (simulator/cli_regress.py).
+The command line is ``epdsim regress`` (simulator/cli/regress.py).
 """
 from simulator.regress.compare import Row, compare, read_baseline, rows_frame, write_baseline
 from simulator.regress.report import markdown, write_junit

@@ -1,6 +1,6 @@
 """``epdsim regress``: sizing regression of a suite against a baseline, or between two calibration profiles.
 
-Hooked into ``simulator/cli.py`` by ``add_subparsers(sub)``.  Exit codes:
+Hooked into ``simulator/cli/commands.py`` by ``add_subparsers(sub)``.  Exit codes:
 0 every figure held (or the baseline was rewritten with ``--update``),
 1 a figure moved beyond its tolerance or has no baseline, 2 a user error
 (bad suite, scenario, baseline or hwdb folder), printed as one paragraph.

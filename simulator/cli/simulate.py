@@ -1,6 +1,6 @@
 """``epdsim simulate``: run a scenario (with command-line overrides) and print its summary.
 
-Hooked into ``simulator/cli.py`` by ``add_subparser(sub)``.  The overrides ``--rate``,
+Hooked into ``simulator/cli/commands.py`` by ``add_subparser(sub)``.  The overrides ``--rate``,
 ``--num-requests``, ``--gpu`` and ``--tp`` edit the scenario's data and validate it again, so a bad
 value fails with the scenario's own message naming the flag.
 """
@@ -18,7 +18,7 @@ from simulator import fmt
 from simulator.scenario import ScenarioError
 from simulator.serving_summary import slo_text
 
-DEFAULT_SCENARIO = Path(__file__).resolve().parent.parent / "examples" / "llama8b_h100_chat.yaml"
+DEFAULT_SCENARIO = Path(__file__).resolve().parents[2] / "examples" / "llama8b_h100_chat.yaml"
 # A run longer than this shows an elapsed-time status on stderr (only when stderr is a terminal).
 STATUS_AFTER_S = 1.0
 
@@ -142,7 +142,7 @@ def cmd_simulate(args, con: Console) -> int:
     con.print(summary_table(res))
     con.print(totals_table(res))
     if "operations" in res.summary:
-        from simulator.cli_ops import operations_table
+        from simulator.cli.ops import operations_table
         con.print(operations_table(res))
     con.print(escape(serving_block(serving_summary(res))), highlight=False)
     from simulator.saturation import saturation

@@ -1,6 +1,6 @@
 """``epdsim plan REQUEST.yaml``: the cheapest deployment meeting the SLOs, the Pareto front, artefacts.
 
-Hooked into ``simulator/cli.py`` by ``add_subparsers(sub)``.  User errors
+Hooked into ``simulator/cli/commands.py`` by ``add_subparsers(sub)``.  User errors
 (bad request, impossible constraints, unknown GPU, Ray unavailable) print one
 paragraph on stderr and exit 2.  Ctrl-C during verification keeps what has
 finished: the tables are printed and written from the verified part.
@@ -115,7 +115,7 @@ def _run(args, con: Console | None = None) -> int:
 
 
 def add_subparsers(sub) -> None:
-    """Hook for ``simulator/cli.py``: adds ``epdsim plan``."""
+    """Hook for ``simulator/cli/commands.py``: adds ``epdsim plan``."""
     p = sub.add_parser("plan", help="search deployments for the cheapest one meeting the SLOs; emit artefacts")
     p.add_argument("request", help="plan request YAML (see docs/planner.md, examples/plan_*.yaml)")
     p.add_argument("--workers", type=int_arg(1, 4096), default=None, help="local worker processes (default: usable cores)")

@@ -23,7 +23,7 @@ from simulator.scenario import ScenarioError
 from simulator.traces import TraceError
 
 from simulator import fmt
-from simulator.cli_simulate import DEFAULT_SCENARIO  # noqa: F401  (re-exported)
+from simulator.cli.simulate import DEFAULT_SCENARIO  # noqa: F401  (re-exported)
 USER_ERRORS = (ScenarioError, hwdb.HwdbError, TraceError, WorkloadError, FitError, ValidationError,
                InputFileError, OSError)
 
@@ -157,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="epdsim", description="LLM serving capacity planner (discrete-event simulation)")
     sub = p.add_subparsers(dest="cmd", required=True)
     p.add_argument("--version", action="version", version=f"epdsim {_version()}")
-    from simulator.cli_simulate import add_subparser as _add_simulate
+    from simulator.cli.simulate import add_subparser as _add_simulate
     _add_simulate(sub)
     q = sub.add_parser("perf", help="print a model's prefill and decode step times on a GPU")
     q.add_argument("model", help="model name, alias, or a local config.json / model folder")
@@ -185,15 +185,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_calibrate(sub)
     from calibration.e2e_report import add_subparser as _add_e2e
     _add_e2e(sub)
-    from simulator.cli_ops import add_subparsers as _add_ops
+    from simulator.cli.ops import add_subparsers as _add_ops
     _add_ops(sub)
-    from simulator.cli_plan import add_subparsers as _add_plan
+    from simulator.cli.plan import add_subparsers as _add_plan
     _add_plan(sub)
-    from simulator.cli_regress import add_subparsers as _add_regress
+    from simulator.cli.regress import add_subparsers as _add_regress
     _add_regress(sub)
     from app.cli import add_subparsers as _add_app
     _add_app(sub)
-    from simulator.cli_epd import add_subparsers as _add_epd
+    from simulator.cli.epd import add_subparsers as _add_epd
     _add_epd(sub)
     return p
 

@@ -1,6 +1,6 @@
 """``epdsim vision``: visual tokens, encoder cost and embedding bytes of images for a model.
 
-Hooked into ``simulator/cli.py`` by ``add_subparsers(sub)``.  User errors (a
+Hooked into ``simulator/cli/commands.py`` by ``add_subparsers(sub)``.  User errors (a
 text-only model, a malformed size, an unknown GPU) print one paragraph and
 exit with code 2.
 """
@@ -96,7 +96,7 @@ def _run(args, con: Console | None = None) -> int:
 
 
 def add_subparsers(sub) -> None:
-    """Hook for ``simulator/cli.py``: adds ``epdsim vision``."""
+    """Hook for ``simulator/cli/commands.py``: adds ``epdsim vision``."""
     p = sub.add_parser("vision", help="visual tokens, encoder time and embedding bytes of images for a model")
     p.add_argument("model", help="a vision-language model name or alias (Qwen2.5-VL-7B, Qwen3-VL-4B, ...)")
     p.add_argument("--resolution", nargs="+", default=["640x480", "1280x720", "1920x1080", "3840x2160"],

@@ -1,6 +1,6 @@
 """Operations commands: ``epdsim coldstart`` and ``epdsim probes``.
 
-Hooked into ``simulator/cli.py`` by ``add_subparsers(sub)``.  Each command
+Hooked into ``simulator/cli/commands.py`` by ``add_subparsers(sub)``.  Each command
 handles its own user errors (bad model, GPU, storage, probe field): one
 paragraph on stderr and exit code 2, no traceback.
 """
@@ -213,7 +213,7 @@ def _probe_args(p: argparse.ArgumentParser, prefix: str, delay: int, period: int
 
 
 def add_subparsers(sub) -> None:
-    """Hook for ``simulator/cli.py``: adds ``epdsim coldstart`` and ``epdsim probes``."""
+    """Hook for ``simulator/cli/commands.py``: adds ``epdsim coldstart`` and ``epdsim probes``."""
     c = sub.add_parser("coldstart", help="start-up phases of one instance (image pull to API ready)")
     _common(c)
     c.set_defaults(func=_run(cmd_coldstart))
