@@ -11,6 +11,8 @@ from typing import get_args
 
 from pydantic import BaseModel, ValidationError
 
+from simulator.inputs import read_yaml as _read_yaml, yaml_error as _yaml_error
+
 
 class WorkloadError(ValueError):
     """A valid-looking workload config cannot produce requests; the message says what to change.
@@ -92,14 +94,12 @@ def format_validation_error(err: ValidationError, data, *, root: type[BaseModel]
 
 def yaml_error(path, exc) -> str:
     """Where a YAML file stops parsing (see :func:`simulator.inputs.yaml_error`)."""
-    from simulator.inputs import yaml_error as _yaml_error
     return _yaml_error(path, exc)
 
 
 def read_yaml(path, error: type[Exception], what: str = "YAML file"):
     """``path`` parsed by :func:`simulator.inputs.read_yaml` (size, encoding, directory, alias budget and
     duplicate-key checks); every failure raises ``error`` with the file and line."""
-    from simulator.inputs import read_yaml as _read_yaml
     return _read_yaml(path, error, what)
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 from simulator.confidence import assess
 from simulator.engine.engine import PoolSpec
 from simulator.epd.epd import EPDError, prepare as prepare_epd
-from simulator.engine.opsresults import ops_requests_frame
+from simulator.epd.epd_flow import add_columns, encoder_summary
+from simulator.engine.opsresults import ops_requests_frame, ops_summary
 from simulator.engine.opsrun import run_operations
 from simulator.errors import WorkloadError
 from simulator.pd.pd import TransferConfigError, build_transfer_plan, crossover_bandwidth
@@ -69,7 +70,6 @@ def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:
         req_df = requests_frame(run, back.name if back else front.name)
         ops = None
     if run.epd is not None:
-        from simulator.epd.epd_flow import add_columns
         req_df = add_columns(req_df, run.epd)
     if reqs.client is not None and reqs.client.warmup_requests:
         req_df["warmup"] = req_df["request_id"].to_numpy() < reqs.client.warmup_requests
@@ -80,7 +80,6 @@ def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:
     summary = summarize(req_df, step_df, rec.resume_gaps, gpus=gpus, cost_usd_per_hour=price,
                         ttft_slo=scn.slo.ttft_s, tpot_slo=scn.slo.tpot_s)
     if ops is not None:
-        from simulator.engine.opsresults import ops_summary
         summary["operations"] = ops_summary(ops, req_df, scn.slo.ttft_s, {
             r.name: r.dep.gpu.price_usd_per_hour.value for r in pools})
     if run.coordinator is not None:
@@ -90,7 +89,6 @@ def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:
         summary["crossover"] = crossover_bandwidth(front.step, plan.kv_bytes_per_token, mean_prompt,
                                                    front.dep.knobs.max_num_batched_tokens)
     if run.epd is not None:
-        from simulator.epd.epd_flow import encoder_summary
         summary["encoder"] = encoder_summary(run.epd, summary["duration_s"])
     pool, dep, mem = front.pool, front.dep, front.memory
     k = dep.knobs

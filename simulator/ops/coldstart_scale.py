@@ -32,8 +32,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import hwdb
 from hwdb.coldstart import ColdStartDB, StartupCase, load_coldstart
 from simulator.ops.coldstart import LEVELS, PHASE_LABELS, PHASES, Breakdown, ColdStartError, breakdown
+from simulator.ops.k8s import recommend_probes
+from simulator.scenario import PoolConfig, deployment_for
 
 
 def breakdown_range(dep, compile_cache: str = "miss", storage: str = "nvme", image_cached: bool = True,
@@ -44,7 +47,6 @@ def breakdown_range(dep, compile_cache: str = "miss", storage: str = "nvme", ima
 
 def recommend_high(dep, storage: str = "nvme", image_cached: bool = True, margin: float = 0.5, **kw):
     """Probe recommendation sized on the high end of a cold-cache start (see :mod:`simulator.ops.k8s`)."""
-    from simulator.ops.k8s import recommend_probes
     path = kw.pop("path", "/health")
     port = kw.pop("port", 8000)
     return recommend_probes(breakdown(dep, "miss", storage, image_cached, level="high", **kw), margin=margin,
@@ -83,8 +85,6 @@ class CaseCheck:
 
 
 def case_deployment(case: StartupCase, db=None):
-    import hwdb
-    from simulator.scenario import PoolConfig, deployment_for
     db = db or hwdb.load()
     return deployment_for(PoolConfig(gpu=case.gpu, tp=case.tp, dtype=case.dtype), db.model(case.model), db)
 

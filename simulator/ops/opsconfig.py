@@ -20,6 +20,8 @@ from typing import Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from simulator.inputs import NoBoolNumbers
+from simulator.ops.autoscale import POLICIES
+from simulator.ops.k8s import Probe
 
 
 class _Strict(NoBoolNumbers):
@@ -36,12 +38,10 @@ class ProbeConfig(_Strict):
 
     @model_validator(mode="after")
     def _valid(self) -> ProbeConfig:
-        from simulator.ops.k8s import Probe
         Probe(self.initial_delay_s, self.period_s, self.timeout_s, self.failure_threshold).validate()
         return self
 
     def probe(self):
-        from simulator.ops.k8s import Probe
         return Probe(self.initial_delay_s, self.period_s, self.timeout_s, self.failure_threshold)
 
 
@@ -104,7 +104,6 @@ class AutoscaleConfig(_Strict):
 
     @model_validator(mode="after")
     def _bounds(self) -> AutoscaleConfig:
-        from simulator.ops.autoscale import POLICIES
         if self.policy not in POLICIES:
             raise ValueError(f"policy={self.policy!r} is unknown; choose one of {sorted(POLICIES)}")
         if self.min_instances > self.max_instances:

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import hwdb
 from hwdb.schema import DTYPE_BYTES
 from simulator.perf import Deployment
+from simulator.scenario import KVTransferConfig
 
 
 @dataclass(frozen=True)
@@ -241,7 +242,6 @@ def fabric_verdicts(db, dep: Deployment, crossover: dict, connector: str = "nixl
 
     GPU-direct fabrics use ``connector``; the others the host-staged TCP connector.
     """
-    from simulator.scenario import KVTransferConfig
     rows = []
     for link in db.links.values():
         if link.kind in ("nvlink", "xgmi", "pcie"):
