@@ -2,9 +2,10 @@
 
 Layers, lowest first: ``hwdb`` (data and its loader), ``simulator`` (models, engine, scenario,
 planner), ``calibration`` (fits to measurements, which drive the simulator), ``app`` (the Streamlit
-planner), and ``simulator.cli`` (the ``epdsim`` command line, on top: it may import all of them).  A back-edge is an import from a lower layer into a higher one.  Every import
-counts, including those inside functions: a local import hides a cycle from Python at import time,
-not from the design.  ``if TYPE_CHECKING:`` imports do not count (they never run).
+planner), and ``simulator.cli`` (the ``epdsim`` command line, on top: it may import all of them).
+A back-edge is an import from a lower layer into a higher one.  Every import counts, including
+those inside functions: a local import hides a cycle from Python at import time, not from the
+design.  ``if TYPE_CHECKING:`` imports do not count (they never run).
 
 Today's cycles and back-edges are listed below with why each exists; the tests fail on any new one,
 so the lists can only shrink.  Run this file with ``-s`` to see the current graph's report.
