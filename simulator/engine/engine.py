@@ -65,20 +65,25 @@ class Recorder:
         self.resumed_from = [nan] * n        # crash time a re-prefilled request resumes from
         self.sent_at = [nan] * n             # when the gateway took this attempt (arrival or re-send)
 
-    def _end(self) -> None:
+    def _end(self, rid: int, outcome: Outcome, now: float, reason: str | None = None,
+             generated: int | None = None, wake: bool = True) -> None:
+        """End ``rid`` once (a second end is a simulator bug); ``wake``: its closed-loop user stops waiting."""
+        if self.outcome[rid] != PENDING:
+            raise RuntimeError(f"request {rid} ended twice")
+        self.outcome[rid] = outcome
+        self.t_finish[rid] = now
+        if reason is not None:
+            self.reason[rid] = reason
+        if generated is not None:
+            self.generated[rid] = generated
+        if wake and self.waiters is not None:
+            self.waiters.pop(rid).succeed()
         self.ended += 1
         if self.ended == len(self.outcome) and self.all_ended is not None:
             self.all_ended.succeed()
 
     def finish(self, rid: int, now: float, instance: int, generated: int) -> None:
-        if self.outcome[rid] != PENDING:
-            raise RuntimeError(f"request {rid} ended twice")
-        self.outcome[rid] = Outcome.COMPLETED
-        self.t_finish[rid] = now
-        self.generated[rid] = generated
-        if self.waiters is not None:
-            self.waiters.pop(rid).succeed()
-        self._end()
+        self._end(rid, Outcome.COMPLETED, now, generated=generated)
 
     def close(self, end: float, max_time_s: float | None) -> None:
         """The end-of-run sweep, at simulated time ``end``: requests still pending become unfinished.
@@ -99,35 +104,16 @@ class Recorder:
                 self.reason[rid] = f"still in flight at the time limit {max_time_s} s"
 
     def reject(self, rid: int, now: float, reason: str) -> None:
-        if self.outcome[rid] != PENDING:
-            raise RuntimeError(f"request {rid} ended twice")
-        self.outcome[rid] = Outcome.REJECTED
-        self.reason[rid] = reason
-        self.t_finish[rid] = now
-        self._end()
+        """Refused at admission: its closed-loop user learns it from the send and does not wait."""
+        self._end(rid, Outcome.REJECTED, now, reason, wake=False)
 
     def expire(self, rid: int, now: float, reason: str) -> None:
         """Reject a request that was already dispatched (a queue timeout): its client stops waiting."""
-        if self.outcome[rid] != PENDING:
-            raise RuntimeError(f"request {rid} ended twice")
-        self.outcome[rid] = Outcome.REJECTED
-        self.reason[rid] = reason
-        self.t_finish[rid] = now
-        if self.waiters is not None:
-            self.waiters.pop(rid).succeed()
-        self._end()
+        self._end(rid, Outcome.REJECTED, now, reason)
 
     def fail(self, rid: int, now: float, reason: str, generated: int) -> None:
         """A crash ended the request (retry policy "none", or retries exhausted) after ``generated`` tokens."""
-        if self.outcome[rid] != PENDING:
-            raise RuntimeError(f"request {rid} ended twice")
-        self.outcome[rid] = Outcome.FAILED
-        self.reason[rid] = reason
-        self.t_finish[rid] = now
-        self.generated[rid] = generated
-        if self.waiters is not None:
-            self.waiters.pop(rid).succeed()
-        self._end()
+        self._end(rid, Outcome.FAILED, now, reason, generated)
 
 
 @dataclass(frozen=True)
