@@ -5,7 +5,7 @@ from simulator.confidence import assess
 from simulator.engine.engine import PoolSpec
 from simulator.epd.epd import EPDError, prepare as prepare_epd
 from simulator.epd.epd_flow import add_columns, encoder_summary
-from simulator.engine.opsresults import ops_requests_frame, ops_summary
+from simulator.engine.opsresults import ops_summary
 from simulator.engine.opsrun import run_operations
 from simulator.errors import WorkloadError
 from simulator.pd.pd import TransferConfigError, build_transfer_plan, crossover_bandwidth
@@ -64,10 +64,8 @@ def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:
     # A run without operations is an operations run whose lifecycle never fires; its requests table
     # has no failures, retries or discarded tokens to show.
     ops, run, rec = run_operations(scn, reqs, front, back, plan, closed, rngs, pool_spec, epd)
-    if scn.operations.enabled:
-        req_df = ops_requests_frame(run, back.name if back else front.name)
-    else:
-        req_df = requests_frame(run, back.name if back else front.name)
+    req_df = requests_frame(run, back.name if back else front.name, operations=scn.operations.enabled)
+    if not scn.operations.enabled:
         ops = None
     if run.epd is not None:
         req_df = add_columns(req_df, run.epd)

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from simulator.epd.epd import prepare as prepare_epd
-from simulator.engine.opsresults import ops_requests_frame
+from simulator.engine.results import requests_frame
 from simulator.engine.opsrun import run_operations
 from simulator.pd.pd import build_transfer_plan
 from simulator.run import pool_spec, simulate
@@ -33,7 +33,7 @@ def run_objects(scn):
     front, back = (rs.role("prefill"), rs.role("decode")) if scn.is_pd else (rs.role("colocated"), None)
     plan = build_transfer_plan(scn.kv_transfer, rs.db, front.dep, back.dep) if back else None
     ops, run, _ = run_operations(scn, reqs, front, back, plan, None, rngs, pool_spec, epd)
-    return ops, run, ops_requests_frame(run, "x")
+    return ops, run, requests_frame(run, "x", operations=True)
 
 
 def test_encoder_tier_with_a_prefill_crash_and_an_autoscaled_decode_pool():

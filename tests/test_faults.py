@@ -36,7 +36,7 @@ def fp8_scenario(long_share: float, policy: str = "none", seed: int = 1, rate_pe
 def run_objects(scn):
     """Like :func:`simulate`, returning the operations engine's objects too (for white-box checks)."""
     from simulator.engine.opsrun import run_operations
-    from simulator.engine.opsresults import ops_requests_frame
+    from simulator.engine.results import requests_frame
     from simulator.pd.pd import build_transfer_plan
     rs = resolve(scn)
     db, pools = rs.db, rs.pools
@@ -45,7 +45,7 @@ def run_objects(scn):
     front, back = (rs.role("prefill"), rs.role("decode")) if scn.is_pd else (rs.role("colocated"), None)
     plan = build_transfer_plan(scn.kv_transfer, db, front.dep, back.dep) if back else None
     ops, run, rec = run_operations(scn, reqs, front, back, plan, None, rngs, pool_spec)
-    return ops, run, ops_requests_frame(run, "x")
+    return ops, run, requests_frame(run, "x", operations=True)
 
 
 # ---- with nothing happening, a run with operations is a static run ------------------------------

@@ -24,7 +24,7 @@ class Recorder:
     Every request ends exactly once (:meth:`finish`, :meth:`reject`, :meth:`expire`, :meth:`fail`, or
     :meth:`close` at the end of the run); a second end raises.  ``all_ended`` (a SimPy event the run
     sets) fires when the last one ends.  Crashes and retries (operations) rewrite a request's lengths
-    per attempt; the original ones are kept to restore (``simulator.engine.opsresults.finalize``).
+    per attempt; the original ones are kept to restore (:meth:`finalize`).
     """
 
     def __init__(self, input_tokens, output_tokens, arrival_s, hash_ids=None, hash_block_tokens=None) -> None:
@@ -64,6 +64,7 @@ class Recorder:
         self.pd_orig: dict[int, tuple] = {}  # PD: the first attempt's (t_prefilled, t_kv_start, t_kv_done)
         self.resumed_from = [nan] * n        # crash time a re-prefilled request resumes from
         self.sent_at = [nan] * n             # when the gateway took this attempt (arrival or re-send)
+        self.finalized = False
 
     def _end(self, rid: int, outcome: Outcome, now: float, reason: str | None = None,
              generated: int | None = None, wake: bool = True) -> None:
@@ -114,6 +115,27 @@ class Recorder:
     def fail(self, rid: int, now: float, reason: str, generated: int) -> None:
         """A crash ended the request (retry policy "none", or retries exhausted) after ``generated`` tokens."""
         self._end(rid, Outcome.FAILED, now, reason, generated)
+
+    def finalize(self) -> None:
+        """Undo the per-attempt rewriting of re-prefilled requests (operations runs): original lengths,
+        the first token of the first attempt, tokens carried over; the wait from the crash to the
+        resumed token is an ITL gap.  Idempotent; a no-op for a run in which nothing crashed."""
+        if self.finalized:
+            return
+        self.finalized = True
+        if not any(self.attempt):   # only a crash (which bumps the attempt) rewrites a request
+            return
+        for rid in range(len(self.outcome)):
+            if self.carried[rid] and self.outcome[rid] == Outcome.COMPLETED:
+                self.generated[rid] += self.carried[rid]
+            if self.resumed_from[rid] == self.resumed_from[rid] and self.t_first[rid] == self.t_first[rid]:
+                self.resume_gaps.append(self.t_first[rid] - self.resumed_from[rid])
+            if self.first_orig[rid] == self.first_orig[rid]:
+                # The TTFT split is the first attempt's, whose first token the row keeps.
+                self.t_first[rid], self.t_sched[rid] = self.first_orig[rid], self.sched_orig[rid]
+                if rid in self.pd_orig:
+                    self.t_prefilled[rid], self.t_kv_start[rid], self.t_kv_done[rid] = self.pd_orig[rid]
+            self.input_tokens[rid], self.output_tokens[rid] = self.orig_input[rid], self.orig_output[rid]
 
 
 @dataclass(frozen=True)

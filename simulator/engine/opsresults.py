@@ -23,41 +23,6 @@ import math
 import numpy as np
 import pandas as pd
 
-from simulator.engine.outcome import LABELS, Outcome
-from simulator.engine.results import requests_frame
-
-
-def finalize(rec) -> None:
-    """Undo the per-attempt rewriting of re-prefilled requests: original lengths, the first token of
-    the first attempt, tokens carried over; the wait from the crash to the resumed token is an ITL gap."""
-    for rid in range(len(rec.outcome)):
-        if rec.carried[rid] and rec.outcome[rid] == Outcome.COMPLETED:
-            rec.generated[rid] += rec.carried[rid]
-        if rec.resumed_from[rid] == rec.resumed_from[rid] and rec.t_first[rid] == rec.t_first[rid]:
-            rec.resume_gaps.append(rec.t_first[rid] - rec.resumed_from[rid])
-        if rec.first_orig[rid] == rec.first_orig[rid]:
-            # The TTFT split is the first attempt's, whose first token the row keeps.
-            rec.t_first[rid], rec.t_sched[rid] = rec.first_orig[rid], rec.sched_orig[rid]
-            if rid in rec.pd_orig:
-                rec.t_prefilled[rid], rec.t_kv_start[rid], rec.t_kv_done[rid] = rec.pd_orig[rid]
-        rec.input_tokens[rid], rec.output_tokens[rid] = rec.orig_input[rid], rec.orig_output[rid]
-
-
-def ops_requests_frame(run, pool: str) -> pd.DataFrame:
-    """:func:`simulator.engine.results.requests_frame` with the ``failed`` outcome, ``retries`` and
-    ``discarded_tokens`` columns."""
-    rec = run.recorder
-    finalize(rec)
-    codes = rec.outcome
-    rec.outcome = [Outcome.REJECTED if o == Outcome.FAILED else o for o in codes]
-    try:
-        df = requests_frame(run, pool)
-    finally:
-        rec.outcome = codes
-    df["outcome"] = pd.Categorical([LABELS[o] for o in codes], categories=list(LABELS))
-    df["retries"] = np.asarray(rec.retries, dtype=np.int32)
-    df["discarded_tokens"] = np.asarray(rec.discarded, dtype=np.int64)
-    return df
 
 
 def _per_token_gpu_s(inst) -> float:

@@ -35,8 +35,13 @@ def weighted_percentiles(values: np.ndarray, weights: np.ndarray, pcts=PCTS) -> 
     return [float(v[min(np.searchsorted(cw, p / 100.0 * total, side="left"), len(v) - 1)]) for p in pcts]
 
 
-def requests_frame(run: PoolRun, pool: str) -> pd.DataFrame:
+def requests_frame(run: PoolRun, pool: str, *, operations: bool = False) -> pd.DataFrame:
+    """One row per request.  ``operations``: the run had an ``operations`` block, so the outcome may be
+    ``failed`` and the table adds ``retries`` and ``discarded_tokens``; without it a request never fails
+    and those columns are left out.  Re-prefilled requests are first restored to their original
+    lengths and first attempt (:meth:`Recorder.finalize`)."""
     rec = run.recorder
+    rec.finalize()
     arrival = np.asarray(rec.arrival)
     first = np.asarray(rec.t_first)
     finish = np.asarray(rec.t_finish)
@@ -44,7 +49,8 @@ def requests_frame(run: PoolRun, pool: str) -> pd.DataFrame:
     seen = np.asarray(rec.t_seen)
     seen = np.where(np.isnan(seen), arrival, seen)   # never dispatched (past max_time_s, or never sent by a user)
     tpot = np.where(out > 1, (finish - first) / np.maximum(out - 1, 1), np.nan)
-    return pd.DataFrame({
+    categories = list(LABELS) if operations else [o.label for o in STATIC_OUTCOMES]
+    df = pd.DataFrame({
         "request_id": np.arange(len(arrival)),
         "pool": pool,
         "instance": np.asarray(rec.instance, dtype=np.int32),
@@ -68,10 +74,13 @@ def requests_frame(run: PoolRun, pool: str) -> pd.DataFrame:
         "preemptions": np.asarray(rec.preemptions, dtype=np.int32),
         "generated_tokens": np.asarray(rec.generated, dtype=np.int64),
         "cached_tokens": np.asarray(rec.cached_tokens, dtype=np.int64),
-        "outcome": pd.Categorical([LABELS[o] for o in rec.outcome],
-                                  categories=[o.label for o in STATIC_OUTCOMES]),
+        "outcome": pd.Categorical([LABELS[o] for o in rec.outcome], categories=categories),
         "reason": rec.reason,
     })
+    if operations:
+        df["retries"] = np.asarray(rec.retries, dtype=np.int32)
+        df["discarded_tokens"] = np.asarray(rec.discarded, dtype=np.int64)
+    return df
 
 
 STEP_COLUMNS = ["start_s", "duration_s", "decode_tokens", "prefill_tokens", "first_tokens", "batch_size",
