@@ -19,6 +19,8 @@ from app.services.scenarios import Prices, cost
 from simulator import fmt
 from simulator.confidence import describe
 from simulator.serving_summary import slo_text
+from app.services.calibration import checks_frame, series_frame
+from app.services.share import portable_yaml
 
 STYLE = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px} "
          "table{border-collapse:collapse;margin:1em 0} td,th{border:1px solid #ccc;padding:3px 9px;text-align:right} "
@@ -51,7 +53,6 @@ def _yaml_block(title: str, text: str, ident: str) -> str:
 
 
 def _scenario_yaml(scn) -> str:
-    from app.services.share import portable_yaml
     return portable_yaml(scn.model_dump(mode="json"))
 
 
@@ -164,7 +165,6 @@ def _workload_text(req) -> str:
 def validation_html(data: dict, plotly: str = "inline") -> str:
     """A calibration validation (``validation.json`` of ``epdsim calibrate validate``) with the app's
     predicted-vs-measured charts."""
-    from app.services.calibration import series_frame, checks_frame
     checks = checks_frame(data)
     figs = [charts.predicted_vs_measured_figure(series_frame(data, m), m.upper()) for m in ("ttft", "tpot", "e2e")]
     passed = data["checks"] - data["failed"]

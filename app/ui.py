@@ -10,8 +10,9 @@ from pathlib import Path
 
 import streamlit as st
 
-from app.services import glossary, jobs, scenarios, share
+from app.services import exports, glossary, jobs, scenarios, share, views
 from simulator import fmt
+from app.services.hardware import DbCache
 
 
 @st.cache_resource
@@ -22,7 +23,6 @@ def run_cache() -> scenarios.RunCache:
 
 @st.cache_resource
 def _db_cache():
-    from app.services.hardware import DbCache
     return DbCache()
 
 
@@ -251,7 +251,6 @@ SHOWN_ROWS = 1000
 def tables_view(res) -> None:
     """Phase means, the per-request table (the first rows on the page, said so) and downloads of the
     whole table (CSV, Parquet), the summary (JSON) and the scenario (YAML)."""
-    from app.services import exports, views
     st.dataframe(views.phase_frame(res.requests), hide_index=True)
     req, name = res.requests, res.scenario.name
     st.dataframe(req.head(SHOWN_ROWS), hide_index=True, key="requests-table", column_config=column_config(req))

@@ -1,7 +1,7 @@
 """Leave-one-source-out check of the cold-start ranges against the sourced real start-ups.
 
 Several range ends in ``hwdb/data/coldstart/vllm-scale.yaml`` are read from the very start-ups
-:func:`simulator.ops.coldstart_scale.check_cases` compares them with (``feeds`` of each case), so
+:func:`calibration.coldstart_cases.check_cases` compares them with (``feeds`` of each case), so
 those comparisons are partly fitted on themselves.  Here every such range is re-derived from its
 measurements by the rule the YAML states (``typical`` = median of the sourced measurements, ``low``
 and ``high`` = their extremes, widened by the bounds that are not measurements: a skipped phase,
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from hwdb.coldstart import ColdStartDB, StartupCase, load_coldstart
 from simulator.ops.coldstart import (capture_seconds, captured_graphs, capture_sizes, compile_seconds,
                                  dynamo_seconds)
-from simulator.ops.coldstart_scale import CaseCheck, case_breakdowns, case_deployment, compared_seconds
+from calibration.coldstart_cases import CaseCheck, case_breakdowns, case_deployment, compared_seconds
 
 GIB = 1024 ** 3
 

@@ -23,6 +23,8 @@ import pandas as pd
 import hwdb
 from calibration.e2e_rows import REQUESTS_PER_CLIENT, Row, admission_anomaly, to_scenario, why_not
 from simulator.scenario import ScenarioError, parse_scenario, resolve
+from hwdb.schema import Figure
+from simulator.run import simulate
 
 # Model families whose rows may fit end-to-end terms: the dense Llama-3.1-70B (the only dense model
 # vLLM was measured on), one MoE family per engine (MiniMax-M2.5 for vLLM, DeepSeek for TensorRT-LLM
@@ -41,7 +43,6 @@ def split(row: Row) -> str:
 
 
 def _predict_one(row: Row, db, client: dict, requests_per_client: int) -> dict:
-    from simulator.run import simulate   # noqa: PLC0415 -- keeps worker start-up light
     rec = {**asdict(row), "subset": row.subset, "split": split(row), "reason": why_not(row, db),
            "excluded": "", "ttft_pred_s": np.nan, "tpot_pred_s": np.nan}
     if rec["reason"]:
@@ -106,7 +107,6 @@ _WORKER: dict = {}
 
 def with_engine_terms(db, terms: dict[str, dict[str, float]]):
     """``db`` with engine profiles' end-to-end terms replaced: ``{engine: {field: seconds}}``."""
-    from hwdb.schema import Figure   # noqa: PLC0415
     for name, fields in terms.items():
         eng = db.engine(name)
         def fig(v):

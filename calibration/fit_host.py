@@ -26,6 +26,7 @@ AVX2 + FMA (2 x 256-bit FMA units)   32 (via fp32)   32
 from __future__ import annotations
 
 from dataclasses import dataclass
+from hwdb.schema import Figure
 
 #: what the shipped CPU-host entry describes (its file header and figure sources say so)
 SHIPPED_HOST = {"vendor": "GenuineIntel", "isa": "amx_bf16",
@@ -71,7 +72,6 @@ def matches_shipped(cpu: dict) -> bool:
 
 def derived_cpu_host(base, cpu: dict, cores: int, memory_bytes: int | None, fam: Family):
     """``base`` (the shipped CPU-host GPU entry) with peaks from ``fam`` x ``cores`` x the recorded clock."""
-    from hwdb.schema import Figure
     ghz = cpu["clock_ghz"]
     what = (f"derived by epdsim calibrate fit from the bundle's host: {cpu.get('model_name')} "
             f"({cpu.get('vendor')}, family {cpu.get('family')}, model {cpu.get('model')}), {cores} cores x "

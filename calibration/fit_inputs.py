@@ -15,6 +15,7 @@ from typing import Any
 import hwdb
 from calibration.harness.bundle import MANIFEST, Bundle, BundleError
 from hwdb.schema import ModelSidecar
+from hwdb.models import ConfigError, arch_from_config
 
 CPU_GPU = "CPU-host"
 #: vLLM's batch defaults for the OpenAI server on a CPU platform, world size 1
@@ -284,7 +285,6 @@ def bundle_model(b: Bundle, model: str | None, db: hwdb.HardwareDB) -> hwdb.Mode
                                 f"(SHA-256 differs); pass --model with the folder that was served.")
         return hwdb.load_model_dir(root, name=name)
     if isinstance(mi.get("config"), dict):
-        from hwdb.models import ConfigError, arch_from_config
         try:
             arch = arch_from_config(mi["config"], name)
         except ConfigError as exc:

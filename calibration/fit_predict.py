@@ -9,7 +9,7 @@ import hwdb
 from calibration.fit_inputs import CPU_DEFAULT_MAX_NUM_BATCHED_TOKENS, CPU_DEFAULT_MAX_NUM_SEQS
 from calibration.fit_points import Point
 from hwdb.profiles import Profile
-from hwdb.schema import EfficiencyCurve
+from hwdb.schema import EfficiencyCurve, Figure
 
 # ============================================================================ predictions
 def step(sm, tokens: float, logits: float, pairs: float, decode_ctx: float, prefill_ctx: float = 0.0,
@@ -59,7 +59,6 @@ def calibrated_engine(base, overhead_s: float, per_seq_s: float, *, name: str = 
 
     This is how a fitted per-sequence host cost reaches the simulator: a Profile's single
     ``step_overhead_s`` would zero the engine's CPU costs."""
-    from hwdb.schema import Figure
     fig = lambda v, what: Figure(value=float(v), source=f"{source}: {what}", empirical=True)  # noqa: E731
     zero = lambda what: Figure(value=0.0, source=f"{source}: {what}", empirical=True)  # noqa: E731
     cpu = base.cpu.model_copy(update={

@@ -14,6 +14,7 @@ from calibration.fit_inputs import FitInputError
 from calibration.fit_points import Point
 from calibration.fit_predict import candidate_deployment, predict
 from hwdb.profiles import FitQuality
+from simulator.step_build import build_step_model
 
 PARAMS = ("compute_max_eff", "compute_half", "attention_max_eff", "memory_max_eff", "step_overhead_s",
           "per_seq_s")
@@ -84,7 +85,6 @@ def fit_points(points: list[Point], dep, *, free: tuple[str, ...] | None = None,
     ``free``: parameters to fit (default all of :data:`PARAMS`); ``init``: starting values."""
     from scipy.optimize import least_squares
 
-    from simulator.step_build import build_step_model
     if not points:
         raise FitInputError("no measurements to fit")
     gpu = dep.gpu

@@ -184,10 +184,6 @@ def replay_inputs(hwdb_dirs: list[str], engine: str | None, model: str | None) -
     return engine, model
 
 
-class PDReplayError(ValueError):
-    """A replay that cannot run as asked (exit code 2)."""
-
-
 def measured_rows(out: Path) -> list[dict]:
     rows = []
     recs = [json.loads(x) for x in (out / "records" / "load_pd.jsonl").read_text().splitlines() if x.strip()]

@@ -53,6 +53,8 @@ from calibration.harness.pd_router import PDRouter, prompt_hash
 from calibration.harness.server import Endpoint, ServerProcess
 from calibration.pd_bundle import (PD_KIND, SERVED, PD_SCHEMA_VERSION, PDReplayError, measured_rows, read_manifest,
                                    replay_inputs)
+from simulator.run import simulate
+from simulator.scenario import parse_scenario
 
 REPO = Path(__file__).resolve().parents[1]
 BLOCK = 128
@@ -279,8 +281,6 @@ def _pct(xs, p):
 
 def cmd_replay(a) -> int:
     import yaml
-    from simulator.run import simulate
-    from simulator.scenario import parse_scenario
     out = Path(a.bundle)
     man = read_manifest(out)
     if man is None:

@@ -14,6 +14,8 @@ from calibration.fit_inputs import FitInputError
 from calibration.fit_points import server_ttft_s
 from calibration.harness.bundle import Bundle
 from calibration.harness.metrics import histogram_quantile
+from simulator.run import simulate
+from simulator.scenario import ScenarioError, parse_scenario
 
 PCTS = (50, 90, 99)
 METRICS = ("ttft", "tpot", "itl", "e2e")
@@ -116,8 +118,6 @@ def per_step_scope(notes: dict) -> str:
 def simulate_phase(rows: list[dict], *, model_ref: str, hwdb_dirs: list[Path], gpu: str, setup, out: Path,
                    phase: str, engine: str | None = None):
     """Replay ``rows`` (arrival, lengths) in the simulator; returns (scenario dict, Results)."""
-    from simulator.run import simulate
-    from simulator.scenario import ScenarioError, parse_scenario
     trace = out / f"{phase}.trace.jsonl"
     with trace.open("w") as fh:
         for r in rows:

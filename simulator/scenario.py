@@ -15,6 +15,7 @@ from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 import hwdb
 from simulator.epd.epd_config import EmbeddingTransferConfig, EncoderConfig
+from simulator.pd.pd_config import KVTransferConfig
 from simulator.errors import format_validation_error, read_yaml
 from simulator.inputs import NoBoolNumbers
 from simulator.perf import Deployment, EngineKnobs, FitError, MemoryPlan, StepModel, plan_memory
@@ -77,39 +78,6 @@ class PoolConfig(_Strict):
         if (self.tp * self.dp) % self.ep:
             raise ValueError(f"ep={self.ep} must divide the instance's tp x dp = {self.tp * self.dp} GPUs (experts "
                              f"are spread over them, ep ways by expert and the rest by tensor slices)")
-        return self
-
-
-class KVTransferConfig(_Strict):
-    """How a PD deployment moves KV from prefill to decode instances."""
-
-    connector: str = "nixl"
-    flow: Literal["vllm", "sglang"] = "vllm"
-    fabric: str | None = None
-    same_node: bool = False
-    layerwise: bool | None = None
-    bandwidth_Bps: float | None = Field(None, ge=1e3)  # what-if: per-instance bandwidth instead of the fabric's
-    bandwidth_factor: float = Field(1.0, gt=0, le=1)  # degraded fabric: fraction of bandwidth left
-    jitter_mean_s: float = Field(0.0, ge=0, le=3600)         # extra latency per transfer, exponential with this mean
-    kv_buffer_size: float | None = Field(None, gt=0)  # bytes; receive buffer per decode instance (P2pNccl)
-    # ``fabric``: a link (hwdb links/) or a node type's network layout (networks/: link, GPUs per NIC, NIC rate).
-    # Network topology (simulator/pd/pd.py): GPUs behind one NIC (None: the layout's, else 1 on RDMA fabrics, a node on TCP/VPC),
-    # one NIC's line rate (None: the fabric link's), nodes under one leaf switch and its uplink's
-    # oversubscription, racks under one spine (a pod) and the pod uplink's; where the pools sit.
-    gpus_per_nic: int | None = Field(None, ge=1, le=72)
-    nic_Bps: float | None = Field(None, gt=0)
-    nodes_per_rack: int | None = Field(None, ge=1)
-    oversubscription: float = Field(1.0, ge=1)
-    racks_per_pod: int | None = Field(None, ge=1)
-    pod_oversubscription: float = Field(1.0, ge=1)
-    placement: Literal["cross_rack", "same_rack", "cross_pod"] = "cross_rack"
-
-    @model_validator(mode="after")
-    def _tiers(self) -> KVTransferConfig:
-        if self.racks_per_pod is not None and self.nodes_per_rack is None:
-            raise ValueError(f"racks_per_pod={self.racks_per_pod} needs nodes_per_rack (the pod is made of racks)")
-        if self.placement == "cross_pod" and self.racks_per_pod is None:
-            raise ValueError("placement=cross_pod needs racks_per_pod and nodes_per_rack (the pod's size)")
         return self
 
 

@@ -13,8 +13,8 @@ from calibration.coldstart_holdout import derive_ranges, fed_ranges, held_out_ch
 from hwdb.coldstart import load_coldstart
 from simulator.cli.ops import add_subparsers
 from simulator.ops.coldstart import LEVELS, Breakdown, ColdStartError, Phase, breakdown
-from simulator.ops.coldstart_scale import (breakdown_range, case_breakdowns, cases_markdown, check_cases,
-                                       phases_markdown, recommend_high)
+from calibration.coldstart_cases import case_breakdowns, cases_markdown, check_cases, phases_markdown
+from simulator.ops.coldstart_scale import breakdown_range, recommend_high
 from simulator.ops.k8s import PodSpec, Probe, recommend_probes, simulate_pod
 from simulator.scenario import PoolConfig, deployment_for
 

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 import hwdb
 from simulator.pd.pd import build_transfer_plan, crossover_bandwidth
 from simulator.run import simulate
-from simulator.scenario import KVTransferConfig, ScenarioError, load_scenario, parse_scenario, resolve
+from simulator.pd.pd_config import KVTransferConfig
+from simulator.scenario import ScenarioError, load_scenario, parse_scenario, resolve
 from tests.conftest import REPO
 from tests.test_invariants import check_invariants
 

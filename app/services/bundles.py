@@ -19,6 +19,7 @@ from pathlib import Path
 
 from app.services.scenarios import MAX_UPLOAD_BYTES, InputError, check_size, safe_name
 from simulator.inputs import decode, parse_yaml, read_text, read_yaml
+import hwdb
 
 MAX_UNPACKED_BYTES = 200 * 2**20
 MAX_ENTRIES = 5000
@@ -98,7 +99,6 @@ def save_to_user_hwdb(files: dict[str, bytes], udir: Path) -> list[str]:
 
     Refused (InputError) when an entry has the name of a shipped one (it would replace it for every
     scenario) or when the folder would not load afterwards (the files are removed again)."""
-    import hwdb
     shipped = hwdb.load()                       # the shipped data alone
     tables = {"profiles": shipped.profiles, "engines": shipped.engines, "gpus": shipped.gpus,
               "models": shipped.models}

@@ -10,12 +10,18 @@ from pathlib import Path
 
 import pandas as pd
 
+import hwdb
+from app.services import bundles
 from app.services.scenarios import InputError
+from calibration.cli import bundle_summary
+from calibration.fit import fit_bundle
+from calibration.fit_inputs import open_bundle
+from calibration.fit_report import write_outputs
+from calibration.harness.bundle import BundleError
+from calibration.validate import validate
 
 
 def _errors():
-    import hwdb
-    from calibration.harness.bundle import BundleError
     return (BundleError, hwdb.HwdbError, ValueError, FileNotFoundError)
 
 
@@ -47,8 +53,6 @@ def _inside_roots(p: Path, extra: tuple[Path, ...] = ()) -> Path:
 def overview(path: str | Path, extra_roots: tuple[Path, ...] = ()) -> dict:
     """What a bundle holds: model, vLLM version, mode, phases (a DataFrame).  ``extra_roots``: folders
     besides :func:`bundle_roots` it may lie in (the session's uploads)."""
-    from calibration.cli import bundle_summary
-    from calibration.fit_inputs import open_bundle
     p = Path(str(path).strip())
     if not str(path).strip():
         raise InputError("bundle folder: empty; give the folder `epdsim calibrate run --out DIR` wrote")
@@ -71,7 +75,6 @@ def fit(path: str | Path, hwdb_dirs: tuple[str, ...] = ()) -> dict:
     Returns {"fit": BundleFit, "params": DataFrame(parameter, value, sigma_rel, status),
     "residuals": DataFrame(kind, phase, measured_s, predicted_s, rel_error), "quality": DataFrame}.
     """
-    from calibration.fit import fit_bundle
     try:
         # The page admits ``path`` through overview() first (bundle roots checked in the app's process;
         # a job worker started earlier may not see the environment the roots come from).
@@ -93,8 +96,6 @@ def fit_and_validate(path: str | Path, out: str | Path, hwdb_dirs: tuple[str, ..
     """Fit, write the profile into ``out``/hwdb, and validate it on the bundle's load tests
     (the report files go to ``out``/validation).  Returns the fit dict (without the BundleFit
     object, so that it crosses processes as plain data) plus "validation"."""
-    from calibration.fit_report import write_outputs
-    from calibration.validate import validate
     if progress:
         progress(0, 2, "fitting")
     res = fit(path, hwdb_dirs)
@@ -107,7 +108,6 @@ def fit_and_validate(path: str | Path, out: str | Path, hwdb_dirs: tuple[str, ..
                                      hwdb_dirs=hwdb_dirs)
     except _errors() as exc:
         raise InputError(str(exc)) from None
-    from app.services import bundles
     res["files"] = bundles.fitted_files(hw)         # to download, or to save into the user's hardware folder
     model = res["validation"].get("model") or res["profile"]
     try:

@@ -13,6 +13,7 @@ import math
 import pandas as pd
 
 from app.services import builder
+from simulator import fmt
 from app.services.scenarios import Prices, cost
 
 ENGINES = ("vllm-v0", "vllm-v1", "sglang")
@@ -113,7 +114,6 @@ def _same(v: float, top: float) -> bool:
 def row_formatter(label: str):
     """How a :func:`metrics_frame` row reads (simulator.fmt): durations for "(s)" rows, a percentage for
     the attainment, whole counts, dollars."""
-    from simulator import fmt
     if label.endswith("(s)"):
         return fmt.duration
     if label == "SLO attainment":

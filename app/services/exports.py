@@ -10,6 +10,7 @@ import math
 import pandas as pd
 
 from simulator.serving_summary import serving_summary
+from app.services.share import portable, portable_yaml
 
 
 def _clean(x):
@@ -26,7 +27,6 @@ def _clean(x):
 def scenario_yaml(res) -> str:
     """The scenario that produced ``res``, as YAML that ``epdsim simulate`` reloads (no server paths:
     :func:`app.services.share.portable_yaml`)."""
-    from app.services.share import portable_yaml
     return portable_yaml(res.scenario.model_dump(mode="json"))
 
 
@@ -41,7 +41,6 @@ def requests_parquet(res) -> bytes:
 
 
 def summary_json(res) -> bytes:
-    from app.services.share import portable
     data = {"summary": res.summary, "info": res.info, "serving": serving_summary(res),
             "scenario": portable(res.scenario.model_dump(mode="json"))}
     return json.dumps(_clean(data), indent=2, sort_keys=True, default=str).encode()

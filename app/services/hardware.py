@@ -16,6 +16,7 @@ import yaml
 import hwdb
 from hwdb import listing
 from app.services.scenarios import InputError, check_size, safe_name, user_hwdb_dir
+from simulator.inputs import decode, parse_json, parse_yaml
 
 KINDS = ("gpus", "links", "models")
 
@@ -157,7 +158,6 @@ def add_gpu(name: str, template: str, memory_GiB: float, bandwidth_TBps: float, 
 def add_yaml(kind: str, filename: str, data: bytes, user_dir: Path | None = None, override: bool = False) -> Path:
     """An uploaded GPU or link YAML file (``kind``: gpus or links), read by the project's reading layer
     (alias budget, duplicate keys refused).  A name of shipped hardware is refused unless ``override``."""
-    from simulator.inputs import decode, parse_yaml
     user_dir = user_dir or user_hwdb_dir()
     if kind not in ("gpus", "links"):
         raise InputError(f"kind {kind!r}: YAML uploads add gpus or links")
@@ -178,7 +178,6 @@ def add_yaml(kind: str, filename: str, data: bytes, user_dir: Path | None = None
 def add_model(name: str, filename: str, data: bytes, source: str, user_dir: Path | None = None,
               override: bool = False) -> Path:
     """An uploaded Hugging Face config.json as model ``name`` (a folder with config.json + epdsim.yaml)."""
-    from simulator.inputs import decode, parse_json
     user_dir = user_dir or user_hwdb_dir()
     _safe_name(name, "model")
     _refuse_clash("models", name, (), override)

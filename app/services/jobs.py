@@ -18,6 +18,7 @@ import time
 import traceback
 import types
 from dataclasses import dataclass, field
+from app.services.scenarios import InputError, USER_ERRORS, run
 
 PRELOAD = ["simulator.run", "app.services.scenarios", "app.services.compare"]
 _START_LOCK = threading.Lock()     # serialises the brief swap of __main__ in Job.start
@@ -38,13 +39,11 @@ def _worker(fn, args, kwargs, q) -> None:
     try:
         q.put(("done", fn(*args, progress=progress, **kwargs)))
     except Exception as exc:      # noqa: BLE001 - sent to the page, which decides what to show
-        from app.services.scenarios import InputError
         kind = "input_error" if isinstance(exc, (InputError,)) or _is_user_error(exc) else "error"
         q.put((kind, str(exc), traceback.format_exc()))
 
 
 def _is_user_error(exc: Exception) -> bool:
-    from app.services.scenarios import USER_ERRORS
     return isinstance(exc, USER_ERRORS)
 
 
@@ -135,7 +134,6 @@ class Job:
 
 def run_scenarios(named: dict, progress=None, replication: int = 0) -> dict:
     """Simulate several scenario dicts in turn, reporting progress; returns {name: Results}."""
-    from app.services.scenarios import run
     out = {}
     n = len(named)
     for i, (name, d) in enumerate(named.items()):
@@ -149,7 +147,6 @@ def run_scenarios(named: dict, progress=None, replication: int = 0) -> dict:
 
 def run_one(d: dict, progress=None, replication: int = 0):
     """Simulate one scenario dict (a job function)."""
-    from app.services.scenarios import run
     if progress:
         progress(0, 1, "simulating")
     res = run(d, replication=replication)

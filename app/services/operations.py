@@ -13,8 +13,9 @@ import hwdb
 from app.services.scenarios import InputError
 from simulator.ops.coldstart import PHASE_LABELS, ColdStartError, breakdown
 from simulator.ops.k8s import PodSpec, Probe, ProbeError, recommend_probes, simulate_pod
-from simulator.perf import FitError
+from simulator.perf import FitError, plan_memory
 from simulator.scenario import PoolConfig, ScenarioError, deployment_for
+from hwdb.coldstart import load_coldstart
 
 OPS_ERRORS = (ColdStartError, ProbeError, hwdb.HwdbError, ScenarioError, FitError, ValueError)
 
@@ -35,12 +36,10 @@ class StartQuery:
 
 
 def storages() -> list[str]:
-    from hwdb.coldstart import load_coldstart
     return sorted(load_coldstart().storage)
 
 
 def _deployment(q: StartQuery, db: hwdb.HardwareDB | None = None):
-    from simulator.perf import plan_memory
     db = db or hwdb.load(q.hwdb_dirs)
     model = db.model(q.model)
     pool = PoolConfig(gpu=q.gpu, tp=q.tp, dtype=q.dtype, engine={"enforce_eager": q.enforce_eager})

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import hwdb
 
 
 def ops(res) -> dict | None:
@@ -85,7 +86,6 @@ def failures_series(req: pd.DataFrame, bins: int = 60) -> pd.DataFrame:
 def pool_prices(res, prices=None, db=None) -> dict[str, float]:
     """$ per GPU-hour of each pool (by pool name): the override in ``prices`` for its GPU, else the
     hwdb list price."""
-    import hwdb
     out = {}
     for p in res.info["pools"]:
         over = prices.get(p["gpu"]) if prices is not None else None

@@ -8,12 +8,13 @@ import io
 import zipfile
 
 
-from app.services.scenarios import InputError, USER_ERRORS, check_size
+from app.services.scenarios import InputError, USER_ERRORS, check_size, safe_name, sandbox
+from simulator.inputs import decode, parse_yaml
+from simulator.plan import FAMILIES, PlanError, artefacts, parse_plan_request, run_plan
 
 
 def families() -> list[str]:
     """The deployment families the planner knows (colocated, pd, ...)."""
-    from simulator.plan import FAMILIES
     return list(FAMILIES)
 
 
@@ -32,7 +33,6 @@ def request_from_scenario(d: dict, gpus: list[str], *, max_gpus: int = 16, tp: t
 
 
 def parse_request(data: dict, origin: str = "plan request"):
-    from simulator.plan import PlanError, parse_plan_request
     try:
         return parse_plan_request(data, origin)
     except PlanError as exc:
@@ -42,8 +42,6 @@ def parse_request(data: dict, origin: str = "plan request"):
 def parse_upload(name: str, data: bytes, folder=None) -> dict:
     """An uploaded plan YAML (size-limited, read by the reading layer), sandboxed to the upload
     ``folder`` and the shipped data like a scenario (:func:`app.services.scenarios.sandbox`), validated."""
-    from app.services.scenarios import safe_name, sandbox
-    from simulator.inputs import decode, parse_yaml
     name = safe_name(name)
     check_size(name, data, 1 * 2**20)
     try:
@@ -57,7 +55,6 @@ def parse_upload(name: str, data: bytes, folder=None) -> dict:
 
 def run(data: dict, progress=None):
     """Run the planner on a request dict in this process (one worker: the app's job is the process)."""
-    from simulator.plan import PlanError, run_plan
     req = parse_request(data)
     try:
         return run_plan(req, progress=progress, workers=1)
@@ -76,7 +73,6 @@ def candidate_for_artefacts(result) -> str | None:
 
 def artefact_files(result, candidate_id: str | None = None) -> dict[str, str]:
     """{filename: text} (vLLM commands, Kubernetes YAML, ...) for the recommendation or ``candidate_id``."""
-    from simulator.plan import artefacts
     try:
         if candidate_id and not (result.recommended and result.recommended["id"] == candidate_id):
             return artefacts(result, candidate_id=candidate_id)

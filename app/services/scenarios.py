@@ -17,10 +17,12 @@ from pathlib import Path
 
 import hwdb
 from simulator.errors import WorkloadError
-from simulator.inputs import read_yaml
+from simulator.inputs import MAX_YAML_BYTES, decode, parse_json, parse_yaml, read_yaml
 from simulator.perf import FitError
-from simulator.scenario import Scenario, ScenarioError, parse_scenario
+from simulator.scenario import Scenario, ScenarioError, parse_scenario, resolve_relative
 from simulator.traces import TraceError
+from app.services.opsviews import ops_cost
+from simulator.run import simulate
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SCENARIO = REPO / "examples" / "llama8b_h100_chat.yaml"
@@ -55,7 +57,6 @@ EXAMPLES = {
 
 def example(name: str) -> dict:
     """A shipped example scenario (a key of :data:`EXAMPLES`) as a dict, its relative paths resolved."""
-    from simulator.scenario import resolve_relative
     if name not in EXAMPLES:
         raise InputError(f"example {name!r}: choose one of {', '.join(EXAMPLES)}")
     d = read_yaml(REPO / "examples" / name)
@@ -176,7 +177,6 @@ def _looks_like_path(value: str, base: Path | None) -> bool:
 
 
 def _decode(name: str, data: bytes, what: str) -> str:
-    from simulator.inputs import decode
     return decode(data, name, InputError, what)
 
 
@@ -187,7 +187,6 @@ def parse_yaml_upload(name: str, data: bytes, folder: Path | None = None,
 
     ``files``: (name, bytes) uploaded with it (traces, length files, config.json), saved into the
     session's upload ``folder`` (a new private one when None) where the scenario may name them."""
-    from simulator.inputs import MAX_YAML_BYTES, parse_yaml
     name = safe_name(name)
     check_size(name, data, MAX_YAML_BYTES)      # YAML parses at ~1 MB/s: a scenario is a few kB
     text = _decode(name, data, "scenario")
@@ -221,7 +220,6 @@ def save_upload(kind: str, name: str, data: bytes, folder: Path | None = None) -
 def model_from_config_upload(name: str, data: bytes, folder: Path | None = None) -> str:
     """Store an uploaded Hugging Face ``config.json``; returns the model folder to use as ``model``."""
     import re
-    from simulator.inputs import parse_json
     name = safe_name(name)
     check_size(name, data)
     try:
@@ -313,7 +311,6 @@ def cost(results, prices: Prices | None = None, db: hwdb.HardwareDB | None = Non
     s = results.summary
     if "operations" in s:
         # instances come and go (autoscaling, crashes): the GPU-hours actually billed, as a mean per hour
-        from app.services.opsviews import ops_cost
         c = ops_cost(results, prices, db)
         return {k: c[k] for k in ("usd_per_hour", "usd_per_million_output_tokens", "usd_per_million_total_tokens")} \
             | {"with_scaling": True, "usd": c["usd"], "gpu_hours": c["gpu_hours"]}
@@ -369,7 +366,6 @@ def run(d: dict, cache: RunCache | None = None, replication: int = 0):
     Returns :class:`simulator.engine.results.Results`; raises :class:`InputError` for bad input
     (including a model that does not fit the GPUs).
     """
-    from simulator.run import simulate
     scn = to_scenario(d)
     key = f"{scenario_hash(scn)}:{replication}"
     if cache is not None and (hit := cache.get(key)) is not None:

@@ -20,6 +20,8 @@ import yaml
 
 from app.services import scenarios
 from app.services.scenarios import InputError
+import hwdb
+from simulator.inputs import parse_json
 
 URL_PARAM = "scenario"
 MAX_URL_CHARS = 16_000          # browsers and proxies cut URLs beyond a few tens of kB
@@ -74,7 +76,6 @@ def portable(d: dict) -> dict:
                 walk(v)
     walk(out)
     if "hwdb" in out:
-        import hwdb
         drop = {scenarios.user_hwdb_dir().resolve(), Path(hwdb.db.DATA_DIR).resolve()}
         dirs = out["hwdb"] if isinstance(out["hwdb"], list) else [out["hwdb"]]
         keep = [h for h in dirs if not (isinstance(h, str) and (Path(h).resolve() in drop or _upload_root(Path(h))))]
@@ -107,7 +108,6 @@ def decode(text: str) -> dict:
 
     The scenario may read only the shipped examples and hardware data (no upload folder comes with
     a link), checked before anything is read."""
-    from simulator.inputs import parse_json
     what = "the scenario in this page's link"
     if len(text) > MAX_URL_CHARS:
         raise InputError(f"{what} is {len(text):,} characters, over the {MAX_URL_CHARS:,} a link may carry; "

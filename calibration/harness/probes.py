@@ -28,6 +28,7 @@ from calibration.harness.client import (CompletionClient, PromptFactory, Request
                                         poisson_arrivals, run_closed_loop, run_open_loop)
 from calibration.harness.metrics import counter_deltas, histogram_deltas, parse_prometheus
 from calibration.harness.server import Endpoint
+from calibration.harness.trace_plan import trace_phase
 
 PHASE_KINDS = ("prefill", "decode", "load")
 
@@ -89,7 +90,6 @@ def build_plan(opts: PlanOptions, max_model_len: int) -> list[dict]:
             plan.append({"name": f"decode_c{c}", "kind": "decode", "mode": "closed", "concurrency": c,
                          "requests": reqs})
     if "load" in o.kinds and o.trace:
-        from calibration.harness.trace_plan import trace_phase
         plan.append(trace_phase(o.trace, o.trace_format, o.trace_limit, max_model_len))
     elif "load" in o.kinds:
         rng = random.Random(f"load:{o.seed}")

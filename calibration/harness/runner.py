@@ -19,7 +19,7 @@ from calibration.harness.bundle import Bundle, BundleError, now_iso, proc_start
 from calibration.harness.client import CompletionClient, PromptFactory, RequestSpec
 from calibration.harness.metrics import parse_prometheus
 from calibration.harness.probes import PlanOptions, build_plan, resolve_rate, run_phase
-from calibration.harness.server import Endpoint, ServerError, ServerProcess
+from calibration.harness.server import Endpoint, ServerError, ServerProcess, parse_startup_log
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SERVED_NAME = "tiny-llama"
@@ -284,7 +284,6 @@ class CalibrationRun:
             else:
                 att = {"url": srv.base_url, "at": now_iso(), "vllm_version": info.get("vllm_version")}
                 if o.server_log:
-                    from calibration.harness.server import parse_startup_log
                     try:
                         text = Path(o.server_log).read_text(errors="replace")
                     except OSError as exc:

@@ -19,6 +19,7 @@ import re
 from pathlib import Path
 
 from calibration.harness.bundle import BundleError
+from simulator.traces import TraceError, TraceWarning, detect_format, read_trace
 
 TRACE_FORMATS = ("auto", "azure", "mooncake", "plain")
 
@@ -27,7 +28,6 @@ def read(path: str, fmt: str = "auto", limit: int | None = None):
     """The :class:`simulator.traces.Trace` of ``path``; :class:`BundleError` names the flag and the fix."""
     import warnings
 
-    from simulator.traces import TraceError, TraceWarning, read_trace
     if fmt not in TRACE_FORMATS:
         raise BundleError(f"--trace-format {fmt}: unknown; use one of {', '.join(TRACE_FORMATS)}")
     if limit is not None and limit < 1:
@@ -62,7 +62,6 @@ def describe(trace, path: Path, fmt: str) -> dict:
 
 def trace_phase(path: str, fmt: str, limit: int | None, max_model_len: int) -> dict:
     """The plan entry of a trace load test; refuses requests the server cannot hold."""
-    from simulator.traces import detect_format
     p = Path(path).resolve()
     trace = read(str(p), fmt, limit)
     fmt = detect_format(p) if fmt == "auto" else fmt

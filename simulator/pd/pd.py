@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import hwdb
 from hwdb.schema import DTYPE_BYTES
 from simulator.perf import Deployment
-from simulator.scenario import KVTransferConfig
+from simulator.pd.pd_config import KVTransferConfig
 
 
 @dataclass(frozen=True)
@@ -145,7 +145,7 @@ def build_transfer_plan(cfg, db: hwdb.HardwareDB, p: Deployment, d: Deployment) 
                 f"kv_transfer.same_node: one prefill ({p.gpus} GPUs) and one decode instance ({d.gpus} GPUs) do not fit "
                 f"in a {p.gpu.gpus_per_node}-GPU {p.gpu.name} node; set same_node: false")
         link, lay = p.intra_link, None
-        per_gpu_p = per_gpu_d = link.effective_Bps
+        per_gpu = link.effective_Bps
     else:
         name = cfg.fabric or p.gpu.scale_out_link
         if name is None:
@@ -161,7 +161,7 @@ def build_transfer_plan(cfg, db: hwdb.HardwareDB, p: Deployment, d: Deployment) 
             raise TransferConfigError(
                 f"kv_transfer.fabric={link.name} is an intra-node link and cannot connect instances on different "
                 "nodes; use an InfiniBand/RoCE/TCP fabric, or same_node: true")
-        per_gpu_p = per_gpu_d = link.effective_Bps
+        per_gpu = link.effective_Bps
     # RDMA NICs come one per GPU (DGX-style rails) unless the topology says otherwise; a TCP/VPC NIC is
     # one per node, shared by the instances on it.
     # A network layout (hwdb networks/) gives both from its cloud's documentation; explicit fields win.
@@ -170,7 +170,7 @@ def build_transfer_plan(cfg, db: hwdb.HardwareDB, p: Deployment, d: Deployment) 
     if cfg.same_node:
         g = 1
     nic_line = cfg.nic_Bps if cfg.nic_Bps is not None else lay.per_nic_Bps if lay else None
-    nic = nic_line * link.efficiency.value if nic_line is not None else per_gpu_p
+    nic = nic_line * link.efficiency.value if nic_line is not None else per_gpu
 
     def side(dep):
         nics = max(1, dep.gpus // g)                # NICs an instance spans

@@ -15,12 +15,15 @@ from typing import Iterator
 import numpy as np
 
 import hwdb
+from simulator.epd.epd import EPDError, draw_images, image_costs
+from simulator.epd.vision import VisionError, vision_arch
 from simulator.errors import WorkloadError
 from simulator.pd.pd import TransferConfigError, build_transfer_plan
 from simulator.perf import FitError, MemoryPlan, StepModel, plan_memory
 from simulator.step_build import build_step_model
 from simulator.plan.request import PlanError, PlanRequest
-from simulator.scenario import (KVTransferConfig, PoolConfig, Scenario, ScenarioError, deployment_for,
+from simulator.pd.pd_config import KVTransferConfig
+from simulator.scenario import (PoolConfig, Scenario, ScenarioError, deployment_for,
                                 parse_scenario, rng_streams)
 from simulator.workload import generate
 
@@ -188,8 +191,6 @@ def _sample_stats(req: PlanRequest, model) -> WorkloadStats:
     inp, out = reqs.input_tokens.astype(float), reqs.output_tokens.astype(float)
     img = None
     if wl.images is not None:
-        from simulator.epd.epd import EPDError, draw_images, image_costs
-        from simulator.epd.vision import VisionError, vision_arch
         try:
             vision = vision_arch(model)
             images = draw_images(wl, len(inp), rngs["images"])   # as simulate draws them, from the same stream

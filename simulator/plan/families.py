@@ -14,6 +14,7 @@ from typing import Iterator
 
 from simulator.plan.candidates import Candidate, Colocated, Family, PlanContext, PoolChoice, PrefillDecode, _gpu_ok
 from simulator.plan.request import PlanError, PlanRequest
+from simulator.plan.screen import encode_time
 
 
 def encoder_layouts(ctx: PlanContext) -> list[tuple[str, int, float, str]]:
@@ -45,7 +46,6 @@ class EncoderPrefillDecode(Family):
     def enumerate(self, ctx: PlanContext) -> Iterator[Candidate]:
         if ctx.stats.images is None:
             return
-        from simulator.plan.screen import encode_time
         c = ctx.req.constraints
         lm_parts = [x for x in Colocated().enumerate(ctx) if not x.rejected]
         lm_parts += [x for x in PrefillDecode().enumerate(ctx) if not x.rejected

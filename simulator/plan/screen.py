@@ -27,7 +27,11 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from simulator.pd.pd import TransferPlan
+from simulator.epd.epd import EPDError, embedding_path, encoder_model
+from simulator.epd.epd_config import EmbeddingTransferConfig, EncoderConfig
+from simulator.pd.pd import TransferPlan, build_transfer_plan
+from simulator.pd.pd_config import KVTransferConfig
+from simulator.scenario import PoolConfig
 
 OVERLOAD = math.inf
 
@@ -89,8 +93,6 @@ def encode_time(ctx, gpu: str, tp: int) -> float:
     img = ctx.stats.images
     if img is None or img.images == 0:
         return 0.0
-    from simulator.epd.epd import encoder_model
-    from simulator.epd.epd_config import EncoderConfig
     g = ctx.db.gpu(gpu)
     engine = ctx.db.engine("vllm-v1")
     model = encoder_model(img.vision, g, engine, ctx.db.profile_for(g.name, engine.engine, engine.version), tp, EncoderConfig())
@@ -171,8 +173,6 @@ class Screen:
         return 1.5 * t, t, ""
 
     def _plan(self, cand) -> TransferPlan:
-        from simulator.pd.pd import build_transfer_plan
-        from simulator.scenario import KVTransferConfig
         key = (cand.pool("prefill").key, cand.pool("decode").key, cand.fabric)
         if key not in self._plans:
             lp, ld = self.layout[key[0]], self.layout[key[1]]
@@ -185,9 +185,6 @@ class Screen:
         """(seconds to move one request's embeddings on an idle path, path bandwidth) encoder -> LM."""
         key = (enc.gpu, enc.tp, front.gpu, front.tp, front.role)
         if key not in self._paths:
-            from simulator.epd.epd import embedding_path
-            from simulator.epd.epd_config import EmbeddingTransferConfig
-            from simulator.scenario import PoolConfig
             cfg = EmbeddingTransferConfig(connector=self.ctx.req.fabrics.connector,
                                           fabric=self.ctx.req.fabrics.links[0])
             e_pool = PoolConfig(name="encoder", role="encoder", gpu=enc.gpu, tp=enc.tp)
@@ -209,7 +206,6 @@ class Screen:
             if wait >= OVERLOAD:
                 return OVERLOAD, OVERLOAD, "encoder pool saturated"
             front = next(p for p in cand.pools if p.role in ("colocated", "prefill"))
-            from simulator.epd.epd import EPDError
             try:
                 idle, bw = self._embedding(enc, front)
             except EPDError as exc:
