@@ -8,9 +8,9 @@ from simulator.epd.epd_flow import add_columns, encoder_summary
 from simulator.engine.opsresults import ops_summary
 from simulator.engine.opsrun import run_operations
 from simulator.errors import WorkloadError
-from simulator.pd.pd import TransferConfigError, build_transfer_plan, crossover_bandwidth
+from simulator.pd.pd import crossover_bandwidth
 from simulator.engine.results import Results, links_frame, requests_frame, steps_frame, summarize
-from simulator.scenario import ResolvedPool, Scenario, ScenarioError, resolve, rng_streams
+from simulator.scenario import ResolvedPool, Scenario, ScenarioError, resolve
 from simulator.traces import TraceError
 from simulator.workload import generate
 
@@ -42,7 +42,7 @@ def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:
     """
     rs = resolve(scn, db)
     db, model, pools = rs.db, rs.model, rs.pools
-    rngs = rng_streams(scn.seed, replication)
+    rngs = rs.streams(replication)
     try:
         reqs = generate(scn.workload, rngs["arrivals"], rngs["lengths"])
     except (WorkloadError, TraceError) as exc:
@@ -51,13 +51,9 @@ def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:
         reqs, epd = prepare_epd(scn, db, model, pools, reqs, rngs["images"])
     except EPDError as exc:
         raise ScenarioError(str(exc)) from None
-    plan = None
+    plan = rs.transfer
     if scn.is_pd:
         front, back = rs.role("prefill"), rs.role("decode")
-        try:
-            plan = build_transfer_plan(scn.kv_transfer, db, front.dep, back.dep)
-        except TransferConfigError as exc:
-            raise ScenarioError(str(exc)) from None
     else:
         front, back = rs.role("colocated"), None
     closed = reqs.client if reqs.is_closed_loop else None

@@ -15,6 +15,7 @@ from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 import hwdb
 from simulator.epd.epd_config import EmbeddingTransferConfig, EncoderConfig
+from simulator.pd.pd import TransferConfigError, TransferPlan, build_transfer_plan
 from simulator.pd.pd_config import KVTransferConfig
 from simulator.errors import format_validation_error, read_yaml
 from simulator.inputs import NoBoolNumbers
@@ -291,11 +292,18 @@ class ResolvedPool:
 
 @dataclasses.dataclass(frozen=True)
 class ResolvedScenario:
-    """A scenario's hardware data, model and resolved LLM pools (encoder pools: simulator.epd.epd.prepare)."""
+    """A scenario's hardware data, model, resolved LLM pools (encoder pools: simulator.epd.epd.prepare),
+    the KV transfer plan of a PD scenario and the seed its random streams spawn from."""
 
     db: hwdb.HardwareDB
     model: object
     pools: tuple[ResolvedPool, ...]
+    seed: int
+    transfer: TransferPlan | None = None     # PD only: bytes per token and the path model
+
+    def streams(self, replication: int = 0) -> dict[str, np.random.Generator]:
+        """Fresh generators of every random purpose of replication ``replication`` (:func:`rng_streams`)."""
+        return rng_streams(self.seed, replication)
 
     def role(self, role: str) -> ResolvedPool | None:
         """The pool of ``role`` (the first one), or None."""
@@ -333,7 +341,15 @@ def resolve(scn: Scenario, db: hwdb.HardwareDB | None = None) -> ResolvedScenari
             starts = {pool.name: start_times(dep, scn.operations.startup, scn.hwdb) for pool, dep, _, _ in out}
         except StartupError as exc:
             raise ScenarioError(str(exc)) from None
-    return ResolvedScenario(db, model, tuple(ResolvedPool(*x, starts.get(x[0].name)) for x in out))
+    pools = tuple(ResolvedPool(*x, starts.get(x[0].name)) for x in out)
+    transfer = None
+    if scn.is_pd:
+        prefill, decode = (next(r for r in pools if r.role == role) for role in ("prefill", "decode"))
+        try:
+            transfer = build_transfer_plan(scn.kv_transfer, db, prefill.dep, decode.dep)
+        except TransferConfigError as exc:
+            raise ScenarioError(str(exc)) from None
+    return ResolvedScenario(db, model, pools, scn.seed, transfer)
 
 
 def rng_streams(seed: int, replication: int = 0) -> dict[str, np.random.Generator]:

@@ -9,7 +9,7 @@ from simulator.epd.multimodal import generate_images
 from simulator.plan import parse_plan_request
 from simulator.plan.candidates import _sample_stats
 from simulator.run import simulate
-from simulator.scenario import rng_streams
+from simulator.scenario import resolve, rng_streams
 from tests.conftest import scenario
 from tests.test_faults import PD_POOLS
 
@@ -26,6 +26,17 @@ def test_streams_are_children_of_seed_and_replication_and_new_ones_leave_the_old
     before = np.random.SeedSequence([5, 2]).spawn(len(s) - 1)
     assert rng_streams(5, 2)["images"].random() == np.random.default_rng(before[4]).random()
     assert rng_streams(5, 2)["faults"].random() != rng_streams(5, 3)["faults"].random()
+
+
+def test_the_resolved_scenario_carries_the_seed_tree_and_the_transfer_plan():
+    """resolve() is the one place a scenario's seed and KV transfer plan are fixed: fresh streams per
+    replication, equal to rng_streams of the scenario's seed; a transfer plan for PD only."""
+    pd = resolve(scenario(seed=7, pools=PD_POOLS, kv_transfer={"fabric": "roce-200"}))
+    a, b = pd.streams(3), pd.streams(3)
+    assert a["arrivals"].random() == b["arrivals"].random() == rng_streams(7, 3)["arrivals"].random()
+    assert pd.streams(0)["lengths"].random() != pd.streams(1)["lengths"].random()
+    assert pd.transfer is not None and pd.transfer.kv_bytes_per_token > 0
+    assert resolve(scenario()).transfer is None
 
 
 def test_fault_draws_come_from_the_faults_stream_and_ignore_transfer_jitter():
