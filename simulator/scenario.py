@@ -16,6 +16,7 @@ from pydantic import ConfigDict, Field, ValidationError, model_validator
 import hwdb
 from simulator.epd.epd_config import EmbeddingTransferConfig, EncoderConfig
 from simulator.pd.pd import TransferConfigError, TransferPlan, build_transfer_plan
+from simulator.pd.flows import FLOWS
 from simulator.pd.pd_config import KVTransferConfig
 from simulator.errors import format_validation_error, read_yaml
 from simulator.inputs import NoBoolNumbers
@@ -115,7 +116,12 @@ class Scenario(_Strict):
 
     @model_validator(mode="after")
     def _operations_fit_pools(self) -> Scenario:
-        check_against_pools(self.operations, self.pools, self.kv_transfer)
+        check_against_pools(self.operations, self.pools)
+        flow = FLOWS[self.kv_transfer.flow]
+        if self.operations.enabled and self.is_pd and not flow.operations:
+            ok = ", ".join(n for n, f in FLOWS.items() if f.operations)
+            raise ValueError(f"operations (autoscaling/faults) model only these PD proxy flows: {ok}; kv_transfer.flow="
+                             f"{flow.name!r}: set flow: vllm or drop the operations block")
         return self
 
     @model_validator(mode="after")

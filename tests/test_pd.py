@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 import hwdb
 from simulator.pd.pd import build_transfer_plan, crossover_bandwidth
 from simulator.run import simulate
+from simulator.pd.flows import FLOWS
 from simulator.pd.pd_config import KVTransferConfig
 from simulator.scenario import ScenarioError, load_scenario, parse_scenario, resolve
 from tests.conftest import REPO
@@ -236,6 +237,17 @@ def test_sglang_flow_reserves_decode_blocks_early():
                                  engine={"gpu_memory_utilization": 0.25, "max_model_len": 4096}))
     check_pd(tight)
     assert tight.summary["completed"] == 300
+
+
+def test_flows_are_a_registry_that_the_config_and_operations_read():
+    """``kv_transfer.flow`` names a registered proxy flow; an unknown one is refused with the list, and a
+    flow the operations engine does not model (SGLang) is refused with an operations block."""
+    assert set(FLOWS) == {"vllm", "sglang"} and FLOWS["vllm"].operations and not FLOWS["sglang"].operations
+    with pytest.raises(ScenarioError, match="flow 'nvidia' is not a PD proxy flow; use one of: vllm, sglang"):
+        pd_scenario(kv={"fabric": "roce-200", "flow": "nvidia"})
+    with pytest.raises(ScenarioError, match="model only these PD proxy flows: vllm; kv_transfer.flow='sglang'"):
+        parse_scenario({**pd_scenario(kv={"fabric": "roce-200", "flow": "sglang"}).model_dump(),
+                        "operations": {"faults": {"node_failure": {"mtbf_s": 50.0}}}})
 
 
 def test_p2pnccl_buffer_overflow_goes_to_host_memory_and_makes_decode_wait():

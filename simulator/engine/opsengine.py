@@ -99,8 +99,7 @@ class OpsRun:
     def _submit(self, rid: int, inst: Instance) -> None:
         if self.coord is not None:
             self.rec.prefill_instance[rid] = inst.index
-            if self.coord.flow == "sglang":
-                self.coord.on_arrival(rid)
+            self.coord.on_arrival(rid)
         else:
             self.rec.instance[rid] = inst.index
         inst.submit(rid)

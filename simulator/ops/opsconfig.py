@@ -185,7 +185,7 @@ class OperationsConfig(_Strict):
         return bool(self.autoscale) or self.faults.any or self.queue_timeout_s is not None
 
 
-def check_against_pools(ops: OperationsConfig, pools, kv_transfer) -> None:
+def check_against_pools(ops: OperationsConfig, pools) -> None:
     """Cross-checks of ``operations`` against the pools (raises ValueError naming the field)."""
     names = [p.name for p in pools]
     for name, cfg in ops.autoscale.items():
@@ -218,6 +218,3 @@ def check_against_pools(ops: OperationsConfig, pools, kv_transfer) -> None:
     if f.link_degradation is not None and not pd_:
         raise ValueError("operations.faults.link_degradation applies to the KV-transfer fabric of a "
                          "prefill-decode deployment; this scenario has one pool: remove it or add PD pools")
-    if ops.enabled and pd_ and kv_transfer.flow != "vllm":
-        raise ValueError(f"operations (autoscaling/faults) model vLLM's PD proxy flow only; kv_transfer.flow="
-                         f"{kv_transfer.flow!r}: set flow: vllm or drop the operations block")

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from simulator.inputs import NoBoolNumbers
+from simulator.pd.flows import FLOWS
 
 
 class _Frozen(NoBoolNumbers):
@@ -20,7 +21,7 @@ class KVTransferConfig(_Frozen):
     """How a PD deployment moves KV from prefill to decode instances."""
 
     connector: str = "nixl"
-    flow: Literal["vllm", "sglang"] = "vllm"
+    flow: str = "vllm"           # a proxy flow of simulator.pd.flows.FLOWS
     fabric: str | None = None
     same_node: bool = False
     layerwise: bool | None = None
@@ -39,6 +40,13 @@ class KVTransferConfig(_Frozen):
     racks_per_pod: int | None = Field(None, ge=1)
     pod_oversubscription: float = Field(1.0, ge=1)
     placement: Literal["cross_rack", "same_rack", "cross_pod"] = "cross_rack"
+
+    @field_validator("flow")
+    @classmethod
+    def _known_flow(cls, v: str) -> str:
+        if v not in FLOWS:
+            raise ValueError(f"flow {v!r} is not a PD proxy flow; use one of: {', '.join(FLOWS)}")
+        return v
 
     @model_validator(mode="after")
     def _tiers(self) -> KVTransferConfig:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import deque
 
 from simulator.pd.fabric import Fabric, LinkState
+from simulator.pd.flows import FLOWS
 from simulator.ops.faults import link_degradation_process
 
 
@@ -20,8 +21,8 @@ class PDCoordinator:
 
     ``serving``: the decode instances the proxy may pick (default: all of ``decode``), a list edited
     in place as instances start and stop; ``decode_router`` picks among it.  ``rng``: the fabric's
-    jitter stream.  Flows (``plan.flow``): vLLM (the decode instance is chosen when the prefill is
-    done) and SGLang (chosen at arrival, :meth:`on_arrival`; static pools only)."""
+    jitter stream.  ``plan.flow`` names the :class:`PDFlow` that decides when the decode instance is
+    chosen and when the KV moves (:data:`FLOWS`)."""
 
     def __init__(self, env, plan, prefill: list, decode: list, decode_router, rec, rng=None,
                  serving: list | None = None) -> None:
@@ -42,7 +43,7 @@ class PDCoordinator:
         self.decode = decode
         self.serving = decode if serving is None else serving
         self.limbo: deque[int] = deque()       # prefilled requests waiting for a serving decode instance
-        self.flow = plan.flow
+        self.flow = FLOWS[plan.flow]
         self.reserved: dict[int, object] = {}
         self.bytes_moved = 0.0
         # Receive buffer of each decode instance (P2pNcclConnector's kv_buffer_size): bytes held in it.
@@ -93,29 +94,13 @@ class PDCoordinator:
         return ln
 
     def on_arrival(self, rid: int) -> None:
-        """SGLang flow: the decode instance is chosen when the request arrives and reserves
-        blocks for the prompt while the prefill runs (its bootstrap handshake)."""
-        d = self.decode_router.choose(rid)
-        self.rec.instance[rid] = d
-        self.decode[d].submit_remote(rid)
+        """``rid`` was sent to a prefill instance."""
+        self.flow.arrived(self, rid)
 
     def hand_off(self, p_inst, rid: int, now: float) -> None:
-        """Prefill done.  vLLM flow: pick a serving decode instance, which allocates blocks when it can
-        (none serving: the request waits at the proxy, :meth:`flush`).  SGLang flow: push the KV as soon
-        as the decode side has its blocks."""
+        """Prefill done: ``p_inst`` holds the prompt's KV until the transfer has finished."""
         self.src[rid] = p_inst
-        if self.flow == "sglang":
-            d_inst = self.reserved.pop(rid, None)
-            if d_inst is not None:
-                self._transfer(d_inst, rid, now)
-            return
-        active = self.serving
-        if not active:
-            self.limbo.append(rid)
-            return
-        d_inst = active[self.decode_router.choose(rid) % len(active)]
-        self.rec.instance[rid] = d_inst.index
-        d_inst.submit_remote(rid)
+        self.flow.prefilled(self, p_inst, rid, now)
 
     def flush(self) -> None:
         """A decode instance began serving: hand it the requests waiting at the proxy."""
@@ -124,13 +109,12 @@ class PDCoordinator:
             self.hand_off(self.src.pop(rid), rid, self.env.now)
 
     def start_transfer(self, d_inst, rid: int, now: float) -> None:
-        """The decode instance has blocks for the prompt: move the KV (once the prefill is done)."""
-        if rid not in self.src:        # SGLang flow, prefill still running: wait for hand_off
-            self.reserved[rid] = d_inst
-            return
-        self._transfer(d_inst, rid, now)
+        """The decode instance has blocks for the prompt."""
+        self.flow.blocks_ready(self, d_inst, rid, now)
 
-    def _transfer(self, d_inst, rid: int, now: float) -> None:
+    def move_kv(self, d_inst, rid: int, now: float) -> None:
+        """Send ``rid``'s KV from the prefill instance holding it to ``d_inst`` (layer-wise overlap and
+        the receive buffer applied)."""
         plan, rec = self.plan, self.rec
         p_inst = self.src.pop(rid)
         nbytes = plan.bytes_for(rec.input_tokens[rid])
