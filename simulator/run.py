@@ -74,8 +74,10 @@ def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:
     summary = summarize(req_df, step_df, rec.resume_gaps, gpus=gpus, cost_usd_per_hour=price,
                         ttft_slo=scn.slo.ttft_s, tpot_slo=scn.slo.tpot_s)
     if ops is not None:
-        summary["operations"] = ops_summary(ops, req_df, scn.slo.ttft_s, {
-            r.name: r.dep.gpu.price_usd_per_hour.value for r in pools})
+        price_per_gpu_h = {r.name: r.dep.gpu.price_usd_per_hour.value for r in pools}
+        if epd is not None and epd.encoder_pool is not None:
+            price_per_gpu_h[epd.encoder_pool.name] = epd.price_usd_per_hour / epd.gpus
+        summary["operations"] = ops_summary(ops, req_df, scn.slo.ttft_s, price_per_gpu_h)
     if run.coordinator is not None:
         summary["kv_bytes_moved"] = run.coordinator.bytes_moved
         summary["links"] = run.coordinator.fabric.link_stats()

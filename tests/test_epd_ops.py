@@ -14,9 +14,8 @@ from hypothesis import strategies as st
 from simulator.epd.epd import prepare as prepare_epd
 from simulator.engine.results import requests_frame
 from simulator.engine.opsrun import run_operations
-from simulator.pd.pd import build_transfer_plan
 from simulator.run import pool_spec, simulate
-from simulator.scenario import ScenarioError, resolve, rng_streams
+from simulator.scenario import ScenarioError, resolve
 from simulator.workload import generate
 from tests.test_epd import EPD, EPPD, FOUR_1080P, mm
 from tests.test_faults import check_fault_invariants
@@ -27,12 +26,11 @@ STARTUP = {"image_cached": True, "compile_cache": "pod"}
 def run_objects(scn):
     """As :func:`simulator.run.simulate` with operations and images, returning the engine's objects."""
     rs = resolve(scn)
-    rngs = rng_streams(scn.seed, 0)
+    rngs = rs.streams(0)
     reqs = generate(scn.workload, rngs["arrivals"], rngs["lengths"])
     reqs, epd = prepare_epd(scn, rs.db, rs.model, rs.pools, reqs, rngs["images"])
     front, back = (rs.role("prefill"), rs.role("decode")) if scn.is_pd else (rs.role("colocated"), None)
-    plan = build_transfer_plan(scn.kv_transfer, rs.db, front.dep, back.dep) if back else None
-    ops, run, _ = run_operations(scn, reqs, front, back, plan, None, rngs, pool_spec, epd)
+    ops, run, _ = run_operations(scn, reqs, front, back, rs.transfer, None, rngs, pool_spec, epd)
     return ops, run, requests_frame(run, "x", operations=True)
 
 
@@ -72,6 +70,26 @@ def test_an_encoder_pool_autoscales_on_its_image_queue_while_prefill_nodes_fail(
     assert any(c["pool"] == "p" for c in ops_.crashes)
     res = simulate(scn)
     assert len(res.summary["encoder"]["utilisation_per_instance"]) == len(run.epd.made)
+    # Every encoder incarnation is billed: scale-ups from their provisioning, until removal or the end.
+    o = res.summary["operations"]
+    enc = [i for i in o["instances"] if i["pool"] == "enc"]
+    assert len(enc) >= len(run.epd.made) and sum(i["cause"] == "scale-up" for i in enc) >= len(run.epd.made) - 1
+    assert o["peak_instances"]["enc"] >= 2
+    assert [u["decided_s"] for u in o["scale_ups"] if u["pool"] == "enc"] == [e[0] for e in ups for _ in range(e[3])]
+    enc_gpu_s = sum(i["gpus"] * (min(i["ended_s"] if i["ended_s"] is not None else o["end_s"], o["end_s"])
+                                 - min(i["billed_s"], o["end_s"])) for i in enc)
+    assert enc_gpu_s >= o["end_s"] > 0            # the first encoder alone serves the whole run
+
+
+def test_a_static_encoder_tier_is_billed_for_the_whole_run():
+    """With an operations block and nothing that starts or stops instances, GPU-hours are every pool's
+    GPUs (the two encoders' too) over the run, and the cost is the static price over the same time."""
+    scn = mm(EPPD, FOUR_1080P, n=60, rate=4.0, operations={"queue_timeout_s": 600, "startup": STARTUP})
+    res = simulate(scn)
+    o = res.summary["operations"]
+    assert {i["pool"] for i in o["instances"]} == {"p", "d", "enc"} and o["peak_instances"]["enc"] == 2
+    assert o["gpu_hours"] == pytest.approx(4 * o["end_s"] / 3600, rel=1e-12)
+    assert o["cost_usd"] == pytest.approx(res.summary["cost_usd_per_hour"] * o["end_s"] / 3600, rel=1e-12)
 
 
 def test_encoder_pools_scale_on_the_queue_only_and_never_crash():

@@ -4,7 +4,9 @@ The proxy (:class:`simulator.epd.epd_flow.EPDCoordinator`) sends images to its s
 (``coord.encoders``, the list edited here).  A scale-up makes new encoder instances that serve after
 the pool's start delay; a scale-down cancels starts first (newest first), then takes the newest
 serving encoders out of routing (one always stays): each finishes the images already queued on it,
-whose embeddings still leave from it, and serves no more.  Encoders never crash.
+whose embeddings still leave from it, and serves no more.  Encoders never crash.  Each encoder
+incarnation is billed as a language-model instance is (:class:`simulator.engine.opsrecord.Life`): from
+its provisioning to its removal (the end of its queue), its cancellation or the end of the run.
 
 Start delays: an encoder instance is a vLLM server of the same multimodal checkpoint as the
 language-model pool in front of which it runs, so it starts as that pool's instances do (its start
@@ -12,14 +14,17 @@ times); the queue policy counts images waiting on serving encoders (not yet in a
 """
 from __future__ import annotations
 
+from simulator.engine.opsrecord import Life
 from simulator.ops.autoscale import Observation
 
 
 class EncoderPool:
     """The encoder instances of an EPD run over time.  ``events``: the run's operations log, appended
-    ``(time_s, pool, action, count, why)``; ``starts``: a :class:`simulator.ops.opsstart.StartTimes`."""
+    ``(time_s, pool, action, count, why)``; ``starts``: a :class:`simulator.ops.opsstart.StartTimes`;
+    ``lives``: every encoder incarnation's billing record (the initial ones are already in it), appended
+    at each scale-up; ``gpus``: GPUs of one encoder instance."""
 
-    def __init__(self, env, coord, starts, events: list) -> None:
+    def __init__(self, env, coord, starts, events: list, lives: list[Life], gpus: int) -> None:
         self.env = env
         self.coord = coord
         self.name = coord.setup.encoder_pool.name
@@ -29,6 +34,8 @@ class EncoderPool:
         self.starting: list[dict] = []
         self.decisions: list[tuple] = []
         self.scaleups: list[list] = []         # [decided_s, ready_s or None, start token]
+        self.lives = lives
+        self.gpus = gpus
 
     @property
     def present(self) -> int:
@@ -38,7 +45,9 @@ class EncoderPool:
         now = self.env.now
         delay = self.starts.new_delay()
         for _ in range(n):
-            tok = {"cancelled": False}
+            life = Life(self.name, len(self.lives), self.gpus, "scale-up", now + self.starts.provisioning_s)
+            self.lives.append(life)
+            tok = {"cancelled": False, "life": life}
             self.starting.append(tok)
             self.scaleups.append([now, None, tok])
             self.env.process(self._start(delay, tok))
@@ -47,12 +56,15 @@ class EncoderPool:
     def _start(self, delay_s: float | None, tok: dict):
         """One new encoder: serves ``delay_s`` from now unless cancelled first (None: never ready)."""
         if delay_s is None:
-            return                              # crash-looping pod: stays counted as starting
+            tok["life"].end = "never ready: " + self.starts.never_reason("scale-up")
+            return                              # crash-looping pod: billed, stays counted as starting
         yield self.env.timeout(delay_s)
         if tok["cancelled"]:
             return
         self.starting.remove(tok)
         enc = self.coord.add_encoder()
+        enc.life = tok["life"]
+        enc.life.ready_s = self.env.now
         self.env.process(enc.run(self.env))
         self.active.append(enc)
         for su in self.scaleups:
@@ -63,12 +75,21 @@ class EncoderPool:
         now = self.env.now
         done = 0
         while done < n and self.starting:
-            self.starting.pop()["cancelled"] = True
+            tok = self.starting.pop()
+            tok["cancelled"] = True
+            life = tok["life"]
+            life.ended_s, life.end = max(now, life.billed_s), "cancelled"
             done += 1
         while done < n and len(self.active) > 1:
-            self.active.pop()                   # keeps encoding what it holds; no new images
+            self.env.process(self._drain(self.active.pop()))   # keeps encoding what it holds; no new images
             done += 1
         self.events.append((now, self.name, "scale-down", done, why))
+
+    def _drain(self, enc):
+        """Out of routing: encodes what it holds, then is removed (billing ends)."""
+        while enc.outstanding:
+            yield self.env.timeout(1.0)
+        enc.life.ended_s, enc.life.end = self.env.now, "removed"
 
     def observe(self, cfg) -> Observation:
         """The queue policy's view: serving and present encoders and the images waiting on them."""

@@ -42,6 +42,7 @@ from simulator.epd.epd_flow import EPDCoordinator
 from simulator.engine.instance import Instance
 from simulator.engine.opscrash import collect_and_clear
 from simulator.engine.opsencoder import EncoderPool
+from simulator.engine.opsrecord import Life
 from simulator.engine.opspool import OpsPool
 from simulator.pd.pd_proxy import PDCoordinator
 
@@ -63,6 +64,8 @@ class OpsRun:
         self.limbo: deque[int] = deque()
         self.coord = None
         self.epd = None                       # simulator.epd.epd_flow.EPDCoordinator of a multimodal run
+        self.encoder_lives: list[Life] = []   # billing records of the encoder tier's instances
+        self.encoder_pool: EncoderPool | None = None   # an autoscaled encoder tier
         self.front = self.back = None
         self.fp8: dict = {}
         self.coord_rng = None                 # the KV fabric's jitter stream (as in the plain engine)
@@ -220,13 +223,17 @@ class OpsRun:
         self.fp8 = flt.fp8_hazard(cfg.faults.fp8_crash, self.scn.pools)
         for pool in pools:
             pool.start_initial()
+        enc_gpus = epd.encoder_pool.tp if epd is not None and epd.encoder_pool is not None else 0
         for enc in self.epd.encoders if self.epd is not None else ():
+            enc.life = Life(enc.pool, enc.index, enc_gpus, "initial", 0.0, ready_s=0.0)
+            self.encoder_lives.append(enc.life)
             env.process(enc.run(env))
         if self.coord is not None and cfg.faults.link_degradation is not None:
             self.coord.degrade(cfg.faults.link_degradation, self.rng, self.link_log)
         for name, acfg in cfg.autoscale.items():
             if self.epd is not None and name == epd.encoder_pool.name:
-                enc = EncoderPool(env, self.epd, self.starts_for[front_spec.name], self.events)
+                enc = self.encoder_pool = EncoderPool(env, self.epd, self.starts_for[front_spec.name], self.events,
+                                                      self.encoder_lives, enc_gpus)
                 policy = POLICIES[acfg.policy](acfg, None)
                 env.process(autoscaler(env, enc, acfg, policy, lambda p=enc, c=acfg: p.observe(c)))
                 continue

@@ -6,7 +6,7 @@
   ``availability`` = completed / (completed + rejected + failed);
 * ``retried_requests``: requests that were sent again at least once; ``retries``: all re-sends;
   ``discarded_tokens``: tokens streamed by attempts the client threw away (policy ``retry``);
-* ``gpu_hours``: sum over instance incarnations of GPUs x (end - billing start) / 3600, billing
+* ``gpu_hours``: sum over instance incarnations (encoder instances too) of GPUs x (end - billing start) / 3600, billing
   starting when the node is provisioned (the initial instances at 0) and ending at removal, crash
   (the restart is a new incarnation billed from the crash) or the end of the run;
   ``cost_usd`` = GPU-hours x each pool's GPU price;
@@ -44,8 +44,8 @@ def ops_summary(ops, req: pd.DataFrame, ttft_slo: float | None, price_per_gpu_h:
         (out == "failed").sum())
     gpu_s = starting = lost_work = cost = 0.0
     lives = []
-    for inst in insts:
-        life = inst.life
+    # Language-model instances, then the encoder tier's (which never crash: no lost work).
+    for inst, life in [(i, i.life) for i in insts] + [(None, life) for life in ops.encoder_lives]:
         t1 = min(life.ended_s if life.ended_s is not None else end, end)
         t0 = min(life.billed_s, t1)
         billed = life.gpus * (t1 - t0)
@@ -53,7 +53,8 @@ def ops_summary(ops, req: pd.DataFrame, ttft_slo: float | None, price_per_gpu_h:
         cost += billed / 3600.0 * price_per_gpu_h[life.pool]
         up = life.ready_s if life.ready_s is not None else t1
         starting += life.gpus * max(0.0, min(up, t1) - t0)
-        lost_work += life.lost_tokens * _per_token_gpu_s(inst)
+        if inst is not None:
+            lost_work += life.lost_tokens * _per_token_gpu_s(inst)
         lives.append({"pool": life.pool, "instance": life.index, "cause": life.cause, "billed_s": life.billed_s,
                       "ready_s": life.ready_s, "ended_s": life.ended_s, "end": life.end, "gpus": life.gpus})
     arrival = req["arrival_s"].to_numpy()
@@ -62,13 +63,14 @@ def ops_summary(ops, req: pd.DataFrame, ttft_slo: float | None, price_per_gpu_h:
         bad |= ~(req["ttft_s"].to_numpy() <= ttft_slo)
     in_scaleup = np.zeros(n, dtype=bool)
     scale_ups = []
-    for p in pools:
-        for decided, ready, tok in p.scaleups:
-            life = tok["inst"].life
-            stop = ready if ready is not None else life.ended_s if tok["cancelled"] else end
-            in_scaleup |= (arrival >= decided) & (arrival < stop)
-            scale_ups.append({"pool": p.spec.name, "decided_s": decided, "serving_s": ready,
-                              "cancelled_s": life.ended_s if tok["cancelled"] else None})
+    ups = [(p.spec.name, su, su[2]["inst"].life) for p in pools for su in p.scaleups]
+    if ops.encoder_pool is not None:
+        ups += [(ops.encoder_pool.name, su, su[2]["life"]) for su in ops.encoder_pool.scaleups]
+    for name, (decided, ready, tok), life in ups:
+        stop = ready if ready is not None else life.ended_s if tok["cancelled"] else end
+        in_scaleup |= (arrival >= decided) & (arrival < stop)
+        scale_ups.append({"pool": name, "decided_s": decided, "serving_s": ready,
+                          "cancelled_s": life.ended_s if tok["cancelled"] else None})
     viol = arrival[bad]
     kinds: dict[str, int] = {}
     for c in ops.crashes:
@@ -94,18 +96,19 @@ def ops_summary(ops, req: pd.DataFrame, ttft_slo: float | None, price_per_gpu_h:
         "crash_log": ops.crashes,
         "link_degradations": len(ops.link_log) // 2 + len(ops.link_log) % 2,
         "instances": lives,
-        "peak_instances": {p.spec.name: _peak(p) for p in pools},
+        "peak_instances": {p.spec.name: _peak([i.life for i in p.all]) for p in pools}
+        | ({ops.encoder_lives[0].pool: _peak(ops.encoder_lives)} if ops.encoder_lives else {}),
         "end_s": end,
     }
 
 
-def _peak(pool) -> int:
-    """Most instances of ``pool`` serving at once."""
+def _peak(lives) -> int:
+    """Most of the incarnations ``lives`` (one pool's) serving at once."""
     ev = []
-    for i in pool.all:
-        if i.life.ready_s is not None:
-            ev.append((i.life.ready_s, 1))
-            ev.append((i.life.ended_s if i.life.ended_s is not None else math.inf, -1))
+    for life in lives:
+        if life.ready_s is not None:
+            ev.append((life.ready_s, 1))
+            ev.append((life.ended_s if life.ended_s is not None else math.inf, -1))
     ev.sort(key=lambda e: (e[0], e[1]))
     best = cur = 0
     for _, d in ev:

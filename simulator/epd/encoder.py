@@ -150,6 +150,7 @@ class EncoderInstance:
         self.on_done = on_done
         self.queue: deque[int] = deque()
         self.outstanding = 0
+        self.life = None        # its billing record (simulator.engine.opsrecord.Life) in an operations run
         self.busy_s = 0.0
         self.images_encoded = 0
         self.steps: list[tuple[float, float, int, int]] = []   # (start, duration, images, tokens)
