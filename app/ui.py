@@ -22,7 +22,7 @@ def run_cache() -> scenarios.RunCache:
 
 
 @st.cache_resource
-def _db_cache():
+def db_cache():
     return DbCache()
 
 
@@ -32,7 +32,7 @@ def db(d: dict | None = None):
     udir = scenarios.user_hwdb_dir()
     if udir.is_dir() and str(udir) not in dirs:
         dirs.append(str(udir))
-    return _db_cache().get(tuple(dirs))
+    return db_cache().get(tuple(dirs))
 
 
 def scenario() -> dict:

@@ -303,7 +303,7 @@ def sidebar() -> tuple[dict, scenarios.Prices]:
             db = ui.db(d)
         except Exception as exc:                                  # noqa: BLE001 - a broken user hwdb folder
             ui.show_error(exc)
-            db = ui._db_cache().get(())
+            db = ui.db_cache().get(())
         opts = builder.options(db)
         d = _model(d, opts)
         st.subheader("Pools")

@@ -8,7 +8,7 @@ The forms are those of ``calibration/kernel_tables.py`` / ``simulator/perf.py``:
 
 with ``a = w`` = bytes of the measured dtype (bf16: 2; fp32 where the device lacked bf16), P the
 device's peak for that dtype and BW its memory bandwidth from the hwdb entry named by ``--gpu``
-(``CPU-host`` for a CPU).  Fitted with ``kernel_fit._fit_curves`` (bounded least squares on
+(``CPU-host`` for a CPU).  Fitted with ``kernel_fit.fit_curves`` (bounded least squares on
 log-latency residuals).  ``python -m calibration.kernel_bench_fit BUNDLE --gpu NAME --out HWDB_DIR``
 writes ``HWDB_DIR/profiles/<name>.yaml``.
 """
@@ -27,8 +27,8 @@ import hwdb
 from calibration.harness.bundle import Bundle, BundleError
 import yaml
 
-from calibration.kernel_fit import _fit_curves, _fmt_pct, _quality, _sig
-from calibration.kernel_tables import Curve, _eff, decode_attention_time, prefill_attention_time
+from calibration.kernel_fit import fit_curves, fmt_pct, fit_quality, round_sig
+from calibration.kernel_tables import Curve, efficiency_at, decode_attention_time, prefill_attention_time
 from hwdb.profiles import Profile
 from hwdb.schema import EfficiencyCurve
 
@@ -38,9 +38,9 @@ ELEM_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp32": 4.0}
 def bench_gemm_time(m, n, k, elem_bytes: float, peak_flops: float, mem_bw: float, compute: Curve, memory: Curve):
     """``kernel_tables.gemm_time`` with activations and weights both ``elem_bytes`` wide."""
     m, n, k = (np.asarray(v, dtype=float) for v in (m, n, k))
-    t_c = 2.0 * m * n * k / (peak_flops * _eff(m, compute))
+    t_c = 2.0 * m * n * k / (peak_flops * efficiency_at(m, compute))
     b = (m * k + m * n) * elem_bytes + k * n * elem_bytes
-    return np.maximum(t_c, b / (mem_bw * _eff(b, memory)))
+    return np.maximum(t_c, b / (mem_bw * efficiency_at(b, memory)))
 
 
 def load_bundle(path: str | Path) -> tuple[Bundle, dict[str, pd.DataFrame]]:
@@ -80,36 +80,36 @@ def fit_bundle(frames: dict[str, pd.DataFrame], dtype: str, peaks: dict[str, flo
     g = frames.get("gemm")
     if g is not None and len(g):
         m, n, k, y = (g[c].to_numpy(dtype=float) for c in ("m", "n", "k", "seconds"))
-        comp, mem = _fit_curves(lambda c: bench_gemm_time(m, n, k, eb, P, BW, c[0], c[1]), y,
+        comp, mem = fit_curves(lambda c: bench_gemm_time(m, n, k, eb, P, BW, c[0], c[1]), y,
                                 scales=(64.0, 1e6))
-        comp, mem = (_sig(comp[0]), _sig(comp[1])), (_sig(mem[0]), _sig(mem[1]))
+        comp, mem = (round_sig(comp[0]), round_sig(comp[1])), (round_sig(mem[0]), round_sig(mem[1]))
         pred = bench_gemm_time(m, n, k, eb, P, BW, comp, mem)
-        cb = 2.0 * m * n * k / (P * _eff(m, comp)) >= pred
+        cb = 2.0 * m * n * k / (P * efficiency_at(m, comp)) >= pred
         out.update(compute=comp, memory=mem)
-        out["quality"]["gemm"] = _quality(pred, y)
+        out["quality"]["gemm"] = fit_quality(pred, y)
         for key, part in (("compute_efficiency", cb), ("memory_efficiency", ~cb)):
             # a curve whose bound never wins on the grid is still written, scored on all GEMM rows
-            out["quality"][key] = _quality(pred[part], y[part]) if part.sum() >= 2 else out["quality"]["gemm"]
+            out["quality"][key] = fit_quality(pred[part], y[part]) if part.sum() >= 2 else out["quality"]["gemm"]
         out["residuals"]["gemm"] = {f"{lay}:m={int(mm)}": round(float(p / t - 1), 4)
                                     for lay, mm, p, t in zip(g["layer"], m, pred, y)}
     p = frames.get("attn_prefill")
     if p is not None and len(p):
         b_, s, h, d, y = (p[c].to_numpy(dtype=float) for c in ("batch_size", "isl", "num_heads", "head_dim", "seconds"))
-        (pc,) = _fit_curves(lambda c: prefill_attention_time(b_, s, h, d, P, c[0]), y, scales=(512.0,))
-        pc = (_sig(pc[0]), _sig(pc[1]))
+        (pc,) = fit_curves(lambda c: prefill_attention_time(b_, s, h, d, P, c[0]), y, scales=(512.0,))
+        pc = (round_sig(pc[0]), round_sig(pc[1]))
         pred = prefill_attention_time(b_, s, h, d, P, pc)
         out["prefill"] = pc
-        out["quality"]["attention_prefill_efficiency"] = _quality(pred, y)
+        out["quality"]["attention_prefill_efficiency"] = fit_quality(pred, y)
         out["residuals"]["attn_prefill"] = {f"s={int(si)}": round(float(pp / t - 1), 4) for si, pp, t in zip(s, pred, y)}
     dd = frames.get("attn_decode")
     if dd is not None and len(dd):
         b_, c_, h, d, w, y = (dd[c].to_numpy(dtype=float) for c in
                               ("batch_size", "ctx", "num_kv_heads_read", "head_dim", "kv_bytes_per_elem", "seconds"))
-        (dc,) = _fit_curves(lambda c: decode_attention_time(b_, c_, h, d, w, BW, c[0]), y, scales=(1e6,))
-        dc = (_sig(dc[0]), _sig(dc[1]))
+        (dc,) = fit_curves(lambda c: decode_attention_time(b_, c_, h, d, w, BW, c[0]), y, scales=(1e6,))
+        dc = (round_sig(dc[0]), round_sig(dc[1]))
         pred = decode_attention_time(b_, c_, h, d, w, BW, dc)
         out["decode"] = dc
-        out["quality"]["attention_decode_efficiency"] = _quality(pred, y)
+        out["quality"]["attention_decode_efficiency"] = fit_quality(pred, y)
         out["residuals"]["attn_decode"] = {f"b={int(bb)}:ctx={int(cc)}": round(float(pp / t - 1), 4)
                                            for bb, cc, pp, t in zip(b_, c_, pred, y)}
     mb = frames.get("membw")
@@ -141,7 +141,7 @@ def to_profile(b: Bundle, fit: dict, peaks: dict, dtype: str, engine: str, engin
         fq = q[key]
         return EfficiencyCurve(max_eff=c[0], half=c[1], empirical=True,
                                source=(f"fit to {what}; {fq.n_points} points, median |rel err| "
-                                       f"{_fmt_pct(fq.median_abs_rel_error)}, p90 {_fmt_pct(fq.p90_abs_rel_error)} "
+                                       f"{fmt_pct(fq.median_abs_rel_error)}, p90 {fmt_pct(fq.p90_abs_rel_error)} "
                                        f"(calibration/kernel_bench_fit.py)"))
     notes = [f"Peaks used ({peaks['gpu']} hwdb entry): {dtype} {peaks['flops']:.4g} FLOP/s, memory "
              f"{peaks['mem_bw']:.4g} B/s; efficiencies are fractions of these."]
@@ -165,7 +165,7 @@ def to_profile(b: Bundle, fit: dict, peaks: dict, dtype: str, engine: str, engin
         created=created or _dt.date.today().isoformat(),
         source=src_tail,
         method=("scipy.optimize.least_squares (bounded 0<max_eff<=1, half>=0, soft_l1 f_scale=0.1) on log-latency "
-                "residuals via calibration.kernel_fit._fit_curves: linear t=max(2mnk/(P*ce(m)), B/(BW*me(B))), "
+                "residuals via calibration.kernel_fit.fit_curves: linear t=max(2mnk/(P*ce(m)), B/(BW*me(B))), "
                 "B=(mk+mn+kn)*dtype bytes, compute and memory fitted jointly over all layers and m; prefill "
                 "attention t=4b(s^2/2)Hd/(P*pe(b*s)) (SDPA causal); decode attention t=B_kv/(BW*de(B_kv)) with "
                 "B_kv the bytes SDPA read (KV heads expanded to the query heads). No shapes held out."),

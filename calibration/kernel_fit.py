@@ -40,12 +40,12 @@ from calibration.gemm_shape_fit import curves_for
 from calibration.kernel_tables import (  # noqa: F401  (re-exported for callers of kernel_fit)
     ATTN_HEAD_DIMS, ATTN_MIN_HEADS, Curve, DATASET, DATASET_CITE, DECODE_MAX_BATCH, DECODE_MIN_CTX,
     ENGINE, ENGINE_VERSION, HELD_OUT_ATTN, HELD_OUT_GEMM, HOLDOUTS, MIN_NK, M_MAX, M_MIN,
-    PREFILL_MIN_ISL, SYSTEMS, WEIGHT_BYTES, _attn_common, decode_attention_time, gemm_time,
+    PREFILL_MIN_ISL, SYSTEMS, WEIGHT_BYTES, attn_common, decode_attention_time, gemm_time,
     holdout_mask_attn, holdout_mask_gemm, load_peaks, load_tables, prefill_attention_flops,
-    prefill_attention_time, select_decode, select_gemm, select_prefill, table_paths, _eff, _mh,
+    prefill_attention_time, select_decode, select_gemm, select_prefill, table_paths, efficiency_at, as_curve,
 )
 from calibration.kernel_profile import (  # noqa: F401  (re-exported: kernel_bench_fit, tests)
-    SIG as _SIG, fmt_pct as _fmt_pct, profile_filename, read_profile, result_to_profile, write_profile, _summary,
+    SIG as _SIG, fmt_pct, profile_filename, read_profile, result_to_profile, write_profile, fit_summary,
 )
 
 _LOSS = "soft_l1"     # robust to the odd slow kernel choice in the tables
@@ -55,7 +55,7 @@ _F_SCALE = 0.1        # residuals (log units) beyond ~10 % are down-weighted
 
 # --------------------------------------------------------------------------- fitting
 
-def _fit_curves(predict: Callable[[list[Curve]], np.ndarray], y_s: np.ndarray, scales: Sequence[float],
+def fit_curves(predict: Callable[[list[Curve]], np.ndarray], y_s: np.ndarray, scales: Sequence[float],
                 x0: Sequence[tuple[float, float]] | None = None) -> list[Curve]:
     """Least-squares fit of ``len(scales)`` curves on log-latency residuals.
 
@@ -87,7 +87,7 @@ def _rel_err(pred, y):
     return np.abs(np.asarray(pred) / np.asarray(y) - 1.0)
 
 
-def _quality(pred_tr, y_tr, pred_ho=None, y_ho=None) -> FitQuality:
+def fit_quality(pred_tr, y_tr, pred_ho=None, y_ho=None) -> FitQuality:
     e = _rel_err(pred_tr, y_tr)
     ho = None
     if pred_ho is not None and len(y_ho):
@@ -101,7 +101,7 @@ def _p90(pred, y) -> float:
     return float(np.quantile(_rel_err(pred, y), 0.9)) if len(y) else float("nan")
 
 
-def _sig(x: float, n: int = _SIG) -> float:
+def round_sig(x: float, n: int = _SIG) -> float:
     return float(f"{x:.{n}g}")
 
 
@@ -130,14 +130,14 @@ def fit_gemm(df: pd.DataFrame, peaks: dict[str, float]) -> tuple[Curve, Curve, C
     bw = peaks["mem_bw"]
     b = df[df.dtype == "bf16"]
     mb, nb, kb, yb = b.m.to_numpy(), b.n.to_numpy(), b.k.to_numpy(), b.t.to_numpy()
-    comp, mem = _fit_curves(
+    comp, mem = fit_curves(
         lambda c: gemm_time(mb, nb, kb, WEIGHT_BYTES["bf16"], peaks["bf16"], bw, c[0], c[1]),
         yb, scales=(64.0, 1e7))
     f = df[df.dtype == "fp8"]
     comp8 = comp
     if len(f):
         mf, nf, kf, yf = f.m.to_numpy(), f.n.to_numpy(), f.k.to_numpy(), f.t.to_numpy()
-        (comp8,) = _fit_curves(
+        (comp8,) = fit_curves(
             lambda c: gemm_time(mf, nf, kf, WEIGHT_BYTES["fp8"], peaks["fp8"], bw, c[0], mem),
             yf, scales=(64.0,))
     return comp, comp8, mem
@@ -147,7 +147,7 @@ def fit_gemm_fp8_own_memory(df: pd.DataFrame, peaks: dict[str, float]) -> tuple[
     """Diagnostic: fp8 compute and memory curves fitted together (not the perf.py form)."""
     f = df[df.dtype == "fp8"]
     mf, nf, kf, yf = f.m.to_numpy(), f.n.to_numpy(), f.k.to_numpy(), f.t.to_numpy()
-    c, m = _fit_curves(
+    c, m = fit_curves(
         lambda c: gemm_time(mf, nf, kf, WEIGHT_BYTES["fp8"], peaks["fp8"], peaks["mem_bw"], c[0], c[1]),
         yf, scales=(64.0, 1e7))
     return c, m
@@ -156,7 +156,7 @@ def fit_gemm_fp8_own_memory(df: pd.DataFrame, peaks: dict[str, float]) -> tuple[
 def fit_prefill(df: pd.DataFrame, peak_bf16: float) -> Curve:
     """Fit the prefill-attention curve; ``df`` has batch_size, isl, num_heads, head_dim, t."""
     b, s, h, d = (df[c].to_numpy() for c in ("batch_size", "isl", "num_heads", "head_dim"))
-    (c,) = _fit_curves(lambda c: prefill_attention_time(b, s, h, d, peak_bf16, c[0]),
+    (c,) = fit_curves(lambda c: prefill_attention_time(b, s, h, d, peak_bf16, c[0]),
                        df.t.to_numpy(), scales=(2048.0,))
     return c
 
@@ -164,13 +164,13 @@ def fit_prefill(df: pd.DataFrame, peak_bf16: float) -> Curve:
 def _prefill_alt_time(b, s, h, d, peak, curve, floor_s):
     """Diagnostic form: efficiency of the per-sequence length plus a constant floor."""
     s = np.asarray(s, dtype=float)
-    return prefill_attention_flops(b, s, h, d) / (peak * _eff(s, curve)) + floor_s
+    return prefill_attention_flops(b, s, h, d) / (peak * efficiency_at(s, curve)) + floor_s
 
 
 def fit_prefill_alt(df: pd.DataFrame, peak_bf16: float) -> tuple[Curve, float]:
     b, s, h, d = (df[c].to_numpy() for c in ("batch_size", "isl", "num_heads", "head_dim"))
     # the floor rides as a second "curve" whose half is the floor in microseconds
-    c, fl = _fit_curves(lambda c: _prefill_alt_time(b, s, h, d, peak_bf16, c[0], c[1][1] * 1e-6),
+    c, fl = fit_curves(lambda c: _prefill_alt_time(b, s, h, d, peak_bf16, c[0], c[1][1] * 1e-6),
                         df.t.to_numpy(), scales=(1024.0, 10.0))
     return c, fl[1] * 1e-6
 
@@ -180,7 +180,7 @@ def fit_decode(df: pd.DataFrame, mem_bw: float) -> Curve:
     kv_bytes_per_elem and t."""
     b, c_, h, d, w = (df[c].to_numpy() for c in ("batch_size", "ctx", "num_key_value_heads", "head_dim",
                                                  "kv_bytes_per_elem"))
-    (c,) = _fit_curves(lambda c: decode_attention_time(b, c_, h, d, w, mem_bw, c[0]),
+    (c,) = fit_curves(lambda c: decode_attention_time(b, c_, h, d, w, mem_bw, c[0]),
                        df.t.to_numpy(), scales=(3e7,))
     return c
 
@@ -191,7 +191,7 @@ def _decode_per_sequence_cost(gen: pd.DataFrame) -> dict[str, float]:
     Slope of latency from batch 256 to the largest batch at ctx = 2, per head configuration;
     the KV read there is negligible, so this is a per-sequence kernel cost the form lacks.
     """
-    g = _attn_common(gen)
+    g = attn_common(gen)
     g = g[(g.kv_cache_dtype == "bfloat16") & (g.step + g.isl == 2)]
     if g.batch_size.max() <= 256:
         return {}
@@ -204,12 +204,12 @@ def _decode_per_sequence_cost(gen: pd.DataFrame) -> dict[str, float]:
     if not slopes:
         return {}
     sl = np.asarray(slopes)
-    return {"decode_per_seq_s_median": _sig(float(np.median(sl))), "decode_per_seq_s_max": _sig(float(sl.max())),
-            "decode_per_seq_s_min": _sig(float(sl.min()))}
+    return {"decode_per_seq_s_median": round_sig(float(np.median(sl))), "decode_per_seq_s_max": round_sig(float(sl.max())),
+            "decode_per_seq_s_min": round_sig(float(sl.min()))}
 
 
 def _round_curve(c: Curve) -> Curve:
-    return (_sig(c[0]), _sig(c[1]))
+    return (round_sig(c[0]), round_sig(c[1]))
 
 
 def fit_tables(tables: dict[str, pd.DataFrame], peaks: dict[str, float], holdout: str = "models",
@@ -232,26 +232,26 @@ def fit_tables(tables: dict[str, pd.DataFrame], peaks: dict[str, float], holdout
         d = g[sel]
         pred = gemm_time(d.m, d.n, d.k, WEIGHT_BYTES[dt], peaks[dt], bw, cc, mem)
         y, ho = d.t.to_numpy(), gho[sel]
-        quality[f"gemm_{dt}"] = _quality(pred[~ho], y[~ho], pred[ho], y[ho])
+        quality[f"gemm_{dt}"] = fit_quality(pred[~ho], y[~ho], pred[ho], y[ho])
         ho_p90[f"gemm_{dt}"] = _p90(pred[ho], y[ho])
         counts[f"gemm_{dt}_held_out"] = int(ho.sum())
         if dt == "bf16":
             # per-curve split: rows where the compute bound wins vs the memory bound
-            t_c = 2.0 * d.m * d.n * d.k / (peaks[dt] * _eff(d.m.to_numpy(dtype=float), comp))
+            t_c = 2.0 * d.m * d.n * d.k / (peaks[dt] * efficiency_at(d.m.to_numpy(dtype=float), comp))
             cb = (t_c.to_numpy() >= pred)
             for key, part in (("compute_efficiency", cb), ("memory_efficiency", ~cb)):
-                quality[key] = _quality(pred[~ho & part], y[~ho & part], pred[ho & part], y[ho & part])
+                quality[key] = fit_quality(pred[~ho & part], y[~ho & part], pred[ho & part], y[ho & part])
                 ho_p90[key] = _p90(pred[ho & part], y[ho & part])
     c_own, m_own = fit_gemm_fp8_own_memory(g[~gho], peaks)
     f = g[g.dtype == "fp8"]
     fho = gho[(g.dtype == "fp8").to_numpy()]
     pred_own = gemm_time(f.m, f.n, f.k, 1.0, peaks["fp8"], bw, c_own, m_own)
     diag.update({
-        "fp8_own_memory_compute_max_eff": _sig(c_own[0]), "fp8_own_memory_compute_half": _sig(c_own[1]),
-        "fp8_own_memory_memory_max_eff": _sig(m_own[0]), "fp8_own_memory_memory_half": _sig(m_own[1]),
+        "fp8_own_memory_compute_max_eff": round_sig(c_own[0]), "fp8_own_memory_compute_half": round_sig(c_own[1]),
+        "fp8_own_memory_memory_max_eff": round_sig(m_own[0]), "fp8_own_memory_memory_half": round_sig(m_own[1]),
         "fp8_own_memory_held_out_median": round(float(np.median(_rel_err(pred_own[fho], f.t.to_numpy()[fho]))), 4),
-        "gemm_floor_s": _sig(mem[1] / (bw * mem[0])),
-        "gemm_observed_min_s": _sig(float(g.t.min())),
+        "gemm_floor_s": round_sig(mem[1] / (bw * mem[0])),
+        "gemm_observed_min_s": round_sig(float(g.t.min())),
     })
 
     # ---- prefill attention
@@ -260,14 +260,14 @@ def fit_tables(tables: dict[str, pd.DataFrame], peaks: dict[str, float], holdout
     pc = _round_curve(fit_prefill(p[~pho], peaks["bf16"]))
     pred = prefill_attention_time(p.batch_size, p.isl, p.num_heads, p.head_dim, peaks["bf16"], pc)
     y = p.t.to_numpy()
-    quality["attention_prefill_efficiency"] = _quality(pred[~pho], y[~pho], pred[pho], y[pho])
+    quality["attention_prefill_efficiency"] = fit_quality(pred[~pho], y[~pho], pred[pho], y[pho])
     ho_p90["attention_prefill_efficiency"] = _p90(pred[pho], y[pho])
     counts["attention_prefill_held_out"] = int(pho.sum())
     alt_c, alt_floor = fit_prefill_alt(p[~pho], peaks["bf16"])
     pred_alt = _prefill_alt_time(p.batch_size, p.isl, p.num_heads, p.head_dim, peaks["bf16"], alt_c, alt_floor)
     diag.update({
-        "prefill_alt_max_eff": _sig(alt_c[0]), "prefill_alt_half_isl": _sig(alt_c[1]),
-        "prefill_alt_floor_s": _sig(alt_floor),
+        "prefill_alt_max_eff": round_sig(alt_c[0]), "prefill_alt_half_isl": round_sig(alt_c[1]),
+        "prefill_alt_floor_s": round_sig(alt_floor),
         "prefill_alt_median": round(float(np.median(_rel_err(pred_alt[~pho], y[~pho]))), 4),
         "prefill_alt_held_out_median": round(float(np.median(_rel_err(pred_alt[pho], y[pho]))), 4),
     })
@@ -284,10 +284,10 @@ def fit_tables(tables: dict[str, pd.DataFrame], peaks: dict[str, float], holdout
         pred = decode_attention_time(d.batch_size, d.ctx, d.num_key_value_heads, d.head_dim,
                                      d.kv_bytes_per_elem, bw, dc)
         y = d.t.to_numpy()
-        quality[key] = _quality(pred[~ho], y[~ho], pred[ho], y[ho])
+        quality[key] = fit_quality(pred[~ho], y[~ho], pred[ho], y[ho])
         ho_p90[key] = _p90(pred[ho], y[ho])
     counts["attention_decode_held_out"] = int(dho.sum())
-    diag["decode_floor_s"] = _sig(dc[1] / (bw * dc[0]))
+    diag["decode_floor_s"] = round_sig(dc[1] / (bw * dc[0]))
     diag.update(_decode_per_sequence_cost(tables["generation_attention"]))
 
     return FitResult(system=system, peaks=peaks, compute_bf16=comp, compute_fp8=comp8, memory=mem,
@@ -333,7 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prof = with_shape_curves(result_to_profile(r, args.data, holdout=args.holdout, created=args.created),
                                  args.data, system)
         out = write_profile(prof, args.out / profile_filename(prof))
-        print(_summary(prof, r, time.perf_counter() - t0))
+        print(fit_summary(prof, r, time.perf_counter() - t0))
         print(f"  wrote {out}")
     print(f"total fit time {time.perf_counter() - t_all:.1f} s")
     return 0

@@ -19,7 +19,7 @@ from hwdb.schema import EfficiencyCurve
 from calibration.kernel_tables import (
     ATTN_HEAD_DIMS, ATTN_MIN_HEADS, Curve, DATASET, DATASET_CITE, DECODE_MAX_BATCH, DECODE_MIN_CTX,
     ENGINE, ENGINE_VERSION, HELD_OUT_ATTN, HELD_OUT_GEMM, M_MAX, M_MIN, MIN_NK, PREFILL_MIN_ISL,
-    SYSTEMS, _mh, table_paths,
+    SYSTEMS, as_curve, table_paths,
 )
 
 if TYPE_CHECKING:
@@ -150,7 +150,7 @@ def read_profile(path: Path | str) -> Profile:
 
 
 
-def _summary(p: Profile, r: FitResult, secs: float) -> str:
+def fit_summary(p: Profile, r: FitResult, secs: float) -> str:
     q = p.quality
 
     def row(label, c, key):
@@ -161,12 +161,12 @@ def _summary(p: Profile, r: FitResult, secs: float) -> str:
                 f"{fmt_pct(fq.held_out_median_abs_rel_error or 0):>6}")
 
     lines = [f"{p.gpu} ({secs:.1f} s)",
-             row("compute (bf16 GEMM)", _mh(p.compute_efficiency), "compute_efficiency"),
-             row("memory (GEMM)", _mh(p.memory_efficiency), "memory_efficiency"),
+             row("compute (bf16 GEMM)", as_curve(p.compute_efficiency), "compute_efficiency"),
+             row("memory (GEMM)", as_curve(p.memory_efficiency), "memory_efficiency"),
              row("GEMM bf16, all", None, "gemm_bf16"),
              row("compute (fp8 GEMM)", r.compute_fp8, "gemm_fp8"),
-             row("attention prefill", _mh(p.attention_prefill_efficiency), "attention_prefill_efficiency"),
-             row("attention decode", _mh(p.attention_decode_efficiency), "attention_decode_efficiency"),
+             row("attention prefill", as_curve(p.attention_prefill_efficiency), "attention_prefill_efficiency"),
+             row("attention decode", as_curve(p.attention_decode_efficiency), "attention_decode_efficiency"),
              row("decode, fp8 KV", None, "attention_decode_fp8_kv"),
              "  held-out p90: " + ", ".join(f"{k} {fmt_pct(v)}" for k, v in sorted(r.held_out_p90.items()))]
     return "\n".join(lines)

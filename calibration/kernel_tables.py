@@ -121,13 +121,13 @@ def load_peaks(root: Path, system: str) -> dict[str, float]:
 Curve = tuple[float, float]  # (max_eff, half)
 
 
-def _mh(c) -> Curve:
+def as_curve(c) -> Curve:
     if isinstance(c, EfficiencyCurve):
         return c.max_eff, c.half
     return float(c[0]), float(c[1])
 
 
-def _eff(x, c: Curve):
+def efficiency_at(x, c: Curve):
     mx, half = c
     return mx * x / (x + half)
 
@@ -141,9 +141,9 @@ def gemm_bytes(m, n, k, weight_bytes: float):
 def gemm_time(m, n, k, weight_bytes: float, peak_flops: float, mem_bw: float, compute, memory):
     """Linear-layer time in seconds: the slower of the compute and the memory bound."""
     m, n, k = (np.asarray(v, dtype=float) for v in (m, n, k))
-    t_c = 2.0 * m * n * k / (peak_flops * _eff(m, _mh(compute)))
+    t_c = 2.0 * m * n * k / (peak_flops * efficiency_at(m, as_curve(compute)))
     b = gemm_bytes(m, n, k, weight_bytes)
-    t_m = b / (mem_bw * _eff(b, _mh(memory)))
+    t_m = b / (mem_bw * efficiency_at(b, as_curve(memory)))
     return np.maximum(t_c, t_m)
 
 
@@ -155,7 +155,7 @@ def prefill_attention_flops(batch, isl, num_heads, head_dim):
 
 def prefill_attention_time(batch, isl, num_heads, head_dim, peak_bf16: float, curve):
     tokens = np.asarray(batch, dtype=float) * np.asarray(isl, dtype=float)
-    return prefill_attention_flops(batch, isl, num_heads, head_dim) / (peak_bf16 * _eff(tokens, _mh(curve)))
+    return prefill_attention_flops(batch, isl, num_heads, head_dim) / (peak_bf16 * efficiency_at(tokens, as_curve(curve)))
 
 
 def decode_kv_bytes(batch, ctx, num_kv_heads, head_dim, kv_dtype_bytes):
@@ -166,7 +166,7 @@ def decode_kv_bytes(batch, ctx, num_kv_heads, head_dim, kv_dtype_bytes):
 
 def decode_attention_time(batch, ctx, num_kv_heads, head_dim, kv_dtype_bytes, mem_bw: float, curve):
     kvb = decode_kv_bytes(batch, ctx, num_kv_heads, head_dim, kv_dtype_bytes)
-    return kvb / (mem_bw * _eff(kvb, _mh(curve)))
+    return kvb / (mem_bw * efficiency_at(kvb, as_curve(curve)))
 
 
 # --------------------------------------------------------------------------- selection
@@ -183,14 +183,14 @@ def select_gemm(gemm: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values(["dtype", "n", "k", "m"], kind="mergesort").reset_index(drop=True)
 
 
-def _attn_common(df: pd.DataFrame) -> pd.DataFrame:
+def attn_common(df: pd.DataFrame) -> pd.DataFrame:
     return df[(df.window_size == 0) & (df.attn_dtype == "bfloat16") & df.head_dim.isin(ATTN_HEAD_DIMS)
               & (df.num_heads >= ATTN_MIN_HEADS)]
 
 
 def select_prefill(ctx: pd.DataFrame) -> pd.DataFrame:
     """Full-attention prefill with a bf16 KV cache (vLLM's default), isl >= PREFILL_MIN_ISL."""
-    sel = _attn_common(ctx)
+    sel = attn_common(ctx)
     sel = sel[(sel.kv_cache_dtype == "bfloat16") & (sel.isl >= PREFILL_MIN_ISL)]
     sel = sel.assign(t=sel.latency * 1e-3)
     return sel.sort_values(["num_heads", "num_key_value_heads", "head_dim", "isl", "batch_size"],
@@ -205,7 +205,7 @@ def select_decode(gen: pd.DataFrame, kv_cache_dtype: str = "bfloat16") -> pd.Dat
     ``step + 1`` KV entries per sequence.  Latency grows with ``batch * step`` at
     large sizes (e.g. H200: 8 x 32767 and 64 x 4095 both take 0.27 ms).
     """
-    sel = _attn_common(gen)
+    sel = attn_common(gen)
     sel = sel.assign(ctx=sel.step + sel.isl)
     sel = sel[(sel.kv_cache_dtype == kv_cache_dtype) & (sel.ctx >= DECODE_MIN_CTX)
               & (sel.batch_size <= DECODE_MAX_BATCH)]

@@ -27,13 +27,13 @@ from typing import Iterable, Literal
 
 from pydantic import Field, model_validator
 
-from hwdb.db import DATA_DIR, HwdbError, _parse, _read_yaml, find
-from hwdb.schema import Figure, _Strict
+from hwdb.db import DATA_DIR, HwdbError, parse_file, read_data_yaml, find
+from hwdb.schema import Figure, StrictModel
 
 COLDSTART_DIR = DATA_DIR / "coldstart"
 
 
-class StoragePath(_Strict):
+class StoragePath(StrictModel):
     """A storage path for checkpoint files, as seen by one node."""
 
     kind: Literal["storage"]
@@ -45,7 +45,7 @@ class StoragePath(_Strict):
     notes: str | None = None
 
 
-class ContainerImage(_Strict):
+class ContainerImage(StrictModel):
     """A serving container image; pull = download of the compressed layers + unpack."""
 
     kind: Literal["image"]
@@ -58,7 +58,7 @@ class ContainerImage(_Strict):
     notes: str | None = None
 
 
-class FitRow(_Strict):
+class FitRow(StrictModel):
     """One measured row a coefficient set was fitted to: observed, predicted, residual (s)."""
 
     row: str
@@ -67,7 +67,7 @@ class FitRow(_Strict):
     residual_s: float
 
 
-class PhaseFit(_Strict):
+class PhaseFit(StrictModel):
     """A fitted phase formula: coefficients, the data, and the residuals of the fit."""
 
     formula: str
@@ -81,7 +81,7 @@ class PhaseFit(_Strict):
     notes: str | None = None
 
 
-class ProfiledModel(_Strict):
+class ProfiledModel(StrictModel):
     """Architecture facts of a model in the fitted data (read from its config.json)."""
 
     hf_id: str
@@ -90,7 +90,7 @@ class ProfiledModel(_Strict):
     checkpoint_bytes_per_param: float = Field(2.0, gt=0)
 
 
-class Outlier(_Strict):
+class Outlier(StrictModel):
     """A documented tail observation that the default formulas do not reproduce."""
 
     what: str
@@ -98,7 +98,7 @@ class Outlier(_Strict):
     source: str
 
 
-class ProfiledHost(_Strict):
+class ProfiledHost(StrictModel):
     """A machine the fitted data was measured on."""
 
     description: str
@@ -106,7 +106,7 @@ class ProfiledHost(_Strict):
     source: str
 
 
-class StartupCoefficients(_Strict):
+class StartupCoefficients(StrictModel):
     """Start-up phase coefficients of one serving-engine generation (see simulator/ops/coldstart.py).
 
     ``fits`` holds the least-squares fitted phases (``process_start``,
@@ -136,7 +136,7 @@ class StartupCoefficients(_Strict):
                             f"regenerate the file with calibration.coldstart_fit.fit_profiler_csvs") from None
 
 
-class PhaseRange(_Strict):
+class PhaseRange(StrictModel):
     """One start-up figure where sources disagree: low / typical / high, with the sources."""
 
     low: float = Field(ge=0)
@@ -149,7 +149,7 @@ class PhaseRange(_Strict):
         return {"low": self.low, "typical": self.typical, "high": self.high}[level]
 
 
-class StartupCase(_Strict):
+class StartupCase(StrictModel):
     """A sourced real start-up the model is checked against (docs/operations.md table).
 
     ``observed_s`` is the sum of ``observed_phases`` as the source logged them
@@ -175,7 +175,7 @@ class StartupCase(_Strict):
     source: str
 
 
-class VersionRules(_Strict):
+class VersionRules(StrictModel):
     """What one vLLM release does at start-up that switches phases on or off (sourced)."""
 
     capture_rule: Literal["0.10", "v1"]           # simulator.ops.coldstart.capture_sizes
@@ -187,7 +187,7 @@ class VersionRules(_Strict):
     source: str
 
 
-class ScaleRanges(_Strict):
+class ScaleRanges(StrictModel):
     """Multi-GPU / large-model / MoE phase ranges of one engine generation (simulator/ops/coldstart_scale.py)."""
 
     kind: Literal["scale"]
@@ -270,10 +270,10 @@ def load_coldstart(user_dirs: Iterable[str | Path] = ()) -> ColdStartDB:
     folders = [COLDSTART_DIR] + [Path(d) / "coldstart" for d in user_dirs]
     for folder in folders:
         for path in sorted(folder.glob("*.yaml")) if folder.is_dir() else ():
-            kind = _read_yaml(path).get("kind")
+            kind = read_data_yaml(path).get("kind")
             if kind not in _KINDS:
                 raise HwdbError(f"{path}: field 'kind' must be one of {sorted(_KINDS)} (got {kind!r})")
-            item = _parse(path, _KINDS[kind])
+            item = parse_file(path, _KINDS[kind])
             tables[kind][item.name] = item
     return ColdStartDB(storage=tables["storage"], images=tables["image"], startup=tables["startup"],
                        scale=tables["scale"])

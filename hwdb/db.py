@@ -81,16 +81,16 @@ def _fmt_validation(path: Path, err: ValidationError) -> str:
     return f"{path}: invalid hardware file:\n" + "\n".join(lines)
 
 
-def _read_yaml(path: Path) -> dict:
+def read_data_yaml(path: Path) -> dict:
     data = read_yaml(path, HwdbError, "hardware file")
     if not isinstance(data, dict):
         raise HwdbError(f"{path}: expected a mapping of fields at the top level, got {type(data).__name__}")
     return data
 
 
-def _parse(path: Path, schema: type[BaseModel]):
+def parse_file(path: Path, schema: type[BaseModel]):
     try:
-        return schema.model_validate(_read_yaml(path))
+        return schema.model_validate(read_data_yaml(path))
     except ValidationError as err:
         raise HwdbError(_fmt_validation(path, err)) from None
 
@@ -109,7 +109,7 @@ def load_model_dir(path: Path, name: str | None = None) -> ModelEntry:
     side_path = folder / "epdsim.yaml"
     default_name = name or (folder.name if cfg_path.name == "config.json" else cfg_path.stem)
     if side_path.exists():
-        sidecar = _parse(side_path, ModelSidecar)
+        sidecar = parse_file(side_path, ModelSidecar)
     else:
         sidecar = ModelSidecar(name=default_name, source=f"user config {cfg_path}")
     try:
@@ -221,7 +221,7 @@ def _load_folder(folder: Path, tables: dict[str, dict], origins: dict) -> None:
     here: dict = {}
     for kind, schema in _SCHEMAS.items():
         for path in sorted((folder / kind).glob("*.yaml")):
-            item = _parse(path, schema)
+            item = parse_file(path, schema)
             if (kind, item.name) in here:
                 raise HwdbError(f"{path}: field 'name': {kind[:-1]} '{item.name}' is also defined in "
                                 f"{here[kind, item.name]}; one folder may define a name once: rename or remove one")

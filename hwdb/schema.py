@@ -16,11 +16,12 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from simulator.inputs import NoBoolNumbers
 
 
-class _Strict(NoBoolNumbers):
+class StrictModel(NoBoolNumbers):
+    """Base of the hardware data files: unknown keys, inf/NaN and booleans as numbers are refused; frozen."""
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
-class Figure(_Strict):
+class Figure(StrictModel):
     """One sourced number in SI units."""
 
     value: float = Field(ge=0)
@@ -39,7 +40,7 @@ WEIGHT_BYTES = {**DTYPE_BYTES, "fp4": 0.5 + 1 / 16, "int4": 0.5 + 2 / 128}
 COMPUTE_DTYPE = {"int4": "bf16"}
 
 
-class EfficiencyCurve(_Strict):
+class EfficiencyCurve(StrictModel):
     """Achieved fraction of a peak as a saturating function of work size.
 
     ``eff(x) = max_eff * x / (x + half)``: ``x`` is tokens in a step for the
@@ -56,7 +57,7 @@ class EfficiencyCurve(_Strict):
         return self.max_eff * x / (x + self.half) if x > 0 else self.max_eff * 1e-9
 
 
-class GemmShapeCurve(_Strict):
+class GemmShapeCurve(StrictModel):
     """Achieved fraction of a tensor-core peak for one GEMM of M rows and an N x K weight.
 
     ``eff(M, S) = max_eff * M / (M + half_m) * S / (S + half_nk)`` with ``S = N * K``: small weights
@@ -85,7 +86,7 @@ class GemmShapeCurve(_Strict):
         return self.max_eff / inv if inv > 0 else self.max_eff
 
 
-class AllReduceCurve(_Strict):
+class AllReduceCurve(StrictModel):
     """Measured latency of one tensor-parallel all-reduce against its message size, per TP size.
 
     ``sizes_bytes`` is increasing; ``graph_s[tp]`` and ``eager_s[tp]`` hold one latency (seconds) per
@@ -140,7 +141,7 @@ GPU_RANGES = {
 }
 
 
-class GPU(_Strict):
+class GPU(StrictModel):
     """A GPU type; figures are per GPU (a GB200 superchip counts as its GPUs)."""
 
     name: str
@@ -198,7 +199,7 @@ class GPU(_Strict):
         raise KeyError(dtype)
 
 
-class Link(_Strict):
+class Link(StrictModel):
     """A link or fabric hop; bandwidth is per direction, per GPU where it is shared."""
 
     name: str
@@ -231,7 +232,7 @@ class Link(_Strict):
         return self.bandwidth_Bps.value * self.efficiency.value
 
 
-class NetworkLayout(_Strict):
+class NetworkLayout(StrictModel):
     """How a cloud instance type (or a cluster's node) reaches the network: which link its GPU NICs speak,
     how many there are and their line rate.  Used as a KV/embedding fabric name: it supplies the link,
     GPUs per NIC and the NIC rate (``kv_transfer.fabric: gcp-a3-high``).
@@ -280,14 +281,14 @@ class NetworkLayout(_Strict):
         return self.nic_Bps.value * max(1, self.nics_per_node // self.gpus_per_node)
 
 
-class KeptModules(_Strict):
+class KeptModules(StrictModel):
     """Weight groups a quantised checkpoint keeps unquantised, and the checkpoint config that says so."""
 
     modules: tuple[Literal["attention", "dense_mlp", "shared_experts"], ...]
     source: str = Field(min_length=3)
 
 
-class ModelSidecar(_Strict):
+class ModelSidecar(StrictModel):
     """What a Hugging Face ``config.json`` lacks, kept beside it as ``epdsim.yaml``."""
 
     name: str
@@ -305,7 +306,7 @@ class ModelSidecar(_Strict):
     notes: str | None = None
 
 
-class CpuCosts(_Strict):
+class CpuCosts(StrictModel):
     """Host (CPU) work of one engine step, in seconds.
 
     cost = ``step_s`` + ``per_running_seq_s`` x running + ``per_waiting_seq_s`` x waiting
@@ -319,7 +320,7 @@ class CpuCosts(_Strict):
     per_sampled_seq_s: Figure
 
 
-class EngineProfile(_Strict):
+class EngineProfile(StrictModel):
     """One serving-engine generation: its CPU side, kernel launches and defaults.
 
     Step time = GPU time + launch cost + CPU cost when scheduling is serial;
@@ -361,7 +362,7 @@ class EngineProfile(_Strict):
     notes: str | None = None
 
 
-class Connector(_Strict):
+class Connector(StrictModel):
     """A KV-cache transfer connector (vLLM ``--kv-transfer-config`` kv_connector).
 
     Transfer time on a path = ``setup_s`` + bytes / (path bandwidth x

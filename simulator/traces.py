@@ -151,7 +151,7 @@ def _check_readable(path: Path) -> None:
         raise _missing_file(path)
 
 
-def _read_csv(path: Path, required: tuple[str, ...], optional: tuple[str, ...],
+def read_csv_rows(path: Path, required: tuple[str, ...], optional: tuple[str, ...],
               expected: str, limit: int | None) -> _Table:
     """Read a headed CSV as strings, keeping each row's line number (header = line 1)."""
     import pandas as pd   # imported here: the CLI starts without pandas
@@ -250,7 +250,7 @@ def _read_jsonl(path: Path, required: tuple[str, ...], optional: tuple[str, ...]
     return _Table(str(path), df, np.asarray(lines), expected)
 
 
-def _numbers(col: pd.Series) -> np.ndarray:
+def numbers_of(col: pd.Series) -> np.ndarray:
     """Column as float64; anything that is not a number (or is a bool) becomes NaN."""
     import pandas as pd   # imported here: the CLI starts without pandas
     if col.dtype == object:
@@ -261,7 +261,7 @@ def _numbers(col: pd.Series) -> np.ndarray:
 
 def _tokens(t: _Table, column: str, role: Role, notes: list[str]) -> np.ndarray:
     """Validated token counts: integers >= 1 for prompts; >= 0 for outputs, 0 clamped to 1."""
-    x = _numbers(t.df[column])
+    x = numbers_of(t.df[column])
     lowest = 1 if role == "input" else 0
     bad = ~np.isfinite(x) | (x != np.floor(x)) | (x < lowest) | (x >= 2.0 ** 53)
     if bad.any():
@@ -283,7 +283,7 @@ def _reject_constant(name: str):
 
 
 def _seconds(t: _Table, column: str, unit_s: float) -> np.ndarray:
-    x = _numbers(t.df[column]) * unit_s
+    x = numbers_of(t.df[column]) * unit_s
     bad = ~np.isfinite(x) | (np.abs(x) > MAX_ABS_SECONDS)
     if bad.any():
         raise t.fail(int(np.argmax(bad)), column, "a number (a finite time within ±1e11 s)")
@@ -348,7 +348,7 @@ def read_azure_csv(path: str | Path, limit: int | None = None) -> Trace:
     import pandas as pd   # imported here: the CLI starts without pandas
     expected = ("each row must be TIMESTAMP,ContextTokens,GeneratedTokens, e.g. "
                 "'2023-11-16 18:15:46.6805900,374,44', below that header line")
-    t = _read_csv(Path(path), AZURE_COLUMNS, (), expected, limit)
+    t = read_csv_rows(Path(path), AZURE_COLUMNS, (), expected, limit)
     try:
         stamps = pd.to_datetime(t.df["TIMESTAMP"], format="ISO8601", errors="coerce")
     except (ValueError, TypeError, OverflowError) as exc:
@@ -396,7 +396,7 @@ def read_plain(path: str | Path, limit: int | None = None) -> Trace:
     if _looks_jsonl(path):
         t = _read_jsonl(path, PLAIN_COLUMNS, ("hash_ids",), expected, limit)
     else:
-        t = _read_csv(path, PLAIN_COLUMNS, ("hash_ids",), expected, limit)
+        t = read_csv_rows(path, PLAIN_COLUMNS, ("hash_ids",), expected, limit)
     notes: list[str] = []
     arrival = _seconds(t, "arrival_s", 1.0)
     inp = _tokens(t, "input_tokens", "input", notes)
@@ -472,7 +472,7 @@ def read_token_columns(path: str | Path, columns: Mapping[str, Role]) -> dict[st
     path = Path(path)
     names = tuple(columns)
     expected = f"each row must give integer token counts in column(s) {','.join(names)}"
-    read = _read_jsonl if _looks_jsonl(path) else _read_csv
+    read = _read_jsonl if _looks_jsonl(path) else read_csv_rows
     t = read(path, names, (), expected, None)
     notes: list[str] = []
     return {name: _tokens(t, name, role, notes) for name, role in columns.items()}

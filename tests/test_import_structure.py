@@ -316,3 +316,39 @@ def test_no_cycles_between_subpackages():
     found = [sorted(c) for c in cycles(g) if any(n.count(".") == 1 and REPO.joinpath(*n.split(".")).is_dir()
                                                   for n in c)]
     assert not found, "sub-packages in an import cycle: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+# Private names one module still takes from another, each with its reason; none may be added.
+ALLOWED_PRIVATE_IMPORTS: set[tuple[str, str, str]] = {
+    # The fit and validation reports are being reworked on a branch (front end, mixed steps); their
+    # helpers become public there.
+    ("calibration.fit", "calibration.fit_report", "_final_profile"),
+    ("calibration.fit", "calibration.fit_report", "_fmt_param"),
+    ("calibration.validate", "calibration.validate_report", "_err"),
+    ("calibration.validate", "calibration.validate_report", "_json_default"),
+    ("calibration.validate", "calibration.validate_report", "_ms"),
+    ("calibration.validate", "calibration.validate_report", "_verdict"),
+}
+
+
+def private_imports() -> set[tuple[str, str, str]]:
+    """(module, project module, name) for every ``from module import _name`` between project modules
+    (an alias such as ``import x as _x`` of a public name is not counted)."""
+    modules = project_modules()
+    out = set()
+    for name, path in modules.items():
+        for node in _imports(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "") in modules:
+                out |= {(name, node.module, a.name) for a in node.names
+                        if a.name.startswith("_") and not a.name.startswith("__")}
+    return out
+
+
+def test_no_private_names_across_modules():
+    found = private_imports()
+    new = sorted(found - ALLOWED_PRIVATE_IMPORTS)
+    assert not new, ("private names imported from another module: "
+                     + ", ".join(f"{a} <- {b}.{n}" for a, b, n in new) + ". Make the name public (no leading "
+                     "underscore) where it is defined, or move the code that needs it.")
+    gone = sorted(ALLOWED_PRIVATE_IMPORTS - found)
+    assert not gone, f"private imports no longer present: drop them from ALLOWED_PRIVATE_IMPORTS: {gone}"

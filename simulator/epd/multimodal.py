@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from simulator.epd.epd_config import ChoiceCount, FixedCount, ImageWorkload, TraceCount, UniformCount
-from simulator.traces import TraceError, _numbers, _read_csv
+from simulator.traces import TraceError, numbers_of, read_csv_rows
 
 AZURE_MM_COLUMNS = ("TIMESTAMP", "NumImages", "ContextTokens", "GeneratedTokens")
 
@@ -92,8 +92,8 @@ def read_azure_multimodal(path: str | Path, limit: int | None = None) -> np.ndar
     expected = ("each row must be TIMESTAMP,NumImages,ContextTokens,GeneratedTokens, e.g. "
                 "'2024-05-10 00:00:00.011000,2,1043,132' (the Azure multimodal trace)")
     import pandas as pd   # imported here: the CLI starts without pandas
-    t = _read_csv(Path(path), AZURE_MM_COLUMNS, (), expected, limit)
-    x = _numbers(t.df["NumImages"])
+    t = read_csv_rows(Path(path), AZURE_MM_COLUMNS, (), expected, limit)
+    x = numbers_of(t.df["NumImages"])
     bad = ~np.isfinite(x) | (x != np.floor(x)) | (x < 0) | (x > 1024)
     if bad.any():
         raise t.fail(int(np.argmax(bad)), "NumImages", "an image count (an integer from 0 to 1024)")

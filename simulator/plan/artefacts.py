@@ -22,7 +22,7 @@ from simulator.plan.manifests import (MOONCAKE_BOOTSTRAP_PORT, P2P_KV_PORT, P2P_
                                      ArtefactOptions, cache_claim, connector_env, engine_deployment, env_exports,
                                      pod_urls, proxy_objects)
 from simulator.plan.readme import readme
-from simulator.plan.sglang import _DTYPE, ROUTER_MODULE, router_args, sglang_args, sglang_objects
+from simulator.plan.sglang import SERVE_DTYPE, ROUTER_MODULE, router_args, sglang_args, sglang_objects
 
 
 class _NoAliases(yaml.SafeDumper):
@@ -92,7 +92,7 @@ def vllm_args(model_id: str, dep, role: str, connector, encoder_tier: bool = Fal
             raise ValueError(f"ep={dep.ep}: vLLM's --enable-expert-parallel spreads the experts over all "
                              f"{dep.gpus} GPUs of an instance (dp x tp); use ep: 1 or ep: {dep.gpus} for vLLM")
         args += ["--enable-expert-parallel"]
-    args += ["--dtype", _DTYPE[dep.weight_dtype], "--max-model-len", str(k.max_model_len),
+    args += ["--dtype", SERVE_DTYPE[dep.weight_dtype], "--max-model-len", str(k.max_model_len),
              "--max-num-seqs", str(k.max_num_seqs), "--max-num-batched-tokens", str(k.max_num_batched_tokens),
              "--gpu-memory-utilization", f"{k.gpu_memory_utilization:g}", "--block-size", str(k.block_size)]
     if dep.weight_dtype == "fp8":

@@ -281,7 +281,7 @@ class Family:
         raise NotImplementedError
 
 
-def _gpu_ok(ctx: PlanContext, pools: tuple[PoolChoice, ...]) -> bool:
+def gpu_ok(ctx: PlanContext, pools: tuple[PoolChoice, ...]) -> bool:
     """Within max_gpus and each GPU type's own limit."""
     if sum(p.gpus for p in pools) > ctx.req.constraints.max_gpus:
         return False
@@ -303,7 +303,7 @@ class Colocated(Family):
         for lay in ctx.layouts:
             for n in range(1, c.max_instances_per_pool + 1):
                 pools = (lay.choice("colocated", n),)
-                if not _gpu_ok(ctx, pools):
+                if not gpu_ok(ctx, pools):
                     break
                 yield Candidate(f"colocated-{lay.tag()}-x{n}", self.name, pools, n * lay.gpus * lay.price)
 
@@ -334,7 +334,7 @@ class PrefillDecode(Family):
                             break
                         for nd in range(1, c.max_instances_per_pool + 1):
                             pools = (lp.choice("prefill", npf), ld.choice("decode", nd))
-                            if not _gpu_ok(ctx, pools):
+                            if not gpu_ok(ctx, pools):
                                 break
                             yield Candidate(f"{tag}-{npf}p{nd}d", self.name, pools,
                                             npf * lp.gpus * lp.price + nd * ld.gpus * ld.price, plan.link_name,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Iterator
 
-from simulator.plan.candidates import Candidate, Colocated, Family, PlanContext, PoolChoice, PrefillDecode, _gpu_ok
+from simulator.plan.candidates import Candidate, Colocated, Family, PlanContext, PoolChoice, PrefillDecode, gpu_ok
 from simulator.plan.request import PlanError, PlanRequest
 from simulator.plan.screen import encode_time
 
@@ -65,7 +65,7 @@ class EncoderPrefillDecode(Family):
                     if not c.heterogeneous and any(p.gpu != g for p in lm.pools):
                         continue
                     pools = (enc, *lm.pools)
-                    if not _gpu_ok(ctx, pools):
+                    if not gpu_ok(ctx, pools):
                         continue
                     yield Candidate(f"epd-{g}-tp{tp}-x{n}+{lm.id}", self.name, pools,
                                     n * tp * price + lm.cost_usd_per_hour, lm.fabric, lm.connector,

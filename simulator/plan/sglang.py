@@ -13,7 +13,7 @@ from simulator.plan.manifests import (SGLANG_BOOTSTRAP_PORT, SGLANG_PORT, VLLM_P
                                      engine_deployment, router_objects)
 
 # fp8/fp4/int4: the checkpoint's own quantization_config decides (pre-quantised weights), as in vLLM.
-_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp8": "auto", "fp4": "auto", "int4": "auto"}
+SERVE_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp8": "auto", "fp4": "auto", "int4": "auto"}
 ROUTER_MODULE = "sglang_router.launch_router"
 
 
@@ -26,7 +26,7 @@ def sglang_args(model_id: str, dep, role: str, connector, tcp: bool = False, enc
     # SGLang's --tp-size counts every GPU of the instance; with --enable-dp-attention the attention runs
     # as --dp-size ranks of tp-size / dp-size GPUs each and the experts over --ep-size of them.
     args = ["--model-path", model_id, "--host", "0.0.0.0", "--port", str(SGLANG_PORT), "--tp-size",
-            str(dep.tp * dep.dp), "--dtype", _DTYPE[dep.weight_dtype], "--context-length", str(k.max_model_len)]
+            str(dep.tp * dep.dp), "--dtype", SERVE_DTYPE[dep.weight_dtype], "--context-length", str(k.max_model_len)]
     if dep.dp > 1:
         args += ["--dp-size", str(dep.dp), "--enable-dp-attention"]
     if dep.ep > 1:
