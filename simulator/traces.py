@@ -40,14 +40,11 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 
-from simulator.inputs import check_file, decode
-
-if TYPE_CHECKING:
-    import pandas as pd
+from simulator.trace_files import Table, TraceError, check_readable, numbers_of, read_csv_rows, read_jsonl
 
 TraceFormat = Literal["azure", "mooncake", "plain", "auto"]
 Role = Literal["input", "output"]
@@ -59,10 +56,6 @@ AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 MOONCAKE_KEYS = ("timestamp", "input_length", "output_length")
 PLAIN_COLUMNS = ("arrival_s", "input_tokens", "output_tokens")
 _JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
-
-
-class TraceError(ValueError):
-    """A trace or length file cannot be read; the message names file, line, column and fix."""
 
 
 class TraceWarning(UserWarning):
@@ -109,157 +102,11 @@ class Trace:
         return len(self.arrival_s)
 
 
-@dataclass(frozen=True)
-class _Table:
-    """Raw columns of a file: ``df`` (str for CSV, Python objects for JSONL) and 1-based ``lines``."""
-
-    path: str
-    df: pd.DataFrame
-    lines: np.ndarray
-    expected: str
-
-    def fail(self, i: int, column: str, what: str) -> TraceError:
-        raw = self.df[column].iloc[i]
-        return TraceError(
-            f"{self.path} line {self.lines[i]}: {column}={raw!r} is not {what}; {self.expected}."
-        )
-
-
 MAX_ABS_SECONDS = 1e11
 """Largest arrival time (s, either sign) a trace may give: about 3,000 years."""
 
 
-def _missing_file(path: Path) -> TraceError:
-    """The error for a path that is not a readable text file (missing, a folder, binary, UTF-16)."""
-    try:
-        check_file(path, TraceError, "trace")
-        with path.open("rb") as fh:
-            decode(fh.read(65536).rsplit(b"\n", 1)[0] if path.stat().st_size > 65536 else fh.read(),
-                   str(path), TraceError, "trace")
-    except TraceError as exc:
-        return exc
-    return TraceError(f"{path}: cannot be read as a trace; check the path")
-
-
-def _check_readable(path: Path) -> None:
-    """Raise the :func:`_missing_file` error unless ``path`` is a file that starts as UTF-8 text."""
-    if not path.is_file():
-        raise _missing_file(path)
-    with path.open("rb") as fh:
-        head = fh.read(65536)
-    if head[:2] in (b"\xff\xfe", b"\xfe\xff") or b"\x00" in head:
-        raise _missing_file(path)
-
-
-def read_csv_rows(path: Path, required: tuple[str, ...], optional: tuple[str, ...],
-              expected: str, limit: int | None) -> _Table:
-    """Read a headed CSV as strings, keeping each row's line number (header = line 1)."""
-    import pandas as pd   # imported here: the CLI starts without pandas
-    _check_readable(path)
-    try:
-        with warnings.catch_warnings():  # a too-wide first row is only a ParserWarning
-            warnings.simplefilter("error", pd.errors.ParserWarning)
-            df = pd.read_csv(path, dtype=str, keep_default_na=False, skip_blank_lines=False,
-                             nrows=limit, skipinitialspace=True, index_col=False)
-    except pd.errors.EmptyDataError:
-        raise TraceError(f"{path} is empty; {expected}.") from None
-    except UnicodeDecodeError:
-        raise TraceError(f"{path}{_bad_utf8_line(path)}: not UTF-8 text (latin-1 or another legacy encoding?); "
-                         f"save the trace as UTF-8") from None
-    except (pd.errors.ParserError, pd.errors.ParserWarning) as exc:
-        where = _wide_row(path) or f": not a readable CSV ({str(exc).strip()})"
-        raise TraceError(f"{path}{where}; {expected}.") from None
-    df.columns = [str(c).strip() for c in df.columns]
-    missing = [c for c in required if c not in df.columns]
-    if missing:
-        raise TraceError(f"{path} line 1: header lacks column(s) {','.join(missing)} "
-                         f"(found {','.join(df.columns)}); {expected}.")
-    lines = np.arange(2, len(df) + 2)
-    blank = (df == "").all(axis=1).to_numpy()
-    if blank.any():  # blank lines (often trailing) are skipped, line numbers kept
-        df, lines = df.loc[~blank].reset_index(drop=True), lines[~blank]
-    if len(df) == 0:
-        raise TraceError(f"{path} has a header but no rows; {expected}.")
-    keep = [c for c in (*required, *optional) if c in df.columns]
-    return _Table(str(path), df[keep], lines, expected)
-
-
-def _bad_utf8_line(path: Path) -> str:
-    """' line N' for the first line of ``path`` that is not UTF-8, else ''."""
-    with path.open("rb") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            try:
-                raw.decode("utf-8")
-            except UnicodeDecodeError:
-                return f" line {lineno}"
-    return ""
-
-
-def _wide_row(path: Path) -> str:
-    """' line N: ...' for the first row with more comma-separated fields than the header, else ''."""
-    with path.open(encoding="utf-8", errors="replace") as fh:
-        width = None
-        for lineno, text in enumerate(fh, start=1):
-            fields = text.count(",") + 1
-            if width is None:
-                width = fields
-            elif fields > width and text.strip():
-                return f" line {lineno}: {fields} fields but the header has {width}"
-    return ""
-
-
-def _read_jsonl(path: Path, required: tuple[str, ...], optional: tuple[str, ...],
-                expected: str, limit: int | None) -> _Table:
-    """Read JSON Lines, one object per non-blank line, keeping line numbers (stops after ``limit``)."""
-    import pandas as pd   # imported here: the CLI starts without pandas
-    _check_readable(path)
-    records: list[dict] = []
-    lines: list[int] = []
-    with path.open(encoding="utf-8", errors="surrogateescape") as fh:
-        for lineno, text in enumerate(fh, start=1):
-            if any("\udc80" <= ch <= "\udcff" for ch in text):
-                raise TraceError(f"{path} line {lineno}: not UTF-8 text (latin-1 or another legacy "
-                                 f"encoding?); save the trace as UTF-8")
-            if not text.strip():
-                continue
-            if limit is not None and len(records) >= limit:
-                break
-            try:
-                rec = json.loads(text, parse_constant=_reject_constant)
-            except RecursionError:
-                raise TraceError(f"{path} line {lineno}: nested too deeply; {expected}.") from None
-            except ValueError as exc:
-                if not isinstance(exc, json.JSONDecodeError):
-                    raise TraceError(f"{path} line {lineno}: {exc}; {expected}.") from None
-                raise TraceError(f"{path} line {lineno}: not valid JSON ({exc.msg}); "
-                                 f"{expected}.") from None
-            if not isinstance(rec, dict):
-                raise TraceError(f"{path} line {lineno}: expected a JSON object, got "
-                                 f"{type(rec).__name__}; {expected}.")
-            missing = [k for k in required if k not in rec]
-            if missing:
-                raise TraceError(f"{path} line {lineno}: missing key(s) {','.join(missing)}; "
-                                 f"{expected}.")
-            records.append(rec)
-            lines.append(lineno)
-    if not records:
-        raise TraceError(f"{path} is empty; {expected}.")
-    cols = {k: [r.get(k) for r in records] for k in (*required, *optional)
-            if k in required or any(k in r for r in records)}
-    df = pd.DataFrame({k: pd.Series(v, dtype=object) for k, v in cols.items()})
-    return _Table(str(path), df, np.asarray(lines), expected)
-
-
-def numbers_of(col: pd.Series) -> np.ndarray:
-    """Column as float64; anything that is not a number (or is a bool) becomes NaN."""
-    import pandas as pd   # imported here: the CLI starts without pandas
-    if col.dtype == object:
-        col = col.map(lambda v: v if isinstance(v, (int, float, str)) and not isinstance(v, bool)
-                      else None)
-    return pd.to_numeric(col, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
-
-
-def _tokens(t: _Table, column: str, role: Role, notes: list[str]) -> np.ndarray:
+def _tokens(t: Table, column: str, role: Role, notes: list[str]) -> np.ndarray:
     """Validated token counts: integers >= 1 for prompts; >= 0 for outputs, 0 clamped to 1."""
     x = numbers_of(t.df[column])
     lowest = 1 if role == "input" else 0
@@ -278,11 +125,7 @@ def _tokens(t: _Table, column: str, role: Role, notes: list[str]) -> np.ndarray:
     return out
 
 
-def _reject_constant(name: str):
-    raise ValueError(f"{name} is not a number JSON allows")
-
-
-def _seconds(t: _Table, column: str, unit_s: float) -> np.ndarray:
+def _seconds(t: Table, column: str, unit_s: float) -> np.ndarray:
     x = numbers_of(t.df[column]) * unit_s
     bad = ~np.isfinite(x) | (np.abs(x) > MAX_ABS_SECONDS)
     if bad.any():
@@ -290,7 +133,7 @@ def _seconds(t: _Table, column: str, unit_s: float) -> np.ndarray:
     return x
 
 
-def _hash_ids(t: _Table, column: str) -> tuple[tuple[int, ...], ...] | None:
+def _hash_ids(t: Table, column: str) -> tuple[tuple[int, ...], ...] | None:
     """Per-row block ids from JSON lists or CSV strings like ``"1 2 3"`` / ``"[1, 2, 3]"``."""
     if column not in t.df.columns:
         return None
@@ -307,7 +150,7 @@ def _hash_ids(t: _Table, column: str) -> tuple[tuple[int, ...], ...] | None:
     return tuple(rows)
 
 
-def _check_hashes(t: _Table, column: str, hashes, inp: np.ndarray) -> None:
+def _check_hashes(t: Table, column: str, hashes, inp: np.ndarray) -> None:
     """A row cannot name more prefix blocks than its prompt fills (``HASH_BLOCK_TOKENS`` tokens each)."""
     if hashes is None:
         return
@@ -321,7 +164,7 @@ def _check_hashes(t: _Table, column: str, hashes, inp: np.ndarray) -> None:
                          f"{HASH_BLOCK_TOKENS}-token block of the prompt")
 
 
-def _finish(t: _Table, arrival: np.ndarray, inp: np.ndarray, out: np.ndarray,
+def _finish(t: Table, arrival: np.ndarray, inp: np.ndarray, out: np.ndarray,
             hashes: tuple[tuple[int, ...], ...] | None, notes: list[str]) -> Trace:
     """Sort stably by arrival if needed, shift to start at 0, and build the Trace."""
     backwards = np.diff(arrival) < 0
@@ -374,7 +217,7 @@ def read_mooncake_jsonl(path: str | Path, limit: int | None = None) -> Trace:
     """
     expected = ('each line must be a JSON object like {"timestamp": 27482, "input_length": 6955, '
                 '"output_length": 52, "hash_ids": [46, 47]} (timestamp in milliseconds)')
-    t = _read_jsonl(Path(path), MOONCAKE_KEYS, ("hash_ids",), expected, limit)
+    t = read_jsonl(Path(path), MOONCAKE_KEYS, ("hash_ids",), expected, limit)
     notes: list[str] = []
     arrival = _seconds(t, "timestamp", 1e-3)
     inp = _tokens(t, "input_length", "input", notes)
@@ -394,7 +237,7 @@ def read_plain(path: str | Path, limit: int | None = None) -> Trace:
     expected = ("each row must give arrival_s (seconds), input_tokens and output_tokens "
                 "(integers), optionally hash_ids")
     if _looks_jsonl(path):
-        t = _read_jsonl(path, PLAIN_COLUMNS, ("hash_ids",), expected, limit)
+        t = read_jsonl(path, PLAIN_COLUMNS, ("hash_ids",), expected, limit)
     else:
         t = read_csv_rows(path, PLAIN_COLUMNS, ("hash_ids",), expected, limit)
     notes: list[str] = []
@@ -407,7 +250,7 @@ def read_plain(path: str | Path, limit: int | None = None) -> Trace:
 
 
 def _first_line(path: Path) -> str:
-    _check_readable(path)
+    check_readable(path)
     with path.open(encoding="utf-8", errors="replace") as fh:
         for text in fh:
             if text.strip():
@@ -472,7 +315,7 @@ def read_token_columns(path: str | Path, columns: Mapping[str, Role]) -> dict[st
     path = Path(path)
     names = tuple(columns)
     expected = f"each row must give integer token counts in column(s) {','.join(names)}"
-    read = _read_jsonl if _looks_jsonl(path) else read_csv_rows
+    read = read_jsonl if _looks_jsonl(path) else read_csv_rows
     t = read(path, names, (), expected, None)
     notes: list[str] = []
     return {name: _tokens(t, name, role, notes) for name, role in columns.items()}

@@ -1,6 +1,6 @@
-"""Workload configuration and request generation.
+"""Request generation from the workload configuration.
 
-A :class:`WorkloadConfig` describes how requests arrive and how long their
+A :class:`WorkloadConfig` (:mod:`simulator.workload_config`, re-exported here) describes how requests arrive and how long their
 prompts and outputs are; :func:`generate` turns it into :class:`Requests`,
 plain numpy arrays ready for the engine.
 
@@ -29,219 +29,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Annotated, Literal, Union
 
 import numpy as np
-from pydantic import ConfigDict, Field, model_validator
 
-from simulator.epd.epd_config import ImageWorkload
 from simulator.errors import WorkloadError
-from simulator.inputs import NoBoolNumbers
 from simulator.loadshape import ShapedArrivals, shaped_arrivals
-from simulator.traces import Role, Trace, TraceFormat, read_token_columns, read_trace
-
-MAX_REQUESTS = 50_000_000
-"""Upper bound on requests one workload may generate (about 2 GB of arrays)."""
-MAX_TOKENS = 10_000_000        # longest prompt or output one request may have (tokens)
-MIN_RATE, MAX_RATE = 1e-6, 1e7  # requests/s: one a fortnight .. ten million a second
-MAX_SECONDS = 1e9              # durations and times: about 30 years
-# Mean client-side delay before each closed-loop send (s): 0 as in vllm bench serve's asyncio loop; a
-# few milliseconds of client delay changed no validation figure (docs/validation/e2e.md).
-CLIENT_SEND_DELAY_S = 0.0
-
-
-class _Frozen(NoBoolNumbers):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-# ---------------------------------------------------------------- lengths
-
-class FixedLength(_Frozen):
-    """Every request has ``value`` tokens."""
-
-    kind: Literal["fixed"] = "fixed"
-    value: int = Field(ge=1, le=MAX_TOKENS, description="tokens")
-
-
-class UniformLength(_Frozen):
-    """Integer lengths uniform on [low, high], both inclusive (tokens)."""
-
-    kind: Literal["uniform"] = "uniform"
-    low: int = Field(ge=1, le=MAX_TOKENS)
-    high: int = Field(ge=1, le=MAX_TOKENS)
-
-    @model_validator(mode="after")
-    def _ordered(self) -> UniformLength:
-        if self.low > self.high:
-            raise ValueError(f"low={self.low} exceeds high={self.high}; make low <= high")
-        return self
-
-
-class LognormalLength(_Frozen):
-    """Lognormal lengths given by the ``mean`` (tokens) and ``cv`` (std/mean) before rounding.
-
-    Underlying normal: sigma^2 = ln(1 + cv^2), mu = ln(mean) - sigma^2/2.
-    Samples are rounded to the nearest integer and clipped to [low, high]
-    (high=None: no upper clip), so the realised mean moves slightly when the
-    clip bites.
-    """
-
-    kind: Literal["lognormal"] = "lognormal"
-    mean: float = Field(ge=1, le=MAX_TOKENS)
-    cv: float = Field(gt=0, le=100)
-    low: int = Field(1, ge=1, le=MAX_TOKENS)
-    high: int | None = Field(None, ge=1, le=MAX_TOKENS)
-
-    @model_validator(mode="after")
-    def _ordered(self) -> LognormalLength:
-        if self.high is not None and self.low > self.high:
-            raise ValueError(f"low={self.low} exceeds high={self.high}; make low <= high")
-        return self
-
-
-class EmpiricalLength(_Frozen):
-    """Resample observed lengths with replacement: ``values``, or ``column`` of a CSV/JSONL ``path``."""
-
-    kind: Literal["empirical"] = "empirical"
-    path: Path | None = None
-    column: str | None = None
-    values: tuple[Annotated[int, Field(ge=1, le=MAX_TOKENS)], ...] | None = Field(None, min_length=1)
-
-    @model_validator(mode="after")
-    def _one_source(self) -> EmpiricalLength:
-        if (self.path is None) == (self.values is None):
-            raise ValueError("give exactly one of path (with column) or values")
-        if self.path is not None and self.column is None:
-            raise ValueError("column is required with path; name the column holding token counts")
-        if self.values is not None and self.column is not None:
-            raise ValueError("column only applies with path; remove it or give path instead of values")
-        return self
-
-
-class LengthPairs(_Frozen):
-    """Resample whole rows of ``path`` (CSV/JSONL), keeping each (input, output) pair together."""
-
-    kind: Literal["pairs"] = "pairs"
-    path: Path
-    input_column: str
-    output_column: str
-
-
-LengthDist = Annotated[
-    Union[FixedLength, UniformLength, LognormalLength, EmpiricalLength],
-    Field(discriminator="kind"),
-]
-
-
-# ---------------------------------------------------------------- arrivals
-
-class Poisson(_Frozen):
-    """Open loop, exponential inter-arrival gaps; ``rate`` in requests/s."""
-
-    kind: Literal["poisson"] = "poisson"
-    rate: float = Field(ge=MIN_RATE, le=MAX_RATE)
-
-
-class Gamma(_Frozen):
-    """Open loop, gamma gaps with mean 1/``rate`` s and coefficient of variation ``cv``.
-
-    Shape k = 1/cv^2, scale = cv^2/rate.  cv = 1 is Poisson; cv > 1 is burstier.
-    """
-
-    kind: Literal["gamma"] = "gamma"
-    rate: float = Field(ge=MIN_RATE, le=MAX_RATE)
-    cv: float = Field(ge=1e-3, le=100)
-
-
-class TraceArrivals(_Frozen):
-    """Replay a trace file (see :mod:`simulator.traces`), which also supplies lengths.
-
-    Timestamps are multiplied by ``time_scale`` (2.0 = half the rate), or,
-    with ``rate`` set, rescaled so that (n - 1) / (last - first arrival)
-    equals ``rate`` over the requests replayed.  ``limit`` reads at most that
-    many rows of the file; so does the workload's ``num_requests`` (the first
-    rows of the file, sorted by arrival after reading, are replayed).
-    """
-
-    kind: Literal["trace"] = "trace"
-    path: Path
-    format: TraceFormat = "auto"
-    time_scale: float = Field(1.0, ge=1e-9, le=1e9)
-    rate: float | None = Field(None, ge=MIN_RATE, le=MAX_RATE)
-    limit: int | None = Field(None, ge=1, le=MAX_REQUESTS)
-
-    @model_validator(mode="after")
-    def _one_scaling(self) -> TraceArrivals:
-        if self.rate is not None and self.time_scale != 1.0:
-            raise ValueError("give either time_scale or rate, not both")
-        return self
-
-
-class ClosedLoop(_Frozen):
-    """``concurrency`` users, each sending its next request ``think_time_s`` after a reply.
-
-    As benchmark clients run it (``vllm bench serve --max-concurrency N --request-rate inf``, aiperf
-    concurrency mode): all users send their first request at once unless ``ramp_up_s`` spreads those
-    first sends evenly over that window; ``send_delay_s`` is the mean of an exponential client-side
-    delay before each send (0: the next request leaves the moment a reply ends); the first
-    ``warmup_requests`` requests are served but left out of the reported latency figures (the
-    ``warmup`` column).  What desynchronises real benchmark users is their length spread (the
-    ``random`` dataset's range ratio: give uniform lengths), not the client delay: with fixed lengths
-    the users that one prefill step admitted finish in one step and re-send together, which real
-    engines do too (docs/validation/e2e.md).
-    """
-
-    kind: Literal["closed"] = "closed"
-    concurrency: int = Field(ge=1, le=MAX_REQUESTS)
-    think_time_s: float = Field(0.0, ge=0, le=MAX_SECONDS)
-    send_delay_s: float = Field(CLIENT_SEND_DELAY_S, ge=0, le=60)
-    ramp_up_s: float = Field(0.0, ge=0, le=3600)
-    warmup_requests: int = Field(0, ge=0, le=MAX_REQUESTS)
-
-
-Arrival = Annotated[
-    Union[Poisson, Gamma, TraceArrivals, ClosedLoop, ShapedArrivals], Field(discriminator="kind")
-]
-
-
-class WorkloadConfig(_Frozen):
-    """A workload: arrivals plus lengths, and how many requests or for how long.
-
-    Lengths come from ``lengths`` (joint pairs) or from ``input_length`` and
-    ``output_length``.  A trace supplies both; either may still be given to
-    override the trace's own (overriding input drops the prefix hashes).
-    ``num_requests``: requests to generate (closed loop: requests the users
-    send in total); optional for a trace (default: all rows).  ``duration_s``:
-    open loop keeps arrivals before it; a closed loop carries it for the
-    engine.  Open loop needs at least one of the two.
-    """
-
-    arrival: Arrival
-    input_length: LengthDist | None = None
-    output_length: LengthDist | None = None
-    lengths: LengthPairs | None = None
-    num_requests: int | None = Field(None, ge=1, le=MAX_REQUESTS)
-    duration_s: float | None = Field(None, gt=0, le=MAX_SECONDS)
-    images: ImageWorkload | None = None      # multimodal: images per request (simulator.epd.multimodal)
-
-    @model_validator(mode="after")
-    def _complete(self) -> WorkloadConfig:
-        kind = self.arrival.kind
-        split = self.input_length is not None or self.output_length is not None
-        if self.lengths is not None and split:
-            raise ValueError("give either lengths (pairs) or input_length/output_length, not both")
-        if kind != "trace" and self.lengths is None and (
-                self.input_length is None or self.output_length is None):
-            raise ValueError(
-                f"arrival kind {kind!r} needs lengths: give input_length and output_length "
-                f"(e.g. {{kind: fixed, value: 512}}) or lengths {{kind: pairs, ...}}")
-        if kind == "closed" and self.num_requests is None:
-            raise ValueError("a closed loop needs num_requests (total requests the users send)")
-        if kind in ("poisson", "gamma") and self.num_requests is None and self.duration_s is None:
-            raise ValueError(f"arrival kind {kind!r} needs num_requests, duration_s or both")
-        return self
-
+from simulator.traces import Role, Trace, read_token_columns, read_trace
+from simulator.workload_config import (  # noqa: F401  (the config models are re-exported)
+    CLIENT_SEND_DELAY_S, MAX_RATE, MAX_REQUESTS, MAX_SECONDS, MAX_TOKENS, MIN_RATE, ClosedLoop, EmpiricalLength,
+    FixedLength, Gamma, LengthPairs, LognormalLength, Poisson, TraceArrivals, UniformLength, WorkloadConfig,
+)
 
 # ---------------------------------------------------------------- requests
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from simulator.epd.epd_config import ChoiceCount, FixedCount, ImageWorkload, TraceCount, UniformCount
-from simulator.traces import TraceError, numbers_of, read_csv_rows
+from simulator.trace_files import TraceError, numbers_of, read_csv_rows
 
 AZURE_MM_COLUMNS = ("TIMESTAMP", "NumImages", "ContextTokens", "GeneratedTokens")
 
