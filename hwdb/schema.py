@@ -11,14 +11,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from simulator.inputs import NoBoolNumbers
-
-
-class StrictModel(NoBoolNumbers):
-    """Base of the hardware data files: unknown keys, inf/NaN and booleans as numbers are refused; frozen."""
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+from simulator.inputs import StrictModel
 
 
 class Figure(StrictModel):

@@ -24,7 +24,7 @@ import math
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, model_validator
+from pydantic import BaseModel, ConfigDict, model_validator
 
 MAX_YAML_BYTES = 1 * 2**20     # scenarios, plan requests, suites, hardware files: a few kB each
 MAX_JSON_BYTES = 16 * 2**20    # config.json, baselines, bundle manifests
@@ -333,3 +333,10 @@ class NoBoolNumbers(BaseModel):
                     raise ValueError(f"{key}: {v!r} holds a yes/no value, not what {key} takes; "
                                      f"give numbers (or the values the field documents)")
         return data
+
+
+class StrictModel(NoBoolNumbers):
+    """Base of every validated, frozen configuration block: unknown keys, infinite and NaN numbers and
+    yes/no given for a number are refused; instances cannot be changed once made."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)

@@ -22,18 +22,14 @@ from pathlib import Path
 from typing import Annotated, Literal, Union
 
 import numpy as np
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from simulator.errors import WorkloadError
-from simulator.inputs import NoBoolNumbers
+from simulator.inputs import StrictModel
 from simulator.traces import read_trace
 
 
-class _Frozen(NoBoolNumbers):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-class StepShape(_Frozen):
+class StepShape(StrictModel):
     kind: Literal["step"] = "step"
     before: float = Field(ge=0)
     after: float = Field(ge=0)
@@ -46,7 +42,7 @@ class StepShape(_Frozen):
         return max(self.before, self.after)
 
 
-class RampShape(_Frozen):
+class RampShape(StrictModel):
     kind: Literal["ramp"] = "ramp"
     start_rate: float = Field(ge=0)
     end_rate: float = Field(ge=0)
@@ -66,7 +62,7 @@ class RampShape(_Frozen):
         return max(self.start_rate, self.end_rate)
 
 
-class DiurnalShape(_Frozen):
+class DiurnalShape(StrictModel):
     kind: Literal["diurnal"] = "diurnal"
     mean: float = Field(gt=0)
     amplitude: float = Field(ge=0, le=1)
@@ -80,7 +76,7 @@ class DiurnalShape(_Frozen):
         return self.mean * (1.0 + self.amplitude)
 
 
-class PiecewiseShape(_Frozen):
+class PiecewiseShape(StrictModel):
     kind: Literal["piecewise"] = "piecewise"
     times_s: tuple[float, ...] = Field(min_length=1)
     rates: tuple[Annotated[float, Field(ge=0)], ...] = Field(min_length=1)
@@ -101,7 +97,7 @@ class PiecewiseShape(_Frozen):
         return max(self.rates)
 
 
-class TraceRateShape(_Frozen):
+class TraceRateShape(StrictModel):
     kind: Literal["trace"] = "trace"
     path: Path
     format: str = "auto"
@@ -120,7 +116,7 @@ Shape = Annotated[Union[StepShape, RampShape, DiurnalShape, PiecewiseShape, Trac
                   Field(discriminator="kind")]
 
 
-class ShapedArrivals(_Frozen):
+class ShapedArrivals(StrictModel):
     """Open loop, Poisson with a time-varying rate (``shape``); needs ``duration_s``."""
 
     kind: Literal["shaped"] = "shaped"

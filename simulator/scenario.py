@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from pydantic import ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 import hwdb
 from simulator.epd.epd_config import EmbeddingTransferConfig, EncoderConfig
@@ -19,7 +19,7 @@ from simulator.pd.pd import TransferConfigError, TransferPlan, build_transfer_pl
 from simulator.pd.flows import FLOWS
 from simulator.pd.pd_config import KVTransferConfig
 from simulator.errors import format_validation_error, read_yaml
-from simulator.inputs import NoBoolNumbers
+from simulator.inputs import StrictModel
 from simulator.perf import Deployment, EngineKnobs, FitError, MemoryPlan, StepModel, plan_memory
 from simulator.step_build import build_step_model
 from simulator.ops.opsconfig import OperationsConfig, check_against_pools
@@ -32,11 +32,7 @@ class ScenarioError(ValueError):
     """The scenario is malformed or describes an impossible deployment."""
 
 
-class _Strict(NoBoolNumbers):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-class EngineConfig(_Strict):
+class EngineConfig(StrictModel):
     """Engine arguments with vLLM's names; ``None`` means vLLM's own default for the GPU."""
 
     engine: str = "vllm-v1"
@@ -52,7 +48,7 @@ class EngineConfig(_Strict):
     num_gpu_blocks_override: int | None = Field(None, ge=1)   # vLLM's override of the profiled KV blocks
 
 
-class PoolConfig(_Strict):
+class PoolConfig(StrictModel):
     """A pool of identical instances (``tp * pp`` GPUs each)."""
 
     name: str = "main"
@@ -83,7 +79,7 @@ class PoolConfig(_Strict):
         return self
 
 
-class SLO(_Strict):
+class SLO(StrictModel):
     """Latency targets (seconds) a request must meet to count toward attainment and goodput."""
 
     ttft_s: float | None = Field(None, gt=0, le=1e6)
@@ -94,11 +90,11 @@ class SLO(_Strict):
     percentile: float | None = Field(None, gt=0, le=100)
 
 
-class SimulationConfig(_Strict):
+class SimulationConfig(StrictModel):
     max_time_s: float | None = Field(None, gt=0, le=1e9)
 
 
-class Scenario(_Strict):
+class Scenario(StrictModel):
     """Everything one simulation needs; ``seed`` makes it reproducible byte for byte."""
 
     name: str = "scenario"

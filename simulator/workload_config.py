@@ -9,10 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from simulator.epd.epd_config import ImageWorkload
-from simulator.inputs import NoBoolNumbers
+from simulator.inputs import StrictModel
 from simulator.loadshape import ShapedArrivals
 from simulator.traces import TraceFormat
 
@@ -26,20 +26,16 @@ MAX_SECONDS = 1e9              # durations and times: about 30 years
 CLIENT_SEND_DELAY_S = 0.0
 
 
-class _Frozen(NoBoolNumbers):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
 # ---------------------------------------------------------------- lengths
 
-class FixedLength(_Frozen):
+class FixedLength(StrictModel):
     """Every request has ``value`` tokens."""
 
     kind: Literal["fixed"] = "fixed"
     value: int = Field(ge=1, le=MAX_TOKENS, description="tokens")
 
 
-class UniformLength(_Frozen):
+class UniformLength(StrictModel):
     """Integer lengths uniform on [low, high], both inclusive (tokens)."""
 
     kind: Literal["uniform"] = "uniform"
@@ -53,7 +49,7 @@ class UniformLength(_Frozen):
         return self
 
 
-class LognormalLength(_Frozen):
+class LognormalLength(StrictModel):
     """Lognormal lengths given by the ``mean`` (tokens) and ``cv`` (std/mean) before rounding.
 
     Underlying normal: sigma^2 = ln(1 + cv^2), mu = ln(mean) - sigma^2/2.
@@ -75,7 +71,7 @@ class LognormalLength(_Frozen):
         return self
 
 
-class EmpiricalLength(_Frozen):
+class EmpiricalLength(StrictModel):
     """Resample observed lengths with replacement: ``values``, or ``column`` of a CSV/JSONL ``path``."""
 
     kind: Literal["empirical"] = "empirical"
@@ -94,7 +90,7 @@ class EmpiricalLength(_Frozen):
         return self
 
 
-class LengthPairs(_Frozen):
+class LengthPairs(StrictModel):
     """Resample whole rows of ``path`` (CSV/JSONL), keeping each (input, output) pair together."""
 
     kind: Literal["pairs"] = "pairs"
@@ -111,14 +107,14 @@ LengthDist = Annotated[
 
 # ---------------------------------------------------------------- arrivals
 
-class Poisson(_Frozen):
+class Poisson(StrictModel):
     """Open loop, exponential inter-arrival gaps; ``rate`` in requests/s."""
 
     kind: Literal["poisson"] = "poisson"
     rate: float = Field(ge=MIN_RATE, le=MAX_RATE)
 
 
-class Gamma(_Frozen):
+class Gamma(StrictModel):
     """Open loop, gamma gaps with mean 1/``rate`` s and coefficient of variation ``cv``.
 
     Shape k = 1/cv^2, scale = cv^2/rate.  cv = 1 is Poisson; cv > 1 is burstier.
@@ -129,7 +125,7 @@ class Gamma(_Frozen):
     cv: float = Field(ge=1e-3, le=100)
 
 
-class TraceArrivals(_Frozen):
+class TraceArrivals(StrictModel):
     """Replay a trace file (see :mod:`simulator.traces`), which also supplies lengths.
 
     Timestamps are multiplied by ``time_scale`` (2.0 = half the rate), or,
@@ -153,7 +149,7 @@ class TraceArrivals(_Frozen):
         return self
 
 
-class ClosedLoop(_Frozen):
+class ClosedLoop(StrictModel):
     """``concurrency`` users, each sending its next request ``think_time_s`` after a reply.
 
     As benchmark clients run it (``vllm bench serve --max-concurrency N --request-rate inf``, aiperf
@@ -180,7 +176,7 @@ Arrival = Annotated[
 ]
 
 
-class WorkloadConfig(_Frozen):
+class WorkloadConfig(StrictModel):
     """A workload: arrivals plus lengths, and how many requests or for how long.
 
     Lengths come from ``lengths`` (joint pairs) or from ``input_length`` and

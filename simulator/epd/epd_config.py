@@ -8,23 +8,19 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Union
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from simulator.inputs import NoBoolNumbers
-
-
-class _Frozen(NoBoolNumbers):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+from simulator.inputs import StrictModel
 
 
-class FixedCount(_Frozen):
+class FixedCount(StrictModel):
     """Every request carries ``value`` images (0: text only)."""
 
     kind: Literal["fixed"] = "fixed"
     value: int = Field(ge=0, le=1024)
 
 
-class UniformCount(_Frozen):
+class UniformCount(StrictModel):
     """Image counts uniform on [low, high], both inclusive."""
 
     kind: Literal["uniform"] = "uniform"
@@ -38,7 +34,7 @@ class UniformCount(_Frozen):
         return self
 
 
-class ChoiceCount(_Frozen):
+class ChoiceCount(StrictModel):
     """Image counts drawn from ``values`` with ``weights`` (default equal)."""
 
     kind: Literal["choice"] = "choice"
@@ -53,7 +49,7 @@ class ChoiceCount(_Frozen):
         return self
 
 
-class TraceCount(_Frozen):
+class TraceCount(StrictModel):
     """Image counts from the ``NumImages`` column of the replayed Azure multimodal trace."""
 
     kind: Literal["trace"] = "trace"
@@ -62,7 +58,7 @@ class TraceCount(_Frozen):
 ImageCount = Annotated[Union[FixedCount, UniformCount, ChoiceCount, TraceCount], Field(discriminator="kind")]
 
 
-class Resolution(_Frozen):
+class Resolution(StrictModel):
     """One image size in pixels, drawn with relative ``weight``."""
 
     width: int = Field(ge=1, le=65536)
@@ -70,7 +66,7 @@ class Resolution(_Frozen):
     weight: float = Field(1.0, gt=0)
 
 
-class ImageWorkload(_Frozen):
+class ImageWorkload(StrictModel):
     """Images carried by each request.
 
     ``count``: images per request.  ``resolutions``: sizes drawn per image.
@@ -87,7 +83,7 @@ class ImageWorkload(_Frozen):
     trace_tokens_include_images: bool = False
 
 
-class EncoderConfig(_Frozen):
+class EncoderConfig(StrictModel):
     """How a pool encodes images: on encoder instances, or inside colocated/prefill steps.
 
     ``max_batch_images`` and ``max_batch_tokens`` (visual tokens) bound one
@@ -107,7 +103,7 @@ class EncoderConfig(_Frozen):
     compute_efficiency: float | None = Field(None, gt=0, le=1)
 
 
-class EmbeddingTransferConfig(_Frozen):
+class EmbeddingTransferConfig(StrictModel):
     """How visual embeddings move from encoder instances to prefill (or colocated) instances.
 
     ``connector`` names an hwdb connector (its efficiency and setup apply);

@@ -17,18 +17,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from simulator.inputs import NoBoolNumbers
+from simulator.inputs import StrictModel
 from simulator.ops.autoscale import POLICIES
 from simulator.ops.k8s import Probe
 
 
-class _Strict(NoBoolNumbers):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-class ProbeConfig(_Strict):
+class ProbeConfig(StrictModel):
     """One Kubernetes probe (``httpGet /health``), fields as in the pod spec, in seconds."""
 
     initial_delay_s: int = 0
@@ -45,7 +41,7 @@ class ProbeConfig(_Strict):
         return Probe(self.initial_delay_s, self.period_s, self.timeout_s, self.failure_threshold)
 
 
-class StartupConfig(_Strict):
+class StartupConfig(StrictModel):
     """How an instance added by the autoscaler or restarted after a fault becomes ready.
 
     ``provisioning_s``: node provisioning before the pod starts (scale-up and
@@ -77,7 +73,7 @@ class StartupConfig(_Strict):
         return self
 
 
-class AutoscaleConfig(_Strict):
+class AutoscaleConfig(StrictModel):
     """A pool's autoscaler.
 
     ``policy``: ``queue`` (waiting requests per serving instance toward
@@ -112,7 +108,7 @@ class AutoscaleConfig(_Strict):
         return self
 
 
-class FP8CrashConfig(_Strict):
+class FP8CrashConfig(StrictModel):
     """Crashes from FP8 activation outliers on pools whose weights are FP8.
 
     Each decoding sequence of context ``L`` adds ``rate_per_token_s x max(0, L
@@ -127,7 +123,7 @@ class FP8CrashConfig(_Strict):
     pools: tuple[str, ...] = ()
 
 
-class NodeFailureConfig(_Strict):
+class NodeFailureConfig(StrictModel):
     """Each instance's node fails after an exponential time of mean ``mtbf_s``; its replacement
     starts ``mttr_s`` later (then provisioning and a full start).  ``pools``: empty = all."""
 
@@ -136,7 +132,7 @@ class NodeFailureConfig(_Strict):
     pools: tuple[str, ...] = ()
 
 
-class LinkDegradationConfig(_Strict):
+class LinkDegradationConfig(StrictModel):
     """Episodes on the PD fabric: every instance's link side independently degrades after an
     exponential time of mean ``mtbf_s`` to ``bandwidth_factor`` of its bandwidth for an exponential
     time of mean ``duration_s`` (transfers in flight slow down).  Static degradation and latency
@@ -147,7 +143,7 @@ class LinkDegradationConfig(_Strict):
     bandwidth_factor: float = Field(gt=0, le=1)
 
 
-class FaultsConfig(_Strict):
+class FaultsConfig(StrictModel):
     fp8_crash: FP8CrashConfig | None = None
     node_failure: NodeFailureConfig | None = None
     link_degradation: LinkDegradationConfig | None = None
@@ -157,7 +153,7 @@ class FaultsConfig(_Strict):
         return any(x is not None for x in (self.fp8_crash, self.node_failure, self.link_degradation))
 
 
-class RetryConfig(_Strict):
+class RetryConfig(StrictModel):
     """Requests in flight on a crashed instance: ``none`` (they fail), ``retry`` (the gateway sends
     them again from scratch, up to ``max_retries`` times; tokens already streamed are discarded),
     ``reprefill`` (they continue elsewhere: prompt plus the tokens generated so far is prefilled
@@ -167,7 +163,7 @@ class RetryConfig(_Strict):
     max_retries: int = Field(2, ge=0)
 
 
-class OperationsConfig(_Strict):
+class OperationsConfig(StrictModel):
     """``queue_timeout_s``: a request not yet scheduled (queued on an instance of the first pool, or
     held at the gateway) this long after the gateway took it (its arrival, or a re-send after a
     crash) is rejected with reason "timeout" (the client gave up); a re-prefilled continuation that

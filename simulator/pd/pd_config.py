@@ -7,17 +7,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from simulator.inputs import NoBoolNumbers
+from simulator.inputs import StrictModel
 from simulator.pd.flows import FLOWS
 
 
-class _Frozen(NoBoolNumbers):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-class KVTransferConfig(_Frozen):
+class KVTransferConfig(StrictModel):
     """How a PD deployment moves KV from prefill to decode instances."""
 
     connector: str = "nixl"

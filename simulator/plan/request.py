@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from simulator.errors import format_validation_error, read_yaml
-from simulator.inputs import NoBoolNumbers
+from simulator.inputs import StrictModel
 from simulator.scenario import SLO, EngineConfig, resolve_relative
 from simulator.workload import WorkloadConfig
 
@@ -22,11 +22,7 @@ class PlanError(ValueError):
     """The plan request is malformed or its constraints admit no deployment at all."""
 
 
-class _Strict(NoBoolNumbers):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-class GpuOffer(_Strict):
+class GpuOffer(StrictModel):
     """A GPU type the user can buy or rent; ``price_usd_per_hour`` (per GPU) overrides hwdb's."""
 
     name: str
@@ -34,7 +30,7 @@ class GpuOffer(_Strict):
     max_gpus: int | None = Field(None, ge=1)         # at most this many of this type in one deployment
 
 
-class Constraints(_Strict):
+class Constraints(StrictModel):
     """Limits on the deployments the planner may propose."""
 
     max_gpus: int = Field(32, ge=1, le=4096)                # all pools together
@@ -76,14 +72,14 @@ class Constraints(_Strict):
         return self
 
 
-class Fabrics(_Strict):
+class Fabrics(StrictModel):
     """How PD candidates may move KV: fabrics to try (``None`` = each GPU's default NIC) and the connector."""
 
     links: tuple[str | None, ...] = (None,)
     connector: str = "nixl"
 
 
-class SearchConfig(_Strict):
+class SearchConfig(StrictModel):
     """How hard the planner works.
 
     ``verify``: candidates checked by the discrete-event simulation (the
@@ -108,7 +104,7 @@ class SearchConfig(_Strict):
     seed: int = Field(0, ge=0, lt=2**63)
 
 
-class PlanRequest(_Strict):
+class PlanRequest(StrictModel):
     """Everything a plan needs.  ``workload.arrival.rate`` is the target rate (requests/s) the
     deployment must sustain while meeting ``slo`` (per-request TTFT/TPOT thresholds met by at least
     ``slo.attainment`` of the requests: attainment 0.9 means the thresholds hold at p90)."""

@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
-from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator,
+from pydantic import (BaseModel, Discriminator, Field, Tag, ValidationError, field_validator,
                       model_validator)
 
 from simulator.plan import PlanError, PlanRequest, parse_plan_request
 from simulator.regress.figures import PLAN_FIGURES, SCENARIO_FIGURES
 from simulator.errors import format_validation_error, models_in as _models_in
-from simulator.inputs import NoBoolNumbers, read_yaml
+from simulator.inputs import StrictModel, read_yaml
 from simulator.scenario import Scenario, ScenarioError, parse_scenario
 
 
@@ -30,11 +30,7 @@ class RegressError(ValueError):
     """The suite, the baseline or a command-line choice is wrong (a user error, exit code 2)."""
 
 
-class _Strict(NoBoolNumbers):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-class Tolerance(_Strict):
+class Tolerance(StrictModel):
     """How far a figure may move before it counts as drift.
 
     A figure holds when ``|new - old| <= abs`` or ``|new - old| <= rel * |old|``
@@ -77,14 +73,14 @@ def _check_figures(v: dict, known, what: str = "") -> dict:
     return v
 
 
-class GoodputConfig(_Strict):
+class GoodputConfig(StrictModel):
     """Bisection bounds for ``goodput_rps``: the rate is searched in (0, rate_hi] req/s."""
 
     rate_hi: float = Field(gt=0)
     iterations: int = Field(6, ge=1, le=20)
 
 
-class ScenarioEntry(_Strict):
+class ScenarioEntry(StrictModel):
     """One scenario file, optionally adjusted, and the figures watched on it."""
 
     id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -109,7 +105,7 @@ class ScenarioEntry(_Strict):
         return self
 
 
-class PlanEntry(_Strict):
+class PlanEntry(StrictModel):
     """One plan request (simulator.plan), optionally adjusted, and the recommendation's figures watched.
 
     The request's ``search`` section sets the planner's seed, replications and effort.
@@ -132,7 +128,7 @@ E2E_FIGURES = {"ttft_mape": "mean |relative error| of mean TTFT over the rows", 
                "tpot_bias": "mean signed relative error of TPOT", "rows": "rows simulated"}
 
 
-class E2EEntry(_Strict):
+class E2EEntry(StrictModel):
     """A fixed subset of the measured serving runs (calibration.e2e): the validation's error is the figure.
 
     ``table``: the measurement CSV (default ``../shared/data/e2e/serving_measurements.csv``);
@@ -164,7 +160,7 @@ AnyEntry = Annotated[Union[Annotated[ScenarioEntry, Tag("scenario")], Annotated[
                                    custom_error_message="kind must be scenario (the default), plan or e2e")]
 
 
-class Suite(_Strict):
+class Suite(StrictModel):
     """A named list of entries; ``tolerance`` applies to every figure given without its own."""
 
     name: str = Field(min_length=1)
