@@ -8,7 +8,6 @@ import functools
 import json
 import shlex
 import subprocess
-from pathlib import Path
 
 import pytest
 import yaml
@@ -20,7 +19,7 @@ except ImportError:                # optional: the round trip through the client
 
 from simulator.plan import artefacts, parse_plan_request, run_plan
 from tests.conftest import REPO, VLLM_PY, needs_vllm
-from tests.test_plan_artefacts import (_CHECK, _check_sglang, _epd_id, _k8s_roundtrip, _pick, _plan, _vl_plan)
+from tests.plan_results import VLLM_PARSE_CHECK, check_sglang, epd_id, k8s_roundtrip, pick, screen_plan, vl_screen_plan
 
 EXAMPLES = sorted((REPO / "examples").glob("plan_*.yaml"))
 
@@ -34,7 +33,7 @@ def _load(files, name):
     ``kubernetes-validate`` is installed (the test extra), the API server's OpenAPI schema, strictly."""
     docs = list(yaml.safe_load_all(files[name]))
     for doc in docs:
-        assert _k8s_roundtrip(doc) == doc, (name, doc["kind"], doc["metadata"]["name"])
+        assert k8s_roundtrip(doc) == doc, (name, doc["kind"], doc["metadata"]["name"])
         if kubernetes_validate is not None:
             kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
     return docs
@@ -49,8 +48,8 @@ def _role(doc):
     ("pd", False, "MI", "mooncake", "roce-400"), ("pd", True, "H", "mooncake", "tcp-25gbe"),
     ("epd", False, "H", "nixl", None)])
 def test_sglang_manifests_match_the_api_schema_and_the_sglang_scripts(family, hetero, gpu, connector, link):
-    res = _vl_plan() if family == "epd" else _plan(connector, link)
-    cid = _epd_id(res) if family == "epd" else _pick(res, family, hetero, gpu)
+    res = vl_screen_plan() if family == "epd" else screen_plan(connector, link)
+    cid = epd_id(res) if family == "epd" else pick(res, family, hetero, gpu)
     cand = res.candidate(cid)
     files = artefacts(res, cid)
     sg, vl = _load(files, "k8s/sglang.yaml"), _load(files, "k8s/deployment.yaml")
@@ -66,7 +65,7 @@ def test_sglang_manifests_match_the_api_schema_and_the_sglang_scripts(family, he
         assert dep["spec"]["replicas"] == pool.instances
         assert ctr["image"].startswith("rocm/sgl-dev:" if gpu == "MI" else "lmsysorg/sglang:")
         script = shlex.split(files[f"sglang/{pool.role if pool.role != 'colocated' else 'main'}.sh"].splitlines()[-1])
-        _check_sglang(script)
+        check_sglang(script)
         assert ctr["command"] == ["python3", "-m", "sglang.launch_server"] and ctr["args"] == script[3:]
         assert ctr["resources"]["limits"]["amd.com/gpu" if gpu == "MI" else "nvidia.com/gpu"] == str(pool.tp)
         for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
@@ -95,8 +94,8 @@ def test_sglang_manifests_match_the_api_schema_and_the_sglang_scripts(family, he
 @pytest.mark.parametrize("kind, connector, link", [("toy", "nixl", "roce-400"), ("p2pnccl", "p2pnccl", "ib-ndr"),
                                                    ("epd", None, None), ("sglang", "nixl", "roce-400")])
 def test_every_proxy_and_router_has_startup_readiness_and_liveness_probes(kind, connector, link):
-    res = _vl_plan() if kind == "epd" else _plan(connector, link)
-    files = artefacts(res, _epd_id(res) if kind == "epd" else _pick(res, "pd", True))
+    res = vl_screen_plan() if kind == "epd" else screen_plan(connector, link)
+    files = artefacts(res, epd_id(res) if kind == "epd" else pick(res, "pd", True))
     docs = _load(files, "k8s/sglang.yaml" if kind == "sglang" else "k8s/deployment.yaml")
     dep = next(d for d in docs if d["kind"] == "Deployment" and _role(d) == "proxy")
     ctr = dep["spec"]["template"]["spec"]["containers"][0]
@@ -114,7 +113,7 @@ def test_every_proxy_and_router_has_startup_readiness_and_liveness_probes(kind, 
 
 
 def test_an_aws_p5_plan_requests_four_efa_devices_per_gpu():
-    res = _plan("nixl", "aws-p5")
+    res = screen_plan("nixl", "aws-p5")
     cid = next(c for c in res.candidates["id"] if c.startswith("pd-H100-SXM-80GB-tp2-H100-SXM-80GB-tp2-aws-p5-"))
     files = artefacts(res, cid)
     for name in ("k8s/deployment.yaml", "k8s/sglang.yaml"):
@@ -165,7 +164,7 @@ def test_every_example_plan_folder_passes_the_kubernetes_and_sglang_validators()
             assert proxies == (["Deployment", "Service"] if routed else []), (example, cid, name)
         for path, text in files.items():
             if path.startswith("sglang/") and path != "sglang/router.sh":
-                _check_sglang(shlex.split(text.splitlines()[-1]))
+                check_sglang(shlex.split(text.splitlines()[-1]))
         assert "kubectl -n epdsim apply -f k8s/deployment.yaml" in files["README.md"]
 
 
@@ -174,7 +173,7 @@ def test_every_example_plan_folder_passes_vllms_own_parser():
     cases = [(example, path, shlex.split(text.splitlines()[-1])[1:]) for example, _, files in _example_folders()
              for path, text in files.items() if path.startswith("vllm/")]
     assert cases
-    r = subprocess.run([VLLM_PY, "-c", _CHECK], input=json.dumps([a for _, _, a in cases]), capture_output=True,
+    r = subprocess.run([VLLM_PY, "-c", VLLM_PARSE_CHECK], input=json.dumps([a for _, _, a in cases]), capture_output=True,
                        text=True, timeout=600, cwd=REPO)
     assert r.returncode == 0, r.stderr[-3000:]
     parsed = json.loads(r.stdout.strip().splitlines()[-1])

@@ -9,7 +9,7 @@ from simulator.plan.candidates import build_context, to_scenario
 from simulator.plan.families import enumerate_candidates
 from simulator.plan.screen import Screen
 from simulator.plan.sglang import sglang_args
-from tests.test_plan_artefacts import _check_sglang
+from tests.plan_results import check_sglang
 from simulator.plan.artefacts import vllm_args
 from simulator.run import simulate
 from tests.test_plan import request
@@ -83,7 +83,7 @@ def test_serve_flags_of_a_dp_ep_layout(ctx):
     # SGLang counts every GPU in --tp-size; attention runs as --dp-size ranks of tp-size / dp-size GPUs
     assert s[s.index("--tp-size") + 1] == "4" and s[s.index("--dp-size") + 1] == "2"
     assert "--enable-dp-attention" in s and s[s.index("--ep-size") + 1] == "4"
-    _check_sglang(["python", "-m", "sglang.launch_server", *s])     # only flags SGLang documents
+    check_sglang(["python", "-m", "sglang.launch_server", *s])     # only flags SGLang documents
 
 
 @pytest.mark.parametrize("constraints, needle", [
