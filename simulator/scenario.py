@@ -52,7 +52,7 @@ class PoolConfig(StrictModel):
     """A pool of identical instances (``tp * pp`` GPUs each)."""
 
     name: str = "main"
-    role: Literal["colocated", "prefill", "decode", "encoder"] = "colocated"
+    role: Literal["colocated", "prefill", "decode", "encoder"] = "colocated"   # a key of simulator.roles.ROLES
     model: str | None = None
     gpu: str
     tp: int = Field(1, ge=1, le=72)

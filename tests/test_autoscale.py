@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 import math
+import typing
 
 import pytest
 
+from simulator.ops.autoscale import PoolContext, instance_capacity
+from simulator.roles import ROLES
 from simulator.run import simulate
-from simulator.scenario import ScenarioError, resolve
+from simulator.scenario import PoolConfig, ScenarioError, load_scenario, resolve
 from simulator.ops.opsstart import StartTimes, start_times as _start_times
-from tests.conftest import pool, scenario
+from tests.conftest import REPO, pool, scenario
 
 STEP_AT = 60.0
 INTERVAL = 5.0
@@ -225,3 +228,18 @@ def test_cli_prints_the_operations_table(tmp_path, capsys):
     import pandas as pd
     req = pd.read_csv(tmp_path / "out" / "requests.csv")
     assert {"retries", "discarded_tokens", "outcome", "reason"} <= set(req.columns)
+
+
+def test_roles_are_one_registry_that_the_scenario_and_the_capacity_read():
+    """Every role a scenario may name is a registered :class:`simulator.roles.Role`; an instance's
+    capacity counts the work of its role: prefill and decode capacities combine harmonically into the
+    colocated one (a request costs its prefill plus its decode)."""
+    assert set(typing.get_args(PoolConfig.model_fields["role"].annotation)) == set(ROLES)
+    rs = resolve(load_scenario(REPO / "examples" / "llama8b_h100_chat.yaml"))
+    pool = rs.pools[0]
+    k = pool.dep.knobs
+    cap = {r: instance_capacity(PoolContext(r, pool.step, k.max_num_seqs, k.max_num_batched_tokens,
+                                            pool.memory.kv_tokens, None), 1000, 200)
+           for r in ("colocated", "prefill", "decode")}
+    assert cap["prefill"] > cap["colocated"] and cap["decode"] > cap["colocated"]
+    assert 1 / cap["colocated"] == pytest.approx(1 / cap["prefill"] + 1 / cap["decode"], rel=1e-12)

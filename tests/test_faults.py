@@ -203,7 +203,7 @@ def check_fault_invariants(ops, run, req) -> None:
     ended = req[outcome != "rejected"]
     assert (ended["generated_tokens"] <= ended["output_tokens"]).all()
     # every token a serving instance's step emitted went to a client (or was discarded by a retry)
-    serving = [i for i in run.instances if i.role != "prefill"]
+    serving = [i for i in run.instances if not i.role.hands_off]
     emitted = sum(r[2] + r[4] for i in serving for r in i.steps)
     assert emitted == int(ended["generated_tokens"].sum() + req["discarded_tokens"].sum())
     for inst in run.instances:

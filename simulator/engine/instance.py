@@ -42,7 +42,7 @@ class Instance(InstanceState):
         kv_total = self.kv_total
         heappush, heappop = heapq.heappush, heapq.heappop
         remote, ready, receiving = self.remote, self.ready, self.receiving
-        is_prefill = self.role == "prefill"
+        is_prefill = self.role.hands_off
         prefix = self.prefix
         new_dec: list[int] = []            # decode role: requests whose first token this step makes
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 
 from simulator.perf import MemoryPlan, StepModel
+from simulator.roles import ROLES
 
 
 class TimedLog:
@@ -45,7 +46,7 @@ class InstanceState:
                  max_num_seqs: int, max_num_batched_tokens: int, chunked_prefill: bool, recorder,
                  role: str = "colocated", prefix_caching: bool = True, life=None) -> None:
         self.index = index
-        self.role = role
+        self.role = ROLES[role]
         self.pool = pool
         self.model = step_model
         self.kv_total = memory.kv_blocks
@@ -265,7 +266,7 @@ class InstanceState:
             affected.append((rid, 0))
         remote: list[int] = []
         receiving: list[int] = []
-        if self.role == "decode":
+        if self.role.pulls_kv:
             remote, receiving = list(self.remote), list(self.receiving)
             affected.extend((rid, 0) for rid in remote)
             affected.extend((rid, 0) for rid in receiving)

@@ -45,6 +45,7 @@ from simulator.engine.opsencoder import EncoderPool
 from simulator.engine.opsrecord import Life
 from simulator.engine.opspool import OpsPool
 from simulator.pd.pd_proxy import PDCoordinator
+from simulator.roles import ROLES
 
 class OpsRun:
     """One simulation, with or without operations; :meth:`run` returns a :class:`PoolRun`."""
@@ -81,7 +82,7 @@ class OpsRun:
     def on_live(self, pool: OpsPool, inst: Instance) -> None:
         env, f = self.env, self.cfg.faults
         hz = self.fp8.get(pool.spec.name)
-        if hz is not None and pool.spec.role != "prefill":
+        if hz is not None and ROLES[pool.spec.role].decodes:
             env.process(flt.fp8_crash_process(env, inst, hz, self.rng, self.crash))
         if f.node_failure is not None and (not f.node_failure.pools or pool.spec.name in f.node_failure.pools):
             env.process(flt.node_failure_process(env, inst, f.node_failure.mtbf_s, self.rng, self.crash))

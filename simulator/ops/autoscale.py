@@ -16,6 +16,8 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
+from simulator.roles import ROLES
+
 
 @dataclass(frozen=True)
 class Observation:
@@ -126,11 +128,8 @@ def instance_capacity(ctx: PoolContext, mean_input: float, mean_output: float) -
         b = lo
     per_token = m.decode_time(b, ctx_len) / b
     prefill = m.prefill_time(n_in, ctx.chunk)
-    if ctx.role == "prefill":
-        return 1.0 / prefill
-    if ctx.role == "decode":
-        return 1.0 / (n_out * per_token)
-    return 1.0 / (prefill + n_out * per_token)
+    role = ROLES[ctx.role]
+    return 1.0 / ((prefill if role.prefills else 0.0) + (n_out * per_token if role.decodes else 0.0))
 
 
 @register

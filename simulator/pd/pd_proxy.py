@@ -57,7 +57,7 @@ class PDCoordinator:
 
     def add(self, inst) -> None:
         """A new instance of either pool (the next index of its role): give it its side of the fabric."""
-        if inst.role == "prefill":
+        if inst.role.fabric_side == "out":
             assert inst.index == len(self.egress)
             self.egress.append(self.side_path("prefill", inst.index))
             inst.hand_off = self.hand_off
@@ -67,7 +67,7 @@ class PDCoordinator:
             self.in_buffer.append(0.0)
             inst.start_transfer = self.start_transfer
         if self._degrade is not None:
-            for ln in (self.egress[-1] if inst.role == "prefill" else self.ingress[-1]):
+            for ln in (self.egress[-1] if inst.role.fabric_side == "out" else self.ingress[-1]):
                 if ln not in self._episoded:      # a NIC shared with an earlier instance has its episodes
                     self._episodes(ln)
 
