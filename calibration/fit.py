@@ -11,6 +11,8 @@ What is fitted
     ``memory_max_eff``            memory efficiency (weights, KV and activations streamed per step);
                                   its ``half`` (the per-kernel floor) stays at the GPU's default
     ``step_overhead_s``           per-step host overhead (replaces the engine's launch and CPU defaults)
+    ``prefill_overhead_s``        more overhead in a step that carries a prompt chunk than in a
+                                  decode-only one (when the data resolve the two; else one overhead)
     ``per_seq_s``                 host time per sequence sampled in a step (engine ``cpu.per_sampled_seq_s``)
     ============================  ==========================================================
 
@@ -76,10 +78,11 @@ import hwdb
 from calibration.fit_inputs import (CPU_DEFAULT_MAX_NUM_BATCHED_TOKENS, CPU_DEFAULT_MAX_NUM_SEQS, CPU_GPU,
                                     EngineSetup, FitInputError, bundle_model, check_consistency, engine_setup,
                                     is_cpu_server, open_bundle, target_gpu)
-from calibration.fit_points import (Point, aggregate, engine_batch, frontend_latency, measurement_points,
-                                    server_ttft_s)
+from calibration.fit_frontend import FrontEndFit, describe, fit_frontend
+from calibration.fit_points import Point, aggregate, engine_batch, measurement_points, server_ttft_s
 from calibration.fit_predict import calibrated_engine, candidate_deployment, candidate_profile, predict, step
-from calibration.fit_report import _final_profile, _fmt_param, final_engine, fit_report, profile_name, write_outputs
+from calibration.fit_report import (_final_profile, _fmt_param, final_engine, fit_report, mixed_step_note, profile_name,
+                                    write_outputs)
 from calibration.fit_solver import (BOUNDS, MAX_SIGMA_REL, OPTIONAL, PARAMS, SENSITIVITY_FLOOR, SOFT_L1_SCALE,
                                     UNITS, FitResult, fit_points)
 from calibration.harness.bundle import Bundle
@@ -91,7 +94,9 @@ __all__ = [
     "CPU_DEFAULT_MAX_NUM_BATCHED_TOKENS", "CPU_DEFAULT_MAX_NUM_SEQS", "CPU_GPU", "EngineSetup", "FitInputError",
     "bundle_model", "check_consistency", "engine_setup", "is_cpu_server", "open_bundle", "target_gpu",
     # fit_points: measurements
-    "Point", "aggregate", "engine_batch", "frontend_latency", "measurement_points", "server_ttft_s",
+    "Point", "aggregate", "engine_batch", "measurement_points", "server_ttft_s",
+    # fit_frontend: the front end (API server) from client and server timestamps
+    "FrontEndFit", "describe", "fit_frontend",
     # fit_predict: predictions through the simulator
     "calibrated_engine", "candidate_deployment", "candidate_profile", "predict", "step",
     # fit_solver: the least-squares fit, uncertainty, identifiability
@@ -114,7 +119,7 @@ class BundleFit:
     points: list[Point]
     notes: dict
     result: FitResult
-    frontend_s: float | None
+    frontend: FrontEndFit
     profile: Profile
     provenance: dict
     deployment: Any = None
@@ -124,6 +129,11 @@ class BundleFit:
     def derived_gpu(self) -> bool:
         """Whether ``gpu`` is a CPU-host entry derived from the bundle's host (written to gpus/)."""
         return bool(self.host and self.host.get("entry") == "derived")
+
+    @property
+    def frontend_s(self) -> float | None:
+        """The front end's fixed delay on the way in (s), None when the bundle could not give it."""
+        return self.frontend.frontend_s
 
     @property
     def engine_name(self) -> str:
@@ -187,7 +197,7 @@ def fit_bundle(path: str | Path, *, gpu: str | None = None, model: str | None = 
             "epdsim_measured_at": m.get("epdsim"), "seed": m.get("seed"),
             "phases": [p["name"] for p in m["plan"] if p["kind"] in ("prefill", "decode")],
             "fitted_at": created}
-    fe = frontend_latency(raw)
+    fe = fit_frontend(b)
     prov["host"] = host
     prof = _final_profile(res, g, served, version, created, prov, setup, notes, fe)
     if host and host["warnings"]:
@@ -242,8 +252,8 @@ def cmd_fit(a, con) -> int:
     con.print(q)
     for ph, d in fit.notes.get("decode_batch", {}).items():
         con.print(f"{ph}: engine batch {d['engine_batch']:.2f} (client concurrency {d['concurrency']})")
-    if fit.frontend_s is not None:
-        con.print(f"front end (client - server TTFT, lone requests): {fit.frontend_s * 1e3:.2f} ms")
+    con.print(escape(describe(fit.frontend)))
+    con.print(escape(mixed_step_note(r)))
     con.print("wrote " + ", ".join(str(v) for v in paths.values()))
     con.print(f"scenarios: pools[].gpu: {fit.gpu.name}, pools[].engine.engine: {fit.engine_name}, --hwdb {out}")
     con.print(f"validate: epdsim calibrate validate BUNDLE --profile {out}")
