@@ -35,6 +35,13 @@ What it is fitted to
     The fit uses one point per prompt length and one per decode phase: the median of its requests
     (robust to the transient slowdowns of a shared host; every length and batch weighs the same).
 
+    ``prefill_overhead_s`` is nested (:func:`calibration.fit_solver.fit_points`): one overhead for every
+    step first, then the prompt steps' own, kept only when the data resolve it.
+
+    The **front end** (the API server: a delay on the way in, an output queue on the way out;
+    :mod:`simulator.engine.frontend`) is fitted apart, from the client's and the server's timestamps
+    (:mod:`calibration.fit_frontend`), and written into the calibrated engine.
+
 How
     Every prediction comes from the simulator itself: a candidate :class:`hwdb.profiles.Profile`
     is put on the deployment (model, GPU, engine arguments read from the bundle) and
@@ -53,9 +60,9 @@ Output
     ``HWDB_DIR/profiles/<gpu>_vllm-<version>_<model>.yaml`` (the profile, with the bundle's
     provenance), ``HWDB_DIR/models/<served name>/`` (the model's config.json and sidecar, so the
     folder is a self-contained ``--hwdb``), ``HWDB_DIR/fits/<profile>.json`` (parameters,
-    uncertainty, correlation, every residual, the front-end latency, the engine arguments) and, with
-    ``HWDB_DIR/engines/<profile>.yaml`` (the engine with the fitted host costs; scenarios name it as
-    ``engine: {engine: <profile>}``).
+    uncertainty, correlation, every residual, the front end, the engine arguments) and
+    ``HWDB_DIR/engines/<profile>.yaml`` (the engine with the fitted host costs and front end; scenarios
+    name it as ``engine: {engine: <profile>}``).
 
 Modules
     :mod:`calibration.fit_inputs` (the bundle: consistency checks, engine arguments, GPU, model),

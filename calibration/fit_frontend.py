@@ -49,7 +49,7 @@ class FrontEndFit:
     loaded_requests: int = 0
     phases: list[str] = field(default_factory=list)
     stream_why: str = ""                          # why there is no queue ("" when it was fitted)
-    error_without_queue: float | None = None      # median |client time / measured - 1|, no queue
+    error_without_queue: float | None = None      # RMS of log(client time / measured), no queue
     error_with_queue: float | None = None         # the same with the fitted queue
 
     def as_dict(self) -> dict:
@@ -181,8 +181,8 @@ def fit_frontend(b: Bundle) -> FrontEndFit:
                     options={"xatol": 0.01, "fatol": 1e-6, "maxfev": 200})
     s, f = (float(v) if v > SCAN[0] * 1.0001 else 0.0 for v in np.exp(np.clip(best.x, lo, hi)))
     r1, r0 = resid(s, f), resid(0.0, 0.0)
-    fit.error_without_queue = float(np.median(np.abs(np.expm1(r0))))
-    fit.error_with_queue = float(np.median(np.abs(np.expm1(r1))))
+    fit.error_without_queue = float(np.sqrt(np.mean(r0 ** 2)))
+    fit.error_with_queue = float(np.sqrt(np.mean(r1 ** 2)))
     m = len(r1)
     c1, c0 = float(np.sum(r1 ** 2)), float(np.sum(r0 ** 2))
     k = (s > 0) + (f > 0)
@@ -207,6 +207,6 @@ def describe(fe: FrontEndFit) -> str:
     if fe.stream_s_per_token or fe.stream_s_per_request:
         return text + (f"; way out: an output queue of {fe.stream_s_per_token * 1e3:.3f} ms per streamed token "
                        f"and {fe.stream_s_per_request * 1e3:.3f} ms more per request's first token "
-                       f"({fe.loaded_requests} requests of {', '.join(fe.phases)}: client TTFT/E2E median error "
-                       f"{fe.error_with_queue:.0%} with it, {fe.error_without_queue:.0%} without)")
+                       f"({fe.loaded_requests} requests of {', '.join(fe.phases)}: client TTFT/E2E RMS log error "
+                       f"{fe.error_with_queue:.2f} with it, {fe.error_without_queue:.2f} without)")
     return text + f"; no output queue: {fe.stream_why}"
