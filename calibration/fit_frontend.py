@@ -6,13 +6,14 @@ timestamps: what the client sees beyond the engine.
   prompt + one streamed token``.  A line through the median difference at each prompt length (least
   squares, slope >= 0) gives the sum; the streamed token's share is taken off once it is known.
 * **The way out** (``stream_s_per_token``, ``stream_s_per_request``): every request of the bundle's
-  open-loop load tests (else, without one, of the decode sweeps at 2 or more users) is put through the front end's output queue, as the
-  simulator does, at the times the server emitted its tokens: the request was sent at ``t_send``
-  (client clock), reached the engine the way in later, was picked up when the step then running ended
-  (the engine core takes requests between steps; the server's own clock starts there: the end of
-  another request's prompt step, or on average half a decode step while others decode), its first token came the server's TTFT (queue + prefill) after
-  that and the others ``mean_itl_ms`` apart.  The queue's service times (per token, and
-  more for a request's first token) are those whose client-side first and last token times (TTFT and
+  open-loop load tests (else, without one, of the decode sweeps at 2 or more users) is put through
+  the front end's output queue, as the simulator does, at the times the server emitted its tokens:
+  the request was sent at ``t_send`` (client clock), reached the engine the way in later, was picked
+  up when the step then running ended (the engine core takes requests between steps; the server's
+  own clock starts there: the end of another request's prompt step, or on average half a decode step
+  while others decode), its first token came the server's TTFT (queue + prefill) after that and the
+  others ``mean_itl_ms`` apart.  The queue's service times (per token, and more for a request's first
+  token) are those whose client-side first and last token times (TTFT and
   E2E) come closest to the measured ones (soft-L1 least squares on log ratios: a scan of 0.01-30 ms
   each, then Nelder-Mead on their logarithms).  A service time that ends at the scan's floor is 0.  The
   queue is kept when it explains the measured delays significantly better than none (F-test of the two
@@ -49,6 +50,7 @@ class FrontEndFit:
     loaded_requests: int = 0
     phases: list[str] = field(default_factory=list)
     stream_why: str = ""                          # why there is no queue ("" when it was fitted)
+    remark: str = ""                              # a caveat of the fitted queue
     error_without_queue: float | None = None      # RMS of log(client time / measured), no queue
     error_with_queue: float | None = None         # the same with the fitted queue
 
@@ -108,7 +110,8 @@ def _loaded_requests(b: Bundle) -> tuple[list[dict], list[str]]:
     return out, names
 
 
-def client_predictions(rows: list[dict], way_in, stream_s: float, first_s: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+def client_predictions(rows: list[dict], way_in, stream_s: float,
+                       first_s: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """Client TTFT and E2E of ``rows`` through the output queue (``way_in(prompt)``: the delay in;
     ``stream_s`` per token, ``first_s`` more for a request's first)."""
     ttft = np.empty(len(rows))
@@ -195,6 +198,10 @@ def fit_frontend(b: Bundle) -> FrontEndFit:
         return fit
     fit.stream_s_per_token, fit.stream_s_per_request = s, f
     fit.frontend_s = max(icpt - s - f, 0.0)
+    edge = [n for n, v in (("per token", s), ("per request", f)) if v >= SCAN[-1] * 0.999]
+    if edge:
+        fit.remark = (f"the service time {' and '.join(edge)} ended at the top of the scan ({SCAN[-1] * 1e3:.0f} ms): "
+                      f"the client's delays in this bundle are larger than an output queue explains (a busy host?)")
     return fit
 
 
@@ -208,5 +215,6 @@ def describe(fe: FrontEndFit) -> str:
         return text + (f"; way out: an output queue of {fe.stream_s_per_token * 1e3:.3f} ms per streamed token "
                        f"and {fe.stream_s_per_request * 1e3:.3f} ms more per request's first token "
                        f"({fe.loaded_requests} requests of {', '.join(fe.phases)}: client TTFT/E2E RMS log error "
-                       f"{fe.error_with_queue:.2f} with it, {fe.error_without_queue:.2f} without)")
+                       f"{fe.error_with_queue:.2f} with it, {fe.error_without_queue:.2f} without)"
+                       + (f"; {fe.remark}" if fe.remark else ""))
     return text + f"; no output queue: {fe.stream_why}"

@@ -99,9 +99,10 @@ def mixed_step_note(res: FitResult) -> str:
     """Whether the fit told steps that carry a prompt chunk from decode-only ones, in words."""
     p = res.params
     if "prefill_overhead_s" in p:
-        return (f"mixed steps: a step that carries a prompt chunk costs {_fmt_param('prefill_overhead_s', p['prefill_overhead_s'])} "
-                f"more than a decode-only step (step_overhead_s {_fmt_param('step_overhead_s', p['step_overhead_s'])}); "
-                f"fitted separately (profile prefill_step_overhead_s)")
+        extra, base = _fmt_param("prefill_overhead_s", p["prefill_overhead_s"]), _fmt_param("step_overhead_s",
+                                                                                          p["step_overhead_s"])
+        return (f"mixed steps: a step that carries a prompt chunk costs {extra} more than a decode-only step "
+                f"(step_overhead_s {base}); fitted separately (profile prefill_step_overhead_s)")
     why = res.fixed.get("prefill_overhead_s", "not fitted")
     return (f"mixed steps: one overhead for every step (step_overhead_s); the data do not resolve steps that carry a "
             f"prompt chunk from decode-only ones: {why}")
