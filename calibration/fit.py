@@ -246,7 +246,7 @@ def cmd_fit(a, con) -> int:
             s = r.sigma_rel.get(n)
             t.add_row(n, _fmt_param(n, r.params[n]), f"{100 * s:.1f}%" if s is not None else "-",
                       f"{_fmt_param(n, lo)} .. {_fmt_param(n, hi)}" if s is not None else "-",
-                      ("fitted" + (" (needed, poorly determined)" if n in r.remarks else ""))
+                      ("fitted" + (f" ({_short(r.remarks[n])})" if n in r.remarks else ""))
                       if n in r.free else _short(r.fixed.get(n, "given")))
         else:
             t.add_row(n, "-", "-", "-", _short(r.fixed.get(n, "not fitted")))

@@ -223,6 +223,7 @@ def validate(bundle: str | Path, profile: str | Path, *, tolerance: float = 0.25
             "vllm": (m.get("versions") or {}).get("vllm"), "model": entry.name, "gpu": g.name,
             "profile": {"name": prof.name, "created": prof.created, "source": prof.source,
                         "step_overhead_s": prof.step_overhead_s,
+                        "prefill_step_overhead_s": prof.prefill_step_overhead_s,
                         "compute_efficiency": prof.compute_efficiency.model_dump() if prof.compute_efficiency else None,
                         "attention_prefill_efficiency": (prof.attention_prefill_efficiency.model_dump()
                                                          if prof.attention_prefill_efficiency else None),

@@ -103,6 +103,14 @@ def _front_text(fe: dict | None) -> str:
 def _host_text(d: dict) -> str:
     """The host cost the replay used: fitted (profile or calibrated engine) or the engine's defaults."""
     p = d["profile"]
+    text = _host_cost_text(d)
+    if p.get("prefill_step_overhead_s"):
+        text += f"; a step that carries a prompt chunk {_ms(p['prefill_step_overhead_s'])} more"
+    return text
+
+
+def _host_cost_text(d: dict) -> str:
+    p = d["profile"]
     if p.get("host_cost"):
         h = p["host_cost"]
         return (f"host cost per step {_ms(h['step_s'])} + {_ms(h['per_sampled_seq_s'])} per sequence "
