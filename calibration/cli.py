@@ -3,7 +3,7 @@
     epdsim calibrate run --out BUNDLE [--attach URL | --launch] [--resume] [--quick] ...
     epdsim calibrate show BUNDLE
     epdsim calibrate fit BUNDLE [--out HWDB_DIR]                      (calibration/fit.py)
-    epdsim calibrate validate BUNDLE --profile HWDB_DIR [--tolerance 0.25] (calibration/validate.py)
+    epdsim calibrate validate BUNDLE --profile HWDB_DIR [--tolerance 0.25] [--client-tolerance 0.25] (calibration/validate.py)
 
 Also runs standalone: ``python -m calibration.cli run --out BUNDLE --launch --quick``.
 Exit codes: 0 done, 2 user error (bad arguments, bundle missing or inconsistent),
@@ -131,6 +131,9 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     v.add_argument("bundle")
     v.add_argument("--profile", required=True, help="hwdb folder written by `calibrate fit` (or a profile YAML in it)")
     v.add_argument("--tolerance", type=float, default=0.25, help="relative error a check may have (0.25)")
+    v.add_argument("--client-tolerance", type=float, default=0.25,
+                   help="relative error of the client-side TTFT p50/p90 checks, made when the profile's calibrated "
+                        "engine has a fitted front end (0.25)")
     v.add_argument("--out", help="report folder (default BUNDLE/validation)")
     v.add_argument("--phases", help="comma list of load phases to replay (default: all)")
     v.add_argument("--strict", action="store_true", help="exit with code 1 when a check fails")

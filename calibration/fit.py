@@ -11,6 +11,8 @@ What is fitted
     ``memory_max_eff``            memory efficiency (weights, KV and activations streamed per step);
                                   its ``half`` (the per-kernel floor) stays at the GPU's default
     ``step_overhead_s``           per-step host overhead (replaces the engine's launch and CPU defaults)
+    ``prefill_overhead_s``        more overhead in a step that carries a prompt chunk than in a
+                                  decode-only one (when the data resolve the two; else one overhead)
     ``per_seq_s``                 host time per sequence sampled in a step (engine ``cpu.per_sampled_seq_s``)
     ============================  ==========================================================
 
@@ -33,6 +35,13 @@ What it is fitted to
     The fit uses one point per prompt length and one per decode phase: the median of its requests
     (robust to the transient slowdowns of a shared host; every length and batch weighs the same).
 
+    ``prefill_overhead_s`` is nested (:func:`calibration.fit_solver.fit_points`): one overhead for every
+    step first, then the prompt steps' own, kept only when the data resolve it.
+
+    The **front end** (the API server: a delay on the way in, an output queue on the way out;
+    :mod:`simulator.engine.frontend`) is fitted apart, from the client's and the server's timestamps
+    (:mod:`calibration.fit_frontend`), and written into the calibrated engine.
+
 How
     Every prediction comes from the simulator itself: a candidate :class:`hwdb.profiles.Profile`
     is put on the deployment (model, GPU, engine arguments read from the bundle) and
@@ -51,9 +60,9 @@ Output
     ``HWDB_DIR/profiles/<gpu>_vllm-<version>_<model>.yaml`` (the profile, with the bundle's
     provenance), ``HWDB_DIR/models/<served name>/`` (the model's config.json and sidecar, so the
     folder is a self-contained ``--hwdb``), ``HWDB_DIR/fits/<profile>.json`` (parameters,
-    uncertainty, correlation, every residual, the front-end latency, the engine arguments) and, with
-    ``HWDB_DIR/engines/<profile>.yaml`` (the engine with the fitted host costs; scenarios name it as
-    ``engine: {engine: <profile>}``).
+    uncertainty, correlation, every residual, the front end, the engine arguments) and
+    ``HWDB_DIR/engines/<profile>.yaml`` (the engine with the fitted host costs and front end; scenarios
+    name it as ``engine: {engine: <profile>}``).
 
 Modules
     :mod:`calibration.fit_inputs` (the bundle: consistency checks, engine arguments, GPU, model),
@@ -76,10 +85,11 @@ import hwdb
 from calibration.fit_inputs import (CPU_DEFAULT_MAX_NUM_BATCHED_TOKENS, CPU_DEFAULT_MAX_NUM_SEQS, CPU_GPU,
                                     EngineSetup, FitInputError, bundle_model, check_consistency, engine_setup,
                                     is_cpu_server, open_bundle, target_gpu)
-from calibration.fit_points import (Point, aggregate, engine_batch, frontend_latency, measurement_points,
-                                    server_ttft_s)
+from calibration.fit_frontend import FrontEndFit, describe, fit_frontend
+from calibration.fit_points import Point, aggregate, engine_batch, measurement_points, server_ttft_s
 from calibration.fit_predict import calibrated_engine, candidate_deployment, candidate_profile, predict, step
-from calibration.fit_report import _final_profile, _fmt_param, final_engine, fit_report, profile_name, write_outputs
+from calibration.fit_report import (_final_profile, _fmt_param, final_engine, fit_report, mixed_step_note, profile_name,
+                                    write_outputs)
 from calibration.fit_solver import (BOUNDS, MAX_SIGMA_REL, OPTIONAL, PARAMS, SENSITIVITY_FLOOR, SOFT_L1_SCALE,
                                     UNITS, FitResult, fit_points)
 from calibration.harness.bundle import Bundle
@@ -91,7 +101,9 @@ __all__ = [
     "CPU_DEFAULT_MAX_NUM_BATCHED_TOKENS", "CPU_DEFAULT_MAX_NUM_SEQS", "CPU_GPU", "EngineSetup", "FitInputError",
     "bundle_model", "check_consistency", "engine_setup", "is_cpu_server", "open_bundle", "target_gpu",
     # fit_points: measurements
-    "Point", "aggregate", "engine_batch", "frontend_latency", "measurement_points", "server_ttft_s",
+    "Point", "aggregate", "engine_batch", "measurement_points", "server_ttft_s",
+    # fit_frontend: the front end (API server) from client and server timestamps
+    "FrontEndFit", "describe", "fit_frontend",
     # fit_predict: predictions through the simulator
     "calibrated_engine", "candidate_deployment", "candidate_profile", "predict", "step",
     # fit_solver: the least-squares fit, uncertainty, identifiability
@@ -114,7 +126,7 @@ class BundleFit:
     points: list[Point]
     notes: dict
     result: FitResult
-    frontend_s: float | None
+    frontend: FrontEndFit
     profile: Profile
     provenance: dict
     deployment: Any = None
@@ -124,6 +136,11 @@ class BundleFit:
     def derived_gpu(self) -> bool:
         """Whether ``gpu`` is a CPU-host entry derived from the bundle's host (written to gpus/)."""
         return bool(self.host and self.host.get("entry") == "derived")
+
+    @property
+    def frontend_s(self) -> float | None:
+        """The front end's fixed delay on the way in (s), None when the bundle could not give it."""
+        return self.frontend.frontend_s
 
     @property
     def engine_name(self) -> str:
@@ -187,7 +204,7 @@ def fit_bundle(path: str | Path, *, gpu: str | None = None, model: str | None = 
             "epdsim_measured_at": m.get("epdsim"), "seed": m.get("seed"),
             "phases": [p["name"] for p in m["plan"] if p["kind"] in ("prefill", "decode")],
             "fitted_at": created}
-    fe = frontend_latency(raw)
+    fe = fit_frontend(b)
     prov["host"] = host
     prof = _final_profile(res, g, served, version, created, prov, setup, notes, fe)
     if host and host["warnings"]:
@@ -229,7 +246,7 @@ def cmd_fit(a, con) -> int:
             s = r.sigma_rel.get(n)
             t.add_row(n, _fmt_param(n, r.params[n]), f"{100 * s:.1f}%" if s is not None else "-",
                       f"{_fmt_param(n, lo)} .. {_fmt_param(n, hi)}" if s is not None else "-",
-                      ("fitted" + (" (needed, poorly determined)" if n in r.remarks else ""))
+                      ("fitted" + (f" ({_short(r.remarks[n])})" if n in r.remarks else ""))
                       if n in r.free else _short(r.fixed.get(n, "given")))
         else:
             t.add_row(n, "-", "-", "-", _short(r.fixed.get(n, "not fitted")))
@@ -242,8 +259,8 @@ def cmd_fit(a, con) -> int:
     con.print(q)
     for ph, d in fit.notes.get("decode_batch", {}).items():
         con.print(f"{ph}: engine batch {d['engine_batch']:.2f} (client concurrency {d['concurrency']})")
-    if fit.frontend_s is not None:
-        con.print(f"front end (client - server TTFT, lone requests): {fit.frontend_s * 1e3:.2f} ms")
+    con.print(escape(describe(fit.frontend)))
+    con.print(escape(mixed_step_note(r)))
     con.print("wrote " + ", ".join(str(v) for v in paths.values()))
     con.print(f"scenarios: pools[].gpu: {fit.gpu.name}, pools[].engine.engine: {fit.engine_name}, --hwdb {out}")
     con.print(f"validate: epdsim calibrate validate BUNDLE --profile {out}")

@@ -24,7 +24,7 @@ class Point:
     source: str               # "server" or "client"
     batch: float = 1.0        # decode: sequences the engine decoded per step
     mix: float = 0.0          # decode: fraction of steps that also prefill another request
-    client_s: float | None = None   # prefill: the client's TTFT (for the front-end latency)
+    client_s: float | None = None   # prefill: the client's TTFT
     weight: float = 1.0       # of its log-residual
     n: int = 1                # requests behind the point (a median of several, see aggregate())
     spread: float = 0.0       # their median |t / median - 1|
@@ -131,10 +131,3 @@ def aggregate(points: list[Point]) -> list[Point]:
             client_s=float(np.median(cl)) if len(cl) == len(ps) else None, n=len(ps),
             spread=float(np.median(np.abs(t / med - 1.0)))))
     return out
-
-
-def frontend_latency(points: list[Point]) -> float | None:
-    """Median of client TTFT - server TTFT over lone prefill requests: the API server and HTTP path."""
-    d = [p.client_s - p.measured_s for p in points
-         if p.kind == "prefill" and p.source == "server" and p.client_s is not None]
-    return float(np.median(d)) if d else None

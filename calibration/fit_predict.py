@@ -49,16 +49,18 @@ def candidate_profile(vals: dict[str, float], gpu: hwdb.GPU, **meta) -> Profile:
                 source="epdsim calibrate fit", method="candidate")
     base.update(meta)
     return Profile(compute_efficiency=ce, attention_prefill_efficiency=att, memory_efficiency=me,
-                   step_overhead_s=vals.get("step_overhead_s"), **base)
+                   step_overhead_s=vals.get("step_overhead_s"), prefill_step_overhead_s=vals.get("prefill_overhead_s"),
+                   **base)
 
 
 def calibrated_engine(base, overhead_s: float, per_seq_s: float, *, name: str = "candidate", version: str = "",
-                      source: str = "epdsim calibrate fit (candidate)", cpu_defaults: bool = False):
+                      source: str = "epdsim calibrate fit (candidate)", cpu_defaults: bool = False, frontend=None):
     """``base`` (an EngineProfile) with the host cost replaced by ``overhead_s + per_seq_s x sampled
     sequences`` per step, added to the device time (not overlapped), and no kernel-launch term.
 
     This is how a fitted per-sequence host cost reaches the simulator: a Profile's single
-    ``step_overhead_s`` would zero the engine's CPU costs."""
+    ``step_overhead_s`` would zero the engine's CPU costs.  ``frontend``: the harness's fitted front end
+    (:class:`calibration.fit_frontend.FrontEndFit`), or None for none."""
     fig = lambda v, what: Figure(value=float(v), source=f"{source}: {what}", empirical=True)  # noqa: E731
     zero = lambda what: Figure(value=0.0, source=f"{source}: {what}", empirical=True)  # noqa: E731
     cpu = base.cpu.model_copy(update={
@@ -70,9 +72,17 @@ def calibrated_engine(base, overhead_s: float, per_seq_s: float, *, name: str = 
     upd = {"name": name, "aliases": (), "version": version or base.version, "scheduling_overlapped": False,
            "cpu": cpu, "graph_launch_s": zero("folded into step_s"), "eager_launch_s_per_layer": zero("folded into step_s"),
            "notes": f"calibrated by {source}; the host cost adds to the device time (no overlap)"}
-    # The harness measures its own front end (client - server TTFT, kept in the fit report); the base
-    # engine's front end was fitted on GPU serving runs and would be counted twice.
-    upd.update(frontend_s=None, frontend_s_per_token=None)
+    # The base engine's front end was fitted on GPU serving runs; this engine carries the harness's own.
+    upd.update(frontend_s=None, frontend_s_per_token=None, frontend_stream_s_per_token=None)
+    if frontend is not None and frontend.frontend_s is not None:
+        what = {"frontend_s": (frontend.frontend_s, "the way in, fixed (client - server TTFT of lone requests)"),
+                "frontend_s_per_token": (frontend.frontend_s_per_token, "the way in, per prompt token"),
+                "frontend_stream_s_per_token": (frontend.stream_s_per_token, "the output queue's service time per "
+                                                "streamed token" + (f" (0: {frontend.stream_why})"
+                                                                    if frontend.stream_why else "")),
+                "frontend_stream_s_per_request": (frontend.stream_s_per_request, "the output queue's extra service "
+                                                  "time for a request's first token")}
+        upd.update({k: fig(round(v, 9), w) for k, (v, w) in what.items()})
     if cpu_defaults:
         upd.update(default_max_num_seqs=CPU_DEFAULT_MAX_NUM_SEQS,
                    default_max_num_batched_tokens=CPU_DEFAULT_MAX_NUM_BATCHED_TOKENS,

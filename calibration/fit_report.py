@@ -13,6 +13,7 @@ import yaml
 
 import hwdb
 from calibration.fit_inputs import CPU_GPU, EngineSetup, FitInputError
+from calibration.fit_frontend import FrontEndFit, describe
 from calibration.fit_predict import calibrated_engine
 from calibration.fit_solver import PARAMS, UNITS, FitResult
 from hwdb.profiles import Profile
@@ -28,13 +29,13 @@ def profile_name(gpu: str, version: str | None, model: str) -> str:
 
 
 def _fmt_param(n: str, v: float) -> str:
-    if n == "step_overhead_s":
+    if n in ("step_overhead_s", "prefill_overhead_s"):
         return f"{v * 1e3:.3g} ms"
     return f"{v:.4g}" + (f" {UNITS[n]}" if UNITS[n] else "")
 
 
 def _final_profile(res: FitResult, g: hwdb.GPU, served: str, version, created: str, prov: dict,
-                   setup: EngineSetup, notes: dict, fe: float | None) -> Profile:
+                   setup: EngineSetup, notes: dict, fe: FrontEndFit) -> Profile:
     q = res.quality
     bundle = prov["bundle"]
 
@@ -59,9 +60,9 @@ def _final_profile(res: FitResult, g: hwdb.GPU, served: str, version, created: s
     lines = [f"{n} = {_fmt_param(n, p[n])}{unc(n)}" + (f" [{res.remarks[n]}]" if n in res.remarks else "")
              for n in PARAMS if n in p]
     lines += [f"{n}: {why}" for n, why in res.fixed.items() if n not in p]
-    if fe is not None:
-        lines.append(f"front-end latency (client TTFT - server TTFT of lone requests, median): {fe * 1e3:.2f} ms; "
-                     f"not part of the step model (the simulator has no per-request front-end term)")
+    lines.append(mixed_step_note(res))
+    lines.append(describe(fe) + (f"; in the calibrated engine engines/{profile_name(g.name, version, served)}.yaml"
+                                 if fe.frontend_s is not None else ""))
     for ph, d in notes.get("decode_batch", {}).items():
         lines.append(f"{ph}: engine batch {d['engine_batch']:.2f} for client concurrency {d['concurrency']} "
                      f"({d['how']})")
@@ -88,8 +89,23 @@ def _final_profile(res: FitResult, g: hwdb.GPU, served: str, version, created: s
                    source=f"epdsim calibrate fit {bundle} (bundle created {prov.get('bundle_created')}, "
                           f"{prov.get('mode')} mode, vLLM {version}, model {served})",
                    method=method, compute_efficiency=ce, attention_prefill_efficiency=att, memory_efficiency=me,
-                   step_overhead_s=None if per_seq else round(p["step_overhead_s"], 9), quality=q,
+                   step_overhead_s=None if per_seq else round(p["step_overhead_s"], 9),
+                   prefill_step_overhead_s=(round(p["prefill_overhead_s"], 9) if "prefill_overhead_s" in p else None),
+                   quality=q,
                    notes="\n".join(lines))
+
+
+def mixed_step_note(res: FitResult) -> str:
+    """Whether the fit told steps that carry a prompt chunk from decode-only ones, in words."""
+    p = res.params
+    if "prefill_overhead_s" in p:
+        extra, base = _fmt_param("prefill_overhead_s", p["prefill_overhead_s"]), _fmt_param("step_overhead_s",
+                                                                                          p["step_overhead_s"])
+        return (f"mixed steps: a step that carries a prompt chunk costs {extra} more than a decode-only step "
+                f"(step_overhead_s {base}); fitted separately (profile prefill_step_overhead_s)")
+    why = res.fixed.get("prefill_overhead_s", "not fitted")
+    return (f"mixed steps: one overhead for every step (step_overhead_s); the data do not resolve steps that carry a "
+            f"prompt chunk from decode-only ones: {why}")
 
 
 def final_engine(fit: "BundleFit"):
@@ -111,7 +127,7 @@ def final_engine(fit: "BundleFit"):
                              version=str(fit.provenance.get("vllm") or base.version),
                              source=src + " (1-sigma " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in unc.items()
                                                                   if v is not None) + ")" + why,
-                             cpu_defaults=fit.gpu.name == CPU_GPU)
+                             cpu_defaults=fit.gpu.name == CPU_GPU, frontend=fit.frontend)
 
 
 def write_outputs(fit: BundleFit, out: str | Path) -> dict[str, Path]:
@@ -172,6 +188,7 @@ def fit_report(fit: BundleFit) -> dict:
         "free": r.free, "correlation": r.correlation, "s": math.sqrt(r.s2), "cost": r.cost,
         "n_points": r.n_points, "starts": r.starts,
         "quality": {k: v.model_dump() for k, v in r.quality.items()},
-        "frontend_s": fit.frontend_s, "decode_batch": fit.notes.get("decode_batch"), "host": fit.host,
+        "frontend_s": fit.frontend_s, "frontend": fit.frontend.as_dict(), "mixed_steps": mixed_step_note(r),
+        "decode_batch": fit.notes.get("decode_batch"), "host": fit.host,
         "residuals": r.residuals,
     }

@@ -17,15 +17,17 @@ from hwdb.profiles import FitQuality
 from simulator.step_build import build_step_model
 
 PARAMS = ("compute_max_eff", "compute_half", "attention_max_eff", "memory_max_eff", "step_overhead_s",
-          "per_seq_s")
+          "prefill_overhead_s", "per_seq_s")
 #: bounds of each parameter (linear units); the fit works on their logarithms
 BOUNDS = {"compute_max_eff": (1e-6, 1.0), "compute_half": (1e-2, 1e6), "attention_max_eff": (1e-6, 1.0),
-          "memory_max_eff": (1e-4, 1.0), "step_overhead_s": (1e-7, 10.0), "per_seq_s": (1e-8, 1.0)}
+          "memory_max_eff": (1e-4, 1.0), "step_overhead_s": (1e-7, 10.0), "prefill_overhead_s": (1e-7, 10.0),
+          "per_seq_s": (1e-8, 1.0)}
 UNITS = {"compute_max_eff": "", "compute_half": "tokens", "attention_max_eff": "", "memory_max_eff": "",
-         "step_overhead_s": "s", "per_seq_s": "s"}
+         "step_overhead_s": "s", "prefill_overhead_s": "s", "per_seq_s": "s"}
 #: parameters that fall back to the simulator's default when the data cannot determine them
-#: (attention: the compute curve; memory: the GPU's curve; per_seq_s: none, i.e. 0)
-OPTIONAL = ("attention_max_eff", "memory_max_eff", "per_seq_s")
+#: (attention: the compute curve; memory: the GPU's curve; prefill_overhead_s: none, i.e. a step that
+#: carries a prompt chunk has the same overhead as a decode-only one; per_seq_s: none, i.e. 0)
+OPTIONAL = ("attention_max_eff", "memory_max_eff", "prefill_overhead_s", "per_seq_s")
 #: a parameter is "not identified" when an e-fold change of it moves the predictions by less
 #: than this (RMS of log-residual changes)
 SENSITIVITY_FLOOR = 0.01
@@ -61,7 +63,7 @@ def _initial(gpu: hwdb.GPU, points: list[Point]) -> dict[str, float]:
     guess = 0.5 * min(dec or pre or [1e-3])
     return {"compute_max_eff": gpu.compute_efficiency.max_eff, "compute_half": max(gpu.compute_efficiency.half, 1.0),
             "attention_max_eff": gpu.compute_efficiency.max_eff, "memory_max_eff": gpu.memory_efficiency.max_eff,
-            "step_overhead_s": guess, "per_seq_s": 0.01 * guess}
+            "step_overhead_s": guess, "prefill_overhead_s": 0.2 * guess, "per_seq_s": 0.01 * guess}
 
 
 def _quality(points: list[Point], pred: np.ndarray) -> dict[str, FitQuality]:
@@ -82,7 +84,43 @@ def fit_points(points: list[Point], dep, *, free: tuple[str, ...] | None = None,
     """Fit the StepModel parameters of deployment ``dep`` to ``points`` (see the module docstring).
 
     ``dep`` is a :class:`simulator.perf.Deployment` (its profile is replaced by each candidate).
-    ``free``: parameters to fit (default all of :data:`PARAMS`); ``init``: starting values."""
+    ``free``: parameters to fit (default all of :data:`PARAMS`); ``init``: starting values.
+
+    The overhead of steps that carry a prompt chunk (``prefill_overhead_s``) is nested: the fit runs
+    with one overhead for every step first, then again from there with the prefill steps' own; the
+    second is kept only when that parameter survives its checks (identified, not at a bound, determined
+    or needed by the F-test) and the F-test of the two fits says it is needed.  Otherwise the first
+    stands and ``fixed["prefill_overhead_s"]`` says why."""
+    free_l = [n for n in (free or PARAMS) if n in PARAMS]
+    if "prefill_overhead_s" not in free_l:
+        return _fit(points, dep, free=tuple(free_l), init=init, multistart=multistart)
+    one = _fit(points, dep, free=tuple(n for n in free_l if n != "prefill_overhead_s"), init=init,
+               multistart=multistart)
+    one.fixed.pop("prefill_overhead_s", None)
+    start = {**(init or {}), **one.params, "prefill_overhead_s": 0.1 * one.params["step_overhead_s"]}
+    two = _fit(points, dep, free=tuple(n for n in free_l if n in one.free or n == "prefill_overhead_s"),
+               init=start, multistart=False)
+    if "prefill_overhead_s" not in two.free:
+        one.fixed["prefill_overhead_s"] = two.fixed.get("prefill_overhead_s", "not fitted")
+        return one
+    from scipy.stats import f as f_dist
+    dof = max(two.n_points - len(two.free), 1)
+    F = (2 * one.cost - 2 * two.cost) / max(2 * two.cost / dof, 1e-300)
+    crit = float(f_dist.ppf(0.95, 1, dof))
+    if F <= crit:
+        one.fixed["prefill_overhead_s"] = (f"not needed: with it the fit is no better (F = {F:.1f} < {crit:.1f}), "
+                                           f"{two.params['prefill_overhead_s'] * 1e3:.3g} ms +- "
+                                           f"{two.sigma_rel['prefill_overhead_s']:.0%}")
+        return one
+    two.fixed.update({n: why for n, why in one.fixed.items() if n not in two.free})
+    two.remarks.setdefault("prefill_overhead_s", f"needed: without it the residuals grow (F = {F:.1f} > {crit:.1f})")
+    two.starts += one.starts
+    return two
+
+
+def _fit(points: list[Point], dep, *, free: tuple[str, ...] | None = None,
+         init: dict[str, float] | None = None, multistart: bool = True) -> FitResult:
+    """One fit of the parameters ``free`` (see :func:`fit_points`)."""
     from scipy.optimize import least_squares
 
     if not points:
@@ -173,6 +211,8 @@ def fit_points(points: list[Point], dep, *, free: tuple[str, ...] | None = None,
             if sens[i] < SENSITIVITY_FLOOR:
                 problems.append((0, sens[i], n, f"not identified by these measurements (an e-fold change moves "
                                                 f"no prediction by more than {sens[i]:.1%})", True))
+            elif best.x[i] <= lo[i] + 1e-6 and n in OPTIONAL:
+                problems.append((1, 0.0, n, f"ended at its lower bound {values[n]:.3g}", True))
             elif best.x[i] <= lo[i] + 1e-6 or best.x[i] >= hi[i] - 1e-6:
                 problems.append((1, 0.0, n, f"ended at its bound {values[n]:.3g}: fixed there", False))
             elif sd[i] > MAX_SIGMA_REL and n not in keep:

@@ -45,8 +45,9 @@ def markdown_report(d: dict) -> str:
              f"{_f(p, 'memory_efficiency', 'max_eff')}; " + _host_text(d),
              "- engine: " + ", ".join(f"{k}={v}" for k, v in d["engine"].items()
                                       if k not in ("sources",) and v is not None),
-             f"- tolerance: |predicted / measured - 1| <= {d['tolerance']:.0%}; front end added to client-side "
-             f"predictions: {_ms(d['frontend_s'])}",
+             f"- tolerance: |predicted / measured - 1| <= {d['tolerance']:.0%} server side"
+             + (f", {d['client_tolerance']:.0%} client side (TTFT p50, p90)" if d.get("client_tolerance") else ""),
+             "- " + _front_text(d.get("frontend")),
              f"- **verdict: {d['checks'] - d['failed']} of {d['checks']} checks pass**", ""]
     for ph in d["phases"]:
         how = workload_text(ph)
@@ -61,20 +62,54 @@ def markdown_report(d: dict) -> str:
                   f"simulated {ph['engine_steps']['simulated']} (per-step figures over "
                   f"{ph.get('per_step_scope', 'all segments')}). "
                   f"**{ph['checks'] - ph['failed']} of {ph['checks']} checks pass.**", "",
-                  "| metric | stat | measured (source) | predicted | error | verdict |",
-                  "|---|---|---|---|---|---|"]
-        for r in ph["rows"]:
-            lines.append(f"| {r['metric']} | {r['stat']} | {_ms(r['measured_s'])} ({r['source']}) | "
-                         f"{_ms(r['predicted_s'])} | {_err(r['rel_error'])} | {_verdict(r)} |")
+                  "| metric | stat | server: measured | predicted | error | verdict | client: measured | predicted "
+                  "| error | verdict |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for (metric, stat), (srv, cli) in side_by_side(ph["rows"]).items():
+            cells = [f"{metric} | {stat}"]
+            for r in (srv, cli):
+                cells.append(" | ".join(["-"] * 4) if r is None else
+                             f"{_ms(r['measured_s'])} | {_ms(r['predicted_s'])} | {_err(r['rel_error'])} | {_verdict(r)}")
+            lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     lines += ["Server-side times start when the engine takes the request (between steps); the simulator's are "
-              "taken from the first step at or after the arrival. Client-side rows are information: the "
-              "client, the API server and the engine share the host's cores.", ""]
+              "taken from the first step at or after the engine saw the request. Client-side times start when "
+              "the client sent it; the simulator's hold the replayed engine's front end (the way in and the "
+              "output queue). The client, the API server and the engine share the host's cores.", ""]
     return "\n".join(lines)
+
+
+def side_by_side(rows: list[dict]) -> dict:
+    """{(metric, stat): (server row or None, client row or None)} in the rows' order."""
+    out: dict = {}
+    for r in rows:
+        pair = out.setdefault((r["metric"], r["stat"]), [None, None])
+        pair[1 if r["source"] == "client" else 0] = r
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def _front_text(fe: dict | None) -> str:
+    """The front end the replay used, in words."""
+    if not fe:
+        return ("front end: none fitted (the calibrated engine has none): client-side predictions are the "
+                "engine's times from the send; information only")
+    text = (f"front end (engine `{fe['engine']}`): way in {_ms(fe['frontend_s'])} + "
+            f"{fe['frontend_s_per_token'] * 1e6:.3g} us per prompt token")
+    return text + (f", output queue {fe['stream_s_per_token'] * 1e3:.3g} ms per streamed token + "
+                   f"{fe.get('stream_s_per_request', 0.0) * 1e3:.3g} ms per request's first"
+                   if fe["stream_s_per_token"] or fe.get("stream_s_per_request") else ", no output queue")
 
 
 def _host_text(d: dict) -> str:
     """The host cost the replay used: fitted (profile or calibrated engine) or the engine's defaults."""
+    p = d["profile"]
+    text = _host_cost_text(d)
+    if p.get("prefill_step_overhead_s"):
+        text += f"; a step that carries a prompt chunk {_ms(p['prefill_step_overhead_s'])} more"
+    return text
+
+
+def _host_cost_text(d: dict) -> str:
     p = d["profile"]
     if p.get("host_cost"):
         h = p["host_cost"]

@@ -50,6 +50,9 @@ class Profile(BaseModel):
     # when present it replaces the intra-node link's alpha-beta estimate.
     allreduce: AllReduceCurve | None = None
     step_overhead_s: float | None = Field(default=None, ge=0)
+    # More host time in a step that carries a prompt chunk than in a decode-only step (a harness fit,
+    # when its data resolves the two; new-request bookkeeping, prefill metadata); added to every such step.
+    prefill_step_overhead_s: float | None = Field(default=None, ge=0)
     quality: dict[str, FitQuality] = {}
     notes: str | None = None
 

@@ -342,6 +342,10 @@ class EngineProfile(StrictModel):
     # kernels of a layer, independent of TP: the measured TPOT at TP1..8 leaves the same residual),
     # and the client-visible front end before the engine sees a request (HTTP, tokenisation,
     # detokenisation and streaming of the first token): ``frontend_s`` + ``frontend_s_per_token`` x prompt.
+    # ``frontend_stream_s_per_token``: the API server's output queue, one FIFO server per instance that
+    # streams every token the engine emits (detokenisation, SSE), this long each (a request's first
+    # token ``frontend_stream_s_per_request`` more); fitted by
+    # `calibrate fit` from the harness's client and server timestamps (simulator/engine/frontend.py).
     layer_overhead_s: Figure | None = None
     moe_layer_overhead_s: Figure | None = None   # more per MoE layer: routing, top-k, permutation, grouped GEMM
     # Per GPU type: a factor on both per-layer terms (kernel floors differ between GPU generations);
@@ -349,6 +353,8 @@ class EngineProfile(StrictModel):
     layer_overhead_scale: dict[str, Figure] = {}
     frontend_s: Figure | None = None
     frontend_s_per_token: Figure | None = None
+    frontend_stream_s_per_token: Figure | None = None
+    frontend_stream_s_per_request: Figure | None = None   # more for a request's first token (its stream opens)
     default_chunked_prefill: bool
     default_prefix_caching: bool
     default_max_num_seqs: int | None = None

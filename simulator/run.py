@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from simulator.confidence import assess
 from simulator.engine.engine import PoolSpec
+from simulator.engine.frontend import FrontEnd, add_stream
 from simulator.epd.epd import EPDError, prepare as prepare_epd
 from simulator.epd.epd_flow import add_columns, encoder_summary
 from simulator.engine.opsresults import ops_summary
@@ -19,18 +20,29 @@ def pool_spec(r: ResolvedPool) -> PoolSpec:
     """The engine's view of a resolved pool."""
     pool, dep = r.pool, r.dep
     k, eng = dep.knobs, dep.engine
-    # A harness-fitted profile describes the server side; `calibrate validate` adds its own measured
-    # front end, so the engine's fitted GPU-serving front end stays out.
-    harness = dep.profile is not None and dep.profile.step_overhead_s is not None
-    fe = (eng.frontend_s.value if eng.frontend_s and not harness else 0.0,
-          eng.frontend_s_per_token.value if eng.frontend_s_per_token and not harness else 0.0)
     # Each attention data-parallel rank schedules its own batch into its own KV cache: the engine runs
     # ranks (instances x dp of them); the pool's GPUs and cost count whole instances (Deployment.gpus).
     return PoolSpec(pool.name, pool.instances * dep.dp, r.step, r.memory, k.max_num_seqs, k.max_num_batched_tokens,
                     k.enable_chunked_prefill, k.max_model_len, pool.router, pool.role,
                     eng.default_prefix_caching if pool.engine.enable_prefix_caching is None
                     else pool.engine.enable_prefix_caching,
-                    *fe, dep.dp)
+                    front_end(dep), dep.dp)
+
+
+def front_end(dep) -> FrontEnd:
+    """The engine profile's fitted front end for a deployment (:mod:`simulator.engine.frontend`).
+
+    A harness-fitted profile (``calibrate fit``: it names the model it measured, or has a fitted step
+    overhead) describes the server of one host; the front end that goes with it is the one its
+    calibrated engine, named as the profile, carries.  Another engine's front end (fitted end to end on
+    GPU servers) stays out."""
+    eng, prof = dep.engine, dep.profile
+    harness = prof is not None and (prof.model is not None or prof.step_overhead_s is not None)
+    if harness and eng.name != prof.name:
+        return FrontEnd()
+    val = lambda f: f.value if f is not None else 0.0  # noqa: E731
+    return FrontEnd(val(eng.frontend_s), val(eng.frontend_s_per_token), val(eng.frontend_stream_s_per_token),
+                    val(eng.frontend_stream_s_per_request))
 
 
 def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:
@@ -63,11 +75,13 @@ def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:
     req_df = requests_frame(run, back.name if back else front.name, operations=scn.operations.enabled)
     if not scn.operations.enabled:
         ops = None
+    step_df = steps_frame(run)
+    # What the client sees: the first and last tokens through the front end's output queue.
+    req_df = add_stream(req_df, step_df, front_end(back.dep if back else front.dep))
     if run.epd is not None:
         req_df = add_columns(req_df, run.epd)
     if reqs.client is not None and reqs.client.warmup_requests:
         req_df["warmup"] = req_df["request_id"].to_numpy() < reqs.client.warmup_requests
-    step_df = steps_frame(run)
     gpus = sum(r.pool.instances * r.dep.gpus for r in pools) + (epd.gpus if epd else 0)
     price = (sum(r.pool.instances * r.dep.gpus * r.dep.gpu.price_usd_per_hour.value for r in pools)
              + (epd.price_usd_per_hour if epd else 0.0))

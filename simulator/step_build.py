@@ -185,6 +185,7 @@ def build_step_model(dep: Deployment) -> StepModel:
         graph = eager = prof.step_overhead_s
         cpu_costs = [0.0] * 5
         layer_s = elem = 0.0
+    prefill_step = (prof.prefill_step_overhead_s or 0.0) if prof is not None else 0.0
     return StepModel(
         comp_a=comp_a, comp_b=comp_b, lm_coef=lm_coef, lm_half=lm_curve.half,
         attn_s_per_pair=4.0 * a.num_layers * a.attn_dim / gpus / (g.flops(plain) * aeff.max_eff),
@@ -222,7 +223,7 @@ def build_step_model(dep: Deployment) -> StepModel:
         kv_max_eff=deff.max_eff,
         kv_floor_bytes=a.num_layers * deff.half,
         compute_groups=tuple(parts) + (("lm_head", lm.compute_dtype, lm_coef, lm_curve.half),),
-        exp_a=exp_a, exp_b=exp_b, moe_token_scale=dep.dp, moe_layers=a.moe_layers,
+        exp_a=exp_a, exp_b=exp_b, moe_token_scale=dep.dp, moe_layers=a.moe_layers, prefill_step_s=prefill_step,
         **moe_comm,
         **_allreduce_tables(dep),
     )

@@ -99,6 +99,8 @@ class StepModel:
     moe_comm_s_per_token: float = 0.0
     moe_comm_lat_s: float = 0.0
     moe_layers: int = 0
+    # More fixed time in a step that carries a prompt chunk (attn_pairs > 0) than in a decode-only step.
+    prefill_step_s: float = 0.0
 
     def streamed_weight_bytes(self, tokens: int) -> float:
         """Weight bytes one GPU reads in a step of ``tokens`` tokens of its own: the dense groups and LM
@@ -175,6 +177,8 @@ class StepModel:
         if self.pp > 1:
             t += (self.pp - 1) * self.pp_handoff_s
         t += self.graph_launch if graph else self.eager_launch
+        if attn_pairs > 0.0:
+            t += self.prefill_step_s
         cpu = (self.cpu_step + self.cpu_run * running + self.cpu_wait * waiting + self.cpu_tok * tokens
                + self.cpu_sample * seqs_logits)
         return t, cpu

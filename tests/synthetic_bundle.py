@@ -39,11 +39,12 @@ def write_truth_hwdb(folder: Path, tiny: Path, truth: dict, db) -> Path:
     return folder
 
 
-def _simulate(hw: Path, tiny: Path, workload: dict):
+def _simulate(hw: Path, tiny: Path, workload: dict, engine: str | None = None):
     from simulator.run import simulate
     from simulator.scenario import parse_scenario
+    eng = {**({"engine": engine} if engine else {}), **CPU_SETUP.engine_config()}
     scn = parse_scenario({"model": str(tiny), "hwdb": [str(hw)],
-                          "pools": [{"gpu": CPU_GPU, "engine": CPU_SETUP.engine_config()}], "workload": workload})
+                          "pools": [{"gpu": CPU_GPU, "engine": eng}], "workload": workload})
     return simulate(scn)
 
 
@@ -72,7 +73,7 @@ def _request_records(res, ids, t0: float, noise, rng) -> list[dict]:
     starts = np.sort(res.steps["start_s"].to_numpy())
     out = []
     for rid, row in zip(ids, req.itertuples()):
-        pick = starts[np.searchsorted(starts, row.arrival_s - 1e-12)]
+        pick = starts[np.searchsorted(starts, row.arrival_s + row.frontend_s - 1e-12)]
         f = noise(rng)
         ttft = (row.first_token_s - row.scheduled_s) * f
         gen = (row.finish_s - row.first_token_s) * f
@@ -81,9 +82,9 @@ def _request_records(res, ids, t0: float, noise, rng) -> list[dict]:
               "generation_time_ms": gen * 1e3}
         if o > 1:
             sm["mean_itl_ms"] = gen / (o - 1) * 1e3
-        c_ttft = row.first_token_s - row.arrival_s + 0.004
+        c_ttft = row.ttft_s + 0.004    # the simulator's client side (its front end, if any) + 4 ms
         out.append({"kind": "request", "id": rid, "ok": True, "t_send": t0 + row.arrival_s,
-                    "sent_s": row.arrival_s, "ttft_s": c_ttft, "e2e_s": row.finish_s - row.arrival_s + 0.004,
+                    "sent_s": row.arrival_s, "ttft_s": c_ttft, "e2e_s": row.e2e_s + 0.004,
                     "token_times_s": list(np.linspace(c_ttft, c_ttft + gen, o)), "prompt_tokens": int(row.input_tokens),
                     "output_tokens": o, "max_tokens": o, "token_count_source": "token_ids", "finish_reason": "length",
                     "server_metrics": sm, "model": "tiny-llama", "segment": 0})
@@ -91,8 +92,9 @@ def _request_records(res, ids, t0: float, noise, rng) -> list[dict]:
 
 
 def make_bundle(path: Path, hw: Path, tiny: Path, *, noise_sd: float = 0.03, seed: int = 0,
-                load_rate: float = 6.0, load_prompt=(128, 512), load_output=(8, 32)) -> Path:
-    """A bundle like `calibrate run` writes, measured on the simulator with the profile in ``hw``."""
+                load_rate: float = 6.0, load_prompt=(128, 512), load_output=(8, 32), engine: str | None = None) -> Path:
+    """A bundle like `calibrate run` writes, measured on the simulator with the profile in ``hw`` (and
+    its engine ``engine``, e.g. one with a front end, when given)."""
     rng = np.random.default_rng(seed)
     noise = lambda r: math.exp(r.normal(0.0, noise_sd))  # noqa: E731
     lrng = np.random.default_rng(seed + 1)
@@ -125,7 +127,7 @@ def make_bundle(path: Path, hw: Path, tiny: Path, *, noise_sd: float = 0.03, see
     for rid, n, _, _ in plan[0]["requests"]:
         res = _simulate(hw, tiny, {"arrival": {"kind": "closed", "concurrency": 1}, "num_requests": 1,
                                    "input_length": {"kind": "fixed", "value": n},
-                                   "output_length": {"kind": "fixed", "value": 1}})
+                                   "output_length": {"kind": "fixed", "value": 1}}, engine)
         b.append("prefill", _request_records(res, [rid], t0, noise, rng)[0])
     b.append("prefill", {"kind": "phase_done"})
     # decode sweeps: closed loops
@@ -133,7 +135,7 @@ def make_bundle(path: Path, hw: Path, tiny: Path, *, noise_sd: float = 0.03, see
         c = ph["concurrency"]
         res = _simulate(hw, tiny, {"arrival": {"kind": "closed", "concurrency": c}, "num_requests": 2 * c,
                                    "input_length": {"kind": "fixed", "value": 64},
-                                   "output_length": {"kind": "fixed", "value": 64}})
+                                   "output_length": {"kind": "fixed", "value": 64}}, engine)
         for rec in _request_records(res, [r[0] for r in ph["requests"]], t0, noise, rng):
             b.append(ph["name"], rec)
         b.append(ph["name"], _metrics_record(res, 2 * c, 2 * c * 64))
@@ -143,7 +145,7 @@ def make_bundle(path: Path, hw: Path, tiny: Path, *, noise_sd: float = 0.03, see
     trace = path / "load.trace.jsonl"
     trace.write_text("".join(json.dumps({"arrival_s": r[3], "input_tokens": r[1], "output_tokens": r[2]}) + "\n"
                              for r in loads))
-    res = _simulate(hw, tiny, {"arrival": {"kind": "trace", "path": str(trace), "format": "plain"}})
+    res = _simulate(hw, tiny, {"arrival": {"kind": "trace", "path": str(trace), "format": "plain"}}, engine)
     for rec in _request_records(res, [r[0] for r in loads], t0, lambda r: 1.0, rng):
         b.append(ph["name"], rec)
     b.append(ph["name"], _metrics_record(res, n_load, sum(r[2] for r in loads)))

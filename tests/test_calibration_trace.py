@@ -130,31 +130,52 @@ def test_report_names_the_workload_as_it_was(fitted, tmp_path):
     assert "trace gamma.csv" in (tmp_path / "v2" / "report.html").read_text()
 
 
-def _on_off_trace(path) -> list[tuple[float, int, int]]:
-    """Bursts of 6 requests 20 ms apart every 1.5 s (on/off, not Poisson), alternating a long-prompt /
-    short-output class (384 in, 6 out) and a short-prompt / long-output one (24 in, 48 out)."""
-    rows = [(round(1.5 * k + 0.02 * j, 6), 384, 6) if (k + j) % 2 else (round(1.5 * k + 0.02 * j, 6), 24, 48)
-            for k in range(5) for j in range(6)]
+def _two_class_trace(path, n: int = 40, seed: int = 11) -> list[tuple[float, int, int]]:
+    """Bursty arrivals (gamma inter-arrivals, CV 2.5, mean 150 ms) of two classes drawn at random: 70%
+    chat (64 prompt / 32 output tokens) and 30% documents (768 prompt / 8 output tokens)."""
+    rng = np.random.default_rng(seed)
+    gaps = rng.gamma(1.0 / 6.25, 6.25 * 0.15, n - 1)
+    arr = np.concatenate([[0.0], np.cumsum(gaps)])
+    doc = rng.random(n) < 0.3
+    rows = [(round(float(a), 6), 768, 8) if d else (round(float(a), 6), 64, 32) for a, d in zip(arr, doc)]
     path.write_text("arrival_s,input_tokens,output_tokens\n" + "".join(f"{a},{i},{o}\n" for a, i, o in rows))
     return rows
+
+
+#: The issue's targets for a trace replayed through `calibrate run --trace` and validated with the fit of
+#: another bundle of the same server: client-side TTFT p50/p90 within 25%, server-side within 15%.
+CLIENT_TOLERANCE, SERVER_TOLERANCE = 0.25, 0.15
 
 
 @pytest.mark.vllm
 @needs_vllm
 def test_vllm_trace_replayed_and_validated(tmp_path):
-    """One real server: a fit bundle (prefill + decode sweeps), then the on/off trace twice through
-    ``--trace`` (T1, T2: their difference is this run's noise); fit, validate both, and check the
-    replay and the server-side means (within 35% + 2 x the noise, as the fit test does).
+    """One real server: a fit bundle (prefill sweep, decode sweep at 1-8 users), then a trace of a shape
+    no other test uses (two classes, bursty arrivals) twice through ``--trace`` (T1, T2: their
+    difference is this run's noise); fit (step model, mixed-step cost, front end), validate both, and
+    check the replay, the client-side TTFT p50/p90 (within 25%) and the server-side TTFT and TPOT p50
+    (within 15%), each widened by that figure's T1-T2 noise.  The figures, the noise and the host's load
+    go to ``trace-figures.json``.
 
-    Means, not medians: the trace is half long-prompt and half short-prompt requests, so a p50 over
-    the 30 falls exactly between the two classes and swings with a few milliseconds of send jitter
-    (a CI run measured 22.2 ms twice while the predictions, replayed from each run's send times,
-    were 12.5 and 20.7 ms); the mean moves smoothly with the same jitter."""
+    Measured on the 2-vCPU VM shared with other work (2026-12-04, docs/validation/cpu.md has the tables),
+    errors T1 / T2 and the T1-T2 noise, three launches:
+
+    * host 1-min load 3.4-3.9: client TTFT p50 -18% / -7% (noise 6%), p90 -14% / -10% (11%); server
+      TTFT p50 +2% / +10% (3%), TPOT p50 +0% / +13% (9%): every check passes (about 2 minutes);
+    * load 5.2-5.4: client TTFT p50 +53% / +33% (11%) fails, p90 -6% / +2%; server TTFT p50 -9% / +10%
+      (7%), TPOT p50 -11% / -25% (13%);
+    * load 5.9-6.4: client TTFT p50 +1% / +7% (2%); server TTFT p50 -27% / -27% fails, TPOT p50
+      -38% / -63% with 91% between the two identical replays;
+    * load 4.2-5.1: client TTFT p50 +37% / +8% (37%), p90 -9% / -29% (67%); server TTFT p50 -5% / -5%
+      (5%), TPOT p50 -10% / -9% (2%): passes with the noise allowance.
+
+    The targets hold on a host the test has to itself; an oversubscribed one moves the figures by as
+    much as the targets allow."""
     from calibration.harness.probes import PlanOptions
     from calibration.harness.runner import (DEFAULT_LAUNCH_ENV, CalibrationRun, RunOptions, _pythonpath,
                                             default_launch_command, ensure_tiny_model)
     from calibration.harness.server import ServerProcess
-    rows = _on_off_trace(tmp_path / "onoff.csv")
+    rows = _two_class_trace(tmp_path / "bursty2.csv")
     model = ensure_tiny_model(VLLM_PY, tmp_path / "model", lambda s: None)
     port = free_port()
     opts = RunOptions(out=tmp_path, vllm_python=VLLM_PY, engine_args=["--no-enable-prefix-caching"])
@@ -169,10 +190,13 @@ def test_vllm_trace_replayed_and_validated(tmp_path):
     srv.start()
     try:
         srv.wait_ready(600)
-        fit_dir = measure("A", kinds=("prefill", "decode"), prefill_lengths=[16, 32, 64, 128, 256, 512, 1024],
-                          prefill_repeats=3, decode_concurrency=[1, 2, 4, 8], decode_prompt=64, decode_output=64)
-        t1 = measure("T1", kinds=("load",), trace=str(tmp_path / "onoff.csv"))
-        t2 = measure("T2", kinds=("load",), trace=str(tmp_path / "onoff.csv"))
+        # the open-loop load gives the front end's output queue (calibration/fit_frontend.py)
+        fit_dir = measure("A", kinds=("prefill", "decode", "load"), prefill_lengths=[16, 32, 64, 128, 256, 512, 1024],
+                          prefill_repeats=3, decode_concurrency=[1, 2, 4, 8], decode_prompt=64, decode_output=64,
+                          load_rates=[4.0], load_requests=30, load_prompt=(32, 256), load_output=(16, 64),
+                          closed_concurrency=[])
+        t1 = measure("T1", kinds=("load",), trace=str(tmp_path / "bursty2.csv"))
+        t2 = measure("T2", kinds=("load",), trace=str(tmp_path / "bursty2.csv"))
     finally:
         srv.stop()
     b = Bundle.open(t1)
@@ -183,19 +207,32 @@ def test_vllm_trace_replayed_and_validated(tmp_path):
     hw = tmp_path / "hw"
     assert cli.main(["fit", str(fit_dir), "--out", str(hw)]) == 0
     v1, v2 = validate(t1, hw, out=tmp_path / "v1"), validate(t2, hw, out=tmp_path / "v2")
-    assert "trace onoff.csv (plain, 30 requests" in (tmp_path / "v1" / "report.md").read_text()
+    assert "trace bursty2.csv (plain, 40 requests" in (tmp_path / "v1" / "report.md").read_text()
+    assert v1["frontend"] is not None            # the fit found a front end, and the replay used it
 
     def fig(v, metric, stat, source):
         return next(r for r in v["phases"][0]["rows"] if (r["metric"], r["stat"], r["source"]) == (metric, stat, source))
+    checked = {("TTFT", "p50", "client"): CLIENT_TOLERANCE, ("TTFT", "p90", "client"): CLIENT_TOLERANCE,
+               ("TTFT", "p50", "server"): SERVER_TOLERANCE, ("TPOT", "p50", "server"): SERVER_TOLERANCE}
     out = {}
-    for metric, stat, source in (("TTFT", "mean", "server"), ("TPOT", "mean", "server"), ("TTFT", "p50", "server"),
-                                 ("TPOT", "p50", "server"), ("E2E", "p50", "server"), ("TTFT", "p50", "client"),
-                                 ("TTFT", "p90", "client")):
-        a, c = fig(v1, metric, stat, source), fig(v2, metric, stat, source)
-        out[f"{metric} {stat} {source}"] = {"measured_ms": [a["measured_s"] * 1e3, c["measured_s"] * 1e3],
-                                            "error": [a["rel_error"], c["rel_error"]],
-                                            "noise": abs(c["measured_s"] / a["measured_s"] - 1)}
-    print(json.dumps(out, indent=1))
-    for k in ("TTFT mean server", "TPOT mean server"):
-        bound = 0.35 + 2 * out[k]["noise"]
-        assert all(abs(e) <= bound for e in out[k]["error"]), (k, out[k], bound)
+    for key in (*checked, ("TTFT", "p90", "server"), ("TPOT", "p90", "server"), ("E2E", "p50", "server"),
+                ("E2E", "p50", "client")):
+        a, c = fig(v1, *key), fig(v2, *key)
+        out[" ".join(key)] = {"measured_ms": [a["measured_s"] * 1e3, c["measured_s"] * 1e3],
+                              "predicted_ms": [a["predicted_s"] * 1e3, c["predicted_s"] * 1e3],
+                              "error": [a["rel_error"], c["rel_error"]],
+                              "noise": abs(c["measured_s"] / a["measured_s"] - 1)}
+    fit_report = json.loads(next((hw / "fits").glob("*.json")).read_text())
+    out["host load (1 min) before/after A, T1, T2"] = [
+        [run["conditions"][w]["loadavg"][0] for w in ("before", "after")]
+        for d in (fit_dir, t1, t2) for run in Bundle.open(d).manifest["runs"]]
+    out["front end"] = fit_report["frontend"]
+    out["mixed steps"] = fit_report["mixed_steps"]
+    text = json.dumps(out, indent=1, default=str)
+    print(text)
+    (tmp_path / "trace-figures.json").write_text(text)
+    # The issue's tolerance, widened by this run's own noise (the same trace replayed twice on one server)
+    load = max(x for pair in out["host load (1 min) before/after A, T1, T2"] for x in pair)
+    for key, tol in checked.items():
+        f = out[" ".join(key)]
+        assert all(abs(e) <= tol + f["noise"] for e in f["error"]), (key, f, tol, f"host 1-min load up to {load}")

@@ -1,7 +1,7 @@
 """The workload's side of a run: open-loop arrivals or closed-loop clients, as SimPy processes.
 
-One loop for every engine.  Each request reaches the engine after its front
-end (``frontend_s`` plus ``frontend_s_per_token`` per prompt token, seconds);
+One loop for every engine.  Each request reaches the engine after the way in
+of its front end (:meth:`simulator.engine.frontend.FrontEnd.delay`, seconds);
 the engine's ``admit(rid)`` then returns True when it took the request (the
 request will end later, as the recorder records) or False when it refused it
 at once (it has ended already).  Arrival times are in seconds from the start.
@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import math
 
+from simulator.engine.frontend import FrontEnd, seen_times
 
-def start_workload(env, rec, closed_loop, frontend: tuple[float, float], admit, client_rng,
-                   gate: list | None = None, limit: float = math.inf, whole_frontend: bool = False) -> None:
+
+def start_workload(env, rec, closed_loop, frontend: FrontEnd, admit, client_rng,
+                   gate: list | None = None, limit: float = math.inf) -> None:
     """Start the open loop (``closed_loop`` None: requests arrive at ``rec.arrival``) or one process per
     closed-loop user (a :class:`simulator.workload.ClientModel`; users beyond the request count would
-    never send, so at most one per request).  ``gate``/``limit``: see :func:`open_loop`;
-    ``whole_frontend``: see :func:`seen_times`."""
+    never send, so at most one per request).  ``gate``/``limit``: see :func:`open_loop`."""
     if closed_loop is None:
-        env.process(open_loop(env, rec, seen_times(rec, frontend, whole_frontend), admit, gate, limit))
+        env.process(open_loop(env, rec, seen_times(rec.arrival, rec.input_tokens, frontend), admit, gate, limit))
         return
     rec.waiters = {}
     next_id = [0]                       # the next request any user sends, shared by all users
@@ -26,26 +27,9 @@ def start_workload(env, rec, closed_loop, frontend: tuple[float, float], admit, 
         env.process(client(env, k, next_id, closed_loop, rec, frontend, admit, client_rng))
 
 
-def seen_times(rec, frontend: tuple[float, float], whole_frontend: bool) -> list[float] | None:
-    """When the engine sees each open-loop request (seconds), or None when there is no front end
-    (it sees each at its arrival).
-
-    The operations engine adds the front end to the arrival as one duration, as a closed-loop user's
-    wait does (``whole_frontend``); the static engine adds its fixed and per-token terms in turn.
-    The two sums differ by an ulp at most; both are kept so that both engines' tables stay
-    byte-identical to their records until one sum is chosen and the regress baseline moved with it."""
-    fe0, fe_tok = frontend
-    if not (fe0 or fe_tok):
-        return None
-    arrival, inp = rec.arrival, rec.input_tokens
-    if whole_frontend:
-        return [arrival[r] + (fe0 + fe_tok * inp[r]) for r in range(len(arrival))]
-    return [arrival[r] + fe0 + fe_tok * inp[r] for r in range(len(arrival))]
-
-
 def open_loop(env, rec, seen: list[float] | None, admit, gate: list | None = None, limit: float = math.inf):
-    """Admit each request at ``seen`` (:func:`seen_times`; None: at its arrival), in that order
-    (arrivals are non-decreasing, and so are they when there is no front end).
+    """Admit each request at ``seen`` (:func:`simulator.engine.frontend.seen_times`; None: at its
+    arrival), in that order (arrivals are non-decreasing, and so are they when there is no front end).
 
     ``gate`` (a one-element list, or None): set before each wait to the time this process next
     dispatches (capped at ``limit``), and to ``limit`` once every request is dispatched, so that
@@ -70,11 +54,10 @@ def open_loop(env, rec, seen: list[float] | None, admit, gate: list | None = Non
         gate[0] = limit
 
 
-def client(env, k: int, next_id: list, cl, rec, frontend: tuple[float, float], admit, client_rng):
+def client(env, k: int, next_id: list, cl, rec, frontend: FrontEnd, admit, client_rng):
     """User ``k`` of a closed loop: after its share of the ramp-up, sends a request (after a client
     delay drawn from ``client_rng``), waits for it to end, thinks, and sends the next; the arrival
     time recorded is the send time."""
-    fe0, fe_tok = frontend
     inp = rec.input_tokens
     if cl.ramp_up_s > 0:
         yield env.timeout(cl.ramp_up_s * k / cl.concurrency)
@@ -89,8 +72,8 @@ def client(env, k: int, next_id: list, cl, rec, frontend: tuple[float, float], a
         rec.arrival[rid] = env.now
         done = env.event()
         rec.waiters[rid] = done
-        if fe0 or fe_tok:
-            yield env.timeout(fe0 + fe_tok * inp[rid])
+        if frontend.has_delay:
+            yield env.timeout(frontend.delay(inp[rid]))
         if admit(rid):
             yield done
         else:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from simulator.engine.frontend import FrontEnd
 from simulator.engine.instance import Instance
 from simulator.engine.outcome import Outcome
 
@@ -153,8 +154,7 @@ class PoolSpec:
     router: str
     role: str = "colocated"
     prefix_caching: bool = True
-    frontend_s: float = 0.0             # front end before the engine sees a request (s) ...
-    frontend_s_per_token: float = 0.0   # ... plus this per prompt token (tokenisation)
+    frontend: FrontEnd = FrontEnd()     # the API server: a delay on the way in, a queue on the way out
     dp: int = 1                         # ranks per lock-stepped data-parallel instance (instances counts ranks)
 
 

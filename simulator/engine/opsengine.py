@@ -255,8 +255,7 @@ class OpsRun:
         for inst in self.front.all:
             inst.gate = gate
         limit = math.inf if max_time_s is None else max_time_s
-        start_workload(env, rec, closed_loop, (front_spec.frontend_s, front_spec.frontend_s_per_token),
-                       self.arrive, self.client_rng, gate, limit, whole_frontend=not static)
+        start_workload(env, rec, closed_loop, front_spec.frontend, self.arrive, self.client_rng, gate, limit)
         # A static run's idle instances wait on untriggered events, so its schedule empties when the last
         # request ends; the lifecycle's processes (autoscalers, fault clocks) never end, so a run with
         # operations stops when every request has ended.
