@@ -88,7 +88,7 @@ from calibration.fit_inputs import (CPU_DEFAULT_MAX_NUM_BATCHED_TOKENS, CPU_DEFA
 from calibration.fit_frontend import FrontEndFit, describe, fit_frontend
 from calibration.fit_points import Point, aggregate, engine_batch, measurement_points, server_ttft_s
 from calibration.fit_predict import calibrated_engine, candidate_deployment, candidate_profile, predict, step
-from calibration.fit_report import (_final_profile, _fmt_param, final_engine, fit_report, mixed_step_note, profile_name,
+from calibration.fit_report import (final_profile, fmt_param, final_engine, fit_report, mixed_step_note, profile_name,
                                     write_outputs)
 from calibration.fit_solver import (BOUNDS, MAX_SIGMA_REL, OPTIONAL, PARAMS, SENSITIVITY_FLOOR, SOFT_L1_SCALE,
                                     UNITS, FitResult, fit_points)
@@ -206,7 +206,7 @@ def fit_bundle(path: str | Path, *, gpu: str | None = None, model: str | None = 
             "fitted_at": created}
     fe = fit_frontend(b)
     prov["host"] = host
-    prof = _final_profile(res, g, served, version, created, prov, setup, notes, fe)
+    prof = final_profile(res, g, served, version, created, prov, setup, notes, fe)
     if host and host["warnings"]:
         prof = prof.model_copy(update={"notes": "\n".join([prof.notes or "", *("host: " + w for w in host["warnings"])])})
     return BundleFit(b, g, entry, setup, points, notes, res, fe, prof, prov, dep, host)
@@ -244,8 +244,8 @@ def cmd_fit(a, con) -> int:
         if n in r.params:
             lo, hi = r.interval95(n) if n in r.sigma_rel else (math.nan, math.nan)
             s = r.sigma_rel.get(n)
-            t.add_row(n, _fmt_param(n, r.params[n]), f"{100 * s:.1f}%" if s is not None else "-",
-                      f"{_fmt_param(n, lo)} .. {_fmt_param(n, hi)}" if s is not None else "-",
+            t.add_row(n, fmt_param(n, r.params[n]), f"{100 * s:.1f}%" if s is not None else "-",
+                      f"{fmt_param(n, lo)} .. {fmt_param(n, hi)}" if s is not None else "-",
                       ("fitted" + (f" ({_short(r.remarks[n])})" if n in r.remarks else ""))
                       if n in r.free else _short(r.fixed.get(n, "given")))
         else:

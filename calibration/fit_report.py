@@ -28,13 +28,13 @@ def profile_name(gpu: str, version: str | None, model: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", raw)
 
 
-def _fmt_param(n: str, v: float) -> str:
+def fmt_param(n: str, v: float) -> str:
     if n in ("step_overhead_s", "prefill_overhead_s"):
         return f"{v * 1e3:.3g} ms"
     return f"{v:.4g}" + (f" {UNITS[n]}" if UNITS[n] else "")
 
 
-def _final_profile(res: FitResult, g: hwdb.GPU, served: str, version, created: str, prov: dict,
+def final_profile(res: FitResult, g: hwdb.GPU, served: str, version, created: str, prov: dict,
                    setup: EngineSetup, notes: dict, fe: FrontEndFit) -> Profile:
     q = res.quality
     bundle = prov["bundle"]
@@ -57,7 +57,7 @@ def _final_profile(res: FitResult, g: hwdb.GPU, served: str, version, created: s
                           empirical=True, source=src_base + f"memory max_eff{unc('memory_max_eff')}; half "
                                                             f"(per-kernel floor) kept at {g.name}'s default")
           if "memory_max_eff" in p else None)
-    lines = [f"{n} = {_fmt_param(n, p[n])}{unc(n)}" + (f" [{res.remarks[n]}]" if n in res.remarks else "")
+    lines = [f"{n} = {fmt_param(n, p[n])}{unc(n)}" + (f" [{res.remarks[n]}]" if n in res.remarks else "")
              for n in PARAMS if n in p]
     lines += [f"{n}: {why}" for n, why in res.fixed.items() if n not in p]
     lines.append(mixed_step_note(res))
@@ -99,7 +99,7 @@ def mixed_step_note(res: FitResult) -> str:
     """Whether the fit told steps that carry a prompt chunk from decode-only ones, in words."""
     p = res.params
     if "prefill_overhead_s" in p:
-        extra, base = _fmt_param("prefill_overhead_s", p["prefill_overhead_s"]), _fmt_param("step_overhead_s",
+        extra, base = fmt_param("prefill_overhead_s", p["prefill_overhead_s"]), fmt_param("step_overhead_s",
                                                                                           p["step_overhead_s"])
         return (f"mixed steps: a step that carries a prompt chunk costs {extra} more than a decode-only step "
                 f"(step_overhead_s {base}); fitted separately (profile prefill_step_overhead_s)")

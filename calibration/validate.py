@@ -53,7 +53,7 @@ from calibration.fit_inputs import CPU_GPU, FitInputError, bundle_model, engine_
 from calibration.harness.bundle import Bundle
 from calibration.validate_replay import (LABEL, METRICS, PCTS, arrival_stats, compare, measured_phase, per_step_scope,
                                          predicted_phase, simulate_phase)
-from calibration.validate_report import _err, _json_default, _ms, _verdict, html_report, markdown_report
+from calibration.validate_report import rel_err, json_default, fmt_ms, verdict_of, html_report, markdown_report
 from hwdb.profiles import Profile
 from simulator.inputs import read_yaml
 
@@ -236,7 +236,7 @@ def validate(bundle: str | Path, profile: str | Path, *, tolerance: float = 0.25
             "client_tolerance": client_tolerance if frontend else None, "engine": setup.as_dict(), "engine_profile": engine_name,
             "phases": results, "passed": all(r["passed"] for r in results),
             "checks": sum(r["checks"] for r in results), "failed": sum(r["failed"] for r in results)}
-    (out / "validation.json").write_text(json.dumps(data, indent=2, default=_json_default) + "\n")
+    (out / "validation.json").write_text(json.dumps(data, indent=2, default=json_default) + "\n")
     (out / "report.md").write_text(markdown_report(data))
     (out / "report.html").write_text(html_report(data))
     data["out"] = str(out)
@@ -293,9 +293,9 @@ def cmd_validate(a, con) -> int:
         for c in ("metric", "stat", "source", "measured", "predicted", "error", "verdict"):
             t.add_column(c, justify="right" if c in ("measured", "predicted", "error") else "left")
         for r in ph["rows"]:
-            v = _verdict(r)
-            t.add_row(r["metric"], r["stat"], r["source"], _ms(r["measured_s"]), _ms(r["predicted_s"]),
-                      _err(r["rel_error"]), f"[red]{v}[/]" if v == "FAIL" else escape(v))
+            v = verdict_of(r)
+            t.add_row(r["metric"], r["stat"], r["source"], fmt_ms(r["measured_s"]), fmt_ms(r["predicted_s"]),
+                      rel_err(r["rel_error"]), f"[red]{v}[/]" if v == "FAIL" else escape(v))
         con.print(t)
         if ph["per_step_scope"] != "all segments":
             con.print(f"[yellow]{ph['phase']}: per-step figures (ITL histogram, engine steps) over "

@@ -10,7 +10,7 @@ import numpy as np
 from calibration.harness.trace_plan import workload_text
 
 
-def _json_default(o):
+def json_default(o):
     if isinstance(o, (np.floating, np.integer)):
         return o.item()
     if isinstance(o, Path):
@@ -18,17 +18,17 @@ def _json_default(o):
     raise TypeError(type(o).__name__)
 
 
-def _ms(x) -> str:
+def fmt_ms(x) -> str:
     if x is None or not np.isfinite(x):
         return "-"
     return f"{x * 1e3:.2f} ms" if x < 1 else f"{x:.3f} s"
 
 
-def _err(x) -> str:
+def rel_err(x) -> str:
     return "-" if x is None or not np.isfinite(x) else f"{x:+.1%}"
 
 
-def _verdict(r) -> str:
+def verdict_of(r) -> str:
     if r["passed"] is None:
         return "info" if not r["note"] else r["note"]
     return "pass" if r["passed"] else "FAIL"
@@ -69,7 +69,7 @@ def markdown_report(d: dict) -> str:
             cells = [f"{metric} | {stat}"]
             for r in (srv, cli):
                 cells.append(" | ".join(["-"] * 4) if r is None else
-                             f"{_ms(r['measured_s'])} | {_ms(r['predicted_s'])} | {_err(r['rel_error'])} | {_verdict(r)}")
+                             f"{fmt_ms(r['measured_s'])} | {fmt_ms(r['predicted_s'])} | {rel_err(r['rel_error'])} | {verdict_of(r)}")
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     lines += ["Server-side times start when the engine takes the request (between steps); the simulator's are "
@@ -93,7 +93,7 @@ def _front_text(fe: dict | None) -> str:
     if not fe:
         return ("front end: none fitted (the calibrated engine has none): client-side predictions are the "
                 "engine's times from the send; information only")
-    text = (f"front end (engine `{fe['engine']}`): way in {_ms(fe['frontend_s'])} + "
+    text = (f"front end (engine `{fe['engine']}`): way in {fmt_ms(fe['frontend_s'])} + "
             f"{fe['frontend_s_per_token'] * 1e6:.3g} us per prompt token")
     return text + (f", output queue {fe['stream_s_per_token'] * 1e3:.3g} ms per streamed token + "
                    f"{fe.get('stream_s_per_request', 0.0) * 1e3:.3g} ms per request's first"
@@ -105,7 +105,7 @@ def _host_text(d: dict) -> str:
     p = d["profile"]
     text = _host_cost_text(d)
     if p.get("prefill_step_overhead_s"):
-        text += f"; a step that carries a prompt chunk {_ms(p['prefill_step_overhead_s'])} more"
+        text += f"; a step that carries a prompt chunk {fmt_ms(p['prefill_step_overhead_s'])} more"
     return text
 
 
@@ -113,10 +113,10 @@ def _host_cost_text(d: dict) -> str:
     p = d["profile"]
     if p.get("host_cost"):
         h = p["host_cost"]
-        return (f"host cost per step {_ms(h['step_s'])} + {_ms(h['per_sampled_seq_s'])} per sequence "
+        return (f"host cost per step {fmt_ms(h['step_s'])} + {fmt_ms(h['per_sampled_seq_s'])} per sequence "
                 f"(engine `{h['engine']}`)")
     if p.get("step_overhead_s") is not None:
-        return f"step overhead {_ms(p['step_overhead_s'])}"
+        return f"step overhead {fmt_ms(p['step_overhead_s'])}"
     h = p.get("default_host_cost")
     head = "**without the fitted host cost**: " if d.get("without_overhead") else "no fitted host cost: "
     if not h:
@@ -149,10 +149,10 @@ def html_report(d: dict) -> str:
         parts.append(f"<h2>{html.escape(ph['phase'])}</h2><p>{html.escape(workload_text(ph))}</p><table><tr><th>metric</th><th>stat</th><th>source</th>"
                      "<th>measured</th><th>predicted</th><th>error</th><th>verdict</th></tr>")
         for r in ph["rows"]:
-            v = _verdict(r)
+            v = verdict_of(r)
             parts.append(f"<tr><td>{r['metric']}</td><td>{r['stat']}</td><td>{r['source']}</td>"
-                         f"<td>{_ms(r['measured_s'])}</td><td>{_ms(r['predicted_s'])}</td>"
-                         f"<td>{_err(r['rel_error'])}</td><td class='{v}'>{v}</td></tr>")
+                         f"<td>{fmt_ms(r['measured_s'])}</td><td>{fmt_ms(r['predicted_s'])}</td>"
+                         f"<td>{rel_err(r['rel_error'])}</td><td class='{v}'>{v}</td></tr>")
         parts.append("</table>")
         s = ph["series"]
         fig = make_subplots(rows=2, cols=2, subplot_titles=(

@@ -316,17 +316,8 @@ def test_no_cycles_between_subpackages():
     assert not found, "sub-packages in an import cycle: " + "; ".join(" <-> ".join(c) for c in found)
 
 
-# Private names one module still takes from another, each with its reason; none may be added.
-ALLOWED_PRIVATE_IMPORTS: set[tuple[str, str, str]] = {
-    # The fit and validation reports are being reworked on a branch (front end, mixed steps); their
-    # helpers become public there.
-    ("calibration.fit", "calibration.fit_report", "_final_profile"),
-    ("calibration.fit", "calibration.fit_report", "_fmt_param"),
-    ("calibration.validate", "calibration.validate_report", "_err"),
-    ("calibration.validate", "calibration.validate_report", "_json_default"),
-    ("calibration.validate", "calibration.validate_report", "_ms"),
-    ("calibration.validate", "calibration.validate_report", "_verdict"),
-}
+# Private names one module takes from another, each with its reason (none today); none may be added.
+ALLOWED_PRIVATE_IMPORTS: set[tuple[str, str, str]] = set()
 
 
 def private_imports() -> set[tuple[str, str, str]]:
