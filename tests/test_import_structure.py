@@ -80,7 +80,7 @@ ALLOWED_LOCAL_IMPORTS: dict[str, set[tuple[str, str]]] = {
      'parser.'): {
         ('calibration.cli', 'calibration.fit'), ('calibration.cli', 'calibration.harness.probes'),
         ('calibration.cli', 'calibration.harness.runner'), ('calibration.cli', 'calibration.harness.server'),
-        ('calibration.cli', 'calibration.harness.trace_plan'), ('calibration.cli', 'calibration.pd_bundle'),
+        ('calibration.cli', 'calibration.harness.trace_plan'), ('calibration.cli', 'calibration.pd_cli'),
         ('calibration.cli', 'calibration.validate'), ('calibration.e2e_report', 'calibration.e2e'),
         ('calibration.e2e_report', 'calibration.e2e_rows'), ('calibration.e2e_report', 'simulator.errors'),
         ('calibration.fit', 'calibration.fit_host'), ('calibration.fit', 'calibration.fit_startup'),
@@ -95,8 +95,7 @@ ALLOWED_LOCAL_IMPORTS: dict[str, set[tuple[str, str]]] = {
         ('calibration.fit_predict', 'hwdb.schema'), ('calibration.fit_solver', 'simulator.step_build'),
         ('calibration.harness.probes', 'calibration.harness.trace_plan'),
         ('calibration.harness.runner', 'calibration.harness.server'),
-        ('calibration.harness.trace_plan', 'simulator.traces'), ('calibration.pd_run', 'simulator.run'),
-        ('calibration.pd_run', 'simulator.scenario'), ('calibration.validate_replay', 'simulator.run'),
+        ('calibration.harness.trace_plan', 'simulator.traces'), ('calibration.validate_replay', 'simulator.run'),
         ('calibration.validate_replay', 'simulator.scenario'),
     },
     ("The app's services, report and pages load the simulator, planner, calibration and other "
