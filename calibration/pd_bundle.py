@@ -1,10 +1,11 @@
-"""Reading the folder ``python -m calibration.pd_run run`` writes (a PD bundle), for ``calibrate show``.
+"""Reading the folder ``epdsim calibrate run --pd`` writes (a PD bundle), for ``calibrate show`` and ``validate``.
 
 A PD bundle is not a colocated calibration bundle: its manifest has ``kind: pd_run`` and two
 servers, and its one load test is ``records/load_pd.jsonl`` (the client's records, each with the
 router's timings and both servers' metrics under ``pd``).  ``calibrate show`` recognises it by the
-``kind`` and prints :func:`pd_summary`; ``fit`` and ``validate`` refuse it with the command that
-replays it (:data:`REPLAY_HINT`).
+``kind`` and prints :func:`pd_summary` (a prefill-side, a decode-side and a transfer table);
+``calibrate validate`` replays it (:mod:`calibration.pd_replay`); ``fit`` refuses it with the
+commands that read it (:data:`REPLAY_HINT`).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ PD_KIND = "pd_run"
 SERVED = "tiny-llama"
 PD_SCHEMA_VERSION = 1
 RECORDS = Path("records") / "load_pd.jsonl"
-REPLAY_HINT = ("replay it with `python -m calibration.pd_run replay BUNDLE --hwdb HWDB_DIR` "
+REPLAY_HINT = ("replay it with `epdsim calibrate validate BUNDLE --profile HWDB_DIR` "
                "(HWDB_DIR from `epdsim calibrate fit` of a colocated bundle) and summarise it with "
                "`epdsim calibrate show BUNDLE`")
 
@@ -86,9 +87,20 @@ def _records(path: Path) -> list[dict]:
     return out
 
 
+def _report(path: Path) -> dict | None:
+    """The newest comparison written for the bundle (``calibrate validate``, else ``pd_run replay``)."""
+    for sub in ("validation", "replay"):
+        try:
+            return json.loads((path / sub / "report.json").read_text())
+        except (OSError, ValueError):
+            continue
+    return None
+
+
 def pd_summary(path: str | Path) -> dict:
     """What ``calibrate show`` prints for a PD bundle: settings, host, and the load test's figures
-    (client TTFT through the router, both servers' TTFT, decode TPOT; seconds)."""
+    per side (seconds): prefill server TTFT and the router's prefill leg; decode server TTFT (KV
+    load + first token) and TPOT; the client's TTFT and TPOT through the router; the transfers."""
     path = Path(path)
     m = read_manifest(path)
     if m is None:
@@ -101,22 +113,46 @@ def pd_summary(path: str | Path) -> dict:
         v = ((r.get("pd") or {}).get(f"{side}_metrics") or {}).get(key)
         return v / 1e3 if isinstance(v, (int, float)) else None
 
-    ttft = [r.get("ttft_s") for r in ok]
-    pre = [srv(r, "prefill", "time_to_first_token_ms") for r in ok]
-    dec = [srv(r, "decode", "time_to_first_token_ms") for r in ok]
-    tpot = [srv(r, "decode", "mean_itl_ms") for r in ok]
+    def leg(r):
+        pd = r.get("pd") or {}
+        a, b = pd.get("prefill_sent_s"), pd.get("prefill_done_s")
+        return b - a if isinstance(a, (int, float)) and isinstance(b, (int, float)) else None
+
+    def client_tpot(r):
+        o, e2e, ttft = r.get("output_tokens"), r.get("e2e_s"), r.get("ttft_s")
+        ok_ = isinstance(o, int) and o > 1 and isinstance(e2e, (int, float)) and isinstance(ttft, (int, float))
+        return (e2e - ttft) / (o - 1) if ok_ else None
+
+    def p(xs):
+        return {"p50": _pct(xs, 50), "p90": _pct(xs, 90)}
+    sides = {
+        "prefill": {"server TTFT": p([srv(r, "prefill", "time_to_first_token_ms") for r in ok]),
+                    "server queue": p([srv(r, "prefill", "queue_time_ms") for r in ok]),
+                    "router leg (HTTP, not streamed)": p([leg(r) for r in ok])},
+        "decode": {"server TTFT (KV load + 1st token)": p([srv(r, "decode", "time_to_first_token_ms") for r in ok]),
+                   "server queue": p([srv(r, "decode", "queue_time_ms") for r in ok]),
+                   "server TPOT": p([srv(r, "decode", "mean_itl_ms") for r in ok])},
+        "client": {"TTFT via router": p([r.get("ttft_s") for r in ok]), "TPOT via router": p([client_tpot(r) for r in ok])},
+    }
+    rep = _report(path)
     load = m.get("load") or {}
     return {"path": str(path), "kind": PD_KIND, "schema_version": m.get("schema_version"), "mode": m.get("mode"),
             "created": m.get("created"), "status": m.get("status", "unknown (written before status was kept)"),
-            "interrupted_by": m.get("interrupted_by"),
+            "interrupted_by": m.get("interrupted_by"), "error": m.get("error"),
             "connector": m.get("connector"), "block_size": m.get("block_size"), "binds": m.get("binds"),
             "ready_s": m.get("ready_s"), "vllm": (m.get("versions") or {}).get("vllm"),
             "host": m.get("host"), "load": load, "requests": len(recs), "ok": len(ok),
             "kv_loaded": m.get("kv_loaded"), "file_bandwidth_Bps": (m.get("file_bandwidth") or {}).get("write_read_Bps"),
-            "figures": {"client_ttft_p50": _pct(ttft, 50), "client_ttft_p90": _pct(ttft, 90),
-                        "prefill_server_ttft_p50": _pct(pre, 50), "decode_server_ttft_p50": _pct(dec, 50),
-                        "decode_tpot_p50": _pct(tpot, 50)},
-            "replay": (path / "replay" / "report.json").exists()}
+            "file_per_transfer_s": (m.get("file_bandwidth") or {}).get("per_transfer_s"),
+            "nixl_transfers": m.get("nixl_transfers"), "nixl": m.get("nixl"),
+            "handshake_warmup_s": (m.get("result") or {}).get("handshake_warmup_s"), "sides": sides,
+            "figures": {"client_ttft_p50": sides["client"]["TTFT via router"]["p50"],
+                        "client_ttft_p90": sides["client"]["TTFT via router"]["p90"],
+                        "prefill_server_ttft_p50": sides["prefill"]["server TTFT"]["p50"],
+                        "decode_server_ttft_p50": sides["decode"]["server TTFT (KV load + 1st token)"]["p50"],
+                        "decode_tpot_p50": sides["decode"]["server TPOT"]["p50"]},
+            "replay": rep is not None,
+            "validation": None if rep is None else {k: rep.get(k) for k in ("out", "checks", "failed", "passed")}}
 
 
 def show_pd(s: dict, con) -> None:
@@ -129,28 +165,54 @@ def show_pd(s: dict, con) -> None:
         return "-" if x is None else f"{x * 1e3:.1f} ms"
     load = s["load"]
     con.print(f"[bold]{escape(s['path'])}[/]: PD bundle ({s['connector']}, block {s['block_size']}), "
-              f"{s['mode']} mode, status {escape(str(s['status']))}, vLLM {s['vllm'] or '-'}")
+              f"{s['mode']} mode, status {escape(str(s['status']))}, vLLM {s['vllm'] or '-'}; "
+              f"{s['ok']} of {s['requests']} ok")
+    if s.get("error"):
+        con.print(f"error: {escape(str(s['error'])[:300])}")
     if load:
         con.print(f"load: {load.get('kind')} {load.get('rate')} req/s, {load.get('n')} requests, prompts of "
                   f"{load.get('blocks')} x {s['block_size']} + {load.get('extra')} tokens, outputs "
                   f"{load.get('out_min')}..{load.get('out_max')} tokens, seed {load.get('seed')}")
     if s.get("ready_s"):
         con.print("ready: " + ", ".join(f"{k} {v:.1f} s" for k, v in s["ready_s"].items() if v is not None))
+    heads = ["side", "figure", "p50", "p90"]
+    for side in ("prefill", "decode", "client"):
+        rows = [[side, name, ms(v["p50"]), ms(v["p90"])] for name, v in s["sides"][side].items()]
+        title = {"prefill": "prefill side (server metrics; the router's prefill request)",
+                 "decode": "decode side (server metrics)", "client": "client (through the router)"}[side]
+        for t in wide_tables(title, heads, rows, con.width, justify={h: "right" for h in heads[2:]}):
+            con.print(t)
+    rows = []
     kv = s.get("kv_loaded") or {}
-    if kv:
-        con.print(f"KV loaded by the decode server: {kv.get('injections')} injections, {kv.get('tokens')} tokens")
+    if "injections" in kv:
+        rows.append(["KV loads (decode log)", f"{kv.get('injections')} loads, {kv.get('tokens')} tokens"])
     if s.get("file_bandwidth_Bps"):
-        con.print(f"file bandwidth (write + read): {s['file_bandwidth_Bps'] / 1e9:.2f} GB/s")
-    f = s["figures"]
-    heads = ["requests", "client TTFT p50", "client TTFT p90", "prefill srv TTFT p50", "decode srv TTFT p50",
-             "decode TPOT p50"]
-    row = [f"{s['ok']} of {s['requests']} ok", *(ms(f[k]) for k in (
-        "client_ttft_p50", "client_ttft_p90", "prefill_server_ttft_p50", "decode_server_ttft_p50", "decode_tpot_p50"))]
-    for t in wide_tables("load_pd (client through the router; servers' own metrics)", heads, [row], con.width,
-                         justify={h: "right" for h in heads}):
-        con.print(t)
-    if not s["replay"]:
-        con.print("not replayed yet: " + REPLAY_HINT.replace("BUNDLE", s["path"]))
+        rows.append(["file write + read", f"{s['file_bandwidth_Bps'] / 1e9:.2f} GB/s, "
+                                          f"{ms(s.get('file_per_transfer_s'))} per transfer"])
+    nx = s.get("nixl_transfers") or {}
+    if nx.get("transfers"):
+        rows.append(["NIXL reads (decode /metrics)", f"{nx['transfers']} transfers, mean {nx['mean_xfer_s'] * 1e3:.3f} ms "
+                                                     f"and {nx['mean_bytes'] / 1e6:.3f} MB each"])
+        if nx.get("bandwidth_Bps"):
+            rows.append(["NIXL bytes / transfer time", f"{nx['bandwidth_Bps'] / 1e9:.2f} GB/s"])
+    elif s["connector"] == "NixlConnector":
+        rows.append(["NIXL reads (decode /metrics)", "none recorded"])
+    if s.get("nixl"):
+        n = s["nixl"]
+        rows.append(["NIXL settings", f"kv_buffer_device {n.get('kv_buffer_device')}, progress thread "
+                                      f"{n.get('progress_thread')}, pinning kept: {'yes' if n.get('keep_binding') else 'no'}"])
+    if s.get("handshake_warmup_s") is not None:
+        rows.append(["warm-up through the router (NIXL handshake)", ms(s["handshake_warmup_s"])])
+    if rows:
+        for t in wide_tables(f"KV transfer ({s['connector']})", ["figure", "value"], rows, con.width):
+            con.print(t)
+    v = s.get("validation")
+    if v is None:
+        con.print("not validated yet: " + REPLAY_HINT.replace("BUNDLE", s["path"]))
+    elif v.get("checks") is not None:
+        con.print(f"validated: {v['checks'] - v['failed']} of {v['checks']} checks pass ({v['out']}/report.json)")
+    else:
+        con.print(f"replayed: {v.get('out') or s['path'] + '/replay'}/report.json")
 
 
 def replay_inputs(hwdb_dirs: list[str], engine: str | None, model: str | None) -> tuple[str, str]:

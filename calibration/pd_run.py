@@ -1,12 +1,13 @@
-"""A disaggregated (prefill/decode) vLLM pair under load, and its replay in the simulator.
+"""A disaggregated (prefill/decode) vLLM pair under load: ``epdsim calibrate run --pd``.
 
 ``run`` launches (or attaches to) a prefill server (``kv_role: kv_producer``) and a decode server
-(``kv_consumer``) sharing vLLM's file-based ``ExampleConnector`` (KV through safetensors files
-in ``--kv-path``), starts our PD router (:mod:`calibration.harness.pd_router`) in-process, and
-drives one open-loop Poisson load test through it with the harness's streaming client.  The
-output folder looks like a calibration bundle::
+(``kv_consumer``) joined by a KV connector of vLLM (``--connector example``: ``ExampleConnector``,
+KV through safetensors files in ``--kv-path``; ``--connector nixl``: ``NixlConnector`` with
+``kv_buffer_device: cpu``, see :mod:`calibration.pd_launch`), starts our PD router
+(:mod:`calibration.harness.pd_router`) in-process, and drives one open-loop Poisson load test
+through it with the harness's streaming client.  The output folder is a PD bundle::
 
-    OUT/manifest.json            commands, settings, KV statistics, file bandwidth
+    OUT/manifest.json            commands, settings, KV statistics, transfer figures
     OUT/records/load_pd.jsonl    one line per request: the client's record + "pd" (router timings,
                                  prefill and decode server metrics)
     OUT/prefill.log, decode.log  the servers' logs (launch mode)
@@ -14,30 +15,23 @@ output folder looks like a calibration bundle::
 ExampleConnector only moves whole blocks (128 tokens on CPU) and the decode server recomputes
 what is left: it looks up ``((L - 2) // 128) * 128`` prompt tokens, the prefill stores
 ``((L - 1) // 128) * 128``.  Prompts of ``128 k + 2`` tokens therefore move ``128 k`` tokens
-and leave two to recompute (a prompt of ``128 k + 1`` tokens finds no KV at all).
+and leave two to recompute (a prompt of ``128 k + 1`` tokens finds no KV at all).  NIXL moves the
+prompt's blocks as the prefill server holds them.
 
-``replay`` builds a PD scenario (prefill pool + decode pool of ``CPU-host``, ``kv_transfer``
-with the ``example`` connector and ``bandwidth_Bps`` = the file write+read bandwidth measured
-by ``run``), simulates the same arrivals and lengths, and compares TTFT / TPOT::
+``calibrate show`` summarises the bundle, ``calibrate validate --profile HWDB`` replays it
+(:mod:`calibration.pd_replay`).  Standalone::
 
-    python -m calibration.pd_run run --out pd-run --model-dir cpu-fit/model
-    python -m calibration.pd_run replay pd-run --hwdb cpu-hw --engine CPU-host_vllm-0.32.0_tiny-llama
-
-(``cpu-fit`` a colocated bundle of the same model, ``cpu-hw`` what ``epdsim calibrate fit`` wrote
-from it; the model folder defaults to ``cpu-hw/models/tiny-llama``.)
+    python -m calibration.pd_run run --out pd-run --model-dir cpu-fit/model [--connector nixl]
+    python -m calibration.pd_run replay pd-run --hwdb cpu-hw [--engine CPU-host_vllm-0.32.0_tiny-llama]
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
-import math
 import os
 import random
-import re
-import shutil
 import signal
-import socket
 import sys
 import threading
 import time
@@ -50,87 +44,13 @@ from calibration.harness.bundle import BundleError, proc_start
 from calibration.harness.client import (CompletionClient, PromptFactory, RequestSpec, poisson_arrivals,
                                         run_open_loop)
 from calibration.harness.pd_router import PDRouter, prompt_hash
-from calibration.harness.server import Endpoint, ServerProcess
-from calibration.pd_bundle import (PD_KIND, SERVED, PD_SCHEMA_VERSION, PDReplayError, measured_rows, read_manifest,
-                                   replay_inputs)
-from simulator.run import simulate
-from simulator.scenario import parse_scenario
-
-REPO = Path(__file__).resolve().parents[1]
-BLOCK = 128
-INJECT_RX = re.compile(r"Inject KV cache of (\d+) tokens")
-SAVE_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "2", "TOKENIZERS_PARALLELISM": "false"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def default_vllm_python() -> str:
-    return os.environ.get("EPDSIM_VLLM_PYTHON") or str(REPO / ".venv-vllm" / "bin" / "python")
-
-
-def kv_transfer_config(role: str, kv_path: str) -> str:
-    return json.dumps({"kv_connector": "ExampleConnector", "kv_role": role,
-                       "kv_connector_extra_config": {"shared_storage_path": kv_path}})
-
-
-def serve_command(py: str, model_dir: str, port: int, role: str, kv_path: str,
-                  extra: list[str] | None = None) -> list[str]:
-    return [py, "-m", "calibration.harness.vllm_launcher", "serve", str(model_dir),
-            "--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED,
-            "--enable-per-request-metrics", "--disable-uvicorn-access-log", "--seed", "0",
-            "--enforce-eager", "--no-enable-prefix-caching",
-            "--kv-transfer-config", kv_transfer_config(role, kv_path), *(extra or [])]
-
-
-def launch_pair(out: Path, model_dir: str, kv_path: str, *, vllm_python: str | None = None,
-                prefill_bind: str | None = None, decode_bind: str | None = None,
-                ready_timeout: float = 300.0) -> tuple[ServerProcess, ServerProcess]:
-    """Start both servers at once and wait for both (raises ServerDied / ReadyTimeout; the caller stops them)."""
-    py = vllm_python or default_vllm_python()
-    env = {**SAVE_ENV, "PYTHONPATH": str(REPO)}
-    servers = []
-    for role, name, bind in (("kv_producer", "prefill", prefill_bind), ("kv_consumer", "decode", decode_bind)):
-        port = free_port()
-        e = dict(env)
-        if bind:
-            e["VLLM_CPU_OMP_THREADS_BIND"] = bind
-        srv = ServerProcess(serve_command(py, model_dir, port, role, kv_path), f"http://127.0.0.1:{port}",
-                            out / f"{name}.log", env=e, cwd=REPO)
-        servers.append(srv.start())
-    for s in servers:
-        s.wait_ready(timeout=ready_timeout)
-    return servers[0], servers[1]
-
-
-def file_bandwidth(folder: Path, bytes_per_file: int, files: int = 4, reps: int = 30) -> dict:
-    """Write then read back ``files`` files of ``bytes_per_file`` (page cache, no fsync, as
-    ExampleConnector does); bytes moved over write+read time, and the per-transfer time."""
-    folder.mkdir(parents=True, exist_ok=True)
-    payload = os.urandom(bytes_per_file)
-    tw = tr = 0.0
-    for r in range(reps):
-        d = folder / f"bw{r}"
-        d.mkdir(exist_ok=True)
-        t0 = time.perf_counter()
-        for i in range(files):
-            with open(d / f"l{i}", "wb") as fh:
-                fh.write(payload)
-        t1 = time.perf_counter()
-        for i in range(files):
-            with open(d / f"l{i}", "rb") as fh:
-                fh.read()
-        t2 = time.perf_counter()
-        tw += t1 - t0
-        tr += t2 - t1
-        shutil.rmtree(d)
-    moved = bytes_per_file * files * reps
-    return {"bytes_per_file": bytes_per_file, "files": files, "reps": reps,
-            "write_Bps": moved / tw, "read_Bps": moved / tr, "write_read_Bps": moved / (tw + tr),
-            "per_transfer_s": (tw + tr) / reps}
+from calibration.harness.runner import ensure_tiny_model
+from calibration.harness.server import Endpoint, ServerError
+from calibration.pd_bundle import PD_KIND, PD_SCHEMA_VERSION, SERVED, PDReplayError
+from calibration.pd_launch import (BLOCK, connector_name, count_injections, default_vllm_python,
+                                   file_bandwidth, launch_pair, nixl_counters, nixl_problem, nixl_transfers)
+from calibration.pd_options import add_pd_options
+from calibration.pd_replay import print_report, replay
 
 
 def build_specs(pf: PromptFactory, n: int, rate: float, seed: int, blocks: list[int], extra: int,
@@ -160,7 +80,10 @@ async def warm_up(base_url: str, seed: int = 0) -> None:
 
 
 async def drive(router_url_prefill: str, router_url_decode: str, specs_args: dict, out: Path,
-                warmup: bool = True) -> dict:
+                warmup: bool = True, nixl: bool = False) -> dict:
+    """Warm up, load the pair through the router, write records/load_pd.jsonl; with ``nixl``, one
+    warm-up request through the router too (the decode server's first NIXL read makes the handshake
+    with the prefill server) and the decode server's NIXL counters read around the load."""
     if warmup:
         # 129 tokens: the decode server looks up 127 -> 0 whole blocks, so no KV is loaded
         await warm_up(router_url_prefill)
@@ -168,12 +91,20 @@ async def drive(router_url_prefill: str, router_url_decode: str, specs_args: dic
     router = PDRouter(router_url_prefill, router_url_decode)
     port = await router.start("127.0.0.1", 0)
     client = CompletionClient(f"http://127.0.0.1:{port}", SERVED)
+    extra: dict = {}
     try:
+        if nixl and warmup:
+            t0 = time.perf_counter()
+            await warm_up(f"http://127.0.0.1:{port}", seed=1)
+            extra["handshake_warmup_s"] = round(time.perf_counter() - t0, 4)
+        before = nixl_counters(router_url_decode) if nixl else None
         pf = await PromptFactory.from_server(client, seed=specs_args["seed"])
         specs = build_specs(pf, **specs_args)
         t0 = time.time()
         results = await run_open_loop(client, specs)
         wall = time.time() - t0
+        if nixl:
+            extra["nixl_transfers"] = nixl_transfers(before, nixl_counters(router_url_decode))
     finally:
         await client.aclose()
         await router.close()
@@ -191,7 +122,7 @@ async def drive(router_url_prefill: str, router_url_decode: str, specs_args: dic
         for d in recs:
             fh.write(json.dumps(d) + "\n")
     return {"requests": len(specs), "ok": sum(r["ok"] for r in recs), "wall_s": round(wall, 3),
-            "prompt_source": pf.source}
+            "prompt_source": pf.source, **extra}
 
 
 def _server_version(base_url: str) -> str | None:
@@ -201,29 +132,54 @@ def _server_version(base_url: str) -> str | None:
         return None
 
 
-def count_injections(log_path: Path) -> list[int]:
-    try:
-        return [int(m.group(1)) for m in INJECT_RX.finditer(log_path.read_text(errors="replace"))]
-    except OSError:
-        return []
+def _model_dir(a, out: Path, attach: bool) -> Path | None:
+    """The model folder to launch: --model-dir as given, else OUT/model (the tiny random-weight Llama,
+    made on first use with the vLLM Python, as ``calibrate run --launch`` does)."""
+    if attach:
+        return None
+    if a.model_dir:
+        model_dir = Path(a.model_dir).resolve()
+        if not (model_dir / "config.json").is_file():
+            raise PDReplayError(f"--model-dir {a.model_dir}: no config.json there; give the model folder of a "
+                                f"colocated bundle (e.g. cpu-fit/model, made by `epdsim calibrate run --out cpu-fit "
+                                f"--launch`), leave it out for the tiny model in OUT/model, or attach with "
+                                f"--prefill-url and --decode-url")
+        return model_dir
+    return ensure_tiny_model(a.vllm_python or default_vllm_python(), out / "model", lambda m: print(m, file=sys.stderr))
 
 
 def cmd_run(a) -> int:
     out = Path(a.out).resolve()   # the servers run in the repository: relative paths would point there
     attach = bool(a.prefill_url and a.decode_url)
-    model_dir = Path(a.model_dir).resolve() if a.model_dir else None
-    if not attach and (model_dir is None or not (model_dir / "config.json").is_file()):
-        raise PDReplayError(f"--model-dir {a.model_dir}: no config.json there; give the model folder of a colocated "
-                            f"bundle (e.g. cpu-fit/model, made by `epdsim calibrate run --out cpu-fit --launch`), "
-                            f"or attach with --prefill-url and --decode-url")
+    if bool(a.prefill_url) != bool(a.decode_url):
+        raise PDReplayError("attach mode needs both --prefill-url and --decode-url")
+    a.connector = a.connector or "example"
+    a.blocks = a.blocks or "1,2,3,4,6"
+    vllm_name = connector_name(a.connector)
+    if a.nixl_progress_thread and a.connector != "nixl":
+        raise PDReplayError(f"--nixl-progress-thread {a.nixl_progress_thread}: only with --connector nixl")
+    if a.connector == "nixl" and not attach:
+        problem = nixl_problem(a.vllm_python)
+        if problem:
+            raise PDReplayError(problem)
+    blocker = next((q for q in (out, *out.parents) if q.exists() and not q.is_dir()), None)
+    if blocker is not None:
+        raise PDReplayError(f"--out {a.out}: {blocker} is a file, not a folder; give a bundle folder path")
     out.mkdir(parents=True, exist_ok=True)
+    model_dir = _model_dir(a, out, attach)
     kv_path = str(Path(a.kv_path).resolve()) if a.kv_path else str(out / "kv")
-    Path(kv_path).mkdir(parents=True, exist_ok=True)
+    if a.connector == "example":
+        Path(kv_path).mkdir(parents=True, exist_ok=True)
     servers = []
     manifest: dict = {"kind": PD_KIND, "schema_version": PD_SCHEMA_VERSION,
                       "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "status": "running",
                       "argv": list(sys.argv), "pid": os.getpid(), "hostname": os.uname().nodename,
-                      "proc_start": proc_start(), "kv_path": kv_path, "connector": "ExampleConnector", "block_size": BLOCK}
+                      "proc_start": proc_start(), "connector": vllm_name, "block_size": BLOCK}
+    if a.connector == "example":
+        manifest["kv_path"] = kv_path
+    elif a.connector == "nixl":
+        manifest["nixl"] = {"kv_buffer_device": "cpu", "progress_thread": a.nixl_progress_thread or "on",
+                            "keep_binding": bool(a.prefill_bind or a.decode_bind) and not attach}
     manifest["host"] = {"hardware": envinfo.hardware(), "conditions": {"before": envinfo.conditions()}}
     # Written at once, so that a run killed before its end still reads as one (status "running").
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1, default=str))
@@ -234,11 +190,13 @@ def cmd_run(a) -> int:
             d.wait_ready(60)
             manifest["mode"] = "attach"
         else:
-            p, d = launch_pair(out, str(model_dir), kv_path, vllm_python=a.vllm_python,
-                               prefill_bind=a.prefill_bind, decode_bind=a.decode_bind)
+            p, d = launch_pair(out, str(model_dir), kv_path, vllm_python=a.vllm_python, connector=a.connector,
+                               prefill_bind=a.prefill_bind, decode_bind=a.decode_bind, ready_timeout=a.ready_timeout,
+                               nixl_progress_thread=a.nixl_progress_thread != "off")
             servers = [p, d]
             manifest["mode"] = "launch"
             manifest["commands"] = {"prefill": p.command, "decode": d.command}
+            manifest["env"] = {"prefill": p.env, "decode": d.env}
             manifest["binds"] = {"prefill": a.prefill_bind, "decode": a.decode_bind}
             manifest["ready_s"] = {"prefill": p.ready_s, "decode": d.ready_s}
         manifest["urls"] = {"prefill": p.base_url, "decode": d.base_url}
@@ -247,16 +205,21 @@ def cmd_run(a) -> int:
         specs_args = dict(n=a.requests, rate=a.rate, seed=a.seed, blocks=blocks, extra=a.extra_tokens,
                           out_min=a.out_min, out_max=a.out_max)
         manifest["load"] = {**specs_args, "kind": "poisson"}
-        manifest["result"] = asyncio.run(drive(p.base_url, d.base_url, specs_args, out))
+        result = asyncio.run(drive(p.base_url, d.base_url, specs_args, out, nixl=a.connector == "nixl"))
+        manifest["result"] = result
         for s in servers:
             s.check("after the load test")
-        if servers:
-            inj = count_injections(d.log_path)
-            manifest["kv_loaded"] = {"injections": len(inj), "tokens": sum(inj)}
-        # bandwidth of the file path: one request of the median prompt, one file per layer
-        med_blocks = sorted(blocks)[len(blocks) // 2]
-        layer_bytes = med_blocks * BLOCK * a.kv_bytes_per_token_layer
-        manifest["file_bandwidth"] = file_bandwidth(Path(kv_path) / "_bw", layer_bytes, files=a.layers)
+        if a.connector == "nixl":
+            nx = manifest["nixl_transfers"] = result.pop("nixl_transfers", None)
+            manifest["kv_loaded"] = {"transfers": (nx or {}).get("transfers"), "bytes": (nx or {}).get("bytes_sum")}
+        else:
+            if servers:
+                inj = count_injections(d.log_path)
+                manifest["kv_loaded"] = {"injections": len(inj), "tokens": sum(inj)}
+            # bandwidth of the file path: one request of the median prompt, one file per layer
+            med_blocks = sorted(blocks)[len(blocks) // 2]
+            layer_bytes = med_blocks * BLOCK * a.kv_bytes_per_token_layer
+            manifest["file_bandwidth"] = file_bandwidth(Path(kv_path) / "_bw", layer_bytes, files=a.layers)
         manifest["status"] = "completed"
     except BaseException as exc:
         manifest["status"] = "interrupted" if isinstance(exc, KeyboardInterrupt) else "error"
@@ -268,121 +231,76 @@ def cmd_run(a) -> int:
         manifest["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         manifest["host"]["conditions"]["after"] = envinfo.conditions()
         (out / "manifest.json").write_text(json.dumps(manifest, indent=1, default=str))
-    print(json.dumps({k: manifest.get(k) for k in ("result", "kv_loaded", "file_bandwidth")}, indent=1))
+    print(json.dumps({k: manifest.get(k) for k in ("result", "kv_loaded", "file_bandwidth", "nixl_transfers")
+                      if manifest.get(k) is not None}, indent=1))
     return 0
-
-
-# ---------------------------------------------------------------------------- replay
-def _pct(xs, p):
-    import numpy as np
-    xs = [x for x in xs if x is not None and math.isfinite(x)]
-    return float(np.percentile(xs, p)) if xs else math.nan
 
 
 def cmd_replay(a) -> int:
-    import yaml
-    out = Path(a.bundle)
-    man = read_manifest(out)
-    if man is None:
-        raise PDReplayError(f"{out}: not a PD bundle (no manifest.json with kind pd_run); give the --out folder "
-                            f"of `python -m calibration.pd_run run`")
-    if not (man.get("file_bandwidth") or {}).get("write_read_Bps") and not a.bandwidth_Bps:
-        raise PDReplayError(f"{out}: the run measured no file bandwidth (status {man.get('status', 'unknown')}); "
-                            f"re-run it, or give --bandwidth-Bps")
-    a.engine, a.model = replay_inputs(a.hwdb, a.engine, a.model)
-    rows = measured_rows(out)
-    bw = a.bandwidth_Bps or man["file_bandwidth"]["write_read_Bps"]
-    vdir = out / "replay"
-    vdir.mkdir(exist_ok=True)
-    trace = vdir / "trace.jsonl"
-    trace.write_text("".join(json.dumps({"arrival_s": round(r["arrival_s"], 6), "input_tokens": r["input_tokens"],
-                                         "output_tokens": r["output_tokens"]}) + "\n" for r in rows))
-    eng = {"engine": a.engine, "max_num_seqs": 128, "max_num_batched_tokens": 2048, "block_size": BLOCK,
-           "enforce_eager": True, "max_model_len": 4096, "num_gpu_blocks_override": 8192,
-           "enable_chunked_prefill": True, "enable_prefix_caching": False}
-    data = {"name": "replay-pd-cpu", "description": "PD pair on CPU with ExampleConnector (calibration.pd_run)",
-            "model": str(Path(a.model).resolve()), "hwdb": [str(Path(h).resolve()) for h in a.hwdb],
-            "pools": [{"name": "prefill", "role": "prefill", "gpu": "CPU-host", "engine": dict(eng)},
-                      {"name": "decode", "role": "decode", "gpu": "CPU-host", "engine": dict(eng)}],
-            "kv_transfer": {"connector": "example", "fabric": a.fabric, "same_node": False, "bandwidth_Bps": bw},
-            "workload": {"arrival": {"kind": "trace", "path": str(trace), "format": "plain"}}}
-    (vdir / "scenario.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
-    res = simulate(parse_scenario(data, "pd replay"))
-    req = res.requests.sort_values("request_id")
-    pred_ttft = req["ttft_s"].tolist()
-    pred_tpot = req["tpot_s"].tolist()
-    table = []
-
-    def row(metric, stat, meas, pred, source):
-        err = pred / meas - 1 if meas and math.isfinite(meas) and math.isfinite(pred) else math.nan
-        table.append({"metric": metric, "stat": stat, "source": source, "measured_s": meas,
-                      "predicted_s": pred, "rel_error": err})
-
-    for p in (50, 90):
-        row("TTFT", f"p{p}", _pct([r["client_ttft_s"] for r in rows], p), _pct(pred_ttft, p), "client via router")
-    for p in (50, 90):
-        row("TTFT", f"p{p}", _pct([r["servers_ttft_s"] for r in rows], p), _pct(pred_ttft, p), "prefill+decode srv")
-    row("TPOT", "p50", _pct([r["decode_server_tpot_s"] for r in rows], 50), _pct(pred_tpot, 50), "decode server")
-    row("TPOT", "p50", _pct([r["client_tpot_s"] for r in rows], 50), _pct(pred_tpot, 50), "client")
-    parts = {"prefill server TTFT p50": _pct([r["prefill_server_ttft_s"] for r in rows], 50),
-             "prefill leg via HTTP p50": _pct([r["prefill_leg_s"] for r in rows], 50),
-             "decode server TTFT p50 (KV load + recompute + 1st token)": _pct([r["decode_server_ttft_s"] for r in rows], 50)}
-    report = {"bandwidth_Bps": bw, "completed_pred": int((req["outcome"] == "completed").sum()), "n": len(rows),
-              "table": table, "measured_parts": parts, "summary_pred": {k: res.summary.get(k) for k in
-                                                                        ("ttft_s", "tpot_s") if k in res.summary}}
-    (vdir / "report.json").write_text(json.dumps(report, indent=1, default=str))
-    for t in table:
-        print(f"{t['metric']:5} {t['stat']:4} {t['source']:18} measured {t['measured_s'] * 1e3:8.1f} ms  "
-              f"predicted {t['predicted_s'] * 1e3:8.1f} ms  error {t['rel_error'] * 100:+6.1f}%")
-    for k, v in parts.items():
-        print(f"  measured {k}: {v * 1e3:.1f} ms")
+    print_report(replay(a.bundle, a.hwdb, a.engine, a.model, fabric=a.fabric, bandwidth_Bps=a.bandwidth_Bps))
     return 0
+
+
+def add_run_options(r: argparse.ArgumentParser) -> None:
+    """``pd_run run``'s options (``calibrate run --pd`` maps its own onto these: calibration/pd_cli.py)."""
+    r.add_argument("--out", required=True)
+    r.add_argument("--model-dir", default=None, help="model folder (default: OUT/model, the tiny test model)")
+    r.add_argument("--vllm-python", default=None)
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--ready-timeout", type=float, default=300.0)
+    r.add_argument("--requests", type=int, default=36)
+    r.add_argument("--rate", type=float, default=0.8)
+    r.add_argument("--out-min", type=int, default=16)
+    r.add_argument("--out-max", type=int, default=64)
+    add_pd_options(r)
+
+
+def add_replay_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--engine", default=None, help="engine written by `calibrate fit`, e.g. "
+                                                  "CPU-host_vllm-0.32.0_tiny-llama (default: the hwdb's one fit)")
+    p.add_argument("--fabric", default="tcp-100gbe", help="a non-GPU-direct link (its bandwidth is overridden)")
+    p.add_argument("--bandwidth-Bps", type=float, default=None,
+                   help="override the measured transfer bandwidth (file probe, or NIXL bytes / transfer time)")
+
+
+def run_guarded(fn, a) -> int:
+    """``fn(a)`` with SIGTERM unwinding like Ctrl-C and the exit codes of ``calibrate``: 2 user error,
+    3 server error, 130 interrupted."""
+    previous = signal.getsignal(signal.SIGTERM)
+    main_thread = threading.current_thread() is threading.main_thread()
+    if main_thread:
+        # SIGTERM (kill, a job scheduler) unwinds like Ctrl-C: the servers stop and the manifest says so
+        signal.signal(signal.SIGTERM, _sigterm)
+    try:
+        return fn(a)
+    except (PDReplayError, BundleError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except ServerError as exc:
+        print(f"server error: {exc}", file=sys.stderr)
+        return 3
+    except KeyboardInterrupt:
+        print(f"interrupted: {getattr(a, 'out', '')}/manifest.json has status interrupted", file=sys.stderr)
+        return 130
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m calibration.pd_run", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="launch (or attach to) a prefill+decode pair and load it through the router")
-    r.add_argument("--out", required=True)
-    r.add_argument("--model-dir", default=None, help="model folder (launch mode)")
-    r.add_argument("--vllm-python", default=None)
-    r.add_argument("--prefill-url", default=None, help="attach: running kv_producer server")
-    r.add_argument("--decode-url", default=None, help="attach: running kv_consumer server")
-    r.add_argument("--kv-path", default=None, help="ExampleConnector shared_storage_path (default OUT/kv)")
-    r.add_argument("--prefill-bind", default=None, help="VLLM_CPU_OMP_THREADS_BIND of the prefill server")
-    r.add_argument("--decode-bind", default=None, help="VLLM_CPU_OMP_THREADS_BIND of the decode server")
-    r.add_argument("--requests", type=int, default=36)
-    r.add_argument("--rate", type=float, default=0.8)
-    r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--blocks", default="1,2,3,4,6", help="prompt lengths in 128-token blocks")
-    r.add_argument("--extra-tokens", type=int, default=2, help="tokens beyond the whole blocks (2: all blocks move)")
-    r.add_argument("--out-min", type=int, default=16)
-    r.add_argument("--out-max", type=int, default=64)
-    r.add_argument("--layers", type=int, default=4, help="files per transfer (one per layer) for the bandwidth probe")
-    r.add_argument("--kv-bytes-per-token-layer", type=int, default=2 * 2 * 64 * 2,
-                   help="K+V bytes per token per layer (tiny Llama: 2 KV heads x 64 x bf16 x 2)")
+    add_run_options(r)
     r.set_defaults(fn=cmd_run)
-    p = sub.add_parser("replay", help="simulate a pd_run folder as a PD scenario and compare")
+    p = sub.add_parser("replay", help="simulate a PD bundle as a PD scenario and compare")
     p.add_argument("bundle")
     p.add_argument("--hwdb", action="append", default=[], help="hwdb folder with the fitted profile (repeatable)")
-    p.add_argument("--engine", default=None, help="engine written by `calibrate fit`, e.g. "
-                                                  "CPU-host_vllm-0.32.0_tiny-llama (default: the hwdb's one fit)")
     p.add_argument("--model", default=None, help="model folder with config.json (default: HWDB/models/tiny-llama)")
-    p.add_argument("--fabric", default="tcp-100gbe", help="a non-GPU-direct link (its bandwidth is overridden)")
-    p.add_argument("--bandwidth-Bps", type=float, default=None, help="override the measured file bandwidth")
+    add_replay_options(p)
     p.set_defaults(fn=cmd_replay)
     a = ap.parse_args(argv)
-    if threading.current_thread() is threading.main_thread():
-        # SIGTERM (kill, a job scheduler) unwinds like Ctrl-C: the servers stop and the manifest says so
-        signal.signal(signal.SIGTERM, _sigterm)
-    try:
-        return a.fn(a)
-    except (PDReplayError, BundleError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"interrupted: {getattr(a, 'out', '')}/manifest.json has status interrupted", file=sys.stderr)
-        return 130
+    return run_guarded(a.fn, a)
 
 
 def _sigterm(signum, frame):

@@ -71,7 +71,8 @@ ALLOWED_LOCAL_IMPORTS: dict[str, set[tuple[str, str]]] = {
      'parser.'): {
         ('calibration.cli', 'calibration.fit'), ('calibration.cli', 'calibration.harness.probes'),
         ('calibration.cli', 'calibration.harness.runner'), ('calibration.cli', 'calibration.harness.server'),
-        ('calibration.cli', 'calibration.harness.trace_plan'), ('calibration.cli', 'calibration.pd_bundle'),
+        ('calibration.cli', 'calibration.harness.trace_plan'),
+        ('calibration.cli', 'calibration.pd_cli'),
         ('calibration.cli', 'calibration.validate'), ('calibration.e2e_report', 'calibration.e2e'),
         ('calibration.e2e_report', 'calibration.e2e_rows'), ('calibration.e2e_report', 'simulator.errors'),
         ('calibration.fit', 'calibration.fit_host'), ('calibration.fit', 'calibration.fit_startup'),

@@ -109,7 +109,8 @@ def test_router_decode_error_reaches_the_client():
 @needs_vllm
 def test_vllm_pd_pair_through_router(tmp_path):
     from calibration.harness.runner import ensure_tiny_model
-    from calibration.pd_run import count_injections, drive, launch_pair
+    from calibration.pd_launch import count_injections, launch_pair
+    from calibration.pd_run import drive
     t0 = time.monotonic()
     model = ensure_tiny_model(VLLM_PY, tmp_path / "model", lambda s: None)
     kv = tmp_path / "kv"

