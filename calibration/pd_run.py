@@ -41,7 +41,7 @@ import httpx
 
 from calibration.harness import env as envinfo
 from calibration.harness.bundle import BundleError, proc_start
-from calibration.harness.client import (CompletionClient, PromptFactory, RequestSpec, poisson_arrivals,
+from calibration.harness.client import (CompletionClient, PromptFactory, RequestSpec, as_interrupt, poisson_arrivals,
                                         run_open_loop)
 from calibration.harness.pd_router import PDRouter, prompt_hash
 from calibration.harness.runner import ensure_tiny_model
@@ -222,8 +222,11 @@ def cmd_run(a) -> int:
             manifest["file_bandwidth"] = file_bandwidth(Path(kv_path) / "_bw", layer_bytes, files=a.layers)
         manifest["status"] = "completed"
     except BaseException as exc:
-        manifest["status"] = "interrupted" if isinstance(exc, KeyboardInterrupt) else "error"
-        manifest["error"] = f"{type(exc).__name__}: {str(exc)[:2000]}"
+        cause = as_interrupt(exc)
+        manifest["status"] = "interrupted" if isinstance(cause, KeyboardInterrupt) else "error"
+        manifest["error"] = f"{type(cause).__name__}: {str(cause)[:2000]}"
+        if cause is not exc:
+            raise cause from None
         raise
     finally:
         for s in servers:

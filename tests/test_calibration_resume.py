@@ -170,3 +170,16 @@ def test_validate_per_step_figures_only_over_segments_with_metrics(tmp_path):
     assert itl["note"] == "segments 0 only"
     assert 0 < ph["engine_steps"]["simulated"] < ph_full["engine_steps"]["simulated"]
     assert "per-step figures over segment(s) 0 of 0, 1" in (tmp_path / "v-part" / "report.md").read_text()
+
+
+def test_an_interrupt_wrapped_in_a_task_group_is_still_an_interrupt():
+    """SIGTERM lands anywhere, including inside httpx's connect task group, which wraps it in an
+    exception group: the run must still be marked interrupted and exit 130, not end in a traceback."""
+    from calibration.harness.client import as_interrupt
+    kb = KeyboardInterrupt("SIGTERM")
+    assert as_interrupt(BaseExceptionGroup("connect", [kb])) is kb
+    assert as_interrupt(BaseExceptionGroup("outer", [ValueError("x"), BaseExceptionGroup("inner", [kb])])) is kb
+    other = BaseExceptionGroup("connect", [OSError("refused")])
+    assert as_interrupt(other) is other
+    plain = RuntimeError("boom")
+    assert as_interrupt(plain) is plain

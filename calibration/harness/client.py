@@ -27,6 +27,18 @@ CONNECTION_ERRORS = (httpx.ConnectError, httpx.ReadError, httpx.WriteError, http
                      httpx.ConnectTimeout, httpx.PoolTimeout)
 
 
+def as_interrupt(exc: BaseException) -> BaseException:
+    """``exc``, or the ``KeyboardInterrupt`` inside it when Ctrl-C or SIGTERM (which the CLI turns into
+    one) landed inside a task group (httpx's connect runs one) and came out wrapped in an exception
+    group: an interrupt is still an interrupt, so the run is marked interrupted and exits 130."""
+    if isinstance(exc, BaseExceptionGroup):
+        inner = exc.subgroup(KeyboardInterrupt)
+        if inner is not None:
+            while isinstance(inner, BaseExceptionGroup):
+                inner = inner.exceptions[0]
+            return inner
+    return exc
+
 @dataclass
 class RequestSpec:
     id: str

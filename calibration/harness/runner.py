@@ -16,7 +16,7 @@ from typing import Callable
 
 from calibration.harness import env as envinfo
 from calibration.harness.bundle import Bundle, BundleError, now_iso, proc_start
-from calibration.harness.client import CompletionClient, PromptFactory, RequestSpec
+from calibration.harness.client import CompletionClient, PromptFactory, RequestSpec, as_interrupt
 from calibration.harness.metrics import parse_prometheus
 from calibration.harness.probes import PlanOptions, build_plan, resolve_rate, run_phase
 from calibration.harness.server import Endpoint, ServerError, ServerProcess, parse_startup_log
@@ -249,9 +249,12 @@ class CalibrationRun:
             self.server = srv
             return asyncio.run(self._measure(srv, models, run_rec))
         except BaseException as exc:
+            cause = as_interrupt(exc)
             run_rec["status"] = {"ServerDied": "server_died", "KeyboardInterrupt": "interrupted"}.get(
-                type(exc).__name__, "error")
-            run_rec["error"] = str(exc)[:4000]
+                type(cause).__name__, "error")
+            run_rec["error"] = str(cause)[:4000]
+            if cause is not exc:
+                raise cause from None
             raise
         finally:
             code = self.server.stop() if self.server is not None else None
