@@ -1,5 +1,7 @@
-"""The single entry point of a simulation: scenario in, :class:`Results` out."""
+"""The single entry point of a simulation: scenario in, :class:`Results` out (or its requests table alone)."""
 from __future__ import annotations
+
+import pandas as pd
 
 from simulator.confidence import assess
 from simulator.engine.engine import PoolSpec
@@ -33,13 +35,8 @@ def pool_spec(r: ResolvedPool) -> PoolSpec:
                     *fe, dep.dp)
 
 
-def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:
-    """Run ``scn`` once; ``replication`` selects an independent random stream.
-
-    Same scenario and replication give byte-identical DataFrames.  Raises
-    :class:`ScenarioError` for anything wrong with the input.  ``db``: an
-    already loaded ``hwdb.load(scn.hwdb)`` to reuse across many runs.
-    """
+def _run(scn: Scenario, replication: int, db):
+    """Resolve and run ``scn``: what :func:`simulate` and :func:`simulate_requests` build their tables from."""
     rs = resolve(scn, db)
     db, model, pools = rs.db, rs.model, rs.pools
     rngs = rng_streams(scn.seed, replication)
@@ -73,6 +70,25 @@ def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:
         req_df = add_columns(req_df, run.epd)
     if reqs.client is not None and reqs.client.warmup_requests:
         req_df["warmup"] = req_df["request_id"].to_numpy() < reqs.client.warmup_requests
+    return rs, reqs, epd, plan, front, back, ops, run, rec, req_df
+
+
+def simulate_requests(scn: Scenario, replication: int = 0, db=None) -> pd.DataFrame:
+    """The requests table of ``simulate(scn, replication, db)``, and only it: for callers that judge
+    requests alone (the goodput probes of :mod:`simulator.goodput` and the planner), which need not
+    pay for the step table, the summary and the link table."""
+    return _run(scn, replication, db)[-1]
+
+
+def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:
+    """Run ``scn`` once; ``replication`` selects an independent random stream.
+
+    Same scenario and replication give byte-identical DataFrames.  Raises
+    :class:`ScenarioError` for anything wrong with the input.  ``db``: an
+    already loaded ``hwdb.load(scn.hwdb)`` to reuse across many runs.
+    """
+    rs, reqs, epd, plan, front, back, ops, run, rec, req_df = _run(scn, replication, db)
+    db, model, pools = rs.db, rs.model, rs.pools
     step_df = steps_frame(run)
     gpus = sum(r.pool.instances * r.dep.gpus for r in pools) + (epd.gpus if epd else 0)
     price = (sum(r.pool.instances * r.dep.gpus * r.dep.gpu.price_usd_per_hour.value for r in pools)

@@ -49,6 +49,7 @@ class PDCoordinator:
         self.in_buffer: list[float] = []
         self._degrade = None
         self._episoded: set = set()
+        self.lazy = False                      # decode instances step lazily: catch them up before routing
         for inst in prefill:
             self.add(inst)
         for inst in decode:
@@ -95,6 +96,10 @@ class PDCoordinator:
     def on_arrival(self, rid: int) -> None:
         """SGLang flow: the decode instance is chosen when the request arrives and reserves
         blocks for the prompt while the prefill runs (its bootstrap handshake)."""
+        if self.lazy:
+            t = self.env.now
+            for inst in self.serving:
+                inst.catch_up(t)
         d = self.decode_router.choose(rid)
         self.rec.instance[rid] = d
         self.decode[d].submit_remote(rid)
@@ -113,6 +118,9 @@ class PDCoordinator:
         if not active:
             self.limbo.append(rid)
             return
+        if self.lazy:
+            for inst in active:
+                inst.catch_up(now)
         d_inst = active[self.decode_router.choose(rid) % len(active)]
         self.rec.instance[rid] = d_inst.index
         d_inst.submit_remote(rid)
@@ -162,6 +170,8 @@ class PDCoordinator:
                 """The KV is usable on the decode instance: it copies it out of the buffer into its blocks."""
                 if rec.attempt[rid] == token:
                     rec.t_kv_done[rid] = self.env.now
+                    if self.lazy:
+                        d_inst.catch_up(self.env.now)
                     d_inst.kv_arrived(rid)
                 if plan.buffer_bytes and not d_inst.dead:
                     self.in_buffer[d_inst.index] -= nbytes - spill
