@@ -29,7 +29,6 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Callable, Sequence
 
 import numpy as np
@@ -37,6 +36,13 @@ import simpy
 
 #: A transfer is complete when its remaining bytes are at most this fraction of its size.
 REL_TOL = 1e-9
+_UNIT = 1 << 1074          # every finite float is a whole number of 2**-1074
+
+
+def _exact(x: float) -> int:
+    """``x`` (finite, >= 0) as a whole number of 2**-1074, exactly: the byte totals add these."""
+    n, d = x.as_integer_ratio()              # d is a power of two, at most 2**1074
+    return n << (1075 - d.bit_length())
 
 #: Extra latency (s, >= 0) drawn per transfer crossing a link; see :attr:`LinkState.jitter`.
 Jitter = Callable[[np.random.Generator], float]
@@ -154,16 +160,17 @@ class Fabric:
 
     ``rng`` is needed only when some link has a ``jitter``.  Totals (bytes):
     ``bytes_sent`` grows when a transfer is submitted, ``bytes_delivered``
-    when it completes; they are summed exactly (as fractions, so the order of
-    completion cannot matter) and are equal whenever :attr:`idle`.
+    when it completes; they are summed exactly (as integers in units of 2**-1074,
+    of which every float is a whole number, so the order of completion cannot
+    matter) and are equal whenever :attr:`idle`.
     """
 
     def __init__(self, env: simpy.Environment, rng: np.random.Generator | None = None) -> None:
         self.env = env
         self.rng = rng
         self.links: dict[str, LinkState] = {}
-        self._sent = Fraction(0)
-        self._delivered = Fraction(0)
+        self._sent = 0                           # bytes submitted and completed, in units of 2**-1074
+        self._delivered = 0
         self.n_pending = 0                       # transfers in their latency phase
         self._active: dict[Transfer, None] = {}  # insertion ordered, O(1) removal
         self._last = env.now                     # time up to which bytes are accounted
@@ -177,11 +184,11 @@ class Fabric:
 
     @property
     def bytes_sent(self) -> float:
-        return float(self._sent)
+        return self._sent / _UNIT
 
     @property
     def bytes_delivered(self) -> float:
-        return float(self._delivered)
+        return self._delivered / _UNIT
 
     @property
     def idle(self) -> bool:
@@ -214,7 +221,7 @@ class Fabric:
                     raise ValueError(f"link {ln.name!r}: jitter must be >= 0 s, got {j}")
                 delay += j
         tr = Transfer(self.env, path, float(nbytes))
-        self._sent += Fraction(tr.nbytes)
+        self._sent += _exact(tr.nbytes)
         self.n_pending += 1
         self.env.timeout(delay).callbacks.append(lambda _e: self._activate(tr))
         return tr
@@ -264,7 +271,7 @@ class Fabric:
         now = self.env.now
         tr.active_s = now
         if tr.nbytes == 0 or not tr.path:
-            self._delivered += Fraction(tr.nbytes)
+            self._delivered += _exact(tr.nbytes)
             tr.remaining_bytes = 0.0
             tr.succeed(self._record(tr))
             return
@@ -384,7 +391,7 @@ class Fabric:
                 if not ln._flows:
                     ln._busy_s += now - ln._busy_since
                     dirty[ln] = None
-            self._delivered += Fraction(tr.nbytes)
+            self._delivered += _exact(tr.nbytes)
         self._reallocate(dirty)
         for tr in done:
             tr.succeed(self._record(tr))
