@@ -218,7 +218,8 @@ def step_functions(m: StepModel):
     ``m.step_time``; ``decode(n, ctx, running)`` is ``m.step_time(n, n, 0.0, ctx, 0.0, running, 0) + 0.0``,
     a decode-only step of ``n`` sequences attending ``ctx`` tokens in all.  Both do the same float
     operations in the same order as the methods (so the same bits: tests/test_step_functions.py), with
-    the coefficients read once instead of at every call.  A model with routed experts keeps the methods.
+    the coefficients read once instead of at every call, and ``decode`` keeps the terms that depend on
+    ``n`` alone once computed.  A model with routed experts keeps the methods.
     """
     if m.n_experts:
         return m.step_time, (lambda n, ctx, running: m.step_time(n, n, 0.0, ctx, 0.0, running, 0) + 0.0)
@@ -266,27 +267,36 @@ def step_functions(m: StepModel):
             return t if t > cpu else cpu
         return t + cpu
 
-    def decode(n, ctx, running):
-        if n <= 0:
-            return 0.0
+    w0 = cpu_wait * 0
+    terms: dict[int, tuple] = {}             # n -> the decode step's terms that depend on n alone
+
+    def decode_terms(n: int) -> tuple:
         t_comp = comp_a * n + comp_b
         t_comp += lm_coef * n * (n + lm_half) / n
         t_mem = (w_pp + kvb * (0.0 + n) + actb * n + mem_floor) / bw_lin
-        att = 0.0
-        if ctx > 0.0:
-            att += (kvb * ctx + kv_floor) / bw_kv
-        t = (t_comp if t_comp > t_mem else t_mem) + att + elem * n + layer_s
         graph = n <= max_graph
+        ar = 0.0
         if tp > 1:
             mb = ar_msg * n
             if ar_sizes:
-                t += ar_n * interp_linear(ar_sizes, ar_graph if graph else ar_eager, mb)
+                ar = ar_n * interp_linear(ar_sizes, ar_graph if graph else ar_eager, mb)
             else:
-                t += ar_n * (ring * mb / ar_bw + ar_lat)
+                ar = ar_n * (ring * mb / ar_bw + ar_lat)
+        t = terms[n] = (t_comp if t_comp > t_mem else t_mem, elem * n, ar, g_launch if graph else e_launch,
+                        cpu_tok * n, cpu_sample * n)
+        return t
+
+    def decode(n, ctx, running):
+        if n <= 0:
+            return 0.0
+        roof, en, ar, launch, tok, smp = terms.get(n) or decode_terms(n)
+        t = roof + (0.0 + (kvb * ctx + kv_floor) / bw_kv if ctx > 0.0 else 0.0) + en + layer_s
+        if tp > 1:
+            t += ar
         if pp > 1:
             t += pp_extra
-        t += g_launch if graph else e_launch
-        cpu = cpu_step + cpu_run * running + cpu_wait * 0 + cpu_tok * n + cpu_sample * n
+        t += launch
+        cpu = cpu_step + cpu_run * running + w0 + tok + smp
         if overlapped:
             return (t if t > cpu else cpu) + 0.0
         return t + cpu + 0.0
