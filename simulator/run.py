@@ -35,7 +35,7 @@ def pool_spec(r: ResolvedPool) -> PoolSpec:
                     *fe, dep.dp)
 
 
-def _run(scn: Scenario, replication: int, db):
+def _run(scn: Scenario, replication: int, db, step_log: bool = True):
     """Resolve and run ``scn``: what :func:`simulate` and :func:`simulate_requests` build their tables from."""
     rs = resolve(scn, db)
     db, model, pools = rs.db, rs.model, rs.pools
@@ -60,7 +60,7 @@ def _run(scn: Scenario, replication: int, db):
     closed = reqs.client if reqs.is_closed_loop else None
     # A run without operations is an operations run whose lifecycle never fires; its requests table
     # has no failures, retries or discarded tokens to show.
-    ops, run, rec = run_operations(scn, reqs, front, back, plan, closed, rngs, pool_spec, epd)
+    ops, run, rec = run_operations(scn, reqs, front, back, plan, closed, rngs, pool_spec, epd, step_log)
     if scn.operations.enabled:
         req_df = ops_requests_frame(run, back.name if back else front.name)
     else:
@@ -76,8 +76,8 @@ def _run(scn: Scenario, replication: int, db):
 def simulate_requests(scn: Scenario, replication: int = 0, db=None) -> pd.DataFrame:
     """The requests table of ``simulate(scn, replication, db)``, and only it: for callers that judge
     requests alone (the goodput probes of :mod:`simulator.goodput` and the planner), which need not
-    pay for the step table, the summary and the link table."""
-    return _run(scn, replication, db)[-1]
+    pay for the step log, the step table, the summary and the link table."""
+    return _run(scn, replication, db, step_log=False)[-1]
 
 
 def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:

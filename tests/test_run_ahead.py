@@ -93,10 +93,12 @@ def test_the_preemption_case_preempts_and_the_limit_case_stops_early(pre, limit,
     assert lim["unfinished"] > 0
 
 
-@pytest.mark.parametrize("case", ["pd", "pd sglang", "closed loop", "examples/epd_images_epd.yaml",
+@pytest.mark.parametrize("case", ["colocated", "time limit", "pd", "pd time limit", "pd sglang", "closed loop",
+                                  "examples/epd_images_epd.yaml",
                                   "examples/fp8_decode_crashes_pd.yaml"], ids=str)
 def test_requests_alone_are_the_requests_of_the_whole_run(case):
-    """The goodput probes run simulate_requests, which builds no step table, summary or link table."""
+    """The goodput probes run simulate_requests, which keeps no step log and builds no step table, summary
+    or link table (with operations the log is kept: the lifecycle counts steps on it)."""
     scn = load_scenario(REPO / case) if case.endswith(".yaml") else parse_scenario(CASES[case])
     if case.endswith(".yaml"):
         scn = scn.model_copy(update={"workload": scn.workload.model_copy(update={"num_requests": 300})})

@@ -39,6 +39,7 @@ class Instance(InstanceState):
         lazy = self.lazy
         gaps = rec.resume_gaps if self.gate is None and not lazy else TimedLog(self.gap_log, env)
         waiting, steps, block = self.waiting, self.steps, self.block
+        log = steps is not None            # None: a run that builds no step table (simulate_requests)
         step_time, decode_time = step_functions(self.model)
         budget_max, max_seqs, chunked = self.budget, self.max_seqs, self.chunked
         kv_total = self.kv_total
@@ -138,7 +139,8 @@ class Instance(InstanceState):
                         yield self.suspend()
                         self.paused = None
                         limit = self.limit
-                    steps.append((t0, dt, n_dec, 0, 0, n_run, 0, kv_used, 0))
+                    if log:
+                        steps.append((t0, dt, n_dec, 0, 0, n_run, 0, kv_used, 0))
                     sum_l += n_dec
                     if heap[0][0] <= s:
                         env._now = now
@@ -164,7 +166,8 @@ class Instance(InstanceState):
                 else:
                     yield env.timeout(dt)
                     now = env.now
-                steps.append((t0, dt, n_dec, 0, 0, n_run, len(waiting), kv_used, 0))   # queue at the step's end
+                if log:
+                    steps.append((t0, dt, n_dec, 0, 0, n_run, len(waiting), kv_used, 0))   # queue at the step's end
                 sum_l += n_dec
                 if heap and heap[0][0] <= s:
                     finish_due(s, now)
@@ -334,7 +337,9 @@ class Instance(InstanceState):
             else:
                 yield env.timeout(dt)
                 now = env.now
-            steps.append((t0, dt, n_dec, tokens - n_dec, logits - n_dec, len(order), len(waiting), kv_used, n_pre))
+            if log:
+                steps.append((t0, dt, n_dec, tokens - n_dec, logits - n_dec, len(order), len(waiting), kv_used,
+                              n_pre))
             # --- apply the step: decodes grow, chunks advance, finishes leave
             sum_l += n_dec
             if new_dec:

@@ -65,7 +65,7 @@ class InstanceState:
         self.queued_kv = 0                     # KV blocks that queued requests (waiting, remote) claim when admitted
         self._queued: dict[int, int] = {}      # rid -> its share of queued_kv
         self.wake = None
-        self.steps: list[tuple] = []
+        self.steps: list[tuple] | None = []   # the step log, one tuple per step (None: not kept)
         self._requeue: dict[int, list] = {}   # preempted rid -> [0, recompute target, generated]
         self.hand_off = None                   # prefill role: callback(instance, rid, now)
         self.start_transfer = None             # decode role: callback(instance, rid, now)

@@ -48,8 +48,11 @@ from simulator.pd.pd_proxy import PDCoordinator
 class OpsRun:
     """One simulation, with or without operations; :meth:`run` returns a :class:`PoolRun`."""
 
-    def __init__(self, scn, rec: Recorder, rng, starts_for) -> None:
+    def __init__(self, scn, rec: Recorder, rng, starts_for, step_log: bool = True) -> None:
         self.scn = scn
+        # Without operations a run may keep no step log (its caller builds no step table); a lifecycle
+        # counts steps on it (crashes, the FP8 hazard).
+        self.step_log = step_log or scn.operations.enabled
         self.cfg = scn.operations
         self.rec = rec
         self.rng = rng
@@ -247,6 +250,10 @@ class OpsRun:
                 and closed_loop is None else None)
         for inst in self.front.all:
             inst.gate = gate
+        if not self.step_log:
+            for pool in pools:
+                for inst in pool.all:
+                    inst.steps = None
         # Lazy decode instances: in a static PD run under open-loop arrivals a decode instance that pulls
         # no KV meets the rest of the run only at hand-offs (the decode router reads it, one may be handed
         # to it), so it steps when the PD proxy catches it up before each hand-off, not by SimPy events
