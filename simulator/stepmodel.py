@@ -286,16 +286,15 @@ def step_functions(m: StepModel):
                         cpu_tok * n, cpu_sample * n)
         return t
 
+    # The step's terms add in step()'s order; the all-reduce (tp = 1) and pipeline (pp = 1) terms are
+    # then +0.0, which leaves the positive sum as it is.
+    ppx = pp_extra if pp > 1 else 0.0
+
     def decode(n, ctx, running):
         if n <= 0:
             return 0.0
         roof, en, ar, launch, tok, smp = terms.get(n) or decode_terms(n)
-        t = roof + (0.0 + (kvb * ctx + kv_floor) / bw_kv if ctx > 0.0 else 0.0) + en + layer_s
-        if tp > 1:
-            t += ar
-        if pp > 1:
-            t += pp_extra
-        t += launch
+        t = roof + (0.0 + (kvb * ctx + kv_floor) / bw_kv if ctx > 0.0 else 0.0) + en + layer_s + ar + ppx + launch
         cpu = cpu_step + cpu_run * running + w0 + tok + smp
         if overlapped:
             return (t if t > cpu else cpu) + 0.0

@@ -124,29 +124,35 @@ class Instance(InstanceState):
             # a finish may read it.  It leaves for the general path when a hand-off or a landing of KV
             # came while it waited.
             if lazy and n_dec and not waiting and not prefill and not ready and not remote and not self._freed:
+                # Every running request decodes here (no prompt chunk), so the batch is n_dec; the
+                # next finish's step is heap[0][0], which only finish_due changes.
                 limit = self.limit
+                due = heap[0][0]
                 while True:
                     need = cnt[s % block]
                     if kv_total - kv_used < need:
                         break
                     t0 = now
                     kv_used += need
-                    n_run = len(order)
-                    dt = decode_time(n_dec, sum_l + n_dec, n_run)
+                    dt = decode_time(n_dec, sum_l + n_dec, n_dec)
                     now = t0 + dt
                     if now >= limit:
-                        self.kv_used, self.n_running, self.paused = kv_used, n_run, now
+                        self.kv_used, self.n_running, self.paused = kv_used, n_dec, now
                         yield self.suspend()
                         self.paused = None
                         limit = self.limit
                     if log:
-                        steps.append((t0, dt, n_dec, 0, 0, n_run, 0, kv_used, 0))
+                        steps.append((t0, dt, n_dec, 0, 0, n_dec, 0, kv_used, 0))
                     sum_l += n_dec
-                    if heap[0][0] <= s:
+                    if due <= s:
                         env._now = now
                         finish_due(s, now)
+                        if not n_dec:
+                            s += 1
+                            break
+                        due = heap[0][0]
                     s += 1
-                    if not n_dec or remote or ready:
+                    if remote or ready:
                         break
                 env._now = now
             # --- decode-only steps (nothing waiting, no prompt chunk, no KV arriving, blocks for every
