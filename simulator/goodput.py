@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 import hwdb
-from simulator.run import simulate
+from simulator.run import simulate_requests
 from simulator.scenario import SLO, Scenario, ScenarioError
 
 
@@ -130,7 +130,7 @@ def probe(scn: Scenario, replications: int = 1, db: hwdb.HardwareDB | None = Non
 
     ``db``: the loaded ``hwdb.load(scn.hwdb)``; pass it when probing many rates (loading costs ~0.5 s)."""
     db = db if db is not None else hwdb.load(scn.hwdb)
-    return judge([simulate(scn, r, db).requests for r in range(replications)], scn.slo, steady_trim_s)
+    return judge([simulate_requests(scn, r, db) for r in range(replications)], scn.slo, steady_trim_s)
 
 
 def bisect(meets: Callable[[float], bool], lo: float, hi: float, iterations: int) -> float:

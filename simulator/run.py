@@ -1,5 +1,9 @@
-"""The single entry point of a simulation: scenario in, :class:`Results` out."""
+"""The single entry point of a simulation: scenario in, :class:`Results` out (or its requests table alone)."""
 from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
 
 from simulator.confidence import assess
 from simulator.engine.engine import PoolSpec
@@ -11,7 +15,7 @@ from simulator.engine.opsrun import run_operations
 from simulator.errors import WorkloadError
 from simulator.pd.pd import crossover_bandwidth
 from simulator.engine.results import Results, links_frame, requests_frame, steps_frame, summarize
-from simulator.scenario import ResolvedPool, Scenario, ScenarioError, resolve
+from simulator.scenario import ResolvedPool, ResolvedScenario, Scenario, ScenarioError, resolve
 from simulator.traces import TraceError
 from simulator.workload import generate
 
@@ -45,13 +49,25 @@ def front_end(dep) -> FrontEnd:
                     val(eng.frontend_stream_s_per_request))
 
 
-def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:
-    """Run ``scn`` once; ``replication`` selects an independent random stream.
+@dataclass(frozen=True)
+class _Run:
+    """One resolved and run scenario, before its summary: what :func:`simulate` reports on."""
 
-    Same scenario and replication give byte-identical DataFrames.  Raises
-    :class:`ScenarioError` for anything wrong with the input.  ``db``: an
-    already loaded ``hwdb.load(scn.hwdb)`` to reuse across many runs.
-    """
+    resolved: ResolvedScenario
+    epd: object                  # simulator.epd.epd.EPDSetup of a multimodal run, else None
+    plan: object                 # the PD transfer plan, else None
+    front: ResolvedPool          # the colocated or prefill pool
+    back: ResolvedPool | None    # the decode pool (PD)
+    ops: object                  # the operations run, None without an operations block
+    run: object                  # simulator.engine.engine.PoolRun
+    recorder: object             # simulator.engine.engine.Recorder
+    requests: pd.DataFrame
+    steps: pd.DataFrame | None   # None when the step log was not kept
+    notes: tuple[str, ...]       # what the workload generator adjusted (trace rows sorted, outputs clamped)
+
+
+def _run(scn: Scenario, replication: int, db, step_log: bool = True) -> _Run:
+    """Resolve and run ``scn``: what :func:`simulate` and :func:`simulate_requests` build their tables from."""
     rs = resolve(scn, db)
     db, model, pools = rs.db, rs.model, rs.pools
     rngs = rs.streams(replication)
@@ -71,17 +87,41 @@ def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:
     closed = reqs.client if reqs.is_closed_loop else None
     # A run without operations is an operations run whose lifecycle never fires; its requests table
     # has no failures, retries or discarded tokens to show.
-    ops, run, rec = run_operations(scn, reqs, front, back, plan, closed, rngs, pool_spec, epd)
+    fe = front_end(back.dep if back else front.dep)
+    # The front end's output queue reads the step log (when each token left the engine).
+    step_log = step_log or fe.has_queue
+    ops, run, rec = run_operations(scn, reqs, front, back, plan, closed, rngs, pool_spec, epd, step_log)
     req_df = requests_frame(run, back.name if back else front.name, operations=scn.operations.enabled)
     if not scn.operations.enabled:
         ops = None
-    step_df = steps_frame(run)
+    step_df = steps_frame(run) if step_log else None
     # What the client sees: the first and last tokens through the front end's output queue.
-    req_df = add_stream(req_df, step_df, front_end(back.dep if back else front.dep))
+    req_df = add_stream(req_df, step_df, fe)
     if run.epd is not None:
         req_df = add_columns(req_df, run.epd)
     if reqs.client is not None and reqs.client.warmup_requests:
         req_df["warmup"] = req_df["request_id"].to_numpy() < reqs.client.warmup_requests
+    return _Run(rs, epd, plan, front, back, ops, run, rec, req_df, step_df, tuple(reqs.notes))
+
+
+def simulate_requests(scn: Scenario, replication: int = 0, db=None) -> pd.DataFrame:
+    """The requests table of ``simulate(scn, replication, db)``, and only it: for callers that judge
+    requests alone (the goodput probes of :mod:`simulator.goodput` and the planner), which need not
+    pay for the step log, the step table, the summary and the link table."""
+    return _run(scn, replication, db, step_log=False).requests
+
+
+def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:
+    """Run ``scn`` once; ``replication`` selects an independent random stream.
+
+    Same scenario and replication give byte-identical DataFrames.  Raises
+    :class:`ScenarioError` for anything wrong with the input.  ``db``: an
+    already loaded ``hwdb.load(scn.hwdb)`` to reuse across many runs.
+    """
+    r = _run(scn, replication, db)
+    rs, epd, plan, front, ops, run, rec = r.resolved, r.epd, r.plan, r.front, r.ops, r.run, r.recorder
+    req_df, step_df = r.requests, r.steps
+    db, model, pools = rs.db, rs.model, rs.pools
     gpus = sum(r.pool.instances * r.dep.gpus for r in pools) + (epd.gpus if epd else 0)
     price = (sum(r.pool.instances * r.dep.gpus * r.dep.gpu.price_usd_per_hour.value for r in pools)
              + (epd.price_usd_per_hour if epd else 0.0))
@@ -126,7 +166,7 @@ def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:
                          "layerwise": plan.layerwise}),
         "replication": replication,
         "seed": scn.seed,
-        "workload_notes": list(reqs.notes),
+        "workload_notes": list(r.notes),
     }
     if epd is not None and epd.encoder_pool is not None:
         ep = epd.encoder_pool

@@ -1,7 +1,9 @@
 """Stepping without SimPy events changes no result.
 
 Instances advance their clock inline when no other event is due before a step ends, and colocated
-open-loop pools step ahead of SimPy up to the next arrival (simulator/engine/engine.py, instance.py).
+open-loop pools step ahead of SimPy up to the next arrival (simulator/engine/engine.py, instance.py),
+and the decode instances of a static PD run step lazily, when a hand-off or a landing of KV catches
+them up (simulator/engine/instance_state.py).
 Decode-only steps also take a shorter path.  All of it is switched off here to get the plain step
 with one SimPy event per step, the reference every table (and the resume gaps, in order) must equal.
 """
@@ -13,8 +15,9 @@ import pytest
 from simulator import run
 from simulator.engine import engine, instance
 from simulator.engine.results import summarize
-from simulator.run import simulate
-from simulator.scenario import parse_scenario
+from simulator.run import simulate, simulate_requests
+from simulator.scenario import load_scenario, parse_scenario
+from tests.conftest import REPO
 
 
 def _scenario(**over) -> dict:
@@ -43,6 +46,17 @@ CASES = {
                                     {"name": "d", "role": "decode", "gpu": "H100", "tp": 1, "instances": 2}],
            "kv_transfer": {"connector": "nixl", "fabric": "ib-ndr"}},
 }
+# PD runs whose decode instances step lazily (instance_state.py, catch_up): preempting decode pools,
+# a time limit, the SGLang flow (decode chosen at arrival), and a least-KV decode router over three
+# instances with two prefill instances, fabric jitter and a P2pNccl receive buffer that spills to host.
+_PD = CASES["pd"]
+CASES["pd preemptions"] = {**_PD, "pools": [_PD["pools"][0], {**_PD["pools"][1], "engine": {
+    "num_gpu_blocks_override": 700, "max_model_len": 8000}}]}
+CASES["pd time limit"] = {**_PD, "simulation": {"max_time_s": 9.0}}
+CASES["pd sglang"] = {**_PD, "kv_transfer": {**_PD["kv_transfer"], "flow": "sglang"}}
+CASES["pd least kv, buffer"] = {
+    **_PD, "pools": [{**_PD["pools"][0], "instances": 2}, {**_PD["pools"][1], "instances": 3, "router": "least_kv"}],
+    "kv_transfer": {"connector": "p2pnccl", "fabric": "ib-ndr", "jitter_mean_s": 0.002, "kv_buffer_size": 5e6}}
 
 
 def _run(data: dict, monkeypatch, inline: bool):
@@ -70,9 +84,22 @@ def test_tables_equal_one_event_per_step(case, monkeypatch):
     assert fast.summary == ref.summary or str(fast.summary) == str(ref.summary)   # NaN != NaN
 
 
-def test_the_preemption_case_preempts_and_the_limit_case_stops_early(monkeypatch):
-    res, gaps = _run(CASES["preemptions"], monkeypatch, True)
-    pre = res.summary
-    assert pre["preemptions"] > 10 and len(gaps) > 10 and len(set(res.requests["instance"])) == 3
-    lim = _run(CASES["time limit"], monkeypatch, True)[0].summary
+@pytest.mark.parametrize("pre,limit", [("preemptions", "time limit"), ("pd preemptions", "pd time limit")])
+def test_the_preemption_case_preempts_and_the_limit_case_stops_early(pre, limit, monkeypatch):
+    res, gaps = _run(CASES[pre], monkeypatch, True)
+    assert res.summary["preemptions"] > 10 and len(gaps) > 10
+    assert len(set(res.requests["instance"])) == (3 if pre == "preemptions" else 2)
+    lim = _run(CASES[limit], monkeypatch, True)[0].summary
     assert lim["unfinished"] > 0
+
+
+@pytest.mark.parametrize("case", ["colocated", "time limit", "pd", "pd time limit", "pd sglang", "closed loop",
+                                  "examples/epd_images_epd.yaml",
+                                  "examples/fp8_decode_crashes_pd.yaml"], ids=str)
+def test_requests_alone_are_the_requests_of_the_whole_run(case):
+    """The goodput probes run simulate_requests, which keeps no step log and builds no step table, summary
+    or link table (with operations the log is kept: the lifecycle counts steps on it)."""
+    scn = load_scenario(REPO / case) if case.endswith(".yaml") else parse_scenario(CASES[case])
+    if case.endswith(".yaml"):
+        scn = scn.model_copy(update={"workload": scn.workload.model_copy(update={"num_requests": 300})})
+    pd.testing.assert_frame_equal(simulate_requests(scn, 1), simulate(scn, 1).requests, check_exact=True)

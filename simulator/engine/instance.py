@@ -19,6 +19,7 @@ from __future__ import annotations
 import heapq
 
 from simulator.engine.instance_state import InstanceState, TimedLog
+from simulator.stepmodel import step_functions
 
 # Shortcuts that leave results unchanged: steps that end before any other event advance the clock
 # inline instead of through a SimPy timeout, and decode-only steps skip the general step's empty
@@ -35,9 +36,11 @@ class Instance(InstanceState):
         inp, out = rec.input_tokens, rec.output_tokens
         t_sched, t_first = rec.t_sched, rec.t_first
         preempts = rec.preemptions
-        gaps = rec.resume_gaps if self.gate is None else TimedLog(self.gap_log, env)
+        lazy = self.lazy
+        gaps = rec.resume_gaps if self.gate is None and not lazy else TimedLog(self.gap_log, env)
         waiting, steps, block = self.waiting, self.steps, self.block
-        step_time = self.model.step_time
+        log = steps is not None            # None: a run that builds no step table (simulate_requests)
+        step_time, decode_time = step_functions(self.model)
         budget_max, max_seqs, chunked = self.budget, self.max_seqs, self.chunked
         kv_total = self.kv_total
         heappush, heappop = heapq.heappush, heapq.heappop
@@ -114,6 +117,44 @@ class Instance(InstanceState):
         local_time = self.model.local_time
         inline = FAST_STEPS and group is None
         while True:
+            # --- lazy decode-only steps (instance_state.py, catch_up): a decode instance with no KV
+            # to pull steps while catch_up drives it, up to the time it is driven to, and waits without
+            # an event at the step that ends later.  The decode-only step below, with the instance's
+            # counters (read by the decode router) written only where it waits, and the clock where
+            # a finish may read it.  It leaves for the general path when a hand-off or a landing of KV
+            # came while it waited.
+            if lazy and n_dec and not waiting and not prefill and not ready and not remote and not self._freed:
+                # Every running request decodes here (no prompt chunk), so the batch is n_dec; the
+                # next finish's step is heap[0][0], which only finish_due changes.
+                limit = self.limit
+                due = heap[0][0]
+                while True:
+                    need = cnt[s % block]
+                    if kv_total - kv_used < need:
+                        break
+                    t0 = now
+                    kv_used += need
+                    dt = decode_time(n_dec, sum_l + n_dec, n_dec)
+                    now = t0 + dt
+                    if now >= limit:
+                        self.kv_used, self.n_running, self.paused = kv_used, n_dec, now
+                        yield self.suspend()
+                        self.paused = None
+                        limit = self.limit
+                    if log:
+                        steps.append((t0, dt, n_dec, 0, 0, n_dec, 0, kv_used, 0))
+                    sum_l += n_dec
+                    if due <= s:
+                        env._now = now
+                        finish_due(s, now)
+                        if not n_dec:
+                            s += 1
+                            break
+                        due = heap[0][0]
+                    s += 1
+                    if remote or ready:
+                        break
+                env._now = now
             # --- decode-only steps (nothing waiting, no prompt chunk, no KV arriving, blocks for every
             # decode): the general step below with its empty branches left out, so the same state
             # changes in the same order; it leaves for the general path when any condition fails.
@@ -124,14 +165,15 @@ class Instance(InstanceState):
                 n_run = len(order)
                 self.kv_used = kv_used
                 self.n_running = n_run
-                dt = step_time(n_dec, n_dec, 0.0, sum_l + n_dec, 0.0, n_run, 0) + 0.0
+                dt = decode_time(n_dec, sum_l + n_dec, n_run)
                 t_end = now + dt
                 if inline and ((t_end < gate[0]) if gate is not None else (not queue or t_end < queue[0][0])):
                     env._now = now = t_end
                 else:
                     yield env.timeout(dt)
                     now = env.now
-                steps.append((t0, dt, n_dec, 0, 0, n_run, len(waiting), kv_used, 0))   # queue at the step's end
+                if log:
+                    steps.append((t0, dt, n_dec, 0, 0, n_run, len(waiting), kv_used, 0))   # queue at the step's end
                 sum_l += n_dec
                 if heap and heap[0][0] <= s:
                     finish_due(s, now)
@@ -146,7 +188,7 @@ class Instance(InstanceState):
                 self.n_running = 0
                 if group is not None:
                     group.leave(rank)
-                self.wake = env.event()
+                self.wake = self.suspend() if lazy else env.event()
                 yield self.wake
                 now = env.now
                 continue
@@ -268,7 +310,7 @@ class Instance(InstanceState):
                     # stop with requests silently unfinished.
                     if group is not None:
                         group.leave(rank)
-                    self.wake = env.event()
+                    self.wake = self.suspend() if lazy else env.event()
                     yield self.wake
                     now = env.now
                     continue
@@ -284,6 +326,14 @@ class Instance(InstanceState):
             t_end = now + dt
             if group is not None:
                 pass                       # the group's step has already run to its end
+            elif lazy and not remote:
+                if t_end < self.limit:
+                    env._now = now = t_end
+                else:
+                    self.paused = t_end
+                    yield self.suspend()
+                    self.paused = None
+                    env._now = now = t_end
             elif inline and ((t_end < gate[0]) if gate is not None else (not queue or t_end < queue[0][0])):
                 # Nothing that could see this instance is due before this step ends (nor at the same
                 # time): advance its clock here instead of scheduling a timeout.  The arithmetic is
@@ -293,7 +343,9 @@ class Instance(InstanceState):
             else:
                 yield env.timeout(dt)
                 now = env.now
-            steps.append((t0, dt, n_dec, tokens - n_dec, logits - n_dec, len(order), len(waiting), kv_used, n_pre))
+            if log:
+                steps.append((t0, dt, n_dec, tokens - n_dec, logits - n_dec, len(order), len(waiting), kv_used,
+                              n_pre))
             # --- apply the step: decodes grow, chunks advance, finishes leave
             sum_l += n_dec
             if new_dec:

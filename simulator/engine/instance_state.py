@@ -5,7 +5,11 @@ step loop and its invariants read on their own.
 """
 from __future__ import annotations
 
+import heapq
+import math
 from collections import OrderedDict, deque
+
+from simpy.events import NORMAL, Event
 
 from simulator.perf import MemoryPlan, StepModel
 from simulator.roles import ROLES
@@ -62,7 +66,7 @@ class InstanceState:
         self.queued_kv = 0                     # KV blocks that queued requests (waiting, remote) claim when admitted
         self._queued: dict[int, int] = {}      # rid -> its share of queued_kv
         self.wake = None
-        self.steps: list[tuple] = []
+        self.steps: list[tuple] | None = []   # the step log, one tuple per step (None: not kept)
         self._requeue: dict[int, list] = {}   # preempted rid -> [0, recompute target, generated]
         self.hand_off = None                   # prefill role: callback(instance, rid, now)
         self.start_transfer = None             # decode role: callback(instance, rid, now)
@@ -83,6 +87,16 @@ class InstanceState:
         # and the pool merges them in time order, the order SimPy would have produced.
         self.gate: list[float] | None = None
         self.gap_log: list[tuple[float, float]] = []
+        # Lazy stepping (a decode instance of a static PD run, :meth:`catch_up`): ``paused`` is the end of
+        # the step in progress while the process waits on ``hold`` without a SimPy event for that end;
+        # ``limit`` is the time :meth:`catch_up` drives it to (``driving`` meanwhile).
+        self.lazy = False
+        self.paused: float | None = None
+        self.limit = -math.inf
+        self.driving = False
+        self.hold = None
+        self._env = None
+        self._gen = None
         # Prefix cache (vLLM automatic prefix caching), active when requests carry block hashes:
         # an LRU of hash ids, each covering ``hash_block_tokens`` prompt tokens, with room for as
         # many such blocks as the KV cache holds.
@@ -130,10 +144,52 @@ class InstanceState:
             cache.popitem(last=False)
 
     def _wake(self) -> None:
+        if self.paused is not None:
+            # Lazy, mid-step: its process now resumes at that step's end, as a SimPy timeout would have.
+            t, self.paused = self.paused, None
+            ev, env = self.hold, self._env
+            ev._ok, ev._value = True, None
+            heapq.heappush(env._queue, (t, NORMAL, next(env._eid), ev))
+            return
         wake = self.wake
         if wake is not None:
             self.wake = None
             wake.succeed()
+
+    # ---- lazy stepping ----------------------------------------------------------------------------
+    # A decode instance of a static PD run (no operations, open loop, no EPD, one rank) with no KV
+    # queued to pull acts on nothing outside itself (it starts transfers only for queued KV; its
+    # finishes are records), is seen by nothing but the decode router at a hand-off, and is changed
+    # from outside only by a hand-off or a landing of KV it pulls.  So it needs no SimPy event per
+    # step: when a step would end, it waits on an event that nothing schedules (``paused`` holds the
+    # step's end), and the PD proxy calls :meth:`catch_up` before each hand-off and each landing,
+    # which runs its steps that end before then inline.  A hand-off to it (:meth:`_wake`) schedules
+    # the end of the step in progress, where SimPy would have resumed it to start the transfer; a
+    # landing does not (the next step takes the request in, whenever it is driven).  OpsRun.run
+    # catches every instance up at the end of the run.
+
+    def suspend(self) -> Event:
+        """The event the process waits on (lazy): while :meth:`catch_up` drives it, the one SimPy
+        already resumes it on; else a new one."""
+        if not self.driving:
+            self.hold = Event(self._env)
+        return self.hold
+
+    def catch_up(self, t: float) -> None:
+        """Lazy: run the steps owed that end before ``t`` (the current time of whoever is about to
+        look at this instance or hand it a request), stopping in the step in progress at ``t``."""
+        if self.paused is None or self.paused >= t:
+            return
+        env = self._env
+        now = env._now
+        self.limit, self.driving = t, True
+        try:
+            ev = self._gen.send(None)
+        finally:
+            self.limit, self.driving = -math.inf, False
+            env._now = now
+        if ev is not self.hold:
+            raise RuntimeError(f"instance {self.index}: a lazy step waited on another event")
 
     def queue_kv(self, rid: int, tokens: int) -> None:
         """Count the blocks that ``rid``, now queued, will allocate for ``tokens`` when admitted."""
@@ -158,10 +214,12 @@ class InstanceState:
         self._wake()
 
     def kv_arrived(self, rid: int) -> None:
-        """Decode role: the KV of ``rid`` has arrived; it decodes from the next step."""
+        """Decode role: the KV of ``rid`` has arrived; it decodes from the next step (lazy and in a
+        step: the step after it, whenever it is driven there)."""
         self.receiving.remove(rid)
         self.ready.append(rid)
-        self._wake()
+        if self.paused is None:
+            self._wake()
 
     def submit(self, rid: int) -> None:
         """Queue a request; wakes the instance if it is idle."""
@@ -194,7 +252,9 @@ class InstanceState:
     # ---- lifecycle under operations ------------------------------------------------------------
     def start(self, env):
         """Start the instance's SimPy process (:meth:`run`); returns it."""
-        self.proc = env.process(self.run(env))
+        self._env = env
+        self._gen = self.run(env)
+        self.proc = env.process(self._gen)
         return self.proc
 
     def stop(self) -> None:

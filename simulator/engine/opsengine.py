@@ -50,8 +50,11 @@ from simulator.roles import ROLES
 class OpsRun:
     """One simulation, with or without operations; :meth:`run` returns a :class:`PoolRun`."""
 
-    def __init__(self, scn, rec: Recorder, rng, starts_for) -> None:
+    def __init__(self, scn, rec: Recorder, rng, starts_for, step_log: bool = True) -> None:
         self.scn = scn
+        # Without operations a run may keep no step log (its caller builds no step table); a lifecycle
+        # counts steps on it (crashes, the FP8 hazard).
+        self.step_log = step_log or scn.operations.enabled
         self.cfg = scn.operations
         self.rec = rec
         self.rng = rng
@@ -254,6 +257,20 @@ class OpsRun:
                 and closed_loop is None else None)
         for inst in self.front.all:
             inst.gate = gate
+        if not self.step_log:
+            for pool in pools:
+                for inst in pool.all:
+                    inst.steps = None
+        # Lazy decode instances: in a static PD run under open-loop arrivals a decode instance that pulls
+        # no KV meets the rest of the run only at hand-offs (the decode router reads it, one may be handed
+        # to it), so it steps when the PD proxy catches it up before each hand-off, not by SimPy events
+        # (instance_state.py, catch_up).
+        lazy = (engine.RUN_AHEAD and static and self.coord is not None and epd is None and closed_loop is None
+                and back_spec.dp == 1)
+        if lazy:
+            self.coord.lazy = True
+            for inst in self.back.all:
+                inst.lazy = True
         limit = math.inf if max_time_s is None else max_time_s
         start_workload(env, rec, closed_loop, front_spec.frontend, self.arrive, self.client_rng, gate, limit)
         # A static run's idle instances wait on untriggered events, so its schedule empties when the last
@@ -273,15 +290,20 @@ class OpsRun:
             if collecting:
                 gc.enable()
         end = env.now
-        if gate is not None:
-            # Instances that ran ahead past the last event: the run ends with the last step, and their
-            # resume gaps join the recorder in time order (stable: ties keep the instance order).
-            for inst in self.front.all:
+        ahead = self.front.all if gate is not None else self.back.all if lazy else []
+        for inst in self.back.all if lazy else ():
+            inst.catch_up(limit)           # the steps it owes, up to the time limit
+        if ahead:
+            # Instances that ran ahead past the last event, or stepped lazily: the run ends with the last
+            # step, and their resume gaps join the recorder in time order (stable: ties keep the instance
+            # order).
+            for inst in ahead:
                 if inst.steps:
                     t0, dt = inst.steps[-1][:2]
                     end = max(end, t0 + dt)
-            merged = sorted((g for inst in self.front.all for g in inst.gap_log), key=lambda g: g[0])
+            merged = sorted((g for inst in ahead for g in inst.gap_log), key=lambda g: g[0])
             rec.resume_gaps.extend(g for _, g in merged)
+            env._now = end                 # the clock where SimPy's last event would have left it
         rec.close(end, max_time_s)
         for pool in pools:
             for inst in pool.all:

@@ -5,11 +5,12 @@ from simulator.engine.engine import Recorder
 from simulator.engine.opsengine import OpsRun, pool_context
 
 
-def run_operations(scn, reqs, front, back, plan, closed, rngs, spec_of, epd=None):
+def run_operations(scn, reqs, front, back, plan, closed, rngs, spec_of, epd=None, step_log=True):
     """Returns ``(ops, PoolRun, recorder)``.  ``front``/``back``: :class:`simulator.scenario.ResolvedPool`
     (``back`` None without PD), each with its start times; ``spec_of`` turns one into the engine's PoolSpec;
     ``rngs``: the run's :func:`simulator.scenario.rng_streams`; ``epd``: the :class:`simulator.epd.epd.EPDSetup`
-    of a multimodal run, or None.
+    of a multimodal run, or None; ``step_log`` False: the instances keep no step log (no step table will be
+    built; kept all the same with operations).
 
     Fault draws come from the ``faults`` stream, the fabric's jitter from ``transfer`` (as without
     operations), closed-loop delays from ``clients``.
@@ -18,7 +19,7 @@ def run_operations(scn, reqs, front, back, plan, closed, rngs, spec_of, epd=None
     resolved = [r for r in (front, back) if r is not None]
     starts = {r.name: r.starts for r in resolved}
     contexts = {r.name: pool_context(r.pool, r.dep, r.memory, r.step, scn.slo.tpot_s) for r in resolved}
-    ops = OpsRun(scn, rec, rngs["faults"], starts)
+    ops = OpsRun(scn, rec, rngs["faults"], starts, step_log)
     ops.coord_rng = rngs["transfer"]
     ops.client_rng = rngs["clients"]
     run = ops.run(spec_of(front), front.dep.gpus, closed, scn.simulation.max_time_s,

@@ -1,7 +1,7 @@
 """Fluid (max-min fair) bandwidth sharing of data transfers over chains of links.
 
 Used for KV-cache transfers between prefill and decode instances: a transfer
-crosses a *path*, a sequence of :class:`LinkState` (one direction of one
+crosses a *path*, a sequence of :class:`LinkState` (:mod:`simulator.pd.links`: one direction of one
 physical link instance, e.g. "NIC of prefill instance 3, egress").  Units:
 bytes, seconds, bytes/s.
 
@@ -28,142 +28,42 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
-from fractions import Fraction
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 import simpy
 
+from simulator.pd.links import LinkState, Transfer, TransferRecord
+
 #: A transfer is complete when its remaining bytes are at most this fraction of its size.
 REL_TOL = 1e-9
-
-#: Extra latency (s, >= 0) drawn per transfer crossing a link; see :attr:`LinkState.jitter`.
-Jitter = Callable[[np.random.Generator], float]
-
-
-class LinkState:
-    """One direction of one physical link instance, and its utilisation accounting.
-
-    ``capacity_Bps`` is the usable rate (bytes/s) with protocol efficiency
-    already applied; ``bandwidth_factor`` (0 < f <= 1) degrades it, so the
-    rate shared among transfers is ``available_Bps = capacity_Bps * f``.
-    Change the factor of a link in use with :meth:`Fabric.set_bandwidth_factor`
-    so that rates are recomputed at once.
-
-    ``jitter`` is the extension point for faults: an optional callable drawing
-    extra latency (s, >= 0) for each transfer that crosses this link, from the
-    fabric's ``numpy.random.Generator``.
-
-    Accounting (read only): ``bytes_carried`` (bytes), ``rate_in_use`` (bytes/s
-    now), ``rate_series`` (``[(time_s, rate_Bps), ...]`` change points; the rate
-    is 0 before the first point and holds until the next).  A LinkState belongs
-    to the one :class:`Fabric` it is first used with.
-    """
-
-    def __init__(self, name: str, capacity_Bps: float, latency_s: float = 0.0,
-                 bandwidth_factor: float = 1.0, jitter: Jitter | None = None) -> None:
-        if not capacity_Bps > 0 or not math.isfinite(capacity_Bps):
-            raise ValueError(f"link {name!r}: capacity_Bps must be finite and > 0, got {capacity_Bps}")
-        if not latency_s >= 0:
-            raise ValueError(f"link {name!r}: latency_s must be >= 0, got {latency_s}")
-        self.name = name
-        self.capacity_Bps = float(capacity_Bps)
-        self.latency_s = float(latency_s)
-        self._factor = 1.0
-        self.bandwidth_factor = bandwidth_factor
-        self.jitter = jitter
-        self.bytes_carried = 0.0
-        self.rate_in_use = 0.0
-        self.rate_series: list[tuple[float, float]] = []
-        self._busy_s = 0.0
-        self._busy_since = 0.0
-        self._flows: dict[Transfer, None] = {}
-        self._fabric: Fabric | None = None
-        self._rem = 0.0      # water-filling scratch: capacity left, unfixed flows, rate in use
-        self._cnt = 0
-        self._used = 0.0
-
-    @classmethod
-    def from_link(cls, link, name: str | None = None, bandwidth_factor: float = 1.0,
-                  jitter: Jitter | None = None) -> LinkState:
-        """From an ``hwdb.schema.Link``: capacity = ``effective_Bps``, its latency."""
-        return cls(name or link.name, link.effective_Bps, link.latency_s.value, bandwidth_factor, jitter)
-
-    @property
-    def bandwidth_factor(self) -> float:
-        return self._factor
-
-    @bandwidth_factor.setter
-    def bandwidth_factor(self, f: float) -> None:
-        if not 0 < f <= 1:
-            raise ValueError(f"link {self.name!r}: bandwidth_factor must be in (0, 1], got {f}")
-        self._factor = float(f)
-
-    @property
-    def available_Bps(self) -> float:
-        """Rate (bytes/s) shared among active transfers: capacity × bandwidth factor."""
-        return self.capacity_Bps * self._factor
-
-    @property
-    def n_active(self) -> int:
-        return len(self._flows)
-
-    def busy_s(self, now: float) -> float:
-        """Seconds up to ``now`` during which at least one transfer was active on the link."""
-        return self._busy_s + (now - self._busy_since if self._flows else 0.0)
-
-    def __repr__(self) -> str:
-        return f"LinkState({self.name!r}, {self.available_Bps:.4g} B/s, {self.latency_s:.3g} s)"
+_UNIT = 1 << 1074          # every finite float is a whole number of 2**-1074
+#: At most one active transfer: rates without the progressive filling's heap (Fabric._reallocate_one; the
+#: same values).  tests/test_fabric.py turns it off to compare.
+ONE_FLOW_PATH = True
 
 
-@dataclass(frozen=True, slots=True)
-class TransferRecord:
-    """What a finished transfer's event carries.  Times in s, size in bytes."""
-
-    start_s: float      # when transfer() was called
-    active_s: float     # when the latency phase ended and bytes began to flow
-    end_s: float        # when the last byte crossed the path
-    nbytes: float
-    path: tuple[str, ...]
-
-    @property
-    def duration_s(self) -> float:
-        return self.end_s - self.start_s
-
-
-class Transfer(simpy.Event):
-    """The event returned by :meth:`Fabric.transfer`; also the fabric's flow state.
-
-    Read-only progress: ``rate_Bps`` (0 unless active) and ``remaining_bytes``.
-    """
-
-    def __init__(self, env, path: tuple[LinkState, ...], nbytes: float) -> None:
-        super().__init__(env)
-        self.path = path
-        self.nbytes = nbytes
-        self.remaining_bytes = nbytes
-        self.rate_Bps = 0.0
-        self.start_s = env.now
-        self.active_s = math.nan
-        self._fixed = False
-
+def _exact(x: float) -> int:
+    """``x`` (finite, >= 0) as a whole number of 2**-1074, exactly: the byte totals add these."""
+    n, d = x.as_integer_ratio()              # d is a power of two, at most 2**1074
+    return n << (1075 - d.bit_length())
 
 class Fabric:
     """Active transfers on a set of links, with max-min fair rates.
 
     ``rng`` is needed only when some link has a ``jitter``.  Totals (bytes):
     ``bytes_sent`` grows when a transfer is submitted, ``bytes_delivered``
-    when it completes; they are summed exactly (as fractions, so the order of
-    completion cannot matter) and are equal whenever :attr:`idle`.
+    when it completes; they are summed exactly (as integers in units of 2**-1074,
+    of which every float is a whole number, so the order of completion cannot
+    matter) and are equal whenever :attr:`idle`.
     """
 
     def __init__(self, env: simpy.Environment, rng: np.random.Generator | None = None) -> None:
         self.env = env
         self.rng = rng
         self.links: dict[str, LinkState] = {}
-        self._sent = Fraction(0)
-        self._delivered = Fraction(0)
+        self._sent = 0                           # bytes submitted and completed, in units of 2**-1074
+        self._delivered = 0
         self.n_pending = 0                       # transfers in their latency phase
         self._active: dict[Transfer, None] = {}  # insertion ordered, O(1) removal
         self._last = env.now                     # time up to which bytes are accounted
@@ -177,11 +77,11 @@ class Fabric:
 
     @property
     def bytes_sent(self) -> float:
-        return float(self._sent)
+        return self._sent / _UNIT
 
     @property
     def bytes_delivered(self) -> float:
-        return float(self._delivered)
+        return self._delivered / _UNIT
 
     @property
     def idle(self) -> bool:
@@ -214,7 +114,7 @@ class Fabric:
                     raise ValueError(f"link {ln.name!r}: jitter must be >= 0 s, got {j}")
                 delay += j
         tr = Transfer(self.env, path, float(nbytes))
-        self._sent += Fraction(tr.nbytes)
+        self._sent += _exact(tr.nbytes)
         self.n_pending += 1
         self.env.timeout(delay).callbacks.append(lambda _e: self._activate(tr))
         return tr
@@ -264,7 +164,7 @@ class Fabric:
         now = self.env.now
         tr.active_s = now
         if tr.nbytes == 0 or not tr.path:
-            self._delivered += Fraction(tr.nbytes)
+            self._delivered += _exact(tr.nbytes)
             tr.remaining_bytes = 0.0
             tr.succeed(self._record(tr))
             return
@@ -299,6 +199,9 @@ class Fabric:
         fixed, so a lazy heap gives O(active flows × path length × log links).
         ``dirty``: links whose flows just all ended, whose rate may drop to 0.
         """
+        if len(self._active) <= 1 and ONE_FLOW_PATH:
+            self._reallocate_one(dirty)
+            return
         touched: dict[LinkState, None] = {}
         for tr in self._active:
             tr._fixed = False
@@ -332,6 +235,35 @@ class Fabric:
                     if l2._cnt and l2 is not ln:
                         push(heap, (max(l2._rem, 0.0) / l2._cnt, seq, l2))
                         seq += 1
+        self._log_rates(touched)
+        self._schedule()
+
+    def _reallocate_one(self, dirty) -> None:
+        """:meth:`_reallocate` with at most one active transfer (the common case of KV transfers): it
+        takes the smallest available rate on its path (the first link's that has it), which every
+        link on the path then uses; the same values, in the same order, as the progressive filling."""
+        touched: dict[LinkState, None] = {}
+        for tr in self._active:
+            path = tr.path
+            share = path[0].capacity_Bps * path[0]._factor
+            for ln in path:
+                avail = ln.capacity_Bps * ln._factor
+                if avail < share:
+                    share = avail
+            tr._fixed = True
+            tr.rate_Bps = share
+            for ln in path:
+                touched[ln] = None
+                ln._rem, ln._cnt, ln._used = ln.capacity_Bps * ln._factor - share, 0, share
+        for ln in dirty:
+            if ln not in touched:
+                touched[ln] = None
+                ln._cnt, ln._used = 0, 0.0
+        self._log_rates(touched)
+        self._schedule()
+
+    def _log_rates(self, touched) -> None:
+        """Record each touched link's new rate in use (one change point per time)."""
         now = self.env.now
         for ln in touched:
             if ln._used != ln.rate_in_use:
@@ -341,7 +273,6 @@ class Fabric:
                     s[-1] = (now, ln._used)
                 else:
                     s.append((now, ln._used))
-        self._schedule()
 
     def _schedule(self) -> None:
         """Keep exactly one live wake-up, at the next completion time."""
@@ -384,7 +315,7 @@ class Fabric:
                 if not ln._flows:
                     ln._busy_s += now - ln._busy_since
                     dirty[ln] = None
-            self._delivered += Fraction(tr.nbytes)
+            self._delivered += _exact(tr.nbytes)
         self._reallocate(dirty)
         for tr in done:
             tr.succeed(self._record(tr))

@@ -39,6 +39,7 @@ class VLLMFlow(PDFlow):
         if not active:
             coord.limbo.append(rid)
             return
+        coord.catch_up(active, now)
         d_inst = active[coord.decode_router.choose(rid) % len(active)]
         coord.rec.instance[rid] = d_inst.index
         d_inst.submit_remote(rid)
@@ -55,6 +56,7 @@ class SGLangFlow(PDFlow):
     name = "sglang"
 
     def arrived(self, coord, rid):
+        coord.catch_up(coord.serving, coord.env.now)
         d = coord.decode_router.choose(rid)
         coord.rec.instance[rid] = d
         coord.decode[d].submit_remote(rid)

@@ -50,6 +50,7 @@ class PDCoordinator:
         self.in_buffer: list[float] = []
         self._degrade = None
         self._episoded: set = set()
+        self.lazy = False                      # decode instances step lazily: catch them up before routing
         for inst in prefill:
             self.add(inst)
         for inst in decode:
@@ -96,6 +97,13 @@ class PDCoordinator:
     def on_arrival(self, rid: int) -> None:
         """``rid`` was sent to a prefill instance."""
         self.flow.arrived(self, rid)
+
+    def catch_up(self, insts, t: float) -> None:
+        """Lazy decode instances (static PD runs step them only when asked): bring ``insts`` to time ``t``
+        before the proxy reads their state to route a request."""
+        if self.lazy:
+            for inst in insts:
+                inst.catch_up(t)
 
     def hand_off(self, p_inst, rid: int, now: float) -> None:
         """Prefill done: ``p_inst`` holds the prompt's KV until the transfer has finished."""
@@ -146,6 +154,8 @@ class PDCoordinator:
                 """The KV is usable on the decode instance: it copies it out of the buffer into its blocks."""
                 if rec.attempt[rid] == token:
                     rec.t_kv_done[rid] = self.env.now
+                    if self.lazy:
+                        d_inst.catch_up(self.env.now)
                     d_inst.kv_arrived(rid)
                 if plan.buffer_bytes and not d_inst.dead:
                     self.in_buffer[d_inst.index] -= nbytes - spill
