@@ -110,7 +110,7 @@ def client_times(req, steps, fe: FrontEnd) -> tuple[np.ndarray, np.ndarray]:
 
 
 def add_stream(req, steps, fe: FrontEnd):
-    """XX
+    """``req`` with the front end's output queue applied: ``frontend_out_s`` (the first token's extra
     time in it), ``ttft_s``, ``tpot_s`` and ``e2e_s`` as the client sees them.  Unchanged without one."""
     if not fe.has_queue:
         return req
