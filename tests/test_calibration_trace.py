@@ -160,7 +160,7 @@ def test_vllm_trace_replayed_and_validated(tmp_path):
     trace).  The figures, the noise and the host's load go to ``trace-figures.json``.
 
     Measured on the 2-vCPU VM shared with other work (2026-12-04, docs/validation/cpu.md has the tables),
-    errors T1 / T2 and the T1-T2 noise, three launches:
+    errors T1 / T2 and the T1-T2 noise, one line per launch:
 
     * host 1-min load 3.4-3.9: client TTFT p50 -18% / -7% (noise 6%), p90 -14% / -10% (11%); server
       TTFT p50 +2% / +10% (3%), TPOT p50 +0% / +13% (9%): every check passes (about 2 minutes);
