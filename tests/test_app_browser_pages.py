@@ -143,7 +143,8 @@ def test_calibration_fits_the_sample_bundle(app_server, driver):
     _wait(driver).until(lambda d: _metrics(d).get("model") == "tiny-llama")
     _click(driver, "Fit and validate")
     _wait(driver, 300).until(lambda d: "checks within 25%" in _alerts(d))
-    assert "validation: 10 of 10 checks within 25%" in _alerts(driver)
+    # 10 server-side checks and, with the sample bundle's fitted front end, client TTFT p50 and p90
+    assert "validation: 12 of 12 checks within 25%" in _alerts(driver)
     _wait(driver, 60).until(lambda d: {"step time (fit): predicted vs measured", "TTFT: predicted vs measured"}
                             <= set(_chart_titles(d)))
     assert_no_traceback(driver)
