@@ -110,7 +110,8 @@ for argv in json.load(sys.stdin):
     ea = AsyncEngineArgs.from_cli_args(ns)
     kv = ea.kv_transfer_config
     ec = ea.ec_transfer_config
-    out.append({"ec": None if ec is None else [ec.ec_connector, ec.ec_role], "encoder_only": ea.mm_encoder_only,"model": ns.model_tag, "tp": ea.tensor_parallel_size, "max_num_seqs": ea.max_num_seqs,
+    out.append({"ec": None if ec is None else [ec.ec_connector, ec.ec_role], "encoder_only": ea.mm_encoder_only,"model": ns.model_tag, "tp": ea.tensor_parallel_size,
+                "dp": ea.data_parallel_size, "ep": ea.enable_expert_parallel, "max_num_seqs": ea.max_num_seqs,
                 "max_num_batched_tokens": ea.max_num_batched_tokens, "max_model_len": ea.max_model_len,
                 "block_size": ea.block_size, "gpu_memory_utilization": ea.gpu_memory_utilization,
                 "kv": None if kv is None else [kv.kv_connector, kv.kv_role],

@@ -104,24 +104,6 @@ def test_bad_layouts_say_what_to_change(db):
                         "operations": {"autoscale": {"main": {"min_instances": 1, "max_instances": 2}}}})
 
 
-_PARSE = """
-import json, sys
-from vllm.utils.argparse_utils import FlexibleArgumentParser
-from vllm.entrypoints.cli.serve import ServeSubcommand
-from vllm.engine.arg_utils import AsyncEngineArgs
-out = []
-for argv in json.load(sys.stdin):
-    top = FlexibleArgumentParser(prog="vllm")
-    cmd = ServeSubcommand()
-    cmd.subparser_init(top.add_subparsers(dest="subparser"))
-    ns = top.parse_args(argv)
-    cmd.validate(ns)
-    ea = AsyncEngineArgs.from_cli_args(ns)
-    out.append([ea.tensor_parallel_size, ea.data_parallel_size, ea.enable_expert_parallel])
-print(json.dumps(out))
-"""
-
-
 def test_dp_ep_serve_lines_parse_with_vllms_own_parser(db):
     """The planner's vLLM command for DP attention with expert parallelism, through vLLM's own parser."""
     import json
@@ -129,15 +111,16 @@ def test_dp_ep_serve_lines_parse_with_vllms_own_parser(db):
 
     from simulator.plan.artefacts import vllm_args
     from tests.conftest import REPO, VLLM_PY
+    from tests.plan_results import VLLM_PARSE_CHECK
     if VLLM_PY is None:
         pytest.skip("no Python with vLLM: set EPDSIM_VLLM_PYTHON or run .ci/install_vllm_cpu.sh")
     cases = [(1, 8, 8), (2, 4, 8), (4, 2, 1), (8, 1, 8)]
     argvs = [["serve", *vllm_args("deepseek-ai/DeepSeek-V3", _dep(db, tp=tp, dp=dp, ep=ep), "colocated", None)]
              for tp, dp, ep in cases]
-    r = subprocess.run([VLLM_PY, "-c", _PARSE], input=json.dumps(argvs), capture_output=True, text=True,
+    r = subprocess.run([VLLM_PY, "-c", VLLM_PARSE_CHECK], input=json.dumps(argvs), capture_output=True, text=True,
                        timeout=300, cwd=REPO)
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
-    assert got == [[tp, dp, ep > 1] for tp, dp, ep in cases]
+    assert [[g["tp"], g["dp"], g["ep"]] for g in got] == [[tp, dp, ep > 1] for tp, dp, ep in cases]
     with pytest.raises(ValueError, match="ep: 1 or ep: 8"):
         vllm_args("deepseek-ai/DeepSeek-V3", _dep(db, tp=2, dp=4, ep=4), "colocated", None)
