@@ -40,6 +40,7 @@ class Instance(InstanceState):
         gaps = rec.resume_gaps if self.gate is None and not lazy else TimedLog(self.gap_log, env)
         waiting, steps, block = self.waiting, self.steps, self.block
         log = steps is not None            # None: a run that builds no step table (simulate_requests)
+        log_row = steps.add if log else None
         step_time, decode_time = step_functions(self.model)
         budget_max, max_seqs, chunked = self.budget, self.max_seqs, self.chunked
         kv_total = self.kv_total
@@ -142,7 +143,7 @@ class Instance(InstanceState):
                         self.paused = None
                         limit = self.limit
                     if log:
-                        steps.append((t0, dt, n_dec, 0, 0, n_dec, 0, kv_used, 0))
+                        log_row((t0, dt, n_dec, 0, 0, n_dec, 0, kv_used, 0))
                     sum_l += n_dec
                     if due <= s:
                         env._now = now
@@ -173,7 +174,7 @@ class Instance(InstanceState):
                     yield env.timeout(dt)
                     now = env.now
                 if log:
-                    steps.append((t0, dt, n_dec, 0, 0, n_run, len(waiting), kv_used, 0))   # queue at the step's end
+                    log_row((t0, dt, n_dec, 0, 0, n_run, len(waiting), kv_used, 0))   # queue at the step's end
                 sum_l += n_dec
                 if heap and heap[0][0] <= s:
                     finish_due(s, now)
@@ -344,8 +345,7 @@ class Instance(InstanceState):
                 yield env.timeout(dt)
                 now = env.now
             if log:
-                steps.append((t0, dt, n_dec, tokens - n_dec, logits - n_dec, len(order), len(waiting), kv_used,
-                              n_pre))
+                log_row((t0, dt, n_dec, tokens - n_dec, logits - n_dec, len(order), len(waiting), kv_used, n_pre))
             # --- apply the step: decodes grow, chunks advance, finishes leave
             sum_l += n_dec
             if new_dec:

@@ -11,6 +11,7 @@ from collections import OrderedDict, deque
 
 from simpy.events import NORMAL, Event
 
+from simulator.engine.steplog import StepLog
 from simulator.perf import MemoryPlan, StepModel
 from simulator.roles import ROLES
 
@@ -66,7 +67,7 @@ class InstanceState:
         self.queued_kv = 0                     # KV blocks that queued requests (waiting, remote) claim when admitted
         self._queued: dict[int, int] = {}      # rid -> its share of queued_kv
         self.wake = None
-        self.steps: list[tuple] | None = []   # the step log, one tuple per step (None: not kept)
+        self.steps: StepLog | None = StepLog()   # the step log (None: not kept)
         self._requeue: dict[int, list] = {}   # preempted rid -> [0, recompute target, generated]
         self.hand_off = None                   # prefill role: callback(instance, rid, now)
         self.start_transfer = None             # decode role: callback(instance, rid, now)

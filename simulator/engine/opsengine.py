@@ -299,8 +299,7 @@ class OpsRun:
             # order).
             for inst in ahead:
                 if inst.steps:
-                    t0, dt = inst.steps[-1][:2]
-                    end = max(end, t0 + dt)
+                    end = max(end, inst.steps.end())
             merged = sorted((g for inst in ahead for g in inst.gap_log), key=lambda g: g[0])
             rec.resume_gaps.extend(g for _, g in merged)
             env._now = end                 # the clock where SimPy's last event would have left it

@@ -29,8 +29,8 @@ def _per_token_gpu_s(inst) -> float:
     steps = inst.steps
     if not steps:
         return 0.0
-    busy = sum(r[1] for r in steps)
-    tokens = sum(r[2] + r[3] for r in steps)
+    busy = sum(steps.column(1))
+    tokens = sum(steps.column(2)) + sum(steps.column(3))
     return inst.life.gpus * busy / max(1, tokens)
 
 

@@ -10,7 +10,6 @@ plus the gaps of preempted requests (the time to re-prefill them).
 from __future__ import annotations
 
 import json
-from itertools import chain
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -89,12 +88,8 @@ STEP_COLUMNS = ["start_s", "duration_s", "decode_tokens", "prefill_tokens", "fir
 
 def steps_frame(run: PoolRun) -> pd.DataFrame:
     frames = []
-    ncol = len(STEP_COLUMNS)
     for inst in run.instances:
-        # fromiter over the flattened rows is ~2x faster than np.array on a list of tuples.
-        arr = np.fromiter(chain.from_iterable(inst.steps), dtype=np.float64,
-                          count=ncol * len(inst.steps)).reshape(-1, ncol)
-        df = pd.DataFrame(arr, columns=STEP_COLUMNS)
+        df = pd.DataFrame(inst.steps.array(), columns=STEP_COLUMNS)
         for c in STEP_COLUMNS[2:]:
             df[c] = df[c].astype(np.int64)
         df.insert(0, "step", np.arange(len(df), dtype=np.int64))

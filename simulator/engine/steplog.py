@@ -1,0 +1,44 @@
+"""The per-step log of one instance, kept flat.
+
+A step is nine consecutive entries of one list, in the order of :data:`STEP_COLUMNS`
+(``simulator.engine.results``): start (s), duration (s), decode tokens, prefill tokens, first tokens,
+batch size, waiting requests at the step's end, KV blocks in use, preemptions.  Flat, not a tuple per
+step: the engine extends the list with a short-lived tuple (as cheap as appending it), so no container
+object per step outlives the step (none for the garbage collector to track, less memory), and the step
+table is built by one ``numpy.array`` over the list (docs/performance.md has the figures).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+NCOL = 9
+
+
+class StepLog:
+    """``add((start, duration, decode, prefill, first, batch, waiting, kv, preempted))`` logs one step;
+    ``len`` is the number of steps; iteration gives each step as a tuple in that order."""
+
+    __slots__ = ("flat", "add")
+
+    def __init__(self) -> None:
+        self.flat: list = []
+        self.add = self.flat.extend
+
+    def __len__(self) -> int:
+        return len(self.flat) // NCOL
+
+    def __iter__(self):
+        it = iter(self.flat)
+        return zip(*[it] * NCOL)
+
+    def column(self, j: int) -> list:
+        """Column ``j`` (0 = start, 1 = duration, ...) as a list, in step order."""
+        return self.flat[j::NCOL]
+
+    def end(self) -> float:
+        """When the last step ended (s); the log must not be empty."""
+        return self.flat[-NCOL] + self.flat[1 - NCOL]
+
+    def array(self) -> np.ndarray:
+        """The log as a float64 array of one row per step (counts are exact: all below 2**53)."""
+        return np.array(self.flat, dtype=np.float64).reshape(-1, NCOL)
