@@ -66,8 +66,9 @@ class _Run:
     notes: tuple[str, ...]       # what the workload generator adjusted (trace rows sorted, outputs clamped)
 
 
-def _run(scn: Scenario, replication: int, db, step_log: bool = True) -> _Run:
-    """Resolve and run ``scn``: what :func:`simulate` and :func:`simulate_requests` build their tables from."""
+def _run(scn: Scenario, replication: int, db, step_log: bool = True, watch=None) -> _Run:
+    """Resolve and run ``scn``: what :func:`simulate` and :func:`simulate_requests` build their tables from.
+    ``watch``: see :func:`simulate_requests`."""
     rs = resolve(scn, db)
     db, model, pools = rs.db, rs.model, rs.pools
     rngs = rs.streams(replication)
@@ -90,7 +91,12 @@ def _run(scn: Scenario, replication: int, db, step_log: bool = True) -> _Run:
     fe = front_end(back.dep if back else front.dep)
     # The front end's output queue reads the step log (when each token left the engine).
     step_log = step_log or fe.has_queue
-    ops, run, rec = run_operations(scn, reqs, front, back, plan, closed, rngs, pool_spec, epd, step_log)
+    # A watch may judge a request when it ends only where the requests table will show the recorder's figures
+    # unchanged: no operations (re-prefilled requests are restored after the run), no front-end output queue
+    # and no encoder tier (both rewrite client times).
+    if scn.operations.enabled or fe.has_queue or epd is not None:
+        watch = None
+    ops, run, rec = run_operations(scn, reqs, front, back, plan, closed, rngs, pool_spec, epd, step_log, watch)
     req_df = requests_frame(run, back.name if back else front.name, operations=scn.operations.enabled)
     if not scn.operations.enabled:
         ops = None
@@ -104,11 +110,15 @@ def _run(scn: Scenario, replication: int, db, step_log: bool = True) -> _Run:
     return _Run(rs, epd, plan, front, back, ops, run, rec, req_df, step_df, tuple(reqs.notes))
 
 
-def simulate_requests(scn: Scenario, replication: int = 0, db=None) -> pd.DataFrame:
+def simulate_requests(scn: Scenario, replication: int = 0, db=None, watch=None) -> pd.DataFrame:
     """The requests table of ``simulate(scn, replication, db)``, and only it: for callers that judge
     requests alone (the goodput probes of :mod:`simulator.goodput` and the planner), which need not
-    pay for the step log, the step table, the summary and the link table."""
-    return _run(scn, replication, db, step_log=False).requests
+    pay for the step log, the step table, the summary and the link table.
+
+    ``watch``: called with the run's recorder before it starts; what it returns (if not None) is called
+    as ``(rid, outcome, now)`` whenever a request ends, and may stop the run by raising
+    (:mod:`simulator.verdict`).  Not called where the table's figures could differ from the recorder's."""
+    return _run(scn, replication, db, step_log=False, watch=watch).requests
 
 
 def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:

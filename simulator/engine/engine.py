@@ -66,6 +66,7 @@ class Recorder:
         self.resumed_from = [nan] * n        # crash time a re-prefilled request resumes from
         self.sent_at = [nan] * n             # when the gateway took this attempt (arrival or re-send)
         self.finalized = False
+        self.watch = None                    # callback(rid, outcome, now) at every end (simulator.verdict)
 
     def _end(self, rid: int, outcome: Outcome, now: float, reason: str | None = None,
              generated: int | None = None, wake: bool = True) -> None:
@@ -78,6 +79,8 @@ class Recorder:
             self.reason[rid] = reason
         if generated is not None:
             self.generated[rid] = generated
+        if self.watch is not None:
+            self.watch(rid, outcome, now)
         if wake and self.waiters is not None:
             self.waiters.pop(rid).succeed()
         self.ended += 1

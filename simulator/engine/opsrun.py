@@ -5,17 +5,20 @@ from simulator.engine.engine import Recorder
 from simulator.engine.opsengine import OpsRun, pool_context
 
 
-def run_operations(scn, reqs, front, back, plan, closed, rngs, spec_of, epd=None, step_log=True):
+def run_operations(scn, reqs, front, back, plan, closed, rngs, spec_of, epd=None, step_log=True, watch=None):
     """Returns ``(ops, PoolRun, recorder)``.  ``front``/``back``: :class:`simulator.scenario.ResolvedPool`
     (``back`` None without PD), each with its start times; ``spec_of`` turns one into the engine's PoolSpec;
     ``rngs``: the run's :func:`simulator.scenario.rng_streams`; ``epd``: the :class:`simulator.epd.epd.EPDSetup`
     of a multimodal run, or None; ``step_log`` False: the instances keep no step log (no step table will be
-    built; kept all the same with operations).
+    built; kept all the same with operations); ``watch``: called with the recorder, returns its ``watch``
+    callback or None (:mod:`simulator.verdict`).
 
     Fault draws come from the ``faults`` stream, the fabric's jitter from ``transfer`` (as without
     operations), closed-loop delays from ``clients``.
     """
     rec = Recorder(reqs.input_tokens, reqs.output_tokens, reqs.arrival_s, reqs.hash_ids, reqs.hash_block_tokens)
+    if watch is not None:
+        rec.watch = watch(rec)
     resolved = [r for r in (front, back) if r is not None]
     starts = {r.name: r.starts for r in resolved}
     contexts = {r.name: pool_context(r.pool, r.dep, r.memory, r.step, scn.slo.tpot_s) for r in resolved}

@@ -12,7 +12,7 @@ import math
 
 import hwdb
 
-from simulator.goodput import Probe, bisect, probe, with_rate
+from simulator.goodput import Probe, bisect, probe, probe_meets, with_rate
 from simulator.scenario import Scenario
 
 
@@ -23,13 +23,18 @@ def requests_for(rate: float, lifetime_s: float, minimum: int, span_lifetimes: f
     return int(min(cap, max(minimum, math.ceil(rate * span_lifetimes * lifetime_s))))
 
 
-def _point(scn: Scenario, rate: float, replications: int, task: dict, db) -> Probe:
-    """The goodput probe at ``rate``, judged in steady state (the first and last request lifetime left out)."""
+def _at(scn: Scenario, rate: float, task: dict) -> Scenario:
+    """``scn`` at ``rate``, with enough requests that arrivals span the run length :func:`requests_for` asks."""
     s = with_rate(scn, rate)
     if s.workload.arrival.kind != "trace":
         n = requests_for(rate, task["lifetime_s"], task["min_requests"])
         s = s.model_copy(update={"workload": s.workload.model_copy(update={"num_requests": n, "duration_s": None})})
-    return probe(s, replications, db, steady_trim_s=task["lifetime_s"])
+    return s
+
+
+def _point(scn: Scenario, rate: float, replications: int, task: dict, db) -> Probe:
+    """The goodput probe at ``rate``, judged in steady state (the first and last request lifetime left out)."""
+    return probe(_at(scn, rate, task), replications, db, steady_trim_s=task["lifetime_s"])
 
 
 def verify_task(task: dict) -> dict:
@@ -47,7 +52,7 @@ def verify_task(task: dict) -> dict:
     def meets(rate: float) -> bool:
         nonlocal probes
         probes += reps
-        return _point(scn, rate, reps, task, db).meets(scn.slo)
+        return probe_meets(_at(scn, rate, task), reps, db, steady_trim_s=task["lifetime_s"])
 
     capped = False
     if ok:
