@@ -25,17 +25,18 @@ seeds, so arrivals at two rates are the same pattern scaled, which keeps the
 attainment curve monotone in practice.
 
 *A probe's verdict alone* (:func:`probe_meets`): the bisection (:func:`find_goodput`, the planner's
-:mod:`simulator.plan.verify`) needs only whether a rate meets the SLO.  Under the attainment
-criterion a run whose verdict is already "no" can stop: every judged request that ends as a miss
-(rejected, or completed late: TTFT or TPOT over its target) lowers the best attainment the run can
-still reach, and once even a perfect remainder (and perfect later replications) could not bring the
-mean up to the target, the answer is known.  :func:`probe_meets` is ``probe(...).meets(slo)`` to the bit:
-the bound uses the same float operations as :func:`judge` (a share is
-``count / judged``; replications are averaged by ``numpy.mean``, which cannot fall when any term
-rises), and a request is counted as a miss only from figures the requests table will show unchanged.
-Where that cannot be vouched for (operations, which restore re-prefilled requests afterwards; a
-front end whose output queue moves client times; multimodal runs), the runs go to their end.
-A "yes" always needs the whole run.
+:mod:`simulator.plan.verify`) needs only whether a rate meets the SLO, and under the attainment
+criterion a run can stop as soon as that is settled.  Every judged request that ends narrows the
+attainment the run can still reach: a miss (rejected, or completed late) lowers its best case, a
+request within both targets raises its worst case.  The run stops once even a perfect remainder (and
+perfect later replications) could not reach the target ("no"), once on the last replication not even
+an all-miss remainder could fall short of it ("yes"), or once every judged request has ended (the
+requests that arrive later, in the drain window, cannot change them).  :func:`probe_meets` is
+``probe(...).meets(slo)`` to the bit: the bounds use the same float operations as :func:`judge` (a share
+is ``count / judged``; replications are averaged by ``numpy.mean``, which moves with each term), and a
+request is judged when it ends only from figures the requests table will show unchanged.  Where that
+cannot be vouched for (operations, which restore re-prefilled requests afterwards; a front end whose
+output queue moves client times; multimodal runs), the runs go to their end.
 """
 from __future__ import annotations
 
@@ -154,57 +155,84 @@ def probe(scn: Scenario, replications: int = 1, db: hwdb.HardwareDB | None = Non
 
 
 class Decided(Exception):
-    """Raised inside a run once its probe's verdict is settled ("no")."""
+    """Raised inside a run once what its probe needs of it is settled: ``verdict`` (True or False) for
+    the whole probe, or else (None) this replication's exact attainment ``share``."""
+
+    def __init__(self, verdict: bool | None, share: float = math.nan) -> None:
+        super().__init__(verdict, share)
+        self.verdict, self.share = verdict, share
 
 
-def _bound(done: list[float], share: float, reps: int) -> float:
-    """The mean attainment over ``reps`` replications if the current one reaches ``share`` and every
-    later one reaches 1: as :func:`judge` averages them."""
-    return float(np.mean(done + [share] + [1.0] * (reps - len(done) - 1)))
+def _mean(done: list[float], share: float, rest: float, reps: int) -> float:
+    """The mean attainment over ``reps`` replications: those ``done``, the current one at ``share`` and every
+    later one at ``rest``, averaged as :func:`judge` averages them."""
+    return float(np.mean(done + [share] + [rest] * (reps - len(done) - 1)))
 
 
-class MissWatch:
-    """Counts the judged requests that end as misses (``Recorder.watch``); raises :class:`Decided` at
-    the ``limit``-th, the first count at which the probe cannot meet ``slo.attainment``."""
+class VerdictWatch:
+    """``Recorder.watch`` of one replication: counts the judged requests that end within both targets
+    (``ok``) and those that end otherwise (rejected, or late), and raises :class:`Decided` as soon as
+    the probe's verdict is settled (even a perfect remainder, and perfect later replications, could not
+    reach ``slo.attainment``; or, on the last replication, not even an all-miss remainder could fall short
+    of it), else once every judged request has ended (later requests cannot change them)."""
 
-    def __init__(self, rec, keep: list[bool], slo: SLO, limit: int) -> None:
-        self.rec, self.keep, self.limit, self.misses = rec, keep, limit, 0
+    def __init__(self, rec, keep: list[bool], slo: SLO, done: list[float], reps: int) -> None:
+        self.rec, self.keep = rec, keep
+        self.n = n = sum(keep)
+        self.ok = self.missed = 0
         self.ttft, self.tpot = slo.ttft_s, slo.tpot_s
+        target = slo.attainment
+        # The fewest misses that fail the probe, and (last replication) the fewest requests within both
+        # targets that pass it; n + 1 where no count does.  Both bounds move one way with the count.
+        self.fail_at = _first(lambda m: _mean(done, (n - m) / n, 1.0, reps) < target, n)
+        last = len(done) == reps - 1
+        self.pass_at = _first(lambda k: _mean(done, k / n, 0.0, reps) >= target, n) if last else n + 1
 
     def __call__(self, rid: int, outcome: Outcome, now: float) -> None:
         if not self.keep[rid]:
             return
         rec = self.rec
+        good = False
         if outcome == Outcome.COMPLETED:
             first = rec.t_first[rid]
             # The requests table's ttft_s and tpot_s (results.requests_frame), computed alike.
             if self.ttft is None or first - rec.arrival[rid] <= self.ttft:
                 out = rec.output_tokens[rid]
-                if self.tpot is None or out <= 1 or not (now - first) / max(out - 1, 1) > self.tpot:
-                    return
-        self.misses += 1
-        if self.misses >= self.limit:
-            raise Decided()
+                good = self.tpot is None or out <= 1 or not (now - first) / max(out - 1, 1) > self.tpot
+        if good:
+            self.ok += 1
+            if self.ok >= self.pass_at:
+                raise Decided(True)
+        else:
+            self.missed += 1
+            if self.missed >= self.fail_at:
+                raise Decided(False)
+        if self.ok + self.missed == self.n:
+            raise Decided(None, self.ok / self.n)
+
+
+def _first(holds, n: int) -> int:
+    """The least ``k`` in 0..n for which ``holds(k)`` (which, once true, stays true as ``k`` grows); n + 1
+    if none."""
+    if not holds(n):
+        return n + 1
+    lo, hi = 0, n
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if holds(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 def watch_for(slo: SLO, steady_trim_s: float | None, done: list[float], reps: int):
-    """The ``watch`` argument of :func:`simulate_requests` for the next replication, given
-    the attainments of those ``done``: a factory of :class:`MissWatch` (None where no count of misses
-    settles the verdict)."""
+    """The ``watch`` argument of :func:`simulate_requests` for the next replication, given the attainments
+    of those ``done``: a factory of :class:`VerdictWatch` (None when no request is judged)."""
 
     def make(rec):
         keep = judged_mask(np.asarray(rec.arrival, dtype=np.float64), steady_trim_s)
-        n = int(keep.sum())
-        if not n or _bound(done, 0.0, reps) >= slo.attainment:
-            return None
-        lo, hi = 0, n                  # the fewest misses that fail it: _bound falls as misses rise
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if _bound(done, (n - mid) / n, reps) < slo.attainment:
-                hi = mid
-            else:
-                lo = mid + 1
-        return MissWatch(rec, keep.tolist(), slo, lo)
+        return VerdictWatch(rec, keep.tolist(), slo, done, reps) if keep.any() else None
     return make
 
 
@@ -217,10 +245,13 @@ def probe_meets(scn: Scenario, replications: int = 1, db=None, steady_trim_s: fl
     for r in range(replications):
         try:
             req = simulate_requests(scn, r, db, watch=watch_for(slo, steady_trim_s, done, replications))
-        except Decided:
-            return False
-        done.append(attainment(req, slo, steady_trim_s))
-        if _bound(done[:-1], done[-1], replications) < slo.attainment:
+            share = attainment(req, slo, steady_trim_s)
+        except Decided as d:
+            if d.verdict is not None:
+                return d.verdict
+            share = d.share
+        done.append(share)
+        if _mean(done[:-1], share, 1.0, replications) < slo.attainment:
             return False
     return float(np.mean(done)) >= slo.attainment
 

@@ -33,7 +33,7 @@ SLOS = [{"ttft_s": 1.0, "tpot_s": 0.03, "attainment": 0.9}, {"ttft_s": 0.5, "att
         {"tpot_s": 0.025, "attainment": 0.99}]
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(pd_=st.booleans(), slo=st.sampled_from(SLOS), rate=st.floats(1.0, 80.0), reps=st.integers(1, 3),
        trim=st.sampled_from([None, 5.0]))
 def test_the_verdict_is_the_full_probes(pd_, slo, rate, reps, trim):
@@ -42,24 +42,28 @@ def test_the_verdict_is_the_full_probes(pd_, slo, rate, reps, trim):
 
 
 @pytest.mark.parametrize("pd_", [False, True], ids=["colocated", "pd"])
-def test_an_overloaded_run_stops_early_and_a_passing_one_runs_to_its_end(pd_, monkeypatch):
+def test_runs_stop_once_settled(pd_, monkeypatch):
+    """Overloaded: inside the first replication ("no").  Meeting the SLO: the first replication stops
+    when its last judged request ends (the drain after it cannot change the figures), the second when
+    the "yes" is settled, at the latest at the same point."""
     stopped, ended = [], []
     real = goodput.simulate_requests
 
     def spy(scn, r, db=None, watch=None):
         try:
             req = real(scn, r, db, watch=watch)
-        except Decided:
-            stopped.append(r)
+        except Decided as d:
+            stopped.append((r, d.verdict))
             raise
         ended.append(r)
         return req
     monkeypatch.setattr(goodput, "simulate_requests", spy)
     scn = parse_scenario(_scenario(pd_, SLOS[0]))
     assert not probe_meets(with_rate(scn, 60.0), 2, steady_trim_s=5.0)
-    assert stopped == [0] and ended == []          # settled inside the first replication
+    assert stopped == [(0, False)] and ended == []
+    stopped.clear()
     assert probe_meets(with_rate(scn, 1.0), 2, steady_trim_s=5.0)
-    assert ended == [0, 1]
+    assert ended == [] and stopped[0] == (0, None) and stopped[1] in [(1, True), (1, None)] and len(stopped) == 2
 
 
 def test_operations_runs_go_to_their_end(monkeypatch):
@@ -68,12 +72,12 @@ def test_operations_runs_go_to_their_end(monkeypatch):
     data = _scenario(False, SLOS[0]) | {"operations": {"queue_timeout_s": 1000.0}}
     scn = with_rate(parse_scenario(data), 60.0)
     seen = []
-    real = goodput.MissWatch.__init__
+    real = goodput.VerdictWatch.__init__
 
     def spy(self, *a, **kw):
         seen.append(1)
         real(self, *a, **kw)
-    monkeypatch.setattr(goodput.MissWatch, "__init__", spy)
+    monkeypatch.setattr(goodput.VerdictWatch, "__init__", spy)
     assert probe_meets(scn, 1) == probe(scn, 1).meets(scn.slo)
     assert not seen
 
