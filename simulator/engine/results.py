@@ -10,6 +10,7 @@ plus the gaps of preempted requests (the time to re-prefill them).
 from __future__ import annotations
 
 import json
+from itertools import chain
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,17 +88,21 @@ STEP_COLUMNS = ["start_s", "duration_s", "decode_tokens", "prefill_tokens", "fir
 
 
 def steps_frame(run: PoolRun) -> pd.DataFrame:
-    frames = []
-    for inst in run.instances:
-        df = pd.DataFrame(inst.steps.array(), columns=STEP_COLUMNS)
-        for c in STEP_COLUMNS[2:]:
-            df[c] = df[c].astype(np.int64)
-        df.insert(0, "step", np.arange(len(df), dtype=np.int64))
-        df.insert(0, "instance", inst.index)
-        df.insert(0, "pool", inst.pool)
-        df["kv_occupancy"] = df["kv_blocks_used"] / inst.kv_total
-        frames.append(df)
-    return pd.concat(frames, ignore_index=True)
+    """One row per engine step of every instance, in instance order and step order within each."""
+    insts = run.instances
+    counts = np.array([len(inst.steps) for inst in insts], dtype=np.int64)
+    # One array over every instance's flat log: no per-instance frame to concatenate.
+    arr = np.fromiter(chain.from_iterable(inst.steps.flat for inst in insts), dtype=np.float64,
+                      count=int(counts.sum()) * len(STEP_COLUMNS)).reshape(-1, len(STEP_COLUMNS))
+    data = {"pool": np.repeat(np.array([inst.pool for inst in insts], dtype=object), counts),
+            "instance": np.repeat(np.array([inst.index for inst in insts], dtype=np.int64), counts),
+            "step": np.concatenate([np.arange(c, dtype=np.int64) for c in counts]) if len(insts) else
+            np.zeros(0, dtype=np.int64)}
+    for j, c in enumerate(STEP_COLUMNS):
+        data[c] = arr[:, j] if j < 2 else arr[:, j].astype(np.int64)
+    data["kv_occupancy"] = data["kv_blocks_used"] / np.repeat(np.array([inst.kv_total for inst in insts],
+                                                                          dtype=np.int64), counts)
+    return pd.DataFrame(data)
 
 
 def _pcts(x: np.ndarray) -> dict[str, float]:

@@ -5,11 +5,9 @@ A step is nine consecutive entries of one list, in the order of :data:`STEP_COLU
 batch size, waiting requests at the step's end, KV blocks in use, preemptions.  Flat, not a tuple per
 step: the engine extends the list with a short-lived tuple (as cheap as appending it), so no container
 object per step outlives the step (none for the garbage collector to track, less memory), and the step
-table is built by one ``numpy.array`` over the list (docs/performance.md has the figures).
+table is built by one ``numpy.fromiter`` over the lists (docs/performance.md has the figures).
 """
 from __future__ import annotations
-
-import numpy as np
 
 NCOL = 9
 
@@ -38,7 +36,3 @@ class StepLog:
     def end(self) -> float:
         """When the last step ended (s); the log must not be empty."""
         return self.flat[-NCOL] + self.flat[1 - NCOL]
-
-    def array(self) -> np.ndarray:
-        """The log as a float64 array of one row per step (counts are exact: all below 2**53)."""
-        return np.array(self.flat, dtype=np.float64).reshape(-1, NCOL)
