@@ -1,22 +1,20 @@
 """One vLLM V1 serving instance as a SimPy process.
 
-Scheduling follows vLLM V1's ``Scheduler.schedule``: each step first serves the
-running requests in admission order (one token per decoding sequence, then the
-next chunk of a partially prefilled prompt), then admits waiting requests FCFS
-while the token budget (``max_num_batched_tokens``), ``max_num_seqs`` and free
-KV blocks allow.  When blocks run out, the newest running request is preempted
-(its KV freed) and later recomputed from its prompt plus the tokens it had
-produced.
+Scheduling follows vLLM V1's ``Scheduler.schedule``: each step first serves the running requests in
+admission order (one token per decoding sequence, then the next chunk of a partially prefilled prompt),
+then admits waiting requests FCFS while the token budget (``max_num_batched_tokens``), ``max_num_seqs``
+and free KV blocks allow.  When blocks run out, the newest running request is preempted (its KV freed)
+and later recomputed from its prompt plus the tokens it had produced.
 
-Cost per step is independent of the batch size: decoding sequences are kept as
-aggregates (count, total context, and a histogram of "which step makes this
-sequence need a new block", keyed by step modulo the block size), finishing
-steps sit in a heap, and the per-step log holds one row.  Per-request work is
-done only at admission, prefill completion, preemption and finish.
+Cost per step is independent of the batch size: decoding sequences are kept as aggregates (count, total
+context, and a histogram of "which step makes this sequence need a new block", keyed by step modulo the
+block size), finishing steps sit in a heap, and the per-step log holds one row.  Per-request work is done
+only at admission, prefill completion, preemption and finish.
 """
 from __future__ import annotations
 
 import heapq
+import math
 
 from simulator.engine.instance_state import InstanceState, TimedLog
 from simulator.stepmodel import step_functions
@@ -25,6 +23,7 @@ from simulator.stepmodel import step_functions
 # inline instead of through a SimPy timeout, and decode-only steps skip the general step's empty
 # branches.  tests/test_run_ahead.py turns them off to compare with the plain step, one event each.
 FAST_STEPS = True
+INF = math.inf
 
 
 class Instance(InstanceState):
@@ -159,22 +158,39 @@ class Instance(InstanceState):
             # --- decode-only steps (nothing waiting, no prompt chunk, no KV arriving, blocks for every
             # decode): the general step below with its empty branches left out, so the same state
             # changes in the same order; it leaves for the general path when any condition fails.
+            # Every running request decodes (the batch is n_dec).  The steps that end before the next
+            # event and make no finish run in the inner loop; nothing else runs meanwhile, so what a
+            # pass reads once changes only at its end (a finish's callbacks may schedule events).
             while (inline and n_dec and not waiting and not prefill and not ready and not remote and not self._freed
                    and kv_total - kv_used >= cnt[s % block]):
-                t0 = now
-                kv_used += cnt[s % block]
-                n_run = len(order)
-                self.kv_used = kv_used
-                self.n_running = n_run
-                dt = decode_time(n_dec, sum_l + n_dec, n_run)
-                t_end = now + dt
-                if inline and ((t_end < gate[0]) if gate is not None else (not queue or t_end < queue[0][0])):
-                    env._now = now = t_end
+                horizon = gate[0] if gate is not None else queue[0][0] if queue else INF
+                due = heap[0][0]
+                short = False              # the next step's new blocks do not fit
+                while True:
+                    t0 = now
+                    kv_used += cnt[s % block]
+                    dt = decode_time(n_dec, sum_l + n_dec, n_dec)
+                    now = t0 + dt
+                    if now >= horizon or due <= s:
+                        break
+                    if log:
+                        log_row((t0, dt, n_dec, 0, 0, n_dec, 0, kv_used, 0))
+                    sum_l += n_dec
+                    s += 1
+                    if kv_total - kv_used < cnt[s % block]:
+                        short = True
+                        break
+                self.kv_used, self.n_running = kv_used, n_dec
+                if short:
+                    env._now = now
+                    continue
+                if now < horizon:
+                    env._now = now         # a finishing step, inline
                 else:
+                    env._now = t0          # the step ends at or after the next event: a SimPy timeout
                     yield env.timeout(dt)
-                    now = env.now
                 if log:
-                    log_row((t0, dt, n_dec, 0, 0, n_run, len(waiting), kv_used, 0))   # queue at the step's end
+                    log_row((t0, dt, n_dec, 0, 0, n_dec, len(waiting), kv_used, 0))   # queue at the step's end
                 sum_l += n_dec
                 if heap and heap[0][0] <= s:
                     finish_due(s, now)
@@ -274,21 +290,10 @@ class Instance(InstanceState):
                 prefill[rid] = pf
                 budget -= c
                 chunks.append((rid, pf, c))
-            # --- decode role: allocate blocks for whole prompts whose KV is remote, FCFS, behind
-            # preempted requests (which head V1's single waiting queue), and only for requests
-            # that have a batch slot: pulled KV must not sit in blocks while the running batch
-            # starves for them, or the batch can preempt itself empty with nothing left to run.
-            while (not n_pre and remote and not waiting
-                   and len(order) + len(receiving) + len(ready) < max_seqs):
-                rid = remote[0]
-                grow = -(-(inp[rid] - 1) // block)
-                if kv_total - kv_used < grow:
-                    break
-                remote.popleft()
-                self.unqueue(rid)
-                kv_used += grow
-                receiving.add(rid)
-                self.start_transfer(self, rid, now)
+            # --- decode role: blocks for prompts whose KV is remote, behind preempted requests (which
+            # head V1's single waiting queue)
+            if not n_pre and remote and not waiting:
+                kv_used += self.allocate_pulls(kv_total - kv_used, len(order), now)
             # --- the batch: one token per decode plus the scheduled prompt chunks
             tokens = logits = n_dec
             pairs = pctx = 0.0

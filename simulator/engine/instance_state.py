@@ -222,6 +222,25 @@ class InstanceState:
         if self.paused is None:
             self._wake()
 
+    def allocate_pulls(self, free: int, running: int, now: float) -> int:
+        """Decode role: allocate blocks for whole prompts whose KV is remote, FCFS, and start their pulls,
+        only for requests that have a batch slot (``running`` requests run): pulled KV must not sit in
+        blocks while the running batch starves for them, or the batch can preempt itself empty with
+        nothing left to run.  Returns the blocks allocated (at most ``free``)."""
+        remote, receiving, ready, inp = self.remote, self.receiving, self.ready, self.rec.input_tokens
+        used = 0
+        while remote and running + len(receiving) + len(ready) < self.max_seqs:
+            rid = remote[0]
+            grow = -(-(inp[rid] - 1) // self.block)
+            if free - used < grow:
+                break
+            remote.popleft()
+            self.unqueue(rid)
+            used += grow
+            receiving.add(rid)
+            self.start_transfer(self, rid, now)
+        return used
+
     def submit(self, rid: int) -> None:
         """Queue a request; wakes the instance if it is idle."""
         self.waiting.append(rid)
