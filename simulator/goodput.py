@@ -69,6 +69,8 @@ def with_rate(scn: Scenario, rate: float) -> Scenario:
 
 def judged(requests: pd.DataFrame, steady_trim_s: float | None = None) -> np.ndarray:
     """Boolean mask of the requests a probe judges (see the module docstring for the window)."""
+    if steady_trim_s is None or not len(requests):
+        return np.ones(len(requests), dtype=bool)
     return judged_mask(requests["arrival_s"].to_numpy(), steady_trim_s)
 
 
