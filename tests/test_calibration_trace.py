@@ -191,7 +191,7 @@ def test_vllm_trace_replayed_and_validated(tmp_path):
 
     Every launch above let engine, API server and client share both cores.  Since 2026-12-05 the engine
     runs on a core of its own (``VLLM_CPU_OMP_THREADS_BIND``) and the API server and this client on the
-    other (``taskset``, ``sched_setaffinity``), where the host has two; four launches, load 0.7-1.6:
+    other (``taskset``, ``sched_setaffinity``), where the host has two; five launches, load 0.6-1.6:
 
     * server TTFT p50 +4% / -5% (noise 11%), TPOT p50 -12% / -2% (10%); client TTFT p50 -17% / -25%
       (8%), p90 -48% / -44% (7%); server TTFT p90 -33% / -27%;
@@ -200,7 +200,9 @@ def test_vllm_trace_replayed_and_validated(tmp_path):
     * (the full suite, load 1.0-1.3) server TTFT p50 -7% / +6% (13%), TPOT p50 -5% / +1% (9%); client
       TTFT p50 -27% / -9% (18%), p90 -40% / -41% (2%), with the output queue fitted;
     * (the second full suite, load 1.2-1.6) server TTFT p50 +2% / -6% (7%), TPOT p50 +32% / +22% (6%:
-      that fit's decode step was slower than the replays'); client TTFT p50 -4% / -21%, p90 -5% / -21%.
+      that fit's decode step was slower than the replays'); client TTFT p50 -4% / -21%, p90 -5% / -21%;
+    * (this test alone, load 0.6-1.3) every target met: server TTFT p50 -2% / +6% (8%), TPOT p50
+      +12% / -6% (10%); client TTFT p50 -11% / -1% (14%), p90 +18% / -9% (31%).
 
     So the server-side under-prediction of TPOT (about a fifth) was the API server's streaming taking the
     engine's core under bursts, not the step model: with the engine on its own core the server side is
@@ -237,8 +239,8 @@ def test_vllm_trace_replayed_and_validated(tmp_path):
                                   server_hardware="CPU-host (vllm-cpu, launched by the test)",
                                   plan=PlanOptions(**plan)), log=lambda s: None).run()
         return tmp_path / name
-    srv.start()
     try:
+        srv.start()
         srv.wait_ready(600)
         # the open-loop load gives the front end's output queue (calibration/fit_frontend.py)
         fit_dir = measure("A", kinds=("prefill", "decode", "load"), prefill_lengths=[16, 32, 64, 128, 256, 512, 1024],
