@@ -18,7 +18,7 @@ file is copied into this repository):
 The model side reproduces :meth:`simulator.perf.StepModel.step_time` term by
 term from a built :class:`~simulator.perf.StepModel`; nothing here changes the
 simulator.  ``docs/validation/perf.md`` reports the results and
-``tests/test_perf_validation.py`` locks them in.
+``tests/test_perf_validation.py`` and ``tests/test_perf_vs_measured.py`` lock them in.
 """
 from __future__ import annotations
 
