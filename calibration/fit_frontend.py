@@ -1,14 +1,17 @@
 """The front end's figures (:mod:`simulator.engine.frontend`) fitted from a bundle's client and server
 timestamps: what the client sees beyond the engine.
 
-* **The way in** (``frontend_s``, ``frontend_s_per_token``): the lone requests of the prefill sweep
-  (one in flight, nothing queued) see ``client TTFT - server TTFT = frontend_s + frontend_s_per_token x
+* **The way in** (``frontend_s``, ``serial_s_per_token``): the lone requests of the prefill sweep
+  (one in flight, nothing queued) see ``client TTFT - server TTFT = frontend_s + serial_s_per_token x
   prompt + one streamed token``.  A line through the median difference at each prompt length (least
-  squares, slope >= 0) gives the sum; the streamed token's share is taken off once it is known.
+  squares, slope >= 0) gives the sum; the streamed token's share is taken off once it is known.  The
+  slope is the API server's serial part (its one tokenizer thread): a lone request does not queue
+  there, so the slope is its service time per prompt token; the simulator serves it one request at a
+  time in the order they were sent (:class:`simulator.engine.frontend.WayIn`).
 * **The way out** (``stream_s_per_token``, ``stream_s_per_request``): every request of the bundle's
   open-loop load tests (else, without one, of the decode sweeps at 2 or more users) is put through
   the front end's output queue, as the simulator does, at the times the server emitted its tokens:
-  the request was sent at ``t_send`` (client clock), reached the engine the way in later, was picked
+  the request was sent at ``t_send`` (client clock), reached the engine through the way in, was picked
   up when the step then running ended (the engine core takes requests between steps; the server's
   own clock starts there: the end of another request's prompt step, or on average half a decode step
   while others decode), its first token came the server's TTFT (queue + prefill) after that and the
@@ -30,7 +33,7 @@ import numpy as np
 
 from calibration.fit_points import server_ttft_s
 from calibration.harness.bundle import Bundle
-from simulator.engine.frontend import fifo
+from simulator.engine.frontend import FrontEnd, WayIn, fifo
 
 #: scale of the soft-L1 loss on log(predicted / measured) client times
 SOFT_L1_SCALE = 0.25
@@ -43,7 +46,7 @@ class FrontEndFit:
     """The fitted front end (seconds) and how it was found."""
 
     frontend_s: float | None = None
-    frontend_s_per_token: float = 0.0
+    serial_s_per_token: float = 0.0
     stream_s_per_token: float = 0.0
     stream_s_per_request: float = 0.0
     lone_requests: int = 0
@@ -110,20 +113,22 @@ def _loaded_requests(b: Bundle) -> tuple[list[dict], list[str]]:
     return out, names
 
 
-def client_predictions(rows: list[dict], way_in, stream_s: float,
+def client_predictions(rows: list[dict], way_in: FrontEnd, stream_s: float,
                        first_s: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
-    """Client TTFT and E2E of ``rows`` through the output queue (``way_in(prompt)``: the delay in;
-    ``stream_s`` per token, ``first_s`` more for a request's first)."""
+    """Client TTFT and E2E of ``rows`` through the way in ``way_in`` (its output queue's fields unused)
+    and the output queue (``stream_s`` per token, ``first_s`` more for a request's first)."""
     ttft = np.empty(len(rows))
     e2e = np.empty(len(rows))
     for phase in dict.fromkeys(r["phase"] for r in rows):
-        idx = [i for i, r in enumerate(rows) if r["phase"] == phase]
+        idx = sorted((i for i, r in enumerate(rows) if r["phase"] == phase), key=lambda i: rows[i]["t_send"])
+        way = WayIn(way_in)
+        seen_at = {i: way.seen(rows[i]["t_send"], rows[i]["prompt"]) for i in idx}
         emit, owner, last, work = [], [], [], []
         busy: list[tuple[float, float]] = []     # (start, end) of the prompt steps so far
         decoding: list[tuple[float, float, float]] = []   # (start, end, step) of the decodes so far
-        for i in sorted(idx, key=lambda i: rows[i]["t_send"] + way_in(rows[i]["prompt"])):
+        for i in sorted(idx, key=seen_at.__getitem__):
             r = rows[i]
-            seen = r["t_send"] + way_in(r["prompt"])
+            seen = seen_at[i]
             pick = max([seen] + [e for s, e in busy if s <= seen < e])
             if pick == seen:
                 pick += 0.5 * max([0.0] + [st for s, e, st in decoding if s <= seen < e])
@@ -158,7 +163,7 @@ def fit_frontend(b: Bundle) -> FrontEndFit:
         fit.stream_why = "no lone request with client and server times (prefill sweep)"
         return fit
     icpt, slope, fit.lone_requests = line
-    fit.frontend_s, fit.frontend_s_per_token = icpt, slope
+    fit.frontend_s, fit.serial_s_per_token = icpt, slope
     rows, fit.phases = _loaded_requests(b)
     fit.loaded_requests = len(rows)
     if len(rows) < 4:
@@ -168,8 +173,7 @@ def fit_frontend(b: Bundle) -> FrontEndFit:
     meas = np.concatenate([[r["ttft"] for r in rows], [r["e2e"] for r in rows]])
 
     def resid(s: float, f: float) -> np.ndarray:
-        base = max(icpt - s - f, 0.0)
-        t, e = client_predictions(rows, lambda p: base + slope * p, s, f)
+        t, e = client_predictions(rows, FrontEnd(max(icpt - s - f, 0.0), serial_s_per_token=slope), s, f)
         return np.log(np.maximum(np.concatenate([t, e]), 1e-9) / meas)
 
     def loss(x) -> float:
@@ -209,8 +213,8 @@ def describe(fe: FrontEndFit) -> str:
     """The front end in one paragraph (fit report, profile notes)."""
     if fe.frontend_s is None:
         return f"front end: not fitted ({fe.stream_why})"
-    text = (f"front end, way in: {fe.frontend_s * 1e3:.2f} ms + {fe.frontend_s_per_token * 1e6:.2f} us per prompt "
-            f"token (client - server TTFT of {fe.lone_requests} lone requests)")
+    text = (f"front end, way in: {fe.frontend_s * 1e3:.2f} ms + {fe.serial_s_per_token * 1e6:.2f} us per prompt "
+            f"token, one request at a time (client - server TTFT of {fe.lone_requests} lone requests)")
     if fe.stream_s_per_token or fe.stream_s_per_request:
         return text + (f"; way out: an output queue of {fe.stream_s_per_token * 1e3:.3f} ms per streamed token "
                        f"and {fe.stream_s_per_request * 1e3:.3f} ms more per request's first token "

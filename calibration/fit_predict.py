@@ -73,10 +73,12 @@ def calibrated_engine(base, overhead_s: float, per_seq_s: float, *, name: str = 
            "cpu": cpu, "graph_launch_s": zero("folded into step_s"), "eager_launch_s_per_layer": zero("folded into step_s"),
            "notes": f"calibrated by {source}; the host cost adds to the device time (no overlap)"}
     # The base engine's front end was fitted on GPU serving runs; this engine carries the harness's own.
-    upd.update(frontend_s=None, frontend_s_per_token=None, frontend_stream_s_per_token=None)
+    upd.update(frontend_s=None, frontend_s_per_token=None, frontend_serial_s_per_token=None,
+               frontend_stream_s_per_token=None, frontend_stream_s_per_request=None)
     if frontend is not None and frontend.frontend_s is not None:
         what = {"frontend_s": (frontend.frontend_s, "the way in, fixed (client - server TTFT of lone requests)"),
-                "frontend_s_per_token": (frontend.frontend_s_per_token, "the way in, per prompt token"),
+                "frontend_serial_s_per_token": (frontend.serial_s_per_token, "the way in's serial part, per prompt "
+                                                "token (slope of the lone requests' client - server TTFT)"),
                 "frontend_stream_s_per_token": (frontend.stream_s_per_token, "the output queue's service time per "
                                                 "streamed token" + (f" (0: {frontend.stream_why})"
                                                                     if frontend.stream_why else "")),

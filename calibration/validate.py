@@ -250,6 +250,7 @@ def _front_end(db: hwdb.HardwareDB, engine_name: str | None) -> dict | None:
         return None
     val = lambda f: f.value if f is not None else 0.0  # noqa: E731
     return {"engine": engine_name, "frontend_s": val(e.frontend_s), "frontend_s_per_token": val(e.frontend_s_per_token),
+            "serial_s_per_token": val(e.frontend_serial_s_per_token),
             "stream_s_per_token": val(e.frontend_stream_s_per_token),
             "stream_s_per_request": val(e.frontend_stream_s_per_request)}
 

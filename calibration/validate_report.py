@@ -93,8 +93,11 @@ def _front_text(fe: dict | None) -> str:
     if not fe:
         return ("front end: none fitted (the calibrated engine has none): client-side predictions are the "
                 "engine's times from the send; information only")
-    text = (f"front end (engine `{fe['engine']}`): way in {fmt_ms(fe['frontend_s'])} + "
-            f"{fe['frontend_s_per_token'] * 1e6:.3g} us per prompt token")
+    text = f"front end (engine `{fe['engine']}`): way in {fmt_ms(fe['frontend_s'])}"
+    if fe.get("frontend_s_per_token"):
+        text += f" + {fe['frontend_s_per_token'] * 1e6:.3g} us per prompt token"
+    if fe.get("serial_s_per_token"):
+        text += f" after {fe['serial_s_per_token'] * 1e6:.3g} us per prompt token, one request at a time"
     return text + (f", output queue {fe['stream_s_per_token'] * 1e3:.3g} ms per streamed token + "
                    f"{fe.get('stream_s_per_request', 0.0) * 1e3:.3g} ms per request's first"
                    if fe["stream_s_per_token"] or fe.get("stream_s_per_request") else ", no output queue")

@@ -342,6 +342,9 @@ class EngineProfile(StrictModel):
     # kernels of a layer, independent of TP: the measured TPOT at TP1..8 leaves the same residual),
     # and the client-visible front end before the engine sees a request (HTTP, tokenisation,
     # detokenisation and streaming of the first token): ``frontend_s`` + ``frontend_s_per_token`` x prompt.
+    # ``frontend_serial_s_per_token``: the way in's serial part, per prompt token, one request at a time in
+    # the order they were sent (the API server's tokenizer/renderer: vLLM renderer_num_workers = 1);
+    # fitted by `calibrate fit` from lone requests' client - server TTFT, which a GPU end-to-end fit cannot see.
     # ``frontend_stream_s_per_token``: the API server's output queue, one FIFO server per instance that
     # streams every token the engine emits (detokenisation, SSE), this long each (a request's first
     # token ``frontend_stream_s_per_request`` more); fitted by
@@ -353,6 +356,7 @@ class EngineProfile(StrictModel):
     layer_overhead_scale: dict[str, Figure] = {}
     frontend_s: Figure | None = None
     frontend_s_per_token: Figure | None = None
+    frontend_serial_s_per_token: Figure | None = None
     frontend_stream_s_per_token: Figure | None = None
     frontend_stream_s_per_request: Figure | None = None   # more for a request's first token (its stream opens)
     default_chunked_prefill: bool

@@ -30,22 +30,24 @@ def pool_spec(r: ResolvedPool) -> PoolSpec:
                     k.enable_chunked_prefill, k.max_model_len, pool.router, pool.role,
                     eng.default_prefix_caching if pool.engine.enable_prefix_caching is None
                     else pool.engine.enable_prefix_caching,
-                    front_end(dep), dep.dp)
+                    front_end(dep, pool.instances), dep.dp)
 
 
-def front_end(dep) -> FrontEnd:
+def front_end(dep, instances: int = 1) -> FrontEnd:
     """The engine profile's fitted front end for a deployment (:mod:`simulator.engine.frontend`).
 
     A harness-fitted profile (``calibrate fit``: it names the model it measured, or has a fitted step
     overhead) describes the server of one host; the front end that goes with it is the one its
     calibrated engine, named as the profile, carries.  Another engine's front end (fitted end to end on
-    GPU servers) stays out."""
+    GPU servers) stays out.  Each of the pool's ``instances`` has an API server of its own (a serial
+    part each)."""
     eng, prof = dep.engine, dep.profile
     harness = prof is not None and (prof.model is not None or prof.step_overhead_s is not None)
     if harness and eng.name != prof.name:
         return FrontEnd()
     val = lambda f: f.value if f is not None else 0.0  # noqa: E731
-    return FrontEnd(val(eng.frontend_s), val(eng.frontend_s_per_token), val(eng.frontend_stream_s_per_token),
+    return FrontEnd(val(eng.frontend_s), val(eng.frontend_s_per_token), val(eng.frontend_serial_s_per_token),
+                    max(int(instances), 1), val(eng.frontend_stream_s_per_token),
                     val(eng.frontend_stream_s_per_request))
 
 

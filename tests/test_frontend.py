@@ -7,12 +7,13 @@ import json
 import numpy as np
 import pytest
 import yaml
+from hypothesis import given, strategies as st
 
 import hwdb
 from calibration.fit_frontend import FrontEndFit, fit_frontend
 from calibration.fit_predict import calibrated_engine
 from calibration.harness.bundle import Bundle
-from simulator.engine.frontend import FrontEnd, fifo, stream_delivery
+from simulator.engine.frontend import FrontEnd, WayIn, fifo, seen_times, stream_delivery
 from tests.synthetic_bundle import CPU_GPU, CPU_SETUP, CPU_TRUTH, TINY_CONFIG, _simulate, make_bundle, write_truth_hwdb
 
 
@@ -20,6 +21,66 @@ def test_fifo_is_lindleys_recursion():
     begin, end = fifo(np.array([0.0, 0.1, 0.15, 1.0]), np.array([0.2, 0.2, 0.2, 0.1]))
     assert begin.tolist() == pytest.approx([0.0, 0.2, 0.4, 1.0])
     assert end.tolist() == pytest.approx([0.2, 0.4, 0.6, 1.1])
+
+
+def test_the_serial_way_in_keeps_the_order_requests_were_sent_in():
+    """A short prompt sent 1 ms after a long one waits for it at the serial part (the API server's one
+    tokenizer); as a side-by-side delay of the same size per token it would overtake it."""
+    arrival, prompt = [0.0, 0.001, 0.5], [1000, 10, 10]
+    serial = seen_times(arrival, prompt, FrontEnd(frontend_s=0.002, serial_s_per_token=1e-5))
+    assert serial == pytest.approx([0.012, 0.0121 + 0.0, 0.5021])     # 10 ms + 0.1 ms behind it, then 2 ms each
+    side = seen_times(arrival, prompt, FrontEnd(frontend_s=0.002, frontend_s_per_token=1e-5))
+    assert side == pytest.approx([0.012, 0.0031, 0.5021])
+    assert seen_times(arrival, prompt, FrontEnd(stream_s_per_token=1e-3)) is None     # no way in at all
+    # two API servers (two instances): the second request takes the free one
+    two = seen_times(arrival, prompt, FrontEnd(serial_s_per_token=1e-5, servers=2))
+    assert two == pytest.approx([0.01, 0.0011, 0.5001])
+
+
+@given(st.lists(st.tuples(st.floats(0.0, 0.05), st.integers(1, 4000)), min_size=1, max_size=30),
+       st.integers(1, 3), st.floats(0.0, 0.01), st.floats(0.0, 1e-4))
+def test_way_in_is_a_k_server_fifo(jobs, servers, fixed, per_token):
+    """Against a direct k-server FCFS: each request starts its serial part when it was sent or when the
+    first server frees, whichever is later; seen = that end + the fixed delay; with one server, the
+    engine sees requests in the order they were sent."""
+    arrival = np.cumsum([g for g, _ in jobs]).tolist()
+    prompt = [p for _, p in jobs]
+    got = seen_times(arrival, prompt, FrontEnd(frontend_s=fixed, serial_s_per_token=per_token, servers=servers))
+    if not fixed and not per_token:
+        assert got is None                      # no way in: the engine sees each request at its arrival
+        return
+    free = [0.0] * servers
+    for a, p, g in zip(arrival, prompt, got):
+        k = int(np.argmin(free))
+        end = max(a, free[k]) + per_token * p
+        free[k] = end
+        assert g == pytest.approx(end + fixed, abs=1e-12)
+        assert g >= a + fixed + per_token * p - 1e-12
+    if servers == 1:
+        assert all(x <= y + 1e-12 for x, y in zip(got, got[1:]))
+
+
+def test_closed_loop_users_share_one_way_in():
+    """Closed-loop users call the same WayIn as they send: a request sent while another's prompt is
+    being served waits for it."""
+    way = WayIn(FrontEnd(serial_s_per_token=1e-5))
+    assert way.seen(0.0, 1000) == pytest.approx(0.01)
+    assert way.seen(0.002, 100) == pytest.approx(0.011)
+    assert way.seen(0.05, 100) == pytest.approx(0.051)
+
+
+def test_a_closed_loop_burst_queues_at_the_serial_way_in(tmp_path, tiny):
+    """Eight users send at once (no ramp-up) through a serial way in of 20 us per prompt token: their
+    256-token prompts are served one after another, 5.12 ms each, so the k-th reaches the engine k x
+    5.12 ms after it was sent; the recorded arrival stays the send time."""
+    hw = _truth_with_front_end(tmp_path, tiny, FrontEndFit(frontend_s=0.0, serial_s_per_token=2e-5))
+    load = {"arrival": {"kind": "closed", "concurrency": 8, "think_time_s": 0.0}, "num_requests": 16,
+            "input_length": {"kind": "fixed", "value": 256}, "output_length": {"kind": "fixed", "value": 4}}
+    req = _simulate(hw, tiny, load, "truth").requests.sort_values("request_id")
+    first = req.head(8)
+    assert (first["arrival_s"] == 0).all()
+    assert sorted(first["frontend_s"]) == pytest.approx([k * 256 * 2e-5 for k in range(1, 9)])
+    assert (req["frontend_s"] >= 256 * 2e-5 - 1e-12).all()
 
 
 def test_a_step_tokens_arrive_halfway_through_their_share():
@@ -71,13 +132,15 @@ def test_the_output_queue_moves_client_times_only(tmp_path, tiny):
 
 
 def test_fit_recovers_the_front_end_from_timestamps(tmp_path, tiny):
-    """A bundle measured on a simulated server whose front end is known (2 ms in, an output queue of
-    1 ms per token and 3 ms more per first token; the synthetic client adds 4 ms): the fit finds the
+    """A bundle measured on a simulated server whose front end is known (2 ms in after a serial 4 us per
+    prompt token, an output queue of 1 ms per token and 3 ms more per first token; the synthetic client
+    adds 4 ms): the fit finds the
     queue from the load test's client vs server times, and the way in from the lone requests."""
-    hw = _truth_with_front_end(tmp_path, tiny, FrontEndFit(frontend_s=0.002, stream_s_per_token=1e-3,
-                                                          stream_s_per_request=3e-3))
+    hw = _truth_with_front_end(tmp_path, tiny, FrontEndFit(frontend_s=0.002, serial_s_per_token=4e-6,
+                                                          stream_s_per_token=1e-3, stream_s_per_request=3e-3))
     b = Bundle.open(make_bundle(tmp_path / "b", hw, tiny, engine="truth", load_rate=10.0))
     fe = fit_frontend(b)
+    assert fe.serial_s_per_token == pytest.approx(4e-6, rel=0.15)    # the lone requests' slope
     assert fe.phases == ["load_poisson_r10"] and not fe.stream_why
     assert fe.stream_s_per_token == pytest.approx(1e-3, rel=0.3)
     assert 1e-3 < fe.stream_s_per_request < 5e-3        # the split per request is looser than per token

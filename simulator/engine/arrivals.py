@@ -1,7 +1,7 @@
 """The workload's side of a run: open-loop arrivals or closed-loop clients, as SimPy processes.
 
 One loop for every engine.  Each request reaches the engine after the way in
-of its front end (:meth:`simulator.engine.frontend.FrontEnd.delay`, seconds);
+of its front end (:class:`simulator.engine.frontend.WayIn`, seconds);
 the engine's ``admit(rid)`` then returns True when it took the request (the
 request will end later, as the recorder records) or False when it refused it
 at once (it has ended already).  Arrival times are in seconds from the start.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from simulator.engine.frontend import FrontEnd, seen_times
+from simulator.engine.frontend import FrontEnd, WayIn, seen_times
 
 
 def start_workload(env, rec, closed_loop, frontend: FrontEnd, admit, client_rng,
@@ -23,8 +23,9 @@ def start_workload(env, rec, closed_loop, frontend: FrontEnd, admit, client_rng,
         return
     rec.waiters = {}
     next_id = [0]                       # the next request any user sends, shared by all users
+    way = WayIn(frontend) if frontend.has_way_in else None    # one front end for all users
     for k in range(min(closed_loop.concurrency, len(rec.input_tokens))):
-        env.process(client(env, k, next_id, closed_loop, rec, frontend, admit, client_rng))
+        env.process(client(env, k, next_id, closed_loop, rec, way, admit, client_rng))
 
 
 def open_loop(env, rec, seen: list[float] | None, admit, gate: list | None = None, limit: float = math.inf):
@@ -40,7 +41,7 @@ def open_loop(env, rec, seen: list[float] | None, admit, gate: list | None = Non
     if seen is None:
         seen = arrival
     else:
-        # The front end depends on the prompt: a long prompt's request may be overtaken.
+        # The side-by-side delay depends on the prompt: a long prompt's request may be overtaken there.
         order = sorted(order, key=seen.__getitem__)
     for rid in order:
         dt = seen[rid] - env.now
@@ -54,10 +55,10 @@ def open_loop(env, rec, seen: list[float] | None, admit, gate: list | None = Non
         gate[0] = limit
 
 
-def client(env, k: int, next_id: list, cl, rec, frontend: FrontEnd, admit, client_rng):
+def client(env, k: int, next_id: list, cl, rec, way: WayIn | None, admit, client_rng):
     """User ``k`` of a closed loop: after its share of the ramp-up, sends a request (after a client
     delay drawn from ``client_rng``), waits for it to end, thinks, and sends the next; the arrival
-    time recorded is the send time."""
+    time recorded is the send time, and the engine sees it after the way in ``way`` (None: none)."""
     inp = rec.input_tokens
     if cl.ramp_up_s > 0:
         yield env.timeout(cl.ramp_up_s * k / cl.concurrency)
@@ -72,8 +73,8 @@ def client(env, k: int, next_id: list, cl, rec, frontend: FrontEnd, admit, clien
         rec.arrival[rid] = env.now
         done = env.event()
         rec.waiters[rid] = done
-        if frontend.has_delay:
-            yield env.timeout(frontend.delay(inp[rid]))
+        if way is not None:
+            yield env.timeout(way.seen(env.now, inp[rid]) - env.now)
         if admit(rid):
             yield done
         else:

@@ -2,10 +2,14 @@
 
 Two parts, with the engine profile's fitted figures (``hwdb.schema.EngineProfile``):
 
-* **the way in**, a delay: a request reaches the engine ``frontend_s + frontend_s_per_token x prompt
-  tokens`` after the client sent it (HTTP, request parsing, tokenisation, the hand-off to the engine
-  core).  Requests pay it side by side (no queue); it shifts when the engine sees them
-  (:func:`seen_times`, the ``frontend_s`` column);
+* **the way in**: a request reaches the engine ``frontend_s + frontend_s_per_token x prompt tokens``
+  (HTTP, request parsing, the hand-off to the engine core; requests pay it side by side, no queue)
+  after its turn at the API server's **serial part**: one request at a time, in the order they were
+  sent, ``frontend_serial_s_per_token`` per prompt token (vLLM renders and tokenizes prompts on a pool
+  of ``renderer_num_workers`` threads, 1 by default, so a prompt waits for the ones sent before it and
+  a short request sent just after a long one cannot overtake it).  One such server per instance's
+  API server (``servers``).  It shifts when the engine sees a request (:class:`WayIn`, the
+  ``frontend_s`` column: arrival to seen);
 * **the way out**, a queue: one first-come-first-served server per instance (the API server's output
   loop: detokenisation, SSE framing and sending, and on a small host the client reading the stream)
   serves every token the engine emits, ``frontend_stream_s_per_token`` each, and a request's first
@@ -16,11 +20,14 @@ Two parts, with the engine profile's fitted figures (``hwdb.schema.EngineProfile
   user sends its next request when the engine finishes the last one.
 
 Both are fitted by ``epdsim calibrate fit`` from the harness's client and server timestamps
-(:mod:`calibration.fit_frontend`); the GPU engines' end-to-end fit (:mod:`calibration.e2e_fit`) has the
-delay only.  Seconds throughout.
+(:mod:`calibration.fit_frontend`: the lone requests' per-token slope is the serial part's service
+time); the GPU engines' end-to-end fit (:mod:`calibration.e2e_fit`) has the side-by-side delay only (a
+TTFT residual over many GPU runs, not a service time).  Seconds throughout.
 """
 from __future__ import annotations
 
+import heapq
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,29 +38,50 @@ class FrontEnd:
     """The fitted front end of a pool (see the module docstring); all zero: none."""
 
     frontend_s: float = 0.0                   # the way in: fixed delay per request (s) ...
-    frontend_s_per_token: float = 0.0         # ... plus this per prompt token (s)
+    frontend_s_per_token: float = 0.0         # ... plus this per prompt token (s), side by side
+    serial_s_per_token: float = 0.0           # the way in's serial part: per prompt token, one at a time (s)
+    servers: int = 1                          # serial parts side by side: one per instance's API server
     stream_s_per_token: float = 0.0           # the way out: service time per streamed token (s) ...
     stream_s_per_request: float = 0.0         # ... plus this for a request's first token (s)
 
     def delay(self, prompt: int) -> float:
-        """The way in for a prompt of ``prompt`` tokens (the one sum every engine and client uses)."""
+        """The way in's side-by-side part for a prompt of ``prompt`` tokens (after the serial part)."""
         return self.frontend_s + self.frontend_s_per_token * prompt
 
     @property
-    def has_delay(self) -> bool:
-        return bool(self.frontend_s or self.frontend_s_per_token)
+    def has_way_in(self) -> bool:
+        return bool(self.frontend_s or self.frontend_s_per_token or self.serial_s_per_token)
 
     @property
     def has_queue(self) -> bool:
         return bool(self.stream_s_per_token or self.stream_s_per_request)
 
 
+class WayIn:
+    """The way in of one front end as requests are sent (see the module docstring): ``seen(t, prompt)``
+    for a request sent at ``t``, called in the order requests are sent (``t`` non-decreasing), returns
+    when the engine sees it (s).  The serial part is ``fe.servers`` first-come-first-served servers."""
+
+    def __init__(self, fe: FrontEnd):
+        self.fe = fe
+        self.free = [-math.inf] * max(fe.servers, 1)    # when each serial server is next free (a heap)
+
+    def seen(self, t: float, prompt: int) -> float:
+        fe = self.fe
+        if fe.serial_s_per_token:
+            begin = max(t, self.free[0])
+            t = begin + fe.serial_s_per_token * prompt
+            heapq.heapreplace(self.free, t)
+        return t + fe.delay(prompt)
+
+
 def seen_times(arrival: list[float], prompt: list[int], fe: FrontEnd) -> list[float] | None:
-    """When the engine sees each open-loop request (seconds), or None when there is no delay on the
-    way in (it sees each at its arrival)."""
-    if not fe.has_delay:
+    """When the engine sees each open-loop request (seconds; ``arrival`` non-decreasing, the order they
+    were sent), or None when there is no way in (it sees each at its arrival)."""
+    if not fe.has_way_in:
         return None
-    return [a + fe.delay(p) for a, p in zip(arrival, prompt)]
+    way = WayIn(fe)
+    return [way.seen(a, p) for a, p in zip(arrival, prompt)]
 
 
 def fifo(ready: np.ndarray, work: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
