@@ -24,6 +24,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
+from calibration.harness.affinity import parse_pin
 from calibration.harness.bundle import Bundle, BundleError
 from calibration.pd_options import add_pd_options, check_not_pd_options
 from simulator.console import stdout_console, wide_tables
@@ -87,6 +88,8 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                           "--engine-arg=--max-num-seqs=64)")
     srv.add_argument("--no-enforce-eager", action="store_true", help="default launch without --enforce-eager")
     srv.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="server environment (repeatable)")
+    srv.add_argument("--pin", metavar="ENGINE:FRONT", help="small hosts: the engine core and worker on the ENGINE CPUs, "
+                     "the API server and this harness on the FRONT CPUs, e.g. 0:1 (docs/calibration.md)")
     srv.add_argument("--ready-timeout", type=float_arg(0, 7 * 86400, lo_open=True), default=900.0, help="seconds to wait for readiness (900)")
     att = r.add_argument_group("attach")
     att.add_argument("--model", help="model id to measure (default: the first of /v1/models)")
@@ -225,6 +228,15 @@ def cmd_run(a, con: Console) -> int:
     except argparse.ArgumentTypeError as exc:
         raise BundleError(str(exc)) from None
     out = Path(a.out)
+    pin = None
+    if a.pin:
+        if a.attach:
+            raise BundleError(f"--pin {a.pin}: an attached server's processes are not this harness's to move; launch "
+                              "it pinned yourself (docs/calibration.md, 'On a small host') or use --launch")
+        try:
+            pin = parse_pin(a.pin)
+        except ValueError as exc:
+            raise BundleError(str(exc)) from None
     if a.trace and not a.resume:   # a bad file fails here, before a server is launched
         from calibration.harness.trace_plan import read
         read(a.trace, a.trace_format, a.trace_limit)
@@ -238,7 +250,7 @@ def cmd_run(a, con: Console) -> int:
                       served_model_name=a.served_model_name, engine_args=a.engine_arg, env=env,
                       enforce_eager=not a.no_enforce_eager, ready_timeout=a.ready_timeout, model=a.model,
                       api_key=a.api_key, resume=a.resume, plan=_plan_options(a),
-                      server_hardware=a.server_hardware, server_log=a.server_log, argv=list(sys.argv))
+                      server_hardware=a.server_hardware, server_log=a.server_log, argv=list(sys.argv), pin=pin)
     previous = signal.getsignal(signal.SIGTERM)
     if threading.current_thread() is threading.main_thread():
         # SIGTERM (a job scheduler, `kill`) stops the launched server like Ctrl-C does

@@ -35,7 +35,8 @@ NOT_FOR_PD = (("attach", "--attach", None), ("resume", "--resume", False), ("qui
               ("env", "--env", []), ("model", "--model", None), ("api_key", "--api-key", None),
               ("trace", "--trace", None), ("load_fractions", "--load-fractions", None),
               ("closed_concurrency", "--closed-concurrency", None), ("load_prompt", "--load-prompt", None),
-              ("prefill_lengths", "--prefill-lengths", None), ("decode_concurrency", "--decode-concurrency", None))
+              ("prefill_lengths", "--prefill-lengths", None), ("decode_concurrency", "--decode-concurrency", None),
+              ("pin", "--pin", None))
 NOT_FOR_PD_VALIDATE = (("gpu", "--gpu"), ("max_num_seqs", "--max-num-seqs"),
                        ("max_num_batched_tokens", "--max-num-batched-tokens"), ("block_size", "--block-size"),
                        ("phases", "--phases"))

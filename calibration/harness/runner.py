@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from calibration.harness import env as envinfo
+from calibration.harness.affinity import cpu_list, pin_below
 from calibration.harness.bundle import Bundle, BundleError, now_iso, proc_start
 from calibration.harness.client import CompletionClient, PromptFactory, RequestSpec, as_interrupt
 from calibration.harness.metrics import parse_prometheus
@@ -50,6 +51,7 @@ class RunOptions:
     server_hardware: str | None = None        # attach mode: a note on the server's hardware
     server_log: str | None = None             # attach mode: a saved server log (kubectl logs) to parse
     argv: list[str] | None = None
+    pin: tuple[frozenset[int], frozenset[int]] | None = None   # launch: (engine CPUs, front-end CPUs); affinity.py
 
 
 def default_vllm_python() -> str | None:
@@ -149,6 +151,7 @@ class CalibrationRun:
         self.bundle: Bundle | None = None
         self.server: Endpoint | None = None
         self._launch_record: dict | None = None
+        self._affinity: set[int] | None = None     # this process's CPUs before --pin moved it
 
     # ------------------------------------------------------------------ server
     def _start_server(self) -> tuple[Endpoint, dict]:
@@ -176,6 +179,12 @@ class CalibrationRun:
             cmd = default_launch_command(o, model_dir.resolve(), port)
             url = f"http://{o.host}:{port}"
             env = {**DEFAULT_LAUNCH_ENV, "PYTHONPATH": _pythonpath(), **env}
+        if o.pin:
+            # the worker's OpenMP threads on the engine's CPUs; the server starts, as this harness now runs,
+            # on the front end's
+            env.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_list(o.pin[0]))
+            self._affinity = os.sched_getaffinity(0)
+            os.sched_setaffinity(0, o.pin[1])
         srv = ServerProcess(cmd, url, out / f"server-{n}.log", env=env, cwd=REPO)
         self.log(f"launching: {shlex.join(cmd)}")
         srv.start()
@@ -184,6 +193,12 @@ class CalibrationRun:
         self.server = srv
         models = srv.wait_ready(timeout=o.ready_timeout)
         self.log(f"server ready after {srv.ready_s:.1f} s")
+        if o.pin:
+            moved = pin_below(srv.proc.pid, set(o.pin[0]))
+            self._launch_record["pin"] = {"engine_cpus": sorted(o.pin[0]), "front_cpus": sorted(o.pin[1]),
+                                          "threads_moved_to_engine_cpus": len(moved)}
+            self.log(f"pinned: the worker and the engine core on CPU {cpu_list(o.pin[0])} ({len(moved)} threads "
+                     f"moved), the API server and this harness on CPU {cpu_list(o.pin[1])}")
         return srv, models
 
     # ------------------------------------------------------------------ bundle
@@ -258,6 +273,8 @@ class CalibrationRun:
             raise
         finally:
             code = self.server.stop() if self.server is not None else None
+            if self._affinity is not None:
+                os.sched_setaffinity(0, self._affinity)
             if self.bundle is not None:
                 if self._launch_record is not None:
                     self._launch_record["exit_code"] = code
