@@ -45,6 +45,8 @@ def test_vllm_quick_run_records_are_sane(tmp_path, tiny_model, capsys):
     rc, _, err = _run(["run", "--out", str(out), "--launch", "--quick", "--vllm-python", VLLM_PY,
                        "--model-dir", str(tiny_model)], capsys)
     assert rc == 0, err
+    if len(os.sched_getaffinity(0)) <= 4:       # a small host, not pinned: the run says how to pin it
+        assert "--pin 0:1 measured sends within 3 ms" in " ".join(err.split())
     b = Bundle.open(out)
     m = b.manifest
     assert m["versions"]["vllm"] and m["versions"]["server_python"].get("torch")

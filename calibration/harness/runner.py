@@ -179,6 +179,10 @@ class CalibrationRun:
             cmd = default_launch_command(o, model_dir.resolve(), port)
             url = f"http://{o.host}:{port}"
             env = {**DEFAULT_LAUNCH_ENV, "PYTHONPATH": _pythonpath(), **env}
+        if not o.pin and not o.serve_cmd and len(os.sched_getaffinity(0)) <= 4:
+            self.log(f"note: {len(os.sched_getaffinity(0))} CPUs: vLLM's engine core busy-waits beside the API server "
+                     "and this harness unless pinned apart; --pin 0:1 measured sends within 3 ms of schedule instead "
+                     "of up to 110 ms late (docs/calibration.md, 'On a small host')")
         if o.pin:
             # the worker's OpenMP threads on the engine's CPUs; the server starts, as this harness now runs,
             # on the front end's
