@@ -24,7 +24,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from calibration.harness.affinity import parse_pin
+from calibration.harness.affinity import cpu_list, parse_pin
 from calibration.harness.bundle import Bundle, BundleError
 from calibration.pd_options import add_pd_options, check_not_pd_options
 from simulator.console import stdout_console, wide_tables
@@ -278,7 +278,7 @@ def bundle_summary(b: Bundle) -> dict:
     from calibration.harness.probes import summarize_phase
     m = b.manifest
     launches = [{"index": l.get("index"), "ready_s": l.get("ready_s"), "exit_code": l.get("exit_code"),
-                 "startup": l.get("startup", {}).get("summary", {})} for l in m.get("launches", [])]
+                 "startup": l.get("startup", {}).get("summary", {}), "pin": l.get("pin")} for l in m.get("launches", [])]
     launches += [{"index": f"attached {a.get('url')}", "ready_s": a["startup"]["summary"].get("api_ready_t"),
                   "exit_code": None, "startup": a["startup"]["summary"]}
                  for a in m.get("attachments", []) if a.get("startup")]
@@ -330,6 +330,9 @@ def _show(b: Bundle, con: Console) -> None:
                 parts.append(f"{label} {st[k]:.2f} s")
         if "kv_cache_tokens" in st:
             parts.append(f"KV cache {st['kv_cache_tokens']:,} tokens")
+        if l.get("pin"):
+            parts.append(f"pinned: engine on CPU {cpu_list(l['pin']['engine_cpus'])}, front end on CPU "
+                         f"{cpu_list(l['pin']['front_cpus'])}")
         con.print(f"launch {l['index']}: " + ", ".join(parts) + (f", exit code {l['exit_code']}"
                                                                   if l.get("exit_code") is not None else ""))
     heads = ["phase", "done", "ok", "fail", "TTFT p50", "TTFT p90", "srv TTFT", "ITL p50", "ITL p90", "tok/s"]

@@ -93,3 +93,6 @@ def test_a_pinned_launch_records_the_layout_and_restores_the_harness(tmp_path, c
     assert launch["pin"]["threads_moved_to_engine_cpus"] >= 1
     assert launch["env"]["VLLM_CPU_OMP_THREADS_BIND"] == str(CPUS[0])
     assert "pinned: the worker and the engine core on CPU" in err
+    assert cli.main(["show", str(tmp_path / "b")]) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert f"pinned: engine on CPU {CPUS[0]}, front end on CPU {CPUS[1]}" in shown
