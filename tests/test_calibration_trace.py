@@ -185,10 +185,11 @@ def test_vllm_trace_replayed_and_validated(tmp_path):
     * (full suite) client -19% / -10% (12), -11% / -7% (4); server -5% / -8% (3), -10% / -1% (10); TPOT
       -34% / -24% (13): failed, the replays' decode steps ran slower than the fit's sweep; D came in
       here after it.
-    * With D: decode drift 23%, 19%, 25% and 21% in four launches (the same sweep slower after the
-      replays), prefill drift 4-11%; TPOT p50 -15% / -13%, -14% / -9%, -25% / -22%, -18% / -24%;
-      server TTFT p90 -24% / -13%, -26% / -19%, -35% / -23%, -32% / +1%; client TTFT p90 within 25%
-      in every replay.  In a separate launch with no drift (decode -4% to +6%) TPOT p50 was -7% / -9%.
+    * With D, five launches: decode drift 23%, 19%, 25%, 21% and 25% (the same sweep slower after the
+      replays), prefill drift 2-11%; TPOT p50 -15% / -13%, -14% / -9%, -25% / -22%, -18% / -24%,
+      -17% / -27%; server TTFT p90 -24% / -13%, -26% / -19%, -35% / -23%, -32% / +1%, -27% / -8%;
+      client TTFT p50 and p90 within 25% in every replay.  Outside the test, the same flow once
+      drifted -4% to +6%, and TPOT p50 was -7% / -9% there.
 
     When the fit flags its output queue at the top of its scan, the flag must be in the profile's notes."""
     from calibration.harness.probes import PlanOptions
