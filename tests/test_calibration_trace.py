@@ -163,7 +163,7 @@ def test_vllm_trace_replayed_and_validated(tmp_path):
     measured and the simulated figure's change between T1 and T2 (the simulator replays each run's own
     send times, and the median of a two-class mix can move between classes), and the host's drift
     between the fit and the replays, D against A (prefill for TTFT, decode for TPOT).  Server TTFT p90
-    is recorded against 15%, not checked: it missed by more than the noise in two launches of twelve.
+    is recorded against 15%, not checked: it missed by more than the noise in two launches of thirteen.
     ``trace-figures.json`` has every figure, the noise, the drift, the host's load and whether each
     target was met without the allowance.
 
