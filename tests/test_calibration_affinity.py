@@ -31,6 +31,8 @@ def test_parse_pin_reads_cpu_lists():
     ("3-1:0", "'3-1' of the engine CPUs is not a CPU range"),
     ("0,1:1", "CPU 1 is on both sides"),
     ("0:9", "CPU 9 is not available to this process (it may use 0,1)"),
+    ("0-99999999999:1", "CPU 99999999999 of the engine CPUs is beyond any CPU id"),
+    ("0:1,\xff", "the front CPUs '1,\xff' are not a CPU list"),
 ])
 def test_parse_pin_refuses_bad_lists_by_name(spec, words):
     with pytest.raises(ValueError) as err:

@@ -25,6 +25,7 @@ import os
 from pathlib import Path
 
 PROC = Path("/proc")
+MAX_CPU_ID = 1 << 16     # Linux CPU ids stay below CONFIG_NR_CPUS (at most 8,192 today)
 
 
 def descendants(pid: int, proc: Path = PROC) -> list[int]:
@@ -84,6 +85,9 @@ def _cpus(text: str, side: str, spec: str) -> frozenset[int]:
             raise ValueError(f"--pin {spec}: the {side} CPUs {text!r} are not a CPU list; give e.g. 0 or 0-3,8") from None
         if a < 0 or b < a:
             raise ValueError(f"--pin {spec}: {part!r} of the {side} CPUs is not a CPU range; give e.g. 0-3")
+        if b >= MAX_CPU_ID:   # before building the set: a hostile range must not take the memory
+            raise ValueError(f"--pin {spec}: CPU {b} of the {side} CPUs is beyond any CPU id (below {MAX_CPU_ID}); "
+                             "give the CPUs this machine has (nproc, taskset -p $$)")
         out.update(range(a, b + 1))
     return frozenset(out)
 
