@@ -4,14 +4,17 @@
   with the limits of every upload (no absolute or ``..`` names, no links, bounded size and count);
 * :func:`fitted_files`, :func:`zip_files`: the hwdb folder a fit wrote, as files to download;
 * :func:`save_to_user_hwdb`: those files into the user's hardware folder, where every page and
-  scenario finds them, refused when a name would shadow a shipped entry;
+  scenario finds them; a key that is not a hardware file name inside that folder, or a name that would
+  shadow a shipped entry of any kind, is refused;
 * :func:`replay_scenario`: a scenario for the Home page that runs the fitted profile on the bundle's
   load test (its rate and mean lengths), so the fit can be used at once.
 """
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
+import os
 import shutil
 import stat
 import zipfile
@@ -23,7 +26,8 @@ import hwdb
 
 MAX_UNPACKED_BYTES = 200 * 2**20
 MAX_ENTRIES = 5000
-HWDB_KINDS = ("profiles", "engines", "gpus", "models", "fits")
+FIT_REPORTS = "fits"               # a hardware folder's fit reports (JSON), beside the entries they made
+HWDB_KINDS = ("profiles", "engines", "gpus", "models", FIT_REPORTS)
 
 
 def extract_zip(name: str, data: bytes, folder: Path) -> Path:
@@ -82,45 +86,102 @@ def zip_files(files: dict[str, bytes], top: str = "hwdb") -> bytes:
     return buf.getvalue()
 
 
-def _names(files: dict[str, bytes]) -> dict[tuple[str, str], str]:
-    """(kind, entry name) -> file of the fitted entries (models by their folder)."""
-    out = {}
-    for rel in files:
-        parts = Path(rel).parts
-        if parts[0] == "models":
-            out["models", parts[1]] = rel
-        elif parts[0] in ("profiles", "engines", "gpus") and rel.endswith(".yaml"):
-            out[parts[0], str((parse_yaml(decode(files[rel], rel, InputError), rel, InputError) or {}).get("name", Path(rel).stem))] = rel
-    return out
+def hwdb_kinds() -> tuple[str, ...]:
+    """The kinds of entry a hardware folder holds (gpus, links, models, profiles, engines, ...): the
+    tables of :class:`hwdb.HardwareDB`, so a kind added there is covered here."""
+    return tuple(f.name for f in dataclasses.fields(hwdb.HardwareDB))
 
 
-def save_to_user_hwdb(files: dict[str, bytes], udir: Path) -> list[str]:
-    """Write a fit's hwdb files into the user's hardware folder ``udir``; returns the paths written.
+def _plain(name: str) -> bool:
+    """A file or folder name that stays where it is put: no separator, no ``..``, no hidden or control
+    characters, at most 255 bytes."""
+    return (bool(name) and not name.startswith(".") and ".." not in name and "\\" not in name
+            and all(c.isprintable() for c in name) and len(name.encode("utf-8", "surrogatepass")) <= 255)
 
-    Refused (InputError) when an entry has the name of a shipped one (it would replace it for every
-    scenario) or when the folder would not load afterwards (the files are removed again)."""
-    shipped = hwdb.load()                       # the shipped data alone
-    tables = {"profiles": shipped.profiles, "engines": shipped.engines, "gpus": shipped.gpus,
-              "models": shipped.models}
-    for (kind, n), rel in _names(files).items():
-        if n in tables[kind]:
-            raise InputError(f"{rel}: {kind[:-1]} '{n}' is a shipped entry; saving it would replace the shipped one "
-                             f"for every scenario. Fit under another served model name, or add it on the Hardware "
-                             f"page with 'replace the shipped entry' ticked")
+
+def _entry(rel: str, files: dict[str, bytes]) -> tuple[str, str | None, tuple]:
+    """(kind, entry name, aliases) of hardware file key ``rel``; InputError unless it is
+    ``<kind>/<name>.yaml``, ``models/<name>/config.json`` or ``epdsim.yaml``, or ``fits/<name>.json``
+    (a fit report: no entry, name None).  Models are named by their sidecar, else their folder."""
+    kinds = hwdb_kinds()
+    parts = rel.split("/") if isinstance(rel, str) else []
+    flat = [k for k in kinds if k != "models"]
+    ok = ((len(parts) == 2 and parts[0] in (*flat, FIT_REPORTS)
+           and parts[1].endswith(".json" if parts[0] == FIT_REPORTS else ".yaml"))
+          or (len(parts) == 3 and parts[0] == "models" and parts[2] in ("config.json", "epdsim.yaml")))
+    if not ok or not all(_plain(x) for x in parts[1:]):
+        raise InputError(f"hardware file {rel!r}: not a file of a hardware folder; each is <kind>/<name>.yaml "
+                         f"(kind one of {', '.join(flat)}), models/<name>/config.json or epdsim.yaml, or "
+                         f"{FIT_REPORTS}/<name>.json, with a plain name (no '..', no '/' or '\\', not absolute). "
+                         f"Save the files a fit wrote, as they are listed")
+    kind = parts[0]
+    if kind == FIT_REPORTS:
+        return kind, None, ()
+    doc_rel = rel if kind != "models" else f"models/{parts[1]}/epdsim.yaml"
+    doc = {}
+    if doc_rel in files:
+        doc = parse_yaml(decode(files[doc_rel], doc_rel, InputError), doc_rel, InputError) or {}
+    doc = doc if isinstance(doc, dict) else {}
+    name = doc.get("name") or (parts[1] if kind == "models" else parts[1][:-len(".yaml")])
+    aliases = doc.get("aliases") if isinstance(doc.get("aliases"), list) else ()
+    return kind, str(name), tuple(a for a in aliases if isinstance(a, str))
+
+
+def _target(rel: str, udir: Path) -> Path:
+    """Where key ``rel`` is written: inside ``udir`` after links, and not a FIFO or device (a write
+    would block); InputError otherwise."""
+    root = udir.resolve()
+    real = (udir / rel).resolve()
+    if not real.is_relative_to(root):
+        raise InputError(f"hardware file {rel!r} would be written outside your hardware folder (a link in it "
+                         f"points elsewhere); remove the link, or set EPDSIM_HWDB to another folder")
+    try:
+        mode = os.lstat(real).st_mode
+    except FileNotFoundError:
+        return real
+    if not stat.S_ISREG(mode):
+        raise InputError(f"hardware file {rel!r}: what your hardware folder holds there is not a regular file (a "
+                         f"folder, pipe or device); remove it and save again")
+    return real
+
+
+def save_to_user_hwdb(files: dict[str, bytes], udir: Path, override: bool = False) -> list[str]:
+    """Write a fit's hwdb files (keys as :func:`fitted_files` gives them) into the user's hardware
+    folder ``udir``; returns the paths written.
+
+    Refused (InputError naming the key) when a key is not a hardware file name (:func:`_entry`) or
+    would land outside ``udir``; when an entry of any kind has the name or an alias of a shipped one
+    (it would replace it for every scenario), unless ``override`` (the Hardware page's 'replace the
+    shipped entry'); or when the folder would not load afterwards (the folder is then as before)."""
     udir = Path(udir)
-    written = []
+    shipped = hwdb.load()                       # the shipped data alone
+    targets = {}
+    for rel in files:
+        kind, name, aliases = _entry(rel, files)
+        if name is not None and not override:
+            for n in (name, *aliases):
+                try:
+                    hit = hwdb.db.find(kind[:-1], getattr(shipped, kind), n, "").name
+                except hwdb.HwdbError:
+                    continue
+                raise InputError(f"{rel}: {kind[:-1]} {n!r} is the shipped entry {hit!r}; saving it would replace "
+                                 f"the shipped one for every scenario. Fit under another served model name, or add "
+                                 f"it on the Hardware page with 'replace the shipped entry' ticked")
+        targets[rel] = _target(rel, udir)
+    before = {p: p.read_bytes() if p.is_file() else None for p in targets.values()}
     try:
         for rel, data in files.items():
-            p = udir / rel
-            p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_bytes(data)
-            written.append(str(p))
+            targets[rel].parent.mkdir(parents=True, exist_ok=True)
+            targets[rel].write_bytes(data)
         hwdb.load([udir])
     except hwdb.HwdbError as exc:
-        for p in written:
-            Path(p).unlink(missing_ok=True)
+        for p, old in before.items():           # put back what the folder held
+            if old is None:
+                p.unlink(missing_ok=True)
+            else:
+                p.write_bytes(old)
         raise InputError(f"the fitted files do not load together with your hardware folder {udir}: {exc}") from None
-    return written
+    return [str(udir / rel) for rel in files]
 
 
 def replay_scenario(validation_dir: Path, model: str, requests: int = 300) -> dict:
