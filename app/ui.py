@@ -172,7 +172,7 @@ def run_scenario(d: dict):
     if hit is not None:
         return hit, key
     t0 = time.perf_counter()
-    res = run_job(key, jobs.run_one, (d,), label="simulating")
+    res = run_job(key, jobs.run_one, (d,), label="simulating", kwargs={"folder": upload_dir(create=False)})
     if res is not None:
         cache.put(key, res)
         st.session_state["last_run_s"] = time.perf_counter() - t0

@@ -57,7 +57,7 @@ keys = {n: scenarios.scenario_hash(scenarios.to_scenario(d)) + ":0" for n, d in 
 missing = {n: d for n, d in named.items() if cache.get(keys[n]) is None}
 if missing:
     done = ui.run_job("compare-" + "-".join(sorted(keys[n] for n in missing)), jobs.run_scenarios, (missing,),
-                      label=f"simulating {len(missing)} scenarios")
+                      label=f"simulating {len(missing)} scenarios", kwargs={"folder": ui.upload_dir(create=False)})
     if done is None:
         st.stop()
     for n, r in done.items():

@@ -6,6 +6,7 @@ paths of ``epdsim calibrate fit|validate`` (calibration/fit.py, calibration/vali
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -32,21 +33,24 @@ SAMPLE_BUNDLE = Path(__file__).resolve().parents[2] / "examples" / "calibration_
 
 
 def bundle_roots(extra: tuple[Path, ...] = ()) -> list[Path]:
-    """Folders the app may read bundles from: the folder it was started in, those listed in
-    ``EPDSIM_BUNDLE_ROOTS`` (os.pathsep-separated), the shipped sample and ``extra`` (the session's
-    upload folder); never the rest of the server's files."""
-    import os
+    """Folders the app may read bundles from: those listed in ``EPDSIM_BUNDLE_ROOTS``
+    (os.pathsep-separated), the shipped sample and ``extra`` (the session's upload folder); never the
+    rest of the server's files.  The folder the app was started in is not one: started from ``/`` or
+    ``$HOME``, that would open the whole tree."""
     env = [Path(p) for p in os.environ.get(BUNDLE_ROOTS_ENV, "").split(os.pathsep) if p.strip()]
-    return [r.resolve() for r in (Path.cwd(), *env, SAMPLE_BUNDLE, *extra)]
+    return [r.resolve() for r in (*env, SAMPLE_BUNDLE, *extra)]
 
 
 def _inside_roots(p: Path, extra: tuple[Path, ...] = ()) -> Path:
+    """``p`` resolved, once it lies in :func:`bundle_roots`; the refusal names only the user's own
+    value (the server's folders are not for the browser to see)."""
     real = p.resolve()
     roots = bundle_roots(extra)
     if not any(real == r or r in real.parents for r in roots):
-        raise InputError(f"bundle folder '{p}' is outside the folders this app reads bundles from "
-                         f"({', '.join(map(str, roots))}); copy the bundle there, or start the app with "
-                         f"{BUNDLE_ROOTS_ENV} naming its parent folder")
+        raise InputError(f"bundle folder '{p}' is outside the folders this app reads bundles from (the bundles "
+                         f"uploaded in this session, the shipped sample and the folders its operator named in "
+                         f"{BUNDLE_ROOTS_ENV}); upload the bundle as a .zip, or ask whoever runs the app to start "
+                         f"it with {BUNDLE_ROOTS_ENV} naming the bundle's parent folder")
     return real
 
 

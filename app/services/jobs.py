@@ -132,24 +132,25 @@ class Job:
             self.state = "cancelled"
 
 
-def run_scenarios(named: dict, progress=None, replication: int = 0) -> dict:
-    """Simulate several scenario dicts in turn, reporting progress; returns {name: Results}."""
+def run_scenarios(named: dict, progress=None, replication: int = 0, folder=None) -> dict:
+    """Simulate several scenario dicts in turn, reporting progress; returns {name: Results}.
+    ``folder``: the session's upload folder, where the scenarios may read files (scenarios.run)."""
     out = {}
     n = len(named)
     for i, (name, d) in enumerate(named.items()):
         if progress:
             progress(i, n, f"simulating {name}")
-        out[name] = run(d, replication=replication)
+        out[name] = run(d, replication=replication, folder=folder)
     if progress:
         progress(n, n, "done")
     return out
 
 
-def run_one(d: dict, progress=None, replication: int = 0):
-    """Simulate one scenario dict (a job function)."""
+def run_one(d: dict, progress=None, replication: int = 0, folder=None):
+    """Simulate one scenario dict (a job function); ``folder`` as for :func:`run_scenarios`."""
     if progress:
         progress(0, 1, "simulating")
-    res = run(d, replication=replication)
+    res = run(d, replication=replication, folder=folder)
     if progress:
         progress(1, 1, "done")
     return res

@@ -360,13 +360,15 @@ class RunCache:
         return len(self._runs)
 
 
-def run(d: dict, cache: RunCache | None = None, replication: int = 0):
-    """Simulate a scenario dict (validated here), using ``cache`` when given.
+def run(d: dict, cache: RunCache | None = None, replication: int = 0, folder: Path | None = None):
+    """Simulate a scenario dict (sandboxed and validated here), using ``cache`` when given.
 
+    ``folder``: the session's upload folder, the only place besides the shipped data and the user's
+    hardware folder that the scenario may read files from (:func:`sandbox`; None: no uploads).
     Returns :class:`simulator.engine.results.Results`; raises :class:`InputError` for bad input
-    (including a model that does not fit the GPUs).
+    (including a file outside those folders, or a model that does not fit the GPUs).
     """
-    scn = to_scenario(d)
+    scn = to_scenario(d, folder=folder, sandboxed=True)
     key = f"{scenario_hash(scn)}:{replication}"
     if cache is not None and (hit := cache.get(key)) is not None:
         return hit
