@@ -25,10 +25,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Literal
 
-from pydantic import Field, model_validator
+from pydantic import model_validator
 
 from hwdb.db import DATA_DIR, HwdbError, parse_file, read_data_yaml, find
-from hwdb.schema import Figure, StrictModel
+from hwdb.schema import StrictModel, sourced
+from simulator.bounds import between, count
+
+Seconds = between(0, 1e6, "s", fix="give seconds")
+Residual = between(-1e6, 1e6, "s", fix="give seconds")
+Throughput = sourced(1e3, 1e13, "bytes/s", fix="give bytes per second")
+Size = sourced(1e3, 1e13, "bytes", fix="give bytes")
+Factor = sourced(0, 100, "times", fix="give a factor")
 
 COLDSTART_DIR = DATA_DIR / "coldstart"
 
@@ -40,8 +47,8 @@ class StoragePath(StrictModel):
     name: str
     aliases: tuple[str, ...] = ()
     description: str
-    bandwidth_Bps: Figure          # node-wide sustained read bandwidth of large files
-    latency_s: Figure              # open / first byte
+    bandwidth_Bps: Throughput      # node-wide sustained read bandwidth of large files
+    latency_s: sourced(0, 60, "s", fix="give seconds")   # open / first byte
     notes: str | None = None
 
 
@@ -51,10 +58,10 @@ class ContainerImage(StrictModel):
     kind: Literal["image"]
     name: str
     aliases: tuple[str, ...] = ()
-    compressed_bytes: Figure
-    uncompressed_bytes: Figure
-    registry_Bps: Figure           # download rate from the registry to one node
-    extract_Bps: Figure            # unpack rate, in uncompressed bytes per second
+    compressed_bytes: Size
+    uncompressed_bytes: Size
+    registry_Bps: Throughput       # download rate from the registry to one node
+    extract_Bps: Throughput        # unpack rate, in uncompressed bytes per second
     notes: str | None = None
 
 
@@ -62,21 +69,21 @@ class FitRow(StrictModel):
     """One measured row a coefficient set was fitted to: observed, predicted, residual (s)."""
 
     row: str
-    observed_s: float
-    predicted_s: float
-    residual_s: float
+    observed_s: Seconds
+    predicted_s: Residual
+    residual_s: Residual
 
 
 class PhaseFit(StrictModel):
     """A fitted phase formula: coefficients, the data, and the residuals of the fit."""
 
     formula: str
-    coefficients: dict[str, float]
+    coefficients: dict[str, between(-1e13, 1e13, fix="give the fitted coefficient in the formula's units")]
     data: str
     method: str
     rows: tuple[FitRow, ...]
-    rms_s: float = Field(ge=0)
-    max_abs_s: float = Field(ge=0)
+    rms_s: Seconds
+    max_abs_s: Seconds
     excluded: dict[str, str] = {}
     notes: str | None = None
 
@@ -85,16 +92,16 @@ class ProfiledModel(StrictModel):
     """Architecture facts of a model in the fitted data (read from its config.json)."""
 
     hf_id: str
-    params: float = Field(gt=0)
-    layers: int = Field(ge=1)
-    checkpoint_bytes_per_param: float = Field(2.0, gt=0)
+    params: between(0, 1e14, "parameters", lo_open=True)
+    layers: count(1, 10_000, "layers")
+    checkpoint_bytes_per_param: between(0, 8, "bytes", lo_open=True) = 2.0
 
 
 class Outlier(StrictModel):
     """A documented tail observation that the default formulas do not reproduce."""
 
     what: str
-    seconds: float = Field(gt=0)
+    seconds: between(0, 1e6, "s", lo_open=True, fix="give seconds")
     source: str
 
 
@@ -102,7 +109,7 @@ class ProfiledHost(StrictModel):
     """A machine the fitted data was measured on."""
 
     description: str
-    peak_flops: Figure             # dense bf16 peak of its GPU (for the capture compute term)
+    peak_flops: sourced(1e9, 1e19, "FLOP/s")   # dense bf16 peak of its GPU (for the capture compute term)
     source: str
 
 
@@ -119,9 +126,9 @@ class StartupCoefficients(StrictModel):
     name: str
     aliases: tuple[str, ...] = ()
     engine_version_fitted: str
-    distributed_init_s: Figure
-    compile_size_relative_cost: Figure
-    full_graph_relative_cost: Figure
+    distributed_init_s: sourced(0, 3600, "s", fix="give seconds")
+    compile_size_relative_cost: Factor
+    full_graph_relative_cost: Factor
     fits: dict[str, PhaseFit]
     profiled_models: dict[str, ProfiledModel]
     profiled_hosts: dict[str, ProfiledHost]
@@ -136,12 +143,15 @@ class StartupCoefficients(StrictModel):
                             f"regenerate the file with calibration.coldstart_fit.fit_profiler_csvs") from None
 
 
+RangeFigure = between(0, 1e13, fix="give the figure in the range's unit")
+
+
 class PhaseRange(StrictModel):
     """One start-up figure where sources disagree: low / typical / high, with the sources."""
 
-    low: float = Field(ge=0)
-    typical: float = Field(ge=0)
-    high: float = Field(ge=0)
+    low: RangeFigure
+    typical: RangeFigure
+    high: RangeFigure
     unit: str
     sources: tuple[str, ...]
 
@@ -161,15 +171,15 @@ class StartupCase(StrictModel):
     name: str
     model: str
     gpu: str
-    tp: int = Field(ge=1)
+    tp: count(1, 1024, "GPUs")
     dtype: str = "bf16"
     storage: str
     compile_cache: Literal["miss", "hit"]
     vllm_version: str = "0.11"
-    capture_sizes: tuple[int, ...] | None = None
-    observed_s: float = Field(gt=0)
+    capture_sizes: tuple[count(1, 1_000_000, "sequences"), ...] | None = None
+    observed_s: between(0, 1e6, "s", lo_open=True, fix="give seconds")
     observed_phases: tuple[str, ...] | None = None
-    logged: dict[str, float] = {}
+    logged: dict[str, Seconds] = {}
     feeds: tuple[str, ...] = ()
     level: Literal["low", "typical", "high"] = "typical"   # the end of the range it is checked against
     source: str

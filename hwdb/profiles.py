@@ -10,15 +10,19 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field
 
 from hwdb.schema import AllReduceCurve, EfficiencyCurve, GemmShapeCurve
+from simulator.bounds import between, count
+
+RelError = between(0, 1e3, fix="give the error as a fraction of the measured value (0.1 = 10 %)")
+Overhead = between(0, 10, "s", fix="give seconds per step")   # the fit's own bound (calibration/fit_solver.py)
 
 
 class FitQuality(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    n_points: int = Field(ge=0)
-    median_abs_rel_error: float = Field(ge=0)
-    p90_abs_rel_error: float = Field(ge=0)
-    held_out_median_abs_rel_error: float | None = None
+    n_points: count(0, 10**9, "points")
+    median_abs_rel_error: RelError
+    p90_abs_rel_error: RelError
+    held_out_median_abs_rel_error: RelError | None = None
 
 
 class Profile(BaseModel):
@@ -49,10 +53,10 @@ class Profile(BaseModel):
     # The engine's tensor-parallel all-reduce as measured (latency by message size per TP size);
     # when present it replaces the intra-node link's alpha-beta estimate.
     allreduce: AllReduceCurve | None = None
-    step_overhead_s: float | None = Field(default=None, ge=0)
+    step_overhead_s: Overhead | None = None
     # More host time in a step that carries a prompt chunk than in a decode-only step (a harness fit,
     # when its data resolves the two; new-request bookkeeping, prefill metadata); added to every such step.
-    prefill_step_overhead_s: float | None = Field(default=None, ge=0)
+    prefill_step_overhead_s: Overhead | None = None
     quality: dict[str, FitQuality] = {}
     notes: str | None = None
 

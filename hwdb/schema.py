@@ -13,16 +13,36 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from simulator.bounds import MAX_TOKENS, Bytes, Fraction, LinkRate, NicRate, Price, between, count, on_value
 from simulator.inputs import StrictModel
 
 
 class Figure(StrictModel):
-    """One sourced number in SI units."""
+    """One sourced number in SI units; the field that holds it bounds its value (:func:`sourced`)."""
 
     value: float = Field(ge=0)
     source: str = Field(min_length=3)
     empirical: bool = False
     note: str | None = None
+
+
+def sourced(lo: float, hi: float, unit: str, fix: str = "give the datasheet figure in SI units",
+            lo_open: bool = False):
+    """A :class:`Figure` field type whose value must lie in [lo, hi] ``unit`` (``lo_open``: (lo, hi])."""
+    return on_value(Figure, between(lo, hi, unit, lo_open=lo_open, fix=fix))
+
+
+def sourced_as(quantity):
+    """A :class:`Figure` field type bounded like ``quantity`` (a :mod:`simulator.bounds` type)."""
+    return on_value(Figure, quantity)
+
+
+Efficiency = sourced_as(Fraction)
+# Host and latency figures: wide enough for a calibrated CPU engine (calibration/fit_solver.py fits a step
+# overhead up to 10 s and a per-sequence cost up to 1 s).
+Latency = sourced(0, 60, "s", fix="give seconds")
+HostCost = sourced(0, 10, "s", fix="give seconds of host time")
+PerItemCost = sourced(0, 1, "s", fix="give seconds per item")
 
 
 DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8", "fp4")
@@ -43,8 +63,8 @@ class EfficiencyCurve(StrictModel):
     which half of ``max_eff`` is reached.  Invariant: 0 < eff(x) <= max_eff <= 1.
     """
 
-    max_eff: float = Field(gt=0, le=1)
-    half: float = Field(ge=0, le=1e15)
+    max_eff: Fraction
+    half: between(0, 1e15, "tokens or bytes", fix="give the work size at half of max_eff")
     source: str = Field(min_length=3)
     empirical: bool = False
 
@@ -62,10 +82,10 @@ class GemmShapeCurve(StrictModel):
     Fitted on measured kernel tables (calibration/gemm_shape_fit.py).
     """
 
-    max_eff: float = Field(gt=0, le=1)
-    half_m: float = Field(ge=0, le=1e6)
-    half_nk: float = Field(ge=0, le=1e12)
-    fixed_s: float = Field(default=0.0, ge=0, le=1e-3)
+    max_eff: Fraction
+    half_m: between(0, 1e6, "rows")
+    half_nk: between(0, 1e12, "weight elements")
+    fixed_s: between(0, 1e-3, "s", fix="give seconds per kernel") = 0.0
     source: str = Field(min_length=3)
     empirical: bool = True
 
@@ -81,6 +101,10 @@ class GemmShapeCurve(StrictModel):
         return self.max_eff / inv if inv > 0 else self.max_eff
 
 
+Ranks = count(2, 72, "ranks", fix="an all-reduce needs at least 2 ranks")
+CollectiveLatency = between(0, 10, "s", lo_open=True, fix="give one all-reduce's latency in seconds")
+
+
 class AllReduceCurve(StrictModel):
     """Measured latency of one tensor-parallel all-reduce against its message size, per TP size.
 
@@ -92,9 +116,9 @@ class AllReduceCurve(StrictModel):
     algorithms (on B200 at TP8 a 256 KiB message costs 3x a 128 KiB one).
     """
 
-    sizes_bytes: list[float] = Field(min_length=2, max_length=64)
-    graph_s: dict[int, list[float]]
-    eager_s: dict[int, list[float]] = {}
+    sizes_bytes: list[between(0, 1e12, "bytes", lo_open=True)] = Field(min_length=2, max_length=64)
+    graph_s: dict[Ranks, list[CollectiveLatency]]
+    eager_s: dict[Ranks, list[CollectiveLatency]] = {}
     source: str = Field(min_length=3)
     empirical: bool = True
 
@@ -110,12 +134,8 @@ class AllReduceCurve(StrictModel):
     def _latencies(cls, v: dict[int, list[float]], info) -> dict[int, list[float]]:
         n = len(info.data.get("sizes_bytes") or [])
         for tp, lat in v.items():
-            if tp < 2:
-                raise ValueError(f"tp={tp}: an all-reduce needs at least 2 ranks")
             if len(lat) != n:
                 raise ValueError(f"tp={tp}: {len(lat)} latencies for {n} sizes; give one per size")
-            if any(not (0 < x < 10.0) for x in lat):
-                raise ValueError(f"tp={tp}: latencies must be seconds in (0, 10)")
         return v
 
     def table(self, tp: int, graph: bool = True) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
@@ -124,16 +144,9 @@ class AllReduceCurve(StrictModel):
         return (tuple(self.sizes_bytes), tuple(lat)) if lat else None
 
 
-# (lowest, highest, unit) a GPU figure may take: generous bounds around real hardware, so that a typo
-# (a zero, 1e-308, a value in GB instead of bytes) is an error and not an answer.
-GPU_RANGES = {
-    "memory_bytes": (1e8, 1e14, "bytes"),
-    "memory_bandwidth_Bps": (1e9, 1e16, "bytes/s"),
-    "intra_node_bandwidth_Bps": (1e6, 1e15, "bytes/s"),
-    "scale_out_bandwidth_Bps": (1e6, 1e15, "bytes/s"),
-    "price_usd_per_hour": (0, 1e4, "US dollars per hour"),
-    "power_W": (0, 1e5, "W"),
-}
+# A GPU's figures: generous bounds around real hardware, so that a typo (a zero, 1e-308, a value in GB
+# instead of bytes) is an error and not an answer.
+GpuBandwidth = sourced(1e6, 1e15, "bytes/s")
 
 
 class GPU(StrictModel):
@@ -142,16 +155,16 @@ class GPU(StrictModel):
     name: str
     aliases: tuple[str, ...] = ()
     vendor: Literal["nvidia", "amd", "intel", "other"]
-    memory_bytes: Figure
-    memory_bandwidth_Bps: Figure
-    peak_flops: dict[str, Figure]
+    memory_bytes: sourced(1e8, 1e14, "bytes")
+    memory_bandwidth_Bps: sourced(1e9, 1e16, "bytes/s")
+    peak_flops: dict[str, sourced(1e9, 1e19, "FLOP/s", fix="give dense FLOP/s, or leave the dtype out")]
     intra_node_link: str
-    intra_node_bandwidth_Bps: Figure
+    intra_node_bandwidth_Bps: GpuBandwidth
     scale_out_link: str | None = None
-    scale_out_bandwidth_Bps: Figure | None = None
-    gpus_per_node: int = Field(ge=1, le=72)
-    power_W: Figure
-    price_usd_per_hour: Figure
+    scale_out_bandwidth_Bps: GpuBandwidth | None = None
+    gpus_per_node: count(1, 72, "GPUs")
+    power_W: sourced(0, 1e5, "W")
+    price_usd_per_hour: sourced_as(Price)
     compute_efficiency: EfficiencyCurve
     memory_efficiency: EfficiencyCurve
     notes: str | None = None
@@ -164,26 +177,6 @@ class GPU(StrictModel):
             raise ValueError(f"unknown dtype(s) {bad}; allowed: {list(DTYPES)}")
         if "bf16" not in v and "fp16" not in v:
             raise ValueError("peak_flops needs at least bf16 or fp16")
-        return v
-
-    @field_validator("memory_bytes", "memory_bandwidth_Bps", "intra_node_bandwidth_Bps", "scale_out_bandwidth_Bps",
-                     "price_usd_per_hour", "power_W")
-    @classmethod
-    def _physical(cls, v: Figure | None, info) -> Figure | None:
-        """Memory and bandwidths divide the step-time model: each must lie in the range of real hardware."""
-        lo, hi, unit = GPU_RANGES[info.field_name]
-        if v is not None and not lo <= v.value <= hi:
-            raise ValueError(f"value must be from {lo:g} to {hi:g} {unit} (got {v.value:g}); give the datasheet "
-                             f"figure in SI units")
-        return v
-
-    @field_validator("peak_flops")
-    @classmethod
-    def _flops_physical(cls, v: dict[str, Figure]) -> dict[str, Figure]:
-        for dtype, fig in v.items():
-            if not 1e9 <= fig.value <= 1e19:
-                raise ValueError(f"{dtype}.value must be from 1e9 to 1e19 FLOP/s (got {fig.value:g}); give dense "
-                                 f"FLOP/s, or leave the dtype out")
         return v
 
     def flops(self, dtype: str) -> float:
@@ -200,27 +193,12 @@ class Link(StrictModel):
     name: str
     aliases: tuple[str, ...] = ()
     kind: Literal["nvlink", "pcie", "infiniband", "roce", "efa", "tcp", "vpc", "xgmi"]
-    bandwidth_Bps: Figure
-    latency_s: Figure
-    efficiency: Figure
+    bandwidth_Bps: sourced_as(LinkRate)
+    latency_s: Latency
+    efficiency: sourced(0, 1, "", lo_open=True, fix="it is the fraction of bandwidth achieved")
     gpu_direct: bool
-    cpu_cost_s_per_byte: Figure
+    cpu_cost_s_per_byte: sourced(0, 1e-3, "s per byte", fix="give host seconds per byte moved")
     notes: str | None = None
-
-    @field_validator("bandwidth_Bps")
-    @classmethod
-    def _bandwidth_above_zero(cls, v: Figure) -> Figure:
-        if not 1e3 <= v.value <= 1e15:
-            raise ValueError(f"value must be from 1e3 to 1e15 bytes/s (got {v.value:g}); give bytes per second "
-                             f"per direction")
-        return v
-
-    @field_validator("efficiency")
-    @classmethod
-    def _efficiency_fraction(cls, v: Figure) -> Figure:
-        if not 0 < v.value <= 1:
-            raise ValueError(f"value must be in (0, 1] (got {v.value}); it is the fraction of bandwidth achieved")
-        return v
 
     @property
     def effective_Bps(self) -> float:
@@ -243,19 +221,11 @@ class NetworkLayout(StrictModel):
     provider: str
     instance: str
     gpus: tuple[str, ...] = Field(min_length=1)      # GPU names of hwdb gpus/ this node type carries
-    gpus_per_node: int = Field(ge=1, le=72)
+    gpus_per_node: count(1, 72, "GPUs")
     fabric: str                                      # the link (links/) its GPU NICs speak
-    nics_per_node: int = Field(ge=1, le=64)
-    nic_Bps: Figure                                  # line rate of one NIC, bytes/s per direction
+    nics_per_node: count(1, 64, "NICs")
+    nic_Bps: sourced_as(NicRate)                     # line rate of one NIC, bytes/s per direction
     notes: str | None = None
-
-    @field_validator("nic_Bps")
-    @classmethod
-    def _nic_rate(cls, v: Figure) -> Figure:
-        if not 1e8 <= v.value <= 1e12:
-            raise ValueError(f"value must be from 1e8 to 1e12 bytes/s (got {v.value:g}); give one NIC's line "
-                             "rate in bytes per second per direction (400 Gb/s = 50e9)")
-        return v
 
     @model_validator(mode="after")
     def _counts_divide(self) -> NetworkLayout:
@@ -283,6 +253,13 @@ class KeptModules(StrictModel):
     source: str = Field(min_length=3)
 
 
+class MoeKernelChoice(StrictModel):
+    """The fused-MoE kernel format a checkpoint's routed experts run on, and what says so."""
+
+    format: Literal["bfloat16", "fp8", "fp8_block", "nvfp4", "int4_wo", "w4a16_mxfp4", "w4a8_mxfp4_mxfp8"]
+    source: str = Field(min_length=3)
+
+
 class ModelSidecar(StrictModel):
     """What a Hugging Face ``config.json`` lacks, kept beside it as ``epdsim.yaml``."""
 
@@ -296,7 +273,10 @@ class ModelSidecar(StrictModel):
     bf16_modules: dict[Literal["fp8", "fp4", "int4"], KeptModules] = {}
     # Bytes per quantised weight (with its scales) where this model's checkpoint differs from the
     # format's default in WEIGHT_BYTES (e.g. MXFP4: one 1-byte scale per 32 weights, 0.53125 B).
-    quant_bytes: dict[Literal["fp8", "fp4", "int4"], Figure] = {}
+    quant_bytes: dict[Literal["fp8", "fp4", "int4"], sourced(0, 4, "bytes per weight", lo_open=True)] = {}
+    # Per weight format, the fused-MoE kernel format (a key of hwdb.moe.FORMATS) the checkpoint runs on
+    # where it differs from the format's default (simulator.perf.Deployment.moe_format).
+    moe_kernel: dict[Literal["fp8", "fp4", "int4"], MoeKernelChoice] = {}
     vision: dict | None = None
     notes: str | None = None
 
@@ -308,11 +288,11 @@ class CpuCosts(StrictModel):
            + ``per_token_s`` x tokens in the step + ``per_sampled_seq_s`` x sequences sampled.
     """
 
-    step_s: Figure
-    per_running_seq_s: Figure
-    per_waiting_seq_s: Figure
-    per_token_s: Figure
-    per_sampled_seq_s: Figure
+    step_s: HostCost
+    per_running_seq_s: PerItemCost
+    per_waiting_seq_s: PerItemCost
+    per_token_s: PerItemCost
+    per_sampled_seq_s: PerItemCost
 
 
 class EngineProfile(StrictModel):
@@ -333,10 +313,10 @@ class EngineProfile(StrictModel):
     version: str
     scheduling_overlapped: bool
     cpu: CpuCosts
-    graph_launch_s: Figure
-    eager_launch_s_per_layer: Figure
+    graph_launch_s: HostCost
+    eager_launch_s_per_layer: PerItemCost
     graphs_for_mixed_batches: bool
-    max_capture_size: int | None = None
+    max_capture_size: count(1, 1_000_000, "sequences") | None = None
     # End-to-end terms fitted on measured serving runs (calibration/e2e_fit.py, docs/validation/e2e.md):
     # a fixed GPU time per decoder layer per step (kernel floors and gaps between the ~15 small
     # kernels of a layer, independent of TP: the measured TPOT at TP1..8 leaves the same residual),
@@ -349,20 +329,20 @@ class EngineProfile(StrictModel):
     # streams every token the engine emits (detokenisation, SSE), this long each (a request's first
     # token ``frontend_stream_s_per_request`` more); fitted by
     # `calibrate fit` from the harness's client and server timestamps (simulator/engine/frontend.py).
-    layer_overhead_s: Figure | None = None
-    moe_layer_overhead_s: Figure | None = None   # more per MoE layer: routing, top-k, permutation, grouped GEMM
+    layer_overhead_s: PerItemCost | None = None
+    moe_layer_overhead_s: PerItemCost | None = None   # more per MoE layer: routing, top-k, permutation, grouped GEMM
     # Per GPU type: a factor on both per-layer terms (kernel floors differ between GPU generations);
     # a GPU not listed uses 1, the GPU the terms were fitted on.
-    layer_overhead_scale: dict[str, Figure] = {}
-    frontend_s: Figure | None = None
-    frontend_s_per_token: Figure | None = None
-    frontend_serial_s_per_token: Figure | None = None
-    frontend_stream_s_per_token: Figure | None = None
-    frontend_stream_s_per_request: Figure | None = None   # more for a request's first token (its stream opens)
+    layer_overhead_scale: dict[str, sourced(0, 100, "times", lo_open=True, fix="give a factor such as 1.5")] = {}
+    frontend_s: Latency | None = None
+    frontend_s_per_token: PerItemCost | None = None
+    frontend_serial_s_per_token: PerItemCost | None = None
+    frontend_stream_s_per_token: PerItemCost | None = None
+    frontend_stream_s_per_request: Latency | None = None   # more for a request's first token (its stream opens)
     default_chunked_prefill: bool
     default_prefix_caching: bool
-    default_max_num_seqs: int | None = None
-    default_max_num_batched_tokens: int | None = None
+    default_max_num_seqs: count(1, 1_000_000, "sequences") | None = None
+    default_max_num_batched_tokens: count(1, MAX_TOKENS, "tokens") | None = None
     defaults_source: str
     notes: str | None = None
 
@@ -380,13 +360,13 @@ class Connector(StrictModel):
     name: str
     aliases: tuple[str, ...] = ()
     vllm_name: str | None = None
-    setup_s: Figure
-    efficiency: Figure
+    setup_s: Latency
+    efficiency: Efficiency
     host_staged: bool
     gpu_direct_required: bool
     layerwise: bool
-    default_buffer_bytes: Figure | None = None
+    default_buffer_bytes: sourced_as(Bytes) | None = None
     # A connector with a TCP mode runs host-staged over a fabric without GPU-direct; its value is the
     # connector efficiency in that mode (None: the connector needs GPU-direct and is refused there).
-    tcp_mode_efficiency: Figure | None = None
+    tcp_mode_efficiency: Efficiency | None = None
     notes: str | None = None

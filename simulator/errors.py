@@ -31,7 +31,13 @@ def models_in(ann) -> list[type[BaseModel]]:
 def location(loc: tuple, data) -> str:
     """``pools[0].engine.max_num_seqs`` from a pydantic location, without union tags."""
     out, node = "", data
-    for part in loc:
+    for i, part in enumerate(loc):
+        if part == "[key]":
+            continue
+        if loc[i + 1:i + 2] == ("[key]",):       # a mapping's key, not a value under it
+            out += f" key {part!r}"
+            node = None
+            continue
         if isinstance(part, int):
             out += f"[{part}]"
             node = node[part] if isinstance(node, (list, tuple)) and -len(node) <= part < len(node) else None

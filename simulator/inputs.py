@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
+from typing import Annotated
 
 import yaml
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, model_validator
 
 MAX_YAML_BYTES = 1 * 2**20     # scenarios, plan requests, suites, hardware files: a few kB each
 MAX_JSON_BYTES = 16 * 2**20    # config.json, baselines, bundle manifests
@@ -335,8 +337,50 @@ class NoBoolNumbers(BaseModel):
         return data
 
 
+# Control characters other than tab and newline (C0, DEL, C1): printed raw, ESC and BEL sequences
+# retitle a terminal, move its cursor or hide what follows.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _texts(key, value):
+    """(where, text) for ``key`` and each string of ``value``: itself, a list's items, a mapping's keys
+    and values (nested mappings are models that check their own)."""
+    yield "a key", key
+    if isinstance(value, str):
+        yield key, value
+    elif isinstance(value, (list, tuple)):
+        yield from ((f"{key}[{i}]", v) for i, v in enumerate(value))
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield f"{key}: a key", k
+            yield f"{key}.{k}", v
+
+
+def _one_or_more(value):
+    return (value,) if isinstance(value, str) else value
+
+
+Folders = Annotated[tuple[str, ...], BeforeValidator(_one_or_more)]
+"""A list of folders (``hwdb: [a, b]``); one folder may be given alone (``hwdb: a``), never read letter by
+letter."""
+
+
 class StrictModel(NoBoolNumbers):
-    """Base of every validated, frozen configuration block: unknown keys, infinite and NaN numbers and
-    yes/no given for a number are refused; instances cannot be changed once made."""
+    """Base of every validated, frozen configuration block: unknown keys, infinite and NaN numbers,
+    yes/no given for a number and control characters in names and text are refused; instances cannot
+    be changed once made."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_control_characters(cls, data):
+        if isinstance(data, dict):
+            for key, value in data.items():
+                for where, text in _texts(key, value):
+                    hit = _CONTROL.search(text) if isinstance(text, str) else None
+                    if hit:
+                        where = where if isinstance(where, str) and not _CONTROL.search(where) else "a key"
+                        raise ValueError(f"{where}: {text!r} holds the control character {hit.group()!r}, which "
+                                         f"a terminal would act on when the name is printed; remove it")
+        return data

@@ -24,6 +24,7 @@ from typing import Annotated, Literal, Union
 import numpy as np
 from pydantic import Field, model_validator
 
+from simulator.bounds import MAX_SECONDS, Delay, Duration, Rate, RateOrZero, Share, between
 from simulator.errors import WorkloadError
 from simulator.inputs import StrictModel
 from simulator.traces import read_trace
@@ -31,9 +32,9 @@ from simulator.traces import read_trace
 
 class StepShape(StrictModel):
     kind: Literal["step"] = "step"
-    before: float = Field(ge=0)
-    after: float = Field(ge=0)
-    at_s: float = Field(ge=0)
+    before: RateOrZero
+    after: RateOrZero
+    at_s: Delay
 
     def rate(self, t: np.ndarray) -> np.ndarray:
         return np.where(t < self.at_s, self.before, self.after)
@@ -44,10 +45,10 @@ class StepShape(StrictModel):
 
 class RampShape(StrictModel):
     kind: Literal["ramp"] = "ramp"
-    start_rate: float = Field(ge=0)
-    end_rate: float = Field(ge=0)
-    start_s: float = Field(ge=0)
-    end_s: float = Field(gt=0)
+    start_rate: RateOrZero
+    end_rate: RateOrZero
+    start_s: Delay
+    end_s: Duration
 
     @model_validator(mode="after")
     def _ordered(self) -> RampShape:
@@ -64,10 +65,10 @@ class RampShape(StrictModel):
 
 class DiurnalShape(StrictModel):
     kind: Literal["diurnal"] = "diurnal"
-    mean: float = Field(gt=0)
-    amplitude: float = Field(ge=0, le=1)
-    period_s: float = Field(86400.0, gt=0)
-    phase_s: float = 0.0
+    mean: Rate
+    amplitude: Share
+    period_s: between(1e-3, MAX_SECONDS, "s", fix="give the period in seconds (a day = 86400)") = 86400.0
+    phase_s: between(-MAX_SECONDS, MAX_SECONDS, "s", fix="give seconds") = 0.0
 
     def rate(self, t: np.ndarray) -> np.ndarray:
         return self.mean * (1.0 + self.amplitude * np.sin(2 * math.pi * (t - self.phase_s) / self.period_s))
@@ -78,8 +79,8 @@ class DiurnalShape(StrictModel):
 
 class PiecewiseShape(StrictModel):
     kind: Literal["piecewise"] = "piecewise"
-    times_s: tuple[float, ...] = Field(min_length=1)
-    rates: tuple[Annotated[float, Field(ge=0)], ...] = Field(min_length=1)
+    times_s: tuple[Delay, ...] = Field(min_length=1)
+    rates: tuple[RateOrZero, ...] = Field(min_length=1)
 
     @model_validator(mode="after")
     def _aligned(self) -> PiecewiseShape:
@@ -101,8 +102,9 @@ class TraceRateShape(StrictModel):
     kind: Literal["trace"] = "trace"
     path: Path
     format: str = "auto"
-    bin_s: float = Field(60.0, gt=0)
-    scale: float = Field(1.0, gt=0)
+    # A bin of 1e-300 s would allocate a count per bin: bins are at least a millisecond.
+    bin_s: between(1e-3, MAX_SECONDS, "s", fix="give the bin width in seconds, e.g. 60") = 60.0
+    scale: between(1e-6, 1e6, fix="give the factor on the trace's rate (2 = twice the load)") = 1.0
 
     def table(self) -> tuple[np.ndarray, np.ndarray]:
         """(bin start times, rates) of the trace."""

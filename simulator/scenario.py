@@ -14,12 +14,13 @@ import numpy as np
 from pydantic import Field, ValidationError, model_validator
 
 import hwdb
+from simulator.bounds import MAX_SECONDS, MAX_TOKENS, Fraction, Seed, between, count
 from simulator.epd.epd_config import EmbeddingTransferConfig, EncoderConfig
 from simulator.pd.pd import TransferConfigError, TransferPlan, build_transfer_plan
 from simulator.pd.flows import FLOWS
 from simulator.pd.pd_config import KVTransferConfig
 from simulator.errors import format_validation_error, read_yaml
-from simulator.inputs import StrictModel
+from simulator.inputs import Folders, StrictModel
 from simulator.perf import Deployment, EngineKnobs, FitError, MemoryPlan, StepModel, plan_memory
 from simulator.step_build import build_step_model
 from simulator.ops.opsconfig import OperationsConfig, check_against_pools
@@ -36,16 +37,16 @@ class EngineConfig(StrictModel):
     """Engine arguments with vLLM's names; ``None`` means vLLM's own default for the GPU."""
 
     engine: str = "vllm-v1"
-    max_num_seqs: int | None = Field(None, ge=1)
-    max_num_batched_tokens: int | None = Field(None, ge=1)
+    max_num_seqs: count(1, 1_000_000, "sequences") | None = None
+    max_num_batched_tokens: count(1, MAX_TOKENS, "tokens") | None = None
     block_size: Literal[1, 8, 16, 32, 64, 128] = 16
-    gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
+    gpu_memory_utilization: Fraction = 0.9
     enable_chunked_prefill: bool | None = None     # None: the engine's default
     enable_prefix_caching: bool | None = None
     enforce_eager: bool = False
-    max_cudagraph_capture_size: int | None = Field(None, ge=1)
-    max_model_len: int | None = Field(None, ge=16)
-    num_gpu_blocks_override: int | None = Field(None, ge=1)   # vLLM's override of the profiled KV blocks
+    max_cudagraph_capture_size: count(1, 1_000_000, "sequences") | None = None
+    max_model_len: count(16, 10**8, "tokens") | None = None
+    num_gpu_blocks_override: count(1, 10**12, "blocks") | None = None   # vLLM's override of the profiled KV blocks
 
 
 class PoolConfig(StrictModel):
@@ -55,14 +56,14 @@ class PoolConfig(StrictModel):
     role: Literal["colocated", "prefill", "decode", "encoder"] = "colocated"   # a key of simulator.roles.ROLES
     model: str | None = None
     gpu: str
-    tp: int = Field(1, ge=1, le=72)
-    pp: int = Field(1, ge=1, le=64)
+    tp: count(1, 72, "GPUs") = 1
+    pp: count(1, 64, "stages") = 1
     # Attention data parallelism (vLLM --data-parallel-size, SGLang --enable-dp-attention --dp-size): an
     # instance is dp ranks of tp x pp GPUs, each its own scheduler and KV cache, whose MoE layers run
     # together over all the instance's GPUs; ep: expert parallelism over them (1: experts TP-sharded).
-    dp: int = Field(1, ge=1, le=256)
-    ep: int = Field(1, ge=1, le=1024)
-    instances: int = Field(1, ge=1, le=4096)
+    dp: count(1, 256, "ranks") = 1
+    ep: count(1, 1024, "ranks") = 1
+    instances: count(1, 4096, "instances") = 1
     dtype: Literal["bf16", "fp16", "fp8", "fp4", "int4"] = "bf16"   # fp4: NVFP4/MXFP4; int4: W4A16
     kv_cache_dtype: Literal["auto", "bf16", "fp16", "fp8"] = "auto"
     engine: EngineConfig = EngineConfig()
@@ -79,19 +80,22 @@ class PoolConfig(StrictModel):
         return self
 
 
+Target = between(0, 1e6, "s", lo_open=True, fix="give the latency target in seconds (200 ms = 0.2)")
+
+
 class SLO(StrictModel):
     """Latency targets (seconds) a request must meet to count toward attainment and goodput."""
 
-    ttft_s: float | None = Field(None, gt=0, le=1e6)
-    tpot_s: float | None = Field(None, gt=0, le=1e6)
-    attainment: float = Field(0.9, gt=0, le=1)
+    ttft_s: Target | None = None
+    tpot_s: Target | None = None
+    attainment: Fraction = 0.9
     # Goodput criterion: None counts requests meeting both targets (attainment); a percentile
     # (e.g. 99) instead requires that percentile of TTFT and of TPOT to meet them (EPD papers).
-    percentile: float | None = Field(None, gt=0, le=100)
+    percentile: between(0, 100, "percent", lo_open=True, fix="give a percentile such as 99") | None = None
 
 
 class SimulationConfig(StrictModel):
-    max_time_s: float | None = Field(None, gt=0, le=1e9)
+    max_time_s: between(0, MAX_SECONDS, "s", lo_open=True, fix="give seconds of simulated time") | None = None
 
 
 class Scenario(StrictModel):
@@ -99,9 +103,9 @@ class Scenario(StrictModel):
 
     name: str = "scenario"
     description: str = ""
-    seed: int = Field(0, ge=0, lt=2**63)
+    seed: Seed = 0
     model: str
-    hwdb: tuple[str, ...] = ()
+    hwdb: Folders = ()
     pools: tuple[PoolConfig, ...] = Field(min_length=1)
     workload: WorkloadConfig
     slo: SLO = SLO()
@@ -145,7 +149,10 @@ def resolve_relative(data: dict, base: Path) -> dict:
     """``data`` with its relative ``path`` entries and ``hwdb`` folders taken relative to ``base`` (the
     folder of the file it was read from)."""
     data = _resolve_paths(data, base)
-    data["hwdb"] = [str(base / d) if not Path(d).is_absolute() else d for d in data.get("hwdb", [])]
+    folders = data.get("hwdb", [])
+    if isinstance(folders, (str, list, tuple)):     # anything else is refused by the schema, as given
+        folders = [folders] if isinstance(folders, str) else folders
+        data["hwdb"] = [str(base / d) if isinstance(d, str) and not Path(d).is_absolute() else d for d in folders]
     return data
 
 
@@ -265,12 +272,19 @@ def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB
         except hwdb.HwdbError as exc:
             raise ScenarioError(f"pools[{pool.name}]: experts span {pool.tp * pool.dp * pool.pp} GPUs, more than a "
                                 f"{gpu.name} node: {exc}") from None
-    return Deployment(arch=arch, gpu=gpu, intra_link=link, engine=engine, knobs=knobs, tp=pool.tp,
-                      pp=pool.pp, dp=pool.dp, ep=pool.ep, scale_out_link=scale_out,
-                      weight_dtype=pool.dtype, kv_dtype=kv,
-                      profile=db.profile_for(gpu.name, engine.engine, engine.version, model.name),
-                      bf16_modules=frozenset(kept.modules) if kept else frozenset(),
-                      quant_bytes=qbytes.value if qbytes else None)
+    dep = Deployment(arch=arch, gpu=gpu, intra_link=link, engine=engine, knobs=knobs, tp=pool.tp,
+                     pp=pool.pp, dp=pool.dp, ep=pool.ep, scale_out_link=scale_out,
+                     weight_dtype=pool.dtype, kv_dtype=kv,
+                     profile=db.profile_for(gpu.name, engine.engine, engine.version, model.name),
+                     bf16_modules=frozenset(kept.modules) if kept else frozenset(),
+                     quant_bytes=qbytes.value if qbytes else None)
+    if not arch.is_moe:
+        return dep
+    choice = model.sidecar.moe_kernel.get(pool.dtype)
+    if choice is not None:
+        dep = dataclasses.replace(dep, moe_kernel=choice.format)
+    curve, source = db.moe_curve(gpu.name, engine.engine, dep.moe_format)
+    return dataclasses.replace(dep, moe_curve=curve, moe_source=source)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,16 +11,14 @@ from typing import Annotated, Literal, Union
 
 from pydantic import Field, model_validator
 
+from simulator.bounds import (  # noqa: F401  (the MAX_* and MIN_RATE bounds are re-exported)
+    MAX_RATE, MAX_REQUESTS, MAX_SECONDS, MAX_TOKENS, MIN_RATE, Delay, Duration, Rate, Requests, Tokens, between, count,
+)
 from simulator.epd.epd_config import ImageWorkload
 from simulator.inputs import StrictModel
 from simulator.loadshape import ShapedArrivals
 from simulator.traces import TraceFormat
 
-MAX_REQUESTS = 50_000_000
-"""Upper bound on requests one workload may generate (about 2 GB of arrays)."""
-MAX_TOKENS = 10_000_000        # longest prompt or output one request may have (tokens)
-MIN_RATE, MAX_RATE = 1e-6, 1e7  # requests/s: one a fortnight .. ten million a second
-MAX_SECONDS = 1e9              # durations and times: about 30 years
 # Mean client-side delay before each closed-loop send (s): 0 as in vllm bench serve's asyncio loop; a
 # few milliseconds of client delay changed no validation figure (docs/validation/e2e.md).
 CLIENT_SEND_DELAY_S = 0.0
@@ -32,15 +30,15 @@ class FixedLength(StrictModel):
     """Every request has ``value`` tokens."""
 
     kind: Literal["fixed"] = "fixed"
-    value: int = Field(ge=1, le=MAX_TOKENS, description="tokens")
+    value: Tokens
 
 
 class UniformLength(StrictModel):
     """Integer lengths uniform on [low, high], both inclusive (tokens)."""
 
     kind: Literal["uniform"] = "uniform"
-    low: int = Field(ge=1, le=MAX_TOKENS)
-    high: int = Field(ge=1, le=MAX_TOKENS)
+    low: Tokens
+    high: Tokens
 
     @model_validator(mode="after")
     def _ordered(self) -> UniformLength:
@@ -59,10 +57,10 @@ class LognormalLength(StrictModel):
     """
 
     kind: Literal["lognormal"] = "lognormal"
-    mean: float = Field(ge=1, le=MAX_TOKENS)
-    cv: float = Field(gt=0, le=100)
-    low: int = Field(1, ge=1, le=MAX_TOKENS)
-    high: int | None = Field(None, ge=1, le=MAX_TOKENS)
+    mean: between(1, MAX_TOKENS, "tokens")
+    cv: between(0, 100, lo_open=True, fix="give the standard deviation over the mean, e.g. 0.5")
+    low: Tokens = 1
+    high: Tokens | None = None
 
     @model_validator(mode="after")
     def _ordered(self) -> LognormalLength:
@@ -77,7 +75,7 @@ class EmpiricalLength(StrictModel):
     kind: Literal["empirical"] = "empirical"
     path: Path | None = None
     column: str | None = None
-    values: tuple[Annotated[int, Field(ge=1, le=MAX_TOKENS)], ...] | None = Field(None, min_length=1)
+    values: tuple[Tokens, ...] | None = Field(None, min_length=1)
 
     @model_validator(mode="after")
     def _one_source(self) -> EmpiricalLength:
@@ -111,7 +109,7 @@ class Poisson(StrictModel):
     """Open loop, exponential inter-arrival gaps; ``rate`` in requests/s."""
 
     kind: Literal["poisson"] = "poisson"
-    rate: float = Field(ge=MIN_RATE, le=MAX_RATE)
+    rate: Rate
 
 
 class Gamma(StrictModel):
@@ -121,8 +119,8 @@ class Gamma(StrictModel):
     """
 
     kind: Literal["gamma"] = "gamma"
-    rate: float = Field(ge=MIN_RATE, le=MAX_RATE)
-    cv: float = Field(ge=1e-3, le=100)
+    rate: Rate
+    cv: between(1e-3, 100, fix="give the gaps' standard deviation over their mean (1: Poisson)")
 
 
 class TraceArrivals(StrictModel):
@@ -138,9 +136,9 @@ class TraceArrivals(StrictModel):
     kind: Literal["trace"] = "trace"
     path: Path
     format: TraceFormat = "auto"
-    time_scale: float = Field(1.0, ge=1e-9, le=1e9)
-    rate: float | None = Field(None, ge=MIN_RATE, le=MAX_RATE)
-    limit: int | None = Field(None, ge=1, le=MAX_REQUESTS)
+    time_scale: between(1e-9, 1e9, fix="give the factor on the trace's timestamps (2 = half the rate)") = 1.0
+    rate: Rate | None = None
+    limit: Requests | None = None
 
     @model_validator(mode="after")
     def _one_scaling(self) -> TraceArrivals:
@@ -164,11 +162,11 @@ class ClosedLoop(StrictModel):
     """
 
     kind: Literal["closed"] = "closed"
-    concurrency: int = Field(ge=1, le=MAX_REQUESTS)
-    think_time_s: float = Field(0.0, ge=0, le=MAX_SECONDS)
-    send_delay_s: float = Field(CLIENT_SEND_DELAY_S, ge=0, le=60)
-    ramp_up_s: float = Field(0.0, ge=0, le=3600)
-    warmup_requests: int = Field(0, ge=0, le=MAX_REQUESTS)
+    concurrency: count(1, MAX_REQUESTS, "users")
+    think_time_s: Delay = 0.0
+    send_delay_s: between(0, 60, "s", fix="give seconds (0: send at once)") = CLIENT_SEND_DELAY_S
+    ramp_up_s: between(0, 3600, "s", fix="give seconds (0: all users start at once)") = 0.0
+    warmup_requests: count(0, MAX_REQUESTS, "requests") = 0
 
 
 Arrival = Annotated[
@@ -192,8 +190,8 @@ class WorkloadConfig(StrictModel):
     input_length: LengthDist | None = None
     output_length: LengthDist | None = None
     lengths: LengthPairs | None = None
-    num_requests: int | None = Field(None, ge=1, le=MAX_REQUESTS)
-    duration_s: float | None = Field(None, gt=0, le=MAX_SECONDS)
+    num_requests: Requests | None = None
+    duration_s: Duration | None = None
     images: ImageWorkload | None = None      # multimodal: images per request (simulator.epd.multimodal)
 
     @model_validator(mode="after")

@@ -182,7 +182,7 @@ def test_kv_cache_smaller_than_max_model_len_says_what_to_set(tmp_path):
 def test_negative_rate_names_the_field(tmp_path):
     data = base()
     data["workload"]["arrival"] = {"kind": "poisson", "rate": -5}
-    msg = check(write(tmp_path, data), "workload.arrival.rate", "-5", "greater than or equal to 0.000001")
+    msg = check(write(tmp_path, data), "workload.arrival.rate", "-5", "from 1e-6 to 1e7 requests/s")
     assert "poisson.rate" not in msg  # the union tag is not a key the user wrote
 
 

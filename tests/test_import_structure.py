@@ -26,7 +26,7 @@ TOP = (CLI, "simulator.regress")
 # The input reader (size, encoding and alias limits, line-numbered errors; the strict pydantic base)
 # sits below every layer: the hardware database reads its files through it.  It imports no project
 # module (checked below).
-FOUNDATION = ("simulator.inputs",)
+FOUNDATION = ("simulator.inputs", "simulator.bounds")
 LAYER = {p: i for i, p in enumerate((*PACKAGES, "top"))}
 
 

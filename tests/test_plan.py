@@ -129,7 +129,7 @@ def test_unreachable_slo_returns_the_closest_candidates_and_their_limits():
      "no (GPU, TP) layout can serve Llama-3.1-70B"),
     ({"gpus": [{"name": "NoSuchGPU"}]}, "gpus:"),
     ({"constraints": {"families": ["colocated", "xpd"]}}, "'xpd' is not a deployment family"),
-    ({"constraints": {"tp": [0]}}, "sizes from 1 to 72"),
+    ({"constraints": {"tp": [0]}}, "constraints.tp[0]: must be a whole number from 1 to 72 GPUs"),
     ({"slo": {"ttft_s": None, "tpot_s": None}}, "give ttft_s, tpot_s or both"),
     ({"workload": {"arrival": {"kind": "closed", "concurrency": 4}}}, "open-loop arrival rate"),
     ({"gpus": [{"name": "H100", "prize": 3}]}, "gpus[0].prize: unknown key; valid keys here: max_gpus, name, "

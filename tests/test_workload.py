@@ -278,13 +278,13 @@ def test_full_sharegpt_pairs():
 # ------------------------------------------------------------ validation
 
 BAD = [
-    ({"arrival": {"kind": "poisson", "rate": 0}}, "arrival.poisson.rate", "greater than or equal to 0.000001"),
-    ({"arrival": {"kind": "gamma", "rate": 1, "cv": 0}}, "arrival.gamma.cv", "greater than or equal to 0.001"),
-    ({"arrival": {"kind": "poisson", "rate": float("inf")}}, "rate", "finite"),
+    ({"arrival": {"kind": "poisson", "rate": 0}}, "arrival.poisson.rate", "from 1e-6 to 1e7 requests/s"),
+    ({"arrival": {"kind": "gamma", "rate": 1, "cv": 0}}, "arrival.gamma.cv", "from 0.001 to 100"),
+    ({"arrival": {"kind": "poisson", "rate": float("inf")}}, "rate", "from 1e-6 to 1e7"),
     ({"arrival": {"kind": "poison", "rate": 1}}, "arrival", "'poisson', 'gamma', 'trace', 'closed'"),
-    ({"arrival": {"kind": "closed", "concurrency": 0}}, "concurrency", "greater than or equal to 1"),
+    ({"arrival": {"kind": "closed", "concurrency": 0}}, "concurrency", "from 1 to 5e7 users"),
     ({"arrival": {"kind": "closed", "concurrency": 2, "think_time_s": -1}}, "think_time_s", "0"),
-    ({"num_requests": 0}, "num_requests", "greater than or equal to 1"),
+    ({"num_requests": 0}, "num_requests", "from 1 to 5e7 requests"),
     ({"input_length": {"kind": "uniform", "low": 9, "high": 3}}, "input_length.uniform",
      "make low <= high"),
     ({"input_length": {"kind": "lognormal", "mean": 100, "cv": 1, "low": 9, "high": 3}},

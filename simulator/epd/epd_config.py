@@ -10,22 +10,27 @@ from typing import Annotated, Literal, Union
 
 from pydantic import Field, model_validator
 
+from simulator.bounds import MAX_TOKENS, Bytes, Fraction, LinkRate, between, count
 from simulator.inputs import StrictModel
+
+Images = count(0, 1024, "images per request")
+Weight = between(0, 1e6, lo_open=True, fix="give a positive relative weight")
+Pixels = count(1, 65536, "pixels")
 
 
 class FixedCount(StrictModel):
     """Every request carries ``value`` images (0: text only)."""
 
     kind: Literal["fixed"] = "fixed"
-    value: int = Field(ge=0, le=1024)
+    value: Images
 
 
 class UniformCount(StrictModel):
     """Image counts uniform on [low, high], both inclusive."""
 
     kind: Literal["uniform"] = "uniform"
-    low: int = Field(ge=0, le=1024)
-    high: int = Field(ge=0, le=1024)
+    low: Images
+    high: Images
 
     @model_validator(mode="after")
     def _ordered(self) -> UniformCount:
@@ -38,8 +43,8 @@ class ChoiceCount(StrictModel):
     """Image counts drawn from ``values`` with ``weights`` (default equal)."""
 
     kind: Literal["choice"] = "choice"
-    values: tuple[Annotated[int, Field(ge=0, le=1024)], ...] = Field(min_length=1)
-    weights: tuple[Annotated[float, Field(gt=0)], ...] | None = None
+    values: tuple[Images, ...] = Field(min_length=1)
+    weights: tuple[Weight, ...] | None = None
 
     @model_validator(mode="after")
     def _same_length(self) -> ChoiceCount:
@@ -61,9 +66,9 @@ ImageCount = Annotated[Union[FixedCount, UniformCount, ChoiceCount, TraceCount],
 class Resolution(StrictModel):
     """One image size in pixels, drawn with relative ``weight``."""
 
-    width: int = Field(ge=1, le=65536)
-    height: int = Field(ge=1, le=65536)
-    weight: float = Field(1.0, gt=0)
+    width: Pixels
+    height: Pixels
+    weight: Weight = 1.0
 
 
 class ImageWorkload(StrictModel):
@@ -79,7 +84,7 @@ class ImageWorkload(StrictModel):
 
     count: ImageCount
     resolutions: tuple[Resolution, ...] = Field((Resolution(width=1920, height=1080),), min_length=1)
-    distinct_images: int | None = Field(None, ge=1)
+    distinct_images: count(1, 10**12, "images") | None = None
     trace_tokens_include_images: bool = False
 
 
@@ -96,11 +101,11 @@ class EncoderConfig(StrictModel):
     reach at large batches (None: the GPU's calibrated or default curve).
     """
 
-    max_batch_images: int = Field(64, ge=1)
-    max_batch_tokens: int | None = Field(None, ge=1)
-    cache_bytes: float = Field(4 * 2 ** 30, ge=0)
-    tp_efficiency: dict[int, Annotated[float, Field(gt=0, le=1)]] | None = None
-    compute_efficiency: float | None = Field(None, gt=0, le=1)
+    max_batch_images: count(1, 65536, "images") = 64
+    max_batch_tokens: count(1, MAX_TOKENS, "visual tokens") | None = None
+    cache_bytes: Bytes = 4 * 2 ** 30
+    tp_efficiency: dict[count(1, 72, "GPUs"), Fraction] | None = None
+    compute_efficiency: Fraction | None = None
 
 
 class EmbeddingTransferConfig(StrictModel):
@@ -114,4 +119,4 @@ class EmbeddingTransferConfig(StrictModel):
     connector: str = "nixl"
     fabric: str | None = None
     same_node: bool = False
-    bandwidth_Bps: float | None = Field(None, gt=0)
+    bandwidth_Bps: LinkRate | None = None

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import model_validator
 
+from simulator.bounds import Duration, Fraction, between, count
 from simulator.inputs import StrictModel
 from simulator.ops.autoscale import POLICIES
 from simulator.ops.k8s import Probe
@@ -27,10 +28,10 @@ from simulator.ops.k8s import Probe
 class ProbeConfig(StrictModel):
     """One Kubernetes probe (``httpGet /health``), fields as in the pod spec, in seconds."""
 
-    initial_delay_s: int = 0
-    period_s: int = 10
-    timeout_s: int = 1
-    failure_threshold: int = 3
+    initial_delay_s: count(0, 86400, "s", fix="set initialDelaySeconds (0 probes right after the gate)") = 0
+    period_s: count(1, 3600, "s", fix="set periodSeconds, e.g. 10 (the Kubernetes default)") = 10
+    timeout_s: count(1, 3600, "s", fix="set timeoutSeconds, e.g. 1 (the default) to 5") = 1
+    failure_threshold: count(1, 10_000, "probes", fix="set failureThreshold, e.g. 3 (the default)") = 3
 
     @model_validator(mode="after")
     def _valid(self) -> ProbeConfig:
@@ -54,12 +55,12 @@ class StartupConfig(StrictModel):
     below; a start they kill never serves).
     """
 
-    provisioning_s: float = Field(0.0, ge=0)
+    provisioning_s: between(0, 1e6, "s", fix="give seconds until a node is ready") = 0.0
     image_cached: bool = False
     storage: str = "nvme"
     compile_cache: Literal["none", "pod", "persistent"] = "none"
     probes: Literal["recommended", "given"] = "recommended"
-    margin: float = Field(0.5, ge=0)
+    margin: between(0, 10, fix="give the fraction added to the cold start, e.g. 0.5") = 0.5
     startup_probe: ProbeConfig | None = None
     liveness: ProbeConfig | None = None
     readiness: ProbeConfig | None = None
@@ -89,14 +90,15 @@ class AutoscaleConfig(StrictModel):
     """
 
     policy: str = "queue"
-    min_instances: int = Field(1, ge=1)
-    max_instances: int = Field(8, ge=1)
-    interval_s: float = Field(15.0, ge=0.1, le=86400)   # below 0.1 s the autoscaler's ticks swamp the run
-    target_queue: float = Field(4.0, gt=0)
-    target_kv: float = Field(0.8, gt=0, le=1)
-    target_utilisation: float = Field(0.7, gt=0, le=1)
-    window_s: float = Field(60.0, gt=0, le=1e7)
-    scale_down_stabilization_s: float = Field(300.0, ge=0)
+    min_instances: count(1, 4096, "instances") = 1
+    max_instances: count(1, 4096, "instances") = 8
+    # Below 0.1 s the autoscaler's ticks swamp the run.
+    interval_s: between(0.1, 86400, "s", fix="give seconds between decisions, e.g. 15") = 15.0
+    target_queue: between(0, 1e6, "requests", lo_open=True, fix="give waiting requests per instance") = 4.0
+    target_kv: Fraction = 0.8
+    target_utilisation: Fraction = 0.7
+    window_s: between(0, 1e7, "s", lo_open=True, fix="give seconds") = 60.0
+    scale_down_stabilization_s: between(0, 1e7, "s", fix="give seconds (Kubernetes: 300)") = 300.0
 
     @model_validator(mode="after")
     def _bounds(self) -> AutoscaleConfig:
@@ -118,8 +120,9 @@ class FP8CrashConfig(StrictModel):
     pool with ``dtype: fp8``.
     """
 
-    rate_per_token_s: float | None = Field(None, ge=0, le=1e-3)   # 1e-3: a 1k-token instance crashes each second
-    onset_tokens: int | None = Field(None, ge=0)
+    # Up to 1e-3: a 1k-token instance crashes each second.
+    rate_per_token_s: between(0, 1e-3, "per token per s", fix="give a hazard per context token") | None = None
+    onset_tokens: count(0, 10**8, "tokens") | None = None
     pools: tuple[str, ...] = ()
 
 
@@ -127,8 +130,9 @@ class NodeFailureConfig(StrictModel):
     """Each instance's node fails after an exponential time of mean ``mtbf_s``; its replacement
     starts ``mttr_s`` later (then provisioning and a full start).  ``pools``: empty = all."""
 
-    mtbf_s: float = Field(ge=1, le=1e12)        # failures more often than each second would never let a run end
-    mttr_s: float = Field(0.0, ge=0, le=1e9)
+    # Failures more often than each second would never let a run end.
+    mtbf_s: between(1, 1e12, "s", fix="give the mean time between failures in seconds")
+    mttr_s: between(0, 1e9, "s", fix="give the mean time to repair in seconds") = 0.0
     pools: tuple[str, ...] = ()
 
 
@@ -138,9 +142,9 @@ class LinkDegradationConfig(StrictModel):
     time of mean ``duration_s`` (transfers in flight slow down).  Static degradation and latency
     jitter are ``kv_transfer.bandwidth_factor`` and ``kv_transfer.jitter_mean_s``."""
 
-    mtbf_s: float = Field(ge=1e-3, le=1e12)
-    duration_s: float = Field(ge=1e-3, le=1e9)
-    bandwidth_factor: float = Field(gt=0, le=1)
+    mtbf_s: between(1e-3, 1e12, "s", fix="give the mean time between episodes in seconds")
+    duration_s: between(1e-3, 1e9, "s", fix="give an episode's mean length in seconds")
+    bandwidth_factor: Fraction
 
 
 class FaultsConfig(StrictModel):
@@ -160,7 +164,7 @@ class RetryConfig(StrictModel):
     again, and generation resumes)."""
 
     policy: Literal["none", "retry", "reprefill"] = "none"
-    max_retries: int = Field(2, ge=0)
+    max_retries: count(0, 100, "retries") = 2
 
 
 class OperationsConfig(StrictModel):
@@ -173,7 +177,7 @@ class OperationsConfig(StrictModel):
     autoscale: dict[str, AutoscaleConfig] = {}
     faults: FaultsConfig = FaultsConfig()
     retry: RetryConfig = RetryConfig()
-    queue_timeout_s: float | None = Field(None, gt=0)
+    queue_timeout_s: Duration | None = None
 
     @property
     def enabled(self) -> bool:

@@ -7,10 +7,16 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import field_validator, model_validator
 
+from simulator.bounds import Fraction, LinkRate, NicRate, between, count
 from simulator.inputs import StrictModel
 from simulator.pd.flows import FLOWS
+
+
+# An uplink's oversubscription (downlink over uplink capacity): 1 is non-blocking; real fabrics stay
+# below about 10:1 (a ratio of 1e308 would make one transfer last 1e74 s).
+Oversubscription = between(1, 1000, fix="give the ratio of downlink to uplink capacity, e.g. 4 for 4:1")
 
 
 class KVTransferConfig(StrictModel):
@@ -21,20 +27,21 @@ class KVTransferConfig(StrictModel):
     fabric: str | None = None
     same_node: bool = False
     layerwise: bool | None = None
-    bandwidth_Bps: float | None = Field(None, ge=1e3)  # what-if: per-instance bandwidth instead of the fabric's
-    bandwidth_factor: float = Field(1.0, gt=0, le=1)  # degraded fabric: fraction of bandwidth left
-    jitter_mean_s: float = Field(0.0, ge=0, le=3600)         # extra latency per transfer, exponential with this mean
-    kv_buffer_size: float | None = Field(None, gt=0)  # bytes; receive buffer per decode instance (P2pNccl)
+    bandwidth_Bps: LinkRate | None = None     # what-if: per-instance bandwidth instead of the fabric's
+    bandwidth_factor: Fraction = 1.0          # degraded fabric: fraction of bandwidth left
+    jitter_mean_s: between(0, 3600, "s", fix="give seconds") = 0.0   # extra latency per transfer, exponential mean
+    # bytes; receive buffer per decode instance (P2pNccl)
+    kv_buffer_size: between(1, 1e15, "bytes", fix="give bytes (1 GB = 1e9)") | None = None
     # ``fabric``: a link (hwdb links/) or a node type's network layout (networks/: link, GPUs per NIC, NIC rate).
     # Network topology (simulator/pd/pd.py): GPUs behind one NIC (None: the layout's, else 1 on RDMA fabrics, a node on TCP/VPC),
     # one NIC's line rate (None: the fabric link's), nodes under one leaf switch and its uplink's
     # oversubscription, racks under one spine (a pod) and the pod uplink's; where the pools sit.
-    gpus_per_nic: int | None = Field(None, ge=1, le=72)
-    nic_Bps: float | None = Field(None, gt=0)
-    nodes_per_rack: int | None = Field(None, ge=1)
-    oversubscription: float = Field(1.0, ge=1)
-    racks_per_pod: int | None = Field(None, ge=1)
-    pod_oversubscription: float = Field(1.0, ge=1)
+    gpus_per_nic: count(1, 72, "GPUs") | None = None
+    nic_Bps: NicRate | None = None
+    nodes_per_rack: count(1, 4096, "nodes") | None = None
+    oversubscription: Oversubscription = 1.0
+    racks_per_pod: count(1, 4096, "racks") | None = None
+    pod_oversubscription: Oversubscription = 1.0
     placement: Literal["cross_rack", "same_rack", "cross_pod"] = "cross_rack"
 
     @field_validator("flow")

@@ -12,8 +12,9 @@ from typing import Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from simulator.bounds import Price, Seed, between, count
 from simulator.errors import format_validation_error, read_yaml
-from simulator.inputs import StrictModel
+from simulator.inputs import Folders, StrictModel
 from simulator.scenario import SLO, EngineConfig, resolve_relative
 from simulator.workload import WorkloadConfig
 
@@ -26,19 +27,22 @@ class GpuOffer(StrictModel):
     """A GPU type the user can buy or rent; ``price_usd_per_hour`` (per GPU) overrides hwdb's."""
 
     name: str
-    price_usd_per_hour: float | None = Field(None, ge=0)
-    max_gpus: int | None = Field(None, ge=1)         # at most this many of this type in one deployment
+    price_usd_per_hour: Price | None = None
+    max_gpus: count(1, 4096, "GPUs") | None = None     # at most this many of this type in one deployment
+
+
+Degree = count(1, 72, "GPUs", fix="give parallel sizes such as [1, 2, 4, 8]")
 
 
 class Constraints(StrictModel):
     """Limits on the deployments the planner may propose."""
 
-    max_gpus: int = Field(32, ge=1, le=4096)                # all pools together
-    max_instances_per_pool: int = Field(16, ge=1, le=512)
-    tp: tuple[int, ...] = (1, 2, 4, 8)                      # tensor-parallel degrees to try
+    max_gpus: count(1, 4096, "GPUs") = 32                   # all pools together
+    max_instances_per_pool: count(1, 512, "instances") = 16
+    tp: tuple[Degree, ...] = (1, 2, 4, 8)                   # tensor-parallel degrees to try
     # Attention data-parallel degrees to try (vLLM --data-parallel-size, SGLang --enable-dp-attention):
     # MoE models only, an instance is then dp x tp GPUs whose ranks step together for the MoE layers.
-    dp: tuple[int, ...] = (1,)
+    dp: tuple[Degree, ...] = (1,)
     # Expert parallelism to try: False keeps every expert sliced over each rank's TP GPUs, True spreads
     # the experts over all dp x tp GPUs of an instance (vLLM --enable-expert-parallel); [false, true] tries both.
     expert_parallel: tuple[bool, ...] = (False,)
@@ -62,7 +66,7 @@ class Constraints(StrictModel):
     def _check(self) -> Constraints:
         for name in ("tp", "dp"):
             sizes = getattr(self, name)
-            if not sizes or any(t < 1 or t > 72 for t in sizes):
+            if not sizes:
                 raise ValueError(f"{name}={list(sizes)} must be a non-empty list of sizes from 1 to 72 "
                                  f"(e.g. [1, 2, 4, 8])")
         if not self.dtype or not self.expert_parallel:
@@ -94,14 +98,14 @@ class SearchConfig(StrictModel):
     target rate.
     """
 
-    verify: int = Field(6, ge=0, le=1000)
-    borderline: int = Field(2, ge=0, le=100)
-    verify_front: int = Field(4, ge=0, le=100)
-    replications: int = Field(3, ge=1, le=50)
-    requests: int | None = Field(1000, ge=50, le=50_000)   # runs are capped at 50,000 requests (verify.py)
-    goodput_iterations: int = Field(5, ge=0, le=30)
-    goodput_max_factor: float = Field(4.0, gt=1.0, le=100.0)
-    seed: int = Field(0, ge=0, lt=2**63)
+    verify: count(0, 1000, "candidates") = 6
+    borderline: count(0, 100, "candidates") = 2
+    verify_front: count(0, 100, "candidates") = 4
+    replications: count(1, 50, "seeds") = 3
+    requests: count(50, 50_000, "requests") | None = 1000   # runs are capped at 50,000 requests (verify.py)
+    goodput_iterations: count(0, 30, "steps") = 5
+    goodput_max_factor: between(1, 100, "times the target rate", lo_open=True) = 4.0
+    seed: Seed = 0
 
 
 class PlanRequest(StrictModel):
@@ -111,7 +115,7 @@ class PlanRequest(StrictModel):
 
     name: str = "plan"
     model: str
-    hwdb: tuple[str, ...] = ()
+    hwdb: Folders = ()
     workload: WorkloadConfig
     slo: SLO
     gpus: tuple[GpuOffer, ...] = Field(min_length=1)

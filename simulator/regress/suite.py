@@ -22,7 +22,7 @@ from pydantic import (BaseModel, Discriminator, Field, Tag, ValidationError, fie
 from simulator.plan import PlanError, PlanRequest, parse_plan_request
 from simulator.regress.figures import PLAN_FIGURES, SCENARIO_FIGURES
 from simulator.errors import format_validation_error, models_in as _models_in
-from simulator.inputs import StrictModel, read_yaml
+from simulator.inputs import Folders, StrictModel, read_yaml
 from simulator.scenario import Scenario, ScenarioError, parse_scenario
 
 
@@ -165,7 +165,7 @@ class Suite(StrictModel):
 
     name: str = Field(min_length=1)
     description: str = ""
-    hwdb: tuple[str, ...] = ()
+    hwdb: Folders = ()
     replications: int = Field(1, ge=1, le=100)
     tolerance: Tolerance = Tolerance(rel=0.02)
     entries: tuple[AnyEntry, ...] = Field(min_length=1)
