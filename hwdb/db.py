@@ -20,6 +20,7 @@ what another one sees.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import os
 from dataclasses import dataclass, field
@@ -133,6 +134,9 @@ class HardwareDB:
     engines: dict[str, EngineProfile] = field(default_factory=dict)
     connectors: dict[str, Connector] = field(default_factory=dict)
     networks: dict[str, NetworkLayout] = field(default_factory=dict)
+    # What a later folder (a user's --hwdb) replaces or shadows of an earlier one (the shipped data):
+    # the command line prints these, since each changes answers without an error.
+    notes: tuple[str, ...] = ()
 
     @staticmethod
     def _lookup(kind: str, table: dict, name: str):
@@ -217,7 +221,39 @@ _SCHEMAS = {"gpus": GPU, "links": Link, "profiles": Profile, "engines": EnginePr
             "networks": NetworkLayout}
 
 
-def _load_folder(folder: Path, tables: dict[str, dict], origins: dict) -> None:
+def _aliases(item) -> tuple[str, ...]:
+    return tuple(getattr(item, "aliases", None) or getattr(getattr(item, "sidecar", None), "aliases", ()))
+
+
+def _with_aliases(item, aliases: tuple[str, ...]):
+    if isinstance(item, ModelEntry):
+        return dataclasses.replace(item, sidecar=item.sidecar.model_copy(update={"aliases": aliases}))
+    return item.model_copy(update={"aliases": aliases}) if hasattr(item, "aliases") else item
+
+
+def _over_earlier(kind: str, table: dict, item, path: Path, origins: dict, notes: list[str]):
+    """``item`` from a later folder, keeping the aliases of an earlier entry of the same name that it replaces
+    (so that ``--gpu H100`` still finds the H100, now the user's), with a note in ``notes`` when it replaces one
+    or takes a name another entry answers to."""
+    what = {"gpus": "GPU", "moe_kernels": "MoE kernel table"}.get(kind, kind[:-1])
+    old = table.get(item.name)
+    if old is not None:
+        kept = tuple(dict.fromkeys((*_aliases(item), *_aliases(old))))
+        notes.append(f"{path} replaces the {what} '{item.name}' of {origins.get((kind, item.name), 'an earlier folder')}"
+                     f": every answer that uses it changes" + (f" (its names {', '.join(kept)} now lead to this one)"
+                                                               if kept else "")
+                     + f"; give it another name to add a {what} beside it instead")
+        return _with_aliases(item, kept)
+    mine = {_norm(n) for n in (item.name, *_aliases(item))}
+    clash = next((k for k, v in table.items() if mine & {_norm(n) for n in (k, *_aliases(v))}), None)
+    if clash is not None:
+        notes.append(f"{path}: the {what} '{item.name}' answers to a name of the {what} '{clash}' of "
+                     f"{origins.get((kind, clash), 'an earlier folder')}; that name may now find either: give it "
+                     "names of its own")
+    return item
+
+
+def _load_folder(folder: Path, tables: dict[str, dict], origins: dict, notes: list[str]) -> None:
     here: dict = {}
     for kind, schema in _SCHEMAS.items():
         for path in sorted((folder / kind).glob("*.yaml")):
@@ -226,12 +262,13 @@ def _load_folder(folder: Path, tables: dict[str, dict], origins: dict) -> None:
                 raise HwdbError(f"{path}: field 'name': {kind[:-1]} '{item.name}' is also defined in "
                                 f"{here[kind, item.name]}; one folder may define a name once: rename or remove one")
             here[kind, item.name] = path
-            tables[kind][item.name] = item
-            origins[item.name] = path
+            tables[kind][item.name] = _over_earlier(kind, tables[kind], item, path, origins, notes)
+            origins[item.name] = origins[kind, item.name] = path
     for path in sorted((folder / "models").glob("*")):
         if path.is_dir():
             m = load_model_dir(path)
-            tables["models"][m.name] = m
+            tables["models"][m.name] = _over_earlier("models", tables["models"], m, path, origins, notes)
+            origins["models", m.name] = path
 
 
 def _stamp(folders: list[Path]) -> tuple:
@@ -290,9 +327,10 @@ def load(user_dirs: Iterable[str | Path] = ()) -> HardwareDB:
 def _load(folders: list[Path]) -> HardwareDB:
     tables: dict[str, dict] = {kind: {} for kind in (*_SCHEMAS, "models")}
     origins: dict = {}
+    notes: list[str] = []
     for folder in folders:
-        _load_folder(folder, tables, origins)
-    db = HardwareDB(**tables)
+        _load_folder(folder, tables, origins, notes)
+    db = HardwareDB(**tables, notes=tuple(notes))
     links = tables["links"]
     for g in tables["gpus"].values():
         for fld in ("intra_node_link", "scale_out_link"):

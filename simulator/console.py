@@ -93,3 +93,12 @@ def elapsed_status(text: str, min_s: float = 1.0):
     finally:
         stop.set()
         th.join()
+
+
+def print_notes(notes) -> None:
+    """Each of ``notes`` on stderr as ``note: ...``, literally (no markup), one paragraph each: what a
+    run should know that is no error (e.g. a user hwdb folder replacing shipped hardware)."""
+    from rich.text import Text
+    err = Console(stderr=True, emoji=False, markup=False, highlight=False)
+    for note in notes:
+        err.print(Text("note: ", style="yellow") + Text(note), soft_wrap=True)

@@ -15,7 +15,7 @@ from rich.table import Table
 import hwdb
 from pydantic import ValidationError
 
-from simulator.console import stdout_console
+from simulator.console import print_notes, stdout_console
 from simulator.errors import WorkloadError, print_user_error
 from simulator.inputs import InputFileError, int_arg
 from simulator.perf import FitError
@@ -40,6 +40,7 @@ def cmd_perf(args, con: Console) -> int:
     from simulator.perf import plan_memory
     from simulator.step_build import build_step_model
     db = hwdb.load(args.hwdb)
+    print_notes(db.notes)
     model = db.model(args.model)
     try:
         pool = PoolConfig(gpu=args.gpu, tp=args.tp, pp=args.pp, dtype=args.dtype)
@@ -84,6 +85,7 @@ def cmd_crossover(args, con: Console) -> int:
     from simulator.scenario import PoolConfig, deployment_for
     from hwdb.schema import DTYPE_BYTES
     db = hwdb.load(args.hwdb)
+    print_notes(db.notes)
     model = db.model(args.model)
     dep = deployment_for(PoolConfig(gpu=args.gpu, tp=args.tp, dtype=args.dtype), model, db)
     plan_memory(dep)
@@ -128,6 +130,7 @@ def hw_tables(kind: str, rows: list[dict], width: int) -> list[Table]:
 def cmd_hw(args, con: Console) -> int:
     from hwdb import listing
     db = hwdb.load(args.hwdb)
+    print_notes(db.notes)
     if args.action == "list":
         kinds = [args.kind] if args.kind else ["gpus", "links", "models"]
         for kind in kinds:

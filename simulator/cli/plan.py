@@ -22,8 +22,10 @@ from simulator.perf import FitError
 from simulator.plan import PlanError, artefacts, load_plan_request
 from simulator.plan.executors import ExecutorError
 from simulator.scenario import ScenarioError
+from simulator.console import print_notes
 from simulator.errors import print_user_error
 from simulator.inputs import int_arg
+from simulator.outputs import check_output
 
 PLAN_ERRORS = (PlanError, ExecutorError, ScenarioError, hwdb.HwdbError, FitError, ValidationError, FileNotFoundError)
 
@@ -57,6 +59,11 @@ def _table(title: str, df, q: int, full_reason: bool = False) -> Table:
 
 def cmd_plan(args, con: Console) -> int:
     req = load_plan_request(args.request)
+    if req.hwdb:
+        print_notes(hwdb.load(req.hwdb).notes)
+    for option, path in (("--out", args.out), ("--artefacts", args.artefacts)):
+        if path:
+            check_output(path, option, folder=True, error=PlanError)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=Console(stderr=True), transient=True, disable=args.quiet) as bar:
         tasks: dict[str, int] = {}

@@ -25,6 +25,7 @@ from simulator.regress.suite import LoadedSuite, RegressError, load_suite
 from simulator.scenario import ScenarioError
 from simulator.errors import print_user_error
 from simulator.inputs import read_yaml
+from simulator.outputs import check_output
 
 if TYPE_CHECKING:
     from simulator.regress.compare import Row
@@ -46,8 +47,9 @@ def _table(rows: list[Row], title: str, old_label: str, new_label: str) -> Table
     return t
 
 
-def _profile_folder(arg: str, tmp: Path, label: str) -> str:
-    """A hwdb folder holding ``arg``: the folder itself, or a temporary one around a profile YAML file."""
+def _profile_folder(arg: str, tmp: Path, label: str, copies: dict[str, str]) -> str:
+    """A hwdb folder holding ``arg``: the folder itself, or a temporary one around a profile YAML file
+    (recorded in ``copies``, copy path -> the user's path, so that messages name the user's file)."""
     p = Path(arg)
     if p.is_dir():
         return str(p)
@@ -55,9 +57,20 @@ def _profile_folder(arg: str, tmp: Path, label: str) -> str:
         d = tmp / label / "profiles"
         d.mkdir(parents=True)
         shutil.copy(p, d / p.name)
+        copies[str(d / p.name)] = copies[str(d.parent)] = arg
         return str(d.parent)
     raise RegressError(f"--compare-profiles: {label} '{arg}' is neither a hwdb folder nor a profile .yaml file; "
                        "give a calibration profile (like hwdb/data/profiles/*.yaml) or a folder with profiles/")
+
+
+def _as_given(exc: Exception, copies: dict[str, str]) -> Exception:
+    """``exc`` with the temporary copies of profile files named as the user gave them."""
+    text = str(exc)
+    if not any(c in text for c in copies):
+        return exc
+    for copy in sorted(copies, key=len, reverse=True):     # the file before its folder
+        text = text.replace(copy, copies[copy])
+    return RegressError(text)
 
 
 def _check_selected(folders: tuple[str, ...], label: str, require: bool = False) -> None:
@@ -109,24 +122,33 @@ def _run(args, con: Console) -> int:
         raise RegressError("--compare-profiles compares two profiles with each other, not with a baseline: "
                            "drop --baseline/--update, or run those without --compare-profiles")
     loaded = load_suite(args.suite)
+    for option, path in (("--junit", args.junit), ("--markdown", args.markdown)):
+        if path:
+            check_output(path, option, folder=False, error=RegressError)
     extra = tuple(args.hwdb)
     _check_selected(extra, "--hwdb")          # also: a missing folder is a clear HwdbError
     t0 = time.perf_counter()
     if args.compare_profiles:
         old_arg, new_arg = args.compare_profiles
+        copies: dict[str, str] = {}
         with tempfile.TemporaryDirectory(prefix="epdsim-regress-") as tmp:
-            old_dir = _profile_folder(old_arg, Path(tmp), "OLD")
-            new_dir = _profile_folder(new_arg, Path(tmp), "NEW")
-            _check_selected((*extra, old_dir), "--compare-profiles OLD", require=True)
-            _check_selected((*extra, new_dir), "--compare-profiles NEW", require=True)
-            before = run_suite(loaded, (*extra, old_dir), args.jobs)
-            after = run_suite(loaded, (*extra, new_dir), args.jobs)
+            old_dir = _profile_folder(old_arg, Path(tmp), "OLD", copies)
+            new_dir = _profile_folder(new_arg, Path(tmp), "NEW", copies)
+            try:
+                _check_selected((*extra, old_dir), "--compare-profiles OLD", require=True)
+                _check_selected((*extra, new_dir), "--compare-profiles NEW", require=True)
+                before = run_suite(loaded, (*extra, old_dir), args.jobs)
+                after = run_suite(loaded, (*extra, new_dir), args.jobs)
+            except REGRESS_ERRORS as exc:
+                raise _as_given(exc, copies) from None
         rows = compare(loaded, baseline_record(loaded, before), after)
         return _report(args, con, loaded, rows, time.perf_counter() - t0, f"OLD {Path(old_arg).name}",
                        f"NEW {Path(new_arg).name}")
     if not args.baseline:
         raise RegressError("epdsim regress: give --baseline FILE (the figures to compare with), or "
                            "--compare-profiles OLD NEW")
+    if args.update:
+        check_output(args.baseline, "--baseline", folder=False, error=RegressError)
     old = read_baseline(args.baseline, loaded, must_exist=not args.update)
     new = run_suite(loaded, extra, args.jobs)
     rows = compare(loaded, old, new)

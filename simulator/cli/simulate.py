@@ -12,9 +12,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+import hwdb
 from simulator.confidence import describe
+from simulator.console import print_notes
 from simulator.inputs import int_arg
 from simulator import fmt
+from simulator.outputs import check_output, write_failed
 from simulator.scenario import ScenarioError
 from simulator.serving_summary import slo_text
 
@@ -136,6 +139,12 @@ def cmd_simulate(args, con: Console) -> int:
     from simulator.scenario import load_scenario
     from simulator.serving_summary import serving_block, serving_summary
     scn = apply_overrides(load_scenario(args.scenario or DEFAULT_SCENARIO), args)
+    if scn.hwdb:
+        print_notes(hwdb.load(scn.hwdb).notes)
+    if args.out:
+        check_output(args.out, "--out", folder=True, error=ScenarioError)
+    if args.report:
+        check_output(args.report, "--report", folder=False, error=ScenarioError)
     n = scn.workload.num_requests
     with elapsed_status(f"simulating {scn.name}" + (f", {n:,} requests" if n else ""), STATUS_AFTER_S):
         res = simulate(scn, replication=args.replication)
@@ -150,11 +159,18 @@ def cmd_simulate(args, con: Console) -> int:
     if sat:
         con.print(f"[bold red]{escape(sat['message'])}[/]", highlight=False)
     if args.out:
-        paths = res.write(args.out, tuple(args.format))
+        try:
+            paths = res.write(args.out, tuple(args.format))
+        except OSError as exc:
+            raise ScenarioError(write_failed(exc, "--out", args.out)) from None
         con.print(f"wrote {len(paths)} files to {args.out}")
     if args.report:
         from app.cli import write_simulation_report
-        con.print(f"wrote report {write_simulation_report(res, args.report, plotly=args.report_plotly)}")
+        try:
+            written = write_simulation_report(res, args.report, plotly=args.report_plotly)
+        except OSError as exc:
+            raise ScenarioError(write_failed(exc, "--report", args.report)) from None
+        con.print(f"wrote report {written}")
     return 0
 
 

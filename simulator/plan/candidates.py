@@ -223,6 +223,13 @@ def build_context(req: PlanRequest) -> PlanContext:
         model = db.model(req.model)
     except hwdb.HwdbError as exc:
         raise PlanError(f"model/hwdb: {exc}") from None
+    # A name the database lacks is the request's error, not a candidate that fails to meet the SLO.
+    named = [(f"fabrics.links[{i}]", db.fabric, n) for i, n in enumerate(req.fabrics.links) if n is not None]
+    for where, lookup, name in [*named, ("fabrics.connector", db.connector, req.fabrics.connector)]:
+        try:
+            lookup(name)
+        except hwdb.HwdbError as exc:
+            raise PlanError(f"{where}: {exc}") from None
     ctx = PlanContext(req, db, model, _sample_stats(req, model))
     c = req.constraints
     calibrated = {o.name for o in req.gpus if _known(db, o.name) and ctx.profile(o.name) is not None}

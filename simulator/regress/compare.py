@@ -86,12 +86,12 @@ def read_baseline(path: str | Path, loaded: LoadedSuite, must_exist: bool = True
     Raises :class:`RegressError` if it is not a baseline, or belongs to another suite.
     """
     path = Path(path)
-    if not path.is_file():
-        if must_exist:
-            raise RegressError(f"baseline '{path}' does not exist; create it from the current code with "
-                               f"`epdsim regress {loaded.path} --baseline {path} --update`")
+    if not path.exists() and not must_exist:
         return None
-    data = read_json(path, RegressError, "regress baseline")
+    if not path.exists() and not any(a.is_file() for a in path.parents):
+        raise RegressError(f"baseline '{path}' does not exist; create it from the current code with "
+                           f"`epdsim regress {loaded.path} --baseline {path} --update`")
+    data = read_json(path, RegressError, "regress baseline")     # a folder or a device is named as such
     if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("entries"), dict):
         raise RegressError(f"baseline '{path}' is not an epdsim regress baseline (expected \"format\": "
                            f"\"{FORMAT}\"); point --baseline at the file written by --update")
