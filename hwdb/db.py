@@ -313,7 +313,8 @@ def load(user_dirs: Iterable[str | Path] = ()) -> HardwareDB:
             raise HwdbError(f"hwdb folder '{folder}' is a file, not a folder. Give the folder that holds gpus/, "
                             f"links/ and models/ (--hwdb DIR or the scenario's hwdb list).")
         if not folder.is_dir():
-            raise HwdbError(f"hwdb folder '{folder}' does not exist. Create it or fix the path given to --hwdb.")
+            raise HwdbError(f"hwdb folder '{folder}' does not exist. Create it or fix the path (--hwdb DIR or the "
+                            f"scenario's hwdb list).")
     key = _stamp(folders)
     db = _CACHE.get(key)
     if db is None:
