@@ -253,13 +253,6 @@ class KeptModules(StrictModel):
     source: str = Field(min_length=3)
 
 
-class MoeKernelChoice(StrictModel):
-    """The fused-MoE kernel format a checkpoint's routed experts run on, and what says so."""
-
-    format: Literal["bfloat16", "fp8", "fp8_block", "nvfp4", "int4_wo", "w4a16_mxfp4", "w4a8_mxfp4_mxfp8"]
-    source: str = Field(min_length=3)
-
-
 class ModelSidecar(StrictModel):
     """What a Hugging Face ``config.json`` lacks, kept beside it as ``epdsim.yaml``."""
 
@@ -274,9 +267,6 @@ class ModelSidecar(StrictModel):
     # Bytes per quantised weight (with its scales) where this model's checkpoint differs from the
     # format's default in WEIGHT_BYTES (e.g. MXFP4: one 1-byte scale per 32 weights, 0.53125 B).
     quant_bytes: dict[Literal["fp8", "fp4", "int4"], sourced(0, 4, "bytes per weight", lo_open=True)] = {}
-    # Per weight format, the fused-MoE kernel format (a key of hwdb.moe.FORMATS) the checkpoint runs on
-    # where it differs from the format's default (simulator.perf.Deployment.moe_format).
-    moe_kernel: dict[Literal["fp8", "fp4", "int4"], MoeKernelChoice] = {}
     vision: dict | None = None
     notes: str | None = None
 

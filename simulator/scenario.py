@@ -272,19 +272,12 @@ def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB
         except hwdb.HwdbError as exc:
             raise ScenarioError(f"pools[{pool.name}]: experts span {pool.tp * pool.dp * pool.pp} GPUs, more than a "
                                 f"{gpu.name} node: {exc}") from None
-    dep = Deployment(arch=arch, gpu=gpu, intra_link=link, engine=engine, knobs=knobs, tp=pool.tp,
-                     pp=pool.pp, dp=pool.dp, ep=pool.ep, scale_out_link=scale_out,
-                     weight_dtype=pool.dtype, kv_dtype=kv,
-                     profile=db.profile_for(gpu.name, engine.engine, engine.version, model.name),
-                     bf16_modules=frozenset(kept.modules) if kept else frozenset(),
-                     quant_bytes=qbytes.value if qbytes else None)
-    if not arch.is_moe:
-        return dep
-    choice = model.sidecar.moe_kernel.get(pool.dtype)
-    if choice is not None:
-        dep = dataclasses.replace(dep, moe_kernel=choice.format)
-    curve, source = db.moe_curve(gpu.name, engine.engine, dep.moe_format)
-    return dataclasses.replace(dep, moe_curve=curve, moe_source=source)
+    return Deployment(arch=arch, gpu=gpu, intra_link=link, engine=engine, knobs=knobs, tp=pool.tp,
+                      pp=pool.pp, dp=pool.dp, ep=pool.ep, scale_out_link=scale_out,
+                      weight_dtype=pool.dtype, kv_dtype=kv,
+                      profile=db.profile_for(gpu.name, engine.engine, engine.version, model.name),
+                      bf16_modules=frozenset(kept.modules) if kept else frozenset(),
+                      quant_bytes=qbytes.value if qbytes else None)
 
 
 @dataclasses.dataclass(frozen=True)
