@@ -162,7 +162,8 @@ def test_baseline_update_into_a_folder_is_refused_before_the_run(tmp_path, capsy
 
 def test_hwdb_given_as_one_string_is_one_folder(tmp_path, capsys):
     path = put(tmp_path, "s.yaml", {**scenario(), "hwdb": "/nonexistent"})
-    out = expect_user_error(["simulate", path], ["'/nonexistent'", "does not exist"], capsys)
+    out = expect_user_error(["simulate", path], ["'/nonexistent'", "does not exist", "Create it or fix the path",
+                                                 "the scenario's hwdb list"], capsys)
     assert "'n'" not in out
 
 
