@@ -11,6 +11,7 @@ name).  Layout of a folder::
     engines/<name>.yaml       -> hwdb.schema.EngineProfile
     connectors/<name>.yaml    -> hwdb.schema.Connector (KV-transfer connectors)
     networks/<name>.yaml      -> hwdb.schema.NetworkLayout (a node type's GPU NICs: link, count, rate)
+    moe_kernels/<name>.yaml   -> hwdb.moe.MoeKernels (measured fused-MoE kernel curves of a GPU and engine)
 
 Every error is a :class:`HwdbError` naming the file, the field and the
 expected form.  :func:`load` parses each folder list once per process (see
@@ -30,6 +31,7 @@ from typing import Iterable
 from pydantic import BaseModel, ValidationError
 
 from hwdb.models import ConfigError, ModelArch, arch_from_config
+from hwdb.moe import MoeCurve, MoeKernels
 from hwdb.profiles import Profile, ProfileMatch, version_matches
 from hwdb.schema import GPU, Connector, EngineProfile, Link, ModelSidecar, NetworkLayout
 from simulator.inputs import read_json, read_yaml
@@ -134,6 +136,7 @@ class HardwareDB:
     engines: dict[str, EngineProfile] = field(default_factory=dict)
     connectors: dict[str, Connector] = field(default_factory=dict)
     networks: dict[str, NetworkLayout] = field(default_factory=dict)
+    moe_kernels: dict[str, MoeKernels] = field(default_factory=dict)
     # What a later folder (a user's --hwdb) replaces or shadows of an earlier one (the shipped data):
     # the command line prints these, since each changes answers without an error.
     notes: tuple[str, ...] = ()
@@ -211,6 +214,26 @@ class HardwareDB:
         return ProfileMatch(p, f"no {engine} {version} profile for {gpu}: using the newest, {p.name} "
                                f"(fitted under {engine} {p.engine_version})")
 
+    def moe_curve(self, gpu: str, engine: str, fmt: str, ep: int = 1) -> tuple[MoeCurve | None, str]:
+        """The measured fused-MoE curve of kernel format ``fmt`` (:data:`hwdb.moe.FORMATS`) on ``gpu`` under
+        ``engine`` for a layout with ``ep``-way expert parallelism, and a note of where it came from.  The
+        engine's curve of the other layout class comes next, then vLLM's (the note says which); (None, "")
+        when none was measured."""
+        classes = ("ep_curves", "curves") if ep > 1 else ("curves", "ep_curves")
+        for eng in dict.fromkeys((engine, "vllm")):
+            for k in self.moe_kernels.values():
+                if k.gpu != gpu or k.engine != eng:
+                    continue
+                for cls in classes:
+                    c = getattr(k, cls).get(fmt)
+                    if c is None:
+                        continue
+                    note = f"{k.name} {fmt} ({eng} {c.engine_version}, {'EP' if cls == 'ep_curves' else 'TP'} layouts)"
+                    if cls != classes[0]:
+                        note += f"; no {'EP' if ep > 1 else 'TP'}-layout curve measured"
+                    return c, note if eng == engine else f"{note}; no {engine} {fmt} MoE table for {gpu}"
+        return None, ""
+
     def profile_for(self, gpu: str, engine: str = "vllm", version: str | None = None,
                     model: str | None = None) -> Profile | None:
         """:meth:`find_profile`'s profile (None if the GPU has none for ``engine``)."""
@@ -218,7 +241,7 @@ class HardwareDB:
 
 
 _SCHEMAS = {"gpus": GPU, "links": Link, "profiles": Profile, "engines": EngineProfile, "connectors": Connector,
-            "networks": NetworkLayout}
+            "networks": NetworkLayout, "moe_kernels": MoeKernels}
 
 
 def _aliases(item) -> tuple[str, ...]:

@@ -253,6 +253,30 @@ class KeptModules(StrictModel):
     source: str = Field(min_length=3)
 
 
+class MoeKernelChoice(StrictModel):
+    """The fused-MoE kernel format a checkpoint's routed experts run on, and what says so."""
+
+    format: Literal["bfloat16", "fp8", "fp8_block", "nvfp4", "int4_wo", "w4a16_mxfp4", "w4a8_mxfp4_mxfp8"]
+    source: str = Field(min_length=3)
+
+
+class KvDirective(StrictModel):
+    """The KV-cache format a quantised checkpoint asks for (ModelOpt ``kv_cache_quant_algo``,
+    compressed-tensors ``kv_cache_scheme``), and the file that says so."""
+
+    dtype: Literal["fp8"]
+    source: str = Field(min_length=3)
+
+
+class KvAutoRule(StrictModel):
+    """How an engine resolves ``--kv-cache-dtype auto``: from release ``checkpoint_from`` on it takes the
+    checkpoint's KV directive (:class:`KvDirective`), before it (and for checkpoints without one) the model's
+    activation dtype."""
+
+    checkpoint_from: str = Field(min_length=1)
+    source: str = Field(min_length=3)
+
+
 class ModelSidecar(StrictModel):
     """What a Hugging Face ``config.json`` lacks, kept beside it as ``epdsim.yaml``."""
 
@@ -267,6 +291,12 @@ class ModelSidecar(StrictModel):
     # Bytes per quantised weight (with its scales) where this model's checkpoint differs from the
     # format's default in WEIGHT_BYTES (e.g. MXFP4: one 1-byte scale per 32 weights, 0.53125 B).
     quant_bytes: dict[Literal["fp8", "fp4", "int4"], sourced(0, 4, "bytes per weight", lo_open=True)] = {}
+    # Per weight format, the fused-MoE kernel format (a key of hwdb.moe.FORMATS) the checkpoint runs on
+    # where it differs from the format's default (simulator.perf.Deployment.moe_format).
+    moe_kernel: dict[Literal["fp8", "fp4", "int4"], MoeKernelChoice] = {}
+    # Per weight format, the KV-cache format this model's checkpoint in that format declares (none: the
+    # engine's 'auto' keeps the activation dtype, bf16).
+    kv_cache_directive: dict[Literal["fp8", "fp4", "int4"], KvDirective] = {}
     vision: dict | None = None
     notes: str | None = None
 
@@ -307,6 +337,9 @@ class EngineProfile(StrictModel):
     eager_launch_s_per_layer: PerItemCost
     graphs_for_mixed_batches: bool
     max_capture_size: count(1, 1_000_000, "sequences") | None = None
+    # --kv-cache-dtype auto: from which release the checkpoint's KV directive is taken (None: never, the
+    # activation dtype always).
+    kv_auto: KvAutoRule | None = None
     # End-to-end terms fitted on measured serving runs (calibration/e2e_fit.py, docs/validation/e2e.md):
     # a fixed GPU time per decoder layer per step (kernel floors and gaps between the ~15 small
     # kernels of a layer, independent of TP: the measured TPOT at TP1..8 leaves the same residual),

@@ -23,6 +23,7 @@ from bisect import bisect_left
 from dataclasses import dataclass
 
 from hwdb.models import ModelArch
+from hwdb.moe import MoeCurve
 from hwdb.profiles import Profile
 from hwdb.schema import DTYPE_BYTES, GPU, EfficiencyCurve, EngineProfile, Link
 from simulator.linear_groups import Group, linear_groups, stored_weight_bytes
@@ -90,6 +91,27 @@ class Deployment:
     # and its bytes per quantised weight when they differ from the format's default (None: the default).
     bf16_modules: frozenset[str] = frozenset()
     quant_bytes: float | None = None
+    # The measured fused-MoE kernel of this GPU, engine and moe_format (hwdb/moe.py; None: the roofline
+    # with the GEMM curves) and the hwdb entry it came from.
+    moe_curve: MoeCurve | None = None
+    moe_source: str = ""
+    # The checkpoint's own fused-MoE kernel format for this weight format (model sidecar), "" for the default.
+    moe_kernel: str = ""
+    # Why kv_dtype is what it is (simulator.kv_rule.resolve_kv_dtype).
+    kv_note: str = ""
+
+    @property
+    def moe_format(self) -> str:
+        """The routed experts' kernel format (a key of hwdb.moe.FORMATS): bf16 kept experts, block-scaled
+        fp8 (every fp8 MoE checkpoint in hwdb: DeepSeek, Qwen3-FP8, MiniMax, GLM-5), NVFP4 on GPUs with fp4
+        tensor cores and weight-only MXFP4 without (vLLM's Marlin/Triton path on Hopper), W4A16 int4; a
+        checkpoint that says otherwise (``moe_kernel``, from its sidecar) wins."""
+        if self.moe_kernel:
+            return self.moe_kernel
+        w = "bf16" if "experts" in self.bf16_modules else self.weight_dtype
+        if w == "fp4":
+            return "nvfp4" if "fp4" in self.gpu.peak_flops else "w4a16_mxfp4"
+        return {"fp8": "fp8_block", "int4": "int4_wo"}.get(w, "bfloat16")
 
     @property
     def gpus(self) -> int:

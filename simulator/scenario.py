@@ -25,6 +25,7 @@ from simulator.perf import Deployment, EngineKnobs, FitError, MemoryPlan, StepMo
 from simulator.step_build import build_step_model
 from simulator.ops.opsconfig import OperationsConfig, check_against_pools
 from simulator.ops.opsstart import StartTimes, StartupError, start_times
+from simulator.kv_rule import resolve_kv_dtype
 from simulator.routing import ROUTERS
 from simulator.workload import WorkloadConfig
 
@@ -37,6 +38,9 @@ class EngineConfig(StrictModel):
     """Engine arguments with vLLM's names; ``None`` means vLLM's own default for the GPU."""
 
     engine: str = "vllm-v1"
+    # The engine release (e.g. "0.19.0"); None: the engine profile's own version.  Release-dependent
+    # behaviour follows it (what kv_cache_dtype: auto means).
+    version: str | None = Field(default=None, min_length=1, max_length=40, pattern=r"^[0-9][0-9A-Za-z.+-]*$")
     max_num_seqs: count(1, 1_000_000, "sequences") | None = None
     max_num_batched_tokens: count(1, MAX_TOKENS, "tokens") | None = None
     block_size: Literal[1, 8, 16, 32, 64, 128] = 16
@@ -259,10 +263,7 @@ def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB
         max_cudagraph_capture_size=(e.max_cudagraph_capture_size or engine.max_capture_size
                                     or min(2 * max_seqs, 512)),
         max_model_len=max_len, num_gpu_blocks_override=e.num_gpu_blocks_override or 0)
-    # 'auto' follows the weights for fp8 (vLLM keeps fp8 checkpoints' KV in fp8 only when told; the
-    # scenario's 'auto' has long meant "as the weights"); 4-bit formats keep a bf16 cache.
-    kv = ({"fp4": "bf16", "int4": "bf16"}.get(pool.dtype, pool.dtype) if pool.kv_cache_dtype == "auto"
-          else pool.kv_cache_dtype)
+    kv, kv_note = resolve_kv_dtype(pool.kv_cache_dtype, pool.dtype, engine, e.version, model.sidecar)
     kept = model.sidecar.bf16_modules.get(pool.dtype)
     qbytes = model.sidecar.quant_bytes.get(pool.dtype)
     scale_out = None
@@ -272,12 +273,19 @@ def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB
         except hwdb.HwdbError as exc:
             raise ScenarioError(f"pools[{pool.name}]: experts span {pool.tp * pool.dp * pool.pp} GPUs, more than a "
                                 f"{gpu.name} node: {exc}") from None
-    return Deployment(arch=arch, gpu=gpu, intra_link=link, engine=engine, knobs=knobs, tp=pool.tp,
-                      pp=pool.pp, dp=pool.dp, ep=pool.ep, scale_out_link=scale_out,
-                      weight_dtype=pool.dtype, kv_dtype=kv,
-                      profile=db.profile_for(gpu.name, engine.engine, engine.version, model.name),
-                      bf16_modules=frozenset(kept.modules) if kept else frozenset(),
-                      quant_bytes=qbytes.value if qbytes else None)
+    dep = Deployment(arch=arch, gpu=gpu, intra_link=link, engine=engine, knobs=knobs, tp=pool.tp,
+                     pp=pool.pp, dp=pool.dp, ep=pool.ep, scale_out_link=scale_out,
+                     weight_dtype=pool.dtype, kv_dtype=kv,
+                     profile=db.profile_for(gpu.name, engine.engine, engine.version, model.name),
+                     bf16_modules=frozenset(kept.modules) if kept else frozenset(),
+                     quant_bytes=qbytes.value if qbytes else None, kv_note=kv_note)
+    if not arch.is_moe:
+        return dep
+    choice = model.sidecar.moe_kernel.get(pool.dtype)
+    if choice is not None:
+        dep = dataclasses.replace(dep, moe_kernel=choice.format)
+    curve, source = db.moe_curve(gpu.name, engine.engine, dep.moe_format, pool.ep)
+    return dataclasses.replace(dep, moe_curve=curve, moe_source=source)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 
+from hwdb.moe import FORMATS
 from hwdb.schema import EfficiencyCurve
 from simulator.gemm_shapes import rank_gemm_groups
 from simulator.perf import Deployment, kv_bytes_per_token
@@ -91,9 +92,31 @@ def elementwise_bytes_per_token(dep: Deployment) -> float:
     per_layer = 8.0 * h + 2.0 * qk
     total = per_layer * a.num_layers + dense_layers * 3.0 * a.intermediate_size / tp
     if a.is_moe:
-        inter = (a.experts_per_token + a.num_shared_experts) * a.moe_intermediate_size / tp
-        total += a.moe_layers * (3.0 * inter + 2.0 * a.experts_per_token * h)
+        # With a measured fused-MoE curve its activation, permutation and top-k sum are in that kernel's time.
+        routed = 0 if dep.moe_curve is not None else a.experts_per_token
+        inter = (routed + a.num_shared_experts) * a.moe_intermediate_size / tp
+        total += a.moe_layers * (3.0 * inter + 2.0 * routed * h)
     return total * ACT_BYTES / dep.pp
+
+
+def measured_experts(dep: Deployment, per_token: float) -> dict:
+    """StepModel fields of the routed experts from the measured fused-MoE curve (hwdb/moe.py), or {}.
+
+    The curve's compute side is ``6 T k h i / (tp ep) / (P eff)`` with ``eff = max_eff * m / (m + half_rows)
+    * S / (S + half_nk)``, ``m = T k / E`` rows per expert and ``S`` one expert slice's h x i / tp: in the
+    step model's form ``exp_a * T + exp_b`` with the shape factor in ``exp_a`` and the row ramp, in
+    tokens, in ``exp_b``.  ``per_token``: parameters a token multiplies through in the routed experts."""
+    c, a = dep.moe_curve, dep.arch
+    if c is None or not a.is_moe:
+        return {}
+    peak = dep.gpu.flops(FORMATS[dep.moe_format][0])
+    slice_nk = a.hidden_size * a.moe_intermediate_size / dep.moe_tp
+    exp_a = 2.0 * per_token / dep.gpus / (peak * c.max_eff * slice_nk / (slice_nk + c.half_nk))
+    bw = dep.gpu.memory_bandwidth_Bps.value
+    return {"exp_a": exp_a, "exp_b": exp_a * c.half_rows * a.num_experts / a.experts_per_token,
+            "exp_mem_eff": c.mem_eff, "exp_fixed_s": a.moe_layers * c.fixed_s,
+            "exp_s_per_token": a.moe_layers * c.act_passes * a.experts_per_token * a.hidden_size * ACT_BYTES / bw,
+            "exp_s_per_expert": a.moe_layers * c.per_expert_s / dep.ep}
 
 
 def moe_exchange(dep: Deployment) -> dict:
@@ -139,6 +162,7 @@ def build_step_model(dep: Deployment) -> StepModel:
     plain = "fp16" if dep.weight_dtype == "fp16" or "bf16" not in g.peak_flops else "bf16"
     shapes = rank_gemm_groups(a, dep.tp, dep.moe_tp)
     comp_a = comp_b = exp_a = exp_b = 0.0
+    measured: dict = {}
     parts = []
     dense_bytes = expert_bytes = 0.0
     lm = None
@@ -157,7 +181,10 @@ def build_step_model(dep: Deployment) -> StepModel:
             # all data-parallel ranks' tokens (the ramp is in those tokens).
             exp_a = 2.0 * grp.per_token / dep.gpus / (g.flops(grp.compute_dtype) * curve.max_eff)
             exp_b = exp_a * curve.half
-            parts.append((grp.name, grp.compute_dtype, exp_a, curve.half))
+            measured = measured_experts(dep, grp.per_token)
+            if measured:
+                exp_a, exp_b = measured["exp_a"], measured["exp_b"]
+            parts.append((grp.name, grp.compute_dtype, exp_a, exp_b / exp_a))
             continue
         coef = 2.0 * grp.per_token / gpus / (g.flops(grp.compute_dtype) * curve.max_eff)
         comp_a += coef
@@ -224,6 +251,7 @@ def build_step_model(dep: Deployment) -> StepModel:
         kv_floor_bytes=a.num_layers * deff.half,
         compute_groups=tuple(parts) + (("lm_head", lm.compute_dtype, lm_coef, lm_curve.half),),
         exp_a=exp_a, exp_b=exp_b, moe_token_scale=dep.dp, moe_layers=a.moe_layers, prefill_step_s=prefill_step,
+        **{k: v for k, v in measured.items() if k not in ("exp_a", "exp_b")},
         **moe_comm,
         **_allreduce_tables(dep),
     )

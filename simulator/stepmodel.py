@@ -101,6 +101,13 @@ class StepModel:
     moe_layers: int = 0
     # More fixed time in a step that carries a prompt chunk (attn_pairs > 0) than in a decode-only step.
     prefill_step_s: float = 0.0
+    # The measured fused-MoE kernel (hwdb/moe.py) where the GPU and engine have one: the experts' weights
+    # stream at exp_mem_eff (0: the memory curve's peak fraction), and every MoE layer adds its fixed cost,
+    # its per-routed-token permutation and top-k sum, and a set-up cost per touched expert (whole step).
+    exp_mem_eff: float = 0.0
+    exp_fixed_s: float = 0.0
+    exp_s_per_token: float = 0.0
+    exp_s_per_expert: float = 0.0
 
     def streamed_weight_bytes(self, tokens: int) -> float:
         """Weight bytes one GPU reads in a step of ``tokens`` tokens of its own: the dense groups and LM
@@ -109,10 +116,12 @@ class StepModel:
 
     def expert_stream_bytes(self, routed: float) -> float:
         """Routed-expert weight bytes one GPU reads when ``routed`` tokens pass the MoE layers."""
-        if not self.n_experts:
-            return 0.0
-        touched = self.n_experts * (1.0 - (1.0 - self.experts_per_token / self.n_experts) ** routed)
-        return self.expert_bytes * touched
+        return self.expert_bytes * self.touched_experts(routed) if self.n_experts else 0.0
+
+    def touched_experts(self, routed: float) -> float:
+        """Expected experts (of all) that at least one of ``routed`` tokens picks, each token its top-k
+        independently and uniformly."""
+        return self.n_experts * (1.0 - (1.0 - self.experts_per_token / self.n_experts) ** routed)
 
     def allreduce_time(self, message_bytes: float, graph: bool = True) -> float:
         """One tensor-parallel all-reduce of ``message_bytes``: the measured curve where the profile has
@@ -142,8 +151,9 @@ class StepModel:
         two sides of their roofline (both 0 for a dense model)."""
         if not self.n_experts:
             return 0.0, 0.0
+        mem_eff = self.exp_mem_eff or self.meff.max_eff
         return (self.exp_a * routed + self.exp_b,
-                self.expert_stream_bytes(routed) * self.pp / (self.peak_bw * self.meff.max_eff))
+                self.expert_stream_bytes(routed) * self.pp / (self.peak_bw * mem_eff))
 
     def moe_time(self, routed: float, own: float | None = None) -> float:
         """The routed experts and the MoE token exchange when ``routed`` tokens pass the MoE layers;
@@ -152,6 +162,8 @@ class StepModel:
             return 0.0
         t_comp, t_mem = self.expert_roofline(routed)
         t = t_comp if t_comp > t_mem else t_mem
+        if self.exp_fixed_s:
+            t += self.exp_fixed_s + self.exp_s_per_token * routed + self.exp_s_per_expert * self.touched_experts(routed)
         if self.moe_comm_s_per_token:
             own = routed / self.moe_token_scale if own is None else own
             t += self.moe_layers * (self.moe_comm_s_per_token * own + self.moe_comm_lat_s)
@@ -169,14 +181,24 @@ class StepModel:
                    prefill_ctx: float = 0.0, running: int = 0, waiting: int = 0) -> tuple[float, float]:
         """(GPU, host) seconds of a step without its routed experts: what a rank does on its own."""
         t_comp, t_mem = self.linear_time(tokens, seqs_logits, prefill_ctx)
-        t = ((t_comp if t_comp > t_mem else t_mem) + self.attention_time(tokens, attn_pairs, decode_ctx)
-             + self.elem_s_per_token * tokens + self.layer_s)
+        att = self.attention_time(tokens, attn_pairs, decode_ctx)
+        elem = self.elem_s_per_token * tokens
+        idle = 1.0
+        if self.pp > 1 and running < self.pp:
+            # Fewer sequences than stages: the step's micro-batches cannot fill the pipeline, and a stage
+            # idles while the others work on them (one sequence passes the stages in series), so the
+            # per-stage work (and launch) that pp micro-batches would share takes pp / micro-batches as long.
+            idle = self.pp / (running if running > 1 else 1)
+            t_comp *= idle
+            att *= idle
+            elem *= idle
+        t = ((t_comp if t_comp > t_mem else t_mem) + att + elem + self.layer_s)
         graph = tokens <= self.max_graph_tokens and (self.graphs_mixed or attn_pairs == 0.0)
         if self.tp > 1:
             t += self.ar_per_step * self.allreduce_time(self.ar_msg_bytes_per_token * tokens, graph)
         if self.pp > 1:
             t += (self.pp - 1) * self.pp_handoff_s
-        t += self.graph_launch if graph else self.eager_launch
+        t += (self.graph_launch if graph else self.eager_launch) * idle
         if attn_pairs > 0.0:
             t += self.prefill_step_s
         cpu = (self.cpu_step + self.cpu_run * running + self.cpu_wait * waiting + self.cpu_tok * tokens
@@ -223,9 +245,9 @@ def step_functions(m: StepModel):
     a decode-only step of ``n`` sequences attending ``ctx`` tokens in all.  Both do the same float
     operations in the same order as the methods (so the same bits: tests/test_step_functions.py), with
     the coefficients read once instead of at every call, and ``decode`` keeps the terms that depend on
-    ``n`` alone once computed.  A model with routed experts keeps the methods.
+    ``n`` alone once computed.  A model with routed experts, or a pipeline, keeps the methods.
     """
-    if m.n_experts:
+    if m.n_experts or m.pp > 1:
         return m.step_time, (lambda n, ctx, running: m.step_time(n, n, 0.0, ctx, 0.0, running, 0) + 0.0)
     comp_a, comp_b, lm_coef, lm_half = m.comp_a, m.comp_b, m.lm_coef, m.lm_half
     w_pp = m.dense_weight_bytes * m.pp

@@ -45,11 +45,11 @@ def test_a_model_specific_profile_serves_only_its_model(tmp_path):
 
 
 def test_scenario_reports_the_version_fallback():
-    """The default scenario runs vLLM V1 (0.11); the shipped H100 profile is fitted under 0.24.0."""
+    """The default scenario runs vLLM V1 (0.19); the shipped H100 profile is fitted under 0.24.0."""
     scn = load_scenario(REPO / "examples/llama8b_h100_chat.yaml")
     pools = resolve(scn).pools
     dep = pools[0].dep
     assert dep.profile.name == SHIPPED
     status = assess(dep)
-    assert "vllm 0.24.0" in status["profile_fallback"] and "vllm 0.11" in status["profile_fallback"]
+    assert "vllm 0.24.0" in status["profile_fallback"] and "vllm 0.19" in status["profile_fallback"]
     assert status["profile_fallback"] in describe(status)
