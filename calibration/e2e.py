@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 import hwdb
+from calibration.e2e_physics import beyond_hardware
 from calibration.e2e_rows import REQUESTS_PER_CLIENT, Row, admission_anomaly, to_scenario, why_not
 from simulator.scenario import ScenarioError, parse_scenario, resolve
 from hwdb.schema import Figure
@@ -42,7 +43,7 @@ def split(row: Row) -> str:
     return "fit" if any(name.startswith(f) for f in FIT_FAMILIES) else "held-out"
 
 
-def _predict_one(row: Row, db, client: dict, requests_per_client: int) -> dict:
+def _predict_one(row: Row, db, client: dict, requests_per_client: int, kv_mode: str = "quantised-fp8") -> dict:
     rec = {**asdict(row), "subset": row.subset, "split": split(row), "reason": why_not(row, db),
            "excluded": "", "ttft_pred_s": np.nan, "tpot_pred_s": np.nan}
     if rec["reason"]:
@@ -50,7 +51,7 @@ def _predict_one(row: Row, db, client: dict, requests_per_client: int) -> dict:
     t0 = time.perf_counter()
     k = requests_per_client if _cheap(row, requests_per_client) else min(requests_per_client, SHORT_RUN)
     try:
-        scn = parse_scenario(to_scenario(row, db, k, client), origin=row.id)
+        scn = parse_scenario(to_scenario(row, db, k, client, kv_mode=kv_mode), origin=row.id)
         last = resolve(scn, db).pools[-1]
         res = simulate(scn, db=db)
     except ScenarioError as exc:
@@ -60,7 +61,9 @@ def _predict_one(row: Row, db, client: dict, requests_per_client: int) -> dict:
         return rec
     # The batch a client waits on is the decode side's (the only pool of a colocated run).
     ranks = last.dep.dp * last.pool.instances
-    rec["excluded"] = admission_anomaly(row, last.memory.kv_tokens * ranks, last.dep.knobs.max_num_seqs * ranks)
+    rec["kv_dtype"] = last.dep.kv_dtype
+    rec["excluded"] = (beyond_hardware(row, last.dep, last.step)
+                       or admission_anomaly(row, last.memory.kv_tokens * ranks, last.dep.knobs.max_num_seqs * ranks))
     req = res.requests
     done = req[(req["outcome"] == "completed") & ~req.get("warmup", False)]
     ids = done["request_id"].to_numpy()
@@ -121,23 +124,23 @@ def _init_worker(hwdb_dirs: tuple[str, ...], terms: dict | None = None) -> None:
 
 
 def _work(args) -> dict:
-    row, client, rpc = args
-    return _predict_one(row, _WORKER["db"], client, rpc)
+    row, client, rpc, kv_mode = args
+    return _predict_one(row, _WORKER["db"], client, rpc, kv_mode)
 
 
 def predict(rows: list[Row], client: dict | None = None, workers: int | None = None,
             requests_per_client: int = REQUESTS_PER_CLIENT, hwdb_dirs: tuple[str, ...] = (),
-            terms: dict | None = None) -> pd.DataFrame:
+            terms: dict | None = None, kv_mode: str = "quantised-fp8") -> pd.DataFrame:
     """One record per row: measured and predicted mean TTFT/TPOT (s), subset, split, reason.
 
     ``client``: extra fields of the closed-loop arrival (the benchmark client model); ``workers``:
     processes (default: the CPUs available); ``terms``: engine end-to-end terms to try instead of
-    the shipped ones (see :func:`with_engine_terms`).  Results are in row order whatever the
-    worker count.
+    the shipped ones (see :func:`with_engine_terms`); ``kv_mode``: how a row's KV format is chosen
+    (:data:`calibration.e2e_rows.KV_MODES`).  Results are in row order whatever the worker count.
     """
     client = client or {}
     workers = workers or len(os.sched_getaffinity(0))
-    args = [(r, client, requests_per_client) for r in rows]
+    args = [(r, client, requests_per_client, kv_mode) for r in rows]
     if workers <= 1 or len(rows) < 8:
         _init_worker(hwdb_dirs, terms)
         out = [_work(a) for a in args]

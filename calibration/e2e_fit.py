@@ -59,7 +59,9 @@ def fit_engine(backend: str, rows, workers: int | None = None) -> tuple[dict, pd
     zero = {engine: {t: 0.0 for t in TERMS} | {"layer_overhead_scale": {}}}
     base = e2e.predict(fit_rows, workers=workers, terms=zero)
     m, sim = base["tpot_s"].to_numpy(), base["tpot_pred_s"].to_numpy()
-    ok = np.isfinite(sim)
+    # runs whose own figures their settings or the hardware cannot produce never fit a term
+    plausible = (base["excluded"].fillna("") == "").to_numpy() if "excluded" in base else np.ones(len(base), bool)
+    ok = np.isfinite(sim) & plausible
     counts = pd.Series(gpus[ok]).value_counts()
     ref = counts.index[0]
     on = ok & (gpus == ref)
@@ -83,7 +85,7 @@ def fit_engine(backend: str, rows, workers: int | None = None) -> tuple[dict, pd
     mid = e2e.predict(fit_rows, workers=workers, terms=terms)
     m, sim = mid["ttft_s"].to_numpy(), mid["ttft_pred_s"].to_numpy()
     isl = np.array([r.isl for r in fit_rows], dtype=float) * 0.9   # the random dataset's mean prompt
-    ok = np.isfinite(sim)
+    ok = np.isfinite(sim) & plausible
     a, b = _robust(lambda p: (sim[ok] + p[0] + p[1] * isl[ok] - m[ok]) / m[ok], [0.01, 1e-6],
                    ([0.0, 0.0], [1.0, 1e-4]))
     terms[engine].update(frontend_s=float(a), frontend_s_per_token=float(b))

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from typing import TYPE_CHECKING
 
-from calibration.e2e_rows import DEFAULT_TABLE, RANGE_RATIO, REQUESTS_PER_CLIENT, TableError, load_rows
-from simulator.inputs import int_arg
+from calibration.e2e_rows import DEFAULT_TABLE, KV_MODES, RANGE_RATIO, REQUESTS_PER_CLIENT, TableError, load_rows
+from simulator.inputs import float_arg, int_arg
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -131,13 +131,23 @@ def bands(df: pd.DataFrame) -> dict:
                 "tpot_mape": round(float(g["tpot_err"].abs().mean()), 4), "rows": int(len(g))}
     out: dict = {"source": "epdsim validate-e2e --write-bands (calibration/e2e_report.py) on "
                            "../shared/data/e2e/serving_measurements.csv; docs/validation/e2e.md", "engines": {}}
+    def family(model: str) -> str:
+        return model.split("/")[-1].removesuffix("-FP8")
     for backend, g in ok.groupby("backend"):
         h = held[held["backend"] == backend]
+        # Per family: its own rows' band (held-out rows for held-out families; a fitting family's rows are
+        # scored on the terms they fitted, so its band is marked 'fit'); the widest held-out family's band
+        # is what a family with no validated runs gets (simulator/confidence.py).
+        fam_bands = {family(m): {**band(x), "split": x["split"].iloc[0]} for m, x in g.groupby("model")}
+        held_bands = [b for b in fam_bands.values() if b["split"] == "held-out" and b["rows"] >= 20]
         out["engines"][backend] = {
             "all": band(h) if len(h) else None,
             "gpus": {SYSTEMS[s]: band(x) for s, x in h.groupby("system")},
-            "families": {m.split("/")[-1].removesuffix("-FP8"): sp for m, sp in
-                         g.groupby("model")["split"].first().items()},
+            "families": {family(m): sp for m, sp in g.groupby("model")["split"].first().items()},
+            "family_bands": fam_bands,
+            "widest": ({"ttft_mape": max(b["ttft_mape"] for b in held_bands),
+                        "tpot_mape": max(b["tpot_mape"] for b in held_bands),
+                        "rows": sum(b["rows"] for b in held_bands)} if held_bands else None),
         }
     return out
 
@@ -146,13 +156,19 @@ def add_subparser(sub) -> None:
     v = sub.add_parser("validate-e2e", help="simulate measured serving runs and report TTFT/TPOT errors per subset")
     v.add_argument("--table", default=str(DEFAULT_TABLE), help="measured runs CSV (default: ../shared/data/e2e/...)")
     v.add_argument("--sample", type=int_arg(1, 100_000), default=1, metavar="K", help="every K-th row only (fixed subset)")
-    v.add_argument("--engine", action="append", help="only these table backends (vllm, sglang, trtllm)")
+    v.add_argument("--engine", action="append", choices=("vllm", "sglang", "trtllm"),
+                   help="only these table backends")
+    v.add_argument("--kv", choices=KV_MODES, default="quantised-fp8",
+                   help="each row's KV format: fp8 for every quantised run (quantised-fp8, what the table's quantised "
+                        "campaigns fit; docs/validation/e2e.md), or the engine release's 'auto' for the checkpoint (rule)")
     v.add_argument("--workers", type=int_arg(1, 256), help="processes (default: all CPUs)")
     v.add_argument("--out", help="folder for predictions.csv, e2e.md and e2e.html")
     v.add_argument("--write-bands", metavar="FILE.json", help="write the error bands simulate and plan report "
                    "(the shipped ones live in hwdb/data/validation/e2e.json)")
-    v.add_argument("--max-ttft-mape", type=float, help="exit 1 if held-out vLLM TTFT MAPE exceeds this fraction")
-    v.add_argument("--max-tpot-mape", type=float, help="exit 1 if held-out vLLM TPOT MAPE exceeds this fraction")
+    v.add_argument("--max-ttft-mape", type=float_arg(0.0, 10.0, lo_open=True), metavar="F",
+                   help="exit 1 if held-out vLLM TTFT MAPE exceeds this fraction (0 < F <= 10)")
+    v.add_argument("--max-tpot-mape", type=float_arg(0.0, 10.0, lo_open=True), metavar="F",
+                   help="exit 1 if held-out vLLM TPOT MAPE exceeds this fraction (0 < F <= 10)")
     v.set_defaults(func=cmd_validate_e2e)
 
 
@@ -162,6 +178,9 @@ def cmd_validate_e2e(args, con) -> int:
     if path.is_dir():
         raise FileNotFoundError(f"--table {path}: is a directory; give the CSV file itself "
                                 f"(../shared/data/e2e/serving_measurements.csv)")
+    if path.exists() and not path.is_file():
+        raise FileNotFoundError(f"--table {path}: not a regular file (a device, FIFO or socket); give the CSV "
+                                f"file itself (../shared/data/e2e/serving_measurements.csv)")
     if not path.is_file():
         raise FileNotFoundError(f"--table {path}: no such file; the measured runs live in "
                                 f"../shared/data/e2e/serving_measurements.csv")
@@ -172,7 +191,7 @@ def cmd_validate_e2e(args, con) -> int:
         return print_user_error(exc)
     rows = sample(rows, max(1, args.sample))
     t0 = time.perf_counter()
-    df = e2e.predict(rows, workers=args.workers)
+    df = e2e.predict(rows, workers=args.workers, kv_mode=args.kv)
     wall = time.perf_counter() - t0
     con.print(markdown(df), markup=False, highlight=False)
     done = int((df["reason"] == "").sum())

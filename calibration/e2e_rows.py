@@ -233,14 +233,28 @@ def _spread(length: int, ratio: float) -> dict:
     return {"kind": "uniform", "low": max(1, int(ratio * length)), "high": length}
 
 
-def to_scenario(row: Row, db, requests_per_client: int, client: dict, range_ratio: float = RANGE_RATIO) -> dict:
+# How a row's KV-cache format is chosen (the table does not state it): "quantised-fp8", an fp8 cache for
+# every fp8/fp4 run (what the table's quantised campaigns fit: docs/validation/e2e.md lists both modes per
+# subset); "rule", the engine release's own --kv-cache-dtype auto for the checkpoint (simulator/kv_rule.py).
+KV_MODES = ("quantised-fp8", "rule")
+
+
+def engine_of(row: Row) -> dict:
+    """The pool's engine block: the row's engine and, where the table names a numbered release, that release."""
+    engine = {"engine": ENGINES[row.backend], "max_model_len": row.isl + row.osl + 16}
+    if re.fullmatch(r"[0-9][0-9A-Za-z.+-]{0,39}", row.version):
+        engine["version"] = row.version
+    return engine
+
+
+def to_scenario(row: Row, db, requests_per_client: int, client: dict, range_ratio: float = RANGE_RATIO,
+                kv_mode: str = "quantised-fp8") -> dict:
     """A scenario dict that replays ``row`` (only call when :func:`why_not` is '')."""
     dtype = dtype_of(row, db)
-    # Quantised (fp8, fp4) runs keep an fp8 KV cache: TensorRT-LLM's quantised checkpoints ship one, and
-    # for vLLM the capacity-bound fitting rows (Llama-3.1-70B fp8 TP1, C=64, 9k-token requests) fit only
-    # with it: TTFT 0.38 s and 7.8 s measured, 0.49 s and 3.8 s simulated with fp8 KV, 10 s and 42 s with
-    # bf16 KV (half the tokens, preemption storms).  Weight-only int4 and bf16 runs keep bf16 KV.
-    kv = "fp8" if dtype in ("fp8", "fp4") else "bf16"
+    # "quantised-fp8": the capacity-bound Llama-3.1-70B fp8 TP1 fitting rows (C=64, 9k-token requests) fit
+    # only with an fp8 cache (TTFT 0.38 s and 7.8 s measured, 0.49 s and 3.8 s simulated with fp8 KV, 10 s
+    # and 42 s with bf16 KV); the rule gives them fp8 too, from the checkpoint's ModelOpt directive.
+    kv = "auto" if kv_mode == "rule" else ("fp8" if dtype in ("fp8", "fp4") else "bf16")
     n = max(row.concurrency * requests_per_client, row.concurrency + 8)
     if row.disagg:
         return _pd_scenario(row, db, dtype, kv, n, client, range_ratio)
@@ -249,8 +263,7 @@ def to_scenario(row: Row, db, requests_per_client: int, client: dict, range_rati
         "model": row.model,
         "pools": [{"name": "main", "gpu": SYSTEMS[row.system], "tp": row.tp, "pp": row.pp, "dp": row.dp,
                    "ep": row.moe_ep if db.model(row.model).arch.is_moe else 1, "dtype": dtype,
-                   "kv_cache_dtype": kv, "engine": {"engine": ENGINES[row.backend],
-                                                    "max_model_len": row.isl + row.osl + 16}}],
+                   "kv_cache_dtype": kv, "engine": engine_of(row)}],
         "workload": {"arrival": {"kind": "closed", "concurrency": row.concurrency, **client},
                      "input_length": _spread(row.isl, range_ratio),
                      "output_length": _spread(row.osl, range_ratio),
@@ -268,7 +281,7 @@ def _pd_scenario(row: Row, db, dtype: str, kv: str, n: int, client: dict, range_
     for role, (workers, tp, dp, _, moe_ep) in zip(("prefill", "decode"), row.sides):
         pools.append({"name": role, "role": role, "gpu": SYSTEMS[row.system], "tp": tp, "dp": dp,
                       "ep": moe_ep if moe else 1, "instances": workers, "dtype": dtype, "kv_cache_dtype": kv,
-                      "engine": {"engine": ENGINES[row.backend], "max_model_len": row.isl + row.osl + 16}})
+                      "engine": engine_of(row)})
         total += workers * tp * dp
     return {
         "name": row.id, "model": row.model, "pools": pools,

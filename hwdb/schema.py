@@ -340,6 +340,11 @@ class EngineProfile(StrictModel):
     # --kv-cache-dtype auto: from which release the checkpoint's KV directive is taken (None: never, the
     # activation dtype always).
     kv_auto: KvAutoRule | None = None
+    # How routed tokens reach their experts under attention data parallelism: 'allgather' (every GPU
+    # receives every rank's tokens and permutes them all: vLLM's default all2all backend
+    # allgather_reducescatter), or 'all_to_all' (a GPU receives only the rows routed to its experts:
+    # DeepEP in SGLang and TensorRT-LLM).
+    moe_dispatch: Literal["allgather", "all_to_all"] = "allgather"
     # End-to-end terms fitted on measured serving runs (calibration/e2e_fit.py, docs/validation/e2e.md):
     # a fixed GPU time per decoder layer per step (kernel floors and gaps between the ~15 small
     # kernels of a layer, independent of TP: the measured TPOT at TP1..8 leaves the same residual),

@@ -11,9 +11,12 @@ Each pool's prediction rests on three things, each with a status:
   this engine (``fit`` or ``held-out`` family), else ``not validated``.
 
 The error band is the mean absolute percentage error of mean TTFT and TPOT that the end-to-end
-validation measured on held-out rows of this engine and GPU (or of this engine on any GPU when
-the GPU has fewer than 20 rows), from ``hwdb/data/validation/e2e.json``, which
-``epdsim validate-e2e --write-bands`` writes.  A pool on a datasheet-only GPU has no band.
+validation measured: on this engine's rows of the model's family when it has at least 20 (held-out
+rows, or a fitting family's own rows, said as such); for a family with no measured runs, the widest
+band any held-out family of this engine showed (an unvalidated model does not borrow the average);
+else on held-out rows of this engine and GPU (or of this engine on any GPU when the GPU has fewer
+than 20 rows).  From ``hwdb/data/validation/e2e.json``, which ``epdsim validate-e2e --write-bands``
+writes.  A pool on a datasheet-only GPU has no band.
 """
 from __future__ import annotations
 
@@ -43,8 +46,16 @@ def assess(dep, bands_path: Path = BANDS) -> dict:
     family = next((v for k, v in families.items() if dep.arch.name.startswith(k)), None)
     e2e_fitted = eng.layer_overhead_s is not None or eng.moe_layer_overhead_s is not None
     band = None
+    fam_name = next((k for k in families if dep.arch.name.startswith(k)), None)
+    fam_band = engine_band.get("family_bands", {}).get(fam_name) if fam_name else None
     if dep.profile is not None:
-        if gpu_band and gpu_band.get("rows", 0) >= MIN_ROWS:
+        if fam_band and fam_band.get("rows", 0) >= MIN_ROWS:
+            band = {**fam_band, "basis": f"{eng.engine} {fam_name} rows ({fam_band['split']})"}
+        elif fam_name is None and engine_band.get("widest"):
+            # No measured run of this family: the widest band any held-out family showed, not the average.
+            band = {**engine_band["widest"], "basis": f"no {eng.engine} runs of {dep.arch.name} measured: the widest "
+                                                      f"held-out family's band"}
+        elif gpu_band and gpu_band.get("rows", 0) >= MIN_ROWS:
             band = {**gpu_band, "basis": f"{eng.engine} held-out rows on {dep.gpu.name}"}
         elif engine_band.get("all"):
             band = {**engine_band["all"], "basis": f"{eng.engine} held-out rows, all GPUs"}

@@ -250,7 +250,7 @@ def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB
     # Without chunked prefill vLLM's budget defaults to max(max_model_len, 2048).
     max_tokens = (e.max_num_batched_tokens or engine.default_max_num_batched_tokens
                   or (tokens if chunked else max(max_len, 2048)))
-    if max_tokens < max_seqs:
+    if max_tokens < max_seqs and engine.engine == "vllm":
         raise ScenarioError(f"pools[{pool.name}].engine: max_num_batched_tokens={max_tokens} is below "
                             f"max_num_seqs={max_seqs}; vLLM requires max_num_batched_tokens >= max_num_seqs")
     if not chunked and max_tokens < max_len:

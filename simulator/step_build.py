@@ -115,7 +115,9 @@ def measured_experts(dep: Deployment, per_token: float) -> dict:
     bw = dep.gpu.memory_bandwidth_Bps.value
     return {"exp_a": exp_a, "exp_b": exp_a * c.half_rows * a.num_experts / a.experts_per_token,
             "exp_mem_eff": c.mem_eff, "exp_fixed_s": a.moe_layers * c.fixed_s,
-            "exp_s_per_token": a.moe_layers * c.act_passes * a.experts_per_token * a.hidden_size * ACT_BYTES / bw,
+            # an all-to-all dispatch hands a GPU only the rows routed to its experts, which it permutes
+            "exp_s_per_token": (a.moe_layers * c.act_passes * a.experts_per_token * a.hidden_size * ACT_BYTES / bw
+                                / (dep.ep if dep.dp > 1 and dep.engine.moe_dispatch == "all_to_all" else 1)),
             "exp_s_per_expert": a.moe_layers * c.per_expert_s / dep.ep}
 
 

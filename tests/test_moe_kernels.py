@@ -117,7 +117,7 @@ def test_stated_held_out_error_is_what_the_measurements_give(db, system, engine,
     kernels = db.moe_kernels[f"{gpu.name}_{engine}"]
     curve = (kernels.ep_curves if ep else kernels.curves)[fmt]
     rows = pd.read_parquet(MOE_TABLES / system / "moe" / engine / version / "moe_perf.parquet")
-    rows = moe_fit.main_kernels(rows[(rows.moe_dtype == fmt) & ((rows.moe_ep_size > 1) == ep)])
+    rows = moe_fit.main_kernels(rows[(rows.moe_dtype == fmt) & ((rows.moe_ep_size > 1) == ep)], engine)
     bal = rows[rows.distribution == "balanced"].groupby(moe_fit.KEYS, as_index=False).latency.median()
     shape = pd.factorize(pd.Series(list(zip(bal.hidden_size, bal.inter_size, bal.num_experts, bal.topk))))[0]
     held = shape % 4 == 3 if shape.max() >= 3 else pd.factorize(bal.num_tokens, sort=True)[0] % 4 == 3
