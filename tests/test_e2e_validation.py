@@ -186,6 +186,20 @@ def test_each_pool_says_what_it_rests_on():
     assert raw["gpu"] == "datasheet only" and raw["error_band"] is None
 
 
+def test_band_follows_the_family_and_widens_without_one():
+    """A validated family carries its own band; a model with no measured runs on its engine gets the widest
+    band any held-out family showed, never the average (issue 31)."""
+    import json
+    from simulator.confidence import BANDS, assess
+    bands = json.loads(BANDS.read_text())["engines"]["vllm"]
+    own = assess(resolve(_closed(1, 2, None, gpu="H200", tp=8)).pools[0].dep)["error_band"]
+    fam = bands["family_bands"]["Llama-3.1-70B"]
+    assert (own["ttft_mape"], own["tpot_mape"]) == (fam["ttft_mape"], fam["tpot_mape"]) and "Llama-3.1-70B" in own["basis"]
+    band = assess(resolve(_closed(1, 2, None, gpu="H200", tp=1, model="Llama-3.1-8B")).pools[0].dep)["error_band"]
+    assert (band["ttft_mape"], band["tpot_mape"]) == (bands["widest"]["ttft_mape"], bands["widest"]["tpot_mape"])
+    assert band["tpot_mape"] >= bands["all"]["tpot_mape"] and "widest" in band["basis"]
+
+
 def _tiny_plan(gpus, **constraints):
     from simulator.plan import parse_plan_request, run_plan
     req = parse_plan_request({
