@@ -71,16 +71,8 @@ def _curve(x) -> MoeCurve:
 
 
 def predict(x, cols: dict[str, np.ndarray], peak: float, wbytes: float, bw: float) -> np.ndarray:
-    """Modelled latency (s) of every row for the fitted vector ``x`` (the form of :meth:`MoeCurve.time`)."""
-    c = _curve(x)
-    t, h, i, e, k, tp, ep = (cols[n] for n in KEYS)
-    m = t * k / e
-    s = h * i / tp
-    eff = c.max_eff * m / (m + c.half_rows) * s / (s + c.half_nk)
-    touched = e / ep * (1.0 - (1.0 - k / e) ** t)
-    comp = 6.0 * t * k * h * i / (tp * ep) / (peak * eff)
-    mem = touched * 3.0 * h * i / tp * wbytes / (bw * c.mem_eff)
-    return c.fixed_s + np.maximum(comp, mem) + c.act_passes * t * k * h * 2.0 / bw + c.per_expert_s * touched
+    """Modelled latency (s) of every row for the fitted vector ``x``: :meth:`MoeCurve.time` on arrays."""
+    return _curve(x).time(*(cols[n] for n in KEYS), peak, wbytes, bw)
 
 
 def _rel(pred, y):

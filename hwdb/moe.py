@@ -21,6 +21,7 @@ expert parallel ``ep`` (seconds)::
 """
 from __future__ import annotations
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from hwdb.profiles import FitQuality
@@ -54,14 +55,15 @@ class MoeCurve(BaseModel):
 
     def time(self, tokens: float, hidden: int, inter: int, experts: int, topk: int, tp: int, ep: int,
              peak_flops: float, weight_bytes: float, bw: float) -> float:
-        """Seconds of one MoE layer on one GPU (the module docstring's form)."""
+        """Seconds of one MoE layer on one GPU (the module docstring's form); the shape arguments may be
+        numpy arrays (one latency per row, as the fit evaluates it)."""
         m = tokens * topk / experts
         s = hidden * inter / tp
         eff = self.max_eff * m / (m + self.half_rows) * s / (s + self.half_nk)
         touched = experts / ep * (1.0 - (1.0 - topk / experts) ** tokens)
         comp = 6.0 * tokens * topk * hidden * inter / (tp * ep) / (peak_flops * eff)
         mem = touched * 3.0 * hidden * inter / tp * weight_bytes / (bw * self.mem_eff)
-        return (self.fixed_s + max(comp, mem) + self.act_passes * tokens * topk * hidden * 2.0 / bw
+        return (self.fixed_s + np.maximum(comp, mem) + self.act_passes * tokens * topk * hidden * 2.0 / bw
                 + self.per_expert_s * touched)
 
 
