@@ -61,9 +61,13 @@ def test_step_time_is_the_sum_of_its_kernels(db):
             assert pc.linear_time(sm, tokens) == pytest.approx(max(sm.linear_time(tokens)) + sm.moe_time(tokens),
                                                                rel=1e-12)
             assert (sm.moe_time(tokens) > 0) == (model == "Qwen3-30B-A3B")
-            # regime's expert sides are moe_time's roofline (moe_time adds only the token exchange)
+            # regime's expert sides are moe_time's roofline; moe_time adds the token exchange and the measured
+            # fused-MoE kernel's fixed, per-routed-token and per-expert terms (hwdb/moe.py)
             comm = sm.moe_layers * (sm.moe_comm_s_per_token * tokens + sm.moe_comm_lat_s) if sm.moe_comm_s_per_token else 0.0
-            assert max(sm.expert_roofline(tokens)) + comm == pytest.approx(sm.moe_time(tokens), rel=1e-12, abs=1e-15)
+            extra = (sm.exp_fixed_s + sm.exp_s_per_token * tokens + sm.exp_s_per_expert * sm.touched_experts(tokens)
+                     if sm.exp_fixed_s else 0.0)
+            assert max(sm.expert_roofline(tokens)) + comm + extra == pytest.approx(sm.moe_time(tokens), rel=1e-12,
+                                                                                   abs=1e-15)
             assert sm.elem_s_per_token > 0 and sm.attention_time(tokens, 0.0, tokens * 1000.0) > 0
 
 
@@ -205,9 +209,15 @@ def test_moe_decode_batch1_reads_a_fraction_of_the_experts(db):
     assert read / allb < 0.2
     assert moe.mem_floor_bytes == 4 * a_moe.num_layers * moe.meff.half
     assert moe.streamed_weight_bytes(1) == pytest.approx(read, rel=1e-12)
-    # Dense kernels and the grouped expert kernels run one after the other, each memory-bound at batch 1.
-    nb = read + moe.act_bytes_per_token + moe.kv_bytes_per_token + moe.mem_floor_bytes   # weights, activations, the new KV
-    assert pc.linear_time(moe, 1) == pytest.approx(nb / (moe.peak_bw * moe.meff.max_eff), rel=1e-12)
+    # Dense kernels and the grouped expert kernels run one after the other, each memory-bound at batch 1: the
+    # dense ones at the GEMM memory curve, the experts at the measured fused-MoE kernel's (hwdb/moe.py), which
+    # adds its fixed and per-expert costs.
+    nb = (moe.dense_weight_bytes + moe.act_bytes_per_token + moe.kv_bytes_per_token
+          + moe.mem_floor_bytes)   # weights, activations, the new KV
+    experts = (moe.expert_bytes * moe.experts_per_token / (moe.peak_bw * moe.exp_mem_eff) + moe.exp_fixed_s
+               + moe.exp_s_per_token + moe.exp_s_per_expert * moe.touched_experts(1))
+    assert moe.exp_mem_eff > 0 and max(moe.expert_roofline(1)) == moe.expert_roofline(1)[1]
+    assert pc.linear_time(moe, 1) == pytest.approx(nb / (moe.peak_bw * moe.meff.max_eff) + experts, rel=1e-12)
     # About a tenth of the weights read, but each layer's fixed kernel cost (the fitted per-layer and
     # MoE-layer terms) does not shrink with the active parameters, so the step is not 10x shorter.
     assert moe.decode_time(1, 1024) < 0.35 * dense.decode_time(1, 1024)
@@ -218,7 +228,8 @@ def test_moe_decode_batch1_reads_a_fraction_of_the_experts(db):
 def test_mla_kv_bytes_are_replicated_across_tp(db):
     a = db.model("DeepSeek-V3").arch
     kv = {tp: step_model(db, "DeepSeek-V3", gpu="H200", tp=tp, dtype="fp8").kv_bytes_per_token for tp in (1, 2, 8)}
-    assert kv[1] == kv[2] == kv[8] == a.num_layers * (a.kv_lora_rank + a.qk_rope_head_dim) * 1.0
+    # bf16 latent: DeepSeek's block-fp8 checkpoint declares no KV format, so kv_cache_dtype auto keeps bf16
+    assert kv[1] == kv[2] == kv[8] == a.num_layers * (a.kv_lora_rank + a.qk_rope_head_dim) * 2.0
     # GQA heads, by contrast, are split until each rank holds one KV head.
     gqa = {tp: step_model(db, "Llama-3.1-70B", tp=tp).kv_bytes_per_token for tp in (1, 2, 8)}
     assert gqa[2] == gqa[1] / 2 and gqa[8] == gqa[1] / 8

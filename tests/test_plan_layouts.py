@@ -87,7 +87,7 @@ def test_serve_flags_of_a_dp_ep_layout(ctx):
 
 
 @pytest.mark.parametrize("constraints, needle", [
-    ({"dp": [0]}, "dp=[0]"),
+    ({"dp": [0]}, "constraints.dp[0]"),
     ({"dtype": "fp6"}, "constraints.dtype"),
     ({"expert_parallel": []}, "expert_parallel"),
 ])

@@ -194,6 +194,13 @@ class Screen:
             self._paths[key] = (path.idle_time(self.images.emb_bytes), path.per_instance_Bps())
         return self._paths[key]
 
+    def front_end(self, key) -> float:
+        """The engine's client-visible way in for the quantile prompt (``frontend_s`` + per prompt token,
+        side by side and serial parts alike), which the simulation adds to every TTFT."""
+        eng = self.layout[key].dep.engine
+        per_token = sum(f.value for f in (eng.frontend_s_per_token, eng.frontend_serial_s_per_token) if f is not None)
+        return (eng.frontend_s.value if eng.frontend_s is not None else 0.0) + per_token * self.Iq
+
     def at(self, cand, lam: float) -> tuple[float, float, str]:
         """(TTFT at the percentile, TPOT, limit) of ``cand`` at ``lam`` requests/s."""
         enc = next((p for p in cand.pools if p.role == "encoder"), None)
@@ -218,7 +225,7 @@ class Screen:
         if "colocated" in roles:
             p = roles["colocated"]
             ttft, tpot, why = self._colocated(p.key, _r(lam / (p.instances * p.dp)), inline)
-            return ttft + extra, tpot, why
+            return ttft + extra + self.front_end(p.key), tpot, why
         pp, pd_ = roles["prefill"], roles["decode"]
         t_pre, _, why = self._prefill(pp.key, _r(lam / (pp.instances * pp.dp)), inline)
         if why:
@@ -232,7 +239,8 @@ class Screen:
                   lam / pd_.instances * nbytes / plan.per_instance_Bps("decode"))
         if rho >= 1.0:
             return OVERLOAD, OVERLOAD, f"KV transfer over {plan.link_name} saturated"
-        return extra + t_pre + plan.idle_time(max(1, round(self.Iq))) / (1.0 - rho) + t_dec, tpot, ""
+        return (extra + self.front_end(pp.key) + t_pre + plan.idle_time(max(1, round(self.Iq))) / (1.0 - rho) + t_dec,
+                tpot, "")
 
     def meets(self, cand, lam: float) -> bool:
         ttft, tpot, why = self.at(cand, lam)
