@@ -353,7 +353,7 @@ def cmd_show(a, con: Console) -> int:
     from calibration import pd_cli
     if pd_cli.is_pd_bundle(a.bundle):
         return pd_cli.cmd_show(a, con)
-    b = Bundle.open(a.bundle)
+    b = Bundle.open(a.bundle, complete=True)
     try:
         summary = bundle_summary(b)
         if a.json:

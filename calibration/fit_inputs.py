@@ -37,7 +37,7 @@ def open_bundle(path: str | Path) -> Bundle:
     fix = (f"Point at a directory written by `epdsim calibrate run --out DIR` (it holds {MANIFEST} and "
            f"records/), or measure again into a new directory.")
     try:
-        b = Bundle.open(path)
+        b = Bundle.open(path, complete=True)
     except BundleError as exc:
         raise FitInputError(f"cannot use bundle {path}: {exc}. {fix}") from None
     check_consistency(b)

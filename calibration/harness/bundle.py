@@ -25,18 +25,17 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-import re
 from pathlib import Path
 from typing import Any
 
+from calibration.harness.bundle_schema import FIX, PHASE_NAME, SCHEMA_VERSION, check_manifest, check_record
 from simulator.inputs import read_text
 
-SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
 RECORDS = "records"
 REQUIRED_MANIFEST_KEYS = ("schema_version", "created", "model", "mode", "plan")
 RECORD_KINDS = ("phase_start", "request", "metrics", "phase_done", "note")
-_PHASE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+_WRITTEN = '{"kind":"'   # how every line the harness appends begins (compact JSON, kind first)
 
 
 class BundleError(Exception):
@@ -76,8 +75,11 @@ class Bundle:
         return b
 
     @classmethod
-    def open(cls, path: str | Path, validate_records: bool = True) -> "Bundle":
-        """Open and validate an existing bundle; :class:`BundleError` says what is wrong."""
+    def open(cls, path: str | Path, validate_records: bool = True, complete: bool = False) -> "Bundle":
+        """Open and validate an existing bundle; :class:`BundleError` says what is wrong.
+
+        ``complete``: every successful request record must also hold the measurements that
+        ``calibrate show``, ``fit`` and ``validate`` read (see :mod:`calibration.harness.bundle_schema`)."""
         path = Path(path)
         mf = path / MANIFEST
         if not path.is_dir():
@@ -99,16 +101,18 @@ class Bundle:
                               f"replay it with `epdsim calibrate validate {path} --profile HWDB_DIR`")
         missing = [k for k in REQUIRED_MANIFEST_KEYS if k not in m]
         if missing:
-            raise BundleError(f"{mf} lacks {', '.join(missing)}")
-        _check_shapes(mf, m)
+            raise BundleError(f"{mf} lacks {', '.join(missing)}; {FIX.removeprefix('fix: ')}")
+        try:
+            check_manifest(mf, m)
+        except ValueError as exc:
+            raise BundleError(str(exc)) from None
         if m["schema_version"] != SCHEMA_VERSION:
-            raise BundleError(f"{mf} has schema_version {m['schema_version']!r}; "
-                              f"this epdsim reads version {SCHEMA_VERSION}")
-        if not isinstance(m["model"], dict) or not m["model"].get("served_name"):
-            raise BundleError(f"{mf}: model.served_name is missing")
+            raise BundleError(f"{mf} has schema_version {m['schema_version']!r}; this epdsim reads version "
+                              f"{SCHEMA_VERSION}: measure again with this epdsim, or read the bundle with the "
+                              f"epdsim that wrote it")
         b = cls(path, m)
         if validate_records:
-            b.validate()
+            b.validate(complete)
         b.settle_stale_runs()
         return b
 
@@ -159,8 +163,9 @@ class Bundle:
 
     # ----------------------------------------------------------------- records
     def _file(self, phase: str) -> Path:
-        if not _PHASE_NAME.match(phase):
-            raise BundleError(f"bad phase name {phase!r}")
+        if not PHASE_NAME.match(phase):
+            raise BundleError(f"{self.path / RECORDS}: bad phase name {phase!r}; a phase name is letters, digits, "
+                              f"'_', '.' and '-', starting with a letter or digit: rename the phase")
         return self.path / RECORDS / f"{phase}.jsonl"
 
     def append(self, phase: str, record: dict[str, Any]) -> None:
@@ -179,25 +184,32 @@ class Bundle:
             fh.flush()
 
     def records(self, phase: str, kind: str | None = None) -> list[dict]:
+        return [rec for _, rec in self._lines(phase) if kind is None or rec.get("kind") == kind]
+
+    def _lines(self, phase: str) -> list[tuple[int, dict]]:
+        """(line number, record) for each record of ``phase``, without the torn line of a killed run."""
         f = self._file(phase)
         if not f.exists():
             return []
         out = []
-        for line in read_text(f, BundleError, "bundle record file", limit=None).splitlines():
+        for n, line in enumerate(read_text(f, BundleError, "bundle record file", limit=None).splitlines(), 1):
             if not line.strip():
                 continue
             try:
                 rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # torn line of a killed run
+            except json.JSONDecodeError as exc:
+                if _torn(line, exc):
+                    continue
+                raise BundleError(f"{f} line {n}: not a JSON record ({exc.msg} at column {exc.colno}: "
+                                  f"{line[:60]!r}); each line is one JSON object. {FIX}") from None
             except (ValueError, RecursionError) as exc:
-                raise BundleError(f"{f}: a record cannot be read ({str(exc)[:160]})") from None
+                raise BundleError(f"{f} line {n}: a record cannot be read ({str(exc)[:160]}); {FIX}") from None
             if not isinstance(rec, dict):
-                raise BundleError(f"{f}: a record is a JSON {type(rec).__name__}, expected an object")
+                raise BundleError(f"{f} line {n}: a record is a JSON {type(rec).__name__}, expected an object; {FIX}")
             if rec.get("kind") == "request" and not isinstance(rec.get("id"), str):
-                raise BundleError(f"{f}: a request record has id {rec.get('id')!r}; each request needs a string id")
-            if kind is None or rec.get("kind") == kind:
-                out.append(rec)
+                raise BundleError(f"{f} line {n}: a request record has id {rec.get('id')!r}; each request needs "
+                                  f"a string id. {FIX}")
+            out.append((n, rec))
         return out
 
     def phases(self) -> list[str]:
@@ -225,40 +237,25 @@ class Bundle:
                 by_id[r["id"]] = r
         return list(by_id.values())
 
-    def validate(self) -> None:
-        """Every record file belongs to this bundle's model and has known record kinds."""
+    def validate(self, complete: bool = False) -> None:
+        """Every record file belongs to this bundle's model and holds records of known kinds and
+        fields (``complete``: with every measurement, see :meth:`open`)."""
         for f in sorted((self.path / RECORDS).glob("*.jsonl")) if (self.path / RECORDS).exists() else []:
             phase = f.stem
-            for rec in self.records(phase):
+            for n, rec in self._lines(phase):
                 if rec.get("kind") not in RECORD_KINDS:
-                    raise BundleError(f"{f}: unknown record kind {rec.get('kind')!r}")
+                    raise BundleError(f"{f} line {n}: unknown record kind {rec.get('kind')!r}; the kinds are "
+                                      f"{', '.join(RECORD_KINDS)}. {FIX}")
+                try:
+                    check_record(f, n, rec, self.manifest.get("mode"), complete)
+                except ValueError as exc:
+                    raise BundleError(str(exc)) from None
                 if rec.get("phase") not in (None, phase):
                     raise BundleError(f"{f}: a record of phase {rec.get('phase')!r} is in the file of "
                                       f"phase {phase!r}")
                 if rec["kind"] == "request" and rec.get("model") != self.model_name:
                     raise BundleError(f"{f}: request {rec.get('id')!r} was measured on model "
                                       f"{rec.get('model')!r}, but the manifest says {self.model_name!r}")
-
-
-_MANIFEST_SHAPES = {"model": dict, "plan": list, "runs": list, "launches": list, "versions": dict,
-                    "mode": str, "created": str}
-
-
-def _check_shapes(mf: Path, m: dict) -> None:
-    """The manifest fields that ``calibrate show`` and the fits read have the JSON types they need."""
-    for key, kind in _MANIFEST_SHAPES.items():
-        if key in m and m[key] is not None and not isinstance(m[key], kind):
-            raise BundleError(f"{mf}: field {key} is a {type(m[key]).__name__}, expected a JSON "
-                              f"{'object' if kind is dict else 'array' if kind is list else 'string'}; "
-                              f"restore the manifest the harness wrote")
-    for key in ("plan", "runs", "launches"):
-        for i, item in enumerate(m.get(key) or []):
-            if not isinstance(item, dict):
-                raise BundleError(f"{mf}: {key}[{i}] is a {type(item).__name__}, expected a JSON object")
-            if key == "plan" and not isinstance(item.get("name"), str):
-                raise BundleError(f"{mf}: plan[{i}].name is missing or not a string; each planned phase has a name")
-    if m.get("model") is not None and not isinstance(m["model"].get("served_name", ""), str):
-        raise BundleError(f"{mf}: model.served_name is not a string")
 
 
 def proc_start(pid: int | str = "self") -> str | None:
@@ -287,6 +284,15 @@ def process_alive(pid: int, started: str | None = None) -> bool:
     if fields and fields[0] in ("Z", "X"):
         return False
     return started is None or proc_start(pid) == started
+
+
+def _torn(line: str, exc: json.JSONDecodeError) -> bool:
+    """Whether ``line`` is what a writer killed mid-line leaves: the start of a record, cut short (it
+    is skipped); any other line that is not JSON is an error."""
+    line = line.rstrip()
+    if not (line.startswith(_WRITTEN) or _WRITTEN.startswith(line)):
+        return False
+    return not line.endswith("}") or exc.pos >= len(line) or exc.msg.startswith("Unterminated string")
 
 
 def _ends_with_newline(f: Path) -> bool:
