@@ -245,9 +245,9 @@ def step_functions(m: StepModel):
     a decode-only step of ``n`` sequences attending ``ctx`` tokens in all.  Both do the same float
     operations in the same order as the methods (so the same bits: tests/test_step_functions.py), with
     the coefficients read once instead of at every call, and ``decode`` keeps the terms that depend on
-    ``n`` alone once computed.  A model with routed experts, or a pipeline, keeps the methods.
+    ``n`` alone once computed.  A model with routed experts keeps the methods.
     """
-    if m.n_experts or m.pp > 1:
+    if m.n_experts:
         return m.step_time, (lambda n, ctx, running: m.step_time(n, n, 0.0, ctx, 0.0, running, 0) + 0.0)
     comp_a, comp_b, lm_coef, lm_half = m.comp_a, m.comp_b, m.lm_coef, m.lm_half
     w_pp = m.dense_weight_bytes * m.pp
@@ -277,7 +277,14 @@ def step_functions(m: StepModel):
         att = attn_pairs * attn_pp * (tokens + attn_half) / tokens if attn_pairs > 0.0 else 0.0
         if decode_ctx > 0.0:
             att += (kvb * decode_ctx + kv_floor) / bw_kv
-        t = (t_comp if t_comp > t_mem else t_mem) + att + elem * tokens + layer_s
+        elem_t = elem * tokens
+        idle = 1.0
+        if pp > 1 and running < pp:
+            idle = pp / (running if running > 1 else 1)
+            t_comp *= idle
+            att *= idle
+            elem_t *= idle
+        t = (t_comp if t_comp > t_mem else t_mem) + att + elem_t + layer_s
         graph = tokens <= max_graph and (mixed or attn_pairs == 0.0)
         if tp > 1:
             mb = ar_msg * tokens
@@ -287,7 +294,7 @@ def step_functions(m: StepModel):
                 t += ar_n * (ring * mb / ar_bw + ar_lat)
         if pp > 1:
             t += pp_extra
-        t += g_launch if graph else e_launch
+        t += (g_launch if graph else e_launch) * idle
         cpu = cpu_step + cpu_run * running + cpu_wait * waiting + cpu_tok * tokens + cpu_sample * seqs_logits
         if overlapped:
             return t if t > cpu else cpu
@@ -319,6 +326,8 @@ def step_functions(m: StepModel):
     def decode(n, ctx, running):
         if n <= 0:
             return 0.0
+        if running < pp:     # a pipeline its sequences cannot fill: step() prices the idle stages
+            return step(n, n, 0.0, ctx, 0.0, running, 0) + 0.0
         roof, en, ar, launch, tok, smp = terms.get(n) or decode_terms(n)
         t = roof + (0.0 + (kvb * ctx + kv_floor) / bw_kv if ctx > 0.0 else 0.0) + en + layer_s + ar + ppx + launch
         cpu = cpu_step + cpu_run * running + w0 + tok + smp
