@@ -8,7 +8,7 @@ name).  Layout of a folder::
     links/<name>.yaml         -> hwdb.schema.Link
     models/<name>/config.json + epdsim.yaml (sidecar, optional for user models)
     profiles/<name>.yaml      -> calibration profile (hwdb.profiles.Profile)
-    engines/<name>.yaml       -> hwdb.schema.EngineProfile
+    engines/<name>.yaml       -> hwdb.engine_schema.EngineProfile
     connectors/<name>.yaml    -> hwdb.schema.Connector (KV-transfer connectors)
     networks/<name>.yaml      -> hwdb.schema.NetworkLayout (a node type's GPU NICs: link, count, rate)
     moe_kernels/<name>.yaml   -> hwdb.moe.MoeKernels (measured fused-MoE kernel curves of a GPU and engine)
@@ -33,7 +33,8 @@ from pydantic import BaseModel, ValidationError
 from hwdb.models import ConfigError, ModelArch, arch_from_config
 from hwdb.moe import MoeCurve, MoeKernels
 from hwdb.profiles import Profile, ProfileMatch, version_matches
-from hwdb.schema import GPU, Connector, EngineProfile, Link, ModelSidecar, NetworkLayout
+from hwdb.engine_schema import EngineProfile
+from hwdb.schema import GPU, Connector, Link, ModelSidecar, NetworkLayout
 from simulator.inputs import read_json, read_yaml
 
 DATA_DIR = Path(__file__).parent / "data"

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from simulator.bounds import MAX_TOKENS, Bytes, Fraction, LinkRate, NicRate, Price, between, count, on_value
+from simulator.bounds import Bytes, Fraction, LinkRate, NicRate, Price, between, count, on_value
 from simulator.inputs import StrictModel
 
 
@@ -268,15 +268,6 @@ class KvDirective(StrictModel):
     source: str = Field(min_length=3)
 
 
-class KvAutoRule(StrictModel):
-    """How an engine resolves ``--kv-cache-dtype auto``: from release ``checkpoint_from`` on it takes the
-    checkpoint's KV directive (:class:`KvDirective`), before it (and for checkpoints without one) the model's
-    activation dtype."""
-
-    checkpoint_from: str = Field(min_length=1)
-    source: str = Field(min_length=3)
-
-
 class ModelSidecar(StrictModel):
     """What a Hugging Face ``config.json`` lacks, kept beside it as ``epdsim.yaml``."""
 
@@ -298,80 +289,6 @@ class ModelSidecar(StrictModel):
     # engine's 'auto' keeps the activation dtype, bf16).
     kv_cache_directive: dict[Literal["fp8", "fp4", "int4"], KvDirective] = {}
     vision: dict | None = None
-    notes: str | None = None
-
-
-class CpuCosts(StrictModel):
-    """Host (CPU) work of one engine step, in seconds.
-
-    cost = ``step_s`` + ``per_running_seq_s`` x running + ``per_waiting_seq_s`` x waiting
-           + ``per_token_s`` x tokens in the step + ``per_sampled_seq_s`` x sequences sampled.
-    """
-
-    step_s: HostCost
-    per_running_seq_s: PerItemCost
-    per_waiting_seq_s: PerItemCost
-    per_token_s: PerItemCost
-    per_sampled_seq_s: PerItemCost
-
-
-class EngineProfile(StrictModel):
-    """One serving-engine generation: its CPU side, kernel launches and defaults.
-
-    Step time = GPU time + launch cost + CPU cost when scheduling is serial;
-    max(GPU time + launch cost, CPU cost) when the engine prepares the next
-    step while the GPU runs the current one (``scheduling_overlapped``).
-    Launch cost is ``graph_launch_s`` when the step fits a captured CUDA graph
-    (any step with ``graphs_for_mixed_batches``, else decode-only steps), else
-    ``eager_launch_s_per_layer`` x layers.  ``max_capture_size`` None means
-    vLLM V1's rule, min(2 x max_num_seqs, 512).
-    """
-
-    name: str
-    aliases: tuple[str, ...] = ()
-    engine: str
-    version: str
-    scheduling_overlapped: bool
-    cpu: CpuCosts
-    graph_launch_s: HostCost
-    eager_launch_s_per_layer: PerItemCost
-    graphs_for_mixed_batches: bool
-    max_capture_size: count(1, 1_000_000, "sequences") | None = None
-    # --kv-cache-dtype auto: from which release the checkpoint's KV directive is taken (None: never, the
-    # activation dtype always).
-    kv_auto: KvAutoRule | None = None
-    # How routed tokens reach their experts under attention data parallelism: 'allgather' (every GPU
-    # receives every rank's tokens and permutes them all: vLLM's default all2all backend
-    # allgather_reducescatter), or 'all_to_all' (a GPU receives only the rows routed to its experts:
-    # DeepEP in SGLang and TensorRT-LLM).
-    moe_dispatch: Literal["allgather", "all_to_all"] = "allgather"
-    # End-to-end terms fitted on measured serving runs (calibration/e2e_fit.py, docs/validation/e2e.md):
-    # a fixed GPU time per decoder layer per step (kernel floors and gaps between the ~15 small
-    # kernels of a layer, independent of TP: the measured TPOT at TP1..8 leaves the same residual),
-    # and the client-visible front end before the engine sees a request (HTTP, tokenisation,
-    # detokenisation and streaming of the first token): ``frontend_s`` + ``frontend_s_per_token`` x prompt.
-    # ``frontend_serial_s_per_token``: the way in's serial part, per prompt token, one request at a time in
-    # the order they were sent (the API server's tokenizer/renderer: vLLM renderer_num_workers = 1);
-    # fitted by `calibrate fit` from lone requests' client - server TTFT, which a GPU end-to-end fit cannot see.
-    # ``frontend_stream_s_per_token``: the API server's output queue, one FIFO server per instance that
-    # streams every token the engine emits (detokenisation, SSE), this long each (a request's first
-    # token ``frontend_stream_s_per_request`` more); fitted by
-    # `calibrate fit` from the harness's client and server timestamps (simulator/engine/frontend.py).
-    layer_overhead_s: PerItemCost | None = None
-    moe_layer_overhead_s: PerItemCost | None = None   # more per MoE layer: routing, top-k, permutation, grouped GEMM
-    # Per GPU type: a factor on both per-layer terms (kernel floors differ between GPU generations);
-    # a GPU not listed uses 1, the GPU the terms were fitted on.
-    layer_overhead_scale: dict[str, sourced(0, 100, "times", lo_open=True, fix="give a factor such as 1.5")] = {}
-    frontend_s: Latency | None = None
-    frontend_s_per_token: PerItemCost | None = None
-    frontend_serial_s_per_token: PerItemCost | None = None
-    frontend_stream_s_per_token: PerItemCost | None = None
-    frontend_stream_s_per_request: Latency | None = None   # more for a request's first token (its stream opens)
-    default_chunked_prefill: bool
-    default_prefix_caching: bool
-    default_max_num_seqs: count(1, 1_000_000, "sequences") | None = None
-    default_max_num_batched_tokens: count(1, MAX_TOKENS, "tokens") | None = None
-    defaults_source: str
     notes: str | None = None
 
 

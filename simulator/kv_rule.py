@@ -9,7 +9,8 @@ directive the same way.  The rule is data: :class:`hwdb.schema.KvAutoRule` in th
 """
 from __future__ import annotations
 
-from hwdb.schema import EngineProfile, ModelSidecar
+from hwdb.engine_schema import EngineProfile
+from hwdb.schema import ModelSidecar
 
 
 def release_key(version: str) -> tuple[int, ...]:

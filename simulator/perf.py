@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from hwdb.models import ModelArch
 from hwdb.moe import MoeCurve
 from hwdb.profiles import Profile
-from hwdb.schema import DTYPE_BYTES, GPU, EfficiencyCurve, EngineProfile, Link
+from hwdb.engine_schema import EngineProfile
+from hwdb.schema import DTYPE_BYTES, GPU, EfficiencyCurve, Link
 from simulator.linear_groups import Group, linear_groups, stored_weight_bytes
 from simulator.stepmodel import StepModel, interp_linear, regime   # noqa: F401 -- re-exported: one import path
 

@@ -206,6 +206,20 @@ def vllm_batch_defaults(gpu: hwdb.GPU) -> tuple[int, int]:
     return (1024, 8192) if big else (256, 2048)
 
 
+def _weight_only(pool: PoolConfig, gpu: hwdb.GPU, engine: hwdb.EngineProfile) -> None:
+    """Refuse ``pool.dtype`` on a GPU without its tensor cores unless the engine serves it weight-only there
+    (``EngineProfile.weight_only``: vLLM's Marlin W8A16 on Ampere, W4A16 MXFP4 on Hopper)."""
+    wo = engine.weight_only.get(pool.dtype)
+    missing = [] if wo is None else [n for n in wo.needs if n not in gpu.peak_flops]
+    if wo is not None and not missing:
+        return
+    why = (f"{engine.name} has no weight-only {pool.dtype} kernel" if wo is None
+           else f"{engine.name}'s weight-only {pool.dtype} kernel needs {'/'.join(missing)} tensor cores")
+    raise ScenarioError(f"pools[{pool.name}].dtype={pool.dtype} but {gpu.name} has no {pool.dtype} tensor cores and "
+                        f"{why}; use {'fp8 or ' if 'fp8' in gpu.peak_flops else ''}int4 (weight-only) or bf16, "
+                        f"or another engine")
+
+
 def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB) -> Deployment:
     """Resolve a pool's names and defaults into a :class:`Deployment` (raises ScenarioError)."""
     try:
@@ -240,8 +254,7 @@ def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB
         raise ScenarioError(f"pools[{pool.name}].tp={pool.tp} does not divide {arch.name}'s "
                             f"{arch.num_heads} attention heads; choose a divisor")
     if pool.dtype in ("fp8", "fp4") and pool.dtype not in gpu.peak_flops:
-        raise ScenarioError(f"pools[{pool.name}].dtype={pool.dtype} but {gpu.name} has no {pool.dtype} tensor cores; "
-                            f"use {'fp8 or ' if 'fp8' in gpu.peak_flops else ''}int4 (weight-only) or bf16")
+        _weight_only(pool, gpu, engine)
     seqs, tokens = vllm_batch_defaults(gpu)
     e = pool.engine
     chunked = engine.default_chunked_prefill if e.enable_chunked_prefill is None else e.enable_chunked_prefill

@@ -28,7 +28,7 @@ def ctx():
     return build_context(moe_request())
 
 
-def test_layouts_cover_dp_ep_and_formats_and_fp4_needs_blackwell(ctx):
+def test_layouts_cover_dp_ep_and_formats_and_fp4_is_weight_only_on_hopper(ctx):
     keys = {lay.key for lay in ctx.layouts}
     b200 = {k for k in keys if k[0].startswith("B200")}
     # every (dtype, tp, dp) on B200, EP either off or over all dp x tp GPUs of the instance (vLLM's rule)
@@ -37,10 +37,13 @@ def test_layouts_cover_dp_ep_and_formats_and_fp4_needs_blackwell(ctx):
             for dp in (1, 2):
                 eps = {k[4] for k in b200 if k[1:4] == (dtype, tp, dp)}
                 assert eps == ({1, tp * dp} if tp * dp > 1 else {1}), (dtype, tp, dp, eps)
-    # H100 has no fp4 tensor cores: each fp4 layout is a misfit that says so, none is searched
-    assert not {k for k in keys if k[0].startswith("H100") and k[1] == "fp4"}
-    h100_fp4 = [(sh, why) for sh, _, why in ctx.misfits if sh.gpu.startswith("H100") and sh.dtype == "fp4"]
-    assert h100_fp4 and all("fp4" in why for _, why in h100_fp4)
+    # H100 has no fp4 tensor cores: vLLM serves fp4 there weight-only (W4A16 MXFP4), so those layouts are
+    # searched, with bf16 math and the weight-only expert kernel
+    h100_fp4 = [lay for lay in ctx.layouts if lay.gpu.startswith("H100") and lay.dtype == "fp4"]
+    assert h100_fp4
+    for lay in h100_fp4:
+        assert lay.dep.moe_format == "w4a16_mxfp4"
+        assert {g.compute_dtype for g in lay.dep.linear_groups()} == {"bf16"}
 
 
 def test_a_dense_model_is_searched_without_dp_or_ep():

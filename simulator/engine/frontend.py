@@ -1,6 +1,6 @@
 """The serving front end (the API server): what a client sees beyond the engine.
 
-Two parts, with the engine profile's fitted figures (``hwdb.schema.EngineProfile``):
+Two parts, with the engine profile's fitted figures (``hwdb.engine_schema.EngineProfile``):
 
 * **the way in**: a request reaches the engine ``frontend_s + frontend_s_per_token x prompt tokens``
   (HTTP, request parsing, the hand-off to the engine core; requests pay it side by side, no queue)
