@@ -50,3 +50,16 @@ def test_every_weight_only_entry_is_sourced(db):
     for name in ("vllm-v1", "vllm-v0", "sglang", "trtllm"):
         for fmt, wo in db.engine(name).weight_only.items():
             assert fmt in ("fp8", "fp4") and len(wo.source) > 20, (name, fmt)
+
+
+def test_gpt_oss_20b_is_known_with_the_model_card_sizes(db):
+    """OpenAI's model card: 20.9B parameters, 3.6B active without the 0.58B input embedding; 12 of 24 layers
+    hold KV for the whole context."""
+    a = db.model("openai/gpt-oss-20b").arch
+    assert a.total_params == pytest.approx(20.9e9, rel=0.01)
+    assert a.active_params - a.embedding_params == pytest.approx(3.61e9, rel=0.01)
+    assert a.num_layers == 24 and a.num_experts == 32 and a.experts_per_token == 4
+    big = db.model("gpt-oss-120b").arch
+    assert a.kv_elems_per_token == pytest.approx(big.kv_elems_per_token * 24 / 36)
+    d = dep(db, "gpt-oss-20b", "fp4", "H100")
+    assert d.moe_format == "w4a16_mxfp4" and plan_memory(d).weight_bytes < 16e9
