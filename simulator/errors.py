@@ -88,6 +88,8 @@ def format_validation_error(err: ValidationError, data, *, root: type[BaseModel]
         inp = e.get("input")
         got = "" if isinstance(inp, (dict, list)) or e["type"] == "missing" else f" (got {inp!r})"
         msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "missing":
+            msg = "required, but absent; add this key with a value"
         if e["type"] == "extra_forbidden":
             keys = known(loc_[:-1])
             msg = "unknown key; " + (f"valid keys here: {', '.join(keys)}" if keys
@@ -129,7 +131,8 @@ def validation_message(err: ValidationError) -> str:
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-after"))
         got = "" if isinstance(e.get("input"), (dict, list)) or e["type"] == "missing" else f" (got {e['input']!r})"
-        lines.append(f"{loc + ': ' if loc else ''}{e['msg'].removeprefix('Value error, ')}{got}")
+        msg = "required, but absent; give it" if e["type"] == "missing" else e["msg"].removeprefix("Value error, ")
+        lines.append(f"{loc + ': ' if loc else ''}{msg}{got}")
     return "invalid option: " + "; ".join(lines)
 
 

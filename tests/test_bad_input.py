@@ -127,7 +127,7 @@ def test_unknown_keys_via_parse_scenario():
 def test_missing_required_field(tmp_path):
     data = base()
     del data["model"]
-    check(write(tmp_path, data), "model", "Field required")
+    check(write(tmp_path, data), "model", "required, but absent; add this key")
 
 
 # ------------------------------------------------------------------ 3. unknown GPU
@@ -273,10 +273,11 @@ NO_FP8 = sorted(name for name, g in DB.gpus.items() if "fp8" not in g.peak_flops
 
 @pytest.mark.skipif(not NO_FP8, reason="no GPU without fp8 (e.g. A100) in hwdb yet")
 def test_fp8_on_gpu_without_fp8(tmp_path):
+    """vLLM serves fp8 weight-only there (Marlin W8A16); TensorRT-LLM has no such kernel and is refused."""
     gpu = NO_FP8[0]
     data = base()
-    data["pools"][0].update(gpu=gpu, dtype="fp8")
-    check(write(tmp_path, data), "pools[main].dtype=fp8", gpu, "bf16")
+    data["pools"][0].update(gpu=gpu, dtype="fp8", engine={"engine": "trtllm"})
+    check(write(tmp_path, data), "pools[main].dtype=fp8", gpu, "bf16", "trtllm has no weight-only fp8 kernel")
 
 
 # ------------------------------------------------------------------ 9. files and other commands
