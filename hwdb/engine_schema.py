@@ -30,6 +30,31 @@ class WeightOnly(StrictModel):
     source: str = Field(min_length=3)
 
 
+class MemoryRelease(StrictModel):
+    """The memory terms of one engine release on (later entries of :class:`EngineMemory` override earlier
+    ones field by field).  Bytes, and dimensionless factors on the profiling run's tensors
+    (simulator/memory.py has the formula each enters)."""
+
+    since: str = Field(min_length=1)
+    activation_base_bytes: sourced(0, 1e11, "bytes") | None = None
+    activation_per_token_hidden: sourced(0, 100, "times") | None = None   # x max_num_batched_tokens x hidden x 2 B
+    sampler_copies: sourced(0, 100, "times") | None = None                # x max_num_seqs x vocab x 4 B
+    moe_bytes: sourced(0, 1e11, "bytes") | None = None                    # more for a MoE model's routing buffers
+    non_torch_bytes: sourced(0, 1e11, "bytes") | None = None              # one GPU per rank (TP 1)
+    non_torch_tp_bytes: sourced(0, 1e11, "bytes") | None = None           # TP > 1: NCCL and custom all-reduce buffers
+    graph_bytes: sourced(0, 1e11, "bytes") | None = None                  # CUDA-graph pool taken from the KV budget
+    default_fraction: sourced(0, 1, "fraction", lo_open=True) | None = None   # gpu_memory_utilization's default
+
+
+class EngineMemory(StrictModel):
+    """How an engine sizes its KV cache: ``policy`` names the rule (a key of simulator.memory.POLICIES),
+    ``releases`` its terms, release by release, each with the measurements it came from."""
+
+    policy: Literal["vllm", "sglang", "trtllm"]
+    releases: tuple[MemoryRelease, ...] = Field(min_length=1)
+    source: str = Field(min_length=3)
+
+
 class CpuCosts(StrictModel):
     """Host (CPU) work of one engine step, in seconds.
 
@@ -76,6 +101,8 @@ class EngineProfile(StrictModel):
     moe_dispatch: Literal["allgather", "all_to_all"] = "allgather"
     # Formats it runs weight-only where the GPU lacks their tensor cores (absent: such a deployment is refused).
     weight_only: dict[Literal["fp8", "fp4"], WeightOnly] = {}
+    # What it keeps back from the KV cache (simulator/memory.py); None: vLLM's rule with its 0.19 terms.
+    memory: EngineMemory | None = None
     # End-to-end terms fitted on measured serving runs (calibration/e2e_fit.py, docs/validation/e2e.md):
     # a fixed GPU time per decoder layer per step (kernel floors and gaps between the ~15 small
     # kernels of a layer, independent of TP: the measured TPOT at TP1..8 leaves the same residual),

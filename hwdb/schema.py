@@ -156,6 +156,9 @@ class GPU(StrictModel):
     aliases: tuple[str, ...] = ()
     vendor: Literal["nvidia", "amd", "intel", "other"]
     memory_bytes: sourced(1e8, 1e14, "bytes")
+    # What CUDA reports as the device's total (torch.cuda.mem_get_info), below the datasheet by what the driver
+    # keeps; the engines size their KV cache from it (None: 99 % of memory_bytes, as on the GPUs measured).
+    visible_memory_bytes: sourced(1e8, 1e14, "bytes") | None = None
     memory_bandwidth_Bps: sourced(1e9, 1e16, "bytes/s")
     peak_flops: dict[str, sourced(1e9, 1e19, "FLOP/s", fix="give dense FLOP/s, or leave the dtype out")]
     intra_node_link: str
@@ -168,6 +171,12 @@ class GPU(StrictModel):
     compute_efficiency: EfficiencyCurve
     memory_efficiency: EfficiencyCurve
     notes: str | None = None
+
+    @property
+    def visible_bytes(self) -> float:
+        """The device total an engine sees (bytes)."""
+        v = self.visible_memory_bytes
+        return v.value if v is not None else 0.99 * self.memory_bytes.value
 
     @field_validator("peak_flops")
     @classmethod

@@ -26,15 +26,12 @@ from hwdb.models import ModelArch
 from hwdb.moe import MoeCurve
 from hwdb.profiles import Profile
 from hwdb.engine_schema import EngineProfile
-from hwdb.schema import DTYPE_BYTES, GPU, EfficiencyCurve, Link
+from hwdb.schema import GPU, EfficiencyCurve, Link
 from simulator.linear_groups import Group, linear_groups, stored_weight_bytes
+from simulator.memory import FitError, MemoryPlan, budget, kv_bytes_per_token, sglang_max_running  # noqa: F401
 from simulator.stepmodel import StepModel, interp_linear, regime   # noqa: F401 -- re-exported: one import path
 
 GiB = 2 ** 30
-
-
-class FitError(ValueError):
-    """A deployment does not fit its GPUs' memory; the message says what to change."""
 
 
 @dataclass(frozen=True)
@@ -44,31 +41,12 @@ class EngineKnobs:
     max_num_seqs: int
     max_num_batched_tokens: int
     block_size: int = 16
-    gpu_memory_utilization: float = 0.9
+    gpu_memory_utilization: float | None = None    # None: the engine release's default (simulator/memory.py)
     enable_chunked_prefill: bool = True
     enforce_eager: bool = False
     max_cudagraph_capture_size: int = 512
     max_model_len: int = 0
     num_gpu_blocks_override: int = 0
-
-
-@dataclass(frozen=True)
-class MemoryPlan:
-    """Per-GPU memory budget of an instance (bytes) and the KV capacity it leaves."""
-
-    gpu_bytes: float
-    usable_bytes: float
-    weight_bytes: float
-    activation_bytes: float
-    runtime_bytes: float
-    kv_bytes: float
-    kv_bytes_per_token: float
-    kv_blocks: int
-    block_size: int
-
-    @property
-    def kv_tokens(self) -> int:
-        return self.kv_blocks * self.block_size
 
 
 @dataclass(frozen=True)
@@ -100,6 +78,11 @@ class Deployment:
     moe_kernel: str = ""
     # Why kv_dtype is what it is (simulator.kv_rule.resolve_kv_dtype).
     kv_note: str = ""
+    version: str | None = None           # the engine release (EngineConfig.version); None: the profile's
+
+    @property
+    def release(self) -> str:
+        return self.version or self.engine.version
 
     @property
     def moe_format(self) -> str:
@@ -149,33 +132,16 @@ class Deployment:
         return stored_weight_bytes(self.arch, self.linear_groups(), self.weight_dtype)
 
 
-def kv_bytes_per_token(dep: Deployment) -> float:
-    """KV bytes per token held by one GPU of the instance (MLA's latent is replicated across TP)."""
-    a = dep.arch
-    per_layer_elems = a.kv_elems_per_token / a.num_layers
-    if not a.is_mla:
-        # KV heads are split across TP ranks; with fewer heads than ranks each rank keeps one copy.
-        per_layer_elems *= max(1, a.num_kv_heads // dep.tp) / a.num_kv_heads
-    layers = math.ceil(a.num_layers / dep.pp)
-    return per_layer_elems * layers * DTYPE_BYTES[dep.kv_dtype]
-
-
 def plan_memory(dep: Deployment) -> MemoryPlan:
-    """Split one GPU's memory as vLLM does and return the KV capacity.
+    """Split one GPU's memory as the instance's engine does (:mod:`simulator.memory`) and return the KV capacity.
 
-    Raises :class:`FitError` when nothing is left for the KV cache or when the
-    cache cannot hold one sequence of ``max_model_len`` tokens (vLLM refuses
-    to start in both cases).
+    Raises :class:`FitError` when nothing is left for the KV cache or when the cache cannot hold one
+    sequence of ``max_model_len`` tokens (the engines refuse to start in both cases).
     """
     a, k = dep.arch, dep.knobs
     gpu_bytes = dep.gpu.memory_bytes.value
-    usable = gpu_bytes * k.gpu_memory_utilization
+    usable, activation, runtime, derives, rule, fraction = budget(dep)
     wbytes = dep.weight_bytes_per_gpu()
-    act_elems = k.max_num_batched_tokens * (4 * a.hidden_size + 2 * (a.moe_intermediate_size or a.intermediate_size) / dep.tp)
-    logits = k.max_num_seqs * a.vocab_size / dep.tp * 4.0
-    activation = act_elems * 2.0 + logits
-    # CUDA context, NCCL buffers and the CUDA-graph pool: not counted by torch.
-    runtime = 0.75 * GiB + (0.35 * GiB if dep.tp > 1 else 0.0) + (0.0 if k.enforce_eager else 0.5 * GiB)
     kv = usable - wbytes - activation - runtime
     kvpt = kv_bytes_per_token(dep)
     need = _fit_hint(dep, wbytes, usable)
@@ -183,8 +149,8 @@ def plan_memory(dep: Deployment) -> MemoryPlan:
         raise FitError(
             f"{a.name} with {dep.weight_dtype} weights needs {dep.model_weight_bytes / 1e9:.0f} GB "
             f"of weights ({wbytes / 1e9:.1f} GB per GPU at TP={dep.tp}, PP={dep.pp}); "
-            f"{dep.gpus}x {dep.gpu.name} with {gpu_bytes / 1e9:.0f} GB each and gpu_memory_utilization="
-            f"{k.gpu_memory_utilization} leaves no memory for the KV cache: {need}")
+            f"{dep.gpus}x {dep.gpu.name} with {gpu_bytes / 1e9:.0f} GB each leaves no memory for the KV cache "
+            f"({rule}): {need}")
     blocks = int(kv // (kvpt * k.block_size))
     if k.num_gpu_blocks_override:
         # vLLM uses the override instead of the profiled number (e.g. a CPU backend's KV space); more
@@ -195,8 +161,11 @@ def plan_memory(dep: Deployment) -> MemoryPlan:
                 f"{k.num_gpu_blocks_override * k.block_size * kvpt / 1e9:,.1f} GB per GPU, but {max(kv, 0) / 1e9:.1f} GB "
                 f"is left for the KV cache on {dep.gpu.name} (at most {blocks} blocks); lower it or drop it")
         blocks = k.num_gpu_blocks_override
-    plan = MemoryPlan(gpu_bytes, usable, wbytes, activation, runtime, kv, kvpt, blocks, k.block_size)
-    if k.max_model_len and plan.kv_tokens < k.max_model_len:
+    running = sglang_max_running(blocks * k.block_size, k.max_model_len) if derives else 0
+    plan = MemoryPlan(gpu_bytes, usable, wbytes, activation, runtime, kv, kvpt, blocks, k.block_size,
+                      running, f"{rule} (fraction {fraction:.3f})")
+    # vLLM refuses to start; SGLang and TensorRT-LLM shorten the longest request they accept instead.
+    if k.max_model_len and plan.kv_tokens < k.max_model_len and dep.engine.memory.policy == "vllm":
         raise FitError(
             f"{a.name} on {dep.gpus}x {dep.gpu.name} (TP={dep.tp}): the KV cache holds {plan.kv_tokens} tokens, "
             f"fewer than max_model_len={k.max_model_len}; set engine.max_model_len <= {plan.kv_tokens}, "
@@ -208,7 +177,7 @@ def _kv_hint(dep: Deployment, kv: float, kvpt: float) -> str:
     """Fixes for a KV cache too small for max_model_len (weights fit)."""
     k = dep.knobs
     fixes = []
-    if k.gpu_memory_utilization < 0.9:
+    if k.gpu_memory_utilization is not None and k.gpu_memory_utilization < 0.9:
         fixes.append(f"raise engine.gpu_memory_utilization (now {k.gpu_memory_utilization})")
     fixes.append(f"use TP x PP > {dep.gpus}")
     if dep.kv_dtype in ("bf16", "fp16"):
@@ -224,7 +193,7 @@ def _fit_hint(dep: Deployment, wbytes: float, usable: float) -> str:
     min_gpus = math.ceil(per_gpu_full / (0.8 * usable))
     tp_hint = 1 << max(0, (min_gpus - 1).bit_length())
     fixes = []
-    if dep.knobs.gpu_memory_utilization < 0.9:
+    if dep.knobs.gpu_memory_utilization is not None and dep.knobs.gpu_memory_utilization < 0.9:
         fixes.append(f"raise engine.gpu_memory_utilization (now {dep.knobs.gpu_memory_utilization}) or")
     fixes.append(f"use TP x PP >= {tp_hint}")
     if dep.weight_dtype in ("bf16", "fp16") and "fp8" in dep.gpu.peak_flops:

@@ -44,7 +44,9 @@ class EngineConfig(StrictModel):
     max_num_seqs: count(1, 1_000_000, "sequences") | None = None
     max_num_batched_tokens: count(1, MAX_TOKENS, "tokens") | None = None
     block_size: Literal[1, 8, 16, 32, 64, 128] = 16
-    gpu_memory_utilization: Fraction = 0.9
+    # vLLM's gpu_memory_utilization, SGLang's mem_fraction_static, TensorRT-LLM's free_gpu_memory_fraction;
+    # None: the engine release's default (vLLM 0.9, 0.92 from 0.20; SGLang's own rule; TensorRT-LLM 0.9).
+    gpu_memory_utilization: Fraction | None = None
     enable_chunked_prefill: bool | None = None     # None: the engine's default
     enable_prefix_caching: bool | None = None
     enforce_eager: bool = False
@@ -220,6 +222,19 @@ def _weight_only(pool: PoolConfig, gpu: hwdb.GPU, engine: hwdb.EngineProfile) ->
                         f"or another engine")
 
 
+def _engine_running_cap(dep: Deployment, e: EngineConfig) -> Deployment:
+    """SGLang without ``max_running_requests`` runs as many requests as its KV tokens allow (half of them, at
+    most its request pool: :func:`simulator.memory.sglang_max_running`); a layout that does not fit keeps the
+    knobs and fails later, in :func:`plan_memory`, with the fix."""
+    if e.max_num_seqs is not None or dep.engine.memory is None or dep.engine.memory.policy != "sglang":
+        return dep
+    try:
+        cap = plan_memory(dep).max_running
+    except FitError:
+        return dep
+    return dataclasses.replace(dep, knobs=dataclasses.replace(dep.knobs, max_num_seqs=cap))
+
+
 def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB) -> Deployment:
     """Resolve a pool's names and defaults into a :class:`Deployment` (raises ScenarioError)."""
     try:
@@ -277,8 +292,12 @@ def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB
                                     or min(2 * max_seqs, 512)),
         max_model_len=max_len, num_gpu_blocks_override=e.num_gpu_blocks_override or 0)
     kv, kv_note = resolve_kv_dtype(pool.kv_cache_dtype, pool.dtype, engine, e.version, model.sidecar)
-    kept = model.sidecar.bf16_modules.get(pool.dtype)
-    qbytes = model.sidecar.quant_bytes.get(pool.dtype)
+    # A 4-bit float checkpoint served weight-only (no fp4 tensor cores) is held as the sidecar's W4A16 entry
+    # says, where it has one (gpt-oss: vLLM's Hopper MXFP4 layout and kernel).
+    side = "int4" if pool.dtype == "fp4" and "fp4" not in gpu.peak_flops and "int4" in model.sidecar.quant_bytes \
+        else pool.dtype
+    kept = model.sidecar.bf16_modules.get(side)
+    qbytes = model.sidecar.quant_bytes.get(side)
     scale_out = None
     if pool.tp * pool.dp * pool.pp > gpu.gpus_per_node and pool.ep > 1:
         try:
@@ -291,10 +310,11 @@ def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB
                      weight_dtype=pool.dtype, kv_dtype=kv,
                      profile=db.profile_for(gpu.name, engine.engine, engine.version, model.name),
                      bf16_modules=frozenset(kept.modules) if kept else frozenset(),
-                     quant_bytes=qbytes.value if qbytes else None, kv_note=kv_note)
+                     quant_bytes=qbytes.value if qbytes else None, kv_note=kv_note, version=e.version)
+    dep = _engine_running_cap(dep, e)
     if not arch.is_moe:
         return dep
-    choice = model.sidecar.moe_kernel.get(pool.dtype)
+    choice = model.sidecar.moe_kernel.get(side)
     if choice is not None:
         dep = dataclasses.replace(dep, moe_kernel=choice.format)
     curve, source = db.moe_curve(gpu.name, engine.engine, dep.moe_format, pool.ep)

@@ -21,8 +21,8 @@ def util_for_kv_tokens(kv_tokens: int, engine: dict) -> float:
     """gpu_memory_utilization that leaves about ``kv_tokens`` tokens of KV cache (8B on H100)."""
     probe = scenario(pools=pool(engine={**engine, "gpu_memory_utilization": 1.0}))
     mem = resolve(probe).pools[0].memory
-    fixed = mem.usable_bytes - mem.kv_bytes
-    return (fixed + (kv_tokens + 64) * mem.kv_bytes_per_token) / mem.gpu_bytes
+    fixed = mem.usable_bytes - mem.kv_bytes      # at 1.0, usable is the whole device as CUDA reports it
+    return (fixed + (kv_tokens + 64) * mem.kv_bytes_per_token) / mem.usable_bytes
 
 
 def check_invariants(res) -> None:

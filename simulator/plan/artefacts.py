@@ -15,6 +15,7 @@ import yaml
 
 import hwdb
 from simulator.ops.coldstart import breakdown
+from simulator.memory import memory_fraction
 from simulator.ops.k8s import recommend_probes
 from simulator.scenario import deployment_for, resolve
 
@@ -94,7 +95,7 @@ def vllm_args(model_id: str, dep, role: str, connector, encoder_tier: bool = Fal
         args += ["--enable-expert-parallel"]
     args += ["--dtype", SERVE_DTYPE[dep.weight_dtype], "--max-model-len", str(k.max_model_len),
              "--max-num-seqs", str(k.max_num_seqs), "--max-num-batched-tokens", str(k.max_num_batched_tokens),
-             "--gpu-memory-utilization", f"{k.gpu_memory_utilization:g}", "--block-size", str(k.block_size)]
+             "--gpu-memory-utilization", f"{memory_fraction(dep):.3g}", "--block-size", str(k.block_size)]
     if dep.weight_dtype == "fp8":
         args += ["--quantization", "fp8"]
     if dep.kv_dtype == "fp8":

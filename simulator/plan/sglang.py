@@ -9,6 +9,7 @@ serves.  SGLang does not install on a CPU-only machine, so the tests check flags
 """
 from __future__ import annotations
 
+from simulator.memory import memory_fraction
 from simulator.plan.manifests import (SGLANG_BOOTSTRAP_PORT, SGLANG_PORT, VLLM_PORT, ArtefactOptions,
                                      engine_deployment, router_objects)
 
@@ -34,7 +35,7 @@ def sglang_args(model_id: str, dep, role: str, connector, tcp: bool = False, enc
     if role == "encoder":
         return args + ["--encoder-only", "--encoder-transfer-backend", "mooncake" if not tcp else "zmq_to_scheduler"]
     args += ["--max-running-requests", str(k.max_num_seqs), "--chunked-prefill-size", str(k.max_num_batched_tokens),
-             "--mem-fraction-static", f"{k.gpu_memory_utilization:g}"]
+             "--mem-fraction-static", f"{memory_fraction(dep):.3f}"]
     if dep.kv_dtype == "fp8":
         args += ["--kv-cache-dtype", "fp8_e4m3"]
     if role in ("prefill", "decode"):

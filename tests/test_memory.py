@@ -1,0 +1,94 @@
+"""KV capacity as each engine release sizes it (simulator/memory.py), against the engines' own start-up logs
+(hwdb/data/validation/*_memory*.yaml, shipped with the repo) and their published rules."""
+from __future__ import annotations
+
+import pytest
+
+import hwdb
+from calibration.memory_fit import OTHER, _other_tokens, activation_fit, vllm_points
+from simulator.memory import GiB, sglang_fraction, sglang_max_running
+from simulator.perf import FitError, plan_memory
+from simulator.scenario import EngineConfig, PoolConfig, deployment_for
+
+
+@pytest.fixture(scope="module")
+def db():
+    return hwdb.load()
+
+
+@pytest.fixture(scope="module")
+def points(db):
+    return vllm_points(db)
+
+
+def dep(db, model="Llama-3.1-8B", gpu="H100", engine="vllm-v1", version=None, tp=1, dtype="bf16", **eng):
+    pool = PoolConfig(gpu=gpu, tp=tp, dtype=dtype, engine=EngineConfig(engine=engine, version=version, **eng))
+    return deployment_for(pool, db.model(model), db)
+
+
+def test_vllm_019_logs_are_reproduced_within_two_percent(points):
+    """Every vLLM 0.19 start-up on H100 with a model hwdb knows, at the default token budget: the KV GiB it logged."""
+    done = [p for p in points if str(p.get("vllm_version")).startswith("0.19") and p["pred_kv_gib"] is not None
+            and (p.get("max_num_batched_tokens") or 8192) == 8192 and p["hw"] != "Qwen3-235B-A22B"]
+    assert len(done) >= 20
+    for p in done:
+        assert p["pred_kv_gib"] == pytest.approx(p["kv_cache_gib"], rel=0.02), p["id"]
+
+
+def test_older_sampler_releases_keep_more_back(points):
+    """vLLM before 0.17 sorted the logits for top-k/top-p in PyTorch: its 0.11 logs show 4.8-7.4 GiB of
+    activations where 0.19 shows ~2 GiB, and the plan reproduces the KV those releases logged."""
+    old = [p for p in points if str(p.get("vllm_version")).startswith("0.11") and p["pred_kv_gib"] is not None]
+    assert len(old) >= 4
+    for p in old:
+        assert p["pred_kv_gib"] == pytest.approx(p["kv_cache_gib"], rel=0.02), p["id"]
+
+
+def test_activation_fit_holds_on_models_it_never_saw(db, points):
+    _, rows = activation_fit(points, db)
+    held = [(y, p) for _, y, p, h in rows if h]
+    assert len(held) >= 5
+    assert max(abs(p - y) for y, p in held) < 0.35          # GiB, on activations of 0.75-3.9 GiB
+
+
+def test_release_terms_switch_where_the_engine_changed(db):
+    new, old = plan_memory(dep(db, version="0.19.0")), plan_memory(dep(db, version="0.16.0"))
+    assert old.activation_bytes - new.activation_bytes > 2 * GiB      # the sampler's copies
+    d20 = dep(db, version="0.20.0")
+    assert plan_memory(d20).usable_bytes == pytest.approx(0.92 * d20.gpu.visible_bytes)   # 0.20's default
+    assert plan_memory(dep(db, version="0.19.0", gpu_memory_utilization=0.8)).usable_bytes == \
+        pytest.approx(0.8 * d20.gpu.visible_bytes)
+
+
+@pytest.mark.parametrize("case", OTHER, ids=[c["engine"] + "-" + c["model"] for c in OTHER])
+def test_sglang_and_trtllm_logs_within_seven_percent(db, case):
+    assert _other_tokens(db, case) == pytest.approx(case["tokens"], rel=0.07)
+
+
+def test_sglang_default_fraction_follows_the_release(db):
+    """server_args.py: 0.5.3 on reserves 512 + 1.5 x chunk + 2 x graph batch + 1024 x ranks/8 MiB (H100 TP1,
+    chunk 8192, graph batch 160: 0.837); 0.4.8-0.5.2 reserves 9.5 + ranks/2 GiB on an 80 GB GPU (0.874)."""
+    d = dep(db, engine="sglang")
+    mib = d.gpu.visible_bytes / 2 ** 20
+    assert sglang_fraction(d, "0.5.9") == pytest.approx((mib - (512 + 1.5 * 8192 + 2 * 160 + 128)) / mib)
+    assert sglang_fraction(d, "0.5.2") == pytest.approx(1 - 10.0 / (mib / 1024))
+    assert sglang_fraction(d, "0.4.0") == 0.88
+    assert sglang_fraction(dep(db, engine="sglang", tp=8), "0.4.0") == 0.81
+
+
+def test_sglang_runs_half_its_tokens_at_most_its_request_pool(db):
+    assert sglang_max_running(38048, 131072) == 2048
+    assert sglang_max_running(665690, 65536) == 4096       # SGLang's tuning guide's logged example
+    assert sglang_max_running(3000, 131072) == 1500
+    d = dep(db, "gpt-oss-120b", engine="sglang", dtype="fp4")
+    assert d.knobs.max_num_seqs == plan_memory(d).max_running == 2048
+    assert dep(db, "gpt-oss-120b", engine="sglang", dtype="fp4", max_num_seqs=64).knobs.max_num_seqs == 64
+
+
+def test_only_vllm_refuses_a_cache_shorter_than_max_model_len(db):
+    """gpt-oss-120b on one H100 at 0.9: vLLM's cache holds fewer tokens than the 131k context and vLLM refuses
+    to start (lower max_model_len or raise the fraction); SGLang shortens the longest request instead."""
+    with pytest.raises(FitError, match="max_model_len"):
+        plan_memory(dep(db, "gpt-oss-120b", dtype="fp4"))
+    assert plan_memory(dep(db, "gpt-oss-120b", dtype="fp4", max_model_len=32768)).kv_tokens > 32768
+    assert plan_memory(dep(db, "gpt-oss-120b", engine="sglang", dtype="fp4")).kv_tokens < 131072
