@@ -25,6 +25,7 @@ from simulator.perf import Deployment, EngineKnobs, FitError, MemoryPlan, StepMo
 from simulator.step_build import build_step_model
 from simulator.ops.opsconfig import OperationsConfig, check_against_pools
 from simulator.ops.opsstart import StartTimes, StartupError, start_times
+from simulator.engine_rules import engine_running_cap, vllm_batch_defaults, weight_only_refusal
 from simulator.kv_rule import resolve_kv_dtype
 from simulator.routing import ROUTERS
 from simulator.workload import WorkloadConfig
@@ -198,43 +199,6 @@ def load_scenario(path: str | Path) -> Scenario:
     return parse_scenario(data, str(path), path.parent)
 
 
-def vllm_batch_defaults(gpu: hwdb.GPU) -> tuple[int, int]:
-    """(max_num_seqs, max_num_batched_tokens) that vLLM's OpenAI server picks for ``gpu``.
-
-    vLLM ``EngineArgs.get_batch_defaults``: >= 70 GiB and not an A100 gives
-    1024 / 8192, otherwise 256 / 2048.
-    """
-    big = gpu.memory_bytes.value >= 70 * 2 ** 30 and not gpu.name.upper().startswith("A100")
-    return (1024, 8192) if big else (256, 2048)
-
-
-def _weight_only(pool: PoolConfig, gpu: hwdb.GPU, engine: hwdb.EngineProfile) -> None:
-    """Refuse ``pool.dtype`` on a GPU without its tensor cores unless the engine serves it weight-only there
-    (``EngineProfile.weight_only``: vLLM's Marlin W8A16 on Ampere, W4A16 MXFP4 on Hopper)."""
-    wo = engine.weight_only.get(pool.dtype)
-    missing = [] if wo is None else [n for n in wo.needs if n not in gpu.peak_flops]
-    if wo is not None and not missing:
-        return
-    why = (f"{engine.name} has no weight-only {pool.dtype} kernel" if wo is None
-           else f"{engine.name}'s weight-only {pool.dtype} kernel needs {'/'.join(missing)} tensor cores")
-    raise ScenarioError(f"pools[{pool.name}].dtype={pool.dtype} but {gpu.name} has no {pool.dtype} tensor cores and "
-                        f"{why}; use {'fp8 or ' if 'fp8' in gpu.peak_flops else ''}int4 (weight-only) or bf16, "
-                        f"or another engine")
-
-
-def _engine_running_cap(dep: Deployment, e: EngineConfig) -> Deployment:
-    """SGLang without ``max_running_requests`` runs as many requests as its KV tokens allow (half of them, at
-    most its request pool: :func:`simulator.memory.sglang_max_running`); a layout that does not fit keeps the
-    knobs and fails later, in :func:`plan_memory`, with the fix."""
-    if e.max_num_seqs is not None or dep.engine.memory is None or dep.engine.memory.policy != "sglang":
-        return dep
-    try:
-        cap = plan_memory(dep).max_running
-    except FitError:
-        return dep
-    return dataclasses.replace(dep, knobs=dataclasses.replace(dep.knobs, max_num_seqs=cap))
-
-
 def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB) -> Deployment:
     """Resolve a pool's names and defaults into a :class:`Deployment` (raises ScenarioError)."""
     try:
@@ -269,7 +233,9 @@ def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB
         raise ScenarioError(f"pools[{pool.name}].tp={pool.tp} does not divide {arch.name}'s "
                             f"{arch.num_heads} attention heads; choose a divisor")
     if pool.dtype in ("fp8", "fp4") and pool.dtype not in gpu.peak_flops:
-        _weight_only(pool, gpu, engine)
+        why = weight_only_refusal(pool.name, pool.dtype, gpu, engine)
+        if why:
+            raise ScenarioError(why)
     seqs, tokens = vllm_batch_defaults(gpu)
     e = pool.engine
     chunked = engine.default_chunked_prefill if e.enable_chunked_prefill is None else e.enable_chunked_prefill
@@ -311,7 +277,7 @@ def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB
                      profile=db.profile_for(gpu.name, engine.engine, engine.version, model.name),
                      bf16_modules=frozenset(kept.modules) if kept else frozenset(),
                      quant_bytes=qbytes.value if qbytes else None, kv_note=kv_note, version=e.version)
-    dep = _engine_running_cap(dep, e)
+    dep = engine_running_cap(dep, e.max_num_seqs is not None)
     if not arch.is_moe:
         return dep
     choice = model.sidecar.moe_kernel.get(side)

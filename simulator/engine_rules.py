@@ -1,0 +1,44 @@
+"""Engine rules a pool's settings resolve through: vLLM's batch defaults by GPU, which weight formats an engine
+serves weight-only, and SGLang's running-request cap from its KV tokens."""
+from __future__ import annotations
+
+import dataclasses
+
+import hwdb
+from simulator.perf import Deployment, FitError, plan_memory
+
+
+def vllm_batch_defaults(gpu: hwdb.GPU) -> tuple[int, int]:
+    """(max_num_seqs, max_num_batched_tokens) that vLLM's OpenAI server picks for ``gpu``.
+
+    vLLM ``EngineArgs.get_batch_defaults``: >= 70 GiB and not an A100 gives
+    1024 / 8192, otherwise 256 / 2048.
+    """
+    big = gpu.memory_bytes.value >= 70 * 2 ** 30 and not gpu.name.upper().startswith("A100")
+    return (1024, 8192) if big else (256, 2048)
+
+
+def weight_only_refusal(pool: str, dtype: str, gpu: hwdb.GPU, engine: hwdb.EngineProfile) -> str:
+    """'' or why ``dtype`` is refused on a GPU without its tensor cores: it is not unless the engine serves it
+    weight-only there (``EngineProfile.weight_only``: vLLM's Marlin W8A16 on Ampere, W4A16 MXFP4 on Hopper)."""
+    wo = engine.weight_only.get(dtype)
+    missing = [] if wo is None else [n for n in wo.needs if n not in gpu.peak_flops]
+    if wo is not None and not missing:
+        return ""
+    why = (f"{engine.name} has no weight-only {dtype} kernel" if wo is None
+           else f"{engine.name}'s weight-only {dtype} kernel needs {'/'.join(missing)} tensor cores")
+    return (f"pools[{pool}].dtype={dtype} but {gpu.name} has no {dtype} tensor cores and {why}; use "
+            f"{'fp8 or ' if 'fp8' in gpu.peak_flops else ''}int4 (weight-only) or bf16, or another engine")
+
+
+def engine_running_cap(dep: Deployment, given: bool) -> Deployment:
+    """SGLang without ``max_running_requests`` (``given``: the pool sets it) runs as many requests as its KV
+    tokens allow (half of them, at most its request pool: :func:`simulator.memory.sglang_max_running`); a
+    layout that does not fit keeps the knobs and fails later, in :func:`plan_memory`, with the fix."""
+    if given or dep.engine.memory is None or dep.engine.memory.policy != "sglang":
+        return dep
+    try:
+        cap = plan_memory(dep).max_running
+    except FitError:
+        return dep
+    return dataclasses.replace(dep, knobs=dataclasses.replace(dep.knobs, max_num_seqs=cap))
