@@ -170,8 +170,12 @@ def build_step_model(dep: Deployment) -> StepModel:
     lm = None
     for grp in dep.linear_groups():
         if grp.name == "experts":
-            # Per expert index, over every GPU of the instance (dp ranks share the experts).
-            expert_bytes = a.moe_layers * a.expert_params * grp.weight_bytes / dep.gpus
+            # Per expert index, over every GPU of the instance (dp ranks share the experts).  A measured kernel
+            # streams at most the bytes its curve was fitted with: its own timing already holds the engine's
+            # layout (vLLM's Hopper MXFP4 pads the experts in memory; the padding is in the measured kernel), and
+            # a checkpoint that stores fewer (MXFP4 through the NVFP4 curve) streams its own.
+            wb = min(FORMATS[dep.moe_format][1], grp.weight_bytes) if dep.moe_curve is not None else grp.weight_bytes
+            expert_bytes = a.moe_layers * a.expert_params * wb / dep.gpus
         else:
             dense_bytes += grp.params * grp.weight_bytes / gpus
         if grp.name == "lm_head":
