@@ -55,6 +55,22 @@ class EngineMemory(StrictModel):
     source: str = Field(min_length=3)
 
 
+class AdmissionRule(StrictModel):
+    """KV an engine keeps free for its running requests' future output before it admits another request.
+
+    A waiting request is admitted only while the free KV covers ``ratio`` x the output the running requests
+    have still to produce (each at most ``clip_tokens``) plus the newcomer's whole prompt and output.  The
+    ratio starts at ``init_ratio`` and falls by (init - min) / ``decay_steps`` per step to ``min_ratio``
+    (0 steps: constant); a preemption or an idle engine starts it again.  SGLang's new_token_ratio
+    (0.7 down to 0.098 over 600 steps, outputs clipped at 4,096); TensorRT-LLM's GUARANTEED_NO_EVICT keeps
+    every request's whole output (ratio 1).  vLLM keeps nothing back (None)."""
+
+    init_ratio: sourced(0, 1, "fraction")
+    min_ratio: sourced(0, 1, "fraction")
+    decay_steps: count(0, 10**7, "steps") = 0
+    clip_tokens: count(1, MAX_TOKENS, "tokens") | None = None
+
+
 class CpuCosts(StrictModel):
     """Host (CPU) work of one engine step, in seconds.
 
@@ -103,6 +119,8 @@ class EngineProfile(StrictModel):
     weight_only: dict[Literal["fp8", "fp4"], WeightOnly] = {}
     # What it keeps back from the KV cache (simulator/memory.py); None: vLLM's rule with its 0.19 terms.
     memory: EngineMemory | None = None
+    # KV it keeps free for running requests' future output at admission (None: none, as vLLM).
+    admission: AdmissionRule | None = None
     # End-to-end terms fitted on measured serving runs (calibration/e2e_fit.py, docs/validation/e2e.md):
     # a fixed GPU time per decoder layer per step (kernel floors and gaps between the ~15 small
     # kernels of a layer, independent of TP: the measured TPOT at TP1..8 leaves the same residual),

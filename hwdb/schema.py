@@ -178,6 +178,14 @@ class GPU(StrictModel):
         v = self.visible_memory_bytes
         return v.value if v is not None else 0.99 * self.memory_bytes.value
 
+    @model_validator(mode="after")
+    def _visible_below_total(self) -> GPU:
+        v, m = self.visible_memory_bytes, self.memory_bytes.value
+        if v is not None and not 0.9 * m <= v.value <= m:
+            raise ValueError(f"visible_memory_bytes={v.value:.4g} is not within 90-100 % of memory_bytes={m:.4g} "
+                             f"(CUDA sees ~1 % less than the datasheet); update it with memory_bytes, or remove it")
+        return self
+
     @field_validator("peak_flops")
     @classmethod
     def _known_dtypes(cls, v: dict[str, Figure]) -> dict[str, Figure]:

@@ -18,11 +18,12 @@ from tests.conftest import pool, scenario
 
 
 def util_for_kv_tokens(kv_tokens: int, engine: dict) -> float:
-    """gpu_memory_utilization that leaves about ``kv_tokens`` tokens of KV cache (8B on H100)."""
-    probe = scenario(pools=pool(engine={**engine, "gpu_memory_utilization": 1.0}))
-    mem = resolve(probe).pools[0].memory
-    fixed = mem.usable_bytes - mem.kv_bytes      # at 1.0, usable is the whole device as CUDA reports it
-    return (fixed + (kv_tokens + 64) * mem.kv_bytes_per_token) / mem.usable_bytes
+    """The memory fraction that leaves about ``kv_tokens`` tokens of KV cache (8B on H100); every engine's KV
+    bytes are linear in it (simulator/memory.py), so two probes give it."""
+    def mem(f):
+        return resolve(scenario(pools=pool(engine={**engine, "gpu_memory_utilization": f}))).pools[0].memory
+    lo, hi = mem(0.5), mem(1.0)
+    return 0.5 + 0.5 * ((kv_tokens + 64) * hi.kv_bytes_per_token - lo.kv_bytes) / (hi.kv_bytes - lo.kv_bytes)
 
 
 def check_invariants(res) -> None:
@@ -67,10 +68,11 @@ def check_invariants(res) -> None:
     out_hi=st.integers(1, 600),
     router=st.sampled_from(["round_robin", "least_outstanding", "least_kv"]),
     seed=st.integers(0, 2 ** 16),
+    engine_name=st.sampled_from(["vllm-v1", "sglang", "trtllm"]),     # none, decaying and whole reserves
 )
 def test_invariants_random_scenarios(instances, max_num_seqs, budget_extra, block_size, kv_tokens, rate,
-                                     in_hi, out_hi, router, seed):
-    engine = {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max(max_num_seqs, 16) + budget_extra,
+                                     in_hi, out_hi, router, seed, engine_name):
+    engine = {"engine": engine_name, "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max(max_num_seqs, 16) + budget_extra,
               "block_size": block_size, "max_model_len": 2048}
     engine["gpu_memory_utilization"] = util_for_kv_tokens(kv_tokens, engine)
     scn = scenario(seed=seed, pools=pool(instances=instances, router=router, engine=engine),

@@ -92,3 +92,17 @@ def test_only_vllm_refuses_a_cache_shorter_than_max_model_len(db):
         plan_memory(dep(db, "gpt-oss-120b", dtype="fp4"))
     assert plan_memory(dep(db, "gpt-oss-120b", dtype="fp4", max_model_len=32768)).kv_tokens > 32768
     assert plan_memory(dep(db, "gpt-oss-120b", engine="sglang", dtype="fp4")).kv_tokens < 131072
+
+
+def test_a_copied_gpu_with_a_new_size_must_update_its_visible_total(tmp_path):
+    """A user GPU copied from the H100 file with only memory_bytes changed would keep CUDA's 79.19 GiB and
+    plan the KV cache of the wrong card: refused, naming the field and the fix."""
+    import yaml
+    from pathlib import Path
+    src = Path(__file__).resolve().parent.parent / "hwdb/data/gpus/H100-SXM-80GB.yaml"
+    gpu = yaml.safe_load(src.read_text())
+    gpu.update(name="Lab-GPU-96", aliases=["labgpu"], memory_bytes={"value": 96 * 2 ** 30, "source": "lab (test)"})
+    (tmp_path / "gpus").mkdir()
+    (tmp_path / "gpus" / "lab.yaml").write_text(yaml.safe_dump(gpu))
+    with pytest.raises(hwdb.HwdbError, match="visible_memory_bytes.*update it with memory_bytes, or remove it"):
+        hwdb.load([str(tmp_path)])

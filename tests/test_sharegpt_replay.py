@@ -3,14 +3,16 @@
 Bounds come from the errors measured when this test was written (docs/validation/sharegpt.md); they
 are regression guards on an uncalibrated model, not accuracy claims:
 
-* Llama-3.1-8B (RTX 4090 TP1, RTX PRO 6000 TP1): not every headline figure is within 20 %.  Worst
-  errors measured: RTX 4090 TPOT p90 +24.6 %, TTFT p90 +18.6 %; RTX PRO 6000 TTFT p90 -22.9 %, TTFT
-  mean -20.2 %.  Asserted: every headline figure within 30 %, and the means of TPOT and throughput,
-  which are within 15 %, within 20 %.
-* Qwen3-32B TP2 over PCIe (RTX PRO 6000): epdsim under-predicts step time; errors measured -27 %
-  (TPOT) to -38.5 % (TTFT mean), throughput +31 %.  Asserted: within 45 %.
-* KV capacity (RTX 4090, where vLLM logged it: 41,408 tokens) within 5 %; mean running sequences
-  (the queueing the runs are bound by) within 10 %.
+* Llama-3.1-8B on RTX 4090 TP1 (KV-bound, 292 preemptions): since engine memory follows vLLM 0.19's own
+  budget (simulator/memory.py, fitted on H100 start-up logs) epdsim plans 43,888 KV tokens against the
+  41,408 vLLM logged (+6.0 %, the one logged capacity on a GPU the memory terms were not fitted on; the
+  earlier model's +0.9 % came from counting 24 GiB of device memory instead of CUDA's 23.52).  Worst errors
+  measured: TPOT p90 +33.3 %, TTFT p90 +24.9 %, TPOT mean +23.4 %.  Asserted: headline figures within 35 %,
+  TPOT mean and throughput within 25 %, KV tokens within 7 %.
+* Llama-3.1-8B on RTX PRO 6000 TP1: worst measured +3.2 % (TTFT p90); asserted within 10 %.
+* Qwen3-32B TP2 over PCIe (RTX PRO 6000): epdsim under-predicts step time; errors measured -22 %
+  (TPOT) to -31.6 % (TTFT mean), throughput +24.5 %.  Asserted: within 45 %.
+* Mean running sequences (the queueing the runs are bound by) within 10 %.
 
 No predicted number is written here: the test recomputes the table.
 """
@@ -21,8 +23,8 @@ import pytest
 from calibration import sharegpt_replay as sg
 
 LLAMA = ("rtx4090-llama8b", "pro6000-llama8b")
-LLAMA_BOUND = 0.30            # worst measured |error| 24.6 %
-LLAMA_MEAN_BOUND = 0.20       # TPOT mean and throughput: worst measured 14.0 %
+LLAMA_BOUND = {"rtx4090-llama8b": 0.35, "pro6000-llama8b": 0.10}        # worst measured 33.3 %, 3.2 %
+LLAMA_MEAN_BOUND = {"rtx4090-llama8b": 0.25, "pro6000-llama8b": 0.10}   # TPOT mean, throughput: 23.4 %, 1.6 %
 QWEN_BOUND = 0.45             # worst measured |error| 38.5 %
 
 
@@ -53,11 +55,11 @@ def test_every_request_completes(replay):
 def test_llama8b_within_measured_bound(replay, run):
     df, _ = replay
     err = _errors(df, run)
-    bad = {m: f"{e:+.1%}" for m, e in err.items() if abs(e) > LLAMA_BOUND}
-    assert not bad, f"{run}: beyond {LLAMA_BOUND:.0%}: {bad}"
+    bad = {m: f"{e:+.1%}" for m, e in err.items() if abs(e) > LLAMA_BOUND[run]}
+    assert not bad, f"{run}: beyond {LLAMA_BOUND[run]:.0%}: {bad}"
     means = {m: err[m] for m in ("tpot_mean_ms", "output_tokens_per_s")}
-    bad = {m: f"{e:+.1%}" for m, e in means.items() if abs(e) > LLAMA_MEAN_BOUND}
-    assert not bad, f"{run}: beyond {LLAMA_MEAN_BOUND:.0%}: {bad}"
+    bad = {m: f"{e:+.1%}" for m, e in means.items() if abs(e) > LLAMA_MEAN_BOUND[run]}
+    assert not bad, f"{run}: beyond {LLAMA_MEAN_BOUND[run]:.0%}: {bad}"
 
 
 def test_qwen32b_tp2_within_measured_bound(replay):
@@ -70,7 +72,7 @@ def test_qwen32b_tp2_within_measured_bound(replay):
 def test_capacity_and_concurrency(replay):
     df, _ = replay
     kv = _errors(df, "rtx4090-llama8b", ("kv_cache_tokens",))["kv_cache_tokens"]
-    assert abs(kv) <= 0.05, f"RTX 4090 KV tokens off by {kv:+.1%}"
+    assert abs(kv) <= 0.07, f"RTX 4090 KV tokens off by {kv:+.1%}"
     for run in sg.RUNS:
         e = _errors(df, run.name, ("mean_running_seqs",))["mean_running_seqs"]
         assert abs(e) <= 0.10, f"{run.name}: mean running sequences off by {e:+.1%}"

@@ -16,6 +16,7 @@ def _user_folder(tmp_path):
     gpu = yaml.safe_load((REPO / "hwdb/data/gpus/H100-SXM-80GB.yaml").read_text())
     gpu.update(name="Lab-GPU-96", aliases=["labgpu"])
     gpu["memory_bytes"] = {"value": 96 * 2 ** 30, "source": "our lab's card (test)"}
+    gpu.pop("visible_memory_bytes")         # CUDA's total of the H100 it was copied from
     (tmp_path / "hw" / "gpus").mkdir(parents=True)
     (tmp_path / "hw" / "gpus" / "lab.yaml").write_text(yaml.safe_dump(gpu))
     (tmp_path / "mymodel").mkdir()

@@ -159,6 +159,7 @@ class PoolSpec:
     prefix_caching: bool = True
     frontend: FrontEnd = FrontEnd()     # the API server: a delay on the way in, a queue on the way out
     dp: int = 1                         # ranks per lock-stepped data-parallel instance (instances counts ranks)
+    admission: object = None            # hwdb AdmissionRule: KV kept free for running requests (None: vLLM's none)
 
 
 @dataclass

@@ -1,29 +1,25 @@
-"""One vLLM V1 serving instance as a SimPy process.
+"""One serving instance as a SimPy process, scheduled as vLLM V1's ``Scheduler.schedule``.
 
-Scheduling follows vLLM V1's ``Scheduler.schedule``: each step first serves the running requests in
-admission order (one token per decoding sequence, then the next chunk of a partially prefilled prompt),
-then admits waiting requests FCFS while the token budget (``max_num_batched_tokens``), ``max_num_seqs``
-and free KV blocks allow.  When blocks run out, the newest running request is preempted (its KV freed)
-and later recomputed from its prompt plus the tokens it had produced.
-
-Cost per step is independent of the batch size: decoding sequences are kept as aggregates (count, total
-context, and a histogram of "which step makes this sequence need a new block", keyed by step modulo the
-block size), finishing steps sit in a heap, and the per-step log holds one row.  Per-request work is done
-only at admission, prefill completion, preemption and finish.
+Each step serves the running requests in admission order (one token per decode, then the next chunk of a
+partial prefill), then admits waiting requests FCFS while the token budget, ``max_num_seqs`` and free KV
+blocks allow (less an engine's reserve for running requests' future output: ``self.reserve``, SGLang and
+TensorRT-LLM).  When blocks run out the newest running request is preempted and later recomputed.
+Cost per step is independent of the batch size: decodes are aggregates (count, total context, a histogram
+of the step at which each needs a new block, keyed by step modulo the block size), finishes sit in a heap,
+the step log holds one row; per-request work happens only at admission, prefill end, preemption and finish.
 """
 from __future__ import annotations
 
 import heapq
-import math
 
 from simulator.engine.instance_state import InstanceState, TimedLog
 from simulator.stepmodel import step_functions
 
-# Shortcuts that leave results unchanged: steps that end before any other event advance the clock
-# inline instead of through a SimPy timeout, and decode-only steps skip the general step's empty
-# branches.  tests/test_run_ahead.py turns them off to compare with the plain step, one event each.
+# Shortcuts that leave results unchanged: steps that end before any other event advance the clock inline
+# instead of through a SimPy timeout; decode-only steps skip the general step's empty branches
+# (tests/test_run_ahead.py turns them off to compare with the plain step, one event each).
 FAST_STEPS = True
-INF = math.inf
+INF = float("inf")
 
 
 class Instance(InstanceState):
@@ -46,7 +42,7 @@ class Instance(InstanceState):
         heappush, heappop = heapq.heappush, heapq.heappop
         remote, ready, receiving = self.remote, self.ready, self.receiving
         is_prefill = self.role.hands_off
-        prefix = self.prefix
+        prefix, reserve = self.prefix, self.reserve
         new_dec: list[int] = []            # decode role: requests whose first token this step makes
 
         order: dict[int, None] = {}        # running requests in admission order (newest last)
@@ -70,6 +66,7 @@ class Instance(InstanceState):
             """
             nonlocal n_dec, sum_l, kv_used
             vic, _ = order.popitem()
+            self.left(vic, s)
             preempts[vic] += 1
             waiting.appendleft(vic)
             pf = prefill.pop(vic, None)
@@ -117,12 +114,10 @@ class Instance(InstanceState):
         local_time = self.model.local_time
         inline = FAST_STEPS and group is None
         while True:
-            # --- lazy decode-only steps (instance_state.py, catch_up): a decode instance with no KV
-            # to pull steps while catch_up drives it, up to the time it is driven to, and waits without
-            # an event at the step that ends later.  The decode-only step below, with the instance's
-            # counters (read by the decode router) written only where it waits, and the clock where
-            # a finish may read it.  It leaves for the general path when a hand-off or a landing of KV
-            # came while it waited.
+            # --- lazy decode-only steps (instance_state.py, catch_up): a decode instance with no KV to pull
+            # steps while catch_up drives it, to the time it is driven to, and waits without an event at the
+            # step that ends later; its counters (read by the decode router) are written only where it waits,
+            # the clock where a finish may read it.  A hand-off or a landing of KV meanwhile ends it.
             if lazy and n_dec and not waiting and not prefill and not ready and not remote and not self._freed:
                 # Every running request decodes here (no prompt chunk), so the batch is n_dec; the
                 # next finish's step is heap[0][0], which only finish_due changes.
@@ -216,6 +211,7 @@ class Instance(InstanceState):
             while ready and len(order) < max_seqs:
                 rid = ready.popleft()
                 order[rid] = None
+                self.final_tokens += inp[rid] + out[rid]
                 length = inp[rid] - 1
                 dec_start[rid] = (s, length, 0)
                 cnt[(s - length) % block] += 1
@@ -271,7 +267,8 @@ class Instance(InstanceState):
                 if c <= 0:
                     break
                 grow = -(-(done + c) // block)
-                if kv_total - kv_used < grow:
+                if kv_total - kv_used < grow or (reserve is not None and kv_total - kv_used < reserve.free_needed(
+                        s, self.final_tokens - kv_used * block, target - done, out[rid] - (pf[2] if pf else 0))):
                     break
                 waiting.popleft()
                 self.unqueue(rid)
@@ -287,6 +284,7 @@ class Instance(InstanceState):
                     del self._requeue[rid]
                 kv_used += grow
                 order[rid] = None
+                self.final_tokens += inp[rid] + out[rid]
                 prefill[rid] = pf
                 budget -= c
                 chunks.append((rid, pf, c))
@@ -341,10 +339,8 @@ class Instance(InstanceState):
                     self.paused = None
                     env._now = now = t_end
             elif inline and ((t_end < gate[0]) if gate is not None else (not queue or t_end < queue[0][0])):
-                # Nothing that could see this instance is due before this step ends (nor at the same
-                # time): advance its clock here instead of scheduling a timeout.  The arithmetic is
-                # the timeout's (env.now + dt); the clock is set so that anything this step calls
-                # sees the time the timeout would have fired at.
+                # Nothing that could see this instance is due before this step ends (nor at the same time):
+                # advance its clock here, with the timeout's arithmetic (env.now + dt), instead of a timeout.
                 env._now = now = t_end
             else:
                 yield env.timeout(dt)
@@ -367,6 +363,7 @@ class Instance(InstanceState):
                 if is_prefill:
                     # max_tokens=1: the prompt's KV stays allocated until the decode side has it.
                     del order[rid]
+                    self.left(rid)
                     self.outstanding -= 1
                     self.held[rid] = -(-pf[1] // block)
                     rec.t_prefilled[rid] = now
@@ -396,5 +393,6 @@ class Instance(InstanceState):
 
     def _finish(self, rid: int, now: float, order: dict, generated: int) -> None:
         del order[rid]
+        self.left(rid)
         self.outstanding -= 1
         self.rec.finish(rid, now, self.index, generated)

@@ -78,6 +78,10 @@ class InstanceState:
         self._freed = 0                        # blocks released from outside the process
         self.encode_cost = None                # multimodal: callback(instance, rid, now) -> encoder seconds
         self.last_tok: dict[int, float] = {}   # preempted rid -> time of its last token
+        # Admission reserve (simulator/engine/admission.py; None: none, as vLLM) and the running requests'
+        # prompt + output tokens, summed (what their KV grows to).
+        self.reserve = None
+        self.final_tokens = 0
         self._live = None                      # (running order, prefills, decodes) once run() starts
         self.group = None                      # attention data parallel: the instance's DPGroup, this rank's index
         self.rank = 0
@@ -191,6 +195,12 @@ class InstanceState:
             env._now = now
         if ev is not self.hold:
             raise RuntimeError(f"instance {self.index}: a lazy step waited on another event")
+
+    def left(self, rid: int, step: int | None = None) -> None:
+        """``rid`` stopped running (finished, handed off, preempted at ``step``: the reserve's ratio restarts)."""
+        self.final_tokens -= self.rec.input_tokens[rid] + self.rec.output_tokens[rid]
+        if step is not None and self.reserve is not None:
+            self.reserve.reset_at = step
 
     def queue_kv(self, rid: int, tokens: int) -> None:
         """Count the blocks that ``rid``, now queued, will allocate for ``tokens`` when admitted."""

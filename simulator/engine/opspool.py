@@ -9,6 +9,7 @@ from __future__ import annotations
 import simpy
 
 from simulator.engine.dp_group import DPGroup
+from simulator.engine.admission import Reservation
 from simulator.engine.instance import Instance
 from simulator.engine.opsrecord import Life
 from simulator.routing import make_router
@@ -47,6 +48,8 @@ class OpsPool:
         inst = Instance(index, s.name, s.step_model, s.memory, s.max_num_seqs, s.max_num_batched_tokens,
                         s.chunked_prefill, self.ops.rec, s.role, s.prefix_caching,
                         life=Life(s.name, index, self.gpus, cause, billed_s))
+        if s.admission is not None:
+            inst.reserve = Reservation(s.admission, s.memory.block_size)
         self.all.append(inst)
         self.ops.on_make(self, inst)
         return inst
