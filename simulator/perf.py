@@ -28,7 +28,8 @@ from hwdb.profiles import Profile
 from hwdb.engine_schema import EngineProfile
 from hwdb.schema import GPU, EfficiencyCurve, Link
 from simulator.linear_groups import Group, linear_groups, stored_weight_bytes
-from simulator.memory import FitError, MemoryPlan, budget, kv_bytes_per_token, sglang_max_running  # noqa: F401
+from simulator.memory import (FitError, MemoryPlan, budget, kv_bytes_per_token, memory_fraction,  # noqa: F401
+                              sglang_max_running)
 from simulator.stepmodel import StepModel, interp_linear, regime   # noqa: F401 -- re-exported: one import path
 
 GiB = 2 ** 30
@@ -177,8 +178,9 @@ def _kv_hint(dep: Deployment, kv: float, kvpt: float) -> str:
     """Fixes for a KV cache too small for max_model_len (weights fit)."""
     k = dep.knobs
     fixes = []
-    if k.gpu_memory_utilization is not None and k.gpu_memory_utilization < 0.9:
-        fixes.append(f"raise engine.gpu_memory_utilization (now {k.gpu_memory_utilization})")
+    fraction = memory_fraction(dep)
+    if fraction < 0.95:
+        fixes.append(f"raise engine.gpu_memory_utilization (now {fraction:.3g})")
     fixes.append(f"use TP x PP > {dep.gpus}")
     if dep.kv_dtype in ("bf16", "fp16"):
         fixes.append("set kv_cache_dtype: fp8")
@@ -193,8 +195,9 @@ def _fit_hint(dep: Deployment, wbytes: float, usable: float) -> str:
     min_gpus = math.ceil(per_gpu_full / (0.8 * usable))
     tp_hint = 1 << max(0, (min_gpus - 1).bit_length())
     fixes = []
-    if dep.knobs.gpu_memory_utilization is not None and dep.knobs.gpu_memory_utilization < 0.9:
-        fixes.append(f"raise engine.gpu_memory_utilization (now {dep.knobs.gpu_memory_utilization}) or")
+    fraction = memory_fraction(dep)
+    if fraction < 0.95:
+        fixes.append(f"raise engine.gpu_memory_utilization (now {fraction:.3g}) or")
     fixes.append(f"use TP x PP >= {tp_hint}")
     if dep.weight_dtype in ("bf16", "fp16") and "fp8" in dep.gpu.peak_flops:
         fixes.append("or fp8 weights")

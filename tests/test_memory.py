@@ -106,3 +106,14 @@ def test_a_copied_gpu_with_a_new_size_must_update_its_visible_total(tmp_path):
     (tmp_path / "gpus" / "lab.yaml").write_text(yaml.safe_dump(gpu))
     with pytest.raises(hwdb.HwdbError, match="visible_memory_bytes.*update it with memory_bytes, or remove it"):
         hwdb.load([str(tmp_path)])
+
+
+def test_perf_prints_how_the_engine_sized_its_cache(capsys):
+    from simulator.cli import main
+    assert main(["perf", "gpt-oss-120b", "--gpu", "H100", "--dtype", "fp4", "--engine", "sglang"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "memory: SGLang: mem_fraction_static 0.837" in out and "up to 2,048 running requests" in out
+    # vLLM at its default fraction refuses gpt-oss-120b's 131k context on one H100 and says what to change
+    assert main(["perf", "gpt-oss-120b", "--gpu", "H100", "--dtype", "fp4"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "fewer than max_model_len=131072" in err and "raise engine.gpu_memory_utilization (now 0.9)" in err

@@ -36,14 +36,15 @@ def _fmt(x: float, unit: str = "") -> str:
 
 def cmd_perf(args, con: Console) -> int:
     from simulator.perf import regime
-    from simulator.scenario import PoolConfig, deployment_for
+    from simulator.scenario import EngineConfig, PoolConfig, deployment_for
     from simulator.perf import plan_memory
     from simulator.step_build import build_step_model
     db = hwdb.load(args.hwdb)
     print_notes(db.notes)
     model = db.model(args.model)
     try:
-        pool = PoolConfig(gpu=args.gpu, tp=args.tp, pp=args.pp, dtype=args.dtype)
+        pool = PoolConfig(gpu=args.gpu, tp=args.tp, pp=args.pp, dtype=args.dtype,
+                          engine=EngineConfig(engine=getattr(args, "engine", "vllm-v1")))
     except ValidationError as exc:
         raise ScenarioError("epdsim perf: " + "; ".join(
             "".join(f"--{p}: " for p in e["loc"] if not str(p).startswith("function-after"))
@@ -56,6 +57,9 @@ def cmd_perf(args, con: Console) -> int:
               f"weights {mem.weight_bytes / 1e9:.1f} GB/GPU, KV cache {mem.kv_tokens:,} tokens "
               f"({mem.kv_bytes_per_token / 1e3:.1f} kB/token/GPU); "
               + (f"calibrated by {dep.profile.name}" if dep.profile else "uncalibrated defaults"))
+    con.print(f"memory: {mem.rule}; activations {mem.activation_bytes / 2 ** 30:.2f} GiB, runtime "
+              f"{mem.runtime_bytes / 2 ** 30:.2f} GiB, KV {mem.kv_bytes / 2 ** 30:.2f} GiB"
+              + (f"; up to {mem.max_running:,} running requests" if mem.max_running else ""), markup=False)
     t = Table(title="prefill (one request alone, chunked by max_num_batched_tokens)")
     for c in ("prompt tokens", "time", "tokens/s", "regime"):
         t.add_column(c, justify="right")
@@ -167,7 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--gpu", required=True)
     q.add_argument("--tp", type=int_arg(1, 64), default=1)
     q.add_argument("--pp", type=int_arg(1, 64), default=1)
-    q.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp8"])
+    q.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp8", "fp4", "int4"])
+    q.add_argument("--engine", default="vllm-v1", help="engine profile (vllm-v1, sglang, trtllm, vllm-v0)")
     q.add_argument("--hwdb", action="append", default=[], help="extra user hwdb folder (repeatable)")
     q.set_defaults(func=cmd_perf)
     x = sub.add_parser("pd-crossover", help="bandwidth below which PD's KV transfer costs more than the prefill")
