@@ -121,6 +121,9 @@ class EngineProfile(StrictModel):
     memory: EngineMemory | None = None
     # KV it keeps free for running requests' future output at admission (None: none, as vLLM).
     admission: AdmissionRule | None = None
+    # Attention DP: a rank holds new prompts back up to this many steps until every rank has one, so the
+    # ranks prefill together (TensorRT-LLM's attention_dp_config enable_balance / timeout_iters); None: never.
+    dp_context_wait_steps: count(1, 10_000, "steps") | None = None
     # End-to-end terms fitted on measured serving runs (calibration/e2e_fit.py, docs/validation/e2e.md):
     # a fixed GPU time per decoder layer per step (kernel floors and gaps between the ~15 small
     # kernels of a layer, independent of TP: the measured TPOT at TP1..8 leaves the same residual),

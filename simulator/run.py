@@ -30,7 +30,7 @@ def pool_spec(r: ResolvedPool) -> PoolSpec:
                     k.enable_chunked_prefill, k.max_model_len, pool.router, pool.role,
                     eng.default_prefix_caching if pool.engine.enable_prefix_caching is None
                     else pool.engine.enable_prefix_caching,
-                    front_end(dep, pool.instances), dep.dp, eng.admission)
+                    front_end(dep, pool.instances), dep.dp, eng.admission, eng.dp_context_wait_steps)
 
 
 def front_end(dep, instances: int = 1) -> FrontEnd:

@@ -257,6 +257,7 @@ def build_step_model(dep: Deployment) -> StepModel:
         kv_floor_bytes=a.num_layers * deff.half,
         compute_groups=tuple(parts) + (("lm_head", lm.compute_dtype, lm_coef, lm_curve.half),),
         exp_a=exp_a, exp_b=exp_b, moe_token_scale=dep.dp, moe_layers=a.moe_layers, prefill_step_s=prefill_step,
+        moe_pads_dp=eng.moe_dispatch != "all_to_all",
         **{k: v for k, v in measured.items() if k not in ("exp_a", "exp_b")},
         **moe_comm,
         **_allreduce_tables(dep),

@@ -96,6 +96,10 @@ class StepModel:
     exp_a: float = 0.0
     exp_b: float = 0.0
     moe_token_scale: int = 1
+    # Attention DP: True, every rank's MoE layers see the busiest rank's token count from each rank (vLLM
+    # pads them, num_tokens_across_dp); False, the ranks' own tokens summed (an all-to-all dispatch sends only
+    # what each rank has: SGLang's DeepEP, TensorRT-LLM's allgatherv; simulator/engine/dp_group.py).
+    moe_pads_dp: bool = True
     moe_comm_s_per_token: float = 0.0
     moe_comm_lat_s: float = 0.0
     moe_layers: int = 0

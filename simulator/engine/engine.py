@@ -160,6 +160,7 @@ class PoolSpec:
     frontend: FrontEnd = FrontEnd()     # the API server: a delay on the way in, a queue on the way out
     dp: int = 1                         # ranks per lock-stepped data-parallel instance (instances counts ranks)
     admission: object = None            # hwdb AdmissionRule: KV kept free for running requests (None: vLLM's none)
+    dp_context_wait: int | None = None  # attention DP: steps a rank holds prompts back to prefill with the others
 
 
 @dataclass

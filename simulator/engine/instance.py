@@ -255,7 +255,9 @@ class Instance(InstanceState):
             # --- admit waiting requests FCFS (V1 admits none in a step that preempted).  A batch
             # slot is kept for every request whose KV is pulled (receiving or ready), so that KV
             # starts decoding as soon as it lands.
-            while not n_pre and waiting and budget > 0 and len(order) + len(receiving) + len(ready) < max_seqs:
+            hold = group is not None and waiting and not group.may_prefill(rank, len(order))
+            while (not n_pre and not hold and waiting and budget > 0
+                   and len(order) + len(receiving) + len(ready) < max_seqs):
                 rid = waiting[0]
                 pf = self._requeue.get(rid)
                 target = pf[1] if pf is not None else inp[rid]

@@ -61,9 +61,10 @@ class OpsPool:
         dp = self.spec.dp
         if dp > 1:
             for g in range(0, len(insts), dp):
-                group = DPGroup(self.env, self.spec.step_model, dp)
+                group = DPGroup(self.env, self.spec.step_model, dp, self.spec.dp_context_wait)
                 for r, inst in enumerate(insts[g:g + dp]):
                     inst.group, inst.rank = group, r
+                    group.members.append(inst)
         for inst in insts:
             self.go_live(inst)
 
