@@ -6,6 +6,7 @@ with :data:`pytestmark`, which skips with the reason when Chromium or its driver
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -58,12 +59,12 @@ def _wait_health(url: str, proc: subprocess.Popen, timeout_s: float = 90.0) -> N
     raise AssertionError(f"{url} did not answer 'ok' within {timeout_s:.0f} s")
 
 
-@pytest.fixture(scope="module")
-def app_server(tmp_path_factory):
-    tmp_path = tmp_path_factory.mktemp("app")
+@contextlib.contextmanager
+def running_app(env: dict, log_path):
+    """`epdsim app` on a free localhost port with ``env``, its output in ``log_path``; yields its URL and
+    stops it (and everything it started) on exit."""
     port = _free_port()
-    env = {**os.environ, "EPDSIM_HWDB": str(tmp_path / "user-hwdb"), "HOME": str(tmp_path)}
-    log = open(tmp_path / "app.log", "w")
+    log = open(log_path, "w")
     proc = subprocess.Popen([sys.executable, "-m", "simulator.cli", "app", "--port", str(port), "--headless"],
                             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -76,6 +77,14 @@ def app_server(tmp_path_factory):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
         log.close()
+
+
+@pytest.fixture(scope="module")
+def app_server(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("app")
+    env = {**os.environ, "EPDSIM_HWDB": str(tmp_path / "user-hwdb"), "HOME": str(tmp_path)}
+    with running_app(env, tmp_path / "app.log") as url:
+        yield url
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import zipfile
@@ -14,10 +13,9 @@ import zipfile
 import pytest
 
 from app.services import calibration
-from tests.browser import (_free_port, _wait_health, alerts, assert_no_traceback, driver,  # noqa: F401
-                           needs_chromium, pytestmark as _selenium, wait)
+from tests.browser import (alerts, assert_no_traceback, driver, needs_chromium,  # noqa: F401
+                           pytestmark as _selenium, running_app, wait)
 from tests.browser import click
-from tests.conftest import REPO
 
 pytestmark = [_selenium, needs_chromium]
 
@@ -46,26 +44,14 @@ def audited(tmp_path_factory):
     secret = watch / "secret.txt"
     secret.write_text("root:x:0:0 the secret line\n")
     log_path = base / "audit.log"
-    port = _free_port()
     env = {**os.environ, "EPDSIM_HWDB": str(base / "user-hwdb"), "HOME": str(base),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")])),
            "EPDSIM_AUDIT_LOG": str(log_path), "EPDSIM_AUDIT_WATCH": str(watch)}
     # The hook sees what a process started this way opens (else the test below could not fail).
     subprocess.run([sys.executable, "-c", f"open({str(secret)!r}).read()"], env=env, check=True)
     assert log_path.read_text().split() == [str(secret)]
-    out = open(base / "app.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "simulator.cli", "app", "--port", str(port), "--headless"],
-                            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        _wait_health(f"http://localhost:{port}/_stcore/health", proc)
-        yield f"http://localhost:{port}/", secret, log_path
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        out.close()
+    with running_app(env, base / "app.log") as url:
+        yield url, secret, log_path
 
 
 def _zip(tmp_path, secret, case: str):
