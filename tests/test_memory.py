@@ -117,3 +117,12 @@ def test_perf_prints_how_the_engine_sized_its_cache(capsys):
     assert main(["perf", "gpt-oss-120b", "--gpu", "H100", "--dtype", "fp4"]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "fewer than max_model_len=131072" in err and "raise engine.gpu_memory_utilization (now 0.9)" in err
+
+
+def test_the_run_summary_says_how_each_pool_sized_its_cache():
+    from simulator.run import simulate
+    from tests.conftest import pool, scenario
+    res = simulate(scenario(pools=pool(engine={"engine": "sglang"})))
+    info = res.info["pools"][0]
+    assert info["kv_cache_sizing"].startswith("SGLang: mem_fraction_static")
+    assert info["max_running_requests"] == 2048 and info["kv_cache_tokens_per_instance"] > 0
