@@ -16,9 +16,7 @@ import argparse
 import json
 import math
 import shlex
-import signal
 import sys
-import threading
 from pathlib import Path
 
 from rich.console import Console
@@ -27,6 +25,7 @@ from rich.markup import escape
 from calibration.harness.affinity import cpu_list, parse_pin
 from calibration.harness.bundle import Bundle, BundleError
 from calibration.pd_options import add_pd_options, check_not_pd_options
+from calibration.harness.interrupt import interruptible
 from simulator.console import stdout_console, wide_tables
 from simulator.errors import print_user_error
 from simulator.inputs import float_arg
@@ -105,6 +104,7 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     pl.add_argument("--decode-concurrency", type=_ints, help="comma list of concurrency levels")
     pl.add_argument("--decode-prompt", type=int)
     pl.add_argument("--decode-output", type=int)
+    pl.add_argument("--decode-rounds", type=int, default=2, help="requests per user at each decode level (2)")
     pl.add_argument("--load-fractions", type=_floats, help="Poisson rates as fractions of the decode capacity")
     pl.add_argument("--load-rates", type=_floats, help="absolute Poisson rates (req/s); replace the fractions")
     pl.add_argument("--load-requests", type=int)
@@ -151,6 +151,22 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="replay without the fitted per-step host cost (the engine's defaults), for comparison")
     _sim_options(v)
     v.set_defaults(calibrate_func=_cmd_validate)
+    t = sub.add_parser("make-trace", help="write a bursty trace of several request kinds to replay with --trace",
+                       description="Write a plain CSV trace (arrival_s,input_tokens,output_tokens): arrivals from a "
+                                   "two-state Markov-modulated Poisson process (a quiet and a busy rate, each held "
+                                   "an exponential time) and lengths from request classes (calibration/trace_gen.py). "
+                                   "Replay it with `calibrate run --trace FILE --phases load` and check a fit with "
+                                   "`calibrate validate` on a load it was not fitted on.")
+    t.add_argument("out", help="the CSV file to write")
+    t.add_argument("--requests", type=int, default=240, help="requests in the trace (240)")
+    t.add_argument("--seed", type=int, default=0, help="random seed: the same arguments and seed give the same file")
+    t.add_argument("--rates", default="0.5,6", help="quiet,busy arrival rates in req/s (0.5,6)")
+    t.add_argument("--sojourn", default="20,6.5", help="mean seconds the source stays quiet,busy (20,6.5)")
+    t.add_argument("--class", dest="classes", action="append", default=[], metavar="NAME:SHARE:PROMPT:OUTPUT",
+                   help="a request class, lengths N or LO-HI tokens (repeatable; default chat:0.6:64-200:32-128, "
+                        "documents:0.25:900-1200:8-24, mid:0.15:400:200)")
+    t.add_argument("--force", action="store_true", help="overwrite an existing file")
+    t.set_defaults(calibrate_func=_cmd_make_trace)
     return p
 
 
@@ -166,6 +182,11 @@ def _sim_options(p: argparse.ArgumentParser) -> None:
 def _cmd_fit(a, con: Console) -> int:
     from calibration.fit import cmd_fit
     return cmd_fit(a, con)
+
+
+def _cmd_make_trace(a, con: Console) -> int:
+    from calibration.trace_gen import cmd_make_trace
+    return cmd_make_trace(a, con)
 
 
 def _cmd_validate(a, con: Console) -> int:
@@ -209,12 +230,13 @@ def _plan_options(a):
     if bad:
         raise BundleError(f"--phases: unknown {', '.join(bad)} (choose from {', '.join(PHASE_KINDS)})")
     return PlanOptions(quick=a.quick, seed=a.seed, kinds=kinds, prefill_lengths=a.prefill_lengths,
+                       decode_rounds=a.decode_rounds,
                        prefill_repeats=a.prefill_repeats, decode_concurrency=a.decode_concurrency,
                        decode_prompt=a.decode_prompt, decode_output=a.decode_output,
                        load_fractions=a.load_fractions, load_rates=a.load_rates, load_requests=a.load_requests,
                        load_prompt=a.load_prompt, load_output=a.load_output,
                        closed_concurrency=a.closed_concurrency, trace=a.trace, trace_format=a.trace_format,
-                       trace_limit=a.trace_limit)
+                       trace_limit=a.trace_limit).checked()
 
 
 def cmd_run(a, con: Console) -> int:
@@ -251,21 +273,12 @@ def cmd_run(a, con: Console) -> int:
                       enforce_eager=not a.no_enforce_eager, ready_timeout=a.ready_timeout, model=a.model,
                       api_key=a.api_key, resume=a.resume, plan=_plan_options(a),
                       server_hardware=a.server_hardware, server_log=a.server_log, argv=list(sys.argv), pin=pin)
-    previous = signal.getsignal(signal.SIGTERM)
-    if threading.current_thread() is threading.main_thread():
-        # SIGTERM (a job scheduler, `kill`) stops the launched server like Ctrl-C does
-        signal.signal(signal.SIGTERM, _sigterm)
-    try:
+    with interruptible():   # Ctrl-C, kill -INT (even from a script) and SIGTERM stop the launched server
         b = CalibrationRun(opts).run()
-    finally:
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, previous)
     _show(b, con)
     return 0
 
 
-def _sigterm(signum, frame):
-    raise KeyboardInterrupt("SIGTERM")
 
 
 def _fmt_s(x) -> str:

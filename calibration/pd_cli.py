@@ -15,8 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import signal
-import threading
 from pathlib import Path
 
 from rich.console import Console
@@ -27,6 +25,7 @@ from calibration import pd_run
 from calibration.harness.bundle import BundleError
 from calibration.pd_bundle import PDReplayError, pd_summary, read_manifest, show_pd
 from calibration.pd_replay import replay
+from calibration.harness.interrupt import interruptible
 
 # calibrate run's options that mean nothing for a PD pair: (attribute, flag, value when not given)
 NOT_FOR_PD = (("attach", "--attach", None), ("resume", "--resume", False), ("quick", "--quick", False),
@@ -64,27 +63,17 @@ def pd_run_args(a) -> argparse.Namespace:
         layers=a.layers, kv_bytes_per_token_layer=a.kv_bytes_per_token_layer)
 
 
-def _sigterm(signum, frame):
-    raise KeyboardInterrupt("SIGTERM")
-
-
 def cmd_run(a, con: Console) -> int:
     args = pd_run_args(a)
-    previous = signal.getsignal(signal.SIGTERM)
-    main_thread = threading.current_thread() is threading.main_thread()
-    if main_thread:   # SIGTERM stops the pair like Ctrl-C does, and the manifest says interrupted
-        signal.signal(signal.SIGTERM, _sigterm)
     try:
-        pd_run.cmd_run(args)
+        with interruptible():   # SIGINT and SIGTERM stop the pair, and the manifest says interrupted
+            pd_run.cmd_run(args)
     except PDReplayError as exc:
         raise BundleError(str(exc)) from None
     except KeyboardInterrupt:
         Console(stderr=True).print(f"[red]interrupted[/]: {escape(str(a.out))}/manifest.json has status interrupted "
                                    f"(a PD run does not resume: run it again)")
         return 130
-    finally:
-        if main_thread:
-            signal.signal(signal.SIGTERM, previous)
     show_pd(pd_summary(a.out), con)
     return 0
 

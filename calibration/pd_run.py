@@ -31,9 +31,7 @@ import asyncio
 import json
 import os
 import random
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -51,6 +49,7 @@ from calibration.pd_launch import (BLOCK, connector_name, count_injections, defa
                                    file_bandwidth, launch_pair, nixl_counters, nixl_problem, nixl_transfers)
 from calibration.pd_options import add_pd_options
 from calibration.pd_replay import print_report, replay
+from calibration.harness.interrupt import interruptible
 
 
 def build_specs(pf: PromptFactory, n: int, rate: float, seed: int, blocks: list[int], extra: int,
@@ -269,13 +268,9 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
 def run_guarded(fn, a) -> int:
     """``fn(a)`` with SIGTERM unwinding like Ctrl-C and the exit codes of ``calibrate``: 2 user error,
     3 server error, 130 interrupted."""
-    previous = signal.getsignal(signal.SIGTERM)
-    main_thread = threading.current_thread() is threading.main_thread()
-    if main_thread:
-        # SIGTERM (kill, a job scheduler) unwinds like Ctrl-C: the servers stop and the manifest says so
-        signal.signal(signal.SIGTERM, _sigterm)
     try:
-        return fn(a)
+        with interruptible():   # SIGINT (even from a script) and SIGTERM unwind: the servers stop
+            return fn(a)
     except (PDReplayError, BundleError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -285,9 +280,6 @@ def run_guarded(fn, a) -> int:
     except KeyboardInterrupt:
         print(f"interrupted: {getattr(a, 'out', '')}/manifest.json has status interrupted", file=sys.stderr)
         return 130
-    finally:
-        if main_thread:
-            signal.signal(signal.SIGTERM, previous)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -304,10 +296,6 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=cmd_replay)
     a = ap.parse_args(argv)
     return run_guarded(a.fn, a)
-
-
-def _sigterm(signum, frame):
-    raise KeyboardInterrupt("SIGTERM")
 
 
 if __name__ == "__main__":

@@ -90,7 +90,10 @@ def test_a_pinned_launch_records_the_layout_and_restores_the_harness(tmp_path, c
                     "1", "--pin", f"{CPUS[0]}:{CPUS[1]}"], capsys)
     assert rc == 0, err
     assert os.sched_getaffinity(0) == before
-    (launch,) = json.loads((tmp_path / "b" / "manifest.json").read_text())["launches"]
+    manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    (launch,) = manifest["launches"]
+    # the host's cores, not the one CPU the harness ran on while pinned (the CPU peak is derived from them)
+    assert manifest["hardware"]["server"]["cpu_affinity"] == len(before)
     assert launch["pin"]["engine_cpus"] == [CPUS[0]] and launch["pin"]["front_cpus"] == [CPUS[1]]
     assert launch["pin"]["threads_moved_to_engine_cpus"] >= 1
     assert launch["env"]["VLLM_CPU_OMP_THREADS_BIND"] == str(CPUS[0])

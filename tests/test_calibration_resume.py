@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import hwdb
+import pytest
 import yaml
 
 from calibration import cli
@@ -40,9 +41,16 @@ def _argv(out: Path, port: int, *extra: str, serve: list[str] | None = None) -> 
             "--load-prompt", "8:16", "--load-output", "8:12", *extra]
 
 
-def _start(out: Path, port: int) -> subprocess.Popen:
+def _ignore_sigint():
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _start(out: Path, port: int, sigint_ignored: bool = False) -> subprocess.Popen:
+    """The harness as a subprocess; ``sigint_ignored``: started as a script's ``cmd &`` starts it (a
+    shell without job control leaves SIGINT ignored in background jobs)."""
     return subprocess.Popen([sys.executable, "-m", "calibration.cli", *_argv(out, port)], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_ignore_sigint if sigint_ignored else None)
 
 
 def _wait_for_requests(out: Path, n: int, proc: subprocess.Popen, timeout: float = 60.0) -> None:
@@ -74,6 +82,9 @@ def _resume_and_check(out: Path, port: int, capsys) -> Bundle:
     oks = [r for r in b.records(PHASE, "request") if r.get("ok")]
     assert len(oks) == 40 and len({r["id"] for r in oks}) == 40      # every request, none measured twice
     assert b.phase_done(PHASE) and b.manifest["runs"][-1]["status"] == "completed"
+    # sent_s is on the plan's clock in a resumed segment too: no request goes before its schedule
+    resumed = [r for r in oks if r["segment"] >= 1]
+    assert resumed and min(r["sent_s"] - r["scheduled_s"] for r in resumed) > -0.01
     return b
 
 
@@ -107,12 +118,14 @@ def test_sigkill_then_next_read_marks_interrupted_and_resume_completes(tmp_path,
     assert [m["segment"] for m in metrics] == [1] and "partial" not in metrics[0]
 
 
-def test_sigterm_keeps_a_partial_metrics_record_and_resume_completes(tmp_path, capsys):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT-from-a-script"])
+def test_a_stop_signal_keeps_a_partial_metrics_record_and_resume_completes(tmp_path, capsys, sig):
+    """SIGTERM, and SIGINT sent to a harness started with SIGINT ignored (a script's background job)."""
     out, port = tmp_path / "b", free_port()
-    proc = _start(out, port)
+    proc = _start(out, port, sigint_ignored=sig == signal.SIGINT)
     try:
         _wait_for_requests(out, 5, proc)
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
@@ -122,7 +135,7 @@ def test_sigterm_keeps_a_partial_metrics_record_and_resume_completes(tmp_path, c
     b = Bundle.open(out)
     assert b.manifest["runs"][-1]["status"] == "interrupted" and b.manifest["runs"][-1]["conditions"]["after"]
     (m0,) = b.records(PHASE, "metrics")
-    assert m0["segment"] == 0 and m0["partial"] and m0["interrupted"] == "cancelled (Ctrl-C or SIGTERM)"
+    assert m0["segment"] == 0 and m0["partial"] and m0["interrupted"] == "cancelled (Ctrl-C, SIGINT or SIGTERM)"
     assert m0["histograms"]["vllm:time_to_first_token_seconds"][0]["count"] >= 5
     b = _resume_and_check(out, port, capsys)
     assert [m["segment"] for m in b.records(PHASE, "metrics")] == [0, 1]

@@ -3,12 +3,14 @@
 Numbers out of their physical range in a scenario and a plan request (each refused with the field,
 the value and the range), control characters in names, output paths checked before a run, plan
 fabrics that the database lacks, regress profiles and baselines named as the user gave them, a hwdb
-folder given as one string, and a user hardware folder that replaces a shipped GPU (a note, and the
-shipped names still find it).  Same checks as tests/test_hostile_input.py: exit code 2, no
+folder given as one string, a user hardware folder that replaces a shipped GPU (a note, and the
+shipped names still find it), and calibration plan counts (a 0 must not read as the default).  Same checks as tests/test_hostile_input.py: exit code 2, no
 traceback, the words named, under 5 s (:func:`tests.hostile.expect_user_error`).  Every number of
 every schema: tests/test_hostile_input_bounds.py.
 """
 from __future__ import annotations
+
+import sys
 
 import pytest
 import yaml
@@ -183,3 +185,21 @@ def test_user_folder_replacing_a_shipped_gpu_is_said_and_keeps_its_names(tmp_pat
 
 def test_shipped_data_alone_has_no_notes():
     assert hwdb.load().notes == ()
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--prefill-repeats", "0"], "--prefill-repeats 0: each value must be from 1 to 1,000"),
+    (["--decode-concurrency", "1,0"], "--decode-concurrency 1,0: each value must be from 1 to 4,096"),
+    (["--decode-rounds", "0"], "--decode-rounds 0: each value must be from 1 to 1,000"),
+    (["--load-rates", "nan"], "--load-rates nan: each value must be from 0.0001 to 10,000"),
+    (["--load-prompt", "50:10"], "--load-prompt 50:10: each value must be from 1 to 10,000,000 with LO <= HI"),
+])
+def test_calibration_plan_counts_are_bounded_before_a_launch(argv, words, tmp_path, capsys):
+    """A 0 read as "the default" would be a silent wrong plan; nothing is launched for any of them."""
+    from calibration import cli as calibrate
+    marker = tmp_path / "launched"
+    serve = f"{sys.executable} -c \"open('{marker}', 'w')\""
+    assert calibrate.main(["run", "--out", str(tmp_path / "b"), "--serve-cmd", serve, "--url", "http://127.0.0.1:9",
+                           *argv]) == 2
+    assert words in " ".join(capsys.readouterr().err.split())
+    assert not marker.exists()

@@ -318,7 +318,9 @@ async def run_open_loop(client: CompletionClient, specs: Sequence[RequestSpec],
                         on_result: OnResult | None = None) -> list[RequestResult]:
     """Send each request at its ``arrival_s`` offset (Poisson schedule from :func:`poisson_arrivals`),
     whatever the server's progress; results in completion order.  The offsets are shifted so
-    that the first remaining request starts at once (a resumed phase keeps the others' gaps)."""
+    that the first remaining request starts at once (a resumed phase keeps the others' gaps); each
+    result's ``sent_s`` is on the plan's clock, as ``scheduled_s`` is (the segment started at the first
+    remaining request's offset), so ``sent_s - scheduled_s`` is how late it went, in any segment."""
     t0 = time.monotonic()
     first = min((s.arrival_s or 0.0) for s in specs) if specs else 0.0
     results: list[RequestResult] = []
@@ -327,7 +329,7 @@ async def run_open_loop(client: CompletionClient, specs: Sequence[RequestSpec],
         delay = (spec.arrival_s or 0.0) - first - (time.monotonic() - t0)
         if delay > 0:
             await asyncio.sleep(delay)
-        res = await client.complete(spec, t0)
+        res = await client.complete(spec, t0 - first)
         results.append(res)
         await _emit(on_result, res)
 

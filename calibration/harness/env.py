@@ -108,9 +108,11 @@ def conditions() -> dict:
     return {"at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "loadavg": load, "cores": cores}
 
 
-def hardware() -> dict:
+def hardware(cpus: set[int] | None = None) -> dict:
+    """The host as this process sees it.  ``cpus``: the CPUs it may use before ``--pin`` moved it to
+    the front end's (the host's cores are the engine's and the front end's together), else its own."""
     try:
-        affinity = len(os.sched_getaffinity(0))
+        affinity = len(cpus) if cpus else len(os.sched_getaffinity(0))
     except AttributeError:
         affinity = None
     return {"hostname": platform.node(), "machine": platform.machine(), "os": platform.platform(),

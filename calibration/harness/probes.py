@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from calibration.harness.bundle import Bundle, now_iso
+from calibration.harness.bundle import Bundle, BundleError, now_iso
 from calibration.harness.client import (CompletionClient, PromptFactory, RequestResult, RequestSpec,
                                         poisson_arrivals, run_closed_loop, run_open_loop)
 from calibration.harness.metrics import counter_deltas, histogram_deltas, parse_prometheus
@@ -31,6 +31,13 @@ from calibration.harness.server import Endpoint
 from calibration.harness.trace_plan import trace_phase
 
 PHASE_KINDS = ("prefill", "decode", "load")
+
+
+#: the range of each plan field that counts something (inclusive; rates in req/s)
+PLAN_BOUNDS = {"prefill_lengths": (1, 10_000_000), "prefill_repeats": (1, 1000), "decode_concurrency": (1, 4096),
+               "decode_prompt": (1, 10_000_000), "decode_output": (1, 10_000_000), "decode_rounds": (1, 1000),
+               "load_requests": (1, 1_000_000), "load_prompt": (1, 10_000_000), "load_output": (1, 10_000_000),
+               "closed_concurrency": (1, 4096), "load_rates": (1e-4, 1e4), "load_fractions": (1e-3, 10.0)}
 
 
 @dataclass
@@ -53,6 +60,21 @@ class PlanOptions:
     trace: str | None = None                        # a trace file: the load test replays it instead
     trace_format: str = "auto"
     trace_limit: int | None = None
+
+    def checked(self) -> "PlanOptions":
+        """This plan, when every counting field is inside :data:`PLAN_BOUNDS` (else a BundleError
+        naming the flag, the value and the range: a 0 must not read as "the default")."""
+        for name, (lo, hi) in PLAN_BOUNDS.items():
+            v = getattr(self, name)
+            if v is None:
+                continue
+            vals = list(v) if isinstance(v, (list, tuple)) else [v]
+            if any(not (math.isfinite(x) and lo <= x <= hi) for x in vals) or (isinstance(v, tuple) and v[0] > v[1]):
+                shown = ":".join(map(str, v)) if isinstance(v, tuple) else ",".join(map(str, vals))
+                span = " to ".join(f"{int(x):,}" if float(x).is_integer() else f"{x:g}" for x in (lo, hi))
+                raise BundleError(f"--{name.replace('_', '-')} {shown}: each value must be from {span}"
+                                  + (" with LO <= HI" if isinstance(v, tuple) else ""))
+        return self
 
     def resolved(self) -> "PlanOptions":
         q = self.quick
@@ -226,7 +248,7 @@ async def run_phase(bundle: Bundle, phase: dict, client: CompletionClient, serve
             t.cancel()
         await asyncio.gather(main, dog, return_exceptions=True)
         # Ctrl-C and SIGTERM reach this task as a cancellation from asyncio.run, without their reason
-        why = ("cancelled (Ctrl-C or SIGTERM)" if isinstance(exc, asyncio.CancelledError)
+        why = ("cancelled (Ctrl-C, SIGINT or SIGTERM)" if isinstance(exc, asyncio.CancelledError)
                else f"{type(exc).__name__}: {str(exc)[:300]}")
         await _segment_metrics(bundle, name, seg, client, before, time.monotonic() - t0, interrupted=why)
         raise

@@ -213,7 +213,7 @@ class CalibrationRun:
             b = Bundle.open(o.out)
             b.check_same_model(ident)
             return b
-        hw_local = envinfo.hardware()
+        hw_local = envinfo.hardware(self._affinity)
         manifest = {
             "mode": "attach" if o.attach else "launch",
             "model": ident,
