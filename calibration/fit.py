@@ -38,7 +38,7 @@ What it is fitted to
     ``prefill_overhead_s`` is nested (:func:`calibration.fit_solver.fit_points`): one overhead for every
     step first, then the prompt steps' own, kept only when the data resolve it.
 
-    The **front end** (the API server: a delay on the way in, an output queue on the way out;
+    The **front end** (the API server: a delay on the way in, the API server's event loop on the way out;
     :mod:`simulator.engine.frontend`) is fitted apart, from the client's and the server's timestamps
     (:mod:`calibration.fit_frontend`), and written into the calibrated engine.
 

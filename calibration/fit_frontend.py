@@ -8,21 +8,22 @@ timestamps: what the client sees beyond the engine.
   slope is the API server's serial part (its one tokenizer thread): a lone request does not queue
   there, so the slope is its service time per prompt token; the simulator serves it one request at a
   time in the order they were sent (:class:`simulator.engine.frontend.WayIn`).
-* **The way out** (``stream_s_per_token``, ``stream_s_per_request``): every request of the bundle's
-  open-loop load tests (else, without one, of the decode sweeps at 2 or more users) is put through
-  the front end's output queue, as the simulator does, at the times the server emitted its tokens:
-  the request was sent at ``t_send`` (client clock), reached the engine through the way in, was picked
-  up when the step then running ended (the engine core takes requests between steps; the server's
-  own clock starts there: the end of another request's prompt step, or on average half a decode step
-  while others decode), its first token came the server's TTFT (queue + prefill) after that and the
-  others ``mean_itl_ms`` apart.  The queue's service times (per token, and more for a request's first
-  token) are those whose client-side first and last token times (TTFT and
-  E2E) come closest to the measured ones (soft-L1 least squares on log ratios: a scan of 0.01-30 ms
-  each, then Nelder-Mead on their logarithms).  A service time that ends at the scan's floor is 0.  The
-  queue is kept when it explains the measured delays significantly better than none (F-test of the two
-  fits at 5%); otherwise the front end is the way-in delay alone and the report says why.
+* **The way out** (``stream_s_per_output``, ``stream_s_per_chunk``, ``stream_s_per_request``): every
+  request of the bundle's open-loop load tests (else, without one, of the decode sweeps at 2 or more
+  users) is put through the API server's event loop, as the simulator does, at the times the server
+  emitted its tokens: the request was sent at ``t_send`` (client clock), reached the engine through the
+  way in, was picked up when the step then running ended (the engine core takes requests between
+  steps; the server's own clock starts there: the end of another request's prompt step, or on average
+  half a decode step while others decode), its first token came the server's TTFT (queue + prefill)
+  after that and the others ``mean_itl_ms`` apart.  The loop's costs (per output processed, per chunk
+  sent, and more for a request's first chunk) are those whose client-side first and last token times
+  (TTFT and E2E) come closest to the measured ones (soft-L1 least squares on log ratios: a scan of
+  0.01-30 ms per chunk and per first chunk, then of the cost per output, then Nelder-Mead on the
+  three logarithms).  A cost that ends at the scan's floor is 0.  The loop is kept when it explains
+  the measured delays significantly better than none (F-test of the two fits at 5%); otherwise the
+  front end is the way-in delay alone and the report says why.
 
-The queue is :func:`simulator.engine.frontend.fifo`, the simulator's own.  Seconds throughout.
+The loop is :func:`simulator.engine.frontend.api_server`, the simulator's own.  Seconds throughout.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ import numpy as np
 
 from calibration.fit_points import server_ttft_s
 from calibration.harness.bundle import Bundle
-from simulator.engine.frontend import FrontEnd, WayIn, fifo
+from simulator.engine.frontend import FrontEnd, WayIn, api_server
 
 #: scale of the soft-L1 loss on log(predicted / measured) client times
 SOFT_L1_SCALE = 0.25
@@ -47,7 +48,8 @@ class FrontEndFit:
 
     frontend_s: float | None = None
     serial_s_per_token: float = 0.0
-    stream_s_per_token: float = 0.0
+    stream_s_per_output: float = 0.0
+    stream_s_per_chunk: float = 0.0
     stream_s_per_request: float = 0.0
     lone_requests: int = 0
     loaded_requests: int = 0
@@ -113,17 +115,16 @@ def _loaded_requests(b: Bundle) -> tuple[list[dict], list[str]]:
     return out, names
 
 
-def client_predictions(rows: list[dict], way_in: FrontEnd, stream_s: float,
-                       first_s: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
-    """Client TTFT and E2E of ``rows`` through the way in ``way_in`` (its output queue's fields unused)
-    and the output queue (``stream_s`` per token, ``first_s`` more for a request's first)."""
+def client_predictions(rows: list[dict], way_in: FrontEnd, loop: FrontEnd) -> tuple[np.ndarray, np.ndarray]:
+    """Client TTFT and E2E of ``rows`` through the way in ``way_in`` (its way-out fields unused) and the
+    API server's event loop ``loop`` (its way-out fields: :func:`simulator.engine.frontend.api_server`)."""
     ttft = np.empty(len(rows))
     e2e = np.empty(len(rows))
     for phase in dict.fromkeys(r["phase"] for r in rows):
         idx = sorted((i for i, r in enumerate(rows) if r["phase"] == phase), key=lambda i: rows[i]["t_send"])
         way = WayIn(way_in)
         seen_at = {i: way.seen(rows[i]["t_send"], rows[i]["prompt"]) for i in idx}
-        emit, owner, last, work = [], [], [], []
+        emit, owner = [], []
         busy: list[tuple[float, float]] = []     # (start, end) of the prompt steps so far
         decoding: list[tuple[float, float, float]] = []   # (start, end, step) of the decodes so far
         for i in sorted(idx, key=seen_at.__getitem__):
@@ -137,20 +138,24 @@ def client_predictions(rows: list[dict], way_in: FrontEnd, stream_s: float,
             decoding.append((t1, t1 + r["itl"] * (r["out"] - 1), r["itl"]))
             emit.extend(t1 + r["itl"] * np.arange(r["out"]))
             owner.extend([i] * r["out"])
-            last.extend([False] * (r["out"] - 1) + [True])
-            work.extend([stream_s + first_s] + [stream_s] * (r["out"] - 1))
         emit_a = np.array(emit)
         order = np.argsort(emit_a, kind="stable")
-        _, end = fifo(emit_a[order], np.array(work)[order])
-        owner_a, last_a = np.array(owner)[order], np.array(last)[order]
-        seen: set[int] = set()
-        for k, (i, is_last) in enumerate(zip(owner_a.tolist(), last_a.tolist())):
-            if i not in seen:
-                seen.add(i)
-                ttft[i] = end[k] - rows[i]["t_send"]
-            if is_last:
-                e2e[i] = end[k] - rows[i]["t_send"]
+        owner_a = np.array(owner)[order]
+        got = api_server(emit_a[order], owner_a, loop)
+        # outputs of one request keep their order: its first is its earliest, its last its latest
+        firsts = np.unique(owner_a, return_index=True)
+        lasts = np.unique(owner_a[::-1], return_index=True)
+        for i, k in zip(*firsts):
+            ttft[i] = got[k] - rows[i]["t_send"]
+        for i, k in zip(*lasts):
+            e2e[i] = got[len(got) - 1 - k] - rows[i]["t_send"]
     return ttft, e2e
+
+
+def _loop(costs) -> FrontEnd:
+    """The event loop of costs (per output, per chunk, per first chunk), each at the scan's floor read as 0."""
+    b, c, f = (float(v) if v > SCAN[0] * 1.0001 else 0.0 for v in costs)
+    return FrontEnd(stream_s_per_output=b, stream_s_per_chunk=c, stream_s_per_request=f)
 
 
 def fit_frontend(b: Bundle) -> FrontEndFit:
@@ -168,44 +173,51 @@ def fit_frontend(b: Bundle) -> FrontEndFit:
     fit.loaded_requests = len(rows)
     if len(rows) < 4:
         fit.stream_why = (f"{len(rows)} requests with several in flight (decode sweeps at 2 or more users, load "
-                          f"tests) have client and server times: too few to see the output queue")
+                          f"tests) have client and server times: too few to see the API server's loop")
         return fit
     meas = np.concatenate([[r["ttft"] for r in rows], [r["e2e"] for r in rows]])
 
-    def resid(s: float, f: float) -> np.ndarray:
-        t, e = client_predictions(rows, FrontEnd(max(icpt - s - f, 0.0), serial_s_per_token=slope), s, f)
+    def resid(loop: FrontEnd) -> np.ndarray:
+        # a lone request's client - server TTFT holds one output, one first chunk: taken off the way in
+        lone = loop.stream_s_per_output + loop.stream_s_per_chunk + loop.stream_s_per_request
+        t, e = client_predictions(rows, FrontEnd(max(icpt - lone, 0.0), serial_s_per_token=slope), loop)
         return np.log(np.maximum(np.concatenate([t, e]), 1e-9) / meas)
 
     def loss(x) -> float:
-        s, f = (float(v) if v > SCAN[0] * 1.0001 else 0.0 for v in np.exp(x))
-        z = (resid(s, f) / SOFT_L1_SCALE) ** 2
+        z = (resid(_loop(np.exp(x))) / SOFT_L1_SCALE) ** 2
         return float(np.sum(2.0 * (np.sqrt(1.0 + z) - 1.0)))
 
-    grid = [(loss(np.log([s, f])), s, f) for s in SCAN for f in SCAN]
-    _, s0, f0 = min(grid)
+    floor = SCAN[0]
+    _, c0, f0 = min((loss(np.log([floor, c, f])), c, f) for c in SCAN for f in SCAN)
+    _, b0 = min((loss(np.log([b_, c0, f0])), b_) for b_ in SCAN)
     lo, hi = math.log(SCAN[0]), math.log(SCAN[-1])
-    best = minimize(lambda x: loss(np.clip(x, lo, hi)), np.log([s0, f0]), method="Nelder-Mead",
-                    options={"xatol": 0.01, "fatol": 1e-6, "maxfev": 200})
-    s, f = (float(v) if v > SCAN[0] * 1.0001 else 0.0 for v in np.exp(np.clip(best.x, lo, hi)))
-    r1, r0 = resid(s, f), resid(0.0, 0.0)
+    best = minimize(lambda x: loss(np.clip(x, lo, hi)), np.log([b0, c0, f0]), method="Nelder-Mead",
+                    options={"xatol": 0.01, "fatol": 1e-6, "maxfev": 300})
+    costs = np.exp(np.clip(best.x, lo, hi))
+    loop = _loop(costs)
+    r1, r0 = resid(loop), resid(FrontEnd())
     fit.error_without_queue = float(np.sqrt(np.mean(r0 ** 2)))
     fit.error_with_queue = float(np.sqrt(np.mean(r1 ** 2)))
     m = len(r1)
-    c1, c0 = float(np.sum(r1 ** 2)), float(np.sum(r0 ** 2))
-    k = (s > 0) + (f > 0)
-    F = (c0 - c1) / max(k, 1) / max(c1 / max(m - k, 1), 1e-300)
+    c1, c0_ = float(np.sum(r1 ** 2)), float(np.sum(r0 ** 2))
+    named = {"per output": loop.stream_s_per_output, "per chunk": loop.stream_s_per_chunk,
+             "per first chunk": loop.stream_s_per_request}
+    k = sum(v > 0 for v in named.values())
+    F = (c0_ - c1) / max(k, 1) / max(c1 / max(m - k, 1), 1e-300)
     crit = float(f_dist.ppf(0.95, max(k, 1), max(m - k, 1)))
     if k == 0 or F <= crit:
-        fit.stream_why = (f"a queue of {s * 1e3:.3g} ms per token and {f * 1e3:.3g} ms more per request explains "
-                          f"the client's delays no better than none (F = {F:.1f} < {crit:.1f} over {len(rows)} "
-                          f"requests)")
+        fit.stream_why = (f"an event loop of {', '.join(f'{v * 1e3:.3g} ms {n}' for n, v in named.items())} "
+                          f"explains the client's delays no better than none (F = {F:.1f} < {crit:.1f} over "
+                          f"{len(rows)} requests)")
         return fit
-    fit.stream_s_per_token, fit.stream_s_per_request = s, f
-    fit.frontend_s = max(icpt - s - f, 0.0)
-    edge = [n for n, v in (("per token", s), ("per request", f)) if v >= SCAN[-1] * 0.999]
+    fit.stream_s_per_output, fit.stream_s_per_chunk = loop.stream_s_per_output, loop.stream_s_per_chunk
+    fit.stream_s_per_request = loop.stream_s_per_request
+    fit.frontend_s = max(icpt - sum(named.values()), 0.0)
+    edge = [n for n, v in named.items() if v >= SCAN[-1] * 0.999]
     if edge:
-        fit.remark = (f"the service time {' and '.join(edge)} ended at the top of the scan ({SCAN[-1] * 1e3:.0f} ms): "
-                      f"the client's delays in this bundle are larger than an output queue explains (a busy host?)")
+        fit.remark = (f"the cost {' and '.join(edge)} ended at the top of the scan ({SCAN[-1] * 1e3:.0f} ms): "
+                      f"the client's delays in this bundle are larger than the API server's loop explains "
+                      f"(a busy host?)")
     return fit
 
 
@@ -215,10 +227,11 @@ def describe(fe: FrontEndFit) -> str:
         return f"front end: not fitted ({fe.stream_why})"
     text = (f"front end, way in: {fe.frontend_s * 1e3:.2f} ms + {fe.serial_s_per_token * 1e6:.2f} us per prompt "
             f"token, one request at a time (client - server TTFT of {fe.lone_requests} lone requests)")
-    if fe.stream_s_per_token or fe.stream_s_per_request:
-        return text + (f"; way out: an output queue of {fe.stream_s_per_token * 1e3:.3f} ms per streamed token "
-                       f"and {fe.stream_s_per_request * 1e3:.3f} ms more per request's first token "
+    if fe.stream_s_per_output or fe.stream_s_per_chunk or fe.stream_s_per_request:
+        return text + (f"; way out, the API server's loop (fitted): {fe.stream_s_per_output * 1e3:.3f} ms per "
+                       f"output processed, {fe.stream_s_per_chunk * 1e3:.3f} ms per chunk streamed and "
+                       f"{fe.stream_s_per_request * 1e3:.3f} ms more per request's first "
                        f"({fe.loaded_requests} requests of {', '.join(fe.phases)}: client TTFT/E2E RMS log error "
                        f"{fe.error_with_queue:.2f} with it, {fe.error_without_queue:.2f} without)"
                        + (f"; {fe.remark}" if fe.remark else ""))
-    return text + f"; no output queue: {fe.stream_why}"
+    return text + f"; no API server loop: {fe.stream_why}"

@@ -74,16 +74,20 @@ def calibrated_engine(base, overhead_s: float, per_seq_s: float, *, name: str = 
            "notes": f"calibrated by {source}; the host cost adds to the device time (no overlap)"}
     # The base engine's front end was fitted on GPU serving runs; this engine carries the harness's own.
     upd.update(frontend_s=None, frontend_s_per_token=None, frontend_serial_s_per_token=None,
-               frontend_stream_s_per_token=None, frontend_stream_s_per_request=None)
+               frontend_stream_s_per_output=None, frontend_stream_s_per_chunk=None,
+               frontend_stream_s_per_request=None)
     if frontend is not None and frontend.frontend_s is not None:
-        what = {"frontend_s": (frontend.frontend_s, "the way in, fixed (client - server TTFT of lone requests)"),
-                "frontend_serial_s_per_token": (frontend.serial_s_per_token, "the way in's serial part, per prompt "
-                                                "token (slope of the lone requests' client - server TTFT)"),
-                "frontend_stream_s_per_token": (frontend.stream_s_per_token, "the output queue's service time per "
-                                                "streamed token" + (f" (0: {frontend.stream_why})"
-                                                                    if frontend.stream_why else "")),
-                "frontend_stream_s_per_request": (frontend.stream_s_per_request, "the output queue's extra service "
-                                                  "time for a request's first token")}
+        what = {"frontend_s": (frontend.frontend_s, "fitted: the way in, fixed (client - server TTFT of lone "
+                                             "requests)"),
+                "frontend_serial_s_per_token": (frontend.serial_s_per_token, "fitted: the way in's serial part, per "
+                                                "prompt token (slope of the lone requests' client - server TTFT)"),
+                "frontend_stream_s_per_output": (frontend.stream_s_per_output, "fitted: the API server's loop, "
+                                                 "per engine output processed" + (f" (0: {frontend.stream_why})"
+                                                                                  if frontend.stream_why else "")),
+                "frontend_stream_s_per_chunk": (frontend.stream_s_per_chunk, "fitted: the API server's loop, per "
+                                                "SSE chunk streamed (a chunk carries every token waiting)"),
+                "frontend_stream_s_per_request": (frontend.stream_s_per_request, "fitted: the API server's loop, "
+                                                  "more for a request's first chunk")}
         upd.update({k: fig(round(v, 9), w) for k, (v, w) in what.items()})
     if cpu_defaults:
         upd.update(default_max_num_seqs=CPU_DEFAULT_MAX_NUM_SEQS,

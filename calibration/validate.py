@@ -20,7 +20,7 @@ What is compared (``measured`` -> ``predicted``):
   buckets resolve them: vLLM's first ITL bucket is 0-10 ms);
 * **client-side**: the client's TTFT / E2E / TPOT vs the simulator's requests table, which holds the
   front end of the replayed engine (the calibrated engine ``engines/<profile>.yaml`` carries the one
-  ``calibrate fit`` found: a delay on the way in, an output queue on the way out;
+  ``calibrate fit`` found: a delay on the way in, the API server's event loop on the way out;
   :mod:`simulator.engine.frontend`).  With a fitted front end, TTFT p50 and p90 are checks within
   ``client_tolerance``; the other client rows, and all of them without one, are information.  The
   client's ITL comes from the streamed token times, which on a small host arrive in lumps.
@@ -251,7 +251,8 @@ def _front_end(db: hwdb.HardwareDB, engine_name: str | None) -> dict | None:
     val = lambda f: f.value if f is not None else 0.0  # noqa: E731
     return {"engine": engine_name, "frontend_s": val(e.frontend_s), "frontend_s_per_token": val(e.frontend_s_per_token),
             "serial_s_per_token": val(e.frontend_serial_s_per_token),
-            "stream_s_per_token": val(e.frontend_stream_s_per_token),
+            "stream_s_per_output": val(e.frontend_stream_s_per_output),
+            "stream_s_per_chunk": val(e.frontend_stream_s_per_chunk),
             "stream_s_per_request": val(e.frontend_stream_s_per_request)}
 
 

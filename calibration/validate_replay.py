@@ -143,7 +143,7 @@ def predicted_phase(res, rows: list[dict], notes: dict | None = None) -> dict:
 
     Server side: the engine's own times, from the first step at or after the engine saw the request
     (its arrival plus the front end's way in).  Client side: the requests table's TTFT, TPOT and E2E,
-    which hold the replayed engine's front end (way in and output queue) when it has one."""
+    which hold the replayed engine's front end (way in and API server loop) when it has one."""
     req = res.requests.sort_values("request_id")
     steps = res.steps.sort_values("start_s")
     starts = steps["start_s"].to_numpy()

@@ -75,7 +75,7 @@ def markdown_report(d: dict) -> str:
     lines += ["Server-side times start when the engine takes the request (between steps); the simulator's are "
               "taken from the first step at or after the engine saw the request. Client-side times start when "
               "the client sent it; the simulator's hold the replayed engine's front end (the way in and the "
-              "output queue). The client, the API server and the engine share the host's cores.", ""]
+              "API server's event loop). The client, the API server and the engine share the host's cores.", ""]
     return "\n".join(lines)
 
 
@@ -98,9 +98,9 @@ def _front_text(fe: dict | None) -> str:
         text += f" + {fe['frontend_s_per_token'] * 1e6:.3g} us per prompt token"
     if fe.get("serial_s_per_token"):
         text += f" after {fe['serial_s_per_token'] * 1e6:.3g} us per prompt token, one request at a time"
-    return text + (f", output queue {fe['stream_s_per_token'] * 1e3:.3g} ms per streamed token + "
-                   f"{fe.get('stream_s_per_request', 0.0) * 1e3:.3g} ms per request's first"
-                   if fe["stream_s_per_token"] or fe.get("stream_s_per_request") else ", no output queue")
+    loop = [fe.get(k, 0.0) for k in ("stream_s_per_output", "stream_s_per_chunk", "stream_s_per_request")]
+    return text + (f", API server loop {loop[0] * 1e3:.3g} ms per output + {loop[1] * 1e3:.3g} ms per chunk "
+                   f"streamed + {loop[2] * 1e3:.3g} ms per request's first" if any(loop) else ", no API server loop")
 
 
 def _host_text(d: dict) -> str:

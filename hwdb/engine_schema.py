@@ -132,10 +132,11 @@ class EngineProfile(StrictModel):
     # ``frontend_serial_s_per_token``: the way in's serial part, per prompt token, one request at a time in
     # the order they were sent (the API server's tokenizer/renderer: vLLM renderer_num_workers = 1);
     # fitted by `calibrate fit` from lone requests' client - server TTFT, which a GPU end-to-end fit cannot see.
-    # ``frontend_stream_s_per_token``: the API server's output queue, one FIFO server per instance that
-    # streams every token the engine emits (detokenisation, SSE), this long each (a request's first
-    # token ``frontend_stream_s_per_request`` more); fitted by
-    # `calibrate fit` from the harness's client and server timestamps (simulator/engine/frontend.py).
+    # The way out, the API server's event loop per instance (vLLM AsyncLLM.output_handler): each engine
+    # output processed ``frontend_stream_s_per_output`` (detokenise, queue to its request), then each
+    # request with outputs waiting streams them in one SSE chunk, ``frontend_stream_s_per_chunk`` (its
+    # first ``frontend_stream_s_per_request`` more); fitted by `calibrate fit` from the harness's client
+    # and server timestamps (simulator/engine/frontend.py).
     layer_overhead_s: PerItemCost | None = None
     moe_layer_overhead_s: PerItemCost | None = None   # more per MoE layer: routing, top-k, permutation, grouped GEMM
     # Per GPU type: a factor on both per-layer terms (kernel floors differ between GPU generations);
@@ -144,7 +145,8 @@ class EngineProfile(StrictModel):
     frontend_s: Latency | None = None
     frontend_s_per_token: PerItemCost | None = None
     frontend_serial_s_per_token: PerItemCost | None = None
-    frontend_stream_s_per_token: PerItemCost | None = None
+    frontend_stream_s_per_output: PerItemCost | None = None
+    frontend_stream_s_per_chunk: Latency | None = None
     frontend_stream_s_per_request: Latency | None = None   # more for a request's first token (its stream opens)
     default_chunked_prefill: bool
     default_prefix_caching: bool

@@ -36,7 +36,7 @@ requests that arrive later, in the drain window, cannot change them).  :func:`pr
 is ``count / judged``; replications are averaged by ``numpy.mean``, which moves with each term), and a
 request is judged when it ends only from figures the requests table will show unchanged.  Where that
 cannot be vouched for (operations, which restore re-prefilled requests afterwards; a front end whose
-output queue moves client times; multimodal runs), the runs go to their end.
+API server loop moves client times; multimodal runs), the runs go to their end.
 """
 from __future__ import annotations
 

@@ -47,8 +47,8 @@ def front_end(dep, instances: int = 1) -> FrontEnd:
         return FrontEnd()
     val = lambda f: f.value if f is not None else 0.0  # noqa: E731
     return FrontEnd(val(eng.frontend_s), val(eng.frontend_s_per_token), val(eng.frontend_serial_s_per_token),
-                    max(int(instances), 1), val(eng.frontend_stream_s_per_token),
-                    val(eng.frontend_stream_s_per_request))
+                    max(int(instances), 1), val(eng.frontend_stream_s_per_output),
+                    val(eng.frontend_stream_s_per_chunk), val(eng.frontend_stream_s_per_request))
 
 
 @dataclass(frozen=True)
@@ -91,10 +91,10 @@ def _run(scn: Scenario, replication: int, db, step_log: bool = True, watch=None)
     # A run without operations is an operations run whose lifecycle never fires; its requests table
     # has no failures, retries or discarded tokens to show.
     fe = front_end(back.dep if back else front.dep)
-    # The front end's output queue reads the step log (when each token left the engine).
+    # The front end's API server loop reads the step log (when each token left the engine).
     step_log = step_log or fe.has_queue
     # A watch may judge a request when it ends only where the requests table will show the recorder's figures
-    # unchanged: no operations (re-prefilled requests are restored after the run), no front-end output queue
+    # unchanged: no operations (re-prefilled requests are restored after the run), no front-end API server loop
     # and no encoder tier (both rewrite client times).
     if scn.operations.enabled or fe.has_queue or epd is not None:
         watch = None
@@ -103,7 +103,7 @@ def _run(scn: Scenario, replication: int, db, step_log: bool = True, watch=None)
     if not scn.operations.enabled:
         ops = None
     step_df = steps_frame(run) if step_log else None
-    # What the client sees: the first and last tokens through the front end's output queue.
+    # What the client sees: the first and last tokens through the front end's API server loop.
     req_df = add_stream(req_df, step_df, fe)
     if run.epd is not None:
         req_df = add_columns(req_df, run.epd)

@@ -10,14 +10,19 @@ Two parts, with the engine profile's fitted figures (``hwdb.engine_schema.Engine
   a short request sent just after a long one cannot overtake it).  One such server per instance's
   API server (``servers``).  It shifts when the engine sees a request (:class:`WayIn`, the
   ``frontend_s`` column: arrival to seen);
-* **the way out**, a queue: one first-come-first-served server per instance (the API server's output
-  loop: detokenisation, SSE framing and sending, and on a small host the client reading the stream)
-  serves every token the engine emits, ``frontend_stream_s_per_token`` each, and a request's first
-  token ``frontend_stream_s_per_request`` more (opening its stream).  A step's tokens reach it together
-  when the step ends; the client receives a token when the server has streamed it
-  (:func:`stream_delivery`).  This part delays what the client sees, never the engine: the engine's own
-  times (``first_token_s``, ``finish_s``, and every server-side figure) do not change, and a closed-loop
-  user sends its next request when the engine finishes the last one.
+* **the way out**: the API server's event loop, one per instance, as vLLM's ``AsyncLLM`` runs it
+  (``vllm/v1/engine/async_llm.py`` ``output_handler``; ``vllm/v1/engine/output_processor.py``
+  ``RequestOutputCollector``).  Each engine step's outputs reach it together when the step ends; the
+  output handler processes every output that has arrived (``stream_s_per_output`` each: detokenise,
+  build the request's output, put it in the request's collector), then each request whose collector
+  was empty has its streaming task run once and send one SSE chunk (``stream_s_per_chunk``, and
+  ``stream_s_per_request`` more for its first), carrying every token put there since it last ran.  A
+  collector that is not empty merges new outputs into the pending one (DELTA streaming), so under load
+  a chunk carries several tokens and the loop's cost per token falls: it does not back up the way a
+  per-token queue does (:func:`api_server`).  The client receives a token when its chunk is sent.
+  This part delays what the client sees, never the engine: the engine's own times (``first_token_s``,
+  ``finish_s``, and every server-side figure) do not change, and a closed-loop user sends its next
+  request when the engine finishes the last one.
 
 Both are fitted by ``epdsim calibrate fit`` from the harness's client and server timestamps
 (:mod:`calibration.fit_frontend`: the lone requests' per-token slope is the serial part's service
@@ -41,8 +46,9 @@ class FrontEnd:
     frontend_s_per_token: float = 0.0         # ... plus this per prompt token (s), side by side
     serial_s_per_token: float = 0.0           # the way in's serial part: per prompt token, one at a time (s)
     servers: int = 1                          # serial parts side by side: one per instance's API server
-    stream_s_per_token: float = 0.0           # the way out: service time per streamed token (s) ...
-    stream_s_per_request: float = 0.0         # ... plus this for a request's first token (s)
+    stream_s_per_output: float = 0.0          # the way out: processing one engine output (one token) (s)
+    stream_s_per_chunk: float = 0.0           # sending one SSE chunk, whatever it carries (s) ...
+    stream_s_per_request: float = 0.0         # ... plus this for a request's first chunk (s)
 
     def delay(self, prompt: int) -> float:
         """The way in's side-by-side part for a prompt of ``prompt`` tokens (after the serial part)."""
@@ -54,7 +60,7 @@ class FrontEnd:
 
     @property
     def has_queue(self) -> bool:
-        return bool(self.stream_s_per_token or self.stream_s_per_request)
+        return bool(self.stream_s_per_output or self.stream_s_per_chunk or self.stream_s_per_request)
 
 
 class WayIn:
@@ -84,61 +90,90 @@ def seen_times(arrival: list[float], prompt: list[int], fe: FrontEnd) -> list[fl
     return [way.seen(a, p) for a, p in zip(arrival, prompt)]
 
 
-def fifo(ready: np.ndarray, work: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """One first-come-first-served server: jobs ready at ``ready`` (non-decreasing) needing ``work``
-    seconds each.  Returns (begin, end) of each job's service (Lindley's recursion)."""
-    begin = np.empty(len(ready))
-    end = np.empty(len(ready))
-    free = -np.inf
-    for i, (t, w) in enumerate(zip(ready.tolist(), work.tolist())):
-        b = t if t > free else free
-        begin[i] = b
-        free = b + w
-        end[i] = free
-    return begin, end
+def api_server(ready: np.ndarray, owner: np.ndarray, fe: FrontEnd) -> np.ndarray:
+    """When the client receives each engine output: ``ready`` (non-decreasing) is when the output (one
+    token of request ``owner``) reaches the API server, at the end of the step that made it.
+
+    The loop alternates as vLLM's event loop does (module docstring): it processes every output that
+    has arrived, ``stream_s_per_output`` each (outputs arriving meanwhile are processed too: the output
+    handler does not yield while its queue has more), then runs the streaming task of each request with
+    outputs waiting, in the order they first waited, ``stream_s_per_chunk`` each (``stream_s_per_request``
+    more for a request's first chunk); the chunk carries all of that request's waiting outputs, which
+    the client receives when it is sent.  With all three costs 0 the client receives each at ``ready``."""
+    n = len(ready)
+    got = np.empty(n)
+    per_output, per_chunk, first = fe.stream_s_per_output, fe.stream_s_per_chunk, fe.stream_s_per_request
+    t, own = ready.tolist(), owner.tolist()
+    sent: set = set()
+    waiting: dict = {}           # request -> indices of its outputs processed but not sent, in arrival order
+    now, i = -math.inf, 0
+    while i < n or waiting:
+        if not waiting and t[i] > now:
+            now = t[i]
+        while i < n and t[i] <= now:
+            now += per_output
+            waiting.setdefault(own[i], []).append(i)
+            i += 1
+        for r, idx in waiting.items():
+            now += per_chunk if r in sent else per_chunk + first
+            sent.add(r)
+            for k in idx:
+                got[k] = now
+        waiting = {}
+    return got
 
 
-def stream_delivery(step_end: np.ndarray, tokens: np.ndarray, firsts: np.ndarray, fe: FrontEnd) -> np.ndarray:
-    """When the client receives a step's tokens: the output server streams the ``tokens`` a step
-    emits (ending at ``step_end``, non-decreasing; ``firsts`` of them first tokens) one after another,
-    ``stream_s_per_token`` each plus ``stream_s_per_request`` per first token; a step's tokens arrive on
-    average halfway through its share of the server."""
-    work = tokens * fe.stream_s_per_token + firsts * fe.stream_s_per_request
-    begin, end = fifo(step_end, work)
-    return begin + 0.5 * (work + np.where(tokens > 0, work / np.maximum(tokens, 1), 0.0))
+def _outputs(first: np.ndarray, last: np.ndarray, out: np.ndarray, ends: np.ndarray):
+    """The engine outputs of requests on one instance whose steps end at ``ends`` (sorted): each
+    request's first token at ``first``, then one per step of the instance up to the one ending at
+    ``last``, at most ``out - 1`` of them (the request decodes in every step it is running).  Returns
+    (ready, owner row, is first, is last), sorted by ``ready`` (ties by row)."""
+    rows = np.flatnonzero(np.isfinite(first) & np.isfinite(last))
+    tol = 1e-9
+    k1 = np.searchsorted(ends, last[rows] + tol, side="right")
+    k0 = np.maximum(np.searchsorted(ends, first[rows] + tol, side="right"),
+                    k1 - np.maximum(out[rows] - 1, 0))
+    k0 = np.minimum(k0, k1)
+    counts = k1 - k0
+    owner = np.concatenate([rows, np.repeat(rows, counts)])
+    starts = np.repeat(k0 - np.cumsum(counts) + counts, counts)
+    steps = starts + np.arange(counts.sum())
+    ready = np.concatenate([first[rows], ends[steps]])
+    is_first = np.concatenate([np.ones(len(rows), bool), np.zeros(len(steps), bool)])
+    order = np.lexsort((owner, ready))
+    ready, owner, is_first = ready[order], owner[order], is_first[order]
+    # a request's last output: its latest one (the first token, for a request with one step)
+    is_last = np.zeros(len(order), bool)
+    is_last[np.unique(owner[::-1], return_index=True)[1] * -1 + len(owner) - 1] = True
+    return ready, owner, is_first, is_last
 
 
 def client_times(req, steps, fe: FrontEnd) -> tuple[np.ndarray, np.ndarray]:
     """(first token, last token) as the client receives them, per row of the requests table ``req``,
-    through each instance's output server (``steps``: the steps table).  A request that has no step
-    ending at its engine time (it never got a token) keeps the engine time."""
+    through each instance's API server (:func:`api_server`; ``steps``: the steps table).  A request
+    that never got a token keeps its engine times."""
     first = req["first_token_s"].to_numpy(dtype=float).copy()
     last = req["finish_s"].to_numpy(dtype=float).copy()
     if not fe.has_queue or not len(req) or not len(steps):
         return first, last
     pools = req["pool"].to_numpy()
     inst = req["instance"].to_numpy()
+    out = req["output_tokens"].to_numpy(dtype=np.int64)
     for (pool, index), st in steps.groupby(["pool", "instance"], sort=False):
-        end = (st["start_s"] + st["duration_s"]).to_numpy()
-        order = np.argsort(end, kind="stable")
-        end = end[order]
-        firsts = st["first_tokens"].to_numpy(dtype=float)[order]
-        emitted = st["decode_tokens"].to_numpy(dtype=float)[order] + firsts
-        got = stream_delivery(end, emitted, firsts, fe)
-        mine = (pools == pool) & (inst == index)
-        for col in (first, last):
-            t = col[mine]
-            # the step that produced the token ends at its engine time (the same float, ulps aside)
-            k = np.searchsorted(end, t + 1e-9, side="right") - 1
-            ok = np.isfinite(t) & (k >= 0)
-            k = np.clip(k, 0, len(end) - 1)
-            ok &= np.abs(end[k] - t) <= 1e-6
-            col[mine] = np.where(ok, got[k], t)
+        ends = np.sort((st["start_s"] + st["duration_s"]).to_numpy())
+        mine = np.flatnonzero((pools == pool) & (inst == index))
+        if not len(mine):
+            continue
+        ready, owner, is_first, is_last = _outputs(first[mine], last[mine], out[mine], ends)
+        got = api_server(ready, owner, fe)
+        rows = mine[owner]
+        first[rows[is_first]] = got[is_first]
+        last[rows[is_last]] = got[is_last]
     return first, last
 
 
 def add_stream(req, steps, fe: FrontEnd):
-    """``req`` with the front end's output queue applied: ``frontend_out_s`` (the first token's extra
+    """``req`` with the front end's API server loop applied: ``frontend_out_s`` (the first token's extra
     time in it), ``ttft_s``, ``tpot_s`` and ``e2e_s`` as the client sees them.  Unchanged without one."""
     if not fe.has_queue:
         return req
