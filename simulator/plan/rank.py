@@ -23,7 +23,9 @@ class PlanResult:
     ``candidates``: one row per candidate (columns in docs/planner.md); ``pareto``: the rows on the
     cost/goodput/TTFT front; ``recommended``: the chosen candidate's record with its headroom, or None
     when nothing meets the SLO (then ``closest`` holds the nearest candidates and what limits them);
-    ``families``: per family, its best candidate and why it lost.
+    ``families``: per family, its representative (the cheapest candidate that meets the SLO, simulated
+    if one does, else by the screen; the closest one when none does), on what ``basis`` it was chosen,
+    and why it lost.
     """
 
     request: PlanRequest
@@ -60,6 +62,61 @@ def _violation(row: dict, slo) -> float:
     if slo.tpot_s is not None:
         v.append(row["tpot_s"] / slo.tpot_s)
     return max(v) if v else 0.0
+
+
+def _family_pick(sub: pd.DataFrame, rec: dict | None, slo) -> tuple[dict, str, str]:
+    """One family's representative row, its basis and the verdict text.
+
+    Basis ``simulated``: the cheapest candidate whose simulation meets the SLO.  ``screen``: none of
+    the family's simulated candidates meets it, so the cheapest that passes the screen (its figures
+    are estimates).  ``none``: nothing in the family meets the SLO either way; the closest candidate
+    (highest goodput, simulated first, nearest the latency targets, cheapest) stands in for it.
+    """
+    recs = sub.to_dict("records")
+
+    def by_cost(r: dict) -> tuple:
+        # The recommendation's own order, so that the recommendation is its family's representative.
+        return r["cost_usd_per_hour"], -r["goodput_rps"]
+
+    sim_ok = [r for r in recs if r["verified"] and r["meets_slo"]]
+    if sim_ok:
+        b = min(sim_ok, key=by_cost)
+        if rec is not None and b["id"] == rec["id"]:
+            return b, "simulated", "recommended"
+        return b, "simulated", f"meets the SLO (simulated); lost on {b['rejected_reason'] or 'cost'}"
+    # A simulated failure outranks the screen's optimism: such a row does not pass (meets_slo is False).
+    screen_ok = [r for r in recs if not r["verified"] and r["meets_slo"]]
+    if screen_ok:
+        b = min(screen_ok, key=by_cost)
+        if rec is None:
+            why = "raise search.verify to simulate it"
+        elif b["cost_usd_per_hour"] >= rec["cost_usd_per_hour"]:
+            why = f"lost on cost: ${b['cost_usd_per_hour'] - rec['cost_usd_per_hour']:,.2f}/h more (screen estimate)"
+        else:
+            why = "cheaper than the recommendation but beyond the verify budget (raise search.verify)"
+        return b, "screen", f"passes the screen, not simulated; {why}"
+    # Rows ruled out before screening have no figures: the closest is taken among the others if any.
+    live = [r for r in recs if not r["rejected_reason"].startswith(PRE_SCREEN)] or recs
+    b = min(live, key=lambda r: (-r["goodput_rps"], not r["verified"], _violation(r, slo), r["cost_usd_per_hour"]))
+    return b, "none", (f"no {b['family']} candidate meets the SLO (simulated or screen); the closest is limited by: "
+                       f"{b['rejected_reason'] or 'not simulated'}")
+
+
+def _families(req, df: pd.DataFrame, rec: dict | None) -> pd.DataFrame:
+    """Per allowed family: ``best_id``, ``layout``, ``cost_usd_per_hour`` ($/h), ``goodput_rps`` (req/s),
+    ``basis`` (simulated / screen / none, see :func:`_family_pick`) and ``lost_because`` (the verdict)."""
+    fam_rows = []
+    for fam in req.constraints.families:
+        sub = df[df["family"] == fam]
+        if not len(sub):
+            fam_rows.append({"family": fam, "best_id": None, "layout": None, "cost_usd_per_hour": np.nan,
+                             "goodput_rps": np.nan, "basis": None, "lost_because": "no candidates"})
+            continue
+        b, basis, why = _family_pick(sub, rec, req.slo)
+        fam_rows.append({"family": fam, "best_id": b["id"], "layout": b["layout"],
+                         "cost_usd_per_hour": b["cost_usd_per_hour"], "goodput_rps": b["goodput_rps"],
+                         "basis": basis, "lost_because": why})
+    return pd.DataFrame(fam_rows)
 
 
 def assemble(req, ctx, rows: list[dict], done: dict[str, dict], by_id: dict) -> PlanResult:
@@ -134,21 +191,4 @@ def assemble(req, ctx, rows: list[dict], done: dict[str, dict], by_id: dict) -> 
                          + (f"; the closest is {best['layout']} (goodput {best['goodput_rps']:.3g} req/s of "
                             f"{req.target_rate:g}; limited by: {best['rejected_reason']})" if best is not None else "")
                          + ". Fix: relax the SLO, lower the rate, raise constraints.max_gpus, or offer faster GPUs.")
-    fam_rows = []
-    for fam in req.constraints.families:
-        sub = df[df["family"] == fam]
-        good = sub[sub["meets_slo"] & sub["verified"]].sort_values("cost_usd_per_hour")
-        if len(good):
-            b = good.iloc[0]
-            why = "recommended" if rec is not None and b["id"] == rec["id"] else b["rejected_reason"] or "cost"
-        elif len(sub):
-            b = sub.sort_values(["goodput_rps", "cost_usd_per_hour"], ascending=[False, True]).iloc[0]
-            why = b["rejected_reason"] or "not simulated"
-        else:
-            fam_rows.append({"family": fam, "best_id": None, "layout": None, "cost_usd_per_hour": np.nan,
-                             "goodput_rps": np.nan, "lost_because": "no candidates"})
-            continue
-        fam_rows.append({"family": fam, "best_id": b["id"], "layout": b["layout"],
-                         "cost_usd_per_hour": b["cost_usd_per_hour"], "goodput_rps": b["goodput_rps"],
-                         "lost_because": why})
-    return PlanResult(req, df, front, recommended, closest, pd.DataFrame(fam_rows), notes, _cands=by_id)
+    return PlanResult(req, df, front, recommended, closest, _families(req, df, rec), notes, _cands=by_id)
