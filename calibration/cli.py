@@ -102,7 +102,8 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     pl.add_argument("--prefill-lengths", type=_ints, help="comma list of prompt lengths")
     pl.add_argument("--prefill-repeats", type=int)
     pl.add_argument("--decode-concurrency", type=_ints, help="comma list of concurrency levels")
-    pl.add_argument("--decode-prompt", type=int)
+    pl.add_argument("--decode-prompt", type=_ints, help="comma list of decode prompt lengths: a decode sweep at "
+                                                         "each (two or more let the fit see the KV stream's cost)")
     pl.add_argument("--decode-output", type=int)
     pl.add_argument("--decode-rounds", type=int, default=2, help="requests per user at each decode level (2)")
     pl.add_argument("--load-fractions", type=_floats, help="Poisson rates as fractions of the decode capacity")

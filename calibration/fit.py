@@ -10,6 +10,8 @@ What is fitted
     ``attention_max_eff``         prefill-attention efficiency (the quadratic term of long prompts)
     ``memory_max_eff``            memory efficiency (weights, KV and activations streamed per step);
                                   its ``half`` (the per-kernel floor) stays at the GPU's default
+    ``kv_max_eff``                decode attention's KV stream (``attention_decode_efficiency``): seen
+                                  when decode sweeps run at several prompt lengths, else the memory curve
     ``step_overhead_s``           per-step host overhead (replaces the engine's launch and CPU defaults)
     ``prefill_overhead_s``        more overhead in a step that carries a prompt chunk than in a
                                   decode-only one (when the data resolve the two; else one overhead)

@@ -45,10 +45,13 @@ def candidate_profile(vals: dict[str, float], gpu: hwdb.GPU, **meta) -> Profile:
            if "attention_max_eff" in vals else None)
     me = (EfficiencyCurve(max_eff=min(vals["memory_max_eff"], 1.0), half=gpu.memory_efficiency.half, source=src,
                           empirical=True) if "memory_max_eff" in vals else None)
+    kv = (EfficiencyCurve(max_eff=min(vals["kv_max_eff"], 1.0), half=gpu.memory_efficiency.half, source=src,
+                          empirical=True) if "kv_max_eff" in vals else None)
     base = dict(name="candidate", gpu=gpu.name, engine_version="candidate", created="candidate",
                 source="epdsim calibrate fit", method="candidate")
     base.update(meta)
     return Profile(compute_efficiency=ce, attention_prefill_efficiency=att, memory_efficiency=me,
+                   attention_decode_efficiency=kv,
                    step_overhead_s=vals.get("step_overhead_s"), prefill_step_overhead_s=vals.get("prefill_overhead_s"),
                    **base)
 

@@ -57,6 +57,10 @@ def final_profile(res: FitResult, g: hwdb.GPU, served: str, version, created: st
                           empirical=True, source=src_base + f"memory max_eff{unc('memory_max_eff')}; half "
                                                             f"(per-kernel floor) kept at {g.name}'s default")
           if "memory_max_eff" in p else None)
+    kv = (EfficiencyCurve(max_eff=round(min(p["kv_max_eff"], 1.0), 6), half=g.memory_efficiency.half,
+                          empirical=True, source=src_base + f"decode attention's KV stream max_eff{unc('kv_max_eff')} "
+                                                            f"(decode sweeps at several prompt lengths)")
+          if "kv_max_eff" in p else None)
     lines = [f"{n} = {fmt_param(n, p[n])}{unc(n)}" + (f" [{res.remarks[n]}]" if n in res.remarks else "")
              for n in PARAMS if n in p]
     lines += [f"{n}: {why}" for n, why in res.fixed.items() if n not in p]
@@ -89,6 +93,7 @@ def final_profile(res: FitResult, g: hwdb.GPU, served: str, version, created: st
                    source=f"epdsim calibrate fit {bundle} (bundle created {prov.get('bundle_created')}, "
                           f"{prov.get('mode')} mode, vLLM {version}, model {served})",
                    method=method, compute_efficiency=ce, attention_prefill_efficiency=att, memory_efficiency=me,
+                   attention_decode_efficiency=kv,
                    step_overhead_s=None if per_seq else round(p["step_overhead_s"], 9),
                    prefill_step_overhead_s=(round(p["prefill_overhead_s"], 9) if "prefill_overhead_s" in p else None),
                    quality=q,

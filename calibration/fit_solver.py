@@ -16,18 +16,18 @@ from calibration.fit_predict import candidate_deployment, predict
 from hwdb.profiles import FitQuality
 from simulator.step_build import build_step_model
 
-PARAMS = ("compute_max_eff", "compute_half", "attention_max_eff", "memory_max_eff", "step_overhead_s",
-          "prefill_overhead_s", "per_seq_s")
+PARAMS = ("compute_max_eff", "compute_half", "attention_max_eff", "memory_max_eff", "kv_max_eff",
+          "step_overhead_s", "prefill_overhead_s", "per_seq_s")
 #: bounds of each parameter (linear units); the fit works on their logarithms
 BOUNDS = {"compute_max_eff": (1e-6, 1.0), "compute_half": (1e-2, 1e6), "attention_max_eff": (1e-6, 1.0),
-          "memory_max_eff": (1e-4, 1.0), "step_overhead_s": (1e-7, 10.0), "prefill_overhead_s": (1e-7, 10.0),
+          "memory_max_eff": (1e-4, 1.0), "kv_max_eff": (1e-5, 1.0), "step_overhead_s": (1e-7, 10.0), "prefill_overhead_s": (1e-7, 10.0),
           "per_seq_s": (1e-8, 1.0)}
-UNITS = {"compute_max_eff": "", "compute_half": "tokens", "attention_max_eff": "", "memory_max_eff": "",
+UNITS = {"compute_max_eff": "", "compute_half": "tokens", "attention_max_eff": "", "memory_max_eff": "", "kv_max_eff": "",
          "step_overhead_s": "s", "prefill_overhead_s": "s", "per_seq_s": "s"}
 #: parameters that fall back to the simulator's default when the data cannot determine them
-#: (attention: the compute curve; memory: the GPU's curve; prefill_overhead_s: none, i.e. a step that
-#: carries a prompt chunk has the same overhead as a decode-only one; per_seq_s: none, i.e. 0)
-OPTIONAL = ("attention_max_eff", "memory_max_eff", "prefill_overhead_s", "per_seq_s")
+#: (attention: the compute curve; memory: the GPU's curve; kv: the memory curve; prefill_overhead_s: none,
+#: i.e. a step that carries a prompt chunk has the same overhead as a decode-only one; per_seq_s: none, i.e. 0)
+OPTIONAL = ("attention_max_eff", "memory_max_eff", "kv_max_eff", "prefill_overhead_s", "per_seq_s")
 #: a parameter is "not identified" when an e-fold change of it moves the predictions by less
 #: than this (RMS of log-residual changes)
 SENSITIVITY_FLOOR = 0.01
@@ -63,6 +63,7 @@ def _initial(gpu: hwdb.GPU, points: list[Point]) -> dict[str, float]:
     guess = 0.5 * min(dec or pre or [1e-3])
     return {"compute_max_eff": gpu.compute_efficiency.max_eff, "compute_half": max(gpu.compute_efficiency.half, 1.0),
             "attention_max_eff": gpu.compute_efficiency.max_eff, "memory_max_eff": gpu.memory_efficiency.max_eff,
+            "kv_max_eff": gpu.memory_efficiency.max_eff,
             "step_overhead_s": guess, "prefill_overhead_s": 0.2 * guess, "per_seq_s": 0.01 * guess}
 
 
@@ -90,8 +91,18 @@ def fit_points(points: list[Point], dep, *, free: tuple[str, ...] | None = None,
     with one overhead for every step first, then again from there with the prefill steps' own; the
     second is kept only when that parameter survives its checks (identified, not at a bound, determined
     or needed by the F-test) and the F-test of the two fits says it is needed.  Otherwise the first
-    stands and ``fixed["prefill_overhead_s"]`` says why."""
+    stands and ``fixed["prefill_overhead_s"]`` says why.
+
+    The KV stream's efficiency (``kv_max_eff``) is fitted only when the decode points have two or more
+    prompt lengths: at one, its cost grows with the batch exactly as the per-sequence costs do."""
     free_l = [n for n in (free or PARAMS) if n in PARAMS]
+    if len({p.prompt for p in points if p.kind == "decode"}) < 2 and "kv_max_eff" in free_l:
+        free_l.remove("kv_max_eff")
+        res = fit_points(points, dep, free=tuple(free_l), init=init, multistart=multistart)
+        res.fixed["kv_max_eff"] = ("decode sweeps at one prompt length: the KV stream's cost is not told from the "
+                                   "per-sequence costs (run them at two, e.g. --decode-prompt 64,1024); the memory "
+                                   "curve is kept")
+        return res
     if "prefill_overhead_s" not in free_l:
         return _fit(points, dep, free=tuple(free_l), init=init, multistart=multistart)
     one = _fit(points, dep, free=tuple(n for n in free_l if n != "prefill_overhead_s"), init=init,
@@ -161,6 +172,7 @@ def _fit(points: list[Point], dep, *, free: tuple[str, ...] | None = None,
     def solve(names: list[str], start: dict[str, float]):
         """Multi-start bounded least squares over ``names``; returns (result, values)."""
         nonlocal starts_used
+        start = dict(start)   # it may be ``values`` itself, which is cleared below
         lo = np.log([BOUNDS[n][0] for n in names])
         hi = np.log([BOUNDS[n][1] for n in names])
         x0 = np.clip(np.log([start[n] for n in names]), lo + 1e-9, hi - 1e-9)
@@ -170,8 +182,8 @@ def _fit(points: list[Point], dep, *, free: tuple[str, ...] | None = None,
                                   (1.2, -0.7, 0.0), (0.0, -0.5, 3.0)):
                 xs = x0.copy()
                 for i, n in enumerate(names):
-                    xs[i] += {"compute_max_eff": dce, "attention_max_eff": dce, "step_overhead_s": dov,
-                              "per_seq_s": dps}.get(n, 0.0)
+                    xs[i] += {"compute_max_eff": dce, "attention_max_eff": dce, "kv_max_eff": dce,
+                              "step_overhead_s": dov, "per_seq_s": dps}.get(n, 0.0)
                 starts.append(np.clip(xs, lo + 1e-9, hi - 1e-9))
         saved = dict(values)
         values.clear()

@@ -92,9 +92,11 @@ def _request_records(res, ids, t0: float, noise, rng) -> list[dict]:
 
 
 def make_bundle(path: Path, hw: Path, tiny: Path, *, noise_sd: float = 0.03, seed: int = 0,
-                load_rate: float = 6.0, load_prompt=(128, 512), load_output=(8, 32), engine: str | None = None) -> Path:
+                load_rate: float = 6.0, load_prompt=(128, 512), load_output=(8, 32), engine: str | None = None,
+                decode_prompts: tuple[int, ...] = (64,)) -> Path:
     """A bundle like `calibrate run` writes, measured on the simulator with the profile in ``hw`` (and
-    its engine ``engine``, e.g. one with a front end, when given)."""
+    its engine ``engine``, e.g. one with a front end, when given); a decode sweep per prompt length in
+    ``decode_prompts`` (named as the harness names them)."""
     rng = np.random.default_rng(seed)
     noise = lambda r: math.exp(r.normal(0.0, noise_sd))  # noqa: E731
     lrng = np.random.default_rng(seed + 1)
@@ -108,9 +110,11 @@ def make_bundle(path: Path, hw: Path, tiny: Path, *, noise_sd: float = 0.03, see
     plan = [{"name": "prefill", "kind": "prefill", "mode": "sequential", "concurrency": 1,
              "requests": [[f"prefill-p{n}-r{k}", n, 1, None] for k in range(3)
                           for n in (16, 32, 64, 128, 256, 512, 1024, 2048)]}]
-    for c in (1, 2, 4, 8):
-        plan.append({"name": f"decode_c{c}", "kind": "decode", "mode": "closed", "concurrency": c,
-                     "requests": [[f"decode-c{c}-{i}", 64, 64, None] for i in range(2 * c)]})
+    for j, p in enumerate(decode_prompts):
+        tag = "" if j == 0 else f"_p{p}"
+        for c in (1, 2, 4, 8):
+            plan.append({"name": f"decode_c{c}{tag}", "kind": "decode", "mode": "closed", "concurrency": c,
+                         "requests": [[f"decode-c{c}{tag.replace('_', '-')}-{i}", p, 64, None] for i in range(2 * c)]})
     plan.append({"name": f"load_poisson_r{load_rate:g}", "kind": "load", "mode": "open", "rate": load_rate,
                  "requests": loads})
     manifest = {"mode": "launch", "model": {"served_name": "tiny-llama", "root": None, "max_model_len": 4096,
@@ -134,7 +138,7 @@ def make_bundle(path: Path, hw: Path, tiny: Path, *, noise_sd: float = 0.03, see
     for ph in plan[1:-1]:
         c = ph["concurrency"]
         res = _simulate(hw, tiny, {"arrival": {"kind": "closed", "concurrency": c}, "num_requests": 2 * c,
-                                   "input_length": {"kind": "fixed", "value": 64},
+                                   "input_length": {"kind": "fixed", "value": ph["requests"][0][1]},
                                    "output_length": {"kind": "fixed", "value": 64}}, engine)
         for rec in _request_records(res, [r[0] for r in ph["requests"]], t0, noise, rng):
             b.append(ph["name"], rec)

@@ -119,7 +119,9 @@ def test_plan_is_deterministic_and_fits_the_model():
     assert all(r[1] + r[2] <= 300 for ph in a for r in ph["requests"])
     ids = [r[0] for ph in a for r in ph["requests"]]
     assert len(ids) == len(set(ids))
-    assert [p["name"] for p in a] == ["prefill", "decode_c1", "decode_c4", "decode_c16", "load_poisson_0.6"]
+    assert [p["name"] for p in a] == ["prefill", "decode_c1", "decode_c4", "decode_c16", "decode_c1_p268",
+                                      "decode_c4_p268", "decode_c16_p268", "load_poisson_0.6"]
+    assert {r[1] for r in a[4]["requests"]} == {268}      # 512 shortened to fit max_model_len with its output
 
 
 def test_open_loop_rate_resolution_is_fixed_once(tmp_path):

@@ -2,7 +2,8 @@
 
 - ``prefill``: single requests one after another, ``max_tokens=1``, prompt lengths on a log grid.
   TTFT of a lone request is the prefill time (plus the front end's overhead).
-- ``decode_c<N>``: N concurrent users (closed loop), fixed prompt and output lengths; the
+- ``decode_c<N>`` (``decode_c<N>_p<P>`` at a second and further prompt length ``P``): N concurrent
+  users (closed loop), fixed prompt and output lengths; the
   inter-token times at steady state are decode step times at batch size N.
 - ``load_poisson_<x>``: open loop, Poisson arrivals (seeded), lengths drawn (seeded) from ranges;
   the rate is a fraction ``x`` of the capacity seen in the decode sweep (or absolute ``r<rate>``).
@@ -48,7 +49,7 @@ class PlanOptions:
     prefill_lengths: list[int] | None = None
     prefill_repeats: int | None = None
     decode_concurrency: list[int] | None = None
-    decode_prompt: int | None = None
+    decode_prompt: int | list[int] | None = None   # several: a decode sweep at each (the KV stream's cost)
     decode_output: int | None = None
     decode_rounds: int = 2
     load_fractions: list[float] | None = None
@@ -83,7 +84,8 @@ class PlanOptions:
                                                   [16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192])
         d.prefill_repeats = d.prefill_repeats or (2 if q else 3)
         d.decode_concurrency = d.decode_concurrency or ([1, 4, 16] if q else [1, 2, 4, 8, 16, 32, 64])
-        d.decode_prompt = d.decode_prompt or (64 if q else 128)
+        # two prompt lengths, so that the fit sees the decode attention's KV stream (calibration/fit.py)
+        d.decode_prompt = d.decode_prompt or ([64, 512] if q else [128, 1024])
         d.decode_output = d.decode_output or (32 if q else 128)
         d.load_fractions = d.load_fractions or ([0.6] if q else [0.3, 0.6, 0.9])
         d.load_requests = d.load_requests or (30 if q else 100)
@@ -104,13 +106,15 @@ def build_plan(opts: PlanOptions, max_model_len: int) -> list[dict]:
         plan.append({"name": "prefill", "kind": "prefill", "mode": "sequential", "concurrency": 1,
                      "requests": reqs})
     if "decode" in o.kinds:
-        p, out = o.decode_prompt, o.decode_output
-        if p + out > max_model_len:
-            p = max(1, max_model_len - out)
-        for c in o.decode_concurrency:
-            reqs = [[f"decode-c{c}-{i}", p, out, None] for i in range(c * o.decode_rounds)]
-            plan.append({"name": f"decode_c{c}", "kind": "decode", "mode": "closed", "concurrency": c,
-                         "requests": reqs})
+        out = o.decode_output
+        prompts = o.decode_prompt if isinstance(o.decode_prompt, list) else [o.decode_prompt]
+        for j, p in enumerate(dict.fromkeys(min(p, max(1, max_model_len - out)) for p in prompts)):
+            # the first prompt length keeps the plain names; a decode sweep at another is decode_c<N>_p<P>
+            tag = "" if j == 0 else f"_p{p}"
+            for c in o.decode_concurrency:
+                reqs = [[f"decode-c{c}{tag.replace('_', '-')}-{i}", p, out, None] for i in range(c * o.decode_rounds)]
+                plan.append({"name": f"decode_c{c}{tag}", "kind": "decode", "mode": "closed", "concurrency": c,
+                             "requests": reqs})
     if "load" in o.kinds and o.trace:
         plan.append(trace_phase(o.trace, o.trace_format, o.trace_limit, max_model_len))
     elif "load" in o.kinds:
