@@ -26,6 +26,7 @@ from calibration.harness.affinity import cpu_list, parse_pin
 from calibration.harness.bundle import Bundle, BundleError
 from calibration.pd_options import add_pd_options, check_not_pd_options
 from calibration.harness.interrupt import interruptible
+from calibration.trace_gen import cmd_make_trace
 from simulator.console import stdout_console, wide_tables
 from simulator.errors import print_user_error
 from simulator.inputs import float_arg
@@ -167,7 +168,7 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="a request class, lengths N or LO-HI tokens (repeatable; default chat:0.6:64-200:32-128, "
                         "documents:0.25:900-1200:8-24, mid:0.15:400:200)")
     t.add_argument("--force", action="store_true", help="overwrite an existing file")
-    t.set_defaults(calibrate_func=_cmd_make_trace)
+    t.set_defaults(calibrate_func=cmd_make_trace)
     return p
 
 
@@ -183,11 +184,6 @@ def _sim_options(p: argparse.ArgumentParser) -> None:
 def _cmd_fit(a, con: Console) -> int:
     from calibration.fit import cmd_fit
     return cmd_fit(a, con)
-
-
-def _cmd_make_trace(a, con: Console) -> int:
-    from calibration.trace_gen import cmd_make_trace
-    return cmd_make_trace(a, con)
 
 
 def _cmd_validate(a, con: Console) -> int:

@@ -23,6 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from rich.markup import escape
+
+from calibration.harness.bundle import BundleError
 
 #: the largest request count, rate and token length a trace may ask for (a replay must end)
 MAX_REQUESTS, MAX_RATE, MAX_TOKENS = 1_000_000, 10_000.0, 1_000_000
@@ -145,10 +148,6 @@ def summary(rows) -> str:
 
 def cmd_make_trace(a, con) -> int:
     """``epdsim calibrate make-trace``: write the trace the arguments describe (exit 0), or refuse them (BundleError)."""
-    from rich.markup import escape
-
-    from calibration.harness.bundle import BundleError
-
     def pair(flag: str, text: str):
         try:
             return tuple(float(x) for x in text.split(","))
