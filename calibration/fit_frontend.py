@@ -17,9 +17,10 @@ timestamps: what the client sees beyond the engine.
   half a decode step while others decode), its first token came the server's TTFT (queue + prefill)
   after that and the others ``mean_itl_ms`` apart.  The loop's costs (per output processed, per chunk
   sent, and more for a request's first chunk) are those whose client-side first and last token times
-  (TTFT and E2E) come closest to the measured ones (soft-L1 least squares on log ratios: a scan of
-  0.01-30 ms per chunk and per first chunk, then of the cost per output, then Nelder-Mead on the
-  three logarithms).  A cost that ends at the scan's floor is 0.  The loop is kept when it explains
+  (TTFT and E2E) come closest to the measured ones, while a lone request's one output and first chunk
+  fit inside its measured delay (a residual per lone request for any excess; soft-L1 least squares on
+  log ratios: a scan of 0.01-30 ms per chunk and per first chunk, then of the cost per output, then
+  Nelder-Mead on the three logarithms).  A cost that ends at the scan's floor is 0.  The loop is kept when it explains
   the measured delays significantly better than none (F-test of the two fits at 5%); otherwise the
   front end is the way-in delay alone and the report says why.
 
@@ -176,12 +177,16 @@ def fit_frontend(b: Bundle) -> FrontEndFit:
                           f"tests) have client and server times: too few to see the API server's loop")
         return fit
     meas = np.concatenate([[r["ttft"] for r in rows], [r["e2e"] for r in rows]])
+    n_lone = fit.lone_requests
 
     def resid(loop: FrontEnd) -> np.ndarray:
-        # a lone request's client - server TTFT holds one output, one first chunk: taken off the way in
+        # A lone request's client - server TTFT holds one output and one first chunk: taken off the way in.
+        # A loop costlier than that delay would predict the lone requests late: one residual per lone
+        # request says by how much (0 while the loop fits inside it).
         lone = loop.stream_s_per_output + loop.stream_s_per_chunk + loop.stream_s_per_request
         t, e = client_predictions(rows, FrontEnd(max(icpt - lone, 0.0), serial_s_per_token=slope), loop)
-        return np.log(np.maximum(np.concatenate([t, e]), 1e-9) / meas)
+        late = math.log(max(lone, icpt) / icpt) if icpt > 0 else 0.0
+        return np.concatenate([np.log(np.maximum(np.concatenate([t, e]), 1e-9) / meas), np.full(n_lone, late)])
 
     def loss(x) -> float:
         z = (resid(_loop(np.exp(x))) / SOFT_L1_SCALE) ** 2
