@@ -19,8 +19,9 @@ timestamps: what the client sees beyond the engine.
   sent, and more for a request's first chunk) are those whose client-side first and last token times
   (TTFT and E2E) come closest to the measured ones, while a lone request's one output and first chunk
   fit inside its measured delay (a residual per lone request for any excess; soft-L1 least squares on
-  log ratios: a scan of 0.01-30 ms per chunk and per first chunk, then of the cost per output, then
-  Nelder-Mead on the three logarithms).  A cost that ends at the scan's floor is 0.  The loop is kept when it explains
+  log ratios: a scan of 0.01-30 ms per chunk and per first chunk, then Nelder-Mead on their
+  logarithms).  The cost per output is not fitted (0): where each chunk carries one token it cannot be
+  told from the cost per chunk, and fitted there it would serve a burst's tokens one by one.  A cost that ends at the scan's floor is 0.  The loop is kept when it explains
   the measured delays significantly better than none (F-test of the two fits at 5%); otherwise the
   front end is the way-in delay alone and the report says why.
 
@@ -192,13 +193,15 @@ def fit_frontend(b: Bundle) -> FrontEndFit:
         z = (resid(_loop(np.exp(x))) / SOFT_L1_SCALE) ** 2
         return float(np.sum(2.0 * (np.sqrt(1.0 + z) - 1.0)))
 
+    # The cost per output is left at 0: on a load where each chunk carries one token it cannot be told
+    # from the cost per chunk, and put there it serves every token of a burst one by one (a FIFO that
+    # backs up, as the per-token queue did), where vLLM's per-output work is one token's detokenisation.
     floor = SCAN[0]
     _, c0, f0 = min((loss(np.log([floor, c, f])), c, f) for c in SCAN for f in SCAN)
-    _, b0 = min((loss(np.log([b_, c0, f0])), b_) for b_ in SCAN)
     lo, hi = math.log(SCAN[0]), math.log(SCAN[-1])
-    best = minimize(lambda x: loss(np.clip(x, lo, hi)), np.log([b0, c0, f0]), method="Nelder-Mead",
-                    options={"xatol": 0.01, "fatol": 1e-6, "maxfev": 300})
-    costs = np.exp(np.clip(best.x, lo, hi))
+    best = minimize(lambda x: loss(np.log([floor, *np.exp(np.clip(x, lo, hi))])), np.log([c0, f0]),
+                    method="Nelder-Mead", options={"xatol": 0.01, "fatol": 1e-6, "maxfev": 200})
+    costs = [floor, *np.exp(np.clip(best.x, lo, hi))]
     loop = _loop(costs)
     r1, r0 = resid(loop), resid(FrontEnd())
     fit.error_without_queue = float(np.sqrt(np.mean(r0 ** 2)))
