@@ -160,7 +160,7 @@ def test_vllm_trace_replayed_and_validated(tmp_path):
     against A (decode for TPOT; for TTFT prefill or decode, whichever moved more: a request that
     arrives while others decode waits for their steps and joins a mixed step).  Server TTFT p90 and TPOT p50 are recorded
     against 15%, not checked: TPOT p50 is a known miss of the model on this trace (+19% to -70% over
-    the launches in docs/validation/cpu.md, beyond the noise in one of six test launches), because decode steps at
+    the launches in docs/validation/cpu.md, beyond the noise in two of eight test launches), because decode steps at
     the trace's 300-600-token contexts cost far more than batch x context predicts and no fitted term
     grows that way (docs/calibration.md, "Fitting and validating").  ``trace-figures.json`` has every figure, the noise, the drift, the host's load and
     whether each target was met without the allowance; docs/validation/cpu.md reports the launches.
