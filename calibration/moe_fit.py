@@ -61,7 +61,8 @@ is the engine's main lane for the format and layout (the most measured; TensorRT
 """
 
 
-def _version_key(v: str) -> tuple:
+def version_key(v: str) -> tuple:
+    """Sort key of a release name ("0.5.14", "1.3.0rc20"): its numbers in order, rc/post as separators."""
     return tuple(int(x) if x.isdigit() else 0 for x in v.replace("rc", ".").replace("post", ".").split("."))
 
 
@@ -157,7 +158,7 @@ def fit_system(root: Path, system: str, engine: str, db=None) -> MoeKernels | No
     """Every format's curve of one engine on one system, each from the newest release whose table measured
     that format (None: the engine has no MoE table there)."""
     tables = sorted(((p.parent.name, p) for p in (Path(root) / system / "moe" / engine).glob("*/moe_perf.parquet")),
-                    key=lambda vp: _version_key(vp[0]), reverse=True)
+                    key=lambda vp: version_key(vp[0]), reverse=True)
     if not tables:
         return None
     db = db or hwdb.load()
@@ -177,7 +178,7 @@ def fit_system(root: Path, system: str, engine: str, db=None) -> MoeKernels | No
             used[version] = table
     if not curves["curves"] and not curves["ep_curves"]:
         return None
-    newest = max(used, key=_version_key)
+    newest = max(used, key=version_key)
     return MoeKernels(
         name=f"{gpu.name}_{engine}", gpu=gpu.name, engine=engine, engine_version=newest,
         source=(f"{', '.join(used.values())} (aiconfigurator-core 0.12.0, github ai-dynamo/aiconfigurator, "

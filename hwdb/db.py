@@ -12,6 +12,7 @@ name).  Layout of a folder::
     connectors/<name>.yaml    -> hwdb.schema.Connector (KV-transfer connectors)
     networks/<name>.yaml      -> hwdb.schema.NetworkLayout (a node type's GPU NICs: link, count, rate)
     moe_kernels/<name>.yaml   -> hwdb.moe.MoeKernels (measured fused-MoE kernel curves of a GPU and engine)
+    gdn_kernels/<name>.yaml   -> hwdb.gdn.GdnCurve (measured Gated-DeltaNet kernel curves of a GPU and engine)
 
 Every error is a :class:`HwdbError` naming the file, the field and the
 expected form.  :func:`load` parses each folder list once per process (see
@@ -31,6 +32,7 @@ from typing import Iterable
 from pydantic import BaseModel, ValidationError
 
 from hwdb.models import ConfigError, ModelArch, arch_from_config
+from hwdb.gdn import GdnCurve
 from hwdb.moe import MoeCurve, MoeKernels
 from hwdb.profiles import Profile, ProfileMatch, version_matches
 from hwdb.engine_schema import EngineProfile
@@ -138,6 +140,7 @@ class HardwareDB:
     connectors: dict[str, Connector] = field(default_factory=dict)
     networks: dict[str, NetworkLayout] = field(default_factory=dict)
     moe_kernels: dict[str, MoeKernels] = field(default_factory=dict)
+    gdn_kernels: dict[str, GdnCurve] = field(default_factory=dict)
     # What a later folder (a user's --hwdb) replaces or shadows of an earlier one (the shipped data):
     # the command line prints these, since each changes answers without an error.
     notes: tuple[str, ...] = ()
@@ -235,6 +238,16 @@ class HardwareDB:
                     return c, note if eng == engine else f"{note}; no {engine} {fmt} MoE table for {gpu}"
         return None, ""
 
+    def gdn_curve(self, gpu: str, engine: str) -> tuple[GdnCurve | None, str]:
+        """The measured Gated-DeltaNet curve of ``gpu`` under ``engine``, else vLLM's on that GPU (the note
+        says so), and where it came from; (None, "") when none was measured."""
+        for eng in dict.fromkeys((engine, "vllm")):
+            for c in self.gdn_kernels.values():
+                if c.gpu == gpu and c.engine == eng:
+                    note = f"{c.name} ({eng} {c.engine_version})"
+                    return c, note if eng == engine else f"{note}; no {engine} linear-attention table for {gpu}"
+        return None, ""
+
     def profile_for(self, gpu: str, engine: str = "vllm", version: str | None = None,
                     model: str | None = None) -> Profile | None:
         """:meth:`find_profile`'s profile (None if the GPU has none for ``engine``)."""
@@ -242,7 +255,7 @@ class HardwareDB:
 
 
 _SCHEMAS = {"gpus": GPU, "links": Link, "profiles": Profile, "engines": EngineProfile, "connectors": Connector,
-            "networks": NetworkLayout, "moe_kernels": MoeKernels}
+            "networks": NetworkLayout, "moe_kernels": MoeKernels, "gdn_kernels": GdnCurve}
 
 
 def _aliases(item) -> tuple[str, ...]:
@@ -259,7 +272,8 @@ def _over_earlier(kind: str, table: dict, item, path: Path, origins: dict, notes
     """``item`` from a later folder, keeping the aliases of an earlier entry of the same name that it replaces
     (so that ``--gpu H100`` still finds the H100, now the user's), with a note in ``notes`` when it replaces one
     or takes a name another entry answers to."""
-    what = {"gpus": "GPU", "moe_kernels": "MoE kernel table"}.get(kind, kind[:-1])
+    what = {"gpus": "GPU", "moe_kernels": "MoE kernel table", "gdn_kernels": "linear-attention kernel table"}.get(
+        kind, kind[:-1])
     old = table.get(item.name)
     if old is not None:
         kept = tuple(dict.fromkeys((*_aliases(item), *_aliases(old))))

@@ -22,6 +22,7 @@ import math
 from bisect import bisect_left
 from dataclasses import dataclass
 
+from hwdb.gdn import GdnCurve
 from hwdb.models import ModelArch
 from hwdb.moe import MoeCurve
 from hwdb.profiles import Profile
@@ -77,6 +78,10 @@ class Deployment:
     moe_source: str = ""
     # The checkpoint's own fused-MoE kernel format for this weight format (model sidecar), "" for the default.
     moe_kernel: str = ""
+    # The measured Gated-DeltaNet kernels of this GPU and engine (hwdb/gdn.py) for a model with linear-attention
+    # layers (None: none measured, or no such layers) and the hwdb entry it came from.
+    gdn_curve: GdnCurve | None = None
+    gdn_source: str = ""
     # Why kv_dtype is what it is (simulator.kv_rule.resolve_kv_dtype).
     kv_note: str = ""
     version: str | None = None           # the engine release (EngineConfig.version); None: the profile's

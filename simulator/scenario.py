@@ -278,6 +278,9 @@ def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB
                      bf16_modules=frozenset(kept.modules) if kept else frozenset(),
                      quant_bytes=qbytes.value if qbytes else None, kv_note=kv_note, version=e.version)
     dep = engine_running_cap(dep, e.max_num_seqs is not None)
+    if arch.num_linear_layers:
+        gdn, gdn_source = db.gdn_curve(gpu.name, engine.engine)
+        dep = dataclasses.replace(dep, gdn_curve=gdn, gdn_source=gdn_source)
     if not arch.is_moe:
         return dep
     choice = model.sidecar.moe_kernel.get(side)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 
+from hwdb.gdn import HEAD_ELEMS
 from hwdb.moe import FORMATS
 from hwdb.schema import EfficiencyCurve
 from simulator.gemm_shapes import rank_gemm_groups
@@ -152,6 +153,23 @@ def moe_exchange(dep: Deployment) -> dict:
     return {"moe_comm_s_per_token": per_token * max(t_in, t_out), "moe_comm_lat_s": lat}
 
 
+def linear_attention(dep: Deployment) -> dict:
+    """StepModel fields of the linear-attention layers' own kernels (the convolution and the gated delta rule)
+    from the measured curve (hwdb/gdn.py), summed over those layers for one GPU's share of the heads; {} when
+    the model has none or no curve was measured for the GPU."""
+    a, c = dep.arch, dep.gdn_curve
+    if not a.num_linear_layers or c is None:
+        return {}
+    n = a.num_linear_layers
+    scale = a.linear_key_head_dim * a.linear_value_head_dim / HEAD_ELEMS
+    hv = a.linear_num_value_heads / dep.tp * scale
+    hk = a.linear_num_key_heads / dep.tp
+    x, g = c.context, c.generation
+    return {"lin_ctx_fixed_s": n * x.fixed_s, "lin_ctx_seq_s": n * x.seq_s, "lin_ctx_prompt_s": n * x.seq_head_s * hv,
+            "lin_ctx_tok_s": n * (x.tok_head_s * hv + x.tok_key_head_s * hk),
+            "lin_gen_fixed_s": n * g.fixed_s, "lin_gen_seq_s": n * (g.seq_head_s * hv + g.seq_key_head_s * hk)}
+
+
 def build_step_model(dep: Deployment) -> StepModel:
     """Coefficients for :class:`StepModel` from a deployment (profile overrides GPU defaults)."""
     a, g, prof = dep.arch, dep.gpu, dep.profile
@@ -260,5 +278,6 @@ def build_step_model(dep: Deployment) -> StepModel:
         moe_pads_dp=eng.moe_dispatch != "all_to_all",
         **{k: v for k, v in measured.items() if k not in ("exp_a", "exp_b")},
         **moe_comm,
+        **linear_attention(dep),
         **_allreduce_tables(dep),
     )

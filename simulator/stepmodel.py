@@ -112,6 +112,15 @@ class StepModel:
     exp_fixed_s: float = 0.0
     exp_s_per_token: float = 0.0
     exp_s_per_expert: float = 0.0
+    # Linear-attention layers' own kernels (hwdb/gdn.py), summed over those layers for this GPU's heads: a step
+    # with prompt tokens adds lin_ctx_fixed_s + lin_ctx_seq_s x the longest chunk + lin_ctx_prompt_s x chunks
+    # + lin_ctx_tok_s x prompt tokens; a step with decodes adds lin_gen_fixed_s + lin_gen_seq_s x decodes.
+    lin_ctx_fixed_s: float = 0.0
+    lin_ctx_seq_s: float = 0.0
+    lin_ctx_prompt_s: float = 0.0
+    lin_ctx_tok_s: float = 0.0
+    lin_gen_fixed_s: float = 0.0
+    lin_gen_seq_s: float = 0.0
 
     def streamed_weight_bytes(self, tokens: int) -> float:
         """Weight bytes one GPU reads in a step of ``tokens`` tokens of its own: the dense groups and LM
@@ -181,6 +190,23 @@ class StepModel:
             t += (self.kv_bytes_per_token * decode_ctx + self.kv_floor_bytes) / (self.peak_bw * self.kv_max_eff)
         return t
 
+    def linear_attention_time(self, tokens: int, seqs_logits: int, attn_pairs: float) -> float:
+        """The linear-attention layers' kernels in a step (0 without them).  The step model sees aggregates:
+        sequences that sample are taken as the decodes and the other tokens as prompt chunks, whose longest
+        chunk is estimated from their causal pairs (``2 pairs / prompt tokens``: a single fresh chunk's own
+        length, the mean-square length of several; at most the prompt tokens)."""
+        if not (self.lin_ctx_fixed_s or self.lin_gen_fixed_s):
+            return 0.0
+        t, decodes = 0.0, (seqs_logits if attn_pairs > 0.0 else tokens)
+        if attn_pairs > 0.0:
+            ptok = tokens - seqs_logits if tokens > seqs_logits else 1
+            seq = min(2.0 * attn_pairs / ptok, ptok)
+            t += (self.lin_ctx_fixed_s + self.lin_ctx_seq_s * seq + self.lin_ctx_prompt_s * ptok / seq
+                  + self.lin_ctx_tok_s * ptok)
+        if decodes > 0:
+            t += self.lin_gen_fixed_s + self.lin_gen_seq_s * decodes
+        return t
+
     def local_time(self, tokens: int, seqs_logits: int, attn_pairs: float, decode_ctx: float,
                    prefill_ctx: float = 0.0, running: int = 0, waiting: int = 0) -> tuple[float, float]:
         """(GPU, host) seconds of a step without its routed experts: what a rank does on its own."""
@@ -197,6 +223,8 @@ class StepModel:
             att *= idle
             elem *= idle
         t = ((t_comp if t_comp > t_mem else t_mem) + att + elem + self.layer_s)
+        if self.lin_ctx_fixed_s or self.lin_gen_fixed_s:
+            t += self.linear_attention_time(tokens, seqs_logits, attn_pairs)
         graph = tokens <= self.max_graph_tokens and (self.graphs_mixed or attn_pairs == 0.0)
         if self.tp > 1:
             t += self.ar_per_step * self.allreduce_time(self.ar_msg_bytes_per_token * tokens, graph)
@@ -249,9 +277,9 @@ def step_functions(m: StepModel):
     a decode-only step of ``n`` sequences attending ``ctx`` tokens in all.  Both do the same float
     operations in the same order as the methods (so the same bits: tests/test_step_functions.py), with
     the coefficients read once instead of at every call, and ``decode`` keeps the terms that depend on
-    ``n`` alone once computed.  A model with routed experts keeps the methods.
+    ``n`` alone once computed.  A model with routed experts or linear-attention kernels keeps the methods.
     """
-    if m.n_experts:
+    if m.n_experts or m.lin_ctx_fixed_s or m.lin_gen_fixed_s:
         return m.step_time, (lambda n, ctx, running: m.step_time(n, n, 0.0, ctx, 0.0, running, 0) + 0.0)
     comp_a, comp_b, lm_coef, lm_half = m.comp_a, m.comp_b, m.lm_coef, m.lm_half
     w_pp = m.dense_weight_bytes * m.pp
