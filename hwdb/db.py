@@ -13,6 +13,7 @@ name).  Layout of a folder::
     networks/<name>.yaml      -> hwdb.schema.NetworkLayout (a node type's GPU NICs: link, count, rate)
     moe_kernels/<name>.yaml   -> hwdb.moe.MoeKernels (measured fused-MoE kernel curves of a GPU and engine)
     gdn_kernels/<name>.yaml   -> hwdb.gdn.GdnCurve (measured Gated-DeltaNet kernel curves of a GPU and engine)
+    mla_kernels/<name>.yaml   -> hwdb.mla.MlaCurve (measured MLA attention kernel curves of a GPU and engine)
 
 Every error is a :class:`HwdbError` naming the file, the field and the
 expected form.  :func:`load` parses each folder list once per process (see
@@ -33,6 +34,7 @@ from pydantic import BaseModel, ValidationError
 
 from hwdb.models import ConfigError, ModelArch, arch_from_config
 from hwdb.gdn import GdnCurve
+from hwdb.mla import MlaCurve
 from hwdb.moe import MoeCurve, MoeKernels
 from hwdb.profiles import Profile, ProfileMatch, version_matches
 from hwdb.engine_schema import EngineProfile
@@ -141,6 +143,7 @@ class HardwareDB:
     networks: dict[str, NetworkLayout] = field(default_factory=dict)
     moe_kernels: dict[str, MoeKernels] = field(default_factory=dict)
     gdn_kernels: dict[str, GdnCurve] = field(default_factory=dict)
+    mla_kernels: dict[str, MlaCurve] = field(default_factory=dict)
     # What a later folder (a user's --hwdb) replaces or shadows of an earlier one (the shipped data):
     # the command line prints these, since each changes answers without an error.
     notes: tuple[str, ...] = ()
@@ -248,6 +251,13 @@ class HardwareDB:
                     return c, note if eng == engine else f"{note}; no {engine} linear-attention table for {gpu}"
         return None, ""
 
+    def mla_curve(self, gpu: str, engine: str) -> tuple[MlaCurve | None, str]:
+        """The measured MLA attention curve of ``gpu`` under ``engine`` and its source, else (None, "")."""
+        for c in self.mla_kernels.values():
+            if c.gpu == gpu and c.engine == engine:
+                return c, f"{c.name} ({engine} {c.engine_version}, {c.kernel})"
+        return None, ""
+
     def profile_for(self, gpu: str, engine: str = "vllm", version: str | None = None,
                     model: str | None = None) -> Profile | None:
         """:meth:`find_profile`'s profile (None if the GPU has none for ``engine``)."""
@@ -255,7 +265,8 @@ class HardwareDB:
 
 
 _SCHEMAS = {"gpus": GPU, "links": Link, "profiles": Profile, "engines": EngineProfile, "connectors": Connector,
-            "networks": NetworkLayout, "moe_kernels": MoeKernels, "gdn_kernels": GdnCurve}
+            "networks": NetworkLayout, "moe_kernels": MoeKernels, "gdn_kernels": GdnCurve,
+            "mla_kernels": MlaCurve}
 
 
 def _aliases(item) -> tuple[str, ...]:
@@ -272,7 +283,8 @@ def _over_earlier(kind: str, table: dict, item, path: Path, origins: dict, notes
     """``item`` from a later folder, keeping the aliases of an earlier entry of the same name that it replaces
     (so that ``--gpu H100`` still finds the H100, now the user's), with a note in ``notes`` when it replaces one
     or takes a name another entry answers to."""
-    what = {"gpus": "GPU", "moe_kernels": "MoE kernel table", "gdn_kernels": "linear-attention kernel table"}.get(
+    what = {"gpus": "GPU", "moe_kernels": "MoE kernel table", "gdn_kernels": "linear-attention kernel table",
+            "mla_kernels": "MLA kernel table"}.get(
         kind, kind[:-1])
     old = table.get(item.name)
     if old is not None:

@@ -23,6 +23,7 @@ from bisect import bisect_left
 from dataclasses import dataclass
 
 from hwdb.gdn import GdnCurve
+from hwdb.mla import MlaCurve
 from hwdb.models import ModelArch
 from hwdb.moe import MoeCurve
 from hwdb.profiles import Profile
@@ -82,6 +83,10 @@ class Deployment:
     # layers (None: none measured, or no such layers) and the hwdb entry it came from.
     gdn_curve: GdnCurve | None = None
     gdn_source: str = ""
+    # The measured MLA attention kernels of this GPU and engine (hwdb/mla.py) for an MLA model (None: not measured
+    # apart, or not MLA: the attention curves of the profile or GPU) and the hwdb entry it came from.
+    mla_curve: MlaCurve | None = None
+    mla_source: str = ""
     # Why kv_dtype is what it is (simulator.kv_rule.resolve_kv_dtype).
     kv_note: str = ""
     version: str | None = None           # the engine release (EngineConfig.version); None: the profile's

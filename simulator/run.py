@@ -169,6 +169,8 @@ def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:
                    "kv_cache_dtype": d.kv_dtype, "kv_cache_dtype_why": d.kv_note, "moe_kernel": d.moe_source,
                    **({"linear_attention_kernel": d.gdn_source or "none measured: not modelled"}
                       if d.arch.num_linear_layers else {}),
+                   **({"mla_kernel": d.mla_source or "not measured apart: the attention curves of the profile or GPU"}
+                      if d.arch.is_mla else {}),
                    "kv_cache_sizing": m.rule, "max_running_requests": d.knobs.max_num_seqs,
                    "perf_model": (f"calibrated profile {d.profile.name}" if d.profile
                                   else f"datasheet peaks x default efficiencies of {d.gpu.name} (uncalibrated)"),

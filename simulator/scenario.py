@@ -281,6 +281,9 @@ def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB
     if arch.num_linear_layers:
         gdn, gdn_source = db.gdn_curve(gpu.name, engine.engine)
         dep = dataclasses.replace(dep, gdn_curve=gdn, gdn_source=gdn_source)
+    if arch.is_mla:
+        mla, mla_source = db.mla_curve(gpu.name, engine.engine)
+        dep = dataclasses.replace(dep, mla_curve=mla, mla_source=mla_source)
     if not arch.is_moe:
         return dep
     choice = model.sidecar.moe_kernel.get(side)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 
 from hwdb.gdn import HEAD_ELEMS
+from hwdb.mla import KV_DTYPES
 from hwdb.moe import FORMATS
 from hwdb.schema import EfficiencyCurve
 from simulator.gemm_shapes import rank_gemm_groups
@@ -170,6 +171,28 @@ def linear_attention(dep: Deployment) -> dict:
             "lin_gen_fixed_s": n * g.fixed_s, "lin_gen_seq_s": n * (g.seq_head_s * hv + g.seq_key_head_s * hk)}
 
 
+def mla_attention(dep: Deployment) -> dict:
+    """StepModel fields of an MLA model's attention from the measured kernel of its engine and KV dtype
+    (hwdb/mla.py), for this GPU's heads; {} when that kernel was not measured apart (then the attention curves
+    of the profile or GPU hold).  Per-pair and per-token terms cover a pipeline stage's layers, fixed ones
+    every layer (a token passes them all), as the curves they replace do."""
+    a, c = dep.arch, dep.mla_curve
+    kv = KV_DTYPES.get(dep.kv_dtype)
+    if not a.is_mla or c is None or kv not in c.context or kv not in c.generation:
+        return {}
+    x, g = c.context[kv], c.generation[kv]
+    heads = a.num_heads / dep.tp
+    layers, stage = a.full_attn_layers, math.ceil(a.full_attn_layers / dep.pp)
+    peak, bw = dep.gpu.flops("bf16"), dep.gpu.memory_bandwidth_Bps.value
+    d_qk = a.qk_nope_head_dim + a.qk_rope_head_dim
+    return {"mla_fixed_s": layers * x.fixed_s, "mla_prompt_s": layers * x.seq_head_s * heads,
+            "mla_seq_s": layers * x.seq_s, "mla_half_len": x.half_len, "mla_half_tok": x.half_rows / heads,
+            "mla_pair_s": stage * 2.0 * (d_qk + a.v_head_dim) * heads / (peak * x.max_eff),
+            "kv_max_eff": g.mem_eff, "kv_floor_bytes": layers * g.fixed_s * bw * g.mem_eff,
+            "kv_comp_s_per_ctx": stage * 2.0 * heads * (2 * a.kv_lora_rank + a.qk_rope_head_dim) / (peak * g.comp_eff),
+            "kv_seq_s": layers * g.seq_head_s * heads}
+
+
 def build_step_model(dep: Deployment) -> StepModel:
     """Coefficients for :class:`StepModel` from a deployment (profile overrides GPU defaults)."""
     a, g, prof = dep.arch, dep.gpu, dep.profile
@@ -271,13 +294,12 @@ def build_step_model(dep: Deployment) -> StepModel:
         cpu_sample=cpu_costs[4],
         # Every layer runs in series for a token, whatever the pipeline split.
         layer_s=layer_s,
-        kv_max_eff=deff.max_eff,
-        kv_floor_bytes=a.num_layers * deff.half,
         compute_groups=tuple(parts) + (("lm_head", lm.compute_dtype, lm_coef, lm_curve.half),),
         exp_a=exp_a, exp_b=exp_b, moe_token_scale=dep.dp, moe_layers=a.moe_layers, prefill_step_s=prefill_step,
         moe_pads_dp=eng.moe_dispatch != "all_to_all",
         **{k: v for k, v in measured.items() if k not in ("exp_a", "exp_b")},
         **moe_comm,
         **linear_attention(dep),
+        **({"kv_max_eff": deff.max_eff, "kv_floor_bytes": a.num_layers * deff.half} | mla_attention(dep)),
         **_allreduce_tables(dep),
     )

@@ -121,6 +121,18 @@ class StepModel:
     lin_ctx_tok_s: float = 0.0
     lin_gen_fixed_s: float = 0.0
     lin_gen_seq_s: float = 0.0
+    # MLA attention measured apart (hwdb/mla.py; 0: the curves above).  Prefill: mla_fixed_s + mla_prompt_s x
+    # chunks + max(mla_seq_s x longest chunk, pairs x mla_pair_s / ramps in chunk length and tokens); decode:
+    # kv_floor_bytes holds the fixed cost, and the KV stream is the larger of its bytes and its FLOPs
+    # (kv_comp_s_per_ctx x cached tokens), plus kv_seq_s per decoding sequence.
+    mla_fixed_s: float = 0.0
+    mla_prompt_s: float = 0.0
+    mla_seq_s: float = 0.0
+    mla_pair_s: float = 0.0
+    mla_half_len: float = 0.0
+    mla_half_tok: float = 0.0
+    kv_comp_s_per_ctx: float = 0.0
+    kv_seq_s: float = 0.0
 
     def streamed_weight_bytes(self, tokens: int) -> float:
         """Weight bytes one GPU reads in a step of ``tokens`` tokens of its own: the dense groups and LM
@@ -182,13 +194,32 @@ class StepModel:
             t += self.moe_layers * (self.moe_comm_s_per_token * own + self.moe_comm_lat_s)
         return t
 
-    def attention_time(self, tokens: int, attn_pairs: float, decode_ctx: float) -> float:
+    def attention_time(self, tokens: int, attn_pairs: float, decode_ctx: float, decodes: int = 0) -> float:
         """Prefill attention FLOPs (bf16, ramp in the step's tokens) plus the decode KV stream at the
-        decode-attention curve, one kernel per layer: sum over layers of (bytes + half) / (BW x max_eff)."""
+        decode-attention curve, one kernel per layer: sum over layers of (bytes + half) / (BW x max_eff).
+        With a measured MLA kernel, its own forms (:func:`mla_prefill`, and FLOPs beside bytes in decode);
+        ``decodes``: the decoding sequences."""
+        if self.mla_fixed_s:
+            t = self.mla_prefill(tokens - decodes, attn_pairs) if attn_pairs > 0.0 else 0.0
+            if decode_ctx > 0.0:
+                mem = self.kv_bytes_per_token * decode_ctx / (self.peak_bw * self.kv_max_eff)
+                comp = self.kv_comp_s_per_ctx * decode_ctx
+                t += ((mem if mem > comp else comp) + self.kv_floor_bytes / (self.peak_bw * self.kv_max_eff)
+                      + self.kv_seq_s * decodes)
+            return t
         t = attn_pairs * self.attn_s_per_pair * (tokens + self.attn_half) / tokens if attn_pairs > 0.0 else 0.0
         if decode_ctx > 0.0:
             t += (self.kv_bytes_per_token * decode_ctx + self.kv_floor_bytes) / (self.peak_bw * self.kv_max_eff)
         return t
+
+    def mla_prefill(self, ptok: int, attn_pairs: float) -> float:
+        """The measured MLA kernel's prefill time for ``ptok`` prompt tokens with ``attn_pairs`` causal pairs: the
+        longest chunk estimated as :meth:`linear_attention_time` does, the chunks as the tokens over it."""
+        ptok = ptok if ptok > 1 else 1
+        seq = min(2.0 * attn_pairs / ptok, ptok)
+        flops = attn_pairs * self.mla_pair_s * (seq + self.mla_half_len) / seq * (ptok + self.mla_half_tok) / ptok
+        lone = self.mla_seq_s * seq
+        return self.mla_fixed_s + self.mla_prompt_s * ptok / seq + (flops if flops > lone else lone)
 
     def linear_attention_time(self, tokens: int, seqs_logits: int, attn_pairs: float) -> float:
         """The linear-attention layers' kernels in a step (0 without them).  The step model sees aggregates:
@@ -211,7 +242,7 @@ class StepModel:
                    prefill_ctx: float = 0.0, running: int = 0, waiting: int = 0) -> tuple[float, float]:
         """(GPU, host) seconds of a step without its routed experts: what a rank does on its own."""
         t_comp, t_mem = self.linear_time(tokens, seqs_logits, prefill_ctx)
-        att = self.attention_time(tokens, attn_pairs, decode_ctx)
+        att = self.attention_time(tokens, attn_pairs, decode_ctx, seqs_logits if attn_pairs > 0.0 else tokens)
         elem = self.elem_s_per_token * tokens
         idle = 1.0
         if self.pp > 1 and running < self.pp:
@@ -267,107 +298,6 @@ class StepModel:
     def decode_time(self, batch: int, context: int) -> float:
         """Time of a decode-only step for ``batch`` sequences of ``context`` tokens each."""
         return self.step_time(batch, batch, 0.0, float(batch * context), 0.0, batch, 0)
-
-
-def step_functions(m: StepModel):
-    """``m.step_time`` as closures over its coefficients, for the engine's step loop: ``(step, decode)``.
-
-    ``step(tokens, seqs_logits, attn_pairs, decode_ctx, prefill_ctx, running, waiting)`` is
-    ``m.step_time``; ``decode(n, ctx, running)`` is ``m.step_time(n, n, 0.0, ctx, 0.0, running, 0) + 0.0``,
-    a decode-only step of ``n`` sequences attending ``ctx`` tokens in all.  Both do the same float
-    operations in the same order as the methods (so the same bits: tests/test_step_functions.py), with
-    the coefficients read once instead of at every call, and ``decode`` keeps the terms that depend on
-    ``n`` alone once computed.  A model with routed experts or linear-attention kernels keeps the methods.
-    """
-    if m.n_experts or m.lin_ctx_fixed_s or m.lin_gen_fixed_s:
-        return m.step_time, (lambda n, ctx, running: m.step_time(n, n, 0.0, ctx, 0.0, running, 0) + 0.0)
-    comp_a, comp_b, lm_coef, lm_half = m.comp_a, m.comp_b, m.lm_coef, m.lm_half
-    w_pp = m.dense_weight_bytes * m.pp
-    kvb, actb, mem_floor = m.kv_bytes_per_token, m.act_bytes_per_token, m.mem_floor_bytes
-    bw_lin = m.peak_bw * m.meff.max_eff
-    attn_pp, attn_half = m.attn_s_per_pair, m.attn_half
-    kv_floor, bw_kv = m.kv_floor_bytes, m.peak_bw * m.kv_max_eff
-    elem, layer_s = m.elem_s_per_token, m.layer_s
-    max_graph, mixed = m.max_graph_tokens, m.graphs_mixed
-    tp, ar_n, ar_msg = m.tp, m.ar_per_step, m.ar_msg_bytes_per_token
-    ar_sizes, ar_graph, ar_eager = m.ar_sizes, m.ar_graph, m.ar_eager
-    ring = 2.0 * (tp - 1) / tp
-    ar_bw, ar_lat = m.ar_bw, m.ar_latency
-    pp = m.pp
-    pp_extra = (pp - 1) * m.pp_handoff_s
-    g_launch, e_launch = m.graph_launch, m.eager_launch
-    cpu_step, cpu_run, cpu_wait, cpu_tok, cpu_sample = m.cpu_step, m.cpu_run, m.cpu_wait, m.cpu_tok, m.cpu_sample
-    overlapped = m.overlapped
-
-    def step(tokens, seqs_logits, attn_pairs, decode_ctx, prefill_ctx=0.0, running=0, waiting=0):
-        if tokens <= 0:
-            return 0.0
-        t_comp = comp_a * tokens + comp_b
-        if seqs_logits:
-            t_comp += lm_coef * seqs_logits * (tokens + lm_half) / tokens
-        t_mem = (w_pp + kvb * (prefill_ctx + tokens) + actb * tokens + mem_floor) / bw_lin
-        att = attn_pairs * attn_pp * (tokens + attn_half) / tokens if attn_pairs > 0.0 else 0.0
-        if decode_ctx > 0.0:
-            att += (kvb * decode_ctx + kv_floor) / bw_kv
-        elem_t = elem * tokens
-        idle = 1.0
-        if pp > 1 and running < pp:
-            idle = pp / (running if running > 1 else 1)
-            t_comp *= idle
-            att *= idle
-            elem_t *= idle
-        t = (t_comp if t_comp > t_mem else t_mem) + att + elem_t + layer_s
-        graph = tokens <= max_graph and (mixed or attn_pairs == 0.0)
-        if tp > 1:
-            mb = ar_msg * tokens
-            if ar_sizes:
-                t += ar_n * interp_linear(ar_sizes, ar_graph if graph else ar_eager, mb)
-            else:
-                t += ar_n * (ring * mb / ar_bw + ar_lat)
-        if pp > 1:
-            t += pp_extra
-        t += (g_launch if graph else e_launch) * idle
-        cpu = cpu_step + cpu_run * running + cpu_wait * waiting + cpu_tok * tokens + cpu_sample * seqs_logits
-        if overlapped:
-            return t if t > cpu else cpu
-        return t + cpu
-
-    w0 = cpu_wait * 0
-    terms: dict[int, tuple] = {}             # n -> the decode step's terms that depend on n alone
-
-    def decode_terms(n: int) -> tuple:
-        t_comp = comp_a * n + comp_b
-        t_comp += lm_coef * n * (n + lm_half) / n
-        t_mem = (w_pp + kvb * (0.0 + n) + actb * n + mem_floor) / bw_lin
-        graph = n <= max_graph
-        ar = 0.0
-        if tp > 1:
-            mb = ar_msg * n
-            if ar_sizes:
-                ar = ar_n * interp_linear(ar_sizes, ar_graph if graph else ar_eager, mb)
-            else:
-                ar = ar_n * (ring * mb / ar_bw + ar_lat)
-        t = terms[n] = (t_comp if t_comp > t_mem else t_mem, elem * n, ar, g_launch if graph else e_launch,
-                        cpu_tok * n, cpu_sample * n)
-        return t
-
-    # The step's terms add in step()'s order; the all-reduce (tp = 1) and pipeline (pp = 1) terms are
-    # then +0.0, which leaves the positive sum as it is.
-    ppx = pp_extra if pp > 1 else 0.0
-
-    def decode(n, ctx, running):
-        if n <= 0:
-            return 0.0
-        if running < pp:     # a pipeline its sequences cannot fill: step() prices the idle stages
-            return step(n, n, 0.0, ctx, 0.0, running, 0) + 0.0
-        roof, en, ar, launch, tok, smp = terms.get(n) or decode_terms(n)
-        t = roof + (0.0 + (kvb * ctx + kv_floor) / bw_kv if ctx > 0.0 else 0.0) + en + layer_s + ar + ppx + launch
-        cpu = cpu_step + cpu_run * running + w0 + tok + smp
-        if overlapped:
-            return (t if t > cpu else cpu) + 0.0
-        return t + cpu + 0.0
-
-    return step, decode
 
 
 def interp_linear(xs: tuple[float, ...], ys: tuple[float, ...], x: float) -> float:

@@ -14,7 +14,7 @@ from hwdb.gdn import GdnCurve, GdnPhase
 from hwdb.profiles import FitQuality
 from simulator.scenario import EngineConfig, PoolConfig, deployment_for
 from simulator.step_build import build_step_model
-from simulator.stepmodel import step_functions
+from simulator.step_closures import step_functions
 
 SYSTEMS = ("H100-SXM-80GB", "H200-SXM-141GB", "B200-SXM-180GB", "B300-SXM", "GB200", "GB300")
 

@@ -1,4 +1,4 @@
-"""The engine's step-time closures (stepmodel.step_functions) give the same bits as StepModel.step_time.
+"""The engine's step-time closures (step_closures.step_functions) give the same bits as StepModel.step_time.
 
 The engine calls the closures; the step tables must not move by an ulp, so every term has to be
 computed in the method's order.  Checked over random steps on models that take each branch: one
@@ -14,7 +14,7 @@ import random
 import pytest
 
 from simulator.scenario import resolve
-from simulator.stepmodel import step_functions
+from simulator.step_closures import step_functions
 from tests.conftest import pool, scenario
 
 MODELS = {

@@ -13,7 +13,7 @@ from __future__ import annotations
 import heapq
 
 from simulator.engine.instance_state import InstanceState, TimedLog
-from simulator.stepmodel import step_functions
+from simulator.step_closures import step_functions
 
 # Shortcuts that leave results unchanged: steps that end before any other event advance the clock inline
 # instead of through a SimPy timeout; decode-only steps skip the general step's empty branches
