@@ -195,6 +195,7 @@ def mla_attention(dep: Deployment) -> dict:
 
 def build_step_model(dep: Deployment) -> StepModel:
     """Coefficients for :class:`StepModel` from a deployment (profile overrides GPU defaults)."""
+    apart = {**linear_attention(dep), **mla_attention(dep)}
     a, g, prof = dep.arch, dep.gpu, dep.profile
     gpus = dep.rank_gpus     # dense weights and this rank's own tokens: one data-parallel rank's GPUs
     meff = (prof.memory_efficiency if prof and prof.memory_efficiency else g.memory_efficiency)
@@ -299,7 +300,7 @@ def build_step_model(dep: Deployment) -> StepModel:
         moe_pads_dp=eng.moe_dispatch != "all_to_all",
         **{k: v for k, v in measured.items() if k not in ("exp_a", "exp_b")},
         **moe_comm,
-        **linear_attention(dep),
-        **({"kv_max_eff": deff.max_eff, "kv_floor_bytes": a.num_layers * deff.half} | mla_attention(dep)),
+        **({"kv_max_eff": deff.max_eff, "kv_floor_bytes": a.num_layers * deff.half} | apart),
+        kernels_apart=bool(apart),
         **_allreduce_tables(dep),
     )

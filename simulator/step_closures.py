@@ -19,7 +19,7 @@ def step_functions(m: StepModel):
     the coefficients read once instead of at every call, and ``decode`` keeps the terms that depend on
     ``n`` alone once computed.  A model with routed experts, linear-attention or MLA kernels keeps the methods.
     """
-    if m.n_experts or m.lin_ctx_fixed_s or m.lin_gen_fixed_s or m.mla_fixed_s:
+    if m.n_experts or m.kernels_apart:
         return m.step_time, (lambda n, ctx, running: m.step_time(n, n, 0.0, ctx, 0.0, running, 0) + 0.0)
     comp_a, comp_b, lm_coef, lm_half = m.comp_a, m.comp_b, m.lm_coef, m.lm_half
     w_pp = m.dense_weight_bytes * m.pp

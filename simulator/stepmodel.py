@@ -133,6 +133,8 @@ class StepModel:
     mla_half_tok: float = 0.0
     kv_comp_s_per_ctx: float = 0.0
     kv_seq_s: float = 0.0
+    # True when the MLA or linear-attention kernels above are in use (one test in the step's hot path).
+    kernels_apart: bool = False
 
     def streamed_weight_bytes(self, tokens: int) -> float:
         """Weight bytes one GPU reads in a step of ``tokens`` tokens of its own: the dense groups and LM
@@ -195,18 +197,26 @@ class StepModel:
         return t
 
     def attention_time(self, tokens: int, attn_pairs: float, decode_ctx: float, decodes: int = 0) -> float:
-        """Prefill attention FLOPs (bf16, ramp in the step's tokens) plus the decode KV stream at the
-        decode-attention curve, one kernel per layer: sum over layers of (bytes + half) / (BW x max_eff).
-        With a measured MLA kernel, its own forms (:func:`mla_prefill`, and FLOPs beside bytes in decode);
-        ``decodes``: the decoding sequences."""
+        """The step's attention: :meth:`mla_attention_time` where the MLA kernel was measured apart, else
+        :meth:`curve_attention_time`; ``decodes``: the decoding sequences."""
         if self.mla_fixed_s:
-            t = self.mla_prefill(tokens - decodes, attn_pairs) if attn_pairs > 0.0 else 0.0
-            if decode_ctx > 0.0:
-                mem = self.kv_bytes_per_token * decode_ctx / (self.peak_bw * self.kv_max_eff)
-                comp = self.kv_comp_s_per_ctx * decode_ctx
-                t += ((mem if mem > comp else comp) + self.kv_floor_bytes / (self.peak_bw * self.kv_max_eff)
-                      + self.kv_seq_s * decodes)
-            return t
+            return self.mla_attention_time(tokens, attn_pairs, decode_ctx, decodes)
+        return self.curve_attention_time(tokens, attn_pairs, decode_ctx)
+
+    def mla_attention_time(self, tokens: int, attn_pairs: float, decode_ctx: float, decodes: int) -> float:
+        """The measured MLA kernel (:meth:`mla_prefill`; decode: the larger of the latent's bytes and every
+        head's FLOPs, plus the fixed and per-sequence costs)."""
+        t = self.mla_prefill(tokens - decodes, attn_pairs) if attn_pairs > 0.0 else 0.0
+        if decode_ctx > 0.0:
+            mem = self.kv_bytes_per_token * decode_ctx / (self.peak_bw * self.kv_max_eff)
+            comp = self.kv_comp_s_per_ctx * decode_ctx
+            t += ((mem if mem > comp else comp) + self.kv_floor_bytes / (self.peak_bw * self.kv_max_eff)
+                  + self.kv_seq_s * decodes)
+        return t
+
+    def curve_attention_time(self, tokens: int, attn_pairs: float, decode_ctx: float) -> float:
+        """Prefill attention FLOPs (bf16, ramp in the step's tokens) plus the decode KV stream at the
+        decode-attention curve, one kernel per layer: sum over layers of (bytes + half) / (BW x max_eff)."""
         t = attn_pairs * self.attn_s_per_pair * (tokens + self.attn_half) / tokens if attn_pairs > 0.0 else 0.0
         if decode_ctx > 0.0:
             t += (self.kv_bytes_per_token * decode_ctx + self.kv_floor_bytes) / (self.peak_bw * self.kv_max_eff)
@@ -242,7 +252,11 @@ class StepModel:
                    prefill_ctx: float = 0.0, running: int = 0, waiting: int = 0) -> tuple[float, float]:
         """(GPU, host) seconds of a step without its routed experts: what a rank does on its own."""
         t_comp, t_mem = self.linear_time(tokens, seqs_logits, prefill_ctx)
-        att = self.attention_time(tokens, attn_pairs, decode_ctx, seqs_logits if attn_pairs > 0.0 else tokens)
+        if self.kernels_apart:
+            att = (self.attention_time(tokens, attn_pairs, decode_ctx, seqs_logits if attn_pairs > 0.0 else tokens)
+                   + self.linear_attention_time(tokens, seqs_logits, attn_pairs))
+        else:
+            att = self.curve_attention_time(tokens, attn_pairs, decode_ctx)
         elem = self.elem_s_per_token * tokens
         idle = 1.0
         if self.pp > 1 and running < self.pp:
@@ -254,8 +268,6 @@ class StepModel:
             att *= idle
             elem *= idle
         t = ((t_comp if t_comp > t_mem else t_mem) + att + elem + self.layer_s)
-        if self.lin_ctx_fixed_s or self.lin_gen_fixed_s:
-            t += self.linear_attention_time(tokens, seqs_logits, attn_pairs)
         graph = tokens <= self.max_graph_tokens and (self.graphs_mixed or attn_pairs == 0.0)
         if self.tp > 1:
             t += self.ar_per_step * self.allreduce_time(self.ar_msg_bytes_per_token * tokens, graph)
