@@ -14,6 +14,7 @@ import numpy as np
 from pydantic import Field, ValidationError, model_validator
 
 import hwdb
+from hwdb.mla import KV_DTYPES
 from simulator.bounds import MAX_SECONDS, MAX_TOKENS, Fraction, Seed, between, count
 from simulator.epd.epd_config import EmbeddingTransferConfig, EncoderConfig
 from simulator.pd.pd import TransferConfigError, TransferPlan, build_transfer_plan
@@ -283,6 +284,8 @@ def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB
         dep = dataclasses.replace(dep, gdn_curve=gdn, gdn_source=gdn_source)
     if arch.is_mla:
         mla, mla_source = db.mla_curve(gpu.name, engine.engine)
+        if mla is not None and KV_DTYPES.get(kv) not in mla.generation:
+            mla, mla_source = None, f"{mla_source} has no {kv} KV-cache curve: the attention curves of the profile or GPU"
         dep = dataclasses.replace(dep, mla_curve=mla, mla_source=mla_source)
     if not arch.is_moe:
         return dep

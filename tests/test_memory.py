@@ -113,6 +113,7 @@ def test_perf_prints_how_the_engine_sized_its_cache(capsys):
     assert main(["perf", "gpt-oss-120b", "--gpu", "H100", "--dtype", "fp4", "--engine", "sglang"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "memory: SGLang: mem_fraction_static 0.837" in out and "up to 2,048 running requests" in out
+    assert "measured kernels: routed experts: H100-SXM-80GB_sglang" in out and "MLA" not in out
     # vLLM at its default fraction refuses gpt-oss-120b's 131k context on one H100 and says what to change
     assert main(["perf", "gpt-oss-120b", "--gpu", "H100", "--dtype", "fp4"]) == 2
     err = " ".join(capsys.readouterr().err.split())

@@ -60,6 +60,13 @@ def cmd_perf(args, con: Console) -> int:
     con.print(f"memory: {mem.rule}; activations {mem.activation_bytes / 2 ** 30:.2f} GiB, runtime "
               f"{mem.runtime_bytes / 2 ** 30:.2f} GiB, KV {mem.kv_bytes / 2 ** 30:.2f} GiB"
               + (f"; up to {mem.max_running:,} running requests" if mem.max_running else ""), markup=False)
+    kernels = [f"{what}: {src or missing}" for what, src, missing, used in (
+        ("routed experts", dep.moe_source, "roofline of the GEMM curves (no measured table)", dep.arch.is_moe),
+        ("MLA attention", dep.mla_source, "attention curves of the profile or GPU (not measured apart)", dep.arch.is_mla),
+        ("linear attention", dep.gdn_source, "not modelled (no measured table)", dep.arch.num_linear_layers))
+        if used]
+    if kernels:
+        con.print("measured kernels: " + "; ".join(kernels), markup=False)
     t = Table(title="prefill (one request alone, chunked by max_num_batched_tokens)")
     for c in ("prompt tokens", "time", "tokens/s", "regime"):
         t.add_column(c, justify="right")
