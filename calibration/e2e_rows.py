@@ -242,6 +242,12 @@ KV_MODES = ("quantised-fp8", "rule")
 def engine_of(row: Row) -> dict:
     """The pool's engine block: the row's engine and, where the table names a numbered release, that release."""
     engine = {"engine": ENGINES[row.backend], "max_model_len": row.isl + row.osl + 16}
+    if row.backend == "sglang":
+        # InferenceX's SGLang launch scripts pass --disable-radix-cache (36 of its 38 fixed-length single-node
+        # scripts, SemiAnalysisAI/InferenceX benchmarks/single_node/fixed_seq_len): random prompts share nothing,
+        # and for a linear-attention model it sets how many requests the state pool runs and keeps the overlap
+        # scheduler on (simulator/memory.py linear_state_pool).
+        engine["enable_prefix_caching"] = False
     if re.fullmatch(r"[0-9][0-9A-Za-z.+-]{0,39}", row.version):
         engine["version"] = row.version
     return engine

@@ -44,6 +44,10 @@ class MemoryRelease(StrictModel):
     non_torch_tp_bytes: sourced(0, 1e11, "bytes") | None = None           # TP > 1: NCCL and custom all-reduce buffers
     graph_bytes: sourced(0, 1e11, "bytes") | None = None                  # CUDA-graph pool taken from the KV budget
     default_fraction: sourced(0, 1, "fraction", lo_open=True) | None = None   # gpu_memory_utilization's default
+    # Linear-attention (Gated DeltaNet) state pool carved from the KV budget (SGLang): state bytes per KV bytes
+    # (mamba_full_memory_ratio), and state slots per running request with the prefix cache on (1 with it off).
+    linear_state_ratio: sourced(0, 100, "times", lo_open=True) | None = None
+    linear_state_running_ratio: sourced(1, 100, "times") | None = None
 
 
 class EngineMemory(StrictModel):
@@ -102,6 +106,9 @@ class EngineProfile(StrictModel):
     engine: str
     version: str
     scheduling_overlapped: bool
+    # False: the overlap scheduler is switched off for a linear-attention model while the prefix cache is on
+    # (SGLang's mamba "no_buffer" strategy cannot overlap), so such steps pay GPU + host time.
+    overlap_with_linear_prefix_cache: bool = True
     cpu: CpuCosts
     graph_launch_s: HostCost
     eager_launch_s_per_layer: PerItemCost

@@ -65,6 +65,11 @@ class ModelArch:
     linear_value_head_dim: int = 0
     linear_conv_kernel_dim: int = 0
     attn_output_gate: bool = False       # q_proj also emits a per-head output gate (Qwen3-Next/3.5)
+    linear_ssm_dtype: str = ""           # the delta-rule state's dtype the checkpoint asks for (mamba_ssm_dtype)
+    # The vision tower's depth and width as SGLang reads them (vision_config num_hidden_layers and hidden_size,
+    # 24 and 1024 where absent); 0: no vision_config.
+    vision_layers: int = 0
+    vision_hidden: int = 0
     # DeepSeek-sparse-attention lightning indexer (DeepSeek-V3.2, GLM-5): its key is cached per token.
     index_n_heads: int = 0
     index_head_dim: int = 0
@@ -186,6 +191,18 @@ class ModelArch:
         """Most cached elements one sequence holds in its sliding-window layers (a full window)."""
         return self.num_sliding_layers * self.sliding_window * 2 * self.num_kv_heads * self.head_dim
 
+    def linear_state_bytes(self, tp: int, layers: int, ssm_bytes: float, conv_bytes: float) -> float:
+        """Bytes of recurrent state one sequence holds on one GPU of ``tp`` over ``layers`` linear-attention layers:
+        the delta-rule state (value heads x key dim x value dim, split over TP) at ``ssm_bytes`` per element and the
+        convolution's last kernel-1 inputs (value dims + 2 x key dims, key heads padded up to a multiple of TP) at
+        ``conv_bytes``, as SGLang's ``mamba2_cache_params`` and vLLM's ``gated_delta_net_state_shape`` shape them."""
+        if not self.num_linear_layers:
+            return 0.0
+        hk = -(-self.linear_num_key_heads // tp) * tp
+        conv = (self.linear_num_value_heads * self.linear_value_head_dim + 2 * hk * self.linear_key_head_dim) / tp
+        ssm = self.linear_num_value_heads / tp * self.linear_key_head_dim * self.linear_value_head_dim
+        return layers * (conv * (self.linear_conv_kernel_dim - 1) * conv_bytes + ssm * ssm_bytes)
+
     @property
     def linear_state_elems_per_seq(self) -> int:
         """Recurrent state one sequence holds in its linear-attention layers (delta-rule state + conv tail)."""
@@ -222,6 +239,8 @@ def _get(cfg: dict, *keys, default=None, required=True):
 
 
 _LAYER_KINDS = ("full_attention", "sliding_attention", "linear_attention")
+# config mamba_ssm_dtype values -> epdsim dtype names (an unknown one: the engine's default)
+SSM_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
 def _layer_kinds(text: dict, n_layers: int) -> list[str]:
@@ -308,6 +327,10 @@ def arch_from_config(cfg: dict, name: str) -> ModelArch:
                               f"moe_intermediate_size={moe_inter}; such a shared expert is not supported")
         n_shared = shared_inter // moe_inter
     kinds = _layer_kinds(text, n_layers)
+    vision = cfg.get("vision_config")
+    if vision is not None and not isinstance(vision, dict):
+        raise ConfigError(f"field vision_config must be a JSON object (the vision tower's config), "
+                          f"got a {type(vision).__name__}")
     n_linear = kinds.count("linear_attention")
     n_sliding = kinds.count("sliding_attention")
     window = int(text.get("sliding_window") or 0) if n_sliding else 0
@@ -348,6 +371,9 @@ def arch_from_config(cfg: dict, name: str) -> ModelArch:
         num_linear_layers=n_linear,
         **linear,
         attn_output_gate=bool(text.get("attn_output_gate", False)),
+        linear_ssm_dtype=SSM_DTYPES.get(str(text.get("mamba_ssm_dtype") or ""), "") if n_linear else "",
+        vision_layers=int(vision.get("num_hidden_layers") or 24) if vision is not None else 0,
+        vision_hidden=int(vision.get("hidden_size") or 1024) if vision is not None else 0,
         index_n_heads=int(text.get("index_n_heads") or 0),
         index_head_dim=int(text.get("index_head_dim") or 0),
     )

@@ -12,7 +12,10 @@ release-by-release terms of its profile (:class:`hwdb.engine_schema.EngineMemory
 * ``sglang``: ``mem_fraction_static x free memory before the weights load - weights``; the fraction,
   when not given, is SGLang's own rule for the release (what it reserves for activations and CUDA graphs
   grows with the chunk size, the largest graph batch and the GPUs per rank), and
-  ``max_running_requests`` follows from the token count.
+  ``max_running_requests`` follows from the token count.  A model with a vision tower gets SGLang's smaller
+  fraction for multimodal models, and a linear-attention model's recurrent state takes its own pool out of
+  the KV budget, whose slots also cap the running requests (:func:`linear_state_pool`).  vLLM's hybrid
+  allocator (the state in blocks of the KV pool itself) is not modelled: there the state is not charged.
 * ``trtllm``: ``free_gpu_memory_fraction x (visible - weights - the estimation pass's peak)``.
 
 All sizes are bytes per GPU; ``visible`` is the device total CUDA reports (``GPU.visible_bytes``).
@@ -56,6 +59,9 @@ class MemoryPlan:
     block_size: int
     max_running: int = 0
     rule: str = ""
+    # The linear-attention state pool (bytes per GPU, sequences it holds); 0 where there is none.
+    state_bytes: float = 0.0
+    state_slots: int = 0
 
     @property
     def kv_tokens(self) -> int:
@@ -108,8 +114,11 @@ class VllmMemory:
         usable = dep.gpu.visible_bytes * fraction
         act = activation_bytes(dep, t, k.max_num_batched_tokens, min(k.max_num_seqs, k.max_num_batched_tokens))
         runtime = non_torch_bytes(dep, t) + (0.0 if k.enforce_eager else _v(t.graph_bytes))
+        # The hybrid allocator keeps a linear-attention model's state in blocks of the KV pool: not modelled, said.
+        gap = "; linear-attention state not charged (vLLM's hybrid allocator is not modelled)" \
+            if dep.arch.num_linear_layers else ""
         return usable, act, runtime, 0, f"vLLM: {fraction:g} of {dep.gpu.visible_bytes / GiB:.2f} GiB - weights - " \
-            f"profiled activations - non-torch memory"
+            f"profiled activations - non-torch memory{gap}"
 
 
 def sglang_fraction(dep: Deployment, release: str) -> float:
@@ -129,13 +138,25 @@ def sglang_fraction(dep: Deployment, release: str) -> float:
             reserve += (4.5 if bs > 300 else 3.0) * bs * dep.dp
         if gpu_mib > 60 * 1024:
             reserve = max(reserve, 10 * 1024)
-        return (gpu_mib - reserve) / gpu_mib
+        return (gpu_mib - reserve) / gpu_mib * vision_factor(dep)
     if key >= (0, 4, 8):
         gib = gpu_mib / 1024
         reserve = (2.8 + ranks / 10 if gib < 35 else 9.5 + ranks / 2 if gib <= 90
                    else 12 + ranks / 2 if gib <= 160 else 32) + (4 if dep.dp > 1 else 0)
-        return (gib - reserve) / gib
-    return 0.88 if ranks < 2 else 0.87 if ranks < 4 else 0.85 if ranks < 8 else 0.81 if ranks < 16 else 0.79
+        return (gib - reserve) / gib * vision_factor(dep)
+    return (0.88 if ranks < 2 else 0.87 if ranks < 4 else 0.85 if ranks < 8 else 0.81 if ranks < 16
+            else 0.79) * vision_factor(dep)
+
+
+def vision_factor(dep: Deployment) -> float:
+    """SGLang's ``adjust_mem_fraction_for_vlm`` (server_args.py, read in 0.5.9 and 0.5.10; assumed before): a model
+    with a vision tower keeps 0.95 x (1 - 0.1 x (its size over a 24-layer, 1024-wide ViT - 1), within 0.8-1.05)
+    of the static fraction, the rest left for image processing; 1 without one."""
+    a = dep.arch
+    if not a.vision_layers:
+        return 1.0
+    ratio = a.vision_layers * a.vision_hidden ** 2 / (24 * 1024 ** 2)
+    return 0.95 * min(1.05, max(0.8, 1.0 - 0.1 * (ratio - 1.0)))
 
 
 class SglangMemory:
@@ -177,11 +198,49 @@ def budget(dep: Deployment) -> tuple[float, float, float, int, str, float]:
     return (*POLICIES[mem.policy].plan(dep, t, fraction), fraction)
 
 
-def sglang_max_running(tokens: int, context_len: int) -> int:
+def sglang_max_running(tokens: int, context_len: int, state_cap: int = 0) -> int:
     """SGLang's default ``max_running_requests`` per rank: half the KV tokens, at most the request pool
-    (512 requests per full context the pool holds, 2,048 to 4,096)."""
+    (512 requests per full context the pool holds, 2,048 to 4,096, and at most ``state_cap``, what the
+    linear-attention state pool allows, where there is one)."""
     pool = min(max(int(tokens / max(context_len, 1) * 512), 2048), 4096)
+    if state_cap:
+        pool = min(pool, state_cap)
     return max(1, min(tokens // 2, pool))
+
+
+def linear_state_bytes_per_seq(dep: Deployment) -> float:
+    """One sequence's linear-attention state on one GPU: its pipeline stage's share of the layers, the delta-rule
+    state in the checkpoint's ``mamba_ssm_dtype`` (float32 by default in SGLang) and the convolution tail in bf16."""
+    a = dep.arch
+    layers = math.ceil(a.num_linear_layers / dep.pp)
+    return a.linear_state_bytes(dep.tp, layers, DTYPE_BYTES[a.linear_ssm_dtype or "fp32"], DTYPE_BYTES["bf16"])
+
+
+def linear_state_pool(dep: Deployment, kv_bytes: float) -> tuple[float, int, int]:
+    """(bytes per GPU, slots, running-request cap) of the linear-attention state pool the engine carves out of
+    ``kv_bytes``, what its weights and reserves leave: SGLang's ``handle_max_mamba_cache`` gives the state
+    ``r / (1 + r)`` of it (``linear_state_ratio``) in whole slots of one sequence's state, and runs at most
+    slots // ``linear_state_running_ratio`` requests with the radix cache on (all slots with it off).
+    (0, 0, 0) for a model without linear-attention layers or an engine release without such a pool."""
+    mem = dep.engine.memory
+    if not dep.arch.num_linear_layers or mem is None:
+        return 0.0, 0, 0
+    t = terms(mem, dep.release)
+    if t.linear_state_ratio is None:
+        return 0.0, 0, 0
+    per_seq = linear_state_bytes_per_seq(dep)
+    r = t.linear_state_ratio.value
+    slots = int(max(kv_bytes, 0.0) * r / (1.0 + r) // per_seq)
+    per_request = _v(t.linear_state_running_ratio, 1.0) if dep.knobs.prefix_caching else 1.0
+    cap = int(slots // per_request)
+    if cap < 1:
+        raise FitError(
+            f"{dep.arch.name} on {dep.gpu.name} (TP={dep.tp}, PP={dep.pp}): {dep.engine.name} sets "
+            f"{r / (1.0 + r):.0%} of the {max(kv_bytes, 0.0) / GiB:.2f} GiB left after the weights aside for "
+            f"linear-attention state, {slots} slot(s) of {per_seq / 2 ** 20:.1f} MiB, too few to run one request "
+            f"({per_request:g} slots each with the prefix cache on); use more GPUs per instance (TP), a GPU with more "
+            f"memory, or disable the prefix cache")
+    return slots * per_seq, slots, cap
 
 
 def memory_fraction(dep: Deployment) -> float:

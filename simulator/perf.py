@@ -31,7 +31,7 @@ from hwdb.engine_schema import EngineProfile
 from hwdb.schema import GPU, EfficiencyCurve, Link
 from simulator.linear_groups import Group, linear_groups, stored_weight_bytes
 from simulator.memory import (FitError, MemoryPlan, budget, kv_bytes_per_token, memory_fraction,  # noqa: F401
-                              sglang_max_running)
+                              linear_state_pool, sglang_max_running)
 from simulator.stepmodel import StepModel, interp_linear, regime   # noqa: F401 -- re-exported: one import path
 
 GiB = 2 ** 30
@@ -50,6 +50,7 @@ class EngineKnobs:
     max_cudagraph_capture_size: int = 512
     max_model_len: int = 0
     num_gpu_blocks_override: int = 0
+    prefix_caching: bool = True
 
 
 @dataclass(frozen=True)
@@ -162,6 +163,8 @@ def plan_memory(dep: Deployment) -> MemoryPlan:
             f"of weights ({wbytes / 1e9:.1f} GB per GPU at TP={dep.tp}, PP={dep.pp}); "
             f"{dep.gpus}x {dep.gpu.name} with {gpu_bytes / 1e9:.0f} GB each leaves no memory for the KV cache "
             f"({rule}): {need}")
+    state, slots, state_cap = linear_state_pool(dep, kv)
+    kv -= state
     blocks = int(kv // (kvpt * k.block_size))
     if k.num_gpu_blocks_override:
         # vLLM uses the override instead of the profiled number (e.g. a CPU backend's KV space); more
@@ -172,9 +175,9 @@ def plan_memory(dep: Deployment) -> MemoryPlan:
                 f"{k.num_gpu_blocks_override * k.block_size * kvpt / 1e9:,.1f} GB per GPU, but {max(kv, 0) / 1e9:.1f} GB "
                 f"is left for the KV cache on {dep.gpu.name} (at most {blocks} blocks); lower it or drop it")
         blocks = k.num_gpu_blocks_override
-    running = sglang_max_running(blocks * k.block_size, k.max_model_len) if derives else 0
+    running = sglang_max_running(blocks * k.block_size, k.max_model_len, state_cap) if derives else 0
     plan = MemoryPlan(gpu_bytes, usable, wbytes, activation, runtime, kv, kvpt, blocks, k.block_size,
-                      running, f"{rule} (fraction {fraction:.3f})")
+                      running, f"{rule} (fraction {fraction:.3f})", state, slots)
     # vLLM refuses to start; SGLang and TensorRT-LLM shorten the longest request they accept instead.
     if k.max_model_len and plan.kv_tokens < k.max_model_len and dep.engine.memory.policy == "vllm":
         raise FitError(

@@ -27,9 +27,7 @@ def pool_spec(r: ResolvedPool) -> PoolSpec:
     # Each attention data-parallel rank schedules its own batch into its own KV cache: the engine runs
     # ranks (instances x dp of them); the pool's GPUs and cost count whole instances (Deployment.gpus).
     return PoolSpec(pool.name, pool.instances * dep.dp, r.step, r.memory, k.max_num_seqs, k.max_num_batched_tokens,
-                    k.enable_chunked_prefill, k.max_model_len, pool.router, pool.role,
-                    eng.default_prefix_caching if pool.engine.enable_prefix_caching is None
-                    else pool.engine.enable_prefix_caching,
+                    k.enable_chunked_prefill, k.max_model_len, pool.router, pool.role, k.prefix_caching,
                     front_end(dep, pool.instances), dep.dp, eng.admission, eng.dp_context_wait_steps)
 
 

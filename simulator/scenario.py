@@ -257,7 +257,8 @@ def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB
         enforce_eager=e.enforce_eager,
         max_cudagraph_capture_size=(e.max_cudagraph_capture_size or engine.max_capture_size
                                     or min(2 * max_seqs, 512)),
-        max_model_len=max_len, num_gpu_blocks_override=e.num_gpu_blocks_override or 0)
+        max_model_len=max_len, num_gpu_blocks_override=e.num_gpu_blocks_override or 0,
+        prefix_caching=engine.default_prefix_caching if e.enable_prefix_caching is None else e.enable_prefix_caching)
     kv, kv_note = resolve_kv_dtype(pool.kv_cache_dtype, pool.dtype, engine, e.version, model.sidecar)
     # A 4-bit float checkpoint served weight-only (no fp4 tensor cores) is held as the sidecar's W4A16 entry
     # says, where it has one (gpt-oss: vLLM's Hopper MXFP4 layout and kernel).

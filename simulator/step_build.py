@@ -290,7 +290,9 @@ def build_step_model(dep: Deployment) -> StepModel:
         eager_launch=eager,
         max_graph_tokens=0 if dep.knobs.enforce_eager else dep.knobs.max_cudagraph_capture_size,
         graphs_mixed=eng.graphs_for_mixed_batches,
-        overlapped=eng.scheduling_overlapped,
+        # SGLang runs a linear-attention model with its prefix cache on without the overlap scheduler.
+        overlapped=eng.scheduling_overlapped and (eng.overlap_with_linear_prefix_cache or not a.num_linear_layers
+                                                  or not dep.knobs.prefix_caching),
         cpu_step=cpu_costs[0], cpu_run=cpu_costs[1], cpu_wait=cpu_costs[2], cpu_tok=cpu_costs[3],
         cpu_sample=cpu_costs[4],
         # Every layer runs in series for a token, whatever the pipeline split.

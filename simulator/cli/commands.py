@@ -59,6 +59,8 @@ def cmd_perf(args, con: Console) -> int:
               + (f"calibrated by {dep.profile.name}" if dep.profile else "uncalibrated defaults"))
     con.print(f"memory: {mem.rule}; activations {mem.activation_bytes / 2 ** 30:.2f} GiB, runtime "
               f"{mem.runtime_bytes / 2 ** 30:.2f} GiB, KV {mem.kv_bytes / 2 ** 30:.2f} GiB"
+              + (f"; linear-attention state {mem.state_bytes / 2 ** 30:.2f} GiB ({mem.state_slots:,} sequences)"
+                 if mem.state_slots else "")
               + (f"; up to {mem.max_running:,} running requests" if mem.max_running else ""), markup=False)
     kernels = [f"{what}: {src or missing}" for what, src, missing, used in (
         ("routed experts", dep.moe_source, "roofline of the GEMM curves (no measured table)", dep.arch.is_moe),
