@@ -353,9 +353,14 @@ def bundle_model(b: Bundle, model: str | None, db: hwdb.HardwareDB) -> hwdb.Mode
             raise FitInputError(f"--model: {exc}") from None
     if name in db.models:
         return db.models[name]
-    folder = _model_folder(b, mi, name)
-    if folder is not None:
-        raw = read_head(folder / "config.json", MAX_CONFIG_BYTES)
+    found = _model_folder(b, mi, name)
+    if found is not None:
+        folder, cfg = found
+        try:
+            raw = read_head(cfg, MAX_CONFIG_BYTES)
+        except OSError as exc:
+            raise FitInputError(f"{b.path / MANIFEST}: model.root (its config.json) = {mi.get('root')!r}: the "
+                                f"config.json cannot be read ({exc.strerror or exc}). {_ROOT_FIX}") from None
         if mi.get("config_sha256") and hashlib.sha256(raw).hexdigest() != mi["config_sha256"]:
             raise FitInputError(f"{folder / 'config.json'} has changed since {b.path / MANIFEST} was measured "
                                 f"(SHA-256 differs); pass --model with the folder that was served.")
@@ -372,8 +377,9 @@ def bundle_model(b: Bundle, model: str | None, db: hwdb.HardwareDB) -> hwdb.Mode
                         f"config.json or a hwdb model name.")
 
 
-def _model_folder(b: Bundle, mi: dict, name: str) -> Path | None:
-    """The model folder of the bundle that ``model.root`` names (holding a regular config.json), or None.
+def _model_folder(b: Bundle, mi: dict, name: str) -> tuple[Path, Path] | None:
+    """(folder, its config.json) of the bundle's model folder that ``model.root`` names, both resolved
+    (the config.json a regular file of the bundle), or None.
 
     vLLM reports as ``root`` the folder the server loaded the model from, on the measuring machine;
     outside the bundle it is ignored when the manifest keeps the model's config.json (as `epdsim
@@ -391,4 +397,4 @@ def _model_folder(b: Bundle, mi: dict, name: str) -> Path | None:
                             f"config.json of {name!r}; a fit reads only the bundle's own files. {_ROOT_FIX}")
     cfg = bundle_file(b, "model.root (its config.json)", f"{root}/config.json", _ROOT_FIX)
     bundle_file(b, "model.root (its epdsim.yaml)", f"{root}/epdsim.yaml", _ROOT_FIX)
-    return folder if cfg is not None else None
+    return (folder, cfg) if cfg is not None else None

@@ -88,8 +88,10 @@ def zip_files(files: dict[str, bytes], top: str = "hwdb") -> bytes:
 
 def hwdb_kinds() -> tuple[str, ...]:
     """The kinds of entry a hardware folder holds (gpus, links, models, profiles, engines, ...): the
-    tables of :class:`hwdb.HardwareDB`, so a kind added there is covered here."""
-    return tuple(f.name for f in dataclasses.fields(hwdb.HardwareDB))
+    tables (name -> entry) of :class:`hwdb.HardwareDB`, so a kind added there is covered here; its other
+    fields (``notes``) are no folder."""
+    empty = hwdb.HardwareDB()
+    return tuple(f.name for f in dataclasses.fields(empty) if isinstance(getattr(empty, f.name), dict))
 
 
 def _plain(name: str) -> bool:
