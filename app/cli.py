@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from simulator.outputs import OutputPathError, check_output, write_failed
+
 HOME = Path(__file__).resolve().parent / "Home.py"
 
 
@@ -36,6 +38,13 @@ def cmd_report(args, con=None) -> int:
     FILE.html`` (runs the planner)."""
     from app.report import plan_html, validation_html, write
     from simulator.scenario import ScenarioError
+    check_output(args.out, "--out", folder=False, error=OutputPathError)   # before the plan runs
+
+    def write_out(text: str) -> Path:
+        try:
+            return write(args.out, text)
+        except OSError as exc:
+            raise OutputPathError(write_failed(exc, "--out", args.out)) from None
     if args.kind == "plan":
         from simulator.plan import PlanError, load_plan_request, run_plan
 
@@ -46,7 +55,7 @@ def cmd_report(args, con=None) -> int:
         except PlanError as exc:          # a user error: exit 2 with the message, like the other commands
             raise ScenarioError(str(exc)) from None
         print(file=sys.stderr)
-        print(f"wrote {write(args.out, plan_html(res, plotly=args.report_plotly))}")
+        print(f"wrote {write_out(plan_html(res, plotly=args.report_plotly))}")
         return 0
     src = Path(args.source)
     if src.is_dir():
@@ -58,7 +67,7 @@ def cmd_report(args, con=None) -> int:
         data = json.loads(src.read_text())
     except json.JSONDecodeError as exc:
         raise ScenarioError(f"{src}: not JSON ({exc}); give the validation.json of `epdsim calibrate validate`") from None
-    path = write(args.out, validation_html(data, plotly=args.report_plotly))
+    path = write_out(validation_html(data, plotly=args.report_plotly))
     print(f"wrote {path}")
     return 0
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from calibration.e2e_rows import DEFAULT_TABLE, KV_MODES, RANGE_RATIO, REQUESTS_PER_CLIENT, TableError, load_rows
 from simulator.inputs import float_arg, int_arg
+from simulator.outputs import OutputPathError, check_output, write_failed
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -184,6 +185,11 @@ def cmd_validate_e2e(args, con) -> int:
     if not path.is_file():
         raise FileNotFoundError(f"--table {path}: no such file; the measured runs live in "
                                 f"../shared/data/e2e/serving_measurements.csv")
+    # before the simulations (minutes on the full table): an output that cannot be written is known now
+    if args.out:
+        check_output(args.out, "--out", folder=True, error=OutputPathError)
+    if args.write_bands:
+        check_output(args.write_bands, "--write-bands", folder=False, error=OutputPathError)
     try:
         rows = [r for r in load_rows(path) if not args.engine or r.backend in args.engine]
     except TableError as exc:
@@ -198,14 +204,20 @@ def cmd_validate_e2e(args, con) -> int:
     con.print(f"{done} of {len(df)} rows simulated in {wall:.1f} s", markup=False)
     if args.out:
         out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        df.to_csv(out / "predictions.csv", index=False)
-        (out / "e2e.md").write_text(markdown(df))
-        (out / "e2e.html").write_text(html_page(df))
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            df.to_csv(out / "predictions.csv", index=False)
+            (out / "e2e.md").write_text(markdown(df))
+            (out / "e2e.html").write_text(html_page(df))
+        except OSError as exc:
+            raise OutputPathError(write_failed(exc, "--out", out)) from None
     if args.write_bands:
         import json   # noqa: PLC0415
-        Path(args.write_bands).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.write_bands).write_text(json.dumps(bands(df), indent=1, sort_keys=True) + "\n")
+        try:
+            Path(args.write_bands).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.write_bands).write_text(json.dumps(bands(df), indent=1, sort_keys=True) + "\n")
+        except OSError as exc:
+            raise OutputPathError(write_failed(exc, "--write-bands", args.write_bands)) from None
     held = e2e.score(df[(df["backend"] == "vllm") & (df["split"] == "held-out")], by=["backend"])
     if len(held):
         h = held.iloc[0]

@@ -149,3 +149,11 @@ Bytes = between(0, 1e15, "bytes", fix="give bytes (4 GiB = 4294967296)")
 LinkRate = between(1e3, 1e15, "bytes/s", fix="give bytes per second per direction (100 Gb/s = 12.5e9)")
 NicRate = between(1e8, 1e12, "bytes/s", fix="give one NIC's line rate in bytes per second per direction "
                                             "(400 Gb/s = 50e9)")
+# One instance's what-if bandwidth: from a slow disk that a file-based connector stages KV through
+# (10 MB/s) to all 72 GPUs of an NVL72 domain (72 x 900 GB/s); below it one KV transfer takes hours.
+InstanceRate = between(1e7, 1e14, "bytes/s", fix="give one instance's bandwidth in bytes per second per "
+                                                 "direction (8 NICs of 400 Gb/s = 400e9)")
+# A degraded link's remaining share of its bandwidth: below 0.1% the link is down, not slow, and one
+# transfer would outlast any run (at 1e-300 a benchmark would last 1e300 s).
+BandwidthLeft = between(1e-3, 1, fix="give the fraction of the bandwidth left, e.g. 0.25; model a link "
+                                     "with less as down (faults)")

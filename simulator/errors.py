@@ -7,6 +7,7 @@ discriminated-union tags left out) and an unknown key lists the keys valid at th
 """
 from __future__ import annotations
 
+import re
 from typing import get_args
 
 from pydantic import BaseModel, ValidationError
@@ -136,15 +137,26 @@ def validation_message(err: ValidationError) -> str:
     return "invalid option: " + "; ".join(lines)
 
 
+# Control characters but tab and newline (C0, DEL, C1): a message quoting what the user typed
+# (``--gpu $'H\x1b[2J'``, a file name) would otherwise clear, retitle or rewrite the terminal.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with each control character but tab and newline written as its escape (``\\x1b``)."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
+
 def print_user_error(exc: BaseException, label: str = "error") -> int:
     """Print a user error on stderr as one paragraph and return the CLI's user-error exit code, 2.
 
     The message is printed as plain text: never rich markup (``pools[main]``) nor emoji codes
-    (``:x:``); ``soft_wrap``: no line breaks inserted, so the message pastes as one paragraph."""
+    (``:x:``) nor control characters (escaped, :func:`escape_controls`); ``soft_wrap``: no line breaks
+    inserted, so the message pastes as one paragraph."""
     from rich.console import Console
     from rich.text import Text
     text = Text(f"{label}: ", style="red")
-    text.append(os_error_message(exc) if isinstance(exc, OSError) else
-                validation_message(exc) if isinstance(exc, ValidationError) else str(exc))
+    text.append(escape_controls(os_error_message(exc) if isinstance(exc, OSError) else
+                                validation_message(exc) if isinstance(exc, ValidationError) else str(exc)))
     Console(stderr=True, emoji=False, markup=False, highlight=False).print(text, soft_wrap=True)
     return 2

@@ -13,6 +13,11 @@ import os
 from pathlib import Path
 
 
+class OutputPathError(OSError):
+    """An output path that cannot be written; the message names the option, the path and the fix.  An
+    OSError, so that a command whose user errors include OSError prints it as one (exit 2)."""
+
+
 def check_output(path, option: str, *, folder: bool, error: type[Exception] = ValueError) -> Path:
     """``path`` as a Path once it is known that ``option`` can write there: a folder of output files
     (``folder``, made if missing) or one file; raises ``error`` naming option, path and fix."""
@@ -37,6 +42,8 @@ def check_output(path, option: str, *, folder: bool, error: type[Exception] = Va
         if not os.access(target, mode):
             raise error(f"{where}: {target} is not writable by this user; check its permissions or choose "
                         f"another path for the {kind}")
+    except error:              # a refusal above (``error`` may itself be an OSError)
+        raise
     except OSError as exc:     # a name too long, a parent that cannot be searched
         raise error(f"{where}: cannot be written ({exc.strerror or exc}); choose another path") from None
     return p

@@ -27,8 +27,8 @@ LONG = 2_000_000
 @pytest.mark.parametrize("where,value,words", [
     ("kv_transfer.nic_Bps", 1e-300, ["kv_transfer.nic_Bps", "1e-300", "from 1e8 to 1e12 bytes/s", "400 Gb/s = 50e9"]),
     ("kv_transfer.nic_Bps", 1, ["kv_transfer.nic_Bps", "(got 1)", "from 1e8 to 1e12 bytes/s"]),
-    ("kv_transfer.oversubscription", 1e308, ["kv_transfer.oversubscription", "1e+308", "from 1 to 1000", "4:1"]),
-    ("kv_transfer.pod_oversubscription", float("nan"), ["kv_transfer.pod_oversubscription", "nan", "from 1 to 1000"]),
+    ("kv_transfer.oversubscription", 1e308, ["kv_transfer.oversubscription", "1e+308", "from 1 to 64", "4:1"]),
+    ("kv_transfer.pod_oversubscription", float("nan"), ["kv_transfer.pod_oversubscription", "nan", "from 1 to 64"]),
     ("kv_transfer.nodes_per_rack", 10**12, ["kv_transfer.nodes_per_rack", "from 1 to 4096 nodes"]),
     ("pools.0.encoder", {"tp_efficiency": {0: 0.5}}, ["pools[0].encoder.tp_efficiency key 0", "from 1 to 72 GPUs"]),
     ("pools.0.encoder", {"cache_bytes": 1e308}, ["pools[0].encoder.cache_bytes", "from 0 to 1e15 bytes"]),
@@ -41,7 +41,7 @@ def test_scenario_number_out_of_range(where, value, words, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("where,value,words", [
-    ("gpus.0.price_usd_per_hour", 1e308, ["gpus[0].price_usd_per_hour", "1e+308", "from 0 to 10000 US dollars"]),
+    ("gpus.0.price_usd_per_hour", 1e308, ["gpus[0].price_usd_per_hour", "1e+308", "from 0.01 to 10000 US dollars"]),
     ("gpus.0.max_gpus", -1, ["gpus[0].max_gpus", "(got -1)", "from 1 to 4096 GPUs"]),
     ("constraints.tp", [1, 0], ["constraints.tp[1]", "(got 0)", "from 1 to 72 GPUs", "[1, 2, 4, 8]"]),
     ("search.goodput_max_factor", float("inf"), ["search.goodput_max_factor", "above 1 up to 100"]),

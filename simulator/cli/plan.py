@@ -25,7 +25,7 @@ from simulator.scenario import ScenarioError
 from simulator.console import print_notes
 from simulator.errors import print_user_error
 from simulator.inputs import int_arg
-from simulator.outputs import check_output
+from simulator.outputs import check_output, write_failed
 
 PLAN_ERRORS = (PlanError, ExecutorError, ScenarioError, hwdb.HwdbError, FitError, ValidationError, FileNotFoundError)
 
@@ -105,10 +105,13 @@ def cmd_plan(args, con: Console) -> int:
               highlight=False)
     if args.artefacts:
         out = Path(args.artefacts)
-        for name, text in artefacts(res).items():
-            path = out / name
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
+        try:
+            for name, text in artefacts(res).items():
+                path = out / name
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text)
+        except OSError as exc:
+            raise PlanError(write_failed(exc, "--artefacts", out)) from None
         con.print(f"wrote deployment artefacts to {out}")
     return 0
 

@@ -25,7 +25,7 @@ from simulator.regress.suite import LoadedSuite, RegressError, load_suite
 from simulator.scenario import ScenarioError
 from simulator.errors import print_user_error
 from simulator.inputs import read_yaml
-from simulator.outputs import check_output
+from simulator.outputs import check_output, write_failed
 
 if TYPE_CHECKING:
     from simulator.regress.compare import Row
@@ -104,10 +104,17 @@ def _report(args, con: Console, loaded: LoadedSuite, rows: list[Row], elapsed: f
     con.print(f"{held} held, {len(failed)} moved or new, "
               f"{sum(r.status == 'removed' for r in rows)} removed ({elapsed:.1f} s)", highlight=False)
     if args.junit:
-        con.print(f"wrote {write_junit(args.junit, rows, loaded.name, elapsed, old_label)}")
+        try:
+            written = write_junit(args.junit, rows, loaded.name, elapsed, old_label)
+        except OSError as exc:
+            raise RegressError(write_failed(exc, "--junit", args.junit)) from None
+        con.print(f"wrote {written}")
     if args.markdown:
-        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.markdown).write_text(markdown(rows, loaded.name, old_label, new_label))
+        try:
+            Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.markdown).write_text(markdown(rows, loaded.name, old_label, new_label))
+        except OSError as exc:
+            raise RegressError(write_failed(exc, "--markdown", args.markdown)) from None
         con.print(f"wrote {args.markdown}")
     return 1 if failed else 0
 

@@ -10,7 +10,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import Field, model_validator
 
-from simulator.bounds import MAX_TOKENS, Bytes, Fraction, LinkRate, between, count
+from simulator.bounds import MAX_TOKENS, Bytes, Fraction, InstanceRate, between, count
 from simulator.inputs import StrictModel
 
 Images = count(0, 1024, "images per request")
@@ -119,4 +119,4 @@ class EmbeddingTransferConfig(StrictModel):
     connector: str = "nixl"
     fabric: str | None = None
     same_node: bool = False
-    bandwidth_Bps: LinkRate | None = None
+    bandwidth_Bps: InstanceRate | None = None

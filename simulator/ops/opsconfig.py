@@ -19,7 +19,7 @@ from typing import Literal
 
 from pydantic import model_validator
 
-from simulator.bounds import Duration, Fraction, between, count
+from simulator.bounds import BandwidthLeft, Duration, Fraction, between, count
 from simulator.inputs import StrictModel
 from simulator.ops.autoscale import POLICIES
 from simulator.ops.k8s import Probe
@@ -144,7 +144,7 @@ class LinkDegradationConfig(StrictModel):
 
     mtbf_s: between(1e-3, 1e12, "s", fix="give the mean time between episodes in seconds")
     duration_s: between(1e-3, 1e9, "s", fix="give an episode's mean length in seconds")
-    bandwidth_factor: Fraction
+    bandwidth_factor: BandwidthLeft
 
 
 class FaultsConfig(StrictModel):

@@ -9,14 +9,15 @@ from typing import Literal
 
 from pydantic import field_validator, model_validator
 
-from simulator.bounds import Fraction, LinkRate, NicRate, between, count
+from simulator.bounds import BandwidthLeft, InstanceRate, NicRate, between, count
 from simulator.inputs import StrictModel
 from simulator.pd.flows import FLOWS
 
 
-# An uplink's oversubscription (downlink over uplink capacity): 1 is non-blocking; real fabrics stay
-# below about 10:1 (a ratio of 1e308 would make one transfer last 1e74 s).
-Oversubscription = between(1, 1000, fix="give the ratio of downlink to uplink capacity, e.g. 4 for 4:1")
+# An uplink's oversubscription (downlink over uplink capacity): 1 is non-blocking, real fabrics stay
+# below about 20:1, and a 64-port switch with a single uplink of its port speed reaches 63:1 at most;
+# a larger ratio describes no switch (at 1e308 one transfer would last 1e74 s).
+Oversubscription = between(1, 64, fix="give the ratio of downlink to uplink capacity, e.g. 4 for 4:1")
 
 
 class KVTransferConfig(StrictModel):
@@ -27,8 +28,8 @@ class KVTransferConfig(StrictModel):
     fabric: str | None = None
     same_node: bool = False
     layerwise: bool | None = None
-    bandwidth_Bps: LinkRate | None = None     # what-if: per-instance bandwidth instead of the fabric's
-    bandwidth_factor: Fraction = 1.0          # degraded fabric: fraction of bandwidth left
+    bandwidth_Bps: InstanceRate | None = None  # what-if: per-instance bandwidth instead of the fabric's
+    bandwidth_factor: BandwidthLeft = 1.0     # degraded fabric: fraction of bandwidth left
     jitter_mean_s: between(0, 3600, "s", fix="give seconds") = 0.0   # extra latency per transfer, exponential mean
     # bytes; receive buffer per decode instance (P2pNccl)
     kv_buffer_size: between(1, 1e15, "bytes", fix="give bytes (1 GB = 1e9)") | None = None

@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from simulator.bounds import Price, Seed, between, count
+from simulator.bounds import Seed, between, count
 from simulator.errors import format_validation_error, read_yaml
 from simulator.inputs import Folders, StrictModel
 from simulator.scenario import SLO, EngineConfig, resolve_relative
@@ -23,11 +23,17 @@ class PlanError(ValueError):
     """The plan request is malformed or its constraints admit no deployment at all."""
 
 
+# The planner ranks deployments by cost: a price of 0 (or 1e-300) makes every candidate cost nothing,
+# and the recommendation is arbitrary; a cent per GPU-hour is below any rented or amortised GPU.
+OfferPrice = between(0.01, 1e4, "US dollars per GPU-hour",
+                     fix="give the price of one GPU for one hour (an owned GPU: its amortised hourly cost)")
+
+
 class GpuOffer(StrictModel):
     """A GPU type the user can buy or rent; ``price_usd_per_hour`` (per GPU) overrides hwdb's."""
 
     name: str
-    price_usd_per_hour: Price | None = None
+    price_usd_per_hour: OfferPrice | None = None
     max_gpus: count(1, 4096, "GPUs") | None = None     # at most this many of this type in one deployment
 
 

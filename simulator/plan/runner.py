@@ -23,9 +23,10 @@ from simulator.plan.candidates import PRE_SCREEN, build_context, to_scenario
 from simulator.plan.executors import default_workers, interrupt_guard, run_local, run_ray
 from simulator.plan.families import check_families, enumerate_candidates
 from simulator.plan.rank import PlanResult, assemble
-from simulator.plan.request import PlanRequest
+from simulator.plan.request import PlanError, PlanRequest
 from simulator.plan.screen import Screen
 from simulator.plan.verify import verify_task
+from simulator.outputs import write_failed
 
 Progress = Callable[[int, int, str], None]
 
@@ -164,7 +165,10 @@ def _run_plan(req: PlanRequest, progress: Progress | None, workers: int | None, 
         result.notes.append(f"interrupted: {sum(c in done for c in planned)} of {len(planned)} verifications "
                             "finished; the rest rely on the screen estimate")
     if out_dir is not None:
-        write_result(result, out_dir)
+        try:
+            write_result(result, out_dir)
+        except OSError as exc:      # a disk that filled during the run: name the folder, not a bare Errno
+            raise PlanError(write_failed(exc, "--out", out_dir)) from None
     return result
 
 
