@@ -21,6 +21,7 @@ from calibration.harness.client import CompletionClient, PromptFactory, RequestS
 from calibration.harness.metrics import parse_prometheus
 from calibration.harness.probes import PlanOptions, build_plan, resolve_rate, run_phase
 from calibration.harness.server import Endpoint, ServerError, ServerProcess, parse_startup_log
+from calibration.harness.server_log import check_server_log, copy_name, copy_server_log
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SERVED_NAME = "tiny-llama"
@@ -152,6 +153,7 @@ class CalibrationRun:
         self.server: Endpoint | None = None
         self._launch_record: dict | None = None
         self._affinity: set[int] | None = None     # this process's CPUs before --pin moved it
+        self._attachment: dict | None = None       # this run's manifest entry for an attached server
 
     # ------------------------------------------------------------------ server
     def _start_server(self) -> tuple[Endpoint, dict]:
@@ -248,6 +250,8 @@ class CalibrationRun:
     # ------------------------------------------------------------------ run
     def run(self) -> Bundle:
         o = self.opts
+        if o.attach and o.server_log:
+            check_server_log(o.server_log)   # a FIFO would block the run once measured; refuse it first
         if o.resume:
             b = Bundle.open(o.out)  # fail fast, before a launch, on a missing or broken bundle
             plan = b.manifest["plan"]
@@ -285,7 +289,22 @@ class CalibrationRun:
                     self._launch_record["stopped"] = now_iso()
                 run_rec["finished"] = now_iso()
                 run_rec["conditions"]["after"] = envinfo.conditions()
+                self._refresh_server_log()
                 self.bundle.write_manifest()
+
+    def _refresh_server_log(self) -> None:
+        """Copy the attached server's log again at the run's end (or interruption): it logged while measured.
+
+        A failure only warns: the copy made when the attachment was recorded stands (server_log.py
+        replaces it whole or not at all), and the run's own outcome must not be masked."""
+        att = self._attachment
+        if att is None or not att.get("server_log") or self.bundle is None:
+            return
+        try:
+            copy_server_log(self.opts.server_log, self.bundle.path, att["server_log"])
+        except (OSError, BundleError) as exc:
+            self.log(f"warning: --server-log {self.opts.server_log}: the bundle keeps the copy made at the start "
+                     f"of the run ({att['server_log']}); copying it again failed: {exc}")
 
     async def _measure(self, srv: Endpoint, models: dict, run_rec: dict) -> Bundle:
         o = self.opts
@@ -307,14 +326,19 @@ class CalibrationRun:
                         b.manifest.setdefault("engine", {})["args_logged"] = args
             else:
                 att = {"url": srv.base_url, "at": now_iso(), "vllm_version": info.get("vllm_version")}
+                attachments = b.manifest.setdefault("attachments", [])
                 if o.server_log:
+                    # the manifest names a copy inside the bundle: a fit reads no file outside it (server_log.py)
+                    name = copy_name(len(attachments))
                     try:
-                        text = Path(o.server_log).read_text(errors="replace")
+                        data = copy_server_log(o.server_log, b.path, name)
                     except OSError as exc:
-                        raise BundleError(f"--server-log: {exc}") from None
-                    att["server_log"] = str(o.server_log)
-                    att["startup"] = parse_startup_log(text.splitlines())
-                b.manifest.setdefault("attachments", []).append(att)
+                        raise BundleError(f"--server-log {o.server_log}: {exc.strerror or exc}") from None
+                    att["server_log"] = name
+                    att["server_log_source"] = os.path.abspath(o.server_log)   # where it was copied from
+                    att["startup"] = parse_startup_log(data.decode("utf-8", "replace").splitlines())
+                attachments.append(att)
+                self._attachment = att
             b.write_manifest()
             prompts = await PromptFactory.from_server(client, seed=o.plan.seed)
             if prompts.source != "tokenize":
