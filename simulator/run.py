@@ -16,6 +16,7 @@ from simulator.errors import WorkloadError
 from simulator.pd.pd import crossover_bandwidth
 from simulator.engine.results import Results, links_frame, requests_frame, steps_frame, summarize
 from simulator.scenario import ResolvedPool, ResolvedScenario, Scenario, ScenarioError, resolve
+from simulator.serving_summary import offered_load
 from simulator.traces import TraceError
 from simulator.workload import generate
 
@@ -164,6 +165,7 @@ def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:
         "weights_bytes_per_gpu": mem.weight_bytes,
         "pools": [{"name": p.name, "role": p.role, "gpu": d.gpu.name, "tp": d.tp, "pp": d.pp, "dp": d.dp, "ep": d.ep,
                    "instances": p.instances, "kv_cache_tokens_per_instance": m.kv_tokens,
+                   "dtype": d.weight_dtype,         # weights; the KV cache's format is kv_cache_dtype
                    "kv_cache_dtype": d.kv_dtype, "kv_cache_dtype_why": d.kv_note, "moe_kernel": d.moe_source,
                    **({"linear_attention_kernel": d.gdn_source or "none measured: not modelled"}
                       if d.arch.num_linear_layers else {}),
@@ -182,12 +184,15 @@ def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:
                          "layerwise": plan.layerwise}),
         "replication": replication,
         "seed": scn.seed,
+        "slo": scn.slo.model_dump(mode="json"),
+        "offered_load": offered_load(scn.workload, req_df["arrival_s"]),
         "workload_notes": list(r.notes),
     }
     if epd is not None and epd.encoder_pool is not None:
         ep = epd.encoder_pool
         info["pools"].append({"name": ep.name, "role": "encoder", "gpu": epd.encoder_gpu, "tp": ep.tp, "pp": 1,
                               "instances": ep.instances, "kv_cache_tokens_per_instance": 0,
+                              "dtype": "bf16",       # the vision encoder is modelled in bf16 (simulator.epd.epd)
                               "perf_model": "vision encoder: datasheet peaks x GPU efficiency curves x TP table"})
     links = links_frame(run.coordinator.fabric) if run.coordinator is not None else None
     return Results(scn, req_df, step_df, summary, info, links)

@@ -62,6 +62,32 @@ def serving_summary(res) -> dict:
     }
 
 
+def offered_load(workload, arrival_s) -> dict:
+    """The load a run offers.  ``kind``: the arrival kind.  Open loop: ``rate_rps``, requests/s, from the
+    scenario (``rate_source: "scenario"``), or, for a trace replayed at its own pace or a shaped rate,
+    the arrivals' mean rate (n - 1) / (last - first arrival) (``"arrivals"``; NaN with fewer than two
+    distinct times).  Closed loop: ``concurrency`` (users) and ``think_time_s`` (s between a reply and the
+    user's next request)."""
+    a = workload.arrival
+    if a.kind == "closed":
+        return {"kind": a.kind, "concurrency": int(a.concurrency), "think_time_s": float(a.think_time_s)}
+    rate = getattr(a, "rate", None)
+    if rate is not None:
+        return {"kind": a.kind, "rate_rps": float(rate), "rate_source": "scenario"}
+    t = np.asarray(arrival_s, dtype=float)
+    span = float(t.max() - t.min()) if len(t) > 1 else 0.0
+    return {"kind": a.kind, "rate_rps": (len(t) - 1) / span if span > 0 else float("nan"), "rate_source": "arrivals"}
+
+
+def offered_load_text(load: dict) -> str:
+    """``load`` (from :func:`offered_load`) as "poisson arrivals at 4.00 req/s" or "closed loop of 32 users"."""
+    if load["kind"] == "closed":
+        think = f", think time {fmt.duration(load['think_time_s'])}" if load["think_time_s"] else ""
+        return f"closed loop of {load['concurrency']:,} users{think}"
+    how = " (mean of the arrivals)" if load["rate_source"] == "arrivals" else ""
+    return f"{load['kind']} arrivals at {fmt.rate(load['rate_rps'])}{how}"
+
+
 def slo_text(ttft_s: float | None, tpot_s: float | None) -> str:
     parts = [f"TTFT <= {fmt.duration(ttft_s)}" if ttft_s else "", f"TPOT <= {fmt.duration(tpot_s)}" if tpot_s else ""]
     return ", ".join(p for p in parts if p) or "no SLO"

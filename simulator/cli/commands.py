@@ -7,6 +7,9 @@ tracebacks are reserved for bugs.
 from __future__ import annotations
 
 import argparse
+import csv
+import io
+import json
 import sys
 
 from rich.console import Console
@@ -140,20 +143,47 @@ def hw_tables(kind: str, rows: list[dict], width: int) -> list[Table]:
     return wide_tables(kind, headers, cells, width, right)
 
 
+def hw_text(records: list[dict] | dict[str, list[dict]], form: str) -> str:
+    """``hw list`` records (SI units, :mod:`hwdb.listing`) as ``json`` (a list of objects; for every kind at
+    once, an object of such lists by kind) or ``csv`` (one kind: a header row, then one row per item; an
+    absent figure is an empty cell)."""
+    if form == "json":
+        return json.dumps(records, indent=2) + "\n"
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(records[0]) if records else ["name"], lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(records)
+    return out.getvalue()
+
+
 def cmd_hw(args, con: Console) -> int:
     from hwdb import listing
     db = hwdb.load(args.hwdb)
     print_notes(db.notes)
     if args.action == "list":
         kinds = [args.kind] if args.kind else ["gpus", "links", "models"]
-        for kind in kinds:
-            rows = {"gpus": listing.gpu_rows, "links": listing.link_rows, "models": listing.model_rows}[kind](db)
-            for t in hw_tables(kind, rows, con.width):
-                con.print(t)
+        if args.format == "table":
+            for kind in kinds:
+                rows = {"gpus": listing.gpu_rows, "links": listing.link_rows, "models": listing.model_rows}[kind](db)
+                for t in hw_tables(kind, rows, con.width):
+                    con.print(t)
+            return 0
+        if args.format == "csv" and not args.kind:
+            raise ScenarioError("epdsim hw list --format csv: a CSV file holds one table; name the kind, e.g. "
+                                "`epdsim hw list gpus --format csv` (gpus, links or models), or use --format json")
+        records = {kind: {"gpus": listing.gpu_records, "links": listing.link_records,
+                          "models": listing.model_records}[kind](db) for kind in kinds}
+        sys.stdout.write(hw_text(records[args.kind] if args.kind else records, args.format))
         return 0
     if not args.name:
         raise ScenarioError("hw show needs a KIND and NAME, e.g. `epdsim hw show gpu H100`")
     info = listing.describe(db, args.kind.rstrip("s"), args.name)
+    if args.format == "csv":
+        raise ScenarioError(f"epdsim hw show --format csv: one {args.kind.rstrip('s')}'s details are nested, not a "
+                            f"table; use --format json, or `epdsim hw list {args.kind.rstrip('s')}s --format csv`")
+    if args.format == "json":
+        sys.stdout.write(json.dumps(info, indent=2) + "\n")
+        return 0
     t = Table(title=f"{args.kind} {args.name}", show_header=False)
     for k, v in info.items():
         t.add_row(str(k), str(v))
@@ -196,6 +226,10 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("action", choices=["list", "show"])
     h.add_argument("kind", nargs="?", choices=["gpus", "links", "models", "gpu", "link", "model"])
     h.add_argument("name", nargs="?")
+    h.add_argument("--format", choices=["table", "json", "csv"], default="table",
+                   help="table (display units; the default), or json / csv: the same columns as full figures in "
+                        "SI units, each key naming its unit (memory_bytes, memory_bandwidth_Bps in bytes/s, "
+                        "bf16_FLOPS in FLOP/s, latency_s)")
     h.add_argument("--hwdb", action="append", default=[], help="extra user hwdb folder (repeatable)")
     h.set_defaults(func=cmd_hw)
     from calibration.cli import add_subparser as _add_calibrate

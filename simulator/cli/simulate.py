@@ -1,13 +1,16 @@
 """``epdsim simulate``: run a scenario (with command-line overrides) and print its summary.
 
 Hooked into ``simulator/cli/commands.py`` by ``add_subparser(sub)``.  The overrides ``--rate``,
-``--num-requests``, ``--gpu`` and ``--tp`` edit the scenario's data and validate it again, so a bad
-value fails with the scenario's own message naming the flag.
+``--num-requests``, ``--gpu``, ``--tp``, ``--dtype``, ``--slo-ttft`` and ``--slo-tpot`` edit the
+scenario's data and validate it again through the scenario schema, so an overridden value is the same
+as one written in the YAML, and a bad one fails with the schema's range under the flag's name.
 """
 from __future__ import annotations
 
 from pathlib import Path
+from typing import get_args
 
+from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -18,10 +21,13 @@ from simulator.console import print_notes
 from simulator.inputs import int_arg
 from simulator import fmt
 from simulator.outputs import check_output, write_failed
-from simulator.scenario import ScenarioError
-from simulator.serving_summary import slo_text
+from simulator.errors import location
+from simulator.scenario import PoolConfig, Scenario, ScenarioError, parse_scenario
+from simulator.serving_summary import offered_load_text, slo_text
 
 DEFAULT_SCENARIO = Path(__file__).resolve().parents[2] / "examples" / "llama8b_h100_chat.yaml"
+# The weight formats a pool accepts, from the scenario schema (PoolConfig.dtype).
+WEIGHT_DTYPES = get_args(PoolConfig.model_fields["dtype"].annotation)
 # A run longer than this shows an elapsed-time status on stderr (only when stderr is a terminal).
 STATUS_AFTER_S = 1.0
 
@@ -53,6 +59,8 @@ def totals_table(res) -> Table:
     t.add_column(no_wrap=True)
     t.add_column()
     rows = [
+        ("offered load", offered_load_text(res.info["offered_load"])),
+        ("precision", precision_text(res.info["pools"])),
         ("requests completed / rejected / unfinished", f"{s['completed']} / {s['rejected']} / {s['unfinished']}"),
         ("throughput", f"{s['throughput_rps']:.2f} req/s, {s['output_tokens_per_s']:,.0f} output tok/s "
                        f"({s['output_tokens_per_s_per_gpu']:,.0f} per GPU)"),
@@ -80,16 +88,44 @@ def totals_table(res) -> Table:
     return t
 
 
+def precision_text(pools: list[dict]) -> str:
+    """Each pool's weight format and KV-cache format (as resolved: ``auto`` is the engine's choice)."""
+    return "; ".join(f"{p['name']}: weights {p['dtype']}" + (f", KV cache {p['kv_cache_dtype']}"
+                                                             if "kv_cache_dtype" in p else "")
+                     for p in pools)
+
+
 def _override_error(flag: str, msg: str) -> ScenarioError:
     return ScenarioError(f"epdsim simulate {flag}: {msg}")
 
 
+def validated(data: dict, origin: str, flag_at: dict[str, str]) -> Scenario:
+    """``data`` parsed as a scenario file is.  A value the schema refuses at a place a flag set (``flag_at``:
+    location such as ``slo.ttft_s`` -> ``--slo-ttft``) is reported under the flag with the schema's range."""
+    try:
+        return parse_scenario(data, origin=origin)
+    except ScenarioError:
+        try:
+            Scenario.model_validate(data)
+        except ValidationError as err:
+            lines = []
+            for e in err.errors():
+                where, value = location(e["loc"], data), e.get("input")
+                if where in flag_at:
+                    shown = f"{value:g}" if isinstance(value, float) else repr(value)
+                    line = f"{flag_at[where]} {shown}: {e['msg'].removeprefix('Value error, ')} (it sets {where})"
+                    lines += [line] if line not in lines else []
+            if lines:
+                raise ScenarioError(f"epdsim simulate: {'; '.join(lines)}") from None
+        raise
+
+
 def apply_overrides(scn, args):
-    """``scn`` with the command line's ``--seed --model --hwdb --rate --num-requests --gpu --tp``,
-    validated as a scenario file would be."""
-    from simulator.scenario import parse_scenario
+    """``scn`` with the command line's ``--seed --model --hwdb --rate --num-requests --gpu --tp --dtype
+    --slo-ttft --slo-tpot``, validated as a scenario file would be."""
     data = scn.model_dump(mode="json")
     flags = []
+    flag_at: dict[str, str] = {}
     if args.seed is not None:
         data["seed"] = args.seed
         flags.append(f"--seed {args.seed}")
@@ -110,6 +146,7 @@ def apply_overrides(scn, args):
         if not args.rate > 0:
             raise _override_error("--rate", f"must be a positive number of requests per second (got {args.rate:g})")
         data["workload"]["arrival"]["rate"] = args.rate
+        flag_at["workload.arrival.rate"] = "--rate"
         if kind == "trace":
             data["workload"]["arrival"]["time_scale"] = 1.0     # a trace's rate replaces its time scale
         flags.append(f"--rate {args.rate:g}")
@@ -117,20 +154,30 @@ def apply_overrides(scn, args):
         if args.num_requests < 1:
             raise _override_error("--num-requests", f"must be at least 1 (got {args.num_requests})")
         data["workload"]["num_requests"] = args.num_requests
+        flag_at["workload.num_requests"] = "--num-requests"
         if data["workload"].get("duration_s") is not None and data["workload"]["arrival"]["kind"] != "closed":
             data["workload"]["duration_s"] = None               # the count decides, not the scenario's duration
         flags.append(f"--num-requests {args.num_requests}")
-    for flag, key, value in (("--gpu", "gpu", args.gpu), ("--tp", "tp", args.tp)):
+    # --tp and --dtype size the language model's pools; an EPD scenario's encoder pool keeps its TP and its
+    # bf16 weights (the vision encoder is modelled in bf16 only).
+    for flag, key, value in (("--gpu", "gpu", args.gpu), ("--tp", "tp", args.tp), ("--dtype", "dtype", args.dtype)):
         if value is None:
             continue
-        pools = [p for p in data["pools"] if p.get("role", "colocated") != "encoder"] if key == "tp" else data["pools"]
-        for p in pools:
-            p[key] = value
+        for i, p in enumerate(data["pools"]):
+            if key == "gpu" or p.get("role", "colocated") != "encoder":
+                p[key] = value
+                flag_at[f"pools[{i}].{key}"] = flag
         flags.append(f"{flag} {value}")
+    for flag, key, value in (("--slo-ttft", "ttft_s", args.slo_ttft), ("--slo-tpot", "tpot_s", args.slo_tpot)):
+        if value is None:
+            continue
+        data["slo"] = {**(data.get("slo") or {}), key: value}
+        flag_at[f"slo.{key}"] = flag
+        flags.append(f"{flag} {value:g}")
     if not flags and not args.hwdb:
         return scn
     origin = f"{scn.name} with {' '.join(flags)}" if flags else scn.name
-    return parse_scenario(data, origin=origin)
+    return validated(data, origin, flag_at)
 
 
 def cmd_simulate(args, con: Console) -> int:
@@ -186,6 +233,13 @@ def add_subparser(sub) -> None:
     s.add_argument("--num-requests", type=int, help="override the number of requests")
     s.add_argument("--gpu", help="override the GPU of every pool")
     s.add_argument("--tp", type=int, help="override the tensor-parallel degree of every prefill/decode/colocated pool")
+    s.add_argument("--dtype", choices=WEIGHT_DTYPES,
+                   help="override the weight format of every prefill/decode/colocated pool (fp4: NVFP4/MXFP4, "
+                        "int4: W4A16); kv_cache_dtype stays the scenario's")
+    s.add_argument("--slo-ttft", type=float, metavar="SECONDS",
+                   help="set the SLO's time-to-first-token target (s), adding an SLO to a scenario without one")
+    s.add_argument("--slo-tpot", type=float, metavar="SECONDS",
+                   help="set the SLO's time-per-output-token target (s), adding an SLO to a scenario without one")
     s.add_argument("--hwdb", action="append", default=[], help="extra user hwdb folder (repeatable)")
     s.add_argument("--report", metavar="FILE.html", help="also write an HTML report with charts")
     from app.cli import add_plotly_argument
