@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from hwdb.engine_schema import EngineMemory, MemoryRelease
 from hwdb.schema import DTYPE_BYTES
 from simulator.kv_rule import release_key
+from simulator.registry import Registry
 
 if TYPE_CHECKING:
     from simulator.perf import Deployment
@@ -109,6 +110,8 @@ def non_torch_bytes(dep: Deployment, t: MemoryRelease) -> float:
 class VllmMemory:
     """vLLM's ``determine_available_memory``: the profiled budget under ``gpu_memory_utilization``."""
 
+    name = "vllm"
+
     def plan(self, dep: Deployment, t: MemoryRelease, fraction: float) -> tuple[float, float, float, int, str]:
         k = dep.knobs
         usable = dep.gpu.visible_bytes * fraction
@@ -163,6 +166,8 @@ class SglangMemory:
     """SGLang's ``profile_max_num_token``: the static fraction of the memory free before the weights load,
     less the weights; its activations and CUDA graphs live in the rest."""
 
+    name = "sglang"
+
     def plan(self, dep: Deployment, t: MemoryRelease, fraction: float) -> tuple[float, float, float, int, str]:
         before = dep.gpu.visible_bytes - non_torch_bytes(dep, t)
         return before * fraction, 0.0, 0.0, 1, f"SGLang: mem_fraction_static {fraction:.3f} of the " \
@@ -171,6 +176,8 @@ class SglangMemory:
 
 class TrtllmMemory:
     """TensorRT-LLM's KV-cache estimate: ``free_gpu_memory_fraction`` of what the estimation pass leaves."""
+
+    name = "trtllm"
 
     def plan(self, dep: Deployment, t: MemoryRelease, fraction: float) -> tuple[float, float, float, int, str]:
         k = dep.knobs
@@ -183,7 +190,8 @@ class TrtllmMemory:
             f"{max(free, 0.0) / GiB:.2f} GiB the estimation pass leaves"
 
 
-POLICIES = {"vllm": VllmMemory(), "sglang": SglangMemory(), "trtllm": TrtllmMemory()}
+# Keyed by an engine profile's memory.policy (a Literal hwdb's schema checks on loading).
+POLICIES = Registry("memory policy", (VllmMemory(), SglangMemory(), TrtllmMemory()), plural="memory policies")
 
 
 def budget(dep: Deployment) -> tuple[float, float, float, int, str, float]:

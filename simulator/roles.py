@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from simulator.registry import Registry
+
 
 @dataclass(frozen=True)
 class Role:
@@ -28,9 +30,9 @@ class Role:
     encodes: bool = False
 
 
-ROLES: dict[str, Role] = {r.name: r for r in (
+ROLES: Registry[Role] = Registry("pool role", (
     Role("colocated", prefills=True, decodes=True),
     Role("prefill", prefills=True, decodes=False, hands_off=True, fabric_side="out"),
     Role("decode", prefills=False, decodes=True, pulls_kv=True, fabric_side="in"),
     Role("encoder", prefills=False, decodes=False, encodes=True),
-)}
+))

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from simulator.registry import Registry
+
 
 class Router:
     """Base class: pick an instance index for request ``rid``."""
@@ -20,22 +22,15 @@ class Router:
         raise NotImplementedError
 
 
-ROUTERS: dict[str, type[Router]] = {}
-
-
-def register(cls: type[Router]) -> type[Router]:
-    """Add a router class to the registry; a duplicate name is an error."""
-    if cls.name in ROUTERS:
-        raise ValueError(f"router '{cls.name}' is already registered")
-    ROUTERS[cls.name] = cls
-    return cls
+# Router classes by their ``name``; a pool's ``router`` names one.
+ROUTERS: Registry[type[Router]] = Registry("router")
+# Decorator adding a router class under its ``name``; a duplicate name is an error.
+register = ROUTERS.register
 
 
 def make_router(name: str, instances: Sequence) -> Router:
-    try:
-        return ROUTERS[name](instances)
-    except KeyError:
-        raise ValueError(f"unknown router '{name}'; known routers: {sorted(ROUTERS)}") from None
+    """A new router ``name`` over ``instances``; an unknown name raises a ``ValueError`` listing the known ones."""
+    return ROUTERS.get(name)(instances)
 
 
 @register

@@ -13,9 +13,17 @@ so the lists can only shrink.  Run this file with ``-s`` to see the current grap
 from __future__ import annotations
 
 import ast
+import re
 from functools import lru_cache
 from pathlib import Path
 
+from simulator.memory import POLICIES as MEMORY_POLICIES
+from simulator.ops.autoscale import POLICIES
+from simulator.pd.flows import FLOWS
+from simulator.plan.families import FAMILIES
+from simulator.registry import Registry
+from simulator.roles import ROLES
+from simulator.routing import ROUTERS
 from tests.conftest import REPO
 
 PACKAGES = ("hwdb", "simulator", "calibration", "app")
@@ -352,3 +360,38 @@ def test_the_foundation_imports_no_project_module():
     g = graph()
     for m in FOUNDATION:
         assert not g[m], f"{m} is below every layer and may import no project module; it imports {sorted(g[m])}"
+
+
+# ------------------------------------------------------------------------------------ registries
+
+# Every registry of named strategies in simulator/: one Registry class for all (one duplicate check,
+# one unknown-name message, registration order everywhere).
+REGISTRIES = {("simulator.routing", "ROUTERS"): ROUTERS, ("simulator.ops.autoscale", "POLICIES"): POLICIES,
+              ("simulator.roles", "ROLES"): ROLES, ("simulator.pd.flows", "FLOWS"): FLOWS,
+              ("simulator.plan.families", "FAMILIES"): FAMILIES, ("simulator.memory", "POLICIES"): MEMORY_POLICIES}
+REGISTRY_NAME = re.compile(r"(?:^|_)(?:REGISTRY|ROUTERS|POLICIES|ROLES|FLOWS|FAMILIES|AUTOSCALERS)$")
+# Module-level names that read as a registry but are not a Registry, each with why; none may be added.
+ALLOWED_PLAIN_REGISTRIES: dict[tuple[str, str], str] = {}
+
+
+def test_every_strategy_registry_is_the_one_registry_class():
+    """The six are Registry objects; no other module-level ``Registry(...)`` exists, and no name such as
+    ``*_REGISTRY``, ``ROUTERS`` or ``FLOWS`` is bound to a plain dict or comprehension instead."""
+    assert all(isinstance(reg, Registry) for reg in REGISTRIES.values())
+    built, plain = set(), {}
+    for module, path in project_modules().items():
+        for node in ast.parse(path.read_text(), str(path)).body if module.startswith("simulator.") else ():
+            ann = isinstance(node, ast.AnnAssign)
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if ann else []
+            for name in (t.id for t in targets if isinstance(t, ast.Name) and node.value is not None):
+                call = node.value.func if isinstance(node.value, ast.Call) else None
+                if isinstance(call, ast.Name) and call.id == "Registry":
+                    built.add((module, name))
+                elif REGISTRY_NAME.search(name):
+                    plain[module, name] = type(node.value).__name__
+    new = sorted(set(plain) - set(ALLOWED_PLAIN_REGISTRIES))
+    assert not new, ("module-level registries that are not a simulator.registry.Registry: "
+                     + ", ".join(f"{m}.{n} ({plain[m, n]})" for m, n in new))
+    gone = sorted(set(ALLOWED_PLAIN_REGISTRIES) - set(plain))
+    assert not gone, f"no longer plain: drop them from ALLOWED_PLAIN_REGISTRIES: {gone}"
+    assert built == set(REGISTRIES), f"Registry objects not in REGISTRIES, or gone: {sorted(built ^ set(REGISTRIES))}"

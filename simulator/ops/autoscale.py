@@ -16,6 +16,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
+from simulator.registry import Registry
 from simulator.roles import ROLES
 
 
@@ -49,15 +50,10 @@ class Policy:
         raise NotImplementedError
 
 
-POLICIES: dict[str, type[Policy]] = {}
-
-
-def register(cls: type[Policy]) -> type[Policy]:
-    """Add a policy class to the registry; a duplicate name is an error."""
-    if cls.name in POLICIES:
-        raise ValueError(f"autoscaling policy '{cls.name}' is already registered")
-    POLICIES[cls.name] = cls
-    return cls
+# Policy classes by their ``name``; an ``autoscale`` block's ``policy`` names one.
+POLICIES: Registry[type[Policy]] = Registry("autoscaling policy", plural="autoscaling policies")
+# Decorator adding a policy class under its ``name``; a duplicate name is an error.
+register = POLICIES.register
 
 
 @register

@@ -5,6 +5,8 @@ points of a request's life; :data:`FLOWS` is the registry ``kv_transfer.flow`` n
 """
 from __future__ import annotations
 
+from simulator.registry import Registry
+
 
 class PDFlow:
     """When a PD request's decode instance is chosen and when its KV moves: one strategy per proxy flow,
@@ -73,4 +75,5 @@ class SGLangFlow(PDFlow):
         coord.move_kv(d_inst, rid, now)
 
 
-FLOWS: dict[str, PDFlow] = {f.name: f for f in (VLLMFlow(), SGLangFlow())}
+# One shared instance per flow: a flow keeps no state of its own (the coordinator it is given does).
+FLOWS: Registry[PDFlow] = Registry("PD proxy flow", (VLLMFlow(), SGLangFlow()))

@@ -15,6 +15,7 @@ from typing import Iterator
 from simulator.plan.candidates import Candidate, Colocated, Family, PlanContext, PoolChoice, PrefillDecode, gpu_ok
 from simulator.plan.request import PlanError, PlanRequest
 from simulator.plan.screen import encode_time
+from simulator.registry import Registry
 
 
 def encoder_layouts(ctx: PlanContext) -> list[tuple[str, int, float, str]]:
@@ -72,7 +73,9 @@ class EncoderPrefillDecode(Family):
                                     embedding_fabric=ctx.req.fabrics.links[0])
 
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (Colocated(), PrefillDecode(), EncoderPrefillDecode())}
+# In the order the planner lists them; constraints.families names some of them.
+FAMILIES: Registry[Family] = Registry("deployment family", (Colocated(), PrefillDecode(), EncoderPrefillDecode()),
+                                      plural="deployment families")
 
 
 def check_families(req: PlanRequest) -> None:
