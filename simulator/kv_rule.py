@@ -4,7 +4,7 @@ vLLM took the checkpoint's KV directive for ``--kv-cache-dtype auto`` from 0.14 
 #30785: a ModelOpt ``kv_cache_quant_algo: FP8`` gives an fp8 cache; compressed-tensors ``kv_cache_scheme``
 followed in PR #30141); before, and for checkpoints without a directive (block-fp8 DeepSeek, Qwen3-FP8,
 MiniMax, gpt-oss's MXFP4), ``auto`` is the activation dtype.  SGLang and TensorRT-LLM read ModelOpt's
-directive the same way.  The rule is data: :class:`hwdb.schema.KvAutoRule` in the engine file,
+directive the same way.  The rule is data: :class:`hwdb.engine_schema.KvAutoRule` in the engine file,
 :class:`hwdb.schema.KvDirective` in the model's sidecar.
 """
 from __future__ import annotations

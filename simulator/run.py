@@ -118,7 +118,8 @@ def simulate_requests(scn: Scenario, replication: int = 0, db=None, watch=None) 
 
     ``watch``: called with the run's recorder before it starts; what it returns (if not None) is called
     as ``(rid, outcome, now)`` whenever a request ends, and may stop the run by raising
-    (:mod:`simulator.verdict`).  Not called where the table's figures could differ from the recorder's."""
+    (:class:`simulator.goodput.VerdictWatch`).  Not called where the table's figures could differ from the
+    recorder's."""
     return _run(scn, replication, db, step_log=False, watch=watch).requests
 
 

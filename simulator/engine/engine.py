@@ -66,7 +66,7 @@ class Recorder:
         self.resumed_from = [nan] * n        # crash time a re-prefilled request resumes from
         self.sent_at = [nan] * n             # when the gateway took this attempt (arrival or re-send)
         self.finalized = False
-        self.watch = None                    # callback(rid, outcome, now) at every end (simulator.verdict)
+        self.watch = None                    # callback(rid, outcome, now) at every end (simulator.goodput.VerdictWatch)
 
     def _end(self, rid: int, outcome: Outcome, now: float, reason: str | None = None,
              generated: int | None = None, wake: bool = True) -> None:

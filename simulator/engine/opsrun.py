@@ -11,7 +11,7 @@ def run_operations(scn, reqs, front, back, plan, closed, rngs, spec_of, epd=None
     ``rngs``: the run's :func:`simulator.scenario.rng_streams`; ``epd``: the :class:`simulator.epd.epd.EPDSetup`
     of a multimodal run, or None; ``step_log`` False: the instances keep no step log (no step table will be
     built; kept all the same with operations); ``watch``: called with the recorder, returns its ``watch``
-    callback or None (:mod:`simulator.verdict`).
+    callback or None (:class:`simulator.goodput.VerdictWatch`).
 
     Fault draws come from the ``faults`` stream, the fabric's jitter from ``transfer`` (as without
     operations), closed-loop delays from ``clients``.

@@ -47,7 +47,7 @@ def kv_transfer_json(connector: hwdb.schema.Connector | None, role: str, proxy_h
     as NixlConnector over UCX's TCP transport); MooncakeConnector ``kv_producer``/``kv_consumer`` (``tcp``:
     a TCP fabric, ``kv_connector_extra_config.mooncake_protocol`` "tcp", read by vLLM 0.32's
     MooncakeConnector worker; its default is "rdma");
-    P2pNcclConnector as in ``docs/design/p2p_nccl_connector.md``: ``kv_buffer_size`` (prefill "1e1": it
+    P2pNcclConnector as in vLLM's ``docs/design/p2p_nccl_connector.md``: ``kv_buffer_size`` (prefill "1e1": it
     receives nothing in PUT_ASYNC; decode the modelled buffer), ``kv_port``, and
     ``kv_connector_extra_config`` with the proxy's ``proxy_ip``/``proxy_port``, ``http_port`` (= --port)
     and ``send_type`` PUT_ASYNC.

@@ -4,7 +4,7 @@ What each connector needs on the wire, from the engines' own documentation:
 
 * NixlConnector (vLLM ``docs/features/nixl_connector_usage.md``): UCX transports ``UCX_TLS`` and devices
   ``UCX_NET_DEVICES`` (NCCL variables do not apply), a side channel ``VLLM_NIXL_SIDE_CHANNEL_HOST`` /
-  ``VLLM_NIXL_SIDE_CHANNEL_PORT`` (5600 in the examples) that the peer reaches; the toy proxy
+  ``VLLM_NIXL_SIDE_CHANNEL_PORT`` (5600 in the examples) that the peer reaches; vLLM's toy proxy
   ``tests/v1/kv_connector/nixl_integration/toy_proxy_server.py`` (``--prefiller-hosts/--prefiller-ports/
   --decoder-hosts/--decoder-ports``) in front.  Over TCP: ``UCX_TLS=tcp,cuda_copy``.
 * P2pNcclConnector (vLLM ``docs/design/p2p_nccl_connector.md``): ``kv_port``, ``kv_buffer_size`` and
@@ -15,7 +15,7 @@ What each connector needs on the wire, from the engines' own documentation:
 * MooncakeConnector (vLLM 0.32 ``docs/features/mooncake_connector_usage.md``, ``vllm/distributed/kv_transfer/
   kv_connector/v1/mooncake/mooncake_connector.py``): ``kv_producer``/``kv_consumer``; the prefill instance
   runs a bootstrap server on ``VLLM_MOONCAKE_BOOTSTRAP_PORT`` (8998) where its workers register.  Its proxy
-  is ``examples/disaggregated/mooncake_connector/mooncake_connector_proxy.py`` (``--prefill URL
+  is vLLM's ``examples/disaggregated/mooncake_connector/mooncake_connector_proxy.py`` (``--prefill URL
   BOOTSTRAP_PORT`` per prefill instance, ``--decode URL`` per decode instance): at start it asks each
   prefill's bootstrap ``/query`` for its engine id, then sends the prefill ``kv_transfer_params``
   ``{do_remote_decode, transfer_id}`` and the decode ``{do_remote_prefill, remote_bootstrap_addr,
@@ -61,7 +61,7 @@ class ArtefactOptions:
     # has no P2pNcclConnector; checked against the installed vLLM by the tests): P2pNccl plans pin v0.10.1,
     # a release that has both: vllm/distributed/kv_transfer/kv_connector/v1/p2p (listed in the v0.10.0 and
     # later API docs, docs.vllm.ai/en/v0.10.0/api/vllm/distributed/kv_transfer/kv_connector/v1/), registered as
-    # "P2pNcclConnector" in kv_connector/factory.py, and KVTransferConfig.kv_buffer_size/kv_port/
+    # "P2pNcclConnector" in vLLM's kv_connector/factory.py, and KVTransferConfig.kv_buffer_size/kv_port/
     # kv_connector_extra_config (still there in v0.12.0, docs.vllm.ai/en/v0.12.0/api/vllm/config/kv_transfer/);
     # the tag's image exists on Docker Hub (used by Azure/aks-rdma-infiniband PR #92).  Its proxy script is
     # fetched at the same tag (proxy_ref).
