@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,23 @@ from simulator.scenario import parse_scenario
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
+
+
+def run_within(fn, timeout_s: float = 60.0) -> dict:
+    """{"value": ...} or {"error": ...} of ``fn()``, run in a thread that must end within ``timeout_s``: a bound
+    for calls that must never block (a FIFO, a device), not a sleep."""
+    out: dict = {}
+
+    def target():
+        try:
+            out["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            out["error"] = exc
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(timeout_s)
+    assert not t.is_alive(), f"still running after {timeout_s} s: it blocked"
+    return out
 
 
 def scenario(**over):

@@ -20,7 +20,6 @@ import os
 import shutil
 import sys
 import sysconfig
-import threading
 from pathlib import Path
 
 import pytest
@@ -32,7 +31,7 @@ import simulator
 from app.services import bundles, calibration, scenarios
 from calibration import cli
 from calibration.fit_inputs import bundle_model, open_bundle
-from tests.conftest import REPO
+from tests.conftest import REPO, run_within
 
 SECRET = "device_config=cpu root:x:0:0 the secret line"
 _SEEN: list[str] = []
@@ -44,22 +43,6 @@ def _hook(event, args):
 
 
 sys.addaudithook(_hook)     # cannot be removed: installed once when the module loads, each test clears _SEEN
-
-
-def _within(fn, timeout_s: float = 20.0) -> dict:
-    """{"value": ...} or {"error": ...} of ``fn()``, run in a thread that must end within ``timeout_s``."""
-    out: dict = {}
-
-    def target():
-        try:
-            out["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            out["error"] = exc
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
-    t.join(timeout_s)
-    assert not t.is_alive(), f"still running after {timeout_s} s: it blocked"
-    return out
 
 
 def _python_and_project() -> tuple[Path, ...]:
@@ -133,12 +116,12 @@ def test_services_open_nothing_outside_the_upload_folder(site):
     _SEEN.clear()
     errors = {}
     for field, b in bundle_dirs.items():
-        errors[field] = _within(lambda: calibration.fit_and_validate(str(b), uploads / "out")).get("error")
+        errors[field] = run_within(lambda: calibration.fit_and_validate(str(b), uploads / "out")).get("error")
     for key in key_cases:
-        errors[key] = _within(lambda: bundles.save_to_user_hwdb({key: b"name: x\n"}, udir)).get("error")
+        errors[key] = run_within(lambda: bundles.save_to_user_hwdb({key: b"name: x\n"}, udir)).get("error")
     for field, d in scenario_cases.items():
-        errors[field] = _within(lambda: scenarios.run(d, folder=uploads)).get("error")
-    res = _within(lambda: scenarios.run({**base, "workload": scenarios.trace_workload(trace, None, 20)},
+        errors[field] = run_within(lambda: scenarios.run(d, folder=uploads)).get("error")
+    res = run_within(lambda: scenarios.run({**base, "workload": scenarios.trace_workload(trace, None, 20)},
                                         folder=uploads), 120)
     opened = list(_SEEN)
     assert res.get("value") is not None and res["value"].summary["throughput_rps"] > 0, res
@@ -171,12 +154,12 @@ def test_a_fifo_the_bundle_names_is_refused_at_once(tmp_path, capsys, edit, fiel
     """Fit and validate in the app, and `epdsim calibrate fit`, answer with the field, the value and the
     fix instead of waiting for a writer on the FIFO."""
     b = _hostile_bundle(tmp_path, "bundle", edit, logs=edit is _fifo_log)
-    out = _within(lambda: calibration.fit_and_validate(str(b), tmp_path / "out"))
+    out = run_within(lambda: calibration.fit_and_validate(str(b), tmp_path / "out"))
     msg = str(out.get("error"))
     assert isinstance(out.get("error"), scenarios.InputError), out
     assert f"{field} = {value!r} is not a regular file" in msg and "a fit reads only the bundle's own files" in msg
     assert fix in msg
-    rc = _within(lambda: cli.main(["fit", str(b), "--out", str(tmp_path / "hw")]))
+    rc = run_within(lambda: cli.main(["fit", str(b), "--out", str(tmp_path / "hw")]))
     err = " ".join(capsys.readouterr().err.split())
     assert rc.get("value") == 2 and f"{field} = {value!r} is not a regular file" in err, (rc, err)
     assert "Traceback" not in err and not (tmp_path / "hw").exists()

@@ -15,7 +15,6 @@ import os
 import re
 import shutil
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,7 @@ import hwdb
 from app.services import bundles, calibration, scenarios
 from calibration import cli
 from calibration.fit_inputs import FitInputError, bundle_model, open_bundle, read_head
-from tests.conftest import REPO
+from tests.conftest import REPO, run_within
 
 SECRET = "device_config=cpu root:x:0:0 the secret line"
 
@@ -41,22 +40,6 @@ def _opened() -> list[str]:
             seen.append(os.fsdecode(args[0]))
     sys.addaudithook(hook)
     return seen
-
-
-def _within(fn, timeout_s: float = 60.0):
-    """``fn()``'s result or exception, from a thread that must end within ``timeout_s`` (no blocking)."""
-    out: dict = {}
-
-    def target():
-        try:
-            out["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            out["error"] = exc
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
-    t.join(timeout_s)
-    assert not t.is_alive(), f"still running after {timeout_s} s: it blocked"
-    return out
 
 
 def _bundle(tmp_path: Path, case: str) -> tuple[Path, str, str, str]:
@@ -105,7 +88,7 @@ def _allowed(path: str, roots: tuple[Path, ...]) -> bool:
 def test_fit_refuses_a_manifest_file_outside_the_bundle(tmp_path, capsys, case):
     """`calibrate fit` on each hostile bundle: exit 2, one paragraph with the field, value, reason and fix."""
     b, field, value, why = _bundle(tmp_path, case)
-    out = _within(lambda: cli.main(["fit", str(b), "--out", str(tmp_path / "hw")]))
+    out = run_within(lambda: cli.main(["fit", str(b), "--out", str(tmp_path / "hw")]))
     err = " ".join(capsys.readouterr().err.split())
     assert out.get("value") == 2, (out, err)
     assert f"{field} = {value!r} {why}" in err and FIXES[field] in err and str(b / "manifest.json") in err
@@ -121,7 +104,7 @@ def test_fit_and_validate_opens_nothing_outside_the_bundle(tmp_path, case):
     b, field, value, why = _bundle(tmp_path, case)
     seen = _opened()
     seen.clear()
-    out = _within(lambda: calibration.fit_and_validate(str(b), tmp_path / "out"))
+    out = run_within(lambda: calibration.fit_and_validate(str(b), tmp_path / "out"))
     opened = list(seen)
     assert isinstance(out.get("error"), scenarios.InputError), out
     assert f"{field} = {value!r} {why}" in str(out["error"]) and "secret line" not in str(out["error"])
@@ -162,7 +145,7 @@ def test_model_root_is_read_only_inside_the_bundle(tmp_path):
 def test_a_log_swapped_for_a_fifo_after_the_check_does_not_block(tmp_path):
     """read_head opens without blocking: a FIFO (no writer) gives no bytes at once."""
     os.mkfifo(tmp_path / "log")
-    assert _within(lambda: read_head(tmp_path / "log", 100), 10)["value"] == b""
+    assert run_within(lambda: read_head(tmp_path / "log", 100), 10)["value"] == b""
     (tmp_path / "real.log").write_text("device_config=cpu")
     assert read_head(tmp_path / "real.log", 100) == b"device_config=cpu"
 
@@ -235,7 +218,7 @@ def test_save_stays_inside_the_user_folder_and_never_blocks(tmp_path):
     (udir / "profiles").unlink()
     (udir / "profiles").mkdir()
     os.mkfifo(udir / "profiles" / "x.yaml")
-    out = _within(lambda: bundles.save_to_user_hwdb({"profiles/x.yaml": b"name: x\n"}, udir), 30)
+    out = run_within(lambda: bundles.save_to_user_hwdb({"profiles/x.yaml": b"name: x\n"}, udir), 30)
     assert isinstance(out.get("error"), scenarios.InputError) and "not a regular file" in str(out["error"])
 
 
