@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from simulator.outputs import OutputPathError, check_output, write_failed
@@ -27,10 +29,51 @@ def cmd_app(args, con=None) -> int:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HOME.parents[1]), env.get("PYTHONPATH")]))
     print(f"epdsim app on http://{args.address}:{args.port}", flush=True)
+    proc = subprocess.Popen(cmd, env=env)
+    return run_until_stopped(proc)
+
+
+STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
+
+
+def run_until_stopped(proc: subprocess.Popen, grace_s: float = 20.0) -> int:
+    """Wait for the Streamlit server ``proc``; a stop signal sent to epdsim alone (``kill PID``, a closed
+    terminal, Ctrl-C or ``kill -INT``) is passed on to it and epdsim waits for it to stop (``grace_s``, then
+    it is killed), so no server is left holding the port.  Returns 0 after a requested stop, else the
+    server's exit code."""
+    stopped = []
+
+    def forward(signum, frame):
+        stopped.append(signum)
+        if proc.poll() is None:
+            proc.send_signal(signum)
+    previous = {s: signal.signal(s, forward) for s in STOP_SIGNALS}
+    deadline = None
     try:
-        return subprocess.call(cmd, env=env)
-    except KeyboardInterrupt:
-        return 0
+        while True:
+            try:
+                # woken each second: a stop that came in while waiting starts the grace period
+                rc = proc.wait(timeout=1.0)
+                break
+            except subprocess.TimeoutExpired:
+                if stopped and deadline is None:
+                    deadline = time.monotonic() + grace_s
+                if deadline is not None and time.monotonic() > deadline:
+                    proc.kill()
+            except KeyboardInterrupt:
+                # Ctrl-C reaches the whole foreground group; `kill -INT` reaches epdsim alone: pass it on
+                forward(signal.SIGINT, None)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    return 0 if stopped else rc
 
 
 def cmd_report(args, con=None) -> int:

@@ -38,13 +38,13 @@ FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "-
          "--disable-dev-shm-usage", "--window-size=1600,1400"]
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _wait_health(url: str, proc: subprocess.Popen, timeout_s: float = 90.0) -> None:
+def wait_health(url: str, proc: subprocess.Popen, timeout_s: float = 90.0) -> None:
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
         if proc.poll() is not None:
@@ -63,12 +63,12 @@ def _wait_health(url: str, proc: subprocess.Popen, timeout_s: float = 90.0) -> N
 def running_app(env: dict, log_path):
     """`epdsim app` on a free localhost port with ``env``, its output in ``log_path``; yields its URL and
     stops it (and everything it started) on exit."""
-    port = _free_port()
+    port = free_port()
     log = open(log_path, "w")
     proc = subprocess.Popen([sys.executable, "-m", "simulator.cli", "app", "--port", str(port), "--headless"],
                             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        _wait_health(f"http://localhost:{port}/_stcore/health", proc)
+        wait_health(f"http://localhost:{port}/_stcore/health", proc)
         yield f"http://localhost:{port}/"
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
