@@ -218,7 +218,20 @@ def test_epdsim_app_hides_streamlits_deploy_button(monkeypatch):
 
     from app import cli
     calls = []
-    monkeypatch.setattr(cli.subprocess, "call", lambda cmd, env=None: calls.append(cmd) or 0)
+
+    class Finished:
+        """A server that has already exited 0: records the command it was started with."""
+        returncode = 0
+
+        def __init__(self, cmd, env=None):
+            calls.append(cmd)
+
+        def poll(self):
+            return 0
+
+        def wait(self, timeout=None):
+            return 0
+    monkeypatch.setattr(cli.subprocess, "Popen", Finished)
     assert cli.cmd_app(argparse.Namespace(port=8599, address="127.0.0.1", headless=True)) == 0
     cmd = calls[0]
     assert cmd[cmd.index("--client.toolbarMode") + 1] == "viewer"
