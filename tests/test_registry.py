@@ -33,7 +33,7 @@ def test_decorator_returns_the_class_unchanged_and_keys_it_by_name():
 
     @reg.register(name="delta")           # an explicit name, not the declared one
     class Delta(Beta):
-        pass
+        """Beta's declared name, registered under another."""
 
     assert reg.get("delta") is Delta and "beta" not in reg and Delta.name == "beta"
 
