@@ -120,10 +120,34 @@ def assert_no_traceback(drv) -> None:
 
 
 def wait(drv, seconds: float = 180):
-    """A WebDriverWait that retries through stale elements (a Streamlit rerun redraws what it reads)."""
-    from selenium.common.exceptions import StaleElementReferenceException
+    """A WebDriverWait that retries through stale elements (a Streamlit rerun redraws what it reads) and,
+    when it gives up, fails with what the page showed then (the only clue a CI log keeps)."""
+    from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
     from selenium.webdriver.support.ui import WebDriverWait
-    return WebDriverWait(drv, seconds, poll_frequency=0.25, ignored_exceptions=(StaleElementReferenceException,))
+
+    class Explained(WebDriverWait):
+        def until(self, method, message: str = ""):
+            try:
+                return super().until(method, message)
+            except TimeoutException:
+                raise AssertionError(f"not seen within {seconds:.0f} s; the page showed:\n"
+                                     f"{settled(body_text)(drv)[:4000]}") from None
+    return Explained(drv, seconds, poll_frequency=0.25, ignored_exceptions=(StaleElementReferenceException,))
+
+
+def idle(drv) -> bool:
+    """True when Streamlit shows no script run in progress."""
+    from selenium.webdriver.common.by import By
+    return not drv.find_elements(By.CSS_SELECTOR, "[data-testid^='stStatusWidgetRunning']")
+
+
+def send_file(drv, index: int, path, where: str = "[data-testid='stSidebar'] ") -> None:
+    """Give ``path`` to the ``index``-th file input under ``where`` once the script run is over: a file
+    sent while a rerun rebuilds the sidebar can land in an uploader that the rerun then replaces."""
+    from selenium.webdriver.common.by import By
+    wait(drv, 120).until(idle)
+    inputs = wait(drv, 60).until(lambda d: d.find_elements(By.CSS_SELECTOR, where + "input[type='file']"))
+    inputs[index].send_keys(str(path))
 
 
 def settled(read):

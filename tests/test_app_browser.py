@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from tests.browser import (alerts, app_server, body_text, click, driver, needs_chromium,  # noqa: F401
-                           pytestmark as _selenium, settled, wait)
+                           pytestmark as _selenium, send_file, settled, wait)
 from tests.conftest import REPO
 
 pytestmark = [_selenium, needs_chromium]
@@ -72,13 +72,12 @@ def test_bad_uploads_show_inline_errors(app_server, driver, tmp_path):
     bad_trace.write_text("arrival_s,input_tokens,output_tokens\n0.0,100,20\n0.5,lots,20\n")
     uploads = driver.find_elements(By.CSS_SELECTOR, "[data-testid='stSidebar'] input[type='file']")
     assert len(uploads) == 3                       # scenario YAML, config.json, trace
-    uploads[0].send_keys(str(bad_yaml))
+    send_file(driver, 0, bad_yaml)
 
     errors = settled(alerts)
     wait(driver).until(lambda d: "not valid YAML" in errors(d))
     assert "broken.yaml" in errors(driver) and "line" in errors(driver)
-    uploads = driver.find_elements(By.CSS_SELECTOR, "[data-testid='stSidebar'] input[type='file']")
-    uploads[2].send_keys(str(bad_trace))
+    send_file(driver, 2, bad_trace)
     wait(driver).until(lambda d: "input_tokens='lots'" in errors(d))
     assert "trace.csv line 3" in errors(driver) and "each row must give" in errors(driver)
     assert not driver.find_elements(By.CSS_SELECTOR, "[data-testid='stException']")
@@ -93,8 +92,7 @@ def test_upload_naming_a_server_file_is_refused(app_server, driver, tmp_path):
     evil = tmp_path / "evil.yaml"
     evil.write_text("model: Llama-3.1-8B\npools: [{gpu: H100}]\n"
                     "workload: {arrival: {kind: trace, path: /etc/passwd, format: plain}, num_requests: 5}\n")
-    uploads = driver.find_elements(By.CSS_SELECTOR, "[data-testid='stSidebar'] input[type='file']")
-    uploads[0].send_keys(str(evil))
+    send_file(driver, 0, evil)
 
     errors = settled(alerts)
     wait(driver).until(lambda d: "outside the files uploaded" in errors(d))

@@ -15,7 +15,7 @@ import pytest
 from app.services import calibration
 from tests.browser import (alerts, assert_no_traceback, driver, needs_chromium,  # noqa: F401
                            pytestmark as _selenium, running_app, wait)
-from tests.browser import click
+from tests.browser import click, send_file
 
 pytestmark = [_selenium, needs_chromium]
 
@@ -88,8 +88,7 @@ def test_a_hostile_uploaded_bundle_opens_nothing_outside(audited, driver, tmp_pa
     wait(driver).until(lambda d: [e for e in d.find_elements(By.CSS_SELECTOR, "label")
                                   if e.text.strip() == "upload a bundle (.zip)"])
     next(e for e in driver.find_elements(By.CSS_SELECTOR, "label") if e.text.strip() == "upload a bundle (.zip)").click()
-    wait(driver).until(lambda d: d.find_elements(By.CSS_SELECTOR, "input[type='file']"))
-    driver.find_element(By.CSS_SELECTOR, "input[type='file']").send_keys(str(path))
+    send_file(driver, 0, path, where="")
     # The overview reads the manifest (model.root is refused there); the others are refused by the fit.
     wait(driver, 120).until(lambda d: field in alerts(d) or any(b.text.strip() == "Fit and validate"
                                                                 for b in d.find_elements(By.CSS_SELECTOR, "button")))
