@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import hwdb
-from calibration.harness.bundle import MANIFEST, Bundle, BundleError
+from calibration.harness.bundle import FIX, MANIFEST, Bundle, BundleError
 from hwdb.schema import ModelSidecar
 from hwdb.models import ConfigError, arch_from_config
 
@@ -34,12 +34,12 @@ class FitInputError(BundleError):
 def open_bundle(path: str | Path) -> Bundle:
     """Open a bundle for fitting or validation; refuse a missing or inconsistent one."""
     path = Path(path)
-    fix = (f"Point at a directory written by `epdsim calibrate run --out DIR` (it holds {MANIFEST} and "
+    fix = (f". Point at a directory written by `epdsim calibrate run --out DIR` (it holds {MANIFEST} and "
            f"records/), or measure again into a new directory.")
     try:
         b = Bundle.open(path, complete=True)
-    except BundleError as exc:
-        raise FitInputError(f"cannot use bundle {path}: {exc}. {fix}") from None
+    except BundleError as exc:   # a refusal that says how to repair a value needs no second, generic fix
+        raise FitInputError(f"cannot use bundle {path}: {exc}" + ("" if FIX in str(exc) else fix)) from None
     check_consistency(b)
     return b
 

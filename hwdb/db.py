@@ -264,9 +264,9 @@ class HardwareDB:
         return self.find_profile(gpu, engine, version, model).profile
 
 
-_SCHEMAS = {"gpus": GPU, "links": Link, "profiles": Profile, "engines": EngineProfile, "connectors": Connector,
-            "networks": NetworkLayout, "moe_kernels": MoeKernels, "gdn_kernels": GdnCurve,
-            "mla_kernels": MlaCurve}
+FILE_SCHEMAS = {"gpus": GPU, "links": Link, "profiles": Profile, "engines": EngineProfile, "connectors": Connector,
+                "networks": NetworkLayout, "moe_kernels": MoeKernels, "gdn_kernels": GdnCurve,
+                "mla_kernels": MlaCurve}
 
 
 def _aliases(item) -> tuple[str, ...]:
@@ -305,7 +305,7 @@ def _over_earlier(kind: str, table: dict, item, path: Path, origins: dict, notes
 
 def _load_folder(folder: Path, tables: dict[str, dict], origins: dict, notes: list[str]) -> None:
     here: dict = {}
-    for kind, schema in _SCHEMAS.items():
+    for kind, schema in FILE_SCHEMAS.items():
         for path in sorted((folder / kind).glob("*.yaml")):
             item = parse_file(path, schema)
             if (kind, item.name) in here:
@@ -361,10 +361,10 @@ def load(user_dirs: Iterable[str | Path] = ()) -> HardwareDB:
     for folder in folders:
         if folder.is_file():
             raise HwdbError(f"hwdb folder '{folder}' is a file, not a folder. Give the folder that holds gpus/, "
-                            f"links/ and models/ (--hwdb DIR or the scenario's hwdb list).")
+                            f"links/ and models/ (--hwdb DIR, or the hwdb list of the scenario or plan request).")
         if not folder.is_dir():
-            raise HwdbError(f"hwdb folder '{folder}' does not exist. Create it or fix the path (--hwdb DIR or the "
-                            f"scenario's hwdb list).")
+            raise HwdbError(f"hwdb folder '{folder}' does not exist. Create it or fix the path (--hwdb DIR, or the "
+                            f"hwdb list of the scenario or plan request).")
     key = _stamp(folders)
     db = _CACHE.get(key)
     if db is None:
@@ -376,7 +376,7 @@ def load(user_dirs: Iterable[str | Path] = ()) -> HardwareDB:
 
 
 def _load(folders: list[Path]) -> HardwareDB:
-    tables: dict[str, dict] = {kind: {} for kind in (*_SCHEMAS, "models")}
+    tables: dict[str, dict] = {kind: {} for kind in (*FILE_SCHEMAS, "models")}
     origins: dict = {}
     notes: list[str] = []
     for folder in folders:

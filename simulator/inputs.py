@@ -173,6 +173,9 @@ def _count_nodes(root) -> int:
     return len(seen)
 
 
+TOO_DEEP = "nested too deeply to read"
+
+
 def yaml_error(origin, exc) -> str:
     """``FILE: not valid YAML at line L, column C: problem``, with the line of the enclosing construct."""
     mark, ctx = getattr(exc, "problem_mark", None), getattr(exc, "context_mark", None)
@@ -188,8 +191,9 @@ def parse_yaml(text: str, origin: str, error: type[Exception] = InputFileError):
     if _FastLoader is not None:
         try:
             return _parse_with(_FastLoader, text, origin, error)
-        except Exception:   # noqa: BLE001 - any failure: the pure-Python loader words the message
-            pass
+        except Exception as exc:   # noqa: BLE001 - any other failure: the pure-Python loader words the message
+            if isinstance(exc, error) and TOO_DEEP in str(exc):
+                raise       # the pure-Python loader would take seconds (quadratic) to reach the same refusal
     return _parse_with(_StrictLoader, text, origin, error)
 
 
@@ -211,6 +215,9 @@ def _parse_with(loader_cls, text: str, origin: str, error: type[Exception]):
                         f"use fewer aliases")
         return loader.construct_document(root)
     except yaml.YAMLError as exc:
+        if "maximum nesting depth" in str(getattr(exc, "problem", "")):     # libyaml's limit of 1,000 levels
+            raise error(f"{origin}: {TOO_DEEP} (thousands of levels of lists or mappings); "
+                        f"a valid file is a few levels deep") from None
         raise error(yaml_error(origin, exc)) from None
     except error:
         raise
@@ -219,7 +226,7 @@ def _parse_with(loader_cls, text: str, origin: str, error: type[Exception]):
                 else f"a value cannot be read ({str(exc)[:200]})")
         raise error(f"{origin}: {what}; write numbers of ordinary size (in SI units)") from None
     except RecursionError:
-        raise error(f"{origin}: nested too deeply to read (thousands of levels of lists or mappings); "
+        raise error(f"{origin}: {TOO_DEEP} (thousands of levels of lists or mappings); "
                     f"a valid file is a few levels deep") from None
     finally:
         loader.dispose()

@@ -18,14 +18,17 @@ from typing import Annotated, Literal, Union, get_args, get_origin
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from hwdb.coldstart import _KINDS as COLDSTART_KINDS
-from hwdb.db import _SCHEMAS as HWDB_SCHEMAS
+import hwdb.coldstart
+from hwdb.db import FILE_SCHEMAS
 from hwdb.schema import ModelSidecar
 from simulator.bounds import Range
 from simulator.plan.request import PlanRequest
 from simulator.scenario import Scenario
 
-ROOTS = (Scenario, PlanRequest, ModelSidecar, *HWDB_SCHEMAS.values(), *COLDSTART_KINDS.values())
+# The cold-start file's kinds: every model its module defines (nested ones are walked anyway).
+COLDSTART = [v for v in vars(hwdb.coldstart).values()
+             if isinstance(v, type) and issubclass(v, BaseModel) and v.__module__ == hwdb.coldstart.__name__]
+ROOTS = (Scenario, PlanRequest, ModelSidecar, *FILE_SCHEMAS.values(), *COLDSTART)
 HOSTILE = (0, -1, -1e308, 1e308, math.inf, -math.inf, math.nan, 1e-300)
 
 

@@ -175,6 +175,15 @@ def test_segment_as_text(tmp_path, capsys):
     both(b, [f"records/decode_c1.jsonl line {n}", "metrics record", "segment", "(got 'first')"], capsys)
 
 
+def test_validate_gives_the_bundle_fix_once(tmp_path, capsys):
+    """A bad value gets its own fix only; the generic "point at a bundle" fix is for a folder that is none."""
+    b = edit_record(sample(tmp_path), "prefill", 3, lambda r: r.pop("ttft_s"))
+    out = expect_user_error(["calibrate", "validate", b, "--profile", REPO / "hwdb"], ["ttft_s", FIX], capsys)
+    assert "Point at a directory" not in out, out
+    expect_user_error(["calibrate", "validate", tmp_path / "none", "--profile", REPO / "hwdb"],
+                      ["none", "not a directory", "Point at a directory written by `epdsim calibrate run"], capsys)
+
+
 # ----------------------------------------------------------------------------- what stays readable
 
 def test_torn_last_line_is_skipped(tmp_path, capsys):

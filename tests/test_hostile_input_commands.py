@@ -162,25 +162,58 @@ def test_baseline_update_into_a_folder_is_refused_before_the_run(tmp_path, capsy
 
 # ---------------------------------------------------------------- hardware folders
 
-def test_hwdb_given_as_one_string_is_one_folder(tmp_path, capsys):
-    path = put(tmp_path, "s.yaml", {**scenario(), "hwdb": "/nonexistent"})
-    out = expect_user_error(["simulate", path], ["'/nonexistent'", "does not exist", "Create it or fix the path",
-                                                 "the scenario's hwdb list"], capsys)
+@pytest.mark.parametrize("command,base", [("simulate", scenario()), ("plan", PLAN)])
+def test_hwdb_given_as_one_string_is_one_folder(command, base, tmp_path, capsys):
+    path = put(tmp_path, "in.yaml", {**base, "hwdb": "/nonexistent"})
+    out = expect_user_error([command, path, *(["--quiet"] if command == "plan" else [])],
+                            ["'/nonexistent'", "does not exist", "Create it or fix the path",
+                             "the hwdb list of the scenario or plan request"], capsys)
     assert "'n'" not in out
+
+
+def _slow_h100(tmp):
+    """A user folder redefining the shipped H100-SXM-80GB at 1 GB/s, without its aliases."""
+    d = yaml.safe_load(GPU)
+    d["aliases"] = []
+    d["memory_bandwidth_Bps"]["value"] = 1e9
+    put(tmp, "hw/gpus/H100-SXM-80GB.yaml", d)
+    return tmp / "hw"
 
 
 def test_user_folder_replacing_a_shipped_gpu_is_said_and_keeps_its_names(tmp_path, capsys):
     """The issue's case: H100-SXM-80GB redefined at 1 GB/s.  Every answer changes, so a note names the file
     and what it replaces; the shipped aliases (H100) still lead to the GPU, now the user's."""
-    d = yaml.safe_load(GPU)
-    d["aliases"] = []
-    d["memory_bandwidth_Bps"]["value"] = 1e9
-    put(tmp_path, "hw/gpus/H100-SXM-80GB.yaml", d)
+    _slow_h100(tmp_path)
     path = put(tmp_path, "s.yaml", scenario(num_requests=5))
     rc, out, _ = run_main(["simulate", path, "--hwdb", tmp_path / "hw", "--gpu", "H100"], capsys)
     assert rc == 0, out
     assert "note:" in out and "replaces the GPU 'H100-SXM-80GB'" in out and "H100-SXM-80GB.yaml" in out
     assert hwdb.load([tmp_path / "hw"]).gpu("H100").memory_bandwidth_Bps.value == 1e9
+
+
+@pytest.mark.parametrize("argv", [
+    lambda t: ["vision", "Qwen2.5-VL-7B", "--gpu", "H100"],
+    lambda t: ["coldstart", "Llama-3.1-8B", "--gpu", "H100"],
+    lambda t: ["probes", "Llama-3.1-8B", "--gpu", "H100"],
+    lambda t: ["perf", "Llama-3.1-8B", "--gpu", "H100"],
+    lambda t: ["regress", _suite(t), "--baseline", t / "b.json", "--update"],
+], ids=["vision", "coldstart", "probes", "perf", "regress"])
+def test_every_command_notes_a_user_folder_replacing_a_gpu(argv, tmp_path, capsys):
+    """Each command that takes --hwdb answers with the user's GPU, so each says so."""
+    rc, out, _ = run_main([*argv(tmp_path), "--hwdb", _slow_h100(tmp_path)], capsys)
+    assert rc == 0, out
+    assert "note:" in out and "replaces the GPU 'H100-SXM-80GB'" in out and "H100-SXM-80GB.yaml" in out, out
+
+
+def test_regress_notes_a_folder_a_suite_scenario_names(tmp_path, capsys):
+    """A scenario of the suite may carry its own hwdb folder: the run uses it, so regress says so."""
+    hw = _slow_h100(tmp_path)
+    put(tmp_path, "s.yaml", {**scenario(num_requests=10), "hwdb": [str(hw)]})
+    suite = put(tmp_path, "suite.yaml", {"name": "hostile", "entries": [
+        {"id": "one", "scenario": "s.yaml", "figures": {"ttft_p50_s": None}}]})
+    rc, out, _ = run_main(["regress", suite, "--baseline", tmp_path / "b.json", "--update"], capsys)
+    assert rc == 0, out
+    assert out.count("replaces the GPU 'H100-SXM-80GB'") == 1, out
 
 
 def test_shipped_data_alone_has_no_notes():

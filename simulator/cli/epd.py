@@ -18,6 +18,7 @@ from simulator.epd.epd import encoder_model
 from simulator.epd.epd_config import EncoderConfig
 from simulator.epd.vision import VisionError, embedding_bytes, encoder_flops, patches, resized, vision_arch, \
     visual_tokens
+from simulator.console import print_notes
 from simulator.errors import print_user_error
 from simulator.inputs import int_arg
 
@@ -63,6 +64,7 @@ def cmd_vision(args, con: Console) -> int:
         con.print("tp_efficiency: {" + ", ".join(f"{tp}: {eff:.3f}" for tp, eff in fitted.items()) + "}")
         return 0
     db = hwdb.load(args.hwdb)
+    print_notes(db.notes)
     entry = db.model(args.model)
     v = vision_arch(entry)
     gpu = db.gpu(args.gpu)

@@ -18,6 +18,7 @@ from simulator.ops.coldstart import PHASE_LABELS, PHASES, Breakdown, ColdStartEr
 from simulator.ops.k8s import PodSpec, Probe, ProbeError, recommend_probes, simulate_pod
 from simulator.perf import FitError
 from simulator.scenario import ScenarioError
+from simulator.console import print_notes
 from simulator.errors import print_user_error
 from simulator.inputs import float_arg, int_arg
 
@@ -28,6 +29,7 @@ def _deployment(args):
     from simulator.perf import plan_memory
     from simulator.scenario import PoolConfig, deployment_for
     db = hwdb.load(args.hwdb)
+    print_notes(db.notes)
     model = db.model(args.model)
     engine = {"enforce_eager": True} if getattr(args, "enforce_eager", False) else {}
     try:

@@ -23,6 +23,7 @@ from simulator.perf import FitError
 from simulator.plan import PlanError
 from simulator.regress.suite import LoadedSuite, RegressError, load_suite
 from simulator.scenario import ScenarioError
+from simulator.console import print_notes
 from simulator.errors import print_user_error
 from simulator.inputs import read_yaml
 from simulator.outputs import check_output, write_failed
@@ -73,10 +74,10 @@ def _as_given(exc: Exception, copies: dict[str, str]) -> Exception:
     return RegressError(text)
 
 
-def _check_selected(folders: tuple[str, ...], label: str, require: bool = False) -> None:
+def _check_selected(folders: tuple[str, ...], label: str, require: bool = False) -> hwdb.HardwareDB:
     """Every profile in ``folders`` must be the one the simulator picks for the key it is stored under
     (GPU, engine, engine version, model where given; same name as the one it replaces, or newest), else
-    a run would silently use another."""
+    a run would silently use another.  Returns the database of those folders."""
     db = hwdb.load(folders)          # validates the files, with errors naming file and field
     for folder in folders:
         files = sorted((Path(folder) / "profiles").glob("*.yaml"))
@@ -91,6 +92,7 @@ def _check_selected(folders: tuple[str, ...], label: str, require: bool = False)
                 raise RegressError(f"{label}: profile {p.name!r} in {folder} (created {p.created}) would not be "
                                    f"used: profile {chosen.name!r} for {key} is newer (created {chosen.created}); "
                                    "give it the same name as the profile it replaces, or a later created date")
+    return db
 
 
 def _report(args, con: Console, loaded: LoadedSuite, rows: list[Row], elapsed: float,
@@ -133,7 +135,11 @@ def _run(args, con: Console) -> int:
         if path:
             check_output(path, option, folder=False, error=RegressError)
     extra = tuple(args.hwdb)
-    _check_selected(extra, "--hwdb")          # also: a missing folder is a clear HwdbError
+    notes = dict.fromkeys(_check_selected(extra, "--hwdb").notes)      # also: a missing folder is a clear HwdbError
+    # each entry runs on its own folders with --hwdb's after them (tasks_for): say what those replace, once
+    for own in dict.fromkeys(tuple(x.hwdb) for e in loaded.entries for x in (e.scenario, e.plan) if x and x.hwdb):
+        notes.update(dict.fromkeys(hwdb.load((*own, *extra)).notes))
+    print_notes(notes)
     t0 = time.perf_counter()
     if args.compare_profiles:
         old_arg, new_arg = args.compare_profiles
