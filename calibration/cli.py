@@ -22,12 +22,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
+import hwdb
 from calibration.harness.affinity import cpu_list, parse_pin
 from calibration.harness.bundle import Bundle, BundleError
 from calibration.pd_options import add_pd_options, check_not_pd_options
 from calibration.harness.interrupt import interruptible
 from calibration.trace_gen import cmd_make_trace
-from simulator.console import stdout_console, wide_tables
+from simulator.console import print_notes, stdout_console, wide_tables
 from simulator.errors import print_user_error
 from simulator.inputs import float_arg
 
@@ -209,8 +210,10 @@ def cmd_calibrate(args, con: Console | None = None) -> int:
     con = con or stdout_console()   # piped output as wide as its tables (simulator/console.py)
     err = Console(stderr=True)
     try:
+        if getattr(args, "hwdb", None):    # a user folder that replaces shipped hardware changes the answer
+            print_notes(hwdb.load(args.hwdb).notes)
         return args.calibrate_func(args, con)
-    except BundleError as exc:
+    except (BundleError, hwdb.HwdbError) as exc:
         return print_user_error(exc)
     except ServerError as exc:
         print_user_error(exc, "server error")

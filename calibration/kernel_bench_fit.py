@@ -31,6 +31,7 @@ from calibration.kernel_fit import fit_curves, fmt_pct, fit_quality, round_sig
 from calibration.kernel_tables import Curve, efficiency_at, decode_attention_time, prefill_attention_time
 from hwdb.profiles import Profile
 from hwdb.schema import EfficiencyCurve
+from simulator.console import print_notes
 
 ELEM_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp32": 4.0}
 
@@ -216,6 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="time per shape: median of the repeats (default) or the fastest (busy shared CPU)")
     args = ap.parse_args(argv)
     try:
+        print_notes(hwdb.load(args.hwdb).notes)    # a user folder that replaces shipped hardware changes the fit
         prof, fit = fit_to_profile(args.bundle, args.gpu, args.engine, args.engine_version, args.hwdb, args.created,
                                    args.stat)
     except (BundleError, hwdb.HwdbError) as exc:

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import httpx
 
+import hwdb
 from calibration.harness import env as envinfo
 from calibration.harness.bundle import BundleError, proc_start
 from calibration.harness.client import (CompletionClient, PromptFactory, RequestSpec, as_interrupt, poisson_arrivals,
@@ -50,6 +51,7 @@ from calibration.pd_launch import (BLOCK, connector_name, count_injections, defa
 from calibration.pd_options import add_pd_options
 from calibration.pd_replay import print_report, replay
 from calibration.harness.interrupt import interruptible
+from simulator.console import print_notes
 
 
 def build_specs(pf: PromptFactory, n: int, rate: float, seed: int, blocks: list[int], extra: int,
@@ -270,8 +272,10 @@ def run_guarded(fn, a) -> int:
     3 server error, 130 interrupted."""
     try:
         with interruptible():   # SIGINT (even from a script) and SIGTERM unwind: the servers stop
+            if getattr(a, "hwdb", None):    # a user folder that replaces shipped hardware changes the answer
+                print_notes(hwdb.load(a.hwdb).notes)
             return fn(a)
-    except (PDReplayError, BundleError) as exc:
+    except (PDReplayError, BundleError, hwdb.HwdbError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except ServerError as exc:

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 import hwdb
+from calibration import kernel_bench_fit, pd_run
 from tests.hostile import GPU, PLAN, REPO, expect_user_error, put, run_main, scenario, setting
 
 # A run of this many requests takes minutes: a refusal under 5 s came before it.
@@ -203,6 +204,26 @@ def test_every_command_notes_a_user_folder_replacing_a_gpu(argv, tmp_path, capsy
     rc, out, _ = run_main([*argv(tmp_path), "--hwdb", _slow_h100(tmp_path)], capsys)
     assert rc == 0, out
     assert "note:" in out and "replaces the GPU 'H100-SXM-80GB'" in out and "H100-SXM-80GB.yaml" in out, out
+
+
+def _module_main(main, argv, capsys) -> tuple[int, str]:
+    rc = main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return rc, out.out + out.err
+
+
+@pytest.mark.parametrize("run", [
+    lambda t, hw, cap: run_main(["calibrate", "fit", t / "none", "--hwdb", hw], cap)[:2],
+    lambda t, hw, cap: run_main(["calibrate", "validate", t / "none", "--profile", t / "none", "--hwdb", hw], cap)[:2],
+    lambda t, hw, cap: _module_main(pd_run.main, ["replay", t / "none", "--hwdb", hw], cap),
+    lambda t, hw, cap: _module_main(kernel_bench_fit.main, [t / "none", "--gpu", "H100", "--out", t / "o", "--hwdb", hw],
+                                    cap),
+], ids=["calibrate-fit", "calibrate-validate", "pd_run-replay", "kernel_bench_fit"])
+def test_calibration_commands_note_a_user_folder_replacing_a_gpu(run, tmp_path, capsys):
+    """The calibration commands that take --hwdb say so too, before the missing bundle stops them (exit 2)."""
+    rc, out = run(tmp_path, _slow_h100(tmp_path), capsys)
+    assert rc == 2, out
+    assert "note:" in out and "replaces the GPU 'H100-SXM-80GB'" in out, out
 
 
 def test_regress_notes_a_folder_a_suite_scenario_names(tmp_path, capsys):
