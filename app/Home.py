@@ -5,17 +5,12 @@ app/charts.py and figures from app/services.
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import streamlit as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # `streamlit run app/Home.py` from anywhere
-
-import streamlit as st  # noqa: E402
-
-from app import charts, report, ui, ui_builder  # noqa: E402
-from app.services import glossary, opsviews, scenarios, views  # noqa: E402
-from simulator.confidence import describe  # noqa: E402
-from simulator.saturation import saturation  # noqa: E402
+from app import charts, report, ui, ui_builder
+from app.services import glossary, opsviews, scenarios, views
+from simulator.confidence import describe
+from simulator.saturation import saturation
 
 st.set_page_config(page_title="epdsim what-if planner", page_icon="⚙️", layout="wide")
 st.title("epdsim what-if planner")

@@ -5,7 +5,6 @@ Hooked into ``simulator/cli/commands.py`` by ``add_subparsers(sub)``.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -19,17 +18,18 @@ HOME = Path(__file__).resolve().parent / "Home.py"
 
 def cmd_app(args, con=None) -> int:
     """Run ``streamlit run app/Home.py``; returns its exit code."""
-    cmd = [sys.executable, "-m", "streamlit", "run", str(HOME), "--server.port", str(args.port),
+    # -P (Python 3.11+): the working directory is not put on sys.path, so a folder there named `app` cannot
+    # shadow the installed package the pages import
+    safe_path = ["-P"] if sys.version_info >= (3, 11) else []
+    cmd = [sys.executable, *safe_path, "-m", "streamlit", "run", str(HOME), "--server.port", str(args.port),
            "--server.address", args.address, "--server.headless", "true" if args.headless else "false",
            # no first-run email prompt: it waits on stdin before the server starts listening
            "--server.showEmailPrompt", "false",
            # viewer: no Deploy button (a Streamlit Cloud dialog) nor rerun/clear-cache developer items
            "--client.toolbarMode", "viewer",
            "--browser.gatherUsageStats", "false", "--server.maxUploadSize", "20"]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HOME.parents[1]), env.get("PYTHONPATH")]))
     print(f"epdsim app on http://{args.address}:{args.port}", flush=True)
-    proc = subprocess.Popen(cmd, env=env)
+    proc = subprocess.Popen(cmd)
     return run_until_stopped(proc)
 
 

@@ -1,16 +1,11 @@
 """Compare: two or more scenarios side by side (presets from the current scenario, or pinned ones)."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import pandas as pd
+import streamlit as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-import pandas as pd  # noqa: E402
-import streamlit as st  # noqa: E402
-
-from app import charts, report, ui  # noqa: E402
-from app.services import compare, exports, jobs, scenarios, views  # noqa: E402
+from app import charts, report, ui
+from app.services import compare, exports, jobs, scenarios, views
 
 st.set_page_config(page_title="epdsim: compare", layout="wide")
 st.title("Compare scenarios")

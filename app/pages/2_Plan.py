@@ -3,15 +3,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import streamlit as st
 
-import streamlit as st  # noqa: E402
-
-from app import charts, report, ui  # noqa: E402
-from app.services import builder, glossary, planning, scenarios  # noqa: E402
+from app import charts, report, ui
+from app.services import builder, glossary, planning, scenarios
 
 st.set_page_config(page_title="epdsim: plan", layout="wide")
 st.title("Capacity plan")
@@ -26,7 +22,7 @@ data = None
 if up is not None:
     try:
         data = planning.parse_upload(up.name, up.getvalue(), folder=ui.upload_dir())
-    except Exception as exc:           # every upload error inline, never a traceback on the page
+    except Exception as exc:  # noqa: BLE001 - every upload error inline, never a traceback on the page
         ui.show_error(exc)
 if data is None:
     c1, c2, c3 = st.columns(3)

@@ -1,15 +1,10 @@
 """Operations: an instance's cold start and a Kubernetes pod's probes (time to ready or crash loop)."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import streamlit as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-import streamlit as st  # noqa: E402
-
-from app import charts, ui  # noqa: E402
-from app.services import builder, operations, scenarios  # noqa: E402
+from app import charts, ui
+from app.services import builder, operations, scenarios
 
 st.set_page_config(page_title="epdsim: operations", layout="wide")
 st.title("Operations: cold start and probes")

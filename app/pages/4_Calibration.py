@@ -1,16 +1,13 @@
 """Calibration: load a measurement bundle, fit a profile, and show the fit and the validation report."""
 from __future__ import annotations
 
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import streamlit as st
 
-import streamlit as st  # noqa: E402
-
-from app import charts, report, ui  # noqa: E402
-from app.services import bundles, calibration, scenarios  # noqa: E402
+from app import charts, report, ui
+from app.services import bundles, calibration, scenarios
 
 st.set_page_config(page_title="epdsim: calibration", layout="wide")
 st.title("Calibration: fit and validation")

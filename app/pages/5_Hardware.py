@@ -1,15 +1,10 @@
 """Hardware: browse GPUs, links and models; add your own (validated, saved to your hwdb folder)."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import streamlit as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-import streamlit as st  # noqa: E402
-
-from app import ui  # noqa: E402
-from app.services import hardware, scenarios  # noqa: E402
+from app import ui
+from app.services import hardware, scenarios
 
 st.set_page_config(page_title="epdsim: hardware", layout="wide")
 st.title("Hardware database")
@@ -29,7 +24,7 @@ def saved(path) -> None:
 try:
     db = ui.db()
     tabs = st.tabs(["GPUs", "links", "models", "add"])
-    for tab, kind in zip(tabs[:3], hardware.KINDS):
+    for tab, kind in zip(tabs[:3], hardware.KINDS, strict=True):
         with tab:
             df = hardware.table(kind, db=db)
             st.dataframe(df, hide_index=True, key=f"table-{kind}")
@@ -70,7 +65,7 @@ with tabs[3]:
         try:
             st.success(f"saved {hardware.add_yaml(kind, up.name, up.getvalue(), override=replace)}"
                        + (" (it replaces the shipped entry)" if replace else ""))
-        except Exception as exc:       # every upload error inline, never a traceback on the page
+        except Exception as exc:  # noqa: BLE001 - every upload error inline, never a traceback on the page
             ui.show_error(exc)
     st.markdown("**Add a model** (its Hugging Face config.json)")
     mname = st.text_input("model name", "", key="model-name")
@@ -79,5 +74,5 @@ with tabs[3]:
     if mup is not None and mname:
         try:
             st.success(f"saved {hardware.add_model(mname, mup.name, mup.getvalue(), msrc, override=replace)}")
-        except Exception as exc:       # every upload error inline, never a traceback on the page
+        except Exception as exc:  # noqa: BLE001 - every upload error inline, never a traceback on the page
             ui.show_error(exc)
