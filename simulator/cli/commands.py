@@ -240,6 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_ops(sub)
     from simulator.cli.plan import add_subparsers as _add_plan
     _add_plan(sub)
+    from simulator.cli.sweep import add_subparsers as _add_sweep
+    _add_sweep(sub)
     from simulator.cli.regress import add_subparsers as _add_regress
     _add_regress(sub)
     from app.cli import add_subparsers as _add_app
