@@ -322,6 +322,9 @@ class Connector(StrictModel):
     name: str
     aliases: tuple[str, ...] = ()
     vllm_name: str | None = None
+    # The deployment strategy that writes this connector's plan output (its --kv-transfer-config, env, proxy):
+    # a class registered in simulator.pd.connectors.CONNECTORS; None: the one registered under ``name``.
+    strategy: str | None = None
     setup_s: Latency
     efficiency: Efficiency
     host_staged: bool

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from simulator.memory import POLICIES as MEMORY_POLICIES
 from simulator.ops.autoscale import POLICIES
+from simulator.pd.connectors import CONNECTORS
 from simulator.pd.flows import FLOWS
 from simulator.plan.families import FAMILIES
 from simulator.registry import Registry
@@ -368,14 +369,15 @@ def test_the_foundation_imports_no_project_module():
 # one unknown-name message, registration order everywhere).
 REGISTRIES = {("simulator.routing", "ROUTERS"): ROUTERS, ("simulator.ops.autoscale", "POLICIES"): POLICIES,
               ("simulator.roles", "ROLES"): ROLES, ("simulator.pd.flows", "FLOWS"): FLOWS,
-              ("simulator.plan.families", "FAMILIES"): FAMILIES, ("simulator.memory", "POLICIES"): MEMORY_POLICIES}
-REGISTRY_NAME = re.compile(r"(?:^|_)(?:REGISTRY|ROUTERS|POLICIES|ROLES|FLOWS|FAMILIES|AUTOSCALERS)$")
+              ("simulator.plan.families", "FAMILIES"): FAMILIES, ("simulator.memory", "POLICIES"): MEMORY_POLICIES,
+              ("simulator.pd.connectors", "CONNECTORS"): CONNECTORS}
+REGISTRY_NAME = re.compile(r"(?:^|_)(?:REGISTRY|ROUTERS|POLICIES|ROLES|FLOWS|FAMILIES|AUTOSCALERS|CONNECTORS)$")
 # Module-level names that read as a registry but are not a Registry, each with why; none may be added.
 ALLOWED_PLAIN_REGISTRIES: dict[tuple[str, str], str] = {}
 
 
 def test_every_strategy_registry_is_the_one_registry_class():
-    """The six are Registry objects; no other module-level ``Registry(...)`` exists, and no name such as
+    """The seven are Registry objects; no other module-level ``Registry(...)`` exists, and no name such as
     ``*_REGISTRY``, ``ROUTERS`` or ``FLOWS`` is bound to a plain dict or comprehension instead."""
     assert all(isinstance(reg, Registry) for reg in REGISTRIES.values())
     built, plain = set(), {}

@@ -13,8 +13,9 @@ import math
 import pandas as pd
 
 from app.services import builder
-from simulator import fmt
 from app.services.scenarios import Prices, cost
+from simulator import fmt
+from simulator.pd.connectors import HOST_STAGED_CONNECTOR, RDMA_CONNECTOR
 
 ENGINES = ("vllm-v0", "vllm-v1", "sglang")
 PRESETS = ("colocated vs PD vs EPD", "RDMA vs TCP (PD)", "engine generations")
@@ -55,8 +56,8 @@ def variants(d: dict, preset: str) -> dict[str, dict]:
         return out
     if preset == "RDMA vs TCP (PD)":
         base = builder.with_layout(d, "pd")
-        rdma = builder.set_kv_transfer(base, connector="nixl", fabric="ib-ndr", same_node=False)
-        tcp = builder.set_kv_transfer(base, connector="tcp", fabric="tcp-10gbe", same_node=False)
+        rdma = builder.set_kv_transfer(base, connector=RDMA_CONNECTOR, fabric="ib-ndr", same_node=False)
+        tcp = builder.set_kv_transfer(base, connector=HOST_STAGED_CONNECTOR, fabric="tcp-10gbe", same_node=False)
         return {"RDMA (NIXL, IB NDR)": _named(rdma, "rdma"), "TCP (10 GbE, host-staged)": _named(tcp, "tcp")}
     if preset == "engine generations":
         out = {}

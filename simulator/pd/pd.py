@@ -37,8 +37,9 @@ from dataclasses import dataclass
 
 import hwdb
 from hwdb.schema import DTYPE_BYTES
-from simulator.perf import Deployment
+from simulator.pd.connectors import HOST_STAGED_CONNECTOR, RDMA_CONNECTOR, connector_strategy
 from simulator.pd.pd_config import KVTransferConfig
+from simulator.perf import Deployment
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,8 @@ def build_transfer_plan(cfg, db: hwdb.HardwareDB, p: Deployment, d: Deployment) 
     """Resolve a scenario's ``kv_transfer`` block for two deployments (raises TransferConfigError)."""
     try:
         conn = db.connector(cfg.connector)
-    except hwdb.HwdbError as exc:
+        strategy = connector_strategy(conn)
+    except (hwdb.HwdbError, ValueError) as exc:      # ValueError: its strategy is not registered
         raise TransferConfigError(f"kv_transfer.connector: {exc}") from None
     if p.gpu.vendor != d.gpu.vendor:
         raise TransferConfigError(
@@ -123,12 +125,9 @@ def build_transfer_plan(cfg, db: hwdb.HardwareDB, p: Deployment, d: Deployment) 
     if p.kv_dtype != d.kv_dtype:
         raise TransferConfigError(f"prefill KV cache is {p.kv_dtype} but decode KV cache is {d.kv_dtype}; "
                                   "KV moves as it is stored: give both pools the same kv_cache_dtype")
-    # vLLM's NixlConnector maps a prefill rank's KV heads onto decode ranks only when decode TP is a multiple
-    # of prefill TP; SGLang's and TensorRT-LLM's transfer engines re-shard any pair of divisible TP sizes.
-    if conn.name == "nixl" and p.engine.engine == "vllm" and d.tp % p.tp:
-        raise TransferConfigError(
-            f"prefill TP={p.tp} and decode TP={d.tp} cannot map KV shards with NixlConnector, which needs the "
-            "decode TP to be a multiple of the prefill TP; use prefill tp <= decode tp")
+    tp_error = strategy.tp_mapping_error(p.engine.engine, p.tp, d.tp)
+    if tp_error:
+        raise TransferConfigError(tp_error)
     if max(p.tp, d.tp) % min(p.tp, d.tp):
         raise TransferConfigError(
             f"prefill TP={p.tp} and decode TP={d.tp} cannot map KV shards: one TP degree must divide the other "
@@ -237,7 +236,7 @@ def crossover_bandwidth(step_model, kv_bytes_per_token: float, prompt_tokens: in
             "crossover_Bps": nbytes / prefill_s}
 
 
-def fabric_verdicts(db, dep: Deployment, crossover: dict, connector: str = "nixl") -> list[dict]:
+def fabric_verdicts(db, dep: Deployment, crossover: dict, connector: str = RDMA_CONNECTOR) -> list[dict]:
     """Per scale-out fabric in hwdb: transfer time of the prompt between two such instances vs its prefill.
 
     GPU-direct fabrics use ``connector``; the others the host-staged TCP connector.
@@ -246,7 +245,7 @@ def fabric_verdicts(db, dep: Deployment, crossover: dict, connector: str = "nixl
     for link in db.links.values():
         if link.kind in ("nvlink", "xgmi", "pcie"):
             continue
-        cfg = KVTransferConfig(connector=connector if link.gpu_direct else "tcp", fabric=link.name)
+        cfg = KVTransferConfig(connector=connector if link.gpu_direct else HOST_STAGED_CONNECTOR, fabric=link.name)
         plan = build_transfer_plan(cfg, db, dep, dep)
         t = plan.idle_time(crossover["prompt_tokens"])
         rows.append({"fabric": link.name, "connector": plan.connector, "instance_Bps": plan.prefill_side_Bps,

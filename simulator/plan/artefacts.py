@@ -17,11 +17,11 @@ import hwdb
 from simulator.ops.coldstart import breakdown
 from simulator.memory import memory_fraction
 from simulator.ops.k8s import recommend_probes
+from simulator.pd.connectors import VLLM_PORT, connector_strategy
 from simulator.scenario import deployment_for, resolve
 
-from simulator.plan.manifests import (MOONCAKE_BOOTSTRAP_PORT, P2P_KV_PORT, P2P_PROXY_ZMQ_PORT, SGLANG_PORT, VLLM_PORT,
-                                     ArtefactOptions, cache_claim, connector_env, engine_deployment, env_exports,
-                                     pod_urls, proxy_objects)
+from simulator.plan.manifests import (SGLANG_PORT, ArtefactOptions, cache_claim, engine_deployment, env_exports,
+                                     epd_proxy, pod_urls, proxy_objects)
 from simulator.plan.readme import readme
 from simulator.plan.sglang import SERVE_DTYPE, ROUTER_MODULE, router_args, sglang_args, sglang_objects
 
@@ -41,33 +41,15 @@ def dns_name(text: str) -> str:
 
 def kv_transfer_json(connector: hwdb.schema.Connector | None, role: str, proxy_host: str = "epdsim-proxy",
                      buffer_bytes: float | None = None, tcp: bool = False) -> dict | None:
-    """vLLM ``--kv-transfer-config`` for a PD pool (``role``: prefill or decode); None for colocated.
-
-    In the shapes of vLLM's examples: NixlConnector ``kv_both`` (the host-staged ``tcp`` connector runs
-    as NixlConnector over UCX's TCP transport); MooncakeConnector ``kv_producer``/``kv_consumer`` (``tcp``:
-    a TCP fabric, ``kv_connector_extra_config.mooncake_protocol`` "tcp", read by vLLM 0.32's
-    MooncakeConnector worker; its default is "rdma");
-    P2pNcclConnector as in vLLM's ``docs/design/p2p_nccl_connector.md``: ``kv_buffer_size`` (prefill "1e1": it
-    receives nothing in PUT_ASYNC; decode the modelled buffer), ``kv_port``, and
-    ``kv_connector_extra_config`` with the proxy's ``proxy_ip``/``proxy_port``, ``http_port`` (= --port)
-    and ``send_type`` PUT_ASYNC.
+    """vLLM ``--kv-transfer-config`` for a PD pool (``role``: prefill or decode); None for colocated, or for a
+    connector without a vLLM name.  The shape is the connector strategy's
+    (:meth:`simulator.pd.connectors.KVConnector.kv_transfer_config`): NixlConnector ``kv_both``,
+    MooncakeConnector and P2pNcclConnector ``kv_producer``/``kv_consumer`` with their extra settings.
+    ``buffer_bytes``: the scenario's ``kv_buffer_size`` (bytes); ``tcp``: the fabric has no GPU-direct path.
     """
     if connector is None or role == "colocated":
         return None
-    name = "NixlConnector" if connector.name == "tcp" else connector.vllm_name
-    if name is None:
-        return None
-    if name == "NixlConnector":
-        return {"kv_connector": name, "kv_role": "kv_both"}
-    cfg = {"kv_connector": name, "kv_role": "kv_producer" if role == "prefill" else "kv_consumer"}
-    if name == "MooncakeConnector" and tcp:
-        cfg["kv_connector_extra_config"] = {"mooncake_protocol": "tcp"}
-    if name == "P2pNcclConnector":
-        buf = buffer_bytes or (connector.default_buffer_bytes.value if connector.default_buffer_bytes else 1e9)
-        cfg.update(kv_buffer_size="1e1" if role == "prefill" else f"{buf:.3g}", kv_port=str(P2P_KV_PORT),
-                   kv_connector_extra_config={"proxy_ip": proxy_host, "proxy_port": str(P2P_PROXY_ZMQ_PORT),
-                                              "http_port": str(VLLM_PORT), "send_type": "PUT_ASYNC"})
-    return cfg
+    return connector_strategy(connector).kv_transfer_config(role, proxy_host, buffer_bytes, tcp)
 
 
 def ec_transfer_json(role: str) -> dict:
@@ -158,6 +140,7 @@ def artefacts(result, candidate_id: str | None = None, options: ArtefactOptions 
     db, model = rs.db, rs.model
     model_id = model.sidecar.hf_id or model.name
     connector = db.connector(scn.kv_transfer.connector) if scn.is_pd else None
+    strategy = connector_strategy(connector) if connector is not None else None
     base = dns_name(result.request.name)
     proxy_name = dns_name(f"{base}-proxy")
     enc = next((p for p in scn.pools if p.role == "encoder"), None)
@@ -180,46 +163,35 @@ def artefacts(result, candidate_id: str | None = None, options: ArtefactOptions 
         va = vllm_args(model_id, dep, pool.role, connector, encoder_tier=enc is not None, proxy_host=proxy_name,
                        buffer_bytes=scn.kv_transfer.kv_buffer_size, tcp=tcp)
         pd_pool = scn.is_pd and pool.role in ("prefill", "decode")
-        env = connector_env(connector.name, tcp, opts, pool.role) if pd_pool else []
-        # vLLM Mooncake prefill pods: each runs a bootstrap server the proxy and decode reach at the pod itself.
-        mooncake_prefill = pd_pool and connector.name == "mooncake" and pool.role == "prefill"
+        env = strategy.env(tcp, opts, pool.role) if pd_pool else []
+        # A pool whose pods the proxy reaches one by one (Mooncake prefill: a bootstrap server per pod).
+        per_pod = pd_pool and strategy.per_pod(pool.role)
         head = (f"#!/usr/bin/env bash\n# {cand.layout}: pool {pool.name} ({pool.role}), {pool.instances} instance(s) "
                 f"of {dep.gpus}x {dep.gpu.name}; run once per instance\n")
         files[f"vllm/{pool.name}.sh"] = head + env_exports(env) + "vllm serve " + shlex.join(va) + "\n"
         sa = sglang_args(model_id, dep, pool.role, connector, tcp, enc_urls, "mlx5_0" if rdma else None)
         files[f"sglang/{pool.name}.sh"] = head + "python -m sglang.launch_server " + shlex.join(sa) + "\n"
         amd = dep.gpu.vendor == "amd"
-        extra = []
-        if env and connector.name in ("nixl", "tcp"):
-            extra = [{"name": "nixl", "containerPort": 5600, "protocol": "TCP"}]
-        elif env and connector.name == "p2pnccl":
-            extra = [{"name": "kv", "containerPort": P2P_KV_PORT, "protocol": "TCP"}]
-        elif mooncake_prefill:
-            extra = [{"name": "bootstrap", "containerPort": MOONCAKE_BOOTSTRAP_PORT, "protocol": "TCP"}]
-        image = opts.vllm_rocm_image if amd else opts.vllm_image
-        if connector is not None and connector.name == "p2pnccl":
-            image = opts.p2pnccl_vllm_image
+        extra = strategy.ports(pool.role) if pd_pool else []
+        image = strategy.vllm_image(opts, amd) if strategy else opts.vllm_rocm_image if amd else opts.vllm_image
         nic = _rdma(link, lay, dep.gpus, opts) if rdma and pool.role in ("prefill", "decode") else None
         docs += engine_deployment(name, pool.role, pool.instances, opts.image(image), ["vllm", "serve"], va,
                                   "amd.com/gpu" if amd else "nvidia.com/gpu", dep.gpus, _probes(dep), env,
-                                  nic, opts, extra, claim, per_pod=mooncake_prefill)
+                                  nic, opts, extra, claim, per_pod=per_pod)
         sg_pools.append({"name": name, "role": pool.role, "instances": pool.instances, "amd": amd, "args": sa,
                          "gpus": dep.gpus, "probes": _probes(dep, SGLANG_PORT), "env": env, "rdma": nic})
         routes.append({"pool": pool.name, "role": pool.role, "service": f"http://{name}:{VLLM_PORT}",
                        "replicas": pool.instances, "policy": pool.router})
-        if mooncake_prefill:
+        if per_pod:
             routes[-1]["pods"] = pod_urls(name, pool.instances, VLLM_PORT)
     ends: dict[str, list[str]] = {}
     for r in routes:
         ends.setdefault(r["role"], []).extend(r.get("pods", [r["service"]]))
-    proxy_kind = ({"p2pnccl": "p2pnccl", "mooncake": "mooncake"}.get(connector.name, "toy")
-                  if scn.is_pd else None)
-    if enc is not None:
-        proxy_kind = "epd"
-    if proxy_kind is not None:
+    proxy = epd_proxy(ends) if enc is not None else strategy.proxy(ends, opts) if scn.is_pd else None
+    if proxy is not None:
         first = items[-1][1]
         image = opts.image(opts.proxy_image or (opts.vllm_rocm_image if first.gpu.vendor == "amd" else opts.vllm_image))
-        docs += proxy_objects(proxy_name, proxy_kind, image, ends, opts)
+        docs += proxy_objects(proxy_name, proxy, image, opts)
     files["k8s/deployment.yaml"] = yaml.dump_all(docs, Dumper=_NoAliases, sort_keys=False)
     sg = {r["role"]: f"http://{svc[r['pool']]}:{SGLANG_PORT}" for r in routes}
     sg_router = router_args(sg["prefill"], sg["decode"]) if scn.is_pd else None
@@ -228,9 +200,8 @@ def artefacts(result, candidate_id: str | None = None, options: ArtefactOptions 
         Dumper=_NoAliases, sort_keys=False)
     router = {"model": model_id, "mode": ("e+" if enc is not None else "") + ("pd" if scn.is_pd else "colocated"),
               "pools": routes}
-    if proxy_kind is not None:
-        port = 10001 if proxy_kind == "p2pnccl" else VLLM_PORT
-        router["proxy"] = {"kind": proxy_kind, "service": f"http://{proxy_name}:{port}"}
+    if proxy is not None:
+        router["proxy"] = {"kind": proxy.kind, "service": f"http://{proxy_name}:{proxy.ports[0][1]}"}
     if scn.is_pd:
         router["kv_transfer"] = {"connector": kv_transfer_json(connector, "decode", proxy_name)["kv_connector"],
                                  "fabric": cand.fabric, "tcp": tcp, "flow": scn.kv_transfer.flow}
@@ -239,7 +210,7 @@ def artefacts(result, candidate_id: str | None = None, options: ArtefactOptions 
         files["sglang/router.sh"] = "#!/usr/bin/env bash\n# SGLang's PD router in front of the pools\n" + cmd + "\n"
     files["router.yaml"] = yaml.safe_dump(router, sort_keys=False)
     rec = result.recommended if result.recommended and result.recommended["id"] == cid else None
-    files["README.md"] = readme(result, cand, model, rec, opts, proxy_kind=proxy_kind, tcp=tcp, rdma=rdma, layout=lay,
+    files["README.md"] = readme(result, cand, model, rec, opts, proxy=proxy, tcp=tcp, rdma=rdma, layout=lay,
                                 amd=any(d.gpu.vendor == "amd" for _, d in items), link=link,
-                                connector=connector.name if connector else None, encoder=enc is not None)
+                                connector=strategy, encoder=enc is not None)
     return files

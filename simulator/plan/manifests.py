@@ -1,47 +1,18 @@
-"""Kubernetes objects and per-connector environment for the planner's artefacts.
+"""Kubernetes objects for the planner's artefacts: engine pools, their Services, the model cache and the
+request router in front.
 
-What each connector needs on the wire, from the engines' own documentation:
-
-* NixlConnector (vLLM ``docs/features/nixl_connector_usage.md``): UCX transports ``UCX_TLS`` and devices
-  ``UCX_NET_DEVICES`` (NCCL variables do not apply), a side channel ``VLLM_NIXL_SIDE_CHANNEL_HOST`` /
-  ``VLLM_NIXL_SIDE_CHANNEL_PORT`` (5600 in the examples) that the peer reaches; vLLM's toy proxy
-  ``tests/v1/kv_connector/nixl_integration/toy_proxy_server.py`` (``--prefiller-hosts/--prefiller-ports/
-  --decoder-hosts/--decoder-ports``) in front.  Over TCP: ``UCX_TLS=tcp,cuda_copy``.
-* P2pNcclConnector (vLLM ``docs/design/p2p_nccl_connector.md``): ``kv_port``, ``kv_buffer_size`` and
-  ``kv_connector_extra_config`` ``{proxy_ip, proxy_port, http_port}`` with ``http_port`` equal to
-  ``--port``; the proxy ``disagg_proxy_p2p_nccl_xpyd.py`` serves clients on 10001 and takes the
-  instances' registrations on 30001 (it needs ``quart``).  Over TCP NCCL uses its socket transport
-  (``NCCL_IB_DISABLE=1``, ``NCCL_SOCKET_IFNAME``).
-* MooncakeConnector (vLLM 0.32 ``docs/features/mooncake_connector_usage.md``, ``vllm/distributed/kv_transfer/
-  kv_connector/v1/mooncake/mooncake_connector.py``): ``kv_producer``/``kv_consumer``; the prefill instance
-  runs a bootstrap server on ``VLLM_MOONCAKE_BOOTSTRAP_PORT`` (8998) where its workers register.  Its proxy
-  is vLLM's ``examples/disaggregated/mooncake_connector/mooncake_connector_proxy.py`` (``--prefill URL
-  BOOTSTRAP_PORT`` per prefill instance, ``--decode URL`` per decode instance): at start it asks each
-  prefill's bootstrap ``/query`` for its engine id, then sends the prefill ``kv_transfer_params``
-  ``{do_remote_decode, transfer_id}`` and the decode ``{do_remote_prefill, remote_bootstrap_addr,
-  remote_engine_id, transfer_id}``; without a ``transfer_id`` (the NIXL toy proxy) the prefill skips the
-  send ("Missing transfer_id") and the decode recomputes.  Because the proxy pins one engine id and one
-  bootstrap address per ``--prefill`` entry, every prefill pod needs its own address: the prefill pool is a
-  StatefulSet behind a headless Service (``<svc>-<i>.<svc>``).  Over TCP ``kv_connector_extra_config``
-  ``{"mooncake_protocol": "tcp"}`` (default "rdma") and ``MC_FORCE_TCP=1`` (Mooncake transfer engine).
+What a KV connector adds to a PD pod (its ``--kv-transfer-config``, environment, ports, proxy) is its
+strategy's, :mod:`simulator.pd.connectors`; vLLM's EPD proxy (an encoder pool in front) is here.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-VLLM_PORT = 8000
+from simulator.pd.connectors import VLLM_PORT, Proxy
+
 SGLANG_PORT = 30000
 SGLANG_BOOTSTRAP_PORT = 8998          # SGLang's --disaggregation-bootstrap-port default
-MOONCAKE_BOOTSTRAP_PORT = 8998        # vLLM's VLLM_MOONCAKE_BOOTSTRAP_PORT default (prefill instances)
-NIXL_SIDE_CHANNEL_PORT = 5600
-P2P_KV_PORT = 21001
-P2P_PROXY_HTTP_PORT = 10001
-P2P_PROXY_ZMQ_PORT = 30001
-VLLM_REF = "v0.32.0"
-TOY_PROXY = "tests/v1/kv_connector/nixl_integration/toy_proxy_server.py"
-P2P_PROXY = "examples/online_serving/disaggregated_serving_p2p_nccl_xpyd/disagg_proxy_p2p_nccl_xpyd.py"
 EPD_PROXY = "examples/disaggregated/disaggregated_encoder/disagg_epd_proxy.py"
-MOONCAKE_PROXY = "examples/disaggregated/mooncake_connector/mooncake_connector_proxy.py"
 
 
 @dataclass(frozen=True)
@@ -64,7 +35,7 @@ class ArtefactOptions:
     # "P2pNcclConnector" in vLLM's kv_connector/factory.py, and KVTransferConfig.kv_buffer_size/kv_port/
     # kv_connector_extra_config (still there in v0.12.0, docs.vllm.ai/en/v0.12.0/api/vllm/config/kv_transfer/);
     # the tag's image exists on Docker Hub (used by Azure/aks-rdma-infiniband PR #92).  Its proxy script is
-    # fetched at the same tag (proxy_ref).
+    # fetched at the same tag (the p2pnccl strategy, simulator.pd.connectors).
     p2pnccl_vllm_image: str = "vllm/vllm-openai:v0.10.1"
     # SGLang's images (docs: "latest contains the newest stable release"; AMD's ROCm build, rocm.docs.amd.com
     # SGLang inference page); pin the release you tested.
@@ -82,34 +53,6 @@ class ArtefactOptions:
 
     def image(self, name: str) -> str:
         return f"{self.registry.rstrip('/')}/{name}" if self.registry else name
-
-
-def proxy_ref(kind: str, opts: ArtefactOptions) -> str:
-    """The vLLM git tag a proxy script is fetched at: that of the image its pods run (P2pNccl pools pin
-    their own), so that script and servers speak the same protocol."""
-    if kind == "p2pnccl":
-        tag = opts.p2pnccl_vllm_image.rsplit(":", 1)[-1]
-        return tag if tag.startswith("v") else VLLM_REF
-    return VLLM_REF
-
-
-def connector_env(connector: str, tcp: bool, opts: ArtefactOptions, role: str | None = None) -> list[dict]:
-    """Container ``env`` for a PD pod of ``connector`` (hwdb name) over an RDMA (tcp=False) or TCP fabric;
-    ``role``: prefill or decode (a Mooncake prefill pod names its bootstrap port)."""
-    pod_ip = {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
-    if connector in ("nixl", "tcp"):
-        return [pod_ip, {"name": "UCX_TLS", "value": "tcp,cuda_copy" if tcp or connector == "tcp" else "all"},
-                {"name": "UCX_NET_DEVICES", "value": opts.socket_ifname if tcp else opts.ucx_net_devices},
-                {"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "value": "$(POD_IP)"},
-                {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(NIXL_SIDE_CHANNEL_PORT)}]
-    if connector == "p2pnccl":
-        return [pod_ip] + ([{"name": "NCCL_IB_DISABLE", "value": "1"},
-                            {"name": "NCCL_SOCKET_IFNAME", "value": opts.socket_ifname}] if tcp else [])
-    if connector == "mooncake":
-        boot = ([{"name": "VLLM_MOONCAKE_BOOTSTRAP_PORT", "value": str(MOONCAKE_BOOTSTRAP_PORT)}]
-                if role == "prefill" else [])
-        return [pod_ip] + boot + ([{"name": "MC_FORCE_TCP", "value": "1"}] if tcp else [])
-    return [pod_ip]
 
 
 def env_exports(env: list[dict]) -> str:
@@ -207,39 +150,22 @@ def cache_claim(name: str, opts: ArtefactOptions) -> dict:
             "metadata": {"name": name, "labels": {"app.kubernetes.io/part-of": "epdsim-plan"}}, "spec": spec}
 
 
-def proxy_objects(name: str, kind: str, image: str, ends: dict[str, list[str]], opts: ArtefactOptions) -> list[dict]:
-    """The request router in front of the pools: a Deployment running vLLM's own proxy script for ``kind``
-    (``toy``: NIXL, ``mooncake``, ``p2pnccl``, ``epd``), fetched at the vLLM tag of the pods it serves
-    (:func:`proxy_ref`; bake it into an image for an air-gapped cluster), and its Service, with probes.
-    ``ends``: role -> URLs; for ``mooncake`` the prefill URLs are the pods' own (:func:`pod_urls`)."""
-    raw = f"https://raw.githubusercontent.com/vllm-project/vllm/{proxy_ref(kind, opts)}/"
-    if kind == "p2pnccl":
-        script, pre = P2P_PROXY, "pip install --no-cache-dir quart && "
-        run = "python3 /tmp/proxy.py"     # the script binds 10001 (clients) and 30001 (registrations)
-        ports = [("http", P2P_PROXY_HTTP_PORT), ("zmq", P2P_PROXY_ZMQ_PORT)]
-    elif kind == "epd":
-        script, pre = EPD_PROXY, ""
-        run = (f"python3 /tmp/proxy.py --host 0.0.0.0 --port {VLLM_PORT} --encode-servers-urls "
-               + ",".join(ends["encoder"]) + " --prefill-servers-urls " + (",".join(ends.get("prefill", [])) or "disable")
-               + " --decode-servers-urls " + ",".join(ends.get("decode", ends.get("colocated", []))))
-        ports = [("http", VLLM_PORT)]
-    elif kind == "mooncake":
-        # One --prefill URL BOOTSTRAP_PORT per prefill pod (the proxy queries that pod's bootstrap server for
-        # its engine id and hands decode that address), one --decode URL per decode Service.
-        script, pre = MOONCAKE_PROXY, ""
-        run = (f"python3 /tmp/proxy.py --host 0.0.0.0 --port {VLLM_PORT} "
-               + " ".join(f"--prefill {u} {MOONCAKE_BOOTSTRAP_PORT}" for u in ends["prefill"]) + " "
-               + " ".join(f"--decode {u}" for u in ends["decode"]))
-        ports = [("http", VLLM_PORT)]
-    else:
-        script, pre = TOY_PROXY, ""
-        hp = {r: (" ".join(u.split("//")[1].split(":")[0] for u in ends[r]),
-                  " ".join(u.rsplit(":", 1)[1] for u in ends[r])) for r in ("prefill", "decode")}
-        run = (f"python3 /tmp/proxy.py --host 0.0.0.0 --port {VLLM_PORT} --prefiller-hosts {hp['prefill'][0]} "
-               f"--prefiller-ports {hp['prefill'][1]} --decoder-hosts {hp['decode'][0]} --decoder-ports {hp['decode'][1]}")
-        ports = [("http", VLLM_PORT)]
-    cmd = f"{pre}curl -fsSL {raw}{script} -o /tmp/proxy.py && exec {run}"
-    return router_objects(name, image, ["/bin/sh", "-c"], [cmd], ports, opts, start_budget_s=300)
+def epd_proxy(ends: dict[str, list[str]]) -> Proxy:
+    """vLLM's EPD proxy in front of an encoder pool and the language-model pools; ``ends``: role -> URLs."""
+    run = (f"python3 /tmp/proxy.py --host 0.0.0.0 --port {VLLM_PORT} --encode-servers-urls "
+           + ",".join(ends["encoder"]) + " --prefill-servers-urls " + (",".join(ends.get("prefill", [])) or "disable")
+           + " --decode-servers-urls " + ",".join(ends.get("decode", ends.get("colocated", []))))
+    return Proxy("epd", EPD_PROXY, run, (("http", VLLM_PORT),))
+
+
+def proxy_objects(name: str, proxy: Proxy, image: str, opts: ArtefactOptions) -> list[dict]:
+    """The request router in front of the pools: a Deployment running one of vLLM's proxy scripts (a KV
+    connector's, :meth:`simulator.pd.connectors.KVConnector.proxy`, or :func:`epd_proxy`), fetched at the
+    vLLM tag of the pods it serves (bake it into an image for an air-gapped cluster), and its Service, with
+    probes."""
+    raw = f"https://raw.githubusercontent.com/vllm-project/vllm/{proxy.ref}/"
+    cmd = f"{proxy.setup}curl -fsSL {raw}{proxy.script} -o /tmp/proxy.py && exec {proxy.command}"
+    return router_objects(name, image, ["/bin/sh", "-c"], [cmd], list(proxy.ports), opts, start_budget_s=300)
 
 
 def router_objects(name: str, image: str, command: list[str], args: list[str], ports: list[tuple[str, int]],

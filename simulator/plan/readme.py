@@ -1,11 +1,14 @@
 """The README of a plan's artefact folder: what was planned, how to apply it, what to edit first."""
 from __future__ import annotations
 
-from simulator.plan.manifests import EPD_PROXY, MOONCAKE_BOOTSTRAP_PORT, MOONCAKE_PROXY, P2P_PROXY, TOY_PROXY, proxy_ref
 
-
-def readme(result, cand, model, rec, opts, *, proxy_kind, tcp, rdma, amd, link, connector, encoder,
+def readme(result, cand, model, rec, opts, *, proxy, tcp, rdma, amd, link, connector, encoder,
            layout=None) -> str:
+    """The README text.  ``proxy``: the :class:`simulator.pd.connectors.Proxy` in front of the pools (None:
+    requests go to the one pool); ``connector``: the PD plan's :class:`simulator.pd.connectors.KVConnector`
+    (None without PD); ``tcp``: the KV fabric has no GPU-direct path; ``rdma``: PD pods request RDMA NICs."""
+    # The connector's own proxy (PD without an encoder pool in front), not vLLM's EPD proxy.
+    pd_proxy = proxy is not None and connector is not None and not encoder
     name = result.request.name
     lines = [f"# {name}: {cand.layout}", "",
              f"Planned by epdsim for {result.request.target_rate:g} req/s of {model.name}; cost "
@@ -17,7 +20,7 @@ def readme(result, cand, model, rec, opts, *, proxy_kind, tcp, rdma, amd, link, 
               "kubectl -n epdsim create secret generic hf-token --from-literal=HF_TOKEN=...   # gated models only",
               "kubectl -n epdsim apply -f k8s/deployment.yaml   # vLLM; or k8s/sglang.yaml for SGLang (not both)",
               "kubectl -n epdsim rollout status deploy --timeout=60m", "```", "",
-              "Requests go to " + ("the proxy Service (see `router.yaml`, `proxy.service`)." if proxy_kind
+              "Requests go to " + ("the proxy Service (see `router.yaml`, `proxy.service`)." if proxy
                                    else "the pool's Service (`router.yaml`)."),
               "", "## Edit before applying", "",
               f"- **Images**: vLLM `{opts.vllm_image}`" + (f", ROCm pools `{opts.vllm_rocm_image}` (pin the tag that "
@@ -48,59 +51,28 @@ def readme(result, cand, model, rec, opts, *, proxy_kind, tcp, rdma, amd, link, 
                   "(SGLang Mooncake): name the HCAs of your nodes (`ibv_devices`)."]
     if tcp:
         lines += [f"- **TCP fabric** ({link.name}): no RDMA resources are requested; the connector runs in its TCP "
-                  "mode: " + {"nixl": "NIXL over UCX `UCX_TLS=tcp,cuda_copy`",
-                              "tcp": "NixlConnector over UCX `UCX_TLS=tcp,cuda_copy` (host-staged)",
-                              "p2pnccl": "NCCL's socket transport (`NCCL_IB_DISABLE=1`, `NCCL_SOCKET_IFNAME`)",
-                              "mooncake": "Mooncake's TCP transport (`\"mooncake_protocol\":\"tcp\"` in "
-                                          "`kv_connector_extra_config`, `MC_FORCE_TCP=1`)"}.get(connector, connector)
-                  + f"; set the interface (`{opts.socket_ifname}`). Expect the KV transfer time the plan shows."]
-    if proxy_kind:
-        script = {"p2pnccl": P2P_PROXY, "epd": EPD_PROXY, "mooncake": MOONCAKE_PROXY}.get(proxy_kind, TOY_PROXY)
-        lines += [f"- **Proxy**: runs vLLM's `{script}` downloaded at {proxy_ref(proxy_kind, opts)} when the pod "
+                  "mode: " + connector.tcp_mode() + f"; set the interface (`{opts.socket_ifname}`). Expect the KV "
+                  "transfer time the plan shows."]
+    if proxy:
+        lines += [f"- **Proxy**: runs vLLM's `{proxy.script}` downloaded at {proxy.ref} when the pod "
                   "starts (TCP startup, readiness and liveness probes); for an air-gapped cluster bake it into an "
                   "image. It is vLLM's example proxy (no retries or auth): put your own gateway in front for "
                   "production."]
-        if proxy_kind == "p2pnccl":
-            lines.append("- **P2pNcclConnector**: instances register with the proxy (`proxy_ip`/`proxy_port` 30001 "
-                         "in `--kv-transfer-config`); `http_port` must equal `--port`; `kv_buffer_size` on decode is "
-                         "the buffer the plan modelled: overflow goes to host memory and slows the transfer. "
-                         f"vLLM 0.32 no longer ships P2pNcclConnector: the pods run `{opts.p2pnccl_vllm_image}` "
-                         "(a release of its P2P NCCL guide); or plan with connector nixl.")
-        if proxy_kind == "mooncake":
-            lines.append(
-                "- **MooncakeConnector**: the proxy is vLLM's Mooncake proxy (`--prefill URL "
-                f"{MOONCAKE_BOOTSTRAP_PORT}` per prefill pod, `--decode URL` per decode Service): it gives both sides "
-                "the `transfer_id` and the decode side the prefill's bootstrap address and engine id, which "
-                "MooncakeConnector needs (the NIXL toy proxy sends none: prefill skips the send, decode recomputes). "
-                f"Each prefill pod runs a bootstrap server on {MOONCAKE_BOOTSTRAP_PORT} "
-                "(`VLLM_MOONCAKE_BOOTSTRAP_PORT`, container port `bootstrap`). The proxy learns one engine id per "
-                "prefill address, so the prefill pool is a **StatefulSet behind a headless Service**: pod `i` is "
-                "`<prefill>-i.<prefill>`, listed in the proxy's command; scaling the prefill pool means editing "
-                "`replicas` and the proxy's `--prefill` list together. The proxy reads the engine ids once at "
-                "start: after a prefill pod restarts (new engine id), restart the proxy (`kubectl rollout restart "
-                "deploy/<proxy>`). The transfer engine and the side channel listen on ports chosen at start: "
-                "NetworkPolicies must let prefill and decode pods reach each other on any port. The image needs "
-                "the Mooncake transfer engine (`pip install mooncake-transfer-engine-cuda13`, or "
-                "`mooncake-transfer-engine` on CUDA 12, per vLLM's Mooncake guide); build one `FROM` the vLLM "
-                "image if `python3 -c 'import mooncake.engine'` fails in it.")
-        if proxy_kind == "epd" and connector == "mooncake":
-            lines.append("- **E+P+D with MooncakeConnector**: vLLM's EPD proxy hands the prefill's "
-                         "`kv_transfer_params` to decode as for NIXL and sends no `transfer_id`, which "
-                         "MooncakeConnector needs: plan E+P+D with connector nixl, or front it with a proxy "
-                         "that sends them.")
+        if connector is not None:
+            lines += connector.epd_notes(opts) if encoder else connector.readme_notes(opts)
     lines += ["", "## Files", "",
               "- `vllm/<pool>.sh`: environment and the `vllm serve` line of one instance (the Deployments run the "
               "same line).",
-              "- `sglang/<pool>.sh`" + (", `sglang/router.sh`" if proxy_kind in ("toy", "p2pnccl", "mooncake") else "")
+              "- `sglang/<pool>.sh`" + (", `sglang/router.sh`" if pd_proxy else "")
               + ": SGLang equivalents (port 30000; PD prefill bootstrap port 8998"
               + ("; the encoder pool `--encoder-only`, the language model `--language-only --encoder-urls`"
                  if encoder else "") + "). The host names are the Services of `k8s/sglang.yaml`.",
               f"- `k8s/sglang.yaml`: the same pools on SGLang (`{opts.sglang_image}`"
               + (f", ROCm `{opts.sglang_rocm_image}`" if amd else "") + "), probes on `/health:30000`"
-              + (", SGLang's PD router as the proxy Service" if proxy_kind in ("toy", "p2pnccl", "mooncake") else "")
+              + (", SGLang's PD router as the proxy Service" if pd_proxy else "")
               + ". Same Service names as the vLLM file: apply one of the two.",
               "- `k8s/deployment.yaml`: model-cache claim, per pool a Deployment and Service"
-              + (" (the Mooncake prefill pool: a StatefulSet and headless Service)" if proxy_kind == "mooncake" else "")
-              + (", the proxy Deployment and Service" if proxy_kind else "") + ".",
+              + (connector.files_note() if pd_proxy else "")
+              + (", the proxy Deployment and Service" if proxy else "") + ".",
               "- `router.yaml`: epdsim's description of the pools behind the router (not a router's own config)."]
     return "\n".join(lines) + "\n"

@@ -1,0 +1,155 @@
+"""A new KV connector is one registered strategy class plus one hwdb YAML file (issue 36): a toy connector
+added that way is simulated, planned and deployed through the project's own entry points, and every shipped
+connector names a registered strategy."""
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+import yaml
+
+import hwdb
+from simulator.pd import connectors
+from simulator.pd.connectors import CONNECTORS, KVConnector, connector_strategy
+from simulator.plan import parse_plan_request, run_plan
+from simulator.plan.artefacts import artefacts, kv_transfer_json
+from simulator.registry import Registry
+from simulator.run import simulate
+from simulator.scenario import ScenarioError, parse_scenario
+from tests.conftest import REPO
+from tests.plan_results import k8s_roundtrip
+
+
+class ToyWire(KVConnector):
+    """A connector the project does not ship: its own kv-transfer JSON, environment and container port."""
+
+    name = "toy-wire"
+
+    def kv_transfer_config(self, role, proxy_host, buffer_bytes, tcp):
+        return {"kv_connector": self.conn.vllm_name, "kv_role": "kv_both",
+                "kv_connector_extra_config": {"wire": "toy", "side": role, "proxy": proxy_host}}
+
+    def env(self, tcp, opts, role):
+        return super().env(tcp, opts, role) + [{"name": "TOY_WIRE_SIDE", "value": role}]
+
+    def ports(self, role):
+        return [{"name": "toywire", "containerPort": 7777, "protocol": "TCP"}]
+
+
+# The hwdb record: its name differs from the strategy's, which its `strategy` field names.
+TOY_YAML = """\
+name: toywire
+aliases: [ToyWireConnector]
+vllm_name: ToyWireConnector
+strategy: toy-wire
+setup_s: {value: 0.001, source: "test toy"}
+efficiency: {value: 0.5, source: "test toy: half of NIXL's 0.85 or so, so that transfers take visibly longer"}
+host_staged: false
+gpu_direct_required: true
+layerwise: false
+"""
+
+
+@pytest.fixture
+def toy_hwdb(tmp_path):
+    """A user hwdb folder holding the toy connector, with ToyWire registered for the test only."""
+    (tmp_path / "connectors").mkdir()
+    (tmp_path / "connectors" / "toywire.yaml").write_text(TOY_YAML)
+    shipped = connectors.CONNECTORS
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(connectors, "CONNECTORS", Registry(shipped.kind, (*shipped.values(), ToyWire),
+                                                       plural=shipped.plural))
+        yield tmp_path
+    assert connectors.CONNECTORS is shipped and "toy-wire" not in connectors.CONNECTORS
+
+
+def test_a_toy_connector_is_simulated_in_a_pd_run(toy_hwdb):
+    data = yaml.safe_load((REPO / "examples" / "interference_pd.yaml").read_text())
+    data["workload"]["num_requests"] = 40
+    nixl = simulate(parse_scenario(data))
+    data.update(kv_transfer={**data["kv_transfer"], "connector": "toywire"}, hwdb=[str(toy_hwdb)])
+    toy = simulate(parse_scenario(data))
+    assert toy.info["kv_transfer"]["connector"] == "toywire"
+    assert toy.summary["completed"] == 40
+    # the YAML's efficiency (0.5 against NIXL's 0.85) sets the path's bandwidth, and so the transfer times
+    nixl_eff = hwdb.load().connector("nixl").efficiency.value
+    assert toy.info["kv_transfer"]["prefill_side_Bps"] == pytest.approx(
+        nixl.info["kv_transfer"]["prefill_side_Bps"] * 0.5 / nixl_eff)
+    assert toy.requests["transfer_s"].mean() > 1.5 * nixl.requests["transfer_s"].mean()
+
+
+def _plan(hwdb_dir):
+    req = parse_plan_request({
+        "name": "Toy Wire", "model": "Llama-3.1-8B", "hwdb": [str(hwdb_dir)],
+        "workload": {"arrival": {"kind": "poisson", "rate": 6.0},
+                     "input_length": {"kind": "fixed", "value": 2000}, "output_length": {"kind": "fixed", "value": 200},
+                     "num_requests": 200},
+        "slo": {"ttft_s": 1.0, "tpot_s": 0.05},
+        "gpus": [{"name": "H100"}],
+        "fabrics": {"connector": "toywire", "links": ["roce-400"]},
+        "constraints": {"max_gpus": 4, "max_instances_per_pool": 2, "tp": [1],
+                        "families": ["colocated", "pd"]},
+        "search": {"verify": 0, "borderline": 0, "verify_front": 0}})
+    return run_plan(req, workers=1)
+
+
+def test_a_toy_connector_plans_to_serve_lines_and_kubernetes_manifests(toy_hwdb):
+    res = _plan(toy_hwdb)
+    df = res.candidates
+    # a PD candidate that passed the screen (the toy's transfer model found it feasible)
+    cid = next(c for c, r in zip(df["id"], df["rejected_reason"], strict=True)
+               if c.startswith("pd-") and str(r).startswith("unverified: passes the screen"))
+    files = artefacts(res, cid)
+    proxy = "toy-wire-proxy"
+    # (b) the serve lines carry the toy's --kv-transfer-config, per role
+    for role in ("prefill", "decode"):
+        script = files[f"vllm/{role}.sh"]
+        argv = shlex.split(script.splitlines()[-1])
+        assert argv[:2] == ["vllm", "serve"]
+        kv = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+        assert kv == {"kv_connector": "ToyWireConnector", "kv_role": "kv_both",
+                      "kv_connector_extra_config": {"wire": "toy", "side": role, "proxy": proxy}}
+        assert f"export TOY_WIRE_SIDE={role}\n" in script
+    # (c) a valid Kubernetes manifest whose PD pods have the toy's environment and port
+    docs = list(yaml.safe_load_all(files["k8s/deployment.yaml"]))
+    pods = {d["metadata"]["labels"]["epdsim/role"]: d for d in docs if d["kind"] in ("Deployment", "StatefulSet")}
+    assert set(pods) == {"prefill", "decode", "proxy"}
+    for doc in docs:
+        assert k8s_roundtrip(doc) == doc
+    for role in ("prefill", "decode"):
+        ctr = pods[role]["spec"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e.get("value") for e in ctr["env"]}
+        assert env["TOY_WIRE_SIDE"] == role and "POD_IP" in env
+        assert {"name": "toywire", "containerPort": 7777, "protocol": "TCP"} in ctr["ports"]
+        kv = json.loads(ctr["args"][ctr["args"].index("--kv-transfer-config") + 1])
+        assert kv["kv_connector_extra_config"]["side"] == role
+    assert yaml.safe_load(files["router.yaml"])["kv_transfer"]["connector"] == "ToyWireConnector"
+
+
+def test_a_yaml_only_connector_reuses_a_registered_strategy(tmp_path):
+    (tmp_path / "connectors").mkdir()
+    (tmp_path / "connectors" / "moon2.yaml").write_text(
+        TOY_YAML.replace("toywire", "moon2").replace("ToyWireConnector", "Moon2").replace("toy-wire", "mooncake"))
+    conn = hwdb.load([tmp_path]).connector("moon2")
+    assert type(connector_strategy(conn)) is CONNECTORS["mooncake"]
+    assert kv_transfer_json(conn, "prefill", tcp=True) == {"kv_connector": "Moon2", "kv_role": "kv_producer",
+                                                           "kv_connector_extra_config": {"mooncake_protocol": "tcp"}}
+
+
+def test_a_connector_naming_an_unregistered_strategy_is_refused_with_the_known_ones(tmp_path):
+    (tmp_path / "connectors").mkdir()
+    (tmp_path / "connectors" / "toywire.yaml").write_text(TOY_YAML)      # ToyWire is not registered here
+    data = yaml.safe_load((REPO / "examples" / "interference_pd.yaml").read_text())
+    data.update(kv_transfer={"connector": "toywire", "fabric": "ib-ndr"}, hwdb=[str(tmp_path)])
+    with pytest.raises(ScenarioError, match=r"unknown KV connector strategy 'toy-wire'; known KV connector "
+                                            r"strategies: \['example', 'mooncake', 'nixl', 'p2pnccl', 'tcp'\]"):
+        simulate(parse_scenario(data))
+
+
+def test_every_shipped_connector_names_a_registered_strategy():
+    db = hwdb.load()
+    assert set(db.connectors) == set(CONNECTORS)
+    for name, conn in db.connectors.items():
+        strategy = connector_strategy(conn)
+        assert isinstance(strategy, CONNECTORS[name]) and strategy.conn is conn
