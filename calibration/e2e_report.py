@@ -50,8 +50,8 @@ def markdown(df: pd.DataFrame, min_rows: int = 20) -> str:
     if "copies" in df and (df["copies"] > 1).any():
         rep = df[df["copies"] > 1]
         lines += [f"{int(df['copies'].sum())} table rows hold {len(df)} distinct measured runs: {len(rep)} runs are "
-                  f"listed more than once (the same configuration and figures under several source files) and "
-                  f"count once.", ""]
+                  f"listed more than once (the same configuration and figures, to 0.1 %, under several source files "
+                  f"or layout encodings) and count once.", ""]
     by_engine = e2e.score(df, by=["split", "backend"])
     lines += ["| split | engine | rows | TTFT MAPE | TTFT MdAPE | TTFT bias | TPOT MAPE | TPOT MdAPE | TPOT bias |",
               "|---|---|---|---|---|---|---|---|---|"]

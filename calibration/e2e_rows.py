@@ -123,6 +123,7 @@ def load_rows(path: str | Path = DEFAULT_TABLE) -> list[Row]:
             dp=dp, moe_tp=_int(r.moe_tp_size), moe_ep=_int(r.moe_ep_size),
             ttft_s=float(r.silicon_ttft_ms) / 1e3, tpot_s=float(r.silicon_tpot_ms) / 1e3,
             disagg=str(r.mode) == "disagg")
+        row = as_launched(row)
         if row.disagg:
             row = _disagg(row, r)
             # Every column but the id and the source note: the disaggregated layouts' per-side columns too.
@@ -134,13 +135,64 @@ def load_rows(path: str | Path = DEFAULT_TABLE) -> list[Row]:
             key = (row.backend, row.version, row.model, row.system, row.quant, row.precision, row.isl, row.osl,
                    row.concurrency, r.silicon_ttft_ms, r.silicon_tpot_ms)
         old = rows.get(key)
-        if old is None:
-            rows[key] = row
-        elif row.tp * row.dp * row.pp < old.tp * old.dp * old.pp:
-            rows[key] = dataclasses.replace(row, copies=old.copies + 1)
+        rows[key] = row if old is None else kept_copy(old, row)
+    return merge_rounded_copies(list(rows.values()))
+
+
+# The table's vLLM runs with attention dp > 1 all carry moe_ep = tp x dp (the InferenceX database dump and
+# the 2026-04-06 file): they encode a config {tp: T, ep: E} as dp E, moe_ep T x E and a batch per "rank".
+# They measure what the same config's plain listing measures (MiniMax-M2.5 on H100, tp4 dp4 ep16 against
+# tp4 ep4: 10.09 / 12.55 / 15.47 ms TPOT against 10.12 / 12.47 / 15.54 at 4 / 8 / 16 users; Kimi-K2.5
+# on B200 alike), so they ran on T GPUs with vLLM's --enable-expert-parallel, experts spread over all T.
+# Campaigns whose launch scripts did not pass the expert-parallel setting at all: InferenceX's Kimi-K2.5
+# vLLM scripts for B200 and H200 (SemiAnalysisAI/InferenceX benchmarks/single_node/kimik2.5_{fp4,int4}_
+# {b200,h200}.sh, March to August 2026) give `vllm serve` --tensor-parallel-size alone, so a config's
+# "ep: 4" ran its experts tensor-parallel.
+TP_ONLY_LAUNCHES = frozenset({("vllm", "moonshotai/Kimi-K2.5", "b200_sxm"), ("vllm", "moonshotai/Kimi-K2.5", "h200_sxm")})
+
+
+def as_launched(row: Row) -> Row:
+    """``row`` with the layout its server ran where the table's encoding or label differs from it
+    (``concurrency`` stays the client's total)."""
+    if row.disagg or row.backend != "vllm":
+        return row
+    if row.dp > 1 and row.tp > 1 and row.moe_ep == row.tp * row.dp:
+        row = dataclasses.replace(row, dp=1, moe_tp=1, moe_ep=row.tp)
+    if (row.backend, row.model, row.system) in TP_ONLY_LAUNCHES and row.moe_ep > 1:
+        row = dataclasses.replace(row, moe_tp=row.tp, moe_ep=1)
+    return row
+
+
+def kept_copy(old: Row, new: Row) -> Row:
+    """One of two listings of the same run: the one on the fewest GPUs, counting both listings."""
+    keep = new if new.tp * new.dp * new.pp < old.tp * old.dp * old.pp else old
+    return dataclasses.replace(keep, copies=old.copies + new.copies)
+
+
+# Two listings whose TTFT and TPOT agree this closely are one measurement: the table repeats runs with
+# their figures rounded (Kimi-K2.5 on B200: 169.94070923828986 ms under config 635 of the InferenceX
+# database dump, 169.94 ms in the gap-analysis file) or differing in the last float bit (disaggregated
+# DeepSeek-R1: 1259.1389953753603 and ...605 ms); distinct runs of one configuration differ by percents.
+SAME_FIGURES = 1e-3
+
+
+def merge_rounded_copies(rows: list[Row]) -> list[Row]:
+    """``rows`` with the listings of one run under rounded figures merged (:func:`kept_copy`), order kept.
+    Non-disaggregated listings may differ in their layout encoding, disaggregated ones may not."""
+    groups: dict[tuple, list[int]] = {}
+    out: list[Row | None] = list(rows)
+    for i, r in enumerate(rows):
+        key = (r.backend, r.version, r.model, r.system, r.quant, r.precision, r.isl, r.osl, r.concurrency,
+               r.disagg, r.sides)
+        for j in groups.setdefault(key, []):
+            o = out[j]
+            if o is not None and (abs(o.ttft_s - r.ttft_s) <= SAME_FIGURES * o.ttft_s
+                                  and abs(o.tpot_s - r.tpot_s) <= SAME_FIGURES * o.tpot_s):
+                out[j], out[i] = kept_copy(o, r), None
+                break
         else:
-            rows[key] = dataclasses.replace(old, copies=old.copies + 1)
-    return list(rows.values())
+            groups[key].append(i)
+    return [r for r in out if r is not None]
 
 
 def _disagg(row: Row, r) -> Row:

@@ -65,6 +65,18 @@ def rank_gemm_groups(a: ModelArch, tp: int, moe_tp: int | None = None) -> dict[s
     return out
 
 
+def linear_kernels(a: ModelArch, experts_measured: bool) -> int:
+    """Dense linear kernels one forward pass launches (each pays the memory curve's per-kernel floor):
+    two attention projections per layer (fused q/k/v and output), two per dense MLP (fused gate/up and
+    down), per MoE layer the router and two per shared expert block.  The routed experts' two grouped
+    GEMMs count here only when no measured kernel curve times them: a measured fused-MoE latency
+    already holds its kernels' floors.  The LM head's one floor per step (~3.5 us) is left to the
+    fitted per-step overhead."""
+    moe = a.moe_layers
+    per_moe = (1 + (2 if a.num_shared_experts else 0) + (0 if experts_measured else 2)) if a.is_moe else 0
+    return 2 * a.num_layers + 2 * (a.num_layers - moe) + per_moe * moe
+
+
 def rank_gemms(a: ModelArch, tp: int) -> RankGemms:
     """The GEMMs of a token on one TP rank: dense (every non-routed group) and routed experts."""
     g = rank_gemm_groups(a, tp)

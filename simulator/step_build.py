@@ -23,7 +23,7 @@ from hwdb.gdn import HEAD_ELEMS
 from hwdb.mla import KV_DTYPES
 from hwdb.moe import FORMATS
 from hwdb.schema import EfficiencyCurve
-from simulator.gemm_shapes import rank_gemm_groups
+from simulator.gemm_shapes import linear_kernels, rank_gemm_groups
 from simulator.perf import Deployment, kv_bytes_per_token
 from simulator.stepmodel import StepModel
 
@@ -275,7 +275,7 @@ def build_step_model(dep: Deployment) -> StepModel:
         peak_bw=bw,
         meff=meff,
         # A token crosses every stage, so it pays every layer's kernel floors and all-reduces in series.
-        mem_floor_bytes=4 * a.num_layers * meff.half,
+        mem_floor_bytes=linear_kernels(a, bool(measured)) * meff.half,
         # One message per all-reduce: this step's hidden states in bf16 (vLLM reduces activations in the
         # model dtype whatever the weight format).
         ar_msg_bytes_per_token=a.hidden_size * ACT_BYTES,

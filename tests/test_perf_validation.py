@@ -106,6 +106,17 @@ def test_memory_floor_is_the_per_gemm_sum(db):
     assert step_model(db, "Llama-2-70B", tp=4, pp=2).mem_floor_bytes == 4 * 80 * sm.meff.half
 
 
+def test_moe_layers_pay_no_floor_for_measured_experts(db):
+    """A MoE layer's dense kernels are its two attention projections and the router: gpt-oss-120b (36 MoE
+    layers, no shared expert) on H200 pays 3 floors a layer, its expert GEMMs being timed by the measured
+    fused-MoE curve; DeepSeek-V3's shared-expert block adds two on its 58 MoE layers, its 3 dense layers pay 4."""
+    oss = step_model(db, "gpt-oss-120b", gpu="H200", tp=8, dtype="fp4")
+    assert oss.exp_fixed_s > 0                       # the measured curve is in use
+    assert oss.mem_floor_bytes == 3 * 36 * oss.meff.half
+    ds = step_model(db, "DeepSeek-V3", gpu="H200", tp=8, dtype="fp8")
+    assert ds.mem_floor_bytes == (4 * 3 + 5 * 58) * ds.meff.half
+
+
 def test_decode_batch1_is_memory_bound(db):
     for model, tp in (("Llama-3.1-8B", 1), ("Llama-2-70B", 4), ("Qwen3-32B", 2)):
         sm = step_model(db, model, tp=tp)
@@ -207,7 +218,9 @@ def test_moe_decode_batch1_reads_a_fraction_of_the_experts(db):
     read = moe.dense_weight_bytes + moe.expert_bytes * moe.experts_per_token
     allb = moe.dense_weight_bytes + moe.expert_bytes * moe.n_experts
     assert read / allb < 0.2
-    assert moe.mem_floor_bytes == 4 * a_moe.num_layers * moe.meff.half
+    # Per MoE layer two attention projections and the router pay a floor; the measured fused-MoE curve
+    # times the experts' GEMMs, floors included.
+    assert moe.exp_fixed_s > 0 and moe.mem_floor_bytes == 3 * a_moe.num_layers * moe.meff.half
     assert moe.streamed_weight_bytes(1) == pytest.approx(read, rel=1e-12)
     # Dense kernels and the grouped expert kernels run one after the other, each memory-bound at batch 1: the
     # dense ones at the GEMM memory curve, the experts at the measured fused-MoE kernel's (hwdb/moe.py), which
