@@ -207,7 +207,7 @@ def add_subparser(subparsers) -> argparse.ArgumentParser:
 def cmd_calibrate(args, con: Console | None = None) -> int:
     """Entry point for ``args.func(args, con)``; handles its own errors (exit codes 2 and 3)."""
     from calibration.harness.server import ServerError
-    con = con or stdout_console()   # piped output as wide as its tables (simulator/console.py)
+    con = con or stdout_console()   # the pipe's or the terminal's width (simulator/console.py)
     err = Console(stderr=True)
     try:
         if getattr(args, "hwdb", None):    # a user folder that replaces shipped hardware changes the answer

@@ -1,5 +1,6 @@
-"""``calibrate show`` never cuts a phase name or a figure: piped output is as wide as its tables,
-and a narrow terminal gets column groups that each repeat the phase column."""
+"""``calibrate show`` never cuts a phase name or a figure: piped output is as wide as the pipe's width
+(``COLUMNS``, else ``PIPED_WIDTH``) lets its tables be, and a narrow terminal gets column groups that
+each repeat the phase column."""
 from __future__ import annotations
 
 import argparse
@@ -11,6 +12,7 @@ import yaml
 from rich.console import Console
 
 from calibration import cli
+from simulator.console import PIPED_WIDTH
 from tests.synthetic_bundle import CPU_TRUTH, TINY_CONFIG, make_bundle, write_truth_hwdb
 
 
@@ -23,12 +25,12 @@ def _bundle(tmp_path):
                        load_rate=6.25)
 
 
-def test_show_piped_is_not_cut_at_80_columns(tmp_path, capsys, monkeypatch):
+def test_show_piped_is_not_cut_and_keeps_one_row_at_the_pipe_width(tmp_path, capsys, monkeypatch):
     b = _bundle(tmp_path)
-    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.delenv("COLUMNS", raising=False)
     assert cli.main(["show", str(b)]) == 0
     out = capsys.readouterr().out
-    assert "…" not in out
+    assert "…" not in out and max(len(ln) for ln in out.splitlines()) <= PIPED_WIDTH
     row = next(ln for ln in out.splitlines() if "load_poisson_r6.25" in ln)
     assert len(row) > 80 and "30/30" in row            # one row holds every column
 

@@ -142,18 +142,26 @@ def test_hw_list_on_an_80_column_terminal_splits_columns_instead_of_cutting_name
         assert f" {row['kv_bytes_per_token_bf16']:,} " in text
 
 
-def test_plan_tables_keep_names_and_words_whole_in_a_ci_log(capsys):
+def test_plan_tables_keep_names_and_words_whole_in_a_ci_log(capsys, monkeypatch):
     import pandas as pd
-    from simulator.cli.plan import _table
-    from simulator.console import stdout_console
+    from simulator.cli.plan import candidate_tables
+    from simulator.console import PIPED_WIDTH, stdout_console
+    monkeypatch.delenv("COLUMNS", raising=False)
     layout = "2x H100-SXM-80GB TP2 prefill + 6x H200-SXM-141GB TP4 decode over ib-ndr (nixl)"
     reason = ("simulated: attainment 57.1% (95% CI 0.0-100.0% over 2 seeds) < 90% at 20 req/s; "
               "p90 TTFT 1.23 s, TPOT 0.0456 s")
     df = pd.DataFrame([dict(layout=layout, cost_usd_per_hour=12.5, cost_usd_per_million_tokens=1.2, goodput_rps=17.0,
                             goodput_capped=False, ttft_s=1.23, tpot_s=0.0456, verified=True, rejected_reason=reason)])
-    stdout_console().print(_table("simulated candidates", df, 90, full_reason=True))
+    con = stdout_console()                      # capsys: not a terminal, so the CI log's width
+    assert con.width == PIPED_WIDTH
+    for t in candidate_tables("simulated candidates", df, 90, con.width, full_reason=True):
+        con.print(t)
     out = capsys.readouterr().out
-    assert layout in out and reason in out, out
+    # wrapped at spaces within the log's width: every word whole, nothing cut with "…"
+    assert "…" not in out and max(len(line) for line in out.splitlines()) <= PIPED_WIDTH, out
+    words = out.replace("│", " ").replace("┃", " ").split()
+    for word in (layout + " " + reason).split():
+        assert word in words, word
 
 
 def test_version():

@@ -35,7 +35,8 @@ def test_tcp_candidates_are_evaluated_beside_their_rdma_twins_and_lose_by_a_figu
     assert slower >= len(tcp) // 2           # host staging and the slower wire show in most of them
 
 
-def test_plan_command_simulates_a_tcp_candidate_and_prints_its_verdict(tmp_path, capsys):
+def test_plan_command_simulates_a_tcp_candidate_and_prints_its_verdict(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "250")        # wide enough for one line per candidate (no wrapped layout)
     data = _pd_request(["tcp-25gbe"], {"verify": 1, "borderline": 0, "verify_front": 0, "replications": 1,
                                        "requests": 200, "goodput_iterations": 1})
     path = tmp_path / "req.yaml"

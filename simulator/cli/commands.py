@@ -185,6 +185,8 @@ def cmd_hw(args, con: Console) -> int:
         sys.stdout.write(json.dumps(info, indent=2) + "\n")
         return 0
     t = Table(title=f"{args.kind} {args.name}", show_header=False)
+    t.add_column(no_wrap=True)
+    t.add_column(overflow="fold")          # wraps at spaces; a path longer than the column folds, never cut
     for k, v in info.items():
         t.add_row(str(k), str(v))
     con.print(t)

@@ -18,7 +18,7 @@ from simulator.epd.epd import encoder_model
 from simulator.epd.epd_config import EncoderConfig
 from simulator.epd.vision import VisionError, embedding_bytes, encoder_flops, patches, resized, vision_arch, \
     visual_tokens
-from simulator.console import print_notes
+from simulator.console import print_notes, wide_tables
 from simulator.errors import print_user_error
 from simulator.inputs import int_arg
 
@@ -72,20 +72,21 @@ def cmd_vision(args, con: Console) -> int:
     cfg = EncoderConfig()
     tp_speedup(args.tp)                   # unknown TP degree: a clear error before any table
     model = encoder_model(v, gpu, engine, db.profile_for(gpu.name, engine.engine, engine.version), args.tp, cfg)
-    t = Table(title=f"{entry.name} vision encoder ({v.params / 1e9:.2f} B parameters, {v.processor}) "
-                    f"on {gpu.name} TP{args.tp}")
-    for col in ("image", "encoder sees", "visual tokens", "patches", "encoder TFLOP", "encode time",
-                "embedding MB"):
-        t.add_column(col, justify="right")
+    heads = ["image", "encoder\nsees", "visual\ntokens", "patches", "encoder\nTFLOP", "encode\ntime",
+             "embedding\nMB"]
+    rows = []
     for text in args.resolution:
         w, h = _size(text)
         rw, rh = resized(v, w, h)
         lin, attn = encoder_flops(v, w, h)
         tok = visual_tokens(v, w, h)
-        t.add_row(f"{w}x{h}", f"{rw}x{rh}", f"{tok:,}", f"{patches(v, w, h):,}", f"{(lin + attn) / 1e12:.2f}",
-                  f"{1e3 * model.batch_time(lin, attn, patches(v, w, h)):.1f} ms",
-                  f"{embedding_bytes(v, tok) / 1e6:.2f}")
-    con.print(t)
+        rows.append([f"{w}x{h}", f"{rw}x{rh}", f"{tok:,}", f"{patches(v, w, h):,}", f"{(lin + attn) / 1e12:.2f}",
+                     f"{1e3 * model.batch_time(lin, attn, patches(v, w, h)):.1f} ms",
+                     f"{embedding_bytes(v, tok) / 1e6:.2f}"])
+    # two-line headers keep the seven figures within 80 columns; narrower, the columns split into groups
+    for t in wide_tables(f"{entry.name} vision encoder ({v.params / 1e9:.2f} B parameters, {v.processor}) "
+                         f"on {gpu.name} TP{args.tp}", heads, rows, con.width, justify=dict.fromkeys(heads, "right")):
+        con.print(t)
     return 0
 
 

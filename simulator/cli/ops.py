@@ -7,6 +7,7 @@ paragraph on stderr and exit code 2, no traceback.
 from __future__ import annotations
 
 import argparse
+import textwrap
 
 from pydantic import ValidationError
 from rich.console import Console
@@ -167,8 +168,23 @@ def cmd_probes(args, con: Console) -> int:
     con.print(t)
     con.print(f"recommended probes (safety margin {args.margin:.0%} over the high end of the cold-cache start):",
               highlight=False)
-    con.out(rec.yaml.rstrip("\n"), highlight=False)       # no wrapping: the snippet must stay valid YAML
+    con.out(yaml_within(rec.yaml.rstrip("\n"), con.width), highlight=False)
     return 0
+
+
+def yaml_within(text: str, width: int) -> str:
+    """A YAML snippet with its comment lines wrapped at spaces to ``width`` characters, each piece a
+    comment again; the keys and values are not wrapped (the snippet must stay valid YAML to paste)."""
+    out = []
+    for line in text.splitlines():
+        body = line.lstrip()
+        if not body.startswith("#") or len(line) <= width:
+            out.append(line)
+            continue
+        lead = line[:len(line) - len(body)] + "# "
+        out += textwrap.wrap(body.removeprefix("#").strip(), width, initial_indent=lead, subsequent_indent=lead,
+                             break_long_words=False, break_on_hyphens=False)
+    return "\n".join(out)
 
 
 def _run(func):

@@ -22,7 +22,7 @@ from simulator.perf import FitError
 from simulator.plan import PlanError, artefacts, load_plan_request
 from simulator.plan.executors import ExecutorError
 from simulator.scenario import ScenarioError
-from simulator.console import print_notes
+from simulator.console import print_notes, wide_tables
 from simulator.errors import print_user_error
 from simulator.inputs import int_arg
 from simulator.outputs import check_output, write_failed
@@ -40,21 +40,31 @@ def _f(x: float, unit: str = "") -> str:
     return f"{x:,.2f}{unit}"
 
 
-def _table(title: str, df, q: int, full_reason: bool = False) -> Table:
-    t = Table(title=title)
-    # Names and figures never wrap; on a narrow terminal only the reason wraps, at spaces. Not on a
-    # terminal the console is as wide as the table (simulator.console), so a CI log gets whole lines.
-    for c in ("candidate", "$/h", "$/M tok", "goodput req/s", f"p{q} TTFT", f"p{q} TPOT", "sim"):
-        t.add_column(c, no_wrap=True)
-    t.add_column("why not", overflow="fold")
+# The most characters a layout takes in a row before it wraps at spaces; names stay whole.
+LAYOUT_WIDTH = 30
+
+
+def candidate_tables(title: str, df, q: int, width: int, full_reason: bool = False) -> list[Table]:
+    """Candidates as tables that fit ``width``: figures never wrap, the layout and the reason wrap at
+    spaces, and columns that do not fit go to further tables repeating the layout (``wide_tables``)."""
+    # two-line headers keep the layout and the figures within 80 columns, the reason in a second table
+    heads = ["candidate", "$/h", "$/M\ntok", "goodput\nreq/s", f"p{q}\nTTFT", f"p{q}\nTPOT", "sim", "why not"]
+    rows = []
     for r in df.to_dict("records"):
         why = r["rejected_reason"] or "recommended"
         # a goodput search that reached its upper bound only knows a lower bound
         goodput = ("≥ " if r.get("goodput_capped") else "") + _f(r["goodput_rps"])
-        t.add_row(r["layout"], _f(r["cost_usd_per_hour"]), _f(r["cost_usd_per_million_tokens"]),
-                  goodput, _f(r["ttft_s"], "s"), _f(r["tpot_s"], "s"), "yes" if r["verified"] else "est",
-                  escape(why if full_reason else why.split(":")[0]))
-    return t
+        rows.append([escape(r["layout"]), _f(r["cost_usd_per_hour"]), _f(r["cost_usd_per_million_tokens"]),
+                     goodput, _f(r["ttft_s"], "s"), _f(r["tpot_s"], "s"), "yes" if r["verified"] else "est",
+                     escape(why if full_reason else why.split(":")[0])])
+    return wide_tables(title, heads, rows, width,
+                       wrap={"candidate": LAYOUT_WIDTH, "why not": _rest(width)})
+
+
+def _rest(width: int) -> int:
+    """Characters left for a wrapped text column beside the layout column and one short column such as
+    "sim" (borders and padding: 11, that column: 3), so the two share a table when the figures do not."""
+    return max(20, width - LAYOUT_WIDTH - 14)
 
 
 def cmd_plan(args, con: Console) -> int:
@@ -80,23 +90,23 @@ def cmd_plan(args, con: Console) -> int:
     con.print(f"[bold]{req.name}[/]: {len(df)} candidates, {int(df['verified'].sum())} simulated "
               f"({req.search.replications} seeds each), target {req.target_rate:g} req/s, SLO p{q} "
               f"TTFT <= {_f(req.slo.ttft_s, 's')}, TPOT <= {_f(req.slo.tpot_s, 's')}", highlight=False)
-    con.print(_table("Pareto front (cost vs goodput vs TTFT)", res.pareto.head(args.top), q))
     verified = df[df["verified"]].sort_values("cost_usd_per_hour")
-    con.print(_table("simulated candidates", verified, q, full_reason=True))
-    fam = Table(title="families")
-    for c in ("family", "best", "$/h", "goodput req/s"):
-        fam.add_column(c, no_wrap=True)
-    fam.add_column("lost because", overflow="fold")
-    for r in res.families.to_dict("records"):
-        fam.add_row(r["family"], r["layout"] if isinstance(r["layout"], str) else "-",
-                    _f(r["cost_usd_per_hour"]), _f(r["goodput_rps"]),
-                    escape(str(r["lost_because"])))
-    con.print(fam)
+    for t in (*candidate_tables("Pareto front (cost vs goodput vs TTFT)", res.pareto.head(args.top), q, con.width),
+              *candidate_tables("simulated candidates", verified, q, con.width, full_reason=True)):
+        con.print(t)
+    fam = [[escape(r["family"]), escape(r["layout"]) if isinstance(r["layout"], str) else "-",
+            _f(r["cost_usd_per_hour"]), _f(r["goodput_rps"]), escape(str(r["lost_because"]))]
+           for r in res.families.to_dict("records")]
+    for t in wide_tables("families", ["family", "best", "$/h", "goodput\nreq/s", "lost because"], fam, con.width,
+                         wrap={"best": LAYOUT_WIDTH, "lost because": max(30, con.width - LAYOUT_WIDTH - 40)}):
+        con.print(t)
     for note in res.notes:
         con.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
     rec = res.recommended
     if rec is None:
-        con.print(_table("closest candidates (nothing meets the SLO)", res.closest, q, full_reason=True))
+        for t in candidate_tables("closest candidates (nothing meets the SLO)", res.closest, q, con.width,
+                                  full_reason=True):
+            con.print(t)
         return 1
     at_least = "≥ " if rec.get("goodput_capped") else ""  # the goodput search stopped at its upper bound
     con.print(f"[bold green]recommended:[/] {rec['layout']} — ${rec['cost_usd_per_hour']:,.2f}/h, simulated goodput "

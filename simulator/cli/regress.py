@@ -23,7 +23,7 @@ from simulator.perf import FitError
 from simulator.plan import PlanError
 from simulator.regress.suite import LoadedSuite, RegressError, load_suite
 from simulator.scenario import ScenarioError
-from simulator.console import print_notes
+from simulator.console import print_notes, wide_tables
 from simulator.errors import print_user_error
 from simulator.inputs import read_yaml
 from simulator.outputs import check_output, write_failed
@@ -35,17 +35,22 @@ REGRESS_ERRORS = (RegressError, PlanError, ScenarioError, hwdb.HwdbError, FitErr
 _STYLE = {"held": "green", "moved": "bold red", "new": "bold red", "removed": "yellow"}
 
 
-def _table(rows: list[Row], title: str, old_label: str, new_label: str) -> Table:
+# The most characters a row's name (entry, figure and unit) and its change take before they wrap at spaces.
+NAME_WIDTH, CHANGE_WIDTH = 20, 10
+
+
+def _tables(rows: list[Row], title: str, old_label: str, new_label: str, width: int) -> list[Table]:
+    """The figures as tables within ``width``: each row named "entry: figure [unit]" (wrapped at spaces,
+    never cut), and the columns that do not fit in further tables that repeat the name (``wide_tables``).
+    The value columns are headed by the labels' first words (OLD/NEW, baseline/new); a label's file name
+    is printed above the tables, so a long one neither widens the columns nor is cut."""
     from simulator.regress.report import fmt, fmt_change
-    t = Table(title=title)
-    for c, j in (("entry", "left"), ("figure", "left"), (old_label, "right"), (new_label, "right"),
-                 ("change", "right"), ("tolerance", "left"), ("status", "left")):
-        t.add_column(c, justify=j)
-    for r in rows:
-        st = r.status + (" (entry redefined)" if r.redefined else "")
-        t.add_row(escape(r.entry), escape(f"{r.figure} [{r.unit}]"), fmt(r.old), fmt(r.new), fmt_change(r), r.tolerance,
-                  f"[{_STYLE[r.status]}]{st}[/]")
-    return t
+    old, new = old_label.split(" ", 1)[0], new_label.split(" ", 1)[0]
+    heads = ["figure", old, new, "change", "tolerance", "status"]
+    cells = [[escape(f"{r.entry}: {r.figure} [{r.unit}]"), fmt(r.old), fmt(r.new), fmt_change(r), r.tolerance,
+              f"[{_STYLE[r.status]}]{r.status}{' (entry redefined)' if r.redefined else ''}[/]"] for r in rows]
+    return wide_tables(title, heads, cells, width, justify={old: "right", new: "right", "change": "right"},
+                       wrap={"figure": NAME_WIDTH, "change": CHANGE_WIDTH})
 
 
 def _profile_folder(arg: str, tmp: Path, label: str, copies: dict[str, str]) -> str:
@@ -98,7 +103,10 @@ def _check_selected(folders: tuple[str, ...], label: str, require: bool = False)
 def _report(args, con: Console, loaded: LoadedSuite, rows: list[Row], elapsed: float,
             old_label: str, new_label: str) -> int:
     from simulator.regress.report import explain, markdown, write_junit
-    con.print(_table(rows, f"epdsim regress {loaded.name}", old_label, new_label))
+    if " " in old_label or " " in new_label:
+        con.print(f"comparing {escape(old_label)} with {escape(new_label)}", highlight=False)
+    for t in _tables(rows, f"epdsim regress {loaded.name}", old_label, new_label, con.width):
+        con.print(t)
     failed = [r for r in rows if r.failed]
     for r in failed:
         con.print(f"[red]drift[/] {escape(r.entry)}: {escape(explain(r, old_label))}", highlight=False)
@@ -166,7 +174,8 @@ def _run(args, con: Console) -> int:
     new = run_suite(loaded, extra, args.jobs)
     rows = compare(loaded, old, new)
     if args.update:
-        con.print(_table(rows, f"epdsim regress {loaded.name} (updating the baseline)", "baseline", "new"))
+        for t in _tables(rows, f"epdsim regress {loaded.name} (updating the baseline)", "baseline", "new", con.width):
+            con.print(t)
         con.print(f"wrote baseline {write_baseline(args.baseline, loaded, new)} "
                   f"({sum(len(v) for v in new.values())} figures, {time.perf_counter() - t0:.1f} s)")
         return 0
@@ -174,8 +183,6 @@ def _run(args, con: Console) -> int:
 
 
 def cmd_regress(args, con: Console) -> int:
-    if not con.is_terminal:
-        con.width = max(con.width, 150)   # CI logs: a full-width table rather than one cut at 80 columns
     try:
         return _run(args, con)
     except REGRESS_ERRORS as exc:

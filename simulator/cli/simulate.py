@@ -7,6 +7,8 @@ as one written in the YAML, and a bad one fails with the schema's range under th
 """
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 from pathlib import Path
 from typing import get_args
 
@@ -37,26 +39,123 @@ def layout_text(info: dict) -> str:
                       + ("" if p["role"] == "colocated" else f" {p['role']}") for p in info["pools"])
 
 
-def summary_table(res) -> Table:
+# Figures that carry a model error band: which pools' validation errors bound them, and which error
+# (E2E is TTFT plus the decode time, so its relative error is at most the larger of the two).
+BANDED = {"ttft_s": (("colocated", "prefill"), ("ttft_mape",)),
+          "tpot_s": (("colocated", "decode"), ("tpot_mape",)),
+          "e2e_s": (("colocated", "prefill", "decode"), ("ttft_mape", "tpot_mape"))}
+STATS = ("p50", "p90", "p99", "mean")
+BAND_SOURCE = ("model error from the end-to-end validation (hwdb/data/validation/e2e.json): the mean "
+               "|relative error| of mean TTFT and TPOT on the validated subset that fits each pool "
+               "(simulator/confidence.py), applied to each figure as value x (1 +/- error); not a seed-noise "
+               "interval")
+
+
+def error_bands(info: dict) -> dict[str, float | None]:
+    """The relative model error band of each banded figure (``BANDED``), the widest of the pools it
+    rests on; None where one of those pools has no band (datasheet only, or nothing validated)."""
+    pools = [p for p in info["pools"] if "confidence" in p]
+    out: dict[str, float | None] = {}
+    for key, (roles, errors) in BANDED.items():
+        bands = [p["confidence"]["error_band"] for p in pools if p["role"] in roles]
+        out[key] = (max(b[e] for b in bands for e in errors) if bands and all(b is not None for b in bands)
+                    else None)
+    return out
+
+
+def band_basis(info: dict) -> str:
+    """Which validated subset each pool's band comes from, or why it has none."""
+    parts = []
+    for p in info["pools"]:
+        status = p.get("confidence")
+        if status is None:          # an encoder pool: its time is in TTFT, but no validation measured it
+            parts.append(f"{p['name']}: {p['role']} pool, not validated")
+            continue
+        band = status["error_band"]
+        why = ("datasheet figures only, nothing measured" if not status["calibrated"]
+               else "no held-out serving runs of its engine")
+        parts.append(f"{p['name']}: " + (band["basis"] if band else why))
+    return "; ".join(dict.fromkeys(parts))
+
+
+def band_record(res) -> dict:
+    """The model error band of the summary's figures for summary.json: per banded figure its relative
+    error and, per statistic, ``<stat>_low``/``<stat>_high`` in seconds (None where no band applies)."""
+    rel = error_bands(res.info)
+    rec: dict = {"source": BAND_SOURCE, "basis": band_basis(res.info)}
+    for key, r in rel.items():
+        fig = res.summary[key]
+        rec[key] = {"relative_error": r,
+                    **{f"{st}_{end}": (None if r is None or fig[st] != fig[st] else
+                                       max(0.0, fig[st] * (1 - r)) if end == "low" else fig[st] * (1 + r))
+                       for st in STATS for end in ("low", "high")}}
+    return rec
+
+
+# The units fmt.duration writes, in seconds: a band is written in its figure's unit.
+UNITS = {"µs": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0}
+
+
+def band_text(value: float, rel: float) -> str:
+    """``value``'s band in its own unit, two figures or so (the band is a ± tens of percent): "(61–109)"."""
+    if not math.isfinite(value) or value <= 0:
+        return ""
+    unit = UNITS.get(fmt.duration(value).rpartition(" ")[2], 1.0)
+    ends = [max(0.0, value * (1 - rel)) / unit, value * (1 + rel) / unit]
+    return "(" + "–".join(f"{v:.0f}" if v >= 10 else f"{v:.1f}" if v >= 1 else f"{v:.2f}" for v in ends) + ")"
+
+
+def summary_table(res, width: int | None = None) -> Table:
+    """Percentiles of the latency figures; TTFT, TPOT and E2E with their model error band.  The band sits
+    beside the figure, or under it when one line per row would be wider than ``width`` characters."""
     s, info = res.summary, res.info
-    t = Table(title=f"{res.scenario.name}: {info['model']} on {layout_text(info)}")
-    t.add_column("metric", no_wrap=True)
-    for p in ("p50", "p90", "p99", "mean"):
-        t.add_column(p, justify="right", no_wrap=True)
-    t.add_column("SLO", justify="right", no_wrap=True)
+    rel = error_bands(info)
     slo = {"ttft_s": res.scenario.slo.ttft_s, "tpot_s": res.scenario.slo.tpot_s}
+    rows = []
     for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "E2E"),
                        ("queue_s", "queue")):
         target = slo.get(key)
-        t.add_row(label, *(fmt.duration(s[key][p]) for p in ("p50", "p90", "p99", "mean")),
-                  f"<= {fmt.duration(target)}" if target else "")
+        cells = [(fmt.duration(s[key][p]), band_text(s[key][p], rel[key]) if rel.get(key) is not None
+                  and s[key][p] == s[key][p] else "") for p in STATS]
+        rows.append((label, cells, f"<= {fmt.duration(target)}" if target else ""))
+    one_line = 1 + sum(3 + w for w in (
+        6, *(max(len(f"{c[i][0]} {c[i][1]}".strip()) for _, c, _ in rows) for i in range(len(STATS))),
+        max(3, *(len(r[2]) for r in rows))))
+    sep = "\n" if width is not None and one_line > width else " "
+    t = Table(title=f"{res.scenario.name}: {info['model']} on {layout_text(info)}", caption=band_caption(info, rel),
+              caption_justify="left")
+    t.add_column("metric", no_wrap=True)
+    for p in STATS:
+        t.add_column(p, justify="right", no_wrap=True)
+    t.add_column("SLO", justify="right", no_wrap=True)
+    for label, cells, target in rows:
+        t.add_row(label, *(f"{v}{sep}{b}" if b else v for v, b in cells), target)
     return t
 
 
-def totals_table(res) -> Table:
+def band_caption(info: dict, rel: dict[str, float | None]) -> str:
+    """What the figures in brackets are, or that no band applies (and which pool lacks one)."""
+    shown = {k: r for k, r in rel.items() if r is not None}
+    if not shown:
+        return f"model error band: no band ({band_basis(info) or 'no pool assessed'})"
+    names = {"ttft_s": "TTFT", "tpot_s": "TPOT", "e2e_s": "E2E"}
+    missing = [names[k] for k, r in rel.items() if r is None]
+    return ("(low–high): model error band, the mean |error| of the end-to-end validation on the subset that "
+            f"fits ({band_basis(info)}), applied to each figure: "
+            + ", ".join(f"{names[k]} {r:.0%}" + (" (the larger)" if k == "e2e_s" else "") for k, r in shown.items())
+            + "; " + ", ".join([*missing, "ITL", "queue"]) + ": no band")
+
+
+# Below this console width a totals label wraps at spaces within KEY_WIDTH characters, leaving the
+# value (a confidence line is a paragraph) more than a third of an 80-column line.
+NARROW, KEY_WIDTH = 100, 24
+
+
+def totals_table(res, width: int | None = None) -> Table:
     s = res.summary
+    narrow = width is not None and width < NARROW
     t = Table(show_header=False)
-    t.add_column(no_wrap=True)
+    t.add_column(no_wrap=not narrow, max_width=KEY_WIDTH if narrow else None)
     t.add_column()
     rows = [
         ("offered load", offered_load_text(res.info["offered_load"])),
@@ -195,8 +294,8 @@ def cmd_simulate(args, con: Console) -> int:
     n = scn.workload.num_requests
     with elapsed_status(f"simulating {scn.name}" + (f", {n:,} requests" if n else ""), STATUS_AFTER_S):
         res = simulate(scn, replication=args.replication)
-    con.print(summary_table(res))
-    con.print(totals_table(res))
+    con.print(summary_table(res, con.width))
+    con.print(totals_table(res, con.width))
     if "operations" in res.summary:
         from simulator.cli.ops import operations_table
         con.print(operations_table(res))
@@ -207,7 +306,8 @@ def cmd_simulate(args, con: Console) -> int:
         con.print(f"[bold red]{escape(sat['message'])}[/]", highlight=False)
     if args.out:
         try:
-            paths = res.write(args.out, tuple(args.format))
+            paths = replace(res, summary={**res.summary, "model_error_band": band_record(res)}).write(
+                args.out, tuple(args.format))
         except OSError as exc:
             raise ScenarioError(write_failed(exc, "--out", args.out)) from None
         con.print(f"wrote {len(paths)} files to {args.out}")
