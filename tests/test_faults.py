@@ -104,11 +104,18 @@ def fp8_runs():
             for pol in ("none", "retry")} | {(0.5, "reprefill"): simulate(fp8_scenario(0.5, "reprefill", RUNS_SEED))}
 
 
-def test_long_context_share_raises_fp8_failures(fp8_runs):
-    lo, hi = (fp8_runs[(s, "none")].summary["operations"] for s in (0.1, 0.5))
-    assert hi["failed"] > lo["failed"] > 0
-    assert hi["crashes"] >= lo["crashes"] >= 1
-    assert hi["availability"] < lo["availability"] < 1.0
+def test_long_context_share_raises_fp8_failures():
+    """Crashes are rare at a 10 % long-prompt share (0-2 a run, ~0.75 on average), so the two shares are
+    compared over eight seeds: one seed can see none, eight all see none with probability ~0.3 %."""
+    totals = {}
+    for share in (0.1, 0.5):
+        ops = [simulate(fp8_scenario(share, "none", seed)).summary["operations"] for seed in range(1, 9)]
+        totals[share] = (sum(o["failed"] for o in ops), sum(o["crashes"] for o in ops),
+                         float(np.mean([o["availability"] for o in ops])))
+    (lo_failed, lo_crashes, lo_avail), (hi_failed, hi_crashes, hi_avail) = totals[0.1], totals[0.5]
+    assert hi_failed > lo_failed > 0
+    assert hi_crashes >= lo_crashes >= 1
+    assert hi_avail < lo_avail < 1.0
 
 
 def test_retries_convert_failures_into_latency(fp8_runs):
@@ -312,23 +319,28 @@ def test_queue_timeout_rejects_requests_left_waiting():
 
 def test_an_instance_crashing_while_draining_is_not_restarted():
     """Load drops, scale-down drains instances with long generations; one crashes while draining: its
-    requests follow the retry policy and nothing restarts it (it was being removed)."""
+    requests follow the retry policy and nothing restarts it (it was being removed).  A crash lands in a
+    drain in about half the seeds, so eight seeds are run, each checked, and at least one must show it."""
     ops_cfg = {"autoscale": {"main": {"min_instances": 1, "max_instances": 4, "interval_s": 5,
                                       "scale_down_stabilization_s": 0}},
                "faults": {"fp8_crash": {"rate_per_token_s": 1e-6, "onset_tokens": 0}},
                "retry": {"policy": "reprefill", "max_retries": 5}, "startup": {"image_cached": True}}
-    scn = scenario(seed=1, pools=pool(instances=4, dtype="fp8", engine={"max_num_seqs": 64}), operations=ops_cfg,
-                   workload={"arrival": {"kind": "shaped", "shape": {"kind": "step", "before": 8, "after": 0.2,
-                                                                    "at_s": 20}}, "duration_s": 60,
-                             "input_length": {"kind": "fixed", "value": 2000},
-                             "output_length": {"kind": "fixed", "value": 1500}})
-    ops, run, req = run_objects(scn)
-    check_fault_invariants(ops, run, req)
-    crashed_draining = [i for i in ops.front.all if i.draining and i.life.end.startswith("FP8")]
-    assert crashed_draining
-    restarted_from = {i.life.billed_s for i in ops.front.all if i.life.cause == "restart"}
-    for inst in crashed_draining:
-        assert inst.life.ended_s not in restarted_from
+    seen = 0
+    for seed in range(1, 9):
+        scn = scenario(seed=seed, pools=pool(instances=4, dtype="fp8", engine={"max_num_seqs": 64}),
+                       operations=ops_cfg,
+                       workload={"arrival": {"kind": "shaped", "shape": {"kind": "step", "before": 8, "after": 0.2,
+                                                                        "at_s": 20}}, "duration_s": 60,
+                                 "input_length": {"kind": "fixed", "value": 2000},
+                                 "output_length": {"kind": "fixed", "value": 1500}})
+        ops, run, req = run_objects(scn)
+        check_fault_invariants(ops, run, req)
+        crashed_draining = [i for i in ops.front.all if i.draining and i.life.end.startswith("FP8")]
+        restarted_from = {i.life.billed_s for i in ops.front.all if i.life.cause == "restart"}
+        for inst in crashed_draining:
+            assert inst.life.ended_s not in restarted_from
+        seen += len(crashed_draining)
+    assert seen
 
 
 def test_a_re_prefilled_pd_request_keeps_its_first_attempts_ttft_split():
