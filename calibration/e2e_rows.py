@@ -302,7 +302,31 @@ def engine_of(row: Row) -> dict:
         engine["enable_prefix_caching"] = False
     if re.fullmatch(r"[0-9][0-9A-Za-z.+-]{0,39}", row.version):
         engine["version"] = row.version
+    recv = sglang_recv_interval(row)
+    if recv > 1:
+        engine["scheduler_recv_interval"] = recv
     return engine
+
+
+def sglang_recv_interval(row: Row) -> int:
+    """The ``--scheduler-recv-interval`` InferenceX launched a colocated SGLang run on B200/B300 with (1: none).
+
+    SemiAnalysisAI/InferenceX benchmarks/single_node/fixed_seq_len, the scripts in force when the campaigns ran
+    (September 2025 to April 2026): dsr1_fp8_b200/b300 30 at TP8 with 16 or more users, else 10, and 10 at TP4;
+    dsr1_fp4_b200/b300, qwen3.5_fp8_b200, qwen3.5_fp4_b200/b300 30 with 16 or more users, else 10 (1 with
+    attention DP); qwen3.5_fp8_b300 and glm5_fp4_b200/b300 10; glm5_fp8 and every H100/H200 script none.
+    """
+    if row.backend != "sglang" or row.disagg or row.dp > 1 or row.system not in ("b200_sxm", "b300_sxm"):
+        return 1
+    name, quant = row.model.split("/")[-1], row.quant if row.quant in QUANT else row.precision
+    busy = 30 if row.concurrency >= 16 else 10
+    if name.startswith("GLM-5"):
+        return 10 if quant == "nvfp4" else 1
+    if name.startswith("Qwen3.5"):
+        return 10 if quant == "fp8" and row.system == "b300_sxm" else busy
+    if name.startswith("DeepSeek"):
+        return 10 if quant == "fp8" and row.tp == 4 else busy
+    return 1
 
 
 def to_scenario(row: Row, db, requests_per_client: int, client: dict, range_ratio: float = RANGE_RATIO,

@@ -51,6 +51,7 @@ class EngineKnobs:
     max_model_len: int = 0
     num_gpu_blocks_override: int = 0
     prefix_caching: bool = True
+    recv_interval: int = 1                          # SGLang's scheduler_recv_interval (decode steps)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,8 @@ def pool_spec(r: ResolvedPool) -> PoolSpec:
     # ranks (instances x dp of them); the pool's GPUs and cost count whole instances (Deployment.gpus).
     return PoolSpec(pool.name, pool.instances * dep.dp, r.step, r.memory, k.max_num_seqs, k.max_num_batched_tokens,
                     k.enable_chunked_prefill, k.max_model_len, pool.router, pool.role, k.prefix_caching,
-                    front_end(dep, pool.instances), dep.dp, eng.admission, eng.dp_context_wait_steps)
+                    front_end(dep, pool.instances), dep.dp, eng.admission, eng.dp_context_wait_steps,
+                    k.recv_interval)
 
 
 def front_end(dep, instances: int = 1) -> FrontEnd:

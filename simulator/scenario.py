@@ -20,8 +20,8 @@ from simulator.epd.epd_config import EmbeddingTransferConfig, EncoderConfig
 from simulator.pd.pd import TransferConfigError, TransferPlan, build_transfer_plan
 from simulator.pd.flows import FLOWS
 from simulator.pd.pd_config import KVTransferConfig
-from simulator.errors import format_validation_error, read_yaml
-from simulator.inputs import Folders, StrictModel
+from simulator.errors import format_validation_error
+from simulator.inputs import Folders, StrictModel, read_yaml
 from simulator.perf import Deployment, EngineKnobs, FitError, MemoryPlan, StepModel, plan_memory
 from simulator.step_build import build_step_model
 from simulator.ops.opsconfig import OperationsConfig, check_against_pools
@@ -55,6 +55,8 @@ class EngineConfig(StrictModel):
     max_cudagraph_capture_size: count(1, 1_000_000, "sequences") | None = None
     max_model_len: count(16, 10**8, "tokens") | None = None
     num_gpu_blocks_override: count(1, 10**12, "blocks") | None = None   # vLLM's override of the profiled KV blocks
+    # SGLang's --scheduler-recv-interval: a busy scheduler reads new requests every N decode steps (docs/scenario.md)
+    scheduler_recv_interval: count(1, 100_000, "steps") | None = None
 
 
 class PoolConfig(StrictModel):
@@ -239,6 +241,9 @@ def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB
             raise ScenarioError(why)
     seqs, tokens = vllm_batch_defaults(gpu)
     e = pool.engine
+    if (recv := e.scheduler_recv_interval or 1) > 1 and (engine.engine != "sglang" or pool.dp > 1):
+        why = f"SGLang's flag, not {engine.name}'s" if engine.engine != "sglang" else "not modelled with data parallelism"
+        raise ScenarioError(f"pools[{pool.name}].engine.scheduler_recv_interval={recv}: {why}; remove it or set 1")
     chunked = engine.default_chunked_prefill if e.enable_chunked_prefill is None else e.enable_chunked_prefill
     max_len = e.max_model_len or arch.max_position_embeddings or 8192
     max_seqs = e.max_num_seqs or engine.default_max_num_seqs or seqs
@@ -258,7 +263,8 @@ def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB
         max_cudagraph_capture_size=(e.max_cudagraph_capture_size or engine.max_capture_size
                                     or min(2 * max_seqs, 512)),
         max_model_len=max_len, num_gpu_blocks_override=e.num_gpu_blocks_override or 0,
-        prefix_caching=engine.default_prefix_caching if e.enable_prefix_caching is None else e.enable_prefix_caching)
+        prefix_caching=engine.default_prefix_caching if e.enable_prefix_caching is None else e.enable_prefix_caching,
+        recv_interval=recv)
     kv, kv_note = resolve_kv_dtype(pool.kv_cache_dtype, pool.dtype, engine, e.version, model.sidecar)
     # A 4-bit float checkpoint served weight-only (no fp4 tensor cores) is held as the sidecar's W4A16 entry
     # says, where it has one (gpt-oss: vLLM's Hopper MXFP4 layout and kernel).

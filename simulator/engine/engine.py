@@ -161,6 +161,7 @@ class PoolSpec:
     dp: int = 1                         # ranks per lock-stepped data-parallel instance (instances counts ranks)
     admission: object = None            # hwdb AdmissionRule: KV kept free for running requests (None: vLLM's none)
     dp_context_wait: int | None = None  # attention DP: steps a rank holds prompts back to prefill with the others
+    recv_interval: int = 1              # SGLang's scheduler_recv_interval: decode steps between takes of new requests
 
 
 @dataclass

@@ -112,7 +112,8 @@ class Instance(InstanceState):
         gate = self.gate
         group, rank = self.group, self.rank   # attention data-parallel ranks step together (dp_group.py)
         local_time = self.model.local_time
-        inline = FAST_STEPS and group is None
+        inbox, recv_every, recv_ct = self.inbox, self.recv_every, 0
+        inline = FAST_STEPS and group is None and recv_every == 1
         while True:
             # --- lazy decode-only steps (instance_state.py, catch_up): a decode instance with no KV to pull
             # steps while catch_up drives it, to the time it is driven to, and waits without an event at the
@@ -190,6 +191,10 @@ class Instance(InstanceState):
                 if heap and heap[0][0] <= s:
                     finish_due(s, now)
                 s += 1
+            if recv_every > 1 and (recv_ct >= recv_every or not order):   # SGLang reads its socket, empty or not
+                waiting.extend(inbox)
+                inbox.clear()
+                recv_ct = 0
             extra = 0.0                    # encoder time of images admitted this step (front-pool encoding)
             if self._freed:
                 kv_used -= self._freed
@@ -391,10 +396,5 @@ class Instance(InstanceState):
                 heappush(heap, (f, rid))
             if heap and heap[0][0] <= s:
                 finish_due(s, now)
+            recv_ct += recv_every if chunks else 1   # a prefill step is followed by a read (SGLang counts it 1000)
             s += 1
-
-    def _finish(self, rid: int, now: float, order: dict, generated: int) -> None:
-        del order[rid]
-        self.left(rid)
-        self.outstanding -= 1
-        self.rec.finish(rid, now, self.index, generated)

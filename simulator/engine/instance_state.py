@@ -61,6 +61,10 @@ class InstanceState:
         self.chunked = chunked_prefill
         self.rec = recorder
         self.waiting: deque[int] = deque()
+        # SGLang's scheduler_recv_interval: requests sent while a batch runs wait here until the scheduler
+        # next reads its socket (Instance.run moves them to ``waiting``); 1: straight to ``waiting``.
+        self.recv_every = 1
+        self.inbox: deque[int] = deque()
         self.outstanding = 0
         self.kv_used = 0
         self.n_running = 0
@@ -253,7 +257,7 @@ class InstanceState:
 
     def submit(self, rid: int) -> None:
         """Queue a request; wakes the instance if it is idle."""
-        self.waiting.append(rid)
+        (self.inbox if self.recv_every > 1 and self.n_running else self.waiting).append(rid)
         self.queue_kv(rid, self.rec.input_tokens[rid])
         self.outstanding += 1
         self._wake()
@@ -265,7 +269,7 @@ class InstanceState:
 
     def n_queued(self) -> int:
         """Requests waiting for admission (prompts to prefill and, decode role, KV to pull)."""
-        return len(self.waiting) + len(self.remote)
+        return len(self.waiting) + len(self.remote) + len(self.inbox)
 
     def holds(self, rid: int) -> bool:
         """Prefill role: ``rid``'s KV blocks are held here for a transfer."""
@@ -296,12 +300,13 @@ class InstanceState:
         """Take the waiting requests for which ``stale(rid)`` holds (never a preempted one) out of the
         queue, in queue order; returns them.  The queue is edited in place (the process holds it)."""
         requeue = self._requeue
-        gone = [rid for rid in self.waiting if rid not in requeue and stale(rid)]
+        gone = [rid for box in (self.inbox, self.waiting) for rid in box if rid not in requeue and stale(rid)]
         if gone:
             out = set(gone)
-            keep = [rid for rid in self.waiting if rid not in out]
-            self.waiting.clear()
-            self.waiting.extend(keep)
+            for box in (self.inbox, self.waiting):
+                keep = [rid for rid in box if rid not in out]
+                box.clear()
+                box.extend(keep)
             self.outstanding -= len(gone)
             for rid in gone:
                 self.unqueue(rid)
@@ -347,7 +352,7 @@ class InstanceState:
                 pf = prefill[rid]
                 affected.append((rid, pf[2]))
                 lost += pf[0]
-        for rid in self.waiting:
+        for rid in (*self.waiting, *self.inbox):
             pf = self._requeue.get(rid)
             affected.append((rid, pf[2] if pf is not None else 0))
         held = list(self.held)
@@ -363,11 +368,17 @@ class InstanceState:
             for rid in self.ready:
                 lost += inp[rid] - 1
                 affected.append((rid, 0))
-        for box in (self.waiting, self._requeue, self._queued, self.held, self.remote, self.receiving, self.ready,
-                    self.last_tok, order, prefill, dec_start):
+        for box in (self.waiting, self.inbox, self._requeue, self._queued, self.held, self.remote, self.receiving,
+                    self.ready, self.last_tok, order, prefill, dec_start):
             box.clear()
         if self.prefix is not None:
             self.prefix.clear()
         self.kv_used = self.outstanding = self.n_running = self._freed = self.queued_kv = 0
         self.wake = None
         return affected, lost, held, remote, receiving
+
+    def _finish(self, rid: int, now: float, order: dict, generated: int) -> None:
+        del order[rid]
+        self.left(rid)
+        self.outstanding -= 1
+        self.rec.finish(rid, now, self.index, generated)

@@ -50,6 +50,7 @@ class OpsPool:
                         life=Life(s.name, index, self.gpus, cause, billed_s))
         if s.admission is not None:
             inst.reserve = Reservation(s.admission, s.memory.block_size)
+        inst.recv_every = s.recv_interval if inst.role.name in ("colocated", "prefill") else 1
         self.all.append(inst)
         self.ops.on_make(self, inst)
         return inst
