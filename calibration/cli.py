@@ -25,9 +25,10 @@ from rich.markup import escape
 import hwdb
 from calibration.harness.affinity import cpu_list, parse_pin
 from calibration.harness.bundle import Bundle, BundleError
+from calibration.harness.env import server_cores
 from calibration.pd_options import add_pd_options, check_not_pd_options
 from calibration.harness.interrupt import interruptible
-from calibration.trace_gen import cmd_make_trace
+from calibration.trace_gen import add_make_trace_parser
 from simulator.console import print_notes, stdout_console, wide_tables
 from simulator.errors import print_user_error
 from simulator.inputs import float_arg
@@ -154,22 +155,7 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="replay without the fitted per-step host cost (the engine's defaults), for comparison")
     _sim_options(v)
     v.set_defaults(calibrate_func=_cmd_validate)
-    t = sub.add_parser("make-trace", help="write a bursty trace of several request kinds to replay with --trace",
-                       description="Write a plain CSV trace (arrival_s,input_tokens,output_tokens): arrivals from a "
-                                   "two-state Markov-modulated Poisson process (a quiet and a busy rate, each held "
-                                   "an exponential time) and lengths from request classes (calibration/trace_gen.py). "
-                                   "Replay it with `calibrate run --trace FILE --phases load` and check a fit with "
-                                   "`calibrate validate` on a load it was not fitted on.")
-    t.add_argument("out", help="the CSV file to write")
-    t.add_argument("--requests", type=int, default=240, help="requests in the trace (240)")
-    t.add_argument("--seed", type=int, default=0, help="random seed: the same arguments and seed give the same file")
-    t.add_argument("--rates", default="0.5,6", help="quiet,busy arrival rates in req/s (0.5,6)")
-    t.add_argument("--sojourn", default="20,6.5", help="mean seconds the source stays quiet,busy (20,6.5)")
-    t.add_argument("--class", dest="classes", action="append", default=[], metavar="NAME:SHARE:PROMPT:OUTPUT",
-                   help="a request class, lengths N or LO-HI tokens (repeatable; default chat:0.6:64-200:32-128, "
-                        "documents:0.25:900-1200:8-24, mid:0.15:400:200)")
-    t.add_argument("--force", action="store_true", help="overwrite an existing file")
-    t.set_defaults(calibrate_func=cmd_make_trace)
+    add_make_trace_parser(sub)
     return p
 
 
@@ -262,8 +248,13 @@ def cmd_run(a, con: Console) -> int:
     if a.trace and not a.resume:   # a bad file fails here, before a server is launched
         from calibration.harness.trace_plan import read
         read(a.trace, a.trace_format, a.trace_limit)
-        if "load" not in {k.strip() for k in a.phases.split(",")}:
+        kinds = {k.strip() for k in a.phases.split(",")}
+        if "load" not in kinds:
             raise BundleError(f"--trace {a.trace}: the trace is the load test, but --phases {a.phases} has no load")
+        if kinds & {"prefill", "decode"}:   # said before the launch: they take minutes before the trace starts
+            sweeps = " and ".join(k for k in ("prefill", "decode") if k in kinds)
+            Console(stderr=True).print(f"note: --phases {escape(a.phases)}: the {sweeps} sweeps run before the trace "
+                                       f"(several minutes); --phases load replays the trace alone")
     blocker = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
     if blocker is not None:   # before any server is launched or attached
         raise BundleError(f"--out {out}: {blocker} is a file, not a folder; give a bundle folder path")
@@ -309,8 +300,10 @@ def _host(m: dict) -> dict | None:
     if not isinstance(hw, dict):
         return {"note": hw} if hw else None
     cpu = hw.get("cpu") or {}
+    cores, basis = server_cores(m)
     return {"cpu": cpu.get("model_name") or hw.get("cpu_model"), "vendor": cpu.get("vendor"),
-            "family": cpu.get("family"), "isa": cpu.get("isa"), "cores": hw.get("cpu_affinity") or hw.get("cpu_count")}
+            "family": cpu.get("family"), "isa": cpu.get("isa"), "cores": cores, "cores_basis": basis,
+            "host_cpus": hw.get("cpu_count")}
 
 
 def _load_text(runs: list[dict]) -> str:
@@ -330,8 +323,10 @@ def _show(b: Bundle, con: Console) -> None:
     h = s.get("host") or {}
     if h.get("cpu") or h.get("note"):
         isa = f"; {', '.join(h['isa'])}" if h.get("isa") else "; ISA not recorded"
+        cores = (f"{h.get('cores')} cores ({h.get('cores_basis')}; the host has {h.get('host_cpus')})"
+                 if h.get("host_cpus") and h.get("cores") else f"{h.get('cores')} cores")
         con.print(f"server host: {escape(str(h.get('cpu') or h.get('note')))}"
-                  + (f" ({h.get('vendor')} family {h.get('family')}{isa}), {h.get('cores')} cores" if h.get("cpu") else ""))
+                  + (f" ({h.get('vendor')} family {h.get('family')}{isa}), {escape(cores)}" if h.get("cpu") else ""))
     if _load_text(s["runs"]):
         con.print(_load_text(s["runs"]))
     for l in s["launches"]:

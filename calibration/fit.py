@@ -95,6 +95,7 @@ from calibration.fit_report import (final_profile, fmt_param, final_engine, fit_
 from calibration.fit_solver import (BOUNDS, MAX_SIGMA_REL, OPTIONAL, PARAMS, SENSITIVITY_FLOOR, SOFT_L1_SCALE,
                                     UNITS, FitResult, fit_points)
 from calibration.harness.bundle import Bundle
+from calibration.harness.env import server_cores, with_server_cores
 from hwdb.profiles import Profile
 
 #: the public API (re-exported from the modules the fit is split into, see the docstring)
@@ -176,7 +177,9 @@ def fit_bundle(path: str | Path, *, gpu: str | None = None, model: str | None = 
     host = None
     if gname == CPU_GPU:   # the shipped entry describes one Xeon VM: derive another host's peaks
         from calibration.fit_host import host_check
-        derived, host = host_check(b.manifest, g, explicit_gpu=gpu is not None)
+        # the peak counts the server's cores: under --pin both lists, not the harness's own CPU
+        derived, host = host_check(with_server_cores(b.manifest), g, explicit_gpu=gpu is not None)
+        host["cores"], host["cores_basis"] = server_cores(b.manifest)
         if derived is not None:
             db = dataclasses.replace(db, gpus={**db.gpus, CPU_GPU: derived})
             g = derived

@@ -128,11 +128,42 @@ def final_engine(fit: "BundleFit"):
     per_seq = p.get("per_seq_s", 0.0)
     unc = {n: fit.result.sigma_rel.get(n) for n in ("step_overhead_s", "per_seq_s") if n in p}
     why = "" if "per_seq_s" in p else f"; per_sampled_seq_s 0: {fit.result.fixed.get('per_seq_s', 'not fitted')}"
-    return calibrated_engine(base, round(p["step_overhead_s"], 9), round(per_seq, 9), name=fit.profile.name,
-                             version=str(fit.provenance.get("vllm") or base.version),
-                             source=src + " (1-sigma " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in unc.items()
-                                                                  if v is not None) + ")" + why,
-                             cpu_defaults=fit.gpu.name == CPU_GPU, frontend=fit.frontend)
+    eng = calibrated_engine(base, round(p["step_overhead_s"], 9), round(per_seq, 9), name=fit.profile.name,
+                            version=str(fit.provenance.get("vllm") or base.version),
+                            source=src + " (1-sigma " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in unc.items()
+                                                                 if v is not None) + ")" + why,
+                            cpu_defaults=fit.gpu.name == CPU_GPU, frontend=fit.frontend)
+    texts = frontend_sources(fit.frontend, str(fit.provenance["bundle"]))
+    return eng.model_copy(update={k: getattr(eng, k).model_copy(update={"source": t})
+                                  for k, t in texts.items() if getattr(eng, k, None) is not None})
+
+
+def frontend_sources(fe: FrontEndFit, bundle: str) -> dict[str, str]:
+    """The source of each front-end figure of the calibrated engine: fitted (by which command, on which
+    bundle, from which requests), or 0 and why it was not fitted.  Empty when the fit found no front end."""
+    if fe.frontend_s is None:
+        return {}
+    by = f"`epdsim calibrate fit {bundle}`"
+    fitted, zero = f"fitted by {by} on bundle {bundle}", f"0, not fitted, by {by} on bundle {bundle}"
+    lone = f"{fe.lone_requests} lone requests of its prefill sweep"
+    loaded = f"{fe.loaded_requests} requests of {', '.join(fe.phases) or 'no phase'}"
+    out = {"frontend_s": f"{fitted}: the way in, a fixed delay per request (client - server TTFT of {lone}"
+                         + (")" if fe.stream_why else ", less the API server loop's share)"),
+           "frontend_serial_s_per_token": (
+               f"{fitted}: the way in's serial part per prompt token, one request at a time (slope of the client "
+               f"- server TTFT of {lone} against their prompt lengths)" if fe.serial_s_per_token else
+               f"{zero}: the client - server TTFT of {lone} does not grow with the prompt length"),
+           "frontend_stream_s_per_output": (
+               f"{zero}: the API server's loop per engine output; where each chunk carries one token it cannot be "
+               f"told from the cost per chunk (calibration/fit_frontend.py)")}
+    for key, what in (("frontend_stream_s_per_chunk", "per SSE chunk streamed (a chunk carries every token "
+                                                      "waiting)"),
+                      ("frontend_stream_s_per_request", "more for a request's first chunk")):
+        out[key] = (f"{zero}: no API server loop kept ({fe.stream_why})" if fe.stream_why else
+                    f"{fitted}: the API server's loop, {what}, from {loaded} (client TTFT and E2E against the "
+                    f"server's token times)" + ("" if getattr(fe, key.replace("frontend_", "")) else
+                                                 "; at the fit's floor, read as 0"))
+    return out
 
 
 def write_outputs(fit: BundleFit, out: str | Path) -> dict[str, Path]:

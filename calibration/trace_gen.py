@@ -167,3 +167,23 @@ def cmd_make_trace(a, con) -> int:
     write(out, rows)
     con.print(f"{escape(str(out))}: {summary(rows)}")
     return 0
+
+
+def add_make_trace_parser(subparsers) -> None:
+    """``epdsim calibrate make-trace``'s arguments, under ``epdsim calibrate``'s sub-commands."""
+    desc = ("Write a plain CSV trace (arrival_s,input_tokens,output_tokens): arrivals from a two-state "
+            "Markov-modulated Poisson process (a quiet and a busy rate, each held an exponential time) and lengths "
+            "from request classes (calibration/trace_gen.py). Replay it with `calibrate run --trace FILE --phases "
+            "load` and check a fit with `calibrate validate` on a load it was not fitted on.")
+    t = subparsers.add_parser("make-trace", description=desc,
+                              help="write a bursty trace of several request kinds to replay with --trace")
+    t.add_argument("out", help="the CSV file to write")
+    t.add_argument("--requests", type=int, default=240, help="requests in the trace (240)")
+    t.add_argument("--seed", type=int, default=0, help="random seed: the same arguments and seed give the same file")
+    t.add_argument("--rates", default="0.5,6", help="quiet,busy arrival rates in req/s (0.5,6)")
+    t.add_argument("--sojourn", default="20,6.5", help="mean seconds the source stays quiet,busy (20,6.5)")
+    t.add_argument("--class", dest="classes", action="append", default=[], metavar="NAME:SHARE:PROMPT:OUTPUT",
+                   help="a request class, lengths N or LO-HI tokens (repeatable; default chat:0.6:64-200:32-128, "
+                        "documents:0.25:900-1200:8-24, mid:0.15:400:200)")
+    t.add_argument("--force", action="store_true", help="overwrite an existing file")
+    t.set_defaults(calibrate_func=cmd_make_trace)

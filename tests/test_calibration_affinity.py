@@ -92,8 +92,11 @@ def test_a_pinned_launch_records_the_layout_and_restores_the_harness(tmp_path, c
     assert os.sched_getaffinity(0) == before
     manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
     (launch,) = manifest["launches"]
-    # the host's cores, not the one CPU the harness ran on while pinned (the CPU peak is derived from them)
-    assert manifest["hardware"]["server"]["cpu_affinity"] == len(before)
+    # the server's CPUs (both lists) and the host's, not the one CPU the harness ran on while pinned (a CPU
+    # peak is derived from the server's)
+    server = manifest["hardware"]["server"]
+    assert server["cpu_affinity"] == 2 and server["cpus"] == CPUS[:2] and server["cpu_count"] == os.cpu_count()
+    assert server["pinned"] == {"engine_cpus": [CPUS[0]], "front_cpus": [CPUS[1]]}
     assert launch["pin"]["engine_cpus"] == [CPUS[0]] and launch["pin"]["front_cpus"] == [CPUS[1]]
     assert launch["pin"]["threads_moved_to_engine_cpus"] >= 1
     assert launch["env"]["VLLM_CPU_OMP_THREADS_BIND"] == str(CPUS[0])
@@ -101,3 +104,4 @@ def test_a_pinned_launch_records_the_layout_and_restores_the_harness(tmp_path, c
     assert cli.main(["show", str(tmp_path / "b")]) == 0
     shown = " ".join(capsys.readouterr().out.split())
     assert f"pinned: engine on CPU {CPUS[0]}, front end on CPU {CPUS[1]}" in shown
+    assert f"2 cores (the server's CPUs under --pin: engine {CPUS[0]}, front end {CPUS[1]}; the host has" in shown

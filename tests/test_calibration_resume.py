@@ -11,6 +11,7 @@ The harness runs as a subprocess against the fake server of tests/fixtures/calib
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -26,6 +27,8 @@ import yaml
 from calibration import cli
 from calibration.fit import fit_bundle, write_outputs
 from calibration.harness.bundle import Bundle
+from calibration.harness.client import CompletionClient, RequestSpec, as_interrupt, run_open_loop
+from calibration.harness.server import ServerProcess
 from calibration.validate import validate
 from tests.synthetic_bundle import CPU_TRUTH, TINY_CONFIG, make_bundle, write_truth_hwdb
 from tests.test_calibration_harness import fake_cmd, free_port
@@ -141,6 +144,27 @@ def test_a_stop_signal_keeps_a_partial_metrics_record_and_resume_completes(tmp_p
     assert [m["segment"] for m in b.records(PHASE, "metrics")] == [0, 1]
 
 
+def test_a_resumed_segments_sends_are_on_the_plans_clock(tmp_path):
+    """A cut open loop's remaining requests (planned from 30 s on) go at once and keep their gaps; each
+    one's ``sent_s`` is on the plan's clock, as its ``scheduled_s`` is (docs/calibration.md, records), so
+    their difference is the lateness, not the 30 s the segment started after the phase."""
+    port = free_port()
+    specs = [RequestSpec(f"r{i}", [5] * 8, 2, 30.0 + 0.1 * i) for i in range(5)]
+    with ServerProcess(fake_cmd(port), f"http://127.0.0.1:{port}", tmp_path / "s.log") as srv:
+        srv.wait_ready(timeout=30, poll=0.1)
+
+        async def go():
+            async with CompletionClient(srv.base_url, "fake-model") as c:
+                return await run_open_loop(c, specs)
+        t0 = time.monotonic()
+        res = asyncio.run(go())
+        wall = time.monotonic() - t0
+    assert wall < 10                                   # the first remaining request went at once
+    assert sorted(r.id for r in res) == [s.id for s in specs] and all(r.ok for r in res)
+    for r in res:
+        assert r.scheduled_s >= 30.0 and -1e-6 <= r.sent_s - r.scheduled_s < 0.25, (r.id, r.sent_s, r.scheduled_s)
+
+
 def test_resume_of_a_finished_bundle_starts_no_server(tmp_path, capsys):
     out, port = tmp_path / "b", free_port()
     assert cli.main(_argv(out, port)) == 0
@@ -188,7 +212,6 @@ def test_validate_per_step_figures_only_over_segments_with_metrics(tmp_path):
 def test_an_interrupt_wrapped_in_a_task_group_is_still_an_interrupt():
     """SIGTERM lands anywhere, including inside httpx's connect task group, which wraps it in an
     exception group: the run must still be marked interrupted and exit 130, not end in a traceback."""
-    from calibration.harness.client import as_interrupt
     kb = KeyboardInterrupt("SIGTERM")
     assert as_interrupt(BaseExceptionGroup("connect", [kb])) is kb
     assert as_interrupt(BaseExceptionGroup("outer", [ValueError("x"), BaseExceptionGroup("inner", [kb])])) is kb

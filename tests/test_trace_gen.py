@@ -2,12 +2,16 @@
 that the harness replays and the simulator reads; checked against the MMPP's closed forms."""
 from __future__ import annotations
 
+import re
+import shlex
+
 import numpy as np
 import pytest
 
 from calibration import cli
 from calibration.harness import trace_plan
 from calibration.trace_gen import DEFAULT_CLASSES, generate, mmpp_arrivals, parse_class
+from tests.conftest import REPO
 
 
 def test_same_arguments_and_seed_same_bytes(tmp_path, capsys):
@@ -79,3 +83,50 @@ def test_class_lengths_are_n_or_a_range():
     c = parse_class("mid:0.15:400:200")
     assert c.prompt == (400, 400) and c.output == (200, 200)
     assert parse_class("chat:2:64-200:32-128").prompt == (64, 200)
+
+
+def _commands(doc: str, heading: str) -> list[list[str]]:
+    """The ``epdsim calibrate`` commands of the first code block after ``heading`` in ``doc``, as argv
+    after ``epdsim calibrate`` (continuation lines joined, ``$E`` as the block sets it)."""
+    text = (REPO / doc).read_text()
+    block = text[text.index(heading):].split("```")[1]
+    joined = block.replace("\\\n", " ")
+    env = dict(ln.split("=", 1) for ln in joined.splitlines() if re.match(r"^[A-Z]+=", ln))
+    cmds = []
+    for ln in joined.splitlines():
+        if "epdsim calibrate" in ln:
+            words = shlex.split(ln.split("#")[0])
+            words = [env.get(w[1:], w) if w.startswith("$") else w for w in words]
+            cmds.append(words[words.index("calibrate") + 1:])
+    return cmds
+
+
+def test_the_pinned_trace_recipe_parses_and_is_pin_fit_replay_validate():
+    """docs/validation/cpu.md's recipe, command by command, with `epdsim calibrate`'s own parser: the trace,
+    a pinned fit bundle, the fit, the trace on another pinned launch of the same model, the check."""
+    cmds = _commands("docs/validation/cpu.md", "### Recipe: a pinned fit checked on a bursty trace")
+    assert [c[0] for c in cmds] == ["make-trace", "run", "fit", "run", "validate"]
+    parsed = [cli.build_parser().parse_args(c) for c in cmds]
+    trace, fit_run, fit, replay, check = parsed
+    assert fit_run.launch and fit_run.pin == "0:1" and fit_run.out == fit.bundle and "load" in fit_run.phases
+    assert replay.launch and replay.pin == "0:1" and replay.phases == "load" and replay.trace == trace.out
+    assert replay.model_dir == f"{fit_run.out}/model" and check.bundle == replay.out and check.profile == fit.out
+    assert fit_run.engine_arg == replay.engine_arg == ["--no-enable-prefix-caching"]
+
+
+def test_the_trace_example_of_calibration_md_replays_the_trace_alone():
+    (cmd,) = _commands("docs/calibration.md", "**Replaying a trace.**")
+    a = cli.build_parser().parse_args(cmd)
+    assert a.trace and a.phases == "load" and a.pin == "0:1"
+
+
+def test_a_trace_with_the_sweeps_says_so_before_the_launch(tmp_path, capsys):
+    """--trace under the default --phases runs the prefill and decode sweeps first: said before anything
+    starts (here the launch then fails at once on a server command that exits)."""
+    f = tmp_path / "t.csv"
+    assert cli.main(["make-trace", str(f), "--requests", "5"]) == 0
+    rc = cli.main(["run", "--out", str(tmp_path / "b"), "--trace", str(f), "--serve-cmd", "false",
+                   "--url", "http://127.0.0.1:9", "--ready-timeout", "5"])
+    err = " ".join(capsys.readouterr().err.split())
+    assert rc == 3 and "the prefill and decode sweeps run before the trace (several minutes)" in err
+    assert "--phases load replays the trace alone" in err

@@ -108,16 +108,76 @@ def conditions() -> dict:
     return {"at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "loadavg": load, "cores": cores}
 
 
-def hardware(cpus: set[int] | None = None) -> dict:
-    """The host as this process sees it.  ``cpus``: the CPUs it may use before ``--pin`` moved it to
-    the front end's (the host's cores are the engine's and the front end's together), else its own."""
+def hardware(cpus: set[int] | None = None, pin: tuple | None = None) -> dict:
+    """The host as this process sees it.  ``cpu_count``: the host's logical CPUs.  ``cpus`` and
+    ``cpu_affinity`` (their number): the CPUs the server runs on, the cores a fit derives a CPU peak
+    from (``cores_basis`` says which).  Under ``--pin`` (``pin`` = engine CPUs, front-end CPUs) that is
+    both lists together, not the front end's alone where this process then runs; without it, ``cpus``
+    (this process's CPUs before a move), else its own."""
     try:
-        affinity = len(cpus) if cpus else len(os.sched_getaffinity(0))
+        own = set(cpus) if cpus else set(os.sched_getaffinity(0))
     except AttributeError:
-        affinity = None
+        own = set()
+    server: dict = {}
+    if pin:
+        eng, front = sorted(pin[0]), sorted(pin[1])
+        own = set(eng) | set(front)
+        server = {"pinned": {"engine_cpus": eng, "front_cpus": front},
+                  "cores_basis": f"the server's CPUs under --pin: engine {_cpus(eng)}, front end {_cpus(front)}"}
+    elif own:
+        server = {"cores_basis": "the CPUs the harness, and the server it launched, could use"}
     return {"hostname": platform.node(), "machine": platform.machine(), "os": platform.platform(),
-            "cpu_model": cpu_model(), "cpu_count": os.cpu_count(), "cpu_affinity": affinity,
-            "cpu": cpu_id(), "memory_bytes": memory_bytes(), "gpus": gpus()}
+            "cpu_model": cpu_model(), "cpu_count": os.cpu_count(), "cpu_affinity": len(own) or None,
+            "cpus": sorted(own), **server, "cpu": cpu_id(), "memory_bytes": memory_bytes(), "gpus": gpus()}
+
+
+def _cpus(ids) -> str:
+    return ",".join(str(i) for i in sorted(ids)) or "none"
+
+
+def server_cores(manifest: dict) -> tuple[int | None, str]:
+    """(cores, why those) of a bundle's server: the cores ``calibrate fit`` derives a CPU peak from.
+
+    Bundles written before the server's CPUs were recorded with ``--pin`` hold the harness's own
+    pinned CPUs in ``hardware.server.cpu_affinity`` (1 on a 2-core host); their launches' ``pin`` gives
+    the server's CPUs instead.  A figure that is not a count is passed over (hand-edited bundles)."""
+    hw = (manifest.get("hardware") or {}).get("server")
+    if not isinstance(hw, dict):
+        return None, "not recorded (attach mode: only --server-hardware describes the server)"
+    affinity, count = _count(hw.get("cpu_affinity")), _count(hw.get("cpu_count"))
+    if hw.get("cores_basis") and affinity:
+        return affinity, str(hw["cores_basis"])
+    pins = [ln["pin"] for ln in manifest.get("launches") or []
+            if isinstance(ln, dict) and isinstance(ln.get("pin"), dict)]
+    eng = {c for p in pins for c in _ids(p.get("engine_cpus"))}
+    front = {c for p in pins for c in _ids(p.get("front_cpus"))}
+    if eng or front:
+        return len(eng | front), (f"the server's CPUs under --pin (launches[].pin): engine {_cpus(eng)}, front "
+                                  f"end {_cpus(front)}")
+    if affinity:
+        return affinity, "the CPUs the harness, and the server it launched, could use"
+    if count:
+        return count, "the host's CPUs (hardware.server.cpu_count)"
+    return None, "not recorded"
+
+
+def _count(v) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 1 << 16 else None
+
+
+def _ids(v) -> list[int]:
+    return [c for c in v if isinstance(c, int) and not isinstance(c, bool) and 0 <= c < 1 << 16] \
+        if isinstance(v, list) else []
+
+
+def with_server_cores(manifest: dict) -> dict:
+    """``manifest`` with ``hardware.server.cpu_affinity`` set to :func:`server_cores` (a shallow copy;
+    the bundle's own manifest is not changed)."""
+    n, why = server_cores(manifest)
+    hw = (manifest.get("hardware") or {}).get("server")
+    if n is None or not isinstance(hw, dict) or (hw.get("cpu_affinity") == n and hw.get("cores_basis") == why):
+        return manifest
+    return {**manifest, "hardware": {**manifest["hardware"], "server": {**hw, "cpu_affinity": n, "cores_basis": why}}}
 
 
 def git_commit(repo: Path = REPO) -> dict:

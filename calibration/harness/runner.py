@@ -215,7 +215,8 @@ class CalibrationRun:
             b = Bundle.open(o.out)
             b.check_same_model(ident)
             return b
-        hw_local = envinfo.hardware(self._affinity)
+        # under --pin: the server's CPUs (both lists), not the front end's that this process runs on now
+        hw_local = envinfo.hardware(self._affinity, None if o.attach else o.pin)
         manifest = {
             "mode": "attach" if o.attach else "launch",
             "model": ident,
