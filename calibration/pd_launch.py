@@ -29,10 +29,12 @@ from pathlib import Path
 
 import httpx
 
+import hwdb
 from calibration.harness.metrics import parse_prometheus
 from calibration.harness.server import ServerProcess
 from calibration.pd_bundle import SERVED, PDReplayError
 from calibration.pd_options import CONNECTORS
+from simulator.pd.connectors import KVConnector, connector_strategy
 
 REPO = Path(__file__).resolve().parents[1]
 BLOCK = 128
@@ -64,12 +66,15 @@ def connector_name(connector: str) -> str:
     return CONNECTORS[connector]
 
 
+def harness_connector(connector: str) -> KVConnector:
+    """The strategy of a ``--connector`` choice: the hwdb connector of that name, which says what its servers
+    need on the CPU pair (raises :class:`PDReplayError` on a choice the harness does not run)."""
+    connector_name(connector)
+    return connector_strategy(hwdb.load().connector(connector))
+
+
 def kv_transfer_config(role: str, kv_path: str, connector: str = "example") -> str:
-    if connector_name(connector) == "NixlConnector":
-        # kv_buffer_device cpu: the KV cache is in host memory and NIXL registers it as DRAM
-        return json.dumps({"kv_connector": "NixlConnector", "kv_role": role, "kv_buffer_device": "cpu"})
-    return json.dumps({"kv_connector": "ExampleConnector", "kv_role": role,
-                       "kv_connector_extra_config": {"shared_storage_path": kv_path}})
+    return json.dumps(harness_connector(connector).cpu_kv_transfer_config(role, kv_path))
 
 
 def serve_command(py: str, model_dir: str, port: int, role: str, kv_path: str,
@@ -107,6 +112,7 @@ def launch_pair(out: Path, model_dir: str, kv_path: str, *, vllm_python: str | N
                 nixl_progress_thread: bool = True, ready_timeout: float = 300.0) -> tuple[ServerProcess, ServerProcess]:
     """Start both servers at once and wait for both (raises ServerDied / ReadyTimeout; the caller stops them)."""
     py = vllm_python or default_vllm_python()
+    strategy = harness_connector(connector)
     env = {**SAVE_ENV, "PYTHONPATH": str(REPO)}
     servers = []
     for role, name, bind in (("kv_producer", "prefill", prefill_bind), ("kv_consumer", "decode", decode_bind)):
@@ -114,12 +120,7 @@ def launch_pair(out: Path, model_dir: str, kv_path: str, *, vllm_python: str | N
         e = dict(env)
         if bind:
             e["VLLM_CPU_OMP_THREADS_BIND"] = bind
-        if connector_name(connector) == "NixlConnector":
-            e.update(VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1", VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port()))
-            if prefill_bind or decode_bind:   # keep the pinning: calibration/harness/vllm_launcher.py says why
-                e["EPDSIM_NIXL_KEEP_BINDING"] = "1"
-            if not nixl_progress_thread:
-                e["EPDSIM_NIXL_PROGRESS_THREAD"] = "0"
+        e.update(strategy.cpu_env(free_port, bool(prefill_bind or decode_bind), nixl_progress_thread))
         srv = ServerProcess(serve_command(py, model_dir, port, role, kv_path, connector=connector),
                             f"http://127.0.0.1:{port}", out / f"{name}.log", env=e, cwd=REPO)
         servers.append(srv.start())

@@ -8,11 +8,10 @@ discriminated-union tags left out) and an unknown key lists the keys valid at th
 from __future__ import annotations
 
 import re
+from textwrap import shorten
 from typing import get_args
 
 from pydantic import BaseModel, ValidationError
-
-from simulator.inputs import read_yaml as _read_yaml, yaml_error as _yaml_error
 
 
 class WorkloadError(ValueError):
@@ -88,6 +87,9 @@ def format_validation_error(err: ValidationError, data, *, root: type[BaseModel]
             continue  # a tuple whose items failed also reports "too short": noise next to the real error
         inp = e.get("input")
         got = "" if isinstance(inp, (dict, list)) or e["type"] == "missing" else f" (got {inp!r})"
+        if isinstance(inp, (dict, list)) and e["type"].endswith("_type"):
+            # a mapping or list where a scalar belongs: the errors are not under it, so show it (shortened)
+            got = f" (got {shorten(repr(inp), 80, placeholder=' ...')})"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "missing":
             msg = "required, but absent; add this key with a value"
@@ -99,17 +101,6 @@ def format_validation_error(err: ValidationError, data, *, root: type[BaseModel]
         if line not in lines:
             lines.append(line)
     return f"{origin}: invalid {what}:\n" + "\n".join(lines)
-
-
-def yaml_error(path, exc) -> str:
-    """Where a YAML file stops parsing (see :func:`simulator.inputs.yaml_error`)."""
-    return _yaml_error(path, exc)
-
-
-def read_yaml(path, error: type[Exception], what: str = "YAML file"):
-    """``path`` parsed by :func:`simulator.inputs.read_yaml` (size, encoding, directory, alias budget and
-    duplicate-key checks); every failure raises ``error`` with the file and line."""
-    return _read_yaml(path, error, what)
 
 
 def os_error_message(exc: OSError) -> str:

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 import hwdb
+from calibration import pd_launch
 from simulator.pd import connectors
 from simulator.pd.connectors import CONNECTORS, KVConnector, connector_strategy
 from simulator.plan import parse_plan_request, run_plan
@@ -18,7 +19,7 @@ from simulator.registry import Registry
 from simulator.run import simulate
 from simulator.scenario import ScenarioError, parse_scenario
 from tests.conftest import REPO
-from tests.plan_results import k8s_roundtrip
+from tests.plan_results import check_sglang, k8s_roundtrip
 
 
 class ToyWire(KVConnector):
@@ -35,6 +36,18 @@ class ToyWire(KVConnector):
 
     def ports(self, role):
         return [{"name": "toywire", "containerPort": 7777, "protocol": "TCP"}]
+
+    def sglang_backend(self):
+        return "fake"            # SGLang's documented test backend: the toy has no SGLang transfer engine
+
+    def sglang_device_args(self, ib_device, tcp):
+        return []
+
+    def cpu_kv_transfer_config(self, kv_role, kv_path):
+        return {"kv_connector": self.conn.vllm_name, "kv_role": kv_role, "kv_connector_extra_config": {"dir": kv_path}}
+
+    def cpu_env(self, free_port, pinned, progress_thread):
+        return {"TOY_WIRE_PORT": str(free_port()), "TOY_WIRE_PINNED": str(int(pinned))}
 
 
 # The hwdb record: its name differs from the strategy's, which its `strategy` field names.
@@ -125,6 +138,66 @@ def test_a_toy_connector_plans_to_serve_lines_and_kubernetes_manifests(toy_hwdb)
         kv = json.loads(ctr["args"][ctr["args"].index("--kv-transfer-config") + 1])
         assert kv["kv_connector_extra_config"]["side"] == role
     assert yaml.safe_load(files["router.yaml"])["kv_transfer"]["connector"] == "ToyWireConnector"
+    # (d) the SGLang commands take the toy's transfer backend, and no NIC flag of another backend (on RoCE)
+    for role in ("prefill", "decode"):
+        argv = shlex.split(files[f"sglang/{role}.sh"].splitlines()[-1])
+        check_sglang(argv)
+        assert argv[argv.index("--disaggregation-transfer-backend") + 1] == "fake"
+        assert "--disaggregation-ib-device" not in argv
+
+
+class FakeServer:
+    """Records what :func:`calibration.pd_launch.launch_pair` would start, without starting it."""
+
+    started: list[FakeServer] = []
+
+    def __init__(self, cmd, url, log, env, cwd):
+        self.cmd, self.env = cmd, env
+
+    def start(self):
+        FakeServer.started.append(self)
+        return self
+
+    def wait_ready(self, timeout):
+        return None
+
+
+def test_a_toy_connector_drives_the_cpu_calibration_pair(toy_hwdb, tmp_path):
+    real_load = hwdb.load
+    with pytest.MonkeyPatch.context() as mp:
+        # the harness offers the connectors calibration.pd_options lists; the toy joins them for this test
+        mp.setitem(pd_launch.CONNECTORS, "toywire", "ToyWireConnector")
+        mp.setattr(hwdb, "load", lambda dirs=(): real_load([*dirs, toy_hwdb]))
+        mp.setattr(pd_launch, "ServerProcess", FakeServer)
+        FakeServer.started = []
+        assert json.loads(pd_launch.kv_transfer_config("kv_consumer", "/kv", "toywire")) == {
+            "kv_connector": "ToyWireConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"dir": "/kv"}}
+        pd_launch.launch_pair(tmp_path, "model", "/kv", vllm_python="py", prefill_bind="0", connector="toywire")
+    for srv, kv_role in zip(FakeServer.started, ("kv_producer", "kv_consumer"), strict=True):
+        kv = json.loads(srv.cmd[srv.cmd.index("--kv-transfer-config") + 1])
+        assert kv["kv_role"] == kv_role and kv["kv_connector_extra_config"] == {"dir": "/kv"}
+        assert int(srv.env["TOY_WIRE_PORT"]) > 0 and srv.env["TOY_WIRE_PINNED"] == "1"
+        assert "VLLM_NIXL_SIDE_CHANNEL_PORT" not in srv.env
+
+
+def test_the_shipped_harness_connectors_keep_their_cpu_settings(tmp_path):
+    assert json.loads(pd_launch.kv_transfer_config("kv_producer", "/kv", "example")) == {
+        "kv_connector": "ExampleConnector", "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"shared_storage_path": "/kv"}}
+    assert json.loads(pd_launch.kv_transfer_config("kv_consumer", "/kv", "nixl")) == {
+        "kv_connector": "NixlConnector", "kv_role": "kv_consumer", "kv_buffer_device": "cpu"}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pd_launch, "ServerProcess", FakeServer)
+        FakeServer.started = []
+        pd_launch.launch_pair(tmp_path, "model", "/kv", vllm_python="py", connector="nixl", nixl_progress_thread=False)
+        pre, dec = FakeServer.started
+        assert pre.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "127.0.0.1"
+        assert pre.env["VLLM_NIXL_SIDE_CHANNEL_PORT"] != dec.env["VLLM_NIXL_SIDE_CHANNEL_PORT"]
+        assert pre.env["EPDSIM_NIXL_PROGRESS_THREAD"] == "0" and "EPDSIM_NIXL_KEEP_BINDING" not in pre.env
+        FakeServer.started = []
+        pd_launch.launch_pair(tmp_path, "model", "/kv", vllm_python="py", connector="example", decode_bind="1")
+        assert not any(k.startswith(("VLLM_NIXL", "EPDSIM_NIXL")) for s in FakeServer.started for k in s.env)
+        assert FakeServer.started[1].env["VLLM_CPU_OMP_THREADS_BIND"] == "1"
 
 
 def test_a_yaml_only_connector_reuses_a_registered_strategy(tmp_path):

@@ -122,14 +122,46 @@ def test_plan_artefacts_folder_is_checked_before_the_plan(tmp_path, capsys):
 # ---------------------------------------------------------------- plan fabrics
 
 @pytest.mark.parametrize("fabrics,words", [
-    ({"links": ["nope"]}, ["fabrics.links[0]", "unknown link 'nope'", "Known links", "--hwdb"]),
-    ({"links": [None, "ib-ndr", "nope2"]}, ["fabrics.links[2]", "'nope2'"]),
-    ({"connector": "carrier-pigeon"}, ["fabrics.connector", "'carrier-pigeon'", "Known connectors"]),
-], ids=["unknown-link", "third-link", "unknown-connector"])
+    ({"links": ["nope"]}, ["fabrics.links[0]", "unknown link 'nope'", "Known links: aws-efa", "ib-ndr", "--hwdb"]),
+    ({"links": [None, "ib-ndr", "nope2"]}, ["fabrics.links[2]", "'nope2'", "Known links"]),
+    ({"connector": "carrier-pigeon"}, ["fabrics.connector", "'carrier-pigeon'", "Known connectors: example"]),
+    ({"links": [3]}, ["fabrics.links[0]", "(got 3)", "a link name (ib-ndr", "null for each GPU's own NIC"]),
+    ({"links": [["ib-ndr"]]}, ["fabrics.links[0]", "not ['ib-ndr']", "epdsim hw list links"]),
+    ({"links": []}, ["fabrics.links", "non-empty list", "not []", "e.g. [null, ib-ndr]"]),
+    ({"connector": 5}, ["fabrics.connector", "(got 5)", "name of a KV connector", "nixl"]),
+], ids=["unknown-link", "third-link", "unknown-connector", "link-a-number", "link-a-list", "no-links",
+        "connector-a-number"])
 def test_plan_fabric_the_database_lacks(fabrics, words, tmp_path, capsys):
-    """An unknown link is the request's error (exit 2), not a candidate that "misses the SLO" (exit 1)."""
+    """An unknown link is the request's error (exit 2) naming the request file, not a candidate that "misses
+    the SLO" (exit 1); an empty list is refused too, since it would try no fabric and drop PD silently."""
     path = put(tmp_path, "plan.yaml", setting(PLAN, "fabrics", fabrics))
-    expect_user_error(["plan", path], words, capsys)
+    expect_user_error(["plan", path], [str(path), *words], capsys)
+
+
+@pytest.mark.parametrize("gpus,words", [
+    ([{"name": "H100"}, {"name": "H999"}], ["gpus[1].name", "unknown GPU 'H999'", "Known GPUs: A100"]),
+    (["H100"], ["gpus[0]", "(got 'H100')", "a GPU offer is a mapping such as {name: H100"]),
+    ({"name": "H100"}, ["gpus", "not {'name': 'H100'}", "must list the GPU types", "e.g. [{name: H100}"]),
+    ([], ["gpus", "not []", "must list the GPU types"]),
+    ([{"name": ["H100"]}], ["gpus[0].name", "valid string", "(got ['H100'])"]),
+    ([{"name": "H100", "max_gpus": -1}], ["gpus[0].max_gpus", "(got -1)", "from 1 to 4096 GPUs"]),
+    ([{"name": "H100", "price_usd_per_hour": float("nan")}], ["gpus[0].price_usd_per_hour", "(got nan)",
+                                                              "from 0.01 to 10000 US dollars"]),
+], ids=["unknown-gpu", "bare-name", "one-mapping", "none", "name-a-list", "negative-max-gpus", "nan-price"])
+def test_plan_gpu_offers_that_make_no_sense(gpus, words, tmp_path, capsys):
+    path = put(tmp_path, "plan.yaml", setting(PLAN, "gpus", gpus))
+    expect_user_error(["plan", path], [str(path), *words], capsys)
+
+
+@pytest.mark.parametrize("where,value,words", [
+    ("model", "NopeModel", ["model", "unknown model 'NopeModel'", "Known models", "Llama-3.1-8B"]),
+    ("constraints.max_gpus", -4, ["constraints.max_gpus", "(got -4)", "from 1 to 4096 GPUs"]),
+    ("constraints.tp", [-1], ["constraints.tp[0]", "(got -1)", "from 1 to 72 GPUs"]),
+    ("search.verify", -2, ["search.verify", "(got -2)", "from 0 to 1000 candidates"]),
+], ids=["unknown-model", "negative-max-gpus", "negative-tp", "negative-verify"])
+def test_plan_request_names_and_counts_out_of_place(where, value, words, tmp_path, capsys):
+    path = put(tmp_path, "plan.yaml", setting(PLAN, where, value))
+    expect_user_error(["plan", path], [str(path), *words], capsys)
 
 
 # ---------------------------------------------------------------- regress

@@ -127,7 +127,7 @@ def test_unreachable_slo_returns_the_closest_candidates_and_their_limits():
 @pytest.mark.parametrize("over, needle", [
     ({"gpus": [{"name": "L4"}], "model": "Llama-3.1-70B", "constraints": {"tp": [1], "max_gpus": 4}},
      "no (GPU, TP) layout can serve Llama-3.1-70B"),
-    ({"gpus": [{"name": "NoSuchGPU"}]}, "gpus:"),
+    ({"gpus": [{"name": "NoSuchGPU"}]}, "gpus[0].name: unknown GPU 'NoSuchGPU'. Known GPUs: A100"),
     ({"constraints": {"families": ["colocated", "xpd"]}}, "'xpd' is not a deployment family"),
     ({"constraints": {"tp": [0]}}, "constraints.tp[0]: must be a whole number from 1 to 72 GPUs"),
     ({"slo": {"ttft_s": None, "tpot_s": None}}, "give ttft_s, tpot_s or both"),
@@ -139,6 +139,14 @@ def test_impossible_or_malformed_requests_give_clear_errors(over, needle):
     with pytest.raises(PlanError) as exc:
         run_plan(parse_plan_request(request(**over)), workers=1)
     assert needle in str(exc.value)
+
+
+def test_one_link_may_be_written_without_a_list_and_names_are_checked_when_parsed():
+    assert parse_plan_request(request(fabrics={"links": "ib-ndr"})).fabrics.links == ("ib-ndr",)
+    # the lookup happens at parse time, naming the origin given (the request file for `epdsim plan`)
+    with pytest.raises(PlanError, match=r"^mine\.yaml: invalid plan request:\n  fabrics\.links\[1\]: "
+                                        r"unknown link 'nope'\. Known links: "):
+        parse_plan_request(request(fabrics={"links": [None, "nope"]}), origin="mine.yaml")
 
 
 def test_colocated_screen_goodput_is_instances_times_one_instance():

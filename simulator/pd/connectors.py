@@ -2,10 +2,11 @@
 
 The simulation parameters of a connector (bandwidth efficiency, setup time, host staging, its TCP mode)
 are data in hwdb ``connectors/<name>.yaml`` (:class:`hwdb.schema.Connector`); how it is *deployed* (its vLLM
-``--kv-transfer-config`` per role, container environment and ports, proxy, README notes) is one small
-:class:`KVConnector` class here, registered in :data:`CONNECTORS`.  An hwdb connector names its class with
-``strategy:`` (default: the class registered under the connector's own name), so a new connector is one
-registered class plus one YAML file, or only a YAML file naming an existing class.
+``--kv-transfer-config`` per role, container environment and ports, proxy, README notes, SGLang's transfer
+backend, the CPU calibration pair's settings) is one small :class:`KVConnector` class here, registered in
+:data:`CONNECTORS`.  An hwdb connector names its class with ``strategy:`` (default: the class registered under
+the connector's own name), so a new connector is one registered class plus one YAML file, or only a YAML file
+naming an existing class.
 
 What each connector needs on the wire, from the engines' own documentation:
 
@@ -38,6 +39,7 @@ This module imports no planner module (the simulator's transfer model asks it to
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import hwdb
@@ -157,6 +159,27 @@ class KVConnector:
         """README: what ``k8s/deployment.yaml`` holds beyond a Deployment and Service per pool."""
         return ""
 
+    def sglang_backend(self) -> str:
+        """SGLang's ``--disaggregation-transfer-backend``: SGLang moves KV with its own transfer engines, not
+        vLLM's connectors; Mooncake's stands in for a connector SGLang has no backend for."""
+        return "mooncake"
+
+    def sglang_device_args(self, ib_device: str | None, tcp: bool) -> list[str]:
+        """SGLang arguments naming the RDMA NIC of its backend (``ib_device``; None: no RDMA NIC requested).
+        Mooncake's engine takes ``--disaggregation-ib-device``; over TCP it needs none."""
+        return ["--disaggregation-ib-device", ib_device] if ib_device and not tcp else []
+
+    def cpu_kv_transfer_config(self, kv_role: str, kv_path: str) -> dict:
+        """``--kv-transfer-config`` of one server of the CPU calibration pair (:mod:`calibration.pd_launch`):
+        ``kv_role`` is vLLM's (``kv_producer`` / ``kv_consumer``), ``kv_path`` a folder both servers share."""
+        return {"kv_connector": self.vllm_connector(), "kv_role": kv_role}
+
+    def cpu_env(self, free_port: Callable[[], int], pinned: bool, progress_thread: bool) -> dict[str, str]:
+        """Environment of one server of the CPU calibration pair beyond vLLM's own; ``free_port()``: a free
+        local TCP port; ``pinned``: the pair's threads are bound to cores; ``progress_thread``: the
+        connector's background progress thread is wanted."""
+        return {}
+
 
 # Connector strategy classes by name; an hwdb connector's ``strategy`` (default: its name) picks one.
 CONNECTORS: Registry[type[KVConnector]] = Registry("KV connector strategy", plural="KV connector strategies")
@@ -203,6 +226,25 @@ class Nixl(KVConnector):
     def tcp_mode(self):
         return "NIXL over UCX `UCX_TLS=tcp,cuda_copy`"
 
+    def sglang_backend(self):
+        return "nixl"
+
+    def sglang_device_args(self, ib_device, tcp):
+        # NIXL finds its NICs through UCX_NET_DEVICES (env), not through an SGLang flag.
+        return []
+
+    def cpu_kv_transfer_config(self, kv_role, kv_path):
+        # kv_buffer_device cpu: the KV cache is in host memory and NIXL registers it as DRAM
+        return {**super().cpu_kv_transfer_config(kv_role, kv_path), "kv_buffer_device": "cpu"}
+
+    def cpu_env(self, free_port, pinned, progress_thread):
+        env = {"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port())}
+        if pinned:       # keep the pinning: calibration/harness/vllm_launcher.py says why
+            env["EPDSIM_NIXL_KEEP_BINDING"] = "1"
+        if not progress_thread:
+            env["EPDSIM_NIXL_PROGRESS_THREAD"] = "0"
+        return env
+
 
 @register
 class HostTcp(Nixl):
@@ -217,6 +259,10 @@ class HostTcp(Nixl):
 
     def tcp_mode(self):
         return "NixlConnector over UCX `UCX_TLS=tcp,cuda_copy` (host-staged)"
+
+    # SGLang has no host-staged NIXL mode: its Mooncake backend (TCP transport on a TCP fabric) serves it.
+    sglang_backend = KVConnector.sglang_backend
+    sglang_device_args = KVConnector.sglang_device_args
 
 
 @register
@@ -332,3 +378,7 @@ class Example(KVConnector):
     """vLLM's reference ExampleConnector (files on a shared path): the defaults."""
 
     name = "example"
+
+    def cpu_kv_transfer_config(self, kv_role, kv_path):
+        return {**super().cpu_kv_transfer_config(kv_role, kv_path),
+                "kv_connector_extra_config": {"shared_storage_path": kv_path}}

@@ -21,7 +21,7 @@ from simulator.errors import WorkloadError
 from simulator.pd.pd import TransferConfigError, build_transfer_plan
 from simulator.perf import FitError, MemoryPlan, StepModel, plan_memory
 from simulator.step_build import build_step_model
-from simulator.plan.request import PlanError, PlanRequest
+from simulator.plan.request import PlanError, PlanRequest, resolve_hardware
 from simulator.pd.pd_config import KVTransferConfig
 from simulator.scenario import (PoolConfig, Scenario, ScenarioError, deployment_for,
                                 parse_scenario, rng_streams)
@@ -218,26 +218,12 @@ def _known(db, name: str) -> bool:
 
 def build_context(req: PlanRequest) -> PlanContext:
     """Load hardware, sample the workload and check every (GPU, TP) layout's memory fit once."""
-    try:
-        db = hwdb.load(req.hwdb)
-        model = db.model(req.model)
-    except hwdb.HwdbError as exc:
-        raise PlanError(f"model/hwdb: {exc}") from None
-    # A name the database lacks is the request's error, not a candidate that fails to meet the SLO.
-    named = [(f"fabrics.links[{i}]", db.fabric, n) for i, n in enumerate(req.fabrics.links) if n is not None]
-    for where, lookup, name in [*named, ("fabrics.connector", db.connector, req.fabrics.connector)]:
-        try:
-            lookup(name)
-        except hwdb.HwdbError as exc:
-            raise PlanError(f"{where}: {exc}") from None
+    db, model = resolve_hardware(req)
     ctx = PlanContext(req, db, model, _sample_stats(req, model))
     c = req.constraints
     calibrated = {o.name for o in req.gpus if _known(db, o.name) and ctx.profile(o.name) is not None}
     for offer in req.gpus:
-        try:
-            gpu = db.gpu(offer.name)
-        except hwdb.HwdbError as exc:
-            raise PlanError(f"gpus: {exc}") from None
+        gpu = db.gpu(offer.name)
         if c.prefer_calibrated and calibrated and offer.name not in calibrated:
             ctx.notes.append(f"{gpu.name} left out (constraints.prefer_calibrated): no calibration profile, "
                              "its figures are datasheet-only")

@@ -8,13 +8,14 @@ requests/s, US dollars per GPU-hour.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import BeforeValidator, ValidationError, field_validator, model_validator
 
+import hwdb
 from simulator.bounds import Seed, between, count
-from simulator.errors import format_validation_error, read_yaml
-from simulator.inputs import Folders, StrictModel
+from simulator.errors import format_validation_error
+from simulator.inputs import Folders, StrictModel, read_yaml
 from simulator.scenario import SLO, EngineConfig, resolve_relative
 from simulator.workload import WorkloadConfig
 
@@ -35,6 +36,14 @@ class GpuOffer(StrictModel):
     name: str
     price_usd_per_hour: OfferPrice | None = None
     max_gpus: count(1, 4096, "GPUs") | None = None     # at most this many of this type in one deployment
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mapping(cls, v):
+        if isinstance(v, (dict, GpuOffer)):
+            return v
+        raise ValueError("a GPU offer is a mapping such as {name: H100, price_usd_per_hour: 2.5} (price and "
+                         "max_gpus optional)" + (f", not {v!r}" if isinstance(v, list) else ""))
 
 
 Degree = count(1, 72, "GPUs", fix="give parallel sizes such as [1, 2, 4, 8]")
@@ -82,11 +91,42 @@ class Constraints(StrictModel):
         return self
 
 
+LINK_HINT = ("a link name (ib-ndr, roce-400, tcp-25gbe, ...: `epdsim hw list links`), a cloud node type "
+             "(gcp-a3-high, aws-p5, ...) or null for each GPU's own NIC")
+
+
+def _link_entry(v):
+    """One entry of ``fabrics.links``: a name or None, refused with the forms it may take."""
+    if v is None or isinstance(v, str):
+        return v
+    raise ValueError(f"must be {LINK_HINT}" + (f", not {v!r}" if isinstance(v, (list, dict)) else ""))
+
+
 class Fabrics(StrictModel):
     """How PD candidates may move KV: fabrics to try (``None`` = each GPU's default NIC) and the connector."""
 
-    links: tuple[str | None, ...] = (None,)
+    links: tuple[Annotated[str | None, BeforeValidator(_link_entry)], ...] = (None,)
     connector: str = "nixl"
+
+    @field_validator("links", mode="before")
+    @classmethod
+    def _links(cls, v):
+        if isinstance(v, str):
+            return (v,)
+        if not isinstance(v, (list, tuple)) or not v:
+            # an empty list would try no fabric, and so drop every PD candidate without a word
+            raise ValueError(f"must be a non-empty list, each entry {LINK_HINT}; e.g. [null, ib-ndr]"
+                             + (", not []" if isinstance(v, (list, tuple)) else ""))
+        return v
+
+    @field_validator("connector", mode="before")
+    @classmethod
+    def _connector(cls, v):
+        if not isinstance(v, str):
+            shown = f", not {v!r}" if isinstance(v, (list, dict)) else ""
+            raise ValueError("must be the name of a KV connector of the hardware database (nixl, mooncake, "
+                             "p2pnccl, tcp, ...: hwdb connectors/<name>.yaml)" + shown)
+        return v
 
 
 class SearchConfig(StrictModel):
@@ -124,10 +164,18 @@ class PlanRequest(StrictModel):
     hwdb: Folders = ()
     workload: WorkloadConfig
     slo: SLO
-    gpus: tuple[GpuOffer, ...] = Field(min_length=1)
+    gpus: tuple[GpuOffer, ...]
     fabrics: Fabrics = Fabrics()
     constraints: Constraints = Constraints()
     search: SearchConfig = SearchConfig()
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _some_gpus(cls, v):
+        if not isinstance(v, (list, tuple)) or not v:
+            raise ValueError("must list the GPU types you can buy or rent, e.g. [{name: H100}, {name: H200}]"
+                             + (f", not {v!r}" if isinstance(v, (list, tuple, dict)) else ""))
+        return v
 
     @model_validator(mode="after")
     def _check(self) -> PlanRequest:
@@ -171,10 +219,32 @@ def parse_plan_request(data: dict, origin: str = "plan request", base: Path | No
     if base is not None:
         data = resolve_relative(data, base)
     try:
-        return PlanRequest.model_validate(data)
+        req = PlanRequest.model_validate(data)
     except ValidationError as err:
         raise PlanError(format_validation_error(err, data, root=PlanRequest, origin=origin, what="plan request",
                                                 docs="docs/planner.md")) from None
+    resolve_hardware(req, origin)
+    return req
+
+
+def resolve_hardware(req: PlanRequest, origin: str = "plan request") -> tuple[hwdb.HardwareDB, hwdb.ModelEntry]:
+    """The request's hardware database and model, once every name it gives (model, GPUs, links, connector)
+    is found there: a name the database lacks is the request's error, naming ``origin`` (its file), the
+    field, the value and the names known, not a candidate that fails to meet the SLO (raises PlanError)."""
+    try:
+        db = hwdb.load(req.hwdb)
+    except hwdb.HwdbError as exc:
+        raise PlanError(f"{origin}: hwdb: {exc}") from None
+    named = [("model", db.model, req.model),
+             *((f"gpus[{i}].name", db.gpu, g.name) for i, g in enumerate(req.gpus)),
+             *((f"fabrics.links[{i}]", db.fabric, n) for i, n in enumerate(req.fabrics.links) if n is not None),
+             ("fabrics.connector", db.connector, req.fabrics.connector)]
+    for where, lookup, name in named:
+        try:
+            lookup(name)
+        except hwdb.HwdbError as exc:
+            raise PlanError(f"{origin}: invalid plan request:\n  {where}: {exc}") from None
+    return db, db.model(req.model)
 
 
 def load_plan_request(path: str | Path) -> PlanRequest:

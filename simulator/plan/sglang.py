@@ -10,6 +10,7 @@ serves.  SGLang does not install on a CPU-only machine, so the tests check flags
 from __future__ import annotations
 
 from simulator.memory import memory_fraction
+from simulator.pd.connectors import connector_strategy
 from simulator.plan.manifests import (SGLANG_BOOTSTRAP_PORT, SGLANG_PORT, VLLM_PORT, ArtefactOptions,
                                      engine_deployment, router_objects)
 
@@ -21,8 +22,9 @@ ROUTER_MODULE = "sglang_router.launch_router"
 def sglang_args(model_id: str, dep, role: str, connector, tcp: bool = False, encoder_urls: list[str] | None = None,
                 ib_device: str | None = None) -> list[str]:
     """``python -m sglang.launch_server`` arguments for one instance of a pool (role: colocated, prefill,
-    decode or encoder).  ``encoder_urls``: the encoder Service(s) of an EPD plan, given to the language
-    model's ``--language-only`` server."""
+    decode or encoder).  ``connector``: the hwdb connector of a PD plan (its strategy names SGLang's transfer
+    backend; required for prefill and decode); ``encoder_urls``: the encoder Service(s) of an EPD plan, given
+    to the language model's ``--language-only`` server."""
     k = dep.knobs
     # SGLang's --tp-size counts every GPU of the instance; with --enable-dp-attention the attention runs
     # as --dp-size ranks of tp-size / dp-size GPUs each and the experts over --ep-size of them.
@@ -39,12 +41,11 @@ def sglang_args(model_id: str, dep, role: str, connector, tcp: bool = False, enc
     if dep.kv_dtype == "fp8":
         args += ["--kv-cache-dtype", "fp8_e4m3"]
     if role in ("prefill", "decode"):
-        backend = connector.name if connector is not None and connector.name in ("nixl", "mooncake") else "mooncake"
-        args += ["--disaggregation-mode", role, "--disaggregation-transfer-backend", backend]
+        strategy = connector_strategy(connector)
+        args += ["--disaggregation-mode", role, "--disaggregation-transfer-backend", strategy.sglang_backend()]
         if role == "prefill":
             args += ["--disaggregation-bootstrap-port", str(SGLANG_BOOTSTRAP_PORT)]
-        if ib_device and not tcp and backend == "mooncake":
-            args += ["--disaggregation-ib-device", ib_device]
+        args += strategy.sglang_device_args(ib_device, tcp)
     if encoder_urls and role in ("colocated", "prefill"):
         args += ["--language-only", "--encoder-urls", *encoder_urls,
                  "--encoder-transfer-backend", "mooncake" if not tcp else "zmq_to_scheduler"]
