@@ -145,11 +145,13 @@ def pareto_figure(candidates: pd.DataFrame, pareto: pd.DataFrame, x: str, y: str
     target rate as a horizontal line when the y axis is the goodput."""
     fig = _fig("Cost vs goodput", AXIS_TITLES.get(x, x), AXIS_TITLES.get(y, y))
     text = candidates[label].astype(str) if label and label in candidates else None
+    # A hover text column (e.g. the latencies with their model error band) replaces the label's hover.
+    tip = dict(hovertemplate="%{text}<extra></extra>") if label and label.startswith("hover") else {}
     fig.add_trace(go.Scatter(x=candidates[x], y=candidates[y], mode="markers", name="candidates",
-                             text=text, marker=dict(size=7, color="lightgray", line=dict(width=1, color="gray"))))
+                             text=text, marker=dict(size=7, color="lightgray", line=dict(width=1, color="gray")), **tip))
     p = pareto.sort_values(x)
     fig.add_trace(go.Scatter(x=p[x], y=p[y], mode="lines+markers", name="Pareto front",
-                             text=p[label].astype(str) if label and label in p else None))
+                             text=p[label].astype(str) if label and label in p else None, **tip))
     if recommended and x in recommended and y in recommended:
         fig.add_trace(go.Scatter(x=[recommended[x]], y=[recommended[y]], mode="markers", name="recommended",
                                  marker=dict(size=16, symbol="star", color="crimson")))

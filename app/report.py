@@ -15,9 +15,10 @@ import pandas as pd
 
 from app import charts
 from app.services import compare, views
+from app.services.costs import cost_text
 from app.services.scenarios import Prices, cost
 from simulator import fmt
-from simulator.confidence import describe
+from simulator.confidence import band_caption, describe, error_bands, with_band
 from simulator.serving_summary import slo_text
 from app.services.calibration import checks_frame, series_frame
 from app.services.share import portable_yaml
@@ -56,24 +57,20 @@ def _scenario_yaml(scn) -> str:
     return portable_yaml(scn.model_dump(mode="json"))
 
 
-def _ms(x: float) -> str:
-    return fmt.duration(x)
-
-
 def summary_rows(res, prices: Prices | None = None) -> list[tuple[str, str]]:
     """The headline figures of a run as (label, text) pairs."""
     s = res.summary
     c = cost(res, prices)
-    rows = [(f"{lab} p50 / p90 / p99", " / ".join(_ms(s[k][p]) for p in ("p50", "p90", "p99")))
+    rel = error_bands(res.info)
+    rows = [(f"{lab} p50 / p90 / p99", " / ".join(with_band(s[k][p], rel.get(k)) for p in ("p50", "p90", "p99")))
             for k, lab in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "E2E"))]
+    rows += [("model error band", band_caption(res.info, rel))]
     rows += [("completed / rejected / unfinished", f"{s['completed']} / {s['rejected']} / {s['unfinished']}"),
              ("throughput", f"{s['throughput_rps']:.2f} req/s, {s['output_tokens_per_s']:,.0f} output tok/s"),
              ("SLO attainment", f"{fmt.percent(s['slo_attainment'])} (target {fmt.percent(res.scenario.slo.attainment, 0)}"
                                 f" within {slo_text(res.scenario.slo.ttft_s, res.scenario.slo.tpot_s)})"),
              ("GPUs", str(s["gpus"])),
-             ("cost", f"${c['usd_per_hour']:,.2f}/h, ${c['usd_per_million_output_tokens']:,.3f} per M output tokens"
-                      + (f" (mean with scaling: ${c['usd']:,.2f} for {c['gpu_hours']:,.2f} GPU-hours)"
-                         if c.get("with_scaling") else "")),
+             ("cost", cost_text(c["named"])),
              ("perf model", res.info.get("perf_model", ""))]
     o = s.get("operations")
     if o is not None:

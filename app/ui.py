@@ -10,8 +10,9 @@ from pathlib import Path
 
 import streamlit as st
 
-from app.services import exports, glossary, jobs, scenarios, share, views
+from app.services import costs, exports, glossary, jobs, scenarios, share, views
 from simulator import fmt
+from simulator.confidence import band_caption, error_bands, with_band
 from app.services.hardware import DbCache
 
 
@@ -179,33 +180,45 @@ def run_scenario(d: dict):
     return res, key
 
 
-def _pcts_caption(q: dict, target: float | None) -> str:
-    text = f"p90 {fmt.duration(q['p90'])} · p99 {fmt.duration(q['p99'])}"
+def _pcts_caption(q: dict, target: float | None, rel: float | None) -> str:
+    text = " · ".join(f"{p} {with_band(q[p], rel)}" for p in ("p50", "p90", "p99"))
     return text + (f" · SLO ≤ {fmt.duration(target)}" if target else " · no SLO")
 
 
 def result_cards(res, c: dict) -> None:
-    """The headline cards of a run: TTFT and TPOT p50 with p90, p99 and the SLO target under them,
-    output tokens/s, SLO attainment with its target, cost; every figure through simulator.fmt."""
+    """The headline cards of a run: TTFT and TPOT p50 with p50, p90, p99 and the SLO target under them, each
+    latency there with its model error band in brackets (:func:`simulator.confidence.error_bands`, as `epdsim
+    simulate` prints it), output tokens/s, SLO attainment with its target, the named costs; every figure
+    through simulator.fmt."""
     s, slo = res.summary, res.scenario.slo
+    rel = error_bands(res.info)
     cols = st.columns(6)
     for col, key, label, target in ((cols[0], "ttft_s", "TTFT p50", slo.ttft_s), (cols[1], "tpot_s", "TPOT p50", slo.tpot_s)):
-        col.metric(label, fmt.duration(s[key]["p50"]), help=f"mean {fmt.duration(s[key]['mean'])}")
-        col.caption(_pcts_caption(s[key], target))
+        # The card's value stays short (a six-column card cuts a longer one); the band is in the caption under it.
+        col.metric(label, fmt.duration(s[key]["p50"]), help=f"mean {with_band(s[key]['mean'], rel[key])}")
+        col.caption(_pcts_caption(s[key], target, rel[key]))
     cols[2].metric("output tok/s", f"{s['output_tokens_per_s']:,.0f}")
     cols[2].caption(f"{s['throughput_rps']:,.2f} req/s completed")
     cols[3].metric("SLO attainment", fmt.percent(s["slo_attainment"]),
                    help=glossary.help_for("SLO attainment"))
     cols[3].caption(f"target {fmt.percent(slo.attainment, 0)} of requests")
-    cols[4].metric("cost per hour", fmt.usd(c["usd_per_hour"]),
-                   help="mean over the run of the GPU-hours billed as instances came and went" if c.get("with_scaling")
-                   else "GPUs x their price per GPU-hour (hwdb list price unless overridden under Prices)")
+    named = c.get("named") or {}
+    other = [n for n in named if n != costs.headline(named)]
+    top = costs.headline(named) if named else costs.STATIC
+    cols[4].metric("cost per hour", fmt.usd(c["usd_per_hour"]), help=f"{top}: {costs.MEANING[top]} "
+                   "(hwdb list price unless overridden under Prices)")
+    cols[5].metric("$ per M output tokens", fmt.usd(c["usd_per_million_output_tokens"], 3),
+                   help=f"{top}: {costs.MEANING[top]}")
     if c.get("with_scaling"):
-        cols[4].caption(f"with scaling: {fmt.usd(c['usd'])} for {c['gpu_hours']:,.2f} GPU-hours")
+        cols[4].caption(f"{top}: {fmt.usd(c['usd'])} for {c['gpu_hours']:,.2f} GPU-hours")
     else:
-        cols[4].caption(f"{s['gpus']} GPUs")
-    cols[5].metric("$ per M output tokens", fmt.usd(c["usd_per_million_output_tokens"], 3))
-
+        cols[4].caption(f"{top}: {s['gpus']} GPUs")
+    for n in other:     # the run's other named cost (static beside mean billed), named as the CLI names it
+        cols[4].caption(f"{n}: {fmt.usd(named[n]['usd_per_hour'])}/h ({costs.MEANING[n]})")
+        cols[5].caption(f"{n}: {fmt.usd(named[n]['usd_per_million_output_tokens'], 3)}")
+    if not other:
+        cols[5].caption(top)
+    st.caption(band_caption(res.info, rel))
 
 def ops_cards(res) -> None:
     """The operations figures of a run with autoscaling or faults (``summary["operations"]``); nothing
@@ -275,6 +288,8 @@ def column_config(df) -> dict:
         name = str(c)
         if name.startswith("cost_usd") or name.startswith("usd"):
             cc[name] = st.column_config.NumberColumn(format="dollar")
+        elif name.endswith("_band"):            # a relative model error band
+            cc[name] = st.column_config.NumberColumn(format="percent")
         elif any(k in name for k in ("attainment", "occupancy", "utilisation", "share", "hit_rate")) \
                 and not name.endswith("_ci95_s"):
             cc[name] = st.column_config.NumberColumn(format="percent")

@@ -101,6 +101,10 @@ def _pools(d: dict, opts: builder.Options) -> dict:
         if pool.get("role") == "encoder":
             d = builder.set_pool(d, i, gpu=gpu, tp=int(tp), instances=int(n))
             continue
+        kvs = list(builder.KV_DTYPES)
+        kvd = st.selectbox("KV cache", kvs, index=kvs.index(pool.get("kv_cache_dtype", "auto")),
+                           key=_k(f"kv-dtype-{i}-{mode}"), help=glossary.help_for("KV cache dtype"))
+        d = builder.set_pool(d, i, kv_cache_dtype=kvd)
         eng = pool.get("engine") or {}
         with st.expander("engine arguments"):
             cur = eng.get("engine", "vllm-v1")

@@ -32,7 +32,7 @@ def expected_ops(name: str) -> dict[str, str]:
     return {"crashes": f"{o['crashes']:,}", "GPU-hours": f"{o['gpu_hours']:,.2f}",
             "scale-ups": f"{len(o['scale_ups']):,}",
             "cost per hour": fmt.usd(c["usd_per_hour"]),
-            "caption": f"with scaling: {fmt.usd(c['usd'])} for {c['gpu_hours']:,.2f} GPU-hours"}
+            "caption": f"mean billed: {fmt.usd(c['usd'])} for {c['gpu_hours']:,.2f} GPU-hours"}
 
 
 def _example(name: str) -> dict:
@@ -113,7 +113,7 @@ def test_runs_without_operations_offer_no_operations_view():
 def test_report_of_an_operations_run_has_its_timelines_and_figures(crashes):
     html = report.results_html(crashes, plotly="cdn")
     for text in ("Instances over time", "Failed and retried requests", "Cost with scaling", "GPU-hours",
-                 "retried requests (re-sends)", "mean with scaling"):
+                 "retried requests (re-sends)", "mean billed"):
         assert text in html, text
 
 

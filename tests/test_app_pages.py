@@ -6,6 +6,8 @@ shows an inline st.error with the fix, never an exception.
 """
 from __future__ import annotations
 
+import re
+
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -33,8 +35,9 @@ def _metrics(at: AppTest) -> dict[str, str]:
 
 
 def _seconds(text: str) -> float:
-    """A simulator.fmt duration ("412 ms", "1.23 s", "12.5 min") back in seconds."""
-    num, unit = text.replace(",", "").split()
+    """A simulator.fmt duration ("412 ms", "1.23 s", "12.5 min"), its model error band after it if any
+    ("412 ms (296–528)"), back in seconds."""
+    num, unit = text.replace(",", "").split()[:2]
     return float(num) * {"µs": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0}[unit]
 
 
@@ -65,7 +68,9 @@ def test_home_cards_show_percentiles_with_the_slo_and_an_overload_names_the_bott
     at = _page("Home.py").run()
     _ok(at)
     captions = [c.value for c in at.caption]
-    assert any(c.startswith("p90 ") and "p99 " in c and "SLO ≤ 500 ms" in c for c in captions), captions
+    assert any(c.startswith("p50 ") and "p90 " in c and "p99 " in c and "SLO ≤ 500 ms" in c for c in captions), captions
+    # each percentile with its model error band: "p90 123 ms (88–157)"
+    assert any(re.match(r"p50 [\d.]+ ms \([\d.]+–[\d.]+\) · p90 ", c) for c in captions), captions
     assert any("SLO ≤ 50.0 ms" in c for c in captions), captions
     assert any(c == "target 90% of requests" for c in captions), captions
     assert all(len(v) <= 10 for v in _metrics(at).values()), _metrics(at)

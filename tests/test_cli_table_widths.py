@@ -17,7 +17,7 @@ import yaml
 
 from simulator.cli import main
 from simulator.cli.ops import yaml_within
-from simulator.cli.simulate import band_text
+from simulator.confidence import band_text
 from simulator.console import PIPED_WIDTH, stdout_console
 
 REPO = Path(__file__).resolve().parents[1]

@@ -70,10 +70,15 @@ def _highlight(row):
 
 st.subheader("Metrics")
 sty = metrics.style.apply(_highlight, axis=1)
-for label in metrics.index:      # one formatter per row: durations, percentages, dollars (simulator.fmt)
-    sty = sty.format(compare.row_formatter(label), subset=pd.IndexSlice[[label], names])
+rel = compare.bands(results)
+for label in metrics.index:      # one formatter per cell: durations with their band, percentages, dollars
+    for n in names:
+        sty = sty.format(compare.cell_formatter(label, rel[n]), subset=pd.IndexSlice[[label], [n]])
 st.dataframe(sty, key="metrics")
-st.caption("Best value per row highlighted; values within 0.5% of it tie (no highlight when all tie).")
+st.caption("Best value per row highlighted; values within 0.5% of it tie (no highlight when all tie). "
+           "(low–high) after a latency: its model error band, the validation's mean |error| on the subset that "
+           "fits each scenario's pools (simulator/confidence.py); not a seed-noise interval. Cost $/h: the "
+           "static cost, or for a run with autoscaling the mean billed one (docs/app.md).")
 st.subheader("Change against " + names[0])
 st.dataframe(compare.relative_change(metrics).style.format("{:+.1%}", na_rep="-"), key="changes")
 

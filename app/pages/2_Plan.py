@@ -7,7 +7,7 @@ import json
 import streamlit as st
 
 from app import charts, report, ui
-from app.services import builder, glossary, planning, scenarios
+from app.services import builder, glossary, planbands, planning, scenarios
 
 st.set_page_config(page_title="epdsim: plan", layout="wide")
 st.title("Capacity plan")
@@ -61,18 +61,35 @@ if key not in plans:
 res = plans[key]
 
 rec = res.recommended
+# The model error band of every candidate's latencies (computed once per plan: it resolves each pool).
+bands = st.session_state.setdefault("plan-bands", {})
+if key not in bands:
+    bands[key] = planbands.band_frame(res)
+band = bands[key]
 if rec:
-    st.success(f"Recommended: {rec['layout']} — {rec['gpus']} GPUs, ${rec['cost_usd_per_hour']:,.2f}/h, "
-               f"goodput {rec['goodput_rps']:,.1f} req/s", icon="✅")
+    head = (f"Recommended: {rec['layout']} — {rec['gpus']} GPUs, ${rec['cost_usd_per_hour']:,.2f}/h, "
+            f"goodput {rec['goodput_rps']:,.1f} req/s. ")
+    edge = band.set_index("id").loc[rec["id"], "meets_slo_at_band_edge"]
+    holds = edge is not None and edge == edge and bool(edge)
+    (st.success if holds else st.warning)(ui.plain(head + planbands.verdict(res, band)), icon="✅" if holds else "⚠️")
 else:
     st.warning("No candidate meets the SLO. " + " ".join(res.notes))
-c = res.candidates
+c = planbands.with_bands(res.candidates, band)
+pareto = planbands.with_bands(res.pareto, band)
 st.caption(f"Goodput: {glossary.TERMS['goodput']} Rows with `verified` true were simulated (the banner's "
-           "figure); the others carry the analytic screen's estimate, which the simulation may correct either way.")
-st.plotly_chart(charts.pareto_figure(c, res.pareto, "cost_usd_per_hour", "goodput_rps", rec, label="layout",
+           "figure); the others carry the analytic screen's estimate, which the simulation may correct either way. "
+           "`ttft_band`/`tpot_band`: the model error band (the validation's mean |error| on the subset that fits "
+           "the candidate's pools, simulator/confidence.py), its ends `*_low_s`/`*_high_s`, and "
+           "`meets_slo_at_band_edge` judged at the high end; `attainment_ci95` is seed noise, a different thing.")
+q = res.request.percentile
+for frame in (c, pareto):
+    frame["hover"] = [f"{r['layout']}<br>{planbands.latency_text(r, r, q)}<br>${r['cost_usd_per_hour']:,.2f}/h, "
+                      f"goodput {r['goodput_rps']:,.2f} req/s" for r in frame.to_dict("records")]
+st.plotly_chart(charts.pareto_figure(c, pareto, "cost_usd_per_hour", "goodput_rps", rec, label="hover",
                                     target_rate=res.request.target_rate), key="pareto")
 st.subheader("Pareto front")
-st.dataframe(res.pareto, hide_index=True, key="pareto-table", column_config=ui.column_config(res.pareto))
+pareto, c = pareto.drop(columns="hover"), c.drop(columns="hover")
+st.dataframe(pareto, hide_index=True, key="pareto-table", column_config=ui.column_config(pareto))
 with st.expander(f"all {len(c)} candidates"):
     st.dataframe(c, hide_index=True, key="candidates", column_config=ui.column_config(c))
 if res.families is not None and len(res.families):

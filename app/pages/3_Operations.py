@@ -20,7 +20,7 @@ for col, name in ((o1, "autoscale_step_load.yaml"), (o2, "fp8_decode_crashes_pd.
 
 d = ui.scenario()
 opts = builder.options(ui.db(d))
-pool = d["pools"][-1]
+pool = next((p for p in d["pools"] if p.get("role") != "encoder"), d["pools"][-1])
 c1, c2, c3, c4 = st.columns(4)
 models = list(opts.models)
 model = c1.selectbox("model", models, index=models.index(d["model"]) if d["model"] in models else 0, key="ops-model")
@@ -31,14 +31,23 @@ tp = c3.selectbox("TP", [1, 2, 4, 8], index=[1, 2, 4, 8].index(pool.get("tp", 1)
 stores = operations.storages()
 storage = c4.selectbox("weights from", stores, index=stores.index("nvme") if "nvme" in stores else 0,
                        key="ops-storage")
-c1, c2, c3 = st.columns(3)
-cache = c1.radio("torch.compile cache", ["miss", "hit"], horizontal=True, key="ops-cache")
-image_cached = c2.checkbox("image already on the node", True, key="ops-image")
-eager = c3.checkbox("enforce_eager (no compile, no CUDA graphs)", False, key="ops-eager")
-q = operations.StartQuery(model=model, gpu=gpu, tp=int(tp), storage=storage, compile_cache=cache,
-                          image_cached=image_cached, enforce_eager=eager)
+c1, c2, c3, c4, c5 = st.columns(5)
+# The weights and KV formats start as Home's scenario has them (with its PP/DP/EP and engine arguments).
+dtypes = list(dict.fromkeys([*builder.DTYPES, pool.get("dtype", "bf16")]))
+dtype = c1.selectbox("weights", dtypes, index=dtypes.index(pool.get("dtype", "bf16")), key="ops-dtype")
+kvs = list(builder.KV_DTYPES)
+kv = c2.selectbox("KV cache", kvs, index=kvs.index(pool.get("kv_cache_dtype", "auto")), key="ops-kv-dtype")
+cache = c3.radio("torch.compile cache", ["miss", "hit"], horizontal=True, key="ops-cache")
+image_cached = c4.checkbox("image already on the node", True, key="ops-image")
+eager = c5.checkbox("enforce_eager (no compile, no CUDA graphs)", bool((pool.get("engine") or {}).get("enforce_eager")),
+                    key="ops-eager")
+q = operations.query_from_pool(pool, model, gpu, int(tp), dtype=dtype, kv_cache_dtype=kv, storage=storage,
+                               compile_cache=cache, image_cached=image_cached, enforce_eager=eager)
+st.caption(f"Instance: {operations.settings_text(q)} (PP, DP, EP and engine arguments from the Home page's "
+           f"{pool.get('role', 'colocated')} pool)")
 try:
     cs = operations.cold_start(q, ui.db(d))
+    serve = operations.serve_line(q, ui.db(d))
 except scenarios.InputError as exc:
     ui.show_error(exc)
     st.stop()
@@ -50,6 +59,7 @@ m2.metric("from container start", f"{cs['container_s']:,.0f} s")
 m3.metric("with a warm compile cache", f"{cs['warm_total_s']:,.0f} s")
 st.caption(cs["description"])
 st.plotly_chart(charts.coldstart_figure(cs["phases"]), key="coldstart")
+st.code(serve, language="bash")
 st.dataframe(cs["phases"][["case", "label", "seconds", "detail"]], hide_index=True, key="phases")
 for n in cs["notes"]:
     st.warning(f"extrapolated: {n}")

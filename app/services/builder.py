@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import get_args
 
 import hwdb
 from simulator.routing import ROUTERS
+from simulator.scenario import PoolConfig
 
 LAYOUTS = ("colocated", "pd", "e+colocated", "e+p+d")
 LAYOUT_LABELS = {"colocated": "colocated", "pd": "prefill/decode (PD)", "e+colocated": "encoder + colocated (E+PD)",
@@ -136,15 +138,18 @@ def set_embedding_transfer(d: dict, **values) -> dict:
     return out
 
 
-POOL_DEFAULTS = {("dtype", "bf16"), ("pp", 1), ("dp", 1), ("ep", 1)}
+POOL_DEFAULTS = {("dtype", "bf16"), ("pp", 1), ("dp", 1), ("ep", 1), ("kv_cache_dtype", "auto")}
 DTYPES = ("bf16", "fp8", "fp4", "int4", "fp16")    # weights: fp8 halves them (and needs a GPU with FP8)
+# The KV cache's format: auto is the engine's choice for the weights (docs/validation/memory.md); fp8 halves it.
+KV_DTYPES = get_args(PoolConfig.model_fields["kv_cache_dtype"].annotation)
 
 
 def set_pool(d: dict, index: int, **values) -> dict:
-    """Set pool fields (gpu, tp, pp, dp, ep, instances, dtype, router) and engine arguments (keys of EngineConfig).
+    """Set pool fields (gpu, tp, pp, dp, ep, instances, dtype, kv_cache_dtype, router) and engine arguments
+    (keys of EngineConfig).
 
     ``None`` removes an engine argument (vLLM's default applies); a field set to its default (bf16
-    weights, PP, DP and EP 1) is removed, so that a scenario edited back to what it was compares equal to it.
+    weights, PP, DP and EP 1, KV cache auto) is removed, so that a scenario edited back to what it was compares equal to it.
     """
     engine_keys = {"engine", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
                    "enable_prefix_caching", "enable_chunked_prefill", "block_size", "max_model_len"}

@@ -15,6 +15,7 @@ import pandas as pd
 from app.services import builder
 from app.services.scenarios import Prices, cost
 from simulator import fmt
+from simulator.confidence import error_bands, with_band
 from simulator.pd.connectors import HOST_STAGED_CONNECTOR, RDMA_CONNECTOR
 
 ENGINES = ("vllm-v0", "vllm-v1", "sglang")
@@ -124,6 +125,26 @@ def row_formatter(label: str):
     if label in ("completed", "preemptions", "GPUs"):
         return lambda x: fmt.number(x, 0)
     return lambda x: fmt.number(x, 2 if abs(x) < 100 else 0) if x == x else "-"
+
+
+# The metrics rows that carry a model error band, by the figure whose band they take (simulator.confidence.BANDED).
+BANDED_ROWS = {"TTFT p50 (s)": "ttft_s", "TTFT p99 (s)": "ttft_s", "TPOT p50 (s)": "tpot_s", "TPOT p99 (s)": "tpot_s",
+               "E2E p50 (s)": "e2e_s"}
+
+
+def bands(results: dict) -> dict[str, dict[str, float | None]]:
+    """Each scenario's relative model error band per banded figure (:func:`simulator.confidence.error_bands`)."""
+    return {name: error_bands(res.info) for name, res in results.items()}
+
+
+def cell_formatter(label: str, rel: dict[str, float | None] | None = None):
+    """How one cell of a :func:`metrics_frame` row reads: :func:`row_formatter`'s text, and for a latency row
+    the scenario's model error band after it ("173 ms (124–222)") when ``rel`` (its :func:`bands`) has one."""
+    key = BANDED_ROWS.get(label)
+    r = (rel or {}).get(key) if key else None
+    if r is None:
+        return row_formatter(label)
+    return lambda x: with_band(x, r) if x == x else "-"
 
 
 def relative_change(df: pd.DataFrame) -> pd.DataFrame:

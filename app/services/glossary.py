@@ -32,6 +32,10 @@ TERMS = {
     "weights (dtype)": "bf16 is the default; fp8 halves the weights and speeds up the matrix products on GPUs with "
                        "FP8 (H100, H200, B200, L40S...), which lets a model fit where bf16 does not; fp4/int4 halve "
                        "them again where supported.",
+    "KV cache dtype": "auto is what the engine release does for the checkpoint: the activation dtype (bf16/fp16), "
+                      "or the KV format a quantised checkpoint declares where the release follows it "
+                      "(docs/validation/memory.md); fp8 (vLLM --kv-cache-dtype fp8) halves the KV cache, so about "
+                      "twice the tokens fit in the same memory.",
     "seed": "Every random draw (arrivals, lengths, jitter, faults) comes from streams spawned from this seed: the "
             "same seed gives the same run; another seed shows the run-to-run spread.",
     "arrival process": "Poisson: independent arrivals at a mean rate. Bursty: gamma-distributed gaps with a "

@@ -5,6 +5,7 @@ Wraps :mod:`simulator.ops.coldstart` and :mod:`simulator.ops.k8s` as the ``epdsi
 """
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 
 import pandas as pd
@@ -14,6 +15,7 @@ from app.services.scenarios import InputError
 from simulator.ops.coldstart import PHASE_LABELS, ColdStartError, breakdown
 from simulator.ops.k8s import PodSpec, Probe, ProbeError, recommend_probes, simulate_pod
 from simulator.perf import FitError, plan_memory
+from simulator.plan.artefacts import vllm_args
 from simulator.scenario import PoolConfig, ScenarioError, deployment_for
 from hwdb.coldstart import load_coldstart
 
@@ -33,6 +35,41 @@ class StartQuery:
     image_cached: bool = True
     enforce_eager: bool = False
     hwdb_dirs: tuple[str, ...] = ()
+    kv_cache_dtype: str = "auto"
+    pp: int = 1
+    dp: int = 1
+    ep: int = 1
+    # The pool's other engine arguments (EngineConfig keys and values), as the scenario on Home has them.
+    engine_args: tuple[tuple[str, object], ...] = ()
+
+
+def query_from_pool(pool: dict, model: str, gpu: str, tp: int, **start) -> StartQuery:
+    """The start of one instance of scenario pool ``pool`` (a dict as Home edits it): its weights and KV
+    dtypes, PP/DP/EP and engine arguments travel; ``model``, ``gpu``, ``tp`` and ``start`` (storage,
+    caches, enforce_eager, dtype or kv_cache_dtype overrides) are the page's choices."""
+    eng = {k: v for k, v in (pool.get("engine") or {}).items() if k != "enforce_eager"}
+    keep = {"dtype": pool.get("dtype", "bf16"), "kv_cache_dtype": pool.get("kv_cache_dtype", "auto"),
+            "pp": int(pool.get("pp", 1)), "dp": int(pool.get("dp", 1)), "ep": int(pool.get("ep", 1))}
+    return StartQuery(model=model, gpu=gpu, tp=int(tp), **{**keep, **start}, engine_args=tuple(sorted(eng.items())))
+
+
+def settings_text(q: StartQuery) -> str:
+    """The instance's settings in one line: "TP2 PP1 DP2 EP4, weights fp8, KV cache fp8, engine vllm-v1"."""
+    eng = dict(q.engine_args)
+    extra = ", ".join(f"{k} {v}" for k, v in eng.items() if k != "engine")
+    return (f"TP{q.tp} PP{q.pp} DP{q.dp} EP{q.ep}, weights {q.dtype}, KV cache {q.kv_cache_dtype}, engine "
+            f"{eng.get('engine', 'vllm-v1')}" + (f", {extra}" if extra else ""))
+
+
+def serve_line(q: StartQuery, db: hwdb.HardwareDB | None = None) -> str:
+    """The `vllm serve` line of the instance whose start is modelled (the planner's own argument builder)."""
+    try:
+        dep = _deployment(q, db)
+        model = (db or hwdb.load(q.hwdb_dirs)).model(q.model)
+        args = vllm_args(model.sidecar.hf_id or model.name, dep, "colocated", None)
+    except OPS_ERRORS as exc:
+        raise InputError(str(exc)) from None
+    return "vllm serve " + shlex.join(args)
 
 
 def storages() -> list[str]:
@@ -42,7 +79,8 @@ def storages() -> list[str]:
 def _deployment(q: StartQuery, db: hwdb.HardwareDB | None = None):
     db = db or hwdb.load(q.hwdb_dirs)
     model = db.model(q.model)
-    pool = PoolConfig(gpu=q.gpu, tp=q.tp, dtype=q.dtype, engine={"enforce_eager": q.enforce_eager})
+    pool = PoolConfig(gpu=q.gpu, tp=q.tp, pp=q.pp, dp=q.dp, ep=q.ep, dtype=q.dtype, kv_cache_dtype=q.kv_cache_dtype,
+                      engine={**dict(q.engine_args), "enforce_eager": q.enforce_eager})
     dep = deployment_for(pool, model, db)
     plan_memory(dep)
     return dep

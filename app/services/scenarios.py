@@ -21,6 +21,7 @@ from simulator.inputs import MAX_YAML_BYTES, decode, parse_json, parse_yaml, rea
 from simulator.perf import FitError
 from simulator.scenario import Scenario, ScenarioError, parse_scenario, resolve_relative
 from simulator.traces import TraceError
+from app.services.costs import BILLED, headline, named_costs
 from app.services.opsviews import ops_cost
 from simulator.run import simulate
 
@@ -302,33 +303,30 @@ class Prices:
 def cost(results, prices: Prices | None = None, db: hwdb.HardwareDB | None = None) -> dict:
     """Cost per hour and per million output (and total) tokens, with optional price overrides per GPU.
 
-    A run with operations (autoscaling, crashes) is priced by its billed GPU-hours: ``usd_per_hour`` is
-    then the mean over the run, and the dict adds ``with_scaling`` (True), ``usd`` and ``gpu_hours``.
+    The headline figures are :func:`app.services.costs.headline`'s: for a run with operations
+    (autoscaling, crashes) the billed GPU-hours as a mean per hour, and the dict adds ``with_scaling``
+    (True), ``usd`` and ``gpu_hours``.  ``named`` holds every named cost (static, and mean billed where it
+    applies) as :func:`app.services.costs.named_costs` gives them, the same function `epdsim simulate` prints.
 
-    Without overrides this is the run's own summary (hwdb list prices); with them, GPUs without an
+    Without overrides the figures are the run's own summary (hwdb list prices); with them, GPUs without an
     override keep their list price from ``db`` (loaded from the scenario's folders when not given).
     """
     s = results.summary
-    if "operations" in s:
-        # instances come and go (autoscaling, crashes): the GPU-hours actually billed, as a mean per hour
-        c = ops_cost(results, prices, db)
-        return {k: c[k] for k in ("usd_per_hour", "usd_per_million_output_tokens", "usd_per_million_total_tokens")} \
-            | {"with_scaling": True, "usd": c["usd"], "gpu_hours": c["gpu_hours"]}
     pools = results.info["pools"]
-    if prices is None or all(prices.get(p["gpu"]) is None for p in pools):
-        per_hour = s["cost_usd_per_hour"]
-    else:
+    static = billed = None
+    if prices is not None and any(prices.get(p["gpu"]) is not None for p in pools):
         db = db or hwdb.load(results.scenario.hwdb)
-        per_hour = 0.0
-        for p in pools:
-            over = prices.get(p["gpu"])
-            unit = over if over is not None else db.gpu(p["gpu"]).price_usd_per_hour.value
-            per_hour += p["instances"] * p["tp"] * p["pp"] * unit
-    rate = s["output_tokens_per_s"]
-    return {"usd_per_hour": per_hour,
-            "usd_per_million_output_tokens": per_hour / (rate * 3600.0) * 1e6 if rate > 0 else float("inf"),
-            "usd_per_million_total_tokens": (per_hour / (s["total_tokens_per_s"] * 3600.0) * 1e6
-                                             if s["total_tokens_per_s"] > 0 else float("inf"))}
+        static = sum(p["instances"] * p["tp"] * p["pp"] * (prices.get(p["gpu"]) if prices.get(p["gpu"]) is not None
+                                                            else db.gpu(p["gpu"]).price_usd_per_hour.value)
+                     for p in pools)
+        if "operations" in s:
+            billed = ops_cost(results, prices, db)["usd"]
+    named = named_costs(s, static, billed)
+    top = named[headline(named)]
+    out = {k: top[k] for k in ("usd_per_hour", "usd_per_million_output_tokens", "usd_per_million_total_tokens")}
+    if BILLED in named:
+        out |= {"with_scaling": True, "usd": top["usd"], "gpu_hours": top["gpu_hours"]}
+    return out | {"named": named}
 
 
 class RunCache:

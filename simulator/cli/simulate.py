@@ -7,7 +7,6 @@ as one written in the YAML, and a bad one fails with the schema's range under th
 """
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from pathlib import Path
 from typing import get_args
@@ -18,7 +17,8 @@ from rich.markup import escape
 from rich.table import Table
 
 import hwdb
-from simulator.confidence import describe
+from app.services.costs import cost_text, named_costs
+from simulator.confidence import BAND_SOURCE, STATS, band_basis, band_caption, band_text, describe, error_bands
 from simulator.console import print_notes
 from simulator.inputs import int_arg
 from simulator import fmt
@@ -39,45 +39,6 @@ def layout_text(info: dict) -> str:
                       + ("" if p["role"] == "colocated" else f" {p['role']}") for p in info["pools"])
 
 
-# Figures that carry a model error band: which pools' validation errors bound them, and which error
-# (E2E is TTFT plus the decode time, so its relative error is at most the larger of the two).
-BANDED = {"ttft_s": (("colocated", "prefill"), ("ttft_mape",)),
-          "tpot_s": (("colocated", "decode"), ("tpot_mape",)),
-          "e2e_s": (("colocated", "prefill", "decode"), ("ttft_mape", "tpot_mape"))}
-STATS = ("p50", "p90", "p99", "mean")
-BAND_SOURCE = ("model error from the end-to-end validation (hwdb/data/validation/e2e.json): the mean "
-               "|relative error| of mean TTFT and TPOT on the validated subset that fits each pool "
-               "(simulator/confidence.py), applied to each figure as value x (1 +/- error); not a seed-noise "
-               "interval")
-
-
-def error_bands(info: dict) -> dict[str, float | None]:
-    """The relative model error band of each banded figure (``BANDED``), the widest of the pools it
-    rests on; None where one of those pools has no band (datasheet only, or nothing validated)."""
-    pools = [p for p in info["pools"] if "confidence" in p]
-    out: dict[str, float | None] = {}
-    for key, (roles, errors) in BANDED.items():
-        bands = [p["confidence"]["error_band"] for p in pools if p["role"] in roles]
-        out[key] = (max(b[e] for b in bands for e in errors) if bands and all(b is not None for b in bands)
-                    else None)
-    return out
-
-
-def band_basis(info: dict) -> str:
-    """Which validated subset each pool's band comes from, or why it has none."""
-    parts = []
-    for p in info["pools"]:
-        status = p.get("confidence")
-        if status is None:          # an encoder pool: its time is in TTFT, but no validation measured it
-            parts.append(f"{p['name']}: {p['role']} pool, not validated")
-            continue
-        band = status["error_band"]
-        why = ("datasheet figures only, nothing measured" if not status["calibrated"]
-               else "no held-out serving runs of its engine")
-        parts.append(f"{p['name']}: " + (band["basis"] if band else why))
-    return "; ".join(dict.fromkeys(parts))
-
-
 def band_record(res) -> dict:
     """The model error band of the summary's figures for summary.json: per banded figure its relative
     error and, per statistic, ``<stat>_low``/``<stat>_high`` in seconds (None where no band applies)."""
@@ -90,19 +51,6 @@ def band_record(res) -> dict:
                                        max(0.0, fig[st] * (1 - r)) if end == "low" else fig[st] * (1 + r))
                        for st in STATS for end in ("low", "high")}}
     return rec
-
-
-# The units fmt.duration writes, in seconds: a band is written in its figure's unit.
-UNITS = {"µs": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0}
-
-
-def band_text(value: float, rel: float) -> str:
-    """``value``'s band in its own unit, two figures or so (the band is a ± tens of percent): "(61–109)"."""
-    if not math.isfinite(value) or value <= 0:
-        return ""
-    unit = UNITS.get(fmt.duration(value).rpartition(" ")[2], 1.0)
-    ends = [max(0.0, value * (1 - rel)) / unit, value * (1 + rel) / unit]
-    return "(" + "–".join(f"{v:.0f}" if v >= 10 else f"{v:.1f}" if v >= 1 else f"{v:.2f}" for v in ends) + ")"
 
 
 def summary_table(res, width: int | None = None) -> Table:
@@ -131,19 +79,6 @@ def summary_table(res, width: int | None = None) -> Table:
     for label, cells, target in rows:
         t.add_row(label, *(f"{v}{sep}{b}" if b else v for v, b in cells), target)
     return t
-
-
-def band_caption(info: dict, rel: dict[str, float | None]) -> str:
-    """What the figures in brackets are, or that no band applies (and which pool lacks one)."""
-    shown = {k: r for k, r in rel.items() if r is not None}
-    if not shown:
-        return f"model error band: no band ({band_basis(info) or 'no pool assessed'})"
-    names = {"ttft_s": "TTFT", "tpot_s": "TPOT", "e2e_s": "E2E"}
-    missing = [names[k] for k, r in rel.items() if r is None]
-    return ("(low–high): model error band, the mean |error| of the end-to-end validation on the subset that "
-            f"fits ({band_basis(info)}), applied to each figure: "
-            + ", ".join(f"{names[k]} {r:.0%}" + (" (the larger)" if k == "e2e_s" else "") for k, r in shown.items())
-            + "; " + ", ".join([*missing, "ITL", "queue"]) + ": no band")
 
 
 # Below this console width a totals label wraps at spaces within KEY_WIDTH characters, leaving the
@@ -178,7 +113,7 @@ def totals_table(res, width: int | None = None) -> Table:
                         f"({res.info['kv_transfer']['connector']})")] if res.info.get("kv_transfer") else []),
         ("SLO attainment", f"{fmt.percent(s['slo_attainment'])} of requests meet "
                            + slo_text(res.scenario.slo.ttft_s, res.scenario.slo.tpot_s) + f" (target {fmt.percent(res.scenario.slo.attainment, 0)})"),
-        ("cost", f"${s['cost_usd_per_hour']:.2f}/h, ${s['cost_usd_per_million_output_tokens']:.3f} per M output tokens"),
+        ("cost", cost_text(named_costs(s))),
         ("perf model", res.info["perf_model"]),
         *[(f"confidence ({p['name']})", describe(p["confidence"])) for p in res.info["pools"] if "confidence" in p],
     ]
