@@ -16,6 +16,8 @@ from pathlib import Path
 
 import hwdb
 from calibration.harness.bundle import BundleError
+from calibration.pd_options import pair_connector
+from simulator.pd.connectors import CPU_NIXL
 
 PD_KIND = "pd_run"
 # The name both servers of a PD pair serve the tiny model under (and the fit names its model folder).
@@ -195,7 +197,7 @@ def show_pd(s: dict, con) -> None:
                                                      f"and {nx['mean_bytes'] / 1e6:.3f} MB each"])
         if nx.get("bandwidth_Bps"):
             rows.append(["NIXL bytes / transfer time", f"{nx['bandwidth_Bps'] / 1e9:.2f} GB/s"])
-    elif s["connector"] == "NixlConnector":
+    elif (pair := pair_connector(s["connector"])) is not None and pair.cpu_pair == CPU_NIXL:
         rows.append(["NIXL reads (decode /metrics)", "none recorded"])
     if s.get("nixl"):
         n = s["nixl"]

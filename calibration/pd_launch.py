@@ -33,7 +33,7 @@ import hwdb
 from calibration.harness.metrics import parse_prometheus
 from calibration.harness.server import ServerProcess
 from calibration.pd_bundle import SERVED, PDReplayError
-from calibration.pd_options import CONNECTORS
+from calibration.pd_options import harness_connectors
 from simulator.pd.connectors import KVConnector, connector_strategy
 
 REPO = Path(__file__).resolve().parents[1]
@@ -59,18 +59,16 @@ def default_vllm_python() -> str:
     return os.environ.get("EPDSIM_VLLM_PYTHON") or str(REPO / ".venv-vllm" / "bin" / "python")
 
 
-def connector_name(connector: str) -> str:
-    """vLLM's class name of a ``--connector`` choice (raises :class:`PDReplayError` on another)."""
-    if connector not in CONNECTORS:
-        raise PDReplayError(f"--connector {connector}: unknown; choose {' or '.join(CONNECTORS)}")
-    return CONNECTORS[connector]
-
-
 def harness_connector(connector: str) -> KVConnector:
     """The strategy of a ``--connector`` choice: the hwdb connector of that name, which says what its servers
-    need on the CPU pair (raises :class:`PDReplayError` on a choice the harness does not run)."""
-    connector_name(connector)
-    return connector_strategy(hwdb.load().connector(connector))
+    need on the CPU pair (raises :class:`PDReplayError` on a connector whose strategy the pair does not run)."""
+    try:
+        strategy = connector_strategy(hwdb.load().connector(connector))
+    except hwdb.HwdbError:
+        strategy = None
+    if strategy is None or strategy.cpu_pair is None:
+        raise PDReplayError(f"--connector {connector}: unknown; choose {' or '.join(harness_connectors())}")
+    return strategy
 
 
 def kv_transfer_config(role: str, kv_path: str, connector: str = "example") -> str:

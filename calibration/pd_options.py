@@ -3,16 +3,40 @@
 from __future__ import annotations
 
 import argparse
+import functools
+from collections.abc import Iterable
+from pathlib import Path
 
 from calibration.harness.bundle import BundleError
+from hwdb.db import load_kind
+from hwdb.files import parse_file
+from hwdb.schema import Connector
+from simulator.pd.connectors import KVConnector, connector_strategy
 
-# --connector choice -> vLLM's connector class
-CONNECTORS = {"example": "ExampleConnector", "nixl": "NixlConnector"}
+# The --connector of a PD run that names none.
+DEFAULT_CONNECTOR = "example"
+
+
+def harness_connectors(user_dirs: Iterable[str | Path] = ()) -> dict[str, KVConnector]:
+    """The hwdb connectors the CPU pair runs (their strategy has a ``cpu_pair``), by name: the choices of
+    ``--connector``.  Reads only the connectors (``epdsim --help`` builds the option)."""
+    tables, _ = load_kind("connectors", functools.partial(parse_file, schema=Connector), user_dirs)
+    strategies = {name: connector_strategy(conn) for name, conn in tables.get("connectors", {}).items()}
+    return {name: s for name, s in strategies.items() if s.cpu_pair is not None}
+
+
+def pair_connector(vllm_name: str | None) -> KVConnector | None:
+    """The harness connector (:func:`harness_connectors`) whose servers ran vLLM's ``vllm_name`` (what a PD
+    bundle's manifest records; None there: the default connector); None when no shipped one did."""
+    pairs = harness_connectors()
+    if vllm_name is None:
+        return pairs[DEFAULT_CONNECTOR]
+    return next((s for s in pairs.values() if s.vllm_connector() == vllm_name), None)
 
 
 def add_pd_options(g: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """Connector, attach URLs, pinning, and the prompt mix of the PD load test."""
-    g.add_argument("--connector", choices=list(CONNECTORS), default=None,
+    g.add_argument("--connector", choices=list(harness_connectors()), default=None,
                    help="vLLM KV connector of the pair: example (ExampleConnector, KV through files; default) or nixl "
                         "(NixlConnector, kv_buffer_device cpu; needs `pip install nixl` in the vLLM Python)")
     g.add_argument("--nixl-progress-thread", choices=["on", "off"], default=None,

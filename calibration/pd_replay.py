@@ -28,8 +28,8 @@ from simulator.run import simulate
 from simulator.scenario import parse_scenario
 from calibration.pd_bundle import PDReplayError, measured_rows, read_manifest, replay_inputs
 from calibration.pd_launch import BLOCK
-
-SIM_CONNECTOR = {"ExampleConnector": "example", "NixlConnector": "nixl"}
+from calibration.pd_options import harness_connectors, pair_connector
+from simulator.pd.connectors import CPU_NIXL, KVConnector
 
 
 def _pct(xs, p):
@@ -37,13 +37,14 @@ def _pct(xs, p):
     return float(np.percentile(xs, p)) if xs else math.nan
 
 
-def transfer_inputs(man: dict, bandwidth_Bps: float | None) -> tuple[str, float, str, float | None]:
-    """(simulator connector, path bandwidth, where it comes from, measured mean transfer time)."""
-    conn = SIM_CONNECTOR.get(man.get("connector") or "ExampleConnector")
-    if conn is None:
+def transfer_inputs(man: dict, bandwidth_Bps: float | None) -> tuple[KVConnector, float, str, float | None]:
+    """(the strategy of the hwdb connector that ran the bundle's vLLM connector on the CPU pair, path
+    bandwidth, where it comes from, measured mean transfer time)."""
+    pair = pair_connector(man.get("connector"))
+    if pair is None:
         raise PDReplayError(f"connector {man.get('connector')!r} of the bundle: the replay knows "
-                            f"{', '.join(SIM_CONNECTOR)}")
-    if conn == "nixl":
+                            f"{', '.join(str(s.vllm_connector()) for s in harness_connectors().values())}")
+    if pair.cpu_pair == CPU_NIXL:
         nx = man.get("nixl_transfers") or {}
         measured, per = nx.get("bandwidth_Bps"), nx.get("mean_xfer_s")
         source = "NIXL bytes / transfer time (decode server /metrics)"
@@ -52,12 +53,12 @@ def transfer_inputs(man: dict, bandwidth_Bps: float | None) -> tuple[str, float,
         measured, per = fb.get("write_read_Bps"), fb.get("per_transfer_s")
         source = "file write+read probe"
     if bandwidth_Bps:
-        return conn, bandwidth_Bps, "--bandwidth-Bps", per
+        return pair, bandwidth_Bps, "--bandwidth-Bps", per
     if not measured:
-        what = "NIXL transfer" if conn == "nixl" else "file"
+        what = "NIXL transfer" if pair.cpu_pair == CPU_NIXL else "file"
         raise PDReplayError(f"the run measured no {what} bandwidth (status {man.get('status', 'unknown')}); "
                             f"re-run it, or give --bandwidth-Bps")
-    return conn, measured, source, per
+    return pair, measured, source, per
 
 
 def replay(bundle: str | Path, hwdb_dirs: list[str], engine: str | None = None, model: str | None = None,
@@ -70,7 +71,8 @@ def replay(bundle: str | Path, hwdb_dirs: list[str], engine: str | None = None, 
     if man is None:
         raise PDReplayError(f"{bundle}: not a PD bundle (no manifest.json with kind pd_run); give the --out folder "
                             f"of `epdsim calibrate run --pd`")
-    conn, bw, bw_source, measured_xfer = transfer_inputs(man, bandwidth_Bps)
+    pair, bw, bw_source, measured_xfer = transfer_inputs(man, bandwidth_Bps)
+    conn, nixl = pair.conn.name, pair.cpu_pair == CPU_NIXL
     engine, model = replay_inputs(hwdb_dirs, engine, model)
     db = hwdb.load(hwdb_dirs)
     entry, link = db.connector(conn), db.link(fabric)
@@ -116,7 +118,7 @@ def replay(bundle: str | Path, hwdb_dirs: list[str], engine: str | None = None, 
     if measured_xfer:
         sim_xfer = req["transfer_s"].to_numpy(dtype=float) if "transfer_s" in req else np.array([math.nan])
         row("KV transfer", "mean", measured_xfer, float(np.nanmean(sim_xfer)),
-            "NIXL xfer time" if conn == "nixl" else "file probe", False)
+            "NIXL xfer time" if nixl else "file probe", False)
     parts = {"prefill server TTFT p50": _pct([r["prefill_server_ttft_s"] for r in rows], 50),
              "prefill leg via HTTP p50": _pct([r["prefill_leg_s"] for r in rows], 50),
              "decode server TTFT p50 (KV load + recompute + 1st token)": _pct([r["decode_server_ttft_s"] for r in rows], 50)}

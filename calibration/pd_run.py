@@ -46,12 +46,13 @@ from calibration.harness.pd_router import PDRouter, prompt_hash
 from calibration.harness.runner import ensure_tiny_model
 from calibration.harness.server import Endpoint, ServerError
 from calibration.pd_bundle import PD_KIND, PD_SCHEMA_VERSION, SERVED, PDReplayError
-from calibration.pd_launch import (BLOCK, connector_name, count_injections, default_vllm_python,
-                                   file_bandwidth, launch_pair, nixl_counters, nixl_problem, nixl_transfers)
-from calibration.pd_options import add_pd_options
+from calibration.pd_launch import (BLOCK, count_injections, default_vllm_python, file_bandwidth, harness_connector,
+                                   launch_pair, nixl_counters, nixl_problem, nixl_transfers)
+from calibration.pd_options import DEFAULT_CONNECTOR, add_pd_options, harness_connectors
 from calibration.pd_replay import print_report, replay
 from calibration.harness.interrupt import interruptible
 from simulator.console import print_notes
+from simulator.pd.connectors import CPU_FILES, CPU_NIXL
 
 
 def build_specs(pf: PromptFactory, n: int, rate: float, seed: int, blocks: list[int], extra: int,
@@ -154,12 +155,16 @@ def cmd_run(a) -> int:
     attach = bool(a.prefill_url and a.decode_url)
     if bool(a.prefill_url) != bool(a.decode_url):
         raise PDReplayError("attach mode needs both --prefill-url and --decode-url")
-    a.connector = a.connector or "example"
+    a.connector = a.connector or DEFAULT_CONNECTOR
     a.blocks = a.blocks or "1,2,3,4,6"
-    vllm_name = connector_name(a.connector)
-    if a.nixl_progress_thread and a.connector != "nixl":
-        raise PDReplayError(f"--nixl-progress-thread {a.nixl_progress_thread}: only with --connector nixl")
-    if a.connector == "nixl" and not attach:
+    strategy = harness_connector(a.connector)
+    vllm_name = strategy.vllm_connector()
+    # what the pair measures and needs follows how the connector's strategy moves KV on CPU
+    nixl, files = strategy.cpu_pair == CPU_NIXL, strategy.cpu_pair == CPU_FILES
+    if a.nixl_progress_thread and not nixl:
+        which = " or ".join(n for n, s in harness_connectors().items() if s.cpu_pair == CPU_NIXL)
+        raise PDReplayError(f"--nixl-progress-thread {a.nixl_progress_thread}: only with --connector {which}")
+    if nixl and not attach:
         problem = nixl_problem(a.vllm_python)
         if problem:
             raise PDReplayError(problem)
@@ -169,16 +174,16 @@ def cmd_run(a) -> int:
     out.mkdir(parents=True, exist_ok=True)
     model_dir = _model_dir(a, out, attach)
     kv_path = str(Path(a.kv_path).resolve()) if a.kv_path else str(out / "kv")
-    if a.connector == "example":
+    if files:
         Path(kv_path).mkdir(parents=True, exist_ok=True)
     servers = []
     manifest: dict = {"kind": PD_KIND, "schema_version": PD_SCHEMA_VERSION,
                       "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "status": "running",
                       "argv": list(sys.argv), "pid": os.getpid(), "hostname": os.uname().nodename,
                       "proc_start": proc_start(), "connector": vllm_name, "block_size": BLOCK}
-    if a.connector == "example":
+    if files:
         manifest["kv_path"] = kv_path
-    elif a.connector == "nixl":
+    elif nixl:
         manifest["nixl"] = {"kv_buffer_device": "cpu", "progress_thread": a.nixl_progress_thread or "on",
                             "keep_binding": bool(a.prefill_bind or a.decode_bind) and not attach}
     manifest["host"] = {"hardware": envinfo.hardware(), "conditions": {"before": envinfo.conditions()}}
@@ -206,11 +211,11 @@ def cmd_run(a) -> int:
         specs_args = dict(n=a.requests, rate=a.rate, seed=a.seed, blocks=blocks, extra=a.extra_tokens,
                           out_min=a.out_min, out_max=a.out_max)
         manifest["load"] = {**specs_args, "kind": "poisson"}
-        result = asyncio.run(drive(p.base_url, d.base_url, specs_args, out, nixl=a.connector == "nixl"))
+        result = asyncio.run(drive(p.base_url, d.base_url, specs_args, out, nixl=nixl))
         manifest["result"] = result
         for s in servers:
             s.check("after the load test")
-        if a.connector == "nixl":
+        if nixl:
             nx = manifest["nixl_transfers"] = result.pop("nixl_transfers", None)
             manifest["kv_loaded"] = {"transfers": (nx or {}).get("transfers"), "bytes": (nx or {}).get("bytes_sum")}
         else:

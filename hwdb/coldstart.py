@@ -27,7 +27,8 @@ from typing import Iterable, Literal
 
 from pydantic import model_validator
 
-from hwdb.db import DATA_DIR, HwdbError, parse_file, read_data_yaml, find
+from hwdb.db import DATA_DIR, find, load_kind
+from hwdb.files import HwdbError, parse_file, read_data_yaml
 from hwdb.schema import StrictModel, sourced
 from simulator.bounds import between, count
 
@@ -251,6 +252,8 @@ class ColdStartDB:
     images: dict[str, ContainerImage] = field(default_factory=dict)
     startup: dict[str, StartupCoefficients] = field(default_factory=dict)
     scale: dict[str, ScaleRanges] = field(default_factory=dict)
+    # What a user folder replaces or shadows of the shipped data (hwdb.HardwareDB.notes says why these matter).
+    notes: tuple[str, ...] = ()
 
     @staticmethod
     def _lookup(kind: str, table: dict, name: str):
@@ -274,16 +277,16 @@ class ColdStartDB:
         return None
 
 
+def _parse(path: Path) -> StoragePath | ContainerImage | StartupCoefficients | ScaleRanges:
+    kind = read_data_yaml(path).get("kind")
+    if kind not in _KINDS:
+        raise HwdbError(f"{path}: field 'kind' must be one of {sorted(_KINDS)} (got {kind!r})")
+    return parse_file(path, _KINDS[kind])
+
+
 def load_coldstart(user_dirs: Iterable[str | Path] = ()) -> ColdStartDB:
-    """Read ``coldstart/*.yaml`` of the shipped database and of user hwdb folders."""
-    tables = {"storage": {}, "image": {}, "startup": {}, "scale": {}}
-    folders = [COLDSTART_DIR] + [Path(d) / "coldstart" for d in user_dirs]
-    for folder in folders:
-        for path in sorted(folder.glob("*.yaml")) if folder.is_dir() else ():
-            kind = read_data_yaml(path).get("kind")
-            if kind not in _KINDS:
-                raise HwdbError(f"{path}: field 'kind' must be one of {sorted(_KINDS)} (got {kind!r})")
-            item = parse_file(path, _KINDS[kind])
-            tables[kind][item.name] = item
-    return ColdStartDB(storage=tables["storage"], images=tables["image"], startup=tables["startup"],
-                       scale=tables["scale"])
+    """Read ``coldstart/*.yaml`` of the shipped database and of user hwdb folders, by the rules of
+    :func:`hwdb.load` (:func:`hwdb.db.load_kind`): one table per ``kind``, later folders win on name clashes."""
+    tables, notes = load_kind("coldstart", _parse, user_dirs, table_of=lambda item: item.kind)
+    return ColdStartDB(storage=tables.get("storage", {}), images=tables.get("image", {}),
+                       startup=tables.get("startup", {}), scale=tables.get("scale", {}), notes=notes)

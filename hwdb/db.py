@@ -22,15 +22,15 @@ what another one sees.
 """
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
+import functools
 import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
-
-from pydantic import BaseModel, ValidationError
+from typing import Any, Callable, Iterable
 
 from hwdb.models import ConfigError, ModelArch, arch_from_config
 from hwdb.gdn import GdnCurve
@@ -39,13 +39,10 @@ from hwdb.moe import MoeCurve, MoeKernels
 from hwdb.profiles import Profile, ProfileMatch, version_matches
 from hwdb.engine_schema import EngineProfile
 from hwdb.schema import GPU, Connector, Link, ModelSidecar, NetworkLayout
-from simulator.inputs import read_json, read_yaml
+from hwdb.files import HwdbError, parse_file
+from simulator.inputs import read_json
 
 DATA_DIR = Path(__file__).parent / "data"
-
-
-class HwdbError(ValueError):
-    """A hardware-database file is malformed or a name is unknown."""
 
 
 def _norm(name: str) -> str:
@@ -76,31 +73,6 @@ class ModelEntry:
     sidecar: ModelSidecar
     arch: ModelArch
     path: Path
-
-
-def _fmt_validation(path: Path, err: ValidationError) -> str:
-    lines = []
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        got = e.get("input")
-        msg = e["msg"].removeprefix("Value error, ")
-        got_s = "" if isinstance(got, dict) or "(got " in msg else f" (got {got!r})"
-        lines.append(f"  field '{loc}': {msg}{got_s}")
-    return f"{path}: invalid hardware file:\n" + "\n".join(lines)
-
-
-def read_data_yaml(path: Path) -> dict:
-    data = read_yaml(path, HwdbError, "hardware file")
-    if not isinstance(data, dict):
-        raise HwdbError(f"{path}: expected a mapping of fields at the top level, got {type(data).__name__}")
-    return data
-
-
-def parse_file(path: Path, schema: type[BaseModel]):
-    try:
-        return schema.model_validate(read_data_yaml(path))
-    except ValidationError as err:
-        raise HwdbError(_fmt_validation(path, err)) from None
 
 
 def load_model_dir(path: Path, name: str | None = None) -> ModelEntry:
@@ -267,6 +239,9 @@ class HardwareDB:
 FILE_SCHEMAS = {"gpus": GPU, "links": Link, "profiles": Profile, "engines": EngineProfile, "connectors": Connector,
                 "networks": NetworkLayout, "moe_kernels": MoeKernels, "gdn_kernels": GdnCurve,
                 "mla_kernels": MlaCurve}
+WHAT = {"gpus": "GPU", "moe_kernels": "MoE kernel table", "gdn_kernels": "linear-attention kernel table",
+        "mla_kernels": "MLA kernel table", "storage": "storage path", "image": "container image",
+        "startup": "start-up coefficient set", "scale": "start-up range set"}
 
 
 def _aliases(item) -> tuple[str, ...]:
@@ -283,9 +258,7 @@ def _over_earlier(kind: str, table: dict, item, path: Path, origins: dict, notes
     """``item`` from a later folder, keeping the aliases of an earlier entry of the same name that it replaces
     (so that ``--gpu H100`` still finds the H100, now the user's), with a note in ``notes`` when it replaces one
     or takes a name another entry answers to."""
-    what = {"gpus": "GPU", "moe_kernels": "MoE kernel table", "gdn_kernels": "linear-attention kernel table",
-            "mla_kernels": "MLA kernel table"}.get(
-        kind, kind[:-1])
+    what = WHAT.get(kind, kind[:-1])
     old = table.get(item.name)
     if old is not None:
         kept = tuple(dict.fromkeys((*_aliases(item), *_aliases(old))))
@@ -303,22 +276,56 @@ def _over_earlier(kind: str, table: dict, item, path: Path, origins: dict, notes
     return item
 
 
-def _load_folder(folder: Path, tables: dict[str, dict], origins: dict, notes: list[str]) -> None:
+def read_kind(folder: Path, kind: str, parse: Callable[[Path], Any], tables: dict[str, dict], origins: dict,
+              notes: list[str], table_of: Callable[[Any], str] | None = None) -> None:
+    """``folder/<kind>/*.yaml`` parsed (``parse(path)``) into ``tables[table_of(item) or kind]`` by :func:`load`'s
+    rules: a name once per folder and table; a later folder's entry replaces an earlier one's, with a note."""
     here: dict = {}
+    for path in sorted((folder / kind).glob("*.yaml")):
+        item = parse(path)
+        key = table_of(item) if table_of else kind
+        if (key, item.name) in here:
+            what = key[:-1] if key in FILE_SCHEMAS else WHAT.get(key, key[:-1])
+            raise HwdbError(f"{path}: field 'name': {what} '{item.name}' is also defined in "
+                            f"{here[key, item.name]}; one folder may define a name once: rename or remove one")
+        here[key, item.name] = path
+        tables[key][item.name] = _over_earlier(key, tables[key], item, path, origins, notes)
+        origins[item.name] = origins[key, item.name] = path
+
+
+def load_kind(kind: str, parse: Callable[[Path], Any], user_dirs: Iterable[str | Path] = (),
+              table_of: Callable[[Any], str] | None = None) -> tuple[dict[str, dict], tuple[str, ...]]:
+    """``<folder>/<kind>/*.yaml`` of the shipped and the user folders (:func:`hwdb_folders`) by :func:`read_kind`,
+    not cached: (the tables, by default ``kind``'s alone; the notes)."""
+    tables: dict[str, dict] = collections.defaultdict(dict)
+    origins: dict = {}
+    notes: list[str] = []
+    for folder in hwdb_folders(user_dirs):
+        read_kind(folder, kind, parse, tables, origins, notes, table_of)
+    return dict(tables), tuple(notes)
+
+
+def _load_folder(folder: Path, tables: dict[str, dict], origins: dict, notes: list[str]) -> None:
     for kind, schema in FILE_SCHEMAS.items():
-        for path in sorted((folder / kind).glob("*.yaml")):
-            item = parse_file(path, schema)
-            if (kind, item.name) in here:
-                raise HwdbError(f"{path}: field 'name': {kind[:-1]} '{item.name}' is also defined in "
-                                f"{here[kind, item.name]}; one folder may define a name once: rename or remove one")
-            here[kind, item.name] = path
-            tables[kind][item.name] = _over_earlier(kind, tables[kind], item, path, origins, notes)
-            origins[item.name] = origins[kind, item.name] = path
+        read_kind(folder, kind, functools.partial(parse_file, schema=schema), tables, origins, notes)
     for path in sorted((folder / "models").glob("*")):
         if path.is_dir():
             m = load_model_dir(path)
             tables["models"][m.name] = _over_earlier("models", tables["models"], m, path, origins, notes)
             origins["models", m.name] = path
+
+
+def hwdb_folders(user_dirs: Iterable[str | Path] = ()) -> list[Path]:
+    """The shipped folder, then ``user_dirs``; a user folder that is a file or missing raises HwdbError."""
+    folders = [DATA_DIR, *map(Path, user_dirs)]
+    for folder in folders:
+        if folder.is_file():
+            raise HwdbError(f"hwdb folder '{folder}' is a file, not a folder. Give the folder that holds gpus/, "
+                            f"links/ and models/ (--hwdb DIR, or the hwdb list of the scenario or plan request).")
+        if not folder.is_dir():
+            raise HwdbError(f"hwdb folder '{folder}' does not exist. Create it or fix the path (--hwdb DIR, or the "
+                            f"hwdb list of the scenario or plan request).")
+    return folders
 
 
 def _stamp(folders: list[Path]) -> tuple:
@@ -357,14 +364,7 @@ def load(user_dirs: Iterable[str | Path] = ()) -> HardwareDB:
 
     Returns a deep copy of the process's cached database for these folders (the copy costs ~5 ms,
     a parse 40 ms with libyaml and ~300 ms without)."""
-    folders = [DATA_DIR, *map(Path, user_dirs)]
-    for folder in folders:
-        if folder.is_file():
-            raise HwdbError(f"hwdb folder '{folder}' is a file, not a folder. Give the folder that holds gpus/, "
-                            f"links/ and models/ (--hwdb DIR, or the hwdb list of the scenario or plan request).")
-        if not folder.is_dir():
-            raise HwdbError(f"hwdb folder '{folder}' does not exist. Create it or fix the path (--hwdb DIR, or the "
-                            f"hwdb list of the scenario or plan request).")
+    folders = hwdb_folders(user_dirs)
     key = _stamp(folders)
     db = _CACHE.get(key)
     if db is None:

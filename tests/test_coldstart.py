@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 
 import hwdb
+from calibration.coldstart_fit import check_profiler_rows, fit_profiler_csvs
 from hwdb.coldstart import load_coldstart
 from simulator.ops.coldstart import PHASES, ColdStartError, breakdown, capture_sizes, compile_seconds, dynamo_seconds
-from calibration.coldstart_fit import check_profiler_rows, fit_profiler_csvs
 from simulator.scenario import PoolConfig, deployment_for
 
 
@@ -183,3 +183,22 @@ def test_bad_inputs(db):
         breakdown(d, compile_sizes=-1)
     with pytest.raises(ColdStartError, match="compile_multiplier=0"):
         breakdown(d, compile_multiplier=0)
+
+
+def test_a_user_coldstart_folder_loads_by_the_hwdb_rules(tmp_path):
+    """coldstart/ files of a user folder replace shipped entries of the same kind and name (keeping their
+    aliases, with a note), a name twice in one folder is refused, and a missing folder is refused."""
+    shipped = load_coldstart()
+    (tmp_path / "coldstart").mkdir()
+    text = (hwdb.db.DATA_DIR / "coldstart" / "nvme.yaml").read_text()
+    (tmp_path / "coldstart" / "nvme.yaml").write_text(text.replace("aliases: [local-nvme, local_nvme, ssd]",
+                                                                   "aliases: [my-ssd]"))
+    cs = load_coldstart([tmp_path])
+    assert set(cs.storage) == set(shipped.storage) and cs.storage_path("ssd") is cs.storage["nvme"]
+    assert cs.storage_path("my-ssd") is cs.storage["nvme"]
+    assert len(cs.notes) == 1 and "replaces the storage path 'nvme'" in cs.notes[0] and not shipped.notes
+    (tmp_path / "coldstart" / "nvme2.yaml").write_text(text)
+    with pytest.raises(hwdb.HwdbError, match=r"nvme2\.yaml: field 'name': storage path 'nvme' is also defined"):
+        load_coldstart([tmp_path])
+    with pytest.raises(hwdb.HwdbError, match="does not exist"):
+        load_coldstart([tmp_path / "nowhere"])

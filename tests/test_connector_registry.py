@@ -11,8 +11,11 @@ import yaml
 
 import hwdb
 from calibration import pd_launch
+from calibration.pd_bundle import PDReplayError
+from calibration.pd_options import DEFAULT_CONNECTOR, harness_connectors, pair_connector
+from calibration.pd_replay import transfer_inputs
 from simulator.pd import connectors
-from simulator.pd.connectors import CONNECTORS, KVConnector, connector_strategy
+from simulator.pd.connectors import CONNECTORS, CPU_FILES, CPU_NIXL, KVConnector, connector_strategy
 from simulator.plan import parse_plan_request, run_plan
 from simulator.plan.artefacts import artefacts, kv_transfer_json
 from simulator.registry import Registry
@@ -26,6 +29,7 @@ class ToyWire(KVConnector):
     """A connector the project does not ship: its own kv-transfer JSON, environment and container port."""
 
     name = "toy-wire"
+    cpu_pair = CPU_FILES     # the CPU calibration pair runs it, its KV through the shared kv_path folder
 
     def kv_transfer_config(self, role, proxy_host, buffer_bytes, tcp):
         return {"kv_connector": self.conn.vllm_name, "kv_role": "kv_both",
@@ -165,8 +169,7 @@ class FakeServer:
 def test_a_toy_connector_drives_the_cpu_calibration_pair(toy_hwdb, tmp_path):
     real_load = hwdb.load
     with pytest.MonkeyPatch.context() as mp:
-        # the harness offers the connectors calibration.pd_options lists; the toy joins them for this test
-        mp.setitem(pd_launch.CONNECTORS, "toywire", "ToyWireConnector")
+        # the harness runs any hwdb connector whose strategy has a cpu_pair: the toy's YAML folder is enough
         mp.setattr(hwdb, "load", lambda dirs=(): real_load([*dirs, toy_hwdb]))
         mp.setattr(pd_launch, "ServerProcess", FakeServer)
         FakeServer.started = []
@@ -226,3 +229,39 @@ def test_every_shipped_connector_names_a_registered_strategy():
     for name, conn in db.connectors.items():
         strategy = connector_strategy(conn)
         assert isinstance(strategy, CONNECTORS[name]) and strategy.conn is conn
+
+
+def test_the_harness_offers_the_hwdb_connectors_whose_strategy_runs_on_the_cpu_pair(tmp_path):
+    assert {n: s.cpu_pair for n, s in harness_connectors().items()} == {"example": CPU_FILES, "nixl": CPU_NIXL}
+    assert DEFAULT_CONNECTOR in harness_connectors()
+    # a YAML-only connector deployed as NIXL is offered too, and measured as NIXL; a TCP-only one is not
+    (tmp_path / "connectors").mkdir()
+    (tmp_path / "connectors" / "nixl2.yaml").write_text(
+        TOY_YAML.replace("toywire", "nixl2").replace("ToyWireConnector", "Nixl2Connector").replace("toy-wire", "nixl"))
+    (tmp_path / "connectors" / "tcp2.yaml").write_text(
+        TOY_YAML.replace("toywire", "tcp2").replace("ToyWireConnector", "Tcp2").replace("toy-wire", "tcp"))
+    mine = harness_connectors([tmp_path])
+    assert set(mine) == {"example", "nixl", "nixl2"} and mine["nixl2"].cpu_pair == CPU_NIXL
+    assert mine["nixl2"].cpu_kv_transfer_config("kv_producer", "/kv") == {
+        "kv_connector": "NixlConnector", "kv_role": "kv_producer", "kv_buffer_device": "cpu"}
+
+
+def test_the_harness_refuses_a_connector_its_pair_does_not_run():
+    for name in ("tcp", "p2pnccl", "nowhere"):
+        with pytest.raises(PDReplayError, match=rf"--connector {name}: unknown; choose example or nixl"):
+            pd_launch.harness_connector(name)
+
+
+def test_a_pd_bundle_is_read_by_the_harness_connector_that_ran_its_vllm_connector():
+    assert pair_connector("NixlConnector").conn.name == "nixl"
+    assert pair_connector("ExampleConnector").conn.name == "example"
+    assert pair_connector(None).conn.name == DEFAULT_CONNECTOR       # bundles written before "connector"
+    assert pair_connector("P2pNcclConnector") is None
+    nixl_run = {"connector": "NixlConnector", "nixl_transfers": {"bandwidth_Bps": 2e8, "mean_xfer_s": 0.002},
+                "file_bandwidth": {"write_read_Bps": 3e9, "per_transfer_s": 0.01}}
+    pair, bw, source, per = transfer_inputs(nixl_run, None)
+    assert (pair.conn.name, bw, per) == ("nixl", 2e8, 0.002) and "NIXL" in source
+    pair, bw, source, per = transfer_inputs({**nixl_run, "connector": "ExampleConnector"}, None)
+    assert (pair.conn.name, bw, per) == ("example", 3e9, 0.01) and source == "file write+read probe"
+    with pytest.raises(PDReplayError, match="the replay knows ExampleConnector, NixlConnector"):
+        transfer_inputs({"connector": "MooncakeConnector"}, None)

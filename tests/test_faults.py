@@ -7,7 +7,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from simulator.ops.faults import fp8_defaults
+import hwdb
+from simulator.ops.faults import FP8_NAME, fp8_defaults
 from simulator.run import pool_spec, simulate
 from simulator.scenario import load_scenario, resolve, rng_streams
 from simulator.workload import generate
@@ -81,7 +82,24 @@ def test_no_faults_configured_no_request_fails():
 def test_fp8_hazard_defaults_carry_a_source():
     hz = fp8_defaults()
     assert hz.rate_per_token_s > 0 and hz.onset_tokens > 0
-    assert "assumption" in hz.source
+    assert "assumption" in hz.source and hz.source.startswith(f"{FP8_NAME}.yaml: ")
+
+
+def test_fp8_hazard_defaults_load_by_the_hwdb_rules(tmp_path):
+    """A user folder's faults/ entry of the same name replaces the shipped one, as any hwdb entry does; a
+    malformed one and a missing folder are refused with hwdb's messages."""
+    (tmp_path / "faults").mkdir()
+    mine = tmp_path / "faults" / "mine.yaml"
+    mine.write_text(f"name: {FP8_NAME}\nrate_per_token_s: {{value: 1.0e-7, source: my fleet's crash logs}}\n"
+                    "onset_tokens: {value: 4096, source: my fleet}\n")
+    hz = fp8_defaults([tmp_path])
+    assert (hz.rate_per_token_s, hz.onset_tokens) == (1e-7, 4096) and hz.source == "mine.yaml: my fleet's crash logs"
+    assert fp8_defaults().rate_per_token_s != 1e-7
+    mine.write_text(f"name: {FP8_NAME}\nrate_per_token_s: {{value: 1.0e-7, source: logs}}\n")
+    with pytest.raises(hwdb.HwdbError, match=r"mine\.yaml: invalid hardware file:\n  field 'onset_tokens'"):
+        fp8_defaults([tmp_path])
+    with pytest.raises(hwdb.HwdbError, match="does not exist"):
+        fp8_defaults([tmp_path / "nowhere"])
 
 
 def test_fp8_crash_hits_only_fp8_pools():

@@ -25,14 +25,16 @@ Link degradation
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from hwdb.db import DATA_DIR
-from hwdb.schema import Figure
-from simulator.inputs import read_yaml
+from hwdb.db import find, load_kind
+from hwdb.files import parse_file
+from hwdb.schema import Figure, StrictModel
 
-FP8_FILE = DATA_DIR / "faults" / "fp8-activation-outliers.yaml"
+# The hwdb ``faults/`` entry holding the FP8 hazard's defaults.
+FP8_NAME = "fp8-activation-outliers"
 
 
 @dataclass(frozen=True)
@@ -44,19 +46,42 @@ class FP8Hazard:
     source: str = ""
 
 
-def fp8_defaults(path: Path = FP8_FILE) -> FP8Hazard:
-    """The shipped default hazard, every figure checked to carry a source."""
-    data = read_yaml(path)
-    rate = Figure.model_validate(data["rate_per_token_s"])
-    onset = Figure.model_validate(data["onset_tokens"])
-    return FP8Hazard(rate.value, int(onset.value), f"{path.name}: {rate.source}")
+class FP8HazardFile(StrictModel):
+    """An hwdb ``faults/<name>.yaml`` file of the FP8 crash hazard: its two figures, each with its source."""
+
+    name: str
+    rate_per_token_s: Figure
+    onset_tokens: Figure
 
 
-def fp8_hazard(cfg, pools) -> dict[str, FP8Hazard]:
-    """Per pool name, the FP8 hazard that applies (FP8 pools, or the pools ``cfg`` names)."""
+@dataclass(frozen=True)
+class FaultEntry:
+    """A ``faults/`` entry as loaded: its name and the hazard it gives (its source names the file)."""
+
+    name: str
+    hazard: FP8Hazard
+
+
+def read_fault_file(path: Path) -> FaultEntry:
+    f = parse_file(path, FP8HazardFile)
+    hz = FP8Hazard(f.rate_per_token_s.value, int(f.onset_tokens.value), f"{path.name}: {f.rate_per_token_s.source}")
+    return FaultEntry(f.name, hz)
+
+
+def fp8_defaults(user_dirs: Iterable[str | Path] = ()) -> FP8Hazard:
+    """The default hazard of hwdb ``faults/`` (shipped, or a user folder's entry of the same name, by the rules
+    of :func:`hwdb.load`), every figure checked to carry a source."""
+    tables, _ = load_kind("faults", read_fault_file, user_dirs)
+    return find("fault", tables.get("faults", {}), FP8_NAME, "Add it as faults/<name>.yaml in a user hwdb folder "
+                                                               "(--hwdb DIR).").hazard
+
+
+def fp8_hazard(cfg, pools, hwdb_dirs: Iterable[str | Path] = ()) -> dict[str, FP8Hazard]:
+    """Per pool name, the FP8 hazard that applies (FP8 pools, or the pools ``cfg`` names); ``hwdb_dirs``: the
+    user hwdb folders whose ``faults/`` may replace the shipped defaults."""
     if cfg is None:
         return {}
-    base = fp8_defaults()
+    base = fp8_defaults(hwdb_dirs)
     hz = FP8Hazard(base.rate_per_token_s if cfg.rate_per_token_s is None else cfg.rate_per_token_s,
                    base.onset_tokens if cfg.onset_tokens is None else cfg.onset_tokens,
                    base.source if cfg.rate_per_token_s is None else "scenario")

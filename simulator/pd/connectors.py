@@ -58,6 +58,11 @@ MOONCAKE_PROXY = "examples/disaggregated/mooncake_connector/mooncake_connector_p
 # The hwdb connectors a comparison uses when it names none: on GPU-direct fabrics, and on the others.
 RDMA_CONNECTOR = "nixl"
 HOST_STAGED_CONNECTOR = "tcp"
+# How the CPU calibration pair (calibration.pd_run) reads a connector's transfers (KVConnector.cpu_pair): KV
+# through the shared kv_path folder, seen in the decode log and timed by a file probe; or NIXL reads, from the
+# decode server's vllm:nixl_* histograms, after a check that the vLLM Python has NIXL.
+CPU_FILES = "files"
+CPU_NIXL = "nixl"
 
 
 def pod_ip() -> dict:
@@ -99,6 +104,8 @@ class KVConnector:
     """
 
     name = ""
+    # How the CPU calibration pair measures it (CPU_FILES or CPU_NIXL); None: that pair does not run it.
+    cpu_pair: str | None = None
 
     def __init__(self, conn: hwdb.schema.Connector) -> None:
         self.conn = conn
@@ -199,6 +206,7 @@ class Nixl(KVConnector):
     name = "nixl"
     # UCX transports of the TCP mode; the host-staged connector uses them on every fabric.
     tcp_only = False
+    cpu_pair: str | None = CPU_NIXL
 
     def tp_mapping_error(self, engine, prefill_tp, decode_tp):
         # vLLM's NixlConnector maps a prefill rank's KV heads onto decode ranks only when decode TP is a multiple
@@ -252,6 +260,7 @@ class HostTcp(Nixl):
 
     name = "tcp"
     tcp_only = True
+    cpu_pair = None           # it has no vLLM connector name to start the CPU pair with
 
     def tp_mapping_error(self, engine, prefill_tp, decode_tp):
         # Modelled as a generic host-staged path (hwdb tcp.yaml), not as vLLM's NIXL rank mapping.
@@ -378,6 +387,7 @@ class Example(KVConnector):
     """vLLM's reference ExampleConnector (files on a shared path): the defaults."""
 
     name = "example"
+    cpu_pair = CPU_FILES
 
     def cpu_kv_transfer_config(self, kv_role, kv_path):
         return {**super().cpu_kv_transfer_config(kv_role, kv_path),
