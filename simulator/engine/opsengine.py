@@ -224,7 +224,7 @@ class OpsRun:
         pools = [p for p in (self.front, self.back) if p is not None]
         if epd is not None:
             self.epd = EPDCoordinator(env, epd, [], self.encoded, self.choose_front, self.coord_rng)
-        self.fp8 = flt.fp8_hazard(cfg.faults.fp8_crash, self.scn.pools)
+        self.fp8 = flt.fp8_hazard(cfg.faults.fp8_crash, self.scn.pools, self.scn.hwdb)
         for pool in pools:
             pool.start_initial()
         enc_gpus = epd.encoder_pool.tp if epd is not None and epd.encoder_pool is not None else 0
