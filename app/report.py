@@ -19,6 +19,7 @@ from app.services.costs import cost_text
 from app.services.scenarios import Prices, cost
 from simulator import fmt
 from simulator.confidence import band_caption, describe, error_bands, with_band
+from simulator.plan.bands import verdict as band_verdict
 from simulator.serving_summary import slo_text
 from app.services.calibration import checks_frame, series_frame
 from app.services.share import portable_yaml
@@ -131,7 +132,8 @@ def plan_html(result, plotly: str = "inline") -> str:
     """A plan: the recommendation, the Pareto chart (cost vs goodput) and the Pareto and family tables."""
     rec = result.recommended
     head = (f"<p><b>Recommended:</b> {html.escape(str(rec['layout']))}, {rec['gpus']} GPUs, "
-            f"${rec['cost_usd_per_hour']:,.2f}/h, goodput {rec['goodput_rps']:,.1f} req/s</p>" if rec else
+            f"${rec['cost_usd_per_hour']:,.2f}/h, goodput {rec['goodput_rps']:,.1f} req/s</p>"
+            f"<p>{html.escape(band_verdict(result))}</p>" if rec else
             "<p><b>No candidate meets the SLO.</b> " + html.escape(" ".join(result.notes)) + "</p>")
     fig = charts.pareto_figure(result.candidates, result.pareto, "cost_usd_per_hour", "goodput_rps", rec,
                                label="layout", target_rate=result.request.target_rate)

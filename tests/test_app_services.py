@@ -320,12 +320,16 @@ def test_plan_report_states_target_slo_workload_and_embeds_the_request():
     import re
 
     from simulator.plan import run_plan
+    from simulator.plan.bands import verdict
     from simulator.plan.request import parse_plan_request
     from tests.test_plan import request
     req = parse_plan_request(request(search={"verify": 1, "borderline": 0, "verify_front": 0, "replications": 1,
                                              "requests": 200, "goodput_iterations": 1}))
-    page = report.plan_html(run_plan(req, workers=1), plotly="cdn")
+    result = run_plan(req, workers=1)
+    page = report.plan_html(result, plotly="cdn")
     assert "Target 10 req/s" in page and "TTFT &lt;= 1.00 s, TPOT &lt;= 50.0 ms" in page and "poisson" in page
+    said = verdict(result)                       # the recommendation's band and whether the SLO holds at its edge
+    assert "band" in said and htmllib.escape(said) in page
     text = re.search(r"<pre id='plan-yaml'>(.*?)</pre>", page, re.S).group(1)
     assert parse_plan_request(yaml.safe_load(htmllib.unescape(text))) == req
 

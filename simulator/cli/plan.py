@@ -69,6 +69,8 @@ def _rest(width: int) -> int:
 
 def cmd_plan(args, con: Console) -> int:
     req = load_plan_request(args.request)
+    if args.slo_at_band_edge:
+        req = req.model_copy(update={"constraints": req.constraints.model_copy(update={"slo_at_band_edge": True})})
     if req.hwdb:
         print_notes(hwdb.load(req.hwdb).notes)
     for option, path in (("--out", args.out), ("--artefacts", args.artefacts)):
@@ -84,12 +86,15 @@ def cmd_plan(args, con: Console) -> int:
             bar.update(tasks[stage], completed=done, total=total)
 
         from simulator.plan import run_plan   # pandas and the simulator: not at start-up
+        from simulator.plan.bands import band_frame, verdict
         res = run_plan(req, progress=progress, workers=args.workers, ray_address=args.ray, out_dir=args.out)
     q = req.percentile
     df = res.candidates
     con.print(f"[bold]{req.name}[/]: {len(df)} candidates, {int(df['verified'].sum())} simulated "
               f"({req.search.replications} seeds each), target {req.target_rate:g} req/s, SLO p{q} "
-              f"TTFT <= {_f(req.slo.ttft_s, 's')}, TPOT <= {_f(req.slo.tpot_s, 's')}", highlight=False)
+              f"TTFT <= {_f(req.slo.ttft_s, 's')}, TPOT <= {_f(req.slo.tpot_s, 's')}"
+              + (", judged at the model error band's pessimistic edge" if req.constraints.slo_at_band_edge else ""),
+              highlight=False)
     verified = df[df["verified"]].sort_values("cost_usd_per_hour")
     for t in (*candidate_tables("Pareto front (cost vs goodput vs TTFT)", res.pareto.head(args.top), q, con.width),
               *candidate_tables("simulated candidates", verified, q, con.width, full_reason=True)):
@@ -113,6 +118,9 @@ def cmd_plan(args, con: Console) -> int:
               f"{at_least}{rec['goodput_rps']:.3g} req/s (headroom {at_least}{rec['headroom_rate']:+.0%} over {req.target_rate:g}), "
               f"attainment {fmt.attainment(rec['attainment'], rec['attainment_ci95'], req.search.replications)} at the target rate",
               highlight=False)
+    edge = rec.get("meets_slo_at_band_edge")
+    colour = "green" if edge is True else "yellow"
+    con.print(f"[{colour}]model error band:[/] {escape(verdict(res, band_frame(res)))}", highlight=False)
     if args.artefacts:
         out = Path(args.artefacts)
         try:
@@ -143,6 +151,9 @@ def add_subparsers(sub) -> None:
                    help="run simulations on a Ray cluster (needs the 'ray' extra); 'local' starts one here")
     p.add_argument("--out", help="folder for verified.jsonl (incremental, resumable), candidates.csv, pareto.csv")
     p.add_argument("--artefacts", metavar="DIR", help="write vLLM/SGLang commands, Kubernetes YAML, router config")
+    p.add_argument("--slo-at-band-edge", action="store_true",
+                   help="plan at the model error band's pessimistic edge: a candidate meets the SLO only if its "
+                        "TTFT/TPOT x (1 + band) do; one without a band is refused (constraints.slo_at_band_edge)")
     p.add_argument("--top", type=int_arg(0, 100_000), default=15, help="rows of the Pareto front to print")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_run)

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from simulator import fmt
+from simulator.plan.bands import NO_BAND, edge_columns, edge_refusal
 from simulator.plan.candidates import PRE_SCREEN, Candidate, to_scenario
 from simulator.plan.pareto import pareto_front
 from simulator.plan.request import PlanRequest
@@ -119,9 +120,15 @@ def _families(req, df: pd.DataFrame, rec: dict | None) -> pd.DataFrame:
     return pd.DataFrame(fam_rows)
 
 
-def assemble(req, ctx, rows: list[dict], done: dict[str, dict], by_id: dict) -> PlanResult:
+def assemble(req, ctx, rows: list[dict], done: dict[str, dict], by_id: dict,
+             rels: dict[str, dict] | None = None) -> PlanResult:
+    """The ranked plan from the screened ``rows`` and the simulations ``done``; ``rels``: each candidate's
+    relative model error bands (:func:`simulator.plan.bands.candidate_bands`; none given: no band)."""
     out_tok = ctx.stats.mean_out
     rows = [dict(r) for r in rows]
+    rels = rels or {}
+    at_edge = req.constraints.slo_at_band_edge
+    refused_at_edge = 0
     for r in rows:
         d = done.get(r["id"])
         r["verified"] = d is not None
@@ -142,6 +149,13 @@ def assemble(req, ctx, rows: list[dict], done: dict[str, dict], by_id: dict) -> 
                      meets_slo=bool(r["est_meets_slo"]), attainment=np.nan, attainment_ci95=np.nan,
                      goodput_capped=False, des_runs=0)
         r["cost_usd_per_million_tokens"] = _per_million(r["cost_usd_per_hour"], r["goodput_rps"], out_tok)
+        rel = rels.get(r["id"], NO_BAND)
+        q = r["percentile"]
+        why = edge_refusal(r["ttft_s"], r["tpot_s"], rel, req.slo, q) if at_edge and r["meets_slo"] else ""
+        if why:
+            r.update(meets_slo=False, rejected_reason=why)
+        refused_at_edge += r["rejected_reason"].startswith("band edge")
+        r.update(edge_columns(r["ttft_s"], r["tpot_s"], rel, r["meets_slo"], req.slo))
     ok = [r for r in rows if r["verified"] and r["meets_slo"]]
     ok.sort(key=lambda r: (r["cost_usd_per_hour"], -r["goodput_rps"]))
     rec = ok[0] if ok else None
@@ -169,6 +183,15 @@ def assemble(req, ctx, rows: list[dict], done: dict[str, dict], by_id: dict) -> 
             headroom_tpot=(1.0 - rec["tpot_s"] / req.slo.tpot_s) if req.slo.tpot_s else None,
             target_rate_rps=req.target_rate,
             cost_usd_per_million_tokens_at_target=_per_million(rec["cost_usd_per_hour"], req.target_rate, out_tok))
+        if rec["meets_slo_at_band_edge"] is False:
+            notes.append("warning: the recommendation meets the SLO at its predicted figures, but not at the model "
+                         "error band's pessimistic edge (its headroom is inside the band); set "
+                         "constraints.slo_at_band_edge: true (epdsim plan --slo-at-band-edge) to plan at the edge")
+    if at_edge:
+        notes.append(f"planned at the model error band's pessimistic edge (constraints.slo_at_band_edge): "
+                     f"{refused_at_edge} candidate(s) meeting the SLO at their predicted figures were refused "
+                     "there; one with no band for a targeted figure (a datasheet-only GPU) is refused as "
+                     "unverifiable")
     live = df[~df["rejected_reason"].str.startswith(PRE_SCREEN)].copy()
     closest = live.iloc[0:0]
     if rec is None:
@@ -190,5 +213,8 @@ def assemble(req, ctx, rows: list[dict], done: dict[str, dict], by_id: dict) -> 
             notes.append("no candidate meets the SLO at the target rate"
                          + (f"; the closest is {best['layout']} (goodput {best['goodput_rps']:.3g} req/s of "
                             f"{req.target_rate:g}; limited by: {best['rejected_reason']})" if best is not None else "")
-                         + ". Fix: relax the SLO, lower the rate, raise constraints.max_gpus, or offer faster GPUs.")
+                         + ". Fix: relax the SLO, lower the rate, raise constraints.max_gpus, or offer faster GPUs"
+                         + (" or calibrated ones (the SLO is judged at the band's edge)." if at_edge else "."))
+    # The front's rows as the table now holds them: reasons set above (unverified) appear there too.
+    front = front[["id"]].merge(df.drop(columns="on_pareto"), on="id", how="left")
     return PlanResult(req, df, front, recommended, closest, _families(req, df, rec), notes, _cands=by_id)

@@ -71,6 +71,10 @@ class Constraints(StrictModel):
     # Leave out GPUs that have no calibration profile (datasheet-only figures, no error band) when at
     # least one offered GPU has one; the plan's notes say which were left out.
     prefer_calibrated: bool = False
+    # Plan at the model error band's pessimistic edge: a candidate meets the SLO only if its TTFT and TPOT
+    # at the SLO percentile, times (1 + its band), still meet the targets; one without a band for a
+    # targeted figure (datasheet-only GPU) is refused, since nothing bounds its error (simulator/plan/bands.py).
+    slo_at_band_edge: bool = False
 
     @field_validator("dtype", mode="before")
     @classmethod

@@ -8,8 +8,10 @@ Stages (each reported to ``progress(done, total, stage)``):
    cheaper ones it rejected narrowly, over several seeds, with a goodput search over rate.
 
 The recommendation is the cheapest candidate whose simulated attainment at the target rate meets the
-SLO.  With ``out_dir`` every verified candidate is appended to ``verified.jsonl`` as it finishes, and
-a rerun with the same request reuses those lines (so an interrupted plan resumes).
+SLO (with ``constraints.slo_at_band_edge``, whose figures also meet it at the model error band's
+pessimistic edge: :mod:`simulator.plan.bands`).  With ``out_dir`` every verified candidate is appended to
+``verified.jsonl`` as it finishes, and a rerun with the same request reuses those lines (so an interrupted
+plan resumes).
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import math
 from pathlib import Path
 from typing import Callable
 
+from simulator.plan.bands import band_frame, candidate_bands, edge_refusal, layout_statuses, verdict
 from simulator.plan.candidates import PRE_SCREEN, build_context, to_scenario
 from simulator.plan.executors import default_workers, interrupt_guard, run_local, run_ray
 from simulator.plan.families import check_families, enumerate_candidates
@@ -39,7 +42,9 @@ def request_lifetime(req: PlanRequest, mean_out: float) -> float:
 
 
 def _request_key(req: PlanRequest) -> str:
-    return hashlib.sha256(req.model_dump_json().encode()).hexdigest()[:16]
+    # Judging at the band's edge changes no simulation: a rerun with it reuses the verified lines.
+    data = req.model_dump_json(exclude={"constraints": {"slo_at_band_edge"}})
+    return hashlib.sha256(data.encode()).hexdigest()[:16]
 
 
 def _est_violation(row: dict, slo) -> float:
@@ -87,6 +92,9 @@ def _run_plan(req: PlanRequest, progress: Progress | None, workers: int | None, 
     by_id = {c.id: c for c in cands}
     progress(len(cands), len(cands), "enumerate")
     screen = Screen(ctx)
+    seen = layout_statuses(ctx.layouts)
+    rels = {c.id: candidate_bands(req, c, ctx.model, ctx.db, seen) for c in cands}
+    at_edge = req.constraints.slo_at_band_edge
     rows = []
     q = req.percentile
     for i, c in enumerate(cands):
@@ -99,6 +107,10 @@ def _run_plan(req: PlanRequest, progress: Progress | None, workers: int | None, 
             e = screen.estimate(c)
             row.update(est_ttft_s=e.ttft_s, est_tpot_s=e.tpot_s, est_goodput_rps=e.goodput_rps,
                        est_meets_slo=not e.limit, rejected_reason=e.limit)
+            # Judged at the edge already here, so that the verify budget goes to candidates that may hold there.
+            why = edge_refusal(e.ttft_s, e.tpot_s, rels[c.id], req.slo, q) if at_edge and not e.limit else ""
+            if why:
+                row.update(est_meets_slo=False, rejected_reason=why)
         rows.append(row)
         if i % 200 == 0:
             progress(i + 1, len(cands), "screen")
@@ -143,7 +155,7 @@ def _run_plan(req: PlanRequest, progress: Progress | None, workers: int | None, 
         return run_local(verify_task, tasks, workers or default_workers(), on_done)
 
     interrupted = verify(verify_ids)
-    result = assemble(req, ctx, rows, done, by_id)
+    result = assemble(req, ctx, rows, done, by_id, rels)
     if not interrupted and req.search.verify_front:
         # Front points near the target that only the screen has seen: simulate them too, then re-rank.
         front = result.pareto
@@ -152,7 +164,7 @@ def _run_plan(req: PlanRequest, progress: Progress | None, workers: int | None, 
         if extra:
             planned += extra
             interrupted = verify(extra)
-            result = assemble(req, ctx, rows, done, by_id)
+            result = assemble(req, ctx, rows, done, by_id, rels)
     result.interrupted = interrupted
     result.notes[:0] = ctx.notes
     if result.recommended is not None:
@@ -179,6 +191,7 @@ def write_result(result: PlanResult, out_dir: str | Path) -> list[Path]:
     paths = [out / "candidates.csv", out / "pareto.csv", out / "recommended.json"]
     result.candidates.to_csv(paths[0], index=False)
     result.pareto.to_csv(paths[1], index=False)
-    paths[2].write_text(json.dumps({"recommended": result.recommended, "notes": result.notes,
+    paths[2].write_text(json.dumps({"recommended": result.recommended,
+                                    "band_verdict": verdict(result, band_frame(result)), "notes": result.notes,
                                     "interrupted": result.interrupted}, indent=2, default=str))
     return paths
