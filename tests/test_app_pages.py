@@ -309,3 +309,13 @@ def test_result_tables_format_fractions_as_percentages_and_seconds_with_units():
     assert cc["ttft_s"]["type_config"]["format"] == "%.3f s"
     assert cc["cost_usd_per_hour"]["type_config"]["format"] == "dollar"
     assert "layout" not in cc and "gpus" not in cc
+
+
+def test_plan_page_band_edge_checkbox_sets_the_request_option():
+    at = _page("pages/2_Plan.py").run()
+    _ok(at)
+    yaml_of = lambda: "\n".join(c.value for c in at.code)   # noqa: E731  (the request YAML expander)
+    assert "slo_at_band_edge" not in yaml_of()
+    at.checkbox(key="plan-band-edge").check().run()
+    _ok(at)
+    assert "slo_at_band_edge: true" in yaml_of()

@@ -106,3 +106,9 @@ def test_epd_with_another_embedding_fabric_than_kv_is_refused():
         planning.request_from_scenario(d, ["H100"])
     d["embedding_transfer"] = {"connector": "nixl"}           # the KV fabric then carries embeddings too
     assert plan_request(d, gpus=("H100",)).fabrics.links == ("roce-400",)
+
+
+def test_the_band_edge_option_reaches_the_plan_request_only_when_asked():
+    d = scenarios.example(FP8)
+    assert plan_request(d).constraints.slo_at_band_edge is False
+    assert plan_request(d, at_band_edge=True).constraints.slo_at_band_edge is True

@@ -35,12 +35,16 @@ if data is None:
                           help=glossary.help_for("families"))
     verify = c2.number_input("candidates to simulate", 0, 50, 3, key="plan-verify")
     nreq = c3.number_input("requests per simulation", 50, 100000, 400, key="plan-requests")
+    edge = st.checkbox("SLO must hold at the model-error band's pessimistic edge", key="plan-band-edge",
+                       help="A candidate meets the SLO only if its TTFT and TPOT, raised by the validation's error "
+                            "band for its pools, still meet the targets; candidates without a band are refused "
+                            "(docs/planner.md).")
     if not gpus or not tp or not fams:
         st.error("Offer at least one GPU, one TP degree and one family.", icon="🚫")
         st.stop()
     try:
         data = planning.request_from_scenario(d, gpus, max_gpus=max_gpus, tp=tuple(sorted(tp)), families=tuple(fams),
-                                              verify=verify, requests=nreq)
+                                              verify=verify, requests=nreq, at_band_edge=edge)
         planning.parse_request(data)
     except scenarios.InputError as exc:
         ui.show_error(exc)

@@ -20,12 +20,13 @@ def families() -> list[str]:
 
 def request_from_scenario(d: dict, gpus: list[str], *, max_gpus: int = 16, tp: tuple[int, ...] = (1, 2, 4),
                           families: tuple[str, ...] = ("colocated", "pd"), verify: int = 3,
-                          requests: int = 400, replications: int = 1) -> dict:
+                          requests: int = 400, replications: int = 1, at_band_edge: bool = False) -> dict:
     """A plan request (as a dict) for the scenario's model, workload and SLO over the offered GPUs.
 
     The scenario's pool settings that the planner applies to its candidates travel with it
     (:func:`pool_constraints`, :func:`fabrics`); the layout itself (GPU, TP, PP, instances) is what the
-    planner searches, over ``gpus``, ``tp`` and ``max_gpus``.  Raises :class:`InputError` when the
+    planner searches, over ``gpus``, ``tp`` and ``max_gpus``.  ``at_band_edge``: a candidate meets the SLO
+    only at its model-error band's pessimistic edge (``constraints.slo_at_band_edge``).  Raises :class:`InputError` when the
     scenario is invalid or its pools disagree on a setting the planner keeps the same in every pool.
     """
     slo = dict(d.get("slo") or {})
@@ -35,7 +36,7 @@ def request_from_scenario(d: dict, gpus: list[str], *, max_gpus: int = 16, tp: t
     return {"name": f"plan-{d.get('name', 'scenario')}", "model": d["model"], "hwdb": list(d.get("hwdb", [])),
             "workload": d["workload"], "slo": slo, "gpus": [{"name": g} for g in gpus], "fabrics": fabrics(scn),
             "constraints": {"max_gpus": int(max_gpus), "tp": list(tp), "families": list(families),
-                            **pool_constraints(scn)},
+                            **pool_constraints(scn), **({"slo_at_band_edge": True} if at_band_edge else {})},
             "search": {"verify": int(verify), "borderline": 1, "replications": int(replications),
                        "requests": int(requests)}}
 
