@@ -15,14 +15,17 @@ it).  Kernels of different kinds run one after another, so their times add:
 
 and the host's work per step overlaps the GPU's when the engine schedules ahead.  Coefficients are
 precomputed (:mod:`simulator.step_build`) so that a step costs a few dozen float operations whatever the
-batch size: the engine passes aggregates, never per-request lists.  SI units throughout.
+batch size: the engine passes aggregates, never per-request lists.  The terms are computed by
+:mod:`simulator.step_closures`, the step cost's only implementation, which the methods below and the
+engine's step loop call.  SI units throughout.
 """
 from __future__ import annotations
 
-from bisect import bisect_left
 from dataclasses import dataclass
+from functools import cached_property
 
 from hwdb.schema import EfficiencyCurve
+from simulator.step_closures import StepCost, interp_linear, step_cost  # noqa: F401 -- interp_linear re-exported
 
 
 @dataclass(frozen=True)
@@ -136,6 +139,15 @@ class StepModel:
     # True when the MLA or linear-attention kernels above are in use (one test in the step's hot path).
     kernels_apart: bool = False
 
+    @cached_property
+    def cost(self) -> StepCost:
+        """This model's step cost (:func:`simulator.step_closures.step_cost`), which the methods below call."""
+        return step_cost(self)
+
+    def __getstate__(self) -> dict:
+        # The cost closures are rebuilt where the model is unpickled (closures do not pickle).
+        return {k: v for k, v in self.__dict__.items() if k != "cost"}
+
     def streamed_weight_bytes(self, tokens: int) -> float:
         """Weight bytes one GPU reads in a step of ``tokens`` tokens of its own: the dense groups and LM
         head, and the routed experts the group's tokens touch (top-k of n each, independently)."""
@@ -148,137 +160,64 @@ class StepModel:
     def touched_experts(self, routed: float) -> float:
         """Expected experts (of all) that at least one of ``routed`` tokens picks, each token its top-k
         independently and uniformly."""
-        return self.n_experts * (1.0 - (1.0 - self.experts_per_token / self.n_experts) ** routed)
+        return self.cost.touched(routed)
 
     def allreduce_time(self, message_bytes: float, graph: bool = True) -> float:
         """One tensor-parallel all-reduce of ``message_bytes``: the measured curve where the profile has
         one (in a CUDA graph or eager), else a ring over the intra-node link."""
-        if self.tp <= 1:
-            return 0.0
-        if self.ar_sizes:
-            return interp_linear(self.ar_sizes, self.ar_graph if graph else self.ar_eager, message_bytes)
-        return 2.0 * (self.tp - 1) / self.tp * message_bytes / self.ar_bw + self.ar_latency
+        return self.cost.allreduce(message_bytes, graph)
 
     def linear_time(self, tokens: int, seqs_logits: int = 0, prefill_ctx: float = 0.0) -> tuple[float, float]:
-        """(compute, memory) time of the step's dense linear layers: the two sides of their roofline."""
-        t_comp = self.comp_a * tokens + self.comp_b
-        if seqs_logits:
-            # The LM head's rows ride the step's ramp (its GEMM runs beside the step's others, never alone).
-            t_comp += self.lm_coef * seqs_logits * (tokens + self.lm_half) / tokens
-        # Pipeline stages: each of the pp micro-batches in flight re-reads its stage's weights, so one
-        # token pays every stage's weight stream in series (pp x this rank's share), while compute
-        # splits across micro-batches; pipelining raises throughput, never single-sequence speed.
-        nbytes = (self.dense_weight_bytes * self.pp + self.kv_bytes_per_token * (prefill_ctx + tokens)
-                  + self.act_bytes_per_token * tokens)
-        # The memory curve was fitted per kernel: each linear kernel pays its own floor (half).
-        return t_comp, (nbytes + self.mem_floor_bytes) / (self.peak_bw * self.meff.max_eff)
+        """(compute, memory) time of the step's dense linear layers: the two sides of their roofline.
+
+        The LM head's rows ride the step's ramp (its GEMM runs beside the step's others, never alone).
+        Pipeline stages: each of the pp micro-batches in flight re-reads its stage's weights, so one token
+        pays every stage's weight stream in series (pp x this rank's share), while compute splits across
+        micro-batches; pipelining raises throughput, never single-sequence speed.  The memory curve was
+        fitted per kernel: each linear kernel pays its own floor (half)."""
+        return self.cost.linear(tokens, seqs_logits, prefill_ctx)
 
     def expert_roofline(self, routed: float) -> tuple[float, float]:
         """(compute, memory) time of the routed experts when ``routed`` tokens pass the MoE layers: the
         two sides of their roofline (both 0 for a dense model)."""
-        if not self.n_experts:
-            return 0.0, 0.0
-        mem_eff = self.exp_mem_eff or self.meff.max_eff
-        return (self.exp_a * routed + self.exp_b,
-                self.expert_stream_bytes(routed) * self.pp / (self.peak_bw * mem_eff))
+        return self.cost.experts(routed)
 
     def moe_time(self, routed: float, own: float | None = None) -> float:
         """The routed experts and the MoE token exchange when ``routed`` tokens pass the MoE layers;
         ``own``: a rank's share of them, which sets its exchange (default: ``routed / moe_token_scale``)."""
-        if not self.n_experts:
-            return 0.0
-        t_comp, t_mem = self.expert_roofline(routed)
-        t = t_comp if t_comp > t_mem else t_mem
-        if self.exp_fixed_s:
-            t += self.exp_fixed_s + self.exp_s_per_token * routed + self.exp_s_per_expert * self.touched_experts(routed)
-        if self.moe_comm_s_per_token:
-            own = routed / self.moe_token_scale if own is None else own
-            t += self.moe_layers * (self.moe_comm_s_per_token * own + self.moe_comm_lat_s)
-        return t
+        return self.cost.moe(routed, own)
 
     def attention_time(self, tokens: int, attn_pairs: float, decode_ctx: float, decodes: int = 0) -> float:
         """The step's attention: :meth:`mla_attention_time` where the MLA kernel was measured apart, else
         :meth:`curve_attention_time`; ``decodes``: the decoding sequences."""
-        if self.mla_fixed_s:
-            return self.mla_attention_time(tokens, attn_pairs, decode_ctx, decodes)
-        return self.curve_attention_time(tokens, attn_pairs, decode_ctx)
+        return self.cost.attention(tokens, attn_pairs, decode_ctx, decodes)
 
     def mla_attention_time(self, tokens: int, attn_pairs: float, decode_ctx: float, decodes: int) -> float:
         """The measured MLA kernel (:meth:`mla_prefill`; decode: the larger of the latent's bytes and every
         head's FLOPs, plus the fixed and per-sequence costs)."""
-        t = self.mla_prefill(tokens - decodes, attn_pairs) if attn_pairs > 0.0 else 0.0
-        if decode_ctx > 0.0:
-            mem = self.kv_bytes_per_token * decode_ctx / (self.peak_bw * self.kv_max_eff)
-            comp = self.kv_comp_s_per_ctx * decode_ctx
-            t += ((mem if mem > comp else comp) + self.kv_floor_bytes / (self.peak_bw * self.kv_max_eff)
-                  + self.kv_seq_s * decodes)
-        return t
+        return self.cost.mla_attention(tokens, attn_pairs, decode_ctx, decodes)
 
     def curve_attention_time(self, tokens: int, attn_pairs: float, decode_ctx: float) -> float:
         """Prefill attention FLOPs (bf16, ramp in the step's tokens) plus the decode KV stream at the
         decode-attention curve, one kernel per layer: sum over layers of (bytes + half) / (BW x max_eff)."""
-        t = attn_pairs * self.attn_s_per_pair * (tokens + self.attn_half) / tokens if attn_pairs > 0.0 else 0.0
-        if decode_ctx > 0.0:
-            t += (self.kv_bytes_per_token * decode_ctx + self.kv_floor_bytes) / (self.peak_bw * self.kv_max_eff)
-        return t
+        return self.cost.curve_attention(tokens, attn_pairs, decode_ctx)
 
     def mla_prefill(self, ptok: int, attn_pairs: float) -> float:
         """The measured MLA kernel's prefill time for ``ptok`` prompt tokens with ``attn_pairs`` causal pairs: the
         longest chunk estimated as :meth:`linear_attention_time` does, the chunks as the tokens over it."""
-        ptok = ptok if ptok > 1 else 1
-        seq = min(2.0 * attn_pairs / ptok, ptok)
-        flops = attn_pairs * self.mla_pair_s * (seq + self.mla_half_len) / seq * (ptok + self.mla_half_tok) / ptok
-        lone = self.mla_seq_s * seq
-        return self.mla_fixed_s + self.mla_prompt_s * ptok / seq + (flops if flops > lone else lone)
+        return self.cost.mla_prefill(ptok, attn_pairs)
 
     def linear_attention_time(self, tokens: int, seqs_logits: int, attn_pairs: float) -> float:
         """The linear-attention layers' kernels in a step (0 without them).  The step model sees aggregates:
         sequences that sample are taken as the decodes and the other tokens as prompt chunks, whose longest
         chunk is estimated from their causal pairs (``2 pairs / prompt tokens``: a single fresh chunk's own
         length, the mean-square length of several; at most the prompt tokens)."""
-        if not (self.lin_ctx_fixed_s or self.lin_gen_fixed_s):
-            return 0.0
-        t, decodes = 0.0, (seqs_logits if attn_pairs > 0.0 else tokens)
-        if attn_pairs > 0.0:
-            ptok = tokens - seqs_logits if tokens > seqs_logits else 1
-            seq = min(2.0 * attn_pairs / ptok, ptok)
-            t += (self.lin_ctx_fixed_s + self.lin_ctx_seq_s * seq + self.lin_ctx_prompt_s * ptok / seq
-                  + self.lin_ctx_tok_s * ptok)
-        if decodes > 0:
-            t += self.lin_gen_fixed_s + self.lin_gen_seq_s * decodes
-        return t
+        return self.cost.linear_attention(tokens, seqs_logits, attn_pairs)
 
     def local_time(self, tokens: int, seqs_logits: int, attn_pairs: float, decode_ctx: float,
                    prefill_ctx: float = 0.0, running: int = 0, waiting: int = 0) -> tuple[float, float]:
         """(GPU, host) seconds of a step without its routed experts: what a rank does on its own."""
-        t_comp, t_mem = self.linear_time(tokens, seqs_logits, prefill_ctx)
-        if self.kernels_apart:
-            att = (self.attention_time(tokens, attn_pairs, decode_ctx, seqs_logits if attn_pairs > 0.0 else tokens)
-                   + self.linear_attention_time(tokens, seqs_logits, attn_pairs))
-        else:
-            att = self.curve_attention_time(tokens, attn_pairs, decode_ctx)
-        elem = self.elem_s_per_token * tokens
-        idle = 1.0
-        if self.pp > 1 and running < self.pp:
-            # Fewer sequences than stages: the step's micro-batches cannot fill the pipeline, and a stage
-            # idles while the others work on them (one sequence passes the stages in series), so the
-            # per-stage work (and launch) that pp micro-batches would share takes pp / micro-batches as long.
-            idle = self.pp / (running if running > 1 else 1)
-            t_comp *= idle
-            att *= idle
-            elem *= idle
-        t = ((t_comp if t_comp > t_mem else t_mem) + att + elem + self.layer_s)
-        graph = tokens <= self.max_graph_tokens and (self.graphs_mixed or attn_pairs == 0.0)
-        if self.tp > 1:
-            t += self.ar_per_step * self.allreduce_time(self.ar_msg_bytes_per_token * tokens, graph)
-        if self.pp > 1:
-            t += (self.pp - 1) * self.pp_handoff_s
-        t += (self.graph_launch if graph else self.eager_launch) * idle
-        if attn_pairs > 0.0:
-            t += self.prefill_step_s
-        cpu = (self.cpu_step + self.cpu_run * running + self.cpu_wait * waiting + self.cpu_tok * tokens
-               + self.cpu_sample * seqs_logits)
-        return t, cpu
+        return self.cost.local(tokens, seqs_logits, attn_pairs, decode_ctx, prefill_ctx, running, waiting)
 
     def combine(self, gpu: float, cpu: float) -> float:
         """A step's duration from its GPU and host time: the next step is prepared while the GPU runs
@@ -289,39 +228,23 @@ class StepModel:
 
     def step_time(self, tokens: int, seqs_logits: int, attn_pairs: float,
                   decode_ctx: float, prefill_ctx: float = 0.0, running: int = 0, waiting: int = 0) -> float:
-        if tokens <= 0:
-            return 0.0
-        gpu, cpu = self.local_time(tokens, seqs_logits, attn_pairs, decode_ctx, prefill_ctx, running, waiting)
-        if self.n_experts:
-            gpu += self.moe_time(tokens * self.moe_token_scale, tokens)
-        return self.combine(gpu, cpu)
+        return self.cost.step(tokens, seqs_logits, attn_pairs, decode_ctx, prefill_ctx, running, waiting)
 
     def prefill_time(self, prompt: int, chunk: int = 0) -> float:
         """Time to prefill ``prompt`` tokens alone, in chunks of ``chunk`` tokens (0 = one step)."""
+        step = self.cost.step
         chunk = chunk or prompt
         t, done = 0.0, 0
         while done < prompt:
             c = min(chunk, prompt - done)
             last = 1 if done + c == prompt else 0
-            t += self.step_time(c, last, c * done + c * (c + 1) / 2, 0.0, done, 1, 0)
+            t += step(c, last, c * done + c * (c + 1) / 2, 0.0, done, 1, 0)
             done += c
         return t
 
     def decode_time(self, batch: int, context: int) -> float:
         """Time of a decode-only step for ``batch`` sequences of ``context`` tokens each."""
-        return self.step_time(batch, batch, 0.0, float(batch * context), 0.0, batch, 0)
-
-
-def interp_linear(xs: tuple[float, ...], ys: tuple[float, ...], x: float) -> float:
-    """``ys`` at ``x``, linear between the points of increasing ``xs``; the first value below them,
-    the last segment's line above them (O(log n))."""
-    i = bisect_left(xs, x)
-    if i == 0:
-        return ys[0]
-    if i == len(xs):
-        i -= 1
-    x0, y0 = xs[i - 1], ys[i - 1]
-    return y0 + (x - x0) * (ys[i] - y0) / (xs[i] - x0)
+        return self.cost.decode(batch, float(batch * context), batch)
 
 
 def regime(model: StepModel, tokens: int, seqs_logits: int, attn_pairs: float,

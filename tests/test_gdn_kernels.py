@@ -97,7 +97,7 @@ def test_step_model_adds_the_measured_kernels_of_every_linear_attention_layer():
         assert sm.decode_time(b, ctx) - bare.decode_time(b, ctx) == pytest.approx(
             n * c.generation_time(b, hv, hk), rel=1e-6)
     assert sm.prefill_time(8192) > bare.prefill_time(8192) + 0.9 * n * c.context_time(1, 8192, hv, hk)
-    # the fast closures defer to the methods for such a model: the same numbers
+    # the engine's step loop prices such a model with the same cost as the model's methods
     step, decode = step_functions(sm)
     assert decode(32, 32 * 1500.0, 32) == sm.decode_time(32, 1500)
 
