@@ -41,6 +41,19 @@ def test_job_cancel_terminates_the_worker():
     assert job.state == "cancelled" and not job._p.is_alive()
 
 
+def user_folder(progress=None):
+    """The user hardware folder a job sees (stands for a run reading EPDSIM_HWDB)."""
+    return str(scenarios.user_hwdb_dir())
+
+
+def test_a_job_sees_the_apps_environment_of_its_start_not_the_forkservers(tmp_path, monkeypatch):
+    # The forkserver keeps the environment it started with; a job must read the one the page reads now.
+    assert jobs.Job(user_folder).start().wait(120) == "done"       # the forkserver is up
+    monkeypatch.setenv("EPDSIM_HWDB", str(tmp_path / "later"))
+    job = jobs.Job(user_folder).start()
+    assert job.wait(120) == "done" and job.result == str(tmp_path / "later")
+
+
 def test_job_reports_progress_and_result():
     job = jobs.Job(jobs.run_scenarios, ({"a": small(200), "b": small(200, rate=30.0)},)).start()
     assert job.wait(300) == "done"

@@ -11,6 +11,7 @@ user uploads is ever unpickled.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import queue
 import sys
 import threading
@@ -33,7 +34,12 @@ def _context():
         return mp.get_context("spawn")
 
 
-def _worker(fn, args, kwargs, q) -> None:
+def _worker(fn, args, kwargs, q, env: dict[str, str]) -> None:
+    # A forkserver child inherits the environment the forkserver started with, not the app's at the time
+    # of the job: take the app's (EPDSIM_HWDB, the bundle roots, HOME), so the job reads what the page does.
+    os.environ.clear()
+    os.environ.update(env)
+
     def progress(done: float, total: float, stage: str = "") -> None:
         q.put(("progress", float(done), float(total), str(stage)))
     try:
@@ -67,7 +73,8 @@ class Job:
     def start(self) -> Job:
         ctx = _context()
         self._q = ctx.Queue()
-        self._p = ctx.Process(target=_worker, args=(self.fn, self.args, self.kwargs, self._q), daemon=True)
+        self._p = ctx.Process(target=_worker, args=(self.fn, self.args, self.kwargs, self._q, dict(os.environ)),
+                              daemon=True)
         self.started_at = time.monotonic()
         # A forkserver child re-imports the parent's __main__ by path; under Streamlit that is the page
         # script itself, which must not run again in the worker.  The job's function lives in a real
