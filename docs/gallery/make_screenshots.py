@@ -8,7 +8,8 @@ chromium-driver`, `pip install -e '.[test]'`), runs each page's main task (Home'
 preset, the planner, the cold start, the sample bundle's fit, the hardware list, the rate sweep), waits until
 the page has drawn its result, and writes one full-page PNG per page: home.png, compare.png, plan.png,
 operations.png, calibration.png, hardware.png, sweep.png (``--pages`` picks some).  The PNGs are several hundred kB each, so they go to
-out/ (not committed); docs/app.md names this command.
+out/ (not committed); ``--docs`` also writes a 900-pixel-wide WebP of each (20-70 kB) to docs/gallery/, the
+gallery docs/app.md shows.
 """
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from PIL import Image
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
@@ -67,6 +70,13 @@ def shoot(drv, path: Path, width: int) -> int:
     return path.stat().st_size
 
 
+def web_copy(png: Path, dst: Path, width: int = 900) -> int:
+    """``png`` scaled to ``width`` pixels and saved as a WebP (quality 70) at ``dst``; returns its size."""
+    im = Image.open(png).convert("RGB")
+    im.resize((width, round(im.height * width / im.width)), Image.LANCZOS).save(dst, "WEBP", quality=70)
+    return dst.stat().st_size
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(REPO / "out" / "gallery"), help="folder for the PNGs (default out/gallery)")
@@ -74,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=400.0, help="seconds to wait for a page's result")
     ap.add_argument("--pages", nargs="*", default=[p[1] for p in PAGES], choices=[p[1] for p in PAGES],
                     help="which pages (default: all seven)")
+    ap.add_argument("--docs", action="store_true", help="also write docs/gallery/<page>.webp (900 px wide)")
     args = ap.parse_args(argv)
     if not (CHROMIUM and DRIVER):
         print("no chromium/chromedriver here: apt-get install chromium chromium-driver", file=sys.stderr)
@@ -93,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
                     wait(drv, args.timeout).until(lambda d, t=done: t in body_text(d) and idle(d))
                     size = shoot(drv, out / f"{name}.png", args.width)
                     print(f"{out / (name + '.png')}: {size / 1024:,.0f} kB")
+                    if args.docs:
+                        web = REPO / "docs" / "gallery" / f"{name}.webp"
+                        print(f"{web}: {web_copy(out / (name + '.png'), web) / 1024:,.0f} kB")
             finally:
                 drv.quit()
     return 0
