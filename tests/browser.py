@@ -174,3 +174,18 @@ def click(drv, text: str) -> None:
             return True
         return False
     wait(drv, 60).until(press)
+
+
+def metrics(drv) -> dict[str, str]:
+    """The page's metric cards, label -> shown value (retried while a rerun redraws them)."""
+    from selenium.webdriver.common.by import By
+
+    def read(d) -> dict[str, str]:
+        out = {}
+        for m in d.find_elements(By.CSS_SELECTOR, "[data-testid='stMetric']"):
+            label = m.find_elements(By.CSS_SELECTOR, "[data-testid='stMetricLabel']")
+            value = m.find_elements(By.CSS_SELECTOR, "[data-testid='stMetricValue']")
+            if label and value:
+                out[label[0].text.strip()] = value[0].text.strip()
+        return out
+    return settled(read)(drv)

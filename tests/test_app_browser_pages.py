@@ -12,24 +12,12 @@ from __future__ import annotations
 from app.services import share
 from tests.browser import (alerts, app_server, assert_no_traceback, body_text, driver,  # noqa: F401
                            needs_chromium, pytestmark as _selenium)
-from tests.browser import click as _click, settled as _settled, wait as _wait
+from tests.browser import click as _click, metrics, settled as _settled, wait as _wait
 from tests.conftest import REPO
 from tests.test_app_ops import expected_ops
 
 pytestmark = [_selenium, needs_chromium]
 SHOTS = REPO / "out" / "browser"
-
-
-@_settled
-def _metrics(drv) -> dict[str, str]:
-    from selenium.webdriver.common.by import By
-    out = {}
-    for m in drv.find_elements(By.CSS_SELECTOR, "[data-testid='stMetric']"):
-        label = m.find_elements(By.CSS_SELECTOR, "[data-testid='stMetricLabel']")
-        value = m.find_elements(By.CSS_SELECTOR, "[data-testid='stMetricValue']")
-        if label and value:
-            out[label[0].text.strip()] = value[0].text.strip()
-    return out
 
 
 @_settled
@@ -74,14 +62,14 @@ def _tok(text: str) -> float:
 
 def test_home_results_an_edit_and_the_link_survives_a_refresh(app_server, driver):
     driver.get(app_server)
-    _wait(driver).until(lambda d: "output tok/s" in _metrics(d) and len(_chart_titles(d)) >= 4)
-    m = _metrics(driver)
+    _wait(driver).until(lambda d: "output tok/s" in metrics(d) and len(_chart_titles(d)) >= 4)
+    m = metrics(driver)
     assert m["TTFT p50"].endswith("ms") and m["SLO attainment"].endswith("%") and m["cost per hour"] == "$8.50"
     assert {"TTFT CDF", "TPOT CDF", "ITL CDF", "E2E CDF"} <= set(_chart_titles(driver))
     assert_no_traceback(driver)
     _type(driver, "rate (req/s)", "40")
-    _wait(driver).until(lambda d: _metrics(d).get("output tok/s") not in (None, m["output tok/s"]))
-    edited = _metrics(driver)
+    _wait(driver).until(lambda d: metrics(d).get("output tok/s") not in (None, m["output tok/s"]))
+    edited = metrics(driver)
     # twice the offered load on a deployment that keeps up: about twice the output rate
     assert 1.6 < _tok(edited["output tok/s"]) / _tok(m["output tok/s"]) < 2.2
     _wait(driver, 30).until(lambda d: "scenario=" in d.current_url)
@@ -89,24 +77,24 @@ def test_home_results_an_edit_and_the_link_survives_a_refresh(app_server, driver
     assert share.decode(link)["workload"]["arrival"]["rate"] == 40.0
     _shot(driver, "home")
     driver.refresh()                                     # a new session: the link restores the edit
-    _wait(driver).until(lambda d: "output tok/s" in _metrics(d))
+    _wait(driver).until(lambda d: "output tok/s" in metrics(d))
     from selenium.webdriver.common.by import By
     assert float(driver.find_element(By.CSS_SELECTOR, "input[aria-label='rate (req/s)']").get_attribute("value")) == 40
-    assert _metrics(driver)["output tok/s"] == edited["output tok/s"]
+    assert metrics(driver)["output tok/s"] == edited["output tok/s"]
     assert_no_traceback(driver)
 
 
 def test_operations_cold_start_probes_and_an_autoscaling_run(app_server, driver):
     driver.get(app_server + "Operations")
-    _wait(driver).until(lambda d: "start to API ready" in _metrics(d) and "Crash loop" in _alerts(d))
+    _wait(driver).until(lambda d: "start to API ready" in metrics(d) and "Crash loop" in _alerts(d))
     # Longer than the default liveness probe lets a pod live (kill at 50 s): hence the crash loop shown.
-    assert float(_metrics(driver)["start to API ready"].removesuffix(" s").replace(",", "")) > 50
+    assert float(metrics(driver)["start to API ready"].removesuffix(" s").replace(",", "")) > 50
     _wait(driver, 60).until(lambda d: {"Cold start", "Container attempts"} <= set(_chart_titles(d)))
     assert_no_traceback(driver)
     _shot(driver, "operations")
     _click(driver, "Open on Home: Autoscaling under a step in load (operations)")
-    _wait(driver).until(lambda d: "Instances over time" in _chart_titles(d) and "scale-ups" in _metrics(d))
-    m = _metrics(driver)
+    _wait(driver).until(lambda d: "Instances over time" in _chart_titles(d) and "scale-ups" in metrics(d))
+    m = metrics(driver)
     want = expected_ops("autoscale_step_load.yaml")     # the services' own run of the same example
     assert all(m[k] == want[k] for k in ("scale-ups", "cost per hour", "GPU-hours")), (m, want)
     _wait(driver, 60).until(lambda d: {"Failed and retried requests (by arrival time)", "Cost with scaling"}
@@ -140,7 +128,7 @@ def test_plan_recommends_a_deployment(app_server, driver):
 
 def test_calibration_fits_the_sample_bundle(app_server, driver):
     driver.get(app_server + "Calibration")
-    _wait(driver).until(lambda d: _metrics(d).get("model") == "tiny-llama")
+    _wait(driver).until(lambda d: metrics(d).get("model") == "tiny-llama")
     _click(driver, "Fit and validate")
     _wait(driver, 300).until(lambda d: "checks within 25%" in _alerts(d))
     # 10 server-side checks and, with the sample bundle's fitted front end, client TTFT p50 and p90

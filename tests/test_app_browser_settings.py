@@ -12,7 +12,7 @@ import re
 
 from tests.browser import (alerts, app_server, assert_no_traceback, body_text, driver,  # noqa: F401
                            needs_chromium, pytestmark as _selenium)
-from tests.browser import click as _click, idle, settled as _settled, wait as _wait
+from tests.browser import click as _click, idle, metrics, settled as _settled, wait as _wait
 
 pytestmark = [_selenium, needs_chromium]
 MODEL = "Qwen3-30B-A3B"
@@ -62,18 +62,6 @@ def _choose(drv, label: str, option: str, where: str = "[data-testid='stSidebar'
 
 
 @_settled
-def _metrics(drv) -> dict[str, str]:
-    from selenium.webdriver.common.by import By
-    out = {}
-    for m in drv.find_elements(By.CSS_SELECTOR, "[data-testid='stMetric']"):
-        label = m.find_elements(By.CSS_SELECTOR, "[data-testid='stMetricLabel']")
-        value = m.find_elements(By.CSS_SELECTOR, "[data-testid='stMetricValue']")
-        if label and value:
-            out[label[0].text.strip()] = value[0].text.strip()
-    return out
-
-
-@_settled
 def _code(drv) -> str:
     """Every code block's text, folded ones included (textContent: Selenium's .text skips hidden text)."""
     from selenium.webdriver.common.by import By
@@ -105,13 +93,13 @@ def _page(drv, base: str, name: str) -> None:
 
 def test_fp8_kv_fp8_dp_ep_set_on_home_travel_to_plan_and_operations(app_server, driver):
     driver.get(app_server)
-    _wait(driver).until(lambda d: "output tok/s" in _metrics(d))
+    _wait(driver).until(lambda d: "output tok/s" in metrics(d))
     _choose(driver, "Model", MODEL)
     _choose(driver, "weights", "fp8")
     _choose(driver, "KV cache", "fp8")
     _choose(driver, "attention DP", "2")
     _choose(driver, "EP (experts over GPUs)", "2")
-    _wait(driver).until(lambda d: idle(d) and MODEL in body_text(d) and "output tok/s" in _metrics(d))
+    _wait(driver).until(lambda d: idle(d) and MODEL in body_text(d) and "output tok/s" in metrics(d))
     assert_no_traceback(driver)
     # Home's latency cards carry their model error band under them: "p50 70.0 ms (50–90) · p90 ...".
     assert re.search(r"p50 [\d.]+ ms \([\d.]+–[\d.]+\) · p90 ", body_text(driver)), body_text(driver)[:2000]
@@ -134,7 +122,7 @@ def test_fp8_kv_fp8_dp_ep_set_on_home_travel_to_plan_and_operations(app_server, 
     assert_no_traceback(driver)
 
     _page(driver, app_server, "Operations")
-    _wait(driver, 120).until(lambda d: "start to API ready" in _metrics(d) and "vllm serve" in _code(d))
+    _wait(driver, 120).until(lambda d: "start to API ready" in metrics(d) and "vllm serve" in _code(d))
     assert _selected(driver, "weights") == "fp8" and _selected(driver, "KV cache") == "fp8"
     assert _selected(driver, "model") == MODEL
     assert "DP2 EP2, weights fp8, KV cache fp8" in body_text(driver)
