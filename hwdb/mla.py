@@ -16,6 +16,17 @@ An :class:`MlaCurve` holds, per KV-cache dtype, the attention kernel's time for 
         fixed_s + seq_head_s * b n
         + max(C (d_c + d_r) kv_bytes / (BW * mem_eff),  2 C n (2 d_c + d_r) / (P_bf16 * comp_eff))
 
+A DeepSeek-sparse-attention model (GLM-5, DeepSeek-V3.2) also runs a lightning indexer in every attention layer,
+which scores each cached token for the query and keeps the top 2,048.  ``indexer`` holds its decode cost
+per layer (seconds), by KV dtype::
+
+    fixed_s + seq_s * b + ctx_s * C
+
+measured as the difference between the same engine's whole DSA attention module with the indexer and
+without it (the skip-indexer variant that reuses an earlier layer's selection), which leaves the indexer's
+projections, its scores over the cache and its top-k; it is replicated on every TP rank (the measured
+difference does not change with TP).  Fitted by :mod:`calibration.dsa_fit`.
+
 The context's ``seq_s`` term is a lone prompt's longest row block, which runs alone when a few heads leave
 most of the GPU idle; its ``seq_head_s`` the set-up of each sequence and head, which many short prompts pay.  ``P_bf16`` and ``BW`` are the GPU's (hwdb/data/gpus).  Fitted on the measured tables (DeepSeek-V3's
 dimensions) by :mod:`calibration.mla_fit`; each phase's ``quality`` holds its error on held-out head counts.
@@ -64,6 +75,18 @@ class MlaGeneration(BaseModel):
         return self.fixed_s + self.seq_head_s * b * heads + np.maximum(mem, comp)
 
 
+class MlaIndexer(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    fixed_s: between(0, 1e-2, "s", fix="give the fitted fixed cost per layer")
+    seq_s: between(0, 1e-5, "s per decoding sequence", fix="give the fitted cost")
+    ctx_s: between(0, 1e-8, "s per cached token", fix="give the fitted cost")
+    quality: FitQuality
+
+    def time(self, b, ctx_total):
+        return self.fixed_s + self.seq_s * b + self.ctx_s * ctx_total
+
+
 class MlaCurve(BaseModel):
     """One engine's MLA attention kernels on one GPU, by KV-cache dtype (the tables' names)."""
 
@@ -77,3 +100,6 @@ class MlaCurve(BaseModel):
     source: str = Field(min_length=3)
     context: dict[str, MlaContext]
     generation: dict[str, MlaGeneration]
+    # the DSA lightning indexer's decode cost per layer by KV dtype; empty where it was not measured apart
+    indexer: dict[str, MlaIndexer] = Field(default_factory=dict)
+    indexer_source: str = ""

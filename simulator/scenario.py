@@ -291,8 +291,8 @@ def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB
         dep = dataclasses.replace(dep, gdn_curve=gdn, gdn_source=gdn_source)
     if arch.is_mla:
         mla, mla_source = db.mla_curve(gpu.name, engine.engine)
-        if mla is not None and KV_DTYPES.get(kv) not in mla.generation:
-            mla, mla_source = None, f"{mla_source} has no {kv} KV-cache curve: the attention curves of the profile or GPU"
+        if mla is not None and KV_DTYPES.get(kv) not in mla.generation:    # its DSA indexer may still apply
+            mla_source = f"{mla_source} has no {kv} KV-cache curve: the attention curves of the profile or GPU"
         dep = dataclasses.replace(dep, mla_curve=mla, mla_source=mla_source)
     if not arch.is_moe:
         return dep

@@ -193,9 +193,22 @@ def mla_attention(dep: Deployment) -> dict:
             "kv_seq_s": layers * g.seq_head_s * heads}
 
 
+def dsa_indexer(dep: Deployment) -> dict:
+    """StepModel fields of a DeepSeek-sparse-attention model's lightning indexer at decode from its engine's
+    measurement on this GPU (hwdb/mla.py MlaIndexer), or {}: replicated on every TP rank, its fixed and
+    per-sequence costs are paid in every layer, its per-cached-token cost in a pipeline stage's layers."""
+    a, c = dep.arch, dep.mla_curve
+    kv = KV_DTYPES.get(dep.kv_dtype)
+    if not a.index_n_heads or c is None or kv not in c.indexer:
+        return {}
+    x, layers = c.indexer[kv], a.full_attn_layers
+    return {"dsa_fixed_s": layers * x.fixed_s, "dsa_seq_s": layers * x.seq_s,
+            "dsa_ctx_s": math.ceil(layers / dep.pp) * x.ctx_s}
+
+
 def build_step_model(dep: Deployment) -> StepModel:
     """Coefficients for :class:`StepModel` from a deployment (profile overrides GPU defaults)."""
-    apart = {**linear_attention(dep), **mla_attention(dep)}
+    apart = {**linear_attention(dep), **mla_attention(dep), **dsa_indexer(dep)}
     a, g, prof = dep.arch, dep.gpu, dep.profile
     gpus = dep.rank_gpus     # dense weights and this rank's own tokens: one data-parallel rank's GPUs
     meff = (prof.memory_efficiency if prof and prof.memory_efficiency else g.memory_efficiency)

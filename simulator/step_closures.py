@@ -78,6 +78,7 @@ def step_cost(m: StepModel) -> StepCost:
     lin_any = bool(m.lin_ctx_fixed_s or m.lin_gen_fixed_s)
     lin_ctx_seq, lin_ctx_prompt, lin_ctx_tok = m.lin_ctx_seq_s, m.lin_ctx_prompt_s, m.lin_ctx_tok_s
     lin_gen, lin_gen_seq = m.lin_gen_fixed_s, m.lin_gen_seq_s
+    dsa, dsa_seq, dsa_ctx = m.dsa_fixed_s, m.dsa_seq_s, m.dsa_ctx_s
 
     def linear(tokens, seqs_logits=0, prefill_ctx=0.0):
         t_comp = comp_a * tokens + comp_b
@@ -135,9 +136,11 @@ def step_cost(m: StepModel) -> StepCost:
         return t
 
     def attention(tokens, attn_pairs, decode_ctx, decodes=0):
-        if mla:
-            return mla_attention(tokens, attn_pairs, decode_ctx, decodes)
-        return curve_attention(tokens, attn_pairs, decode_ctx)
+        t = mla_attention(tokens, attn_pairs, decode_ctx, decodes) if mla else curve_attention(tokens, attn_pairs,
+                                                                                              decode_ctx)
+        if dsa and decodes:
+            t += dsa + dsa_seq * decodes + dsa_ctx * decode_ctx
+        return t
 
     def linear_attention(tokens, seqs_logits, attn_pairs):
         if not lin_any:

@@ -136,7 +136,12 @@ class StepModel:
     mla_half_tok: float = 0.0
     kv_comp_s_per_ctx: float = 0.0
     kv_seq_s: float = 0.0
-    # True when the MLA or linear-attention kernels above are in use (one test in the step's hot path).
+    # DeepSeek-sparse-attention lightning indexer (hwdb/mla.py MlaIndexer): a step with decodes adds
+    # dsa_fixed_s + dsa_seq_s x decoding sequences + dsa_ctx_s x their cached tokens.
+    dsa_fixed_s: float = 0.0
+    dsa_seq_s: float = 0.0
+    dsa_ctx_s: float = 0.0
+    # True when the MLA, indexer or linear-attention kernels above are in use (one test in the step's hot path).
     kernels_apart: bool = False
 
     @cached_property
