@@ -21,22 +21,23 @@ the shipped folder plus user folders (later folders win on name clashes).
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Literal
+from typing import Annotated, Literal
 
 from pydantic import model_validator
 
 from hwdb.db import DATA_DIR, find, load_kind
 from hwdb.files import HwdbError, parse_file, read_data_yaml
-from hwdb.schema import StrictModel, sourced
-from simulator.bounds import between, count
+from hwdb.schema import DATASHEET, Figure, StrictModel
+from simulator.bounds import Range
 
-Seconds = between(0, 1e6, "s", fix="give seconds")
-Residual = between(-1e6, 1e6, "s", fix="give seconds")
-Throughput = sourced(1e3, 1e13, "bytes/s", fix="give bytes per second")
-Size = sourced(1e3, 1e13, "bytes", fix="give bytes")
-Factor = sourced(0, 100, "times", fix="give a factor")
+Seconds = Annotated[float, Range(0, 1e6, "s", fix="give seconds")]
+Residual = Annotated[float, Range(-1e6, 1e6, "s", fix="give seconds")]
+Throughput = Annotated[Figure, Range(1e3, 1e13, "bytes/s", fix="give bytes per second")]
+Size = Annotated[Figure, Range(1e3, 1e13, "bytes", fix="give bytes")]
+Factor = Annotated[Figure, Range(0, 100, "times", fix="give a factor")]
 
 COLDSTART_DIR = DATA_DIR / "coldstart"
 
@@ -49,7 +50,7 @@ class StoragePath(StrictModel):
     aliases: tuple[str, ...] = ()
     description: str
     bandwidth_Bps: Throughput      # node-wide sustained read bandwidth of large files
-    latency_s: sourced(0, 60, "s", fix="give seconds")   # open / first byte
+    latency_s: Annotated[Figure, Range(0, 60, "s", fix="give seconds")]   # open / first byte
     notes: str | None = None
 
 
@@ -79,7 +80,8 @@ class PhaseFit(StrictModel):
     """A fitted phase formula: coefficients, the data, and the residuals of the fit."""
 
     formula: str
-    coefficients: dict[str, between(-1e13, 1e13, fix="give the fitted coefficient in the formula's units")]
+    coefficients: dict[str, Annotated[float, Range(-1e13, 1e13,
+                                                   fix="give the fitted coefficient in the formula's units")]]
     data: str
     method: str
     rows: tuple[FitRow, ...]
@@ -93,16 +95,16 @@ class ProfiledModel(StrictModel):
     """Architecture facts of a model in the fitted data (read from its config.json)."""
 
     hf_id: str
-    params: between(0, 1e14, "parameters", lo_open=True)
-    layers: count(1, 10_000, "layers")
-    checkpoint_bytes_per_param: between(0, 8, "bytes", lo_open=True) = 2.0
+    params: Annotated[float, Range(0, 1e14, "parameters", lo_open=True)]
+    layers: Annotated[int, Range(1, 10_000, "layers", whole=True)]
+    checkpoint_bytes_per_param: Annotated[float, Range(0, 8, "bytes", lo_open=True)] = 2.0
 
 
 class Outlier(StrictModel):
     """A documented tail observation that the default formulas do not reproduce."""
 
     what: str
-    seconds: between(0, 1e6, "s", lo_open=True, fix="give seconds")
+    seconds: Annotated[float, Range(0, 1e6, "s", lo_open=True, fix="give seconds")]
     source: str
 
 
@@ -110,7 +112,8 @@ class ProfiledHost(StrictModel):
     """A machine the fitted data was measured on."""
 
     description: str
-    peak_flops: sourced(1e9, 1e19, "FLOP/s")   # dense bf16 peak of its GPU (for the capture compute term)
+    # dense bf16 peak of its GPU (for the capture compute term)
+    peak_flops: Annotated[Figure, Range(1e9, 1e19, "FLOP/s", fix=DATASHEET)]
     source: str
 
 
@@ -127,7 +130,7 @@ class StartupCoefficients(StrictModel):
     name: str
     aliases: tuple[str, ...] = ()
     engine_version_fitted: str
-    distributed_init_s: sourced(0, 3600, "s", fix="give seconds")
+    distributed_init_s: Annotated[Figure, Range(0, 3600, "s", fix="give seconds")]
     compile_size_relative_cost: Factor
     full_graph_relative_cost: Factor
     fits: dict[str, PhaseFit]
@@ -144,7 +147,7 @@ class StartupCoefficients(StrictModel):
                             f"regenerate the file with calibration.coldstart_fit.fit_profiler_csvs") from None
 
 
-RangeFigure = between(0, 1e13, fix="give the figure in the range's unit")
+RangeFigure = Annotated[float, Range(0, 1e13, fix="give the figure in the range's unit")]
 
 
 class PhaseRange(StrictModel):
@@ -172,13 +175,13 @@ class StartupCase(StrictModel):
     name: str
     model: str
     gpu: str
-    tp: count(1, 1024, "GPUs")
+    tp: Annotated[int, Range(1, 1024, "GPUs", whole=True)]
     dtype: str = "bf16"
     storage: str
     compile_cache: Literal["miss", "hit"]
     vllm_version: str = "0.11"
-    capture_sizes: tuple[count(1, 1_000_000, "sequences"), ...] | None = None
-    observed_s: between(0, 1e6, "s", lo_open=True, fix="give seconds")
+    capture_sizes: tuple[Annotated[int, Range(1, 1_000_000, "sequences", whole=True)], ...] | None = None
+    observed_s: Annotated[float, Range(0, 1e6, "s", lo_open=True, fix="give seconds")]
     observed_phases: tuple[str, ...] | None = None
     logged: dict[str, Seconds] = {}
     feeds: tuple[str, ...] = ()
@@ -241,7 +244,8 @@ class ScaleRanges(StrictModel):
         return self.versions[key]
 
 
-_KINDS = {"storage": StoragePath, "image": ContainerImage, "startup": StartupCoefficients, "scale": ScaleRanges}
+_KINDS: dict[str, type[StrictModel]] = {"storage": StoragePath, "image": ContainerImage,
+                                         "startup": StartupCoefficients, "scale": ScaleRanges}
 
 
 @dataclass(frozen=True)

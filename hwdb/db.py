@@ -1,8 +1,7 @@
 """Loading and validating the hardware database.
 
-The database is the union of the files shipped in ``hwdb/data`` and any
-user folders given to :func:`load` (later folders override earlier ones by
-name).  Layout of a folder::
+The database is the union of the files shipped in ``hwdb/data`` and any user folders given to
+:func:`load` (later folders override earlier ones by name).  Layout of a folder::
 
     gpus/<name>.yaml          -> hwdb.schema.GPU
     links/<name>.yaml         -> hwdb.schema.Link
@@ -15,31 +14,32 @@ name).  Layout of a folder::
     gdn_kernels/<name>.yaml   -> hwdb.gdn.GdnCurve (measured Gated-DeltaNet kernel curves of a GPU and engine)
     mla_kernels/<name>.yaml   -> hwdb.mla.MlaCurve (measured MLA attention kernel curves of a GPU and engine)
 
-Every error is a :class:`HwdbError` naming the file, the field and the
-expected form.  :func:`load` parses each folder list once per process (see
-:func:`_stamp`); every call returns its own deep copy, so no caller can change
-what another one sees.
+Every error is a :class:`HwdbError` naming the file, the field and the expected form.  :func:`load`
+parses each folder list once per process (see :func:`_stamp`); every call returns its own deep copy,
+so no caller can change what another one sees.
 """
 from __future__ import annotations
 
 import collections
 import copy
-import dataclasses
 import functools
 import hashlib
 import os
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
-from hwdb.models import ConfigError, ModelArch, arch_from_config
+from pydantic import BaseModel
+
+from hwdb.engine_schema import EngineProfile
+from hwdb.files import HwdbError, parse_file
 from hwdb.gdn import GdnCurve
 from hwdb.mla import MlaCurve
+from hwdb.models import ConfigError, ModelArch, arch_from_config
 from hwdb.moe import MoeCurve, MoeKernels
 from hwdb.profiles import Profile, ProfileMatch, version_matches
-from hwdb.engine_schema import EngineProfile
 from hwdb.schema import GPU, Connector, Link, ModelSidecar, NetworkLayout
-from hwdb.files import HwdbError, parse_file
 from simulator.inputs import read_json
 
 DATA_DIR = Path(__file__).parent / "data"
@@ -83,7 +83,8 @@ def load_model_dir(path: Path, name: str | None = None) -> ModelEntry:
                         f"config.json, or a model name (epdsim hw list models).")
     cfg_path = path if path.is_file() else path / "config.json"
     if not cfg_path.exists():
-        raise HwdbError(f"{path}: no config.json found. Point --model at a Hugging Face model folder or its config.json.")
+        raise HwdbError(f"{path}: no config.json found. Point --model at a Hugging Face model folder or its "
+                        "config.json.")
     cfg = read_json(cfg_path, HwdbError, "model config.json")
     folder = cfg_path.parent
     side_path = folder / "epdsim.yaml"
@@ -167,12 +168,11 @@ class HardwareDB:
         """The calibration profile stored under the key (GPU, engine, engine version, model), each part
         honoured where given.
 
-        A profile fitted on one model (``Profile.model``, a harness fit) is never used for another,
-        and wins over model-independent ones (kernel fits) for its own model.  With ``version``,
-        profiles of that version (:func:`version_matches`) are chosen; when there is none, the
-        newest profile of the GPU and engine is the explicit fallback and ``fallback`` says so,
-        since a kernel fit of another version is still better than datasheet defaults.  Among
-        equals the newest ``created`` wins (on a tie, the one loaded first).
+        A profile fitted on one model (``Profile.model``, a harness fit) is never used for another, and wins
+        over model-independent ones (kernel fits) for its own model.  With ``version``, profiles of that version
+        (:func:`version_matches`) are chosen; when there is none, the newest profile of the GPU and engine is
+        the explicit fallback and ``fallback`` says so, since a kernel fit of another version is still better
+        than datasheet defaults.  Among equals the newest ``created`` wins (on a tie, the one loaded first).
         """
         hits = [p for p in self.profiles.values() if p.gpu == gpu and p.engine == engine
                 and (model is None or p.model in (None, model))]
@@ -236,21 +236,21 @@ class HardwareDB:
         return self.find_profile(gpu, engine, version, model).profile
 
 
-FILE_SCHEMAS = {"gpus": GPU, "links": Link, "profiles": Profile, "engines": EngineProfile, "connectors": Connector,
-                "networks": NetworkLayout, "moe_kernels": MoeKernels, "gdn_kernels": GdnCurve,
-                "mla_kernels": MlaCurve}
+FILE_SCHEMAS: dict[str, type[BaseModel]] = {
+    "gpus": GPU, "links": Link, "profiles": Profile, "engines": EngineProfile, "connectors": Connector,
+    "networks": NetworkLayout, "moe_kernels": MoeKernels, "gdn_kernels": GdnCurve, "mla_kernels": MlaCurve}
 WHAT = {"gpus": "GPU", "moe_kernels": "MoE kernel table", "gdn_kernels": "linear-attention kernel table",
         "mla_kernels": "MLA kernel table", "storage": "storage path", "image": "container image",
         "startup": "start-up coefficient set", "scale": "start-up range set"}
 
 
 def _aliases(item) -> tuple[str, ...]:
-    return tuple(getattr(item, "aliases", None) or getattr(getattr(item, "sidecar", None), "aliases", ()))
+    return tuple(getattr(item, "aliases", ()) or getattr(getattr(item, "sidecar", None), "aliases", ()))
 
 
 def _with_aliases(item, aliases: tuple[str, ...]):
     if isinstance(item, ModelEntry):
-        return dataclasses.replace(item, sidecar=item.sidecar.model_copy(update={"aliases": aliases}))
+        return replace(item, sidecar=item.sidecar.model_copy(update={"aliases": aliases}))
     return item.model_copy(update={"aliases": aliases}) if hasattr(item, "aliases") else item
 
 
@@ -262,10 +262,10 @@ def _over_earlier(kind: str, table: dict, item, path: Path, origins: dict, notes
     old = table.get(item.name)
     if old is not None:
         kept = tuple(dict.fromkeys((*_aliases(item), *_aliases(old))))
-        notes.append(f"{path} replaces the {what} '{item.name}' of {origins.get((kind, item.name), 'an earlier folder')}"
-                     f": every answer that uses it changes" + (f" (its names {', '.join(kept)} now lead to this one)"
-                                                               if kept else "")
-                     + f"; give it another name to add a {what} beside it instead")
+        where = origins.get((kind, item.name), "an earlier folder")
+        names = f" (its names {', '.join(kept)} now lead to this one)" if kept else ""
+        notes.append(f"{path} replaces the {what} '{item.name}' of {where}: every answer that uses it changes{names}"
+                     f"; give it another name to add a {what} beside it instead")
         return _with_aliases(item, kept)
     mine = {_norm(n) for n in (item.name, *_aliases(item))}
     clash = next((k for k, v in table.items() if mine & {_norm(n) for n in (k, *_aliases(v))}), None)
@@ -337,7 +337,7 @@ def _stamp(folders: list[Path]) -> tuple:
     for folder in folders:
         root = str(folder.resolve())
         shipped = root == str(DATA_DIR.resolve())
-        files = []
+        files: list[tuple[str, int | None, int | None, bytes | None]] = []
         for base, dirs, names in os.walk(root):
             dirs.sort()
             for n in sorted(names):
@@ -352,9 +352,8 @@ def _stamp(folders: list[Path]) -> tuple:
     return tuple(out)
 
 
-# Parsed databases of this process by _stamp: a simulation, a plan candidate or an app rerun needs the
-# database, and parsing ~60 YAML files plus the model configs took 0.04-0.35 s each time.  A few
-# entries suffice (the shipped folder alone, plus the user folder lists of the session).
+# Parsed databases of this process by _stamp: a simulation, a plan candidate or an app rerun needs the database,
+# and parsing ~60 YAML files and the model configs took 0.04-0.35 s each time.  A few entries suffice.
 _CACHE: dict[tuple, HardwareDB] = {}
 _CACHE_ENTRIES = 8
 
@@ -392,7 +391,8 @@ def _load(folders: list[Path]) -> HardwareDB:
     for lay in tables["networks"].values():
         where = origins.get(lay.name, f"network {lay.name!r}")
         if lay.fabric not in links:
-            raise HwdbError(f"{where}: field 'fabric': link '{lay.fabric}' is not defined in links/. Known: {sorted(links)}")
+            raise HwdbError(f"{where}: field 'fabric': link '{lay.fabric}' is not defined in links/. "
+                            f"Known: {sorted(links)}")
         bad = [g for g in lay.gpus if g not in tables["gpus"]]
         if bad:
             raise HwdbError(f"{where}: field 'gpus': {bad} not defined in gpus/ (use canonical names). "

@@ -2,13 +2,19 @@
 defaults, release-dependent rules and the fitted end-to-end terms, each sourced like every hardware figure."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
-from hwdb.schema import HostCost, Latency, PerItemCost, sourced
-from simulator.bounds import MAX_TOKENS, count
+from hwdb.schema import DATASHEET, Figure, HostCost, Latency, PerItemCost
+from simulator.bounds import Range, Tokens
 from simulator.inputs import StrictModel
+
+# A release's memory terms: bytes kept back, and factors on the profiling run's tensors.
+MemoryBytes = Annotated[Figure, Range(0, 1e11, "bytes", fix=DATASHEET)]
+MemoryFactor = Annotated[Figure, Range(0, 100, "times", fix=DATASHEET)]
+Ratio = Annotated[Figure, Range(0, 1, "fraction", fix=DATASHEET)]      # an admission rule's KV ratio
+Sequences = Annotated[int, Range(1, 1_000_000, "sequences", whole=True)]
 
 
 class KvAutoRule(StrictModel):
@@ -36,18 +42,19 @@ class MemoryRelease(StrictModel):
     (simulator/memory.py has the formula each enters)."""
 
     since: str = Field(min_length=1)
-    activation_base_bytes: sourced(0, 1e11, "bytes") | None = None
-    activation_per_token_hidden: sourced(0, 100, "times") | None = None   # x max_num_batched_tokens x hidden x 2 B
-    sampler_copies: sourced(0, 100, "times") | None = None                # x max_num_seqs x vocab x 4 B
-    moe_bytes: sourced(0, 1e11, "bytes") | None = None                    # more for a MoE model's routing buffers
-    non_torch_bytes: sourced(0, 1e11, "bytes") | None = None              # one GPU per rank (TP 1)
-    non_torch_tp_bytes: sourced(0, 1e11, "bytes") | None = None           # TP > 1: NCCL and custom all-reduce buffers
-    graph_bytes: sourced(0, 1e11, "bytes") | None = None                  # CUDA-graph pool taken from the KV budget
-    default_fraction: sourced(0, 1, "fraction", lo_open=True) | None = None   # gpu_memory_utilization's default
+    activation_base_bytes: MemoryBytes | None = None
+    activation_per_token_hidden: MemoryFactor | None = None   # x max_num_batched_tokens x hidden x 2 B
+    sampler_copies: MemoryFactor | None = None                # x max_num_seqs x vocab x 4 B
+    moe_bytes: MemoryBytes | None = None                      # more for a MoE model's routing buffers
+    non_torch_bytes: MemoryBytes | None = None                # one GPU per rank (TP 1)
+    non_torch_tp_bytes: MemoryBytes | None = None             # TP > 1: NCCL and custom all-reduce buffers
+    graph_bytes: MemoryBytes | None = None                    # CUDA-graph pool taken from the KV budget
+    # gpu_memory_utilization's default
+    default_fraction: Annotated[Figure, Range(0, 1, "fraction", lo_open=True, fix=DATASHEET)] | None = None
     # Linear-attention (Gated DeltaNet) state pool carved from the KV budget (SGLang): state bytes per KV bytes
     # (mamba_full_memory_ratio), and state slots per running request with the prefix cache on (1 with it off).
-    linear_state_ratio: sourced(0, 100, "times", lo_open=True) | None = None
-    linear_state_running_ratio: sourced(1, 100, "times") | None = None
+    linear_state_ratio: Annotated[Figure, Range(0, 100, "times", lo_open=True, fix=DATASHEET)] | None = None
+    linear_state_running_ratio: Annotated[Figure, Range(1, 100, "times", fix=DATASHEET)] | None = None
 
 
 class EngineMemory(StrictModel):
@@ -69,10 +76,10 @@ class AdmissionRule(StrictModel):
     (0.7 down to 0.098 over 600 steps, outputs clipped at 4,096); TensorRT-LLM's GUARANTEED_NO_EVICT keeps
     every request's whole output (ratio 1).  vLLM keeps nothing back (None)."""
 
-    init_ratio: sourced(0, 1, "fraction")
-    min_ratio: sourced(0, 1, "fraction")
-    decay_steps: count(0, 10**7, "steps") = 0
-    clip_tokens: count(1, MAX_TOKENS, "tokens") | None = None
+    init_ratio: Ratio
+    min_ratio: Ratio
+    decay_steps: Annotated[int, Range(0, 10**7, "steps", whole=True)] = 0
+    clip_tokens: Tokens | None = None
 
 
 class CpuCosts(StrictModel):
@@ -113,7 +120,7 @@ class EngineProfile(StrictModel):
     graph_launch_s: HostCost
     eager_launch_s_per_layer: PerItemCost
     graphs_for_mixed_batches: bool
-    max_capture_size: count(1, 1_000_000, "sequences") | None = None
+    max_capture_size: Sequences | None = None
     # --kv-cache-dtype auto: from which release the checkpoint's KV directive is taken (None: never, the
     # activation dtype always).
     kv_auto: KvAutoRule | None = None
@@ -130,7 +137,7 @@ class EngineProfile(StrictModel):
     admission: AdmissionRule | None = None
     # Attention DP: a rank holds new prompts back up to this many steps until every rank has one, so the
     # ranks prefill together (TensorRT-LLM's attention_dp_config enable_balance / timeout_iters); None: never.
-    dp_context_wait_steps: count(1, 10_000, "steps") | None = None
+    dp_context_wait_steps: Annotated[int, Range(1, 10_000, "steps", whole=True)] | None = None
     # End-to-end terms fitted on measured serving runs (calibration/e2e_fit.py, docs/validation/e2e.md):
     # a fixed GPU time per decoder layer per step (kernel floors and gaps between the ~15 small
     # kernels of a layer, independent of TP: the measured TPOT at TP1..8 leaves the same residual),
@@ -148,7 +155,8 @@ class EngineProfile(StrictModel):
     moe_layer_overhead_s: PerItemCost | None = None   # more per MoE layer: routing, top-k, permutation, grouped GEMM
     # Per GPU type: a factor on both per-layer terms (kernel floors differ between GPU generations);
     # a GPU not listed uses 1, the GPU the terms were fitted on.
-    layer_overhead_scale: dict[str, sourced(0, 100, "times", lo_open=True, fix="give a factor such as 1.5")] = {}
+    layer_overhead_scale: dict[str, Annotated[Figure, Range(0, 100, "times", lo_open=True,
+                                                            fix="give a factor such as 1.5")]] = {}
     frontend_s: Latency | None = None
     frontend_s_per_token: PerItemCost | None = None
     frontend_serial_s_per_token: PerItemCost | None = None
@@ -157,7 +165,7 @@ class EngineProfile(StrictModel):
     frontend_stream_s_per_request: Latency | None = None   # more for a request's first token (its stream opens)
     default_chunked_prefill: bool
     default_prefix_caching: bool
-    default_max_num_seqs: count(1, 1_000_000, "sequences") | None = None
-    default_max_num_batched_tokens: count(1, MAX_TOKENS, "tokens") | None = None
+    default_max_num_seqs: Sequences | None = None
+    default_max_num_batched_tokens: Tokens | None = None
     defaults_source: str
     notes: str | None = None

@@ -20,10 +20,12 @@ and writes each sequence's state once (``seq_head_s``).  Fitted on the measured 
 """
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from hwdb.profiles import FitQuality
-from simulator.bounds import between
+from simulator.bounds import Range
 
 HEAD_ELEMS = 128 * 128      # dk x dv of the measured heads
 
@@ -33,12 +35,12 @@ class GdnPhase(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    fixed_s: between(0, 1e-2, "s", fix="give the fitted fixed cost per layer")
-    seq_s: between(0, 1e-5, "s per token of the longest prompt", fix="give the fitted cost") = 0.0
-    seq_head_s: between(0, 1e-5, "s per sequence and value head", fix="give the fitted cost")
-    seq_key_head_s: between(0, 1e-5, "s per sequence and key head", fix="give the fitted cost") = 0.0
-    tok_head_s: between(0, 1e-6, "s per token and value head", fix="give the fitted cost") = 0.0
-    tok_key_head_s: between(0, 1e-6, "s per token and key head", fix="give the fitted cost") = 0.0
+    fixed_s: Annotated[float, Range(0, 1e-2, "s", fix="give the fitted fixed cost per layer")]
+    seq_s: Annotated[float, Range(0, 1e-5, "s per token of the longest prompt", fix="give the fitted cost")] = 0.0
+    seq_head_s: Annotated[float, Range(0, 1e-5, "s per sequence and value head", fix="give the fitted cost")]
+    seq_key_head_s: Annotated[float, Range(0, 1e-5, "s per sequence and key head", fix="give the fitted cost")] = 0.0
+    tok_head_s: Annotated[float, Range(0, 1e-6, "s per token and value head", fix="give the fitted cost")] = 0.0
+    tok_key_head_s: Annotated[float, Range(0, 1e-6, "s per token and key head", fix="give the fitted cost")] = 0.0
     quality: FitQuality
 
 

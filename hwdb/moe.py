@@ -21,11 +21,13 @@ expert parallel ``ep`` (seconds)::
 """
 from __future__ import annotations
 
+from typing import Annotated
+
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from hwdb.profiles import FitQuality
-from simulator.bounds import between
+from simulator.bounds import Range
 
 # Kernel weight formats of the measured tables -> (compute dtype whose peak the GEMMs run at, bytes per
 # stored weight with its scales).  fp8_block: DeepSeek-style 128x128 scales (negligible); nvfp4: one fp8
@@ -40,14 +42,14 @@ class MoeCurve(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    max_eff: between(0, 1, "of the peak", lo_open=True, fix="give the fitted peak fraction")
-    half_rows: between(0, 1e5, "rows per expert", fix="give the fitted ramp")
-    half_nk: between(0, 1e12, "weight elements", fix="give the fitted shape ramp")
+    max_eff: Annotated[float, Range(0, 1, "of the peak", lo_open=True, fix="give the fitted peak fraction")]
+    half_rows: Annotated[float, Range(0, 1e5, "rows per expert", fix="give the fitted ramp")]
+    half_nk: Annotated[float, Range(0, 1e12, "weight elements", fix="give the fitted shape ramp")]
     # above 1: the kernel reads fewer bytes than the touched experts hold (weights reused from L2 across rows)
-    mem_eff: between(0, 1.5, "of the HBM bandwidth", lo_open=True, fix="give the fitted fraction")
-    fixed_s: between(0, 1e-2, "s", fix="give the fitted fixed cost per layer")
-    act_passes: between(0, 100, "passes", fix="give the fitted passes over the routed rows")
-    per_expert_s: between(0, 1e-3, "s", fix="give the fitted cost per touched expert")
+    mem_eff: Annotated[float, Range(0, 1.5, "of the HBM bandwidth", lo_open=True, fix="give the fitted fraction")]
+    fixed_s: Annotated[float, Range(0, 1e-2, "s", fix="give the fitted fixed cost per layer")]
+    act_passes: Annotated[float, Range(0, 100, "passes", fix="give the fitted passes over the routed rows")]
+    per_expert_s: Annotated[float, Range(0, 1e-3, "s", fix="give the fitted cost per touched expert")]
     kernel: str = Field(min_length=1)
     engine_version: str = Field(min_length=1)
     source: str = Field(min_length=3)

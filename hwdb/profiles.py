@@ -6,20 +6,22 @@ and records where they came from, the fitted curves and their residuals.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from hwdb.schema import AllReduceCurve, EfficiencyCurve, GemmShapeCurve
-from simulator.bounds import between, count
+from simulator.bounds import Range
 
-RelError = between(0, 1e3, fix="give the error as a fraction of the measured value (0.1 = 10 %)")
-Overhead = between(0, 10, "s", fix="give seconds per step")   # the fit's own bound (calibration/fit_solver.py)
+RelError = Annotated[float, Range(0, 1e3, fix="give the error as a fraction of the measured value (0.1 = 10 %)")]
+# the fit's own bound (calibration/fit_solver.py)
+Overhead = Annotated[float, Range(0, 10, "s", fix="give seconds per step")]
 
 
 class FitQuality(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    n_points: count(0, 10**9, "points")
+    n_points: Annotated[int, Range(0, 10**9, "points", whole=True)]
     median_abs_rel_error: RelError
     p90_abs_rel_error: RelError
     held_out_median_abs_rel_error: RelError | None = None

@@ -9,11 +9,11 @@ user's file is reported instead of silently ignored.
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from simulator.bounds import Bytes, Fraction, LinkRate, NicRate, Price, between, count, on_value
+from simulator.bounds import Bytes, Fraction, LinkRate, NicRate, Price, Range, between, on_value, range_of
 from simulator.inputs import StrictModel
 
 
@@ -26,23 +26,29 @@ class Figure(StrictModel):
     note: str | None = None
 
 
-def sourced(lo: float, hi: float, unit: str, fix: str = "give the datasheet figure in SI units",
-            lo_open: bool = False):
-    """A :class:`Figure` field type whose value must lie in [lo, hi] ``unit`` (``lo_open``: (lo, hi])."""
+# What to give instead of a figure out of its range, unless the field says better.  A figure field is
+# declared ``Annotated[Figure, Range(lo, hi, unit, fix=DATASHEET)]``, or bounded like a quantity of
+# simulator.bounds with ``Annotated[Figure, range_of(quantity)]``.
+DATASHEET = "give the datasheet figure in SI units"
+
+
+def sourced(lo: float, hi: float, unit: str, fix: str = DATASHEET, lo_open: bool = False) -> Any:
+    """``Annotated[Figure, Range(lo, hi, unit, lo_open=lo_open, fix=fix)]`` built at runtime (a type checker
+    reads only that written form)."""
     return on_value(Figure, between(lo, hi, unit, lo_open=lo_open, fix=fix))
 
 
-def sourced_as(quantity):
-    """A :class:`Figure` field type bounded like ``quantity`` (a :mod:`simulator.bounds` type)."""
+def sourced_as(quantity: Any) -> Any:
+    """``Annotated[Figure, range_of(quantity)]`` (a :mod:`simulator.bounds` type) built at runtime."""
     return on_value(Figure, quantity)
 
 
-Efficiency = sourced_as(Fraction)
+Efficiency = Annotated[Figure, range_of(Fraction)]
 # Host and latency figures: wide enough for a calibrated CPU engine (calibration/fit_solver.py fits a step
 # overhead up to 10 s and a per-sequence cost up to 1 s).
-Latency = sourced(0, 60, "s", fix="give seconds")
-HostCost = sourced(0, 10, "s", fix="give seconds of host time")
-PerItemCost = sourced(0, 1, "s", fix="give seconds per item")
+Latency = Annotated[Figure, Range(0, 60, "s", fix="give seconds")]
+HostCost = Annotated[Figure, Range(0, 10, "s", fix="give seconds of host time")]
+PerItemCost = Annotated[Figure, Range(0, 1, "s", fix="give seconds per item")]
 
 
 DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8", "fp4")
@@ -64,7 +70,7 @@ class EfficiencyCurve(StrictModel):
     """
 
     max_eff: Fraction
-    half: between(0, 1e15, "tokens or bytes", fix="give the work size at half of max_eff")
+    half: Annotated[float, Range(0, 1e15, "tokens or bytes", fix="give the work size at half of max_eff")]
     source: str = Field(min_length=3)
     empirical: bool = False
 
@@ -83,9 +89,9 @@ class GemmShapeCurve(StrictModel):
     """
 
     max_eff: Fraction
-    half_m: between(0, 1e6, "rows")
-    half_nk: between(0, 1e12, "weight elements")
-    fixed_s: between(0, 1e-3, "s", fix="give seconds per kernel") = 0.0
+    half_m: Annotated[float, Range(0, 1e6, "rows")]
+    half_nk: Annotated[float, Range(0, 1e12, "weight elements")]
+    fixed_s: Annotated[float, Range(0, 1e-3, "s", fix="give seconds per kernel")] = 0.0
     source: str = Field(min_length=3)
     empirical: bool = True
 
@@ -101,8 +107,8 @@ class GemmShapeCurve(StrictModel):
         return self.max_eff / inv if inv > 0 else self.max_eff
 
 
-Ranks = count(2, 72, "ranks", fix="an all-reduce needs at least 2 ranks")
-CollectiveLatency = between(0, 10, "s", lo_open=True, fix="give one all-reduce's latency in seconds")
+Ranks = Annotated[int, Range(2, 72, "ranks", whole=True, fix="an all-reduce needs at least 2 ranks")]
+CollectiveLatency = Annotated[float, Range(0, 10, "s", lo_open=True, fix="give one all-reduce's latency in seconds")]
 
 
 class AllReduceCurve(StrictModel):
@@ -116,7 +122,7 @@ class AllReduceCurve(StrictModel):
     algorithms (on B200 at TP8 a 256 KiB message costs 3x a 128 KiB one).
     """
 
-    sizes_bytes: list[between(0, 1e12, "bytes", lo_open=True)] = Field(min_length=2, max_length=64)
+    sizes_bytes: list[Annotated[float, Range(0, 1e12, "bytes", lo_open=True)]] = Field(min_length=2, max_length=64)
     graph_s: dict[Ranks, list[CollectiveLatency]]
     eager_s: dict[Ranks, list[CollectiveLatency]] = {}
     source: str = Field(min_length=3)
@@ -125,7 +131,7 @@ class AllReduceCurve(StrictModel):
     @field_validator("sizes_bytes")
     @classmethod
     def _increasing(cls, v: list[float]) -> list[float]:
-        if any(b <= a for a, b in zip(v, v[1:])) or v[0] <= 0:
+        if any(b <= a for a, b in zip(v, v[1:], strict=False)) or v[0] <= 0:
             raise ValueError("sizes_bytes must be positive and strictly increasing")
         return v
 
@@ -146,7 +152,8 @@ class AllReduceCurve(StrictModel):
 
 # A GPU's figures: generous bounds around real hardware, so that a typo (a zero, 1e-308, a value in GB
 # instead of bytes) is an error and not an answer.
-GpuBandwidth = sourced(1e6, 1e15, "bytes/s")
+GpuBandwidth = Annotated[Figure, Range(1e6, 1e15, "bytes/s", fix=DATASHEET)]
+GpuMemory = Annotated[Figure, Range(1e8, 1e14, "bytes", fix=DATASHEET)]
 
 
 class GPU(StrictModel):
@@ -155,19 +162,20 @@ class GPU(StrictModel):
     name: str
     aliases: tuple[str, ...] = ()
     vendor: Literal["nvidia", "amd", "intel", "other"]
-    memory_bytes: sourced(1e8, 1e14, "bytes")
+    memory_bytes: GpuMemory
     # What CUDA reports as the device's total (torch.cuda.mem_get_info), below the datasheet by what the driver
     # keeps; the engines size their KV cache from it (None: 99 % of memory_bytes, as on the GPUs measured).
-    visible_memory_bytes: sourced(1e8, 1e14, "bytes") | None = None
-    memory_bandwidth_Bps: sourced(1e9, 1e16, "bytes/s")
-    peak_flops: dict[str, sourced(1e9, 1e19, "FLOP/s", fix="give dense FLOP/s, or leave the dtype out")]
+    visible_memory_bytes: GpuMemory | None = None
+    memory_bandwidth_Bps: Annotated[Figure, Range(1e9, 1e16, "bytes/s", fix=DATASHEET)]
+    peak_flops: dict[str, Annotated[Figure, Range(1e9, 1e19, "FLOP/s",
+                                                  fix="give dense FLOP/s, or leave the dtype out")]]
     intra_node_link: str
     intra_node_bandwidth_Bps: GpuBandwidth
     scale_out_link: str | None = None
     scale_out_bandwidth_Bps: GpuBandwidth | None = None
-    gpus_per_node: count(1, 72, "GPUs")
-    power_W: sourced(0, 1e5, "W")
-    price_usd_per_hour: sourced_as(Price)
+    gpus_per_node: Annotated[int, Range(1, 72, "GPUs", whole=True)]
+    power_W: Annotated[Figure, Range(0, 1e5, "W", fix=DATASHEET)]
+    price_usd_per_hour: Annotated[Figure, range_of(Price)]
     compute_efficiency: EfficiencyCurve
     memory_efficiency: EfficiencyCurve
     notes: str | None = None
@@ -210,11 +218,11 @@ class Link(StrictModel):
     name: str
     aliases: tuple[str, ...] = ()
     kind: Literal["nvlink", "pcie", "infiniband", "roce", "efa", "tcp", "vpc", "xgmi"]
-    bandwidth_Bps: sourced_as(LinkRate)
+    bandwidth_Bps: Annotated[Figure, range_of(LinkRate)]
     latency_s: Latency
-    efficiency: sourced(0, 1, "", lo_open=True, fix="it is the fraction of bandwidth achieved")
+    efficiency: Annotated[Figure, Range(0, 1, "", lo_open=True, fix="it is the fraction of bandwidth achieved")]
     gpu_direct: bool
-    cpu_cost_s_per_byte: sourced(0, 1e-3, "s per byte", fix="give host seconds per byte moved")
+    cpu_cost_s_per_byte: Annotated[Figure, Range(0, 1e-3, "s per byte", fix="give host seconds per byte moved")]
     notes: str | None = None
 
     @property
@@ -238,10 +246,10 @@ class NetworkLayout(StrictModel):
     provider: str
     instance: str
     gpus: tuple[str, ...] = Field(min_length=1)      # GPU names of hwdb gpus/ this node type carries
-    gpus_per_node: count(1, 72, "GPUs")
+    gpus_per_node: Annotated[int, Range(1, 72, "GPUs", whole=True)]
     fabric: str                                      # the link (links/) its GPU NICs speak
-    nics_per_node: count(1, 64, "NICs")
-    nic_Bps: sourced_as(NicRate)                     # line rate of one NIC, bytes/s per direction
+    nics_per_node: Annotated[int, Range(1, 64, "NICs", whole=True)]
+    nic_Bps: Annotated[Figure, range_of(NicRate)]    # line rate of one NIC, bytes/s per direction
     notes: str | None = None
 
     @model_validator(mode="after")
@@ -298,7 +306,8 @@ class ModelSidecar(StrictModel):
     bf16_modules: dict[Literal["fp8", "fp4", "int4"], KeptModules] = {}
     # Bytes per quantised weight (with its scales) where this model's checkpoint differs from the
     # format's default in WEIGHT_BYTES (e.g. MXFP4: one 1-byte scale per 32 weights, 0.53125 B).
-    quant_bytes: dict[Literal["fp8", "fp4", "int4"], sourced(0, 4, "bytes per weight", lo_open=True)] = {}
+    quant_bytes: dict[Literal["fp8", "fp4", "int4"],
+                      Annotated[Figure, Range(0, 4, "bytes per weight", lo_open=True, fix=DATASHEET)]] = {}
     # Per weight format, the fused-MoE kernel format (a key of hwdb.moe.FORMATS) the checkpoint runs on
     # where it differs from the format's default (simulator.perf.Deployment.moe_format).
     moe_kernel: dict[Literal["fp8", "fp4", "int4"], MoeKernelChoice] = {}
@@ -330,7 +339,7 @@ class Connector(StrictModel):
     host_staged: bool
     gpu_direct_required: bool
     layerwise: bool
-    default_buffer_bytes: sourced_as(Bytes) | None = None
+    default_buffer_bytes: Annotated[Figure, range_of(Bytes)] | None = None
     # A connector with a TCP mode runs host-staged over a fabric without GPU-direct; its value is the
     # connector efficiency in that mode (None: the connector needs GPU-direct and is refused there).
     tcp_mode_efficiency: Efficiency | None = None

@@ -1,12 +1,15 @@
 """The physical range of every number a user gives, as annotated types that every schema shares.
 
-A number in a scenario, a plan request or a hardware file is declared with :func:`between` or
-:func:`count`, or with a named quantity made by them (``nic_Bps: NicRate | None = None``); its
-:class:`Range` refuses a value outside the range, infinity, NaN and text with one message that names
-the range, the unit and the fix: ``kv_transfer.nic_Bps: must be a number from 1e8 to 1e12 bytes/s;
-give one NIC's line rate ... (got 1e-300)``, where the location and the value come from the schema's
-error formatter (:func:`simulator.errors.format_validation_error`).  The same range on a hardware
-:class:`~hwdb.schema.Figure` field (:func:`on_value`) bounds the figure's ``value``.
+A number in a scenario, a plan request or a hardware file is declared with an annotated type,
+``Annotated[float, Range(lo, hi, unit, fix=...)]`` (a count: ``Annotated[int, Range(..., whole=True)]``),
+or with a named quantity declared so (``nic_Bps: NicRate | None = None``); its :class:`Range` refuses
+a value outside the range, infinity, NaN and text with one message that names the range, the unit
+and the fix: ``kv_transfer.nic_Bps: must be a number from 1e8 to 1e12 bytes/s; give one NIC's line
+rate ... (got 1e-300)``, where the location and the value come from the schema's error formatter
+(:func:`simulator.errors.format_validation_error`).  The same range on a hardware
+:class:`~hwdb.schema.Figure` field (``Annotated[Figure, Range(...)]``) bounds the figure's ``value``.
+:func:`between` and :func:`count` build the same types from numbers at runtime; a type checker reads
+only the written ``Annotated`` form (it does not evaluate a call in an annotation).
 
 Ranges are generous around real hardware and workloads: they refuse typos (a zero, 1e-300, a
 figure in GB instead of bytes) and values that would stall a simulation or make its answer
@@ -135,25 +138,26 @@ MAX_TOKENS = 10_000_000        # longest prompt or output one request may have (
 MIN_RATE, MAX_RATE = 1e-6, 1e7  # requests/s: one a fortnight .. ten million a second
 MAX_SECONDS = 1e9              # durations and times: about 30 years
 
-Fraction = between(0, 1, lo_open=True, fix="give a fraction such as 0.9")
-Share = between(0, 1, fix="give a fraction from 0 to 1")
-Rate = between(MIN_RATE, MAX_RATE, "requests/s", fix="give the arrival rate in requests per second")
-RateOrZero = between(0, MAX_RATE, "requests/s", fix="give the arrival rate in requests per second")
-Tokens = count(1, MAX_TOKENS, "tokens")
-Requests = count(1, MAX_REQUESTS, "requests")
-Duration = between(0, MAX_SECONDS, "s", lo_open=True, fix="give seconds")
-Delay = between(0, MAX_SECONDS, "s", fix="give seconds")
-Seed = count(0, 2**63 - 1, fix="give a seed from 0 to 2**63 - 1")
-Price = between(0, 1e4, "US dollars per GPU-hour", fix="give the price of one GPU for one hour")
-Bytes = between(0, 1e15, "bytes", fix="give bytes (4 GiB = 4294967296)")
-LinkRate = between(1e3, 1e15, "bytes/s", fix="give bytes per second per direction (100 Gb/s = 12.5e9)")
-NicRate = between(1e8, 1e12, "bytes/s", fix="give one NIC's line rate in bytes per second per direction "
-                                            "(400 Gb/s = 50e9)")
+Fraction = Annotated[float, Range(0, 1, lo_open=True, fix="give a fraction such as 0.9")]
+Share = Annotated[float, Range(0, 1, fix="give a fraction from 0 to 1")]
+Rate = Annotated[float, Range(MIN_RATE, MAX_RATE, "requests/s", fix="give the arrival rate in requests per second")]
+RateOrZero = Annotated[float, Range(0, MAX_RATE, "requests/s", fix="give the arrival rate in requests per second")]
+Tokens = Annotated[int, Range(1, MAX_TOKENS, "tokens", whole=True)]
+Requests = Annotated[int, Range(1, MAX_REQUESTS, "requests", whole=True)]
+Duration = Annotated[float, Range(0, MAX_SECONDS, "s", lo_open=True, fix="give seconds")]
+Delay = Annotated[float, Range(0, MAX_SECONDS, "s", fix="give seconds")]
+Seed = Annotated[int, Range(0, 2**63 - 1, whole=True, fix="give a seed from 0 to 2**63 - 1")]
+Price = Annotated[float, Range(0, 1e4, "US dollars per GPU-hour", fix="give the price of one GPU for one hour")]
+Bytes = Annotated[float, Range(0, 1e15, "bytes", fix="give bytes (4 GiB = 4294967296)")]
+LinkRate = Annotated[float, Range(1e3, 1e15, "bytes/s",
+                                  fix="give bytes per second per direction (100 Gb/s = 12.5e9)")]
+NicRate = Annotated[float, Range(1e8, 1e12, "bytes/s",
+                                 fix="give one NIC's line rate in bytes per second per direction (400 Gb/s = 50e9)")]
 # One instance's what-if bandwidth: from a slow disk that a file-based connector stages KV through
 # (10 MB/s) to all 72 GPUs of an NVL72 domain (72 x 900 GB/s); below it one KV transfer takes hours.
-InstanceRate = between(1e7, 1e14, "bytes/s", fix="give one instance's bandwidth in bytes per second per "
-                                                 "direction (8 NICs of 400 Gb/s = 400e9)")
+InstanceRate = Annotated[float, Range(1e7, 1e14, "bytes/s", fix="give one instance's bandwidth in bytes per second "
+                                                                 "per direction (8 NICs of 400 Gb/s = 400e9)")]
 # A degraded link's remaining share of its bandwidth: below 0.1% the link is down, not slow, and one
 # transfer would outlast any run (at 1e-300 a benchmark would last 1e300 s).
-BandwidthLeft = between(1e-3, 1, fix="give the fraction of the bandwidth left, e.g. 0.25; model a link "
-                                     "with less as down (faults)")
+BandwidthLeft = Annotated[float, Range(1e-3, 1, fix="give the fraction of the bandwidth left, e.g. 0.25; model a "
+                                                    "link with less as down (faults)")]

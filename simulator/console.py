@@ -19,8 +19,9 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
+from typing import cast
 
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.errors import MarkupError
 from rich.table import Table
 from rich.text import Text
@@ -96,7 +97,9 @@ def wide_tables(title: str, headers: list[str], rows: list[list[str]], width: in
         part = f" ({n + 1}/{len(groups)})" if len(groups) > 1 else ""
         t = Table(title=title + part)
         for i in [0, *cols]:
-            t.add_column(headers[i], justify=justify.get(headers[i], "left"), no_wrap=headers[i] not in wrap,
+            # ``justify`` holds rich's names ("right"), typed str by its callers
+            align = cast(JustifyMethod, justify.get(headers[i], "left"))
+            t.add_column(headers[i], justify=align, no_wrap=headers[i] not in wrap,
                          min_width=natural[i], max_width=natural[i] if headers[i] in wrap else None,
                          overflow="fold")
         for r in rows:

@@ -3,8 +3,11 @@ serves weight-only, and SGLang's running-request cap from its KV tokens."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import cast
 
 import hwdb
+from hwdb.engine_schema import WeightOnly
 from simulator.perf import Deployment, FitError, plan_memory
 
 
@@ -21,7 +24,8 @@ def vllm_batch_defaults(gpu: hwdb.GPU) -> tuple[int, int]:
 def weight_only_refusal(pool: str, dtype: str, gpu: hwdb.GPU, engine: hwdb.EngineProfile) -> str:
     """'' or why ``dtype`` is refused on a GPU without its tensor cores: it is not unless the engine serves it
     weight-only there (``EngineProfile.weight_only``: vLLM's Marlin W8A16 on Ampere, W4A16 MXFP4 on Hopper)."""
-    wo = engine.weight_only.get(dtype)
+    # keyed by the formats served weight-only; any other dtype has no weight-only kernel
+    wo = cast(Mapping[str, WeightOnly], engine.weight_only).get(dtype)
     missing = [] if wo is None else [n for n in wo.needs if n not in gpu.peak_flops]
     if wo is not None and not missing:
         return ""

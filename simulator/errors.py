@@ -144,8 +144,8 @@ def print_user_error(exc: BaseException, label: str = "error") -> int:
     The message is printed as plain text: never rich markup (``pools[main]``) nor emoji codes
     (``:x:``) nor control characters (escaped, :func:`escape_controls`); ``soft_wrap``: no line breaks
     inserted, so the message pastes as one paragraph."""
-    from rich.console import Console
-    from rich.text import Text
+    from rich.console import Console  # noqa: PLC0415 - rich (~30 ms) loads only when an error is printed
+    from rich.text import Text  # noqa: PLC0415 - rich (~30 ms) loads only when an error is printed
     text = Text(f"{label}: ", style="red")
     text.append(escape_controls(os_error_message(exc) if isinstance(exc, OSError) else
                                 validation_message(exc) if isinstance(exc, ValidationError) else str(exc)))

@@ -13,13 +13,14 @@ import math
 _NA = "-"
 
 
-def _missing(x) -> bool:
-    return x is None or (isinstance(x, float) and math.isnan(x))
+def _nan(x: float) -> bool:
+    """Whether ``x`` is a float NaN, which is written as missing, like None."""
+    return isinstance(x, float) and math.isnan(x)
 
 
 def duration(x: float | None) -> str:
     """Seconds as "850 µs", "12.3 ms", "412 ms", "1.23 s", "45.6 s", "144 s", "12.5 min", "2.1 h"."""
-    if _missing(x):
+    if x is None or _nan(x):
         return _NA
     x = float(x)
     if math.isinf(x):
@@ -45,7 +46,7 @@ def duration(x: float | None) -> str:
 
 def percent(frac: float | None, digits: int = 1) -> str:
     """A fraction as a percentage: 0.9872 -> "98.7%"; never rounds a miss up to 100% or a hit down to 0%."""
-    if _missing(frac):
+    if frac is None or _nan(frac):
         return _NA
     p = float(frac) * 100
     text = f"{p:.{digits}f}%"
@@ -60,9 +61,9 @@ def attainment(mean: float | None, ci95: float | None = None, runs: int | None =
     """An SLO attainment, with its 95% interval over seeds when there is one: "57.1% (95% CI 31.0-83.2%
     over 3 seeds)".  The interval is clipped to [0%, 100%]; a t interval over two or three seeds is
     often wider than that, so the clipped bounds are what it can say."""
-    if _missing(mean):
+    if mean is None or _nan(mean):
         return _NA
-    if _missing(ci95) or not ci95:
+    if ci95 is None or _nan(ci95) or not ci95:
         return percent(mean)
     lo, hi = max(0.0, mean - ci95), min(1.0, mean + ci95)
     seeds = f" over {runs} seeds" if runs else ""
@@ -71,7 +72,7 @@ def attainment(mean: float | None, ci95: float | None = None, runs: int | None =
 
 def number(x: float | None, digits: int = 2) -> str:
     """A plain figure with thousands separators ("1,234.57"); "-" when missing, "∞" when infinite."""
-    if _missing(x):
+    if x is None or _nan(x):
         return _NA
     if math.isinf(float(x)):
         return "∞"
@@ -80,12 +81,12 @@ def number(x: float | None, digits: int = 2) -> str:
 
 def rate(x: float | None, unit: str = "req/s") -> str:
     """A rate with enough figures to compare: "19.87 req/s", "4,930 tok/s"."""
-    if _missing(x):
+    if x is None or _nan(x):
         return _NA
     return f"{number(x, 2 if abs(float(x)) < 100 else 0)} {unit}"
 
 
 def usd(x: float | None, digits: int = 2) -> str:
-    if _missing(x):
+    if x is None or _nan(x):
         return _NA
     return "∞" if math.isinf(float(x)) else f"${float(x):,.{digits}f}"

@@ -53,7 +53,8 @@ def rank_gemm_groups(a: ModelArch, tp: int, moe_tp: int | None = None) -> dict[s
         attn += [(half, half * a.num_linear_layers)] * 2
     dense_mlp = a.num_layers - a.moe_layers
     out = {"attention": attn,
-           "dense_mlp": _split(2 * a.intermediate_size / tp, h, dense_mlp) + _split(h, a.intermediate_size / tp, dense_mlp),
+           "dense_mlp": (_split(2 * a.intermediate_size / tp, h, dense_mlp)
+                         + _split(h, a.intermediate_size / tp, dense_mlp)),
            "shared_experts": [], "experts": []}
     if a.is_moe:
         inter = a.moe_intermediate_size / tp

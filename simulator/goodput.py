@@ -114,6 +114,8 @@ def latency_quantiles(requests: pd.DataFrame, q: float, steady_trim_s: float | N
 
 def percentile_slo_met(requests: pd.DataFrame, slo: SLO, steady_trim_s: float | None = None) -> bool:
     """Whether the ``slo.percentile``-th percentile of TTFT and of TPOT of one run meet their targets."""
+    if slo.percentile is None:
+        raise ValueError("percentile_slo_met needs an SLO with a percentile; judge one without by attainment()")
     ttft, tpot = latency_quantiles(requests, slo.percentile / 100.0, steady_trim_s)
     return (slo.ttft_s is None or ttft <= slo.ttft_s) and (slo.tpot_s is None or tpot <= slo.tpot_s)
 
@@ -142,7 +144,7 @@ def judge(runs: list[pd.DataFrame], slo: SLO, steady_trim_s: float | None = None
     if len(att) > 1:
         # Student's t quantile: scipy.stats.t.ppf computes it by this function; scipy.special imports in
         # a third of scipy.stats' time (0.19 vs 0.61 s), which every planner worker pays once.
-        from scipy.special import stdtrit   # noqa: PLC0415 -- slow to import; only CIs need it
+        from scipy.special import stdtrit  # noqa: PLC0415 - slow to import; only CIs need it
         half = float(stdtrit(len(att) - 1, 0.975) * np.std(att, ddof=1) / math.sqrt(len(att)))
     return Probe(float(np.mean(att)), half, float(np.mean([a for a, _ in lat])), float(np.mean([b for _, b in lat])))
 

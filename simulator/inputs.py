@@ -19,11 +19,12 @@ module imports nothing from the project, so every package may use it.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import re
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any, get_args
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, model_validator
@@ -95,7 +96,13 @@ def _at(mark) -> str:
     return f"line {mark.line + 1}, column {mark.column + 1}"
 
 
-class _NoDuplicateKeys:
+if TYPE_CHECKING:      # the mixin below goes into a yaml loader (Safe or CSafe): checked as one
+    from yaml import SafeLoader as _LoaderBase
+else:
+    _LoaderBase = object
+
+
+class _NoDuplicateKeys(_LoaderBase):
     """Loader mixin that rejects duplicate keys (the first reported where it repeats)."""
 
     def construct_mapping(self, node, deep=False):
@@ -191,7 +198,7 @@ def parse_yaml(text: str, origin: str, error: type[Exception] = InputFileError):
     if _FastLoader is not None:
         try:
             return _parse_with(_FastLoader, text, origin, error)
-        except Exception as exc:   # noqa: BLE001 - any other failure: the pure-Python loader words the message
+        except Exception as exc:   # any other failure: the pure-Python loader words the message
             if isinstance(exc, error) and TOO_DEEP in str(exc):
                 raise       # the pure-Python loader would take seconds (quadratic) to reach the same refusal
     return _parse_with(_StrictLoader, text, origin, error)
@@ -284,7 +291,6 @@ def read_json(path, error: type[Exception] = InputFileError, what: str = "JSON f
 
 def int_arg(lo: int, hi: int | None = None):
     """An argparse ``type``: a whole number in [lo, hi]; anything else is argparse's usage error (exit 2)."""
-    import argparse
 
     def parse(text: str) -> int:
         try:
@@ -300,7 +306,6 @@ def int_arg(lo: int, hi: int | None = None):
 
 def float_arg(lo: float, hi: float, lo_open: bool = False):
     """An argparse ``type``: a finite number in [lo, hi] (or (lo, hi] with ``lo_open``)."""
-    import argparse
 
     def parse(text: str) -> float:
         try:
@@ -309,7 +314,8 @@ def float_arg(lo: float, hi: float, lo_open: bool = False):
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
         if not math.isfinite(v) or v < lo or v > hi or (lo_open and v == lo):
             raise argparse.ArgumentTypeError(f"{text} is out of range: give a finite number "
-                                             f"{'above' if lo_open else 'from'} {lo:g} {'up to' if lo_open else 'to'} {hi:g}")
+                                             f"{'above' if lo_open else 'from'} {lo:g} "
+                                             f"{'up to' if lo_open else 'to'} {hi:g}")
         return v
     return parse
 
@@ -317,7 +323,6 @@ def float_arg(lo: float, hi: float, lo_open: bool = False):
 # ---------------------------------------------------------------- schemas
 
 def _allows_bool(ann) -> bool:
-    from typing import Any, get_args
     if ann is bool or ann is Any or ann is object:
         return True
     return any(_allows_bool(a) for a in get_args(ann) if isinstance(a, type) or get_args(a))

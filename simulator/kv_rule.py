@@ -9,8 +9,11 @@ directive the same way.  The rule is data: :class:`hwdb.engine_schema.KvAutoRule
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import cast
+
 from hwdb.engine_schema import EngineProfile
-from hwdb.schema import ModelSidecar
+from hwdb.schema import KvDirective, ModelSidecar
 
 
 def release_key(version: str) -> tuple[int, ...]:
@@ -30,7 +33,8 @@ def resolve_kv_dtype(setting: str, weight_dtype: str, engine: EngineProfile, rel
     if setting != "auto":
         return setting, "set in the scenario"
     plain = "fp16" if weight_dtype == "fp16" else "bf16"
-    directive = sidecar.kv_cache_directive.get(weight_dtype)
+    # keyed by the quantised formats; any other dtype (bf16, ...) has no directive
+    directive = cast(Mapping[str, KvDirective], sidecar.kv_cache_directive).get(weight_dtype)
     rule = engine.kv_auto
     release = release or engine.version
     if directive is None:

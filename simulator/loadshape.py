@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 import numpy as np
 from pydantic import Field, model_validator
 
-from simulator.bounds import MAX_SECONDS, Delay, Duration, Rate, RateOrZero, Share, between
+from simulator.bounds import MAX_SECONDS, Delay, Duration, Range, Rate, RateOrZero, Share
 from simulator.errors import WorkloadError
 from simulator.inputs import StrictModel
 from simulator.traces import read_trace
@@ -67,8 +67,9 @@ class DiurnalShape(StrictModel):
     kind: Literal["diurnal"] = "diurnal"
     mean: Rate
     amplitude: Share
-    period_s: between(1e-3, MAX_SECONDS, "s", fix="give the period in seconds (a day = 86400)") = 86400.0
-    phase_s: between(-MAX_SECONDS, MAX_SECONDS, "s", fix="give seconds") = 0.0
+    period_s: Annotated[float, Range(1e-3, MAX_SECONDS, "s",
+                                     fix="give the period in seconds (a day = 86400)")] = 86400.0
+    phase_s: Annotated[float, Range(-MAX_SECONDS, MAX_SECONDS, "s", fix="give seconds")] = 0.0
 
     def rate(self, t: np.ndarray) -> np.ndarray:
         return self.mean * (1.0 + self.amplitude * np.sin(2 * math.pi * (t - self.phase_s) / self.period_s))
@@ -87,7 +88,7 @@ class PiecewiseShape(StrictModel):
         if len(self.times_s) != len(self.rates):
             raise ValueError(f"times_s has {len(self.times_s)} points but rates has {len(self.rates)}; "
                              "give one rate per time")
-        if any(b <= a for a, b in zip(self.times_s, self.times_s[1:])):
+        if any(b <= a for a, b in zip(self.times_s, self.times_s[1:], strict=False)):   # successive pairs
             raise ValueError("times_s must increase strictly")
         return self
 
@@ -103,8 +104,8 @@ class TraceRateShape(StrictModel):
     path: Path
     format: str = "auto"
     # A bin of 1e-300 s would allocate a count per bin: bins are at least a millisecond.
-    bin_s: between(1e-3, MAX_SECONDS, "s", fix="give the bin width in seconds, e.g. 60") = 60.0
-    scale: between(1e-6, 1e6, fix="give the factor on the trace's rate (2 = twice the load)") = 1.0
+    bin_s: Annotated[float, Range(1e-3, MAX_SECONDS, "s", fix="give the bin width in seconds, e.g. 60")] = 60.0
+    scale: Annotated[float, Range(1e-6, 1e6, fix="give the factor on the trace's rate (2 = twice the load)")] = 1.0
 
     def table(self) -> tuple[np.ndarray, np.ndarray]:
         """(bin start times, rates) of the trace."""
@@ -114,7 +115,7 @@ class TraceRateShape(StrictModel):
         return np.arange(len(counts)) * self.bin_s, counts / self.bin_s * self.scale
 
 
-Shape = Annotated[Union[StepShape, RampShape, DiurnalShape, PiecewiseShape, TraceRateShape],
+Shape = Annotated[StepShape | RampShape | DiurnalShape | PiecewiseShape | TraceRateShape,
                   Field(discriminator="kind")]
 
 

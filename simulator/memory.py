@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from hwdb.engine_schema import EngineMemory, MemoryRelease
 from hwdb.schema import DTYPE_BYTES
@@ -190,8 +190,19 @@ class TrtllmMemory:
             f"{max(free, 0.0) / GiB:.2f} GiB the estimation pass leaves"
 
 
+class MemoryPolicy(Protocol):
+    """One engine's rule: ``plan`` gives (usable, activation, runtime bytes per GPU, whether it derives
+    max_running (1/0), the rule in words) for a deployment, its release's terms and the memory fraction."""
+
+    name: str
+
+    def plan(self, dep: Deployment, t: MemoryRelease,
+             fraction: float) -> tuple[float, float, float, int, str]: ...
+
+
 # Keyed by an engine profile's memory.policy (a Literal hwdb's schema checks on loading).
-POLICIES = Registry("memory policy", (VllmMemory(), SglangMemory(), TrtllmMemory()), plural="memory policies")
+POLICIES: Registry[MemoryPolicy] = Registry("memory policy", (VllmMemory(), SglangMemory(), TrtllmMemory()),
+                                            plural="memory policies")
 
 
 def budget(dep: Deployment) -> tuple[float, float, float, int, str, float]:

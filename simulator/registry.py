@@ -18,7 +18,8 @@ This module imports no project module, so any layer may use it.
 """
 from __future__ import annotations
 
-from typing import Callable, Generic, Iterable, Iterator, TypeVar, overload
+from collections.abc import Callable, Iterable, Iterator
+from typing import Generic, TypeVar, overload
 
 T = TypeVar("T")
 

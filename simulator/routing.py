@@ -5,7 +5,7 @@ request.  ``choose`` is called once per request, so it must be cheap.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from simulator.registry import Registry
 

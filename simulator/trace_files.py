@@ -65,7 +65,7 @@ def check_readable(path: Path) -> None:
 def read_csv_rows(path: Path, required: tuple[str, ...], optional: tuple[str, ...],
               expected: str, limit: int | None) -> Table:
     """Read a headed CSV as strings, keeping each row's line number (header = line 1)."""
-    import pandas as pd   # imported here: the CLI starts without pandas
+    import pandas as pd  # noqa: PLC0415 - heavy (pandas): the CLI starts without it
     check_readable(path)
     try:
         with warnings.catch_warnings():  # a too-wide first row is only a ParserWarning
@@ -122,7 +122,7 @@ def _wide_row(path: Path) -> str:
 def read_jsonl(path: Path, required: tuple[str, ...], optional: tuple[str, ...],
                 expected: str, limit: int | None) -> Table:
     """Read JSON Lines, one object per non-blank line, keeping line numbers (stops after ``limit``)."""
-    import pandas as pd   # imported here: the CLI starts without pandas
+    import pandas as pd  # noqa: PLC0415 - heavy (pandas): the CLI starts without it
     check_readable(path)
     records: list[dict] = []
     lines: list[int] = []
@@ -163,7 +163,7 @@ def read_jsonl(path: Path, required: tuple[str, ...], optional: tuple[str, ...],
 
 def numbers_of(col: pd.Series) -> np.ndarray:
     """Column as float64; anything that is not a number (or is a bool) becomes NaN."""
-    import pandas as pd   # imported here: the CLI starts without pandas
+    import pandas as pd  # noqa: PLC0415 - heavy (pandas): the CLI starts without it
     if col.dtype == object:
         col = col.map(lambda v: v if isinstance(v, (int, float, str)) and not isinstance(v, bool)
                       else None)

@@ -188,7 +188,7 @@ def read_azure_csv(path: str | Path, limit: int | None = None) -> Trace:
 
     ``limit`` reads at most that many rows.  Raises :class:`TraceError`.
     """
-    import pandas as pd   # imported here: the CLI starts without pandas
+    import pandas as pd  # noqa: PLC0415 - heavy (pandas): the CLI starts without it
     expected = ("each row must be TIMESTAMP,ContextTokens,GeneratedTokens, e.g. "
                 "'2023-11-16 18:15:46.6805900,374,44', below that header line")
     t = read_csv_rows(Path(path), AZURE_COLUMNS, (), expected, limit)
@@ -292,8 +292,9 @@ def detect_format(path: str | Path) -> Literal["azure", "mooncake", "plain"]:
 _READERS = {"azure": read_azure_csv, "mooncake": read_mooncake_jsonl, "plain": read_plain}
 
 
-def read_trace(path: str | Path, fmt: TraceFormat = "auto", limit: int | None = None) -> Trace:
-    """Read a trace in format ``fmt`` (``"auto"`` detects it).  Raises :class:`TraceError`."""
+def read_trace(path: str | Path, fmt: str = "auto", limit: int | None = None) -> Trace:
+    """Read a trace in format ``fmt``, one of :data:`TraceFormat` (``"auto"`` detects it; another name is
+    refused here, as a load shape's ``format`` is any text).  Raises :class:`TraceError`."""
     if fmt == "auto":
         fmt = detect_format(path)
     try:

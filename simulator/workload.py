@@ -1,7 +1,7 @@
 """Request generation from the workload configuration.
 
-A :class:`WorkloadConfig` (:mod:`simulator.workload_config`, re-exported here) describes how requests arrive and how long their
-prompts and outputs are; :func:`generate` turns it into :class:`Requests`,
+A :class:`WorkloadConfig` (:mod:`simulator.workload_config`, re-exported here) describes how requests
+arrive and how long their prompts and outputs are; :func:`generate` turns it into :class:`Requests`,
 plain numpy arrays ready for the engine.
 
 Units: times in seconds, rates in requests per second, lengths in tokens.
@@ -35,9 +35,23 @@ import numpy as np
 from simulator.errors import WorkloadError
 from simulator.loadshape import ShapedArrivals, shaped_arrivals
 from simulator.traces import Role, Trace, read_token_columns, read_trace
-from simulator.workload_config import (  # noqa: F401  (the config models are re-exported)
-    CLIENT_SEND_DELAY_S, MAX_RATE, MAX_REQUESTS, MAX_SECONDS, MAX_TOKENS, MIN_RATE, ClosedLoop, EmpiricalLength,
-    FixedLength, Gamma, LengthPairs, LognormalLength, Poisson, TraceArrivals, UniformLength, WorkloadConfig,
+from simulator.workload_config import (  # noqa: F401 - the config models are re-exported
+    CLIENT_SEND_DELAY_S,
+    MAX_RATE,
+    MAX_REQUESTS,
+    MAX_SECONDS,
+    MAX_TOKENS,
+    MIN_RATE,
+    ClosedLoop,
+    EmpiricalLength,
+    FixedLength,
+    Gamma,
+    LengthPairs,
+    LognormalLength,
+    Poisson,
+    TraceArrivals,
+    UniformLength,
+    WorkloadConfig,
 )
 
 # ---------------------------------------------------------------- requests
@@ -170,6 +184,7 @@ def _sample(dist: FixedLength | UniformLength | LognormalLength | EmpiricalLengt
     if dist.values is not None:
         values = np.asarray(dist.values, dtype=np.int64)
     else:
+        assert dist.path is not None and dist.column is not None     # EmpiricalLength._one_source
         values = read_token_columns(dist.path, {dist.column: role})[dist.column]
     return values[rng.integers(0, len(values), size=n)]
 
@@ -185,10 +200,11 @@ def generate(cfg: WorkloadConfig, rng_arrivals: np.random.Generator,
     """
     arrival = cfg.arrival
     trace: Trace | None = None
-    closed = isinstance(arrival, ClosedLoop)
+    loop = arrival if isinstance(arrival, ClosedLoop) else None
     if isinstance(arrival, TraceArrivals):
         trace, t, n = _replay(arrival, cfg)
-    elif closed:
+    elif isinstance(arrival, ClosedLoop):
+        assert cfg.num_requests is not None      # WorkloadConfig._complete: a closed loop needs it
         n = cfg.num_requests
         t = np.zeros(n)
     elif isinstance(arrival, ShapedArrivals):
@@ -209,21 +225,23 @@ def generate(cfg: WorkloadConfig, rng_arrivals: np.random.Generator,
         if cfg.input_length is not None:
             inp = _sample(cfg.input_length, n, rng_lengths, "input")
         else:  # only a trace can get here (validated)
+            assert trace is not None
             inp = trace.input_tokens[:n]
             if trace.hash_ids is not None:
                 hash_ids = trace.hash_ids[:n]
         if cfg.output_length is not None:
             out = _sample(cfg.output_length, n, rng_lengths, "output")
-        else:
+        else:  # a trace, as above
+            assert trace is not None
             out = trace.output_tokens[:n]
 
     return Requests(
         arrival_s=t, input_tokens=inp, output_tokens=out, hash_ids=hash_ids,
-        hash_block_tokens=trace.hash_block_tokens if hash_ids is not None else None,
-        is_closed_loop=closed,
-        concurrency=arrival.concurrency if closed else None,
-        think_time_s=arrival.think_time_s if closed else 0.0,
-        client=ClientModel(arrival.concurrency, arrival.think_time_s, arrival.send_delay_s, arrival.ramp_up_s,
-                           min(arrival.warmup_requests, n - 1)) if closed else None,
+        hash_block_tokens=trace.hash_block_tokens if trace is not None and hash_ids is not None else None,
+        is_closed_loop=loop is not None,
+        concurrency=loop.concurrency if loop is not None else None,
+        think_time_s=loop.think_time_s if loop is not None else 0.0,
+        client=ClientModel(loop.concurrency, loop.think_time_s, loop.send_delay_s, loop.ramp_up_s,
+                           min(loop.warmup_requests, n - 1)) if loop is not None else None,
         notes=trace.notes if trace is not None else (),
     )

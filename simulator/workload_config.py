@@ -7,12 +7,22 @@ arrival and length kinds.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from simulator.bounds import (  # noqa: F401  (the MAX_* and MIN_RATE bounds are re-exported)
-    MAX_RATE, MAX_REQUESTS, MAX_SECONDS, MAX_TOKENS, MIN_RATE, Delay, Duration, Rate, Requests, Tokens, between, count,
+from simulator.bounds import (  # noqa: F401 - the MAX_* and MIN_RATE bounds are re-exported
+    MAX_RATE,
+    MAX_REQUESTS,
+    MAX_SECONDS,
+    MAX_TOKENS,
+    MIN_RATE,
+    Delay,
+    Duration,
+    Range,
+    Rate,
+    Requests,
+    Tokens,
 )
 from simulator.epd.epd_config import ImageWorkload
 from simulator.inputs import StrictModel
@@ -57,8 +67,8 @@ class LognormalLength(StrictModel):
     """
 
     kind: Literal["lognormal"] = "lognormal"
-    mean: between(1, MAX_TOKENS, "tokens")
-    cv: between(0, 100, lo_open=True, fix="give the standard deviation over the mean, e.g. 0.5")
+    mean: Annotated[float, Range(1, MAX_TOKENS, "tokens")]
+    cv: Annotated[float, Range(0, 100, lo_open=True, fix="give the standard deviation over the mean, e.g. 0.5")]
     low: Tokens = 1
     high: Tokens | None = None
 
@@ -98,7 +108,7 @@ class LengthPairs(StrictModel):
 
 
 LengthDist = Annotated[
-    Union[FixedLength, UniformLength, LognormalLength, EmpiricalLength],
+    FixedLength | UniformLength | LognormalLength | EmpiricalLength,
     Field(discriminator="kind"),
 ]
 
@@ -120,7 +130,7 @@ class Gamma(StrictModel):
 
     kind: Literal["gamma"] = "gamma"
     rate: Rate
-    cv: between(1e-3, 100, fix="give the gaps' standard deviation over their mean (1: Poisson)")
+    cv: Annotated[float, Range(1e-3, 100, fix="give the gaps' standard deviation over their mean (1: Poisson)")]
 
 
 class TraceArrivals(StrictModel):
@@ -136,7 +146,8 @@ class TraceArrivals(StrictModel):
     kind: Literal["trace"] = "trace"
     path: Path
     format: TraceFormat = "auto"
-    time_scale: between(1e-9, 1e9, fix="give the factor on the trace's timestamps (2 = half the rate)") = 1.0
+    time_scale: Annotated[float, Range(1e-9, 1e9,
+                                       fix="give the factor on the trace's timestamps (2 = half the rate)")] = 1.0
     rate: Rate | None = None
     limit: Requests | None = None
 
@@ -162,15 +173,15 @@ class ClosedLoop(StrictModel):
     """
 
     kind: Literal["closed"] = "closed"
-    concurrency: count(1, MAX_REQUESTS, "users")
+    concurrency: Annotated[int, Range(1, MAX_REQUESTS, "users", whole=True)]
     think_time_s: Delay = 0.0
-    send_delay_s: between(0, 60, "s", fix="give seconds (0: send at once)") = CLIENT_SEND_DELAY_S
-    ramp_up_s: between(0, 3600, "s", fix="give seconds (0: all users start at once)") = 0.0
-    warmup_requests: count(0, MAX_REQUESTS, "requests") = 0
+    send_delay_s: Annotated[float, Range(0, 60, "s", fix="give seconds (0: send at once)")] = CLIENT_SEND_DELAY_S
+    ramp_up_s: Annotated[float, Range(0, 3600, "s", fix="give seconds (0: all users start at once)")] = 0.0
+    warmup_requests: Annotated[int, Range(0, MAX_REQUESTS, "requests", whole=True)] = 0
 
 
 Arrival = Annotated[
-    Union[Poisson, Gamma, TraceArrivals, ClosedLoop, ShapedArrivals], Field(discriminator="kind")
+    Poisson | Gamma | TraceArrivals | ClosedLoop | ShapedArrivals, Field(discriminator="kind")
 ]
 
 
