@@ -1,10 +1,11 @@
 """``epdsim calibrate``: measure a real vLLM server into a bundle, and show a bundle.
 
     epdsim calibrate run --out BUNDLE [--attach URL | --launch] [--resume] [--quick] ...
-    epdsim calibrate run --pd --out BUNDLE [--connector example|nixl] ...   (a prefill/decode pair: calibration/pd_cli.py)
+    epdsim calibrate run --pd --out BUNDLE [--connector example|nixl] ... (a prefill/decode pair: calibration/pd_cli.py)
     epdsim calibrate show BUNDLE
     epdsim calibrate fit BUNDLE [--out HWDB_DIR]                      (calibration/fit.py)
-    epdsim calibrate validate BUNDLE --profile HWDB_DIR [--tolerance 0.25] [--client-tolerance 0.25] (calibration/validate.py)
+    epdsim calibrate validate BUNDLE --profile HWDB_DIR [--tolerance 0.25] [--client-tolerance 0.25]
+                                                                      (calibration/validate.py)
 
 Also runs standalone: ``python -m calibration.cli run --out BUNDLE --launch --quick``.
 Exit codes: 0 done, 2 user error (bad arguments, bundle missing or inconsistent),
@@ -26,8 +27,8 @@ import hwdb
 from calibration.harness.affinity import cpu_list, parse_pin
 from calibration.harness.bundle import Bundle, BundleError
 from calibration.harness.env import server_cores
-from calibration.pd_options import add_pd_options, check_not_pd_options
 from calibration.harness.interrupt import interruptible
+from calibration.pd_options import add_pd_options, check_not_pd_options
 from calibration.trace_gen import add_make_trace_parser
 from simulator.console import print_notes, stdout_console, wide_tables
 from simulator.errors import print_user_error
@@ -89,10 +90,12 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                      help="extra argument for the default launch command (repeatable, e.g. "
                           "--engine-arg=--max-num-seqs=64)")
     srv.add_argument("--no-enforce-eager", action="store_true", help="default launch without --enforce-eager")
-    srv.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="server environment (repeatable)")
-    srv.add_argument("--pin", metavar="ENGINE:FRONT", help="small hosts: the engine core and worker on the ENGINE CPUs, "
-                     "the API server and this harness on the FRONT CPUs, e.g. 0:1 (docs/calibration.md)")
-    srv.add_argument("--ready-timeout", type=float_arg(0, 7 * 86400, lo_open=True), default=900.0, help="seconds to wait for readiness (900)")
+    srv.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                     help="server environment (repeatable)")
+    srv.add_argument("--pin", metavar="ENGINE:FRONT", help="small hosts: the engine core and worker on the ENGINE "
+                     "CPUs, the API server and this harness on the FRONT CPUs, e.g. 0:1 (docs/calibration.md)")
+    srv.add_argument("--ready-timeout", type=float_arg(0, 7 * 86400, lo_open=True), default=900.0,
+                     help="seconds to wait for readiness (900)")
     att = r.add_argument_group("attach")
     att.add_argument("--model", help="model id to measure (default: the first of /v1/models)")
     att.add_argument("--api-key", help="bearer token for the server")
@@ -123,7 +126,8 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     pd = r.add_argument_group("prefill/decode pair (--pd)", "a prefill and a decode server joined by a vLLM KV "
                               "connector, one Poisson load test through our router (--load-requests, --load-rates, "
                               "--load-output); show and validate read the bundle (docs/calibration.md)")
-    pd.add_argument("--pd", action="store_true", help="measure a disaggregated prefill/decode pair instead of one server")
+    pd.add_argument("--pd", action="store_true",
+                    help="measure a disaggregated prefill/decode pair instead of one server")
     add_pd_options(pd)
     r.set_defaults(calibrate_func=cmd_run)
     s = sub.add_parser("show", help="summarise a bundle")
@@ -169,15 +173,15 @@ def _sim_options(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_fit(a, con: Console) -> int:
-    from calibration.fit import cmd_fit
+    from calibration.fit import cmd_fit  # noqa: PLC0415 - keeps `epdsim --help` fast
     return cmd_fit(a, con)
 
 
 def _cmd_validate(a, con: Console) -> int:
-    from calibration import pd_cli
+    from calibration import pd_cli  # noqa: PLC0415 - keeps `epdsim --help` fast
     if pd_cli.is_pd_bundle(a.bundle):
         return pd_cli.cmd_validate(a, con)
-    from calibration.validate import cmd_validate
+    from calibration.validate import cmd_validate  # noqa: PLC0415 - keeps `epdsim --help` fast
     return cmd_validate(a, con)
 
 
@@ -192,7 +196,7 @@ def add_subparser(subparsers) -> argparse.ArgumentParser:
 
 def cmd_calibrate(args, con: Console | None = None) -> int:
     """Entry point for ``args.func(args, con)``; handles its own errors (exit codes 2 and 3)."""
-    from calibration.harness.server import ServerError
+    from calibration.harness.server import ServerError  # noqa: PLC0415 - keeps `epdsim --help` fast
     con = con or stdout_console()   # the pipe's or the terminal's width (simulator/console.py)
     err = Console(stderr=True)
     try:
@@ -210,7 +214,7 @@ def cmd_calibrate(args, con: Console | None = None) -> int:
 
 
 def _plan_options(a):
-    from calibration.harness.probes import PlanOptions
+    from calibration.harness.probes import PlanOptions  # noqa: PLC0415 - keeps `epdsim --help` fast
     kinds = tuple(k.strip() for k in a.phases.split(",") if k.strip())
     bad = [k for k in kinds if k not in PHASE_KINDS]
     if bad:
@@ -227,10 +231,10 @@ def _plan_options(a):
 
 def cmd_run(a, con: Console) -> int:
     if a.pd:
-        from calibration import pd_cli
+        from calibration import pd_cli  # noqa: PLC0415 - keeps `epdsim --help` fast
         return pd_cli.cmd_run(a, con)
     check_not_pd_options(a)
-    from calibration.harness.runner import CalibrationRun, RunOptions
+    from calibration.harness.runner import CalibrationRun, RunOptions  # noqa: PLC0415 - keeps `epdsim --help` fast
     try:
         env = _env(a.env)
     except argparse.ArgumentTypeError as exc:
@@ -246,7 +250,7 @@ def cmd_run(a, con: Console) -> int:
         except ValueError as exc:
             raise BundleError(str(exc)) from None
     if a.trace and not a.resume:   # a bad file fails here, before a server is launched
-        from calibration.harness.trace_plan import read
+        from calibration.harness.trace_plan import read  # noqa: PLC0415 - keeps `epdsim --help` fast
         read(a.trace, a.trace_format, a.trace_limit)
         kinds = {k.strip() for k in a.phases.split(",")}
         if "load" not in kinds:
@@ -279,10 +283,11 @@ def _fmt_s(x) -> str:
 
 
 def bundle_summary(b: Bundle) -> dict:
-    from calibration.harness.probes import summarize_phase
+    from calibration.harness.probes import summarize_phase  # noqa: PLC0415 - keeps `epdsim --help` fast
     m = b.manifest
-    launches = [{"index": l.get("index"), "ready_s": l.get("ready_s"), "exit_code": l.get("exit_code"),
-                 "startup": l.get("startup", {}).get("summary", {}), "pin": l.get("pin")} for l in m.get("launches", [])]
+    launches = [{"index": ln.get("index"), "ready_s": ln.get("ready_s"), "exit_code": ln.get("exit_code"),
+                 "startup": ln.get("startup", {}).get("summary", {}), "pin": ln.get("pin")}
+                for ln in m.get("launches", [])]
     launches += [{"index": f"attached {a.get('url')}", "ready_s": a["startup"]["summary"].get("api_ready_t"),
                   "exit_code": None, "startup": a["startup"]["summary"]}
                  for a in m.get("attachments", []) if a.get("startup")]
@@ -329,20 +334,20 @@ def _show(b: Bundle, con: Console) -> None:
                   + (f" ({h.get('vendor')} family {h.get('family')}{isa}), {escape(cores)}" if h.get("cpu") else ""))
     if _load_text(s["runs"]):
         con.print(_load_text(s["runs"]))
-    for l in s["launches"]:
-        st = l["startup"]
-        parts = [f"ready {l['ready_s']:.1f} s" if l.get("ready_s") is not None else "not ready"]
+    for ln in s["launches"]:
+        st = ln["startup"]
+        parts = [f"ready {ln['ready_s']:.1f} s" if ln.get("ready_s") is not None else "not ready"]
         for k, label in (("weights_load_s", "weights"), ("torch_compile_s", "torch.compile"),
                          ("cuda_graph_capture_s", "CUDA graphs"), ("engine_init_s", "engine init")):
             if k in st:
                 parts.append(f"{label} {st[k]:.2f} s")
         if "kv_cache_tokens" in st:
             parts.append(f"KV cache {st['kv_cache_tokens']:,} tokens")
-        if l.get("pin"):
-            parts.append(f"pinned: engine on CPU {cpu_list(l['pin']['engine_cpus'])}, front end on CPU "
-                         f"{cpu_list(l['pin']['front_cpus'])}")
-        con.print(f"launch {l['index']}: " + ", ".join(parts) + (f", exit code {l['exit_code']}"
-                                                                  if l.get("exit_code") is not None else ""))
+        if ln.get("pin"):
+            parts.append(f"pinned: engine on CPU {cpu_list(ln['pin']['engine_cpus'])}, front end on CPU "
+                         f"{cpu_list(ln['pin']['front_cpus'])}")
+        con.print(f"launch {ln['index']}: " + ", ".join(parts) + (f", exit code {ln['exit_code']}"
+                                                                  if ln.get("exit_code") is not None else ""))
     heads = ["phase", "done", "ok", "fail", "TTFT p50", "TTFT p90", "srv TTFT", "ITL p50", "ITL p90", "tok/s"]
     rows = []
     for p in s["phases"]:
@@ -353,12 +358,12 @@ def _show(b: Bundle, con: Console) -> None:
                      f"{tput:,.0f}" if tput is not None and tput == tput else "-"])
     # never cut a phase name or a figure: split into column groups on a narrow terminal
     for t in wide_tables("phases (client-side times; server TTFT from per-request metrics)", heads, rows,
-                         con.width, justify={h: "right" for h in heads[1:]}):
+                         con.width, justify=dict.fromkeys(heads[1:], "right")):
         con.print(t)
 
 
 def cmd_show(a, con: Console) -> int:
-    from calibration import pd_cli
+    from calibration import pd_cli  # noqa: PLC0415 - keeps `epdsim --help` fast
     if pd_cli.is_pd_bundle(a.bundle):
         return pd_cli.cmd_show(a, con)
     b = Bundle.open(a.bundle, complete=True)

@@ -13,8 +13,14 @@ from pathlib import Path
 import numpy as np
 
 from hwdb.coldstart import StartupCoefficients, load_coldstart
-from simulator.ops.coldstart import (capture_seconds, capture_sizes, compile_seconds, dynamo_seconds,
-                                 kv_profile_seconds, weights_seconds)
+from simulator.ops.coldstart import (
+    capture_seconds,
+    capture_sizes,
+    compile_seconds,
+    dynamo_seconds,
+    kv_profile_seconds,
+    weights_seconds,
+)
 
 FIG10 = "vllm_startup_profiler_fig10_gpu0_uncached.csv"
 A100 = "vllm_startup_profiler_A100_batch_size_avg.csv"
@@ -37,9 +43,9 @@ def _lstsq(rows: list[str], X: list[list[float]], y: list[float], names: list[st
     pred = A @ coef
     res = b - pred
     return {
-        "coefficients": {n: float(c) for n, c in zip(names, coef)},
+        "coefficients": {n: float(c) for n, c in zip(names, coef, strict=True)},   # a name per column of X
         "rows": [{"row": r, "observed_s": round(float(o), 4), "predicted_s": round(float(p), 4),
-                  "residual_s": round(float(e), 4)} for r, o, p, e in zip(rows, b, pred, res)],
+                  "residual_s": round(float(e), 4)} for r, o, p, e in zip(rows, b, pred, res, strict=True)],
         "rms_s": round(float(np.sqrt(np.mean(res ** 2))), 4),
         "max_abs_s": round(float(np.max(np.abs(res))), 4),
     }

@@ -22,10 +22,9 @@ import re
 import statistics
 from dataclasses import dataclass
 
-from hwdb.coldstart import ColdStartDB, StartupCase, load_coldstart
-from simulator.ops.coldstart import (capture_seconds, captured_graphs, capture_sizes, compile_seconds,
-                                 dynamo_seconds)
 from calibration.coldstart_cases import CaseCheck, case_breakdowns, case_deployment, compared_seconds
+from hwdb.coldstart import ColdStartDB, ScaleRanges, StartupCase, load_coldstart
+from simulator.ops.coldstart import capture_seconds, capture_sizes, captured_graphs, compile_seconds, dynamo_seconds
 
 GIB = 1024 ** 3
 
@@ -34,9 +33,9 @@ GIB = 1024 ** 3
 class AnyscaleRun:
     """Per-run figures of one anyscale log (seconds; ``(min, max)`` over the ranks)."""
 
-    model: str                                   # "llama70b" (Meta-Llama-3-70B, TP4) or "qwen235b" (Qwen3-235B-A22B, TP8)
+    model: str                                   # "llama70b" (Meta-Llama-3-70B, TP4), "qwen235b" (Qwen3-235B-A22B, TP8)
     tp: int
-    init_s: float                                # 'Waiting for init message' (engine process) -> 'Starting to load model'
+    init_s: float                                # 'Waiting for init message' (engine) -> 'Starting to load model'
     capture_s: float                             # 'Graph capturing finished in N secs'
     dynamo_s: tuple[float, float]                # 'Dynamo bytecode transform time'
     weights_s: tuple[float, float] | None = None  # 'Loading weights took' from the page cache (None: S3 streamer)
@@ -99,9 +98,12 @@ def _span(points, bounds=(), fallback: float | None = None, rate: bool = False) 
     """typical = median of the measurements (``fallback`` without any); low/high = the extremes of
     the measurements and the ``bounds`` (ends that are no measurement); a rate's fast end is low."""
     vals = [v for v, _ in points]
-    if not vals and fallback is None:
+    if vals:
+        typical = statistics.median(vals)
+    elif fallback is not None:
+        typical = fallback
+    else:
         return None
-    typical = statistics.median(vals) if vals else fallback
     ends = vals + [v for v, _ in bounds] + [typical]
     lo, hi = (max(ends), min(ends)) if rate else (min(ends), max(ends))
     return Derived(lo, typical, hi, tuple(points) + tuple(bounds))
@@ -120,10 +122,18 @@ def _group(runs: dict, model: str, field: str) -> tuple[float, list[str]] | None
     return statistics.median(vals), [n for n, _ in got]
 
 
+def scale_set(cs: ColdStartDB, engine: str = "vllm-v1") -> ScaleRanges:
+    """The scale-range set of start-up set ``engine``; ValueError when the database has none."""
+    sc = cs.scale_ranges(engine)
+    if sc is None:
+        raise ValueError(f"the cold-start database has no scale-range set for {engine!r} (kind: scale in coldstart/)")
+    return sc
+
+
 def _capture_fixed(case: StartupCase, cs: ColdStartDB) -> tuple[float, float]:
     """(seconds of capture that do not scale with graph-layers, graphs captured) for ``case``."""
     coef = cs.coefficients("vllm-v1")
-    rules = cs.scale_ranges("vllm-v1").version(case.vllm_version)
+    rules = scale_set(cs).version(case.vllm_version)
     dep = case_deployment(case)
     k, a = dep.knobs, dep.arch
     sizes = capture_sizes(k.max_cudagraph_capture_size, k.max_num_batched_tokens, rules.capture_rule)
@@ -132,7 +142,8 @@ def _capture_fixed(case: StartupCase, cs: ColdStartDB) -> tuple[float, float]:
     return capture_seconds(coef, n, s, 0.0, p_rank, dep.gpu.flops(dep.weight_dtype), g1=0.0), n
 
 
-def derive_ranges(exclude: frozenset[str] | set[str] = frozenset(), cs: ColdStartDB | None = None) -> dict[str, Derived]:
+def derive_ranges(exclude: frozenset[str] | set[str] = frozenset(),
+                  cs: ColdStartDB | None = None) -> dict[str, Derived]:
     """Every range some case's run feeds, re-derived without the runs in ``exclude``.
 
     Each measurement carries the run it was read from ('' for sources that are no case's); the
@@ -141,7 +152,7 @@ def derive_ranges(exclude: frozenset[str] | set[str] = frozenset(), cs: ColdStar
     """
     cs = cs or load_coldstart()
     coef = cs.coefficients("vllm-v1")
-    sc = cs.scale_ranges("vllm-v1")
+    sc = scale_set(cs)
     runs = {n: r for n, r in ANYSCALE_RUNS.items() if n not in exclude}
 
     def pts(*items):
@@ -149,7 +160,11 @@ def derive_ranges(exclude: frozenset[str] | set[str] = frozenset(), cs: ColdStar
 
     def joined(g):
         return None if g is None else "+".join(g[1])
-    out: dict[str, Derived] = {}
+
+    def scaled(g: tuple[float, list[str]] | None, per: float) -> tuple[float | None, str | None]:
+        """(a group's median / ``per``, its runs): the group's figure against the model's own."""
+        return (None if g is None else g[0] / per, joined(g))
+    out: dict[str, Derived | None] = {}
 
     # distributed init: the line through the TP4 and TP8 medians of engine start -> weight loading
     tp = {t: statistics.median([r.init_s for r in runs.values() if r.tp == t]) for t in (4, 8)
@@ -179,12 +194,12 @@ def derive_ranges(exclude: frozenset[str] | set[str] = frozenset(), cs: ColdStar
     dyn = {m: _group(runs, m, "dynamo_s") for m in _LAYERS}
     llama_dyn = dyn["llama70b"]
     out["dynamo_multiplier"] = _span(pts(
-        (None if llama_dyn is None else llama_dyn[0] / dynamo_seconds(coef, 80), joined(llama_dyn)),
+        scaled(llama_dyn, dynamo_seconds(coef, 80)),
         (1.0, ""),                  # the fit (vllm-v1.yaml)
         (10.0 / dynamo_seconds(coef, 32), "tensorfuse")))  # Llama-3.1-8B on an L40S node: 10 s
-    moe_dyn = (None if None in (dyn["qwen235b"], llama_dyn) else
-               (dyn["qwen235b"][0] / 94) / (llama_dyn[0] / 80))
-    out["dynamo_moe_layer_weight"] = _span(pts((moe_dyn, f"{joined(dyn['qwen235b'])}+{joined(llama_dyn)}")),
+    qwen_dyn = dyn["qwen235b"]
+    moe_dyn = None if qwen_dyn is None or llama_dyn is None else (qwen_dyn[0] / 94) / (llama_dyn[0] / 80)
+    out["dynamo_moe_layer_weight"] = _span(pts((moe_dyn, f"{joined(qwen_dyn)}+{joined(llama_dyn)}")),
                                            bounds=[(1.0, "")], fallback=1.0)
 
     # Inductor on a miss, against the piece formula at x1 (simulator.ops.coldstart.compile_seconds)
@@ -192,15 +207,14 @@ def derive_ranges(exclude: frozenset[str] | set[str] = frozenset(), cs: ColdStar
              "qwen235b": compile_seconds(coef, 94, "miss", unique=95)}
     comp = {m: _group(runs, m, "compile_s") for m in _LAYERS}
     out["compile_miss_multiplier"] = _span(pts(
-        *[(None if comp[m] is None else comp[m][0] / piece[m], joined(comp[m])) for m in ("qwen235b", "llama70b")],
+        *[scaled(comp[m], piece[m]) for m in ("qwen235b", "llama70b")],
         # Qwen3-8B (36 layers) TP8 'torch.compile takes 27.3 s' (Dynamo + Inductor; vllm PR #25493)
         (27.3 / (dynamo_seconds(coef, 36) + compile_seconds(coef, 36, "miss")), ""),
         (70.0 / piece["llama70b"], "vllm#19824")))  # ~70 s torch.compile, Llama-70B FP8 TP8
 
     hit = {m: _group(runs, m, "hit_s") for m in _LAYERS}
     out["compile_hit_multiplier"] = _span(pts(
-        *[(None if hit[m] is None else hit[m][0] / compile_seconds(coef, _LAYERS[m], "hit"), joined(hit[m]))
-          for m in ("llama70b", "qwen235b")],
+        *[scaled(hit[m], compile_seconds(coef, _LAYERS[m], "hit")) for m in ("llama70b", "qwen235b")],
         (1.0, ""),                  # the fit (vLLM 0.10.1)
         (sc.ranges["compile_hit_multiplier"].high, "")))  # DeepSeek-V3.2 TP8 B200 warm 26.7 s (vllm issue #26511)
 
@@ -229,7 +243,7 @@ def derive_ranges(exclude: frozenset[str] | set[str] = frozenset(), cs: ColdStar
 
 def with_ranges(cs: ColdStartDB, derived: dict[str, Derived], engine: str = "vllm-v1") -> ColdStartDB:
     """``cs`` with the scale set's ranges replaced by ``derived`` (the others as in the file)."""
-    sc = cs.scale_ranges(engine)
+    sc = scale_set(cs, engine)
     ranges = {k: (r.model_copy(update=dict(low=derived[k].low, typical=derived[k].typical, high=derived[k].high))
                   if k in derived else r) for k, r in sc.ranges.items()}
     return dataclasses.replace(cs, scale={**cs.scale, sc.name: sc.model_copy(update={"ranges": ranges})})
@@ -261,7 +275,7 @@ def held_out_checks(cs: ColdStartDB | None = None, by: str = "run") -> list[Held
     if by not in ("run", "publication"):
         raise ValueError(f"by={by!r} is unknown; use 'run' or 'publication'")
     cs = cs or load_coldstart()
-    sc = cs.scale_ranges("vllm-v1")
+    sc = scale_set(cs)
     runs = {c.name: case_run(c) for c in sc.cases}
     out = []
     for case in sc.cases:
@@ -299,9 +313,11 @@ def holdout_markdown(held: list[HeldOut], publication_level: list[HeldOut] | Non
     rows = ["| start-up | its run | ranges that move (all sources -> held out) | observed | fitted on all | held out"
             + (" | publication held out" if pub else "") + " | checked at |",
             "|---|---|---|---|---|---" + ("|---" if pub else "") + "|---|"]
+
+    def cell(c: CaseCheck) -> str:
+        return f"{c.checked_s:.0f} s ({c.error:+.0%})"
     for h in held:
         moved = "; ".join(f"{_SHORT.get(k, k)} {_fmt(k, a)} -> {_fmt(k, b)}" for k, (a, b) in h.moved.items()) or "none"
-        cell = lambda c: f"{c.checked_s:.0f} s ({c.error:+.0%})"            # noqa: E731
         rows.append(f"| {h.case.name} | {h.run} | {moved} | {h.case.observed_s:.0f} s | {cell(h.fitted)} | "
                     f"{cell(h.held)}" + (f" | {cell(pub[h.case.name].held)}" if pub else "")
                     + f" | {h.case.level} |")
@@ -311,6 +327,6 @@ def holdout_markdown(held: list[HeldOut], publication_level: list[HeldOut] | Non
 def fed_ranges(cs: ColdStartDB | None = None) -> dict[str, list[str]]:
     """Case name -> the ranges its run is a source of, in the file's order (what its ``feeds`` lists)."""
     cs = cs or load_coldstart()
-    sc = cs.scale_ranges("vllm-v1")
+    sc = scale_set(cs)
     full = derive_ranges(cs=cs)
     return {c.name: [k for k in sc.ranges if k in full and case_run(c) in full[k].runs] for c in sc.cases}

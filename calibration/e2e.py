@@ -23,9 +23,9 @@ import pandas as pd
 import hwdb
 from calibration.e2e_physics import beyond_hardware
 from calibration.e2e_rows import REQUESTS_PER_CLIENT, Row, admission_anomaly, to_scenario, why_not
-from simulator.scenario import ScenarioError, parse_scenario, resolve
 from hwdb.schema import Figure
 from simulator.run import simulate
+from simulator.scenario import ScenarioError, parse_scenario, resolve
 
 # Model families whose rows may fit end-to-end terms: the dense Llama-3.1-70B (the only dense model
 # vLLM was measured on), one MoE family per engine (MiniMax-M2.5 for vLLM, DeepSeek for TensorRT-LLM

@@ -7,8 +7,8 @@ the simulator built for it (:func:`beyond_hardware`):
   ``TTFT + (osl - 1) x TPOT`` seconds, and a request costs at least ``2 x (linear parameters a token
   multiplies through) x (prompt + output tokens)`` FLOPs (attention left out, so the bound is low).  A
   run whose rate needs more than :data:`PEAK_FRACTION` of the GPUs' dense peak (in the fastest compute
-  dtype any of its weight groups uses) cannot have done what the row says (e.g. 100-token outputs whose prefills would run at 50-95 %
-  of the fp8 peak);
+  dtype any of its weight groups uses) cannot have done what the row says (e.g. 100-token outputs whose
+  prefills would run at 50-95 % of the fp8 peak);
 * **memory**: a decode step reads at least the weights it touches once; a mean TPOT below that
   read at the HBM's full bandwidth (for the average decode batch, by Little's law) is not physical.
 

@@ -11,10 +11,12 @@ a gate (exit 1 when the held-out vLLM figures exceed them).
 from __future__ import annotations
 
 import html
+import json
 import time
 from pathlib import Path
-
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from calibration.e2e_rows import DEFAULT_TABLE, KV_MODES, RANGE_RATIO, REQUESTS_PER_CLIENT, TableError, load_rows
 from simulator.inputs import float_arg, int_arg
@@ -45,7 +47,7 @@ def _mape(x: float) -> str:
 def markdown(df: pd.DataFrame, min_rows: int = 20) -> str:
     """The report as Markdown: summary by split and engine, subsets with >= ``min_rows`` rows, worst rows,
     reasons."""
-    from calibration import e2e   # with pandas and the simulator: only when validating
+    from calibration import e2e  # noqa: PLC0415 - pandas and the simulator: only when validating
     lines = [CLIENT_NOTE, ""]
     if "copies" in df and (df["copies"] > 1).any():
         rep = df[df["copies"] > 1]
@@ -61,10 +63,11 @@ def markdown(df: pd.DataFrame, min_rows: int = 20) -> str:
     kinds = e2e.score(df.assign(layout=layout_kind(df)), by=["split", "backend", "layout"])
     lines += ["", "By layout (colocated with one attention rank, colocated with attention data parallelism, "
               "prefill-decode disaggregated):", "",
-              "| split | engine | layout | rows | TTFT MAPE | TTFT bias | TPOT MAPE | TPOT bias |", "|---|---|---|---|---|---|---|---|"]
+              "| split | engine | layout | rows | TTFT MAPE | TTFT bias | TPOT MAPE | TPOT bias |",
+              "|---|---|---|---|---|---|---|---|"]
     for r in kinds.itertuples():
-        lines.append(f"| {r.split} | {r.backend} | {r.layout} | {r.rows} | {_mape(r.ttft_mape)} | {_pct(r.ttft_bias)} | "
-                     f"{_mape(r.tpot_mape)} | {_pct(r.tpot_bias)} |")
+        lines.append(f"| {r.split} | {r.backend} | {r.layout} | {r.rows} | {_mape(r.ttft_mape)} | "
+                     f"{_pct(r.ttft_bias)} | {_mape(r.tpot_mape)} | {_pct(r.tpot_bias)} |")
     sub = e2e.score(df, by=["split", "backend", "system", "model", "quant"], min_rows=min_rows)
     lines += ["", f"Subsets (engine x GPU x model x precision, all TP) with at least {min_rows} rows:", "",
               "| split | engine | GPU | model | precision | rows | TTFT MAPE | TTFT bias | TPOT MAPE | TPOT bias |",
@@ -73,20 +76,21 @@ def markdown(df: pd.DataFrame, min_rows: int = 20) -> str:
         lines.append(f"| {r.split} | {r.backend} | {r.system} | {r.model.split('/')[-1]} | {r.quant} | {r.rows} | "
                      f"{_mape(r.ttft_mape)} | {_pct(r.ttft_bias)} | {_mape(r.tpot_mape)} | {_pct(r.tpot_bias)} |")
     tp = e2e.score(df[df["backend"] == "vllm"], by=["split", "tp"])
-    lines += ["", "vLLM by tensor-parallel size:", "", "| split | TP | rows | TTFT MAPE | TTFT bias | TPOT MAPE | TPOT bias |",
-              "|---|---|---|---|---|---|---|"]
+    lines += ["", "vLLM by tensor-parallel size:", "",
+              "| split | TP | rows | TTFT MAPE | TTFT bias | TPOT MAPE | TPOT bias |", "|---|---|---|---|---|---|---|"]
     for r in tp.itertuples():
         lines.append(f"| {r.split} | {r.tp} | {r.rows} | {_mape(r.ttft_mape)} | {_pct(r.ttft_bias)} | "
                      f"{_mape(r.tpot_mape)} | {_pct(r.tpot_bias)} |")
     lines += ["", "Worst rows (largest of |TTFT error|, |TPOT error|):", "",
-              "| id | split | isl | osl | C | TTFT meas / pred (ms) | TPOT meas / pred (ms) |", "|---|---|---|---|---|---|---|"]
+              "| id | split | isl | osl | C | TTFT meas / pred (ms) | TPOT meas / pred (ms) |",
+              "|---|---|---|---|---|---|---|"]
     for r in e2e.worst(df, 12).itertuples():
         lines.append(f"| {r.id} | {r.split} | {r.isl} | {r.osl} | {r.concurrency} | {1e3 * r.ttft_s:.0f} / "
                      f"{1e3 * r.ttft_pred_s:.0f} | {1e3 * r.tpot_s:.1f} / {1e3 * r.tpot_pred_s:.1f} |")
     ex = e2e.excluded(df)
     if len(ex):
-        lines += ["", f"Measured runs left out of the scores ({len(ex)}): simulated, but their own figures say the server "
-                  "held far fewer requests than its stated settings admit (`admission_anomaly` in "
+        lines += ["", f"Measured runs left out of the scores ({len(ex)}): simulated, but their own figures say the "
+                  "server held far fewer requests than its stated settings admit (`admission_anomaly` in "
                   "calibration/e2e_rows.py):", "",
                   "| id | C | TTFT meas / pred (ms) | TPOT meas / pred (ms) | why |", "|---|---|---|---|---|"]
         for r in ex.itertuples():
@@ -100,13 +104,12 @@ def markdown(df: pd.DataFrame, min_rows: int = 20) -> str:
 
 def layout_kind(df: pd.DataFrame):
     """colocated / colocated DP (attention data parallel) / PD, per row."""
-    import numpy as np   # noqa: PLC0415
     return np.where(df["disagg"].astype(bool), "PD", np.where(df["dp"] > 1, "colocated DP", "colocated"))
 
 
 def html_page(df: pd.DataFrame, title: str = "epdsim end-to-end validation") -> str:
     """A self-contained HTML page of the same tables (no scripts)."""
-    from calibration import e2e   # with pandas and the simulator: only when validating
+    from calibration import e2e  # noqa: PLC0415 - pandas and the simulator: only when validating
     def table(frame: pd.DataFrame) -> str:
         return frame.to_html(index=False, float_format=lambda x: f"{x:.4g}", border=0)
     parts = [f"<h1>{html.escape(title)}</h1>", f"<p>{html.escape(CLIENT_NOTE)}</p>",
@@ -114,7 +117,8 @@ def html_page(df: pd.DataFrame, title: str = "epdsim end-to-end validation") -> 
              "<h2>Subsets</h2>", table(e2e.score(df, by=["split", "subset"])),
              "<h2>Worst rows</h2>", table(e2e.worst(df, 25)),
              "<h2>Rows not expressed</h2>", table(e2e.reasons(df))]
-    style = "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{padding:2px 8px;text-align:right}"
+    style = ("body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
+             "td,th{padding:2px 8px;text-align:right}")
     return f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>" \
            f"<style>{style}</style></head><body>{''.join(parts)}</body></html>"
 
@@ -122,8 +126,8 @@ def html_page(df: pd.DataFrame, title: str = "epdsim end-to-end validation") -> 
 def bands(df: pd.DataFrame) -> dict:
     """Error bands for :mod:`simulator.confidence`: held-out MAPE per engine and per engine x GPU, and
     which model families the table validates (fit or held-out), from a full validation run."""
-    from calibration import e2e   # noqa: PLC0415
-    from calibration.e2e_rows import SYSTEMS   # noqa: PLC0415
+    from calibration import e2e  # noqa: PLC0415 - pandas and the simulator: only when validating
+    from calibration.e2e_rows import SYSTEMS  # noqa: PLC0415 - listed in tests/test_import_structure.py
     ok = e2e.scored(df)
     held = ok[ok["split"] == "held-out"]
 
@@ -156,12 +160,14 @@ def bands(df: pd.DataFrame) -> dict:
 def add_subparser(sub) -> None:
     v = sub.add_parser("validate-e2e", help="simulate measured serving runs and report TTFT/TPOT errors per subset")
     v.add_argument("--table", default=str(DEFAULT_TABLE), help="measured runs CSV (default: ../shared/data/e2e/...)")
-    v.add_argument("--sample", type=int_arg(1, 100_000), default=1, metavar="K", help="every K-th row only (fixed subset)")
+    v.add_argument("--sample", type=int_arg(1, 100_000), default=1, metavar="K",
+                   help="every K-th row only (fixed subset)")
     v.add_argument("--engine", action="append", choices=("vllm", "sglang", "trtllm"),
                    help="only these table backends")
     v.add_argument("--kv", choices=KV_MODES, default="quantised-fp8",
                    help="each row's KV format: fp8 for every quantised run (quantised-fp8, what the table's quantised "
-                        "campaigns fit; docs/validation/e2e.md), or the engine release's 'auto' for the checkpoint (rule)")
+                        "campaigns fit; docs/validation/e2e.md), or the engine release's 'auto' for the checkpoint "
+                        "(rule)")
     v.add_argument("--workers", type=int_arg(1, 256), help="processes (default: all CPUs)")
     v.add_argument("--out", help="folder for predictions.csv, e2e.md and e2e.html")
     v.add_argument("--write-bands", metavar="FILE.json", help="write the error bands simulate and plan report "
@@ -174,7 +180,7 @@ def add_subparser(sub) -> None:
 
 
 def cmd_validate_e2e(args, con) -> int:
-    from calibration import e2e   # with pandas and the simulator: only when validating
+    from calibration import e2e  # noqa: PLC0415 - pandas and the simulator: only when validating
     path = Path(args.table)
     if path.is_dir():
         raise FileNotFoundError(f"--table {path}: is a directory; give the CSV file itself "
@@ -193,7 +199,7 @@ def cmd_validate_e2e(args, con) -> int:
     try:
         rows = [r for r in load_rows(path) if not args.engine or r.backend in args.engine]
     except TableError as exc:
-        from simulator.errors import print_user_error   # noqa: PLC0415
+        from simulator.errors import print_user_error  # noqa: PLC0415 - listed in tests/test_import_structure.py
         return print_user_error(exc)
     rows = sample(rows, max(1, args.sample))
     t0 = time.perf_counter()
@@ -212,7 +218,6 @@ def cmd_validate_e2e(args, con) -> int:
         except OSError as exc:
             raise OutputPathError(write_failed(exc, "--out", out)) from None
     if args.write_bands:
-        import json   # noqa: PLC0415
         try:
             Path(args.write_bands).parent.mkdir(parents=True, exist_ok=True)
             Path(args.write_bands).write_text(json.dumps(bands(df), indent=1, sort_keys=True) + "\n")

@@ -21,9 +21,10 @@ timestamps: what the client sees beyond the engine.
   fit inside its measured delay (a residual per lone request for any excess; soft-L1 least squares on
   log ratios: a scan of 0.01-30 ms per chunk and per first chunk, then Nelder-Mead on their
   logarithms).  The cost per output is not fitted (0): where each chunk carries one token it cannot be
-  told from the cost per chunk, and fitted there it would serve a burst's tokens one by one.  A cost that ends at the scan's floor is 0.  The loop is kept when it explains
-  the measured delays significantly better than none (F-test of the two fits at 5%); otherwise the
-  front end is the way-in delay alone and the report says why.
+  told from the cost per chunk, and fitted there it would serve a burst's tokens one by one.  A cost that ends
+  at the scan's floor is 0.  The loop is kept when it explains the measured delays significantly better
+  than none (F-test of the two fits at 5%); otherwise the front end is the way-in delay alone and the
+  report says why.
 
 The loop is :func:`simulator.engine.frontend.api_server`, the simulator's own.  Seconds throughout.
 """
@@ -147,9 +148,9 @@ def client_predictions(rows: list[dict], way_in: FrontEnd, loop: FrontEnd) -> tu
         # outputs of one request keep their order: its first is its earliest, its last its latest
         firsts = np.unique(owner_a, return_index=True)
         lasts = np.unique(owner_a[::-1], return_index=True)
-        for i, k in zip(*firsts):
+        for i, k in zip(*firsts, strict=True):   # np.unique: values and their indices
             ttft[i] = got[k] - rows[i]["t_send"]
-        for i, k in zip(*lasts):
+        for i, k in zip(*lasts, strict=True):
             e2e[i] = got[len(got) - 1 - k] - rows[i]["t_send"]
     return ttft, e2e
 
@@ -162,8 +163,8 @@ def _loop(costs) -> FrontEnd:
 
 def fit_frontend(b: Bundle) -> FrontEndFit:
     """The front end of bundle ``b`` (see the module docstring); ``frontend_s`` None without lone requests."""
-    from scipy.optimize import minimize
-    from scipy.stats import f as f_dist
+    from scipy.optimize import minimize  # noqa: PLC0415 - scipy loads when a fit runs, not with the module
+    from scipy.stats import f as f_dist  # noqa: PLC0415 - slow to import; only this fit's F-test needs it
     fit = FrontEndFit()
     line = _lone_line(b)
     if line is None:

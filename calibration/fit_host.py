@@ -26,7 +26,8 @@ AVX2 + FMA (2 x 256-bit FMA units)   32 (via fp32)   32
 from __future__ import annotations
 
 from dataclasses import dataclass
-from hwdb.schema import Figure
+
+from hwdb.schema import GPU, Figure
 
 #: what the shipped CPU-host entry describes (its file header and figure sources say so)
 SHIPPED_HOST = {"vendor": "GenuineIntel", "isa": "amx_bf16",
@@ -70,7 +71,7 @@ def matches_shipped(cpu: dict) -> bool:
     return cpu.get("vendor") == SHIPPED_HOST["vendor"] and SHIPPED_HOST["isa"] in (cpu.get("isa") or [])
 
 
-def derived_cpu_host(base, cpu: dict, cores: int, memory_bytes: int | None, fam: Family):
+def derived_cpu_host(base: GPU, cpu: dict, cores: int, memory_bytes: int | None, fam: Family) -> GPU:
     """``base`` (the shipped CPU-host GPU entry) with peaks from ``fam`` x ``cores`` x the recorded clock."""
     ghz = cpu["clock_ghz"]
     what = (f"derived by epdsim calibrate fit from the bundle's host: {cpu.get('model_name')} "
@@ -92,14 +93,15 @@ def derived_cpu_host(base, cpu: dict, cores: int, memory_bytes: int | None, fam:
     return base.model_copy(update=upd)
 
 
-def host_check(manifest: dict, base, explicit_gpu: bool) -> tuple[object | None, dict]:
+def host_check(manifest: dict, base: GPU, explicit_gpu: bool) -> tuple[GPU | None, dict]:
     """(derived CPU-host entry or None, report) for a CPU bundle; the report's ``warnings`` say what
     the fit cannot vouch for.  ``explicit_gpu``: the user named the entry with --gpu (kept as given)."""
     hw = (manifest.get("hardware") or {}).get("server")
+    hw = hw if isinstance(hw, dict) else {}   # attach mode: a note, or nothing
     warnings: list[str] = []
     rep: dict = {"entry": "shipped", "warnings": warnings}
-    cpu = hw.get("cpu") if isinstance(hw, dict) else None
-    cores = (hw.get("cpu_affinity") or hw.get("cpu_count")) if isinstance(hw, dict) else None
+    cpu = hw.get("cpu")
+    cores = hw.get("cpu_affinity") or hw.get("cpu_count")
     derived = None
     if not cpu or not cpu.get("isa"):
         warnings.append(f"the bundle records no CPU ISA of its server (hardware.server.cpu; bundles from before it "

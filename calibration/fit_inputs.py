@@ -16,8 +16,8 @@ from typing import Any
 
 import hwdb
 from calibration.harness.bundle import FIX, MANIFEST, Bundle, BundleError
-from hwdb.schema import ModelSidecar
 from hwdb.models import ConfigError, arch_from_config
+from hwdb.schema import ModelSidecar
 
 CPU_GPU = "CPU-host"
 #: vLLM's batch defaults for the OpenAI server on a CPU platform, world size 1
@@ -193,7 +193,7 @@ def bundle_file(b: Bundle, field: str, value: object, fix: str) -> Path | None:
     not make the app read the server's files, and a FIFO or device would block the job or never end.
     Anything else raises FitInputError naming the field, the value and ``fix``."""
     real, why = _locate(b, value)
-    if why is None:
+    if real is not None:
         try:
             mode = os.stat(real).st_mode          # stat, unlike open, never blocks on a FIFO
         except FileNotFoundError:
@@ -309,7 +309,7 @@ def engine_setup(b: Bundle, overrides: dict | None = None) -> EngineSetup:
     tp = pick("tp", ("server args", args.get("tensor_parallel_size")))
     pp = pick("pp", ("server args", args.get("pipeline_parallel_size")))
     cfg = (m.get("model") or {}).get("config") or {}
-    dtype = args.get("dtype") if args.get("dtype") not in (None, "auto") else (cfg.get("dtype") or cfg.get("torch_dtype"))
+    dtype = args.get("dtype") if args.get("dtype") not in (None, "auto") else cfg.get("dtype") or cfg.get("torch_dtype")
     dtype = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "bf16", None: "bf16"}.get(dtype, "bf16")
     block = int(block) if block is not None else 16
     if block not in (1, 8, 16, 32, 64, 128):
@@ -329,8 +329,8 @@ def engine_setup(b: Bundle, overrides: dict | None = None) -> EngineSetup:
 def _kv_blocks_from_log(m: dict, block) -> int | None:
     if block in (None, "None"):
         return None
-    for l in reversed(m.get("launches") or []):
-        tok = ((l.get("startup") or {}).get("summary") or {}).get("kv_cache_tokens")
+    for ln in reversed(m.get("launches") or []):
+        tok = ((ln.get("startup") or {}).get("summary") or {}).get("kv_cache_tokens")
         if tok:
             return int(tok) // int(block)
     return None
@@ -388,9 +388,9 @@ def _model_folder(b: Bundle, mi: dict, name: str) -> tuple[Path, Path] | None:
     if not root:
         return None
     folder, why = _locate(b, root)
-    if why is None and not folder.is_dir():
+    if folder is not None and not folder.is_dir():
         return None                               # e.g. a Hugging Face id such as 'org/model'
-    if why is not None:
+    if folder is None:
         if isinstance(mi.get("config"), dict):
             return None
         raise FitInputError(f"{b.path / MANIFEST}: model.root = {root!r} {why} and the manifest keeps no "

@@ -10,6 +10,7 @@ import numpy as np
 
 from calibration.harness.bundle import Bundle
 
+
 # ============================================================================ measurements
 @dataclass(frozen=True)
 class Point:
@@ -120,7 +121,7 @@ def aggregate(points: list[Point]) -> list[Point]:
         key = (p.kind, p.phase, p.prompt) if p.kind == "prefill" else (p.kind, p.phase)
         groups.setdefault(key, []).append(p)
     out = []
-    for key, ps in groups.items():
+    for ps in groups.values():
         t = np.array([p.measured_s for p in ps])
         med = float(np.median(t))
         cl = [p.client_s for p in ps if p.client_s is not None]

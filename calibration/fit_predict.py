@@ -11,6 +11,7 @@ from calibration.fit_points import Point
 from hwdb.profiles import Profile
 from hwdb.schema import EfficiencyCurve, Figure
 
+
 # ============================================================================ predictions
 def step(sm, tokens: float, logits: float, pairs: float, decode_ctx: float, prefill_ctx: float = 0.0,
          running: float = 0.0) -> float:
@@ -64,8 +65,11 @@ def calibrated_engine(base, overhead_s: float, per_seq_s: float, *, name: str = 
     This is how a fitted per-sequence host cost reaches the simulator: a Profile's single
     ``step_overhead_s`` would zero the engine's CPU costs.  ``frontend``: the harness's fitted front end
     (:class:`calibration.fit_frontend.FrontEndFit`), or None for none."""
-    fig = lambda v, what: Figure(value=float(v), source=f"{source}: {what}", empirical=True)  # noqa: E731
-    zero = lambda what: Figure(value=0.0, source=f"{source}: {what}", empirical=True)  # noqa: E731
+    def fig(v: float, what: str) -> Figure:
+        return Figure(value=float(v), source=f"{source}: {what}", empirical=True)
+
+    def zero(what: str) -> Figure:
+        return fig(0.0, what)
     cpu = base.cpu.model_copy(update={
         "step_s": fig(overhead_s, "fixed host time per step"),
         "per_running_seq_s": zero("folded into per_sampled_seq_s"),
@@ -73,7 +77,8 @@ def calibrated_engine(base, overhead_s: float, per_seq_s: float, *, name: str = 
         "per_token_s": zero("folded into the compute efficiency"),
         "per_sampled_seq_s": fig(per_seq_s, "host time per sequence sampled in a step")})
     upd = {"name": name, "aliases": (), "version": version or base.version, "scheduling_overlapped": False,
-           "cpu": cpu, "graph_launch_s": zero("folded into step_s"), "eager_launch_s_per_layer": zero("folded into step_s"),
+           "cpu": cpu, "graph_launch_s": zero("folded into step_s"),
+           "eager_launch_s_per_layer": zero("folded into step_s"),
            "notes": f"calibrated by {source}; the host cost adds to the device time (no overlap)"}
     # The base engine's front end was fitted on GPU serving runs; this engine carries the harness's own.
     upd.update(frontend_s=None, frontend_s_per_token=None, frontend_serial_s_per_token=None,

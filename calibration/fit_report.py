@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 import yaml
 
 import hwdb
-from calibration.fit_inputs import CPU_GPU, EngineSetup, FitInputError
 from calibration.fit_frontend import FrontEndFit, describe
+from calibration.fit_inputs import CPU_GPU, EngineSetup, FitInputError
 from calibration.fit_predict import calibrated_engine
 from calibration.fit_solver import PARAMS, UNITS, FitResult
 from hwdb.profiles import Profile
@@ -113,7 +113,7 @@ def mixed_step_note(res: FitResult) -> str:
             f"prompt chunk from decode-only ones: {why}")
 
 
-def final_engine(fit: "BundleFit"):
+def final_engine(fit: BundleFit):
     """The calibrated engine profile ``engines/<profile>.yaml``, written by every fit.
 
     With a fitted ``per_seq_s`` it carries the host cost (``step_overhead_s`` + ``per_seq_s`` x sampled
@@ -197,7 +197,8 @@ def write_outputs(fit: BundleFit, out: str | Path) -> dict[str, Path]:
         gpath = out / "gpus" / f"{fit.gpu.name}.yaml"
         gpath.write_text(f"# {fit.gpu.name} derived from the host of bundle {fit.provenance['bundle']} by `epdsim "
                          f"calibrate fit` (calibration/fit_host.py); the shipped entry describes another CPU\n"
-                         + yaml.safe_dump(fit.gpu.model_dump(mode="json", exclude_none=True), sort_keys=False, width=100))
+                         + yaml.safe_dump(fit.gpu.model_dump(mode="json", exclude_none=True), sort_keys=False,
+                                          width=100))
         paths["gpu"] = gpath
     (out / "fits").mkdir(parents=True, exist_ok=True)
     rpath = out / "fits" / f"{prof.name}.json"

@@ -4,8 +4,9 @@ poorly determined and not needed are fixed and the fit repeated).  See :mod:`cal
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
+from functools import partial
 
 import numpy as np
 
@@ -20,10 +21,10 @@ PARAMS = ("compute_max_eff", "compute_half", "attention_max_eff", "memory_max_ef
           "step_overhead_s", "prefill_overhead_s", "per_seq_s")
 #: bounds of each parameter (linear units); the fit works on their logarithms
 BOUNDS = {"compute_max_eff": (1e-6, 1.0), "compute_half": (1e-2, 1e6), "attention_max_eff": (1e-6, 1.0),
-          "memory_max_eff": (1e-4, 1.0), "kv_max_eff": (1e-5, 1.0), "step_overhead_s": (1e-7, 10.0), "prefill_overhead_s": (1e-7, 10.0),
-          "per_seq_s": (1e-8, 1.0)}
-UNITS = {"compute_max_eff": "", "compute_half": "tokens", "attention_max_eff": "", "memory_max_eff": "", "kv_max_eff": "",
-         "step_overhead_s": "s", "prefill_overhead_s": "s", "per_seq_s": "s"}
+          "memory_max_eff": (1e-4, 1.0), "kv_max_eff": (1e-5, 1.0), "step_overhead_s": (1e-7, 10.0),
+          "prefill_overhead_s": (1e-7, 10.0), "per_seq_s": (1e-8, 1.0)}
+UNITS = {"compute_max_eff": "", "compute_half": "tokens", "attention_max_eff": "", "memory_max_eff": "",
+         "kv_max_eff": "", "step_overhead_s": "s", "prefill_overhead_s": "s", "per_seq_s": "s"}
 #: parameters that fall back to the simulator's default when the data cannot determine them
 #: (attention: the compute curve; memory: the GPU's curve; kv: the memory curve; prefill_overhead_s: none,
 #: i.e. a step that carries a prompt chunk has the same overhead as a decode-only one; per_seq_s: none, i.e. 0)
@@ -43,7 +44,7 @@ class FitResult:
     free: list[str]                          # fitted
     fixed: dict[str, str]                    # name -> why it was not fitted
     sigma_rel: dict[str, float]              # relative standard error of each free parameter
-    correlation: list[list[float]]
+    correlation: list[list[float | None]]   # None where undefined (a parameter without spread)
     residuals: list[dict]
     quality: dict[str, FitQuality]
     cost: float
@@ -114,7 +115,7 @@ def fit_points(points: list[Point], dep, *, free: tuple[str, ...] | None = None,
     if "prefill_overhead_s" not in two.free:
         one.fixed["prefill_overhead_s"] = two.fixed.get("prefill_overhead_s", "not fitted")
         return one
-    from scipy.stats import f as f_dist
+    from scipy.stats import f as f_dist  # noqa: PLC0415 - scipy.stats is slow to import; only this F-test needs it
     dof = max(two.n_points - len(two.free), 1)
     F = (2 * one.cost - 2 * two.cost) / max(2 * two.cost / dof, 1e-300)
     crit = float(f_dist.ppf(0.95, 1, dof))
@@ -132,7 +133,7 @@ def fit_points(points: list[Point], dep, *, free: tuple[str, ...] | None = None,
 def _fit(points: list[Point], dep, *, free: tuple[str, ...] | None = None,
          init: dict[str, float] | None = None, multistart: bool = True) -> FitResult:
     """One fit of the parameters ``free`` (see :func:`fit_points`)."""
-    from scipy.optimize import least_squares
+    from scipy.optimize import least_squares  # noqa: PLC0415 - scipy loads when a fit runs, not with the module
 
     if not points:
         raise FitInputError("no measurements to fit")
@@ -155,7 +156,7 @@ def _fit(points: list[Point], dep, *, free: tuple[str, ...] | None = None,
 
     def vals_of(x, names):
         v = dict(values)
-        for n, xi in zip(names, x):
+        for n, xi in zip(names, x, strict=True):   # x: one log-value per name
             lo, hi = BOUNDS[n]
             v[n] = min(max(math.exp(xi), lo), hi)
         return v
@@ -199,8 +200,9 @@ def _fit(points: list[Point], dep, *, free: tuple[str, ...] | None = None,
         finally:
             values.clear()
             values.update(saved)
+        assert best is not None   # starts holds x0 at least
         out = dict(start)
-        for n, xi in zip(names, best.x):
+        for n, xi in zip(names, best.x, strict=True):
             out[n] = float(min(max(math.exp(xi), BOUNDS[n][0]), BOUNDS[n][1]))
         return best, out, lo, hi
 
@@ -210,10 +212,11 @@ def _fit(points: list[Point], dep, *, free: tuple[str, ...] | None = None,
     names = [n for n in free_l if n not in fixed]
     best, sol, lo, hi = solve(names, values) if names else (None, values, None, None)
     while names:
+        assert best is not None and lo is not None and hi is not None   # names left: solve() ran on them
         values.clear()
         values.update(sol)
         # Identifiability, from the raw-residual Jacobian (central differences) at the optimum.
-        J = _jacobian(lambda x: resid(x, names), best.x)
+        J = _jacobian(partial(resid, names=names), best.x)
         sens = np.abs(J).max(axis=0)       # largest change of any log-prediction per e-fold change
         rr = resid(best.x, names)
         cov = np.linalg.pinv(J.T @ J) * float((rr ** 2).sum() / max(m - len(names), 1))
@@ -243,7 +246,7 @@ def _fit(points: list[Point], dep, *, free: tuple[str, ...] | None = None,
         best2, sol2, lo2, hi2 = solve(rest, trial) if rest else (None, trial, None, None)
         if kind == 2 and best2 is not None:
             # Poorly determined, but does the fit need it?  F-test of the nested fits (5% level).
-            from scipy.stats import f as f_dist
+            from scipy.stats import f as f_dist  # noqa: PLC0415 - slow to import; only this F-test needs it
             dof = max(m - len(names), 1)
             c1, c0 = 2 * best.cost, 2 * best2.cost
             F = (c0 - c1) / max(c1 / dof, 1e-300)
@@ -266,7 +269,7 @@ def _fit(points: list[Point], dep, *, free: tuple[str, ...] | None = None,
     k = len(names)
     s2 = float((r ** 2).sum() / max(m - k, 1))
     sig: dict[str, float] = {}
-    corr: list[list[float]] = []
+    corr: list[list[float | None]] = []
     if k:
         J = _jacobian(lambda x: resid(x, names), np.log([values[n] for n in names]))
         cov = np.linalg.pinv(J.T @ J) * s2
@@ -279,8 +282,8 @@ def _fit(points: list[Point], dep, *, free: tuple[str, ...] | None = None,
                   "batch": round(p.batch, 3), "source": p.source, "n": p.n, "spread": round(p.spread, 4),
                   "measured_s": p.measured_s,
                   "predicted_s": float(q), "rel_error": float(q / p.measured_s - 1.0)}
-                 for p, q in zip(points, pred)]
-    return FitResult(params=vfin, free=names, fixed={n: why for n, why in fixed.items()}, sigma_rel=sig,
+                 for p, q in zip(points, pred, strict=True)]   # one prediction per point
+    return FitResult(params=vfin, free=names, fixed=dict(fixed), sigma_rel=sig,
                      correlation=corr, residuals=residuals, quality=_quality(points, pred),
                      cost=float(0.5 * (r ** 2).sum()), s2=s2, n_points=m, starts=starts_used, remarks=remarks)
 

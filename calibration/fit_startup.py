@@ -26,6 +26,7 @@ say so.  Coefficients not measured are copied from the base set (``vllm-v1``) an
 """
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import json
 import math
@@ -73,7 +74,7 @@ def bundle_launches(path: str | Path) -> tuple[dict, list[dict]]:
     """(manifest, rows): one row per launch with parsed start-up phases."""
     path = Path(path)
     mf = json.loads((path / "manifest.json").read_text())
-    rows = []
+    rows: list[dict] = []
     for ln in mf.get("launches") or []:
         st = ln.get("startup")
         if not st:
@@ -86,7 +87,9 @@ def bundle_launches(path: str | Path) -> tuple[dict, list[dict]]:
     return mf, rows
 
 
-def _const_fit(formula: str, coef: dict, rows: list[tuple[str, float]], data: str, notes: str | None = None) -> dict:
+def _const_fit(formula: str, coef: dict, rows: list[tuple[str, float]], data: str,
+               notes: str | None = None) -> tuple[dict, float]:
+    """(the fit's document, the mean): ``rows`` fitted by a constant, the coefficients left None set to it."""
     vals = [v for _, v in rows]
     mean = sum(vals) / len(vals)
     res = [(r, v, mean, v - mean) for r, v in rows]
@@ -105,7 +108,7 @@ def fit_startup(bundles: list[str | Path], *, base: str = "vllm-v1", name: str |
                 user_dirs=()) -> dict:
     """A ``kind: startup`` document (a dict ready for YAML) fitted to the launches of ``bundles``."""
     rows: list[dict] = []
-    mf0 = None
+    mf0: dict = {}   # the first non-empty manifest
     for b in bundles:
         mf, r = bundle_launches(b)
         mf0 = mf0 or mf
@@ -126,7 +129,7 @@ def fit_startup(bundles: list[str | Path], *, base: str = "vllm-v1", name: str |
     gpus = hw.get("gpus") or []
     kind = "gpu" if gpus else "cpu"
     name = name or f"vllm-{version}-{kind}-{host}"
-    today = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d")
+    today = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d")
     prov = f"{', '.join(sorted({r['bundle'] for r in rows}))} (fitted {today} by calibration.fit_startup)"
 
     def pr(key):
@@ -239,7 +242,6 @@ def write_startup(doc: dict, hwdb_dir: str | Path) -> Path:
 
 
 def main(argv=None) -> int:
-    import argparse
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("bundles", nargs="+")
     p.add_argument("--out", required=True, help="hwdb folder (the file goes to OUT/coldstart/)")

@@ -20,6 +20,7 @@ Connector tokens moved: ExampleConnector (shared storage) moves only whole block
 """
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import json
 import math
@@ -46,9 +47,9 @@ def linfit(x: list[float], y: list[float]) -> dict:
     sxx = sum((v - mx) ** 2 for v in x)
     if sxx <= 0:
         raise TransferFitError("all requests move the same number of bytes: the slope is not identifiable")
-    b = sum((u - mx) * (v - my) for u, v in zip(x, y)) / sxx
+    b = sum((u - mx) * (v - my) for u, v in zip(x, y, strict=True)) / sxx   # x, y: one point each
     a = my - b * mx
-    res = [v - a - b * u for u, v in zip(x, y)]
+    res = [v - a - b * u for u, v in zip(x, y, strict=True)]
     s2 = sum(r * r for r in res) / (n - 2)
     return {"a": a, "b": b, "sa": math.sqrt(s2 * (1 / n + mx * mx / sxx)), "sb": math.sqrt(s2 / sxx),
             "s": math.sqrt(s2), "n": n, "res": res}
@@ -136,14 +137,15 @@ def fit_transfer(bundle: str | Path, kv_bytes_tok: float | None = None) -> dict:
 def connector_doc(fit: dict, user_dirs=()) -> dict:
     """A connector YAML (hwdb ``connectors/``) overriding the shipped one with the measured figures."""
     base = hwdb.load(user_dirs).connector(fit["connector"] or "example")
-    main = fit.get("decode_ttft_s") if "setup_s" in (fit.get("decode_ttft_s") or {}) else fit["decode_leg_s"]
-    which = ("decode instance TTFT (server-side)" if main is fit.get("decode_ttft_s")
-             else "router decode leg (incl. HTTP)")
-    today = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d")
+    ttft = fit.get("decode_ttft_s") or {}
+    main = ttft if "setup_s" in ttft else fit["decode_leg_s"]
+    which = "decode instance TTFT (server-side)" if main is ttft else "router decode leg (incl. HTTP)"
+    today = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d")
     prov = f"{fit['bundle']} ({fit['requests']} requests; fitted {today} by calibration.fit_transfer)"
     fb = fit.get("file_bandwidth") or {}
     if main["resolved"]:
-        bw, bws = main["bandwidth_Bps"], f"fitted slope: {main['bandwidth_Bps']:.3g} +- {main['bandwidth_sigma_Bps']:.2g} B/s"
+        bw = main["bandwidth_Bps"]
+        bws = f"fitted slope: {main['bandwidth_Bps']:.3g} +- {main['bandwidth_sigma_Bps']:.2g} B/s"
     else:
         bw = fb.get("write_read_Bps")
         bws = (f"slope not resolved ({main['s_per_byte']:.3g} +- {main['s_per_byte_sigma']:.2g} s/B): the bytes "
@@ -159,7 +161,7 @@ def connector_doc(fit: dict, user_dirs=()) -> dict:
                          "source": f"relative to the path bandwidth set in kv_transfer.bandwidth_Bps = "
                                    f"{bw:.4g} B/s ({bws})" if bw else bws}
     doc["notes"] = ((doc.get("notes") or "") + f" | Measured override: kv_transfer.bandwidth_Bps "
-                    f"{'%.4g' % bw if bw else 'unknown'}; KV bytes/token {fit['kv_bytes_per_token']:.0f}; "
+                    f"{format(bw, '.4g') if bw else 'unknown'}; KV bytes/token {fit['kv_bytes_per_token']:.0f}; "
                     f"fits: {json.dumps({k: fit[k] for k in ('decode_ttft_s', 'decode_leg_s') if k in fit})}").strip()
     return doc
 
@@ -175,7 +177,6 @@ def write_connector(doc: dict, hwdb_dir: str | Path) -> Path:
 
 
 def main(argv=None) -> int:
-    import argparse
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("bundle")
     p.add_argument("--out", required=True, help="hwdb folder (the file goes to OUT/connectors/)")

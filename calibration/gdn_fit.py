@@ -25,7 +25,7 @@ import pandas as pd
 from scipy.optimize import nnls
 
 from calibration import kernel_cli
-from calibration.moe_fit import KERNELS, SYSTEMS, version_key  # noqa: F401 -- KERNELS: the tests' data path
+from calibration.moe_fit import KERNELS, SYSTEMS, version_key  # noqa: F401 - KERNELS: the tests' data path
 from hwdb.gdn import GdnCurve, GdnPhase
 from hwdb.profiles import FitQuality
 
@@ -80,7 +80,7 @@ def fit_phase(pts: pd.DataFrame, phase: str) -> tuple[dict, FitQuality, dict]:
     q = FitQuality(n_points=len(y), median_abs_rel_error=round(float(np.median(err)), 4),
                    p90_abs_rel_error=round(float(np.quantile(err, 0.9)), 4),
                    held_out_median_abs_rel_error=round(float(np.median(held)), 4))
-    values = {n: float(f"{v:.4g}") for n, v in zip(TERMS[phase], coef)}
+    values = {n: float(f"{v:.4g}") for n, v in zip(TERMS[phase], coef, strict=True)}   # one per design column
     return values, q, {"held_out_p90": float(np.quantile(held, 0.9)), "models": len(np.unique(models))}
 
 

@@ -61,7 +61,7 @@ def fit_table(path: Path, gpu, meff, dtype: str) -> tuple[dict, dict]:
     s = n * k
     args = (m, s, 2 * m * n * k, n * k * wbytes + 2 * m * k + 2 * m * n, gpu.flops(cdt),
             gpu.memory_bandwidth_Bps.value, meff)
-    pair = pd.factorize(pd.Series(list(zip(d.n, d.k))))[0]
+    pair = pd.factorize(pd.Series(list(zip(d.n, d.k, strict=True))))[0]
     held = pair % 5 == 4
 
     def resid(p, sel):
@@ -70,7 +70,7 @@ def fit_table(path: Path, gpu, meff, dtype: str) -> tuple[dict, dict]:
     r = least_squares(lambda p: resid(p, ~held), [0.6, 128.0, 4e6, 5.0],
                       bounds=([0.05, 0.0, 0.0, 0.0], [1.0, 5000.0, 1e9, 50.0]), loss="soft_l1", f_scale=0.1)
     err_fit, err_held = np.abs(resid(r.x, ~held)), np.abs(resid(r.x, held))
-    params = dict(zip(("max_eff", "half_m", "half_nk", "fixed_us"), (float(v) for v in r.x)))
+    params = dict(zip(("max_eff", "half_m", "half_nk", "fixed_us"), (float(v) for v in r.x), strict=True))
     scores = {"points": int((~held).sum()), "held_out_points": int(held.sum()),
               "median": float(np.median(err_fit)), "p90": float(np.quantile(err_fit, 0.9)),
               "held_out_median": float(np.median(err_held)), "held_out_p90": float(np.quantile(err_held, 0.9))}

@@ -17,18 +17,18 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
+from typing import TypedDict
 
 import numpy as np
 import pandas as pd
+import yaml
 
 import hwdb
 from calibration.harness.bundle import Bundle, BundleError
-import yaml
-
-from calibration.kernel_fit import fit_curves, fmt_pct, fit_quality, round_sig
-from calibration.kernel_tables import Curve, efficiency_at, decode_attention_time, prefill_attention_time
+from calibration.kernel_fit import fit_curves, fit_quality, fmt_pct, round_sig
+from calibration.kernel_tables import Curve, decode_attention_time, efficiency_at, prefill_attention_time
 from hwdb.profiles import Profile
 from hwdb.schema import EfficiencyCurve
 from simulator.console import print_notes
@@ -54,7 +54,14 @@ def load_bundle(path: str | Path) -> tuple[Bundle, dict[str, pd.DataFrame]]:
     return b, frames
 
 
-def peaks_for(gpu_name: str, dtype: str, hwdb_dirs: Sequence[str] = ()) -> dict[str, float]:
+class Peaks(TypedDict):
+    """What a fit takes from the GPU's hwdb entry."""
+    gpu: str        # the entry's name
+    flops: float    # peak FLOP/s at the measured dtype
+    mem_bw: float   # memory bandwidth, B/s
+
+
+def peaks_for(gpu_name: str, dtype: str, hwdb_dirs: Sequence[str] = ()) -> Peaks:
     g = hwdb.load(hwdb_dirs).gpu(gpu_name)
     if dtype not in g.peak_flops:
         raise BundleError(f"{g.name} has no {dtype} peak in its hwdb entry (has {sorted(g.peak_flops)})")
@@ -73,7 +80,7 @@ def _use_stat(frames: dict[str, pd.DataFrame], stat: str) -> dict[str, pd.DataFr
     return {k: (f.assign(seconds=f["seconds_min"]) if len(f) and "seconds_min" in f else f) for k, f in frames.items()}
 
 
-def fit_bundle(frames: dict[str, pd.DataFrame], dtype: str, peaks: dict[str, float], stat: str = "median") -> dict:
+def fit_bundle(frames: dict[str, pd.DataFrame], dtype: str, peaks: Peaks, stat: str = "median") -> dict:
     """Fitted curves and their quality: keys compute, memory, prefill, decode (missing if no data)."""
     frames = _use_stat(frames, stat)
     P, BW, eb = peaks["flops"], peaks["mem_bw"], ELEM_BYTES[dtype]
@@ -92,7 +99,7 @@ def fit_bundle(frames: dict[str, pd.DataFrame], dtype: str, peaks: dict[str, flo
             # a curve whose bound never wins on the grid is still written, scored on all GEMM rows
             out["quality"][key] = fit_quality(pred[part], y[part]) if part.sum() >= 2 else out["quality"]["gemm"]
         out["residuals"]["gemm"] = {f"{lay}:m={int(mm)}": round(float(p / t - 1), 4)
-                                    for lay, mm, p, t in zip(g["layer"], m, pred, y)}
+                                    for lay, mm, p, t in zip(g["layer"], m, pred, y, strict=True)}  # one per row
     p = frames.get("attn_prefill")
     if p is not None and len(p):
         b_, s, h, d, y = (p[c].to_numpy(dtype=float) for c in ("batch_size", "isl", "num_heads", "head_dim", "seconds"))
@@ -101,7 +108,8 @@ def fit_bundle(frames: dict[str, pd.DataFrame], dtype: str, peaks: dict[str, flo
         pred = prefill_attention_time(b_, s, h, d, P, pc)
         out["prefill"] = pc
         out["quality"]["attention_prefill_efficiency"] = fit_quality(pred, y)
-        out["residuals"]["attn_prefill"] = {f"s={int(si)}": round(float(pp / t - 1), 4) for si, pp, t in zip(s, pred, y)}
+        out["residuals"]["attn_prefill"] = {f"s={int(si)}": round(float(pp / t - 1), 4)
+                                            for si, pp, t in zip(s, pred, y, strict=True)}
     dd = frames.get("attn_decode")
     if dd is not None and len(dd):
         b_, c_, h, d, w, y = (dd[c].to_numpy(dtype=float) for c in
@@ -112,7 +120,7 @@ def fit_bundle(frames: dict[str, pd.DataFrame], dtype: str, peaks: dict[str, flo
         out["decode"] = dc
         out["quality"]["attention_decode_efficiency"] = fit_quality(pred, y)
         out["residuals"]["attn_decode"] = {f"b={int(bb)}:ctx={int(cc)}": round(float(pp / t - 1), 4)
-                                           for bb, cc, pp, t in zip(b_, c_, pred, y)}
+                                           for bb, cc, pp, t in zip(b_, c_, pred, y, strict=True)}
     mb = frames.get("membw")
     if mb is not None and len(mb):
         out["copy_Bps_max"] = float((mb["bytes"] / mb["seconds"]).max())
@@ -124,7 +132,7 @@ def fit_bundle(frames: dict[str, pd.DataFrame], dtype: str, peaks: dict[str, flo
     return out
 
 
-def to_profile(b: Bundle, fit: dict, peaks: dict, dtype: str, engine: str, engine_version: str | None,
+def to_profile(b: Bundle, fit: dict, peaks: Peaks, dtype: str, engine: str, engine_version: str | None,
                created: str | None = None, stat: str = "median") -> Profile:
     mf = b.manifest
     dev = mf.get("device", {})
@@ -159,7 +167,7 @@ def to_profile(b: Bundle, fit: dict, peaks: dict, dtype: str, engine: str, engin
         notes.append(f"{ph} largest residuals (pred/meas - 1): " + ", ".join(f"{k} {v:+.1%}" for k, v in worst))
     if mf.get("kernels", {}).get("dtype_note"):
         notes.append(mf["kernels"]["dtype_note"])
-    quality = {k: v for k, v in q.items()}
+    quality = dict(q)
     return Profile(
         name=f"{peaks['gpu']}_{engine}-{ev}",
         gpu=peaks["gpu"], engine=engine, engine_version=ev,

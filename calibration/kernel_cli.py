@@ -4,17 +4,29 @@ of the shipped curves."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Any, Protocol, TypeVar
 
 import yaml
-from pydantic import BaseModel
 
 import hwdb
 from calibration.moe_fit import KERNELS, SYSTEMS
 
 
-def write_generated(item: BaseModel, out: Path, module: str) -> Path:
+class FittedCurve(Protocol):
+    """A fitted curve as hwdb data: a pydantic model named by its file's stem."""
+
+    @property
+    def name(self) -> str: ...
+
+    def model_dump(self, *, mode: str = "python") -> dict[str, Any]: ...
+
+
+C = TypeVar("C", bound=FittedCurve)
+
+
+def write_generated(item: FittedCurve, out: Path, module: str) -> Path:
     """Write one fitted curve as hwdb data under ``out`` (a generated file: rerun ``module`` rather than edit it)."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{item.name}.yaml"
@@ -24,8 +36,8 @@ def write_generated(item: BaseModel, out: Path, module: str) -> Path:
 
 
 def run(argv, description: str, module: str, out: Path, engines: Iterable[str],
-        fit: Callable[[Path, str, str], BaseModel | None], summary: Callable[[BaseModel], list[str]],
-        markdown: Callable[[object], str]) -> int:
+        fit: Callable[[Path, str, str], C | None], summary: Callable[[C], list[str]],
+        markdown: Callable[[hwdb.HardwareDB], str]) -> int:
     """Parse ``--kernels DIR``, ``--write`` and ``--markdown FILE``; fit every system and engine (``fit`` returns
     None where a table is missing), print ``summary`` of each curve, write it under ``out`` with ``--write``."""
     ap = argparse.ArgumentParser(description=description)
@@ -37,7 +49,8 @@ def run(argv, description: str, module: str, out: Path, engines: Iterable[str],
         args.markdown.write_text(markdown(hwdb.load()))
         return 0
     if not args.kernels.is_dir():
-        print(f"no kernel tables at {args.kernels}: give --kernels DIR (../shared/data/kernels/aiconfigurator_0.12.0/data)")
+        print(f"no kernel tables at {args.kernels}: give --kernels DIR "
+              "(../shared/data/kernels/aiconfigurator_0.12.0/data)")
         return 2
     for system in SYSTEMS:
         for engine in engines:

@@ -24,29 +24,62 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
 import hwdb
-from hwdb.profiles import FitQuality, Profile
 from calibration.comm_fit import curve_for as allreduce_curve
 from calibration.gemm_shape_fit import curves_for
-
-from calibration.kernel_tables import (  # noqa: F401  (re-exported for callers of kernel_fit)
-    ATTN_HEAD_DIMS, ATTN_MIN_HEADS, Curve, DATASET, DATASET_CITE, DECODE_MAX_BATCH, DECODE_MIN_CTX,
-    ENGINE, ENGINE_VERSION, HELD_OUT_ATTN, HELD_OUT_GEMM, HOLDOUTS, MIN_NK, M_MAX, M_MIN,
-    PREFILL_MIN_ISL, SYSTEMS, WEIGHT_BYTES, attn_common, decode_attention_time, gemm_time,
-    holdout_mask_attn, holdout_mask_gemm, load_peaks, load_tables, prefill_attention_flops,
-    prefill_attention_time, select_decode, select_gemm, select_prefill, table_paths, efficiency_at, as_curve,
+from calibration.kernel_profile import SIG as _SIG
+from calibration.kernel_profile import (  # noqa: F401 - re-exported: kernel_bench_fit, tests
+    fit_summary,
+    fmt_pct,
+    profile_filename,
+    read_profile,
+    result_to_profile,
+    write_profile,
 )
-from calibration.kernel_profile import (  # noqa: F401  (re-exported: kernel_bench_fit, tests)
-    SIG as _SIG, fmt_pct, profile_filename, read_profile, result_to_profile, write_profile, fit_summary,
+from calibration.kernel_tables import (  # noqa: F401 - re-exported for callers of kernel_fit
+    ATTN_HEAD_DIMS,
+    ATTN_MIN_HEADS,
+    DATASET,
+    DATASET_CITE,
+    DECODE_MAX_BATCH,
+    DECODE_MIN_CTX,
+    ENGINE,
+    ENGINE_VERSION,
+    HELD_OUT_ATTN,
+    HELD_OUT_GEMM,
+    HOLDOUTS,
+    M_MAX,
+    M_MIN,
+    MIN_NK,
+    PREFILL_MIN_ISL,
+    SYSTEMS,
+    WEIGHT_BYTES,
+    Curve,
+    as_curve,
+    attn_common,
+    decode_attention_time,
+    efficiency_at,
+    gemm_time,
+    holdout_mask_attn,
+    holdout_mask_gemm,
+    load_peaks,
+    load_tables,
+    prefill_attention_flops,
+    prefill_attention_time,
+    select_decode,
+    select_gemm,
+    select_prefill,
+    table_paths,
 )
+from hwdb.profiles import FitQuality, Profile
 
 _LOSS = "soft_l1"     # robust to the odd slow kernel choice in the tables
 _F_SCALE = 0.1        # residuals (log units) beyond ~10 % are down-weighted
@@ -204,8 +237,8 @@ def _decode_per_sequence_cost(gen: pd.DataFrame) -> dict[str, float]:
     if not slopes:
         return {}
     sl = np.asarray(slopes)
-    return {"decode_per_seq_s_median": round_sig(float(np.median(sl))), "decode_per_seq_s_max": round_sig(float(sl.max())),
-            "decode_per_seq_s_min": round_sig(float(sl.min()))}
+    return {"decode_per_seq_s_median": round_sig(float(np.median(sl))),
+            "decode_per_seq_s_max": round_sig(float(sl.max())), "decode_per_seq_s_min": round_sig(float(sl.min()))}
 
 
 def _round_curve(c: Curve) -> Curve:

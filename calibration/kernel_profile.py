@@ -12,15 +12,29 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from hwdb.profiles import Profile
-from simulator.inputs import read_yaml
-from hwdb.schema import EfficiencyCurve
-
 from calibration.kernel_tables import (
-    ATTN_HEAD_DIMS, ATTN_MIN_HEADS, Curve, DATASET, DATASET_CITE, DECODE_MAX_BATCH, DECODE_MIN_CTX,
-    ENGINE, ENGINE_VERSION, HELD_OUT_ATTN, HELD_OUT_GEMM, M_MAX, M_MIN, MIN_NK, PREFILL_MIN_ISL,
-    SYSTEMS, as_curve, table_paths,
+    ATTN_HEAD_DIMS,
+    ATTN_MIN_HEADS,
+    DATASET,
+    DATASET_CITE,
+    DECODE_MAX_BATCH,
+    DECODE_MIN_CTX,
+    ENGINE,
+    ENGINE_VERSION,
+    HELD_OUT_ATTN,
+    HELD_OUT_GEMM,
+    M_MAX,
+    M_MIN,
+    MIN_NK,
+    PREFILL_MIN_ISL,
+    SYSTEMS,
+    Curve,
+    as_curve,
+    table_paths,
 )
+from hwdb.profiles import Profile
+from hwdb.schema import EfficiencyCurve
+from simulator.inputs import read_yaml
 
 if TYPE_CHECKING:
     from calibration.kernel_fit import FitResult
@@ -37,6 +51,13 @@ def _notes(r: FitResult, holdout: str) -> str:
 
     def ns(key: str) -> str:
         return f"{dg[key] * 1e9:.0f}" if key in dg else "?"
+
+    def held_med(key: str) -> str:
+        """Quality ``key``'s held-out median (every curve of a kernel fit is scored on held-out rows)."""
+        med = q[key].held_out_median_abs_rel_error
+        if med is None:
+            raise ValueError(f"fit quality {key!r} has no held-out median")
+        return fmt_pct(med)
     held = ("real-model shapes: GEMM (n,k) " + ", ".join(f"{n}x{k}" for n, k in HELD_OUT_GEMM)
             + "; attention (heads, kv_heads, head_dim) " + ", ".join(f"{h}/{kv}/{d}" for h, kv, d in HELD_OUT_ATTN)
             ) if holdout == "models" else "every 5th distinct GEMM (n,k) pair and attention head config"
@@ -45,7 +66,7 @@ def _notes(r: FitResult, holdout: str) -> str:
         f"fp8 {pk['fp8']:.4g} FLOP/s, HBM {pk['mem_bw']:.4g} B/s; efficiencies are fractions of these.",
         f"fp8 linear layers (CutlassFP8ScaledMMLinearKernel, w=1 byte), compute curve not in the schema: "
         f"max_eff={r.compute_fp8[0]}, half={r.compute_fp8[1]} tokens, with the shared memory curve; "
-        f"held-out median {fmt_pct(q['gemm_fp8'].held_out_median_abs_rel_error)}, "
+        f"held-out median {held_med('gemm_fp8')}, "
         f"p90 {fmt_pct(r.held_out_p90['gemm_fp8'])} (quality key gemm_fp8). "
         f"With its own memory curve (compute {dg['fp8_own_memory_compute_max_eff']}/"
         f"{dg['fp8_own_memory_compute_half']}, memory {dg['fp8_own_memory_memory_max_eff']}/"
@@ -62,10 +83,10 @@ def _notes(r: FitResult, holdout: str) -> str:
         f"eff(isl) + constant floor: max_eff={dg['prefill_alt_max_eff']}, half={dg['prefill_alt_half_isl']} "
         f"tokens, floor={dg['prefill_alt_floor_s'] * 1e6:.1f} us, held-out median "
         f"{fmt_pct(dg['prefill_alt_held_out_median'])} vs "
-        f"{fmt_pct(q['attention_prefill_efficiency'].held_out_median_abs_rel_error)} for the form used.",
+        f"{held_med('attention_prefill_efficiency')} for the form used.",
         f"Decode attention: ctx = step + 1 (aiconfigurator logs isl=1 and step = cached tokens); fitted on "
         f"bf16 KV, ctx >= {DECODE_MIN_CTX}, batch <= {DECODE_MAX_BATCH}; the same curve on fp8 KV (1 byte) "
-        f"scores held-out median {fmt_pct(q['attention_decode_fp8_kv'].held_out_median_abs_rel_error)} "
+        f"scores held-out median {held_med('attention_decode_fp8_kv')} "
         f"(key attention_decode_fp8_kv). Not captured: a per-sequence cost (slope at ctx=2 from batch 256 "
         f"to the largest measured: median {ns('decode_per_seq_s_median')} ns per sequence, "
         f"{ns('decode_per_seq_s_min')}-{ns('decode_per_seq_s_max')} ns over head configs) that dominates "

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
 from hwdb.schema import EfficiencyCurve
 from simulator.inputs import read_yaml
 
@@ -155,7 +156,8 @@ def prefill_attention_flops(batch, isl, num_heads, head_dim):
 
 def prefill_attention_time(batch, isl, num_heads, head_dim, peak_bf16: float, curve):
     tokens = np.asarray(batch, dtype=float) * np.asarray(isl, dtype=float)
-    return prefill_attention_flops(batch, isl, num_heads, head_dim) / (peak_bf16 * efficiency_at(tokens, as_curve(curve)))
+    return (prefill_attention_flops(batch, isl, num_heads, head_dim)
+            / (peak_bf16 * efficiency_at(tokens, as_curve(curve))))
 
 
 def decode_kv_bytes(batch, ctx, num_kv_heads, head_dim, kv_dtype_bytes):
@@ -216,7 +218,7 @@ def select_decode(gen: pd.DataFrame, kv_cache_dtype: str = "bfloat16") -> pd.Dat
 
 def holdout_mask_gemm(df: pd.DataFrame, holdout: str) -> np.ndarray:
     """True for held-out rows: real-model (n, k) pairs, or every 5th distinct pair."""
-    pairs = list(zip(df.n.to_numpy(), df.k.to_numpy()))
+    pairs = list(zip(df.n.to_numpy(), df.k.to_numpy(), strict=True))   # columns of one frame
     if holdout == "models":
         keys = set(HELD_OUT_GEMM)
     elif holdout == "every5":
@@ -228,7 +230,7 @@ def holdout_mask_gemm(df: pd.DataFrame, holdout: str) -> np.ndarray:
 
 def holdout_mask_attn(df: pd.DataFrame, holdout: str) -> np.ndarray:
     """True for held-out rows: real-model head configurations, or every 5th distinct one."""
-    cfgs = list(zip(df.num_heads.to_numpy(), df.num_key_value_heads.to_numpy(), df.head_dim.to_numpy()))
+    cfgs = list(zip(df.num_heads.to_numpy(), df.num_key_value_heads.to_numpy(), df.head_dim.to_numpy(), strict=True))
     if holdout == "models":
         keys = set(HELD_OUT_ATTN)
     elif holdout == "every5":

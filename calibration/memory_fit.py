@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import yaml
 
 import hwdb
-from simulator.memory import GiB, FitError
+from simulator.memory import FitError, GiB
 from simulator.perf import plan_memory
 from simulator.scenario import EngineConfig, PoolConfig, ScenarioError, deployment_for
 
@@ -54,13 +55,14 @@ def _dtype(p: dict) -> str:
 
 # SGLang and TensorRT-LLM start-ups with every setting that sizes the cache stated (from
 # hwdb/data/validation/sglang_trtllm_memory.yaml; the KV format as the logged bytes per token show).
-OTHER = [
-    {"url": "vllm-project/vllm#21348 (SGLang side)", "engine": "sglang", "version": "0.4.9", "model": "Qwen3-235B-A22B",
-     "gpu": "H100-SXM-80GB", "tp": 4, "dtype": "fp8", "kv": "bf16", "engine_args": {"gpu_memory_utilization": 0.93},
+OTHER: list[dict[str, Any]] = [
+    {"url": "vllm-project/vllm#21348 (SGLang side)", "engine": "sglang", "version": "0.4.9",
+     "model": "Qwen3-235B-A22B", "gpu": "H100-SXM-80GB", "tp": 4, "dtype": "fp8", "kv": "bf16",
+     "engine_args": {"gpu_memory_utilization": 0.93},
      "settings": "mem_fraction_static 0.93", "tokens": 367404},
     {"url": "NVIDIA SGLang DeepSeek-R1 B200 deployment guide (code index 9615030885)", "engine": "sglang",
-     "version": "0.4.10", "model": "DeepSeek-R1", "gpu": "B200-SXM-180GB", "tp": 8, "ep": 8, "dtype": "fp8", "kv": "bf16",
-     "engine_args": {"max_num_batched_tokens": 16384}, "settings": "defaults, chunked prefill 16384",
+     "version": "0.4.10", "model": "DeepSeek-R1", "gpu": "B200-SXM-180GB", "tp": 8, "ep": 8, "dtype": "fp8",
+     "kv": "bf16", "engine_args": {"max_num_batched_tokens": 16384}, "settings": "defaults, chunked prefill 16384",
      "tokens": 980344},
     {"url": "NVIDIA/TensorRT-LLM#6294", "engine": "trtllm", "version": "0.20", "model": "Llama-3.1-8B",
      "gpu": "H100-SXM-80GB", "tp": 1, "dtype": "fp8", "kv": "fp8",
@@ -89,7 +91,8 @@ def vllm_points(db) -> list[dict]:
         eng = {k: p[k] for k in ("max_num_seqs", "max_num_batched_tokens", "max_model_len") if p.get(k)}
         pool = PoolConfig(gpu=gpu, tp=int(p["tp"]), pp=int(p.get("pp") or 1), dtype=_dtype(p),
                           kv_cache_dtype="fp8" if p.get("kv_cache_dtype") == "fp8" else "auto",
-                          engine=EngineConfig(engine="vllm-v1", version=version, enforce_eager=bool(p.get("enforce_eager")),
+                          engine=EngineConfig(engine="vllm-v1", version=version,
+                                              enforce_eager=bool(p.get("enforce_eager")),
                                               gpu_memory_utilization=float(p["gpu_memory_utilization"]), **eng))
         try:
             mem = plan_memory(deployment_for(pool, db.model(model), db))
@@ -105,7 +108,8 @@ def activation_fit(points: list[dict], db) -> tuple[np.ndarray, list[tuple[str, 
     """Coefficients fitted on every other model's 0.19 logs and (model, logged, predicted, held out) rows."""
     rows = []
     for p in points:
-        if str(p.get("vllm_version", "")).startswith("0.19") and p.get("activation_peak_gib") and int(p.get("pp") or 1) == 1:
+        if (str(p.get("vllm_version", "")).startswith("0.19") and p.get("activation_peak_gib")
+                and int(p.get("pp") or 1) == 1):
             a = db.model(p["hw"]).arch
             t, s = p.get("max_num_batched_tokens") or 8192, p.get("max_num_seqs") or 1024
             rows.append((p["hw"], [1.0, t * a.hidden_size * 2 / GiB, s * a.vocab_size * 4 / GiB, float(a.is_moe)],
@@ -135,15 +139,16 @@ def main(argv=None) -> int:
     err = [abs(p - y) for _, y, p, h in act if h]
     lines += ["", f"Held-out mean |error| {np.mean(err):.2f} GiB, max {max(err):.2f} GiB ({len(err)} logs).", "",
               "## KV cache end to end (vLLM, the shipped terms)", "",
-              "| log | release | model | TP/PP | util | logged KV GiB | predicted | error |", "|---|---|---|---|---|---|---|---|"]
+              "| log | release | model | TP/PP | util | logged KV GiB | predicted | error |",
+              "|---|---|---|---|---|---|---|---|"]
     errs = []
     for p in pts:
         pred = p["pred_kv_gib"]
         e = "" if pred is None else f"{(pred - p['kv_cache_gib']) / p['kv_cache_gib'] * 100:+.1f} %"
         if pred is not None:
             errs.append(abs(pred - p["kv_cache_gib"]) / p["kv_cache_gib"])
-        lines.append(f"| {p.get('id')} | {str(p.get('vllm_version')).split()[0]} | {p['hw']} | {p['tp']}/{int(p.get('pp') or 1)} "
-                     f"| {p['gpu_memory_utilization']} | {p['kv_cache_gib']:.2f} | "
+        lines.append(f"| {p.get('id')} | {str(p.get('vllm_version')).split()[0]} | {p['hw']} | "
+                     f"{p['tp']}/{int(p.get('pp') or 1)} | {p['gpu_memory_utilization']} | {p['kv_cache_gib']:.2f} | "
                      f"{'refused: ' + p['why'] if pred is None else f'{pred:.2f}'} | {e} |")
     lines += ["", f"{len(errs)} logs: median |error| {np.median(errs) * 100:.1f} %, "
                   f"mean {np.mean(errs) * 100:.1f} %, max {max(errs) * 100:.1f} %."]
@@ -152,8 +157,9 @@ def main(argv=None) -> int:
               "|---|---|---|---|---|---|---|---|"]
     for case in OTHER:
         tokens = _other_tokens(db, case)
-        lines.append(f"| {case['url']} | {case['engine']} {case['version']} | {case['model']} | TP{case['tp']} EP{case.get('ep', 1)} "
-                     f"{case['gpu']} | {case['settings']} | {case['tokens']:,} | {tokens:,} | "
+        lines.append(f"| {case['url']} | {case['engine']} {case['version']} | {case['model']} | "
+                     f"TP{case['tp']} EP{case.get('ep', 1)} {case['gpu']} | {case['settings']} | {case['tokens']:,} | "
+                     f"{tokens:,} | "
                      f"{(tokens - case['tokens']) / case['tokens'] * 100:+.1f} % |")
     text = "\n".join(lines) + "\n"
     print(text)

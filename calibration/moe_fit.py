@@ -68,12 +68,15 @@ def version_key(v: str) -> tuple:
 
 def _curve(x) -> MoeCurve:
     return MoeCurve.model_construct(**dict(zip(NAMES, (x[0], x[1], x[2] * 1e6, x[3], x[4] * 1e-6, x[5],
-                                                         x[6] * 1e-6))))
+                                                         x[6] * 1e-6), strict=True)))
 
 
 def predict(x, cols: dict[str, np.ndarray], peak: float, wbytes: float, bw: float) -> np.ndarray:
     """Modelled latency (s) of every row for the fitted vector ``x``: :meth:`MoeCurve.time` on arrays."""
-    return _curve(x).time(*(cols[n] for n in KEYS), peak, wbytes, bw)
+    tok, hidden, inter, experts, topk, tp, ep = (cols[n] for n in KEYS)
+    # hwdb/moe.py annotates MoeCurve.time for one row's numbers; its docstring allows arrays, as here
+    return np.asarray(_curve(x).time(tok, hidden, inter, experts, topk, tp, ep,  # type: ignore[arg-type]  # arrays
+                                     peak, wbytes, bw))
 
 
 def _rel(pred, y):
@@ -115,7 +118,8 @@ def fit_format(rows: pd.DataFrame, gpu, fmt: str, version: str = "unstated",
     bal = rows[rows.distribution == "balanced"].groupby(KEYS, as_index=False).latency.median()
     cols = {n: bal[n].to_numpy(float) for n in KEYS}
     y = bal.latency.to_numpy(float) * 1e-3
-    shape = pd.factorize(pd.Series(list(zip(bal.hidden_size, bal.inter_size, bal.num_experts, bal.topk))))[0]
+    shape = pd.factorize(pd.Series(list(zip(bal.hidden_size, bal.inter_size, bal.num_experts, bal.topk,
+                                            strict=True))))[0]   # columns of one frame
     n_shapes = int(shape.max()) + 1
     if n_shapes >= 4:
         held, unit = shape % 4 == 3, f"every fourth of {n_shapes} expert shapes"
@@ -127,7 +131,7 @@ def fit_format(rows: pd.DataFrame, gpu, fmt: str, version: str = "unstated",
         return np.log(predict(x, {n: v[sel] for n, v in cols.items()}, peak, wbytes, bw) / y[sel])
 
     r = least_squares(lambda x: resid(x, ~held), X0, bounds=(LO, HI), loss="soft_l1", f_scale=0.1)
-    sub = {n: v for n, v in cols.items()}
+    sub = dict(cols)
     err = _rel(predict(r.x, sub, peak, wbytes, bw), y)
     q = FitQuality(n_points=int((~held).sum()), median_abs_rel_error=round(float(np.median(err[~held])), 4),
                    p90_abs_rel_error=round(float(np.quantile(err[~held], 0.9)), 4),
@@ -137,7 +141,8 @@ def fit_format(rows: pd.DataFrame, gpu, fmt: str, version: str = "unstated",
     kernels = ", ".join(sorted(rows.kernel_source.unique()))
     x = [float(f"{v:.4g}") for v in r.x]
     curve = _curve(x)
-    return MoeCurve(**{n: float(f"{getattr(curve, n):.4g}") for n in NAMES}, kernel=kernels, engine_version=version, quality=q, source=(
+    return MoeCurve(**{n: float(f"{getattr(curve, n):.4g}") for n in NAMES}, kernel=kernels, engine_version=version,
+                    quality=q, source=(
         f"fit to {len(bal)} balanced-routing rows ({fmt}) by calibration/moe_fit.py: median |rel err| "
         f"{q.median_abs_rel_error:.1%}, p90 {q.p90_abs_rel_error:.1%}; held out ({unit}, {diag['held_out_points']} "
         f"rows): median {q.held_out_median_abs_rel_error:.1%}, p90 {diag['held_out_p90']:.1%}; power-law "
@@ -147,7 +152,8 @@ def fit_format(rows: pd.DataFrame, gpu, fmt: str, version: str = "unstated",
 def _imbalance(rows: pd.DataFrame) -> float:
     """Median ratio of the power-law (alpha 1.01) rows' latency to the balanced rows' at the same shape, over
     the layouts where routing skew can load one GPU more than another (expert parallel >= 8)."""
-    piv = rows[rows.moe_ep_size >= 8].pivot_table(index=KEYS, columns="distribution", values="latency", aggfunc="median")
+    piv = rows[rows.moe_ep_size >= 8].pivot_table(index=KEYS, columns="distribution", values="latency",
+                                                  aggfunc="median")
     if "balanced" not in piv or "power_law_1.01" not in piv:
         return float("nan")
     ratio = (piv["power_law_1.01"] / piv["balanced"]).dropna()
@@ -238,7 +244,8 @@ def main(argv=None) -> int:
         args.markdown.write_text(HEADER + markdown(hwdb.load()))
         return 0
     if not args.kernels.is_dir():
-        print(f"no kernel tables at {args.kernels}: give --kernels DIR (../shared/data/kernels/aiconfigurator_0.12.0/data)")
+        print(f"no kernel tables at {args.kernels}: give --kernels DIR "
+              "(../shared/data/kernels/aiconfigurator_0.12.0/data)")
         return 2
     db = hwdb.load()
     for system in args.system or SYSTEMS:

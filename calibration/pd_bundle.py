@@ -14,6 +14,8 @@ import math
 import os
 from pathlib import Path
 
+from rich.markup import escape
+
 import hwdb
 from calibration.harness.bundle import BundleError
 from calibration.pd_options import pair_connector
@@ -46,7 +48,7 @@ def read_manifest(path: str | Path) -> dict | None:
 def _settle(path: Path, m: dict) -> None:
     """A run still ``running`` whose process is gone on this host (SIGKILL, a crash) is marked
     ``interrupted`` (as :meth:`Bundle.settle_stale_runs` does for colocated bundles)."""
-    from calibration.harness.bundle import process_alive
+    from calibration.harness.bundle import process_alive  # noqa: PLC0415 - listed in tests/test_import_structure.py
     if m.get("status") != "running" or not m.get("pid") or m.get("hostname") != os.uname().nodename:
         return
     if process_alive(m["pid"], m.get("proc_start")):
@@ -134,7 +136,8 @@ def pd_summary(path: str | Path) -> dict:
         "decode": {"server TTFT (KV load + 1st token)": p([srv(r, "decode", "time_to_first_token_ms") for r in ok]),
                    "server queue": p([srv(r, "decode", "queue_time_ms") for r in ok]),
                    "server TPOT": p([srv(r, "decode", "mean_itl_ms") for r in ok])},
-        "client": {"TTFT via router": p([r.get("ttft_s") for r in ok]), "TPOT via router": p([client_tpot(r) for r in ok])},
+        "client": {"TTFT via router": p([r.get("ttft_s") for r in ok]),
+                   "TPOT via router": p([client_tpot(r) for r in ok])},
     }
     rep = _report(path)
     load = m.get("load") or {}
@@ -144,7 +147,8 @@ def pd_summary(path: str | Path) -> dict:
             "connector": m.get("connector"), "block_size": m.get("block_size"), "binds": m.get("binds"),
             "ready_s": m.get("ready_s"), "vllm": (m.get("versions") or {}).get("vllm"),
             "host": m.get("host"), "load": load, "requests": len(recs), "ok": len(ok),
-            "kv_loaded": m.get("kv_loaded"), "file_bandwidth_Bps": (m.get("file_bandwidth") or {}).get("write_read_Bps"),
+            "kv_loaded": m.get("kv_loaded"),
+            "file_bandwidth_Bps": (m.get("file_bandwidth") or {}).get("write_read_Bps"),
             "file_per_transfer_s": (m.get("file_bandwidth") or {}).get("per_transfer_s"),
             "nixl_transfers": m.get("nixl_transfers"), "nixl": m.get("nixl"),
             "handshake_warmup_s": (m.get("result") or {}).get("handshake_warmup_s"), "sides": sides,
@@ -159,9 +163,7 @@ def pd_summary(path: str | Path) -> dict:
 
 def show_pd(s: dict, con) -> None:
     """Print :func:`pd_summary` (rich Console); tables keep their full width (no cut columns)."""
-    from rich.markup import escape
-
-    from simulator.console import wide_tables
+    from simulator.console import wide_tables  # noqa: PLC0415 - listed in tests/test_import_structure.py
 
     def ms(x):
         return "-" if x is None else f"{x * 1e3:.1f} ms"
@@ -182,7 +184,7 @@ def show_pd(s: dict, con) -> None:
         rows = [[side, name, ms(v["p50"]), ms(v["p90"])] for name, v in s["sides"][side].items()]
         title = {"prefill": "prefill side (server metrics; the router's prefill request)",
                  "decode": "decode side (server metrics)", "client": "client (through the router)"}[side]
-        for t in wide_tables(title, heads, rows, con.width, justify={h: "right" for h in heads[2:]}):
+        for t in wide_tables(title, heads, rows, con.width, justify=dict.fromkeys(heads[2:], "right")):
             con.print(t)
     rows = []
     kv = s.get("kv_loaded") or {}
@@ -193,8 +195,9 @@ def show_pd(s: dict, con) -> None:
                                           f"{ms(s.get('file_per_transfer_s'))} per transfer"])
     nx = s.get("nixl_transfers") or {}
     if nx.get("transfers"):
-        rows.append(["NIXL reads (decode /metrics)", f"{nx['transfers']} transfers, mean {nx['mean_xfer_s'] * 1e3:.3f} ms "
-                                                     f"and {nx['mean_bytes'] / 1e6:.3f} MB each"])
+        rows.append(["NIXL reads (decode /metrics)",
+                     f"{nx['transfers']} transfers, mean {nx['mean_xfer_s'] * 1e3:.3f} ms "
+                     f"and {nx['mean_bytes'] / 1e6:.3f} MB each"])
         if nx.get("bandwidth_Bps"):
             rows.append(["NIXL bytes / transfer time", f"{nx['bandwidth_Bps'] / 1e9:.2f} GB/s"])
     elif (pair := pair_connector(s["connector"])) is not None and pair.cpu_pair == CPU_NIXL:
@@ -202,7 +205,8 @@ def show_pd(s: dict, con) -> None:
     if s.get("nixl"):
         n = s["nixl"]
         rows.append(["NIXL settings", f"kv_buffer_device {n.get('kv_buffer_device')}, progress thread "
-                                      f"{n.get('progress_thread')}, pinning kept: {'yes' if n.get('keep_binding') else 'no'}"])
+                                      f"{n.get('progress_thread')}, pinning kept: "
+                                      f"{'yes' if n.get('keep_binding') else 'no'}"])
     if s.get("handshake_warmup_s") is not None:
         rows.append(["warm-up through the router (NIXL handshake)", ms(s["handshake_warmup_s"])])
     if rows:
@@ -240,7 +244,8 @@ def replay_inputs(hwdb_dirs: list[str], engine: str | None, model: str | None) -
                             f"{', '.join(mine) or 'no engine'}. Re-run `epdsim calibrate fit FIT_BUNDLE --out "
                             f"HWDB_DIR` (every fit writes engines/<profile>.yaml), or leave --engine out")
     if model is None:
-        cand = [Path(d) / "models" / SERVED for d in hwdb_dirs if (Path(d) / "models" / SERVED / "config.json").exists()]
+        cand = [Path(d) / "models" / SERVED for d in hwdb_dirs
+                if (Path(d) / "models" / SERVED / "config.json").exists()]
         if not cand:
             raise PDReplayError(f"--model: not given, and no hwdb folder holds models/{SERVED}/config.json; "
                                 f"give the model folder of the pair (config.json)")

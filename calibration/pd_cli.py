@@ -23,12 +23,13 @@ from rich.table import Table
 
 from calibration import pd_run
 from calibration.harness.bundle import BundleError
+from calibration.harness.interrupt import interruptible
 from calibration.pd_bundle import PDReplayError, pd_summary, read_manifest, show_pd
 from calibration.pd_replay import replay
-from calibration.harness.interrupt import interruptible
 
 # calibrate run's options that mean nothing for a PD pair: (attribute, flag, value when not given)
-NOT_FOR_PD = (("attach", "--attach", None), ("resume", "--resume", False), ("quick", "--quick", False),
+NOT_FOR_PD: tuple[tuple[str, str, bool | list[str] | None], ...] = (
+              ("attach", "--attach", None), ("resume", "--resume", False), ("quick", "--quick", False),
               ("serve_cmd", "--serve-cmd", None), ("url", "--url", None), ("port", "--port", None),
               ("served_model_name", "--served-model-name", None), ("engine_arg", "--engine-arg", []),
               ("env", "--env", []), ("model", "--model", None), ("api_key", "--api-key", None),

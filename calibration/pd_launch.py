@@ -12,8 +12,8 @@ Two connectors of vLLM, chosen with ``connector`` (``epdsim calibrate run --pd -
   would move each worker's main thread to the host's last core (``EPDSIM_NIXL_KEEP_BINDING``,
   :mod:`calibration.harness.vllm_launcher`).  ``nixl_progress_thread=False`` starts NIXL's agents
   without their progress thread, which polls with ``sched_yield`` on the worker's core
-  (``EPDSIM_NIXL_PROGRESS_THREAD=0``).  Needs the ``nixl`` package in the vLLM Python (:func:`nixl_problem` says why not); its
-  transfer figures come from the decode server's Prometheus histograms
+  (``EPDSIM_NIXL_PROGRESS_THREAD=0``).  Needs the ``nixl`` package in the vLLM Python (:func:`nixl_problem`
+  says why not); its transfer figures come from the decode server's Prometheus histograms
   ``vllm:nixl_xfer_time_seconds`` and ``vllm:nixl_bytes_transferred`` (:func:`nixl_counters`).
 """
 from __future__ import annotations
@@ -190,4 +190,5 @@ def nixl_transfers(before: dict | None, after: dict | None) -> dict | None:
             "bytes_sum": d["bytes"]["sum"], "mean_xfer_s": d["xfer"]["sum"] / n, "mean_post_s": d["post"]["sum"] / n,
             "mean_bytes": d["bytes"]["sum"] / n,
             "bandwidth_Bps": d["bytes"]["sum"] / d["xfer"]["sum"] if d["xfer"]["sum"] > 0 else None,
-            "source": f"decode server /metrics: {NIXL_METRICS['xfer']}, {NIXL_METRICS['bytes']} (after - before the load)"}
+            "source": f"decode server /metrics: {NIXL_METRICS['xfer']}, {NIXL_METRICS['bytes']} "
+                      f"(after - before the load)"}

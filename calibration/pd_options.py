@@ -57,9 +57,9 @@ def add_pd_options(g: argparse.ArgumentParser | argparse._ArgumentGroup) -> None
 
 
 # options only a PD run has: (attribute, flag)
-PD_ONLY = (("connector", "--connector"), ("nixl_progress_thread", "--nixl-progress-thread"), ("prefill_url", "--prefill-url"), ("decode_url", "--decode-url"),
-           ("kv_path", "--kv-path"), ("prefill_bind", "--prefill-bind"), ("decode_bind", "--decode-bind"),
-           ("blocks", "--blocks"))
+PD_ONLY = (("connector", "--connector"), ("nixl_progress_thread", "--nixl-progress-thread"),
+           ("prefill_url", "--prefill-url"), ("decode_url", "--decode-url"), ("kv_path", "--kv-path"),
+           ("prefill_bind", "--prefill-bind"), ("decode_bind", "--decode-bind"), ("blocks", "--blocks"))
 
 
 def check_not_pd_options(a) -> None:

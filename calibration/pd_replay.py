@@ -24,12 +24,12 @@ import numpy as np
 import yaml
 
 import hwdb
-from simulator.run import simulate
-from simulator.scenario import parse_scenario
 from calibration.pd_bundle import PDReplayError, measured_rows, read_manifest, replay_inputs
 from calibration.pd_launch import BLOCK
 from calibration.pd_options import harness_connectors, pair_connector
 from simulator.pd.connectors import CPU_NIXL, KVConnector
+from simulator.run import simulate
+from simulator.scenario import parse_scenario
 
 
 def _pct(xs, p):
@@ -121,7 +121,8 @@ def replay(bundle: str | Path, hwdb_dirs: list[str], engine: str | None = None, 
             "NIXL xfer time" if nixl else "file probe", False)
     parts = {"prefill server TTFT p50": _pct([r["prefill_server_ttft_s"] for r in rows], 50),
              "prefill leg via HTTP p50": _pct([r["prefill_leg_s"] for r in rows], 50),
-             "decode server TTFT p50 (KV load + recompute + 1st token)": _pct([r["decode_server_ttft_s"] for r in rows], 50)}
+             "decode server TTFT p50 (KV load + recompute + 1st token)":
+                 _pct([r["decode_server_ttft_s"] for r in rows], 50)}
     checks = [t for t in table if t["check"]]
     report = {"bundle": str(bundle.resolve()), "connector": man.get("connector"), "sim_connector": conn,
               "engine": engine, "hwdb": [str(h) for h in hwdb_dirs], "bandwidth_Bps": bw,

@@ -40,17 +40,32 @@ import httpx
 import hwdb
 from calibration.harness import env as envinfo
 from calibration.harness.bundle import BundleError, proc_start
-from calibration.harness.client import (CompletionClient, PromptFactory, RequestSpec, as_interrupt, poisson_arrivals,
-                                        run_open_loop)
+from calibration.harness.client import (
+    CompletionClient,
+    PromptFactory,
+    RequestSpec,
+    as_interrupt,
+    poisson_arrivals,
+    run_open_loop,
+)
+from calibration.harness.interrupt import interruptible
 from calibration.harness.pd_router import PDRouter, prompt_hash
 from calibration.harness.runner import ensure_tiny_model
-from calibration.harness.server import Endpoint, ServerError
+from calibration.harness.server import Endpoint, ServerError, ServerProcess
 from calibration.pd_bundle import PD_KIND, PD_SCHEMA_VERSION, SERVED, PDReplayError
-from calibration.pd_launch import (BLOCK, count_injections, default_vllm_python, file_bandwidth, harness_connector,
-                                   launch_pair, nixl_counters, nixl_problem, nixl_transfers)
+from calibration.pd_launch import (
+    BLOCK,
+    count_injections,
+    default_vllm_python,
+    file_bandwidth,
+    harness_connector,
+    launch_pair,
+    nixl_counters,
+    nixl_problem,
+    nixl_transfers,
+)
 from calibration.pd_options import DEFAULT_CONNECTOR, add_pd_options, harness_connectors
 from calibration.pd_replay import print_report, replay
-from calibration.harness.interrupt import interruptible
 from simulator.console import print_notes
 from simulator.pd.connectors import CPU_FILES, CPU_NIXL
 
@@ -110,7 +125,7 @@ async def drive(router_url_prefill: str, router_url_decode: str, specs_args: dic
     finally:
         await client.aclose()
         await router.close()
-    routes = {}
+    routes: dict[str | None, dict] = {}   # prompt hash -> the router's first record of it
     for rec in router.records():
         routes.setdefault(rec["extra"].get("prompt_hash"), rec)
     by_id = {s.id: s for s in specs}
@@ -219,7 +234,7 @@ def cmd_run(a) -> int:
             nx = manifest["nixl_transfers"] = result.pop("nixl_transfers", None)
             manifest["kv_loaded"] = {"transfers": (nx or {}).get("transfers"), "bytes": (nx or {}).get("bytes_sum")}
         else:
-            if servers:
+            if isinstance(d, ServerProcess):   # launched (servers holds the pair): its log is ours to read
                 inj = count_injections(d.log_path)
                 manifest["kv_loaded"] = {"injections": len(inj), "tokens": sum(inj)}
             # bandwidth of the file path: one request of the median prompt, one file per layer

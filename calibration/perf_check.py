@@ -156,7 +156,7 @@ def compare_linear(models: dict[int, StepModel], arch: ModelArch, measured: pd.D
     """
     out = measured.copy()
     out["model_s"] = [linear_time(models[tp], t, linear_weight_bytes(arch, tp, dtype))
-                      for tp, t in zip(out["tp"], out["tokens"])]
+                      for tp, t in zip(out["tp"], out["tokens"], strict=True)]
     out["err"] = out["model_s"] / out["measured_s"] - 1.0
     out["regime"] = regime_of(out["tokens"])
     return out
@@ -175,7 +175,7 @@ def compare_allreduce(models: dict[int, StepModel], measured: pd.DataFrame,
     Adds ``model_s``, ``err`` and ``band`` (the :data:`AR_BANDS` label).
     """
     m = measured[measured["gpus"].isin(list(models)) & measured["bytes"].between(lo, hi)].copy()
-    m["model_s"] = [allreduce_time(models[g], b) for g, b in zip(m["gpus"], m["bytes"])]
+    m["model_s"] = [allreduce_time(models[g], b) for g, b in zip(m["gpus"], m["bytes"], strict=True)]
     m["err"] = m["model_s"] / m["measured_s"] - 1.0
     m["band"] = [band_of(b) for b in m["bytes"]]
     return m
@@ -193,7 +193,7 @@ def error_table(df: pd.DataFrame, by: list[str], err: str = "err") -> pd.DataFra
     rows = []
     for key, g in df.groupby(by, sort=False):
         key = key if isinstance(key, tuple) else (key,)
-        rows.append({**dict(zip(by, key)), **summarize(g[err])})
+        rows.append({**dict(zip(by, key, strict=True)), **summarize(g[err])})   # one key value per column
     return pd.DataFrame(rows)
 
 
@@ -206,7 +206,7 @@ def format_table(df: pd.DataFrame) -> str:
     lines = [head, "|" + "---|" * len(cols)]
     for r in df.itertuples(index=False):
         cells = []
-        for c, v in zip(cols, r):
+        for c, v in zip(cols, r, strict=True):
             if c in pct:
                 cells.append(f"{100 * v:+.1f} %" if c == "signed_median" else f"{100 * v:.1f} %")
             else:

@@ -148,7 +148,9 @@ def predict(run: Run, shared: str | Path | None = None) -> tuple[dict, dict]:
     e2e = (done["e2e_s"] - front).to_numpy()
     tpot = done["tpot_s"].dropna().to_numpy()
     s = res.summary
-    q = lambda x, p: float(pd.Series(x).quantile(p / 100.0))   # linear interpolation, as numpy's default
+
+    def q(x, p: float) -> float:
+        return float(pd.Series(x).quantile(p / 100.0))   # linear interpolation, as numpy's default
     pred = {
         "ttft_mean_s": float(ttft.mean()), "ttft_p50_s": q(ttft, 50), "ttft_p90_s": q(ttft, 90),
         "ttft_p99_s": q(ttft, 99),

@@ -92,7 +92,8 @@ def mmpp_arrivals(n: int, rates: tuple[float, float], sojourn_s: tuple[float, fl
     state is drawn with the states' shares of time."""
     share_busy = sojourn_s[1] / (sojourn_s[0] + sojourn_s[1])
     state = int(rng.random() < share_busy)
-    t, out = 0.0, []
+    t = 0.0
+    out: list[float] = []
     while len(out) < n:
         leave = t + rng.exponential(sojourn_s[state])
         while len(out) < n:
@@ -120,7 +121,7 @@ def generate(n: int = 240, seed: int = 0, rates=(0.5, 6.0), sojourn_s=(20.0, 6.5
     share = np.array([c.share for c in classes], dtype=float)
     kinds = rng.choice(len(classes), size=int(n), p=share / share.sum())
     rows = []
-    for a, k in zip(arrivals.tolist(), kinds.tolist()):
+    for a, k in zip(arrivals.tolist(), kinds.tolist(), strict=True):   # n of each
         c = classes[k]
         rows.append((round(a, 6), int(rng.integers(c.prompt[0], c.prompt[1] + 1)),
                      int(rng.integers(c.output[0], c.output[1] + 1)), c.name))
@@ -147,7 +148,8 @@ def summary(rows) -> str:
 
 
 def cmd_make_trace(a, con) -> int:
-    """``epdsim calibrate make-trace``: write the trace the arguments describe (exit 0), or refuse them (BundleError)."""
+    """``epdsim calibrate make-trace``: write the trace the arguments describe (exit 0), or refuse them
+    (BundleError)."""
     def pair(flag: str, text: str):
         try:
             return tuple(float(x) for x in text.split(","))

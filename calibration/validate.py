@@ -47,13 +47,24 @@ from pathlib import Path
 
 import numpy as np
 import yaml
+from rich.markup import escape
+from rich.table import Table
 
 import hwdb
 from calibration.fit_inputs import CPU_GPU, FitInputError, bundle_model, engine_setup, is_cpu_server, open_bundle
 from calibration.harness.bundle import Bundle
-from calibration.validate_replay import (LABEL, METRICS, PCTS, arrival_stats, compare, measured_phase, per_step_scope,
-                                         predicted_phase, simulate_phase)
-from calibration.validate_report import rel_err, json_default, fmt_ms, verdict_of, html_report, markdown_report
+from calibration.validate_replay import (
+    LABEL,
+    METRICS,
+    PCTS,
+    arrival_stats,
+    compare,
+    measured_phase,
+    per_step_scope,
+    predicted_phase,
+    simulate_phase,
+)
+from calibration.validate_report import fmt_ms, html_report, json_default, markdown_report, rel_err, verdict_of
 from hwdb.profiles import Profile
 from simulator.inputs import read_yaml
 
@@ -123,7 +134,8 @@ def resolve_profile(b: Bundle, profile: str | Path, gpu: str | None, hwdb_dirs=(
     prof = db.profiles[name]
     winner = db.profile_for(gname, prof.engine, prof.engine_version, prof.model)
     if winner is not prof:
-        raise FitInputError(f"the simulator would use profile {winner.name!r} (newest for {gname} under "
+        used = "no profile" if winner is None else f"profile {winner.name!r}"
+        raise FitInputError(f"the simulator would use {used} (newest for {gname} under "
                             f"{prof.engine} {prof.engine_version}), not "
                             f"{prof.name!r} from {p}; put the profile to validate alone in a hwdb folder "
                             f"(profiles/{prof.name}.yaml) and pass that folder.")
@@ -233,7 +245,8 @@ def validate(bundle: str | Path, profile: str | Path, *, tolerance: float = 0.25
                         "default_host_cost": (_default_host_cost(db, DEFAULT_ENGINE)
                                               if prof.step_overhead_s is None and engine_name is None else None)},
             "without_overhead": without_overhead, "frontend": frontend, "tolerance": tolerance,
-            "client_tolerance": client_tolerance if frontend else None, "engine": setup.as_dict(), "engine_profile": engine_name,
+            "client_tolerance": client_tolerance if frontend else None, "engine": setup.as_dict(),
+            "engine_profile": engine_name,
             "phases": results, "passed": all(r["passed"] for r in results),
             "checks": sum(r["checks"] for r in results), "failed": sum(r["failed"] for r in results)}
     (out / "validation.json").write_text(json.dumps(data, indent=2, default=json_default) + "\n")
@@ -248,7 +261,9 @@ def _front_end(db: hwdb.HardwareDB, engine_name: str | None) -> dict | None:
     e = db.engines.get(engine_name) if engine_name else None
     if e is None or e.frontend_s is None:
         return None
-    val = lambda f: f.value if f is not None else 0.0  # noqa: E731
+
+    def val(f) -> float:
+        return f.value if f is not None else 0.0
     return {"engine": engine_name, "frontend_s": val(e.frontend_s), "frontend_s_per_token": val(e.frontend_s_per_token),
             "serial_s_per_token": val(e.frontend_serial_s_per_token),
             "stream_s_per_output": val(e.frontend_stream_s_per_output),
@@ -279,8 +294,6 @@ def _default_host_cost(db: hwdb.HardwareDB, engine_name: str) -> dict | None:
 
 
 def cmd_validate(a, con) -> int:
-    from rich.markup import escape
-    from rich.table import Table
     overrides = {"max_num_seqs": a.max_num_seqs, "max_num_batched_tokens": a.max_num_batched_tokens,
                  "block_size": a.block_size}
     d = validate(a.bundle, a.profile, tolerance=a.tolerance, out=a.out,

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import yaml
@@ -26,7 +28,7 @@ LABEL = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2e": "E2E"}
 def _sum_histograms(b: Bundle, phase: str, name: str, segments: list[int] | None = None) -> dict | None:
     """A histogram delta summed over the phase's segments (those in ``segments`` when given):
     {count, sum, buckets}."""
-    tot = None
+    tot: dict[str, Any] | None = None
     for rec in b.records(phase, "metrics"):
         if segments is not None and rec.get("segment", 0) not in segments:
             continue
@@ -76,7 +78,7 @@ def measured_phase(b: Bundle, phase: str) -> tuple[list[dict], dict]:
             "client_ttft_s": r.get("ttft_s"), "client_e2e_s": r.get("e2e_s"),
             "client_tpot_s": ((r["e2e_s"] - r["ttft_s"]) / (o - 1)
                               if o > 1 and r.get("e2e_s") is not None and r.get("ttft_s") is not None else None),
-            "client_itl_s": [b_ - a_ for a_, b_ in zip(tt, tt[1:])],
+            "client_itl_s": [b_ - a_ for a_, b_ in pairwise(tt)],
         })
     segs = sorted({r["segment"] for r in rows})
     mrecs = [m for m in b.records(phase, "metrics") if m.get("histograms")]
@@ -206,7 +208,7 @@ def compare(rows: list[dict], pred: dict, notes: dict, tol: float, client_tol: f
         meas = [r[key] for r in rows]
         have = sum(v is not None for v in meas)
         if have >= 0.9 * len(rows) and have:
-            pv = [p for p, v in zip(pred[key], meas) if v is not None]
+            pv = [p for p, v in zip(pred[key], meas, strict=True) if v is not None]   # one simulated row each
             for p in PCTS:
                 out.append(_row(LABEL[m], f"p{p}", "server", _pct(meas, p), _pct(pv, p), tol))
             out.append(_row(LABEL[m], "mean", "server", float(np.nanmean([v for v in meas if v is not None])),
@@ -230,7 +232,7 @@ def compare(rows: list[dict], pred: dict, notes: dict, tol: float, client_tol: f
         key = f"client_{m}_s"
         meas = [r[key] for r in rows]
         if any(v is not None for v in meas):
-            pv = [p for p, v in zip(pred[key], meas) if v is not None]
+            pv = [p for p, v in zip(pred[key], meas, strict=True) if v is not None]   # one simulated row each
             for p in PCTS:
                 check = client_tol is not None and (LABEL[m], f"p{p}") in CLIENT_CHECKS
                 out.append(_row(LABEL[m], f"p{p}", "client", _pct(meas, p), _pct(pv, p),

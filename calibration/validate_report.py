@@ -69,7 +69,8 @@ def markdown_report(d: dict) -> str:
             cells = [f"{metric} | {stat}"]
             for r in (srv, cli):
                 cells.append(" | ".join(["-"] * 4) if r is None else
-                             f"{fmt_ms(r['measured_s'])} | {fmt_ms(r['predicted_s'])} | {rel_err(r['rel_error'])} | {verdict_of(r)}")
+                             f"{fmt_ms(r['measured_s'])} | {fmt_ms(r['predicted_s'])} | {rel_err(r['rel_error'])} | "
+                             f"{verdict_of(r)}")
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     lines += ["Server-side times start when the engine takes the request (between steps); the simulator's are "
@@ -124,7 +125,9 @@ def _host_cost_text(d: dict) -> str:
     head = "**without the fitted host cost**: " if d.get("without_overhead") else "no fitted host cost: "
     if not h:
         return head + "the engine profile's default CPU and launch costs"
-    us = lambda x: f"{x * 1e6:.3g} us"  # noqa: E731
+
+    def us(x: float) -> str:
+        return f"{x * 1e6:.3g} us"
     return (head + f"engine `{h['engine']}` defaults: CPU {us(h['step_s'])} per step + {us(h['per_running_seq_s'])} "
             f"per running, {us(h['per_waiting_seq_s'])} per waiting, {us(h['per_sampled_seq_s'])} per sampled "
             f"sequence + {us(h['per_token_s'])} per token; launch {us(h['eager_launch_s_per_layer'])} per layer "
@@ -138,8 +141,8 @@ def _f(p, curve, key) -> str:
 
 
 def html_report(d: dict) -> str:
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
+    import plotly.graph_objects as go  # noqa: PLC0415 - heavy (tests/test_cli_startup.py); only this page draws
+    from plotly.subplots import make_subplots  # noqa: PLC0415 - as plotly.graph_objects
     parts = [f"<html><head><meta charset='utf-8'><title>Validation {d['profile']['name']}</title>"
              "<style>body{font-family:sans-serif;margin:2em} table{border-collapse:collapse} "
              "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right} .FAIL{color:#b00;font-weight:bold} "
@@ -149,7 +152,8 @@ def html_report(d: dict) -> str:
              f"<b>{d['checks'] - d['failed']} of {d['checks']} checks pass</b>.</p>"]
     first = True
     for ph in d["phases"]:
-        parts.append(f"<h2>{html.escape(ph['phase'])}</h2><p>{html.escape(workload_text(ph))}</p><table><tr><th>metric</th><th>stat</th><th>source</th>"
+        parts.append(f"<h2>{html.escape(ph['phase'])}</h2><p>{html.escape(workload_text(ph))}</p>"
+                     "<table><tr><th>metric</th><th>stat</th><th>source</th>"
                      "<th>measured</th><th>predicted</th><th>error</th><th>verdict</th></tr>")
         for r in ph["rows"]:
             v = verdict_of(r)
@@ -172,8 +176,8 @@ def html_report(d: dict) -> str:
                                  name="predicted TTFT", marker_color="#ff7f0e", marker_symbol="x"), 1, 2)
         for key, col, name in (("ttft", 1, "TTFT"), ("tpot", 2, "TPOT")):
             for who, color in (("measured", "#1f77b4"), ("predicted", "#ff7f0e")):
-                v = np.sort([x for x in s[f"{who}_{key}_s"] if x is not None and np.isfinite(x)]) * 1e3
-                fig.add_trace(go.Scatter(x=v, y=np.arange(1, len(v) + 1) / max(len(v), 1), mode="lines",
+                xs = np.sort([x for x in s[f"{who}_{key}_s"] if x is not None and np.isfinite(x)]) * 1e3
+                fig.add_trace(go.Scatter(x=xs, y=np.arange(1, len(xs) + 1) / max(len(xs), 1), mode="lines",
                                          line_shape="hv", line_color=color, name=f"{who} {name}",
                                          showlegend=False), 2, col)
         fig.update_yaxes(title_text="%", row=1, col=1)

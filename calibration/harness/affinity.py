@@ -82,7 +82,8 @@ def _cpus(text: str, side: str, spec: str) -> frozenset[int]:
         try:
             a, b = int(lo), int(hi) if dash else int(lo)
         except ValueError:
-            raise ValueError(f"--pin {spec}: the {side} CPUs {text!r} are not a CPU list; give e.g. 0 or 0-3,8") from None
+            raise ValueError(f"--pin {spec}: the {side} CPUs {text!r} are not a CPU list; "
+                             f"give e.g. 0 or 0-3,8") from None
         if a < 0 or b < a:
             raise ValueError(f"--pin {spec}: {part!r} of the {side} CPUs is not a CPU range; give e.g. 0-3")
         if b >= MAX_CPU_ID:   # before building the set: a hostile range must not take the memory

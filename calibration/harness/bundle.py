@@ -43,7 +43,7 @@ class BundleError(Exception):
 
 
 def now_iso() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds")
 
 
 class Bundle:
@@ -55,7 +55,7 @@ class Bundle:
 
     # ----------------------------------------------------------------- creating and opening
     @classmethod
-    def create(cls, path: str | Path, manifest: dict[str, Any]) -> "Bundle":
+    def create(cls, path: str | Path, manifest: dict[str, Any]) -> Bundle:
         """Start a new bundle in ``path`` (absent or empty directory)."""
         path = Path(path)
         if (path / MANIFEST).exists() or (path.exists() and any((path / RECORDS).glob("*.jsonl"))):
@@ -75,7 +75,7 @@ class Bundle:
         return b
 
     @classmethod
-    def open(cls, path: str | Path, validate_records: bool = True, complete: bool = False) -> "Bundle":
+    def open(cls, path: str | Path, validate_records: bool = True, complete: bool = False) -> Bundle:
         """Open and validate an existing bundle; :class:`BundleError` says what is wrong.
 
         ``complete``: every successful request record must also hold the measurements that

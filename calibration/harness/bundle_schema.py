@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationError
 
-from simulator.bounds import MAX_SECONDS, MAX_TOKENS, between, count
+from simulator.bounds import MAX_SECONDS, MAX_TOKENS, Range
 from simulator.errors import format_validation_error
 
 SCHEMA_VERSION = 1
@@ -28,14 +28,15 @@ DOCS = "docs/calibration.md"
 FIX = (f"fix: restore the value `epdsim calibrate run` wrote ({DOCS} describes the bundle), "
        f"or measure again into a new folder")
 
-Seconds = between(0, MAX_SECONDS, "s", fix="give seconds, as the harness recorded them")
-Millis = between(0, MAX_SECONDS * 1e3, "ms", fix="give milliseconds, as vLLM reported them")
-Epoch = between(0, 1e11, "s since 1970", fix="give the wall-clock time of the send (Unix seconds)")
-Tokens = count(0, MAX_TOKENS, "tokens")
-Index = count(0, 10**9)
-Rate = between(0, 1e7, "requests/s", fix="give requests per second")
-Load = between(0, 1e6, fix="give the 1-, 5- and 15-minute load averages")
-KvTokens = count(0, 10**12, "tokens")
+# written as Annotated types (simulator/bounds.py): a type checker reads the float or int, pydantic the Range
+Seconds = Annotated[float, Range(0, MAX_SECONDS, "s", fix="give seconds, as the harness recorded them")]
+Millis = Annotated[float, Range(0, MAX_SECONDS * 1e3, "ms", fix="give milliseconds, as vLLM reported them")]
+Epoch = Annotated[float, Range(0, 1e11, "s since 1970", fix="give the wall-clock time of the send (Unix seconds)")]
+Tokens = Annotated[int, Range(0, MAX_TOKENS, "tokens", whole=True)]
+Index = Annotated[int, Range(0, 10**9, whole=True)]
+Rate = Annotated[float, Range(0, 1e7, "requests/s", fix="give requests per second")]
+Load = Annotated[float, Range(0, 1e6, fix="give the 1-, 5- and 15-minute load averages")]
+KvTokens = Annotated[int, Range(0, 10**12, "tokens", whole=True)]
 
 
 def _phase_name(v: str) -> str:
@@ -207,6 +208,7 @@ def check_manifest(mf: Path, m: dict) -> Manifest:
 
 def check_record(f: Path, line: int, rec: dict, mode: str | None, complete: bool = False) -> None:
     """One record of ``f`` (at ``line``); ValueError names the file, line, field, value and fix."""
+    model: type[Record]
     if rec.get("kind") == "request":
         model = (FailedRequest if rec.get("ok") is not True else KernelRequest if mode == "kernels" else
                  MeasuredRequest if complete else RequestRecord)

@@ -18,8 +18,10 @@ import json
 import math
 import random
 import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Awaitable, Callable, Iterable, Sequence
+from itertools import pairwise
+from typing import Any
 
 import httpx
 
@@ -32,7 +34,7 @@ def as_interrupt(exc: BaseException) -> BaseException:
     one) landed inside a task group (httpx's connect runs one) and came out wrapped in an exception
     group: an interrupt is still an interrupt, so the run is marked interrupted and exits 130."""
     if isinstance(exc, BaseExceptionGroup):
-        inner = exc.subgroup(KeyboardInterrupt)
+        inner: BaseException | None = exc.subgroup(KeyboardInterrupt)
         if inner is not None:
             while isinstance(inner, BaseExceptionGroup):
                 inner = inner.exceptions[0]
@@ -78,7 +80,7 @@ class RequestResult:
     @property
     def itl_s(self) -> list[float]:
         t = self.token_times_s
-        return [b - a for a, b in zip(t, t[1:])]
+        return [b - a for a, b in pairwise(t)]
 
     def to_record(self) -> dict:
         d = asdict(self)
@@ -266,7 +268,7 @@ class PromptFactory:
     prefixes (no prefix-cache hits between requests)."""
 
     def __init__(self, pool: Sequence[int], seed: int = 0):
-        pool = sorted(set(int(i) for i in pool))
+        pool = sorted({int(i) for i in pool})
         if len(pool) < 16:
             raise ValueError(f"token pool too small ({len(pool)} ids)")
         self.pool = pool
@@ -277,7 +279,7 @@ class PromptFactory:
     FALLBACK_POOL = range(1000, 2000)
 
     @classmethod
-    async def from_server(cls, client: CompletionClient, seed: int = 0) -> "PromptFactory":
+    async def from_server(cls, client: CompletionClient, seed: int = 0) -> PromptFactory:
         """Pool from the server's tokenizer; without ``/tokenize``, ids 1000-1999 (``source`` says which)."""
         try:
             pf = cls(await client.tokenize(sample_text(seed)), seed)

@@ -101,11 +101,12 @@ def conditions() -> dict:
         load = [round(x, 2) for x in os.getloadavg()]
     except (OSError, AttributeError):
         load = None
+    cores: int | None
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:
         cores = os.cpu_count()
-    return {"at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "loadavg": load, "cores": cores}
+    return {"at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), "loadavg": load, "cores": cores}
 
 
 def hardware(cpus: set[int] | None = None, pin: tuple | None = None) -> dict:
@@ -224,7 +225,7 @@ def python_env(python: str, timeout: float = 120.0) -> dict:
 
 def client_env() -> dict:
     try:
-        import httpx
+        import httpx  # noqa: PLC0415 - slow to import, and `epdsim --help` loads this module
         hv = httpx.__version__
     except ImportError:  # pragma: no cover
         hv = None

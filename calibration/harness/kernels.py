@@ -243,10 +243,11 @@ class Runner:
         if self.args.no_allreduce:
             reason = "disabled with --no-allreduce"
         if reason is None:
+            assert backend is not None   # every branch without a reason names one
             try:
                 results = run_allreduce(backend, world, self.grid(AR_BYTES), self.dtype, self.args.repeats,
                                          timeout_s=self.args.allreduce_timeout_s)
-            except Exception as exc:  # noqa: BLE001  -- any failure becomes a recorded skip
+            except Exception as exc:  # noqa: BLE001 - any failure becomes a recorded skip
                 reason = f"{backend} all-reduce with {world} processes failed: {exc!r}"[:500]
         if reason is not None:
             print(f"[{ph}] skipped: {reason}", flush=True)
@@ -261,8 +262,8 @@ class Runner:
             algbw = r["bytes"] / r["seconds"]
             rec = {"kind": "request", "id": rid, "ok": True, "op": ph, "backend": backend, "world_size": world,
                    "dtype": self.dtype, "device": self.device.type, "message_bytes": r["bytes"],
-                   "seconds": r["seconds"], "seconds_min": r["seconds_min"], "samples": r["samples"], "algbw_Bps": algbw,
-                   "busbw_Bps": algbw * 2 * (world - 1) / world}
+                   "seconds": r["seconds"], "seconds_min": r["seconds_min"], "samples": r["samples"],
+                   "algbw_Bps": algbw, "busbw_Bps": algbw * 2 * (world - 1) / world}
             self.b.append(ph, rec)
             self.n_new += 1
             print(f"[{ph}] {rid}: {r['seconds'] * 1e6:.1f} us busbw {rec['busbw_Bps'] / 1e9:.2f} GB/s", flush=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import multiprocessing as mp
 import os
 import socket
 import statistics
@@ -67,8 +68,8 @@ class Timer:
             samples.append(self._loop(fn, inner))
             if i >= 2 and time.perf_counter() - t_start > self.budget_s:
                 break
-        return {"seconds": statistics.median(samples), "seconds_min": min(samples), "samples": [float(f"{s:.6g}") for s in samples],
-                "inner": inner}
+        return {"seconds": statistics.median(samples), "seconds_min": min(samples),
+                "samples": [float(f"{s:.6g}") for s in samples], "inner": inner}
 
 
 def pick_dtype(want: str, device: torch.device) -> tuple[str, str | None]:
@@ -103,7 +104,7 @@ def _free_port() -> int:
 
 def _ar_worker(rank: int, world: int, port: int, backend: str, sizes: list, dtype: str, repeats: int,
                out: str) -> None:
-    import torch.distributed as dist
+    import torch.distributed as dist  # noqa: PLC0415 - only the spawned all-reduce workers set it up
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group(backend, rank=rank, world_size=world, timeout=_dt.timedelta(seconds=60))
     dev = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
@@ -134,7 +135,6 @@ def _ar_worker(rank: int, world: int, port: int, backend: str, sizes: list, dtyp
 
 
 def run_allreduce(backend: str, world: int, sizes: list, dtype: str, repeats: int, timeout_s: float) -> list:
-    import multiprocessing as mp
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory() as td:
         out = os.path.join(td, "ar.json")

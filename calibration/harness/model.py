@@ -58,9 +58,9 @@ def make_tiny_llama(out_dir: str | Path, **kw) -> Path:
                 return out
         except json.JSONDecodeError:
             pass
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    import torch  # noqa: PLC0415 - heavy, in the vLLM environment only: loaded when the model is not there yet
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers  # noqa: PLC0415 - as torch
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: PLC0415 - as torch
 
     out.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer(models.BPE(unk_token=None))

@@ -160,7 +160,7 @@ class PDRouter:
         finally:
             try:
                 writer.close()
-            except Exception:  # pragma: no cover - socket already gone
+            except Exception:  # pragma: no cover  # noqa: BLE001 - the socket is already gone: nothing to close
                 pass
 
     @staticmethod

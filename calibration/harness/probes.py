@@ -21,12 +21,21 @@ import asyncio
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
+from itertools import pairwise
+from typing import Any
 
 from calibration.harness.bundle import Bundle, BundleError, now_iso
-from calibration.harness.client import (CompletionClient, PromptFactory, RequestResult, RequestSpec,
-                                        poisson_arrivals, run_closed_loop, run_open_loop)
+from calibration.harness.client import (
+    CompletionClient,
+    PromptFactory,
+    RequestResult,
+    RequestSpec,
+    poisson_arrivals,
+    run_closed_loop,
+    run_open_loop,
+)
 from calibration.harness.metrics import counter_deltas, histogram_deltas, parse_prometheus
 from calibration.harness.server import Endpoint
 from calibration.harness.trace_plan import trace_phase
@@ -62,7 +71,7 @@ class PlanOptions:
     trace_format: str = "auto"
     trace_limit: int | None = None
 
-    def checked(self) -> "PlanOptions":
+    def checked(self) -> PlanOptions:
         """This plan, when every counting field is inside :data:`PLAN_BOUNDS` (else a BundleError
         naming the flag, the value and the range: a 0 must not read as "the default")."""
         for name, (lo, hi) in PLAN_BOUNDS.items():
@@ -77,23 +86,50 @@ class PlanOptions:
                                   + (" with LO <= HI" if isinstance(v, tuple) else ""))
         return self
 
-    def resolved(self) -> "PlanOptions":
+    def resolved(self) -> ResolvedPlan:
+        """This plan with each field left out at its default (``quick``: the short sweeps)."""
         q = self.quick
-        d = PlanOptions(**self.__dict__)
-        d.prefill_lengths = d.prefill_lengths or ([16, 64, 256, 1024] if q else
-                                                  [16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192])
-        d.prefill_repeats = d.prefill_repeats or (2 if q else 3)
-        d.decode_concurrency = d.decode_concurrency or ([1, 4, 16] if q else [1, 2, 4, 8, 16, 32, 64])
-        # two prompt lengths, so that the fit sees the decode attention's KV stream (calibration/fit.py)
-        d.decode_prompt = d.decode_prompt or ([64, 512] if q else [128, 1024])
-        d.decode_output = d.decode_output or (32 if q else 128)
-        d.load_fractions = d.load_fractions or ([0.6] if q else [0.3, 0.6, 0.9])
-        d.load_requests = d.load_requests or (30 if q else 100)
-        d.load_prompt = d.load_prompt or ((32, 256) if q else (64, 1024))
-        d.load_output = d.load_output or ((16, 64) if q else (32, 256))
-        if d.closed_concurrency is None:
-            d.closed_concurrency = [] if q else [16]
-        return d
+        return ResolvedPlan(
+            quick=q, seed=self.seed, kinds=self.kinds,
+            prefill_lengths=self.prefill_lengths or ([16, 64, 256, 1024] if q else
+                                                     [16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]),
+            prefill_repeats=self.prefill_repeats or (2 if q else 3),
+            decode_concurrency=self.decode_concurrency or ([1, 4, 16] if q else [1, 2, 4, 8, 16, 32, 64]),
+            # two prompt lengths, so that the fit sees the decode attention's KV stream (calibration/fit.py)
+            decode_prompt=self.decode_prompt or ([64, 512] if q else [128, 1024]),
+            decode_output=self.decode_output or (32 if q else 128),
+            decode_rounds=self.decode_rounds,
+            load_fractions=self.load_fractions or ([0.6] if q else [0.3, 0.6, 0.9]),
+            load_rates=self.load_rates,
+            load_requests=self.load_requests or (30 if q else 100),
+            load_prompt=self.load_prompt or ((32, 256) if q else (64, 1024)),
+            load_output=self.load_output or ((16, 64) if q else (32, 256)),
+            closed_concurrency=([] if q else [16]) if self.closed_concurrency is None else self.closed_concurrency,
+            trace=self.trace, trace_format=self.trace_format, trace_limit=self.trace_limit)
+
+
+@dataclass
+class ResolvedPlan:
+    """A :class:`PlanOptions` with its defaults filled in: the same fields in the same order (the
+    manifest's ``plan_options``), none of the sweeps left out."""
+    quick: bool
+    seed: int
+    kinds: tuple[str, ...]
+    prefill_lengths: list[int]
+    prefill_repeats: int
+    decode_concurrency: list[int]
+    decode_prompt: int | list[int]
+    decode_output: int
+    decode_rounds: int
+    load_fractions: list[float]
+    load_rates: list[float] | None
+    load_requests: int
+    load_prompt: tuple[int, int]
+    load_output: tuple[int, int]
+    closed_concurrency: list[int]
+    trace: str | None
+    trace_format: str
+    trace_limit: int | None
 
 
 def build_plan(opts: PlanOptions, max_model_len: int) -> list[dict]:
@@ -122,18 +158,18 @@ def build_plan(opts: PlanOptions, max_model_len: int) -> list[dict]:
         lo_p, hi_p = o.load_prompt
         lo_o, hi_o = o.load_output
         hi_p = min(hi_p, max_model_len - hi_o)
-        lengths = [(rng.randint(lo_p, max(lo_p, hi_p)), rng.randint(lo_o, hi_o)) for _ in range(o.load_requests)]
+        sizes = [(rng.randint(lo_p, max(lo_p, hi_p)), rng.randint(lo_o, hi_o)) for _ in range(o.load_requests)]
         targets = ([("r", r) for r in o.load_rates] if o.load_rates else [("f", f) for f in o.load_fractions])
         for kind, x in targets:
             name = f"load_poisson_{kind}{x:g}" if kind == "r" else f"load_poisson_{x:g}"
-            reqs = [[f"{name}-{i}", pl, ol, None] for i, (pl, ol) in enumerate(lengths)]
+            reqs = [[f"{name}-{i}", pl, ol, None] for i, (pl, ol) in enumerate(sizes)]
             ph = {"name": name, "kind": "load", "mode": "open", "requests": reqs,
                   "arrival_seed": o.seed, "rate": x if kind == "r" else None,
                   "rate_fraction": x if kind == "f" else None}
             plan.append(ph)
         for c in o.closed_concurrency:
             name = f"load_closed_c{c}"
-            reqs = [[f"{name}-{i}", pl, ol, None] for i, (pl, ol) in enumerate(lengths)]
+            reqs = [[f"{name}-{i}", pl, ol, None] for i, (pl, ol) in enumerate(sizes)]
             plan.append({"name": name, "kind": "load", "mode": "closed", "concurrency": c, "requests": reqs})
     return plan
 
@@ -170,7 +206,7 @@ def resolve_rate(bundle: Bundle, phase: dict, fallback_rate: float = 1.0) -> dic
             phase["rate"] = fallback_rate
             phase["rate_basis"] = "no decode sweep in the bundle: fallback rate"
     arr = poisson_arrivals(len(phase["requests"]), phase["rate"], seed=hash_seed(phase["name"], phase["arrival_seed"]))
-    for r, a in zip(phase["requests"], arr):
+    for r, a in zip(phase["requests"], arr, strict=True):   # one arrival per request
         r[3] = round(a, 6)
     return phase
 
@@ -278,7 +314,7 @@ async def _segment_metrics(bundle: Bundle, name: str, seg: int, client: Completi
     that a hung server cannot hold up the shutdown."""
     try:
         after = await asyncio.wait_for(_scrape(client), 5.0) if before is not None else None
-    except (asyncio.TimeoutError, asyncio.CancelledError):
+    except (TimeoutError, asyncio.CancelledError):
         after = None
     rec = {"kind": "metrics", "segment": seg, "t": time.time(), "wall_s": round(wall, 3)}
     if interrupted:
@@ -302,13 +338,13 @@ def summarize_phase(bundle: Bundle, name: str) -> dict:
     ok_ids = {r["id"] for r in recs}
     bad_ids = {r["id"] for r in all_recs if not r.get("ok")}
     planned = next((len(p["requests"]) for p in bundle.manifest.get("plan", []) if p["name"] == name), None)
-    out = {"phase": name, "planned": planned, "ok": len(recs), "done": bundle.phase_done(name),
+    out: dict[str, Any] = {"phase": name, "planned": planned, "ok": len(recs), "done": bundle.phase_done(name),
            "failed": len(bad_ids - ok_ids), "retried": len(bad_ids & ok_ids),
            "segments": bundle.next_segment(name)}
     if not recs:
         return out
     ttft = sorted(r["ttft_s"] for r in recs if r.get("ttft_s") is not None)
-    itl = sorted(b - a for r in recs for a, b in zip(r["token_times_s"], r["token_times_s"][1:]))
+    itl = sorted(b - a for r in recs for a, b in pairwise(r["token_times_s"]))
     span = 0.0
     for seg in sorted({r.get("segment", 0) for r in recs}):
         rs = [r for r in recs if r.get("segment", 0) == seg]

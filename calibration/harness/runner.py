@@ -10,9 +10,10 @@ import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any
 
 from calibration.harness import env as envinfo
 from calibration.harness.affinity import cpu_list, pin_below
@@ -27,6 +28,8 @@ REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SERVED_NAME = "tiny-llama"
 #: environment of the default (tiny-model) launch; VLLM_CPU_* are read by the CPU backend only.
 DEFAULT_LAUNCH_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "2", "TOKENIZERS_PARALLELISM": "false"}
+NO_VLLM_PYTHON = ("no Python with vLLM: pass --vllm-python, set EPDSIM_VLLM_PYTHON, run .ci/install_vllm_cpu.sh, "
+                  "or give the launch command with --serve-cmd")
 
 
 @dataclass
@@ -111,6 +114,8 @@ def _pythonpath() -> str:
 
 def default_launch_command(opts: RunOptions, model_dir: Path, port: int) -> list[str]:
     py = opts.vllm_python or default_vllm_python()
+    if not py:
+        raise ServerError(NO_VLLM_PYTHON)
     cmd = [py, "-m", "calibration.harness.vllm_launcher", "serve", str(model_dir),
            "--host", opts.host, "--port", str(port),
            "--served-model-name", opts.served_model_name or DEFAULT_SERVED_NAME,
@@ -172,8 +177,7 @@ class CalibrationRun:
         else:
             py = o.vllm_python or default_vllm_python()
             if not py:
-                raise ServerError("no Python with vLLM: pass --vllm-python, set EPDSIM_VLLM_PYTHON, "
-                                  "run .ci/install_vllm_cpu.sh, or give the launch command with --serve-cmd")
+                raise ServerError(NO_VLLM_PYTHON)
             o.vllm_python = py
             model_dir = Path(o.model_dir) if o.model_dir else out / "model"
             ensure_tiny_model(py, model_dir.resolve(), self.log)
@@ -194,6 +198,7 @@ class CalibrationRun:
         srv = ServerProcess(cmd, url, out / f"server-{n}.log", env=env, cwd=REPO)
         self.log(f"launching: {shlex.join(cmd)}")
         srv.start()
+        assert srv.proc is not None   # start() set it or raised
         self._launch_record = {"index": n, "command": cmd, "env": {k: v for k, v in env.items() if k != "PYTHONPATH"},
                                "url": url, "pid": srv.proc.pid, "started": now_iso(), "log": f"server-{n}.log"}
         self.server = srv
@@ -221,7 +226,7 @@ class CalibrationRun:
             "mode": "attach" if o.attach else "launch",
             "model": ident,
             "plan": build_plan(o.plan, int(ident.get("max_model_len") or 4096)),
-            "plan_options": {k: v for k, v in o.plan.resolved().__dict__.items()},
+            "plan_options": dict(o.plan.resolved().__dict__),
             "hardware": {"server": hw_local if not o.attach else (o.server_hardware or "unknown (attach mode)"),
                          "client": hw_local},
             "versions": {"vllm": info.get("vllm_version"), "server_python": info.get("server_python"),
@@ -236,12 +241,12 @@ class CalibrationRun:
         info: dict = {}
         try:
             info["vllm_version"] = (await client.get_json("/version")).get("version")
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - /version is a nicety: a proxy or another server may lack it
             info["vllm_version"] = None
         try:
             sc = parse_prometheus(await client.metrics_text())
             info["cache_config"] = sc.info("vllm:cache_config_info") or None
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - a server without /metrics (or that info) is still measurable
             info["cache_config"] = None
         py = self.opts.vllm_python or (shebang_python(self.opts.serve_cmd[0]) if self.opts.serve_cmd else None)
         if py and not self.opts.attach:
@@ -265,7 +270,7 @@ class CalibrationRun:
                               "another --out")
         # Load before the launch is other work's; after the run it still holds this run's own (1-min decay).
         # pid, host and process start time let a later reader tell a SIGKILLed run from a live one
-        run_rec = {"started": now_iso(), "argv": o.argv, "resume": o.resume, "status": "running",
+        run_rec: dict[str, Any] = {"started": now_iso(), "argv": o.argv, "resume": o.resume, "status": "running",
                    "pid": os.getpid(), "hostname": os.uname().nodename, "proc_start": proc_start(),
                    "conditions": {"before": envinfo.conditions()}}
         try:
@@ -299,7 +304,7 @@ class CalibrationRun:
         A failure only warns: the copy made when the attachment was recorded stands (server_log.py
         replaces it whole or not at all), and the run's own outcome must not be masked."""
         att = self._attachment
-        if att is None or not att.get("server_log") or self.bundle is None:
+        if att is None or not att.get("server_log") or self.bundle is None or not self.opts.server_log:
             return
         try:
             copy_server_log(self.opts.server_log, self.bundle.path, att["server_log"])
@@ -317,10 +322,12 @@ class CalibrationRun:
             b.manifest.setdefault("runs", []).append(run_rec)
             if srv.launched:
                 startup = srv.startup()
-                self._launch_record["ready_s"] = round(srv.ready_s or 0.0, 3)
-                self._launch_record["startup"] = startup
-                self._launch_record["vllm_version"] = info.get("vllm_version")
-                b.manifest.setdefault("launches", []).append(self._launch_record)
+                launch = self._launch_record
+                assert launch is not None   # _start_server recorded the launch
+                launch["ready_s"] = round(srv.ready_s or 0.0, 3)
+                launch["startup"] = startup
+                launch["vllm_version"] = info.get("vllm_version")
+                b.manifest.setdefault("launches", []).append(launch)
                 if startup["events"]:
                     args = next((e.get("text") for e in startup["events"] if e["phase"] == "engine_args"), None)
                     if args:
@@ -360,5 +367,6 @@ class CalibrationRun:
         for i in range(self.opts.warmup_requests):
             res = await client.complete(RequestSpec(f"warmup-{i}", prompts.prompt(f"warmup-{i}", 32), 4))
             if not res.ok:
+                assert self.server is not None   # run() set it before measuring
                 await asyncio.to_thread(self.server.check, "during warm-up")
                 raise ServerError(f"warm-up request failed: {res.error}")

@@ -12,6 +12,7 @@ simply absent.
 """
 from __future__ import annotations
 
+import ctypes  # at the top: no import between fork and exec (_die_with_parent)
 import os
 import re
 import signal
@@ -19,9 +20,9 @@ import subprocess
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import httpx
 
@@ -73,7 +74,8 @@ STARTUP_PATTERNS: list[tuple[str, re.Pattern, dict[int, str]]] = [
                                 + r"\s*s"), {1: "gib", 2: "seconds"}),
     ("warmup_start", re.compile(r"Warming up model|Warming up the model|Starting warmup"), {}),
     ("aot_compile_saved", re.compile(r"saved AOT compiled function"), {}),
-    ("aot_compile_loaded", re.compile(r"[Ll]oad(?:ed|ing)? (?:the )?AOT compiled|Directly load the compiled graph"), {}),
+    ("aot_compile_loaded", re.compile(r"[Ll]oad(?:ed|ing)? (?:the )?AOT compiled|Directly load the compiled graph"),
+     {}),
     ("warmup_done", re.compile(r"Warming up done|Warmup finished|[Ww]arm-?up (?:run )?(?:is )?(?:done|complete)"), {}),
     ("dynamo_transform", re.compile(r"Dynamo bytecode transform time: " + _NUM + r"\s*s"), {1: "seconds"}),
     ("graph_compile", re.compile(r"Compiling a graph for (?:dynamic shape|compile range \S+|general shape) "
@@ -114,7 +116,7 @@ def parse_startup_log(lines: Iterable[str | tuple[float, str]]) -> dict:
     "Warming up model for the compilation" to "Warming up done").  Phases absent from the log are absent from both.
     """
     events: list[dict] = []
-    t0_clock = None
+    t0_clock: float | None = None
     seen: set[str] = set()
     last_t = None
     for item in lines:
@@ -124,7 +126,7 @@ def parse_startup_log(lines: Iterable[str | tuple[float, str]]) -> dict:
             t0_clock = clock
         if t is None:
             # uvicorn's own lines carry no clock: they inherit the previous line's
-            t = clock - t0_clock if clock is not None else last_t
+            t = clock - t0_clock if clock is not None and t0_clock is not None else last_t
         last_t = t
         for phase, rx, fields in STARTUP_PATTERNS:
             m = rx.search(line)
@@ -178,7 +180,6 @@ def parse_startup_log(lines: Iterable[str | tuple[float, str]]) -> dict:
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
     """Linux: SIGTERM the server when the harness dies without stopping it (e.g. SIGKILL)."""
     try:
-        import ctypes
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
@@ -226,8 +227,9 @@ class Endpoint:
                                           f"{timeout:.0f} s")
             time.sleep(poll)
 
-    def check(self) -> None:
-        """Raise if the server is gone (attach mode: /health does not answer)."""
+    def check(self, when: str = "") -> None:
+        """Raise if the server is gone (attach mode: /health does not answer); ``when`` says what the
+        harness was doing, for a launched server's message."""
         try:
             ok = _get(self.base_url + "/health", 5.0).status_code == 200
         except httpx.HTTPError as exc:
@@ -238,8 +240,9 @@ class Endpoint:
     def alive(self) -> bool:
         return True
 
-    def stop(self) -> None:
-        pass
+    def stop(self, grace: float = 20.0) -> int | None:
+        """Nothing to stop (the harness did not start it): no exit code."""
+        return None
 
     def startup(self) -> dict:
         return {"events": [], "summary": {}}
@@ -264,7 +267,7 @@ class ServerProcess(Endpoint):
         self.started_at: float | None = None  # wall clock
 
     # -- life cycle
-    def start(self) -> "ServerProcess":
+    def start(self) -> ServerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         env.update(self.env or {})
@@ -321,8 +324,10 @@ class ServerProcess(Endpoint):
         ``timeout`` seconds (the process is left running: call :meth:`stop`)."""
         if self.proc is None:
             self.start()
+        proc = self.proc
+        assert proc is not None   # start() set it or raised
         while True:
-            rc = self.proc.poll()
+            rc = proc.poll()
             if rc is not None:
                 raise ServerDied(rc, self.log_tail(), self.log_path, "before it was ready")
             models = probe_ready(self.base_url, timeout=min(5.0, poll * 5))
@@ -356,6 +361,8 @@ class ServerProcess(Endpoint):
         self._signal(signal.SIGKILL)
 
     def _signal(self, sig, quiet: bool = False) -> None:
+        if self.proc is None:
+            raise ServerError("server not started")
         try:
             os.killpg(self.proc.pid, sig)
         except (ProcessLookupError, PermissionError):

@@ -16,6 +16,8 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+import warnings
+from itertools import pairwise
 from pathlib import Path
 
 from calibration.harness.bundle import BundleError
@@ -26,8 +28,6 @@ TRACE_FORMATS = ("auto", "azure", "mooncake", "plain")
 
 def read(path: str, fmt: str = "auto", limit: int | None = None):
     """The :class:`simulator.traces.Trace` of ``path``; :class:`BundleError` names the flag and the fix."""
-    import warnings
-
     if fmt not in TRACE_FORMATS:
         raise BundleError(f"--trace-format {fmt}: unknown; use one of {', '.join(TRACE_FORMATS)}")
     if limit is not None and limit < 1:
@@ -43,7 +43,7 @@ def read(path: str, fmt: str = "auto", limit: int | None = None):
 def describe(trace, path: Path, fmt: str) -> dict:
     """What the reports say about a trace workload (rates in requests per second)."""
     arr = [float(x) for x in trace.arrival_s]
-    gaps = [b - a for a, b in zip(arr, arr[1:])]
+    gaps = [b - a for a, b in pairwise(arr)]
     span = arr[-1] if arr else 0.0
     mean_gap = sum(gaps) / len(gaps) if gaps else math.nan
     cv = (math.sqrt(sum((g - mean_gap) ** 2 for g in gaps) / len(gaps)) / mean_gap
@@ -77,7 +77,8 @@ def trace_phase(path: str, fmt: str, limit: int | None, max_model_len: int) -> d
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", p.stem).strip("-.") or "file"
     name = f"load_trace_{stem}"
     reqs = [[f"{name}-{i}", int(a_in), int(a_out), round(float(t), 6)]
-            for i, (t, a_in, a_out) in enumerate(zip(trace.arrival_s, trace.input_tokens, trace.output_tokens))]
+            for i, (t, a_in, a_out) in enumerate(zip(trace.arrival_s, trace.input_tokens, trace.output_tokens,
+                                                     strict=True))]   # a trace's columns: one entry per request
     return {"name": name, "kind": "load", "mode": "open", "requests": reqs, "rate": None,
             "workload": describe(trace, p, fmt)}
 

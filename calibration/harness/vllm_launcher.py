@@ -53,11 +53,15 @@ def _metadata(name):
     return _orig_metadata(_resolve(name))
 
 
+_installed = False   # install() has patched importlib.metadata
+
+
 def install() -> None:
     """Map metadata look-ups of ``vllm`` onto the installed distribution (idempotent)."""
-    if getattr(_resolve, "patched", False):
+    global _installed
+    if _installed:
         return
-    _resolve.patched = True
+    _installed = True
     _md.distribution = _distribution
     _md.version = _version
     _md.metadata = _metadata
@@ -107,7 +111,7 @@ if os.environ.get("EPDSIM_NIXL_PROGRESS_THREAD") == "0":
 
 
 def main(argv: list[str] | None = None) -> int:
-    from vllm.entrypoints.cli.main import main as vllm_main
+    from vllm.entrypoints.cli.main import main as vllm_main  # noqa: PLC0415 - vLLM's environment only, after the patch
     sys.argv = ["vllm", *(sys.argv[1:] if argv is None else argv)]
     return vllm_main() or 0
 
