@@ -28,12 +28,13 @@ import time
 import urllib.request
 from pathlib import Path
 
+from streamlit.testing.v1 import AppTest
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
 def server_side(changes: int) -> list[float]:
-    from streamlit.testing.v1 import AppTest
     at = AppTest.from_file(str(REPO / "app" / "Home.py"), default_timeout=120).run()
     assert not at.exception, at.exception
     out = []
@@ -57,11 +58,11 @@ def browser(changes: int) -> list[float] | None:
     if not (chromium and driver_path):
         print("browser: skipped (no chromium/chromedriver)")
         return None
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.common.keys import Keys
-    from selenium.webdriver.support.ui import WebDriverWait
+    from selenium import webdriver  # noqa: PLC0415 - selenium is optional (the test extra): only the browser measurement needs it
+    from selenium.webdriver.chrome.service import Service  # noqa: PLC0415 - selenium is optional (the test extra): only the browser measurement needs it
+    from selenium.webdriver.common.by import By  # noqa: PLC0415 - selenium is optional (the test extra): only the browser measurement needs it
+    from selenium.webdriver.common.keys import Keys  # noqa: PLC0415 - selenium is optional (the test extra): only the browser measurement needs it
+    from selenium.webdriver.support.ui import WebDriverWait  # noqa: PLC0415 - selenium is optional (the test extra): only the browser measurement needs it
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-app-"))
     port = _free_port()
@@ -99,7 +100,7 @@ def browser(changes: int) -> list[float] | None:
             box.send_keys(f"{21 + i}")
             t0 = time.perf_counter()
             box.send_keys(Keys.ENTER)
-            wait.until(lambda d: ttft() and ttft() != before)
+            wait.until(lambda d, before=before: ttft() and ttft() != before)
             wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".js-plotly-plot path.js-line")) >= 4)
             out.append(time.perf_counter() - t0)
         return out

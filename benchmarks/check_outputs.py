@@ -21,6 +21,9 @@ from pathlib import Path
 
 import yaml
 
+from simulator.run import simulate
+from simulator.scenario import load_scenario
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -34,8 +37,6 @@ def _scenarios() -> list[Path]:
 
 
 def snapshot(dest: Path, scripts: bool) -> None:
-    from simulator.run import simulate
-    from simulator.scenario import load_scenario
     dest.mkdir(parents=True, exist_ok=True)
     for path in _scenarios():
         res = simulate(load_scenario(path))
@@ -65,7 +66,8 @@ def compare(old: Path, new: Path) -> int:
             bad += 1
         elif a.read_bytes() != b.read_bytes():
             la, lb = a.read_text().splitlines(), b.read_text().splitlines()
-            first = next((i for i, (x, y) in enumerate(zip(la, lb)) if x != y), min(len(la), len(lb)))
+            first = next((i for i, (x, y) in enumerate(zip(la, lb, strict=False)) if x != y),
+                         min(len(la), len(lb)))
             print(f"DIFFERS {rel}: {len(la)} vs {len(lb)} lines, first difference at line {first + 1}")
             bad += 1
     print(f"{len(names) - bad} of {len(names)} files identical")

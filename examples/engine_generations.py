@@ -37,5 +37,6 @@ if __name__ == "__main__":
         print(name)
         for eng in ENGINES:
             s = run(eng, wl)
-            print(f"  {eng:8s} {s['output_tokens_per_s']:9,.0f} output tok/s   TTFT p50 {s['ttft_s']['p50'] * 1e3:7.1f} ms"
+            print(f"  {eng:8s} {s['output_tokens_per_s']:9,.0f} output tok/s"
+                  f"   TTFT p50 {s['ttft_s']['p50'] * 1e3:7.1f} ms"
                   f"   TPOT p50 {s['tpot_s']['p50'] * 1e3:6.2f} ms")

@@ -16,15 +16,16 @@ import yaml
 import hwdb
 from simulator.epd.epd import encoder_model
 from simulator.epd.epd_config import EncoderConfig
+from simulator.epd.vision import encoder_flops, patches, vision_arch, visual_tokens
 from simulator.goodput import find_goodput
 from simulator.run import simulate
 from simulator.scenario import parse_scenario
-from simulator.epd.vision import encoder_flops, patches, vision_arch, visual_tokens
 
 # H20 is not in hwdb (no sourced datasheet was read); these figures are the widely reported NVIDIA HGX H20
 # specification and are used only for the ViT timing check below.
 H20 = {"name": "H20", "vendor": "nvidia",
-       "memory_bytes": {"value": 96e9, "source": "NVIDIA H20 (96 GB HBM3), widely reported; not verified", "empirical": True},
+       "memory_bytes": {"value": 96e9, "source": "NVIDIA H20 (96 GB HBM3), widely reported; not verified",
+                        "empirical": True},
        "memory_bandwidth_Bps": {"value": 4.0e12, "source": "widely reported 4.0 TB/s; not verified", "empirical": True},
        "peak_flops": {"bf16": {"value": 148e12, "source": "widely reported 148 TFLOPS dense BF16; not verified",
                                "empirical": True},

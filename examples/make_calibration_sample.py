@@ -15,13 +15,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+import yaml
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import yaml  # noqa: E402
-
-import hwdb  # noqa: E402
-from tests import synthetic_bundle as sb  # noqa: E402
+import hwdb  # noqa: E402 - after the sys.path entry: this checkout's packages
+from tests import synthetic_bundle as sb  # noqa: E402 - after the sys.path entry (tests/ is not installed)
 
 OUT = REPO / "examples" / "calibration_sample"
 

@@ -13,8 +13,10 @@ from simulator.goodput import find_goodput
 from simulator.scenario import parse_scenario
 
 WORKLOADS = {
-    "chat (512 in / 512 out)": ({"kind": "uniform", "low": 256, "high": 768}, {"kind": "uniform", "low": 256, "high": 768}),
-    "summarise (4096 in / 128 out)": ({"kind": "uniform", "low": 3072, "high": 5120}, {"kind": "uniform", "low": 64, "high": 192}),
+    "chat (512 in / 512 out)": ({"kind": "uniform", "low": 256, "high": 768},
+                                {"kind": "uniform", "low": 256, "high": 768}),
+    "summarise (4096 in / 128 out)": ({"kind": "uniform", "low": 3072, "high": 5120},
+                                      {"kind": "uniform", "low": 64, "high": 192}),
 }
 RATIOS = [(1, 3), (2, 2), (3, 1)]
 

@@ -1,8 +1,9 @@
 """Helpers for the browser tests: `epdsim app` on a free localhost port and Debian's headless Chromium
 driven by Selenium (no browser is ever downloaded; CI installs `chromium` and `chromium-driver`).
 
-Import the fixtures into a test module (``from tests.browser import app_server, driver``) and mark it
-with :data:`pytestmark`, which skips with the reason when Chromium or its driver is missing.
+Import the fixtures into a test module (``from tests.browser import app_server_fixture, driver_fixture``: pytest
+finds them there by their names, ``app_server`` and ``driver``) and mark it with :data:`pytestmark`, which skips
+with the reason when Chromium or its driver is missing.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from tests.conftest import REPO
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
 try:
-    import selenium  # noqa: F401
+    import selenium  # noqa: F401 - only whether it imports
     HAVE_SELENIUM = True
 except ImportError:
     HAVE_SELENIUM = False
@@ -79,16 +80,16 @@ def running_app(env: dict, log_path):
         log.close()
 
 
-@pytest.fixture(scope="module")
-def app_server(tmp_path_factory):
+@pytest.fixture(scope="module", name="app_server")
+def app_server_fixture(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("app")
     env = {**os.environ, "EPDSIM_HWDB": str(tmp_path / "user-hwdb"), "HOME": str(tmp_path)}
     with running_app(env, tmp_path / "app.log") as url:
         yield url
 
 
-@pytest.fixture
-def driver(tmp_path):
+@pytest.fixture(name="driver")
+def driver_fixture(tmp_path):
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
     opts = webdriver.ChromeOptions()

@@ -72,7 +72,8 @@ def _vllm_python() -> str | None:
     for cand in ([env] if env else [str(REPO / ".venv-vllm" / "bin" / "python")]):
         if not Path(cand).exists():
             continue
-        r = subprocess.run([cand, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"],
+        r = subprocess.run([cand, "-c",
+                            "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"],
                            capture_output=True, timeout=60)
         if r.returncode == 0:
             return cand

@@ -20,7 +20,7 @@ LINK = (REPO / "hwdb" / "data" / "links" / "cloud-vpc.yaml").read_text()
 LLAMA = json.loads((REPO / "hwdb" / "data" / "models" / "Llama-3.1-8B" / "config.json").read_text()) \
     if (REPO / "hwdb" / "data" / "models" / "Llama-3.1-8B" / "config.json").exists() else None
 LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
-    f"{c}: &{c} [{', '.join(['*' + p] * 10)}]\n" for p, c in zip("abcdefgh", "bcdefghi")) + "model: *i\n"
+    f"{c}: &{c} [{', '.join(['*' + p] * 10)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True)) + "model: *i\n"
 
 
 def scenario(**workload) -> dict:

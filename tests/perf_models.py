@@ -14,7 +14,8 @@ from simulator.step_build import build_step_model
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 KERNELS = SHARED / "data" / "kernels"
 needs_shared = pytest.mark.skipif(not KERNELS.is_dir(),
-                                  reason=f"{KERNELS} is absent (CI has ../shared); these tests read measured kernel data")
+                                  reason=f"{KERNELS} is absent (CI has ../shared); "
+                                         "these tests read measured kernel data")
 
 
 def deployment(db, model: str, gpu: str = "H100", tp: int = 1, dtype: str = "bf16", pp: int = 1):

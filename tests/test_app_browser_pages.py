@@ -9,10 +9,22 @@ the shipped sample bundle fitted and validated; Hardware: a GPU added with its s
 """
 from __future__ import annotations
 
+import time
+
 from app.services import share
-from tests.browser import (alerts, app_server, assert_no_traceback, body_text, driver,  # noqa: F401
-                           needs_chromium, pytestmark as _selenium)
-from tests.browser import click as _click, metrics, settled as _settled, wait as _wait
+from tests.browser import (
+    alerts,
+    app_server_fixture,  # noqa: F401 - a pytest fixture: pytest finds it in this module as `app_server`
+    assert_no_traceback,
+    body_text,
+    driver_fixture,  # noqa: F401 - a pytest fixture: pytest finds it in this module as `driver`
+    metrics,
+    needs_chromium,
+)
+from tests.browser import click as _click
+from tests.browser import pytestmark as _selenium
+from tests.browser import settled as _settled
+from tests.browser import wait as _wait
 from tests.conftest import REPO
 from tests.test_app_ops import expected_ops
 
@@ -42,7 +54,6 @@ def _alerts(drv) -> str:
 
 def _shot(drv, name: str) -> None:
     """A screenshot of the whole page: the window grown to the height of Streamlit's scrolling main area."""
-    import time
     SHOTS.mkdir(parents=True, exist_ok=True)
     path = SHOTS / f"{name}.png"
     height = drv.execute_script("const m = document.querySelector('[data-testid=\"stMain\"]');"

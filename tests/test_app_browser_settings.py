@@ -10,9 +10,20 @@ from __future__ import annotations
 
 import re
 
-from tests.browser import (alerts, app_server, assert_no_traceback, body_text, driver,  # noqa: F401
-                           needs_chromium, pytestmark as _selenium)
-from tests.browser import click as _click, idle, metrics, settled as _settled, wait as _wait
+from tests.browser import (
+    alerts,
+    app_server_fixture,  # noqa: F401 - a pytest fixture: pytest finds it in this module as `app_server`
+    assert_no_traceback,
+    body_text,
+    driver_fixture,  # noqa: F401 - a pytest fixture: pytest finds it in this module as `driver`
+    idle,
+    metrics,
+    needs_chromium,
+)
+from tests.browser import click as _click
+from tests.browser import pytestmark as _selenium
+from tests.browser import settled as _settled
+from tests.browser import wait as _wait
 
 pytestmark = [_selenium, needs_chromium]
 MODEL = "Qwen3-30B-A3B"
@@ -34,7 +45,9 @@ def _selected(drv, label: str, where: str = "") -> str | None:
 
     def read(d):
         box = _selectbox(d, label, where)
-        return None if box is None else box.find_element(By.CSS_SELECTOR, "input[role='combobox']").get_attribute("value")
+        if box is None:
+            return None
+        return box.find_element(By.CSS_SELECTOR, "input[role='combobox']").get_attribute("value")
     return _settled(read)(drv)
 
 
@@ -106,7 +119,8 @@ def test_fp8_kv_fp8_dp_ep_set_on_home_travel_to_plan_and_operations(app_server, 
     assert "model error band" in body_text(driver)
 
     _page(driver, app_server, "Plan")
-    _wait(driver, 120).until(lambda d: _selectbox(d, "GPUs on offer", "") is not None or "Run the planner" in body_text(d))
+    _wait(driver, 120).until(lambda d: _selectbox(d, "GPUs on offer", "") is not None
+                             or "Run the planner" in body_text(d))
     _open_expanders(driver, "plan request")
     _wait(driver, 60).until(lambda d: "kv_cache_dtype: fp8" in _code(d))
     request = _code(driver)

@@ -10,6 +10,7 @@ import pytest
 import yaml
 from streamlit.testing.v1 import AppTest
 
+import hwdb
 from app.services import bundles, calibration, scenarios
 from tests.conftest import REPO
 from tests.synthetic_bundle import CPU_TRUTH
@@ -107,7 +108,6 @@ def test_not_a_zip_is_an_inline_error():
 
 
 def test_saving_refuses_a_name_that_would_replace_a_shipped_entry(tmp_path):
-    import hwdb
     gpu = next(iter(hwdb.load().gpus))
     files = {f"gpus/{gpu}.yaml": yaml.safe_dump({"name": gpu}).encode()}
     with pytest.raises(scenarios.InputError, match="shipped entry"):

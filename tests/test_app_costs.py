@@ -29,7 +29,8 @@ def test_named_costs_of_an_autoscaling_run(run):
     named = costs.named_costs(s)
     assert list(named) == [costs.STATIC, costs.BILLED] and costs.headline(named) == costs.BILLED
     assert named[costs.STATIC]["usd_per_hour"] == pytest.approx(4.25)          # one H100 as configured
-    assert named[costs.STATIC]["usd_per_million_output_tokens"] == pytest.approx(s["cost_usd_per_million_output_tokens"])
+    assert named[costs.STATIC]["usd_per_million_output_tokens"] == \
+        pytest.approx(s["cost_usd_per_million_output_tokens"])
     billed = named[costs.BILLED]
     assert billed["usd"] == pytest.approx(o["cost_usd"]) and billed["gpu_hours"] == pytest.approx(o["gpu_hours"])
     assert billed["usd_per_hour"] == pytest.approx(o["cost_usd"] / (o["end_s"] / 3600.0))

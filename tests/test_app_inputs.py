@@ -137,7 +137,8 @@ def test_pin_then_compare_two_of_your_own_configurations():
     _ok(at)
     assert at.selectbox(key="preset").value == "pinned vs current"
     df = at.dataframe[0].value
-    assert list(c for c in df.columns if c not in ("best", "better")) == [
+    assert [c for c in df.columns if c not in ("best", "better")] == [
         "llama8b-h100-chat", "current: Llama-3.1-8B-3xH100-SXM-80GB-TP1"]
     assert df.loc["GPUs"].tolist()[:2] == [2, 3]
-    assert df.loc["TTFT p50 (s)", "current: Llama-3.1-8B-3xH100-SXM-80GB-TP1"] < df.loc["TTFT p50 (s)", "llama8b-h100-chat"]
+    assert (df.loc["TTFT p50 (s)", "current: Llama-3.1-8B-3xH100-SXM-80GB-TP1"]
+            < df.loc["TTFT p50 (s)", "llama8b-h100-chat"])

@@ -3,8 +3,10 @@ over time with scale events and crash markers, failed and retried requests, GPU-
 counts the instances that came and went (not the initial deployment's price per hour)."""
 from __future__ import annotations
 
+import base64
 import json
 
+import numpy as np
 import pytest
 import yaml
 from streamlit.testing.v1 import AppTest
@@ -18,9 +20,6 @@ from tests.conftest import REPO
 def _array(v) -> list:
     """A Plotly JSON array: a list, or a typed array ({"dtype", "bdata"}) as Plotly writes numpy data."""
     if isinstance(v, dict):
-        import base64
-
-        import numpy as np
         return np.frombuffer(base64.b64decode(v["bdata"]), dtype=v["dtype"]).tolist()
     return list(v)
 
@@ -53,9 +52,11 @@ def test_instance_counts_follow_the_scale_up_and_the_drain(autoscale):
     o = autoscale.summary["operations"]
     s = opsviews.instances_series(o)
     assert s["serving"].max() == o["peak_instances"]["main"] == 6
+
+    def at(t, col):
+        return int(s[s["t_s"] <= t][col].iloc[-1])
     # Before the scale-up decision one instance serves; the five new ones are billed from their node's
     # provisioning (30 s after the decision) but serve only after their cold start.
-    at = lambda t, col: int(s[s["t_s"] <= t][col].iloc[-1])  # noqa: E731
     up = o["scale_ups"][0]
     assert at(up["decided_s"] + 1, "serving") == 1
     assert at(up["decided_s"] + 31, "billed") == 6 and at(up["decided_s"] + 31, "serving") == 1

@@ -6,11 +6,17 @@ shows an inline st.error with the fix, never an exception.
 """
 from __future__ import annotations
 
+import json
 import re
 
+import pandas as pd
 import pytest
+import yaml
 from streamlit.testing.v1 import AppTest
 
+import hwdb
+from app import ui
+from tests import synthetic_bundle as tcf
 from tests.conftest import REPO
 
 APP = REPO / "app"
@@ -90,11 +96,11 @@ def test_home_tables_view_says_what_it_shows_and_offers_full_downloads():
     _ok(at)
     assert any("first 1,000 of 4,000 requests" in c.value for c in at.caption), [c.value for c in at.caption]
     labels = [b.proto.label for b in at.get("download_button")]
-    assert "requests CSV (4,000 rows)" in labels and {"requests Parquet", "summary JSON", "scenario YAML"} <= set(labels)
+    assert "requests CSV (4,000 rows)" in labels
+    assert {"requests Parquet", "summary JSON", "scenario YAML"} <= set(labels)
 
 
 def test_log_scale_toggles_on_home_and_compare():
-    import json
     at = _page("Home.py").run()
     at.toggle(key="log-axes").set_value(True).run()
     _ok(at)
@@ -103,7 +109,8 @@ def test_log_scale_toggles_on_home_and_compare():
     cmp = _page("pages/1_Compare.py").run()
     cmp.toggle(key="cmp-log").set_value(True).run()
     _ok(cmp)
-    assert any(json.loads(c.proto.spec)["layout"].get("yaxis", {}).get("type") == "log" for c in cmp.get("plotly_chart"))
+    assert any(json.loads(c.proto.spec)["layout"].get("yaxis", {}).get("type") == "log"
+               for c in cmp.get("plotly_chart"))
 
 
 def test_home_pd_layout_and_prices():
@@ -144,7 +151,6 @@ def test_compare_presets():
 def test_epd_scenario_breakdown_images_and_compare():
     """A multimodal E+PD scenario: encoder phases appear in the breakdown, fewer images per request
     shorten TTFT, and the deployment comparison adds an E+PD column."""
-    import yaml
     d = yaml.safe_load((REPO / "examples" / "epd_images_epd.yaml").read_text())
     at = _page("Home.py")
     at.session_state["scenario"] = d
@@ -228,12 +234,8 @@ def test_calibration_page_errors_inline(tmp_path, monkeypatch):
 
 def test_calibration_page_fits_and_validates_a_bundle(tmp_path, monkeypatch):
     monkeypatch.setenv("EPDSIM_BUNDLE_ROOTS", str(tmp_path))
-    import hwdb
-    from tests import synthetic_bundle as tcf
     tiny = tmp_path / "tiny-llama"
     tiny.mkdir()
-    import json
-    import yaml
     (tiny / "config.json").write_text(json.dumps(tcf.TINY_CONFIG))
     (tiny / "epdsim.yaml").write_text(yaml.safe_dump({"name": "tiny-llama", "source": "test"}))
     hw = tcf.write_truth_hwdb(tmp_path / "truth-hw", tiny, tcf.CPU_TRUTH, hwdb.load())
@@ -301,8 +303,6 @@ def test_home_removing_a_bad_trace_restores_the_workload():
 
 
 def test_result_tables_format_fractions_as_percentages_and_seconds_with_units():
-    import pandas as pd
-    from app import ui
     cc = ui.column_config(pd.DataFrame({"attainment": [0.9872], "ttft_s": [0.1], "cost_usd_per_hour": [8.5],
                                         "layout": ["x"], "gpus": [2]}))
     assert cc["attainment"]["type_config"]["format"] == "percent"
@@ -314,7 +314,9 @@ def test_result_tables_format_fractions_as_percentages_and_seconds_with_units():
 def test_plan_page_band_edge_checkbox_sets_the_request_option():
     at = _page("pages/2_Plan.py").run()
     _ok(at)
-    yaml_of = lambda: "\n".join(c.value for c in at.code)   # noqa: E731  (the request YAML expander)
+
+    def yaml_of():          # the request YAML expander
+        return "\n".join(c.value for c in at.code)
     assert "slo_at_band_edge" not in yaml_of()
     at.checkbox(key="plan-band-edge").check().run()
     _ok(at)

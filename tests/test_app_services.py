@@ -2,18 +2,36 @@
 hashing and caching, uploads parsed safely, phase breakdowns that add up, costs, HTML reports and the CLI."""
 from __future__ import annotations
 
+import argparse
 import copy
+import html as htmllib
+import io
+import json
+import os
 import pickle
+import re
+import signal
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 
 import numpy as np
+import pandas as pd
+import plotly.io as pio
 import pytest
 import yaml
 
-from app import charts, report
-from app.services import builder, compare, jobs, scenarios, views
+from app import charts, cli, report
+from app.services import builder, compare, exports, jobs, scenarios, views
+from simulator.plan import run_plan
+from simulator.plan.bands import verdict
+from simulator.plan.request import parse_plan_request
+from simulator.saturation import saturation
+from simulator.scenario import parse_scenario
 from tests.conftest import REPO
+from tests.test_plan import request
 
 
 def small(n: int = 300, rate: float = 20.0) -> dict:
@@ -170,11 +188,9 @@ def _figure_scripts(html: str) -> list[str]:
 def test_reports_draw_in_the_app_palette_under_streamlit(res, monkeypatch):
     """In the app's process Streamlit makes its template Plotly's default; its colours are placeholders
     (#000001, #000002, ...) that only its frontend replaces, so a downloaded report drew every series black."""
-    import re
-
-    import plotly.io as pio
     monkeypatch.setattr(pio.templates, "default", pio.templates.default)    # restored after the test
-    import streamlit.elements.plotly_chart  # noqa: F401 - registers the "streamlit" template
+    # importing it makes the "streamlit" template Plotly's default: only here, after the monkeypatch saved the old one
+    import streamlit.elements.plotly_chart  # noqa: F401, PLC0415 - imported for that effect, at this point
     pio.templates.default = "streamlit"
     other = scenarios.run(small(rate=30.0))
     results = {"a": res, "b": other}
@@ -198,18 +214,13 @@ def test_cli_simulate_report_and_report_errors(tmp_path):
 def test_epdsim_app_serves_without_a_terminal_or_headless_flag(tmp_path):
     """The README's main command ends with a plain ``epdsim app``: on a fresh machine Streamlit's first-run
     email prompt would wait on stdin before the server listens. With stdin closed it must still serve."""
-    import os
-    import signal
-    import socket
-    import time
-    import urllib.request
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}   # a home without ~/.streamlit credentials
-    proc = subprocess.Popen([sys.executable, "-m", "simulator.cli", "app", "--port", str(port), "--address", "127.0.0.1"],
-                            cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen([sys.executable, "-m", "simulator.cli", "app", "--port", str(port),
+                             "--address", "127.0.0.1"], cwd=REPO, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         end, answer = time.monotonic() + 60, None
         while time.monotonic() < end and proc.poll() is None and answer is None:
@@ -227,9 +238,6 @@ def test_epdsim_app_serves_without_a_terminal_or_headless_flag(tmp_path):
 
 def test_epdsim_app_hides_streamlits_deploy_button(monkeypatch):
     """The toolbar's Deploy button opens a Streamlit Cloud dialog that means nothing to a planner's user."""
-    import argparse
-
-    from app import cli
     calls = []
 
     class Finished:
@@ -252,7 +260,6 @@ def test_epdsim_app_hides_streamlits_deploy_button(monkeypatch):
 
 def test_compare_rows_read_in_units_and_float_noise_does_not_win():
     """Issue 18 item 7: Compare's table in the one formatter's units; "best" needs a real difference."""
-    import pandas as pd
     assert compare.row_formatter("TTFT p50 (s)")(0.0123) == "12.3 ms"
     assert compare.row_formatter("E2E p50 (s)")(144.492) == "144 s"
     assert compare.row_formatter("SLO attainment")(0.9872) == "98.7%"
@@ -274,7 +281,6 @@ def test_compare_rows_read_in_units_and_float_noise_does_not_win():
 
 
 def test_saturation_names_the_bottleneck_pool_only_when_overloaded(res):
-    from simulator.saturation import saturation
     assert saturation(res) is None                            # 20 req/s on 2x H100: keeps up
     over = scenarios.run(small(600, rate=400.0))
     sat = saturation(over)
@@ -288,12 +294,6 @@ def test_saturation_names_the_bottleneck_pool_only_when_overloaded(res):
 
 def test_exports_hold_every_request_and_reload():
     """Issue 18 item 8: the downloads are the whole run, not the 1,000 rows the page shows."""
-    import io
-    import json
-
-    import pandas as pd
-    from app.services import exports
-    from simulator.scenario import parse_scenario
     big = scenarios.run(small(1500))
     assert len(pd.read_csv(io.BytesIO(exports.requests_csv(big)))) == 1500
     assert len(pd.read_parquet(io.BytesIO(exports.requests_parquet(big)))) == 1500
@@ -308,10 +308,6 @@ def test_exports_hold_every_request_and_reload():
 
 
 def test_reports_embed_the_scenario_yaml_and_can_load_plotly_from_the_cdn(res, tmp_path):
-    import html as htmllib
-    import re
-
-    from simulator.scenario import parse_scenario
     page = report.results_html(res)
     text = re.search(r"<pre id='scenario-yaml'>(.*?)</pre>", page, re.S).group(1)
     assert parse_scenario(yaml.safe_load(htmllib.unescape(text))) == res.scenario
@@ -329,13 +325,6 @@ def test_reports_embed_the_scenario_yaml_and_can_load_plotly_from_the_cdn(res, t
 
 
 def test_plan_report_states_target_slo_workload_and_embeds_the_request():
-    import html as htmllib
-    import re
-
-    from simulator.plan import run_plan
-    from simulator.plan.bands import verdict
-    from simulator.plan.request import parse_plan_request
-    from tests.test_plan import request
     req = parse_plan_request(request(search={"verify": 1, "borderline": 0, "verify_front": 0, "replications": 1,
                                              "requests": 200, "goodput_iterations": 1}))
     result = run_plan(req, workers=1)
@@ -369,7 +358,6 @@ def test_link_chart_is_downsampled_and_keeps_the_busy_time():
 
 
 def test_log_axes_pareto_titles_target_line_and_legends(res):
-    import pandas as pd
     figs = charts.results_figures("r", res, 0.5, 0.05, log=True)
     assert figs["cdf_ttft"].layout.xaxis.type == "log" and figs["queue"].layout.yaxis.type == "log"
     assert charts.results_figures("r", res, 0.5, 0.05, which=("cdf_ttft",))["cdf_ttft"].layout.xaxis.type != "log"
@@ -390,6 +378,5 @@ def test_log_axes_pareto_titles_target_line_and_legends(res):
 
 def test_reports_say_how_sure_each_pool_is(res):
     """The HTML report carries each pool's calibration status and error band (docs/validation/e2e.md)."""
-    from app import report
     html_text = report.results_html(res)
     assert "confidence (" in html_text and "kernel-fitted" in html_text

@@ -1,17 +1,23 @@
-"""Autoscaling (simulator/ops/autoscale.py, simulator/engine/opsengine.py): a step in load, start delays, drains, GPU-hours."""
+"""Autoscaling (simulator/ops/autoscale.py, simulator/engine/opsengine.py): a step in load, start delays, drains,
+GPU-hours."""
 from __future__ import annotations
 
 import math
 import typing
 
+import pandas as pd
 import pytest
 
+from simulator.cli import main
+from simulator.engine.opsengine import pool_context
 from simulator.ops.autoscale import PoolContext, instance_capacity
+from simulator.ops.opsstart import StartTimes
+from simulator.ops.opsstart import start_times as _start_times
 from simulator.roles import ROLES
 from simulator.run import simulate
 from simulator.scenario import PoolConfig, ScenarioError, load_scenario, resolve
-from simulator.ops.opsstart import StartTimes, start_times as _start_times
 from tests.conftest import REPO, pool, scenario
+from tests.test_invariants import util_for_kv_tokens
 
 STEP_AT = 60.0
 INTERVAL = 5.0
@@ -70,7 +76,8 @@ def test_persistent_compile_cache_shortens_scale_up_by_the_compile_phase(step_ru
     cold, warm = start_times(step_scenario(20.0)), start_times(step_scenario(20.0, cache="persistent"))
     saved = cold.new_delay() - warm.new_delay()
     bd_c, bd_w = cold.new_breakdown, warm.new_breakdown
-    phases = (bd_c.seconds("compile") - bd_w.seconds("compile")) + (bd_c.seconds("kv_profile") - bd_w.seconds("kv_profile"))
+    phases = ((bd_c.seconds("compile") - bd_w.seconds("compile"))
+              + (bd_c.seconds("kv_profile") - bd_w.seconds("kv_profile")))
     assert phases > 5.0
     period = cold.pod_spec.startup.period_s        # Ready comes at the first startup probe after the API answers
     assert abs(saved - phases) < period
@@ -102,7 +109,8 @@ def test_scale_down_drains_before_removal_and_loses_nothing():
 
 def test_gpu_hours_closed_form_without_scaling():
     """Load far below capacity: no scaling; GPU-hours = instances x GPUs x run time."""
-    scn = scenario(pools=pool(instances=2), operations={"autoscale": {"main": {"min_instances": 2, "max_instances": 4}}})
+    scn = scenario(pools=pool(instances=2),
+                   operations={"autoscale": {"main": {"min_instances": 2, "max_instances": 4}}})
     res = simulate(scn)
     ops = res.summary["operations"]
     assert ops["scale_ups"] == [] and ops["wasted_gpu_s"] == 0
@@ -122,21 +130,19 @@ def test_gpu_hours_add_up_over_incarnations(step_runs):
 
 
 def test_kv_policy_scales_a_kv_bound_pool():
-    from tests.test_invariants import util_for_kv_tokens
     engine = {"max_num_seqs": 256, "max_model_len": 4096}
     engine["gpu_memory_utilization"] = util_for_kv_tokens(20000, engine)
     ops = {"autoscale": {"main": {"policy": "kv", "target_kv": 0.5, "max_instances": 4, "interval_s": 5}},
            "startup": {"image_cached": True}}
     scn = scenario(pools=pool(engine=engine), operations=ops,
-                   workload={"arrival": {"kind": "poisson", "rate": 6.0}, "input_length": {"kind": "fixed", "value": 1024},
+                   workload={"arrival": {"kind": "poisson", "rate": 6.0},
+                             "input_length": {"kind": "fixed", "value": 1024},
                              "output_length": {"kind": "fixed", "value": 256}, "num_requests": 600})
     ops_out = simulate(scn).summary["operations"]
     assert ops_out["scale_ups"] and ops_out["peak_instances"]["main"] > 1
 
 
 def test_slo_policy_sizes_prefill_and_decode_separately():
-    from simulator.ops.autoscale import instance_capacity
-    from simulator.engine.opsengine import pool_context
 
     def pd(inp, out):
         auto = {"policy": "slo", "max_instances": 8, "interval_s": 10, "window_s": 20}
@@ -188,7 +194,6 @@ def test_bad_operations_are_clear_errors(ops, match):
 
 
 def test_cli_bad_operations_exit_2(tmp_path, capsys):
-    from simulator.cli import main
     bad = tmp_path / "bad.yaml"
     bad.write_text("model: Llama-3.1-8B\npools: [{gpu: H100}]\n"
                    "workload: {arrival: {kind: poisson, rate: 1}, input_length: {kind: fixed, value: 8},"
@@ -217,7 +222,6 @@ def test_unstartable_pods_never_serve_and_are_reported():
 
 
 def test_cli_prints_the_operations_table(tmp_path, capsys):
-    from simulator.cli import main
     scn = tmp_path / "ops.yaml"
     scn.write_text("model: Llama-3.1-8B\npools: [{gpu: H100, engine: {max_num_seqs: 8}}]\n"
                    "workload: {arrival: {kind: shaped, shape: {kind: step, before: 2, after: 16, at_s: 20}},"
@@ -227,7 +231,6 @@ def test_cli_prints_the_operations_table(tmp_path, capsys):
     assert main(["simulate", str(scn), "--out", str(tmp_path / "out"), "--format", "csv"]) == 0
     out = capsys.readouterr().out
     assert "operations" in out and "scale-ups" in out and "GPU-hours" in out
-    import pandas as pd
     req = pd.read_csv(tmp_path / "out" / "requests.csv")
     assert {"retries", "discarded_tokens", "outcome", "reason"} <= set(req.columns)
 

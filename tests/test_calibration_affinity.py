@@ -69,7 +69,8 @@ def _run(argv, capsys):
 
 def test_pin_with_attach_or_a_pair_is_refused(tmp_path, capsys):
     rc, err = _run(["run", "--out", str(tmp_path / "a"), "--attach", "http://127.0.0.1:9", "--pin", "0:1"], capsys)
-    assert rc == 2 and "--pin 0:1: an attached server's processes are not this harness's to move" in " ".join(err.split())
+    assert rc == 2
+    assert "--pin 0:1: an attached server's processes are not this harness's to move" in " ".join(err.split())
     rc, err = _run(["run", "--pd", "--out", str(tmp_path / "b"), "--pin", "0:1"], capsys)
     assert rc == 2 and "--pin" in err and "not an option of `calibrate run --pd`" in " ".join(err.split())
     rc, err = _run(["run", "--out", str(tmp_path / "c"), "--launch", "--pin", "0:0"], capsys)

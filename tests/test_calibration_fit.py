@@ -21,20 +21,43 @@ import yaml
 
 import hwdb
 from calibration import cli
-from calibration.fit import (CPU_GPU, PARAMS, EngineSetup, Point, candidate_deployment, deployment,
-                             fit_bundle, fit_points, predict)
+from calibration.fit import (
+    CPU_GPU,
+    PARAMS,
+    EngineSetup,
+    Point,
+    candidate_deployment,
+    deployment,
+    fit_bundle,
+    fit_points,
+    predict,
+)
+from calibration.fit_report import mixed_step_note
+from calibration.harness.probes import PlanOptions
+from calibration.harness.runner import (
+    DEFAULT_LAUNCH_ENV,
+    CalibrationRun,
+    RunOptions,
+    _pythonpath,
+    default_launch_command,
+    ensure_tiny_model,
+    free_port,
+)
+from calibration.harness.server import ServerProcess
+from calibration.validate import validate
 from simulator.step_build import build_step_model
+from tests.conftest import VLLM_PY, needs_vllm  # the shared detection of a vLLM Python
 from tests.synthetic_bundle import CPU_SETUP, CPU_TRUTH, TINY_CONFIG, make_bundle, write_truth_hwdb
 
 REPO = Path(__file__).resolve().parents[1]
 
-@pytest.fixture(scope="module")
-def db():
+@pytest.fixture(scope="module", name="db")
+def db_fixture():
     return hwdb.load()
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+@pytest.fixture(scope="module", name="tiny")
+def tiny_fixture(tmp_path_factory):
     d = tmp_path_factory.mktemp("tiny") / "tiny-llama"
     d.mkdir()
     (d / "config.json").write_text(json.dumps(TINY_CONFIG))
@@ -82,7 +105,7 @@ def test_fit_recovers_known_parameters_gpu(db):
         if res.sigma_rel[n] < 0.10:
             assert res.params[n] == pytest.approx(v, rel=0.10), n
     fitted = build_step_model(candidate_deployment(dep, res.params))
-    rel = np.array([predict(fitted, p, 8192) / c - 1 for p, c in zip(pts, clean)])
+    rel = np.array([predict(fitted, p, 8192) / c - 1 for p, c in zip(pts, clean, strict=True)])
     assert np.abs(rel).max() < 0.03, rel
     assert res.quality["all"].median_abs_rel_error < 0.03      # the noise itself: median |N(0,3%)| = 2%
     assert res.s2 ** 0.5 == pytest.approx(0.03, rel=0.25)
@@ -116,7 +139,7 @@ def test_fit_on_cpu_host_reports_what_it_cannot_see(db, tiny):
     assert res.params["step_overhead_s"] == pytest.approx(CPU_TRUTH["step_overhead_s"], rel=0.10)
     assert res.params["compute_max_eff"] == pytest.approx(CPU_TRUTH["compute_max_eff"], rel=0.15)
     fitted = build_step_model(candidate_deployment(dep, res.params))
-    rel = np.array([predict(fitted, p, 2048) / c - 1 for p, c in zip(pts, clean)])
+    rel = np.array([predict(fitted, p, 2048) / c - 1 for p, c in zip(pts, clean, strict=True)])
     assert np.abs(rel).max() < 0.03, rel
 
 
@@ -138,7 +161,6 @@ def test_fit_tells_prompt_steps_from_decode_steps(db, tiny):
     """A host where a step that carries a prompt chunk costs 1.2 ms more than a decode-only one (the
     vLLM CPU worker's per-new-request work): the nested fit keeps the second overhead and recovers both;
     on a host without that difference it keeps one overhead and says why."""
-    from calibration.fit_report import mixed_step_note
     dep = deployment(db, CPU_GPU, db.model(str(tiny)), CPU_SETUP)
     truth = dict(CPU_TRUTH, prefill_overhead_s=1.2e-3)
     sm = build_step_model(candidate_deployment(dep, truth))
@@ -152,7 +174,8 @@ def test_fit_tells_prompt_steps_from_decode_steps(db, tiny):
     assert "fitted separately" in mixed_step_note(res)
     one = fit_points(_cpu_sweeps(build_step_model(candidate_deployment(dep, CPU_TRUTH)), np.random.default_rng(5)), dep)
     assert "prefill_overhead_s" not in one.params and "prefill_overhead_s" in one.fixed
-    assert "one overhead for every step" in mixed_step_note(one) and one.fixed["prefill_overhead_s"] in mixed_step_note(one)
+    note = mixed_step_note(one)
+    assert "one overhead for every step" in note and one.fixed["prefill_overhead_s"] in note
 
 
 def test_fit_finds_a_per_sequence_host_cost(db, tiny):
@@ -198,8 +221,8 @@ def test_fit_sees_the_kv_stream_only_with_decode_sweeps_at_several_prompt_length
     assert "kv_max_eff" not in one.params and "--decode-prompt 64,1024" in one.fixed["kv_max_eff"]
 
 
-@pytest.fixture(scope="module")
-def synthetic(tmp_path_factory, tiny, db):
+@pytest.fixture(scope="module", name="synthetic")
+def synthetic_fixture(tmp_path_factory, tiny, db):
     root = tmp_path_factory.mktemp("synthetic")
     hw = write_truth_hwdb(root / "truth-hw", tiny, CPU_TRUTH, db)
     return make_bundle(root / "bundle", hw, tiny)
@@ -268,15 +291,14 @@ def test_cli_fit_then_validate_synthetic(synthetic, tmp_path, capsys, monkeypatc
     assert ph["simulated_completed"] == ph["requests"] == 30
     assert d["engine"]["num_gpu_blocks"] == 8192 and d["engine"]["block_size"] == 128
     md = (rep / "report.md").read_text()
-    assert "| TTFT | p50 |" in md and "checks pass" in md and "| server: measured |" in md and "| client: measured |" in md
+    assert "| TTFT | p50 |" in md and "checks pass" in md
+    assert "| server: measured |" in md and "| client: measured |" in md
     # --strict: exit code 1 when a check fails (an impossible tolerance)
     assert cli.main(["validate", str(synthetic), "--profile", str(hw), "--out", str(tmp_path / "v2"),
                      "--tolerance", "0.0001", "--strict"]) == 1
 
 
 # ============================================================================ the real vLLM server
-from tests.conftest import VLLM_PY, needs_vllm  # noqa: E402  (shared detection of a vLLM Python)
-
 #: Tolerance of the end-to-end check (simulated vs measured server-side TTFT p50 and TPOT p50 of load B).
 #: Measured on this 2-vCPU VM (docs/validation/cpu.md):
 #: * the same load test repeated on one server differs by 0.6-5.7% (TTFT p50) and 0.7-5.7% (TPOT p50);
@@ -297,11 +319,6 @@ E2E_TOLERANCE_BY_METRIC = {"TTFT": E2E_TOLERANCE, "TPOT": 0.50}
 @pytest.mark.slow
 @needs_vllm
 def test_vllm_fit_then_validate_another_load(tmp_path):
-    from calibration.harness.probes import PlanOptions
-    from calibration.harness.runner import (DEFAULT_LAUNCH_ENV, CalibrationRun, RunOptions, _pythonpath,
-                                            default_launch_command, ensure_tiny_model, free_port)
-    from calibration.harness.server import ServerProcess
-    from calibration.validate import validate
     t_start = time.monotonic()
     model = ensure_tiny_model(VLLM_PY, tmp_path / "model", lambda s: None)
     port = free_port()

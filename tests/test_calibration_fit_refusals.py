@@ -4,13 +4,14 @@ The synthetic bundle is tests/test_calibration_fit.py's (made by the simulator w
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
 from calibration import cli
 from calibration.fit import FitInputError, open_bundle
-from tests.test_calibration_fit import db, synthetic, tiny  # noqa: F401  (fixtures)
+from tests.test_calibration_fit import db_fixture, synthetic_fixture, tiny_fixture  # noqa: F401 - pytest fixtures, used by name
 
 
 def test_validate_without_a_profile_is_refused(synthetic, tmp_path, capsys):
@@ -38,7 +39,6 @@ def test_missing_manifest_is_refused(tmp_path, capsys):
 
 
 def _copy_bundle(src: Path, dst: Path) -> Path:
-    import shutil
     shutil.copytree(src, dst)
     return dst
 
@@ -69,7 +69,8 @@ def test_inconsistent_manifests_are_refused(synthetic, tmp_path, capsys):
     b = _copy_bundle(synthetic, tmp_path / "d")
 
     def two_launches(m):
-        ev = lambda a: {"startup": {"events": [{"phase": "engine_args", "text": a}]}}  # noqa: E731
+        def ev(a):
+            return {"startup": {"events": [{"phase": "engine_args", "text": a}]}}
         m["launches"] = [ev("{'max_num_seqs': 64}"), ev("{'max_num_seqs': 32}")]
     _edit_manifest(b, two_launches)
     rc, err = _err(["fit", str(b)], capsys)

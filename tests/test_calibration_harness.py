@@ -9,6 +9,7 @@ tests/test_calibration_server_logs.py.
 """
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import socket
@@ -19,9 +20,16 @@ import pytest
 
 from calibration import cli
 from calibration.harness.bundle import SCHEMA_VERSION, Bundle, BundleError
-from calibration.harness.client import (CompletionClient, PromptFactory, RequestSpec, SSEDecoder,
-                                        poisson_arrivals, run_closed_loop, run_open_loop)
-from calibration.harness.probes import PlanOptions, build_plan, resolve_rate, summarize_phase
+from calibration.harness.client import (
+    CompletionClient,
+    PromptFactory,
+    RequestSpec,
+    SSEDecoder,
+    poisson_arrivals,
+    run_closed_loop,
+    run_open_loop,
+)
+from calibration.harness.probes import PHASE_KINDS, PlanOptions, build_plan, resolve_rate, summarize_phase
 from calibration.harness.server import Endpoint, EndpointUnreachable, ServerDied, ServerProcess
 
 REPO = Path(__file__).resolve().parents[1]
@@ -275,7 +283,7 @@ def test_cli_run_kill_and_resume_against_fake_server(tmp_path, capsys, monkeypat
                        " ".join(fake_cmd(port, "--model", "other")), *common], capsys)
     assert rc == 2 and "another model" in err
     assert len(Bundle.open(out).records("load_poisson_r40", "request")) == len(
-        [r for r in b.records("load_poisson_r40", "request")])
+        list(b.records("load_poisson_r40", "request")))
     rc, _, err = _run(["run", "--out", str(out), "--resume", "--serve-cmd", " ".join(fake_cmd(port)), *common],
                       capsys)
     assert rc == 0, err
@@ -322,11 +330,9 @@ def test_cli_attach_mode_and_errors(tmp_path, capsys, fake_server):
 
 
 def test_add_subparser_hook():
-    import argparse
     p = argparse.ArgumentParser(prog="epdsim")
     sub = p.add_subparsers(dest="cmd", required=True)
     cli.add_subparser(sub)
     a = p.parse_args(["calibrate", "show", "somewhere"])
     assert a.func is cli.cmd_calibrate and a.bundle == "somewhere"
-    from calibration.harness.probes import PHASE_KINDS
     assert cli.PHASE_KINDS == PHASE_KINDS

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
+from rich.console import Console
 
 import hwdb
 from calibration.fit import fit_bundle, write_outputs
@@ -66,7 +67,6 @@ def test_fitted_overhead_validates_better_than_engine_defaults(tmp_path, tiny):
     assert with_oh["checks"] - with_oh["failed"] > without["checks"] - without["failed"]
 
     # the command passes the option through (``--without-overhead`` where the parser offers it)
-    from rich.console import Console
     buf = io.StringIO()
     a = SimpleNamespace(bundle=str(bundle), profile=str(hw), tolerance=0.25, out=str(tmp_path / "cmd"), phases=None,
                         gpu=None, model=None, max_num_seqs=None, max_num_batched_tokens=None, block_size=None,

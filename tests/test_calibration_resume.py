@@ -20,10 +20,10 @@ import sys
 import time
 from pathlib import Path
 
-import hwdb
 import pytest
 import yaml
 
+import hwdb
 from calibration import cli
 from calibration.fit import fit_bundle, write_outputs
 from calibration.harness.bundle import Bundle

@@ -7,10 +7,10 @@ import argparse
 import io
 import json
 
-import hwdb
 import yaml
 from rich.console import Console
 
+import hwdb
 from calibration import cli
 from simulator.console import PIPED_WIDTH
 from tests.synthetic_bundle import CPU_TRUTH, TINY_CONFIG, make_bundle, write_truth_hwdb

@@ -8,7 +8,6 @@ as it was (a trace, or Poisson) with the arrivals as sent.
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 from pathlib import Path
@@ -22,7 +21,18 @@ from calibration import cli
 from calibration.fit import fit_bundle, write_outputs
 from calibration.harness.affinity import pin_below
 from calibration.harness.bundle import Bundle
-from calibration.trace_gen import generate, write as write_trace
+from calibration.harness.probes import PlanOptions
+from calibration.harness.runner import (
+    DEFAULT_LAUNCH_ENV,
+    CalibrationRun,
+    RunOptions,
+    _pythonpath,
+    default_launch_command,
+    ensure_tiny_model,
+)
+from calibration.harness.server import ServerProcess
+from calibration.trace_gen import generate
+from calibration.trace_gen import write as write_trace
 from calibration.validate import validate
 from tests.conftest import VLLM_PY, needs_vllm
 from tests.synthetic_bundle import CPU_TRUTH, TINY_CONFIG, make_bundle, write_truth_hwdb
@@ -63,7 +73,7 @@ def test_trace_replayed_as_recorded(tmp_path, capsys):
     assert w["interarrival_cv"] > 1.5                        # bursty, not Poisson (CV 1)
     recs = sorted(b.requests(ph["name"]), key=lambda r: int(r["id"].rsplit("-", 1)[1]))
     assert len(recs) == 24
-    for r, (a, i, o) in zip(recs, rows):
+    for r, (a, i, o) in zip(recs, rows, strict=True):
         assert r["prompt_tokens"] == i and r["output_tokens"] == o == r["max_tokens"]
         assert r["scheduled_s"] == pytest.approx(a, abs=1e-6)
     lag = [r["sent_s"] - r["scheduled_s"] for r in recs]
@@ -158,18 +168,15 @@ def test_vllm_trace_replayed_and_validated(tmp_path):
     is the largest of: the measured and the simulated figure's change between T1 and T2 (the simulator
     replays each run's own send times), and the host's drift between the fit and the replays, D
     against A (decode for TPOT; for TTFT prefill or decode, whichever moved more: a request that
-    arrives while others decode waits for their steps and joins a mixed step).  Server TTFT p90 and TPOT p50 are recorded
-    against 15%, not checked: TPOT p50 is a known miss of the model on this trace (+19% to -70% over
-    the launches in docs/validation/cpu.md, beyond the noise in two of eight test launches), because decode steps at
-    the trace's 300-600-token contexts cost far more than batch x context predicts and no fitted term
-    grows that way (docs/calibration.md, "Fitting and validating").  ``trace-figures.json`` has every figure, the noise, the drift, the host's load and
-    whether each target was met without the allowance; docs/validation/cpu.md reports the launches.
+    arrives while others decode waits for their steps and joins a mixed step).  Server TTFT p90 and TPOT p50
+    are recorded against 15%, not checked: TPOT p50 is a known miss of the model on this trace (+19% to -70%
+    over the launches in docs/validation/cpu.md, beyond the noise in two of eight test launches), because
+    decode steps at the trace's 300-600-token contexts cost far more than batch x context predicts and no
+    fitted term grows that way (docs/calibration.md, "Fitting and validating").  ``trace-figures.json`` has
+    every figure, the noise, the drift, the host's load and whether each target was met without the
+    allowance; docs/validation/cpu.md reports the launches.
 
     When the fit flags its API server loop at the top of its scan, the flag must be in the profile's notes."""
-    from calibration.harness.probes import PlanOptions
-    from calibration.harness.runner import (DEFAULT_LAUNCH_ENV, CalibrationRun, RunOptions, _pythonpath,
-                                            default_launch_command, ensure_tiny_model)
-    from calibration.harness.server import ServerProcess
     trace = tmp_path / "mmpp.csv"
     rows = generate(seed=TRACE_SEED)
     write_trace(trace, rows)
@@ -202,7 +209,8 @@ def test_vllm_trace_replayed_and_validated(tmp_path):
         # the open-loop load gives the front end's API server loop (calibration/fit_frontend.py)
         fit_dir = measure("A", kinds=("prefill", "decode", "load"), prefill_lengths=[16, 32, 64, 128, 256, 512, 1024],
                           prefill_repeats=3, decode_concurrency=[1, 2, 4, 8], decode_prompt=[64, 512],
-                          decode_output=64, decode_rounds=4, load_rates=[4.0], load_requests=30, load_prompt=(32, 256), load_output=(16, 64),
+                          decode_output=64, decode_rounds=4, load_rates=[4.0], load_requests=30,
+                          load_prompt=(32, 256), load_output=(16, 64),
                           closed_concurrency=[])
         t1 = measure("T1", kinds=("load",), trace=str(trace))
         t2 = measure("T2", kinds=("load",), trace=str(trace))
@@ -235,7 +243,8 @@ def test_vllm_trace_replayed_and_validated(tmp_path):
                             for n in (64, 1024))}
 
     def fig(v, metric, stat, source):
-        return next(r for r in v["phases"][0]["rows"] if (r["metric"], r["stat"], r["source"]) == (metric, stat, source))
+        return next(r for r in v["phases"][0]["rows"]
+                    if (r["metric"], r["stat"], r["source"]) == (metric, stat, source))
     # The issue's targets, each widened by this run's own noise: the same trace replayed twice, or the same
     # probes sent at the fit's time and after the replays (decode for TPOT, both for TTFT), whichever
     # moved more.  Client TTFT p50 and p90 within 25%, server TTFT p50 within 15%.  Server TTFT p90 and

@@ -4,12 +4,20 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
+from rich.console import Console
 
+import hwdb
+from hwdb import listing
+from simulator import console
+from simulator.cli.commands import hw_tables
+from simulator.cli.plan import candidate_tables
+from simulator.console import PIPED_WIDTH, stdout_console
 from simulator.scenario import load_scenario
 
 REPO = Path(__file__).resolve().parents[1]
@@ -110,8 +118,6 @@ def _piped(*args: str, columns: int = 80) -> subprocess.CompletedProcess:
 
 
 def test_hw_list_piped_at_80_columns_shows_every_full_name():
-    import hwdb
-    from hwdb import listing
     db = hwdb.load()
     for kind, rows in (("models", listing.model_rows(db)), ("links", listing.link_rows(db)),
                        ("gpus", listing.gpu_rows(db))):
@@ -125,10 +131,6 @@ def test_hw_list_piped_at_80_columns_shows_every_full_name():
 
 
 def test_hw_list_on_an_80_column_terminal_splits_columns_instead_of_cutting_names():
-    import hwdb
-    from rich.console import Console
-    from hwdb import listing
-    from simulator.cli.commands import hw_tables
     rows = listing.model_rows(hwdb.load())
     con = Console(width=80, force_terminal=True, no_color=True, record=True)
     tables = hw_tables("models", rows, con.width)
@@ -143,9 +145,6 @@ def test_hw_list_on_an_80_column_terminal_splits_columns_instead_of_cutting_name
 
 
 def test_plan_tables_keep_names_and_words_whole_in_a_ci_log(capsys, monkeypatch):
-    import pandas as pd
-    from simulator.cli.plan import candidate_tables
-    from simulator.console import PIPED_WIDTH, stdout_console
     monkeypatch.delenv("COLUMNS", raising=False)
     layout = "2x H100-SXM-80GB TP2 prefill + 6x H200-SXM-141GB TP4 decode over ib-ndr (nixl)"
     reason = ("simulated: attainment 57.1% (95% CI 0.0-100.0% over 2 seeds) < 90% at 20 req/s; "
@@ -220,8 +219,6 @@ def test_simulate_prints_a_vllm_bench_serve_style_block_and_no_progress_when_pip
 
 
 def test_simulate_progress_goes_to_a_terminal_stderr(monkeypatch, capsys):
-    import time
-    from simulator import console
     monkeypatch.setattr(console, "is_tty", lambda stream: True)
     with console.elapsed_status("simulating x", min_s=0.0):
         time.sleep(0.8)

@@ -94,7 +94,7 @@ def test_hw_list_csv_has_a_header_and_the_json_figures(capsys, kind):
     rows = list(csv.DictReader(io.StringIO(out)))
     assert out.splitlines()[0].split(",") == list(records[0])
     assert len(rows) == len(records)
-    for rec, row in zip(records, rows):
+    for rec, row in zip(records, rows, strict=True):
         for key, value in rec.items():
             if value is None:
                 assert row[key] == ""

@@ -22,7 +22,8 @@ def test_building_the_parser_imports_no_heavy_library():
 
 def test_help_imports_no_heavy_library():
     code = ("import contextlib, io\nfrom simulator.cli.commands import main\nf = io.StringIO()\n"
-            "with contextlib.redirect_stdout(f):\n    try:\n        main(['--help'])\n    except SystemExit:\n        pass\n"
+            "with contextlib.redirect_stdout(f):\n    try:\n        main(['--help'])\n"
+            "    except SystemExit:\n        pass\n"
             "assert 'simulate' in f.getvalue()")
     assert _loaded_after(code) == []
 

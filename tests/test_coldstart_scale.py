@@ -3,17 +3,19 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from rich.console import Console
 
 import hwdb
+from calibration.coldstart_cases import case_breakdowns, cases_markdown, check_cases, phases_markdown
 from calibration.coldstart_holdout import derive_ranges, fed_ranges, held_out_checks, holdout_markdown
-from hwdb.coldstart import load_coldstart
+from hwdb.coldstart import COLDSTART_DIR, load_coldstart
 from simulator.cli.ops import add_subparsers
 from simulator.ops.coldstart import LEVELS, Breakdown, ColdStartError, Phase, breakdown
-from calibration.coldstart_cases import case_breakdowns, cases_markdown, check_cases, phases_markdown
 from simulator.ops.coldstart_scale import breakdown_range, recommend_high
 from simulator.ops.k8s import PodSpec, Probe, recommend_probes, simulate_pod
 from simulator.scenario import PoolConfig, deployment_for
@@ -60,7 +62,6 @@ def test_vllm_19824_within_25_percent(db):
 
 
 def _cli(argv, capsys):
-    import sys
     p = argparse.ArgumentParser()
     add_subparsers(p.add_subparsers(dest="cmd"))
     args = p.parse_args(argv)
@@ -163,7 +164,9 @@ def test_moe_phases(db):
     # MoE layers weigh more in Dynamo and capture than dense ones (anyscale Qwen3-235B vs Llama-3-70B logs)
     dense = deployment_for(PoolConfig(gpu="H200", tp=8, dtype="fp8"), db.model("Llama-3.1-70B"), db)
     d_bd = breakdown(dense, "miss", "page_cache")
-    per_layer = lambda b, L, n: b.seconds(n) / L                                      # noqa: E731
+
+    def per_layer(b, layers, n):
+        return b.seconds(n) / layers
     assert per_layer(bd, 61, "cuda_graphs") > 2 * per_layer(d_bd, 80, "cuda_graphs")
     assert per_layer(bd, 61, "dynamo") > 1.1 * per_layer(d_bd, 80, "dynamo")
 
@@ -232,8 +235,6 @@ def test_held_out_cases_within_30_percent(held, held_publication):
 
 
 def _write_scale(tmp_path, **change):
-    import yaml
-    from hwdb.coldstart import COLDSTART_DIR
     doc = yaml.safe_load((COLDSTART_DIR / "vllm-scale.yaml").read_text())
     doc.update(name="my-scale", **change)
     folder = tmp_path / "hw" / "coldstart"
@@ -244,10 +245,12 @@ def _write_scale(tmp_path, **change):
 
 @pytest.mark.parametrize("change, match", [
     (dict(default_version="0.7"), r"default_version '0\.7' is not one of versions \(0\.9, 0\.10, 0\.11, latest\)"),
-    (dict(cases=[{"name": "x", "model": "Llama-3.1-8B", "gpu": "H100", "tp": 1, "storage": "nvme", "compile_cache": "miss",
-                  "observed_s": 60, "source": "s", "feeds": ["warp_drive"]}]), r"case 'x': feeds names \['warp_drive'\]"),
-    (dict(cases=[{"name": "x", "model": "Llama-3.1-8B", "gpu": "H100", "tp": 1, "storage": "nvme", "compile_cache": "miss",
-                  "observed_s": 60, "source": "s", "vllm_version": "9.9"}]), r"case 'x': vllm_version '9\.9'"),
+    (dict(cases=[{"name": "x", "model": "Llama-3.1-8B", "gpu": "H100", "tp": 1, "storage": "nvme",
+                  "compile_cache": "miss", "observed_s": 60, "source": "s", "feeds": ["warp_drive"]}]),
+     r"case 'x': feeds names \['warp_drive'\]"),
+    (dict(cases=[{"name": "x", "model": "Llama-3.1-8B", "gpu": "H100", "tp": 1, "storage": "nvme",
+                  "compile_cache": "miss", "observed_s": 60, "source": "s", "vllm_version": "9.9"}]),
+     r"case 'x': vllm_version '9\.9'"),
 ])
 def test_bad_scale_files_are_named(tmp_path, change, match):
     with pytest.raises(hwdb.HwdbError, match=match):

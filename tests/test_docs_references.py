@@ -35,7 +35,7 @@ import shlex
 import tokenize
 from bisect import bisect_right
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 import pytest
@@ -62,7 +62,7 @@ FENCE = re.compile(r"^[ \t]*(?:```|~~~)[^\n]*\n(.*?)^[ \t]*(?:```|~~~)", re.M | 
 # keeps out the middle of a longer token (an absolute path, a URL left over, ``owner/repo`` in ``a.b/c``).
 PATH = re.compile(r"(?<![\w.@/~$-])((?:\.\.?/)*[\w.*-]+(?:/(?:\n[ \t]*)?[\w.*{},-]*)+)(?::([\w.-]+))?")
 BARE_PY = re.compile(r"(?<![\w./-])([\w-]+\.py)\b")
-DOTTED = re.compile(r"(?<![\w./-])((?:%s)(?:\.\w+)+)" % "|".join(PACKAGES))
+DOTTED = re.compile(rf"(?<![\w./-])((?:{'|'.join(PACKAGES)})(?:\.\w+)+)")
 FILE_SUFFIXES = (".py", ".md", ".yaml", ".yml", ".json", ".csv", ".toml", ".txt", ".html", ".sh")
 # A list item that opens with a repository folder, and its continuation lines: README's layout.
 LAYOUT_ITEM = re.compile(r"^[-*] `([\w.-]+/)`(.*(?:\n[ \t]+\S.*)*)", re.M)
@@ -85,7 +85,7 @@ class Stale:
 
 # ---- what exists -------------------------------------------------------------------------------------
 
-@lru_cache(maxsize=None)
+@cache
 def top_names(path: Path) -> frozenset[str] | None:
     """The names a module defines or imports at top level (under ``if``/``try`` too); None when it has a
     module ``__getattr__`` (any name may exist)."""

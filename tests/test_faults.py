@@ -8,7 +8,11 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import hwdb
+from simulator.engine.opsrun import run_operations
+from simulator.engine.results import requests_frame
 from simulator.ops.faults import FP8_NAME, fp8_defaults
+from simulator.ops.opsstart import start_times
+from simulator.pd.pd import build_transfer_plan
 from simulator.run import pool_spec, simulate
 from simulator.scenario import load_scenario, resolve, rng_streams
 from simulator.workload import generate
@@ -36,11 +40,8 @@ def fp8_scenario(long_share: float, policy: str = "none", seed: int = 1, rate_pe
 
 def run_objects(scn):
     """Like :func:`simulate`, returning the operations engine's objects too (for white-box checks)."""
-    from simulator.engine.opsrun import run_operations
-    from simulator.engine.results import requests_frame
-    from simulator.pd.pd import build_transfer_plan
     rs = resolve(scn)
-    db, pools = rs.db, rs.pools
+    db = rs.db
     rngs = rng_streams(scn.seed, 0)
     reqs = generate(scn.workload, rngs["arrivals"], rngs["lengths"])
     front, back = (rs.role("prefill"), rs.role("decode")) if scn.is_pd else (rs.role("colocated"), None)
@@ -58,7 +59,8 @@ def test_operations_engine_without_events_reproduces_the_plain_engine(pd_):
                         "output_length": {"kind": "uniform", "low": 1, "high": 300}})
     if pd_:
         kw.update(pools=PD_POOLS, kv_transfer={"fabric": "roce-200", "jitter_mean_s": 0.001})
-        pinned = {"prefill": {"min_instances": 2, "max_instances": 2}, "decode": {"min_instances": 2, "max_instances": 2}}
+        pinned = {"prefill": {"min_instances": 2, "max_instances": 2},
+                  "decode": {"min_instances": 2, "max_instances": 2}}
     else:
         kw.update(pools=pool(instances=3, router="least_kv"))
         pinned = {"main": {"min_instances": 3, "max_instances": 3}}
@@ -164,7 +166,6 @@ def test_failed_requests_name_their_crash(fp8_runs):
 # ---- restarts through the cold-start and probe model --------------------------------------------
 
 def test_crashed_instance_restarts_after_backoff_plus_its_start():
-    from simulator.ops.opsstart import start_times
     scn = fp8_scenario(0.5, rate_per_token_s=2e-6)
     ops, run, _ = run_objects(scn)
     st = resolve(scn).pools[0].starts
@@ -177,9 +178,9 @@ def test_crashed_instance_restarts_after_backoff_plus_its_start():
     for inst in restarts:
         assert any(abs(t - inst.life.billed_s) < 1e-9 for _, t in crashed)
         assert inst.life.ready_s - inst.life.billed_s >= 10.0 + st.restart_delay() - 1e-9
-        assert (inst.life.ready_s - inst.life.billed_s - st.restart_delay()) in (10.0, 20.0, 40.0, 80.0, 160.0, 300.0) or \
-            np.isclose([inst.life.ready_s - inst.life.billed_s - st.restart_delay()],
-                       [10.0, 20.0, 40.0, 80.0, 160.0, 300.0]).any()
+        start = inst.life.ready_s - inst.life.billed_s - st.restart_delay()
+        assert start in (10.0, 20.0, 40.0, 80.0, 160.0, 300.0) or \
+            np.isclose([start], [10.0, 20.0, 40.0, 80.0, 160.0, 300.0]).any()
 
 
 def test_node_failure_replacement_waits_mttr_and_provisioning():
@@ -191,7 +192,7 @@ def test_node_failure_replacement_waits_mttr_and_provisioning():
     repl = [i.life for i in ops.front.all if i.life.cause == "replacement"]
     assert len(repl) == len(nodes)
     delay = ops.front.starts.new_delay()
-    for c, life in zip(nodes, repl):
+    for c, life in zip(nodes, repl, strict=True):
         assert life.billed_s == pytest.approx(c["time_s"] + 30 + 15)
         if life.ready_s is not None:
             assert life.ready_s == pytest.approx(c["time_s"] + 30 + delay)
@@ -202,7 +203,8 @@ def test_link_degradation_slows_transfers():
                 workload={"arrival": {"kind": "poisson", "rate": 4.0}, "num_requests": 300,
                           "input_length": {"kind": "fixed", "value": 4000},
                           "output_length": {"kind": "fixed", "value": 16}})
-    healthy = simulate(scenario(**base, operations={"autoscale": {"prefill": {"min_instances": 2, "max_instances": 2}}}))
+    healthy = simulate(scenario(**base,
+                                operations={"autoscale": {"prefill": {"min_instances": 2, "max_instances": 2}}}))
     sick = simulate(scenario(**base, operations={"faults": {"link_degradation": {
         "mtbf_s": 5, "duration_s": 20, "bandwidth_factor": 0.1}}}))
     assert sick.summary["operations"]["link_degradations"] > 0

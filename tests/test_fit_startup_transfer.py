@@ -3,12 +3,16 @@ from __future__ import annotations
 
 import json
 import random
+from types import SimpleNamespace as N
 
 import pytest
 
+import hwdb
 from calibration.fit_startup import fit_startup, launch_phases, write_startup
 from calibration.fit_transfer import connector_doc, fit_transfer, write_connector
 from hwdb.coldstart import load_coldstart
+from simulator.cli.ops import _deployment
+from simulator.ops.coldstart import breakdown
 
 CFG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "head_dim": 64, "hidden_size": 256,
        "intermediate_size": 512, "max_position_embeddings": 4096, "num_attention_heads": 4,
@@ -58,10 +62,6 @@ def test_startup_yaml_loads_and_breakdown_uses_it(tmp_path):
     assert len(c.fits["process_start"].rows) == 3
     assert str(b1.resolve()) in c.notes and "dynamo" in c.notes  # provenance + phases kept from the base
     # usable by simulator.ops.coldstart.breakdown through its engine/db arguments
-    from types import SimpleNamespace as N
-
-    from simulator.cli.ops import _deployment
-    from simulator.ops.coldstart import breakdown
     dep = _deployment(N(hwdb=[], model="llama-3.1-8b", gpu="h100", tp=1, pp=1, dtype="bf16",
                         enforce_eager=True, cmd="coldstart"))
     bd = breakdown(dep, "hit", storage="page_cache", engine=doc["name"], db=load_coldstart([tmp_path / "hw"]))
@@ -72,7 +72,8 @@ def _pd_bundle(tmp_path, setup_s, bw, noise=0.03, n=60, seed=1):
     rng = random.Random(seed)
     b = tmp_path / "pd"
     (b / "records").mkdir(parents=True)
-    cfg = dict(CFG, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128)   # 128 KiB / token
+    # 128 KiB / token
+    cfg = dict(CFG, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128)
     per_tok = 2 * 32 * 8 * 128 * 2
     mf = {"kind": "pd_run", "connector": "NixlConnector", "block_size": 16, "model": {"config": cfg},
           "file_bandwidth": {"write_read_Bps": 3e9}}
@@ -98,7 +99,6 @@ def test_transfer_fit_recovers_setup_and_bandwidth(tmp_path):
     assert 0 < f["bandwidth_sigma_Bps"] < 0.1 * bw
     doc = connector_doc(fit)
     path = write_connector(doc, tmp_path / "hw")
-    import hwdb
     c = hwdb.load([tmp_path / "hw"]).connector("NixlConnector")
     assert c.setup_s.value == pytest.approx(setup, rel=0.10)
     assert str(tmp_path / "pd") in c.setup_s.source and path.parent.name == "connectors"

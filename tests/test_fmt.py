@@ -1,11 +1,14 @@
 """simulator.fmt: one way to write durations, percentages and attainments (issue 18, items 7 and 10)."""
 from __future__ import annotations
 
+import inspect
 import math
 
 import pytest
 
 from simulator import fmt
+from simulator.cli import plan as cli_plan
+from simulator.plan import rank
 
 
 @pytest.mark.parametrize("s, text", [
@@ -34,9 +37,6 @@ def test_attainment_interval_is_clipped_to_what_a_fraction_can_be():
 
 
 def test_plan_reasons_use_the_clipped_interval():
-    import inspect
-    from simulator.cli import plan as cli_plan
-    from simulator.plan import rank
     for mod in (rank, cli_plan):
         src = inspect.getsource(mod)
         assert "±" not in src and "fmt.attainment(" in src, mod.__name__

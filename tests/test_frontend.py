@@ -7,14 +7,15 @@ import json
 import numpy as np
 import pytest
 import yaml
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 import hwdb
 from calibration.fit_frontend import FrontEndFit, fit_frontend
 from calibration.fit_predict import calibrated_engine
 from calibration.harness.bundle import Bundle
 from simulator.engine.frontend import FrontEnd, WayIn, _outputs, api_server, seen_times
-from tests.synthetic_bundle import CPU_GPU, CPU_SETUP, CPU_TRUTH, TINY_CONFIG, _simulate, make_bundle, write_truth_hwdb
+from tests.synthetic_bundle import CPU_TRUTH, TINY_CONFIG, _simulate, make_bundle, write_truth_hwdb
 
 
 def test_api_server_by_hand():
@@ -53,7 +54,8 @@ def test_outputs_are_one_per_step_from_the_first_token():
     ends = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
     first, last, out = np.array([1.0, 2.5, np.nan]), np.array([4.0, 5.0, np.nan]), np.array([4, 2, 3])
     ready, owner, is_first, is_last = _outputs(first, last, out, ends)
-    assert list(zip(ready.tolist(), owner.tolist())) == [(1.0, 0), (2.0, 0), (2.5, 1), (3.0, 0), (4.0, 0), (5.0, 1)]
+    assert list(zip(ready.tolist(), owner.tolist(), strict=True)) == [(1.0, 0), (2.0, 0), (2.5, 1), (3.0, 0),
+                                                                      (4.0, 0), (5.0, 1)]
     assert is_first.tolist() == [True, False, True, False, False, False]
     assert is_last.tolist() == [False, False, False, False, True, True]
 
@@ -85,14 +87,14 @@ def test_way_in_is_a_k_server_fifo(jobs, servers, fixed, per_token):
         assert got is None                      # no way in: the engine sees each request at its arrival
         return
     free = [0.0] * servers
-    for a, p, g in zip(arrival, prompt, got):
+    for a, p, g in zip(arrival, prompt, got, strict=True):
         k = int(np.argmin(free))
         end = max(a, free[k]) + per_token * p
         free[k] = end
         assert g == pytest.approx(end + fixed, abs=1e-12)
         assert g >= a + fixed + per_token * p - 1e-12
     if servers == 1:
-        assert all(x <= y + 1e-12 for x, y in zip(got, got[1:]))
+        assert all(x <= y + 1e-12 for x, y in zip(got, got[1:], strict=False))
 
 
 def test_closed_loop_users_share_one_way_in():
@@ -150,8 +152,8 @@ def test_the_api_server_loop_moves_client_times_only(tmp_path, tiny):
     assert "frontend_out_s" in with_q and "frontend_out_s" not in without
     assert np.allclose(with_q["frontend_s"], 0.002) and (without["frontend_s"] == 0).all()
     # the way in shifts the engine by 2 ms; the engine's own durations are unchanged
-    assert np.allclose(with_q["first_token_s"] - with_q["scheduled_s"], without["first_token_s"] - without["scheduled_s"],
-                       rtol=0.2)
+    assert np.allclose(with_q["first_token_s"] - with_q["scheduled_s"],
+                       without["first_token_s"] - without["scheduled_s"], rtol=0.2)
     out = with_q["frontend_out_s"].to_numpy()
     assert (out >= 3.2e-3 - 1e-12).all()                    # at least its own output and first chunk
     assert np.percentile(out, 90) > 2 * 3.2e-3              # and it waits for other streams under load

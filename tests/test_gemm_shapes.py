@@ -6,8 +6,8 @@ import pytest
 import hwdb
 from hwdb.schema import GemmShapeCurve
 from simulator.gemm_shapes import rank_gemms, shape_curves
-from simulator.step_build import build_step_model
 from simulator.scenario import PoolConfig, deployment_for
+from simulator.step_build import build_step_model
 
 CURVE = GemmShapeCurve(max_eff=0.6, half_m=200.0, half_nk=1e7, source="test curve")
 

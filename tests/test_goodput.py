@@ -10,7 +10,9 @@ import pytest
 import hwdb
 from simulator import goodput
 from simulator.goodput import Probe, attainment, find_goodput, judge, judged, latency_quantiles
+from simulator.run import simulate
 from simulator.scenario import SLO
+from tests.conftest import scenario
 
 
 def ramp_run(n: int = 100, late: int = 10, span_s: float = 99.0) -> pd.DataFrame:
@@ -68,7 +70,6 @@ def test_probe_means_over_replications():
 
 def test_find_goodput_loads_the_hardware_database_once(monkeypatch):
     """Every bisection probe reuses one loaded database (loading costs ~0.5 s a probe otherwise)."""
-    from tests.conftest import scenario
     loads = []
     real = hwdb.load
 
@@ -86,8 +87,6 @@ def test_find_goodput_loads_the_hardware_database_once(monkeypatch):
 def test_whole_run_attainment_is_the_summary_slo_attainment():
     """results.summarize computes SLO attainment itself (it sits below goodput.py); on a run with
     misses (45% of requests over a target) both must give the same share."""
-    from simulator.run import simulate
-    from tests.conftest import scenario
     scn = scenario(workload={"arrival": {"kind": "poisson", "rate": 4.0}, "num_requests": 300,
                              "input_length": {"kind": "uniform", "low": 100, "high": 6000},
                              "output_length": {"kind": "fixed", "value": 64}},

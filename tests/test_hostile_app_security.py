@@ -116,11 +116,11 @@ def test_services_open_nothing_outside_the_upload_folder(site):
     _SEEN.clear()
     errors = {}
     for field, b in bundle_dirs.items():
-        errors[field] = run_within(lambda: calibration.fit_and_validate(str(b), uploads / "out")).get("error")
+        errors[field] = run_within(lambda b=b: calibration.fit_and_validate(str(b), uploads / "out")).get("error")
     for key in key_cases:
-        errors[key] = run_within(lambda: bundles.save_to_user_hwdb({key: b"name: x\n"}, udir)).get("error")
+        errors[key] = run_within(lambda key=key: bundles.save_to_user_hwdb({key: b"name: x\n"}, udir)).get("error")
     for field, d in scenario_cases.items():
-        errors[field] = run_within(lambda: scenarios.run(d, folder=uploads)).get("error")
+        errors[field] = run_within(lambda d=d: scenarios.run(d, folder=uploads)).get("error")
     res = run_within(lambda: scenarios.run({**base, "workload": scenarios.trace_workload(trace, None, 20)},
                                         folder=uploads), 120)
     opened = list(_SEEN)

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from simulator.scenario import resolve_relative
 from tests.hostile import LAUGHS, PLAIN_HEAD, REPO, expect_user_error, put, run_main, scenario, setting, with_cfg
-
 
 # ---------------------------------------------------------------- scenario files
 
@@ -27,7 +27,8 @@ FILE_CASES = {
     "under-a-file": (lambda t: put(t, "f.yaml", "x: 1") / "s.yaml", ["s.yaml", "is a file, not a folder"]),
     "binary": (lambda t: put(t, "b.yaml", b"\x00\x01\x02model: x\xff"), ["b.yaml", "binary"]),
     "utf16": (lambda t: put(t, "u.yaml", "model: x\n".encode("utf-16")), ["u.yaml", "UTF-16"]),
-    "latin1": (lambda t: put(t, "l.yaml", "name: caf\xe9\nmodel: x\n".encode("latin-1")), ["l.yaml", "line 1", "UTF-8"]),
+    "latin1": (lambda t: put(t, "l.yaml", "name: caf\xe9\nmodel: x\n".encode("latin-1")),
+               ["l.yaml", "line 1", "UTF-8"]),
     "billion-laughs": (lambda t: put(t, "bl.yaml", LAUGHS), ["bl.yaml", "aliases", "billion laughs"]),
     "recursive-alias": (lambda t: put(t, "r.yaml", "model: &a [1, *a]\n"), ["r.yaml", "recursive"]),
     "huge": (lambda t: put(t, "h.yaml", "# pad\n" * 300_000), ["h.yaml", "MiB", "limit"]),
@@ -126,7 +127,6 @@ def test_scenario_number(case, tmp_path, capsys):
 ], ids=["autoscale-interval-1e-308", "provisioning-inf", "fp8-rate-1e308", "node-mtbf-1e-308", "link-mtbf-1e-308"])
 def test_operations_that_could_never_end(example, where, value, words, tmp_path, capsys):
     """Event rates that would keep a run from ending (a tick or a failure every 1e-308 s) are refused."""
-    from simulator.scenario import resolve_relative
     ex = REPO / "examples" / f"{example}.yaml"
     d = resolve_relative(yaml.safe_load(ex.read_text()), ex.parent)
     path = put(tmp_path, "ops.yaml", setting(d, where, value))

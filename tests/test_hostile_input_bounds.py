@@ -21,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 import hwdb.coldstart
 from hwdb.db import FILE_SCHEMAS
 from hwdb.schema import ModelSidecar
-from simulator.bounds import Range
+from simulator.bounds import NicRate, Range, count, range_of
 from simulator.plan.request import PlanRequest
 from simulator.scenario import Scenario
 
@@ -123,7 +123,8 @@ def _payload(f: NumberField, bad):
 
 def _same(a: tuple, b: tuple) -> bool:
     """Locations equal, a NaN key matching itself."""
-    return len(a) == len(b) and all(x == y or (x != x and y != y) or str(x) == str(y) for x, y in zip(a, b))
+    return len(a) == len(b) and all(x == y or (x != x and y != y) or str(x) == str(y)
+                                    for x, y in zip(a, b, strict=True))
 
 
 def test_the_walk_finds_the_fields_of_the_issue():
@@ -157,6 +158,5 @@ def test_values_outside_the_range_are_refused_with_the_range(field):
 
 
 def test_a_range_reads_as_a_sentence():
-    from simulator.bounds import NicRate, count, range_of
     assert range_of(NicRate).text() == "from 1e8 to 1e12 bytes/s"
     assert range_of(count(1, 72, "GPUs")).message().startswith("must be a whole number from 1 to 72 GPUs;")

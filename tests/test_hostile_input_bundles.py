@@ -117,7 +117,8 @@ def test_manifest_not_utf8(tmp_path, capsys):
 
 def test_request_without_ttft(tmp_path, capsys):
     b = edit_record(sample(tmp_path), "prefill", 3, lambda r: r.pop("ttft_s"))
-    both(b, ["records/prefill.jsonl line 3", "request record", "ttft_s: required, but absent; add this key", FIX], capsys)
+    both(b, ["records/prefill.jsonl line 3", "request record", "ttft_s: required, but absent; add this key", FIX],
+         capsys)
 
 
 def test_request_without_token_times(tmp_path, capsys):

@@ -4,18 +4,21 @@ Numbers out of their physical range in a scenario and a plan request (each refus
 the value and the range), control characters in names, output paths checked before a run, plan
 fabrics that the database lacks, regress profiles and baselines named as the user gave them, a hwdb
 folder given as one string, a user hardware folder that replaces a shipped GPU (a note, and the
-shipped names still find it), and calibration plan counts (a 0 must not read as the default).  Same checks as tests/test_hostile_input.py: exit code 2, no
-traceback, the words named, under 5 s (:func:`tests.hostile.expect_user_error`).  Every number of
-every schema: tests/test_hostile_input_bounds.py.
+shipped names still find it), and calibration plan counts (a 0 must not read as the default).  Same checks
+as tests/test_hostile_input.py: exit code 2, no traceback, the words named, under 5 s
+(:func:`tests.hostile.expect_user_error`).  Every number of every schema: tests/test_hostile_input_bounds.py.
 """
 from __future__ import annotations
 
+import errno
 import sys
 
 import pytest
 import yaml
 
+import app.cli
 import hwdb
+from calibration import cli as calibrate
 from calibration import kernel_bench_fit, pd_run
 from tests.hostile import GPU, PLAN, REPO, expect_user_error, put, run_main, scenario, setting
 
@@ -102,8 +105,6 @@ def test_output_paths_are_checked_before_the_run(option, make, words, tmp_path, 
 
 def test_a_write_that_fails_after_the_run_names_the_option(tmp_path, capsys, monkeypatch):
     """A disk that fills during the run: the option and path are named, not a bare Errno."""
-    import errno
-    import app.cli
 
     def full(*_a, **_k):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -248,8 +249,8 @@ def _module_main(main, argv, capsys) -> tuple[int, str]:
     lambda t, hw, cap: run_main(["calibrate", "fit", t / "none", "--hwdb", hw], cap)[:2],
     lambda t, hw, cap: run_main(["calibrate", "validate", t / "none", "--profile", t / "none", "--hwdb", hw], cap)[:2],
     lambda t, hw, cap: _module_main(pd_run.main, ["replay", t / "none", "--hwdb", hw], cap),
-    lambda t, hw, cap: _module_main(kernel_bench_fit.main, [t / "none", "--gpu", "H100", "--out", t / "o", "--hwdb", hw],
-                                    cap),
+    lambda t, hw, cap: _module_main(kernel_bench_fit.main,
+                                    [t / "none", "--gpu", "H100", "--out", t / "o", "--hwdb", hw], cap),
 ], ids=["calibrate-fit", "calibrate-validate", "pd_run-replay", "kernel_bench_fit"])
 def test_calibration_commands_note_a_user_folder_replacing_a_gpu(run, tmp_path, capsys):
     """The calibration commands that take --hwdb say so too, before the missing bundle stops them (exit 2)."""
@@ -282,7 +283,6 @@ def test_shipped_data_alone_has_no_notes():
 ])
 def test_calibration_plan_counts_are_bounded_before_a_launch(argv, words, tmp_path, capsys):
     """A 0 read as "the default" would be a silent wrong plan; nothing is launched for any of them."""
-    from calibration import cli as calibrate
     marker = tmp_path / "launched"
     serve = f"{sys.executable} -c \"open('{marker}', 'w')\""
     assert calibrate.main(["run", "--out", str(tmp_path / "b"), "--serve-cmd", serve, "--url", "http://127.0.0.1:9",

@@ -17,9 +17,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.hostile import (GPU, LAUGHS, LINK, PLAIN_HEAD, PLAN, REPO, expect_user_error, put, scenario, setting,
-                           with_cfg)
-
+from app.services import hardware, planning, scenarios
+from app.services.scenarios import InputError
+from simulator.inputs import parse_yaml
+from simulator.regress.compare import FORMAT
+from tests.hostile import GPU, LAUGHS, LINK, PLAIN_HEAD, PLAN, REPO, expect_user_error, put, scenario, setting, with_cfg
 
 # ---------------------------------------------------------------- hardware files
 
@@ -142,7 +144,6 @@ BASELINE_CASES = {
 
 @pytest.mark.parametrize("case", sorted(BASELINE_CASES))
 def test_regress_baseline(case, tmp_path, capsys):
-    from simulator.regress.compare import FORMAT
     content, words = BASELINE_CASES[case]
     if isinstance(content, dict) and "format" not in content:
         content = {"format": FORMAT, "suite": "hostile", **content}
@@ -169,7 +170,8 @@ def test_regress_suite_file(case, tmp_path, capsys):
         return
     p = tmp_path / "suite.yaml"
     {"directory": lambda: p.mkdir(), "binary": lambda: p.write_bytes(b"\x00name: x"),
-     "duplicate-key": lambda: p.write_text("name: a\nname: b\n"), "billion-laughs": lambda: p.write_text(LAUGHS)}[case]()
+     "duplicate-key": lambda: p.write_text("name: a\nname: b\n"),
+     "billion-laughs": lambda: p.write_text(LAUGHS)}[case]()
     expect_user_error(["regress", p], ["suite.yaml"], capsys)
 
 
@@ -277,7 +279,6 @@ def test_subprocess(case, tmp_path):
 # ---------------------------------------------------------------- the app's upload sandbox
 
 def _app_error(fn, *args, **kw) -> str:
-    from app.services.scenarios import InputError
     t0 = time.monotonic()
     with pytest.raises(InputError) as info:
         fn(*args, **kw)
@@ -305,7 +306,6 @@ SANDBOX_CASES = {
 
 @pytest.mark.parametrize("case", sorted(SANDBOX_CASES))
 def test_uploaded_scenario_reads_only_its_own_files(case, tmp_path):
-    from app.services import scenarios
     key, value, field = SANDBOX_CASES[case]
     data = yaml.safe_dump({**scenario(), key: value}).encode()
     msg = _app_error(scenarios.parse_yaml_upload, "up.yaml", data, folder=tmp_path)
@@ -313,7 +313,6 @@ def test_uploaded_scenario_reads_only_its_own_files(case, tmp_path):
 
 
 def test_uploaded_scenario_may_name_a_trace_uploaded_with_it(tmp_path):
-    from app.services import scenarios
     d = scenario()
     d["workload"] = {"arrival": {"kind": "trace", "path": "mine.csv"}, "num_requests": 2}
     got = scenarios.parse_yaml_upload("up.yaml", yaml.safe_dump(d).encode(), folder=tmp_path,
@@ -325,13 +324,11 @@ def test_uploaded_scenario_may_name_a_trace_uploaded_with_it(tmp_path):
     ("..", "not a usable file name"), ("a\x00b.csv", "NUL"), ("x" * 300 + ".csv", "255 bytes"), ("", "not a usable"),
 ], ids=["dotdot", "nul", "long", "empty"])
 def test_upload_file_names(name, words, tmp_path):
-    from app.services import scenarios
     assert words in _app_error(scenarios.save_upload, "traces", name, b"x", folder=tmp_path)
 
 
 @pytest.mark.parametrize("case", ["billion-laughs", "duplicate-key", "utf16", "deep"])
 def test_upload_yaml_checks(case, tmp_path):
-    from app.services import planning, scenarios
     data = {"billion-laughs": LAUGHS.encode(), "duplicate-key": b"model: a\nmodel: b\n",
             "utf16": "model: a\n".encode("utf-16"), "deep": b"model: " + b"[" * 20000}[case]
     assert "up.yaml" in _app_error(scenarios.parse_yaml_upload, "up.yaml", data, folder=tmp_path)
@@ -339,13 +336,11 @@ def test_upload_yaml_checks(case, tmp_path):
 
 
 def test_plan_upload_is_sandboxed(tmp_path):
-    from app.services import planning
     req = {**copy.deepcopy(PLAN), "hwdb": ["/etc"]}
     assert "hwdb[0]" in _app_error(planning.parse_upload, "plan.yaml", yaml.safe_dump(req).encode(), folder=tmp_path)
 
 
 def test_config_upload_stays_in_its_folder(tmp_path):
-    from app.services import scenarios
     cfg = {**with_cfg(), "_name_or_path": "../../.."}
     path = Path(scenarios.model_from_config_upload("config.json", json.dumps(cfg).encode(), folder=tmp_path))
     assert tmp_path in path.parents
@@ -355,7 +350,6 @@ def test_config_upload_stays_in_its_folder(tmp_path):
 
 
 def test_uploads_go_to_a_private_folder_per_session():
-    from app.services import scenarios
     a, b = scenarios.new_upload_dir(), scenarios.new_upload_dir()
     try:
         assert a != b and (a.stat().st_mode & 0o077) == 0
@@ -365,7 +359,6 @@ def test_uploads_go_to_a_private_folder_per_session():
 
 
 def test_hardware_upload_cannot_silently_replace_shipped_entries(tmp_path):
-    from app.services import hardware
     shipped = GPU.replace("memory_bandwidth_Bps: {value:", "memory_bandwidth_Bps: {value: 0, x:", 0)
     msg = _app_error(hardware.add_yaml, "gpus", "h100.yaml", GPU.encode(), user_dir=tmp_path)
     assert "replace the shipped" in msg and not (tmp_path / "gpus").exists()
@@ -384,7 +377,6 @@ def test_hardware_upload_cannot_silently_replace_shipped_entries(tmp_path):
 def test_ordinary_anchors_aliases_and_merge_keys_still_load():
     """The alias budget and the duplicate-key check leave ordinary YAML alone: anchors reused a few
     times, and merge keys whose entries an explicit key overrides."""
-    from simulator.inputs import parse_yaml
     data = parse_yaml("base: &b {gpu: H100, tp: 1}\npools:\n  - {<<: *b, name: a}\n  - {<<: *b, name: b, tp: 2}\n"
                       "lengths: &l [1, 2, 3]\nagain: *l\n", "ok.yaml")
     assert data["pools"][1] == {"gpu": "H100", "tp": 2, "name": "b"} and data["again"] == [1, 2, 3]

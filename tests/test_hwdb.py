@@ -9,6 +9,7 @@ import pytest
 
 import hwdb
 from hwdb import HwdbError
+from hwdb.coldstart import load_coldstart
 from hwdb.db import DATA_DIR
 from hwdb.listing import describe, gpu_rows, link_rows, model_rows
 from hwdb.schema import EfficiencyCurve, Figure
@@ -118,7 +119,6 @@ def test_gpu_resolves(db, name, alias):
 def test_one_lookup_rule_for_every_table(db):
     """GPUs, links, models and cold-start entries resolve alike: case and '-' vs '_' don't matter, and an
     unknown name lists the known ones."""
-    from hwdb.coldstart import load_coldstart
     assert db.gpu("h100_sxm_80gb").name == "H100-SXM-80GB"
     cs = load_coldstart()
     some = sorted(cs.storage)[0]

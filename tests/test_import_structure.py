@@ -243,7 +243,8 @@ def test_cycle_finder_finds_a_planted_cycle():
     assert back_edges({"hwdb.x": {"simulator.y"}, "app.z": {"hwdb.x"}}) == {("hwdb.x", "simulator.y")}
     # the CLI package is above app: it may import app, and app (or the rest of simulator) may not import it
     assert back_edges({"simulator.cli.x": {"app.y", "calibration.z"}, "app.y": {"simulator.cli.x"},
-                       "simulator.run": {"simulator.cli"}}) == {("app.y", "simulator.cli.x"), ("simulator.run", "simulator.cli")}
+                       "simulator.run": {"simulator.cli"}}) == {("app.y", "simulator.cli.x"),
+                                                                ("simulator.run", "simulator.cli")}
     # the input reader is below every layer, and sub-package prefixes are whole names
     assert back_edges({"simulator.inputs": {"hwdb.db"}, "hwdb.db": {"simulator.inputs"},
                        "simulator.regressions": {"calibration.x"}}) == {("simulator.inputs", "hwdb.db"),
@@ -284,7 +285,7 @@ def test_local_import_reader_sees_only_function_bodies(tmp_path):
     src.write_text("import a\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import c\n"
                    "def f():\n    import b\n    if TYPE_CHECKING:\n        import d\n"
                    "class K:\n    def g(self):\n        from e import x\n")
-    modules = {k: src for k in ("m", "a", "b", "c", "d", "e")}
+    modules = dict.fromkeys(("m", "a", "b", "c", "d", "e"), src)
     assert imports_of("m", src, modules, in_functions=True) == {"b", "e"}
     assert imports_of("m", src, modules) == {"a", "b", "e"}
 
@@ -301,8 +302,8 @@ def test_no_module_over_400_lines():
 def test_fixed_cycles_stay_fixed():
     """The pairs that imported each other (behind function-level imports) no longer do, either way."""
     g = graph()
-    for a, b in (("simulator.loadshape", "simulator.workload"), ("simulator.plan.candidates", "simulator.plan.families"),
-                 ("simulator.plan.rank", "simulator.plan.runner")):
+    for a, b in (("simulator.loadshape", "simulator.workload"), ("simulator.plan.rank", "simulator.plan.runner"),
+                 ("simulator.plan.candidates", "simulator.plan.families")):
         assert not (b in g[a] and a in g[b]), f"{a} and {b} import each other again"
 
 

@@ -72,7 +72,8 @@ def check_invariants(res) -> None:
 )
 def test_invariants_random_scenarios(instances, max_num_seqs, budget_extra, block_size, kv_tokens, rate,
                                      in_hi, out_hi, router, seed, engine_name):
-    engine = {"engine": engine_name, "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max(max_num_seqs, 16) + budget_extra,
+    engine = {"engine": engine_name, "max_num_seqs": max_num_seqs,
+              "max_num_batched_tokens": max(max_num_seqs, 16) + budget_extra,
               "block_size": block_size, "max_model_len": 2048}
     engine["gpu_memory_utilization"] = util_for_kv_tokens(kv_tokens, engine)
     scn = scenario(seed=seed, pools=pool(instances=instances, router=router, engine=engine),
@@ -129,13 +130,13 @@ def _mean_ttft(rate=None, instances=1, reps=4) -> float:
 
 def test_more_load_never_lowers_mean_ttft():
     ttft = [_mean_ttft(rate=r) for r in (5.0, 15.0, 30.0, 45.0)]
-    assert all(b >= a for a, b in zip(ttft, ttft[1:])), ttft
+    assert all(b >= a for a, b in zip(ttft, ttft[1:], strict=False)), ttft
     assert ttft[-1] > 2 * ttft[0]
 
 
 def test_more_instances_never_raise_mean_ttft():
     ttft = [_mean_ttft(rate=60.0, instances=n) for n in (1, 2, 4)]
-    assert all(b <= a for a, b in zip(ttft, ttft[1:])), ttft
+    assert all(b <= a for a, b in zip(ttft, ttft[1:], strict=False)), ttft
     assert ttft[0] > 2 * ttft[-1]
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from calibration import kernel_bench_fit as kbf
 from calibration.harness.bundle import Bundle
@@ -63,7 +64,6 @@ def test_fit_recovers_synthetic_curves(tmp_path):
     prof = kbf.to_profile(b, fit, PEAKS, "bf16", "vllm", None, created="2026-01-01")
     assert prof.compute_efficiency.max_eff == pytest.approx(0.7, rel=0.06)
     out = kbf.write_profile(prof, tmp_path / "hw" / "profiles" / f"{prof.name}.yaml")
-    import yaml
     assert Profile.model_validate(yaml.safe_load(out.read_text())) == prof
 
 

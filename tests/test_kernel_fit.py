@@ -24,6 +24,7 @@ import yaml
 
 from calibration import kernel_fit as kf
 from calibration import kernel_tables as kt
+from hwdb.db import HardwareDB
 from hwdb.profiles import Profile
 
 REPO = Path(__file__).resolve().parents[1]
@@ -68,7 +69,6 @@ def test_committed_profile_validates_and_meets_thresholds(gpu):
 def test_profiles_are_found_by_gpu_name():
     """The hwdb loader keys profiles by name and finds them by (gpu, engine); the gpu names
     are the canonical hwdb GPU names (checked against gpus/*.yaml where those files exist)."""
-    from hwdb.db import HardwareDB
 
     profs = {p.name: p for p in map(kf.read_profile, sorted(PROFILES.glob("*_vllm-0.24.0.yaml")))}
     db = HardwareDB(profiles=profs)
@@ -129,7 +129,7 @@ def test_committed_h100_predicts_held_out_real_model_shapes():
 
     g = kf.select_gemm(tables["gemm"])
     g = g[(g.dtype == "bf16") & kf.holdout_mask_gemm(g, "models")]
-    assert set(zip(g.n, g.k)) == set(kf.HELD_OUT_GEMM)
+    assert set(zip(g.n, g.k, strict=True)) == set(kf.HELD_OUT_GEMM)
     pred = kt.gemm_time(g.m, g.n, g.k, 2.0, peaks["bf16"], peaks["mem_bw"],
                         p.compute_efficiency, p.memory_efficiency)
     err = np.abs(pred / g.t.to_numpy() - 1)

@@ -5,6 +5,7 @@ import pytest
 
 import hwdb
 from simulator.kv_rule import release_key, resolve_kv_dtype
+from simulator.perf import plan_memory
 from simulator.scenario import EngineConfig, PoolConfig, ScenarioError, deployment_for
 
 
@@ -50,7 +51,6 @@ def test_an_explicit_setting_wins_and_capacity_follows(db):
     auto = dep(db, "Qwen3-235B-A22B", "fp8", version="0.19.0", tp=4)
     fp8 = dep(db, "Qwen3-235B-A22B", "fp8", version="0.19.0", kv="fp8", tp=4)
     assert (auto.kv_dtype, fp8.kv_dtype) == ("bf16", "fp8") and fp8.kv_note == "set in the scenario"
-    from simulator.perf import plan_memory
     assert plan_memory(fp8).kv_tokens > 1.9 * plan_memory(auto).kv_tokens
 
 

@@ -6,9 +6,10 @@ import math
 import numpy as np
 import pytest
 
-from simulator.loadshape import ShapedArrivals, shaped_arrivals
-from simulator.scenario import ScenarioError
 from simulator.errors import WorkloadError
+from simulator.loadshape import ShapedArrivals, shaped_arrivals
+from simulator.run import simulate
+from simulator.scenario import ScenarioError
 from tests.conftest import scenario
 
 
@@ -68,7 +69,6 @@ def test_same_seed_same_times_and_workload_integration():
     assert not np.array_equal(arrivals(shape, 50, 7), arrivals(shape, 50, 8))
     wl = {"arrival": {"kind": "shaped", "shape": shape}, "duration_s": 50,
           "input_length": {"kind": "fixed", "value": 64}, "output_length": {"kind": "fixed", "value": 8}}
-    from simulator.run import simulate
     a, b = simulate(scenario(workload=wl)), simulate(scenario(workload=wl))
     assert a.requests.equals(b.requests) and a.summary["requests"] > 50
 

@@ -2,13 +2,19 @@
 (hwdb/data/validation/*_memory*.yaml, shipped with the repo) and their published rules."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import yaml
 
 import hwdb
 from calibration.memory_fit import OTHER, _other_tokens, activation_fit, vllm_points
+from simulator.cli import main
 from simulator.memory import GiB, sglang_fraction, sglang_max_running
 from simulator.perf import FitError, plan_memory
+from simulator.run import simulate
 from simulator.scenario import EngineConfig, PoolConfig, deployment_for
+from tests.conftest import pool, scenario
 
 
 @pytest.fixture(scope="module")
@@ -97,8 +103,6 @@ def test_only_vllm_refuses_a_cache_shorter_than_max_model_len(db):
 def test_a_copied_gpu_with_a_new_size_must_update_its_visible_total(tmp_path):
     """A user GPU copied from the H100 file with only memory_bytes changed would keep CUDA's 79.19 GiB and
     plan the KV cache of the wrong card: refused, naming the field and the fix."""
-    import yaml
-    from pathlib import Path
     src = Path(__file__).resolve().parent.parent / "hwdb/data/gpus/H100-SXM-80GB.yaml"
     gpu = yaml.safe_load(src.read_text())
     gpu.update(name="Lab-GPU-96", aliases=["labgpu"], memory_bytes={"value": 96 * 2 ** 30, "source": "lab (test)"})
@@ -109,7 +113,6 @@ def test_a_copied_gpu_with_a_new_size_must_update_its_visible_total(tmp_path):
 
 
 def test_perf_prints_how_the_engine_sized_its_cache(capsys):
-    from simulator.cli import main
     assert main(["perf", "gpt-oss-120b", "--gpu", "H100", "--dtype", "fp4", "--engine", "sglang"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "memory: SGLang: mem_fraction_static 0.837" in out and "up to 2,048 running requests" in out
@@ -121,8 +124,6 @@ def test_perf_prints_how_the_engine_sized_its_cache(capsys):
 
 
 def test_the_run_summary_says_how_each_pool_sized_its_cache():
-    from simulator.run import simulate
-    from tests.conftest import pool, scenario
     res = simulate(scenario(pools=pool(engine={"engine": "sglang"})))
     info = res.info["pools"][0]
     assert info["kv_cache_sizing"].startswith("SGLang: mem_fraction_static")

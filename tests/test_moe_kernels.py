@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 import hwdb
+from calibration import moe_fit
 from hwdb.moe import FORMATS
 from simulator.scenario import PoolConfig, deployment_for
 from simulator.step_build import build_step_model
@@ -95,7 +96,6 @@ def test_kernel_format_follows_the_checkpoint(db):
 
 @needs_shared
 def test_refit_reproduces_a_shipped_curve(db):
-    from calibration import moe_fit
     shipped = db.moe_kernels["H200-SXM-141GB_vllm"].curves["fp8_block"]
     rows = pd.read_parquet(MOE_TABLES / "h200_sxm" / "moe" / "vllm" / "0.24.0" / "moe_perf.parquet")
     rows = rows[(rows.moe_dtype == "fp8_block") & (rows.moe_ep_size == 1)]
@@ -113,14 +113,14 @@ def test_refit_reproduces_a_shipped_curve(db):
 ])
 def test_stated_held_out_error_is_what_the_measurements_give(db, system, engine, version, fmt, ep):
     """The held-out median in each file, recomputed here from the measured rows the fit never saw."""
-    from calibration import moe_fit
     gpu = db.gpu(moe_fit.SYSTEMS[system])
     kernels = db.moe_kernels[f"{gpu.name}_{engine}"]
     curve = (kernels.ep_curves if ep else kernels.curves)[fmt]
     rows = pd.read_parquet(MOE_TABLES / system / "moe" / engine / version / "moe_perf.parquet")
     rows = moe_fit.main_kernels(rows[(rows.moe_dtype == fmt) & ((rows.moe_ep_size > 1) == ep)], engine)
     bal = rows[rows.distribution == "balanced"].groupby(moe_fit.KEYS, as_index=False).latency.median()
-    shape = pd.factorize(pd.Series(list(zip(bal.hidden_size, bal.inter_size, bal.num_experts, bal.topk))))[0]
+    shape = pd.factorize(pd.Series(list(zip(bal.hidden_size, bal.inter_size, bal.num_experts, bal.topk,
+                                            strict=True))))[0]
     held = shape % 4 == 3 if shape.max() >= 3 else pd.factorize(bal.num_tokens, sort=True)[0] % 4 == 3
     cdt, wbytes = FORMATS[fmt]
     pred = np.array([curve.time(r.num_tokens, r.hidden_size, r.inter_size, r.num_experts, r.topk, r.moe_tp_size,

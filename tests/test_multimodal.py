@@ -6,6 +6,8 @@ import pytest
 
 from simulator.epd.epd_config import ImageWorkload
 from simulator.epd.multimodal import generate_images, read_azure_multimodal
+from simulator.plan import parse_plan_request
+from simulator.plan.candidates import build_context
 from simulator.run import simulate
 from simulator.scenario import ScenarioError, parse_scenario
 from simulator.traces import TraceError, read_trace
@@ -89,7 +91,7 @@ def test_generation_is_deterministic_and_catalogue_fixes_resolution():
     assert set(np.diff(a.offsets)) == {0, 1, 2, 3, 4}
     assert set(a.image_id) <= set(range(5))
     for iid in set(a.image_id):   # one resolution per catalogue image
-        assert len(set(zip(a.width[a.image_id == iid], a.height[a.image_id == iid]))) == 1
+        assert len(set(zip(a.width[a.image_id == iid], a.height[a.image_id == iid], strict=True))) == 1
     fresh = generate_images(cfg.model_copy(update={"distinct_images": None}), 400, np.random.default_rng(1))
     assert len(set(fresh.image_id)) == fresh.total
     share = (fresh.width == 1920).mean()
@@ -111,8 +113,6 @@ def test_images_do_not_move_arrivals_or_lengths():
 def test_planner_screen_samples_trace_image_counts_as_the_simulation_does(tmp_path):
     """Issue 16: the screen's workload sample draws images like simulate (simulator.epd.epd.draw_images,
     the images stream), NumImages of a replayed Azure trace included (it used to screen them as text)."""
-    from simulator.plan import parse_plan_request
-    from simulator.plan.candidates import build_context
     rows = [ROWS[0], ROWS[1], ROWS[3], ROWS[2], ROWS[4]]           # in time order
     p = write(tmp_path, rows)
     req = parse_plan_request({

@@ -7,10 +7,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hwdb
-from simulator.pd.pd import build_transfer_plan, crossover_bandwidth
-from simulator.run import simulate
 from simulator.pd.flows import FLOWS
+from simulator.pd.pd import build_transfer_plan, crossover_bandwidth
 from simulator.pd.pd_config import KVTransferConfig
+from simulator.run import simulate
 from simulator.scenario import ScenarioError, load_scenario, parse_scenario, resolve
 from tests.conftest import REPO
 from tests.test_invariants import check_invariants
@@ -45,8 +45,8 @@ def check_pd(res) -> None:
     assert (req["transfer_s"] >= 0).all() and (req["transfer_wait_s"] >= 0).all()
     # KV bytes sent equal KV bytes received: what left the prefill NICs arrived at the decode NICs.
     links = res.summary["links"]
-    out = sum(l["bytes_carried"] for l in links if l["link"].endswith(":out"))
-    inn = sum(l["bytes_carried"] for l in links if l["link"].endswith(":in"))
+    out = sum(ln["bytes_carried"] for ln in links if ln["link"].endswith(":out"))
+    inn = sum(ln["bytes_carried"] for ln in links if ln["link"].endswith(":in"))
     assert out == pytest.approx(res.summary["kv_bytes_moved"], rel=1e-9)
     assert inn == pytest.approx(res.summary["kv_bytes_moved"], rel=1e-9)
 

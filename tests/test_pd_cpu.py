@@ -18,6 +18,9 @@ import pytest
 
 from calibration.harness.client import CompletionClient, RequestSpec
 from calibration.harness.pd_router import PDRouter, decode_body, prefill_body
+from calibration.harness.runner import ensure_tiny_model
+from calibration.pd_launch import count_injections, launch_pair
+from calibration.pd_run import drive
 from tests.conftest import VLLM_PY, needs_vllm
 
 
@@ -108,9 +111,6 @@ def test_router_decode_error_reaches_the_client():
 @pytest.mark.slow
 @needs_vllm
 def test_vllm_pd_pair_through_router(tmp_path):
-    from calibration.harness.runner import ensure_tiny_model
-    from calibration.pd_launch import count_injections, launch_pair
-    from calibration.pd_run import drive
     t0 = time.monotonic()
     model = ensure_tiny_model(VLLM_PY, tmp_path / "model", lambda s: None)
     kv = tmp_path / "kv"

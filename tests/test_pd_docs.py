@@ -341,8 +341,6 @@ def test_vllm_documented_pd_nixl_commands_run_verbatim(request):
 
 def test_pd_run_killed_with_sigkill_reads_as_interrupted(tmp_path, capsys):
     """A PD run killed before its end leaves status running; its process is gone, so show says interrupted."""
-    import os
-    import sys
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     pd = _pd_bundle(tmp_path / "pd-run")

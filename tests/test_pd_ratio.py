@@ -17,7 +17,9 @@ def test_best_ratio_moves_toward_prefill_for_long_prompts():
     res = _example().sweep(duration_s=20.0, iterations=8)
     chat, summ = res["chat (512 in / 512 out)"], res["summarise (4096 in / 128 out)"]
     best_chat, best_summ = max(chat, key=chat.get), max(summ, key=summ.get)
-    share = lambda pd: pd[0] / (pd[0] + pd[1])  # noqa: E731
+
+    def share(pd):
+        return pd[0] / (pd[0] + pd[1])
     assert share(best_summ) > share(best_chat)
     assert summ[(3, 1)] > 1.5 * summ[(1, 3)]     # long prompts: prefill-heavy wins clearly
     assert chat[(1, 3)] > 1.5 * chat[(3, 1)]     # long outputs: decode-heavy wins clearly

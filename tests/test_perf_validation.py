@@ -63,7 +63,8 @@ def test_step_time_is_the_sum_of_its_kernels(db):
             assert (sm.moe_time(tokens) > 0) == (model == "Qwen3-30B-A3B")
             # regime's expert sides are moe_time's roofline; moe_time adds the token exchange and the measured
             # fused-MoE kernel's fixed, per-routed-token and per-expert terms (hwdb/moe.py)
-            comm = sm.moe_layers * (sm.moe_comm_s_per_token * tokens + sm.moe_comm_lat_s) if sm.moe_comm_s_per_token else 0.0
+            comm = (sm.moe_layers * (sm.moe_comm_s_per_token * tokens + sm.moe_comm_lat_s)
+                    if sm.moe_comm_s_per_token else 0.0)
             extra = (sm.exp_fixed_s + sm.exp_s_per_token * tokens + sm.exp_s_per_expert * sm.touched_experts(tokens)
                      if sm.exp_fixed_s else 0.0)
             assert max(sm.expert_roofline(tokens)) + comm + extra == pytest.approx(sm.moe_time(tokens), rel=1e-12,
@@ -81,7 +82,7 @@ def test_allreduce_is_the_measured_curve_where_profiled_else_a_ring_over_the_lin
     assert min(lat[i:]) <= pc.allreduce_time(sm, mid) <= min(lat[i + 1:])
     # Never cheaper for a larger message (the tables' algorithm hand-over bumps are smoothed from below).
     grid = [2.0 ** e for e in range(8, 30)]
-    assert all(pc.allreduce_time(sm, a) <= pc.allreduce_time(sm, b) for a, b in zip(grid, grid[1:]))
+    assert all(pc.allreduce_time(sm, a) <= pc.allreduce_time(sm, b) for a, b in zip(grid, grid[1:], strict=False))
     # Without a profile (a datasheet GPU), a ring over the node's link.
     l4 = step_model(db, "Llama-3.1-8B", gpu="L40S", tp=2)
     link = db.link(db.gpu("L40S").intra_node_link)
@@ -170,7 +171,8 @@ def test_fp8_weights_halve_weight_bytes_and_use_the_fp8_curve(db):
 def test_attention_computes_at_the_bf16_peak_whatever_the_weights(db):
     """The prefill-attention curve was fitted on bf16 kernels against the bf16 peak; fp8 weights do not
     make attention faster (only the linear layers)."""
-    bf, f8 = step_model(db, "Llama-3.1-70B", gpu="B200", tp=8), step_model(db, "Llama-3.1-70B", gpu="B200", tp=8, dtype="fp8")
+    bf = step_model(db, "Llama-3.1-70B", gpu="B200", tp=8)
+    f8 = step_model(db, "Llama-3.1-70B", gpu="B200", tp=8, dtype="fp8")
     pairs = 8192 * 8193 / 2
     assert f8.attention_time(8192, pairs, 0.0) == pytest.approx(bf.attention_time(8192, pairs, 0.0), rel=1e-12)
     # The linear layers gain from fp8 tensor cores, though TP8's small slices keep them well below 2x.

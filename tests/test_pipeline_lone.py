@@ -17,7 +17,8 @@ def sm(db, model, gpu, pp, dtype="bf16", tp=1):
     return build_step_model(deployment_for(PoolConfig(gpu=gpu, tp=tp, pp=pp, dtype=dtype), db.model(model), db))
 
 
-@pytest.mark.parametrize("model,gpu,dtype,tp", [("Llama-3.1-8B", "H200", "fp8", 1), ("Llama-3.1-70B", "H100", "bf16", 4),
+@pytest.mark.parametrize("model,gpu,dtype,tp", [("Llama-3.1-8B", "H200", "fp8", 1),
+                                                ("Llama-3.1-70B", "H100", "bf16", 4),
                                                 ("Qwen2.5-7B", "A100-80GB", "bf16", 1)])
 @pytest.mark.parametrize("prompt", [128, 2048, 8192])
 def test_lone_prompt_not_faster_with_stages(db, model, gpu, dtype, tp, prompt):

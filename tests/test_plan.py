@@ -11,13 +11,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from simulator.goodput import with_rate
 from simulator.plan import PlanError, load_plan_request, parse_plan_request, run_plan
 from simulator.plan.candidates import build_context
 from simulator.plan.families import enumerate_candidates
 from simulator.plan.pareto import pareto_mask
 from simulator.plan.screen import Screen
-from simulator.goodput import with_rate
 from simulator.run import simulate
+from tests.conftest import scenario
 
 
 def request(**over) -> dict:
@@ -188,7 +189,6 @@ def test_pareto_front_is_exactly_the_non_dominated_points(points):
 
 
 def test_with_rate_keeps_everything_but_the_rate():
-    from tests.conftest import scenario
     s = scenario()
     t = with_rate(s, 7.5)
     assert t.workload.arrival.rate == 7.5

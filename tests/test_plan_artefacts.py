@@ -2,6 +2,7 @@
 model classes), vLLM command lines parsed by vLLM's own `vllm serve` parser, router configuration."""
 from __future__ import annotations
 
+import argparse
 import json
 import shlex
 
@@ -9,6 +10,7 @@ import pytest
 import yaml
 
 from simulator.plan import artefacts
+from simulator.plan.manifests import ArtefactOptions
 from tests.plan_results import check_sglang, epd_id, k8s_roundtrip, pick, screen_plan, vl_screen_plan
 
 
@@ -40,7 +42,7 @@ def test_kubernetes_manifests_parse_and_match_the_api_schema(family, hetero, gpu
     assert [d["kind"] for d in proxy] == ([] if family == "colocated" else ["Deployment", "Service"])
     services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
     tcp = link is not None and link.startswith(("tcp", "cloud"))
-    for pool, dep in zip(cand.pools, deps):
+    for pool, dep in zip(cand.pools, deps, strict=True):
         spec = dep["spec"]
         svc = services[dep["metadata"]["name"]]
         assert spec["replicas"] == pool.instances
@@ -159,7 +161,6 @@ def test_mooncake_plans_run_vllms_mooncake_proxy_with_each_prefill_pods_bootstra
 def test_mooncake_proxy_arguments_parse_with_the_proxy_scripts_own_flags():
     """The proxy's argv against the flags of vLLM's Mooncake proxy (--host, --port, --prefill URL [PORT]
     appended, --decode URL appended), rebuilt here with argparse as the script declares them."""
-    import argparse
     res = screen_plan("mooncake", "roce-400")
     cid = next(c for c in res.candidates["id"] if c.startswith("pd-") and c.endswith("-2p1d") and "MI300X" not in c)
     _, _, proxy = _docs(artefacts(res, cid))
@@ -194,7 +195,6 @@ def test_router_config_points_at_the_services():
 
 
 def test_options_set_rdma_resource_host_network_and_registry():
-    from simulator.plan.manifests import ArtefactOptions
     res = screen_plan()
     opts = ArtefactOptions(rdma_resource="nvidia.com/hostdev", host_network=True, registry="reg.example.com/mirror",
                            storage_class="nfs-rwx")

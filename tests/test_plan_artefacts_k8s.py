@@ -60,7 +60,7 @@ def test_sglang_manifests_match_the_api_schema_and_the_sglang_scripts(family, he
     pools = [d for d in sg if d["kind"] == "Deployment" and _role(d) != "proxy"]
     services = {d["metadata"]["name"]: d for d in sg if d["kind"] == "Service"}
     assert [_role(d) for d in pools] == [p.role for p in cand.pools]
-    for pool, dep in zip(cand.pools, pools):
+    for pool, dep in zip(cand.pools, pools, strict=True):
         ctr = dep["spec"]["template"]["spec"]["containers"][0]
         assert dep["spec"]["replicas"] == pool.instances
         assert ctr["image"].startswith("rocm/sgl-dev:" if gpu == "MI" else "lmsysorg/sglang:")
@@ -134,7 +134,7 @@ def _example_folders() -> list[tuple[str, str, dict]]:
         data["search"] = {**data.get("search", {}), "verify": 0, "borderline": 0, "verify_front": 0}
         res = run_plan(parse_plan_request(data), workers=1)
         df = res.candidates[res.candidates["est_meets_slo"]].sort_values("cost_usd_per_hour")
-        for family, rows in df.groupby("family"):
+        for _family, rows in df.groupby("family"):
             out.append((path.name, rows["id"].iloc[0], artefacts(res, rows["id"].iloc[0])))
     return out
 
@@ -173,12 +173,12 @@ def test_every_example_plan_folder_passes_vllms_own_parser():
     cases = [(example, path, shlex.split(text.splitlines()[-1])[1:]) for example, _, files in _example_folders()
              for path, text in files.items() if path.startswith("vllm/")]
     assert cases
-    r = subprocess.run([VLLM_PY, "-c", VLLM_PARSE_CHECK], input=json.dumps([a for _, _, a in cases]), capture_output=True,
-                       text=True, timeout=600, cwd=REPO)
+    r = subprocess.run([VLLM_PY, "-c", VLLM_PARSE_CHECK], input=json.dumps([a for _, _, a in cases]),
+                       capture_output=True, text=True, timeout=600, cwd=REPO)
     assert r.returncode == 0, r.stderr[-3000:]
     parsed = json.loads(r.stdout.strip().splitlines()[-1])
     assert len(parsed) == len(cases)
-    for (example, path, argv), got in zip(cases, parsed):
+    for (example, path, argv), got in zip(cases, parsed, strict=True):
         assert got["tp"] == int(argv[argv.index("--tensor-parallel-size") + 1]), (example, path)
         if got["kv"] is not None:
             assert got["registered"] is True, (example, path, got["kv"])

@@ -33,12 +33,12 @@ def test_vllm_command_lines_parse_with_vllms_own_parser():
     for pool in cand.pools:
         role = pool.role if pool.role != "colocated" else "main"
         cases.append(("epd", pool, shlex.split(files[f"vllm/{role}.sh"].splitlines()[-1])[1:]))
-    r = subprocess.run([VLLM_PY, "-c", VLLM_PARSE_CHECK], input=json.dumps([a for _, _, a in cases]), capture_output=True,
-                       text=True, timeout=300, cwd=REPO)
+    r = subprocess.run([VLLM_PY, "-c", VLLM_PARSE_CHECK], input=json.dumps([a for _, _, a in cases]),
+                       capture_output=True, text=True, timeout=300, cwd=REPO)
     assert r.returncode == 0, r.stderr[-3000:]
     parsed = json.loads(r.stdout.strip().splitlines()[-1])
     assert len(parsed) == len(cases)
-    for (connector, pool, argv), got in zip(cases, parsed):
+    for (connector, pool, argv), got in zip(cases, parsed, strict=True):
         if connector == "epd":
             assert got["model"] == "Qwen/Qwen3-VL-30B-A3B-Instruct" and got["tp"] == pool.tp
             assert got["encoder_only"] == (pool.role == "encoder")
@@ -82,4 +82,5 @@ def test_p2pnccl_lines_follow_vllms_p2p_guide_which_vllm_032_no_longer_accepts()
     got = json.loads(r.stdout.strip().splitlines()[-1])[0]
     port, extra = got["kv_extra"]
     assert got["kv"] == ["P2pNcclConnector", "kv_consumer"] and port == 21001 and got["registered"] is False
-    assert extra == {"proxy_ip": extra["proxy_ip"], "proxy_port": "30001", "http_port": "8000", "send_type": "PUT_ASYNC"}
+    assert extra == {"proxy_ip": extra["proxy_ip"], "proxy_port": "30001", "http_port": "8000",
+                     "send_type": "PUT_ASYNC"}

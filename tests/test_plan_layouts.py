@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from simulator.plan import parse_plan_request
+from simulator.plan import PlanError, parse_plan_request
+from simulator.plan.artefacts import vllm_args
 from simulator.plan.candidates import build_context, to_scenario
 from simulator.plan.families import enumerate_candidates
 from simulator.plan.screen import Screen
 from simulator.plan.sglang import sglang_args
-from tests.plan_results import check_sglang
-from simulator.plan.artefacts import vllm_args
 from simulator.run import simulate
+from tests.plan_results import check_sglang
 from tests.test_plan import request
 
 
@@ -95,7 +95,6 @@ def test_serve_flags_of_a_dp_ep_layout(ctx):
     ({"expert_parallel": []}, "expert_parallel"),
 ])
 def test_bad_layout_constraints(constraints, needle):
-    from simulator.plan import PlanError
     with pytest.raises(PlanError) as exc:
         moe_request(**constraints)
     assert needle in str(exc.value)

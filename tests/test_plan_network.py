@@ -8,7 +8,7 @@ import yaml
 
 from simulator.cli import main
 from simulator.plan import parse_plan_request, run_plan
-from tests.test_plan import request
+from tests.test_plan import _vl_request, request
 
 _SCREEN = {"verify": 0, "borderline": 0, "verify_front": 0}
 
@@ -73,7 +73,6 @@ def test_epd_candidates_over_tcp_are_evaluated_not_refused_and_slower_than_over_
     """The same multimodal plan with its embeddings (and KV) over 25 GbE TCP and over RoCE: no EPD candidate is
     refused as "embedding transfer impossible" (NIXL runs host-staged over UCX TCP), each gets a finite screen
     TTFT or a load verdict, and none is faster than its RoCE twin."""
-    from tests.test_plan import _vl_request
     out = {}
     for link in ("roce-400", "tcp-25gbe"):
         req = _vl_request(search=_SCREEN, fabrics={"connector": "nixl", "links": [link]})

@@ -56,7 +56,9 @@ def test_without_the_flag_prompts_are_admitted_at_the_next_step():
 
 def test_the_wait_grows_ttft_by_about_half_an_interval_of_decode_steps():
     base, gated = simulate(_scenario(None)).requests, simulate(_scenario(30)).requests
-    steady = lambda r: r[r["request_id"] >= 8]   # noqa: E731  (the first wave enters an idle server)
+
+    def steady(r):          # the first wave enters an idle server
+        return r[r["request_id"] >= 8]
     extra = steady(gated)["ttft_s"].mean() - steady(base)["ttft_s"].mean()
     tpot = steady(base)["tpot_s"].mean()
     # a request sent at a uniform point of the 30-step cycle waits ~15 decode steps

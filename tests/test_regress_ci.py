@@ -7,6 +7,7 @@ import shlex
 import yaml
 
 from simulator.regress import compare, load_suite, read_baseline
+from simulator.regress.suite import Suite
 from tests.conftest import REPO
 
 SUITE = REPO / ".ci" / "regress" / "suite.yaml"
@@ -75,7 +76,6 @@ def test_baseline_is_written_canonically():
 
 def test_suite_reference_in_docs_validates():
     """The annotated suite in docs/ci.md uses only keys and figures the suite model accepts."""
-    from simulator.regress.suite import Suite
     text = (REPO / "docs" / "ci.md").read_text()
     block = text.split("## The suite", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
     suite = Suite.model_validate(yaml.safe_load(block))

@@ -57,7 +57,8 @@ def test_planner_samples_images_from_the_stream_simulate_uses():
     req = parse_plan_request({
         "model": "Qwen3-VL-4B", "slo": {"ttft_s": 2.0, "tpot_s": 0.1},
         "gpus": [{"name": "H100"}], "search": {"seed": 4},
-        "workload": {"arrival": {"kind": "poisson", "rate": 1.0}, "num_requests": 100, "input_length": {"kind": "fixed", "value": 100}, "output_length": {"kind": "fixed", "value": 8},
+        "workload": {"arrival": {"kind": "poisson", "rate": 1.0}, "num_requests": 100,
+                     "input_length": {"kind": "fixed", "value": 100}, "output_length": {"kind": "fixed", "value": 8},
                      "images": IMAGES}})
     stats = _sample_stats(req, hwdb.load().model("Qwen3-VL-4B"))
     n = stats.n
@@ -79,7 +80,7 @@ def test_catalogue_resolutions_come_from_the_seed_tree():
     def catalogue(seed: int) -> dict[int, int]:
         im = generate_images(cfg, 400, rng_streams(seed, 0)["images"])
         by_id: dict[int, set] = {}
-        for i, w in zip(im.image_id.tolist(), im.width.tolist()):
+        for i, w in zip(im.image_id.tolist(), im.width.tolist(), strict=True):
             by_id.setdefault(i, set()).add(w)
         assert all(len(v) == 1 for v in by_id.values())      # one resolution per id
         return {i: v.pop() for i, v in by_id.items()}

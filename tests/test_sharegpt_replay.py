@@ -21,6 +21,7 @@ from __future__ import annotations
 import pytest
 
 from calibration import sharegpt_replay as sg
+from tests.conftest import SHARED
 
 LLAMA = ("rtx4090-llama8b", "pro6000-llama8b")
 LLAMA_BOUND = {"rtx4090-llama8b": 0.35, "pro6000-llama8b": 0.10}        # worst measured 33.3 %, 3.2 %
@@ -30,7 +31,6 @@ QWEN_BOUND = 0.45             # worst measured |error| 38.5 %
 
 @pytest.fixture(scope="module")
 def replay():
-    from tests.conftest import SHARED
     if not (SHARED / sg.TRACE_DIR).is_dir():
         pytest.skip(f"../shared is absent (CI has it); this test reads {sg.TRACE_DIR}")
     return sg.table(SHARED)
@@ -39,7 +39,7 @@ def replay():
 def _errors(df, run, metrics=sg.HEADLINE):
     rows = df[(df["run"] == run) & df["metric"].isin(metrics)]
     assert len(rows) == len(metrics), f"{run}: expected {metrics}, got {list(rows['metric'])}"
-    return dict(zip(rows["metric"], rows["error"]))
+    return dict(zip(rows["metric"], rows["error"], strict=True))
 
 
 def test_every_request_completes(replay):

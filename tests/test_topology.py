@@ -1,10 +1,12 @@
 """Network topology as data (kv_transfer.gpus_per_nic, nodes_per_rack, oversubscription, racks_per_pod,
-pod_oversubscription, placement): shared node NICs and oversubscribed leaf and spine uplinks are shared fairly by the transfers that cross them; TCP modes of
-connectors are evaluated; cross-vendor PD pairs are refused."""
+pod_oversubscription, placement): shared node NICs and oversubscribed leaf and spine uplinks are shared fairly
+by the transfers that cross them; TCP modes of connectors are evaluated; cross-vendor PD pairs are refused."""
 from __future__ import annotations
 
 import pytest
+import yaml
 
+import hwdb
 from simulator.pd.pd import build_transfer_plan
 from simulator.run import simulate
 from simulator.scenario import ScenarioError, parse_scenario, resolve
@@ -86,7 +88,8 @@ def test_tcp_modes_are_evaluated_host_staged(connector):
     db, pools = rs.db, rs.pools
     plan = build_transfer_plan(scn.kv_transfer, db, pools[0].dep, pools[1].dep)
     assert plan.staged_s_per_byte > 0 and res.summary["completed"] == 4
-    rdma = build_transfer_plan(scn.kv_transfer.model_copy(update={"fabric": "roce-100"}), db, pools[0].dep, pools[1].dep)
+    rdma = build_transfer_plan(scn.kv_transfer.model_copy(update={"fabric": "roce-100"}), db,
+                               pools[0].dep, pools[1].dep)
     assert plan.idle_time(4000) > rdma.idle_time(4000)     # same line rate (12.5 vs 3.1 GB/s aside): TCP loses
 
 
@@ -147,8 +150,6 @@ def test_every_shipped_network_layout_cites_its_cloud_documentation():
     ({"gpus": ["H100"]}, "field 'gpus': ['H100'] not defined in gpus/ (use canonical names)"),
     ({"nic_Bps": {"value": 400, "source": "400 Gb/s"}}, "give one NIC's line rate in bytes per second")])
 def test_a_bad_user_network_layout_names_the_file_field_and_fix(tmp_path, change, message):
-    import hwdb
-    import yaml
     base = {"name": "my-node", "provider": "on-prem", "instance": "dgx", "gpus": ["H100-SXM-80GB"],
             "gpus_per_node": 8, "fabric": "ib-ndr", "nics_per_node": 8,
             "nic_Bps": {"value": 50e9, "source": "ConnectX-7 NDR 400 Gb/s"}}

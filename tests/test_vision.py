@@ -11,8 +11,15 @@ from __future__ import annotations
 import pytest
 
 import hwdb
-from simulator.epd.vision import VisionError, embedding_bytes, encoder_flops, patches, resized, vision_arch, \
-    visual_tokens
+from simulator.epd.vision import (
+    VisionError,
+    embedding_bytes,
+    encoder_flops,
+    patches,
+    resized,
+    vision_arch,
+    visual_tokens,
+)
 
 DB = hwdb.load()
 

@@ -158,7 +158,7 @@ def test_pairs_sample_whole_rows():
     req = gen(WorkloadConfig(arrival=Poisson(rate=1.0), num_requests=2000,
                              lengths=LengthPairs(path=path, input_column="num_prefill_tokens",
                                                  output_column="num_decode_tokens")))
-    pairs = set(zip(req.input_tokens.tolist(), req.output_tokens.tolist()))
+    pairs = set(zip(req.input_tokens.tolist(), req.output_tokens.tolist(), strict=True))
     assert pairs <= rows and len(pairs) == len(rows)
 
 

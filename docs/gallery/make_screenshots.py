@@ -7,9 +7,9 @@ Debian's headless Chromium through Selenium (the helpers of tests/browser.py: `a
 chromium-driver`, `pip install -e '.[test]'`), runs each page's main task (Home's default scenario, Compare's
 preset, the planner, the cold start, the sample bundle's fit, the hardware list, the rate sweep), waits until
 the page has drawn its result, and writes one full-page PNG per page: home.png, compare.png, plan.png,
-operations.png, calibration.png, hardware.png, sweep.png (``--pages`` picks some).  The PNGs are several hundred kB each, so they go to
-out/ (not committed); ``--docs`` also writes a 900-pixel-wide WebP of each (20-70 kB) to docs/gallery/, the
-gallery docs/app.md shows.
+operations.png, calibration.png, hardware.png, sweep.png (``--pages`` picks some).  The PNGs are several
+hundred kB each, so they go to out/ (not committed); ``--docs`` also writes a 900-pixel-wide WebP of each
+(20-70 kB) to docs/gallery/, the gallery docs/app.md shows.
 """
 from __future__ import annotations
 
@@ -21,11 +21,14 @@ import time
 from pathlib import Path
 
 from PIL import Image
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from tests.browser import CHROMIUM, DRIVER, FLAGS, body_text, click, idle, running_app, wait  # noqa: E402
+from tests.browser import CHROMIUM, DRIVER, FLAGS, body_text, click, idle, running_app, wait  # noqa: E402 - after the sys.path entry (tests/ is not installed)
 
 # page path (after the app's URL), file name, the button that starts its main task (None: it runs on
 # opening), and a text the page shows once its result is drawn.
@@ -41,8 +44,6 @@ PAGES = [
 
 
 def _driver(profile: Path, width: int):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
     for f in [*FLAGS, f"--user-data-dir={profile}", f"--window-size={width},1000"]:
@@ -52,7 +53,6 @@ def _driver(profile: Path, width: int):
 
 def _charts_drawn(drv) -> bool:
     """Every Plotly chart on the page has drawn its SVG (a chart mid-draw would be a blank box)."""
-    from selenium.webdriver.common.by import By
     plots = drv.find_elements(By.CSS_SELECTOR, "[data-testid='stPlotlyChart']")
     return all(p.find_elements(By.CSS_SELECTOR, ".main-svg") for p in plots)
 
