@@ -1,4 +1,4 @@
-"""Cost of the operations engine: the reference scenario of bench_sim.py on the plain engine and on
+"""Cost of the operations engine: bench_sim.py's colocated scenario on the plain engine and on
 the operations engine with nothing happening (autoscaler pinned); then with FP8 weights on the plain
 engine and with FP8 crashes and re-prefill on the operations engine.
 
@@ -12,8 +12,19 @@ processes spreads over all of them.
 from __future__ import annotations
 
 import argparse
+import time
 
-from benchmarks.bench_sim import reference, timed
+from benchmarks.bench_sim import colocated
+from simulator.run import simulate
+from simulator.scenario import parse_scenario
+
+
+def timed(data: dict):
+    """The run of one scenario and its wall time (s), the scenario's validation left out."""
+    scn = parse_scenario(data)
+    t = time.perf_counter()
+    res = simulate(scn)
+    return res, time.perf_counter() - t
 
 
 def main(argv=None) -> None:
@@ -21,7 +32,7 @@ def main(argv=None) -> None:
     ap.add_argument("--requests", type=int, default=20_000)
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args(argv)
-    base = reference({"kind": "poisson", "rate": 27.2}, args.requests)
+    base = colocated(args.requests)
     variants = {
         "plain engine": base,
         "operations engine, autoscaler pinned": {**base, "operations": {
