@@ -148,7 +148,8 @@ def pareto_figure(candidates: pd.DataFrame, pareto: pd.DataFrame, x: str, y: str
     # A hover text column (e.g. the latencies with their model error band) replaces the label's hover.
     tip = dict(hovertemplate="%{text}<extra></extra>") if label and label.startswith("hover") else {}
     fig.add_trace(go.Scatter(x=candidates[x], y=candidates[y], mode="markers", name="candidates",
-                             text=text, marker=dict(size=7, color="lightgray", line=dict(width=1, color="gray")), **tip))
+                             text=text, marker=dict(size=7, color="lightgray", line=dict(width=1, color="gray")),
+                             **tip))
     p = pareto.sort_values(x)
     fig.add_trace(go.Scatter(x=p[x], y=p[y], mode="lines+markers", name="Pareto front",
                              text=p[label].astype(str) if label and label in p else None, **tip))
@@ -220,7 +221,8 @@ def instances_figure(series: pd.DataFrame, events: pd.DataFrame) -> go.Figure:
         if ev.empty:
             continue
         fig.add_trace(go.Scatter(x=ev["time_s"], y=[0] * len(ev), mode="markers", name=kind,
-                                 text=[f"{p}: {kind} x{c}. {w}" for p, c, w in zip(ev["pool"], ev["count"], ev["detail"])],
+                                 text=[f"{p}: {kind} x{c}. {w}"
+                                       for p, c, w in zip(ev["pool"], ev["count"], ev["detail"], strict=True)],
                                  hoverinfo="x+text", marker=dict(symbol=symbol, size=13, color=colour)))
     fig.update_yaxes(rangemode="tozero")
     fig.update_layout(showlegend=True)

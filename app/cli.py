@@ -79,8 +79,8 @@ def run_until_stopped(proc: subprocess.Popen, grace_s: float = 20.0) -> int:
 def cmd_report(args, con=None) -> int:
     """``epdsim report validation VALIDATION.json --out FILE.html`` or ``epdsim report plan REQUEST.yaml --out
     FILE.html`` (runs the planner)."""
-    from app.report import plan_html, validation_html, write
-    from simulator.scenario import ScenarioError
+    from app.report import plan_html, validation_html, write  # noqa: PLC0415 - Plotly: loaded when a report is written
+    from simulator.scenario import ScenarioError  # noqa: PLC0415 - parser hook: loads when `epdsim report` runs
     check_output(args.out, "--out", folder=False, error=OutputPathError)   # before the plan runs
 
     def write_out(text: str) -> Path:
@@ -89,7 +89,7 @@ def cmd_report(args, con=None) -> int:
         except OSError as exc:
             raise OutputPathError(write_failed(exc, "--out", args.out)) from None
     if args.kind == "plan":
-        from simulator.plan import PlanError, load_plan_request, run_plan
+        from simulator.plan import PlanError, load_plan_request, run_plan  # noqa: PLC0415 - only `report plan` runs it
 
         def progress(done, total, stage):
             print(f"\r{stage}: {done}/{total}   ", end="", file=sys.stderr, flush=True)
@@ -109,7 +109,8 @@ def cmd_report(args, con=None) -> int:
     try:
         data = json.loads(src.read_text())
     except json.JSONDecodeError as exc:
-        raise ScenarioError(f"{src}: not JSON ({exc}); give the validation.json of `epdsim calibrate validate`") from None
+        raise ScenarioError(f"{src}: not JSON ({exc}); give the validation.json of "
+                            "`epdsim calibrate validate`") from None
     path = write_out(validation_html(data, plotly=args.report_plotly))
     print(f"wrote {path}")
     return 0
@@ -117,7 +118,7 @@ def cmd_report(args, con=None) -> int:
 
 def write_simulation_report(res, path: str | Path, plotly: str = "inline") -> Path:
     """The HTML report of one run (``epdsim simulate ... --report FILE.html [--report-plotly cdn]``)."""
-    from app.report import results_html, write
+    from app.report import results_html, write  # noqa: PLC0415 - Plotly: loaded when a report is written
     return write(path, results_html(res, plotly=plotly))
 
 

@@ -3,8 +3,8 @@
 One file, no network: Plotly's JavaScript is inlined once, each figure follows as a div
 (``plotly="cdn"``: a script tag loads it from cdn.plot.ly instead, for a file of kilobytes that needs
 the network when opened).  Each report carries what produced it as YAML (the scenario, or the plan
-request) in a ``<pre id="...-yaml">`` block, so it can be re-run.  Used by ``epdsim simulate ... --report FILE.html``, ``epdsim report validation`` and the
-app's download buttons.
+request) in a ``<pre id="...-yaml">`` block, so it can be re-run.  Used by ``epdsim simulate ... --report
+FILE.html``, ``epdsim report validation`` and the app's download buttons.
 """
 from __future__ import annotations
 
@@ -12,17 +12,18 @@ import html
 from pathlib import Path
 
 import pandas as pd
+import yaml
 
 from app import charts
 from app.services import compare, views
+from app.services.calibration import checks_frame, series_frame
 from app.services.costs import cost_text
 from app.services.scenarios import Prices, cost
+from app.services.share import portable_yaml
 from simulator import fmt
 from simulator.confidence import band_caption, describe, error_bands, with_band
 from simulator.plan.bands import verdict as band_verdict
 from simulator.serving_summary import slo_text
-from app.services.calibration import checks_frame, series_frame
-from app.services.share import portable_yaml
 
 STYLE = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px} "
          "table{border-collapse:collapse;margin:1em 0} td,th{border:1px solid #ccc;padding:3px 9px;text-align:right} "
@@ -68,7 +69,8 @@ def summary_rows(res, prices: Prices | None = None) -> list[tuple[str, str]]:
     rows += [("model error band", band_caption(res.info, rel))]
     rows += [("completed / rejected / unfinished", f"{s['completed']} / {s['rejected']} / {s['unfinished']}"),
              ("throughput", f"{s['throughput_rps']:.2f} req/s, {s['output_tokens_per_s']:,.0f} output tok/s"),
-             ("SLO attainment", f"{fmt.percent(s['slo_attainment'])} (target {fmt.percent(res.scenario.slo.attainment, 0)}"
+             ("SLO attainment", f"{fmt.percent(s['slo_attainment'])} "
+                                f"(target {fmt.percent(res.scenario.slo.attainment, 0)}"
                                 f" within {slo_text(res.scenario.slo.ttft_s, res.scenario.slo.tpot_s)})"),
              ("GPUs", str(s["gpus"])),
              ("cost", cost_text(c["named"])),
@@ -119,7 +121,8 @@ def comparison_html(results: dict, metrics: pd.DataFrame, plotly: str = "inline"
         rows.append(f"<tr><td>{html.escape(str(label))}</td>{cells}</tr>")
     cdfs = {n: views.latency_cdfs(r.requests, r.steps) for n, r in results.items()}
     first = next(iter(results.values())).scenario.slo
-    figs = [charts.cdf_figure({n: c[m] for n, c in cdfs.items()}, m, {"ttft": first.ttft_s, "tpot": first.tpot_s}.get(m))
+    figs = [charts.cdf_figure({n: c[m] for n, c in cdfs.items()}, m,
+                              {"ttft": first.ttft_s, "tpot": first.tpot_s}.get(m))
             for m in ("ttft", "tpot", "itl", "e2e")]
     figs.append(charts.breakdown_figure({n: views.phase_frame(r.requests) for n, r in results.items()}))
     yamls = [_yaml_block(f"Scenario {n} (YAML)", _scenario_yaml(r.scenario), f"scenario-yaml-{i}")
@@ -137,7 +140,7 @@ def plan_html(result, plotly: str = "inline") -> str:
             "<p><b>No candidate meets the SLO.</b> " + html.escape(" ".join(result.notes)) + "</p>")
     fig = charts.pareto_figure(result.candidates, result.pareto, "cost_usd_per_hour", "goodput_rps", rec,
                                label="layout", target_rate=result.request.target_rate)
-    fmt = lambda x: f"{x:,.4g}"  # noqa: E731
+    fmt = lambda x: f"{x:,.4g}"  # noqa: E731 - a one-line float format for to_html
     req = result.request
     slo = req.slo
     goal = (f"<p>Target {req.target_rate:g} req/s; SLO p{req.percentile}: "
@@ -147,7 +150,6 @@ def plan_html(result, plotly: str = "inline") -> str:
             "<h2>Pareto front</h2>", result.pareto.to_html(index=False, float_format=fmt)]
     if result.families is not None and len(result.families):
         body += ["<h2>Families</h2>", result.families.to_html(index=False, float_format=fmt)]
-    import yaml
     body.append(_yaml_block("Plan request (YAML: `epdsim plan FILE.yaml` re-runs it)",
                             yaml.safe_dump(req.model_dump(mode="json"), sort_keys=False), "plan-yaml"))
     return _page(f"epdsim plan {result.request.name}", body)

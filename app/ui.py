@@ -7,13 +7,14 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
+from typing import Literal, overload
 
 import streamlit as st
 
 from app.services import costs, exports, glossary, jobs, scenarios, share, views
+from app.services.hardware import DbCache
 from simulator import fmt
 from simulator.confidence import band_caption, error_bands, with_band
-from app.services.hardware import DbCache
 
 
 @st.cache_resource
@@ -108,6 +109,10 @@ def show_error(exc: Exception) -> None:
     st.error(plain(msg), icon="🚫")
 
 
+@overload
+def upload_dir(create: Literal[True] = True) -> Path: ...
+@overload
+def upload_dir(create: bool) -> Path | None: ...
 def upload_dir(create: bool = True) -> Path | None:
     """This browser session's private upload folder (``tempfile.mkdtemp``, made on first use; with
     ``create=False`` None until something was uploaded)."""
@@ -164,7 +169,7 @@ def run_scenario(d: dict):
     Returns (results, key) or (None, key); validation errors are shown inline."""
     try:
         scn = scenarios.to_scenario(d, folder=upload_dir(create=False), sandboxed=True)
-    except Exception as exc:     # every input error inline, never a traceback on the page
+    except Exception as exc:     # noqa: BLE001 - every input error inline, never a traceback on the page
         show_error(exc)
         return None, None
     key = scenarios.scenario_hash(scn) + ":0"
@@ -193,7 +198,8 @@ def result_cards(res, c: dict) -> None:
     s, slo = res.summary, res.scenario.slo
     rel = error_bands(res.info)
     cols = st.columns(6)
-    for col, key, label, target in ((cols[0], "ttft_s", "TTFT p50", slo.ttft_s), (cols[1], "tpot_s", "TPOT p50", slo.tpot_s)):
+    for col, key, label, target in ((cols[0], "ttft_s", "TTFT p50", slo.ttft_s),
+                                    (cols[1], "tpot_s", "TPOT p50", slo.tpot_s)):
         # The card's value stays short (a six-column card cuts a longer one); the band is in the caption under it.
         col.metric(label, fmt.duration(s[key]["p50"]), help=f"mean {with_band(s[key]['mean'], rel[key])}")
         col.caption(_pcts_caption(s[key], target, rel[key]))

@@ -35,7 +35,7 @@ def _upload_scenario() -> None:
                                            f"upload one scenario at a time, with the data files it names")
             d = scenarios.parse_yaml_upload(up.name, up.getvalue(), folder=ui.upload_dir(),
                                             files=tuple((u.name, u.getvalue()) for u in ups if u is not up))
-        except Exception as exc:       # every upload error inline, never a traceback on the page
+        except Exception as exc:       # noqa: BLE001 - every upload error inline, never a traceback on the page
             ui.show_error(exc)
             return
         st.session_state["loaded-yaml"] = sig
@@ -45,7 +45,7 @@ def _upload_scenario() -> None:
 
 def _examples() -> None:
     pick = st.selectbox("Start from an example", list(scenarios.EXAMPLES), index=None,
-                        format_func=scenarios.EXAMPLES.get, placeholder="choose a shipped example…",
+                        format_func=lambda k: scenarios.EXAMPLES[k], placeholder="choose a shipped example…",
                         key=_k("example"), help="replaces the scenario being edited (save it first to keep it)")
     if pick is not None:
         ui.load_scenario(scenarios.example(pick))
@@ -62,7 +62,7 @@ def _model(d: dict, opts: builder.Options) -> dict:
         try:
             model = scenarios.model_from_config_upload(up.name, up.getvalue(), folder=ui.upload_dir())
             st.caption(f"using uploaded model {model.rsplit('/', 1)[-1]}")
-        except Exception as exc:       # every upload error inline, never a traceback on the page
+        except Exception as exc:       # noqa: BLE001 - every upload error inline, never a traceback on the page
             ui.show_error(exc)
     return {**d, "model": model}
 
@@ -123,7 +123,8 @@ def _pools(d: dict, opts: builder.Options) -> dict:
         et = d.get("embedding_transfer") or {}
         fabrics = ["(encoder GPU's NIC)", *opts.fabrics]
         fab = st.selectbox("embedding transfer fabric", fabrics,
-                           index=fabrics.index(et["fabric"]) if et.get("fabric") in fabrics else 0, key=_k("emb-fabric"))
+                           index=fabrics.index(et["fabric"]) if et.get("fabric") in fabrics else 0,
+                           key=_k("emb-fabric"))
         d = builder.set_embedding_transfer(d, fabric=None if fab.startswith("(") else fab)
     if mode in ("pd", "e+p+d"):
         kv = d.get("kv_transfer") or {}
@@ -187,11 +188,11 @@ def _trace_upload(d: dict) -> dict:
         return {**d, "workload": held[1]}
     try:
         path = scenarios.save_upload("traces", up.name, up.getvalue(), folder=ui.upload_dir())
-    except Exception as exc:           # every upload error inline, never a traceback on the page
+    except Exception as exc:           # noqa: BLE001 - every upload error inline, never a traceback on the page
         ui.show_error(exc)
         return d
     lim = st.number_input("replay at most N requests", 10, 200000, 2000, key=_k("trace-limit"))
-    st.session_state[TRACE_STATE] = (str(path), held[1] if in_use else d.get("workload"))
+    st.session_state[TRACE_STATE] = (str(path), held[1] if held is not None and in_use else d.get("workload"))
     return {**d, "workload": scenarios.trace_workload(path, None, int(lim))}
 
 
@@ -200,9 +201,9 @@ def _workload(d: dict) -> dict:
     kind = builder.arrival(d).get("kind")
     if kind in builder.ARRIVALS:
         new = st.selectbox("arrivals", builder.ARRIVALS, index=builder.ARRIVALS.index(kind),
-                           format_func=builder.ARRIVAL_LABELS.get, key=_k("arrival"),
+                           format_func=lambda k: builder.ARRIVAL_LABELS[k], key=_k("arrival"),
                            help=glossary.help_for("arrival process"))
-        if new != kind:
+        if new is not None and new != kind:       # never None: the box has an index
             d, kind = builder.set_arrival(d, new), new
     elif kind != "trace":
         st.caption(f"arrivals: {kind} (as loaded; edit them in the YAML)")

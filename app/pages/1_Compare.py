@@ -42,8 +42,8 @@ for n, d in named.items():
         scenarios.to_scenario(d, origin=n)
     except scenarios.InputError as exc:
         errors[n] = exc
-for n, exc in errors.items():
-    st.error(f"{n}: {exc}", icon="🚫")
+for n, err in errors.items():
+    st.error(f"{n}: {err}", icon="🚫")
 if errors:
     st.stop()
 

@@ -18,7 +18,7 @@ SOURCES = {"sample": "the shipped sample bundle", "upload": "upload a bundle (.z
            "folder": "a folder on the app's machine"}
 source = st.radio("bundle", list(SOURCES), format_func=SOURCES.get, horizontal=True, key="bundle-source")
 tol = st.slider("validation tolerance (relative error)", 0.05, 1.0, 0.25, 0.05, key="tolerance")
-extra = ()
+extra: tuple[Path, ...] = ()
 if source == "sample":
     path = str(calibration.SAMPLE_BUNDLE)
     st.caption("Synthetic: the simulator 'measured' a tiny Llama on a known CPU-host profile with 3 % noise, as "

@@ -149,7 +149,8 @@ def set_pool(d: dict, index: int, **values) -> dict:
     (keys of EngineConfig).
 
     ``None`` removes an engine argument (vLLM's default applies); a field set to its default (bf16
-    weights, PP, DP and EP 1, KV cache auto) is removed, so that a scenario edited back to what it was compares equal to it.
+    weights, PP, DP and EP 1, KV cache auto) is removed, so that a scenario edited back to what it was compares
+    equal to it.
     """
     engine_keys = {"engine", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
                    "enable_prefix_caching", "enable_chunked_prefill", "block_size", "max_model_len"}
@@ -299,7 +300,7 @@ def auto_label(d: dict) -> tuple[str, str]:
     The builder gives an edited scenario these unless the user typed a name or description, so that
     charts, reports and saved files never carry the label of the scenario it was edited from."""
     model = str(d.get("model", "model")).rstrip("/").rsplit("/", 1)[-1]
-    pools = [p for p in d.get("pools") or []]
+    pools = list(d.get("pools") or [])
 
     def pool_text(p, sep):
         extra = "".join(f"{sep}{k}{p[k]}" for k in ("pp", "dp", "ep") if p.get(k, 1) != 1)

@@ -20,9 +20,9 @@ import stat
 import zipfile
 from pathlib import Path
 
+import hwdb
 from app.services.scenarios import MAX_UPLOAD_BYTES, InputError, check_size, safe_name
 from simulator.inputs import decode, parse_yaml, read_text, read_yaml
-import hwdb
 
 MAX_UNPACKED_BYTES = 200 * 2**20
 MAX_ENTRIES = 5000
@@ -120,12 +120,13 @@ def _entry(rel: str, files: dict[str, bytes]) -> tuple[str, str | None, tuple]:
     if kind == FIT_REPORTS:
         return kind, None, ()
     doc_rel = rel if kind != "models" else f"models/{parts[1]}/epdsim.yaml"
-    doc = {}
+    doc: dict = {}
     if doc_rel in files:
         doc = parse_yaml(decode(files[doc_rel], doc_rel, InputError), doc_rel, InputError) or {}
     doc = doc if isinstance(doc, dict) else {}
     name = doc.get("name") or (parts[1] if kind == "models" else parts[1][:-len(".yaml")])
-    aliases = doc.get("aliases") if isinstance(doc.get("aliases"), list) else ()
+    listed = doc.get("aliases")
+    aliases = listed if isinstance(listed, list) else ()
     return kind, str(name), tuple(a for a in aliases if isinstance(a, str))
 
 
@@ -199,7 +200,7 @@ def replay_scenario(validation_dir: Path, model: str, requests: int = 300) -> di
     rows = [json.loads(line) for line in read_text(path, InputError, "trace").splitlines() if line.strip()]
     t = sorted(float(r["arrival_s"]) for r in rows)
     rate = (len(t) - 1) / (t[-1] - t[0]) if len(t) > 1 and t[-1] > t[0] else 1.0
-    mean = lambda k: sum(float(r[k]) for r in rows) / len(rows)  # noqa: E731
+    mean = lambda k: sum(float(r[k]) for r in rows) / len(rows)  # noqa: E731 - a one-line local helper
     wl = {"arrival": {"kind": "poisson", "rate": round(rate, 3)},
           "input_length": {"kind": "lognormal", "mean": round(mean("input_tokens"), 1), "cv": 0.5, "low": 1,
                            "high": int(max(float(r["input_tokens"]) for r in rows) * 4)},

@@ -138,7 +138,8 @@ def series_frame(data: dict, metric: str) -> pd.DataFrame:
     rows = []
     for ph in data["phases"]:
         s = ph["series"]
-        for m, p in zip(s[f"measured_{metric}_s"], s[f"predicted_{metric}_s"]):
+        # strict=False: a file given to the app may hold series of unequal length; pair what there is
+        for m, p in zip(s[f"measured_{metric}_s"], s[f"predicted_{metric}_s"], strict=False):
             if m is not None and p is not None and math.isfinite(m) and math.isfinite(p):
                 rows.append({"phase": ph["phase"], "measured": m, "predicted": p})
     return pd.DataFrame(rows, columns=["phase", "measured", "predicted"])

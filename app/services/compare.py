@@ -94,7 +94,7 @@ def metrics_frame(results: dict, prices: Prices | None = None) -> pd.DataFrame:
         cols[name] = [float(get(res.summary, c)) for _, get, _ in METRICS]
     df = pd.DataFrame(cols, index=[m[0] for m in METRICS])
     best = []
-    for (label, _, better), (_, row) in zip(METRICS, df.iterrows()):
+    for (_, _, better), (_, row) in zip(METRICS, df.iterrows(), strict=True):
         vals = row.dropna()
         vals = vals[vals.map(math.isfinite)]
         top = (vals.min() if better == "low" else vals.max()) if not vals.empty else 0.0

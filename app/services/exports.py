@@ -9,8 +9,8 @@ import math
 
 import pandas as pd
 
-from simulator.serving_summary import serving_summary
 from app.services.share import portable, portable_yaml
+from simulator.serving_summary import serving_summary
 
 
 def _clean(x):

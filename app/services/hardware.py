@@ -14,8 +14,8 @@ import pandas as pd
 import yaml
 
 import hwdb
-from hwdb import listing
 from app.services.scenarios import InputError, check_size, safe_name, user_hwdb_dir
+from hwdb import listing
 from simulator.inputs import decode, parse_json, parse_yaml
 
 KINDS = ("gpus", "links", "models")
@@ -84,7 +84,8 @@ def shipped_clash(kind: str, name: str, aliases=()) -> str | None:
     """The shipped ``kind`` entry (gpus, links, models) that ``name`` or one of ``aliases`` would
     replace, or None.  The app never replaces shipped hardware unless told to (``override``)."""
     shipped = hwdb.load([])
-    table = {"gpus": shipped.gpus, "links": shipped.links, "models": shipped.models}[kind]
+    tables: dict[str, dict] = {"gpus": shipped.gpus, "links": shipped.links, "models": shipped.models}
+    table = tables[kind]
     for n in (name, *[a for a in aliases if isinstance(a, str)]):
         try:
             return hwdb.db.find(kind[:-1], table, n, "").name

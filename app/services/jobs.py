@@ -19,7 +19,8 @@ import time
 import traceback
 import types
 from dataclasses import dataclass, field
-from app.services.scenarios import InputError, USER_ERRORS, run
+
+from app.services.scenarios import USER_ERRORS, InputError, run
 
 PRELOAD = ["simulator.run", "app.services.scenarios", "app.services.compare"]
 _START_LOCK = threading.Lock()     # serialises the brief swap of __main__ in Job.start

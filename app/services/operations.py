@@ -12,12 +12,12 @@ import pandas as pd
 
 import hwdb
 from app.services.scenarios import InputError
-from simulator.ops.coldstart import PHASE_LABELS, ColdStartError, breakdown
+from hwdb.coldstart import load_coldstart
+from simulator.ops.coldstart import PHASE_LABELS, ColdStartError, CompileCache, breakdown
 from simulator.ops.k8s import PodSpec, Probe, ProbeError, recommend_probes, simulate_pod
 from simulator.perf import FitError, plan_memory
 from simulator.plan.artefacts import vllm_args
 from simulator.scenario import PoolConfig, ScenarioError, deployment_for
-from hwdb.coldstart import load_coldstart
 
 OPS_ERRORS = (ColdStartError, ProbeError, hwdb.HwdbError, ScenarioError, FitError, ValueError)
 
@@ -31,7 +31,7 @@ class StartQuery:
     tp: int = 1
     dtype: str = "bf16"
     storage: str = "nvme"
-    compile_cache: str = "miss"
+    compile_cache: CompileCache = "miss"
     image_cached: bool = True
     enforce_eager: bool = False
     hwdb_dirs: tuple[str, ...] = ()
@@ -122,8 +122,8 @@ def probes(q: StartQuery, startup: tuple[int, int, int, int] | None, liveness: t
         basis = bd if bd.compile_cache == "miss" else breakdown(cs["deployment"], "miss", storage=q.storage,
                                                                 image_cached=q.image_cached)
         rec = recommend_probes(basis, margin=margin)
-        res = simulate_pod(bd, PodSpec(startup=st, liveness=lv, readiness=rd, compile_cache_volume=compile_cache_volume),
-                           warm, horizon_s=horizon_s)
+        spec = PodSpec(startup=st, liveness=lv, readiness=rd, compile_cache_volume=compile_cache_volume)
+        res = simulate_pod(bd, spec, warm, horizon_s=horizon_s)
     except OPS_ERRORS as exc:
         raise InputError(str(exc)) from None
     att = pd.DataFrame([{"attempt": a.index, "start_s": a.started_s,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+
 import hwdb
 
 
@@ -78,7 +79,7 @@ def failures_series(req: pd.DataFrame, bins: int = 60) -> pd.DataFrame:
     edges = np.linspace(float(t.min()), max(float(t.max()), float(t.min()) + 1e-9), bins + 1)
     out = req["outcome"].astype(str).to_numpy()
     retried = (req["retries"].to_numpy() > 0) if "retries" in req else np.zeros(len(req), bool)
-    count = lambda mask: np.histogram(t[mask], edges)[0]  # noqa: E731
+    count = lambda mask: np.histogram(t[mask], edges)[0]  # noqa: E731 - a one-line local helper
     return pd.DataFrame({"t_s": (edges[:-1] + edges[1:]) / 2, "failed": count(out == "failed"),
                          "retried": count(retried), "rejected": count(out == "rejected")})
 

@@ -7,8 +7,7 @@ from __future__ import annotations
 import io
 import zipfile
 
-
-from app.services.scenarios import InputError, USER_ERRORS, check_size, safe_name, sandbox, to_scenario
+from app.services.scenarios import USER_ERRORS, InputError, check_size, safe_name, sandbox, to_scenario
 from simulator.inputs import decode, parse_yaml
 from simulator.plan import FAMILIES, PlanError, artefacts, parse_plan_request, run_plan
 
@@ -26,8 +25,9 @@ def request_from_scenario(d: dict, gpus: list[str], *, max_gpus: int = 16, tp: t
     The scenario's pool settings that the planner applies to its candidates travel with it
     (:func:`pool_constraints`, :func:`fabrics`); the layout itself (GPU, TP, PP, instances) is what the
     planner searches, over ``gpus``, ``tp`` and ``max_gpus``.  ``at_band_edge``: a candidate meets the SLO
-    only at its model-error band's pessimistic edge (``constraints.slo_at_band_edge``).  Raises :class:`InputError` when the
-    scenario is invalid or its pools disagree on a setting the planner keeps the same in every pool.
+    only at its model-error band's pessimistic edge (``constraints.slo_at_band_edge``).  Raises
+    :class:`InputError` when the scenario is invalid or its pools disagree on a setting the planner keeps the
+    same in every pool.
     """
     slo = dict(d.get("slo") or {})
     if not slo.get("ttft_s") and not slo.get("tpot_s"):

@@ -10,20 +10,21 @@ from __future__ import annotations
 import copy
 import hashlib
 import os
+import re
 import tempfile
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
 import hwdb
+from app.services.costs import BILLED, headline, named_costs
+from app.services.opsviews import ops_cost
 from simulator.errors import WorkloadError
 from simulator.inputs import MAX_YAML_BYTES, decode, parse_json, parse_yaml, read_yaml
 from simulator.perf import FitError
+from simulator.run import simulate
 from simulator.scenario import Scenario, ScenarioError, parse_scenario, resolve_relative
 from simulator.traces import TraceError
-from app.services.costs import BILLED, headline, named_costs
-from app.services.opsviews import ops_cost
-from simulator.run import simulate
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SCENARIO = REPO / "examples" / "llama8b_h100_chat.yaml"
@@ -220,7 +221,6 @@ def save_upload(kind: str, name: str, data: bytes, folder: Path | None = None) -
 
 def model_from_config_upload(name: str, data: bytes, folder: Path | None = None) -> str:
     """Store an uploaded Hugging Face ``config.json``; returns the model folder to use as ``model``."""
-    import re
     name = safe_name(name)
     check_size(name, data)
     try:
@@ -319,8 +319,8 @@ def cost(results, prices: Prices | None = None, db: hwdb.HardwareDB | None = Non
         static = sum(p["instances"] * p["tp"] * p["pp"] * (prices.get(p["gpu"]) if prices.get(p["gpu"]) is not None
                                                             else db.gpu(p["gpu"]).price_usd_per_hour.value)
                      for p in pools)
-        if "operations" in s:
-            billed = ops_cost(results, prices, db)["usd"]
+        if (run_cost := ops_cost(results, prices, db)) is not None:      # a run with operations
+            billed = run_cost["usd"]
     named = named_costs(s, static, billed)
     top = named[headline(named)]
     out = {k: top[k] for k in ("usd_per_hour", "usd_per_million_output_tokens", "usd_per_million_total_tokens")}

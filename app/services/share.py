@@ -18,9 +18,9 @@ from pathlib import Path
 
 import yaml
 
+import hwdb
 from app.services import scenarios
 from app.services.scenarios import InputError
-import hwdb
 from simulator.inputs import parse_json
 
 URL_PARAM = "scenario"

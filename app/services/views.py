@@ -10,8 +10,8 @@ import pandas as pd
 
 # Columns of the requests frame that are timestamps or totals, not phases of a request's life.
 NOT_PHASES = {"arrival_s", "scheduled_s", "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s"}
-PHASE_ORDER = ("frontend_s", "queue_s", "encode_queue_s", "encode_s", "embedding_transfer_s", "prefill_s", "transfer_wait_s",
-               "transfer_s", "decode_admission_s", "decode_s")
+PHASE_ORDER = ("frontend_s", "queue_s", "encode_queue_s", "encode_s", "embedding_transfer_s", "prefill_s",
+               "transfer_wait_s", "transfer_s", "decode_admission_s", "decode_s")
 
 
 def phase_columns(req: pd.DataFrame) -> list[str]:
@@ -97,6 +97,15 @@ def latency_cdfs(req: pd.DataFrame, steps: pd.DataFrame) -> dict[str, pd.DataFra
     return out
 
 
+def _step_integral(t, area, vals, x):
+    """Integral from ``t[0]`` to each ``x`` of the step function taking ``vals`` from the change points
+    ``t`` (the last point closes the final step), given its cumulative ``area`` at those points."""
+    i = np.clip(np.searchsorted(t, x, side="right") - 1, 0, len(vals) - 1)
+    before = x < t[0]
+    res = area[i] + vals[i] * (np.minimum(x, t[-1]) - t[i])
+    return np.where(before, 0.0, res)
+
+
 def link_series(links: pd.DataFrame | None, bins: int = 200, t_end: float | None = None) -> pd.DataFrame:
     """Per link and time bin, the time-weighted mean utilisation (``utilisation``) and the busy share
     of the bin at any rate (``busy``): a few hundred points instead of one per transfer start and end.
@@ -119,14 +128,8 @@ def link_series(links: pd.DataFrame | None, bins: int = 200, t_end: float | None
         # integral of the step function from t0 to each edge, through the cumulative area at change points
         area_u = np.concatenate([[0.0], np.cumsum(u * np.diff(t))])
         area_b = np.concatenate([[0.0], np.cumsum(on * np.diff(t))])
-
-        def integral(area, vals, x):
-            i = np.clip(np.searchsorted(t, x, side="right") - 1, 0, len(vals) - 1)
-            before = x < t[0]
-            res = area[i] + vals[i] * (np.minimum(x, t[-1]) - t[i])
-            return np.where(before, 0.0, res)
         width = np.diff(edges)
-        iu, ib = integral(area_u, u, edges), integral(area_b, on, edges)
+        iu, ib = _step_integral(t, area_u, u, edges), _step_integral(t, area_b, on, edges)
         out.append(pd.DataFrame({"link": str(name), "t_s": (edges[:-1] + edges[1:]) / 2,
                                  "utilisation": np.diff(iu) / width, "busy": np.diff(ib) / width}))
     return pd.concat(out, ignore_index=True)[cols]

@@ -11,22 +11,35 @@ import csv
 import io
 import json
 import sys
+from importlib.metadata import PackageNotFoundError, version
 
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
 import hwdb
-from pydantic import ValidationError
-
-from simulator.console import print_notes, stdout_console
+from app.cli import add_subparsers as _add_app
+from calibration.cli import add_subparser as _add_calibrate
+from calibration.e2e_report import add_subparser as _add_e2e
+from hwdb import listing
+from hwdb.schema import DTYPE_BYTES
+from simulator import fmt
+from simulator.cli.epd import add_subparsers as _add_epd
+from simulator.cli.ops import add_subparsers as _add_ops
+from simulator.cli.plan import add_subparsers as _add_plan
+from simulator.cli.regress import add_subparsers as _add_regress
+from simulator.cli.simulate import DEFAULT_SCENARIO  # noqa: F401 - re-exported
+from simulator.cli.simulate import add_subparser as _add_simulate
+from simulator.cli.sweep import add_subparsers as _add_sweep
+from simulator.console import print_notes, stdout_console, wide_tables
 from simulator.errors import WorkloadError, print_user_error
 from simulator.inputs import InputFileError, int_arg
-from simulator.perf import FitError
-from simulator.scenario import ScenarioError
+from simulator.pd.pd import crossover_bandwidth, fabric_verdicts
+from simulator.perf import FitError, plan_memory, regime
+from simulator.scenario import EngineConfig, PoolConfig, ScenarioError, deployment_for
+from simulator.step_build import build_step_model
 from simulator.traces import TraceError
 
-from simulator import fmt
-from simulator.cli.simulate import DEFAULT_SCENARIO  # noqa: F401  (re-exported)
 USER_ERRORS = (ScenarioError, hwdb.HwdbError, TraceError, WorkloadError, FitError, ValidationError,
                InputFileError, OSError)
 
@@ -38,10 +51,6 @@ def _fmt(x: float, unit: str = "") -> str:
 
 
 def cmd_perf(args, con: Console) -> int:
-    from simulator.perf import regime
-    from simulator.scenario import EngineConfig, PoolConfig, deployment_for
-    from simulator.perf import plan_memory
-    from simulator.step_build import build_step_model
     db = hwdb.load(args.hwdb)
     print_notes(db.notes)
     model = db.model(args.model)
@@ -67,7 +76,8 @@ def cmd_perf(args, con: Console) -> int:
               + (f"; up to {mem.max_running:,} running requests" if mem.max_running else ""), markup=False)
     kernels = [f"{what}: {src or missing}" for what, src, missing, used in (
         ("routed experts", dep.moe_source, "roofline of the GEMM curves (no measured table)", dep.arch.is_moe),
-        ("MLA attention", dep.mla_source, "attention curves of the profile or GPU (not measured apart)", dep.arch.is_mla),
+        ("MLA attention", dep.mla_source, "attention curves of the profile or GPU (not measured apart)",
+         dep.arch.is_mla),
         ("linear attention", dep.gdn_source, "not modelled (no measured table)", dep.arch.num_linear_layers))
         if used]
     if kernels:
@@ -95,11 +105,6 @@ def cmd_perf(args, con: Console) -> int:
 
 
 def cmd_crossover(args, con: Console) -> int:
-    from simulator.pd.pd import crossover_bandwidth, fabric_verdicts
-    from simulator.perf import plan_memory
-    from simulator.step_build import build_step_model
-    from simulator.scenario import PoolConfig, deployment_for
-    from hwdb.schema import DTYPE_BYTES
     db = hwdb.load(args.hwdb)
     print_notes(db.notes)
     model = db.model(args.model)
@@ -133,12 +138,11 @@ def _cell(v) -> str:
 
 def hw_tables(kind: str, rows: list[dict], width: int) -> list[Table]:
     """A ``hw list`` table: full names and figures, split into column groups that fit ``width``."""
-    from simulator.console import wide_tables
     if not rows:
         return [Table(title=f"{kind}: none")]
     headers = [str(c) for c in rows[0]]
     cells = [[_cell(v) for v in r.values()] for r in rows]
-    right = {h: "right" for h, v in zip(headers, rows[0].values()) if isinstance(v, (int, float))
+    right = {h: "right" for h, v in zip(headers, rows[0].values(), strict=True) if isinstance(v, (int, float))
              and not isinstance(v, bool)}
     return wide_tables(kind, headers, cells, width, right)
 
@@ -149,6 +153,8 @@ def hw_text(records: list[dict] | dict[str, list[dict]], form: str) -> str:
     absent figure is an empty cell)."""
     if form == "json":
         return json.dumps(records, indent=2) + "\n"
+    if not isinstance(records, list):
+        raise ValueError("hw_text: CSV holds one kind's records (a list), not a mapping of kinds")
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=list(records[0]) if records else ["name"], lineterminator="\n")
     writer.writeheader()
@@ -157,7 +163,6 @@ def hw_text(records: list[dict] | dict[str, list[dict]], form: str) -> str:
 
 
 def cmd_hw(args, con: Console) -> int:
-    from hwdb import listing
     db = hwdb.load(args.hwdb)
     print_notes(db.notes)
     if args.action == "list":
@@ -194,7 +199,6 @@ def cmd_hw(args, con: Console) -> int:
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
     try:
         return version("epdsim")
     except PackageNotFoundError:       # run from a source tree that is not installed
@@ -205,7 +209,6 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="epdsim", description="LLM serving capacity planner (discrete-event simulation)")
     sub = p.add_subparsers(dest="cmd", required=True)
     p.add_argument("--version", action="version", version=f"epdsim {_version()}")
-    from simulator.cli.simulate import add_subparser as _add_simulate
     _add_simulate(sub)
     q = sub.add_parser("perf", help="print a model's prefill and decode step times on a GPU")
     q.add_argument("model", help="model name, alias, or a local config.json / model folder")
@@ -234,21 +237,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "bf16_FLOPS in FLOP/s, latency_s)")
     h.add_argument("--hwdb", action="append", default=[], help="extra user hwdb folder (repeatable)")
     h.set_defaults(func=cmd_hw)
-    from calibration.cli import add_subparser as _add_calibrate
     _add_calibrate(sub)
-    from calibration.e2e_report import add_subparser as _add_e2e
     _add_e2e(sub)
-    from simulator.cli.ops import add_subparsers as _add_ops
     _add_ops(sub)
-    from simulator.cli.plan import add_subparsers as _add_plan
     _add_plan(sub)
-    from simulator.cli.sweep import add_subparsers as _add_sweep
     _add_sweep(sub)
-    from simulator.cli.regress import add_subparsers as _add_regress
     _add_regress(sub)
-    from app.cli import add_subparsers as _add_app
     _add_app(sub)
-    from simulator.cli.epd import add_subparsers as _add_epd
     _add_epd(sub)
     return p
 

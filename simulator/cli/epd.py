@@ -13,12 +13,19 @@ from rich.console import Console
 from rich.table import Table
 
 import hwdb
+from simulator.console import print_notes, wide_tables
 from simulator.epd.encoder import fit_tp_efficiency, tp_speedup
 from simulator.epd.epd import encoder_model
 from simulator.epd.epd_config import EncoderConfig
-from simulator.epd.vision import VisionError, embedding_bytes, encoder_flops, patches, resized, vision_arch, \
-    visual_tokens
-from simulator.console import print_notes, wide_tables
+from simulator.epd.vision import (
+    VisionError,
+    embedding_bytes,
+    encoder_flops,
+    patches,
+    resized,
+    vision_arch,
+    visual_tokens,
+)
 from simulator.errors import print_user_error
 from simulator.inputs import int_arg
 

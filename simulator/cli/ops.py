@@ -10,25 +10,24 @@ import argparse
 import textwrap
 
 from pydantic import ValidationError
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.markup import escape
 from rich.table import Table
 
 import hwdb
-from simulator.ops.coldstart import PHASE_LABELS, PHASES, Breakdown, ColdStartError, breakdown
-from simulator.ops.k8s import PodSpec, Probe, ProbeError, recommend_probes, simulate_pod
-from simulator.perf import FitError
-from simulator.scenario import ScenarioError
+from hwdb.coldstart import load_coldstart
 from simulator.console import print_notes
 from simulator.errors import print_user_error
 from simulator.inputs import float_arg, int_arg
+from simulator.ops.coldstart import PHASE_LABELS, PHASES, Breakdown, ColdStartError, breakdown
+from simulator.ops.k8s import PodSpec, Probe, ProbeError, recommend_probes, simulate_pod
+from simulator.perf import FitError, plan_memory
+from simulator.scenario import PoolConfig, ScenarioError, deployment_for
 
 OPS_ERRORS = (ColdStartError, ProbeError, hwdb.HwdbError, ScenarioError, FitError, ValidationError)
 
 
 def _deployment(args):
-    from simulator.perf import plan_memory
-    from simulator.scenario import PoolConfig, deployment_for
     db = hwdb.load(args.hwdb)
     print_notes(db.notes)
     model = db.model(args.model)
@@ -46,7 +45,6 @@ def _deployment(args):
 
 
 def _kw(args) -> dict:
-    from hwdb.coldstart import load_coldstart
     return dict(storage=args.storage, image_cached=args.image_cached, compile_sizes=args.compile_sizes,
                 compile_multiplier=args.compile_multiplier, engine=args.startup_set,
                 db=load_coldstart(args.hwdb), vllm_version=args.vllm_version)
@@ -63,7 +61,7 @@ def _fmt_s(x: float) -> str:
 
 def _phase_table(bd: Breakdown, low: Breakdown | None = None, high: Breakdown | None = None) -> Table:
     t = Table(title=bd.description)
-    cols = [("phase", "left"), ("seconds", "right")]
+    cols: list[tuple[str, JustifyMethod]] = [("phase", "left"), ("seconds", "right")]
     if low is not None and high is not None:
         cols += [("low", "right"), ("high", "right")]
     cols += [("share", "right"), ("how", "left")]
@@ -127,7 +125,8 @@ def _startup_from(spec: str | None) -> Probe | str | None:
     if len(vals) != 4:
         raise ProbeError(f"--startup-probe={spec!r} is not understood: give 'recommended' or four whole numbers "
                          f"initialDelaySeconds,periodSeconds,timeoutSeconds,failureThreshold (e.g. 0,10,5,30)")
-    return Probe(*vals, name="startupProbe")
+    delay, period, timeout, threshold = vals
+    return Probe(delay, period, timeout, threshold, name="startupProbe")
 
 
 def cmd_probes(args, con: Console) -> int:
@@ -139,7 +138,7 @@ def cmd_probes(args, con: Console) -> int:
     dep = _deployment(args)
     bd, warm = _breakdowns(args, dep)
     rec = recommend_probes(breakdown(dep, "miss", level="high", **_kw(args)), margin=args.margin)
-    spec = PodSpec(startup=rec.startup if startup == "recommended" else startup, liveness=liveness,
+    spec = PodSpec(startup=rec.startup if isinstance(startup, str) else startup, liveness=liveness,
                    readiness=readiness, compile_cache_volume=args.compile_cache_volume)
     res = simulate_pod(bd, spec, warm, horizon_s=args.horizon)
     pulled = f", {_fmt_s(bd.container_s)} of it from container start" if not bd.image_cached else ""
@@ -160,8 +159,11 @@ def cmd_probes(args, con: Console) -> int:
         t.add_column(c, justify="right" if c in ("#", "started", "ended") else "left")
     for a in res.attempts[:12]:
         end = "-" if a.ended_s is None else f"{a.ended_s:,.0f} s"
-        what = (f"killed by {a.killed_by} probe in phase '{a.phase}' after {a.ended_s - a.started_s:,.0f} s"
-                if a.outcome == "killed" else a.outcome if a.outcome != "running" else f"running ({a.phase})")
+        if a.outcome == "killed":
+            assert a.ended_s is not None, "a killed attempt has ended"
+            what = f"killed by {a.killed_by} probe in phase '{a.phase}' after {a.ended_s - a.started_s:,.0f} s"
+        else:
+            what = a.outcome if a.outcome != "running" else f"running ({a.phase})"
         t.add_row(str(a.index), f"{a.started_s:,.0f} s", a.compile_cache, end, what)
     if len(res.attempts) > 12:
         t.add_row("...", "", "", "", f"{len(res.attempts) - 12} more attempts")
@@ -209,7 +211,8 @@ def _common(p: argparse.ArgumentParser) -> None:
                                                      "(or a storage file in a user hwdb's coldstart/)")
     p.add_argument("--image-cached", action=argparse.BooleanOptionalAction, default=True,
                    help="the serving image is already on the node (default) or must be pulled")
-    p.add_argument("--compile-sizes", type=int_arg(0, 1024), default=0, help="static sizes in compilation_config.compile_sizes")
+    p.add_argument("--compile-sizes", type=int_arg(0, 1024), default=0,
+                   help="static sizes in compilation_config.compile_sizes")
     p.add_argument("--compile-multiplier", type=float_arg(0, 100, lo_open=True), default=1.0,
                    help="what-if factor on the Inductor compile (tails: see docs/operations.md)")
     p.add_argument("--enforce-eager", action="store_true", help="no torch.compile, no CUDA graphs")
@@ -244,7 +247,8 @@ def add_subparsers(sub) -> None:
                         "initialDelaySeconds,periodSeconds,timeoutSeconds,failureThreshold")
     p.add_argument("--compile-cache-volume", action="store_true",
                    help="the torch.compile cache is on a volume and survives container restarts")
-    p.add_argument("--horizon", type=float_arg(0, 7 * 86400, lo_open=True), default=1800.0, help="simulated seconds (default 1800)")
+    p.add_argument("--horizon", type=float_arg(0, 7 * 86400, lo_open=True), default=1800.0,
+                   help="simulated seconds (default 1800)")
     p.add_argument("--margin", type=float_arg(0, 10), default=0.5, help="safety margin of the recommended startupProbe")
     p.set_defaults(func=_run(cmd_probes))
 

@@ -13,24 +13,24 @@ from pathlib import Path
 from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 import hwdb
 from simulator import fmt
-from simulator.perf import FitError
-from simulator.plan import PlanError, artefacts, load_plan_request
-from simulator.plan.executors import ExecutorError
-from simulator.scenario import ScenarioError
 from simulator.console import print_notes, wide_tables
 from simulator.errors import print_user_error
 from simulator.inputs import int_arg
 from simulator.outputs import check_output, write_failed
+from simulator.perf import FitError
+from simulator.plan import PlanError, artefacts, load_plan_request
+from simulator.plan.executors import ExecutorError
+from simulator.scenario import ScenarioError
 
 PLAN_ERRORS = (PlanError, ExecutorError, ScenarioError, hwdb.HwdbError, FitError, ValidationError, FileNotFoundError)
 
 
-def _f(x: float, unit: str = "") -> str:
+def _f(x: float | None, unit: str = "") -> str:
     if x is None or x != x:
         return "-"
     if math.isinf(x):
@@ -78,15 +78,15 @@ def cmd_plan(args, con: Console) -> int:
             check_output(path, option, folder=True, error=PlanError)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=Console(stderr=True), transient=True, disable=args.quiet) as bar:
-        tasks: dict[str, int] = {}
+        tasks: dict[str, TaskID] = {}
 
         def progress(done: int, total: int, stage: str) -> None:
             if stage not in tasks:
                 tasks[stage] = bar.add_task(stage, total=total)
             bar.update(tasks[stage], completed=done, total=total)
 
-        from simulator.plan import run_plan   # pandas and the simulator: not at start-up
-        from simulator.plan.bands import band_frame, verdict
+        from simulator.plan import run_plan  # noqa: PLC0415 - pandas and the simulator: not at start-up
+        from simulator.plan.bands import band_frame, verdict  # noqa: PLC0415 - pandas: not at start-up
         res = run_plan(req, progress=progress, workers=args.workers, ray_address=args.ray, out_dir=args.out)
     q = req.percentile
     df = res.candidates
@@ -115,8 +115,10 @@ def cmd_plan(args, con: Console) -> int:
         return 1
     at_least = "≥ " if rec.get("goodput_capped") else ""  # the goodput search stopped at its upper bound
     con.print(f"[bold green]recommended:[/] {rec['layout']} — ${rec['cost_usd_per_hour']:,.2f}/h, simulated goodput "
-              f"{at_least}{rec['goodput_rps']:.3g} req/s (headroom {at_least}{rec['headroom_rate']:+.0%} over {req.target_rate:g}), "
-              f"attainment {fmt.attainment(rec['attainment'], rec['attainment_ci95'], req.search.replications)} at the target rate",
+              f"{at_least}{rec['goodput_rps']:.3g} req/s (headroom {at_least}{rec['headroom_rate']:+.0%} "
+              f"over {req.target_rate:g}), "
+              f"attainment {fmt.attainment(rec['attainment'], rec['attainment_ci95'], req.search.replications)} "
+              "at the target rate",
               highlight=False)
     edge = rec.get("meets_slo_at_band_edge")
     colour = "green" if edge is True else "yellow"
@@ -146,7 +148,8 @@ def add_subparsers(sub) -> None:
     """Hook for ``simulator/cli/commands.py``: adds ``epdsim plan``."""
     p = sub.add_parser("plan", help="search deployments for the cheapest one meeting the SLOs; emit artefacts")
     p.add_argument("request", help="plan request YAML (see docs/planner.md, examples/plan_*.yaml)")
-    p.add_argument("--workers", type=int_arg(1, 4096), default=None, help="local worker processes (default: usable cores)")
+    p.add_argument("--workers", type=int_arg(1, 4096), default=None,
+                   help="local worker processes (default: usable cores)")
     p.add_argument("--ray", metavar="ADDRESS", default=None,
                    help="run simulations on a Ray cluster (needs the 'ray' extra); 'local' starts one here")
     p.add_argument("--out", help="folder for verified.jsonl (incremental, resumable), candidates.csv, pareto.csv")

@@ -11,7 +11,6 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 from rich.console import Console
@@ -19,17 +18,17 @@ from rich.markup import escape
 from rich.table import Table
 
 import hwdb
-from simulator.perf import FitError
-from simulator.plan import PlanError
-from simulator.regress.suite import LoadedSuite, RegressError, load_suite
-from simulator.scenario import ScenarioError
 from simulator.console import print_notes, wide_tables
 from simulator.errors import print_user_error
 from simulator.inputs import read_yaml
 from simulator.outputs import check_output, write_failed
-
-if TYPE_CHECKING:
-    from simulator.regress.compare import Row
+from simulator.perf import FitError
+from simulator.plan import PlanError
+from simulator.regress.compare import Row, baseline_record, compare, read_baseline, write_baseline
+from simulator.regress.report import explain, fmt, fmt_change, markdown, write_junit
+from simulator.regress.runner import run_suite
+from simulator.regress.suite import LoadedSuite, RegressError, load_suite
+from simulator.scenario import ScenarioError
 
 REGRESS_ERRORS = (RegressError, PlanError, ScenarioError, hwdb.HwdbError, FitError, ValidationError)
 _STYLE = {"held": "green", "moved": "bold red", "new": "bold red", "removed": "yellow"}
@@ -44,7 +43,6 @@ def _tables(rows: list[Row], title: str, old_label: str, new_label: str, width: 
     never cut), and the columns that do not fit in further tables that repeat the name (``wide_tables``).
     The value columns are headed by the labels' first words (OLD/NEW, baseline/new); a label's file name
     is printed above the tables, so a long one neither widens the columns nor is cut."""
-    from simulator.regress.report import fmt, fmt_change
     old, new = old_label.split(" ", 1)[0], new_label.split(" ", 1)[0]
     heads = ["figure", old, new, "change", "tolerance", "status"]
     cells = [[escape(f"{r.entry}: {r.figure} [{r.unit}]"), fmt(r.old), fmt(r.new), fmt_change(r), r.tolerance,
@@ -92,6 +90,7 @@ def _check_selected(folders: tuple[str, ...], label: str, require: bool = False)
             raise RegressError(f"{label} '{folder}' holds no calibration profile (profiles/*.yaml)")
         for p in mine:
             chosen = db.profile_for(p.gpu, p.engine, p.engine_version, p.model)
+            assert chosen is not None, "p itself matches its own key"
             if chosen.name != p.name:
                 key = f"{p.gpu}, {p.engine} {p.engine_version}" + (f", {p.model}" if p.model else "")
                 raise RegressError(f"{label}: profile {p.name!r} in {folder} (created {p.created}) would not be "
@@ -102,7 +101,6 @@ def _check_selected(folders: tuple[str, ...], label: str, require: bool = False)
 
 def _report(args, con: Console, loaded: LoadedSuite, rows: list[Row], elapsed: float,
             old_label: str, new_label: str) -> int:
-    from simulator.regress.report import explain, markdown, write_junit
     if " " in old_label or " " in new_label:
         con.print(f"comparing {escape(old_label)} with {escape(new_label)}", highlight=False)
     for t in _tables(rows, f"epdsim regress {loaded.name}", old_label, new_label, con.width):
@@ -130,9 +128,6 @@ def _report(args, con: Console, loaded: LoadedSuite, rows: list[Row], elapsed: f
 
 
 def _run(args, con: Console) -> int:
-    # compare and the runner bring pandas and the simulator: imported here, not when the CLI starts.
-    from simulator.regress.compare import baseline_record, compare, read_baseline, write_baseline
-    from simulator.regress.runner import run_suite
     if args.jobs is not None and args.jobs < 1:
         raise RegressError(f"--jobs {args.jobs}: give at least 1 worker process (1 runs in this process)")
     if args.compare_profiles and (args.update or args.baseline):
@@ -174,7 +169,8 @@ def _run(args, con: Console) -> int:
     new = run_suite(loaded, extra, args.jobs)
     rows = compare(loaded, old, new)
     if args.update:
-        for t in _tables(rows, f"epdsim regress {loaded.name} (updating the baseline)", "baseline", "new", con.width):
+        for t in _tables(rows, f"epdsim regress {loaded.name} (updating the baseline)", "baseline", "new",
+                         con.width):
             con.print(t)
         con.print(f"wrote baseline {write_baseline(args.baseline, loaded, new)} "
                   f"({sum(len(v) for v in new.values())} figures, {time.perf_counter() - t0:.1f} s)")
@@ -193,7 +189,8 @@ def add_subparsers(sub) -> None:
     r = sub.add_parser("regress", help="compare a suite's sizing figures with a baseline; exit 1 on drift")
     r.add_argument("suite", help="suite YAML (scenarios, figures, tolerances; see docs/ci.md)")
     r.add_argument("--baseline", help="baseline JSON to compare with (written by --update)")
-    r.add_argument("--update", action="store_true", help="rewrite the baseline from this run (after a deliberate change)")
+    r.add_argument("--update", action="store_true",
+                   help="rewrite the baseline from this run (after a deliberate change)")
     r.add_argument("--compare-profiles", nargs=2, metavar=("OLD", "NEW"),
                    help="run the suite under two calibration profiles (profile .yaml files or hwdb folders) "
                         "and show what moved")

@@ -16,16 +16,18 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+import app.cli
 import hwdb
 from app.services.costs import cost_text, named_costs
-from simulator.confidence import BAND_SOURCE, STATS, band_basis, band_caption, band_text, describe, error_bands
-from simulator.console import print_notes
-from simulator.inputs import int_arg
 from simulator import fmt
-from simulator.outputs import check_output, write_failed
+from simulator.cli.ops import operations_table
+from simulator.confidence import BAND_SOURCE, STATS, band_basis, band_caption, band_text, describe, error_bands
+from simulator.console import elapsed_status, print_notes
 from simulator.errors import location
-from simulator.scenario import PoolConfig, Scenario, ScenarioError, parse_scenario
-from simulator.serving_summary import offered_load_text, slo_text
+from simulator.inputs import int_arg
+from simulator.outputs import check_output, write_failed
+from simulator.scenario import PoolConfig, Scenario, ScenarioError, load_scenario, parse_scenario
+from simulator.serving_summary import offered_load_text, serving_block, serving_summary, slo_text
 
 DEFAULT_SCENARIO = Path(__file__).resolve().parents[2] / "examples" / "llama8b_h100_chat.yaml"
 # The weight formats a pool accepts, from the scenario schema (PoolConfig.dtype).
@@ -62,8 +64,8 @@ def summary_table(res, width: int | None = None) -> Table:
     rows = []
     for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "E2E"),
                        ("queue_s", "queue")):
-        target = slo.get(key)
-        cells = [(fmt.duration(s[key][p]), band_text(s[key][p], rel[key]) if rel.get(key) is not None
+        target, band = slo.get(key), rel.get(key)
+        cells = [(fmt.duration(s[key][p]), band_text(s[key][p], band) if band is not None
                   and s[key][p] == s[key][p] else "") for p in STATS]
         rows.append((label, cells, f"<= {fmt.duration(target)}" if target else ""))
     one_line = 1 + sum(3 + w for w in (
@@ -112,7 +114,8 @@ def totals_table(res, width: int | None = None) -> Table:
         *([("KV moved", f"{s['kv_bytes_moved'] / 1e9:,.1f} GB over {res.info['kv_transfer']['link']} "
                         f"({res.info['kv_transfer']['connector']})")] if res.info.get("kv_transfer") else []),
         ("SLO attainment", f"{fmt.percent(s['slo_attainment'])} of requests meet "
-                           + slo_text(res.scenario.slo.ttft_s, res.scenario.slo.tpot_s) + f" (target {fmt.percent(res.scenario.slo.attainment, 0)})"),
+                           + slo_text(res.scenario.slo.ttft_s, res.scenario.slo.tpot_s)
+                           + f" (target {fmt.percent(res.scenario.slo.attainment, 0)})"),
         ("cost", cost_text(named_costs(s))),
         ("perf model", res.info["perf_model"]),
         *[(f"confidence ({p['name']})", describe(p["confidence"])) for p in res.info["pools"] if "confidence" in p],
@@ -215,10 +218,7 @@ def apply_overrides(scn, args):
 
 
 def cmd_simulate(args, con: Console) -> int:
-    from simulator.console import elapsed_status
-    from simulator.run import simulate
-    from simulator.scenario import load_scenario
-    from simulator.serving_summary import serving_block, serving_summary
+    from simulator.run import simulate  # noqa: PLC0415 - pandas and the engine: not at start-up
     scn = apply_overrides(load_scenario(args.scenario or DEFAULT_SCENARIO), args)
     if scn.hwdb:
         print_notes(hwdb.load(scn.hwdb).notes)
@@ -232,10 +232,9 @@ def cmd_simulate(args, con: Console) -> int:
     con.print(summary_table(res, con.width))
     con.print(totals_table(res, con.width))
     if "operations" in res.summary:
-        from simulator.cli.ops import operations_table
         con.print(operations_table(res))
     con.print(escape(serving_block(serving_summary(res))), highlight=False)
-    from simulator.saturation import saturation
+    from simulator.saturation import saturation  # noqa: PLC0415 - pandas: not at start-up
     sat = saturation(res)
     if sat:
         con.print(f"[bold red]{escape(sat['message'])}[/]", highlight=False)
@@ -247,9 +246,8 @@ def cmd_simulate(args, con: Console) -> int:
             raise ScenarioError(write_failed(exc, "--out", args.out)) from None
         con.print(f"wrote {len(paths)} files to {args.out}")
     if args.report:
-        from app.cli import write_simulation_report
         try:
-            written = write_simulation_report(res, args.report, plotly=args.report_plotly)
+            written = app.cli.write_simulation_report(res, args.report, plotly=args.report_plotly)
         except OSError as exc:
             raise ScenarioError(write_failed(exc, "--report", args.report)) from None
         con.print(f"wrote report {written}")
@@ -267,7 +265,8 @@ def add_subparser(sub) -> None:
     s.add_argument("--rate", type=float, help="override the open-loop arrival rate (requests/s)")
     s.add_argument("--num-requests", type=int, help="override the number of requests")
     s.add_argument("--gpu", help="override the GPU of every pool")
-    s.add_argument("--tp", type=int, help="override the tensor-parallel degree of every prefill/decode/colocated pool")
+    s.add_argument("--tp", type=int,
+                   help="override the tensor-parallel degree of every prefill/decode/colocated pool")
     s.add_argument("--dtype", choices=WEIGHT_DTYPES,
                    help="override the weight format of every prefill/decode/colocated pool (fp4: NVFP4/MXFP4, "
                         "int4: W4A16); kv_cache_dtype stays the scenario's")
@@ -277,6 +276,5 @@ def add_subparser(sub) -> None:
                    help="set the SLO's time-per-output-token target (s), adding an SLO to a scenario without one")
     s.add_argument("--hwdb", action="append", default=[], help="extra user hwdb folder (repeatable)")
     s.add_argument("--report", metavar="FILE.html", help="also write an HTML report with charts")
-    from app.cli import add_plotly_argument
-    add_plotly_argument(s)
+    app.cli.add_plotly_argument(s)
     s.set_defaults(func=cmd_simulate)

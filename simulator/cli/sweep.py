@@ -61,7 +61,7 @@ def sweep_tables(res, width: int) -> list:
 
 def write_outputs(res, out: str, plotly: str) -> list[Path]:
     """``sweep.csv`` (the records, SI units) and ``sweep.html`` (charts, knee, table) in folder ``out``."""
-    from app.sweep_charts import sweep_html  # noqa: PLC0415 -- Plotly: only when files are written
+    from app.sweep_charts import sweep_html  # noqa: PLC0415 - Plotly: only when files are written
     folder = Path(out)
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -76,8 +76,8 @@ def write_outputs(res, out: str, plotly: str) -> list[Path]:
 
 def cmd_sweep(args, con: Console) -> int:
     # pandas and the simulator load when a sweep runs, not when `epdsim --help` builds the parser
-    from simulator.sweep.prepare import prepare  # noqa: PLC0415
-    from simulator.sweep.run import run_sweep  # noqa: PLC0415
+    from simulator.sweep.prepare import prepare  # noqa: PLC0415 - pandas and the simulator: not at start-up
+    from simulator.sweep.run import run_sweep  # noqa: PLC0415 - pandas and the simulator: not at start-up
     if args.out:
         check_output(args.out, "--out", folder=True, error=SweepError)
     scn = load_scenario(args.scenario)

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -25,9 +27,19 @@ from hwdb.schema import DTYPE_BYTES
 from simulator.epd.encoder import EncoderModel, ImageCosts, tp_speedup
 from simulator.epd.epd_config import FixedCount
 from simulator.epd.multimodal import Images, generate_images, read_azure_multimodal
+from simulator.epd.vision import (
+    VisionArch,
+    VisionError,
+    embedding_bytes,
+    encoder_flops,
+    patches,
+    vision_arch,
+    visual_tokens,
+)
 from simulator.traces import TraceError
-from simulator.epd.vision import VisionArch, VisionError, encoder_flops, embedding_bytes, patches, vision_arch, \
-    visual_tokens
+
+if TYPE_CHECKING:                 # the scenario imports the epd package (epd_config)
+    from simulator.scenario import PoolConfig
 
 
 class EPDError(ValueError):
@@ -74,7 +86,7 @@ class EPDSetup:
     images: Images
     costs: ImageCosts
     text_tokens: np.ndarray
-    encoder_pool: object = None          # PoolConfig of the encoder tier
+    encoder_pool: PoolConfig | None = None   # the encoder tier's pool
     encoder_model: EncoderModel | None = None
     inline_model: EncoderModel | None = None   # encoder run inside the front (colocated/prefill) pool
     inline_cache_bytes: float = 0.0
@@ -122,7 +134,7 @@ def image_costs(vision: VisionArch, images: Images, where: str) -> ImageCosts:
                 memo[key] = (tok, patches(vision, *key), *encoder_flops(vision, *key), embedding_bytes(vision, tok))
             except VisionError as exc:
                 raise EPDError(f"{where}: {exc}") from None
-        for k, v in zip(out, memo[key]):
+        for k, v in zip(out, memo[key], strict=True):
             out[k][i] = v
     return ImageCosts(out["tokens"].astype(np.int64), out["patches"], out["lin"], out["attn"], out["bytes"],
                       images.image_id)
@@ -257,12 +269,12 @@ def prepare(scn, db: hwdb.HardwareDB, model: hwdb.ModelEntry, pools: list, reqs,
                        "images or raise engine.max_model_len")
     new_reqs = dataclasses.replace(reqs, input_tokens=text + per_req)
     eng = front_dep.engine
-    common = dict(topology=topology([p.role for p in scn.pools], images_on), vision=vision, images=images,
-                  costs=costs, text_tokens=text)
+    setup = partial(EPDSetup, topology=topology([p.role for p in scn.pools], images_on), vision=vision,
+                    images=images, costs=costs, text_tokens=text)
     if not enc_pools:
         cfg = front_pool.encoder
         inline = encoder_model(vision, front_dep.gpu, eng, front_dep.profile, front_dep.tp, cfg)
-        return new_reqs, EPDSetup(**common, inline_model=inline, inline_cache_bytes=cfg.cache_bytes)
+        return new_reqs, setup(inline_model=inline, inline_cache_bytes=cfg.cache_bytes)
     ep = enc_pools[0]
     if ep.model is not None and db.model(ep.model).name != model.name:
         raise EPDError(f"pools[{ep.name}].model: the encoder pool serves {ep.model} but the language model is "
@@ -292,12 +304,13 @@ def prepare(scn, db: hwdb.HardwareDB, model: hwdb.ModelEntry, pools: list, reqs,
     try:
         engine = db.engine(ep.engine.engine)
         path = embedding_path(scn.embedding_transfer, db, ep, gpu, ep.tp, front_pool, front_dep)
-        model_e = encoder_model(vision, gpu, engine, db.profile_for(gpu.name, engine.engine, engine.version), ep.tp, cfg)
+        model_e = encoder_model(vision, gpu, engine, db.profile_for(gpu.name, engine.engine, engine.version), ep.tp,
+                                cfg)
     except (hwdb.HwdbError, ValueError) as exc:
         if isinstance(exc, EPDError):
             raise
         raise EPDError(f"pools[{ep.name}]: {exc}") from None
-    return new_reqs, EPDSetup(**common, encoder_pool=ep, encoder_model=model_e, path=path, max_batch_tokens=budget,
-                              gpus=ep.instances * ep.tp,
-                              price_usd_per_hour=ep.instances * ep.tp * gpu.price_usd_per_hour.value,
-                              encoder_gpu=gpu.name)
+    return new_reqs, setup(encoder_pool=ep, encoder_model=model_e, path=path, max_batch_tokens=budget,
+                           gpus=ep.instances * ep.tp,
+                           price_usd_per_hour=ep.instances * ep.tp * gpu.price_usd_per_hour.value,
+                           encoder_gpu=gpu.name)

@@ -6,16 +6,16 @@ Units: pixels, bytes, seconds.
 """
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from simulator.bounds import MAX_TOKENS, Bytes, Fraction, InstanceRate, between, count
+from simulator.bounds import MAX_TOKENS, Bytes, Fraction, InstanceRate, Range
 from simulator.inputs import StrictModel
 
-Images = count(0, 1024, "images per request")
-Weight = between(0, 1e6, lo_open=True, fix="give a positive relative weight")
-Pixels = count(1, 65536, "pixels")
+Images = Annotated[int, Range(0, 1024, "images per request", whole=True)]
+Weight = Annotated[float, Range(0, 1e6, lo_open=True, fix="give a positive relative weight")]
+Pixels = Annotated[int, Range(1, 65536, "pixels", whole=True)]
 
 
 class FixedCount(StrictModel):
@@ -60,7 +60,7 @@ class TraceCount(StrictModel):
     kind: Literal["trace"] = "trace"
 
 
-ImageCount = Annotated[Union[FixedCount, UniformCount, ChoiceCount, TraceCount], Field(discriminator="kind")]
+ImageCount = Annotated[FixedCount | UniformCount | ChoiceCount | TraceCount, Field(discriminator="kind")]
 
 
 class Resolution(StrictModel):
@@ -84,7 +84,7 @@ class ImageWorkload(StrictModel):
 
     count: ImageCount
     resolutions: tuple[Resolution, ...] = Field((Resolution(width=1920, height=1080),), min_length=1)
-    distinct_images: count(1, 10**12, "images") | None = None
+    distinct_images: Annotated[int, Range(1, 10**12, "images", whole=True)] | None = None
     trace_tokens_include_images: bool = False
 
 
@@ -101,10 +101,10 @@ class EncoderConfig(StrictModel):
     reach at large batches (None: the GPU's calibrated or default curve).
     """
 
-    max_batch_images: count(1, 65536, "images") = 64
-    max_batch_tokens: count(1, MAX_TOKENS, "visual tokens") | None = None
+    max_batch_images: Annotated[int, Range(1, 65536, "images", whole=True)] = 64
+    max_batch_tokens: Annotated[int, Range(1, MAX_TOKENS, "visual tokens", whole=True)] | None = None
     cache_bytes: Bytes = 4 * 2 ** 30
-    tp_efficiency: dict[count(1, 72, "GPUs"), Fraction] | None = None
+    tp_efficiency: dict[Annotated[int, Range(1, 72, "GPUs", whole=True)], Fraction] | None = None
     compute_efficiency: Fraction | None = None
 
 

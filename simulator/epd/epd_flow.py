@@ -17,13 +17,17 @@ embedding cache, which lengthens that step for every request in the batch.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
-from simulator.epd.encoder import EmbeddingCache, EncoderInstance
-from simulator.epd.epd import EPDSetup
+from simulator.epd.encoder import EmbeddingCache, EncoderInstance, EncoderModel
+from simulator.epd.epd import EmbeddingPath, EPDSetup
 from simulator.pd.fabric import Fabric, LinkState
+
+if TYPE_CHECKING:                 # the scenario imports the epd package (epd_config)
+    from simulator.scenario import PoolConfig
 
 
 class EPDCoordinator:
@@ -46,7 +50,7 @@ class EPDCoordinator:
         self.bytes_moved = 0.0
         self.encoders: list[EncoderInstance] = []   # serving encoders: images go to these
         self.made: list[EncoderInstance] = []       # every encoder instance made, by index
-        self.fabric = None
+        self.fabric: Fabric | None = None
         self.inline_caches: list[EmbeddingCache] = []
         self.inline_busy: list[float] = []       # per front instance: inline encoder seconds
         self.inline_lookups = 0                  # images looked up at admissions (re-admissions included)
@@ -66,17 +70,24 @@ class EPDCoordinator:
         for inst in front:
             self.add_front(inst)
 
+    def _tier(self) -> tuple[PoolConfig, EncoderModel, EmbeddingPath]:
+        """The encoder tier's pool, encoder model and embedding path (:func:`simulator.epd.epd.prepare` sets
+        the three together); only called with an encoder tier."""
+        s = self.setup
+        assert s.encoder_pool is not None and s.encoder_model is not None and s.path is not None, "no encoder tier"
+        return s.encoder_pool, s.encoder_model, s.path
+
     def _nic(self, name: str, cap: float) -> LinkState:
         """The link state of NIC ``name``: instances behind one NIC share one."""
         if name not in self._nics:
-            self._nics[name] = LinkState(name, cap, self.setup.path.latency_s)
+            self._nics[name] = LinkState(name, cap, self._tier()[2].latency_s)
         return self._nics[name]
 
     def add_encoder(self) -> EncoderInstance:
         """A new encoder instance (the next index) with its egress NIC; images go to it once the caller
         puts it in :attr:`encoders`, and its process (:meth:`EncoderInstance.run`) is the caller's to start."""
-        ep, p, i = self.setup.encoder_pool, self.setup.path, len(self.made)
-        enc = EncoderInstance(i, ep.name, self.setup.encoder_model, self.costs, ep.encoder.max_batch_images,
+        (ep, model, p), i = self._tier(), len(self.made)
+        enc = EncoderInstance(i, ep.name, model, self.costs, ep.encoder.max_batch_images,
                               self.setup.max_batch_tokens, ep.encoder.cache_bytes, self._encoder_done)
         self.made.append(enc)
         self.egress.append(self._nic(f"{p.link_name}:encoder{i}:out" if p.encoder_share == 1 else
@@ -88,7 +99,7 @@ class EPDCoordinator:
         assert inst.index == len(self.front)
         self.front.append(inst)
         if self.setup.encoder_pool is not None:
-            p = self.setup.path
+            p = self._tier()[2]
             self.ingress.append(self._nic(f"{p.link_name}:{inst.pool}{inst.index}:embeddings-in" if p.lm_share == 1
                                           else f"{p.link_name}:{inst.pool}-nic{inst.index // p.lm_share}:embeddings-in",
                                           p.lm_side_Bps))
@@ -154,14 +165,18 @@ class EPDCoordinator:
             self.route(rid, None)
             return
         self._pending[rid] = len(imgs)
-        p = self.setup.path
+        p, fabric = self._tier()[2], self.fabric
+        assert fabric is not None, "an encoder tier has its fabric"
+
+        def arrived(_event: object) -> None:     # one embedding of the request arrived at ``inst``
+            self._arrived(rid, inst)
         for i in imgs:
             nbytes = float(self.costs.emb_bytes[i])
             self.bytes_moved += nbytes
             # Host staging (a connector without GPU-direct, or in its TCP mode) is paid in series before the bytes flow.
-            ev = self.fabric.transfer((self.egress[self._where.pop(i).index], self.ingress[inst]), nbytes,
-                                      p.setup_s + nbytes * p.staged_s_per_byte)
-            ev.callbacks.append(lambda _e, rid=rid, inst=inst: self._arrived(rid, inst))
+            ev = fabric.transfer((self.egress[self._where.pop(i).index], self.ingress[inst]), nbytes,
+                                 p.setup_s + nbytes * p.staged_s_per_byte)
+            ev.callbacks.append(arrived)
 
     def _arrived(self, rid: int, inst: int) -> None:
         self._pending[rid] -= 1
@@ -189,8 +204,10 @@ class EPDCoordinator:
         if not todo:
             return 0.0
         idx = np.asarray(todo)
-        dt = self.setup.inline_model.batch_time(float(c.lin_flops[idx].sum()), float(c.attn_flops[idx].sum()),
-                                                float(c.patches[idx].sum()))
+        model = self.setup.inline_model
+        assert model is not None, "a front pool that encodes has its inline encoder model"
+        dt = model.batch_time(float(c.lin_flops[idx].sum()), float(c.attn_flops[idx].sum()),
+                              float(c.patches[idx].sum()))
         for i in todo:
             cache.insert(int(c.image_id[i]), float(c.emb_bytes[i]))
         if math.isnan(self.t_enc_start[rid]):
@@ -239,6 +256,7 @@ def encoder_summary(coord: EPDCoordinator, span: float) -> dict:
         busy = [e.busy_s / span for e in coord.made]
         encoded = sum(e.images_encoded for e in coord.made)
         hits = coord.encoder_hits
+        assert s.encoder_pool is not None, "encoder instances exist only with an encoder tier"
         where = s.encoder_pool.name
     else:
         busy = [b / span for b in coord.inline_busy]

@@ -91,7 +91,7 @@ def read_azure_multimodal(path: str | Path, limit: int | None = None) -> np.ndar
     """
     expected = ("each row must be TIMESTAMP,NumImages,ContextTokens,GeneratedTokens, e.g. "
                 "'2024-05-10 00:00:00.011000,2,1043,132' (the Azure multimodal trace)")
-    import pandas as pd   # imported here: the CLI starts without pandas
+    import pandas as pd  # noqa: PLC0415 - the CLI starts without pandas
     t = read_csv_rows(Path(path), AZURE_MM_COLUMNS, (), expected, limit)
     x = numbers_of(t.df["NumImages"])
     bad = ~np.isfinite(x) | (x != np.floor(x)) | (x < 0) | (x > 1024)

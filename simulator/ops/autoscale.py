@@ -16,6 +16,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
+from simulator.perf import StepModel
 from simulator.registry import Registry
 from simulator.roles import ROLES
 
@@ -86,7 +87,7 @@ class PoolContext:
     """What the SLO policy needs to know about one pool's instances."""
 
     role: str                   # colocated | prefill | decode
-    step_model: object          # simulator.perf.StepModel
+    step_model: StepModel
     max_num_seqs: int
     chunk: int                  # max_num_batched_tokens
     kv_tokens: int              # KV-cache tokens per instance

@@ -53,9 +53,9 @@ formulas extrapolate: :attr:`Breakdown.extrapolated` says which.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator, Literal
-
+from typing import Literal
 
 from hwdb.coldstart import ColdStartDB, StartupCoefficients, VersionRules, load_coldstart
 from hwdb.db import HwdbError
@@ -358,7 +358,8 @@ def breakdown(dep: Deployment, compile_cache: CompileCache = "miss", storage: st
         gc = R("capture_gc_s_per_size_layer", 0.0) * n * layers if rules.gc_per_capture_size and n else 0.0
         phases.append(Phase("cuda_graphs", tg + gc, f"{len(sizes)} sizes up to {max(sizes) if sizes else 0}, {mode}: "
                             f"{n:.0f} graphs, {g1 * 1e3:.2f} ms per graph-layer"
-                            + (f", MoE x{w_cap:.2f}" if moe_l else "") + (f", gc.collect per graph {gc:.0f} s" if gc else "")))
+                            + (f", MoE x{w_cap:.2f}" if moe_l else "")
+                            + (f", gc.collect per graph {gc:.0f} s" if gc else "")))
     phases.append(Phase("api_ready", coef.coef("api_ready", "seconds"), "fitted constant"))
 
     notes = []

@@ -30,11 +30,11 @@ the ranges re-derived without the case's own source.
 """
 from __future__ import annotations
 
-from simulator.ops.coldstart import LEVELS, Breakdown, breakdown
+from simulator.ops.coldstart import LEVELS, Breakdown, CompileCache, breakdown
 from simulator.ops.k8s import recommend_probes
 
 
-def breakdown_range(dep, compile_cache: str = "miss", storage: str = "nvme", image_cached: bool = True,
+def breakdown_range(dep, compile_cache: CompileCache = "miss", storage: str = "nvme", image_cached: bool = True,
                     **kw) -> dict[str, Breakdown]:
     """``{level: Breakdown}`` for low, typical and high (same arguments as :func:`breakdown`)."""
     return {lv: breakdown(dep, compile_cache, storage, image_cached, level=lv, **kw) for lv in LEVELS}

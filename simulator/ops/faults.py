@@ -86,7 +86,7 @@ def fp8_hazard(cfg, pools, hwdb_dirs: Iterable[str | Path] = ()) -> dict[str, FP
                    base.onset_tokens if cfg.onset_tokens is None else cfg.onset_tokens,
                    base.source if cfg.rate_per_token_s is None else "scenario")
     names = set(cfg.pools) if cfg.pools else {p.name for p in pools if p.dtype == "fp8"}
-    return {n: hz for n in names}
+    return dict.fromkeys(names, hz)
 
 
 def context_excess(inst, onset: int) -> float:

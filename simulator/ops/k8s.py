@@ -219,7 +219,7 @@ def simulate_pod(first: Breakdown, spec: PodSpec, warm: Breakdown | None = None,
         raise ProbeError(f"horizon_s={horizon_s} must be > 0 seconds")
     env = simpy.Environment()
     res = PodResult(horizon_s=horizon_s)
-    state = {"cache_warm": first.compile_cache == "hit", "ready_attempt": None}
+    state: dict[str, bool | int | None] = {"cache_warm": first.compile_cache == "hit", "ready_attempt": None}
 
     def log(msg: str) -> None:
         res.events.append((env.now, msg))
@@ -303,12 +303,14 @@ def simulate_pod(first: Breakdown, spec: PodSpec, warm: Breakdown | None = None,
             ctr = env.process(container(att, bd))
             exit_ev = env.event()
             if spec.startup is not None:
-                env.process(probe_loop(att, ctr, spec.startup, "startup", exit_ev,
-                                       lambda a=att, c=ctr, e=exit_ev: (log(f"attempt {a.index}: startup probe "
-                                                                            "succeeded"), after_gate(a, c, e))))
+                def started(a: Attempt = att, c=ctr, e=exit_ev) -> None:
+                    log(f"attempt {a.index}: startup probe succeeded")
+                    after_gate(a, c, e)
+                env.process(probe_loop(att, ctr, spec.startup, "startup", exit_ev, started))
             else:
                 after_gate(att, ctr, exit_ev)
             yield exit_ev
+            assert att.ended_s is not None, "only a kill, which sets ended_s, succeeds exit_ev"
             if att.ended_s - att.started_s >= spec.backoff_reset_s:
                 backoff = spec.backoff_initial_s
             res.restarts += 1

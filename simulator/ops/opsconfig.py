@@ -15,11 +15,11 @@ runs exactly as before.  Units: seconds, tokens, requests.
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import model_validator
 
-from simulator.bounds import BandwidthLeft, Duration, Fraction, between, count
+from simulator.bounds import BandwidthLeft, Duration, Fraction, Range
 from simulator.inputs import StrictModel
 from simulator.ops.autoscale import POLICIES
 from simulator.ops.k8s import Probe
@@ -28,10 +28,13 @@ from simulator.ops.k8s import Probe
 class ProbeConfig(StrictModel):
     """One Kubernetes probe (``httpGet /health``), fields as in the pod spec, in seconds."""
 
-    initial_delay_s: count(0, 86400, "s", fix="set initialDelaySeconds (0 probes right after the gate)") = 0
-    period_s: count(1, 3600, "s", fix="set periodSeconds, e.g. 10 (the Kubernetes default)") = 10
-    timeout_s: count(1, 3600, "s", fix="set timeoutSeconds, e.g. 1 (the default) to 5") = 1
-    failure_threshold: count(1, 10_000, "probes", fix="set failureThreshold, e.g. 3 (the default)") = 3
+    initial_delay_s: Annotated[int, Range(0, 86400, "s", whole=True,
+                                          fix="set initialDelaySeconds (0 probes right after the gate)")] = 0
+    period_s: Annotated[int, Range(1, 3600, "s", whole=True,
+                                   fix="set periodSeconds, e.g. 10 (the Kubernetes default)")] = 10
+    timeout_s: Annotated[int, Range(1, 3600, "s", whole=True, fix="set timeoutSeconds, e.g. 1 (the default) to 5")] = 1
+    failure_threshold: Annotated[int, Range(1, 10_000, "probes", whole=True,
+                                            fix="set failureThreshold, e.g. 3 (the default)")] = 3
 
     @model_validator(mode="after")
     def _valid(self) -> ProbeConfig:
@@ -55,12 +58,12 @@ class StartupConfig(StrictModel):
     below; a start they kill never serves).
     """
 
-    provisioning_s: between(0, 1e6, "s", fix="give seconds until a node is ready") = 0.0
+    provisioning_s: Annotated[float, Range(0, 1e6, "s", fix="give seconds until a node is ready")] = 0.0
     image_cached: bool = False
     storage: str = "nvme"
     compile_cache: Literal["none", "pod", "persistent"] = "none"
     probes: Literal["recommended", "given"] = "recommended"
-    margin: between(0, 10, fix="give the fraction added to the cold start, e.g. 0.5") = 0.5
+    margin: Annotated[float, Range(0, 10, fix="give the fraction added to the cold start, e.g. 0.5")] = 0.5
     startup_probe: ProbeConfig | None = None
     liveness: ProbeConfig | None = None
     readiness: ProbeConfig | None = None
@@ -90,15 +93,16 @@ class AutoscaleConfig(StrictModel):
     """
 
     policy: str = "queue"
-    min_instances: count(1, 4096, "instances") = 1
-    max_instances: count(1, 4096, "instances") = 8
+    min_instances: Annotated[int, Range(1, 4096, "instances", whole=True)] = 1
+    max_instances: Annotated[int, Range(1, 4096, "instances", whole=True)] = 8
     # Below 0.1 s the autoscaler's ticks swamp the run.
-    interval_s: between(0.1, 86400, "s", fix="give seconds between decisions, e.g. 15") = 15.0
-    target_queue: between(0, 1e6, "requests", lo_open=True, fix="give waiting requests per instance") = 4.0
+    interval_s: Annotated[float, Range(0.1, 86400, "s", fix="give seconds between decisions, e.g. 15")] = 15.0
+    target_queue: Annotated[float, Range(0, 1e6, "requests", lo_open=True,
+                                         fix="give waiting requests per instance")] = 4.0
     target_kv: Fraction = 0.8
     target_utilisation: Fraction = 0.7
-    window_s: between(0, 1e7, "s", lo_open=True, fix="give seconds") = 60.0
-    scale_down_stabilization_s: between(0, 1e7, "s", fix="give seconds (Kubernetes: 300)") = 300.0
+    window_s: Annotated[float, Range(0, 1e7, "s", lo_open=True, fix="give seconds")] = 60.0
+    scale_down_stabilization_s: Annotated[float, Range(0, 1e7, "s", fix="give seconds (Kubernetes: 300)")] = 300.0
 
     @model_validator(mode="after")
     def _bounds(self) -> AutoscaleConfig:
@@ -121,8 +125,9 @@ class FP8CrashConfig(StrictModel):
     """
 
     # Up to 1e-3: a 1k-token instance crashes each second.
-    rate_per_token_s: between(0, 1e-3, "per token per s", fix="give a hazard per context token") | None = None
-    onset_tokens: count(0, 10**8, "tokens") | None = None
+    rate_per_token_s: Annotated[float, Range(0, 1e-3, "per token per s",
+                                             fix="give a hazard per context token")] | None = None
+    onset_tokens: Annotated[int, Range(0, 10**8, "tokens", whole=True)] | None = None
     pools: tuple[str, ...] = ()
 
 
@@ -131,8 +136,8 @@ class NodeFailureConfig(StrictModel):
     starts ``mttr_s`` later (then provisioning and a full start).  ``pools``: empty = all."""
 
     # Failures more often than each second would never let a run end.
-    mtbf_s: between(1, 1e12, "s", fix="give the mean time between failures in seconds")
-    mttr_s: between(0, 1e9, "s", fix="give the mean time to repair in seconds") = 0.0
+    mtbf_s: Annotated[float, Range(1, 1e12, "s", fix="give the mean time between failures in seconds")]
+    mttr_s: Annotated[float, Range(0, 1e9, "s", fix="give the mean time to repair in seconds")] = 0.0
     pools: tuple[str, ...] = ()
 
 
@@ -142,8 +147,8 @@ class LinkDegradationConfig(StrictModel):
     time of mean ``duration_s`` (transfers in flight slow down).  Static degradation and latency
     jitter are ``kv_transfer.bandwidth_factor`` and ``kv_transfer.jitter_mean_s``."""
 
-    mtbf_s: between(1e-3, 1e12, "s", fix="give the mean time between episodes in seconds")
-    duration_s: between(1e-3, 1e9, "s", fix="give an episode's mean length in seconds")
+    mtbf_s: Annotated[float, Range(1e-3, 1e12, "s", fix="give the mean time between episodes in seconds")]
+    duration_s: Annotated[float, Range(1e-3, 1e9, "s", fix="give an episode's mean length in seconds")]
     bandwidth_factor: BandwidthLeft
 
 
@@ -164,7 +169,7 @@ class RetryConfig(StrictModel):
     again, and generation resumes)."""
 
     policy: Literal["none", "retry", "reprefill"] = "none"
-    max_retries: count(0, 100, "retries") = 2
+    max_retries: Annotated[int, Range(0, 100, "retries", whole=True)] = 2
 
 
 class OperationsConfig(StrictModel):
@@ -201,15 +206,15 @@ def check_against_pools(ops: OperationsConfig, pools) -> None:
                          "crash or a scale step would take all dp ranks at once); remove the operations block or "
                          "set dp: 1")
     encoders = [p.name for p in pools if p.role == "encoder"]
-    for name in ops.autoscale:
+    for name, cfg in ops.autoscale.items():
         if name in encoders and cfg.policy != "queue":
             raise ValueError(f"operations.autoscale.{name}: an encoder pool autoscales on its image queue only "
                              f"(policy: queue, target_queue in images); policy {cfg.policy!r} reads a "
                              f"language model's KV cache or step times")
     pd_ = any(p.role == "prefill" for p in pools)
     f = ops.faults
-    for what, cfg in (("fp8_crash", f.fp8_crash), ("node_failure", f.node_failure)):
-        for name in (cfg.pools if cfg is not None else ()):
+    for what, fault in (("fp8_crash", f.fp8_crash), ("node_failure", f.node_failure)):
+        for name in (fault.pools if fault is not None else ()):
             if name not in names:
                 raise ValueError(f"operations.faults.{what}.pools: no pool is named {name!r}; pools are {names}")
             if name in encoders:

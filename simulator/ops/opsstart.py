@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hwdb
 from hwdb.coldstart import load_coldstart
-from simulator.ops.coldstart import ColdStartError, breakdown
+from simulator.ops.coldstart import ColdStartError, CompileCache, breakdown
 from simulator.ops.k8s import PodSpec, ProbeError, recommend_probes, simulate_pod
 
 HORIZON_S = 3600.0
@@ -67,7 +67,7 @@ def start_times(dep, cfg, hwdb_dirs=(), field: str = "operations.startup") -> St
     try:
         db = load_coldstart(hwdb_dirs)
 
-        def bd(cache: str, image_cached: bool, level: str = "typical"):
+        def bd(cache: CompileCache, image_cached: bool, level: str = "typical"):
             return breakdown(dep, cache, cfg.storage, image_cached, db=db, level=level)
         volume = cfg.compile_cache != "none"
         new_cold, new_warm = bd("miss", cfg.image_cached), bd("hit", cfg.image_cached)
@@ -76,8 +76,9 @@ def start_times(dep, cfg, hwdb_dirs=(), field: str = "operations.startup") -> St
             # sized on the high end of the sourced range (simulator/ops/coldstart_scale.py)
             spec = recommend_probes(bd("miss", cfg.image_cached, "high"), cfg.margin).pod_spec(volume)
         else:
-            spec = PodSpec(*(getattr(cfg, n).probe() if getattr(cfg, n) is not None else None
-                             for n in ("startup_probe", "liveness", "readiness")), compile_cache_volume=volume)
+            startup, liveness, readiness = (getattr(cfg, n).probe() if getattr(cfg, n) is not None else None
+                                            for n in ("startup_probe", "liveness", "readiness"))
+            spec = PodSpec(startup, liveness, readiness, compile_cache_volume=volume)
     except (ColdStartError, hwdb.HwdbError, ProbeError) as exc:
         raise StartupError(f"{field}: {exc}") from None
     new_bd = new_warm if cfg.compile_cache == "persistent" else new_cold

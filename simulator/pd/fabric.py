@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import simpy
@@ -303,7 +303,7 @@ class Fabric:
                 if tr.remaining_bytes <= REL_TOL * tr.nbytes or tr.remaining_bytes <= tr.rate_Bps * eps_s]
         if not done:
             done = [min(self._active, key=lambda tr: tr.remaining_bytes / tr.rate_Bps)]
-        dirty = {}
+        dirty: dict[LinkState, None] = {}
         for tr in done:
             del self._active[tr]
             residual = tr.remaining_bytes

@@ -5,12 +5,15 @@ Units: bytes, seconds, bytes/s.  See :mod:`simulator.pd.fabric` for how rates ar
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import simpy
 
+if TYPE_CHECKING:                 # the fabric imports this module
+    from simulator.pd.fabric import Fabric
 
 #: Extra latency (s, >= 0) drawn per transfer crossing a link; see :attr:`LinkState.jitter`.
 Jitter = Callable[[np.random.Generator], float]
@@ -53,7 +56,7 @@ class LinkState:
         self._busy_s = 0.0
         self._busy_since = 0.0
         self._flows: dict[Transfer, None] = {}
-        self._fabric = None                   # the Fabric it belongs to, once used
+        self._fabric: Fabric | None = None    # the Fabric it belongs to, once used
         self._rem = 0.0      # water-filling scratch: capacity left, unfixed flows, rate in use
         self._cnt = 0
         self._used = 0.0

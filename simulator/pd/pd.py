@@ -22,12 +22,12 @@ nodes in order; ``kv_transfer.fabric`` may name a node type's network layout (hw
 ``gcp-a3-high``: 8 H100 behind 4 NICs), which supplies the link, GPUs per NIC and the NIC rate; several
 small instances behind one NIC share one LinkState; switch tiers: with an oversubscribed leaf switch a
 transfer between racks also crosses each side's rack uplink, and between pods (racks under one spine)
-each side's pod uplink too (``placement``: cross_rack by default, same_rack, cross_pod).  Concurrent transfers share every element of the path max-min fairly
-(:mod:`simulator.pd.fabric`).  P2pNccl's ``kv_buffer_size``: bytes that do not fit in the decode
-instance's free GPU buffer go to its host tensor pool (vLLM ``docs/design/p2p_nccl_connector.md``) and
-pay a device->host and a host->device copy over PCIe before decode can use them.  A host-staged connector (TCP) also
-pays a GPU->host and a host->GPU copy over PCIe and the link's per-byte CPU
-cost on both ends, in series before the bytes flow.  A layer-wise connector
+each side's pod uplink too (``placement``: cross_rack by default, same_rack, cross_pod).  Concurrent
+transfers share every element of the path max-min fairly (:mod:`simulator.pd.fabric`).  P2pNccl's
+``kv_buffer_size``: bytes that do not fit in the decode instance's free GPU buffer go to its host tensor
+pool (vLLM ``docs/design/p2p_nccl_connector.md``) and pay a device->host and a host->device copy over PCIe
+before decode can use them.  A host-staged connector (TCP) also pays a GPU->host and a host->GPU copy
+over PCIe and the link's per-byte CPU cost on both ends, in series before the bytes flow.  A layer-wise connector
 sends each layer's KV as it is computed: only what the link could not carry
 during the prefill remains (at least one layer's worth).
 """
@@ -85,6 +85,7 @@ class TransferPlan:
         rack = self.nodes_per_rack * self.gpus_per_node / gpus * side / share / self.oversubscription
         out = [("rack", rack, self.nodes_per_rack)] if self.oversubscription > 1 else []
         if self.placement == "cross_pod" and self.pod_oversubscription > 1:
+            assert self.racks_per_pod is not None, "cross_pod placement needs racks_per_pod (KVTransferConfig)"
             out.append(("pod", self.racks_per_pod * rack / self.pod_oversubscription,
                         self.racks_per_pod * self.nodes_per_rack))
         return out
@@ -141,8 +142,8 @@ def build_transfer_plan(cfg, db: hwdb.HardwareDB, p: Deployment, d: Deployment) 
                 "set same_node: false and name a fabric")
         if p.gpus + d.gpus > p.gpu.gpus_per_node:
             raise TransferConfigError(
-                f"kv_transfer.same_node: one prefill ({p.gpus} GPUs) and one decode instance ({d.gpus} GPUs) do not fit "
-                f"in a {p.gpu.gpus_per_node}-GPU {p.gpu.name} node; set same_node: false")
+                f"kv_transfer.same_node: one prefill ({p.gpus} GPUs) and one decode instance ({d.gpus} GPUs) "
+                f"do not fit in a {p.gpu.gpus_per_node}-GPU {p.gpu.name} node; set same_node: false")
         link, lay = p.intra_link, None
         per_gpu = link.effective_Bps
     else:

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from collections import deque
 
+import numpy as np
+
+from simulator.ops.faults import link_degradation_process
+from simulator.ops.opsconfig import LinkDegradationConfig
 from simulator.pd.fabric import Fabric, LinkState
 from simulator.pd.flows import FLOWS
-from simulator.ops.faults import link_degradation_process
 
 
 class PDCoordinator:
@@ -32,12 +35,12 @@ class PDCoordinator:
         jitter = None
         if plan.jitter_mean_s > 0:
             mean = plan.jitter_mean_s / 2   # drawn on each of the two sides of the path
-            jitter = lambda g, mean=mean: float(g.exponential(mean))  # noqa: E731
+            jitter = lambda g, mean=mean: float(g.exponential(mean))  # noqa: E731 - a one-line draw, bound to mean
         self.decode_router = decode_router
         self.rec = rec
         self.src: dict[int, object] = {}       # request -> prefill instance holding its KV
         self._jitter = jitter
-        self._groups: dict[tuple, LinkState] = {}
+        self._groups: dict[str, LinkState] = {}
         self.egress: list[tuple] = []          # per prefill instance: the links of its side
         self.ingress: list[tuple] = []         # per decode instance
         self.decode = decode
@@ -48,7 +51,7 @@ class PDCoordinator:
         self.bytes_moved = 0.0
         # Receive buffer of each decode instance (P2pNcclConnector's kv_buffer_size): bytes held in it.
         self.in_buffer: list[float] = []
-        self._degrade = None
+        self._degrade: tuple[LinkDegradationConfig, np.random.Generator, list[tuple]] | None = None
         self._episoded: set = set()
         self.lazy = False                      # decode instances step lazily: catch them up before routing
         for inst in prefill:
@@ -74,7 +77,8 @@ class PDCoordinator:
 
     def side_path(self, role: str, i: int) -> tuple:
         """The links instance ``i`` of ``role`` crosses on its side: its NIC group (shared by the instances
-        behind one NIC) and the oversubscribed switch uplinks it crosses (``TransferPlan.uplinks``).  Made once, then reused."""
+        behind one NIC) and the oversubscribed switch uplinks it crosses (``TransferPlan.uplinks``).  Made once,
+        then reused."""
         plan = self.plan
         share = plan.prefill_share if role == "prefill" else plan.decode_share
         cap = plan.prefill_side_Bps if role == "prefill" else plan.decode_side_Bps
@@ -165,7 +169,7 @@ class PDCoordinator:
                 land()
         ev.callbacks.append(arrived)
 
-    def degrade(self, cfg, rng, log) -> None:
+    def degrade(self, cfg: LinkDegradationConfig, rng: np.random.Generator, log: list[tuple]) -> None:
         """Start link-degradation episodes on every link side made so far and later."""
         self._degrade = (cfg, rng, log)
         for ln in dict.fromkeys(ln for path in self.egress + self.ingress for ln in path):
@@ -173,6 +177,7 @@ class PDCoordinator:
 
     def _episodes(self, link) -> None:
         self._episoded.add(link)
+        assert self._degrade is not None, "episodes start after degrade()"
         cfg, rng, log = self._degrade
         self.env.process(link_degradation_process(self.env, self.fabric, link, cfg, self.plan.bandwidth_factor,
                                                   rng, lambda t, n, f: log.append((t, n, f))))

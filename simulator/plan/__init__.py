@@ -14,7 +14,7 @@ def __getattr__(name: str):
     # The runner brings pandas and the simulator (~0.3 s); `epdsim --help` and the plan request's
     # checks do not need them, so it is imported on first use of one of its names.
     if name in ("PlanResult", "run_plan", "write_result"):
-        from simulator.plan import runner
+        from simulator.plan import runner  # noqa: PLC0415 - on first use: pandas and the simulator
         return getattr(runner, name)
     raise AttributeError(f"module 'simulator.plan' has no attribute {name!r}")
 

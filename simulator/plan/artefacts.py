@@ -14,16 +14,23 @@ import shlex
 import yaml
 
 import hwdb
-from simulator.ops.coldstart import breakdown
 from simulator.memory import memory_fraction
+from simulator.ops.coldstart import breakdown
 from simulator.ops.k8s import recommend_probes
 from simulator.pd.connectors import VLLM_PORT, connector_strategy
-from simulator.scenario import deployment_for, resolve
-
-from simulator.plan.manifests import (SGLANG_PORT, ArtefactOptions, cache_claim, engine_deployment, env_exports,
-                                     epd_proxy, pod_urls, proxy_objects)
+from simulator.plan.manifests import (
+    SGLANG_PORT,
+    ArtefactOptions,
+    cache_claim,
+    engine_deployment,
+    env_exports,
+    epd_proxy,
+    pod_urls,
+    proxy_objects,
+)
 from simulator.plan.readme import readme
-from simulator.plan.sglang import SERVE_DTYPE, ROUTER_MODULE, router_args, sglang_args, sglang_objects
+from simulator.plan.sglang import ROUTER_MODULE, SERVE_DTYPE, router_args, sglang_args, sglang_objects
+from simulator.scenario import deployment_for, resolve
 
 
 class _NoAliases(yaml.SafeDumper):
@@ -156,23 +163,24 @@ def artefacts(result, candidate_id: str | None = None, options: ArtefactOptions 
     files: dict[str, str] = {}
     docs: list[dict] = [cache_claim(claim, opts)]
     sg_pools: list[dict] = []
-    routes = []
+    routes: list[dict] = []
     enc_urls = [f"http://{svc[enc.name]}:{SGLANG_PORT}"] if enc is not None else None
     for pool, dep in items:
         name = svc[pool.name]
         va = vllm_args(model_id, dep, pool.role, connector, encoder_tier=enc is not None, proxy_host=proxy_name,
                        buffer_bytes=scn.kv_transfer.kv_buffer_size, tcp=tcp)
-        pd_pool = scn.is_pd and pool.role in ("prefill", "decode")
-        env = strategy.env(tcp, opts, pool.role) if pd_pool else []
+        # the connector strategy of a PD pool (there is one exactly when the scenario is PD)
+        pd_strategy = strategy if scn.is_pd and pool.role in ("prefill", "decode") else None
+        env = pd_strategy.env(tcp, opts, pool.role) if pd_strategy is not None else []
         # A pool whose pods the proxy reaches one by one (Mooncake prefill: a bootstrap server per pod).
-        per_pod = pd_pool and strategy.per_pod(pool.role)
+        per_pod = pd_strategy is not None and pd_strategy.per_pod(pool.role)
         head = (f"#!/usr/bin/env bash\n# {cand.layout}: pool {pool.name} ({pool.role}), {pool.instances} instance(s) "
                 f"of {dep.gpus}x {dep.gpu.name}; run once per instance\n")
         files[f"vllm/{pool.name}.sh"] = head + env_exports(env) + "vllm serve " + shlex.join(va) + "\n"
         sa = sglang_args(model_id, dep, pool.role, connector, tcp, enc_urls, "mlx5_0" if rdma else None)
         files[f"sglang/{pool.name}.sh"] = head + "python -m sglang.launch_server " + shlex.join(sa) + "\n"
         amd = dep.gpu.vendor == "amd"
-        extra = strategy.ports(pool.role) if pd_pool else []
+        extra = pd_strategy.ports(pool.role) if pd_strategy is not None else []
         image = strategy.vllm_image(opts, amd) if strategy else opts.vllm_rocm_image if amd else opts.vllm_image
         nic = _rdma(link, lay, dep.gpus, opts) if rdma and pool.role in ("prefill", "decode") else None
         docs += engine_deployment(name, pool.role, pool.instances, opts.image(image), ["vllm", "serve"], va,
@@ -187,7 +195,7 @@ def artefacts(result, candidate_id: str | None = None, options: ArtefactOptions 
     ends: dict[str, list[str]] = {}
     for r in routes:
         ends.setdefault(r["role"], []).extend(r.get("pods", [r["service"]]))
-    proxy = epd_proxy(ends) if enc is not None else strategy.proxy(ends, opts) if scn.is_pd else None
+    proxy = epd_proxy(ends) if enc is not None else strategy.proxy(ends, opts) if strategy is not None else None
     if proxy is not None:
         first = items[-1][1]
         image = opts.image(opts.proxy_image or (opts.vllm_rocm_image if first.gpu.vendor == "amd" else opts.vllm_image))
@@ -198,12 +206,13 @@ def artefacts(result, candidate_id: str | None = None, options: ArtefactOptions 
     files["k8s/sglang.yaml"] = yaml.dump_all(
         sglang_objects(sg_pools, cache_claim(claim, opts), opts, proxy_name if scn.is_pd else None, sg_router),
         Dumper=_NoAliases, sort_keys=False)
-    router = {"model": model_id, "mode": ("e+" if enc is not None else "") + ("pd" if scn.is_pd else "colocated"),
+    router: dict = {"model": model_id, "mode": ("e+" if enc is not None else "") + ("pd" if scn.is_pd else "colocated"),
               "pools": routes}
     if proxy is not None:
         router["proxy"] = {"kind": proxy.kind, "service": f"http://{proxy_name}:{proxy.ports[0][1]}"}
-    if scn.is_pd:
-        router["kv_transfer"] = {"connector": kv_transfer_json(connector, "decode", proxy_name)["kv_connector"],
+    if sg_router is not None:       # PD
+        kv = kv_transfer_json(connector, "decode", proxy_name)     # None: the connector has no vLLM name
+        router["kv_transfer"] = {"connector": kv["kv_connector"] if kv is not None else None,
                                  "fabric": cand.fabric, "tcp": tcp, "flow": scn.kv_transfer.flow}
         cmd = f"python -m {ROUTER_MODULE} " + shlex.join(sg_router)
         router["sglang_router"] = cmd

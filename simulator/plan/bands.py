@@ -81,9 +81,10 @@ def edge_columns(ttft_s: float, tpot_s: float, rel: dict, meets_slo: bool, slo) 
     row: dict = {"ttft_band": _nan(rel.get("ttft_s")), "tpot_band": _nan(rel.get("tpot_s"))}
     for key, value in (("ttft", ttft_s), ("tpot", tpot_s)):
         b = rel.get(f"{key}_s")
-        ok = b is not None and math.isfinite(value)
-        row[f"{key}_low_s"] = max(0.0, value * (1 - b)) if ok else math.nan
-        row[f"{key}_high_s"] = value * (1 + b) if ok else math.nan
+        if b is not None and math.isfinite(value):
+            row[f"{key}_low_s"], row[f"{key}_high_s"] = max(0.0, value * (1 - b)), value * (1 + b)
+        else:
+            row[f"{key}_low_s"], row[f"{key}_high_s"] = math.nan, math.nan
     row["meets_slo_at_band_edge"] = holds_at_edge(ttft_s, tpot_s, rel, slo) if meets_slo else False
     return row
 
@@ -121,7 +122,8 @@ def band_frame(result, db: hwdb.HardwareDB | None = None) -> pd.DataFrame:
         rels = [{"ttft_s": _none(r["ttft_band"]), "tpot_s": _none(r["tpot_band"])} for r in recs]
     else:
         db = db or hwdb.load(req.hwdb)
-        model, seen = db.model(req.model), {}
+        model = db.model(req.model)
+        seen: dict = {}        # pool_statuses' cache of resolved layouts, shared by the candidates
         rels = [candidate_bands(req, result.candidate(r["id"]), model, db, seen) for r in recs]
     rows = [{"id": r["id"], **edge_columns(r["ttft_s"], r["tpot_s"], rel, bool(r["meets_slo"]), req.slo)}
             for r, rel in zip(recs, rels, strict=True)]

@@ -9,24 +9,22 @@ constraints.  A candidate is plain data; :func:`to_scenario` makes it a
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import numpy as np
 
 import hwdb
 from simulator.epd.epd import EPDError, draw_images, image_costs
-from simulator.epd.vision import VisionError, vision_arch
+from simulator.epd.vision import VisionArch, VisionError, vision_arch
 from simulator.errors import WorkloadError
 from simulator.pd.pd import TransferConfigError, build_transfer_plan
-from simulator.perf import FitError, MemoryPlan, StepModel, plan_memory
-from simulator.step_build import build_step_model
-from simulator.plan.request import PlanError, PlanRequest, resolve_hardware
 from simulator.pd.pd_config import KVTransferConfig
-from simulator.scenario import (PoolConfig, Scenario, ScenarioError, deployment_for,
-                                parse_scenario, rng_streams)
+from simulator.perf import Deployment, FitError, MemoryPlan, StepModel, plan_memory
+from simulator.plan.request import PlanError, PlanRequest, resolve_hardware
+from simulator.scenario import PoolConfig, Scenario, ScenarioError, deployment_for, parse_scenario, rng_streams
+from simulator.step_build import build_step_model
 from simulator.workload import generate
-
 
 PRE_SCREEN = ("memory", "kv-transfer", "encoder", "embedding-transfer")   # reasons that rule a row out unscreened
 
@@ -56,7 +54,8 @@ class PoolChoice:
 
     def shape(self) -> str:
         """``TP4``, ``DP4xTP2 EP8 fp4``: the per-instance layout, defaults left out."""
-        text = (f"DP{self.dp}xTP{self.tp}" if self.dp > 1 else f"TP{self.tp}") + (f" EP{self.ep}" if self.ep > 1 else "")
+        text = ((f"DP{self.dp}xTP{self.tp}" if self.dp > 1 else f"TP{self.tp}")
+                + (f" EP{self.ep}" if self.ep > 1 else ""))
         return text + ("" if self.dtype == "bf16" or self.role == "encoder" else f" {self.dtype}")
 
     def tag(self) -> str:
@@ -101,7 +100,7 @@ class Layout:
 
     gpu: str
     tp: int
-    dep: object
+    dep: Deployment
     mem: MemoryPlan
     step: StepModel
     price: float               # $/h per GPU (the request's price, else hwdb's)
@@ -129,7 +128,7 @@ class Layout:
 class ImageStats:
     """Per-request means of a multimodal workload's encoder work (FLOPs, patches, bytes, tokens)."""
 
-    vision: object             # simulator.epd.vision.VisionArch
+    vision: VisionArch
     images: float
     lin_flops: float
     attn_flops: float
@@ -155,10 +154,11 @@ class PlanContext:
 
     req: PlanRequest
     db: hwdb.HardwareDB
-    model: object
+    model: hwdb.ModelEntry
     stats: WorkloadStats
     layouts: list[Layout] = field(default_factory=list)
-    misfits: list[tuple[PoolChoice, float, str]] = field(default_factory=list)   # layout (1 instance), $/h per GPU, reason
+    # layout (1 instance), $/h per GPU, reason
+    misfits: list[tuple[PoolChoice, float, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     def profile(self, gpu: str):
@@ -292,7 +292,8 @@ class Colocated(Family):
     def enumerate(self, ctx: PlanContext) -> Iterator[Candidate]:
         c = ctx.req.constraints
         for sh, price, reason in ctx.misfits:
-            yield Candidate(f"colocated-{sh.tag()}-nofit", self.name, (sh,), sh.gpus * price, rejected=f"memory: {reason}")
+            yield Candidate(f"colocated-{sh.tag()}-nofit", self.name, (sh,), sh.gpus * price,
+                            rejected=f"memory: {reason}")
         for lay in ctx.layouts:
             for n in range(1, c.max_instances_per_pool + 1):
                 pools = (lay.choice("colocated", n),)

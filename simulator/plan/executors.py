@@ -12,8 +12,8 @@ import contextlib
 import os
 import signal
 import threading
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from typing import Callable
 
 
 class ExecutorError(RuntimeError):
@@ -88,7 +88,7 @@ def run_ray(fn: Callable[[dict], dict], tasks: list[dict], address: str,
     """Run ``tasks`` as Ray tasks on the cluster at ``address`` ("local" starts a local Ray instance;
     an already initialised Ray session is used as it is).  Returns True if interrupted."""
     try:
-        import ray
+        import ray  # noqa: PLC0415 - optional extra, only with --ray
     except ImportError:
         raise ExecutorError(f"--ray {address}: Ray is not installed; install the extra with "
                             "`pip install -e '.[ray]'` or run without --ray (local processes)") from None

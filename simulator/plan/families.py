@@ -10,7 +10,7 @@ exists only for workloads with images.
 from __future__ import annotations
 
 import math
-from typing import Iterator
+from collections.abc import Iterator
 
 from simulator.plan.candidates import Candidate, Colocated, Family, PlanContext, PoolChoice, PrefillDecode, gpu_ok
 from simulator.plan.request import PlanError, PlanRequest
@@ -20,7 +20,9 @@ from simulator.registry import Registry
 
 def encoder_layouts(ctx: PlanContext) -> list[tuple[str, int, float, str]]:
     """(GPU, TP, $/h per GPU, reason) for every encoder layout; reason is "" when it can run."""
-    vision = ctx.stats.images.vision
+    images = ctx.stats.images
+    assert images is not None, "encoder layouts are made for a multimodal workload"
+    vision = images.vision
     out = []
     for offer in ctx.req.gpus:
         gpu = ctx.db.gpu(offer.name)

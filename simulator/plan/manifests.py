@@ -113,7 +113,7 @@ def engine_deployment(name: str, role: str, replicas: int, image: str, command: 
                {"name": "hf-cache", "persistentVolumeClaim": {"claimName": cache_claim}}]
     spec = {"replicas": replicas, "selector": {"matchLabels": labels},
             "template": {"metadata": {"labels": labels},
-                         "spec": _pod_spec([container], opts, volumes, opts.host_network and rdma)}}
+                         "spec": _pod_spec([container], opts, volumes, bool(opts.host_network and rdma))}}
     if per_pod:
         # Pods start together (not one after the other: each takes the modelled cold start).
         spec = {"serviceName": name, "podManagementPolicy": "Parallel", **spec}

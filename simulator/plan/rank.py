@@ -138,8 +138,10 @@ def assemble(req, ctx, rows: list[dict], done: dict[str, dict], by_id: dict,
                      attainment_ci95=d["des_attainment_ci95"], goodput_capped=bool(d["des_goodput_capped"]),
                      des_runs=int(d["des_runs"]))
             if not r["meets_slo"]:
-                judged = (f"attainment {fmt.attainment(d['des_attainment'], d['des_attainment_ci95'], req.search.replications)}"
-                          f" < {fmt.percent(req.slo.attainment, 0)}" if req.slo.percentile is None else "percentiles over the targets")
+                judged = (f"attainment "
+                          f"{fmt.attainment(d['des_attainment'], d['des_attainment_ci95'], req.search.replications)}"
+                          f" < {fmt.percent(req.slo.attainment, 0)}"
+                          if req.slo.percentile is None else "percentiles over the targets")
                 r["rejected_reason"] = (f"simulated: {judged} at {req.target_rate:g} req/s; p{r['percentile']} TTFT "
                                         f"{d['des_ttft_s']:.3g} s, TPOT {d['des_tpot_s']:.3g} s")
             elif r["rejected_reason"]:
@@ -202,7 +204,8 @@ def assemble(req, ctx, rows: list[dict], done: dict[str, dict], by_id: dict,
                 "unverified: passes the screen, not simulated (raise search.verify)")
             closest = df[df["id"].isin(unseen["id"])].sort_values("cost_usd_per_hour").head(5).reset_index(drop=True)
             notes.append(f"no simulated candidate meets the SLO, but {len(unseen)} that the screen accepts were not "
-                         f"simulated; the cheapest is {closest.iloc[0]['layout']} (${closest.iloc[0]['cost_usd_per_hour']:,.2f}/h). "
+                         f"simulated; the cheapest is {closest.iloc[0]['layout']} "
+                         f"(${closest.iloc[0]['cost_usd_per_hour']:,.2f}/h). "
                          "Fix: raise search.verify (or let an interrupted plan finish) to confirm one.")
         else:
             live["slo_violation"] = [_violation(r, req.slo) for r in live.to_dict("records")]

@@ -13,11 +13,11 @@ from typing import Annotated, Literal
 from pydantic import BeforeValidator, ValidationError, field_validator, model_validator
 
 import hwdb
-from simulator.bounds import Seed, between, count
+from simulator.bounds import Range, Seed
 from simulator.errors import format_validation_error
 from simulator.inputs import Folders, StrictModel, read_yaml
 from simulator.scenario import SLO, EngineConfig, resolve_relative
-from simulator.workload import WorkloadConfig
+from simulator.workload import Gamma, Poisson, TraceArrivals, WorkloadConfig
 
 
 class PlanError(ValueError):
@@ -26,8 +26,9 @@ class PlanError(ValueError):
 
 # The planner ranks deployments by cost: a price of 0 (or 1e-300) makes every candidate cost nothing,
 # and the recommendation is arbitrary; a cent per GPU-hour is below any rented or amortised GPU.
-OfferPrice = between(0.01, 1e4, "US dollars per GPU-hour",
-                     fix="give the price of one GPU for one hour (an owned GPU: its amortised hourly cost)")
+OfferPrice = Annotated[float, Range(0.01, 1e4, "US dollars per GPU-hour",
+                                    fix="give the price of one GPU for one hour "
+                                        "(an owned GPU: its amortised hourly cost)")]
 
 
 class GpuOffer(StrictModel):
@@ -35,7 +36,8 @@ class GpuOffer(StrictModel):
 
     name: str
     price_usd_per_hour: OfferPrice | None = None
-    max_gpus: count(1, 4096, "GPUs") | None = None     # at most this many of this type in one deployment
+    # at most this many of this type in one deployment
+    max_gpus: Annotated[int, Range(1, 4096, "GPUs", whole=True)] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -46,14 +48,14 @@ class GpuOffer(StrictModel):
                          "max_gpus optional)" + (f", not {v!r}" if isinstance(v, list) else ""))
 
 
-Degree = count(1, 72, "GPUs", fix="give parallel sizes such as [1, 2, 4, 8]")
+Degree = Annotated[int, Range(1, 72, "GPUs", whole=True, fix="give parallel sizes such as [1, 2, 4, 8]")]
 
 
 class Constraints(StrictModel):
     """Limits on the deployments the planner may propose."""
 
-    max_gpus: count(1, 4096, "GPUs") = 32                   # all pools together
-    max_instances_per_pool: count(1, 512, "instances") = 16
+    max_gpus: Annotated[int, Range(1, 4096, "GPUs", whole=True)] = 32   # all pools together
+    max_instances_per_pool: Annotated[int, Range(1, 512, "instances", whole=True)] = 16
     tp: tuple[Degree, ...] = (1, 2, 4, 8)                   # tensor-parallel degrees to try
     # Attention data-parallel degrees to try (vLLM --data-parallel-size, SGLang --enable-dp-attention):
     # MoE models only, an instance is then dp x tp GPUs whose ranks step together for the MoE layers.
@@ -148,13 +150,14 @@ class SearchConfig(StrictModel):
     target rate.
     """
 
-    verify: count(0, 1000, "candidates") = 6
-    borderline: count(0, 100, "candidates") = 2
-    verify_front: count(0, 100, "candidates") = 4
-    replications: count(1, 50, "seeds") = 3
-    requests: count(50, 50_000, "requests") | None = 1000   # runs are capped at 50,000 requests (verify.py)
-    goodput_iterations: count(0, 30, "steps") = 5
-    goodput_max_factor: between(1, 100, "times the target rate", lo_open=True) = 4.0
+    verify: Annotated[int, Range(0, 1000, "candidates", whole=True)] = 6
+    borderline: Annotated[int, Range(0, 100, "candidates", whole=True)] = 2
+    verify_front: Annotated[int, Range(0, 100, "candidates", whole=True)] = 4
+    replications: Annotated[int, Range(1, 50, "seeds", whole=True)] = 3
+    # runs are capped at 50,000 requests (verify.py)
+    requests: Annotated[int, Range(50, 50_000, "requests", whole=True)] | None = 1000
+    goodput_iterations: Annotated[int, Range(0, 30, "steps", whole=True)] = 5
+    goodput_max_factor: Annotated[float, Range(1, 100, "times the target rate", lo_open=True)] = 4.0
     seed: Seed = 0
 
 
@@ -183,11 +186,11 @@ class PlanRequest(StrictModel):
 
     @model_validator(mode="after")
     def _check(self) -> PlanRequest:
-        kind = self.workload.arrival.kind
-        if kind not in ("poisson", "gamma", "trace"):
-            raise ValueError(f"workload.arrival.kind={kind!r}: the planner needs an open-loop arrival rate "
+        arrival = self.workload.arrival
+        if not isinstance(arrival, (Poisson, Gamma, TraceArrivals)):     # kinds poisson, gamma, trace
+            raise ValueError(f"workload.arrival.kind={arrival.kind!r}: the planner needs an open-loop arrival rate "
                              "(poisson, gamma, or a trace with rate) to search goodput over; use kind: poisson")
-        if kind == "trace" and self.workload.arrival.rate is None:
+        if isinstance(arrival, TraceArrivals) and arrival.rate is None:
             raise ValueError("workload.arrival: a trace needs rate (requests/s) to plan for; add rate: <target>")
         if self.slo.ttft_s is None and self.slo.tpot_s is None:
             raise ValueError("slo: give ttft_s, tpot_s or both; without a latency target every deployment "
@@ -200,7 +203,9 @@ class PlanRequest(StrictModel):
     @property
     def target_rate(self) -> float:
         """The arrival rate (requests/s) the deployment must sustain."""
-        return float(self.workload.arrival.rate)
+        arrival = self.workload.arrival
+        assert isinstance(arrival, (Poisson, Gamma, TraceArrivals)) and arrival.rate is not None, "checked by _check"
+        return float(arrival.rate)
 
     @property
     def quantile(self) -> float:

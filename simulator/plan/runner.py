@@ -18,9 +18,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
+from simulator.outputs import write_failed
 from simulator.plan.bands import band_frame, candidate_bands, edge_refusal, layout_statuses, verdict
 from simulator.plan.candidates import PRE_SCREEN, build_context, to_scenario
 from simulator.plan.executors import default_workers, interrupt_guard, run_local, run_ray
@@ -29,7 +30,6 @@ from simulator.plan.rank import PlanResult, assemble
 from simulator.plan.request import PlanError, PlanRequest
 from simulator.plan.screen import Screen
 from simulator.plan.verify import verify_task
-from simulator.outputs import write_failed
 
 Progress = Callable[[int, int, str], None]
 

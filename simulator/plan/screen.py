@@ -46,7 +46,7 @@ class Estimate:
     limit: str                 # "" when the SLO is met at the target rate, else what breaks first
 
 
-def steady_state(step, knobs, kv_tokens: int, r: float, I: float, O: float, prefill: bool,
+def steady_state(step, knobs, kv_tokens: int, r: float, I: float, O: float, prefill: bool,  # noqa: E741 - the docstring's I, O
                   e: float = 0.0) -> tuple[float, float, float, float, str]:
     """The one steady-state estimate of an instance at ``r`` requests/s (see the module docstring):
     ``(t, B, P, t_mix, limit)``: the mean step time, the decoding batch, the prompt tokens per step and
@@ -95,7 +95,8 @@ def encode_time(ctx, gpu: str, tp: int) -> float:
         return 0.0
     g = ctx.db.gpu(gpu)
     engine = ctx.db.engine("vllm-v1")
-    model = encoder_model(img.vision, g, engine, ctx.db.profile_for(g.name, engine.engine, engine.version), tp, EncoderConfig())
+    model = encoder_model(img.vision, g, engine, ctx.db.profile_for(g.name, engine.engine, engine.version), tp,
+                          EncoderConfig())
     return model.batch_time(img.lin_flops, img.attn_flops, img.patches)
 
 
@@ -137,7 +138,7 @@ class Screen:
     # A rank's step model prices the MoE layers for the whole group's tokens (ranks equally loaded).
     def _colocated_raw(self, key, r: float, inline: bool = True) -> tuple[float, float, str]:
         lay = self.layout[key]
-        k, I, O, step = lay.dep.knobs, self.I, self.O, lay.step
+        k, I, O, step = lay.dep.knobs, self.I, self.O, lay.step  # noqa: E741 - the module docstring's I, O
         e = self.enc(lay.gpu, lay.tp) if inline else 0.0       # images encoded inside this instance's steps
         if r * e >= 1.0:
             return OVERLOAD, OVERLOAD, "encoding images inside the steps saturates the instance"

@@ -11,8 +11,14 @@ from __future__ import annotations
 
 from simulator.memory import memory_fraction
 from simulator.pd.connectors import connector_strategy
-from simulator.plan.manifests import (SGLANG_BOOTSTRAP_PORT, SGLANG_PORT, VLLM_PORT, ArtefactOptions,
-                                     engine_deployment, router_objects)
+from simulator.plan.manifests import (
+    SGLANG_BOOTSTRAP_PORT,
+    SGLANG_PORT,
+    VLLM_PORT,
+    ArtefactOptions,
+    engine_deployment,
+    router_objects,
+)
 
 # fp8/fp4/int4: the checkpoint's own quantization_config decides (pre-quantised weights), as in vLLM.
 SERVE_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp8": "auto", "fp4": "auto", "int4": "auto"}
@@ -76,11 +82,13 @@ def sglang_objects(pools: list[dict], claim_doc: dict, opts: ArtefactOptions, ro
         extra = ([{"name": "bootstrap", "containerPort": SGLANG_BOOTSTRAP_PORT, "protocol": "TCP"}]
                  if p["role"] == "prefill" else [])
         image = opts.image(opts.sglang_rocm_image if p["amd"] else opts.sglang_image)
-        docs += engine_deployment(p["name"], p["role"], p["instances"], image, ["python3", "-m", "sglang.launch_server"],
-                                  p["args"], "amd.com/gpu" if p["amd"] else "nvidia.com/gpu", p["gpus"], p["probes"],
+        docs += engine_deployment(p["name"], p["role"], p["instances"], image,
+                                  ["python3", "-m", "sglang.launch_server"], p["args"],
+                                  "amd.com/gpu" if p["amd"] else "nvidia.com/gpu", p["gpus"], p["probes"],
                                   sglang_env(p["env"]), p["rdma"], opts, extra, claim_doc["metadata"]["name"],
                                   engine="sglang", port=SGLANG_PORT)
     if router_name is not None:
+        assert router_argv is not None, "the PD router comes with its arguments"
         docs += router_objects(router_name, opts.image(opts.sglang_image), ["python3", "-m", ROUTER_MODULE],
                                router_argv, [("http", VLLM_PORT)], opts)
     return docs

@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 
 import hwdb
-
 from simulator.goodput import Probe, bisect, probe, probe_meets, with_rate
 from simulator.scenario import Scenario
 

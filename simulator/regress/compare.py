@@ -47,14 +47,16 @@ class Row:
 
     @property
     def change(self) -> float | None:
-        if not all(isinstance(x, (int, float)) for x in (self.old, self.new)):
+        old, new = self.old, self.new
+        if not isinstance(old, (int, float)) or not isinstance(new, (int, float)):
             return None     # absent, non-finite, or a label
-        return self.new - self.old
+        return new - old
 
     @property
     def rel_change(self) -> float | None:
-        c = self.change
-        return None if c is None or self.old == 0 else c / abs(self.old)
+        c, old = self.change, self.old
+        # a change means both sides are numbers
+        return None if c is None or not isinstance(old, (int, float)) or old == 0 else c / abs(old)
 
     @property
     def failed(self) -> bool:
@@ -148,7 +150,7 @@ def compare(loaded: LoadedSuite, old: dict | None, new: dict[str, Figures],
 
 def rows_frame(rows: list[Row]) -> pd.DataFrame:
     """The comparison as a DataFrame (one row per figure, with change and rel_change)."""
-    import pandas as pd   # imported here: the CLI starts without pandas
+    import pandas as pd  # noqa: PLC0415 - the CLI starts without pandas
     return pd.DataFrame([asdict(r) | {"change": r.change, "rel_change": r.rel_change} for r in rows],
                         columns=["entry", "figure", "unit", "old", "new", "change", "rel_change", "tolerance",
                                  "status", "redefined"])

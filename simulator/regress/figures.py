@@ -11,8 +11,9 @@ its own seed and replications.  Units are in the name's suffix:
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -20,13 +21,20 @@ class Figure:
     """A watched figure: what it means, its unit, and how to read it from a summary dict.
 
     ``read`` takes a run summary (scenario figures) or a plan's recommended
-    record (plan figures); it is None for goodput, which the runner computes.
+    record (plan figures: a dict, or None when nothing meets the SLO); it is
+    None for goodput, which the runner computes.
     """
 
     name: str
     meaning: str
     unit: str
-    read: Callable[[dict | None], float | str] | None = None
+    read: Callable[[Any], float | str] | None = None
+
+    def value(self, record: dict | None) -> float | str:
+        """The figure read off ``record`` (see ``read``)."""
+        if self.read is None:
+            raise ValueError(f"figure {self.name} is not read off a record: the runner computes it")
+        return self.read(record)
 
 
 def _pct(metric: str, p: str) -> Callable[[dict], float]:

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import hwdb
-from simulator.regress.figures import PLAN_FIGURES, RUN_FIGURES, SCENARIO_FIGURES
-from simulator.regress.suite import GoodputConfig, LoadedSuite, RegressError, finite
 from simulator.plan import PlanRequest
+from simulator.regress.figures import PLAN_FIGURES, RUN_FIGURES, SCENARIO_FIGURES
+from simulator.regress.suite import E2EEntry, GoodputConfig, LoadedSuite, RegressError, finite
 from simulator.scenario import Scenario
 
 # figure name -> value; None for a non-finite value (no completed requests, infinite cost per token).
@@ -36,13 +36,14 @@ class Task:
     rate: float | None
     goodput: GoodputConfig | None
     figures: tuple[str, ...]
-    e2e: object = None          # simulator.regress.suite.E2EEntry
+    e2e: E2EEntry | None = None
 
 
-def _run_e2e(entry, figures: tuple[str, ...]) -> dict[str, float]:
+def _run_e2e(entry: E2EEntry, figures: tuple[str, ...]) -> dict[str, float | str]:
     """Validation errors of the entry's fixed subset of measured runs (calibration.e2e)."""
-    from calibration import e2e   # noqa: PLC0415 -- calibration sits above the simulator
-    from calibration.e2e_rows import load_rows   # noqa: PLC0415
+    from calibration import e2e  # noqa: PLC0415 - calibration sits above the simulator; loads on an e2e entry
+    from calibration.e2e_rows import load_rows  # noqa: PLC0415 - calibration sits above the simulator
+    assert entry.table is not None, "load_suite resolves the entry's table"
     rows = [r for r in load_rows(entry.table) if r.backend in entry.engines
             and (entry.split == "all" or e2e.split(r) == entry.split)][::entry.sample]
     df = e2e.predict(rows, workers=1)
@@ -55,24 +56,27 @@ def _run_e2e(entry, figures: tuple[str, ...]) -> dict[str, float]:
 def run_task(task: Task) -> dict[str, float | str]:
     """The task's figures, each averaged over its replications (plan figures: as the plan reports them)."""
     # The simulator (pandas, SimPy) is imported by the task, so `epdsim --help` starts without it.
-    from simulator.goodput import find_goodput, with_rate
-    from simulator.run import simulate
+    from simulator.goodput import find_goodput, with_rate  # noqa: PLC0415 - pandas and SimPy: not at start-up
+    from simulator.run import simulate  # noqa: PLC0415 - pandas and SimPy: not at start-up
     if task.e2e is not None:
         return _run_e2e(task.e2e, task.figures)
     if task.plan is not None:
-        from simulator.plan import run_plan
+        from simulator.plan import run_plan  # noqa: PLC0415 - pandas and SimPy: not at start-up
         rec = run_plan(task.plan, workers=1).recommended
-        return {name: PLAN_FIGURES[name].read(rec) for name in task.figures}
+        return {name: PLAN_FIGURES[name].value(rec) for name in task.figures}
+    assert task.scenario is not None, "a task without an e2e entry or a plan runs a scenario (tasks_for)"
     scn = task.scenario.model_copy(update={"seed": task.seed})
     db = hwdb.load(scn.hwdb)      # once for every run of the task, goodput probes included
-    out: dict[str, float] = {}
+    out: dict[str, float | str] = {}
     run_figs = [f for f in task.figures if f in RUN_FIGURES]
     if run_figs:
         at = with_rate(scn, task.rate) if task.rate is not None else scn
         sums = [simulate(at, r, db).summary for r in range(task.replications)]
         for name in run_figs:
-            out[name] = math.fsum(float(SCENARIO_FIGURES[name].read(s)) for s in sums) / len(sums)
+            out[name] = math.fsum(float(SCENARIO_FIGURES[name].value(s)) for s in sums) / len(sums)
     if "goodput_rps" in task.figures:
+        # the suite refuses goodput_rps without its bounds (ScenarioEntry._goodput_bounds)
+        assert task.goodput is not None, "goodput_rps is watched with goodput bounds"
         out["goodput_rps"] = find_goodput(scn, task.goodput.rate_hi, task.goodput.iterations, task.replications, db)
     return out
 
@@ -98,6 +102,7 @@ def tasks_for(loaded: LoadedSuite, extra_hwdb: tuple[str, ...] = ()) -> list[Tas
             req = e.plan.model_copy(update={"hwdb": tuple(e.plan.hwdb) + extra}) if extra else e.plan
             tasks.append(Task(e.id, None, req, 0, 0, None, None, figs))
             continue
+        assert e.scenario is not None, "an entry of kind scenario carries its scenario (load_suite)"
         scn = e.scenario.model_copy(update={"hwdb": tuple(e.scenario.hwdb) + extra}) if extra else e.scenario
         tasks += [Task(e.id, scn, None, seed, e.replications, e.rate, e.goodput, figs) for seed in e.seeds]
     return tasks
@@ -128,7 +133,7 @@ def run_suite(loaded: LoadedSuite, extra_hwdb: tuple[str, ...] = (), jobs: int |
             results = list(pool.map(run_task, tasks))
     out: dict[str, Figures] = {}
     for e in loaded.entries:
-        mine = [r for t, r in zip(tasks, results) if t.entry_id == e.id]
+        mine = [r for t, r in zip(tasks, results, strict=True) if t.entry_id == e.id]
         out[e.id] = {name: mine[0][name] if isinstance(mine[0][name], str)
-                     else finite(math.fsum(r[name] for r in mine) / len(mine)) for name in e.tolerances}
+                     else finite(math.fsum(float(r[name]) for r in mine) / len(mine)) for name in e.tolerances}
     return out

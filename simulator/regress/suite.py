@@ -14,15 +14,15 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
-from pydantic import (BaseModel, Discriminator, Field, Tag, ValidationError, field_validator,
-                      model_validator)
+from pydantic import BaseModel, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
+from simulator.errors import format_validation_error
+from simulator.errors import models_in as _models_in
+from simulator.inputs import Folders, StrictModel, read_yaml
 from simulator.plan import PlanError, PlanRequest, parse_plan_request
 from simulator.regress.figures import PLAN_FIGURES, SCENARIO_FIGURES
-from simulator.errors import format_validation_error, models_in as _models_in
-from simulator.inputs import Folders, StrictModel, read_yaml
 from simulator.scenario import Scenario, ScenarioError, parse_scenario
 
 
@@ -154,8 +154,8 @@ def _kind(v) -> str:
     return (v.get("kind", "scenario") if isinstance(v, dict) else getattr(v, "kind", "scenario")) or "scenario"
 
 
-AnyEntry = Annotated[Union[Annotated[ScenarioEntry, Tag("scenario")], Annotated[PlanEntry, Tag("plan")],
-                           Annotated[E2EEntry, Tag("e2e")]],
+AnyEntry = Annotated[Annotated[ScenarioEntry, Tag("scenario")] | Annotated[PlanEntry, Tag("plan")]
+                     | Annotated[E2EEntry, Tag("e2e")],
                      Discriminator(_kind, custom_error_type="entry_kind",
                                    custom_error_message="kind must be scenario (the default), plan or e2e")]
 
@@ -222,8 +222,10 @@ def _merge(base: dict, over: dict) -> dict:
     out = dict(base)
     for k, v in over.items():
         old = out.get(k)
-        same_kind = isinstance(old, dict) and isinstance(v, dict) and v.get("kind", old.get("kind")) == old.get("kind")
-        out[k] = _merge(old, v) if same_kind else v
+        if isinstance(old, dict) and isinstance(v, dict) and v.get("kind", old.get("kind")) == old.get("kind"):
+            out[k] = _merge(old, v)
+        else:
+            out[k] = v
     return out
 
 
@@ -241,7 +243,7 @@ def _known_keys(loc: tuple) -> list[str]:
     """The keys allowed in the mapping at pydantic location ``loc`` of a suite ([] if unsure)."""
     if loc[-2:-1] == ("figures",):
         return sorted(Tolerance.model_fields)      # figures: {name: tolerance}
-    tags = {"scenario": ScenarioEntry, "plan": PlanEntry, "e2e": E2EEntry}
+    tags: dict[str, type[BaseModel]] = {"scenario": ScenarioEntry, "plan": PlanEntry, "e2e": E2EEntry}
     model: type[BaseModel] | None = Suite
     for i, part in enumerate(loc):
         if isinstance(part, int):
@@ -317,7 +319,7 @@ def _plan_entry(path: Path, i: int, e: PlanEntry, suite: Suite) -> Entry:
 
 
 def _e2e_entry(path: Path, i: int, e: E2EEntry, suite: Suite) -> Entry:
-    from calibration.e2e_rows import DEFAULT_TABLE   # noqa: PLC0415 -- calibration sits above the simulator
+    from calibration.e2e_rows import DEFAULT_TABLE  # noqa: PLC0415 - calibration sits above the simulator
     table = Path(e.table) if e.table and Path(e.table).is_absolute() else (path.parent / e.table if e.table
                                                                            else DEFAULT_TABLE)
     if not table.is_file():
