@@ -56,7 +56,7 @@ def fit_engine(backend: str, rows, workers: int | None = None) -> tuple[dict, pd
     layers = np.array([a.num_layers for a in archs], dtype=float)
     moe = np.array([a.moe_layers for a in archs], dtype=float)
     gpus = np.array([SYSTEMS[r.system] for r in fit_rows])
-    zero = {engine: {t: 0.0 for t in TERMS} | {"layer_overhead_scale": {}}}
+    zero: dict[str, dict[str, object]] = {engine: dict.fromkeys(TERMS, 0.0) | {"layer_overhead_scale": {}}}
     base = e2e.predict(fit_rows, workers=workers, terms=zero)
     m, sim = base["tpot_s"].to_numpy(), base["tpot_pred_s"].to_numpy()
     # runs whose own figures their settings or the hardware cannot produce never fit a term
@@ -78,7 +78,7 @@ def fit_engine(backend: str, rows, workers: int | None = None) -> tuple[dict, pd
         sel = ok & (gpus == g)
         if g == ref or n < 10:
             continue
-        (sc,) = _robust(lambda p: (sim[sel] + per_layer[sel] * p[0] - m[sel]) / m[sel], [1.0], ([0.2], [5.0]))
+        (sc,) = _robust(lambda p, sel=sel: (sim[sel] + per_layer[sel] * p[0] - m[sel]) / m[sel], [1.0], ([0.2], [5.0]))
         scales[g] = round(float(sc), 3)
     terms = {engine: {"layer_overhead_s": float(x), "moe_layer_overhead_s": float(y), "frontend_s": 0.0,
                       "frontend_s_per_token": 0.0, "layer_overhead_scale": scales}}
@@ -90,7 +90,8 @@ def fit_engine(backend: str, rows, workers: int | None = None) -> tuple[dict, pd
                    ([0.0, 0.0], [1.0, 1e-4]))
     terms[engine].update(frontend_s=float(a), frontend_s_per_token=float(b))
     final = e2e.predict(fit_rows, workers=workers, terms=terms)
-    return {**terms[engine], "reference_gpu": ref}, pd.concat([base.assign(stage="before"), final.assign(stage="after")])
+    return ({**terms[engine], "reference_gpu": ref},
+            pd.concat([base.assign(stage="before"), final.assign(stage="after")]))
 
 
 ENGINE_FILES = Path(__file__).resolve().parents[1] / "hwdb" / "data" / "engines"
@@ -117,11 +118,16 @@ def yaml_lines(terms: dict, source: str) -> dict[str, str]:
     return out
 
 
+def _verbatim(text: str):
+    """A ``re.sub`` replacement that puts ``text`` in as it is (no backslash escapes)."""
+    return lambda _: text
+
+
 def write_terms(path: Path, lines: dict[str, str]) -> None:
     """Replace the fitted terms' lines of an engine file, leaving every other line as written."""
     src = path.read_text()
     for key, line in lines.items():
-        src, n = re.subn(rf"^{key}: .*$", lambda _: line, src, flags=re.M)
+        src, n = re.subn(rf"^{key}: .*$", _verbatim(line), src, flags=re.M)
         if not n:
             src = src.rstrip("\n") + "\n" + line + "\n"
     path.write_text(src)
@@ -138,9 +144,10 @@ def main(argv=None) -> int:
         terms, df = fit_engine(backend, rows, args.workers)
         n = int((df["stage"] == "after").sum())
         fams = sorted({r.model.split("/")[-1] for r in rows if r.backend == backend and e2e.split(r) == "fit"})
-        source = (f"end-to-end fit (python -m calibration.e2e_fit --engine {backend}) on {n} distinct rows of the 'fit' "
-                  f"families of ../shared/data/e2e/serving_measurements.csv ({', '.join(fams)}); per-layer terms on "
-                  f"the {terms['reference_gpu']} rows, other GPUs' scales on their own; docs/validation/e2e.md")
+        source = (f"end-to-end fit (python -m calibration.e2e_fit --engine {backend}) on {n} distinct rows of the "
+                  f"'fit' families of ../shared/data/e2e/serving_measurements.csv ({', '.join(fams)}); per-layer "
+                  f"terms on the {terms['reference_gpu']} rows, other GPUs' scales on their own; "
+                  "docs/validation/e2e.md")
         lines = yaml_lines(terms, source)
         print(f"# {ENGINES[backend]}: fitted on {n} rows of the 'fit' split (calibration/e2e_fit.py)")
         for line in lines.values():

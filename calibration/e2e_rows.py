@@ -16,7 +16,6 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-
 DEFAULT_TABLE = Path(__file__).resolve().parents[2] / "shared" / "data" / "e2e" / "serving_measurements.csv"
 
 # The table's system names and the hwdb GPU entries they are (aliases resolve the rest).
@@ -97,7 +96,7 @@ def load_rows(path: str | Path = DEFAULT_TABLE) -> list[Row]:
     source files, or under several encodings of its layout) is kept once, with ``copies`` counting the
     listings, so that no measurement weighs double in a score.  ``concurrency`` is the client's total:
     the table's ``batch_size`` is per attention data-parallel rank."""
-    import pandas as pd   # imported here: the CLI starts without pandas
+    import pandas as pd  # noqa: PLC0415 - heavy (pandas): the CLI starts without it
     try:
         df = pd.read_csv(path, dtype={"backend_version": str})
     except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError, OSError) as exc:
@@ -116,7 +115,8 @@ def load_rows(path: str | Path = DEFAULT_TABLE) -> list[Row]:
         dp = _int(r.attention_dp_size)
         row = Row(
             id=str(r.id), backend=str(r.backend), version=str(r.backend_version), model=str(r.model_path),
-            system=str(r.system), quant=str(r.gemm_quant_mode), precision=str(r.precision), isl=_int(r.isl), osl=_int(r.osl),
+            system=str(r.system), quant=str(r.gemm_quant_mode), precision=str(r.precision), isl=_int(r.isl),
+            osl=_int(r.osl),
             # batch_size is per attention data-parallel rank: the client ran batch_size x dp users (vLLM
             # MiniMax-M2.5 on B200: tp2 dp2 at 64 measures what tp2 measures at 128, 28.0 vs 27.9 ms TPOT).
             concurrency=_int(r.batch_size) * dp, tp=_int(r.tp_size), pp=_int(r.pp_size),
@@ -127,7 +127,7 @@ def load_rows(path: str | Path = DEFAULT_TABLE) -> list[Row]:
         if row.disagg:
             row = _disagg(row, r)
             # Every column but the id and the source note: the disaggregated layouts' per-side columns too.
-            key = tuple(str(v) for k, v in r._asdict().items() if k not in ("id", "silicon_data_source"))
+            key: tuple = tuple(str(v) for k, v in r._asdict().items() if k not in ("id", "silicon_data_source"))
         else:
             # The same run is also listed under other layout encodings with identical figures (SGLang
             # Qwen3.5-397B: tp4 ep4 again as tp16 with moe 4x4): the layout is not in the key, and the
@@ -148,7 +148,8 @@ def load_rows(path: str | Path = DEFAULT_TABLE) -> list[Row]:
 # vLLM scripts for B200 and H200 (SemiAnalysisAI/InferenceX benchmarks/single_node/kimik2.5_{fp4,int4}_
 # {b200,h200}.sh, March to August 2026) give `vllm serve` --tensor-parallel-size alone, so a config's
 # "ep: 4" ran its experts tensor-parallel.
-TP_ONLY_LAUNCHES = frozenset({("vllm", "moonshotai/Kimi-K2.5", "b200_sxm"), ("vllm", "moonshotai/Kimi-K2.5", "h200_sxm")})
+TP_ONLY_LAUNCHES = frozenset({("vllm", "moonshotai/Kimi-K2.5", "b200_sxm"),
+                              ("vllm", "moonshotai/Kimi-K2.5", "h200_sxm")})
 
 
 def as_launched(row: Row) -> Row:
@@ -227,16 +228,16 @@ def why_not(row: Row, db) -> str:
         return f"engine {row.backend} not modelled"
     try:
         db.engine(ENGINES[row.backend])
-    except Exception:
+    except Exception:  # noqa: BLE001 - whatever the hwdb raises for an engine it lacks, the row is reported, not fatal
         return f"engine {row.backend} has no profile in hwdb"
     if row.quant not in QUANT and row.precision not in QUANT:
         return f"weight format {row.quant} not modelled"
     try:
         arch = db.model(row.model).arch
-    except Exception:
+    except Exception:  # noqa: BLE001 - whatever the hwdb raises for a model it lacks, the row is reported, not fatal
         return f"model {row.model.split('/')[-1]} not in hwdb"
     gpu = db.gpu(SYSTEMS[row.system])
-    for where, (_, tp, dp, moe_tp, moe_ep) in (zip((" (prefill)", " (decode)"), row.sides) if row.disagg
+    for where, (_, tp, dp, moe_tp, moe_ep) in (zip((" (prefill)", " (decode)"), row.sides, strict=True) if row.disagg
                                                 else [("", (1, row.tp, row.dp, row.moe_tp, row.moe_ep))]):
         why = _layout_why(tp, dp, moe_tp, moe_ep, arch, gpu, where)
         if why:
@@ -360,7 +361,7 @@ def _pd_scenario(row: Row, db, dtype: str, kv: str, n: int, client: dict, range_
     gpu = db.gpu(SYSTEMS[row.system])
     moe = db.model(row.model).arch.is_moe
     pools, total = [], 0
-    for role, (workers, tp, dp, _, moe_ep) in zip(("prefill", "decode"), row.sides):
+    for role, (workers, tp, dp, _, moe_ep) in zip(("prefill", "decode"), row.sides, strict=True):
         pools.append({"name": role, "role": role, "gpu": SYSTEMS[row.system], "tp": tp, "dp": dp,
                       "ep": moe_ep if moe else 1, "instances": workers, "dtype": dtype, "kv_cache_dtype": kv,
                       "engine": engine_of(row)})

@@ -36,6 +36,8 @@ KV_BYTES = {"bfloat16": 2.0, "fp8": 1.0}
 NOT_SERVED = {("sglang", "flash_attention", "fp8"): (
     "fp8 KV rows of flash_attention (FA3) left out: SGLang's attention-backend support matrix lists FA3's MLA with "
     "an fp8 KV cache for page size 1 only, and these rows decode 3-4x slower than its bf16 ones")}
+# The quality of the solver's trial curves, which are built only to be timed (the fitted curve gets its own).
+UNSCORED = FitQuality(n_points=0, median_abs_rel_error=0.0, p90_abs_rel_error=0.0)
 
 
 def _quality(pred, y, held) -> FitQuality:
@@ -51,7 +53,8 @@ def _sig(x) -> list[float]:
 
 
 def fit_context(rows: pd.DataFrame, peak: float) -> MlaContext:
-    """One KV dtype's context curve (x: fixed in us, seq_s and seq_head_s in ns, max_eff, half_len, half_rows in thousands)."""
+    """One KV dtype's context curve (x: fixed in us, seq_s and seq_head_s in ns, max_eff, half_len, half_rows in
+    thousands)."""
     g = rows.groupby(["batch_size", "isl", "num_heads"], as_index=False).latency.median()
     b, s, n = (g[c].to_numpy(float) for c in ("batch_size", "isl", "num_heads"))
     y = g.latency.to_numpy(float) * 1e-3
@@ -59,7 +62,8 @@ def fit_context(rows: pd.DataFrame, peak: float) -> MlaContext:
 
     def model(x, sel=slice(None)):
         return MlaContext.model_construct(fixed_s=x[0] * 1e-6, seq_s=x[1] * 1e-9, seq_head_s=x[2] * 1e-9,
-                                          max_eff=x[3], half_len=x[4], half_rows=x[5] * 1e3).time(
+                                          max_eff=x[3], half_len=x[4], half_rows=x[5] * 1e3,
+                                          quality=UNSCORED).time(
             b[sel], s[sel], n[sel], D_QK, D_V, peak)
 
     r = least_squares(lambda x: np.log(model(x, ~held) / y[~held]), [10.0, 10.0, 10.0, 0.5, 1000.0, 10.0],
@@ -81,8 +85,8 @@ def fit_generation(rows: pd.DataFrame, kv: str, peak: float, bw: float) -> MlaGe
 
     def model(x, sel=slice(None)):
         return MlaGeneration.model_construct(fixed_s=x[0] * 1e-6, seq_head_s=x[1] * 1e-9, mem_eff=x[2],
-                                             comp_eff=x[3]).time(b[sel], ctx[sel], n[sel], D_C, D_R,
-                                                                 KV_BYTES[kv], peak, bw)
+                                             comp_eff=x[3], quality=UNSCORED).time(b[sel], ctx[sel], n[sel], D_C,
+                                                                                   D_R, KV_BYTES[kv], peak, bw)
 
     r = least_squares(lambda x: np.log(model(x, ~held) / y[~held]), [10.0, 1.0, 0.7, 0.5],
                       bounds=([0.0, 0.0, 0.05, 0.01], [1e3, 1e4, 1.5, 2.0]), loss="soft_l1", f_scale=0.1)
@@ -116,7 +120,8 @@ def fit_system(root: Path, system: str, engine: str, db=None) -> MlaCurve | None
                     source=(f"aiconfigurator_0.12.0/data/{system}/mla/{engine}/{version}/{{context,generation}}_mla_perf"
                             f".parquet (aiconfigurator-core 0.12.0, github ai-dynamo/aiconfigurator, Apache-2.0); "
                             f"least squares (soft_l1 on log latency) by calibration/mla_fit.py on every head count but "
-                            f"{', '.join(map(str, HELD_HEADS))}; peaks and bandwidth of hwdb/data/gpus; " + "; ".join(notes + left)),
+                            f"{', '.join(map(str, HELD_HEADS))}; peaks and bandwidth of hwdb/data/gpus; "
+                            + "; ".join(notes + left)),
                     context=context, generation=generation,
                     indexer=indexer, indexer_source=indexer_source)
 

@@ -11,7 +11,8 @@ An :class:`MlaCurve` holds, per KV-cache dtype, the attention kernel's time for 
 
     context (b prompts of s tokens, W = b s n query rows over all heads):
         fixed_s + seq_head_s * b n
-        + max(seq_s * s,  2 (d_qk + d_v) n b s (s + 1) / 2 / (P_bf16 * max_eff * s / (s + half_len) * W / (W + half_rows)))
+        + max(seq_s * s,
+              2 (d_qk + d_v) n b s (s + 1) / 2 / (P_bf16 * max_eff * s / (s + half_len) * W / (W + half_rows)))
     generation (b sequences with C cached tokens in all):
         fixed_s + seq_head_s * b n
         + max(C (d_c + d_r) kv_bytes / (BW * mem_eff),  2 C n (2 d_c + d_r) / (P_bf16 * comp_eff))
@@ -28,16 +29,19 @@ projections, its scores over the cache and its top-k; it is replicated on every 
 difference does not change with TP).  Fitted by :mod:`calibration.dsa_fit`.
 
 The context's ``seq_s`` term is a lone prompt's longest row block, which runs alone when a few heads leave
-most of the GPU idle; its ``seq_head_s`` the set-up of each sequence and head, which many short prompts pay.  ``P_bf16`` and ``BW`` are the GPU's (hwdb/data/gpus).  Fitted on the measured tables (DeepSeek-V3's
-dimensions) by :mod:`calibration.mla_fit`; each phase's ``quality`` holds its error on held-out head counts.
+most of the GPU idle; its ``seq_head_s`` the set-up of each sequence and head, which many short prompts pay.
+``P_bf16`` and ``BW`` are the GPU's (hwdb/data/gpus).  Fitted on the measured tables (DeepSeek-V3's dimensions)
+by :mod:`calibration.mla_fit`; each phase's ``quality`` holds its error on held-out head counts.
 """
 from __future__ import annotations
+
+from typing import Annotated
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from hwdb.profiles import FitQuality
-from simulator.bounds import between
+from simulator.bounds import Range
 
 KV_DTYPES = {"bf16": "bfloat16", "fp8": "fp8"}      # epdsim kv dtype -> the tables' name
 
@@ -45,12 +49,12 @@ KV_DTYPES = {"bf16": "bfloat16", "fp8": "fp8"}      # epdsim kv dtype -> the tab
 class MlaContext(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    fixed_s: between(0, 1e-2, "s", fix="give the fitted fixed cost per layer")
-    seq_s: between(0, 1e-5, "s per prompt token", fix="give the fitted cost")
-    seq_head_s: between(0, 1e-5, "s per prompt and head", fix="give the fitted cost")
-    max_eff: between(0, 2, "of the bf16 peak", lo_open=True, fix="give the fitted peak fraction")
-    half_len: between(0, 1e7, "tokens of a prompt", fix="give the fitted ramp")
-    half_rows: between(0, 1e9, "query rows x heads", fix="give the fitted ramp")
+    fixed_s: Annotated[float, Range(0, 1e-2, "s", fix="give the fitted fixed cost per layer")]
+    seq_s: Annotated[float, Range(0, 1e-5, "s per prompt token", fix="give the fitted cost")]
+    seq_head_s: Annotated[float, Range(0, 1e-5, "s per prompt and head", fix="give the fitted cost")]
+    max_eff: Annotated[float, Range(0, 2, "of the bf16 peak", lo_open=True, fix="give the fitted peak fraction")]
+    half_len: Annotated[float, Range(0, 1e7, "tokens of a prompt", fix="give the fitted ramp")]
+    half_rows: Annotated[float, Range(0, 1e9, "query rows x heads", fix="give the fitted ramp")]
     quality: FitQuality
 
     def time(self, b, s, heads, d_qk: int, d_v: int, peak_bf16: float):
@@ -63,10 +67,10 @@ class MlaContext(BaseModel):
 class MlaGeneration(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    fixed_s: between(0, 1e-2, "s", fix="give the fitted fixed cost per layer")
-    seq_head_s: between(0, 1e-5, "s per sequence and head", fix="give the fitted cost")
-    mem_eff: between(0, 1.5, "of the HBM bandwidth", lo_open=True, fix="give the fitted fraction")
-    comp_eff: between(0, 2, "of the bf16 peak", lo_open=True, fix="give the fitted fraction")
+    fixed_s: Annotated[float, Range(0, 1e-2, "s", fix="give the fitted fixed cost per layer")]
+    seq_head_s: Annotated[float, Range(0, 1e-5, "s per sequence and head", fix="give the fitted cost")]
+    mem_eff: Annotated[float, Range(0, 1.5, "of the HBM bandwidth", lo_open=True, fix="give the fitted fraction")]
+    comp_eff: Annotated[float, Range(0, 2, "of the bf16 peak", lo_open=True, fix="give the fitted fraction")]
     quality: FitQuality
 
     def time(self, b, ctx_total, heads, d_c: int, d_r: int, kv_bytes: float, peak_bf16: float, bw: float):
@@ -78,9 +82,9 @@ class MlaGeneration(BaseModel):
 class MlaIndexer(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    fixed_s: between(0, 1e-2, "s", fix="give the fitted fixed cost per layer")
-    seq_s: between(0, 1e-5, "s per decoding sequence", fix="give the fitted cost")
-    ctx_s: between(0, 1e-8, "s per cached token", fix="give the fitted cost")
+    fixed_s: Annotated[float, Range(0, 1e-2, "s", fix="give the fitted fixed cost per layer")]
+    seq_s: Annotated[float, Range(0, 1e-5, "s per decoding sequence", fix="give the fitted cost")]
+    ctx_s: Annotated[float, Range(0, 1e-8, "s per cached token", fix="give the fitted cost")]
     quality: FitQuality
 
     def time(self, b, ctx_total):

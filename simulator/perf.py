@@ -19,20 +19,27 @@ the batch size: the engine passes aggregates, never per-request lists.
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
 from dataclasses import dataclass
+from typing import cast
 
+from hwdb.engine_schema import EngineMemory, EngineProfile
 from hwdb.gdn import GdnCurve
 from hwdb.mla import MlaCurve
 from hwdb.models import ModelArch
 from hwdb.moe import MoeCurve
 from hwdb.profiles import Profile
-from hwdb.engine_schema import EngineProfile
-from hwdb.schema import GPU, EfficiencyCurve, Link
+from hwdb.schema import GPU, Link
 from simulator.linear_groups import Group, linear_groups, stored_weight_bytes
-from simulator.memory import (FitError, MemoryPlan, budget, kv_bytes_per_token, memory_fraction,  # noqa: F401
-                              linear_state_pool, sglang_max_running)
-from simulator.stepmodel import StepModel, interp_linear, regime   # noqa: F401 -- re-exported: one import path
+from simulator.memory import (
+    FitError,
+    MemoryPlan,
+    budget,
+    kv_bytes_per_token,
+    linear_state_pool,
+    memory_fraction,
+    sglang_max_running,
+)
+from simulator.stepmodel import StepModel, interp_linear, regime  # noqa: F401 -- re-exported: one import path
 
 GiB = 2 ** 30
 
@@ -173,14 +180,16 @@ def plan_memory(dep: Deployment) -> MemoryPlan:
         if k.num_gpu_blocks_override > blocks:
             raise FitError(
                 f"engine.num_gpu_blocks_override={k.num_gpu_blocks_override} blocks of {k.block_size} tokens need "
-                f"{k.num_gpu_blocks_override * k.block_size * kvpt / 1e9:,.1f} GB per GPU, but {max(kv, 0) / 1e9:.1f} GB "
-                f"is left for the KV cache on {dep.gpu.name} (at most {blocks} blocks); lower it or drop it")
+                f"{k.num_gpu_blocks_override * k.block_size * kvpt / 1e9:,.1f} GB per GPU, but "
+                f"{max(kv, 0) / 1e9:.1f} GB is left for the KV cache on {dep.gpu.name} (at most {blocks} blocks); "
+                "lower it or drop it")
         blocks = k.num_gpu_blocks_override
     running = sglang_max_running(blocks * k.block_size, k.max_model_len, state_cap) if derives else 0
     plan = MemoryPlan(gpu_bytes, usable, wbytes, activation, runtime, kv, kvpt, blocks, k.block_size,
                       running, f"{rule} (fraction {fraction:.3f})", state, slots)
     # vLLM refuses to start; SGLang and TensorRT-LLM shorten the longest request they accept instead.
-    if k.max_model_len and plan.kv_tokens < k.max_model_len and dep.engine.memory.policy == "vllm":
+    mem = cast(EngineMemory, dep.engine.memory)     # not None: budget() refuses an engine without one
+    if k.max_model_len and plan.kv_tokens < k.max_model_len and mem.policy == "vllm":
         raise FitError(
             f"{a.name} on {dep.gpus}x {dep.gpu.name} (TP={dep.tp}): the KV cache holds {plan.kv_tokens} tokens, "
             f"fewer than max_model_len={k.max_model_len}; set engine.max_model_len <= {plan.kv_tokens}, "

@@ -2,23 +2,31 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
 
 import pandas as pd
 
 from simulator.confidence import assess
 from simulator.engine.engine import PoolSpec
 from simulator.engine.frontend import FrontEnd, add_stream
-from simulator.epd.epd import EPDError, prepare as prepare_epd
-from simulator.epd.epd_flow import add_columns, encoder_summary
 from simulator.engine.opsresults import ops_summary
 from simulator.engine.opsrun import run_operations
+from simulator.engine.results import Results, links_frame, requests_frame, steps_frame, summarize
+from simulator.epd.epd import EPDError
+from simulator.epd.epd import prepare as prepare_epd
+from simulator.epd.epd_flow import add_columns, encoder_summary
 from simulator.errors import WorkloadError
 from simulator.pd.pd import crossover_bandwidth
-from simulator.engine.results import Results, links_frame, requests_frame, steps_frame, summarize
 from simulator.scenario import ResolvedPool, ResolvedScenario, Scenario, ScenarioError, resolve
 from simulator.serving_summary import offered_load
 from simulator.traces import TraceError
 from simulator.workload import generate
+
+if TYPE_CHECKING:
+    from simulator.engine.engine import PoolRun, Recorder
+    from simulator.engine.opsengine import OpsRun
+    from simulator.epd.epd import EPDSetup
+    from simulator.pd.pd import TransferPlan
 
 
 def pool_spec(r: ResolvedPool) -> PoolSpec:
@@ -45,7 +53,9 @@ def front_end(dep, instances: int = 1) -> FrontEnd:
     harness = prof is not None and (prof.model is not None or prof.step_overhead_s is not None)
     if harness and eng.name != prof.name:
         return FrontEnd()
-    val = lambda f: f.value if f is not None else 0.0  # noqa: E731
+
+    def val(f) -> float:
+        return f.value if f is not None else 0.0
     return FrontEnd(val(eng.frontend_s), val(eng.frontend_s_per_token), val(eng.frontend_serial_s_per_token),
                     max(int(instances), 1), val(eng.frontend_stream_s_per_output),
                     val(eng.frontend_stream_s_per_chunk), val(eng.frontend_stream_s_per_request))
@@ -56,13 +66,13 @@ class _Run:
     """One resolved and run scenario, before its summary: what :func:`simulate` reports on."""
 
     resolved: ResolvedScenario
-    epd: object                  # simulator.epd.epd.EPDSetup of a multimodal run, else None
-    plan: object                 # the PD transfer plan, else None
+    epd: EPDSetup | None         # a multimodal run's, else None
+    plan: TransferPlan | None    # the PD transfer plan, else None
     front: ResolvedPool          # the colocated or prefill pool
     back: ResolvedPool | None    # the decode pool (PD)
-    ops: object                  # the operations run, None without an operations block
-    run: object                  # simulator.engine.engine.PoolRun
-    recorder: object             # simulator.engine.engine.Recorder
+    ops: OpsRun | None           # the operations run, None without an operations block
+    run: PoolRun
+    recorder: Recorder
     requests: pd.DataFrame
     steps: pd.DataFrame | None   # None when the step log was not kept
     notes: tuple[str, ...]       # what the workload generator adjusted (trace rows sorted, outputs clamped)
@@ -83,10 +93,11 @@ def _run(scn: Scenario, replication: int, db, step_log: bool = True, watch=None)
     except EPDError as exc:
         raise ScenarioError(str(exc)) from None
     plan = rs.transfer
+    # The scenario's pool roles are checked (Scenario._pool_layout): the front pool is there.
     if scn.is_pd:
-        front, back = rs.role("prefill"), rs.role("decode")
+        front, back = cast(ResolvedPool, rs.role("prefill")), rs.role("decode")
     else:
-        front, back = rs.role("colocated"), None
+        front, back = cast(ResolvedPool, rs.role("colocated")), None
     closed = reqs.client if reqs.is_closed_loop else None
     # A run without operations is an operations run whose lifecycle never fires; its requests table
     # has no failures, retries or discarded tokens to show.
@@ -149,13 +160,14 @@ def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:
         summary["kv_bytes_moved"] = run.coordinator.bytes_moved
         summary["links"] = run.coordinator.fabric.link_stats()
         mean_prompt = max(1, int(round(float(req_df["input_tokens"].mean()))))
-        summary["crossover"] = crossover_bandwidth(front.step, plan.kv_bytes_per_token, mean_prompt,
+        kv_per_token = cast("TransferPlan", plan).kv_bytes_per_token     # a PD run has its transfer plan
+        summary["crossover"] = crossover_bandwidth(front.step, kv_per_token, mean_prompt,
                                                    front.dep.knobs.max_num_batched_tokens)
     if run.epd is not None:
         summary["encoder"] = encoder_summary(run.epd, summary["duration_s"])
     pool, dep, mem = front.pool, front.dep, front.memory
     k = dep.knobs
-    info = {
+    info: dict[str, Any] = {
         "model": model.name,
         "gpu": dep.gpu.name,
         "tp": dep.tp, "pp": dep.pp, "instances": pool.instances,

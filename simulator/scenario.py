@@ -8,27 +8,27 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
 from pydantic import Field, ValidationError, model_validator
 
 import hwdb
 from hwdb.mla import KV_DTYPES
-from simulator.bounds import MAX_SECONDS, MAX_TOKENS, Fraction, Seed, between, count
+from simulator.bounds import MAX_SECONDS, MAX_TOKENS, Fraction, Range, Seed
+from simulator.engine_rules import engine_running_cap, vllm_batch_defaults, weight_only_refusal
 from simulator.epd.epd_config import EmbeddingTransferConfig, EncoderConfig
-from simulator.pd.pd import TransferConfigError, TransferPlan, build_transfer_plan
-from simulator.pd.flows import FLOWS
-from simulator.pd.pd_config import KVTransferConfig
 from simulator.errors import format_validation_error
 from simulator.inputs import Folders, StrictModel, read_yaml
-from simulator.perf import Deployment, EngineKnobs, FitError, MemoryPlan, StepModel, plan_memory
-from simulator.step_build import build_step_model
+from simulator.kv_rule import resolve_kv_dtype
 from simulator.ops.opsconfig import OperationsConfig, check_against_pools
 from simulator.ops.opsstart import StartTimes, StartupError, start_times
-from simulator.engine_rules import engine_running_cap, vllm_batch_defaults, weight_only_refusal
-from simulator.kv_rule import resolve_kv_dtype
+from simulator.pd.flows import FLOWS
+from simulator.pd.pd import TransferConfigError, TransferPlan, build_transfer_plan
+from simulator.pd.pd_config import KVTransferConfig
+from simulator.perf import Deployment, EngineKnobs, FitError, MemoryPlan, StepModel, plan_memory
 from simulator.routing import ROUTERS
+from simulator.step_build import build_step_model
 from simulator.workload import WorkloadConfig
 
 
@@ -43,8 +43,8 @@ class EngineConfig(StrictModel):
     # The engine release (e.g. "0.19.0"); None: the engine profile's own version.  Release-dependent
     # behaviour follows it (what kv_cache_dtype: auto means).
     version: str | None = Field(default=None, min_length=1, max_length=40, pattern=r"^[0-9][0-9A-Za-z.+-]*$")
-    max_num_seqs: count(1, 1_000_000, "sequences") | None = None
-    max_num_batched_tokens: count(1, MAX_TOKENS, "tokens") | None = None
+    max_num_seqs: Annotated[int, Range(1, 1_000_000, "sequences", whole=True)] | None = None
+    max_num_batched_tokens: Annotated[int, Range(1, MAX_TOKENS, "tokens", whole=True)] | None = None
     block_size: Literal[1, 8, 16, 32, 64, 128] = 16
     # vLLM's gpu_memory_utilization, SGLang's mem_fraction_static, TensorRT-LLM's free_gpu_memory_fraction;
     # None: the engine release's default (vLLM 0.9, 0.92 from 0.20; SGLang's own rule; TensorRT-LLM 0.9).
@@ -52,11 +52,12 @@ class EngineConfig(StrictModel):
     enable_chunked_prefill: bool | None = None     # None: the engine's default
     enable_prefix_caching: bool | None = None
     enforce_eager: bool = False
-    max_cudagraph_capture_size: count(1, 1_000_000, "sequences") | None = None
-    max_model_len: count(16, 10**8, "tokens") | None = None
-    num_gpu_blocks_override: count(1, 10**12, "blocks") | None = None   # vLLM's override of the profiled KV blocks
+    max_cudagraph_capture_size: Annotated[int, Range(1, 1_000_000, "sequences", whole=True)] | None = None
+    max_model_len: Annotated[int, Range(16, 10**8, "tokens", whole=True)] | None = None
+    # vLLM's override of the profiled KV blocks
+    num_gpu_blocks_override: Annotated[int, Range(1, 10**12, "blocks", whole=True)] | None = None
     # SGLang's --scheduler-recv-interval: a busy scheduler reads new requests every N decode steps (docs/scenario.md)
-    scheduler_recv_interval: count(1, 100_000, "steps") | None = None
+    scheduler_recv_interval: Annotated[int, Range(1, 100_000, "steps", whole=True)] | None = None
 
 
 class PoolConfig(StrictModel):
@@ -66,14 +67,14 @@ class PoolConfig(StrictModel):
     role: Literal["colocated", "prefill", "decode", "encoder"] = "colocated"   # a key of simulator.roles.ROLES
     model: str | None = None
     gpu: str
-    tp: count(1, 72, "GPUs") = 1
-    pp: count(1, 64, "stages") = 1
+    tp: Annotated[int, Range(1, 72, "GPUs", whole=True)] = 1
+    pp: Annotated[int, Range(1, 64, "stages", whole=True)] = 1
     # Attention data parallelism (vLLM --data-parallel-size, SGLang --enable-dp-attention --dp-size): an
     # instance is dp ranks of tp x pp GPUs, each its own scheduler and KV cache, whose MoE layers run
     # together over all the instance's GPUs; ep: expert parallelism over them (1: experts TP-sharded).
-    dp: count(1, 256, "ranks") = 1
-    ep: count(1, 1024, "ranks") = 1
-    instances: count(1, 4096, "instances") = 1
+    dp: Annotated[int, Range(1, 256, "ranks", whole=True)] = 1
+    ep: Annotated[int, Range(1, 1024, "ranks", whole=True)] = 1
+    instances: Annotated[int, Range(1, 4096, "instances", whole=True)] = 1
     dtype: Literal["bf16", "fp16", "fp8", "fp4", "int4"] = "bf16"   # fp4: NVFP4/MXFP4; int4: W4A16
     kv_cache_dtype: Literal["auto", "bf16", "fp16", "fp8"] = "auto"
     engine: EngineConfig = EngineConfig()
@@ -90,7 +91,7 @@ class PoolConfig(StrictModel):
         return self
 
 
-Target = between(0, 1e6, "s", lo_open=True, fix="give the latency target in seconds (200 ms = 0.2)")
+Target = Annotated[float, Range(0, 1e6, "s", lo_open=True, fix="give the latency target in seconds (200 ms = 0.2)")]
 
 
 class SLO(StrictModel):
@@ -101,11 +102,13 @@ class SLO(StrictModel):
     attainment: Fraction = 0.9
     # Goodput criterion: None counts requests meeting both targets (attainment); a percentile
     # (e.g. 99) instead requires that percentile of TTFT and of TPOT to meet them (EPD papers).
-    percentile: between(0, 100, "percent", lo_open=True, fix="give a percentile such as 99") | None = None
+    percentile: Annotated[float, Range(0, 100, "percent", lo_open=True,
+                                       fix="give a percentile such as 99")] | None = None
 
 
 class SimulationConfig(StrictModel):
-    max_time_s: between(0, MAX_SECONDS, "s", lo_open=True, fix="give seconds of simulated time") | None = None
+    max_time_s: Annotated[float, Range(0, MAX_SECONDS, "s", lo_open=True,
+                                       fix="give seconds of simulated time")] | None = None
 
 
 class Scenario(StrictModel):
@@ -242,7 +245,8 @@ def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB
     seqs, tokens = vllm_batch_defaults(gpu)
     e = pool.engine
     if (recv := e.scheduler_recv_interval or 1) > 1 and (engine.engine != "sglang" or pool.dp > 1):
-        why = f"SGLang's flag, not {engine.name}'s" if engine.engine != "sglang" else "not modelled with data parallelism"
+        why = (f"SGLang's flag, not {engine.name}'s" if engine.engine != "sglang"
+               else "not modelled with data parallelism")
         raise ScenarioError(f"pools[{pool.name}].engine.scheduler_recv_interval={recv}: {why}; remove it or set 1")
     chunked = engine.default_chunked_prefill if e.enable_chunked_prefill is None else e.enable_chunked_prefill
     max_len = e.max_model_len or arch.max_position_embeddings or 8192
@@ -258,10 +262,8 @@ def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB
                             f"({max_tokens}) must be >= max_model_len ({max_len}); raise it or lower max_model_len")
     knobs = EngineKnobs(
         max_num_seqs=max_seqs, max_num_batched_tokens=max_tokens, block_size=e.block_size,
-        gpu_memory_utilization=e.gpu_memory_utilization, enable_chunked_prefill=chunked,
-        enforce_eager=e.enforce_eager,
-        max_cudagraph_capture_size=(e.max_cudagraph_capture_size or engine.max_capture_size
-                                    or min(2 * max_seqs, 512)),
+        gpu_memory_utilization=e.gpu_memory_utilization, enable_chunked_prefill=chunked, enforce_eager=e.enforce_eager,
+        max_cudagraph_capture_size=e.max_cudagraph_capture_size or engine.max_capture_size or min(2 * max_seqs, 512),
         max_model_len=max_len, num_gpu_blocks_override=e.num_gpu_blocks_override or 0,
         prefix_caching=engine.default_prefix_caching if e.enable_prefix_caching is None else e.enable_prefix_caching,
         recv_interval=recv)
@@ -270,18 +272,17 @@ def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB
     # says, where it has one (gpt-oss: vLLM's Hopper MXFP4 layout and kernel).
     side = "int4" if pool.dtype == "fp4" and "fp4" not in gpu.peak_flops and "int4" in model.sidecar.quant_bytes \
         else pool.dtype
-    kept = model.sidecar.bf16_modules.get(side)
-    qbytes = model.sidecar.quant_bytes.get(side)
+    kept = model.sidecar.bf16_modules[side] if side in model.sidecar.bf16_modules else None
+    qbytes = model.sidecar.quant_bytes[side] if side in model.sidecar.quant_bytes else None
     scale_out = None
     if pool.tp * pool.dp * pool.pp > gpu.gpus_per_node and pool.ep > 1:
         try:
-            scale_out = db.link(gpu.scale_out_link)
+            scale_out = db.link(gpu.scale_out_link or "")    # none named: "unknown link ''"
         except hwdb.HwdbError as exc:
             raise ScenarioError(f"pools[{pool.name}]: experts span {pool.tp * pool.dp * pool.pp} GPUs, more than a "
                                 f"{gpu.name} node: {exc}") from None
-    dep = Deployment(arch=arch, gpu=gpu, intra_link=link, engine=engine, knobs=knobs, tp=pool.tp,
-                     pp=pool.pp, dp=pool.dp, ep=pool.ep, scale_out_link=scale_out,
-                     weight_dtype=pool.dtype, kv_dtype=kv,
+    dep = Deployment(arch=arch, gpu=gpu, intra_link=link, engine=engine, knobs=knobs, tp=pool.tp, pp=pool.pp,
+                     dp=pool.dp, ep=pool.ep, scale_out_link=scale_out, weight_dtype=pool.dtype, kv_dtype=kv,
                      profile=db.profile_for(gpu.name, engine.engine, engine.version, model.name),
                      bf16_modules=frozenset(kept.modules) if kept else frozenset(),
                      quant_bytes=qbytes.value if qbytes else None, kv_note=kv_note, version=e.version)
@@ -296,7 +297,7 @@ def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB
         dep = dataclasses.replace(dep, mla_curve=mla, mla_source=mla_source)
     if not arch.is_moe:
         return dep
-    choice = model.sidecar.moe_kernel.get(side)
+    choice = model.sidecar.moe_kernel[side] if side in model.sidecar.moe_kernel else None
     if choice is not None:
         dep = dataclasses.replace(dep, moe_kernel=choice.format)
     curve, source = db.moe_curve(gpu.name, engine.engine, dep.moe_format, pool.ep)
@@ -328,7 +329,7 @@ class ResolvedScenario:
     the KV transfer plan of a PD scenario and the seed its random streams spawn from."""
 
     db: hwdb.HardwareDB
-    model: object
+    model: hwdb.ModelEntry
     pools: tuple[ResolvedPool, ...]
     seed: int
     transfer: TransferPlan | None = None     # PD only: bytes per token and the path model
@@ -344,7 +345,6 @@ class ResolvedScenario:
 
 def resolve(scn: Scenario, db: hwdb.HardwareDB | None = None) -> ResolvedScenario:
     """Load hardware data, check that every pool fits and, with operations, model its start-ups.
-
     ``db``: an already loaded ``hwdb.load(scn.hwdb)`` to reuse (callers that run many scenarios)."""
     try:
         db = db if db is not None else hwdb.load(scn.hwdb)
@@ -397,4 +397,4 @@ def rng_streams(seed: int, replication: int = 0) -> dict[str, np.random.Generato
     # New purposes go last: a child's stream depends only on its index, so the others stay the same.
     purposes = ("arrivals", "lengths", "faults", "routing", "images", "clients", "transfer")
     children = np.random.SeedSequence([seed, replication]).spawn(len(purposes))
-    return {p: np.random.default_rng(c) for p, c in zip(purposes, children)}
+    return {p: np.random.default_rng(c) for p, c in zip(purposes, children, strict=True)}

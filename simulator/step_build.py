@@ -18,12 +18,14 @@ operations whatever the batch.  Sources of each term:
 from __future__ import annotations
 
 import math
+from typing import cast
 
 from hwdb.gdn import HEAD_ELEMS
 from hwdb.mla import KV_DTYPES
 from hwdb.moe import FORMATS
 from hwdb.schema import EfficiencyCurve
 from simulator.gemm_shapes import linear_kernels, rank_gemm_groups
+from simulator.linear_groups import Group
 from simulator.perf import Deployment, kv_bytes_per_token
 from simulator.stepmodel import StepModel
 
@@ -34,9 +36,9 @@ def _allreduce_tables(dep: Deployment) -> dict:
     """StepModel fields of the measured all-reduce for this TP size, or {} (the link model applies)."""
     curve = dep.profile.allreduce if dep.profile is not None else None
     graph = curve.table(dep.tp, graph=True) if curve is not None and dep.tp > 1 else None
-    if graph is None:
+    if curve is None or graph is None:
         return {}
-    eager = curve.table(dep.tp, graph=False)
+    eager = curve.table(dep.tp, graph=False) or graph     # never None here: it falls back to the graph table
     return {"ar_sizes": graph[0], "ar_graph": _monotone(graph[1]), "ar_eager": _monotone(eager[1])}
 
 
@@ -139,10 +141,10 @@ def moe_exchange(dep: Deployment) -> dict:
         return {}
     g = dep.gpus
     node = dep.gpu.gpus_per_node
-    off = 0.0 if g <= node or dep.scale_out_link is None else (g - node) / (g - 1)
     intra, inter = dep.intra_link, dep.scale_out_link
+    off = 0.0 if g <= node or inter is None else (g - node) / (g - 1)
     bw_in = intra.effective_Bps
-    lat = intra.latency_s.value if off == 0.0 else max(intra.latency_s.value, inter.latency_s.value)
+    lat = intra.latency_s.value if off == 0.0 or inter is None else max(intra.latency_s.value, inter.latency_s.value)
     row = a.hidden_size * ACT_BYTES
     if dep.ep > 1:
         per_token = 2.0 * a.experts_per_token * row * (dep.ep - 1) / dep.ep / dep.tp
@@ -150,7 +152,7 @@ def moe_exchange(dep: Deployment) -> dict:
     else:
         per_token = 2.0 * (g - 1) / g * dep.dp * row
     t_in = (1.0 - off) / bw_in
-    t_out = off / inter.effective_Bps if off else 0.0
+    t_out = off / inter.effective_Bps if off and inter is not None else 0.0
     return {"moe_comm_s_per_token": per_token * max(t_in, t_out), "moe_comm_lat_s": lat}
 
 
@@ -251,6 +253,7 @@ def build_step_model(dep: Deployment) -> StepModel:
         comp_a += coef
         comp_b += coef * curve.half
         parts.append((grp.name, grp.compute_dtype, coef, curve.half))
+    lm = cast(Group, lm)                   # every model has an LM head (simulator.linear_groups)
     lm_curve = compute_curve(dep, lm.compute_dtype, [])
     lm_coef = 2.0 * lm.per_token / dep.tp / (g.flops(lm.compute_dtype) * lm_curve.max_eff)
     eng = dep.engine

@@ -37,7 +37,7 @@ def open_loop(env, rec, seen: list[float] | None, admit, gate: list | None = Non
     instances which run ahead of SimPy (:data:`simulator.engine.engine.RUN_AHEAD`) stop there."""
     arrival = rec.arrival
     timeout = env.timeout
-    order = range(len(arrival))
+    order: range | list[int] = range(len(arrival))
     if seen is None:
         seen = arrival
     else:

@@ -8,10 +8,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from simulator.engine.frontend import FrontEnd
 from simulator.engine.instance import Instance
 from simulator.engine.outcome import Outcome
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from simpy.events import Event
+
+    from hwdb.engine_schema import AdmissionRule
+    from simulator.epd.epd_flow import EPDCoordinator
+    from simulator.memory import MemoryPlan
+    from simulator.pd.pd_proxy import PDCoordinator
+    from simulator.stepmodel import StepModel
 
 PENDING = Outcome.PENDING
 # Colocated open-loop instances of a static pool step ahead of SimPy up to the next dispatch (see
@@ -52,9 +64,9 @@ class Recorder:
         self.attempt = [0] * n                 # bumped at every crash: stale transfer completions ignore it
         self.reason = [""] * n
         self.resume_gaps: list[float] = []
-        self.waiters: dict[int, object] | None = None
+        self.waiters: dict[int, Event] | None = None
         self.ended = 0
-        self.all_ended = None                # a SimPy event, set by the run
+        self.all_ended: Event | None = None  # set by the run
         self.retries = [0] * n
         self.discarded = [0] * n             # tokens streamed by attempts the client threw away
         self.carried = [0] * n               # tokens a re-prefilled continuation had already produced
@@ -66,7 +78,8 @@ class Recorder:
         self.resumed_from = [nan] * n        # crash time a re-prefilled request resumes from
         self.sent_at = [nan] * n             # when the gateway took this attempt (arrival or re-send)
         self.finalized = False
-        self.watch = None                    # callback(rid, outcome, now) at every end (simulator.goodput.VerdictWatch)
+        # callback(rid, outcome, now) at every end (simulator.goodput.VerdictWatch)
+        self.watch: Callable[[int, Outcome, float], None] | None = None
 
     def _end(self, rid: int, outcome: Outcome, now: float, reason: str | None = None,
              generated: int | None = None, wake: bool = True) -> None:
@@ -148,8 +161,8 @@ class PoolSpec:
 
     name: str
     instances: int
-    step_model: object
-    memory: object
+    step_model: StepModel
+    memory: MemoryPlan
     max_num_seqs: int
     max_num_batched_tokens: int
     chunked_prefill: bool
@@ -159,7 +172,7 @@ class PoolSpec:
     prefix_caching: bool = True
     frontend: FrontEnd = FrontEnd()     # the API server: a delay on the way in, a queue on the way out
     dp: int = 1                         # ranks per lock-stepped data-parallel instance (instances counts ranks)
-    admission: object = None            # hwdb AdmissionRule: KV kept free for running requests (None: vLLM's none)
+    admission: AdmissionRule | None = None   # KV kept free for running requests (None: vLLM's none)
     dp_context_wait: int | None = None  # attention DP: steps a rank holds prompts back to prefill with the others
     recv_interval: int = 1              # SGLang's scheduler_recv_interval: decode steps between takes of new requests
 
@@ -171,8 +184,8 @@ class PoolRun:
     recorder: Recorder
     instances: list[Instance]
     end_time: float
-    coordinator: object = None
-    epd: object = None            # simulator.epd.epd_flow.EPDCoordinator of a multimodal run
+    coordinator: PDCoordinator | None = None
+    epd: EPDCoordinator | None = None   # the EPD proxy of a multimodal run
 
 
 def refusal(front: PoolSpec, back: PoolSpec | None, inp: int, out: int) -> str:

@@ -87,7 +87,7 @@ def seen_times(arrival: list[float], prompt: list[int], fe: FrontEnd) -> list[fl
     if not fe.has_way_in:
         return None
     way = WayIn(fe)
-    return [way.seen(a, p) for a, p in zip(arrival, prompt)]
+    return [way.seen(a, p) for a, p in zip(arrival, prompt, strict=True)]
 
 
 def api_server(ready: np.ndarray, owner: np.ndarray, fe: FrontEnd) -> np.ndarray:

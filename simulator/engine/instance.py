@@ -11,8 +11,10 @@ the step log holds one row; per-request work happens only at admission, prefill 
 from __future__ import annotations
 
 import heapq
+from typing import cast
 
-from simulator.engine.instance_state import InstanceState, TimedLog
+from simulator.engine.instance_state import Callback, InstanceState, TimedLog
+from simulator.engine.steplog import LogRow
 from simulator.step_closures import step_functions
 
 # Shortcuts that leave results unchanged: steps that end before any other event advance the clock inline
@@ -35,13 +37,12 @@ class Instance(InstanceState):
         gaps = rec.resume_gaps if self.gate is None and not lazy else TimedLog(self.gap_log, env)
         waiting, steps, block = self.waiting, self.steps, self.block
         log = steps is not None            # None: a run that builds no step table (simulate_requests)
-        log_row = steps.add if log else None
+        log_row = cast(LogRow, steps.add if steps is not None else None)   # called only if log
         step_time, decode_time = step_functions(self.model)
-        budget_max, max_seqs, chunked = self.budget, self.max_seqs, self.chunked
-        kv_total = self.kv_total
+        budget_max, max_seqs, chunked, kv_total = self.budget, self.max_seqs, self.chunked, self.kv_total
         heappush, heappop = heapq.heappush, heapq.heappop
         remote, ready, receiving = self.remote, self.ready, self.receiving
-        is_prefill = self.role.hands_off
+        is_prefill, hand_off = self.role.hands_off, cast(Callback, self.hand_off)   # set by the PD proxy
         prefix, reserve = self.prefix, self.reserve
         new_dec: list[int] = []            # decode role: requests whose first token this step makes
 
@@ -53,10 +54,9 @@ class Instance(InstanceState):
         cnt = [0] * block                  # decodes needing a new block at step s: cnt[s % block]
         last_tok = self.last_tok
         self._live = (order, prefill, dec_start)   # read by decode_contexts() and crash()
-        n_dec = 0
+        n_dec = kv_used = s = 0
         sum_l = 0                          # sum over decodes of KV length before this step
-        kv_used = 0
-        s = 0
+        pf: list | None                    # a prefill's [done, target, generated_before]; None: not requeued
         now = env.now
 
         def preempt_newest(s: int, now: float, allocated: bool) -> tuple[int, bool]:
@@ -374,7 +374,7 @@ class Instance(InstanceState):
                     self.outstanding -= 1
                     self.held[rid] = -(-pf[1] // block)
                     rec.t_prefilled[rid] = now
-                    self.hand_off(self, rid, now)
+                    hand_off(self, rid, now)
                     continue
                 g = pf[2] + 1                     # tokens generated after this prefill
                 if t_first[rid] != t_first[rid]:  # NaN: first token of this request

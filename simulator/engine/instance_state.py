@@ -8,12 +8,25 @@ from __future__ import annotations
 import heapq
 import math
 from collections import OrderedDict, deque
+from collections.abc import Callable, Generator
+from typing import TYPE_CHECKING, Any, cast
 
 from simpy.events import NORMAL, Event
 
 from simulator.engine.steplog import StepLog
 from simulator.perf import MemoryPlan, StepModel
 from simulator.roles import ROLES
+
+if TYPE_CHECKING:
+    from simpy.core import Environment
+    from simpy.events import Process
+
+    from simulator.engine.admission import Reservation
+    from simulator.engine.dp_group import DPGroup
+
+# The PD proxy's callbacks, (instance, rid, now); the running requests' state (Instance.run).
+Callback = Callable[["InstanceState", int, float], None]
+Live = tuple[dict[int, None], dict[int, list], dict[int, tuple]]
 
 
 class TimedLog:
@@ -65,29 +78,28 @@ class InstanceState:
         # next reads its socket (Instance.run moves them to ``waiting``); 1: straight to ``waiting``.
         self.recv_every = 1
         self.inbox: deque[int] = deque()
-        self.outstanding = 0
-        self.kv_used = 0
-        self.n_running = 0
+        self.outstanding = self.kv_used = self.n_running = 0
         self.queued_kv = 0                     # KV blocks that queued requests (waiting, remote) claim when admitted
         self._queued: dict[int, int] = {}      # rid -> its share of queued_kv
-        self.wake = None
+        self.wake: Event | None = None
         self.steps: StepLog | None = StepLog()   # the step log (None: not kept)
         self._requeue: dict[int, list] = {}   # preempted rid -> [0, recompute target, generated]
-        self.hand_off = None                   # prefill role: callback(instance, rid, now)
-        self.start_transfer = None             # decode role: callback(instance, rid, now)
+        self.hand_off: Callback | None = None  # prefill role: callback(instance, rid, now)
+        self.start_transfer: Callback | None = None   # decode role: callback(instance, rid, now)
         self.held: dict[int, int] = {}         # prefill role: rid -> KV blocks held for a transfer
         self.remote: deque[int] = deque()      # decode role: requests waiting for KV blocks
         self.receiving: set[int] = set()       # decode role: blocks allocated, KV in flight
         self.ready: deque[int] = deque()       # decode role: KV arrived, not yet decoding
         self._freed = 0                        # blocks released from outside the process
-        self.encode_cost = None                # multimodal: callback(instance, rid, now) -> encoder seconds
+        # multimodal: callback(instance, rid, now) -> encoder seconds
+        self.encode_cost: Callable[[InstanceState, int, float], float] | None = None
         self.last_tok: dict[int, float] = {}   # preempted rid -> time of its last token
         # Admission reserve (simulator/engine/admission.py; None: none, as vLLM) and the running requests'
         # prompt + output tokens, summed (what their KV grows to).
-        self.reserve = None
+        self.reserve: Reservation | None = None
         self.final_tokens = 0
-        self._live = None                      # (running order, prefills, decodes) once run() starts
-        self.group = None                      # attention data parallel: the instance's DPGroup, this rank's index
+        self._live: Live | None = None         # (running order, prefills, decodes) once run() starts
+        self.group: DPGroup | None = None      # attention data parallel: the instance's DPGroup, this rank's index
         self.rank = 0
         # Run-ahead (simulator/engine/engine.py): a one-element list holding the time of the next event that
         # can look at or change this instance (the next arrival), shared by the pool's instances; the
@@ -103,9 +115,9 @@ class InstanceState:
         self.paused: float | None = None
         self.limit = -math.inf
         self.driving = False
-        self.hold = None
-        self._env = None
-        self._gen = None
+        self.hold: Event | None = None
+        self._env: Environment | None = None   # set by start(), with the process's generator
+        self._gen: Generator[Event, Any, None] | None = None
         # Prefix cache (vLLM automatic prefix caching), active when requests carry block hashes:
         # an LRU of hash ids, each covering ``hash_block_tokens`` prompt tokens, with room for as
         # many such blocks as the KV cache holds.
@@ -116,14 +128,13 @@ class InstanceState:
         # Lifecycle under operations (simulator/engine/opsengine.py): the billing record (opsrecord.Life), the
         # SimPy process once started, and whether the instance has died (crash, removal) or is draining.
         self.life = life
-        self.proc = None
-        self.dead = False
-        self.draining = False
+        self.proc: Process | None = None
+        self.dead = self.draining = False
         self.backoff_s = 10.0                  # restart back-off after its next crash
 
     def prefix_hits(self, rid: int) -> int:
         """Number of leading hash blocks of ``rid``'s prompt in this instance's cache (no LRU update)."""
-        cache = self.prefix
+        cache = cast(OrderedDict, self.prefix)     # the prefix methods are called only with a cache
         n = 0
         for h in self.rec.hash_ids[rid]:
             if h not in cache:
@@ -133,7 +144,7 @@ class InstanceState:
 
     def cached_prefix(self, rid: int, target: int) -> int:
         """Prompt tokens of ``rid`` served from the prefix cache (a whole number of KV blocks)."""
-        cache = self.prefix
+        cache = cast(OrderedDict, self.prefix)
         n = 0
         for h in self.rec.hash_ids[rid]:
             if h not in cache:
@@ -145,7 +156,7 @@ class InstanceState:
 
     def remember_prefix(self, rid: int) -> None:
         """Insert ``rid``'s prompt blocks into the cache, evicting least recently used ones."""
-        cache = self.prefix
+        cache = cast(OrderedDict, self.prefix)
         for h in self.rec.hash_ids[rid]:
             cache[h] = None
             cache.move_to_end(h)
@@ -156,7 +167,7 @@ class InstanceState:
         if self.paused is not None:
             # Lazy, mid-step: its process now resumes at that step's end, as a SimPy timeout would have.
             t, self.paused = self.paused, None
-            ev, env = self.hold, self._env
+            ev, env = cast(Event, self.hold), cast("Environment", self._env)   # a paused process waits on hold
             ev._ok, ev._value = True, None
             heapq.heappush(env._queue, (t, NORMAL, next(env._eid), ev))
             return
@@ -181,19 +192,19 @@ class InstanceState:
         """The event the process waits on (lazy): while :meth:`catch_up` drives it, the one SimPy
         already resumes it on; else a new one."""
         if not self.driving:
-            self.hold = Event(self._env)
-        return self.hold
+            self.hold = Event(cast("Environment", self._env))   # set by start(), which runs this process
+        return cast(Event, self.hold)
 
     def catch_up(self, t: float) -> None:
         """Lazy: run the steps owed that end before ``t`` (the current time of whoever is about to
         look at this instance or hand it a request), stopping in the step in progress at ``t``."""
         if self.paused is None or self.paused >= t:
             return
-        env = self._env
+        env = cast("Environment", self._env)   # a paused instance was started
         now = env._now
         self.limit, self.driving = t, True
         try:
-            ev = self._gen.send(None)
+            ev = cast("Generator[Event, Any, None]", self._gen).send(None)
         finally:
             self.limit, self.driving = -math.inf, False
             env._now = now
@@ -242,6 +253,7 @@ class InstanceState:
         blocks while the running batch starves for them, or the batch can preempt itself empty with
         nothing left to run.  Returns the blocks allocated (at most ``free``)."""
         remote, receiving, ready, inp = self.remote, self.receiving, self.ready, self.rec.input_tokens
+        start_transfer = cast(Callback, self.start_transfer)   # the PD proxy set it (decode role)
         used = 0
         while remote and running + len(receiving) + len(ready) < self.max_seqs:
             rid = remote[0]
@@ -252,7 +264,7 @@ class InstanceState:
             self.unqueue(rid)
             used += grow
             receiving.add(rid)
-            self.start_transfer(self, rid, now)
+            start_transfer(self, rid, now)
         return used
 
     def submit(self, rid: int) -> None:
@@ -279,11 +291,15 @@ class InstanceState:
         """KV length (prompt plus tokens so far) of each decoding sequence, at the current step."""
         if self._live is None:
             return
-        s = len(self.steps)
+        s = len(cast(StepLog, self.steps))    # kept: an operations run keeps its step log
         for sd, ld, _ in self._live[2].values():
             yield ld + s - sd
 
     # ---- lifecycle under operations ------------------------------------------------------------
+    def run(self, env: Environment) -> Generator[Event, Any, None]:
+        """The SimPy process that steps the instance: :class:`simulator.engine.instance.Instance`'s."""
+        raise NotImplementedError
+
     def start(self, env):
         """Start the instance's SimPy process (:meth:`run`); returns it."""
         self._env = env
@@ -294,7 +310,7 @@ class InstanceState:
     def stop(self) -> None:
         """Mark the instance dead and end its process (what it held is not touched: see :meth:`crash`)."""
         self.dead = True
-        self.proc.interrupt()
+        cast("Process", self.proc).interrupt()
 
     def expire(self, stale) -> list[int]:
         """Take the waiting requests for which ``stale(rid)`` holds (never a preempted one) out of the
@@ -342,7 +358,7 @@ class InstanceState:
         affected: list[tuple[int, int]] = []
         lost = 0
         order, prefill, dec_start = self._live if self._live is not None else ({}, {}, {})
-        s = len(self.steps)
+        s = len(cast(StepLog, self.steps))    # kept: an operations run keeps its step log
         for rid in order:
             if rid in dec_start:
                 sd, ld, g0 = dec_start[rid]
@@ -353,8 +369,8 @@ class InstanceState:
                 affected.append((rid, pf[2]))
                 lost += pf[0]
         for rid in (*self.waiting, *self.inbox):
-            pf = self._requeue.get(rid)
-            affected.append((rid, pf[2] if pf is not None else 0))
+            rq = self._requeue.get(rid)
+            affected.append((rid, rq[2] if rq is not None else 0))
         held = list(self.held)
         for rid in held:                       # prefill role: KV kept for a pull that will not come
             lost += inp[rid]

@@ -25,27 +25,28 @@ keeps the first token of the first attempt and the wait is an ITL gap.
 """
 from __future__ import annotations
 
+import gc
 import math
 from bisect import bisect_left
 from collections import deque
-
-import gc
+from typing import cast
 
 import simpy
 
 from simulator.engine import engine
-from simulator.ops import faults as flt
 from simulator.engine.arrivals import start_workload
-from simulator.ops.autoscale import POLICIES, Observation, PoolContext, autoscaler
 from simulator.engine.engine import PoolRun, Recorder, refusal
-from simulator.epd.epd_flow import EPDCoordinator
 from simulator.engine.instance import Instance
 from simulator.engine.opscrash import collect_and_clear
 from simulator.engine.opsencoder import EncoderPool
-from simulator.engine.opsrecord import Life
 from simulator.engine.opspool import OpsPool
+from simulator.engine.opsrecord import Life
+from simulator.epd.epd_flow import EPDCoordinator
+from simulator.ops import faults as flt
+from simulator.ops.autoscale import POLICIES, Observation, PoolContext, autoscaler
 from simulator.pd.pd_proxy import PDCoordinator
 from simulator.roles import ROLES
+
 
 class OpsRun:
     """One simulation, with or without operations; :meth:`run` returns a :class:`PoolRun`."""
@@ -66,11 +67,12 @@ class OpsRun:
         self.arrived: list[float] = []
         self.sum_in = self.sum_out = 0
         self.limbo: deque[int] = deque()
-        self.coord = None
-        self.epd = None                       # simulator.epd.epd_flow.EPDCoordinator of a multimodal run
+        self.coord: PDCoordinator | None = None
+        self.epd: EPDCoordinator | None = None   # the EPD proxy of a multimodal run
         self.encoder_lives: list[Life] = []   # billing records of the encoder tier's instances
         self.encoder_pool: EncoderPool | None = None   # an autoscaled encoder tier
-        self.front = self.back = None
+        self.front: OpsPool                   # the colocated or prefill pool (set by run()) and the decode pool
+        self.back: OpsPool | None = None
         self.fp8: dict = {}
         self.coord_rng = None                 # the KV fabric's jitter stream (as in the plain engine)
         self.client_rng = None                # closed-loop client delays (the scenario's "clients" stream)
@@ -155,7 +157,7 @@ class OpsRun:
         if inst.dead:
             return
         now = self.env.now
-        pool = self.front if inst.pool == self.front.spec.name else self.back
+        pool = cast(OpsPool, self.front if inst.pool == self.front.spec.name else self.back)   # back: PD's decode
         if inst in pool.active:
             pool.active.remove(inst)
         affected, lost = collect_and_clear(self, pool, inst)
@@ -229,17 +231,17 @@ class OpsRun:
             pool.start_initial()
         enc_gpus = epd.encoder_pool.tp if epd is not None and epd.encoder_pool is not None else 0
         for enc in self.epd.encoders if self.epd is not None else ():
-            enc.life = Life(enc.pool, enc.index, enc_gpus, "initial", 0.0, ready_s=0.0)
-            self.encoder_lives.append(enc.life)
+            enc.life = life = Life(enc.pool, enc.index, enc_gpus, "initial", 0.0, ready_s=0.0)
+            self.encoder_lives.append(life)
             env.process(enc.run(env))
         if self.coord is not None and cfg.faults.link_degradation is not None:
             self.coord.degrade(cfg.faults.link_degradation, self.rng, self.link_log)
         for name, acfg in cfg.autoscale.items():
             if self.epd is not None and name == epd.encoder_pool.name:
-                enc = self.encoder_pool = EncoderPool(env, self.epd, self.starts_for[front_spec.name], self.events,
-                                                      self.encoder_lives, enc_gpus)
+                tier = self.encoder_pool = EncoderPool(env, self.epd, self.starts_for[front_spec.name], self.events,
+                                                       self.encoder_lives, enc_gpus)
                 policy = POLICIES[acfg.policy](acfg, None)
-                env.process(autoscaler(env, enc, acfg, policy, lambda p=enc, c=acfg: p.observe(c)))
+                env.process(autoscaler(env, tier, acfg, policy, lambda p=tier, c=acfg: p.observe(c)))
                 continue
             pool = next(p for p in pools if p.spec.name == name)
             policy = POLICIES[acfg.policy](acfg, contexts[name])
@@ -267,7 +269,7 @@ class OpsRun:
         # (instance_state.py, catch_up).
         lazy = (engine.RUN_AHEAD and static and self.coord is not None and epd is None and closed_loop is None
                 and back_spec.dp == 1)
-        if lazy:
+        if lazy and self.coord is not None and self.back is not None:   # lazy: a PD run
             self.coord.lazy = True
             for inst in self.back.all:
                 inst.lazy = True
@@ -290,8 +292,9 @@ class OpsRun:
             if collecting:
                 gc.enable()
         end = env.now
-        ahead = self.front.all if gate is not None else self.back.all if lazy else []
-        for inst in self.back.all if lazy else ():
+        caught = self.back.all if lazy and self.back is not None else []
+        ahead = self.front.all if gate is not None else caught
+        for inst in caught:
             inst.catch_up(limit)           # the steps it owes, up to the time limit
         if ahead:
             # Instances that ran ahead past the last event, or stepped lazily: the run ends with the last
@@ -322,7 +325,7 @@ class OpsRun:
             yield env.timeout(period)
             cut = env.now - timeout
 
-            def stale(rid):
+            def stale(rid, cut=cut):
                 return rec.sent_at[rid] <= cut and rec.t_sched[rid] != rec.t_sched[rid] and not rec.carried[rid]
             for inst in self.front.all:
                 if inst.dead:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import simpy
 
-from simulator.engine.dp_group import DPGroup
 from simulator.engine.admission import Reservation
+from simulator.engine.dp_group import DPGroup
 from simulator.engine.instance import Instance
 from simulator.engine.opsrecord import Life
 from simulator.routing import make_router
@@ -77,7 +77,7 @@ class OpsPool:
 
     def launch(self, cause: str, delay_s: float | None, billed_s: float, backoff_s: float = 10.0) -> dict:
         """Start an incarnation that serves ``delay_s`` from now (never, if None)."""
-        tok = {"cancelled": False}
+        tok: dict[str, object] = {"cancelled": False}
         self.starting.append(tok)
         inst = self.make(cause, billed_s)
         inst.backoff_s = backoff_s

@@ -24,7 +24,6 @@ import numpy as np
 import pandas as pd
 
 
-
 def _per_token_gpu_s(inst) -> float:
     steps = inst.steps
     if not steps:

@@ -1,4 +1,5 @@
-"""Set up and run the engine (static or with operations) for a resolved scenario (called by :func:`simulator.run.simulate`)."""
+"""Set up and run the engine (static or with operations) for a resolved scenario (called by
+:func:`simulator.run.simulate`)."""
 from __future__ import annotations
 
 from simulator.engine.engine import Recorder

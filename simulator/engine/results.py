@@ -10,15 +10,21 @@ plus the gaps of preempted requests (the time to re-prefill them).
 from __future__ import annotations
 
 import json
-from itertools import chain
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import pandas as pd
+import yaml
 
 from simulator.engine.engine import PoolRun
 from simulator.engine.outcome import LABELS, STATIC_OUTCOMES
+from simulator.engine.steplog import StepLog
+
+if TYPE_CHECKING:
+    from simulator.scenario import Scenario
 
 PCTS = (50, 90, 99)
 
@@ -90,9 +96,10 @@ STEP_COLUMNS = ["start_s", "duration_s", "decode_tokens", "prefill_tokens", "fir
 def steps_frame(run: PoolRun) -> pd.DataFrame:
     """One row per engine step of every instance, in instance order and step order within each."""
     insts = run.instances
-    counts = np.array([len(inst.steps) for inst in insts], dtype=np.int64)
+    logs = cast("list[StepLog]", [inst.steps for inst in insts])   # a run without a step log builds no table
+    counts = np.array([len(log) for log in logs], dtype=np.int64)
     # One array over every instance's flat log: no per-instance frame to concatenate.
-    arr = np.fromiter(chain.from_iterable(inst.steps.flat for inst in insts), dtype=np.float64,
+    arr = np.fromiter(chain.from_iterable(log.flat for log in logs), dtype=np.float64,
                       count=int(counts.sum()) * len(STEP_COLUMNS)).reshape(-1, len(STEP_COLUMNS))
     data = {"pool": np.repeat(np.array([inst.pool for inst in insts], dtype=object), counts),
             "instance": np.repeat(np.array([inst.index for inst in insts], dtype=np.int64), counts),
@@ -110,7 +117,7 @@ def _pcts(x: np.ndarray) -> dict[str, float]:
     if len(x) == 0:
         return {f"p{p}": float("nan") for p in PCTS} | {"mean": float("nan")}
     vals = np.percentile(x, PCTS)
-    return {f"p{p}": float(v) for p, v in zip(PCTS, vals)} | {"mean": float(x.mean())}
+    return {f"p{p}": float(v) for p, v in zip(PCTS, vals, strict=True)} | {"mean": float(x.mean())}
 
 
 def summarize(req: pd.DataFrame, steps: pd.DataFrame, resume_gaps: list[float], *, gpus: int,
@@ -132,7 +139,7 @@ def summarize(req: pd.DataFrame, steps: pd.DataFrame, resume_gaps: list[float], 
     gaps = np.asarray(resume_gaps, dtype=float)
     itl_vals = np.concatenate([dur, gaps])
     itl_w = np.concatenate([dec, np.ones_like(gaps)])
-    itl = dict(zip([f"p{p}" for p in PCTS], weighted_percentiles(itl_vals, itl_w)))
+    itl = dict(zip([f"p{p}" for p in PCTS], weighted_percentiles(itl_vals, itl_w), strict=True))
     itl["mean"] = float((itl_vals * itl_w).sum() / itl_w.sum()) if itl_w.sum() else float("nan")
     ok = np.ones(len(req), dtype=bool) & (req["outcome"] == "completed").to_numpy()
     if ttft_slo is not None:
@@ -166,8 +173,9 @@ def summarize(req: pd.DataFrame, steps: pd.DataFrame, resume_gaps: list[float], 
         "max_kv_occupancy": float(steps["kv_occupancy"].max()) if len(steps) else 0.0,
         "slo_attainment": float(ok.mean()) if n else float("nan"),
         "ttft_breakdown_mean_s": {c.removesuffix("_s"): float(np.nanmean(done[c])) if done[c].notna().any() else 0.0
-                                  for c in ("frontend_s", "encode_queue_s", "encode_s", "embedding_transfer_s", "queue_s",
-                                            "prefill_s", "transfer_wait_s", "transfer_s", "decode_admission_s")
+                                  for c in ("frontend_s", "encode_queue_s", "encode_s", "embedding_transfer_s",
+                                            "queue_s", "prefill_s", "transfer_wait_s", "transfer_s",
+                                            "decode_admission_s")
                                   if c in done},
         "pools": _pool_stats(steps),
         "gpus": gpus,
@@ -205,8 +213,8 @@ def write_csv(df: pd.DataFrame, path: Path) -> None:
     Values read back equal to pandas' output; the text differs in form only: floats in shortest
     round-trip form without a forced ``.0`` (``0`` for 0.0, ``1.445e+11``), booleans ``true``/``false``,
     and strings quoted only when a value holds a comma, quote or line break."""
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
+    import pyarrow as pa  # noqa: PLC0415 - heavy (pyarrow): loaded only to write a CSV
+    import pyarrow.csv as pacsv  # noqa: PLC0415 - heavy (pyarrow): loaded only to write a CSV
     table = pa.Table.from_pandas(df, preserve_index=False)
     with open(path, "wb") as f:
         # pyarrow quotes the header; pandas' plain header keeps the files easy to read.
@@ -224,7 +232,7 @@ def write_csv(df: pd.DataFrame, path: Path) -> None:
 class Results:
     """A finished run: DataFrames, the summary and what produced them."""
 
-    scenario: object
+    scenario: Scenario
     requests: pd.DataFrame
     steps: pd.DataFrame
     summary: dict
@@ -252,6 +260,5 @@ class Results:
         paths.append(out / "summary.json")
         paths[-1].write_text(json.dumps({"summary": self.summary, "info": self.info}, indent=2, sort_keys=True))
         paths.append(out / "scenario.yaml")
-        import yaml
         paths[-1].write_text(yaml.safe_dump(self.scenario.model_dump(mode="json"), sort_keys=False))
         return paths

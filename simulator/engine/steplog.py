@@ -9,7 +9,10 @@ table is built by one ``numpy.fromiter`` over the lists (docs/performance.md has
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 NCOL = 9
+LogRow = Callable[[tuple], None]    # StepLog.add: logs one step's nine entries
 
 
 class StepLog:
@@ -20,14 +23,14 @@ class StepLog:
 
     def __init__(self) -> None:
         self.flat: list = []
-        self.add = self.flat.extend
+        self.add: LogRow = self.flat.extend
 
     def __len__(self) -> int:
         return len(self.flat) // NCOL
 
     def __iter__(self):
         it = iter(self.flat)
-        return zip(*[it] * NCOL)
+        return zip(*[it] * NCOL, strict=True)
 
     def column(self, j: int) -> list:
         """Column ``j`` (0 = start, 1 = duration, ...) as a list, in step order."""

@@ -24,10 +24,14 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from hwdb.schema import EfficiencyCurve
+
+if TYPE_CHECKING:
+    from simulator.engine.opsrecord import Life
 
 DEFAULT_TP_EFFICIENCY: dict[int, float] = {1: 1.0, 2: 0.625, 4: 0.33, 8: 0.146}
 """Fraction of linear TP speed-up a vision encoder reaches.  4 and 8 follow the ratios of the SGLang EPD
@@ -150,7 +154,7 @@ class EncoderInstance:
         self.on_done = on_done
         self.queue: deque[int] = deque()
         self.outstanding = 0
-        self.life = None        # its billing record (simulator.engine.opsrecord.Life) in an operations run
+        self.life: Life | None = None        # its billing record in an operations run
         self.busy_s = 0.0
         self.images_encoded = 0
         self.steps: list[tuple[float, float, int, int]] = []   # (start, duration, images, tokens)

@@ -16,6 +16,7 @@ prefill pool, image limits), adds each request's visual tokens to its prompt
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
@@ -231,7 +232,7 @@ def draw_images(wl, n: int, rng) -> Images:
     return generate_images(wl.images, n, rng, counts)
 
 
-def prepare(scn, db: hwdb.HardwareDB, model: hwdb.ModelEntry, pools: list, reqs, rng):
+def prepare(scn, db: hwdb.HardwareDB, model: hwdb.ModelEntry, pools: Sequence, reqs, rng):
     """Check a multimodal scenario and build its :class:`EPDSetup` (None for a text-only, encoder-less run).
 
     ``pools``: the resolved language-model pools (:class:`simulator.scenario.ResolvedPool`).
