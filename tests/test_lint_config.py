@@ -44,10 +44,18 @@ def test_the_test_extra_installs_both_tools(pyproject):
     assert {"ruff", "mypy"} <= names
 
 
-def test_ci_lint_is_an_executable_script_running_the_three_checks():
+def test_ci_lint_is_an_executable_script_running_lint_and_types():
     assert LINT.is_file()
     assert os.access(LINT, os.X_OK)
     text = LINT.read_text()
     assert text.startswith("#!/usr/bin/env bash")
-    for check in ('ruff" check', 'ruff" format --check', 'mypy"'):
+    for check in ('ruff" check', 'mypy"'):
         assert check in text, f".ci/lint does not run {check}"
+    # the formatter is opt-in, with its reason stated
+    assert 'ruff" format --check' in text and "--format" in text and "400-line" in text
+
+
+def test_ci_run_fails_on_a_lint_or_type_error():
+    run = (REPO / ".ci" / "run").read_text()
+    assert "set -euo pipefail" in run
+    assert "bash .ci/lint" in run.split(".venv/bin/python -m pytest")[0], ".ci/run must lint before the tests"
