@@ -4,10 +4,15 @@ Times are in seconds in the data and shown in milliseconds where that reads bett
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pandas as pd
 import plotly.graph_objects as go
 
 from app.services import opsviews, views
+
+if TYPE_CHECKING:
+    from simulator.engine.results import Results
 
 LABELS = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2e": "E2E"}
 # Streamlit's categorical chart colours (light theme), so that a report's series look as on the page.
@@ -257,12 +262,12 @@ GROUPS = {"Latency CDFs": ("cdf_ttft", "cdf_tpot", "cdf_itl", "cdf_e2e"),
           "Operations": ("instances", "failures", "cost")}   # only for runs with operations (autoscaling, faults)
 
 
-def groups(res) -> list[str]:
+def groups(res: Results) -> list[str]:
     """The chart groups a run has: Operations only for a run with operations."""
     return [g for g in GROUPS if g != "Operations" or "operations" in res.summary]
 
 
-def results_figures(name: str, res, slo_ttft: float | None, slo_tpot: float | None,
+def results_figures(name: str, res: Results, slo_ttft: float | None, slo_tpot: float | None,
                     which: tuple[str, ...] | None = None, log: bool = False,
                     prices=None) -> dict[str, go.Figure]:
     """The charts of one run keyed by a short id (all of its :func:`groups`, or only ``which``); ``log``: log

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import yaml
@@ -24,6 +25,10 @@ from simulator import fmt
 from simulator.confidence import band_caption, describe, error_bands, with_band
 from simulator.plan.bands import verdict as band_verdict
 from simulator.serving_summary import slo_text
+
+if TYPE_CHECKING:
+    from simulator.engine.results import Results
+    from simulator.summary_types import LatencyKey
 
 STYLE = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px} "
          "table{border-collapse:collapse;margin:1em 0} td,th{border:1px solid #ccc;padding:3px 9px;text-align:right} "
@@ -59,13 +64,15 @@ def _scenario_yaml(scn) -> str:
     return portable_yaml(scn.model_dump(mode="json"))
 
 
-def summary_rows(res, prices: Prices | None = None) -> list[tuple[str, str]]:
+def summary_rows(res: Results, prices: Prices | None = None) -> list[tuple[str, str]]:
     """The headline figures of a run as (label, text) pairs."""
     s = res.summary
     c = cost(res, prices)
     rel = error_bands(res.info)
+    figures: tuple[tuple[LatencyKey, str], ...] = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"),
+                                                  ("e2e_s", "E2E"))
     rows = [(f"{lab} p50 / p90 / p99", " / ".join(with_band(s[k][p], rel.get(k)) for p in ("p50", "p90", "p99")))
-            for k, lab in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "E2E"))]
+            for k, lab in figures]
     rows += [("model error band", band_caption(res.info, rel))]
     rows += [("completed / rejected / unfinished", f"{s['completed']} / {s['rejected']} / {s['unfinished']}"),
              ("throughput", f"{s['throughput_rps']:.2f} req/s, {s['output_tokens_per_s']:,.0f} output tok/s"),

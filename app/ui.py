@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
-from typing import Literal, overload
+from typing import TYPE_CHECKING, Literal, overload
 
 import streamlit as st
 
@@ -15,6 +15,10 @@ from app.services import costs, exports, glossary, jobs, scenarios, share, views
 from app.services.hardware import DbCache
 from simulator import fmt
 from simulator.confidence import band_caption, error_bands, with_band
+
+if TYPE_CHECKING:
+    from simulator.engine.results import Results
+    from simulator.summary_types import LatencyKey, Percentiles
 
 
 @st.cache_resource
@@ -185,12 +189,12 @@ def run_scenario(d: dict):
     return res, key
 
 
-def _pcts_caption(q: dict, target: float | None, rel: float | None) -> str:
+def _pcts_caption(q: Percentiles, target: float | None, rel: float | None) -> str:
     text = " · ".join(f"{p} {with_band(q[p], rel)}" for p in ("p50", "p90", "p99"))
     return text + (f" · SLO ≤ {fmt.duration(target)}" if target else " · no SLO")
 
 
-def result_cards(res, c: dict) -> None:
+def result_cards(res: Results, c: dict) -> None:
     """The headline cards of a run: TTFT and TPOT p50 with p50, p90, p99 and the SLO target under them, each
     latency there with its model error band in brackets (:func:`simulator.confidence.error_bands`, as `epdsim
     simulate` prints it), output tokens/s, SLO attainment with its target, the named costs; every figure
@@ -198,8 +202,9 @@ def result_cards(res, c: dict) -> None:
     s, slo = res.summary, res.scenario.slo
     rel = error_bands(res.info)
     cols = st.columns(6)
-    for col, key, label, target in ((cols[0], "ttft_s", "TTFT p50", slo.ttft_s),
-                                    (cols[1], "tpot_s", "TPOT p50", slo.tpot_s)):
+    cards: tuple[tuple[LatencyKey, str, float | None], ...] = (("ttft_s", "TTFT p50", slo.ttft_s),
+                                                               ("tpot_s", "TPOT p50", slo.tpot_s))
+    for col, (key, label, target) in zip(cols[:2], cards, strict=True):
         # The card's value stays short (a six-column card cuts a longer one); the band is in the caption under it.
         col.metric(label, fmt.duration(s[key]["p50"]), help=f"mean {with_band(s[key]['mean'], rel[key])}")
         col.caption(_pcts_caption(s[key], target, rel[key]))
@@ -226,7 +231,7 @@ def result_cards(res, c: dict) -> None:
         cols[5].caption(top)
     st.caption(band_caption(res.info, rel))
 
-def ops_cards(res) -> None:
+def ops_cards(res: Results) -> None:
     """The operations figures of a run with autoscaling or faults (``summary["operations"]``); nothing
     for a run without."""
     o = res.summary.get("operations")

@@ -7,7 +7,7 @@ import json
 import math
 from itertools import pairwise
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import yaml
@@ -18,6 +18,9 @@ from calibration.harness.bundle import Bundle
 from calibration.harness.metrics import histogram_quantile
 from simulator.run import simulate
 from simulator.scenario import ScenarioError, parse_scenario
+
+if TYPE_CHECKING:
+    from simulator.engine.results import Results
 
 PCTS = (50, 90, 99)
 METRICS = ("ttft", "tpot", "itl", "e2e")
@@ -139,7 +142,7 @@ def simulate_phase(rows: list[dict], *, model_ref: str, hwdb_dirs: list[Path], g
     return data, res
 
 
-def predicted_phase(res, rows: list[dict], notes: dict | None = None) -> dict:
+def predicted_phase(res: Results, rows: list[dict], notes: dict | None = None) -> dict:
     """Per-request simulator times aligned with ``rows`` (same order: the trace's); ``itl`` and
     ``steps`` over the segments ``notes["per_step"]`` says have a /metrics record.
 

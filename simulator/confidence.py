@@ -27,6 +27,7 @@ from pathlib import Path
 
 from hwdb.profiles import version_matches
 from simulator import fmt
+from simulator.summary_types import LatencyKey, PctKey
 
 BANDS = Path(__file__).resolve().parent.parent / "hwdb" / "data" / "validation" / "e2e.json"
 MIN_ROWS = 20
@@ -91,10 +92,11 @@ def describe(status: dict) -> str:
 
 # Figures that carry a model error band: which pools' validation errors bound them, and which error
 # (E2E is TTFT plus the decode time, so its relative error is at most the larger of the two).
-BANDED = {"ttft_s": (("colocated", "prefill"), ("ttft_mape",)),
-          "tpot_s": (("colocated", "decode"), ("tpot_mape",)),
-          "e2e_s": (("colocated", "prefill", "decode"), ("ttft_mape", "tpot_mape"))}
-STATS = ("p50", "p90", "p99", "mean")
+BANDED: dict[LatencyKey, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "ttft_s": (("colocated", "prefill"), ("ttft_mape",)),
+    "tpot_s": (("colocated", "decode"), ("tpot_mape",)),
+    "e2e_s": (("colocated", "prefill", "decode"), ("ttft_mape", "tpot_mape"))}
+STATS: tuple[PctKey, ...] = ("p50", "p90", "p99", "mean")
 BAND_SOURCE = ("model error from the end-to-end validation (hwdb/data/validation/e2e.json): the mean "
                "|relative error| of mean TTFT and TPOT on the validated subset that fits each pool "
                "(simulator/confidence.py), applied to each figure as value x (1 +/- error); not a seed-noise "

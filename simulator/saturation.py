@@ -9,10 +9,15 @@ unfinished.  The bottleneck is the pool in front of the wait that is longest at 
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
 
 from simulator import fmt
+
+if TYPE_CHECKING:
+    from simulator.engine.results import Results
 
 # wait phase -> (role of the pool it queues for, what is waited for)
 WAITS = {"queue_s": ("front", "a prefill slot"), "encode_queue_s": ("encoder", "the encoder"),
@@ -45,7 +50,7 @@ def _pool_for(role: str, info: dict) -> str:
     return f"{p['name']} ({p['instances']}x {p['gpu']} TP{p['tp']}, {p['role']})"
 
 
-def saturation(res) -> dict | None:
+def saturation(res: Results) -> dict | None:
     """None when the run keeps up; else {pool, phase, wait_s, service_s, attainment, message}."""
     req, s = res.requests, res.summary
     done = req[req["outcome"] == "completed"] if "outcome" in req else req

@@ -15,6 +15,8 @@ from simulator import fmt
 if TYPE_CHECKING:
     import pandas as pd
 
+    from simulator.engine.results import Results
+
 
 def peak_concurrency(req: pd.DataFrame) -> int:
     """Most requests in the system at once: arrived and not yet finished (a request without a finish
@@ -32,7 +34,7 @@ def peak_concurrency(req: pd.DataFrame) -> int:
     return int(np.cumsum(delta[order]).max())
 
 
-def serving_summary(res) -> dict:
+def serving_summary(res: Results) -> dict:
     """Successful and failed requests, duration, total tokens, request / output / total token throughput,
     goodput (requests meeting every SLO per second) with the SLO thresholds and the attainment, the
     configured concurrency of a closed loop and the peak concurrency."""

@@ -9,6 +9,8 @@ the first (baseline) column.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -18,11 +20,14 @@ from simulator import fmt
 from simulator.confidence import error_bands, with_band
 from simulator.pd.connectors import HOST_STAGED_CONNECTOR, RDMA_CONNECTOR
 
+if TYPE_CHECKING:
+    from simulator.summary_types import RunSummary
+
 ENGINES = ("vllm-v0", "vllm-v1", "sglang")
 PRESETS = ("colocated vs PD vs EPD", "RDMA vs TCP (PD)", "engine generations")
 
 # (label, getter, better): better is "low" or "high"; the getter reads (summary, cost dict).
-METRICS = (
+METRICS: tuple[tuple[str, Callable[[RunSummary, dict], float], str], ...] = (
     ("TTFT p50 (s)", lambda s, c: s["ttft_s"]["p50"], "low"),
     ("TTFT p99 (s)", lambda s, c: s["ttft_s"]["p99"], "low"),
     ("TPOT p50 (s)", lambda s, c: s["tpot_s"]["p50"], "low"),

@@ -11,6 +11,10 @@ Pure Python over a run's summary (no Streamlit, no pandas): the CLI imports it a
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from simulator.summary_types import RunSummary
 
 STATIC, BILLED = "static", "mean billed"
 # What each cost is, in the words every table and card uses.
@@ -22,7 +26,7 @@ def _per_million(usd: float, tokens: float) -> float:
     return usd / tokens * 1e6 if tokens > 0 else math.inf
 
 
-def named_costs(summary: dict, static_usd_per_hour: float | None = None,
+def named_costs(summary: RunSummary, static_usd_per_hour: float | None = None,
                 billed_usd: float | None = None) -> dict[str, dict]:
     """``{STATIC: {...}, BILLED: {...}}`` (BILLED only for a run with operations), each with ``usd_per_hour``,
     ``usd_per_million_output_tokens``, ``usd_per_million_total_tokens`` and ``meaning``; BILLED adds ``usd``

@@ -6,11 +6,15 @@ from __future__ import annotations
 import io
 import json
 import math
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from app.services.share import portable, portable_yaml
 from simulator.serving_summary import serving_summary
+
+if TYPE_CHECKING:
+    from simulator.engine.results import Results
 
 
 def _clean(x):
@@ -40,7 +44,7 @@ def requests_parquet(res) -> bytes:
     return buf.getvalue()
 
 
-def summary_json(res) -> bytes:
+def summary_json(res: Results) -> bytes:
     data = {"summary": res.summary, "info": res.info, "serving": serving_summary(res),
             "scenario": portable(res.scenario.model_dump(mode="json"))}
     return json.dumps(_clean(data), indent=2, sort_keys=True, default=str).encode()

@@ -7,18 +7,24 @@ the node's provisioning (the initial instances from 0) to removal, crash or the 
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
 
 import hwdb
 
+if TYPE_CHECKING:
+    from simulator.engine.results import Results
+    from simulator.summary_types import OperationsSummary
 
-def ops(res) -> dict | None:
+
+def ops(res: Results) -> OperationsSummary | None:
     """The run's operations summary, or None for a run without operations."""
     return res.summary.get("operations")
 
 
-def _lives(o: dict) -> list[dict]:
+def _lives(o: OperationsSummary) -> list[dict]:
     end = float(o["end_s"])
     out = []
     for life in o["instances"]:
@@ -29,7 +35,7 @@ def _lives(o: dict) -> list[dict]:
     return out
 
 
-def instances_series(o: dict) -> pd.DataFrame:
+def instances_series(o: OperationsSummary) -> pd.DataFrame:
     """Per pool, instance counts as step functions: columns pool, t_s, serving (ready and not yet ended),
     billed (provisioned or starting or serving; what is paid for).  One row per change point, the last
     at the end of the run; each count holds until the pool's next row."""
@@ -56,7 +62,7 @@ def instances_series(o: dict) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def events_frame(o: dict) -> pd.DataFrame:
+def events_frame(o: OperationsSummary) -> pd.DataFrame:
     """Scale-ups, scale-downs and crashes in time order: time_s, pool, event, count, detail."""
     cols = ["time_s", "pool", "event", "count", "detail"]
     if not o:
@@ -84,7 +90,7 @@ def failures_series(req: pd.DataFrame, bins: int = 60) -> pd.DataFrame:
                          "retried": count(retried), "rejected": count(out == "rejected")})
 
 
-def pool_prices(res, prices=None, db=None) -> dict[str, float]:
+def pool_prices(res: Results, prices=None, db=None) -> dict[str, float]:
     """$ per GPU-hour of each pool (by pool name): the override in ``prices`` for its GPU, else the
     hwdb list price."""
     out = {}
@@ -97,7 +103,7 @@ def pool_prices(res, prices=None, db=None) -> dict[str, float]:
     return out
 
 
-def gpu_seconds(o: dict) -> dict[str, float]:
+def gpu_seconds(o: OperationsSummary) -> dict[str, float]:
     """Billed GPU-seconds per pool (sums to ``gpu_hours`` x 3600)."""
     out: dict[str, float] = {}
     for life in _lives(o):
@@ -105,7 +111,7 @@ def gpu_seconds(o: dict) -> dict[str, float]:
     return out
 
 
-def cost_series(o: dict, price: dict[str, float], points: int = 200) -> pd.DataFrame:
+def cost_series(o: OperationsSummary, price: dict[str, float], points: int = 200) -> pd.DataFrame:
     """Cumulative cost and billed GPUs over the run: t_s, gpus (billed at t), cost_usd (paid up to t)."""
     cols = ["t_s", "gpus", "cost_usd"]
     if not o or not o["instances"]:
@@ -121,7 +127,7 @@ def cost_series(o: dict, price: dict[str, float], points: int = 200) -> pd.DataF
     return pd.DataFrame({"t_s": t, "gpus": gpus, "cost_usd": cost})
 
 
-def ops_cost(res, prices=None, db=None) -> dict | None:
+def ops_cost(res: Results, prices=None, db=None) -> dict | None:
     """Cost of an operations run with its scaling: total $, GPU-hours, the mean $/h over the run and $
     per million output tokens; None for a run without operations.  With no overrides the total is the
     simulator's own ``cost_usd``."""

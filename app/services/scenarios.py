@@ -15,6 +15,7 @@ import tempfile
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import hwdb
 from app.services.costs import BILLED, headline, named_costs
@@ -25,6 +26,9 @@ from simulator.perf import FitError
 from simulator.run import simulate
 from simulator.scenario import Scenario, ScenarioError, parse_scenario, resolve_relative
 from simulator.traces import TraceError
+
+if TYPE_CHECKING:
+    from simulator.engine.results import Results
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SCENARIO = REPO / "examples" / "llama8b_h100_chat.yaml"
@@ -300,7 +304,7 @@ class Prices:
         return dict(self.usd_per_gpu_hour).get(gpu)
 
 
-def cost(results, prices: Prices | None = None, db: hwdb.HardwareDB | None = None) -> dict:
+def cost(results: Results, prices: Prices | None = None, db: hwdb.HardwareDB | None = None) -> dict:
     """Cost per hour and per million output (and total) tokens, with optional price overrides per GPU.
 
     The headline figures are :func:`app.services.costs.headline`'s: for a run with operations

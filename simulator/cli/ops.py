@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import textwrap
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 from rich.console import Console, JustifyMethod
@@ -23,6 +24,9 @@ from simulator.ops.coldstart import PHASE_LABELS, PHASES, Breakdown, ColdStartEr
 from simulator.ops.k8s import PodSpec, Probe, ProbeError, recommend_probes, simulate_pod
 from simulator.perf import FitError, plan_memory
 from simulator.scenario import PoolConfig, ScenarioError, deployment_for
+
+if TYPE_CHECKING:
+    from simulator.engine.results import Results
 
 OPS_ERRORS = (ColdStartError, ProbeError, hwdb.HwdbError, ScenarioError, FitError, ValidationError)
 
@@ -253,7 +257,7 @@ def add_subparsers(sub) -> None:
     p.set_defaults(func=_run(cmd_probes))
 
 
-def operations_table(res) -> Table:
+def operations_table(res: Results) -> Table:
     """Autoscaling and fault figures of a run (``summary["operations"]``, see simulator/engine/opsresults.py)."""
     o = res.summary["operations"]
     t = Table(show_header=False, title="operations")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import get_args
+from typing import TYPE_CHECKING, cast, get_args
 
 from pydantic import ValidationError
 from rich.console import Console
@@ -21,13 +21,17 @@ import hwdb
 from app.services.costs import cost_text, named_costs
 from simulator import fmt
 from simulator.cli.ops import operations_table
-from simulator.confidence import BAND_SOURCE, STATS, band_basis, band_caption, band_text, describe, error_bands
+from simulator.confidence import BAND_SOURCE, BANDED, STATS, band_basis, band_caption, band_text, describe, error_bands
 from simulator.console import elapsed_status, print_notes
 from simulator.errors import location
 from simulator.inputs import int_arg
 from simulator.outputs import check_output, write_failed
 from simulator.scenario import PoolConfig, Scenario, ScenarioError, load_scenario, parse_scenario
 from simulator.serving_summary import offered_load_text, serving_block, serving_summary, slo_text
+
+if TYPE_CHECKING:
+    from simulator.engine.results import Results
+    from simulator.summary_types import LatencyKey
 
 DEFAULT_SCENARIO = Path(__file__).resolve().parents[2] / "examples" / "llama8b_h100_chat.yaml"
 # The weight formats a pool accepts, from the scenario schema (PoolConfig.dtype).
@@ -41,13 +45,13 @@ def layout_text(info: dict) -> str:
                       + ("" if p["role"] == "colocated" else f" {p['role']}") for p in info["pools"])
 
 
-def band_record(res) -> dict:
+def band_record(res: Results) -> dict:
     """The model error band of the summary's figures for summary.json: per banded figure its relative
     error and, per statistic, ``<stat>_low``/``<stat>_high`` in seconds (None where no band applies)."""
     rel = error_bands(res.info)
     rec: dict = {"source": BAND_SOURCE, "basis": band_basis(res.info)}
-    for key, r in rel.items():
-        fig = res.summary[key]
+    for key in BANDED:              # the keys of ``rel``, as summary keys
+        r, fig = rel[key], res.summary[key]
         rec[key] = {"relative_error": r,
                     **{f"{st}_{end}": (None if r is None or fig[st] != fig[st] else
                                        max(0.0, fig[st] * (1 - r)) if end == "low" else fig[st] * (1 + r))
@@ -55,15 +59,16 @@ def band_record(res) -> dict:
     return rec
 
 
-def summary_table(res, width: int | None = None) -> Table:
+def summary_table(res: Results, width: int | None = None) -> Table:
     """Percentiles of the latency figures; TTFT, TPOT and E2E with their model error band.  The band sits
     beside the figure, or under it when one line per row would be wider than ``width`` characters."""
     s, info = res.summary, res.info
     rel = error_bands(info)
     slo = {"ttft_s": res.scenario.slo.ttft_s, "tpot_s": res.scenario.slo.tpot_s}
     rows = []
-    for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "E2E"),
-                       ("queue_s", "queue")):
+    figures: tuple[tuple[LatencyKey, str], ...] = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"),
+                                                  ("e2e_s", "E2E"), ("queue_s", "queue"))
+    for key, label in figures:
         target, band = slo.get(key), rel.get(key)
         cells = [(fmt.duration(s[key][p]), band_text(s[key][p], band) if band is not None
                   and s[key][p] == s[key][p] else "") for p in STATS]
@@ -78,8 +83,8 @@ def summary_table(res, width: int | None = None) -> Table:
     for p in STATS:
         t.add_column(p, justify="right", no_wrap=True)
     t.add_column("SLO", justify="right", no_wrap=True)
-    for label, cells, target in rows:
-        t.add_row(label, *(f"{v}{sep}{b}" if b else v for v, b in cells), target)
+    for label, cells, slo_cell in rows:
+        t.add_row(label, *(f"{v}{sep}{b}" if b else v for v, b in cells), slo_cell)
     return t
 
 
@@ -88,8 +93,9 @@ def summary_table(res, width: int | None = None) -> Table:
 NARROW, KEY_WIDTH = 100, 24
 
 
-def totals_table(res, width: int | None = None) -> Table:
+def totals_table(res: Results, width: int | None = None) -> Table:
     s = res.summary
+    breakdown = cast("dict[str, float]", s["ttft_breakdown_mean_s"])      # every phase's value a float
     narrow = width is not None and width < NARROW
     t = Table(show_header=False)
     t.add_column(no_wrap=not narrow, max_width=KEY_WIDTH if narrow else None)
@@ -103,7 +109,7 @@ def totals_table(res, width: int | None = None) -> Table:
         ("mean batch size / KV occupancy (max)", f"{s['mean_batch_size']:.1f} / {fmt.percent(s['mean_kv_occupancy'])} "
                                                  f"({fmt.percent(s['max_kv_occupancy'])})"),
         ("preemptions", str(s["preemptions"])),
-        *([("TTFT breakdown (mean)", ", ".join(f"{k} {fmt.duration(v)}" for k, v in s["ttft_breakdown_mean_s"].items()
+        *([("TTFT breakdown (mean)", ", ".join(f"{k} {fmt.duration(v)}" for k, v in breakdown.items()
                                                 if v == v and v > 0))]
           if res.info.get("kv_transfer") or "encoder" in s else []),
         *([("encoder (" + s["encoder"]["topology"] + ")",

@@ -46,6 +46,7 @@ from simulator.ops import faults as flt
 from simulator.ops.autoscale import POLICIES, Observation, PoolContext, autoscaler
 from simulator.pd.pd_proxy import PDCoordinator
 from simulator.roles import ROLES
+from simulator.summary_types import CrashRecord
 
 
 class OpsRun:
@@ -63,7 +64,7 @@ class OpsRun:
         self.env = simpy.Environment()
         self.events: list[tuple] = []         # (time_s, pool, what, count, why)
         self.link_log: list[tuple] = []
-        self.crashes: list[dict] = []
+        self.crashes: list[CrashRecord] = []
         self.arrived: list[float] = []
         self.sum_in = self.sum_out = 0
         self.limbo: deque[int] = deque()

@@ -23,6 +23,8 @@ import math
 import numpy as np
 import pandas as pd
 
+from simulator.summary_types import InstanceLife, OperationsSummary, OpsEvent, ScaleUp
+
 
 def _per_token_gpu_s(inst) -> float:
     steps = inst.steps
@@ -33,7 +35,7 @@ def _per_token_gpu_s(inst) -> float:
     return inst.life.gpus * busy / max(1, tokens)
 
 
-def ops_summary(ops, req: pd.DataFrame, ttft_slo: float | None, price_per_gpu_h: dict[str, float]) -> dict:
+def ops_summary(ops, req: pd.DataFrame, ttft_slo: float | None, price_per_gpu_h: dict[str, float]) -> OperationsSummary:
     pools = [p for p in (ops.front, ops.back) if p is not None]
     insts = [i for p in pools for i in p.all]
     end = ops.end
@@ -42,7 +44,7 @@ def ops_summary(ops, req: pd.DataFrame, ttft_slo: float | None, price_per_gpu_h:
     completed, rejected, failed = int((out == "completed").sum()), int((out == "rejected").sum()), int(
         (out == "failed").sum())
     gpu_s = starting = lost_work = cost = 0.0
-    lives = []
+    lives: list[InstanceLife] = []
     # Language-model instances, then the encoder tier's (which never crash: no lost work).
     for inst, life in [(i, i.life) for i in insts] + [(None, life) for life in ops.encoder_lives]:
         t1 = min(life.ended_s if life.ended_s is not None else end, end)
@@ -61,7 +63,7 @@ def ops_summary(ops, req: pd.DataFrame, ttft_slo: float | None, price_per_gpu_h:
     if ttft_slo is not None:
         bad |= ~(req["ttft_s"].to_numpy() <= ttft_slo)
     in_scaleup = np.zeros(n, dtype=bool)
-    scale_ups = []
+    scale_ups: list[ScaleUp] = []
     ups = [(p.spec.name, su, su[2]["inst"].life) for p in pools for su in p.scaleups]
     if ops.encoder_pool is not None:
         ups += [(ops.encoder_pool.name, su, su[2]["life"]) for su in ops.encoder_pool.scaleups]
@@ -91,7 +93,7 @@ def ops_summary(ops, req: pd.DataFrame, ttft_slo: float | None, price_per_gpu_h:
         "slo_violations_during_scale_up": int((bad & in_scaleup).sum()),
         "slo_violations": int(bad.sum()),
         "slo_violation_arrivals_s": [float(viol.min()), float(viol.max())] if len(viol) else None,
-        "events": [{"time_s": t, "pool": p, "action": a, "count": c, "why": w} for t, p, a, c, w in ops.events],
+        "events": [OpsEvent(time_s=t, pool=p, action=a, count=c, why=w) for t, p, a, c, w in ops.events],
         "crash_log": ops.crashes,
         "link_degradations": len(ops.link_log) // 2 + len(ops.link_log) % 2,
         "instances": lives,

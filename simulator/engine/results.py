@@ -22,11 +22,12 @@ import yaml
 from simulator.engine.engine import PoolRun
 from simulator.engine.outcome import LABELS, STATIC_OUTCOMES
 from simulator.engine.steplog import StepLog
+from simulator.summary_types import Percentiles, PoolStats, RunSummary, TTFTBreakdown
 
 if TYPE_CHECKING:
     from simulator.scenario import Scenario
 
-PCTS = (50, 90, 99)
+PCTS = (50, 90, 99)        # the percentiles of a summary's latency figures (summary_types.Percentiles)
 
 
 def weighted_percentiles(values: np.ndarray, weights: np.ndarray, pcts=PCTS) -> list[float]:
@@ -112,16 +113,17 @@ def steps_frame(run: PoolRun) -> pd.DataFrame:
     return pd.DataFrame(data)
 
 
-def _pcts(x: np.ndarray) -> dict[str, float]:
+def _pcts(x: np.ndarray) -> Percentiles:
     x = x[np.isfinite(x)]
     if len(x) == 0:
-        return {f"p{p}": float("nan") for p in PCTS} | {"mean": float("nan")}
-    vals = np.percentile(x, PCTS)
-    return {f"p{p}": float(v) for p, v in zip(PCTS, vals, strict=True)} | {"mean": float(x.mean())}
+        nan = float("nan")
+        return Percentiles(p50=nan, p90=nan, p99=nan, mean=nan)
+    p50, p90, p99 = (float(v) for v in np.percentile(x, PCTS))
+    return Percentiles(p50=p50, p90=p90, p99=p99, mean=float(x.mean()))
 
 
 def summarize(req: pd.DataFrame, steps: pd.DataFrame, resume_gaps: list[float], *, gpus: int,
-              cost_usd_per_hour: float, ttft_slo: float | None, tpot_slo: float | None) -> dict:
+              cost_usd_per_hour: float, ttft_slo: float | None, tpot_slo: float | None) -> RunSummary:
     """Headline metrics (seconds, tokens/s, dollars); see docs/metrics.md for definitions.
 
     Latency figures leave out a closed loop's warm-up requests (``warmup`` column), as benchmark
@@ -139,8 +141,9 @@ def summarize(req: pd.DataFrame, steps: pd.DataFrame, resume_gaps: list[float], 
     gaps = np.asarray(resume_gaps, dtype=float)
     itl_vals = np.concatenate([dur, gaps])
     itl_w = np.concatenate([dec, np.ones_like(gaps)])
-    itl = dict(zip([f"p{p}" for p in PCTS], weighted_percentiles(itl_vals, itl_w), strict=True))
-    itl["mean"] = float((itl_vals * itl_w).sum() / itl_w.sum()) if itl_w.sum() else float("nan")
+    p50, p90, p99 = weighted_percentiles(itl_vals, itl_w)
+    itl = Percentiles(p50=p50, p90=p90, p99=p99,
+                      mean=float((itl_vals * itl_w).sum() / itl_w.sum()) if itl_w.sum() else float("nan"))
     ok = np.ones(len(req), dtype=bool) & (req["outcome"] == "completed").to_numpy()
     if ttft_slo is not None:
         ok &= (req["ttft_s"].to_numpy() <= ttft_slo)
@@ -172,11 +175,12 @@ def summarize(req: pd.DataFrame, steps: pd.DataFrame, resume_gaps: list[float], 
         "mean_kv_occupancy": float((steps["kv_occupancy"].to_numpy() * w).sum()),
         "max_kv_occupancy": float(steps["kv_occupancy"].max()) if len(steps) else 0.0,
         "slo_attainment": float(ok.mean()) if n else float("nan"),
-        "ttft_breakdown_mean_s": {c.removesuffix("_s"): float(np.nanmean(done[c])) if done[c].notna().any() else 0.0
-                                  for c in ("frontend_s", "encode_queue_s", "encode_s", "embedding_transfer_s",
-                                            "queue_s", "prefill_s", "transfer_wait_s", "transfer_s",
-                                            "decode_admission_s")
-                                  if c in done},
+        # the phases the requests table has columns for (the encoder's only in a multimodal run)
+        "ttft_breakdown_mean_s": cast(TTFTBreakdown, {
+            c.removesuffix("_s"): float(np.nanmean(done[c])) if done[c].notna().any() else 0.0
+            for c in ("frontend_s", "encode_queue_s", "encode_s", "embedding_transfer_s", "queue_s", "prefill_s",
+                      "transfer_wait_s", "transfer_s", "decode_admission_s")
+            if c in done}),
         "pools": _pool_stats(steps),
         "gpus": gpus,
         "cost_usd_per_hour": cost_h,
@@ -184,16 +188,16 @@ def summarize(req: pd.DataFrame, steps: pd.DataFrame, resume_gaps: list[float], 
     }
 
 
-def _pool_stats(steps: pd.DataFrame) -> dict:
+def _pool_stats(steps: pd.DataFrame) -> dict[str, PoolStats]:
     """Per pool: step-duration-weighted mean batch size and KV occupancy, max KV occupancy."""
-    out = {}
+    out: dict[str, PoolStats] = {}
     for name, g in steps.groupby("pool", sort=True):
         d = g["duration_s"].to_numpy()
         w = d / d.sum() if d.sum() > 0 else d
-        out[str(name)] = {"mean_batch_size": float((g["batch_size"].to_numpy() * w).sum()),
-                          "mean_kv_occupancy": float((g["kv_occupancy"].to_numpy() * w).sum()),
-                          "max_kv_occupancy": float(g["kv_occupancy"].max()),
-                          "steps": int(len(g))}
+        out[str(name)] = PoolStats(mean_batch_size=float((g["batch_size"].to_numpy() * w).sum()),
+                                   mean_kv_occupancy=float((g["kv_occupancy"].to_numpy() * w).sum()),
+                                   max_kv_occupancy=float(g["kv_occupancy"].max()),
+                                   steps=int(len(g)))
     return out
 
 
@@ -235,7 +239,7 @@ class Results:
     scenario: Scenario
     requests: pd.DataFrame
     steps: pd.DataFrame
-    summary: dict
+    summary: RunSummary
     info: dict = field(default_factory=dict)
     links: pd.DataFrame | None = None
 

@@ -25,6 +25,7 @@ import pandas as pd
 from simulator.epd.encoder import EmbeddingCache, EncoderInstance, EncoderModel
 from simulator.epd.epd import EmbeddingPath, EPDSetup
 from simulator.pd.fabric import Fabric, LinkState
+from simulator.summary_types import EncoderSummary
 
 if TYPE_CHECKING:                 # the scenario imports the epd package (epd_config)
     from simulator.scenario import PoolConfig
@@ -248,7 +249,7 @@ def add_columns(req: pd.DataFrame, coord: EPDCoordinator) -> pd.DataFrame:
     return out
 
 
-def encoder_summary(coord: EPDCoordinator, span: float) -> dict:
+def encoder_summary(coord: EPDCoordinator, span: float) -> EncoderSummary:
     """Encoder utilisation (busy time / run span, per instance and mean), images encoded, cache hits."""
     s = coord.setup
     span = max(span, 1e-12)

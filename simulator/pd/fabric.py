@@ -34,6 +34,7 @@ import numpy as np
 import simpy
 
 from simulator.pd.links import LinkState, Transfer, TransferRecord
+from simulator.summary_types import LinkStats
 
 #: A transfer is complete when its remaining bytes are at most this fraction of its size.
 REL_TOL = 1e-9
@@ -134,7 +135,7 @@ class Fabric:
         """Per link name, the ``(time_s, rate_Bps)`` change points of the rate in use."""
         return {name: list(ln.rate_series) for name, ln in self.links.items()}
 
-    def link_stats(self) -> list[dict]:
+    def link_stats(self) -> list[LinkStats]:
         """Per link up to ``env.now``: bytes carried, busy seconds, mean utilisation of capacity."""
         self._advance()
         now = self.env.now

@@ -40,6 +40,7 @@ from hwdb.schema import DTYPE_BYTES
 from simulator.pd.connectors import HOST_STAGED_CONNECTOR, RDMA_CONNECTOR, connector_strategy
 from simulator.pd.pd_config import KVTransferConfig
 from simulator.perf import Deployment
+from simulator.summary_types import Crossover
 
 
 @dataclass(frozen=True)
@@ -223,7 +224,7 @@ def _check_layout_gpus(lay, db: hwdb.HardwareDB, p: Deployment, d: Deployment) -
                 + " or the same GPU for both pools")
 
 
-def crossover_bandwidth(step_model, kv_bytes_per_token: float, prompt_tokens: int, chunk: int) -> dict:
+def crossover_bandwidth(step_model, kv_bytes_per_token: float, prompt_tokens: int, chunk: int) -> Crossover:
     """The bandwidth below which moving a prompt's KV takes longer than computing it.
 
     ``prefill_s`` is the prompt's prefill time alone on the prefill instance
@@ -237,7 +238,7 @@ def crossover_bandwidth(step_model, kv_bytes_per_token: float, prompt_tokens: in
             "crossover_Bps": nbytes / prefill_s}
 
 
-def fabric_verdicts(db, dep: Deployment, crossover: dict, connector: str = RDMA_CONNECTOR) -> list[dict]:
+def fabric_verdicts(db, dep: Deployment, crossover: Crossover, connector: str = RDMA_CONNECTOR) -> list[dict]:
     """Per scale-out fabric in hwdb: transfer time of the prompt between two such instances vs its prefill.
 
     GPU-direct fabrics use ``connector``; the others the host-staged TCP connector.

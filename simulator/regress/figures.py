@@ -11,7 +11,7 @@ its own seed and replications.  Units are in the name's suffix:
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +30,7 @@ class Figure:
     unit: str
     read: Callable[[Any], float | str] | None = None
 
-    def value(self, record: dict | None) -> float | str:
+    def value(self, record: Mapping[str, Any] | None) -> float | str:
         """The figure read off ``record`` (see ``read``)."""
         if self.read is None:
             raise ValueError(f"figure {self.name} is not read off a record: the runner computes it")

@@ -26,6 +26,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -37,6 +38,10 @@ from simulator.scenario import Scenario
 from simulator.sweep.knee import FACTOR, TOLERANCE, Knee, find_knee
 from simulator.sweep.ladder import MAX_EXTENSIONS, extension
 from simulator.sweep.points import MAX_POINTS, RATE, Point, check_points, rate_points
+
+if TYPE_CHECKING:
+    from simulator.engine.results import Results
+    from simulator.summary_types import LatencyKey
 
 WINDOW = (0.1, 0.9)          # the steady window, as quantiles of the arrival times
 COLUMNS = ("point", "knob", "value", "offered_rps", "achieved_rps", "achieved_share", "output_tok_s",
@@ -70,7 +75,7 @@ def steady_figures(req: pd.DataFrame, ttft_slo: float | None, tpot_slo: float | 
             "goodput_rps": good.sum() / span, "arrivals_rps": arrived / span}
 
 
-def point_figures(res) -> dict:
+def point_figures(res: Results) -> dict:
     """The sweep's figures of one run (:class:`simulator.engine.results.Results`)."""
     s, scn = res.summary, res.scenario
     fig = steady_figures(res.requests, scn.slo.ttft_s, scn.slo.tpot_s)
@@ -83,7 +88,8 @@ def point_figures(res) -> dict:
     out = {"offered_rps": float(rate) if rate is not None else fig["arrivals_rps"],
            "achieved_rps": fig["achieved_rps"], "achieved_share": fig["achieved_share"],
            "output_tok_s": fig["output_tok_s"]}
-    for key, name in (("ttft_s", "ttft"), ("tpot_s", "tpot")):
+    figures: tuple[tuple[LatencyKey, str], ...] = (("ttft_s", "ttft"), ("tpot_s", "tpot"))
+    for key, name in figures:
         for p in ("p50", "p90", "p99"):
             out[f"{name}_{p}_s"] = float(s[key][p])
     out |= {"e2e_p90_s": float(s["e2e_s"]["p90"]), "slo_attainment": float(s["slo_attainment"]),
