@@ -13,7 +13,7 @@
 #   the harness starts the server through `python -m calibration.harness.vllm_launcher` instead.
 # - NIXL (PyPI `nixl`, with its own UCX) for the NixlConnector pair of `epdsim calibrate run --pd
 #   --connector nixl`: installed on every run, also into a venv that was already usable; a failure
-#   only prints a line (the NIXL test then skips with the reason `calibration/pd_launch.py` finds).
+#   only prints a line (the NIXL test then skips with the reason `calibration/pd/launch.py` finds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${1:-${EPDSIM_VLLM_VENV:-.venv-vllm}}"

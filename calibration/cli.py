@@ -1,11 +1,11 @@
 """``epdsim calibrate``: measure a real vLLM server into a bundle, and show a bundle.
 
     epdsim calibrate run --out BUNDLE [--attach URL | --launch] [--resume] [--quick] ...
-    epdsim calibrate run --pd --out BUNDLE [--connector example|nixl] ... (a prefill/decode pair: calibration/pd_cli.py)
+    epdsim calibrate run --pd --out BUNDLE [--connector example|nixl] ... (a prefill/decode pair: calibration/pd/cli.py)
     epdsim calibrate show BUNDLE
-    epdsim calibrate fit BUNDLE [--out HWDB_DIR]                      (calibration/fit.py)
+    epdsim calibrate fit BUNDLE [--out HWDB_DIR]                      (calibration/fit/command.py)
     epdsim calibrate validate BUNDLE --profile HWDB_DIR [--tolerance 0.25] [--client-tolerance 0.25]
-                                                                      (calibration/validate.py)
+                                                                      (calibration/validation/command.py)
 
 Also runs standalone: ``python -m calibration.cli run --out BUNDLE --launch --quick``.
 Exit codes: 0 done, 2 user error (bad arguments, bundle missing or inconsistent),
@@ -28,8 +28,8 @@ from calibration.harness.affinity import cpu_list, parse_pin
 from calibration.harness.bundle import Bundle, BundleError
 from calibration.harness.env import server_cores
 from calibration.harness.interrupt import interruptible
-from calibration.pd_options import add_pd_options, check_not_pd_options
-from calibration.trace_gen import add_make_trace_parser
+from calibration.harness.trace_gen import add_make_trace_parser
+from calibration.pd.options import add_pd_options, check_not_pd_options
 from simulator.console import print_notes, stdout_console, wide_tables
 from simulator.errors import print_user_error
 from simulator.inputs import float_arg
@@ -173,15 +173,15 @@ def _sim_options(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_fit(a, con: Console) -> int:
-    from calibration.fit import cmd_fit  # noqa: PLC0415 - keeps `epdsim --help` fast
+    from calibration.fit.command import cmd_fit  # noqa: PLC0415 - keeps `epdsim --help` fast
     return cmd_fit(a, con)
 
 
 def _cmd_validate(a, con: Console) -> int:
-    from calibration import pd_cli  # noqa: PLC0415 - keeps `epdsim --help` fast
+    from calibration.pd import cli as pd_cli  # noqa: PLC0415 - keeps `epdsim --help` fast
     if pd_cli.is_pd_bundle(a.bundle):
         return pd_cli.cmd_validate(a, con)
-    from calibration.validate import cmd_validate  # noqa: PLC0415 - keeps `epdsim --help` fast
+    from calibration.validation.command import cmd_validate  # noqa: PLC0415 - keeps `epdsim --help` fast
     return cmd_validate(a, con)
 
 
@@ -231,7 +231,7 @@ def _plan_options(a):
 
 def cmd_run(a, con: Console) -> int:
     if a.pd:
-        from calibration import pd_cli  # noqa: PLC0415 - keeps `epdsim --help` fast
+        from calibration.pd import cli as pd_cli  # noqa: PLC0415 - keeps `epdsim --help` fast
         return pd_cli.cmd_run(a, con)
     check_not_pd_options(a)
     from calibration.harness.runner import CalibrationRun, RunOptions  # noqa: PLC0415 - keeps `epdsim --help` fast
@@ -363,7 +363,7 @@ def _show(b: Bundle, con: Console) -> None:
 
 
 def cmd_show(a, con: Console) -> int:
-    from calibration import pd_cli  # noqa: PLC0415 - keeps `epdsim --help` fast
+    from calibration.pd import cli as pd_cli  # noqa: PLC0415 - keeps `epdsim --help` fast
     if pd_cli.is_pd_bundle(a.bundle):
         return pd_cli.cmd_show(a, con)
     b = Bundle.open(a.bundle, complete=True)

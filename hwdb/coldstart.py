@@ -144,7 +144,7 @@ class StartupCoefficients(StrictModel):
             return self.fits[phase].coefficients[name]
         except KeyError:
             raise HwdbError(f"start-up coefficients '{self.name}': fits.{phase}.coefficients lacks '{name}'; "
-                            f"regenerate the file with calibration.coldstart_fit.fit_profiler_csvs") from None
+                            f"regenerate the file with calibration.coldstart.fit.fit_profiler_csvs") from None
 
 
 RangeFigure = Annotated[float, Range(0, 1e13, fix="give the figure in the range's unit")]

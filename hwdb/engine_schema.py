@@ -138,7 +138,7 @@ class EngineProfile(StrictModel):
     # Attention DP: a rank holds new prompts back up to this many steps until every rank has one, so the
     # ranks prefill together (TensorRT-LLM's attention_dp_config enable_balance / timeout_iters); None: never.
     dp_context_wait_steps: Annotated[int, Range(1, 10_000, "steps", whole=True)] | None = None
-    # End-to-end terms fitted on measured serving runs (calibration/e2e_fit.py, docs/validation/e2e.md):
+    # End-to-end terms fitted on measured serving runs (calibration/e2e/fit.py, docs/validation/e2e.md):
     # a fixed GPU time per decoder layer per step (kernel floors and gaps between the ~15 small
     # kernels of a layer, independent of TP: the measured TPOT at TP1..8 leaves the same residual),
     # and the client-visible front end before the engine sees a request (HTTP, tokenisation,

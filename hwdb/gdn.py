@@ -16,7 +16,7 @@ The context's ``seq_s`` term is the chunks a prompt's state passes through one a
 prompt runs fewer blocks in parallel), ``seq_head_s`` the per-sequence state set-up and write-back,
 the token terms the chunked delta rule (value heads) and the convolution (key channels).  Decode reads
 and writes each sequence's state once (``seq_head_s``).  Fitted on the measured tables by
-:mod:`calibration.gdn_fit`; each curve's ``quality`` holds its error on models the fit never saw.
+:mod:`calibration.kernels.gdn_fit`; each curve's ``quality`` holds its error on models the fit never saw.
 """
 from __future__ import annotations
 

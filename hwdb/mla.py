@@ -26,12 +26,12 @@ per layer (seconds), by KV dtype::
 measured as the difference between the same engine's whole DSA attention module with the indexer and
 without it (the skip-indexer variant that reuses an earlier layer's selection), which leaves the indexer's
 projections, its scores over the cache and its top-k; it is replicated on every TP rank (the measured
-difference does not change with TP).  Fitted by :mod:`calibration.dsa_fit`.
+difference does not change with TP).  Fitted by :mod:`calibration.kernels.dsa_fit`.
 
 The context's ``seq_s`` term is a lone prompt's longest row block, which runs alone when a few heads leave
 most of the GPU idle; its ``seq_head_s`` the set-up of each sequence and head, which many short prompts pay.
 ``P_bf16`` and ``BW`` are the GPU's (hwdb/data/gpus).  Fitted on the measured tables (DeepSeek-V3's dimensions)
-by :mod:`calibration.mla_fit`; each phase's ``quality`` holds its error on held-out head counts.
+by :mod:`calibration.kernels.mla_fit`; each phase's ``quality`` holds its error on held-out head counts.
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ expert parallel ``ep`` (seconds)::
 
 ``P`` is the peak of the format's compute dtype and ``w`` its bytes per stored weight
 (:data:`FORMATS`); ``BW`` the GPU's HBM bandwidth.  Fitted on the measured tables by
-:mod:`calibration.moe_fit`; each curve's ``quality`` holds its error on held-out expert shapes.
+:mod:`calibration.kernels.moe_fit`; each curve's ``quality`` holds its error on held-out expert shapes.
 """
 from __future__ import annotations
 

@@ -44,7 +44,7 @@ def sourced_as(quantity: Any) -> Any:
 
 
 Efficiency = Annotated[Figure, range_of(Fraction)]
-# Host and latency figures: wide enough for a calibrated CPU engine (calibration/fit_solver.py fits a step
+# Host and latency figures: wide enough for a calibrated CPU engine (calibration/fit/solver.py fits a step
 # overhead up to 10 s and a per-sequence cost up to 1 s).
 Latency = Annotated[Figure, Range(0, 60, "s", fix="give seconds")]
 HostCost = Annotated[Figure, Range(0, 10, "s", fix="give seconds of host time")]
@@ -85,7 +85,7 @@ class GemmShapeCurve(StrictModel):
     (a tensor-parallel rank's slice, one MoE expert) use the tensor cores worse at any M, as a
     kernel's fixed pipeline prologue and epilogue and its wave tail weigh more.  ``fixed_s`` is the
     per-kernel cost the fit found beside it (the engine's per-layer overhead carries it in a step).
-    Fitted on measured kernel tables (calibration/gemm_shape_fit.py).
+    Fitted on measured kernel tables (calibration/kernels/gemm_shape_fit.py).
     """
 
     max_eff: Fraction

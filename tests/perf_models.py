@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from calibration import perf_check as pc
+from calibration.validation import perf_check as pc
 from simulator.scenario import PoolConfig, deployment_for
 from simulator.step_build import build_step_model
 

@@ -1,6 +1,6 @@
 """`calibrate run --attach URL --server-log PATH` keeps a copy of the log inside the bundle.
 
-`calibrate fit` opens only regular files inside the bundle folder (calibration/fit_inputs.py), so a
+`calibrate fit` opens only regular files inside the bundle folder (calibration/fit/inputs.py), so a
 manifest naming the user's absolute log path was refused even on the measuring machine whenever the
 fit had to read the log to learn the server ran on CPU.  The harness copies the log into the bundle
 (calibration/harness/server_log.py), again at the run's end or interruption, and refuses a FIFO up
@@ -18,7 +18,7 @@ import pytest
 
 import hwdb
 from calibration import cli
-from calibration.fit_inputs import CPU_GPU, is_cpu_server, open_bundle, target_gpu
+from calibration.fit.inputs import CPU_GPU, is_cpu_server, open_bundle, target_gpu
 from calibration.harness import server_log
 from calibration.harness.probes import PlanOptions
 from calibration.harness.runner import CalibrationRun, RunOptions

@@ -1,4 +1,4 @@
-"""Fitting profiles to bundles and validating them (calibration/fit.py, calibration/validate.py).
+"""Fitting profiles to bundles and validating them (calibration/fit/command.py, calibration/validation/command.py).
 
 * Fast tests, no vLLM: the fit recovers known parameters from measurements the simulator's own
   StepModel generates with a known profile plus 3% multiplicative noise; a synthetic bundle (prefill and decode
@@ -21,7 +21,7 @@ import yaml
 
 import hwdb
 from calibration import cli
-from calibration.fit import (
+from calibration.fit.command import (
     CPU_GPU,
     PARAMS,
     EngineSetup,
@@ -32,7 +32,7 @@ from calibration.fit import (
     fit_points,
     predict,
 )
-from calibration.fit_report import mixed_step_note
+from calibration.fit.report import mixed_step_note
 from calibration.harness.probes import PlanOptions
 from calibration.harness.runner import (
     DEFAULT_LAUNCH_ENV,
@@ -44,7 +44,7 @@ from calibration.harness.runner import (
     free_port,
 )
 from calibration.harness.server import ServerProcess
-from calibration.validate import validate
+from calibration.validation.command import validate
 from simulator.step_build import build_step_model
 from tests.conftest import VLLM_PY, needs_vllm  # the shared detection of a vLLM Python
 from tests.synthetic_bundle import CPU_SETUP, CPU_TRUTH, TINY_CONFIG, make_bundle, write_truth_hwdb

@@ -1,4 +1,4 @@
-"""The host a CPU bundle records, and what ``calibrate fit`` makes of it (calibration/fit_host.py).
+"""The host a CPU bundle records, and what ``calibrate fit`` makes of it (calibration/fit/host.py).
 
 A fit's efficiencies are relative to the ``CPU-host`` entry's peaks; the shipped entry describes an
 Intel Xeon VM with AMX.  On another CPU the fit derives the entry from the recorded CPU family and
@@ -12,10 +12,10 @@ import pytest
 import yaml
 
 import hwdb
-from calibration.fit import fit_bundle, write_outputs
-from calibration.fit_host import cpu_family, host_check
+from calibration.fit.command import fit_bundle, write_outputs
+from calibration.fit.host import cpu_family, host_check
 from calibration.harness import env
-from calibration.validate import validate
+from calibration.validation.command import validate
 from tests.synthetic_bundle import CPU_TRUTH, TINY_CONFIG, make_bundle, write_truth_hwdb
 
 #: /proc/cpuinfo heads as these hosts print them (flags cut to the ones that matter plus a few)

@@ -17,8 +17,8 @@ import yaml
 from rich.console import Console
 
 import hwdb
-from calibration.fit import fit_bundle, write_outputs
-from calibration.validate import cmd_validate, validate
+from calibration.fit.command import fit_bundle, write_outputs
+from calibration.validation.command import cmd_validate, validate
 from tests.synthetic_bundle import CPU_TRUTH, TINY_CONFIG, make_bundle, write_truth_hwdb
 
 #: a host that spends 8 ms per step outside the model (the real CPU build: ~3.4 ms)

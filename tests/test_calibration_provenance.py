@@ -17,10 +17,10 @@ import yaml
 
 import hwdb
 from calibration import cli
-from calibration.fit import fit_bundle
-from calibration.fit_frontend import FrontEndFit
-from calibration.fit_host import host_check
-from calibration.fit_report import final_engine, frontend_sources
+from calibration.fit.command import fit_bundle
+from calibration.fit.frontend import FrontEndFit
+from calibration.fit.host import host_check
+from calibration.fit.report import final_engine, frontend_sources
 from calibration.harness import env
 from tests.synthetic_bundle import CPU_TRUTH, TINY_CONFIG, make_bundle, write_truth_hwdb
 from tests.test_calibration_host import EPYC

@@ -25,11 +25,11 @@ import yaml
 
 import hwdb
 from calibration import cli
-from calibration.fit import fit_bundle, write_outputs
+from calibration.fit.command import fit_bundle, write_outputs
 from calibration.harness.bundle import Bundle
 from calibration.harness.client import CompletionClient, RequestSpec, as_interrupt, run_open_loop
 from calibration.harness.server import ServerProcess
-from calibration.validate import validate
+from calibration.validation.command import validate
 from tests.synthetic_bundle import CPU_TRUTH, TINY_CONFIG, make_bundle, write_truth_hwdb
 from tests.test_calibration_harness import fake_cmd, free_port
 

@@ -18,7 +18,7 @@ import yaml
 
 import hwdb
 from calibration import cli
-from calibration.fit import fit_bundle, write_outputs
+from calibration.fit.command import fit_bundle, write_outputs
 from calibration.harness.affinity import pin_below
 from calibration.harness.bundle import Bundle
 from calibration.harness.probes import PlanOptions
@@ -31,9 +31,9 @@ from calibration.harness.runner import (
     ensure_tiny_model,
 )
 from calibration.harness.server import ServerProcess
-from calibration.trace_gen import generate
-from calibration.trace_gen import write as write_trace
-from calibration.validate import validate
+from calibration.harness.trace_gen import generate
+from calibration.harness.trace_gen import write as write_trace
+from calibration.validation.command import validate
 from tests.conftest import VLLM_PY, needs_vllm
 from tests.synthetic_bundle import CPU_TRUTH, TINY_CONFIG, make_bundle, write_truth_hwdb
 from tests.test_calibration_harness import fake_cmd, free_port
@@ -206,7 +206,7 @@ def test_vllm_trace_replayed_and_validated(tmp_path):
             assert pin_below(srv.proc.pid, {engine_cpu})     # the engine core's threads, at least
         # the first sends of a new shape ran 10-25% slower than the next in every launch: warm up on it
         measure("W", kinds=("load",), trace=str(trace), trace_limit=60)
-        # the open-loop load gives the front end's API server loop (calibration/fit_frontend.py)
+        # the open-loop load gives the front end's API server loop (calibration/fit/frontend.py)
         fit_dir = measure("A", kinds=("prefill", "decode", "load"), prefill_lengths=[16, 32, 64, 128, 256, 512, 1024],
                           prefill_repeats=3, decode_concurrency=[1, 2, 4, 8], decode_prompt=[64, 512],
                           decode_output=64, decode_rounds=4, load_rates=[4.0], load_requests=30,

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 import hwdb
-from calibration.coldstart_fit import check_profiler_rows, fit_profiler_csvs
+from calibration.coldstart.fit import check_profiler_rows, fit_profiler_csvs
 from hwdb.coldstart import load_coldstart
 from simulator.ops.coldstart import PHASES, ColdStartError, breakdown, capture_sizes, compile_seconds, dynamo_seconds
 from simulator.scenario import PoolConfig, deployment_for

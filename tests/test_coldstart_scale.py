@@ -11,8 +11,8 @@ import yaml
 from rich.console import Console
 
 import hwdb
-from calibration.coldstart_cases import case_breakdowns, cases_markdown, check_cases, phases_markdown
-from calibration.coldstart_holdout import derive_ranges, fed_ranges, held_out_checks, holdout_markdown
+from calibration.coldstart.cases import case_breakdowns, cases_markdown, check_cases, phases_markdown
+from calibration.coldstart.holdout import derive_ranges, fed_ranges, held_out_checks, holdout_markdown
 from hwdb.coldstart import COLDSTART_DIR, load_coldstart
 from simulator.cli.ops import add_subparsers
 from simulator.ops.coldstart import LEVELS, Breakdown, ColdStartError, Phase, breakdown
@@ -198,7 +198,7 @@ def test_docs_tables_are_the_generated_ones(checks, held, held_publication):
 
 def test_ranges_follow_their_stated_rule():
     """Each range a case feeds is the median (typical) and the extremes (low, high) of the measurements
-    its sources list, re-derived in calibration/coldstart_holdout.py: the file agrees to its rounding."""
+    its sources list, re-derived in calibration/coldstart/holdout.py: the file agrees to its rounding."""
     sc = load_coldstart().scale_ranges("vllm-v1")
     derived = derive_ranges()
     assert {"p2p_check_s_per_pair", "loader_Bps_per_rank", "compile_miss_multiplier", "compile_hit_multiplier",

@@ -10,10 +10,10 @@ import pytest
 import yaml
 
 import hwdb
-from calibration import pd_launch
-from calibration.pd_bundle import PDReplayError
-from calibration.pd_options import DEFAULT_CONNECTOR, harness_connectors, pair_connector
-from calibration.pd_replay import transfer_inputs
+from calibration.pd import launch as pd_launch
+from calibration.pd.bundle import PDReplayError
+from calibration.pd.options import DEFAULT_CONNECTOR, harness_connectors, pair_connector
+from calibration.pd.replay import transfer_inputs
 from simulator.pd import connectors
 from simulator.pd.connectors import CONNECTORS, CPU_FILES, CPU_NIXL, KVConnector, connector_strategy
 from simulator.plan import parse_plan_request, run_plan
@@ -151,7 +151,7 @@ def test_a_toy_connector_plans_to_serve_lines_and_kubernetes_manifests(toy_hwdb)
 
 
 class FakeServer:
-    """Records what :func:`calibration.pd_launch.launch_pair` would start, without starting it."""
+    """Records what :func:`calibration.pd.launch.launch_pair` would start, without starting it."""
 
     started: list[FakeServer] = []
 

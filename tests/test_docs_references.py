@@ -13,7 +13,7 @@ is checked when it is the repository's own:
 * a bare file name (``engine.py``) only in a list item that opens with a repository folder (README's
   layout: ``- `simulator/` — ... (`engine.py`)``); elsewhere a bare name is as often vLLM's or SGLang's
   (``toy_proxy_server.py``, ``server_args.py``), so it is not checked;
-* a dotted name under a package (``simulator.goodput.VerdictWatch``, ``python -m calibration.mla_fit``):
+* a dotted name under a package (``simulator.goodput.VerdictWatch``, ``python -m calibration.kernels.mla_fit``):
   the module, and its first attribute among the module's top-level names (read by ast, nothing imported);
 * ``epdsim SUBCOMMAND ... --flag`` in code (spans and fenced blocks): the subcommand (and sub-subcommand)
   in the real parser (``simulator.cli.commands.build_parser``), each ``--flag`` among its options.

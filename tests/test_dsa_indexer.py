@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 import hwdb
-from calibration import dsa_fit, mla_fit
+from calibration.kernels import dsa_fit, mla_fit
 from simulator.scenario import EngineConfig, PoolConfig, deployment_for
 from simulator.step_build import build_step_model
 
@@ -62,7 +62,7 @@ def test_shipped_indexers_on_every_sglang_gpu_within_15_percent_on_held_out_batc
     for gpu in SYSTEMS:
         c, _ = db.mla_curve(gpu, "sglang")
         assert set(c.indexer) == {"bfloat16", "fp8"}, gpu
-        assert "calibration/dsa_fit.py" in c.indexer_source and "skip_indexer" in c.indexer_source
+        assert "calibration/kernels/dsa_fit.py" in c.indexer_source and "skip_indexer" in c.indexer_source
         for x in c.indexer.values():
             assert x.quality.held_out_median_abs_rel_error <= 0.15, gpu
             assert 10e-6 < x.fixed_s < 60e-6, gpu       # tens of microseconds a layer, as measured

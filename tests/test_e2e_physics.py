@@ -1,5 +1,5 @@
 """Measured runs whose own figures need more than the hardware has are listed and left out of scores
-(calibration/e2e_physics.py)."""
+(calibration/e2e/physics.py)."""
 from __future__ import annotations
 
 import dataclasses
@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 
 import hwdb
-from calibration.e2e_physics import PEAK_FRACTION, beyond_hardware
-from calibration.e2e_rows import Row
+from calibration.e2e.physics import PEAK_FRACTION, beyond_hardware
+from calibration.e2e.rows import Row
 from simulator.scenario import PoolConfig, deployment_for
 from simulator.step_build import build_step_model
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from calibration.e2e_rows import COLUMNS, load_rows
+from calibration.e2e.rows import COLUMNS, load_rows
 
 
 def _row(i: str, model: str, tp: int, dp: int, ep: int, batch: int, ttft_ms: float, tpot_ms: float,

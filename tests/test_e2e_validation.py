@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 
 import hwdb
-from calibration import e2e
-from calibration.e2e_report import markdown
-from calibration.e2e_rows import Row, admission_anomaly, load_rows, why_not
+from calibration.e2e import score as e2e
+from calibration.e2e.report import markdown
+from calibration.e2e.rows import Row, admission_anomaly, load_rows, why_not
 from simulator.cli import main as cli_main
 from simulator.confidence import BANDS, assess
 from simulator.perf import regime

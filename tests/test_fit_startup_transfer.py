@@ -1,4 +1,4 @@
-"""calibration.fit_startup / fit_transfer on synthetic bundles (no vLLM)."""
+"""calibration.fit.startup / fit_transfer on synthetic bundles (no vLLM)."""
 from __future__ import annotations
 
 import json
@@ -8,8 +8,8 @@ from types import SimpleNamespace as N
 import pytest
 
 import hwdb
-from calibration.fit_startup import fit_startup, launch_phases, write_startup
-from calibration.fit_transfer import connector_doc, fit_transfer, write_connector
+from calibration.fit.startup import fit_startup, launch_phases, write_startup
+from calibration.fit.transfer import connector_doc, fit_transfer, write_connector
 from hwdb.coldstart import load_coldstart
 from simulator.cli.ops import _deployment
 from simulator.ops.coldstart import breakdown

@@ -1,5 +1,5 @@
 """The front end (simulator/engine/frontend.py): a delay on the way in, the API server's event loop on
-the way out, and its fit from client and server timestamps (calibration/fit_frontend.py)."""
+the way out, and its fit from client and server timestamps (calibration/fit/frontend.py)."""
 from __future__ import annotations
 
 import json
@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import hwdb
-from calibration.fit_frontend import FrontEndFit, fit_frontend
-from calibration.fit_predict import calibrated_engine
+from calibration.fit.frontend import FrontEndFit, fit_frontend
+from calibration.fit.predict import calibrated_engine
 from calibration.harness.bundle import Bundle
 from simulator.engine.frontend import FrontEnd, WayIn, _outputs, api_server, seen_times
 from tests.synthetic_bundle import CPU_TRUTH, TINY_CONFIG, _simulate, make_bundle, write_truth_hwdb

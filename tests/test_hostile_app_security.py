@@ -30,7 +30,7 @@ import hwdb
 import simulator
 from app.services import bundles, calibration, scenarios
 from calibration import cli
-from calibration.fit_inputs import bundle_model, open_bundle
+from calibration.fit.inputs import bundle_model, open_bundle
 from tests.conftest import REPO, run_within
 
 SECRET = "device_config=cpu root:x:0:0 the secret line"

@@ -23,8 +23,8 @@ from pydantic import ValidationError
 
 import app.report
 import simulator.plan.runner
-from calibration import e2e
-from calibration.e2e_rows import DEFAULT_TABLE
+from calibration.e2e import score as e2e
+from calibration.e2e.rows import DEFAULT_TABLE
 from simulator.bounds import Range
 from simulator.epd.epd_config import EmbeddingTransferConfig
 from simulator.errors import escape_controls

@@ -19,7 +19,8 @@ import yaml
 import app.cli
 import hwdb
 from calibration import cli as calibrate
-from calibration import kernel_bench_fit, pd_run
+from calibration.kernels import bench_fit as kernel_bench_fit
+from calibration.pd import run as pd_run
 from tests.hostile import GPU, PLAN, REPO, expect_user_error, put, run_main, scenario, setting
 
 # A run of this many requests takes minutes: a refusal under 5 s came before it.

@@ -23,7 +23,7 @@ import yaml
 import hwdb
 from app.services import bundles, calibration, scenarios
 from calibration import cli
-from calibration.fit_inputs import FitInputError, bundle_model, open_bundle, read_head
+from calibration.fit.inputs import FitInputError, bundle_model, open_bundle, read_head
 from tests.conftest import REPO, run_within
 
 SECRET = "device_config=cpu root:x:0:0 the secret line"

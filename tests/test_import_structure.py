@@ -71,22 +71,22 @@ ALLOWED_LOCAL_IMPORTS: dict[str, set[tuple[str, str]]] = {
     },
     ("`epdsim regress` loads what a suite's entries run (simulate, plan, goodput, end-to-end "
      'validation through calibration) when it runs that kind of entry.'): {
-        ('simulator.regress.runner', 'calibration.e2e'), ('simulator.regress.runner', 'calibration.e2e_rows'),
+        ('simulator.regress.runner', 'calibration.e2e.score'), ('simulator.regress.runner', 'calibration.e2e.rows'),
         ('simulator.regress.runner', 'simulator.goodput'), ('simulator.regress.runner', 'simulator.plan'),
-        ('simulator.regress.runner', 'simulator.run'), ('simulator.regress.suite', 'calibration.e2e_rows'),
+        ('simulator.regress.runner', 'simulator.run'), ('simulator.regress.suite', 'calibration.e2e.rows'),
     },
     ('Calibration subcommands are hooked into the `epdsim` parser; the fits, harness and '
      'validation they run load when a subcommand runs, not when `epdsim --help` builds the '
      'parser.'): {
-        ('calibration.cli', 'calibration.fit'), ('calibration.cli', 'calibration.harness.probes'),
+        ('calibration.cli', 'calibration.fit.command'), ('calibration.cli', 'calibration.harness.probes'),
         ('calibration.cli', 'calibration.harness.runner'), ('calibration.cli', 'calibration.harness.server'),
         ('calibration.cli', 'calibration.harness.trace_plan'),
-        ('calibration.cli', 'calibration.pd_cli'),
-        ('calibration.cli', 'calibration.validate'), ('calibration.e2e_report', 'calibration.e2e'),
-        ('calibration.e2e_report', 'calibration.e2e_rows'), ('calibration.e2e_report', 'simulator.errors'),
-        ('calibration.fit', 'calibration.fit_host'), ('calibration.fit', 'calibration.fit_startup'),
-        ('calibration.fit', 'simulator.scenario'), ('calibration.pd_bundle', 'calibration.harness.bundle'),
-        ('calibration.pd_bundle', 'simulator.console'),
+        ('calibration.cli', 'calibration.pd.cli'),
+        ('calibration.cli', 'calibration.validation.command'), ('calibration.e2e.report', 'calibration.e2e.score'),
+        ('calibration.e2e.report', 'calibration.e2e.rows'), ('calibration.e2e.report', 'simulator.errors'),
+        ('calibration.fit.command', 'calibration.fit.host'), ('calibration.fit.command', 'calibration.fit.startup'),
+        ('calibration.fit.command', 'simulator.scenario'), ('calibration.pd.bundle', 'calibration.harness.bundle'),
+        ('calibration.pd.bundle', 'simulator.console'),
     },
     ("`epdsim report` and `epdsim app` are hooked into the `epdsim` parser by app.cli; the report "
      "(Plotly), the planner and the scenario load when such a subcommand runs, not when `epdsim "
@@ -118,27 +118,29 @@ def _type_checking(node: ast.If) -> bool:
         (isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
 
 
-def _imports(tree: ast.AST, in_functions: bool = False):
-    """Import nodes that run, skipping ``if TYPE_CHECKING:`` bodies; with ``in_functions``, only
-    those inside a function body."""
+def _imports(tree: ast.AST, in_functions: bool = False, type_only: bool = False):
+    """Import nodes that run, skipping ``if TYPE_CHECKING:`` bodies (kept with ``type_only``); with
+    ``in_functions``, only those inside a function body."""
     stack = [(tree, False)]
     while stack:
         node, inside = stack.pop()
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _type_checking(child):
-                stack.extend((c, inside) for c in child.orelse)
+            if isinstance(child, ast.If) and _type_checking(child) and not type_only:
+                stack.append((ast.Module(body=child.orelse, type_ignores=[]), inside))   # the else: branch runs
                 continue
             if isinstance(child, (ast.Import, ast.ImportFrom)) and (inside or not in_functions):
                 yield child
             stack.append((child, inside or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))))
 
 
-def imports_of(name: str, path: Path, modules: dict[str, Path], in_functions: bool = False) -> set[str]:
+def imports_of(name: str, path: Path, modules: dict[str, Path], in_functions: bool = False,
+               type_only: bool = False) -> set[str]:
     """Project modules that ``name`` imports: ``from a.b import c`` is ``a.b.c`` when that is a
-    module, else ``a.b``; relative imports are resolved against the package."""
+    module, else ``a.b``; relative imports are resolved against the package.  With ``type_only``,
+    the imports under ``if TYPE_CHECKING:`` count too."""
     pkg = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
-    for node in _imports(ast.parse(path.read_text(), str(path)), in_functions):
+    for node in _imports(ast.parse(path.read_text(), str(path)), in_functions, type_only):
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         else:
@@ -398,3 +400,115 @@ def test_every_strategy_registry_is_the_one_registry_class():
     gone = sorted(set(ALLOWED_PLAIN_REGISTRIES) - set(plain))
     assert not gone, f"no longer plain: drop them from ALLOWED_PLAIN_REGISTRIES: {gone}"
     assert built == set(REGISTRIES), f"Registry objects not in REGISTRIES, or gone: {sorted(built ^ set(REGISTRIES))}"
+
+
+# ------------------------------------------------------------------------ calibration's sub-packages
+
+# calibration/ in the order of its flow (calibration/__init__.py says why): the harness measures a real
+# vLLM server into a bundle, the fit turns a bundle into a profile, validation replays a bundle against
+# it.  pd (a prefill/decode pair: its launch, run, bundle and replay) is built on the harness; kernels,
+# coldstart and e2e fit and check published measurements and need none of the others.  calibration.cli
+# (`epdsim calibrate`) is on top and may import every one.  Each sub-package may import these besides
+# itself (and hwdb and simulator); an import under `if TYPE_CHECKING:` counts like any other.
+CALIBRATION_LAYERS: dict[str, set[str]] = {
+    "calibration.harness": set(),
+    "calibration.pd": {"calibration.harness"},
+    "calibration.fit": {"calibration.harness"},
+    "calibration.validation": {"calibration.harness", "calibration.fit"},
+    "calibration.kernels": {"calibration.harness"},
+    "calibration.coldstart": set(),
+    "calibration.e2e": set(),
+}
+CALIBRATION_TOP = ("calibration", "calibration.cli")     # the package's docstring, and the command on top
+
+
+def calibration_part(module: str) -> str:
+    """``calibration.fit.solver`` -> ``calibration.fit``; the two top modules are their own part."""
+    return module if module in CALIBRATION_TOP else ".".join(module.split(".")[:2])
+
+
+@lru_cache(maxsize=1)
+def typed_graph() -> dict[str, set[str]]:
+    """The import graph with the ``if TYPE_CHECKING:`` imports counted: a type-only cycle is still a
+    cycle of the design (the two modules can only be read together)."""
+    modules = project_modules()
+    return {m: imports_of(m, p, modules, type_only=True) for m, p in modules.items()}
+
+
+def calibration_edges(g: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """(importing part, imported part) for every import between two parts of calibration."""
+    return {(calibration_part(a), calibration_part(b)) for a, bs in g.items() if a.startswith("calibration")
+            for b in bs if b.startswith("calibration") and calibration_part(a) != calibration_part(b)}
+
+
+def test_calibration_is_sub_packages():
+    """No flat room again: every calibration module sits in a listed sub-package (with its __init__.py),
+    except the package's own __init__ and the command line."""
+    parts = {calibration_part(m) for m in project_modules() if m.startswith("calibration")}
+    listed = {*CALIBRATION_LAYERS, *CALIBRATION_TOP}
+    assert parts == listed, (f"calibration modules outside the listed sub-packages: {sorted(parts - listed)}"
+                             f"; sub-packages gone: {sorted(listed - parts)}")
+    for part in CALIBRATION_LAYERS:
+        assert REPO.joinpath(*part.split("."), "__init__.py").is_file(), f"{part} has no __init__.py"
+
+
+def test_calibration_layering():
+    """Each sub-package imports only those below it (the harness no fit, pd or validation; the fit no
+    validation; kernels, coldstart and e2e nothing of the others); nothing imports the command line."""
+    bad = sorted((a, b) for a, b in calibration_edges(typed_graph())
+                 if a != "calibration.cli" and (a == "calibration" or b not in CALIBRATION_LAYERS[a]))
+    assert not bad, ("calibration sub-packages importing across their layers: "
+                     + ", ".join(f"{a} -> {b}" for a, b in bad))
+    assert not calibration_edges({"calibration.harness.x": {"calibration.harness.y"}})     # within: no edge
+    assert calibration_edges({"calibration.fit.a": {"calibration.validation.b"}}) == {
+        ("calibration.fit", "calibration.validation")}
+
+
+def test_calibration_has_no_cycles_type_only_included():
+    """No two calibration modules, and no two of its sub-packages, import each other, counting the
+    imports under ``if TYPE_CHECKING:`` (the fit and its report, the kernel fit and its profile, once
+    did: the shared types moved down, BundleFit to calibration.fit.result, FitResult to
+    calibration.kernels.profile)."""
+    g = typed_graph()
+    sub = {a: {b for b in bs if b.startswith("calibration")} for a, bs in g.items() if a.startswith("calibration")}
+    found = [sorted(c) for c in cycles(sub)]
+    assert not found, "calibration modules in an import cycle: " + "; ".join(" <-> ".join(c) for c in found)
+    parts: dict[str, set[str]] = {}
+    for a, b in calibration_edges(g):
+        parts.setdefault(a, set()).add(b)
+    found = [sorted(c) for c in cycles(parts)]
+    assert not found, "calibration sub-packages in an import cycle: " + "; ".join(" <-> ".join(c) for c in found)
+    for a, b in (("calibration.fit.command", "calibration.fit.report"),
+                 ("calibration.kernels.fit", "calibration.kernels.profile")):
+        assert not (b in g[a] and a in g[b]), f"{a} and {b} import each other again"
+
+
+def test_type_only_reader_sees_type_checking_imports(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text("import a\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import c\n"
+                   "    from b import x\nelse:\n    import d\n")
+    modules = dict.fromkeys(("m", "a", "b", "c", "d"), src)
+    assert imports_of("m", src, modules) == {"a", "d"}
+    assert imports_of("m", src, modules, type_only=True) == {"a", "b", "c", "d"}
+
+
+def docs_text() -> str:
+    return "\n".join(p.read_text() for p in sorted([*REPO.joinpath("docs").rglob("*.md"), REPO / "README.md"]))
+
+
+def test_no_calibration_module_is_orphaned():
+    """Every calibration module has a user: a project module imports it, or the docs run it
+    (``python -m calibration.x``, a ``__main__`` block), or the docs name it as the code behind a check
+    (``calibration.validation.perf_check``, run by its tests).  Package __init__ modules are exempt."""
+    modules, g, docs = project_modules(), typed_graph(), docs_text()
+    imported = set().union(*(bs for a, bs in g.items()))
+    orphans = []
+    for m, path in sorted(modules.items()):
+        if not m.startswith("calibration") or path.name == "__init__.py" or m in imported:
+            continue
+        entry = '__name__ == "__main__"' in path.read_text() and f"python -m {m}" in docs
+        named = re.search(rf"(?<![\w.]){re.escape(m)}(?![\w])", docs) or \
+            (path.relative_to(REPO).as_posix() in docs)
+        if not (entry or named):
+            orphans.append(m)
+    assert not orphans, f"calibration modules nothing uses or documents: {orphans}"

@@ -1,4 +1,4 @@
-"""Kernel microbenchmarks (calibration/harness/kernels.py) and their fit (calibration/kernel_bench_fit.py)."""
+"""Kernel microbenchmarks (calibration/harness/kernels.py) and their fit (calibration/kernels/bench_fit.py)."""
 from __future__ import annotations
 
 import json
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import yaml
 
-from calibration import kernel_bench_fit as kbf
 from calibration.harness.bundle import Bundle
-from calibration.kernel_tables import decode_attention_time, prefill_attention_time
+from calibration.kernels import bench_fit as kbf
+from calibration.kernels.tables import decode_attention_time, prefill_attention_time
 from hwdb.profiles import Profile
 
 REPO = Path(__file__).resolve().parents[1]

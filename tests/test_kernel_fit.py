@@ -1,4 +1,4 @@
-"""Tests for calibration.kernel_fit and the committed vLLM 0.24.0 profiles.
+"""Tests for calibration.kernels.fit and the committed vLLM 0.24.0 profiles.
 
 Thresholds on the committed profiles' held-out median |relative error| (see
 docs/kernel_fit.md for the measured figures they guard):
@@ -22,8 +22,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from calibration import kernel_fit as kf
-from calibration import kernel_tables as kt
+from calibration.kernels import fit as kf
+from calibration.kernels import tables as kt
 from hwdb.db import HardwareDB
 from hwdb.profiles import Profile
 

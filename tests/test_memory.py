@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 import hwdb
-from calibration.memory_fit import OTHER, _other_tokens, activation_fit, vllm_points
+from calibration.kernels.memory_fit import OTHER, _other_tokens, activation_fit, vllm_points
 from simulator.cli import main
 from simulator.memory import GiB, sglang_fraction, sglang_max_running
 from simulator.perf import FitError, plan_memory

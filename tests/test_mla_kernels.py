@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 import hwdb
-from calibration import mla_fit
+from calibration.kernels import mla_fit
 from hwdb.mla import MlaContext, MlaGeneration
 from hwdb.profiles import FitQuality
 from simulator.scenario import EngineConfig, PoolConfig, deployment_for

@@ -1,4 +1,4 @@
-"""The measured fused-MoE kernel curves (hwdb/moe.py, calibration/moe_fit.py) and how the step model uses them.
+"""The measured fused-MoE kernel curves (hwdb/moe.py, calibration/kernels/moe_fit.py) and how the step model uses them.
 
 Without ../shared the shipped curves are still checked (they load, each names its table and held-out
 error, the step model's MoE part is the curve's own form); with it, a refit of one table gives the
@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 import hwdb
-from calibration import moe_fit
+from calibration.kernels import moe_fit
 from hwdb.moe import FORMATS
 from simulator.scenario import PoolConfig, deployment_for
 from simulator.step_build import build_step_model

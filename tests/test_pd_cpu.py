@@ -1,4 +1,4 @@
-"""Our PD router (calibration/harness/pd_router.py) and the disaggregated pair on CPU (calibration/pd_run.py).
+"""Our PD router (calibration/pd/router.py) and the disaggregated pair on CPU (calibration/pd/run.py).
 
 * Fast: the router against in-process fake prefill/decode servers (httpx MockTransport): what it sends
   to each, that it relays the decode stream unchanged, that it records timings and server metrics,
@@ -17,10 +17,10 @@ import httpx
 import pytest
 
 from calibration.harness.client import CompletionClient, RequestSpec
-from calibration.harness.pd_router import PDRouter, decode_body, prefill_body
 from calibration.harness.runner import ensure_tiny_model
-from calibration.pd_launch import count_injections, launch_pair
-from calibration.pd_run import drive
+from calibration.pd.launch import count_injections, launch_pair
+from calibration.pd.router import PDRouter, decode_body, prefill_body
+from calibration.pd.run import drive
 from tests.conftest import VLLM_PY, needs_vllm
 
 

@@ -23,11 +23,11 @@ import pytest
 import yaml
 
 import hwdb
-from calibration import pd_run
 from calibration.cli import build_parser
 from calibration.cli import main as calibrate_main
-from calibration.fit import fit_bundle, profile_name, write_outputs
-from calibration.pd_launch import nixl_problem, nixl_transfers, parse_counters
+from calibration.fit.command import fit_bundle, profile_name, write_outputs
+from calibration.pd import run as pd_run
+from calibration.pd.launch import nixl_problem, nixl_transfers, parse_counters
 from tests.conftest import VLLM_PY, needs_vllm
 from tests.synthetic_bundle import CPU_TRUTH, TINY_CONFIG, make_bundle, write_truth_hwdb
 
@@ -151,7 +151,7 @@ def _pd_bundle(folder: Path, n: int = 8, connector: str = "ExampleConnector") ->
 def test_pd_bundle_replays_with_the_fitted_engine_and_shows(fitted_hw, tmp_path, capsys):
     fit, hw, _ = fitted_hw
     pd = _pd_bundle(tmp_path / "pd-run")
-    # python -m calibration.pd_run replay: --engine given, the model taken from HWDB/models/tiny-llama
+    # python -m calibration.pd.run replay: --engine given, the model taken from HWDB/models/tiny-llama
     assert pd_run.main(["replay", str(pd), "--hwdb", str(hw), "--engine", fit.profile.name]) == 0
     report = json.loads((pd / "replay" / "report.json").read_text())
     assert report["n"] == 8 and report["completed_pred"] == 8

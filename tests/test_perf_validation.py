@@ -7,7 +7,7 @@ Two groups of tests (the second in test_perf_vs_measured.py):
 * Roofline sanity checks that need no data: which bound wins, TP scaling, fp8
   bytes and compute curve, MoE expert reads, the input embedding left out of
   the streamed bytes, MLA KV replication, the per-GEMM memory floor, and that
-  ``calibration.perf_check`` reproduces ``StepModel.step_time`` term by term.
+  ``calibration.validation.perf_check`` reproduces ``StepModel.step_time`` term by term.
 * Comparisons with Vidur's H100 Llama-2-70B operator timings and all-reduce
   table, and aiconfigurator's GEMM, NCCL and vLLM all-reduce tables (H100,
   H200), read from ``../shared/data/kernels``.  They skip when ``../shared`` is
@@ -28,7 +28,7 @@ import dataclasses
 import pytest
 
 import hwdb
-from calibration import perf_check as pc
+from calibration.validation import perf_check as pc
 from simulator.perf import plan_memory, regime
 from simulator.step_build import build_step_model
 from tests.perf_models import deployment, step_model

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 import hwdb
-from calibration import perf_check as pc
+from calibration.validation import perf_check as pc
 from tests.perf_models import KERNELS, deployment, needs_shared, show, step_model
 
 

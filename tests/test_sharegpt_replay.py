@@ -1,4 +1,4 @@
-"""The ShareGPT-300 replay against LLMServingSim's published vLLM 0.19.0 runs (calibration.sharegpt_replay).
+"""The ShareGPT-300 replay against LLMServingSim's published vLLM 0.19.0 runs (calibration.validation.sharegpt_replay).
 
 Bounds come from the errors measured when this test was written (docs/validation/sharegpt.md); they
 are regression guards on an uncalibrated model, not accuracy claims:
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import pytest
 
-from calibration import sharegpt_replay as sg
+from calibration.validation import sharegpt_replay as sg
 from tests.conftest import SHARED
 
 LLAMA = ("rtx4090-llama8b", "pro6000-llama8b")

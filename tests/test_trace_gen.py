@@ -1,4 +1,4 @@
-"""``epdsim calibrate make-trace`` (calibration/trace_gen.py): a bursty trace of several request kinds
+"""``epdsim calibrate make-trace`` (calibration/harness/trace_gen.py): a bursty trace of several request kinds
 that the harness replays and the simulator reads; checked against the MMPP's closed forms."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from calibration import cli
 from calibration.harness import trace_plan
-from calibration.trace_gen import DEFAULT_CLASSES, generate, mmpp_arrivals, parse_class
+from calibration.harness.trace_gen import DEFAULT_CLASSES, generate, mmpp_arrivals, parse_class
 from tests.conftest import REPO
 
 

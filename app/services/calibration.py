@@ -1,7 +1,7 @@
 """Calibration bundles in the app: overview, fit and validation as tables (no Streamlit).
 
 A bundle is the folder ``epdsim calibrate run`` writes; the fit and the validation are the code
-paths of ``epdsim calibrate fit|validate`` (calibration/fit.py, calibration/validate.py).
+paths of ``epdsim calibrate fit|validate`` (calibration/fit/command.py, calibration/validation/command.py).
 """
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ import hwdb
 from app.services import bundles
 from app.services.scenarios import InputError
 from calibration.cli import bundle_summary
-from calibration.fit import fit_bundle
-from calibration.fit_inputs import open_bundle
-from calibration.fit_report import write_outputs
+from calibration.fit.command import fit_bundle
+from calibration.fit.inputs import open_bundle
+from calibration.fit.report import write_outputs
 from calibration.harness.bundle import BundleError
-from calibration.validate import validate
+from calibration.validation.command import validate
 
 
 def _errors():

@@ -13,6 +13,8 @@ Modules:
 - ``probes``: prefill sweep, decode sweep, load tests.
 - ``bundle``: the measurement bundle (manifest + append-only JSONL records, resumable).
 - ``runner``: one calibration run (server, bundle, warm-up, phases); ``env``: hardware and versions.
+- ``trace_plan``: a load phase replayed from a trace file; ``trace_gen``: bursty traces to replay
+  (``epdsim calibrate make-trace``).
 
 Only ``model`` and ``vllm_launcher`` run in the vLLM environment; everything else needs the
 project's dependencies plus ``httpx`` and talks to the server over HTTP only.

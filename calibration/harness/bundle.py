@@ -95,7 +95,7 @@ class Bundle:
             raise BundleError(f"{mf} cannot be read ({str(exc)[:160]})") from None
         if not isinstance(m, dict):
             raise BundleError(f"{mf} must hold a JSON object")
-        if m.get("kind") == "pd_run":   # calibration/pd_bundle.py reads these
+        if m.get("kind") == "pd_run":   # calibration/pd/bundle.py reads these
             raise BundleError(f"{path} is a PD bundle (written by `epdsim calibrate run --pd`), not a "
                               f"colocated calibration bundle: summarise it with `epdsim calibrate show {path}` and "
                               f"replay it with `epdsim calibrate validate {path} --profile HWDB_DIR`")

@@ -62,7 +62,7 @@ def _num(s: str):
         return s
 
 
-#: the ISA features that set a CPU's matmul peak (what calibration.fit_host derives CPU-host from)
+#: the ISA features that set a CPU's matmul peak (what calibration.fit.host derives CPU-host from)
 ISA_FLAGS = ("amx_bf16", "amx_int8", "amx_tile", "avx512f", "avx512_bf16", "avx512_vnni", "avx512_fp16",
              "avx2", "fma", "asimd", "sve", "sve2")
 

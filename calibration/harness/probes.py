@@ -95,7 +95,7 @@ class PlanOptions:
                                                      [16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]),
             prefill_repeats=self.prefill_repeats or (2 if q else 3),
             decode_concurrency=self.decode_concurrency or ([1, 4, 16] if q else [1, 2, 4, 8, 16, 32, 64]),
-            # two prompt lengths, so that the fit sees the decode attention's KV stream (calibration/fit.py)
+            # two prompt lengths, so that the fit sees the decode attention's KV stream (calibration/fit/command.py)
             decode_prompt=self.decode_prompt or ([64, 512] if q else [128, 1024]),
             decode_output=self.decode_output or (32 if q else 128),
             decode_rounds=self.decode_rounds,

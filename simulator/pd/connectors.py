@@ -58,7 +58,7 @@ MOONCAKE_PROXY = "examples/disaggregated/mooncake_connector/mooncake_connector_p
 # The hwdb connectors a comparison uses when it names none: on GPU-direct fabrics, and on the others.
 RDMA_CONNECTOR = "nixl"
 HOST_STAGED_CONNECTOR = "tcp"
-# How the CPU calibration pair (calibration.pd_run) reads a connector's transfers (KVConnector.cpu_pair): KV
+# How the CPU calibration pair (calibration.pd.run) reads a connector's transfers (KVConnector.cpu_pair): KV
 # through the shared kv_path folder, seen in the decode log and timed by a file probe; or NIXL reads, from the
 # decode server's vllm:nixl_* histograms, after a check that the vLLM Python has NIXL.
 CPU_FILES = "files"
@@ -177,7 +177,7 @@ class KVConnector:
         return ["--disaggregation-ib-device", ib_device] if ib_device and not tcp else []
 
     def cpu_kv_transfer_config(self, kv_role: str, kv_path: str) -> dict:
-        """``--kv-transfer-config`` of one server of the CPU calibration pair (:mod:`calibration.pd_launch`):
+        """``--kv-transfer-config`` of one server of the CPU calibration pair (:mod:`calibration.pd.launch`):
         ``kv_role`` is vLLM's (``kv_producer`` / ``kv_consumer``), ``kv_path`` a folder both servers share."""
         return {"kv_connector": self.vllm_connector(), "kv_role": kv_role}
 

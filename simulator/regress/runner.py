@@ -40,9 +40,9 @@ class Task:
 
 
 def _run_e2e(entry: E2EEntry, figures: tuple[str, ...]) -> dict[str, float | str]:
-    """Validation errors of the entry's fixed subset of measured runs (calibration.e2e)."""
-    from calibration import e2e  # noqa: PLC0415 - calibration sits above the simulator; loads on an e2e entry
-    from calibration.e2e_rows import load_rows  # noqa: PLC0415 - calibration sits above the simulator
+    """Validation errors of the entry's fixed subset of measured runs (calibration.e2e.score)."""
+    from calibration.e2e import score as e2e  # noqa: PLC0415 - calibration sits above the simulator; loads on an e2e entry
+    from calibration.e2e.rows import load_rows  # noqa: PLC0415 - calibration sits above the simulator
     assert entry.table is not None, "load_suite resolves the entry's table"
     rows = [r for r in load_rows(entry.table) if r.backend in entry.engines
             and (entry.split == "all" or e2e.split(r) == entry.split)][::entry.sample]

@@ -129,7 +129,7 @@ E2E_FIGURES = {"ttft_mape": "mean |relative error| of mean TTFT over the rows", 
 
 
 class E2EEntry(StrictModel):
-    """A fixed subset of the measured serving runs (calibration.e2e): the validation's error is the figure.
+    """A fixed subset of the measured serving runs (calibration.e2e.score): the validation's error is the figure.
 
     ``table``: the measurement CSV (default ``../shared/data/e2e/serving_measurements.csv``);
     ``engines``: table backends kept; ``split``: 'held-out', 'fit' or 'all' rows; ``sample``: every
@@ -319,7 +319,7 @@ def _plan_entry(path: Path, i: int, e: PlanEntry, suite: Suite) -> Entry:
 
 
 def _e2e_entry(path: Path, i: int, e: E2EEntry, suite: Suite) -> Entry:
-    from calibration.e2e_rows import DEFAULT_TABLE  # noqa: PLC0415 - calibration sits above the simulator
+    from calibration.e2e.rows import DEFAULT_TABLE  # noqa: PLC0415 - calibration sits above the simulator
     table = Path(e.table) if e.table and Path(e.table).is_absolute() else (path.parent / e.table if e.table
                                                                            else DEFAULT_TABLE)
     if not table.is_file():
