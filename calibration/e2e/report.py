@@ -89,9 +89,10 @@ def markdown(df: pd.DataFrame, min_rows: int = 20) -> str:
                      f"{1e3 * r.ttft_pred_s:.0f} | {1e3 * r.tpot_s:.1f} / {1e3 * r.tpot_pred_s:.1f} |")
     ex = e2e.excluded(df)
     if len(ex):
-        lines += ["", f"Measured runs left out of the scores ({len(ex)}): simulated, but their own figures say the "
-                  "server held far fewer requests than its stated settings admit (`admission_anomaly` in "
-                  "calibration/e2e/rows.py):", "",
+        lines += ["", f"Measured runs left out of the scores ({len(ex)}): simulated, but made with speculative "
+                  "decoding (`calibration/e2e/spec.py`), or their own figures need more than the hardware has "
+                  "(`calibration/e2e/physics.py`) or say the server held far fewer requests than its stated settings "
+                  "admit (`admission_anomaly` in calibration/e2e/rows.py):", "",
                   "| id | C | TTFT meas / pred (ms) | TPOT meas / pred (ms) | why |", "|---|---|---|---|---|"]
         for r in ex.itertuples():
             lines.append(f"| {r.id} | {r.concurrency} | {1e3 * r.ttft_s:.0f} / {1e3 * r.ttft_pred_s:.0f} | "

@@ -23,6 +23,7 @@ import pandas as pd
 import hwdb
 from calibration.e2e.physics import beyond_hardware
 from calibration.e2e.rows import REQUESTS_PER_CLIENT, Row, admission_anomaly, to_scenario, why_not
+from calibration.e2e.spec import speculative
 from hwdb.schema import Figure
 from simulator.run import simulate
 from simulator.scenario import ScenarioError, parse_scenario, resolve
@@ -62,7 +63,7 @@ def _predict_one(row: Row, db, client: dict, requests_per_client: int, kv_mode: 
     # The batch a client waits on is the decode side's (the only pool of a colocated run).
     ranks = last.dep.dp * last.pool.instances
     rec["kv_dtype"] = last.dep.kv_dtype
-    rec["excluded"] = (beyond_hardware(row, last.dep, last.step)
+    rec["excluded"] = (speculative(row) or beyond_hardware(row, last.dep, last.step)
                        or admission_anomaly(row, last.memory.kv_tokens * ranks, last.dep.knobs.max_num_seqs * ranks))
     req = res.requests
     done = req[(req["outcome"] == "completed") & ~req.get("warmup", False)]
@@ -180,7 +181,9 @@ def scored(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def excluded(df: pd.DataFrame) -> pd.DataFrame:
-    """Simulated rows left out of the scores (:func:`calibration.e2e.rows.admission_anomaly`), with why."""
+    """Simulated rows left out of the scores, with why: runs made with speculative decoding
+    (:func:`calibration.e2e.spec.speculative`), beyond the hardware (:mod:`calibration.e2e.physics`) or with
+    an admission anomaly (:func:`calibration.e2e.rows.admission_anomaly`)."""
     if "excluded" not in df:
         return df.iloc[:0]
     return df[(df["reason"] == "") & (df["excluded"].fillna("") != "")]
