@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from calibration.kernels import fit as kf
+from calibration.kernels import profile as kp
 from calibration.kernels import tables as kt
 from hwdb.db import HardwareDB
 from hwdb.profiles import Profile
@@ -43,7 +44,7 @@ needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"kernel tables not pr
 
 
 def _profile(gpu: str) -> Profile:
-    return kf.read_profile(PROFILES / f"{gpu}_vllm-0.24.0.yaml")
+    return kp.read_profile(PROFILES / f"{gpu}_vllm-0.24.0.yaml")
 
 
 # --------------------------------------------------------------------------- (a) committed profiles
@@ -70,7 +71,7 @@ def test_profiles_are_found_by_gpu_name():
     """The hwdb loader keys profiles by name and finds them by (gpu, engine); the gpu names
     are the canonical hwdb GPU names (checked against gpus/*.yaml where those files exist)."""
 
-    profs = {p.name: p for p in map(kf.read_profile, sorted(PROFILES.glob("*_vllm-0.24.0.yaml")))}
+    profs = {p.name: p for p in map(kp.read_profile, sorted(PROFILES.glob("*_vllm-0.24.0.yaml")))}
     db = HardwareDB(profiles=profs)
     for gpu in GPUS:
         prof = db.profile_for(gpu, "vllm")
@@ -82,7 +83,7 @@ def test_profiles_are_found_by_gpu_name():
 
 def test_profile_yaml_is_sorted_and_round_trips(tmp_path):
     p = _profile("H100-SXM-80GB")
-    out = kf.write_profile(p, tmp_path / "x.yaml")
+    out = kp.write_profile(p, tmp_path / "x.yaml")
     data = yaml.safe_load(out.read_text())
     assert list(data) == sorted(data)
     assert Profile.model_validate(data) == p
@@ -124,12 +125,12 @@ def test_refit_reproduces_committed_h100_profile():
 def test_committed_h100_predicts_held_out_real_model_shapes():
     """Predict the held-out Llama layers from the committed YAML alone and check the stated error."""
     p = _profile("H100-SXM-80GB")
-    tables = kf.load_tables(DATA, "h100_sxm")
-    peaks = kf.load_peaks(DATA, "h100_sxm")
+    tables = kt.load_tables(DATA, "h100_sxm")
+    peaks = kt.load_peaks(DATA, "h100_sxm")
 
-    g = kf.select_gemm(tables["gemm"])
-    g = g[(g.dtype == "bf16") & kf.holdout_mask_gemm(g, "models")]
-    assert set(zip(g.n, g.k, strict=True)) == set(kf.HELD_OUT_GEMM)
+    g = kt.select_gemm(tables["gemm"])
+    g = g[(g.dtype == "bf16") & kt.holdout_mask_gemm(g, "models")]
+    assert set(zip(g.n, g.k, strict=True)) == set(kt.HELD_OUT_GEMM)
     pred = kt.gemm_time(g.m, g.n, g.k, 2.0, peaks["bf16"], peaks["mem_bw"],
                         p.compute_efficiency, p.memory_efficiency)
     err = np.abs(pred / g.t.to_numpy() - 1)
@@ -140,16 +141,16 @@ def test_committed_h100_predicts_held_out_real_model_shapes():
     per_shape = pd.Series(err, index=g.index).groupby([g.n, g.k]).median()
     assert per_shape.max() < THRESH["gemm_bf16"], per_shape.to_dict()
 
-    d = kf.select_decode(tables["generation_attention"])
-    d = d[kf.holdout_mask_attn(d, "models")]
-    pred = kf.decode_attention_time(d.batch_size, d.ctx, d.num_key_value_heads, d.head_dim, 2.0,
+    d = kt.select_decode(tables["generation_attention"])
+    d = d[kt.holdout_mask_attn(d, "models")]
+    pred = kt.decode_attention_time(d.batch_size, d.ctx, d.num_key_value_heads, d.head_dim, 2.0,
                                     peaks["mem_bw"], p.attention_decode_efficiency)
     err = np.median(np.abs(pred / d.t.to_numpy() - 1))
     assert err == pytest.approx(p.quality["attention_decode_efficiency"].held_out_median_abs_rel_error, abs=0.002)
 
-    a = kf.select_prefill(tables["context_attention"])
-    a = a[kf.holdout_mask_attn(a, "models")]
-    pred = kf.prefill_attention_time(a.batch_size, a.isl, a.num_heads, a.head_dim, peaks["bf16"],
+    a = kt.select_prefill(tables["context_attention"])
+    a = a[kt.holdout_mask_attn(a, "models")]
+    pred = kt.prefill_attention_time(a.batch_size, a.isl, a.num_heads, a.head_dim, peaks["bf16"],
                                      p.attention_prefill_efficiency)
     err = np.median(np.abs(pred / a.t.to_numpy() - 1))
     assert err == pytest.approx(p.quality["attention_prefill_efficiency"].held_out_median_abs_rel_error,
@@ -159,8 +160,8 @@ def test_committed_h100_predicts_held_out_real_model_shapes():
 @needs_data
 def test_generation_step_is_cached_length():
     """Decode latency at large sizes scales with batch * (step + 1): step is the KV length."""
-    gen = kf.load_tables(DATA, "h200_sxm")["generation_attention"]
-    d = kf.select_decode(gen)
+    gen = kt.load_tables(DATA, "h200_sxm")["generation_attention"]
+    d = kt.select_decode(gen)
     d = d[(d.num_heads == 64) & (d.num_key_value_heads == 8) & (d.head_dim == 128)]
     big = d[d.batch_size * d.ctx == 8 * 32768].set_index("batch_size").t
     assert len(big) >= 3
@@ -186,7 +187,7 @@ def test_fit_recovers_synthetic_parameters():
     m, n, k = (a.ravel() for a in np.meshgrid(ms, nks, nks, indexing="ij"))
     rows = []
     for dt, comp in (("bf16", true["comp"]), ("fp8", true["fp8"])):
-        t = kt.gemm_time(m, n, k, kf.WEIGHT_BYTES[dt], peaks[dt], peaks["mem_bw"], comp, true["mem"])
+        t = kt.gemm_time(m, n, k, kt.WEIGHT_BYTES[dt], peaks[dt], peaks["mem_bw"], comp, true["mem"])
         rows.append(pd.DataFrame({"m": m, "n": n, "k": k, "dtype": dt, "t": _noisy(t, rng)}))
     comp, comp8, mem = kf.fit_gemm(pd.concat(rows, ignore_index=True), peaks)
     for got, want in ((comp, true["comp"]), (mem, true["mem"]), (comp8, true["fp8"])):
@@ -195,7 +196,7 @@ def test_fit_recovers_synthetic_parameters():
 
     b, s, h, d = (a.ravel() for a in np.meshgrid([1, 2, 4, 8, 16, 32], [256, 512, 1024, 2048, 4096, 8192],
                                                  [8, 32], [64, 128], indexing="ij"))
-    t = kf.prefill_attention_time(b, s, h, d, peaks["bf16"], true["pre"])
+    t = kt.prefill_attention_time(b, s, h, d, peaks["bf16"], true["pre"])
     pre = kf.fit_prefill(pd.DataFrame({"batch_size": b, "isl": s, "num_heads": h, "head_dim": d,
                                        "t": _noisy(t, rng)}), peaks["bf16"])
     assert pre[0] == pytest.approx(true["pre"][0], rel=0.10)
@@ -204,7 +205,7 @@ def test_fit_recovers_synthetic_parameters():
     b, c, kvh, d = (a.ravel() for a in np.meshgrid([1, 4, 16, 64, 256], [16, 128, 1024, 8192, 65536],
                                                    [1, 8], [64, 128], indexing="ij"))
     w = np.full(b.shape, 2.0)
-    t = kf.decode_attention_time(b, c, kvh, d, w, peaks["mem_bw"], true["dec"])
+    t = kt.decode_attention_time(b, c, kvh, d, w, peaks["mem_bw"], true["dec"])
     dec = kf.fit_decode(pd.DataFrame({"batch_size": b, "ctx": c, "num_key_value_heads": kvh, "head_dim": d,
                                       "kv_bytes_per_elem": w, "t": _noisy(t, rng)}), peaks["mem_bw"])
     assert dec[0] == pytest.approx(true["dec"][0], rel=0.10)
@@ -214,4 +215,4 @@ def test_fit_recovers_synthetic_parameters():
 def test_bad_holdout_is_rejected():
     df = pd.DataFrame({"n": [256], "k": [256]})
     with pytest.raises(ValueError, match="holdout"):
-        kf.holdout_mask_gemm(df, "nope")
+        kt.holdout_mask_gemm(df, "nope")

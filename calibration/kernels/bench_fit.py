@@ -27,7 +27,8 @@ import yaml
 
 import hwdb
 from calibration.harness.bundle import Bundle, BundleError
-from calibration.kernels.fit import fit_curves, fit_quality, fmt_pct, round_sig
+from calibration.kernels.fit import fit_curves, fit_quality, round_sig
+from calibration.kernels.profile import fmt_pct
 from calibration.kernels.tables import Curve, decode_attention_time, efficiency_at, prefill_attention_time
 from hwdb.profiles import Profile
 from hwdb.schema import EfficiencyCurve

@@ -35,35 +35,19 @@ import hwdb
 from calibration.kernels.comm_fit import curve_for as allreduce_curve
 from calibration.kernels.gemm_shape_fit import curves_for
 from calibration.kernels.profile import SIG as _SIG
-from calibration.kernels.profile import (  # noqa: F401 - re-exported: bench_fit, tests
+from calibration.kernels.profile import (
     FitResult,
     fit_summary,
-    fmt_pct,
     profile_filename,
-    read_profile,
     result_to_profile,
     write_profile,
 )
-from calibration.kernels.tables import (  # noqa: F401 - re-exported for callers of this module
-    ATTN_HEAD_DIMS,
-    ATTN_MIN_HEADS,
+from calibration.kernels.tables import (
     DATASET,
-    DATASET_CITE,
-    DECODE_MAX_BATCH,
-    DECODE_MIN_CTX,
-    ENGINE,
-    ENGINE_VERSION,
-    HELD_OUT_ATTN,
-    HELD_OUT_GEMM,
     HOLDOUTS,
-    M_MAX,
-    M_MIN,
-    MIN_NK,
-    PREFILL_MIN_ISL,
     SYSTEMS,
     WEIGHT_BYTES,
     Curve,
-    as_curve,
     attn_common,
     decode_attention_time,
     efficiency_at,
@@ -77,7 +61,6 @@ from calibration.kernels.tables import (  # noqa: F401 - re-exported for callers
     select_decode,
     select_gemm,
     select_prefill,
-    table_paths,
 )
 from hwdb.profiles import FitQuality, Profile
 
