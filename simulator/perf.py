@@ -12,7 +12,7 @@ prefill chunks scheduled in it).  Its GPU time is the roofline maximum of
 
 plus two tensor-parallel all-reduces per layer (ring over the node's link),
 pipeline hand-offs, and a per-step host overhead that is small when the step
-fits a captured CUDA graph.  :class:`StepModel` precomputes coefficients so
+fits a captured CUDA graph.  :class:`simulator.stepmodel.StepModel` precomputes coefficients so
 that :meth:`StepModel.step_time` costs a few dozen float operations whatever
 the batch size: the engine passes aggregates, never per-request lists.
 """
@@ -39,7 +39,6 @@ from simulator.memory import (
     memory_fraction,
     sglang_max_running,
 )
-from simulator.stepmodel import StepModel, interp_linear, regime  # noqa: F401 -- re-exported: one import path
 
 GiB = 2 ** 30
 

@@ -26,10 +26,11 @@ from simulator.ops.opsstart import StartTimes, StartupError, start_times
 from simulator.pd.flows import FLOWS
 from simulator.pd.pd import TransferConfigError, TransferPlan, build_transfer_plan
 from simulator.pd.pd_config import KVTransferConfig
-from simulator.perf import Deployment, EngineKnobs, FitError, MemoryPlan, StepModel, plan_memory
+from simulator.perf import Deployment, EngineKnobs, FitError, MemoryPlan, plan_memory
 from simulator.routing import ROUTERS
 from simulator.step_build import build_step_model
-from simulator.workload import WorkloadConfig
+from simulator.stepmodel import StepModel
+from simulator.workload_config import WorkloadConfig
 
 
 class ScenarioError(ValueError):
@@ -264,9 +265,8 @@ def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB
         max_num_seqs=max_seqs, max_num_batched_tokens=max_tokens, block_size=e.block_size,
         gpu_memory_utilization=e.gpu_memory_utilization, enable_chunked_prefill=chunked, enforce_eager=e.enforce_eager,
         max_cudagraph_capture_size=e.max_cudagraph_capture_size or engine.max_capture_size or min(2 * max_seqs, 512),
-        max_model_len=max_len, num_gpu_blocks_override=e.num_gpu_blocks_override or 0,
-        prefix_caching=engine.default_prefix_caching if e.enable_prefix_caching is None else e.enable_prefix_caching,
-        recv_interval=recv)
+        max_model_len=max_len, num_gpu_blocks_override=e.num_gpu_blocks_override or 0, recv_interval=recv,
+        prefix_caching=engine.default_prefix_caching if e.enable_prefix_caching is None else e.enable_prefix_caching)
     kv, kv_note = resolve_kv_dtype(pool.kv_cache_dtype, pool.dtype, engine, e.version, model.sidecar)
     # A 4-bit float checkpoint served weight-only (no fp4 tensor cores) is held as the sidecar's W4A16 entry
     # says, where it has one (gpt-oss: vLLM's Hopper MXFP4 layout and kernel).

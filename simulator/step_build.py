@@ -1,4 +1,4 @@
-"""Coefficients of a :class:`simulator.perf.StepModel` from a deployment.
+"""Coefficients of a :class:`simulator.stepmodel.StepModel` from a deployment.
 
 Everything that depends on the model, GPU, parallel layout, weight format and calibration
 profile is folded here into a few numbers, so that a step's time is a few dozen float

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from hwdb.schema import EfficiencyCurve
-from simulator.step_closures import StepCost, interp_linear, step_cost  # noqa: F401 -- interp_linear re-exported
+from simulator.step_closures import StepCost, step_cost
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Request generation from the workload configuration.
 
-A :class:`WorkloadConfig` (:mod:`simulator.workload_config`, re-exported here) describes how requests
+A :class:`WorkloadConfig` (defined in :mod:`simulator.workload_config`) describes how requests
 arrive and how long their prompts and outputs are; :func:`generate` turns it into :class:`Requests`,
 plain numpy arrays ready for the engine.
 
@@ -32,21 +32,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from simulator.bounds import MAX_REQUESTS
 from simulator.errors import WorkloadError
 from simulator.loadshape import ShapedArrivals, shaped_arrivals
 from simulator.traces import Role, Trace, read_token_columns, read_trace
-from simulator.workload_config import (  # noqa: F401 - the config models are re-exported
-    CLIENT_SEND_DELAY_S,
-    MAX_RATE,
-    MAX_REQUESTS,
-    MAX_SECONDS,
-    MAX_TOKENS,
-    MIN_RATE,
+from simulator.workload_config import (
     ClosedLoop,
     EmpiricalLength,
     FixedLength,
     Gamma,
-    LengthPairs,
     LognormalLength,
     Poisson,
     TraceArrivals,

@@ -11,12 +11,9 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from simulator.bounds import (  # noqa: F401 - the MAX_* and MIN_RATE bounds are re-exported
-    MAX_RATE,
+from simulator.bounds import (
     MAX_REQUESTS,
-    MAX_SECONDS,
     MAX_TOKENS,
-    MIN_RATE,
     Delay,
     Duration,
     Range,

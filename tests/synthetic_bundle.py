@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from calibration.fit.command import CPU_GPU, EngineSetup, candidate_profile
+from calibration.fit.inputs import CPU_GPU, EngineSetup
+from calibration.fit.predict import candidate_profile
 from calibration.harness.bundle import Bundle
 from simulator.run import simulate
 from simulator.scenario import parse_scenario

@@ -21,18 +21,12 @@ import yaml
 
 import hwdb
 from calibration import cli
-from calibration.fit.command import (
-    CPU_GPU,
-    PARAMS,
-    EngineSetup,
-    Point,
-    candidate_deployment,
-    deployment,
-    fit_bundle,
-    fit_points,
-    predict,
-)
+from calibration.fit.command import deployment, fit_bundle
+from calibration.fit.inputs import CPU_GPU, EngineSetup
+from calibration.fit.points import Point
+from calibration.fit.predict import candidate_deployment, predict
 from calibration.fit.report import mixed_step_note
+from calibration.fit.solver import PARAMS, fit_points
 from calibration.harness.probes import PlanOptions
 from calibration.harness.runner import (
     DEFAULT_LAUNCH_ENV,

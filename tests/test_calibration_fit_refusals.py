@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from calibration import cli
-from calibration.fit.command import FitInputError, open_bundle
+from calibration.fit.inputs import FitInputError, open_bundle
 from tests.test_calibration_fit import db_fixture, synthetic_fixture, tiny_fixture  # noqa: F401 - pytest fixtures, used by name
 
 

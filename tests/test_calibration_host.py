@@ -12,8 +12,9 @@ import pytest
 import yaml
 
 import hwdb
-from calibration.fit.command import fit_bundle, write_outputs
+from calibration.fit.command import fit_bundle
 from calibration.fit.host import cpu_family, host_check
+from calibration.fit.report import write_outputs
 from calibration.harness import env
 from calibration.validation.command import validate
 from tests.synthetic_bundle import CPU_TRUTH, TINY_CONFIG, make_bundle, write_truth_hwdb

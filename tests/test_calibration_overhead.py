@@ -17,7 +17,8 @@ import yaml
 from rich.console import Console
 
 import hwdb
-from calibration.fit.command import fit_bundle, write_outputs
+from calibration.fit.command import fit_bundle
+from calibration.fit.report import write_outputs
 from calibration.validation.command import cmd_validate, validate
 from tests.synthetic_bundle import CPU_TRUTH, TINY_CONFIG, make_bundle, write_truth_hwdb
 

@@ -25,7 +25,8 @@ import yaml
 
 import hwdb
 from calibration import cli
-from calibration.fit.command import fit_bundle, write_outputs
+from calibration.fit.command import fit_bundle
+from calibration.fit.report import write_outputs
 from calibration.harness.bundle import Bundle
 from calibration.harness.client import CompletionClient, RequestSpec, as_interrupt, run_open_loop
 from calibration.harness.server import ServerProcess

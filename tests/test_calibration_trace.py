@@ -18,7 +18,8 @@ import yaml
 
 import hwdb
 from calibration import cli
-from calibration.fit.command import fit_bundle, write_outputs
+from calibration.fit.command import fit_bundle
+from calibration.fit.report import write_outputs
 from calibration.harness.affinity import pin_below
 from calibration.harness.bundle import Bundle
 from calibration.harness.probes import PlanOptions

@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 
 import hwdb
-from calibration.kernels import dsa_fit, mla_fit
+from calibration.kernels import dsa_fit
+from calibration.kernels.moe_fit import KERNELS
 from simulator.scenario import EngineConfig, PoolConfig, deployment_for
 from simulator.step_build import build_step_model
 
@@ -70,10 +71,10 @@ def test_shipped_indexers_on_every_sglang_gpu_within_15_percent_on_held_out_batc
         assert trt.indexer == {}                       # TensorRT-LLM's tables have no skip-indexer variant
 
 
-@pytest.mark.skipif(not mla_fit.KERNELS.is_dir(), reason="needs ../shared/data/kernels/aiconfigurator_0.12.0")
+@pytest.mark.skipif(not KERNELS.is_dir(), reason="needs ../shared/data/kernels/aiconfigurator_0.12.0")
 def test_shipped_indexer_is_what_the_fit_gives_on_the_measured_tables():
     for system, gpu in (("b200_sxm", "B200-SXM-180GB"), ("gb300", "GB300")):
-        fitted, source = dsa_fit.fit_system(mla_fit.KERNELS, system, "sglang")
+        fitted, source = dsa_fit.fit_system(KERNELS, system, "sglang")
         shipped, _ = hwdb.load().mla_curve(gpu, "sglang")
         assert {k: v.model_dump() for k, v in fitted.items()} == {k: v.model_dump() for k, v in shipped.indexer.items()}
         assert source == shipped.indexer_source

@@ -11,6 +11,7 @@ import pytest
 import hwdb
 from calibration.kernels import cli as kernel_cli
 from calibration.kernels import gdn_fit
+from calibration.kernels.moe_fit import KERNELS
 from hwdb.gdn import GdnCurve, GdnPhase
 from hwdb.profiles import FitQuality
 from simulator.scenario import EngineConfig, PoolConfig, deployment_for
@@ -73,9 +74,9 @@ def test_fit_recovers_known_coefficients_and_sums_the_kernels_of_a_phase():
         assert q.held_out_median_abs_rel_error < 1e-3
 
 
-@pytest.mark.skipif(not gdn_fit.KERNELS.is_dir(), reason="needs ../shared/data/kernels/aiconfigurator_0.12.0")
+@pytest.mark.skipif(not KERNELS.is_dir(), reason="needs ../shared/data/kernels/aiconfigurator_0.12.0")
 def test_shipped_curve_is_what_the_fit_gives_on_the_measured_table():
-    fitted = gdn_fit.fit_system(gdn_fit.KERNELS, "b200_sxm", "sglang")
+    fitted = gdn_fit.fit_system(KERNELS, "b200_sxm", "sglang")
     shipped, _ = hwdb.load().gdn_curve("B200-SXM-180GB", "sglang")
     assert fitted.model_dump() == shipped.model_dump()
 

@@ -512,3 +512,49 @@ def test_no_calibration_module_is_orphaned():
         if not (entry or named):
             orphans.append(m)
     assert not orphans, f"calibration modules nothing uses or documents: {orphans}"
+
+
+# Modules that may hand on names they import (issue 36: no re-export shims).  Every other module imports
+# a name only to use it, and its importers import the name from the module that defines it.
+ALLOWED_REEXPORTS = {
+    # a package's public API, listed in its __all__
+    "hwdb": "the hardware database's API: load, HardwareDB, ModelEntry, the schema types",
+    "simulator.cli": "`main`, the entry point of `epdsim` (simulator.cli.__main__, pyproject's script)",
+    "simulator.plan": "the planner's API: parse/load a plan request, run_plan, its results",
+    "simulator.regress": "`epdsim regress`'s API: suites, runner, comparison, reports",
+    # a layer's name for another layer's code
+    "app.services.planbands": "the app's pages import services only; the band logic is the planner's own "
+                              "(simulator.plan.bands), which the Plan page reads through this module",
+}
+
+
+def _reexport_markers(path: Path) -> list[str]:
+    """The signs of a module that hands on imported names: a ``noqa: F401`` marker (an unused import kept),
+    an ``__all__`` (names listed for others), a redundant ``import x as x`` alias (the typing convention
+    for an explicit re-export, which ruff then accepts as used)."""
+    src = path.read_text()
+    out = [f"line {i}: noqa F401" for i, line in enumerate(src.splitlines(), 1)
+           if re.search(r"noqa:[^#]*\bF401\b", line)]
+    for node in ast.walk(ast.parse(src)):
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            out.append(f"line {node.lineno}: __all__")
+        if isinstance(node, ast.ImportFrom | ast.Import):
+            out += [f"line {node.lineno}: `as {a.asname}`" for a in node.names
+                    if a.asname is not None and a.asname == a.name.rsplit(".", 1)[-1]]
+    return out
+
+
+def test_no_reexports():
+    """No module imports a name only to hand it on (issue 36): import it from where it is defined."""
+    found = {m: marks for m, p in project_modules().items() if (marks := _reexport_markers(p))}
+    new = {m: marks for m, marks in found.items() if m not in ALLOWED_REEXPORTS}
+    assert not new, (f"re-exports: {new}. Import each name from the module that defines it (and drop it here "
+                     "where this module does not use it), or list a package's API in ALLOWED_REEXPORTS with why")
+    gone = sorted(set(ALLOWED_REEXPORTS) - set(found))
+    assert not gone, f"no re-exports left in {gone}: drop them from ALLOWED_REEXPORTS"
+
+
+def test_reexport_reader_sees_the_markers(tmp_path):
+    p = tmp_path / "m.py"
+    p.write_text("from a import b  # noqa: F401 - re-exported\nfrom c import d as d\nimport e\n__all__ = ['b']\n")
+    assert sorted(_reexport_markers(p)) == ["line 1: noqa F401", "line 2: `as d`", "line 4: __all__"]

@@ -7,6 +7,7 @@ import pytest
 
 import hwdb
 from calibration.kernels import mla_fit
+from calibration.kernels.moe_fit import KERNELS
 from hwdb.mla import MlaContext, MlaGeneration
 from hwdb.profiles import FitQuality
 from simulator.scenario import EngineConfig, PoolConfig, deployment_for
@@ -58,9 +59,9 @@ def test_fit_recovers_known_curves():
     assert got.fixed_s == pytest.approx(11e-6, rel=0.05)
 
 
-@pytest.mark.skipif(not mla_fit.KERNELS.is_dir(), reason="needs ../shared/data/kernels/aiconfigurator_0.12.0")
+@pytest.mark.skipif(not KERNELS.is_dir(), reason="needs ../shared/data/kernels/aiconfigurator_0.12.0")
 def test_shipped_curve_is_what_the_fit_gives_on_the_measured_tables():
-    fitted = mla_fit.fit_system(mla_fit.KERNELS, "b200_sxm", "sglang")
+    fitted = mla_fit.fit_system(KERNELS, "b200_sxm", "sglang")
     shipped, _ = hwdb.load().mla_curve("B200-SXM-180GB", "sglang")
     assert fitted.model_dump() == shipped.model_dump()
 

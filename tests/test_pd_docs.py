@@ -25,7 +25,8 @@ import yaml
 import hwdb
 from calibration.cli import build_parser
 from calibration.cli import main as calibrate_main
-from calibration.fit.command import fit_bundle, profile_name, write_outputs
+from calibration.fit.command import fit_bundle
+from calibration.fit.report import profile_name, write_outputs
 from calibration.pd import run as pd_run
 from calibration.pd.launch import nixl_problem, nixl_transfers, parse_counters
 from tests.conftest import VLLM_PY, needs_vllm

@@ -29,8 +29,9 @@ import pytest
 
 import hwdb
 from calibration.validation import perf_check as pc
-from simulator.perf import plan_memory, regime
+from simulator.perf import plan_memory
 from simulator.step_build import build_step_model
+from simulator.stepmodel import regime
 from tests.perf_models import deployment, step_model
 
 

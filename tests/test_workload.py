@@ -16,7 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from simulator.workload import (
+from simulator.errors import WorkloadError
+from simulator.workload import Requests, generate
+from simulator.workload_config import (
     ClosedLoop,
     EmpiricalLength,
     FixedLength,
@@ -24,12 +26,9 @@ from simulator.workload import (
     LengthPairs,
     LognormalLength,
     Poisson,
-    Requests,
     TraceArrivals,
     UniformLength,
     WorkloadConfig,
-    WorkloadError,
-    generate,
 )
 
 FIXTURES = Path(__file__).parent / "fixtures"

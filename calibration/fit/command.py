@@ -1,7 +1,7 @@
 """Fit a calibration profile to a measurement bundle: ``epdsim calibrate fit BUNDLE [--out HWDB_DIR]``.
 
 What is fitted
-    The step-time parameters of :class:`simulator.perf.StepModel` that a serving engine's own
+    The step-time parameters of :class:`simulator.stepmodel.StepModel` that a serving engine's own
     measurements can determine:
 
     ============================  ==========================================================
@@ -71,8 +71,8 @@ Modules
     :mod:`calibration.fit.points` (measurement points), :mod:`calibration.fit.predict` (predictions
     through the simulator), :mod:`calibration.fit.solver` (least squares, uncertainty,
     identifiability), :mod:`calibration.fit.report` (profile, engine, fit report); this module puts
-    them together (:func:`fit_bundle`) and holds the command (:func:`cmd_fit`).  Their public names
-    are re-exported here.
+    them together (:func:`fit_bundle`) and holds the command (:func:`cmd_fit`).  Import a name from
+    the module that defines it.
 """
 from __future__ import annotations
 
@@ -85,65 +85,21 @@ from rich.markup import escape
 from rich.table import Table
 
 import hwdb
-from calibration.fit.frontend import FrontEndFit, describe, fit_frontend
+from calibration.fit.frontend import describe, fit_frontend
 from calibration.fit.inputs import (
-    CPU_DEFAULT_MAX_NUM_BATCHED_TOKENS,
-    CPU_DEFAULT_MAX_NUM_SEQS,
     CPU_GPU,
     EngineSetup,
     FitInputError,
     bundle_model,
-    check_consistency,
     engine_setup,
-    is_cpu_server,
     open_bundle,
     target_gpu,
 )
-from calibration.fit.points import Point, aggregate, engine_batch, measurement_points, server_ttft_s
-from calibration.fit.predict import calibrated_engine, candidate_deployment, candidate_profile, predict, step
-from calibration.fit.report import (
-    final_engine,
-    final_profile,
-    fit_report,
-    fmt_param,
-    mixed_step_note,
-    profile_name,
-    write_outputs,
-)
+from calibration.fit.points import aggregate, measurement_points
+from calibration.fit.report import final_profile, fmt_param, mixed_step_note, write_outputs
 from calibration.fit.result import BundleFit
-from calibration.fit.solver import (
-    BOUNDS,
-    MAX_SIGMA_REL,
-    OPTIONAL,
-    PARAMS,
-    SENSITIVITY_FLOOR,
-    SOFT_L1_SCALE,
-    UNITS,
-    FitResult,
-    fit_points,
-)
+from calibration.fit.solver import PARAMS, fit_points
 from calibration.harness.env import server_cores, with_server_cores
-
-#: the public API (re-exported from the modules the fit is split into, see the docstring)
-__all__ = [
-    # fit_inputs: the bundle, its engine arguments, GPU and model
-    "CPU_DEFAULT_MAX_NUM_BATCHED_TOKENS", "CPU_DEFAULT_MAX_NUM_SEQS", "CPU_GPU", "EngineSetup", "FitInputError",
-    "bundle_model", "check_consistency", "engine_setup", "is_cpu_server", "open_bundle", "target_gpu",
-    # fit_points: measurements
-    "Point", "aggregate", "engine_batch", "measurement_points", "server_ttft_s",
-    # fit_frontend: the front end (API server) from client and server timestamps
-    "FrontEndFit", "describe", "fit_frontend",
-    # fit_predict: predictions through the simulator
-    "calibrated_engine", "candidate_deployment", "candidate_profile", "predict", "step",
-    # fit_solver: the least-squares fit, uncertainty, identifiability
-    "BOUNDS", "MAX_SIGMA_REL", "OPTIONAL", "PARAMS", "SENSITIVITY_FLOOR", "SOFT_L1_SCALE", "UNITS", "FitResult",
-    "fit_points",
-    # fit_report: the files written
-    "final_engine", "fit_report", "profile_name", "write_outputs",
-    # this module: a bundle end to end, and the command
-    "BundleFit", "cmd_fit", "deployment", "fit_bundle",
-]
-
 
 # ============================================================================ a bundle, end to end
 

@@ -25,7 +25,7 @@ import pandas as pd
 from scipy.optimize import nnls
 
 from calibration.kernels import cli as kernel_cli
-from calibration.kernels.moe_fit import KERNELS, SYSTEMS, version_key  # noqa: F401 - KERNELS: the tests' data path
+from calibration.kernels.moe_fit import SYSTEMS, version_key
 from hwdb.gdn import GdnCurve, GdnPhase
 from hwdb.profiles import FitQuality
 

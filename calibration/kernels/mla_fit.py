@@ -23,7 +23,7 @@ from scipy.optimize import least_squares
 import hwdb
 from calibration.kernels import cli as kernel_cli
 from calibration.kernels import dsa_fit
-from calibration.kernels.moe_fit import KERNELS, SYSTEMS, version_key  # noqa: F401 -- KERNELS: the tests' data path
+from calibration.kernels.moe_fit import SYSTEMS, version_key
 from hwdb.mla import MlaContext, MlaCurve, MlaGeneration
 from hwdb.profiles import FitQuality
 

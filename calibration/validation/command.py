@@ -6,7 +6,7 @@ For every load test (``load_*`` phase) of the bundle, the simulator serves the s
 same send times (each request's measured ``t_send``, as a plain trace) and the same prompt and
 output lengths, on the bundle's model and GPU with the calibrated profile of ``HWDB_DIR`` and the
 server's own engine arguments (max_num_seqs, max_num_batched_tokens, block size, the KV blocks
-the server reported, enforce_eager; see :func:`calibration.fit.command.engine_setup`).
+the server reported, enforce_eager; see :func:`calibration.fit.inputs.engine_setup`).
 
 What is compared (``measured`` -> ``predicted``):
 
@@ -54,9 +54,6 @@ import hwdb
 from calibration.fit.inputs import CPU_GPU, FitInputError, bundle_model, engine_setup, is_cpu_server, open_bundle
 from calibration.harness.bundle import Bundle
 from calibration.validation.replay import (
-    LABEL,
-    METRICS,
-    PCTS,
     arrival_stats,
     compare,
     measured_phase,
@@ -67,9 +64,6 @@ from calibration.validation.replay import (
 from calibration.validation.report import fmt_ms, html_report, json_default, markdown_report, rel_err, verdict_of
 from hwdb.profiles import Profile
 from simulator.inputs import read_yaml
-
-__all__ = ["LABEL", "METRICS", "PCTS", "cmd_validate", "compare", "html_report", "markdown_report", "measured_phase",
-           "predicted_phase", "resolve_profile", "simulate_phase", "validate", "without_overhead_folder"]
 
 #: the engine profile a replayed pool uses when no calibrated engine is named (simulator.scenario.EngineConfig)
 DEFAULT_ENGINE = "vllm-v1"

@@ -15,8 +15,8 @@ file is copied into this repository):
   ``message_size`` counts *elements* (the collectors log ``bytes // 2`` and the
   tensor's numel), so bytes = 2 x message_size; latency is milliseconds.
 
-The model side reproduces :meth:`simulator.perf.StepModel.step_time` term by
-term from a built :class:`~simulator.perf.StepModel`; nothing here changes the
+The model side reproduces :meth:`simulator.stepmodel.StepModel.step_time` term by
+term from a built :class:`~simulator.stepmodel.StepModel`; nothing here changes the
 simulator.  ``docs/validation/perf.md`` reports the results and
 ``tests/test_perf_validation.py`` and ``tests/test_perf_vs_measured.py`` lock them in.
 """
@@ -29,8 +29,9 @@ import pandas as pd
 
 from hwdb.models import ModelArch
 from hwdb.schema import DTYPE_BYTES, WEIGHT_BYTES
-from simulator.perf import Deployment, StepModel
+from simulator.perf import Deployment
 from simulator.step_build import compute_curve
+from simulator.stepmodel import StepModel
 
 VIDUR = "vidur"
 VIDUR_LINEAR_CSV = "compute_h100_meta-llama_Llama-2-70b-hf_mlp.csv"

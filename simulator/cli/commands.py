@@ -28,16 +28,16 @@ from simulator.cli.epd import add_subparsers as _add_epd
 from simulator.cli.ops import add_subparsers as _add_ops
 from simulator.cli.plan import add_subparsers as _add_plan
 from simulator.cli.regress import add_subparsers as _add_regress
-from simulator.cli.simulate import DEFAULT_SCENARIO  # noqa: F401 - re-exported
 from simulator.cli.simulate import add_subparser as _add_simulate
 from simulator.cli.sweep import add_subparsers as _add_sweep
 from simulator.console import print_notes, stdout_console, wide_tables
 from simulator.errors import WorkloadError, print_user_error
 from simulator.inputs import InputFileError, int_arg
 from simulator.pd.pd import crossover_bandwidth, fabric_verdicts
-from simulator.perf import FitError, plan_memory, regime
+from simulator.perf import FitError, plan_memory
 from simulator.scenario import EngineConfig, PoolConfig, ScenarioError, deployment_for
 from simulator.step_build import build_step_model
+from simulator.stepmodel import regime
 from simulator.traces import TraceError
 
 USER_ERRORS = (ScenarioError, hwdb.HwdbError, TraceError, WorkloadError, FitError, ValidationError,

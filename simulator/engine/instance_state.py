@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any, cast
 from simpy.events import NORMAL, Event
 
 from simulator.engine.steplog import StepLog
-from simulator.perf import MemoryPlan, StepModel
+from simulator.perf import MemoryPlan
 from simulator.roles import ROLES
+from simulator.stepmodel import StepModel
 
 if TYPE_CHECKING:
     from simpy.core import Environment
@@ -118,9 +119,8 @@ class InstanceState:
         self.hold: Event | None = None
         self._env: Environment | None = None   # set by start(), with the process's generator
         self._gen: Generator[Event, Any, None] | None = None
-        # Prefix cache (vLLM automatic prefix caching), active when requests carry block hashes:
-        # an LRU of hash ids, each covering ``hash_block_tokens`` prompt tokens, with room for as
-        # many such blocks as the KV cache holds.
+        # Prefix cache (vLLM automatic prefix caching), active when requests carry block hashes: an LRU of hash ids,
+        # each covering ``hash_block_tokens`` prompt tokens, with room for as many such blocks as the KV cache holds.
         hashes = recorder.hash_ids
         self.prefix: OrderedDict | None = OrderedDict() if hashes is not None and prefix_caching else None
         self.hash_tokens = recorder.hash_block_tokens or 0

@@ -16,9 +16,9 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from simulator.perf import StepModel
 from simulator.registry import Registry
 from simulator.roles import ROLES
+from simulator.stepmodel import StepModel
 
 
 @dataclass(frozen=True)

@@ -20,10 +20,11 @@ from simulator.epd.vision import VisionArch, VisionError, vision_arch
 from simulator.errors import WorkloadError
 from simulator.pd.pd import TransferConfigError, build_transfer_plan
 from simulator.pd.pd_config import KVTransferConfig
-from simulator.perf import Deployment, FitError, MemoryPlan, StepModel, plan_memory
+from simulator.perf import Deployment, FitError, MemoryPlan, plan_memory
 from simulator.plan.request import PlanError, PlanRequest, resolve_hardware
 from simulator.scenario import PoolConfig, Scenario, ScenarioError, deployment_for, parse_scenario, rng_streams
 from simulator.step_build import build_step_model
+from simulator.stepmodel import StepModel
 from simulator.workload import generate
 
 PRE_SCREEN = ("memory", "kv-transfer", "encoder", "embedding-transfer")   # reasons that rule a row out unscreened

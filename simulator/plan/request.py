@@ -17,7 +17,7 @@ from simulator.bounds import Range, Seed
 from simulator.errors import format_validation_error
 from simulator.inputs import Folders, StrictModel, read_yaml
 from simulator.scenario import SLO, EngineConfig, resolve_relative
-from simulator.workload import Gamma, Poisson, TraceArrivals, WorkloadConfig
+from simulator.workload_config import Gamma, Poisson, TraceArrivals, WorkloadConfig
 
 
 class PlanError(ValueError):
