@@ -1,6 +1,6 @@
 """Calibration: fit the performance models' efficiency curves to measured kernel and engine timings.
 
-Sub-packages, in the order of the flow (tests/test_import_structure.py holds each to its layer):
+Sub-packages, in the order of the flow (tests/test_import_layers.py holds each to its layer):
 
 - ``harness``: drive a real vLLM server (launch or attach), measure it, record a bundle;
 - ``fit``: a bundle -> a calibration profile (``epdsim calibrate fit``); imports the harness only;
