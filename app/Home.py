@@ -3,6 +3,7 @@
 Layout only: the builder is app/ui_builder.py, runs go through app/ui.py, charts come from
 app/charts.py and figures from app/services.
 """
+
 from __future__ import annotations
 
 import streamlit as st
@@ -14,9 +15,11 @@ from simulator.saturation import saturation
 
 st.set_page_config(page_title="epdsim what-if planner", page_icon="⚙️", layout="wide")
 st.title("epdsim what-if planner")
-st.caption("Discrete-event simulation of vLLM/SGLang serving: colocated, prefill/decode (PD) and encoder (EPD) "
-           "deployments. "
-           "Edit the scenario on the left; results update when it changes.")
+st.caption(
+    "Discrete-event simulation of vLLM/SGLang serving: colocated, prefill/decode (PD) and encoder (EPD) "
+    "deployments. "
+    "Edit the scenario on the left; results update when it changes."
+)
 
 d, prices = ui_builder.sidebar()
 with st.expander("What the terms mean (layouts, TTFT/TPOT, SLO attainment, goodput, ...)"):
@@ -33,19 +36,28 @@ if res is not None:
     if sat:
         st.error(sat["message"], icon="🔥")
     elif s["unfinished"] or s["rejected"]:
-        st.warning(f"{s['rejected']} requests rejected and {s['unfinished']} unfinished of {s['requests']}: "
-                   "the deployment does not keep up or prompts exceed max_model_len.")
+        st.warning(
+            f"{s['rejected']} requests rejected and {s['unfinished']} unfinished of {s['requests']}: "
+            "the deployment does not keep up or prompts exceed max_model_len."
+        )
     # Only the chosen view is drawn: building every figure on each change would cost more than the simulation.
     views_on_offer = [*charts.groups(res), "Tables"]
-    if st.session_state.get("view") not in views_on_offer:      # Operations, left from a run that had them
+    if st.session_state.get("view") not in views_on_offer:  # Operations, left from a run that had them
         st.session_state["view"] = views_on_offer[0]
     view = st.radio("view", views_on_offer, horizontal=True, key="view", label_visibility="collapsed")
     if view == "Tables":
         ui.tables_view(res)
     else:
         log = view != "Breakdown" and st.toggle("log scale (latencies, queue length)", key="log-axes")
-        figs = charts.results_figures(res.scenario.name, res, res.scenario.slo.ttft_s, res.scenario.slo.tpot_s,
-                                      which=charts.GROUPS[view], log=log, prices=prices)
+        figs = charts.results_figures(
+            res.scenario.name,
+            res,
+            res.scenario.slo.ttft_s,
+            res.scenario.slo.tpot_s,
+            which=charts.GROUPS[view],
+            log=log,
+            prices=prices,
+        )
         if view == "Breakdown":
             st.plotly_chart(figs["breakdown"], key="breakdown")
             st.dataframe(views.phase_frame(res.requests), hide_index=True)
@@ -62,11 +74,18 @@ if res is not None:
     if b2.button("Prepare HTML report", key="make-report"):
         st.session_state["report-html"] = (key, report.results_html(res, prices=prices))
     if st.session_state.get("report-html", (None,))[0] == key:
-        st.download_button("Download HTML report", st.session_state["report-html"][1], f"{res.scenario.name}.html",
-                           mime="text/html", key="download-report")
+        st.download_button(
+            "Download HTML report",
+            st.session_state["report-html"][1],
+            f"{res.scenario.name}.html",
+            mime="text/html",
+            key="download-report",
+        )
     if "last_run_s" in st.session_state:
-        st.caption(f"perf model: {info['perf_model']}; last simulation {st.session_state['last_run_s']:.2f} s; "
-                   f"scenario hash {key}")
+        st.caption(
+            f"perf model: {info['perf_model']}; last simulation {st.session_state['last_run_s']:.2f} s; "
+            f"scenario hash {key}"
+        )
     for p in info.get("pools", []):
         if "confidence" in p:
             # How sure the numbers are: what they rest on and the measured error band (docs/validation/e2e.md).

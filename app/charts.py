@@ -2,6 +2,7 @@
 
 Times are in seconds in the data and shown in milliseconds where that reads better.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -16,14 +17,21 @@ if TYPE_CHECKING:
 
 LABELS = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2e": "E2E"}
 # Streamlit's categorical chart colours (light theme), so that a report's series look as on the page.
-PALETTE = ("#0068c9", "#83c9ff", "#ff2b2b", "#ffabab", "#29b09d", "#7defa1", "#ff8700", "#ffd16a", "#6d3fc0",
-           "#d5dae5")
+PALETTE = ("#0068c9", "#83c9ff", "#ff2b2b", "#ffabab", "#29b09d", "#7defa1", "#ff8700", "#ffd16a", "#6d3fc0", "#d5dae5")
 _GRID = dict(gridcolor="#e6eaf1", zerolinecolor="#d5dae5", linecolor="#d5dae5")
 # A few properties, not a named template: cheap to apply, and it replaces whatever template is Plotly's
 # default in the process. In the app that is Streamlit's, whose colours are placeholders (#000001, ...)
 # that only Streamlit's frontend fills in: without this, exported figures drew every series black.
-EXPORT_TEMPLATE = dict(layout=dict(colorway=list(PALETTE), paper_bgcolor="white", plot_bgcolor="white",
-                                   font=dict(color="#31333f"), xaxis=_GRID, yaxis=_GRID))
+EXPORT_TEMPLATE = dict(
+    layout=dict(
+        colorway=list(PALETTE),
+        paper_bgcolor="white",
+        plot_bgcolor="white",
+        font=dict(color="#31333f"),
+        xaxis=_GRID,
+        yaxis=_GRID,
+    )
+)
 
 
 def _fig(title: str, x: str, y: str) -> go.Figure:
@@ -31,14 +39,20 @@ def _fig(title: str, x: str, y: str) -> go.Figure:
     # No named template: applying one costs ~30 ms per figure (validation of the whole template), a
     # third of the app's chart time; Streamlit styles figures with its own theme anyway.
     # the legend hangs below the x-axis title, not over it
-    fig.update_layout(title=title, xaxis_title=x, yaxis_title=y, margin=dict(l=50, r=20, t=50, b=90), height=370,
-                      legend=dict(orientation="h", x=0, y=-0.2, yanchor="top"))
+    fig.update_layout(
+        title=title,
+        xaxis_title=x,
+        yaxis_title=y,
+        margin=dict(l=50, r=20, t=50, b=90),
+        height=370,
+        legend=dict(orientation="h", x=0, y=-0.2, yanchor="top"),
+    )
     return fig
 
 
 def for_export(fig: go.Figure) -> go.Figure:
     """``fig`` with the app's palette and a white background for use outside Streamlit (HTML reports)."""
-    fig.layout.template = EXPORT_TEMPLATE     # assigned, not updated: an update would merge into the default
+    fig.layout.template = EXPORT_TEMPLATE  # assigned, not updated: an update would merge into the default
     return fig
 
 
@@ -47,11 +61,15 @@ def cdf_figure(cdfs: dict[str, pd.DataFrame], metric: str, slo_s: float | None =
     with the SLO as a vertical line."""
     fig = _fig(f"{LABELS.get(metric, metric)} CDF", f"{LABELS.get(metric, metric)} (ms)", "fraction ≤ x")
     for name, df in cdfs.items():
-        fig.add_trace(go.Scatter(x=df["value"] * 1e3, y=df["fraction"], mode="lines", name=name,
-                                 line_shape="hv"))
+        fig.add_trace(go.Scatter(x=df["value"] * 1e3, y=df["fraction"], mode="lines", name=name, line_shape="hv"))
     if slo_s:
-        fig.add_vline(x=slo_s * 1e3, line_dash="dash", line_color="crimson",
-                      annotation_text=f"SLO {slo_s * 1e3:g} ms", annotation_position="top left")
+        fig.add_vline(
+            x=slo_s * 1e3,
+            line_dash="dash",
+            line_color="crimson",
+            annotation_text=f"SLO {slo_s * 1e3:g} ms",
+            annotation_position="top left",
+        )
     fig.update_yaxes(range=[0, 1.02])
     return fig
 
@@ -87,8 +105,14 @@ def link_figure(links: pd.DataFrame | None, bins: int = 200) -> go.Figure:
         for name, g in series.groupby("link", sort=True):
             fig.add_trace(go.Scatter(x=g["t_s"], y=g["utilisation"], mode="lines", name=str(name)))
     else:
-        fig.add_annotation(text="no KV transfer links in this run (colocated)", showarrow=False,
-                           xref="paper", yref="paper", x=0.5, y=0.5)
+        fig.add_annotation(
+            text="no KV transfer links in this run (colocated)",
+            showarrow=False,
+            xref="paper",
+            yref="paper",
+            x=0.5,
+            y=0.5,
+        )
     fig.update_yaxes(range=[0, 1.05], tickformat=".0%")
     return fig
 
@@ -98,10 +122,20 @@ def throughput_figure(req: pd.DataFrame) -> go.Figure:
     fig = _fig("Throughput over time", "time (s)", "completed requests/s")
     ts = views.throughput_series(req)
     fig.add_trace(go.Scatter(x=ts["t_s"], y=ts["requests_per_s"], mode="lines", name="requests/s"))
-    fig.add_trace(go.Scatter(x=ts["t_s"], y=ts["output_tokens_per_s"], mode="lines", name="output tokens/s",
-                             yaxis="y2", line=dict(dash="dot")))
-    fig.update_layout(yaxis2=dict(title="output tokens/s", overlaying="y", side="right", showgrid=False),
-                      margin=dict(l=50, r=60, t=50, b=45))
+    fig.add_trace(
+        go.Scatter(
+            x=ts["t_s"],
+            y=ts["output_tokens_per_s"],
+            mode="lines",
+            name="output tokens/s",
+            yaxis="y2",
+            line=dict(dash="dot"),
+        )
+    )
+    fig.update_layout(
+        yaxis2=dict(title="output tokens/s", overlaying="y", side="right", showgrid=False),
+        margin=dict(l=50, r=60, t=50, b=45),
+    )
     return fig
 
 
@@ -121,8 +155,15 @@ def scatter_figure(req: pd.DataFrame, slo_s: float | None = None, max_points: in
     if len(d) > max_points:
         d = d.iloc[:: max(1, len(d) // max_points)]
     for pool, g in d.groupby("pool", sort=True, observed=True):
-        fig.add_trace(go.Scattergl(x=g["input_tokens"], y=g["ttft_s"] * 1e3, mode="markers", name=str(pool),
-                                   marker=dict(size=4, opacity=0.5)))
+        fig.add_trace(
+            go.Scattergl(
+                x=g["input_tokens"],
+                y=g["ttft_s"] * 1e3,
+                mode="markers",
+                name=str(pool),
+                marker=dict(size=4, opacity=0.5),
+            )
+        )
     if slo_s:
         fig.add_hline(y=slo_s * 1e3, line_dash="dash", line_color="crimson")
     return fig
@@ -138,32 +179,71 @@ def compare_figure(metrics: pd.DataFrame, rows: list[str], log_y: bool = False) 
     return log_axes(fig, y=log_y)
 
 
-AXIS_TITLES = {"cost_usd_per_hour": "cost ($/h)", "goodput_rps": "goodput (req/s meeting the SLO)",
-               "cost_usd_per_million_tokens": "cost ($ per M output tokens)", "gpus": "GPUs",
-               "ttft_s": "TTFT (s)", "tpot_s": "TPOT (s)"}
+AXIS_TITLES = {
+    "cost_usd_per_hour": "cost ($/h)",
+    "goodput_rps": "goodput (req/s meeting the SLO)",
+    "cost_usd_per_million_tokens": "cost ($ per M output tokens)",
+    "gpus": "GPUs",
+    "ttft_s": "TTFT (s)",
+    "tpot_s": "TPOT (s)",
+}
 
 
-def pareto_figure(candidates: pd.DataFrame, pareto: pd.DataFrame, x: str, y: str,
-                  recommended: dict | None = None, label: str | None = None,
-                  target_rate: float | None = None) -> go.Figure:
+def pareto_figure(
+    candidates: pd.DataFrame,
+    pareto: pd.DataFrame,
+    x: str,
+    y: str,
+    recommended: dict | None = None,
+    label: str | None = None,
+    target_rate: float | None = None,
+) -> go.Figure:
     """Cost vs goodput of every candidate, the Pareto front as a line, the recommendation marked, and the
     target rate as a horizontal line when the y axis is the goodput."""
     fig = _fig("Cost vs goodput", AXIS_TITLES.get(x, x), AXIS_TITLES.get(y, y))
     text = candidates[label].astype(str) if label and label in candidates else None
     # A hover text column (e.g. the latencies with their model error band) replaces the label's hover.
     tip = dict(hovertemplate="%{text}<extra></extra>") if label and label.startswith("hover") else {}
-    fig.add_trace(go.Scatter(x=candidates[x], y=candidates[y], mode="markers", name="candidates",
-                             text=text, marker=dict(size=7, color="lightgray", line=dict(width=1, color="gray")),
-                             **tip))
+    fig.add_trace(
+        go.Scatter(
+            x=candidates[x],
+            y=candidates[y],
+            mode="markers",
+            name="candidates",
+            text=text,
+            marker=dict(size=7, color="lightgray", line=dict(width=1, color="gray")),
+            **tip,
+        )
+    )
     p = pareto.sort_values(x)
-    fig.add_trace(go.Scatter(x=p[x], y=p[y], mode="lines+markers", name="Pareto front",
-                             text=p[label].astype(str) if label and label in p else None, **tip))
+    fig.add_trace(
+        go.Scatter(
+            x=p[x],
+            y=p[y],
+            mode="lines+markers",
+            name="Pareto front",
+            text=p[label].astype(str) if label and label in p else None,
+            **tip,
+        )
+    )
     if recommended and x in recommended and y in recommended:
-        fig.add_trace(go.Scatter(x=[recommended[x]], y=[recommended[y]], mode="markers", name="recommended",
-                                 marker=dict(size=16, symbol="star", color="crimson")))
+        fig.add_trace(
+            go.Scatter(
+                x=[recommended[x]],
+                y=[recommended[y]],
+                mode="markers",
+                name="recommended",
+                marker=dict(size=16, symbol="star", color="crimson"),
+            )
+        )
     if target_rate and y == "goodput_rps":
-        fig.add_hline(y=target_rate, line_dash="dash", line_color="crimson",
-                      annotation_text=f"target {target_rate:g} req/s", annotation_position="bottom right")
+        fig.add_hline(
+            y=target_rate,
+            line_dash="dash",
+            line_color="crimson",
+            annotation_text=f"target {target_rate:g} req/s",
+            annotation_position="bottom right",
+        )
     fig.update_layout(showlegend=True)
     return fig
 
@@ -176,8 +256,13 @@ def coldstart_figure(phases: pd.DataFrame, title: str = "Cold start") -> go.Figu
         xs = [float(phases[(phases["label"] == label) & (phases["case"] == c)]["seconds"].sum()) for c in cases]
         fig.add_trace(go.Bar(y=cases, x=xs, name=label, orientation="h"))
     # the legend goes above the plot: below it, it covered the x-axis title
-    fig.update_layout(barmode="stack", height=300, showlegend=True,
-                      legend=dict(orientation="h", x=0, y=1.02, yanchor="bottom"), margin=dict(l=50, r=20, t=80, b=45))
+    fig.update_layout(
+        barmode="stack",
+        height=300,
+        showlegend=True,
+        legend=dict(orientation="h", x=0, y=1.02, yanchor="bottom"),
+        margin=dict(l=50, r=20, t=80, b=45),
+    )
     return fig
 
 
@@ -186,13 +271,24 @@ def attempts_figure(attempts: pd.DataFrame, horizon_s: float) -> go.Figure:
     fig = _fig("Container attempts", "seconds since pod creation", "attempt")
     colours = {"serving": "seagreen", "killed": "crimson", "running": "gray"}
     for outcome, g in attempts.groupby("outcome", sort=False):
-        fig.add_trace(go.Bar(y=g["attempt"].astype(str), x=g["end_s"] - g["start_s"], base=g["start_s"],
-                             orientation="h", name=str(outcome), marker_color=colours.get(str(outcome), "steelblue")))
+        fig.add_trace(
+            go.Bar(
+                y=g["attempt"].astype(str),
+                x=g["end_s"] - g["start_s"],
+                base=g["start_s"],
+                orientation="h",
+                name=str(outcome),
+                marker_color=colours.get(str(outcome), "steelblue"),
+            )
+        )
     fig.update_xaxes(range=[0, horizon_s])
     # one outcome only would hide Plotly's legend: keep it, it says what the colour means
-    fig.update_layout(height=300, showlegend=True, legend=dict(orientation="h", x=0, y=1.02, yanchor="bottom",
-                                                               title_text="outcome"),
-                      margin=dict(l=50, r=20, t=80, b=45))
+    fig.update_layout(
+        height=300,
+        showlegend=True,
+        legend=dict(orientation="h", x=0, y=1.02, yanchor="bottom", title_text="outcome"),
+        margin=dict(l=50, r=20, t=80, b=45),
+    )
     return fig
 
 
@@ -200,12 +296,20 @@ def predicted_vs_measured_figure(df: pd.DataFrame, metric: str) -> go.Figure:
     """Measured and predicted values per request (columns: phase, measured, predicted) with y = x."""
     fig = _fig(f"{metric}: predicted vs measured", "measured (ms)", "predicted (ms)")
     for ph, g in df.groupby("phase", sort=False):
-        fig.add_trace(go.Scatter(x=g["measured"] * 1e3, y=g["predicted"] * 1e3, mode="markers", name=str(ph),
-                                 marker=dict(size=5, opacity=0.6)))
+        fig.add_trace(
+            go.Scatter(
+                x=g["measured"] * 1e3,
+                y=g["predicted"] * 1e3,
+                mode="markers",
+                name=str(ph),
+                marker=dict(size=5, opacity=0.6),
+            )
+        )
     if len(df):
         hi = float(max(df["measured"].max(), df["predicted"].max())) * 1e3
-        fig.add_trace(go.Scatter(x=[0, hi], y=[0, hi], mode="lines", name="y = x",
-                                 line=dict(dash="dash", color="gray")))
+        fig.add_trace(
+            go.Scatter(x=[0, hi], y=[0, hi], mode="lines", name="y = x", line=dict(dash="dash", color="gray"))
+        )
     return fig
 
 
@@ -215,20 +319,46 @@ def instances_figure(series: pd.DataFrame, events: pd.DataFrame) -> go.Figure:
     fig = _fig("Instances over time", "time (s)", "instances")
     for i, (pool, g) in enumerate(series.groupby("pool", sort=False)):
         colour = PALETTE[(2 * i) % len(PALETTE)]
-        fig.add_trace(go.Scatter(x=g["t_s"], y=g["serving"], mode="lines", line_shape="hv", name=f"{pool} serving",
-                                 line=dict(color=colour)))
-        fig.add_trace(go.Scatter(x=g["t_s"], y=g["billed"], mode="lines", line_shape="hv", name=f"{pool} billed",
-                                 line=dict(color=colour, dash="dot")))
-    marks = {"scale-up": ("triangle-up", "#29b09d"), "scale-down": ("triangle-down", "#ff8700"),
-             "crash": ("x", "#ff2b2b")}
+        fig.add_trace(
+            go.Scatter(
+                x=g["t_s"],
+                y=g["serving"],
+                mode="lines",
+                line_shape="hv",
+                name=f"{pool} serving",
+                line=dict(color=colour),
+            )
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=g["t_s"],
+                y=g["billed"],
+                mode="lines",
+                line_shape="hv",
+                name=f"{pool} billed",
+                line=dict(color=colour, dash="dot"),
+            )
+        )
+    marks = {
+        "scale-up": ("triangle-up", "#29b09d"),
+        "scale-down": ("triangle-down", "#ff8700"),
+        "crash": ("x", "#ff2b2b"),
+    }
     for kind, (symbol, colour) in marks.items():
         ev = events[events["event"] == kind]
         if ev.empty:
             continue
-        fig.add_trace(go.Scatter(x=ev["time_s"], y=[0] * len(ev), mode="markers", name=kind,
-                                 text=[f"{p}: {kind} x{c}. {w}"
-                                       for p, c, w in zip(ev["pool"], ev["count"], ev["detail"], strict=True)],
-                                 hoverinfo="x+text", marker=dict(symbol=symbol, size=13, color=colour)))
+        fig.add_trace(
+            go.Scatter(
+                x=ev["time_s"],
+                y=[0] * len(ev),
+                mode="markers",
+                name=kind,
+                text=[f"{p}: {kind} x{c}. {w}" for p, c, w in zip(ev["pool"], ev["count"], ev["detail"], strict=True)],
+                hoverinfo="x+text",
+                marker=dict(symbol=symbol, size=13, color=colour),
+            )
+        )
     fig.update_yaxes(rangemode="tozero")
     fig.update_layout(showlegend=True)
     return fig
@@ -248,18 +378,32 @@ def cost_figure(cost: pd.DataFrame) -> go.Figure:
     """Cumulative cost over the run (:func:`opsviews.cost_series`) with the billed GPUs on a second axis."""
     fig = _fig("Cost with scaling", "time (s)", "cumulative cost ($)")
     fig.add_trace(go.Scatter(x=cost["t_s"], y=cost["cost_usd"], mode="lines", name="cost so far ($)"))
-    fig.add_trace(go.Scatter(x=cost["t_s"], y=cost["gpus"], mode="lines", line_shape="hv", name="billed GPUs",
-                             yaxis="y2", line=dict(dash="dot")))
-    fig.update_layout(yaxis2=dict(title="billed GPUs", overlaying="y", side="right", showgrid=False,
-                                  rangemode="tozero"), showlegend=True, margin=dict(l=50, r=60, t=50, b=90))
+    fig.add_trace(
+        go.Scatter(
+            x=cost["t_s"],
+            y=cost["gpus"],
+            mode="lines",
+            line_shape="hv",
+            name="billed GPUs",
+            yaxis="y2",
+            line=dict(dash="dot"),
+        )
+    )
+    fig.update_layout(
+        yaxis2=dict(title="billed GPUs", overlaying="y", side="right", showgrid=False, rangemode="tozero"),
+        showlegend=True,
+        margin=dict(l=50, r=60, t=50, b=90),
+    )
     return fig
 
 
-GROUPS = {"Latency CDFs": ("cdf_ttft", "cdf_tpot", "cdf_itl", "cdf_e2e"),
-          "Breakdown": ("breakdown",),
-          "Time series": ("throughput", "batch", "kv", "queue", "links"),
-          "Per request": ("scatter",),
-          "Operations": ("instances", "failures", "cost")}   # only for runs with operations (autoscaling, faults)
+GROUPS = {
+    "Latency CDFs": ("cdf_ttft", "cdf_tpot", "cdf_itl", "cdf_e2e"),
+    "Breakdown": ("breakdown",),
+    "Time series": ("throughput", "batch", "kv", "queue", "links"),
+    "Per request": ("scatter",),
+    "Operations": ("instances", "failures", "cost"),
+}  # only for runs with operations (autoscaling, faults)
 
 
 def groups(res: Results) -> list[str]:
@@ -267,9 +411,15 @@ def groups(res: Results) -> list[str]:
     return [g for g in GROUPS if g != "Operations" or "operations" in res.summary]
 
 
-def results_figures(name: str, res: Results, slo_ttft: float | None, slo_tpot: float | None,
-                    which: tuple[str, ...] | None = None, log: bool = False,
-                    prices=None) -> dict[str, go.Figure]:
+def results_figures(
+    name: str,
+    res: Results,
+    slo_ttft: float | None,
+    slo_tpot: float | None,
+    which: tuple[str, ...] | None = None,
+    log: bool = False,
+    prices=None,
+) -> dict[str, go.Figure]:
     """The charts of one run keyed by a short id (all of its :func:`groups`, or only ``which``); ``log``: log
     latency axes (CDFs' x, the scatter's TTFT) and log queue lengths; ``prices``: overrides for the cost
     chart of an operations run."""
@@ -285,9 +435,11 @@ def results_figures(name: str, res: Results, slo_ttft: float | None, slo_tpot: f
         figs["breakdown"] = breakdown_figure({name: views.phase_frame(res.requests)})
     if want & {"batch", "kv", "queue"}:
         series = views.step_series(res.steps)
-        for key, col, title, unit in (("batch", "batch_size", "Running batch size", "sequences"),
-                                      ("kv", "kv_occupancy", "KV-cache occupancy", "fraction of blocks"),
-                                      ("queue", "waiting", "Queue length (waiting requests)", "requests")):
+        for key, col, title, unit in (
+            ("batch", "batch_size", "Running batch size", "sequences"),
+            ("kv", "kv_occupancy", "KV-cache occupancy", "fraction of blocks"),
+            ("queue", "waiting", "Queue length (waiting requests)", "requests"),
+        ):
             if key in want:
                 figs[key] = log_axes(timeseries_figure(series, col, title, unit), y=log and key == "queue")
     if "throughput" in want:

@@ -2,6 +2,7 @@
 
 Hooked into ``simulator/cli/commands.py`` by ``add_subparsers(sub)``.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,13 +22,30 @@ def cmd_app(args, con=None) -> int:
     # -P (Python 3.11+): the working directory is not put on sys.path, so a folder there named `app` cannot
     # shadow the installed package the pages import
     safe_path = ["-P"] if sys.version_info >= (3, 11) else []
-    cmd = [sys.executable, *safe_path, "-m", "streamlit", "run", str(HOME), "--server.port", str(args.port),
-           "--server.address", args.address, "--server.headless", "true" if args.headless else "false",
-           # no first-run email prompt: it waits on stdin before the server starts listening
-           "--server.showEmailPrompt", "false",
-           # viewer: no Deploy button (a Streamlit Cloud dialog) nor rerun/clear-cache developer items
-           "--client.toolbarMode", "viewer",
-           "--browser.gatherUsageStats", "false", "--server.maxUploadSize", "20"]
+    cmd = [
+        sys.executable,
+        *safe_path,
+        "-m",
+        "streamlit",
+        "run",
+        str(HOME),
+        "--server.port",
+        str(args.port),
+        "--server.address",
+        args.address,
+        "--server.headless",
+        "true" if args.headless else "false",
+        # no first-run email prompt: it waits on stdin before the server starts listening
+        "--server.showEmailPrompt",
+        "false",
+        # viewer: no Deploy button (a Streamlit Cloud dialog) nor rerun/clear-cache developer items
+        "--client.toolbarMode",
+        "viewer",
+        "--browser.gatherUsageStats",
+        "false",
+        "--server.maxUploadSize",
+        "20",
+    ]
     print(f"epdsim app on http://{args.address}:{args.port}", flush=True)
     proc = subprocess.Popen(cmd)
     return run_until_stopped(proc)
@@ -47,6 +65,7 @@ def run_until_stopped(proc: subprocess.Popen, grace_s: float = 20.0) -> int:
         stopped.append(signum)
         if proc.poll() is None:
             proc.send_signal(signum)
+
     previous = {s: signal.signal(s, forward) for s in STOP_SIGNALS}
     deadline = None
     try:
@@ -81,21 +100,24 @@ def cmd_report(args, con=None) -> int:
     FILE.html`` (runs the planner)."""
     from app.report import plan_html, validation_html, write  # noqa: PLC0415 - Plotly: loaded when a report is written
     from simulator.scenario import ScenarioError  # noqa: PLC0415 - parser hook: loads when `epdsim report` runs
-    check_output(args.out, "--out", folder=False, error=OutputPathError)   # before the plan runs
+
+    check_output(args.out, "--out", folder=False, error=OutputPathError)  # before the plan runs
 
     def write_out(text: str) -> Path:
         try:
             return write(args.out, text)
         except OSError as exc:
             raise OutputPathError(write_failed(exc, "--out", args.out)) from None
+
     if args.kind == "plan":
         from simulator.plan import PlanError, load_plan_request, run_plan  # noqa: PLC0415 - only `report plan` runs it
 
         def progress(done, total, stage):
             print(f"\r{stage}: {done}/{total}   ", end="", file=sys.stderr, flush=True)
+
         try:
             res = run_plan(load_plan_request(args.source), progress=progress)
-        except PlanError as exc:          # a user error: exit 2 with the message, like the other commands
+        except PlanError as exc:  # a user error: exit 2 with the message, like the other commands
             raise ScenarioError(str(exc)) from None
         print(file=sys.stderr)
         print(f"wrote {write_out(plan_html(res, plotly=args.report_plotly))}")
@@ -104,13 +126,16 @@ def cmd_report(args, con=None) -> int:
     if src.is_dir():
         src = src / "validation.json"
     if not src.is_file():
-        raise ScenarioError(f"{args.source}: no validation.json there; give the folder or file that "
-                            f"`epdsim calibrate validate` wrote (default BUNDLE/validation)")
+        raise ScenarioError(
+            f"{args.source}: no validation.json there; give the folder or file that "
+            f"`epdsim calibrate validate` wrote (default BUNDLE/validation)"
+        )
     try:
         data = json.loads(src.read_text())
     except json.JSONDecodeError as exc:
-        raise ScenarioError(f"{src}: not JSON ({exc}); give the validation.json of "
-                            "`epdsim calibrate validate`") from None
+        raise ScenarioError(
+            f"{src}: not JSON ({exc}); give the validation.json of `epdsim calibrate validate`"
+        ) from None
     path = write_out(validation_html(data, plotly=args.report_plotly))
     print(f"wrote {path}")
     return 0
@@ -119,15 +144,20 @@ def cmd_report(args, con=None) -> int:
 def write_simulation_report(res, path: str | Path, plotly: str = "inline") -> Path:
     """The HTML report of one run (``epdsim simulate ... --report FILE.html [--report-plotly cdn]``)."""
     from app.report import results_html, write  # noqa: PLC0415 - Plotly: loaded when a report is written
+
     return write(path, results_html(res, plotly=plotly))
 
 
 def add_plotly_argument(parser) -> None:
     """``--report-plotly inline|cdn`` (for ``epdsim simulate`` and ``epdsim report``)."""
-    parser.add_argument("--report-plotly", choices=["inline", "cdn"], default="inline",
-                        help="inline (default): Plotly's JavaScript inside the report, which opens offline (~5 MB); "
-                             "cdn: a script tag loads it from cdn.plot.ly, for a report of kilobytes that needs "
-                             "the network when opened")
+    parser.add_argument(
+        "--report-plotly",
+        choices=["inline", "cdn"],
+        default="inline",
+        help="inline (default): Plotly's JavaScript inside the report, which opens offline (~5 MB); "
+        "cdn: a script tag loads it from cdn.plot.ly, for a report of kilobytes that needs "
+        "the network when opened",
+    )
 
 
 def add_subparsers(sub) -> None:
@@ -138,8 +168,11 @@ def add_subparsers(sub) -> None:
     a.add_argument("--headless", action="store_true", help="do not open a browser")
     a.set_defaults(func=cmd_app)
     r = sub.add_parser("report", help="self-contained HTML report with the app's charts")
-    r.add_argument("kind", choices=["validation", "plan"],
-                   help="validation: a calibration validation; plan: run a plan request and report it")
+    r.add_argument(
+        "kind",
+        choices=["validation", "plan"],
+        help="validation: a calibration validation; plan: run a plan request and report it",
+    )
     r.add_argument("source", help="validation: validation.json or its folder; plan: a plan request YAML")
     r.add_argument("--out", required=True, help="HTML file to write")
     add_plotly_argument(r)

@@ -2,6 +2,7 @@
 
 Layout helpers only; computations live in :mod:`app.services`.
 """
+
 from __future__ import annotations
 
 import re
@@ -50,11 +51,11 @@ def scenario() -> dict:
         if link:
             try:
                 d = share.decode(link)
-            except scenarios.InputError as exc:      # shown by the builder; the default scenario meanwhile
+            except scenarios.InputError as exc:  # shown by the builder; the default scenario meanwhile
                 st.session_state["link-error"] = str(exc)
         st.session_state["scenario"] = d
     d = st.session_state["scenario"]
-    publish(d)                 # every page's link carries it: a refresh on any page keeps the session's edits
+    publish(d)  # every page's link carries it: a refresh on any page keeps the session's edits
     return d
 
 
@@ -85,7 +86,7 @@ def publish(d: dict) -> list[str]:
 
 def set_scenario(d: dict, reset_widgets: bool = False) -> None:
     st.session_state["scenario"] = d
-    if reset_widgets:     # widgets keyed by generation re-read their values from the new scenario
+    if reset_widgets:  # widgets keyed by generation re-read their values from the new scenario
         st.session_state["gen"] = st.session_state.get("gen", 0) + 1
 
 
@@ -105,10 +106,13 @@ def plain(text: str) -> str:
 def show_error(exc: Exception) -> None:
     """An error inline, its text never read as Markdown or emoji codes; an error that is not one of the
     user errors the services name (a bug, or input they missed) is labelled with its type."""
-    msg = str(exc) if isinstance(exc, (scenarios.InputError, *scenarios.USER_ERRORS)) else \
-        f"could not use this input ({type(exc).__name__}): {exc}"
+    msg = (
+        str(exc)
+        if isinstance(exc, (scenarios.InputError, *scenarios.USER_ERRORS))
+        else f"could not use this input ({type(exc).__name__}): {exc}"
+    )
     up = st.session_state.get("upload-dir")
-    if up:                               # name the user's file, not the server's copy of it
+    if up:  # name the user's file, not the server's copy of it
         msg = msg.replace(str(up) + "/", "")
     st.error(plain(msg), icon="🚫")
 
@@ -156,7 +160,7 @@ def run_job(key: str, fn, args: tuple = (), label: str = "running", kwargs: dict
             text = f"{label}: {job.stage or 'working'} ({job.elapsed_s:.1f} s)"
             bar.progress(frac if frac is not None else min(0.95, job.elapsed_s / 30.0), text=text)
     finally:
-        job.cancel()         # no-op when finished; stops the worker when the page was interrupted
+        job.cancel()  # no-op when finished; stops the worker when the page was interrupted
     box.empty()
     if job.state == "failed":
         if job.user_error:
@@ -173,7 +177,7 @@ def run_scenario(d: dict):
     Returns (results, key) or (None, key); validation errors are shown inline."""
     try:
         scn = scenarios.to_scenario(d, folder=upload_dir(create=False), sandboxed=True)
-    except Exception as exc:     # noqa: BLE001 - every input error inline, never a traceback on the page
+    except Exception as exc:  # noqa: BLE001 - every input error inline, never a traceback on the page
         show_error(exc)
         return None, None
     key = scenarios.scenario_hash(scn) + ":0"
@@ -202,34 +206,40 @@ def result_cards(res: Results, c: dict) -> None:
     s, slo = res.summary, res.scenario.slo
     rel = error_bands(res.info)
     cols = st.columns(6)
-    cards: tuple[tuple[LatencyKey, str, float | None], ...] = (("ttft_s", "TTFT p50", slo.ttft_s),
-                                                               ("tpot_s", "TPOT p50", slo.tpot_s))
+    cards: tuple[tuple[LatencyKey, str, float | None], ...] = (
+        ("ttft_s", "TTFT p50", slo.ttft_s),
+        ("tpot_s", "TPOT p50", slo.tpot_s),
+    )
     for col, (key, label, target) in zip(cols[:2], cards, strict=True):
         # The card's value stays short (a six-column card cuts a longer one); the band is in the caption under it.
         col.metric(label, fmt.duration(s[key]["p50"]), help=f"mean {with_band(s[key]['mean'], rel[key])}")
         col.caption(_pcts_caption(s[key], target, rel[key]))
     cols[2].metric("output tok/s", f"{s['output_tokens_per_s']:,.0f}")
     cols[2].caption(f"{s['throughput_rps']:,.2f} req/s completed")
-    cols[3].metric("SLO attainment", fmt.percent(s["slo_attainment"]),
-                   help=glossary.help_for("SLO attainment"))
+    cols[3].metric("SLO attainment", fmt.percent(s["slo_attainment"]), help=glossary.help_for("SLO attainment"))
     cols[3].caption(f"target {fmt.percent(slo.attainment, 0)} of requests")
     named = c.get("named") or {}
     other = [n for n in named if n != costs.headline(named)]
     top = costs.headline(named) if named else costs.STATIC
-    cols[4].metric("cost per hour", fmt.usd(c["usd_per_hour"]), help=f"{top}: {costs.MEANING[top]} "
-                   "(hwdb list price unless overridden under Prices)")
-    cols[5].metric("$ per M output tokens", fmt.usd(c["usd_per_million_output_tokens"], 3),
-                   help=f"{top}: {costs.MEANING[top]}")
+    cols[4].metric(
+        "cost per hour",
+        fmt.usd(c["usd_per_hour"]),
+        help=f"{top}: {costs.MEANING[top]} (hwdb list price unless overridden under Prices)",
+    )
+    cols[5].metric(
+        "$ per M output tokens", fmt.usd(c["usd_per_million_output_tokens"], 3), help=f"{top}: {costs.MEANING[top]}"
+    )
     if c.get("with_scaling"):
         cols[4].caption(f"{top}: {fmt.usd(c['usd'])} for {c['gpu_hours']:,.2f} GPU-hours")
     else:
         cols[4].caption(f"{top}: {s['gpus']} GPUs")
-    for n in other:     # the run's other named cost (static beside mean billed), named as the CLI names it
+    for n in other:  # the run's other named cost (static beside mean billed), named as the CLI names it
         cols[4].caption(f"{n}: {fmt.usd(named[n]['usd_per_hour'])}/h ({costs.MEANING[n]})")
         cols[5].caption(f"{n}: {fmt.usd(named[n]['usd_per_million_output_tokens'], 3)}")
     if not other:
         cols[5].caption(top)
     st.caption(band_caption(res.info, rel))
+
 
 def ops_cards(res: Results) -> None:
     """The operations figures of a run with autoscaling or faults (``summary["operations"]``); nothing
@@ -239,8 +249,7 @@ def ops_cards(res: Results) -> None:
         return
     ups = o["scale_ups"]
     cols = st.columns(6)
-    cols[0].metric("availability", fmt.percent(o["availability"]),
-                   help="completed / (completed + rejected + failed)")
+    cols[0].metric("availability", fmt.percent(o["availability"]), help="completed / (completed + rejected + failed)")
     cols[1].metric("failed requests", f"{o['failed']:,}", help="ended by a crash or with their retries exhausted")
     cols[2].metric("retried requests", f"{o['retried_requests']:,}", help="sent again at least once")
     cols[2].caption(f"{o['retries']:,} re-sends, {o['discarded_tokens']:,} tokens discarded")
@@ -251,19 +260,24 @@ def ops_cards(res: Results) -> None:
     cols[5].metric("GPU-hours", f"{o['gpu_hours']:,.2f}", help="billed from provisioning to removal, crash or the end")
     cols[5].caption(f"{o['wasted_gpu_s']:,.0f} GPU-s wasted (starting, lost work)")
     if ups:
-        st.caption(f"{o['slo_violations_during_scale_up']:,} of {o['slo_violations']:,} SLO violations arrived while "
-                   f"a scale-up was pending")
+        st.caption(
+            f"{o['slo_violations_during_scale_up']:,} of {o['slo_violations']:,} SLO violations arrived while "
+            f"a scale-up was pending"
+        )
 
 
-PINNED = "pinned"      # name -> scenario dict, pinned for the Compare page
+PINNED = "pinned"  # name -> scenario dict, pinned for the Compare page
 
 
 def pin_button(d: dict) -> None:
     """One click keeps scenario ``d`` for the Compare page, which then shows it against whatever the
     scenario is when you get there ("pinned vs current")."""
     pinned = st.session_state.setdefault(PINNED, {})
-    if st.button("Pin for Compare", key="pin-home",
-                 help="keep this configuration; edit the scenario, then open Compare to see both side by side"):
+    if st.button(
+        "Pin for Compare",
+        key="pin-home",
+        help="keep this configuration; edit the scenario, then open Compare to see both side by side",
+    ):
         pinned[str(d.get("name") or f"scenario {len(pinned) + 1}")] = d
     if pinned:
         st.caption(f"pinned for Compare: {', '.join(pinned)}")
@@ -281,14 +295,30 @@ def tables_view(res) -> None:
     if len(req) > SHOWN_ROWS:
         st.caption(f"Showing the first {SHOWN_ROWS:,} of {len(req):,} requests; the downloads hold all of them.")
     c = st.columns(4)
-    c[0].download_button(f"requests CSV ({len(req):,} rows)", exports.requests_csv(res), f"{name}-requests.csv",
-                         mime="text/csv", key="dl-requests-csv")
-    c[1].download_button("requests Parquet", exports.requests_parquet(res), f"{name}-requests.parquet",
-                         mime="application/octet-stream", key="dl-requests-parquet")
-    c[2].download_button("summary JSON", exports.summary_json(res), f"{name}-summary.json",
-                         mime="application/json", key="dl-summary-json")
-    c[3].download_button("scenario YAML", exports.scenario_yaml(res), f"{name}.yaml",
-                         mime="application/x-yaml", key="dl-scenario-yaml")
+    c[0].download_button(
+        f"requests CSV ({len(req):,} rows)",
+        exports.requests_csv(res),
+        f"{name}-requests.csv",
+        mime="text/csv",
+        key="dl-requests-csv",
+    )
+    c[1].download_button(
+        "requests Parquet",
+        exports.requests_parquet(res),
+        f"{name}-requests.parquet",
+        mime="application/octet-stream",
+        key="dl-requests-parquet",
+    )
+    c[2].download_button(
+        "summary JSON",
+        exports.summary_json(res),
+        f"{name}-summary.json",
+        mime="application/json",
+        key="dl-summary-json",
+    )
+    c[3].download_button(
+        "scenario YAML", exports.scenario_yaml(res), f"{name}.yaml", mime="application/x-yaml", key="dl-scenario-yaml"
+    )
 
 
 def column_config(df) -> dict:
@@ -299,10 +329,11 @@ def column_config(df) -> dict:
         name = str(c)
         if name.startswith("cost_usd") or name.startswith("usd"):
             cc[name] = st.column_config.NumberColumn(format="dollar")
-        elif name.endswith("_band"):            # a relative model error band
+        elif name.endswith("_band"):  # a relative model error band
             cc[name] = st.column_config.NumberColumn(format="percent")
-        elif any(k in name for k in ("attainment", "occupancy", "utilisation", "share", "hit_rate")) \
-                and not name.endswith("_ci95_s"):
+        elif any(
+            k in name for k in ("attainment", "occupancy", "utilisation", "share", "hit_rate")
+        ) and not name.endswith("_ci95_s"):
             cc[name] = st.column_config.NumberColumn(format="percent")
         elif name.endswith("_s") and df[c].dtype.kind == "f":
             cc[name] = st.column_config.NumberColumn(format="%.3f s")

@@ -4,6 +4,7 @@ Widgets start from the current scenario dict and write their values back through
 :mod:`app.services.builder`; widget keys carry a generation so that loading a YAML file
 re-initialises them.
 """
+
 from __future__ import annotations
 
 import streamlit as st
@@ -17,11 +18,14 @@ def _k(name: str) -> str:
 
 
 def _upload_scenario() -> None:
-    ups = st.file_uploader("Load scenario YAML (with the traces, length files or config.json it names)",
-                           type=["yaml", "yml", "csv", "jsonl", "json"], key=_k("upload-yaml"),
-                           accept_multiple_files=True,
-                           help=f"at most {scenarios.MAX_UPLOAD_BYTES // 2**20} MiB each; the scenario may name "
-                                f"only files uploaded with it (by file name) or the shipped examples")
+    ups = st.file_uploader(
+        "Load scenario YAML (with the traces, length files or config.json it names)",
+        type=["yaml", "yml", "csv", "jsonl", "json"],
+        key=_k("upload-yaml"),
+        accept_multiple_files=True,
+        help=f"at most {scenarios.MAX_UPLOAD_BYTES // 2**20} MiB each; the scenario may name "
+        f"only files uploaded with it (by file name) or the shipped examples",
+    )
     ups = list(ups or [])
     yamls = [u for u in ups if u.name.lower().endswith((".yaml", ".yml"))]
     if not yamls:
@@ -31,11 +35,17 @@ def _upload_scenario() -> None:
     if st.session_state.get("loaded-yaml") != sig:
         try:
             if len(yamls) > 1:
-                raise scenarios.InputError(f"{len(yamls)} YAML files uploaded ({', '.join(u.name for u in yamls)}); "
-                                           f"upload one scenario at a time, with the data files it names")
-            d = scenarios.parse_yaml_upload(up.name, up.getvalue(), folder=ui.upload_dir(),
-                                            files=tuple((u.name, u.getvalue()) for u in ups if u is not up))
-        except Exception as exc:       # noqa: BLE001 - every upload error inline, never a traceback on the page
+                raise scenarios.InputError(
+                    f"{len(yamls)} YAML files uploaded ({', '.join(u.name for u in yamls)}); "
+                    f"upload one scenario at a time, with the data files it names"
+                )
+            d = scenarios.parse_yaml_upload(
+                up.name,
+                up.getvalue(),
+                folder=ui.upload_dir(),
+                files=tuple((u.name, u.getvalue()) for u in ups if u is not up),
+            )
+        except Exception as exc:  # noqa: BLE001 - every upload error inline, never a traceback on the page
             ui.show_error(exc)
             return
         st.session_state["loaded-yaml"] = sig
@@ -44,9 +54,15 @@ def _upload_scenario() -> None:
 
 
 def _examples() -> None:
-    pick = st.selectbox("Start from an example", list(scenarios.EXAMPLES), index=None,
-                        format_func=lambda k: scenarios.EXAMPLES[k], placeholder="choose a shipped example…",
-                        key=_k("example"), help="replaces the scenario being edited (save it first to keep it)")
+    pick = st.selectbox(
+        "Start from an example",
+        list(scenarios.EXAMPLES),
+        index=None,
+        format_func=lambda k: scenarios.EXAMPLES[k],
+        placeholder="choose a shipped example…",
+        key=_k("example"),
+        help="replaces the scenario being edited (save it first to keep it)",
+    )
     if pick is not None:
         ui.load_scenario(scenarios.example(pick))
         st.rerun()
@@ -62,15 +78,20 @@ def _model(d: dict, opts: builder.Options) -> dict:
         try:
             model = scenarios.model_from_config_upload(up.name, up.getvalue(), folder=ui.upload_dir())
             st.caption(f"using uploaded model {model.rsplit('/', 1)[-1]}")
-        except Exception as exc:       # noqa: BLE001 - every upload error inline, never a traceback on the page
+        except Exception as exc:  # noqa: BLE001 - every upload error inline, never a traceback on the page
             ui.show_error(exc)
     return {**d, "model": model}
 
 
 def _pools(d: dict, opts: builder.Options) -> dict:
-    mode = st.radio("Deployment", builder.LAYOUTS, index=builder.LAYOUTS.index(builder.layout(d)),
-                    format_func=builder.LAYOUT_LABELS.get, key=_k("layout"),
-                    help=glossary.help_for("colocated", "PD", "E+PD", "E+P+D"))
+    mode = st.radio(
+        "Deployment",
+        builder.LAYOUTS,
+        index=builder.LAYOUTS.index(builder.layout(d)),
+        format_func=builder.LAYOUT_LABELS.get,
+        key=_k("layout"),
+        help=glossary.help_for("colocated", "PD", "E+PD", "E+P+D"),
+    )
     d = builder.with_layout(d, mode)
     for i, pool in enumerate(d["pools"]):
         st.markdown(f"**{pool.get('role', 'colocated')} pool**")
@@ -79,64 +100,124 @@ def _pools(d: dict, opts: builder.Options) -> dict:
         gi = gpus.index(g) if g in gpus else 0
         gpu = st.selectbox("GPU", gpus, index=gi, key=_k(f"gpu-{i}-{mode}"))
         c2, c3 = st.columns(2)
-        tp = c2.selectbox("TP", [1, 2, 4, 8], index=[1, 2, 4, 8].index(pool.get("tp", 1))
-                          if pool.get("tp", 1) in (1, 2, 4, 8) else 0, key=_k(f"tp-{i}-{mode}"))
+        tp = c2.selectbox(
+            "TP",
+            [1, 2, 4, 8],
+            index=[1, 2, 4, 8].index(pool.get("tp", 1)) if pool.get("tp", 1) in (1, 2, 4, 8) else 0,
+            key=_k(f"tp-{i}-{mode}"),
+        )
         n = c3.number_input("instances", 1, 512, int(pool.get("instances", 1)), key=_k(f"inst-{i}-{mode}"))
         c4, c5 = st.columns(2)
         cur = pool.get("dtype", "bf16")
         dtypes = list(builder.DTYPES) + ([cur] if cur not in builder.DTYPES else [])
-        dtype = c4.selectbox("weights", dtypes, index=dtypes.index(cur), key=_k(f"dtype-{i}-{mode}"),
-                             help=glossary.help_for("weights (dtype)"))
-        pp = c5.selectbox("PP", [1, 2, 4, 8], index=[1, 2, 4, 8].index(pool.get("pp", 1))
-                          if pool.get("pp", 1) in (1, 2, 4, 8) else 0, key=_k(f"pp-{i}-{mode}"),
-                          help=glossary.help_for("TP / PP"))
+        dtype = c4.selectbox(
+            "weights",
+            dtypes,
+            index=dtypes.index(cur),
+            key=_k(f"dtype-{i}-{mode}"),
+            help=glossary.help_for("weights (dtype)"),
+        )
+        pp = c5.selectbox(
+            "PP",
+            [1, 2, 4, 8],
+            index=[1, 2, 4, 8].index(pool.get("pp", 1)) if pool.get("pp", 1) in (1, 2, 4, 8) else 0,
+            key=_k(f"pp-{i}-{mode}"),
+            help=glossary.help_for("TP / PP"),
+        )
         c6, c7 = st.columns(2)
-        dp = c6.selectbox("attention DP", [1, 2, 4, 8], index=[1, 2, 4, 8].index(pool.get("dp", 1))
-                          if pool.get("dp", 1) in (1, 2, 4, 8) else 0, key=_k(f"dp-{i}-{mode}"),
-                          help=glossary.help_for("DP / EP"))
+        dp = c6.selectbox(
+            "attention DP",
+            [1, 2, 4, 8],
+            index=[1, 2, 4, 8].index(pool.get("dp", 1)) if pool.get("dp", 1) in (1, 2, 4, 8) else 0,
+            key=_k(f"dp-{i}-{mode}"),
+            help=glossary.help_for("DP / EP"),
+        )
         eps = sorted({1, int(tp) * int(dp), int(pool.get("ep", 1))})
-        ep = c7.selectbox("EP (experts over GPUs)", eps, index=eps.index(int(pool.get("ep", 1))),
-                          key=_k(f"ep-{i}-{mode}-{tp}-{dp}"), help=glossary.help_for("DP / EP"))
+        ep = c7.selectbox(
+            "EP (experts over GPUs)",
+            eps,
+            index=eps.index(int(pool.get("ep", 1))),
+            key=_k(f"ep-{i}-{mode}-{tp}-{dp}"),
+            help=glossary.help_for("DP / EP"),
+        )
         d = builder.set_pool(d, i, dtype=dtype, pp=int(pp), dp=int(dp), ep=int(ep))
         if pool.get("role") == "encoder":
             d = builder.set_pool(d, i, gpu=gpu, tp=int(tp), instances=int(n))
             continue
         kvs = list(builder.KV_DTYPES)
-        kvd = st.selectbox("KV cache", kvs, index=kvs.index(pool.get("kv_cache_dtype", "auto")),
-                           key=_k(f"kv-dtype-{i}-{mode}"), help=glossary.help_for("KV cache dtype"))
+        kvd = st.selectbox(
+            "KV cache",
+            kvs,
+            index=kvs.index(pool.get("kv_cache_dtype", "auto")),
+            key=_k(f"kv-dtype-{i}-{mode}"),
+            help=glossary.help_for("KV cache dtype"),
+        )
         d = builder.set_pool(d, i, kv_cache_dtype=kvd)
         eng = pool.get("engine") or {}
         with st.expander("engine arguments"):
             cur = eng.get("engine", "vllm-v1")
-            engines = list(opts.engines) + ([cur] if cur not in opts.engines else [])   # shown by validation
+            engines = list(opts.engines) + ([cur] if cur not in opts.engines else [])  # shown by validation
             e = st.selectbox("engine", engines, index=engines.index(cur), key=_k(f"engine-{i}-{mode}"))
-            seqs = st.number_input("max_num_seqs (0 = vLLM default)", 0, 4096, int(eng.get("max_num_seqs") or 0),
-                                   key=_k(f"seqs-{i}-{mode}"))
-            toks = st.number_input("max_num_batched_tokens (0 = default)", 0, 262144,
-                                   int(eng.get("max_num_batched_tokens") or 0), key=_k(f"toks-{i}-{mode}"))
-            util = st.slider("gpu_memory_utilization", 0.5, 0.98, float(eng.get("gpu_memory_utilization", 0.9)),
-                             0.01, key=_k(f"util-{i}-{mode}"))
-        d = builder.set_pool(d, i, gpu=gpu, tp=int(tp), instances=int(n), engine=e, max_num_seqs=seqs or None,
-                             max_num_batched_tokens=toks or None,
-                             gpu_memory_utilization=None if abs(util - 0.9) < 1e-9 else float(util))
+            seqs = st.number_input(
+                "max_num_seqs (0 = vLLM default)",
+                0,
+                4096,
+                int(eng.get("max_num_seqs") or 0),
+                key=_k(f"seqs-{i}-{mode}"),
+            )
+            toks = st.number_input(
+                "max_num_batched_tokens (0 = default)",
+                0,
+                262144,
+                int(eng.get("max_num_batched_tokens") or 0),
+                key=_k(f"toks-{i}-{mode}"),
+            )
+            util = st.slider(
+                "gpu_memory_utilization",
+                0.5,
+                0.98,
+                float(eng.get("gpu_memory_utilization", 0.9)),
+                0.01,
+                key=_k(f"util-{i}-{mode}"),
+            )
+        d = builder.set_pool(
+            d,
+            i,
+            gpu=gpu,
+            tp=int(tp),
+            instances=int(n),
+            engine=e,
+            max_num_seqs=seqs or None,
+            max_num_batched_tokens=toks or None,
+            gpu_memory_utilization=None if abs(util - 0.9) < 1e-9 else float(util),
+        )
     if mode.startswith("e+"):
         et = d.get("embedding_transfer") or {}
         fabrics = ["(encoder GPU's NIC)", *opts.fabrics]
-        fab = st.selectbox("embedding transfer fabric", fabrics,
-                           index=fabrics.index(et["fabric"]) if et.get("fabric") in fabrics else 0,
-                           key=_k("emb-fabric"))
+        fab = st.selectbox(
+            "embedding transfer fabric",
+            fabrics,
+            index=fabrics.index(et["fabric"]) if et.get("fabric") in fabrics else 0,
+            key=_k("emb-fabric"),
+        )
         d = builder.set_embedding_transfer(d, fabric=None if fab.startswith("(") else fab)
     if mode in ("pd", "e+p+d"):
         kv = d.get("kv_transfer") or {}
         c1, c2 = st.columns(2)
         conns = list(opts.connectors)
-        conn = c1.selectbox("KV connector", conns, index=conns.index(kv.get("connector", "nixl"))
-                            if kv.get("connector", "nixl") in conns else 0, key=_k("connector"))
+        conn = c1.selectbox(
+            "KV connector",
+            conns,
+            index=conns.index(kv.get("connector", "nixl")) if kv.get("connector", "nixl") in conns else 0,
+            key=_k("connector"),
+        )
         fabrics = ["(GPU's default NIC)", *opts.fabrics]
-        fab = c2.selectbox("fabric", fabrics, index=fabrics.index(kv["fabric"]) if kv.get("fabric") in fabrics else 0,
-                           key=_k("fabric"))
-        same = st.checkbox("prefill and decode on the same node (NVLink)", bool(kv.get("same_node", False)),
-                           key=_k("same-node"))
+        fab = c2.selectbox(
+            "fabric", fabrics, index=fabrics.index(kv["fabric"]) if kv.get("fabric") in fabrics else 0, key=_k("fabric")
+        )
+        same = st.checkbox(
+            "prefill and decode on the same node (NVLink)", bool(kv.get("same_node", False)), key=_k("same-node")
+        )
         d = builder.set_kv_transfer(d, connector=conn, fabric=None if fab.startswith("(") else fab, same_node=same)
     return d
 
@@ -152,8 +233,12 @@ def _images(d: dict, db) -> dict:
     cur = f"{w}x{h}"
     c1, c2 = st.columns(2)
     n = c1.number_input("images per request", 0, 64, n, key=_k("images"))
-    res = c2.selectbox("image size", sizes + ([cur] if cur not in sizes else []),
-                       index=(sizes + [cur]).index(cur), key=_k("image-size"))
+    res = c2.selectbox(
+        "image size",
+        sizes + ([cur] if cur not in sizes else []),
+        index=(sizes + [cur]).index(cur),
+        key=_k("image-size"),
+    )
     w, h = (int(x) for x in res.split("x"))
     return builder.set_images(d, int(n), w, h)
 
@@ -173,22 +258,25 @@ def _trace_upload(d: dict) -> dict:
     The replaced workload is held in session state because the scenario dict itself persists between
     reruns: without it, removing a trace (a bad one above all) would leave its workload in place.
     """
-    up = st.file_uploader("Replay a trace (Azure CSV, Mooncake JSONL, plain CSV/JSONL)", type=["csv", "jsonl", "json"],
-                          key=_k("upload-trace"))
+    up = st.file_uploader(
+        "Replay a trace (Azure CSV, Mooncake JSONL, plain CSV/JSONL)",
+        type=["csv", "jsonl", "json"],
+        key=_k("upload-trace"),
+    )
     held = st.session_state.get(TRACE_STATE)
-    in_use = held is not None and _trace_path(d) == held[0]    # not when a loaded YAML replaced it since
+    in_use = held is not None and _trace_path(d) == held[0]  # not when a loaded YAML replaced it since
     if up is None:
         if held is None:
             return d
         del st.session_state[TRACE_STATE]
         if not in_use:
             return d
-        for name in WORKLOAD_WIDGETS:        # they re-read the restored workload instead of keeping the trace's
+        for name in WORKLOAD_WIDGETS:  # they re-read the restored workload instead of keeping the trace's
             st.session_state.pop(_k(name), None)
         return {**d, "workload": held[1]}
     try:
         path = scenarios.save_upload("traces", up.name, up.getvalue(), folder=ui.upload_dir())
-    except Exception as exc:           # noqa: BLE001 - every upload error inline, never a traceback on the page
+    except Exception as exc:  # noqa: BLE001 - every upload error inline, never a traceback on the page
         ui.show_error(exc)
         return d
     lim = st.number_input("replay at most N requests", 10, 200000, 2000, key=_k("trace-limit"))
@@ -200,10 +288,15 @@ def _workload(d: dict) -> dict:
     d = _trace_upload(d)
     kind = builder.arrival(d).get("kind")
     if kind in builder.ARRIVALS:
-        new = st.selectbox("arrivals", builder.ARRIVALS, index=builder.ARRIVALS.index(kind),
-                           format_func=lambda k: builder.ARRIVAL_LABELS[k], key=_k("arrival"),
-                           help=glossary.help_for("arrival process"))
-        if new is not None and new != kind:       # never None: the box has an index
+        new = st.selectbox(
+            "arrivals",
+            builder.ARRIVALS,
+            index=builder.ARRIVALS.index(kind),
+            format_func=lambda k: builder.ARRIVAL_LABELS[k],
+            key=_k("arrival"),
+            help=glossary.help_for("arrival process"),
+        )
+        if new is not None and new != kind:  # never None: the box has an index
             d, kind = builder.set_arrival(d, new), new
     elif kind != "trace":
         st.caption(f"arrivals: {kind} (as loaded; edit them in the YAML)")
@@ -217,14 +310,26 @@ def _workload(d: dict) -> dict:
         d = builder.set_arrival(d, "closed", concurrency=int(users), think_time_s=float(think))
         c1, c2 = st.columns(2)
     if kind == "gamma":
-        cv = c2.number_input("burstiness (cv)", 0.1, 20.0, float(builder.arrival(d).get("cv", 2.0)), 0.1,
-                             key=_k("cv"), help="coefficient of variation of the gaps: 1 = Poisson, above 1 = burstier")
+        cv = c2.number_input(
+            "burstiness (cv)",
+            0.1,
+            20.0,
+            float(builder.arrival(d).get("cv", 2.0)),
+            0.1,
+            key=_k("cv"),
+            help="coefficient of variation of the gaps: 1 = Poisson, above 1 = burstier",
+        )
         d = builder.set_arrival(d, "gamma", cv=float(cv))
         c1, c2 = st.columns(2)
     if kind in ("poisson", "gamma", "trace"):
-        r = c1.number_input("rate (req/s)", 0.0 if kind == "trace" else 0.01, 10000.0,
-                            float(rate or 0.0), key=_k("rate"),
-                            help="for a trace: 0 keeps its own timing, otherwise rescaled to this rate")
+        r = c1.number_input(
+            "rate (req/s)",
+            0.0 if kind == "trace" else 0.01,
+            10000.0,
+            float(rate or 0.0),
+            key=_k("rate"),
+            help="for a trace: 0 keeps its own timing, otherwise rescaled to this rate",
+        )
         if kind != "trace" or r > 0:
             d = builder.set_workload(d, rate=r)
     if w.get("num_requests") is not None:
@@ -235,8 +340,7 @@ def _workload(d: dict) -> dict:
         i = c1.number_input("mean prompt tokens", 1, 1_000_000, int(inp), key=_k("inp"))
         o = c2.number_input("mean output tokens", 1, 100_000, int(out), key=_k("out"))
         d = builder.set_workload(d, input_mean=i, output_mean=o)
-    seed = st.number_input("seed", 0, 2**31 - 1, int(d.get("seed", 0)), key=_k("seed"),
-                           help=glossary.help_for("seed"))
+    seed = st.number_input("seed", 0, 2**31 - 1, int(d.get("seed", 0)), key=_k("seed"), help=glossary.help_for("seed"))
     return builder.set_seed(d, int(seed)) if int(seed) != int(d.get("seed", 0)) else d
 
 
@@ -254,7 +358,7 @@ def _prices(d: dict) -> scenarios.Prices:
     for g in dict.fromkeys(p["gpu"] for p in d["pools"]):
         try:
             listp = db.gpu(g).price_usd_per_hour.value
-        except Exception:                                         # noqa: BLE001 - shown by validation instead
+        except Exception:  # noqa: BLE001 - shown by validation instead
             continue
         v = st.number_input(f"{g} $/GPU-hour", 0.0, 1000.0, float(listp), 0.05, key=_k(f"price-{g}"))
         if abs(v - listp) > 1e-9:
@@ -267,7 +371,7 @@ def _custom_label(field: str, key: str) -> None:
     custom = st.session_state.setdefault(ui.LABEL_CUSTOM, {})
     if value:
         custom[field] = value
-    else:                                   # cleared: the automatic label again
+    else:  # cleared: the automatic label again
         custom.pop(field, None)
 
 
@@ -275,22 +379,34 @@ def _label(d: dict) -> dict:
     """``d`` with its name and description: as loaded while it is unchanged, then what it now is
     (:func:`builder.auto_label`), unless the user typed their own."""
     base = st.session_state.get(ui.LABEL_BASE)
-    if base is None or base["gen"] != ui.gen():     # the first run since it was loaded: d as the widgets give it
+    if base is None or base["gen"] != ui.gen():  # the first run since it was loaded: d as the widgets give it
         base = {"gen": ui.gen(), "core": builder.core(d), "name": d.get("name"), "description": d.get("description")}
         st.session_state[ui.LABEL_BASE] = base
     auto_name, auto_desc = builder.auto_label(d)
     same = builder.core(d) == base["core"]
-    label = {"name": (base["name"] if same and base["name"] else auto_name),
-             "description": (base["description"] if same and base["description"] is not None else auto_desc)}
+    label = {
+        "name": (base["name"] if same and base["name"] else auto_name),
+        "description": (base["description"] if same and base["description"] is not None else auto_desc),
+    }
     custom = st.session_state.setdefault(ui.LABEL_CUSTOM, {})
     keys = {"name": _k("scn-name"), "description": _k("scn-desc")}
     for field, key in keys.items():
         if field not in custom:
             st.session_state[key] = label[field]
-    st.text_input("Scenario name", key=keys["name"], on_change=_custom_label, args=("name", keys["name"]),
-                  help="follows your edits until you type your own (clear it to go back)")
-    st.text_area("Description", key=keys["description"], on_change=_custom_label,
-                 args=("description", keys["description"]), height=90)
+    st.text_input(
+        "Scenario name",
+        key=keys["name"],
+        on_change=_custom_label,
+        args=("name", keys["name"]),
+        help="follows your edits until you type your own (clear it to go back)",
+    )
+    st.text_area(
+        "Description",
+        key=keys["description"],
+        on_change=_custom_label,
+        args=("description", keys["description"]),
+        height=90,
+    )
     return {**d, **label, **custom}
 
 
@@ -306,7 +422,7 @@ def sidebar() -> tuple[dict, scenarios.Prices]:
         d = ui.scenario()
         try:
             db = ui.db(d)
-        except Exception as exc:                                  # noqa: BLE001 - a broken user hwdb folder
+        except Exception as exc:  # noqa: BLE001 - a broken user hwdb folder
             ui.show_error(exc)
             db = ui.db_cache().get(())
         opts = builder.options(db)
@@ -322,17 +438,24 @@ def sidebar() -> tuple[dict, scenarios.Prices]:
             prices = _prices(d)
         udir = str(scenarios.user_hwdb_dir())
         if scenarios.user_hwdb_dir().is_dir() and udir not in d.get("hwdb", []):
-            d = {**d, "hwdb": [*d.get("hwdb", []), udir]}     # GPUs and models added on the Hardware page
+            d = {**d, "hwdb": [*d.get("hwdb", []), udir]}  # GPUs and models added on the Hardware page
         st.subheader("Save and share")
         d = _label(d)
         ui.set_scenario(d)
-        st.download_button("Save scenario YAML", share.portable_yaml(d), f"{d['name']}.yaml",
-                           mime="application/x-yaml", key="save-yaml",
-                           help="no server paths: uploaded files are named by their file name")
+        st.download_button(
+            "Save scenario YAML",
+            share.portable_yaml(d),
+            f"{d['name']}.yaml",
+            mime="application/x-yaml",
+            key="save-yaml",
+            help="no server paths: uploaded files are named by their file name",
+        )
         files = ui.publish(d)
         if files:
-            st.caption(f"This page's link cannot carry uploaded files ({', '.join(files)}): save the YAML and "
-                       f"keep them beside it.")
+            st.caption(
+                f"This page's link cannot carry uploaded files ({', '.join(files)}): save the YAML and "
+                f"keep them beside it."
+            )
         else:
             st.caption("This page's link holds the scenario: a refresh keeps your edits; bookmark or share it.")
     return d, prices

@@ -13,6 +13,7 @@ scenario the run cache has not seen, so each one simulates):
   time from pressing Enter in the rate field to the headline metrics showing the new run's values, i.e.
   what a user waits for, including the websocket round trip and Plotly drawing in the browser.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,14 +67,29 @@ def browser(changes: int) -> list[float] | None:
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-app-"))
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "simulator.cli", "app", "--port", str(port), "--headless"],
-                            cwd=REPO, env={**os.environ, "EPDSIM_HWDB": str(tmp / "hw")},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "simulator.cli", "app", "--port", str(port), "--headless"],
+        cwd=REPO,
+        env={**os.environ, "EPDSIM_HWDB": str(tmp / "hw")},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     opts = webdriver.ChromeOptions()
     opts.binary_location = chromium
-    for f in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-              "--disable-background-networking", "--disable-component-update", "--disable-sync",
-              "--disable-dev-shm-usage", "--window-size=1600,1400", f"--user-data-dir={tmp / 'profile'}"):
+    for f in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        "--window-size=1600,1400",
+        f"--user-data-dir={tmp / 'profile'}",
+    ):
         opts.add_argument(f)
     drv = None
     try:
@@ -112,8 +128,10 @@ def browser(changes: int) -> list[float] | None:
 
 
 def _show(name: str, xs: list[float]) -> None:
-    print(f"{name}: median {statistics.median(xs):.2f} s, max {max(xs):.2f} s over {len(xs)} changes "
-          f"({', '.join(f'{x:.2f}' for x in xs)})")
+    print(
+        f"{name}: median {statistics.median(xs):.2f} s, max {max(xs):.2f} s over {len(xs)} changes "
+        f"({', '.join(f'{x:.2f}' for x in xs)})"
+    )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ Scenario: examples/epd_images_{colocated,epd}.yaml (Qwen3-VL-30B-A3B, six 1080p 
 request, 4 req/s) with more requests, and the text-only E+PD example; best of ``repeat`` runs.
 Reports wall time and process CPU time (the CPU time is the figure to compare on a shared machine).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,10 @@ def main() -> None:
             res = simulate(scn)
             best, cpu = min(best, time.perf_counter() - t0), min(cpu, time.process_time() - c0)
         images = res.summary.get("encoder", {}).get("images", 0)
-        print(f"{name:18s} {args.requests} requests, {images} images: wall {best:.2f} s, CPU {cpu:.2f} s, "
-              f"{args.requests / cpu:,.0f} simulated requests per CPU second")
+        print(
+            f"{name:18s} {args.requests} requests, {images} images: wall {best:.2f} s, CPU {cpu:.2f} s, "
+            f"{args.requests / cpu:,.0f} simulated requests per CPU second"
+        )
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ Run on demand (not part of the tests):
 Each variant's wall time is the best of ``repeat`` runs, interleaved so that load from other
 processes spreads over all of them.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,13 +36,20 @@ def main(argv=None) -> None:
     base = colocated(args.requests)
     variants = {
         "plain engine": base,
-        "operations engine, autoscaler pinned": {**base, "operations": {
-            "autoscale": {"main": {"min_instances": 8, "max_instances": 8}}}},
+        "operations engine, autoscaler pinned": {
+            **base,
+            "operations": {"autoscale": {"main": {"min_instances": 8, "max_instances": 8}}},
+        },
         "plain engine, FP8 weights": {**base, "pools": [{**base["pools"][0], "dtype": "fp8"}]},
         "operations engine, FP8 weights, crashes + re-prefill": {
-            **base, "pools": [{**base["pools"][0], "dtype": "fp8"}],
-            "operations": {"faults": {"fp8_crash": {"rate_per_token_s": 2e-8, "onset_tokens": 2048}},
-                           "retry": {"policy": "reprefill"}, "startup": {"image_cached": True}}},
+            **base,
+            "pools": [{**base["pools"][0], "dtype": "fp8"}],
+            "operations": {
+                "faults": {"fp8_crash": {"rate_per_token_s": 2e-8, "onset_tokens": 2048}},
+                "retry": {"policy": "reprefill"},
+                "startup": {"image_cached": True},
+            },
+        },
     }
     best: dict[str, float] = {}
     last = {}
@@ -54,8 +62,10 @@ def main(argv=None) -> None:
         res = last[name]
         ops = res.summary.get("operations", {})
         extra = f", crashes {ops['crashes']}, re-sends {ops['retries']}" if ops.get("crashes") else ""
-        print(f"{name}: {args.requests:,} requests, {len(res.steps):,} steps, wall {wall:.2f} s "
-              f"(best of {args.repeat}) -> {args.requests / wall:,.0f} simulated requests/s{extra}")
+        print(
+            f"{name}: {args.requests:,} requests, {len(res.steps):,} steps, wall {wall:.2f} s "
+            f"(best of {args.repeat}) -> {args.requests / wall:,.0f} simulated requests/s{extra}"
+        )
 
 
 if __name__ == "__main__":

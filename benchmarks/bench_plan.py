@@ -8,6 +8,7 @@ Prints the candidates enumerated, the time of each stage (enumerate + screen, si
 candidates simulated and the simulations run, and the total wall time; the issue's target is
 under 2 minutes on the project's 2-core machine (docs/performance.md).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,13 +41,18 @@ def main() -> None:
     runs = int(df["des_runs"].sum())
     print(f"request            {args.request} ({req.name}, target {req.target_rate:g} req/s)")
     print(f"load average       {os.getloadavg()[0]:.2f} (1 min, at the end; 2 cores)")
-    print(f"candidates         {len(df)} ({(df['rejected_reason'].str.startswith(('memory', 'kv-transfer'))).sum()} "
-          "ruled out before screening)")
+    print(
+        f"candidates         {len(df)} ({(df['rejected_reason'].str.startswith(('memory', 'kv-transfer'))).sum()} "
+        "ruled out before screening)"
+    )
     print(f"enumerate + screen {screened:.2f} s")
-    print(f"simulated          {int(df['verified'].sum())} candidates x {req.search.replications} seeds"
-          f", {runs} simulations, {wall - screened:.2f} s")
-    print(f"total wall         {wall:.2f} s; recommended: "
-          + (res.recommended["layout"] if res.recommended else "none"))
+    print(
+        f"simulated          {int(df['verified'].sum())} candidates x {req.search.replications} seeds"
+        f", {runs} simulations, {wall - screened:.2f} s"
+    )
+    print(
+        f"total wall         {wall:.2f} s; recommended: " + (res.recommended["layout"] if res.recommended else "none")
+    )
 
 
 if __name__ == "__main__":

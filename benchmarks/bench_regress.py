@@ -6,6 +6,7 @@ Run on demand (not part of the tests):
 
 .ci/run runs this suite after the tests; its CI budget is about 3 minutes on 2 cores.
 """
+
 from __future__ import annotations
 
 import argparse

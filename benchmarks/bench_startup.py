@@ -7,6 +7,7 @@ interleaved with this one, so a busy machine slows both alike.  Each command run
 interpreter (``python -m simulator.cli``) with that checkout first on ``sys.path``; the median of
 ``--repeat`` runs is reported.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,14 @@ COMMANDS = {
 def wall(tree: Path, args: list[str]) -> float:
     env = dict(os.environ, PYTHONPATH=str(tree))
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "simulator.cli", *args], cwd=tree, env=env, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-m", "simulator.cli", *args],
+        cwd=tree,
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return time.perf_counter() - t
 
 
@@ -43,8 +50,11 @@ def main(argv=None) -> None:
         for _ in range(args.repeat):
             for k, tree in trees.items():
                 times[k].append(wall(tree, cmd))
-        print(f"{label}: " + ", ".join(f"{k} median {statistics.median(v):.2f} s (min {min(v):.2f})"
-                                        for k, v in times.items()), flush=True)
+        print(
+            f"{label}: "
+            + ", ".join(f"{k} median {statistics.median(v):.2f} s (min {min(v):.2f})" for k, v in times.items()),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ The tables are written by pandas' own CSV writer with shortest round-trip floats
 ``Results.write``, so a change of output writer does not hide (or fake) a change of values.
 ``--scripts`` also records the standard output of the example scripts (``examples/*.py``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,7 +32,7 @@ def _scenarios() -> list[Path]:
     out = []
     for p in sorted((REPO / "examples").glob("*.yaml")):
         data = yaml.safe_load(p.read_text())
-        if "pools" in data:            # plan requests list GPU offers instead of pools
+        if "pools" in data:  # plan requests list GPU offers instead of pools
             out.append(p)
     return out
 
@@ -56,8 +57,10 @@ def snapshot(dest: Path, scripts: bool) -> None:
 
 
 def compare(old: Path, new: Path) -> int:
-    names = sorted({p.relative_to(old) for p in old.rglob("*") if p.is_file()}
-                   | {p.relative_to(new) for p in new.rglob("*") if p.is_file()})
+    names = sorted(
+        {p.relative_to(old) for p in old.rglob("*") if p.is_file()}
+        | {p.relative_to(new) for p in new.rglob("*") if p.is_file()}
+    )
     bad = 0
     for rel in names:
         a, b = old / rel, new / rel
@@ -66,8 +69,7 @@ def compare(old: Path, new: Path) -> int:
             bad += 1
         elif a.read_bytes() != b.read_bytes():
             la, lb = a.read_text().splitlines(), b.read_text().splitlines()
-            first = next((i for i, (x, y) in enumerate(zip(la, lb, strict=False)) if x != y),
-                         min(len(la), len(lb)))
+            first = next((i for i, (x, y) in enumerate(zip(la, lb, strict=False)) if x != y), min(len(la), len(lb)))
             print(f"DIFFERS {rel}: {len(la)} vs {len(lb)} lines, first difference at line {first + 1}")
             bad += 1
     print(f"{len(names) - bad} of {len(names)} files identical")

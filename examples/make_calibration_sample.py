@@ -7,6 +7,7 @@ profile, which makes it a check of the page as much as a demonstration.  Run fro
 
     python examples/make_calibration_sample.py
 """
+
 from __future__ import annotations
 
 import json

@@ -1,8 +1,22 @@
 """Hardware database: GPUs, links, models and calibration profiles as sourced data files."""
+
 from hwdb.db import HardwareDB, HwdbError, ModelEntry, load, load_model_dir
 from hwdb.engine_schema import EngineProfile
 from hwdb.models import ModelArch, arch_from_config
 from hwdb.schema import DTYPE_BYTES, GPU, EfficiencyCurve, Figure, Link
 
-__all__ = ["HardwareDB", "HwdbError", "ModelEntry", "load", "load_model_dir", "ModelArch",
-           "arch_from_config", "DTYPE_BYTES", "EngineProfile", "GPU", "EfficiencyCurve", "Figure", "Link"]
+__all__ = [
+    "HardwareDB",
+    "HwdbError",
+    "ModelEntry",
+    "load",
+    "load_model_dir",
+    "ModelArch",
+    "arch_from_config",
+    "DTYPE_BYTES",
+    "EngineProfile",
+    "GPU",
+    "EfficiencyCurve",
+    "Figure",
+    "Link",
+]

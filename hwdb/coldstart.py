@@ -19,6 +19,7 @@ Every figure is a :class:`hwdb.schema.Figure` (value in SI units + source +
 ``empirical`` flag).  Unknown keys are errors.  :func:`load_coldstart` reads
 the shipped folder plus user folders (later folders win on name clashes).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -49,8 +50,8 @@ class StoragePath(StrictModel):
     name: str
     aliases: tuple[str, ...] = ()
     description: str
-    bandwidth_Bps: Throughput      # node-wide sustained read bandwidth of large files
-    latency_s: Annotated[Figure, Range(0, 60, "s", fix="give seconds")]   # open / first byte
+    bandwidth_Bps: Throughput  # node-wide sustained read bandwidth of large files
+    latency_s: Annotated[Figure, Range(0, 60, "s", fix="give seconds")]  # open / first byte
     notes: str | None = None
 
 
@@ -62,8 +63,8 @@ class ContainerImage(StrictModel):
     aliases: tuple[str, ...] = ()
     compressed_bytes: Size
     uncompressed_bytes: Size
-    registry_Bps: Throughput       # download rate from the registry to one node
-    extract_Bps: Throughput        # unpack rate, in uncompressed bytes per second
+    registry_Bps: Throughput  # download rate from the registry to one node
+    extract_Bps: Throughput  # unpack rate, in uncompressed bytes per second
     notes: str | None = None
 
 
@@ -80,8 +81,9 @@ class PhaseFit(StrictModel):
     """A fitted phase formula: coefficients, the data, and the residuals of the fit."""
 
     formula: str
-    coefficients: dict[str, Annotated[float, Range(-1e13, 1e13,
-                                                   fix="give the fitted coefficient in the formula's units")]]
+    coefficients: dict[
+        str, Annotated[float, Range(-1e13, 1e13, fix="give the fitted coefficient in the formula's units")]
+    ]
     data: str
     method: str
     rows: tuple[FitRow, ...]
@@ -143,8 +145,10 @@ class StartupCoefficients(StrictModel):
         try:
             return self.fits[phase].coefficients[name]
         except KeyError:
-            raise HwdbError(f"start-up coefficients '{self.name}': fits.{phase}.coefficients lacks '{name}'; "
-                            f"regenerate the file with calibration.coldstart.fit.fit_profiler_csvs") from None
+            raise HwdbError(
+                f"start-up coefficients '{self.name}': fits.{phase}.coefficients lacks '{name}'; "
+                f"regenerate the file with calibration.coldstart.fit.fit_profiler_csvs"
+            ) from None
 
 
 RangeFigure = Annotated[float, Range(0, 1e13, fix="give the figure in the range's unit")]
@@ -185,19 +189,19 @@ class StartupCase(StrictModel):
     observed_phases: tuple[str, ...] | None = None
     logged: dict[str, Seconds] = {}
     feeds: tuple[str, ...] = ()
-    level: Literal["low", "typical", "high"] = "typical"   # the end of the range it is checked against
+    level: Literal["low", "typical", "high"] = "typical"  # the end of the range it is checked against
     source: str
 
 
 class VersionRules(StrictModel):
     """What one vLLM release does at start-up that switches phases on or off (sourced)."""
 
-    capture_rule: Literal["0.10", "v1"]           # simulator.ops.coldstart.capture_sizes
+    capture_rule: Literal["0.10", "v1"]  # simulator.ops.coldstart.capture_sizes
     cudagraph_mode: Literal["FULL_AND_PIECEWISE", "PIECEWISE", "NONE"]
-    gc_per_capture_size: bool                    # gc.collect once per captured size (before vLLM PR #21146)
-    p2p_check: bool                              # custom all-reduce P2P access check on by default
-    repeat_pieces_compiled: bool                 # repeated per-layer pieces cost Inductor time (before PR #34003)
-    moe_pieces_unique: bool                      # every MoE layer's piece is a distinct graph (issue #29992)
+    gc_per_capture_size: bool  # gc.collect once per captured size (before vLLM PR #21146)
+    p2p_check: bool  # custom all-reduce P2P access check on by default
+    repeat_pieces_compiled: bool  # repeated per-layer pieces cost Inductor time (before PR #34003)
+    moe_pieces_unique: bool  # every MoE layer's piece is a distinct graph (issue #29992)
     source: str
 
 
@@ -217,12 +221,15 @@ class ScaleRanges(StrictModel):
     @model_validator(mode="after")
     def _consistent(self):
         if self.default_version not in self.versions:
-            raise ValueError(f"default_version {self.default_version!r} is not one of versions "
-                             f"({', '.join(self.versions)})")
+            raise ValueError(
+                f"default_version {self.default_version!r} is not one of versions ({', '.join(self.versions)})"
+            )
         for case in self.cases:
             if case.vllm_version not in self.versions:
-                raise ValueError(f"case {case.name!r}: vllm_version {case.vllm_version!r} is not one of versions "
-                                 f"({', '.join(self.versions)})")
+                raise ValueError(
+                    f"case {case.name!r}: vllm_version {case.vllm_version!r} is not one of versions "
+                    f"({', '.join(self.versions)})"
+                )
             unknown = sorted(set(case.feeds) - set(self.ranges))
             if unknown:
                 raise ValueError(f"case {case.name!r}: feeds names {unknown}, not keys of ranges")
@@ -232,20 +239,27 @@ class ScaleRanges(StrictModel):
         try:
             return self.ranges[key].at(level)
         except KeyError:
-            raise HwdbError(f"scale set '{self.name}': ranges lacks '{key}' or level '{level}' "
-                            f"(levels: low, typical, high)") from None
+            raise HwdbError(
+                f"scale set '{self.name}': ranges lacks '{key}' or level '{level}' (levels: low, typical, high)"
+            ) from None
 
     def version(self, name: str | None) -> VersionRules:
         """The rules of release ``name`` (None: ``default_version``); unknown names list the known ones."""
         key = self.default_version if name is None else str(name)
         if key not in self.versions:
-            raise HwdbError(f"vllm_version={name!r} is unknown; use one of {', '.join(self.versions)} "
-                            f"(hwdb/data/coldstart/{self.name}.yaml, versions)")
+            raise HwdbError(
+                f"vllm_version={name!r} is unknown; use one of {', '.join(self.versions)} "
+                f"(hwdb/data/coldstart/{self.name}.yaml, versions)"
+            )
         return self.versions[key]
 
 
-_KINDS: dict[str, type[StrictModel]] = {"storage": StoragePath, "image": ContainerImage,
-                                         "startup": StartupCoefficients, "scale": ScaleRanges}
+_KINDS: dict[str, type[StrictModel]] = {
+    "storage": StoragePath,
+    "image": ContainerImage,
+    "startup": StartupCoefficients,
+    "scale": ScaleRanges,
+}
 
 
 @dataclass(frozen=True)
@@ -261,8 +275,9 @@ class ColdStartDB:
 
     @staticmethod
     def _lookup(kind: str, table: dict, name: str):
-        return find(kind, table, name, f"Add one as a YAML file (kind: {kind}) in a user hwdb folder's "
-                                       f"coldstart/ (--hwdb DIR).")
+        return find(
+            kind, table, name, f"Add one as a YAML file (kind: {kind}) in a user hwdb folder's coldstart/ (--hwdb DIR)."
+        )
 
     def storage_path(self, name: str) -> StoragePath:
         return self._lookup("storage", self.storage, name)
@@ -292,5 +307,10 @@ def load_coldstart(user_dirs: Iterable[str | Path] = ()) -> ColdStartDB:
     """Read ``coldstart/*.yaml`` of the shipped database and of user hwdb folders, by the rules of
     :func:`hwdb.load` (:func:`hwdb.db.load_kind`): one table per ``kind``, later folders win on name clashes."""
     tables, notes = load_kind("coldstart", _parse, user_dirs, table_of=lambda item: item.kind)
-    return ColdStartDB(storage=tables.get("storage", {}), images=tables.get("image", {}),
-                       startup=tables.get("startup", {}), scale=tables.get("scale", {}), notes=notes)
+    return ColdStartDB(
+        storage=tables.get("storage", {}),
+        images=tables.get("image", {}),
+        startup=tables.get("startup", {}),
+        scale=tables.get("scale", {}),
+        notes=notes,
+    )

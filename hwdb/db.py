@@ -18,6 +18,7 @@ Every error is a :class:`HwdbError` naming the file, the field and the expected 
 parses each folder list once per process (see :func:`_stamp`); every call returns its own deep copy,
 so no caller can change what another one sees.
 """
+
 from __future__ import annotations
 
 import collections
@@ -79,12 +80,15 @@ def load_model_dir(path: Path, name: str | None = None) -> ModelEntry:
     """Load a model folder (``config.json`` plus optional ``epdsim.yaml``) or a bare config.json."""
     path = Path(path)
     if not path.exists():
-        raise HwdbError(f"{path}: no such file or folder. Point --model at a Hugging Face model folder, its "
-                        f"config.json, or a model name (epdsim hw list models).")
+        raise HwdbError(
+            f"{path}: no such file or folder. Point --model at a Hugging Face model folder, its "
+            f"config.json, or a model name (epdsim hw list models)."
+        )
     cfg_path = path if path.is_file() else path / "config.json"
     if not cfg_path.exists():
-        raise HwdbError(f"{path}: no config.json found. Point --model at a Hugging Face model folder or its "
-                        "config.json.")
+        raise HwdbError(
+            f"{path}: no config.json found. Point --model at a Hugging Face model folder or its config.json."
+        )
     cfg = read_json(cfg_path, HwdbError, "model config.json")
     folder = cfg_path.parent
     side_path = folder / "epdsim.yaml"
@@ -98,8 +102,10 @@ def load_model_dir(path: Path, name: str | None = None) -> ModelEntry:
     except ConfigError as exc:
         raise HwdbError(f"{cfg_path}: {exc}") from None
     except (TypeError, ValueError, AttributeError, OverflowError, ZeroDivisionError) as exc:
-        raise HwdbError(f"{cfg_path}: not a usable model config ({type(exc).__name__}: {str(exc)[:200]}); "
-                        f"compare it with the config.json of a Hugging Face model") from None
+        raise HwdbError(
+            f"{cfg_path}: not a usable model config ({type(exc).__name__}: {str(exc)[:200]}); "
+            f"compare it with the config.json of a Hugging Face model"
+        ) from None
     return ModelEntry(sidecar.name, cfg, sidecar, arch, folder)
 
 
@@ -139,7 +145,7 @@ class HardwareDB:
             return self._lookup("model", self.models, name)
         except HwdbError:
             if p.suffix == ".json" or (("/" in name or "\\" in name) and p.parent.exists()):
-                load_model_dir(p)   # a path the user meant: say what is wrong with it, not "unknown model"
+                load_model_dir(p)  # a path the user meant: say what is wrong with it, not "unknown model"
             raise
 
     def network(self, name: str) -> NetworkLayout:
@@ -163,8 +169,9 @@ class HardwareDB:
     def engine(self, name: str) -> EngineProfile:
         return self._lookup("engine", self.engines, name)
 
-    def find_profile(self, gpu: str, engine: str = "vllm", version: str | None = None,
-                     model: str | None = None) -> ProfileMatch:
+    def find_profile(
+        self, gpu: str, engine: str = "vllm", version: str | None = None, model: str | None = None
+    ) -> ProfileMatch:
         """The calibration profile stored under the key (GPU, engine, engine version, model), each part
         honoured where given.
 
@@ -174,8 +181,11 @@ class HardwareDB:
         the explicit fallback and ``fallback`` says so, since a kernel fit of another version is still better
         than datasheet defaults.  Among equals the newest ``created`` wins (on a tie, the one loaded first).
         """
-        hits = [p for p in self.profiles.values() if p.gpu == gpu and p.engine == engine
-                and (model is None or p.model in (None, model))]
+        hits = [
+            p
+            for p in self.profiles.values()
+            if p.gpu == gpu and p.engine == engine and (model is None or p.model in (None, model))
+        ]
         if model is not None and any(p.model == model for p in hits):
             hits = [p for p in hits if p.model == model]
         if not hits:
@@ -190,8 +200,11 @@ class HardwareDB:
         if same:
             return ProfileMatch(newest(same))
         p = newest(hits)
-        return ProfileMatch(p, f"no {engine} {version} profile for {gpu}: using the newest, {p.name} "
-                               f"(fitted under {engine} {p.engine_version})")
+        return ProfileMatch(
+            p,
+            f"no {engine} {version} profile for {gpu}: using the newest, {p.name} "
+            f"(fitted under {engine} {p.engine_version})",
+        )
 
     def moe_curve(self, gpu: str, engine: str, fmt: str, ep: int = 1) -> tuple[MoeCurve | None, str]:
         """The measured fused-MoE curve of kernel format ``fmt`` (:data:`hwdb.moe.FORMATS`) on ``gpu`` under
@@ -230,18 +243,34 @@ class HardwareDB:
                 return c, f"{c.name} ({engine} {c.engine_version}, {c.kernel})"
         return None, ""
 
-    def profile_for(self, gpu: str, engine: str = "vllm", version: str | None = None,
-                    model: str | None = None) -> Profile | None:
+    def profile_for(
+        self, gpu: str, engine: str = "vllm", version: str | None = None, model: str | None = None
+    ) -> Profile | None:
         """:meth:`find_profile`'s profile (None if the GPU has none for ``engine``)."""
         return self.find_profile(gpu, engine, version, model).profile
 
 
 FILE_SCHEMAS: dict[str, type[BaseModel]] = {
-    "gpus": GPU, "links": Link, "profiles": Profile, "engines": EngineProfile, "connectors": Connector,
-    "networks": NetworkLayout, "moe_kernels": MoeKernels, "gdn_kernels": GdnCurve, "mla_kernels": MlaCurve}
-WHAT = {"gpus": "GPU", "moe_kernels": "MoE kernel table", "gdn_kernels": "linear-attention kernel table",
-        "mla_kernels": "MLA kernel table", "storage": "storage path", "image": "container image",
-        "startup": "start-up coefficient set", "scale": "start-up range set"}
+    "gpus": GPU,
+    "links": Link,
+    "profiles": Profile,
+    "engines": EngineProfile,
+    "connectors": Connector,
+    "networks": NetworkLayout,
+    "moe_kernels": MoeKernels,
+    "gdn_kernels": GdnCurve,
+    "mla_kernels": MlaCurve,
+}
+WHAT = {
+    "gpus": "GPU",
+    "moe_kernels": "MoE kernel table",
+    "gdn_kernels": "linear-attention kernel table",
+    "mla_kernels": "MLA kernel table",
+    "storage": "storage path",
+    "image": "container image",
+    "startup": "start-up coefficient set",
+    "scale": "start-up range set",
+}
 
 
 def _aliases(item) -> tuple[str, ...]:
@@ -264,20 +293,31 @@ def _over_earlier(kind: str, table: dict, item, path: Path, origins: dict, notes
         kept = tuple(dict.fromkeys((*_aliases(item), *_aliases(old))))
         where = origins.get((kind, item.name), "an earlier folder")
         names = f" (its names {', '.join(kept)} now lead to this one)" if kept else ""
-        notes.append(f"{path} replaces the {what} '{item.name}' of {where}: every answer that uses it changes{names}"
-                     f"; give it another name to add a {what} beside it instead")
+        notes.append(
+            f"{path} replaces the {what} '{item.name}' of {where}: every answer that uses it changes{names}"
+            f"; give it another name to add a {what} beside it instead"
+        )
         return _with_aliases(item, kept)
     mine = {_norm(n) for n in (item.name, *_aliases(item))}
     clash = next((k for k, v in table.items() if mine & {_norm(n) for n in (k, *_aliases(v))}), None)
     if clash is not None:
-        notes.append(f"{path}: the {what} '{item.name}' answers to a name of the {what} '{clash}' of "
-                     f"{origins.get((kind, clash), 'an earlier folder')}; that name may now find either: give it "
-                     "names of its own")
+        notes.append(
+            f"{path}: the {what} '{item.name}' answers to a name of the {what} '{clash}' of "
+            f"{origins.get((kind, clash), 'an earlier folder')}; that name may now find either: give it "
+            "names of its own"
+        )
     return item
 
 
-def read_kind(folder: Path, kind: str, parse: Callable[[Path], Any], tables: dict[str, dict], origins: dict,
-              notes: list[str], table_of: Callable[[Any], str] | None = None) -> None:
+def read_kind(
+    folder: Path,
+    kind: str,
+    parse: Callable[[Path], Any],
+    tables: dict[str, dict],
+    origins: dict,
+    notes: list[str],
+    table_of: Callable[[Any], str] | None = None,
+) -> None:
     """``folder/<kind>/*.yaml`` parsed (``parse(path)``) into ``tables[table_of(item) or kind]`` by :func:`load`'s
     rules: a name once per folder and table; a later folder's entry replaces an earlier one's, with a note."""
     here: dict = {}
@@ -286,15 +326,21 @@ def read_kind(folder: Path, kind: str, parse: Callable[[Path], Any], tables: dic
         key = table_of(item) if table_of else kind
         if (key, item.name) in here:
             what = key[:-1] if key in FILE_SCHEMAS else WHAT.get(key, key[:-1])
-            raise HwdbError(f"{path}: field 'name': {what} '{item.name}' is also defined in "
-                            f"{here[key, item.name]}; one folder may define a name once: rename or remove one")
+            raise HwdbError(
+                f"{path}: field 'name': {what} '{item.name}' is also defined in "
+                f"{here[key, item.name]}; one folder may define a name once: rename or remove one"
+            )
         here[key, item.name] = path
         tables[key][item.name] = _over_earlier(key, tables[key], item, path, origins, notes)
         origins[item.name] = origins[key, item.name] = path
 
 
-def load_kind(kind: str, parse: Callable[[Path], Any], user_dirs: Iterable[str | Path] = (),
-              table_of: Callable[[Any], str] | None = None) -> tuple[dict[str, dict], tuple[str, ...]]:
+def load_kind(
+    kind: str,
+    parse: Callable[[Path], Any],
+    user_dirs: Iterable[str | Path] = (),
+    table_of: Callable[[Any], str] | None = None,
+) -> tuple[dict[str, dict], tuple[str, ...]]:
     """``<folder>/<kind>/*.yaml`` of the shipped and the user folders (:func:`hwdb_folders`) by :func:`read_kind`,
     not cached: (the tables, by default ``kind``'s alone; the notes)."""
     tables: dict[str, dict] = collections.defaultdict(dict)
@@ -320,11 +366,15 @@ def hwdb_folders(user_dirs: Iterable[str | Path] = ()) -> list[Path]:
     folders = [DATA_DIR, *map(Path, user_dirs)]
     for folder in folders:
         if folder.is_file():
-            raise HwdbError(f"hwdb folder '{folder}' is a file, not a folder. Give the folder that holds gpus/, "
-                            f"links/ and models/ (--hwdb DIR, or the hwdb list of the scenario or plan request).")
+            raise HwdbError(
+                f"hwdb folder '{folder}' is a file, not a folder. Give the folder that holds gpus/, "
+                f"links/ and models/ (--hwdb DIR, or the hwdb list of the scenario or plan request)."
+            )
         if not folder.is_dir():
-            raise HwdbError(f"hwdb folder '{folder}' does not exist. Create it or fix the path (--hwdb DIR, or the "
-                            f"hwdb list of the scenario or plan request).")
+            raise HwdbError(
+                f"hwdb folder '{folder}' does not exist. Create it or fix the path (--hwdb DIR, or the "
+                f"hwdb list of the scenario or plan request)."
+            )
     return folders
 
 
@@ -346,7 +396,7 @@ def _stamp(folders: list[Path]) -> tuple:
                     st = os.stat(path)
                     digest = None if shipped else hashlib.blake2b(Path(path).read_bytes(), digest_size=16).digest()
                     files.append((path, st.st_mtime_ns, st.st_size, digest))
-                except OSError:        # e.g. a dangling link: the load itself reports it if it matters
+                except OSError:  # e.g. a dangling link: the load itself reports it if it matters
                     files.append((path, None, None, None))
         out.append((root, tuple(files)))
     return tuple(out)
@@ -386,15 +436,20 @@ def _load(folders: list[Path]) -> HardwareDB:
         for fld in ("intra_node_link", "scale_out_link"):
             ref = getattr(g, fld)
             if ref is not None and ref not in links:
-                raise HwdbError(f"{origins.get(g.name, 'GPU ' + repr(g.name))}: field '{fld}': link '{ref}' "
-                                f"is not defined in links/. Known: {sorted(links)}")
+                raise HwdbError(
+                    f"{origins.get(g.name, 'GPU ' + repr(g.name))}: field '{fld}': link '{ref}' "
+                    f"is not defined in links/. Known: {sorted(links)}"
+                )
     for lay in tables["networks"].values():
         where = origins.get(lay.name, f"network {lay.name!r}")
         if lay.fabric not in links:
-            raise HwdbError(f"{where}: field 'fabric': link '{lay.fabric}' is not defined in links/. "
-                            f"Known: {sorted(links)}")
+            raise HwdbError(
+                f"{where}: field 'fabric': link '{lay.fabric}' is not defined in links/. Known: {sorted(links)}"
+            )
         bad = [g for g in lay.gpus if g not in tables["gpus"]]
         if bad:
-            raise HwdbError(f"{where}: field 'gpus': {bad} not defined in gpus/ (use canonical names). "
-                            f"Known: {sorted(tables['gpus'])}")
+            raise HwdbError(
+                f"{where}: field 'gpus': {bad} not defined in gpus/ (use canonical names). "
+                f"Known: {sorted(tables['gpus'])}"
+            )
     return db

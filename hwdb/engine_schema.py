@@ -1,5 +1,6 @@
 """Validated schema of a serving-engine profile (``hwdb/data/engines/*.yaml``): host costs, launch costs,
 defaults, release-dependent rules and the fitted end-to-end terms, each sourced like every hardware figure."""
+
 from __future__ import annotations
 
 from typing import Annotated, Literal
@@ -13,7 +14,7 @@ from simulator.inputs import StrictModel
 # A release's memory terms: bytes kept back, and factors on the profiling run's tensors.
 MemoryBytes = Annotated[Figure, Range(0, 1e11, "bytes", fix=DATASHEET)]
 MemoryFactor = Annotated[Figure, Range(0, 100, "times", fix=DATASHEET)]
-Ratio = Annotated[Figure, Range(0, 1, "fraction", fix=DATASHEET)]      # an admission rule's KV ratio
+Ratio = Annotated[Figure, Range(0, 1, "fraction", fix=DATASHEET)]  # an admission rule's KV ratio
 Sequences = Annotated[int, Range(1, 1_000_000, "sequences", whole=True)]
 
 
@@ -43,12 +44,12 @@ class MemoryRelease(StrictModel):
 
     since: str = Field(min_length=1)
     activation_base_bytes: MemoryBytes | None = None
-    activation_per_token_hidden: MemoryFactor | None = None   # x max_num_batched_tokens x hidden x 2 B
-    sampler_copies: MemoryFactor | None = None                # x max_num_seqs x vocab x 4 B
-    moe_bytes: MemoryBytes | None = None                      # more for a MoE model's routing buffers
-    non_torch_bytes: MemoryBytes | None = None                # one GPU per rank (TP 1)
-    non_torch_tp_bytes: MemoryBytes | None = None             # TP > 1: NCCL and custom all-reduce buffers
-    graph_bytes: MemoryBytes | None = None                    # CUDA-graph pool taken from the KV budget
+    activation_per_token_hidden: MemoryFactor | None = None  # x max_num_batched_tokens x hidden x 2 B
+    sampler_copies: MemoryFactor | None = None  # x max_num_seqs x vocab x 4 B
+    moe_bytes: MemoryBytes | None = None  # more for a MoE model's routing buffers
+    non_torch_bytes: MemoryBytes | None = None  # one GPU per rank (TP 1)
+    non_torch_tp_bytes: MemoryBytes | None = None  # TP > 1: NCCL and custom all-reduce buffers
+    graph_bytes: MemoryBytes | None = None  # CUDA-graph pool taken from the KV budget
     # gpu_memory_utilization's default
     default_fraction: Annotated[Figure, Range(0, 1, "fraction", lo_open=True, fix=DATASHEET)] | None = None
     # Linear-attention (Gated DeltaNet) state pool carved from the KV budget (SGLang): state bytes per KV bytes
@@ -152,17 +153,18 @@ class EngineProfile(StrictModel):
     # first ``frontend_stream_s_per_request`` more); fitted by `calibrate fit` from the harness's client
     # and server timestamps (simulator/engine/frontend.py).
     layer_overhead_s: PerItemCost | None = None
-    moe_layer_overhead_s: PerItemCost | None = None   # more per MoE layer: routing, top-k, permutation, grouped GEMM
+    moe_layer_overhead_s: PerItemCost | None = None  # more per MoE layer: routing, top-k, permutation, grouped GEMM
     # Per GPU type: a factor on both per-layer terms (kernel floors differ between GPU generations);
     # a GPU not listed uses 1, the GPU the terms were fitted on.
-    layer_overhead_scale: dict[str, Annotated[Figure, Range(0, 100, "times", lo_open=True,
-                                                            fix="give a factor such as 1.5")]] = {}
+    layer_overhead_scale: dict[
+        str, Annotated[Figure, Range(0, 100, "times", lo_open=True, fix="give a factor such as 1.5")]
+    ] = {}
     frontend_s: Latency | None = None
     frontend_s_per_token: PerItemCost | None = None
     frontend_serial_s_per_token: PerItemCost | None = None
     frontend_stream_s_per_output: PerItemCost | None = None
     frontend_stream_s_per_chunk: Latency | None = None
-    frontend_stream_s_per_request: Latency | None = None   # more for a request's first token (its stream opens)
+    frontend_stream_s_per_request: Latency | None = None  # more for a request's first token (its stream opens)
     default_chunked_prefill: bool
     default_prefix_caching: bool
     default_max_num_seqs: Sequences | None = None

@@ -1,4 +1,5 @@
 """One hardware-database file read and validated, every error naming the file, the field and the expected form."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -18,6 +18,7 @@ the token terms the chunked delta rule (value heads) and the convolution (key ch
 and writes each sequence's state once (``seq_head_s``).  Fitted on the measured tables by
 :mod:`calibration.kernels.gdn_fit`; each curve's ``quality`` holds its error on models the fit never saw.
 """
+
 from __future__ import annotations
 
 from typing import Annotated
@@ -27,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from hwdb.profiles import FitQuality
 from simulator.bounds import Range
 
-HEAD_ELEMS = 128 * 128      # dk x dv of the measured heads
+HEAD_ELEMS = 128 * 128  # dk x dv of the measured heads
 
 
 class GdnPhase(BaseModel):
@@ -62,8 +63,12 @@ class GdnCurve(BaseModel):
         """Seconds of one layer's prefill kernels for ``seqs`` prompts of ``seq_len`` new tokens each
         (numpy arrays allowed)."""
         c = self.context
-        return (c.fixed_s + c.seq_s * seq_len + c.seq_head_s * seqs * hv * head_scale
-                + (c.tok_head_s * hv * head_scale + c.tok_key_head_s * hk) * seqs * seq_len)
+        return (
+            c.fixed_s
+            + c.seq_s * seq_len
+            + c.seq_head_s * seqs * hv * head_scale
+            + (c.tok_head_s * hv * head_scale + c.tok_key_head_s * hk) * seqs * seq_len
+        )
 
     def generation_time(self, seqs, hv, hk, head_scale: float = 1.0):
         """Seconds of one layer's decode kernels for ``seqs`` sequences (numpy arrays allowed)."""

@@ -8,6 +8,7 @@ the key's suffix (``_GiB``, ``_TBps``, ``_GBps``, ``_TFLOPS``, ``_us``, ``_B``
 for billions), rounded (:data:`TABLE_COLUMNS`); :func:`describe` returns full
 SI figures with their sources.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -86,20 +87,23 @@ def gpu_records(db: HardwareDB) -> list[dict[str, Any]]:
     (bytes/s), ``bf16_FLOPS``, ``fp8_FLOPS``, ``fp4_FLOPS`` (dense FLOP/s; bf16 is fp16's where the GPU
     lists no bf16; None: no tensor cores for that format), ``power_W`` (W), ``price_usd_per_hour``
     (US dollars per GPU-hour), the links by name and ``gpus_per_node``."""
-    return [{
-        "name": g.name,
-        "vendor": g.vendor,
-        "memory_bytes": float(g.memory_bytes.value),
-        "memory_bandwidth_Bps": float(g.memory_bandwidth_Bps.value),
-        "bf16_FLOPS": _flops(g, "bf16") or _flops(g, "fp16"),
-        "fp8_FLOPS": _flops(g, "fp8"),
-        "fp4_FLOPS": _flops(g, "fp4"),
-        "intra_node_link": g.intra_node_link,
-        "scale_out_link": g.scale_out_link,
-        "gpus_per_node": g.gpus_per_node,
-        "power_W": float(g.power_W.value),
-        "price_usd_per_hour": float(g.price_usd_per_hour.value),
-    } for g in sorted(db.gpus.values(), key=lambda g: g.name)]
+    return [
+        {
+            "name": g.name,
+            "vendor": g.vendor,
+            "memory_bytes": float(g.memory_bytes.value),
+            "memory_bandwidth_Bps": float(g.memory_bandwidth_Bps.value),
+            "bf16_FLOPS": _flops(g, "bf16") or _flops(g, "fp16"),
+            "fp8_FLOPS": _flops(g, "fp8"),
+            "fp4_FLOPS": _flops(g, "fp4"),
+            "intra_node_link": g.intra_node_link,
+            "scale_out_link": g.scale_out_link,
+            "gpus_per_node": g.gpus_per_node,
+            "power_W": float(g.power_W.value),
+            "price_usd_per_hour": float(g.price_usd_per_hour.value),
+        }
+        for g in sorted(db.gpus.values(), key=lambda g: g.name)
+    ]
 
 
 def gpu_rows(db: HardwareDB) -> list[dict[str, Any]]:
@@ -111,16 +115,19 @@ def link_records(db: HardwareDB) -> list[dict[str, Any]]:
     """One record per link, sorted by kind then bandwidth, in SI units: ``bandwidth_Bps`` (bytes/s per
     direction), ``efficiency`` (fraction), ``effective_Bps`` (their product), ``latency_s`` (s),
     ``gpu_direct``, ``cpu_s_per_byte`` (CPU seconds per byte moved through the host)."""
-    return [{
-        "name": link.name,
-        "kind": link.kind,
-        "bandwidth_Bps": float(link.bandwidth_Bps.value),
-        "efficiency": float(link.efficiency.value),
-        "effective_Bps": float(link.effective_Bps),
-        "latency_s": float(link.latency_s.value),
-        "gpu_direct": link.gpu_direct,
-        "cpu_s_per_byte": float(link.cpu_cost_s_per_byte.value),
-    } for link in sorted(db.links.values(), key=lambda x: (x.kind, x.bandwidth_Bps.value, x.name))]
+    return [
+        {
+            "name": link.name,
+            "kind": link.kind,
+            "bandwidth_Bps": float(link.bandwidth_Bps.value),
+            "efficiency": float(link.efficiency.value),
+            "effective_Bps": float(link.effective_Bps),
+            "latency_s": float(link.latency_s.value),
+            "gpu_direct": link.gpu_direct,
+            "cpu_s_per_byte": float(link.cpu_cost_s_per_byte.value),
+        }
+        for link in sorted(db.links.values(), key=lambda x: (x.kind, x.bandwidth_Bps.value, x.name))
+    ]
 
 
 def link_rows(db: HardwareDB) -> list[dict[str, Any]]:
@@ -140,19 +147,25 @@ def model_records(db: HardwareDB) -> list[dict[str, Any]]:
     rows = []
     for m in sorted(db.models.values(), key=lambda m: m.name):
         a = m.arch
-        rows.append({
-            "name": m.name,
-            "params": a.total_params,
-            "active_params": a.active_params,
-            "layers": a.num_layers,
-            "kv_heads": a.num_kv_heads,
-            "kv_bytes_per_token_bf16": _kv_bytes_per_token(a, "bf16"),
-            "moe": (f"{a.num_experts}e top-{a.experts_per_token}"
-                    f"{f' +{a.num_shared_experts}s' if a.num_shared_experts else ''}" if a.is_moe else None),
-            "mla": a.is_mla,
-            "vision": m.sidecar.vision is not None,
-            "max_context": a.max_position_embeddings or None,
-        })
+        rows.append(
+            {
+                "name": m.name,
+                "params": a.total_params,
+                "active_params": a.active_params,
+                "layers": a.num_layers,
+                "kv_heads": a.num_kv_heads,
+                "kv_bytes_per_token_bf16": _kv_bytes_per_token(a, "bf16"),
+                "moe": (
+                    f"{a.num_experts}e top-{a.experts_per_token}"
+                    f"{f' +{a.num_shared_experts}s' if a.num_shared_experts else ''}"
+                    if a.is_moe
+                    else None
+                ),
+                "mla": a.is_mla,
+                "vision": m.sidecar.vision is not None,
+                "max_context": a.max_position_embeddings or None,
+            }
+        )
     return rows
 
 
@@ -209,8 +222,7 @@ def describe(db: HardwareDB, kind: str, name: str) -> dict[str, Any]:
             **g.model_dump(mode="json"),
             "links": {
                 "intra_node": db.link(g.intra_node_link).model_dump(mode="json"),
-                "scale_out": (db.link(g.scale_out_link).model_dump(mode="json")
-                              if g.scale_out_link else None),
+                "scale_out": (db.link(g.scale_out_link).model_dump(mode="json") if g.scale_out_link else None),
             },
             "calibration_profile": prof.model_dump(mode="json") if prof else None,
             "empirical_fields": _empirical_fields(g),
@@ -221,8 +233,9 @@ def describe(db: HardwareDB, kind: str, name: str) -> dict[str, Any]:
             "kind": "link",
             **link.model_dump(mode="json"),
             "effective_Bps": link.effective_Bps,
-            "used_by_gpus": sorted(g.name for g in db.gpus.values()
-                                   if link.name in (g.intra_node_link, g.scale_out_link)),
+            "used_by_gpus": sorted(
+                g.name for g in db.gpus.values() if link.name in (g.intra_node_link, g.scale_out_link)
+            ),
             "empirical_fields": _empirical_fields(link),
         }
     if k == "model":

@@ -33,6 +33,7 @@ most of the GPU idle; its ``seq_head_s`` the set-up of each sequence and head, w
 ``P_bf16`` and ``BW`` are the GPU's (hwdb/data/gpus).  Fitted on the measured tables (DeepSeek-V3's dimensions)
 by :mod:`calibration.kernels.mla_fit`; each phase's ``quality`` holds its error on held-out head counts.
 """
+
 from __future__ import annotations
 
 from typing import Annotated
@@ -43,7 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from hwdb.profiles import FitQuality
 from simulator.bounds import Range
 
-KV_DTYPES = {"bf16": "bfloat16", "fp8": "fp8"}      # epdsim kv dtype -> the tables' name
+KV_DTYPES = {"bf16": "bfloat16", "fp8": "fp8"}  # epdsim kv dtype -> the tables' name
 
 
 class MlaContext(BaseModel):
@@ -60,8 +61,11 @@ class MlaContext(BaseModel):
     def time(self, b, s, heads, d_qk: int, d_v: int, peak_bf16: float):
         w = b * s * heads
         eff = self.max_eff * s / (s + self.half_len) * w / (w + self.half_rows)
-        return self.fixed_s + self.seq_head_s * b * heads + np.maximum(
-            self.seq_s * s, 2.0 * (d_qk + d_v) * heads * b * s * (s + 1) / 2.0 / (peak_bf16 * eff))
+        return (
+            self.fixed_s
+            + self.seq_head_s * b * heads
+            + np.maximum(self.seq_s * s, 2.0 * (d_qk + d_v) * heads * b * s * (s + 1) / 2.0 / (peak_bf16 * eff))
+        )
 
 
 class MlaGeneration(BaseModel):

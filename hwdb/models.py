@@ -12,6 +12,7 @@ other multimodal wrappers (Qwen2.5-VL, Kimi-K2.5, Qwen3.5) are read through
 their ``text_config`` or top-level text fields; their encoders are not counted.
 Multi-token-prediction modules are not counted.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -57,15 +58,15 @@ class ModelArch:
     max_position_embeddings: int = 0
     # Layers of other kinds, out of num_layers (from config "layer_types").
     sliding_window: int = 0
-    num_sliding_layers: int = 0          # softmax attention over the last sliding_window tokens
-    num_linear_layers: int = 0           # Gated-DeltaNet linear attention, no per-token KV
+    num_sliding_layers: int = 0  # softmax attention over the last sliding_window tokens
+    num_linear_layers: int = 0  # Gated-DeltaNet linear attention, no per-token KV
     linear_num_key_heads: int = 0
     linear_num_value_heads: int = 0
     linear_key_head_dim: int = 0
     linear_value_head_dim: int = 0
     linear_conv_kernel_dim: int = 0
-    attn_output_gate: bool = False       # q_proj also emits a per-head output gate (Qwen3-Next/3.5)
-    linear_ssm_dtype: str = ""           # the delta-rule state's dtype the checkpoint asks for (mamba_ssm_dtype)
+    attn_output_gate: bool = False  # q_proj also emits a per-head output gate (Qwen3-Next/3.5)
+    linear_ssm_dtype: str = ""  # the delta-rule state's dtype the checkpoint asks for (mamba_ssm_dtype)
     # The vision tower's depth and width as SGLang reads them (vision_config num_hidden_layers and hidden_size,
     # 24 and 1024 where absent); 0: no vision_config.
     vision_layers: int = 0
@@ -95,12 +96,19 @@ class ModelArch:
         index = 0
         if self.index_n_heads:
             q_in = self.q_lora_rank or h
-            index = (q_in * self.index_n_heads * self.index_head_dim + h * self.index_head_dim
-                     + h * self.index_n_heads + 2 * self.index_head_dim)
+            index = (
+                q_in * self.index_n_heads * self.index_head_dim
+                + h * self.index_head_dim
+                + h * self.index_n_heads
+                + 2 * self.index_head_dim
+            )
         if self.is_mla:
             qk_head = self.qk_nope_head_dim + self.qk_rope_head_dim
-            q = (h * self.q_lora_rank + self.q_lora_rank * self.num_heads * qk_head
-                 if self.q_lora_rank else h * self.num_heads * qk_head)
+            q = (
+                h * self.q_lora_rank + self.q_lora_rank * self.num_heads * qk_head
+                if self.q_lora_rank
+                else h * self.num_heads * qk_head
+            )
             kv_down = h * (self.kv_lora_rank + self.qk_rope_head_dim)
             kv_up = self.kv_lora_rank * self.num_heads * (self.qk_nope_head_dim + self.v_head_dim)
             o = self.num_heads * self.v_head_dim * h
@@ -126,8 +134,9 @@ class ModelArch:
     @property
     def attention_params(self) -> int:
         """Token-mixing weights over all layers (softmax and linear attention)."""
-        return ((self.num_layers - self.num_linear_layers) * self.attn_params_per_layer
-                + self.num_linear_layers * self.linear_attn_params_per_layer)
+        return (
+            self.num_layers - self.num_linear_layers
+        ) * self.attn_params_per_layer + self.num_linear_layers * self.linear_attn_params_per_layer
 
     @property
     def dense_mlp_params(self) -> int:
@@ -253,8 +262,10 @@ def _layer_kinds(text: dict, n_layers: int) -> list[str]:
     if kinds is None:
         legacy = text.get("attn_type_list")
         if legacy is not None and any(int(t) != 1 for t in legacy):
-            raise ConfigError("attn_type_list has lightning-attention layers (0), which are not supported "
-                              "(MiniMax-Text-01 / M1); only all-softmax configs (MiniMax-M2) are")
+            raise ConfigError(
+                "attn_type_list has lightning-attention layers (0), which are not supported "
+                "(MiniMax-Text-01 / M1); only all-softmax configs (MiniMax-M2) are"
+            )
         return ["full_attention"] * n_layers
     if len(kinds) != n_layers:
         raise ConfigError(f"layer_types lists {len(kinds)} layers but num_hidden_layers is {n_layers}")
@@ -266,13 +277,43 @@ def _layer_kinds(text: dict, n_layers: int) -> list[str]:
 
 # Every integer field the reader uses: a whole number in [0, 2**40] wherever a config gives it.
 INT_FIELDS = (
-    "hidden_size", "d_model", "n_embd", "num_attention_heads", "n_head", "num_key_value_heads", "head_dim",
-    "n_routed_experts", "num_local_experts", "num_experts", "num_hidden_layers", "n_layer", "num_layers",
-    "moe_intermediate_size", "intermediate_size", "ffn_dim", "first_k_dense_replace", "n_shared_experts",
-    "shared_expert_intermediate_size", "shared_intermediate_size", "sliding_window", "linear_num_key_heads",
-    "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim",
-    "vocab_size", "num_experts_per_tok", "num_experts_per_token", "kv_lora_rank", "qk_rope_head_dim",
-    "qk_nope_head_dim", "v_head_dim", "q_lora_rank", "max_position_embeddings", "index_n_heads", "index_head_dim",
+    "hidden_size",
+    "d_model",
+    "n_embd",
+    "num_attention_heads",
+    "n_head",
+    "num_key_value_heads",
+    "head_dim",
+    "n_routed_experts",
+    "num_local_experts",
+    "num_experts",
+    "num_hidden_layers",
+    "n_layer",
+    "num_layers",
+    "moe_intermediate_size",
+    "intermediate_size",
+    "ffn_dim",
+    "first_k_dense_replace",
+    "n_shared_experts",
+    "shared_expert_intermediate_size",
+    "shared_intermediate_size",
+    "sliding_window",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_conv_kernel_dim",
+    "vocab_size",
+    "num_experts_per_tok",
+    "num_experts_per_token",
+    "kv_lora_rank",
+    "qk_rope_head_dim",
+    "qk_nope_head_dim",
+    "v_head_dim",
+    "q_lora_rank",
+    "max_position_embeddings",
+    "index_n_heads",
+    "index_head_dim",
 )
 
 
@@ -284,8 +325,10 @@ def _check_fields(text: dict) -> None:
             continue
         whole = (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, float) and v.is_integer())
         if not whole or not 0 <= v <= 2**40:
-            raise ConfigError(f"field {key}={v!r} must be a whole number from 0 to 2**40 "
-                              f"(a count or a size in elements); fix it in config.json")
+            raise ConfigError(
+                f"field {key}={v!r} must be a whole number from 0 to 2**40 "
+                f"(a count or a size in elements); fix it in config.json"
+            )
     for key in ("layer_types", "attn_type_list"):
         v = text.get(key)
         if v is not None and not (isinstance(v, list) and all(isinstance(x, (str, int)) for x in v)):
@@ -298,8 +341,9 @@ def arch_from_config(cfg: dict, name: str) -> ModelArch:
         raise ConfigError(f"config.json must hold a JSON object, got a {type(cfg).__name__}")
     sub = cfg.get("text_config")
     if sub is not None and not isinstance(sub, dict):
-        raise ConfigError(f"field text_config must be a JSON object (the language model's config), "
-                          f"got a {type(sub).__name__}")
+        raise ConfigError(
+            f"field text_config must be a JSON object (the language model's config), got a {type(sub).__name__}"
+        )
     text = sub or cfg
     if text is not cfg:
         text = {**{k: v for k, v in cfg.items() if k != "text_config"}, **text}
@@ -312,25 +356,31 @@ def arch_from_config(cfg: dict, name: str) -> ModelArch:
     head_dim = int(_get(text, "head_dim", default=hidden // heads))
     n_experts = int(_get(text, "n_routed_experts", "num_local_experts", "num_experts", default=0, required=False) or 0)
     n_layers = int(_get(text, "num_hidden_layers", "n_layer", "num_layers"))
-    moe_inter = int(_get(text, "moe_intermediate_size", default=0, required=False)
-                    or (text.get("intermediate_size", 0) if n_experts else 0))
+    moe_inter = int(
+        _get(text, "moe_intermediate_size", default=0, required=False)
+        or (text.get("intermediate_size", 0) if n_experts else 0)
+    )
     first_dense = int(text.get("first_k_dense_replace") or 0)
     # A layer MLP is only dense where an MoE model says so; an all-MoE config may omit intermediate_size.
     needs_dense_mlp = not n_experts or first_dense > 0
     n_shared = int(text.get("n_shared_experts") or 0)
-    shared_inter = int(_get(text, "shared_expert_intermediate_size", "shared_intermediate_size",
-                            default=0, required=False) or 0)
+    shared_inter = int(
+        _get(text, "shared_expert_intermediate_size", "shared_intermediate_size", default=0, required=False) or 0
+    )
     if shared_inter and not n_shared:
         # Qwen2-MoE / Qwen3.5 style: one gated shared MLP of its own width, counted in routed-expert units.
         if not moe_inter or shared_inter % moe_inter:
-            raise ConfigError(f"shared_expert_intermediate_size={shared_inter} is not a multiple of "
-                              f"moe_intermediate_size={moe_inter}; such a shared expert is not supported")
+            raise ConfigError(
+                f"shared_expert_intermediate_size={shared_inter} is not a multiple of "
+                f"moe_intermediate_size={moe_inter}; such a shared expert is not supported"
+            )
         n_shared = shared_inter // moe_inter
     kinds = _layer_kinds(text, n_layers)
     vision = cfg.get("vision_config")
     if vision is not None and not isinstance(vision, dict):
-        raise ConfigError(f"field vision_config must be a JSON object (the vision tower's config), "
-                          f"got a {type(vision).__name__}")
+        raise ConfigError(
+            f"field vision_config must be a JSON object (the vision tower's config), got a {type(vision).__name__}"
+        )
     n_linear = kinds.count("linear_attention")
     n_sliding = kinds.count("sliding_attention")
     window = int(text.get("sliding_window") or 0) if n_sliding else 0
@@ -338,8 +388,13 @@ def arch_from_config(cfg: dict, name: str) -> ModelArch:
         raise ConfigError("layer_types has sliding_attention layers but sliding_window is not set")
     linear = {}
     if n_linear:
-        keys = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
-                "linear_value_head_dim", "linear_conv_kernel_dim")
+        keys = (
+            "linear_num_key_heads",
+            "linear_num_value_heads",
+            "linear_key_head_dim",
+            "linear_value_head_dim",
+            "linear_conv_kernel_dim",
+        )
         missing = [k for k in keys if not text.get(k)]
         if missing:
             raise ConfigError(f"layer_types has linear_attention layers but the config lacks {missing}")
@@ -351,13 +406,15 @@ def arch_from_config(cfg: dict, name: str) -> ModelArch:
         num_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,
-        intermediate_size=int(_get(text, "intermediate_size", "ffn_dim", default=None if needs_dense_mlp else 0,
-                                   required=needs_dense_mlp)),
+        intermediate_size=int(
+            _get(text, "intermediate_size", "ffn_dim", default=None if needs_dense_mlp else 0, required=needs_dense_mlp)
+        ),
         vocab_size=int(_get(text, "vocab_size")),
         tie_embeddings=bool(text.get("tie_word_embeddings", False)),
         num_experts=n_experts,
-        experts_per_token=int(_get(text, "num_experts_per_tok", "num_experts_per_token", default=0,
-                                   required=False) or 0),
+        experts_per_token=int(
+            _get(text, "num_experts_per_tok", "num_experts_per_token", default=0, required=False) or 0
+        ),
         moe_intermediate_size=moe_inter,
         num_shared_experts=n_shared,
         first_dense_layers=first_dense,
@@ -386,8 +443,10 @@ def arch_from_config(cfg: dict, name: str) -> ModelArch:
     if n_experts and arch.experts_per_token <= 0:
         raise ConfigError("an MoE config needs num_experts_per_tok > 0")
     if arch.experts_per_token > n_experts:
-        raise ConfigError(f"num_experts_per_tok={arch.experts_per_token} exceeds the {n_experts} routed experts; "
-                          f"a token cannot be routed to more experts than exist")
+        raise ConfigError(
+            f"num_experts_per_tok={arch.experts_per_token} exceeds the {n_experts} routed experts; "
+            f"a token cannot be routed to more experts than exist"
+        )
     if needs_dense_mlp and arch.intermediate_size <= 0:
         raise ConfigError(f"intermediate_size={arch.intermediate_size} must be positive for dense MLP layers")
     if n_experts and moe_inter <= 0:

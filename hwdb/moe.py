@@ -19,6 +19,7 @@ expert parallel ``ep`` (seconds)::
 (:data:`FORMATS`); ``BW`` the GPU's HBM bandwidth.  Fitted on the measured tables by
 :mod:`calibration.kernels.moe_fit`; each curve's ``quality`` holds its error on held-out expert shapes.
 """
+
 from __future__ import annotations
 
 from typing import Annotated
@@ -33,8 +34,15 @@ from simulator.bounds import Range
 # stored weight with its scales).  fp8_block: DeepSeek-style 128x128 scales (negligible); nvfp4: one fp8
 # scale per 16 weights; int4_wo: W4A16 with a bf16 scale per 32 (Kimi-K2.5's compressed-tensors group);
 # w4a16_mxfp4: one E8M0 scale per 32 weights, bf16 activations (Marlin / Triton on Hopper).
-FORMATS = {"bfloat16": ("bf16", 2.0), "fp8": ("fp8", 1.0), "fp8_block": ("fp8", 1.0), "nvfp4": ("fp4", 0.5625),
-           "int4_wo": ("bf16", 0.5625), "w4a16_mxfp4": ("bf16", 0.53125), "w4a8_mxfp4_mxfp8": ("fp8", 0.53125)}
+FORMATS = {
+    "bfloat16": ("bf16", 2.0),
+    "fp8": ("fp8", 1.0),
+    "fp8_block": ("fp8", 1.0),
+    "nvfp4": ("fp4", 0.5625),
+    "int4_wo": ("bf16", 0.5625),
+    "w4a16_mxfp4": ("bf16", 0.53125),
+    "w4a8_mxfp4_mxfp8": ("fp8", 0.53125),
+}
 
 
 class MoeCurve(BaseModel):
@@ -55,8 +63,19 @@ class MoeCurve(BaseModel):
     source: str = Field(min_length=3)
     quality: FitQuality
 
-    def time(self, tokens: float, hidden: int, inter: int, experts: int, topk: int, tp: int, ep: int,
-             peak_flops: float, weight_bytes: float, bw: float) -> float:
+    def time(
+        self,
+        tokens: float,
+        hidden: int,
+        inter: int,
+        experts: int,
+        topk: int,
+        tp: int,
+        ep: int,
+        peak_flops: float,
+        weight_bytes: float,
+        bw: float,
+    ) -> float:
         """Seconds of one MoE layer on one GPU (the module docstring's form); the shape arguments may be
         numpy arrays (one latency per row, as the fit evaluates it)."""
         m = tokens * topk / experts
@@ -65,8 +84,12 @@ class MoeCurve(BaseModel):
         touched = experts / ep * (1.0 - (1.0 - topk / experts) ** tokens)
         comp = 6.0 * tokens * topk * hidden * inter / (tp * ep) / (peak_flops * eff)
         mem = touched * 3.0 * hidden * inter / tp * weight_bytes / (bw * self.mem_eff)
-        return (self.fixed_s + np.maximum(comp, mem) + self.act_passes * tokens * topk * hidden * 2.0 / bw
-                + self.per_expert_s * touched)
+        return (
+            self.fixed_s
+            + np.maximum(comp, mem)
+            + self.act_passes * tokens * topk * hidden * 2.0 / bw
+            + self.per_expert_s * touched
+        )
 
 
 class MoeKernels(BaseModel):

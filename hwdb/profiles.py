@@ -3,6 +3,7 @@
 A profile is produced by fitting measurements (kernel tables or engine runs)
 and records where they came from, the fitted curves and their residuals.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

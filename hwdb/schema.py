@@ -7,6 +7,7 @@ plus the ``source`` it was read from.  ``empirical: true`` marks a guess or a
 correction that is not on a datasheet.  Unknown keys are errors, so a typo in a
 user's file is reported instead of silently ignored.
 """
+
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
@@ -167,8 +168,9 @@ class GPU(StrictModel):
     # keeps; the engines size their KV cache from it (None: 99 % of memory_bytes, as on the GPUs measured).
     visible_memory_bytes: GpuMemory | None = None
     memory_bandwidth_Bps: Annotated[Figure, Range(1e9, 1e16, "bytes/s", fix=DATASHEET)]
-    peak_flops: dict[str, Annotated[Figure, Range(1e9, 1e19, "FLOP/s",
-                                                  fix="give dense FLOP/s, or leave the dtype out")]]
+    peak_flops: dict[
+        str, Annotated[Figure, Range(1e9, 1e19, "FLOP/s", fix="give dense FLOP/s, or leave the dtype out")]
+    ]
     intra_node_link: str
     intra_node_bandwidth_Bps: GpuBandwidth
     scale_out_link: str | None = None
@@ -190,8 +192,10 @@ class GPU(StrictModel):
     def _visible_below_total(self) -> GPU:
         v, m = self.visible_memory_bytes, self.memory_bytes.value
         if v is not None and not 0.9 * m <= v.value <= m:
-            raise ValueError(f"visible_memory_bytes={v.value:.4g} is not within 90-100 % of memory_bytes={m:.4g} "
-                             f"(CUDA sees ~1 % less than the datasheet); update it with memory_bytes, or remove it")
+            raise ValueError(
+                f"visible_memory_bytes={v.value:.4g} is not within 90-100 % of memory_bytes={m:.4g} "
+                f"(CUDA sees ~1 % less than the datasheet); update it with memory_bytes, or remove it"
+            )
         return self
 
     @field_validator("peak_flops")
@@ -245,19 +249,21 @@ class NetworkLayout(StrictModel):
     aliases: tuple[str, ...] = ()
     provider: str
     instance: str
-    gpus: tuple[str, ...] = Field(min_length=1)      # GPU names of hwdb gpus/ this node type carries
+    gpus: tuple[str, ...] = Field(min_length=1)  # GPU names of hwdb gpus/ this node type carries
     gpus_per_node: Annotated[int, Range(1, 72, "GPUs", whole=True)]
-    fabric: str                                      # the link (links/) its GPU NICs speak
+    fabric: str  # the link (links/) its GPU NICs speak
     nics_per_node: Annotated[int, Range(1, 64, "NICs", whole=True)]
-    nic_Bps: Annotated[Figure, range_of(NicRate)]    # line rate of one NIC, bytes/s per direction
+    nic_Bps: Annotated[Figure, range_of(NicRate)]  # line rate of one NIC, bytes/s per direction
     notes: str | None = None
 
     @model_validator(mode="after")
     def _counts_divide(self) -> NetworkLayout:
         g, n = self.gpus_per_node, self.nics_per_node
         if max(g, n) % min(g, n):
-            raise ValueError(f"gpus_per_node={g} and nics_per_node={n}: one must divide the other (e.g. 8 GPUs "
-                             "behind 4 NICs, or 32 NICs for 8 GPUs)")
+            raise ValueError(
+                f"gpus_per_node={g} and nics_per_node={n}: one must divide the other (e.g. 8 GPUs "
+                "behind 4 NICs, or 32 NICs for 8 GPUs)"
+            )
         return self
 
     @property
@@ -306,8 +312,9 @@ class ModelSidecar(StrictModel):
     bf16_modules: dict[Literal["fp8", "fp4", "int4"], KeptModules] = {}
     # Bytes per quantised weight (with its scales) where this model's checkpoint differs from the
     # format's default in WEIGHT_BYTES (e.g. MXFP4: one 1-byte scale per 32 weights, 0.53125 B).
-    quant_bytes: dict[Literal["fp8", "fp4", "int4"],
-                      Annotated[Figure, Range(0, 4, "bytes per weight", lo_open=True, fix=DATASHEET)]] = {}
+    quant_bytes: dict[
+        Literal["fp8", "fp4", "int4"], Annotated[Figure, Range(0, 4, "bytes per weight", lo_open=True, fix=DATASHEET)]
+    ] = {}
     # Per weight format, the fused-MoE kernel format (a key of hwdb.moe.FORMATS) the checkpoint runs on
     # where it differs from the format's default (simulator.perf.Deployment.moe_format).
     moe_kernel: dict[Literal["fp8", "fp4", "int4"], MoeKernelChoice] = {}

@@ -16,6 +16,7 @@ figure in GB instead of bytes) and values that would stall a simulation or make 
 meaningless (a link of 1 byte/s, a 1e308 price), never a deployment that exists.  This module
 imports nothing from the project, so every package may use it (tests/test_import_structure.py).
 """
+
 from __future__ import annotations
 
 import math
@@ -76,7 +77,7 @@ class Range:
 
     def __get_pydantic_json_schema__(self, schema, handler):
         out = handler(schema)
-        if "type" in out:        # a plain number (a figure's schema is a reference)
+        if "type" in out:  # a plain number (a figure's schema is a reference)
             out.update({"exclusiveMinimum" if self.lo_open else "minimum": self.lo, "maximum": self.hi})
         return out
 
@@ -106,11 +107,11 @@ class Range:
                 return fig
             raw = fig.value
         raise ValidationError.from_exception_data(
-            "figure", [InitErrorDetails(type=self._refusal(), loc=("value",), input=raw)]) from None
+            "figure", [InitErrorDetails(type=self._refusal(), loc=("value",), input=raw)]
+        ) from None
 
 
-def between(lo: float, hi: float, unit: str = "", *, lo_open: bool = False, fix: str = "",
-            whole: bool = False) -> Any:
+def between(lo: float, hi: float, unit: str = "", *, lo_open: bool = False, fix: str = "", whole: bool = False) -> Any:
     """A float (``whole``: int) field type bounded to [lo, hi] (``lo_open``: (lo, hi]) in ``unit``."""
     return Annotated[int if whole else float, Range(lo, hi, unit, lo_open, whole, fix)]
 
@@ -134,9 +135,9 @@ def on_value(model: type, quantity) -> Any:
 
 MAX_REQUESTS = 50_000_000
 """Upper bound on requests one workload may generate (about 2 GB of arrays)."""
-MAX_TOKENS = 10_000_000        # longest prompt or output one request may have (tokens)
+MAX_TOKENS = 10_000_000  # longest prompt or output one request may have (tokens)
 MIN_RATE, MAX_RATE = 1e-6, 1e7  # requests/s: one a fortnight .. ten million a second
-MAX_SECONDS = 1e9              # durations and times: about 30 years
+MAX_SECONDS = 1e9  # durations and times: about 30 years
 
 Fraction = Annotated[float, Range(0, 1, lo_open=True, fix="give a fraction such as 0.9")]
 Share = Annotated[float, Range(0, 1, fix="give a fraction from 0 to 1")]
@@ -149,15 +150,25 @@ Delay = Annotated[float, Range(0, MAX_SECONDS, "s", fix="give seconds")]
 Seed = Annotated[int, Range(0, 2**63 - 1, whole=True, fix="give a seed from 0 to 2**63 - 1")]
 Price = Annotated[float, Range(0, 1e4, "US dollars per GPU-hour", fix="give the price of one GPU for one hour")]
 Bytes = Annotated[float, Range(0, 1e15, "bytes", fix="give bytes (4 GiB = 4294967296)")]
-LinkRate = Annotated[float, Range(1e3, 1e15, "bytes/s",
-                                  fix="give bytes per second per direction (100 Gb/s = 12.5e9)")]
-NicRate = Annotated[float, Range(1e8, 1e12, "bytes/s",
-                                 fix="give one NIC's line rate in bytes per second per direction (400 Gb/s = 50e9)")]
+LinkRate = Annotated[float, Range(1e3, 1e15, "bytes/s", fix="give bytes per second per direction (100 Gb/s = 12.5e9)")]
+NicRate = Annotated[
+    float,
+    Range(1e8, 1e12, "bytes/s", fix="give one NIC's line rate in bytes per second per direction (400 Gb/s = 50e9)"),
+]
 # One instance's what-if bandwidth: from a slow disk that a file-based connector stages KV through
 # (10 MB/s) to all 72 GPUs of an NVL72 domain (72 x 900 GB/s); below it one KV transfer takes hours.
-InstanceRate = Annotated[float, Range(1e7, 1e14, "bytes/s", fix="give one instance's bandwidth in bytes per second "
-                                                                 "per direction (8 NICs of 400 Gb/s = 400e9)")]
+InstanceRate = Annotated[
+    float,
+    Range(
+        1e7,
+        1e14,
+        "bytes/s",
+        fix="give one instance's bandwidth in bytes per second per direction (8 NICs of 400 Gb/s = 400e9)",
+    ),
+]
 # A degraded link's remaining share of its bandwidth: below 0.1% the link is down, not slow, and one
 # transfer would outlast any run (at 1e-300 a benchmark would last 1e300 s).
-BandwidthLeft = Annotated[float, Range(1e-3, 1, fix="give the fraction of the bandwidth left, e.g. 0.25; model a "
-                                                    "link with less as down (faults)")]
+BandwidthLeft = Annotated[
+    float,
+    Range(1e-3, 1, fix="give the fraction of the bandwidth left, e.g. 0.25; model a link with less as down (faults)"),
+]

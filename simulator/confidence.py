@@ -18,6 +18,7 @@ else on held-out rows of this engine and GPU (or of this engine on any GPU when 
 than 20 rows).  From ``hwdb/data/validation/e2e.json``, which ``epdsim validate-e2e --write-bands``
 writes.  A pool on a datasheet-only GPU has no band.
 """
+
 from __future__ import annotations
 
 import json
@@ -56,8 +57,10 @@ def assess(dep, bands_path: Path = BANDS) -> dict:
             band = {**fam_band, "basis": f"{eng.engine} {fam_name} rows ({fam_band['split']})"}
         elif fam_name is None and engine_band.get("widest"):
             # No measured run of this family: the widest band any held-out family showed, not the average.
-            band = {**engine_band["widest"], "basis": f"no {eng.engine} runs of {dep.arch.name} measured: the widest "
-                                                      f"held-out family's band"}
+            band = {
+                **engine_band["widest"],
+                "basis": f"no {eng.engine} runs of {dep.arch.name} measured: the widest held-out family's band",
+            }
         elif gpu_band and gpu_band.get("rows", 0) >= MIN_ROWS:
             band = {**gpu_band, "basis": f"{eng.engine} held-out rows on {dep.gpu.name}"}
         elif engine_band.get("all"):
@@ -65,8 +68,10 @@ def assess(dep, bands_path: Path = BANDS) -> dict:
     # The profile lookup falls back to the newest profile when none is of the engine's version; say so.
     fallback = ""
     if dep.profile is not None and not version_matches(dep.profile.engine_version, eng.version):
-        fallback = (f"profile fitted under {dep.profile.engine} {dep.profile.engine_version}; none for "
-                    f"{eng.engine} {eng.version}, so the newest is used")
+        fallback = (
+            f"profile fitted under {dep.profile.engine} {dep.profile.engine_version}; none for "
+            f"{eng.engine} {eng.version}, so the newest is used"
+        )
     return {
         "gpu": (f"kernel-fitted ({dep.profile.name})" if dep.profile is not None else "datasheet only"),
         "profile_fallback": fallback,
@@ -95,12 +100,15 @@ def describe(status: dict) -> str:
 BANDED: dict[LatencyKey, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "ttft_s": (("colocated", "prefill"), ("ttft_mape",)),
     "tpot_s": (("colocated", "decode"), ("tpot_mape",)),
-    "e2e_s": (("colocated", "prefill", "decode"), ("ttft_mape", "tpot_mape"))}
+    "e2e_s": (("colocated", "prefill", "decode"), ("ttft_mape", "tpot_mape")),
+}
 STATS: tuple[PctKey, ...] = ("p50", "p90", "p99", "mean")
-BAND_SOURCE = ("model error from the end-to-end validation (hwdb/data/validation/e2e.json): the mean "
-               "|relative error| of mean TTFT and TPOT on the validated subset that fits each pool "
-               "(simulator/confidence.py), applied to each figure as value x (1 +/- error); not a seed-noise "
-               "interval")
+BAND_SOURCE = (
+    "model error from the end-to-end validation (hwdb/data/validation/e2e.json): the mean "
+    "|relative error| of mean TTFT and TPOT on the validated subset that fits each pool "
+    "(simulator/confidence.py), applied to each figure as value x (1 +/- error); not a seed-noise "
+    "interval"
+)
 
 
 def error_bands(info: dict) -> dict[str, float | None]:
@@ -112,8 +120,7 @@ def error_bands(info: dict) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
     for key, (roles, errors) in BANDED.items():
         bands = [p["confidence"]["error_band"] for p in pools if p["role"] in roles]
-        out[key] = (max(b[e] for b in bands for e in errors) if bands and all(b is not None for b in bands)
-                    else None)
+        out[key] = max(b[e] for b in bands for e in errors) if bands and all(b is not None for b in bands) else None
     return out
 
 
@@ -122,12 +129,15 @@ def band_basis(info: dict) -> str:
     parts = []
     for p in info["pools"]:
         status = p.get("confidence")
-        if status is None:          # an encoder pool: its time is in TTFT, but no validation measured it
+        if status is None:  # an encoder pool: its time is in TTFT, but no validation measured it
             parts.append(f"{p['name']}: {p['role']} pool, not validated")
             continue
         band = status["error_band"]
-        why = ("datasheet figures only, nothing measured" if not status["calibrated"]
-               else "no held-out serving runs of its engine")
+        why = (
+            "datasheet figures only, nothing measured"
+            if not status["calibrated"]
+            else "no held-out serving runs of its engine"
+        )
         parts.append(f"{p['name']}: " + (band["basis"] if band else why))
     return "; ".join(dict.fromkeys(parts))
 
@@ -167,7 +177,11 @@ def band_caption(info: dict, rel: dict[str, float | None]) -> str:
         return f"model error band: no band ({band_basis(info) or 'no pool assessed'})"
     names = {"ttft_s": "TTFT", "tpot_s": "TPOT", "e2e_s": "E2E"}
     missing = [names[k] for k, r in rel.items() if r is None]
-    return ("(low–high): model error band, the mean |error| of the end-to-end validation on the subset that "
-            f"fits ({band_basis(info)}), applied to each figure: "
-            + ", ".join(f"{names[k]} {r:.0%}" + (" (the larger)" if k == "e2e_s" else "") for k, r in shown.items())
-            + "; " + ", ".join([*missing, "ITL", "queue"]) + ": no band")
+    return (
+        "(low–high): model error band, the mean |error| of the end-to-end validation on the subset that "
+        f"fits ({band_basis(info)}), applied to each figure: "
+        + ", ".join(f"{names[k]} {r:.0%}" + (" (the larger)" if k == "e2e_s" else "") for k, r in shown.items())
+        + "; "
+        + ", ".join([*missing, "ITL", "queue"])
+        + ": no band"
+    )

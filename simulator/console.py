@@ -12,6 +12,7 @@ groups that fit, each repeating the first (name) column, as pandas prints a wide
 its cell.  Names and figures are never cut with "…"; only a single word longer than its column (a
 long path in a description) folds onto the next line.
 """
+
 from __future__ import annotations
 
 import os
@@ -57,7 +58,7 @@ def _cell_width(text: str) -> int:
 def _plain(text: str) -> str:
     try:
         return Text.from_markup(str(text)).plain
-    except MarkupError:                  # not markup after all: printed as it is
+    except MarkupError:  # not markup after all: printed as it is
         return str(text)
 
 
@@ -65,22 +66,32 @@ def _longest_word(text: str) -> int:
     return max((len(w) for w in _plain(text).split()), default=0)
 
 
-def wide_tables(title: str, headers: list[str], rows: list[list[str]], width: int,
-                justify: dict[str, str] | None = None, wrap: dict[str, int] | None = None) -> list[Table]:
+def wide_tables(
+    title: str,
+    headers: list[str],
+    rows: list[list[str]],
+    width: int,
+    justify: dict[str, str] | None = None,
+    wrap: dict[str, int] | None = None,
+) -> list[Table]:
     """``rows`` under ``headers`` as one table, or, when that is wider than ``width`` characters, as
     several tables of consecutive column groups that each fit and repeat the first column.  Cells
     and headers are never cut; when the table does not fit, the columns named in ``wrap`` (header ->
     the most characters they take) wrap their text at spaces, e.g. a layout or a reason; any other
     column wider than ``width`` alone still gets its own group.  A header may hold a line break."""
     justify, wrap = justify or {}, wrap or {}
-    natural = [max(_cell_width(h), *(_cell_width(r[i]) for r in rows)) if rows else _cell_width(h)
-               for i, h in enumerate(headers)]
+    natural = [
+        max(_cell_width(h), *(_cell_width(r[i]) for r in rows)) if rows else _cell_width(h)
+        for i, h in enumerate(headers)
+    ]
     # wrap only when the whole table does not fit; a wrapped column is never narrower than its
     # longest word: names wrap at spaces, never inside
     if 1 + sum(n + 3 for n in natural) > width:
-        natural = [min(n, max(wrap[h], _cell_width(h), *(_longest_word(r[i]) for r in rows))) if h in wrap
-                   else n for i, (n, h) in enumerate(zip(natural, headers, strict=True))]
-    cost = [w + 3 for w in natural]                          # padding and the border on each side
+        natural = [
+            min(n, max(wrap[h], _cell_width(h), *(_longest_word(r[i]) for r in rows))) if h in wrap else n
+            for i, (n, h) in enumerate(zip(natural, headers, strict=True))
+        ]
+    cost = [w + 3 for w in natural]  # padding and the border on each side
     groups: list[list[int]] = []
     cur: list[int] = []
     used = 1 + cost[0]
@@ -99,9 +110,14 @@ def wide_tables(title: str, headers: list[str], rows: list[list[str]], width: in
         for i in [0, *cols]:
             # ``justify`` holds rich's names ("right"), typed str by its callers
             align = cast(JustifyMethod, justify.get(headers[i], "left"))
-            t.add_column(headers[i], justify=align, no_wrap=headers[i] not in wrap,
-                         min_width=natural[i], max_width=natural[i] if headers[i] in wrap else None,
-                         overflow="fold")
+            t.add_column(
+                headers[i],
+                justify=align,
+                no_wrap=headers[i] not in wrap,
+                min_width=natural[i],
+                max_width=natural[i] if headers[i] in wrap else None,
+                overflow="fold",
+            )
         for r in rows:
             t.add_row(*(r[i] for i in [0, *cols]))
         tables.append(t)

@@ -1,5 +1,6 @@
 """Engine rules a pool's settings resolve through: vLLM's batch defaults by GPU, which weight formats an engine
 serves weight-only, and SGLang's running-request cap from its KV tokens."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,7 +18,7 @@ def vllm_batch_defaults(gpu: hwdb.GPU) -> tuple[int, int]:
     vLLM ``EngineArgs.get_batch_defaults``: >= 70 GiB and not an A100 gives
     1024 / 8192, otherwise 256 / 2048.
     """
-    big = gpu.memory_bytes.value >= 70 * 2 ** 30 and not gpu.name.upper().startswith("A100")
+    big = gpu.memory_bytes.value >= 70 * 2**30 and not gpu.name.upper().startswith("A100")
     return (1024, 8192) if big else (256, 2048)
 
 
@@ -29,10 +30,15 @@ def weight_only_refusal(pool: str, dtype: str, gpu: hwdb.GPU, engine: hwdb.Engin
     missing = [] if wo is None else [n for n in wo.needs if n not in gpu.peak_flops]
     if wo is not None and not missing:
         return ""
-    why = (f"{engine.name} has no weight-only {dtype} kernel" if wo is None
-           else f"{engine.name}'s weight-only {dtype} kernel needs {'/'.join(missing)} tensor cores")
-    return (f"pools[{pool}].dtype={dtype} but {gpu.name} has no {dtype} tensor cores and {why}; use "
-            f"{'fp8 or ' if 'fp8' in gpu.peak_flops else ''}int4 (weight-only) or bf16, or another engine")
+    why = (
+        f"{engine.name} has no weight-only {dtype} kernel"
+        if wo is None
+        else f"{engine.name}'s weight-only {dtype} kernel needs {'/'.join(missing)} tensor cores"
+    )
+    return (
+        f"pools[{pool}].dtype={dtype} but {gpu.name} has no {dtype} tensor cores and {why}; use "
+        f"{'fp8 or ' if 'fp8' in gpu.peak_flops else ''}int4 (weight-only) or bf16, or another engine"
+    )
 
 
 def engine_running_cap(dep: Deployment, given: bool) -> Deployment:

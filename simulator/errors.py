@@ -5,6 +5,7 @@ Every validated input (scenario, plan request) reports each error as ``location:
 value)``, where the location is written as the user wrote it (``pools[0].engine.max_num_seqs``,
 discriminated-union tags left out) and an unknown key lists the keys valid at that place.
 """
+
 from __future__ import annotations
 
 import re
@@ -34,7 +35,7 @@ def location(loc: tuple, data) -> str:
     for i, part in enumerate(loc):
         if part == "[key]":
             continue
-        if loc[i + 1:i + 2] == ("[key]",):       # a mapping's key, not a value under it
+        if loc[i + 1 : i + 2] == ("[key]",):  # a mapping's key, not a value under it
             out += f" key {part!r}"
             node = None
             continue
@@ -58,8 +59,9 @@ def known_keys(root: type[BaseModel], loc: tuple) -> list[str]:
     for part in loc:
         if isinstance(part, int) or str(part).startswith("function-after"):
             continue
-        tagged = [m for m in models if m.model_fields.get("kind") is not None
-                  and m.model_fields["kind"].default == part]
+        tagged = [
+            m for m in models if m.model_fields.get("kind") is not None and m.model_fields["kind"].default == part
+        ]
         if tagged:  # discriminated-union tag: pick that member
             models = tagged
             continue
@@ -70,8 +72,9 @@ def known_keys(root: type[BaseModel], loc: tuple) -> list[str]:
     return sorted({k for m in models for k in m.model_fields}) if len(models) == 1 else []
 
 
-def format_validation_error(err: ValidationError, data, *, root: type[BaseModel], origin: str, what: str,
-                            docs: str, locate=None, known=None) -> str:
+def format_validation_error(
+    err: ValidationError, data, *, root: type[BaseModel], origin: str, what: str, docs: str, locate=None, known=None
+) -> str:
     """``origin: invalid WHAT:`` and one line per distinct error; ``docs`` is where every field is listed.
 
     ``locate(loc) -> str`` and ``known(loc) -> list[str]`` replace :func:`location` and
@@ -82,8 +85,9 @@ def format_validation_error(err: ValidationError, data, *, root: type[BaseModel]
     lines = []
     for e in errors:
         loc_ = e["loc"]
-        if e["type"] == "too_short" and any(o["loc"][:len(loc_)] == loc_ and len(o["loc"]) > len(loc_)
-                                            for o in errors):
+        if e["type"] == "too_short" and any(
+            o["loc"][: len(loc_)] == loc_ and len(o["loc"]) > len(loc_) for o in errors
+        ):
             continue  # a tuple whose items failed also reports "too short": noise next to the real error
         inp = e.get("input")
         got = "" if isinstance(inp, (dict, list)) or e["type"] == "missing" else f" (got {inp!r})"
@@ -95,8 +99,9 @@ def format_validation_error(err: ValidationError, data, *, root: type[BaseModel]
             msg = "required, but absent; add this key with a value"
         if e["type"] == "extra_forbidden":
             keys = known(loc_[:-1])
-            msg = "unknown key; " + (f"valid keys here: {', '.join(keys)}" if keys
-                                     else f"check the spelling against {docs}")
+            msg = "unknown key; " + (
+                f"valid keys here: {', '.join(keys)}" if keys else f"check the spelling against {docs}"
+            )
         line = f"  {locate(loc_)}: {msg}{got}"
         if line not in lines:
             lines.append(line)
@@ -106,13 +111,15 @@ def format_validation_error(err: ValidationError, data, *, root: type[BaseModel]
 def os_error_message(exc: OSError) -> str:
     """``PATH: what went wrong; fix`` for an OSError met while reading or writing a user's path."""
     if exc.filename is None or exc.strerror is None:
-        return str(exc)          # raised with a message of its own
+        return str(exc)  # raised with a message of its own
     where, what = exc.filename, exc.strerror
-    hint = {NotADirectoryError: "a part of the path is a file, not a folder: choose another path",
-            IsADirectoryError: "it is a folder: give a file path",
-            FileExistsError: "a file is in the way: choose another path or remove it",
-            PermissionError: "check its permissions or choose another path",
-            FileNotFoundError: "check the path"}.get(type(exc), "check the path")
+    hint = {
+        NotADirectoryError: "a part of the path is a file, not a folder: choose another path",
+        IsADirectoryError: "it is a folder: give a file path",
+        FileExistsError: "a file is in the way: choose another path or remove it",
+        PermissionError: "check its permissions or choose another path",
+        FileNotFoundError: "check the path",
+    }.get(type(exc), "check the path")
     return f"{where}: {what}; {hint}"
 
 
@@ -146,8 +153,16 @@ def print_user_error(exc: BaseException, label: str = "error") -> int:
     inserted, so the message pastes as one paragraph."""
     from rich.console import Console  # noqa: PLC0415 - rich (~30 ms) loads only when an error is printed
     from rich.text import Text  # noqa: PLC0415 - rich (~30 ms) loads only when an error is printed
+
     text = Text(f"{label}: ", style="red")
-    text.append(escape_controls(os_error_message(exc) if isinstance(exc, OSError) else
-                                validation_message(exc) if isinstance(exc, ValidationError) else str(exc)))
+    text.append(
+        escape_controls(
+            os_error_message(exc)
+            if isinstance(exc, OSError)
+            else validation_message(exc)
+            if isinstance(exc, ValidationError)
+            else str(exc)
+        )
+    )
     Console(stderr=True, emoji=False, markup=False, highlight=False).print(text, soft_wrap=True)
     return 2

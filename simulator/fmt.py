@@ -6,6 +6,7 @@ that a card never needs more than about eight characters.  Fractions (0.987) rea
 percentages ("98.7%"); an attainment with a confidence interval is written as the interval
 itself, clipped to what a fraction can be (never "57.1% (±174.2%)").
 """
+
 from __future__ import annotations
 
 import math
@@ -51,9 +52,9 @@ def percent(frac: float | None, digits: int = 1) -> str:
     p = float(frac) * 100
     text = f"{p:.{digits}f}%"
     if p < 100 and text == f"{100:.{digits}f}%":
-        return f">{100 - 10 ** -digits:.{digits}f}%"
+        return f">{100 - 10**-digits:.{digits}f}%"
     if p > 0 and text == f"{0:.{digits}f}%":
-        return f"<{10 ** -digits:.{digits}f}%"
+        return f"<{10**-digits:.{digits}f}%"
     return text
 
 

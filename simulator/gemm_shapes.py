@@ -7,6 +7,7 @@ lists those slices with their FLOP shares and turns a profile's shape curve into
 two curves the step model uses: one for the dense GEMMs (attention projections, dense
 and shared-expert MLPs), one for the routed experts.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -52,10 +53,14 @@ def rank_gemm_groups(a: ModelArch, tp: int, moe_tp: int | None = None) -> dict[s
         half = a.linear_attn_params_per_layer / (2 * tp)
         attn += [(half, half * a.num_linear_layers)] * 2
     dense_mlp = a.num_layers - a.moe_layers
-    out = {"attention": attn,
-           "dense_mlp": (_split(2 * a.intermediate_size / tp, h, dense_mlp)
-                         + _split(h, a.intermediate_size / tp, dense_mlp)),
-           "shared_experts": [], "experts": []}
+    out = {
+        "attention": attn,
+        "dense_mlp": (
+            _split(2 * a.intermediate_size / tp, h, dense_mlp) + _split(h, a.intermediate_size / tp, dense_mlp)
+        ),
+        "shared_experts": [],
+        "experts": [],
+    }
     if a.is_moe:
         inter = a.moe_intermediate_size / tp
         shared = a.moe_layers * a.num_shared_experts
@@ -93,9 +98,12 @@ def shape_curves(curve: GemmShapeCurve, a: ModelArch, tp: int) -> tuple[Efficien
     made MiniMax-M2.5 decode three times slower than measured (TPOT bias +216 % on the fitting rows).
     """
     g = rank_gemms(a, tp)
-    dense = EfficiencyCurve(max_eff=min(1.0, curve.for_shapes(g.dense)), half=curve.half_m,
-                            source=f"per-rank GEMM shapes (simulator/gemm_shapes.py) on {curve.source}",
-                            empirical=True)
+    dense = EfficiencyCurve(
+        max_eff=min(1.0, curve.for_shapes(g.dense)),
+        half=curve.half_m,
+        source=f"per-rank GEMM shapes (simulator/gemm_shapes.py) on {curve.source}",
+        empirical=True,
+    )
     if not g.experts:
         return dense, 1.0, 0.0
     return dense, min(1.0, curve.for_shapes(g.experts)), curve.half_m

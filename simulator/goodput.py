@@ -38,6 +38,7 @@ request is judged when it ends only from figures the requests table will show un
 cannot be vouched for (operations, which restore re-prefilled requests afterwards; a front end whose
 API server loop moves client times; multimodal runs), the runs go to their end.
 """
+
 from __future__ import annotations
 
 import math
@@ -62,7 +63,7 @@ def with_rate(scn: Scenario, rate: float) -> Scenario:
         raise ScenarioError(f"goodput needs an open-loop poisson, gamma or trace arrival, got kind={arrival.kind!r}")
     update = {"rate": rate}
     if arrival.kind == "trace":
-        update["time_scale"] = 1.0      # a trace's rate and time_scale are alternatives; the rate wins
+        update["time_scale"] = 1.0  # a trace's rate and time_scale are alternatives; the rate wins
     wl = scn.workload.model_copy(update={"arrival": arrival.model_copy(update=update)})
     return scn.model_copy(update={"workload": wl})
 
@@ -91,7 +92,7 @@ def attainment(requests: pd.DataFrame, slo: SLO, steady_trim_s: float | None = N
     if slo.ttft_s is not None:
         ok &= requests["ttft_s"].to_numpy() <= slo.ttft_s
     if slo.tpot_s is not None:
-        ok &= ~(requests["tpot_s"].to_numpy() > slo.tpot_s)     # NaN (one output token) passes
+        ok &= ~(requests["tpot_s"].to_numpy() > slo.tpot_s)  # NaN (one output token) passes
     return float(ok[keep].mean()) if keep.any() else math.nan
 
 
@@ -145,12 +146,14 @@ def judge(runs: list[pd.DataFrame], slo: SLO, steady_trim_s: float | None = None
         # Student's t quantile: scipy.stats.t.ppf computes it by this function; scipy.special imports in
         # a third of scipy.stats' time (0.19 vs 0.61 s), which every planner worker pays once.
         from scipy.special import stdtrit  # noqa: PLC0415 - slow to import; only CIs need it
+
         half = float(stdtrit(len(att) - 1, 0.975) * np.std(att, ddof=1) / math.sqrt(len(att)))
     return Probe(float(np.mean(att)), half, float(np.mean([a for a, _ in lat])), float(np.mean([b for _, b in lat])))
 
 
-def probe(scn: Scenario, replications: int = 1, db: hwdb.HardwareDB | None = None,
-          steady_trim_s: float | None = None) -> Probe:
+def probe(
+    scn: Scenario, replications: int = 1, db: hwdb.HardwareDB | None = None, steady_trim_s: float | None = None
+) -> Probe:
     """Simulate ``scn`` (already at the rate to probe) ``replications`` times and judge it.
 
     ``db``: the loaded ``hwdb.load(scn.hwdb)``; pass it when probing many rates (loading costs ~0.5 s)."""
@@ -237,6 +240,7 @@ def watch_for(slo: SLO, steady_trim_s: float | None, done: list[float], reps: in
     def make(rec):
         keep = judged_mask(np.asarray(rec.arrival, dtype=np.float64), steady_trim_s)
         return VerdictWatch(rec, keep.tolist(), slo, done, reps) if keep.any() else None
+
     return make
 
 
@@ -271,8 +275,14 @@ def bisect(meets: Callable[[float], bool], lo: float, hi: float, iterations: int
     return lo
 
 
-def find_goodput(scn: Scenario, rate_hi: float, iterations: int = 8, replications: int = 1,
-                 db: hwdb.HardwareDB | None = None, steady_trim_s: float | None = None) -> float:
+def find_goodput(
+    scn: Scenario,
+    rate_hi: float,
+    iterations: int = 8,
+    replications: int = 1,
+    db: hwdb.HardwareDB | None = None,
+    steady_trim_s: float | None = None,
+) -> float:
     """Highest rate in (0, rate_hi] meeting the scenario's SLO criterion (0 if none does).
 
     The hardware database is loaded once (or ``db`` used) for every probe."""

@@ -17,6 +17,7 @@ Each failure raises the caller's error class (``ScenarioError``, ``HwdbError``, 
 :class:`InputFileError`) with one paragraph naming the file, the line, the value and the fix.  This
 module imports nothing from the project, so every package may use it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,9 +30,9 @@ from typing import TYPE_CHECKING, Annotated, Any, get_args
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, model_validator
 
-MAX_YAML_BYTES = 1 * 2**20     # scenarios, plan requests, suites, hardware files: a few kB each
-MAX_JSON_BYTES = 16 * 2**20    # config.json, baselines, bundle manifests
-ALIAS_BUDGET = 10_000          # nodes that YAML aliases may add to a document
+MAX_YAML_BYTES = 1 * 2**20  # scenarios, plan requests, suites, hardware files: a few kB each
+MAX_JSON_BYTES = 16 * 2**20  # config.json, baselines, bundle manifests
+ALIAS_BUDGET = 10_000  # nodes that YAML aliases may add to a document
 
 
 class InputFileError(ValueError):
@@ -46,25 +47,31 @@ def check_file(path, error: type[Exception] = InputFileError, what: str = "file"
             raise error(f"{p}: is a directory, not a {what}; give the path of the {what} file itself")
         if not p.exists():
             parent = next((a for a in p.parents if a.exists()), None)
-            hint = (f"; {parent} is a file, not a folder" if parent is not None and parent.is_file()
-                    else f"; check the path (relative paths start at {Path.cwd()})")
+            hint = (
+                f"; {parent} is a file, not a folder"
+                if parent is not None and parent.is_file()
+                else f"; check the path (relative paths start at {Path.cwd()})"
+            )
             raise error(f"{p}: no such file{hint}")
         if not p.is_file():
             raise error(f"{p}: not a regular file (a device, pipe or socket); give a {what} file")
-    except OSError as exc:   # e.g. a name too long, permission denied on a parent
+    except OSError as exc:  # e.g. a name too long, permission denied on a parent
         raise error(f"{p}: cannot be read ({exc.strerror or exc}); check the path") from None
     return p
 
 
-def read_bytes(path, error: type[Exception] = InputFileError, what: str = "file",
-               limit: int | None = MAX_JSON_BYTES) -> bytes:
+def read_bytes(
+    path, error: type[Exception] = InputFileError, what: str = "file", limit: int | None = MAX_JSON_BYTES
+) -> bytes:
     """The bytes of ``path`` after :func:`check_file` and the size limit."""
     p = check_file(path, error, what)
     try:
         size = p.stat().st_size
         if limit is not None and size > limit:
-            raise error(f"{p}: the {what} is {size / 2**20:.1f} MiB, over the {limit / 2**20:.0f} MiB limit for "
-                        f"this kind of file; a {what} is normally a few kB: check that this is the right file")
+            raise error(
+                f"{p}: the {what} is {size / 2**20:.1f} MiB, over the {limit / 2**20:.0f} MiB limit for "
+                f"this kind of file; a {what} is normally a few kB: check that this is the right file"
+            )
         return p.read_bytes()
     except OSError as exc:
         raise error(f"{p}: cannot be read ({exc.strerror or exc}); check its permissions") from None
@@ -79,24 +86,28 @@ def decode(data: bytes, origin: str, error: type[Exception] = InputFileError, wh
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        line = data[:exc.start].count(b"\n") + 1
-        raise error(f"{origin} line {line}: the {what} is not UTF-8 text (byte {data[exc.start]:#04x} at offset "
-                    f"{exc.start}; latin-1 or another legacy encoding?); save it as UTF-8") from None
+        line = data[: exc.start].count(b"\n") + 1
+        raise error(
+            f"{origin} line {line}: the {what} is not UTF-8 text (byte {data[exc.start]:#04x} at offset "
+            f"{exc.start}; latin-1 or another legacy encoding?); save it as UTF-8"
+        ) from None
 
 
-def read_text(path, error: type[Exception] = InputFileError, what: str = "file",
-              limit: int | None = MAX_JSON_BYTES) -> str:
+def read_text(
+    path, error: type[Exception] = InputFileError, what: str = "file", limit: int | None = MAX_JSON_BYTES
+) -> str:
     """The UTF-8 text of ``path`` after the file, size and encoding checks."""
     return decode(read_bytes(path, error, what, limit), str(path), error, what)
 
 
 # ---------------------------------------------------------------- YAML
 
+
 def _at(mark) -> str:
     return f"line {mark.line + 1}, column {mark.column + 1}"
 
 
-if TYPE_CHECKING:      # the mixin below goes into a yaml loader (Safe or CSafe): checked as one
+if TYPE_CHECKING:  # the mixin below goes into a yaml loader (Safe or CSafe): checked as one
     from yaml import SafeLoader as _LoaderBase
 else:
     _LoaderBase = object
@@ -114,12 +125,15 @@ class _NoDuplicateKeys(_LoaderBase):
                 key = self.construct_object(key_node, deep=True)
                 try:
                     first = seen.setdefault(key, key_node)
-                except TypeError:    # unhashable key: the base class reports it
+                except TypeError:  # unhashable key: the base class reports it
                     continue
                 if first is not key_node:
                     raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key {key!r} (first given at {_at(first.start_mark)}); "
-                        f"keep one of them", key_node.start_mark)
+                        None,
+                        None,
+                        f"duplicate key {key!r} (first given at {_at(first.start_mark)}); keep one of them",
+                        key_node.start_mark,
+                    )
         return super().construct_mapping(node, deep=deep)
 
 
@@ -130,8 +144,7 @@ class _StrictLoader(_NoDuplicateKeys, yaml.SafeLoader):
 # libyaml's parser (PyYAML's C extension, when built) reads the hardware database's ~60 files about
 # 5x faster.  It builds the same nodes for a valid file; for an invalid one its wording differs, so
 # a file it rejects is parsed again by the pure-Python loader, whose message is reported.
-_FastLoader = (type("_FastLoader", (_NoDuplicateKeys, yaml.CSafeLoader), {})
-               if hasattr(yaml, "CSafeLoader") else None)
+_FastLoader = type("_FastLoader", (_NoDuplicateKeys, yaml.CSafeLoader), {}) if hasattr(yaml, "CSafeLoader") else None
 
 
 def _expanded_size(root, budget: int) -> int:
@@ -198,9 +211,9 @@ def parse_yaml(text: str, origin: str, error: type[Exception] = InputFileError):
     if _FastLoader is not None:
         try:
             return _parse_with(_FastLoader, text, origin, error)
-        except Exception as exc:   # any other failure: the pure-Python loader words the message
+        except Exception as exc:  # any other failure: the pure-Python loader words the message
             if isinstance(exc, error) and TOO_DEEP in str(exc):
-                raise       # the pure-Python loader would take seconds (quadratic) to reach the same refusal
+                raise  # the pure-Python loader would take seconds (quadratic) to reach the same refusal
     return _parse_with(_StrictLoader, text, origin, error)
 
 
@@ -214,38 +227,49 @@ def _parse_with(loader_cls, text: str, origin: str, error: type[Exception]):
             extra = _expanded_size(root, ALIAS_BUDGET + _count_nodes(root)) - _count_nodes(root)
         except ValueError as exc:
             node = exc.args[0]
-            raise error(f"{origin} {_at(node.start_mark)}: an alias refers to the mapping or list that "
-                        f"contains it (a recursive anchor); write the value out instead") from None
+            raise error(
+                f"{origin} {_at(node.start_mark)}: an alias refers to the mapping or list that "
+                f"contains it (a recursive anchor); write the value out instead"
+            ) from None
         if extra > ALIAS_BUDGET:
-            raise error(f"{origin}: anchors and aliases (*name) expand this document by more than "
-                        f"{ALIAS_BUDGET:,} values (a 'billion laughs' file?); write the values out or "
-                        f"use fewer aliases")
+            raise error(
+                f"{origin}: anchors and aliases (*name) expand this document by more than "
+                f"{ALIAS_BUDGET:,} values (a 'billion laughs' file?); write the values out or "
+                f"use fewer aliases"
+            )
         return loader.construct_document(root)
     except yaml.YAMLError as exc:
-        if "maximum nesting depth" in str(getattr(exc, "problem", "")):     # libyaml's limit of 1,000 levels
-            raise error(f"{origin}: {TOO_DEEP} (thousands of levels of lists or mappings); "
-                        f"a valid file is a few levels deep") from None
+        if "maximum nesting depth" in str(getattr(exc, "problem", "")):  # libyaml's limit of 1,000 levels
+            raise error(
+                f"{origin}: {TOO_DEEP} (thousands of levels of lists or mappings); a valid file is a few levels deep"
+            ) from None
         raise error(yaml_error(origin, exc)) from None
     except error:
         raise
-    except (ValueError, OverflowError) as exc:   # e.g. an integer of 5,000 digits
-        what = ("a number has more than 4,300 digits" if "digits" in str(exc)
-                else f"a value cannot be read ({str(exc)[:200]})")
+    except (ValueError, OverflowError) as exc:  # e.g. an integer of 5,000 digits
+        what = (
+            "a number has more than 4,300 digits"
+            if "digits" in str(exc)
+            else f"a value cannot be read ({str(exc)[:200]})"
+        )
         raise error(f"{origin}: {what}; write numbers of ordinary size (in SI units)") from None
     except RecursionError:
-        raise error(f"{origin}: {TOO_DEEP} (thousands of levels of lists or mappings); "
-                    f"a valid file is a few levels deep") from None
+        raise error(
+            f"{origin}: {TOO_DEEP} (thousands of levels of lists or mappings); a valid file is a few levels deep"
+        ) from None
     finally:
         loader.dispose()
 
 
-def read_yaml(path, error: type[Exception] = InputFileError, what: str = "YAML file",
-              limit: int | None = MAX_YAML_BYTES):
+def read_yaml(
+    path, error: type[Exception] = InputFileError, what: str = "YAML file", limit: int | None = MAX_YAML_BYTES
+):
     """Read and parse a YAML file with every check of this module."""
     return parse_yaml(read_text(path, error, what, limit), str(path), error)
 
 
 # ---------------------------------------------------------------- JSON
+
 
 def _no_constant(name: str):
     raise ValueError(f"{name} is not a number JSON allows; give a finite number")
@@ -270,24 +294,26 @@ def _unique_pairs(pairs):
 def parse_json(text: str, origin: str, error: type[Exception] = InputFileError, what: str = "JSON file"):
     """JSON ``text`` as Python data; duplicate keys, NaN, Infinity and overflowing numbers are errors."""
     try:
-        return json.loads(text, parse_constant=_no_constant, parse_float=_finite_float,
-                          object_pairs_hook=_unique_pairs)
+        return json.loads(text, parse_constant=_no_constant, parse_float=_finite_float, object_pairs_hook=_unique_pairs)
     except json.JSONDecodeError as exc:
-        raise error(f"{origin} line {exc.lineno}, column {exc.colno}: not valid JSON ({exc.msg}); "
-                    f"fix the {what} there") from None
+        raise error(
+            f"{origin} line {exc.lineno}, column {exc.colno}: not valid JSON ({exc.msg}); fix the {what} there"
+        ) from None
     except ValueError as exc:
         raise error(f"{origin}: {exc} (in the {what})") from None
     except RecursionError:
         raise error(f"{origin}: nested too deeply to read; a valid {what} is a few levels deep") from None
 
 
-def read_json(path, error: type[Exception] = InputFileError, what: str = "JSON file",
-              limit: int | None = MAX_JSON_BYTES):
+def read_json(
+    path, error: type[Exception] = InputFileError, what: str = "JSON file", limit: int | None = MAX_JSON_BYTES
+):
     """Read and parse a JSON file with every check of this module."""
     return parse_json(read_text(path, error, what, limit), str(path), error, what)
 
 
 # ---------------------------------------------------------------- command-line numbers
+
 
 def int_arg(lo: int, hi: int | None = None):
     """An argparse ``type``: a whole number in [lo, hi]; anything else is argparse's usage error (exit 2)."""
@@ -298,9 +324,13 @@ def int_arg(lo: int, hi: int | None = None):
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
         if v < lo or (hi is not None and v > hi):
-            raise argparse.ArgumentTypeError(f"{v} is out of range: give {lo} .. {hi}" if hi is not None
-                                             else f"{v} is out of range: give at least {lo}")
+            raise argparse.ArgumentTypeError(
+                f"{v} is out of range: give {lo} .. {hi}"
+                if hi is not None
+                else f"{v} is out of range: give at least {lo}"
+            )
         return v
+
     return parse
 
 
@@ -313,14 +343,18 @@ def float_arg(lo: float, hi: float, lo_open: bool = False):
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
         if not math.isfinite(v) or v < lo or v > hi or (lo_open and v == lo):
-            raise argparse.ArgumentTypeError(f"{text} is out of range: give a finite number "
-                                             f"{'above' if lo_open else 'from'} {lo:g} "
-                                             f"{'up to' if lo_open else 'to'} {hi:g}")
+            raise argparse.ArgumentTypeError(
+                f"{text} is out of range: give a finite number "
+                f"{'above' if lo_open else 'from'} {lo:g} "
+                f"{'up to' if lo_open else 'to'} {hi:g}"
+            )
         return v
+
     return parse
 
 
 # ---------------------------------------------------------------- schemas
+
 
 def _allows_bool(ann) -> bool:
     if ann is bool or ann is Any or ann is object:
@@ -342,10 +376,14 @@ class NoBoolNumbers(BaseModel):
                 field = cls.model_fields.get(key) if flag else None
                 if field is not None and not _allows_bool(field.annotation):
                     if isinstance(v, bool):
-                        raise ValueError(f"{key}: {str(v).lower()} is a yes/no value, not what {key} takes; "
-                                         f"give a number (or the value the field documents)")
-                    raise ValueError(f"{key}: {v!r} holds a yes/no value, not what {key} takes; "
-                                     f"give numbers (or the values the field documents)")
+                        raise ValueError(
+                            f"{key}: {str(v).lower()} is a yes/no value, not what {key} takes; "
+                            f"give a number (or the value the field documents)"
+                        )
+                    raise ValueError(
+                        f"{key}: {v!r} holds a yes/no value, not what {key} takes; "
+                        f"give numbers (or the values the field documents)"
+                    )
         return data
 
 
@@ -393,6 +431,8 @@ class StrictModel(NoBoolNumbers):
                     hit = _CONTROL.search(text) if isinstance(text, str) else None
                     if hit:
                         where = where if isinstance(where, str) and not _CONTROL.search(where) else "a key"
-                        raise ValueError(f"{where}: {text!r} holds the control character {hit.group()!r}, which "
-                                         f"a terminal would act on when the name is printed; remove it")
+                        raise ValueError(
+                            f"{where}: {text!r} holds the control character {hit.group()!r}, which "
+                            f"a terminal would act on when the name is printed; remove it"
+                        )
         return data

@@ -7,6 +7,7 @@ MiniMax, gpt-oss's MXFP4), ``auto`` is the activation dtype.  SGLang and TensorR
 directive the same way.  The rule is data: :class:`hwdb.engine_schema.KvAutoRule` in the engine file,
 :class:`hwdb.schema.KvDirective` in the model's sidecar.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -25,8 +26,9 @@ def release_key(version: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-def resolve_kv_dtype(setting: str, weight_dtype: str, engine: EngineProfile, release: str | None,
-                     sidecar: ModelSidecar) -> tuple[str, str]:
+def resolve_kv_dtype(
+    setting: str, weight_dtype: str, engine: EngineProfile, release: str | None, sidecar: ModelSidecar
+) -> tuple[str, str]:
     """(KV dtype, why) for a pool whose scenario says ``setting`` (auto or a dtype).
 
     ``release``: the engine release the pool runs (None: the engine profile's own version)."""
@@ -41,6 +43,8 @@ def resolve_kv_dtype(setting: str, weight_dtype: str, engine: EngineProfile, rel
         return plain, f"auto: {sidecar.name}'s {weight_dtype} checkpoint declares no KV format, so the activation dtype"
     if rule is None or release_key(release) < release_key(rule.checkpoint_from):
         since = f"from {rule.checkpoint_from} on" if rule else "in no release"
-        return plain, (f"auto: {engine.name} {release} keeps the activation dtype (it follows the checkpoint's KV "
-                       f"directive {since})")
+        return plain, (
+            f"auto: {engine.name} {release} keeps the activation dtype (it follows the checkpoint's KV "
+            f"directive {since})"
+        )
     return directive.dtype, f"auto: the {weight_dtype} checkpoint's KV directive ({directive.source})"

@@ -12,6 +12,7 @@ checkpoint it was read from); the input embedding is never quantised and never s
 :func:`linear_groups` returns each group's parameters, bytes per stored weight and compute
 dtype for one deployment, which the step model turns into weight bytes and compute time.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -62,8 +63,9 @@ def unquantised_dtype(weight_dtype: str) -> str:
     return "fp16" if weight_dtype == "fp16" else "bf16"
 
 
-def linear_groups(a: ModelArch, weight_dtype: str, bf16_modules: frozenset[str], peaks: set[str],
-                  quant_bytes: float | None = None) -> list[Group]:
+def linear_groups(
+    a: ModelArch, weight_dtype: str, bf16_modules: frozenset[str], peaks: set[str], quant_bytes: float | None = None
+) -> list[Group]:
     """The model's groups under ``weight_dtype``: those in ``bf16_modules`` and the always-bf16 ones
     keep 2-byte weights and bf16 compute; the rest take the format's bytes (``quant_bytes`` when the
     checkpoint's differ from the format's default) and compute dtype.  ``peaks``: the dtypes the GPU

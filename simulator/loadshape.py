@@ -15,6 +15,7 @@ process at the shape's maximum rate, each kept with probability
 ``rate(t) / max``; the result is exactly a non-homogeneous Poisson process.
 Only ``rng_arrivals`` is used, so the same seed gives the same times.
 """
+
 from __future__ import annotations
 
 import math
@@ -67,8 +68,9 @@ class DiurnalShape(StrictModel):
     kind: Literal["diurnal"] = "diurnal"
     mean: Rate
     amplitude: Share
-    period_s: Annotated[float, Range(1e-3, MAX_SECONDS, "s",
-                                     fix="give the period in seconds (a day = 86400)")] = 86400.0
+    period_s: Annotated[float, Range(1e-3, MAX_SECONDS, "s", fix="give the period in seconds (a day = 86400)")] = (
+        86400.0
+    )
     phase_s: Annotated[float, Range(-MAX_SECONDS, MAX_SECONDS, "s", fix="give seconds")] = 0.0
 
     def rate(self, t: np.ndarray) -> np.ndarray:
@@ -86,9 +88,10 @@ class PiecewiseShape(StrictModel):
     @model_validator(mode="after")
     def _aligned(self) -> PiecewiseShape:
         if len(self.times_s) != len(self.rates):
-            raise ValueError(f"times_s has {len(self.times_s)} points but rates has {len(self.rates)}; "
-                             "give one rate per time")
-        if any(b <= a for a, b in zip(self.times_s, self.times_s[1:], strict=False)):   # successive pairs
+            raise ValueError(
+                f"times_s has {len(self.times_s)} points but rates has {len(self.rates)}; give one rate per time"
+            )
+        if any(b <= a for a, b in zip(self.times_s, self.times_s[1:], strict=False)):  # successive pairs
             raise ValueError("times_s must increase strictly")
         return self
 
@@ -115,8 +118,7 @@ class TraceRateShape(StrictModel):
         return np.arange(len(counts)) * self.bin_s, counts / self.bin_s * self.scale
 
 
-Shape = Annotated[StepShape | RampShape | DiurnalShape | PiecewiseShape | TraceRateShape,
-                  Field(discriminator="kind")]
+Shape = Annotated[StepShape | RampShape | DiurnalShape | PiecewiseShape | TraceRateShape, Field(discriminator="kind")]
 
 
 class ShapedArrivals(StrictModel):
@@ -126,12 +128,14 @@ class ShapedArrivals(StrictModel):
     shape: Shape
 
 
-def shaped_arrivals(arrival: ShapedArrivals, duration_s: float | None, num: int | None,
-                    rng: np.random.Generator, max_requests: int) -> np.ndarray:
+def shaped_arrivals(
+    arrival: ShapedArrivals, duration_s: float | None, num: int | None, rng: np.random.Generator, max_requests: int
+) -> np.ndarray:
     """Arrival times (s, from 0, non-decreasing) of ``arrival`` over ``duration_s`` (at most ``num``)."""
     if duration_s is None:
-        raise WorkloadError("arrival kind 'shaped' needs duration_s (the shape is a function of time); "
-                            "set workload.duration_s")
+        raise WorkloadError(
+            "arrival kind 'shaped' needs duration_s (the shape is a function of time); set workload.duration_s"
+        )
     shape = arrival.shape
     if isinstance(shape, TraceRateShape):
         starts, rates = shape.table()
@@ -139,6 +143,7 @@ def shaped_arrivals(arrival: ShapedArrivals, duration_s: float | None, num: int 
         def rate(t):
             i = np.minimum((t // shape.bin_s).astype(np.int64), len(rates) - 1)
             return rates[i]
+
         peak = float(rates.max())
     else:
         rate, peak = shape.rate, shape.peak()
@@ -146,8 +151,10 @@ def shaped_arrivals(arrival: ShapedArrivals, duration_s: float | None, num: int 
         raise WorkloadError("the load shape's rate is 0 everywhere; give a positive rate")
     expected = peak * duration_s
     if expected > max_requests:
-        raise WorkloadError(f"peak rate x duration_s = {expected:.3g} candidate arrivals exceeds {max_requests}; "
-                            "lower duration_s or the rates")
+        raise WorkloadError(
+            f"peak rate x duration_s = {expected:.3g} candidate arrivals exceeds {max_requests}; "
+            "lower duration_s or the rates"
+        )
     n = int(expected + 6 * math.sqrt(expected) + 16)
     cand = np.cumsum(rng.exponential(1.0 / peak, n))
     while cand[-1] < duration_s:

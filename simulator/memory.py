@@ -20,6 +20,7 @@ release-by-release terms of its profile (:class:`hwdb.engine_schema.EngineMemory
 
 All sizes are bytes per GPU; ``visible`` is the device total CUDA reports (``GPU.visible_bytes``).
 """
+
 from __future__ import annotations
 
 import math
@@ -34,8 +35,8 @@ from simulator.registry import Registry
 if TYPE_CHECKING:
     from simulator.perf import Deployment
 
-GiB = 2 ** 30
-MiB = 2 ** 20
+GiB = 2**30
+MiB = 2**20
 
 
 class FitError(ValueError):
@@ -99,8 +100,12 @@ def activation_bytes(dep: Deployment, t: MemoryRelease, tokens: int, seqs: int) 
     logits of ``seqs`` rows over the whole vocabulary (gathered on every TP rank) and, for MoE models,
     the routing buffers."""
     a = dep.arch
-    return (_v(t.activation_base_bytes) + _v(t.activation_per_token_hidden) * tokens * a.hidden_size * 2.0
-            + _v(t.sampler_copies) * seqs * a.vocab_size * 4.0 + (_v(t.moe_bytes) if a.is_moe else 0.0))
+    return (
+        _v(t.activation_base_bytes)
+        + _v(t.activation_per_token_hidden) * tokens * a.hidden_size * 2.0
+        + _v(t.sampler_copies) * seqs * a.vocab_size * 4.0
+        + (_v(t.moe_bytes) if a.is_moe else 0.0)
+    )
 
 
 def non_torch_bytes(dep: Deployment, t: MemoryRelease) -> float:
@@ -118,10 +123,19 @@ class VllmMemory:
         act = activation_bytes(dep, t, k.max_num_batched_tokens, min(k.max_num_seqs, k.max_num_batched_tokens))
         runtime = non_torch_bytes(dep, t) + (0.0 if k.enforce_eager else _v(t.graph_bytes))
         # The hybrid allocator keeps a linear-attention model's state in blocks of the KV pool: not modelled, said.
-        gap = "; linear-attention state not charged (vLLM's hybrid allocator is not modelled)" \
-            if dep.arch.num_linear_layers else ""
-        return usable, act, runtime, 0, f"vLLM: {fraction:g} of {dep.gpu.visible_bytes / GiB:.2f} GiB - weights - " \
-            f"profiled activations - non-torch memory{gap}"
+        gap = (
+            "; linear-attention state not charged (vLLM's hybrid allocator is not modelled)"
+            if dep.arch.num_linear_layers
+            else ""
+        )
+        return (
+            usable,
+            act,
+            runtime,
+            0,
+            f"vLLM: {fraction:g} of {dep.gpu.visible_bytes / GiB:.2f} GiB - weights - "
+            f"profiled activations - non-torch memory{gap}",
+        )
 
 
 def sglang_fraction(dep: Deployment, release: str) -> float:
@@ -144,11 +158,13 @@ def sglang_fraction(dep: Deployment, release: str) -> float:
         return (gpu_mib - reserve) / gpu_mib * vision_factor(dep)
     if key >= (0, 4, 8):
         gib = gpu_mib / 1024
-        reserve = (2.8 + ranks / 10 if gib < 35 else 9.5 + ranks / 2 if gib <= 90
-                   else 12 + ranks / 2 if gib <= 160 else 32) + (4 if dep.dp > 1 else 0)
+        reserve = (
+            2.8 + ranks / 10 if gib < 35 else 9.5 + ranks / 2 if gib <= 90 else 12 + ranks / 2 if gib <= 160 else 32
+        ) + (4 if dep.dp > 1 else 0)
         return (gib - reserve) / gib * vision_factor(dep)
-    return (0.88 if ranks < 2 else 0.87 if ranks < 4 else 0.85 if ranks < 8 else 0.81 if ranks < 16
-            else 0.79) * vision_factor(dep)
+    return (
+        0.88 if ranks < 2 else 0.87 if ranks < 4 else 0.85 if ranks < 8 else 0.81 if ranks < 16 else 0.79
+    ) * vision_factor(dep)
 
 
 def vision_factor(dep: Deployment) -> float:
@@ -158,7 +174,7 @@ def vision_factor(dep: Deployment) -> float:
     a = dep.arch
     if not a.vision_layers:
         return 1.0
-    ratio = a.vision_layers * a.vision_hidden ** 2 / (24 * 1024 ** 2)
+    ratio = a.vision_layers * a.vision_hidden**2 / (24 * 1024**2)
     return 0.95 * min(1.05, max(0.8, 1.0 - 0.1 * (ratio - 1.0)))
 
 
@@ -170,8 +186,13 @@ class SglangMemory:
 
     def plan(self, dep: Deployment, t: MemoryRelease, fraction: float) -> tuple[float, float, float, int, str]:
         before = dep.gpu.visible_bytes - non_torch_bytes(dep, t)
-        return before * fraction, 0.0, 0.0, 1, f"SGLang: mem_fraction_static {fraction:.3f} of the " \
-            f"{before / GiB:.2f} GiB free before loading - weights"
+        return (
+            before * fraction,
+            0.0,
+            0.0,
+            1,
+            f"SGLang: mem_fraction_static {fraction:.3f} of the {before / GiB:.2f} GiB free before loading - weights",
+        )
 
 
 class TrtllmMemory:
@@ -186,8 +207,14 @@ class TrtllmMemory:
         free = dep.gpu.visible_bytes - dep.weight_bytes_per_gpu() - act - runtime
         # Expressed as the vLLM-like split: usable = what the weights and the fraction of the rest leave.
         usable = dep.weight_bytes_per_gpu() + act + runtime + fraction * max(free, 0.0)
-        return usable, act, runtime, 0, f"TensorRT-LLM: free_gpu_memory_fraction {fraction:g} of the " \
-            f"{max(free, 0.0) / GiB:.2f} GiB the estimation pass leaves"
+        return (
+            usable,
+            act,
+            runtime,
+            0,
+            f"TensorRT-LLM: free_gpu_memory_fraction {fraction:g} of the "
+            f"{max(free, 0.0) / GiB:.2f} GiB the estimation pass leaves",
+        )
 
 
 class MemoryPolicy(Protocol):
@@ -196,13 +223,13 @@ class MemoryPolicy(Protocol):
 
     name: str
 
-    def plan(self, dep: Deployment, t: MemoryRelease,
-             fraction: float) -> tuple[float, float, float, int, str]: ...
+    def plan(self, dep: Deployment, t: MemoryRelease, fraction: float) -> tuple[float, float, float, int, str]: ...
 
 
 # Keyed by an engine profile's memory.policy (a Literal hwdb's schema checks on loading).
-POLICIES: Registry[MemoryPolicy] = Registry("memory policy", (VllmMemory(), SglangMemory(), TrtllmMemory()),
-                                            plural="memory policies")
+POLICIES: Registry[MemoryPolicy] = Registry(
+    "memory policy", (VllmMemory(), SglangMemory(), TrtllmMemory()), plural="memory policies"
+)
 
 
 def budget(dep: Deployment) -> tuple[float, float, float, int, str, float]:
@@ -256,9 +283,10 @@ def linear_state_pool(dep: Deployment, kv_bytes: float) -> tuple[float, int, int
         raise FitError(
             f"{dep.arch.name} on {dep.gpu.name} (TP={dep.tp}, PP={dep.pp}): {dep.engine.name} sets "
             f"{r / (1.0 + r):.0%} of the {max(kv_bytes, 0.0) / GiB:.2f} GiB left after the weights aside for "
-            f"linear-attention state, {slots} slot(s) of {per_seq / 2 ** 20:.1f} MiB, too few to run one request "
+            f"linear-attention state, {slots} slot(s) of {per_seq / 2**20:.1f} MiB, too few to run one request "
             f"({per_request:g} slots each with the prefix cache on); use more GPUs per instance (TP), a GPU with more "
-            f"memory, or disable the prefix cache")
+            f"memory, or disable the prefix cache"
+        )
     return slots * per_seq, slots, cap
 
 

@@ -6,6 +6,7 @@ file, a place this user may not write.  What only a write reveals (a disk that f
 run) is named afterwards by :func:`write_failed`.  Every message names the option, the path and
 the fix.
 """
+
 from __future__ import annotations
 
 import errno
@@ -31,8 +32,9 @@ def check_output(path, option: str, *, folder: bool, error: type[Exception] = Va
             if not folder and p.is_dir():
                 raise error(f"{where}: is a folder; give the path of the file to write")
             if not folder and not p.is_file():
-                raise error(f"{where}: is not a regular file (a device, pipe or socket); give the path of a "
-                            f"file to write")
+                raise error(
+                    f"{where}: is not a regular file (a device, pipe or socket); give the path of a file to write"
+                )
             target = p
         else:
             target = next(a for a in p.parents if a.exists())
@@ -40,11 +42,13 @@ def check_output(path, option: str, *, folder: bool, error: type[Exception] = Va
                 raise error(f"{where}: {target} is a file, not a folder; choose another path for the {kind}")
         mode = os.W_OK | (os.X_OK if target.is_dir() else 0)
         if not os.access(target, mode):
-            raise error(f"{where}: {target} is not writable by this user; check its permissions or choose "
-                        f"another path for the {kind}")
-    except error:              # a refusal above (``error`` may itself be an OSError)
+            raise error(
+                f"{where}: {target} is not writable by this user; check its permissions or choose "
+                f"another path for the {kind}"
+            )
+    except error:  # a refusal above (``error`` may itself be an OSError)
         raise
-    except OSError as exc:     # a name too long, a parent that cannot be searched
+    except OSError as exc:  # a name too long, a parent that cannot be searched
         raise error(f"{where}: cannot be written ({exc.strerror or exc}); choose another path") from None
     return p
 

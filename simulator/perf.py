@@ -16,6 +16,7 @@ fits a captured CUDA graph.  :class:`simulator.stepmodel.StepModel` precomputes 
 that :meth:`StepModel.step_time` costs a few dozen float operations whatever
 the batch size: the engine passes aggregates, never per-request lists.
 """
+
 from __future__ import annotations
 
 import math
@@ -40,7 +41,7 @@ from simulator.memory import (
     sglang_max_running,
 )
 
-GiB = 2 ** 30
+GiB = 2**30
 
 
 @dataclass(frozen=True)
@@ -50,14 +51,14 @@ class EngineKnobs:
     max_num_seqs: int
     max_num_batched_tokens: int
     block_size: int = 16
-    gpu_memory_utilization: float | None = None    # None: the engine release's default (simulator/memory.py)
+    gpu_memory_utilization: float | None = None  # None: the engine release's default (simulator/memory.py)
     enable_chunked_prefill: bool = True
     enforce_eager: bool = False
     max_cudagraph_capture_size: int = 512
     max_model_len: int = 0
     num_gpu_blocks_override: int = 0
     prefix_caching: bool = True
-    recv_interval: int = 1                          # SGLang's scheduler_recv_interval (decode steps)
+    recv_interval: int = 1  # SGLang's scheduler_recv_interval (decode steps)
 
 
 @dataclass(frozen=True)
@@ -71,9 +72,9 @@ class Deployment:
     knobs: EngineKnobs
     tp: int = 1
     pp: int = 1
-    dp: int = 1          # attention data-parallel ranks of tp x pp GPUs each (PoolConfig.dp)
-    ep: int = 1          # expert-parallel ways over the instance's tp x pp x dp GPUs (1: TP-sharded experts)
-    scale_out_link: Link | None = None   # between nodes, when the experts span more GPUs than a node holds
+    dp: int = 1  # attention data-parallel ranks of tp x pp GPUs each (PoolConfig.dp)
+    ep: int = 1  # expert-parallel ways over the instance's tp x pp x dp GPUs (1: TP-sharded experts)
+    scale_out_link: Link | None = None  # between nodes, when the experts span more GPUs than a node holds
     weight_dtype: str = "bf16"
     kv_dtype: str = "bf16"
     profile: Profile | None = None
@@ -97,7 +98,7 @@ class Deployment:
     mla_source: str = ""
     # Why kv_dtype is what it is (simulator.kv_rule.resolve_kv_dtype).
     kv_note: str = ""
-    version: str | None = None           # the engine release (EngineConfig.version); None: the profile's
+    version: str | None = None  # the engine release (EngineConfig.version); None: the profile's
 
     @property
     def release(self) -> str:
@@ -142,8 +143,9 @@ class Deployment:
 
     def linear_groups(self) -> list[Group]:
         """The model's weight groups with their stored bytes and compute dtype in this deployment."""
-        return linear_groups(self.arch, self.weight_dtype, self.bf16_modules, set(self.gpu.peak_flops),
-                             self.quant_bytes)
+        return linear_groups(
+            self.arch, self.weight_dtype, self.bf16_modules, set(self.gpu.peak_flops), self.quant_bytes
+        )
 
     @property
     def model_weight_bytes(self) -> float:
@@ -169,7 +171,8 @@ def plan_memory(dep: Deployment) -> MemoryPlan:
             f"{a.name} with {dep.weight_dtype} weights needs {dep.model_weight_bytes / 1e9:.0f} GB "
             f"of weights ({wbytes / 1e9:.1f} GB per GPU at TP={dep.tp}, PP={dep.pp}); "
             f"{dep.gpus}x {dep.gpu.name} with {gpu_bytes / 1e9:.0f} GB each leaves no memory for the KV cache "
-            f"({rule}): {need}")
+            f"({rule}): {need}"
+        )
     state, slots, state_cap = linear_state_pool(dep, kv)
     kv -= state
     blocks = int(kv // (kvpt * k.block_size))
@@ -181,18 +184,33 @@ def plan_memory(dep: Deployment) -> MemoryPlan:
                 f"engine.num_gpu_blocks_override={k.num_gpu_blocks_override} blocks of {k.block_size} tokens need "
                 f"{k.num_gpu_blocks_override * k.block_size * kvpt / 1e9:,.1f} GB per GPU, but "
                 f"{max(kv, 0) / 1e9:.1f} GB is left for the KV cache on {dep.gpu.name} (at most {blocks} blocks); "
-                "lower it or drop it")
+                "lower it or drop it"
+            )
         blocks = k.num_gpu_blocks_override
     running = sglang_max_running(blocks * k.block_size, k.max_model_len, state_cap) if derives else 0
-    plan = MemoryPlan(gpu_bytes, usable, wbytes, activation, runtime, kv, kvpt, blocks, k.block_size,
-                      running, f"{rule} (fraction {fraction:.3f})", state, slots)
+    plan = MemoryPlan(
+        gpu_bytes,
+        usable,
+        wbytes,
+        activation,
+        runtime,
+        kv,
+        kvpt,
+        blocks,
+        k.block_size,
+        running,
+        f"{rule} (fraction {fraction:.3f})",
+        state,
+        slots,
+    )
     # vLLM refuses to start; SGLang and TensorRT-LLM shorten the longest request they accept instead.
-    mem = cast(EngineMemory, dep.engine.memory)     # not None: budget() refuses an engine without one
+    mem = cast(EngineMemory, dep.engine.memory)  # not None: budget() refuses an engine without one
     if k.max_model_len and plan.kv_tokens < k.max_model_len and mem.policy == "vllm":
         raise FitError(
             f"{a.name} on {dep.gpus}x {dep.gpu.name} (TP={dep.tp}): the KV cache holds {plan.kv_tokens} tokens, "
             f"fewer than max_model_len={k.max_model_len}; set engine.max_model_len <= {plan.kv_tokens}, "
-            f"or {_kv_hint(dep, kv, kvpt)}")
+            f"or {_kv_hint(dep, kv, kvpt)}"
+        )
     return plan
 
 
@@ -207,9 +225,11 @@ def _kv_hint(dep: Deployment, kv: float, kvpt: float) -> str:
     if dep.kv_dtype in ("bf16", "fp16"):
         fixes.append("set kv_cache_dtype: fp8")
     fixes.append("or a GPU with more memory")
-    return ", ".join(fixes[:-1]) + " " + fixes[-1] + " (the cache needs " \
-        f"{k.max_model_len * kvpt / 1e9:.1f} GB per GPU for one max_model_len sequence, " \
+    return (
+        ", ".join(fixes[:-1]) + " " + fixes[-1] + " (the cache needs "
+        f"{k.max_model_len * kvpt / 1e9:.1f} GB per GPU for one max_model_len sequence, "
         f"{max(kv, 0) / 1e9:.1f} GB is left after weights and activations)."
+    )
 
 
 def _fit_hint(dep: Deployment, wbytes: float, usable: float) -> str:

@@ -16,6 +16,7 @@ reads like a read-only mapping, so ``REG[name]``, ``name in REG``, ``sorted(REG)
 
 This module imports no project module, so any layer may use it.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
@@ -79,9 +80,10 @@ class Registry(Generic[T]):
         sorted) if there is none."""
         try:
             return self._entries[name]
-        except (KeyError, TypeError):       # TypeError: an unhashable name is unknown too
-            raise UnknownNameError(f"unknown {self.kind} '{name}'; known {self.plural}: "
-                                   f"{sorted(self._entries)}") from None
+        except (KeyError, TypeError):  # TypeError: an unhashable name is unknown too
+            raise UnknownNameError(
+                f"unknown {self.kind} '{name}'; known {self.plural}: {sorted(self._entries)}"
+            ) from None
 
     __getitem__ = get
 

@@ -6,6 +6,7 @@ instance the fabric side of its role, crashes drop the queues a role keeps, the 
 the roles that decode, and the autoscaler's capacity counts the work a role does.  The scenario's
 ``pools[].role`` names one of :data:`ROLES`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,9 +31,12 @@ class Role:
     encodes: bool = False
 
 
-ROLES: Registry[Role] = Registry("pool role", (
-    Role("colocated", prefills=True, decodes=True),
-    Role("prefill", prefills=True, decodes=False, hands_off=True, fabric_side="out"),
-    Role("decode", prefills=False, decodes=True, pulls_kv=True, fabric_side="in"),
-    Role("encoder", prefills=False, decodes=False, encodes=True),
-))
+ROLES: Registry[Role] = Registry(
+    "pool role",
+    (
+        Role("colocated", prefills=True, decodes=True),
+        Role("prefill", prefills=True, decodes=False, hands_off=True, fabric_side="out"),
+        Role("decode", prefills=False, decodes=True, pulls_kv=True, fabric_side="in"),
+        Role("encoder", prefills=False, decodes=False, encodes=True),
+    ),
+)

@@ -3,6 +3,7 @@
 A router sees the instances of one pool and picks one for each arriving
 request.  ``choose`` is called once per request, so it must be cheap.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -1,4 +1,5 @@
 """The single entry point of a simulation: scenario in, :class:`Results` out (or its requests table alone)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -35,10 +36,24 @@ def pool_spec(r: ResolvedPool) -> PoolSpec:
     k, eng = dep.knobs, dep.engine
     # Each attention data-parallel rank schedules its own batch into its own KV cache: the engine runs
     # ranks (instances x dp of them); the pool's GPUs and cost count whole instances (Deployment.gpus).
-    return PoolSpec(pool.name, pool.instances * dep.dp, r.step, r.memory, k.max_num_seqs, k.max_num_batched_tokens,
-                    k.enable_chunked_prefill, k.max_model_len, pool.router, pool.role, k.prefix_caching,
-                    front_end(dep, pool.instances), dep.dp, eng.admission, eng.dp_context_wait_steps,
-                    k.recv_interval)
+    return PoolSpec(
+        pool.name,
+        pool.instances * dep.dp,
+        r.step,
+        r.memory,
+        k.max_num_seqs,
+        k.max_num_batched_tokens,
+        k.enable_chunked_prefill,
+        k.max_model_len,
+        pool.router,
+        pool.role,
+        k.prefix_caching,
+        front_end(dep, pool.instances),
+        dep.dp,
+        eng.admission,
+        eng.dp_context_wait_steps,
+        k.recv_interval,
+    )
 
 
 def front_end(dep, instances: int = 1) -> FrontEnd:
@@ -56,9 +71,16 @@ def front_end(dep, instances: int = 1) -> FrontEnd:
 
     def val(f) -> float:
         return f.value if f is not None else 0.0
-    return FrontEnd(val(eng.frontend_s), val(eng.frontend_s_per_token), val(eng.frontend_serial_s_per_token),
-                    max(int(instances), 1), val(eng.frontend_stream_s_per_output),
-                    val(eng.frontend_stream_s_per_chunk), val(eng.frontend_stream_s_per_request))
+
+    return FrontEnd(
+        val(eng.frontend_s),
+        val(eng.frontend_s_per_token),
+        val(eng.frontend_serial_s_per_token),
+        max(int(instances), 1),
+        val(eng.frontend_stream_s_per_output),
+        val(eng.frontend_stream_s_per_chunk),
+        val(eng.frontend_stream_s_per_request),
+    )
 
 
 @dataclass(frozen=True)
@@ -66,16 +88,16 @@ class _Run:
     """One resolved and run scenario, before its summary: what :func:`simulate` reports on."""
 
     resolved: ResolvedScenario
-    epd: EPDSetup | None         # a multimodal run's, else None
-    plan: TransferPlan | None    # the PD transfer plan, else None
-    front: ResolvedPool          # the colocated or prefill pool
-    back: ResolvedPool | None    # the decode pool (PD)
-    ops: OpsRun | None           # the operations run, None without an operations block
+    epd: EPDSetup | None  # a multimodal run's, else None
+    plan: TransferPlan | None  # the PD transfer plan, else None
+    front: ResolvedPool  # the colocated or prefill pool
+    back: ResolvedPool | None  # the decode pool (PD)
+    ops: OpsRun | None  # the operations run, None without an operations block
     run: PoolRun
     recorder: Recorder
     requests: pd.DataFrame
-    steps: pd.DataFrame | None   # None when the step log was not kept
-    notes: tuple[str, ...]       # what the workload generator adjusted (trace rows sorted, outputs clamped)
+    steps: pd.DataFrame | None  # None when the step log was not kept
+    notes: tuple[str, ...]  # what the workload generator adjusted (trace rows sorted, outputs clamped)
 
 
 def _run(scn: Scenario, replication: int, db, step_log: bool = True, watch=None) -> _Run:
@@ -147,10 +169,18 @@ def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:
     req_df, step_df = r.requests, r.steps
     db, model, pools = rs.db, rs.model, rs.pools
     gpus = sum(r.pool.instances * r.dep.gpus for r in pools) + (epd.gpus if epd else 0)
-    price = (sum(r.pool.instances * r.dep.gpus * r.dep.gpu.price_usd_per_hour.value for r in pools)
-             + (epd.price_usd_per_hour if epd else 0.0))
-    summary = summarize(req_df, step_df, rec.resume_gaps, gpus=gpus, cost_usd_per_hour=price,
-                        ttft_slo=scn.slo.ttft_s, tpot_slo=scn.slo.tpot_s)
+    price = sum(r.pool.instances * r.dep.gpus * r.dep.gpu.price_usd_per_hour.value for r in pools) + (
+        epd.price_usd_per_hour if epd else 0.0
+    )
+    summary = summarize(
+        req_df,
+        step_df,
+        rec.resume_gaps,
+        gpus=gpus,
+        cost_usd_per_hour=price,
+        ttft_slo=scn.slo.ttft_s,
+        tpot_slo=scn.slo.tpot_s,
+    )
     if ops is not None:
         price_per_gpu_h = {r.name: r.dep.gpu.price_usd_per_hour.value for r in pools}
         if epd is not None and epd.encoder_pool is not None:
@@ -160,9 +190,10 @@ def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:
         summary["kv_bytes_moved"] = run.coordinator.bytes_moved
         summary["links"] = run.coordinator.fabric.link_stats()
         mean_prompt = max(1, int(round(float(req_df["input_tokens"].mean()))))
-        kv_per_token = cast("TransferPlan", plan).kv_bytes_per_token     # a PD run has its transfer plan
-        summary["crossover"] = crossover_bandwidth(front.step, kv_per_token, mean_prompt,
-                                                   front.dep.knobs.max_num_batched_tokens)
+        kv_per_token = cast("TransferPlan", plan).kv_bytes_per_token  # a PD run has its transfer plan
+        summary["crossover"] = crossover_bandwidth(
+            front.step, kv_per_token, mean_prompt, front.dep.knobs.max_num_batched_tokens
+        )
     if run.epd is not None:
         summary["encoder"] = encoder_summary(run.epd, summary["duration_s"])
     pool, dep, mem = front.pool, front.dep, front.memory
@@ -170,32 +201,67 @@ def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:
     info: dict[str, Any] = {
         "model": model.name,
         "gpu": dep.gpu.name,
-        "tp": dep.tp, "pp": dep.pp, "instances": pool.instances,
+        "tp": dep.tp,
+        "pp": dep.pp,
+        "instances": pool.instances,
         "engine": dep.engine.name,
         "max_num_seqs": max(r.dep.knobs.max_num_seqs for r in pools),
         "max_num_batched_tokens": max(r.dep.knobs.max_num_batched_tokens for r in pools),
         "max_model_len": k.max_model_len,
         "kv_cache_tokens_per_instance": mem.kv_tokens,
         "weights_bytes_per_gpu": mem.weight_bytes,
-        "pools": [{"name": p.name, "role": p.role, "gpu": d.gpu.name, "tp": d.tp, "pp": d.pp, "dp": d.dp, "ep": d.ep,
-                   "instances": p.instances, "kv_cache_tokens_per_instance": m.kv_tokens,
-                   "dtype": d.weight_dtype,         # weights; the KV cache's format is kv_cache_dtype
-                   "kv_cache_dtype": d.kv_dtype, "kv_cache_dtype_why": d.kv_note, "moe_kernel": d.moe_source,
-                   **({"linear_attention_kernel": d.gdn_source or "none measured: not modelled"}
-                      if d.arch.num_linear_layers else {}),
-                   **({"mla_kernel": d.mla_source or "not measured apart: the attention curves of the profile or GPU"}
-                      if d.arch.is_mla else {}),
-                   "kv_cache_sizing": m.rule, "max_running_requests": d.knobs.max_num_seqs,
-                   "perf_model": (f"calibrated profile {d.profile.name}" if d.profile
-                                  else f"datasheet peaks x default efficiencies of {d.gpu.name} (uncalibrated)"),
-                   "confidence": assess(d)}
-                  for p, d, m in ((r.pool, r.dep, r.memory) for r in pools)],
-        "perf_model": (f"calibrated profile {dep.profile.name}" if dep.profile
-                       else f"datasheet peaks x default efficiencies of {dep.gpu.name} (uncalibrated)"),
-        "kv_transfer": (None if plan is None else
-                        {"connector": plan.connector, "link": plan.link_name,
-                         "prefill_side_Bps": plan.prefill_side_Bps, "decode_side_Bps": plan.decode_side_Bps,
-                         "layerwise": plan.layerwise}),
+        "pools": [
+            {
+                "name": p.name,
+                "role": p.role,
+                "gpu": d.gpu.name,
+                "tp": d.tp,
+                "pp": d.pp,
+                "dp": d.dp,
+                "ep": d.ep,
+                "instances": p.instances,
+                "kv_cache_tokens_per_instance": m.kv_tokens,
+                "dtype": d.weight_dtype,  # weights; the KV cache's format is kv_cache_dtype
+                "kv_cache_dtype": d.kv_dtype,
+                "kv_cache_dtype_why": d.kv_note,
+                "moe_kernel": d.moe_source,
+                **(
+                    {"linear_attention_kernel": d.gdn_source or "none measured: not modelled"}
+                    if d.arch.num_linear_layers
+                    else {}
+                ),
+                **(
+                    {"mla_kernel": d.mla_source or "not measured apart: the attention curves of the profile or GPU"}
+                    if d.arch.is_mla
+                    else {}
+                ),
+                "kv_cache_sizing": m.rule,
+                "max_running_requests": d.knobs.max_num_seqs,
+                "perf_model": (
+                    f"calibrated profile {d.profile.name}"
+                    if d.profile
+                    else f"datasheet peaks x default efficiencies of {d.gpu.name} (uncalibrated)"
+                ),
+                "confidence": assess(d),
+            }
+            for p, d, m in ((r.pool, r.dep, r.memory) for r in pools)
+        ],
+        "perf_model": (
+            f"calibrated profile {dep.profile.name}"
+            if dep.profile
+            else f"datasheet peaks x default efficiencies of {dep.gpu.name} (uncalibrated)"
+        ),
+        "kv_transfer": (
+            None
+            if plan is None
+            else {
+                "connector": plan.connector,
+                "link": plan.link_name,
+                "prefill_side_Bps": plan.prefill_side_Bps,
+                "decode_side_Bps": plan.decode_side_Bps,
+                "layerwise": plan.layerwise,
+            }
+        ),
         "replication": replication,
         "seed": scn.seed,
         "slo": scn.slo.model_dump(mode="json"),
@@ -204,9 +270,18 @@ def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:
     }
     if epd is not None and epd.encoder_pool is not None:
         ep = epd.encoder_pool
-        info["pools"].append({"name": ep.name, "role": "encoder", "gpu": epd.encoder_gpu, "tp": ep.tp, "pp": 1,
-                              "instances": ep.instances, "kv_cache_tokens_per_instance": 0,
-                              "dtype": "bf16",       # the vision encoder is modelled in bf16 (simulator.epd.epd)
-                              "perf_model": "vision encoder: datasheet peaks x GPU efficiency curves x TP table"})
+        info["pools"].append(
+            {
+                "name": ep.name,
+                "role": "encoder",
+                "gpu": epd.encoder_gpu,
+                "tp": ep.tp,
+                "pp": 1,
+                "instances": ep.instances,
+                "kv_cache_tokens_per_instance": 0,
+                "dtype": "bf16",  # the vision encoder is modelled in bf16 (simulator.epd.epd)
+                "perf_model": "vision encoder: datasheet peaks x GPU efficiency curves x TP table",
+            }
+        )
     links = links_frame(run.coordinator.fabric) if run.coordinator is not None else None
     return Results(scn, req_df, step_df, summary, info, links)

@@ -7,6 +7,7 @@ quarter of arrivals waits several times longer than the first: arrivals outpace 
 most requests miss the SLO while waiting dominates, or when requests are rejected or left
 unfinished.  The bottleneck is the pool in front of the wait that is longest at the end of the run.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -20,12 +21,16 @@ if TYPE_CHECKING:
     from simulator.engine.results import Results
 
 # wait phase -> (role of the pool it queues for, what is waited for)
-WAITS = {"queue_s": ("front", "a prefill slot"), "encode_queue_s": ("encoder", "the encoder"),
-         "transfer_wait_s": ("link", "the KV-transfer link"), "decode_admission_s": ("decode", "a decode slot")}
-WAIT_OVER_SERVICE = 2.0      # mean wait more than twice the mean service time
+WAITS = {
+    "queue_s": ("front", "a prefill slot"),
+    "encode_queue_s": ("encoder", "the encoder"),
+    "transfer_wait_s": ("link", "the KV-transfer link"),
+    "decode_admission_s": ("decode", "a decode slot"),
+}
+WAIT_OVER_SERVICE = 2.0  # mean wait more than twice the mean service time
 LOW_ATTAINMENT = 0.5
-GROWTH = 3.0                 # last quarter's mean wait over the first quarter's
-GROWTH_MIN_SHARE = 0.1       # ... and at least this share of the mean service time (not noise)
+GROWTH = 3.0  # last quarter's mean wait over the first quarter's
+GROWTH_MIN_SHARE = 0.1  # ... and at least this share of the mean service time (not noise)
 
 
 def _mean(df: pd.DataFrame, col: str) -> float:
@@ -70,12 +75,18 @@ def saturation(res: Results) -> dict | None:
     label = phase.removesuffix("_s").replace("_", " ")
     reasons = []
     if wait > WAIT_OVER_SERVICE * service:
-        reasons.append(f"mean {label} {fmt.duration(wait)} is {wait / service:,.0f}x the "
-                       f"{fmt.duration(service)} of service")
-    elif len(order) >= 8 and last.get(phase, 0) >= GROWTH * first.get(phase, 0) \
-            and last.get(phase, 0) >= GROWTH_MIN_SHARE * service:
-        reasons.append(f"the {label} grows from {fmt.duration(first[phase])} (first quarter of arrivals) to "
-                       f"{fmt.duration(last[phase])} (last quarter)")
+        reasons.append(
+            f"mean {label} {fmt.duration(wait)} is {wait / service:,.0f}x the {fmt.duration(service)} of service"
+        )
+    elif (
+        len(order) >= 8
+        and last.get(phase, 0) >= GROWTH * first.get(phase, 0)
+        and last.get(phase, 0) >= GROWTH_MIN_SHARE * service
+    ):
+        reasons.append(
+            f"the {label} grows from {fmt.duration(first[phase])} (first quarter of arrivals) to "
+            f"{fmt.duration(last[phase])} (last quarter)"
+        )
     if att < LOW_ATTAINMENT and total_wait > 0.5 * (total_wait + service):
         reasons.append(f"SLO attainment {fmt.percent(att)}")
     if lost > 0.01 * max(1, int(s.get("requests", len(req)))):
@@ -86,7 +97,15 @@ def saturation(res: Results) -> dict | None:
     pool = _pool_for(role, res.info)
     if not any(r.startswith("SLO attainment") for r in reasons):
         reasons.append(f"SLO attainment {fmt.percent(att)}")
-    msg = (f"Overloaded: {'; '.join(reasons)}. Bottleneck: {pool} — requests wait for {what}. "
-           "Lower the rate or add instances or GPUs to that pool.")
-    return {"pool": pool, "phase": phase.removesuffix("_s"), "wait_s": wait, "service_s": service,
-            "attainment": att, "message": msg}
+    msg = (
+        f"Overloaded: {'; '.join(reasons)}. Bottleneck: {pool} — requests wait for {what}. "
+        "Lower the rate or add instances or GPUs to that pool."
+    )
+    return {
+        "pool": pool,
+        "phase": phase.removesuffix("_s"),
+        "wait_s": wait,
+        "service_s": service,
+        "attainment": att,
+        "message": msg,
+    }

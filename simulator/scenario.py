@@ -4,6 +4,7 @@ Built from YAML (:func:`load_scenario`) or Python (``Scenario(...)``), and the
 single entry point to a run (:func:`simulate`).  Unknown keys and bad values
 are :class:`ScenarioError` messages naming the field, the value and the fix.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -50,7 +51,7 @@ class EngineConfig(StrictModel):
     # vLLM's gpu_memory_utilization, SGLang's mem_fraction_static, TensorRT-LLM's free_gpu_memory_fraction;
     # None: the engine release's default (vLLM 0.9, 0.92 from 0.20; SGLang's own rule; TensorRT-LLM 0.9).
     gpu_memory_utilization: Fraction | None = None
-    enable_chunked_prefill: bool | None = None     # None: the engine's default
+    enable_chunked_prefill: bool | None = None  # None: the engine's default
     enable_prefix_caching: bool | None = None
     enforce_eager: bool = False
     max_cudagraph_capture_size: Annotated[int, Range(1, 1_000_000, "sequences", whole=True)] | None = None
@@ -65,7 +66,7 @@ class PoolConfig(StrictModel):
     """A pool of identical instances (``tp * pp`` GPUs each)."""
 
     name: str = "main"
-    role: Literal["colocated", "prefill", "decode", "encoder"] = "colocated"   # a key of simulator.roles.ROLES
+    role: Literal["colocated", "prefill", "decode", "encoder"] = "colocated"  # a key of simulator.roles.ROLES
     model: str | None = None
     gpu: str
     tp: Annotated[int, Range(1, 72, "GPUs", whole=True)] = 1
@@ -76,19 +77,21 @@ class PoolConfig(StrictModel):
     dp: Annotated[int, Range(1, 256, "ranks", whole=True)] = 1
     ep: Annotated[int, Range(1, 1024, "ranks", whole=True)] = 1
     instances: Annotated[int, Range(1, 4096, "instances", whole=True)] = 1
-    dtype: Literal["bf16", "fp16", "fp8", "fp4", "int4"] = "bf16"   # fp4: NVFP4/MXFP4; int4: W4A16
+    dtype: Literal["bf16", "fp16", "fp8", "fp4", "int4"] = "bf16"  # fp4: NVFP4/MXFP4; int4: W4A16
     kv_cache_dtype: Literal["auto", "bf16", "fp16", "fp8"] = "auto"
     engine: EngineConfig = EngineConfig()
     router: str = "least_outstanding"
-    encoder: EncoderConfig = EncoderConfig()   # image encoding: encoder pools, or colocated/prefill pools
+    encoder: EncoderConfig = EncoderConfig()  # image encoding: encoder pools, or colocated/prefill pools
 
     @model_validator(mode="after")
     def _router_known(self) -> PoolConfig:
         if self.router not in ROUTERS:
             raise ValueError(f"router={self.router!r} is unknown; choose one of {sorted(ROUTERS)}")
         if (self.tp * self.dp) % self.ep:
-            raise ValueError(f"ep={self.ep} must divide the instance's tp x dp = {self.tp * self.dp} GPUs (experts "
-                             f"are spread over them, ep ways by expert and the rest by tensor slices)")
+            raise ValueError(
+                f"ep={self.ep} must divide the instance's tp x dp = {self.tp * self.dp} GPUs (experts "
+                f"are spread over them, ep ways by expert and the rest by tensor slices)"
+            )
         return self
 
 
@@ -103,13 +106,15 @@ class SLO(StrictModel):
     attainment: Fraction = 0.9
     # Goodput criterion: None counts requests meeting both targets (attainment); a percentile
     # (e.g. 99) instead requires that percentile of TTFT and of TPOT to meet them (EPD papers).
-    percentile: Annotated[float, Range(0, 100, "percent", lo_open=True,
-                                       fix="give a percentile such as 99")] | None = None
+    percentile: Annotated[float, Range(0, 100, "percent", lo_open=True, fix="give a percentile such as 99")] | None = (
+        None
+    )
 
 
 class SimulationConfig(StrictModel):
-    max_time_s: Annotated[float, Range(0, MAX_SECONDS, "s", lo_open=True,
-                                       fix="give seconds of simulated time")] | None = None
+    max_time_s: (
+        Annotated[float, Range(0, MAX_SECONDS, "s", lo_open=True, fix="give seconds of simulated time")] | None
+    ) = None
 
 
 class Scenario(StrictModel):
@@ -134,8 +139,10 @@ class Scenario(StrictModel):
         flow = FLOWS[self.kv_transfer.flow]
         if self.operations.enabled and self.is_pd and not flow.operations:
             ok = ", ".join(n for n, f in FLOWS.items() if f.operations)
-            raise ValueError(f"operations (autoscaling/faults) model only these PD proxy flows: {ok}; kv_transfer.flow="
-                             f"{flow.name!r}: set flow: vllm or drop the operations block")
+            raise ValueError(
+                f"operations (autoscaling/faults) model only these PD proxy flows: {ok}; kv_transfer.flow="
+                f"{flow.name!r}: set flow: vllm or drop the operations block"
+            )
         return self
 
     @model_validator(mode="after")
@@ -144,11 +151,17 @@ class Scenario(StrictModel):
         if len(set(names)) != len(names):
             raise ValueError(f"pool names must be unique, got {names}")
         roles = sorted(p.role for p in self.pools)
-        if roles not in (["colocated"], ["decode", "prefill"], ["colocated", "encoder"],
-                         ["decode", "encoder", "prefill"]):
-            raise ValueError(f"pools have roles {roles}; give one colocated pool, or one prefill and one decode "
-                             "pool (prefill-decode disaggregation), each optionally with one encoder pool "
-                             "(encoder-prefill-decode disaggregation)")
+        if roles not in (
+            ["colocated"],
+            ["decode", "prefill"],
+            ["colocated", "encoder"],
+            ["decode", "encoder", "prefill"],
+        ):
+            raise ValueError(
+                f"pools have roles {roles}; give one colocated pool, or one prefill and one decode "
+                "pool (prefill-decode disaggregation), each optionally with one encoder pool "
+                "(encoder-prefill-decode disaggregation)"
+            )
         return self
 
     @property
@@ -164,7 +177,7 @@ def resolve_relative(data: dict, base: Path) -> dict:
     folder of the file it was read from)."""
     data = _resolve_paths(data, base)
     folders = data.get("hwdb", [])
-    if isinstance(folders, (str, list, tuple)):     # anything else is refused by the schema, as given
+    if isinstance(folders, (str, list, tuple)):  # anything else is refused by the schema, as given
         folders = [folders] if isinstance(folders, str) else folders
         data["hwdb"] = [str(base / d) if isinstance(d, str) and not Path(d).is_absolute() else d for d in folders]
     return data
@@ -173,8 +186,14 @@ def resolve_relative(data: dict, base: Path) -> dict:
 def _resolve_paths(node, base: Path):
     """Make relative ``path`` entries relative to the scenario file's folder."""
     if isinstance(node, dict):
-        return {k: (str(base / v) if k == "path" and isinstance(v, str) and not Path(v).is_absolute()
-                    else _resolve_paths(v, base)) for k, v in node.items()}
+        return {
+            k: (
+                str(base / v)
+                if k == "path" and isinstance(v, str) and not Path(v).is_absolute()
+                else _resolve_paths(v, base)
+            )
+            for k, v in node.items()
+        }
     if isinstance(node, list):
         return [_resolve_paths(v, base) for v in node]
     return node
@@ -182,11 +201,15 @@ def _resolve_paths(node, base: Path):
 
 def parse_scenario(data: dict, origin: str = "scenario", base: Path | None = None) -> Scenario:
     if data is None:
-        raise ScenarioError(f"{origin}: the scenario is empty; give at least model, pools and workload "
-                            f"(see examples/llama8b_h100_chat.yaml)")
+        raise ScenarioError(
+            f"{origin}: the scenario is empty; give at least model, pools and workload "
+            f"(see examples/llama8b_h100_chat.yaml)"
+        )
     if not isinstance(data, dict):
-        raise ScenarioError(f"{origin}: expected a mapping of scenario fields (model, pools, workload, ...) "
-                            f"at the top level, got a {type(data).__name__}")
+        raise ScenarioError(
+            f"{origin}: expected a mapping of scenario fields (model, pools, workload, ...) "
+            f"at the top level, got a {type(data).__name__}"
+        )
     if base is not None:
         data = resolve_relative(data, base)
         model = data.get("model")
@@ -195,8 +218,9 @@ def parse_scenario(data: dict, origin: str = "scenario", base: Path | None = Non
     try:
         return Scenario.model_validate(data)
     except ValidationError as err:
-        raise ScenarioError(format_validation_error(err, data, root=Scenario, origin=origin, what="scenario",
-                                                    docs="docs/scenario.md")) from None
+        raise ScenarioError(
+            format_validation_error(err, data, root=Scenario, origin=origin, what="scenario", docs="docs/scenario.md")
+        ) from None
 
 
 def load_scenario(path: str | Path) -> Scenario:
@@ -221,24 +245,36 @@ def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB
     except hwdb.HwdbError as exc:
         raise ScenarioError(f"pools[{pool.name}]: {exc}") from None
     if pool.tp > gpu.gpus_per_node:
-        raise ScenarioError(f"pools[{pool.name}].tp={pool.tp} exceeds the {gpu.gpus_per_node} GPUs in a "
-                            f"{gpu.name} node; tensor parallelism stays within a node: lower tp and raise pp or dp")
+        raise ScenarioError(
+            f"pools[{pool.name}].tp={pool.tp} exceeds the {gpu.gpus_per_node} GPUs in a "
+            f"{gpu.name} node; tensor parallelism stays within a node: lower tp and raise pp or dp"
+        )
     arch = model.arch
     if pool.ep > 1 and not arch.is_moe:
-        raise ScenarioError(f"pools[{pool.name}].ep={pool.ep} but {arch.name} has no experts; expert parallelism "
-                            f"needs a MoE model: set ep: 1")
+        raise ScenarioError(
+            f"pools[{pool.name}].ep={pool.ep} but {arch.name} has no experts; expert parallelism "
+            f"needs a MoE model: set ep: 1"
+        )
     if arch.is_moe and arch.num_experts % pool.ep:
-        raise ScenarioError(f"pools[{pool.name}].ep={pool.ep} does not divide {arch.name}'s {arch.num_experts} "
-                            f"routed experts; choose a divisor")
+        raise ScenarioError(
+            f"pools[{pool.name}].ep={pool.ep} does not divide {arch.name}'s {arch.num_experts} "
+            f"routed experts; choose a divisor"
+        )
     if arch.num_kv_heads and not arch.is_mla and (arch.num_kv_heads % pool.tp and pool.tp % arch.num_kv_heads):
-        raise ScenarioError(f"pools[{pool.name}].tp={pool.tp} neither divides nor is a multiple of {arch.name}'s "
-                            f"{arch.num_kv_heads} KV heads; choose tp among their divisors or multiples")
+        raise ScenarioError(
+            f"pools[{pool.name}].tp={pool.tp} neither divides nor is a multiple of {arch.name}'s "
+            f"{arch.num_kv_heads} KV heads; choose tp among their divisors or multiples"
+        )
     if pool.pp > arch.num_layers:
-        raise ScenarioError(f"pools[{pool.name}].pp={pool.pp} exceeds {arch.name}'s {arch.num_layers} layers; "
-                            f"each pipeline stage needs at least one layer: lower pp")
+        raise ScenarioError(
+            f"pools[{pool.name}].pp={pool.pp} exceeds {arch.name}'s {arch.num_layers} layers; "
+            f"each pipeline stage needs at least one layer: lower pp"
+        )
     if arch.num_heads % pool.tp:
-        raise ScenarioError(f"pools[{pool.name}].tp={pool.tp} does not divide {arch.name}'s "
-                            f"{arch.num_heads} attention heads; choose a divisor")
+        raise ScenarioError(
+            f"pools[{pool.name}].tp={pool.tp} does not divide {arch.name}'s "
+            f"{arch.num_heads} attention heads; choose a divisor"
+        )
     if pool.dtype in ("fp8", "fp4") and pool.dtype not in gpu.peak_flops:
         why = weight_only_refusal(pool.name, pool.dtype, gpu, engine)
         if why:
@@ -246,53 +282,85 @@ def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB
     seqs, tokens = vllm_batch_defaults(gpu)
     e = pool.engine
     if (recv := e.scheduler_recv_interval or 1) > 1 and (engine.engine != "sglang" or pool.dp > 1):
-        why = (f"SGLang's flag, not {engine.name}'s" if engine.engine != "sglang"
-               else "not modelled with data parallelism")
+        why = (
+            f"SGLang's flag, not {engine.name}'s" if engine.engine != "sglang" else "not modelled with data parallelism"
+        )
         raise ScenarioError(f"pools[{pool.name}].engine.scheduler_recv_interval={recv}: {why}; remove it or set 1")
     chunked = engine.default_chunked_prefill if e.enable_chunked_prefill is None else e.enable_chunked_prefill
     max_len = e.max_model_len or arch.max_position_embeddings or 8192
     max_seqs = e.max_num_seqs or engine.default_max_num_seqs or seqs
     # Without chunked prefill vLLM's budget defaults to max(max_model_len, 2048).
-    max_tokens = (e.max_num_batched_tokens or engine.default_max_num_batched_tokens
-                  or (tokens if chunked else max(max_len, 2048)))
+    max_tokens = (
+        e.max_num_batched_tokens or engine.default_max_num_batched_tokens or (tokens if chunked else max(max_len, 2048))
+    )
     if max_tokens < max_seqs and engine.engine == "vllm":
-        raise ScenarioError(f"pools[{pool.name}].engine: max_num_batched_tokens={max_tokens} is below "
-                            f"max_num_seqs={max_seqs}; vLLM requires max_num_batched_tokens >= max_num_seqs")
+        raise ScenarioError(
+            f"pools[{pool.name}].engine: max_num_batched_tokens={max_tokens} is below "
+            f"max_num_seqs={max_seqs}; vLLM requires max_num_batched_tokens >= max_num_seqs"
+        )
     if not chunked and max_tokens < max_len:
-        raise ScenarioError(f"pools[{pool.name}].engine: without chunked prefill max_num_batched_tokens "
-                            f"({max_tokens}) must be >= max_model_len ({max_len}); raise it or lower max_model_len")
+        raise ScenarioError(
+            f"pools[{pool.name}].engine: without chunked prefill max_num_batched_tokens "
+            f"({max_tokens}) must be >= max_model_len ({max_len}); raise it or lower max_model_len"
+        )
     knobs = EngineKnobs(
-        max_num_seqs=max_seqs, max_num_batched_tokens=max_tokens, block_size=e.block_size,
-        gpu_memory_utilization=e.gpu_memory_utilization, enable_chunked_prefill=chunked, enforce_eager=e.enforce_eager,
+        max_num_seqs=max_seqs,
+        max_num_batched_tokens=max_tokens,
+        block_size=e.block_size,
+        gpu_memory_utilization=e.gpu_memory_utilization,
+        enable_chunked_prefill=chunked,
+        enforce_eager=e.enforce_eager,
         max_cudagraph_capture_size=e.max_cudagraph_capture_size or engine.max_capture_size or min(2 * max_seqs, 512),
-        max_model_len=max_len, num_gpu_blocks_override=e.num_gpu_blocks_override or 0, recv_interval=recv,
-        prefix_caching=engine.default_prefix_caching if e.enable_prefix_caching is None else e.enable_prefix_caching)
+        max_model_len=max_len,
+        num_gpu_blocks_override=e.num_gpu_blocks_override or 0,
+        recv_interval=recv,
+        prefix_caching=engine.default_prefix_caching if e.enable_prefix_caching is None else e.enable_prefix_caching,
+    )
     kv, kv_note = resolve_kv_dtype(pool.kv_cache_dtype, pool.dtype, engine, e.version, model.sidecar)
     # A 4-bit float checkpoint served weight-only (no fp4 tensor cores) is held as the sidecar's W4A16 entry
     # says, where it has one (gpt-oss: vLLM's Hopper MXFP4 layout and kernel).
-    side = "int4" if pool.dtype == "fp4" and "fp4" not in gpu.peak_flops and "int4" in model.sidecar.quant_bytes \
+    side = (
+        "int4"
+        if pool.dtype == "fp4" and "fp4" not in gpu.peak_flops and "int4" in model.sidecar.quant_bytes
         else pool.dtype
+    )
     kept = model.sidecar.bf16_modules[side] if side in model.sidecar.bf16_modules else None
     qbytes = model.sidecar.quant_bytes[side] if side in model.sidecar.quant_bytes else None
     scale_out = None
     if pool.tp * pool.dp * pool.pp > gpu.gpus_per_node and pool.ep > 1:
         try:
-            scale_out = db.link(gpu.scale_out_link or "")    # none named: "unknown link ''"
+            scale_out = db.link(gpu.scale_out_link or "")  # none named: "unknown link ''"
         except hwdb.HwdbError as exc:
-            raise ScenarioError(f"pools[{pool.name}]: experts span {pool.tp * pool.dp * pool.pp} GPUs, more than a "
-                                f"{gpu.name} node: {exc}") from None
-    dep = Deployment(arch=arch, gpu=gpu, intra_link=link, engine=engine, knobs=knobs, tp=pool.tp, pp=pool.pp,
-                     dp=pool.dp, ep=pool.ep, scale_out_link=scale_out, weight_dtype=pool.dtype, kv_dtype=kv,
-                     profile=db.profile_for(gpu.name, engine.engine, engine.version, model.name),
-                     bf16_modules=frozenset(kept.modules) if kept else frozenset(),
-                     quant_bytes=qbytes.value if qbytes else None, kv_note=kv_note, version=e.version)
+            raise ScenarioError(
+                f"pools[{pool.name}]: experts span {pool.tp * pool.dp * pool.pp} GPUs, more than a "
+                f"{gpu.name} node: {exc}"
+            ) from None
+    dep = Deployment(
+        arch=arch,
+        gpu=gpu,
+        intra_link=link,
+        engine=engine,
+        knobs=knobs,
+        tp=pool.tp,
+        pp=pool.pp,
+        dp=pool.dp,
+        ep=pool.ep,
+        scale_out_link=scale_out,
+        weight_dtype=pool.dtype,
+        kv_dtype=kv,
+        profile=db.profile_for(gpu.name, engine.engine, engine.version, model.name),
+        bf16_modules=frozenset(kept.modules) if kept else frozenset(),
+        quant_bytes=qbytes.value if qbytes else None,
+        kv_note=kv_note,
+        version=e.version,
+    )
     dep = engine_running_cap(dep, e.max_num_seqs is not None)
     if arch.num_linear_layers:
         gdn, gdn_source = db.gdn_curve(gpu.name, engine.engine)
         dep = dataclasses.replace(dep, gdn_curve=gdn, gdn_source=gdn_source)
     if arch.is_mla:
         mla, mla_source = db.mla_curve(gpu.name, engine.engine)
-        if mla is not None and KV_DTYPES.get(kv) not in mla.generation:    # its DSA indexer may still apply
+        if mla is not None and KV_DTYPES.get(kv) not in mla.generation:  # its DSA indexer may still apply
             mla_source = f"{mla_source} has no {kv} KV-cache curve: the attention curves of the profile or GPU"
         dep = dataclasses.replace(dep, mla_curve=mla, mla_source=mla_source)
     if not arch.is_moe:
@@ -312,7 +380,7 @@ class ResolvedPool:
     dep: Deployment
     memory: MemoryPlan
     step: StepModel
-    starts: StartTimes | None = None      # start-up delays, when the scenario has an operations block
+    starts: StartTimes | None = None  # start-up delays, when the scenario has an operations block
 
     @property
     def name(self) -> str:
@@ -332,7 +400,7 @@ class ResolvedScenario:
     model: hwdb.ModelEntry
     pools: tuple[ResolvedPool, ...]
     seed: int
-    transfer: TransferPlan | None = None     # PD only: bytes per token and the path model
+    transfer: TransferPlan | None = None  # PD only: bytes per token and the path model
 
     def streams(self, replication: int = 0) -> dict[str, np.random.Generator]:
         """Fresh generators of every random purpose of replication ``replication`` (:func:`rng_streams`)."""
@@ -355,11 +423,13 @@ def resolve(scn: Scenario, db: hwdb.HardwareDB | None = None) -> ResolvedScenari
     if scn.is_pd:
         mp, md = models[scn.pool("prefill").name], models[scn.pool("decode").name]
         if dataclasses.replace(mp.arch, name="") != dataclasses.replace(md.arch, name=""):
-            raise ScenarioError(f"pools: the prefill pool serves {mp.name} but the decode pool serves {md.name}; "
-                                "KV can only move between instances of the same model: use one model for both")
+            raise ScenarioError(
+                f"pools: the prefill pool serves {mp.name} but the decode pool serves {md.name}; "
+                "KV can only move between instances of the same model: use one model for both"
+            )
     out = []
     for pool in scn.pools:
-        if pool.role == "encoder":   # resolved by simulator.epd.epd.prepare
+        if pool.role == "encoder":  # resolved by simulator.epd.epd.prepare
             continue
         dep = deployment_for(pool, models[pool.name], db)
         try:

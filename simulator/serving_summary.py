@@ -4,6 +4,7 @@
 writes them as vLLM's result block, with the SLO thresholds beside the goodput so that the two can
 be read side by side with a real benchmark.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -30,7 +31,7 @@ def peak_concurrency(req: pd.DataFrame) -> int:
     fin[~np.isfinite(fin)] = np.inf
     times = np.concatenate([arr, fin])
     delta = np.concatenate([np.ones(len(arr)), -np.ones(len(fin))])
-    order = np.lexsort((delta, times))                      # at equal times departures come first
+    order = np.lexsort((delta, times))  # at equal times departures come first
     return int(np.cumsum(delta[order]).max())
 
 
@@ -53,8 +54,9 @@ def serving_summary(res: Results) -> dict:
         "total_output_tokens": int(done["output_tokens"].sum()),
         "request_throughput_rps": float(s["throughput_rps"]),
         "output_token_throughput_tps": float(s["output_tokens_per_s"]),
-        "total_token_throughput_tps": float(s.get("total_tokens_per_s",
-                                                  (done["input_tokens"].sum() + done["output_tokens"].sum()) / dur)),
+        "total_token_throughput_tps": float(
+            s.get("total_tokens_per_s", (done["input_tokens"].sum() + done["output_tokens"].sum()) / dur)
+        ),
         "request_goodput_rps": float(good),
         "slo_ttft_s": scn.slo.ttft_s,
         "slo_tpot_s": scn.slo.tpot_s,
@@ -97,19 +99,21 @@ def slo_text(ttft_s: float | None, tpot_s: float | None) -> str:
 
 def serving_block(b: dict, width: int = 50) -> str:
     """``b`` (from :func:`serving_summary`) as vLLM's "Serving Benchmark Result" block."""
-    rows = [("Successful requests", f"{b['successful_requests']:,}"),
-            ("Failed requests", f"{b['failed_requests']:,}"),
-            *([("Maximum request concurrency", str(b["max_concurrency"]))] if b["max_concurrency"] else []),
-            ("Peak concurrent requests", f"{b['peak_concurrency']:,}"),
-            ("Benchmark duration (s)", f"{b['duration_s']:,.2f}"),
-            ("Total input tokens", f"{b['total_input_tokens']:,}"),
-            ("Total generated tokens", f"{b['total_output_tokens']:,}"),
-            ("Request throughput (req/s)", f"{b['request_throughput_rps']:,.2f}"),
-            ("Request goodput (req/s)", f"{b['request_goodput_rps']:,.2f}"),
-            ("  SLO", slo_text(b["slo_ttft_s"], b["slo_tpot_s"])),
-            ("  SLO attainment", fmt.percent(b["slo_attainment"])),
-            ("Output token throughput (tok/s)", f"{b['output_token_throughput_tps']:,.2f}"),
-            ("Total token throughput (tok/s)", f"{b['total_token_throughput_tps']:,.2f}")]
+    rows = [
+        ("Successful requests", f"{b['successful_requests']:,}"),
+        ("Failed requests", f"{b['failed_requests']:,}"),
+        *([("Maximum request concurrency", str(b["max_concurrency"]))] if b["max_concurrency"] else []),
+        ("Peak concurrent requests", f"{b['peak_concurrency']:,}"),
+        ("Benchmark duration (s)", f"{b['duration_s']:,.2f}"),
+        ("Total input tokens", f"{b['total_input_tokens']:,}"),
+        ("Total generated tokens", f"{b['total_output_tokens']:,}"),
+        ("Request throughput (req/s)", f"{b['request_throughput_rps']:,.2f}"),
+        ("Request goodput (req/s)", f"{b['request_goodput_rps']:,.2f}"),
+        ("  SLO", slo_text(b["slo_ttft_s"], b["slo_tpot_s"])),
+        ("  SLO attainment", fmt.percent(b["slo_attainment"])),
+        ("Output token throughput (tok/s)", f"{b['output_token_throughput_tps']:,.2f}"),
+        ("Total token throughput (tok/s)", f"{b['total_token_throughput_tps']:,.2f}"),
+    ]
     key_w = max(len(k) for k, _ in rows) + 2
     val_w = max(width - key_w, max(len(v) for _, v in rows))
     lines = [" Serving Benchmark Result (simulated) ".center(key_w + val_w, "=")]

@@ -15,6 +15,7 @@ operations whatever the batch.  Sources of each term:
 * all-reduce: the profile's measured curve for this TP size, else the intra-node link;
 * per-layer kernel floors, launches and host work: the engine profile.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,7 +30,7 @@ from simulator.linear_groups import Group
 from simulator.perf import Deployment, kv_bytes_per_token
 from simulator.stepmodel import StepModel
 
-ACT_BYTES = 2.0   # activations stay bf16 between kernels whatever the weight format
+ACT_BYTES = 2.0  # activations stay bf16 between kernels whatever the weight format
 
 
 def _allreduce_tables(dep: Deployment) -> dict:
@@ -38,7 +39,7 @@ def _allreduce_tables(dep: Deployment) -> dict:
     graph = curve.table(dep.tp, graph=True) if curve is not None and dep.tp > 1 else None
     if curve is None or graph is None:
         return {}
-    eager = curve.table(dep.tp, graph=False) or graph     # never None here: it falls back to the graph table
+    eager = curve.table(dep.tp, graph=False) or graph  # never None here: it falls back to the graph table
     return {"ar_sizes": graph[0], "ar_graph": _monotone(graph[1]), "ar_eager": _monotone(eager[1])}
 
 
@@ -69,9 +70,12 @@ def compute_curve(dep: Deployment, dtype: str, shapes: list[tuple[float, float]]
     pooled = prof.compute_efficiency if prof and prof.compute_efficiency else g.compute_efficiency
     shape = prof.gemm_shape_efficiency.get(dtype) if prof else None
     if shape is not None and shapes:
-        return EfficiencyCurve(max_eff=min(1.0, shape.for_shapes(shapes)), half=shape.half_m,
-                               source=f"per-rank GEMM shapes (simulator/gemm_shapes.py) on {shape.source}",
-                               empirical=True)
+        return EfficiencyCurve(
+            max_eff=min(1.0, shape.for_shapes(shapes)),
+            half=shape.half_m,
+            source=f"per-rank GEMM shapes (simulator/gemm_shapes.py) on {shape.source}",
+            empirical=True,
+        )
     if dtype in ("fp8", "fp4") and prof and prof.compute_efficiency_fp8:
         f8 = prof.compute_efficiency_fp8
         return EfficiencyCurve(max_eff=f8.max_eff, half=min(pooled.half, f8.half), source=f8.source, empirical=True)
@@ -90,8 +94,11 @@ def elementwise_bytes_per_token(dep: Deployment) -> float:
     """
     a, tp = dep.arch, dep.tp
     h = a.hidden_size
-    qk = (a.num_heads + max(1, a.num_kv_heads // tp) * tp) * a.head_dim / tp if not a.is_mla else \
-        a.num_heads * (a.qk_rope_head_dim or a.head_dim) / tp
+    qk = (
+        (a.num_heads + max(1, a.num_kv_heads // tp) * tp) * a.head_dim / tp
+        if not a.is_mla
+        else a.num_heads * (a.qk_rope_head_dim or a.head_dim) / tp
+    )
     dense_layers = a.num_layers - a.moe_layers
     per_layer = 8.0 * h + 2.0 * qk
     total = per_layer * a.num_layers + dense_layers * 3.0 * a.intermediate_size / tp
@@ -117,12 +124,23 @@ def measured_experts(dep: Deployment, per_token: float) -> dict:
     slice_nk = a.hidden_size * a.moe_intermediate_size / dep.moe_tp
     exp_a = 2.0 * per_token / dep.gpus / (peak * c.max_eff * slice_nk / (slice_nk + c.half_nk))
     bw = dep.gpu.memory_bandwidth_Bps.value
-    return {"exp_a": exp_a, "exp_b": exp_a * c.half_rows * a.num_experts / a.experts_per_token,
-            "exp_mem_eff": c.mem_eff, "exp_fixed_s": a.moe_layers * c.fixed_s,
-            # an all-to-all dispatch hands a GPU only the rows routed to its experts, which it permutes
-            "exp_s_per_token": (a.moe_layers * c.act_passes * a.experts_per_token * a.hidden_size * ACT_BYTES / bw
-                                / (dep.ep if dep.dp > 1 and dep.engine.moe_dispatch == "all_to_all" else 1)),
-            "exp_s_per_expert": a.moe_layers * c.per_expert_s / dep.ep}
+    return {
+        "exp_a": exp_a,
+        "exp_b": exp_a * c.half_rows * a.num_experts / a.experts_per_token,
+        "exp_mem_eff": c.mem_eff,
+        "exp_fixed_s": a.moe_layers * c.fixed_s,
+        # an all-to-all dispatch hands a GPU only the rows routed to its experts, which it permutes
+        "exp_s_per_token": (
+            a.moe_layers
+            * c.act_passes
+            * a.experts_per_token
+            * a.hidden_size
+            * ACT_BYTES
+            / bw
+            / (dep.ep if dep.dp > 1 and dep.engine.moe_dispatch == "all_to_all" else 1)
+        ),
+        "exp_s_per_expert": a.moe_layers * c.per_expert_s / dep.ep,
+    }
 
 
 def moe_exchange(dep: Deployment) -> dict:
@@ -168,9 +186,14 @@ def linear_attention(dep: Deployment) -> dict:
     hv = a.linear_num_value_heads / dep.tp * scale
     hk = a.linear_num_key_heads / dep.tp
     x, g = c.context, c.generation
-    return {"lin_ctx_fixed_s": n * x.fixed_s, "lin_ctx_seq_s": n * x.seq_s, "lin_ctx_prompt_s": n * x.seq_head_s * hv,
-            "lin_ctx_tok_s": n * (x.tok_head_s * hv + x.tok_key_head_s * hk),
-            "lin_gen_fixed_s": n * g.fixed_s, "lin_gen_seq_s": n * (g.seq_head_s * hv + g.seq_key_head_s * hk)}
+    return {
+        "lin_ctx_fixed_s": n * x.fixed_s,
+        "lin_ctx_seq_s": n * x.seq_s,
+        "lin_ctx_prompt_s": n * x.seq_head_s * hv,
+        "lin_ctx_tok_s": n * (x.tok_head_s * hv + x.tok_key_head_s * hk),
+        "lin_gen_fixed_s": n * g.fixed_s,
+        "lin_gen_seq_s": n * (g.seq_head_s * hv + g.seq_key_head_s * hk),
+    }
 
 
 def mla_attention(dep: Deployment) -> dict:
@@ -187,12 +210,18 @@ def mla_attention(dep: Deployment) -> dict:
     layers, stage = a.full_attn_layers, math.ceil(a.full_attn_layers / dep.pp)
     peak, bw = dep.gpu.flops("bf16"), dep.gpu.memory_bandwidth_Bps.value
     d_qk = a.qk_nope_head_dim + a.qk_rope_head_dim
-    return {"mla_fixed_s": layers * x.fixed_s, "mla_prompt_s": layers * x.seq_head_s * heads,
-            "mla_seq_s": layers * x.seq_s, "mla_half_len": x.half_len, "mla_half_tok": x.half_rows / heads,
-            "mla_pair_s": stage * 2.0 * (d_qk + a.v_head_dim) * heads / (peak * x.max_eff),
-            "kv_max_eff": g.mem_eff, "kv_floor_bytes": layers * g.fixed_s * bw * g.mem_eff,
-            "kv_comp_s_per_ctx": stage * 2.0 * heads * (2 * a.kv_lora_rank + a.qk_rope_head_dim) / (peak * g.comp_eff),
-            "kv_seq_s": layers * g.seq_head_s * heads}
+    return {
+        "mla_fixed_s": layers * x.fixed_s,
+        "mla_prompt_s": layers * x.seq_head_s * heads,
+        "mla_seq_s": layers * x.seq_s,
+        "mla_half_len": x.half_len,
+        "mla_half_tok": x.half_rows / heads,
+        "mla_pair_s": stage * 2.0 * (d_qk + a.v_head_dim) * heads / (peak * x.max_eff),
+        "kv_max_eff": g.mem_eff,
+        "kv_floor_bytes": layers * g.fixed_s * bw * g.mem_eff,
+        "kv_comp_s_per_ctx": stage * 2.0 * heads * (2 * a.kv_lora_rank + a.qk_rope_head_dim) / (peak * g.comp_eff),
+        "kv_seq_s": layers * g.seq_head_s * heads,
+    }
 
 
 def dsa_indexer(dep: Deployment) -> dict:
@@ -204,20 +233,23 @@ def dsa_indexer(dep: Deployment) -> dict:
     if not a.index_n_heads or c is None or kv not in c.indexer:
         return {}
     x, layers = c.indexer[kv], a.full_attn_layers
-    return {"dsa_fixed_s": layers * x.fixed_s, "dsa_seq_s": layers * x.seq_s,
-            "dsa_ctx_s": math.ceil(layers / dep.pp) * x.ctx_s}
+    return {
+        "dsa_fixed_s": layers * x.fixed_s,
+        "dsa_seq_s": layers * x.seq_s,
+        "dsa_ctx_s": math.ceil(layers / dep.pp) * x.ctx_s,
+    }
 
 
 def build_step_model(dep: Deployment) -> StepModel:
     """Coefficients for :class:`StepModel` from a deployment (profile overrides GPU defaults)."""
     apart = {**linear_attention(dep), **mla_attention(dep), **dsa_indexer(dep)}
     a, g, prof = dep.arch, dep.gpu, dep.profile
-    gpus = dep.rank_gpus     # dense weights and this rank's own tokens: one data-parallel rank's GPUs
-    meff = (prof.memory_efficiency if prof and prof.memory_efficiency else g.memory_efficiency)
-    ceff = (prof.compute_efficiency if prof and prof.compute_efficiency else g.compute_efficiency)
-    aeff = (prof.attention_prefill_efficiency if prof and prof.attention_prefill_efficiency else ceff)
+    gpus = dep.rank_gpus  # dense weights and this rank's own tokens: one data-parallel rank's GPUs
+    meff = prof.memory_efficiency if prof and prof.memory_efficiency else g.memory_efficiency
+    ceff = prof.compute_efficiency if prof and prof.compute_efficiency else g.compute_efficiency
+    aeff = prof.attention_prefill_efficiency if prof and prof.attention_prefill_efficiency else ceff
     # Decode attention's KV stream: its own fitted curve where a profile has one, else the GEMM memory curve.
-    deff = (prof.attention_decode_efficiency if prof and prof.attention_decode_efficiency else meff)
+    deff = prof.attention_decode_efficiency if prof and prof.attention_decode_efficiency else meff
     plain = "fp16" if dep.weight_dtype == "fp16" or "bf16" not in g.peak_flops else "bf16"
     shapes = rank_gemm_groups(a, dep.tp, dep.moe_tp)
     comp_a = comp_b = exp_a = exp_b = 0.0
@@ -253,19 +285,25 @@ def build_step_model(dep: Deployment) -> StepModel:
         comp_a += coef
         comp_b += coef * curve.half
         parts.append((grp.name, grp.compute_dtype, coef, curve.half))
-    lm = cast(Group, lm)                   # every model has an LM head (simulator.linear_groups)
+    lm = cast(Group, lm)  # every model has an LM head (simulator.linear_groups)
     lm_curve = compute_curve(dep, lm.compute_dtype, [])
     lm_coef = 2.0 * lm.per_token / dep.tp / (g.flops(lm.compute_dtype) * lm_curve.max_eff)
     eng = dep.engine
     eager = eng.eager_launch_s_per_layer.value * math.ceil(a.num_layers / dep.pp)
     graph = eng.graph_launch_s.value
     cpu = eng.cpu
-    cpu_costs = [cpu.step_s.value, cpu.per_running_seq_s.value, cpu.per_waiting_seq_s.value,
-                 cpu.per_token_s.value, cpu.per_sampled_seq_s.value]
+    cpu_costs = [
+        cpu.step_s.value,
+        cpu.per_running_seq_s.value,
+        cpu.per_waiting_seq_s.value,
+        cpu.per_token_s.value,
+        cpu.per_sampled_seq_s.value,
+    ]
     scale = eng.layer_overhead_scale.get(g.name)
-    layer_s = ((eng.layer_overhead_s.value * a.num_layers if eng.layer_overhead_s else 0.0)
-               + (eng.moe_layer_overhead_s.value * a.moe_layers if eng.moe_layer_overhead_s else 0.0)) \
-        * (scale.value if scale is not None else 1.0)
+    layer_s = (
+        (eng.layer_overhead_s.value * a.num_layers if eng.layer_overhead_s else 0.0)
+        + (eng.moe_layer_overhead_s.value * a.moe_layers if eng.moe_layer_overhead_s else 0.0)
+    ) * (scale.value if scale is not None else 1.0)
     bw = g.memory_bandwidth_Bps.value
     elem = elementwise_bytes_per_token(dep) / (bw * meff.max_eff)
     moe_comm = moe_exchange(dep)
@@ -278,7 +316,10 @@ def build_step_model(dep: Deployment) -> StepModel:
         layer_s = elem = 0.0
     prefill_step = (prof.prefill_step_overhead_s or 0.0) if prof is not None else 0.0
     return StepModel(
-        comp_a=comp_a, comp_b=comp_b, lm_coef=lm_coef, lm_half=lm_curve.half,
+        comp_a=comp_a,
+        comp_b=comp_b,
+        lm_coef=lm_coef,
+        lm_half=lm_curve.half,
         attn_s_per_pair=4.0 * a.num_layers * a.attn_dim / gpus / (g.flops(plain) * aeff.max_eff),
         attn_half=aeff.half,
         dense_weight_bytes=dense_bytes,
@@ -300,21 +341,29 @@ def build_step_model(dep: Deployment) -> StepModel:
         ar_per_step=2 * a.num_layers - (a.moe_layers if moe_comm else 0),
         ar_bw=dep.intra_link.effective_Bps,
         ar_latency=dep.intra_link.latency_s.value,
-        tp=dep.tp, pp=dep.pp,
+        tp=dep.tp,
+        pp=dep.pp,
         pp_handoff_s=dep.intra_link.latency_s.value,
         graph_launch=graph,
         eager_launch=eager,
         max_graph_tokens=0 if dep.knobs.enforce_eager else dep.knobs.max_cudagraph_capture_size,
         graphs_mixed=eng.graphs_for_mixed_batches,
         # SGLang runs a linear-attention model with its prefix cache on without the overlap scheduler.
-        overlapped=eng.scheduling_overlapped and (eng.overlap_with_linear_prefix_cache or not a.num_linear_layers
-                                                  or not dep.knobs.prefix_caching),
-        cpu_step=cpu_costs[0], cpu_run=cpu_costs[1], cpu_wait=cpu_costs[2], cpu_tok=cpu_costs[3],
+        overlapped=eng.scheduling_overlapped
+        and (eng.overlap_with_linear_prefix_cache or not a.num_linear_layers or not dep.knobs.prefix_caching),
+        cpu_step=cpu_costs[0],
+        cpu_run=cpu_costs[1],
+        cpu_wait=cpu_costs[2],
+        cpu_tok=cpu_costs[3],
         cpu_sample=cpu_costs[4],
         # Every layer runs in series for a token, whatever the pipeline split.
         layer_s=layer_s,
         compute_groups=tuple(parts) + (("lm_head", lm.compute_dtype, lm_coef, lm_curve.half),),
-        exp_a=exp_a, exp_b=exp_b, moe_token_scale=dep.dp, moe_layers=a.moe_layers, prefill_step_s=prefill_step,
+        exp_a=exp_a,
+        exp_b=exp_b,
+        moe_token_scale=dep.dp,
+        moe_layers=a.moe_layers,
+        prefill_step_s=prefill_step,
         moe_pads_dp=eng.moe_dispatch != "all_to_all",
         **{k: v for k, v in measured.items() if k not in ("exp_a", "exp_b")},
         **moe_comm,

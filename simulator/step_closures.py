@@ -7,6 +7,7 @@ coefficients, which are read once when the closures are built instead of at ever
 two directly, so a step's duration has one formula wherever it is asked for.  A decode-only step keeps
 the terms that depend on its batch size alone once computed (:func:`step_cost`'s ``decode``).
 """
+
 from __future__ import annotations
 
 from bisect import bisect_left
@@ -23,6 +24,7 @@ class StepCost(NamedTuple):
     ``linear_attention`` and ``allreduce`` are the ``*_time`` methods; ``experts`` is ``expert_roofline``,
     ``touched`` is ``touched_experts``.  ``decode(n, ctx, running)`` is ``step(n, n, 0.0, ctx, 0.0, running,
     0)``, a decode-only step of ``n`` sequences attending ``ctx`` tokens in all, with the same bits."""
+
     step: Callable[..., float]
     decode: Callable[[int, float, int], float]
     local: Callable[..., tuple[float, float]]
@@ -66,13 +68,18 @@ def step_cost(m: StepModel) -> StepCost:
     overlapped, apart = m.overlapped, m.kernels_apart
     n_exp, scale = m.n_experts, m.moe_token_scale
     exp_bytes, exp_a, exp_b = m.expert_bytes, m.exp_a, m.exp_b
-    miss = 1.0 - m.experts_per_token / n_exp if n_exp else 1.0   # a token's chance to skip a given expert
+    miss = 1.0 - m.experts_per_token / n_exp if n_exp else 1.0  # a token's chance to skip a given expert
     bw_exp = m.peak_bw * (m.exp_mem_eff or m.meff.max_eff)
     exp_fixed, exp_tok, exp_expert = m.exp_fixed_s, m.exp_s_per_token, m.exp_s_per_expert
     comm_tok, comm_lat, moe_layers = m.moe_comm_s_per_token, m.moe_comm_lat_s, m.moe_layers
     mla = m.mla_fixed_s
-    mla_prompt, mla_seq, mla_pair, mla_half_len, mla_half_tok = (m.mla_prompt_s, m.mla_seq_s, m.mla_pair_s,
-                                                                 m.mla_half_len, m.mla_half_tok)
+    mla_prompt, mla_seq, mla_pair, mla_half_len, mla_half_tok = (
+        m.mla_prompt_s,
+        m.mla_seq_s,
+        m.mla_pair_s,
+        m.mla_half_len,
+        m.mla_half_tok,
+    )
     kv_comp, kv_seq = m.kv_comp_s_per_ctx, m.kv_seq_s
     lin_ctx = m.lin_ctx_fixed_s
     lin_any = bool(m.lin_ctx_fixed_s or m.lin_gen_fixed_s)
@@ -94,7 +101,7 @@ def step_cost(m: StepModel) -> StepCost:
         return ring * message_bytes / ar_bw + ar_lat
 
     def touched(routed):
-        return n_exp * (1.0 - miss ** routed)
+        return n_exp * (1.0 - miss**routed)
 
     def experts(routed):
         if not n_exp:
@@ -136,8 +143,11 @@ def step_cost(m: StepModel) -> StepCost:
         return t
 
     def attention(tokens, attn_pairs, decode_ctx, decodes=0):
-        t = mla_attention(tokens, attn_pairs, decode_ctx, decodes) if mla else curve_attention(tokens, attn_pairs,
-                                                                                              decode_ctx)
+        t = (
+            mla_attention(tokens, attn_pairs, decode_ctx, decodes)
+            if mla
+            else curve_attention(tokens, attn_pairs, decode_ctx)
+        )
         if dsa and decodes:
             t += dsa + dsa_seq * decodes + dsa_ctx * decode_ctx
         return t
@@ -157,8 +167,9 @@ def step_cost(m: StepModel) -> StepCost:
     def local(tokens, seqs_logits, attn_pairs, decode_ctx, prefill_ctx=0.0, running=0, waiting=0):
         t_comp, t_mem = linear(tokens, seqs_logits, prefill_ctx)
         if apart:
-            att = (attention(tokens, attn_pairs, decode_ctx, seqs_logits if attn_pairs > 0.0 else tokens)
-                   + linear_attention(tokens, seqs_logits, attn_pairs))
+            att = attention(
+                tokens, attn_pairs, decode_ctx, seqs_logits if attn_pairs > 0.0 else tokens
+            ) + linear_attention(tokens, seqs_logits, attn_pairs)
         else:
             att = curve_attention(tokens, attn_pairs, decode_ctx)
         elem_t = elem * tokens
@@ -193,14 +204,21 @@ def step_cost(m: StepModel) -> StepCost:
         return t + cpu
 
     w0 = cpu_wait * 0
-    terms: dict[int, tuple] = {}             # n -> the decode step's terms that depend on n alone
+    terms: dict[int, tuple] = {}  # n -> the decode step's terms that depend on n alone
 
     def decode_terms(n: int) -> tuple:
         t_comp, t_mem = linear(n, n, 0.0)
         graph = n <= max_graph
-        t = terms[n] = (t_comp if t_comp > t_mem else t_mem, linear_attention(n, n, 0.0), elem * n,
-                        ar_n * allreduce(ar_msg * n, graph) if tp > 1 else 0.0, g_launch if graph else e_launch,
-                        moe(n * scale, n), cpu_tok * n, cpu_sample * n)
+        t = terms[n] = (
+            t_comp if t_comp > t_mem else t_mem,
+            linear_attention(n, n, 0.0),
+            elem * n,
+            ar_n * allreduce(ar_msg * n, graph) if tp > 1 else 0.0,
+            g_launch if graph else e_launch,
+            moe(n * scale, n),
+            cpu_tok * n,
+            cpu_sample * n,
+        )
         return t
 
     # step()'s terms in its order; the all-reduce (tp = 1), pipeline (pp = 1) and routed-expert (dense)
@@ -210,7 +228,7 @@ def step_cost(m: StepModel) -> StepCost:
     def decode(n, ctx, running):
         if n <= 0:
             return 0.0
-        if running < pp:     # a pipeline its sequences cannot fill: step() prices the idle stages
+        if running < pp:  # a pipeline its sequences cannot fill: step() prices the idle stages
             return step(n, n, 0.0, ctx, 0.0, running, 0)
         try:
             roof, lin, en, ar, launch, ex, tok, smp = terms[n]
@@ -218,7 +236,7 @@ def step_cost(m: StepModel) -> StepCost:
             roof, lin, en, ar, launch, ex, tok, smp = decode_terms(n)
         if apart:
             att = attention(n, 0.0, ctx, n) + lin
-        else:        # curve_attention(n, 0.0, ctx) written out: a call costs a sixth of this function
+        else:  # curve_attention(n, 0.0, ctx) written out: a call costs a sixth of this function
             att = (kvb * ctx + kv_floor) / bw_kv if ctx > 0.0 else 0.0
         t = roof + att + en + layer_s + ar + ppx + launch + ex
         cpu = cpu_step + cpu_run * running + w0 + tok + smp
@@ -226,8 +244,21 @@ def step_cost(m: StepModel) -> StepCost:
             return t if t > cpu else cpu
         return t + cpu
 
-    return StepCost(step, decode, local, moe, linear, experts, touched, attention, curve_attention,
-                    mla_attention, mla_prefill, linear_attention, allreduce)
+    return StepCost(
+        step,
+        decode,
+        local,
+        moe,
+        linear,
+        experts,
+        touched,
+        attention,
+        curve_attention,
+        mla_attention,
+        mla_prefill,
+        linear_attention,
+        allreduce,
+    )
 
 
 def interp_linear(xs: tuple[float, ...], ys: tuple[float, ...], x: float) -> float:

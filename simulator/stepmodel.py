@@ -19,6 +19,7 @@ batch size: the engine passes aggregates, never per-request lists.  The terms ar
 :mod:`simulator.step_closures`, the step cost's only implementation, which the methods below and the
 engine's step loop call.  SI units throughout.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -219,8 +220,16 @@ class StepModel:
         length, the mean-square length of several; at most the prompt tokens)."""
         return self.cost.linear_attention(tokens, seqs_logits, attn_pairs)
 
-    def local_time(self, tokens: int, seqs_logits: int, attn_pairs: float, decode_ctx: float,
-                   prefill_ctx: float = 0.0, running: int = 0, waiting: int = 0) -> tuple[float, float]:
+    def local_time(
+        self,
+        tokens: int,
+        seqs_logits: int,
+        attn_pairs: float,
+        decode_ctx: float,
+        prefill_ctx: float = 0.0,
+        running: int = 0,
+        waiting: int = 0,
+    ) -> tuple[float, float]:
         """(GPU, host) seconds of a step without its routed experts: what a rank does on its own."""
         return self.cost.local(tokens, seqs_logits, attn_pairs, decode_ctx, prefill_ctx, running, waiting)
 
@@ -231,8 +240,16 @@ class StepModel:
             return gpu if gpu > cpu else cpu
         return gpu + cpu
 
-    def step_time(self, tokens: int, seqs_logits: int, attn_pairs: float,
-                  decode_ctx: float, prefill_ctx: float = 0.0, running: int = 0, waiting: int = 0) -> float:
+    def step_time(
+        self,
+        tokens: int,
+        seqs_logits: int,
+        attn_pairs: float,
+        decode_ctx: float,
+        prefill_ctx: float = 0.0,
+        running: int = 0,
+        waiting: int = 0,
+    ) -> float:
         return self.cost.step(tokens, seqs_logits, attn_pairs, decode_ctx, prefill_ctx, running, waiting)
 
     def prefill_time(self, prompt: int, chunk: int = 0) -> float:
@@ -252,8 +269,9 @@ class StepModel:
         return self.cost.decode(batch, float(batch * context), batch)
 
 
-def regime(model: StepModel, tokens: int, seqs_logits: int, attn_pairs: float,
-           decode_ctx: float, prefill_ctx: float = 0.0) -> str:
+def regime(
+    model: StepModel, tokens: int, seqs_logits: int, attn_pairs: float, decode_ctx: float, prefill_ctx: float = 0.0
+) -> str:
     """'compute' or 'memory': which roofline side bounds this step's linear layers (routed experts
     included) and attention (prefill attention counted with compute, the decode KV stream with memory).
 

@@ -4,6 +4,7 @@ The format readers (:mod:`simulator.traces`, image catalogues in :mod:`simulator
 :class:`Table` into typed arrays; everything here only checks that the file is readable text, finds the
 columns or keys, and names the first bad line (file, line, what was expected) in a :class:`TraceError`.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,9 +36,7 @@ class Table:
 
     def fail(self, i: int, column: str, what: str) -> TraceError:
         raw = self.df[column].iloc[i]
-        return TraceError(
-            f"{self.path} line {self.lines[i]}: {column}={raw!r} is not {what}; {self.expected}."
-        )
+        return TraceError(f"{self.path} line {self.lines[i]}: {column}={raw!r} is not {what}; {self.expected}.")
 
 
 def _missing_file(path: Path) -> TraceError:
@@ -45,8 +44,12 @@ def _missing_file(path: Path) -> TraceError:
     try:
         check_file(path, TraceError, "trace")
         with path.open("rb") as fh:
-            decode(fh.read(65536).rsplit(b"\n", 1)[0] if path.stat().st_size > 65536 else fh.read(),
-                   str(path), TraceError, "trace")
+            decode(
+                fh.read(65536).rsplit(b"\n", 1)[0] if path.stat().st_size > 65536 else fh.read(),
+                str(path),
+                TraceError,
+                "trace",
+            )
     except TraceError as exc:
         return exc
     return TraceError(f"{path}: cannot be read as a trace; check the path")
@@ -62,29 +65,41 @@ def check_readable(path: Path) -> None:
         raise _missing_file(path)
 
 
-def read_csv_rows(path: Path, required: tuple[str, ...], optional: tuple[str, ...],
-              expected: str, limit: int | None) -> Table:
+def read_csv_rows(
+    path: Path, required: tuple[str, ...], optional: tuple[str, ...], expected: str, limit: int | None
+) -> Table:
     """Read a headed CSV as strings, keeping each row's line number (header = line 1)."""
     import pandas as pd  # noqa: PLC0415 - heavy (pandas): the CLI starts without it
+
     check_readable(path)
     try:
         with warnings.catch_warnings():  # a too-wide first row is only a ParserWarning
             warnings.simplefilter("error", pd.errors.ParserWarning)
-            df = pd.read_csv(path, dtype=str, keep_default_na=False, skip_blank_lines=False,
-                             nrows=limit, skipinitialspace=True, index_col=False)
+            df = pd.read_csv(
+                path,
+                dtype=str,
+                keep_default_na=False,
+                skip_blank_lines=False,
+                nrows=limit,
+                skipinitialspace=True,
+                index_col=False,
+            )
     except pd.errors.EmptyDataError:
         raise TraceError(f"{path} is empty; {expected}.") from None
     except UnicodeDecodeError:
-        raise TraceError(f"{path}{_bad_utf8_line(path)}: not UTF-8 text (latin-1 or another legacy encoding?); "
-                         f"save the trace as UTF-8") from None
+        raise TraceError(
+            f"{path}{_bad_utf8_line(path)}: not UTF-8 text (latin-1 or another legacy encoding?); "
+            f"save the trace as UTF-8"
+        ) from None
     except (pd.errors.ParserError, pd.errors.ParserWarning) as exc:
         where = _wide_row(path) or f": not a readable CSV ({str(exc).strip()})"
         raise TraceError(f"{path}{where}; {expected}.") from None
     df.columns = [str(c).strip() for c in df.columns]
     missing = [c for c in required if c not in df.columns]
     if missing:
-        raise TraceError(f"{path} line 1: header lacks column(s) {','.join(missing)} "
-                         f"(found {','.join(df.columns)}); {expected}.")
+        raise TraceError(
+            f"{path} line 1: header lacks column(s) {','.join(missing)} (found {','.join(df.columns)}); {expected}."
+        )
     lines = np.arange(2, len(df) + 2)
     blank = (df == "").all(axis=1).to_numpy()
     if blank.any():  # blank lines (often trailing) are skipped, line numbers kept
@@ -119,18 +134,22 @@ def _wide_row(path: Path) -> str:
     return ""
 
 
-def read_jsonl(path: Path, required: tuple[str, ...], optional: tuple[str, ...],
-                expected: str, limit: int | None) -> Table:
+def read_jsonl(
+    path: Path, required: tuple[str, ...], optional: tuple[str, ...], expected: str, limit: int | None
+) -> Table:
     """Read JSON Lines, one object per non-blank line, keeping line numbers (stops after ``limit``)."""
     import pandas as pd  # noqa: PLC0415 - heavy (pandas): the CLI starts without it
+
     check_readable(path)
     records: list[dict] = []
     lines: list[int] = []
     with path.open(encoding="utf-8", errors="surrogateescape") as fh:
         for lineno, text in enumerate(fh, start=1):
             if any("\udc80" <= ch <= "\udcff" for ch in text):
-                raise TraceError(f"{path} line {lineno}: not UTF-8 text (latin-1 or another legacy "
-                                 f"encoding?); save the trace as UTF-8")
+                raise TraceError(
+                    f"{path} line {lineno}: not UTF-8 text (latin-1 or another legacy "
+                    f"encoding?); save the trace as UTF-8"
+                )
             if not text.strip():
                 continue
             if limit is not None and len(records) >= limit:
@@ -142,21 +161,19 @@ def read_jsonl(path: Path, required: tuple[str, ...], optional: tuple[str, ...],
             except ValueError as exc:
                 if not isinstance(exc, json.JSONDecodeError):
                     raise TraceError(f"{path} line {lineno}: {exc}; {expected}.") from None
-                raise TraceError(f"{path} line {lineno}: not valid JSON ({exc.msg}); "
-                                 f"{expected}.") from None
+                raise TraceError(f"{path} line {lineno}: not valid JSON ({exc.msg}); {expected}.") from None
             if not isinstance(rec, dict):
-                raise TraceError(f"{path} line {lineno}: expected a JSON object, got "
-                                 f"{type(rec).__name__}; {expected}.")
+                raise TraceError(f"{path} line {lineno}: expected a JSON object, got {type(rec).__name__}; {expected}.")
             missing = [k for k in required if k not in rec]
             if missing:
-                raise TraceError(f"{path} line {lineno}: missing key(s) {','.join(missing)}; "
-                                 f"{expected}.")
+                raise TraceError(f"{path} line {lineno}: missing key(s) {','.join(missing)}; {expected}.")
             records.append(rec)
             lines.append(lineno)
     if not records:
         raise TraceError(f"{path} is empty; {expected}.")
-    cols = {k: [r.get(k) for r in records] for k in (*required, *optional)
-            if k in required or any(k in r for r in records)}
+    cols = {
+        k: [r.get(k) for r in records] for k in (*required, *optional) if k in required or any(k in r for r in records)
+    }
     df = pd.DataFrame({k: pd.Series(v, dtype=object) for k, v in cols.items()})
     return Table(str(path), df, np.asarray(lines), expected)
 
@@ -164,9 +181,9 @@ def read_jsonl(path: Path, required: tuple[str, ...], optional: tuple[str, ...],
 def numbers_of(col: pd.Series) -> np.ndarray:
     """Column as float64; anything that is not a number (or is a bool) becomes NaN."""
     import pandas as pd  # noqa: PLC0415 - heavy (pandas): the CLI starts without it
+
     if col.dtype == object:
-        col = col.map(lambda v: v if isinstance(v, (int, float, str)) and not isinstance(v, bool)
-                      else None)
+        col = col.map(lambda v: v if isinstance(v, (int, float, str)) and not isinstance(v, bool) else None)
     return pd.to_numeric(col, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
 
 

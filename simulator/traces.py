@@ -33,6 +33,7 @@ Formats (``fmt`` of :func:`read_trace`):
     ``output_tokens`` and optional ``hash_ids`` (JSON list, or in CSV a string
     of ids separated by spaces or commas), also assumed 512-token blocks.
 """
+
 from __future__ import annotations
 
 import json
@@ -110,15 +111,17 @@ def _tokens(t: Table, column: str, role: Role, notes: list[str]) -> np.ndarray:
     """Validated token counts: integers >= 1 for prompts; >= 0 for outputs, 0 clamped to 1."""
     x = numbers_of(t.df[column])
     lowest = 1 if role == "input" else 0
-    bad = ~np.isfinite(x) | (x != np.floor(x)) | (x < lowest) | (x >= 2.0 ** 53)
+    bad = ~np.isfinite(x) | (x != np.floor(x)) | (x < lowest) | (x >= 2.0**53)
     if bad.any():
         what = "a positive integer (prompt tokens)" if role == "input" else "a non-negative integer"
         raise t.fail(int(np.argmax(bad)), column, what)
     out = x.astype(np.int64)
     zero = out == 0
     if zero.any():
-        msg = (f"{t.path}: {int(zero.sum())} row(s) have {column}=0 (first at line "
-               f"{t.lines[int(np.argmax(zero))]}); clamped to 1 output token")
+        msg = (
+            f"{t.path}: {int(zero.sum())} row(s) have {column}=0 (first at line "
+            f"{t.lines[int(np.argmax(zero))]}); clamped to 1 output token"
+        )
         warnings.warn(msg, TraceWarning, stacklevel=4)
         notes.append(msg)
         out[zero] = 1
@@ -144,7 +147,7 @@ def _hash_ids(t: Table, column: str) -> tuple[tuple[int, ...], ...] | None:
                 v = [int(s) for s in v.strip().strip("[]").replace(",", " ").split()]
             except ValueError:
                 v = None
-        if not isinstance(v, list) or not all(type(h) is int and -2**63 <= h < 2**63 for h in v):
+        if not isinstance(v, list) or not all(type(h) is int and -(2**63) <= h < 2**63 for h in v):
             raise t.fail(i, column, "a list of integer block ids")
         rows.append(tuple(v))
     return tuple(rows)
@@ -159,28 +162,44 @@ def _check_hashes(t: Table, column: str, hashes, inp: np.ndarray) -> None:
     bad = blocks > most
     if bad.any():
         i = int(np.argmax(bad))
-        raise TraceError(f"{t.path} line {t.lines[i]}: {column} lists {blocks[i]} blocks but the prompt's "
-                         f"{inp[i]} tokens fill at most {most[i]} blocks of {HASH_BLOCK_TOKENS}; give one id per "
-                         f"{HASH_BLOCK_TOKENS}-token block of the prompt")
+        raise TraceError(
+            f"{t.path} line {t.lines[i]}: {column} lists {blocks[i]} blocks but the prompt's "
+            f"{inp[i]} tokens fill at most {most[i]} blocks of {HASH_BLOCK_TOKENS}; give one id per "
+            f"{HASH_BLOCK_TOKENS}-token block of the prompt"
+        )
 
 
-def _finish(t: Table, arrival: np.ndarray, inp: np.ndarray, out: np.ndarray,
-            hashes: tuple[tuple[int, ...], ...] | None, notes: list[str]) -> Trace:
+def _finish(
+    t: Table,
+    arrival: np.ndarray,
+    inp: np.ndarray,
+    out: np.ndarray,
+    hashes: tuple[tuple[int, ...], ...] | None,
+    notes: list[str],
+) -> Trace:
     """Sort stably by arrival if needed, shift to start at 0, and build the Trace."""
     backwards = np.diff(arrival) < 0
     if backwards.any():
-        msg = (f"{t.path}: {int(backwards.sum())} arrival(s) earlier than the row before "
-               f"(first at line {t.lines[int(np.argmax(backwards)) + 1]}); rows sorted by "
-               f"arrival time, ties kept in file order")
+        msg = (
+            f"{t.path}: {int(backwards.sum())} arrival(s) earlier than the row before "
+            f"(first at line {t.lines[int(np.argmax(backwards)) + 1]}); rows sorted by "
+            f"arrival time, ties kept in file order"
+        )
         warnings.warn(msg, TraceWarning, stacklevel=3)
         notes.append(msg)
         order = np.argsort(arrival, kind="stable")
         arrival, inp, out = arrival[order], inp[order], out[order]
         if hashes is not None:
             hashes = tuple(hashes[i] for i in order)
-    return Trace(arrival_s=arrival - arrival[0], input_tokens=inp, output_tokens=out,
-                 hash_ids=hashes, hash_block_tokens=HASH_BLOCK_TOKENS if hashes is not None else None,
-                 source=t.path, notes=tuple(notes))
+    return Trace(
+        arrival_s=arrival - arrival[0],
+        input_tokens=inp,
+        output_tokens=out,
+        hash_ids=hashes,
+        hash_block_tokens=HASH_BLOCK_TOKENS if hashes is not None else None,
+        source=t.path,
+        notes=tuple(notes),
+    )
 
 
 def read_azure_csv(path: str | Path, limit: int | None = None) -> Trace:
@@ -189,17 +208,24 @@ def read_azure_csv(path: str | Path, limit: int | None = None) -> Trace:
     ``limit`` reads at most that many rows.  Raises :class:`TraceError`.
     """
     import pandas as pd  # noqa: PLC0415 - heavy (pandas): the CLI starts without it
-    expected = ("each row must be TIMESTAMP,ContextTokens,GeneratedTokens, e.g. "
-                "'2023-11-16 18:15:46.6805900,374,44', below that header line")
+
+    expected = (
+        "each row must be TIMESTAMP,ContextTokens,GeneratedTokens, e.g. "
+        "'2023-11-16 18:15:46.6805900,374,44', below that header line"
+    )
     t = read_csv_rows(Path(path), AZURE_COLUMNS, (), expected, limit)
     try:
         stamps = pd.to_datetime(t.df["TIMESTAMP"], format="ISO8601", errors="coerce")
     except (ValueError, TypeError, OverflowError) as exc:
-        raise TraceError(f"{t.path}: the TIMESTAMP column cannot be read as one time line ({str(exc)[:160]}); "
-                         f"give every timestamp in the same time zone, or none; {expected}.") from None
+        raise TraceError(
+            f"{t.path}: the TIMESTAMP column cannot be read as one time line ({str(exc)[:160]}); "
+            f"give every timestamp in the same time zone, or none; {expected}."
+        ) from None
     if not isinstance(stamps.dtype, (np.dtype, pd.DatetimeTZDtype)) or stamps.dtype == object:
-        raise TraceError(f"{t.path}: the TIMESTAMP column mixes time zones (or zone-less and zoned times); "
-                         f"give every timestamp in the same time zone, or none; {expected}.")
+        raise TraceError(
+            f"{t.path}: the TIMESTAMP column mixes time zones (or zone-less and zoned times); "
+            f"give every timestamp in the same time zone, or none; {expected}."
+        )
     bad = stamps.isna().to_numpy()
     if bad.any():
         raise t.fail(int(np.argmax(bad)), "TIMESTAMP", "a timestamp like 2023-11-16 18:15:46.6805900")
@@ -215,8 +241,10 @@ def read_mooncake_jsonl(path: str | Path, limit: int | None = None) -> Trace:
 
     ``limit`` reads at most that many requests.  Raises :class:`TraceError`.
     """
-    expected = ('each line must be a JSON object like {"timestamp": 27482, "input_length": 6955, '
-                '"output_length": 52, "hash_ids": [46, 47]} (timestamp in milliseconds)')
+    expected = (
+        'each line must be a JSON object like {"timestamp": 27482, "input_length": 6955, '
+        '"output_length": 52, "hash_ids": [46, 47]} (timestamp in milliseconds)'
+    )
     t = read_jsonl(Path(path), MOONCAKE_KEYS, ("hash_ids",), expected, limit)
     notes: list[str] = []
     arrival = _seconds(t, "timestamp", 1e-3)
@@ -234,8 +262,7 @@ def read_plain(path: str | Path, limit: int | None = None) -> Trace:
     character ``{``; anything else is read as CSV.  Raises :class:`TraceError`.
     """
     path = Path(path)
-    expected = ("each row must give arrival_s (seconds), input_tokens and output_tokens "
-                "(integers), optionally hash_ids")
+    expected = "each row must give arrival_s (seconds), input_tokens and output_tokens (integers), optionally hash_ids"
     if _looks_jsonl(path):
         t = read_jsonl(path, PLAIN_COLUMNS, ("hash_ids",), expected, limit)
     else:
@@ -286,7 +313,8 @@ def detect_format(path: str | Path) -> Literal["azure", "mooncake", "plain"]:
         f"an Azure CSV header ({','.join(AZURE_COLUMNS)}), Mooncake JSONL keys "
         f"({','.join(MOONCAKE_KEYS)}[,hash_ids]) or plain columns ({','.join(PLAIN_COLUMNS)}"
         f"[,hash_ids]); pass the format explicitly, or for a file of lengths without arrival "
-        f"times use an empirical or pairs length distribution instead.")
+        f"times use an empirical or pairs length distribution instead."
+    )
 
 
 _READERS = {"azure": read_azure_csv, "mooncake": read_mooncake_jsonl, "plain": read_plain}
@@ -300,8 +328,7 @@ def read_trace(path: str | Path, fmt: str = "auto", limit: int | None = None) ->
     try:
         reader = _READERS[fmt]
     except KeyError:
-        raise TraceError(f"unknown trace format {fmt!r}; use one of "
-                         f"{', '.join(_READERS)} or 'auto'") from None
+        raise TraceError(f"unknown trace format {fmt!r}; use one of {', '.join(_READERS)} or 'auto'") from None
     return reader(path, limit=limit)
 
 

@@ -25,6 +25,7 @@ Randomness: arrivals draw only from ``rng_arrivals`` and lengths only from
 The same config and generator states give byte-identical arrays.  Files named
 in a config are read by :func:`generate`, never by the config models.
 """
+
 from __future__ import annotations
 
 import math
@@ -49,6 +50,7 @@ from simulator.workload_config import (
 )
 
 # ---------------------------------------------------------------- requests
+
 
 @dataclass(frozen=True)
 class ClientModel:
@@ -86,8 +88,7 @@ class Requests:
 
     def __post_init__(self) -> None:
         n = len(self.arrival_s)
-        for name, dtype in (("arrival_s", np.float64), ("input_tokens", np.int64),
-                            ("output_tokens", np.int64)):
+        for name, dtype in (("arrival_s", np.float64), ("input_tokens", np.int64), ("output_tokens", np.int64)):
             arr = np.array(getattr(self, name), dtype=dtype)  # private copy
             if arr.ndim != 1 or len(arr) != n:
                 raise ValueError(f"Requests.{name} must be 1-D with {n} entries")
@@ -112,12 +113,13 @@ class Requests:
 def _gaps(arrival: Poisson | Gamma, size: int, rng: np.random.Generator) -> np.ndarray:
     if isinstance(arrival, Poisson):
         return rng.exponential(1.0 / arrival.rate, size)
-    shape = 1.0 / arrival.cv ** 2
+    shape = 1.0 / arrival.cv**2
     return rng.gamma(shape, 1.0 / (arrival.rate * shape), size)
 
 
-def _open_loop(arrival: Poisson | Gamma, num: int | None, duration: float | None,
-               rng: np.random.Generator) -> np.ndarray:
+def _open_loop(
+    arrival: Poisson | Gamma, num: int | None, duration: float | None, rng: np.random.Generator
+) -> np.ndarray:
     """Arrival times from 0: the first request at 0, then cumulative gaps."""
     if duration is None:
         assert num is not None
@@ -125,8 +127,9 @@ def _open_loop(arrival: Poisson | Gamma, num: int | None, duration: float | None
     cv = getattr(arrival, "cv", 1.0)
     expected = arrival.rate * duration
     if expected > MAX_REQUESTS and (num is None or num > MAX_REQUESTS):
-        raise WorkloadError(f"rate x duration_s = {expected:.3g} requests exceeds {MAX_REQUESTS}; "
-                            f"lower duration_s or set num_requests")
+        raise WorkloadError(
+            f"rate x duration_s = {expected:.3g} requests exceeds {MAX_REQUESTS}; lower duration_s or set num_requests"
+        )
     chunk = int(expected + 6 * cv * math.sqrt(expected) + 16)  # usually one draw suffices
     if num is not None:
         chunk = max(1, min(chunk, num - 1))
@@ -150,13 +153,16 @@ def _replay(arrival: TraceArrivals, cfg: WorkloadConfig) -> tuple[Trace, np.ndar
         raise WorkloadError(
             f"num_requests={n} but trace {trace.source} has {len(trace)} requests"
             f"{f' (limit={arrival.limit})' if arrival.limit else ''}; lower num_requests "
-            f"or leave it unset to replay the whole trace")
+            f"or leave it unset to replay the whole trace"
+        )
     t = trace.arrival_s[:n] * arrival.time_scale
     if arrival.rate is not None:
         span = float(t[-1] - t[0])
         if n < 2 or span <= 0:
-            raise WorkloadError(f"cannot rescale {trace.source} to rate={arrival.rate}: its "
-                                f"{n} replayed request(s) all arrive at once; drop rate")
+            raise WorkloadError(
+                f"cannot rescale {trace.source} to rate={arrival.rate}: its "
+                f"{n} replayed request(s) all arrive at once; drop rate"
+            )
         t = t * ((n - 1) / (span * arrival.rate))
     if cfg.duration_s is not None:
         n = int(np.searchsorted(t, cfg.duration_s, side="left"))
@@ -164,27 +170,27 @@ def _replay(arrival: TraceArrivals, cfg: WorkloadConfig) -> tuple[Trace, np.ndar
     return trace, t, n
 
 
-def _sample(dist: FixedLength | UniformLength | LognormalLength | EmpiricalLength,
-            n: int, rng: np.random.Generator, role: Role) -> np.ndarray:
+def _sample(
+    dist: FixedLength | UniformLength | LognormalLength | EmpiricalLength, n: int, rng: np.random.Generator, role: Role
+) -> np.ndarray:
     if isinstance(dist, FixedLength):
         return np.full(n, dist.value, dtype=np.int64)
     if isinstance(dist, UniformLength):
         return rng.integers(dist.low, dist.high, size=n, endpoint=True, dtype=np.int64)
     if isinstance(dist, LognormalLength):
-        s2 = math.log1p(dist.cv ** 2)
+        s2 = math.log1p(dist.cv**2)
         x = rng.lognormal(math.log(dist.mean) - s2 / 2, math.sqrt(s2), n)
         hi = np.inf if dist.high is None else dist.high
         return np.clip(np.rint(x), dist.low, hi).astype(np.int64)
     if dist.values is not None:
         values = np.asarray(dist.values, dtype=np.int64)
     else:
-        assert dist.path is not None and dist.column is not None     # EmpiricalLength._one_source
+        assert dist.path is not None and dist.column is not None  # EmpiricalLength._one_source
         values = read_token_columns(dist.path, {dist.column: role})[dist.column]
     return values[rng.integers(0, len(values), size=n)]
 
 
-def generate(cfg: WorkloadConfig, rng_arrivals: np.random.Generator,
-             rng_lengths: np.random.Generator) -> Requests:
+def generate(cfg: WorkloadConfig, rng_arrivals: np.random.Generator, rng_lengths: np.random.Generator) -> Requests:
     """Generate the requests of ``cfg``.
 
     Arrival times use only ``rng_arrivals`` (unused for traces and closed
@@ -198,7 +204,7 @@ def generate(cfg: WorkloadConfig, rng_arrivals: np.random.Generator,
     if isinstance(arrival, TraceArrivals):
         trace, t, n = _replay(arrival, cfg)
     elif isinstance(arrival, ClosedLoop):
-        assert cfg.num_requests is not None      # WorkloadConfig._complete: a closed loop needs it
+        assert cfg.num_requests is not None  # WorkloadConfig._complete: a closed loop needs it
         n = cfg.num_requests
         t = np.zeros(n)
     elif isinstance(arrival, ShapedArrivals):
@@ -211,8 +217,7 @@ def generate(cfg: WorkloadConfig, rng_arrivals: np.random.Generator,
     hash_ids = None
     if cfg.lengths is not None:
         pairs = cfg.lengths
-        cols = read_token_columns(pairs.path, {pairs.input_column: "input",
-                                               pairs.output_column: "output"})
+        cols = read_token_columns(pairs.path, {pairs.input_column: "input", pairs.output_column: "output"})
         idx = rng_lengths.integers(0, len(cols[pairs.input_column]), size=n)
         inp, out = cols[pairs.input_column][idx], cols[pairs.output_column][idx]
     else:
@@ -230,12 +235,18 @@ def generate(cfg: WorkloadConfig, rng_arrivals: np.random.Generator,
             out = trace.output_tokens[:n]
 
     return Requests(
-        arrival_s=t, input_tokens=inp, output_tokens=out, hash_ids=hash_ids,
+        arrival_s=t,
+        input_tokens=inp,
+        output_tokens=out,
+        hash_ids=hash_ids,
         hash_block_tokens=trace.hash_block_tokens if trace is not None and hash_ids is not None else None,
         is_closed_loop=loop is not None,
         concurrency=loop.concurrency if loop is not None else None,
         think_time_s=loop.think_time_s if loop is not None else 0.0,
-        client=ClientModel(loop.concurrency, loop.think_time_s, loop.send_delay_s, loop.ramp_up_s,
-                           min(loop.warmup_requests, n - 1)) if loop is not None else None,
+        client=ClientModel(
+            loop.concurrency, loop.think_time_s, loop.send_delay_s, loop.ramp_up_s, min(loop.warmup_requests, n - 1)
+        )
+        if loop is not None
+        else None,
         notes=trace.notes if trace is not None else (),
     )

@@ -4,6 +4,7 @@ Validated, frozen pydantic models only (units: seconds, requests per second, tok
 are read by :func:`simulator.workload.generate`, never here.  See :mod:`simulator.workload` for the
 arrival and length kinds.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,16 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from simulator.bounds import (
-    MAX_REQUESTS,
-    MAX_TOKENS,
-    Delay,
-    Duration,
-    Range,
-    Rate,
-    Requests,
-    Tokens,
-)
+from simulator.bounds import MAX_REQUESTS, MAX_TOKENS, Delay, Duration, Range, Rate, Requests, Tokens
 from simulator.epd.epd_config import ImageWorkload
 from simulator.inputs import StrictModel
 from simulator.loadshape import ShapedArrivals
@@ -32,6 +24,7 @@ CLIENT_SEND_DELAY_S = 0.0
 
 
 # ---------------------------------------------------------------- lengths
+
 
 class FixedLength(StrictModel):
     """Every request has ``value`` tokens."""
@@ -104,13 +97,11 @@ class LengthPairs(StrictModel):
     output_column: str
 
 
-LengthDist = Annotated[
-    FixedLength | UniformLength | LognormalLength | EmpiricalLength,
-    Field(discriminator="kind"),
-]
+LengthDist = Annotated[FixedLength | UniformLength | LognormalLength | EmpiricalLength, Field(discriminator="kind")]
 
 
 # ---------------------------------------------------------------- arrivals
+
 
 class Poisson(StrictModel):
     """Open loop, exponential inter-arrival gaps; ``rate`` in requests/s."""
@@ -143,8 +134,9 @@ class TraceArrivals(StrictModel):
     kind: Literal["trace"] = "trace"
     path: Path
     format: TraceFormat = "auto"
-    time_scale: Annotated[float, Range(1e-9, 1e9,
-                                       fix="give the factor on the trace's timestamps (2 = half the rate)")] = 1.0
+    time_scale: Annotated[
+        float, Range(1e-9, 1e9, fix="give the factor on the trace's timestamps (2 = half the rate)")
+    ] = 1.0
     rate: Rate | None = None
     limit: Requests | None = None
 
@@ -177,9 +169,7 @@ class ClosedLoop(StrictModel):
     warmup_requests: Annotated[int, Range(0, MAX_REQUESTS, "requests", whole=True)] = 0
 
 
-Arrival = Annotated[
-    Poisson | Gamma | TraceArrivals | ClosedLoop | ShapedArrivals, Field(discriminator="kind")
-]
+Arrival = Annotated[Poisson | Gamma | TraceArrivals | ClosedLoop | ShapedArrivals, Field(discriminator="kind")]
 
 
 class WorkloadConfig(StrictModel):
@@ -200,7 +190,7 @@ class WorkloadConfig(StrictModel):
     lengths: LengthPairs | None = None
     num_requests: Requests | None = None
     duration_s: Duration | None = None
-    images: ImageWorkload | None = None      # multimodal: images per request (simulator.epd.multimodal)
+    images: ImageWorkload | None = None  # multimodal: images per request (simulator.epd.multimodal)
 
     @model_validator(mode="after")
     def _complete(self) -> WorkloadConfig:
@@ -208,11 +198,11 @@ class WorkloadConfig(StrictModel):
         split = self.input_length is not None or self.output_length is not None
         if self.lengths is not None and split:
             raise ValueError("give either lengths (pairs) or input_length/output_length, not both")
-        if kind != "trace" and self.lengths is None and (
-                self.input_length is None or self.output_length is None):
+        if kind != "trace" and self.lengths is None and (self.input_length is None or self.output_length is None):
             raise ValueError(
                 f"arrival kind {kind!r} needs lengths: give input_length and output_length "
-                f"(e.g. {{kind: fixed, value: 512}}) or lengths {{kind: pairs, ...}}")
+                f"(e.g. {{kind: fixed, value: 512}}) or lengths {{kind: pairs, ...}}"
+            )
         if kind == "closed" and self.num_requests is None:
             raise ValueError("a closed loop needs num_requests (total requests the users send)")
         if kind in ("poisson", "gamma") and self.num_requests is None and self.duration_s is None:

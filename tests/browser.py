@@ -5,6 +5,7 @@ Import the fixtures into a test module (``from tests.browser import app_server_f
 finds them there by their names, ``app_server`` and ``driver``) and mark it with :data:`pytestmark`, which skips
 with the reason when Chromium or its driver is missing.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -25,18 +26,29 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
 try:
     import selenium  # noqa: F401 - only whether it imports
+
     HAVE_SELENIUM = True
 except ImportError:
     HAVE_SELENIUM = False
 
 pytestmark = pytest.mark.skipif(not HAVE_SELENIUM, reason="selenium is not installed (pip install -e '.[test]')")
-needs_chromium = pytest.mark.skipif(not (CHROMIUM and DRIVER),
-                                reason="no chromium/chromedriver here (apt-get install chromium chromium-driver; "
-                                       ".ci/run installs them)")
+needs_chromium = pytest.mark.skipif(
+    not (CHROMIUM and DRIVER),
+    reason="no chromium/chromedriver here (apt-get install chromium chromium-driver; .ci/run installs them)",
+)
 
-FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-dev-shm-usage", "--window-size=1600,1400"]
+FLAGS = [
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--window-size=1600,1400",
+]
 
 
 def free_port() -> int:
@@ -66,8 +78,14 @@ def running_app(env: dict, log_path):
     stops it (and everything it started) on exit."""
     port = free_port()
     log = open(log_path, "w")
-    proc = subprocess.Popen([sys.executable, "-m", "simulator.cli", "app", "--port", str(port), "--headless"],
-                            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "simulator.cli", "app", "--port", str(port), "--headless"],
+        cwd=REPO,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         wait_health(f"http://localhost:{port}/_stcore/health", proc)
         yield f"http://localhost:{port}/"
@@ -92,6 +110,7 @@ def app_server_fixture(tmp_path_factory):
 def driver_fixture(tmp_path):
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
+
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
     for f in FLAGS + [f"--user-data-dir={tmp_path / 'chromium-profile'}"]:
@@ -105,17 +124,20 @@ def driver_fixture(tmp_path):
 
 def body_text(drv) -> str:
     from selenium.webdriver.common.by import By
+
     return drv.find_element(By.TAG_NAME, "body").text
 
 
 def alerts(drv) -> str:
     from selenium.webdriver.common.by import By
+
     return " ".join(e.text for e in drv.find_elements(By.CSS_SELECTOR, "[data-testid='stAlert']"))
 
 
 def assert_no_traceback(drv) -> None:
     """No Streamlit exception box and no Python traceback anywhere on the page."""
     from selenium.webdriver.common.by import By
+
     assert not drv.find_elements(By.CSS_SELECTOR, "[data-testid='stException']"), body_text(drv)[:2000]
     assert "Traceback" not in body_text(drv)
 
@@ -131,14 +153,17 @@ def wait(drv, seconds: float = 180):
             try:
                 return super().until(method, message)
             except TimeoutException:
-                raise AssertionError(f"not seen within {seconds:.0f} s; the page showed:\n"
-                                     f"{settled(body_text)(drv)[:4000]}") from None
+                raise AssertionError(
+                    f"not seen within {seconds:.0f} s; the page showed:\n{settled(body_text)(drv)[:4000]}"
+                ) from None
+
     return Explained(drv, seconds, poll_frequency=0.25, ignored_exceptions=(StaleElementReferenceException,))
 
 
 def idle(drv) -> bool:
     """True when Streamlit shows no script run in progress."""
     from selenium.webdriver.common.by import By
+
     return not drv.find_elements(By.CSS_SELECTOR, "[data-testid^='stStatusWidgetRunning']")
 
 
@@ -150,6 +175,7 @@ def send_file(drv, index: int, path, where: str = "[data-testid='stSidebar'] ") 
     check refused it; Chromium has refused an allowed .yaml so (1 of 2,110 tests in a full run, not
     reproduced alone), so a refused file is sent again, at most three times."""
     from selenium.webdriver.common.by import By
+
     name = os.path.basename(str(path))
 
     def refused(d) -> int:
@@ -168,14 +194,17 @@ def send_file(drv, index: int, path, where: str = "[data-testid='stSidebar'] ") 
 
 def settled(read):
     """``read`` retried while Streamlit replaces the elements it reads (a rerun redraws them)."""
+
     def wrapped(drv):
         from selenium.common.exceptions import StaleElementReferenceException
+
         for _ in range(20):
             try:
                 return read(drv)
             except StaleElementReferenceException:
                 continue
         return read(drv)
+
     return wrapped
 
 
@@ -189,6 +218,7 @@ def click(drv, text: str) -> None:
             buttons[0].click()
             return True
         return False
+
     wait(drv, 60).until(press)
 
 
@@ -204,4 +234,5 @@ def metrics(drv) -> dict[str, str]:
             if label and value:
                 out[label[0].text.strip()] = value[0].text.strip()
         return out
+
     return settled(read)(drv)

@@ -1,4 +1,5 @@
 """Shared helpers: small scenarios built in Python, and the location of ../shared."""
+
 from __future__ import annotations
 
 import os
@@ -24,6 +25,7 @@ def run_within(fn, timeout_s: float = 60.0) -> dict:
             out["value"] = fn()
         except BaseException as exc:  # noqa: BLE001 - handed to the test
             out["error"] = exc
+
     t = threading.Thread(target=target, daemon=True)
     t.start()
     t.join(timeout_s)
@@ -69,17 +71,21 @@ def _vllm_python() -> str | None:
     """``$EPDSIM_VLLM_PYTHON`` when set (only that one), else ``.venv-vllm/bin/python``; None unless
     that Python can import vllm."""
     env = os.environ.get("EPDSIM_VLLM_PYTHON")
-    for cand in ([env] if env else [str(REPO / ".venv-vllm" / "bin" / "python")]):
+    for cand in [env] if env else [str(REPO / ".venv-vllm" / "bin" / "python")]:
         if not Path(cand).exists():
             continue
-        r = subprocess.run([cand, "-c",
-                            "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"],
-                           capture_output=True, timeout=60)
+        r = subprocess.run(
+            [cand, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"],
+            capture_output=True,
+            timeout=60,
+        )
         if r.returncode == 0:
             return cand
     return None
 
 
 VLLM_PY = _vllm_python()
-needs_vllm = pytest.mark.skipif(VLLM_PY is None, reason="no Python with vLLM: set EPDSIM_VLLM_PYTHON to one, or "
-                                                        "run .ci/install_vllm_cpu.sh (creates .venv-vllm)")
+needs_vllm = pytest.mark.skipif(
+    VLLM_PY is None,
+    reason="no Python with vLLM: set EPDSIM_VLLM_PYTHON to one, or run .ci/install_vllm_cpu.sh (creates .venv-vllm)",
+)

@@ -1,6 +1,7 @@
 """Shared pieces of the hostile-input tests (tests/test_hostile_input*.py): the shipped files they
 start from, writers of bad files, and the check that a command refuses input cleanly: exit code 2,
 no traceback, the named words in the message, under 5 s."""
+
 from __future__ import annotations
 
 import copy
@@ -17,10 +18,16 @@ BASE = yaml.safe_load((REPO / "examples" / "llama8b_h100_chat.yaml").read_text()
 PLAN = yaml.safe_load((REPO / "examples" / "plan_llama8b.yaml").read_text())
 GPU = (REPO / "hwdb" / "data" / "gpus" / "H100-SXM-80GB.yaml").read_text()
 LINK = (REPO / "hwdb" / "data" / "links" / "cloud-vpc.yaml").read_text()
-LLAMA = json.loads((REPO / "hwdb" / "data" / "models" / "Llama-3.1-8B" / "config.json").read_text()) \
-    if (REPO / "hwdb" / "data" / "models" / "Llama-3.1-8B" / "config.json").exists() else None
-LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
-    f"{c}: &{c} [{', '.join(['*' + p] * 10)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True)) + "model: *i\n"
+LLAMA = (
+    json.loads((REPO / "hwdb" / "data" / "models" / "Llama-3.1-8B" / "config.json").read_text())
+    if (REPO / "hwdb" / "data" / "models" / "Llama-3.1-8B" / "config.json").exists()
+    else None
+)
+LAUGHS = (
+    "a: &a [x, x, x, x, x, x, x, x, x, x]\n"
+    + "".join(f"{c}: &{c} [{', '.join(['*' + p] * 10)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True))
+    + "model: *i\n"
+)
 
 
 def scenario(**workload) -> dict:
@@ -57,7 +64,7 @@ def run_main(argv: list[str], capsys) -> tuple[int, str, float]:
     t0 = time.monotonic()
     try:
         rc = cli.main([str(a) for a in argv])
-    except SystemExit as exc:          # argparse usage errors
+    except SystemExit as exc:  # argparse usage errors
         rc = exc.code
     out = capsys.readouterr()
     return rc, out.out + out.err, time.monotonic() - t0
@@ -77,8 +84,17 @@ PLAIN_HEAD = "arrival_s,input_tokens,output_tokens\n"
 
 
 def with_cfg(**change) -> dict:
-    cfg = dict(LLAMA or {"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
-                         "num_hidden_layers": 32, "intermediate_size": 14336, "vocab_size": 128256})
+    cfg = dict(
+        LLAMA
+        or {
+            "hidden_size": 4096,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "num_hidden_layers": 32,
+            "intermediate_size": 14336,
+            "vocab_size": 128256,
+        }
+    )
     for k, v in change.items():
         if v is None:
             cfg.pop(k, None)

@@ -1,5 +1,6 @@
 """Shared by the perf-model validation tests (test_perf_validation.py, test_perf_vs_measured.py): the
 kernel data folder, the step model of a model on a GPU, and the error tables they print."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,9 +14,9 @@ from simulator.step_build import build_step_model
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 KERNELS = SHARED / "data" / "kernels"
-needs_shared = pytest.mark.skipif(not KERNELS.is_dir(),
-                                  reason=f"{KERNELS} is absent (CI has ../shared); "
-                                         "these tests read measured kernel data")
+needs_shared = pytest.mark.skipif(
+    not KERNELS.is_dir(), reason=f"{KERNELS} is absent (CI has ../shared); these tests read measured kernel data"
+)
 
 
 def deployment(db, model: str, gpu: str = "H100", tp: int = 1, dtype: str = "bf16", pp: int = 1):

@@ -1,6 +1,7 @@
 """Shared by the artefact tests (tests/test_plan_artefacts*.py, test_plan_layouts.py): screen-only plans (one
 run per process), the Kubernetes client round trip, SGLang's documented flags, and the script that parses
 `vllm serve` lines with vLLM's own parser."""
+
 from __future__ import annotations
 
 import functools
@@ -15,16 +16,23 @@ from tests.test_plan import _vl_request
 @functools.cache
 def screen_plan(connector: str = "nixl", link: str = "roce-400"):
     """A screen-only plan (no simulation needed for artefacts) over NVIDIA and AMD GPUs."""
-    req = parse_plan_request({
-        "name": "Art Test", "model": "Llama-3.1-8B",
-        "workload": {"arrival": {"kind": "poisson", "rate": 6.0},
-                     "input_length": {"kind": "fixed", "value": 2000}, "output_length": {"kind": "fixed", "value": 200},
-                     "num_requests": 200},
-        "slo": {"ttft_s": 1.0, "tpot_s": 0.05},
-        "gpus": [{"name": "H100"}, {"name": "H200"}, {"name": "MI300X"}],
-        "fabrics": {"connector": connector, "links": [link]},
-        "constraints": {"max_gpus": 8, "max_instances_per_pool": 3, "tp": [1, 2]},
-        "search": {"verify": 0, "borderline": 0, "verify_front": 0}})
+    req = parse_plan_request(
+        {
+            "name": "Art Test",
+            "model": "Llama-3.1-8B",
+            "workload": {
+                "arrival": {"kind": "poisson", "rate": 6.0},
+                "input_length": {"kind": "fixed", "value": 2000},
+                "output_length": {"kind": "fixed", "value": 200},
+                "num_requests": 200,
+            },
+            "slo": {"ttft_s": 1.0, "tpot_s": 0.05},
+            "gpus": [{"name": "H100"}, {"name": "H200"}, {"name": "MI300X"}],
+            "fabrics": {"connector": connector, "links": [link]},
+            "constraints": {"max_gpus": 8, "max_instances_per_pool": 3, "tp": [1, 2]},
+            "search": {"verify": 0, "borderline": 0, "verify_front": 0},
+        }
+    )
     return run_plan(req, workers=1)
 
 
@@ -40,8 +48,10 @@ def epd_id(res) -> str:
 
 
 def pick(res, family: str, hetero: bool = False, gpu: str = "H") -> str:
-    df = res.candidates[(res.candidates["family"] == family) & (res.candidates["rejected_reason"]
-                                                                 .str.startswith(("memory", "kv-transfer")).eq(False))]
+    df = res.candidates[
+        (res.candidates["family"] == family)
+        & (res.candidates["rejected_reason"].str.startswith(("memory", "kv-transfer")).eq(False))
+    ]
     for r in df.itertuples():
         c = res.candidate(r.id)
         gpus = {p.gpu for p in c.pools}
@@ -56,11 +66,15 @@ def k8s_roundtrip(doc: dict) -> dict:
     kubernetes = pytest.importorskip("kubernetes", reason="the kubernetes client (test extra) is not installed")
     api = kubernetes.client.ApiClient()
 
-    kind = {"Deployment": "V1Deployment", "StatefulSet": "V1StatefulSet", "Service": "V1Service",
-            "PersistentVolumeClaim": "V1PersistentVolumeClaim"}[doc["kind"]]
+    kind = {
+        "Deployment": "V1Deployment",
+        "StatefulSet": "V1StatefulSet",
+        "Service": "V1Service",
+        "PersistentVolumeClaim": "V1PersistentVolumeClaim",
+    }[doc["kind"]]
     try:
-        obj = api.deserialize(json.dumps(doc), kind, "application/json")      # client >= 35
-    except TypeError:                                                        # older: a response object
+        obj = api.deserialize(json.dumps(doc), kind, "application/json")  # client >= 35
+    except TypeError:  # older: a response object
 
         class Response:
             data = json.dumps(doc)
@@ -73,15 +87,28 @@ def k8s_roundtrip(doc: dict) -> dict:
 # flags: docs/advanced_features/server_arguments.md, pd_disaggregation.md and epd_disaggregation.md of
 # sgl-project/sglang, with the documented choices of the flags that have them.
 SGLANG_FLAGS = {
-    "--model-path": None, "--host": None, "--port": None, "--tp-size": None,
-    "--dtype": {"auto", "half", "float16", "bfloat16", "float", "float32"}, "--context-length": None,
-    "--max-running-requests": None, "--chunked-prefill-size": None, "--mem-fraction-static": None,
-    "--kv-cache-dtype": {"auto", "fp8_e5m2", "fp8_e4m3"}, "--disaggregation-mode": {"null", "prefill", "decode"},
+    "--model-path": None,
+    "--host": None,
+    "--port": None,
+    "--tp-size": None,
+    "--dtype": {"auto", "half", "float16", "bfloat16", "float", "float32"},
+    "--context-length": None,
+    "--max-running-requests": None,
+    "--chunked-prefill-size": None,
+    "--mem-fraction-static": None,
+    "--kv-cache-dtype": {"auto", "fp8_e5m2", "fp8_e4m3"},
+    "--disaggregation-mode": {"null", "prefill", "decode"},
     "--disaggregation-transfer-backend": {"mooncake", "nixl", "ascend", "fake"},
-    "--disaggregation-bootstrap-port": None, "--disaggregation-ib-device": None, "--encoder-only": None,
-    "--language-only": None, "--encoder-urls": None, "--dp-size": None, "--enable-dp-attention": None,
+    "--disaggregation-bootstrap-port": None,
+    "--disaggregation-ib-device": None,
+    "--encoder-only": None,
+    "--language-only": None,
+    "--encoder-urls": None,
+    "--dp-size": None,
+    "--enable-dp-attention": None,
     "--ep-size": None,
-    "--encoder-transfer-backend": {"zmq_to_scheduler", "zmq_to_tokenizer", "mooncake"}}
+    "--encoder-transfer-backend": {"zmq_to_scheduler", "zmq_to_tokenizer", "mooncake"},
+}
 
 
 def check_sglang(argv):

@@ -1,6 +1,7 @@
 """Admission reserves (simulator/engine/admission.py): SGLang keeps KV free for its running requests' future
 output at a decaying ratio, TensorRT-LLM for all of it; vLLM keeps none.  Under a burst that overfills the
 cache the first two run fewer requests at once, and TensorRT-LLM never preempts."""
+
 from __future__ import annotations
 
 import pytest
@@ -16,10 +17,15 @@ def burst(engine: str, kv_tokens: int = 6000):
     """200 requests of 512 + 256 tokens at once into a cache that holds ~kv_tokens: capacity-bound."""
     eng = {"engine": engine, "max_num_seqs": 256, "max_model_len": 4096}
     eng["gpu_memory_utilization"] = util_for_kv_tokens(kv_tokens, eng)
-    return scenario(pools=pool(engine=eng), workload={
-        "arrival": {"kind": "closed", "concurrency": 200},
-        "input_length": {"kind": "fixed", "value": 512}, "output_length": {"kind": "fixed", "value": 256},
-        "num_requests": 200})
+    return scenario(
+        pools=pool(engine=eng),
+        workload={
+            "arrival": {"kind": "closed", "concurrency": 200},
+            "input_length": {"kind": "fixed", "value": 512},
+            "output_length": {"kind": "fixed", "value": 256},
+            "num_requests": 200,
+        },
+    )
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@
 functions `epdsim simulate` uses (simulator/confidence.py), and the plan's verdict says whether the SLO
 still holds at the band's pessimistic edge (a recommendation whose headroom is inside the band is flagged).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,8 +20,9 @@ from tests.conftest import REPO
 @pytest.fixture(scope="module")
 def plan():
     d = scenarios.default_scenario()
-    req = planning.request_from_scenario(d, ["H100-SXM-80GB"], max_gpus=4, tp=(1,), families=("colocated",),
-                                         verify=1, requests=200)
+    req = planning.request_from_scenario(
+        d, ["H100-SXM-80GB"], max_gpus=4, tp=(1,), families=("colocated",), verify=1, requests=200
+    )
     return planning.run(req)
 
 
@@ -48,14 +50,14 @@ def test_home_cards_carry_the_band_simulate_prints():
     at.session_state["scenario"] = d
     at.run()
     assert not at.exception, [e.value for e in at.exception]
-    res = scenarios.run(d)                        # the same scenario: the same run (seeded)
+    res = scenarios.run(d)  # the same scenario: the same run (seeded)
     rel = error_bands(res.info)
-    assert rel["ttft_s"] is not None and rel["tpot_s"] is not None      # the default H100 run has a band
+    assert rel["ttft_s"] is not None and rel["tpot_s"] is not None  # the default H100 run has a band
     m = {x.label: x.value for x in at.metric}
     s = res.summary
-    assert m["TTFT p50"] == fmt.duration(s["ttft_s"]["p50"])      # short: a six-column card cuts a longer value
+    assert m["TTFT p50"] == fmt.duration(s["ttft_s"]["p50"])  # short: a six-column card cuts a longer value
     captions = [c.value for c in at.caption]
-    for key in ("ttft_s", "tpot_s"):            # the band of each percentile right under its card
+    for key in ("ttft_s", "tpot_s"):  # the band of each percentile right under its card
         want = " · ".join(f"{p} {with_band(s[key][p], rel[key])}" for p in ("p50", "p90", "p99"))
         assert any(c.startswith(want + " · SLO ≤ ") for c in captions), (want, captions)
     assert any(c.startswith("(low–high): model error band") for c in captions), captions
@@ -65,7 +67,7 @@ def test_plan_bands_are_the_simulated_runs_bands(plan):
     rec = plan.recommended
     assert rec is not None
     bands = planbands.band_frame(plan).set_index("id")
-    run = simulate(plan.to_scenario(rec["id"]))            # the candidate as `epdsim simulate` would run it
+    run = simulate(plan.to_scenario(rec["id"]))  # the candidate as `epdsim simulate` would run it
     rel = error_bands(run.info)
     assert bands.loc[rec["id"], "ttft_band"] == pytest.approx(rel["ttft_s"])
     assert bands.loc[rec["id"], "tpot_band"] == pytest.approx(rel["tpot_s"])
@@ -97,5 +99,6 @@ def test_a_plan_whose_headroom_is_inside_the_band_is_flagged(plan):
 
 def test_no_band_without_a_band_says_so(plan):
     rec = plan.recommended
-    assert planbands.holds_at_edge(rec["ttft_s"], rec["tpot_s"], {"ttft_s": None, "tpot_s": 0.1},
-                                   plan.request.slo) is None
+    assert (
+        planbands.holds_at_edge(rec["ttft_s"], rec["tpot_s"], {"ttft_s": None, "tpot_s": 0.1}, plan.request.slo) is None
+    )

@@ -7,6 +7,7 @@ loads the page, waits for the default scenario's results, checks that the Plotly
 out/app_browser.png; then a long run shows its progress bar and Cancel stops it; then a broken
 scenario YAML and a malformed trace, uploaded through the page, give inline errors.
 """
+
 from __future__ import annotations
 
 from tests.browser import (
@@ -28,6 +29,7 @@ pytestmark = [_selenium, needs_chromium]
 
 def test_default_scenario_renders_charts_in_chromium(app_server, driver):
     from selenium.webdriver.common.by import By
+
     driver.get(app_server)
     # The default view holds four CDF charts; each is a Plotly div with SVG and drawn line traces.
     wait(driver).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".js-plotly-plot .main-svg")) >= 4)
@@ -51,6 +53,7 @@ def test_long_run_shows_progress_and_cancels(app_server, driver):
     page says so instead of showing results."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
+
     driver.get(app_server)
     wait(driver).until(lambda d: d.find_elements(By.CSS_SELECTOR, "[data-testid='stMetric']"))
     box = driver.find_element(By.CSS_SELECTOR, "input[aria-label='requests']")
@@ -60,6 +63,7 @@ def test_long_run_shows_progress_and_cancels(app_server, driver):
     @settled
     def progress(d) -> str:
         return " ".join(e.text for e in d.find_elements(By.CSS_SELECTOR, "[data-testid='stProgress']"))
+
     wait(driver).until(lambda d: "simulating" in progress(d))
     click(driver, "Cancel")
     wait(driver).until(lambda d: "Run cancelled" in settled(body_text)(d))
@@ -72,6 +76,7 @@ def test_bad_uploads_show_inline_errors(app_server, driver, tmp_path):
     """An invalid scenario YAML and a malformed trace, uploaded through the browser: each is an inline
     error naming the problem and the fix; no traceback on the page."""
     from selenium.webdriver.common.by import By
+
     driver.get(app_server)
     wait(driver).until(lambda d: d.find_elements(By.CSS_SELECTOR, "[data-testid='stMetric']"))
     bad_yaml = tmp_path / "broken.yaml"
@@ -79,7 +84,7 @@ def test_bad_uploads_show_inline_errors(app_server, driver, tmp_path):
     bad_trace = tmp_path / "trace.csv"
     bad_trace.write_text("arrival_s,input_tokens,output_tokens\n0.0,100,20\n0.5,lots,20\n")
     uploads = driver.find_elements(By.CSS_SELECTOR, "[data-testid='stSidebar'] input[type='file']")
-    assert len(uploads) == 3                       # scenario YAML, config.json, trace
+    assert len(uploads) == 3  # scenario YAML, config.json, trace
     send_file(driver, 0, bad_yaml)
 
     errors = settled(alerts)
@@ -95,11 +100,14 @@ def test_upload_naming_a_server_file_is_refused(app_server, driver, tmp_path):
     """A scenario uploaded through the browser that names /etc/passwd as its trace is refused inline
     before anything is read: the page shows the field and the fix, nothing of the file."""
     from selenium.webdriver.common.by import By
+
     driver.get(app_server)
     wait(driver).until(lambda d: d.find_elements(By.CSS_SELECTOR, "[data-testid='stMetric']"))
     evil = tmp_path / "evil.yaml"
-    evil.write_text("model: Llama-3.1-8B\npools: [{gpu: H100}]\n"
-                    "workload: {arrival: {kind: trace, path: /etc/passwd, format: plain}, num_requests: 5}\n")
+    evil.write_text(
+        "model: Llama-3.1-8B\npools: [{gpu: H100}]\n"
+        "workload: {arrival: {kind: trace, path: /etc/passwd, format: plain}, num_requests: 5}\n"
+    )
     send_file(driver, 0, evil)
 
     errors = settled(alerts)

@@ -2,6 +2,7 @@
 the app open no file outside its upload folder, answers with the field, the value and the fix, and shows no
 traceback.  The app runs as `epdsim app` with an audit hook on ``open`` installed in every Python process it
 starts (a ``sitecustomize`` on PYTHONPATH), which logs each open of the planted secret."""
+
 from __future__ import annotations
 
 import json
@@ -27,7 +28,7 @@ from tests.browser import pytestmark as _selenium
 
 pytestmark = [_selenium, needs_chromium]
 
-HOOK = '''
+HOOK = """
 import os, sys
 _LOG, _WATCH = os.environ.get("EPDSIM_AUDIT_LOG"), os.environ.get("EPDSIM_AUDIT_WATCH")
 def _hook(event, args):
@@ -38,7 +39,7 @@ def _hook(event, args):
                 f.write(path + "\\n")
 if _LOG:
     sys.addaudithook(_hook)
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -52,9 +53,14 @@ def audited(tmp_path_factory):
     secret = watch / "secret.txt"
     secret.write_text("root:x:0:0 the secret line\n")
     log_path = base / "audit.log"
-    env = {**os.environ, "EPDSIM_HWDB": str(base / "user-hwdb"), "HOME": str(base),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")])),
-           "EPDSIM_AUDIT_LOG": str(log_path), "EPDSIM_AUDIT_WATCH": str(watch)}
+    env = {
+        **os.environ,
+        "EPDSIM_HWDB": str(base / "user-hwdb"),
+        "HOME": str(base),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")])),
+        "EPDSIM_AUDIT_LOG": str(log_path),
+        "EPDSIM_AUDIT_WATCH": str(watch),
+    }
     # The hook sees what a process started this way opens (else the test below could not fail).
     subprocess.run([sys.executable, "-c", f"open({str(secret)!r}).read()"], env=env, check=True)
     assert log_path.read_text().split() == [str(secret)]
@@ -65,7 +71,7 @@ def audited(tmp_path_factory):
 def _zip(tmp_path, secret, case: str):
     """The shipped sample bundle, zipped, its manifest pointing at ``secret`` as ``case`` says."""
     m = json.loads((calibration.SAMPLE_BUNDLE / "manifest.json").read_text())
-    if case != "root":       # without it the fit reads the server logs (to tell a CPU server), where the trap is
+    if case != "root":  # without it the fit reads the server logs (to tell a CPU server), where the trap is
         m["versions"].pop("server_python", None)
     if case == "dotdot":
         field, value = "launches[0].log", "../" * 12 + str(secret).lstrip("/")
@@ -89,18 +95,25 @@ def _zip(tmp_path, secret, case: str):
 @pytest.mark.parametrize("case", ["dotdot", "absolute", "root"])
 def test_a_hostile_uploaded_bundle_opens_nothing_outside(audited, driver, tmp_path, case):
     from selenium.webdriver.common.by import By
+
     url, secret, log_path = audited
     path, field, value = _zip(tmp_path, secret, case)
     before = log_path.read_text() if log_path.exists() else ""
     driver.get(url + "Calibration")
-    wait(driver).until(lambda d: [e for e in d.find_elements(By.CSS_SELECTOR, "label")
-                                  if e.text.strip() == "upload a bundle (.zip)"])
-    next(e for e in driver.find_elements(By.CSS_SELECTOR, "label")
-         if e.text.strip() == "upload a bundle (.zip)").click()
+    wait(driver).until(
+        lambda d: [e for e in d.find_elements(By.CSS_SELECTOR, "label") if e.text.strip() == "upload a bundle (.zip)"]
+    )
+    next(
+        e for e in driver.find_elements(By.CSS_SELECTOR, "label") if e.text.strip() == "upload a bundle (.zip)"
+    ).click()
     send_file(driver, 0, path, where="")
     # The overview reads the manifest (model.root is refused there); the others are refused by the fit.
-    wait(driver, 120).until(lambda d: field in alerts(d) or any(b.text.strip() == "Fit and validate"
-                                                                for b in d.find_elements(By.CSS_SELECTOR, "button")))
+    wait(driver, 120).until(
+        lambda d: (
+            field in alerts(d)
+            or any(b.text.strip() == "Fit and validate" for b in d.find_elements(By.CSS_SELECTOR, "button"))
+        )
+    )
     if field not in alerts(driver):
         click(driver, "Fit and validate")
         wait(driver, 240).until(lambda d: field in alerts(d))
@@ -109,4 +122,4 @@ def test_a_hostile_uploaded_bundle_opens_nothing_outside(audited, driver, tmp_pa
     assert "secret line" not in text and "root:x" not in text
     assert_no_traceback(driver)
     after = log_path.read_text() if log_path.exists() else ""
-    assert after == before, f"the app opened files outside its upload folder: {after[len(before):]}"
+    assert after == before, f"the app opened files outside its upload folder: {after[len(before) :]}"

@@ -7,6 +7,7 @@ is in the link); Operations: cold start and the crash loop of the default probes
 opened on Home with its timelines; Compare: colocated vs PD; Plan: the planner's recommendation; Calibration:
 the shipped sample bundle fitted and validated; Hardware: a GPU added with its source.
 """
+
 from __future__ import annotations
 
 import time
@@ -35,6 +36,7 @@ SHOTS = REPO / "out" / "browser"
 @_settled
 def _chart_titles(drv) -> list[str]:
     from selenium.webdriver.common.by import By
+
     return [t.text for t in drv.find_elements(By.CSS_SELECTOR, ".js-plotly-plot .gtitle")]
 
 
@@ -42,6 +44,7 @@ def _type(drv, label: str, value: str, enter: bool = True) -> None:
     """Replace the text of the input labelled ``label``; ``enter``: commit it (in a form, Enter would submit)."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
+
     box = drv.find_element(By.CSS_SELECTOR, f"input[aria-label='{label}']")
     box.send_keys(Keys.CONTROL, "a")
     box.send_keys(value, *([Keys.ENTER] if enter else []))
@@ -56,11 +59,13 @@ def _shot(drv, name: str) -> None:
     """A screenshot of the whole page: the window grown to the height of Streamlit's scrolling main area."""
     SHOTS.mkdir(parents=True, exist_ok=True)
     path = SHOTS / f"{name}.png"
-    height = drv.execute_script("const m = document.querySelector('[data-testid=\"stMain\"]');"
-                                "return m ? m.scrollHeight : document.body.scrollHeight;")
+    height = drv.execute_script(
+        "const m = document.querySelector('[data-testid=\"stMain\"]');"
+        "return m ? m.scrollHeight : document.body.scrollHeight;"
+    )
     size = drv.get_window_size()
     drv.set_window_size(size["width"], min(max(int(height) + 150, size["height"]), 12000))
-    time.sleep(1.0)              # for the screenshot only: charts redraw at the new size (nothing is asserted on it)
+    time.sleep(1.0)  # for the screenshot only: charts redraw at the new size (nothing is asserted on it)
     try:
         assert drv.save_screenshot(str(path)) and path.stat().st_size > 10_000
     finally:
@@ -87,9 +92,10 @@ def test_home_results_an_edit_and_the_link_survives_a_refresh(app_server, driver
     link = driver.current_url.split("scenario=", 1)[1].split("&", 1)[0]
     assert share.decode(link)["workload"]["arrival"]["rate"] == 40.0
     _shot(driver, "home")
-    driver.refresh()                                     # a new session: the link restores the edit
+    driver.refresh()  # a new session: the link restores the edit
     _wait(driver).until(lambda d: "output tok/s" in metrics(d))
     from selenium.webdriver.common.by import By
+
     assert float(driver.find_element(By.CSS_SELECTOR, "input[aria-label='rate (req/s)']").get_attribute("value")) == 40
     assert metrics(driver)["output tok/s"] == edited["output tok/s"]
     assert_no_traceback(driver)
@@ -106,22 +112,24 @@ def test_operations_cold_start_probes_and_an_autoscaling_run(app_server, driver)
     _click(driver, "Open on Home: Autoscaling under a step in load (operations)")
     _wait(driver).until(lambda d: "Instances over time" in _chart_titles(d) and "scale-ups" in metrics(d))
     m = metrics(driver)
-    want = expected_ops("autoscale_step_load.yaml")     # the services' own run of the same example
+    want = expected_ops("autoscale_step_load.yaml")  # the services' own run of the same example
     assert all(m[k] == want[k] for k in ("scale-ups", "cost per hour", "GPU-hours")), (m, want)
-    _wait(driver, 60).until(lambda d: {"Failed and retried requests (by arrival time)", "Cost with scaling"}
-                            <= set(_chart_titles(d)))
+    _wait(driver, 60).until(
+        lambda d: {"Failed and retried requests (by arrival time)", "Cost with scaling"} <= set(_chart_titles(d))
+    )
     assert_no_traceback(driver)
     _shot(driver, "home_operations")
 
 
 def test_compare_colocated_vs_pd(app_server, driver):
     from selenium.webdriver.common.by import By
+
     driver.get(app_server + "Compare")
     _wait(driver).until(lambda d: {"TTFT CDF", "TPOT CDF"} <= set(_chart_titles(d)))
     legend = {t.text for t in driver.find_elements(By.CSS_SELECTOR, ".js-plotly-plot .legendtext")}
     assert {"colocated", "PD"} <= legend, legend
     assert "Best value per row highlighted" in body_text(driver)
-    _wait(driver, 30).until(lambda d: "scenario=" in d.current_url)          # a refresh here keeps the scenario
+    _wait(driver, 30).until(lambda d: "scenario=" in d.current_url)  # a refresh here keeps the scenario
     assert_no_traceback(driver)
     _shot(driver, "compare")
 
@@ -144,19 +152,22 @@ def test_calibration_fits_the_sample_bundle(app_server, driver):
     _wait(driver, 300).until(lambda d: "checks within 25%" in _alerts(d))
     # 10 server-side checks and, with the sample bundle's fitted front end, client TTFT p50 and p90
     assert "validation: 12 of 12 checks within 25%" in _alerts(driver)
-    _wait(driver, 60).until(lambda d: {"step time (fit): predicted vs measured", "TTFT: predicted vs measured"}
-                            <= set(_chart_titles(d)))
+    _wait(driver, 60).until(
+        lambda d: {"step time (fit): predicted vs measured", "TTFT: predicted vs measured"} <= set(_chart_titles(d))
+    )
     assert_no_traceback(driver)
     _shot(driver, "calibration")
 
 
 def test_hardware_add_a_gpu_with_its_source(app_server, driver):
     from selenium.webdriver.common.by import By
+
     driver.get(app_server + "Hardware")
     _wait(driver).until(lambda d: d.find_elements(By.CSS_SELECTOR, "[role='tab']"))
     next(t for t in driver.find_elements(By.CSS_SELECTOR, "[role='tab']") if t.text == "add").click()
-    _wait(driver, 60).until(lambda d: [e for e in d.find_elements(By.CSS_SELECTOR, "input[aria-label='name']")
-                                       if e.is_displayed()])
+    _wait(driver, 60).until(
+        lambda d: [e for e in d.find_elements(By.CSS_SELECTOR, "input[aria-label='name']") if e.is_displayed()]
+    )
     _type(driver, "name", "Browser-GPU", enter=False)
     _type(driver, "source of these figures", "browser test datasheet", enter=False)
     _click(driver, "Add GPU")

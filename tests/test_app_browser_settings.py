@@ -6,6 +6,7 @@ widgets; the Plan page's request and the `vllm serve` line of its artefacts carr
 the Operations page shows them (its weights and KV-cache controls start there) and puts them into the
 serve line of the instance whose start it models.  Home's cards carry the model error band.
 """
+
 from __future__ import annotations
 
 import re
@@ -32,6 +33,7 @@ SERVE_FLAGS = ("--quantization fp8", "--kv-cache-dtype fp8", "--data-parallel-si
 
 def _selectbox(drv, label: str, where: str = ""):
     from selenium.webdriver.common.by import By
+
     for box in drv.find_elements(By.CSS_SELECTOR, where + "[data-testid='stSelectbox']"):
         lab = box.find_elements(By.CSS_SELECTOR, "[data-testid='stWidgetLabel']")
         if lab and lab[0].text.strip() == label and box.is_displayed():
@@ -48,6 +50,7 @@ def _selected(drv, label: str, where: str = "") -> str | None:
         if box is None:
             return None
         return box.find_element(By.CSS_SELECTOR, "input[role='combobox']").get_attribute("value")
+
     return _settled(read)(drv)
 
 
@@ -67,9 +70,10 @@ def _choose(drv, label: str, option: str, where: str = "[data-testid='stSidebar'
         options = [o for o in d.find_elements(By.CSS_SELECTOR, "[role='option']") if o.text.strip() == option]
         if options:
             options[0].click()
-        else:               # the combobox's "Open" button shows its list of options
+        else:  # the combobox's "Open" button shows its list of options
             box.find_element(By.CSS_SELECTOR, "button[aria-haspopup='listbox']").click()
         return False
+
     _wait(drv, 120).until(pick)
     _wait(drv, 180).until(lambda d: idle(d) and _selected(d, label, where) == option)
 
@@ -78,11 +82,13 @@ def _choose(drv, label: str, option: str, where: str = "[data-testid='stSidebar'
 def _code(drv) -> str:
     """Every code block's text, folded ones included (textContent: Selenium's .text skips hidden text)."""
     from selenium.webdriver.common.by import By
+
     return "\n".join(e.get_attribute("textContent") or "" for e in drv.find_elements(By.CSS_SELECTOR, "pre code"))
 
 
 def _open_expanders(drv, prefix: str) -> None:
     from selenium.webdriver.common.by import By
+
     for s in drv.find_elements(By.CSS_SELECTOR, "[data-testid='stExpander'] summary"):
         if s.text.strip().startswith(prefix):
             s.click()
@@ -94,12 +100,16 @@ def _page(drv, base: str, name: str) -> None:
     from selenium.webdriver.common.by import By
 
     def go(d) -> bool:
-        links = [a for a in d.find_elements(By.CSS_SELECTOR, "[data-testid='stSidebarNav'] a")
-                 if a.get_attribute("href").rstrip("/").endswith("/" + name)]
+        links = [
+            a
+            for a in d.find_elements(By.CSS_SELECTOR, "[data-testid='stSidebarNav'] a")
+            if a.get_attribute("href").rstrip("/").endswith("/" + name)
+        ]
         if links and idle(d):
             links[0].click()
             return True
         return False
+
     _wait(drv, 60).until(go)
     _wait(drv, 60).until(lambda d: d.current_url.split("?")[0].rstrip("/").endswith(name))
 
@@ -119,8 +129,9 @@ def test_fp8_kv_fp8_dp_ep_set_on_home_travel_to_plan_and_operations(app_server, 
     assert "model error band" in body_text(driver)
 
     _page(driver, app_server, "Plan")
-    _wait(driver, 120).until(lambda d: _selectbox(d, "GPUs on offer", "") is not None
-                             or "Run the planner" in body_text(d))
+    _wait(driver, 120).until(
+        lambda d: _selectbox(d, "GPUs on offer", "") is not None or "Run the planner" in body_text(d)
+    )
     _open_expanders(driver, "plan request")
     _wait(driver, 60).until(lambda d: "kv_cache_dtype: fp8" in _code(d))
     request = _code(driver)
@@ -132,7 +143,7 @@ def test_fp8_kv_fp8_dp_ep_set_on_home_travel_to_plan_and_operations(app_server, 
     _wait(driver, 120).until(lambda d: "vllm serve" in _code(d))
     serve = [line for line in _code(driver).splitlines() if line.startswith("vllm serve")]
     assert serve and all(f in serve[0] for f in SERVE_FLAGS), serve
-    assert "fp8" in alerts(driver), alerts(driver)                      # the recommended layout names it
+    assert "fp8" in alerts(driver), alerts(driver)  # the recommended layout names it
     assert_no_traceback(driver)
 
     _page(driver, app_server, "Operations")

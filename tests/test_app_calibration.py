@@ -1,5 +1,6 @@
 """Issue 18 item 9: the Calibration page works without a server path (a sample bundle ships; bundles
 upload as a zip) and a fitted profile can be downloaded, or saved and simulated on the Home page."""
+
 from __future__ import annotations
 
 import io
@@ -20,7 +21,7 @@ from tests.synthetic_bundle import CPU_TRUTH
 def user_hwdb(tmp_path, monkeypatch):
     monkeypatch.setenv("EPDSIM_HWDB", str(tmp_path / "user-hwdb"))
     monkeypatch.delenv(calibration.BUNDLE_ROOTS_ENV, raising=False)
-    monkeypatch.chdir(tmp_path)             # the sample is readable wherever the app was started
+    monkeypatch.chdir(tmp_path)  # the sample is readable wherever the app was started
 
 
 def _page() -> AppTest:
@@ -44,15 +45,20 @@ def _zip(entries: dict[str, bytes], links: tuple[str, ...] = ()) -> bytes:
 
 
 def _sample_zip(top: str = "mybundle/") -> bytes:
-    return _zip({top + str(p.relative_to(calibration.SAMPLE_BUNDLE)): p.read_bytes()
-                 for p in sorted(calibration.SAMPLE_BUNDLE.rglob("*")) if p.is_file()})
+    return _zip(
+        {
+            top + str(p.relative_to(calibration.SAMPLE_BUNDLE)): p.read_bytes()
+            for p in sorted(calibration.SAMPLE_BUNDLE.rglob("*"))
+            if p.is_file()
+        }
+    )
 
 
 def test_the_sample_bundle_fits_its_known_profile_and_is_used_on_home(tmp_path):
-    at = AppTest.from_file(str(REPO / "app" / "Home.py"), default_timeout=240).run()   # the app's entry point
+    at = AppTest.from_file(str(REPO / "app" / "Home.py"), default_timeout=240).run()  # the app's entry point
     at.switch_page("pages/4_Calibration.py").run()
     _ok(at)
-    assert at.radio(key="bundle-source").value == "sample"           # works without typing a server path
+    assert at.radio(key="bundle-source").value == "sample"  # works without typing a server path
     assert {m.label: m.value for m in at.metric}["model"] == "tiny-llama"
     at.button(key="fit").click().run()
     _ok(at)
@@ -82,15 +88,18 @@ def test_a_zipped_bundle_uploads_and_reads_as_the_folder_does():
     _ok(at)
     assert not at.error, [e.value for e in at.error]
     assert {m.label: m.value for m in at.metric}["model"] == "tiny-llama"
-    assert len(at.dataframe[0].value) == 6                               # prefill, 4 decode sweeps, load test
+    assert len(at.dataframe[0].value) == 6  # prefill, 4 decode sweeps, load test
 
 
-@pytest.mark.parametrize("entries,links,words", [
-    ({"../evil.txt": b"x", "b/manifest.json": b"{}"}, (), ["../evil.txt", "outside the archive"]),
-    ({"/etc/cron.d/x": b"x"}, (), ["/etc/cron.d/x", "outside the archive"]),
-    ({"b/manifest.json": b"{}"}, ("b/records",), ["b/records", "link"]),
-    ({"b/readme.txt": b"no manifest"}, (), ["no manifest.json"]),
-])
+@pytest.mark.parametrize(
+    "entries,links,words",
+    [
+        ({"../evil.txt": b"x", "b/manifest.json": b"{}"}, (), ["../evil.txt", "outside the archive"]),
+        ({"/etc/cron.d/x": b"x"}, (), ["/etc/cron.d/x", "outside the archive"]),
+        ({"b/manifest.json": b"{}"}, ("b/records",), ["b/records", "link"]),
+        ({"b/readme.txt": b"no manifest"}, (), ["no manifest.json"]),
+    ],
+)
 def test_hostile_or_wrong_zips_are_refused_with_the_entry_named(tmp_path, entries, links, words):
     with pytest.raises(scenarios.InputError) as err:
         bundles.extract_zip("b.zip", _zip(entries, links), tmp_path)

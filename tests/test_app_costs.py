@@ -4,6 +4,7 @@ For an autoscaling example both the static cost (the configured GPUs at their pr
 cost (the GPU-hours billed as instances came and went) apply: `epdsim simulate`'s totals table and the
 app's Home cards show both, from one function (app/services/costs.py: named_costs).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -28,13 +29,14 @@ def test_named_costs_of_an_autoscaling_run(run):
     s, o = run.summary, run.summary["operations"]
     named = costs.named_costs(s)
     assert list(named) == [costs.STATIC, costs.BILLED] and costs.headline(named) == costs.BILLED
-    assert named[costs.STATIC]["usd_per_hour"] == pytest.approx(4.25)          # one H100 as configured
-    assert named[costs.STATIC]["usd_per_million_output_tokens"] == \
-        pytest.approx(s["cost_usd_per_million_output_tokens"])
+    assert named[costs.STATIC]["usd_per_hour"] == pytest.approx(4.25)  # one H100 as configured
+    assert named[costs.STATIC]["usd_per_million_output_tokens"] == pytest.approx(
+        s["cost_usd_per_million_output_tokens"]
+    )
     billed = named[costs.BILLED]
     assert billed["usd"] == pytest.approx(o["cost_usd"]) and billed["gpu_hours"] == pytest.approx(o["gpu_hours"])
     assert billed["usd_per_hour"] == pytest.approx(o["cost_usd"] / (o["end_s"] / 3600.0))
-    assert billed["usd_per_hour"] > 2 * named[costs.STATIC]["usd_per_hour"]          # scaled out to 6 for minutes
+    assert billed["usd_per_hour"] > 2 * named[costs.STATIC]["usd_per_hour"]  # scaled out to 6 for minutes
     # the app's cost is that function's, headline and both names
     app = scenarios.cost(run)
     assert app["named"] == named and app["usd_per_hour"] == billed["usd_per_hour"]
@@ -46,8 +48,10 @@ def test_cli_and_app_show_the_same_named_costs(run):
     console.print(totals_table(run))
     cli = console.export_text()
     for name, c in named.items():
-        assert f"${c['usd_per_hour']:,.2f}/h, ${c['usd_per_million_output_tokens']:,.3f} per M output tokens " \
-               f"({name}:" in cli, cli
+        assert (
+            f"${c['usd_per_hour']:,.2f}/h, ${c['usd_per_million_output_tokens']:,.3f} per M output tokens "
+            f"({name}:" in cli
+        ), cli
     at = AppTest.from_file(str(REPO / "app" / "Home.py"), default_timeout=240)
     at.session_state["scenario"] = yaml.safe_load(EXAMPLE.read_text())
     at.run()

@@ -1,6 +1,7 @@
 """Issue 18 item 9: the inputs a user needs are on the page (weights dtype, PP, arrival process, seed,
 shipped examples), the terms are defined where they are used, and two of your own configurations
 compare in one click ("Pin for Compare", then the Compare page shows pinned vs current)."""
+
 from __future__ import annotations
 
 import pytest
@@ -50,9 +51,9 @@ def test_pp_multiplies_the_gpus_and_the_cost():
     at.selectbox(key="pp-0-colocated-0").set_value(2).run()
     _ok(at)
     assert at.session_state["scenario"]["pools"][0]["pp"] == 2
-    assert _metrics(at)["cost per hour"] == "$17.00"                 # 2 instances x TP1 x PP2 at $4.25/h
+    assert _metrics(at)["cost per hour"] == "$17.00"  # 2 instances x TP1 x PP2 at $4.25/h
     at.selectbox(key="pp-0-colocated-0").set_value(1).run()
-    assert "pp" not in at.session_state["scenario"]["pools"][0]      # back to the default: not written
+    assert "pp" not in at.session_state["scenario"]["pools"][0]  # back to the default: not written
 
 
 def test_dp_attention_and_expert_parallel_for_a_moe_model():
@@ -138,7 +139,11 @@ def test_pin_then_compare_two_of_your_own_configurations():
     assert at.selectbox(key="preset").value == "pinned vs current"
     df = at.dataframe[0].value
     assert [c for c in df.columns if c not in ("best", "better")] == [
-        "llama8b-h100-chat", "current: Llama-3.1-8B-3xH100-SXM-80GB-TP1"]
+        "llama8b-h100-chat",
+        "current: Llama-3.1-8B-3xH100-SXM-80GB-TP1",
+    ]
     assert df.loc["GPUs"].tolist()[:2] == [2, 3]
-    assert (df.loc["TTFT p50 (s)", "current: Llama-3.1-8B-3xH100-SXM-80GB-TP1"]
-            < df.loc["TTFT p50 (s)", "llama8b-h100-chat"])
+    assert (
+        df.loc["TTFT p50 (s)", "current: Llama-3.1-8B-3xH100-SXM-80GB-TP1"]
+        < df.loc["TTFT p50 (s)", "llama8b-h100-chat"]
+    )

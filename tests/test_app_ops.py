@@ -1,6 +1,7 @@
 """Issue 18 item 3: an operations run (autoscaling, crashes, retries) is visible in the app: instances
 over time with scale events and crash markers, failed and retried requests, GPU-hours, and a cost that
 counts the instances that came and went (not the initial deployment's price per hour)."""
+
 from __future__ import annotations
 
 import base64
@@ -28,10 +29,13 @@ def expected_ops(name: str) -> dict[str, str]:
     """The operations cards of an example as the app formats them, from the services' own run of it."""
     res = scenarios.run(_example(name))
     o, c = res.summary["operations"], opsviews.ops_cost(res)
-    return {"crashes": f"{o['crashes']:,}", "GPU-hours": f"{o['gpu_hours']:,.2f}",
-            "scale-ups": f"{len(o['scale_ups']):,}",
-            "cost per hour": fmt.usd(c["usd_per_hour"]),
-            "caption": f"mean billed: {fmt.usd(c['usd'])} for {c['gpu_hours']:,.2f} GPU-hours"}
+    return {
+        "crashes": f"{o['crashes']:,}",
+        "GPU-hours": f"{o['gpu_hours']:,.2f}",
+        "scale-ups": f"{len(o['scale_ups']):,}",
+        "cost per hour": fmt.usd(c["usd_per_hour"]),
+        "caption": f"mean billed: {fmt.usd(c['usd'])} for {c['gpu_hours']:,.2f} GPU-hours",
+    }
 
 
 def _example(name: str) -> dict:
@@ -55,13 +59,14 @@ def test_instance_counts_follow_the_scale_up_and_the_drain(autoscale):
 
     def at(t, col):
         return int(s[s["t_s"] <= t][col].iloc[-1])
+
     # Before the scale-up decision one instance serves; the five new ones are billed from their node's
     # provisioning (30 s after the decision) but serve only after their cold start.
     up = o["scale_ups"][0]
     assert at(up["decided_s"] + 1, "serving") == 1
     assert at(up["decided_s"] + 31, "billed") == 6 and at(up["decided_s"] + 31, "serving") == 1
     assert at(up["serving_s"], "serving") == 6
-    assert at(o["end_s"], "serving") == 1                       # scaled back down after the load step
+    assert at(o["end_s"], "serving") == 1  # scaled back down after the load step
     ev = opsviews.events_frame(o)
     assert list(ev["event"]) == ["scale-up", "scale-down"]
 
@@ -93,8 +98,8 @@ def test_crash_markers_and_retried_requests(crashes):
     s = opsviews.instances_series(o)
     dec = s[s["pool"] == "decode"]
     t_crash = o["crash_log"][0]["time_s"]
-    assert int(dec[dec["t_s"] <= t_crash]["serving"].iloc[-1]) == 2       # one of three decode instances down
-    assert int(dec[dec["t_s"] <= t_crash]["billed"].iloc[-1]) == 3        # its restart is billed from the crash
+    assert int(dec[dec["t_s"] <= t_crash]["serving"].iloc[-1]) == 2  # one of three decode instances down
+    assert int(dec[dec["t_s"] <= t_crash]["billed"].iloc[-1]) == 3  # its restart is billed from the crash
     figs = charts.results_figures("crash", crashes, 2.0, 0.05, which=charts.GROUPS["Operations"])
     assert set(figs) == {"instances", "failures", "cost"}
     crash_traces = [t for t in figs["instances"].data if t.name == "crash"]
@@ -104,8 +109,9 @@ def test_crash_markers_and_retried_requests(crashes):
 
 
 def test_runs_without_operations_offer_no_operations_view():
-    res = scenarios.run({**scenarios.default_scenario(), "workload": {
-        **scenarios.default_scenario()["workload"], "num_requests": 200}})
+    res = scenarios.run(
+        {**scenarios.default_scenario(), "workload": {**scenarios.default_scenario()["workload"], "num_requests": 200}}
+    )
     assert "Operations" not in charts.groups(res)
     assert "with_scaling" not in scenarios.cost(res)
     assert not set(charts.results_figures("x", res, 0.5, 0.05)) & set(charts.GROUPS["Operations"])
@@ -113,8 +119,14 @@ def test_runs_without_operations_offer_no_operations_view():
 
 def test_report_of_an_operations_run_has_its_timelines_and_figures(crashes):
     html = report.results_html(crashes, plotly="cdn")
-    for text in ("Instances over time", "Failed and retried requests", "Cost with scaling", "GPU-hours",
-                 "retried requests (re-sends)", "mean billed"):
+    for text in (
+        "Instances over time",
+        "Failed and retried requests",
+        "Cost with scaling",
+        "GPU-hours",
+        "retried requests (re-sends)",
+        "mean billed",
+    ):
         assert text in html, text
 
 
@@ -135,8 +147,11 @@ def test_home_shows_operations_cards_and_timelines():
     assert not at.exception, [e.value for e in at.exception]
     specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
     titles = [s["layout"]["title"]["text"] for s in specs]
-    assert sorted(titles) == ["Cost with scaling", "Failed and retried requests (by arrival time)",
-                              "Instances over time"]
+    assert sorted(titles) == [
+        "Cost with scaling",
+        "Failed and retried requests (by arrival time)",
+        "Instances over time",
+    ]
     inst = specs[titles.index("Instances over time")]
     serving = next(t for t in inst["data"] if t["name"] == "main serving")
     assert max(_array(serving["y"])) == 6
@@ -160,4 +175,6 @@ def test_operations_page_opens_an_operations_run_on_home():
     assert m["crashes"] == expected_ops("fp8_decode_crashes_pd.yaml")["crashes"] and int(m["crashes"]) >= 1
     assert int(m["retried requests"]) >= 1
     assert {json.loads(c.proto.spec)["layout"]["title"]["text"] for c in at.get("plotly_chart")} >= {
-        "Instances over time", "Cost with scaling"}
+        "Instances over time",
+        "Cost with scaling",
+    }

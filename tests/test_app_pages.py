@@ -4,6 +4,7 @@ and changing an input changes what it shows (asserted on elements and values).
 Bad input (a model that does not fit, invalid probes, a missing bundle, a GPU without a source)
 shows an inline st.error with the fix, never an exception.
 """
+
 from __future__ import annotations
 
 import json
@@ -53,12 +54,12 @@ def test_home_runs_default_and_reacts_to_rate():
     assert not at.error, [e.value for e in at.error]
     m = _metrics(at)
     assert m["SLO attainment"].endswith("%") and m["TTFT p50"].endswith("ms")
-    assert m["cost per hour"] == "$8.50"              # 2 x H100 at the hwdb list price of $4.25/h
+    assert m["cost per hour"] == "$8.50"  # 2 x H100 at the hwdb list price of $4.25/h
     assert "Llama-3.1-8B on 2× H100-SXM-80GB TP1 colocated" in [s.value for s in at.subheader]
-    assert len(at.get("plotly_chart")) == 4                       # the four latency CDFs
+    assert len(at.get("plotly_chart")) == 4  # the four latency CDFs
     at.radio(key="view").set_value("Time series").run()
     _ok(at)
-    assert len(at.get("plotly_chart")) == 5                       # throughput, batch, KV, queue, links
+    assert len(at.get("plotly_chart")) == 5  # throughput, batch, KV, queue, links
     tok = float(m["output tok/s"].replace(",", ""))
     at.number_input(key="rate-0").set_value(40.0).run()
     _ok(at)
@@ -109,8 +110,9 @@ def test_log_scale_toggles_on_home_and_compare():
     cmp = _page("pages/1_Compare.py").run()
     cmp.toggle(key="cmp-log").set_value(True).run()
     _ok(cmp)
-    assert any(json.loads(c.proto.spec)["layout"].get("yaxis", {}).get("type") == "log"
-               for c in cmp.get("plotly_chart"))
+    assert any(
+        json.loads(c.proto.spec)["layout"].get("yaxis", {}).get("type") == "log" for c in cmp.get("plotly_chart")
+    )
 
 
 def test_home_pd_layout_and_prices():
@@ -120,7 +122,7 @@ def test_home_pd_layout_and_prices():
     assert any("prefill" in s.value and "decode" in s.value for s in at.subheader)
     at.number_input(key="price-H100-SXM-80GB-0").set_value(2.0).run()
     _ok(at)
-    assert _metrics(at)["cost per hour"] == "$4.00"   # 1 prefill + 1 decode GPU at $2/h
+    assert _metrics(at)["cost per hour"] == "$4.00"  # 1 prefill + 1 decode GPU at $2/h
 
 
 def test_home_model_that_does_not_fit_is_an_inline_error():
@@ -170,7 +172,7 @@ def test_epd_scenario_breakdown_images_and_compare():
     _ok(cmp)
     df = cmp.dataframe[0].value
     assert {"colocated", "PD", "E+PD"} <= set(df.columns)
-    assert df.loc["GPUs", "E+PD"] == 8                            # the example's 4 encoders + TP4 LM
+    assert df.loc["GPUs", "E+PD"] == 8  # the example's 4 encoders + TP4 LM
 
 
 def test_operations_crash_loop_then_startup_probe():
@@ -183,15 +185,15 @@ def test_operations_crash_loop_then_startup_probe():
     assert start > 30 + 2 * 10
     assert at.error and "Crash loop" in at.error[0].value and "CrashLoopBackOff" in at.error[0].value
     at.checkbox(key="sp-on").check().run()
-    at.number_input(key="sp-3").set_value(60).run()             # 10 s x 59 = 590 s of patience
+    at.number_input(key="sp-3").set_value(60).run()  # 10 s x 59 = 590 s of patience
     _ok(at)
     assert not at.error and at.success and "ready at" in at.success[0].value
     at.selectbox(key="ops-model").set_value("Llama-3.1-70B").run()
     at.selectbox(key="ops-tp").set_value(4).run()
     _ok(at)
     assert float(_metrics(at)["start to API ready"].removesuffix(" s")) > start
-    assert not at.error and at.success and "ready at" in at.success[0].value   # the startup probe holds
-    at.number_input(key="lp-2").set_value(20).run()             # timeoutSeconds >= periodSeconds
+    assert not at.error and at.success and "ready at" in at.success[0].value  # the startup probe holds
+    at.number_input(key="lp-2").set_value(20).run()  # timeoutSeconds >= periodSeconds
     _ok(at)
     assert at.error and "timeoutSeconds" in at.error[0].value and "Fix" in at.error[0].value
 
@@ -201,7 +203,7 @@ def test_hardware_add_gpu(tmp_path):
     _ok(at)
     n = len(at.dataframe[0].value)
     at.text_input(key="gpu-name").set_value("Lab-GPU-96")
-    at.button[0].click().run()                                   # no source: refused inline
+    at.button[0].click().run()  # no source: refused inline
     assert at.error and "source" in at.error[0].value
     at.text_input(key="gpu-source").set_value("our lab's datasheet (test)")
     at.button[0].click().run()
@@ -226,7 +228,7 @@ def test_calibration_page_errors_inline(tmp_path, monkeypatch):
     at = _page("pages/4_Calibration.py").run()
     _ok(at)
     at.radio(key="bundle-source").set_value("folder").run()
-    assert at.info                                               # asks for a bundle
+    assert at.info  # asks for a bundle
     at.text_input(key="bundle").set_value(str(tmp_path / "nope")).run()
     _ok(at)
     assert at.error and "does not exist" in at.error[0].value
@@ -257,7 +259,7 @@ def test_calibration_page_fits_and_validates_a_bundle(tmp_path, monkeypatch):
 def test_plan_page_runs_the_planner():
     at = _page("pages/2_Plan.py").run()
     _ok(at)
-    assert at.button(key="plan-run")                             # nothing runs until asked
+    assert at.button(key="plan-run")  # nothing runs until asked
     at.number_input(key="plan-verify").set_value(1)
     at.number_input(key="plan-requests").set_value(100)
     at.multiselect(key="plan-tp").set_value([1])
@@ -278,7 +280,7 @@ def test_home_html_report_prepares_and_offers_the_download():
     _ok(at)
     downloads = [b for b in at.get("download_button") if b.proto.label == "Download HTML report"]
     assert len(downloads) == 1
-    at.radio(key="view").set_value("Time series").run()     # a rerun keeps the prepared report on offer
+    at.radio(key="view").set_value("Time series").run()  # a rerun keeps the prepared report on offer
     _ok(at)
     assert [b for b in at.get("download_button") if b.proto.label == "Download HTML report"]
 
@@ -299,12 +301,15 @@ def test_home_removing_a_bad_trace_restores_the_workload():
     _ok(at)
     assert not at.error, [e.value for e in at.error]
     assert at.number_input(key="rate-0").value == 20.0 and at.number_input(key="nreq-0").value == 4000
-    assert _metrics(at) == before                                  # the default scenario again (cached run)
+    assert _metrics(at) == before  # the default scenario again (cached run)
 
 
 def test_result_tables_format_fractions_as_percentages_and_seconds_with_units():
-    cc = ui.column_config(pd.DataFrame({"attainment": [0.9872], "ttft_s": [0.1], "cost_usd_per_hour": [8.5],
-                                        "layout": ["x"], "gpus": [2]}))
+    cc = ui.column_config(
+        pd.DataFrame(
+            {"attainment": [0.9872], "ttft_s": [0.1], "cost_usd_per_hour": [8.5], "layout": ["x"], "gpus": [2]}
+        )
+    )
     assert cc["attainment"]["type_config"]["format"] == "percent"
     assert cc["ttft_s"]["type_config"]["format"] == "%.3f s"
     assert cc["cost_usd_per_hour"]["type_config"]["format"] == "dollar"
@@ -315,8 +320,9 @@ def test_plan_page_band_edge_checkbox_sets_the_request_option():
     at = _page("pages/2_Plan.py").run()
     _ok(at)
 
-    def yaml_of():          # the request YAML expander
+    def yaml_of():  # the request YAML expander
         return "\n".join(c.value for c in at.code)
+
     assert "slo_at_band_edge" not in yaml_of()
     at.checkbox(key="plan-band-edge").check().run()
     _ok(at)

@@ -1,5 +1,6 @@
 """The app's services, charts and reports without Streamlit: jobs (progress, cancel, errors), scenario
 hashing and caching, uploads parsed safely, phase breakdowns that add up, costs, HTML reports and the CLI."""
+
 from __future__ import annotations
 
 import argparse
@@ -53,7 +54,7 @@ def forever(progress=None):
 
 def test_job_cancel_terminates_the_worker():
     job = jobs.Job(forever).start()
-    while job.stage != "started":          # the worker is running the function
+    while job.stage != "started":  # the worker is running the function
         assert job.poll(1.0) == "running"
     job.cancel()
     assert job.state == "cancelled" and not job._p.is_alive()
@@ -66,7 +67,7 @@ def user_folder(progress=None):
 
 def test_a_job_sees_the_apps_environment_of_its_start_not_the_forkservers(tmp_path, monkeypatch):
     # The forkserver keeps the environment it started with; a job must read the one the page reads now.
-    assert jobs.Job(user_folder).start().wait(120) == "done"       # the forkserver is up
+    assert jobs.Job(user_folder).start().wait(120) == "done"  # the forkserver is up
     monkeypatch.setenv("EPDSIM_HWDB", str(tmp_path / "later"))
     job = jobs.Job(user_folder).start()
     assert job.wait(120) == "done" and job.result == str(tmp_path / "later")
@@ -98,24 +99,29 @@ def test_scenario_hash_and_cache(tmp_path):
     t = {**d, "workload": scenarios.trace_workload(trace, None, None)}
     h1 = scenarios.scenario_hash(scenarios.to_scenario(t))
     trace.write_text("arrival_s,input_tokens,output_tokens\n0,10,5\n1,20,5\n2,30,5\n")
-    assert scenarios.scenario_hash(scenarios.to_scenario(t)) != h1       # same path, new content
+    assert scenarios.scenario_hash(scenarios.to_scenario(t)) != h1  # same path, new content
     cache = scenarios.RunCache(size=2)
     r1 = scenarios.run(d, cache)
     assert scenarios.run(d, cache) is r1
     for rate in (21.0, 22.0):
         scenarios.run(builder.set_workload(d, rate=rate), cache)
-    assert len(cache) == 2 and scenarios.run(d, cache) is not r1       # least recently used dropped
+    assert len(cache) == 2 and scenarios.run(d, cache) is not r1  # least recently used dropped
 
 
-@pytest.mark.parametrize("data, expect", [
-    (b"model: [unclosed", "not valid YAML at line 1"),
-    (pickle.dumps({"model": "x"}), "binary file"),
-    (b"!!python/object/apply:os.system ['true']", "not valid YAML"),
-    (b"- a\n- b\n", "expected a mapping"),
-    (b"model: Llama-3.1-8B\npools: [{gpu: H100, tp: 0}]\nworkload: {arrival: {kind: poisson, rate: 1}, "
-     b"num_requests: 5, input_length: {kind: fixed, value: 5}, output_length: {kind: fixed, value: 5}}\n",
-     "pools[0].tp"),
-])
+@pytest.mark.parametrize(
+    "data, expect",
+    [
+        (b"model: [unclosed", "not valid YAML at line 1"),
+        (pickle.dumps({"model": "x"}), "binary file"),
+        (b"!!python/object/apply:os.system ['true']", "not valid YAML"),
+        (b"- a\n- b\n", "expected a mapping"),
+        (
+            b"model: Llama-3.1-8B\npools: [{gpu: H100, tp: 0}]\nworkload: {arrival: {kind: poisson, rate: 1}, "
+            b"num_requests: 5, input_length: {kind: fixed, value: 5}, output_length: {kind: fixed, value: 5}}\n",
+            "pools[0].tp",
+        ),
+    ],
+)
 def test_bad_scenario_uploads(data, expect):
     with pytest.raises(scenarios.InputError) as e:
         scenarios.parse_yaml_upload("up.yaml", data)
@@ -133,12 +139,12 @@ def test_upload_size_limit_and_file_names(tmp_path):
 
 def test_phases_add_up_to_e2e_and_new_phases_appear(res):
     ph = views.phase_frame(res.requests)
-    assert list(ph["phase"]) == ["frontend", "queue", "prefill", "decode"]   # colocated: no transfer phases
+    assert list(ph["phase"]) == ["frontend", "queue", "prefill", "decode"]  # colocated: no transfer phases
     done = res.requests[res.requests["outcome"] == "completed"]
     assert ph["mean_s"].sum() == pytest.approx(done["e2e_s"].mean(), rel=1e-9)
     req = res.requests.assign(encode_s=0.001, encoded_at_s=res.requests["arrival_s"] + 5.0)
-    assert "encode" in list(views.phase_frame(req)["phase"])            # an EPD-style phase column
-    assert "encoded_at" not in list(views.phase_frame(req)["phase"])    # a timestamp, not a phase
+    assert "encode" in list(views.phase_frame(req)["phase"])  # an EPD-style phase column
+    assert "encoded_at" not in list(views.phase_frame(req)["phase"])  # a timestamp, not a phase
 
 
 def test_weighted_ecdf_closed_form():
@@ -165,7 +171,7 @@ def test_layout_switch_keeps_gpus():
 
 def test_charts_have_one_trace_per_pool_and_slo_lines(res):
     figs = charts.results_figures("x", res, 0.5, 0.05)
-    assert figs["cdf_ttft"].layout.shapes[0].x0 == pytest.approx(500.0)          # SLO line in ms
+    assert figs["cdf_ttft"].layout.shapes[0].x0 == pytest.approx(500.0)  # SLO line in ms
     assert len(figs["batch"].data) == 1 and figs["batch"].data[0].name == "main"
     y = np.asarray(figs["cdf_e2e"].data[0].y)
     assert np.all(np.diff(y) >= 0) and y[-1] == pytest.approx(1.0)
@@ -173,11 +179,10 @@ def test_charts_have_one_trace_per_pool_and_slo_lines(res):
 
 def test_html_report_is_self_contained(res):
     html = report.results_html(res)
-    assert html.count("class=\"plotly-graph-div\"") == 11
-    assert "<script src=" not in html and "<link " not in html          # nothing loaded from elsewhere
-    assert html.count("<script") >= 12 and len(html) > 3_000_000         # plotly.js inlined once, then 11 figures
+    assert html.count('class="plotly-graph-div"') == 11
+    assert "<script src=" not in html and "<link " not in html  # nothing loaded from elsewhere
+    assert html.count("<script") >= 12 and len(html) > 3_000_000  # plotly.js inlined once, then 11 figures
     assert res.scenario.name in html and "SLO attainment" in html
-
 
 
 def _figure_scripts(html: str) -> list[str]:
@@ -188,9 +193,10 @@ def _figure_scripts(html: str) -> list[str]:
 def test_reports_draw_in_the_app_palette_under_streamlit(res, monkeypatch):
     """In the app's process Streamlit makes its template Plotly's default; its colours are placeholders
     (#000001, #000002, ...) that only its frontend replaces, so a downloaded report drew every series black."""
-    monkeypatch.setattr(pio.templates, "default", pio.templates.default)    # restored after the test
+    monkeypatch.setattr(pio.templates, "default", pio.templates.default)  # restored after the test
     # importing it makes the "streamlit" template Plotly's default: only here, after the monkeypatch saved the old one
     import streamlit.elements.plotly_chart  # noqa: F401, PLC0415 - imported for that effect, at this point
+
     pio.templates.default = "streamlit"
     other = scenarios.run(small(rate=30.0))
     results = {"a": res, "b": other}
@@ -199,15 +205,33 @@ def test_reports_draw_in_the_app_palette_under_streamlit(res, monkeypatch):
         assert figs and not [m for f in figs for m in re.findall(r"#0000(?!00)[0-9]{2}\b", f)]
         assert figs and all(f'"colorway":["{charts.PALETTE[0]}","{charts.PALETTE[1]}"' in f for f in figs)
 
+
 def test_cli_simulate_report_and_report_errors(tmp_path):
     scn = tmp_path / "s.yaml"
     scn.write_text(yaml.safe_dump(small(200)))
-    out = subprocess.run([sys.executable, "-m", "simulator.cli", "simulate", str(scn), "--report",
-                          str(tmp_path / "r.html")], capture_output=True, text=True, cwd=REPO)
+    out = subprocess.run(
+        [sys.executable, "-m", "simulator.cli", "simulate", str(scn), "--report", str(tmp_path / "r.html")],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert out.returncode == 0, out.stderr
     assert "plotly-graph-div" in (tmp_path / "r.html").read_text()
-    bad = subprocess.run([sys.executable, "-m", "simulator.cli", "report", "validation", str(tmp_path),
-                          "--out", str(tmp_path / "v.html")], capture_output=True, text=True, cwd=REPO)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "simulator.cli",
+            "report",
+            "validation",
+            str(tmp_path),
+            "--out",
+            str(tmp_path / "v.html"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert bad.returncode == 2 and "validation.json" in bad.stderr and "Traceback" not in bad.stderr
 
 
@@ -217,10 +241,17 @@ def test_epdsim_app_serves_without_a_terminal_or_headless_flag(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}   # a home without ~/.streamlit credentials
-    proc = subprocess.Popen([sys.executable, "-m", "simulator.cli", "app", "--port", str(port),
-                             "--address", "127.0.0.1"], cwd=REPO, env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}  # a home without ~/.streamlit credentials
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "simulator.cli", "app", "--port", str(port), "--address", "127.0.0.1"],
+        cwd=REPO,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         end, answer = time.monotonic() + 60, None
         while time.monotonic() < end and proc.poll() is None and answer is None:
@@ -231,7 +262,7 @@ def test_epdsim_app_serves_without_a_terminal_or_headless_flag(tmp_path):
                 time.sleep(0.5)
         assert answer == "ok", f"no health answer; exit {proc.poll()}"
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)   # epdsim and the streamlit server it started
+        os.killpg(proc.pid, signal.SIGTERM)  # epdsim and the streamlit server it started
         out = proc.communicate(timeout=30)[0]
     assert "Email:" not in out, out[-2000:]
 
@@ -242,6 +273,7 @@ def test_epdsim_app_hides_streamlits_deploy_button(monkeypatch):
 
     class Finished:
         """A server that has already exited 0: records the command it was started with."""
+
         returncode = 0
 
         def __init__(self, cmd, env=None):
@@ -252,6 +284,7 @@ def test_epdsim_app_hides_streamlits_deploy_button(monkeypatch):
 
         def wait(self, timeout=None):
             return 0
+
     monkeypatch.setattr(cli.subprocess, "Popen", Finished)
     assert cli.cmd_app(argparse.Namespace(port=8599, address="127.0.0.1", headless=True)) == 0
     cmd = calls[0]
@@ -268,26 +301,28 @@ def test_compare_rows_read_in_units_and_float_noise_does_not_win():
     class R:
         def __init__(self, s):
             self.summary = s
+
     base = scenarios.run(small(100))
     a, b = R(dict(base.summary)), R(dict(base.summary))
-    b.summary["throughput_rps"] = a.summary["throughput_rps"] * (1 + 1e-9)      # float noise
+    b.summary["throughput_rps"] = a.summary["throughput_rps"] * (1 + 1e-9)  # float noise
     b.summary["slo_attainment"] = 0.5
     for r in (a, b):
         r.scenario, r.info, r.requests, r.steps = base.scenario, base.info, base.requests, base.steps
     df = compare.metrics_frame({"a": a, "b": b})
-    assert df.loc["throughput (req/s)", "best"] == ""          # a tie, not a win for b
+    assert df.loc["throughput (req/s)", "best"] == ""  # a tie, not a win for b
     assert df.loc["SLO attainment", "best"] == "a"
     assert isinstance(df, pd.DataFrame)
 
 
 def test_saturation_names_the_bottleneck_pool_only_when_overloaded(res):
-    assert saturation(res) is None                            # 20 req/s on 2x H100: keeps up
+    assert saturation(res) is None  # 20 req/s on 2x H100: keeps up
     over = scenarios.run(small(600, rate=400.0))
     sat = saturation(over)
     assert sat is not None and sat["pool"].startswith("main (2x H100-SXM-80GB TP1")
     assert sat["phase"] == "queue" and "Bottleneck: main" in sat["message"] and "SLO attainment" in sat["message"]
-    pd_over = scenarios.run(builder.set_workload(builder.with_layout(scenarios.default_scenario(), "pd"),
-                                                 rate=400.0, num_requests=600))
+    pd_over = scenarios.run(
+        builder.set_workload(builder.with_layout(scenarios.default_scenario(), "pd"), rate=400.0, num_requests=600)
+    )
     sat = saturation(pd_over)
     assert sat is not None and ("prefill" in sat["pool"] or "decode" in sat["pool"]), sat
 
@@ -318,19 +353,43 @@ def test_reports_embed_the_scenario_yaml_and_can_load_plotly_from_the_cdn(res, t
     assert small_page.count('class="plotly-graph-div"') == page.count('class="plotly-graph-div"')
     scn = tmp_path / "s.yaml"
     scn.write_text(yaml.safe_dump(small(100)))
-    out = subprocess.run([sys.executable, "-m", "simulator.cli", "simulate", str(scn), "--report",
-                          str(tmp_path / "r.html"), "--report-plotly", "cdn"], capture_output=True, text=True, cwd=REPO)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "simulator.cli",
+            "simulate",
+            str(scn),
+            "--report",
+            str(tmp_path / "r.html"),
+            "--report-plotly",
+            "cdn",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "r.html").stat().st_size < 1_000_000 and "cdn.plot.ly" in (tmp_path / "r.html").read_text()
 
 
 def test_plan_report_states_target_slo_workload_and_embeds_the_request():
-    req = parse_plan_request(request(search={"verify": 1, "borderline": 0, "verify_front": 0, "replications": 1,
-                                             "requests": 200, "goodput_iterations": 1}))
+    req = parse_plan_request(
+        request(
+            search={
+                "verify": 1,
+                "borderline": 0,
+                "verify_front": 0,
+                "replications": 1,
+                "requests": 200,
+                "goodput_iterations": 1,
+            }
+        )
+    )
     result = run_plan(req, workers=1)
     page = report.plan_html(result, plotly="cdn")
     assert "Target 10 req/s" in page and "TTFT &lt;= 1.00 s, TPOT &lt;= 50.0 ms" in page and "poisson" in page
-    said = verdict(result)                       # the recommendation's band and whether the SLO holds at its edge
+    said = verdict(result)  # the recommendation's band and whether the SLO holds at its edge
     assert "band" in said and htmllib.escape(said) in page
     text = re.search(r"<pre id='plan-yaml'>(.*?)</pre>", page, re.S).group(1)
     assert parse_plan_request(yaml.safe_load(htmllib.unescape(text))) == req
@@ -363,17 +422,25 @@ def test_log_axes_pareto_titles_target_line_and_legends(res):
     assert charts.results_figures("r", res, 0.5, 0.05, which=("cdf_ttft",))["cdf_ttft"].layout.xaxis.type != "log"
     m = compare.metrics_frame({"a": res, "b": res})
     assert charts.compare_figure(m, ["TTFT p50 (s)"], log_y=True).layout.yaxis.type == "log"
-    cand = pd.DataFrame({"cost_usd_per_hour": [4.0, 8.0, 12.0], "goodput_rps": [5.0, 11.0, 18.0],
-                         "layout": ["a", "b", "c"]})
-    fig = charts.pareto_figure(cand, cand, "cost_usd_per_hour", "goodput_rps", {"cost_usd_per_hour": 8.0,
-                               "goodput_rps": 11.0}, label="layout", target_rate=10.0)
+    cand = pd.DataFrame(
+        {"cost_usd_per_hour": [4.0, 8.0, 12.0], "goodput_rps": [5.0, 11.0, 18.0], "layout": ["a", "b", "c"]}
+    )
+    fig = charts.pareto_figure(
+        cand,
+        cand,
+        "cost_usd_per_hour",
+        "goodput_rps",
+        {"cost_usd_per_hour": 8.0, "goodput_rps": 11.0},
+        label="layout",
+        target_rate=10.0,
+    )
     assert fig.layout.xaxis.title.text == "cost ($/h)" and fig.layout.yaxis.title.text.startswith("goodput (req/s")
     assert [sh.y0 for sh in fig.layout.shapes] == [10.0] and fig.layout.showlegend
     phases = pd.DataFrame({"case": ["cold"] * 2, "label": ["pull", "load"], "seconds": [10.0, 20.0]})
     cs = charts.coldstart_figure(phases)
-    assert cs.layout.legend.y >= 1 and cs.layout.showlegend      # above the plot, clear of the axis title
+    assert cs.layout.legend.y >= 1 and cs.layout.showlegend  # above the plot, clear of the axis title
     att = pd.DataFrame({"attempt": [1], "start_s": [0.0], "end_s": [30.0], "outcome": ["serving"]})
-    assert charts.attempts_figure(att, 60).layout.showlegend     # one outcome still says what its colour is
+    assert charts.attempts_figure(att, 60).layout.showlegend  # one outcome still says what its colour is
 
 
 def test_reports_say_how_sure_each_pool_is(res):

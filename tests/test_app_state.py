@@ -4,6 +4,7 @@ carries no server paths, the name and description follow edits, and the seed is 
 The link is read as carefully as an upload: a damaged, oversized or hostile link is an inline error and
 the default scenario stays.
 """
+
 from __future__ import annotations
 
 import base64
@@ -59,8 +60,11 @@ def test_portable_yaml_names_uploads_by_file_name_and_reloads_with_them(tmp_path
     folder = scenarios.new_upload_dir()
     trace = b"arrival_s,input_tokens,output_tokens\n" + b"".join(b"%d,300,40\n" % i for i in range(20))
     path = scenarios.save_upload("traces", "mytrace.csv", trace, folder)
-    d = {**scenarios.default_scenario(), "workload": scenarios.trace_workload(path, None, 20),
-         "hwdb": [str(scenarios.user_hwdb_dir())]}
+    d = {
+        **scenarios.default_scenario(),
+        "workload": scenarios.trace_workload(path, None, 20),
+        "hwdb": [str(scenarios.user_hwdb_dir())],
+    }
     text = share.portable_yaml(d)
     assert str(folder) not in text and "epdsim-uploads" not in text and str(scenarios.user_hwdb_dir()) not in text
     assert text.startswith("# Reads uploaded files by name: keep mytrace.csv beside this file")
@@ -81,7 +85,7 @@ def test_the_link_restores_an_edited_scenario_after_a_refresh():
     link = link[0] if isinstance(link, list) else link
     assert share.decode(link)["workload"]["arrival"]["rate"] == 30.0
     before = _metrics(at)
-    fresh = _home()                                     # a new session: the refresh, or a shared link
+    fresh = _home()  # a new session: the refresh, or a shared link
     fresh.query_params["scenario"] = link
     fresh.run()
     _ok(fresh)
@@ -100,7 +104,7 @@ def test_a_damaged_link_is_an_inline_error_and_the_default_scenario_runs():
 
 
 def test_name_and_description_follow_edits_until_the_user_types_their_own(monkeypatch):
-    saved = []                                    # what "Save scenario YAML" offers, run by run
+    saved = []  # what "Save scenario YAML" offers, run by run
     real = share.portable_yaml
     monkeypatch.setattr(share, "portable_yaml", lambda d: saved.append(real(d)) or saved[-1])
     at = _home().run()
@@ -115,10 +119,10 @@ def test_name_and_description_follow_edits_until_the_user_types_their_own(monkey
     at.text_input(key="scn-name-0").set_value("my-three-gpus").run()
     at.number_input(key="rate-0").set_value(25.0).run()
     _ok(at)
-    assert at.text_input(key="scn-name-0").value == "my-three-gpus"          # typed: kept
-    assert "Poisson 25 req/s" in at.text_area(key="scn-desc-0").value        # not typed: follows
+    assert at.text_input(key="scn-name-0").value == "my-three-gpus"  # typed: kept
+    assert "Poisson 25 req/s" in at.text_area(key="scn-desc-0").value  # not typed: follows
     assert at.session_state["scenario"]["name"] == "my-three-gpus"
-    at.text_input(key="scn-name-0").set_value("").run()                      # cleared: automatic again
+    at.text_input(key="scn-name-0").set_value("").run()  # cleared: automatic again
     assert at.text_input(key="scn-name-0").value == "Llama-3.1-8B-3xH100-SXM-80GB-TP1"
 
 
@@ -130,4 +134,4 @@ def test_seed_changes_the_draws_and_is_saved():
     assert at.session_state["scenario"]["seed"] == 8
     assert (_metrics(at)["TTFT p50"], _metrics(at)["output tok/s"]) != p50
     at.number_input(key="seed-0").set_value(7).run()
-    assert (_metrics(at)["TTFT p50"], _metrics(at)["output tok/s"]) == p50     # the same seed, the same run
+    assert (_metrics(at)["TTFT p50"], _metrics(at)["output tok/s"]) == p50  # the same seed, the same run

@@ -1,5 +1,6 @@
 """Autoscaling (simulator/ops/autoscale.py, simulator/engine/opsengine.py): a step in load, start delays, drains,
 GPU-hours."""
+
 from __future__ import annotations
 
 import math
@@ -23,18 +24,44 @@ STEP_AT = 60.0
 INTERVAL = 5.0
 
 
-def step_scenario(provisioning_s: float = 20.0, policy: str = "queue", cache: str = "none", after: float = 16.0,
-                  duration_s: float = 260.0, stabilization_s: float = 600.0, shape=None, **auto):
+def step_scenario(
+    provisioning_s: float = 20.0,
+    policy: str = "queue",
+    cache: str = "none",
+    after: float = 16.0,
+    duration_s: float = 260.0,
+    stabilization_s: float = 600.0,
+    shape=None,
+    **auto,
+):
     """8B on H100 capped at 8 running sequences (~10 req/s); load steps from 2 to ``after`` req/s at 60 s."""
-    ops = {"autoscale": {"main": {"policy": policy, "min_instances": 1, "max_instances": 6,
-                                  "interval_s": INTERVAL, "scale_down_stabilization_s": stabilization_s, **auto}},
-           "startup": {"provisioning_s": provisioning_s, "image_cached": True, "compile_cache": cache}}
-    return scenario(pools=pool(engine={"max_num_seqs": 8}), operations=ops, slo={"ttft_s": 1.0},
-                    workload={"arrival": {"kind": "shaped",
-                                          "shape": shape or {"kind": "step", "before": 2, "after": after,
-                                                             "at_s": STEP_AT}},
-                              "input_length": {"kind": "fixed", "value": 512},
-                              "output_length": {"kind": "fixed", "value": 128}, "duration_s": duration_s})
+    ops = {
+        "autoscale": {
+            "main": {
+                "policy": policy,
+                "min_instances": 1,
+                "max_instances": 6,
+                "interval_s": INTERVAL,
+                "scale_down_stabilization_s": stabilization_s,
+                **auto,
+            }
+        },
+        "startup": {"provisioning_s": provisioning_s, "image_cached": True, "compile_cache": cache},
+    }
+    return scenario(
+        pools=pool(engine={"max_num_seqs": 8}),
+        operations=ops,
+        slo={"ttft_s": 1.0},
+        workload={
+            "arrival": {
+                "kind": "shaped",
+                "shape": shape or {"kind": "step", "before": 2, "after": after, "at_s": STEP_AT},
+            },
+            "input_length": {"kind": "fixed", "value": 512},
+            "output_length": {"kind": "fixed", "value": 128},
+            "duration_s": duration_s,
+        },
+    )
 
 
 def start_times(scn) -> StartTimes:
@@ -76,10 +103,11 @@ def test_persistent_compile_cache_shortens_scale_up_by_the_compile_phase(step_ru
     cold, warm = start_times(step_scenario(20.0)), start_times(step_scenario(20.0, cache="persistent"))
     saved = cold.new_delay() - warm.new_delay()
     bd_c, bd_w = cold.new_breakdown, warm.new_breakdown
-    phases = ((bd_c.seconds("compile") - bd_w.seconds("compile"))
-              + (bd_c.seconds("kv_profile") - bd_w.seconds("kv_profile")))
+    phases = (bd_c.seconds("compile") - bd_w.seconds("compile")) + (
+        bd_c.seconds("kv_profile") - bd_w.seconds("kv_profile")
+    )
     assert phases > 5.0
-    period = cold.pod_spec.startup.period_s        # Ready comes at the first startup probe after the API answers
+    period = cold.pod_spec.startup.period_s  # Ready comes at the first startup probe after the API answers
     assert abs(saved - phases) < period
     res = simulate(step_scenario(20.0, cache="persistent"))
     su = res.summary["operations"]["scale_ups"][0]
@@ -89,8 +117,12 @@ def test_persistent_compile_cache_shortens_scale_up_by_the_compile_phase(step_ru
 
 def test_scale_down_drains_before_removal_and_loses_nothing():
     # the high load lasts past the scale-up's cold start (~80 s for 8B on H100 with capture and kernel JIT)
-    scn = step_scenario(10.0, duration_s=300.0, stabilization_s=20.0,
-                        shape={"kind": "piecewise", "times_s": (0, 40, 41, 190, 191), "rates": (2, 2, 16, 16, 1)})
+    scn = step_scenario(
+        10.0,
+        duration_s=300.0,
+        stabilization_s=20.0,
+        shape={"kind": "piecewise", "times_s": (0, 40, 41, 190, 191), "rates": (2, 2, 16, 16, 1)},
+    )
     res = simulate(scn)
     ops = res.summary["operations"]
     removed = [i for i in ops["instances"] if i["end"] == "removed"]
@@ -109,8 +141,9 @@ def test_scale_down_drains_before_removal_and_loses_nothing():
 
 def test_gpu_hours_closed_form_without_scaling():
     """Load far below capacity: no scaling; GPU-hours = instances x GPUs x run time."""
-    scn = scenario(pools=pool(instances=2),
-                   operations={"autoscale": {"main": {"min_instances": 2, "max_instances": 4}}})
+    scn = scenario(
+        pools=pool(instances=2), operations={"autoscale": {"main": {"min_instances": 2, "max_instances": 4}}}
+    )
     res = simulate(scn)
     ops = res.summary["operations"]
     assert ops["scale_ups"] == [] and ops["wasted_gpu_s"] == 0
@@ -132,12 +165,20 @@ def test_gpu_hours_add_up_over_incarnations(step_runs):
 def test_kv_policy_scales_a_kv_bound_pool():
     engine = {"max_num_seqs": 256, "max_model_len": 4096}
     engine["gpu_memory_utilization"] = util_for_kv_tokens(20000, engine)
-    ops = {"autoscale": {"main": {"policy": "kv", "target_kv": 0.5, "max_instances": 4, "interval_s": 5}},
-           "startup": {"image_cached": True}}
-    scn = scenario(pools=pool(engine=engine), operations=ops,
-                   workload={"arrival": {"kind": "poisson", "rate": 6.0},
-                             "input_length": {"kind": "fixed", "value": 1024},
-                             "output_length": {"kind": "fixed", "value": 256}, "num_requests": 600})
+    ops = {
+        "autoscale": {"main": {"policy": "kv", "target_kv": 0.5, "max_instances": 4, "interval_s": 5}},
+        "startup": {"image_cached": True},
+    }
+    scn = scenario(
+        pools=pool(engine=engine),
+        operations=ops,
+        workload={
+            "arrival": {"kind": "poisson", "rate": 6.0},
+            "input_length": {"kind": "fixed", "value": 1024},
+            "output_length": {"kind": "fixed", "value": 256},
+            "num_requests": 600,
+        },
+    )
     ops_out = simulate(scn).summary["operations"]
     assert ops_out["scale_ups"] and ops_out["peak_instances"]["main"] > 1
 
@@ -146,14 +187,23 @@ def test_slo_policy_sizes_prefill_and_decode_separately():
 
     def pd(inp, out):
         auto = {"policy": "slo", "max_instances": 8, "interval_s": 10, "window_s": 20}
-        pools = [{"name": "prefill", "role": "prefill", "gpu": "H100", "instances": 1},
-                 {"name": "decode", "role": "decode", "gpu": "H100", "instances": 1}]
-        return scenario(pools=pools, kv_transfer={"fabric": "ib-ndr"}, slo={"tpot_s": 0.02},
-                        operations={"autoscale": {"prefill": auto, "decode": auto},
-                                    "startup": {"image_cached": True}},
-                        workload={"arrival": {"kind": "poisson", "rate": 8.0}, "num_requests": 1200,
-                                  "input_length": {"kind": "fixed", "value": inp},
-                                  "output_length": {"kind": "fixed", "value": out}})
+        pools = [
+            {"name": "prefill", "role": "prefill", "gpu": "H100", "instances": 1},
+            {"name": "decode", "role": "decode", "gpu": "H100", "instances": 1},
+        ]
+        return scenario(
+            pools=pools,
+            kv_transfer={"fabric": "ib-ndr"},
+            slo={"tpot_s": 0.02},
+            operations={"autoscale": {"prefill": auto, "decode": auto}, "startup": {"image_cached": True}},
+            workload={
+                "arrival": {"kind": "poisson", "rate": 8.0},
+                "num_requests": 1200,
+                "input_length": {"kind": "fixed", "value": inp},
+                "output_length": {"kind": "fixed", "value": out},
+            },
+        )
+
     long_prompts = pd(8000, 16)
     short_prompts = pd(128, 1024)
     # the capacity model itself: prefill-heavy work loads prefill instances, decode-heavy work decode ones
@@ -169,23 +219,33 @@ def test_slo_policy_sizes_prefill_and_decode_separately():
 
 # ---- bad input ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("ops, match", [
-    ({"autoscale": {"main": {"min_instances": 5, "max_instances": 2}}}, "min_instances=5 exceeds max_instances=2"),
-    ({"autoscale": {"main": {"policy": "magic"}}}, "policy='magic' is unknown"),
-    ({"autoscale": {"nope": {}}}, "no pool is named 'nope'"),
-    ({"autoscale": {"main": {"min_instances": 2}}}, r"instances=1, outside \[min_instances=2"),
-    ({"autoscale": {"main": {"interval_s": -5}}}, "interval_s"),
-    ({"startup": {"probes": "given", "liveness": {"initial_delay_s": -30}}},
-     r"liveness.initial_delay_s: .*from 0 to 86400 s; set initialDelaySeconds .*\(got -30\)"),
-    ({"startup": {"probes": "given", "startup_probe": {"period_s": 5, "timeout_s": 10}}},
-     "timeoutSeconds=10 must be less than periodSeconds=5"),
-    ({"startup": {"probes": "given", "readiness": {"failure_threshold": 0}}},
-     r"readiness.failure_threshold: .*from 1 to 10000 probes; set failureThreshold"),
-    ({"startup": {"liveness": {"period_s": 10}}}, "probes='recommended' ignores them"),
-    ({"faults": {"link_degradation": {"mtbf_s": 10, "duration_s": 1, "bandwidth_factor": 0.5}}}, "one pool"),
-    ({"faults": {"node_failure": {"mtbf_s": 0}}}, "mtbf_s"),
-    ({"retry": {"policy": "pray"}}, "policy"),
-])
+
+@pytest.mark.parametrize(
+    "ops, match",
+    [
+        ({"autoscale": {"main": {"min_instances": 5, "max_instances": 2}}}, "min_instances=5 exceeds max_instances=2"),
+        ({"autoscale": {"main": {"policy": "magic"}}}, "policy='magic' is unknown"),
+        ({"autoscale": {"nope": {}}}, "no pool is named 'nope'"),
+        ({"autoscale": {"main": {"min_instances": 2}}}, r"instances=1, outside \[min_instances=2"),
+        ({"autoscale": {"main": {"interval_s": -5}}}, "interval_s"),
+        (
+            {"startup": {"probes": "given", "liveness": {"initial_delay_s": -30}}},
+            r"liveness.initial_delay_s: .*from 0 to 86400 s; set initialDelaySeconds .*\(got -30\)",
+        ),
+        (
+            {"startup": {"probes": "given", "startup_probe": {"period_s": 5, "timeout_s": 10}}},
+            "timeoutSeconds=10 must be less than periodSeconds=5",
+        ),
+        (
+            {"startup": {"probes": "given", "readiness": {"failure_threshold": 0}}},
+            r"readiness.failure_threshold: .*from 1 to 10000 probes; set failureThreshold",
+        ),
+        ({"startup": {"liveness": {"period_s": 10}}}, "probes='recommended' ignores them"),
+        ({"faults": {"link_degradation": {"mtbf_s": 10, "duration_s": 1, "bandwidth_factor": 0.5}}}, "one pool"),
+        ({"faults": {"node_failure": {"mtbf_s": 0}}}, "mtbf_s"),
+        ({"retry": {"policy": "pray"}}, "policy"),
+    ],
+)
 def test_bad_operations_are_clear_errors(ops, match):
     with pytest.raises(ScenarioError, match=match) as exc:
         scenario(operations=ops)
@@ -195,10 +255,12 @@ def test_bad_operations_are_clear_errors(ops, match):
 
 def test_cli_bad_operations_exit_2(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
-    bad.write_text("model: Llama-3.1-8B\npools: [{gpu: H100}]\n"
-                   "workload: {arrival: {kind: poisson, rate: 1}, input_length: {kind: fixed, value: 8},"
-                   " output_length: {kind: fixed, value: 8}, num_requests: 5}\n"
-                   "operations: {autoscale: {main: {min_instances: 3, max_instances: 2}}}\n")
+    bad.write_text(
+        "model: Llama-3.1-8B\npools: [{gpu: H100}]\n"
+        "workload: {arrival: {kind: poisson, rate: 1}, input_length: {kind: fixed, value: 8},"
+        " output_length: {kind: fixed, value: 8}, num_requests: 5}\n"
+        "operations: {autoscale: {main: {min_instances: 3, max_instances: 2}}}\n"
+    )
     assert main(["simulate", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "min_instances=3 exceeds max_instances=2" in err and "Traceback" not in err
@@ -207,11 +269,18 @@ def test_cli_bad_operations_exit_2(tmp_path, capsys):
 def test_unstartable_pods_never_serve_and_are_reported():
     """Probes that kill the cold start: ordered capacity never arrives but is billed."""
     scn = step_scenario(0.0, duration_s=150.0)
-    startup = {"probes": "given", "liveness": {"initial_delay_s": 10, "period_s": 5, "failure_threshold": 1},
-               "image_cached": True}
-    scn = scenario(pools=pool(engine={"max_num_seqs": 8}), slo={"ttft_s": 1.0},
-                   operations={"autoscale": scn.operations.model_dump()["autoscale"], "startup": startup},
-                   workload=scn.workload.model_dump(mode="json"), simulation={"max_time_s": 400})
+    startup = {
+        "probes": "given",
+        "liveness": {"initial_delay_s": 10, "period_s": 5, "failure_threshold": 1},
+        "image_cached": True,
+    }
+    scn = scenario(
+        pools=pool(engine={"max_num_seqs": 8}),
+        slo={"ttft_s": 1.0},
+        operations={"autoscale": scn.operations.model_dump()["autoscale"], "startup": startup},
+        workload=scn.workload.model_dump(mode="json"),
+        simulation={"max_time_s": 400},
+    )
     res = simulate(scn)
     ops = res.summary["operations"]
     started = [i for i in ops["instances"] if i["cause"] == "scale-up"]
@@ -223,11 +292,13 @@ def test_unstartable_pods_never_serve_and_are_reported():
 
 def test_cli_prints_the_operations_table(tmp_path, capsys):
     scn = tmp_path / "ops.yaml"
-    scn.write_text("model: Llama-3.1-8B\npools: [{gpu: H100, engine: {max_num_seqs: 8}}]\n"
-                   "workload: {arrival: {kind: shaped, shape: {kind: step, before: 2, after: 16, at_s: 20}},"
-                   " input_length: {kind: fixed, value: 512}, output_length: {kind: fixed, value: 64},"
-                   " duration_s: 120}\nslo: {ttft_s: 1.0}\n"
-                   "operations: {startup: {image_cached: true}, autoscale: {main: {interval_s: 5}}}\n")
+    scn.write_text(
+        "model: Llama-3.1-8B\npools: [{gpu: H100, engine: {max_num_seqs: 8}}]\n"
+        "workload: {arrival: {kind: shaped, shape: {kind: step, before: 2, after: 16, at_s: 20}},"
+        " input_length: {kind: fixed, value: 512}, output_length: {kind: fixed, value: 64},"
+        " duration_s: 120}\nslo: {ttft_s: 1.0}\n"
+        "operations: {startup: {image_cached: true}, autoscale: {main: {interval_s: 5}}}\n"
+    )
     assert main(["simulate", str(scn), "--out", str(tmp_path / "out"), "--format", "csv"]) == 0
     out = capsys.readouterr().out
     assert "operations" in out and "scale-ups" in out and "GPU-hours" in out
@@ -243,8 +314,11 @@ def test_roles_are_one_registry_that_the_scenario_and_the_capacity_read():
     rs = resolve(load_scenario(REPO / "examples" / "llama8b_h100_chat.yaml"))
     pool = rs.pools[0]
     k = pool.dep.knobs
-    cap = {r: instance_capacity(PoolContext(r, pool.step, k.max_num_seqs, k.max_num_batched_tokens,
-                                            pool.memory.kv_tokens, None), 1000, 200)
-           for r in ("colocated", "prefill", "decode")}
+    cap = {
+        r: instance_capacity(
+            PoolContext(r, pool.step, k.max_num_seqs, k.max_num_batched_tokens, pool.memory.kv_tokens, None), 1000, 200
+        )
+        for r in ("colocated", "prefill", "decode")
+    }
     assert cap["prefill"] > cap["colocated"] and cap["decode"] > cap["colocated"]
     assert 1 / cap["colocated"] == pytest.approx(1 / cap["prefill"] + 1 / cap["decode"], rel=1e-12)

@@ -5,6 +5,7 @@ Each case is checked twice: through the Python API (``load_scenario`` /
 message) and through the CLI as a subprocess (exit code 2, no traceback, the
 same words on stderr, one paragraph: a header line plus indented field lines).
 """
+
 from __future__ import annotations
 
 import copy
@@ -40,9 +41,14 @@ def write(tmp_path: Path, data: dict | str, name: str = "scenario.yaml") -> Path
 
 
 def cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "simulator.cli", *map(str, args)], cwd=cwd,
-                          capture_output=True, text=True, timeout=300,
-                          env={"PATH": "/usr/bin:/bin", "NO_COLOR": "1", "TERM": "dumb"})
+    return subprocess.run(
+        [sys.executable, "-m", "simulator.cli", *map(str, args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PATH": "/usr/bin:/bin", "NO_COLOR": "1", "TERM": "dumb"},
+    )
 
 
 def assert_paragraph(msg: str) -> None:
@@ -84,6 +90,7 @@ def check(path: Path, *words: str) -> str:
 
 # ------------------------------------------------------------------ 1. YAML syntax
 
+
 def test_malformed_yaml_names_file_and_line(tmp_path):
     path = write(tmp_path, "name: x\nmodel: [Llama-3.1-8B\npools: []\n", "broken.yaml")
     msg = check(path, "broken.yaml", "not valid YAML", "line 2")
@@ -96,6 +103,7 @@ def test_empty_and_non_mapping_files(tmp_path):
 
 
 # ------------------------------------------------------------------ 2. unknown keys
+
 
 def test_unknown_top_level_key(tmp_path):
     data = base()
@@ -132,6 +140,7 @@ def test_missing_required_field(tmp_path):
 
 # ------------------------------------------------------------------ 3. unknown GPU
 
+
 def test_unknown_gpu_lists_known_gpus(tmp_path):
     data = base()
     data["pools"][0]["gpu"] = "H900"
@@ -166,6 +175,7 @@ def test_weights_do_not_fit_at_low_gpu_memory_utilization(tmp_path):
 
 # ------------------------------------------------------------------ 5. KV cache < max_model_len
 
+
 def test_kv_cache_smaller_than_max_model_len_says_what_to_set(tmp_path):
     data = base()
     data["pools"][0]["engine"] = {"gpu_memory_utilization": 0.25}
@@ -178,6 +188,7 @@ def test_kv_cache_smaller_than_max_model_len_says_what_to_set(tmp_path):
 
 
 # ------------------------------------------------------------------ 6. bad workload values
+
 
 def test_negative_rate_names_the_field(tmp_path):
     data = base()
@@ -194,6 +205,7 @@ def test_workload_without_lengths(tmp_path):
 
 # ------------------------------------------------------------------ 7. traces
 
+
 def _trace_scenario(tmp_path: Path, trace: str, body: str) -> Path:
     (tmp_path / trace).write_text(body)
     data = base()
@@ -202,18 +214,21 @@ def _trace_scenario(tmp_path: Path, trace: str, body: str) -> Path:
 
 
 def test_plain_trace_bad_row_names_file_and_line(tmp_path):
-    path = _trace_scenario(tmp_path, "plain.csv",
-                           "arrival_s,input_tokens,output_tokens\n"
-                           "0.0,100,10\n0.5,200,20\n1.0,abc,30\n1.5,300,40\n")
+    path = _trace_scenario(
+        tmp_path, "plain.csv", "arrival_s,input_tokens,output_tokens\n0.0,100,10\n0.5,200,20\n1.0,abc,30\n1.5,300,40\n"
+    )
     check(path, "plain.csv", "line 4", "input_tokens", "'abc'")
 
 
 def test_azure_trace_bad_row_names_file_and_line(tmp_path):
-    path = _trace_scenario(tmp_path, "azure.csv",
-                           "TIMESTAMP,ContextTokens,GeneratedTokens\n"
-                           "2023-11-16 18:15:46.6805900,374,44\n"
-                           "2023-11-16 18:15:47.1000000,120,12\n"
-                           "2023-11-16 18:15:48.2000000,80,-3\n")
+    path = _trace_scenario(
+        tmp_path,
+        "azure.csv",
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:46.6805900,374,44\n"
+        "2023-11-16 18:15:47.1000000,120,12\n"
+        "2023-11-16 18:15:48.2000000,80,-3\n",
+    )
     check(path, "azure.csv", "line 4", "GeneratedTokens", "'-3'")
 
 
@@ -224,6 +239,7 @@ def test_missing_trace_file(tmp_path):
 
 
 # ------------------------------------------------------------------ 8. impossible deployments
+
 
 def test_tp_not_dividing_heads(tmp_path):
     cfg = json.loads((REPO / "hwdb/data/models/Llama-3.1-8B/config.json").read_text())
@@ -258,8 +274,7 @@ def test_unknown_router(tmp_path):
 def test_batched_tokens_below_max_num_seqs(tmp_path):
     data = base()
     data["pools"][0]["engine"] = {"max_num_seqs": 256, "max_num_batched_tokens": 128}
-    check(write(tmp_path, data), "pools[main].engine", "max_num_batched_tokens=128",
-          "max_num_seqs=256")
+    check(write(tmp_path, data), "pools[main].engine", "max_num_batched_tokens=128", "max_num_seqs=256")
 
 
 def test_unknown_engine(tmp_path):
@@ -281,6 +296,7 @@ def test_fp8_on_gpu_without_fp8(tmp_path):
 
 
 # ------------------------------------------------------------------ 9. files and other commands
+
 
 def test_missing_scenario_file(tmp_path):
     path = tmp_path / "nope.yaml"

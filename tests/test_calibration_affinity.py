@@ -1,5 +1,6 @@
 """``calibrate run --pin ENGINE:FRONT`` (calibration/harness/affinity.py): the engine's processes on the
 engine's CPUs, the API server and the harness on the front end's; bad CPU lists are refused by name."""
+
 from __future__ import annotations
 
 import json
@@ -24,16 +25,19 @@ def test_parse_pin_reads_cpu_lists():
     assert cpu_list({5, 0, 2}) == "0,2,5"
 
 
-@pytest.mark.parametrize("spec, words", [
-    ("0", "give ENGINE:FRONT CPU lists"),
-    ("0:", "give ENGINE:FRONT CPU lists"),
-    ("a:1", "the engine CPUs 'a' are not a CPU list"),
-    ("3-1:0", "'3-1' of the engine CPUs is not a CPU range"),
-    ("0,1:1", "CPU 1 is on both sides"),
-    ("0:9", "CPU 9 is not available to this process (it may use 0,1)"),
-    ("0-99999999999:1", "CPU 99999999999 of the engine CPUs is beyond any CPU id"),
-    ("0:1,\xff", "the front CPUs '1,\xff' are not a CPU list"),
-])
+@pytest.mark.parametrize(
+    "spec, words",
+    [
+        ("0", "give ENGINE:FRONT CPU lists"),
+        ("0:", "give ENGINE:FRONT CPU lists"),
+        ("a:1", "the engine CPUs 'a' are not a CPU list"),
+        ("3-1:0", "'3-1' of the engine CPUs is not a CPU range"),
+        ("0,1:1", "CPU 1 is on both sides"),
+        ("0:9", "CPU 9 is not available to this process (it may use 0,1)"),
+        ("0-99999999999:1", "CPU 99999999999 of the engine CPUs is beyond any CPU id"),
+        ("0:1,\xff", "the front CPUs '1,\xff' are not a CPU list"),
+    ],
+)
 def test_parse_pin_refuses_bad_lists_by_name(spec, words):
     with pytest.raises(ValueError) as err:
         parse_pin(spec, available={0, 1})
@@ -47,7 +51,7 @@ def test_pin_below_moves_the_children_not_the_parent():
     the shell keeps its CPUs, and a second call moves nothing (already there)."""
     sh = subprocess.Popen(["sh", "-c", "sleep 30 & wait"])
     try:
-        for _ in range(100):                      # until the shell has started its child
+        for _ in range(100):  # until the shell has started its child
             kids = descendants(sh.pid)
             if kids:
                 break
@@ -75,7 +79,7 @@ def test_pin_with_attach_or_a_pair_is_refused(tmp_path, capsys):
     assert rc == 2 and "--pin" in err and "not an option of `calibrate run --pd`" in " ".join(err.split())
     rc, err = _run(["run", "--out", str(tmp_path / "c"), "--launch", "--pin", "0:0"], capsys)
     assert rc == 2 and "CPU 0 is on both sides" in err
-    assert not (tmp_path / "c").exists()          # refused before anything was launched or written
+    assert not (tmp_path / "c").exists()  # refused before anything was launched or written
 
 
 @two_cpus
@@ -86,9 +90,28 @@ def test_a_pinned_launch_records_the_layout_and_restores_the_harness(tmp_path, c
     port = free_port()
     serve = shlex.join(["sh", "-c", f"{shlex.join(fake_cmd(port))} & wait"])
     before = os.sched_getaffinity(0)
-    rc, err = _run(["run", "--out", str(tmp_path / "b"), "--serve-cmd", serve, "--url", f"http://127.0.0.1:{port}",
-                    "--ready-timeout", "30", "--phases", "prefill", "--prefill-lengths", "16", "--prefill-repeats",
-                    "1", "--pin", f"{CPUS[0]}:{CPUS[1]}"], capsys)
+    rc, err = _run(
+        [
+            "run",
+            "--out",
+            str(tmp_path / "b"),
+            "--serve-cmd",
+            serve,
+            "--url",
+            f"http://127.0.0.1:{port}",
+            "--ready-timeout",
+            "30",
+            "--phases",
+            "prefill",
+            "--prefill-lengths",
+            "16",
+            "--prefill-repeats",
+            "1",
+            "--pin",
+            f"{CPUS[0]}:{CPUS[1]}",
+        ],
+        capsys,
+    )
     assert rc == 0, err
     assert os.sched_getaffinity(0) == before
     manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())

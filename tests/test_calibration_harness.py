@@ -7,6 +7,7 @@ for the real server and its timings mean nothing.  End-to-end tests against the 
 live in tests/test_calibration_vllm.py; the parsers of real vLLM start-up logs and /metrics scrapes in
 tests/test_calibration_server_logs.py.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -106,8 +107,9 @@ def test_bundle_validation_errors(tmp_path):
 
 
 def test_bundle_refuses_another_model(tmp_path):
-    b = Bundle.create(tmp_path / "b", manifest(model={"served_name": "m1", "max_model_len": 4096,
-                                                      "config_sha256": "aa"}))
+    b = Bundle.create(
+        tmp_path / "b", manifest(model={"served_name": "m1", "max_model_len": 4096, "config_sha256": "aa"})
+    )
     b.check_same_model({"served_name": "m1", "max_model_len": 4096, "config_sha256": "aa"})
     b.check_same_model({"served_name": "m1"})  # unknown fields are not a mismatch
     with pytest.raises(BundleError, match="another model.*served_name"):
@@ -118,6 +120,7 @@ def test_bundle_refuses_another_model(tmp_path):
 
 # ----------------------------------------------------------------------------- plan, prompts
 
+
 def test_plan_is_deterministic_and_fits_the_model():
     a = build_plan(PlanOptions(quick=True, seed=3), max_model_len=300)
     b = build_plan(PlanOptions(quick=True, seed=3), max_model_len=300)
@@ -127,9 +130,17 @@ def test_plan_is_deterministic_and_fits_the_model():
     assert all(r[1] + r[2] <= 300 for ph in a for r in ph["requests"])
     ids = [r[0] for ph in a for r in ph["requests"]]
     assert len(ids) == len(set(ids))
-    assert [p["name"] for p in a] == ["prefill", "decode_c1", "decode_c4", "decode_c16", "decode_c1_p268",
-                                      "decode_c4_p268", "decode_c16_p268", "load_poisson_0.6"]
-    assert {r[1] for r in a[4]["requests"]} == {268}      # 512 shortened to fit max_model_len with its output
+    assert [p["name"] for p in a] == [
+        "prefill",
+        "decode_c1",
+        "decode_c4",
+        "decode_c16",
+        "decode_c1_p268",
+        "decode_c4_p268",
+        "decode_c16_p268",
+        "load_poisson_0.6",
+    ]
+    assert {r[1] for r in a[4]["requests"]} == {268}  # 512 shortened to fit max_model_len with its output
 
 
 def test_open_loop_rate_resolution_is_fixed_once(tmp_path):
@@ -152,8 +163,7 @@ def test_prompt_factory_exact_lengths_and_stable_per_id():
 
 def test_sse_decoder():
     d = SSEDecoder()
-    out = [d.feed_line(x) for x in [": comment", "data: {\"a\":", "data: 1}", "", "", "event: x",
-                                    "data: [DONE]", ""]]
+    out = [d.feed_line(x) for x in [": comment", 'data: {"a":', "data: 1}", "", "", "event: x", "data: [DONE]", ""]]
     assert [o for o in out if o is not None] == ['{"a":\n1}', "[DONE]"]
 
 
@@ -180,6 +190,7 @@ def test_client_streams_tokens_usage_and_server_metrics(fake_server):
             r_chunks = await c.complete(RequestSpec("c", pf.prompt("c", 5), 6))
             bad = await CompletionClient(fake_server.base_url, "no-such-model").complete(RequestSpec("d", [1, 2], 2))
             return r, r_text, r_chunks, bad
+
     r, r_text, r_chunks, bad = asyncio.run(go())
     assert r.ok and r.prompt_tokens == 37 == r.expected_prompt_tokens and r.output_tokens == 9
     assert r.token_count_source == "token_ids" and len(r.token_times_s) == 9 and r.chunks == 5
@@ -204,6 +215,7 @@ def test_closed_and_open_loop_generators(fake_server):
             arr = poisson_arrivals(8, 20.0, seed=2)
             open_ = await run_open_loop(c, [RequestSpec(f"o{i}", [5] * 8, 2, a) for i, a in enumerate(arr)])
             return closed, seen, open_
+
     closed, seen, open_ = asyncio.run(go())
     assert sorted(seen) == sorted(f"c{i}" for i in range(9)) and all(r.ok for r in closed)
     assert all(r.ok for r in open_)
@@ -220,6 +232,7 @@ def test_prompt_pool_without_tokenize_endpoint(tmp_path):
             async with CompletionClient(srv.base_url, "fake-model") as c:
                 pf = await PromptFactory.from_server(c)
                 return pf, await c.complete(RequestSpec("a", pf.prompt("a", 20), 3))
+
         pf, res = asyncio.run(go())
     assert pf.source.startswith("fallback") and res.ok and res.prompt_tokens == 20
 
@@ -262,12 +275,30 @@ def test_cli_run_kill_and_resume_against_fake_server(tmp_path, capsys, monkeypat
     monkeypatch.setenv("COLUMNS", "200")
     out = tmp_path / "bundle"
     port = free_port()
-    common = ["--phases", "prefill,load", "--prefill-lengths", "8,32", "--prefill-repeats", "1",
-              "--load-rates", "40", "--load-requests", "16", "--load-prompt", "8:24", "--load-output", "6:12",
-              "--url", f"http://127.0.0.1:{port}", "--ready-timeout", "30"]
+    common = [
+        "--phases",
+        "prefill,load",
+        "--prefill-lengths",
+        "8,32",
+        "--prefill-repeats",
+        "1",
+        "--load-rates",
+        "40",
+        "--load-requests",
+        "16",
+        "--load-prompt",
+        "8:24",
+        "--load-output",
+        "6:12",
+        "--url",
+        f"http://127.0.0.1:{port}",
+        "--ready-timeout",
+        "30",
+    ]
     # the 8th completion (2 warm-up + 2 prefill + 4 load) kills the server in mid-stream
-    rc, _, err = _run(["run", "--out", str(out), "--serve-cmd",
-                       " ".join(fake_cmd(port, "--die-after", "8")), *common], capsys)
+    rc, _, err = _run(
+        ["run", "--out", str(out), "--serve-cmd", " ".join(fake_cmd(port, "--die-after", "8")), *common], capsys
+    )
     assert rc == 3, err
     assert "exited with code 17 during phase load_poisson_r40" in err.replace("\n", " ")
     b = Bundle.open(out)
@@ -279,13 +310,15 @@ def test_cli_run_kill_and_resume_against_fake_server(tmp_path, capsys, monkeypat
     assert b.manifest["launches"][-1]["exit_code"] == 17
 
     # continuing with a server of another model is refused, before any measurement
-    rc, _, err = _run(["run", "--out", str(out), "--resume", "--serve-cmd",
-                       " ".join(fake_cmd(port, "--model", "other")), *common], capsys)
+    rc, _, err = _run(
+        ["run", "--out", str(out), "--resume", "--serve-cmd", " ".join(fake_cmd(port, "--model", "other")), *common],
+        capsys,
+    )
     assert rc == 2 and "another model" in err
     assert len(Bundle.open(out).records("load_poisson_r40", "request")) == len(
-        list(b.records("load_poisson_r40", "request")))
-    rc, _, err = _run(["run", "--out", str(out), "--resume", "--serve-cmd", " ".join(fake_cmd(port)), *common],
-                      capsys)
+        list(b.records("load_poisson_r40", "request"))
+    )
+    rc, _, err = _run(["run", "--out", str(out), "--resume", "--serve-cmd", " ".join(fake_cmd(port)), *common], capsys)
     assert rc == 0, err
     b = Bundle.open(out)
     recs = {r["id"]: r for r in b.requests("load_poisson_r40")}
@@ -311,21 +344,40 @@ def test_cli_run_kill_and_resume_against_fake_server(tmp_path, capsys, monkeypat
 
 def test_cli_attach_mode_and_errors(tmp_path, capsys, fake_server):
     out = tmp_path / "att"
-    rc, _, err = _run(["run", "--out", str(out), "--attach", fake_server.base_url + "/v1", "--phases", "decode",
-                       "--decode-concurrency", "2", "--decode-prompt", "16", "--decode-output", "4",
-                       "--server-log", str(FIX / "vllm_cpu_0.32_startup_eager.log")], capsys)
+    rc, _, err = _run(
+        [
+            "run",
+            "--out",
+            str(out),
+            "--attach",
+            fake_server.base_url + "/v1",
+            "--phases",
+            "decode",
+            "--decode-concurrency",
+            "2",
+            "--decode-prompt",
+            "16",
+            "--decode-output",
+            "4",
+            "--server-log",
+            str(FIX / "vllm_cpu_0.32_startup_eager.log"),
+        ],
+        capsys,
+    )
     assert rc == 0, err
     b = Bundle.open(out)
     assert b.manifest["mode"] == "attach" and b.manifest["versions"]["vllm"] == "0.0.0-fake"
     assert b.manifest["attachments"][0]["startup"]["summary"]["engine_init_s"] == 2.41
     assert len(b.requests("decode_c2")) == 4 and "launches" not in b.manifest or not b.manifest["launches"]
-    rc, _, err = _run(["run", "--out", str(tmp_path / "x"), "--attach", "http://127.0.0.1:9",
-                       "--ready-timeout", "0.5"], capsys)
+    rc, _, err = _run(
+        ["run", "--out", str(tmp_path / "x"), "--attach", "http://127.0.0.1:9", "--ready-timeout", "0.5"], capsys
+    )
     assert rc == 3 and "did not answer" in err
     rc, _, err = _run(["show", str(tmp_path / "missing")], capsys)
     assert rc == 2 and "no bundle" in err
-    rc, _, err = _run(["run", "--out", str(tmp_path / "y"), "--attach", fake_server.base_url,
-                       "--phases", "warp"], capsys)
+    rc, _, err = _run(
+        ["run", "--out", str(tmp_path / "y"), "--attach", fake_server.base_url, "--phases", "warp"], capsys
+    )
     assert rc == 2 and "unknown warp" in err
 
 

@@ -4,6 +4,7 @@ A fit's efficiencies are relative to the ``CPU-host`` entry's peaks; the shipped
 Intel Xeon VM with AMX.  On another CPU the fit derives the entry from the recorded CPU family and
 says so; where it cannot, it warns; a busy host is warned about too.
 """
+
 from __future__ import annotations
 
 import json
@@ -63,8 +64,10 @@ def _manifest(cpuinfo: str | None, *, load: float = 0.3, cores: int = 2) -> dict
     server = {"cpu_count": cores, "cpu_affinity": cores, "memory_bytes": 8 * 2**30}
     if cpuinfo is not None:
         server["cpu"] = env.cpu_id(cpuinfo)
-    return {"hardware": {"server": server},
-            "runs": [{"conditions": {"before": {"loadavg": [load, load, load], "cores": cores, "at": "t0"}}}]}
+    return {
+        "hardware": {"server": server},
+        "runs": [{"conditions": {"before": {"loadavg": [load, load, load], "cores": cores, "at": "t0"}}}],
+    }
 
 
 def test_epyc_without_amx_gets_a_derived_entry():
@@ -77,7 +80,7 @@ def test_epyc_without_amx_gets_a_derived_entry():
     assert derived.memory_bytes.value == 8 * 2**30
     assert "not measured on this host" in derived.memory_bandwidth_Bps.source
     assert rep["entry"] == "derived" and len(rep["warnings"]) == 1 and "not a 2-vCPU Intel Xeon" in rep["warnings"][0]
-    assert rep["shipped_peak_bf16"] / rep["peak_bf16"] > 10     # what the shipped entry would have been off by
+    assert rep["shipped_peak_bf16"] / rep["peak_bf16"] > 10  # what the shipped entry would have been off by
 
 
 def test_host_the_entry_describes_uses_it_without_warnings():
@@ -86,15 +89,14 @@ def test_host_the_entry_describes_uses_it_without_warnings():
     assert derived is None and rep["entry"] == "shipped" and rep["warnings"] == []
     assert cpu_family(env.cpu_id(XEON_AMX)).bf16_per_cycle == 1024
     # the shipped file still describes that host (the module's SHIPPED_HOST must follow it)
-    text = (hwdb.__path__[0] + "/data/gpus/CPU-host.yaml")
+    text = hwdb.__path__[0] + "/data/gpus/CPU-host.yaml"
     assert "AMX" in open(text).read() and "Intel Xeon" in open(text).read()
 
 
-@pytest.mark.parametrize("cpuinfo, explicit, phrase", [
-    (None, False, "records no CPU ISA"),
-    (ARM, False, "cannot be derived"),
-    (EPYC, True, "--gpu was given"),
-])
+@pytest.mark.parametrize(
+    "cpuinfo, explicit, phrase",
+    [(None, False, "records no CPU ISA"), (ARM, False, "cannot be derived"), (EPYC, True, "--gpu was given")],
+)
 def test_hosts_it_cannot_vouch_for_are_warned_about(cpuinfo, explicit, phrase):
     derived, rep = host_check(_manifest(cpuinfo), hwdb.load().gpu("CPU-host"), explicit_gpu=explicit)
     assert derived is None and rep["entry"] == "shipped"

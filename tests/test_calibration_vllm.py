@@ -3,6 +3,7 @@
 server killed mid-load then resumed without losing or re-measuring a record.  Skipped unless a Python
 with vLLM is found: ``$EPDSIM_VLLM_PYTHON``, else ``.venv-vllm/bin/python``.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,14 @@ def _run(argv, capsys):
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
     d = tmp_path_factory.mktemp("tiny") / "model"
-    r = subprocess.run([VLLM_PY, "-m", "calibration.harness.model", str(d)], cwd=REPO, capture_output=True,
-                       text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)})
+    r = subprocess.run(
+        [VLLM_PY, "-m", "calibration.harness.model", str(d)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     return d
 
@@ -42,10 +49,12 @@ def tiny_model(tmp_path_factory):
 @needs_vllm
 def test_vllm_quick_run_records_are_sane(tmp_path, tiny_model, capsys):
     out = tmp_path / "bundle"
-    rc, _, err = _run(["run", "--out", str(out), "--launch", "--quick", "--vllm-python", VLLM_PY,
-                       "--model-dir", str(tiny_model)], capsys)
+    rc, _, err = _run(
+        ["run", "--out", str(out), "--launch", "--quick", "--vllm-python", VLLM_PY, "--model-dir", str(tiny_model)],
+        capsys,
+    )
     assert rc == 0, err
-    if len(os.sched_getaffinity(0)) <= 4:       # a small host, not pinned: the run says how to pin it
+    if len(os.sched_getaffinity(0)) <= 4:  # a small host, not pinned: the run says how to pin it
         assert "--pin 0:1 measured sends within 3 ms" in " ".join(err.split())
     b = Bundle.open(out)
     m = b.manifest
@@ -77,10 +86,29 @@ def test_vllm_quick_run_records_are_sane(tmp_path, tiny_model, capsys):
 @needs_vllm
 def test_vllm_server_killed_mid_load_then_resume(tmp_path, tiny_model, capsys):
     out = tmp_path / "bundle"
-    args = ["run", "--out", str(out), "--quick", "--phases", "prefill,load", "--load-rates", "4",
-            "--load-requests", "60", "--vllm-python", VLLM_PY, "--model-dir", str(tiny_model)]
-    proc = subprocess.Popen([sys.executable, "-m", "calibration.cli", *args, "--launch"], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    args = [
+        "run",
+        "--out",
+        str(out),
+        "--quick",
+        "--phases",
+        "prefill,load",
+        "--load-rates",
+        "4",
+        "--load-requests",
+        "60",
+        "--vllm-python",
+        VLLM_PY,
+        "--model-dir",
+        str(tiny_model),
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "calibration.cli", *args, "--launch"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     load = out / "records" / "load_poisson_r4.jsonl"
     deadline = time.monotonic() + 300
     pid = None

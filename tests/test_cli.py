@@ -1,4 +1,5 @@
 """The ``epdsim`` command line, run as a subprocess like a user would."""
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,14 @@ SCRIPT = Path(sys.executable).parent / "epdsim"
 def epdsim(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
     """Run the installed ``epdsim`` script (or ``python -m simulator.cli`` without one)."""
     cmd = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "simulator.cli"]
-    r = subprocess.run([*cmd, *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=300,
-                       env={"PATH": "/usr/bin:/bin", "NO_COLOR": "1", "TERM": "dumb", "COLUMNS": "120"})
+    r = subprocess.run(
+        [*cmd, *map(str, args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PATH": "/usr/bin:/bin", "NO_COLOR": "1", "TERM": "dumb", "COLUMNS": "120"},
+    )
     assert "Traceback" not in r.stderr, r.stderr
     return r
 
@@ -60,8 +67,15 @@ def test_simulate_writes_all_formats(tmp_path):
     out_dir = tmp_path / "run"
     stdout = ok("simulate", EXAMPLE, "--out", out_dir, "--format", "parquet", "csv", "json")
     assert "wrote" in stdout
-    for name in ("requests.parquet", "steps.parquet", "requests.csv", "steps.csv", "requests.json",
-                 "summary.json", "scenario.yaml"):
+    for name in (
+        "requests.parquet",
+        "steps.parquet",
+        "requests.csv",
+        "steps.csv",
+        "requests.json",
+        "summary.json",
+        "scenario.yaml",
+    ):
         assert (out_dir / name).is_file(), f"{name} missing; got {sorted(p.name for p in out_dir.iterdir())}"
     scn = load_scenario(EXAMPLE)
     req = pd.read_parquet(out_dir / "requests.parquet")
@@ -111,16 +125,25 @@ def test_bad_usage_is_argparse_error():
 def _piped(*args: str, columns: int = 80) -> subprocess.CompletedProcess:
     """``epdsim ARGS | cat`` at ``columns`` columns: stdout and stderr are pipes, not terminals."""
     cmd = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "simulator.cli"]
-    r = subprocess.run([*cmd, *map(str, args)], cwd=REPO, capture_output=True, text=True, timeout=300,
-                       env={"PATH": "/usr/bin:/bin", "NO_COLOR": "1", "TERM": "dumb", "COLUMNS": str(columns)})
+    r = subprocess.run(
+        [*cmd, *map(str, args)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PATH": "/usr/bin:/bin", "NO_COLOR": "1", "TERM": "dumb", "COLUMNS": str(columns)},
+    )
     assert "Traceback" not in r.stderr, r.stderr
     return r
 
 
 def test_hw_list_piped_at_80_columns_shows_every_full_name():
     db = hwdb.load()
-    for kind, rows in (("models", listing.model_rows(db)), ("links", listing.link_rows(db)),
-                       ("gpus", listing.gpu_rows(db))):
+    for kind, rows in (
+        ("models", listing.model_rows(db)),
+        ("links", listing.link_rows(db)),
+        ("gpus", listing.gpu_rows(db)),
+    ):
         r = _piped("hw", "list", kind)
         assert r.returncode == 0, r.stderr
         assert "…" not in r.stdout, r.stdout
@@ -134,7 +157,7 @@ def test_hw_list_on_an_80_column_terminal_splits_columns_instead_of_cutting_name
     rows = listing.model_rows(hwdb.load())
     con = Console(width=80, force_terminal=True, no_color=True, record=True)
     tables = hw_tables("models", rows, con.width)
-    assert len(tables) > 1                       # ten columns do not fit in 80: groups, each with the names
+    assert len(tables) > 1  # ten columns do not fit in 80: groups, each with the names
     for t in tables:
         con.print(t)
     text = con.export_text()
@@ -147,11 +170,25 @@ def test_hw_list_on_an_80_column_terminal_splits_columns_instead_of_cutting_name
 def test_plan_tables_keep_names_and_words_whole_in_a_ci_log(capsys, monkeypatch):
     monkeypatch.delenv("COLUMNS", raising=False)
     layout = "2x H100-SXM-80GB TP2 prefill + 6x H200-SXM-141GB TP4 decode over ib-ndr (nixl)"
-    reason = ("simulated: attainment 57.1% (95% CI 0.0-100.0% over 2 seeds) < 90% at 20 req/s; "
-              "p90 TTFT 1.23 s, TPOT 0.0456 s")
-    df = pd.DataFrame([dict(layout=layout, cost_usd_per_hour=12.5, cost_usd_per_million_tokens=1.2, goodput_rps=17.0,
-                            goodput_capped=False, ttft_s=1.23, tpot_s=0.0456, verified=True, rejected_reason=reason)])
-    con = stdout_console()                      # capsys: not a terminal, so the CI log's width
+    reason = (
+        "simulated: attainment 57.1% (95% CI 0.0-100.0% over 2 seeds) < 90% at 20 req/s; p90 TTFT 1.23 s, TPOT 0.0456 s"
+    )
+    df = pd.DataFrame(
+        [
+            dict(
+                layout=layout,
+                cost_usd_per_hour=12.5,
+                cost_usd_per_million_tokens=1.2,
+                goodput_rps=17.0,
+                goodput_capped=False,
+                ttft_s=1.23,
+                tpot_s=0.0456,
+                verified=True,
+                rejected_reason=reason,
+            )
+        ]
+    )
+    con = stdout_console()  # capsys: not a terminal, so the CI log's width
     assert con.width == PIPED_WIDTH
     for t in candidate_tables("simulated candidates", df, 90, con.width, full_reason=True):
         con.print(t)
@@ -169,8 +206,21 @@ def test_version():
 
 
 def test_simulate_overrides_rate_requests_gpu_tp(tmp_path):
-    out = ok("simulate", "--rate", "4", "--num-requests", "120", "--gpu", "H200", "--tp", "2",
-             "--out", tmp_path / "run", "--format", "json")
+    out = ok(
+        "simulate",
+        "--rate",
+        "4",
+        "--num-requests",
+        "120",
+        "--gpu",
+        "H200",
+        "--tp",
+        "2",
+        "--out",
+        tmp_path / "run",
+        "--format",
+        "json",
+    )
     assert "2x H200-SXM-141GB TP2" in out, out
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["summary"]["requests"] == 120 and summary["info"]["tp"] == 2
@@ -178,14 +228,17 @@ def test_simulate_overrides_rate_requests_gpu_tp(tmp_path):
     assert scn.workload.arrival.rate == 4 and scn.pools[0].gpu == "H200"
 
 
-@pytest.mark.parametrize("args, words", [
-    (("--rate", "0"), ("--rate", "positive")),
-    (("--num-requests", "0"), ("--num-requests", "at least 1")),
-    (("--tp", "3"), ("tp", "3")),
-    (("--tp", "0"), ("tp", "0")),
-    (("--gpu", "NoSuchGPU"), ("NoSuchGPU",)),
-    ((REPO / "examples" / "qwen3_moe_h200_closed_loop.yaml", "--rate", "5"), ("--rate", "closed loop")),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (("--rate", "0"), ("--rate", "positive")),
+        (("--num-requests", "0"), ("--num-requests", "at least 1")),
+        (("--tp", "3"), ("tp", "3")),
+        (("--tp", "0"), ("tp", "0")),
+        (("--gpu", "NoSuchGPU"), ("NoSuchGPU",)),
+        ((REPO / "examples" / "qwen3_moe_h200_closed_loop.yaml", "--rate", "5"), ("--rate", "closed loop")),
+    ],
+)
 def test_simulate_bad_overrides_are_one_paragraph_errors(args, words):
     r = epdsim("simulate", *args, "--num-requests", "50") if "--num-requests" not in args else epdsim("simulate", *args)
     assert r.returncode == 2, r.stdout + r.stderr
@@ -195,7 +248,7 @@ def test_simulate_bad_overrides_are_one_paragraph_errors(args, words):
 
 def test_simulate_prints_a_vllm_bench_serve_style_block_and_no_progress_when_piped(tmp_path, small_scenario):
     r = _piped("simulate", small_scenario, "--out", tmp_path / "run", "--format", "csv")
-    assert r.returncode == 0 and r.stderr == "", r.stderr      # stderr is a pipe: no progress
+    assert r.returncode == 0 and r.stderr == "", r.stderr  # stderr is a pipe: no progress
     out = r.stdout
     assert "Serving Benchmark Result" in out
     req = pd.read_csv(tmp_path / "run" / "requests.csv")
@@ -210,8 +263,13 @@ def test_simulate_prints_a_vllm_bench_serve_style_block_and_no_progress_when_pip
     assert value("Total input tokens") == f"{int(done['input_tokens'].sum()):,}"
     assert value("Total generated tokens") == f"{int(done['output_tokens'].sum()):,}"
     assert float(value("Benchmark duration (s)").replace(",", "")) == pytest.approx(summary["duration_s"], abs=0.01)
-    for label in ("Request throughput (req/s)", "Request goodput (req/s)", "Output token throughput (tok/s)",
-                  "Total token throughput (tok/s)", "Peak concurrent requests"):
+    for label in (
+        "Request throughput (req/s)",
+        "Request goodput (req/s)",
+        "Output token throughput (tok/s)",
+        "Total token throughput (tok/s)",
+        "Peak concurrent requests",
+    ):
         assert float(value(label).replace(",", "")) > 0, label
     assert value("  SLO") == "TTFT <= 500 ms, TPOT <= 50.0 ms"
     assert value("  SLO attainment").endswith("%")

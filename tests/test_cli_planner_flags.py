@@ -4,6 +4,7 @@ with the offered load and each pool's precision in the summary, and the YAML of 
 The CLI runs in-process (``simulator.cli.main``, as tests/test_cli_plan.py does): a user error returns 2
 with one paragraph on stderr, an argparse refusal raises ``SystemExit(2)``.
 """
+
 from __future__ import annotations
 
 import csv
@@ -54,6 +55,7 @@ def refused_by_argparse(capsys, *args: str) -> str:
 
 # ---------------------------------------------------------------- epdsim hw list --format
 
+
 @pytest.mark.parametrize("kind", ["gpus", "links", "models"])
 def test_hw_list_json_holds_the_table_columns_in_si_units(capsys, db, kind):
     rc, out, _ = run(capsys, "hw", "list", kind, "--format", "json")
@@ -71,18 +73,18 @@ def test_hw_list_json_figures_are_the_hwdb_values(capsys, db):
     gpus = {r["name"]: r for r in json.loads(run(capsys, "hw", "list", "gpus", "--format", "json")[1])}
     h100 = db.gpu("H100")
     g = gpus[h100.name]
-    assert g["memory_bytes"] == h100.memory_bytes.value and g["memory_bytes"] > 8e10          # bytes, not GiB
-    assert g["memory_bandwidth_Bps"] == h100.memory_bandwidth_Bps.value > 1e12                # bytes/s, not TB/s
-    assert g["bf16_FLOPS"] == h100.peak_flops["bf16"].value > 1e14                            # FLOP/s, not TFLOPS
+    assert g["memory_bytes"] == h100.memory_bytes.value and g["memory_bytes"] > 8e10  # bytes, not GiB
+    assert g["memory_bandwidth_Bps"] == h100.memory_bandwidth_Bps.value > 1e12  # bytes/s, not TB/s
+    assert g["bf16_FLOPS"] == h100.peak_flops["bf16"].value > 1e14  # FLOP/s, not TFLOPS
     assert g["fp4_FLOPS"] is None and g["price_usd_per_hour"] == h100.price_usd_per_hour.value
     links = {r["name"]: r for r in json.loads(run(capsys, "hw", "list", "links", "--format", "json")[1])}
     ib = db.link("ib-ndr")
     assert links["ib-ndr"]["bandwidth_Bps"] == ib.bandwidth_Bps.value
-    assert links["ib-ndr"]["latency_s"] == ib.latency_s.value < 1e-3                          # s, not µs
+    assert links["ib-ndr"]["latency_s"] == ib.latency_s.value < 1e-3  # s, not µs
     assert links["ib-ndr"]["effective_Bps"] == pytest.approx(ib.effective_Bps)
     models = {r["name"]: r for r in json.loads(run(capsys, "hw", "list", "models", "--format", "json")[1])}
     llama = db.model("Llama-3.1-8B")
-    assert models[llama.name]["params"] == llama.arch.total_params > 7e9                     # parameters, not billions
+    assert models[llama.name]["params"] == llama.arch.total_params > 7e9  # parameters, not billions
     assert models[llama.name]["moe"] is None and isinstance(models["DeepSeek-V3"]["moe"], str)
 
 
@@ -127,6 +129,7 @@ def test_hw_table_output_is_the_default_and_show_json_has_the_sources(capsys):
 
 # ---------------------------------------------------------------- epdsim simulate --dtype --slo-ttft --slo-tpot
 
+
 def small_yaml(tmp_path: Path, name: str = "small.yaml", **edit) -> Path:
     """The default scenario with 60 requests (and ``edit``'s top-level keys; None drops a key)."""
     data = yaml.safe_load(DEFAULT_SCENARIO.read_text())
@@ -143,8 +146,9 @@ def small_yaml(tmp_path: Path, name: str = "small.yaml", **edit) -> Path:
 
 def test_simulate_dtype_and_slo_overrides_equal_the_same_yaml(capsys, tmp_path):
     base = small_yaml(tmp_path)
-    rc, out, _ = run(capsys, "simulate", base, "--dtype", "fp8", "--slo-ttft", "1",
-                     "--out", tmp_path / "flags", "--format", "json")
+    rc, out, _ = run(
+        capsys, "simulate", base, "--dtype", "fp8", "--slo-ttft", "1", "--out", tmp_path / "flags", "--format", "json"
+    )
     assert rc == 0
     rate = load_scenario(base).workload.arrival.rate
     assert f"poisson arrivals at {rate:.2f} req/s" in out
@@ -166,17 +170,34 @@ def test_simulate_dtype_and_slo_overrides_equal_the_same_yaml(capsys, tmp_path):
 def test_simulate_slo_flag_creates_an_absent_slo(capsys, tmp_path):
     path = small_yaml(tmp_path, slo=None)
     assert load_scenario(path).slo.tpot_s is None
-    rc, out, _ = run(capsys, "simulate", path, "--slo-tpot", "0.04", "--num-requests", "30",
-                     "--out", tmp_path / "run", "--format", "json")
+    rc, out, _ = run(
+        capsys,
+        "simulate",
+        path,
+        "--slo-tpot",
+        "0.04",
+        "--num-requests",
+        "30",
+        "--out",
+        tmp_path / "run",
+        "--format",
+        "json",
+    )
     assert rc == 0 and "TPOT <= 40.0 ms" in out and "TTFT <=" not in out
     slo = json.loads((tmp_path / "run" / "summary.json").read_text())["info"]["slo"]
     assert slo["tpot_s"] == 0.04 and slo["ttft_s"] is None
 
 
-@pytest.mark.parametrize("flag, value, shown", [
-    ("--slo-ttft", "nan", "nan"), ("--slo-ttft", "0", "0"), ("--slo-tpot", "-1", "-1"),
-    ("--slo-tpot", "inf", "inf"), ("--slo-ttft", "2e6", "2e+06"),
-])
+@pytest.mark.parametrize(
+    "flag, value, shown",
+    [
+        ("--slo-ttft", "nan", "nan"),
+        ("--slo-ttft", "0", "0"),
+        ("--slo-tpot", "-1", "-1"),
+        ("--slo-tpot", "inf", "inf"),
+        ("--slo-ttft", "2e6", "2e+06"),
+    ],
+)
 def test_simulate_bad_slo_is_refused_with_the_flag_value_and_schema_range(capsys, flag, value, shown):
     rc, out, err = run(capsys, "simulate", flag, value, "--num-requests", "20")
     assert rc == 2 and out == ""
@@ -198,12 +219,12 @@ def test_offered_load_of_open_and_closed_loops():
     load = offered_load(at_own_pace, [4.0, 0.0, 1.0, 2.0])
     assert load == {"kind": "trace", "rate_rps": 0.75, "rate_source": "arrivals"}
     assert offered_load_text(load) == "trace arrivals at 0.75 req/s (mean of the arrivals)"
-    pools = [{"name": "prefill", "dtype": "fp8", "kv_cache_dtype": "fp8"},
-             {"name": "encoder", "dtype": "bf16"}]
+    pools = [{"name": "prefill", "dtype": "fp8", "kv_cache_dtype": "fp8"}, {"name": "encoder", "dtype": "bf16"}]
     assert precision_text(pools) == "prefill: weights fp8, KV cache fp8; encoder: weights bf16"
 
 
 # ---------------------------------------------------------------- the YAML of the docs
+
 
 def yaml_blocks(path: Path) -> list[tuple[int, str, bool]]:
     """(line, text, partial) of each ```yaml block of ``path``; ``partial``: the line before it is a
@@ -214,7 +235,7 @@ def yaml_blocks(path: Path) -> list[tuple[int, str, bool]]:
         if line.strip() in ("```yaml", "```yml"):
             end = next(j for j in range(i + 1, len(lines)) if lines[j].strip() == "```")
             partial = i > 0 and lines[i - 1].strip().startswith("<!-- partial")
-            out.append((i + 1, "\n".join(lines[i + 1:end]), partial))
+            out.append((i + 1, "\n".join(lines[i + 1 : end]), partial))
     return out
 
 

@@ -1,5 +1,6 @@
 """`epdsim --help` and the argument parser load none of the heavy libraries (pandas, Plotly,
 Streamlit, pyarrow): they cost ~0.3-0.9 s of start-up and only the commands that need them import them."""
+
 from __future__ import annotations
 
 import subprocess
@@ -21,10 +22,12 @@ def test_building_the_parser_imports_no_heavy_library():
 
 
 def test_help_imports_no_heavy_library():
-    code = ("import contextlib, io\nfrom simulator.cli.commands import main\nf = io.StringIO()\n"
-            "with contextlib.redirect_stdout(f):\n    try:\n        main(['--help'])\n"
-            "    except SystemExit:\n        pass\n"
-            "assert 'simulate' in f.getvalue()")
+    code = (
+        "import contextlib, io\nfrom simulator.cli.commands import main\nf = io.StringIO()\n"
+        "with contextlib.redirect_stdout(f):\n    try:\n        main(['--help'])\n"
+        "    except SystemExit:\n        pass\n"
+        "assert 'simulate' in f.getvalue()"
+    )
     assert _loaded_after(code) == []
 
 

@@ -1,4 +1,5 @@
 """Cold-start phases (simulator/ops/coldstart.py) and their data (hwdb/data/coldstart)."""
+
 from __future__ import annotations
 
 import pytest
@@ -36,12 +37,12 @@ def test_phases_in_order_and_sum(db):
 
 
 def test_capture_size_lists():
-    v1 = capture_sizes(512, 8192)                 # vLLM 2026 releases for max_cudagraph_capture_size 512
+    v1 = capture_sizes(512, 8192)  # vLLM 2026 releases for max_cudagraph_capture_size 512
     assert len(v1) == 51 and v1[:4] == [1, 2, 4, 8] and v1[-1] == 512
     assert 248 in v1 and 256 in v1 and 264 not in v1 and 272 in v1
-    assert len(capture_sizes(512, rule="0.10")) == 67   # vLLM 0.9 to 0.11: step 8 all the way
-    assert len(capture_sizes(256, rule="0.10")) == 35   # what the fitted fig10 runs logged
-    assert max(capture_sizes(512, 128)) == 128          # never above max_num_batched_tokens
+    assert len(capture_sizes(512, rule="0.10")) == 67  # vLLM 0.9 to 0.11: step 8 all the way
+    assert len(capture_sizes(256, rule="0.10")) == 35  # what the fitted fig10 runs logged
+    assert max(capture_sizes(512, 128)) == 128  # never above max_num_batched_tokens
 
 
 def test_enforce_eager_skips_compile_and_capture(db):
@@ -53,7 +54,7 @@ def test_enforce_eager_skips_compile_and_capture(db):
 
 def test_70b_tp8_cold_start_is_minutes(db):
     d = dep(db)
-    cold = breakdown(d, "miss", "nvme")                  # the default release, 0.11: no P2P check, gc frozen
+    cold = breakdown(d, "miss", "nvme")  # the default release, 0.11: no P2P check, gc frozen
     # local NVMe, image on the node: over two minutes from container start (workers, compile, capture)
     assert 120 < cold.container_s < 200
     assert 40 < cold.seconds("dynamo") + cold.seconds("compile") < 90
@@ -68,11 +69,11 @@ def test_releases_switch_phases(db):
     """What each vLLM release does: the P2P check and gc per captured size (0.9), deduplicated compile (latest)."""
     d = dep(db)
     old, v11, new = (breakdown(d, "miss", "nvme", vllm_version=v) for v in ("0.9", "0.11", "latest"))
-    assert old.seconds("p2p_check") == pytest.approx(28 * 1.61)                 # 28 GPU pairs
+    assert old.seconds("p2p_check") == pytest.approx(28 * 1.61)  # 28 GPU pairs
     assert "gc.collect per graph" in {p.name: p for p in old.phases}["cuda_graphs"].detail
-    assert old.seconds("cuda_graphs") > 4 * v11.seconds("cuda_graphs")          # 67 gc passes of an 80-layer heap
-    assert old.seconds("compile") == pytest.approx(v11.seconds("compile"))     # both re-run the repeated pieces
-    assert new.seconds("compile") < 0.1 * v11.seconds("compile")               # only 3 distinct pieces
+    assert old.seconds("cuda_graphs") > 4 * v11.seconds("cuda_graphs")  # 67 gc passes of an 80-layer heap
+    assert old.seconds("compile") == pytest.approx(v11.seconds("compile"))  # both re-run the repeated pieces
+    assert new.seconds("compile") < 0.1 * v11.seconds("compile")  # only 3 distinct pieces
     assert new.seconds("p2p_check") == 0 and new.container_s < v11.container_s < old.container_s
     # level high runs the P2P check on any release (VLLM_SKIP_P2P_CHECK=0), level low on none
     assert breakdown(d, "miss", vllm_version="latest", level="high").seconds("p2p_check") == pytest.approx(28 * 2.14)
@@ -87,7 +88,7 @@ def test_moe_layers_are_distinct_compiled_pieces(db):
     v11, new = breakdown(d, vllm_version="0.11"), breakdown(d, vllm_version="latest")
     assert "95 distinct of 95 pieces" in {p.name: p for p in v11.phases}["compile"].detail
     assert "3 distinct of 95 pieces" in {p.name: p for p in new.phases}["compile"].detail
-    dense = breakdown(dep(db), vllm_version="0.11")                # Llama-3.1-70B: 81 pieces, 3 distinct
+    dense = breakdown(dep(db), vllm_version="0.11")  # Llama-3.1-70B: 81 pieces, 3 distinct
     assert v11.seconds("compile") / 95 > 1.5 * dense.seconds("compile") / 81
 
 
@@ -105,7 +106,8 @@ def test_compile_sizes_and_multiplier(db, coef):
     d = dep(db, "Llama-3.1-8B", tp=1)
     base = breakdown(d).seconds("compile")
     assert breakdown(d, compile_sizes=2).seconds("compile") == pytest.approx(
-        base * (1 + 2 * coef.compile_size_relative_cost.value))
+        base * (1 + 2 * coef.compile_size_relative_cost.value)
+    )
     assert breakdown(d, compile_multiplier=10).seconds("compile") == pytest.approx(10 * base)
     assert breakdown(d, "hit", compile_multiplier=10).seconds("compile") == breakdown(d, "hit").seconds("compile")
 
@@ -114,7 +116,8 @@ def test_cross_checks_with_published_figures(coef):
     """FACTS.md figures outside the fitted data: same order, within the stated factors."""
     # a dense model's 3 distinct pieces + repeats reproduce the fitted c0 + c1 L exactly
     assert compile_seconds(coef, 40, "miss") == pytest.approx(
-        coef.coef("compile_miss", "c0_s") + 40 * coef.coef("compile_miss", "c1_s_per_layer"))
+        coef.coef("compile_miss", "c0_s") + 40 * coef.coef("compile_miss", "c1_s_per_layer")
+    )
     # Llama-3-8B (32 layers) -O3: Dynamo 4.6 s, compile 14.8 s (vllm PR #11005, Dec 2024)
     assert dynamo_seconds(coef, 32) == pytest.approx(4.6, rel=0.3)
     assert compile_seconds(coef, 32, "miss") == pytest.approx(14.8, rel=0.3)
@@ -169,7 +172,7 @@ def test_every_figure_has_a_source():
     assert set(cs.storage) >= {"nvme", "nfs", "s3", "page_cache"}
     for s in cs.storage.values():
         assert s.bandwidth_Bps.source and s.latency_s.source and s.bandwidth_Bps.value > 0
-    assert cs.storage_path("local-nvme").name == "nvme"      # aliases resolve
+    assert cs.storage_path("local-nvme").name == "nvme"  # aliases resolve
     assert cs.image("vllm/vllm-openai").compressed_bytes.value > 1e9
 
 
@@ -191,8 +194,9 @@ def test_a_user_coldstart_folder_loads_by_the_hwdb_rules(tmp_path):
     shipped = load_coldstart()
     (tmp_path / "coldstart").mkdir()
     text = (hwdb.db.DATA_DIR / "coldstart" / "nvme.yaml").read_text()
-    (tmp_path / "coldstart" / "nvme.yaml").write_text(text.replace("aliases: [local-nvme, local_nvme, ssd]",
-                                                                   "aliases: [my-ssd]"))
+    (tmp_path / "coldstart" / "nvme.yaml").write_text(
+        text.replace("aliases: [local-nvme, local_nvme, ssd]", "aliases: [my-ssd]")
+    )
     cs = load_coldstart([tmp_path])
     assert set(cs.storage) == set(shipped.storage) and cs.storage_path("ssd") is cs.storage["nvme"]
     assert cs.storage_path("my-ssd") is cs.storage["nvme"]

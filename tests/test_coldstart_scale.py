@@ -1,4 +1,5 @@
 """Cold starts at scale (issue 20): multi-GPU / MoE phases, sourced ranges, real start-ups, probes."""
+
 from __future__ import annotations
 
 import argparse
@@ -71,11 +72,23 @@ def _cli(argv, capsys):
 
 
 def test_cli_shows_the_range_and_the_release(capsys):
-    base = ["coldstart", "Llama-3.1-70B", "--gpu", "H100", "--tp", "8", "--dtype", "fp8", "--storage", "page_cache",
-            "--compile-cache", "miss"]
+    base = [
+        "coldstart",
+        "Llama-3.1-70B",
+        "--gpu",
+        "H100",
+        "--tp",
+        "8",
+        "--dtype",
+        "fp8",
+        "--storage",
+        "page_cache",
+        "--compile-cache",
+        "miss",
+    ]
     rc, out, _ = _cli(base, capsys)
     assert rc == 0 and "low" in out and "high" in out and "sourced range" in out and "vLLM 0.11" in out
-    assert "P2P access check" in out                  # only the high end runs it on 0.11: still a row
+    assert "P2P access check" in out  # only the high end runs it on 0.11: still a row
     rc, out, _ = _cli(base + ["--vllm-version", "0.9"], capsys)
     assert rc == 0 and "vLLM 0.9" in out and "28 GPU pairs x 1.61 s" in out and "gc.collect per graph" in out
     rc, out, err = _cli(base + ["--vllm-version", "0.12"], capsys)
@@ -88,7 +101,7 @@ def test_sourced_startups_within_30_percent(checks):
     others = [c for c in checks if not c.case.name.startswith("vllm#19824")]
     typical = [c for c in others if c.case.level == "typical"]
     assert len(typical) >= 4
-    for c in others:                                   # slow hosts are checked against the high end
+    for c in others:  # slow hosts are checked against the high end
         assert abs(c.error) <= 0.30, (c.case.name, c.predicted, c.observed_s)
         if c.case.level == "typical":
             assert c.in_range, (c.case.name, c.predicted, c.observed_s)
@@ -111,8 +124,11 @@ def test_phase_predictions_against_logged_phases(checks):
 
 def _real_start(c, high) -> Breakdown:
     """The sourced start as a pod would run it: the observed seconds plus the phases the source did not time."""
-    untimed = [p for p in high.container_phases() if c.case.observed_phases is not None
-               and p.name not in c.case.observed_phases]
+    untimed = [
+        p
+        for p in high.container_phases()
+        if c.case.observed_phases is not None and p.name not in c.case.observed_phases
+    ]
     return Breakdown(tuple(untimed) + (Phase("compile", c.observed_s),), c.case.compile_cache, c.case.storage, True)
 
 
@@ -120,19 +136,23 @@ def test_probes_keep_every_case_out_of_crashloop(checks):
     """The recommendation (high end, cold cache) lets each case start, at its typical, its high end and as observed."""
     for c in checks:
         bds = case_breakdowns(c.case)
-        cold_high = bds["high"] if c.case.compile_cache == "miss" else case_breakdowns(
-            c.case.model_copy(update={"compile_cache": "miss"}))["high"]
+        cold_high = (
+            bds["high"]
+            if c.case.compile_cache == "miss"
+            else case_breakdowns(c.case.model_copy(update={"compile_cache": "miss"}))["high"]
+        )
         rec = recommend_probes(cold_high)
         real = _real_start(c, bds["high"])
-        assert rec.budget_s >= real.container_s               # the real start fits the startupProbe
+        assert rec.budget_s >= real.container_s  # the real start fits the startupProbe
         for bd in (bds["typical"], bds["high"], real):
             res = simulate_pod(bd, rec.pod_spec(), horizon_s=3600)
             assert res.restarts == 0 and not res.never_ready, (c.case.name, bd.level, res.reason)
             assert res.ready_s - bd.total_s < rec.startup.period_s
         # without the startupProbe, a chart's usual liveness probe kills the same real start over and over
         if real.container_s > 120:
-            loop = simulate_pod(real, PodSpec(liveness=Probe(60, 10, 1, 3), readiness=Probe(60, 10, 1, 3)),
-                                horizon_s=3600)
+            loop = simulate_pod(
+                real, PodSpec(liveness=Probe(60, 10, 1, 3), readiness=Probe(60, 10, 1, 3)), horizon_s=3600
+            )
             assert loop.never_ready and "CrashLoopBackOff" in loop.reason, c.case.name
 
 
@@ -147,7 +167,7 @@ def test_ranges_are_ordered_and_sourced():
     sc = load_coldstart().scale_ranges("vllm-v1")
     for key, r in sc.ranges.items():
         assert r.sources, key
-        if key == "loader_Bps_per_rank":          # a rate: the fast end is the short start
+        if key == "loader_Bps_per_rank":  # a rate: the fast end is the short start
             assert r.low >= r.typical >= r.high > 0
         else:
             assert r.low <= r.typical <= r.high, key
@@ -167,14 +187,17 @@ def test_moe_phases(db):
 
     def per_layer(b, layers, n):
         return b.seconds(n) / layers
+
     assert per_layer(bd, 61, "cuda_graphs") > 2 * per_layer(d_bd, 80, "cuda_graphs")
     assert per_layer(bd, 61, "dynamo") > 1.1 * per_layer(d_bd, 80, "dynamo")
 
 
 def test_vllm_version_changes_capture(db):
     dep = deployment_for(PoolConfig(gpu="H100", tp=8), db.model("Llama-3.1-70B"), db)
-    graphs = {v: {p.name: p for p in breakdown(dep, vllm_version=v).phases}["cuda_graphs"].detail
-              for v in ("0.10", "0.11", "latest")}
+    graphs = {
+        v: {p.name: p for p in breakdown(dep, vllm_version=v).phases}["cuda_graphs"].detail
+        for v in ("0.10", "0.11", "latest")
+    }
     assert "67 sizes up to 512, PIECEWISE: 67 graphs" in graphs["0.10"]
     assert "67 sizes up to 512, FULL_AND_PIECEWISE: 134 graphs" in graphs["0.11"]
     assert "51 sizes up to 512, FULL_AND_PIECEWISE: 102 graphs" in graphs["latest"]
@@ -201,8 +224,15 @@ def test_ranges_follow_their_stated_rule():
     its sources list, re-derived in calibration/coldstart/holdout.py: the file agrees to its rounding."""
     sc = load_coldstart().scale_ranges("vllm-v1")
     derived = derive_ranges()
-    assert {"p2p_check_s_per_pair", "loader_Bps_per_rank", "compile_miss_multiplier", "compile_hit_multiplier",
-            "capture_moe_layer_weight", "distributed_init_s_per_rank", "jit_kernels_s"} <= set(derived)
+    assert {
+        "p2p_check_s_per_pair",
+        "loader_Bps_per_rank",
+        "compile_miss_multiplier",
+        "compile_hit_multiplier",
+        "capture_moe_layer_weight",
+        "distributed_init_s_per_rank",
+        "jit_kernels_s",
+    } <= set(derived)
     for key, d in derived.items():
         for lv in LEVELS:
             assert getattr(d, lv) == pytest.approx(sc.at(key, lv), rel=0.01, abs=1e-9), (key, lv)
@@ -219,13 +249,13 @@ def test_held_out_cases_within_30_percent(held, held_publication):
     """Leave-one-source-out: each case re-predicted with the ranges re-derived without its own run."""
     within = [h for h in held if abs(h.held.error) <= 0.30]
     assert len(within) >= 4, [(h.case.name, round(h.held.error, 3)) for h in held]
-    assert sum(bool(h.case.feeds) for h in within) >= 4          # cases that fed a range, not only bystanders
+    assert sum(bool(h.case.feeds) for h in within) >= 4  # cases that fed a range, not only bystanders
     # #19824 set the high ends of the P2P check, the loader and the Inductor multiplier: without them it is further off
     h19 = next(h for h in held if h.run == "vllm#19824")
     assert set(h19.moved) == {"p2p_check_s_per_pair", "loader_Bps_per_rank", "compile_miss_multiplier"}
     assert h19.held.error < h19.fitted.error < 0
     for h in held:
-        if not h.case.feeds:                                    # nothing of theirs in the ranges: same prediction
+        if not h.case.feeds:  # nothing of theirs in the ranges: same prediction
             assert h.held.checked_s == pytest.approx(h.fitted.checked_s, rel=0.01), h.case.name
     # without any anyscale run the MoE weights fall back to x1 and the init slope to the TP2 reports' median
     anyscale = [h for h in held_publication if h.run.startswith("anyscale/")]
@@ -243,24 +273,71 @@ def _write_scale(tmp_path, **change):
     return tmp_path / "hw"
 
 
-@pytest.mark.parametrize("change, match", [
-    (dict(default_version="0.7"), r"default_version '0\.7' is not one of versions \(0\.9, 0\.10, 0\.11, latest\)"),
-    (dict(cases=[{"name": "x", "model": "Llama-3.1-8B", "gpu": "H100", "tp": 1, "storage": "nvme",
-                  "compile_cache": "miss", "observed_s": 60, "source": "s", "feeds": ["warp_drive"]}]),
-     r"case 'x': feeds names \['warp_drive'\]"),
-    (dict(cases=[{"name": "x", "model": "Llama-3.1-8B", "gpu": "H100", "tp": 1, "storage": "nvme",
-                  "compile_cache": "miss", "observed_s": 60, "source": "s", "vllm_version": "9.9"}]),
-     r"case 'x': vllm_version '9\.9'"),
-])
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (dict(default_version="0.7"), r"default_version '0\.7' is not one of versions \(0\.9, 0\.10, 0\.11, latest\)"),
+        (
+            dict(
+                cases=[
+                    {
+                        "name": "x",
+                        "model": "Llama-3.1-8B",
+                        "gpu": "H100",
+                        "tp": 1,
+                        "storage": "nvme",
+                        "compile_cache": "miss",
+                        "observed_s": 60,
+                        "source": "s",
+                        "feeds": ["warp_drive"],
+                    }
+                ]
+            ),
+            r"case 'x': feeds names \['warp_drive'\]",
+        ),
+        (
+            dict(
+                cases=[
+                    {
+                        "name": "x",
+                        "model": "Llama-3.1-8B",
+                        "gpu": "H100",
+                        "tp": 1,
+                        "storage": "nvme",
+                        "compile_cache": "miss",
+                        "observed_s": 60,
+                        "source": "s",
+                        "vllm_version": "9.9",
+                    }
+                ]
+            ),
+            r"case 'x': vllm_version '9\.9'",
+        ),
+    ],
+)
 def test_bad_scale_files_are_named(tmp_path, change, match):
     with pytest.raises(hwdb.HwdbError, match=match):
         load_coldstart([_write_scale(tmp_path, **change)])
 
 
 def test_case_naming_an_unknown_phase_is_refused(tmp_path):
-    hw = _write_scale(tmp_path, applies_to="mine", cases=[
-        {"name": "x", "model": "Llama-3.1-8B", "gpu": "H100", "tp": 1, "storage": "nvme", "compile_cache": "miss",
-         "observed_s": 60, "source": "s", "observed_phases": ["weights", "warm_up"]}])
+    hw = _write_scale(
+        tmp_path,
+        applies_to="mine",
+        cases=[
+            {
+                "name": "x",
+                "model": "Llama-3.1-8B",
+                "gpu": "H100",
+                "tp": 1,
+                "storage": "nvme",
+                "compile_cache": "miss",
+                "observed_s": 60,
+                "source": "s",
+                "observed_phases": ["weights", "warm_up"],
+            }
+        ],
+    )
     cs = load_coldstart([hw])
     cs.startup["mine"] = cs.coefficients("vllm-v1").model_copy(update={"name": "mine"})
     with pytest.raises(ColdStartError, match=r"case 'x': observed_phases names \['warm_up'\]"):

@@ -1,6 +1,7 @@
 """A new KV connector is one registered strategy class plus one hwdb YAML file (issue 36): a toy connector
 added that way is simulated, planned and deployed through the project's own entry points, and every shipped
 connector names a registered strategy."""
+
 from __future__ import annotations
 
 import json
@@ -29,11 +30,14 @@ class ToyWire(KVConnector):
     """A connector the project does not ship: its own kv-transfer JSON, environment and container port."""
 
     name = "toy-wire"
-    cpu_pair = CPU_FILES     # the CPU calibration pair runs it, its KV through the shared kv_path folder
+    cpu_pair = CPU_FILES  # the CPU calibration pair runs it, its KV through the shared kv_path folder
 
     def kv_transfer_config(self, role, proxy_host, buffer_bytes, tcp):
-        return {"kv_connector": self.conn.vllm_name, "kv_role": "kv_both",
-                "kv_connector_extra_config": {"wire": "toy", "side": role, "proxy": proxy_host}}
+        return {
+            "kv_connector": self.conn.vllm_name,
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": {"wire": "toy", "side": role, "proxy": proxy_host},
+        }
 
     def env(self, tcp, opts, role):
         return super().env(tcp, opts, role) + [{"name": "TOY_WIRE_SIDE", "value": role}]
@@ -42,7 +46,7 @@ class ToyWire(KVConnector):
         return [{"name": "toywire", "containerPort": 7777, "protocol": "TCP"}]
 
     def sglang_backend(self):
-        return "fake"            # SGLang's documented test backend: the toy has no SGLang transfer engine
+        return "fake"  # SGLang's documented test backend: the toy has no SGLang transfer engine
 
     def sglang_device_args(self, ib_device, tcp):
         return []
@@ -75,8 +79,9 @@ def toy_hwdb(tmp_path):
     (tmp_path / "connectors" / "toywire.yaml").write_text(TOY_YAML)
     shipped = connectors.CONNECTORS
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(connectors, "CONNECTORS", Registry(shipped.kind, (*shipped.values(), ToyWire),
-                                                       plural=shipped.plural))
+        mp.setattr(
+            connectors, "CONNECTORS", Registry(shipped.kind, (*shipped.values(), ToyWire), plural=shipped.plural)
+        )
         yield tmp_path
     assert connectors.CONNECTORS is shipped and "toy-wire" not in connectors.CONNECTORS
 
@@ -92,22 +97,30 @@ def test_a_toy_connector_is_simulated_in_a_pd_run(toy_hwdb):
     # the YAML's efficiency (0.5 against NIXL's 0.85) sets the path's bandwidth, and so the transfer times
     nixl_eff = hwdb.load().connector("nixl").efficiency.value
     assert toy.info["kv_transfer"]["prefill_side_Bps"] == pytest.approx(
-        nixl.info["kv_transfer"]["prefill_side_Bps"] * 0.5 / nixl_eff)
+        nixl.info["kv_transfer"]["prefill_side_Bps"] * 0.5 / nixl_eff
+    )
     assert toy.requests["transfer_s"].mean() > 1.5 * nixl.requests["transfer_s"].mean()
 
 
 def _plan(hwdb_dir):
-    req = parse_plan_request({
-        "name": "Toy Wire", "model": "Llama-3.1-8B", "hwdb": [str(hwdb_dir)],
-        "workload": {"arrival": {"kind": "poisson", "rate": 6.0},
-                     "input_length": {"kind": "fixed", "value": 2000}, "output_length": {"kind": "fixed", "value": 200},
-                     "num_requests": 200},
-        "slo": {"ttft_s": 1.0, "tpot_s": 0.05},
-        "gpus": [{"name": "H100"}],
-        "fabrics": {"connector": "toywire", "links": ["roce-400"]},
-        "constraints": {"max_gpus": 4, "max_instances_per_pool": 2, "tp": [1],
-                        "families": ["colocated", "pd"]},
-        "search": {"verify": 0, "borderline": 0, "verify_front": 0}})
+    req = parse_plan_request(
+        {
+            "name": "Toy Wire",
+            "model": "Llama-3.1-8B",
+            "hwdb": [str(hwdb_dir)],
+            "workload": {
+                "arrival": {"kind": "poisson", "rate": 6.0},
+                "input_length": {"kind": "fixed", "value": 2000},
+                "output_length": {"kind": "fixed", "value": 200},
+                "num_requests": 200,
+            },
+            "slo": {"ttft_s": 1.0, "tpot_s": 0.05},
+            "gpus": [{"name": "H100"}],
+            "fabrics": {"connector": "toywire", "links": ["roce-400"]},
+            "constraints": {"max_gpus": 4, "max_instances_per_pool": 2, "tp": [1], "families": ["colocated", "pd"]},
+            "search": {"verify": 0, "borderline": 0, "verify_front": 0},
+        }
+    )
     return run_plan(req, workers=1)
 
 
@@ -115,8 +128,11 @@ def test_a_toy_connector_plans_to_serve_lines_and_kubernetes_manifests(toy_hwdb)
     res = _plan(toy_hwdb)
     df = res.candidates
     # a PD candidate that passed the screen (the toy's transfer model found it feasible)
-    cid = next(c for c, r in zip(df["id"], df["rejected_reason"], strict=True)
-               if c.startswith("pd-") and str(r).startswith("unverified: passes the screen"))
+    cid = next(
+        c
+        for c, r in zip(df["id"], df["rejected_reason"], strict=True)
+        if c.startswith("pd-") and str(r).startswith("unverified: passes the screen")
+    )
     files = artefacts(res, cid)
     proxy = "toy-wire-proxy"
     # (b) the serve lines carry the toy's --kv-transfer-config, per role
@@ -125,8 +141,11 @@ def test_a_toy_connector_plans_to_serve_lines_and_kubernetes_manifests(toy_hwdb)
         argv = shlex.split(script.splitlines()[-1])
         assert argv[:2] == ["vllm", "serve"]
         kv = json.loads(argv[argv.index("--kv-transfer-config") + 1])
-        assert kv == {"kv_connector": "ToyWireConnector", "kv_role": "kv_both",
-                      "kv_connector_extra_config": {"wire": "toy", "side": role, "proxy": proxy}}
+        assert kv == {
+            "kv_connector": "ToyWireConnector",
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": {"wire": "toy", "side": role, "proxy": proxy},
+        }
         assert f"export TOY_WIRE_SIDE={role}\n" in script
     # (c) a valid Kubernetes manifest whose PD pods have the toy's environment and port
     docs = list(yaml.safe_load_all(files["k8s/deployment.yaml"]))
@@ -174,7 +193,10 @@ def test_a_toy_connector_drives_the_cpu_calibration_pair(toy_hwdb, tmp_path):
         mp.setattr(pd_launch, "ServerProcess", FakeServer)
         FakeServer.started = []
         assert json.loads(pd_launch.kv_transfer_config("kv_consumer", "/kv", "toywire")) == {
-            "kv_connector": "ToyWireConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"dir": "/kv"}}
+            "kv_connector": "ToyWireConnector",
+            "kv_role": "kv_consumer",
+            "kv_connector_extra_config": {"dir": "/kv"},
+        }
         pd_launch.launch_pair(tmp_path, "model", "/kv", vllm_python="py", prefill_bind="0", connector="toywire")
     for srv, kv_role in zip(FakeServer.started, ("kv_producer", "kv_consumer"), strict=True):
         kv = json.loads(srv.cmd[srv.cmd.index("--kv-transfer-config") + 1])
@@ -185,10 +207,15 @@ def test_a_toy_connector_drives_the_cpu_calibration_pair(toy_hwdb, tmp_path):
 
 def test_the_shipped_harness_connectors_keep_their_cpu_settings(tmp_path):
     assert json.loads(pd_launch.kv_transfer_config("kv_producer", "/kv", "example")) == {
-        "kv_connector": "ExampleConnector", "kv_role": "kv_producer",
-        "kv_connector_extra_config": {"shared_storage_path": "/kv"}}
+        "kv_connector": "ExampleConnector",
+        "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"shared_storage_path": "/kv"},
+    }
     assert json.loads(pd_launch.kv_transfer_config("kv_consumer", "/kv", "nixl")) == {
-        "kv_connector": "NixlConnector", "kv_role": "kv_consumer", "kv_buffer_device": "cpu"}
+        "kv_connector": "NixlConnector",
+        "kv_role": "kv_consumer",
+        "kv_buffer_device": "cpu",
+    }
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(pd_launch, "ServerProcess", FakeServer)
         FakeServer.started = []
@@ -206,20 +233,27 @@ def test_the_shipped_harness_connectors_keep_their_cpu_settings(tmp_path):
 def test_a_yaml_only_connector_reuses_a_registered_strategy(tmp_path):
     (tmp_path / "connectors").mkdir()
     (tmp_path / "connectors" / "moon2.yaml").write_text(
-        TOY_YAML.replace("toywire", "moon2").replace("ToyWireConnector", "Moon2").replace("toy-wire", "mooncake"))
+        TOY_YAML.replace("toywire", "moon2").replace("ToyWireConnector", "Moon2").replace("toy-wire", "mooncake")
+    )
     conn = hwdb.load([tmp_path]).connector("moon2")
     assert type(connector_strategy(conn)) is CONNECTORS["mooncake"]
-    assert kv_transfer_json(conn, "prefill", tcp=True) == {"kv_connector": "Moon2", "kv_role": "kv_producer",
-                                                           "kv_connector_extra_config": {"mooncake_protocol": "tcp"}}
+    assert kv_transfer_json(conn, "prefill", tcp=True) == {
+        "kv_connector": "Moon2",
+        "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"mooncake_protocol": "tcp"},
+    }
 
 
 def test_a_connector_naming_an_unregistered_strategy_is_refused_with_the_known_ones(tmp_path):
     (tmp_path / "connectors").mkdir()
-    (tmp_path / "connectors" / "toywire.yaml").write_text(TOY_YAML)      # ToyWire is not registered here
+    (tmp_path / "connectors" / "toywire.yaml").write_text(TOY_YAML)  # ToyWire is not registered here
     data = yaml.safe_load((REPO / "examples" / "interference_pd.yaml").read_text())
     data.update(kv_transfer={"connector": "toywire", "fabric": "ib-ndr"}, hwdb=[str(tmp_path)])
-    with pytest.raises(ScenarioError, match=r"unknown KV connector strategy 'toy-wire'; known KV connector "
-                                            r"strategies: \['example', 'mooncake', 'nixl', 'p2pnccl', 'tcp'\]"):
+    with pytest.raises(
+        ScenarioError,
+        match=r"unknown KV connector strategy 'toy-wire'; known KV connector "
+        r"strategies: \['example', 'mooncake', 'nixl', 'p2pnccl', 'tcp'\]",
+    ):
         simulate(parse_scenario(data))
 
 
@@ -237,13 +271,18 @@ def test_the_harness_offers_the_hwdb_connectors_whose_strategy_runs_on_the_cpu_p
     # a YAML-only connector deployed as NIXL is offered too, and measured as NIXL; a TCP-only one is not
     (tmp_path / "connectors").mkdir()
     (tmp_path / "connectors" / "nixl2.yaml").write_text(
-        TOY_YAML.replace("toywire", "nixl2").replace("ToyWireConnector", "Nixl2Connector").replace("toy-wire", "nixl"))
+        TOY_YAML.replace("toywire", "nixl2").replace("ToyWireConnector", "Nixl2Connector").replace("toy-wire", "nixl")
+    )
     (tmp_path / "connectors" / "tcp2.yaml").write_text(
-        TOY_YAML.replace("toywire", "tcp2").replace("ToyWireConnector", "Tcp2").replace("toy-wire", "tcp"))
+        TOY_YAML.replace("toywire", "tcp2").replace("ToyWireConnector", "Tcp2").replace("toy-wire", "tcp")
+    )
     mine = harness_connectors([tmp_path])
     assert set(mine) == {"example", "nixl", "nixl2"} and mine["nixl2"].cpu_pair == CPU_NIXL
     assert mine["nixl2"].cpu_kv_transfer_config("kv_producer", "/kv") == {
-        "kv_connector": "NixlConnector", "kv_role": "kv_producer", "kv_buffer_device": "cpu"}
+        "kv_connector": "NixlConnector",
+        "kv_role": "kv_producer",
+        "kv_buffer_device": "cpu",
+    }
 
 
 def test_the_harness_refuses_a_connector_its_pair_does_not_run():
@@ -255,10 +294,13 @@ def test_the_harness_refuses_a_connector_its_pair_does_not_run():
 def test_a_pd_bundle_is_read_by_the_harness_connector_that_ran_its_vllm_connector():
     assert pair_connector("NixlConnector").conn.name == "nixl"
     assert pair_connector("ExampleConnector").conn.name == "example"
-    assert pair_connector(None).conn.name == DEFAULT_CONNECTOR       # bundles written before "connector"
+    assert pair_connector(None).conn.name == DEFAULT_CONNECTOR  # bundles written before "connector"
     assert pair_connector("P2pNcclConnector") is None
-    nixl_run = {"connector": "NixlConnector", "nixl_transfers": {"bandwidth_Bps": 2e8, "mean_xfer_s": 0.002},
-                "file_bandwidth": {"write_read_Bps": 3e9, "per_transfer_s": 0.01}}
+    nixl_run = {
+        "connector": "NixlConnector",
+        "nixl_transfers": {"bandwidth_Bps": 2e8, "mean_xfer_s": 0.002},
+        "file_bandwidth": {"write_read_Bps": 3e9, "per_transfer_s": 0.01},
+    }
     pair, bw, source, per = transfer_inputs(nixl_run, None)
     assert (pair.conn.name, bw, per) == ("nixl", 2e8, 0.002) and "NIXL" in source
     pair, bw, source, per = transfer_inputs({**nixl_run, "connector": "ExampleConnector"}, None)

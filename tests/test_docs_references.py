@@ -24,6 +24,7 @@ as theirs where their name comes right before it, "vLLM's ``docs/design/...``": 
 ``../shared/...`` (the shared data beside the repository, which a fresh clone lacks) is checked only
 where ../shared exists.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,15 +45,27 @@ from simulator.cli.commands import build_parser
 from tests.conftest import REPO, SHARED
 
 # The repository's own top-level folders and files: a path starting with one of them names this repo.
-ROOTS = ("simulator", "hwdb", "calibration", "app", "tests", "examples", "benchmarks", "docs", ".ci",
-         ".streamlit", "README.md", "pyproject.toml")
-PACKAGES = ("simulator", "hwdb", "calibration", "app", "tests")     # importable: dotted names
-CODE_PACKAGES = ("simulator", "hwdb", "calibration", "app")          # whose comments are scanned
+ROOTS = (
+    "simulator",
+    "hwdb",
+    "calibration",
+    "app",
+    "tests",
+    "examples",
+    "benchmarks",
+    "docs",
+    ".ci",
+    ".streamlit",
+    "README.md",
+    "pyproject.toml",
+)
+PACKAGES = ("simulator", "hwdb", "calibration", "app", "tests")  # importable: dotted names
+CODE_PACKAGES = ("simulator", "hwdb", "calibration", "app")  # whose comments are scanned
 # Other projects' source roots, which the docs cite by their own paths (vLLM's vllm/v1/...,
 # aiconfigurator's collector/..., Vidur's vidur/..., NIXL's nixl/...).  Only a ``.py`` path under a
 # folder that is not ours needs this list (a path under one of ours is checked, unless ATTRIBUTED).
 EXTERNAL_ROOTS = ("vllm", "collector", "vidur", "nixl")
-SHARED_PREFIX = "../shared/"    # beside the repository, whichever document names it
+SHARED_PREFIX = "../shared/"  # beside the repository, whichever document names it
 
 URL = re.compile(r"\b[a-z][a-z0-9+.-]*://\S+")
 CODE_SPAN = re.compile(r"(`+)(.+?)\1")
@@ -69,13 +82,15 @@ LAYOUT_ITEM = re.compile(r"^[-*] `([\w.-]+/)`(.*(?:\n[ \t]+\S.*)*)", re.M)
 # Another project's path, cited as such: the project's name right before it, possessive (``vLLM's``,
 # ``SGLang's documentation (``, ``vLLM's P2P NCCL guide (``), with a version (``vLLM 0.32``) or alone
 # (``(vLLM ``, ``SemiAnalysisAI/InferenceX``).  "the vLLM V1 instance process (`...`)" is no citation.
-ATTRIBUTED = re.compile(r"\b(?:vLLM|SGLang|TensorRT-LLM|InferenceX|aiconfigurator|Vidur|NIXL)"
-                        r"(?:'s(?:\s+[\w-]+){0,3}|\s+v?\d[\w.]*)?\s*\(?`*$")
+ATTRIBUTED = re.compile(
+    r"\b(?:vLLM|SGLang|TensorRT-LLM|InferenceX|aiconfigurator|Vidur|NIXL)"
+    r"(?:'s(?:\s+[\w-]+){0,3}|\s+v?\d[\w.]*)?\s*\(?`*$"
+)
 
 
 @dataclass(frozen=True)
 class Stale:
-    where: str      # file:line
+    where: str  # file:line
     ref: str
     why: str
 
@@ -85,10 +100,12 @@ class Stale:
 
 # ---- what exists -------------------------------------------------------------------------------------
 
+
 @cache
 def top_names(path: Path) -> frozenset[str] | None:
     """The names a module defines or imports at top level (under ``if``/``try`` too); None when it has a
     module ``__getattr__`` (any name may exist)."""
+
     def names(body) -> set[str]:
         out: set[str] = set()
         for n in body:
@@ -104,6 +121,7 @@ def top_names(path: Path) -> frozenset[str] | None:
                 for h in getattr(n, "handlers", []):
                     out |= names(h.body)
         return out
+
     found = names(ast.parse(path.read_text(), str(path)).body)
     return None if "__getattr__" in found else frozenset(found)
 
@@ -138,8 +156,13 @@ def dotted_problem(dotted: str) -> str | None:
 
 @lru_cache(maxsize=1)
 def repo_files() -> tuple[str, ...]:
-    return tuple(p.relative_to(REPO).as_posix() for r in ROOTS if (REPO / r).is_dir()
-                 for p in (REPO / r).rglob("*") if "__pycache__" not in p.parts)
+    return tuple(
+        p.relative_to(REPO).as_posix()
+        for r in ROOTS
+        if (REPO / r).is_dir()
+        for p in (REPO / r).rglob("*")
+        if "__pycache__" not in p.parts
+    )
 
 
 def expand(path: str) -> list[str]:
@@ -160,10 +183,10 @@ def path_problem(base: Path, rel: str, symbol: str | None) -> str | None:
         if symbol and rel.endswith(".py") and re.fullmatch(r"[A-Za-z_]\w*(\.\w+)*", symbol):
             return None if has_name(base / rel, symbol.split(".")[0]) else f"{rel} has no {symbol}"
         return None
-    if exists_at(base, rel + ".py"):                      # a module written as a path
+    if exists_at(base, rel + ".py"):  # a module written as a path
         return None
     head, _, last = rel.rpartition("/")
-    stem, _, attr = last.partition(".")                   # simulator/step_build.measured_experts
+    stem, _, attr = last.partition(".")  # simulator/step_build.measured_experts
     f = base / head / f"{stem}.py"
     if attr and not attr.endswith(tuple(s[1:] for s in FILE_SUFFIXES)) and f.is_file():
         return None if has_name(f, attr.split(".")[0]) else f"{head}/{stem}.py has no {attr}"
@@ -171,6 +194,7 @@ def path_problem(base: Path, rel: str, symbol: str | None) -> str | None:
 
 
 # ---- references in a text ----------------------------------------------------------------------------
+
 
 def code_parts(text: str, markdown: bool):
     """(offset, code) for each inline code span and each fenced block's command (continuation lines
@@ -186,8 +210,8 @@ def code_parts(text: str, markdown: bool):
 
 def words_of(code: str) -> list[str]:
     try:
-        return shlex.split(code.replace("\\|", " "))           # a quoted --serve-cmd "..." is one word
-    except ValueError:                                         # an unbalanced quote in a fragment
+        return shlex.split(code.replace("\\|", " "))  # a quoted --serve-cmd "..." is one word
+    except ValueError:  # an unbalanced quote in a fragment
         return code.replace("\\|", " ").split()
 
 
@@ -199,7 +223,7 @@ def cli_problems(code: str) -> list[tuple[str, str]]:
         if w != "epdsim" and not w.endswith("/epdsim"):
             continue
         parser, said, rest = cli_tree(), ["epdsim"], []
-        for word in words[i + 1:]:
+        for word in words[i + 1 :]:
             if word in ("|", "||", "&&", ";", ">", "2>&1") or word.startswith(("#", "$(")):
                 break
             rest.append(word.strip("[](),;`'\""))
@@ -208,8 +232,12 @@ def cli_problems(code: str) -> list[tuple[str, str]]:
             if not subs or word.startswith("-") or not re.fullmatch(r"[a-z][a-z0-9-]*", word):
                 break
             if word not in subs:
-                out.append((" ".join(said + [word]), f"`{' '.join(said)}` has no subcommand {word} "
-                            f"(it has {', '.join(sorted(subs))})"))
+                out.append(
+                    (
+                        " ".join(said + [word]),
+                        f"`{' '.join(said)}` has no subcommand {word} (it has {', '.join(sorted(subs))})",
+                    )
+                )
                 break
             parser, said = subs[word], said + [word]
         for word in rest:
@@ -230,9 +258,15 @@ def cli_tree() -> Cli:
     # argparse offers no public listing of a parser's options and subparsers; ``_actions`` has held
     # them unchanged since Python 2.7.
     def walk(p: argparse.ArgumentParser) -> Cli:
-        subs = {name: walk(sp) for a in p._actions if isinstance(a.choices, dict)
-                for name, sp in a.choices.items() if isinstance(sp, argparse.ArgumentParser)}
+        subs = {
+            name: walk(sp)
+            for a in p._actions
+            if isinstance(a.choices, dict)
+            for name, sp in a.choices.items()
+            if isinstance(sp, argparse.ArgumentParser)
+        }
         return Cli(subs, frozenset(o for a in p._actions for o in a.option_strings))
+
     return walk(build_parser())
 
 
@@ -242,20 +276,20 @@ def path_refs(text: str, base: Path, markdown: bool):
     for m in PATH.finditer(text):
         ref, symbol = re.sub(r"\s", "", m.group(1)).rstrip(".,;"), m.group(2)
         if symbol and symbol[0].isdigit():
-            symbol = None                                      # run.py:146-154: a line range
+            symbol = None  # run.py:146-154: a line range
         first = ref.split("/")[0]
         if ref == SHARED_PREFIX.rstrip("/") or ref.startswith(SHARED_PREFIX):
-            yield m.start(), ref, "shared", ref[len(SHARED_PREFIX):] or ".", symbol
+            yield m.start(), ref, "shared", ref[len(SHARED_PREFIX) :] or ".", symbol
         elif first in ROOTS:
             yield m.start(), ref, REPO, ref, symbol
         elif first in (".", "..") or (base != REPO and (base / first).is_dir()):
-            yield m.start(), ref, base, ref, symbol            # relative to the document
+            yield m.start(), ref, base, ref, symbol  # relative to the document
         elif ref.endswith(".py") and first not in EXTERNAL_ROOTS:
             yield m.start(), ref, "tail", ref, symbol
     for m in LINK.finditer(text) if markdown else ():
-        if "/" not in m.group(1):                              # a link to a sibling (paths are above)
+        if "/" not in m.group(1):  # a link to a sibling (paths are above)
             yield m.start(1), m.group(1), base, m.group(1), None
-    for item in LAYOUT_ITEM.finditer(text) if markdown else ():   # a layout list item: its bare names
+    for item in LAYOUT_ITEM.finditer(text) if markdown else ():  # a layout list item: its bare names
         for m in BARE_PY.finditer(item.group(2)):
             yield item.start(2) + m.start(), m.group(1), REPO / item.group(1), m.group(1), None
 
@@ -269,8 +303,9 @@ def problem(where, rel: str, symbol: str | None, shared: Path | None) -> str | N
     return path_problem(where, rel, symbol)
 
 
-def stale_references(text: str, source: Path, shared: Path | None = None, markdown: bool = True,
-                     first_line: int = 1) -> list[Stale]:
+def stale_references(
+    text: str, source: Path, shared: Path | None = None, markdown: bool = True, first_line: int = 1
+) -> list[Stale]:
     """Every reference of ``text`` (the contents of ``source``, a document, or a comment or docstring of it
     starting at ``first_line``) that names nothing.  ``shared``: the ../shared folder, or None to leave
     its paths unchecked."""
@@ -279,12 +314,16 @@ def stale_references(text: str, source: Path, shared: Path | None = None, markdo
 
     def at(offset: int) -> str:
         return f"{rel}:{bisect_right(starts, offset) - 1 + first_line}"
-    plain = URL.sub(lambda m: " " * len(m.group()), text)       # same offsets, no URLs
+
+    plain = URL.sub(lambda m: " " * len(m.group()), text)  # same offsets, no URLs
     found = []
     for offset, ref, where, path, symbol in path_refs(plain, source.parent, markdown):
-        cited = ATTRIBUTED.search(plain, max(0, offset - 80), offset)   # not ours: never stale
-        found += [Stale(at(offset), ref, why) for one in expand(path)
-                  if (why := problem(where, one, symbol, shared)) and not cited]
+        cited = ATTRIBUTED.search(plain, max(0, offset - 80), offset)  # not ours: never stale
+        found += [
+            Stale(at(offset), ref, why)
+            for one in expand(path)
+            if (why := problem(where, one, symbol, shared)) and not cited
+        ]
     for m in DOTTED.finditer(plain):
         if not m.group(1).endswith(FILE_SUFFIXES) and (why := dotted_problem(m.group(1))):
             found.append(Stale(at(m.start()), m.group(1), why))
@@ -310,10 +349,12 @@ def code_texts(path: Path):
     if block:
         yield first, "\n".join(block)
     todo = [ast.parse(src, str(path))]
-    while todo:                                   # statements only: docstrings are never inside expressions
+    while todo:  # statements only: docstrings are never inside expressions
         node = todo.pop()
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) \
-                and ast.get_docstring(node) is not None:
+        if (
+            isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and ast.get_docstring(node) is not None
+        ):
             yield node.body[0].lineno, node.body[0].value.value
         for field in ("body", "orelse", "finalbody", "handlers"):
             todo += [n for n in getattr(node, field, ()) if isinstance(n, (ast.stmt, ast.excepthandler))]
@@ -323,7 +364,7 @@ def documents() -> list[Path]:
     return [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 
 
-@lru_cache(maxsize=1)         # one scan for both tests; they only read it
+@lru_cache(maxsize=1)  # one scan for both tests; they only read it
 def all_stale() -> tuple[Stale, ...]:
     """Every stale reference of the documents and the packages' comments; ../shared's paths checked
     where it exists."""
@@ -340,10 +381,12 @@ def all_stale() -> tuple[Stale, ...]:
 
 # ---- tests -------------------------------------------------------------------------------------------
 
+
 def test_every_reference_exists():
     stale = [s for s in all_stale() if not s.ref.startswith(SHARED_PREFIX)]
-    assert not stale, "stale references (rename the reference, or fix the rule in this file):\n" + \
-        "\n".join(map(str, stale))
+    assert not stale, "stale references (rename the reference, or fix the rule in this file):\n" + "\n".join(
+        map(str, stale)
+    )
 
 
 def test_shared_references_exist():
@@ -354,45 +397,56 @@ def test_shared_references_exist():
 
 
 def test_a_planted_stale_name_is_caught(tmp_path):
-    doc = REPO / "docs" / "planted.md"          # never written: the checker reads the text it is given
-    text = "\n".join([
-        "The pool driver lives in `simulator/nope.py`; see also `docs/nope.md` and [a link](gone.md).",
-        "Verdicts come from :mod:`simulator.verdict` and `simulator.goodput.no_such_function`.",
-        "Run `epdsim frobnicate` or `epdsim simulate --no-such-flag 3` or `epdsim calibrate nope`.",
-        "```bash",
-        ".venv/bin/epdsim plan request.yaml \\",
-        "  --workers 2 --bogus-flag",
-        "```",
-        "- `simulator/` — the instance (`instance.py`), the step model (`stepmodel.py`).",
-        "Fine: `simulator/engine/instance.py`, `simulator.goodput.VerdictWatch`, `epdsim hw list --format json`,",
-        "`simulator/perf.py:plan_memory`, `run.py:146-154`, vLLM's `vllm/v1/core/sched/scheduler.py`, `out/x.html`.",
-        "Another project's path is its own where it is cited so: vLLM's guide (`docs/design/p2p.md`), SGLang's",
-        "`docs/server_arguments.md`; not here: `docs/design/p2p.md`, the vLLM V1 instance (`simulator/gone.py`).",
-        "A moved module under a folder: `engine/instance.py`, `pages/*.py`, but `engine/gone.py`.",
-    ])
+    doc = REPO / "docs" / "planted.md"  # never written: the checker reads the text it is given
+    text = "\n".join(
+        [
+            "The pool driver lives in `simulator/nope.py`; see also `docs/nope.md` and [a link](gone.md).",
+            "Verdicts come from :mod:`simulator.verdict` and `simulator.goodput.no_such_function`.",
+            "Run `epdsim frobnicate` or `epdsim simulate --no-such-flag 3` or `epdsim calibrate nope`.",
+            "```bash",
+            ".venv/bin/epdsim plan request.yaml \\",
+            "  --workers 2 --bogus-flag",
+            "```",
+            "- `simulator/` — the instance (`instance.py`), the step model (`stepmodel.py`).",
+            "Fine: `simulator/engine/instance.py`, `simulator.goodput.VerdictWatch`, `epdsim hw list --format json`,",
+            "`simulator/perf.py:plan_memory`, `run.py:146-154`, vLLM's `vllm/v1/core/sched/scheduler.py`, "
+            "`out/x.html`.",
+            "Another project's path is its own where it is cited so: vLLM's guide (`docs/design/p2p.md`), SGLang's",
+            "`docs/server_arguments.md`; not here: `docs/design/p2p.md`, the vLLM V1 instance (`simulator/gone.py`).",
+            "A moved module under a folder: `engine/instance.py`, `pages/*.py`, but `engine/gone.py`.",
+        ]
+    )
     found = {(s.where, s.ref) for s in stale_references(text, doc)}
     assert found == {
-        ("docs/planted.md:1", "simulator/nope.py"), ("docs/planted.md:1", "docs/nope.md"),
+        ("docs/planted.md:1", "simulator/nope.py"),
+        ("docs/planted.md:1", "docs/nope.md"),
         ("docs/planted.md:1", "gone.md"),
-        ("docs/planted.md:2", "simulator.verdict"), ("docs/planted.md:2", "simulator.goodput.no_such_function"),
-        ("docs/planted.md:3", "epdsim frobnicate"), ("docs/planted.md:3", "epdsim simulate --no-such-flag"),
+        ("docs/planted.md:2", "simulator.verdict"),
+        ("docs/planted.md:2", "simulator.goodput.no_such_function"),
+        ("docs/planted.md:3", "epdsim frobnicate"),
+        ("docs/planted.md:3", "epdsim simulate --no-such-flag"),
         ("docs/planted.md:3", "epdsim calibrate nope"),
         ("docs/planted.md:5", "epdsim plan --bogus-flag"),
         ("docs/planted.md:8", "instance.py"),
-        ("docs/planted.md:12", "docs/design/p2p.md"), ("docs/planted.md:12", "simulator/gone.py"),
+        ("docs/planted.md:12", "docs/design/p2p.md"),
+        ("docs/planted.md:12", "simulator/gone.py"),
         ("docs/planted.md:13", "engine/gone.py"),
     }, found
     # In a module's comments too, and a planted file on disk reads the same way.
-    assert [s.ref for s in stale_references("# (see simulator.verdict)", REPO / "simulator" / "x.py",
-                                            markdown=False)] == ["simulator.verdict"]
+    assert [
+        s.ref for s in stale_references("# (see simulator.verdict)", REPO / "simulator" / "x.py", markdown=False)
+    ] == ["simulator.verdict"]
     planted = tmp_path / "planted.md"
     planted.write_text("See `calibration/gone_fit.py` and `python -m calibration.gone_fit`.\n")
-    assert {s.ref for s in stale_references(planted.read_text(), planted)} == \
-        {"calibration/gone_fit.py", "calibration.gone_fit"}
+    assert {s.ref for s in stale_references(planted.read_text(), planted)} == {
+        "calibration/gone_fit.py",
+        "calibration.gone_fit",
+    }
 
 
 def test_shared_paths_are_skipped_without_shared(tmp_path):
     text = "The tables of `../shared/data/no_such_table.csv`."
     assert stale_references(text, REPO / "README.md") == []
-    assert [s.ref for s in stale_references(text, REPO / "README.md", shared=tmp_path)] == \
-        ["../shared/data/no_such_table.csv"]
+    assert [s.ref for s in stale_references(text, REPO / "README.md", shared=tmp_path)] == [
+        "../shared/data/no_such_table.csv"
+    ]

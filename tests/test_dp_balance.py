@@ -2,6 +2,7 @@
 rank's tokens, an all-to-all dispatch (SGLang's DeepEP, TensorRT-LLM) routes only the tokens the ranks
 have; TensorRT-LLM's ADP balance holds prompts back until every rank has one (or a rank has nothing
 running, or 60 steps pass), so the ranks prefill together instead of each stalling the others' decodes."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -42,7 +43,7 @@ class _Model:
 def _routed(pads: bool) -> tuple[int, int]:
     model = _Model(pads)
     group = DPGroup(_Env(), model, 4)
-    for rank, tokens in enumerate((8192, 8, 8, 8)):     # one rank prefills, three decode
+    for rank, tokens in enumerate((8192, 8, 8, 8)):  # one rank prefills, three decode
         group.pending[rank] = (tokens, 0.01, 0.0)
     group._maybe_start()
     return model.routed[0]
@@ -60,34 +61,52 @@ def test_context_wait_holds_prompts_until_every_rank_has_one():
     group = DPGroup(_Env(), _Model(False), 4, wait_steps=3)
     group.members = members
     members[0].waiting = [1]
-    assert not group.may_prefill(0, 4)                  # the others have no prompt: hold
-    assert not group.may_prefill(0, 4)                  # decided once per group step: still held
+    assert not group.may_prefill(0, 4)  # the others have no prompt: hold
+    assert not group.may_prefill(0, 4)  # decided once per group step: still held
     group.steps += 1
     for m in members:
         m.waiting = [1]
-    assert group.may_prefill(0, 4) and group.may_prefill(3, 4)    # all have one: every rank admits
+    assert group.may_prefill(0, 4) and group.may_prefill(3, 4)  # all have one: every rank admits
     for m in members[1:]:
         m.waiting = []
     held = []
-    for _ in range(4):                                  # released by the timeout on the third step
+    for _ in range(4):  # released by the timeout on the third step
         group.steps += 1
         held.append(group.may_prefill(0, 4))
     assert held == [False, False, True, False]
     group.steps += 1
-    members[2].n_running = 0                            # a rank with nothing running: nothing to protect
+    members[2].n_running = 0  # a rank with nothing running: nothing to protect
     assert group.may_prefill(0, 4)
-    assert group.may_prefill(1, 0)                      # nor is a rank with nothing running ever held
-    assert DPGroup(_Env(), _Model(False), 4).may_prefill(0, 4)   # no context wait: never held
+    assert group.may_prefill(1, 0)  # nor is a rank with nothing running ever held
+    assert DPGroup(_Env(), _Model(False), 4).may_prefill(0, 4)  # no context wait: never held
 
 
 def _dp(engine: str, isl: int):
-    return parse_scenario({
-        "name": "dp", "model": "DeepSeek-V3", "seed": 3,
-        "pools": [{"name": "main", "gpu": "H200", "tp": 1, "dp": 8, "ep": 8, "dtype": "fp8", "kv_cache_dtype": "fp8",
-                   "engine": {"engine": engine, "max_model_len": isl + 1200}}],
-        "workload": {"arrival": {"kind": "closed", "concurrency": 64},
-                     "input_length": {"kind": "uniform", "low": int(0.8 * isl), "high": isl},
-                     "output_length": {"kind": "uniform", "low": 800, "high": 1000}, "num_requests": 256}})
+    return parse_scenario(
+        {
+            "name": "dp",
+            "model": "DeepSeek-V3",
+            "seed": 3,
+            "pools": [
+                {
+                    "name": "main",
+                    "gpu": "H200",
+                    "tp": 1,
+                    "dp": 8,
+                    "ep": 8,
+                    "dtype": "fp8",
+                    "kv_cache_dtype": "fp8",
+                    "engine": {"engine": engine, "max_model_len": isl + 1200},
+                }
+            ],
+            "workload": {
+                "arrival": {"kind": "closed", "concurrency": 64},
+                "input_length": {"kind": "uniform", "low": int(0.8 * isl), "high": isl},
+                "output_length": {"kind": "uniform", "low": 800, "high": 1000},
+                "num_requests": 256,
+            },
+        }
+    )
 
 
 def test_balanced_prefills_trade_ttft_for_tpot_and_finish_every_request():
@@ -97,8 +116,9 @@ def test_balanced_prefills_trade_ttft_for_tpot_and_finish_every_request():
     db = hwdb.load()
     eng = db.engine("trtllm")
     assert eng.dp_context_wait_steps == 60
-    off_db = dataclasses.replace(db, engines={**db.engines, "trtllm": eng.model_copy(
-        update={"dp_context_wait_steps": None})})
+    off_db = dataclasses.replace(
+        db, engines={**db.engines, "trtllm": eng.model_copy(update={"dp_context_wait_steps": None})}
+    )
     off = simulate(_dp("trtllm", 8192), 0, off_db)
     for res in (on, off):
         assert (res.requests["outcome"] == "completed").all() and len(res.requests) == 256

@@ -1,5 +1,6 @@
 """Measured runs whose own figures need more than the hardware has are listed and left out of scores
 (calibration/e2e/physics.py)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,9 +22,26 @@ def setup():
 
 
 def row(**kw) -> Row:
-    base = dict(id="r", backend="vllm", version="0.19.0", model="meta-llama/Llama-3.1-8B", system="h200_sxm",
-                quant="fp8", precision="fp8", isl=1024, osl=1024, concurrency=16, tp=2, pp=1, dp=1, moe_tp=2,
-                moe_ep=1, ttft_s=0.05, tpot_s=0.006, disagg=False)
+    base = dict(
+        id="r",
+        backend="vllm",
+        version="0.19.0",
+        model="meta-llama/Llama-3.1-8B",
+        system="h200_sxm",
+        quant="fp8",
+        precision="fp8",
+        isl=1024,
+        osl=1024,
+        concurrency=16,
+        tp=2,
+        pp=1,
+        dp=1,
+        moe_tp=2,
+        moe_ep=1,
+        ttft_s=0.05,
+        tpot_s=0.006,
+        disagg=False,
+    )
     return Row(**{**base, **kw})
 
 
@@ -36,8 +54,15 @@ def test_prefill_rate_beyond_the_peak_is_flagged(setup):
     than the two GPUs' fp8 peak."""
     dep, step = setup
     r = row(isl=8192, osl=100, concurrency=256, ttft_s=0.3, tpot_s=0.004)
-    need = r.concurrency * 2 * dep.arch.linear_params_per_token * 0.9 * (r.isl + r.osl) \
-        / (r.ttft_s + (0.9 * r.osl - 1) * r.tpot_s) / (dep.gpus * dep.gpu.flops("fp8"))
+    need = (
+        r.concurrency
+        * 2
+        * dep.arch.linear_params_per_token
+        * 0.9
+        * (r.isl + r.osl)
+        / (r.ttft_s + (0.9 * r.osl - 1) * r.tpot_s)
+        / (dep.gpus * dep.gpu.flops("fp8"))
+    )
     assert need > PEAK_FRACTION
     msg = beyond_hardware(r, dep, step)
     assert "beyond the hardware" in msg and f"{need:.0%}" in msg and "fp8 dense peak" in msg

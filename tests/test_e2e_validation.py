@@ -1,5 +1,6 @@
 """End-to-end fidelity (issue 14): the step model's physics, the benchmark client, and the validation
 against measured serving runs (``../shared/data/e2e``; those tests skip without it)."""
+
 from __future__ import annotations
 
 import json
@@ -24,16 +25,26 @@ TABLE = SHARED / "data" / "e2e" / "serving_measurements.csv"
 needs_shared = pytest.mark.skipif(not TABLE.is_file(), reason="../shared/data/e2e is absent (CI has it)")
 
 
-def _closed(c: int, n: int, spread: float | None, gpu="B200", tp=8, model="Llama-3.1-70B", dtype="fp8",
-            isl=1024, osl=512, pp=1):
+def _closed(
+    c: int, n: int, spread: float | None, gpu="B200", tp=8, model="Llama-3.1-70B", dtype="fp8", isl=1024, osl=512, pp=1
+):
     def length(v):
         if spread is None:
             return {"kind": "fixed", "value": v}
         return {"kind": "uniform", "low": int(spread * v), "high": v}
-    return parse_scenario({"model": model, "pools": [{"gpu": gpu, "tp": tp, "pp": pp, "dtype": dtype}],
-                           "workload": {"arrival": {"kind": "closed", "concurrency": c},
-                                        "input_length": length(isl), "output_length": length(osl),
-                                        "num_requests": n}})
+
+    return parse_scenario(
+        {
+            "model": model,
+            "pools": [{"gpu": gpu, "tp": tp, "pp": pp, "dtype": dtype}],
+            "workload": {
+                "arrival": {"kind": "closed", "concurrency": c},
+                "input_length": length(isl),
+                "output_length": length(osl),
+                "num_requests": n,
+            },
+        }
+    )
 
 
 def _step(scn):
@@ -42,11 +53,12 @@ def _step(scn):
 
 # ---------------------------------------------------------------- physics of one step
 
+
 def test_fp8_decode_at_batch_one_is_memory_bound_and_grows_with_context():
     step = _step(_closed(1, 1, None, gpu="H200", tp=1))
     assert regime(step, 1, 1, 0.0, 1024.0) == "memory"
     short, long_ = step.decode_time(1, 1024), step.decode_time(1, 8192)
-    assert long_ > short * 1.01                       # the KV read is visible at batch 1
+    assert long_ > short * 1.01  # the KV read is visible at batch 1
 
 
 def test_tpot_floor_does_not_shrink_with_tp():
@@ -72,6 +84,7 @@ def test_pipeline_never_beats_one_weight_read_per_token(pp):
 
 # ---------------------------------------------------------------- the benchmark client
 
+
 def test_closed_loop_with_the_benchmark_length_spread_is_not_lock_step():
     """64 users with the random dataset's spread: TTFT a small multiple of a lone request's, as measured
     (Llama-3.1-70B fp8 TP8 B200, 1024/1024: 100 ms at C=4, 219 ms at C=64), never ~64x."""
@@ -96,7 +109,7 @@ def test_warmup_requests_leave_the_figures_and_ramp_spreads_first_sends():
     req = res.requests
     assert int(req["warmup"].sum()) == 16
     first = req.sort_values("arrival_s")["arrival_s"].to_numpy()[:16]
-    assert first.max() == pytest.approx(15 / 16, rel=1e-9)     # user k starts at k/16 of the ramp
+    assert first.max() == pytest.approx(15 / 16, rel=1e-9)  # user k starts at k/16 of the ramp
     kept = req[~req["warmup"]]
     assert res.summary["ttft_s"]["mean"] == pytest.approx(kept["ttft_s"].mean(), rel=1e-9)
 
@@ -109,6 +122,7 @@ def test_front_end_is_in_ttft_not_in_the_queue():
 
 
 # ---------------------------------------------------------------- validation against measured runs
+
 
 @needs_shared
 def test_every_row_is_expressed_or_counted_with_a_reason():
@@ -133,8 +147,12 @@ def test_predictions_follow_measured_directions():
     agree = total = 0
     for k, r in idx.items():
         tp, isl, osl, c = k
-        for other, metric in (((tp, isl, osl, c * 2), "ttft"), ((tp, isl, osl, c * 2), "tpot"),
-                              ((tp, isl * 8, osl, c), "ttft"), ((tp, isl, osl * 8, c), "tpot")):
+        for other, metric in (
+            ((tp, isl, osl, c * 2), "ttft"),
+            ((tp, isl, osl, c * 2), "tpot"),
+            ((tp, isl * 8, osl, c), "ttft"),
+            ((tp, isl, osl * 8, c), "tpot"),
+        ):
             o = idx.get(other)
             if o is None:
                 continue
@@ -183,10 +201,11 @@ def test_validate_e2e_names_a_missing_table(tmp_path, capsys):
 
 # ---------------------------------------------------------------- how sure a number is
 
+
 def test_each_pool_says_what_it_rests_on():
     cal = simulate(_closed(1, 2, None, gpu="H200", tp=8)).info["pools"][0]["confidence"]
     assert cal["gpu"].startswith("kernel-fitted") and cal["engine"] == "e2e-fitted"
-    assert cal["model_family"].startswith("validated end to end")       # Llama-3.1-70B is in the table
+    assert cal["model_family"].startswith("validated end to end")  # Llama-3.1-70B is in the table
     assert cal["error_band"] is not None and 0 < cal["error_band"]["tpot_mape"] < 1
     raw = simulate(_closed(1, 2, None, gpu="MI300X", tp=8, dtype="bf16")).info["pools"][0]["confidence"]
     assert raw["gpu"] == "datasheet only" and raw["error_band"] is None
@@ -206,15 +225,35 @@ def test_band_follows_the_family_and_widens_without_one():
 
 
 def _tiny_plan(gpus, **constraints):
-    req = parse_plan_request({
-        "name": "tiny", "model": "Llama-3.1-8B",
-        "workload": {"arrival": {"kind": "poisson", "rate": 4}, "input_length": {"kind": "fixed", "value": 512},
-                     "output_length": {"kind": "fixed", "value": 128}, "num_requests": 200},
-        "slo": {"ttft_s": 1.0, "tpot_s": 0.05, "attainment": 0.9}, "gpus": [{"name": g} for g in gpus],
-        "constraints": {"max_gpus": 2, "max_instances_per_pool": 2, "tp": [1], "families": ["colocated"],
-                        **constraints},
-        "search": {"verify": 1, "borderline": 0, "verify_front": 0, "replications": 1, "requests": 200,
-                   "goodput_iterations": 2}})
+    req = parse_plan_request(
+        {
+            "name": "tiny",
+            "model": "Llama-3.1-8B",
+            "workload": {
+                "arrival": {"kind": "poisson", "rate": 4},
+                "input_length": {"kind": "fixed", "value": 512},
+                "output_length": {"kind": "fixed", "value": 128},
+                "num_requests": 200,
+            },
+            "slo": {"ttft_s": 1.0, "tpot_s": 0.05, "attainment": 0.9},
+            "gpus": [{"name": g} for g in gpus],
+            "constraints": {
+                "max_gpus": 2,
+                "max_instances_per_pool": 2,
+                "tp": [1],
+                "families": ["colocated"],
+                **constraints,
+            },
+            "search": {
+                "verify": 1,
+                "borderline": 0,
+                "verify_front": 0,
+                "replications": 1,
+                "requests": 200,
+                "goodput_iterations": 2,
+            },
+        }
+    )
     return run_plan(req, workers=1)
 
 
@@ -239,7 +278,7 @@ def test_validate_e2e_refuses_a_table_that_is_not_one(tmp_path, capsys, content)
 
 def test_kv_block_override_beyond_memory_is_refused():
     base = _closed(1, 2, None, model="Llama-3.1-8B", gpu="H100", tp=1, dtype="bf16").model_dump()
-    base["pools"][0]["engine"]["num_gpu_blocks_override"] = 10 ** 12
+    base["pools"][0]["engine"]["num_gpu_blocks_override"] = 10**12
     with pytest.raises(ScenarioError, match="num_gpu_blocks_override=1000000000000"):
         resolve(parse_scenario(base))
 
@@ -249,9 +288,27 @@ def test_admission_anomaly_flags_runs_their_settings_cannot_produce():
     requests than its settings admit is left out of the scores (and listed); a KV-bound queue is not."""
 
     def row(c, isl, osl, ttft, tpot):
-        return Row(id="x", backend="vllm", version="0", model="m", system="h100_sxm", quant="fp8", precision="fp8",
-                   isl=isl, osl=osl, concurrency=c, tp=4, pp=1, dp=1, moe_tp=1, moe_ep=1, ttft_s=ttft, tpot_s=tpot,
-                   disagg=False)
+        return Row(
+            id="x",
+            backend="vllm",
+            version="0",
+            model="m",
+            system="h100_sxm",
+            quant="fp8",
+            precision="fp8",
+            isl=isl,
+            osl=osl,
+            concurrency=c,
+            tp=4,
+            pp=1,
+            dp=1,
+            moe_tp=1,
+            moe_ep=1,
+            ttft_s=ttft,
+            tpot_s=tpot,
+            disagg=False,
+        )
+
     # gpt-oss-120b H100 TP4 at C=512 (vLLM 0.11.2 row of the table): 24.3 s TTFT with a 5.5 ms TPOT means
     # ~96 requests decoding; 6.4M KV tokens and max_num_seqs 512 hold all 512.
     stalled = row(512, 8192, 1024, 24.32, 0.005456)

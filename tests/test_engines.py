@@ -1,4 +1,5 @@
 """Engine generations as what-ifs: legacy vLLM (V0), vLLM V1 and SGLang, and the CPU side of a step."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,7 +30,7 @@ def test_cpu_overhead_matters_for_short_requests_not_long_ones(tmp_path):
     ex = _example()
     short, long_ = ex.WORKLOADS.values()
     gap_short, gap_long = _gap(ex, short), _gap(ex, long_)
-    assert gap_short > 0.10                 # legacy falls clearly behind at high concurrency
+    assert gap_short > 0.10  # legacy falls clearly behind at high concurrency
     assert 0 <= gap_long < 0.4 * gap_short  # and nearly catches up with a few long requests
     # The gap scales with the (calibrated) CPU overhead: double V0's per-sequence cost.
     v0 = yaml.safe_load((REPO / "hwdb/data/engines/vllm-v0.yaml").read_text())
@@ -41,16 +42,24 @@ def test_cpu_overhead_matters_for_short_requests_not_long_ones(tmp_path):
 
 
 def _step_model(engine: str, **engine_args):
-    scn = parse_scenario({"name": "e", "model": "Llama-3.1-8B",
-                          "pools": [{"gpu": "H100", "engine": {"engine": engine, **engine_args}}],
-                          "workload": {"arrival": {"kind": "poisson", "rate": 1},
-                                       "input_length": {"kind": "fixed", "value": 8},
-                                       "output_length": {"kind": "fixed", "value": 8}, "num_requests": 1}})
+    scn = parse_scenario(
+        {
+            "name": "e",
+            "model": "Llama-3.1-8B",
+            "pools": [{"gpu": "H100", "engine": {"engine": engine, **engine_args}}],
+            "workload": {
+                "arrival": {"kind": "poisson", "rate": 1},
+                "input_length": {"kind": "fixed", "value": 8},
+                "output_length": {"kind": "fixed", "value": 8},
+                "num_requests": 1,
+            },
+        }
+    )
     return resolve(scn).pools[0].step
 
 
 def test_batches_above_the_largest_cuda_graph_pay_eager_launches():
-    sm = _step_model("vllm-v1", max_num_seqs=256)      # captures up to min(2 x 256, 512) = 512 tokens
+    sm = _step_model("vllm-v1", max_num_seqs=256)  # captures up to min(2 x 256, 512) = 512 tokens
     assert sm.max_graph_tokens == 512
     sm = dataclasses.replace(sm, cpu_step=0.0, cpu_run=0.0, cpu_wait=0.0, cpu_tok=0.0, cpu_sample=0.0)
     ctx = 1000.0
@@ -69,10 +78,21 @@ def test_batches_above_the_largest_cuda_graph_pay_eager_launches():
 def test_profiles_state_their_defaults():
     v0, v1, sg = (_step_model(e) for e in ("vllm-v0", "vllm-v1", "sglang"))
     assert not v0.overlapped and v1.overlapped and sg.overlapped
-    res = simulate(parse_scenario({
-        "name": "d", "model": "Llama-3.1-8B", "pools": [{"gpu": "H100", "engine": {"engine": "vllm-v0"}}],
-        "workload": {"arrival": {"kind": "poisson", "rate": 1}, "input_length": {"kind": "fixed", "value": 8},
-                     "output_length": {"kind": "fixed", "value": 8}, "num_requests": 2}}))
+    res = simulate(
+        parse_scenario(
+            {
+                "name": "d",
+                "model": "Llama-3.1-8B",
+                "pools": [{"gpu": "H100", "engine": {"engine": "vllm-v0"}}],
+                "workload": {
+                    "arrival": {"kind": "poisson", "rate": 1},
+                    "input_length": {"kind": "fixed", "value": 8},
+                    "output_length": {"kind": "fixed", "value": 8},
+                    "num_requests": 2,
+                },
+            }
+        )
+    )
     # V0 without chunked prefill: the token budget defaults to max(max_model_len, 2048).
     assert res.info["max_num_seqs"] == 256 and res.info["max_num_batched_tokens"] == 131072
 

@@ -1,5 +1,6 @@
 """Encoder-prefill-decode: the example pair in both directions, the TTFT split, zero-image requests,
 invariants with images (hypothesis), the encoder cache, closed forms, and bad input."""
+
 from __future__ import annotations
 
 import math
@@ -32,8 +33,12 @@ def run_example(name):
 
 
 def mm(pools, images=None, n=60, rate=4.0, model="Qwen2.5-VL-7B", seed=3, **over):
-    wl = {"arrival": {"kind": "poisson", "rate": rate}, "input_length": {"kind": "fixed", "value": 200},
-          "output_length": {"kind": "fixed", "value": 40}, "num_requests": n}
+    wl = {
+        "arrival": {"kind": "poisson", "rate": rate},
+        "input_length": {"kind": "fixed", "value": 200},
+        "output_length": {"kind": "fixed", "value": 40},
+        "num_requests": n,
+    }
     if images is not None:
         wl["images"] = images
     return parse_scenario({"name": "t", "seed": seed, "model": model, "pools": pools, "workload": wl, **over})
@@ -41,8 +46,11 @@ def mm(pools, images=None, n=60, rate=4.0, model="Qwen2.5-VL-7B", seed=3, **over
 
 COLO = [{"name": "lm", "gpu": "H100", "instances": 1}]
 EPD = [{"name": "lm", "gpu": "H100", "instances": 1}, {"name": "enc", "role": "encoder", "gpu": "H100"}]
-EPPD = [{"name": "p", "role": "prefill", "gpu": "H100"}, {"name": "d", "role": "decode", "gpu": "H100"},
-        {"name": "enc", "role": "encoder", "gpu": "H100", "instances": 2}]
+EPPD = [
+    {"name": "p", "role": "prefill", "gpu": "H100"},
+    {"name": "d", "role": "decode", "gpu": "H100"},
+    {"name": "enc", "role": "encoder", "gpu": "H100", "instances": 2},
+]
 EP_D = [{"name": "p", "role": "prefill", "gpu": "H100"}, {"name": "d", "role": "decode", "gpu": "H100"}]
 FOUR_1080P = {"count": {"kind": "fixed", "value": 4}, "resolutions": [{"width": 1920, "height": 1080}]}
 
@@ -56,6 +64,7 @@ def split_sums_to_ttft(req):
 
 
 # ------------------------------------------------------------ must show 1: both directions
+
 
 def test_image_heavy_epd_beats_colocated_ttft():
     """Six 1080p images per request at 4 req/s on 8 H100s: E+PD's TTFT is several times lower than TP8 colocated."""
@@ -80,6 +89,7 @@ def test_text_only_epd_gives_no_gain():
 
 
 # ------------------------------------------------------------ must show 4: zero images, invariants
+
 
 def test_zero_image_requests_flow_through_three_tiers():
     images = {"count": {"kind": "choice", "values": [0, 3]}, "resolutions": [{"width": 1280, "height": 720}]}
@@ -109,16 +119,26 @@ def test_ttft_split_sums_in_every_topology(pools, topo):
 
 
 @settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
-@given(topo=st.sampled_from(["colo", "epd", "eppd", "ep_d"]), hi=st.integers(0, 5), rate=st.floats(0.5, 20.0),
-       side=st.sampled_from([(640, 480), (1920, 1080), (3000, 800), (28, 28)]),
-       distinct=st.sampled_from([None, 1, 8]), enc=st.integers(1, 3), batch=st.sampled_from([1, 4, 64]),
-       seed=st.integers(0, 2 ** 16))
+@given(
+    topo=st.sampled_from(["colo", "epd", "eppd", "ep_d"]),
+    hi=st.integers(0, 5),
+    rate=st.floats(0.5, 20.0),
+    side=st.sampled_from([(640, 480), (1920, 1080), (3000, 800), (28, 28)]),
+    distinct=st.sampled_from([None, 1, 8]),
+    enc=st.integers(1, 3),
+    batch=st.sampled_from([1, 4, 64]),
+    seed=st.integers(0, 2**16),
+)
 def test_invariants_with_images(topo, hi, rate, side, distinct, enc, batch, seed):
     pools = {"colo": COLO, "epd": EPD, "eppd": EPPD, "ep_d": EP_D}[topo]
-    pools = [dict(p, instances=enc, encoder={"max_batch_images": batch}) if p.get("role") == "encoder" else p
-             for p in pools]
-    images = {"count": {"kind": "uniform", "low": 0, "high": hi}, "distinct_images": distinct,
-              "resolutions": [{"width": side[0], "height": side[1]}]}
+    pools = [
+        dict(p, instances=enc, encoder={"max_batch_images": batch}) if p.get("role") == "encoder" else p for p in pools
+    ]
+    images = {
+        "count": {"kind": "uniform", "low": 0, "high": hi},
+        "distinct_images": distinct,
+        "resolutions": [{"width": side[0], "height": side[1]}],
+    }
     res = simulate(mm(pools, images, n=50, rate=rate, seed=seed))
     check_invariants(res)
     req = res.requests
@@ -144,6 +164,7 @@ def test_same_scenario_same_results():
 
 
 # ------------------------------------------------------------ encoder cache and closed forms
+
 
 def test_repeated_image_is_encoded_once():
     one = dict(FOUR_1080P, distinct_images=1)
@@ -200,28 +221,45 @@ def test_tp_efficiency_table_and_fit():
 
 
 def test_percentile_goodput_criterion():
-    df = pd.DataFrame({"outcome": ["completed"] * 99 + ["rejected"], "ttft_s": [1.0] * 100,
-                       "tpot_s": [0.05] * 99 + [math.nan]})
+    df = pd.DataFrame(
+        {"outcome": ["completed"] * 99 + ["rejected"], "ttft_s": [1.0] * 100, "tpot_s": [0.05] * 99 + [math.nan]}
+    )
     assert percentile_slo_met(df, SLO(ttft_s=2.0, tpot_s=0.1, percentile=99))
-    assert not percentile_slo_met(df, SLO(ttft_s=2.0, tpot_s=0.1, percentile=99.5))   # the rejected one counts
+    assert not percentile_slo_met(df, SLO(ttft_s=2.0, tpot_s=0.1, percentile=99.5))  # the rejected one counts
     assert not percentile_slo_met(df, SLO(ttft_s=0.5, percentile=50))
 
 
 # ------------------------------------------------------------ must show 5: bad input
 
-@pytest.mark.parametrize("pools,over,words", [
-    (COLO, {"model": "Llama-3.1-8B"}, ["workload.images", "Llama-3.1-8B has no vision encoder"]),
-    ([{"name": "lm", "gpu": "H100", "engine": {"max_model_len": 8192}}], {},
-     ["workload.images.resolutions", "gives 16170 visual tokens", "max_model_len=8192"]),
-    ([EPD[0], dict(EPD[1], encoder={"max_batch_tokens": 4096})], {},
-     ["pools[enc].encoder.max_batch_tokens=4096", "16170 visual tokens", "at least 16170"]),
-    (EPD, {"embedding_transfer": {"fabric": "nvlink4"}},
-     ["encoder pool 'enc'", "no path", "colocated pool 'lm'", "intra-node link"]),
-    ([EPD[0], dict(EPD[1], gpu="A100")], {"embedding_transfer": {"same_node": True}},
-     ["encoder pool 'enc' (A100-SXM-80GB) has no path", "same_node needs one GPU type"]),
-    ([EPD[0], dict(EPD[1], dtype="fp8")], {}, ["pools[enc]", "dtype=fp8", "set dtype: bf16"]),
-    ([EPD[0], dict(EPD[1], tp=32)], {}, ["pools[enc].tp=32 does not divide", "16 heads"]),
-])
+
+@pytest.mark.parametrize(
+    "pools,over,words",
+    [
+        (COLO, {"model": "Llama-3.1-8B"}, ["workload.images", "Llama-3.1-8B has no vision encoder"]),
+        (
+            [{"name": "lm", "gpu": "H100", "engine": {"max_model_len": 8192}}],
+            {},
+            ["workload.images.resolutions", "gives 16170 visual tokens", "max_model_len=8192"],
+        ),
+        (
+            [EPD[0], dict(EPD[1], encoder={"max_batch_tokens": 4096})],
+            {},
+            ["pools[enc].encoder.max_batch_tokens=4096", "16170 visual tokens", "at least 16170"],
+        ),
+        (
+            EPD,
+            {"embedding_transfer": {"fabric": "nvlink4"}},
+            ["encoder pool 'enc'", "no path", "colocated pool 'lm'", "intra-node link"],
+        ),
+        (
+            [EPD[0], dict(EPD[1], gpu="A100")],
+            {"embedding_transfer": {"same_node": True}},
+            ["encoder pool 'enc' (A100-SXM-80GB) has no path", "same_node needs one GPU type"],
+        ),
+        ([EPD[0], dict(EPD[1], dtype="fp8")], {}, ["pools[enc]", "dtype=fp8", "set dtype: bf16"]),
+        ([EPD[0], dict(EPD[1], tp=32)], {}, ["pools[enc].tp=32 does not divide", "16 heads"]),
+    ],
+)
 def test_bad_input_is_a_clear_error(pools, over, words):
     images = {"count": {"kind": "fixed", "value": 1}, "resolutions": [{"width": 8000, "height": 6000}]}
     with pytest.raises(ScenarioError) as exc:
@@ -242,14 +280,26 @@ def test_bad_topology_and_cli_exit_code(tmp_path):
     with pytest.raises(ScenarioError, match="encoder-prefill-decode"):
         mm([EPD[1], dict(EPD[1], name="e2")], FOUR_1080P)
     path = tmp_path / "s.yaml"
-    path.write_text(yaml.safe_dump({"model": "Llama-3.1-8B", "pools": COLO, "workload": {
-        "arrival": {"kind": "poisson", "rate": 1}, "input_length": {"kind": "fixed", "value": 10},
-        "output_length": {"kind": "fixed", "value": 10}, "num_requests": 3, "images": FOUR_1080P}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "model": "Llama-3.1-8B",
+                "pools": COLO,
+                "workload": {
+                    "arrival": {"kind": "poisson", "rate": 1},
+                    "input_length": {"kind": "fixed", "value": 10},
+                    "output_length": {"kind": "fixed", "value": 10},
+                    "num_requests": 3,
+                    "images": FOUR_1080P,
+                },
+            }
+        )
+    )
     assert main(["simulate", str(path)]) == 2
 
 
 def test_vision_command(capsys, monkeypatch):
-    monkeypatch.setenv("COLUMNS", "200")      # rich would abbreviate cells in a narrow terminal
+    monkeypatch.setenv("COLUMNS", "200")  # rich would abbreviate cells in a narrow terminal
     assert main(["vision", "Qwen2.5-VL-7B", "--resolution", "1920x1080", "28x28"]) == 0
     out = capsys.readouterr().out
     assert "2,691" in out and "1932x1092" in out and "56x56" in out
@@ -267,9 +317,11 @@ def test_vision_command(capsys, monkeypatch):
 
 # ------------------------------------------------------------ embedding transfer over TCP and shared NICs
 
+
 def _emb_run(fabric, connector="nixl", pools=EPD, n=1, rate=4.0):
-    return simulate(mm(pools, FOUR_1080P, n=n, rate=rate,
-                       embedding_transfer={"fabric": fabric, "connector": connector}))
+    return simulate(
+        mm(pools, FOUR_1080P, n=n, rate=rate, embedding_transfer={"fabric": fabric, "connector": connector})
+    )
 
 
 @pytest.mark.parametrize("connector", ["nixl", "mooncake"])
@@ -286,16 +338,19 @@ def test_epd_over_tcp_runs_the_connectors_tcp_mode_host_staged_and_slower_than_r
     dep = resolve(scn).pools[0].dep
     gpu = db.gpu("H100")
     conn = db.connector(connector)
-    path = embedding_path(EmbeddingTransferConfig(connector=connector, fabric="tcp-25gbe"), db, scn.pools[1], gpu, 1,
-                          scn.pools[0], dep)
+    path = embedding_path(
+        EmbeddingTransferConfig(connector=connector, fabric="tcp-25gbe"), db, scn.pools[1], gpu, 1, scn.pools[0], dep
+    )
     link = db.link("tcp-25gbe")
     assert path.host_staged and path.staged_s_per_byte == pytest.approx(
-        2 / db.link("pcie-gen5-x16").effective_Bps + 2 * link.cpu_cost_s_per_byte.value)
+        2 / db.link("pcie-gen5-x16").effective_Bps + 2 * link.cpu_cost_s_per_byte.value
+    )
     # one node NIC (TCP) at the link's and the TCP mode's efficiency; the 8 GPUs of a node share it
     assert path.encoder_side_Bps == pytest.approx(link.effective_Bps * conn.tcp_mode_efficiency.value)
     assert path.encoder_share == path.lm_share == 8
-    ib = embedding_path(EmbeddingTransferConfig(connector=connector, fabric="ib-ndr"), db, scn.pools[1], gpu, 1,
-                        scn.pools[0], dep)
+    ib = embedding_path(
+        EmbeddingTransferConfig(connector=connector, fabric="ib-ndr"), db, scn.pools[1], gpu, 1, scn.pools[0], dep
+    )
     assert not ib.host_staged and ib.staged_s_per_byte == 0 and ib.encoder_share == 1
 
 
@@ -311,9 +366,11 @@ def test_a_connector_without_a_tcp_mode_is_still_refused_over_tcp():
 
         def connector(self, name):
             return rdma_only
+
     with pytest.raises(EPDError, match="needs GPU-direct RDMA but tcp-25gbe has none and no TCP mode"):
-        embedding_path(EmbeddingTransferConfig(fabric="tcp-25gbe"), DB(), scn.pools[1], db.gpu("H100"), 1,
-                       scn.pools[0], dep)
+        embedding_path(
+            EmbeddingTransferConfig(fabric="tcp-25gbe"), DB(), scn.pools[1], db.gpu("H100"), 1, scn.pools[0], dep
+        )
 
 
 def test_a_shared_nic_layout_slows_the_embeddings_of_instances_behind_one_nic():
@@ -321,13 +378,19 @@ def test_a_shared_nic_layout_slows_the_embeddings_of_instances_behind_one_nic():
     encoders and two language-model instances of one GPU each share one NIC per side on A3 High, so two
     requests encoded side by side send their embeddings through it together and take longer than on A3 Mega."""
     one = {"count": {"kind": "fixed", "value": 1}, "resolutions": [{"width": 1920, "height": 1080}]}
-    pools = [dict(EPD[0], instances=2, router="round_robin"),
-             dict(EPD[1], instances=2, encoder={"max_batch_images": 1})]
-    high, mega = (simulate(mm(pools, one, n=2, rate=1000.0, embedding_transfer={"fabric": f}))
-                  for f in ("gcp-a3-high", "gcp-a3-mega"))
-    assert {s["link"] for s in high.summary["encoder"]["links"]} == {"gcp-a3-high:encoder-nic0:out",
-                                                                     "gcp-a3-high:lm-nic0:embeddings-in"}
-    assert len(mega.summary["encoder"]["links"]) == 4          # a NIC per instance and side
+    pools = [
+        dict(EPD[0], instances=2, router="round_robin"),
+        dict(EPD[1], instances=2, encoder={"max_batch_images": 1}),
+    ]
+    high, mega = (
+        simulate(mm(pools, one, n=2, rate=1000.0, embedding_transfer={"fabric": f}))
+        for f in ("gcp-a3-high", "gcp-a3-mega")
+    )
+    assert {s["link"] for s in high.summary["encoder"]["links"]} == {
+        "gcp-a3-high:encoder-nic0:out",
+        "gcp-a3-high:lm-nic0:embeddings-in",
+    }
+    assert len(mega.summary["encoder"]["links"]) == 4  # a NIC per instance and side
     assert list(high.requests["instance"]) == list(mega.requests["instance"]) == [0, 1]
     t_high, t_mega = (r.requests["embedding_transfer_s"].to_numpy() for r in (high, mega))
     assert (t_high > 1.05 * t_mega).all()
@@ -337,5 +400,4 @@ def test_a_shared_nic_layout_slows_the_embeddings_of_instances_behind_one_nic():
 
 def test_a_network_layout_of_another_gpu_is_refused_for_the_embedding_path():
     with pytest.raises(ScenarioError, match=r"gcp-a3-high is the network of Google Cloud a3-highgpu-8g .* A100"):
-        simulate(mm([EPD[0], dict(EPD[1], gpu="A100")], FOUR_1080P, n=2,
-                    embedding_transfer={"fabric": "gcp-a3-high"}))
+        simulate(mm([EPD[0], dict(EPD[1], gpu="A100")], FOUR_1080P, n=2, embedding_transfer={"fabric": "gcp-a3-high"}))

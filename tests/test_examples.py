@@ -1,4 +1,5 @@
 """Every shipped example scenario loads, runs, and keeps the invariants."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,4 +1,5 @@
 """simulator.pd.fabric: fluid max-min fair sharing of transfers over chains of links."""
+
 from __future__ import annotations
 
 import math
@@ -67,7 +68,7 @@ def test_n_identical_transfers_share_one_link(n):
     recs = run_transfers(fab, [(0.0, [link], 1 * GB, 0.0)] * n)
     for r in recs:
         assert rel(r.duration_s - 1e-5, n * 0.1) < 1e-9
-        assert r.end_s == recs[0].end_s      # completed together, in one wake-up
+        assert r.end_s == recs[0].end_s  # completed together, in one wake-up
     assert fab.rate_series()["l"] == [(1e-5, 10 * GB), (recs[0].end_s, 0.0)]
 
 
@@ -78,8 +79,8 @@ def test_staggered_start(a_bytes, b_bytes):
     fab = Fabric(env)
     link = LinkState("l", cap)
     ra, rb = run_transfers(fab, [(0.0, [link], a_bytes, 0.0), (t1, [link], b_bytes, 0.0)])
-    a_left = a_bytes - cap * t1                   # A alone at full rate until t1
-    if a_left <= b_bytes:                         # A ends first, sharing half the rate
+    a_left = a_bytes - cap * t1  # A alone at full rate until t1
+    if a_left <= b_bytes:  # A ends first, sharing half the rate
         ta = t1 + a_left / (cap / 2)
         tb = ta + (b_bytes - a_left) / cap
     else:
@@ -174,9 +175,9 @@ def test_bad_input():
     with pytest.raises(ValueError):
         fab.transfer([link, link], 1.0)
     with pytest.raises(ValueError):
-        fab.transfer([LinkState("l", 2.0)], 1.0)     # a different link with a taken name
+        fab.transfer([LinkState("l", 2.0)], 1.0)  # a different link with a taken name
     with pytest.raises(ValueError):
-        Fabric(simpy.Environment()).transfer([link], 1.0)   # link already owned
+        Fabric(simpy.Environment()).transfer([link], 1.0)  # link already owned
     with pytest.raises(ValueError):
         LinkState("z", 0.0)
 
@@ -187,7 +188,7 @@ def test_stale_wakeups_do_not_complete_early():
     fab = Fabric(env)
     link = LinkState("l", 1.0)
     recs = run_transfers(fab, [(0.1 * i, [link], 1.0, 0.0) for i in range(10)])
-    assert rel(recs[-1].end_s, 10.0) < 1e-9       # work conserving: 10 bytes at 1 B/s
+    assert rel(recs[-1].end_s, 10.0) < 1e-9  # work conserving: 10 bytes at 1 B/s
     assert rel(link.busy_s(env.now), 10.0) < 1e-9
 
 
@@ -199,6 +200,7 @@ def test_from_hwdb_link():
 
 
 # ------------------------------------------------------------------ property
+
 
 def check_series(fab, end_s):
     """No link above capacity; integral of the rate series equals bytes carried."""
@@ -213,23 +215,25 @@ def check_series(fab, end_s):
 
 
 flow = st.tuples(
-    st.floats(0.0, 5.0),                                      # start time, s
-    st.lists(st.integers(0, 2), min_size=1, max_size=3, unique=True),   # path over 3 links
-    st.one_of(st.just(0.0), st.floats(1.0, 1e4)),             # bytes
-    st.floats(0.0, 0.1),                                      # extra_s
+    st.floats(0.0, 5.0),  # start time, s
+    st.lists(st.integers(0, 2), min_size=1, max_size=3, unique=True),  # path over 3 links
+    st.one_of(st.just(0.0), st.floats(1.0, 1e4)),  # bytes
+    st.floats(0.0, 0.1),  # extra_s
 )
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(flow, min_size=1, max_size=25),
-       st.tuples(st.floats(1.0, 1e4), st.floats(1.0, 1e4), st.floats(1.0, 1e4)),
-       st.tuples(*[st.floats(0.0, 1e-2)] * 3))
+@given(
+    st.lists(flow, min_size=1, max_size=25),
+    st.tuples(st.floats(1.0, 1e4), st.floats(1.0, 1e4), st.floats(1.0, 1e4)),
+    st.tuples(*[st.floats(0.0, 1e-2)] * 3),
+)
 def test_property_random_flows(flows, caps, lats):
     env = simpy.Environment()
     fab = Fabric(env)
     links = [LinkState(f"l{i}", caps[i], lats[i]) for i in range(3)]
     specs = [(s, [links[i] for i in p], nb, x) for s, p, nb, x in flows]
-    recs = run_transfers(fab, specs)          # asserts each finishes exactly once
+    recs = run_transfers(fab, specs)  # asserts each finishes exactly once
     for (start, path, nb, extra), r in zip(specs, recs, strict=True):
         lone = sum(ln.latency_s for ln in path) + extra + nb / min(ln.capacity_Bps for ln in path)
         assert r.start_s == pytest.approx(start, abs=1e-12)
@@ -252,16 +256,25 @@ def test_hundreds_of_flows_fast():
     fab = Fabric(env)
     rng = np.random.default_rng(1)
     nics = [LinkState(f"nic{i}", 50 * GB, 5e-6) for i in range(16)]
-    specs = [(float(rng.uniform(0, 0.5)), [nics[rng.integers(8)], nics[8 + rng.integers(8)]],
-              float(rng.uniform(1e6, 1e9)), 0.0) for _ in range(600)]
+    specs = [
+        (
+            float(rng.uniform(0, 0.5)),
+            [nics[rng.integers(8)], nics[8 + rng.integers(8)]],
+            float(rng.uniform(1e6, 1e9)),
+            0.0,
+        )
+        for _ in range(600)
+    ]
     recs = run_transfers(fab, specs)
     assert len(recs) == 600 and fab.bytes_delivered == fab.bytes_sent
     check_series(fab, env.now)
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=4, unique=True), min_size=1, max_size=20),
-       st.tuples(*[st.floats(1.0, 1e3)] * 4))
+@given(
+    st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=4, unique=True), min_size=1, max_size=20),
+    st.tuples(*[st.floats(1.0, 1e3)] * 4),
+)
 def test_property_rates_are_max_min_fair(paths, caps):
     """Bottleneck characterisation: each flow crosses a saturated link where its rate is the largest."""
     env = simpy.Environment()
@@ -274,9 +287,11 @@ def test_property_rates_are_max_min_fair(paths, caps):
         assert sum(f.rate_Bps for f in on) <= ln.available_Bps * (1 + 1e-9)
     for f in flows:
         assert f.rate_Bps > 0
-        assert any(sum(g.rate_Bps for g in flows if ln in g.path) >= ln.available_Bps * (1 - 1e-9)
-                   and all(g.rate_Bps <= f.rate_Bps * (1 + 1e-9) for g in flows if ln in g.path)
-                   for ln in f.path)
+        assert any(
+            sum(g.rate_Bps for g in flows if ln in g.path) >= ln.available_Bps * (1 - 1e-9)
+            and all(g.rate_Bps <= f.rate_Bps * (1 + 1e-9) for g in flows if ln in g.path)
+            for ln in f.path
+        )
 
 
 def test_late_small_transfers_terminate():
@@ -299,9 +314,15 @@ def test_one_flow_path_gives_the_progressive_fillings_values(monkeypatch):
         fab = Fabric(env)
         links = [LinkState(f"l{i}", (3 + i) * GB, 1e-5 * i, bandwidth_factor=1.0 - 0.1 * (i % 3)) for i in range(5)]
         rng = np.random.default_rng(4)
-        specs = [(float(rng.uniform(0, 30.0)),
-                  [links[j] for j in rng.choice(5, int(rng.integers(1, 4)), replace=False)],
-                  float(rng.uniform(1e6, 4e8)), float(rng.uniform(0, 1e-3))) for _ in range(300)]
+        specs = [
+            (
+                float(rng.uniform(0, 30.0)),
+                [links[j] for j in rng.choice(5, int(rng.integers(1, 4)), replace=False)],
+                float(rng.uniform(1e6, 4e8)),
+                float(rng.uniform(0, 1e-3)),
+            )
+            for _ in range(300)
+        ]
         recs = run_transfers(fab, specs)
         return recs, [(ln.bytes_carried, ln.rate_series, ln.busy_s(env.now)) for ln in links], env.now
 

@@ -6,6 +6,7 @@ last request of a phase finishes; a server that counted after writing ``[DONE]``
 that scrape missed the request (the kill-and-resume test's ``12.0 == 13``, seen only under load).
 Both steps run on the handler's own thread, so their order is checked here directly, without timing.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,7 +18,8 @@ import threading
 from tests.conftest import REPO
 
 _SPEC = importlib.util.spec_from_file_location(
-    "fake_vllm_server", REPO / "tests" / "fixtures" / "calibration" / "fake_vllm_server.py")
+    "fake_vllm_server", REPO / "tests" / "fixtures" / "calibration" / "fake_vllm_server.py"
+)
 fake = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(fake)
 
@@ -51,8 +53,16 @@ class _Writes:
 
 def test_a_request_is_counted_before_its_done_is_written():
     events: list[str] = []
-    args = argparse.Namespace(model="fake-model", root="/nonexistent", token_delay=0.0, prefill_delay=0.0,
-                              tokens_per_chunk=1, die_after=0, no_token_ids=False, no_tokenize=False)
+    args = argparse.Namespace(
+        model="fake-model",
+        root="/nonexistent",
+        token_delay=0.0,
+        prefill_delay=0.0,
+        tokens_per_chunk=1,
+        die_after=0,
+        no_token_ids=False,
+        no_tokenize=False,
+    )
     state = fake.State(args)
     state.ttft = _Counted(events)
     base = fake.make_handler(state)
@@ -67,9 +77,20 @@ def test_a_request_is_counted_before_its_done_is_written():
     thread.start()
     try:
         conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=30)
-        conn.request("POST", "/v1/completions", json.dumps({
-            "model": "fake-model", "prompt": [1, 2, 3], "max_tokens": 3, "stream": True,
-            "stream_options": {"include_usage": True}}), {"Content-Type": "application/json"})
+        conn.request(
+            "POST",
+            "/v1/completions",
+            json.dumps(
+                {
+                    "model": "fake-model",
+                    "prompt": [1, 2, 3],
+                    "max_tokens": 3,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                }
+            ),
+            {"Content-Type": "application/json"},
+        )
         body = conn.getresponse().read()
         conn.close()
     finally:

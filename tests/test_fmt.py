@@ -1,4 +1,5 @@
 """simulator.fmt: one way to write durations, percentages and attainments (issue 18, items 7 and 10)."""
+
 from __future__ import annotations
 
 import inspect
@@ -11,11 +12,23 @@ from simulator.cli import plan as cli_plan
 from simulator.plan import rank
 
 
-@pytest.mark.parametrize("s, text", [
-    (0.0004, "400 µs"), (0.00731, "7.31 ms"), (0.0456, "45.6 ms"), (0.5, "500 ms"), (1.234, "1.23 s"),
-    (45.6, "45.6 s"), (144.492, "144 s"), (750, "12.5 min"), (7.6 * 3600, "7.6 h"),
-    (float("nan"), "-"), (None, "-"), (math.inf, "∞"),
-])
+@pytest.mark.parametrize(
+    "s, text",
+    [
+        (0.0004, "400 µs"),
+        (0.00731, "7.31 ms"),
+        (0.0456, "45.6 ms"),
+        (0.5, "500 ms"),
+        (1.234, "1.23 s"),
+        (45.6, "45.6 s"),
+        (144.492, "144 s"),
+        (750, "12.5 min"),
+        (7.6 * 3600, "7.6 h"),
+        (float("nan"), "-"),
+        (None, "-"),
+        (math.inf, "∞"),
+    ],
+)
 def test_duration_picks_the_unit_and_stays_short(s, text):
     assert fmt.duration(s) == text
     assert len(fmt.duration(s)) <= 9

@@ -1,4 +1,5 @@
 """Per-rank GEMM shapes and the shape-aware compute curve (simulator/gemm_shapes.py)."""
+
 from __future__ import annotations
 
 import pytest
@@ -39,8 +40,10 @@ def test_rank_gemms_cover_the_linear_flops_of_a_token(db, model, tp):
 
 def test_tp_slices_lose_efficiency_and_tp8_prefill_is_not_eight_times_faster(db):
     def step(tp):
-        return build_step_model(deployment_for(PoolConfig(gpu="B200", tp=tp, dtype="fp8"),
-                                               db.model("Llama-3.1-70B"), db))
+        return build_step_model(
+            deployment_for(PoolConfig(gpu="B200", tp=tp, dtype="fp8"), db.model("Llama-3.1-70B"), db)
+        )
+
     s1, s8 = step(1), step(8)
     # Seconds per token of the MLP GEMMs at full ramp: TP8 slices reach a lower fraction of the peak, so
     # a rank's share takes more than an eighth of TP1's time.

@@ -1,4 +1,5 @@
 """The one goodput definition (simulator/goodput.py): whole-run and steady-state variants."""
+
 from __future__ import annotations
 
 import math
@@ -21,8 +22,9 @@ def ramp_run(n: int = 100, late: int = 10, span_s: float = 99.0) -> pd.DataFrame
     t = np.linspace(0.0, span_s, n)
     ttft = np.where(np.arange(n) < late, 5.0, 0.5)
     outcome = ["completed"] * (n - 1) + ["rejected"]
-    return pd.DataFrame({"arrival_s": t, "outcome": outcome, "ttft_s": ttft,
-                         "tpot_s": [0.02] * (n - 2) + [math.nan, math.nan]})
+    return pd.DataFrame(
+        {"arrival_s": t, "outcome": outcome, "ttft_s": ttft, "tpot_s": [0.02] * (n - 2) + [math.nan, math.nan]}
+    )
 
 
 SLO_ATT = SLO(ttft_s=1.0, tpot_s=0.05, attainment=0.95)
@@ -42,9 +44,9 @@ def test_whole_run_counts_ramp_and_rejected_as_misses_steady_window_leaves_them_
 
 def test_steady_window_falls_back_to_the_whole_run_when_less_than_half_would_remain():
     df = ramp_run()
-    assert judged(df, 30.0).sum() == 100         # [30, 69] s would keep 40 of 100: the whole run is judged
-    assert judged(df, 26.0).sum() == 100         # [26, 73] s would keep 48
-    assert judged(df, 25.0).sum() == 50          # [25, 74] s keeps exactly half: the window holds
+    assert judged(df, 30.0).sum() == 100  # [30, 69] s would keep 40 of 100: the whole run is judged
+    assert judged(df, 26.0).sum() == 100  # [26, 73] s would keep 48
+    assert judged(df, 25.0).sum() == 50  # [25, 74] s keeps exactly half: the window holds
     assert attainment(df, SLO_ATT, steady_trim_s=30.0) == attainment(df, SLO_ATT)
 
 
@@ -87,10 +89,15 @@ def test_find_goodput_loads_the_hardware_database_once(monkeypatch):
 def test_whole_run_attainment_is_the_summary_slo_attainment():
     """results.summarize computes SLO attainment itself (it sits below goodput.py); on a run with
     misses (45% of requests over a target) both must give the same share."""
-    scn = scenario(workload={"arrival": {"kind": "poisson", "rate": 4.0}, "num_requests": 300,
-                             "input_length": {"kind": "uniform", "low": 100, "high": 6000},
-                             "output_length": {"kind": "fixed", "value": 64}},
-                   slo={"ttft_s": 0.3, "tpot_s": 0.012})
+    scn = scenario(
+        workload={
+            "arrival": {"kind": "poisson", "rate": 4.0},
+            "num_requests": 300,
+            "input_length": {"kind": "uniform", "low": 100, "high": 6000},
+            "output_length": {"kind": "fixed", "value": 64},
+        },
+        slo={"ttft_s": 0.3, "tpot_s": 0.012},
+    )
     res = simulate(scn)
     share = attainment(res.requests, scn.slo)
     assert 0.0 < share < 1.0

@@ -13,6 +13,7 @@ input, and the cases tests/test_hostile_input_security.py does not reach.
 * Bundle roots: a folder named in EPDSIM_BUNDLE_ROOTS is readable, anything else is refused with a message
   that lists none of the server's folders.
 """
+
 from __future__ import annotations
 
 import json
@@ -42,7 +43,7 @@ def _hook(event, args):
         _SEEN.append(os.fsdecode(args[0]))
 
 
-sys.addaudithook(_hook)     # cannot be removed: installed once when the module loads, each test clears _SEEN
+sys.addaudithook(_hook)  # cannot be removed: installed once when the module loads, each test clears _SEEN
 
 
 def _python_and_project() -> tuple[Path, ...]:
@@ -83,7 +84,7 @@ def site(tmp_path, monkeypatch):
     secret.parent.mkdir()
     secret.write_text(SECRET)
     kept = json.loads((calibration.SAMPLE_BUNDLE / "manifest.json").read_text())["model"]["config"]
-    (secret.parent / "config.json").write_text(json.dumps(kept))      # a usable model, were it read
+    (secret.parent / "config.json").write_text(json.dumps(kept))  # a usable model, were it read
     return uploads, udir, secret
 
 
@@ -105,14 +106,25 @@ def test_services_open_nothing_outside_the_upload_folder(site):
     def root(m, b):
         m["model"].update(root=str(outside), config_sha256=None)
         del m["model"]["config"]
-    bundle_cases = {"launches[0].log": log(os.path.relpath(secret, uploads / "b1")), "link": link, "model.root": root,
-                    "attachments[0].server_log": lambda m, b: m.update(attachments=[{"url": "http://127.0.0.1:9",
-                                                                                    "server_log": str(secret)}])}
-    bundle_dirs = {k: _hostile_bundle(uploads, f"b{i}", edit, logs=k != "model.root")
-                   for i, (k, edit) in enumerate(bundle_cases.items(), 1)}
+
+    bundle_cases = {
+        "launches[0].log": log(os.path.relpath(secret, uploads / "b1")),
+        "link": link,
+        "model.root": root,
+        "attachments[0].server_log": lambda m, b: m.update(
+            attachments=[{"url": "http://127.0.0.1:9", "server_log": str(secret)}]
+        ),
+    }
+    bundle_dirs = {
+        k: _hostile_bundle(uploads, f"b{i}", edit, logs=k != "model.root")
+        for i, (k, edit) in enumerate(bundle_cases.items(), 1)
+    }
     key_cases = ["profiles/../../outside/x.yaml", f"{outside}/x.yaml", "links/ib-ndr.yaml"]
-    scenario_cases = {"workload.arrival.path": {**base, "workload": scenarios.trace_workload(secret, None, 5)},
-                      "hwdb[0]": {**base, "hwdb": [str(outside)]}, "model": {**base, "model": str(outside)}}
+    scenario_cases = {
+        "workload.arrival.path": {**base, "workload": scenarios.trace_workload(secret, None, 5)},
+        "hwdb[0]": {**base, "hwdb": [str(outside)]},
+        "model": {**base, "model": str(outside)},
+    }
     _SEEN.clear()
     errors = {}
     for field, b in bundle_dirs.items():
@@ -121,17 +133,18 @@ def test_services_open_nothing_outside_the_upload_folder(site):
         errors[key] = run_within(lambda key=key: bundles.save_to_user_hwdb({key: b"name: x\n"}, udir)).get("error")
     for field, d in scenario_cases.items():
         errors[field] = run_within(lambda d=d: scenarios.run(d, folder=uploads)).get("error")
-    res = run_within(lambda: scenarios.run({**base, "workload": scenarios.trace_workload(trace, None, 20)},
-                                        folder=uploads), 120)
+    res = run_within(
+        lambda: scenarios.run({**base, "workload": scenarios.trace_workload(trace, None, 20)}, folder=uploads), 120
+    )
     opened = list(_SEEN)
     assert res.get("value") is not None and res["value"].summary["throughput_rps"] > 0, res
-    assert os.path.realpath(trace) in {os.path.realpath(p) for p in opened}   # the hook sees the service's reads
+    assert os.path.realpath(trace) in {os.path.realpath(p) for p in opened}  # the hook sees the service's reads
     assert _outside(opened, uploads, udir) == []
     assert os.path.realpath(secret) not in {os.path.realpath(p) for p in opened}
     for what, exc in errors.items():
         assert isinstance(exc, scenarios.InputError), (what, exc)
         assert "secret line" not in str(exc) and "root:x" not in str(exc)
-    assert sorted(p.name for p in outside.iterdir()) == ["config.json", "secret.txt"]   # nothing written there
+    assert sorted(p.name for p in outside.iterdir()) == ["config.json", "secret.txt"]  # nothing written there
 
 
 # ============================================================================ FIFOs named by a bundle
@@ -147,9 +160,13 @@ def _fifo_config(m, b):
     del m["model"]["config"]
 
 
-@pytest.mark.parametrize("edit, field, value, fix", [
-    (_fifo_log, "attachments[0].server_log", "srv.log", "Copy the server log into the bundle folder"),
-    (_fifo_config, "model.root (its config.json)", "model/config.json", "Pass --model with the model's folder")])
+@pytest.mark.parametrize(
+    "edit, field, value, fix",
+    [
+        (_fifo_log, "attachments[0].server_log", "srv.log", "Copy the server log into the bundle folder"),
+        (_fifo_config, "model.root (its config.json)", "model/config.json", "Pass --model with the model's folder"),
+    ],
+)
 def test_a_fifo_the_bundle_names_is_refused_at_once(tmp_path, capsys, edit, field, value, fix):
     """Fit and validate in the app, and `epdsim calibrate fit`, answer with the field, the value and the
     fix instead of waiting for a writer on the FIFO."""
@@ -169,12 +186,14 @@ def test_a_fifo_the_bundle_names_is_refused_at_once(tmp_path, capsys, edit, fiel
 def test_a_model_config_linked_inside_the_bundle_is_read(tmp_path):
     """model/config.json -> shared/config.json, both in the bundle: followed (the link stays inside), and
     the folder's model is the one fitted."""
+
     def edit(m, b):
         (b / "shared").mkdir()
         (b / "shared" / "config.json").write_text(json.dumps(m["model"].pop("config")))
         (b / "model").mkdir()
         (b / "model" / "config.json").symlink_to(b / "shared" / "config.json")
         m["model"].update(root="model", config_sha256=None)
+
     b = _hostile_bundle(tmp_path, "bundle", edit, logs=False)
     kept = json.loads((b / "shared" / "config.json").read_text())
     entry = bundle_model(open_bundle(b), None, hwdb.load())
@@ -207,7 +226,7 @@ def test_configured_bundle_roots_and_a_refusal_without_server_paths(tmp_path, mo
     for d in (configured, other, uploads):
         shutil.copytree(calibration.SAMPLE_BUNDLE, d / "bundle")
     monkeypatch.setenv(calibration.BUNDLE_ROOTS_ENV, str(configured))
-    monkeypatch.chdir(other)                        # the start folder is not a root
+    monkeypatch.chdir(other)  # the start folder is not a root
     assert calibration.overview(str(configured / "bundle"))["model"] == "tiny-llama"
     assert calibration.overview(str(uploads / "bundle"), extra_roots=(uploads,))["model"] == "tiny-llama"
     for value in (str(other / "bundle"), "bundle", str(uploads / "bundle")):
@@ -229,8 +248,10 @@ def test_run_refuses_a_server_file_by_itself(tmp_path, field):
     if field == "workload.arrival.path":
         d["workload"] = {"arrival": {"kind": "trace", "path": "/etc/passwd", "format": "plain"}, "num_requests": 5}
     elif field == "workload.input_length.path":
-        d["workload"] = {**d["workload"], "input_length": {"kind": "empirical", "path": "/etc/passwd",
-                                                           "column": "root"}}
+        d["workload"] = {
+            **d["workload"],
+            "input_length": {"kind": "empirical", "path": "/etc/passwd", "column": "root"},
+        }
     elif field == "hwdb[0]":
         d["hwdb"] = ["/etc"]
     else:

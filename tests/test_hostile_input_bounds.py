@@ -8,6 +8,7 @@ file, so a new field is covered without a new test; a numeric field without a de
 given, on its own model, the hostile values that lie outside its range (0 where 0 is outside,
 negatives, 1e308, infinities, NaN, 1e-300) and must be refused there with its range stated.
 """
+
 from __future__ import annotations
 
 import math
@@ -26,8 +27,11 @@ from simulator.plan.request import PlanRequest
 from simulator.scenario import Scenario
 
 # The cold-start file's kinds: every model its module defines (nested ones are walked anyway).
-COLDSTART = [v for v in vars(hwdb.coldstart).values()
-             if isinstance(v, type) and issubclass(v, BaseModel) and v.__module__ == hwdb.coldstart.__name__]
+COLDSTART = [
+    v
+    for v in vars(hwdb.coldstart).values()
+    if isinstance(v, type) and issubclass(v, BaseModel) and v.__module__ == hwdb.coldstart.__name__
+]
 ROOTS = (Scenario, PlanRequest, ModelSidecar, *FILE_SCHEMAS.values(), *COLDSTART)
 HOSTILE = (0, -1, -1e308, 1e308, math.inf, -math.inf, math.nan, 1e-300)
 
@@ -43,7 +47,7 @@ class NumberField:
     steps: tuple[str, ...]
     range: Range | None
     figure: bool
-    key_type: object = None     # for a mapping: the type of its keys (a valid key is needed)
+    key_type: object = None  # for a mapping: the type of its keys (a valid key is needed)
 
     @property
     def name(self) -> str:
@@ -123,15 +127,23 @@ def _payload(f: NumberField, bad):
 
 def _same(a: tuple, b: tuple) -> bool:
     """Locations equal, a NaN key matching itself."""
-    return len(a) == len(b) and all(x == y or (x != x and y != y) or str(x) == str(y)
-                                    for x, y in zip(a, b, strict=True))
+    return len(a) == len(b) and all(
+        x == y or (x != x and y != y) or str(x) == str(y) for x, y in zip(a, b, strict=True)
+    )
 
 
 def test_the_walk_finds_the_fields_of_the_issue():
     names = {f.name for f in FIELDS}
-    for expected in ("KVTransferConfig.nic_Bps", "KVTransferConfig.oversubscription", "GpuOffer.price_usd_per_hour",
-                     "GPU.peak_flops[value]", "Constraints.tp[item]", "EncoderConfig.tp_efficiency[key]",
-                     "Poisson.rate", "NetworkLayout.nic_Bps"):
+    for expected in (
+        "KVTransferConfig.nic_Bps",
+        "KVTransferConfig.oversubscription",
+        "GpuOffer.price_usd_per_hour",
+        "GPU.peak_flops[value]",
+        "Constraints.tp[item]",
+        "EncoderConfig.tp_efficiency[key]",
+        "Poisson.rate",
+        "NetworkLayout.nic_Bps",
+    ):
         assert expected in names, sorted(names)
     assert len(FIELDS) > 150
 
@@ -147,7 +159,7 @@ def test_every_numeric_field_declares_a_range():
 def test_values_outside_the_range_are_refused_with_the_range(field):
     rng = field.range
     outside = [v for v in HOSTILE if not rng.contains(v)]
-    assert any(v != v for v in outside) and math.inf in outside        # NaN and infinity always are
+    assert any(v != v for v in outside) and math.inf in outside  # NaN and infinity always are
     for bad in outside:
         data, loc = _payload(field, bad)
         with pytest.raises(ValidationError) as info:

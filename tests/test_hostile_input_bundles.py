@@ -5,6 +5,7 @@ Each case starts from the sample bundle in examples/calibration_sample (what `ep
 writes) and breaks one thing in it; the untouched sample must still be read, so the checks refuse
 nothing the harness writes.
 """
+
 from __future__ import annotations
 
 import json
@@ -59,52 +60,78 @@ def test_the_sample_bundle_is_read(tmp_path, capsys):
 
 # ----------------------------------------------------------------------------- the manifest
 
+
 def test_ready_s_not_a_number(tmp_path, capsys):
     def change(m):
         m["launches"] = [{"index": 0, "ready_s": "soon", "startup": {"summary": {}}}]
-    both(edit_manifest(sample(tmp_path), change),
-         ["manifest.json", "launches[0].ready_s", "must be a number from 0 to 1e9 s", "(got 'soon')", FIX], capsys)
+
+    both(
+        edit_manifest(sample(tmp_path), change),
+        ["manifest.json", "launches[0].ready_s", "must be a number from 0 to 1e9 s", "(got 'soon')", FIX],
+        capsys,
+    )
 
 
 def test_startup_figure_not_a_number(tmp_path, capsys):
     def change(m):
         m["launches"] = [{"index": 0, "ready_s": 3.0, "startup": {"summary": {"weights_load_s": "fast"}}}]
-    both(edit_manifest(sample(tmp_path), change),
-         ["manifest.json", "launches[0].startup.summary.weights_load_s", "(got 'fast')", "give seconds"], capsys)
+
+    both(
+        edit_manifest(sample(tmp_path), change),
+        ["manifest.json", "launches[0].startup.summary.weights_load_s", "(got 'fast')", "give seconds"],
+        capsys,
+    )
 
 
 def test_phase_name_escaping_the_folder(tmp_path, capsys):
     def change(m):
         m["plan"][0]["name"] = "../../escape"
-    both(edit_manifest(sample(tmp_path), change),
-         ["manifest.json", "plan[0].name", "(got '../../escape')", "records/<name>.jsonl", "rename the phase"], capsys)
+
+    both(
+        edit_manifest(sample(tmp_path), change),
+        ["manifest.json", "plan[0].name", "(got '../../escape')", "records/<name>.jsonl", "rename the phase"],
+        capsys,
+    )
 
 
 def test_schema_version_as_text(tmp_path, capsys):
     def change(m):
         m["schema_version"] = "1"
-    both(edit_manifest(sample(tmp_path), change),
-         ["manifest.json", "schema_version", "(got '1')", "write 1 without quotes"], capsys)
+
+    both(
+        edit_manifest(sample(tmp_path), change),
+        ["manifest.json", "schema_version", "(got '1')", "write 1 without quotes"],
+        capsys,
+    )
 
 
 def test_schema_version_of_another_epdsim(tmp_path, capsys):
     def change(m):
         m["schema_version"] = 7
-    both(edit_manifest(sample(tmp_path), change),
-         ["manifest.json", "schema_version 7", "reads version 1", "measure again"], capsys)
+
+    both(
+        edit_manifest(sample(tmp_path), change),
+        ["manifest.json", "schema_version 7", "reads version 1", "measure again"],
+        capsys,
+    )
 
 
 def test_served_name_empty(tmp_path, capsys):
     def change(m):
         m["model"]["served_name"] = " "
+
     both(edit_manifest(sample(tmp_path), change), ["manifest.json", "model.served_name", "(got ' ')", FIX], capsys)
 
 
 def test_planned_request_with_a_negative_length(tmp_path, capsys):
     def change(m):
         m["plan"][0]["requests"][0][1] = -16
-    both(edit_manifest(sample(tmp_path), change),
-         ["manifest.json", "plan[0].requests[0][1]", "(got -16)", "whole number from 0"], capsys)
+
+    both(
+        edit_manifest(sample(tmp_path), change),
+        ["manifest.json", "plan[0].requests[0][1]", "(got -16)", "whole number from 0"],
+        capsys,
+    )
 
 
 def test_manifest_not_utf8(tmp_path, capsys):
@@ -115,10 +142,12 @@ def test_manifest_not_utf8(tmp_path, capsys):
 
 # ----------------------------------------------------------------------------- the records
 
+
 def test_request_without_ttft(tmp_path, capsys):
     b = edit_record(sample(tmp_path), "prefill", 3, lambda r: r.pop("ttft_s"))
-    both(b, ["records/prefill.jsonl line 3", "request record", "ttft_s: required, but absent; add this key", FIX],
-         capsys)
+    both(
+        b, ["records/prefill.jsonl line 3", "request record", "ttft_s: required, but absent; add this key", FIX], capsys
+    )
 
 
 def test_request_without_token_times(tmp_path, capsys):
@@ -151,8 +180,7 @@ def test_record_line_not_json(tmp_path, capsys):
     f = b / "records" / "prefill.jsonl"
     lines = f.read_text().splitlines()
     f.write_text("\n".join([lines[0], "not json at all", *lines[1:]]) + "\n")
-    both(b, ["records/prefill.jsonl line 2", "not a JSON record", "'not json at all'", "one JSON object", FIX],
-         capsys)
+    both(b, ["records/prefill.jsonl line 2", "not a JSON record", "'not json at all'", "one JSON object", FIX], capsys)
 
 
 def test_record_with_broken_json_inside(tmp_path, capsys):
@@ -181,11 +209,15 @@ def test_validate_gives_the_bundle_fix_once(tmp_path, capsys):
     b = edit_record(sample(tmp_path), "prefill", 3, lambda r: r.pop("ttft_s"))
     out = expect_user_error(["calibrate", "validate", b, "--profile", REPO / "hwdb"], ["ttft_s", FIX], capsys)
     assert "Point at a directory" not in out, out
-    expect_user_error(["calibrate", "validate", tmp_path / "none", "--profile", REPO / "hwdb"],
-                      ["none", "not a directory", "Point at a directory written by `epdsim calibrate run"], capsys)
+    expect_user_error(
+        ["calibrate", "validate", tmp_path / "none", "--profile", REPO / "hwdb"],
+        ["none", "not a directory", "Point at a directory written by `epdsim calibrate run"],
+        capsys,
+    )
 
 
 # ----------------------------------------------------------------------------- what stays readable
+
 
 def test_torn_last_line_is_skipped(tmp_path, capsys):
     """A writer killed mid-line leaves the start of a record: it is skipped, as on resume."""
@@ -200,17 +232,30 @@ def test_failed_request_needs_no_measurements(tmp_path, capsys):
     """A failed request's record (no token came) has no figures to check."""
     b = sample(tmp_path)
     with open(b / "records" / "prefill.jsonl", "a") as fh:
-        fh.write(json.dumps({"kind": "request", "id": "prefill-p16-r0", "ok": False, "error": "timeout",
-                             "t_send": float("nan"), "ttft_s": None, "token_times_s": [], "model": "tiny-llama"})
-                 + "\n")
+        fh.write(
+            json.dumps(
+                {
+                    "kind": "request",
+                    "id": "prefill-p16-r0",
+                    "ok": False,
+                    "error": "timeout",
+                    "t_send": float("nan"),
+                    "ttft_s": None,
+                    "token_times_s": [],
+                    "model": "tiny-llama",
+                }
+            )
+            + "\n"
+        )
     rc, out, _ = run_main(["calibrate", "show", b], capsys)
     assert rc == 0, out
 
 
 def test_kernel_bundle_records_open(tmp_path):
     """A kernel-benchmark bundle's request records hold timings of operators, not of requests."""
-    b = Bundle.create(tmp_path / "k", {"mode": "kernels", "model": {"served_name": "m"},
-                                       "plan": [{"name": "gemm", "kind": "kernel"}]})
+    b = Bundle.create(
+        tmp_path / "k", {"mode": "kernels", "model": {"served_name": "m"}, "plan": [{"name": "gemm", "kind": "kernel"}]}
+    )
     b.append("gemm", {"kind": "request", "id": "g1", "ok": True, "op": "gemm", "seconds": 1e-4})
     assert Bundle.open(tmp_path / "k", complete=True).requests("gemm")[0]["seconds"] == 1e-4
     b.append("gemm", {"kind": "request", "id": "g2", "ok": True, "op": "gemm", "seconds": -1})

@@ -7,6 +7,7 @@ entry of any kind; ``scenarios.run`` sandboxes by itself; the app's bundle roots
 folder.  Each refusal is one paragraph naming the field, the value and the fix.  The service-level
 tests record every ``open`` with an audit hook and run the call in a thread with a join timeout.
 """
+
 from __future__ import annotations
 
 import functools
@@ -38,6 +39,7 @@ def _opened() -> list[str]:
     def hook(event, args):
         if event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
             seen.append(os.fsdecode(args[0]))
+
     sys.addaudithook(hook)
     return seen
 
@@ -74,8 +76,11 @@ def _bundle(tmp_path: Path, case: str) -> tuple[Path, str, str, str]:
 
 
 CASES = ("dotdot", "absolute", "link", "fifo", "root")
-FIXES = {"launches[0].log": "'server-1.log'", "attachments[0].server_log": "Copy the server log into the bundle",
-         "model.root": "Pass --model"}
+FIXES = {
+    "launches[0].log": "'server-1.log'",
+    "attachments[0].server_log": "Copy the server log into the bundle",
+    "model.root": "Pass --model",
+}
 
 
 def _allowed(path: str, roots: tuple[Path, ...]) -> bool:
@@ -108,8 +113,12 @@ def test_fit_and_validate_opens_nothing_outside_the_bundle(tmp_path, case):
     opened = list(seen)
     assert isinstance(out.get("error"), scenarios.InputError), out
     assert f"{field} = {value!r} {why}" in str(out["error"]) and "secret line" not in str(out["error"])
-    roots = (b.resolve(), (tmp_path / "out").resolve(), hwdb.db.DATA_DIR.resolve(),
-             *{Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)})
+    roots = (
+        b.resolve(),
+        (tmp_path / "out").resolve(),
+        hwdb.db.DATA_DIR.resolve(),
+        *{Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)},
+    )
     assert [p for p in opened if not _allowed(p, roots)] == []
     hostile = {os.path.realpath(tmp_path / "secret.txt"), "/etc/passwd", os.path.realpath(b / "server-1.log")}
     assert not hostile & {os.path.realpath(p) for p in opened}
@@ -125,7 +134,7 @@ def test_model_root_is_read_only_inside_the_bundle(tmp_path):
     kept = m["model"]["config"]
     m["model"].update(root=str(tmp_path), config_sha256=None)
     (b / "manifest.json").write_text(json.dumps(m))
-    (tmp_path / "config.json").write_text(json.dumps(kept))     # a readable folder outside: not read
+    (tmp_path / "config.json").write_text(json.dumps(kept))  # a readable folder outside: not read
     seen = _opened()
     seen.clear()
     entry = bundle_model(open_bundle(b), None, db)
@@ -134,8 +143,11 @@ def test_model_root_is_read_only_inside_the_bundle(tmp_path):
     (b / "model" / "config.json").symlink_to(tmp_path / "config.json")
     m["model"]["root"] = "model"
     (b / "manifest.json").write_text(json.dumps(m))
-    with pytest.raises(FitInputError, match=r"model.root \(its config.json\) = 'model/config.json' is a link to a "
-                                            r"file outside the bundle folder.*Pass --model"):
+    with pytest.raises(
+        FitInputError,
+        match=r"model.root \(its config.json\) = 'model/config.json' is a link to a "
+        r"file outside the bundle folder.*Pass --model",
+    ):
         bundle_model(open_bundle(b), None, db)
     (b / "model" / "config.json").unlink()
     (b / "model" / "config.json").write_text(json.dumps(kept))  # a model folder inside the bundle is used
@@ -162,13 +174,26 @@ def test_bundle_roots_leave_out_the_app_start_folder(tmp_path, monkeypatch):
     assert "outside the folders this app reads bundles from" in msg and "upload the bundle as a .zip" in msg
     assert calibration.BUNDLE_ROOTS_ENV in msg
     assert str(REPO) not in msg and str(calibration.SAMPLE_BUNDLE) not in msg
-    assert calibration.overview(str(calibration.SAMPLE_BUNDLE))["model"] == "tiny-llama"   # the sample still reads
+    assert calibration.overview(str(calibration.SAMPLE_BUNDLE))["model"] == "tiny-llama"  # the sample still reads
 
 
 # ============================================================================ the user's hardware folder
-@pytest.mark.parametrize("key", ["profiles/../../../../x.yaml", "/tmp/x.yaml", "profiles/sub/x.yaml", "nope/x.yaml",
-                                 "profiles/.x.yaml", "profiles/x.json", "models/m/run.sh", "profiles\\..\\x.yaml",
-                                 "profiles/a..b.yaml", "models/../config.json", "profiles/x\x1b.yaml"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "profiles/../../../../x.yaml",
+        "/tmp/x.yaml",
+        "profiles/sub/x.yaml",
+        "nope/x.yaml",
+        "profiles/.x.yaml",
+        "profiles/x.json",
+        "models/m/run.sh",
+        "profiles\\..\\x.yaml",
+        "profiles/a..b.yaml",
+        "models/../config.json",
+        "profiles/x\x1b.yaml",
+    ],
+)
 def test_save_refuses_a_key_that_is_not_a_hardware_file(tmp_path, key):
     udir = tmp_path / "a" / "b" / "c" / "u"
     with pytest.raises(scenarios.InputError) as err:
@@ -185,10 +210,14 @@ def test_save_refuses_to_replace_a_shipped_entry_of_any_kind(tmp_path, kind):
     if not table:
         pytest.skip(f"no shipped {kind} entry yet")
     shipped = next(iter(table))
-    for files in ({f"{kind}/{shipped}.yaml": yaml.safe_dump({"name": shipped}).encode()},
-                  {f"{kind}/mine.yaml": yaml.safe_dump({"name": shipped}).encode()}):
-        with pytest.raises(scenarios.InputError, match=f"is the shipped entry '{re.escape(shipped)}'.*'replace the "
-                                                       f"shipped entry' ticked"):
+    for files in (
+        {f"{kind}/{shipped}.yaml": yaml.safe_dump({"name": shipped}).encode()},
+        {f"{kind}/mine.yaml": yaml.safe_dump({"name": shipped}).encode()},
+    ):
+        with pytest.raises(
+            scenarios.InputError,
+            match=f"is the shipped entry '{re.escape(shipped)}'.*'replace the shipped entry' ticked",
+        ):
             bundles.save_to_user_hwdb(files, tmp_path / "u")
     assert not (tmp_path / "u").exists()
 
@@ -201,7 +230,7 @@ def test_save_refuses_shipped_aliases_and_models_and_honours_override(tmp_path):
     with pytest.raises(scenarios.InputError, match=f"model '{model}' is the shipped entry"):
         bundles.save_to_user_hwdb({f"models/{model}/config.json": b"{}"}, udir)
     assert not udir.exists()
-    ndr = (hwdb.db.DATA_DIR / "links" / "ib-ndr.yaml").read_bytes()   # told to: the override mechanism
+    ndr = (hwdb.db.DATA_DIR / "links" / "ib-ndr.yaml").read_bytes()  # told to: the override mechanism
     written = bundles.save_to_user_hwdb({"links/ib-ndr.yaml": ndr}, udir, override=True)
     assert written == [str(udir / "links" / "ib-ndr.yaml")] and (udir / "links" / "ib-ndr.yaml").read_bytes() == ndr
 
@@ -244,6 +273,6 @@ def test_run_sandboxes_by_itself(tmp_path):
     trace.write_text("arrival_s,input_tokens,output_tokens\n" + "".join(f"{i * 0.1},200,20\n" for i in range(20)))
     d = {**scenarios.default_scenario(), "workload": scenarios.trace_workload(trace, None, 20)}
     with pytest.raises(scenarios.InputError, match="outside the files uploaded"):
-        scenarios.run(d)                                   # no upload folder given: not readable
+        scenarios.run(d)  # no upload folder given: not readable
     res = scenarios.run(d, folder=folder)
     assert res.summary["throughput_rps"] > 0

@@ -5,6 +5,7 @@ the app's upload sandbox (an uploaded scenario may read only files uploaded with
 Same checks as tests/test_hostile_input.py: exit code 2, no traceback, the file or field named, under
 5 s (:func:`tests.hostile.expect_user_error`).
 """
+
 from __future__ import annotations
 
 import copy
@@ -24,6 +25,7 @@ from simulator.regress.compare import FORMAT
 from tests.hostile import GPU, LAUGHS, LINK, PLAIN_HEAD, PLAN, REPO, expect_user_error, put, scenario, setting, with_cfg
 
 # ---------------------------------------------------------------- hardware files
+
 
 def hw_case(tmp: Path, files: dict[str, object]) -> Path:
     root = tmp / "hw"
@@ -65,8 +67,10 @@ HW_CASES = {
     "gpu-infinite-price": ({"gpus/lab.yaml": gpu_with(price=float("inf"))}, ["lab.yaml", "price_usd_per_hour"]),
     "gpu-nan-memory": ({"gpus/lab.yaml": gpu_with(memory_bytes=float("nan"))}, ["lab.yaml", "memory_bytes"]),
     "gpu-memory-1e-308": ({"gpus/lab.yaml": gpu_with(memory_bytes=1e-308)}, ["lab.yaml", "memory_bytes"]),
-    "gpu-bandwidth-1e-308": ({"gpus/lab.yaml": gpu_with(memory_bandwidth_Bps=1e-308)},
-                             ["lab.yaml", "memory_bandwidth_Bps"]),
+    "gpu-bandwidth-1e-308": (
+        {"gpus/lab.yaml": gpu_with(memory_bandwidth_Bps=1e-308)},
+        ["lab.yaml", "memory_bandwidth_Bps"],
+    ),
     "gpu-flops-1e-308": ({"gpus/lab.yaml": gpu_with(peak_flops=1e-308)}, ["lab.yaml", "peak_flops"]),
     "gpu-memory-in-GB": ({"gpus/lab.yaml": gpu_with(memory_bytes=80)}, ["lab.yaml", "memory_bytes"]),
     "gpu-flops-true": ({"gpus/lab.yaml": gpu_with(peak_flops=True)}, ["lab.yaml", "yes/no value"]),
@@ -78,8 +82,10 @@ HW_CASES = {
     "link-zero-bandwidth": ({"links/l.yaml": link_with(bandwidth_Bps=0)}, ["l.yaml", "bandwidth_Bps"]),
     "link-zero-efficiency": ({"links/l.yaml": link_with(efficiency=0)}, ["l.yaml", "efficiency"]),
     "link-efficiency-above-1": ({"links/l.yaml": link_with(efficiency=3)}, ["l.yaml", "efficiency"]),
-    "model-zero-heads": ({"models/m/config.json": json.dumps(with_cfg(num_attention_heads=0))},
-                         ["config.json", "num_attention_heads"]),
+    "model-zero-heads": (
+        {"models/m/config.json": json.dumps(with_cfg(num_attention_heads=0))},
+        ["config.json", "num_attention_heads"],
+    ),
 }
 
 
@@ -96,24 +102,32 @@ def test_hwdb_folder_missing_or_a_file(tmp_path, capsys):
 
 # ---------------------------------------------------------------- plan
 
-@pytest.mark.parametrize("case,change,words", [
-    ("requests-1e9", {"search": {"requests": 10**9}}, ["search.requests"]),
-    ("seed-negative", {"search": {"seed": -1}}, ["search.seed"]),
-    ("rate-inf", {"workload": {**PLAN["workload"], "arrival": {"kind": "poisson", "rate": float("inf")}}},
-     ["workload.arrival.rate"]),
-    ("slo-nan", {"slo": {"ttft_s": float("nan"), "tpot_s": 0.05}}, ["slo.ttft_s"]),
-    ("no-gpus", {"gpus": []}, ["gpus"]),
-], ids=lambda x: x if isinstance(x, str) else "")
+
+@pytest.mark.parametrize(
+    "case,change,words",
+    [
+        ("requests-1e9", {"search": {"requests": 10**9}}, ["search.requests"]),
+        ("seed-negative", {"search": {"seed": -1}}, ["search.seed"]),
+        (
+            "rate-inf",
+            {"workload": {**PLAN["workload"], "arrival": {"kind": "poisson", "rate": float("inf")}}},
+            ["workload.arrival.rate"],
+        ),
+        ("slo-nan", {"slo": {"ttft_s": float("nan"), "tpot_s": 0.05}}, ["slo.ttft_s"]),
+        ("no-gpus", {"gpus": []}, ["gpus"]),
+    ],
+    ids=lambda x: x if isinstance(x, str) else "",
+)
 def test_plan_request(case, change, words, tmp_path, capsys):
     path = put(tmp_path, "plan.yaml", {**copy.deepcopy(PLAN), **change})
     expect_user_error(["plan", path, "--quiet"], ["plan.yaml", *words], capsys)
 
 
-@pytest.mark.parametrize("argv,words", [
-    (["--workers", "0"], ["--workers"]),
-    (["--top", "-1"], ["--top"]),
-    (["--workers", "many"], ["--workers"]),
-], ids=["workers-0", "top-negative", "workers-text"])
+@pytest.mark.parametrize(
+    "argv,words",
+    [(["--workers", "0"], ["--workers"]), (["--top", "-1"], ["--top"]), (["--workers", "many"], ["--workers"])],
+    ids=["workers-0", "top-negative", "workers-text"],
+)
 def test_plan_flags(argv, words, capsys):
     expect_user_error(["plan", REPO / "examples" / "plan_llama8b.yaml", *argv], words, capsys)
 
@@ -125,10 +139,14 @@ def test_plan_files(tmp_path, capsys):
 
 # ---------------------------------------------------------------- regress
 
+
 def suite(tmp: Path) -> Path:
     put(tmp, "s.yaml", scenario(num_requests=10))
-    return put(tmp, "suite.yaml", {"name": "hostile", "entries": [
-        {"id": "one", "scenario": "s.yaml", "figures": {"ttft_p50_s": None}}]})
+    return put(
+        tmp,
+        "suite.yaml",
+        {"name": "hostile", "entries": [{"id": "one", "scenario": "s.yaml", "figures": {"ttft_p50_s": None}}]},
+    )
 
 
 BASELINE_CASES = {
@@ -136,8 +154,10 @@ BASELINE_CASES = {
     "entries-list": ({"entries": []}, "not an epdsim regress baseline"),
     "entry-number": ({"entries": {"one": 5}}, "entries.one"),
     "figures-string": ({"entries": {"one": {"fingerprint": "x", "figures": "fast"}}}, "entries.one.figures"),
-    "figure-string": ({"entries": {"one": {"fingerprint": "x", "figures": {"ttft_p50_s": "low"}}}},
-                      "entries.one.figures.ttft_p50_s"),
+    "figure-string": (
+        {"entries": {"one": {"fingerprint": "x", "figures": {"ttft_p50_s": "low"}}}},
+        "entries.one.figures.ttft_p50_s",
+    ),
     "fingerprint-list": ({"entries": {"one": {"fingerprint": [1], "figures": {}}}}, "entries.one.fingerprint"),
 }
 
@@ -154,9 +174,13 @@ def test_regress_baseline(case, tmp_path, capsys):
 @pytest.mark.parametrize("case", ["directory", "binary", "utf16", "not-json", "nan"])
 def test_regress_baseline_file(case, tmp_path, capsys):
     p = tmp_path / "base.json"
-    {"directory": lambda: p.mkdir(), "binary": lambda: p.write_bytes(b"\x00\x01"),
-     "utf16": lambda: p.write_bytes('{"format": 1}'.encode("utf-16")), "not-json": lambda: p.write_text("{oops"),
-     "nan": lambda: p.write_text('{"format": NaN}')}[case]()
+    {
+        "directory": lambda: p.mkdir(),
+        "binary": lambda: p.write_bytes(b"\x00\x01"),
+        "utf16": lambda: p.write_bytes('{"format": 1}'.encode("utf-16")),
+        "not-json": lambda: p.write_text("{oops"),
+        "nan": lambda: p.write_text('{"format": NaN}'),
+    }[case]()
     expect_user_error(["regress", suite(tmp_path), "--baseline", p], ["base.json"], capsys)
 
 
@@ -164,18 +188,25 @@ def test_regress_baseline_file(case, tmp_path, capsys):
 def test_regress_suite_file(case, tmp_path, capsys):
     if case == "scenario-is-folder":
         (tmp_path / "s.yaml").mkdir()
-        path = put(tmp_path, "suite.yaml", {"name": "x", "entries": [{"id": "a", "scenario": "s.yaml",
-                                                                      "figures": {"ttft_p50_s": None}}]})
+        path = put(
+            tmp_path,
+            "suite.yaml",
+            {"name": "x", "entries": [{"id": "a", "scenario": "s.yaml", "figures": {"ttft_p50_s": None}}]},
+        )
         expect_user_error(["regress", path], ["s.yaml", "is a directory"], capsys)
         return
     p = tmp_path / "suite.yaml"
-    {"directory": lambda: p.mkdir(), "binary": lambda: p.write_bytes(b"\x00name: x"),
-     "duplicate-key": lambda: p.write_text("name: a\nname: b\n"),
-     "billion-laughs": lambda: p.write_text(LAUGHS)}[case]()
+    {
+        "directory": lambda: p.mkdir(),
+        "binary": lambda: p.write_bytes(b"\x00name: x"),
+        "duplicate-key": lambda: p.write_text("name: a\nname: b\n"),
+        "billion-laughs": lambda: p.write_text(LAUGHS),
+    }[case]()
     expect_user_error(["regress", p], ["suite.yaml"], capsys)
 
 
 # ---------------------------------------------------------------- calibration bundles
+
 
 def bundle(tmp: Path, manifest, records: str | None = None) -> Path:
     b = tmp / "bundle"
@@ -186,27 +217,39 @@ def bundle(tmp: Path, manifest, records: str | None = None) -> Path:
     return b
 
 
-GOOD_MANIFEST = {"schema_version": 1, "created": "2026-01-01T00:00:00Z", "mode": "attach",
-                 "model": {"served_name": "m"}, "plan": [], "runs": []}
+GOOD_MANIFEST = {
+    "schema_version": 1,
+    "created": "2026-01-01T00:00:00Z",
+    "mode": "attach",
+    "model": {"served_name": "m"},
+    "plan": [],
+    "runs": [],
+}
 BUNDLE_CASES = {
     "not-a-bundle": (lambda t: t, ["manifest.json"]),
     "manifest-binary": (lambda t: bundle(t, b"\x00\x01"), ["manifest.json", "binary"]),
     "manifest-list": (lambda t: bundle(t, [1]), ["manifest.json", "JSON object"]),
-    "manifest-folder": (lambda t: (t / "bundle" / "manifest.json").mkdir(parents=True) or t / "bundle",
-                        ["manifest.json", "is a directory"]),
+    "manifest-folder": (
+        lambda t: (t / "bundle" / "manifest.json").mkdir(parents=True) or t / "bundle",
+        ["manifest.json", "is a directory"],
+    ),
     "plan-string": (lambda t: bundle(t, {**GOOD_MANIFEST, "plan": "all"}), ["manifest.json", "plan"]),
     "runs-of-numbers": (lambda t: bundle(t, {**GOOD_MANIFEST, "runs": [1, 2]}), ["manifest.json", "runs[0]"]),
     "plan-without-name": (lambda t: bundle(t, {**GOOD_MANIFEST, "plan": [{"kind": "load"}]}), ["plan[0].name"]),
     "served-name-missing": (lambda t: bundle(t, {**GOOD_MANIFEST, "model": {}}), ["served_name"]),
     "record-list": (lambda t: bundle(t, GOOD_MANIFEST, "[1, 2]\n"), ["p.jsonl"]),
-    "request-without-id": (lambda t: bundle(t, GOOD_MANIFEST, '{"kind": "request", "model": "m"}\n'),
-                           ["p.jsonl", "id"]),
+    "request-without-id": (
+        lambda t: bundle(t, GOOD_MANIFEST, '{"kind": "request", "model": "m"}\n'),
+        ["p.jsonl", "id"],
+    ),
 }
 
 
-@pytest.mark.parametrize("content,words", [(b"\x00\x01", "binary"), ("- a\n- b\n", "mapping"),
-                                           ("name: a\nname: b\n", "duplicate key 'name'")],
-                         ids=["binary", "list", "duplicate-key"])
+@pytest.mark.parametrize(
+    "content,words",
+    [(b"\x00\x01", "binary"), ("- a\n- b\n", "mapping"), ("name: a\nname: b\n", "duplicate key 'name'")],
+    ids=["binary", "list", "duplicate-key"],
+)
 def test_calibration_profile_file(content, words, tmp_path, capsys):
     b = bundle(tmp_path, GOOD_MANIFEST)
     prof = put(tmp_path, "hw/profiles/p.yaml", content)
@@ -221,34 +264,57 @@ def test_calibration_bundle(case, tmp_path, capsys):
 
 # ---------------------------------------------------------------- command-line numbers
 
-@pytest.mark.parametrize("argv,words", [
-    (["probes", "Llama-3.1-8B", "--gpu", "H100", "--horizon", "inf"], ["--horizon"]),
-    (["probes", "Llama-3.1-8B", "--gpu", "H100", "--horizon", "nan"], ["--horizon"]),
-    (["probes", "Llama-3.1-8B", "--gpu", "H100", "--horizon", "0"], ["--horizon"]),
-    (["probes", "Llama-3.1-8B", "--gpu", "H100", "--horizon", "1e300"], ["--horizon"]),
-    (["coldstart", "Llama-3.1-8B", "--gpu", "H100", "--tp", "0"], ["--tp"]),
-    (["pd-crossover", "Llama-3.1-8B", "--gpu", "H100", "--prompt", "0"], ["--prompt"]),
-    (["pd-crossover", "Llama-3.1-8B", "--gpu", "H100", "--prompt", "1000000"], ["--prompt", "max_model_len"]),
-    (["pd-crossover", "Llama-3.1-8B", "--gpu", "H100", "--tp", "0"], ["--tp"]),
-    (["pd-crossover", "Llama-3.1-8B", "--gpu", "H100", "--tp", "3"], ["tp=3"]),
-    (["perf", "Llama-3.1-8B", "--gpu", "H100", "--pp", "0"], ["--pp"]),
-    (["vision", "Qwen2.5-VL-7B", "--tp-times", "2=1e999"], ["--tp-times", "2=1e999"]),
-    (["vision", "Qwen2.5-VL-7B", "--tp-times", "2=nan"], ["--tp-times"]),
-    (["vision", "Qwen2.5-VL-7B", "--tp-times", "2=-1"], ["--tp-times"]),
-    (["vision", "Qwen2.5-VL-7B", "--tp-times", "2=0.5", "2=0.4"], ["TP 2 twice"]),
-    (["vision", "Qwen2.5-VL-7B", "--resolution", "99999999x99999999"], ["--resolution", "65536"]),
-    (["vision", "Qwen2.5-VL-7B", "--tp", "0"], ["--tp"]),
-    (["calibrate", "run", "--out", REPO / "README.md" / "bundle", "--attach", "http://127.0.0.1:1"],
-     ["README.md", "is a file"]),
-], ids=["horizon-inf", "horizon-nan", "horizon-0", "horizon-1e300", "coldstart-tp-0", "crossover-prompt-0",
-        "crossover-prompt-above-max-len", "crossover-tp-0", "crossover-tp-3", "perf-pp-0", "tp-times-1e999",
-        "tp-times-nan", "tp-times-negative", "tp-times-twice", "vision-resolution-huge", "vision-tp-0",
-        "calibrate-out-under-a-file"])
+
+@pytest.mark.parametrize(
+    "argv,words",
+    [
+        (["probes", "Llama-3.1-8B", "--gpu", "H100", "--horizon", "inf"], ["--horizon"]),
+        (["probes", "Llama-3.1-8B", "--gpu", "H100", "--horizon", "nan"], ["--horizon"]),
+        (["probes", "Llama-3.1-8B", "--gpu", "H100", "--horizon", "0"], ["--horizon"]),
+        (["probes", "Llama-3.1-8B", "--gpu", "H100", "--horizon", "1e300"], ["--horizon"]),
+        (["coldstart", "Llama-3.1-8B", "--gpu", "H100", "--tp", "0"], ["--tp"]),
+        (["pd-crossover", "Llama-3.1-8B", "--gpu", "H100", "--prompt", "0"], ["--prompt"]),
+        (["pd-crossover", "Llama-3.1-8B", "--gpu", "H100", "--prompt", "1000000"], ["--prompt", "max_model_len"]),
+        (["pd-crossover", "Llama-3.1-8B", "--gpu", "H100", "--tp", "0"], ["--tp"]),
+        (["pd-crossover", "Llama-3.1-8B", "--gpu", "H100", "--tp", "3"], ["tp=3"]),
+        (["perf", "Llama-3.1-8B", "--gpu", "H100", "--pp", "0"], ["--pp"]),
+        (["vision", "Qwen2.5-VL-7B", "--tp-times", "2=1e999"], ["--tp-times", "2=1e999"]),
+        (["vision", "Qwen2.5-VL-7B", "--tp-times", "2=nan"], ["--tp-times"]),
+        (["vision", "Qwen2.5-VL-7B", "--tp-times", "2=-1"], ["--tp-times"]),
+        (["vision", "Qwen2.5-VL-7B", "--tp-times", "2=0.5", "2=0.4"], ["TP 2 twice"]),
+        (["vision", "Qwen2.5-VL-7B", "--resolution", "99999999x99999999"], ["--resolution", "65536"]),
+        (["vision", "Qwen2.5-VL-7B", "--tp", "0"], ["--tp"]),
+        (
+            ["calibrate", "run", "--out", REPO / "README.md" / "bundle", "--attach", "http://127.0.0.1:1"],
+            ["README.md", "is a file"],
+        ),
+    ],
+    ids=[
+        "horizon-inf",
+        "horizon-nan",
+        "horizon-0",
+        "horizon-1e300",
+        "coldstart-tp-0",
+        "crossover-prompt-0",
+        "crossover-prompt-above-max-len",
+        "crossover-tp-0",
+        "crossover-tp-3",
+        "perf-pp-0",
+        "tp-times-1e999",
+        "tp-times-nan",
+        "tp-times-negative",
+        "tp-times-twice",
+        "vision-resolution-huge",
+        "vision-tp-0",
+        "calibrate-out-under-a-file",
+    ],
+)
 def test_command_line_numbers(argv, words, capsys):
     expect_user_error(argv, words, capsys)
 
 
 # ---------------------------------------------------------------- messages printed literally
+
 
 def test_error_text_is_not_markup(tmp_path, capsys):
     path = put(tmp_path, "s.yaml", setting(scenario(), "pools.0.gpu", ":x: [bold]H100[/bold]"))
@@ -258,25 +324,35 @@ def test_error_text_is_not_markup(tmp_path, capsys):
 
 # ---------------------------------------------------------------- subprocesses (the real entry point)
 
+
 @pytest.mark.parametrize("case", ["billion-laughs", "binary", "rate-nan", "markup"])
 def test_subprocess(case, tmp_path):
-    content = {"billion-laughs": LAUGHS, "binary": b"\x00\x01\x02",
-               "rate-nan": yaml.safe_dump(setting(scenario(), "workload.arrival.rate", float("nan"))),
-               "markup": yaml.safe_dump(setting(scenario(), "pools.0.gpu", ":x:"))}[case]
+    content = {
+        "billion-laughs": LAUGHS,
+        "binary": b"\x00\x01\x02",
+        "rate-nan": yaml.safe_dump(setting(scenario(), "workload.arrival.rate", float("nan"))),
+        "markup": yaml.safe_dump(setting(scenario(), "pools.0.gpu", ":x:")),
+    }[case]
     path = put(tmp_path, "s.yaml", content)
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "simulator.cli", "simulate", str(path)], cwd=REPO,
-                       capture_output=True, text=True, timeout=60,
-                       env={"PATH": "/usr/bin:/bin", "NO_COLOR": "1", "TERM": "dumb"})
+    r = subprocess.run(
+        [sys.executable, "-m", "simulator.cli", "simulate", str(path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "NO_COLOR": "1", "TERM": "dumb"},
+    )
     assert r.returncode == 2, r.stdout + r.stderr
     assert "Traceback" not in r.stderr
     assert ("pools[main].gpu" if case == "markup" else "s.yaml") in r.stderr, r.stderr
-    assert time.monotonic() - t0 < 30        # includes the interpreter's start and imports
+    assert time.monotonic() - t0 < 30  # includes the interpreter's start and imports
     if case == "markup":
         assert ":x:" in r.stderr and "\u274c" not in r.stderr
 
 
 # ---------------------------------------------------------------- the app's upload sandbox
+
 
 def _app_error(fn, *args, **kw) -> str:
     t0 = time.monotonic()
@@ -284,20 +360,36 @@ def _app_error(fn, *args, **kw) -> str:
         fn(*args, **kw)
     assert time.monotonic() - t0 < 5.0
     msg = str(info.value)
-    assert "root:" not in msg and "Traceback" not in msg      # nothing of /etc/passwd is shown
+    assert "root:" not in msg and "Traceback" not in msg  # nothing of /etc/passwd is shown
     return msg
 
 
 SANDBOX_CASES = {
     "trace-etc-passwd": ("workload", {"arrival": {"kind": "trace", "path": "/etc/passwd"}}, "workload.arrival.path"),
-    "trace-dotdot": ("workload", {"arrival": {"kind": "trace", "path": "../../../../etc/passwd"}},
-                     "workload.arrival.path"),
-    "empirical-lengths": ("workload", {"arrival": {"kind": "poisson", "rate": 1}, "num_requests": 5,
-                                       "input_length": {"kind": "empirical", "path": "/etc/passwd", "column": "root"},
-                                       "output_length": {"kind": "fixed", "value": 5}}, "workload.input_length.path"),
-    "pairs": ("workload", {"arrival": {"kind": "poisson", "rate": 1}, "num_requests": 5,
-                           "lengths": {"kind": "pairs", "path": "/etc/passwd", "input_column": "a",
-                                       "output_column": "b"}}, "workload.lengths.path"),
+    "trace-dotdot": (
+        "workload",
+        {"arrival": {"kind": "trace", "path": "../../../../etc/passwd"}},
+        "workload.arrival.path",
+    ),
+    "empirical-lengths": (
+        "workload",
+        {
+            "arrival": {"kind": "poisson", "rate": 1},
+            "num_requests": 5,
+            "input_length": {"kind": "empirical", "path": "/etc/passwd", "column": "root"},
+            "output_length": {"kind": "fixed", "value": 5},
+        },
+        "workload.input_length.path",
+    ),
+    "pairs": (
+        "workload",
+        {
+            "arrival": {"kind": "poisson", "rate": 1},
+            "num_requests": 5,
+            "lengths": {"kind": "pairs", "path": "/etc/passwd", "input_column": "a", "output_column": "b"},
+        },
+        "workload.lengths.path",
+    ),
     "hwdb-etc": ("hwdb", ["/etc"], "hwdb[0]"),
     "model-etc": ("model", "/etc", "model"),
     "model-json": ("model", "/proc/self/environ.json", "model"),
@@ -315,22 +407,32 @@ def test_uploaded_scenario_reads_only_its_own_files(case, tmp_path):
 def test_uploaded_scenario_may_name_a_trace_uploaded_with_it(tmp_path):
     d = scenario()
     d["workload"] = {"arrival": {"kind": "trace", "path": "mine.csv"}, "num_requests": 2}
-    got = scenarios.parse_yaml_upload("up.yaml", yaml.safe_dump(d).encode(), folder=tmp_path,
-                                      files=(("mine.csv", (PLAIN_HEAD + "0,5,5\n1,5,5\n").encode()),))
+    got = scenarios.parse_yaml_upload(
+        "up.yaml",
+        yaml.safe_dump(d).encode(),
+        folder=tmp_path,
+        files=(("mine.csv", (PLAIN_HEAD + "0,5,5\n1,5,5\n").encode()),),
+    )
     assert got["workload"]["arrival"]["path"] == str(tmp_path / "mine.csv")
 
 
-@pytest.mark.parametrize("name,words", [
-    ("..", "not a usable file name"), ("a\x00b.csv", "NUL"), ("x" * 300 + ".csv", "255 bytes"), ("", "not a usable"),
-], ids=["dotdot", "nul", "long", "empty"])
+@pytest.mark.parametrize(
+    "name,words",
+    [("..", "not a usable file name"), ("a\x00b.csv", "NUL"), ("x" * 300 + ".csv", "255 bytes"), ("", "not a usable")],
+    ids=["dotdot", "nul", "long", "empty"],
+)
 def test_upload_file_names(name, words, tmp_path):
     assert words in _app_error(scenarios.save_upload, "traces", name, b"x", folder=tmp_path)
 
 
 @pytest.mark.parametrize("case", ["billion-laughs", "duplicate-key", "utf16", "deep"])
 def test_upload_yaml_checks(case, tmp_path):
-    data = {"billion-laughs": LAUGHS.encode(), "duplicate-key": b"model: a\nmodel: b\n",
-            "utf16": "model: a\n".encode("utf-16"), "deep": b"model: " + b"[" * 20000}[case]
+    data = {
+        "billion-laughs": LAUGHS.encode(),
+        "duplicate-key": b"model: a\nmodel: b\n",
+        "utf16": "model: a\n".encode("utf-16"),
+        "deep": b"model: " + b"[" * 20000,
+    }[case]
     assert "up.yaml" in _app_error(scenarios.parse_yaml_upload, "up.yaml", data, folder=tmp_path)
     assert "up.yaml" in _app_error(planning.parse_upload, "up.yaml", data, folder=tmp_path)
 
@@ -344,8 +446,12 @@ def test_config_upload_stays_in_its_folder(tmp_path):
     cfg = {**with_cfg(), "_name_or_path": "../../.."}
     path = Path(scenarios.model_from_config_upload("config.json", json.dumps(cfg).encode(), folder=tmp_path))
     assert tmp_path in path.parents
-    msg = _app_error(scenarios.model_from_config_upload, "config.json",
-                     json.dumps(with_cfg(num_attention_heads=0)).encode(), folder=tmp_path)
+    msg = _app_error(
+        scenarios.model_from_config_upload,
+        "config.json",
+        json.dumps(with_cfg(num_attention_heads=0)).encode(),
+        folder=tmp_path,
+    )
     assert "num_attention_heads" in msg
 
 
@@ -364,19 +470,24 @@ def test_hardware_upload_cannot_silently_replace_shipped_entries(tmp_path):
     assert "replace the shipped" in msg and not (tmp_path / "gpus").exists()
     bad = yaml.safe_load(GPU)
     bad["memory_bandwidth_Bps"]["value"] = 0
-    msg = _app_error(hardware.add_yaml, "gpus", "h100.yaml", yaml.safe_dump(bad).encode(), user_dir=tmp_path,
-                     override=True)
+    msg = _app_error(
+        hardware.add_yaml, "gpus", "h100.yaml", yaml.safe_dump(bad).encode(), user_dir=tmp_path, override=True
+    )
     assert "memory_bandwidth_Bps" in msg
-    assert shipped       # the explicit override is the only way, and even then the schema applies
+    assert shipped  # the explicit override is the only way, and even then the schema applies
     saved = hardware.add_yaml("gpus", "h100.yaml", GPU.encode(), user_dir=tmp_path, override=True)
     assert saved.exists()
 
 
 # ---------------------------------------------------------------- what stays allowed
 
+
 def test_ordinary_anchors_aliases_and_merge_keys_still_load():
     """The alias budget and the duplicate-key check leave ordinary YAML alone: anchors reused a few
     times, and merge keys whose entries an explicit key overrides."""
-    data = parse_yaml("base: &b {gpu: H100, tp: 1}\npools:\n  - {<<: *b, name: a}\n  - {<<: *b, name: b, tp: 2}\n"
-                      "lengths: &l [1, 2, 3]\nagain: *l\n", "ok.yaml")
+    data = parse_yaml(
+        "base: &b {gpu: H100, tp: 1}\npools:\n  - {<<: *b, name: a}\n  - {<<: *b, name: b, tp: 2}\n"
+        "lengths: &l [1, 2, 3]\nagain: *l\n",
+        "ok.yaml",
+    )
     assert data["pools"][1] == {"gpu": "H100", "tp": 2, "name": "b"} and data["again"] == [1, 2, 3]

@@ -1,4 +1,5 @@
 """Hardware database: shipped files, sources, name resolution, model arithmetic, user-folder errors."""
+
 from __future__ import annotations
 
 import json
@@ -31,11 +32,21 @@ GPUS = {
     "MI325X": "mi325x",
 }
 LINKS = {
-    "nvlink3": "NVLink3", "nvlink4": "NVLink4", "nvlink5": "NVLink5",
-    "pcie-gen4-x16": "pcie4", "pcie-gen5-x16": "pcie5", "xgmi": "infinity-fabric",
-    "ib-hdr": "HDR", "ib-ndr": "NDR", "ib-xdr": "XDR",
-    "roce-100": "RoCE-100", "roce-200": "RoCE-200", "roce-400": "RoCE-400",
-    "tcp-10gbe": "10GbE", "tcp-25gbe": "25GbE", "tcp-100gbe": "100GbE",
+    "nvlink3": "NVLink3",
+    "nvlink4": "NVLink4",
+    "nvlink5": "NVLink5",
+    "pcie-gen4-x16": "pcie4",
+    "pcie-gen5-x16": "pcie5",
+    "xgmi": "infinity-fabric",
+    "ib-hdr": "HDR",
+    "ib-ndr": "NDR",
+    "ib-xdr": "XDR",
+    "roce-100": "RoCE-100",
+    "roce-200": "RoCE-200",
+    "roce-400": "RoCE-400",
+    "tcp-10gbe": "10GbE",
+    "tcp-25gbe": "25GbE",
+    "tcp-100gbe": "100GbE",
     "cloud-vpc": "vpc",
 }
 MODELS = {
@@ -196,8 +207,15 @@ def test_vision_sidecar(db, name, out_hidden):
     m = db.model(name)
     v = m.sidecar.vision
     vc = m.config["vision_config"]
-    for key in ("depth", "hidden_size", "num_heads", "patch_size", "spatial_merge_size",
-                "temporal_patch_size", "out_hidden_size"):
+    for key in (
+        "depth",
+        "hidden_size",
+        "num_heads",
+        "patch_size",
+        "spatial_merge_size",
+        "temporal_patch_size",
+        "out_hidden_size",
+    ):
         assert v[key] == vc[key], key
     assert v["out_hidden_size"] == out_hidden == m.arch.hidden_size
     assert (v["min_pixels"], v["max_pixels"]) == (3136, 12845056)
@@ -206,8 +224,15 @@ def test_vision_sidecar(db, name, out_hidden):
 def test_vl_text_config_nesting_is_read():
     """A newer-style config with text fields under text_config parses to the same LM."""
     cfg = json.loads((DATA_DIR / "models" / "Qwen2.5-VL-7B" / "config.json").read_text())
-    text_keys = ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers",
-                 "num_key_value_heads", "vocab_size", "tie_word_embeddings")
+    text_keys = (
+        "hidden_size",
+        "intermediate_size",
+        "num_attention_heads",
+        "num_hidden_layers",
+        "num_key_value_heads",
+        "vocab_size",
+        "tie_word_embeddings",
+    )
     nested = {k: v for k, v in cfg.items() if k not in text_keys}
     nested["text_config"] = {k: cfg[k] for k in text_keys}
     a, b = hwdb.arch_from_config(cfg, "x"), hwdb.arch_from_config(nested, "x")
@@ -259,7 +284,8 @@ def _user_gpu(tmp_path: Path, text: str, fname: str = "MyGPU.yaml") -> Path:
 
 def _mine(text: str) -> str:
     return text.replace("name: H100-SXM-80GB", "name: My-GPU").replace(
-        "aliases: [H100, H100-SXM, h100_sxm]", "aliases: [mine]")
+        "aliases: [H100, H100-SXM, h100_sxm]", "aliases: [mine]"
+    )
 
 
 def test_user_gpu_loads_and_overrides(tmp_path):
@@ -272,13 +298,16 @@ def test_user_gpu_loads_and_overrides(tmp_path):
     assert hwdb.load([tmp_path]).gpu("H100").price_usd_per_hour.value == 3.00
 
 
-@pytest.mark.parametrize("mutate,field", [
-    (lambda t: t.replace("memory_bytes:", "memory_byte:"), "memory_byte"),
-    (lambda t: t.replace("power_W: {value: 700", "power_W: {value: -700"), "power_W.value"),
-    (lambda t: t.replace("gpus_per_node: 8", "gpus_per_node: many"), "gpus_per_node"),
-    (lambda t: t.replace("  fp8: {", "  fp6: {"), "peak_flops"),
-    (lambda t: t.replace("source: \"NVIDIA H100 SXM datasheet, max TDP\"", "source: \"\""), "power_W.source"),
-])
+@pytest.mark.parametrize(
+    "mutate,field",
+    [
+        (lambda t: t.replace("memory_bytes:", "memory_byte:"), "memory_byte"),
+        (lambda t: t.replace("power_W: {value: 700", "power_W: {value: -700"), "power_W.value"),
+        (lambda t: t.replace("gpus_per_node: 8", "gpus_per_node: many"), "gpus_per_node"),
+        (lambda t: t.replace("  fp8: {", "  fp6: {"), "peak_flops"),
+        (lambda t: t.replace('source: "NVIDIA H100 SXM datasheet, max TDP"', 'source: ""'), "power_W.source"),
+    ],
+)
 def test_bad_user_gpu_names_file_and_field(tmp_path, mutate, field):
     bad = _mine(H100_TEXT)
     assert mutate(bad) != bad

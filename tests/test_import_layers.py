@@ -18,18 +18,19 @@ from simulator.registry import Registry
 from simulator.roles import ROLES
 from simulator.routing import ROUTERS
 from tests.conftest import REPO
-from tests.test_import_structure import (
-    cycles,
-    imports_of,
-    project_modules,
-)
+from tests.test_import_structure import cycles, imports_of, project_modules
 
 # Every registry of named strategies in simulator/: one Registry class for all (one duplicate check,
 # one unknown-name message, registration order everywhere).
-REGISTRIES = {("simulator.routing", "ROUTERS"): ROUTERS, ("simulator.ops.autoscale", "POLICIES"): POLICIES,
-              ("simulator.roles", "ROLES"): ROLES, ("simulator.pd.flows", "FLOWS"): FLOWS,
-              ("simulator.plan.families", "FAMILIES"): FAMILIES, ("simulator.memory", "POLICIES"): MEMORY_POLICIES,
-              ("simulator.pd.connectors", "CONNECTORS"): CONNECTORS}
+REGISTRIES = {
+    ("simulator.routing", "ROUTERS"): ROUTERS,
+    ("simulator.ops.autoscale", "POLICIES"): POLICIES,
+    ("simulator.roles", "ROLES"): ROLES,
+    ("simulator.pd.flows", "FLOWS"): FLOWS,
+    ("simulator.plan.families", "FAMILIES"): FAMILIES,
+    ("simulator.memory", "POLICIES"): MEMORY_POLICIES,
+    ("simulator.pd.connectors", "CONNECTORS"): CONNECTORS,
+}
 REGISTRY_NAME = re.compile(r"(?:^|_)(?:REGISTRY|ROUTERS|POLICIES|ROLES|FLOWS|FAMILIES|AUTOSCALERS|CONNECTORS)$")
 # Module-level names that read as a registry but are not a Registry, each with why; none may be added.
 ALLOWED_PLAIN_REGISTRIES: dict[tuple[str, str], str] = {}
@@ -51,8 +52,9 @@ def test_every_strategy_registry_is_the_one_registry_class():
                 elif REGISTRY_NAME.search(name):
                     plain[module, name] = type(node.value).__name__
     new = sorted(set(plain) - set(ALLOWED_PLAIN_REGISTRIES))
-    assert not new, ("module-level registries that are not a simulator.registry.Registry: "
-                     + ", ".join(f"{m}.{n} ({plain[m, n]})" for m, n in new))
+    assert not new, "module-level registries that are not a simulator.registry.Registry: " + ", ".join(
+        f"{m}.{n} ({plain[m, n]})" for m, n in new
+    )
     gone = sorted(set(ALLOWED_PLAIN_REGISTRIES) - set(plain))
     assert not gone, f"no longer plain: drop them from ALLOWED_PLAIN_REGISTRIES: {gone}"
     assert built == set(REGISTRIES), f"Registry objects not in REGISTRIES, or gone: {sorted(built ^ set(REGISTRIES))}"
@@ -75,7 +77,7 @@ CALIBRATION_LAYERS: dict[str, set[str]] = {
     "calibration.coldstart": set(),
     "calibration.e2e": set(),
 }
-CALIBRATION_TOP = ("calibration", "calibration.cli")     # the package's docstring, and the command on top
+CALIBRATION_TOP = ("calibration", "calibration.cli")  # the package's docstring, and the command on top
 
 
 def calibration_part(module: str) -> str:
@@ -93,8 +95,13 @@ def typed_graph() -> dict[str, set[str]]:
 
 def calibration_edges(g: dict[str, set[str]]) -> set[tuple[str, str]]:
     """(importing part, imported part) for every import between two parts of calibration."""
-    return {(calibration_part(a), calibration_part(b)) for a, bs in g.items() if a.startswith("calibration")
-            for b in bs if b.startswith("calibration") and calibration_part(a) != calibration_part(b)}
+    return {
+        (calibration_part(a), calibration_part(b))
+        for a, bs in g.items()
+        if a.startswith("calibration")
+        for b in bs
+        if b.startswith("calibration") and calibration_part(a) != calibration_part(b)
+    }
 
 
 def test_calibration_is_sub_packages():
@@ -102,8 +109,10 @@ def test_calibration_is_sub_packages():
     except the package's own __init__ and the command line."""
     parts = {calibration_part(m) for m in project_modules() if m.startswith("calibration")}
     listed = {*CALIBRATION_LAYERS, *CALIBRATION_TOP}
-    assert parts == listed, (f"calibration modules outside the listed sub-packages: {sorted(parts - listed)}"
-                             f"; sub-packages gone: {sorted(listed - parts)}")
+    assert parts == listed, (
+        f"calibration modules outside the listed sub-packages: {sorted(parts - listed)}"
+        f"; sub-packages gone: {sorted(listed - parts)}"
+    )
     for part in CALIBRATION_LAYERS:
         assert REPO.joinpath(*part.split("."), "__init__.py").is_file(), f"{part} has no __init__.py"
 
@@ -111,13 +120,18 @@ def test_calibration_is_sub_packages():
 def test_calibration_layering():
     """Each sub-package imports only those below it (the harness no fit, pd or validation; the fit no
     validation; kernels, coldstart and e2e nothing of the others); nothing imports the command line."""
-    bad = sorted((a, b) for a, b in calibration_edges(typed_graph())
-                 if a != "calibration.cli" and (a == "calibration" or b not in CALIBRATION_LAYERS[a]))
-    assert not bad, ("calibration sub-packages importing across their layers: "
-                     + ", ".join(f"{a} -> {b}" for a, b in bad))
-    assert not calibration_edges({"calibration.harness.x": {"calibration.harness.y"}})     # within: no edge
+    bad = sorted(
+        (a, b)
+        for a, b in calibration_edges(typed_graph())
+        if a != "calibration.cli" and (a == "calibration" or b not in CALIBRATION_LAYERS[a])
+    )
+    assert not bad, "calibration sub-packages importing across their layers: " + ", ".join(
+        f"{a} -> {b}" for a, b in bad
+    )
+    assert not calibration_edges({"calibration.harness.x": {"calibration.harness.y"}})  # within: no edge
     assert calibration_edges({"calibration.fit.a": {"calibration.validation.b"}}) == {
-        ("calibration.fit", "calibration.validation")}
+        ("calibration.fit", "calibration.validation")
+    }
 
 
 def test_calibration_has_no_cycles_type_only_included():
@@ -134,15 +148,19 @@ def test_calibration_has_no_cycles_type_only_included():
         parts.setdefault(a, set()).add(b)
     found = [sorted(c) for c in cycles(parts)]
     assert not found, "calibration sub-packages in an import cycle: " + "; ".join(" <-> ".join(c) for c in found)
-    for a, b in (("calibration.fit.command", "calibration.fit.report"),
-                 ("calibration.kernels.fit", "calibration.kernels.profile")):
+    for a, b in (
+        ("calibration.fit.command", "calibration.fit.report"),
+        ("calibration.kernels.fit", "calibration.kernels.profile"),
+    ):
         assert not (b in g[a] and a in g[b]), f"{a} and {b} import each other again"
 
 
 def test_type_only_reader_sees_type_checking_imports(tmp_path):
     src = tmp_path / "m.py"
-    src.write_text("import a\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import c\n"
-                   "    from b import x\nelse:\n    import d\n")
+    src.write_text(
+        "import a\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import c\n"
+        "    from b import x\nelse:\n    import d\n"
+    )
     modules = dict.fromkeys(("m", "a", "b", "c", "d"), src)
     assert imports_of("m", src, modules) == {"a", "d"}
     assert imports_of("m", src, modules, type_only=True) == {"a", "b", "c", "d"}
@@ -163,8 +181,7 @@ def test_no_calibration_module_is_orphaned():
         if not m.startswith("calibration") or path.name == "__init__.py" or m in imported:
             continue
         entry = '__name__ == "__main__"' in path.read_text() and f"python -m {m}" in docs
-        named = re.search(rf"(?<![\w.]){re.escape(m)}(?![\w])", docs) or \
-            (path.relative_to(REPO).as_posix() in docs)
+        named = re.search(rf"(?<![\w.]){re.escape(m)}(?![\w])", docs) or (path.relative_to(REPO).as_posix() in docs)
         if not (entry or named):
             orphans.append(m)
     assert not orphans, f"calibration modules nothing uses or documents: {orphans}"
@@ -180,7 +197,7 @@ ALLOWED_REEXPORTS = {
     "simulator.regress": "`epdsim regress`'s API: suites, runner, comparison, reports",
     # a layer's name for another layer's code
     "app.services.planbands": "the app's pages import services only; the band logic is the planner's own "
-                              "(simulator.plan.bands), which the Plan page reads through this module",
+    "(simulator.plan.bands), which the Plan page reads through this module",
 }
 
 
@@ -189,14 +206,18 @@ def _reexport_markers(path: Path) -> list[str]:
     an ``__all__`` (names listed for others), a redundant ``import x as x`` alias (the typing convention
     for an explicit re-export, which ruff then accepts as used)."""
     src = path.read_text()
-    out = [f"line {i}: noqa F401" for i, line in enumerate(src.splitlines(), 1)
-           if re.search(r"noqa:[^#]*\bF401\b", line)]
+    out = [
+        f"line {i}: noqa F401" for i, line in enumerate(src.splitlines(), 1) if re.search(r"noqa:[^#]*\bF401\b", line)
+    ]
     for node in ast.walk(ast.parse(src)):
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
             out.append(f"line {node.lineno}: __all__")
         if isinstance(node, ast.ImportFrom | ast.Import):
-            out += [f"line {node.lineno}: `as {a.asname}`" for a in node.names
-                    if a.asname is not None and a.asname == a.name.rsplit(".", 1)[-1]]
+            out += [
+                f"line {node.lineno}: `as {a.asname}`"
+                for a in node.names
+                if a.asname is not None and a.asname == a.name.rsplit(".", 1)[-1]
+            ]
     return out
 
 
@@ -204,8 +225,10 @@ def test_no_reexports():
     """No module imports a name only to hand it on (issue 36): import it from where it is defined."""
     found = {m: marks for m, p in project_modules().items() if (marks := _reexport_markers(p))}
     new = {m: marks for m, marks in found.items() if m not in ALLOWED_REEXPORTS}
-    assert not new, (f"re-exports: {new}. Import each name from the module that defines it (and drop it here "
-                     "where this module does not use it), or list a package's API in ALLOWED_REEXPORTS with why")
+    assert not new, (
+        f"re-exports: {new}. Import each name from the module that defines it (and drop it here "
+        "where this module does not use it), or list a package's API in ALLOWED_REEXPORTS with why"
+    )
     gone = sorted(set(ALLOWED_REEXPORTS) - set(found))
     assert not gone, f"no re-exports left in {gone}: drop them from ALLOWED_REEXPORTS"
 

@@ -3,6 +3,7 @@
 Small KV caches and tight budgets force chunked prefills and preemptions, the
 paths where bookkeeping goes wrong.
 """
+
 from __future__ import annotations
 
 import io
@@ -20,8 +21,10 @@ from tests.conftest import pool, scenario
 def util_for_kv_tokens(kv_tokens: int, engine: dict) -> float:
     """The memory fraction that leaves about ``kv_tokens`` tokens of KV cache (8B on H100); every engine's KV
     bytes are linear in it (simulator/memory.py), so two probes give it."""
+
     def mem(f):
         return resolve(scenario(pools=pool(engine={**engine, "gpu_memory_utilization": f}))).pools[0].memory
+
     lo, hi = mem(0.5), mem(1.0)
     return 0.5 + 0.5 * ((kv_tokens + 64) * hi.kv_bytes_per_token - lo.kv_bytes) / (hi.kv_bytes - lo.kv_bytes)
 
@@ -67,31 +70,45 @@ def check_invariants(res) -> None:
     in_hi=st.integers(1, 3000),
     out_hi=st.integers(1, 600),
     router=st.sampled_from(["round_robin", "least_outstanding", "least_kv"]),
-    seed=st.integers(0, 2 ** 16),
-    engine_name=st.sampled_from(["vllm-v1", "sglang", "trtllm"]),     # none, decaying and whole reserves
+    seed=st.integers(0, 2**16),
+    engine_name=st.sampled_from(["vllm-v1", "sglang", "trtllm"]),  # none, decaying and whole reserves
 )
-def test_invariants_random_scenarios(instances, max_num_seqs, budget_extra, block_size, kv_tokens, rate,
-                                     in_hi, out_hi, router, seed, engine_name):
-    engine = {"engine": engine_name, "max_num_seqs": max_num_seqs,
-              "max_num_batched_tokens": max(max_num_seqs, 16) + budget_extra,
-              "block_size": block_size, "max_model_len": 2048}
+def test_invariants_random_scenarios(
+    instances, max_num_seqs, budget_extra, block_size, kv_tokens, rate, in_hi, out_hi, router, seed, engine_name
+):
+    engine = {
+        "engine": engine_name,
+        "max_num_seqs": max_num_seqs,
+        "max_num_batched_tokens": max(max_num_seqs, 16) + budget_extra,
+        "block_size": block_size,
+        "max_model_len": 2048,
+    }
     engine["gpu_memory_utilization"] = util_for_kv_tokens(kv_tokens, engine)
-    scn = scenario(seed=seed, pools=pool(instances=instances, router=router, engine=engine),
-                   workload={"arrival": {"kind": "poisson", "rate": rate},
-                             "input_length": {"kind": "uniform", "low": 1, "high": in_hi},
-                             "output_length": {"kind": "uniform", "low": 1, "high": out_hi},
-                             "num_requests": 150})
+    scn = scenario(
+        seed=seed,
+        pools=pool(instances=instances, router=router, engine=engine),
+        workload={
+            "arrival": {"kind": "poisson", "rate": rate},
+            "input_length": {"kind": "uniform", "low": 1, "high": in_hi},
+            "output_length": {"kind": "uniform", "low": 1, "high": out_hi},
+            "num_requests": 150,
+        },
+    )
     check_invariants(simulate(scn))
 
 
 def test_preemption_path_is_exercised_and_consistent():
     engine = {"max_num_seqs": 64, "max_num_batched_tokens": 512, "max_model_len": 2048}
     engine["gpu_memory_utilization"] = util_for_kv_tokens(6000, engine)
-    scn = scenario(pools=pool(engine=engine),
-                   workload={"arrival": {"kind": "poisson", "rate": 50.0},
-                             "input_length": {"kind": "uniform", "low": 200, "high": 1500},
-                             "output_length": {"kind": "uniform", "low": 100, "high": 500},
-                             "num_requests": 400})
+    scn = scenario(
+        pools=pool(engine=engine),
+        workload={
+            "arrival": {"kind": "poisson", "rate": 50.0},
+            "input_length": {"kind": "uniform", "low": 200, "high": 1500},
+            "output_length": {"kind": "uniform", "low": 100, "high": 500},
+            "num_requests": 400,
+        },
+    )
     res = simulate(scn)
     assert res.summary["preemptions"] > 0
     assert res.summary["max_kv_occupancy"] > 0.9
@@ -106,10 +123,14 @@ def _bytes(res) -> bytes:
 
 
 def test_same_seed_same_bytes_and_replications_differ():
-    scn = scenario(workload={"arrival": {"kind": "gamma", "rate": 20.0, "cv": 3.0},
-                             "input_length": {"kind": "lognormal", "mean": 500, "cv": 1.5},
-                             "output_length": {"kind": "lognormal", "mean": 100, "cv": 1.0},
-                             "num_requests": 500})
+    scn = scenario(
+        workload={
+            "arrival": {"kind": "gamma", "rate": 20.0, "cv": 3.0},
+            "input_length": {"kind": "lognormal", "mean": 500, "cv": 1.5},
+            "output_length": {"kind": "lognormal", "mean": 100, "cv": 1.0},
+            "num_requests": 500,
+        }
+    )
     a, b = simulate(scn), simulate(scn)
     assert _bytes(a) == _bytes(b)
     assert a.summary == b.summary
@@ -119,11 +140,15 @@ def test_same_seed_same_bytes_and_replications_differ():
 def _mean_ttft(rate=None, instances=1, reps=4) -> float:
     vals = []
     for r in range(reps):
-        scn = scenario(pools=pool(instances=instances, engine={"max_num_seqs": 64}),
-                       workload={"arrival": {"kind": "poisson", "rate": rate},
-                                 "input_length": {"kind": "uniform", "low": 100, "high": 3000},
-                                 "output_length": {"kind": "uniform", "low": 10, "high": 300},
-                                 "num_requests": 600})
+        scn = scenario(
+            pools=pool(instances=instances, engine={"max_num_seqs": 64}),
+            workload={
+                "arrival": {"kind": "poisson", "rate": rate},
+                "input_length": {"kind": "uniform", "low": 100, "high": 3000},
+                "output_length": {"kind": "uniform", "low": 10, "high": 300},
+                "num_requests": 600,
+            },
+        )
         vals.append(simulate(scn, replication=r).requests["ttft_s"].mean())
     return float(np.mean(vals))
 
@@ -142,10 +167,14 @@ def test_more_instances_never_raise_mean_ttft():
 
 @pytest.mark.parametrize("concurrency", [1, 8])
 def test_closed_loop_keeps_concurrency(concurrency):
-    scn = scenario(workload={"arrival": {"kind": "closed", "concurrency": concurrency},
-                             "input_length": {"kind": "fixed", "value": 128},
-                             "output_length": {"kind": "fixed", "value": 16},
-                             "num_requests": 80})
+    scn = scenario(
+        workload={
+            "arrival": {"kind": "closed", "concurrency": concurrency},
+            "input_length": {"kind": "fixed", "value": 128},
+            "output_length": {"kind": "fixed", "value": 16},
+            "num_requests": 80,
+        }
+    )
     res = simulate(scn)
     check_invariants(res)
     assert res.steps["batch_size"].max() == concurrency

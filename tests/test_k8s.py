@@ -1,4 +1,5 @@
 """Kubernetes pod lifecycle (simulator/ops/k8s.py): the seed's crash loop and its fixes."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,7 +14,7 @@ from simulator.ops.coldstart import Breakdown, Phase, breakdown
 from simulator.ops.k8s import PodSpec, Probe, ProbeError, recommend_probes, simulate_pod
 from simulator.scenario import PoolConfig, deployment_for
 
-HORIZON = 1800.0   # 30 minutes
+HORIZON = 1800.0  # 30 minutes
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +50,7 @@ def elapsed_at(bd: Breakdown, phase: str) -> float:
 
 # ---- (a) the seed's crash loop -----------------------------------------------------------------
 
+
 @pytest.mark.parametrize("delay", [30, 60])
 def test_default_liveness_probe_crash_loops_70b_cold_compile(cold, warm, delay):
     res = simulate_pod(cold, common_probes(delay), warm, horizon_s=HORIZON)
@@ -77,7 +79,7 @@ def test_recommended_startup_probe_gets_ready_within_one_period(cold, warm):
 def test_recommended_probe_with_image_pull(dep70):
     bd = breakdown(dep70, "miss", "nfs", image_cached=False)
     rec = recommend_probes(bd)
-    assert rec.basis_s == pytest.approx(bd.container_s)       # probes never see the pull
+    assert rec.basis_s == pytest.approx(bd.container_s)  # probes never see the pull
     res = simulate_pod(bd, rec.pod_spec(), horizon_s=HORIZON)
     assert res.restarts == 0 and 0 <= res.ready_s - bd.total_s < rec.startup.period_s
 
@@ -97,13 +99,15 @@ def test_recommended_yaml_is_a_probe_spec(cold):
 
 # ---- (b) a compile cache on a volume ------------------------------------------------------------
 
+
 def test_warm_cache_shortens_start_by_breakdown_difference(cold, warm):
     rec = recommend_probes(cold)
     a = simulate_pod(cold, rec.pod_spec(), horizon_s=HORIZON)
     b = simulate_pod(warm, rec.pod_spec(), horizon_s=HORIZON)
     assert a.serving_s - b.serving_s == pytest.approx(cold.total_s - warm.total_s, abs=1e-9)
     assert cold.total_s - warm.total_s == pytest.approx(
-        sum(cold.seconds(n) - warm.seconds(n) for n in ("compile", "kv_profile", "jit_kernels")))
+        sum(cold.seconds(n) - warm.seconds(n) for n in ("compile", "kv_profile", "jit_kernels"))
+    )
 
 
 def test_volume_does_not_rescue_default_probes_for_70b(cold, warm):
@@ -121,7 +125,7 @@ def test_volume_rescues_a_probe_that_kills_after_compile(cold, warm):
     Without the volume every attempt recompiles and dies at 130 s; with it the
     first attempt leaves a warm cache and the second becomes ready.
     """
-    probe = Probe(120, 10, 1, 2)                     # decisive failure at 120 + 10 = 130 s
+    probe = Probe(120, 10, 1, 2)  # decisive failure at 120 + 10 = 130 s
     kill = probe.give_up_after_s
     assert elapsed_at(cold, "compile") < kill < cold.container_s and warm.container_s <= probe.initial_delay_s
     spec = dict(liveness=probe, readiness=Probe(30, 10, 1, 3))
@@ -136,6 +140,7 @@ def test_volume_rescues_a_probe_that_kills_after_compile(cold, warm):
 
 
 # ---- other semantics ----------------------------------------------------------------------------
+
 
 def test_backoff_resets_after_ten_minutes_of_running():
     long = Breakdown((Phase("process_start", 10), Phase("compile", 900), Phase("api_ready", 1)), "miss", "nvme", True)
@@ -167,17 +172,21 @@ def test_startup_probe_holds_liveness_off(cold):
 
 # ---- (d) bad input --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kw, match", [
-    (dict(period_s=-10), r"probe\.periodSeconds=-10 is invalid.*>= 1.*Fix: set periodSeconds"),
-    (dict(period_s=0), r"periodSeconds=0"),
-    (dict(period_s=10, timeout_s=10), r"timeoutSeconds=10 must be less than periodSeconds=10.*Fix: lower"),
-    (dict(period_s=5, timeout_s=8), r"timeoutSeconds=8 must be less than periodSeconds=5"),
-    (dict(failure_threshold=0), r"failureThreshold=0 is invalid.*>= 1.*Fix: set failureThreshold"),
-    (dict(initial_delay_s=-1), r"initialDelaySeconds=-1 is invalid"),
-    (dict(timeout_s=0), r"timeoutSeconds=0 is invalid"),
-    (dict(period_s=2.5), r"periodSeconds=2.5 is invalid: Kubernetes takes a whole number"),
-    (dict(success_threshold=2), r"successThreshold=2"),
-])
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(period_s=-10), r"probe\.periodSeconds=-10 is invalid.*>= 1.*Fix: set periodSeconds"),
+        (dict(period_s=0), r"periodSeconds=0"),
+        (dict(period_s=10, timeout_s=10), r"timeoutSeconds=10 must be less than periodSeconds=10.*Fix: lower"),
+        (dict(period_s=5, timeout_s=8), r"timeoutSeconds=8 must be less than periodSeconds=5"),
+        (dict(failure_threshold=0), r"failureThreshold=0 is invalid.*>= 1.*Fix: set failureThreshold"),
+        (dict(initial_delay_s=-1), r"initialDelaySeconds=-1 is invalid"),
+        (dict(timeout_s=0), r"timeoutSeconds=0 is invalid"),
+        (dict(period_s=2.5), r"periodSeconds=2.5 is invalid: Kubernetes takes a whole number"),
+        (dict(success_threshold=2), r"successThreshold=2"),
+    ],
+)
 def test_bad_probe_settings_name_field_value_and_fix(kw, match):
     with pytest.raises(ProbeError, match=match):
         Probe(**kw)
@@ -186,7 +195,10 @@ def test_bad_probe_settings_name_field_value_and_fix(kw, match):
 def test_podspec_names_probes_by_kubernetes_field():
     spec = PodSpec(startup=Probe(), liveness=Probe(), readiness=Probe())
     assert (spec.startup.name, spec.liveness.name, spec.readiness.name) == (
-        "startupProbe", "livenessProbe", "readinessProbe")
+        "startupProbe",
+        "livenessProbe",
+        "readinessProbe",
+    )
 
 
 def _cli(argv, capsys, width=200):
@@ -195,18 +207,21 @@ def _cli(argv, capsys, width=200):
     add_subparsers(sub)
     try:
         args = p.parse_args(argv)
-    except SystemExit as exc:        # argparse refused a flag's value (range-checked options)
+    except SystemExit as exc:  # argparse refused a flag's value (range-checked options)
         return exc.code, capsys.readouterr()
     rc = args.func(args, Console(width=width))
     return rc, capsys.readouterr()
 
 
-@pytest.mark.parametrize("flags, field", [
-    (["--liveness-period", "-5"], "--liveness-period: -5 is out of range"),
-    (["--readiness-timeout", "10"], "readinessProbe.timeoutSeconds=10 must be less than periodSeconds=10"),
-    (["--liveness-failure-threshold", "0"], "--liveness-failure-threshold: 0 is out of range"),
-    (["--startup-probe", "0,10,5"], "--startup-probe='0,10,5' is not understood"),
-])
+@pytest.mark.parametrize(
+    "flags, field",
+    [
+        (["--liveness-period", "-5"], "--liveness-period: -5 is out of range"),
+        (["--readiness-timeout", "10"], "readinessProbe.timeoutSeconds=10 must be less than periodSeconds=10"),
+        (["--liveness-failure-threshold", "0"], "--liveness-failure-threshold: 0 is out of range"),
+        (["--startup-probe", "0,10,5"], "--startup-probe='0,10,5' is not understood"),
+    ],
+)
 def test_cli_probe_errors_are_one_paragraph(capsys, flags, field):
     rc, out = _cli(["probes", "Llama-3.1-8B", "--gpu", "H100", *flags], capsys)
     assert rc == 2 and field in out.err and "Traceback" not in out.err
@@ -219,7 +234,7 @@ def test_cli_coldstart_and_probes(capsys):
     assert rc == 0 and "CUDA-graph capture" in out.out and "weights from nfs" in out.out
     rc, out = _cli(["probes", "Llama-3.1-70B", "--gpu", "H100", "--tp", "8"], capsys, width=60)
     assert rc == 0 and "never ready" in " ".join(out.out.split())
-    snippet = yaml.safe_load(out.out[out.out.index("# Llama-3.1-70B"):])   # not wrapped on a narrow terminal
+    snippet = yaml.safe_load(out.out[out.out.index("# Llama-3.1-70B") :])  # not wrapped on a narrow terminal
     assert set(snippet) == {"startupProbe", "livenessProbe", "readinessProbe"}
     rc, out = _cli(["probes", "Llama-3.1-70B", "--gpu", "H100", "--tp", "8", "--startup-probe"], capsys)
     assert rc == 0 and "ready at" in out.out and "never ready" not in out.out

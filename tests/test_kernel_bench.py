@@ -1,4 +1,5 @@
 """Kernel microbenchmarks (calibration/harness/kernels.py) and their fit (calibration/kernels/bench_fit.py)."""
+
 from __future__ import annotations
 
 import json
@@ -16,9 +17,17 @@ from hwdb.profiles import Profile
 
 REPO = Path(__file__).resolve().parents[1]
 VLLM_PY = REPO / ".venv-vllm" / "bin" / "python"
-TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 512, "vocab_size": 2048,
-        "num_hidden_layers": 4, "max_position_embeddings": 4096}
+TINY = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 256,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 512,
+    "vocab_size": 2048,
+    "num_hidden_layers": 4,
+    "max_position_embeddings": 4096,
+}
 
 # H200-like peaks and the curves the synthetic bundle is generated with
 PEAKS = {"gpu": "H200-SXM-141GB", "flops": 989e12, "mem_bw": 4.8e12}
@@ -27,29 +36,70 @@ TRUE = {"compute": (0.7, 80.0), "memory": (0.8, 3e6), "prefill": (0.55, 3000.0),
 
 def _synthetic_bundle(path: Path, noise: float = 0.03, seed: int = 0) -> Path:
     rng = np.random.default_rng(seed)
-    b = Bundle.create(path, {"mode": "kernels", "model": {"served_name": "synthetic"},
-                             "plan": [{"name": p, "kind": "kernel"} for p in ("gemm", "attn_prefill", "attn_decode")],
-                             "device": {"type": "cuda", "name": "synthetic"}, "versions": {"torch": "x"},
-                             "kernels": {"dtype": "bf16", "tp": 1}})
+    b = Bundle.create(
+        path,
+        {
+            "mode": "kernels",
+            "model": {"served_name": "synthetic"},
+            "plan": [{"name": p, "kind": "kernel"} for p in ("gemm", "attn_prefill", "attn_decode")],
+            "device": {"type": "cuda", "name": "synthetic"},
+            "versions": {"torch": "x"},
+            "kernels": {"dtype": "bf16", "tp": 1},
+        },
+    )
 
     def jitter(t):
         return float(t * (1 + noise * rng.standard_normal()))
+
     layers = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
     for name, (n, k) in layers.items():
-        for m in [2 ** i for i in range(13)]:
+        for m in [2**i for i in range(13)]:
             t = kbf.bench_gemm_time(m, n, k, 2.0, PEAKS["flops"], PEAKS["mem_bw"], TRUE["compute"], TRUE["memory"])
-            b.append("gemm", {"kind": "request", "id": f"{name}:m={m}", "ok": True, "layer": name, "m": m, "n": n,
-                              "k": k, "seconds": jitter(float(t))})
+            b.append(
+                "gemm",
+                {
+                    "kind": "request",
+                    "id": f"{name}:m={m}",
+                    "ok": True,
+                    "layer": name,
+                    "m": m,
+                    "n": n,
+                    "k": k,
+                    "seconds": jitter(float(t)),
+                },
+            )
     for s in (128, 256, 512, 1024, 2048, 4096, 8192, 16384):
         t = prefill_attention_time(1, s, 32, 128, PEAKS["flops"], TRUE["prefill"])
-        b.append("attn_prefill", {"kind": "request", "id": f"s={s}", "ok": True, "batch_size": 1, "isl": s,
-                                  "num_heads": 32, "head_dim": 128, "seconds": jitter(float(t))})
+        b.append(
+            "attn_prefill",
+            {
+                "kind": "request",
+                "id": f"s={s}",
+                "ok": True,
+                "batch_size": 1,
+                "isl": s,
+                "num_heads": 32,
+                "head_dim": 128,
+                "seconds": jitter(float(t)),
+            },
+        )
     for bs in (1, 4, 16, 64, 256):
         for ctx in (128, 512, 2048, 8192, 32768):
             t = decode_attention_time(bs, ctx, 32, 128, 2.0, PEAKS["mem_bw"], TRUE["decode"])
-            b.append("attn_decode", {"kind": "request", "id": f"b={bs}:ctx={ctx}", "ok": True, "batch_size": bs,
-                                     "ctx": ctx, "num_kv_heads_read": 32, "head_dim": 128, "kv_bytes_per_elem": 2,
-                                     "seconds": jitter(float(t))})
+            b.append(
+                "attn_decode",
+                {
+                    "kind": "request",
+                    "id": f"b={bs}:ctx={ctx}",
+                    "ok": True,
+                    "batch_size": bs,
+                    "ctx": ctx,
+                    "num_kv_heads_read": 32,
+                    "head_dim": 128,
+                    "kv_bytes_per_elem": 2,
+                    "seconds": jitter(float(t)),
+                },
+            )
     return path
 
 
@@ -87,8 +137,20 @@ def test_kernels_quick_on_real_torch(tmp_path):
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(TINY))
     out = tmp_path / "bundle"
-    cmd = [py, "-m", "calibration.harness.kernels", "--model-config", str(cfg), "--tp", "1", "--out", str(out),
-           "--quick", "--threads", "1"]
+    cmd = [
+        py,
+        "-m",
+        "calibration.harness.kernels",
+        "--model-config",
+        str(cfg),
+        "--tp",
+        "1",
+        "--out",
+        str(out),
+        "--quick",
+        "--threads",
+        "1",
+    ]
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     b = Bundle.open(out)
@@ -121,8 +183,12 @@ def test_kernels_quick_on_real_torch(tmp_path):
     # the fit gives a sane profile against the CPU-host peaks (or the GPU's when run on one)
     gpu = "CPU-host" if b.manifest["device"]["type"] == "cpu" else "H100-SXM-80GB"
     prof, fit = kbf.fit_to_profile(out, gpu, created="2026-01-01")
-    for c in (prof.compute_efficiency, prof.memory_efficiency, prof.attention_prefill_efficiency,
-              prof.attention_decode_efficiency):
+    for c in (
+        prof.compute_efficiency,
+        prof.memory_efficiency,
+        prof.attention_prefill_efficiency,
+        prof.attention_decode_efficiency,
+    ):
         assert c is not None and 0 < c.max_eff <= 1 and c.half >= 0
     assert prof.gpu == gpu and "kernels.py" in prof.source
     # and the CLI writes it

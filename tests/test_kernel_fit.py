@@ -13,6 +13,7 @@ docs/kernel_fit.md for the measured figures they guard):
   biased by isl (documented).  Prefill attention is under ~10 % of a prefill
   step for 8B-70B dense models at isl <= 4k, so this moves a step by a few %.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -34,11 +35,14 @@ DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "kernels" / "ai
 GPUS = {"H100-SXM-80GB": "h100_sxm", "H200-SXM-141GB": "h200_sxm", "B200-SXM-180GB": "b200_sxm"}
 
 THRESH = {
-    "gemm_bf16": 0.15, "compute_efficiency": 0.15, "memory_efficiency": 0.15,
-    "attention_decode_efficiency": 0.15, "gemm_fp8": 0.35, "attention_prefill_efficiency": 0.45,
+    "gemm_bf16": 0.15,
+    "compute_efficiency": 0.15,
+    "memory_efficiency": 0.15,
+    "attention_decode_efficiency": 0.15,
+    "gemm_fp8": 0.35,
+    "attention_prefill_efficiency": 0.45,
 }
-CURVES = ("compute_efficiency", "memory_efficiency", "attention_prefill_efficiency",
-          "attention_decode_efficiency")
+CURVES = ("compute_efficiency", "memory_efficiency", "attention_prefill_efficiency", "attention_decode_efficiency")
 
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"kernel tables not present at {DATA}")
 
@@ -48,6 +52,7 @@ def _profile(gpu: str) -> Profile:
 
 
 # --------------------------------------------------------------------------- (a) committed profiles
+
 
 @pytest.mark.parametrize("gpu", list(GPUS))
 def test_committed_profile_validates_and_meets_thresholds(gpu):
@@ -91,6 +96,7 @@ def test_profile_yaml_is_sorted_and_round_trips(tmp_path):
 
 # --------------------------------------------------------------------------- model forms
 
+
 def test_forms_match_the_documented_formulas():
     peak, bw = 1e15, 3e12
     # compute-bound: large m; memory-bound: m = 1
@@ -106,6 +112,7 @@ def test_forms_match_the_documented_formulas():
 
 # --------------------------------------------------------------------------- (b) re-fit from the data
 
+
 @needs_data
 def test_refit_reproduces_committed_h100_profile():
     committed = _profile("H100-SXM-80GB")
@@ -118,7 +125,8 @@ def test_refit_reproduces_committed_h100_profile():
     assert fresh.model_dump(exclude={"created"}) == committed.model_dump(exclude={"created"})
     for key, q in committed.quality.items():
         assert fresh.quality[key].held_out_median_abs_rel_error == pytest.approx(
-            q.held_out_median_abs_rel_error, abs=0.005), key
+            q.held_out_median_abs_rel_error, abs=0.005
+        ), key
 
 
 @needs_data
@@ -131,8 +139,7 @@ def test_committed_h100_predicts_held_out_real_model_shapes():
     g = kt.select_gemm(tables["gemm"])
     g = g[(g.dtype == "bf16") & kt.holdout_mask_gemm(g, "models")]
     assert set(zip(g.n, g.k, strict=True)) == set(kt.HELD_OUT_GEMM)
-    pred = kt.gemm_time(g.m, g.n, g.k, 2.0, peaks["bf16"], peaks["mem_bw"],
-                        p.compute_efficiency, p.memory_efficiency)
+    pred = kt.gemm_time(g.m, g.n, g.k, 2.0, peaks["bf16"], peaks["mem_bw"], p.compute_efficiency, p.memory_efficiency)
     err = np.abs(pred / g.t.to_numpy() - 1)
     stated = p.quality["gemm_bf16"].held_out_median_abs_rel_error
     assert np.median(err) == pytest.approx(stated, abs=0.002)
@@ -143,18 +150,19 @@ def test_committed_h100_predicts_held_out_real_model_shapes():
 
     d = kt.select_decode(tables["generation_attention"])
     d = d[kt.holdout_mask_attn(d, "models")]
-    pred = kt.decode_attention_time(d.batch_size, d.ctx, d.num_key_value_heads, d.head_dim, 2.0,
-                                    peaks["mem_bw"], p.attention_decode_efficiency)
+    pred = kt.decode_attention_time(
+        d.batch_size, d.ctx, d.num_key_value_heads, d.head_dim, 2.0, peaks["mem_bw"], p.attention_decode_efficiency
+    )
     err = np.median(np.abs(pred / d.t.to_numpy() - 1))
     assert err == pytest.approx(p.quality["attention_decode_efficiency"].held_out_median_abs_rel_error, abs=0.002)
 
     a = kt.select_prefill(tables["context_attention"])
     a = a[kt.holdout_mask_attn(a, "models")]
-    pred = kt.prefill_attention_time(a.batch_size, a.isl, a.num_heads, a.head_dim, peaks["bf16"],
-                                     p.attention_prefill_efficiency)
+    pred = kt.prefill_attention_time(
+        a.batch_size, a.isl, a.num_heads, a.head_dim, peaks["bf16"], p.attention_prefill_efficiency
+    )
     err = np.median(np.abs(pred / a.t.to_numpy() - 1))
-    assert err == pytest.approx(p.quality["attention_prefill_efficiency"].held_out_median_abs_rel_error,
-                                abs=0.002)
+    assert err == pytest.approx(p.quality["attention_prefill_efficiency"].held_out_median_abs_rel_error, abs=0.002)
 
 
 @needs_data
@@ -170,6 +178,7 @@ def test_generation_step_is_cached_length():
 
 # --------------------------------------------------------------------------- (c) synthetic recovery
 
+
 def _noisy(t, rng):
     return t * np.exp(rng.normal(0.0, 0.03, size=np.shape(t)))
 
@@ -177,8 +186,13 @@ def _noisy(t, rng):
 def test_fit_recovers_synthetic_parameters():
     rng = np.random.default_rng(12345)
     peaks = {"bf16": 989e12, "fp8": 1978e12, "mem_bw": 3.35e12}
-    true = {"comp": (0.76, 40.0), "mem": (0.82, 1.0e7), "fp8": (0.45, 120.0),
-            "pre": (0.50, 2000.0), "dec": (0.85, 3.5e7)}
+    true = {
+        "comp": (0.76, 40.0),
+        "mem": (0.82, 1.0e7),
+        "fp8": (0.45, 120.0),
+        "pre": (0.50, 2000.0),
+        "dec": (0.85, 3.5e7),
+    }
 
     # The compute curve's half only shows in compute-bound rows, i.e. above the ridge m ~ 270 tokens
     # (H100 bf16), so the grid is dense there; over 20 seeds the worst error on any parameter is 4 %.
@@ -194,20 +208,38 @@ def test_fit_recovers_synthetic_parameters():
         assert got[0] == pytest.approx(want[0], rel=0.10)
         assert got[1] == pytest.approx(want[1], rel=0.10)
 
-    b, s, h, d = (a.ravel() for a in np.meshgrid([1, 2, 4, 8, 16, 32], [256, 512, 1024, 2048, 4096, 8192],
-                                                 [8, 32], [64, 128], indexing="ij"))
+    b, s, h, d = (
+        a.ravel()
+        for a in np.meshgrid(
+            [1, 2, 4, 8, 16, 32], [256, 512, 1024, 2048, 4096, 8192], [8, 32], [64, 128], indexing="ij"
+        )
+    )
     t = kt.prefill_attention_time(b, s, h, d, peaks["bf16"], true["pre"])
-    pre = kf.fit_prefill(pd.DataFrame({"batch_size": b, "isl": s, "num_heads": h, "head_dim": d,
-                                       "t": _noisy(t, rng)}), peaks["bf16"])
+    pre = kf.fit_prefill(
+        pd.DataFrame({"batch_size": b, "isl": s, "num_heads": h, "head_dim": d, "t": _noisy(t, rng)}), peaks["bf16"]
+    )
     assert pre[0] == pytest.approx(true["pre"][0], rel=0.10)
     assert pre[1] == pytest.approx(true["pre"][1], rel=0.10)
 
-    b, c, kvh, d = (a.ravel() for a in np.meshgrid([1, 4, 16, 64, 256], [16, 128, 1024, 8192, 65536],
-                                                   [1, 8], [64, 128], indexing="ij"))
+    b, c, kvh, d = (
+        a.ravel()
+        for a in np.meshgrid([1, 4, 16, 64, 256], [16, 128, 1024, 8192, 65536], [1, 8], [64, 128], indexing="ij")
+    )
     w = np.full(b.shape, 2.0)
     t = kt.decode_attention_time(b, c, kvh, d, w, peaks["mem_bw"], true["dec"])
-    dec = kf.fit_decode(pd.DataFrame({"batch_size": b, "ctx": c, "num_key_value_heads": kvh, "head_dim": d,
-                                      "kv_bytes_per_elem": w, "t": _noisy(t, rng)}), peaks["mem_bw"])
+    dec = kf.fit_decode(
+        pd.DataFrame(
+            {
+                "batch_size": b,
+                "ctx": c,
+                "num_key_value_heads": kvh,
+                "head_dim": d,
+                "kv_bytes_per_elem": w,
+                "t": _noisy(t, rng),
+            }
+        ),
+        peaks["mem_bw"],
+    )
     assert dec[0] == pytest.approx(true["dec"][0], rel=0.10)
     assert dec[1] == pytest.approx(true["dec"][1], rel=0.10)
 

@@ -1,4 +1,5 @@
 """``kv_cache_dtype: auto`` as each engine release resolves it for the checkpoint at hand (simulator/kv_rule.py)."""
+
 from __future__ import annotations
 
 import pytest
@@ -15,8 +16,11 @@ def db():
 
 
 def dep(db, model, dtype, engine="vllm-v1", version=None, kv="auto", gpu="B200", tp=8):
-    return deployment_for(PoolConfig(gpu=gpu, tp=tp, dtype=dtype, kv_cache_dtype=kv,
-                                     engine=EngineConfig(engine=engine, version=version)), db.model(model), db)
+    return deployment_for(
+        PoolConfig(gpu=gpu, tp=tp, dtype=dtype, kv_cache_dtype=kv, engine=EngineConfig(engine=engine, version=version)),
+        db.model(model),
+        db,
+    )
 
 
 def test_release_order():
@@ -32,8 +36,10 @@ def test_vllm_follows_a_modelopt_directive_from_0_14(db, version, kv):
     assert ("directive" in d.kv_note) and (version in d.kv_note or kv == "fp8")
 
 
-@pytest.mark.parametrize("model,dtype", [("Qwen3-235B-A22B", "fp8"), ("DeepSeek-R1", "fp8"), ("gpt-oss-120b", "fp4"),
-                                         ("MiniMax-M2.5", "fp8")])
+@pytest.mark.parametrize(
+    "model,dtype",
+    [("Qwen3-235B-A22B", "fp8"), ("DeepSeek-R1", "fp8"), ("gpt-oss-120b", "fp4"), ("MiniMax-M2.5", "fp8")],
+)
 def test_checkpoints_without_a_directive_keep_bf16(db, model, dtype):
     for engine in ("vllm-v1", "sglang", "trtllm"):
         d = dep(db, model, dtype, engine=engine, version=None)
@@ -61,7 +67,7 @@ def test_vllm_v0_never_follows(db):
 def test_rule_function_directly(db):
     eng, side = db.engine("vllm-v1"), db.model("Llama-3.1-70B").sidecar
     assert resolve_kv_dtype("fp16", "fp8", eng, None, side) == ("fp16", "set in the scenario")
-    assert resolve_kv_dtype("auto", "fp16", eng, "0.19", side)[0] == "fp16"   # no fp16 directive: activations
+    assert resolve_kv_dtype("auto", "fp16", eng, "0.19", side)[0] == "fp16"  # no fp16 directive: activations
 
 
 @pytest.mark.parametrize("bad", ["", "v0.19", "0.19 ; rm", "x" * 50])

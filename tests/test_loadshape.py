@@ -1,4 +1,5 @@
 """Time-varying load (simulator/loadshape.py): thinning gives the shape's rate, deterministically."""
+
 from __future__ import annotations
 
 import math
@@ -15,7 +16,7 @@ from tests.conftest import scenario
 
 def arrivals(shape: dict, duration: float, seed: int = 0) -> np.ndarray:
     arr = ShapedArrivals(shape=shape)
-    return shaped_arrivals(arr, duration, None, np.random.default_rng(seed), 10 ** 8)
+    return shaped_arrivals(arr, duration, None, np.random.default_rng(seed), 10**8)
 
 
 def count(t: np.ndarray, a: float, b: float) -> int:
@@ -36,7 +37,7 @@ def test_step_rates_before_and_after():
 def test_ramp_integrates_linearly():
     t = arrivals({"kind": "ramp", "start_rate": 0, "end_rate": 100, "start_s": 100, "end_s": 300}, 400)
     assert count(t, 0, 100) == 0
-    assert within(count(t, 100, 200), 0.5 * 50 * 100)          # mean rate 25 over the first half
+    assert within(count(t, 100, 200), 0.5 * 50 * 100)  # mean rate 25 over the first half
     assert within(count(t, 200, 300), 75 * 100)
     assert within(count(t, 300, 400), 100 * 100)
 
@@ -67,29 +68,47 @@ def test_same_seed_same_times_and_workload_integration():
     shape = {"kind": "step", "before": 1, "after": 3, "at_s": 10}
     assert np.array_equal(arrivals(shape, 50, 7), arrivals(shape, 50, 7))
     assert not np.array_equal(arrivals(shape, 50, 7), arrivals(shape, 50, 8))
-    wl = {"arrival": {"kind": "shaped", "shape": shape}, "duration_s": 50,
-          "input_length": {"kind": "fixed", "value": 64}, "output_length": {"kind": "fixed", "value": 8}}
+    wl = {
+        "arrival": {"kind": "shaped", "shape": shape},
+        "duration_s": 50,
+        "input_length": {"kind": "fixed", "value": 64},
+        "output_length": {"kind": "fixed", "value": 8},
+    }
     a, b = simulate(scenario(workload=wl)), simulate(scenario(workload=wl))
     assert a.requests.equals(b.requests) and a.summary["requests"] > 50
 
 
-@pytest.mark.parametrize("arrival, match", [
-    ({"kind": "shaped", "shape": {"kind": "ramp", "start_rate": 1, "end_rate": 2, "start_s": 5, "end_s": 5}},
-     "end_s=5.0 must be after start_s=5.0"),
-    ({"kind": "shaped", "shape": {"kind": "piecewise", "times_s": [0, 1], "rates": [1]}}, "one rate per time"),
-    ({"kind": "shaped", "shape": {"kind": "diurnal", "mean": 1, "amplitude": 1.5}}, "amplitude"),
-    ({"kind": "shaped", "shape": {"kind": "step", "before": -1, "after": 1, "at_s": 0}}, "before"),
-])
+@pytest.mark.parametrize(
+    "arrival, match",
+    [
+        (
+            {"kind": "shaped", "shape": {"kind": "ramp", "start_rate": 1, "end_rate": 2, "start_s": 5, "end_s": 5}},
+            "end_s=5.0 must be after start_s=5.0",
+        ),
+        ({"kind": "shaped", "shape": {"kind": "piecewise", "times_s": [0, 1], "rates": [1]}}, "one rate per time"),
+        ({"kind": "shaped", "shape": {"kind": "diurnal", "mean": 1, "amplitude": 1.5}}, "amplitude"),
+        ({"kind": "shaped", "shape": {"kind": "step", "before": -1, "after": 1, "at_s": 0}}, "before"),
+    ],
+)
 def test_bad_shapes_name_the_field(arrival, match):
-    wl = {"arrival": arrival, "duration_s": 10, "input_length": {"kind": "fixed", "value": 8},
-          "output_length": {"kind": "fixed", "value": 8}}
+    wl = {
+        "arrival": arrival,
+        "duration_s": 10,
+        "input_length": {"kind": "fixed", "value": 8},
+        "output_length": {"kind": "fixed", "value": 8},
+    }
     with pytest.raises(ScenarioError, match=match):
         scenario(workload=wl)
 
 
 def test_shaped_needs_a_duration():
     with pytest.raises(WorkloadError, match="needs duration_s"):
-        shaped_arrivals(ShapedArrivals(shape={"kind": "step", "before": 1, "after": 1, "at_s": 0}), None, 10,
-                        np.random.default_rng(0), 10 ** 6)
+        shaped_arrivals(
+            ShapedArrivals(shape={"kind": "step", "before": 1, "after": 1, "at_s": 0}),
+            None,
+            10,
+            np.random.default_rng(0),
+            10**6,
+        )
     with pytest.raises(WorkloadError, match="rate is 0 everywhere"):
         arrivals({"kind": "step", "before": 0, "after": 0, "at_s": 1}, 10)

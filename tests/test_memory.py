@@ -1,5 +1,6 @@
 """KV capacity as each engine release sizes it (simulator/memory.py), against the engines' own start-up logs
 (hwdb/data/validation/*_memory*.yaml, shipped with the repo) and their published rules."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -34,8 +35,14 @@ def dep(db, model="Llama-3.1-8B", gpu="H100", engine="vllm-v1", version=None, tp
 
 def test_vllm_019_logs_are_reproduced_within_two_percent(points):
     """Every vLLM 0.19 start-up on H100 with a model hwdb knows, at the default token budget: the KV GiB it logged."""
-    done = [p for p in points if str(p.get("vllm_version")).startswith("0.19") and p["pred_kv_gib"] is not None
-            and (p.get("max_num_batched_tokens") or 8192) == 8192 and p["hw"] != "Qwen3-235B-A22B"]
+    done = [
+        p
+        for p in points
+        if str(p.get("vllm_version")).startswith("0.19")
+        and p["pred_kv_gib"] is not None
+        and (p.get("max_num_batched_tokens") or 8192) == 8192
+        and p["hw"] != "Qwen3-235B-A22B"
+    ]
     assert len(done) >= 20
     for p in done:
         assert p["pred_kv_gib"] == pytest.approx(p["kv_cache_gib"], rel=0.02), p["id"]
@@ -54,16 +61,17 @@ def test_activation_fit_holds_on_models_it_never_saw(db, points):
     _, rows = activation_fit(points, db)
     held = [(y, p) for _, y, p, h in rows if h]
     assert len(held) >= 5
-    assert max(abs(p - y) for y, p in held) < 0.35          # GiB, on activations of 0.75-3.9 GiB
+    assert max(abs(p - y) for y, p in held) < 0.35  # GiB, on activations of 0.75-3.9 GiB
 
 
 def test_release_terms_switch_where_the_engine_changed(db):
     new, old = plan_memory(dep(db, version="0.19.0")), plan_memory(dep(db, version="0.16.0"))
-    assert old.activation_bytes - new.activation_bytes > 2 * GiB      # the sampler's copies
+    assert old.activation_bytes - new.activation_bytes > 2 * GiB  # the sampler's copies
     d20 = dep(db, version="0.20.0")
-    assert plan_memory(d20).usable_bytes == pytest.approx(0.92 * d20.gpu.visible_bytes)   # 0.20's default
-    assert plan_memory(dep(db, version="0.19.0", gpu_memory_utilization=0.8)).usable_bytes == \
-        pytest.approx(0.8 * d20.gpu.visible_bytes)
+    assert plan_memory(d20).usable_bytes == pytest.approx(0.92 * d20.gpu.visible_bytes)  # 0.20's default
+    assert plan_memory(dep(db, version="0.19.0", gpu_memory_utilization=0.8)).usable_bytes == pytest.approx(
+        0.8 * d20.gpu.visible_bytes
+    )
 
 
 @pytest.mark.parametrize("case", OTHER, ids=[c["engine"] + "-" + c["model"] for c in OTHER])
@@ -75,7 +83,7 @@ def test_sglang_default_fraction_follows_the_release(db):
     """server_args.py: 0.5.3 on reserves 512 + 1.5 x chunk + 2 x graph batch + 1024 x ranks/8 MiB (H100 TP1,
     chunk 8192, graph batch 160: 0.837); 0.4.8-0.5.2 reserves 9.5 + ranks/2 GiB on an 80 GB GPU (0.874)."""
     d = dep(db, engine="sglang")
-    mib = d.gpu.visible_bytes / 2 ** 20
+    mib = d.gpu.visible_bytes / 2**20
     assert sglang_fraction(d, "0.5.9") == pytest.approx((mib - (512 + 1.5 * 8192 + 2 * 160 + 128)) / mib)
     assert sglang_fraction(d, "0.5.2") == pytest.approx(1 - 10.0 / (mib / 1024))
     assert sglang_fraction(d, "0.4.0") == 0.88
@@ -84,7 +92,7 @@ def test_sglang_default_fraction_follows_the_release(db):
 
 def test_sglang_runs_half_its_tokens_at_most_its_request_pool(db):
     assert sglang_max_running(38048, 131072) == 2048
-    assert sglang_max_running(665690, 65536) == 4096       # SGLang's tuning guide's logged example
+    assert sglang_max_running(665690, 65536) == 4096  # SGLang's tuning guide's logged example
     assert sglang_max_running(3000, 131072) == 1500
     d = dep(db, "gpt-oss-120b", engine="sglang", dtype="fp4")
     assert d.knobs.max_num_seqs == plan_memory(d).max_running == 2048
@@ -105,7 +113,7 @@ def test_a_copied_gpu_with_a_new_size_must_update_its_visible_total(tmp_path):
     plan the KV cache of the wrong card: refused, naming the field and the fix."""
     src = Path(__file__).resolve().parent.parent / "hwdb/data/gpus/H100-SXM-80GB.yaml"
     gpu = yaml.safe_load(src.read_text())
-    gpu.update(name="Lab-GPU-96", aliases=["labgpu"], memory_bytes={"value": 96 * 2 ** 30, "source": "lab (test)"})
+    gpu.update(name="Lab-GPU-96", aliases=["labgpu"], memory_bytes={"value": 96 * 2**30, "source": "lab (test)"})
     (tmp_path / "gpus").mkdir()
     (tmp_path / "gpus" / "lab.yaml").write_text(yaml.safe_dump(gpu))
     with pytest.raises(hwdb.HwdbError, match="visible_memory_bytes.*update it with memory_bytes, or remove it"):

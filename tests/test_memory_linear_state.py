@@ -2,6 +2,7 @@
 carves from the KV budget, the running requests its slots allow, the multimodal fraction, and the overlap
 scheduler it switches off with the radix cache on.  Figures by hand from SGLang 0.5.9's rules
 (model_runner_kv_cache_mixin.handle_max_mamba_cache, server_args.adjust_mem_fraction_for_vlm)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -75,7 +76,7 @@ def test_too_little_memory_for_one_request_is_refused_with_the_fix(db):
     d = dep(db)
     m = plan_memory(d)
     before = m.usable_bytes / sglang_fraction(d, d.release)
-    fraction = (m.weight_bytes + 0.2 * 2 ** 30) / before
+    fraction = (m.weight_bytes + 0.2 * 2**30) / before
     tight = dataclasses.replace(d, knobs=dataclasses.replace(d.knobs, gpu_memory_utilization=fraction))
     with pytest.raises(FitError, match=r"linear-attention state, 2 slot\(s\).*use more GPUs per instance"):
         plan_memory(tight)
@@ -88,7 +89,7 @@ def test_multimodal_fraction_as_sglang_sizes_it(db):
     """A vision tower of 24 layers (SGLang's default where the config says 'depth') and width 1152: 0.95 x (1 - 0.1 x
     (1152^2 / 1024^2 - 1)); a text-only model keeps the whole fraction."""
     d = dep(db)
-    assert vision_factor(d) == pytest.approx(0.95 * (1 - 0.1 * (1152 ** 2 / 1024 ** 2 - 1)))
+    assert vision_factor(d) == pytest.approx(0.95 * (1 - 0.1 * (1152**2 / 1024**2 - 1)))
     text_only = dataclasses.replace(d, arch=dataclasses.replace(d.arch, vision_layers=0, vision_hidden=0))
     assert vision_factor(text_only) == 1.0
     assert sglang_fraction(d, d.release) == pytest.approx(sglang_fraction(text_only, d.release) * vision_factor(d))
@@ -106,8 +107,14 @@ def test_radix_cache_switches_sglangs_overlap_scheduler_off(db):
 
 
 def test_config_vision_and_ssm_dtype_fields():
-    base = {"architectures": ["X"], "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
-            "intermediate_size": 128, "vocab_size": 100}
+    base = {
+        "architectures": ["X"],
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "intermediate_size": 128,
+        "vocab_size": 100,
+    }
     a = arch_from_config({**base, "vision_config": {"depth": 27, "hidden_size": 1152}}, "x")
     assert (a.vision_layers, a.vision_hidden) == (24, 1152)
     assert arch_from_config(base, "x").vision_layers == 0

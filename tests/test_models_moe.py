@@ -1,5 +1,6 @@
 """Large MoE models of the measured serving table: parameter counts and KV size against published figures,
 and the layer kinds (sliding window, Gated DeltaNet, sparse-attention indexer) that ``arch_from_config`` reads."""
+
 from __future__ import annotations
 
 import copy
@@ -70,9 +71,11 @@ PUBLISHED = [  # name, total, active, convention
 
 
 def _active(a, convention: str) -> int:
-    return {"all": a.active_params,
-            "no_embed": a.active_params - a.embedding_params,
-            "linear": a.linear_params_per_token}[convention]
+    return {
+        "all": a.active_params,
+        "no_embed": a.active_params - a.embedding_params,
+        "linear": a.linear_params_per_token,
+    }[convention]
 
 
 @pytest.mark.parametrize("name,total,active,convention", PUBLISHED)
@@ -134,8 +137,9 @@ def test_layer_kinds(db):
     # delta-rule state 64 heads x 128 x 128 and conv tail (2*2048 + 8192) x 3, in each of 45 layers
     assert q.linear_state_elems_per_seq == 45 * (64 * 128 * 128 + (2 * 2048 + 8192) * 3)
     # one Gated-DeltaNet layer: in_proj qkvz + ba, conv1d, A_log + dt_bias, gated norm, out_proj
-    assert q.linear_attn_params_per_layer == (4096 * (2 * 2048 + 2 * 8192 + 2 * 64) + (2 * 2048 + 8192) * 4
-                                              + 2 * 64 + 128 + 8192 * 4096)
+    assert q.linear_attn_params_per_layer == (
+        4096 * (2 * 2048 + 2 * 8192 + 2 * 64) + (2 * 2048 + 8192) * 4 + 2 * 64 + 128 + 8192 * 4096
+    )
 
     k = db.model("Kimi-K2.5").arch
     assert k.is_mla and (k.num_experts, k.num_shared_experts, k.first_dense_layers, k.num_heads) == (384, 1, 1, 64)

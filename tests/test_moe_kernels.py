@@ -4,6 +4,7 @@ Without ../shared the shipped curves are still checked (they load, each names it
 error, the step model's MoE part is the curve's own form); with it, a refit of one table gives the
 shipped coefficients, and the held-out errors stated in the files are recomputed from the measurements.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -53,13 +54,16 @@ def test_lookup_borrows_vllm_and_says_so(db):
     assert db.moe_curve("A100-SXM-80GB", "vllm", "bfloat16") == (None, "")
 
 
-@pytest.mark.parametrize("model,gpu,tp,dtype,fmt", [
-    ("Qwen3-235B-A22B", "H200", 4, "fp8", "fp8_block"),
-    ("gpt-oss-120b", "H100", 2, "int4", "w4a16_mxfp4"),
-    ("gpt-oss-120b", "B200", 1, "fp4", "nvfp4"),
-    ("Kimi-K2.5", "H200", 8, "int4", "int4_wo"),
-    ("Mixtral-8x7B", "H100", 2, "bf16", "bfloat16"),
-])
+@pytest.mark.parametrize(
+    "model,gpu,tp,dtype,fmt",
+    [
+        ("Qwen3-235B-A22B", "H200", 4, "fp8", "fp8_block"),
+        ("gpt-oss-120b", "H100", 2, "int4", "w4a16_mxfp4"),
+        ("gpt-oss-120b", "B200", 1, "fp4", "nvfp4"),
+        ("Kimi-K2.5", "H200", 8, "int4", "int4_wo"),
+        ("Mixtral-8x7B", "H100", 2, "bf16", "bfloat16"),
+    ],
+)
 def test_step_model_moe_part_is_the_curve_times_layers(db, model, gpu, tp, dtype, fmt):
     """With one attention rank and no expert exchange, the step model's routed-expert time is the measured
     curve's time per MoE layer times the MoE layers, at every token count (the same form, no drift)."""
@@ -70,9 +74,18 @@ def test_step_model_moe_part_is_the_curve_times_layers(db, model, gpu, tp, dtype
     # the bytes streamed: at most those the curve was fitted with (gpt-oss is held padded on Hopper)
     wbytes = min(FORMATS[fmt][1], next(g.weight_bytes for g in dep.linear_groups() if g.name == "experts"))
     for tokens in (1, 7, 64, 512, 8192):
-        want = a.moe_layers * dep.moe_curve.time(tokens, a.hidden_size, a.moe_intermediate_size, a.num_experts,
-                                                 a.experts_per_token, dep.moe_tp, dep.ep, dep.gpu.flops(cdt),
-                                                 wbytes, dep.gpu.memory_bandwidth_Bps.value)
+        want = a.moe_layers * dep.moe_curve.time(
+            tokens,
+            a.hidden_size,
+            a.moe_intermediate_size,
+            a.num_experts,
+            a.experts_per_token,
+            dep.moe_tp,
+            dep.ep,
+            dep.gpu.flops(cdt),
+            wbytes,
+            dep.gpu.memory_bandwidth_Bps.value,
+        )
         assert sm.moe_time(tokens) == pytest.approx(want, rel=1e-9)
 
 
@@ -87,8 +100,10 @@ def test_without_a_curve_the_roofline_stays(db):
 def test_kernel_format_follows_the_checkpoint(db):
     """gpt-oss's MXFP4 experts run weight-only on Hopper (its sidecar says which kernel); an int4 checkpoint
     without such a note runs W4A16 int4; kept bf16 experts run the bf16 kernel."""
-    assert deployment_for(PoolConfig(gpu="H100", tp=2, dtype="int4"), db.model("gpt-oss-120b"), db).moe_format \
+    assert (
+        deployment_for(PoolConfig(gpu="H100", tp=2, dtype="int4"), db.model("gpt-oss-120b"), db).moe_format
         == "w4a16_mxfp4"
+    )
     dep = deployment_for(PoolConfig(gpu="H200", tp=8, dtype="int4"), db.model("Kimi-K2.5"), db)
     assert dep.moe_format == "int4_wo"
     assert dataclasses.replace(dep, bf16_modules=frozenset({"experts"})).moe_format == "bfloat16"
@@ -106,11 +121,14 @@ def test_refit_reproduces_a_shipped_curve(db):
 
 
 @needs_shared
-@pytest.mark.parametrize("system,engine,version,fmt,ep", [
-    ("h100_sxm", "sglang", "0.5.14", "fp8_block", False),
-    ("b200_sxm", "trtllm", "1.3.0rc20", "nvfp4", True),
-    ("h200_sxm", "vllm", "0.24.0", "int4_wo", False),
-])
+@pytest.mark.parametrize(
+    "system,engine,version,fmt,ep",
+    [
+        ("h100_sxm", "sglang", "0.5.14", "fp8_block", False),
+        ("b200_sxm", "trtllm", "1.3.0rc20", "nvfp4", True),
+        ("h200_sxm", "vllm", "0.24.0", "int4_wo", False),
+    ],
+)
 def test_stated_held_out_error_is_what_the_measurements_give(db, system, engine, version, fmt, ep):
     """The held-out median in each file, recomputed here from the measured rows the fit never saw."""
     gpu = db.gpu(moe_fit.SYSTEMS[system])
@@ -119,12 +137,27 @@ def test_stated_held_out_error_is_what_the_measurements_give(db, system, engine,
     rows = pd.read_parquet(MOE_TABLES / system / "moe" / engine / version / "moe_perf.parquet")
     rows = moe_fit.main_kernels(rows[(rows.moe_dtype == fmt) & ((rows.moe_ep_size > 1) == ep)], engine)
     bal = rows[rows.distribution == "balanced"].groupby(moe_fit.KEYS, as_index=False).latency.median()
-    shape = pd.factorize(pd.Series(list(zip(bal.hidden_size, bal.inter_size, bal.num_experts, bal.topk,
-                                            strict=True))))[0]
+    shape = pd.factorize(pd.Series(list(zip(bal.hidden_size, bal.inter_size, bal.num_experts, bal.topk, strict=True))))[
+        0
+    ]
     held = shape % 4 == 3 if shape.max() >= 3 else pd.factorize(bal.num_tokens, sort=True)[0] % 4 == 3
     cdt, wbytes = FORMATS[fmt]
-    pred = np.array([curve.time(r.num_tokens, r.hidden_size, r.inter_size, r.num_experts, r.topk, r.moe_tp_size,
-                                r.moe_ep_size, gpu.flops(cdt), wbytes, gpu.memory_bandwidth_Bps.value)
-                     for r in bal[held].itertuples()])
+    pred = np.array(
+        [
+            curve.time(
+                r.num_tokens,
+                r.hidden_size,
+                r.inter_size,
+                r.num_experts,
+                r.topk,
+                r.moe_tp_size,
+                r.moe_ep_size,
+                gpu.flops(cdt),
+                wbytes,
+                gpu.memory_bandwidth_Bps.value,
+            )
+            for r in bal[held].itertuples()
+        ]
+    )
     err = np.median(np.abs(pred / (bal[held].latency.to_numpy() * 1e-3) - 1.0))
     assert math.isclose(err, curve.quality.held_out_median_abs_rel_error, abs_tol=2e-3)

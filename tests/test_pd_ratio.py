@@ -1,4 +1,5 @@
 """The best prefill:decode ratio shifts toward prefill as prompts grow relative to outputs."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -20,7 +21,8 @@ def test_best_ratio_moves_toward_prefill_for_long_prompts():
 
     def share(pd):
         return pd[0] / (pd[0] + pd[1])
+
     assert share(best_summ) > share(best_chat)
-    assert summ[(3, 1)] > 1.5 * summ[(1, 3)]     # long prompts: prefill-heavy wins clearly
-    assert chat[(1, 3)] > 1.5 * chat[(3, 1)]     # long outputs: decode-heavy wins clearly
+    assert summ[(3, 1)] > 1.5 * summ[(1, 3)]  # long prompts: prefill-heavy wins clearly
+    assert chat[(1, 3)] > 1.5 * chat[(3, 1)]  # long outputs: decode-heavy wins clearly
     assert all(g > 0 for row in res.values() for g in row.values())

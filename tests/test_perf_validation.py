@@ -21,6 +21,7 @@ points, and it is smaller than the effect of each fixed defect, so reverting
 any one of them fails a test.  The achieved numbers are in
 docs/validation/perf.md.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -42,12 +43,14 @@ def db():
 
 # =========================================================================== no data needed
 
+
 def test_step_time_is_the_sum_of_its_kernels(db):
     """step_time = linear roofline + attention + element-wise + all-reduces + per-layer floors + launch
     (host work overlapped), and perf_check reproduces the linear and all-reduce parts."""
     for model, tp in (("Llama-3.1-8B", 1), ("Llama-2-70B", 4), ("Qwen3-30B-A3B", 2)):
-        sm = dataclasses.replace(step_model(db, model, tp=tp), cpu_step=0.0, cpu_run=0.0, cpu_wait=0.0, cpu_tok=0.0,
-                                 cpu_sample=0.0)
+        sm = dataclasses.replace(
+            step_model(db, model, tp=tp), cpu_step=0.0, cpu_run=0.0, cpu_wait=0.0, cpu_tok=0.0, cpu_sample=0.0
+        )
         hidden = db.model(model).arch.hidden_size
         for tokens in (1, 7, 64, 300, 512, 4096):
             graph = tokens <= sm.max_graph_tokens
@@ -55,41 +58,56 @@ def test_step_time_is_the_sum_of_its_kernels(db):
             ar = sm.ar_per_step * sm.allreduce_time(tokens * hidden * 2.0, graph) if tp > 1 else 0.0
             if graph:
                 assert ar == pytest.approx(sm.ar_per_step * pc.allreduce_time(sm, tokens * hidden * 2.0), rel=1e-12)
-            parts = (max(sm.linear_time(tokens, tokens, 0.0)) + sm.moe_time(tokens)
-                     + sm.attention_time(tokens, 0.0, tokens * 1000.0) + sm.elem_s_per_token * tokens
-                     + sm.layer_s + ar + launch)
+            parts = (
+                max(sm.linear_time(tokens, tokens, 0.0))
+                + sm.moe_time(tokens)
+                + sm.attention_time(tokens, 0.0, tokens * 1000.0)
+                + sm.elem_s_per_token * tokens
+                + sm.layer_s
+                + ar
+                + launch
+            )
             assert sm.step_time(tokens, tokens, 0.0, tokens * 1000.0) == pytest.approx(parts, rel=1e-12)
-            assert pc.linear_time(sm, tokens) == pytest.approx(max(sm.linear_time(tokens)) + sm.moe_time(tokens),
-                                                               rel=1e-12)
+            assert pc.linear_time(sm, tokens) == pytest.approx(
+                max(sm.linear_time(tokens)) + sm.moe_time(tokens), rel=1e-12
+            )
             assert (sm.moe_time(tokens) > 0) == (model == "Qwen3-30B-A3B")
             # regime's expert sides are moe_time's roofline; moe_time adds the token exchange and the measured
             # fused-MoE kernel's fixed, per-routed-token and per-expert terms (hwdb/moe.py)
-            comm = (sm.moe_layers * (sm.moe_comm_s_per_token * tokens + sm.moe_comm_lat_s)
-                    if sm.moe_comm_s_per_token else 0.0)
-            extra = (sm.exp_fixed_s + sm.exp_s_per_token * tokens + sm.exp_s_per_expert * sm.touched_experts(tokens)
-                     if sm.exp_fixed_s else 0.0)
-            assert max(sm.expert_roofline(tokens)) + comm + extra == pytest.approx(sm.moe_time(tokens), rel=1e-12,
-                                                                                   abs=1e-15)
+            comm = (
+                sm.moe_layers * (sm.moe_comm_s_per_token * tokens + sm.moe_comm_lat_s)
+                if sm.moe_comm_s_per_token
+                else 0.0
+            )
+            extra = (
+                sm.exp_fixed_s + sm.exp_s_per_token * tokens + sm.exp_s_per_expert * sm.touched_experts(tokens)
+                if sm.exp_fixed_s
+                else 0.0
+            )
+            assert max(sm.expert_roofline(tokens)) + comm + extra == pytest.approx(
+                sm.moe_time(tokens), rel=1e-12, abs=1e-15
+            )
             assert sm.elem_s_per_token > 0 and sm.attention_time(tokens, 0.0, tokens * 1000.0) > 0
 
 
 def test_allreduce_is_the_measured_curve_where_profiled_else_a_ring_over_the_link(db):
-    sm = step_model(db, "Llama-2-70B", tp=8)          # H100 has a vLLM profile with a measured all-reduce
+    sm = step_model(db, "Llama-2-70B", tp=8)  # H100 has a vLLM profile with a measured all-reduce
     prof = db.profile_for("H100-SXM-80GB")
     sizes, lat = prof.allreduce.table(8)
-    i = sizes.index(2.0 ** 24)                 # a measured size (16 MiB): the table's own figure
+    i = sizes.index(2.0**24)  # a measured size (16 MiB): the table's own figure
     assert pc.allreduce_time(sm, sizes[i]) == pytest.approx(min(lat[i:]), rel=1e-12)
-    mid = (sizes[i] + sizes[i + 1]) / 2        # between two sizes: linear in bytes
-    assert min(lat[i:]) <= pc.allreduce_time(sm, mid) <= min(lat[i + 1:])
+    mid = (sizes[i] + sizes[i + 1]) / 2  # between two sizes: linear in bytes
+    assert min(lat[i:]) <= pc.allreduce_time(sm, mid) <= min(lat[i + 1 :])
     # Never cheaper for a larger message (the tables' algorithm hand-over bumps are smoothed from below).
-    grid = [2.0 ** e for e in range(8, 30)]
+    grid = [2.0**e for e in range(8, 30)]
     assert all(pc.allreduce_time(sm, a) <= pc.allreduce_time(sm, b) for a, b in zip(grid, grid[1:], strict=False))
     # Without a profile (a datasheet GPU), a ring over the node's link.
     l4 = step_model(db, "Llama-3.1-8B", gpu="L40S", tp=2)
     link = db.link(db.gpu("L40S").intra_node_link)
     nbytes = 4096 * 2 * 1000
     assert not l4.ar_sizes and pc.allreduce_time(l4, nbytes) == pytest.approx(
-        2 * 1 / 2 * nbytes / link.effective_Bps + link.latency_s.value, rel=1e-12)
+        2 * 1 / 2 * nbytes / link.effective_Bps + link.latency_s.value, rel=1e-12
+    )
     assert pc.allreduce_time(step_model(db, "Llama-2-70B", tp=1, gpu="H200"), nbytes) == 0.0
 
 
@@ -113,7 +131,7 @@ def test_moe_layers_pay_no_floor_for_measured_experts(db):
     layers, no shared expert) on H200 pays 3 floors a layer, its expert GEMMs being timed by the measured
     fused-MoE curve; DeepSeek-V3's shared-expert block adds two on its 58 MoE layers, its 3 dense layers pay 4."""
     oss = step_model(db, "gpt-oss-120b", gpu="H200", tp=8, dtype="fp4")
-    assert oss.exp_fixed_s > 0                       # the measured curve is in use
+    assert oss.exp_fixed_s > 0  # the measured curve is in use
     assert oss.mem_floor_bytes == 3 * 36 * oss.meff.half
     ds = step_model(db, "DeepSeek-V3", gpu="H200", tp=8, dtype="fp8")
     assert ds.mem_floor_bytes == (4 * 3 + 5 * 58) * ds.meff.half
@@ -165,7 +183,7 @@ def test_fp8_weights_halve_weight_bytes_and_use_the_fp8_curve(db):
     # Decode at batch 1 streams the weights: fp8 saves half of the decoder's; the floors and activations stay.
     saved = pc.linear_time(bf, 1) - pc.linear_time(f8, 1)
     saved_bytes = bf.dense_weight_bytes - f8.dense_weight_bytes + bf.kv_bytes_per_token - f8.kv_bytes_per_token
-    assert saved == pytest.approx(saved_bytes / (bf.peak_bw * bf.meff.max_eff), rel=1e-9)   # weights and the KV write
+    assert saved == pytest.approx(saved_bytes / (bf.peak_bw * bf.meff.max_eff), rel=1e-9)  # weights and the KV write
     assert 0.5 < pc.linear_time(f8, 1) / pc.linear_time(bf, 1) < 0.65
 
 
@@ -192,7 +210,7 @@ def test_quantised_checkpoints_keep_their_bf16_groups(db):
     a = oss.arch
     expected = sum(g.params * g.weight_bytes for g in groups.values()) + a.embedding_params * 2.0
     assert oss.model_weight_bytes == pytest.approx(expected, rel=1e-12)
-    assert 63e9 < oss.model_weight_bytes < 67e9   # the release's safetensors are ~65 GB (MXFP4 experts + bf16)
+    assert 63e9 < oss.model_weight_bytes < 67e9  # the release's safetensors are ~65 GB (MXFP4 experts + bf16)
     kimi = {g.name: g for g in deployment(db, "Kimi-K2.5", gpu="H200", tp=8, dtype="int4").linear_groups()}
     assert kimi["experts"].compute_dtype == "bf16" and kimi["experts"].weight_bytes == pytest.approx(0.5625)
     assert all(kimi[n].weight_bytes == 2.0 for n in ("attention", "shared_experts", "dense_mlp", "lm_head"))
@@ -228,10 +246,15 @@ def test_moe_decode_batch1_reads_a_fraction_of_the_experts(db):
     # Dense kernels and the grouped expert kernels run one after the other, each memory-bound at batch 1: the
     # dense ones at the GEMM memory curve, the experts at the measured fused-MoE kernel's (hwdb/moe.py), which
     # adds its fixed and per-expert costs.
-    nb = (moe.dense_weight_bytes + moe.act_bytes_per_token + moe.kv_bytes_per_token
-          + moe.mem_floor_bytes)   # weights, activations, the new KV
-    experts = (moe.expert_bytes * moe.experts_per_token / (moe.peak_bw * moe.exp_mem_eff) + moe.exp_fixed_s
-               + moe.exp_s_per_token + moe.exp_s_per_expert * moe.touched_experts(1))
+    nb = (
+        moe.dense_weight_bytes + moe.act_bytes_per_token + moe.kv_bytes_per_token + moe.mem_floor_bytes
+    )  # weights, activations, the new KV
+    experts = (
+        moe.expert_bytes * moe.experts_per_token / (moe.peak_bw * moe.exp_mem_eff)
+        + moe.exp_fixed_s
+        + moe.exp_s_per_token
+        + moe.exp_s_per_expert * moe.touched_experts(1)
+    )
     assert moe.exp_mem_eff > 0 and max(moe.expert_roofline(1)) == moe.expert_roofline(1)[1]
     assert pc.linear_time(moe, 1) == pytest.approx(nb / (moe.peak_bw * moe.meff.max_eff) + experts, rel=1e-12)
     # About a tenth of the weights read, but each layer's fixed kernel cost (the fitted per-layer and

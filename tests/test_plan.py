@@ -1,5 +1,6 @@
 """The capacity planner: its recommendation against direct simulation, heterogeneous PD on the front,
 bad input, the screen's closed forms, resumable and interruptible runs."""
+
 from __future__ import annotations
 
 import functools
@@ -25,10 +26,12 @@ def request(**over) -> dict:
     base = {
         "name": "t",
         "model": "Llama-3.1-8B",
-        "workload": {"arrival": {"kind": "poisson", "rate": 10.0},
-                     "input_length": {"kind": "lognormal", "mean": 1000, "cv": 1.0, "low": 16, "high": 8000},
-                     "output_length": {"kind": "lognormal", "mean": 200, "cv": 1.0, "low": 4, "high": 1500},
-                     "num_requests": 400},
+        "workload": {
+            "arrival": {"kind": "poisson", "rate": 10.0},
+            "input_length": {"kind": "lognormal", "mean": 1000, "cv": 1.0, "low": 16, "high": 8000},
+            "output_length": {"kind": "lognormal", "mean": 200, "cv": 1.0, "low": 4, "high": 1500},
+            "num_requests": 400,
+        },
         "slo": {"ttft_s": 1.0, "tpot_s": 0.05, "attainment": 0.9},
         "gpus": [{"name": "L40S"}, {"name": "H100"}],
         "constraints": {"max_gpus": 6, "max_instances_per_pool": 4, "tp": [1]},
@@ -57,6 +60,7 @@ def test_recommendation_meets_slo_and_a_cheaper_rejected_candidate_does_not(plan
         scn = plan.to_scenario(cid).model_copy(update={"seed": 99})
         scn = scn.model_copy(update={"workload": scn.workload.model_copy(update={"num_requests": 1200})})
         return float(np.mean([simulate(scn, r).summary["slo_attainment"] for r in range(6)]))
+
     assert attainment(rec["id"]) >= q
     cheaper = df[(df["cost_usd_per_hour"] < rec["cost_usd_per_hour"]) & df["verified"] & ~df["meets_slo"]]
     assert len(cheaper), "the rejected list should hold a simulated, cheaper candidate"
@@ -68,8 +72,19 @@ def test_recommendation_meets_slo_and_a_cheaper_rejected_candidate_does_not(plan
 
 
 def test_result_tables_follow_the_contract(plan):
-    cols = {"id", "family", "layout", "gpus", "cost_usd_per_hour", "cost_usd_per_million_tokens", "goodput_rps",
-            "ttft_s", "tpot_s", "meets_slo", "rejected_reason"}
+    cols = {
+        "id",
+        "family",
+        "layout",
+        "gpus",
+        "cost_usd_per_hour",
+        "cost_usd_per_million_tokens",
+        "goodput_rps",
+        "ttft_s",
+        "tpot_s",
+        "meets_slo",
+        "rejected_reason",
+    }
     assert cols <= set(plan.candidates.columns)
     assert plan.candidates["id"].is_unique
     assert set(plan.candidates["family"]) == {"colocated", "pd"}
@@ -86,17 +101,29 @@ def test_result_tables_follow_the_contract(plan):
 
 
 def _hetero_front(h200_price: float):
-    req = parse_plan_request({
-        "name": "het", "model": "Llama-3.1-8B",
-        "workload": {"arrival": {"kind": "poisson", "rate": 8.0},
-                     "input_length": {"kind": "lognormal", "mean": 6000, "cv": 0.5, "low": 512, "high": 16000},
-                     "output_length": {"kind": "lognormal", "mean": 1200, "cv": 0.5, "low": 64, "high": 4000},
-                     "num_requests": 300},
-        "slo": {"ttft_s": 2.0, "tpot_s": 0.025, "attainment": 0.9},
-        "gpus": [{"name": "H100"}, {"name": "H200", "price_usd_per_hour": h200_price}],
-        "constraints": {"max_gpus": 12, "max_instances_per_pool": 6, "tp": [1, 2]},
-        "search": {"verify": 1, "borderline": 0, "verify_front": 2, "replications": 1, "requests": 300,
-                   "goodput_iterations": 2}})
+    req = parse_plan_request(
+        {
+            "name": "het",
+            "model": "Llama-3.1-8B",
+            "workload": {
+                "arrival": {"kind": "poisson", "rate": 8.0},
+                "input_length": {"kind": "lognormal", "mean": 6000, "cv": 0.5, "low": 512, "high": 16000},
+                "output_length": {"kind": "lognormal", "mean": 1200, "cv": 0.5, "low": 64, "high": 4000},
+                "num_requests": 300,
+            },
+            "slo": {"ttft_s": 2.0, "tpot_s": 0.025, "attainment": 0.9},
+            "gpus": [{"name": "H100"}, {"name": "H200", "price_usd_per_hour": h200_price}],
+            "constraints": {"max_gpus": 12, "max_instances_per_pool": 6, "tp": [1, 2]},
+            "search": {
+                "verify": 1,
+                "borderline": 0,
+                "verify_front": 2,
+                "replications": 1,
+                "requests": 300,
+                "goodput_iterations": 2,
+            },
+        }
+    )
     res = run_plan(req, workers=1)
     front = res.pareto
     # the part of the front that serves the workload: goodput between the target and twice it
@@ -106,36 +133,49 @@ def _hetero_front(h200_price: float):
 
 
 def test_heterogeneous_pd_lands_on_the_front_when_a_bandwidth_rich_gpu_is_cheap():
-    res, hetero = _hetero_front(4.60)     # H200: 43% more HBM bandwidth than H100 for 8% more money
+    res, hetero = _hetero_front(4.60)  # H200: 43% more HBM bandwidth than H100 for 8% more money
     assert len(hetero), res.pareto[["layout", "cost_usd_per_hour", "goodput_rps"]].to_string()
-    assert hetero["verified"].any()       # and the simulation, not only the screen, puts it there
+    assert hetero["verified"].any()  # and the simulation, not only the screen, puts it there
     # direction: the same GPU priced out of its bandwidth advantage leaves the front to the others
     _, pricey = _hetero_front(12.0)
     assert len(pricey) == 0
 
 
 def test_unreachable_slo_returns_the_closest_candidates_and_their_limits():
-    res = run_plan(parse_plan_request(request(slo={"ttft_s": 0.001, "tpot_s": 0.0005},
-                                              search={"verify": 1, "borderline": 1, "replications": 1,
-                                                      "requests": 200, "goodput_iterations": 1})), workers=1)
+    res = run_plan(
+        parse_plan_request(
+            request(
+                slo={"ttft_s": 0.001, "tpot_s": 0.0005},
+                search={"verify": 1, "borderline": 1, "replications": 1, "requests": 200, "goodput_iterations": 1},
+            )
+        ),
+        workers=1,
+    )
     assert res.recommended is None
     assert len(res.closest) >= 1
     assert (res.closest["rejected_reason"].str.len() > 0).all()
-    assert res.closest["verified"].any()          # the closest ones were simulated, not just estimated
+    assert res.closest["verified"].any()  # the closest ones were simulated, not just estimated
     assert any("no candidate meets the SLO" in n and "Fix" in n for n in res.notes)
 
 
-@pytest.mark.parametrize("over, needle", [
-    ({"gpus": [{"name": "L4"}], "model": "Llama-3.1-70B", "constraints": {"tp": [1], "max_gpus": 4}},
-     "no (GPU, TP) layout can serve Llama-3.1-70B"),
-    ({"gpus": [{"name": "NoSuchGPU"}]}, "gpus[0].name: unknown GPU 'NoSuchGPU'. Known GPUs: A100"),
-    ({"constraints": {"families": ["colocated", "xpd"]}}, "'xpd' is not a deployment family"),
-    ({"constraints": {"tp": [0]}}, "constraints.tp[0]: must be a whole number from 1 to 72 GPUs"),
-    ({"slo": {"ttft_s": None, "tpot_s": None}}, "give ttft_s, tpot_s or both"),
-    ({"workload": {"arrival": {"kind": "closed", "concurrency": 4}}}, "open-loop arrival rate"),
-    ({"gpus": [{"name": "H100", "prize": 3}]}, "gpus[0].prize: unknown key; valid keys here: max_gpus, name, "
-                                                 "price_usd_per_hour"),
-])
+@pytest.mark.parametrize(
+    "over, needle",
+    [
+        (
+            {"gpus": [{"name": "L4"}], "model": "Llama-3.1-70B", "constraints": {"tp": [1], "max_gpus": 4}},
+            "no (GPU, TP) layout can serve Llama-3.1-70B",
+        ),
+        ({"gpus": [{"name": "NoSuchGPU"}]}, "gpus[0].name: unknown GPU 'NoSuchGPU'. Known GPUs: A100"),
+        ({"constraints": {"families": ["colocated", "xpd"]}}, "'xpd' is not a deployment family"),
+        ({"constraints": {"tp": [0]}}, "constraints.tp[0]: must be a whole number from 1 to 72 GPUs"),
+        ({"slo": {"ttft_s": None, "tpot_s": None}}, "give ttft_s, tpot_s or both"),
+        ({"workload": {"arrival": {"kind": "closed", "concurrency": 4}}}, "open-loop arrival rate"),
+        (
+            {"gpus": [{"name": "H100", "prize": 3}]},
+            "gpus[0].prize: unknown key; valid keys here: max_gpus, name, price_usd_per_hour",
+        ),
+    ],
+)
 def test_impossible_or_malformed_requests_give_clear_errors(over, needle):
     with pytest.raises(PlanError) as exc:
         run_plan(parse_plan_request(request(**over)), workers=1)
@@ -145,8 +185,11 @@ def test_impossible_or_malformed_requests_give_clear_errors(over, needle):
 def test_one_link_may_be_written_without_a_list_and_names_are_checked_when_parsed():
     assert parse_plan_request(request(fabrics={"links": "ib-ndr"})).fabrics.links == ("ib-ndr",)
     # the lookup happens at parse time, naming the origin given (the request file for `epdsim plan`)
-    with pytest.raises(PlanError, match=r"^mine\.yaml: invalid plan request:\n  fabrics\.links\[1\]: "
-                                        r"unknown link 'nope'\. Known links: "):
+    with pytest.raises(
+        PlanError,
+        match=r"^mine\.yaml: invalid plan request:\n  fabrics\.links\[1\]: "
+        r"unknown link 'nope'\. Known links: ",
+    ):
         parse_plan_request(request(fabrics={"links": [None, "nope"]}), origin="mine.yaml")
 
 
@@ -183,8 +226,10 @@ def test_pareto_front_is_exactly_the_non_dominated_points(points):
     good = np.array([p[1] for p in points], dtype=float)
     m = pareto_mask(cost, good)
     for i in range(len(points)):
-        dominated = any(cost[j] <= cost[i] and good[j] >= good[i] and (cost[j] < cost[i] or good[j] > good[i])
-                        for j in range(len(points)))
+        dominated = any(
+            cost[j] <= cost[i] and good[j] >= good[i] and (cost[j] < cost[i] or good[j] > good[i])
+            for j in range(len(points))
+        )
         assert m[i] == (good[i] > 0 and not dominated)
 
 
@@ -196,8 +241,18 @@ def test_with_rate_keeps_everything_but_the_rate():
 
 
 def test_interrupted_plan_keeps_finished_verifications_and_resumes(tmp_path):
-    req = parse_plan_request(request(search={"verify": 2, "borderline": 0, "verify_front": 0, "replications": 1,
-                                             "requests": 200, "goodput_iterations": 1}))
+    req = parse_plan_request(
+        request(
+            search={
+                "verify": 2,
+                "borderline": 0,
+                "verify_front": 0,
+                "replications": 1,
+                "requests": 200,
+                "goodput_iterations": 1,
+            }
+        )
+    )
     calls = []
 
     def stop_after_first(done, total, stage):
@@ -223,8 +278,18 @@ def test_interrupted_plan_keeps_finished_verifications_and_resumes(tmp_path):
 
 
 def test_parallel_workers_give_the_serial_answer():
-    req = parse_plan_request(request(search={"verify": 2, "borderline": 1, "verify_front": 0, "replications": 1,
-                                             "requests": 200, "goodput_iterations": 1}))
+    req = parse_plan_request(
+        request(
+            search={
+                "verify": 2,
+                "borderline": 1,
+                "verify_front": 0,
+                "replications": 1,
+                "requests": 200,
+                "goodput_iterations": 1,
+            }
+        )
+    )
     a, b = run_plan(req, workers=1), run_plan(req, workers=2)
     cols = ["id", "goodput_rps", "ttft_s", "tpot_s", "meets_slo", "rejected_reason"]
     assert a.candidates[cols].equals(b.candidates[cols])
@@ -232,18 +297,27 @@ def test_parallel_workers_give_the_serial_answer():
 
 
 def _vl_request(**over) -> dict:
-    args = dict(model="Qwen3-VL-30B-A3B",
-                workload={"arrival": {"kind": "poisson", "rate": 2.0},
-                          "input_length": {"kind": "fixed", "value": 300},
-                          "output_length": {"kind": "fixed", "value": 100}, "num_requests": 200,
-                          "images": {"count": {"kind": "fixed", "value": 2},
-                                     "resolutions": [{"width": 1920, "height": 1080}]}},
-                slo={"ttft_s": 2.0, "tpot_s": 0.06},
-                gpus=[{"name": "H100"}],
-                constraints={"max_gpus": 5, "max_instances_per_pool": 3, "tp": [1, 2],
-                             "families": ["colocated", "epd"]},
-                search={"verify": 1, "borderline": 0, "verify_front": 0, "replications": 1, "requests": 200,
-                        "goodput_iterations": 1})
+    args = dict(
+        model="Qwen3-VL-30B-A3B",
+        workload={
+            "arrival": {"kind": "poisson", "rate": 2.0},
+            "input_length": {"kind": "fixed", "value": 300},
+            "output_length": {"kind": "fixed", "value": 100},
+            "num_requests": 200,
+            "images": {"count": {"kind": "fixed", "value": 2}, "resolutions": [{"width": 1920, "height": 1080}]},
+        },
+        slo={"ttft_s": 2.0, "tpot_s": 0.06},
+        gpus=[{"name": "H100"}],
+        constraints={"max_gpus": 5, "max_instances_per_pool": 3, "tp": [1, 2], "families": ["colocated", "epd"]},
+        search={
+            "verify": 1,
+            "borderline": 0,
+            "verify_front": 0,
+            "replications": 1,
+            "requests": 200,
+            "goodput_iterations": 1,
+        },
+    )
     args.update(over)
     return request(**args)
 

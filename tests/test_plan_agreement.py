@@ -12,6 +12,7 @@ vLLM's end-to-end terms; the rest within +9 %), colocated -1 .. +27 % (H100/H200
 L40S and the VL model's 17-27 %), EPD -6 .. +24 %; median |error| over all 8 %; the screen is optimistic in
 21 of 24.  The bounds below hold those figures with a little room; docs/planner.md ("Limits") quotes them.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -23,7 +24,7 @@ from simulator.plan import load_plan_request, run_plan
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted(REPO.glob("examples/plan*.yaml"))
-BOUND = {"pd": 0.30, "colocated": 0.35, "epd": 0.30}    # max |est/des - 1| per family
+BOUND = {"pd": 0.30, "colocated": 0.35, "epd": 0.30}  # max |est/des - 1| per family
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +33,9 @@ def agreement() -> dict[str, list[tuple[str, str, float]]]:
     for path in EXAMPLES:
         df = run_plan(load_plan_request(path), workers=1).candidates
         v = df[df["verified"] & ~df["goodput_capped"] & (df["goodput_rps"] > 0)]
-        out[path.name] = [(r["family"], r["id"], r["est_goodput_rps"] / r["goodput_rps"] - 1.0)
-                          for _, r in v.iterrows()]
+        out[path.name] = [
+            (r["family"], r["id"], r["est_goodput_rps"] / r["goodput_rps"] - 1.0) for _, r in v.iterrows()
+        ]
     for name, rows in out.items():
         print(f"\n{name}")
         for fam, cid, rel in rows:

@@ -1,5 +1,6 @@
 """Deployable artefacts: Kubernetes YAML checked against the Kubernetes API schema (the official client's
 model classes), vLLM command lines parsed by vLLM's own `vllm serve` parser, router configuration."""
+
 from __future__ import annotations
 
 import argparse
@@ -16,18 +17,29 @@ from tests.plan_results import check_sglang, epd_id, k8s_roundtrip, pick, screen
 
 def _docs(files):
     docs = list(yaml.safe_load_all(files["k8s/deployment.yaml"]))
-    pools = [d for d in docs if d["kind"] in ("Deployment", "StatefulSet")
-             and d["metadata"]["labels"]["epdsim/role"] != "proxy"]
+    pools = [
+        d
+        for d in docs
+        if d["kind"] in ("Deployment", "StatefulSet") and d["metadata"]["labels"]["epdsim/role"] != "proxy"
+    ]
     proxy = [d for d in docs if d["metadata"].get("labels", {}).get("epdsim/role") == "proxy"]
     return docs, pools, proxy
 
 
-@pytest.mark.parametrize("family, hetero, gpu, connector, link", [
-    ("colocated", False, "H", "nixl", "roce-400"), ("pd", True, "H", "nixl", "roce-400"),
-    ("pd", False, "MI", "nixl", "roce-400"), ("pd", True, "H", "p2pnccl", "ib-ndr"),
-    ("pd", True, "H", "mooncake", "roce-400"), ("pd", True, "H", "nixl", "tcp-25gbe"),
-    ("pd", False, "H", "p2pnccl", "tcp-100gbe"), ("pd", False, "H", "tcp", "cloud-vpc"),
-    ("epd", False, "H", "nixl", None)])
+@pytest.mark.parametrize(
+    "family, hetero, gpu, connector, link",
+    [
+        ("colocated", False, "H", "nixl", "roce-400"),
+        ("pd", True, "H", "nixl", "roce-400"),
+        ("pd", False, "MI", "nixl", "roce-400"),
+        ("pd", True, "H", "p2pnccl", "ib-ndr"),
+        ("pd", True, "H", "mooncake", "roce-400"),
+        ("pd", True, "H", "nixl", "tcp-25gbe"),
+        ("pd", False, "H", "p2pnccl", "tcp-100gbe"),
+        ("pd", False, "H", "tcp", "cloud-vpc"),
+        ("epd", False, "H", "nixl", None),
+    ],
+)
 def test_kubernetes_manifests_parse_and_match_the_api_schema(family, hetero, gpu, connector, link):
     res = vl_screen_plan() if family == "epd" else screen_plan(connector, link)
     cid = epd_id(res) if family == "epd" else pick(res, family, hetero, gpu)
@@ -107,8 +119,11 @@ def test_mooncake_plans_run_vllms_mooncake_proxy_with_each_prefill_pods_bootstra
     engine id per prefill address, so each prefill pod is addressed on its own: a StatefulSet behind a
     headless Service, pods <svc>-<i>.<svc>; the bootstrap port 8998 is open on the pod and its Service."""
     res = screen_plan("mooncake", link)
-    cid = next(c for c in res.candidates["id"] if c.startswith("pd-") and c.endswith("-2p1d")
-               and "MI300X" not in c and f"-{link}-" in c)
+    cid = next(
+        c
+        for c in res.candidates["id"]
+        if c.startswith("pd-") and c.endswith("-2p1d") and "MI300X" not in c and f"-{link}-" in c
+    )
     cand = res.candidate(cid)
     files = artefacts(res, cid)
     docs, pools, proxy = _docs(files)
@@ -121,12 +136,13 @@ def test_mooncake_plans_run_vllms_mooncake_proxy_with_each_prefill_pods_bootstra
     assert pre["kind"] == "StatefulSet" and dec["kind"] == "Deployment"
     assert pre["spec"]["serviceName"] == name and pre["spec"]["podManagementPolicy"] == "Parallel"
     assert pre["spec"]["replicas"] == cand.pool("prefill").instances == 2
-    assert services[name]["spec"]["clusterIP"] == "None"                       # headless: DNS per pod
+    assert services[name]["spec"]["clusterIP"] == "None"  # headless: DNS per pod
     assert "clusterIP" not in services[dec["metadata"]["name"]]["spec"]
     ctr = pre["spec"]["template"]["spec"]["containers"][0]
     assert {"name": "bootstrap", "containerPort": 8998, "protocol": "TCP"} in ctr["ports"]
-    assert {"name": "bootstrap", "port": 8998, "targetPort": "bootstrap", "protocol": "TCP"} in \
-        services[name]["spec"]["ports"]
+    assert {"name": "bootstrap", "port": 8998, "targetPort": "bootstrap", "protocol": "TCP"} in services[name]["spec"][
+        "ports"
+    ]
     env = {e["name"]: e.get("value") for e in ctr["env"]}
     assert env["VLLM_MOONCAKE_BOOTSTRAP_PORT"] == "8998"
     dctr = dec["spec"]["template"]["spec"]["containers"][0]
@@ -146,10 +162,9 @@ def test_mooncake_plans_run_vllms_mooncake_proxy_with_each_prefill_pods_bootstra
     assert _MOONCAKE_PROXY in cmd and "toy_proxy_server" not in cmd
     argv = shlex.split(cmd.split("&& exec ", 1)[1])
     assert argv[:6] == ["python3", "/tmp/proxy.py", "--host", "0.0.0.0", "--port", "8000"]
-    prefills = [argv[i + 1:i + 3] for i, a in enumerate(argv) if a == "--prefill"]
+    prefills = [argv[i + 1 : i + 3] for i, a in enumerate(argv) if a == "--prefill"]
     assert prefills == [[f"http://{name}-{i}.{name}:8000", "8998"] for i in range(2)]
-    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--decode"] == [
-        f"http://{dec['metadata']['name']}:8000"]
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--decode"] == [f"http://{dec['metadata']['name']}:8000"]
     assert {p["port"] for p in svc["spec"]["ports"]} == {8000}
     router = yaml.safe_load(files["router.yaml"])
     assert router["proxy"]["kind"] == "mooncake"
@@ -196,8 +211,12 @@ def test_router_config_points_at_the_services():
 
 def test_options_set_rdma_resource_host_network_and_registry():
     res = screen_plan()
-    opts = ArtefactOptions(rdma_resource="nvidia.com/hostdev", host_network=True, registry="reg.example.com/mirror",
-                           storage_class="nfs-rwx")
+    opts = ArtefactOptions(
+        rdma_resource="nvidia.com/hostdev",
+        host_network=True,
+        registry="reg.example.com/mirror",
+        storage_class="nfs-rwx",
+    )
     files = artefacts(res, pick(res, "pd", True), opts)
     docs, deps, _ = _docs(files)
     assert docs[0]["spec"]["storageClassName"] == "nfs-rwx"
@@ -221,7 +240,10 @@ def test_sglang_commands_use_documented_flags_and_ports(connector):
         assert argv[argv.index("--disaggregation-transfer-backend") + 1] == connector
     router = shlex.split(files["sglang/router.sh"].splitlines()[-1])
     assert router[:4] == ["python", "-m", "sglang_router.launch_router", "--pd-disaggregation"]
-    pre, dec = router[router.index("--prefill") + 1:router.index("--prefill") + 3], router[router.index("--decode") + 1]
+    pre, dec = (
+        router[router.index("--prefill") + 1 : router.index("--prefill") + 3],
+        router[router.index("--decode") + 1],
+    )
     assert pre[0].endswith(":30000") and pre[1] == "8998" and dec.endswith(":30000")
 
 
@@ -242,6 +264,6 @@ def test_sglang_epd_has_an_encoder_server_and_a_language_only_server_pointing_at
 
 def test_artefacts_without_a_recommendation_say_how_to_get_them():
     res = screen_plan()
-    assert res.recommended is None          # nothing was simulated
+    assert res.recommended is None  # nothing was simulated
     with pytest.raises(ValueError, match="candidate_id"):
         artefacts(res)

@@ -2,6 +2,7 @@
 router as Kubernetes objects, probes on every proxy and router, EFA device requests on AWS layouts, and
 every example plan's folder through the validators (the Kubernetes client's models; vLLM's own parser
 where a Python with vLLM is installed; SGLang's documented flags, since SGLang does not install here)."""
+
 from __future__ import annotations
 
 import functools
@@ -14,7 +15,7 @@ import yaml
 
 try:
     import kubernetes_validate
-except ImportError:                # optional: the round trip through the client's models still runs
+except ImportError:  # optional: the round trip through the client's models still runs
     kubernetes_validate = None
 
 from simulator.plan import artefacts, parse_plan_request, run_plan
@@ -43,10 +44,16 @@ def _role(doc):
     return doc["metadata"]["labels"].get("epdsim/role")
 
 
-@pytest.mark.parametrize("family, hetero, gpu, connector, link", [
-    ("colocated", False, "H", "nixl", "roce-400"), ("pd", True, "H", "nixl", "roce-400"),
-    ("pd", False, "MI", "mooncake", "roce-400"), ("pd", True, "H", "mooncake", "tcp-25gbe"),
-    ("epd", False, "H", "nixl", None)])
+@pytest.mark.parametrize(
+    "family, hetero, gpu, connector, link",
+    [
+        ("colocated", False, "H", "nixl", "roce-400"),
+        ("pd", True, "H", "nixl", "roce-400"),
+        ("pd", False, "MI", "mooncake", "roce-400"),
+        ("pd", True, "H", "mooncake", "tcp-25gbe"),
+        ("epd", False, "H", "nixl", None),
+    ],
+)
 def test_sglang_manifests_match_the_api_schema_and_the_sglang_scripts(family, hetero, gpu, connector, link):
     res = vl_screen_plan() if family == "epd" else screen_plan(connector, link)
     cid = epd_id(res) if family == "epd" else pick(res, family, hetero, gpu)
@@ -55,8 +62,7 @@ def test_sglang_manifests_match_the_api_schema_and_the_sglang_scripts(family, he
     sg, vl = _load(files, "k8s/sglang.yaml"), _load(files, "k8s/deployment.yaml")
     assert sg[0]["kind"] == "PersistentVolumeClaim" and sg[0] == vl[0]
     # the same Service names as the vLLM file: the scripts' URLs resolve whichever file is applied
-    assert ({d["metadata"]["name"] for d in sg if d["kind"] == "Service"} - {d["metadata"]["name"] for d in vl}
-            == set())
+    assert {d["metadata"]["name"] for d in sg if d["kind"] == "Service"} - {d["metadata"]["name"] for d in vl} == set()
     pools = [d for d in sg if d["kind"] == "Deployment" and _role(d) != "proxy"]
     services = {d["metadata"]["name"]: d for d in sg if d["kind"] == "Service"}
     assert [_role(d) for d in pools] == [p.role for p in cand.pools]
@@ -72,7 +78,8 @@ def test_sglang_manifests_match_the_api_schema_and_the_sglang_scripts(family, he
             assert ctr[probe]["httpGet"] == {"path": "/health", "port": 30000}
         sp = ctr["startupProbe"]
         assert sp["periodSeconds"] * (sp["failureThreshold"] - 1) >= float(
-            dep["metadata"]["annotations"]["epdsim/modelled-start-s"])
+            dep["metadata"]["annotations"]["epdsim/modelled-start-s"]
+        )
         assert not any(e["name"].startswith("VLLM_") for e in ctr.get("env", []))
         ports = {p["port"] for p in services[dep["metadata"]["name"]]["spec"]["ports"]}
         assert ports == ({30000, 8998} if pool.role == "prefill" else {30000})
@@ -91,8 +98,15 @@ def test_sglang_manifests_match_the_api_schema_and_the_sglang_scripts(family, he
     assert prefill in services and 8998 in {p["port"] for p in services[prefill]["spec"]["ports"]}
 
 
-@pytest.mark.parametrize("kind, connector, link", [("toy", "nixl", "roce-400"), ("p2pnccl", "p2pnccl", "ib-ndr"),
-                                                   ("epd", None, None), ("sglang", "nixl", "roce-400")])
+@pytest.mark.parametrize(
+    "kind, connector, link",
+    [
+        ("toy", "nixl", "roce-400"),
+        ("p2pnccl", "p2pnccl", "ib-ndr"),
+        ("epd", None, None),
+        ("sglang", "nixl", "roce-400"),
+    ],
+)
 def test_every_proxy_and_router_has_startup_readiness_and_liveness_probes(kind, connector, link):
     res = vl_screen_plan() if kind == "epd" else screen_plan(connector, link)
     files = artefacts(res, epd_id(res) if kind == "epd" else pick(res, "pd", True))
@@ -120,7 +134,7 @@ def test_an_aws_p5_plan_requests_four_efa_devices_per_gpu():
         pools = [d for d in _load(files, name) if d["kind"] == "Deployment" and _role(d) != "proxy"]
         for dep in pools:
             limits = dep["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
-            assert limits["vpc.amazonaws.com/efa"] == "8" and "rdma/ib" not in limits   # TP2 x 4 cards
+            assert limits["vpc.amazonaws.com/efa"] == "8" and "rdma/ib" not in limits  # TP2 x 4 cards
     assert "vpc.amazonaws.com/efa" in files["README.md"] and "p5.48xlarge" in files["README.md"]
 
 
@@ -170,11 +184,21 @@ def test_every_example_plan_folder_passes_the_kubernetes_and_sglang_validators()
 
 @needs_vllm
 def test_every_example_plan_folder_passes_vllms_own_parser():
-    cases = [(example, path, shlex.split(text.splitlines()[-1])[1:]) for example, _, files in _example_folders()
-             for path, text in files.items() if path.startswith("vllm/")]
+    cases = [
+        (example, path, shlex.split(text.splitlines()[-1])[1:])
+        for example, _, files in _example_folders()
+        for path, text in files.items()
+        if path.startswith("vllm/")
+    ]
     assert cases
-    r = subprocess.run([VLLM_PY, "-c", VLLM_PARSE_CHECK], input=json.dumps([a for _, _, a in cases]),
-                       capture_output=True, text=True, timeout=600, cwd=REPO)
+    r = subprocess.run(
+        [VLLM_PY, "-c", VLLM_PARSE_CHECK],
+        input=json.dumps([a for _, _, a in cases]),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     parsed = json.loads(r.stdout.strip().splitlines()[-1])
     assert len(parsed) == len(cases)

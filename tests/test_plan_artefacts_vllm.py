@@ -1,5 +1,6 @@
 """Deployable artefacts, vLLM side: the plans' `vllm serve` command lines parsed by vLLM's own parser
 (in the vLLM CPU venv; skipped without it)."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,12 @@ from tests.plan_results import VLLM_PARSE_CHECK, epd_id, pick, screen_plan, vl_s
 @needs_vllm
 def test_vllm_command_lines_parse_with_vllms_own_parser():
     cases = []
-    for connector, link in (("nixl", "roce-400"), ("mooncake", "roce-400"), ("mooncake", "tcp-25gbe"),
-                            ("tcp", "tcp-25gbe")):
+    for connector, link in (
+        ("nixl", "roce-400"),
+        ("mooncake", "roce-400"),
+        ("mooncake", "tcp-25gbe"),
+        ("tcp", "tcp-25gbe"),
+    ):
         res = screen_plan(connector, link)
         for family, hetero in (("colocated", False), ("pd", True)):
             cand = res.candidate(pick(res, family, hetero))
@@ -33,8 +38,14 @@ def test_vllm_command_lines_parse_with_vllms_own_parser():
     for pool in cand.pools:
         role = pool.role if pool.role != "colocated" else "main"
         cases.append(("epd", pool, shlex.split(files[f"vllm/{role}.sh"].splitlines()[-1])[1:]))
-    r = subprocess.run([VLLM_PY, "-c", VLLM_PARSE_CHECK], input=json.dumps([a for _, _, a in cases]),
-                       capture_output=True, text=True, timeout=300, cwd=REPO)
+    r = subprocess.run(
+        [VLLM_PY, "-c", VLLM_PARSE_CHECK],
+        input=json.dumps([a for _, _, a in cases]),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     parsed = json.loads(r.stdout.strip().splitlines()[-1])
     assert len(parsed) == len(cases)
@@ -71,16 +82,35 @@ def test_p2pnccl_lines_follow_vllms_p2p_guide_which_vllm_032_no_longer_accepts()
     res = screen_plan("p2pnccl", "ib-ndr")
     files = artefacts(res, pick(res, "pd", True))
     argv = shlex.split(files["vllm/decode.sh"].splitlines()[-1])[1:]
-    r = subprocess.run([VLLM_PY, "-c", VLLM_PARSE_CHECK], input=json.dumps([argv]), capture_output=True, text=True,
-                       timeout=300, cwd=REPO)
+    r = subprocess.run(
+        [VLLM_PY, "-c", VLLM_PARSE_CHECK],
+        input=json.dumps([argv]),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert r.returncode != 0 and "kv_buffer_size" in r.stderr, r.stderr[-2000:]
-    without = argv[:argv.index("--kv-transfer-config") + 1] + [json.dumps(
-        {k: v for k, v in json.loads(argv[argv.index("--kv-transfer-config") + 1]).items() if k != "kv_buffer_size"})]
-    r = subprocess.run([VLLM_PY, "-c", VLLM_PARSE_CHECK], input=json.dumps([without]), capture_output=True, text=True,
-                       timeout=300, cwd=REPO)
+    without = argv[: argv.index("--kv-transfer-config") + 1] + [
+        json.dumps(
+            {k: v for k, v in json.loads(argv[argv.index("--kv-transfer-config") + 1]).items() if k != "kv_buffer_size"}
+        )
+    ]
+    r = subprocess.run(
+        [VLLM_PY, "-c", VLLM_PARSE_CHECK],
+        input=json.dumps([without]),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])[0]
     port, extra = got["kv_extra"]
     assert got["kv"] == ["P2pNcclConnector", "kv_consumer"] and port == 21001 and got["registered"] is False
-    assert extra == {"proxy_ip": extra["proxy_ip"], "proxy_port": "30001", "http_port": "8000",
-                     "send_type": "PUT_ASYNC"}
+    assert extra == {
+        "proxy_ip": extra["proxy_ip"],
+        "proxy_port": "30001",
+        "http_port": "8000",
+        "send_type": "PUT_ASYNC",
+    }

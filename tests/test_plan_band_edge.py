@@ -6,6 +6,7 @@ refusing one without a band as unverifiable.
 The H100 plans below are small (one GPU type, TP1, colocated, one seed): at a TPOT target of 11.5 ms two
 H100s meet it at their simulated p90 TPOT (~9.8 ms) but not at the edge (x 1.3: ~12.8 ms); four hold
 there (~8 ms x 1.3 = ~10.5 ms)."""
+
 from __future__ import annotations
 
 import json
@@ -24,10 +25,19 @@ TPOT_TARGET = 0.0115
 
 
 def _edge_request(edge: bool = False) -> dict:
-    return request(gpus=[{"name": "H100"}], slo={"ttft_s": 1.0, "tpot_s": TPOT_TARGET},
-                   constraints={"families": ["colocated"], "slo_at_band_edge": edge},
-                   search={"verify": 3, "borderline": 1, "verify_front": 0, "replications": 1, "requests": 200,
-                           "goodput_iterations": 1})
+    return request(
+        gpus=[{"name": "H100"}],
+        slo={"ttft_s": 1.0, "tpot_s": TPOT_TARGET},
+        constraints={"families": ["colocated"], "slo_at_band_edge": edge},
+        search={
+            "verify": 3,
+            "borderline": 1,
+            "verify_front": 0,
+            "replications": 1,
+            "requests": 200,
+            "goodput_iterations": 1,
+        },
+    )
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +56,7 @@ def test_default_plan_flags_a_recommendation_whose_headroom_is_inside_the_band(p
     row = band_frame(res).set_index("id").loc[rec["id"]]
     assert row["meets_slo_at_band_edge"] is False and row["tpot_band"] == pytest.approx(rec["tpot_band"])
     assert "does not hold" in verdict(res) and "TPOT up to" in verdict(res)
-    assert any(n.startswith("warning: the recommendation meets the SLO") and "slo_at_band_edge" in n
-               for n in res.notes)
+    assert any(n.startswith("warning: the recommendation meets the SLO") and "slo_at_band_edge" in n for n in res.notes)
 
 
 def test_the_option_picks_a_candidate_that_holds_at_the_edge(plans):
@@ -70,14 +79,33 @@ def test_the_option_picks_a_candidate_that_holds_at_the_edge(plans):
 
 
 def _row(cid: str, cost: float, tpot: float) -> dict:
-    return {"id": cid, "family": "colocated", "layout": cid, "gpus": 1, "cost_usd_per_hour": cost, "percentile": 90,
-            "est_ttft_s": 0.3, "est_tpot_s": tpot, "est_goodput_rps": 12.0, "est_meets_slo": True,
-            "rejected_reason": ""}
+    return {
+        "id": cid,
+        "family": "colocated",
+        "layout": cid,
+        "gpus": 1,
+        "cost_usd_per_hour": cost,
+        "percentile": 90,
+        "est_ttft_s": 0.3,
+        "est_tpot_s": tpot,
+        "est_goodput_rps": 12.0,
+        "est_meets_slo": True,
+        "rejected_reason": "",
+    }
 
 
 def _sim(cid: str, tpot: float) -> dict:
-    return {"id": cid, "des_ttft_s": 0.3, "des_tpot_s": tpot, "des_goodput_rps": 12.0, "des_meets_slo": True,
-            "des_attainment": 0.97, "des_attainment_ci95": 0.01, "des_goodput_capped": False, "des_runs": 1}
+    return {
+        "id": cid,
+        "des_ttft_s": 0.3,
+        "des_tpot_s": tpot,
+        "des_goodput_rps": 12.0,
+        "des_meets_slo": True,
+        "des_attainment": 0.97,
+        "des_attainment_ci95": 0.01,
+        "des_goodput_capped": False,
+        "des_runs": 1,
+    }
 
 
 def test_a_candidate_without_a_band_is_refused_at_the_edge_and_unknown_by_default():
@@ -122,4 +150,4 @@ def test_cli_flag_plans_at_the_edge_and_prints_the_band_verdict(tmp_path, capsys
     # judging at the edge changes no simulation: the rerun reuses the first run's, simulating none twice
     lines = (tmp_path / "out" / "verified.jsonl").read_text().splitlines()
     ids = [json.loads(line)["id"] for line in lines]
-    assert lines[:len(first)] == first and len(ids) == len(set(ids))
+    assert lines[: len(first)] == first and len(ids) == len(set(ids))

@@ -4,6 +4,7 @@ family where nothing meets the SLO falls back to its closest candidate, saying s
 
 The rows are built by hand in the shape that ``runner._run_plan`` gives ``rank.assemble`` (screen
 figures per candidate, simulation records for the verified ones), so no simulation runs here."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -17,22 +18,39 @@ SLO = {"ttft_s": 1.0, "tpot_s": 0.05, "attainment": 0.9}
 
 
 def _request(families=("colocated", "pd")):
-    return parse_plan_request({
-        "name": "verdict", "model": "Llama-3.1-8B",
-        "workload": {"arrival": {"kind": "poisson", "rate": 10.0},
-                     "input_length": {"kind": "fixed", "value": 1000},
-                     "output_length": {"kind": "fixed", "value": 200}, "num_requests": 200},
-        "slo": SLO, "gpus": [{"name": "H100"}, {"name": "H200"}],
-        "constraints": {"families": list(families)},
-        "search": {"replications": 2}})
+    return parse_plan_request(
+        {
+            "name": "verdict",
+            "model": "Llama-3.1-8B",
+            "workload": {
+                "arrival": {"kind": "poisson", "rate": 10.0},
+                "input_length": {"kind": "fixed", "value": 1000},
+                "output_length": {"kind": "fixed", "value": 200},
+                "num_requests": 200,
+            },
+            "slo": SLO,
+            "gpus": [{"name": "H100"}, {"name": "H200"}],
+            "constraints": {"families": list(families)},
+            "search": {"replications": 2},
+        }
+    )
 
 
 def _row(cid: str, family: str, layout: str, cost: float, goodput: float, passes: bool, reason: str = "") -> dict:
     """A screened candidate: ``passes`` the screen at the target rate (10 req/s) or not, with ``reason``."""
-    return {"id": cid, "family": family, "layout": layout, "gpus": 0, "cost_usd_per_hour": cost, "percentile": 90,
-            "est_ttft_s": 0.4 if passes else 3.0, "est_tpot_s": 0.03 if passes else 0.08,
-            "est_goodput_rps": goodput, "est_meets_slo": passes,
-            "rejected_reason": "" if passes else (reason or "ttft: 3 s > 1 s at 10 req/s")}
+    return {
+        "id": cid,
+        "family": family,
+        "layout": layout,
+        "gpus": 0,
+        "cost_usd_per_hour": cost,
+        "percentile": 90,
+        "est_ttft_s": 0.4 if passes else 3.0,
+        "est_tpot_s": 0.03 if passes else 0.08,
+        "est_goodput_rps": goodput,
+        "est_meets_slo": passes,
+        "rejected_reason": "" if passes else (reason or "ttft: 3 s > 1 s at 10 req/s"),
+    }
 
 
 def _memory(cid: str, family: str, cost: float) -> dict:
@@ -44,9 +62,17 @@ def _memory(cid: str, family: str, cost: float) -> dict:
 
 def _sim(cid: str, goodput: float, meets: bool) -> dict:
     """A simulation record, as ``verify_task`` returns it, at the target rate."""
-    return {"id": cid, "des_ttft_s": 0.5 if meets else 2.5, "des_tpot_s": 0.03 if meets else 0.07,
-            "des_goodput_rps": goodput, "des_meets_slo": meets, "des_attainment": 0.97 if meets else 0.4,
-            "des_attainment_ci95": 0.01, "des_goodput_capped": False, "des_runs": 2}
+    return {
+        "id": cid,
+        "des_ttft_s": 0.5 if meets else 2.5,
+        "des_tpot_s": 0.03 if meets else 0.07,
+        "des_goodput_rps": goodput,
+        "des_meets_slo": meets,
+        "des_attainment": 0.97 if meets else 0.4,
+        "des_attainment_ci95": 0.01,
+        "des_goodput_capped": False,
+        "des_runs": 2,
+    }
 
 
 def _verdict(rows, sims, families=("colocated", "pd")):
@@ -59,11 +85,13 @@ def test_issue_32_cheapest_screen_passing_colocated_not_the_highest_goodput():
     """The reported case: the family's cheapest screen-accepted candidate failed its simulation, so no
     colocated candidate is verified to pass; the verdict named the 16x H200 ($163.20/h, highest
     goodput) although 6x H100 at $51/h passes the screen."""
-    rows = [_row("pd-a", "pd", "2x H100 prefill + 2x H100 decode", 40.0, 12.0, True),
-            _row("co-4h100", "colocated", "4x H100 TP2 fp8", 34.0, 11.0, True),
-            _row("co-6h100", "colocated", "6x H100 TP2 fp8", 51.0, 16.0, True),
-            _row("co-16h200", "colocated", "16x H200 TP2 fp8", 163.20, 60.0, True),
-            _row("co-2h100", "colocated", "2x H100 TP2 fp8", 17.0, 5.0, False)]
+    rows = [
+        _row("pd-a", "pd", "2x H100 prefill + 2x H100 decode", 40.0, 12.0, True),
+        _row("co-4h100", "colocated", "4x H100 TP2 fp8", 34.0, 11.0, True),
+        _row("co-6h100", "colocated", "6x H100 TP2 fp8", 51.0, 16.0, True),
+        _row("co-16h200", "colocated", "16x H200 TP2 fp8", 163.20, 60.0, True),
+        _row("co-2h100", "colocated", "2x H100 TP2 fp8", 17.0, 5.0, False),
+    ]
     sims = [_sim("pd-a", 12.5, True), _sim("co-4h100", 8.0, False)]
     res, fam = _verdict(rows, sims)
     assert res.recommended["id"] == "pd-a"
@@ -72,15 +100,17 @@ def test_issue_32_cheapest_screen_passing_colocated_not_the_highest_goodput():
     assert co["cost_usd_per_hour"] == 51.0
     assert co["basis"] == "screen"
     assert "passes the screen, not simulated" in co["lost_because"]
-    assert "$11.00/h more" in co["lost_because"]          # than the $40/h recommendation
+    assert "$11.00/h more" in co["lost_because"]  # than the $40/h recommendation
     assert fam.loc["pd", "lost_because"] == "recommended" and fam.loc["pd", "basis"] == "simulated"
 
 
 def test_a_simulated_pass_represents_the_family_before_a_cheaper_screen_pass():
-    rows = [_row("pd-a", "pd", "pd a", 40.0, 12.0, True),
-            _row("co-cheap-screen", "colocated", "co screen only", 45.0, 14.0, True),
-            _row("co-80", "colocated", "co verified cheap", 80.0, 15.0, True),
-            _row("co-120", "colocated", "co verified big", 120.0, 40.0, True)]
+    rows = [
+        _row("pd-a", "pd", "pd a", 40.0, 12.0, True),
+        _row("co-cheap-screen", "colocated", "co screen only", 45.0, 14.0, True),
+        _row("co-80", "colocated", "co verified cheap", 80.0, 15.0, True),
+        _row("co-120", "colocated", "co verified big", 120.0, 40.0, True),
+    ]
     sims = [_sim("pd-a", 12.5, True), _sim("co-80", 15.5, True), _sim("co-120", 41.0, True)]
     _, fam = _verdict(rows, sims)
     co = fam.loc["colocated"]
@@ -89,9 +119,11 @@ def test_a_simulated_pass_represents_the_family_before_a_cheaper_screen_pass():
 
 
 def test_without_a_recommendation_the_cheapest_screen_pass_asks_for_more_verification():
-    rows = [_row("pd-a", "pd", "pd a", 40.0, 12.0, True),
-            _row("co-6h100", "colocated", "6x H100 TP2 fp8", 51.0, 16.0, True),
-            _row("co-16h200", "colocated", "16x H200 TP2 fp8", 163.20, 60.0, True)]
+    rows = [
+        _row("pd-a", "pd", "pd a", 40.0, 12.0, True),
+        _row("co-6h100", "colocated", "6x H100 TP2 fp8", 51.0, 16.0, True),
+        _row("co-16h200", "colocated", "16x H200 TP2 fp8", 163.20, 60.0, True),
+    ]
     sims = [_sim("pd-a", 7.0, False)]
     res, fam = _verdict(rows, sims)
     assert res.recommended is None
@@ -104,11 +136,13 @@ def test_without_a_recommendation_the_cheapest_screen_pass_asks_for_more_verific
 
 
 def test_a_family_where_nothing_passes_says_so_and_shows_its_closest_candidate():
-    rows = [_row("pd-a", "pd", "pd a", 40.0, 12.0, True),
-            _memory("co-mem", "colocated", 10.0),
-            _row("co-sim-fail", "colocated", "co simulated, fails", 60.0, 11.0, True),
-            _row("co-screen-fail", "colocated", "co screen fails", 30.0, 6.0, False),
-            _row("co-slow", "colocated", "co slow", 20.0, 2.0, False)]
+    rows = [
+        _row("pd-a", "pd", "pd a", 40.0, 12.0, True),
+        _memory("co-mem", "colocated", 10.0),
+        _row("co-sim-fail", "colocated", "co simulated, fails", 60.0, 11.0, True),
+        _row("co-screen-fail", "colocated", "co screen fails", 30.0, 6.0, False),
+        _row("co-slow", "colocated", "co slow", 20.0, 2.0, False),
+    ]
     sims = [_sim("pd-a", 12.5, True), _sim("co-sim-fail", 9.0, False)]
     _, fam = _verdict(rows, sims)
     co = fam.loc["colocated"]
@@ -121,8 +155,11 @@ def test_a_family_where_nothing_passes_says_so_and_shows_its_closest_candidate()
 
 
 def test_a_family_ruled_out_before_screening_falls_back_to_its_cheapest_row():
-    rows = [_row("pd-a", "pd", "pd a", 40.0, 12.0, True),
-            _memory("co-mem-big", "colocated", 30.0), _memory("co-mem-small", "colocated", 10.0)]
+    rows = [
+        _row("pd-a", "pd", "pd a", 40.0, 12.0, True),
+        _memory("co-mem-big", "colocated", 30.0),
+        _memory("co-mem-small", "colocated", 10.0),
+    ]
     _, fam = _verdict(rows, [_sim("pd-a", 12.5, True)])
     co = fam.loc["colocated"]
     assert co["basis"] == "none" and co["best_id"] == "co-mem-small"

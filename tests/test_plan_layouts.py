@@ -1,5 +1,6 @@
 """The planner's search over parallel layouts and weight formats: dp x ep x tp per pool, fp8 vs fp4 where the
 GPU has it, and the serve flags each layout gets."""
+
 from __future__ import annotations
 
 import pytest
@@ -16,11 +17,22 @@ from tests.test_plan import request
 
 
 def moe_request(**constraints):
-    c = {"tp": [1, 2], "dp": [1, 2], "expert_parallel": [False, True], "dtype": ["fp8", "fp4"], "max_gpus": 8,
-         "families": ["colocated"]}
-    return parse_plan_request(request(model="Qwen3-30B-A3B", gpus=[{"name": "B200"}, {"name": "H100"}],
-                                      constraints={**c, **constraints},
-                                      workload={"arrival": {"kind": "poisson", "rate": 40.0}}))
+    c = {
+        "tp": [1, 2],
+        "dp": [1, 2],
+        "expert_parallel": [False, True],
+        "dtype": ["fp8", "fp4"],
+        "max_gpus": 8,
+        "families": ["colocated"],
+    }
+    return parse_plan_request(
+        request(
+            model="Qwen3-30B-A3B",
+            gpus=[{"name": "B200"}, {"name": "H100"}],
+            constraints={**c, **constraints},
+            workload={"arrival": {"kind": "poisson", "rate": 40.0}},
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -81,19 +93,22 @@ def test_serve_flags_of_a_dp_ep_layout(ctx):
     lay = next(x for x in ctx.layouts if x.key[1:] == ("fp4", 2, 2, 4) and x.gpu.startswith("B200"))
     v = vllm_args("m", lay.dep, "colocated", None)
     assert v[v.index("--tensor-parallel-size") + 1] == "2" and v[v.index("--data-parallel-size") + 1] == "2"
-    assert "--enable-expert-parallel" in v and "--quantization" not in v     # the fp4 checkpoint says how
+    assert "--enable-expert-parallel" in v and "--quantization" not in v  # the fp4 checkpoint says how
     s = sglang_args("m", lay.dep, "colocated", None)
     # SGLang counts every GPU in --tp-size; attention runs as --dp-size ranks of tp-size / dp-size GPUs
     assert s[s.index("--tp-size") + 1] == "4" and s[s.index("--dp-size") + 1] == "2"
     assert "--enable-dp-attention" in s and s[s.index("--ep-size") + 1] == "4"
-    check_sglang(["python", "-m", "sglang.launch_server", *s])     # only flags SGLang documents
+    check_sglang(["python", "-m", "sglang.launch_server", *s])  # only flags SGLang documents
 
 
-@pytest.mark.parametrize("constraints, needle", [
-    ({"dp": [0]}, "constraints.dp[0]"),
-    ({"dtype": "fp6"}, "constraints.dtype"),
-    ({"expert_parallel": []}, "expert_parallel"),
-])
+@pytest.mark.parametrize(
+    "constraints, needle",
+    [
+        ({"dp": [0]}, "constraints.dp[0]"),
+        ({"dtype": "fp6"}, "constraints.dtype"),
+        ({"expert_parallel": []}, "expert_parallel"),
+    ],
+)
 def test_bad_layout_constraints(constraints, needle):
     with pytest.raises(PlanError) as exc:
         moe_request(**constraints)

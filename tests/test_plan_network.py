@@ -1,5 +1,6 @@
 """The planner over real networks: TCP candidates are evaluated and shown with their verdict (not refused),
 and a cloud network layout (hwdb networks/) can be planned on like any fabric."""
+
 from __future__ import annotations
 
 import math
@@ -14,9 +15,12 @@ _SCREEN = {"verify": 0, "borderline": 0, "verify_front": 0}
 
 
 def _pd_request(links, search=None, gpus=None):
-    return request(gpus=gpus or [{"name": "H100"}], fabrics={"links": links, "connector": "nixl"},
-                   constraints={"families": ["pd"], "max_gpus": 6, "max_instances_per_pool": 3, "tp": [1]},
-                   search=search or _SCREEN)
+    return request(
+        gpus=gpus or [{"name": "H100"}],
+        fabrics={"links": links, "connector": "nixl"},
+        constraints={"families": ["pd"], "max_gpus": 6, "max_instances_per_pool": 3, "tp": [1]},
+        search=search or _SCREEN,
+    )
 
 
 def test_tcp_candidates_are_evaluated_beside_their_rdma_twins_and_lose_by_a_figure():
@@ -32,13 +36,15 @@ def test_tcp_candidates_are_evaluated_beside_their_rdma_twins_and_lose_by_a_figu
         twin = df.loc[cid.replace("-tcp-25gbe-", "-roce-400-")]
         assert row["est_ttft_s"] >= twin["est_ttft_s"] - 1e-12
         slower += row["est_ttft_s"] > twin["est_ttft_s"] * 1.01
-    assert slower >= len(tcp) // 2           # host staging and the slower wire show in most of them
+    assert slower >= len(tcp) // 2  # host staging and the slower wire show in most of them
 
 
 def test_plan_command_simulates_a_tcp_candidate_and_prints_its_verdict(tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("COLUMNS", "250")        # wide enough for one line per candidate (no wrapped layout)
-    data = _pd_request(["tcp-25gbe"], {"verify": 1, "borderline": 0, "verify_front": 0, "replications": 1,
-                                       "requests": 200, "goodput_iterations": 1})
+    monkeypatch.setenv("COLUMNS", "250")  # wide enough for one line per candidate (no wrapped layout)
+    data = _pd_request(
+        ["tcp-25gbe"],
+        {"verify": 1, "borderline": 0, "verify_front": 0, "replications": 1, "requests": 200, "goodput_iterations": 1},
+    )
     path = tmp_path / "req.yaml"
     path.write_text(yaml.safe_dump(data))
     rc = main(["plan", str(path), "--workers", "1", "--quiet"])
@@ -46,7 +52,7 @@ def test_plan_command_simulates_a_tcp_candidate_and_prints_its_verdict(tmp_path,
     assert rc == 0, out
     simulated = out.split("simulated candidates")[1].split("families")[0]
     rows = [line for line in simulated.splitlines() if "over tcp-25gbe" in line]
-    assert rows and all("│ yes │" in r for r in rows)           # simulated, not estimated
+    assert rows and all("│ yes │" in r for r in rows)  # simulated, not estimated
     verdicts = [r.rsplit("│", 2)[1].strip() for r in rows]
     assert verdicts[0] == "recommended" and all(v.startswith("cost: $") for v in verdicts[1:])
     assert "recommended:" in out and "over tcp-25gbe" in out.split("recommended:")[1]
@@ -55,8 +61,10 @@ def test_plan_command_simulates_a_tcp_candidate_and_prints_its_verdict(tmp_path,
 def test_a_cloud_layout_is_a_fabric_the_planner_plans_on_and_refuses_for_other_gpus():
     """fabrics.links may name a node type (gcp-a3-high: 8 H100 behind 4 NICs); pools on a GPU that node
     type does not carry are refused with the reason, the others are evaluated over its NICs."""
-    res = run_plan(parse_plan_request(_pd_request(["gcp-a3-high", "gcp-a3-mega"],
-                                                  gpus=[{"name": "H100"}, {"name": "H200"}])), workers=1)
+    res = run_plan(
+        parse_plan_request(_pd_request(["gcp-a3-high", "gcp-a3-mega"], gpus=[{"name": "H100"}, {"name": "H200"}])),
+        workers=1,
+    )
     df = res.candidates
     h100 = df[df["id"].str.startswith("pd-H100-SXM-80GB-tp1-H100-SXM-80GB-tp1-")]
     assert set(h100["layout"].str.rsplit(" over ", n=1).str[1]) == {"gcp-a3-high", "gcp-a3-mega"}
@@ -80,7 +88,7 @@ def test_epd_candidates_over_tcp_are_evaluated_not_refused_and_slower_than_over_
         out[link] = df[df["family"] == "epd"].set_index("id")
     tcp, rdma = out["tcp-25gbe"], out["roce-400"]
     assert len(tcp) > 0 and not tcp["rejected_reason"].str.contains("embedding transfer impossible").any()
-    e_pd = tcp[~tcp.index.str.contains("+pd-", regex=False)]         # encoder + colocated: no KV path
+    e_pd = tcp[~tcp.index.str.contains("+pd-", regex=False)]  # encoder + colocated: no KV path
     assert len(e_pd) > 0 and e_pd["est_ttft_s"].map(math.isfinite).all()
     for cid, row in tcp.iterrows():
         twin = rdma.loc[cid.replace("-tcp-25gbe-", "-roce-400-")]

@@ -1,4 +1,5 @@
 """The Ray executor on a local Ray instance gives the answer of the local executor."""
+
 from __future__ import annotations
 
 import pytest
@@ -17,8 +18,18 @@ def local_ray():
 
 
 def test_ray_executor_matches_local_processes(local_ray):
-    req = parse_plan_request(request(search={"verify": 2, "borderline": 1, "verify_front": 0, "replications": 1,
-                                             "requests": 200, "goodput_iterations": 1}))
+    req = parse_plan_request(
+        request(
+            search={
+                "verify": 2,
+                "borderline": 1,
+                "verify_front": 0,
+                "replications": 1,
+                "requests": 200,
+                "goodput_iterations": 1,
+            }
+        )
+    )
     seen = []
     on_ray = run_plan(req, progress=lambda d, t, s: seen.append((d, t, s)), ray_address="local")
     local = run_plan(req, workers=1)
@@ -27,4 +38,3 @@ def test_ray_executor_matches_local_processes(local_ray):
     assert on_ray.candidates["verified"].sum() >= 2
     verify = [(d, t) for d, t, s in seen if s == "verify"]
     assert verify[-1][0] == verify[-1][1] == on_ray.candidates["verified"].sum()
-

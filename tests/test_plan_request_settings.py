@@ -1,6 +1,7 @@
 """The scenario's settings travel to the plan the app makes of it (issue 32, "fp8 is dropped between pages"):
 weights and KV-cache dtype, engine arguments, DP/EP and the KV/embedding fabric go from the Home scenario into
 the plan request, its candidates and the serve lines it writes; pools that disagree are refused."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,7 +11,7 @@ from app.services.scenarios import InputError
 from simulator.plan import PlanRequest
 from simulator.plan.candidates import build_context
 
-FP8 = "deepseek_v3_h200_tp8_fp8.yaml"        # fp8 weights, fp8 KV cache, max_model_len 32768
+FP8 = "deepseek_v3_h200_tp8_fp8.yaml"  # fp8 weights, fp8 KV cache, max_model_len 32768
 
 
 def plan_request(d: dict, gpus=("H200",), **kw) -> PlanRequest:
@@ -27,8 +28,9 @@ def test_fp8_weights_kv_and_engine_arguments_reach_the_plan_request():
 
 def test_a_small_plan_of_an_fp8_scenario_serves_fp8_weights_and_kv():
     # Before the fix the request planned bf16: DeepSeek-V3's 1.3 TB of bf16 weights fit no layout at all.
-    data = planning.request_from_scenario(scenarios.example(FP8), ["H200"], max_gpus=8, tp=(8,),
-                                          families=("colocated",), verify=1, requests=50)
+    data = planning.request_from_scenario(
+        scenarios.example(FP8), ["H200"], max_gpus=8, tp=(8,), families=("colocated",), verify=1, requests=50
+    )
     res = planning.run(data)
     cid = planning.candidate_for_artefacts(res)
     assert cid is not None and "fp8" in cid
@@ -51,7 +53,7 @@ def test_a_bf16_scenario_keeps_the_planners_defaults():
 
 
 def test_pd_pools_that_disagree_on_engine_arguments_are_refused_with_the_fix():
-    d = scenarios.example("fp8_decode_crashes_pd.yaml")       # decode has max_num_seqs 64, prefill the default
+    d = scenarios.example("fp8_decode_crashes_pd.yaml")  # decode has max_num_seqs 64, prefill the default
     with pytest.raises(InputError) as err:
         planning.request_from_scenario(d, ["H100"])
     msg = str(err.value)
@@ -84,13 +86,13 @@ def test_moe_dp_and_expert_parallelism_reach_the_candidates():
     d["workload"]["arrival"] = {"kind": "poisson", "rate": 10}
     req = plan_request(d, tp=(1,), families=("colocated",), max_gpus=4)
     assert req.constraints.dp == (2,) and req.constraints.expert_parallel == (True,)
-    keys = {lay.key[2:] for lay in build_context(req).layouts}       # (tp, dp, ep)
+    keys = {lay.key[2:] for lay in build_context(req).layouts}  # (tp, dp, ep)
     assert keys == {(1, 2, 2)}
 
 
 def test_encoder_pools_are_left_out_and_embedding_fabric_travels():
     d = scenarios.example("epd_images_epd.yaml")
-    d["pools"][1]["engine"] = {"max_num_seqs": 8}             # the planner sizes its own encoder pool
+    d["pools"][1]["engine"] = {"max_num_seqs": 8}  # the planner sizes its own encoder pool
     req = plan_request(d, gpus=("H100",))
     assert req.constraints.dtype == ("bf16",) and req.constraints.engine.max_num_seqs is None
     assert req.fabrics.links == ("ib-ndr",)
@@ -98,13 +100,15 @@ def test_encoder_pools_are_left_out_and_embedding_fabric_travels():
 
 def test_epd_with_another_embedding_fabric_than_kv_is_refused():
     d = scenarios.example("epd_images_epd.yaml")
-    d["pools"] = [{"name": "prefill", "role": "prefill", "gpu": "H100", "tp": 4},
-                  {"name": "decode", "role": "decode", "gpu": "H100", "tp": 4},
-                  {"name": "enc", "role": "encoder", "gpu": "H100", "tp": 1, "instances": 4}]
+    d["pools"] = [
+        {"name": "prefill", "role": "prefill", "gpu": "H100", "tp": 4},
+        {"name": "decode", "role": "decode", "gpu": "H100", "tp": 4},
+        {"name": "enc", "role": "encoder", "gpu": "H100", "tp": 1, "instances": 4},
+    ]
     d["kv_transfer"] = {"connector": "nixl", "fabric": "roce-400"}
     with pytest.raises(InputError, match=r"embedding_transfer:.*ib-ndr.*roce-400.*Fix:"):
         planning.request_from_scenario(d, ["H100"])
-    d["embedding_transfer"] = {"connector": "nixl"}           # the KV fabric then carries embeddings too
+    d["embedding_transfer"] = {"connector": "nixl"}  # the KV fabric then carries embeddings too
     assert plan_request(d, gpus=("H100",)).fabrics.links == ("roce-400",)
 
 

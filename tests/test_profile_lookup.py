@@ -1,4 +1,5 @@
 """Calibration profiles are looked up by the key they store: GPU, engine, engine version, model."""
+
 from __future__ import annotations
 
 import yaml
@@ -30,8 +31,8 @@ def test_lookup_honours_version_then_falls_back_to_newest_and_says_so(tmp_path):
     """An older profile of the asked version beats a newer one of another; none of it: the newest, reported."""
     db = _folder(tmp_path, {"name": "h100-v011", "engine_version": "0.11.3", "created": "2020-01-01"})
     exact = db.find_profile("H100-SXM-80GB", "vllm", "0.11")
-    assert exact.profile.name == "h100-v011" and exact.fallback == ""       # older, but of that version
-    assert db.profile_for("H100-SXM-80GB", "vllm").name == SHIPPED           # no version: newest
+    assert exact.profile.name == "h100-v011" and exact.fallback == ""  # older, but of that version
+    assert db.profile_for("H100-SXM-80GB", "vllm").name == SHIPPED  # no version: newest
     other = db.find_profile("H100-SXM-80GB", "vllm", "0.9")
     assert other.profile.name == SHIPPED and "no vllm 0.9 profile" in other.fallback
     assert db.find_profile("H100-SXM-80GB", "sglang", "0.5").profile is None  # engine honoured
@@ -40,8 +41,8 @@ def test_lookup_honours_version_then_falls_back_to_newest_and_says_so(tmp_path):
 def test_a_model_specific_profile_serves_only_its_model(tmp_path):
     db = _folder(tmp_path, {"name": "h100-tiny", "model": "tiny-llama", "created": "2030-01-01"})
     assert db.profile_for("H100-SXM-80GB", "vllm", model="tiny-llama").name == "h100-tiny"
-    assert db.profile_for("H100-SXM-80GB", "vllm", model="Llama-3.1-8B").name == SHIPPED   # never another's
-    assert db.profile_for("H100-SXM-80GB", "vllm").name == "h100-tiny"   # no model given: newest of all
+    assert db.profile_for("H100-SXM-80GB", "vllm", model="Llama-3.1-8B").name == SHIPPED  # never another's
+    assert db.profile_for("H100-SXM-80GB", "vllm").name == "h100-tiny"  # no model given: newest of all
 
 
 def test_scenario_reports_the_version_fallback():

@@ -10,6 +10,7 @@ exactly and the Pollaczek-Khinchine mean wait
 is M/D/1; with geometric output lengths (service ~ exponential) it is close
 to M/M/1.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -28,9 +29,13 @@ N = 5000
 def _single_server(rate: float, output_length: dict, n: int = N):
     return scenario(
         pools=pool(engine={"max_num_seqs": 1, "max_num_batched_tokens": 8192, "max_model_len": 4096}),
-        workload={"arrival": {"kind": "poisson", "rate": rate},
-                  "input_length": {"kind": "fixed", "value": PROMPT},
-                  "output_length": output_length, "num_requests": n})
+        workload={
+            "arrival": {"kind": "poisson", "rate": rate},
+            "input_length": {"kind": "fixed", "value": PROMPT},
+            "output_length": output_length,
+            "num_requests": n,
+        },
+    )
 
 
 def _service_time(step, out_tokens: int) -> float:
@@ -72,8 +77,10 @@ def test_md1_mean_wait_matches_theory():
     rho = rate * s
     wq = rho * s / (2 * (1 - rho))
     lo, hi = _ci(waits)
-    print(f"\nM/D/1 rho={rho:.2f}: Wq theory {wq * 1e3:.3f} ms, simulated {waits.mean() * 1e3:.3f} ms, "
-          f"99% CI [{lo * 1e3:.3f}, {hi * 1e3:.3f}] ms over {REPS} x {N} requests")
+    print(
+        f"\nM/D/1 rho={rho:.2f}: Wq theory {wq * 1e3:.3f} ms, simulated {waits.mean() * 1e3:.3f} ms, "
+        f"99% CI [{lo * 1e3:.3f}, {hi * 1e3:.3f}] ms over {REPS} x {N} requests"
+    )
     assert lo <= wq <= hi, (lo, wq, hi)
     lo, hi = _ci(sojourns)
     assert lo <= wq + s <= hi
@@ -84,13 +91,15 @@ def test_mg1_pollaczek_khinchine_uniform_outputs():
     probe = _single_server(1.0, {"kind": "uniform", "low": low, "high": high})
     step = resolve(probe).pools[0].step
     svc = np.array([_service_time(step, k) for k in range(low, high + 1)])
-    es, es2 = svc.mean(), (svc ** 2).mean()
+    es, es2 = svc.mean(), (svc**2).mean()
     rate = 0.7 / es
     waits, _, _ = _replicated_waits(_single_server(rate, {"kind": "uniform", "low": low, "high": high}))
     wq = rate * es2 / (2 * (1 - rate * es))
     lo, hi = _ci(waits)
-    print(f"\nM/G/1 rho={rate * es:.2f}: P-K Wq {wq * 1e3:.3f} ms, simulated {waits.mean() * 1e3:.3f} ms, "
-          f"99% CI [{lo * 1e3:.3f}, {hi * 1e3:.3f}] ms")
+    print(
+        f"\nM/G/1 rho={rate * es:.2f}: P-K Wq {wq * 1e3:.3f} ms, simulated {waits.mean() * 1e3:.3f} ms, "
+        f"99% CI [{lo * 1e3:.3f}, {hi * 1e3:.3f}] ms"
+    )
     assert lo <= wq <= hi, (lo, wq, hi)
 
 
@@ -108,10 +117,12 @@ def test_near_mm1_geometric_outputs():
     waits, _, _ = _replicated_waits(_single_server(rate, dist))
     rho = rate * es
     mm1 = rho * es / (1 - rho)
-    pk = rate * (svc ** 2).mean() / (2 * (1 - rho))
+    pk = rate * (svc**2).mean() / (2 * (1 - rho))
     lo, hi = _ci(waits)
-    print(f"\nnear-M/M/1 rho={rho:.2f}: M/M/1 Wq {mm1 * 1e3:.3f} ms, P-K Wq {pk * 1e3:.3f} ms, simulated "
-          f"{waits.mean() * 1e3:.3f} ms, 99% CI [{lo * 1e3:.3f}, {hi * 1e3:.3f}] ms")
+    print(
+        f"\nnear-M/M/1 rho={rho:.2f}: M/M/1 Wq {mm1 * 1e3:.3f} ms, P-K Wq {pk * 1e3:.3f} ms, simulated "
+        f"{waits.mean() * 1e3:.3f} ms, 99% CI [{lo * 1e3:.3f}, {hi * 1e3:.3f}] ms"
+    )
     assert lo <= pk <= hi
     # Discrete geometric service is slightly less variable than exponential (E[S^2] ~ (2 - 1/m) m^2 d^2).
     assert abs(pk - mm1) / mm1 < 0.08
@@ -121,11 +132,15 @@ def test_near_mm1_geometric_outputs():
 @pytest.mark.parametrize("instances,rate", [(1, 4.0), (3, 30.0)])
 def test_littles_law(instances, rate):
     """Time-average number in system equals throughput x mean sojourn (system starts and ends empty)."""
-    scn = scenario(pools=pool(instances=instances, engine={"max_num_seqs": 16}),
-                   workload={"arrival": {"kind": "gamma", "rate": rate, "cv": 2.0},
-                             "input_length": {"kind": "uniform", "low": 16, "high": 2048},
-                             "output_length": {"kind": "uniform", "low": 1, "high": 200},
-                             "num_requests": 1500})
+    scn = scenario(
+        pools=pool(instances=instances, engine={"max_num_seqs": 16}),
+        workload={
+            "arrival": {"kind": "gamma", "rate": rate, "cv": 2.0},
+            "input_length": {"kind": "uniform", "low": 16, "high": 2048},
+            "output_length": {"kind": "uniform", "low": 1, "high": 200},
+            "num_requests": 1500,
+        },
+    )
     df = simulate(scn).requests
     a, f = df["arrival_s"].to_numpy(), df["finish_s"].to_numpy()
     times = np.concatenate([a, f])

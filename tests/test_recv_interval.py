@@ -5,6 +5,7 @@ prefill, and reads its socket when the count reaches the interval; an idle sched
 requests are admitted only at read points: right after a prefill step, or after a multiple of N decode-only
 steps since the last prefill.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -17,12 +18,20 @@ from simulator.scenario import ScenarioError, parse_scenario
 
 def _scenario(interval: int | None, engine: str = "sglang", dp: int = 1, seed: int = 3):
     eng = {"engine": engine} | ({"scheduler_recv_interval": interval} if interval else {})
-    return parse_scenario({
-        "name": "recv", "seed": seed, "model": "Llama-3.1-8B",
-        "pools": [{"gpu": "H100", "dp": dp, "engine": eng}],
-        "workload": {"arrival": {"kind": "closed", "concurrency": 8},
-                     "input_length": {"kind": "fixed", "value": 64},
-                     "output_length": {"kind": "uniform", "low": 50, "high": 150}, "num_requests": 80}})
+    return parse_scenario(
+        {
+            "name": "recv",
+            "seed": seed,
+            "model": "Llama-3.1-8B",
+            "pools": [{"gpu": "H100", "dp": dp, "engine": eng}],
+            "workload": {
+                "arrival": {"kind": "closed", "concurrency": 8},
+                "input_length": {"kind": "fixed", "value": 64},
+                "output_length": {"kind": "uniform", "low": 50, "high": 150},
+                "num_requests": 80,
+            },
+        }
+    )
 
 
 def _decode_runs_before_admissions(steps) -> list[int]:
@@ -51,14 +60,15 @@ def test_prompts_are_admitted_only_at_read_points(interval):
 
 def test_without_the_flag_prompts_are_admitted_at_the_next_step():
     runs = _decode_runs_before_admissions(simulate(_scenario(None)).steps)
-    assert any(r % 10 for r in runs)   # admissions fall between read points: nothing gates them
+    assert any(r % 10 for r in runs)  # admissions fall between read points: nothing gates them
 
 
 def test_the_wait_grows_ttft_by_about_half_an_interval_of_decode_steps():
     base, gated = simulate(_scenario(None)).requests, simulate(_scenario(30)).requests
 
-    def steady(r):          # the first wave enters an idle server
+    def steady(r):  # the first wave enters an idle server
         return r[r["request_id"] >= 8]
+
     extra = steady(gated)["ttft_s"].mean() - steady(base)["ttft_s"].mean()
     tpot = steady(base)["tpot_s"].mean()
     # a request sent at a uniform point of the 30-step cycle waits ~15 decode steps
@@ -79,18 +89,45 @@ def test_refused_where_it_does_not_apply(engine, dp, why):
 
 
 def _row(**kw) -> Row:
-    base = dict(id="r", backend="sglang", version="0.5.9", model="deepseek-ai/DeepSeek-R1", system="b200_sxm",
-                quant="fp8", precision="fp8", isl=1024, osl=1024, concurrency=64, tp=8, pp=1, dp=1, moe_tp=8,
-                moe_ep=1, ttft_s=1.0, tpot_s=0.02, disagg=False)
+    base = dict(
+        id="r",
+        backend="sglang",
+        version="0.5.9",
+        model="deepseek-ai/DeepSeek-R1",
+        system="b200_sxm",
+        quant="fp8",
+        precision="fp8",
+        isl=1024,
+        osl=1024,
+        concurrency=64,
+        tp=8,
+        pp=1,
+        dp=1,
+        moe_tp=8,
+        moe_ep=1,
+        ttft_s=1.0,
+        tpot_s=0.02,
+        disagg=False,
+    )
     return Row(**(base | kw))
 
 
-@pytest.mark.parametrize("kw, expected", [
-    ({}, 30), ({"concurrency": 8}, 10), ({"tp": 4, "isl": 8192}, 10), ({"quant": "nvfp4", "tp": 4}, 30),
-    ({"system": "h200_sxm"}, 1), ({"backend": "vllm"}, 1), ({"disagg": True}, 1), ({"dp": 8}, 1),
-    ({"model": "zhipuai/GLM-5"}, 1), ({"model": "zhipuai/GLM-5", "quant": "nvfp4"}, 10),
-    ({"model": "Qwen/Qwen3.5-397B-A17B", "system": "b300_sxm", "tp": 4}, 10),
-    ({"model": "Qwen/Qwen3.5-397B-A17B", "tp": 4}, 30),
-])
+@pytest.mark.parametrize(
+    "kw, expected",
+    [
+        ({}, 30),
+        ({"concurrency": 8}, 10),
+        ({"tp": 4, "isl": 8192}, 10),
+        ({"quant": "nvfp4", "tp": 4}, 30),
+        ({"system": "h200_sxm"}, 1),
+        ({"backend": "vllm"}, 1),
+        ({"disagg": True}, 1),
+        ({"dp": 8}, 1),
+        ({"model": "zhipuai/GLM-5"}, 1),
+        ({"model": "zhipuai/GLM-5", "quant": "nvfp4"}, 10),
+        ({"model": "Qwen/Qwen3.5-397B-A17B", "system": "b300_sxm", "tp": 4}, 10),
+        ({"model": "Qwen/Qwen3.5-397B-A17B", "tp": 4}, 30),
+    ],
+)
 def test_the_campaigns_launch_rule(kw, expected):
     assert sglang_recv_interval(_row(**kw)) == expected

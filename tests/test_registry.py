@@ -1,5 +1,6 @@
 """The one Registry class behind every named strategy kind (issue 36): its contract, and the five
 registries built on it holding the same names, in the same order, as the plain dicts they replaced."""
+
 from __future__ import annotations
 
 import pytest
@@ -31,7 +32,7 @@ def test_decorator_returns_the_class_unchanged_and_keys_it_by_name():
     assert reg.register(Alpha) is Alpha and reg["gamma"] is Gamma and reg.get("alpha") is Alpha
     assert Gamma.__name__ == "Gamma" and Gamma.name == "gamma"
 
-    @reg.register(name="delta")           # an explicit name, not the declared one
+    @reg.register(name="delta")  # an explicit name, not the declared one
     class Delta(Beta):
         """Beta's declared name, registered under another."""
 
@@ -88,8 +89,15 @@ def test_mapping_style_reads_follow_registration_order():
 
 # The five registries' entries as the plain dicts held them before the Registry class, in order.
 EXPECTED = {
-    "ROUTERS": (ROUTERS, {"round_robin": RoundRobin, "least_outstanding": LeastOutstanding, "least_kv": LeastKV,
-                          "prefix_aware": PrefixAware}),
+    "ROUTERS": (
+        ROUTERS,
+        {
+            "round_robin": RoundRobin,
+            "least_outstanding": LeastOutstanding,
+            "least_kv": LeastKV,
+            "prefix_aware": PrefixAware,
+        },
+    ),
     "POLICIES": (POLICIES, {"queue": QueueLength, "kv": KVUtilisation, "slo": SLOPredictive}),
     "ROLES": (ROLES, {"colocated": Role, "prefill": Role, "decode": Role, "encoder": Role}),
     "FLOWS": (FLOWS, {"vllm": VLLMFlow, "sglang": SGLangFlow}),
@@ -101,7 +109,7 @@ EXPECTED = {
 def test_each_registry_is_a_registry_with_the_same_keys_and_entries(name):
     reg, expected = EXPECTED[name]
     assert isinstance(reg, Registry)
-    assert reg.names() == tuple(expected)                     # same keys, same order
+    assert reg.names() == tuple(expected)  # same keys, same order
     for key, want in expected.items():
         got = reg[key]
         # class registries hold the classes; the others one object (or record) of that class each
@@ -116,7 +124,10 @@ def test_roles_keep_their_fields():
 
 
 def test_make_router_keeps_its_value_error():
-    with pytest.raises(ValueError, match=r"unknown router 'magic'; known routers: \['least_kv', 'least_outstanding', "
-                                         r"'prefix_aware', 'round_robin'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"unknown router 'magic'; known routers: \['least_kv', 'least_outstanding', "
+        r"'prefix_aware', 'round_robin'\]",
+    ):
         make_router("magic", [])
     assert isinstance(make_router("round_robin", [object()]), RoundRobin)

@@ -1,5 +1,6 @@
 """``epdsim regress``: reruns give no drift, a slower calibration profile fails with the figures named,
 JUnit XML names each figure, and bad suites or baselines are clear errors."""
+
 from __future__ import annotations
 
 import json
@@ -18,21 +19,37 @@ from tests.conftest import REPO
 
 PROFILE = REPO / "hwdb" / "data" / "profiles" / "H100-SXM-80GB_vllm-0.24.0.yaml"
 SCENARIO = {
-    "name": "small-chat", "seed": 3, "model": "Llama-3.1-8B",
+    "name": "small-chat",
+    "seed": 3,
+    "model": "Llama-3.1-8B",
     "pools": [{"gpu": "H100", "tp": 1, "instances": 1}],
-    "workload": {"arrival": {"kind": "poisson", "rate": 10},
-                 "input_length": {"kind": "fixed", "value": 512},
-                 "output_length": {"kind": "fixed", "value": 128}, "num_requests": 300},
+    "workload": {
+        "arrival": {"kind": "poisson", "rate": 10},
+        "input_length": {"kind": "fixed", "value": 512},
+        "output_length": {"kind": "fixed", "value": 128},
+        "num_requests": 300,
+    },
     "slo": {"ttft_s": 0.2, "tpot_s": 0.010, "attainment": 0.9},
 }
-FIGURES = {"goodput_rps": {"rel": 0.05}, "ttft_p99_s": None, "tpot_p50_s": None, "tpot_p99_s": None,
-           "gpus": {"abs": 0}, "cost_usd_per_hour": {"abs": 0.01}}
+FIGURES = {
+    "goodput_rps": {"rel": 0.05},
+    "ttft_p99_s": None,
+    "tpot_p50_s": None,
+    "tpot_p99_s": None,
+    "gpus": {"abs": 0},
+    "cost_usd_per_hour": {"abs": 0.01},
+}
 
 
 def write_suite(folder: Path, name: str = "small-suite", **entry) -> Path:
     (folder / "scn.yaml").write_text(yaml.safe_dump(SCENARIO))
-    e = {"id": "chat", "scenario": "scn.yaml", "seeds": [1, 2], "goodput": {"rate_hi": 80, "iterations": 6},
-         "figures": FIGURES} | entry
+    e = {
+        "id": "chat",
+        "scenario": "scn.yaml",
+        "seeds": [1, 2],
+        "goodput": {"rate_hi": 80, "iterations": 6},
+        "figures": FIGURES,
+    } | entry
     path = folder / "suite.yaml"
     path.write_text(yaml.safe_dump({"name": name, "tolerance": {"rel": 0.02}, "entries": [e]}, sort_keys=False))
     return path
@@ -70,7 +87,7 @@ def baseline(tmp_path_factory) -> tuple[Path, Path]:
 
 def test_unchanged_code_passes_twice_and_update_is_byte_identical(baseline, capsys, tmp_path):
     suite, base = baseline
-    for jobs in ("1", "2"):      # serial and two worker processes give the same floats
+    for jobs in ("1", "2"):  # serial and two worker processes give the same floats
         code, out, _ = regress(capsys, suite, "--baseline", base, "--jobs", jobs, "--junit", tmp_path / "j.xml")
         assert code == 0, out
         assert "6 held, 0 moved or new" in out
@@ -84,8 +101,20 @@ def test_unchanged_code_passes_twice_and_update_is_byte_identical(baseline, caps
 def test_twenty_percent_less_decode_bandwidth_fails_naming_figures(baseline, capsys, tmp_path):
     suite, base = baseline
     slow_profile(tmp_path / "hw")
-    code, out, _ = regress(capsys, suite, "--baseline", base, "--hwdb", tmp_path / "hw", "--jobs", "1",
-                           "--junit", tmp_path / "j.xml", "--markdown", tmp_path / "s.md")
+    code, out, _ = regress(
+        capsys,
+        suite,
+        "--baseline",
+        base,
+        "--hwdb",
+        tmp_path / "hw",
+        "--jobs",
+        "1",
+        "--junit",
+        tmp_path / "j.xml",
+        "--markdown",
+        tmp_path / "s.md",
+    )
     assert code == 1
     root = ET.parse(tmp_path / "j.xml").getroot()
     failing = {c.get("name") for c in root.iter("testcase") if c.find("failure") is not None}
@@ -116,12 +145,14 @@ def test_slow_profile_is_what_the_simulator_uses(tmp_path):
 def test_compare_profiles_names_what_a_refresh_moves(baseline, capsys, tmp_path):
     suite, _ = baseline
     slow = slow_profile(tmp_path / "hw")
-    code, out, _ = regress(capsys, suite, "--compare-profiles", PROFILE, slow, "--jobs", "2",
-                           "--junit", tmp_path / "j.xml")
+    code, out, _ = regress(
+        capsys, suite, "--compare-profiles", PROFILE, slow, "--jobs", "2", "--junit", tmp_path / "j.xml"
+    )
     assert code == 1
     assert "tpot_p50_s moved" in out and "OLD H100-SXM-80GB_vllm-0.24.0.yaml" in out
-    failing = {c.get("name") for c in ET.parse(tmp_path / "j.xml").getroot().iter("testcase")
-               if c.find("failure") is not None}
+    failing = {
+        c.get("name") for c in ET.parse(tmp_path / "j.xml").getroot().iter("testcase") if c.find("failure") is not None
+    }
     assert "tpot_p99_s" in failing and "gpus" not in failing
     # The same profile on both sides moves nothing.
     code, out, _ = regress(capsys, suite, "--compare-profiles", PROFILE, PROFILE, "--jobs", "1")
@@ -153,17 +184,30 @@ def test_junit_names_new_and_removed_figures(baseline, capsys, tmp_path):
     assert all(c.get("classname") == "small-suite.chat" for c in cases.values())
 
 
-@pytest.mark.parametrize("entry, words", [
-    ({"scenario": "missing.yaml"}, ["entries[0] (id 'chat').scenario", "'missing.yaml' does not exist", "scn.yaml"]),
-    ({"figures": {"ttft_p99": None}}, ["entries[0] (id 'chat').figures", "'ttft_p99'", "ttft_p99_s"]),
-    ({"goodput": None}, ["goodput_rps needs goodput", "rate_hi"]),
-    ({"figures": {"gpus": {}}}, ["figures.gpus", "needs abs, rel or both"]),
-    ({"rate": 5, "override": {"workload": {"arrival": {"kind": "closed", "concurrency": 8}}},
-      "goodput": None, "figures": {"gpus": None}}, ["rate=5", "'closed'", "drop rate"]),
-    ({"override": {"pools": [{"gpu": "H100", "tp": 0}]}}, ["entries[0] (id 'chat').scenario", "tp"]),
-    ({"colour": "red"}, ["entries[0] (id 'chat').colour", "unknown key", "valid keys here: figures, goodput"]),
-    ({"goodput": {"rate_hi": 80, "iter": 3}}, ["entries[0] (id 'chat').goodput.iter", "iterations, rate_hi"]),
-])
+@pytest.mark.parametrize(
+    "entry, words",
+    [
+        (
+            {"scenario": "missing.yaml"},
+            ["entries[0] (id 'chat').scenario", "'missing.yaml' does not exist", "scn.yaml"],
+        ),
+        ({"figures": {"ttft_p99": None}}, ["entries[0] (id 'chat').figures", "'ttft_p99'", "ttft_p99_s"]),
+        ({"goodput": None}, ["goodput_rps needs goodput", "rate_hi"]),
+        ({"figures": {"gpus": {}}}, ["figures.gpus", "needs abs, rel or both"]),
+        (
+            {
+                "rate": 5,
+                "override": {"workload": {"arrival": {"kind": "closed", "concurrency": 8}}},
+                "goodput": None,
+                "figures": {"gpus": None},
+            },
+            ["rate=5", "'closed'", "drop rate"],
+        ),
+        ({"override": {"pools": [{"gpu": "H100", "tp": 0}]}}, ["entries[0] (id 'chat').scenario", "tp"]),
+        ({"colour": "red"}, ["entries[0] (id 'chat').colour", "unknown key", "valid keys here: figures, goodput"]),
+        ({"goodput": {"rate_hi": 80, "iter": 3}}, ["entries[0] (id 'chat').goodput.iter", "iterations, rate_hi"]),
+    ],
+)
 def test_bad_suite_is_a_clear_error(tmp_path, capsys, entry, words):
     suite = write_suite(tmp_path, **entry)
     code, out, err = regress(capsys, suite, "--baseline", tmp_path / "b.json")
@@ -175,7 +219,7 @@ def test_bad_suite_is_a_clear_error(tmp_path, capsys, entry, words):
 def test_baseline_from_another_suite_is_a_clear_error(baseline, capsys, tmp_path):
     _, base = baseline
     other = write_suite(tmp_path, name="another-suite")
-    for extra in ((), ("--update",)):     # --update must not overwrite another suite's baseline either
+    for extra in ((), ("--update",)):  # --update must not overwrite another suite's baseline either
         code, _, err = regress(capsys, other, "--baseline", base, *extra)
         assert code == 2
         assert "belongs to suite 'small-suite'" in err and "is suite 'another-suite'" in err
@@ -226,9 +270,14 @@ def test_compare_flags_a_redefined_entry(baseline, tmp_path):
 
 
 PLAN = {
-    "name": "tiny-plan", "model": "Llama-3.1-8B",
-    "workload": {"arrival": {"kind": "poisson", "rate": 12}, "input_length": {"kind": "fixed", "value": 512},
-                 "output_length": {"kind": "fixed", "value": 128}, "num_requests": 200},
+    "name": "tiny-plan",
+    "model": "Llama-3.1-8B",
+    "workload": {
+        "arrival": {"kind": "poisson", "rate": 12},
+        "input_length": {"kind": "fixed", "value": 512},
+        "output_length": {"kind": "fixed", "value": 128},
+        "num_requests": 200,
+    },
     "slo": {"ttft_s": 0.5, "tpot_s": 0.010, "attainment": 0.9},
     "gpus": [{"name": "H100"}],
     "constraints": {"max_gpus": 4, "max_instances_per_pool": 4, "tp": [1], "families": ["colocated"]},
@@ -239,10 +288,26 @@ PLAN = {
 def test_plan_entry_holds_on_rerun_and_moves_with_a_slower_profile(capsys, tmp_path):
     (tmp_path / "plan.yaml").write_text(yaml.safe_dump(PLAN))
     suite = tmp_path / "suite.yaml"
-    suite.write_text(yaml.safe_dump({"name": "plans", "entries": [{
-        "id": "tiny", "kind": "plan", "request": "plan.yaml",
-        "figures": {"recommended": None, "recommended_gpus": {"abs": 0},
-                    "recommended_cost_usd_per_hour": {"abs": 0.01}, "recommended_tpot_s": {"rel": 0.02}}}]}))
+    suite.write_text(
+        yaml.safe_dump(
+            {
+                "name": "plans",
+                "entries": [
+                    {
+                        "id": "tiny",
+                        "kind": "plan",
+                        "request": "plan.yaml",
+                        "figures": {
+                            "recommended": None,
+                            "recommended_gpus": {"abs": 0},
+                            "recommended_cost_usd_per_hour": {"abs": 0.01},
+                            "recommended_tpot_s": {"rel": 0.02},
+                        },
+                    }
+                ],
+            }
+        )
+    )
     base = tmp_path / "b.json"
     assert regress(capsys, suite, "--baseline", base, "--update")[0] == 0
     figs = json.loads(base.read_text())["entries"]["tiny"]["figures"]
@@ -255,8 +320,9 @@ def test_plan_entry_holds_on_rerun_and_moves_with_a_slower_profile(capsys, tmp_p
     slow_profile(tmp_path / "hw")
     code, out, _ = regress(capsys, suite, "--baseline", base, "--hwdb", tmp_path / "hw", "--junit", tmp_path / "j.xml")
     assert code == 1
-    failing = {c.get("name") for c in ET.parse(tmp_path / "j.xml").getroot().iter("testcase")
-               if c.find("failure") is not None}
+    failing = {
+        c.get("name") for c in ET.parse(tmp_path / "j.xml").getroot().iter("testcase") if c.find("failure") is not None
+    }
     assert {"recommended", "recommended_gpus"} <= failing
 
 

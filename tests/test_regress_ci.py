@@ -1,4 +1,5 @@
 """epdsim's own regression suite and the CI examples in docs/ci/: they parse and agree with each other."""
+
 from __future__ import annotations
 
 import json
@@ -16,7 +17,7 @@ BASELINE = REPO / ".ci" / "regress" / "baseline.json"
 
 def _regress_args(command: str) -> list[str]:
     words = shlex.split(command.replace("\\\n", " "))
-    return words[words.index("regress") + 1:]
+    return words[words.index("regress") + 1 :]
 
 
 def _opt(args: list[str], name: str) -> str:
@@ -30,15 +31,16 @@ def test_project_baseline_matches_its_suite():
     base = read_baseline(BASELINE, loaded)
     figures = {k: v["figures"] for k, v in base["entries"].items()}
     rows = compare(loaded, base, figures)
-    assert rows and all(r.status == "held" and not r.redefined for r in rows), \
-        [(r.entry, r.figure, r.status, r.redefined) for r in rows if r.status != "held" or r.redefined]
+    assert rows and all(r.status == "held" and not r.redefined for r in rows), [
+        (r.entry, r.figure, r.status, r.redefined) for r in rows if r.status != "held" or r.redefined
+    ]
     assert {e.kind for e in loaded.entries} == {"scenario", "plan"}
     assert all("shared" not in str(e.scenario.workload) for e in loaded.entries if e.scenario is not None)
 
 
 def test_ci_run_checks_the_project_suite():
     run = (REPO / ".ci" / "run").read_text()
-    args = _regress_args(run[run.index(".venv/bin/epdsim regress"):])
+    args = _regress_args(run[run.index(".venv/bin/epdsim regress") :])
     assert args[0] == ".ci/regress/suite.yaml" and _opt(args, "--baseline") == ".ci/regress/baseline.json"
     assert "--update" not in args and run.index("-m pytest") < run.index(".venv/bin/epdsim regress")
 
@@ -54,7 +56,7 @@ def test_github_actions_example_runs_regress_and_reports_junit():
     junit = _opt(args, "--junit")
     later = [s for s in steps if s.get("if") == "always()"]
     assert any(s.get("with", {}).get("report_paths") == junit for s in later)
-    triggers = wf.get("on", wf.get(True))      # PyYAML 1.1 reads the bare key `on` as the boolean True
+    triggers = wf.get("on", wf.get(True))  # PyYAML 1.1 reads the bare key `on` as the boolean True
     assert "pull_request" in triggers
 
 

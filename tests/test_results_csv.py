@@ -1,4 +1,5 @@
 """Results.write's CSV (pyarrow's writer) reads back to the same values as pandas' own CSV."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -22,8 +23,9 @@ def test_csv_reads_back_like_pandas_csv(pd_run, table, tmp_path):
     assert len(df) > 0
     df.to_csv(tmp_path / "pandas.csv", index=False)
     write_csv(df, tmp_path / "arrow.csv")
-    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "arrow.csv"), pd.read_csv(tmp_path / "pandas.csv"),
-                                  check_exact=True)
+    pd.testing.assert_frame_equal(
+        pd.read_csv(tmp_path / "arrow.csv"), pd.read_csv(tmp_path / "pandas.csv"), check_exact=True
+    )
 
 
 def test_csv_quotes_only_values_that_need_it(tmp_path):

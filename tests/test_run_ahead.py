@@ -7,6 +7,7 @@ them up (simulator/engine/instance_state.py).
 Decode-only steps also take a shorter path.  All of it is switched off here to get the plain step
 with one SimPy event per step, the reference every table (and the resume gaps, in order) must equal.
 """
+
 from __future__ import annotations
 
 import pandas as pd
@@ -21,11 +22,18 @@ from tests.conftest import REPO
 
 
 def _scenario(**over) -> dict:
-    data = {"name": "run-ahead", "seed": 11, "model": "Llama-3.1-8B",
-            "pools": [{"gpu": "H100", "tp": 1, "instances": 3, "router": "least_kv"}],
-            "workload": {"arrival": {"kind": "poisson", "rate": 30.0}, "num_requests": 600,
-                         "input_length": {"kind": "lognormal", "mean": 900, "cv": 1.0, "low": 8, "high": 6000},
-                         "output_length": {"kind": "lognormal", "mean": 300, "cv": 1.0, "low": 2, "high": 2000}}}
+    data = {
+        "name": "run-ahead",
+        "seed": 11,
+        "model": "Llama-3.1-8B",
+        "pools": [{"gpu": "H100", "tp": 1, "instances": 3, "router": "least_kv"}],
+        "workload": {
+            "arrival": {"kind": "poisson", "rate": 30.0},
+            "num_requests": 600,
+            "input_length": {"kind": "lognormal", "mean": 900, "cv": 1.0, "low": 8, "high": 6000},
+            "output_length": {"kind": "lognormal", "mean": 300, "cv": 1.0, "low": 2, "high": 2000},
+        },
+    }
     for key, value in over.items():
         if key == "engine":
             data["pools"][0]["engine"] = value
@@ -42,21 +50,30 @@ CASES = {
     "preemptions": _scenario(engine={"num_gpu_blocks_override": 500, "max_model_len": 8000}),
     "time limit": _scenario(simulation={"max_time_s": 9.0}),
     "closed loop": _scenario(arrival={"kind": "closed", "concurrency": 40}),
-    "pd": {**_scenario(), "pools": [{"name": "p", "role": "prefill", "gpu": "H100", "tp": 1, "instances": 1},
-                                    {"name": "d", "role": "decode", "gpu": "H100", "tp": 1, "instances": 2}],
-           "kv_transfer": {"connector": "nixl", "fabric": "ib-ndr"}},
+    "pd": {
+        **_scenario(),
+        "pools": [
+            {"name": "p", "role": "prefill", "gpu": "H100", "tp": 1, "instances": 1},
+            {"name": "d", "role": "decode", "gpu": "H100", "tp": 1, "instances": 2},
+        ],
+        "kv_transfer": {"connector": "nixl", "fabric": "ib-ndr"},
+    },
 }
 # PD runs whose decode instances step lazily (instance_state.py, catch_up): preempting decode pools,
 # a time limit, the SGLang flow (decode chosen at arrival), and a least-KV decode router over three
 # instances with two prefill instances, fabric jitter and a P2pNccl receive buffer that spills to host.
 _PD = CASES["pd"]
-CASES["pd preemptions"] = {**_PD, "pools": [_PD["pools"][0], {**_PD["pools"][1], "engine": {
-    "num_gpu_blocks_override": 700, "max_model_len": 8000}}]}
+CASES["pd preemptions"] = {
+    **_PD,
+    "pools": [_PD["pools"][0], {**_PD["pools"][1], "engine": {"num_gpu_blocks_override": 700, "max_model_len": 8000}}],
+}
 CASES["pd time limit"] = {**_PD, "simulation": {"max_time_s": 9.0}}
 CASES["pd sglang"] = {**_PD, "kv_transfer": {**_PD["kv_transfer"], "flow": "sglang"}}
 CASES["pd least kv, buffer"] = {
-    **_PD, "pools": [{**_PD["pools"][0], "instances": 2}, {**_PD["pools"][1], "instances": 3, "router": "least_kv"}],
-    "kv_transfer": {"connector": "p2pnccl", "fabric": "ib-ndr", "jitter_mean_s": 0.002, "kv_buffer_size": 5e6}}
+    **_PD,
+    "pools": [{**_PD["pools"][0], "instances": 2}, {**_PD["pools"][1], "instances": 3, "router": "least_kv"}],
+    "kv_transfer": {"connector": "p2pnccl", "fabric": "ib-ndr", "jitter_mean_s": 0.002, "kv_buffer_size": 5e6},
+}
 
 
 def _run(data: dict, monkeypatch, inline: bool):
@@ -68,6 +85,7 @@ def _run(data: dict, monkeypatch, inline: bool):
     def spy(req, steps, resume_gaps, **kw):
         seen.append(list(resume_gaps))
         return summarize(req, steps, resume_gaps, **kw)
+
     monkeypatch.setattr(run, "summarize", spy)
     res = simulate(parse_scenario(data))
     return res, seen[0]
@@ -81,7 +99,7 @@ def test_tables_equal_one_event_per_step(case, monkeypatch):
     assert fast_gaps == ref_gaps
     pd.testing.assert_frame_equal(fast.requests, ref.requests, check_exact=True)
     pd.testing.assert_frame_equal(fast.steps, ref.steps, check_exact=True)
-    assert fast.summary == ref.summary or str(fast.summary) == str(ref.summary)   # NaN != NaN
+    assert fast.summary == ref.summary or str(fast.summary) == str(ref.summary)  # NaN != NaN
 
 
 @pytest.mark.parametrize("pre,limit", [("preemptions", "time limit"), ("pd preemptions", "pd time limit")])
@@ -93,9 +111,20 @@ def test_the_preemption_case_preempts_and_the_limit_case_stops_early(pre, limit,
     assert lim["unfinished"] > 0
 
 
-@pytest.mark.parametrize("case", ["colocated", "time limit", "pd", "pd time limit", "pd sglang", "closed loop",
-                                  "examples/epd_images_epd.yaml",
-                                  "examples/fp8_decode_crashes_pd.yaml"], ids=str)
+@pytest.mark.parametrize(
+    "case",
+    [
+        "colocated",
+        "time limit",
+        "pd",
+        "pd time limit",
+        "pd sglang",
+        "closed loop",
+        "examples/epd_images_epd.yaml",
+        "examples/fp8_decode_crashes_pd.yaml",
+    ],
+    ids=str,
+)
 def test_requests_alone_are_the_requests_of_the_whole_run(case):
     """The goodput probes run simulate_requests, which keeps no step log and builds no step table, summary
     or link table (with operations the log is kept: the lifecycle counts steps on it)."""

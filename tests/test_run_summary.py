@@ -4,6 +4,7 @@ and mypy rejects a key it does not declare.
 Runs of shrunk examples (colocated; PD with operations and crashes; E+P+D; colocated with autoscaling) give
 summaries whose every key, recursively through the nested TypedDicts, is declared, and whose required keys
 are all there."""
+
 from __future__ import annotations
 
 import types
@@ -29,15 +30,20 @@ def _example(name: str, **workload) -> dict:
 
 def _scenarios() -> dict[str, dict]:
     pd_ops = _example("fp8_decode_crashes_pd", num_requests=150)
-    pd_ops["operations"]["faults"]["fp8_crash"]["rate_per_token_s"] = 1e-4     # crashes within 150 requests
+    pd_ops["operations"]["faults"]["fp8_crash"]["rate_per_token_s"] = 1e-4  # crashes within 150 requests
     auto = _example("autoscale_step_load", duration_s=80)
-    auto["workload"]["arrival"]["shape"] = {"kind": "piecewise", "times_s": [0, 10, 10.001, 40, 40.001],
-                                            "rates": [2, 2, 12, 12, 2]}
+    auto["workload"]["arrival"]["shape"] = {
+        "kind": "piecewise",
+        "times_s": [0, 10, 10.001, 40, 40.001],
+        "rates": [2, 2, 12, 12, 2],
+    }
     auto["operations"]["autoscale"]["main"]["scale_down_stabilization_s"] = 10
-    return {"colocated": _example("llama8b_h100_chat", num_requests=60),
-            "pd_operations": pd_ops,
-            "epd": _example("epd_images_epd", num_requests=30),
-            "autoscale": auto}
+    return {
+        "colocated": _example("llama8b_h100_chat", num_requests=60),
+        "pd_operations": pd_ops,
+        "epd": _example("epd_images_epd", num_requests=30),
+        "autoscale": auto,
+    }
 
 
 def _check(value, tp, where: str, seen: set[str]) -> None:
@@ -83,28 +89,49 @@ def test_summaries_of_example_runs_have_exactly_the_declared_keys():
         sections |= set(res.summary) & set(RunSummary.__optional_keys__)
     # every optional section but the CLI's model_error_band, and every nested TypedDict, was checked
     assert sections == set(RunSummary.__optional_keys__) - {"model_error_band"}
-    assert seen == {"RunSummary", "Percentiles", "TTFTBreakdown", "PoolStats", "LinkStats", "Crossover",
-                    "EncoderSummary", "OperationsSummary", "ScaleUp", "OpsEvent", "CrashRecord", "InstanceLife"}
+    assert seen == {
+        "RunSummary",
+        "Percentiles",
+        "TTFTBreakdown",
+        "PoolStats",
+        "LinkStats",
+        "Crossover",
+        "EncoderSummary",
+        "OperationsSummary",
+        "ScaleUp",
+        "OpsEvent",
+        "CrashRecord",
+        "InstanceLife",
+    }
 
 
-PLANTED = '''
+PLANTED = """
 from simulator.engine.results import Results
 
 
 def read(res: Results) -> float:
     return res.summary["ttft_s"]["p50"] + res.summary["no_such_key"] + res.summary["ttft_s"]["p95"]
-'''
+"""
 
 
 def test_mypy_rejects_an_undeclared_summary_key(tmp_path, monkeypatch):
     api = pytest.importorskip("mypy.api")
-    monkeypatch.chdir(REPO)                     # this tree's simulator, not an installed copy
+    monkeypatch.chdir(REPO)  # this tree's simulator, not an installed copy
     monkeypatch.setenv("MYPYPATH", str(REPO))
     snippet = tmp_path / "planted.py"
     snippet.write_text(PLANTED)
-    out, err, status = api.run([str(snippet), "--config-file=", "--follow-imports=silent", "--python-version=3.11",
-                                "--ignore-missing-imports", "--cache-dir", str(tmp_path / "cache"),
-                                "--no-color-output"])
+    out, err, status = api.run(
+        [
+            str(snippet),
+            "--config-file=",
+            "--follow-imports=silent",
+            "--python-version=3.11",
+            "--ignore-missing-imports",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--no-color-output",
+        ]
+    )
     assert status == 1, out + err
     assert 'TypedDict "RunSummary" has no key "no_such_key"' in out, out
     assert 'TypedDict "Percentiles" has no key "p95"' in out, out

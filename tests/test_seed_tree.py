@@ -1,4 +1,5 @@
 """Every random draw comes from the scenario's seed tree (simulator.scenario.rng_streams)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -13,8 +14,10 @@ from simulator.scenario import resolve, rng_streams
 from tests.conftest import scenario
 from tests.test_faults import PD_POOLS
 
-IMAGES = {"count": {"kind": "uniform", "low": 0, "high": 4},
-          "resolutions": [{"width": 640, "height": 480}, {"width": 1920, "height": 1080}]}
+IMAGES = {
+    "count": {"kind": "uniform", "low": 0, "high": 4},
+    "resolutions": [{"width": 640, "height": 480}, {"width": 1920, "height": 1080}],
+}
 
 
 def test_streams_are_children_of_seed_and_replication_and_new_ones_leave_the_old_alone():
@@ -45,8 +48,10 @@ def test_fault_draws_come_from_the_faults_stream_and_ignore_transfer_jitter():
     ops = {"faults": {"node_failure": {"mtbf_s": 20.0}}, "startup": {"image_cached": True, "compile_cache": "pod"}}
     one = simulate(scenario(operations=ops)).summary["operations"]["crash_log"]
     assert one[0]["time_s"] == rng_streams(1, 0)["faults"].exponential(20.0)
-    runs = [simulate(scenario(pools=PD_POOLS, operations=ops, kv_transfer={"fabric": "roce-200", "jitter_mean_s": j}))
-            for j in (0.0, 0.002)]
+    runs = [
+        simulate(scenario(pools=PD_POOLS, operations=ops, kv_transfer={"fabric": "roce-200", "jitter_mean_s": j}))
+        for j in (0.0, 0.002)
+    ]
     times = [[c["time_s"] for c in r.summary["operations"]["crash_log"]] for r in runs]
     assert times[0] and times[0] == times[1]
     assert not runs[0].requests["transfer_s"].equals(runs[1].requests["transfer_s"])
@@ -54,20 +59,37 @@ def test_fault_draws_come_from_the_faults_stream_and_ignore_transfer_jitter():
 
 def test_planner_samples_images_from_the_stream_simulate_uses():
     """The planner's screen and the simulation see the same images for the same seed."""
-    req = parse_plan_request({
-        "model": "Qwen3-VL-4B", "slo": {"ttft_s": 2.0, "tpot_s": 0.1},
-        "gpus": [{"name": "H100"}], "search": {"seed": 4},
-        "workload": {"arrival": {"kind": "poisson", "rate": 1.0}, "num_requests": 100,
-                     "input_length": {"kind": "fixed", "value": 100}, "output_length": {"kind": "fixed", "value": 8},
-                     "images": IMAGES}})
+    req = parse_plan_request(
+        {
+            "model": "Qwen3-VL-4B",
+            "slo": {"ttft_s": 2.0, "tpot_s": 0.1},
+            "gpus": [{"name": "H100"}],
+            "search": {"seed": 4},
+            "workload": {
+                "arrival": {"kind": "poisson", "rate": 1.0},
+                "num_requests": 100,
+                "input_length": {"kind": "fixed", "value": 100},
+                "output_length": {"kind": "fixed", "value": 8},
+                "images": IMAGES,
+            },
+        }
+    )
     stats = _sample_stats(req, hwdb.load().model("Qwen3-VL-4B"))
     n = stats.n
     cfg = ImageWorkload.model_validate(IMAGES)
     assert stats.images.images == generate_images(cfg, n, rng_streams(4, 0)["images"]).total / n
     # ... and simulate draws a run's images from that same stream
-    scn = scenario(model="Qwen3-VL-4B", seed=4, workload={
-        "arrival": {"kind": "poisson", "rate": 2.0}, "input_length": {"kind": "fixed", "value": 100},
-        "output_length": {"kind": "fixed", "value": 8}, "num_requests": 40, "images": IMAGES})
+    scn = scenario(
+        model="Qwen3-VL-4B",
+        seed=4,
+        workload={
+            "arrival": {"kind": "poisson", "rate": 2.0},
+            "input_length": {"kind": "fixed", "value": 100},
+            "output_length": {"kind": "fixed", "value": 8},
+            "num_requests": 40,
+            "images": IMAGES,
+        },
+    )
     drawn = generate_images(cfg, 40, rng_streams(4, 0)["images"])
     assert simulate(scn).requests["num_images"].tolist() == np.diff(drawn.offsets).tolist()
 
@@ -82,7 +104,7 @@ def test_catalogue_resolutions_come_from_the_seed_tree():
         by_id: dict[int, set] = {}
         for i, w in zip(im.image_id.tolist(), im.width.tolist(), strict=True):
             by_id.setdefault(i, set()).add(w)
-        assert all(len(v) == 1 for v in by_id.values())      # one resolution per id
+        assert all(len(v) == 1 for v in by_id.values())  # one resolution per id
         return {i: v.pop() for i, v in by_id.items()}
 
     assert catalogue(1) == catalogue(1)

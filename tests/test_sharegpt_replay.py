@@ -16,6 +16,7 @@ are regression guards on an uncalibrated model, not accuracy claims:
 
 No predicted number is written here: the test recomputes the table.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -24,9 +25,9 @@ from calibration.validation import sharegpt_replay as sg
 from tests.conftest import SHARED
 
 LLAMA = ("rtx4090-llama8b", "pro6000-llama8b")
-LLAMA_BOUND = {"rtx4090-llama8b": 0.35, "pro6000-llama8b": 0.10}        # worst measured 33.3 %, 3.2 %
-LLAMA_MEAN_BOUND = {"rtx4090-llama8b": 0.25, "pro6000-llama8b": 0.10}   # TPOT mean, throughput: 23.4 %, 1.6 %
-QWEN_BOUND = 0.45             # worst measured |error| 38.5 %
+LLAMA_BOUND = {"rtx4090-llama8b": 0.35, "pro6000-llama8b": 0.10}  # worst measured 33.3 %, 3.2 %
+LLAMA_MEAN_BOUND = {"rtx4090-llama8b": 0.25, "pro6000-llama8b": 0.10}  # TPOT mean, throughput: 23.4 %, 1.6 %
+QWEN_BOUND = 0.45  # worst measured |error| 38.5 %
 
 
 @pytest.fixture(scope="module")

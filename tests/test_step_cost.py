@@ -7,6 +7,7 @@ ring all-reduce, pipeline, routed experts, MLA and linear-attention kernels, att
 the engine's decode function, which keeps the terms that depend on the batch size once computed, gives
 the bits of the general step on the same decode-only step.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,20 +31,51 @@ CPU = dict(cpu_step=2e-4, cpu_run=1e-6, cpu_wait=5e-7, cpu_tok=1e-8, cpu_sample=
 
 
 def hand_model(**over) -> StepModel:
-    base = dict(comp_a=COMP_A, comp_b=COMP_B, lm_coef=LM, lm_half=LM_HALF, attn_s_per_pair=PAIR_S,
-                attn_half=PAIR_HALF, dense_weight_bytes=WEIGHTS, expert_bytes=0.0, n_experts=0,
-                experts_per_token=0, kv_bytes_per_token=KV_TOKEN, act_bytes_per_token=ACT_TOKEN, peak_bw=BW,
-                meff=EfficiencyCurve(max_eff=MEM_EFF, half=1e6, source="hand-made"), mem_floor_bytes=MEM_FLOOR,
-                ar_msg_bytes_per_token=0.0, ar_per_step=0, ar_bw=1e11, ar_latency=1e-5, tp=1, pp=1,
-                pp_handoff_s=2e-5, graph_launch=GRAPH, eager_launch=EAGER, max_graph_tokens=512,
-                graphs_mixed=False, overlapped=False, layer_s=LAYER, kv_max_eff=KV_EFF, kv_floor_bytes=KV_FLOOR,
-                elem_s_per_token=ELEM, **CPU)
+    base = dict(
+        comp_a=COMP_A,
+        comp_b=COMP_B,
+        lm_coef=LM,
+        lm_half=LM_HALF,
+        attn_s_per_pair=PAIR_S,
+        attn_half=PAIR_HALF,
+        dense_weight_bytes=WEIGHTS,
+        expert_bytes=0.0,
+        n_experts=0,
+        experts_per_token=0,
+        kv_bytes_per_token=KV_TOKEN,
+        act_bytes_per_token=ACT_TOKEN,
+        peak_bw=BW,
+        meff=EfficiencyCurve(max_eff=MEM_EFF, half=1e6, source="hand-made"),
+        mem_floor_bytes=MEM_FLOOR,
+        ar_msg_bytes_per_token=0.0,
+        ar_per_step=0,
+        ar_bw=1e11,
+        ar_latency=1e-5,
+        tp=1,
+        pp=1,
+        pp_handoff_s=2e-5,
+        graph_launch=GRAPH,
+        eager_launch=EAGER,
+        max_graph_tokens=512,
+        graphs_mixed=False,
+        overlapped=False,
+        layer_s=LAYER,
+        kv_max_eff=KV_EFF,
+        kv_floor_bytes=KV_FLOOR,
+        elem_s_per_token=ELEM,
+        **CPU,
+    )
     return StepModel(**(base | over))
 
 
 def host(tokens, logits, running, waiting=0):
-    return (CPU["cpu_step"] + CPU["cpu_run"] * running + CPU["cpu_wait"] * waiting + CPU["cpu_tok"] * tokens
-            + CPU["cpu_sample"] * logits)
+    return (
+        CPU["cpu_step"]
+        + CPU["cpu_run"] * running
+        + CPU["cpu_wait"] * waiting
+        + CPU["cpu_tok"] * tokens
+        + CPU["cpu_sample"] * logits
+    )
 
 
 def test_a_decode_step_streams_the_weights_and_the_kv_cache():
@@ -51,15 +83,15 @@ def test_a_decode_step_streams_the_weights_and_the_kv_cache():
     n, ctx = 64, 64 * 1000.0
     weights = (WEIGHTS + (KV_TOKEN + ACT_TOKEN) * n + MEM_FLOOR) / (BW * MEM_EFF)
     compute = COMP_A * n + COMP_B + LM * n * (n + LM_HALF) / n
-    assert weights > 50 * compute                                    # memory-bound
+    assert weights > 50 * compute  # memory-bound
     kv = (KV_TOKEN * ctx + KV_FLOOR) / (BW * KV_EFF)
-    gpu = weights + kv + ELEM * n + LAYER + GRAPH                    # in a CUDA graph: n <= 512
-    want = gpu + host(n, n, n)                                       # host time not overlapped
+    gpu = weights + kv + ELEM * n + LAYER + GRAPH  # in a CUDA graph: n <= 512
+    want = gpu + host(n, n, n)  # host time not overlapped
     assert m.step_time(n, n, 0.0, ctx, 0.0, n, 0) == pytest.approx(want, rel=1e-12)
     assert m.decode_time(n, 1000) == pytest.approx(want, rel=1e-12)
     assert step_functions(m)[1](n, ctx, n) == m.decode_time(n, 1000)
     overlapped = dataclasses.replace(m, overlapped=True)
-    assert overlapped.decode_time(n, 1000) == pytest.approx(gpu, rel=1e-12)   # the host's time hides
+    assert overlapped.decode_time(n, 1000) == pytest.approx(gpu, rel=1e-12)  # the host's time hides
 
 
 def test_a_long_prompt_chunk_is_compute_bound_and_runs_eagerly():
@@ -74,9 +106,10 @@ def test_a_long_prompt_chunk_is_compute_bound_and_runs_eagerly():
     got = m.step_time(tokens, decodes + 1, pairs, decodes * 500.0, float(done), decodes + 1, 3)
     assert got == pytest.approx(want, rel=1e-12)
     with_prefill_cost = dataclasses.replace(m, prefill_step_s=1e-3)
-    assert with_prefill_cost.step_time(tokens, decodes + 1, pairs, decodes * 500.0, 0.0, decodes + 1, 3) == \
-        pytest.approx(want + 1e-3, rel=1e-12)
-    assert with_prefill_cost.decode_time(8, 100) == m.decode_time(8, 100)   # a decode-only step has no chunk
+    assert with_prefill_cost.step_time(
+        tokens, decodes + 1, pairs, decodes * 500.0, 0.0, decodes + 1, 3
+    ) == pytest.approx(want + 1e-3, rel=1e-12)
+    assert with_prefill_cost.decode_time(8, 100) == m.decode_time(8, 100)  # a decode-only step has no chunk
 
 
 def test_routed_experts_one_token_touches_top_k_of_them():
@@ -112,10 +145,13 @@ MODELS = {
     "70b a100 tp2 pp2": dict(model="Llama-2-70B", pools=pool(gpu="A100-80GB", tp=2, pp=2)),
     "moe": dict(model="Qwen3-30B-A3B", pools=pool(gpu="H200", tp=2)),
     "moe dp2 sglang": dict(model="Qwen3-30B-A3B", pools=pool(gpu="H200", tp=2, dp=2, engine={"engine": "sglang"})),
-    "mla": dict(model="DeepSeek-V3", pools=pool(gpu="B200", tp=8, dtype="fp8", kv_cache_dtype="fp8",
-                                                engine={"engine": "sglang"})),
-    "linear attention": dict(model="Qwen3.5-397B-A17B", pools=pool(gpu="B200", tp=4, dtype="fp8",
-                                                                   engine={"engine": "sglang"})),
+    "mla": dict(
+        model="DeepSeek-V3",
+        pools=pool(gpu="B200", tp=8, dtype="fp8", kv_cache_dtype="fp8", engine={"engine": "sglang"}),
+    ),
+    "linear attention": dict(
+        model="Qwen3.5-397B-A17B", pools=pool(gpu="B200", tp=4, dtype="fp8", engine={"engine": "sglang"})
+    ),
 }
 
 
@@ -123,8 +159,10 @@ def _models():
     for name, over in MODELS.items():
         step = resolve(scenario(**over)).pools[0].step
         yield name, step
-        yield name + " ring, serial host", dataclasses.replace(step, ar_sizes=(), ar_graph=(), ar_eager=(),
-                                                                overlapped=not step.overlapped)
+        yield (
+            name + " ring, serial host",
+            dataclasses.replace(step, ar_sizes=(), ar_graph=(), ar_eager=(), overlapped=not step.overlapped),
+        )
 
 
 @pytest.mark.parametrize("name,m", list(_models()), ids=lambda x: x if isinstance(x, str) else "")

@@ -1,4 +1,5 @@
 """The flat step log (simulator/engine/steplog.py) gives back the steps it was given, in order."""
+
 from __future__ import annotations
 
 from hypothesis import given, settings
@@ -7,8 +8,7 @@ from hypothesis import strategies as st
 from simulator.engine.steplog import NCOL, StepLog
 
 _count = st.integers(0, 2**40)
-_row = st.tuples(st.floats(0, 1e9, allow_nan=False), st.floats(0, 10, allow_nan=False),
-                 *[_count] * (NCOL - 2))
+_row = st.tuples(st.floats(0, 1e9, allow_nan=False), st.floats(0, 10, allow_nan=False), *[_count] * (NCOL - 2))
 
 
 @settings(max_examples=200, deadline=None)

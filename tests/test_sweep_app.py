@@ -1,4 +1,5 @@
 """The Sweep page (app/pages/6_Sweep.py) under AppTest, and its service (app/services/sweep.py)."""
+
 from __future__ import annotations
 
 import pytest
@@ -18,7 +19,7 @@ def user_hwdb(tmp_path, monkeypatch):
 def test_page_runs_a_small_rate_sweep_and_shows_the_charts_the_knee_and_the_table():
     at = AppTest.from_file(PAGE, default_timeout=240).run()
     assert not at.exception, [e.value for e in at.exception]
-    assert at.button(key="sweep-run") and not at.get("plotly_chart")      # nothing runs until asked
+    assert at.button(key="sweep-run") and not at.get("plotly_chart")  # nothing runs until asked
     at.checkbox(key="sweep-auto").uncheck().run()
     at.text_input(key="sweep-rates").set_value("5,30,150")
     at.number_input(key="sweep-requests").set_value(600).run()
@@ -41,7 +42,7 @@ def test_page_knob_sweep_and_bad_values_inline():
     at.text_input(key="sweep-values-pools[0].tp").set_value("1,3").run()
     assert not at.exception
     assert at.error and "knob pools[0].tp=3" in at.error[0].value and "KV heads" in at.error[0].value
-    assert "sweep-run" not in [b.key for b in at.button]                  # no run of a bad sweep
+    assert "sweep-run" not in [b.key for b in at.button]  # no run of a bad sweep
     at.text_input(key="sweep-values-pools[0].tp").set_value("1,2")
     at.number_input(key="sweep-requests").set_value(100).run()
     at.button(key="sweep-run").click().run()
@@ -56,8 +57,11 @@ def test_service_offers_the_scenarios_own_knobs_and_refuses_bad_rates():
     assert "pools[0].tp" in ks and "operations.startup.compile_cache" not in ks
     ops = scenarios.example("autoscale_step_load.yaml")
     ks = sweep.knobs(ops)
-    assert {"operations.startup.compile_cache", "operations.startup.provisioning_s",
-            "operations.autoscale.main.target_queue"} <= set(ks)
+    assert {
+        "operations.startup.compile_cache",
+        "operations.startup.provisioning_s",
+        "operations.autoscale.main.target_queue",
+    } <= set(ks)
     assert ks["operations.autoscale.main.target_queue"][0].startswith("main: scale-up threshold")
     with pytest.raises(scenarios.InputError, match="rates 0: a rate must be a positive"):
         sweep.check(chat, rates="0,1")

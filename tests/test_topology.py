@@ -1,6 +1,7 @@
 """Network topology as data (kv_transfer.gpus_per_nic, nodes_per_rack, oversubscription, racks_per_pod,
 pod_oversubscription, placement): shared node NICs and oversubscribed leaf and spine uplinks are shared fairly
 by the transfers that cross them; TCP modes of connectors are evaluated; cross-vendor PD pairs are refused."""
+
 from __future__ import annotations
 
 import pytest
@@ -12,13 +13,22 @@ from simulator.run import simulate
 from simulator.scenario import ScenarioError, parse_scenario, resolve
 from tests.test_pd import pd_scenario
 
-_WL = {"arrival": {"kind": "closed", "concurrency": 8}, "input_length": {"kind": "fixed", "value": 4000},
-       "output_length": {"kind": "fixed", "value": 4}, "num_requests": 8}
+_WL = {
+    "arrival": {"kind": "closed", "concurrency": 8},
+    "input_length": {"kind": "fixed", "value": 4000},
+    "output_length": {"kind": "fixed", "value": 4},
+    "num_requests": 8,
+}
 
 
 def _run(**topo):
-    scn = pd_scenario(n_p=8, n_d=8, kv={"connector": "nixl", "fabric": "ib-ndr", **topo}, workload=_WL,
-                      engine={"max_num_batched_tokens": 8192})
+    scn = pd_scenario(
+        n_p=8,
+        n_d=8,
+        kv={"connector": "nixl", "fabric": "ib-ndr", **topo},
+        workload=_WL,
+        engine={"max_num_batched_tokens": 8192},
+    )
     return scn, simulate(scn)
 
 
@@ -58,8 +68,7 @@ def test_switch_tiers_and_placement():
     _, same = _run(**tiers, placement="same_rack")
     _, rack = _run(**tiers)
     _, pod = _run(**tiers, placement="cross_pod")
-    t = {k: r.requests["transfer_s"].mean() for k, r in
-         {"flat": flat, "same": same, "rack": rack, "pod": pod}.items()}
+    t = {k: r.requests["transfer_s"].mean() for k, r in {"flat": flat, "same": same, "rack": rack, "pod": pod}.items()}
     assert t["same"] == pytest.approx(t["flat"], rel=1e-9)
     assert 1.8 * t["flat"] < t["rack"] < 2.1 * t["flat"]
     assert 1.8 * t["rack"] < t["pod"] < 2.1 * t["rack"]
@@ -68,11 +77,14 @@ def test_switch_tiers_and_placement():
     assert (pod.links["utilisation"] <= 1 + 1e-9).all()
 
 
-@pytest.mark.parametrize("kv, needle", [
-    ({"racks_per_pod": 2}, "racks_per_pod=2 needs nodes_per_rack"),
-    ({"nodes_per_rack": 4, "placement": "cross_pod"}, "placement=cross_pod needs racks_per_pod"),
-    ({"placement": "same_pod"}, "placement"),
-])
+@pytest.mark.parametrize(
+    "kv, needle",
+    [
+        ({"racks_per_pod": 2}, "racks_per_pod=2 needs nodes_per_rack"),
+        ({"nodes_per_rack": 4, "placement": "cross_pod"}, "placement=cross_pod needs racks_per_pod"),
+        ({"placement": "same_pod"}, "placement"),
+    ],
+)
 def test_bad_switch_tiers_name_the_field(kv, needle):
     data = pd_scenario().model_dump()
     data["kv_transfer"].update(kv)
@@ -88,9 +100,10 @@ def test_tcp_modes_are_evaluated_host_staged(connector):
     db, pools = rs.db, rs.pools
     plan = build_transfer_plan(scn.kv_transfer, db, pools[0].dep, pools[1].dep)
     assert plan.staged_s_per_byte > 0 and res.summary["completed"] == 4
-    rdma = build_transfer_plan(scn.kv_transfer.model_copy(update={"fabric": "roce-100"}), db,
-                               pools[0].dep, pools[1].dep)
-    assert plan.idle_time(4000) > rdma.idle_time(4000)     # same line rate (12.5 vs 3.1 GB/s aside): TCP loses
+    rdma = build_transfer_plan(
+        scn.kv_transfer.model_copy(update={"fabric": "roce-100"}), db, pools[0].dep, pools[1].dep
+    )
+    assert plan.idle_time(4000) > rdma.idle_time(4000)  # same line rate (12.5 vs 3.1 GB/s aside): TCP loses
 
 
 def test_cross_vendor_pd_pair_is_refused_with_a_reason():
@@ -107,8 +120,13 @@ def test_cloud_layout_with_two_gpus_per_nic_shows_longer_transfers_than_one_nic_
     concurrent prompts: on A3 High two transfers share every NIC, so the wire part takes twice as long."""
     runs = {}
     for fabric in ("gcp-a3-mega", "gcp-a3-high"):
-        scn = pd_scenario(n_p=8, n_d=8, kv={"connector": "nixl", "fabric": fabric}, workload=_WL,
-                          engine={"max_num_batched_tokens": 8192})
+        scn = pd_scenario(
+            n_p=8,
+            n_d=8,
+            kv={"connector": "nixl", "fabric": fabric},
+            workload=_WL,
+            engine={"max_num_batched_tokens": 8192},
+        )
         rs = resolve(scn)
         db, pools = rs.db, rs.pools
         plan = build_transfer_plan(scn.kv_transfer, db, pools[0].dep, pools[1].dep)
@@ -117,19 +135,21 @@ def test_cloud_layout_with_two_gpus_per_nic_shows_longer_transfers_than_one_nic_
         runs[fabric] = (plan, simulate(scn).requests["transfer_s"].to_numpy() - fixed)
     (mega, t1), (high, t2) = runs["gcp-a3-mega"], runs["gcp-a3-high"]
     assert (mega.prefill_share, high.prefill_share) == (1, 2)
-    assert mega.prefill_side_Bps == high.prefill_side_Bps            # the same NIC rate per instance
+    assert mega.prefill_side_Bps == high.prefill_side_Bps  # the same NIC rate per instance
     assert t2 == pytest.approx(2 * t1, rel=1e-6) and t2.mean() > 1.9 * t1.mean()
 
 
 def test_a_cloud_layout_names_its_link_and_refuses_pools_on_other_gpus():
     rs = resolve(pd_scenario(kv={"connector": "nixl", "fabric": "p5.48xlarge"}))
     db, pools = rs.db, rs.pools
-    plan = build_transfer_plan(pd_scenario(kv={"connector": "nixl", "fabric": "aws-p5"}).kv_transfer, db,
-                               pools[0].dep, pools[1].dep)
+    plan = build_transfer_plan(
+        pd_scenario(kv={"connector": "nixl", "fabric": "aws-p5"}).kv_transfer, db, pools[0].dep, pools[1].dep
+    )
     # four 100 Gb/s EFA cards per H100, taken together: 400 Gb/s x link and connector efficiencies
     assert plan.link_name == "aws-p5" and plan.prefill_share == 1
-    assert plan.prefill_side_Bps == pytest.approx(50e9 * db.link("aws-efa").efficiency.value
-                                                  * db.connector("nixl").efficiency.value)
+    assert plan.prefill_side_Bps == pytest.approx(
+        50e9 * db.link("aws-efa").efficiency.value * db.connector("nixl").efficiency.value
+    )
     h200 = pd_scenario(gpu="H200", kv={"connector": "nixl", "fabric": "aws-p5"})
     with pytest.raises(ScenarioError, match=r"aws-p5 is the network of AWS p5\.48xlarge .* H200.*aws-p5e"):
         simulate(h200)
@@ -144,15 +164,26 @@ def test_every_shipped_network_layout_cites_its_cloud_documentation():
         assert lay.gpus_per_nic * lay.nics_per_node >= lay.gpus_per_node
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"nics_per_node": 3}, "gpus_per_node=8 and nics_per_node=3: one must divide the other"),
-    ({"fabric": "ib-fast"}, "field 'fabric': link 'ib-fast' is not defined in links/"),
-    ({"gpus": ["H100"]}, "field 'gpus': ['H100'] not defined in gpus/ (use canonical names)"),
-    ({"nic_Bps": {"value": 400, "source": "400 Gb/s"}}, "give one NIC's line rate in bytes per second")])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"nics_per_node": 3}, "gpus_per_node=8 and nics_per_node=3: one must divide the other"),
+        ({"fabric": "ib-fast"}, "field 'fabric': link 'ib-fast' is not defined in links/"),
+        ({"gpus": ["H100"]}, "field 'gpus': ['H100'] not defined in gpus/ (use canonical names)"),
+        ({"nic_Bps": {"value": 400, "source": "400 Gb/s"}}, "give one NIC's line rate in bytes per second"),
+    ],
+)
 def test_a_bad_user_network_layout_names_the_file_field_and_fix(tmp_path, change, message):
-    base = {"name": "my-node", "provider": "on-prem", "instance": "dgx", "gpus": ["H100-SXM-80GB"],
-            "gpus_per_node": 8, "fabric": "ib-ndr", "nics_per_node": 8,
-            "nic_Bps": {"value": 50e9, "source": "ConnectX-7 NDR 400 Gb/s"}}
+    base = {
+        "name": "my-node",
+        "provider": "on-prem",
+        "instance": "dgx",
+        "gpus": ["H100-SXM-80GB"],
+        "gpus_per_node": 8,
+        "fabric": "ib-ndr",
+        "nics_per_node": 8,
+        "nic_Bps": {"value": 50e9, "source": "ConnectX-7 NDR 400 Gb/s"},
+    }
     (tmp_path / "networks").mkdir()
     (tmp_path / "networks" / "my-node.yaml").write_text(yaml.safe_dump({**base, **change}))
     with pytest.raises(hwdb.HwdbError) as err:

@@ -1,5 +1,6 @@
 """``epdsim calibrate make-trace`` (calibration/harness/trace_gen.py): a bursty trace of several request kinds
 that the harness replays and the simulator reads; checked against the MMPP's closed forms."""
+
 from __future__ import annotations
 
 import re
@@ -53,16 +54,19 @@ def test_mmpp_mean_rate_and_burstiness_match_the_closed_forms():
     assert gaps.std() / gaps.mean() == pytest.approx(1.0, abs=0.05)
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["--rates", "0.5,nan"], "--rates 0.5,nan: give two numbers"),
-    (["--rates", "1e308,1"], "<= 10000 req/s"),
-    (["--rates", "a,b"], "--rates a,b: give two numbers separated by a comma"),
-    (["--sojourn", "0,1"], "--sojourn 0.0,1.0: give two numbers"),
-    (["--requests", "0"], "--requests 0: give a whole number from 1 to 1,000,000"),
-    (["--class", "chat:0.6:200-64:32"], "prompt length '200-64' must be N or LO-HI"),
-    (["--class", "chat:inf:64:32"], "share inf must be a finite number > 0"),
-    (["--class", "chat:1:64"], "give NAME:SHARE:PROMPT:OUTPUT"),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--rates", "0.5,nan"], "--rates 0.5,nan: give two numbers"),
+        (["--rates", "1e308,1"], "<= 10000 req/s"),
+        (["--rates", "a,b"], "--rates a,b: give two numbers separated by a comma"),
+        (["--sojourn", "0,1"], "--sojourn 0.0,1.0: give two numbers"),
+        (["--requests", "0"], "--requests 0: give a whole number from 1 to 1,000,000"),
+        (["--class", "chat:0.6:200-64:32"], "prompt length '200-64' must be N or LO-HI"),
+        (["--class", "chat:inf:64:32"], "share inf must be a finite number > 0"),
+        (["--class", "chat:1:64"], "give NAME:SHARE:PROMPT:OUTPUT"),
+    ],
+)
 def test_bad_arguments_name_the_flag_the_value_and_the_fix(tmp_path, capsys, argv, words):
     out = tmp_path / "t.csv"
     assert cli.main(["make-trace", str(out), *argv]) == 2
@@ -89,7 +93,7 @@ def _commands(doc: str, heading: str) -> list[list[str]]:
     """The ``epdsim calibrate`` commands of the first code block after ``heading`` in ``doc``, as argv
     after ``epdsim calibrate`` (continuation lines joined, ``$E`` as the block sets it)."""
     text = (REPO / doc).read_text()
-    block = text[text.index(heading):].split("```")[1]
+    block = text[text.index(heading) :].split("```")[1]
     joined = block.replace("\\\n", " ")
     env = dict(ln.split("=", 1) for ln in joined.splitlines() if re.match(r"^[A-Z]+=", ln))
     cmds = []
@@ -97,7 +101,7 @@ def _commands(doc: str, heading: str) -> list[list[str]]:
         if "epdsim calibrate" in ln:
             words = shlex.split(ln.split("#")[0])
             words = [env.get(w[1:], w) if w.startswith("$") else w for w in words]
-            cmds.append(words[words.index("calibrate") + 1:])
+            cmds.append(words[words.index("calibrate") + 1 :])
     return cmds
 
 
@@ -125,8 +129,21 @@ def test_a_trace_with_the_sweeps_says_so_before_the_launch(tmp_path, capsys):
     starts (here the launch then fails at once on a server command that exits)."""
     f = tmp_path / "t.csv"
     assert cli.main(["make-trace", str(f), "--requests", "5"]) == 0
-    rc = cli.main(["run", "--out", str(tmp_path / "b"), "--trace", str(f), "--serve-cmd", "false",
-                   "--url", "http://127.0.0.1:9", "--ready-timeout", "5"])
+    rc = cli.main(
+        [
+            "run",
+            "--out",
+            str(tmp_path / "b"),
+            "--trace",
+            str(f),
+            "--serve-cmd",
+            "false",
+            "--url",
+            "http://127.0.0.1:9",
+            "--ready-timeout",
+            "5",
+        ]
+    )
     err = " ".join(capsys.readouterr().err.split())
     assert rc == 3 and "the prefill and decode sweeps run before the trace (several minutes)" in err
     assert "--phases load replays the trace alone" in err

@@ -4,6 +4,7 @@ A reader must either return a valid :class:`Trace` (arrivals in seconds from 0,
 sorted; token counts >= 1) or raise :class:`TraceError` naming the file, the
 line and the column.
 """
+
 from __future__ import annotations
 
 import math
@@ -31,8 +32,7 @@ from simulator.traces import (
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SHARED_TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
-needs_shared = pytest.mark.skipif(
-    not SHARED_TRACES.is_dir(), reason=f"shared traces not present at {SHARED_TRACES}")
+needs_shared = pytest.mark.skipif(not SHARED_TRACES.is_dir(), reason=f"shared traces not present at {SHARED_TRACES}")
 
 AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 
@@ -44,6 +44,7 @@ def _write(tmp_path: Path, name: str, text: str) -> Path:
 
 
 # ------------------------------------------------------------ committed excerpts
+
 
 def test_azure_conv_excerpt():
     tr = read_azure_csv(FIXTURES / "azure_conv_head.csv")
@@ -79,11 +80,14 @@ def test_plain_jsonl_excerpt():
     assert tr.input_tokens[0] == 2358 and tr.output_tokens[0] == 531
 
 
-@pytest.mark.parametrize("name, fmt", [
-    ("azure_conv_head.csv", "azure"),
-    ("mooncake_conv_head.jsonl", "mooncake"),
-    ("sharegpt300_llama3_head.jsonl", "plain"),
-])
+@pytest.mark.parametrize(
+    "name, fmt",
+    [
+        ("azure_conv_head.csv", "azure"),
+        ("mooncake_conv_head.jsonl", "mooncake"),
+        ("sharegpt300_llama3_head.jsonl", "plain"),
+    ],
+)
 def test_detect_format(name, fmt):
     assert detect_format(FIXTURES / name) == fmt
     assert len(read_trace(FIXTURES / name)) == len(read_trace(FIXTURES / name, fmt))
@@ -95,8 +99,9 @@ def test_lengths_file_is_not_a_trace_and_says_what_to_use():
 
 
 def test_read_token_columns():
-    cols = read_token_columns(FIXTURES / "sharegpt_lengths_head.csv",
-                              {"num_prefill_tokens": "input", "num_decode_tokens": "output"})
+    cols = read_token_columns(
+        FIXTURES / "sharegpt_lengths_head.csv", {"num_prefill_tokens": "input", "num_decode_tokens": "output"}
+    )
     assert cols["num_prefill_tokens"][:2].tolist() == [74, 290]
     assert cols["num_decode_tokens"][:2].tolist() == [918, 905]
 
@@ -107,8 +112,7 @@ def test_limit_reads_first_rows():
 
 
 def test_plain_csv_with_hash_ids(tmp_path):
-    path = _write(tmp_path, "p.csv",
-                  'arrival_s,input_tokens,output_tokens,hash_ids\n0.5,600,3,"1 2"\n1.5,100,4,[1]\n')
+    path = _write(tmp_path, "p.csv", 'arrival_s,input_tokens,output_tokens,hash_ids\n0.5,600,3,"1 2"\n1.5,100,4,[1]\n')
     tr = read_trace(path)
     assert tr.arrival_s.tolist() == [0.0, 1.0]
     assert tr.hash_ids == ((1, 2), (1,)) and tr.hash_block_tokens == 512
@@ -116,9 +120,13 @@ def test_plain_csv_with_hash_ids(tmp_path):
 
 # ------------------------------------------------------------ adjustments
 
+
 def test_zero_output_is_clamped_with_a_counted_warning(tmp_path):
-    path = _write(tmp_path, "z.csv", AZURE_HEADER + "2023-11-16 18:00:00.0,10,0\n"
-                  "2023-11-16 18:00:01.0,10,5\n2023-11-16 18:00:02.0,10,0\n")
+    path = _write(
+        tmp_path,
+        "z.csv",
+        AZURE_HEADER + "2023-11-16 18:00:00.0,10,0\n2023-11-16 18:00:01.0,10,5\n2023-11-16 18:00:02.0,10,0\n",
+    )
     with pytest.warns(TraceWarning, match=r"2 row\(s\) have GeneratedTokens=0 \(first at line 2\)"):
         tr = read_trace(path)
     assert tr.output_tokens.tolist() == [1, 5, 1]
@@ -127,8 +135,7 @@ def test_zero_output_is_clamped_with_a_counted_warning(tmp_path):
 
 def test_unsorted_rows_are_sorted_stably_with_a_warning(tmp_path):
     rows = [(3.0, 30, 1), (1.0, 10, 1), (1.0, 11, 1), (2.0, 20, 1), (1.0, 12, 1)]
-    text = "".join(f'{{"timestamp": {t * 1000}, "input_length": {i}, "output_length": {o}}}\n'
-                   for t, i, o in rows)
+    text = "".join(f'{{"timestamp": {t * 1000}, "input_length": {i}, "output_length": {o}}}\n' for t, i, o in rows)
     path = _write(tmp_path, "u.jsonl", text)
     with pytest.warns(TraceWarning, match=r"2 arrival\(s\) earlier.*first at line 2"):
         tr = read_trace(path)
@@ -146,40 +153,58 @@ def test_sorted_trace_reads_without_warnings():
 
 BAD_FILES = [
     # (file name, content, line, column or key, other text expected in the message)
-    ("gen.csv", AZURE_HEADER + "2023-11-16 18:00:00.0,5,7\n2023-11-16 18:00:01.0,5,abc\n",
-     2 + 1, "GeneratedTokens", "'abc'"),
+    (
+        "gen.csv",
+        AZURE_HEADER + "2023-11-16 18:00:00.0,5,7\n2023-11-16 18:00:01.0,5,abc\n",
+        2 + 1,
+        "GeneratedTokens",
+        "'abc'",
+    ),
     ("neg.csv", AZURE_HEADER + "2023-11-16 18:00:00.0,-5,7\n", 2, "ContextTokens", "positive"),
     ("zero_in.csv", AZURE_HEADER + "2023-11-16 18:00:00.0,0,7\n", 2, "ContextTokens", "positive"),
     ("frac.csv", AZURE_HEADER + "2023-11-16 18:00:00.0,5,7.5\n", 2, "GeneratedTokens", "integer"),
-    ("ts.csv", AZURE_HEADER + "2023-11-16 18:00:00.0,5,7\nyesterday,5,7\n", 3, "TIMESTAMP",
-     "timestamp"),
+    ("ts.csv", AZURE_HEADER + "2023-11-16 18:00:00.0,5,7\nyesterday,5,7\n", 3, "TIMESTAMP", "timestamp"),
     ("short.csv", AZURE_HEADER + "2023-11-16 18:00:00.0,5\n", 2, "GeneratedTokens", "''"),
-    ("blank.csv", AZURE_HEADER + "2023-11-16 18:00:00.0,5,7\n\n\n2023-11-16 18:00:01,x,7\n",
-     5, "ContextTokens", "'x'"),
-    ("hdr.csv", "TIMESTAMP,ContextTokens\n2023-11-16 18:00:00.0,5\n", 1, "GeneratedTokens",
-     "header"),
+    ("blank.csv", AZURE_HEADER + "2023-11-16 18:00:00.0,5,7\n\n\n2023-11-16 18:00:01,x,7\n", 5, "ContextTokens", "'x'"),
+    ("hdr.csv", "TIMESTAMP,ContextTokens\n2023-11-16 18:00:00.0,5\n", 1, "GeneratedTokens", "header"),
     ("nohdr.csv", "2023-11-16 18:00:00.0,5,7\n", 1, "TIMESTAMP", "header"),
-    ("json.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 1}\n{"timestamp": 1,\n',
-     2, "", "not valid JSON"),
-    ("key.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 1}\n\n'
-                  '{"timestamp": 1, "input_length": 5}\n', 3, "output_length", "missing key"),
-    ("type.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 1}\n'
-                   '{"timestamp": 1, "input_length": "many", "output_length": 1}\n',
-     2, "input_length", "'many'"),
-    ("list.jsonl", '{"timestamp": 0, "input_length": [5], "output_length": 1}\n',
-     1, "input_length", "[5]"),
-    ("hash.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1]}\n'
-                   '{"timestamp": 1, "input_length": 5, "output_length": 1, "hash_ids": 7}\n',
-     2, "hash_ids", "block ids"),
-    ("arr.csv", "arrival_s,input_tokens,output_tokens\n0.0,5,1\nsoon,5,1\n", 3, "arrival_s",
-     "number"),
-    ("arr.jsonl", '{"arrival_s": null, "input_tokens": 5, "output_tokens": 1}\n', 1, "arrival_s",
-     "None"),
+    (
+        "json.jsonl",
+        '{"timestamp": 0, "input_length": 5, "output_length": 1}\n{"timestamp": 1,\n',
+        2,
+        "",
+        "not valid JSON",
+    ),
+    (
+        "key.jsonl",
+        '{"timestamp": 0, "input_length": 5, "output_length": 1}\n\n{"timestamp": 1, "input_length": 5}\n',
+        3,
+        "output_length",
+        "missing key",
+    ),
+    (
+        "type.jsonl",
+        '{"timestamp": 0, "input_length": 5, "output_length": 1}\n'
+        '{"timestamp": 1, "input_length": "many", "output_length": 1}\n',
+        2,
+        "input_length",
+        "'many'",
+    ),
+    ("list.jsonl", '{"timestamp": 0, "input_length": [5], "output_length": 1}\n', 1, "input_length", "[5]"),
+    (
+        "hash.jsonl",
+        '{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1]}\n'
+        '{"timestamp": 1, "input_length": 5, "output_length": 1, "hash_ids": 7}\n',
+        2,
+        "hash_ids",
+        "block ids",
+    ),
+    ("arr.csv", "arrival_s,input_tokens,output_tokens\n0.0,5,1\nsoon,5,1\n", 3, "arrival_s", "number"),
+    ("arr.jsonl", '{"arrival_s": null, "input_tokens": 5, "output_tokens": 1}\n', 1, "arrival_s", "None"),
 ]
 
 
-@pytest.mark.parametrize("name, text, line, column, extra", BAD_FILES,
-                         ids=[b[0] for b in BAD_FILES])
+@pytest.mark.parametrize("name, text, line, column, extra", BAD_FILES, ids=[b[0] for b in BAD_FILES])
 def test_malformed_row_names_file_line_and_column(tmp_path, name, text, line, column, extra):
     path = _write(tmp_path, name, text)
     if name.startswith("arr"):
@@ -195,14 +220,17 @@ def test_malformed_row_names_file_line_and_column(tmp_path, name, text, line, co
     assert "\n" not in msg  # one paragraph
 
 
-@pytest.mark.parametrize("name, text, fmt, phrase", [
-    ("empty.csv", "", "azure", "is empty"),
-    ("blank.jsonl", "\n\n", "mooncake", "is empty"),
-    ("empty.csv", "", "auto", "is empty"),
-    ("header.csv", AZURE_HEADER, "azure", "header but no rows"),
-    ("header2.csv", AZURE_HEADER + "\n", "azure", "header but no rows"),
-    ("wide.csv", AZURE_HEADER + "2023-11-16 18:00:00.0,5,7,9,9\n", "azure", "line 2: 5 fields"),
-])
+@pytest.mark.parametrize(
+    "name, text, fmt, phrase",
+    [
+        ("empty.csv", "", "azure", "is empty"),
+        ("blank.jsonl", "\n\n", "mooncake", "is empty"),
+        ("empty.csv", "", "auto", "is empty"),
+        ("header.csv", AZURE_HEADER, "azure", "header but no rows"),
+        ("header2.csv", AZURE_HEADER + "\n", "azure", "header but no rows"),
+        ("wide.csv", AZURE_HEADER + "2023-11-16 18:00:00.0,5,7,9,9\n", "azure", "line 2: 5 fields"),
+    ],
+)
 def test_empty_or_unreadable_files(tmp_path, name, text, fmt, phrase):
     path = _write(tmp_path, name, text)
     with pytest.raises(TraceError, match=phrase) as info:
@@ -223,9 +251,11 @@ def test_trace_error_is_a_value_error():
 
 # ------------------------------------------------------------ properties
 
-rows = st.lists(st.tuples(st.integers(0, 10**7).map(lambda ms: ms / 1000),
-                          st.integers(1, 200_000), st.integers(0, 5000)),
-                min_size=1, max_size=40)
+rows = st.lists(
+    st.tuples(st.integers(0, 10**7).map(lambda ms: ms / 1000), st.integers(1, 200_000), st.integers(0, 5000)),
+    min_size=1,
+    max_size=40,
+)
 
 
 @settings(max_examples=60, deadline=None)
@@ -234,8 +264,7 @@ def test_plain_csv_round_trip(data):
     """Any valid rows come back sorted by arrival (stably), from 0, outputs clamped to >= 1."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "t.csv"
-        path.write_text("arrival_s,input_tokens,output_tokens\n"
-                        + "".join(f"{a},{i},{o}\n" for a, i, o in data))
+        path.write_text("arrival_s,input_tokens,output_tokens\n" + "".join(f"{a},{i},{o}\n" for a, i, o in data))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", TraceWarning)
             tr = read_plain(path)
@@ -250,15 +279,19 @@ def test_plain_csv_round_trip(data):
 
 # ------------------------------------------------------------ full shared traces
 
+
 @needs_shared
-@pytest.mark.parametrize("rel, n, mean_in, mean_out, span_s", [
-    ("azure_llm_2023/AzureLLMInferenceTrace_code.csv", 8819, 2047.85, 27.88, 3435.95),
-    ("azure_llm_2023/AzureLLMInferenceTrace_conv.csv", 19366, 1154.70, 211.13, 3501.72),
-    ("mooncake/conversation_trace.jsonl", 12031, 12035.06, 342.62, 3537.0),
-    ("mooncake/synthetic_trace.jsonl", 3993, 15325.48, 149.12, 1022.03),
-    ("sharegpt300/llama3_tokenizer.jsonl", 300, 857.46, 652.51, 29.12),
-    ("sharegpt300/qwen3_tokenizer.jsonl", 300, 862.30, 664.95, 29.12),
-])
+@pytest.mark.parametrize(
+    "rel, n, mean_in, mean_out, span_s",
+    [
+        ("azure_llm_2023/AzureLLMInferenceTrace_code.csv", 8819, 2047.85, 27.88, 3435.95),
+        ("azure_llm_2023/AzureLLMInferenceTrace_conv.csv", 19366, 1154.70, 211.13, 3501.72),
+        ("mooncake/conversation_trace.jsonl", 12031, 12035.06, 342.62, 3537.0),
+        ("mooncake/synthetic_trace.jsonl", 3993, 15325.48, 149.12, 1022.03),
+        ("sharegpt300/llama3_tokenizer.jsonl", 300, 857.46, 652.51, 29.12),
+        ("sharegpt300/qwen3_tokenizer.jsonl", 300, 862.30, 664.95, 29.12),
+    ],
+)
 def test_full_shared_traces(rel, n, mean_in, mean_out, span_s):
     tr = read_trace(SHARED_TRACES / rel)
     assert len(tr) == n and tr.notes == ()
@@ -281,7 +314,8 @@ def test_reading_azure_conv_is_fast():
 def test_full_sharegpt_lengths_columns():
     cols = read_token_columns(
         SHARED_TRACES / "sharegpt_lengths/sharegpt_8k_filtered_stats_llama2_tokenizer.csv",
-        {"num_prefill_tokens": "input", "num_decode_tokens": "output"})
+        {"num_prefill_tokens": "input", "num_decode_tokens": "output"},
+    )
     assert len(cols["num_prefill_tokens"]) == 30731
     assert cols["num_decode_tokens"].mean() == pytest.approx(438.71, abs=0.01)
 

@@ -1,4 +1,5 @@
 """A user's own GPU file and a bare model config work end to end, from YAML and from the CLI."""
+
 from __future__ import annotations
 
 import shutil
@@ -15,8 +16,8 @@ from tests.conftest import REPO
 def _user_folder(tmp_path):
     gpu = yaml.safe_load((REPO / "hwdb/data/gpus/H100-SXM-80GB.yaml").read_text())
     gpu.update(name="Lab-GPU-96", aliases=["labgpu"])
-    gpu["memory_bytes"] = {"value": 96 * 2 ** 30, "source": "our lab's card (test)"}
-    gpu.pop("visible_memory_bytes")         # CUDA's total of the H100 it was copied from
+    gpu["memory_bytes"] = {"value": 96 * 2**30, "source": "our lab's card (test)"}
+    gpu.pop("visible_memory_bytes")  # CUDA's total of the H100 it was copied from
     (tmp_path / "hw" / "gpus").mkdir(parents=True)
     (tmp_path / "hw" / "gpus" / "lab.yaml").write_text(yaml.safe_dump(gpu))
     (tmp_path / "mymodel").mkdir()
@@ -46,8 +47,20 @@ def test_user_folder_from_cli(tmp_path):
     scn.pop("hwdb")
     scn["model"] = "Llama-3.1-8B"
     (tmp_path / "plain.yaml").write_text(yaml.safe_dump(scn))
-    out = subprocess.run([sys.executable, "-m", "simulator.cli", "simulate", str(tmp_path / "plain.yaml"),
-                          "--hwdb", str(tmp_path / "hw"), "--model", str(tmp_path / "mymodel")],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "simulator.cli",
+            "simulate",
+            str(tmp_path / "plain.yaml"),
+            "--hwdb",
+            str(tmp_path / "hw"),
+            "--model",
+            str(tmp_path / "mymodel"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr
     assert "Lab-GPU-96" in out.stdout and "mymodel" in out.stdout

@@ -6,6 +6,7 @@ merge 2), min 3136 and max 12845056 pixels; Qwen3-VL factor 32 (patch 16 x
 merge 2), min 65536 and max 16777216 pixels; LLaVA-1.5 a fixed 336 px square,
 (336/14)^2 = 576 tokens.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -58,9 +59,9 @@ def test_visual_tokens_follow_the_resize_rule(model, w, h, tokens, why):
         assert rw % v.factor == 0 and rh % v.factor == 0
         assert v.min_pixels <= rw * rh <= v.max_pixels
         # Patches are the merge^2 patches behind each token.
-        assert patches(v, w, h) == tokens * v.spatial_merge_size ** 2
+        assert patches(v, w, h) == tokens * v.spatial_merge_size**2
     else:
-        assert patches(v, w, h) == tokens + 1   # the CLS token is encoded too
+        assert patches(v, w, h) == tokens + 1  # the CLS token is encoded too
 
 
 def test_aspect_ratio_over_200_is_refused():
@@ -73,8 +74,10 @@ def test_text_only_model_has_no_vision():
         vision_arch(DB.model("Llama-3.1-8B"))
 
 
-@pytest.mark.parametrize("model,total,rel", [("Qwen2.5-VL-7B", 8.29e9, 0.015), ("Qwen3-VL-4B", 4.44e9, 0.015),
-                                             ("Qwen3-VL-235B-A22B", 235_670_022_896, 0.001)])
+@pytest.mark.parametrize(
+    "model,total,rel",
+    [("Qwen2.5-VL-7B", 8.29e9, 0.015), ("Qwen3-VL-4B", 4.44e9, 0.015), ("Qwen3-VL-235B-A22B", 235_670_022_896, 0.001)],
+)
 def test_language_model_plus_encoder_matches_published_size(model, total, rel):
     """Hugging Face lists Qwen2.5-VL-7B-Instruct at 8.29B and Qwen3-VL-4B-Instruct at 4.44B parameters; the
     235B's weight listing (its sidecar's source) sums to 235,670,022,896 (norms and biases included)."""
@@ -89,7 +92,7 @@ def test_encoder_flops_closed_form_full_attention():
     lin, attn = encoder_flops(v, 640, 640)
     assert attn == pytest.approx(4.0 * n * n * v.hidden_size * v.depth)
     blocks = 2.0 * n * v.depth * v.block_params
-    assert blocks < lin < blocks * 1.2     # + patch embedding and the four mergers
+    assert blocks < lin < blocks * 1.2  # + patch embedding and the four mergers
 
 
 def test_windowed_attention_grows_slower_than_quadratic():

@@ -1,5 +1,6 @@
 """fp8 and fp4 checkpoints on GPUs without those tensor cores: served weight-only where the engine has such a
 kernel (vLLM's Marlin W8A16 on Ampere, W4A16 MXFP4 on Hopper), refused with the engine named where not."""
+
 from __future__ import annotations
 
 import pytest
@@ -34,11 +35,14 @@ def test_fp4_moe_on_hopper_takes_the_weight_only_expert_kernel(db):
     assert {g.compute_dtype for g in d.linear_groups()} == {"bf16"}
 
 
-@pytest.mark.parametrize("model,dtype,gpu,engine,why", [
-    ("Qwen3-32B", "fp8", "A100-SXM-80GB", "trtllm", "trtllm has no weight-only fp8 kernel"),
-    ("gpt-oss-120b", "fp4", "A100-SXM-80GB", "sglang", "needs fp8 tensor cores"),
-    ("gpt-oss-120b", "fp4", "A100-SXM-80GB", "trtllm", "needs fp8 tensor cores"),
-])
+@pytest.mark.parametrize(
+    "model,dtype,gpu,engine,why",
+    [
+        ("Qwen3-32B", "fp8", "A100-SXM-80GB", "trtllm", "trtllm has no weight-only fp8 kernel"),
+        ("gpt-oss-120b", "fp4", "A100-SXM-80GB", "sglang", "needs fp8 tensor cores"),
+        ("gpt-oss-120b", "fp4", "A100-SXM-80GB", "trtllm", "needs fp8 tensor cores"),
+    ],
+)
 def test_an_engine_without_the_kernel_is_refused_by_name(db, model, dtype, gpu, engine, why):
     with pytest.raises(ScenarioError) as exc:
         dep(db, model, dtype, gpu, engine=engine, tp=2)

@@ -5,6 +5,7 @@ gaps), length distributions against their bounds and means, and generation
 against its contracts: determinism per generator, independence of arrivals
 from lengths, and vectorised speed.
 """
+
 from __future__ import annotations
 
 import time
@@ -33,8 +34,7 @@ from simulator.workload_config import (
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SHARED_TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
-needs_shared = pytest.mark.skipif(
-    not SHARED_TRACES.is_dir(), reason=f"shared traces not present at {SHARED_TRACES}")
+needs_shared = pytest.mark.skipif(not SHARED_TRACES.is_dir(), reason=f"shared traces not present at {SHARED_TRACES}")
 FIXED = {"input_length": FixedLength(value=100), "output_length": FixedLength(value=10)}
 
 
@@ -48,6 +48,7 @@ def gap_stats(req: Requests) -> tuple[float, float]:
 
 
 # ------------------------------------------------------------ arrivals
+
 
 def test_poisson_gaps_have_mean_one_over_rate_and_cv_one():
     req = gen(WorkloadConfig(arrival=Poisson(rate=8.0), num_requests=100_000, **FIXED))
@@ -81,8 +82,7 @@ def test_duration_bounds_the_arrivals(arrival):
 
 def test_num_requests_and_duration_take_whichever_comes_first():
     few = gen(WorkloadConfig(arrival=Poisson(rate=10.0), num_requests=50, duration_s=1e4, **FIXED))
-    short = gen(WorkloadConfig(arrival=Poisson(rate=10.0), num_requests=10**6, duration_s=5.0,
-                               **FIXED))
+    short = gen(WorkloadConfig(arrival=Poisson(rate=10.0), num_requests=10**6, duration_s=5.0, **FIXED))
     assert len(few) == 50
     assert short.arrival_s[-1] < 5.0 and 20 < len(short) < 100
 
@@ -93,18 +93,21 @@ def test_single_request():
 
 
 def test_closed_loop_carries_concurrency_and_think_time():
-    req = gen(WorkloadConfig(arrival=ClosedLoop(concurrency=16, think_time_s=0.5),
-                             num_requests=300, **FIXED))
+    req = gen(WorkloadConfig(arrival=ClosedLoop(concurrency=16, think_time_s=0.5), num_requests=300, **FIXED))
     assert req.is_closed_loop and req.concurrency == 16 and req.think_time_s == 0.5
     assert len(req) == 300 and not req.arrival_s.any()
 
 
 # ------------------------------------------------------------ lengths
 
+
 def test_uniform_lengths_inclusive_bounds_and_mean():
-    cfg = WorkloadConfig(arrival=Poisson(rate=1.0), num_requests=100_000,
-                         input_length=UniformLength(low=10, high=20),
-                         output_length=UniformLength(low=7, high=7))
+    cfg = WorkloadConfig(
+        arrival=Poisson(rate=1.0),
+        num_requests=100_000,
+        input_length=UniformLength(low=10, high=20),
+        output_length=UniformLength(low=7, high=7),
+    )
     req = gen(cfg)
     assert req.input_tokens.min() == 10 and req.input_tokens.max() == 20
     assert req.input_tokens.mean() == pytest.approx(15, rel=0.01)
@@ -113,8 +116,7 @@ def test_uniform_lengths_inclusive_bounds_and_mean():
 
 def test_lognormal_mean_and_cv():
     dist = LognormalLength(mean=1000, cv=1.0)
-    req = gen(WorkloadConfig(arrival=Poisson(rate=1.0), num_requests=200_000,
-                             input_length=dist, output_length=dist))
+    req = gen(WorkloadConfig(arrival=Poisson(rate=1.0), num_requests=200_000, input_length=dist, output_length=dist))
     x = req.input_tokens
     assert x.mean() == pytest.approx(1000, rel=0.02)
     assert x.std() / x.mean() == pytest.approx(1.0, rel=0.05)
@@ -123,59 +125,82 @@ def test_lognormal_mean_and_cv():
 
 def test_lognormal_clip():
     dist = LognormalLength(mean=500, cv=2.0, low=64, high=2048)
-    req = gen(WorkloadConfig(arrival=Poisson(rate=1.0), num_requests=50_000,
-                             input_length=dist, output_length=FixedLength(value=1)))
+    req = gen(
+        WorkloadConfig(
+            arrival=Poisson(rate=1.0), num_requests=50_000, input_length=dist, output_length=FixedLength(value=1)
+        )
+    )
     assert req.input_tokens.min() == 64 and req.input_tokens.max() == 2048
 
 
 @settings(max_examples=40, deadline=None)
-@given(mean=st.floats(1, 1e5), cv=st.floats(0.01, 5), low=st.integers(1, 50),
-       span=st.integers(0, 10_000), seed=st.integers(0, 2**32 - 1))
+@given(
+    mean=st.floats(1, 1e5),
+    cv=st.floats(0.01, 5),
+    low=st.integers(1, 50),
+    span=st.integers(0, 10_000),
+    seed=st.integers(0, 2**32 - 1),
+)
 def test_length_bounds_hold_for_any_parameters(mean, cv, low, span, seed):
-    cfg = WorkloadConfig(arrival=Poisson(rate=1.0), num_requests=500,
-                         input_length=LognormalLength(mean=mean, cv=cv, low=low, high=low + span),
-                         output_length=UniformLength(low=low, high=low + span))
+    cfg = WorkloadConfig(
+        arrival=Poisson(rate=1.0),
+        num_requests=500,
+        input_length=LognormalLength(mean=mean, cv=cv, low=low, high=low + span),
+        output_length=UniformLength(low=low, high=low + span),
+    )
     req = gen(cfg, seed, seed + 1)
     for x in (req.input_tokens, req.output_tokens):
         assert x.min() >= low and x.max() <= low + span
 
 
 def test_empirical_values_and_file():
-    req = gen(WorkloadConfig(arrival=Poisson(rate=1.0), num_requests=5000,
-                             input_length=EmpiricalLength(values=(3, 5, 8)),
-                             output_length=EmpiricalLength(
-                                 path=FIXTURES / "sharegpt_lengths_head.csv",
-                                 column="num_decode_tokens")))
+    req = gen(
+        WorkloadConfig(
+            arrival=Poisson(rate=1.0),
+            num_requests=5000,
+            input_length=EmpiricalLength(values=(3, 5, 8)),
+            output_length=EmpiricalLength(path=FIXTURES / "sharegpt_lengths_head.csv", column="num_decode_tokens"),
+        )
+    )
     assert set(req.input_tokens.tolist()) == {3, 5, 8}
-    assert set(req.output_tokens.tolist()) <= {918, 905, 711, 950, 787, 742, 855, 311, 390,
-                                                 572, 433, 363, 290, 894}
+    assert set(req.output_tokens.tolist()) <= {918, 905, 711, 950, 787, 742, 855, 311, 390, 572, 433, 363, 290, 894}
 
 
 def test_pairs_sample_whole_rows():
     path = FIXTURES / "sharegpt_lengths_head.csv"
     rows = {tuple(map(int, line.split(",")[:2])) for line in path.read_text().splitlines()[1:]}
-    req = gen(WorkloadConfig(arrival=Poisson(rate=1.0), num_requests=2000,
-                             lengths=LengthPairs(path=path, input_column="num_prefill_tokens",
-                                                 output_column="num_decode_tokens")))
+    req = gen(
+        WorkloadConfig(
+            arrival=Poisson(rate=1.0),
+            num_requests=2000,
+            lengths=LengthPairs(path=path, input_column="num_prefill_tokens", output_column="num_decode_tokens"),
+        )
+    )
     pairs = set(zip(req.input_tokens.tolist(), req.output_tokens.tolist(), strict=True))
     assert pairs <= rows and len(pairs) == len(rows)
 
 
 def test_empirical_file_errors_are_trace_errors():
-    cfg = WorkloadConfig(arrival=Poisson(rate=1.0), num_requests=5,
-                         input_length=EmpiricalLength(path=FIXTURES / "sharegpt_lengths_head.csv",
-                                                      column="prompt_len"),
-                         output_length=FixedLength(value=1))
+    cfg = WorkloadConfig(
+        arrival=Poisson(rate=1.0),
+        num_requests=5,
+        input_length=EmpiricalLength(path=FIXTURES / "sharegpt_lengths_head.csv", column="prompt_len"),
+        output_length=FixedLength(value=1),
+    )
     with pytest.raises(ValueError, match="prompt_len"):
         gen(cfg)
 
 
 # ------------------------------------------------------------ determinism and streams
 
+
 def _mixed() -> WorkloadConfig:
-    return WorkloadConfig(arrival=Gamma(rate=5.0, cv=2.0), num_requests=10_000,
-                          input_length=LognormalLength(mean=800, cv=1.5, high=8192),
-                          output_length=UniformLength(low=1, high=512))
+    return WorkloadConfig(
+        arrival=Gamma(rate=5.0, cv=2.0),
+        num_requests=10_000,
+        input_length=LognormalLength(mean=800, cv=1.5, high=8192),
+        output_length=UniformLength(low=1, high=512),
+    )
 
 
 def test_same_seeds_give_identical_bytes():
@@ -186,8 +211,9 @@ def test_same_seeds_give_identical_bytes():
 
 
 def test_changing_lengths_leaves_arrivals_unchanged():
-    other = _mixed().model_copy(update={"input_length": FixedLength(value=3),
-                                        "output_length": LognormalLength(mean=50, cv=0.3)})
+    other = _mixed().model_copy(
+        update={"input_length": FixedLength(value=3), "output_length": LognormalLength(mean=50, cv=0.3)}
+    )
     a, b = gen(_mixed(), 7, 8), gen(other, 7, 8)
     assert a.arrival_s.tobytes() == b.arrival_s.tobytes()
     assert a.input_tokens.tobytes() != b.input_tokens.tobytes()
@@ -248,8 +274,7 @@ def test_trace_rate_needs_a_time_span():
 def test_trace_hash_ids_and_overrides():
     req = gen(WorkloadConfig(arrival=TraceArrivals(path=MOONCAKE)))
     assert req.hash_block_tokens == 512 and len(req.hash_ids) == 14
-    out = gen(WorkloadConfig(arrival=TraceArrivals(path=MOONCAKE),
-                             output_length=FixedLength(value=2)))
+    out = gen(WorkloadConfig(arrival=TraceArrivals(path=MOONCAKE), output_length=FixedLength(value=2)))
     assert (out.output_tokens == 2).all() and out.hash_ids == req.hash_ids
     assert (out.input_tokens == req.input_tokens).all()
     inp = gen(WorkloadConfig(arrival=TraceArrivals(path=MOONCAKE), input_length=FixedLength(value=9)))
@@ -267,9 +292,13 @@ def test_full_azure_trace_rescaled_to_target_rate():
 @needs_shared
 def test_full_sharegpt_pairs():
     path = SHARED_TRACES / "sharegpt_lengths/sharegpt_8k_filtered_stats_llama2_tokenizer.csv"
-    req = gen(WorkloadConfig(arrival=Poisson(rate=1.0), num_requests=100_000,
-                             lengths=LengthPairs(path=path, input_column="num_prefill_tokens",
-                                                 output_column="num_decode_tokens")))
+    req = gen(
+        WorkloadConfig(
+            arrival=Poisson(rate=1.0),
+            num_requests=100_000,
+            lengths=LengthPairs(path=path, input_column="num_prefill_tokens", output_column="num_decode_tokens"),
+        )
+    )
     assert req.input_tokens.mean() == pytest.approx(2340.0, rel=0.02)
     assert req.output_tokens.mean() == pytest.approx(438.7, rel=0.02)
 
@@ -284,37 +313,47 @@ BAD = [
     ({"arrival": {"kind": "closed", "concurrency": 0}}, "concurrency", "from 1 to 5e7 users"),
     ({"arrival": {"kind": "closed", "concurrency": 2, "think_time_s": -1}}, "think_time_s", "0"),
     ({"num_requests": 0}, "num_requests", "from 1 to 5e7 requests"),
-    ({"input_length": {"kind": "uniform", "low": 9, "high": 3}}, "input_length.uniform",
-     "make low <= high"),
-    ({"input_length": {"kind": "lognormal", "mean": 100, "cv": 1, "low": 9, "high": 3}},
-     "input_length.lognormal", "make low <= high"),
+    ({"input_length": {"kind": "uniform", "low": 9, "high": 3}}, "input_length.uniform", "make low <= high"),
+    (
+        {"input_length": {"kind": "lognormal", "mean": 100, "cv": 1, "low": 9, "high": 3}},
+        "input_length.lognormal",
+        "make low <= high",
+    ),
     ({"output_length": {"kind": "fixed", "value": 0}}, "output_length.fixed.value", "1"),
-    ({"output_length": {"kind": "normal", "mean": 3}}, "output_length",
-     "'fixed', 'uniform', 'lognormal', 'empirical'"),
-    ({"input_length": {"kind": "empirical", "path": "x.csv"}}, "input_length.empirical",
-     "column is required"),
-    ({"input_length": {"kind": "empirical", "values": [1, 2], "path": "x.csv"}},
-     "input_length.empirical", "exactly one of"),
+    ({"output_length": {"kind": "normal", "mean": 3}}, "output_length", "'fixed', 'uniform', 'lognormal', 'empirical'"),
+    ({"input_length": {"kind": "empirical", "path": "x.csv"}}, "input_length.empirical", "column is required"),
+    (
+        {"input_length": {"kind": "empirical", "values": [1, 2], "path": "x.csv"}},
+        "input_length.empirical",
+        "exactly one of",
+    ),
     ({"input_length": {"kind": "empirical", "values": []}}, "values", "at least 1"),
-    ({"arrival": {"kind": "trace", "path": "t.csv", "rate": 2, "time_scale": 3}}, "arrival.trace",
-     "either time_scale or rate"),
-    ({"arrival": {"kind": "trace", "path": "t.csv", "format": "csv"}}, "format",
-     "'azure', 'mooncake', 'plain' or 'auto'"),
+    (
+        {"arrival": {"kind": "trace", "path": "t.csv", "rate": 2, "time_scale": 3}},
+        "arrival.trace",
+        "either time_scale or rate",
+    ),
+    (
+        {"arrival": {"kind": "trace", "path": "t.csv", "format": "csv"}},
+        "format",
+        "'azure', 'mooncake', 'plain' or 'auto'",
+    ),
     ({"extra": 1}, "extra", "Extra inputs are not permitted"),
     ({"output_length": None}, "", "needs lengths: give input_length and output_length"),
     ({"num_requests": None}, "", "needs num_requests, duration_s or both"),
-    ({"arrival": {"kind": "closed", "concurrency": 2}, "num_requests": None}, "",
-     "closed loop needs num_requests"),
-    ({"lengths": {"kind": "pairs", "path": "p.csv", "input_column": "a", "output_column": "b"}},
-     "", "not both"),
+    ({"arrival": {"kind": "closed", "concurrency": 2}, "num_requests": None}, "", "closed loop needs num_requests"),
+    ({"lengths": {"kind": "pairs", "path": "p.csv", "input_column": "a", "output_column": "b"}}, "", "not both"),
 ]
 
 
 @pytest.mark.parametrize("change, field, phrase", BAD, ids=[str(i) for i in range(len(BAD))])
 def test_invalid_configs_name_the_field_and_the_fix(change, field, phrase):
-    data = {"arrival": {"kind": "poisson", "rate": 1.0}, "num_requests": 10,
-            "input_length": {"kind": "fixed", "value": 5},
-            "output_length": {"kind": "fixed", "value": 5}}
+    data = {
+        "arrival": {"kind": "poisson", "rate": 1.0},
+        "num_requests": 10,
+        "input_length": {"kind": "fixed", "value": 5},
+        "output_length": {"kind": "fixed", "value": 5},
+    }
     data.update(change)
     with pytest.raises(ValidationError) as info:
         WorkloadConfig.model_validate(data)

@@ -1,4 +1,5 @@
 """Compare: two or more scenarios side by side (presets from the current scenario, or pinned ones)."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -9,8 +10,10 @@ from app.services import compare, exports, jobs, scenarios, views
 
 st.set_page_config(page_title="epdsim: compare", layout="wide")
 st.title("Compare scenarios")
-st.caption("Variants of the scenario built on the Home page, simulated side by side; the best value of "
-           "each metric is highlighted and changes are relative to the first column.")
+st.caption(
+    "Variants of the scenario built on the Home page, simulated side by side; the best value of "
+    "each metric is highlighted and changes are relative to the first column."
+)
 
 base = ui.scenario()
 pinned = st.session_state.setdefault(ui.PINNED, {})
@@ -51,8 +54,13 @@ cache = ui.run_cache()
 keys = {n: scenarios.scenario_hash(scenarios.to_scenario(d)) + ":0" for n, d in named.items()}
 missing = {n: d for n, d in named.items() if cache.get(keys[n]) is None}
 if missing:
-    done = ui.run_job("compare-" + "-".join(sorted(keys[n] for n in missing)), jobs.run_scenarios, (missing,),
-                      label=f"simulating {len(missing)} scenarios", kwargs={"folder": ui.upload_dir(create=False)})
+    done = ui.run_job(
+        "compare-" + "-".join(sorted(keys[n] for n in missing)),
+        jobs.run_scenarios,
+        (missing,),
+        label=f"simulating {len(missing)} scenarios",
+        kwargs={"folder": ui.upload_dir(create=False)},
+    )
     if done is None:
         st.stop()
     for n, r in done.items():
@@ -71,14 +79,16 @@ def _highlight(row):
 st.subheader("Metrics")
 sty = metrics.style.apply(_highlight, axis=1)
 rel = compare.bands(results)
-for label in metrics.index:      # one formatter per cell: durations with their band, percentages, dollars
+for label in metrics.index:  # one formatter per cell: durations with their band, percentages, dollars
     for n in names:
         sty = sty.format(compare.cell_formatter(label, rel[n]), subset=pd.IndexSlice[[label], [n]])
 st.dataframe(sty, key="metrics")
-st.caption("Best value per row highlighted; values within 0.5% of it tie (no highlight when all tie). "
-           "(low–high) after a latency: its model error band, the validation's mean |error| on the subset that "
-           "fits each scenario's pools (simulator/confidence.py); not a seed-noise interval. Cost $/h: the "
-           "static cost, or for a run with autoscaling the mean billed one (docs/app.md).")
+st.caption(
+    "Best value per row highlighted; values within 0.5% of it tie (no highlight when all tie). "
+    "(low–high) after a latency: its model error band, the validation's mean |error| on the subset that "
+    "fits each scenario's pools (simulator/confidence.py); not a seed-noise interval. Cost $/h: the "
+    "static cost, or for a run with autoscaling the mean billed one (docs/app.md)."
+)
 st.subheader("Change against " + names[0])
 st.dataframe(compare.relative_change(metrics).style.format("{:+.1%}", na_rep="-"), key="changes")
 
@@ -86,17 +96,29 @@ cdfs = {n: views.latency_cdfs(r.requests, r.steps) for n, r in results.items()}
 slo = next(iter(results.values())).scenario.slo
 log = st.toggle("log scale (latencies and bars): differences over orders of magnitude", key="cmp-log")
 a, b = st.columns(2)
-a.plotly_chart(charts.log_axes(charts.cdf_figure({n: c["ttft"] for n, c in cdfs.items()}, "ttft", slo.ttft_s), x=log),
-               key="cmp-ttft")
-b.plotly_chart(charts.log_axes(charts.cdf_figure({n: c["tpot"] for n, c in cdfs.items()}, "tpot", slo.tpot_s), x=log),
-               key="cmp-tpot")
-a.plotly_chart(charts.breakdown_figure({n: views.phase_frame(r.requests) for n, r in results.items()}),
-               key="cmp-breakdown")
-bars = b.selectbox("bars of", list(metrics.index), index=list(metrics.index).index("output tokens/s per GPU"),
-                   key="cmp-bars-metric")
+a.plotly_chart(
+    charts.log_axes(charts.cdf_figure({n: c["ttft"] for n, c in cdfs.items()}, "ttft", slo.ttft_s), x=log),
+    key="cmp-ttft",
+)
+b.plotly_chart(
+    charts.log_axes(charts.cdf_figure({n: c["tpot"] for n, c in cdfs.items()}, "tpot", slo.tpot_s), x=log),
+    key="cmp-tpot",
+)
+a.plotly_chart(
+    charts.breakdown_figure({n: views.phase_frame(r.requests) for n, r in results.items()}), key="cmp-breakdown"
+)
+bars = b.selectbox(
+    "bars of", list(metrics.index), index=list(metrics.index).index("output tokens/s per GPU"), key="cmp-bars-metric"
+)
 b.plotly_chart(charts.compare_figure(metrics, [bars], log_y=log), key="cmp-bars")
 d1, d2 = st.columns(2)
-d1.download_button("Download comparison (HTML)", report.comparison_html(results, metrics), "comparison.html",
-                   mime="text/html", key="cmp-report")
-d2.download_button("Download metrics table (CSV)", exports.comparison_csv(metrics), "comparison.csv",
-                   mime="text/csv", key="cmp-csv")
+d1.download_button(
+    "Download comparison (HTML)",
+    report.comparison_html(results, metrics),
+    "comparison.html",
+    mime="text/html",
+    key="cmp-report",
+)
+d2.download_button(
+    "Download metrics table (CSV)", exports.comparison_csv(metrics), "comparison.csv", mime="text/csv", key="cmp-csv"
+)

@@ -1,4 +1,5 @@
 """Operations: an instance's cold start and a Kubernetes pod's probes (time to ready or crash loop)."""
+
 from __future__ import annotations
 
 import streamlit as st
@@ -8,9 +9,11 @@ from app.services import builder, operations, scenarios
 
 st.set_page_config(page_title="epdsim: operations", layout="wide")
 st.title("Operations: cold start and probes")
-st.caption("Autoscaling, crashes and retries over a whole run are simulated on the Home page from a scenario's "
-           "`operations` section; its Operations view shows instances over time, scale events, crashes, failed and "
-           "retried requests, GPU-hours and the cost with scaling.")
+st.caption(
+    "Autoscaling, crashes and retries over a whole run are simulated on the Home page from a scenario's "
+    "`operations` section; its Operations view shows instances over time, scale events, crashes, failed and "
+    "retried requests, GPU-hours and the cost with scaling."
+)
 o1, o2 = st.columns(2)
 for col, name in ((o1, "autoscale_step_load.yaml"), (o2, "fp8_decode_crashes_pd.yaml")):
     if col.button(f"Open on Home: {scenarios.EXAMPLES[name]}", key=f"ops-open-{name}"):
@@ -29,8 +32,7 @@ g0 = builder.canonical_gpu(pool["gpu"], ui.db(d))
 gpu = c2.selectbox("GPU", gpus, index=gpus.index(g0) if g0 in gpus else 0, key="ops-gpu")
 tp = c3.selectbox("TP", [1, 2, 4, 8], index=[1, 2, 4, 8].index(pool.get("tp", 1)), key="ops-tp")
 stores = operations.storages()
-storage = c4.selectbox("weights from", stores, index=stores.index("nvme") if "nvme" in stores else 0,
-                       key="ops-storage")
+storage = c4.selectbox("weights from", stores, index=stores.index("nvme") if "nvme" in stores else 0, key="ops-storage")
 c1, c2, c3, c4, c5 = st.columns(5)
 # The weights and KV formats start as Home's scenario has them (with its PP/DP/EP and engine arguments).
 dtypes = list(dict.fromkeys([*builder.DTYPES, pool.get("dtype", "bf16")]))
@@ -39,12 +41,25 @@ kvs = list(builder.KV_DTYPES)
 kv = c2.selectbox("KV cache", kvs, index=kvs.index(pool.get("kv_cache_dtype", "auto")), key="ops-kv-dtype")
 cache = c3.radio("torch.compile cache", ["miss", "hit"], horizontal=True, key="ops-cache")
 image_cached = c4.checkbox("image already on the node", True, key="ops-image")
-eager = c5.checkbox("enforce_eager (no compile, no CUDA graphs)", bool((pool.get("engine") or {}).get("enforce_eager")),
-                    key="ops-eager")
-q = operations.query_from_pool(pool, model, gpu, int(tp), dtype=dtype, kv_cache_dtype=kv, storage=storage,
-                               compile_cache=cache, image_cached=image_cached, enforce_eager=eager)
-st.caption(f"Instance: {operations.settings_text(q)} (PP, DP, EP and engine arguments from the Home page's "
-           f"{pool.get('role', 'colocated')} pool)")
+eager = c5.checkbox(
+    "enforce_eager (no compile, no CUDA graphs)", bool((pool.get("engine") or {}).get("enforce_eager")), key="ops-eager"
+)
+q = operations.query_from_pool(
+    pool,
+    model,
+    gpu,
+    int(tp),
+    dtype=dtype,
+    kv_cache_dtype=kv,
+    storage=storage,
+    compile_cache=cache,
+    image_cached=image_cached,
+    enforce_eager=eager,
+)
+st.caption(
+    f"Instance: {operations.settings_text(q)} (PP, DP, EP and engine arguments from the Home page's "
+    f"{pool.get('role', 'colocated')} pool)"
+)
 try:
     cs = operations.cold_start(q, ui.db(d))
     serve = operations.serve_line(q, ui.db(d))
@@ -71,9 +86,10 @@ def probe_inputs(label: str, key: str, defaults: tuple[int, int, int, int], on: 
     with st.expander(label, expanded=on):
         use = st.checkbox(f"use a {label}", on, key=f"{key}-on")
         cols = st.columns(4)
-        vals = tuple(int(cols[i].number_input(n, 0, 100000, defaults[i], key=f"{key}-{i}"))
-                     for i, n in enumerate(("initialDelaySeconds", "periodSeconds", "timeoutSeconds",
-                                            "failureThreshold")))
+        vals = tuple(
+            int(cols[i].number_input(n, 0, 100000, defaults[i], key=f"{key}-{i}"))
+            for i, n in enumerate(("initialDelaySeconds", "periodSeconds", "timeoutSeconds", "failureThreshold"))
+        )
     return vals if use else None
 
 
@@ -87,8 +103,11 @@ except scenarios.InputError as exc:
     ui.show_error(exc)
     st.stop()
 if pr["never_ready"]:
-    st.error(f"Crash loop: {pr['summary']} ({pr['restarts']} restarts in {pr['horizon_s']:.0f} s). "
-             "Use the recommended probes below.", icon="🔁")
+    st.error(
+        f"Crash loop: {pr['summary']} ({pr['restarts']} restarts in {pr['horizon_s']:.0f} s). "
+        "Use the recommended probes below.",
+        icon="🔁",
+    )
 else:
     st.success(pr["summary"])
 for w in pr["warnings"]:

@@ -3,6 +3,7 @@
 The builder page shows widgets initialised from a scenario dict and writes them back with
 these functions; each returns a new dict and leaves its input untouched.
 """
+
 from __future__ import annotations
 
 import copy
@@ -14,8 +15,12 @@ from simulator.routing import ROUTERS
 from simulator.scenario import PoolConfig
 
 LAYOUTS = ("colocated", "pd", "e+colocated", "e+p+d")
-LAYOUT_LABELS = {"colocated": "colocated", "pd": "prefill/decode (PD)", "e+colocated": "encoder + colocated (E+PD)",
-                 "e+p+d": "encoder + prefill + decode (E+P+D)"}
+LAYOUT_LABELS = {
+    "colocated": "colocated",
+    "pd": "prefill/decode (PD)",
+    "e+colocated": "encoder + colocated (E+PD)",
+    "e+p+d": "encoder + prefill + decode (E+P+D)",
+}
 
 
 @dataclass(frozen=True)
@@ -33,9 +38,14 @@ class Options:
 def options(db: hwdb.HardwareDB | None = None) -> Options:
     db = db or hwdb.load()
     fabrics = tuple(sorted(n for n, ln in db.links.items() if ln.kind not in ("nvlink", "pcie", "xgmi")))
-    return Options(models=tuple(sorted(db.models)), gpus=tuple(sorted(db.gpus)), fabrics=fabrics,
-                   connectors=tuple(sorted(db.connectors)), engines=tuple(sorted(db.engines)),
-                   routers=tuple(sorted(ROUTERS)))
+    return Options(
+        models=tuple(sorted(db.models)),
+        gpus=tuple(sorted(db.gpus)),
+        fabrics=fabrics,
+        connectors=tuple(sorted(db.connectors)),
+        engines=tuple(sorted(db.engines)),
+        routers=tuple(sorted(ROUTERS)),
+    )
 
 
 def canonical_gpu(name: str, db: hwdb.HardwareDB | None = None) -> str:
@@ -87,8 +97,10 @@ def with_layout(d: dict, mode: str) -> dict:
         n = int(base.get("instances", 1))
         pre = max(1, n // 2)
         dec = max(1, n - pre)
-        lm = [{**copy.deepcopy(base), "name": "prefill", "role": "prefill", "instances": pre},
-              {**copy.deepcopy(base), "name": "decode", "role": "decode", "instances": dec}]
+        lm = [
+            {**copy.deepcopy(base), "name": "prefill", "role": "prefill", "instances": pre},
+            {**copy.deepcopy(base), "name": "decode", "role": "decode", "instances": dec},
+        ]
     elif not want_pd and len(lm) == 2:
         base = next(p for p in lm if p.get("role") == "decode")
         n = sum(int(p.get("instances", 1)) for p in lm)
@@ -111,8 +123,11 @@ def set_images(d: dict, count: int, width: int = 1920, height: int = 1080) -> di
     if count <= 0:
         w.pop("images", None)
     else:
-        w["images"] = {**(w.get("images") or {}), "count": {"kind": "fixed", "value": int(count)},
-                       "resolutions": [{"width": int(width), "height": int(height)}]}
+        w["images"] = {
+            **(w.get("images") or {}),
+            "count": {"kind": "fixed", "value": int(count)},
+            "resolutions": [{"width": int(width), "height": int(height)}],
+        }
     return out
 
 
@@ -139,7 +154,7 @@ def set_embedding_transfer(d: dict, **values) -> dict:
 
 
 POOL_DEFAULTS = {("dtype", "bf16"), ("pp", 1), ("dp", 1), ("ep", 1), ("kv_cache_dtype", "auto")}
-DTYPES = ("bf16", "fp8", "fp4", "int4", "fp16")    # weights: fp8 halves them (and needs a GPU with FP8)
+DTYPES = ("bf16", "fp8", "fp4", "int4", "fp16")  # weights: fp8 halves them (and needs a GPU with FP8)
 # The KV cache's format: auto is the engine's choice for the weights (docs/validation/memory.md); fp8 halves it.
 KV_DTYPES = get_args(PoolConfig.model_fields["kv_cache_dtype"].annotation)
 
@@ -152,12 +167,20 @@ def set_pool(d: dict, index: int, **values) -> dict:
     weights, PP, DP and EP 1, KV cache auto) is removed, so that a scenario edited back to what it was compares
     equal to it.
     """
-    engine_keys = {"engine", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
-                   "enable_prefix_caching", "enable_chunked_prefill", "block_size", "max_model_len"}
+    engine_keys = {
+        "engine",
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "gpu_memory_utilization",
+        "enable_prefix_caching",
+        "enable_chunked_prefill",
+        "block_size",
+        "max_model_len",
+    }
     out = copy.deepcopy(d)
     pool = out["pools"][index]
     for k, v in values.items():
-        if (k, v) in POOL_DEFAULTS:        # the schema's default: not written, so the dict stays as loaded
+        if (k, v) in POOL_DEFAULTS:  # the schema's default: not written, so the dict stays as loaded
             pool.pop(k, None)
         elif k in engine_keys:
             eng = pool.setdefault("engine", {})
@@ -170,8 +193,14 @@ def set_pool(d: dict, index: int, **values) -> dict:
     return out
 
 
-def set_workload(d: dict, *, rate: float | None = None, input_mean: float | None = None,
-                 output_mean: float | None = None, num_requests: int | None = None) -> dict:
+def set_workload(
+    d: dict,
+    *,
+    rate: float | None = None,
+    input_mean: float | None = None,
+    output_mean: float | None = None,
+    num_requests: int | None = None,
+) -> dict:
     """Poisson rate (req/s), mean input/output lengths (tokens, lognormal) and request count."""
     out = copy.deepcopy(d)
     w = out.setdefault("workload", {})
@@ -191,8 +220,7 @@ def set_workload(d: dict, *, rate: float | None = None, input_mean: float | None
         elif dist.get("kind") == "fixed":
             w[key] = {**dist, "value": int(mean)}
         elif w.get("arrival", {}).get("kind") != "trace":
-            w[key] = {"kind": "lognormal", "mean": float(mean), "cv": 1.0, "low": 1,
-                      "high": max(int(mean) * 16, 16)}
+            w[key] = {"kind": "lognormal", "mean": float(mean), "cv": 1.0, "low": 1, "high": max(int(mean) * 16, 16)}
     if num_requests is not None:
         w["num_requests"] = int(num_requests)
     return out
@@ -208,6 +236,7 @@ def workload_means(d: dict) -> tuple[float | None, float | None, float | None]:
         if not dist:
             return None
         return dist.get("mean") if dist.get("kind") == "lognormal" else dist.get("value")
+
     return rate, mean(w.get("input_length")), mean(w.get("output_length"))
 
 
@@ -235,8 +264,11 @@ def set_slo(d: dict, ttft_s: float | None, tpot_s: float | None) -> dict:
 
 
 ARRIVALS = ("poisson", "gamma", "closed")
-ARRIVAL_LABELS = {"poisson": "Poisson (open loop)", "gamma": "bursty (gamma gaps, open loop)",
-                  "closed": "closed loop (fixed number of users)"}
+ARRIVAL_LABELS = {
+    "poisson": "Poisson (open loop)",
+    "gamma": "bursty (gamma gaps, open loop)",
+    "closed": "closed loop (fixed number of users)",
+}
 
 
 def arrival(d: dict) -> dict:
@@ -244,8 +276,15 @@ def arrival(d: dict) -> dict:
     return dict((d.get("workload") or {}).get("arrival") or {})
 
 
-def set_arrival(d: dict, kind: str, *, rate: float | None = None, cv: float | None = None,
-                concurrency: int | None = None, think_time_s: float | None = None) -> dict:
+def set_arrival(
+    d: dict,
+    kind: str,
+    *,
+    rate: float | None = None,
+    cv: float | None = None,
+    concurrency: int | None = None,
+    think_time_s: float | None = None,
+) -> dict:
     """Switch the arrival process to ``kind`` (one of :data:`ARRIVALS`) keeping what carries over: the
     rate between Poisson and gamma, the request count and the lengths.  Switching from a closed loop to
     an open one needs ``rate``; to a closed loop, ``concurrency`` (default 16 users)."""
@@ -306,11 +345,14 @@ def auto_label(d: dict) -> tuple[str, str]:
         extra = "".join(f"{sep}{k}{p[k]}" for k in ("pp", "dp", "ep") if p.get(k, 1) != 1)
         dt = f"{sep}{p['dtype']}" if p.get("dtype", "bf16") != "bf16" else ""
         return f"{p.get('instances', 1)}x{' ' if sep == ' ' else ''}{p['gpu']}{sep}TP{p.get('tp', 1)}{extra}{dt}"
+
     name = "-".join([model, *(pool_text(p, "-") for p in pools)]).replace(" ", "")
     wl = d.get("workload") or {}
     rate, inp, out = workload_means(d)
-    parts = [f"{model}, " + " + ".join(f"{pool_text(p, ' ')} {p.get('role', 'colocated')}" for p in pools),
-             _arrival_text(d)]
+    parts = [
+        f"{model}, " + " + ".join(f"{pool_text(p, ' ')} {p.get('role', 'colocated')}" for p in pools),
+        _arrival_text(d),
+    ]
     if wl.get("num_requests"):
         parts.append(f"{wl['num_requests']:,} requests")
     if inp is not None and out is not None:

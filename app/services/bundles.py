@@ -9,6 +9,7 @@
 * :func:`replay_scenario`: a scenario for the Home page that runs the fitted profile on the bundle's
   load test (its rate and mean lengths), so the fit can be used at once.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,7 +27,7 @@ from simulator.inputs import decode, parse_yaml, read_text, read_yaml
 
 MAX_UNPACKED_BYTES = 200 * 2**20
 MAX_ENTRIES = 5000
-FIT_REPORTS = "fits"               # a hardware folder's fit reports (JSON), beside the entries they made
+FIT_REPORTS = "fits"  # a hardware folder's fit reports (JSON), beside the entries they made
 HWDB_KINDS = ("profiles", "engines", "gpus", "models", FIT_REPORTS)
 
 
@@ -39,8 +40,10 @@ def extract_zip(name: str, data: bytes, folder: Path) -> Path:
         zf = zipfile.ZipFile(io.BytesIO(data))
         infos = zf.infolist()
     except (zipfile.BadZipFile, ValueError, OSError) as exc:
-        raise InputError(f"{name}: not a zip archive ({exc}); zip the folder `epdsim calibrate run --out DIR` "
-                         f"wrote (e.g. `cd DIR/.. && zip -r bundle.zip DIR`)") from None
+        raise InputError(
+            f"{name}: not a zip archive ({exc}); zip the folder `epdsim calibrate run --out DIR` "
+            f"wrote (e.g. `cd DIR/.. && zip -r bundle.zip DIR`)"
+        ) from None
     if len(infos) > MAX_ENTRIES:
         raise InputError(f"{name}: {len(infos):,} entries, over the {MAX_ENTRIES:,} a bundle has; zip only the bundle")
     if sum(i.file_size for i in infos) > MAX_UNPACKED_BYTES:
@@ -65,8 +68,10 @@ def extract_zip(name: str, data: bytes, folder: Path) -> Path:
             shutil.copyfileobj(src, out, 1 << 20)
     tops = [p.parent for p in dest.rglob("manifest.json") if len(p.relative_to(dest).parts) <= 2]
     if len(tops) != 1:
-        raise InputError(f"{name}: {'no' if not tops else 'more than one'} manifest.json at the top of the archive "
-                         f"or one folder down; zip one bundle folder (it holds manifest.json and records/)")
+        raise InputError(
+            f"{name}: {'no' if not tops else 'more than one'} manifest.json at the top of the archive "
+            f"or one folder down; zip one bundle folder (it holds manifest.json and records/)"
+        )
     return tops[0]
 
 
@@ -74,8 +79,12 @@ def fitted_files(hw: Path) -> dict[str, bytes]:
     """The files of the hwdb folder a fit wrote (profile, engine, model, derived GPU, fit report), by
     path relative to it."""
     hw = Path(hw)
-    return {str(p.relative_to(hw)): p.read_bytes() for kind in HWDB_KINDS for p in sorted((hw / kind).rglob("*"))
-            if p.is_file()}
+    return {
+        str(p.relative_to(hw)): p.read_bytes()
+        for kind in HWDB_KINDS
+        for p in sorted((hw / kind).rglob("*"))
+        if p.is_file()
+    }
 
 
 def zip_files(files: dict[str, bytes], top: str = "hwdb") -> bytes:
@@ -97,8 +106,14 @@ def hwdb_kinds() -> tuple[str, ...]:
 def _plain(name: str) -> bool:
     """A file or folder name that stays where it is put: no separator, no ``..``, no hidden or control
     characters, at most 255 bytes."""
-    return (bool(name) and not name.startswith(".") and ".." not in name and "\\" not in name
-            and all(c.isprintable() for c in name) and len(name.encode("utf-8", "surrogatepass")) <= 255)
+    return (
+        bool(name)
+        and not name.startswith(".")
+        and ".." not in name
+        and "\\" not in name
+        and all(c.isprintable() for c in name)
+        and len(name.encode("utf-8", "surrogatepass")) <= 255
+    )
 
 
 def _entry(rel: str, files: dict[str, bytes]) -> tuple[str, str | None, tuple]:
@@ -108,14 +123,18 @@ def _entry(rel: str, files: dict[str, bytes]) -> tuple[str, str | None, tuple]:
     kinds = hwdb_kinds()
     parts = rel.split("/") if isinstance(rel, str) else []
     flat = [k for k in kinds if k != "models"]
-    ok = ((len(parts) == 2 and parts[0] in (*flat, FIT_REPORTS)
-           and parts[1].endswith(".json" if parts[0] == FIT_REPORTS else ".yaml"))
-          or (len(parts) == 3 and parts[0] == "models" and parts[2] in ("config.json", "epdsim.yaml")))
+    ok = (
+        len(parts) == 2
+        and parts[0] in (*flat, FIT_REPORTS)
+        and parts[1].endswith(".json" if parts[0] == FIT_REPORTS else ".yaml")
+    ) or (len(parts) == 3 and parts[0] == "models" and parts[2] in ("config.json", "epdsim.yaml"))
     if not ok or not all(_plain(x) for x in parts[1:]):
-        raise InputError(f"hardware file {rel!r}: not a file of a hardware folder; each is <kind>/<name>.yaml "
-                         f"(kind one of {', '.join(flat)}), models/<name>/config.json or epdsim.yaml, or "
-                         f"{FIT_REPORTS}/<name>.json, with a plain name (no '..', no '/' or '\\', not absolute). "
-                         f"Save the files a fit wrote, as they are listed")
+        raise InputError(
+            f"hardware file {rel!r}: not a file of a hardware folder; each is <kind>/<name>.yaml "
+            f"(kind one of {', '.join(flat)}), models/<name>/config.json or epdsim.yaml, or "
+            f"{FIT_REPORTS}/<name>.json, with a plain name (no '..', no '/' or '\\', not absolute). "
+            f"Save the files a fit wrote, as they are listed"
+        )
     kind = parts[0]
     if kind == FIT_REPORTS:
         return kind, None, ()
@@ -124,7 +143,7 @@ def _entry(rel: str, files: dict[str, bytes]) -> tuple[str, str | None, tuple]:
     if doc_rel in files:
         doc = parse_yaml(decode(files[doc_rel], doc_rel, InputError), doc_rel, InputError) or {}
     doc = doc if isinstance(doc, dict) else {}
-    name = doc.get("name") or (parts[1] if kind == "models" else parts[1][:-len(".yaml")])
+    name = doc.get("name") or (parts[1] if kind == "models" else parts[1][: -len(".yaml")])
     listed = doc.get("aliases")
     aliases = listed if isinstance(listed, list) else ()
     return kind, str(name), tuple(a for a in aliases if isinstance(a, str))
@@ -136,15 +155,19 @@ def _target(rel: str, udir: Path) -> Path:
     root = udir.resolve()
     real = (udir / rel).resolve()
     if not real.is_relative_to(root):
-        raise InputError(f"hardware file {rel!r} would be written outside your hardware folder (a link in it "
-                         f"points elsewhere); remove the link, or set EPDSIM_HWDB to another folder")
+        raise InputError(
+            f"hardware file {rel!r} would be written outside your hardware folder (a link in it "
+            f"points elsewhere); remove the link, or set EPDSIM_HWDB to another folder"
+        )
     try:
         mode = os.lstat(real).st_mode
     except FileNotFoundError:
         return real
     if not stat.S_ISREG(mode):
-        raise InputError(f"hardware file {rel!r}: what your hardware folder holds there is not a regular file (a "
-                         f"folder, pipe or device); remove it and save again")
+        raise InputError(
+            f"hardware file {rel!r}: what your hardware folder holds there is not a regular file (a "
+            f"folder, pipe or device); remove it and save again"
+        )
     return real
 
 
@@ -157,7 +180,7 @@ def save_to_user_hwdb(files: dict[str, bytes], udir: Path, override: bool = Fals
     (it would replace it for every scenario), unless ``override`` (the Hardware page's 'replace the
     shipped entry'); or when the folder would not load afterwards (the folder is then as before)."""
     udir = Path(udir)
-    shipped = hwdb.load()                       # the shipped data alone
+    shipped = hwdb.load()  # the shipped data alone
     targets = {}
     for rel in files:
         kind, name, aliases = _entry(rel, files)
@@ -167,9 +190,11 @@ def save_to_user_hwdb(files: dict[str, bytes], udir: Path, override: bool = Fals
                     hit = hwdb.db.find(kind[:-1], getattr(shipped, kind), n, "").name
                 except hwdb.HwdbError:
                     continue
-                raise InputError(f"{rel}: {kind[:-1]} {n!r} is the shipped entry {hit!r}; saving it would replace "
-                                 f"the shipped one for every scenario. Fit under another served model name, or add "
-                                 f"it on the Hardware page with 'replace the shipped entry' ticked")
+                raise InputError(
+                    f"{rel}: {kind[:-1]} {n!r} is the shipped entry {hit!r}; saving it would replace "
+                    f"the shipped one for every scenario. Fit under another served model name, or add "
+                    f"it on the Hardware page with 'replace the shipped entry' ticked"
+                )
         targets[rel] = _target(rel, udir)
     before = {p: p.read_bytes() if p.is_file() else None for p in targets.values()}
     try:
@@ -178,7 +203,7 @@ def save_to_user_hwdb(files: dict[str, bytes], udir: Path, override: bool = Fals
             targets[rel].write_bytes(data)
         hwdb.load([udir])
     except hwdb.HwdbError as exc:
-        for p, old in before.items():           # put back what the folder held
+        for p, old in before.items():  # put back what the folder held
             if old is None:
                 p.unlink(missing_ok=True)
             else:
@@ -201,11 +226,29 @@ def replay_scenario(validation_dir: Path, model: str, requests: int = 300) -> di
     t = sorted(float(r["arrival_s"]) for r in rows)
     rate = (len(t) - 1) / (t[-1] - t[0]) if len(t) > 1 and t[-1] > t[0] else 1.0
     mean = lambda k: sum(float(r[k]) for r in rows) / len(rows)  # noqa: E731 - a one-line local helper
-    wl = {"arrival": {"kind": "poisson", "rate": round(rate, 3)},
-          "input_length": {"kind": "lognormal", "mean": round(mean("input_tokens"), 1), "cv": 0.5, "low": 1,
-                           "high": int(max(float(r["input_tokens"]) for r in rows) * 4)},
-          "output_length": {"kind": "lognormal", "mean": round(mean("output_tokens"), 1), "cv": 0.5, "low": 1,
-                            "high": int(max(float(r["output_tokens"]) for r in rows) * 4)},
-          "num_requests": int(requests)}
-    return {"name": f"{model}-fitted", "description": f"{model} on its fitted profile, the bundle's load test "
-            f"as Poisson {rate:.3g} req/s", "seed": 0, "model": model, "pools": d["pools"], "workload": wl}
+    wl = {
+        "arrival": {"kind": "poisson", "rate": round(rate, 3)},
+        "input_length": {
+            "kind": "lognormal",
+            "mean": round(mean("input_tokens"), 1),
+            "cv": 0.5,
+            "low": 1,
+            "high": int(max(float(r["input_tokens"]) for r in rows) * 4),
+        },
+        "output_length": {
+            "kind": "lognormal",
+            "mean": round(mean("output_tokens"), 1),
+            "cv": 0.5,
+            "low": 1,
+            "high": int(max(float(r["output_tokens"]) for r in rows) * 4),
+        },
+        "num_requests": int(requests),
+    }
+    return {
+        "name": f"{model}-fitted",
+        "description": f"{model} on its fitted profile, the bundle's load test as Poisson {rate:.3g} req/s",
+        "seed": 0,
+        "model": model,
+        "pools": d["pools"],
+        "workload": wl,
+    }

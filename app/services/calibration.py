@@ -3,6 +3,7 @@
 A bundle is the folder ``epdsim calibrate run`` writes; the fit and the validation are the code
 paths of ``epdsim calibrate fit|validate`` (calibration/fit/command.py, calibration/validation/command.py).
 """
+
 from __future__ import annotations
 
 import math
@@ -47,10 +48,12 @@ def _inside_roots(p: Path, extra: tuple[Path, ...] = ()) -> Path:
     real = p.resolve()
     roots = bundle_roots(extra)
     if not any(real == r or r in real.parents for r in roots):
-        raise InputError(f"bundle folder '{p}' is outside the folders this app reads bundles from (the bundles "
-                         f"uploaded in this session, the shipped sample and the folders its operator named in "
-                         f"{BUNDLE_ROOTS_ENV}); upload the bundle as a .zip, or ask whoever runs the app to start "
-                         f"it with {BUNDLE_ROOTS_ENV} naming the bundle's parent folder")
+        raise InputError(
+            f"bundle folder '{p}' is outside the folders this app reads bundles from (the bundles "
+            f"uploaded in this session, the shipped sample and the folders its operator named in "
+            f"{BUNDLE_ROOTS_ENV}); upload the bundle as a .zip, or ask whoever runs the app to start "
+            f"it with {BUNDLE_ROOTS_ENV} naming the bundle's parent folder"
+        )
     return real
 
 
@@ -62,14 +65,23 @@ def overview(path: str | Path, extra_roots: tuple[Path, ...] = ()) -> dict:
         raise InputError("bundle folder: empty; give the folder `epdsim calibrate run --out DIR` wrote")
     p = _inside_roots(p, tuple(extra_roots))
     if not p.is_dir():
-        raise InputError(f"bundle folder '{p}' does not exist on the app's machine; give the folder that "
-                         f"`epdsim calibrate run --out DIR` wrote (it holds manifest.json)")
+        raise InputError(
+            f"bundle folder '{p}' does not exist on the app's machine; give the folder that "
+            f"`epdsim calibrate run --out DIR` wrote (it holds manifest.json)"
+        )
     try:
         s = bundle_summary(open_bundle(p))
     except _errors() as exc:
         raise InputError(str(exc)) from None
-    phases = pd.DataFrame([{k: ph.get(k) for k in ("phase", "done", "ok", "planned", "failed", "ttft_p50",
-                                                     "itl_p50", "throughput_tok_s")} for ph in s["phases"]])
+    phases = pd.DataFrame(
+        [
+            {
+                k: ph.get(k)
+                for k in ("phase", "done", "ok", "planned", "failed", "ttft_p50", "itl_p50", "throughput_tok_s")
+            }
+            for ph in s["phases"]
+        ]
+    )
     return {"model": s["model"], "vllm": s["vllm"], "mode": s["mode"], "created": s["created"], "phases": phases}
 
 
@@ -86,17 +98,35 @@ def fit(path: str | Path, hwdb_dirs: tuple[str, ...] = ()) -> dict:
     except _errors() as exc:
         raise InputError(str(exc)) from None
     r = f.result
-    params = pd.DataFrame([{"parameter": n, "value": v, "sigma_rel": r.sigma_rel.get(n, math.nan),
-                            "status": "fitted" if n in r.free else r.fixed.get(n, "given")}
-                           for n, v in r.params.items()])
+    params = pd.DataFrame(
+        [
+            {
+                "parameter": n,
+                "value": v,
+                "sigma_rel": r.sigma_rel.get(n, math.nan),
+                "status": "fitted" if n in r.free else r.fixed.get(n, "given"),
+            }
+            for n, v in r.params.items()
+        ]
+    )
     resid = pd.DataFrame(r.residuals)
-    quality = pd.DataFrame([{"points": k, "n": q.n_points, "median_abs_rel_error": q.median_abs_rel_error,
-                             "p90_abs_rel_error": q.p90_abs_rel_error} for k, q in r.quality.items()])
+    quality = pd.DataFrame(
+        [
+            {
+                "points": k,
+                "n": q.n_points,
+                "median_abs_rel_error": q.median_abs_rel_error,
+                "p90_abs_rel_error": q.p90_abs_rel_error,
+            }
+            for k, q in r.quality.items()
+        ]
+    )
     return {"fit": f, "params": params, "residuals": resid, "quality": quality, "profile": f.profile.name}
 
 
-def fit_and_validate(path: str | Path, out: str | Path, hwdb_dirs: tuple[str, ...] = (),
-                     tolerance: float = 0.25, progress=None) -> dict:
+def fit_and_validate(
+    path: str | Path, out: str | Path, hwdb_dirs: tuple[str, ...] = (), tolerance: float = 0.25, progress=None
+) -> dict:
     """Fit, write the profile into ``out``/hwdb, and validate it on the bundle's load tests
     (the report files go to ``out``/validation).  Returns the fit dict (without the BundleFit
     object, so that it crosses processes as plain data) plus "validation"."""
@@ -108,11 +138,12 @@ def fit_and_validate(path: str | Path, out: str | Path, hwdb_dirs: tuple[str, ..
         write_outputs(res.pop("fit"), hw)
         if progress:
             progress(1, 2, "validating")
-        res["validation"] = validate(Path(str(path).strip()), hw, tolerance=tolerance, out=Path(out) / "validation",
-                                     hwdb_dirs=hwdb_dirs)
+        res["validation"] = validate(
+            Path(str(path).strip()), hw, tolerance=tolerance, out=Path(out) / "validation", hwdb_dirs=hwdb_dirs
+        )
     except _errors() as exc:
         raise InputError(str(exc)) from None
-    res["files"] = bundles.fitted_files(hw)         # to download, or to save into the user's hardware folder
+    res["files"] = bundles.fitted_files(hw)  # to download, or to save into the user's hardware folder
     model = res["validation"].get("model") or res["profile"]
     try:
         res["scenario"] = bundles.replay_scenario(Path(out) / "validation", str(model))
@@ -127,9 +158,18 @@ def checks_frame(data: dict) -> pd.DataFrame:
     for ph in data["phases"]:
         for r in ph["rows"]:
             verdict = "info" if not r.get("check") else ("pass" if r.get("passed") else "FAIL")
-            rows.append({"phase": ph["phase"], "metric": r["metric"], "stat": r["stat"], "source": r["source"],
-                         "measured_s": r["measured_s"], "predicted_s": r["predicted_s"],
-                         "rel_error": r["rel_error"], "verdict": verdict})
+            rows.append(
+                {
+                    "phase": ph["phase"],
+                    "metric": r["metric"],
+                    "stat": r["stat"],
+                    "source": r["source"],
+                    "measured_s": r["measured_s"],
+                    "predicted_s": r["predicted_s"],
+                    "rel_error": r["rel_error"],
+                    "verdict": verdict,
+                }
+            )
     return pd.DataFrame(rows)
 
 

@@ -6,6 +6,7 @@ RDMA vs TCP for the KV transfer, engine generations vLLM V0 / V1 / SGLang); :fun
 puts their headline metrics in one table with each row's best value and the change against
 the first (baseline) column.
 """
+
 from __future__ import annotations
 
 import math
@@ -56,8 +57,11 @@ def variants(d: dict, preset: str) -> dict[str, dict]:
         out = {"colocated": _named(colo, "colocated"), "PD": _named(builder.with_layout(colo, "pd"), "PD")}
         if (d.get("workload") or {}).get("images") and builder.has_vision(d["model"]):
             # The scenario's own encoder pool when it has one, else one TP1 encoder on the same GPU type.
-            enc = builder.with_layout(d, "e+colocated") if builder.layout(d).startswith("e+") else \
-                builder.with_layout(colo, "e+colocated")
+            enc = (
+                builder.with_layout(d, "e+colocated")
+                if builder.layout(d).startswith("e+")
+                else builder.with_layout(colo, "e+colocated")
+            )
             out["E+PD"] = _named(enc, "EPD")
         return out
     if preset == "RDMA vs TCP (PD)":
@@ -111,7 +115,7 @@ def metrics_frame(results: dict, prices: Prices | None = None) -> pd.DataFrame:
     return df
 
 
-REL_TIE = 0.005      # values within 0.5% of the best tie with it: float noise is no reason to win
+REL_TIE = 0.005  # values within 0.5% of the best tie with it: float noise is no reason to win
 
 
 def _same(v: float, top: float) -> bool:
@@ -133,8 +137,13 @@ def row_formatter(label: str):
 
 
 # The metrics rows that carry a model error band, by the figure whose band they take (simulator.confidence.BANDED).
-BANDED_ROWS = {"TTFT p50 (s)": "ttft_s", "TTFT p99 (s)": "ttft_s", "TPOT p50 (s)": "tpot_s", "TPOT p99 (s)": "tpot_s",
-               "E2E p50 (s)": "e2e_s"}
+BANDED_ROWS = {
+    "TTFT p50 (s)": "ttft_s",
+    "TTFT p99 (s)": "ttft_s",
+    "TPOT p50 (s)": "tpot_s",
+    "TPOT p99 (s)": "tpot_s",
+    "E2E p50 (s)": "e2e_s",
+}
 
 
 def bands(results: dict) -> dict[str, dict[str, float | None]]:

@@ -1,6 +1,7 @@
 """Downloads of a run (no Streamlit): the full per-request table as CSV or Parquet, the summary as
 JSON (summary, run info, the ``vllm bench serve``-style figures and the scenario), the scenario as
 YAML, a comparison table as CSV.  Every table is written whole; nothing is cut to what a page shows."""
+
 from __future__ import annotations
 
 import io
@@ -45,8 +46,12 @@ def requests_parquet(res) -> bytes:
 
 
 def summary_json(res: Results) -> bytes:
-    data = {"summary": res.summary, "info": res.info, "serving": serving_summary(res),
-            "scenario": portable(res.scenario.model_dump(mode="json"))}
+    data = {
+        "summary": res.summary,
+        "info": res.info,
+        "serving": serving_summary(res),
+        "scenario": portable(res.scenario.model_dump(mode="json")),
+    }
     return json.dumps(_clean(data), indent=2, sort_keys=True, default=str).encode()
 
 

@@ -3,6 +3,7 @@
 Additions are validated by the same schema as the shipped data (``hwdb.load`` on a copy of the
 user folder with the new file) before anything is written; every figure keeps a ``source``.
 """
+
 from __future__ import annotations
 
 import re
@@ -25,7 +26,7 @@ def table(kind: str, user_dir: Path | None = None, db: hwdb.HardwareDB | None = 
     """The shipped database plus the user folder (when it exists), one row per item (``db``: already loaded)."""
     rows = {"gpus": listing.gpu_rows, "links": listing.link_rows, "models": listing.model_rows}[kind]
     df = pd.DataFrame(rows(db or load(user_dir)))
-    for c in df.columns:           # mixed columns (a bool or None among strings) as text, for display
+    for c in df.columns:  # mixed columns (a bool or None among strings) as text, for display
         if df[c].dtype == object:
             df[c] = df[c].map(lambda v: "" if v is None else str(v))
     return df
@@ -97,9 +98,11 @@ def shipped_clash(kind: str, name: str, aliases=()) -> str | None:
 def _refuse_clash(kind: str, name: str, aliases, override: bool) -> None:
     hit = shipped_clash(kind, name, aliases)
     if hit is not None and not override:
-        raise InputError(f"{kind[:-1]} {name!r} would replace the shipped {kind[:-1]} {hit!r} for every session "
-                         f"of this app; choose another name, or tick 'replace the shipped entry' to override it "
-                         f"on purpose")
+        raise InputError(
+            f"{kind[:-1]} {name!r} would replace the shipped {kind[:-1]} {hit!r} for every session "
+            f"of this app; choose another name, or tick 'replace the shipped entry' to override it "
+            f"on purpose"
+        )
 
 
 def _validated_write(user_dir: Path, rel: str, content: bytes, label: str | None = None) -> Path:
@@ -123,8 +126,17 @@ def _validated_write(user_dir: Path, rel: str, content: bytes, label: str | None
     return out
 
 
-def add_gpu(name: str, template: str, memory_GiB: float, bandwidth_TBps: float, bf16_TFLOPS: float,
-            price_usd_per_hour: float, source: str, user_dir: Path | None = None, override: bool = False) -> Path:
+def add_gpu(
+    name: str,
+    template: str,
+    memory_GiB: float,
+    bandwidth_TBps: float,
+    bf16_TFLOPS: float,
+    price_usd_per_hour: float,
+    source: str,
+    user_dir: Path | None = None,
+    override: bool = False,
+) -> Path:
     """A GPU like ``template`` with the given memory, bandwidth, bf16 peak and price, each citing ``source``.
 
     Figures not given (links, power, efficiency defaults) are the template's, with its sources.
@@ -133,8 +145,10 @@ def add_gpu(name: str, template: str, memory_GiB: float, bandwidth_TBps: float, 
     _safe_name(name, "GPU")
     _refuse_clash("gpus", name, (), override)
     if not source or not source.strip():
-        raise InputError("source: every hardware figure needs its source (a datasheet, a measurement); "
-                         "write where the numbers come from")
+        raise InputError(
+            "source: every hardware figure needs its source (a datasheet, a measurement); "
+            "write where the numbers come from"
+        )
     for field, v in (("memory_GiB", memory_GiB), ("bandwidth_TBps", bandwidth_TBps), ("bf16_TFLOPS", bf16_TFLOPS)):
         if not v or not 0 < v < 1e9:
             raise InputError(f"{field}={v!r} must be a finite number > 0")
@@ -176,8 +190,9 @@ def add_yaml(kind: str, filename: str, data: bytes, user_dir: Path | None = None
     return _validated_write(user_dir, f"{kind}/{name}.yaml", data, filename)
 
 
-def add_model(name: str, filename: str, data: bytes, source: str, user_dir: Path | None = None,
-              override: bool = False) -> Path:
+def add_model(
+    name: str, filename: str, data: bytes, source: str, user_dir: Path | None = None, override: bool = False
+) -> Path:
     """An uploaded Hugging Face config.json as model ``name`` (a folder with config.json + epdsim.yaml)."""
     user_dir = user_dir or user_hwdb_dir()
     _safe_name(name, "model")

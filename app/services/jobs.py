@@ -8,6 +8,7 @@ already imported the simulator, so a job starts in tens of milliseconds after th
 The function and its result travel between our own processes by multiprocessing; nothing a
 user uploads is ever unpickled.
 """
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from app.services.scenarios import USER_ERRORS, InputError, run
 
 PRELOAD = ["simulator.run", "app.services.scenarios", "app.services.compare"]
-_START_LOCK = threading.Lock()     # serialises the brief swap of __main__ in Job.start
+_START_LOCK = threading.Lock()  # serialises the brief swap of __main__ in Job.start
 
 
 def _context():
@@ -31,7 +32,7 @@ def _context():
         ctx = mp.get_context("forkserver")
         ctx.set_forkserver_preload(PRELOAD)
         return ctx
-    except ValueError:            # platforms without forkserver
+    except ValueError:  # platforms without forkserver
         return mp.get_context("spawn")
 
 
@@ -43,9 +44,10 @@ def _worker(fn, args, kwargs, q, env: dict[str, str]) -> None:
 
     def progress(done: float, total: float, stage: str = "") -> None:
         q.put(("progress", float(done), float(total), str(stage)))
+
     try:
         q.put(("done", fn(*args, progress=progress, **kwargs)))
-    except Exception as exc:      # noqa: BLE001 - sent to the page, which decides what to show
+    except Exception as exc:  # noqa: BLE001 - sent to the page, which decides what to show
         kind = "input_error" if isinstance(exc, (InputError,)) or _is_user_error(exc) else "error"
         q.put((kind, str(exc), traceback.format_exc()))
 
@@ -68,14 +70,15 @@ class Job:
     result: object = None
     error: str | None = None
     user_error: bool = False
-    traceback: str | None = None         # the worker's traceback of an unexpected error (for bug reports)
+    traceback: str | None = None  # the worker's traceback of an unexpected error (for bug reports)
     started_at: float = 0.0
 
     def start(self) -> Job:
         ctx = _context()
         self._q = ctx.Queue()
-        self._p = ctx.Process(target=_worker, args=(self.fn, self.args, self.kwargs, self._q, dict(os.environ)),
-                              daemon=True)
+        self._p = ctx.Process(
+            target=_worker, args=(self.fn, self.args, self.kwargs, self._q, dict(os.environ)), daemon=True
+        )
         self.started_at = time.monotonic()
         # A forkserver child re-imports the parent's __main__ by path; under Streamlit that is the page
         # script itself, which must not run again in the worker.  The job's function lives in a real

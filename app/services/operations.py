@@ -3,6 +3,7 @@
 Wraps :mod:`simulator.ops.coldstart` and :mod:`simulator.ops.k8s` as the ``epdsim coldstart`` and
 ``epdsim probes`` commands do, returning DataFrames for the Operations page.
 """
+
 from __future__ import annotations
 
 import shlex
@@ -48,8 +49,13 @@ def query_from_pool(pool: dict, model: str, gpu: str, tp: int, **start) -> Start
     dtypes, PP/DP/EP and engine arguments travel; ``model``, ``gpu``, ``tp`` and ``start`` (storage,
     caches, enforce_eager, dtype or kv_cache_dtype overrides) are the page's choices."""
     eng = {k: v for k, v in (pool.get("engine") or {}).items() if k != "enforce_eager"}
-    keep = {"dtype": pool.get("dtype", "bf16"), "kv_cache_dtype": pool.get("kv_cache_dtype", "auto"),
-            "pp": int(pool.get("pp", 1)), "dp": int(pool.get("dp", 1)), "ep": int(pool.get("ep", 1))}
+    keep = {
+        "dtype": pool.get("dtype", "bf16"),
+        "kv_cache_dtype": pool.get("kv_cache_dtype", "auto"),
+        "pp": int(pool.get("pp", 1)),
+        "dp": int(pool.get("dp", 1)),
+        "ep": int(pool.get("ep", 1)),
+    }
     return StartQuery(model=model, gpu=gpu, tp=int(tp), **{**keep, **start}, engine_args=tuple(sorted(eng.items())))
 
 
@@ -57,8 +63,10 @@ def settings_text(q: StartQuery) -> str:
     """The instance's settings in one line: "TP2 PP1 DP2 EP4, weights fp8, KV cache fp8, engine vllm-v1"."""
     eng = dict(q.engine_args)
     extra = ", ".join(f"{k} {v}" for k, v in eng.items() if k != "engine")
-    return (f"TP{q.tp} PP{q.pp} DP{q.dp} EP{q.ep}, weights {q.dtype}, KV cache {q.kv_cache_dtype}, engine "
-            f"{eng.get('engine', 'vllm-v1')}" + (f", {extra}" if extra else ""))
+    return (
+        f"TP{q.tp} PP{q.pp} DP{q.dp} EP{q.ep}, weights {q.dtype}, KV cache {q.kv_cache_dtype}, engine "
+        f"{eng.get('engine', 'vllm-v1')}" + (f", {extra}" if extra else "")
+    )
 
 
 def serve_line(q: StartQuery, db: hwdb.HardwareDB | None = None) -> str:
@@ -79,8 +87,16 @@ def storages() -> list[str]:
 def _deployment(q: StartQuery, db: hwdb.HardwareDB | None = None):
     db = db or hwdb.load(q.hwdb_dirs)
     model = db.model(q.model)
-    pool = PoolConfig(gpu=q.gpu, tp=q.tp, pp=q.pp, dp=q.dp, ep=q.ep, dtype=q.dtype, kv_cache_dtype=q.kv_cache_dtype,
-                      engine={**dict(q.engine_args), "enforce_eager": q.enforce_eager})
+    pool = PoolConfig(
+        gpu=q.gpu,
+        tp=q.tp,
+        pp=q.pp,
+        dp=q.dp,
+        ep=q.ep,
+        dtype=q.dtype,
+        kv_cache_dtype=q.kv_cache_dtype,
+        engine={**dict(q.engine_args), "enforce_eager": q.enforce_eager},
+    )
     dep = deployment_for(pool, model, db)
     plan_memory(dep)
     return dep
@@ -98,17 +114,40 @@ def cold_start(q: StartQuery, db: hwdb.HardwareDB | None = None) -> dict:
         warm = breakdown(dep, "hit", storage=q.storage, image_cached=q.image_cached)
     except OPS_ERRORS as exc:
         raise InputError(str(exc)) from None
-    rows = [{"case": f"compile cache {b.compile_cache}", "phase": p.name, "label": PHASE_LABELS.get(p.name, p.name),
-             "seconds": p.seconds, "detail": p.detail} for b in ((bd, warm) if q.compile_cache == "miss" else (bd,))
-            for p in b.phases]
-    return {"phases": pd.DataFrame(rows), "total_s": bd.total_s, "container_s": bd.container_s,
-            "warm_total_s": warm.total_s, "description": bd.description, "notes": list(bd.extrapolated),
-            "breakdown": bd, "warm": warm, "deployment": dep}
+    rows = [
+        {
+            "case": f"compile cache {b.compile_cache}",
+            "phase": p.name,
+            "label": PHASE_LABELS.get(p.name, p.name),
+            "seconds": p.seconds,
+            "detail": p.detail,
+        }
+        for b in ((bd, warm) if q.compile_cache == "miss" else (bd,))
+        for p in b.phases
+    ]
+    return {
+        "phases": pd.DataFrame(rows),
+        "total_s": bd.total_s,
+        "container_s": bd.container_s,
+        "warm_total_s": warm.total_s,
+        "description": bd.description,
+        "notes": list(bd.extrapolated),
+        "breakdown": bd,
+        "warm": warm,
+        "deployment": dep,
+    }
 
 
-def probes(q: StartQuery, startup: tuple[int, int, int, int] | None, liveness: tuple[int, int, int, int] | None,
-           readiness: tuple[int, int, int, int] | None = None, compile_cache_volume: bool = False, margin: float = 0.5,
-           horizon_s: float = 1800.0, db: hwdb.HardwareDB | None = None) -> dict:
+def probes(
+    q: StartQuery,
+    startup: tuple[int, int, int, int] | None,
+    liveness: tuple[int, int, int, int] | None,
+    readiness: tuple[int, int, int, int] | None = None,
+    compile_cache_volume: bool = False,
+    margin: float = 0.5,
+    horizon_s: float = 1800.0,
+    db: hwdb.HardwareDB | None = None,
+) -> dict:
     """Simulate the pod under the given probes (each (initialDelaySeconds, periodSeconds, timeoutSeconds,
     failureThreshold) or None); returns the outcome, the attempts as a DataFrame and the recommended probes."""
     try:
@@ -119,19 +158,43 @@ def probes(q: StartQuery, startup: tuple[int, int, int, int] | None, liveness: t
         rd = Probe(*readiness, name="readinessProbe") if readiness else None
         cs = cold_start(q, db)
         bd, warm = cs["breakdown"], cs["warm"]
-        basis = bd if bd.compile_cache == "miss" else breakdown(cs["deployment"], "miss", storage=q.storage,
-                                                                image_cached=q.image_cached)
+        basis = (
+            bd
+            if bd.compile_cache == "miss"
+            else breakdown(cs["deployment"], "miss", storage=q.storage, image_cached=q.image_cached)
+        )
         rec = recommend_probes(basis, margin=margin)
         spec = PodSpec(startup=st, liveness=lv, readiness=rd, compile_cache_volume=compile_cache_volume)
         res = simulate_pod(bd, spec, warm, horizon_s=horizon_s)
     except OPS_ERRORS as exc:
         raise InputError(str(exc)) from None
-    att = pd.DataFrame([{"attempt": a.index, "start_s": a.started_s,
-                         "end_s": a.ended_s if a.ended_s is not None else min(horizon_s, res.ready_s or horizon_s)
-                         if a.outcome != "serving" else horizon_s,
-                         "outcome": a.outcome, "compile_cache": a.compile_cache, "phase": a.phase,
-                         "killed_by": a.killed_by} for a in res.attempts])
-    return {"ready_s": res.ready_s, "never_ready": res.never_ready, "restarts": res.restarts,
-            "summary": res.summary() if not res.never_ready else f"never ready: {res.reason}",
-            "warnings": list(res.warnings), "attempts": att, "recommended_yaml": rec.yaml,
-            "recommended_startup": rec.startup, "horizon_s": horizon_s, "start_s": bd.total_s}
+    att = pd.DataFrame(
+        [
+            {
+                "attempt": a.index,
+                "start_s": a.started_s,
+                "end_s": a.ended_s
+                if a.ended_s is not None
+                else min(horizon_s, res.ready_s or horizon_s)
+                if a.outcome != "serving"
+                else horizon_s,
+                "outcome": a.outcome,
+                "compile_cache": a.compile_cache,
+                "phase": a.phase,
+                "killed_by": a.killed_by,
+            }
+            for a in res.attempts
+        ]
+    )
+    return {
+        "ready_s": res.ready_s,
+        "never_ready": res.never_ready,
+        "restarts": res.restarts,
+        "summary": res.summary() if not res.never_ready else f"never ready: {res.reason}",
+        "warnings": list(res.warnings),
+        "attempts": att,
+        "recommended_yaml": rec.yaml,
+        "recommended_startup": rec.startup,
+        "horizon_s": horizon_s,
+        "start_s": bd.total_s,
+    }

@@ -5,6 +5,7 @@ its requests table; runs without operations have no such key and get None or emp
 Times are seconds from the start of the run; GPU time is billed as the simulator bills it: from
 the node's provisioning (the initial instances from 0) to removal, crash or the end of the run.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -48,7 +49,7 @@ def instances_series(o: OperationsSummary) -> pd.DataFrame:
     for pool in dict.fromkeys(life["pool"] for life in lives):
         ev = []
         for life in (x for x in lives if x["pool"] == pool):
-            gone = life["t1"] < end            # still there at the end: the count holds to the last row
+            gone = life["t1"] < end  # still there at the end: the count holds to the last row
             ev += [(life["t0"], 0, 1)] + [(life["t1"], 0, -1)] * gone
             if life["up"] is not None and life["up"] < life["t1"]:
                 ev += [(life["up"], 1, 0)] + [(life["t1"], -1, 0)] * gone
@@ -67,11 +68,20 @@ def events_frame(o: OperationsSummary) -> pd.DataFrame:
     cols = ["time_s", "pool", "event", "count", "detail"]
     if not o:
         return pd.DataFrame(columns=cols)
-    rows = [{"time_s": e["time_s"], "pool": e["pool"], "event": e["action"], "count": e["count"], "detail": e["why"]}
-            for e in o["events"]]
-    rows += [{"time_s": c["time_s"], "pool": c["pool"], "event": "crash", "count": 1,
-              "detail": f"#{c['instance']} {c['kind']}: {c['reason']} ({c['requests']} requests affected)"}
-             for c in o["crash_log"]]
+    rows = [
+        {"time_s": e["time_s"], "pool": e["pool"], "event": e["action"], "count": e["count"], "detail": e["why"]}
+        for e in o["events"]
+    ]
+    rows += [
+        {
+            "time_s": c["time_s"],
+            "pool": c["pool"],
+            "event": "crash",
+            "count": 1,
+            "detail": f"#{c['instance']} {c['kind']}: {c['reason']} ({c['requests']} requests affected)",
+        }
+        for c in o["crash_log"]
+    ]
     return pd.DataFrame(rows, columns=cols).sort_values("time_s", kind="stable").reset_index(drop=True)
 
 
@@ -86,8 +96,14 @@ def failures_series(req: pd.DataFrame, bins: int = 60) -> pd.DataFrame:
     out = req["outcome"].astype(str).to_numpy()
     retried = (req["retries"].to_numpy() > 0) if "retries" in req else np.zeros(len(req), bool)
     count = lambda mask: np.histogram(t[mask], edges)[0]  # noqa: E731 - a one-line local helper
-    return pd.DataFrame({"t_s": (edges[:-1] + edges[1:]) / 2, "failed": count(out == "failed"),
-                         "retried": count(retried), "rejected": count(out == "rejected")})
+    return pd.DataFrame(
+        {
+            "t_s": (edges[:-1] + edges[1:]) / 2,
+            "failed": count(out == "failed"),
+            "retried": count(retried),
+            "rejected": count(out == "rejected"),
+        }
+    )
 
 
 def pool_prices(res: Results, prices=None, db=None) -> dict[str, float]:
@@ -141,7 +157,11 @@ def ops_cost(res: Results, prices=None, db=None) -> dict | None:
     s = res.summary
     tokens = s["output_tokens_per_s"] * s["duration_s"]
     total = s["total_tokens_per_s"] * s["duration_s"]
-    return {"usd": usd, "gpu_hours": sum(gs.values()) / 3600.0, "hours": hours,
-            "usd_per_hour": usd / hours if hours > 0 else float("nan"),
-            "usd_per_million_output_tokens": usd / tokens * 1e6 if tokens > 0 else float("inf"),
-            "usd_per_million_total_tokens": usd / total * 1e6 if total > 0 else float("inf")}
+    return {
+        "usd": usd,
+        "gpu_hours": sum(gs.values()) / 3600.0,
+        "hours": hours,
+        "usd_per_hour": usd / hours if hours > 0 else float("nan"),
+        "usd_per_million_output_tokens": usd / tokens * 1e6 if tokens > 0 else float("inf"),
+        "usd_per_million_total_tokens": usd / total * 1e6 if total > 0 else float("inf"),
+    }

@@ -3,6 +3,7 @@
 The logic is the planner's own (:mod:`simulator.plan.bands`), so that the Plan page, ``epdsim plan`` and
 the planner's ``constraints.slo_at_band_edge`` judge the edge alike; this module is the app's name for it.
 """
+
 from __future__ import annotations
 
 from simulator.plan.bands import COLUMNS, band_frame, holds_at_edge, latency_text, verdict, with_bands

@@ -2,6 +2,7 @@
 
 Wraps :mod:`simulator.plan` (``PlanRequest``, ``run_plan``, ``artefacts``); see docs/planner.md.
 """
+
 from __future__ import annotations
 
 import io
@@ -17,9 +18,18 @@ def families() -> list[str]:
     return list(FAMILIES)
 
 
-def request_from_scenario(d: dict, gpus: list[str], *, max_gpus: int = 16, tp: tuple[int, ...] = (1, 2, 4),
-                          families: tuple[str, ...] = ("colocated", "pd"), verify: int = 3,
-                          requests: int = 400, replications: int = 1, at_band_edge: bool = False) -> dict:
+def request_from_scenario(
+    d: dict,
+    gpus: list[str],
+    *,
+    max_gpus: int = 16,
+    tp: tuple[int, ...] = (1, 2, 4),
+    families: tuple[str, ...] = ("colocated", "pd"),
+    verify: int = 3,
+    requests: int = 400,
+    replications: int = 1,
+    at_band_edge: bool = False,
+) -> dict:
     """A plan request (as a dict) for the scenario's model, workload and SLO over the offered GPUs.
 
     The scenario's pool settings that the planner applies to its candidates travel with it
@@ -33,12 +43,28 @@ def request_from_scenario(d: dict, gpus: list[str], *, max_gpus: int = 16, tp: t
     if not slo.get("ttft_s") and not slo.get("tpot_s"):
         raise InputError("slo: the planner needs a TTFT or TPOT target; set one in the scenario's SLO")
     scn = to_scenario(d)
-    return {"name": f"plan-{d.get('name', 'scenario')}", "model": d["model"], "hwdb": list(d.get("hwdb", [])),
-            "workload": d["workload"], "slo": slo, "gpus": [{"name": g} for g in gpus], "fabrics": fabrics(scn),
-            "constraints": {"max_gpus": int(max_gpus), "tp": list(tp), "families": list(families),
-                            **pool_constraints(scn), **({"slo_at_band_edge": True} if at_band_edge else {})},
-            "search": {"verify": int(verify), "borderline": 1, "replications": int(replications),
-                       "requests": int(requests)}}
+    return {
+        "name": f"plan-{d.get('name', 'scenario')}",
+        "model": d["model"],
+        "hwdb": list(d.get("hwdb", [])),
+        "workload": d["workload"],
+        "slo": slo,
+        "gpus": [{"name": g} for g in gpus],
+        "fabrics": fabrics(scn),
+        "constraints": {
+            "max_gpus": int(max_gpus),
+            "tp": list(tp),
+            "families": list(families),
+            **pool_constraints(scn),
+            **({"slo_at_band_edge": True} if at_band_edge else {}),
+        },
+        "search": {
+            "verify": int(verify),
+            "borderline": 1,
+            "replications": int(replications),
+            "requests": int(requests),
+        },
+    }
 
 
 def _same(pools, field: str, what: str, value, fix: str):
@@ -47,8 +73,10 @@ def _same(pools, field: str, what: str, value, fix: str):
     seen = {p.name: value(p) for p in pools}
     if len({repr(v) for v in seen.values()}) > 1:
         each = ", ".join(f"{name}: {v}" for name, v in seen.items())
-        raise InputError(f"pools[*].{field}: the pools disagree on the {what} ({each}); the planner gives every "
-                         f"pool of a candidate the same {what}. Fix: {fix}")
+        raise InputError(
+            f"pools[*].{field}: the pools disagree on the {what} ({each}); the planner gives every "
+            f"pool of a candidate the same {what}. Fix: {fix}"
+        )
     return next(iter(seen.values()))
 
 
@@ -62,18 +90,37 @@ def pool_constraints(scn) -> dict:
     arguments.  PP is not carried: the planner's candidates have none (it searches TP instead).
     """
     lm = [p for p in scn.pools if p.role != "encoder"] or list(scn.pools)
-    dtype = _same(lm, "dtype", "weights dtype", lambda p: p.dtype,
-                  "set the same weights dtype on every pool on Home, or upload a plan request YAML with "
-                  "constraints.dtype listing the formats to compare (e.g. [fp8, bf16]).")
-    kv = _same(lm, "kv_cache_dtype", "KV-cache dtype", lambda p: p.kv_cache_dtype,
-               "set the same KV-cache dtype on every pool on Home, or upload a plan request YAML with "
-               "constraints.kv_cache_dtype.")
-    engine = _same(lm, "engine", "engine arguments", lambda p: p.engine.model_dump(mode="json", exclude_defaults=True),
-                   "give every pool the same engine arguments on Home, or upload a plan request YAML with "
-                   "constraints.engine.")
+    dtype = _same(
+        lm,
+        "dtype",
+        "weights dtype",
+        lambda p: p.dtype,
+        "set the same weights dtype on every pool on Home, or upload a plan request YAML with "
+        "constraints.dtype listing the formats to compare (e.g. [fp8, bf16]).",
+    )
+    kv = _same(
+        lm,
+        "kv_cache_dtype",
+        "KV-cache dtype",
+        lambda p: p.kv_cache_dtype,
+        "set the same KV-cache dtype on every pool on Home, or upload a plan request YAML with "
+        "constraints.kv_cache_dtype.",
+    )
+    engine = _same(
+        lm,
+        "engine",
+        "engine arguments",
+        lambda p: p.engine.model_dump(mode="json", exclude_defaults=True),
+        "give every pool the same engine arguments on Home, or upload a plan request YAML with constraints.engine.",
+    )
     # The planner's expert parallelism spans every GPU of an instance (vLLM's rule), so any ep > 1 asks for it.
-    return {"dtype": [dtype], "kv_cache_dtype": kv, "engine": engine,
-            "dp": sorted({p.dp for p in lm}), "expert_parallel": sorted({p.ep > 1 for p in lm})}
+    return {
+        "dtype": [dtype],
+        "kv_cache_dtype": kv,
+        "engine": engine,
+        "dp": sorted({p.dp for p in lm}),
+        "expert_parallel": sorted({p.ep > 1 for p in lm}),
+    }
 
 
 def fabrics(scn) -> dict:
@@ -84,13 +131,18 @@ def fabrics(scn) -> dict:
     connector or fabric than its KV transfer is refused (InputError)."""
     roles = {p.role for p in scn.pools}
     kv, emb = scn.kv_transfer, scn.embedding_transfer
-    if "prefill" in roles and "encoder" in roles and (
-            emb.connector != kv.connector or (emb.fabric is not None and emb.fabric != kv.fabric)):
-        raise InputError(f"embedding_transfer: connector {emb.connector!r} over {emb.fabric or 'the GPU NIC'} "
-                         f"differs from kv_transfer's {kv.connector!r} over {kv.fabric or 'the GPU NIC'}; the "
-                         "planner moves KV and embeddings with one connector over one fabric. Fix: give the "
-                         "embedding transfer the KV transfer's connector and fabric on Home, or upload a plan "
-                         "request YAML with fabrics.")
+    if (
+        "prefill" in roles
+        and "encoder" in roles
+        and (emb.connector != kv.connector or (emb.fabric is not None and emb.fabric != kv.fabric))
+    ):
+        raise InputError(
+            f"embedding_transfer: connector {emb.connector!r} over {emb.fabric or 'the GPU NIC'} "
+            f"differs from kv_transfer's {kv.connector!r} over {kv.fabric or 'the GPU NIC'}; the "
+            "planner moves KV and embeddings with one connector over one fabric. Fix: give the "
+            "embedding transfer the KV transfer's connector and fabric on Home, or upload a plan "
+            "request YAML with fabrics."
+        )
     link = kv if "prefill" in roles else emb if "encoder" in roles else None
     return {} if link is None else {"links": [link.fabric], "connector": link.connector}
 

@@ -5,6 +5,7 @@ Pure Python (never imports Streamlit).  A scenario travels between pages as a pl
 Every user mistake becomes an :class:`InputError` whose message names the field, the value
 and the fix, ready for ``st.error``.
 """
+
 from __future__ import annotations
 
 import copy
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SCENARIO = REPO / "examples" / "llama8b_h100_chat.yaml"
-MAX_UPLOAD_BYTES = 20 * 2**20      # uploads (scenario YAML, trace, config.json) larger than this are refused
+MAX_UPLOAD_BYTES = 20 * 2**20  # uploads (scenario YAML, trace, config.json) larger than this are refused
 USER_ERRORS = (ScenarioError, hwdb.HwdbError, TraceError, WorkloadError, FitError)
 
 
@@ -76,9 +77,11 @@ def user_hwdb_dir() -> Path:
 
 def check_size(name: str, data: bytes, limit: int = MAX_UPLOAD_BYTES) -> None:
     if len(data) > limit:
-        raise InputError(f"{name}: the file is {len(data) / 2**20:.1f} MiB, over the {limit / 2**20:.0f} MiB "
-                         f"upload limit; trim it (e.g. the first rows of a trace, or set workload.arrival.limit) "
-                         f"or run it from the command line with `epdsim simulate`")
+        raise InputError(
+            f"{name}: the file is {len(data) / 2**20:.1f} MiB, over the {limit / 2**20:.0f} MiB "
+            f"upload limit; trim it (e.g. the first rows of a trace, or set workload.arrival.limit) "
+            f"or run it from the command line with `epdsim simulate`"
+        )
 
 
 def new_upload_dir() -> Path:
@@ -132,9 +135,11 @@ def sandbox(d, folder: Path | None, origin: str = "scenario"):
         return p if p.is_absolute() or base is None else base / p
 
     def refuse(field: str, value: str):
-        return InputError(f"{origin}: {field} = {value!r} is outside the files uploaded in this session; the app "
-                          f"reads only files uploaded with the scenario (and the shipped examples): upload the "
-                          f"file too and give its name, e.g. path: trace.csv")
+        return InputError(
+            f"{origin}: {field} = {value!r} is outside the files uploaded in this session; the app "
+            f"reads only files uploaded with the scenario (and the shipped examples): upload the "
+            f"file too and give its name, e.g. path: trace.csv"
+        )
 
     def walk(node, where: str):
         if isinstance(node, dict):
@@ -186,15 +191,16 @@ def _decode(name: str, data: bytes, what: str) -> str:
     return decode(data, name, InputError, what)
 
 
-def parse_yaml_upload(name: str, data: bytes, folder: Path | None = None,
-                      files: tuple[tuple[str, bytes], ...] = ()) -> dict:
+def parse_yaml_upload(
+    name: str, data: bytes, folder: Path | None = None, files: tuple[tuple[str, bytes], ...] = ()
+) -> dict:
     """An uploaded scenario YAML as a dict, checked (size, encoding, YAML with the alias budget and
     duplicate keys refused, the files it names sandboxed by :func:`sandbox`, schema).
 
     ``files``: (name, bytes) uploaded with it (traces, length files, config.json), saved into the
     session's upload ``folder`` (a new private one when None) where the scenario may name them."""
     name = safe_name(name)
-    check_size(name, data, MAX_YAML_BYTES)      # YAML parses at ~1 MB/s: a scenario is a few kB
+    check_size(name, data, MAX_YAML_BYTES)  # YAML parses at ~1 MB/s: a scenario is a few kB
     text = _decode(name, data, "scenario")
     if folder is None and files:
         folder = new_upload_dir()
@@ -205,7 +211,7 @@ def parse_yaml_upload(name: str, data: bytes, folder: Path | None = None,
     except InputError as exc:
         raise InputError(f"{exc} (compare with examples/llama8b_h100_chat.yaml)") from None
     d = sandbox(d, folder, name)
-    to_scenario(d, origin=name)       # raises InputError when it is not a valid scenario
+    to_scenario(d, origin=name)  # raises InputError when it is not a valid scenario
     return d
 
 
@@ -232,8 +238,7 @@ def model_from_config_upload(name: str, data: bytes, folder: Path | None = None)
     except InputError as exc:
         raise InputError(f"{exc}; upload the model's config.json from its Hugging Face repository") from None
     if not isinstance(cfg, dict):
-        raise InputError(f"{name}: expected a JSON object like a Hugging Face config.json, got a "
-                         f"{type(cfg).__name__}")
+        raise InputError(f"{name}: expected a JSON object like a Hugging Face config.json, got a {type(cfg).__name__}")
     raw = cfg.get("_name_or_path")
     raw = raw if isinstance(raw, str) else Path(name).stem
     stem = re.sub(r"[^A-Za-z0-9._-]+", "_", raw.replace("/", "_"))[:64].lstrip("._-") or "uploaded-model"
@@ -287,8 +292,9 @@ def scenario_hash(scn: Scenario) -> str:
 
 def _paths(node) -> list[str]:
     if isinstance(node, dict):
-        return [v for k, v in node.items() if k == "path" and isinstance(v, str)] + \
-            [p for v in node.values() for p in _paths(v)]
+        return [v for k, v in node.items() if k == "path" and isinstance(v, str)] + [
+            p for v in node.values() for p in _paths(v)
+        ]
     if isinstance(node, list):
         return [p for v in node for p in _paths(v)]
     return []
@@ -320,10 +326,14 @@ def cost(results: Results, prices: Prices | None = None, db: hwdb.HardwareDB | N
     static = billed = None
     if prices is not None and any(prices.get(p["gpu"]) is not None for p in pools):
         db = db or hwdb.load(results.scenario.hwdb)
-        static = sum(p["instances"] * p["tp"] * p["pp"] * (prices.get(p["gpu"]) if prices.get(p["gpu"]) is not None
-                                                            else db.gpu(p["gpu"]).price_usd_per_hour.value)
-                     for p in pools)
-        if (run_cost := ops_cost(results, prices, db)) is not None:      # a run with operations
+        static = sum(
+            p["instances"]
+            * p["tp"]
+            * p["pp"]
+            * (prices.get(p["gpu"]) if prices.get(p["gpu"]) is not None else db.gpu(p["gpu"]).price_usd_per_hour.value)
+            for p in pools
+        )
+        if (run_cost := ops_cost(results, prices, db)) is not None:  # a run with operations
             billed = run_cost["usd"]
     named = named_costs(s, static, billed)
     top = named[headline(named)]

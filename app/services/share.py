@@ -7,6 +7,7 @@ uploader together with them.  The URL form is the portable dict as compressed JS
 base64; reading one back is as careful as reading an upload (size, decompression and schema limits,
 files confined to the shipped data).
 """
+
 from __future__ import annotations
 
 import base64
@@ -24,8 +25,8 @@ from app.services.scenarios import InputError
 from simulator.inputs import parse_json
 
 URL_PARAM = "scenario"
-MAX_URL_CHARS = 16_000          # browsers and proxies cut URLs beyond a few tens of kB
-MAX_JSON_BYTES = 256 * 1024     # what a link may expand to (a scenario is about 1 kB)
+MAX_URL_CHARS = 16_000  # browsers and proxies cut URLs beyond a few tens of kB
+MAX_JSON_BYTES = 256 * 1024  # what a link may expand to (a scenario is about 1 kB)
 UPLOAD_PREFIX = "epdsim-uploads-"
 
 
@@ -53,6 +54,7 @@ def uploaded_files(d: dict) -> list[str]:
         elif isinstance(node, list):
             for v in node:
                 walk(v)
+
     walk(d)
     return out
 
@@ -74,6 +76,7 @@ def portable(d: dict) -> dict:
         elif isinstance(node, list):
             for v in node:
                 walk(v)
+
     walk(out)
     if "hwdb" in out:
         drop = {scenarios.user_hwdb_dir().resolve(), Path(hwdb.db.DATA_DIR).resolve()}
@@ -91,8 +94,11 @@ def portable_yaml(d: dict) -> str:
     files = uploaded_files(d)
     head = ""
     if files:
-        head = ("# Reads uploaded files by name: keep " + ", ".join(dict.fromkeys(files)) +
-                " beside this file (epdsim simulate), or upload them with it in the app.\n")
+        head = (
+            "# Reads uploaded files by name: keep "
+            + ", ".join(dict.fromkeys(files))
+            + " beside this file (epdsim simulate), or upload them with it in the app.\n"
+        )
     return head + yaml.safe_dump(portable(d), sort_keys=False, allow_unicode=True)
 
 
@@ -110,11 +116,17 @@ def decode(text: str) -> dict:
     a link), checked before anything is read."""
     what = "the scenario in this page's link"
     if len(text) > MAX_URL_CHARS:
-        raise InputError(f"{what} is {len(text):,} characters, over the {MAX_URL_CHARS:,} a link may carry; "
-                         f"load the scenario as a YAML file instead")
+        raise InputError(
+            f"{what} is {len(text):,} characters, over the {MAX_URL_CHARS:,} a link may carry; "
+            f"load the scenario as a YAML file instead"
+        )
+
     def damaged(why: str) -> InputError:
-        return InputError(f"{what} is damaged ({why}); it was probably cut when copied. Open the app without "
-                          f"it (the default scenario) or load a YAML file")
+        return InputError(
+            f"{what} is damaged ({why}); it was probably cut when copied. Open the app without "
+            f"it (the default scenario) or load a YAML file"
+        )
+
     try:
         packed = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
         z = zlib.decompressobj()

@@ -7,6 +7,7 @@ and validated by the scenario schema.  Every mistake is an :class:`InputError` n
 value and the fix.  The job runs its points one after another in the job's own worker process
 (:class:`app.services.jobs.Job`; a daemon process starts no further processes).
 """
+
 from __future__ import annotations
 
 import time
@@ -19,14 +20,22 @@ from simulator.sweep.prepare import Prepared, prepare
 from simulator.sweep.run import SweepResult, run_sweep
 
 # Per-pool knobs: field -> (what it is, values to suggest)
-POOL_KNOBS = {"instances": ("instances", "1,2,3,4"), "tp": ("tensor-parallel degree", "1,2,4,8"),
-              "gpu": ("GPU", "H100,H200,L40S"), "dtype": ("weight format", "bf16,fp8"),
-              "engine.max_num_seqs": ("max_num_seqs", "64,128,256,512"),
-              "engine.max_num_batched_tokens": ("max_num_batched_tokens", "2048,4096,8192,16384")}
-OPS_KNOBS = {"operations.startup.compile_cache": ("torch.compile cache", "none,pod,persistent"),
-             "operations.startup.provisioning_s": ("node provisioning delay (s)", "0,60,300,600")}
-AUTOSCALE_KNOBS = {"target_queue": ("scale-up threshold: waiting requests per instance", "1,2,4,8"),
-                   "max_instances": ("autoscaler's most instances", "2,4,8,16")}
+POOL_KNOBS = {
+    "instances": ("instances", "1,2,3,4"),
+    "tp": ("tensor-parallel degree", "1,2,4,8"),
+    "gpu": ("GPU", "H100,H200,L40S"),
+    "dtype": ("weight format", "bf16,fp8"),
+    "engine.max_num_seqs": ("max_num_seqs", "64,128,256,512"),
+    "engine.max_num_batched_tokens": ("max_num_batched_tokens", "2048,4096,8192,16384"),
+}
+OPS_KNOBS = {
+    "operations.startup.compile_cache": ("torch.compile cache", "none,pod,persistent"),
+    "operations.startup.provisioning_s": ("node provisioning delay (s)", "0,60,300,600"),
+}
+AUTOSCALE_KNOBS = {
+    "target_queue": ("scale-up threshold: waiting requests per instance", "1,2,4,8"),
+    "max_instances": ("autoscaler's most instances", "2,4,8,16"),
+}
 
 
 def knobs(d: dict) -> dict[str, tuple[str, str]]:
@@ -48,8 +57,15 @@ def knobs(d: dict) -> dict[str, tuple[str, str]]:
     return out
 
 
-def check(d: dict, *, rates: str | None = None, knob: str | None = None, points: int = POINTS,
-          num_requests: int | None = None, folder: Path | None = None) -> Prepared:
+def check(
+    d: dict,
+    *,
+    rates: str | None = None,
+    knob: str | None = None,
+    points: int = POINTS,
+    num_requests: int | None = None,
+    folder: Path | None = None,
+) -> Prepared:
     """The sweep of scenario ``d`` as asked (``rates``: ``"1,2,4"`` or ``"auto"``; or ``knob``:
     ``"pools[0].tp=1,2,4"``), validated; raises :class:`InputError`."""
     scn = to_scenario(d, folder=folder, sandboxed=True)
@@ -64,12 +80,24 @@ def check(d: dict, *, rates: str | None = None, knob: str | None = None, points:
 
 def _page_words(text: str) -> str:
     """A message of the command line's options in the page's words."""
-    return text.replace("--rates auto", "the auto ladder").replace("--rates", "rates").replace("--knob", "knob") \
+    return (
+        text.replace("--rates auto", "the auto ladder")
+        .replace("--rates", "rates")
+        .replace("--knob", "knob")
         .replace("--num-requests", "requests per point")
+    )
 
 
-def run(d: dict, *, rates: str | None = None, knob: str | None = None, points: int = POINTS,
-        num_requests: int | None = None, folder: Path | None = None, progress=None) -> SweepResult:
+def run(
+    d: dict,
+    *,
+    rates: str | None = None,
+    knob: str | None = None,
+    points: int = POINTS,
+    num_requests: int | None = None,
+    folder: Path | None = None,
+    progress=None,
+) -> SweepResult:
     """Run the sweep (a job function, :func:`app.services.jobs.Job`): progress reports n/N points and
     the time left, estimated from the mean time per finished point."""
     prep = check(d, rates=rates, knob=knob, points=points, num_requests=num_requests, folder=folder)
@@ -81,9 +109,17 @@ def run(d: dict, *, rates: str | None = None, knob: str | None = None, points: i
         left = (time.monotonic() - t0) / done * (total - done) if done else None
         eta = f", about {left:.0f} s left" if left is not None and done < total else ""
         progress(done, total, f"{done}/{total} points{eta}")
+
     try:
-        return run_sweep(str(d.get("name") or "scenario"), prep.knob, list(prep.points), list(prep.scenarios),
-                         workers=1, progress=step, auto=prep.auto)
+        return run_sweep(
+            str(d.get("name") or "scenario"),
+            prep.knob,
+            list(prep.points),
+            list(prep.scenarios),
+            workers=1,
+            progress=step,
+            auto=prep.auto,
+        )
     except USER_ERRORS as exc:
         raise InputError(str(exc)) from None
 
@@ -91,5 +127,3 @@ def run(d: dict, *, rates: str | None = None, knob: str | None = None, points: i
 def csv_bytes(res: SweepResult) -> bytes:
     """The sweep's records as CSV (SI units), as ``epdsim sweep --out`` writes ``sweep.csv``."""
     return res.frame().to_csv(index=False).encode()
-
-

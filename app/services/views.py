@@ -3,6 +3,7 @@
 Phase columns are found from the requests frame itself, so a tier that adds phases (the EPD
 encoder's ``encode_s``, say) shows up in the breakdown without changes here.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -10,8 +11,18 @@ import pandas as pd
 
 # Columns of the requests frame that are timestamps or totals, not phases of a request's life.
 NOT_PHASES = {"arrival_s", "scheduled_s", "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s"}
-PHASE_ORDER = ("frontend_s", "queue_s", "encode_queue_s", "encode_s", "embedding_transfer_s", "prefill_s",
-               "transfer_wait_s", "transfer_s", "decode_admission_s", "decode_s")
+PHASE_ORDER = (
+    "frontend_s",
+    "queue_s",
+    "encode_queue_s",
+    "encode_s",
+    "embedding_transfer_s",
+    "prefill_s",
+    "transfer_wait_s",
+    "transfer_s",
+    "decode_admission_s",
+    "decode_s",
+)
 
 
 def phase_columns(req: pd.DataFrame) -> list[str]:
@@ -45,9 +56,8 @@ def phase_frame(req: pd.DataFrame) -> pd.DataFrame:
         v = d[c].to_numpy(dtype=float)
         v = v[np.isfinite(v)]
         if len(v) == 0:
-            continue          # a phase this deployment does not have (transfer in a colocated run)
-        rows.append({"phase": c.removesuffix("_s"), "mean_s": float(v.mean()),
-                     "p90_s": float(np.percentile(v, 90))})
+            continue  # a phase this deployment does not have (transfer in a colocated run)
+        rows.append({"phase": c.removesuffix("_s"), "mean_s": float(v.mean()), "p90_s": float(np.percentile(v, 90))})
     return pd.DataFrame(rows, columns=["phase", "mean_s", "p90_s"])
 
 
@@ -62,11 +72,14 @@ def step_series(steps: pd.DataFrame, bins: int = 200) -> pd.DataFrame:
     w = s["duration_s"].clip(lower=1e-12)
     s = s.assign(w=w, wb=s["batch_size"] * w, wk=s["kv_occupancy"] * w, wq=s["waiting"] * w)
     g = s.groupby(["pool", "instance", "bin"], sort=True)[["w", "wb", "wk", "wq"]].sum()
-    per_inst = pd.DataFrame({"batch_size": g["wb"] / g["w"], "kv_occupancy": g["wk"] / g["w"],
-                             "waiting": g["wq"] / g["w"]}).reset_index()
-    out = per_inst.groupby(["pool", "bin"]).agg(batch_size=("batch_size", "sum"),
-                                                kv_occupancy=("kv_occupancy", "mean"),
-                                                waiting=("waiting", "sum")).reset_index()
+    per_inst = pd.DataFrame(
+        {"batch_size": g["wb"] / g["w"], "kv_occupancy": g["wk"] / g["w"], "waiting": g["wq"] / g["w"]}
+    ).reset_index()
+    out = (
+        per_inst.groupby(["pool", "bin"])
+        .agg(batch_size=("batch_size", "sum"), kv_occupancy=("kv_occupancy", "mean"), waiting=("waiting", "sum"))
+        .reset_index()
+    )
     out["t_s"] = t0 + (out["bin"] + 0.5) * width
     return out[["pool", "t_s", "batch_size", "kv_occupancy", "waiting"]]
 
@@ -130,8 +143,16 @@ def link_series(links: pd.DataFrame | None, bins: int = 200, t_end: float | None
         area_b = np.concatenate([[0.0], np.cumsum(on * np.diff(t))])
         width = np.diff(edges)
         iu, ib = _step_integral(t, area_u, u, edges), _step_integral(t, area_b, on, edges)
-        out.append(pd.DataFrame({"link": str(name), "t_s": (edges[:-1] + edges[1:]) / 2,
-                                 "utilisation": np.diff(iu) / width, "busy": np.diff(ib) / width}))
+        out.append(
+            pd.DataFrame(
+                {
+                    "link": str(name),
+                    "t_s": (edges[:-1] + edges[1:]) / 2,
+                    "utilisation": np.diff(iu) / width,
+                    "busy": np.diff(ib) / width,
+                }
+            )
+        )
     return pd.concat(out, ignore_index=True)[cols]
 
 
@@ -148,5 +169,6 @@ def throughput_series(req: pd.DataFrame, bins: int = 100) -> pd.DataFrame:
     n, _ = np.histogram(done["finish_s"].to_numpy(), edges)
     tok, _ = np.histogram(done["finish_s"].to_numpy(), edges, weights=done["output_tokens"].to_numpy(dtype=float))
     width = np.diff(edges)
-    return pd.DataFrame({"t_s": (edges[:-1] + edges[1:]) / 2, "requests_per_s": n / width,
-                         "output_tokens_per_s": tok / width})
+    return pd.DataFrame(
+        {"t_s": (edges[:-1] + edges[1:]) / 2, "requests_per_s": n / width, "output_tokens_per_s": tok / width}
+    )

@@ -5,6 +5,7 @@ typical and high (:func:`simulator.ops.coldstart_scale.breakdown_range`) over th
 timed, at the release it ran; :mod:`calibration.coldstart.holdout` repeats it with the ranges
 re-derived without the case's own source.  The tables go to ``docs/operations.md``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,8 +22,8 @@ class CaseCheck:
     """One sourced real start-up beside the model's range, over the phases the source timed."""
 
     case: StartupCase
-    predicted: dict[str, float]                  # level -> seconds over case.observed_phases
-    phases: dict[str, float]                     # phase -> typical seconds (the phases compared)
+    predicted: dict[str, float]  # level -> seconds over case.observed_phases
+    phases: dict[str, float]  # phase -> typical seconds (the phases compared)
 
     @property
     def observed_s(self) -> float:
@@ -54,8 +55,15 @@ def case_deployment(case: StartupCase, db=None):
 
 def case_breakdowns(case: StartupCase, cs: ColdStartDB | None = None, db=None) -> dict[str, Breakdown]:
     cs = cs or load_coldstart()
-    return breakdown_range(case_deployment(case, db), case.compile_cache, case.storage, True,
-                           vllm_version=case.vllm_version, capture_sizes_override=case.capture_sizes, db=cs)
+    return breakdown_range(
+        case_deployment(case, db),
+        case.compile_cache,
+        case.storage,
+        True,
+        vllm_version=case.vllm_version,
+        capture_sizes_override=case.capture_sizes,
+        db=cs,
+    )
 
 
 def compared_seconds(bd: Breakdown, case: StartupCase) -> float:
@@ -73,41 +81,57 @@ def check_cases(cs: ColdStartDB | None = None, engine: str = "vllm-v1", db=None)
     cs = cs or load_coldstart()
     sc = cs.scale_ranges(engine)
     out = []
-    for case in (sc.cases if sc is not None else ()):
+    for case in sc.cases if sc is not None else ():
         bds = case_breakdowns(case, cs, db)
         names = case.observed_phases or [p.name for p in bds["typical"].container_phases()]
-        out.append(CaseCheck(case, {lv: compared_seconds(b, case) for lv, b in bds.items()},
-                             {n: bds["typical"].seconds(n) for n in names}))
+        out.append(
+            CaseCheck(
+                case,
+                {lv: compared_seconds(b, case) for lv, b in bds.items()},
+                {n: bds["typical"].seconds(n) for n in names},
+            )
+        )
     return out
 
 
 def cases_markdown(checks: list[CaseCheck]) -> str:
     """The docs/operations.md table: predicted range vs each sourced start-up, with the error."""
-    rows = ["| start-up | config | compared | observed | low / typical / high | checked at | error |",
-            "|---|---|---|---|---|---|---|"]
+    rows = [
+        "| start-up | config | compared | observed | low / typical / high | checked at | error |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for c in checks:
         k = c.case
-        cfg = (f"{k.model} {k.gpu} TP{k.tp} {k.dtype}, {k.storage}, cache {k.compile_cache}, "
-               f"vLLM {k.vllm_version}" + (f", sizes {list(k.capture_sizes)}" if k.capture_sizes else ""))
+        cfg = f"{k.model} {k.gpu} TP{k.tp} {k.dtype}, {k.storage}, cache {k.compile_cache}, vLLM {k.vllm_version}" + (
+            f", sizes {list(k.capture_sizes)}" if k.capture_sizes else ""
+        )
         obs = k.observed_phases
-        what = ("container start -> API" if obs is None else
-                "engine start -> API" if "api_ready" in obs and "process_start" not in obs else ", ".join(obs))
+        what = (
+            "container start -> API"
+            if obs is None
+            else "engine start -> API"
+            if "api_ready" in obs and "process_start" not in obs
+            else ", ".join(obs)
+        )
         p = c.predicted
-        rows.append(f"| {k.name} | {cfg} | {what} | {k.observed_s:.0f} s | {p['low']:.0f} / {p['typical']:.0f} / "
-                    f"{p['high']:.0f} s | {k.level} | {c.error:+.0%} |")
+        rows.append(
+            f"| {k.name} | {cfg} | {what} | {k.observed_s:.0f} s | {p['low']:.0f} / {p['typical']:.0f} / "
+            f"{p['high']:.0f} s | {k.level} | {c.error:+.0%} |"
+        )
     return "\n".join(rows)
 
 
 def phases_markdown(checks: list[CaseCheck]) -> str:
     """Per-phase typical prediction vs what each source logged, with the error (cases with logged phases)."""
     names = [n for n in PHASES if any(n in c.case.logged for c in checks)]
-    rows = ["| start-up | " + " | ".join(PHASE_LABELS[n] for n in names) + " |",
-            "|---|" + "---|" * len(names)]
+    rows = ["| start-up | " + " | ".join(PHASE_LABELS[n] for n in names) + " |", "|---|" + "---|" * len(names)]
     for c in checks:
         if not c.case.logged:
             continue
         err = c.phase_errors()
-        cells = [f"{c.phases.get(n, 0.0):.0f} / {c.case.logged[n]:.0f} s ({err[n]:+.0%})" if n in c.case.logged
-                 else "" for n in names]
+        cells = [
+            f"{c.phases.get(n, 0.0):.0f} / {c.case.logged[n]:.0f} s ({err[n]:+.0%})" if n in c.case.logged else ""
+            for n in names
+        ]
         rows.append(f"| {c.case.name} | " + " | ".join(cells) + " |")
     return "\n".join(rows)

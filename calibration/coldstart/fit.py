@@ -4,6 +4,7 @@ the formulas in :mod:`simulator.ops.coldstart` against them (``docs/operations.m
 ``fit_profiler_csvs`` regenerates the numbers in ``hwdb/data/coldstart/``; ``check_profiler_rows``
 puts each measured start-up beside the breakdown's phase formulas.
 """
+
 from __future__ import annotations
 
 import csv
@@ -24,7 +25,7 @@ from simulator.ops.coldstart import (
 
 FIG10 = "vllm_startup_profiler_fig10_gpu0_uncached.csv"
 A100 = "vllm_startup_profiler_A100_batch_size_avg.csv"
-FIG10_CAPTURE_MAX = 256   # the fig10 run logs' compilation_config: 35 sizes, 1..256
+FIG10_CAPTURE_MAX = 256  # the fig10 run logs' compilation_config: 35 sizes, 1..256
 
 
 def _read_csv(path: Path) -> list[dict]:
@@ -39,14 +40,21 @@ def _short(model: str) -> str:
 def _lstsq(rows: list[str], X: list[list[float]], y: list[float], names: list[str]) -> dict:
     A, b = np.asarray(X, float), np.asarray(y, float)
     coef, *_ = np.linalg.lstsq(A, b, rcond=None)
-    coef = np.array([float(f"{c:.6g}") for c in coef])      # what the YAML keeps
+    coef = np.array([float(f"{c:.6g}") for c in coef])  # what the YAML keeps
     pred = A @ coef
     res = b - pred
     return {
-        "coefficients": {n: float(c) for n, c in zip(names, coef, strict=True)},   # a name per column of X
-        "rows": [{"row": r, "observed_s": round(float(o), 4), "predicted_s": round(float(p), 4),
-                  "residual_s": round(float(e), 4)} for r, o, p, e in zip(rows, b, pred, res, strict=True)],
-        "rms_s": round(float(np.sqrt(np.mean(res ** 2))), 4),
+        "coefficients": {n: float(c) for n, c in zip(names, coef, strict=True)},  # a name per column of X
+        "rows": [
+            {
+                "row": r,
+                "observed_s": round(float(o), 4),
+                "predicted_s": round(float(p), 4),
+                "residual_s": round(float(e), 4),
+            }
+            for r, o, p, e in zip(rows, b, pred, res, strict=True)
+        ],
+        "rms_s": round(float(np.sqrt(np.mean(res**2))), 4),
         "max_abs_s": round(float(np.max(np.abs(res))), 4),
     }
 
@@ -87,20 +95,36 @@ def fit_profiler_csvs(folder: str | Path, coef: StartupCoefficients | None = Non
     inv = fit["coefficients"].pop("inv")
     fit["coefficients"]["storage_Bps"] = float(f"{1 / inv:.6g}")
     out["weights_storage"] = fit
-    fit = _lstsq([f"{r['model']} cg{r['cuda_graph_sizes']}" for r in a], [[B(r)] for r in a],
-                 [f(r, "load_weights_s") for r in a], ["inv"])
+    fit = _lstsq(
+        [f"{r['model']} cg{r['cuda_graph_sizes']}" for r in a],
+        [[B(r)] for r in a],
+        [f(r, "load_weights_s") for r in a],
+        ["inv"],
+    )
     inv = fit["coefficients"].pop("inv")
     fit["coefficients"]["loader_Bps"] = float(f"{1 / inv:.6g}")
     out["weights_page_cache"] = fit
-    out["dynamo"] = _lstsq(name, [[1, L(r)] for r in u], [f(r, "dynamo_transform_s") for r in u],
-                           ["d0_s", "d1_s_per_layer"])
-    out["compile_miss"] = _lstsq([_short(r["model"]) for r in miss], [[1, L(r)] for r in miss],
-                                 [f(r, "graph_compile_general_shape_s") for r in miss], ["c0_s", "c1_s_per_layer"])
-    out["compile_hit"] = _lstsq([_short(r["model"]) for r in hit], [[L(r)] for r in hit],
-                                [f(r, "graph_compile_cached_s") for r in hit], ["h1_s_per_layer"])
-    out["kv_profile"] = _lstsq(name, [[1, L(r) if r in miss else 0, 0 if r in miss else L(r)] for r in u],
-                               [f(r, "kv_cache_profiling_s") for r in u],
-                               ["k0_s", "k_miss_s_per_layer", "k_hit_s_per_layer"])
+    out["dynamo"] = _lstsq(
+        name, [[1, L(r)] for r in u], [f(r, "dynamo_transform_s") for r in u], ["d0_s", "d1_s_per_layer"]
+    )
+    out["compile_miss"] = _lstsq(
+        [_short(r["model"]) for r in miss],
+        [[1, L(r)] for r in miss],
+        [f(r, "graph_compile_general_shape_s") for r in miss],
+        ["c0_s", "c1_s_per_layer"],
+    )
+    out["compile_hit"] = _lstsq(
+        [_short(r["model"]) for r in hit],
+        [[L(r)] for r in hit],
+        [f(r, "graph_compile_cached_s") for r in hit],
+        ["h1_s_per_layer"],
+    )
+    out["kv_profile"] = _lstsq(
+        name,
+        [[1, L(r) if r in miss else 0, 0 if r in miss else L(r)] for r in u],
+        [f(r, "kv_cache_profiling_s") for r in u],
+        ["k0_s", "k_miss_s_per_layer", "k_hit_s_per_layer"],
+    )
     # capture: A100 sweep of cuda_graph_sizes (vLLM 0.10 rule) + fig10 rows (35 sizes), PIECEWISE
     rows, X, y = [], [], []
     a100_peak = coef.profiled_hosts["A100"].peak_flops.value
@@ -117,12 +141,20 @@ def fit_profiler_csvs(folder: str | Path, coef: StartupCoefficients | None = Non
         y.append(f(r, "graph_capturing_s"))
     out["cuda_graphs"] = _lstsq(rows, X, y, ["g0_s", "g1_s_per_graph_layer", "g2_passes"])
     # constants: what the named phases leave of the measured total, and API start after the engine
-    rest = [f(r, "total_time_s") - f(r, "load_weights_s") - f(r, "dynamo_transform_s")
-            - f(r, "graph_compile_general_shape_s") - f(r, "graph_compile_cached_s")
-            - f(r, "kv_cache_profiling_s") - f(r, "graph_capturing_s") for r in u]
+    rest = [
+        f(r, "total_time_s")
+        - f(r, "load_weights_s")
+        - f(r, "dynamo_transform_s")
+        - f(r, "graph_compile_general_shape_s")
+        - f(r, "graph_compile_cached_s")
+        - f(r, "kv_cache_profiling_s")
+        - f(r, "graph_capturing_s")
+        for r in u
+    ]
     out["process_start"] = _lstsq(name, [[1]] * len(u), rest, ["seconds"])
-    out["api_ready"] = _lstsq(name, [[1]] * len(u),
-                              [f(r, "actual_total_time_s") - f(r, "total_time_s") for r in u], ["seconds"])
+    out["api_ready"] = _lstsq(
+        name, [[1]] * len(u), [f(r, "actual_total_time_s") - f(r, "total_time_s") for r in u], ["seconds"]
+    )
     return out
 
 
@@ -165,10 +197,14 @@ def check_profiler_rows(folder: str | Path, coef: StartupCoefficients | None = N
             "kv_profile": kv_profile_seconds(coef, m.layers, cache),
             "cuda_graphs": capture_seconds(coef, len(sizes), sum(sizes), m.layers, m.params, peak),
         }
-        total = (coef.coef("process_start", "seconds") + sum(t.values()) + coef.coef("api_ready", "seconds"))
-        obs = {"weights": float(r["load_weights_s"]), "dynamo": float(r["dynamo_transform_s"]),
-               "compile": float(r["graph_compile_general_shape_s"] or r["graph_compile_cached_s"]),
-               "kv_profile": float(r["kv_cache_profiling_s"]), "cuda_graphs": float(r["graph_capturing_s"])}
+        total = coef.coef("process_start", "seconds") + sum(t.values()) + coef.coef("api_ready", "seconds")
+        obs = {
+            "weights": float(r["load_weights_s"]),
+            "dynamo": float(r["dynamo_transform_s"]),
+            "compile": float(r["graph_compile_general_shape_s"] or r["graph_compile_cached_s"]),
+            "kv_profile": float(r["kv_cache_profiling_s"]),
+            "cuda_graphs": float(r["graph_capturing_s"]),
+        }
         for k in obs:
             out.append(RowCheck(_short(r["model"]), k, obs[k], t[k]))
         out.append(RowCheck(_short(r["model"]), "total", float(r["actual_total_time_s"]), total))

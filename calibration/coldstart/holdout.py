@@ -15,6 +15,7 @@ blog, the Foundry paper.  The anyscale runs share one host and release, so holdi
 out leaves its siblings in; ``by="publication"`` holds out every run of the same publication and
 shows what the ranges are worth without that host at all.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,45 +27,52 @@ from calibration.coldstart.cases import CaseCheck, case_breakdowns, case_deploym
 from hwdb.coldstart import ColdStartDB, ScaleRanges, StartupCase, load_coldstart
 from simulator.ops.coldstart import capture_seconds, capture_sizes, captured_graphs, compile_seconds, dynamo_seconds
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 @dataclass(frozen=True)
 class AnyscaleRun:
     """Per-run figures of one anyscale log (seconds; ``(min, max)`` over the ranks)."""
 
-    model: str                                   # "llama70b" (Meta-Llama-3-70B, TP4), "qwen235b" (Qwen3-235B-A22B, TP8)
+    model: str  # "llama70b" (Meta-Llama-3-70B, TP4), "qwen235b" (Qwen3-235B-A22B, TP8)
     tp: int
-    init_s: float                                # 'Waiting for init message' (engine) -> 'Starting to load model'
-    capture_s: float                             # 'Graph capturing finished in N secs'
-    dynamo_s: tuple[float, float]                # 'Dynamo bytecode transform time'
+    init_s: float  # 'Waiting for init message' (engine) -> 'Starting to load model'
+    capture_s: float  # 'Graph capturing finished in N secs'
+    dynamo_s: tuple[float, float]  # 'Dynamo bytecode transform time'
     weights_s: tuple[float, float] | None = None  # 'Loading weights took' from the page cache (None: S3 streamer)
     compile_s: tuple[float, float] | None = None  # 'Compiling a graph for dynamic shape takes' (cold cache)
-    hit_s: tuple[float, float] | None = None     # 'Directly load the compiled graph(s) ... took' (warm cache)
+    hit_s: tuple[float, float] | None = None  # 'Directly load the compiled graph(s) ... took' (warm cache)
 
 
 # Read from the five logs of the cases (timestamps of the engine process and worker lines).
 ANYSCALE_RUNS = {
-    "anyscale/llama70b-base": AnyscaleRun("llama70b", 4, 22.0, 16.0, (12.05, 12.38), (15.82, 16.46),
-                                          compile_s=(46.70, 49.91)),          # 11:52:55 -> 11:53:17
-    "anyscale/llama70b-s3-runai": AnyscaleRun("llama70b", 4, 21.0, 16.0, (12.22, 12.70),
-                                              compile_s=(47.35, 49.95)),      # 12:05:37 -> 12:05:58
-    "anyscale/llama70B-compile-cache": AnyscaleRun("llama70b", 4, 20.0, 16.0, (11.75, 12.25), (16.08, 16.19),
-                                                   hit_s=(3.830, 3.870)),     # 13:38:15 -> 13:38:35
-    "anyscale/qwen235B-base": AnyscaleRun("qwen235b", 8, 34.0, 44.0, (17.03, 18.01), (32.11, 32.67),
-                                          compile_s=(92.91, 96.30)),          # 14:43:40 -> 14:44:14
-    "anyscale/qwen235B-compile-cache": AnyscaleRun("qwen235b", 8, 34.0, 44.0, (16.74, 17.06), (31.97, 32.83),
-                                                   hit_s=(5.530, 5.702)),     # 15:43:03 -> 15:43:37
+    "anyscale/llama70b-base": AnyscaleRun(
+        "llama70b", 4, 22.0, 16.0, (12.05, 12.38), (15.82, 16.46), compile_s=(46.70, 49.91)
+    ),  # 11:52:55 -> 11:53:17
+    "anyscale/llama70b-s3-runai": AnyscaleRun(
+        "llama70b", 4, 21.0, 16.0, (12.22, 12.70), compile_s=(47.35, 49.95)
+    ),  # 12:05:37 -> 12:05:58
+    "anyscale/llama70B-compile-cache": AnyscaleRun(
+        "llama70b", 4, 20.0, 16.0, (11.75, 12.25), (16.08, 16.19), hit_s=(3.830, 3.870)
+    ),  # 13:38:15 -> 13:38:35
+    "anyscale/qwen235B-base": AnyscaleRun(
+        "qwen235b", 8, 34.0, 44.0, (17.03, 18.01), (32.11, 32.67), compile_s=(92.91, 96.30)
+    ),  # 14:43:40 -> 14:44:14
+    "anyscale/qwen235B-compile-cache": AnyscaleRun(
+        "qwen235b", 8, 34.0, 44.0, (16.74, 17.06), (31.97, 32.83), hit_s=(5.530, 5.702)
+    ),  # 15:43:03 -> 15:43:37
 }
 # Bytes each rank loads, from the logs' 'Model loading took N GiB'.
 _RANK_BYTES = {"llama70b": 32.8601 * GIB, "qwen235b": 54.9205 * GIB}
-_LAYERS = {"llama70b": 80, "qwen235b": 94}       # Meta-Llama-3-70B: 80 dense; Qwen3-235B-A22B: 94 MoE layers
+_LAYERS = {"llama70b": 80, "qwen235b": 94}  # Meta-Llama-3-70B: 80 dense; Qwen3-235B-A22B: 94 MoE layers
 
 # A case's run, from the first match in its `source`.
-_RUN_PATTERNS = ((r"experiment_terminal_output/([\w.-]+)\.txt", "anyscale/{}"),
-                 (r"vllm/issues/(\d+)", "vllm#{}"),
-                 (r"tensorfuse", "tensorfuse"),
-                 (r"arXiv (\d{4}\.\d{4,5})", "arXiv {}"))
+_RUN_PATTERNS = (
+    (r"experiment_terminal_output/([\w.-]+)\.txt", "anyscale/{}"),
+    (r"vllm/issues/(\d+)", "vllm#{}"),
+    (r"tensorfuse", "tensorfuse"),
+    (r"arXiv (\d{4}\.\d{4,5})", "arXiv {}"),
+)
 
 
 def case_run(case: StartupCase) -> str:
@@ -87,7 +95,7 @@ class Derived:
     low: float
     typical: float
     high: float
-    points: tuple[tuple[float, str], ...]        # (value, runs joined by '+') of the measurements and bounds used
+    points: tuple[tuple[float, str], ...]  # (value, runs joined by '+') of the measurements and bounds used
 
     @property
     def runs(self) -> set[str]:
@@ -142,8 +150,9 @@ def _capture_fixed(case: StartupCase, cs: ColdStartDB) -> tuple[float, float]:
     return capture_seconds(coef, n, s, 0.0, p_rank, dep.gpu.flops(dep.weight_dtype), g1=0.0), n
 
 
-def derive_ranges(exclude: frozenset[str] | set[str] = frozenset(),
-                  cs: ColdStartDB | None = None) -> dict[str, Derived]:
+def derive_ranges(
+    exclude: frozenset[str] | set[str] = frozenset(), cs: ColdStartDB | None = None
+) -> dict[str, Derived]:
     """Every range some case's run feeds, re-derived without the runs in ``exclude``.
 
     Each measurement carries the run it was read from ('' for sources that are no case's); the
@@ -164,59 +173,85 @@ def derive_ranges(exclude: frozenset[str] | set[str] = frozenset(),
     def scaled(g: tuple[float, list[str]] | None, per: float) -> tuple[float | None, str | None]:
         """(a group's median / ``per``, its runs): the group's figure against the model's own."""
         return (None if g is None else g[0] / per, joined(g))
+
     out: dict[str, Derived | None] = {}
 
     # distributed init: the line through the TP4 and TP8 medians of engine start -> weight loading
-    tp = {t: statistics.median([r.init_s for r in runs.values() if r.tp == t]) for t in (4, 8)
-          if any(r.tp == t for r in runs.values())}
+    tp = {
+        t: statistics.median([r.init_s for r in runs.values() if r.tp == t])
+        for t in (4, 8)
+        if any(r.tp == t for r in runs.values())
+    }
     line_runs = "+".join(n for n, r in runs.items())
     slope = (tp[8] - tp[4]) / 4.0 if len(tp) == 2 else None
     base = tp[4] - 4.0 * slope if slope is not None else None
-    out["distributed_init_s_per_rank"] = _span(pts(
-        (3.0, ""),                  # worker spawn to NCCL ready ~6 s at TP2 (vllm issue #22303)
-        (slope, line_runs),
-        (15.0, "")))                # NCCL / TP2 set-up ~30 s on a consumer host (talos-argocd-proxmox PR #1848)
-    out["distributed_init_s_base"] = _span(pts((base, line_runs)), bounds=[(0.0, "")],
-                                           fallback=coef.distributed_init_s.value)
-    out["p2p_check_s_per_pair"] = _span(pts(
-        (30.0 / 28, ""),            # ~30 s for tp=8, 28 pairs (vllm PR #8911)
-        (60.0 / 28, "vllm#19824")))  # ~60 s at TP8 (vllm issue #19824)
+    out["distributed_init_s_per_rank"] = _span(
+        pts(
+            (3.0, ""),  # worker spawn to NCCL ready ~6 s at TP2 (vllm issue #22303)
+            (slope, line_runs),
+            (15.0, ""),
+        )
+    )  # NCCL / TP2 set-up ~30 s on a consumer host (talos-argocd-proxmox PR #1848)
+    out["distributed_init_s_base"] = _span(
+        pts((base, line_runs)), bounds=[(0.0, "")], fallback=coef.distributed_init_s.value
+    )
+    out["p2p_check_s_per_pair"] = _span(
+        pts(
+            (30.0 / 28, ""),  # ~30 s for tp=8, 28 pairs (vllm PR #8911)
+            (60.0 / 28, "vllm#19824"),
+        )
+    )  # ~60 s at TP8 (vllm issue #19824)
 
     def rate(model):
         g = _group(runs, model, "weights_s")
         return (None, "") if g is None else (_RANK_BYTES[model] / g[0], joined(g))
-    out["loader_Bps_per_rank"] = _span(pts(
-        (54.92 * GIB / 19.0, ""),   # Qwen3-235B TP8 54.92 GiB/rank in 18.4-19.6 s (vllm issue #18446)
-        (coef.coef("weights_page_cache", "loader_Bps"), ""),   # single-GPU page-cache fit (vllm-v1.yaml)
-        rate("qwen235b"), rate("llama70b"),
-        (8.8e9 / 10.0, "vllm#19824")), rate=True)  # 8.8 GB/rank in ~10 s from a hot page cache
+
+    out["loader_Bps_per_rank"] = _span(
+        pts(
+            (54.92 * GIB / 19.0, ""),  # Qwen3-235B TP8 54.92 GiB/rank in 18.4-19.6 s (vllm issue #18446)
+            (coef.coef("weights_page_cache", "loader_Bps"), ""),  # single-GPU page-cache fit (vllm-v1.yaml)
+            rate("qwen235b"),
+            rate("llama70b"),
+            (8.8e9 / 10.0, "vllm#19824"),
+        ),
+        rate=True,
+    )  # 8.8 GB/rank in ~10 s from a hot page cache
 
     dyn = {m: _group(runs, m, "dynamo_s") for m in _LAYERS}
     llama_dyn = dyn["llama70b"]
-    out["dynamo_multiplier"] = _span(pts(
-        scaled(llama_dyn, dynamo_seconds(coef, 80)),
-        (1.0, ""),                  # the fit (vllm-v1.yaml)
-        (10.0 / dynamo_seconds(coef, 32), "tensorfuse")))  # Llama-3.1-8B on an L40S node: 10 s
+    out["dynamo_multiplier"] = _span(
+        pts(
+            scaled(llama_dyn, dynamo_seconds(coef, 80)),
+            (1.0, ""),  # the fit (vllm-v1.yaml)
+            (10.0 / dynamo_seconds(coef, 32), "tensorfuse"),
+        )
+    )  # Llama-3.1-8B on an L40S node: 10 s
     qwen_dyn = dyn["qwen235b"]
     moe_dyn = None if qwen_dyn is None or llama_dyn is None else (qwen_dyn[0] / 94) / (llama_dyn[0] / 80)
-    out["dynamo_moe_layer_weight"] = _span(pts((moe_dyn, f"{joined(qwen_dyn)}+{joined(llama_dyn)}")),
-                                           bounds=[(1.0, "")], fallback=1.0)
+    out["dynamo_moe_layer_weight"] = _span(
+        pts((moe_dyn, f"{joined(qwen_dyn)}+{joined(llama_dyn)}")), bounds=[(1.0, "")], fallback=1.0
+    )
 
     # Inductor on a miss, against the piece formula at x1 (simulator.ops.coldstart.compile_seconds)
-    piece = {"llama70b": compile_seconds(coef, 80, "miss"),
-             "qwen235b": compile_seconds(coef, 94, "miss", unique=95)}
+    piece = {"llama70b": compile_seconds(coef, 80, "miss"), "qwen235b": compile_seconds(coef, 94, "miss", unique=95)}
     comp = {m: _group(runs, m, "compile_s") for m in _LAYERS}
-    out["compile_miss_multiplier"] = _span(pts(
-        *[scaled(comp[m], piece[m]) for m in ("qwen235b", "llama70b")],
-        # Qwen3-8B (36 layers) TP8 'torch.compile takes 27.3 s' (Dynamo + Inductor; vllm PR #25493)
-        (27.3 / (dynamo_seconds(coef, 36) + compile_seconds(coef, 36, "miss")), ""),
-        (70.0 / piece["llama70b"], "vllm#19824")))  # ~70 s torch.compile, Llama-70B FP8 TP8
+    out["compile_miss_multiplier"] = _span(
+        pts(
+            *[scaled(comp[m], piece[m]) for m in ("qwen235b", "llama70b")],
+            # Qwen3-8B (36 layers) TP8 'torch.compile takes 27.3 s' (Dynamo + Inductor; vllm PR #25493)
+            (27.3 / (dynamo_seconds(coef, 36) + compile_seconds(coef, 36, "miss")), ""),
+            (70.0 / piece["llama70b"], "vllm#19824"),
+        )
+    )  # ~70 s torch.compile, Llama-70B FP8 TP8
 
     hit = {m: _group(runs, m, "hit_s") for m in _LAYERS}
-    out["compile_hit_multiplier"] = _span(pts(
-        *[scaled(hit[m], compile_seconds(coef, _LAYERS[m], "hit")) for m in ("llama70b", "qwen235b")],
-        (1.0, ""),                  # the fit (vLLM 0.10.1)
-        (sc.ranges["compile_hit_multiplier"].high, "")))  # DeepSeek-V3.2 TP8 B200 warm 26.7 s (vllm issue #26511)
+    out["compile_hit_multiplier"] = _span(
+        pts(
+            *[scaled(hit[m], compile_seconds(coef, _LAYERS[m], "hit")) for m in ("llama70b", "qwen235b")],
+            (1.0, ""),  # the fit (vLLM 0.10.1)
+            (sc.ranges["compile_hit_multiplier"].high, ""),
+        )
+    )  # DeepSeek-V3.2 TP8 B200 warm 26.7 s (vllm issue #26511)
 
     # capture per graph-layer: (capture - fixed part) / (graphs x layers), on the anyscale host
     cases = {case_run(c): c for c in sc.cases}
@@ -227,33 +262,50 @@ def derive_ranges(exclude: frozenset[str] | set[str] = frozenset(),
             fixed, n = _capture_fixed(cases[name], cs)
             per_gl[m] = ((g[0] - fixed) / (n * _LAYERS[m]), joined(g))
     fit_g1 = coef.coef("cuda_graphs", "g1_s_per_graph_layer")
-    out["capture_s_per_graph_layer"] = _span(pts(
-        (fit_g1, ""),               # single-GPU fit (vllm-v1.yaml)
-        ((2.0 - 0.34) / (67 * 28), ""),  # Qwen3-0.6B, 67 sizes in 2 s with gc frozen (vllm PR #21146)
-        per_gl.get("llama70b", (None, ""))))
-    moe_cap = (None if len(per_gl) < 2 else
-               (per_gl["qwen235b"][0] / per_gl["llama70b"][0], f"{per_gl['qwen235b'][1]}+{per_gl['llama70b'][1]}"))
+    out["capture_s_per_graph_layer"] = _span(
+        pts(
+            (fit_g1, ""),  # single-GPU fit (vllm-v1.yaml)
+            ((2.0 - 0.34) / (67 * 28), ""),  # Qwen3-0.6B, 67 sizes in 2 s with gc frozen (vllm PR #21146)
+            per_gl.get("llama70b", (None, "")),
+        )
+    )
+    moe_cap = (
+        None
+        if len(per_gl) < 2
+        else (per_gl["qwen235b"][0] / per_gl["llama70b"][0], f"{per_gl['qwen235b'][1]}+{per_gl['llama70b'][1]}")
+    )
     out["capture_moe_layer_weight"] = _span(pts(moe_cap or (None, "")), bounds=[(1.0, "")], fallback=1.0)
 
-    out["jit_kernels_s"] = _span(pts((5.0, "")),     # Triton JIT 5 s, Meta-Llama-3-8B (vllm PR #11005)
-                                 bounds=pts((0.0, ""),  # nothing to compile with a kept ~/.cache
-                                            (60.0, "tensorfuse")))  # init + imports 94 -> 34 s with a kept cache
+    out["jit_kernels_s"] = _span(
+        pts((5.0, "")),  # Triton JIT 5 s, Meta-Llama-3-8B (vllm PR #11005)
+        bounds=pts(
+            (0.0, ""),  # nothing to compile with a kept ~/.cache
+            (60.0, "tensorfuse"),
+        ),
+    )  # init + imports 94 -> 34 s with a kept cache
     return {k: v for k, v in out.items() if v is not None}
 
 
 def with_ranges(cs: ColdStartDB, derived: dict[str, Derived], engine: str = "vllm-v1") -> ColdStartDB:
     """``cs`` with the scale set's ranges replaced by ``derived`` (the others as in the file)."""
     sc = scale_set(cs, engine)
-    ranges = {k: (r.model_copy(update=dict(low=derived[k].low, typical=derived[k].typical, high=derived[k].high))
-                  if k in derived else r) for k, r in sc.ranges.items()}
+    ranges = {
+        k: (
+            r.model_copy(update=dict(low=derived[k].low, typical=derived[k].typical, high=derived[k].high))
+            if k in derived
+            else r
+        )
+        for k, r in sc.ranges.items()
+    }
     return dataclasses.replace(cs, scale={**cs.scale, sc.name: sc.model_copy(update={"ranges": ranges})})
 
 
 def _check(case: StartupCase, cs: ColdStartDB) -> CaseCheck:
     bds = case_breakdowns(case, cs)
     names = case.observed_phases or [p.name for p in bds["typical"].container_phases()]
-    return CaseCheck(case, {lv: compared_seconds(b, case) for lv, b in bds.items()},
-                     {n: bds["typical"].seconds(n) for n in names})
+    return CaseCheck(
+        case, {lv: compared_seconds(b, case) for lv, b in bds.items()}, {n: bds["typical"].seconds(n) for n in names}
+    )
 
 
 @dataclass(frozen=True)
@@ -263,7 +315,7 @@ class HeldOut:
     run: str
     fitted: CaseCheck
     held: CaseCheck
-    moved: dict[str, tuple[float, float]]        # range -> (file's value, held-out value) at the case's level
+    moved: dict[str, tuple[float, float]]  # range -> (file's value, held-out value) at the case's level
 
     @property
     def case(self) -> StartupCase:
@@ -280,21 +332,35 @@ def held_out_checks(cs: ColdStartDB | None = None, by: str = "run") -> list[Held
     out = []
     for case in sc.cases:
         own = runs[case.name]
-        exclude = frozenset(r for r in set(runs.values()) | set(ANYSCALE_RUNS)
-                            if r == own or (by == "publication" and publication(r) == publication(own)))
+        exclude = frozenset(
+            r
+            for r in set(runs.values()) | set(ANYSCALE_RUNS)
+            if r == own or (by == "publication" and publication(r) == publication(own))
+        )
         derived = derive_ranges(exclude, cs)
         lv = case.level
-        moved = {k: (sc.ranges[k].at(lv), getattr(d, lv)) for k, d in derived.items()
-                 if abs(getattr(d, lv) - sc.ranges[k].at(lv)) > 0.01 * max(abs(sc.ranges[k].at(lv)), 1e-12)}
+        moved = {
+            k: (sc.ranges[k].at(lv), getattr(d, lv))
+            for k, d in derived.items()
+            if abs(getattr(d, lv) - sc.ranges[k].at(lv)) > 0.01 * max(abs(sc.ranges[k].at(lv)), 1e-12)
+        }
         out.append(HeldOut(own, _check(case, cs), _check(case, with_ranges(cs, derived)), moved))
     return out
 
 
-_SHORT = {"distributed_init_s_base": "init base", "distributed_init_s_per_rank": "init/rank",
-          "p2p_check_s_per_pair": "P2P/pair", "loader_Bps_per_rank": "loader", "dynamo_multiplier": "Dynamo x",
-          "dynamo_moe_layer_weight": "Dynamo MoE x", "compile_miss_multiplier": "Inductor x",
-          "compile_hit_multiplier": "cache load x", "capture_s_per_graph_layer": "capture/graph-layer",
-          "capture_moe_layer_weight": "capture MoE x", "jit_kernels_s": "JIT"}
+_SHORT = {
+    "distributed_init_s_base": "init base",
+    "distributed_init_s_per_rank": "init/rank",
+    "p2p_check_s_per_pair": "P2P/pair",
+    "loader_Bps_per_rank": "loader",
+    "dynamo_multiplier": "Dynamo x",
+    "dynamo_moe_layer_weight": "Dynamo MoE x",
+    "compile_miss_multiplier": "Inductor x",
+    "compile_hit_multiplier": "cache load x",
+    "capture_s_per_graph_layer": "capture/graph-layer",
+    "capture_moe_layer_weight": "capture MoE x",
+    "jit_kernels_s": "JIT",
+}
 
 
 def _fmt(key: str, v: float) -> str:
@@ -310,17 +376,22 @@ def _fmt(key: str, v: float) -> str:
 def holdout_markdown(held: list[HeldOut], publication_level: list[HeldOut] | None = None) -> str:
     """The docs/operations.md table: each case fitted on all sources vs with its own run held out."""
     pub = {h.case.name: h for h in publication_level or ()}
-    rows = ["| start-up | its run | ranges that move (all sources -> held out) | observed | fitted on all | held out"
-            + (" | publication held out" if pub else "") + " | checked at |",
-            "|---|---|---|---|---|---" + ("|---" if pub else "") + "|---|"]
+    rows = [
+        "| start-up | its run | ranges that move (all sources -> held out) | observed | fitted on all | held out"
+        + (" | publication held out" if pub else "")
+        + " | checked at |",
+        "|---|---|---|---|---|---" + ("|---" if pub else "") + "|---|",
+    ]
 
     def cell(c: CaseCheck) -> str:
         return f"{c.checked_s:.0f} s ({c.error:+.0%})"
+
     for h in held:
         moved = "; ".join(f"{_SHORT.get(k, k)} {_fmt(k, a)} -> {_fmt(k, b)}" for k, (a, b) in h.moved.items()) or "none"
-        rows.append(f"| {h.case.name} | {h.run} | {moved} | {h.case.observed_s:.0f} s | {cell(h.fitted)} | "
-                    f"{cell(h.held)}" + (f" | {cell(pub[h.case.name].held)}" if pub else "")
-                    + f" | {h.case.level} |")
+        rows.append(
+            f"| {h.case.name} | {h.run} | {moved} | {h.case.observed_s:.0f} s | {cell(h.fitted)} | "
+            f"{cell(h.held)}" + (f" | {cell(pub[h.case.name].held)}" if pub else "") + f" | {h.case.level} |"
+        )
     return "\n".join(rows)
 
 

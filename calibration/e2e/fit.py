@@ -17,6 +17,7 @@ Both fits use a robust loss (soft L1 on relative errors) over the rows of
 Run: ``python -m calibration.e2e.fit [--engine vllm]``; it prints the YAML
 lines to put in the engine file and the before/after scores.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,9 +67,12 @@ def fit_engine(backend: str, rows, workers: int | None = None) -> tuple[dict, pd
     ref = counts.index[0]
     on = ok & (gpus == ref)
     if (moe[on] == 0).any() and (moe[on] > 0).any():
-        x, y = _robust(lambda p: (sim[on] + layers[on] * p[0] + moe[on] * p[1] - m[on]) / m[on], [1e-5, 1e-5],
-                       ([0.0, 0.0], [1e-3, 1e-3]))
-    elif (moe[on] > 0).all():   # MoE rows only: every layer's overhead is carried by the MoE term
+        x, y = _robust(
+            lambda p: (sim[on] + layers[on] * p[0] + moe[on] * p[1] - m[on]) / m[on],
+            [1e-5, 1e-5],
+            ([0.0, 0.0], [1e-3, 1e-3]),
+        )
+    elif (moe[on] > 0).all():  # MoE rows only: every layer's overhead is carried by the MoE term
         x, (y,) = 0.0, _robust(lambda p: (sim[on] + moe[on] * p[0] - m[on]) / m[on], [1e-5], ([0.0], [2e-3]))
     else:
         (x,), y = _robust(lambda p: (sim[on] + layers[on] * p[0] - m[on]) / m[on], [1e-5], ([0.0], [1e-3])), 0.0
@@ -80,37 +84,59 @@ def fit_engine(backend: str, rows, workers: int | None = None) -> tuple[dict, pd
             continue
         (sc,) = _robust(lambda p, sel=sel: (sim[sel] + per_layer[sel] * p[0] - m[sel]) / m[sel], [1.0], ([0.2], [5.0]))
         scales[g] = round(float(sc), 3)
-    terms = {engine: {"layer_overhead_s": float(x), "moe_layer_overhead_s": float(y), "frontend_s": 0.0,
-                      "frontend_s_per_token": 0.0, "layer_overhead_scale": scales}}
+    terms = {
+        engine: {
+            "layer_overhead_s": float(x),
+            "moe_layer_overhead_s": float(y),
+            "frontend_s": 0.0,
+            "frontend_s_per_token": 0.0,
+            "layer_overhead_scale": scales,
+        }
+    }
     mid = e2e.predict(fit_rows, workers=workers, terms=terms)
     m, sim = mid["ttft_s"].to_numpy(), mid["ttft_pred_s"].to_numpy()
-    isl = np.array([r.isl for r in fit_rows], dtype=float) * 0.9   # the random dataset's mean prompt
+    isl = np.array([r.isl for r in fit_rows], dtype=float) * 0.9  # the random dataset's mean prompt
     ok = np.isfinite(sim) & plausible
-    a, b = _robust(lambda p: (sim[ok] + p[0] + p[1] * isl[ok] - m[ok]) / m[ok], [0.01, 1e-6],
-                   ([0.0, 0.0], [1.0, 1e-4]))
+    a, b = _robust(lambda p: (sim[ok] + p[0] + p[1] * isl[ok] - m[ok]) / m[ok], [0.01, 1e-6], ([0.0, 0.0], [1.0, 1e-4]))
     terms[engine].update(frontend_s=float(a), frontend_s_per_token=float(b))
     final = e2e.predict(fit_rows, workers=workers, terms=terms)
-    return ({**terms[engine], "reference_gpu": ref},
-            pd.concat([base.assign(stage="before"), final.assign(stage="after")]))
+    return (
+        {**terms[engine], "reference_gpu": ref},
+        pd.concat([base.assign(stage="before"), final.assign(stage="after")]),
+    )
 
 
 ENGINE_FILES = Path(__file__).resolve().parents[2] / "hwdb" / "data" / "engines"
 # GPUs without fitting rows that take another GPU's fitted scale, and why.
-SAME_DIE = {"H100-SXM-80GB": ("H200-SXM-141GB", "as H200: the same GH100 die and clocks, only the HBM differs "
-                              "(NVIDIA H200 datasheet); kernel floors follow the die; no H100 fitting rows")}
+SAME_DIE = {
+    "H100-SXM-80GB": (
+        "H200-SXM-141GB",
+        "as H200: the same GH100 die and clocks, only the HBM differs "
+        "(NVIDIA H200 datasheet); kernel floors follow the die; no H100 fitting rows",
+    )
+}
 # Engines with no measured rows of their own that carry another engine's terms.
-FOLLOWERS = {"vllm-v1": ("vllm-v0", "as vllm-v1 (the same GPU kernels and OpenAI front end; no measured V0 runs "
-                                    "to fit on): see hwdb/data/engines/vllm-v1.yaml")}
+FOLLOWERS = {
+    "vllm-v1": (
+        "vllm-v0",
+        "as vllm-v1 (the same GPU kernels and OpenAI front end; no measured V0 runs "
+        "to fit on): see hwdb/data/engines/vllm-v1.yaml",
+    )
+}
 
 
 def yaml_lines(terms: dict, source: str) -> dict[str, str]:
     """One flow-style YAML line per fitted term of an engine file, each with its source."""
+
     def fig(v: float, src: str) -> str:
-        v = 0.0 if abs(v) < 1e-12 else v      # a bound the robust fit sits on, not a measurement
+        v = 0.0 if abs(v) < 1e-12 else v  # a bound the robust fit sits on, not a measurement
         return f'{{value: {v:.4g}, source: "{src}", empirical: true}}'
+
     out = {k: f"{k}: {fig(terms[k], source)}" for k in TERMS}
-    scales = {g: fig(v, f"fitted on that GPU's fit rows (calibration/e2e/fit.py); {source}")
-              for g, v in sorted(terms["layer_overhead_scale"].items())}
+    scales = {
+        g: fig(v, f"fitted on that GPU's fit rows (calibration/e2e/fit.py); {source}")
+        for g, v in sorted(terms["layer_overhead_scale"].items())
+    }
     for gpu, (ref, why) in SAME_DIE.items():
         if gpu not in scales and ref in terms["layer_overhead_scale"]:
             scales[gpu] = fig(terms["layer_overhead_scale"][ref], why)
@@ -144,10 +170,12 @@ def main(argv=None) -> int:
         terms, df = fit_engine(backend, rows, args.workers)
         n = int((df["stage"] == "after").sum())
         fams = sorted({r.model.split("/")[-1] for r in rows if r.backend == backend and e2e.split(r) == "fit"})
-        source = (f"end-to-end fit (python -m calibration.e2e.fit --engine {backend}) on {n} distinct rows of the "
-                  f"'fit' families of ../shared/data/e2e/serving_measurements.csv ({', '.join(fams)}); per-layer "
-                  f"terms on the {terms['reference_gpu']} rows, other GPUs' scales on their own; "
-                  "docs/validation/e2e.md")
+        source = (
+            f"end-to-end fit (python -m calibration.e2e.fit --engine {backend}) on {n} distinct rows of the "
+            f"'fit' families of ../shared/data/e2e/serving_measurements.csv ({', '.join(fams)}); per-layer "
+            f"terms on the {terms['reference_gpu']} rows, other GPUs' scales on their own; "
+            "docs/validation/e2e.md"
+        )
         lines = yaml_lines(terms, source)
         print(f"# {ENGINES[backend]}: fitted on {n} rows of the 'fit' split (calibration/e2e/fit.py)")
         for line in lines.values():
@@ -161,8 +189,10 @@ def main(argv=None) -> int:
                 write_terms(ENGINE_FILES / f"{name}.yaml", yaml_lines(terms, why))
                 print(f"  wrote {ENGINE_FILES / f'{name}.yaml'} ({why})")
         for stage, g in df.groupby("stage"):
-            print(f"  {stage}: TTFT MAPE {g['ttft_err'].abs().mean():.1%} bias {g['ttft_err'].mean():+.1%}; "
-                  f"TPOT MAPE {g['tpot_err'].abs().mean():.1%} bias {g['tpot_err'].mean():+.1%}")
+            print(
+                f"  {stage}: TTFT MAPE {g['ttft_err'].abs().mean():.1%} bias {g['ttft_err'].mean():+.1%}; "
+                f"TPOT MAPE {g['tpot_err'].abs().mean():.1%} bias {g['tpot_err'].mean():+.1%}"
+            )
     return 0
 
 

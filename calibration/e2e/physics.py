@@ -14,6 +14,7 @@ the simulator built for it (:func:`beyond_hardware`):
 
 Lengths are the benchmark client's means (uniform on [0.8 L, L]: 0.9 L).
 """
+
 from __future__ import annotations
 
 from calibration.e2e.rows import RANGE_RATIO, Row
@@ -38,12 +39,16 @@ def beyond_hardware(row: Row, dep, step) -> str:
     peak = dep.gpus * dep.gpu.flops(dense)
     need = row.concurrency * flops / cycle / peak
     if need > PEAK_FRACTION:
-        return (f"measured run beyond the hardware: its request rate needs {need:.0%} of the {dep.gpus} GPUs' "
-                f"{dense} dense peak (at most {PEAK_FRACTION:.0%} is reachable)")
+        return (
+            f"measured run beyond the hardware: its request rate needs {need:.0%} of the {dep.gpus} GPUs' "
+            f"{dense} dense peak (at most {PEAK_FRACTION:.0%} is reachable)"
+        )
     decoding = row.concurrency * (mean_out - 1.0) * row.tpot_s / cycle
     per_rank = max(1.0, decoding / dep.dp)
     floor = step.streamed_weight_bytes(int(round(per_rank))) / step.peak_bw
     if row.tpot_s < floor:
-        return (f"measured run beyond the hardware: TPOT {row.tpot_s * 1e3:.2f} ms is below {floor * 1e3:.2f} ms, one "
-                f"read of the weights a step touches at the HBM's full bandwidth")
+        return (
+            f"measured run beyond the hardware: TPOT {row.tpot_s * 1e3:.2f} ms is below {floor * 1e3:.2f} ms, one "
+            f"read of the weights a step touches at the HBM's full bandwidth"
+        )
     return ""

@@ -8,6 +8,7 @@ turns a row the simulator can express into a scenario dict, and says in one
 short phrase why it cannot for the others (the reasons are counted, never
 dropped silently).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,8 +20,14 @@ from pathlib import Path
 DEFAULT_TABLE = Path(__file__).resolve().parents[3] / "shared" / "data" / "e2e" / "serving_measurements.csv"
 
 # The table's system names and the hwdb GPU entries they are (aliases resolve the rest).
-SYSTEMS = {"h100_sxm": "H100-SXM-80GB", "h200_sxm": "H200-SXM-141GB", "b200_sxm": "B200-SXM-180GB",
-           "gb200": "GB200", "b300_sxm": "B300-SXM", "gb300": "GB300"}
+SYSTEMS = {
+    "h100_sxm": "H100-SXM-80GB",
+    "h200_sxm": "H200-SXM-141GB",
+    "b200_sxm": "B200-SXM-180GB",
+    "gb200": "GB200",
+    "b300_sxm": "B300-SXM",
+    "gb300": "GB300",
+}
 ENGINES = {"vllm": "vllm-v1", "sglang": "sglang", "trtllm": "trtllm"}
 # Weight formats: fp8_block is DeepSeek-style 128x128 block scaling (fp8 tensor cores, scales
 # negligible in bytes); nvfp4 is 4-bit with an fp8 scale per 16 weights; int4_wo is weight-only
@@ -66,8 +73,10 @@ class Row:
     def subset(self) -> str:
         """The validation subset: engine x GPU x model x precision x TP."""
         quant = self.quant if self.quant in QUANT else self.precision
+
         def lay(tp, dp, ep):
             return f"tp{tp}" + (f" dp{dp}" if dp > 1 else "") + (f" ep{ep}" if ep > 1 else "")
+
         if self.sides:
             (pw, ptp, pdp, _, pep), (dw, dtp, ddp, _, dep) = self.sides
             layout = f"PD {pw}x({lay(ptp, pdp, pep)}) + {dw}x({lay(dtp, ddp, dep)})"
@@ -80,9 +89,26 @@ def _int(x, default: int = 1) -> int:
     return default if x is None or (isinstance(x, float) and math.isnan(x)) else int(x)
 
 
-COLUMNS = ("id", "backend", "backend_version", "model_path", "system", "precision", "mode", "isl", "osl",
-           "gemm_quant_mode", "batch_size", "tp_size", "pp_size", "attention_dp_size", "moe_tp_size",
-           "moe_ep_size", "silicon_ttft_ms", "silicon_tpot_ms")
+COLUMNS = (
+    "id",
+    "backend",
+    "backend_version",
+    "model_path",
+    "system",
+    "precision",
+    "mode",
+    "isl",
+    "osl",
+    "gemm_quant_mode",
+    "batch_size",
+    "tp_size",
+    "pp_size",
+    "attention_dp_size",
+    "moe_tp_size",
+    "moe_ep_size",
+    "silicon_ttft_ms",
+    "silicon_tpot_ms",
+)
 
 
 class TableError(ValueError):
@@ -97,16 +123,21 @@ def load_rows(path: str | Path = DEFAULT_TABLE) -> list[Row]:
     listings, so that no measurement weighs double in a score.  ``concurrency`` is the client's total:
     the table's ``batch_size`` is per attention data-parallel rank."""
     import pandas as pd  # noqa: PLC0415 - heavy (pandas): the CLI starts without it
+
     try:
         df = pd.read_csv(path, dtype={"backend_version": str})
     except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError, OSError) as exc:
-        raise TableError(f"{path}: not a readable CSV measurement table ({type(exc).__name__}: "
-                         f"{str(exc)[:120]}); give ../shared/data/e2e/serving_measurements.csv or a CSV "
-                         f"with its columns") from None
+        raise TableError(
+            f"{path}: not a readable CSV measurement table ({type(exc).__name__}: "
+            f"{str(exc)[:120]}); give ../shared/data/e2e/serving_measurements.csv or a CSV "
+            f"with its columns"
+        ) from None
     missing = [c for c in COLUMNS if c not in df.columns]
     if missing:
-        raise TableError(f"{path}: lacks the column(s) {', '.join(missing)} of a serving measurement table "
-                         f"(../shared/data/e2e/README.md lists them)")
+        raise TableError(
+            f"{path}: lacks the column(s) {', '.join(missing)} of a serving measurement table "
+            f"(../shared/data/e2e/README.md lists them)"
+        )
     for c in ("isl", "osl", "batch_size", "tp_size", "silicon_ttft_ms", "silicon_tpot_ms"):
         if not pd.api.types.is_numeric_dtype(df[c]):
             raise TableError(f"{path}: column {c} must hold numbers (found e.g. {df[c].iloc[0]!r})")
@@ -114,15 +145,27 @@ def load_rows(path: str | Path = DEFAULT_TABLE) -> list[Row]:
     for r in df.itertuples(index=False):
         dp = _int(r.attention_dp_size)
         row = Row(
-            id=str(r.id), backend=str(r.backend), version=str(r.backend_version), model=str(r.model_path),
-            system=str(r.system), quant=str(r.gemm_quant_mode), precision=str(r.precision), isl=_int(r.isl),
+            id=str(r.id),
+            backend=str(r.backend),
+            version=str(r.backend_version),
+            model=str(r.model_path),
+            system=str(r.system),
+            quant=str(r.gemm_quant_mode),
+            precision=str(r.precision),
+            isl=_int(r.isl),
             osl=_int(r.osl),
             # batch_size is per attention data-parallel rank: the client ran batch_size x dp users (vLLM
             # MiniMax-M2.5 on B200: tp2 dp2 at 64 measures what tp2 measures at 128, 28.0 vs 27.9 ms TPOT).
-            concurrency=_int(r.batch_size) * dp, tp=_int(r.tp_size), pp=_int(r.pp_size),
-            dp=dp, moe_tp=_int(r.moe_tp_size), moe_ep=_int(r.moe_ep_size),
-            ttft_s=float(r.silicon_ttft_ms) / 1e3, tpot_s=float(r.silicon_tpot_ms) / 1e3,
-            disagg=str(r.mode) == "disagg")
+            concurrency=_int(r.batch_size) * dp,
+            tp=_int(r.tp_size),
+            pp=_int(r.pp_size),
+            dp=dp,
+            moe_tp=_int(r.moe_tp_size),
+            moe_ep=_int(r.moe_ep_size),
+            ttft_s=float(r.silicon_ttft_ms) / 1e3,
+            tpot_s=float(r.silicon_tpot_ms) / 1e3,
+            disagg=str(r.mode) == "disagg",
+        )
         row = as_launched(row)
         if row.disagg:
             row = _disagg(row, r)
@@ -132,8 +175,19 @@ def load_rows(path: str | Path = DEFAULT_TABLE) -> list[Row]:
             # The same run is also listed under other layout encodings with identical figures (SGLang
             # Qwen3.5-397B: tp4 ep4 again as tp16 with moe 4x4): the layout is not in the key, and the
             # listing on the fewest GPUs is kept.
-            key = (row.backend, row.version, row.model, row.system, row.quant, row.precision, row.isl, row.osl,
-                   row.concurrency, r.silicon_ttft_ms, r.silicon_tpot_ms)
+            key = (
+                row.backend,
+                row.version,
+                row.model,
+                row.system,
+                row.quant,
+                row.precision,
+                row.isl,
+                row.osl,
+                row.concurrency,
+                r.silicon_ttft_ms,
+                r.silicon_tpot_ms,
+            )
         old = rows.get(key)
         rows[key] = row if old is None else kept_copy(old, row)
     return merge_rounded_copies(list(rows.values()))
@@ -148,8 +202,9 @@ def load_rows(path: str | Path = DEFAULT_TABLE) -> list[Row]:
 # vLLM scripts for B200 and H200 (SemiAnalysisAI/InferenceX benchmarks/single_node/kimik2.5_{fp4,int4}_
 # {b200,h200}.sh, March to August 2026) give `vllm serve` --tensor-parallel-size alone, so a config's
 # "ep: 4" ran its experts tensor-parallel.
-TP_ONLY_LAUNCHES = frozenset({("vllm", "moonshotai/Kimi-K2.5", "b200_sxm"),
-                              ("vllm", "moonshotai/Kimi-K2.5", "h200_sxm")})
+TP_ONLY_LAUNCHES = frozenset(
+    {("vllm", "moonshotai/Kimi-K2.5", "b200_sxm"), ("vllm", "moonshotai/Kimi-K2.5", "h200_sxm")}
+)
 
 
 def as_launched(row: Row) -> Row:
@@ -183,12 +238,25 @@ def merge_rounded_copies(rows: list[Row]) -> list[Row]:
     groups: dict[tuple, list[int]] = {}
     out: list[Row | None] = list(rows)
     for i, r in enumerate(rows):
-        key = (r.backend, r.version, r.model, r.system, r.quant, r.precision, r.isl, r.osl, r.concurrency,
-               r.disagg, r.sides)
+        key = (
+            r.backend,
+            r.version,
+            r.model,
+            r.system,
+            r.quant,
+            r.precision,
+            r.isl,
+            r.osl,
+            r.concurrency,
+            r.disagg,
+            r.sides,
+        )
         for j in groups.setdefault(key, []):
             o = out[j]
-            if o is not None and (abs(o.ttft_s - r.ttft_s) <= SAME_FIGURES * o.ttft_s
-                                  and abs(o.tpot_s - r.tpot_s) <= SAME_FIGURES * o.tpot_s):
+            if o is not None and (
+                abs(o.ttft_s - r.ttft_s) <= SAME_FIGURES * o.ttft_s
+                and abs(o.tpot_s - r.tpot_s) <= SAME_FIGURES * o.tpot_s
+            ):
                 out[j], out[i] = kept_copy(o, r), None
                 break
         else:
@@ -202,9 +270,16 @@ def _disagg(row: Row, r) -> Row:
     the decode side's batch being per rank), else that product."""
     if any(_int(getattr(r, f"{side}_num_workers"), 0) < 1 for side in ("prefill", "decode")):
         return row
-    sides = tuple((_int(getattr(r, f"{side}_num_workers")), _int(getattr(r, f"{side}_tp_size")),
-                   _int(getattr(r, f"{side}_attention_dp_size")), _int(getattr(r, f"{side}_moe_tp_size")),
-                   _int(getattr(r, f"{side}_moe_ep_size"))) for side in ("prefill", "decode"))
+    sides = tuple(
+        (
+            _int(getattr(r, f"{side}_num_workers")),
+            _int(getattr(r, f"{side}_tp_size")),
+            _int(getattr(r, f"{side}_attention_dp_size")),
+            _int(getattr(r, f"{side}_moe_tp_size")),
+            _int(getattr(r, f"{side}_moe_ep_size")),
+        )
+        for side in ("prefill", "decode")
+    )
     m = re.search(r"silicon_concurrency=(\d+)", str(r.silicon_data_source))
     conc = int(m.group(1)) if m else _int(r.decode_batch_size, 0) * sides[1][0] * sides[1][2]
     return dataclasses.replace(row, sides=sides, concurrency=conc)
@@ -237,8 +312,11 @@ def why_not(row: Row, db) -> str:
     except Exception:  # noqa: BLE001 - whatever the hwdb raises for a model it lacks, the row is reported, not fatal
         return f"model {row.model.split('/')[-1]} not in hwdb"
     gpu = db.gpu(SYSTEMS[row.system])
-    for where, (_, tp, dp, moe_tp, moe_ep) in (zip((" (prefill)", " (decode)"), row.sides, strict=True) if row.disagg
-                                                else [("", (1, row.tp, row.dp, row.moe_tp, row.moe_ep))]):
+    for where, (_, tp, dp, moe_tp, moe_ep) in (
+        zip((" (prefill)", " (decode)"), row.sides, strict=True)
+        if row.disagg
+        else [("", (1, row.tp, row.dp, row.moe_tp, row.moe_ep))]
+    ):
         why = _layout_why(tp, dp, moe_tp, moe_ep, arch, gpu, where)
         if why:
             return why
@@ -265,8 +343,10 @@ def admission_anomaly(row: Row, kv_tokens: int, max_num_seqs: int) -> str:
     decoding = row.concurrency * (row.osl - 1) * row.tpot_s / cycle
     room = min(row.concurrency, max_num_seqs, kv_tokens // max(1, row.isl + row.osl))
     if decoding < 0.5 * row.concurrency and decoding < 0.5 * room:
-        return (f"measured run its settings cannot produce: {decoding:.0f} of {row.concurrency} users decoding on "
-                f"average (Little's law) where the engine has room for {room}")
+        return (
+            f"measured run its settings cannot produce: {decoding:.0f} of {row.concurrency} users decoding on "
+            f"average (Little's law) where the engine has room for {room}"
+        )
     return ""
 
 
@@ -330,8 +410,14 @@ def sglang_recv_interval(row: Row) -> int:
     return 1
 
 
-def to_scenario(row: Row, db, requests_per_client: int, client: dict, range_ratio: float = RANGE_RATIO,
-                kv_mode: str = "quantised-fp8") -> dict:
+def to_scenario(
+    row: Row,
+    db,
+    requests_per_client: int,
+    client: dict,
+    range_ratio: float = RANGE_RATIO,
+    kv_mode: str = "quantised-fp8",
+) -> dict:
     """A scenario dict that replays ``row`` (only call when :func:`why_not` is '')."""
     dtype = dtype_of(row, db)
     # "quantised-fp8": the capacity-bound Llama-3.1-70B fp8 TP1 fitting rows (C=64, 9k-token requests) fit
@@ -344,13 +430,25 @@ def to_scenario(row: Row, db, requests_per_client: int, client: dict, range_rati
     return {
         "name": row.id,
         "model": row.model,
-        "pools": [{"name": "main", "gpu": SYSTEMS[row.system], "tp": row.tp, "pp": row.pp, "dp": row.dp,
-                   "ep": row.moe_ep if db.model(row.model).arch.is_moe else 1, "dtype": dtype,
-                   "kv_cache_dtype": kv, "engine": engine_of(row)}],
-        "workload": {"arrival": {"kind": "closed", "concurrency": row.concurrency, **client},
-                     "input_length": _spread(row.isl, range_ratio),
-                     "output_length": _spread(row.osl, range_ratio),
-                     "num_requests": n},
+        "pools": [
+            {
+                "name": "main",
+                "gpu": SYSTEMS[row.system],
+                "tp": row.tp,
+                "pp": row.pp,
+                "dp": row.dp,
+                "ep": row.moe_ep if db.model(row.model).arch.is_moe else 1,
+                "dtype": dtype,
+                "kv_cache_dtype": kv,
+                "engine": engine_of(row),
+            }
+        ],
+        "workload": {
+            "arrival": {"kind": "closed", "concurrency": row.concurrency, **client},
+            "input_length": _spread(row.isl, range_ratio),
+            "output_length": _spread(row.osl, range_ratio),
+            "num_requests": n,
+        },
     }
 
 
@@ -362,16 +460,34 @@ def _pd_scenario(row: Row, db, dtype: str, kv: str, n: int, client: dict, range_
     moe = db.model(row.model).arch.is_moe
     pools, total = [], 0
     for role, (workers, tp, dp, _, moe_ep) in zip(("prefill", "decode"), row.sides, strict=True):
-        pools.append({"name": role, "role": role, "gpu": SYSTEMS[row.system], "tp": tp, "dp": dp,
-                      "ep": moe_ep if moe else 1, "instances": workers, "dtype": dtype, "kv_cache_dtype": kv,
-                      "engine": engine_of(row)})
+        pools.append(
+            {
+                "name": role,
+                "role": role,
+                "gpu": SYSTEMS[row.system],
+                "tp": tp,
+                "dp": dp,
+                "ep": moe_ep if moe else 1,
+                "instances": workers,
+                "dtype": dtype,
+                "kv_cache_dtype": kv,
+                "engine": engine_of(row),
+            }
+        )
         total += workers * tp * dp
     return {
-        "name": row.id, "model": row.model, "pools": pools,
-        "kv_transfer": {"connector": "nixl", "flow": "sglang" if row.backend == "sglang" else "vllm",
-                        "same_node": total <= gpu.gpus_per_node},
-        "workload": {"arrival": {"kind": "closed", "concurrency": row.concurrency, **client},
-                     "input_length": _spread(row.isl, range_ratio),
-                     "output_length": _spread(row.osl, range_ratio),
-                     "num_requests": n},
+        "name": row.id,
+        "model": row.model,
+        "pools": pools,
+        "kv_transfer": {
+            "connector": "nixl",
+            "flow": "sglang" if row.backend == "sglang" else "vllm",
+            "same_node": total <= gpu.gpus_per_node,
+        },
+        "workload": {
+            "arrival": {"kind": "closed", "concurrency": row.concurrency, **client},
+            "input_length": _spread(row.isl, range_ratio),
+            "output_length": _spread(row.osl, range_ratio),
+            "num_requests": n,
+        },
     }

@@ -9,6 +9,7 @@ signed bias per subset.  Rows are split into a fitting part and a held-out
 part by :func:`split` (by model family), so that any end-to-end parameter is
 fitted on one part and reported on the other.
 """
+
 from __future__ import annotations
 
 import os
@@ -45,8 +46,15 @@ def split(row: Row) -> str:
 
 
 def _predict_one(row: Row, db, client: dict, requests_per_client: int, kv_mode: str = "quantised-fp8") -> dict:
-    rec = {**asdict(row), "subset": row.subset, "split": split(row), "reason": why_not(row, db),
-           "excluded": "", "ttft_pred_s": np.nan, "tpot_pred_s": np.nan}
+    rec = {
+        **asdict(row),
+        "subset": row.subset,
+        "split": split(row),
+        "reason": why_not(row, db),
+        "excluded": "",
+        "ttft_pred_s": np.nan,
+        "tpot_pred_s": np.nan,
+    }
     if rec["reason"]:
         return rec
     t0 = time.perf_counter()
@@ -63,13 +71,16 @@ def _predict_one(row: Row, db, client: dict, requests_per_client: int, kv_mode: 
     # The batch a client waits on is the decode side's (the only pool of a colocated run).
     ranks = last.dep.dp * last.pool.instances
     rec["kv_dtype"] = last.dep.kv_dtype
-    rec["excluded"] = (speculative(row) or beyond_hardware(row, last.dep, last.step)
-                       or admission_anomaly(row, last.memory.kv_tokens * ranks, last.dep.knobs.max_num_seqs * ranks))
+    rec["excluded"] = (
+        speculative(row)
+        or beyond_hardware(row, last.dep, last.step)
+        or admission_anomaly(row, last.memory.kv_tokens * ranks, last.dep.knobs.max_num_seqs * ranks)
+    )
     req = res.requests
     done = req[(req["outcome"] == "completed") & ~req.get("warmup", False)]
     ids = done["request_id"].to_numpy()
     wave = np.ones(len(ids), dtype=int)
-    wave[ids >= (k - 1) * row.concurrency] = 2         # the last wave (the run drains)
+    wave[ids >= (k - 1) * row.concurrency] = 2  # the last wave (the run drains)
     wave[ids < row.concurrency] = 0
     for col in ("ttft_s", "tpot_s"):
         rec[col.replace("_s", "_pred_s")] = benchmark_mean(done[col].to_numpy(), wave, requests_per_client)
@@ -87,8 +98,10 @@ SHORT_RUN = 3
 
 def _cheap(row: Row, requests_per_client: int) -> bool:
     ranks = sum(w * dp for w, _, dp, _, _ in row.sides) if row.sides else row.dp
-    return (requests_per_client * row.osl * ranks <= RANK_STEP_BUDGET
-            and requests_per_client * row.concurrency <= 10 * RANK_STEP_BUDGET / 1000)
+    return (
+        requests_per_client * row.osl * ranks <= RANK_STEP_BUDGET
+        and requests_per_client * row.concurrency <= 10 * RANK_STEP_BUDGET / 1000
+    )
 
 
 def benchmark_mean(values: np.ndarray, wave: np.ndarray, requests_per_client: int) -> float:
@@ -113,10 +126,15 @@ def with_engine_terms(db, terms: dict[str, dict[str, float]]):
     """``db`` with engine profiles' end-to-end terms replaced: ``{engine: {field: seconds}}``."""
     for name, fields in terms.items():
         eng = db.engine(name)
+
         def fig(v):
             return Figure(value=v, source="trial value of calibration/e2e/fit.py", empirical=True)
-        db.engines[eng.name] = eng.model_copy(update={
-            k: ({g: fig(x) for g, x in v.items()} if isinstance(v, dict) else fig(v)) for k, v in fields.items()})
+
+        db.engines[eng.name] = eng.model_copy(
+            update={
+                k: ({g: fig(x) for g, x in v.items()} if isinstance(v, dict) else fig(v)) for k, v in fields.items()
+            }
+        )
     return db
 
 
@@ -129,9 +147,15 @@ def _work(args) -> dict:
     return _predict_one(row, _WORKER["db"], client, rpc, kv_mode)
 
 
-def predict(rows: list[Row], client: dict | None = None, workers: int | None = None,
-            requests_per_client: int = REQUESTS_PER_CLIENT, hwdb_dirs: tuple[str, ...] = (),
-            terms: dict | None = None, kv_mode: str = "quantised-fp8") -> pd.DataFrame:
+def predict(
+    rows: list[Row],
+    client: dict | None = None,
+    workers: int | None = None,
+    requests_per_client: int = REQUESTS_PER_CLIENT,
+    hwdb_dirs: tuple[str, ...] = (),
+    terms: dict | None = None,
+    kv_mode: str = "quantised-fp8",
+) -> pd.DataFrame:
     """One record per row: measured and predicted mean TTFT/TPOT (s), subset, split, reason.
 
     ``client``: extra fields of the closed-loop arrival (the benchmark client model); ``workers``:
@@ -159,16 +183,18 @@ def score(df: pd.DataFrame, by: list[str] | None = None, min_rows: int = 1) -> p
     by = by or ["split", "subset"]
     ok = scored(df)
     g = ok.groupby(by, sort=True)
-    out = pd.DataFrame({
-        "rows": g.size(),
-        "ttft_mape": g["ttft_err"].apply(lambda e: float(np.mean(np.abs(e)))),
-        "ttft_bias": g["ttft_err"].mean(),
-        "tpot_mape": g["tpot_err"].apply(lambda e: float(np.mean(np.abs(e)))),
-        "tpot_bias": g["tpot_err"].mean(),
-        # Medians of |error|: what a typical row sees, beside the MAPE that a few outlying runs can dominate.
-        "ttft_mdape": g["ttft_err"].apply(lambda e: float(np.median(np.abs(e)))),
-        "tpot_mdape": g["tpot_err"].apply(lambda e: float(np.median(np.abs(e)))),
-    }).reset_index()
+    out = pd.DataFrame(
+        {
+            "rows": g.size(),
+            "ttft_mape": g["ttft_err"].apply(lambda e: float(np.mean(np.abs(e)))),
+            "ttft_bias": g["ttft_err"].mean(),
+            "tpot_mape": g["tpot_err"].apply(lambda e: float(np.mean(np.abs(e)))),
+            "tpot_bias": g["tpot_err"].mean(),
+            # Medians of |error|: what a typical row sees, beside the MAPE that a few outlying runs can dominate.
+            "ttft_mdape": g["ttft_err"].apply(lambda e: float(np.median(np.abs(e)))),
+            "tpot_mdape": g["tpot_err"].apply(lambda e: float(np.median(np.abs(e)))),
+        }
+    ).reset_index()
     return out[out["rows"] >= min_rows]
 
 
@@ -198,6 +224,18 @@ def reasons(df: pd.DataFrame) -> pd.DataFrame:
 def worst(df: pd.DataFrame, n: int = 15) -> pd.DataFrame:
     ok = scored(df).copy()
     ok["worst"] = np.maximum(ok["ttft_err"].abs(), ok["tpot_err"].abs())
-    cols = ["id", "split", "subset", "isl", "osl", "concurrency", "ttft_s", "ttft_pred_s", "tpot_s",
-            "tpot_pred_s", "ttft_err", "tpot_err"]
+    cols = [
+        "id",
+        "split",
+        "subset",
+        "isl",
+        "osl",
+        "concurrency",
+        "ttft_s",
+        "ttft_pred_s",
+        "tpot_s",
+        "tpot_pred_s",
+        "ttft_err",
+        "tpot_err",
+    ]
     return ok.sort_values("worst", ascending=False)[cols].head(n)

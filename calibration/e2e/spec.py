@@ -15,6 +15,7 @@ configurations as the campaigns launched them by::
 
     python -m calibration.e2e.spec --master 2026_03_25=nvidia-master.yaml@12ba0ae --master 2026_04_06=... --write
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,14 @@ from simulator.inputs import read_yaml
 
 REGIONS = Path(__file__).resolve().parents[2] / "hwdb" / "data" / "validation" / "speculative_runs.yaml"
 # InferenceX's model-prefix -> a name the table's model path contains (case-insensitive)
-MODELS = {"dsr1": "deepseek-r1", "qwen3.5": "qwen3.5", "glm5": "glm-5", "kimik2.5": "kimi-k2.5",
-          "gptoss": "gpt-oss", "minimaxm2.5": "minimax-m2.5"}
+MODELS = {
+    "dsr1": "deepseek-r1",
+    "qwen3.5": "qwen3.5",
+    "glm5": "glm-5",
+    "kimik2.5": "kimi-k2.5",
+    "gptoss": "gpt-oss",
+    "minimaxm2.5": "minimax-m2.5",
+}
 PRECISIONS = {"fp8": "fp8", "fp8_block": "fp8", "nvfp4": "fp4", "int4_wo": "int4", "bf16": "bf16"}
 FRAMEWORKS = {"sglang": "sglang", "trt": "trtllm", "vllm": "vllm"}
 KEY = ("model", "system", "precision", "backend", "isl", "osl", "tp", "ep", "dp_attention")
@@ -44,11 +51,19 @@ def search_space(master: dict) -> list[dict]:
         for seq in cfg.get("seq-len-configs", []):
             for s in seq.get("search-space", []):
                 c, hi = int(s["conc-start"]), int(s["conc-end"])
-                base = {"model": cfg["model-prefix"], "system": cfg["runner"], "precision": cfg["precision"],
-                        "backend": FRAMEWORKS.get(cfg["framework"], cfg["framework"]), "isl": seq["isl"],
-                        "osl": seq["osl"], "tp": int(s["tp"]), "ep": int(s.get("ep", 1)),
-                        "dp_attention": bool(s.get("dp-attn", False)), "mtp": s.get("spec-decoding") == "mtp"}
-                while c <= hi:          # the benchmark doubles the users from conc-start to conc-end
+                base = {
+                    "model": cfg["model-prefix"],
+                    "system": cfg["runner"],
+                    "precision": cfg["precision"],
+                    "backend": FRAMEWORKS.get(cfg["framework"], cfg["framework"]),
+                    "isl": seq["isl"],
+                    "osl": seq["osl"],
+                    "tp": int(s["tp"]),
+                    "ep": int(s.get("ep", 1)),
+                    "dp_attention": bool(s.get("dp-attn", False)),
+                    "mtp": s.get("spec-decoding") == "mtp",
+                }
+                while c <= hi:  # the benchmark doubles the users from conc-start to conc-end
                     out.append({**base, "concurrency": c})
                     c *= 2
     return out
@@ -80,18 +95,32 @@ def speculative(row: Row, table: tuple[dict, ...] | None = None) -> str:
     precision = PRECISIONS.get(row.quant, row.quant)
     model = row.model.lower()
     for g in regions() if table is None else table:
-        if (row.id.startswith(g["campaign"]) and MODELS[g["model"]] in model and g["system"] == system
-                and g["precision"] == precision and g["backend"] == row.backend and g["isl"] == row.isl
-                and g["osl"] == row.osl and g["tp"] == row.tp and g["ep"] == row.moe_ep
-                and g["dp_attention"] == (row.dp > 1) and row.concurrency in g["concurrency"]):
+        if (
+            row.id.startswith(g["campaign"])
+            and MODELS[g["model"]] in model
+            and g["system"] == system
+            and g["precision"] == precision
+            and g["backend"] == row.backend
+            and g["isl"] == row.isl
+            and g["osl"] == row.osl
+            and g["tp"] == row.tp
+            and g["ep"] == row.moe_ep
+            and g["dp_attention"] == (row.dp > 1)
+            and row.concurrency in g["concurrency"]
+        ):
             return "speculative decoding: the campaign ran this layout only with MTP, which is not modelled"
     return ""
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--master", action="append", required=True, metavar="CAMPAIGN=PATH[@COMMIT]",
-                    help="a campaign's date prefix and the master configuration it launched with")
+    ap.add_argument(
+        "--master",
+        action="append",
+        required=True,
+        metavar="CAMPAIGN=PATH[@COMMIT]",
+        help="a campaign's date prefix and the master configuration it launched with",
+    )
     ap.add_argument("--write", action="store_true", help=f"write {REGIONS.relative_to(REGIONS.parents[3])}")
     args = ap.parse_args(argv)
     out, sources = [], []
@@ -102,13 +131,20 @@ def main(argv=None) -> int:
         out += [{"campaign": campaign, **g} for g in found]
         sources.append(f"{campaign}: InferenceX .github/configs/nvidia-master.yaml at {commit or path}")
         print(f"{campaign}: {len(found)} layouts run only with MTP")
-    doc = {"source": "; ".join(sources) + " (search-space entries with spec-decoding: mtp that no plain entry "
-                     "covers; python -m calibration.e2e.spec)", "regions": out}
-    text = yaml.safe_dump({"source": doc["source"]}, width=120) + "regions:\n" + "".join(
-        "- " + yaml.safe_dump(g, sort_keys=False, width=400, default_flow_style=True) for g in out)
+    doc = {
+        "source": "; ".join(sources) + " (search-space entries with spec-decoding: mtp that no plain entry "
+        "covers; python -m calibration.e2e.spec)",
+        "regions": out,
+    }
+    text = (
+        yaml.safe_dump({"source": doc["source"]}, width=120)
+        + "regions:\n"
+        + "".join("- " + yaml.safe_dump(g, sort_keys=False, width=400, default_flow_style=True) for g in out)
+    )
     if args.write:
-        REGIONS.write_text("# Generated by `python -m calibration.e2e.spec --write`; rerun it rather than editing.\n"
-                           + text)
+        REGIONS.write_text(
+            "# Generated by `python -m calibration.e2e.spec --write`; rerun it rather than editing.\n" + text
+        )
     else:
         print(text)
     return 0

@@ -74,6 +74,7 @@ Modules
     them together (:func:`fit_bundle`) and holds the command (:func:`cmd_fit`).  Import a name from
     the module that defines it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -103,21 +104,30 @@ from calibration.harness.env import server_cores, with_server_cores
 
 # ============================================================================ a bundle, end to end
 
+
 def deployment(db: hwdb.HardwareDB, gpu: str, model: hwdb.ModelEntry, setup: EngineSetup):
     """The simulator's Deployment for a bundle's server (raises FitInputError on a bad setup)."""
     from simulator.scenario import EngineConfig, PoolConfig, ScenarioError, deployment_for  # noqa: PLC0415 - listed in tests/test_import_structure.py
+
     try:
-        pool = PoolConfig(gpu=gpu, tp=setup.tp, pp=setup.pp, dtype=setup.dtype,
-                          engine=EngineConfig(**setup.engine_config()))
+        pool = PoolConfig(
+            gpu=gpu, tp=setup.tp, pp=setup.pp, dtype=setup.dtype, engine=EngineConfig(**setup.engine_config())
+        )
         dep = deployment_for(pool, model, db)
     except (ScenarioError, ValueError) as exc:
         raise FitInputError(f"the bundle's server configuration cannot be simulated: {exc}") from None
     return dataclasses.replace(dep, profile=None)
 
 
-def fit_bundle(path: str | Path, *, gpu: str | None = None, model: str | None = None,
-               hwdb_dirs: tuple[str, ...] = (), overrides: dict | None = None,
-               free: tuple[str, ...] | None = None) -> BundleFit:
+def fit_bundle(
+    path: str | Path,
+    *,
+    gpu: str | None = None,
+    model: str | None = None,
+    hwdb_dirs: tuple[str, ...] = (),
+    overrides: dict | None = None,
+    free: tuple[str, ...] | None = None,
+) -> BundleFit:
     """Fit a profile to a bundle's prefill and decode sweeps (nothing is written)."""
     b = open_bundle(path)
     try:
@@ -127,8 +137,9 @@ def fit_bundle(path: str | Path, *, gpu: str | None = None, model: str | None = 
     gname = target_gpu(b, gpu, db)
     g = db.gpu(gname)
     host = None
-    if gname == CPU_GPU:   # the shipped entry describes one Xeon VM: derive another host's peaks
+    if gname == CPU_GPU:  # the shipped entry describes one Xeon VM: derive another host's peaks
         from calibration.fit.host import host_check  # noqa: PLC0415 - listed in tests/test_import_structure.py
+
         # the peak counts the server's cores: under --pin both lists, not the harness's own CPU
         derived, host = host_check(with_server_cores(b.manifest), g, explicit_gpu=gpu is not None)
         host["cores"], host["cores_basis"] = server_cores(b.manifest)
@@ -142,25 +153,35 @@ def fit_bundle(path: str | Path, *, gpu: str | None = None, model: str | None = 
     kinds = {p.kind for p in points}
     missing = [k for k in ("prefill", "decode") if k not in kinds]
     if missing:
-        raise FitInputError(f"{b.path}: nothing to fit the {' and '.join(missing)} time to: the bundle has no "
-                            f"completed {' or '.join(missing)} sweep. Measure one with `epdsim calibrate run "
-                            f"--out {b.path} --resume` (if the plan has it) or into a new bundle with "
-                            f"`--phases prefill,decode`.")
+        raise FitInputError(
+            f"{b.path}: nothing to fit the {' and '.join(missing)} time to: the bundle has no "
+            f"completed {' or '.join(missing)} sweep. Measure one with `epdsim calibrate run "
+            f"--out {b.path} --resume` (if the plan has it) or into a new bundle with "
+            f"`--phases prefill,decode`."
+        )
     dep = deployment(db, gname, entry, setup)
     res = fit_points(points, dep, free=free)
     m = b.manifest
     version = (m.get("versions") or {}).get("vllm") or next(
-        (ln.get("vllm_version") for ln in m.get("launches") or [] if ln.get("vllm_version")), None)
+        (ln.get("vllm_version") for ln in m.get("launches") or [] if ln.get("vllm_version")), None
+    )
     served = (m.get("model") or {}).get("served_name") or entry.name
     created = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-    prov = {"bundle": str(b.path.resolve()), "bundle_created": m.get("created"), "bundle_updated": m.get("updated"),
-            "mode": m.get("mode"), "vllm": version, "model": served,
-            "model_config_sha256": (m.get("model") or {}).get("config_sha256"),
-            "server_hardware": (m.get("hardware") or {}).get("server"),
-            "server_python": (m.get("versions") or {}).get("server_python"),
-            "epdsim_measured_at": m.get("epdsim"), "seed": m.get("seed"),
-            "phases": [p["name"] for p in m["plan"] if p["kind"] in ("prefill", "decode")],
-            "fitted_at": created}
+    prov = {
+        "bundle": str(b.path.resolve()),
+        "bundle_created": m.get("created"),
+        "bundle_updated": m.get("updated"),
+        "mode": m.get("mode"),
+        "vllm": version,
+        "model": served,
+        "model_config_sha256": (m.get("model") or {}).get("config_sha256"),
+        "server_hardware": (m.get("hardware") or {}).get("server"),
+        "server_python": (m.get("versions") or {}).get("server_python"),
+        "epdsim_measured_at": m.get("epdsim"),
+        "seed": m.get("seed"),
+        "phases": [p["name"] for p in m["plan"] if p["kind"] in ("prefill", "decode")],
+        "fitted_at": created,
+    }
     fe = fit_frontend(b)
     prov["host"] = host
     prof = final_profile(res, g, served, version, created, prov, setup, notes, fe)
@@ -170,7 +191,6 @@ def fit_bundle(path: str | Path, *, gpu: str | None = None, model: str | None = 
     return BundleFit(b, g, entry, setup, points, notes, res, fe, prof, prov, dep, host)
 
 
-
 # ============================================================================ CLI
 def _short(why: str) -> str:
     """The first clause of a 'why fixed' message, for tables (the fit report has the whole text)."""
@@ -178,32 +198,42 @@ def _short(why: str) -> str:
 
 
 def cmd_fit(a, con) -> int:
-    overrides = {"max_num_seqs": a.max_num_seqs, "max_num_batched_tokens": a.max_num_batched_tokens,
-                 "block_size": a.block_size}
+    overrides = {
+        "max_num_seqs": a.max_num_seqs,
+        "max_num_batched_tokens": a.max_num_batched_tokens,
+        "block_size": a.block_size,
+    }
     fit = fit_bundle(a.bundle, gpu=a.gpu, model=a.model, hwdb_dirs=tuple(a.hwdb), overrides=overrides)
     out = Path(a.out) if a.out else fit.bundle.path / "hwdb"
     for w in (fit.host or {}).get("warnings", []):
         con.print(f"[yellow]warning:[/] {escape(w)}")
     paths = write_outputs(fit, out)
-    if any(ln.get("startup") for ln in fit.bundle.manifest.get("launches") or []):   # launched: cold start
+    if any(ln.get("startup") for ln in fit.bundle.manifest.get("launches") or []):  # launched: cold start
         from calibration.fit.startup import fit_startup, write_startup  # noqa: PLC0415 - listed in tests/test_import_structure.py
+
         try:
             paths["coldstart"] = write_startup(fit_startup([fit.bundle.path], user_dirs=tuple(a.hwdb)), out)
-        except ValueError as exc:   # StartupFitError, HwdbError, ConfigError: the step-time fit stands
+        except ValueError as exc:  # StartupFitError, HwdbError, ConfigError: the step-time fit stands
             con.print(f"[yellow]cold start not fitted:[/] {exc}")
     r = fit.result
-    t = Table(title=f"{fit.profile.name}: fitted to {r.n_points} points "
-                    f"(residual s = {math.sqrt(r.s2):.1%} of a step time)")
+    t = Table(
+        title=f"{fit.profile.name}: fitted to {r.n_points} points (residual s = {math.sqrt(r.s2):.1%} of a step time)"
+    )
     for c in ("parameter", "value", "1-sigma", "95% interval", "status"):
         t.add_column(c)
     for n in PARAMS:
         if n in r.params:
             lo, hi = r.interval95(n) if n in r.sigma_rel else (math.nan, math.nan)
             s = r.sigma_rel.get(n)
-            t.add_row(n, fmt_param(n, r.params[n]), f"{100 * s:.1f}%" if s is not None else "-",
-                      f"{fmt_param(n, lo)} .. {fmt_param(n, hi)}" if s is not None else "-",
-                      ("fitted" + (f" ({_short(r.remarks[n])})" if n in r.remarks else ""))
-                      if n in r.free else _short(r.fixed.get(n, "given")))
+            t.add_row(
+                n,
+                fmt_param(n, r.params[n]),
+                f"{100 * s:.1f}%" if s is not None else "-",
+                f"{fmt_param(n, lo)} .. {fmt_param(n, hi)}" if s is not None else "-",
+                ("fitted" + (f" ({_short(r.remarks[n])})" if n in r.remarks else ""))
+                if n in r.free
+                else _short(r.fixed.get(n, "given")),
+            )
         else:
             t.add_row(n, "-", "-", "-", _short(r.fixed.get(n, "not fitted")))
     con.print(t)

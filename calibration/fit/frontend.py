@@ -28,6 +28,7 @@ timestamps: what the client sees beyond the engine.
 
 The loop is :func:`simulator.engine.frontend.api_server`, the simulator's own.  Seconds throughout.
 """
+
 from __future__ import annotations
 
 import math
@@ -57,10 +58,10 @@ class FrontEndFit:
     lone_requests: int = 0
     loaded_requests: int = 0
     phases: list[str] = field(default_factory=list)
-    stream_why: str = ""                          # why there is no queue ("" when it was fitted)
-    remark: str = ""                              # a caveat of the fitted queue
-    error_without_queue: float | None = None      # RMS of log(client time / measured), no queue
-    error_with_queue: float | None = None         # the same with the fitted queue
+    stream_why: str = ""  # why there is no queue ("" when it was fitted)
+    remark: str = ""  # a caveat of the fitted queue
+    error_without_queue: float | None = None  # RMS of log(client time / measured), no queue
+    error_with_queue: float | None = None  # the same with the fitted queue
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -105,13 +106,28 @@ def _loaded_requests(b: Bundle) -> tuple[list[dict], list[str]]:
             sm = r.get("server_metrics") or {}
             srv = server_ttft_s(r)
             o = int(r.get("output_tokens") or 0)
-            if (srv is None or r.get("t_send") is None or r.get("ttft_s") is None or r.get("e2e_s") is None
-                    or o < 1 or (o > 1 and not sm.get("mean_itl_ms"))):
+            if (
+                srv is None
+                or r.get("t_send") is None
+                or r.get("ttft_s") is None
+                or r.get("e2e_s") is None
+                or o < 1
+                or (o > 1 and not sm.get("mean_itl_ms"))
+            ):
                 continue
-            rows.append({"phase": ph["name"], "t_send": r["t_send"], "prompt": int(r["prompt_tokens"]), "out": o,
-                         "srv_ttft": srv, "itl": (sm.get("mean_itl_ms") or 0.0) / 1e3,
-                         "queue": (sm.get("queue_time_ms") or 0.0) / 1e3,
-                         "ttft": r["ttft_s"], "e2e": r["e2e_s"]})
+            rows.append(
+                {
+                    "phase": ph["name"],
+                    "t_send": r["t_send"],
+                    "prompt": int(r["prompt_tokens"]),
+                    "out": o,
+                    "srv_ttft": srv,
+                    "itl": (sm.get("mean_itl_ms") or 0.0) / 1e3,
+                    "queue": (sm.get("queue_time_ms") or 0.0) / 1e3,
+                    "ttft": r["ttft_s"],
+                    "e2e": r["e2e_s"],
+                }
+            )
         if rows:
             out += rows
             names.append(ph["name"])
@@ -128,8 +144,8 @@ def client_predictions(rows: list[dict], way_in: FrontEnd, loop: FrontEnd) -> tu
         way = WayIn(way_in)
         seen_at = {i: way.seen(rows[i]["t_send"], rows[i]["prompt"]) for i in idx}
         emit, owner = [], []
-        busy: list[tuple[float, float]] = []     # (start, end) of the prompt steps so far
-        decoding: list[tuple[float, float, float]] = []   # (start, end, step) of the decodes so far
+        busy: list[tuple[float, float]] = []  # (start, end) of the prompt steps so far
+        decoding: list[tuple[float, float, float]] = []  # (start, end, step) of the decodes so far
         for i in sorted(idx, key=seen_at.__getitem__):
             r = rows[i]
             seen = seen_at[i]
@@ -148,7 +164,7 @@ def client_predictions(rows: list[dict], way_in: FrontEnd, loop: FrontEnd) -> tu
         # outputs of one request keep their order: its first is its earliest, its last its latest
         firsts = np.unique(owner_a, return_index=True)
         lasts = np.unique(owner_a[::-1], return_index=True)
-        for i, k in zip(*firsts, strict=True):   # np.unique: values and their indices
+        for i, k in zip(*firsts, strict=True):  # np.unique: values and their indices
             ttft[i] = got[k] - rows[i]["t_send"]
         for i, k in zip(*lasts, strict=True):
             e2e[i] = got[len(got) - 1 - k] - rows[i]["t_send"]
@@ -165,6 +181,7 @@ def fit_frontend(b: Bundle) -> FrontEndFit:
     """The front end of bundle ``b`` (see the module docstring); ``frontend_s`` None without lone requests."""
     from scipy.optimize import minimize  # noqa: PLC0415 - scipy loads when a fit runs, not with the module
     from scipy.stats import f as f_dist  # noqa: PLC0415 - slow to import; only this fit's F-test needs it
+
     fit = FrontEndFit()
     line = _lone_line(b)
     if line is None:
@@ -175,8 +192,10 @@ def fit_frontend(b: Bundle) -> FrontEndFit:
     rows, fit.phases = _loaded_requests(b)
     fit.loaded_requests = len(rows)
     if len(rows) < 4:
-        fit.stream_why = (f"{len(rows)} requests with several in flight (decode sweeps at 2 or more users, load "
-                          f"tests) have client and server times: too few to see the API server's loop")
+        fit.stream_why = (
+            f"{len(rows)} requests with several in flight (decode sweeps at 2 or more users, load "
+            f"tests) have client and server times: too few to see the API server's loop"
+        )
         return fit
     meas = np.concatenate([[r["ttft"] for r in rows], [r["e2e"] for r in rows]])
     n_lone = fit.lone_requests
@@ -200,33 +219,44 @@ def fit_frontend(b: Bundle) -> FrontEndFit:
     floor = SCAN[0]
     _, c0, f0 = min((loss(np.log([floor, c, f])), c, f) for c in SCAN for f in SCAN)
     lo, hi = math.log(SCAN[0]), math.log(SCAN[-1])
-    best = minimize(lambda x: loss(np.log([floor, *np.exp(np.clip(x, lo, hi))])), np.log([c0, f0]),
-                    method="Nelder-Mead", options={"xatol": 0.01, "fatol": 1e-6, "maxfev": 200})
+    best = minimize(
+        lambda x: loss(np.log([floor, *np.exp(np.clip(x, lo, hi))])),
+        np.log([c0, f0]),
+        method="Nelder-Mead",
+        options={"xatol": 0.01, "fatol": 1e-6, "maxfev": 200},
+    )
     costs = [floor, *np.exp(np.clip(best.x, lo, hi))]
     loop = _loop(costs)
     r1, r0 = resid(loop), resid(FrontEnd())
-    fit.error_without_queue = float(np.sqrt(np.mean(r0 ** 2)))
-    fit.error_with_queue = float(np.sqrt(np.mean(r1 ** 2)))
+    fit.error_without_queue = float(np.sqrt(np.mean(r0**2)))
+    fit.error_with_queue = float(np.sqrt(np.mean(r1**2)))
     m = len(r1)
-    c1, c0_ = float(np.sum(r1 ** 2)), float(np.sum(r0 ** 2))
-    named = {"per output": loop.stream_s_per_output, "per chunk": loop.stream_s_per_chunk,
-             "per first chunk": loop.stream_s_per_request}
+    c1, c0_ = float(np.sum(r1**2)), float(np.sum(r0**2))
+    named = {
+        "per output": loop.stream_s_per_output,
+        "per chunk": loop.stream_s_per_chunk,
+        "per first chunk": loop.stream_s_per_request,
+    }
     k = sum(v > 0 for v in named.values())
     F = (c0_ - c1) / max(k, 1) / max(c1 / max(m - k, 1), 1e-300)
     crit = float(f_dist.ppf(0.95, max(k, 1), max(m - k, 1)))
     if k == 0 or F <= crit:
-        fit.stream_why = (f"an event loop of {', '.join(f'{v * 1e3:.3g} ms {n}' for n, v in named.items())} "
-                          f"explains the client's delays no better than none (F = {F:.1f} < {crit:.1f} over "
-                          f"{len(rows)} requests)")
+        fit.stream_why = (
+            f"an event loop of {', '.join(f'{v * 1e3:.3g} ms {n}' for n, v in named.items())} "
+            f"explains the client's delays no better than none (F = {F:.1f} < {crit:.1f} over "
+            f"{len(rows)} requests)"
+        )
         return fit
     fit.stream_s_per_output, fit.stream_s_per_chunk = loop.stream_s_per_output, loop.stream_s_per_chunk
     fit.stream_s_per_request = loop.stream_s_per_request
     fit.frontend_s = max(icpt - sum(named.values()), 0.0)
     edge = [n for n, v in named.items() if v >= SCAN[-1] * 0.999]
     if edge:
-        fit.remark = (f"the cost {' and '.join(edge)} ended at the top of the scan ({SCAN[-1] * 1e3:.0f} ms): "
-                      f"the client's delays in this bundle are larger than the API server's loop explains "
-                      f"(a busy host?)")
+        fit.remark = (
+            f"the cost {' and '.join(edge)} ended at the top of the scan ({SCAN[-1] * 1e3:.0f} ms): "
+            f"the client's delays in this bundle are larger than the API server's loop explains "
+            f"(a busy host?)"
+        )
     return fit
 
 
@@ -234,13 +264,17 @@ def describe(fe: FrontEndFit) -> str:
     """The front end in one paragraph (fit report, profile notes)."""
     if fe.frontend_s is None:
         return f"front end: not fitted ({fe.stream_why})"
-    text = (f"front end, way in: {fe.frontend_s * 1e3:.2f} ms + {fe.serial_s_per_token * 1e6:.2f} us per prompt "
-            f"token, one request at a time (client - server TTFT of {fe.lone_requests} lone requests)")
+    text = (
+        f"front end, way in: {fe.frontend_s * 1e3:.2f} ms + {fe.serial_s_per_token * 1e6:.2f} us per prompt "
+        f"token, one request at a time (client - server TTFT of {fe.lone_requests} lone requests)"
+    )
     if fe.stream_s_per_output or fe.stream_s_per_chunk or fe.stream_s_per_request:
-        return text + (f"; way out, the API server's loop (fitted): {fe.stream_s_per_output * 1e3:.3f} ms per "
-                       f"output processed, {fe.stream_s_per_chunk * 1e3:.3f} ms per chunk streamed and "
-                       f"{fe.stream_s_per_request * 1e3:.3f} ms more per request's first "
-                       f"({fe.loaded_requests} requests of {', '.join(fe.phases)}: client TTFT/E2E RMS log error "
-                       f"{fe.error_with_queue:.2f} with it, {fe.error_without_queue:.2f} without)"
-                       + (f"; {fe.remark}" if fe.remark else ""))
+        return text + (
+            f"; way out, the API server's loop (fitted): {fe.stream_s_per_output * 1e3:.3f} ms per "
+            f"output processed, {fe.stream_s_per_chunk * 1e3:.3f} ms per chunk streamed and "
+            f"{fe.stream_s_per_request * 1e3:.3f} ms more per request's first "
+            f"({fe.loaded_requests} requests of {', '.join(fe.phases)}: client TTFT/E2E RMS log error "
+            f"{fe.error_with_queue:.2f} with it, {fe.error_without_queue:.2f} without)"
+            + (f"; {fe.remark}" if fe.remark else "")
+        )
     return text + f"; no API server loop: {fe.stream_why}"

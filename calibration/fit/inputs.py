@@ -1,6 +1,7 @@
 """Reading a calibration bundle for ``calibrate fit`` and ``calibrate validate``: the consistency
 checks of its manifest and records, the engine arguments its server ran with, the hwdb GPU and the
 served model.  Every refusal is a :class:`FitInputError` whose message names the file and the fix."""
+
 from __future__ import annotations
 
 import ast
@@ -34,11 +35,13 @@ class FitInputError(BundleError):
 def open_bundle(path: str | Path) -> Bundle:
     """Open a bundle for fitting or validation; refuse a missing or inconsistent one."""
     path = Path(path)
-    fix = (f". Point at a directory written by `epdsim calibrate run --out DIR` (it holds {MANIFEST} and "
-           f"records/), or measure again into a new directory.")
+    fix = (
+        f". Point at a directory written by `epdsim calibrate run --out DIR` (it holds {MANIFEST} and "
+        f"records/), or measure again into a new directory."
+    )
     try:
         b = Bundle.open(path, complete=True)
-    except BundleError as exc:   # a refusal that says how to repair a value needs no second, generic fix
+    except BundleError as exc:  # a refusal that says how to repair a value needs no second, generic fix
         raise FitInputError(f"cannot use bundle {path}: {exc}" + ("" if FIX in str(exc) else fix)) from None
     check_consistency(b)
     return b
@@ -49,38 +52,52 @@ def check_consistency(b: Bundle) -> None:
     mf = b.path / MANIFEST
     m = b.manifest
     plan = m.get("plan")
-    if not isinstance(plan, list) or not all(isinstance(p, dict) and "name" in p and "kind" in p
-                                             and isinstance(p.get("requests"), list) for p in plan):
-        raise FitInputError(f"{mf}: 'plan' must be a list of phases with name, kind and requests; this manifest "
-                            f"was not written by `epdsim calibrate run` or was edited by hand. Restore it or "
-                            f"measure again.")
+    if not isinstance(plan, list) or not all(
+        isinstance(p, dict) and "name" in p and "kind" in p and isinstance(p.get("requests"), list) for p in plan
+    ):
+        raise FitInputError(
+            f"{mf}: 'plan' must be a list of phases with name, kind and requests; this manifest "
+            f"was not written by `epdsim calibrate run` or was edited by hand. Restore it or "
+            f"measure again."
+        )
     planned = {p["name"]: {r[0]: r for r in p["requests"]} for p in plan}
     for ph in b.phases():
         for rec in b.requests(ph):
             want = planned.get(ph, {}).get(rec.get("id"))
             if ph in planned and want is None:
-                raise FitInputError(f"{b.path / 'records' / (ph + '.jsonl')}: request {rec.get('id')!r} is not in "
-                                    f"the plan of {mf}; the records and the manifest come from different runs. "
-                                    f"Keep each bundle's records with its own manifest (measure again into a new "
-                                    f"directory).")
+                raise FitInputError(
+                    f"{b.path / 'records' / (ph + '.jsonl')}: request {rec.get('id')!r} is not in "
+                    f"the plan of {mf}; the records and the manifest come from different runs. "
+                    f"Keep each bundle's records with its own manifest (measure again into a new "
+                    f"directory)."
+                )
             if want is not None:
                 plen, mt = want[1], want[2]
                 got_p, got_o = rec.get("prompt_tokens"), rec.get("output_tokens")
                 if got_p is not None and plen is not None and got_p != plen:
-                    raise FitInputError(f"{b.path / 'records' / (ph + '.jsonl')}: request {rec['id']!r} has "
-                                        f"{got_p} prompt tokens but {mf} plans {plen}; the records and the manifest "
-                                        f"disagree (another model or tokenizer?). Measure again into a new directory.")
+                    raise FitInputError(
+                        f"{b.path / 'records' / (ph + '.jsonl')}: request {rec['id']!r} has "
+                        f"{got_p} prompt tokens but {mf} plans {plen}; the records and the manifest "
+                        f"disagree (another model or tokenizer?). Measure again into a new directory."
+                    )
                 if got_o is not None and mt is not None and got_o > mt:
-                    raise FitInputError(f"{b.path / 'records' / (ph + '.jsonl')}: request {rec['id']!r} produced "
-                                        f"{got_o} tokens, more than max_tokens={mt} planned in {mf}. Measure again.")
+                    raise FitInputError(
+                        f"{b.path / 'records' / (ph + '.jsonl')}: request {rec['id']!r} produced "
+                        f"{got_o} tokens, more than max_tokens={mt} planned in {mf}. Measure again."
+                    )
     _logged_args(b)  # raises on launches with different engine arguments
     cc = (m.get("engine") or {}).get("cache_config") or {}
     args = _logged_args(b)
-    if "block_size" in args and cc.get("block_size") not in (None, "None") \
-            and int(args["block_size"]) != int(cc["block_size"]):
-        raise FitInputError(f"{mf}: the server's arguments say block_size={args['block_size']} but its "
-                            f"/metrics cache_config says {cc['block_size']}; the manifest mixes two servers. "
-                            f"Measure again into a new directory.")
+    if (
+        "block_size" in args
+        and cc.get("block_size") not in (None, "None")
+        and int(args["block_size"]) != int(cc["block_size"])
+    ):
+        raise FitInputError(
+            f"{mf}: the server's arguments say block_size={args['block_size']} but its "
+            f"/metrics cache_config says {cc['block_size']}; the manifest mixes two servers. "
+            f"Measure again into a new directory."
+        )
 
 
 def _arg_texts(b: Bundle) -> list[tuple[str, str]]:
@@ -92,15 +109,26 @@ def _arg_texts(b: Bundle) -> list[tuple[str, str]]:
         out.append(("engine.args_logged", eng["args_logged"]))
     for kind in ("launches", "attachments"):
         for i, item in enumerate(m.get(kind) or []):
-            for ev in ((item.get("startup") or {}).get("events") or []):
+            for ev in (item.get("startup") or {}).get("events") or []:
                 if ev.get("phase") == "engine_args" and ev.get("text"):
                     out.append((f"{kind}[{i}]", ev["text"]))
     return out
 
 
-_RELEVANT_ARGS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "enforce_eager", "enable_chunked_prefill",
-                  "enable_prefix_caching", "num_gpu_blocks_override", "max_model_len", "dtype", "kv_cache_dtype",
-                  "tensor_parallel_size", "pipeline_parallel_size")
+_RELEVANT_ARGS = (
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "block_size",
+    "enforce_eager",
+    "enable_chunked_prefill",
+    "enable_prefix_caching",
+    "num_gpu_blocks_override",
+    "max_model_len",
+    "dtype",
+    "kv_cache_dtype",
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+)
 
 
 def _logged_args(b: Bundle) -> dict[str, Any]:
@@ -117,9 +145,11 @@ def _logged_args(b: Bundle) -> dict[str, Any]:
             if k not in d:
                 continue
             if k in seen and seen[k][0] != d[k]:
-                raise FitInputError(f"{b.path / MANIFEST}: the server was started with {k}={seen[k][0]!r} "
-                                    f"({seen[k][1]}) and {k}={d[k]!r} ({where}); one bundle must measure one "
-                                    f"configuration. Measure each configuration into its own directory.")
+                raise FitInputError(
+                    f"{b.path / MANIFEST}: the server was started with {k}={seen[k][0]!r} "
+                    f"({seen[k][1]}) and {k}={d[k]!r} ({where}); one bundle must measure one "
+                    f"configuration. Measure each configuration into its own directory."
+                )
             seen[k] = (d[k], where)
     return {k: v for k, (v, _) in seen.items()}
 
@@ -146,20 +176,28 @@ def is_cpu_server(b: Bundle) -> bool:
     return False
 
 
-_LOG_FIX = {"launches": "Give the log's name inside the bundle folder, as `epdsim calibrate run` writes it "
-                        "(e.g. 'server-1.log'), or delete the field.",
-            "attachments": "Copy the server log into the bundle folder and give its name there (e.g. "
-                           "'server.log'), or delete the field (its start-up lines were already read into "
-                           "the attachment's 'startup' when the bundle was measured)."}
+_LOG_FIX = {
+    "launches": "Give the log's name inside the bundle folder, as `epdsim calibrate run` writes it "
+    "(e.g. 'server-1.log'), or delete the field.",
+    "attachments": "Copy the server log into the bundle folder and give its name there (e.g. "
+    "'server.log'), or delete the field (its start-up lines were already read into "
+    "the attachment's 'startup' when the bundle was measured).",
+}
 
 
 def _server_logs(b: Bundle) -> list[Path]:
     """The server logs the manifest names that exist, each checked by :func:`bundle_file`."""
     m = b.manifest
-    named = [(f"launches[{i}].log", item.get("log"), _LOG_FIX["launches"])
-             for i, item in enumerate(m.get("launches") or []) if item.get("log")]
-    named += [(f"attachments[{i}].server_log", item.get("server_log"), _LOG_FIX["attachments"])
-              for i, item in enumerate(m.get("attachments") or []) if item.get("server_log")]
+    named = [
+        (f"launches[{i}].log", item.get("log"), _LOG_FIX["launches"])
+        for i, item in enumerate(m.get("launches") or [])
+        if item.get("log")
+    ]
+    named += [
+        (f"attachments[{i}].server_log", item.get("server_log"), _LOG_FIX["attachments"])
+        for i, item in enumerate(m.get("attachments") or [])
+        if item.get("server_log")
+    ]
     found = (bundle_file(b, fld, value, fix) for fld, value, fix in named)
     return [p for p in found if p is not None]
 
@@ -178,7 +216,7 @@ def _locate(b: Bundle, value: object) -> tuple[Path | None, str | None]:
         return None, "names a file outside the bundle folder"
     try:
         real = lexical.resolve()
-    except (OSError, RuntimeError):          # a link loop, a name too long
+    except (OSError, RuntimeError):  # a link loop, a name too long
         return None, "cannot be resolved inside the bundle folder"
     if not real.is_relative_to(root):
         return None, "is a link to a file outside the bundle folder"
@@ -195,7 +233,7 @@ def bundle_file(b: Bundle, field: str, value: object, fix: str) -> Path | None:
     real, why = _locate(b, value)
     if real is not None:
         try:
-            mode = os.stat(real).st_mode          # stat, unlike open, never blocks on a FIFO
+            mode = os.stat(real).st_mode  # stat, unlike open, never blocks on a FIFO
         except FileNotFoundError:
             return None
         except OSError as exc:
@@ -204,8 +242,9 @@ def bundle_file(b: Bundle, field: str, value: object, fix: str) -> Path | None:
             if stat.S_ISREG(mode):
                 return real
             why = "is not a regular file (a folder, pipe or device)"
-    raise FitInputError(f"{b.path / MANIFEST}: {field} = {value!r} {why}; a fit reads only the bundle's own "
-                        f"files. {fix}")
+    raise FitInputError(
+        f"{b.path / MANIFEST}: {field} = {value!r} {why}; a fit reads only the bundle's own files. {fix}"
+    )
 
 
 def read_head(path: Path, limit: int) -> bytes:
@@ -214,7 +253,7 @@ def read_head(path: Path, limit: int) -> bytes:
     Opened without blocking and without following a final link, so a file swapped for a FIFO or a
     link after :func:`bundle_file` checked it is not waited on or followed.  Raises OSError."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0))
-    with open(fd, "rb") as fh:                     # owns fd from here
+    with open(fd, "rb") as fh:  # owns fd from here
         if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
             return b""
         return fh.read(limit)
@@ -230,9 +269,11 @@ def target_gpu(b: Bundle, gpu: str | None, db: hwdb.HardwareDB) -> str:
     if is_cpu_server(b):
         return db.gpu(CPU_GPU).name
     hw = (b.manifest.get("hardware") or {}).get("server")
-    raise FitInputError(f"{b.path / MANIFEST} does not say which hwdb GPU the server ran on (server hardware: "
-                        f"{json.dumps(hw)[:300]}); pass --gpu NAME (e.g. --gpu H100-SXM-80GB; `epdsim hw list "
-                        f"gpus` lists them, a user hwdb folder can add one).")
+    raise FitInputError(
+        f"{b.path / MANIFEST} does not say which hwdb GPU the server ran on (server hardware: "
+        f"{json.dumps(hw)[:300]}); pass --gpu NAME (e.g. --gpu H100-SXM-80GB; `epdsim hw list "
+        f"gpus` lists them, a user hwdb folder can add one)."
+    )
 
 
 @dataclass(frozen=True)
@@ -254,11 +295,16 @@ class EngineSetup:
 
     def engine_config(self) -> dict:
         """The ``engine:`` mapping of a scenario pool."""
-        d = {"max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,
-             "block_size": self.block_size, "enforce_eager": self.enforce_eager,
-             "max_model_len": self.max_model_len, "num_gpu_blocks_override": self.num_gpu_blocks,
-             "enable_chunked_prefill": self.enable_chunked_prefill,
-             "enable_prefix_caching": self.enable_prefix_caching}
+        d = {
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "block_size": self.block_size,
+            "enforce_eager": self.enforce_eager,
+            "max_model_len": self.max_model_len,
+            "num_gpu_blocks_override": self.num_gpu_blocks,
+            "enable_chunked_prefill": self.enable_chunked_prefill,
+            "enable_prefix_caching": self.enable_prefix_caching,
+        }
         return {k: v for k, v in d.items() if v is not None}
 
     def as_dict(self) -> dict:
@@ -293,19 +339,35 @@ def engine_setup(b: Bundle, overrides: dict | None = None) -> EngineSetup:
         src[key] = "simulator default"
         return None
 
-    seqs = pick("max_num_seqs", ("server args", args.get("max_num_seqs")),
-                ("vLLM CPU default", CPU_DEFAULT_MAX_NUM_SEQS if cpu else None))
-    toks = pick("max_num_batched_tokens", ("server args", args.get("max_num_batched_tokens")),
-                ("vLLM CPU default", CPU_DEFAULT_MAX_NUM_BATCHED_TOKENS if cpu else None))
+    seqs = pick(
+        "max_num_seqs",
+        ("server args", args.get("max_num_seqs")),
+        ("vLLM CPU default", CPU_DEFAULT_MAX_NUM_SEQS if cpu else None),
+    )
+    toks = pick(
+        "max_num_batched_tokens",
+        ("server args", args.get("max_num_batched_tokens")),
+        ("vLLM CPU default", CPU_DEFAULT_MAX_NUM_BATCHED_TOKENS if cpu else None),
+    )
     block = pick("block_size", ("server args", args.get("block_size")), ("cache_config", cc.get("block_size")))
-    blocks = pick("num_gpu_blocks", ("server args", args.get("num_gpu_blocks_override")),
-                  ("cache_config", cc.get("num_gpu_blocks")), ("start-up log", _kv_blocks_from_log(m, block)))
+    blocks = pick(
+        "num_gpu_blocks",
+        ("server args", args.get("num_gpu_blocks_override")),
+        ("cache_config", cc.get("num_gpu_blocks")),
+        ("start-up log", _kv_blocks_from_log(m, block)),
+    )
     eager = pick("enforce_eager", ("server args", args.get("enforce_eager")))
-    mml = pick("max_model_len", ("server args", args.get("max_model_len")),
-               ("/v1/models", (m.get("model") or {}).get("max_model_len")))
+    mml = pick(
+        "max_model_len",
+        ("server args", args.get("max_model_len")),
+        ("/v1/models", (m.get("model") or {}).get("max_model_len")),
+    )
     chunked = pick("enable_chunked_prefill", ("server args", args.get("enable_chunked_prefill")))
-    prefix = pick("enable_prefix_caching", ("server args", args.get("enable_prefix_caching")),
-                  ("cache_config", cc.get("enable_prefix_caching")))
+    prefix = pick(
+        "enable_prefix_caching",
+        ("server args", args.get("enable_prefix_caching")),
+        ("cache_config", cc.get("enable_prefix_caching")),
+    )
     tp = pick("tp", ("server args", args.get("tensor_parallel_size")))
     pp = pick("pp", ("server args", args.get("pipeline_parallel_size")))
     cfg = (m.get("model") or {}).get("config") or {}
@@ -313,17 +375,24 @@ def engine_setup(b: Bundle, overrides: dict | None = None) -> EngineSetup:
     dtype = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "bf16", None: "bf16"}.get(dtype, "bf16")
     block = int(block) if block is not None else 16
     if block not in (1, 8, 16, 32, 64, 128):
-        raise FitInputError(f"{b.path / MANIFEST}: block size {block} is not one the simulator models "
-                            f"(1, 8, 16, 32, 64, 128); pass --block-size to override.")
+        raise FitInputError(
+            f"{b.path / MANIFEST}: block size {block} is not one the simulator models "
+            f"(1, 8, 16, 32, 64, 128); pass --block-size to override."
+        )
     return EngineSetup(
         max_num_seqs=int(seqs) if seqs is not None else None,
         max_num_batched_tokens=int(toks) if toks is not None else None,
-        block_size=block, num_gpu_blocks=int(blocks) if blocks is not None else None,
+        block_size=block,
+        num_gpu_blocks=int(blocks) if blocks is not None else None,
         enforce_eager=_truthy(eager) if eager is not None else False,
         max_model_len=int(mml) if mml is not None else None,
         enable_chunked_prefill=_truthy(chunked) if chunked is not None else True,
         enable_prefix_caching=_truthy(prefix) if prefix is not None else True,
-        dtype=dtype, tp=int(tp or 1), pp=int(pp or 1), sources=src)
+        dtype=dtype,
+        tp=int(tp or 1),
+        pp=int(pp or 1),
+        sources=src,
+    )
 
 
 def _kv_blocks_from_log(m: dict, block) -> int | None:
@@ -336,9 +405,11 @@ def _kv_blocks_from_log(m: dict, block) -> int | None:
     return None
 
 
-MAX_CONFIG_BYTES = 16 * 2**20        # a model's config.json is a few kB
-_ROOT_FIX = ("Pass --model with the model's folder, its config.json or a hwdb model name; or copy the model's "
-             "config.json into a folder of the bundle and name that folder in model.root.")
+MAX_CONFIG_BYTES = 16 * 2**20  # a model's config.json is a few kB
+_ROOT_FIX = (
+    "Pass --model with the model's folder, its config.json or a hwdb model name; or copy the model's "
+    "config.json into a folder of the bundle and name that folder in model.root."
+)
 
 
 def bundle_model(b: Bundle, model: str | None, db: hwdb.HardwareDB) -> hwdb.ModelEntry:
@@ -359,11 +430,15 @@ def bundle_model(b: Bundle, model: str | None, db: hwdb.HardwareDB) -> hwdb.Mode
         try:
             raw = read_head(cfg, MAX_CONFIG_BYTES)
         except OSError as exc:
-            raise FitInputError(f"{b.path / MANIFEST}: model.root (its config.json) = {mi.get('root')!r}: the "
-                                f"config.json cannot be read ({exc.strerror or exc}). {_ROOT_FIX}") from None
+            raise FitInputError(
+                f"{b.path / MANIFEST}: model.root (its config.json) = {mi.get('root')!r}: the "
+                f"config.json cannot be read ({exc.strerror or exc}). {_ROOT_FIX}"
+            ) from None
         if mi.get("config_sha256") and hashlib.sha256(raw).hexdigest() != mi["config_sha256"]:
-            raise FitInputError(f"{folder / 'config.json'} has changed since {b.path / MANIFEST} was measured "
-                                f"(SHA-256 differs); pass --model with the folder that was served.")
+            raise FitInputError(
+                f"{folder / 'config.json'} has changed since {b.path / MANIFEST} was measured "
+                f"(SHA-256 differs); pass --model with the folder that was served."
+            )
         return hwdb.load_model_dir(folder, name=name)
     if isinstance(mi.get("config"), dict):
         try:
@@ -372,9 +447,11 @@ def bundle_model(b: Bundle, model: str | None, db: hwdb.HardwareDB) -> hwdb.Mode
             raise FitInputError(f"{b.path / MANIFEST}: model.config: {exc}") from None
         side = ModelSidecar(name=name, source=f"config.json kept in {b.path / MANIFEST}")
         return hwdb.ModelEntry(name, mi["config"], side, arch, b.path)
-    raise FitInputError(f"{b.path / MANIFEST} keeps no config.json of {name!r} and its folder "
-                        f"{mi.get('root')!r} is not readable here; pass --model with the model's folder, its "
-                        f"config.json or a hwdb model name.")
+    raise FitInputError(
+        f"{b.path / MANIFEST} keeps no config.json of {name!r} and its folder "
+        f"{mi.get('root')!r} is not readable here; pass --model with the model's folder, its "
+        f"config.json or a hwdb model name."
+    )
 
 
 def _model_folder(b: Bundle, mi: dict, name: str) -> tuple[Path, Path] | None:
@@ -389,12 +466,14 @@ def _model_folder(b: Bundle, mi: dict, name: str) -> tuple[Path, Path] | None:
         return None
     folder, why = _locate(b, root)
     if folder is not None and not folder.is_dir():
-        return None                               # e.g. a Hugging Face id such as 'org/model'
+        return None  # e.g. a Hugging Face id such as 'org/model'
     if folder is None:
         if isinstance(mi.get("config"), dict):
             return None
-        raise FitInputError(f"{b.path / MANIFEST}: model.root = {root!r} {why} and the manifest keeps no "
-                            f"config.json of {name!r}; a fit reads only the bundle's own files. {_ROOT_FIX}")
+        raise FitInputError(
+            f"{b.path / MANIFEST}: model.root = {root!r} {why} and the manifest keeps no "
+            f"config.json of {name!r}; a fit reads only the bundle's own files. {_ROOT_FIX}"
+        )
     cfg = bundle_file(b, "model.root (its config.json)", f"{root}/config.json", _ROOT_FIX)
     bundle_file(b, "model.root (its epdsim.yaml)", f"{root}/epdsim.yaml", _ROOT_FIX)
     return (folder, cfg) if cfg is not None else None

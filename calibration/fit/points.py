@@ -1,5 +1,6 @@
 """The measurements a fit compares with the simulator: one :class:`Point` per lone prefill request and
 per decode-sweep request (server-side timings where the server kept them), aggregated into medians."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,19 +17,19 @@ from calibration.harness.bundle import Bundle
 class Point:
     """One measurement the fit compares with a prediction (seconds)."""
 
-    kind: str                 # "prefill" (time of the prefill steps) or "decode" (TPOT)
+    kind: str  # "prefill" (time of the prefill steps) or "decode" (TPOT)
     phase: str
     request: str
     prompt: int
     output: int
     measured_s: float
-    source: str               # "server" or "client"
-    batch: float = 1.0        # decode: sequences the engine decoded per step
-    mix: float = 0.0          # decode: fraction of steps that also prefill another request
-    client_s: float | None = None   # prefill: the client's TTFT
-    weight: float = 1.0       # of its log-residual
-    n: int = 1                # requests behind the point (a median of several, see aggregate())
-    spread: float = 0.0       # their median |t / median - 1|
+    source: str  # "server" or "client"
+    batch: float = 1.0  # decode: sequences the engine decoded per step
+    mix: float = 0.0  # decode: fraction of steps that also prefill another request
+    client_s: float | None = None  # prefill: the client's TTFT
+    weight: float = 1.0  # of its log-residual
+    n: int = 1  # requests behind the point (a median of several, see aggregate())
+    spread: float = 0.0  # their median |t / median - 1|
 
 
 def _metrics_totals(b: Bundle, phase: str) -> dict | None:
@@ -56,8 +57,10 @@ def engine_batch(b: Bundle, phase: dict) -> tuple[float, str]:
     tot = _metrics_totals(b, phase["name"])
     if tot and tot["steps"] > 0:
         be = (tot["generation_tokens"] - tot["requests"]) / tot["steps"]
-        return min(max(be, 1.0), conc), (f"/metrics: ({tot['generation_tokens']:.0f} generated - "
-                                         f"{tot['requests']:.0f} requests) / {tot['steps']:.0f} steps = {be:.2f}")
+        return min(max(be, 1.0), conc), (
+            f"/metrics: ({tot['generation_tokens']:.0f} generated - "
+            f"{tot['requests']:.0f} requests) / {tot['steps']:.0f} steps = {be:.2f}"
+        )
     return conc, "client concurrency (no /metrics deltas)"
 
 
@@ -86,8 +89,11 @@ def measurement_points(b: Bundle) -> tuple[list[Point], dict]:
                     meas, src = r["ttft_s"], "client"
                 else:
                     continue
-                pts.append(Point("prefill", ph["name"], r["id"], int(r["prompt_tokens"]), 1, meas, src,
-                                 client_s=r.get("ttft_s")))
+                pts.append(
+                    Point(
+                        "prefill", ph["name"], r["id"], int(r["prompt_tokens"]), 1, meas, src, client_s=r.get("ttft_s")
+                    )
+                )
         elif ph["kind"] == "decode":
             be, how = engine_batch(b, ph)
             notes["decode_batch"][ph["name"]] = {"concurrency": ph.get("concurrency"), "engine_batch": be, "how": how}
@@ -102,10 +108,23 @@ def measurement_points(b: Bundle) -> tuple[list[Point], dict]:
                     meas, src = (r["e2e_s"] - r["ttft_s"]) / (o - 1), "client"
                 else:
                     continue
-                pts.append(Point("decode", ph["name"], r["id"], int(r["prompt_tokens"]), o, meas, src,
-                                 batch=be, mix=min(1.0, (be - 1.0) / o)))
-    notes["requests"] = {"prefill": sum(p.kind == "prefill" for p in pts),
-                         "decode": sum(p.kind == "decode" for p in pts)}
+                pts.append(
+                    Point(
+                        "decode",
+                        ph["name"],
+                        r["id"],
+                        int(r["prompt_tokens"]),
+                        o,
+                        meas,
+                        src,
+                        batch=be,
+                        mix=min(1.0, (be - 1.0) / o),
+                    )
+                )
+    notes["requests"] = {
+        "prefill": sum(p.kind == "prefill" for p in pts),
+        "decode": sum(p.kind == "decode" for p in pts),
+    }
     return pts, notes
 
 
@@ -126,9 +145,16 @@ def aggregate(points: list[Point]) -> list[Point]:
         med = float(np.median(t))
         cl = [p.client_s for p in ps if p.client_s is not None]
         first = ps[0]
-        out.append(dataclasses.replace(
-            first, request=f"median of {len(ps)}", measured_s=med,
-            prompt=int(np.median([p.prompt for p in ps])), output=int(np.median([p.output for p in ps])),
-            client_s=float(np.median(cl)) if len(cl) == len(ps) else None, n=len(ps),
-            spread=float(np.median(np.abs(t / med - 1.0)))))
+        out.append(
+            dataclasses.replace(
+                first,
+                request=f"median of {len(ps)}",
+                measured_s=med,
+                prompt=int(np.median([p.prompt for p in ps])),
+                output=int(np.median([p.output for p in ps])),
+                client_s=float(np.median(cl)) if len(cl) == len(ps) else None,
+                n=len(ps),
+                spread=float(np.median(np.abs(t / med - 1.0))),
+            )
+        )
     return out

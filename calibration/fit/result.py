@@ -1,5 +1,6 @@
 """A bundle's fit as one record (:class:`BundleFit`): what :func:`calibration.fit.command.fit_bundle` returns and
 :mod:`calibration.fit.report` writes.  Its own module so that the report needs nothing from the command."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ class BundleFit:
     profile: Profile
     provenance: dict
     deployment: Any = None
-    host: dict | None = None      # calibration.fit.host.host_check's report (CPU servers)
+    host: dict | None = None  # calibration.fit.host.host_check's report (CPU servers)
 
     @property
     def derived_gpu(self) -> bool:
@@ -43,4 +44,3 @@ class BundleFit:
     def engine_name(self) -> str:
         """The calibrated engine scenarios name (``engines/<profile>.yaml``, written by every fit)."""
         return self.profile.name
-

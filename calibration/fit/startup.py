@@ -24,6 +24,7 @@ One model size gives one row per launch, so every layer-proportional formula deg
 constant: the constant goes into the intercept, the per-layer slope is set to 0, and the notes
 say so.  Coefficients not measured are copied from the base set (``vllm-v1``) and listed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,8 +54,11 @@ def launch_phases(startup: dict, ready_s: float | None = None) -> dict[str, floa
         out["weights_load"] = w_s
     elif s.get("model_load_start_t") is not None:
         out["process_start"] = s["model_load_start_t"]
-    for k_in, k_out in (("dynamo_transform_s", "dynamo"), ("graph_compile_s", "compile"),
-                        ("cuda_graph_capture_s", "cuda_graphs")):
+    for k_in, k_out in (
+        ("dynamo_transform_s", "dynamo"),
+        ("graph_compile_s", "compile"),
+        ("cuda_graph_capture_s", "cuda_graphs"),
+    ):
         if s.get(k_in) is not None:
             out[k_out] = s[k_in]
     if s.get("torch_compile_s") is not None and "compile" not in out:
@@ -80,42 +84,54 @@ def bundle_launches(path: str | Path) -> tuple[dict, list[dict]]:
         if not st:
             continue
         ph = launch_phases(st, ln.get("ready_s"))
-        rows.append({"row": f"{path.name}#{ln.get('index', len(rows))}", "phases": ph,
-                     "vllm_version": ln.get("vllm_version") or st.get("summary", {}).get("vllm_version"),
-                     "args": next((e.get("text") for e in st.get("events", []) if e.get("phase") == "engine_args"),
-                                  None)})
+        rows.append(
+            {
+                "row": f"{path.name}#{ln.get('index', len(rows))}",
+                "phases": ph,
+                "vllm_version": ln.get("vllm_version") or st.get("summary", {}).get("vllm_version"),
+                "args": next((e.get("text") for e in st.get("events", []) if e.get("phase") == "engine_args"), None),
+            }
+        )
     return mf, rows
 
 
-def _const_fit(formula: str, coef: dict, rows: list[tuple[str, float]], data: str,
-               notes: str | None = None) -> tuple[dict, float]:
+def _const_fit(
+    formula: str, coef: dict, rows: list[tuple[str, float]], data: str, notes: str | None = None
+) -> tuple[dict, float]:
     """(the fit's document, the mean): ``rows`` fitted by a constant, the coefficients left None set to it."""
     vals = [v for _, v in rows]
     mean = sum(vals) / len(vals)
     res = [(r, v, mean, v - mean) for r, v in rows]
-    d = {"formula": formula, "coefficients": {k: (round(mean, 6) if v is None else v) for k, v in coef.items()},
-         "data": data, "method": f"mean of {len(vals)} launch(es) (least squares on a constant)",
-         "rows": [{"row": r, "observed_s": round(v, 4), "predicted_s": round(p, 4), "residual_s": round(e, 4)}
-                  for r, v, p, e in res],
-         "rms_s": round(math.sqrt(sum(e * e for *_, e in res) / len(res)), 4),
-         "max_abs_s": round(max(abs(e) for *_, e in res), 4)}
+    d = {
+        "formula": formula,
+        "coefficients": {k: (round(mean, 6) if v is None else v) for k, v in coef.items()},
+        "data": data,
+        "method": f"mean of {len(vals)} launch(es) (least squares on a constant)",
+        "rows": [
+            {"row": r, "observed_s": round(v, 4), "predicted_s": round(p, 4), "residual_s": round(e, 4)}
+            for r, v, p, e in res
+        ],
+        "rms_s": round(math.sqrt(sum(e * e for *_, e in res) / len(res)), 4),
+        "max_abs_s": round(max(abs(e) for *_, e in res), 4),
+    }
     if notes:
         d["notes"] = notes
     return d, mean
 
 
-def fit_startup(bundles: list[str | Path], *, base: str = "vllm-v1", name: str | None = None,
-                user_dirs=()) -> dict:
+def fit_startup(bundles: list[str | Path], *, base: str = "vllm-v1", name: str | None = None, user_dirs=()) -> dict:
     """A ``kind: startup`` document (a dict ready for YAML) fitted to the launches of ``bundles``."""
     rows: list[dict] = []
-    mf0: dict = {}   # the first non-empty manifest
+    mf0: dict = {}  # the first non-empty manifest
     for b in bundles:
         mf, r = bundle_launches(b)
         mf0 = mf0 or mf
         rows += [dict(x, bundle=str(Path(b).resolve())) for x in r]
     if not rows:
-        raise StartupFitError(f"no launch with parsed start-up phases in {', '.join(map(str, bundles))} "
-                              f"(attach-mode bundles have none: launch the server with the harness)")
+        raise StartupFitError(
+            f"no launch with parsed start-up phases in {', '.join(map(str, bundles))} "
+            f"(attach-mode bundles have none: launch the server with the harness)"
+        )
     basec = load_coldstart(user_dirs).coefficients(base)
     doc = json.loads(basec.model_dump_json(exclude_none=True))
     model = mf0.get("model") or {}
@@ -138,10 +154,21 @@ def fit_startup(bundles: list[str | Path], *, base: str = "vllm-v1", name: str |
     fits = dict(doc["fits"])
     measured, kept, unmapped = [], [], []
     for key, phase, formula, coef, data in (
-            ("process_start", "process_start", "seconds", {"seconds": None},
-             "launch -> weights start loading (weights_loaded_t - weights_load_s)"),
-            ("api_ready", "api_ready", "seconds", {"seconds": None},
-             "engine ready ('init engine ... took' line) -> API answered (harness ready_s)")):
+        (
+            "process_start",
+            "process_start",
+            "seconds",
+            {"seconds": None},
+            "launch -> weights start loading (weights_loaded_t - weights_load_s)",
+        ),
+        (
+            "api_ready",
+            "api_ready",
+            "seconds",
+            {"seconds": None},
+            "engine ready ('init engine ... took' line) -> API answered (harness ready_s)",
+        ),
+    ):
         if pr(key):
             fits[phase], _ = _const_fit(formula, coef, pr(key), data)
             measured.append(phase)
@@ -153,14 +180,27 @@ def fit_startup(bundles: list[str | Path], *, base: str = "vllm-v1", name: str |
         res = 0.005  # the log prints the seconds with two decimals
         bps = ckpt_bytes / max(mean, res)
         fits["weights_page_cache"] = {
-            "formula": "B / loader_Bps", "coefficients": {"loader_Bps": float(f"{bps:.6g}")},
+            "formula": "B / loader_Bps",
+            "coefficients": {"loader_Bps": float(f"{bps:.6g}")},
             "data": f"'Loading weights took' of {len(wl)} launch(es); B = {ckpt_bytes:.4g} bytes (params x 2)",
             "method": "B / mean(seconds)",
-            "rows": [{"row": r, "observed_s": v, "predicted_s": round(ckpt_bytes / bps, 4),
-                      "residual_s": round(v - ckpt_bytes / bps, 4)} for r, v in wl],
-            "rms_s": 0.0, "max_abs_s": round(max(abs(v - ckpt_bytes / bps) for _, v in wl), 4),
-            "notes": (f"the log rounds to 0.01 s: {mean:.3f} s for {ckpt_bytes / 1e6:.1f} MB bounds the rate "
-                      f"only loosely" if mean < 0.5 else None)}
+            "rows": [
+                {
+                    "row": r,
+                    "observed_s": v,
+                    "predicted_s": round(ckpt_bytes / bps, 4),
+                    "residual_s": round(v - ckpt_bytes / bps, 4),
+                }
+                for r, v in wl
+            ],
+            "rms_s": 0.0,
+            "max_abs_s": round(max(abs(v - ckpt_bytes / bps) for _, v in wl), 4),
+            "notes": (
+                f"the log rounds to 0.01 s: {mean:.3f} s for {ckpt_bytes / 1e6:.1f} MB bounds the rate only loosely"
+                if mean < 0.5
+                else None
+            ),
+        }
         if fits["weights_page_cache"]["notes"] is None:
             del fits["weights_page_cache"]["notes"]
         measured.append("weights_page_cache")
@@ -169,64 +209,99 @@ def fit_startup(bundles: list[str | Path], *, base: str = "vllm-v1", name: str |
     per_layer = f"one model ({layers} layers): the per-layer slope is not identifiable; set to 0, intercept = mean"
     if pr("kv_profile"):
         fits["kv_profile"], _ = _const_fit(
-            "k0 + (k_miss or k_hit) * L", {"k0_s": None, "k_miss_s_per_layer": 0.0, "k_hit_s_per_layer": 0.0},
-            pr("kv_profile"), "weights loaded -> 'init engine (profile, create kv cache, warmup model) took' line, "
-            "minus Dynamo/compile/capture seconds", per_layer)
+            "k0 + (k_miss or k_hit) * L",
+            {"k0_s": None, "k_miss_s_per_layer": 0.0, "k_hit_s_per_layer": 0.0},
+            pr("kv_profile"),
+            "weights loaded -> 'init engine (profile, create kv cache, warmup model) took' line, "
+            "minus Dynamo/compile/capture seconds",
+            per_layer,
+        )
         measured.append("kv_profile")
     else:
         unmapped.append("kv_profile")
     if pr("dynamo"):
-        fits["dynamo"], _ = _const_fit("d0 + d1 * L", {"d0_s": None, "d1_s_per_layer": 0.0}, pr("dynamo"),
-                                       "'Dynamo bytecode transform time'", per_layer)
+        fits["dynamo"], _ = _const_fit(
+            "d0 + d1 * L",
+            {"d0_s": None, "d1_s_per_layer": 0.0},
+            pr("dynamo"),
+            "'Dynamo bytecode transform time'",
+            per_layer,
+        )
         measured.append("dynamo")
     else:
         kept.append("dynamo")
     if pr("compile"):
-        fits["compile_miss"], _ = _const_fit("c0 + c1 * L", {"c0_s": None, "c1_s_per_layer": 0.0}, pr("compile"),
-                                             "'Compiling a graph ... takes' (cache state not separated: "
-                                             "treated as a miss)", per_layer)
+        fits["compile_miss"], _ = _const_fit(
+            "c0 + c1 * L",
+            {"c0_s": None, "c1_s_per_layer": 0.0},
+            pr("compile"),
+            "'Compiling a graph ... takes' (cache state not separated: treated as a miss)",
+            per_layer,
+        )
         measured.append("compile_miss")
     else:
         kept += ["compile_miss", "compile_hit"]
     if pr("cuda_graphs"):
         fits["cuda_graphs"], _ = _const_fit(
             "g0 + g1 * graphs * L + g2 * sum(sizes) * 2 * params / peak_flops",
-            {"g0_s": None, "g1_s_per_graph_layer": 0.0, "g2_passes": 0.0}, pr("cuda_graphs"),
-            "'Graph capturing finished in'", "one capture configuration: the size terms are not identifiable")
+            {"g0_s": None, "g1_s_per_graph_layer": 0.0, "g2_passes": 0.0},
+            pr("cuda_graphs"),
+            "'Graph capturing finished in'",
+            "one capture configuration: the size terms are not identifiable",
+        )
         measured.append("cuda_graphs")
     else:
         kept.append("cuda_graphs")
     kept += [p for p in ("compile_hit",) if p not in kept and p not in measured]
     eager = all("enforce_eager" in (r["args"] or "") for r in rows)
 
-    notes = [f"Measured on {host} ({kind.upper()}{': ' + str(gpus) if gpus else ''}, "
-             f"{hw.get('cpu_model', '?')}, {hw.get('cpu_count', '?')} CPUs), vLLM {version}; provenance: {prov}.",
-             f"fitted from the launches: {', '.join(measured)}.",
-             f"kept from '{basec.name}' (not in these logs{', --enforce-eager' if eager else ''}): "
-             f"{', '.join(kept) or 'none'}."]
+    notes = [
+        f"Measured on {host} ({kind.upper()}{': ' + str(gpus) if gpus else ''}, "
+        f"{hw.get('cpu_model', '?')}, {hw.get('cpu_count', '?')} CPUs), vLLM {version}; provenance: {prov}.",
+        f"fitted from the launches: {', '.join(measured)}.",
+        f"kept from '{basec.name}' (not in these logs{', --enforce-eager' if eager else ''}): "
+        f"{', '.join(kept) or 'none'}.",
+    ]
     if unmapped:
         notes.append(f"could not be mapped from the logs (kept from '{basec.name}'): {', '.join(unmapped)}.")
-    notes.append("the log's 'engine_core_start' and 'model_load_start' events fall inside process_start; "
-                 "vLLM's 'Model loading took' (GiB, s) is not used (it duplicates the weights time).")
+    notes.append(
+        "the log's 'engine_core_start' and 'model_load_start' events fall inside process_start; "
+        "vLLM's 'Model loading took' (GiB, s) is not used (it duplicates the weights time)."
+    )
     durations = {r["row"]: r["phases"] for r in rows}
     notes.append("per-launch durations (s): " + json.dumps(durations, sort_keys=True))
 
-    doc.update(name=name, aliases=[], fits=fits,
-               engine_version_fitted=f"vLLM {version} ({kind}{', enforce_eager' if eager else ''}); "
-                                     f"phases not measured are those of {basec.engine_version_fitted}",
-               notes=" ".join(notes), outliers=[])
+    doc.update(
+        name=name,
+        aliases=[],
+        fits=fits,
+        engine_version_fitted=f"vLLM {version} ({kind}{', enforce_eager' if eager else ''}); "
+        f"phases not measured are those of {basec.engine_version_fitted}",
+        notes=" ".join(notes),
+        outliers=[],
+    )
     if arch:
-        doc["profiled_models"] = {model.get("served_name") or "model": {
-            "hf_id": str(model.get("root") or model.get("served_name")), "params": float(arch.total_params),
-            "layers": int(arch.num_layers), "checkpoint_bytes_per_param": 2.0}}
+        doc["profiled_models"] = {
+            model.get("served_name") or "model": {
+                "hf_id": str(model.get("root") or model.get("served_name")),
+                "params": float(arch.total_params),
+                "layers": int(arch.num_layers),
+                "checkpoint_bytes_per_param": 2.0,
+            }
+        }
     base_host = next(iter(basec.profiled_hosts.values()))
-    doc["profiled_hosts"] = {host: {
-        "description": f"{hw.get('cpu_model', '?')} x{hw.get('cpu_count', '?')}, "
-                       f"{(hw.get('memory_bytes') or 0) / 2**30:.0f} GiB, {hw.get('os', '?')}; gpus: {gpus or 'none'}",
-        "peak_flops": {"value": base_host.peak_flops.value,
-                       "source": f"not measured; copied from '{basec.name}' host (only the capture term uses it)",
-                       "empirical": True},
-        "source": prov}}
+    doc["profiled_hosts"] = {
+        host: {
+            "description": f"{hw.get('cpu_model', '?')} x{hw.get('cpu_count', '?')}, "
+            f"{(hw.get('memory_bytes') or 0) / 2**30:.0f} GiB, {hw.get('os', '?')}; gpus: {gpus or 'none'}",
+            "peak_flops": {
+                "value": base_host.peak_flops.value,
+                "source": f"not measured; copied from '{basec.name}' host (only the capture term uses it)",
+                "empirical": True,
+            },
+            "source": prov,
+        }
+    }
     return doc
 
 
@@ -234,8 +309,9 @@ def write_startup(doc: dict, hwdb_dir: str | Path) -> Path:
     folder = Path(hwdb_dir) / "coldstart"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{doc['name']}.yaml"
-    head = ("# Start-up coefficients fitted by calibration.fit.startup to measured launches "
-            "(see notes for provenance).\n")
+    head = (
+        "# Start-up coefficients fitted by calibration.fit.startup to measured launches (see notes for provenance).\n"
+    )
     path.write_text(head + yaml.safe_dump(doc, sort_keys=False, width=120))
     load_coldstart([hwdb_dir])  # validate: raises on a schema error
     return path

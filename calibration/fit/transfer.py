@@ -18,6 +18,7 @@ The router-side decode leg (decode_first_byte_s - decode_sent_s, incl. HTTP) is 
 Connector tokens moved: ExampleConnector (shared storage) moves only whole blocks of the prompt,
 ``floor((L-1)/B)*B`` tokens; other connectors move the prompt's ``L`` tokens.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,12 +48,19 @@ def linfit(x: list[float], y: list[float]) -> dict:
     sxx = sum((v - mx) ** 2 for v in x)
     if sxx <= 0:
         raise TransferFitError("all requests move the same number of bytes: the slope is not identifiable")
-    b = sum((u - mx) * (v - my) for u, v in zip(x, y, strict=True)) / sxx   # x, y: one point each
+    b = sum((u - mx) * (v - my) for u, v in zip(x, y, strict=True)) / sxx  # x, y: one point each
     a = my - b * mx
     res = [v - a - b * u for u, v in zip(x, y, strict=True)]
     s2 = sum(r * r for r in res) / (n - 2)
-    return {"a": a, "b": b, "sa": math.sqrt(s2 * (1 / n + mx * mx / sxx)), "sb": math.sqrt(s2 / sxx),
-            "s": math.sqrt(s2), "n": n, "res": res}
+    return {
+        "a": a,
+        "b": b,
+        "sa": math.sqrt(s2 * (1 / n + mx * mx / sxx)),
+        "sb": math.sqrt(s2 / sxx),
+        "s": math.sqrt(s2),
+        "n": n,
+        "res": res,
+    }
 
 
 def robust_linfit(x: list[float], y: list[float], k: float = 3.5) -> tuple[dict, int]:
@@ -97,12 +105,23 @@ def transfer_rows(bundle: str | Path, kv_bytes_tok: float | None = None) -> tupl
             if r.get("kind") != "request" or not r.get("ok") or not pd:
                 continue
             L = int(pd.get("prompt_tokens") or r.get("prompt_tokens") or 0)
-            tokens = (max(0, (L - 1) // block * block) if conn in _WHOLE_BLOCKS and block else L)
+            tokens = max(0, (L - 1) // block * block) if conn in _WHOLE_BLOCKS and block else L
             srv = (pd.get("decode_metrics") or {}).get("time_to_first_token_ms")
-            leg = (pd["decode_first_byte_s"] - pd["decode_sent_s"]
-                   if pd.get("decode_first_byte_s") is not None and pd.get("decode_sent_s") is not None else None)
-            rows.append({"id": r.get("id"), "prompt_tokens": L, "tokens": tokens, "bytes": tokens * kv_bytes_tok,
-                         "decode_ttft_s": None if srv is None else srv / 1e3, "decode_leg_s": leg})
+            leg = (
+                pd["decode_first_byte_s"] - pd["decode_sent_s"]
+                if pd.get("decode_first_byte_s") is not None and pd.get("decode_sent_s") is not None
+                else None
+            )
+            rows.append(
+                {
+                    "id": r.get("id"),
+                    "prompt_tokens": L,
+                    "tokens": tokens,
+                    "bytes": tokens * kv_bytes_tok,
+                    "decode_ttft_s": None if srv is None else srv / 1e3,
+                    "decode_leg_s": leg,
+                }
+            )
     if not rows:
         raise TransferFitError(f"{bundle}: no successful PD request records")
     return dict(mf, kv_bytes_per_token=kv_bytes_tok), rows
@@ -110,17 +129,29 @@ def transfer_rows(bundle: str | Path, kv_bytes_tok: float | None = None) -> tupl
 
 def _summary(f: dict, dropped: int) -> dict:
     pos = f["b"] > 2 * f["sb"]
-    return {"setup_s": f["a"], "setup_sigma_s": f["sa"], "s_per_byte": f["b"], "s_per_byte_sigma": f["sb"],
-            "bandwidth_Bps": 1 / f["b"] if pos else None,
-            "bandwidth_sigma_Bps": f["sb"] / f["b"] ** 2 if pos else None,
-            "resolved": pos, "residual_s": f["s"], "points": f["n"], "dropped": dropped}
+    return {
+        "setup_s": f["a"],
+        "setup_sigma_s": f["sa"],
+        "s_per_byte": f["b"],
+        "s_per_byte_sigma": f["sb"],
+        "bandwidth_Bps": 1 / f["b"] if pos else None,
+        "bandwidth_sigma_Bps": f["sb"] / f["b"] ** 2 if pos else None,
+        "resolved": pos,
+        "residual_s": f["s"],
+        "points": f["n"],
+        "dropped": dropped,
+    }
 
 
 def fit_transfer(bundle: str | Path, kv_bytes_tok: float | None = None) -> dict:
     mf, rows = transfer_rows(bundle, kv_bytes_tok)
-    out = {"bundle": str(Path(bundle).resolve()), "connector": mf.get("connector"),
-           "kv_bytes_per_token": mf["kv_bytes_per_token"], "requests": len(rows),
-           "file_bandwidth": mf.get("file_bandwidth")}
+    out = {
+        "bundle": str(Path(bundle).resolve()),
+        "connector": mf.get("connector"),
+        "kv_bytes_per_token": mf["kv_bytes_per_token"],
+        "requests": len(rows),
+        "file_bandwidth": mf.get("file_bandwidth"),
+    }
     for key in ("decode_ttft_s", "decode_leg_s"):
         pts = [(r["bytes"], r[key]) for r in rows if r[key] is not None]
         if len(pts) >= 3:
@@ -148,21 +179,34 @@ def connector_doc(fit: dict, user_dirs=()) -> dict:
         bws = f"fitted slope: {main['bandwidth_Bps']:.3g} +- {main['bandwidth_sigma_Bps']:.2g} B/s"
     else:
         bw = fb.get("write_read_Bps")
-        bws = (f"slope not resolved ({main['s_per_byte']:.3g} +- {main['s_per_byte_sigma']:.2g} s/B): the bytes "
-               f"moved are too few for the timing noise; use the bundle's measured file write+read bandwidth "
-               f"{bw:.3g} B/s" if bw else "slope not resolved and no file bandwidth in the bundle")
+        bws = (
+            f"slope not resolved ({main['s_per_byte']:.3g} +- {main['s_per_byte_sigma']:.2g} s/B): the bytes "
+            f"moved are too few for the timing noise; use the bundle's measured file write+read bandwidth "
+            f"{bw:.3g} B/s"
+            if bw
+            else "slope not resolved and no file bandwidth in the bundle"
+        )
     doc = json.loads(base.model_dump_json(exclude_none=True))
-    doc["setup_s"] = {"value": round(max(0.0, main["setup_s"]), 6), "empirical": True,
-                      "source": f"least squares of the {which} on KV bytes moved: intercept "
-                                f"{main['setup_s'] * 1e3:.2f} +- {main['setup_sigma_s'] * 1e3:.2f} ms (1 sigma; "
-                                f"includes the decode's scheduling and one decode step; {main['dropped']} outlier(s) "
-                                f"dropped, residual {main['residual_s'] * 1e3:.2f} ms); {prov}"}
-    doc["efficiency"] = {"value": 1.0, "empirical": True,
-                         "source": f"relative to the path bandwidth set in kv_transfer.bandwidth_Bps = "
-                                   f"{bw:.4g} B/s ({bws})" if bw else bws}
-    doc["notes"] = ((doc.get("notes") or "") + f" | Measured override: kv_transfer.bandwidth_Bps "
-                    f"{format(bw, '.4g') if bw else 'unknown'}; KV bytes/token {fit['kv_bytes_per_token']:.0f}; "
-                    f"fits: {json.dumps({k: fit[k] for k in ('decode_ttft_s', 'decode_leg_s') if k in fit})}").strip()
+    doc["setup_s"] = {
+        "value": round(max(0.0, main["setup_s"]), 6),
+        "empirical": True,
+        "source": f"least squares of the {which} on KV bytes moved: intercept "
+        f"{main['setup_s'] * 1e3:.2f} +- {main['setup_sigma_s'] * 1e3:.2f} ms (1 sigma; "
+        f"includes the decode's scheduling and one decode step; {main['dropped']} outlier(s) "
+        f"dropped, residual {main['residual_s'] * 1e3:.2f} ms); {prov}",
+    }
+    doc["efficiency"] = {
+        "value": 1.0,
+        "empirical": True,
+        "source": f"relative to the path bandwidth set in kv_transfer.bandwidth_Bps = {bw:.4g} B/s ({bws})"
+        if bw
+        else bws,
+    }
+    doc["notes"] = (
+        (doc.get("notes") or "") + f" | Measured override: kv_transfer.bandwidth_Bps "
+        f"{format(bw, '.4g') if bw else 'unknown'}; KV bytes/token {fit['kv_bytes_per_token']:.0f}; "
+        f"fits: {json.dumps({k: fit[k] for k in ('decode_ttft_s', 'decode_leg_s') if k in fit})}"
+    ).strip()
     return doc
 
 
@@ -170,8 +214,10 @@ def write_connector(doc: dict, hwdb_dir: str | Path) -> Path:
     folder = Path(hwdb_dir) / "connectors"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{doc['name']}.yaml"
-    path.write_text("# KV-transfer figures fitted by calibration.fit.transfer (provenance in the sources).\n"
-                    + yaml.safe_dump(doc, sort_keys=False, width=120))
+    path.write_text(
+        "# KV-transfer figures fitted by calibration.fit.transfer (provenance in the sources).\n"
+        + yaml.safe_dump(doc, sort_keys=False, width=120)
+    )
     hwdb.load([hwdb_dir]).connector(doc["name"])  # validate
     return path
 

@@ -19,13 +19,14 @@ whatever shares its core.  Measured on the 2-vCPU VM, worker on core 0 (docs/val
 So :func:`pin_below` moves it to the engine's CPUs.  With several engine CPUs it floats among the
 OpenMP threads' cores; that layout was not measured here.
 """
+
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
 PROC = Path("/proc")
-MAX_CPU_ID = 1 << 16     # Linux CPU ids stay below CONFIG_NR_CPUS (at most 8,192 today)
+MAX_CPU_ID = 1 << 16  # Linux CPU ids stay below CONFIG_NR_CPUS (at most 8,192 today)
 
 
 def descendants(pid: int, proc: Path = PROC) -> list[int]:
@@ -36,9 +37,9 @@ def descendants(pid: int, proc: Path = PROC) -> list[int]:
             continue
         try:
             stat = (d / "stat").read_text()
-        except OSError:                 # gone meanwhile
+        except OSError:  # gone meanwhile
             continue
-        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
         children.setdefault(ppid, []).append(int(d.name))
     out, todo = [], [pid]
     while todo:
@@ -82,13 +83,16 @@ def _cpus(text: str, side: str, spec: str) -> frozenset[int]:
         try:
             a, b = int(lo), int(hi) if dash else int(lo)
         except ValueError:
-            raise ValueError(f"--pin {spec}: the {side} CPUs {text!r} are not a CPU list; "
-                             f"give e.g. 0 or 0-3,8") from None
+            raise ValueError(
+                f"--pin {spec}: the {side} CPUs {text!r} are not a CPU list; give e.g. 0 or 0-3,8"
+            ) from None
         if a < 0 or b < a:
             raise ValueError(f"--pin {spec}: {part!r} of the {side} CPUs is not a CPU range; give e.g. 0-3")
-        if b >= MAX_CPU_ID:   # before building the set: a hostile range must not take the memory
-            raise ValueError(f"--pin {spec}: CPU {b} of the {side} CPUs is beyond any CPU id (below {MAX_CPU_ID}); "
-                             "give the CPUs this machine has (nproc, taskset -p $$)")
+        if b >= MAX_CPU_ID:  # before building the set: a hostile range must not take the memory
+            raise ValueError(
+                f"--pin {spec}: CPU {b} of the {side} CPUs is beyond any CPU id (below {MAX_CPU_ID}); "
+                "give the CPUs this machine has (nproc, taskset -p $$)"
+            )
         out.update(range(a, b + 1))
     return frozenset(out)
 
@@ -99,14 +103,19 @@ def parse_pin(spec: str, available=None) -> tuple[frozenset[int], frozenset[int]
     non-empty, disjoint and CPUs this process may use (``available``, default its affinity)."""
     engine, sep, front = spec.partition(":")
     if not sep or not engine.strip() or not front.strip():
-        raise ValueError(f"--pin {spec!r}: give ENGINE:FRONT CPU lists, e.g. --pin 0:1 (engine on CPU 0, the API "
-                         "server and this harness on CPU 1)")
+        raise ValueError(
+            f"--pin {spec!r}: give ENGINE:FRONT CPU lists, e.g. --pin 0:1 (engine on CPU 0, the API "
+            "server and this harness on CPU 1)"
+        )
     e, f = _cpus(engine, "engine", spec), _cpus(front, "front", spec)
     if e & f:
-        raise ValueError(f"--pin {spec}: CPU {cpu_list(e & f)} is on both sides; the engine's CPUs and the front "
-                         "end's must differ")
+        raise ValueError(
+            f"--pin {spec}: CPU {cpu_list(e & f)} is on both sides; the engine's CPUs and the front end's must differ"
+        )
     avail = set(os.sched_getaffinity(0) if available is None else available)
     if not (e | f) <= avail:
-        raise ValueError(f"--pin {spec}: CPU {cpu_list((e | f) - avail)} is not available to this process (it may use "
-                         f"{cpu_list(avail)}); choose CPUs from that list")
+        raise ValueError(
+            f"--pin {spec}: CPU {cpu_list((e | f) - avail)} is not available to this process (it may use "
+            f"{cpu_list(avail)}); choose CPUs from that list"
+        )
     return e, f

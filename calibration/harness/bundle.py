@@ -20,6 +20,7 @@ Resuming skips phases with a ``phase_done`` record, and inside an unfinished pha
 ids that already have an ``ok`` record; a resumed phase gets a new ``segment`` number, with its
 own metrics delta.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -35,7 +36,7 @@ MANIFEST = "manifest.json"
 RECORDS = "records"
 REQUIRED_MANIFEST_KEYS = ("schema_version", "created", "model", "mode", "plan")
 RECORD_KINDS = ("phase_start", "request", "metrics", "phase_done", "note")
-_WRITTEN = '{"kind":"'   # how every line the harness appends begins (compact JSON, kind first)
+_WRITTEN = '{"kind":"'  # how every line the harness appends begins (compact JSON, kind first)
 
 
 class BundleError(Exception):
@@ -59,8 +60,7 @@ class Bundle:
         """Start a new bundle in ``path`` (absent or empty directory)."""
         path = Path(path)
         if (path / MANIFEST).exists() or (path.exists() and any((path / RECORDS).glob("*.jsonl"))):
-            raise BundleError(f"{path} already holds a bundle; pass --resume to continue it, "
-                              "or choose another --out")
+            raise BundleError(f"{path} already holds a bundle; pass --resume to continue it, or choose another --out")
         m = dict(manifest)
         m.setdefault("schema_version", SCHEMA_VERSION)
         m.setdefault("created", now_iso())
@@ -88,17 +88,19 @@ class Bundle:
             raise BundleError(f"{path} is not a measurement bundle: {MANIFEST} is missing")
         text = read_text(mf, BundleError, "bundle manifest")
         try:
-            m = json.loads(text)        # NaN allowed: the harness writes it for unmeasured figures
+            m = json.loads(text)  # NaN allowed: the harness writes it for unmeasured figures
         except json.JSONDecodeError as exc:
             raise BundleError(f"{mf} is not valid JSON: {exc}") from None
         except (ValueError, RecursionError) as exc:
             raise BundleError(f"{mf} cannot be read ({str(exc)[:160]})") from None
         if not isinstance(m, dict):
             raise BundleError(f"{mf} must hold a JSON object")
-        if m.get("kind") == "pd_run":   # calibration/pd/bundle.py reads these
-            raise BundleError(f"{path} is a PD bundle (written by `epdsim calibrate run --pd`), not a "
-                              f"colocated calibration bundle: summarise it with `epdsim calibrate show {path}` and "
-                              f"replay it with `epdsim calibrate validate {path} --profile HWDB_DIR`")
+        if m.get("kind") == "pd_run":  # calibration/pd/bundle.py reads these
+            raise BundleError(
+                f"{path} is a PD bundle (written by `epdsim calibrate run --pd`), not a "
+                f"colocated calibration bundle: summarise it with `epdsim calibrate show {path}` and "
+                f"replay it with `epdsim calibrate validate {path} --profile HWDB_DIR`"
+            )
         missing = [k for k in REQUIRED_MANIFEST_KEYS if k not in m]
         if missing:
             raise BundleError(f"{mf} lacks {', '.join(missing)}; {FIX.removeprefix('fix: ')}")
@@ -107,9 +109,11 @@ class Bundle:
         except ValueError as exc:
             raise BundleError(str(exc)) from None
         if m["schema_version"] != SCHEMA_VERSION:
-            raise BundleError(f"{mf} has schema_version {m['schema_version']!r}; this epdsim reads version "
-                              f"{SCHEMA_VERSION}: measure again with this epdsim, or read the bundle with the "
-                              f"epdsim that wrote it")
+            raise BundleError(
+                f"{mf} has schema_version {m['schema_version']!r}; this epdsim reads version "
+                f"{SCHEMA_VERSION}: measure again with this epdsim, or read the bundle with the "
+                f"epdsim that wrote it"
+            )
         b = cls(path, m)
         if validate_records:
             b.validate(complete)
@@ -127,17 +131,20 @@ class Bundle:
         settled = []
         for i, r in enumerate(self.manifest.get("runs") or []):
             if r.get("status") != "running" or not r.get("pid") or r.get("hostname") != host:
-                continue   # finished, from before pids were kept, or from another host: cannot tell
+                continue  # finished, from before pids were kept, or from another host: cannot tell
             if process_alive(r["pid"], r.get("proc_start")):
                 continue
-            r.update(status="interrupted", interrupted_by=f"found at {now_iso()} with its process {r['pid']} gone "
-                                                          f"(killed with SIGKILL, crashed, or the machine stopped)")
+            r.update(
+                status="interrupted",
+                interrupted_by=f"found at {now_iso()} with its process {r['pid']} gone "
+                f"(killed with SIGKILL, crashed, or the machine stopped)",
+            )
             settled.append(i)
         if settled:
             try:
                 self.write_manifest()
             except OSError:
-                pass   # a read-only bundle: the status is corrected in memory only
+                pass  # a read-only bundle: the status is corrected in memory only
         return settled
 
     # ----------------------------------------------------------------- manifest
@@ -155,17 +162,21 @@ class Bundle:
     def check_same_model(self, model: dict[str, Any]) -> None:
         """Refuse to add measurements of another model (or the same name with another config)."""
         mine = self.manifest["model"]
-        diffs = [f"{k}: bundle {mine.get(k)!r}, server {model.get(k)!r}"
-                 for k in ("served_name", "max_model_len", "config_sha256")
-                 if mine.get(k) is not None and model.get(k) is not None and mine.get(k) != model.get(k)]
+        diffs = [
+            f"{k}: bundle {mine.get(k)!r}, server {model.get(k)!r}"
+            for k in ("served_name", "max_model_len", "config_sha256")
+            if mine.get(k) is not None and model.get(k) is not None and mine.get(k) != model.get(k)
+        ]
         if diffs:
             raise BundleError(f"{self.path} was measured on another model; " + "; ".join(diffs))
 
     # ----------------------------------------------------------------- records
     def _file(self, phase: str) -> Path:
         if not PHASE_NAME.match(phase):
-            raise BundleError(f"{self.path / RECORDS}: bad phase name {phase!r}; a phase name is letters, digits, "
-                              f"'_', '.' and '-', starting with a letter or digit: rename the phase")
+            raise BundleError(
+                f"{self.path / RECORDS}: bad phase name {phase!r}; a phase name is letters, digits, "
+                f"'_', '.' and '-', starting with a letter or digit: rename the phase"
+            )
         return self.path / RECORDS / f"{phase}.jsonl"
 
     def append(self, phase: str, record: dict[str, Any]) -> None:
@@ -200,15 +211,18 @@ class Bundle:
             except json.JSONDecodeError as exc:
                 if _torn(line, exc):
                     continue
-                raise BundleError(f"{f} line {n}: not a JSON record ({exc.msg} at column {exc.colno}: "
-                                  f"{line[:60]!r}); each line is one JSON object. {FIX}") from None
+                raise BundleError(
+                    f"{f} line {n}: not a JSON record ({exc.msg} at column {exc.colno}: "
+                    f"{line[:60]!r}); each line is one JSON object. {FIX}"
+                ) from None
             except (ValueError, RecursionError) as exc:
                 raise BundleError(f"{f} line {n}: a record cannot be read ({str(exc)[:160]}); {FIX}") from None
             if not isinstance(rec, dict):
                 raise BundleError(f"{f} line {n}: a record is a JSON {type(rec).__name__}, expected an object; {FIX}")
             if rec.get("kind") == "request" and not isinstance(rec.get("id"), str):
-                raise BundleError(f"{f} line {n}: a request record has id {rec.get('id')!r}; each request needs "
-                                  f"a string id. {FIX}")
+                raise BundleError(
+                    f"{f} line {n}: a request record has id {rec.get('id')!r}; each request needs a string id. {FIX}"
+                )
             out.append((n, rec))
         return out
 
@@ -244,18 +258,21 @@ class Bundle:
             phase = f.stem
             for n, rec in self._lines(phase):
                 if rec.get("kind") not in RECORD_KINDS:
-                    raise BundleError(f"{f} line {n}: unknown record kind {rec.get('kind')!r}; the kinds are "
-                                      f"{', '.join(RECORD_KINDS)}. {FIX}")
+                    raise BundleError(
+                        f"{f} line {n}: unknown record kind {rec.get('kind')!r}; the kinds are "
+                        f"{', '.join(RECORD_KINDS)}. {FIX}"
+                    )
                 try:
                     check_record(f, n, rec, self.manifest.get("mode"), complete)
                 except ValueError as exc:
                     raise BundleError(str(exc)) from None
                 if rec.get("phase") not in (None, phase):
-                    raise BundleError(f"{f}: a record of phase {rec.get('phase')!r} is in the file of "
-                                      f"phase {phase!r}")
+                    raise BundleError(f"{f}: a record of phase {rec.get('phase')!r} is in the file of phase {phase!r}")
                 if rec["kind"] == "request" and rec.get("model") != self.model_name:
-                    raise BundleError(f"{f}: request {rec.get('id')!r} was measured on model "
-                                      f"{rec.get('model')!r}, but the manifest says {self.model_name!r}")
+                    raise BundleError(
+                        f"{f}: request {rec.get('id')!r} was measured on model "
+                        f"{rec.get('model')!r}, but the manifest says {self.model_name!r}"
+                    )
 
 
 def proc_start(pid: int | str = "self") -> str | None:
@@ -264,7 +281,7 @@ def proc_start(pid: int | str = "self") -> str | None:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = stat.rsplit(")", 1)[-1].split()   # the command name may hold spaces and parentheses
+    fields = stat.rsplit(")", 1)[-1].split()  # the command name may hold spaces and parentheses
     return fields[19] if len(fields) > 19 else None
 
 

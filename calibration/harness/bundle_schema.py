@@ -11,6 +11,7 @@ bookkeeping can use (resume, phase ends); with ``complete`` it also needs the me
 ``calibrate show``, ``fit`` and ``validate`` read (``ttft_s``, ``token_times_s``, ...), which a
 successful request's record always has.
 """
+
 from __future__ import annotations
 
 import re
@@ -25,8 +26,10 @@ from simulator.errors import format_validation_error
 SCHEMA_VERSION = 1
 PHASE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 DOCS = "docs/calibration.md"
-FIX = (f"fix: restore the value `epdsim calibrate run` wrote ({DOCS} describes the bundle), "
-       f"or measure again into a new folder")
+FIX = (
+    f"fix: restore the value `epdsim calibrate run` wrote ({DOCS} describes the bundle), "
+    f"or measure again into a new folder"
+)
 
 # written as Annotated types (simulator/bounds.py): a type checker reads the float or int, pydantic the Range
 Seconds = Annotated[float, Range(0, MAX_SECONDS, "s", fix="give seconds, as the harness recorded them")]
@@ -41,15 +44,19 @@ KvTokens = Annotated[int, Range(0, 10**12, "tokens", whole=True)]
 
 def _phase_name(v: str) -> str:
     if not PHASE_NAME.match(v):
-        raise ValueError("a phase name is letters, digits, '_', '.' and '-', starting with a letter or digit "
-                         "(it names the file records/<name>.jsonl); rename the phase")
+        raise ValueError(
+            "a phase name is letters, digits, '_', '.' and '-', starting with a letter or digit "
+            "(it names the file records/<name>.jsonl); rename the phase"
+        )
     return v
 
 
 def _version(v):
     if isinstance(v, bool) or not isinstance(v, int):
-        raise ValueError(f"must be the whole number {SCHEMA_VERSION}, not {type(v).__name__} {v!r}: "
-                         f"write {SCHEMA_VERSION} without quotes")
+        raise ValueError(
+            f"must be the whole number {SCHEMA_VERSION}, not {type(v).__name__} {v!r}: "
+            f"write {SCHEMA_VERSION} without quotes"
+        )
     return v
 
 
@@ -64,6 +71,7 @@ PhaseName = Annotated[str, AfterValidator(_phase_name)]
 
 class _Open(BaseModel):
     """Unknown keys are kept: the writers add fields over time, and readers ignore what they don't use."""
+
     model_config = ConfigDict(extra="allow", strict=False)
 
 
@@ -162,6 +170,7 @@ class MetricsRecord(Record):
 
 class FailedRequest(Record):
     """A request that failed: its figures are whatever the failure left (NaN, null) and none is read."""
+
     id: str
     ok: bool
     model: str | None = None
@@ -170,6 +179,7 @@ class FailedRequest(Record):
 class RequestRecord(FailedRequest):
     """Any successful request record the bundle's bookkeeping can use: the measurements it has,
     each of its kind and range."""
+
     t_send: Epoch | None = None
     ttft_s: Seconds | None = None
     e2e_s: Seconds | None = None
@@ -182,6 +192,7 @@ class RequestRecord(FailedRequest):
 class MeasuredRequest(RequestRecord):
     """A successful request of a measurement bundle: the fields every reader of its figures needs
     (the harness writes them all; a time is null when no token came)."""
+
     t_send: Epoch
     ttft_s: Seconds | None
     e2e_s: Seconds | None
@@ -210,8 +221,15 @@ def check_record(f: Path, line: int, rec: dict, mode: str | None, complete: bool
     """One record of ``f`` (at ``line``); ValueError names the file, line, field, value and fix."""
     model: type[Record]
     if rec.get("kind") == "request":
-        model = (FailedRequest if rec.get("ok") is not True else KernelRequest if mode == "kernels" else
-                 MeasuredRequest if complete else RequestRecord)
+        model = (
+            FailedRequest
+            if rec.get("ok") is not True
+            else KernelRequest
+            if mode == "kernels"
+            else MeasuredRequest
+            if complete
+            else RequestRecord
+        )
     else:
         model = MetricsRecord if rec.get("kind") == "metrics" else Record
     try:

@@ -11,6 +11,7 @@ time, decode time, mean ITL), which is stored as ``server_metrics``.
 Prompts are lists of token ids (the completions API accepts them), built from the server's own
 tokenizer through ``/tokenize``, so their lengths are exact whatever the model.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -25,8 +26,14 @@ from typing import Any
 
 import httpx
 
-CONNECTION_ERRORS = (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError,
-                     httpx.ConnectTimeout, httpx.PoolTimeout)
+CONNECTION_ERRORS = (
+    httpx.ConnectError,
+    httpx.ReadError,
+    httpx.WriteError,
+    httpx.RemoteProtocolError,
+    httpx.ConnectTimeout,
+    httpx.PoolTimeout,
+)
 
 
 def as_interrupt(exc: BaseException) -> BaseException:
@@ -40,6 +47,7 @@ def as_interrupt(exc: BaseException) -> BaseException:
                 inner = inner.exceptions[0]
             return inner
     return exc
+
 
 @dataclass
 class RequestSpec:
@@ -59,12 +67,12 @@ class RequestResult:
     id: str
     ok: bool
     error: str | None = None
-    error_kind: str | None = None     # "connection" | "http" | "protocol" | "timeout"
+    error_kind: str | None = None  # "connection" | "http" | "protocol" | "timeout"
     status: int | None = None
-    t_send: float = math.nan          # wall clock (s since epoch) of the send
+    t_send: float = math.nan  # wall clock (s since epoch) of the send
     scheduled_s: float | None = None  # open loop: planned offset from the phase start
-    sent_s: float | None = None       # actual offset from the phase start
-    ttft_s: float | None = None       # first token, seconds after send
+    sent_s: float | None = None  # actual offset from the phase start
+    ttft_s: float | None = None  # first token, seconds after send
     token_times_s: list[float] = field(default_factory=list)  # each output token, s after send
     e2e_s: float | None = None
     prompt_tokens: int | None = None
@@ -121,17 +129,26 @@ class SSEDecoder:
 class CompletionClient:
     """One HTTP/1.1 connection pool to a vLLM (OpenAI-compatible) server."""
 
-    def __init__(self, base_url: str, model: str, *, api_key: str | None = None,
-                 request_timeout: float = 600.0, max_connections: int = 1024,
-                 extra_body: dict | None = None, return_token_ids: bool = True):
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api_key: str | None = None,
+        request_timeout: float = 600.0,
+        max_connections: int = 1024,
+        extra_body: dict | None = None,
+        return_token_ids: bool = True,
+    ):
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.extra_body = dict(extra_body or {})
         self.return_token_ids = return_token_ids
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-        self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers, limits=limits,
-                                       timeout=httpx.Timeout(request_timeout, connect=10.0))
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url, headers=headers, limits=limits, timeout=httpx.Timeout(request_timeout, connect=10.0)
+        )
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -154,23 +171,35 @@ class CompletionClient:
         return r.text
 
     async def tokenize(self, text: str) -> list[int]:
-        r = await self._http.post("/tokenize", json={"model": self.model, "prompt": text,
-                                                      "add_special_tokens": False})
+        r = await self._http.post("/tokenize", json={"model": self.model, "prompt": text, "add_special_tokens": False})
         r.raise_for_status()
         return list(r.json()["tokens"])
 
     # -- the streamed completion
     def body(self, spec: RequestSpec) -> dict:
-        b = {"model": self.model, "prompt": spec.prompt, "max_tokens": spec.max_tokens, "stream": True,
-             "stream_options": {"include_usage": True}, "ignore_eos": True, "temperature": 0.0}
+        b = {
+            "model": self.model,
+            "prompt": spec.prompt,
+            "max_tokens": spec.max_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "ignore_eos": True,
+            "temperature": 0.0,
+        }
         if self.return_token_ids:
             b["return_token_ids"] = True
         b.update(self.extra_body)
         return b
 
     async def complete(self, spec: RequestSpec, phase_t0: float | None = None) -> RequestResult:
-        res = RequestResult(id=spec.id, ok=False, scheduled_s=spec.arrival_s, max_tokens=spec.max_tokens,
-                            expected_prompt_tokens=spec.prompt_len, meta=dict(spec.meta))
+        res = RequestResult(
+            id=spec.id,
+            ok=False,
+            scheduled_s=spec.arrival_s,
+            max_tokens=spec.max_tokens,
+            expected_prompt_tokens=spec.prompt_len,
+            meta=dict(spec.meta),
+        )
         dec = SSEDecoder()
         t_send = time.monotonic()
         res.t_send = time.time()
@@ -245,13 +274,15 @@ class CompletionClient:
 
 
 # ---------------------------------------------------------------------------- prompts
-_WORDS = ("time person year way day thing man world life hand part child eye woman place work week case "
-          "point government company number group problem fact be have do say get make go know take see "
-          "come think look want give use find tell ask seem feel try leave call good new first last long "
-          "great little own other old right big high different small large next early young important few "
-          "public bad same able to of in for on with at by from up about into over after beneath under "
-          "above the and a that I it not he as you this but his they her she or an will my one all would "
-          "there their 0 1 2 3 4 5 6 7 8 9 , . ; : ! ? ( ) - \" '").split()
+_WORDS = (
+    "time person year way day thing man world life hand part child eye woman place work week case "
+    "point government company number group problem fact be have do say get make go know take see "
+    "come think look want give use find tell ask seem feel try leave call good new first last long "
+    "great little own other old right big high different small large next early young important few "
+    "public bad same able to of in for on with at by from up about into over after beneath under "
+    "above the and a that I it not he as you this but his they her she or an will my one all would "
+    "there their 0 1 2 3 4 5 6 7 8 9 , . ; : ! ? ( ) - \" '"
+).split()
 
 
 def sample_text(seed: int = 0, n_words: int = 800) -> str:
@@ -316,8 +347,9 @@ def poisson_arrivals(n: int, rate: float, seed: int) -> list[float]:
     return out
 
 
-async def run_open_loop(client: CompletionClient, specs: Sequence[RequestSpec],
-                        on_result: OnResult | None = None) -> list[RequestResult]:
+async def run_open_loop(
+    client: CompletionClient, specs: Sequence[RequestSpec], on_result: OnResult | None = None
+) -> list[RequestResult]:
     """Send each request at its ``arrival_s`` offset (Poisson schedule from :func:`poisson_arrivals`),
     whatever the server's progress; results in completion order.  The offsets are shifted so
     that the first remaining request starts at once (a resumed phase keeps the others' gaps); each
@@ -344,8 +376,13 @@ async def run_open_loop(client: CompletionClient, specs: Sequence[RequestSpec],
     return results
 
 
-async def run_closed_loop(client: CompletionClient, specs: Iterable[RequestSpec], concurrency: int,
-                          on_result: OnResult | None = None, think_time_s: float = 0.0) -> list[RequestResult]:
+async def run_closed_loop(
+    client: CompletionClient,
+    specs: Iterable[RequestSpec],
+    concurrency: int,
+    on_result: OnResult | None = None,
+    think_time_s: float = 0.0,
+) -> list[RequestResult]:
     """``concurrency`` users, each sending its next request when the previous one finished."""
     queue = list(specs)
     queue.reverse()

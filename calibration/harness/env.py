@@ -1,4 +1,5 @@
 """What a bundle records about where it was measured: hardware, software versions, git commit."""
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -43,8 +44,12 @@ def gpus() -> list[dict]:
     if not exe:
         return []
     try:
-        out = subprocess.run([exe, "--query-gpu=name,memory.total,driver_version,pci.bus_id",
-                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=20)
+        out = subprocess.run(
+            [exe, "--query-gpu=name,memory.total,driver_version,pci.bus_id", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return []
     rows = []
@@ -63,8 +68,20 @@ def _num(s: str):
 
 
 #: the ISA features that set a CPU's matmul peak (what calibration.fit.host derives CPU-host from)
-ISA_FLAGS = ("amx_bf16", "amx_int8", "amx_tile", "avx512f", "avx512_bf16", "avx512_vnni", "avx512_fp16",
-             "avx2", "fma", "asimd", "sve", "sve2")
+ISA_FLAGS = (
+    "amx_bf16",
+    "amx_int8",
+    "amx_tile",
+    "avx512f",
+    "avx512_bf16",
+    "avx512_vnni",
+    "avx512_fp16",
+    "avx2",
+    "fma",
+    "asimd",
+    "sve",
+    "sve2",
+)
 
 
 def cpu_id(cpuinfo: str | None = None) -> dict:
@@ -83,15 +100,23 @@ def cpu_id(cpuinfo: str | None = None) -> dict:
             return float(first[key])
         except (KeyError, ValueError):
             return None
+
     mhz, bogo = num("cpu mhz"), num("bogomips")
-    clock = (mhz / 1e3, "cpu MHz of /proc/cpuinfo") if mhz else \
-        ((bogo / 2e3, "BogoMIPS / 2 of /proc/cpuinfo") if bogo else (None, None))
+    clock = (
+        (mhz / 1e3, "cpu MHz of /proc/cpuinfo")
+        if mhz
+        else ((bogo / 2e3, "BogoMIPS / 2 of /proc/cpuinfo") if bogo else (None, None))
+    )
     fam = first.get("cpu family")
-    return {"vendor": first.get("vendor_id") or first.get("cpu implementer"), "model_name": cpu_model() if
-            cpuinfo is None else first.get("model name"), "family": int(fam) if fam and fam.isdigit() else None,
-            "model": int(first["model"]) if first.get("model", "").isdigit() else None,
-            "clock_ghz": round(clock[0], 4) if clock[0] else None, "clock_source": clock[1],
-            "isa": [f for f in ISA_FLAGS if f in flags]}
+    return {
+        "vendor": first.get("vendor_id") or first.get("cpu implementer"),
+        "model_name": cpu_model() if cpuinfo is None else first.get("model name"),
+        "family": int(fam) if fam and fam.isdigit() else None,
+        "model": int(first["model"]) if first.get("model", "").isdigit() else None,
+        "clock_ghz": round(clock[0], 4) if clock[0] else None,
+        "clock_source": clock[1],
+        "isa": [f for f in ISA_FLAGS if f in flags],
+    }
 
 
 def conditions() -> dict:
@@ -123,13 +148,25 @@ def hardware(cpus: set[int] | None = None, pin: tuple | None = None) -> dict:
     if pin:
         eng, front = sorted(pin[0]), sorted(pin[1])
         own = set(eng) | set(front)
-        server = {"pinned": {"engine_cpus": eng, "front_cpus": front},
-                  "cores_basis": f"the server's CPUs under --pin: engine {_cpus(eng)}, front end {_cpus(front)}"}
+        server = {
+            "pinned": {"engine_cpus": eng, "front_cpus": front},
+            "cores_basis": f"the server's CPUs under --pin: engine {_cpus(eng)}, front end {_cpus(front)}",
+        }
     elif own:
         server = {"cores_basis": "the CPUs the harness, and the server it launched, could use"}
-    return {"hostname": platform.node(), "machine": platform.machine(), "os": platform.platform(),
-            "cpu_model": cpu_model(), "cpu_count": os.cpu_count(), "cpu_affinity": len(own) or None,
-            "cpus": sorted(own), **server, "cpu": cpu_id(), "memory_bytes": memory_bytes(), "gpus": gpus()}
+    return {
+        "hostname": platform.node(),
+        "machine": platform.machine(),
+        "os": platform.platform(),
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "cpu_affinity": len(own) or None,
+        "cpus": sorted(own),
+        **server,
+        "cpu": cpu_id(),
+        "memory_bytes": memory_bytes(),
+        "gpus": gpus(),
+    }
 
 
 def _cpus(ids) -> str:
@@ -148,13 +185,15 @@ def server_cores(manifest: dict) -> tuple[int | None, str]:
     affinity, count = _count(hw.get("cpu_affinity")), _count(hw.get("cpu_count"))
     if hw.get("cores_basis") and affinity:
         return affinity, str(hw["cores_basis"])
-    pins = [ln["pin"] for ln in manifest.get("launches") or []
-            if isinstance(ln, dict) and isinstance(ln.get("pin"), dict)]
+    pins = [
+        ln["pin"] for ln in manifest.get("launches") or [] if isinstance(ln, dict) and isinstance(ln.get("pin"), dict)
+    ]
     eng = {c for p in pins for c in _ids(p.get("engine_cpus"))}
     front = {c for p in pins for c in _ids(p.get("front_cpus"))}
     if eng or front:
-        return len(eng | front), (f"the server's CPUs under --pin (launches[].pin): engine {_cpus(eng)}, front "
-                                  f"end {_cpus(front)}")
+        return len(eng | front), (
+            f"the server's CPUs under --pin (launches[].pin): engine {_cpus(eng)}, front end {_cpus(front)}"
+        )
     if affinity:
         return affinity, "the CPUs the harness, and the server it launched, could use"
     if count:
@@ -167,8 +206,11 @@ def _count(v) -> int | None:
 
 
 def _ids(v) -> list[int]:
-    return [c for c in v if isinstance(c, int) and not isinstance(c, bool) and 0 <= c < 1 << 16] \
-        if isinstance(v, list) else []
+    return (
+        [c for c in v if isinstance(c, int) and not isinstance(c, bool) and 0 <= c < 1 << 16]
+        if isinstance(v, list)
+        else []
+    )
 
 
 def with_server_cores(manifest: dict) -> dict:
@@ -187,8 +229,13 @@ def git_commit(repo: Path = REPO) -> dict:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10)
         if head.returncode != 0:
             return {}
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
-                               capture_output=True, text=True, timeout=20)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
         return {"commit": head.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
     except (OSError, subprocess.TimeoutExpired):
         return {}
@@ -226,6 +273,7 @@ def python_env(python: str, timeout: float = 120.0) -> dict:
 def client_env() -> dict:
     try:
         import httpx  # noqa: PLC0415 - slow to import, and `epdsim --help` loads this module
+
         hv = httpx.__version__
     except ImportError:  # pragma: no cover
         hv = None

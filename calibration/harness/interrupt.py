@@ -5,6 +5,7 @@ with SIGINT ignored, and Python then leaves SIGINT ignored too; a scheduler stop
 which Python does not handle at all.  While :func:`interruptible` is active both raise
 ``KeyboardInterrupt`` in the main thread, so the launched servers stop and the bundle's manifest
 says ``interrupted`` (nothing measured is lost: records are appended as they come)."""
+
 from __future__ import annotations
 
 import signal

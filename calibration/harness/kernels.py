@@ -22,6 +22,7 @@ calls (enough for ~2 ms) so that tiny kernels are not lost in timer resolution. 
 events around the loop; CPU timing ``time.perf_counter``.  The bundle (see ``bundle.py``) is
 resumable: a second run into the same ``--out`` skips shapes already recorded.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -73,23 +74,39 @@ def model_shapes(cfg: dict, tp: int) -> dict:
         if default is None:
             raise ValueError(f"config lacks {keys[0]!r}")
         return default
+
     hidden = int(get("hidden_size", "d_model", "n_embd"))
     heads = int(get("num_attention_heads", "n_head"))
     kv_heads = int(get("num_key_value_heads", default=heads))
     head_dim = int(get("head_dim", default=hidden // heads))
-    inter = int(get("moe_intermediate_size", "intermediate_size", "ffn_dim")
-                if (t.get("num_local_experts") or t.get("n_routed_experts") or t.get("num_experts"))
-                else get("intermediate_size", "ffn_dim"))
+    inter = int(
+        get("moe_intermediate_size", "intermediate_size", "ffn_dim")
+        if (t.get("num_local_experts") or t.get("n_routed_experts") or t.get("num_experts"))
+        else get("intermediate_size", "ffn_dim")
+    )
     vocab = int(get("vocab_size"))
     if heads % tp or inter % tp:
         raise ValueError(f"--tp {tp} does not divide heads={heads} / intermediate={inter}")
     h_tp = heads // tp
     kv_tp = max(1, kv_heads // tp)  # KV heads are replicated when tp > kv_heads
-    layers = {"qkv": ((h_tp + 2 * kv_tp) * head_dim, hidden), "o": (hidden, h_tp * head_dim),
-              "gate_up": (2 * inter // tp, hidden), "down": (hidden, inter // tp)}
-    return {"hidden": hidden, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim,
-            "intermediate": inter, "vocab": vocab, "tp": tp, "heads_per_rank": h_tp,
-            "kv_heads_per_rank": kv_tp, "gemm": {k: {"n": n, "k": kk} for k, (n, kk) in layers.items()}}
+    layers = {
+        "qkv": ((h_tp + 2 * kv_tp) * head_dim, hidden),
+        "o": (hidden, h_tp * head_dim),
+        "gate_up": (2 * inter // tp, hidden),
+        "down": (hidden, inter // tp),
+    }
+    return {
+        "hidden": hidden,
+        "heads": heads,
+        "kv_heads": kv_heads,
+        "head_dim": head_dim,
+        "intermediate": inter,
+        "vocab": vocab,
+        "tp": tp,
+        "heads_per_rank": h_tp,
+        "kv_heads_per_rank": kv_tp,
+        "gemm": {k: {"n": n, "k": kk} for k, (n, kk) in layers.items()},
+    }
 
 
 # =============================================================================== phases
@@ -120,13 +137,28 @@ class Runner:
             return True
         first = self.timer.first_call(fn)
         if first > self.args.max_call_s:
-            self.b.append(phase, {"kind": "note", "id": rid, "skipped": True,
-                                  "reason": f"one call took {first:.3g} s > --max-call-s {self.args.max_call_s}; "
-                                            f"larger shapes of this sweep skipped"})
+            self.b.append(
+                phase,
+                {
+                    "kind": "note",
+                    "id": rid,
+                    "skipped": True,
+                    "reason": f"one call took {first:.3g} s > --max-call-s {self.args.max_call_s}; "
+                    f"larger shapes of this sweep skipped",
+                },
+            )
             return False
         r = self.timer.measure(fn, first)
-        rec = {"kind": "request", "id": rid, "ok": True, "op": phase, "dtype": self.dtype,
-               "device": self.device.type, **info, **r}
+        rec = {
+            "kind": "request",
+            "id": rid,
+            "ok": True,
+            "op": phase,
+            "dtype": self.dtype,
+            "device": self.device.type,
+            **info,
+            **r,
+        }
         self.b.append(phase, rec)
         self.n_new += 1
         extra = ""
@@ -154,8 +186,14 @@ class Runner:
                 if not self._fits((m * k + m * n + n * k) * eb):
                     break
                 x = torch.randn(m, k, device=self.device, dtype=self.tdt)
-                info = {"layer": name, "m": m, "n": n, "k": k, "flops": 2.0 * m * n * k,
-                        "bytes": float((m * k + m * n) * eb + n * k * eb)}
+                info = {
+                    "layer": name,
+                    "m": m,
+                    "n": n,
+                    "k": k,
+                    "flops": 2.0 * m * n * k,
+                    "bytes": float((m * k + m * n) * eb + n * k * eb),
+                }
                 if not self._record(ph, f"{name}:m={m}", lambda x=x, w=w: F.linear(x, w), info):
                     break
             del w
@@ -172,10 +210,10 @@ class Runner:
             if not self._fits(4 * h * s * d * eb + h * s * s * 4):  # q,k,v,o (+ a math-backend score matrix)
                 break
             q, k, v = (torch.randn(1, h, s, d, device=self.device, dtype=self.tdt) for _ in range(3))
-            info = {"batch_size": 1, "isl": s, "num_heads": h, "head_dim": d,
-                    "flops": 4.0 * (s * s / 2.0) * h * d}
-            if not self._record(ph, f"b=1:s={s}", lambda q=q, k=k, v=v: F.scaled_dot_product_attention(
-                    q, k, v, is_causal=True), info):
+            info = {"batch_size": 1, "isl": s, "num_heads": h, "head_dim": d, "flops": 4.0 * (s * s / 2.0) * h * d}
+            if not self._record(
+                ph, f"b=1:s={s}", lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v, is_causal=True), info
+            ):
                 break
         self._done(ph)
 
@@ -192,11 +230,20 @@ class Runner:
                     break
                 q = torch.randn(bsz, h, 1, d, device=self.device, dtype=self.tdt)
                 k, v = (torch.randn(bsz, h, ctx, d, device=self.device, dtype=self.tdt) for _ in range(2))
-                info = {"batch_size": bsz, "ctx": ctx, "num_heads": h, "num_kv_heads_read": h,
-                        "num_key_value_heads": self.shapes["kv_heads_per_rank"], "head_dim": d,
-                        "gqa": "expanded", "kv_bytes_per_elem": eb, "bytes": kv_bytes}
-                ok = self._record(ph, f"b={bsz}:ctx={ctx}", lambda q=q, k=k, v=v: F.scaled_dot_product_attention(
-                    q, k, v), info)
+                info = {
+                    "batch_size": bsz,
+                    "ctx": ctx,
+                    "num_heads": h,
+                    "num_kv_heads_read": h,
+                    "num_key_value_heads": self.shapes["kv_heads_per_rank"],
+                    "head_dim": d,
+                    "gqa": "expanded",
+                    "kv_bytes_per_elem": eb,
+                    "bytes": kv_bytes,
+                }
+                ok = self._record(
+                    ph, f"b={bsz}:ctx={ctx}", lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v), info
+                )
                 del q, k, v
                 if not ok:
                     break
@@ -243,10 +290,16 @@ class Runner:
         if self.args.no_allreduce:
             reason = "disabled with --no-allreduce"
         if reason is None:
-            assert backend is not None   # every branch without a reason names one
+            assert backend is not None  # every branch without a reason names one
             try:
-                results = run_allreduce(backend, world, self.grid(AR_BYTES), self.dtype, self.args.repeats,
-                                         timeout_s=self.args.allreduce_timeout_s)
+                results = run_allreduce(
+                    backend,
+                    world,
+                    self.grid(AR_BYTES),
+                    self.dtype,
+                    self.args.repeats,
+                    timeout_s=self.args.allreduce_timeout_s,
+                )
             except Exception as exc:  # noqa: BLE001 - any failure becomes a recorded skip
                 reason = f"{backend} all-reduce with {world} processes failed: {exc!r}"[:500]
         if reason is not None:
@@ -260,10 +313,22 @@ class Runner:
             if rid in done:
                 continue
             algbw = r["bytes"] / r["seconds"]
-            rec = {"kind": "request", "id": rid, "ok": True, "op": ph, "backend": backend, "world_size": world,
-                   "dtype": self.dtype, "device": self.device.type, "message_bytes": r["bytes"],
-                   "seconds": r["seconds"], "seconds_min": r["seconds_min"], "samples": r["samples"],
-                   "algbw_Bps": algbw, "busbw_Bps": algbw * 2 * (world - 1) / world}
+            rec = {
+                "kind": "request",
+                "id": rid,
+                "ok": True,
+                "op": ph,
+                "backend": backend,
+                "world_size": world,
+                "dtype": self.dtype,
+                "device": self.device.type,
+                "message_bytes": r["bytes"],
+                "seconds": r["seconds"],
+                "seconds_min": r["seconds_min"],
+                "samples": r["samples"],
+                "algbw_Bps": algbw,
+                "busbw_Bps": algbw * 2 * (world - 1) / world,
+            }
             self.b.append(ph, rec)
             self.n_new += 1
             print(f"[{ph}] {rid}: {r['seconds'] * 1e6:.1f} us busbw {rec['busbw_Bps'] / 1e9:.2f} GB/s", flush=True)
@@ -282,10 +347,18 @@ def main(argv=None) -> int:
     ap.add_argument("--phases", nargs="+", choices=PHASES, default=list(PHASES))
     ap.add_argument("--repeats", type=int, default=None, help="timed repeats per shape (default 5, quick 3)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    ap.add_argument("--max-call-s", type=float, default=None,
-                    help="stop a sweep when one call takes longer (default 2 s on CPU, 1 s on CUDA)")
-    ap.add_argument("--max-bytes", type=float, default=None,
-                    help="largest working set per shape (default 1 GiB on CPU, 25%% of GPU memory)")
+    ap.add_argument(
+        "--max-call-s",
+        type=float,
+        default=None,
+        help="stop a sweep when one call takes longer (default 2 s on CPU, 1 s on CUDA)",
+    )
+    ap.add_argument(
+        "--max-bytes",
+        type=float,
+        default=None,
+        help="largest working set per shape (default 1 GiB on CPU, 25%% of GPU memory)",
+    )
     ap.add_argument("--budget-s", type=float, default=1.5, help="time budget for the repeats of one shape")
     ap.add_argument("--allreduce-timeout-s", type=float, default=120.0)
     ap.add_argument("--no-allreduce", action="store_true", help="record all-reduce as skipped")
@@ -304,15 +377,21 @@ def main(argv=None) -> int:
     if args.max_call_s is None:
         args.max_call_s = 1.0 if device.type == "cuda" else 2.0
     if args.max_bytes is None:
-        args.max_bytes = (torch.cuda.get_device_properties(device).total_memory / 4 if device.type == "cuda"
-                          else float(1 << 30))
+        args.max_bytes = (
+            torch.cuda.get_device_properties(device).total_memory / 4 if device.type == "cuda" else float(1 << 30)
+        )
     cfg, cfg_path = load_config(args.model_config)
     shapes = model_shapes(cfg, args.tp)
     dtype, dtype_note = pick_dtype(args.dtype, device)
     sha = hashlib.sha256(cfg_path.read_bytes()).hexdigest()
     name = cfg.get("_name_or_path") or cfg_path.resolve().parent.name
-    run = {"started": now_iso(), "argv": sys.argv if argv is None else list(argv), "quick": args.quick,
-           "repeats": args.repeats, "phases": args.phases}
+    run = {
+        "started": now_iso(),
+        "argv": sys.argv if argv is None else list(argv),
+        "quick": args.quick,
+        "repeats": args.repeats,
+        "phases": args.phases,
+    }
 
     ident = {"device_type": device.type, "dtype": dtype, "tp": args.tp}
     if (args.out / "manifest.json").exists():
@@ -322,28 +401,44 @@ def main(argv=None) -> int:
             raise BundleError(f"{args.out} is a {m.get('mode')!r} bundle, not a kernel-benchmark bundle")
         old = {k: m.get("kernels", {}).get(k) for k in ident}
         if old != ident or m["model"].get("config_sha256") != sha:
-            raise BundleError(f"{args.out} was measured with {old} / config {m['model'].get('config_sha256')}; "
-                              f"now {ident} / {sha}: use another --out")
+            raise BundleError(
+                f"{args.out} was measured with {old} / config {m['model'].get('config_sha256')}; "
+                f"now {ident} / {sha}: use another --out"
+            )
         print(f"resuming {args.out}", flush=True)
     else:
         manifest = {
             "mode": "kernels",
             "model": {"served_name": str(name), "config_path": str(cfg_path.resolve()), "config_sha256": sha},
             "plan": [{"name": p, "kind": "kernel"} for p in args.phases],
-            "hardware": hardware(), "device": device_info(device),
-            "versions": {"python": sys.version.split()[0], "torch": torch.__version__, "numpy": np.__version__,
-                         "torch_cuda": torch.version.cuda},
+            "hardware": hardware(),
+            "device": device_info(device),
+            "versions": {
+                "python": sys.version.split()[0],
+                "torch": torch.__version__,
+                "numpy": np.__version__,
+                "torch_cuda": torch.version.cuda,
+            },
             "epdsim": git_commit(),
-            "kernels": {**ident, "requested_dtype": args.dtype, "dtype_note": dtype_note, "shapes": shapes,
-                        "timing": ("cuda events" if device.type == "cuda" else "time.perf_counter")
-                        + "; median of repeats, each repeat = inner back-to-back calls / inner"},
+            "kernels": {
+                **ident,
+                "requested_dtype": args.dtype,
+                "dtype_note": dtype_note,
+                "shapes": shapes,
+                "timing": ("cuda events" if device.type == "cuda" else "time.perf_counter")
+                + "; median of repeats, each repeat = inner back-to-back calls / inner",
+            },
         }
         b = Bundle.create(args.out, manifest)
     b.manifest.setdefault("runs", []).append(run)
     b.write_manifest()
 
-    print(f"device {device.type} ({device_info(device)['name']}), dtype {dtype}"
-          + (f" ({dtype_note})" if dtype_note else "") + f", tp {args.tp}", flush=True)
+    print(
+        f"device {device.type} ({device_info(device)['name']}), dtype {dtype}"
+        + (f" ({dtype_note})" if dtype_note else "")
+        + f", tp {args.tp}",
+        flush=True,
+    )
     r = Runner(b, args, device, dtype, shapes)
     t0 = time.perf_counter()
     for ph in PHASES:

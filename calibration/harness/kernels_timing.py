@@ -8,6 +8,7 @@ All-reduce: ``torch.distributed.all_reduce`` in ``world`` spawned processes: NCC
 127.0.0.1 for the CPU.  Each size is timed ``repeats`` times between barriers after two warm-up calls;
 rank 0 writes the medians (seconds) and the bytes actually reduced.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -68,8 +69,12 @@ class Timer:
             samples.append(self._loop(fn, inner))
             if i >= 2 and time.perf_counter() - t_start > self.budget_s:
                 break
-        return {"seconds": statistics.median(samples), "seconds_min": min(samples),
-                "samples": [float(f"{s:.6g}") for s in samples], "inner": inner}
+        return {
+            "seconds": statistics.median(samples),
+            "seconds_min": min(samples),
+            "samples": [float(f"{s:.6g}") for s in samples],
+            "inner": inner,
+        }
 
 
 def pick_dtype(want: str, device: torch.device) -> tuple[str, str | None]:
@@ -89,11 +94,20 @@ def pick_dtype(want: str, device: torch.device) -> tuple[str, str | None]:
 def device_info(device: torch.device) -> dict:
     if device.type == "cuda":
         p = torch.cuda.get_device_properties(device)
-        return {"type": "cuda", "name": p.name, "count": torch.cuda.device_count(),
-                "memory_bytes": p.total_memory, "capability": f"{p.major}.{p.minor}",
-                "cuda": torch.version.cuda}
-    return {"type": "cpu", "name": hardware()["cpu_model"], "threads": torch.get_num_threads(),
-            "mkldnn": bool(torch.backends.mkldnn.is_available())}
+        return {
+            "type": "cuda",
+            "name": p.name,
+            "count": torch.cuda.device_count(),
+            "memory_bytes": p.total_memory,
+            "capability": f"{p.major}.{p.minor}",
+            "cuda": torch.version.cuda,
+        }
+    return {
+        "type": "cpu",
+        "name": hardware()["cpu_model"],
+        "threads": torch.get_num_threads(),
+        "mkldnn": bool(torch.backends.mkldnn.is_available()),
+    }
 
 
 def _free_port() -> int:
@@ -102,9 +116,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _ar_worker(rank: int, world: int, port: int, backend: str, sizes: list, dtype: str, repeats: int,
-               out: str) -> None:
+def _ar_worker(rank: int, world: int, port: int, backend: str, sizes: list, dtype: str, repeats: int, out: str) -> None:
     import torch.distributed as dist  # noqa: PLC0415 - only the spawned all-reduce workers set it up
+
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group(backend, rank=rank, world_size=world, timeout=_dt.timedelta(seconds=60))
     dev = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
@@ -126,9 +140,15 @@ def _ar_worker(rank: int, world: int, port: int, backend: str, sizes: list, dtyp
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
             samples.append(time.perf_counter() - t0)
-        res.append({"bytes": t.numel() * t.element_size(), "seconds": statistics.median(samples),
-                    "seconds_min": min(samples),
-                    "samples": [float(f"{s:.6g}") for s in samples], "dtype": str(tdt)})
+        res.append(
+            {
+                "bytes": t.numel() * t.element_size(),
+                "seconds": statistics.median(samples),
+                "seconds_min": min(samples),
+                "samples": [float(f"{s:.6g}") for s in samples],
+                "dtype": str(tdt),
+            }
+        )
     if rank == 0:
         Path(out).write_text(json.dumps(res))
     dist.destroy_process_group()
@@ -139,8 +159,10 @@ def run_allreduce(backend: str, world: int, sizes: list, dtype: str, repeats: in
     with tempfile.TemporaryDirectory() as td:
         out = os.path.join(td, "ar.json")
         port = _free_port()
-        procs = [ctx.Process(target=_ar_worker, args=(r, world, port, backend, sizes, dtype, repeats, out))
-                 for r in range(world)]
+        procs = [
+            ctx.Process(target=_ar_worker, args=(r, world, port, backend, sizes, dtype, repeats, out))
+            for r in range(world)
+        ]
         for p in procs:
             p.start()
         deadline = time.monotonic() + timeout_s

@@ -6,6 +6,7 @@ vLLM exports request-level histograms (``vllm:time_to_first_token_seconds``,
 series, the difference: the histogram of exactly the requests of that phase (provided nothing
 else used the server meanwhile).
 """
+
 from __future__ import annotations
 
 import math
@@ -26,14 +27,17 @@ def _float(s: str) -> float:
 def _labels(s: str | None) -> tuple[tuple[str, str], ...]:
     if not s:
         return ()
-    out = [(m.group(1), m.group(2).replace('\\"', '"').replace("\\\\", "\\").replace("\\n", "\n"))
-           for m in _LABEL.finditer(s)]
+    out = [
+        (m.group(1), m.group(2).replace('\\"', '"').replace("\\\\", "\\").replace("\\n", "\n"))
+        for m in _LABEL.finditer(s)
+    ]
     return tuple(sorted(out))
 
 
 @dataclass
 class Scrape:
     """One scrape: ``types[family]`` and ``samples[(name, labels)] = value``."""
+
     types: dict[str, str] = field(default_factory=dict)
     samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = field(default_factory=dict)
 

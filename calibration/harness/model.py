@@ -9,6 +9,7 @@ The folder is a regular Hugging Face model folder (``config.json``, ``model.safe
 tokenizer and the training corpus are deterministic functions of the seed.  A second call with
 the same arguments on an existing folder returns at once (``epdsim_model.json`` records them).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,12 +25,38 @@ SPECIAL_TOKENS = ["<s>", "</s>", "<unk>", "<pad>"]
 def _corpus(seed: int, n_lines: int = 4000) -> list[str]:
     """Pseudo-text from a seeded syllable language: words repeat, so BPE learns merges."""
     rng = random.Random(seed)
-    onsets = ["", "b", "c", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w",
-              "st", "tr", "pl", "qu", "sh", "ch", "th"]
+    onsets = [
+        "",
+        "b",
+        "c",
+        "d",
+        "f",
+        "g",
+        "h",
+        "k",
+        "l",
+        "m",
+        "n",
+        "p",
+        "r",
+        "s",
+        "t",
+        "v",
+        "w",
+        "st",
+        "tr",
+        "pl",
+        "qu",
+        "sh",
+        "ch",
+        "th",
+    ]
     vowels = ["a", "e", "i", "o", "u", "ai", "ea", "ou", "io"]
     codas = ["", "", "n", "r", "s", "t", "l", "m", "nd", "st"]
-    words = ["".join(rng.choice(onsets) + rng.choice(vowels) + rng.choice(codas)
-                     for _ in range(rng.randint(1, 3))) for _ in range(3000)]
+    words = [
+        "".join(rng.choice(onsets) + rng.choice(vowels) + rng.choice(codas) for _ in range(rng.randint(1, 3)))
+        for _ in range(3000)
+    ]
     punct = [".", ",", "!", "?", ";", ":"]
     lines = []
     for _ in range(n_lines):
@@ -41,10 +68,26 @@ def _corpus(seed: int, n_lines: int = 4000) -> list[str]:
     return lines
 
 
-def model_spec(seed: int = 0, layers: int = 4, hidden: int = 256, heads: int = 4, kv_heads: int = 2,
-               intermediate: int = 512, vocab: int = 2048, max_positions: int = 4096) -> dict:
-    return {"seed": seed, "layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv_heads,
-            "intermediate": intermediate, "vocab": vocab, "max_positions": max_positions}
+def model_spec(
+    seed: int = 0,
+    layers: int = 4,
+    hidden: int = 256,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate: int = 512,
+    vocab: int = 2048,
+    max_positions: int = 4096,
+) -> dict:
+    return {
+        "seed": seed,
+        "layers": layers,
+        "hidden": hidden,
+        "heads": heads,
+        "kv_heads": kv_heads,
+        "intermediate": intermediate,
+        "vocab": vocab,
+        "max_positions": max_positions,
+    }
 
 
 def make_tiny_llama(out_dir: str | Path, **kw) -> Path:
@@ -67,21 +110,37 @@ def make_tiny_llama(out_dir: str | Path, **kw) -> Path:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(vocab_size=spec["vocab"], special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=spec["vocab"],
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(_corpus(spec["seed"]), trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                                   unk_token="<unk>", pad_token="<pad>",
-                                   model_max_length=spec["max_positions"])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+        model_max_length=spec["max_positions"],
+    )
     fast.save_pretrained(out)
 
     config = LlamaConfig(
-        vocab_size=spec["vocab"], hidden_size=spec["hidden"], intermediate_size=spec["intermediate"],
-        num_hidden_layers=spec["layers"], num_attention_heads=spec["heads"],
-        num_key_value_heads=spec["kv_heads"], max_position_embeddings=spec["max_positions"],
-        bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id,
-        pad_token_id=fast.pad_token_id, tie_word_embeddings=False, torch_dtype="bfloat16")
+        vocab_size=spec["vocab"],
+        hidden_size=spec["hidden"],
+        intermediate_size=spec["intermediate"],
+        num_hidden_layers=spec["layers"],
+        num_attention_heads=spec["heads"],
+        num_key_value_heads=spec["kv_heads"],
+        max_position_embeddings=spec["max_positions"],
+        bos_token_id=fast.bos_token_id,
+        eos_token_id=fast.eos_token_id,
+        pad_token_id=fast.pad_token_id,
+        tie_word_embeddings=False,
+        torch_dtype="bfloat16",
+    )
     torch.manual_seed(spec["seed"])
     model = LlamaForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(out, safe_serialization=True)

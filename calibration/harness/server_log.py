@@ -6,6 +6,7 @@ and on the measuring machine, would be refused there even on that machine.  The 
 the log into the bundle when it records the attachment, and again when the run ends or is interrupted
 (the server goes on logging while it is measured), and the manifest names the copy.
 """
+
 from __future__ import annotations
 
 import os
@@ -39,8 +40,10 @@ def check_server_log(value: str) -> None:
     except OSError as exc:
         raise BundleError(f"--server-log {value}: {exc.strerror or exc}; {FIX}") from None
     if not stat.S_ISREG(mode):
-        raise BundleError(f"--server-log {value}: not a regular file (a folder, pipe or device), and reading a "
-                          f"pipe would block the run; {FIX}")
+        raise BundleError(
+            f"--server-log {value}: not a regular file (a folder, pipe or device), and reading a "
+            f"pipe would block the run; {FIX}"
+        )
 
 
 def read_bounded(src: str | Path) -> bytes:
@@ -49,17 +52,17 @@ def read_bounded(src: str | Path) -> bytes:
     Opened without blocking, and checked again on the open file: a path swapped for a FIFO after
     :func:`check_server_log` is refused, not waited on.  Raises BundleError or OSError."""
     fd = os.open(src, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    with open(fd, "rb") as fh:                     # owns fd from here
+    with open(fd, "rb") as fh:  # owns fd from here
         st = os.fstat(fh.fileno())
         if not stat.S_ISREG(st.st_mode):
             raise BundleError(f"--server-log {src}: no longer a regular file; {FIX}")
         if st.st_size <= MAX_COPY_BYTES:
-            return fh.read(MAX_COPY_BYTES)         # bounded even if the server wrote more since the fstat
+            return fh.read(MAX_COPY_BYTES)  # bounded even if the server wrote more since the fstat
         head = fh.read(HEAD_BYTES)
         tail_bytes = MAX_COPY_BYTES - HEAD_BYTES
-        fh.seek(st.st_size - tail_bytes - 1)      # one byte before: was the tail's start a line's?
+        fh.seek(st.st_size - tail_bytes - 1)  # one byte before: was the tail's start a line's?
         tail = fh.read(tail_bytes + 1)
-    cut = tail.find(b"\n") + 1                     # start the tail at a whole line
+    cut = tail.find(b"\n") + 1  # start the tail at a whole line
     skipped = st.st_size - HEAD_BYTES - tail_bytes - 1 + cut
     note = f"\n[epdsim: {skipped} bytes of the server log left out here, the copy keeps {MAX_COPY_BYTES} bytes]\n"
     return head + note.encode() + tail[cut:]

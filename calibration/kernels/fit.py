@@ -19,6 +19,7 @@ Each curve is fitted with ``scipy.optimize.least_squares`` (bounded: 0 < max_eff
 out of the fit and scored separately.  ``python -m calibration.kernels.fit
 --data DIR --out hwdb/data/profiles`` writes one Profile YAML per GPU.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,13 +36,7 @@ import hwdb
 from calibration.kernels.comm_fit import curve_for as allreduce_curve
 from calibration.kernels.gemm_shape_fit import curves_for
 from calibration.kernels.profile import SIG as _SIG
-from calibration.kernels.profile import (
-    FitResult,
-    fit_summary,
-    profile_filename,
-    result_to_profile,
-    write_profile,
-)
+from calibration.kernels.profile import FitResult, fit_summary, profile_filename, result_to_profile, write_profile
 from calibration.kernels.tables import (
     DATASET,
     HOLDOUTS,
@@ -64,15 +59,19 @@ from calibration.kernels.tables import (
 )
 from hwdb.profiles import FitQuality, Profile
 
-_LOSS = "soft_l1"     # robust to the odd slow kernel choice in the tables
-_F_SCALE = 0.1        # residuals (log units) beyond ~10 % are down-weighted
-
+_LOSS = "soft_l1"  # robust to the odd slow kernel choice in the tables
+_F_SCALE = 0.1  # residuals (log units) beyond ~10 % are down-weighted
 
 
 # --------------------------------------------------------------------------- fitting
 
-def fit_curves(predict: Callable[[list[Curve]], np.ndarray], y_s: np.ndarray, scales: Sequence[float],
-                x0: Sequence[tuple[float, float]] | None = None) -> list[Curve]:
+
+def fit_curves(
+    predict: Callable[[list[Curve]], np.ndarray],
+    y_s: np.ndarray,
+    scales: Sequence[float],
+    x0: Sequence[tuple[float, float]] | None = None,
+) -> list[Curve]:
     """Least-squares fit of ``len(scales)`` curves on log-latency residuals.
 
     ``predict`` maps a list of (max_eff, half) to predicted seconds; ``scales``
@@ -94,8 +93,18 @@ def fit_curves(predict: Callable[[list[Curve]], np.ndarray], y_s: np.ndarray, sc
     lo = np.tile([1e-4, 0.0], ncur)
     hi = np.tile([1.0, np.inf], ncur)
     start = np.clip(start, lo + 1e-9, np.minimum(hi, 1e12))
-    res = least_squares(resid, start, bounds=(lo, hi), loss=_LOSS, f_scale=_F_SCALE,
-                        x_scale="jac", xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=2000)
+    res = least_squares(
+        resid,
+        start,
+        bounds=(lo, hi),
+        loss=_LOSS,
+        f_scale=_F_SCALE,
+        x_scale="jac",
+        xtol=1e-12,
+        ftol=1e-12,
+        gtol=1e-12,
+        max_nfev=2000,
+    )
     return unpack(res.x)
 
 
@@ -108,9 +117,12 @@ def fit_quality(pred_tr, y_tr, pred_ho=None, y_ho=None) -> FitQuality:
     ho = None
     if pred_ho is not None and len(y_ho):
         ho = round(float(np.median(_rel_err(pred_ho, y_ho))), 4)
-    return FitQuality(n_points=int(len(e)), median_abs_rel_error=round(float(np.median(e)), 4),
-                      p90_abs_rel_error=round(float(np.quantile(e, 0.9)), 4),
-                      held_out_median_abs_rel_error=ho)
+    return FitQuality(
+        n_points=int(len(e)),
+        median_abs_rel_error=round(float(np.median(e)), 4),
+        p90_abs_rel_error=round(float(np.quantile(e, 0.9)), 4),
+        held_out_median_abs_rel_error=ho,
+    )
 
 
 def _p90(pred, y) -> float:
@@ -130,15 +142,15 @@ def fit_gemm(df: pd.DataFrame, peaks: dict[str, float]) -> tuple[Curve, Curve, C
     b = df[df.dtype == "bf16"]
     mb, nb, kb, yb = b.m.to_numpy(), b.n.to_numpy(), b.k.to_numpy(), b.t.to_numpy()
     comp, mem = fit_curves(
-        lambda c: gemm_time(mb, nb, kb, WEIGHT_BYTES["bf16"], peaks["bf16"], bw, c[0], c[1]),
-        yb, scales=(64.0, 1e7))
+        lambda c: gemm_time(mb, nb, kb, WEIGHT_BYTES["bf16"], peaks["bf16"], bw, c[0], c[1]), yb, scales=(64.0, 1e7)
+    )
     f = df[df.dtype == "fp8"]
     comp8 = comp
     if len(f):
         mf, nf, kf, yf = f.m.to_numpy(), f.n.to_numpy(), f.k.to_numpy(), f.t.to_numpy()
         (comp8,) = fit_curves(
-            lambda c: gemm_time(mf, nf, kf, WEIGHT_BYTES["fp8"], peaks["fp8"], bw, c[0], mem),
-            yf, scales=(64.0,))
+            lambda c: gemm_time(mf, nf, kf, WEIGHT_BYTES["fp8"], peaks["fp8"], bw, c[0], mem), yf, scales=(64.0,)
+        )
     return comp, comp8, mem
 
 
@@ -148,15 +160,16 @@ def fit_gemm_fp8_own_memory(df: pd.DataFrame, peaks: dict[str, float]) -> tuple[
     mf, nf, kf, yf = f.m.to_numpy(), f.n.to_numpy(), f.k.to_numpy(), f.t.to_numpy()
     c, m = fit_curves(
         lambda c: gemm_time(mf, nf, kf, WEIGHT_BYTES["fp8"], peaks["fp8"], peaks["mem_bw"], c[0], c[1]),
-        yf, scales=(64.0, 1e7))
+        yf,
+        scales=(64.0, 1e7),
+    )
     return c, m
 
 
 def fit_prefill(df: pd.DataFrame, peak_bf16: float) -> Curve:
     """Fit the prefill-attention curve; ``df`` has batch_size, isl, num_heads, head_dim, t."""
     b, s, h, d = (df[c].to_numpy() for c in ("batch_size", "isl", "num_heads", "head_dim"))
-    (c,) = fit_curves(lambda c: prefill_attention_time(b, s, h, d, peak_bf16, c[0]),
-                       df.t.to_numpy(), scales=(2048.0,))
+    (c,) = fit_curves(lambda c: prefill_attention_time(b, s, h, d, peak_bf16, c[0]), df.t.to_numpy(), scales=(2048.0,))
     return c
 
 
@@ -169,18 +182,19 @@ def _prefill_alt_time(b, s, h, d, peak, curve, floor_s):
 def fit_prefill_alt(df: pd.DataFrame, peak_bf16: float) -> tuple[Curve, float]:
     b, s, h, d = (df[c].to_numpy() for c in ("batch_size", "isl", "num_heads", "head_dim"))
     # the floor rides as a second "curve" whose half is the floor in microseconds
-    c, fl = fit_curves(lambda c: _prefill_alt_time(b, s, h, d, peak_bf16, c[0], c[1][1] * 1e-6),
-                        df.t.to_numpy(), scales=(1024.0, 10.0))
+    c, fl = fit_curves(
+        lambda c: _prefill_alt_time(b, s, h, d, peak_bf16, c[0], c[1][1] * 1e-6), df.t.to_numpy(), scales=(1024.0, 10.0)
+    )
     return c, fl[1] * 1e-6
 
 
 def fit_decode(df: pd.DataFrame, mem_bw: float) -> Curve:
     """Fit the decode-attention curve; ``df`` has batch_size, ctx, num_key_value_heads, head_dim,
     kv_bytes_per_elem and t."""
-    b, c_, h, d, w = (df[c].to_numpy() for c in ("batch_size", "ctx", "num_key_value_heads", "head_dim",
-                                                 "kv_bytes_per_elem"))
-    (c,) = fit_curves(lambda c: decode_attention_time(b, c_, h, d, w, mem_bw, c[0]),
-                       df.t.to_numpy(), scales=(3e7,))
+    b, c_, h, d, w = (
+        df[c].to_numpy() for c in ("batch_size", "ctx", "num_key_value_heads", "head_dim", "kv_bytes_per_elem")
+    )
+    (c,) = fit_curves(lambda c: decode_attention_time(b, c_, h, d, w, mem_bw, c[0]), df.t.to_numpy(), scales=(3e7,))
     return c
 
 
@@ -203,16 +217,20 @@ def _decode_per_sequence_cost(gen: pd.DataFrame) -> dict[str, float]:
     if not slopes:
         return {}
     sl = np.asarray(slopes)
-    return {"decode_per_seq_s_median": round_sig(float(np.median(sl))),
-            "decode_per_seq_s_max": round_sig(float(sl.max())), "decode_per_seq_s_min": round_sig(float(sl.min()))}
+    return {
+        "decode_per_seq_s_median": round_sig(float(np.median(sl))),
+        "decode_per_seq_s_max": round_sig(float(sl.max())),
+        "decode_per_seq_s_min": round_sig(float(sl.min())),
+    }
 
 
 def _round_curve(c: Curve) -> Curve:
     return (round_sig(c[0]), round_sig(c[1]))
 
 
-def fit_tables(tables: dict[str, pd.DataFrame], peaks: dict[str, float], holdout: str = "models",
-               system: str = "?") -> FitResult:
+def fit_tables(
+    tables: dict[str, pd.DataFrame], peaks: dict[str, float], holdout: str = "models", system: str = "?"
+) -> FitResult:
     """Fit all curves of one system from its raw tables (see :func:`load_tables`)."""
     if holdout not in HOLDOUTS:
         raise ValueError(f"holdout must be one of {HOLDOUTS}, got {holdout!r}")
@@ -237,7 +255,7 @@ def fit_tables(tables: dict[str, pd.DataFrame], peaks: dict[str, float], holdout
         if dt == "bf16":
             # per-curve split: rows where the compute bound wins vs the memory bound
             t_c = 2.0 * d.m * d.n * d.k / (peaks[dt] * efficiency_at(d.m.to_numpy(dtype=float), comp))
-            cb = (t_c.to_numpy() >= pred)
+            cb = t_c.to_numpy() >= pred
             for key, part in (("compute_efficiency", cb), ("memory_efficiency", ~cb)):
                 quality[key] = fit_quality(pred[~ho & part], y[~ho & part], pred[ho & part], y[ho & part])
                 ho_p90[key] = _p90(pred[ho & part], y[ho & part])
@@ -245,13 +263,17 @@ def fit_tables(tables: dict[str, pd.DataFrame], peaks: dict[str, float], holdout
     f = g[g.dtype == "fp8"]
     fho = gho[(g.dtype == "fp8").to_numpy()]
     pred_own = gemm_time(f.m, f.n, f.k, 1.0, peaks["fp8"], bw, c_own, m_own)
-    diag.update({
-        "fp8_own_memory_compute_max_eff": round_sig(c_own[0]), "fp8_own_memory_compute_half": round_sig(c_own[1]),
-        "fp8_own_memory_memory_max_eff": round_sig(m_own[0]), "fp8_own_memory_memory_half": round_sig(m_own[1]),
-        "fp8_own_memory_held_out_median": round(float(np.median(_rel_err(pred_own[fho], f.t.to_numpy()[fho]))), 4),
-        "gemm_floor_s": round_sig(mem[1] / (bw * mem[0])),
-        "gemm_observed_min_s": round_sig(float(g.t.min())),
-    })
+    diag.update(
+        {
+            "fp8_own_memory_compute_max_eff": round_sig(c_own[0]),
+            "fp8_own_memory_compute_half": round_sig(c_own[1]),
+            "fp8_own_memory_memory_max_eff": round_sig(m_own[0]),
+            "fp8_own_memory_memory_half": round_sig(m_own[1]),
+            "fp8_own_memory_held_out_median": round(float(np.median(_rel_err(pred_own[fho], f.t.to_numpy()[fho]))), 4),
+            "gemm_floor_s": round_sig(mem[1] / (bw * mem[0])),
+            "gemm_observed_min_s": round_sig(float(g.t.min())),
+        }
+    )
 
     # ---- prefill attention
     p = select_prefill(tables["context_attention"])
@@ -264,12 +286,15 @@ def fit_tables(tables: dict[str, pd.DataFrame], peaks: dict[str, float], holdout
     counts["attention_prefill_held_out"] = int(pho.sum())
     alt_c, alt_floor = fit_prefill_alt(p[~pho], peaks["bf16"])
     pred_alt = _prefill_alt_time(p.batch_size, p.isl, p.num_heads, p.head_dim, peaks["bf16"], alt_c, alt_floor)
-    diag.update({
-        "prefill_alt_max_eff": round_sig(alt_c[0]), "prefill_alt_half_isl": round_sig(alt_c[1]),
-        "prefill_alt_floor_s": round_sig(alt_floor),
-        "prefill_alt_median": round(float(np.median(_rel_err(pred_alt[~pho], y[~pho]))), 4),
-        "prefill_alt_held_out_median": round(float(np.median(_rel_err(pred_alt[pho], y[pho]))), 4),
-    })
+    diag.update(
+        {
+            "prefill_alt_max_eff": round_sig(alt_c[0]),
+            "prefill_alt_half_isl": round_sig(alt_c[1]),
+            "prefill_alt_floor_s": round_sig(alt_floor),
+            "prefill_alt_median": round(float(np.median(_rel_err(pred_alt[~pho], y[~pho]))), 4),
+            "prefill_alt_held_out_median": round(float(np.median(_rel_err(pred_alt[pho], y[pho]))), 4),
+        }
+    )
 
     # ---- decode attention
     dd = select_decode(tables["generation_attention"], "bfloat16")
@@ -280,8 +305,9 @@ def fit_tables(tables: dict[str, pd.DataFrame], peaks: dict[str, float], holdout
         ho = dho if kv == "bfloat16" else holdout_mask_attn(d, holdout)
         if not len(d):
             continue
-        pred = decode_attention_time(d.batch_size, d.ctx, d.num_key_value_heads, d.head_dim,
-                                     d.kv_bytes_per_elem, bw, dc)
+        pred = decode_attention_time(
+            d.batch_size, d.ctx, d.num_key_value_heads, d.head_dim, d.kv_bytes_per_elem, bw, dc
+        )
         y = d.t.to_numpy()
         quality[key] = fit_quality(pred[~ho], y[~ho], pred[ho], y[ho])
         ho_p90[key] = _p90(pred[ho], y[ho])
@@ -289,9 +315,19 @@ def fit_tables(tables: dict[str, pd.DataFrame], peaks: dict[str, float], holdout
     diag["decode_floor_s"] = round_sig(dc[1] / (bw * dc[0]))
     diag.update(_decode_per_sequence_cost(tables["generation_attention"]))
 
-    return FitResult(system=system, peaks=peaks, compute_bf16=comp, compute_fp8=comp8, memory=mem,
-                     prefill=pc, decode=dc, quality=quality, held_out_p90=ho_p90, counts=counts,
-                     diagnostics=diag)
+    return FitResult(
+        system=system,
+        peaks=peaks,
+        compute_bf16=comp,
+        compute_fp8=comp8,
+        memory=mem,
+        prefill=pc,
+        decode=dc,
+        quality=quality,
+        held_out_p90=ho_p90,
+        counts=counts,
+        diagnostics=diag,
+    )
 
 
 def fit_system(root: Path | str, system: str, holdout: str = "models", created: str | None = None) -> Profile:
@@ -305,17 +341,22 @@ def with_shape_curves(prof: Profile, root: Path, system: str) -> Profile:
     """The profile with its fp8/fp4 GEMM-by-shape curves (calibration/kernels/gemm_shape_fit.py) fitted on the
     same table, and the system's measured all-reduce (calibration/kernels/comm_fit.py)."""
     gpu = hwdb.load().gpu(prof.gpu)
-    return prof.model_copy(update={"gemm_shape_efficiency": curves_for(root, system, gpu, prof.memory_efficiency),
-                                   "allreduce": allreduce_curve(root, system)})
-
+    return prof.model_copy(
+        update={
+            "gemm_shape_efficiency": curves_for(root, system, gpu, prof.memory_efficiency),
+            "allreduce": allreduce_curve(root, system),
+        }
+    )
 
 
 # --------------------------------------------------------------------------- CLI
 
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m calibration.kernels.fit", description=__doc__.split("\n")[0])
-    ap.add_argument("--data", required=True, type=Path,
-                    help=f"folder holding {DATASET} (the system YAMLs and <system>/ tables)")
+    ap.add_argument(
+        "--data", required=True, type=Path, help=f"folder holding {DATASET} (the system YAMLs and <system>/ tables)"
+    )
     ap.add_argument("--out", required=True, type=Path, help="folder to write <GPU>_vllm-0.24.0.yaml into")
     ap.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=list(SYSTEMS))
     ap.add_argument("--holdout", default="models", choices=HOLDOUTS)
@@ -327,10 +368,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     t_all = time.perf_counter()
     for system in args.systems:
         t0 = time.perf_counter()
-        r = fit_tables(load_tables(args.data, system), load_peaks(args.data, system), holdout=args.holdout,
-                       system=system)
-        prof = with_shape_curves(result_to_profile(r, args.data, holdout=args.holdout, created=args.created),
-                                 args.data, system)
+        r = fit_tables(
+            load_tables(args.data, system), load_peaks(args.data, system), holdout=args.holdout, system=system
+        )
+        prof = with_shape_curves(
+            result_to_profile(r, args.data, holdout=args.holdout, created=args.created), args.data, system
+        )
         out = write_profile(prof, args.out / profile_filename(prof))
         print(fit_summary(prof, r, time.perf_counter() - t0))
         print(f"  wrote {out}")

@@ -20,6 +20,7 @@ scored separately.  Run::
 ``--write`` replaces the ``gemm_shape_efficiency`` block of each ``hwdb/data/profiles`` file
 whose GPU has a table.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,37 +55,60 @@ def _model(p, m, s, flops, nbytes, peak, bw, meff):
 def fit_table(path: Path, gpu, meff, dtype: str) -> tuple[dict, dict]:
     """Fitted parameters and scores for one dtype of one GPU's GEMM table."""
     d = pd.read_parquet(path)
-    d = d[(d.gemm_dtype == dtype) & (d.m >= 8) & (d.n * d.k >= 2 ** 20)]
+    d = d[(d.gemm_dtype == dtype) & (d.m >= 8) & (d.n * d.k >= 2**20)]
     cdt, wbytes = DTYPES[dtype]
     m, n, k = (d[c].to_numpy(float) for c in ("m", "n", "k"))
     t = d.latency.to_numpy(float) * 1e-3
     s = n * k
-    args = (m, s, 2 * m * n * k, n * k * wbytes + 2 * m * k + 2 * m * n, gpu.flops(cdt),
-            gpu.memory_bandwidth_Bps.value, meff)
+    args = (
+        m,
+        s,
+        2 * m * n * k,
+        n * k * wbytes + 2 * m * k + 2 * m * n,
+        gpu.flops(cdt),
+        gpu.memory_bandwidth_Bps.value,
+        meff,
+    )
     pair = pd.factorize(pd.Series(list(zip(d.n, d.k, strict=True))))[0]
     held = pair % 5 == 4
 
     def resid(p, sel):
         return (_model(p, *(a[sel] if isinstance(a, np.ndarray) else a for a in args)) - t[sel]) / t[sel]
 
-    r = least_squares(lambda p: resid(p, ~held), [0.6, 128.0, 4e6, 5.0],
-                      bounds=([0.05, 0.0, 0.0, 0.0], [1.0, 5000.0, 1e9, 50.0]), loss="soft_l1", f_scale=0.1)
+    r = least_squares(
+        lambda p: resid(p, ~held),
+        [0.6, 128.0, 4e6, 5.0],
+        bounds=([0.05, 0.0, 0.0, 0.0], [1.0, 5000.0, 1e9, 50.0]),
+        loss="soft_l1",
+        f_scale=0.1,
+    )
     err_fit, err_held = np.abs(resid(r.x, ~held)), np.abs(resid(r.x, held))
     params = dict(zip(("max_eff", "half_m", "half_nk", "fixed_us"), (float(v) for v in r.x), strict=True))
-    scores = {"points": int((~held).sum()), "held_out_points": int(held.sum()),
-              "median": float(np.median(err_fit)), "p90": float(np.quantile(err_fit, 0.9)),
-              "held_out_median": float(np.median(err_held)), "held_out_p90": float(np.quantile(err_held, 0.9))}
+    scores = {
+        "points": int((~held).sum()),
+        "held_out_points": int(held.sum()),
+        "median": float(np.median(err_fit)),
+        "p90": float(np.quantile(err_fit, 0.9)),
+        "held_out_median": float(np.median(err_held)),
+        "held_out_p90": float(np.quantile(err_held, 0.9)),
+    }
     return params, scores
 
 
 def curve_of(p: dict, q: dict, table: str) -> GemmShapeCurve:
     """The profile entry for one fitted dtype (coefficients rounded to 4 significant figures)."""
     return GemmShapeCurve(
-        max_eff=round(p["max_eff"], 4), half_m=round(p["half_m"], 1), half_nk=float(f"{p['half_nk']:.4g}"),
-        fixed_s=float(f"{p['fixed_us'] * 1e-6:.4g}"), empirical=True,
-        source=(f"fit to {table} ({q['points']} GEMMs, M >= 8, N*K >= 2^20) by calibration/kernels/gemm_shape_fit.py: "
-                f"median |rel err| {q['median']:.1%}, p90 {q['p90']:.1%}; held-out (N, K) pairs "
-                f"({q['held_out_points']}): median {q['held_out_median']:.1%}, p90 {q['held_out_p90']:.1%}"))
+        max_eff=round(p["max_eff"], 4),
+        half_m=round(p["half_m"], 1),
+        half_nk=float(f"{p['half_nk']:.4g}"),
+        fixed_s=float(f"{p['fixed_us'] * 1e-6:.4g}"),
+        empirical=True,
+        source=(
+            f"fit to {table} ({q['points']} GEMMs, M >= 8, N*K >= 2^20) by calibration/kernels/gemm_shape_fit.py: "
+            f"median |rel err| {q['median']:.1%}, p90 {q['p90']:.1%}; held-out (N, K) pairs "
+            f"({q['held_out_points']}): median {q['held_out_median']:.1%}, p90 {q['held_out_p90']:.1%}"
+        ),
+    )
 
 
 def curves_for(root: Path, system: str, gpu, meff, verbose: bool = False) -> dict[str, GemmShapeCurve]:
@@ -97,9 +121,11 @@ def curves_for(root: Path, system: str, gpu, meff, verbose: bool = False) -> dic
         p, q = fit_table(path, gpu, meff, dtype)
         out[DTYPES[dtype][0]] = curve_of(p, q, table)
         if verbose:
-            print(f"{gpu.name} {dtype}: max_eff {p['max_eff']:.3f} half_m {p['half_m']:.0f} half_nk "
-                  f"{p['half_nk']:.3g} fixed {p['fixed_us']:.1f} us; median {q['median']:.1%} p90 {q['p90']:.1%}; "
-                  f"held-out median {q['held_out_median']:.1%} p90 {q['held_out_p90']:.1%}")
+            print(
+                f"{gpu.name} {dtype}: max_eff {p['max_eff']:.3f} half_m {p['half_m']:.0f} half_nk "
+                f"{p['half_nk']:.3g} fixed {p['fixed_us']:.1f} us; median {q['median']:.1%} p90 {q['p90']:.1%}; "
+                f"held-out median {q['held_out_median']:.1%} p90 {q['held_out_p90']:.1%}"
+            )
     return out
 
 

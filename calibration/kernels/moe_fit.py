@@ -21,6 +21,7 @@ instead (said in its ``source``).  Run::
 ``--write`` writes ``hwdb/data/moe_kernels/<GPU>_<engine>.yaml``, each format from the newest release of
 the engine whose table measured it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,14 @@ from hwdb.profiles import FitQuality
 
 KERNELS = Path(__file__).resolve().parents[3] / "shared" / "data" / "kernels" / "aiconfigurator_0.12.0" / "data"
 OUT = Path(__file__).resolve().parents[2] / "hwdb" / "data" / "moe_kernels"
-SYSTEMS = {"h100_sxm": "H100-SXM-80GB", "h200_sxm": "H200-SXM-141GB", "b200_sxm": "B200-SXM-180GB",
-           "b300_sxm": "B300-SXM", "gb200": "GB200", "gb300": "GB300"}
+SYSTEMS = {
+    "h100_sxm": "H100-SXM-80GB",
+    "h200_sxm": "H200-SXM-141GB",
+    "b200_sxm": "B200-SXM-180GB",
+    "b300_sxm": "B300-SXM",
+    "gb200": "GB200",
+    "gb300": "GB300",
+}
 ENGINES = ("vllm", "sglang", "trtllm")
 KEYS = ["num_tokens", "hidden_size", "inter_size", "num_experts", "topk", "moe_tp_size", "moe_ep_size"]
 NAMES = ("max_eff", "half_rows", "half_nk", "mem_eff", "fixed_s", "act_passes", "per_expert_s")
@@ -67,16 +74,16 @@ def version_key(v: str) -> tuple:
 
 
 def _curve(x) -> MoeCurve:
-    return MoeCurve.model_construct(**dict(zip(NAMES, (x[0], x[1], x[2] * 1e6, x[3], x[4] * 1e-6, x[5],
-                                                         x[6] * 1e-6), strict=True)))
+    return MoeCurve.model_construct(
+        **dict(zip(NAMES, (x[0], x[1], x[2] * 1e6, x[3], x[4] * 1e-6, x[5], x[6] * 1e-6), strict=True))
+    )
 
 
 def predict(x, cols: dict[str, np.ndarray], peak: float, wbytes: float, bw: float) -> np.ndarray:
     """Modelled latency (s) of every row for the fitted vector ``x``: :meth:`MoeCurve.time` on arrays."""
     tok, hidden, inter, experts, topk, tp, ep = (cols[n] for n in KEYS)
     # hwdb/moe.py annotates MoeCurve.time for one row's numbers; its docstring allows arrays, as here
-    return np.asarray(_curve(x).time(tok, hidden, inter, experts, topk, tp, ep,  # type: ignore[arg-type]  # arrays
-                                     peak, wbytes, bw))
+    return np.asarray(_curve(x).time(tok, hidden, inter, experts, topk, tp, ep, peak, wbytes, bw))  # type: ignore[arg-type]
 
 
 def _rel(pred, y):
@@ -109,8 +116,9 @@ def main_kernels(rows: pd.DataFrame, engine: str = "vllm") -> pd.DataFrame:
     return pd.concat(parts) if parts else rows
 
 
-def fit_format(rows: pd.DataFrame, gpu, fmt: str, version: str = "unstated",
-               engine: str = "vllm") -> tuple[MoeCurve, dict]:
+def fit_format(
+    rows: pd.DataFrame, gpu, fmt: str, version: str = "unstated", engine: str = "vllm"
+) -> tuple[MoeCurve, dict]:
     """One format's curve on one GPU from its balanced rows (``rows``: one table's rows of that format)."""
     cdt, wbytes = FORMATS[fmt]
     rows = main_kernels(rows, engine)
@@ -118,8 +126,9 @@ def fit_format(rows: pd.DataFrame, gpu, fmt: str, version: str = "unstated",
     bal = rows[rows.distribution == "balanced"].groupby(KEYS, as_index=False).latency.median()
     cols = {n: bal[n].to_numpy(float) for n in KEYS}
     y = bal.latency.to_numpy(float) * 1e-3
-    shape = pd.factorize(pd.Series(list(zip(bal.hidden_size, bal.inter_size, bal.num_experts, bal.topk,
-                                            strict=True))))[0]   # columns of one frame
+    shape = pd.factorize(pd.Series(list(zip(bal.hidden_size, bal.inter_size, bal.num_experts, bal.topk, strict=True))))[
+        0
+    ]  # columns of one frame
     n_shapes = int(shape.max()) + 1
     if n_shapes >= 4:
         held, unit = shape % 4 == 3, f"every fourth of {n_shapes} expert shapes"
@@ -133,27 +142,41 @@ def fit_format(rows: pd.DataFrame, gpu, fmt: str, version: str = "unstated",
     r = least_squares(lambda x: resid(x, ~held), X0, bounds=(LO, HI), loss="soft_l1", f_scale=0.1)
     sub = dict(cols)
     err = _rel(predict(r.x, sub, peak, wbytes, bw), y)
-    q = FitQuality(n_points=int((~held).sum()), median_abs_rel_error=round(float(np.median(err[~held])), 4),
-                   p90_abs_rel_error=round(float(np.quantile(err[~held], 0.9)), 4),
-                   held_out_median_abs_rel_error=round(float(np.median(err[held])), 4))
-    diag = {"held_out_p90": float(np.quantile(err[held], 0.9)), "held_out_points": int(held.sum()),
-            "unit": unit, "imbalance": _imbalance(rows)}
+    q = FitQuality(
+        n_points=int((~held).sum()),
+        median_abs_rel_error=round(float(np.median(err[~held])), 4),
+        p90_abs_rel_error=round(float(np.quantile(err[~held], 0.9)), 4),
+        held_out_median_abs_rel_error=round(float(np.median(err[held])), 4),
+    )
+    diag = {
+        "held_out_p90": float(np.quantile(err[held], 0.9)),
+        "held_out_points": int(held.sum()),
+        "unit": unit,
+        "imbalance": _imbalance(rows),
+    }
     kernels = ", ".join(sorted(rows.kernel_source.unique()))
     x = [float(f"{v:.4g}") for v in r.x]
     curve = _curve(x)
-    return MoeCurve(**{n: float(f"{getattr(curve, n):.4g}") for n in NAMES}, kernel=kernels, engine_version=version,
-                    quality=q, source=(
-        f"fit to {len(bal)} balanced-routing rows ({fmt}) by calibration/kernels/moe_fit.py: median |rel err| "
-        f"{q.median_abs_rel_error:.1%}, p90 {q.p90_abs_rel_error:.1%}; held out ({unit}, {diag['held_out_points']} "
-        f"rows): median {q.held_out_median_abs_rel_error:.1%}, p90 {diag['held_out_p90']:.1%}; power-law "
-        f"(alpha 1.01) routing at EP >= 8 measured {diag['imbalance']:.2f}x balanced (median over matched rows)")), diag
+    return MoeCurve(
+        **{n: float(f"{getattr(curve, n):.4g}") for n in NAMES},
+        kernel=kernels,
+        engine_version=version,
+        quality=q,
+        source=(
+            f"fit to {len(bal)} balanced-routing rows ({fmt}) by calibration/kernels/moe_fit.py: median |rel err| "
+            f"{q.median_abs_rel_error:.1%}, p90 {q.p90_abs_rel_error:.1%}; held out ({unit}, {diag['held_out_points']} "
+            f"rows): median {q.held_out_median_abs_rel_error:.1%}, p90 {diag['held_out_p90']:.1%}; power-law "
+            f"(alpha 1.01) routing at EP >= 8 measured {diag['imbalance']:.2f}x balanced (median over matched rows)"
+        ),
+    ), diag
 
 
 def _imbalance(rows: pd.DataFrame) -> float:
     """Median ratio of the power-law (alpha 1.01) rows' latency to the balanced rows' at the same shape, over
     the layouts where routing skew can load one GPU more than another (expert parallel >= 8)."""
-    piv = rows[rows.moe_ep_size >= 8].pivot_table(index=KEYS, columns="distribution", values="latency",
-                                                  aggfunc="median")
+    piv = rows[rows.moe_ep_size >= 8].pivot_table(
+        index=KEYS, columns="distribution", values="latency", aggfunc="median"
+    )
     if "balanced" not in piv or "power_law_1.01" not in piv:
         return float("nan")
     ratio = (piv["power_law_1.01"] / piv["balanced"]).dropna()
@@ -163,8 +186,11 @@ def _imbalance(rows: pd.DataFrame) -> float:
 def fit_system(root: Path, system: str, engine: str, db=None) -> MoeKernels | None:
     """Every format's curve of one engine on one system, each from the newest release whose table measured
     that format (None: the engine has no MoE table there)."""
-    tables = sorted(((p.parent.name, p) for p in (Path(root) / system / "moe" / engine).glob("*/moe_perf.parquet")),
-                    key=lambda vp: version_key(vp[0]), reverse=True)
+    tables = sorted(
+        ((p.parent.name, p) for p in (Path(root) / system / "moe" / engine).glob("*/moe_perf.parquet")),
+        key=lambda vp: version_key(vp[0]),
+        reverse=True,
+    )
     if not tables:
         return None
     db = db or hwdb.load()
@@ -175,8 +201,12 @@ def fit_system(root: Path, system: str, engine: str, db=None) -> MoeKernels | No
         df = pd.read_parquet(path)
         for (fmt, ep_class), rows in df.groupby(["moe_dtype", df.moe_ep_size > 1]):
             key = "ep_curves" if ep_class else "curves"
-            if (fmt in curves[key] or fmt not in FORMATS or FORMATS[fmt][0] not in gpu.peak_flops
-                    or (rows.distribution == "balanced").sum() < 50):
+            if (
+                fmt in curves[key]
+                or fmt not in FORMATS
+                or FORMATS[fmt][0] not in gpu.peak_flops
+                or (rows.distribution == "balanced").sum() < 50
+            ):
                 continue
             curve, _ = fit_format(rows, gpu, fmt, version, engine)
             table = f"aiconfigurator_0.12.0/data/{system}/moe/{engine}/{version}/moe_perf.parquet"
@@ -186,15 +216,23 @@ def fit_system(root: Path, system: str, engine: str, db=None) -> MoeKernels | No
         return None
     newest = max(used, key=version_key)
     return MoeKernels(
-        name=f"{gpu.name}_{engine}", gpu=gpu.name, engine=engine, engine_version=newest,
-        source=(f"{', '.join(used.values())} (aiconfigurator-core 0.12.0, github ai-dynamo/aiconfigurator, "
-                f"Apache-2.0); each format from the newest release that measured it"),
-        method=("scipy.optimize.least_squares (trf, soft_l1 f_scale 0.1) on log-latency residuals of the "
-                "hwdb/moe.py form; the engine's main kernel per layout class, rows with balanced routing, "
-                f"median over repeated keys; peaks and HBM bandwidth of hwdb/data/gpus ({gpu.name}); "
-                "coefficients to 4 significant figures; layouts with tensor-parallel experts (EP 1) and expert "
-                "parallel ones (EP > 1) fitted apart: the engines run different kernels for them"),
-        **curves)
+        name=f"{gpu.name}_{engine}",
+        gpu=gpu.name,
+        engine=engine,
+        engine_version=newest,
+        source=(
+            f"{', '.join(used.values())} (aiconfigurator-core 0.12.0, github ai-dynamo/aiconfigurator, "
+            f"Apache-2.0); each format from the newest release that measured it"
+        ),
+        method=(
+            "scipy.optimize.least_squares (trf, soft_l1 f_scale 0.1) on log-latency residuals of the "
+            "hwdb/moe.py form; the engine's main kernel per layout class, rows with balanced routing, "
+            f"median over repeated keys; peaks and HBM bandwidth of hwdb/data/gpus ({gpu.name}); "
+            "coefficients to 4 significant figures; layouts with tensor-parallel experts (EP 1) and expert "
+            "parallel ones (EP > 1) fitted apart: the engines run different kernels for them"
+        ),
+        **curves,
+    )
 
 
 def write(kernels: MoeKernels, out: Path = OUT) -> Path:
@@ -202,23 +240,29 @@ def write(kernels: MoeKernels, out: Path = OUT) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{kernels.name}.yaml"
     body = yaml.safe_dump(kernels.model_dump(mode="json"), sort_keys=False, width=120)
-    path.write_text("# Generated by `python -m calibration.kernels.moe_fit --write`; "
-                    "rerun it rather than editing.\n" + body)
+    path.write_text(
+        "# Generated by `python -m calibration.kernels.moe_fit --write`; rerun it rather than editing.\n" + body
+    )
     return path
 
 
 def summary(kernels: MoeKernels) -> list[str]:
     """One line per format and layout class: the fit and held-out errors."""
-    return [f"{kernels.name:28s} {lay:3s} {fmt:17s} n={c.quality.n_points:5d} median "
-            f"{c.quality.median_abs_rel_error:6.1%} p90 {c.quality.p90_abs_rel_error:6.1%} held-out median "
-            f"{c.quality.held_out_median_abs_rel_error:6.1%}"
-            for lay, table in (("tp", kernels.curves), ("ep", kernels.ep_curves)) for fmt, c in table.items()]
+    return [
+        f"{kernels.name:28s} {lay:3s} {fmt:17s} n={c.quality.n_points:5d} median "
+        f"{c.quality.median_abs_rel_error:6.1%} p90 {c.quality.p90_abs_rel_error:6.1%} held-out median "
+        f"{c.quality.held_out_median_abs_rel_error:6.1%}"
+        for lay, table in (("tp", kernels.curves), ("ep", kernels.ep_curves))
+        for fmt, c in table.items()
+    ]
 
 
 def markdown(db) -> str:
     """The table of every shipped curve's fit and held-out error (docs/validation/moe_kernels.md)."""
-    out = ["| GPU | engine | layout | format | kernel | rows fitted | median | p90 | held-out median |",
-           "|---|---|---|---|---|---|---|---|---|"]
+    out = [
+        "| GPU | engine | layout | format | kernel | rows fitted | median | p90 | held-out median |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     n = ok = 0
     for k in sorted(db.moe_kernels.values(), key=lambda k: (k.gpu, k.engine)):
         for lay, table in (("TP", k.curves), ("EP", k.ep_curves)):
@@ -227,9 +271,11 @@ def markdown(db) -> str:
                 n += 1
                 ok += q.held_out_median_abs_rel_error <= 0.15
                 kern = c.kernel if len(c.kernel) < 60 else c.kernel[:57] + "..."
-                out.append(f"| {k.gpu} | {k.engine} {c.engine_version} | {lay} | {fmt} | {kern} | {q.n_points} | "
-                           f"{q.median_abs_rel_error:.1%} | {q.p90_abs_rel_error:.1%} | "
-                           f"{q.held_out_median_abs_rel_error:.1%} |")
+                out.append(
+                    f"| {k.gpu} | {k.engine} {c.engine_version} | {lay} | {fmt} | {kern} | {q.n_points} | "
+                    f"{q.median_abs_rel_error:.1%} | {q.p90_abs_rel_error:.1%} | "
+                    f"{q.held_out_median_abs_rel_error:.1%} |"
+                )
     return "\n".join(out) + f"\n\n{ok} of {n} curves within 15 % median |error| on held-out shapes.\n"
 
 
@@ -245,8 +291,10 @@ def main(argv=None) -> int:
         args.markdown.write_text(HEADER + markdown(hwdb.load()))
         return 0
     if not args.kernels.is_dir():
-        print(f"no kernel tables at {args.kernels}: give --kernels DIR "
-              "(../shared/data/kernels/aiconfigurator_0.12.0/data)")
+        print(
+            f"no kernel tables at {args.kernels}: give --kernels DIR "
+            "(../shared/data/kernels/aiconfigurator_0.12.0/data)"
+        )
         return 2
     db = hwdb.load()
     for system in args.system or SYSTEMS:

@@ -4,6 +4,7 @@ held-out shapes, and the kernel-time forms of ``simulator/perf.py`` that the fit
 Latencies in the tables are milliseconds; everything here is SI (seconds, bytes, FLOP/s).
 See ``calibration/kernels/fit.py`` for the fitting and ``docs/kernel_fit.md`` for the method.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -21,11 +22,7 @@ DATASET_CITE = "aiconfigurator-core 0.12.0 (github ai-dynamo/aiconfigurator, Apa
 ENGINE, ENGINE_VERSION = "vllm", "0.24.0"
 
 #: aiconfigurator system name -> canonical hwdb GPU name.
-SYSTEMS: dict[str, str] = {
-    "h100_sxm": "H100-SXM-80GB",
-    "h200_sxm": "H200-SXM-141GB",
-    "b200_sxm": "B200-SXM-180GB",
-}
+SYSTEMS: dict[str, str] = {"h100_sxm": "H100-SXM-80GB", "h200_sxm": "H200-SXM-141GB", "b200_sxm": "B200-SXM-180GB"}
 
 #: GEMM kernels vLLM 0.24.0 uses by default: (gemm_dtype, kernel_source) per our dtype.
 GEMM_KERNELS: dict[str, tuple[str, str]] = {
@@ -36,13 +33,13 @@ WEIGHT_BYTES = {"bf16": 2.0, "fp8": 1.0}
 ACT_BYTES = 2.0  # activations in and out stay bf16 in both cases
 
 # Fit ranges ("realistic" shapes; see docs/kernel_fit.md for why).
-M_MIN, M_MAX = 1, 16384          # tokens in a step
-MIN_NK = 256                     # smallest layer dimension fitted
+M_MIN, M_MAX = 1, 16384  # tokens in a step
+MIN_NK = 256  # smallest layer dimension fitted
 ATTN_HEAD_DIMS = (64, 128, 256)  # head sizes of common dense models (FA3 / FlashInfer-TRTLLM)
-ATTN_MIN_HEADS = 4               # query heads per GPU
-PREFILL_MIN_ISL = 1024           # prefill attention below this is a launch floor (see docs)
-DECODE_MIN_CTX = 16              # KV length (tokens) per sequence
-DECODE_MAX_BATCH = 512           # sequences per decode step
+ATTN_MIN_HEADS = 4  # query heads per GPU
+PREFILL_MIN_ISL = 1024  # prefill attention below this is a launch floor (see docs)
+DECODE_MIN_CTX = 16  # KV length (tokens) per sequence
+DECODE_MAX_BATCH = 512  # sequences per decode step
 
 #: Held-out GEMM shapes (n = output features, k = input features): real layers
 #: of Llama-3.1-70B and -8B under tensor parallelism that exist in the grid.
@@ -74,6 +71,7 @@ HOLDOUTS = ("models", "every5")
 
 # --------------------------------------------------------------------------- loading
 
+
 def _table_dir(root: Path, system: str) -> Path:
     return Path(root) / system
 
@@ -101,10 +99,32 @@ def load_tables(root: Path, system: str) -> dict[str, pd.DataFrame]:
         raise FileNotFoundError(f"kernel tables missing for '{system}': {missing}")
     cols = {
         "gemm": ["m", "n", "k", "gemm_dtype", "kernel_source", "latency"],
-        "context_attention": ["kernel_source", "batch_size", "isl", "num_heads", "num_key_value_heads",
-                              "head_dim", "attn_dtype", "kv_cache_dtype", "step", "window_size", "latency"],
-        "generation_attention": ["kernel_source", "batch_size", "isl", "num_heads", "num_key_value_heads",
-                                 "head_dim", "attn_dtype", "kv_cache_dtype", "step", "window_size", "latency"],
+        "context_attention": [
+            "kernel_source",
+            "batch_size",
+            "isl",
+            "num_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "attn_dtype",
+            "kv_cache_dtype",
+            "step",
+            "window_size",
+            "latency",
+        ],
+        "generation_attention": [
+            "kernel_source",
+            "batch_size",
+            "isl",
+            "num_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "attn_dtype",
+            "kv_cache_dtype",
+            "step",
+            "window_size",
+            "latency",
+        ],
     }
     return {key: pd.read_parquet(p, columns=cols[key]) for key, p in paths.items()}
 
@@ -113,8 +133,7 @@ def load_peaks(root: Path, system: str) -> dict[str, float]:
     """Datasheet peaks from aiconfigurator's ``systems/<system>.yaml``: FLOP/s and bytes/s."""
     path = Path(root) / f"{system}.yaml"
     gpu = read_yaml(path)["gpu"]
-    return {"bf16": float(gpu["bfloat16_tc_flops"]), "fp8": float(gpu["fp8_tc_flops"]),
-            "mem_bw": float(gpu["mem_bw"])}
+    return {"bf16": float(gpu["bfloat16_tc_flops"]), "fp8": float(gpu["fp8_tc_flops"]), "mem_bw": float(gpu["mem_bw"])}
 
 
 # --------------------------------------------------------------------------- model forms
@@ -156,8 +175,9 @@ def prefill_attention_flops(batch, isl, num_heads, head_dim):
 
 def prefill_attention_time(batch, isl, num_heads, head_dim, peak_bf16: float, curve):
     tokens = np.asarray(batch, dtype=float) * np.asarray(isl, dtype=float)
-    return (prefill_attention_flops(batch, isl, num_heads, head_dim)
-            / (peak_bf16 * efficiency_at(tokens, as_curve(curve))))
+    return prefill_attention_flops(batch, isl, num_heads, head_dim) / (
+        peak_bf16 * efficiency_at(tokens, as_curve(curve))
+    )
 
 
 def decode_kv_bytes(batch, ctx, num_kv_heads, head_dim, kv_dtype_bytes):
@@ -173,12 +193,18 @@ def decode_attention_time(batch, ctx, num_kv_heads, head_dim, kv_dtype_bytes, me
 
 # --------------------------------------------------------------------------- selection
 
+
 def select_gemm(gemm: pd.DataFrame) -> pd.DataFrame:
     """Default vLLM kernels, realistic range; adds ``dtype`` (bf16/fp8) and ``t`` (seconds)."""
     parts = []
     for dt, (gdt, src) in GEMM_KERNELS.items():
-        sel = gemm[(gemm.gemm_dtype == gdt) & (gemm.kernel_source == src)
-                   & gemm.m.between(M_MIN, M_MAX) & (gemm.n >= MIN_NK) & (gemm.k >= MIN_NK)]
+        sel = gemm[
+            (gemm.gemm_dtype == gdt)
+            & (gemm.kernel_source == src)
+            & gemm.m.between(M_MIN, M_MAX)
+            & (gemm.n >= MIN_NK)
+            & (gemm.k >= MIN_NK)
+        ]
         parts.append(sel.assign(dtype=dt))
     out = pd.concat(parts, ignore_index=True)
     out = out.assign(t=out.latency * 1e-3)
@@ -186,8 +212,12 @@ def select_gemm(gemm: pd.DataFrame) -> pd.DataFrame:
 
 
 def attn_common(df: pd.DataFrame) -> pd.DataFrame:
-    return df[(df.window_size == 0) & (df.attn_dtype == "bfloat16") & df.head_dim.isin(ATTN_HEAD_DIMS)
-              & (df.num_heads >= ATTN_MIN_HEADS)]
+    return df[
+        (df.window_size == 0)
+        & (df.attn_dtype == "bfloat16")
+        & df.head_dim.isin(ATTN_HEAD_DIMS)
+        & (df.num_heads >= ATTN_MIN_HEADS)
+    ]
 
 
 def select_prefill(ctx: pd.DataFrame) -> pd.DataFrame:
@@ -195,8 +225,9 @@ def select_prefill(ctx: pd.DataFrame) -> pd.DataFrame:
     sel = attn_common(ctx)
     sel = sel[(sel.kv_cache_dtype == "bfloat16") & (sel.isl >= PREFILL_MIN_ISL)]
     sel = sel.assign(t=sel.latency * 1e-3)
-    return sel.sort_values(["num_heads", "num_key_value_heads", "head_dim", "isl", "batch_size"],
-                           kind="mergesort").reset_index(drop=True)
+    return sel.sort_values(
+        ["num_heads", "num_key_value_heads", "head_dim", "isl", "batch_size"], kind="mergesort"
+    ).reset_index(drop=True)
 
 
 def select_decode(gen: pd.DataFrame, kv_cache_dtype: str = "bfloat16") -> pd.DataFrame:
@@ -209,16 +240,18 @@ def select_decode(gen: pd.DataFrame, kv_cache_dtype: str = "bfloat16") -> pd.Dat
     """
     sel = attn_common(gen)
     sel = sel.assign(ctx=sel.step + sel.isl)
-    sel = sel[(sel.kv_cache_dtype == kv_cache_dtype) & (sel.ctx >= DECODE_MIN_CTX)
-              & (sel.batch_size <= DECODE_MAX_BATCH)]
+    sel = sel[
+        (sel.kv_cache_dtype == kv_cache_dtype) & (sel.ctx >= DECODE_MIN_CTX) & (sel.batch_size <= DECODE_MAX_BATCH)
+    ]
     sel = sel.assign(t=sel.latency * 1e-3, kv_bytes_per_elem=1.0 if kv_cache_dtype == "fp8" else 2.0)
-    return sel.sort_values(["num_heads", "num_key_value_heads", "head_dim", "ctx", "batch_size"],
-                           kind="mergesort").reset_index(drop=True)
+    return sel.sort_values(
+        ["num_heads", "num_key_value_heads", "head_dim", "ctx", "batch_size"], kind="mergesort"
+    ).reset_index(drop=True)
 
 
 def holdout_mask_gemm(df: pd.DataFrame, holdout: str) -> np.ndarray:
     """True for held-out rows: real-model (n, k) pairs, or every 5th distinct pair."""
-    pairs = list(zip(df.n.to_numpy(), df.k.to_numpy(), strict=True))   # columns of one frame
+    pairs = list(zip(df.n.to_numpy(), df.k.to_numpy(), strict=True))  # columns of one frame
     if holdout == "models":
         keys = set(HELD_OUT_GEMM)
     elif holdout == "every5":

@@ -7,6 +7,7 @@ router's timings and both servers' metrics under ``pd``).  ``calibrate show`` re
 ``calibrate validate`` replays it (:mod:`calibration.pd.replay`); ``fit`` refuses it with the
 commands that read it (:data:`REPLAY_HINT`).
 """
+
 from __future__ import annotations
 
 import json
@@ -26,9 +27,11 @@ PD_KIND = "pd_run"
 SERVED = "tiny-llama"
 PD_SCHEMA_VERSION = 1
 RECORDS = Path("records") / "load_pd.jsonl"
-REPLAY_HINT = ("replay it with `epdsim calibrate validate BUNDLE --profile HWDB_DIR` "
-               "(HWDB_DIR from `epdsim calibrate fit` of a colocated bundle) and summarise it with "
-               "`epdsim calibrate show BUNDLE`")
+REPLAY_HINT = (
+    "replay it with `epdsim calibrate validate BUNDLE --profile HWDB_DIR` "
+    "(HWDB_DIR from `epdsim calibrate fit` of a colocated bundle) and summarise it with "
+    "`epdsim calibrate show BUNDLE`"
+)
 
 
 class PDReplayError(ValueError):
@@ -49,18 +52,21 @@ def _settle(path: Path, m: dict) -> None:
     """A run still ``running`` whose process is gone on this host (SIGKILL, a crash) is marked
     ``interrupted`` (as :meth:`Bundle.settle_stale_runs` does for colocated bundles)."""
     from calibration.harness.bundle import process_alive  # noqa: PLC0415 - listed in tests/test_import_structure.py
+
     if m.get("status") != "running" or not m.get("pid") or m.get("hostname") != os.uname().nodename:
         return
     if process_alive(m["pid"], m.get("proc_start")):
         return
-    m.update(status="interrupted", interrupted_by=f"found with its process {m['pid']} gone (killed with SIGKILL, "
-                                                  f"crashed, or the machine stopped)")
+    m.update(
+        status="interrupted",
+        interrupted_by=f"found with its process {m['pid']} gone (killed with SIGKILL, crashed, or the machine stopped)",
+    )
     try:
         tmp = path / "manifest.json.tmp"
         tmp.write_text(json.dumps(m, indent=1, default=str))
         os.replace(tmp, path / "manifest.json")
     except OSError:
-        pass   # read-only: corrected in memory only
+        pass  # read-only: corrected in memory only
 
 
 def _pct(xs: list[float], p: float) -> float | None:
@@ -84,7 +90,7 @@ def _records(path: Path) -> list[dict]:
         try:
             rec = json.loads(line)
         except ValueError:
-            continue   # a torn last line of a killed run
+            continue  # a torn last line of a killed run
         if not isinstance(rec, dict):
             raise BundleError(f"{f}, line {i}: a record is a JSON {type(rec).__name__}, expected an object")
         out.append(rec)
@@ -129,36 +135,60 @@ def pd_summary(path: str | Path) -> dict:
 
     def p(xs):
         return {"p50": _pct(xs, 50), "p90": _pct(xs, 90)}
+
     sides = {
-        "prefill": {"server TTFT": p([srv(r, "prefill", "time_to_first_token_ms") for r in ok]),
-                    "server queue": p([srv(r, "prefill", "queue_time_ms") for r in ok]),
-                    "router leg (HTTP, not streamed)": p([leg(r) for r in ok])},
-        "decode": {"server TTFT (KV load + 1st token)": p([srv(r, "decode", "time_to_first_token_ms") for r in ok]),
-                   "server queue": p([srv(r, "decode", "queue_time_ms") for r in ok]),
-                   "server TPOT": p([srv(r, "decode", "mean_itl_ms") for r in ok])},
-        "client": {"TTFT via router": p([r.get("ttft_s") for r in ok]),
-                   "TPOT via router": p([client_tpot(r) for r in ok])},
+        "prefill": {
+            "server TTFT": p([srv(r, "prefill", "time_to_first_token_ms") for r in ok]),
+            "server queue": p([srv(r, "prefill", "queue_time_ms") for r in ok]),
+            "router leg (HTTP, not streamed)": p([leg(r) for r in ok]),
+        },
+        "decode": {
+            "server TTFT (KV load + 1st token)": p([srv(r, "decode", "time_to_first_token_ms") for r in ok]),
+            "server queue": p([srv(r, "decode", "queue_time_ms") for r in ok]),
+            "server TPOT": p([srv(r, "decode", "mean_itl_ms") for r in ok]),
+        },
+        "client": {
+            "TTFT via router": p([r.get("ttft_s") for r in ok]),
+            "TPOT via router": p([client_tpot(r) for r in ok]),
+        },
     }
     rep = _report(path)
     load = m.get("load") or {}
-    return {"path": str(path), "kind": PD_KIND, "schema_version": m.get("schema_version"), "mode": m.get("mode"),
-            "created": m.get("created"), "status": m.get("status", "unknown (written before status was kept)"),
-            "interrupted_by": m.get("interrupted_by"), "error": m.get("error"),
-            "connector": m.get("connector"), "block_size": m.get("block_size"), "binds": m.get("binds"),
-            "ready_s": m.get("ready_s"), "vllm": (m.get("versions") or {}).get("vllm"),
-            "host": m.get("host"), "load": load, "requests": len(recs), "ok": len(ok),
-            "kv_loaded": m.get("kv_loaded"),
-            "file_bandwidth_Bps": (m.get("file_bandwidth") or {}).get("write_read_Bps"),
-            "file_per_transfer_s": (m.get("file_bandwidth") or {}).get("per_transfer_s"),
-            "nixl_transfers": m.get("nixl_transfers"), "nixl": m.get("nixl"),
-            "handshake_warmup_s": (m.get("result") or {}).get("handshake_warmup_s"), "sides": sides,
-            "figures": {"client_ttft_p50": sides["client"]["TTFT via router"]["p50"],
-                        "client_ttft_p90": sides["client"]["TTFT via router"]["p90"],
-                        "prefill_server_ttft_p50": sides["prefill"]["server TTFT"]["p50"],
-                        "decode_server_ttft_p50": sides["decode"]["server TTFT (KV load + 1st token)"]["p50"],
-                        "decode_tpot_p50": sides["decode"]["server TPOT"]["p50"]},
-            "replay": rep is not None,
-            "validation": None if rep is None else {k: rep.get(k) for k in ("out", "checks", "failed", "passed")}}
+    return {
+        "path": str(path),
+        "kind": PD_KIND,
+        "schema_version": m.get("schema_version"),
+        "mode": m.get("mode"),
+        "created": m.get("created"),
+        "status": m.get("status", "unknown (written before status was kept)"),
+        "interrupted_by": m.get("interrupted_by"),
+        "error": m.get("error"),
+        "connector": m.get("connector"),
+        "block_size": m.get("block_size"),
+        "binds": m.get("binds"),
+        "ready_s": m.get("ready_s"),
+        "vllm": (m.get("versions") or {}).get("vllm"),
+        "host": m.get("host"),
+        "load": load,
+        "requests": len(recs),
+        "ok": len(ok),
+        "kv_loaded": m.get("kv_loaded"),
+        "file_bandwidth_Bps": (m.get("file_bandwidth") or {}).get("write_read_Bps"),
+        "file_per_transfer_s": (m.get("file_bandwidth") or {}).get("per_transfer_s"),
+        "nixl_transfers": m.get("nixl_transfers"),
+        "nixl": m.get("nixl"),
+        "handshake_warmup_s": (m.get("result") or {}).get("handshake_warmup_s"),
+        "sides": sides,
+        "figures": {
+            "client_ttft_p50": sides["client"]["TTFT via router"]["p50"],
+            "client_ttft_p90": sides["client"]["TTFT via router"]["p90"],
+            "prefill_server_ttft_p50": sides["prefill"]["server TTFT"]["p50"],
+            "decode_server_ttft_p50": sides["decode"]["server TTFT (KV load + 1st token)"]["p50"],
+            "decode_tpot_p50": sides["decode"]["server TPOT"]["p50"],
+        },
+        "replay": rep is not None,
+        "validation": None if rep is None else {k: rep.get(k) for k in ("out", "checks", "failed", "passed")},
+    }
 
 
 def show_pd(s: dict, con) -> None:
@@ -167,23 +197,31 @@ def show_pd(s: dict, con) -> None:
 
     def ms(x):
         return "-" if x is None else f"{x * 1e3:.1f} ms"
+
     load = s["load"]
-    con.print(f"[bold]{escape(s['path'])}[/]: PD bundle ({s['connector']}, block {s['block_size']}), "
-              f"{s['mode']} mode, status {escape(str(s['status']))}, vLLM {s['vllm'] or '-'}; "
-              f"{s['ok']} of {s['requests']} ok")
+    con.print(
+        f"[bold]{escape(s['path'])}[/]: PD bundle ({s['connector']}, block {s['block_size']}), "
+        f"{s['mode']} mode, status {escape(str(s['status']))}, vLLM {s['vllm'] or '-'}; "
+        f"{s['ok']} of {s['requests']} ok"
+    )
     if s.get("error"):
         con.print(f"error: {escape(str(s['error'])[:300])}")
     if load:
-        con.print(f"load: {load.get('kind')} {load.get('rate')} req/s, {load.get('n')} requests, prompts of "
-                  f"{load.get('blocks')} x {s['block_size']} + {load.get('extra')} tokens, outputs "
-                  f"{load.get('out_min')}..{load.get('out_max')} tokens, seed {load.get('seed')}")
+        con.print(
+            f"load: {load.get('kind')} {load.get('rate')} req/s, {load.get('n')} requests, prompts of "
+            f"{load.get('blocks')} x {s['block_size']} + {load.get('extra')} tokens, outputs "
+            f"{load.get('out_min')}..{load.get('out_max')} tokens, seed {load.get('seed')}"
+        )
     if s.get("ready_s"):
         con.print("ready: " + ", ".join(f"{k} {v:.1f} s" for k, v in s["ready_s"].items() if v is not None))
     heads = ["side", "figure", "p50", "p90"]
     for side in ("prefill", "decode", "client"):
         rows = [[side, name, ms(v["p50"]), ms(v["p90"])] for name, v in s["sides"][side].items()]
-        title = {"prefill": "prefill side (server metrics; the router's prefill request)",
-                 "decode": "decode side (server metrics)", "client": "client (through the router)"}[side]
+        title = {
+            "prefill": "prefill side (server metrics; the router's prefill request)",
+            "decode": "decode side (server metrics)",
+            "client": "client (through the router)",
+        }[side]
         for t in wide_tables(title, heads, rows, con.width, justify=dict.fromkeys(heads[2:], "right")):
             con.print(t)
     rows = []
@@ -191,22 +229,35 @@ def show_pd(s: dict, con) -> None:
     if "injections" in kv:
         rows.append(["KV loads (decode log)", f"{kv.get('injections')} loads, {kv.get('tokens')} tokens"])
     if s.get("file_bandwidth_Bps"):
-        rows.append(["file write + read", f"{s['file_bandwidth_Bps'] / 1e9:.2f} GB/s, "
-                                          f"{ms(s.get('file_per_transfer_s'))} per transfer"])
+        rows.append(
+            [
+                "file write + read",
+                f"{s['file_bandwidth_Bps'] / 1e9:.2f} GB/s, {ms(s.get('file_per_transfer_s'))} per transfer",
+            ]
+        )
     nx = s.get("nixl_transfers") or {}
     if nx.get("transfers"):
-        rows.append(["NIXL reads (decode /metrics)",
-                     f"{nx['transfers']} transfers, mean {nx['mean_xfer_s'] * 1e3:.3f} ms "
-                     f"and {nx['mean_bytes'] / 1e6:.3f} MB each"])
+        rows.append(
+            [
+                "NIXL reads (decode /metrics)",
+                f"{nx['transfers']} transfers, mean {nx['mean_xfer_s'] * 1e3:.3f} ms "
+                f"and {nx['mean_bytes'] / 1e6:.3f} MB each",
+            ]
+        )
         if nx.get("bandwidth_Bps"):
             rows.append(["NIXL bytes / transfer time", f"{nx['bandwidth_Bps'] / 1e9:.2f} GB/s"])
     elif (pair := pair_connector(s["connector"])) is not None and pair.cpu_pair == CPU_NIXL:
         rows.append(["NIXL reads (decode /metrics)", "none recorded"])
     if s.get("nixl"):
         n = s["nixl"]
-        rows.append(["NIXL settings", f"kv_buffer_device {n.get('kv_buffer_device')}, progress thread "
-                                      f"{n.get('progress_thread')}, pinning kept: "
-                                      f"{'yes' if n.get('keep_binding') else 'no'}"])
+        rows.append(
+            [
+                "NIXL settings",
+                f"kv_buffer_device {n.get('kv_buffer_device')}, progress thread "
+                f"{n.get('progress_thread')}, pinning kept: "
+                f"{'yes' if n.get('keep_binding') else 'no'}",
+            ]
+        )
     if s.get("handshake_warmup_s") is not None:
         rows.append(["warm-up through the router (NIXL handshake)", ms(s["handshake_warmup_s"])])
     if rows:
@@ -235,20 +286,27 @@ def replay_inputs(hwdb_dirs: list[str], engine: str | None, model: str | None) -
     if engine is None:
         names = sorted({json.loads(f.read_text()).get("engine_name") or f.stem for f in fits})
         if len(names) != 1:
-            raise PDReplayError(f"--engine: not given, and the hwdb folders hold {len(names)} fits "
-                                f"({', '.join(names) or 'none'}); name one with --engine")
+            raise PDReplayError(
+                f"--engine: not given, and the hwdb folders hold {len(names)} fits "
+                f"({', '.join(names) or 'none'}); name one with --engine"
+            )
         engine = names[0]
     if engine not in db.engines:
         mine = sorted(n for d in hwdb_dirs for n in (f.stem for f in (Path(d) / "engines").glob("*.yaml")))
-        raise PDReplayError(f"--engine {engine}: unknown engine; the hwdb folders {', '.join(hwdb_dirs)} define "
-                            f"{', '.join(mine) or 'no engine'}. Re-run `epdsim calibrate fit FIT_BUNDLE --out "
-                            f"HWDB_DIR` (every fit writes engines/<profile>.yaml), or leave --engine out")
+        raise PDReplayError(
+            f"--engine {engine}: unknown engine; the hwdb folders {', '.join(hwdb_dirs)} define "
+            f"{', '.join(mine) or 'no engine'}. Re-run `epdsim calibrate fit FIT_BUNDLE --out "
+            f"HWDB_DIR` (every fit writes engines/<profile>.yaml), or leave --engine out"
+        )
     if model is None:
-        cand = [Path(d) / "models" / SERVED for d in hwdb_dirs
-                if (Path(d) / "models" / SERVED / "config.json").exists()]
+        cand = [
+            Path(d) / "models" / SERVED for d in hwdb_dirs if (Path(d) / "models" / SERVED / "config.json").exists()
+        ]
         if not cand:
-            raise PDReplayError(f"--model: not given, and no hwdb folder holds models/{SERVED}/config.json; "
-                                f"give the model folder of the pair (config.json)")
+            raise PDReplayError(
+                f"--model: not given, and no hwdb folder holds models/{SERVED}/config.json; "
+                f"give the model folder of the pair (config.json)"
+            )
         model = str(cand[-1])
     return engine, model
 
@@ -262,18 +320,25 @@ def measured_rows(out: Path) -> list[dict]:
         pd = r.get("pd") or {}
         pm, dm = pd.get("prefill_metrics") or {}, pd.get("decode_metrics") or r.get("server_metrics") or {}
         o = int(r["output_tokens"])
-        rows.append({
-            "id": r["id"], "arrival_s": r["t_send"] - t0, "input_tokens": int(r["prompt_tokens"]),
-            "output_tokens": o, "client_ttft_s": r.get("ttft_s"),
-            "client_tpot_s": ((r["e2e_s"] - r["ttft_s"]) / (o - 1)) if o > 1 else None,
-            "prefill_server_ttft_s": pm.get("time_to_first_token_ms", math.nan) / 1e3 if pm else None,
-            "prefill_leg_s": (pd["prefill_done_s"] - pd["prefill_sent_s"]) if pd.get("prefill_done_s") else None,
-            "decode_server_ttft_s": dm.get("time_to_first_token_ms", math.nan) / 1e3 if dm else None,
-            "decode_server_tpot_s": dm["mean_itl_ms"] / 1e3 if dm.get("mean_itl_ms") and o > 1 else None,
-        })
+        rows.append(
+            {
+                "id": r["id"],
+                "arrival_s": r["t_send"] - t0,
+                "input_tokens": int(r["prompt_tokens"]),
+                "output_tokens": o,
+                "client_ttft_s": r.get("ttft_s"),
+                "client_tpot_s": ((r["e2e_s"] - r["ttft_s"]) / (o - 1)) if o > 1 else None,
+                "prefill_server_ttft_s": pm.get("time_to_first_token_ms", math.nan) / 1e3 if pm else None,
+                "prefill_leg_s": (pd["prefill_done_s"] - pd["prefill_sent_s"]) if pd.get("prefill_done_s") else None,
+                "decode_server_ttft_s": dm.get("time_to_first_token_ms", math.nan) / 1e3 if dm else None,
+                "decode_server_tpot_s": dm["mean_itl_ms"] / 1e3 if dm.get("mean_itl_ms") and o > 1 else None,
+            }
+        )
         r_ = rows[-1]
         # the engines' share of TTFT: prefill server TTFT + decode server TTFT (no HTTP hops, no router)
-        r_["servers_ttft_s"] = (r_["prefill_server_ttft_s"] + r_["decode_server_ttft_s"]
-                                if r_["prefill_server_ttft_s"] is not None and r_["decode_server_ttft_s"] is not None
-                                else None)
+        r_["servers_ttft_s"] = (
+            r_["prefill_server_ttft_s"] + r_["decode_server_ttft_s"]
+            if r_["prefill_server_ttft_s"] is not None and r_["decode_server_ttft_s"] is not None
+            else None
+        )
     return rows

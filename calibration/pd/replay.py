@@ -14,6 +14,7 @@ measured arrivals and lengths as a trace.  The comparison rows:
 * KV transfer, mean: NIXL's own transfer time, or the file probe's per-transfer time, against the
   simulator's ``transfer_s`` (information: the simulator adds the connector's setup time).
 """
+
 from __future__ import annotations
 
 import json
@@ -42,8 +43,10 @@ def transfer_inputs(man: dict, bandwidth_Bps: float | None) -> tuple[KVConnector
     bandwidth, where it comes from, measured mean transfer time)."""
     pair = pair_connector(man.get("connector"))
     if pair is None:
-        raise PDReplayError(f"connector {man.get('connector')!r} of the bundle: the replay knows "
-                            f"{', '.join(str(s.vllm_connector()) for s in harness_connectors().values())}")
+        raise PDReplayError(
+            f"connector {man.get('connector')!r} of the bundle: the replay knows "
+            f"{', '.join(str(s.vllm_connector()) for s in harness_connectors().values())}"
+        )
     if pair.cpu_pair == CPU_NIXL:
         nx = man.get("nixl_transfers") or {}
         measured, per = nx.get("bandwidth_Bps"), nx.get("mean_xfer_s")
@@ -56,21 +59,32 @@ def transfer_inputs(man: dict, bandwidth_Bps: float | None) -> tuple[KVConnector
         return pair, bandwidth_Bps, "--bandwidth-Bps", per
     if not measured:
         what = "NIXL transfer" if pair.cpu_pair == CPU_NIXL else "file"
-        raise PDReplayError(f"the run measured no {what} bandwidth (status {man.get('status', 'unknown')}); "
-                            f"re-run it, or give --bandwidth-Bps")
+        raise PDReplayError(
+            f"the run measured no {what} bandwidth (status {man.get('status', 'unknown')}); "
+            f"re-run it, or give --bandwidth-Bps"
+        )
     return pair, measured, source, per
 
 
-def replay(bundle: str | Path, hwdb_dirs: list[str], engine: str | None = None, model: str | None = None,
-           fabric: str = "tcp-100gbe", bandwidth_Bps: float | None = None, out: str | Path | None = None,
-           tolerance: float = 0.25) -> dict:
+def replay(
+    bundle: str | Path,
+    hwdb_dirs: list[str],
+    engine: str | None = None,
+    model: str | None = None,
+    fabric: str = "tcp-100gbe",
+    bandwidth_Bps: float | None = None,
+    out: str | Path | None = None,
+    tolerance: float = 0.25,
+) -> dict:
     """Simulate the bundle's load as a PD scenario; write scenario.yaml, trace.jsonl and report.json
     into ``out`` (default BUNDLE/replay) and return the report."""
     bundle = Path(bundle)
     man = read_manifest(bundle)
     if man is None:
-        raise PDReplayError(f"{bundle}: not a PD bundle (no manifest.json with kind pd_run); give the --out folder "
-                            f"of `epdsim calibrate run --pd`")
+        raise PDReplayError(
+            f"{bundle}: not a PD bundle (no manifest.json with kind pd_run); give the --out folder "
+            f"of `epdsim calibrate run --pd`"
+        )
     pair, bw, bw_source, measured_xfer = transfer_inputs(man, bandwidth_Bps)
     conn, nixl = pair.conn.name, pair.cpu_pair == CPU_NIXL
     engine, model = replay_inputs(hwdb_dirs, engine, model)
@@ -83,18 +97,42 @@ def replay(bundle: str | Path, hwdb_dirs: list[str], engine: str | None = None, 
     vdir = Path(out) if out else bundle / "replay"
     vdir.mkdir(parents=True, exist_ok=True)
     trace = vdir / "trace.jsonl"
-    trace.write_text("".join(json.dumps({"arrival_s": round(r["arrival_s"], 6), "input_tokens": r["input_tokens"],
-                                         "output_tokens": r["output_tokens"]}) + "\n" for r in rows))
-    eng = {"engine": engine, "max_num_seqs": 128, "max_num_batched_tokens": 2048, "block_size": BLOCK,
-           "enforce_eager": True, "max_model_len": 4096, "num_gpu_blocks_override": 8192,
-           "enable_chunked_prefill": True, "enable_prefix_caching": False}
-    data = {"name": f"replay-pd-cpu-{conn}",
-            "description": f"PD pair on CPU with {man.get('connector')} (epdsim calibrate run --pd)",
-            "model": str(Path(model).resolve()), "hwdb": [str(Path(h).resolve()) for h in hwdb_dirs],
-            "pools": [{"name": "prefill", "role": "prefill", "gpu": "CPU-host", "engine": dict(eng)},
-                      {"name": "decode", "role": "decode", "gpu": "CPU-host", "engine": dict(eng)}],
-            "kv_transfer": {"connector": conn, "fabric": fabric, "same_node": False, "bandwidth_Bps": bw / eff},
-            "workload": {"arrival": {"kind": "trace", "path": str(trace.resolve()), "format": "plain"}}}
+    trace.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "arrival_s": round(r["arrival_s"], 6),
+                    "input_tokens": r["input_tokens"],
+                    "output_tokens": r["output_tokens"],
+                }
+            )
+            + "\n"
+            for r in rows
+        )
+    )
+    eng = {
+        "engine": engine,
+        "max_num_seqs": 128,
+        "max_num_batched_tokens": 2048,
+        "block_size": BLOCK,
+        "enforce_eager": True,
+        "max_model_len": 4096,
+        "num_gpu_blocks_override": 8192,
+        "enable_chunked_prefill": True,
+        "enable_prefix_caching": False,
+    }
+    data = {
+        "name": f"replay-pd-cpu-{conn}",
+        "description": f"PD pair on CPU with {man.get('connector')} (epdsim calibrate run --pd)",
+        "model": str(Path(model).resolve()),
+        "hwdb": [str(Path(h).resolve()) for h in hwdb_dirs],
+        "pools": [
+            {"name": "prefill", "role": "prefill", "gpu": "CPU-host", "engine": dict(eng)},
+            {"name": "decode", "role": "decode", "gpu": "CPU-host", "engine": dict(eng)},
+        ],
+        "kv_transfer": {"connector": conn, "fabric": fabric, "same_node": False, "bandwidth_Bps": bw / eff},
+        "workload": {"arrival": {"kind": "trace", "path": str(trace.resolve()), "format": "plain"}},
+    }
     (vdir / "scenario.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     res = simulate(parse_scenario(data, "pd replay"))
     req = res.requests.sort_values("request_id")
@@ -103,35 +141,71 @@ def replay(bundle: str | Path, hwdb_dirs: list[str], engine: str | None = None, 
 
     def row(metric, stat, meas, pred, source, check):
         err = pred / meas - 1 if meas and math.isfinite(meas) and math.isfinite(pred) else math.nan
-        table.append({"metric": metric, "stat": stat, "source": source, "measured_s": meas, "predicted_s": pred,
-                      "rel_error": err, "check": check,
-                      "passed": (abs(err) <= tolerance if math.isfinite(err) else False) if check else None})
+        table.append(
+            {
+                "metric": metric,
+                "stat": stat,
+                "source": source,
+                "measured_s": meas,
+                "predicted_s": pred,
+                "rel_error": err,
+                "check": check,
+                "passed": (abs(err) <= tolerance if math.isfinite(err) else False) if check else None,
+            }
+        )
 
     for p in (50, 90):
-        row("TTFT", f"p{p}", _pct([r["client_ttft_s"] for r in rows], p), _pct(pred_ttft, p), "client via router",
-            False)
+        row(
+            "TTFT", f"p{p}", _pct([r["client_ttft_s"] for r in rows], p), _pct(pred_ttft, p), "client via router", False
+        )
     for p in (50, 90):
-        row("TTFT", f"p{p}", _pct([r["servers_ttft_s"] for r in rows], p), _pct(pred_ttft, p), "prefill+decode srv",
-            True)
+        row(
+            "TTFT",
+            f"p{p}",
+            _pct([r["servers_ttft_s"] for r in rows], p),
+            _pct(pred_ttft, p),
+            "prefill+decode srv",
+            True,
+        )
     row("TPOT", "p50", _pct([r["decode_server_tpot_s"] for r in rows], 50), _pct(pred_tpot, 50), "decode server", True)
     row("TPOT", "p50", _pct([r["client_tpot_s"] for r in rows], 50), _pct(pred_tpot, 50), "client", True)
     if measured_xfer:
         sim_xfer = req["transfer_s"].to_numpy(dtype=float) if "transfer_s" in req else np.array([math.nan])
-        row("KV transfer", "mean", measured_xfer, float(np.nanmean(sim_xfer)),
-            "NIXL xfer time" if nixl else "file probe", False)
-    parts = {"prefill server TTFT p50": _pct([r["prefill_server_ttft_s"] for r in rows], 50),
-             "prefill leg via HTTP p50": _pct([r["prefill_leg_s"] for r in rows], 50),
-             "decode server TTFT p50 (KV load + recompute + 1st token)":
-                 _pct([r["decode_server_ttft_s"] for r in rows], 50)}
+        row(
+            "KV transfer",
+            "mean",
+            measured_xfer,
+            float(np.nanmean(sim_xfer)),
+            "NIXL xfer time" if nixl else "file probe",
+            False,
+        )
+    parts = {
+        "prefill server TTFT p50": _pct([r["prefill_server_ttft_s"] for r in rows], 50),
+        "prefill leg via HTTP p50": _pct([r["prefill_leg_s"] for r in rows], 50),
+        "decode server TTFT p50 (KV load + recompute + 1st token)": _pct([r["decode_server_ttft_s"] for r in rows], 50),
+    }
     checks = [t for t in table if t["check"]]
-    report = {"bundle": str(bundle.resolve()), "connector": man.get("connector"), "sim_connector": conn,
-              "engine": engine, "hwdb": [str(h) for h in hwdb_dirs], "bandwidth_Bps": bw,
-              "bandwidth_source": bw_source, "connector_efficiency": eff, "fabric": fabric,
-              "completed_pred": int((req["outcome"] == "completed").sum()), "n": len(rows), "tolerance": tolerance,
-              "table": table, "checks": len(checks), "failed": sum(1 for t in checks if not t["passed"]),
-              "passed": all(t["passed"] for t in checks), "measured_parts": parts,
-              "summary_pred": {k: res.summary.get(k) for k in ("ttft_s", "tpot_s") if k in res.summary},
-              "out": str(vdir)}
+    report = {
+        "bundle": str(bundle.resolve()),
+        "connector": man.get("connector"),
+        "sim_connector": conn,
+        "engine": engine,
+        "hwdb": [str(h) for h in hwdb_dirs],
+        "bandwidth_Bps": bw,
+        "bandwidth_source": bw_source,
+        "connector_efficiency": eff,
+        "fabric": fabric,
+        "completed_pred": int((req["outcome"] == "completed").sum()),
+        "n": len(rows),
+        "tolerance": tolerance,
+        "table": table,
+        "checks": len(checks),
+        "failed": sum(1 for t in checks if not t["passed"]),
+        "passed": all(t["passed"] for t in checks),
+        "measured_parts": parts,
+        "summary_pred": {k: res.summary.get(k) for k in ("ttft_s", "tpot_s") if k in res.summary},
+        "out": str(vdir),
+    }
     (vdir / "report.json").write_text(json.dumps(report, indent=1, default=str))
     return report
 
@@ -140,9 +214,13 @@ def print_report(report: dict, echo=print) -> None:
     """The comparison as plain lines (``pd_run replay``; ``calibrate validate`` prints a table)."""
     for t in report["table"]:
         verdict = "" if not t["check"] else ("  ok" if t["passed"] else "  FAIL")
-        echo(f"{t['metric']:11} {t['stat']:4} {t['source']:18} measured {t['measured_s'] * 1e3:8.2f} ms  "
-             f"predicted {t['predicted_s'] * 1e3:8.2f} ms  error {t['rel_error'] * 100:+6.1f}%{verdict}")
+        echo(
+            f"{t['metric']:11} {t['stat']:4} {t['source']:18} measured {t['measured_s'] * 1e3:8.2f} ms  "
+            f"predicted {t['predicted_s'] * 1e3:8.2f} ms  error {t['rel_error'] * 100:+6.1f}%{verdict}"
+        )
     for k, v in report["measured_parts"].items():
         echo(f"  measured {k}: {v * 1e3:.1f} ms")
-    echo(f"  bandwidth {report['bandwidth_Bps'] / 1e9:.3g} GB/s ({report['bandwidth_source']}); report: "
-         f"{report['out']}/report.json")
+    echo(
+        f"  bandwidth {report['bandwidth_Bps'] / 1e9:.3g} GB/s ({report['bandwidth_source']}); report: "
+        f"{report['out']}/report.json"
+    )

@@ -24,6 +24,7 @@ Run::
     python -m calibration.pd.router --prefill http://127.0.0.1:8100 \
         --decode http://127.0.0.1:8200 --port 8000 [--records pd_router.jsonl]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,6 +46,7 @@ FORWARDED_POSTS = ("/tokenize", "/detokenize")
 @dataclass
 class RouteRecord:
     """What the router saw of one request (monotonic seconds, relative to ``t_received``)."""
+
     id: str
     t_received_wall: float
     prompt_tokens: int | None = None
@@ -80,8 +82,15 @@ class HTTPError(Exception):
         self.status = status
 
 
-REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-           500: "Internal Server Error", 502: "Bad Gateway", 503: "Service Unavailable"}
+REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    500: "Internal Server Error",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+}
 
 
 def prefill_body(body: dict) -> dict:
@@ -109,8 +118,7 @@ def decode_body(body: dict, prefill_answer: dict | None) -> dict:
 
 
 class PDRouter:
-    def __init__(self, prefill_url: str, decode_url: str, *, timeout: float = 600.0,
-                 records_path: str | None = None):
+    def __init__(self, prefill_url: str, decode_url: str, *, timeout: float = 600.0, records_path: str | None = None):
         self.prefill_url = prefill_url.rstrip("/")
         self.decode_url = decode_url.rstrip("/")
         limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
@@ -196,15 +204,21 @@ class PDRouter:
 
     @staticmethod
     async def _send_simple(writer, status: int, body: bytes, ctype: str = "application/json") -> None:
-        head = (f"HTTP/1.1 {status} {REASONS.get(status, 'Status')}\r\nContent-Type: {ctype}\r\n"
-                f"Content-Length: {len(body)}\r\n\r\n").encode()
+        head = (
+            f"HTTP/1.1 {status} {REASONS.get(status, 'Status')}\r\nContent-Type: {ctype}\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
         writer.write(head + body)
         await writer.drain()
 
     @staticmethod
     async def _start_chunked(writer, status: int, ctype: str) -> None:
-        writer.write((f"HTTP/1.1 {status} {REASONS.get(status, 'Status')}\r\nContent-Type: {ctype}\r\n"
-                      f"Transfer-Encoding: chunked\r\nCache-Control: no-cache\r\n\r\n").encode())
+        writer.write(
+            (
+                f"HTTP/1.1 {status} {REASONS.get(status, 'Status')}\r\nContent-Type: {ctype}\r\n"
+                f"Transfer-Encoding: chunked\r\nCache-Control: no-cache\r\n\r\n"
+            ).encode()
+        )
         await writer.drain()
 
     @staticmethod
@@ -232,8 +246,7 @@ class PDRouter:
                     raise HTTPError(503, f"prefill server unreachable: {exc}") from None
                 if p.status_code != 200:
                     raise HTTPError(503, "prefill server not healthy")
-            await self._send_simple(writer, r.status_code, r.content,
-                                    r.headers.get("content-type", "application/json"))
+            await self._send_simple(writer, r.status_code, r.content, r.headers.get("content-type", "application/json"))
             return
         if method == "POST" and path in FORWARDED_POSTS:
             try:
@@ -256,9 +269,13 @@ class PDRouter:
     async def _completion(self, req: dict, writer) -> None:
         t0 = time.monotonic()
         prompt = req.get("prompt")
-        rec = RouteRecord(id=str(req.get("request_id") or uuid.uuid4().hex), t_received_wall=time.time(),
-                          prompt_tokens=len(prompt) if isinstance(prompt, list) else None,
-                          max_tokens=req.get("max_tokens"), extra={"prompt_hash": prompt_hash(prompt)})
+        rec = RouteRecord(
+            id=str(req.get("request_id") or uuid.uuid4().hex),
+            t_received_wall=time.time(),
+            prompt_tokens=len(prompt) if isinstance(prompt, list) else None,
+            max_tokens=req.get("max_tokens"),
+            extra={"prompt_hash": prompt_hash(prompt)},
+        )
         self._records.append(rec)
         try:
             # 1. prefill: one token, not streamed
@@ -350,8 +367,7 @@ async def serve(prefill: str, decode: str, host: str, port: int, records: str | 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m calibration.pd.router",
-                                 description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m calibration.pd.router", description=__doc__.splitlines()[0])
     ap.add_argument("--prefill", required=True, help="base URL of the prefill (kv_producer) server")
     ap.add_argument("--decode", required=True, help="base URL of the decode (kv_consumer) server")
     ap.add_argument("--host", default="127.0.0.1")

@@ -24,6 +24,7 @@ prompt's blocks as the prefill server holds them.
     python -m calibration.pd.run run --out pd-run --model-dir cpu-fit/model [--connector nixl]
     python -m calibration.pd.run replay pd-run --hwdb cpu-hw [--engine CPU-host_vllm-0.32.0_tiny-llama]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,16 +71,24 @@ from simulator.console import print_notes
 from simulator.pd.connectors import CPU_FILES, CPU_NIXL
 
 
-def build_specs(pf: PromptFactory, n: int, rate: float, seed: int, blocks: list[int], extra: int,
-                out_min: int, out_max: int) -> list[RequestSpec]:
+def build_specs(
+    pf: PromptFactory, n: int, rate: float, seed: int, blocks: list[int], extra: int, out_min: int, out_max: int
+) -> list[RequestSpec]:
     rng = random.Random(seed)
     arr = poisson_arrivals(n, rate, seed)
     specs = []
     for i, a in enumerate(arr):
         rid = f"pd-{seed}-{i}"
         length = BLOCK * rng.choice(blocks) + extra
-        specs.append(RequestSpec(id=rid, prompt=pf.prompt(rid, length), max_tokens=rng.randint(out_min, out_max),
-                                 arrival_s=a, meta={"blocks": (length - extra) // BLOCK}))
+        specs.append(
+            RequestSpec(
+                id=rid,
+                prompt=pf.prompt(rid, length),
+                max_tokens=rng.randint(out_min, out_max),
+                arrival_s=a,
+                meta={"blocks": (length - extra) // BLOCK},
+            )
+        )
     return specs
 
 
@@ -96,8 +105,14 @@ async def warm_up(base_url: str, seed: int = 0) -> None:
             raise RuntimeError(f"warm-up request to {base_url} failed: {res.error}")
 
 
-async def drive(router_url_prefill: str, router_url_decode: str, specs_args: dict, out: Path,
-                warmup: bool = True, nixl: bool = False) -> dict:
+async def drive(
+    router_url_prefill: str,
+    router_url_decode: str,
+    specs_args: dict,
+    out: Path,
+    warmup: bool = True,
+    nixl: bool = False,
+) -> dict:
     """Warm up, load the pair through the router, write records/load_pd.jsonl; with ``nixl``, one
     warm-up request through the router too (the decode server's first NIXL read makes the handshake
     with the prefill server) and the decode server's NIXL counters read around the load."""
@@ -125,7 +140,7 @@ async def drive(router_url_prefill: str, router_url_decode: str, specs_args: dic
     finally:
         await client.aclose()
         await router.close()
-    routes: dict[str | None, dict] = {}   # prompt hash -> the router's first record of it
+    routes: dict[str | None, dict] = {}  # prompt hash -> the router's first record of it
     for rec in router.records():
         routes.setdefault(rec["extra"].get("prompt_hash"), rec)
     by_id = {s.id: s for s in specs}
@@ -138,8 +153,13 @@ async def drive(router_url_prefill: str, router_url_decode: str, specs_args: dic
     with open(out / "records" / "load_pd.jsonl", "w") as fh:
         for d in recs:
             fh.write(json.dumps(d) + "\n")
-    return {"requests": len(specs), "ok": sum(r["ok"] for r in recs), "wall_s": round(wall, 3),
-            "prompt_source": pf.source, **extra}
+    return {
+        "requests": len(specs),
+        "ok": sum(r["ok"] for r in recs),
+        "wall_s": round(wall, 3),
+        "prompt_source": pf.source,
+        **extra,
+    }
 
 
 def _server_version(base_url: str) -> str | None:
@@ -157,16 +177,18 @@ def _model_dir(a, out: Path, attach: bool) -> Path | None:
     if a.model_dir:
         model_dir = Path(a.model_dir).resolve()
         if not (model_dir / "config.json").is_file():
-            raise PDReplayError(f"--model-dir {a.model_dir}: no config.json there; give the model folder of a "
-                                f"colocated bundle (e.g. cpu-fit/model, made by `epdsim calibrate run --out cpu-fit "
-                                f"--launch`), leave it out for the tiny model in OUT/model, or attach with "
-                                f"--prefill-url and --decode-url")
+            raise PDReplayError(
+                f"--model-dir {a.model_dir}: no config.json there; give the model folder of a "
+                f"colocated bundle (e.g. cpu-fit/model, made by `epdsim calibrate run --out cpu-fit "
+                f"--launch`), leave it out for the tiny model in OUT/model, or attach with "
+                f"--prefill-url and --decode-url"
+            )
         return model_dir
     return ensure_tiny_model(a.vllm_python or default_vllm_python(), out / "model", lambda m: print(m, file=sys.stderr))
 
 
 def cmd_run(a) -> int:
-    out = Path(a.out).resolve()   # the servers run in the repository: relative paths would point there
+    out = Path(a.out).resolve()  # the servers run in the repository: relative paths would point there
     attach = bool(a.prefill_url and a.decode_url)
     if bool(a.prefill_url) != bool(a.decode_url):
         raise PDReplayError("attach mode needs both --prefill-url and --decode-url")
@@ -192,15 +214,26 @@ def cmd_run(a) -> int:
     if files:
         Path(kv_path).mkdir(parents=True, exist_ok=True)
     servers = []
-    manifest: dict = {"kind": PD_KIND, "schema_version": PD_SCHEMA_VERSION,
-                      "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "status": "running",
-                      "argv": list(sys.argv), "pid": os.getpid(), "hostname": os.uname().nodename,
-                      "proc_start": proc_start(), "connector": vllm_name, "block_size": BLOCK}
+    manifest: dict = {
+        "kind": PD_KIND,
+        "schema_version": PD_SCHEMA_VERSION,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "status": "running",
+        "argv": list(sys.argv),
+        "pid": os.getpid(),
+        "hostname": os.uname().nodename,
+        "proc_start": proc_start(),
+        "connector": vllm_name,
+        "block_size": BLOCK,
+    }
     if files:
         manifest["kv_path"] = kv_path
     elif nixl:
-        manifest["nixl"] = {"kv_buffer_device": "cpu", "progress_thread": a.nixl_progress_thread or "on",
-                            "keep_binding": bool(a.prefill_bind or a.decode_bind) and not attach}
+        manifest["nixl"] = {
+            "kv_buffer_device": "cpu",
+            "progress_thread": a.nixl_progress_thread or "on",
+            "keep_binding": bool(a.prefill_bind or a.decode_bind) and not attach,
+        }
     manifest["host"] = {"hardware": envinfo.hardware(), "conditions": {"before": envinfo.conditions()}}
     # Written at once, so that a run killed before its end still reads as one (status "running").
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1, default=str))
@@ -211,9 +244,17 @@ def cmd_run(a) -> int:
             d.wait_ready(60)
             manifest["mode"] = "attach"
         else:
-            p, d = launch_pair(out, str(model_dir), kv_path, vllm_python=a.vllm_python, connector=a.connector,
-                               prefill_bind=a.prefill_bind, decode_bind=a.decode_bind, ready_timeout=a.ready_timeout,
-                               nixl_progress_thread=a.nixl_progress_thread != "off")
+            p, d = launch_pair(
+                out,
+                str(model_dir),
+                kv_path,
+                vllm_python=a.vllm_python,
+                connector=a.connector,
+                prefill_bind=a.prefill_bind,
+                decode_bind=a.decode_bind,
+                ready_timeout=a.ready_timeout,
+                nixl_progress_thread=a.nixl_progress_thread != "off",
+            )
             servers = [p, d]
             manifest["mode"] = "launch"
             manifest["commands"] = {"prefill": p.command, "decode": d.command}
@@ -223,8 +264,15 @@ def cmd_run(a) -> int:
         manifest["urls"] = {"prefill": p.base_url, "decode": d.base_url}
         manifest["versions"] = {"vllm": _server_version(p.base_url)}
         blocks = [int(x) for x in a.blocks.split(",")]
-        specs_args = dict(n=a.requests, rate=a.rate, seed=a.seed, blocks=blocks, extra=a.extra_tokens,
-                          out_min=a.out_min, out_max=a.out_max)
+        specs_args = dict(
+            n=a.requests,
+            rate=a.rate,
+            seed=a.seed,
+            blocks=blocks,
+            extra=a.extra_tokens,
+            out_min=a.out_min,
+            out_max=a.out_max,
+        )
         manifest["load"] = {**specs_args, "kind": "poisson"}
         result = asyncio.run(drive(p.base_url, d.base_url, specs_args, out, nixl=nixl))
         manifest["result"] = result
@@ -234,7 +282,7 @@ def cmd_run(a) -> int:
             nx = manifest["nixl_transfers"] = result.pop("nixl_transfers", None)
             manifest["kv_loaded"] = {"transfers": (nx or {}).get("transfers"), "bytes": (nx or {}).get("bytes_sum")}
         else:
-            if isinstance(d, ServerProcess):   # launched (servers holds the pair): its log is ours to read
+            if isinstance(d, ServerProcess):  # launched (servers holds the pair): its log is ours to read
                 inj = count_injections(d.log_path)
                 manifest["kv_loaded"] = {"injections": len(inj), "tokens": sum(inj)}
             # bandwidth of the file path: one request of the median prompt, one file per layer
@@ -255,8 +303,16 @@ def cmd_run(a) -> int:
         manifest["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         manifest["host"]["conditions"]["after"] = envinfo.conditions()
         (out / "manifest.json").write_text(json.dumps(manifest, indent=1, default=str))
-    print(json.dumps({k: manifest.get(k) for k in ("result", "kv_loaded", "file_bandwidth", "nixl_transfers")
-                      if manifest.get(k) is not None}, indent=1))
+    print(
+        json.dumps(
+            {
+                k: manifest.get(k)
+                for k in ("result", "kv_loaded", "file_bandwidth", "nixl_transfers")
+                if manifest.get(k) is not None
+            },
+            indent=1,
+        )
+    )
     return 0
 
 
@@ -280,19 +336,26 @@ def add_run_options(r: argparse.ArgumentParser) -> None:
 
 
 def add_replay_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--engine", default=None, help="engine written by `calibrate fit`, e.g. "
-                                                  "CPU-host_vllm-0.32.0_tiny-llama (default: the hwdb's one fit)")
+    p.add_argument(
+        "--engine",
+        default=None,
+        help="engine written by `calibrate fit`, e.g. CPU-host_vllm-0.32.0_tiny-llama (default: the hwdb's one fit)",
+    )
     p.add_argument("--fabric", default="tcp-100gbe", help="a non-GPU-direct link (its bandwidth is overridden)")
-    p.add_argument("--bandwidth-Bps", type=float, default=None,
-                   help="override the measured transfer bandwidth (file probe, or NIXL bytes / transfer time)")
+    p.add_argument(
+        "--bandwidth-Bps",
+        type=float,
+        default=None,
+        help="override the measured transfer bandwidth (file probe, or NIXL bytes / transfer time)",
+    )
 
 
 def run_guarded(fn, a) -> int:
     """``fn(a)`` with SIGTERM unwinding like Ctrl-C and the exit codes of ``calibrate``: 2 user error,
     3 server error, 130 interrupted."""
     try:
-        with interruptible():   # SIGINT (even from a script) and SIGTERM unwind: the servers stop
-            if getattr(a, "hwdb", None):    # a user folder that replaces shipped hardware changes the answer
+        with interruptible():  # SIGINT (even from a script) and SIGTERM unwind: the servers stop
+            if getattr(a, "hwdb", None):  # a user folder that replaces shipped hardware changes the answer
                 print_notes(hwdb.load(a.hwdb).notes)
             return fn(a)
     except (PDReplayError, BundleError, hwdb.HwdbError) as exc:

@@ -40,6 +40,7 @@ Modules: :mod:`calibration.validation.replay` (measured requests, replay, compar
 :mod:`calibration.validation.report` (Markdown and HTML); this module resolves the profile, runs the
 phases (:func:`validate`) and holds the command (:func:`cmd_validate`).
 """
+
 from __future__ import annotations
 
 import json
@@ -76,7 +77,7 @@ def _user_profiles(folder: Path) -> dict[str, dict]:
         try:
             d = read_yaml(p, FitInputError, "calibration profile")
         except FitInputError:
-            continue                 # hwdb.load reports a broken profile file
+            continue  # hwdb.load reports a broken profile file
         if isinstance(d, dict) and d.get("name"):
             out[d["name"]] = {"path": p, "gpu": d.get("gpu"), "created": str(d.get("created"))}
     return out
@@ -86,14 +87,18 @@ def resolve_profile(b: Bundle, profile: str | Path, gpu: str | None, hwdb_dirs=(
     """(db, GPU, Profile, hwdb dirs, fit report or None) for validating ``b`` with ``profile``."""
     p = Path(profile)
     if not p.exists():
-        raise FitInputError(f"--profile {p}: no such folder; give the hwdb folder `epdsim calibrate fit` wrote "
-                            f"(default BUNDLE/hwdb) or one of its profile YAML files.")
+        raise FitInputError(
+            f"--profile {p}: no such folder; give the hwdb folder `epdsim calibrate fit` wrote "
+            f"(default BUNDLE/hwdb) or one of its profile YAML files."
+        )
     if p.is_file():
         folder = p.parent.parent if p.parent.name == "profiles" else p.parent
         d = read_yaml(p, FitInputError, "calibration profile") if p.suffix in (".yaml", ".yml") else None
         if d is not None and not isinstance(d, dict):
-            raise FitInputError(f"--profile {p}: expected a calibration profile (a mapping with name, gpu, ...), "
-                                f"got a {type(d).__name__}")
+            raise FitInputError(
+                f"--profile {p}: expected a calibration profile (a mapping with name, gpu, ...), "
+                f"got a {type(d).__name__}"
+            )
         only = d.get("name") if d else None
     else:
         folder, only = p, None
@@ -106,8 +111,10 @@ def resolve_profile(b: Bundle, profile: str | Path, gpu: str | None, hwdb_dirs=(
     if only:
         mine = {only: mine[only]} if only in mine else {}
     if not mine:
-        raise FitInputError(f"{folder} holds no calibration profile (profiles/*.yaml); make one with "
-                            f"`epdsim calibrate fit FIT_BUNDLE --out {folder}`.")
+        raise FitInputError(
+            f"{folder} holds no calibration profile (profiles/*.yaml); make one with "
+            f"`epdsim calibrate fit FIT_BUNDLE --out {folder}`."
+        )
     if gpu:
         try:
             gname = db.gpu(gpu).name
@@ -118,21 +125,27 @@ def resolve_profile(b: Bundle, profile: str | Path, gpu: str | None, hwdb_dirs=(
     elif len({v["gpu"] for v in mine.values()}) == 1:
         gname = next(iter(mine.values()))["gpu"]
     else:
-        raise FitInputError(f"{folder} has profiles for several GPUs ({sorted({v['gpu'] for v in mine.values()})}) "
-                            f"and the bundle does not say which one it ran on; pass --gpu NAME.")
+        raise FitInputError(
+            f"{folder} has profiles for several GPUs ({sorted({v['gpu'] for v in mine.values()})}) "
+            f"and the bundle does not say which one it ran on; pass --gpu NAME."
+        )
     cands = [n for n, v in mine.items() if v["gpu"] == gname]
     if not cands:
-        raise FitInputError(f"{folder} has no profile for GPU {gname} (it has {sorted(mine)}); fit one with "
-                            f"`epdsim calibrate fit FIT_BUNDLE --gpu {gname} --out {folder}`.")
+        raise FitInputError(
+            f"{folder} has no profile for GPU {gname} (it has {sorted(mine)}); fit one with "
+            f"`epdsim calibrate fit FIT_BUNDLE --gpu {gname} --out {folder}`."
+        )
     name = max(cands, key=lambda n: mine[n]["created"])
     prof = db.profiles[name]
     winner = db.profile_for(gname, prof.engine, prof.engine_version, prof.model)
     if winner is not prof:
         used = "no profile" if winner is None else f"profile {winner.name!r}"
-        raise FitInputError(f"the simulator would use {used} (newest for {gname} under "
-                            f"{prof.engine} {prof.engine_version}), not "
-                            f"{prof.name!r} from {p}; put the profile to validate alone in a hwdb folder "
-                            f"(profiles/{prof.name}.yaml) and pass that folder.")
+        raise FitInputError(
+            f"the simulator would use {used} (newest for {gname} under "
+            f"{prof.engine} {prof.engine_version}), not "
+            f"{prof.name!r} from {p}; put the profile to validate alone in a hwdb folder "
+            f"(profiles/{prof.name}.yaml) and pass that folder."
+        )
     report = None
     fit_json = folder / "fits" / f"{name}.json"
     if fit_json.exists():
@@ -144,22 +157,36 @@ def without_overhead_folder(prof: Profile, folder: Path) -> Profile:
     """Write ``prof`` without its fitted host cost (``step_overhead_s`` null) as the hwdb folder ``folder``
     (``profiles/<name>.yaml``, same name, so that it overrides the fitted one when loaded after it); the
     simulator then applies the engine profile's default CPU and launch costs.  Returns that profile."""
-    stripped = prof.model_copy(update={
-        "step_overhead_s": None,
-        "notes": ((prof.notes + "\n") if prof.notes else "") + "validated WITHOUT the fitted host cost "
-                 "(step_overhead_s null): the engine profile's default CPU and launch costs apply"})
+    stripped = prof.model_copy(
+        update={
+            "step_overhead_s": None,
+            "notes": ((prof.notes + "\n") if prof.notes else "") + "validated WITHOUT the fitted host cost "
+            "(step_overhead_s null): the engine profile's default CPU and launch costs apply",
+        }
+    )
     (folder / "profiles").mkdir(parents=True, exist_ok=True)
     (folder / "profiles" / f"{prof.name}.yaml").write_text(
         "# The profile of the validated folder without its fitted step_overhead_s (calibrate validate "
-        "--without-overhead)\n" + yaml.safe_dump(stripped.model_dump(exclude_none=True), sort_keys=False, width=100))
+        "--without-overhead)\n" + yaml.safe_dump(stripped.model_dump(exclude_none=True), sort_keys=False, width=100)
+    )
     return stripped
 
 
 # ============================================================================ the command
-def validate(bundle: str | Path, profile: str | Path, *, tolerance: float = 0.25, out: str | Path | None = None,
-             phases: list[str] | None = None, gpu: str | None = None, model: str | None = None,
-             overrides: dict | None = None, hwdb_dirs: tuple[str, ...] = (), without_overhead: bool = False,
-             client_tolerance: float = 0.25) -> dict:
+def validate(
+    bundle: str | Path,
+    profile: str | Path,
+    *,
+    tolerance: float = 0.25,
+    out: str | Path | None = None,
+    phases: list[str] | None = None,
+    gpu: str | None = None,
+    model: str | None = None,
+    overrides: dict | None = None,
+    hwdb_dirs: tuple[str, ...] = (),
+    without_overhead: bool = False,
+    client_tolerance: float = 0.25,
+) -> dict:
     """Validate ``profile`` on ``bundle``'s load tests; writes the report and returns its data.
 
     ``without_overhead``: the same fitted efficiencies without the fitted host cost (the engine profile's
@@ -181,68 +208,107 @@ def validate(bundle: str | Path, profile: str | Path, *, tolerance: float = 0.25
     if phases:
         unknown = [p for p in phases if p not in {q["name"] for q in loads}]
         if unknown:
-            raise FitInputError(f"--phases: {', '.join(unknown)} not among the bundle's load tests "
-                                f"({', '.join(q['name'] for q in loads) or 'none'})")
+            raise FitInputError(
+                f"--phases: {', '.join(unknown)} not among the bundle's load tests "
+                f"({', '.join(q['name'] for q in loads) or 'none'})"
+            )
         loads = [p for p in loads if p["name"] in phases]
     engine_name = (fit or {}).get("engine_name") or (prof.name if prof.name in db.engines else None)
     if without_overhead:
         prof = without_overhead_folder(prof, out / "hwdb-without-overhead")
         dirs = [*dirs, out / "hwdb-without-overhead"]
-        engine_name = None   # not the calibrated engine with the fitted host costs either
+        engine_name = None  # not the calibrated engine with the fitted host costs either
     frontend = _front_end(db, engine_name)
     results = []
     for ph in loads:
         rows, notes = measured_phase(b, ph["name"])
         if not rows:
             continue
-        scen, res = simulate_phase(rows, model_ref=str(mdir), hwdb_dirs=dirs, gpu=g.name, setup=setup, out=out,
-                                   phase=ph["name"], engine=engine_name)
+        scen, res = simulate_phase(
+            rows,
+            model_ref=str(mdir),
+            hwdb_dirs=dirs,
+            gpu=g.name,
+            setup=setup,
+            out=out,
+            phase=ph["name"],
+            engine=engine_name,
+        )
         pred = predicted_phase(res, rows, notes)
         cmp_rows = compare(rows, pred, notes, tolerance, client_tolerance if frontend else None)
         checks = [r for r in cmp_rows if r["check"]]
         it = notes.get("iterations")
-        results.append({
-            "phase": ph["name"], "mode": ph.get("mode"), "rate": ph.get("rate"), "workload": ph.get("workload"),
-            "arrivals": arrival_stats(rows),
-            "concurrency": ph.get("concurrency"), "requests": len(rows), "segments": notes.get("segments"),
-            "prompt_tokens": [min(r["input_tokens"] for r in rows), max(r["input_tokens"] for r in rows)],
-            "output_tokens": [min(r["output_tokens"] for r in rows), max(r["output_tokens"] for r in rows)],
-            "simulated_completed": pred["completed"],
-            "engine_steps": {"measured": it["count"] if it else None, "simulated": pred["steps"]},
-            "per_step_scope": per_step_scope(notes),
-            "rows": cmp_rows, "checks": len(checks), "failed": sum(1 for r in checks if not r["passed"]),
-            "passed": all(r["passed"] for r in checks),
-            "scenario": f"{ph['name']}.scenario.yaml",
-            "series": {"arrival_s": [r["arrival_s"] for r in rows],
-                       "measured_ttft_s": [r["server_ttft_s"] for r in rows],
-                       "predicted_ttft_s": pred["server_ttft_s"].tolist(),
-                       "measured_tpot_s": [r["server_tpot_s"] for r in rows],
-                       "predicted_tpot_s": [None if not np.isfinite(x) else float(x) for x in pred["server_tpot_s"]],
-                       "measured_e2e_s": [r["server_e2e_s"] for r in rows],
-                       "predicted_e2e_s": pred["server_e2e_s"].tolist()},
-        })
+        results.append(
+            {
+                "phase": ph["name"],
+                "mode": ph.get("mode"),
+                "rate": ph.get("rate"),
+                "workload": ph.get("workload"),
+                "arrivals": arrival_stats(rows),
+                "concurrency": ph.get("concurrency"),
+                "requests": len(rows),
+                "segments": notes.get("segments"),
+                "prompt_tokens": [min(r["input_tokens"] for r in rows), max(r["input_tokens"] for r in rows)],
+                "output_tokens": [min(r["output_tokens"] for r in rows), max(r["output_tokens"] for r in rows)],
+                "simulated_completed": pred["completed"],
+                "engine_steps": {"measured": it["count"] if it else None, "simulated": pred["steps"]},
+                "per_step_scope": per_step_scope(notes),
+                "rows": cmp_rows,
+                "checks": len(checks),
+                "failed": sum(1 for r in checks if not r["passed"]),
+                "passed": all(r["passed"] for r in checks),
+                "scenario": f"{ph['name']}.scenario.yaml",
+                "series": {
+                    "arrival_s": [r["arrival_s"] for r in rows],
+                    "measured_ttft_s": [r["server_ttft_s"] for r in rows],
+                    "predicted_ttft_s": pred["server_ttft_s"].tolist(),
+                    "measured_tpot_s": [r["server_tpot_s"] for r in rows],
+                    "predicted_tpot_s": [None if not np.isfinite(x) else float(x) for x in pred["server_tpot_s"]],
+                    "measured_e2e_s": [r["server_e2e_s"] for r in rows],
+                    "predicted_e2e_s": pred["server_e2e_s"].tolist(),
+                },
+            }
+        )
     if not results:
-        raise FitInputError(f"{b.path}: no completed load test to validate against (phases of kind 'load'); "
-                            f"measure one with `epdsim calibrate run --out DIR --phases load --load-rates R ...`.")
+        raise FitInputError(
+            f"{b.path}: no completed load test to validate against (phases of kind 'load'); "
+            f"measure one with `epdsim calibrate run --out DIR --phases load --load-rates R ...`."
+        )
     m = b.manifest
-    data = {"bundle": str(b.path.resolve()), "bundle_created": m.get("created"),
-            "vllm": (m.get("versions") or {}).get("vllm"), "model": entry.name, "gpu": g.name,
-            "profile": {"name": prof.name, "created": prof.created, "source": prof.source,
-                        "step_overhead_s": prof.step_overhead_s,
-                        "prefill_step_overhead_s": prof.prefill_step_overhead_s,
-                        "compute_efficiency": prof.compute_efficiency.model_dump() if prof.compute_efficiency else None,
-                        "attention_prefill_efficiency": (prof.attention_prefill_efficiency.model_dump()
-                                                         if prof.attention_prefill_efficiency else None),
-                        "memory_efficiency": prof.memory_efficiency.model_dump() if prof.memory_efficiency else None,
-                        "fit_bundle": (fit or {}).get("provenance", {}).get("bundle"),
-                        "host_cost": _host_cost(db, engine_name),
-                        "default_host_cost": (_default_host_cost(db, DEFAULT_ENGINE)
-                                              if prof.step_overhead_s is None and engine_name is None else None)},
-            "without_overhead": without_overhead, "frontend": frontend, "tolerance": tolerance,
-            "client_tolerance": client_tolerance if frontend else None, "engine": setup.as_dict(),
-            "engine_profile": engine_name,
-            "phases": results, "passed": all(r["passed"] for r in results),
-            "checks": sum(r["checks"] for r in results), "failed": sum(r["failed"] for r in results)}
+    data = {
+        "bundle": str(b.path.resolve()),
+        "bundle_created": m.get("created"),
+        "vllm": (m.get("versions") or {}).get("vllm"),
+        "model": entry.name,
+        "gpu": g.name,
+        "profile": {
+            "name": prof.name,
+            "created": prof.created,
+            "source": prof.source,
+            "step_overhead_s": prof.step_overhead_s,
+            "prefill_step_overhead_s": prof.prefill_step_overhead_s,
+            "compute_efficiency": prof.compute_efficiency.model_dump() if prof.compute_efficiency else None,
+            "attention_prefill_efficiency": (
+                prof.attention_prefill_efficiency.model_dump() if prof.attention_prefill_efficiency else None
+            ),
+            "memory_efficiency": prof.memory_efficiency.model_dump() if prof.memory_efficiency else None,
+            "fit_bundle": (fit or {}).get("provenance", {}).get("bundle"),
+            "host_cost": _host_cost(db, engine_name),
+            "default_host_cost": (
+                _default_host_cost(db, DEFAULT_ENGINE) if prof.step_overhead_s is None and engine_name is None else None
+            ),
+        },
+        "without_overhead": without_overhead,
+        "frontend": frontend,
+        "tolerance": tolerance,
+        "client_tolerance": client_tolerance if frontend else None,
+        "engine": setup.as_dict(),
+        "engine_profile": engine_name,
+        "phases": results,
+        "passed": all(r["passed"] for r in results),
+        "checks": sum(r["checks"] for r in results),
+        "failed": sum(r["failed"] for r in results),
+    }
     (out / "validation.json").write_text(json.dumps(data, indent=2, default=json_default) + "\n")
     (out / "report.md").write_text(markdown_report(data))
     (out / "report.html").write_text(html_report(data))
@@ -258,11 +324,16 @@ def _front_end(db: hwdb.HardwareDB, engine_name: str | None) -> dict | None:
 
     def val(f) -> float:
         return f.value if f is not None else 0.0
-    return {"engine": engine_name, "frontend_s": val(e.frontend_s), "frontend_s_per_token": val(e.frontend_s_per_token),
-            "serial_s_per_token": val(e.frontend_serial_s_per_token),
-            "stream_s_per_output": val(e.frontend_stream_s_per_output),
-            "stream_s_per_chunk": val(e.frontend_stream_s_per_chunk),
-            "stream_s_per_request": val(e.frontend_stream_s_per_request)}
+
+    return {
+        "engine": engine_name,
+        "frontend_s": val(e.frontend_s),
+        "frontend_s_per_token": val(e.frontend_s_per_token),
+        "serial_s_per_token": val(e.frontend_serial_s_per_token),
+        "stream_s_per_output": val(e.frontend_stream_s_per_output),
+        "stream_s_per_chunk": val(e.frontend_stream_s_per_chunk),
+        "stream_s_per_request": val(e.frontend_stream_s_per_request),
+    }
 
 
 def _host_cost(db: hwdb.HardwareDB, engine_name: str | None) -> dict | None:
@@ -280,35 +351,66 @@ def _default_host_cost(db: hwdb.HardwareDB, engine_name: str) -> dict | None:
     if e is None:
         return None
     c = e.cpu
-    return {"engine": engine_name, "step_s": c.step_s.value, "per_running_seq_s": c.per_running_seq_s.value,
-            "per_waiting_seq_s": c.per_waiting_seq_s.value, "per_token_s": c.per_token_s.value,
-            "per_sampled_seq_s": c.per_sampled_seq_s.value, "graph_launch_s": e.graph_launch_s.value,
-            "eager_launch_s_per_layer": e.eager_launch_s_per_layer.value,
-            "scheduling_overlapped": e.scheduling_overlapped}
+    return {
+        "engine": engine_name,
+        "step_s": c.step_s.value,
+        "per_running_seq_s": c.per_running_seq_s.value,
+        "per_waiting_seq_s": c.per_waiting_seq_s.value,
+        "per_token_s": c.per_token_s.value,
+        "per_sampled_seq_s": c.per_sampled_seq_s.value,
+        "graph_launch_s": e.graph_launch_s.value,
+        "eager_launch_s_per_layer": e.eager_launch_s_per_layer.value,
+        "scheduling_overlapped": e.scheduling_overlapped,
+    }
 
 
 def cmd_validate(a, con) -> int:
-    overrides = {"max_num_seqs": a.max_num_seqs, "max_num_batched_tokens": a.max_num_batched_tokens,
-                 "block_size": a.block_size}
-    d = validate(a.bundle, a.profile, tolerance=a.tolerance, out=a.out,
-                 phases=[p for p in (a.phases or "").split(",") if p.strip()] or None, gpu=a.gpu, model=a.model,
-                 overrides=overrides, hwdb_dirs=tuple(a.hwdb), without_overhead=getattr(a, "without_overhead", False),
-                 client_tolerance=getattr(a, "client_tolerance", 0.25))
+    overrides = {
+        "max_num_seqs": a.max_num_seqs,
+        "max_num_batched_tokens": a.max_num_batched_tokens,
+        "block_size": a.block_size,
+    }
+    d = validate(
+        a.bundle,
+        a.profile,
+        tolerance=a.tolerance,
+        out=a.out,
+        phases=[p for p in (a.phases or "").split(",") if p.strip()] or None,
+        gpu=a.gpu,
+        model=a.model,
+        overrides=overrides,
+        hwdb_dirs=tuple(a.hwdb),
+        without_overhead=getattr(a, "without_overhead", False),
+        client_tolerance=getattr(a, "client_tolerance", 0.25),
+    )
     if d["without_overhead"]:
         con.print(f"without the fitted host cost: engine {DEFAULT_ENGINE}'s default CPU and launch costs apply")
     for ph in d["phases"]:
-        t = Table(title=f"{ph['phase']}: {ph['requests']} requests, {ph['checks'] - ph['failed']}/{ph['checks']} "
-                        f"checks within {d['tolerance']:.0%}")
+        t = Table(
+            title=f"{ph['phase']}: {ph['requests']} requests, {ph['checks'] - ph['failed']}/{ph['checks']} "
+            f"checks within {d['tolerance']:.0%}"
+        )
         for c in ("metric", "stat", "source", "measured", "predicted", "error", "verdict"):
             t.add_column(c, justify="right" if c in ("measured", "predicted", "error") else "left")
         for r in ph["rows"]:
             v = verdict_of(r)
-            t.add_row(r["metric"], r["stat"], r["source"], fmt_ms(r["measured_s"]), fmt_ms(r["predicted_s"]),
-                      rel_err(r["rel_error"]), f"[red]{v}[/]" if v == "FAIL" else escape(v))
+            t.add_row(
+                r["metric"],
+                r["stat"],
+                r["source"],
+                fmt_ms(r["measured_s"]),
+                fmt_ms(r["predicted_s"]),
+                rel_err(r["rel_error"]),
+                f"[red]{v}[/]" if v == "FAIL" else escape(v),
+            )
         con.print(t)
         if ph["per_step_scope"] != "all segments":
-            con.print(f"[yellow]{ph['phase']}: per-step figures (ITL histogram, engine steps) over "
-                      f"{escape(ph['per_step_scope'])}[/]")
-    con.print(f"{d['checks'] - d['failed']} of {d['checks']} checks pass; report: {d['out']}/report.md, "
-              f"{d['out']}/report.html")
+            con.print(
+                f"[yellow]{ph['phase']}: per-step figures (ITL histogram, engine steps) over "
+                f"{escape(ph['per_step_scope'])}[/]"
+            )
+    con.print(
+        f"{d['checks'] - d['failed']} of {d['checks']} checks pass; report: {d['out']}/report.md, "
+        f"{d['out']}/report.html"
+    )
     return 1 if a.strict and not d["passed"] else 0

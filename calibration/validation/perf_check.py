@@ -20,6 +20,7 @@ term from a built :class:`~simulator.stepmodel.StepModel`; nothing here changes 
 simulator.  ``docs/validation/perf.md`` reports the results and
 ``tests/test_perf_validation.py`` and ``tests/test_perf_vs_measured.py`` lock them in.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -50,14 +51,15 @@ COMPUTE_BOUND_MIN_TOKENS = 512
 #: All-reduce size bands (bytes), named by the tokens they hold at hidden 8192 in bf16.
 AR_MIN_BYTES, AR_MAX_BYTES = 8192 * 2 * 1, 8192 * 2 * 8192
 AR_BANDS: tuple[tuple[str, float, float], ...] = (
-    ("16-256 KiB (1-16 tok)", 16 * 2 ** 10, 256 * 2 ** 10),
-    ("256 KiB-2 MiB (16-128 tok)", 256 * 2 ** 10, 2 * 2 ** 20),
-    ("2-16 MiB (128-1k tok)", 2 * 2 ** 20, 16 * 2 ** 20),
-    ("16-128 MiB (1k-8k tok)", 16 * 2 ** 20, 128 * 2 ** 20),
+    ("16-256 KiB (1-16 tok)", 16 * 2**10, 256 * 2**10),
+    ("256 KiB-2 MiB (16-128 tok)", 256 * 2**10, 2 * 2**20),
+    ("2-16 MiB (128-1k tok)", 2 * 2**20, 16 * 2**20),
+    ("16-128 MiB (1k-8k tok)", 16 * 2**20, 128 * 2**20),
 )
 
 
 # --------------------------------------------------------------------------- model side
+
 
 def linear_weight_bytes(arch: ModelArch, tp: int, dtype: str = "bf16") -> float:
     """Bytes of the decoder layers' linear weights one TP rank reads per step.
@@ -97,6 +99,7 @@ def allreduce_time(sm: StepModel, message_bytes: float) -> float:
 
 # --------------------------------------------------------------------------- measured side
 
+
 def load_vidur_linear(path: Path, num_layers: int) -> pd.DataFrame:
     """Vidur's linear-operator time per step: columns ``tp``, ``tokens``, ``measured_s``.
 
@@ -107,9 +110,13 @@ def load_vidur_linear(path: Path, num_layers: int) -> pd.DataFrame:
     d = pd.read_csv(path, usecols=cols + ["num_tokens", "num_tensor_parallel_workers"])
     d["layer_ms"] = d[cols].sum(axis=1)
     g = d.groupby(["num_tensor_parallel_workers", "num_tokens"], as_index=False)["layer_ms"].mean()
-    return pd.DataFrame({"tp": g["num_tensor_parallel_workers"].astype(int),
-                         "tokens": g["num_tokens"].astype(int),
-                         "measured_s": g["layer_ms"] * 1e-3 * num_layers})
+    return pd.DataFrame(
+        {
+            "tp": g["num_tensor_parallel_workers"].astype(int),
+            "tokens": g["num_tokens"].astype(int),
+            "measured_s": g["layer_ms"] * 1e-3 * num_layers,
+        }
+    )
 
 
 def load_vidur_allreduce(path: Path) -> pd.DataFrame:
@@ -117,8 +124,13 @@ def load_vidur_allreduce(path: Path) -> pd.DataFrame:
     d = pd.read_csv(path, usecols=["num_workers", "size", "collective", "time_stats.all_reduce.median"])
     d = d[d["collective"] == "all_reduce"]
     g = d.groupby(["num_workers", "size"], as_index=False)["time_stats.all_reduce.median"].mean()
-    return pd.DataFrame({"gpus": g["num_workers"].astype(int), "bytes": g["size"].astype(float),
-                         "measured_s": g["time_stats.all_reduce.median"] * 1e-3})
+    return pd.DataFrame(
+        {
+            "gpus": g["num_workers"].astype(int),
+            "bytes": g["size"].astype(float),
+            "measured_s": g["time_stats.all_reduce.median"] * 1e-3,
+        }
+    )
 
 
 def load_aic_allreduce(path: Path) -> pd.DataFrame:
@@ -134,30 +146,43 @@ def load_aic_allreduce(path: Path) -> pd.DataFrame:
     if "backend" in d.columns:
         d = d[d["backend"] == "vllm_graph"]
     g = d.groupby(["num_gpus", "message_size"], as_index=False)["latency"].median()
-    return pd.DataFrame({"gpus": g["num_gpus"].astype(int), "bytes": g["message_size"].astype(float) * 2.0,
-                         "measured_s": g["latency"] * 1e-3})
+    return pd.DataFrame(
+        {
+            "gpus": g["num_gpus"].astype(int),
+            "bytes": g["message_size"].astype(float) * 2.0,
+            "measured_s": g["latency"] * 1e-3,
+        }
+    )
 
 
 # --------------------------------------------------------------------------- comparisons
+
 
 def summarize(err: pd.Series | np.ndarray) -> dict[str, float]:
     """n, median and p90 of |err|, and the signed median, of relative errors ``model/measured - 1``."""
     e = np.asarray(err, dtype=float)
     a = np.abs(e)
-    return {"n": int(e.size), "median": float(np.median(a)), "p90": float(np.quantile(a, 0.9)),
-            "signed_median": float(np.median(e))}
+    return {
+        "n": int(e.size),
+        "median": float(np.median(a)),
+        "p90": float(np.quantile(a, 0.9)),
+        "signed_median": float(np.median(e)),
+    }
 
 
-def compare_linear(models: dict[int, StepModel], arch: ModelArch, measured: pd.DataFrame,
-                   dtype: str = "bf16") -> pd.DataFrame:
+def compare_linear(
+    models: dict[int, StepModel], arch: ModelArch, measured: pd.DataFrame, dtype: str = "bf16"
+) -> pd.DataFrame:
     """Model vs measured linear time per step; ``models`` maps TP degree to a StepModel.
 
     Adds columns ``model_s`` (:func:`linear_time`, per-layer weights only), ``err``
     and ``regime`` ('memory' for tokens <= 64, 'compute' for >= 512, else 'ridge').
     """
     out = measured.copy()
-    out["model_s"] = [linear_time(models[tp], t, linear_weight_bytes(arch, tp, dtype))
-                      for tp, t in zip(out["tp"], out["tokens"], strict=True)]
+    out["model_s"] = [
+        linear_time(models[tp], t, linear_weight_bytes(arch, tp, dtype))
+        for tp, t in zip(out["tp"], out["tokens"], strict=True)
+    ]
     out["err"] = out["model_s"] / out["measured_s"] - 1.0
     out["regime"] = regime_of(out["tokens"])
     return out
@@ -169,8 +194,9 @@ def regime_of(tokens) -> np.ndarray:
     return np.where(t <= MEMORY_BOUND_MAX_TOKENS, "memory", np.where(t >= COMPUTE_BOUND_MIN_TOKENS, "compute", "ridge"))
 
 
-def compare_allreduce(models: dict[int, StepModel], measured: pd.DataFrame,
-                      lo: float = AR_MIN_BYTES, hi: float = AR_MAX_BYTES) -> pd.DataFrame:
+def compare_allreduce(
+    models: dict[int, StepModel], measured: pd.DataFrame, lo: float = AR_MIN_BYTES, hi: float = AR_MAX_BYTES
+) -> pd.DataFrame:
     """Model vs measured all-reduce time for GPU counts in ``models``, messages in [lo, hi] bytes.
 
     Adds ``model_s``, ``err`` and ``band`` (the :data:`AR_BANDS` label).
@@ -194,7 +220,7 @@ def error_table(df: pd.DataFrame, by: list[str], err: str = "err") -> pd.DataFra
     rows = []
     for key, g in df.groupby(by, sort=False):
         key = key if isinstance(key, tuple) else (key,)
-        rows.append({**dict(zip(by, key, strict=True)), **summarize(g[err])})   # one key value per column
+        rows.append({**dict(zip(by, key, strict=True)), **summarize(g[err])})  # one key value per column
     return pd.DataFrame(rows)
 
 
@@ -202,8 +228,20 @@ def format_table(df: pd.DataFrame) -> str:
     """Markdown table; error columns printed as percentages."""
     cols = list(df.columns)
     pct = {"median", "p90", "signed_median"}
-    head = "| " + " | ".join("median |err|" if c == "median" else "p90 |err|" if c == "p90"
-                             else "signed median" if c == "signed_median" else c for c in cols) + " |"
+    head = (
+        "| "
+        + " | ".join(
+            "median |err|"
+            if c == "median"
+            else "p90 |err|"
+            if c == "p90"
+            else "signed median"
+            if c == "signed_median"
+            else c
+            for c in cols
+        )
+        + " |"
+    )
     lines = [head, "|" + "---|" * len(cols)]
     for r in df.itertuples(index=False):
         cells = []
@@ -228,8 +266,10 @@ def interp_measured(measured: pd.DataFrame, gpus: int, nbytes: float) -> float:
 
 AIC_GEMM = "gemm/vllm/0.24.0/gemm_perf.parquet"
 #: vLLM 0.24.0's default linear kernel per weight dtype, as aiconfigurator's GEMM table names it.
-AIC_GEMM_KERNELS = {"bf16": ("bfloat16", "torch.nn.functional.linear"),
-                    "fp8": ("fp8", "CutlassFP8ScaledMMLinearKernel")}
+AIC_GEMM_KERNELS = {
+    "bf16": ("bfloat16", "torch.nn.functional.linear"),
+    "fp8": ("fp8", "CutlassFP8ScaledMMLinearKernel"),
+}
 
 
 def load_aic_gemm(path: Path, dtype: str) -> pd.Series:
@@ -243,10 +283,12 @@ def load_aic_gemm(path: Path, dtype: str) -> pd.Series:
 def dense_layer_gemms(arch: ModelArch, tp: int) -> dict[str, tuple[int, int]]:
     """(n, k) = (output, input) features of one rank's four GEMMs, keyed by Vidur operator name."""
     h, d = arch.hidden_size, arch.head_dim
-    return {"attn_pre_proj": ((arch.num_heads + 2 * arch.num_kv_heads) * d // tp, h),
-            "attn_post_proj": (h, arch.num_heads * d // tp),
-            "mlp_up_proj": (2 * arch.intermediate_size // tp, h),
-            "mlp_down_proj": (h, arch.intermediate_size // tp)}
+    return {
+        "attn_pre_proj": ((arch.num_heads + 2 * arch.num_kv_heads) * d // tp, h),
+        "attn_post_proj": (h, arch.num_heads * d // tp),
+        "mlp_up_proj": (2 * arch.intermediate_size // tp, h),
+        "mlp_down_proj": (h, arch.intermediate_size // tp),
+    }
 
 
 def gemm_time(dep: Deployment, m: int, n: int, k: int, dtype: str = "bf16") -> float:
@@ -260,8 +302,7 @@ def gemm_time(dep: Deployment, m: int, n: int, k: int, dtype: str = "bf16") -> f
     return max(2.0 * m * n * k / (g.flops(dtype) * ce.at(m)), b / (g.memory_bandwidth_Bps.value * meff.at(b)))
 
 
-def vidur_vs_aic_gemm(vidur_csv: Path, aic_gemm: Path, arch: ModelArch,
-                      models: dict[int, Deployment]) -> pd.DataFrame:
+def vidur_vs_aic_gemm(vidur_csv: Path, aic_gemm: Path, arch: ModelArch, models: dict[int, Deployment]) -> pd.DataFrame:
     """Vidur's per-operator times next to aiconfigurator's bf16 GEMM times of the same (m, n, k).
 
     Only cells present in both grids (Vidur: Llama-2-70B layers at TP 1-8;
@@ -280,9 +321,18 @@ def vidur_vs_aic_gemm(vidur_csv: Path, aic_gemm: Path, arch: ModelArch,
         for op, (n, k) in dense_layer_gemms(arch, int(tp)).items():
             key = (int(m), n, k)
             if key in aic.index:
-                rows.append({"tp": int(tp), "op": op, "m": int(m), "n": n, "k": k,
-                             "vidur_s": r[f"time_stats.{op}.median"] * 1e-3, "aic_s": aic[key],
-                             "model_s": gemm_time(models[int(tp)], int(m), n, k)})
+                rows.append(
+                    {
+                        "tp": int(tp),
+                        "op": op,
+                        "m": int(m),
+                        "n": n,
+                        "k": k,
+                        "vidur_s": r[f"time_stats.{op}.median"] * 1e-3,
+                        "aic_s": aic[key],
+                        "model_s": gemm_time(models[int(tp)], int(m), n, k),
+                    }
+                )
     out = pd.DataFrame(rows)
     out["vidur_vs_aic"] = out["vidur_s"] / out["aic_s"] - 1.0
     out["model_vs_aic"] = out["model_s"] / out["aic_s"] - 1.0

@@ -1,6 +1,7 @@
 """The replay behind ``calibrate validate``: a load test's measured requests, the same requests served
 by the simulator, and the comparison rows (server-side checks, client-side information).  See
 :mod:`calibration.validation.command` for what is compared and why."""
+
 from __future__ import annotations
 
 import json
@@ -35,7 +36,7 @@ def _sum_histograms(b: Bundle, phase: str, name: str, segments: list[int] | None
     for rec in b.records(phase, "metrics"):
         if segments is not None and rec.get("segment", 0) not in segments:
             continue
-        series = ((rec.get("histograms") or {}).get(name) or [])
+        series = (rec.get("histograms") or {}).get(name) or []
         for s in series:
             if tot is None:
                 tot = {"count": 0.0, "sum": 0.0, "buckets": [[le, 0.0] for le, _ in s["buckets"]]}
@@ -59,8 +60,11 @@ def _bucket_width(q_value: float, buckets: list) -> float:
 
 def measured_phase(b: Bundle, phase: str) -> tuple[list[dict], dict]:
     """Per-request measurements (sorted by send time) and phase-level notes."""
-    recs = [r for r in b.requests(phase) if r.get("t_send") is not None and r.get("prompt_tokens")
-            and r.get("output_tokens")]
+    recs = [
+        r
+        for r in b.requests(phase)
+        if r.get("t_send") is not None and r.get("prompt_tokens") and r.get("output_tokens")
+    ]
     recs.sort(key=lambda r: (r["t_send"], str(r["id"])))
     if not recs:
         return [], {}
@@ -72,25 +76,39 @@ def measured_phase(b: Bundle, phase: str) -> tuple[list[dict], dict]:
         srv_ttft = server_ttft_s(r)
         gen = sm.get("generation_time_ms")
         tt = r.get("token_times_s") or []
-        rows.append({
-            "id": r["id"], "arrival_s": r["t_send"] - t0, "input_tokens": int(r["prompt_tokens"]), "output_tokens": o,
-            "segment": r.get("segment", 0),
-            "server_ttft_s": srv_ttft,
-            "server_tpot_s": sm["mean_itl_ms"] / 1e3 if sm.get("mean_itl_ms") and o > 1 else None,
-            "server_e2e_s": (srv_ttft + gen / 1e3) if srv_ttft is not None and gen is not None else None,
-            "client_ttft_s": r.get("ttft_s"), "client_e2e_s": r.get("e2e_s"),
-            "client_tpot_s": ((r["e2e_s"] - r["ttft_s"]) / (o - 1)
-                              if o > 1 and r.get("e2e_s") is not None and r.get("ttft_s") is not None else None),
-            "client_itl_s": [b_ - a_ for a_, b_ in pairwise(tt)],
-        })
+        rows.append(
+            {
+                "id": r["id"],
+                "arrival_s": r["t_send"] - t0,
+                "input_tokens": int(r["prompt_tokens"]),
+                "output_tokens": o,
+                "segment": r.get("segment", 0),
+                "server_ttft_s": srv_ttft,
+                "server_tpot_s": sm["mean_itl_ms"] / 1e3 if sm.get("mean_itl_ms") and o > 1 else None,
+                "server_e2e_s": (srv_ttft + gen / 1e3) if srv_ttft is not None and gen is not None else None,
+                "client_ttft_s": r.get("ttft_s"),
+                "client_e2e_s": r.get("e2e_s"),
+                "client_tpot_s": (
+                    (r["e2e_s"] - r["ttft_s"]) / (o - 1)
+                    if o > 1 and r.get("e2e_s") is not None and r.get("ttft_s") is not None
+                    else None
+                ),
+                "client_itl_s": [b_ - a_ for a_, b_ in pairwise(tt)],
+            }
+        )
     segs = sorted({r["segment"] for r in rows})
     mrecs = [m for m in b.records(phase, "metrics") if m.get("histograms")]
     covered = sorted({m.get("segment", 0) for m in mrecs} & set(segs))
-    notes = {"segments": len(segs),
-             "per_step": {"segments": segs, "with_metrics": covered,
-                          "partial": sorted({m.get("segment", 0) for m in mrecs if m.get("partial")} & set(covered))},
-             "itl_hist": _sum_histograms(b, phase, "vllm:inter_token_latency_seconds", covered),
-             "iterations": _sum_histograms(b, phase, "vllm:iteration_tokens_total", covered)}
+    notes = {
+        "segments": len(segs),
+        "per_step": {
+            "segments": segs,
+            "with_metrics": covered,
+            "partial": sorted({m.get("segment", 0) for m in mrecs if m.get("partial")} & set(covered)),
+        },
+        "itl_hist": _sum_histograms(b, phase, "vllm:inter_token_latency_seconds", covered),
+        "iterations": _sum_histograms(b, phase, "vllm:iteration_tokens_total", covered),
+    }
     return rows, notes
 
 
@@ -110,29 +128,63 @@ def per_step_scope(notes: dict) -> str:
     segs, cov, part = ps.get("segments", []), ps.get("with_metrics", []), ps.get("partial", [])
     if not cov:
         return f"no segment of {len(segs)} has a /metrics record: no per-step figures"
-    text = ("all segments" if cov == segs else
-            f"segment(s) {', '.join(map(str, cov))} of {', '.join(map(str, segs))} (the others have no /metrics "
-            f"record; the simulator's figures are restricted to the same segments' requests)")
+    text = (
+        "all segments"
+        if cov == segs
+        else f"segment(s) {', '.join(map(str, cov))} of {', '.join(map(str, segs))} (the others have no /metrics "
+        f"record; the simulator's figures are restricted to the same segments' requests)"
+    )
     if part:
-        text += (f"; segment(s) {', '.join(map(str, part))} scraped at an interruption (their delta also counts "
-                 f"requests cut off in flight)")
+        text += (
+            f"; segment(s) {', '.join(map(str, part))} scraped at an interruption (their delta also counts "
+            f"requests cut off in flight)"
+        )
     return text
 
 
 # ============================================================================ simulated
-def simulate_phase(rows: list[dict], *, model_ref: str, hwdb_dirs: list[Path], gpu: str, setup, out: Path,
-                   phase: str, engine: str | None = None):
+def simulate_phase(
+    rows: list[dict],
+    *,
+    model_ref: str,
+    hwdb_dirs: list[Path],
+    gpu: str,
+    setup,
+    out: Path,
+    phase: str,
+    engine: str | None = None,
+):
     """Replay ``rows`` (arrival, lengths) in the simulator; returns (scenario dict, Results)."""
     trace = out / f"{phase}.trace.jsonl"
     with trace.open("w") as fh:
         for r in rows:
-            fh.write(json.dumps({"arrival_s": round(r["arrival_s"], 6), "input_tokens": r["input_tokens"],
-                                 "output_tokens": r["output_tokens"]}) + "\n")
-    data = {"name": f"replay-{phase}", "description": f"replay of {phase} (epdsim calibrate validate)",
-            "model": model_ref, "hwdb": [str(d) for d in hwdb_dirs],
-            "pools": [{"name": "main", "gpu": gpu, "tp": setup.tp, "pp": setup.pp, "dtype": setup.dtype,
-                       "engine": {**({"engine": engine} if engine else {}), **setup.engine_config()}}],
-            "workload": {"arrival": {"kind": "trace", "path": str(trace), "format": "plain"}}}
+            fh.write(
+                json.dumps(
+                    {
+                        "arrival_s": round(r["arrival_s"], 6),
+                        "input_tokens": r["input_tokens"],
+                        "output_tokens": r["output_tokens"],
+                    }
+                )
+                + "\n"
+            )
+    data = {
+        "name": f"replay-{phase}",
+        "description": f"replay of {phase} (epdsim calibrate validate)",
+        "model": model_ref,
+        "hwdb": [str(d) for d in hwdb_dirs],
+        "pools": [
+            {
+                "name": "main",
+                "gpu": gpu,
+                "tp": setup.tp,
+                "pp": setup.pp,
+                "dtype": setup.dtype,
+                "engine": {**({"engine": engine} if engine else {}), **setup.engine_config()},
+            }
+        ],
+        "workload": {"arrival": {"kind": "trace", "path": str(trace), "format": "plain"}},
+    }
     (out / f"{phase}.scenario.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     try:
         scn = parse_scenario(data, f"replay of {phase}")
@@ -176,13 +228,18 @@ def predicted_phase(res: Results, rows: list[dict], notes: dict | None = None) -
             if k.any():
                 inside |= (starts >= arr[k].min() - 1e-9) & (starts <= fin[k].max() + 1e-9)
         steps_n = int(inside.sum())
-    return {"server_ttft_s": first - pickup,
-            "server_tpot_s": np.where(out_tok > 1, (fin - first) / np.maximum(out_tok - 1, 1), np.nan),
-            "server_e2e_s": fin - pickup,
-            "client_ttft_s": req["ttft_s"].to_numpy(), "client_e2e_s": req["e2e_s"].to_numpy(),
-            "client_tpot_s": req["tpot_s"].to_numpy(),
-            "completed": int((req["outcome"] == "completed").sum()), "n": len(req),
-            "itl": itl, "steps": steps_n}
+    return {
+        "server_ttft_s": first - pickup,
+        "server_tpot_s": np.where(out_tok > 1, (fin - first) / np.maximum(out_tok - 1, 1), np.nan),
+        "server_e2e_s": fin - pickup,
+        "client_ttft_s": req["ttft_s"].to_numpy(),
+        "client_e2e_s": req["e2e_s"].to_numpy(),
+        "client_tpot_s": req["tpot_s"].to_numpy(),
+        "completed": int((req["outcome"] == "completed").sum()),
+        "n": len(req),
+        "itl": itl,
+        "steps": steps_n,
+    }
 
 
 # ============================================================================ comparison
@@ -194,8 +251,17 @@ def _pct(x, p) -> float:
 def _row(metric, stat, source, meas, pred, tol, check=True, note=""):
     err = pred / meas - 1.0 if meas and np.isfinite(meas) and np.isfinite(pred) and meas > 0 else math.nan
     ok = None if not check or not np.isfinite(err) else bool(abs(err) <= tol)
-    return {"metric": metric, "stat": stat, "source": source, "measured_s": meas, "predicted_s": pred,
-            "rel_error": err, "check": bool(check and np.isfinite(err)), "passed": ok, "note": note}
+    return {
+        "metric": metric,
+        "stat": stat,
+        "source": source,
+        "measured_s": meas,
+        "predicted_s": pred,
+        "rel_error": err,
+        "check": bool(check and np.isfinite(err)),
+        "passed": ok,
+        "note": note,
+    }
 
 
 #: the client-side figures checked when the replay has a fitted front end (the others are information)
@@ -211,11 +277,20 @@ def compare(rows: list[dict], pred: dict, notes: dict, tol: float, client_tol: f
         meas = [r[key] for r in rows]
         have = sum(v is not None for v in meas)
         if have >= 0.9 * len(rows) and have:
-            pv = [p for p, v in zip(pred[key], meas, strict=True) if v is not None]   # one simulated row each
+            pv = [p for p, v in zip(pred[key], meas, strict=True) if v is not None]  # one simulated row each
             for p in PCTS:
                 out.append(_row(LABEL[m], f"p{p}", "server", _pct(meas, p), _pct(pv, p), tol))
-            out.append(_row(LABEL[m], "mean", "server", float(np.nanmean([v for v in meas if v is not None])),
-                            float(np.nanmean(pv)), tol, check=False))
+            out.append(
+                _row(
+                    LABEL[m],
+                    "mean",
+                    "server",
+                    float(np.nanmean([v for v in meas if v is not None])),
+                    float(np.nanmean(pv)),
+                    tol,
+                    check=False,
+                )
+            )
     h = notes.get("itl_hist")
     it = pred["itl"]
     if h and h["count"] > 0:
@@ -227,23 +302,46 @@ def compare(rows: list[dict], pred: dict, notes: dict, tol: float, client_tol: f
             q = histogram_quantile(p / 100.0, h["buckets"])
             w = _bucket_width(q, h["buckets"])
             resolved = np.isfinite(q) and w <= 2 * tol * q and not some
-            out.append(_row("ITL", f"p{p}", "server histogram", q, it[f"p{p}"], tol, check=resolved,
-                            note="" if resolved else (f"unresolved ({w * 1e3:g} ms bucket)" if not some else
-                                                      f"{scope}; simulated over all requests")))
+            out.append(
+                _row(
+                    "ITL",
+                    f"p{p}",
+                    "server histogram",
+                    q,
+                    it[f"p{p}"],
+                    tol,
+                    check=resolved,
+                    note=""
+                    if resolved
+                    else (
+                        f"unresolved ({w * 1e3:g} ms bucket)" if not some else f"{scope}; simulated over all requests"
+                    ),
+                )
+            )
     # client side: through the replayed front end
     for m in ("ttft", "e2e", "tpot"):
         key = f"client_{m}_s"
         meas = [r[key] for r in rows]
         if any(v is not None for v in meas):
-            pv = [p for p, v in zip(pred[key], meas, strict=True) if v is not None]   # one simulated row each
+            pv = [p for p, v in zip(pred[key], meas, strict=True) if v is not None]  # one simulated row each
             for p in PCTS:
                 check = client_tol is not None and (LABEL[m], f"p{p}") in CLIENT_CHECKS
-                out.append(_row(LABEL[m], f"p{p}", "client", _pct(meas, p), _pct(pv, p),
-                                client_tol if check else tol, check=check,
-                                note="" if check else ("info (no fitted front end)" if client_tol is None else "info")))
+                out.append(
+                    _row(
+                        LABEL[m],
+                        f"p{p}",
+                        "client",
+                        _pct(meas, p),
+                        _pct(pv, p),
+                        client_tol if check else tol,
+                        check=check,
+                        note="" if check else ("info (no fitted front end)" if client_tol is None else "info"),
+                    )
+                )
     itl_c = [g for r in rows for g in r["client_itl_s"]]
     if itl_c:
         for p in PCTS:
-            out.append(_row("ITL", f"p{p}", "client", _pct(itl_c, p), it[f"p{p}"], tol, check=False,
-                            note="info (lumped)"))
+            out.append(
+                _row("ITL", f"p{p}", "client", _pct(itl_c, p), it[f"p{p}"], tol, check=False, note="info (lumped)")
+            )
     return out

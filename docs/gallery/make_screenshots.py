@@ -11,6 +11,7 @@ operations.png, calibration.png, hardware.png, sweep.png (``--pages`` picks some
 hundred kB each, so they go to out/ (not committed); ``--docs`` also writes a 900-pixel-wide WebP of each
 (20-70 kB) to docs/gallery/, the gallery docs/app.md shows.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,12 +60,14 @@ def _charts_drawn(drv) -> bool:
 
 def shoot(drv, path: Path, width: int) -> int:
     """A full-page PNG: the window grown to the height of Streamlit's scrolling main area; returns its size."""
-    height = drv.execute_script("const m = document.querySelector('[data-testid=\"stMain\"]');"
-                                "return m ? m.scrollHeight : document.body.scrollHeight;")
+    height = drv.execute_script(
+        "const m = document.querySelector('[data-testid=\"stMain\"]');"
+        "return m ? m.scrollHeight : document.body.scrollHeight;"
+    )
     drv.set_window_size(width, min(int(height) + 150, 8000))
     # Plotly redraws its charts at the new size: wait for that, then for the page to be idle again.
     wait(drv, 60).until(lambda d: idle(d) and _charts_drawn(d))
-    time.sleep(1.0)              # the redraw's transition; nothing is read from the page after it
+    time.sleep(1.0)  # the redraw's transition; nothing is read from the page after it
     drv.save_screenshot(str(path))
     drv.set_window_size(width, 1000)
     return path.stat().st_size
@@ -82,8 +85,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(REPO / "out" / "gallery"), help="folder for the PNGs (default out/gallery)")
     ap.add_argument("--width", type=int, default=1400, help="browser window width in pixels")
     ap.add_argument("--timeout", type=float, default=400.0, help="seconds to wait for a page's result")
-    ap.add_argument("--pages", nargs="*", default=[p[1] for p in PAGES], choices=[p[1] for p in PAGES],
-                    help="which pages (default: all seven)")
+    ap.add_argument(
+        "--pages",
+        nargs="*",
+        default=[p[1] for p in PAGES],
+        choices=[p[1] for p in PAGES],
+        help="which pages (default: all seven)",
+    )
     ap.add_argument("--docs", action="store_true", help="also write docs/gallery/<page>.webp (900 px wide)")
     args = ap.parse_args(argv)
     if not (CHROMIUM and DRIVER):

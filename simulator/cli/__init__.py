@@ -4,6 +4,7 @@
 (``simulate``, ``ops``, ``plan``, ``regress``, ``epd``) and is imported only when its subparser is
 added or run, so ``epdsim --help`` stays fast.  Nothing below this package imports it.
 """
+
 from simulator.cli.commands import main
 
 __all__ = ["main"]

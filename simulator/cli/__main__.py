@@ -1,4 +1,5 @@
 """``python -m simulator.cli``: the ``epdsim`` command."""
+
 import sys
 
 from simulator.cli import main

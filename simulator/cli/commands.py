@@ -4,6 +4,7 @@ Every user error (bad scenario, unknown GPU, model that does not fit,
 malformed trace) is printed as one paragraph on stderr with exit code 2;
 tracebacks are reserved for bugs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,8 +41,16 @@ from simulator.step_build import build_step_model
 from simulator.stepmodel import regime
 from simulator.traces import TraceError
 
-USER_ERRORS = (ScenarioError, hwdb.HwdbError, TraceError, WorkloadError, FitError, ValidationError,
-               InputFileError, OSError)
+USER_ERRORS = (
+    ScenarioError,
+    hwdb.HwdbError,
+    TraceError,
+    WorkloadError,
+    FitError,
+    ValidationError,
+    InputFileError,
+    OSError,
+)
 
 
 def _fmt(x: float, unit: str = "") -> str:
@@ -55,31 +64,57 @@ def cmd_perf(args, con: Console) -> int:
     print_notes(db.notes)
     model = db.model(args.model)
     try:
-        pool = PoolConfig(gpu=args.gpu, tp=args.tp, pp=args.pp, dtype=args.dtype,
-                          engine=EngineConfig(engine=getattr(args, "engine", "vllm-v1")))
+        pool = PoolConfig(
+            gpu=args.gpu,
+            tp=args.tp,
+            pp=args.pp,
+            dtype=args.dtype,
+            engine=EngineConfig(engine=getattr(args, "engine", "vllm-v1")),
+        )
     except ValidationError as exc:
-        raise ScenarioError("epdsim perf: " + "; ".join(
-            "".join(f"--{p}: " for p in e["loc"] if not str(p).startswith("function-after"))
-            + e["msg"].removeprefix("Value error, ") + ("" if e["loc"] == () else f" (got {e['input']!r})")
-            for e in exc.errors())) from None
+        raise ScenarioError(
+            "epdsim perf: "
+            + "; ".join(
+                "".join(f"--{p}: " for p in e["loc"] if not str(p).startswith("function-after"))
+                + e["msg"].removeprefix("Value error, ")
+                + ("" if e["loc"] == () else f" (got {e['input']!r})")
+                for e in exc.errors()
+            )
+        ) from None
     dep = deployment_for(pool, model, db)
     mem = plan_memory(dep)
     sm = build_step_model(dep)
-    con.print(f"[bold]{model.name}[/] on {dep.gpus}x {dep.gpu.name} TP{dep.tp} PP{dep.pp} {dep.weight_dtype}: "
-              f"weights {mem.weight_bytes / 1e9:.1f} GB/GPU, KV cache {mem.kv_tokens:,} tokens "
-              f"({mem.kv_bytes_per_token / 1e3:.1f} kB/token/GPU); "
-              + (f"calibrated by {dep.profile.name}" if dep.profile else "uncalibrated defaults"))
-    con.print(f"memory: {mem.rule}; activations {mem.activation_bytes / 2 ** 30:.2f} GiB, runtime "
-              f"{mem.runtime_bytes / 2 ** 30:.2f} GiB, KV {mem.kv_bytes / 2 ** 30:.2f} GiB"
-              + (f"; linear-attention state {mem.state_bytes / 2 ** 30:.2f} GiB ({mem.state_slots:,} sequences)"
-                 if mem.state_slots else "")
-              + (f"; up to {mem.max_running:,} running requests" if mem.max_running else ""), markup=False)
-    kernels = [f"{what}: {src or missing}" for what, src, missing, used in (
-        ("routed experts", dep.moe_source, "roofline of the GEMM curves (no measured table)", dep.arch.is_moe),
-        ("MLA attention", dep.mla_source, "attention curves of the profile or GPU (not measured apart)",
-         dep.arch.is_mla),
-        ("linear attention", dep.gdn_source, "not modelled (no measured table)", dep.arch.num_linear_layers))
-        if used]
+    con.print(
+        f"[bold]{model.name}[/] on {dep.gpus}x {dep.gpu.name} TP{dep.tp} PP{dep.pp} {dep.weight_dtype}: "
+        f"weights {mem.weight_bytes / 1e9:.1f} GB/GPU, KV cache {mem.kv_tokens:,} tokens "
+        f"({mem.kv_bytes_per_token / 1e3:.1f} kB/token/GPU); "
+        + (f"calibrated by {dep.profile.name}" if dep.profile else "uncalibrated defaults")
+    )
+    con.print(
+        f"memory: {mem.rule}; activations {mem.activation_bytes / 2**30:.2f} GiB, runtime "
+        f"{mem.runtime_bytes / 2**30:.2f} GiB, KV {mem.kv_bytes / 2**30:.2f} GiB"
+        + (
+            f"; linear-attention state {mem.state_bytes / 2**30:.2f} GiB ({mem.state_slots:,} sequences)"
+            if mem.state_slots
+            else ""
+        )
+        + (f"; up to {mem.max_running:,} running requests" if mem.max_running else ""),
+        markup=False,
+    )
+    kernels = [
+        f"{what}: {src or missing}"
+        for what, src, missing, used in (
+            ("routed experts", dep.moe_source, "roofline of the GEMM curves (no measured table)", dep.arch.is_moe),
+            (
+                "MLA attention",
+                dep.mla_source,
+                "attention curves of the profile or GPU (not measured apart)",
+                dep.arch.is_mla,
+            ),
+            ("linear attention", dep.gdn_source, "not modelled (no measured table)", dep.arch.num_linear_layers),
+        )
+        if used
+    ]
     if kernels:
         con.print("measured kernels: " + "; ".join(kernels), markup=False)
     t = Table(title="prefill (one request alone, chunked by max_num_batched_tokens)")
@@ -111,21 +146,32 @@ def cmd_crossover(args, con: Console) -> int:
     dep = deployment_for(PoolConfig(gpu=args.gpu, tp=args.tp, dtype=args.dtype), model, db)
     plan_memory(dep)
     if args.prompt > dep.knobs.max_model_len:
-        raise ScenarioError(f"--prompt={args.prompt} exceeds {model.name}'s max_model_len "
-                            f"({dep.knobs.max_model_len} tokens); no such request can be served: lower --prompt")
+        raise ScenarioError(
+            f"--prompt={args.prompt} exceeds {model.name}'s max_model_len "
+            f"({dep.knobs.max_model_len} tokens); no such request can be served: lower --prompt"
+        )
     kvpt = model.arch.kv_elems_per_token * DTYPE_BYTES[dep.kv_dtype]
     x = crossover_bandwidth(build_step_model(dep), kvpt, args.prompt, dep.knobs.max_num_batched_tokens)
-    con.print(f"{model.name} on {dep.gpus}x {dep.gpu.name} TP{dep.tp}, {args.prompt}-token prompt: "
-              f"KV {x['kv_bytes'] / 1e9:.2f} GB, prefill {_fmt(x['prefill_s'], 's')}. "
-              f"[bold]Crossover bandwidth {x['crossover_Bps'] / 1e9:.2f} GB/s "
-              f"({x['crossover_Bps'] * 8 / 1e9:.0f} Gb/s) per instance[/]: below it the KV transfer takes longer "
-              f"than the prefill it replaces.", highlight=False)
+    con.print(
+        f"{model.name} on {dep.gpus}x {dep.gpu.name} TP{dep.tp}, {args.prompt}-token prompt: "
+        f"KV {x['kv_bytes'] / 1e9:.2f} GB, prefill {_fmt(x['prefill_s'], 's')}. "
+        f"[bold]Crossover bandwidth {x['crossover_Bps'] / 1e9:.2f} GB/s "
+        f"({x['crossover_Bps'] * 8 / 1e9:.0f} Gb/s) per instance[/]: below it the KV transfer takes longer "
+        f"than the prefill it replaces.",
+        highlight=False,
+    )
     t = Table(title="fabrics")
     for c in ("fabric", "connector", "instance bandwidth", "transfer", "prefill", "verdict"):
         t.add_column(c)
     for r in fabric_verdicts(db, dep, x):
-        t.add_row(r["fabric"], r["connector"], f"{r['instance_Bps'] * 8 / 1e9:,.0f} Gb/s",
-                  _fmt(r["transfer_s"], "s"), _fmt(r["prefill_s"], "s"), r["verdict"])
+        t.add_row(
+            r["fabric"],
+            r["connector"],
+            f"{r['instance_Bps'] * 8 / 1e9:,.0f} Gb/s",
+            _fmt(r["transfer_s"], "s"),
+            _fmt(r["prefill_s"], "s"),
+            r["verdict"],
+        )
     con.print(t)
     return 0
 
@@ -142,8 +188,11 @@ def hw_tables(kind: str, rows: list[dict], width: int) -> list[Table]:
         return [Table(title=f"{kind}: none")]
     headers = [str(c) for c in rows[0]]
     cells = [[_cell(v) for v in r.values()] for r in rows]
-    right = {h: "right" for h, v in zip(headers, rows[0].values(), strict=True) if isinstance(v, (int, float))
-             and not isinstance(v, bool)}
+    right = {
+        h: "right"
+        for h, v in zip(headers, rows[0].values(), strict=True)
+        if isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
     return wide_tables(kind, headers, cells, width, right)
 
 
@@ -174,24 +223,32 @@ def cmd_hw(args, con: Console) -> int:
                     con.print(t)
             return 0
         if args.format == "csv" and not args.kind:
-            raise ScenarioError("epdsim hw list --format csv: a CSV file holds one table; name the kind, e.g. "
-                                "`epdsim hw list gpus --format csv` (gpus, links or models), or use --format json")
-        records = {kind: {"gpus": listing.gpu_records, "links": listing.link_records,
-                          "models": listing.model_records}[kind](db) for kind in kinds}
+            raise ScenarioError(
+                "epdsim hw list --format csv: a CSV file holds one table; name the kind, e.g. "
+                "`epdsim hw list gpus --format csv` (gpus, links or models), or use --format json"
+            )
+        records = {
+            kind: {"gpus": listing.gpu_records, "links": listing.link_records, "models": listing.model_records}[kind](
+                db
+            )
+            for kind in kinds
+        }
         sys.stdout.write(hw_text(records[args.kind] if args.kind else records, args.format))
         return 0
     if not args.name:
         raise ScenarioError("hw show needs a KIND and NAME, e.g. `epdsim hw show gpu H100`")
     info = listing.describe(db, args.kind.rstrip("s"), args.name)
     if args.format == "csv":
-        raise ScenarioError(f"epdsim hw show --format csv: one {args.kind.rstrip('s')}'s details are nested, not a "
-                            f"table; use --format json, or `epdsim hw list {args.kind.rstrip('s')}s --format csv`")
+        raise ScenarioError(
+            f"epdsim hw show --format csv: one {args.kind.rstrip('s')}'s details are nested, not a "
+            f"table; use --format json, or `epdsim hw list {args.kind.rstrip('s')}s --format csv`"
+        )
     if args.format == "json":
         sys.stdout.write(json.dumps(info, indent=2) + "\n")
         return 0
     t = Table(title=f"{args.kind} {args.name}", show_header=False)
     t.add_column(no_wrap=True)
-    t.add_column(overflow="fold")          # wraps at spaces; a path longer than the column folds, never cut
+    t.add_column(overflow="fold")  # wraps at spaces; a path longer than the column folds, never cut
     for k, v in info.items():
         t.add_row(str(k), str(v))
     con.print(t)
@@ -201,7 +258,7 @@ def cmd_hw(args, con: Console) -> int:
 def _version() -> str:
     try:
         return version("epdsim")
-    except PackageNotFoundError:       # run from a source tree that is not installed
+    except PackageNotFoundError:  # run from a source tree that is not installed
         return "unknown (not installed)"
 
 
@@ -231,10 +288,14 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("action", choices=["list", "show"])
     h.add_argument("kind", nargs="?", choices=["gpus", "links", "models", "gpu", "link", "model"])
     h.add_argument("name", nargs="?")
-    h.add_argument("--format", choices=["table", "json", "csv"], default="table",
-                   help="table (display units; the default), or json / csv: the same columns as full figures in "
-                        "SI units, each key naming its unit (memory_bytes, memory_bandwidth_Bps in bytes/s, "
-                        "bf16_FLOPS in FLOP/s, latency_s)")
+    h.add_argument(
+        "--format",
+        choices=["table", "json", "csv"],
+        default="table",
+        help="table (display units; the default), or json / csv: the same columns as full figures in "
+        "SI units, each key naming its unit (memory_bytes, memory_bandwidth_Bps in bytes/s, "
+        "bf16_FLOPS in FLOP/s, latency_s)",
+    )
     h.add_argument("--hwdb", action="append", default=[], help="extra user hwdb folder (repeatable)")
     h.set_defaults(func=cmd_hw)
     _add_calibrate(sub)

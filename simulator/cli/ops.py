@@ -4,6 +4,7 @@ Hooked into ``simulator/cli/commands.py`` by ``add_subparsers(sub)``.  Each comm
 handles its own user errors (bad model, GPU, storage, probe field): one
 paragraph on stderr and exit code 2, no traceback.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,19 +40,30 @@ def _deployment(args):
     try:
         pool = PoolConfig(gpu=args.gpu, tp=args.tp, pp=args.pp, dtype=args.dtype, engine=engine)
     except ValidationError as exc:
-        raise ScenarioError(f"epdsim {args.cmd}: " + "; ".join(
-            "".join(f"--{p}: " for p in e["loc"] if not str(p).startswith("function-after"))
-            + e["msg"].removeprefix("Value error, ") + ("" if e["loc"] == () else f" (got {e['input']!r})")
-            for e in exc.errors())) from None
+        raise ScenarioError(
+            f"epdsim {args.cmd}: "
+            + "; ".join(
+                "".join(f"--{p}: " for p in e["loc"] if not str(p).startswith("function-after"))
+                + e["msg"].removeprefix("Value error, ")
+                + ("" if e["loc"] == () else f" (got {e['input']!r})")
+                for e in exc.errors()
+            )
+        ) from None
     dep = deployment_for(pool, model, db)
-    plan_memory(dep)                      # a start-up of a deployment that cannot fit is meaningless
+    plan_memory(dep)  # a start-up of a deployment that cannot fit is meaningless
     return dep
 
 
 def _kw(args) -> dict:
-    return dict(storage=args.storage, image_cached=args.image_cached, compile_sizes=args.compile_sizes,
-                compile_multiplier=args.compile_multiplier, engine=args.startup_set,
-                db=load_coldstart(args.hwdb), vllm_version=args.vllm_version)
+    return dict(
+        storage=args.storage,
+        image_cached=args.image_cached,
+        compile_sizes=args.compile_sizes,
+        compile_multiplier=args.compile_multiplier,
+        engine=args.startup_set,
+        db=load_coldstart(args.hwdb),
+        vllm_version=args.vllm_version,
+    )
 
 
 def _breakdowns(args, dep, level: str = "typical") -> tuple[Breakdown, Breakdown]:
@@ -73,7 +85,7 @@ def _phase_table(bd: Breakdown, low: Breakdown | None = None, high: Breakdown | 
         t.add_column(c, justify=j)
     total = bd.total_s
     present = {p.name for b in (bd, low, high) if b is not None for p in b.phases}
-    names = [n for n in PHASES if n in present]          # e.g. the P2P check only the high end runs
+    names = [n for n in PHASES if n in present]  # e.g. the P2P check only the high end runs
     for name in names:
         p = next((q for q in bd.phases if q.name == name), None)
         sec = p.seconds if p else 0.0
@@ -96,12 +108,17 @@ def cmd_coldstart(args, con: Console) -> int:
     high, _ = _breakdowns(args, dep, "high")
     con.print(_phase_table(bd, low, high))
     pulled = f"; probes see {_fmt_s(bd.container_s)} from container start" if not bd.image_cached else ""
-    con.print(f"total {_fmt_s(bd.total_s)}{pulled}; sourced range {_fmt_s(low.total_s)} to {_fmt_s(high.total_s)} "
-              f"(low / high: hwdb/data/coldstart/vllm-scale.yaml; probes are sized on the high end).",
-              highlight=False)
+    con.print(
+        f"total {_fmt_s(bd.total_s)}{pulled}; sourced range {_fmt_s(low.total_s)} to {_fmt_s(high.total_s)} "
+        f"(low / high: hwdb/data/coldstart/vllm-scale.yaml; probes are sized on the high end).",
+        highlight=False,
+    )
     if bd.compile_cache == "miss" and not dep.knobs.enforce_eager:
-        con.print(f"with a warm compile cache (on a volume): {_fmt_s(warm.total_s)}, "
-                  f"{bd.total_s - warm.total_s:,.1f} s less.", highlight=False)
+        con.print(
+            f"with a warm compile cache (on a volume): {_fmt_s(warm.total_s)}, "
+            f"{bd.total_s - warm.total_s:,.1f} s less.",
+            highlight=False,
+        )
     for note in bd.extrapolated:
         con.print(f"[yellow]extrapolated:[/] {escape(note)}", highlight=False)
     return 0
@@ -110,9 +127,13 @@ def cmd_coldstart(args, con: Console) -> int:
 def _probe_from(prefix: str, args) -> Probe | None:
     if getattr(args, f"no_{prefix}"):
         return None
-    return Probe(getattr(args, f"{prefix}_initial_delay"), getattr(args, f"{prefix}_period"),
-                 getattr(args, f"{prefix}_timeout"), getattr(args, f"{prefix}_failure_threshold"),
-                 name=f"{prefix}Probe")
+    return Probe(
+        getattr(args, f"{prefix}_initial_delay"),
+        getattr(args, f"{prefix}_period"),
+        getattr(args, f"{prefix}_timeout"),
+        getattr(args, f"{prefix}_failure_threshold"),
+        name=f"{prefix}Probe",
+    )
 
 
 def _startup_from(spec: str | None) -> Probe | str | None:
@@ -127,8 +148,10 @@ def _startup_from(spec: str | None) -> Probe | str | None:
     except ValueError:
         vals = []
     if len(vals) != 4:
-        raise ProbeError(f"--startup-probe={spec!r} is not understood: give 'recommended' or four whole numbers "
-                         f"initialDelaySeconds,periodSeconds,timeoutSeconds,failureThreshold (e.g. 0,10,5,30)")
+        raise ProbeError(
+            f"--startup-probe={spec!r} is not understood: give 'recommended' or four whole numbers "
+            f"initialDelaySeconds,periodSeconds,timeoutSeconds,failureThreshold (e.g. 0,10,5,30)"
+        )
     delay, period, timeout, threshold = vals
     return Probe(delay, period, timeout, threshold, name="startupProbe")
 
@@ -142,16 +165,27 @@ def cmd_probes(args, con: Console) -> int:
     dep = _deployment(args)
     bd, warm = _breakdowns(args, dep)
     rec = recommend_probes(breakdown(dep, "miss", level="high", **_kw(args)), margin=args.margin)
-    spec = PodSpec(startup=rec.startup if isinstance(startup, str) else startup, liveness=liveness,
-                   readiness=readiness, compile_cache_volume=args.compile_cache_volume)
+    spec = PodSpec(
+        startup=rec.startup if isinstance(startup, str) else startup,
+        liveness=liveness,
+        readiness=readiness,
+        compile_cache_volume=args.compile_cache_volume,
+    )
     res = simulate_pod(bd, spec, warm, horizon_s=args.horizon)
     pulled = f", {_fmt_s(bd.container_s)} of it from container start" if not bd.image_cached else ""
     con.print(f"{escape(bd.description)}: start needs {_fmt_s(bd.total_s)}{pulled}.", highlight=False)
-    probes = ", ".join(f"{p.name} delay {p.initial_delay_s} s, period {p.period_s} s, timeout {p.timeout_s} s, "
-                       f"failureThreshold {p.failure_threshold}"
-                       for p in (spec.startup, spec.liveness, spec.readiness) if p is not None) or "no probes"
-    con.print(f"probes: {probes}; compile cache volume: {'yes' if spec.compile_cache_volume else 'no'}",
-              highlight=False)
+    probes = (
+        ", ".join(
+            f"{p.name} delay {p.initial_delay_s} s, period {p.period_s} s, timeout {p.timeout_s} s, "
+            f"failureThreshold {p.failure_threshold}"
+            for p in (spec.startup, spec.liveness, spec.readiness)
+            if p is not None
+        )
+        or "no probes"
+    )
+    con.print(
+        f"probes: {probes}; compile cache volume: {'yes' if spec.compile_cache_volume else 'no'}", highlight=False
+    )
     if res.never_ready:
         con.print(f"[bold red]never ready[/] within {args.horizon:.0f} s: {escape(res.reason or '')}", highlight=False)
     else:
@@ -172,8 +206,10 @@ def cmd_probes(args, con: Console) -> int:
     if len(res.attempts) > 12:
         t.add_row("...", "", "", "", f"{len(res.attempts) - 12} more attempts")
     con.print(t)
-    con.print(f"recommended probes (safety margin {args.margin:.0%} over the high end of the cold-cache start):",
-              highlight=False)
+    con.print(
+        f"recommended probes (safety margin {args.margin:.0%} over the high end of the cold-cache start):",
+        highlight=False,
+    )
     con.out(yaml_within(rec.yaml.rstrip("\n"), con.width), highlight=False)
     return 0
 
@@ -187,9 +223,15 @@ def yaml_within(text: str, width: int) -> str:
         if not body.startswith("#") or len(line) <= width:
             out.append(line)
             continue
-        lead = line[:len(line) - len(body)] + "# "
-        out += textwrap.wrap(body.removeprefix("#").strip(), width, initial_indent=lead, subsequent_indent=lead,
-                             break_long_words=False, break_on_hyphens=False)
+        lead = line[: len(line) - len(body)] + "# "
+        out += textwrap.wrap(
+            body.removeprefix("#").strip(),
+            width,
+            initial_indent=lead,
+            subsequent_indent=lead,
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
     return "\n".join(out)
 
 
@@ -200,6 +242,7 @@ def _run(func):
             return func(args, con)
         except OPS_ERRORS as exc:
             return print_user_error(exc)
+
     return wrapped
 
 
@@ -209,23 +252,46 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp", type=int_arg(1, 64), default=1)
     p.add_argument("--pp", type=int_arg(1, 64), default=1)
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp8"])
-    p.add_argument("--compile-cache", default="miss", choices=["miss", "hit"],
-                   help="vLLM's torch.compile cache: miss (first start) or hit (on disk)")
-    p.add_argument("--storage", default="nvme", help="where weights come from: nvme, nfs, s3, page_cache "
-                                                     "(or a storage file in a user hwdb's coldstart/)")
-    p.add_argument("--image-cached", action=argparse.BooleanOptionalAction, default=True,
-                   help="the serving image is already on the node (default) or must be pulled")
-    p.add_argument("--compile-sizes", type=int_arg(0, 1024), default=0,
-                   help="static sizes in compilation_config.compile_sizes")
-    p.add_argument("--compile-multiplier", type=float_arg(0, 100, lo_open=True), default=1.0,
-                   help="what-if factor on the Inductor compile (tails: see docs/operations.md)")
+    p.add_argument(
+        "--compile-cache",
+        default="miss",
+        choices=["miss", "hit"],
+        help="vLLM's torch.compile cache: miss (first start) or hit (on disk)",
+    )
+    p.add_argument(
+        "--storage",
+        default="nvme",
+        help="where weights come from: nvme, nfs, s3, page_cache (or a storage file in a user hwdb's coldstart/)",
+    )
+    p.add_argument(
+        "--image-cached",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the serving image is already on the node (default) or must be pulled",
+    )
+    p.add_argument(
+        "--compile-sizes", type=int_arg(0, 1024), default=0, help="static sizes in compilation_config.compile_sizes"
+    )
+    p.add_argument(
+        "--compile-multiplier",
+        type=float_arg(0, 100, lo_open=True),
+        default=1.0,
+        help="what-if factor on the Inductor compile (tails: see docs/operations.md)",
+    )
     p.add_argument("--enforce-eager", action="store_true", help="no torch.compile, no CUDA graphs")
     p.add_argument("--hwdb", action="append", default=[], help="extra user hwdb folder (repeatable)")
-    p.add_argument("--vllm-version", default=None, metavar="RELEASE",
-                   help="vLLM release whose start-up to model: 0.9, 0.10, 0.11 or latest (capture sizes and mode, "
-                        "gc, P2P check, compiled repeats; hwdb/data/coldstart/vllm-scale.yaml; default 0.11)")
-    p.add_argument("--startup-set", default="vllm-v1",
-                   help="start-up coefficient set (hwdb coldstart/; `calibrate fit` writes calibrated ones)")
+    p.add_argument(
+        "--vllm-version",
+        default=None,
+        metavar="RELEASE",
+        help="vLLM release whose start-up to model: 0.9, 0.10, 0.11 or latest (capture sizes and mode, "
+        "gc, P2P check, compiled repeats; hwdb/data/coldstart/vllm-scale.yaml; default 0.11)",
+    )
+    p.add_argument(
+        "--startup-set",
+        default="vllm-v1",
+        help="start-up coefficient set (hwdb coldstart/; `calibrate fit` writes calibrated ones)",
+    )
 
 
 def _probe_args(p: argparse.ArgumentParser, prefix: str, delay: int, period: int, timeout: int, thr: int) -> None:
@@ -246,13 +312,23 @@ def add_subparsers(sub) -> None:
     _common(p)
     _probe_args(p, "liveness", 30, 10, 1, 3)
     _probe_args(p, "readiness", 30, 10, 1, 3)
-    p.add_argument("--startup-probe", nargs="?", const="recommended", default=None, metavar="SPEC",
-                   help="add a startupProbe: 'recommended' (the default when given bare) or "
-                        "initialDelaySeconds,periodSeconds,timeoutSeconds,failureThreshold")
-    p.add_argument("--compile-cache-volume", action="store_true",
-                   help="the torch.compile cache is on a volume and survives container restarts")
-    p.add_argument("--horizon", type=float_arg(0, 7 * 86400, lo_open=True), default=1800.0,
-                   help="simulated seconds (default 1800)")
+    p.add_argument(
+        "--startup-probe",
+        nargs="?",
+        const="recommended",
+        default=None,
+        metavar="SPEC",
+        help="add a startupProbe: 'recommended' (the default when given bare) or "
+        "initialDelaySeconds,periodSeconds,timeoutSeconds,failureThreshold",
+    )
+    p.add_argument(
+        "--compile-cache-volume",
+        action="store_true",
+        help="the torch.compile cache is on a volume and survives container restarts",
+    )
+    p.add_argument(
+        "--horizon", type=float_arg(0, 7 * 86400, lo_open=True), default=1800.0, help="simulated seconds (default 1800)"
+    )
     p.add_argument("--margin", type=float_arg(0, 10), default=0.5, help="safety margin of the recommended startupProbe")
     p.set_defaults(func=_run(cmd_probes))
 
@@ -268,18 +344,25 @@ def operations_table(res: Results) -> Table:
     never = len(ups) - len(served) - cancelled
     rows = [
         ("failed / availability", f"{o['failed']} / {o['availability']:.2%}"),
-        ("retried requests (re-sends) / discarded tokens",
-         f"{o['retried_requests']} ({o['retries']}) / {o['discarded_tokens']:,}"),
+        (
+            "retried requests (re-sends) / discarded tokens",
+            f"{o['retried_requests']} ({o['retries']}) / {o['discarded_tokens']:,}",
+        ),
         ("crashes", f"{o['crashes']} ({kinds})"),
-        ("scale-ups", f"{len(ups)} instances" + (f", order -> serving {min(served):.0f}-{max(served):.0f} s"
-                                                  if served else "") +
-         (f", {cancelled} cancelled before serving" if cancelled else "") +
-         (f", {never} never served (probes)" if never else "")),
+        (
+            "scale-ups",
+            f"{len(ups)} instances"
+            + (f", order -> serving {min(served):.0f}-{max(served):.0f} s" if served else "")
+            + (f", {cancelled} cancelled before serving" if cancelled else "")
+            + (f", {never} never served (probes)" if never else ""),
+        ),
         ("peak serving instances", ", ".join(f"{k} {v}" for k, v in o["peak_instances"].items())),
         ("SLO violations (during scale-up)", f"{o['slo_violations']} ({o['slo_violations_during_scale_up']})"),
         ("GPU-hours / cost", f"{o['gpu_hours']:.3f} / ${o['cost_usd']:.2f}"),
-        ("wasted GPU-seconds (starting / lost work)",
-         f"{o['wasted_gpu_s']:,.0f} ({o['starting_gpu_s']:,.0f} / {o['lost_work_gpu_s']:,.0f})"),
+        (
+            "wasted GPU-seconds (starting / lost work)",
+            f"{o['wasted_gpu_s']:,.0f} ({o['starting_gpu_s']:,.0f} / {o['lost_work_gpu_s']:,.0f})",
+        ),
     ]
     for k, v in rows:
         t.add_row(k, escape(v))

@@ -5,6 +5,7 @@ Hooked into ``simulator/cli/commands.py`` by ``add_subparsers(sub)``.  User erro
 paragraph on stderr and exit 2.  Ctrl-C during verification keeps what has
 finished: the tables are printed and written from the verified part.
 """
+
 from __future__ import annotations
 
 import math
@@ -54,11 +55,19 @@ def candidate_tables(title: str, df, q: int, width: int, full_reason: bool = Fal
         why = r["rejected_reason"] or "recommended"
         # a goodput search that reached its upper bound only knows a lower bound
         goodput = ("≥ " if r.get("goodput_capped") else "") + _f(r["goodput_rps"])
-        rows.append([escape(r["layout"]), _f(r["cost_usd_per_hour"]), _f(r["cost_usd_per_million_tokens"]),
-                     goodput, _f(r["ttft_s"], "s"), _f(r["tpot_s"], "s"), "yes" if r["verified"] else "est",
-                     escape(why if full_reason else why.split(":")[0])])
-    return wide_tables(title, heads, rows, width,
-                       wrap={"candidate": LAYOUT_WIDTH, "why not": _rest(width)})
+        rows.append(
+            [
+                escape(r["layout"]),
+                _f(r["cost_usd_per_hour"]),
+                _f(r["cost_usd_per_million_tokens"]),
+                goodput,
+                _f(r["ttft_s"], "s"),
+                _f(r["tpot_s"], "s"),
+                "yes" if r["verified"] else "est",
+                escape(why if full_reason else why.split(":")[0]),
+            ]
+        )
+    return wide_tables(title, heads, rows, width, wrap={"candidate": LAYOUT_WIDTH, "why not": _rest(width)})
 
 
 def _rest(width: int) -> int:
@@ -76,8 +85,15 @@ def cmd_plan(args, con: Console) -> int:
     for option, path in (("--out", args.out), ("--artefacts", args.artefacts)):
         if path:
             check_output(path, option, folder=True, error=PlanError)
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=Console(stderr=True), transient=True, disable=args.quiet) as bar:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+        disable=args.quiet,
+    ) as bar:
         tasks: dict[str, TaskID] = {}
 
         def progress(done: int, total: int, stage: str) -> None:
@@ -87,39 +103,59 @@ def cmd_plan(args, con: Console) -> int:
 
         from simulator.plan import run_plan  # noqa: PLC0415 - pandas and the simulator: not at start-up
         from simulator.plan.bands import band_frame, verdict  # noqa: PLC0415 - pandas: not at start-up
+
         res = run_plan(req, progress=progress, workers=args.workers, ray_address=args.ray, out_dir=args.out)
     q = req.percentile
     df = res.candidates
-    con.print(f"[bold]{req.name}[/]: {len(df)} candidates, {int(df['verified'].sum())} simulated "
-              f"({req.search.replications} seeds each), target {req.target_rate:g} req/s, SLO p{q} "
-              f"TTFT <= {_f(req.slo.ttft_s, 's')}, TPOT <= {_f(req.slo.tpot_s, 's')}"
-              + (", judged at the model error band's pessimistic edge" if req.constraints.slo_at_band_edge else ""),
-              highlight=False)
+    con.print(
+        f"[bold]{req.name}[/]: {len(df)} candidates, {int(df['verified'].sum())} simulated "
+        f"({req.search.replications} seeds each), target {req.target_rate:g} req/s, SLO p{q} "
+        f"TTFT <= {_f(req.slo.ttft_s, 's')}, TPOT <= {_f(req.slo.tpot_s, 's')}"
+        + (", judged at the model error band's pessimistic edge" if req.constraints.slo_at_band_edge else ""),
+        highlight=False,
+    )
     verified = df[df["verified"]].sort_values("cost_usd_per_hour")
-    for t in (*candidate_tables("Pareto front (cost vs goodput vs TTFT)", res.pareto.head(args.top), q, con.width),
-              *candidate_tables("simulated candidates", verified, q, con.width, full_reason=True)):
+    for t in (
+        *candidate_tables("Pareto front (cost vs goodput vs TTFT)", res.pareto.head(args.top), q, con.width),
+        *candidate_tables("simulated candidates", verified, q, con.width, full_reason=True),
+    ):
         con.print(t)
-    fam = [[escape(r["family"]), escape(r["layout"]) if isinstance(r["layout"], str) else "-",
-            _f(r["cost_usd_per_hour"]), _f(r["goodput_rps"]), escape(str(r["lost_because"]))]
-           for r in res.families.to_dict("records")]
-    for t in wide_tables("families", ["family", "best", "$/h", "goodput\nreq/s", "lost because"], fam, con.width,
-                         wrap={"best": LAYOUT_WIDTH, "lost because": max(30, con.width - LAYOUT_WIDTH - 40)}):
+    fam = [
+        [
+            escape(r["family"]),
+            escape(r["layout"]) if isinstance(r["layout"], str) else "-",
+            _f(r["cost_usd_per_hour"]),
+            _f(r["goodput_rps"]),
+            escape(str(r["lost_because"])),
+        ]
+        for r in res.families.to_dict("records")
+    ]
+    for t in wide_tables(
+        "families",
+        ["family", "best", "$/h", "goodput\nreq/s", "lost because"],
+        fam,
+        con.width,
+        wrap={"best": LAYOUT_WIDTH, "lost because": max(30, con.width - LAYOUT_WIDTH - 40)},
+    ):
         con.print(t)
     for note in res.notes:
         con.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
     rec = res.recommended
     if rec is None:
-        for t in candidate_tables("closest candidates (nothing meets the SLO)", res.closest, q, con.width,
-                                  full_reason=True):
+        for t in candidate_tables(
+            "closest candidates (nothing meets the SLO)", res.closest, q, con.width, full_reason=True
+        ):
             con.print(t)
         return 1
     at_least = "≥ " if rec.get("goodput_capped") else ""  # the goodput search stopped at its upper bound
-    con.print(f"[bold green]recommended:[/] {rec['layout']} — ${rec['cost_usd_per_hour']:,.2f}/h, simulated goodput "
-              f"{at_least}{rec['goodput_rps']:.3g} req/s (headroom {at_least}{rec['headroom_rate']:+.0%} "
-              f"over {req.target_rate:g}), "
-              f"attainment {fmt.attainment(rec['attainment'], rec['attainment_ci95'], req.search.replications)} "
-              "at the target rate",
-              highlight=False)
+    con.print(
+        f"[bold green]recommended:[/] {rec['layout']} — ${rec['cost_usd_per_hour']:,.2f}/h, simulated goodput "
+        f"{at_least}{rec['goodput_rps']:.3g} req/s (headroom {at_least}{rec['headroom_rate']:+.0%} "
+        f"over {req.target_rate:g}), "
+        f"attainment {fmt.attainment(rec['attainment'], rec['attainment_ci95'], req.search.replications)} "
+        "at the target rate",
+        highlight=False,
+    )
     edge = rec.get("meets_slo_at_band_edge")
     colour = "green" if edge is True else "yellow"
     con.print(f"[{colour}]model error band:[/] {escape(verdict(res, band_frame(res)))}", highlight=False)
@@ -148,16 +184,23 @@ def add_subparsers(sub) -> None:
     """Hook for ``simulator/cli/commands.py``: adds ``epdsim plan``."""
     p = sub.add_parser("plan", help="search deployments for the cheapest one meeting the SLOs; emit artefacts")
     p.add_argument("request", help="plan request YAML (see docs/planner.md, examples/plan_*.yaml)")
-    p.add_argument("--workers", type=int_arg(1, 4096), default=None,
-                   help="local worker processes (default: usable cores)")
-    p.add_argument("--ray", metavar="ADDRESS", default=None,
-                   help="run simulations on a Ray cluster (needs the 'ray' extra); 'local' starts one here")
+    p.add_argument(
+        "--workers", type=int_arg(1, 4096), default=None, help="local worker processes (default: usable cores)"
+    )
+    p.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        default=None,
+        help="run simulations on a Ray cluster (needs the 'ray' extra); 'local' starts one here",
+    )
     p.add_argument("--out", help="folder for verified.jsonl (incremental, resumable), candidates.csv, pareto.csv")
     p.add_argument("--artefacts", metavar="DIR", help="write vLLM/SGLang commands, Kubernetes YAML, router config")
-    p.add_argument("--slo-at-band-edge", action="store_true",
-                   help="plan at the model error band's pessimistic edge: a candidate meets the SLO only if its "
-                        "TTFT/TPOT x (1 + band) do; one without a band is refused (constraints.slo_at_band_edge)")
+    p.add_argument(
+        "--slo-at-band-edge",
+        action="store_true",
+        help="plan at the model error band's pessimistic edge: a candidate meets the SLO only if its "
+        "TTFT/TPOT x (1 + band) do; one without a band is refused (constraints.slo_at_band_edge)",
+    )
     p.add_argument("--top", type=int_arg(0, 100_000), default=15, help="rows of the Pareto front to print")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_run)
-

@@ -5,6 +5,7 @@ Hooked into ``simulator/cli/commands.py`` by ``add_subparsers(sub)``.  Exit code
 1 a figure moved beyond its tolerance or has no baseline, 2 a user error
 (bad suite, scenario, baseline or hwdb folder), printed as one paragraph.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -45,10 +46,25 @@ def _tables(rows: list[Row], title: str, old_label: str, new_label: str, width: 
     is printed above the tables, so a long one neither widens the columns nor is cut."""
     old, new = old_label.split(" ", 1)[0], new_label.split(" ", 1)[0]
     heads = ["figure", old, new, "change", "tolerance", "status"]
-    cells = [[escape(f"{r.entry}: {r.figure} [{r.unit}]"), fmt(r.old), fmt(r.new), fmt_change(r), r.tolerance,
-              f"[{_STYLE[r.status]}]{r.status}{' (entry redefined)' if r.redefined else ''}[/]"] for r in rows]
-    return wide_tables(title, heads, cells, width, justify={old: "right", new: "right", "change": "right"},
-                       wrap={"figure": NAME_WIDTH, "change": CHANGE_WIDTH})
+    cells = [
+        [
+            escape(f"{r.entry}: {r.figure} [{r.unit}]"),
+            fmt(r.old),
+            fmt(r.new),
+            fmt_change(r),
+            r.tolerance,
+            f"[{_STYLE[r.status]}]{r.status}{' (entry redefined)' if r.redefined else ''}[/]",
+        ]
+        for r in rows
+    ]
+    return wide_tables(
+        title,
+        heads,
+        cells,
+        width,
+        justify={old: "right", new: "right", "change": "right"},
+        wrap={"figure": NAME_WIDTH, "change": CHANGE_WIDTH},
+    )
 
 
 def _profile_folder(arg: str, tmp: Path, label: str, copies: dict[str, str]) -> str:
@@ -63,8 +79,10 @@ def _profile_folder(arg: str, tmp: Path, label: str, copies: dict[str, str]) -> 
         shutil.copy(p, d / p.name)
         copies[str(d / p.name)] = copies[str(d.parent)] = arg
         return str(d.parent)
-    raise RegressError(f"--compare-profiles: {label} '{arg}' is neither a hwdb folder nor a profile .yaml file; "
-                       "give a calibration profile (like hwdb/data/profiles/*.yaml) or a folder with profiles/")
+    raise RegressError(
+        f"--compare-profiles: {label} '{arg}' is neither a hwdb folder nor a profile .yaml file; "
+        "give a calibration profile (like hwdb/data/profiles/*.yaml) or a folder with profiles/"
+    )
 
 
 def _as_given(exc: Exception, copies: dict[str, str]) -> Exception:
@@ -72,7 +90,7 @@ def _as_given(exc: Exception, copies: dict[str, str]) -> Exception:
     text = str(exc)
     if not any(c in text for c in copies):
         return exc
-    for copy in sorted(copies, key=len, reverse=True):     # the file before its folder
+    for copy in sorted(copies, key=len, reverse=True):  # the file before its folder
         text = text.replace(copy, copies[copy])
     return RegressError(text)
 
@@ -81,11 +99,14 @@ def _check_selected(folders: tuple[str, ...], label: str, require: bool = False)
     """Every profile in ``folders`` must be the one the simulator picks for the key it is stored under
     (GPU, engine, engine version, model where given; same name as the one it replaces, or newest), else
     a run would silently use another.  Returns the database of those folders."""
-    db = hwdb.load(folders)          # validates the files, with errors naming file and field
+    db = hwdb.load(folders)  # validates the files, with errors naming file and field
     for folder in folders:
         files = sorted((Path(folder) / "profiles").glob("*.yaml"))
-        mine = [db.profiles[n] for n in (read_yaml(f, RegressError, "profile").get("name") for f in files)
-                if n in db.profiles]
+        mine = [
+            db.profiles[n]
+            for n in (read_yaml(f, RegressError, "profile").get("name") for f in files)
+            if n in db.profiles
+        ]
         if require and not mine:
             raise RegressError(f"{label} '{folder}' holds no calibration profile (profiles/*.yaml)")
         for p in mine:
@@ -93,14 +114,17 @@ def _check_selected(folders: tuple[str, ...], label: str, require: bool = False)
             assert chosen is not None, "p itself matches its own key"
             if chosen.name != p.name:
                 key = f"{p.gpu}, {p.engine} {p.engine_version}" + (f", {p.model}" if p.model else "")
-                raise RegressError(f"{label}: profile {p.name!r} in {folder} (created {p.created}) would not be "
-                                   f"used: profile {chosen.name!r} for {key} is newer (created {chosen.created}); "
-                                   "give it the same name as the profile it replaces, or a later created date")
+                raise RegressError(
+                    f"{label}: profile {p.name!r} in {folder} (created {p.created}) would not be "
+                    f"used: profile {chosen.name!r} for {key} is newer (created {chosen.created}); "
+                    "give it the same name as the profile it replaces, or a later created date"
+                )
     return db
 
 
-def _report(args, con: Console, loaded: LoadedSuite, rows: list[Row], elapsed: float,
-            old_label: str, new_label: str) -> int:
+def _report(
+    args, con: Console, loaded: LoadedSuite, rows: list[Row], elapsed: float, old_label: str, new_label: str
+) -> int:
     if " " in old_label or " " in new_label:
         con.print(f"comparing {escape(old_label)} with {escape(new_label)}", highlight=False)
     for t in _tables(rows, f"epdsim regress {loaded.name}", old_label, new_label, con.width):
@@ -109,8 +133,11 @@ def _report(args, con: Console, loaded: LoadedSuite, rows: list[Row], elapsed: f
     for r in failed:
         con.print(f"[red]drift[/] {escape(r.entry)}: {escape(explain(r, old_label))}", highlight=False)
     held = sum(r.status == "held" for r in rows)
-    con.print(f"{held} held, {len(failed)} moved or new, "
-              f"{sum(r.status == 'removed' for r in rows)} removed ({elapsed:.1f} s)", highlight=False)
+    con.print(
+        f"{held} held, {len(failed)} moved or new, "
+        f"{sum(r.status == 'removed' for r in rows)} removed ({elapsed:.1f} s)",
+        highlight=False,
+    )
     if args.junit:
         try:
             written = write_junit(args.junit, rows, loaded.name, elapsed, old_label)
@@ -131,14 +158,16 @@ def _run(args, con: Console) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise RegressError(f"--jobs {args.jobs}: give at least 1 worker process (1 runs in this process)")
     if args.compare_profiles and (args.update or args.baseline):
-        raise RegressError("--compare-profiles compares two profiles with each other, not with a baseline: "
-                           "drop --baseline/--update, or run those without --compare-profiles")
+        raise RegressError(
+            "--compare-profiles compares two profiles with each other, not with a baseline: "
+            "drop --baseline/--update, or run those without --compare-profiles"
+        )
     loaded = load_suite(args.suite)
     for option, path in (("--junit", args.junit), ("--markdown", args.markdown)):
         if path:
             check_output(path, option, folder=False, error=RegressError)
     extra = tuple(args.hwdb)
-    notes = dict.fromkeys(_check_selected(extra, "--hwdb").notes)      # also: a missing folder is a clear HwdbError
+    notes = dict.fromkeys(_check_selected(extra, "--hwdb").notes)  # also: a missing folder is a clear HwdbError
     # each entry runs on its own folders with --hwdb's after them (tasks_for): say what those replace, once
     for own in dict.fromkeys(tuple(x.hwdb) for e in loaded.entries for x in (e.scenario, e.plan) if x and x.hwdb):
         notes.update(dict.fromkeys(hwdb.load((*own, *extra)).notes))
@@ -158,22 +187,25 @@ def _run(args, con: Console) -> int:
             except REGRESS_ERRORS as exc:
                 raise _as_given(exc, copies) from None
         rows = compare(loaded, baseline_record(loaded, before), after)
-        return _report(args, con, loaded, rows, time.perf_counter() - t0, f"OLD {Path(old_arg).name}",
-                       f"NEW {Path(new_arg).name}")
+        return _report(
+            args, con, loaded, rows, time.perf_counter() - t0, f"OLD {Path(old_arg).name}", f"NEW {Path(new_arg).name}"
+        )
     if not args.baseline:
-        raise RegressError("epdsim regress: give --baseline FILE (the figures to compare with), or "
-                           "--compare-profiles OLD NEW")
+        raise RegressError(
+            "epdsim regress: give --baseline FILE (the figures to compare with), or --compare-profiles OLD NEW"
+        )
     if args.update:
         check_output(args.baseline, "--baseline", folder=False, error=RegressError)
     old = read_baseline(args.baseline, loaded, must_exist=not args.update)
     new = run_suite(loaded, extra, args.jobs)
     rows = compare(loaded, old, new)
     if args.update:
-        for t in _tables(rows, f"epdsim regress {loaded.name} (updating the baseline)", "baseline", "new",
-                         con.width):
+        for t in _tables(rows, f"epdsim regress {loaded.name} (updating the baseline)", "baseline", "new", con.width):
             con.print(t)
-        con.print(f"wrote baseline {write_baseline(args.baseline, loaded, new)} "
-                  f"({sum(len(v) for v in new.values())} figures, {time.perf_counter() - t0:.1f} s)")
+        con.print(
+            f"wrote baseline {write_baseline(args.baseline, loaded, new)} "
+            f"({sum(len(v) for v in new.values())} figures, {time.perf_counter() - t0:.1f} s)"
+        )
         return 0
     return _report(args, con, loaded, rows, time.perf_counter() - t0, "baseline", "new")
 
@@ -189,11 +221,15 @@ def add_subparsers(sub) -> None:
     r = sub.add_parser("regress", help="compare a suite's sizing figures with a baseline; exit 1 on drift")
     r.add_argument("suite", help="suite YAML (scenarios, figures, tolerances; see docs/ci.md)")
     r.add_argument("--baseline", help="baseline JSON to compare with (written by --update)")
-    r.add_argument("--update", action="store_true",
-                   help="rewrite the baseline from this run (after a deliberate change)")
-    r.add_argument("--compare-profiles", nargs=2, metavar=("OLD", "NEW"),
-                   help="run the suite under two calibration profiles (profile .yaml files or hwdb folders) "
-                        "and show what moved")
+    r.add_argument(
+        "--update", action="store_true", help="rewrite the baseline from this run (after a deliberate change)"
+    )
+    r.add_argument(
+        "--compare-profiles",
+        nargs=2,
+        metavar=("OLD", "NEW"),
+        help="run the suite under two calibration profiles (profile .yaml files or hwdb folders) and show what moved",
+    )
     r.add_argument("--hwdb", action="append", default=[], help="extra user hwdb folder (repeatable)")
     r.add_argument("--jobs", type=int, default=None, help="worker processes (default: the usable CPUs)")
     r.add_argument("--junit", help="write JUnit XML here (one test case per figure)")

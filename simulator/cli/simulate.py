@@ -5,6 +5,7 @@ Hooked into ``simulator/cli/commands.py`` by ``add_subparser(sub)``.  The overri
 scenario's data and validate it again through the scenario schema, so an overridden value is the same
 as one written in the YAML, and a bad one fails with the schema's range under the flag's name.
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -41,8 +42,12 @@ STATUS_AFTER_S = 1.0
 
 
 def layout_text(info: dict) -> str:
-    return " + ".join(f"{p['instances']}x {p['gpu']} TP{p['tp']}" + (f" PP{p['pp']}" if p["pp"] > 1 else "")
-                      + ("" if p["role"] == "colocated" else f" {p['role']}") for p in info["pools"])
+    return " + ".join(
+        f"{p['instances']}x {p['gpu']} TP{p['tp']}"
+        + (f" PP{p['pp']}" if p["pp"] > 1 else "")
+        + ("" if p["role"] == "colocated" else f" {p['role']}")
+        for p in info["pools"]
+    )
 
 
 def band_record(res: Results) -> dict:
@@ -50,12 +55,22 @@ def band_record(res: Results) -> dict:
     error and, per statistic, ``<stat>_low``/``<stat>_high`` in seconds (None where no band applies)."""
     rel = error_bands(res.info)
     rec: dict = {"source": BAND_SOURCE, "basis": band_basis(res.info)}
-    for key in BANDED:              # the keys of ``rel``, as summary keys
+    for key in BANDED:  # the keys of ``rel``, as summary keys
         r, fig = rel[key], res.summary[key]
-        rec[key] = {"relative_error": r,
-                    **{f"{st}_{end}": (None if r is None or fig[st] != fig[st] else
-                                       max(0.0, fig[st] * (1 - r)) if end == "low" else fig[st] * (1 + r))
-                       for st in STATS for end in ("low", "high")}}
+        rec[key] = {
+            "relative_error": r,
+            **{
+                f"{st}_{end}": (
+                    None
+                    if r is None or fig[st] != fig[st]
+                    else max(0.0, fig[st] * (1 - r))
+                    if end == "low"
+                    else fig[st] * (1 + r)
+                )
+                for st in STATS
+                for end in ("low", "high")
+            },
+        }
     return rec
 
 
@@ -66,19 +81,34 @@ def summary_table(res: Results, width: int | None = None) -> Table:
     rel = error_bands(info)
     slo = {"ttft_s": res.scenario.slo.ttft_s, "tpot_s": res.scenario.slo.tpot_s}
     rows = []
-    figures: tuple[tuple[LatencyKey, str], ...] = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"),
-                                                  ("e2e_s", "E2E"), ("queue_s", "queue"))
+    figures: tuple[tuple[LatencyKey, str], ...] = (
+        ("ttft_s", "TTFT"),
+        ("tpot_s", "TPOT"),
+        ("itl_s", "ITL"),
+        ("e2e_s", "E2E"),
+        ("queue_s", "queue"),
+    )
     for key, label in figures:
         target, band = slo.get(key), rel.get(key)
-        cells = [(fmt.duration(s[key][p]), band_text(s[key][p], band) if band is not None
-                  and s[key][p] == s[key][p] else "") for p in STATS]
+        cells = [
+            (fmt.duration(s[key][p]), band_text(s[key][p], band) if band is not None and s[key][p] == s[key][p] else "")
+            for p in STATS
+        ]
         rows.append((label, cells, f"<= {fmt.duration(target)}" if target else ""))
-    one_line = 1 + sum(3 + w for w in (
-        6, *(max(len(f"{c[i][0]} {c[i][1]}".strip()) for _, c, _ in rows) for i in range(len(STATS))),
-        max(3, *(len(r[2]) for r in rows))))
+    one_line = 1 + sum(
+        3 + w
+        for w in (
+            6,
+            *(max(len(f"{c[i][0]} {c[i][1]}".strip()) for _, c, _ in rows) for i in range(len(STATS))),
+            max(3, *(len(r[2]) for r in rows)),
+        )
+    )
     sep = "\n" if width is not None and one_line > width else " "
-    t = Table(title=f"{res.scenario.name}: {info['model']} on {layout_text(info)}", caption=band_caption(info, rel),
-              caption_justify="left")
+    t = Table(
+        title=f"{res.scenario.name}: {info['model']} on {layout_text(info)}",
+        caption=band_caption(info, rel),
+        caption_justify="left",
+    )
     t.add_column("metric", no_wrap=True)
     for p in STATS:
         t.add_column(p, justify="right", no_wrap=True)
@@ -95,7 +125,7 @@ NARROW, KEY_WIDTH = 100, 24
 
 def totals_table(res: Results, width: int | None = None) -> Table:
     s = res.summary
-    breakdown = cast("dict[str, float]", s["ttft_breakdown_mean_s"])      # every phase's value a float
+    breakdown = cast("dict[str, float]", s["ttft_breakdown_mean_s"])  # every phase's value a float
     narrow = width is not None and width < NARROW
     t = Table(show_header=False)
     t.add_column(no_wrap=not narrow, max_width=KEY_WIDTH if narrow else None)
@@ -104,24 +134,56 @@ def totals_table(res: Results, width: int | None = None) -> Table:
         ("offered load", offered_load_text(res.info["offered_load"])),
         ("precision", precision_text(res.info["pools"])),
         ("requests completed / rejected / unfinished", f"{s['completed']} / {s['rejected']} / {s['unfinished']}"),
-        ("throughput", f"{s['throughput_rps']:.2f} req/s, {s['output_tokens_per_s']:,.0f} output tok/s "
-                       f"({s['output_tokens_per_s_per_gpu']:,.0f} per GPU)"),
-        ("mean batch size / KV occupancy (max)", f"{s['mean_batch_size']:.1f} / {fmt.percent(s['mean_kv_occupancy'])} "
-                                                 f"({fmt.percent(s['max_kv_occupancy'])})"),
+        (
+            "throughput",
+            f"{s['throughput_rps']:.2f} req/s, {s['output_tokens_per_s']:,.0f} output tok/s "
+            f"({s['output_tokens_per_s_per_gpu']:,.0f} per GPU)",
+        ),
+        (
+            "mean batch size / KV occupancy (max)",
+            f"{s['mean_batch_size']:.1f} / {fmt.percent(s['mean_kv_occupancy'])} "
+            f"({fmt.percent(s['max_kv_occupancy'])})",
+        ),
         ("preemptions", str(s["preemptions"])),
-        *([("TTFT breakdown (mean)", ", ".join(f"{k} {fmt.duration(v)}" for k, v in breakdown.items()
-                                                if v == v and v > 0))]
-          if res.info.get("kv_transfer") or "encoder" in s else []),
-        *([("encoder (" + s["encoder"]["topology"] + ")",
-            f"{s['encoder']['images']} images, {s['encoder']['images_encoded']} encoded "
-            f"(cache hit rate {fmt.percent(s['encoder']['cache_hit_rate'])}), "
-            f"utilisation {fmt.percent(s['encoder']['utilisation'])}")]
-          if "encoder" in s else []),
-        *([("KV moved", f"{s['kv_bytes_moved'] / 1e9:,.1f} GB over {res.info['kv_transfer']['link']} "
-                        f"({res.info['kv_transfer']['connector']})")] if res.info.get("kv_transfer") else []),
-        ("SLO attainment", f"{fmt.percent(s['slo_attainment'])} of requests meet "
-                           + slo_text(res.scenario.slo.ttft_s, res.scenario.slo.tpot_s)
-                           + f" (target {fmt.percent(res.scenario.slo.attainment, 0)})"),
+        *(
+            [
+                (
+                    "TTFT breakdown (mean)",
+                    ", ".join(f"{k} {fmt.duration(v)}" for k, v in breakdown.items() if v == v and v > 0),
+                )
+            ]
+            if res.info.get("kv_transfer") or "encoder" in s
+            else []
+        ),
+        *(
+            [
+                (
+                    "encoder (" + s["encoder"]["topology"] + ")",
+                    f"{s['encoder']['images']} images, {s['encoder']['images_encoded']} encoded "
+                    f"(cache hit rate {fmt.percent(s['encoder']['cache_hit_rate'])}), "
+                    f"utilisation {fmt.percent(s['encoder']['utilisation'])}",
+                )
+            ]
+            if "encoder" in s
+            else []
+        ),
+        *(
+            [
+                (
+                    "KV moved",
+                    f"{s['kv_bytes_moved'] / 1e9:,.1f} GB over {res.info['kv_transfer']['link']} "
+                    f"({res.info['kv_transfer']['connector']})",
+                )
+            ]
+            if res.info.get("kv_transfer")
+            else []
+        ),
+        (
+            "SLO attainment",
+            f"{fmt.percent(s['slo_attainment'])} of requests meet "
+            + slo_text(res.scenario.slo.ttft_s, res.scenario.slo.tpot_s)
+            + f" (target {fmt.percent(res.scenario.slo.attainment, 0)})",
+        ),
         ("cost", cost_text(named_costs(s))),
         ("perf model", res.info["perf_model"]),
         *[(f"confidence ({p['name']})", describe(p["confidence"])) for p in res.info["pools"] if "confidence" in p],
@@ -133,9 +195,10 @@ def totals_table(res: Results, width: int | None = None) -> Table:
 
 def precision_text(pools: list[dict]) -> str:
     """Each pool's weight format and KV-cache format (as resolved: ``auto`` is the engine's choice)."""
-    return "; ".join(f"{p['name']}: weights {p['dtype']}" + (f", KV cache {p['kv_cache_dtype']}"
-                                                             if "kv_cache_dtype" in p else "")
-                     for p in pools)
+    return "; ".join(
+        f"{p['name']}: weights {p['dtype']}" + (f", KV cache {p['kv_cache_dtype']}" if "kv_cache_dtype" in p else "")
+        for p in pools
+    )
 
 
 def _override_error(flag: str, msg: str) -> ScenarioError:
@@ -180,18 +243,24 @@ def apply_overrides(scn, args):
     if args.rate is not None:
         kind = data["workload"]["arrival"]["kind"]
         if kind == "closed":
-            raise _override_error("--rate", "the scenario's arrivals are a closed loop (a fixed number of "
-                                  "users), which has no rate; change workload.arrival.concurrency in the YAML, "
-                                  "or give an open-loop scenario (poisson, gamma, trace)")
+            raise _override_error(
+                "--rate",
+                "the scenario's arrivals are a closed loop (a fixed number of "
+                "users), which has no rate; change workload.arrival.concurrency in the YAML, "
+                "or give an open-loop scenario (poisson, gamma, trace)",
+            )
         if kind == "shaped":
-            raise _override_error("--rate", "the scenario's arrival rate follows a shape over time "
-                                  "(workload.arrival.shape); edit the shape in the YAML")
+            raise _override_error(
+                "--rate",
+                "the scenario's arrival rate follows a shape over time "
+                "(workload.arrival.shape); edit the shape in the YAML",
+            )
         if not args.rate > 0:
             raise _override_error("--rate", f"must be a positive number of requests per second (got {args.rate:g})")
         data["workload"]["arrival"]["rate"] = args.rate
         flag_at["workload.arrival.rate"] = "--rate"
         if kind == "trace":
-            data["workload"]["arrival"]["time_scale"] = 1.0     # a trace's rate replaces its time scale
+            data["workload"]["arrival"]["time_scale"] = 1.0  # a trace's rate replaces its time scale
         flags.append(f"--rate {args.rate:g}")
     if args.num_requests is not None:
         if args.num_requests < 1:
@@ -199,7 +268,7 @@ def apply_overrides(scn, args):
         data["workload"]["num_requests"] = args.num_requests
         flag_at["workload.num_requests"] = "--num-requests"
         if data["workload"].get("duration_s") is not None and data["workload"]["arrival"]["kind"] != "closed":
-            data["workload"]["duration_s"] = None               # the count decides, not the scenario's duration
+            data["workload"]["duration_s"] = None  # the count decides, not the scenario's duration
         flags.append(f"--num-requests {args.num_requests}")
     # --tp and --dtype size the language model's pools; an EPD scenario's encoder pool keeps its TP and its
     # bf16 weights (the vision encoder is modelled in bf16 only).
@@ -225,6 +294,7 @@ def apply_overrides(scn, args):
 
 def cmd_simulate(args, con: Console) -> int:
     from simulator.run import simulate  # noqa: PLC0415 - pandas and the engine: not at start-up
+
     scn = apply_overrides(load_scenario(args.scenario or DEFAULT_SCENARIO), args)
     if scn.hwdb:
         print_notes(hwdb.load(scn.hwdb).notes)
@@ -241,13 +311,15 @@ def cmd_simulate(args, con: Console) -> int:
         con.print(operations_table(res))
     con.print(escape(serving_block(serving_summary(res))), highlight=False)
     from simulator.saturation import saturation  # noqa: PLC0415 - pandas: not at start-up
+
     sat = saturation(res)
     if sat:
         con.print(f"[bold red]{escape(sat['message'])}[/]", highlight=False)
     if args.out:
         try:
             paths = replace(res, summary={**res.summary, "model_error_band": band_record(res)}).write(
-                args.out, tuple(args.format))
+                args.out, tuple(args.format)
+            )
         except OSError as exc:
             raise ScenarioError(write_failed(exc, "--out", args.out)) from None
         con.print(f"wrote {len(paths)} files to {args.out}")
@@ -271,15 +343,25 @@ def add_subparser(sub) -> None:
     s.add_argument("--rate", type=float, help="override the open-loop arrival rate (requests/s)")
     s.add_argument("--num-requests", type=int, help="override the number of requests")
     s.add_argument("--gpu", help="override the GPU of every pool")
-    s.add_argument("--tp", type=int,
-                   help="override the tensor-parallel degree of every prefill/decode/colocated pool")
-    s.add_argument("--dtype", choices=WEIGHT_DTYPES,
-                   help="override the weight format of every prefill/decode/colocated pool (fp4: NVFP4/MXFP4, "
-                        "int4: W4A16); kv_cache_dtype stays the scenario's")
-    s.add_argument("--slo-ttft", type=float, metavar="SECONDS",
-                   help="set the SLO's time-to-first-token target (s), adding an SLO to a scenario without one")
-    s.add_argument("--slo-tpot", type=float, metavar="SECONDS",
-                   help="set the SLO's time-per-output-token target (s), adding an SLO to a scenario without one")
+    s.add_argument("--tp", type=int, help="override the tensor-parallel degree of every prefill/decode/colocated pool")
+    s.add_argument(
+        "--dtype",
+        choices=WEIGHT_DTYPES,
+        help="override the weight format of every prefill/decode/colocated pool (fp4: NVFP4/MXFP4, "
+        "int4: W4A16); kv_cache_dtype stays the scenario's",
+    )
+    s.add_argument(
+        "--slo-ttft",
+        type=float,
+        metavar="SECONDS",
+        help="set the SLO's time-to-first-token target (s), adding an SLO to a scenario without one",
+    )
+    s.add_argument(
+        "--slo-tpot",
+        type=float,
+        metavar="SECONDS",
+        help="set the SLO's time-per-output-token target (s), adding an SLO to a scenario without one",
+    )
     s.add_argument("--hwdb", action="append", default=[], help="extra user hwdb folder (repeatable)")
     s.add_argument("--report", metavar="FILE.html", help="also write an HTML report with charts")
     app.cli.add_plotly_argument(s)

@@ -7,6 +7,7 @@ and the time left on stderr.  User errors (an unknown knob, a value of the wrong
 not positive) print one paragraph on stderr and exit 2; Ctrl-C keeps the finished points, prints and
 writes them, and exits 130.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,13 +30,21 @@ from simulator.sweep.knee import FACTOR, TOLERANCE
 from simulator.sweep.ladder import POINTS
 from simulator.sweep.points import MAX_POINTS, RATE, SweepError
 
-INTERRUPTED = 130         # the shell's code for a run ended by Ctrl-C
-COLUMNS = (("offered_rps", "offered req/s", fmt.number), ("achieved_rps", "achieved req/s", fmt.number),
-           ("output_tok_s", "tok/s", lambda x: fmt.number(x, 0)),
-           *((f"{m}_{p}_s", f"{lab} {p}", fmt.duration) for m, lab in (("ttft", "TTFT"), ("tpot", "TPOT"))
-             for p in ("p50", "p90", "p99")),
-           ("e2e_p90_s", "E2E p90", fmt.duration), ("slo_attainment", "SLO att.", fmt.percent),
-           ("goodput_rps", "goodput req/s", fmt.number), ("cost_usd_per_hour", "$/h", fmt.usd))
+INTERRUPTED = 130  # the shell's code for a run ended by Ctrl-C
+COLUMNS = (
+    ("offered_rps", "offered req/s", fmt.number),
+    ("achieved_rps", "achieved req/s", fmt.number),
+    ("output_tok_s", "tok/s", lambda x: fmt.number(x, 0)),
+    *(
+        (f"{m}_{p}_s", f"{lab} {p}", fmt.duration)
+        for m, lab in (("ttft", "TTFT"), ("tpot", "TPOT"))
+        for p in ("p50", "p90", "p99")
+    ),
+    ("e2e_p90_s", "E2E p90", fmt.duration),
+    ("slo_attainment", "SLO att.", fmt.percent),
+    ("goodput_rps", "goodput req/s", fmt.number),
+    ("cost_usd_per_hour", "$/h", fmt.usd),
+)
 
 
 def sweep_tables(res, width: int) -> list:
@@ -48,20 +57,30 @@ def sweep_tables(res, width: int) -> list:
     for r in res.rows:
         mark = ""
         if knee is not None:
-            mark = " ◀ knee" if r["offered_rps"] == knee.rate_rps else \
-                " ◀ saturated" if r["offered_rps"] == knee.saturation_rps else ""
+            mark = (
+                " ◀ knee"
+                if r["offered_rps"] == knee.rate_rps
+                else " ◀ saturated"
+                if r["offered_rps"] == knee.saturation_rps
+                else ""
+            )
         lead = fmt.number(r["offered_rps"]) if res.knob == RATE else str(r["value"])
-        cells = [f(r[key]) if not (isinstance(r[key], float) and math.isnan(r[key])) else "-"
-                 for key, _, f in COLUMNS if not (res.knob == RATE and key == "offered_rps")]
+        cells = [
+            f(r[key]) if not (isinstance(r[key], float) and math.isnan(r[key])) else "-"
+            for key, _, f in COLUMNS
+            if not (res.knob == RATE and key == "offered_rps")
+        ]
         rows.append([escape(lead + mark), *cells])
     right = dict.fromkeys(headers, "right")
-    return wide_tables(f"sweep of {res.name} over {'the offered rate' if res.knob == RATE else res.knob}",
-                       headers, rows, width, right)
+    return wide_tables(
+        f"sweep of {res.name} over {'the offered rate' if res.knob == RATE else res.knob}", headers, rows, width, right
+    )
 
 
 def write_outputs(res, out: str, plotly: str) -> list[Path]:
     """``sweep.csv`` (the records, SI units) and ``sweep.html`` (charts, knee, table) in folder ``out``."""
     from app.sweep_charts import sweep_html  # noqa: PLC0415 - Plotly: only when files are written
+
     folder = Path(out)
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -78,6 +97,7 @@ def cmd_sweep(args, con: Console) -> int:
     # pandas and the simulator load when a sweep runs, not when `epdsim --help` builds the parser
     from simulator.sweep.prepare import prepare  # noqa: PLC0415 - pandas and the simulator: not at start-up
     from simulator.sweep.run import run_sweep  # noqa: PLC0415 - pandas and the simulator: not at start-up
+
     if args.out:
         check_output(args.out, "--out", folder=True, error=SweepError)
     scn = load_scenario(args.scenario)
@@ -87,19 +107,39 @@ def cmd_sweep(args, con: Console) -> int:
     print_notes(db.notes)
     prep = prepare(scn, rates=args.rates, knob=args.knob, points=args.points, num_requests=args.num_requests, db=db)
     if prep.capacity_rps is not None and not args.quiet:
-        con.print(f"estimated capacity {prep.capacity_rps:.3g} req/s: rates "
-                  f"{', '.join(p.label for p in prep.points)}", highlight=False)
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("ETA"), TimeRemainingColumn(), console=Console(stderr=True), transient=True,
-                  disable=args.quiet) as bar:
+        con.print(
+            f"estimated capacity {prep.capacity_rps:.3g} req/s: rates {', '.join(p.label for p in prep.points)}",
+            highlight=False,
+        )
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        transient=True,
+        disable=args.quiet,
+    ) as bar:
         task = bar.add_task("sweep", total=len(prep.points))
 
         def progress(done: int, total: int, stage: str) -> None:
             bar.update(task, completed=done, total=total, description=f"sweep: {escape(stage)}")
 
-        res = run_sweep(scn.name, prep.knob, list(prep.points), list(prep.scenarios), workers=args.workers,
-                        ray_address=args.ray, progress=progress, auto=prep.auto, db=db,
-                        knee_factor=args.knee_factor, knee_tolerance=args.knee_tolerance)
+        res = run_sweep(
+            scn.name,
+            prep.knob,
+            list(prep.points),
+            list(prep.scenarios),
+            workers=args.workers,
+            ray_address=args.ray,
+            progress=progress,
+            auto=prep.auto,
+            db=db,
+            knee_factor=args.knee_factor,
+            knee_tolerance=args.knee_tolerance,
+        )
     for t in sweep_tables(res, con.width):
         con.print(t)
     if res.knee is not None:
@@ -117,26 +157,45 @@ def add_subparsers(sub) -> None:
     s = sub.add_parser("sweep", help="run a scenario at several offered rates (or one knob's values); find the knee")
     s.add_argument("scenario", help="scenario YAML (see docs/scenario.md)")
     what = s.add_mutually_exclusive_group(required=True)
-    what.add_argument("--rates", metavar="R1,R2,...|auto",
-                      help="offered request rates (req/s), or auto: a geometric ladder around the scenario's "
-                           "estimated capacity, extended while its top still keeps up")
-    what.add_argument("--knob", metavar="PATH=V1,V2,...",
-                      help="one scenario field and its values, e.g. pools[0].tp=1,2,4 or "
-                           "operations.startup.compile_cache=none,persistent (docs/sweep.md)")
+    what.add_argument(
+        "--rates",
+        metavar="R1,R2,...|auto",
+        help="offered request rates (req/s), or auto: a geometric ladder around the scenario's "
+        "estimated capacity, extended while its top still keeps up",
+    )
+    what.add_argument(
+        "--knob",
+        metavar="PATH=V1,V2,...",
+        help="one scenario field and its values, e.g. pools[0].tp=1,2,4 or "
+        "operations.startup.compile_cache=none,persistent (docs/sweep.md)",
+    )
     s.add_argument("--points", type=int_arg(2, MAX_POINTS), default=POINTS, help="rates of --rates auto")
-    s.add_argument("--num-requests", type=int_arg(1, 10_000_000), default=None,
-                   help="requests per point (default: the scenario's)")
+    s.add_argument(
+        "--num-requests", type=int_arg(1, 10_000_000), default=None, help="requests per point (default: the scenario's)"
+    )
     s.add_argument("--seed", type=int_arg(0, 2**63 - 1), default=None, help="override the scenario's seed")
-    s.add_argument("--knee-factor", type=float_arg(1.0, 1e6, lo_open=True), default=FACTOR,
-                   help=f"the knee's latency rule: TTFT p90 within this multiple of its lowest-rate value "
-                        f"(default {FACTOR:g})")
-    s.add_argument("--knee-tolerance", type=float_arg(0.0, 0.99), default=TOLERANCE,
-                   help=f"the knee's throughput rule: requests complete at no less than 1 - this share of the "
-                        f"rate they arrive at (default {TOLERANCE:g})")
-    s.add_argument("--workers", type=int_arg(1, 4096), default=None,
-                   help="local worker processes (default: usable cores)")
-    s.add_argument("--ray", metavar="ADDRESS", default=None,
-                   help="run the points on a Ray cluster (needs the 'ray' extra); 'local' starts one here")
+    s.add_argument(
+        "--knee-factor",
+        type=float_arg(1.0, 1e6, lo_open=True),
+        default=FACTOR,
+        help=f"the knee's latency rule: TTFT p90 within this multiple of its lowest-rate value (default {FACTOR:g})",
+    )
+    s.add_argument(
+        "--knee-tolerance",
+        type=float_arg(0.0, 0.99),
+        default=TOLERANCE,
+        help=f"the knee's throughput rule: requests complete at no less than 1 - this share of the "
+        f"rate they arrive at (default {TOLERANCE:g})",
+    )
+    s.add_argument(
+        "--workers", type=int_arg(1, 4096), default=None, help="local worker processes (default: usable cores)"
+    )
+    s.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        default=None,
+        help="run the points on a Ray cluster (needs the 'ray' extra); 'local' starts one here",
+    )
     s.add_argument("--out", metavar="DIR", help="folder for sweep.csv and sweep.html")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     add_plotly_argument(s)

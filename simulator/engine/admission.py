@@ -7,6 +7,7 @@ at once and queue the rest.  :class:`Reservation` is that rule for one instance,
 instance keeps the sum of its running requests' final lengths (prompt + output), and the blocks it holds
 stand for what they have so far.
 """
+
 from __future__ import annotations
 
 import math

@@ -6,6 +6,7 @@ the engine's ``admit(rid)`` then returns True when it took the request (the
 request will end later, as the recorder records) or False when it refused it
 at once (it has ended already).  Arrival times are in seconds from the start.
 """
+
 from __future__ import annotations
 
 import math
@@ -13,8 +14,9 @@ import math
 from simulator.engine.frontend import FrontEnd, WayIn, seen_times
 
 
-def start_workload(env, rec, closed_loop, frontend: FrontEnd, admit, client_rng,
-                   gate: list | None = None, limit: float = math.inf) -> None:
+def start_workload(
+    env, rec, closed_loop, frontend: FrontEnd, admit, client_rng, gate: list | None = None, limit: float = math.inf
+) -> None:
     """Start the open loop (``closed_loop`` None: requests arrive at ``rec.arrival``) or one process per
     closed-loop user (a :class:`simulator.workload.ClientModel`; users beyond the request count would
     never send, so at most one per request).  ``gate``/``limit``: see :func:`open_loop`."""
@@ -22,8 +24,8 @@ def start_workload(env, rec, closed_loop, frontend: FrontEnd, admit, client_rng,
         env.process(open_loop(env, rec, seen_times(rec.arrival, rec.input_tokens, frontend), admit, gate, limit))
         return
     rec.waiters = {}
-    next_id = [0]                       # the next request any user sends, shared by all users
-    way = WayIn(frontend) if frontend.has_way_in else None    # one front end for all users
+    next_id = [0]  # the next request any user sends, shared by all users
+    way = WayIn(frontend) if frontend.has_way_in else None  # one front end for all users
     for k in range(min(closed_loop.concurrency, len(rec.input_tokens))):
         env.process(client(env, k, next_id, closed_loop, rec, way, admit, client_rng))
 
@@ -47,7 +49,7 @@ def open_loop(env, rec, seen: list[float] | None, admit, gate: list | None = Non
         dt = seen[rid] - env.now
         if dt > 0:
             if gate is not None:
-                t = env.now + dt        # when this timeout fires, computed as SimPy does
+                t = env.now + dt  # when this timeout fires, computed as SimPy does
                 gate[0] = t if t < limit else limit
             yield timeout(dt)
         admit(rid)
@@ -66,7 +68,7 @@ def client(env, k: int, next_id: list, cl, rec, way: WayIn | None, admit, client
     while next_id[0] < len(inp):
         if delay > 0:
             yield env.timeout(client_rng.exponential(delay))
-            if next_id[0] >= len(inp):   # another user sent the last request meanwhile
+            if next_id[0] >= len(inp):  # another user sent the last request meanwhile
                 return
         rid = next_id[0]
         next_id[0] += 1

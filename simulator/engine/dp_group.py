@@ -20,6 +20,7 @@ DeepEP, TensorRT-LLM) routes the tokens the ranks have, summed (``StepModel.moe_
 wakes while a step runs joins the next one.  This is the synchronisation cost: a rank that prefills a
 long prompt holds every other rank's decodes for as long.
 """
+
 from __future__ import annotations
 
 from simulator.stepmodel import StepModel
@@ -33,16 +34,16 @@ class DPGroup:
         self.env = env
         self.model = model
         self.size = size
-        self.members: list = []            # the ranks' instances, in rank order (opspool)
-        self.wait_steps = wait_steps       # context wait (EngineProfile.dp_context_wait_steps); None: none
-        self.held_steps = 0                # steps since the last release of waiting prompts
-        self.decided_at, self.release = -1, True   # the group step the release was decided for, and it
-        self.pending: dict[int, tuple[int, float, float]] = {}   # rank -> (tokens, GPU s, host s)
-        self.expected = 0          # ranks of the last step that have neither scheduled again nor left
+        self.members: list = []  # the ranks' instances, in rank order (opspool)
+        self.wait_steps = wait_steps  # context wait (EngineProfile.dp_context_wait_steps); None: none
+        self.held_steps = 0  # steps since the last release of waiting prompts
+        self.decided_at, self.release = -1, True  # the group step the release was decided for, and it
+        self.pending: dict[int, tuple[int, float, float]] = {}  # rank -> (tokens, GPU s, host s)
+        self.expected = 0  # ranks of the last step that have neither scheduled again nor left
         self.running = False
         self.next_end = env.event()
         self.steps = 0
-        self._last: set[int] = set()       # ranks of the last step
+        self._last: set[int] = set()  # ranks of the last step
 
     def step(self, rank: int, tokens: int, gpu: float, cpu: float):
         """SimPy generator: schedule ``rank``'s batch into the next group step; returns (start, duration)
@@ -62,7 +63,7 @@ class DPGroup:
         context wait; else when every rank has a prompt waiting, or some rank has nothing running (nothing
         to protect), or ``wait_steps`` steps have passed since the last release.  Holding prompts back lets
         the ranks prefill in the same step instead of each stalling the others' decodes in turn."""
-        if self.wait_steps is None or not running:      # this rank has nothing running: not all ranks have
+        if self.wait_steps is None or not running:  # this rank has nothing running: not all ranks have
             return True
         if self.decided_at != self.steps:
             self.decided_at = self.steps

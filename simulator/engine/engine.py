@@ -4,6 +4,7 @@
 end (``simulator.engine.results``); :class:`PoolSpec` is what the engine needs to build a pool's
 instances; :class:`PoolRun` is a run's raw output; :func:`refusal` is the one admission check.
 """
+
 from __future__ import annotations
 
 import math
@@ -47,42 +48,49 @@ class Recorder:
         self.output_tokens = [int(x) for x in output_tokens]
         self.arrival = [float(x) for x in arrival_s]
         self.t_sched = [nan] * n
-        self.t_seen = [nan] * n            # the engine sees the request (after the front end)
+        self.t_seen = [nan] * n  # the engine sees the request (after the front end)
         self.t_first = [nan] * n
         self.t_finish = [nan] * n
-        self.t_prefilled = [nan] * n       # PD: prefill instance finished the prompt
-        self.t_kv_start = [nan] * n        # PD: decode instance allocated blocks, pull starts
-        self.t_kv_done = [nan] * n         # PD: KV arrived on the decode instance
-        self.prefill_instance = [-1] * n   # PD: which prefill instance ran the prompt
+        self.t_prefilled = [nan] * n  # PD: prefill instance finished the prompt
+        self.t_kv_start = [nan] * n  # PD: decode instance allocated blocks, pull starts
+        self.t_kv_done = [nan] * n  # PD: KV arrived on the decode instance
+        self.prefill_instance = [-1] * n  # PD: which prefill instance ran the prompt
         self.instance = [-1] * n
         self.preemptions = [0] * n
-        self.hash_ids = hash_ids               # per request: tuple of prompt block hashes, or None
+        self.hash_ids = hash_ids  # per request: tuple of prompt block hashes, or None
         self.hash_block_tokens = hash_block_tokens
-        self.cached_tokens = [0] * n           # prompt tokens served from the prefix cache
+        self.cached_tokens = [0] * n  # prompt tokens served from the prefix cache
         self.generated = [0] * n
         self.outcome: list[Outcome] = [PENDING] * n
-        self.attempt = [0] * n                 # bumped at every crash: stale transfer completions ignore it
+        self.attempt = [0] * n  # bumped at every crash: stale transfer completions ignore it
         self.reason = [""] * n
         self.resume_gaps: list[float] = []
         self.waiters: dict[int, Event] | None = None
         self.ended = 0
         self.all_ended: Event | None = None  # set by the run
         self.retries = [0] * n
-        self.discarded = [0] * n             # tokens streamed by attempts the client threw away
-        self.carried = [0] * n               # tokens a re-prefilled continuation had already produced
+        self.discarded = [0] * n  # tokens streamed by attempts the client threw away
+        self.carried = [0] * n  # tokens a re-prefilled continuation had already produced
         self.orig_input = list(self.input_tokens)
         self.orig_output = list(self.output_tokens)
-        self.first_orig = [nan] * n          # first token of the first attempt (re-prefill)
-        self.sched_orig = [nan] * n          # when the first attempt was scheduled (re-prefill)
+        self.first_orig = [nan] * n  # first token of the first attempt (re-prefill)
+        self.sched_orig = [nan] * n  # when the first attempt was scheduled (re-prefill)
         self.pd_orig: dict[int, tuple] = {}  # PD: the first attempt's (t_prefilled, t_kv_start, t_kv_done)
-        self.resumed_from = [nan] * n        # crash time a re-prefilled request resumes from
-        self.sent_at = [nan] * n             # when the gateway took this attempt (arrival or re-send)
+        self.resumed_from = [nan] * n  # crash time a re-prefilled request resumes from
+        self.sent_at = [nan] * n  # when the gateway took this attempt (arrival or re-send)
         self.finalized = False
         # callback(rid, outcome, now) at every end (simulator.goodput.VerdictWatch)
         self.watch: Callable[[int, Outcome, float], None] | None = None
 
-    def _end(self, rid: int, outcome: Outcome, now: float, reason: str | None = None,
-             generated: int | None = None, wake: bool = True) -> None:
+    def _end(
+        self,
+        rid: int,
+        outcome: Outcome,
+        now: float,
+        reason: str | None = None,
+        generated: int | None = None,
+        wake: bool = True,
+    ) -> None:
         """End ``rid`` once (a second end is a simulator bug); ``wake``: its closed-loop user stops waiting."""
         if self.outcome[rid] != PENDING:
             raise RuntimeError(f"request {rid} ended twice")
@@ -114,8 +122,10 @@ class Recorder:
             return
         if max_time_s is None:
             stuck = [rid for rid, o in enumerate(outcome) if o == PENDING]
-            raise RuntimeError(f"simulation stalled at t={end:.6g} s: {len(stuck)} requests never ended "
-                               f"(first: request {stuck[0]}); no process was left to serve them")
+            raise RuntimeError(
+                f"simulation stalled at t={end:.6g} s: {len(stuck)} requests never ended "
+                f"(first: request {stuck[0]}); no process was left to serve them"
+            )
         for rid, o in enumerate(outcome):
             if o == PENDING:
                 outcome[rid] = Outcome.UNFINISHED
@@ -140,7 +150,7 @@ class Recorder:
         if self.finalized:
             return
         self.finalized = True
-        if not any(self.attempt):   # only a crash (which bumps the attempt) rewrites a request
+        if not any(self.attempt):  # only a crash (which bumps the attempt) rewrites a request
             return
         for rid in range(len(self.outcome)):
             if self.carried[rid] and self.outcome[rid] == Outcome.COMPLETED:
@@ -170,11 +180,11 @@ class PoolSpec:
     router: str
     role: str = "colocated"
     prefix_caching: bool = True
-    frontend: FrontEnd = FrontEnd()     # the API server: a delay on the way in, a queue on the way out
-    dp: int = 1                         # ranks per lock-stepped data-parallel instance (instances counts ranks)
-    admission: AdmissionRule | None = None   # KV kept free for running requests (None: vLLM's none)
+    frontend: FrontEnd = FrontEnd()  # the API server: a delay on the way in, a queue on the way out
+    dp: int = 1  # ranks per lock-stepped data-parallel instance (instances counts ranks)
+    admission: AdmissionRule | None = None  # KV kept free for running requests (None: vLLM's none)
     dp_context_wait: int | None = None  # attention DP: steps a rank holds prompts back to prefill with the others
-    recv_interval: int = 1              # SGLang's scheduler_recv_interval: decode steps between takes of new requests
+    recv_interval: int = 1  # SGLang's scheduler_recv_interval: decode steps between takes of new requests
 
 
 @dataclass
@@ -185,7 +195,7 @@ class PoolRun:
     instances: list[Instance]
     end_time: float
     coordinator: PDCoordinator | None = None
-    epd: EPDCoordinator | None = None   # the EPD proxy of a multimodal run
+    epd: EPDCoordinator | None = None  # the EPD proxy of a multimodal run
 
 
 def refusal(front: PoolSpec, back: PoolSpec | None, inp: int, out: int) -> str:

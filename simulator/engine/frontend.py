@@ -29,6 +29,7 @@ Both are fitted by ``epdsim calibrate fit`` from the harness's client and server
 time); the GPU engines' end-to-end fit (:mod:`calibration.e2e.fit`) has the side-by-side delay only (a
 TTFT residual over many GPU runs, not a service time).  Seconds throughout.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -42,13 +43,13 @@ import numpy as np
 class FrontEnd:
     """The fitted front end of a pool (see the module docstring); all zero: none."""
 
-    frontend_s: float = 0.0                   # the way in: fixed delay per request (s) ...
-    frontend_s_per_token: float = 0.0         # ... plus this per prompt token (s), side by side
-    serial_s_per_token: float = 0.0           # the way in's serial part: per prompt token, one at a time (s)
-    servers: int = 1                          # serial parts side by side: one per instance's API server
-    stream_s_per_output: float = 0.0          # the way out: processing one engine output (one token) (s)
-    stream_s_per_chunk: float = 0.0           # sending one SSE chunk, whatever it carries (s) ...
-    stream_s_per_request: float = 0.0         # ... plus this for a request's first chunk (s)
+    frontend_s: float = 0.0  # the way in: fixed delay per request (s) ...
+    frontend_s_per_token: float = 0.0  # ... plus this per prompt token (s), side by side
+    serial_s_per_token: float = 0.0  # the way in's serial part: per prompt token, one at a time (s)
+    servers: int = 1  # serial parts side by side: one per instance's API server
+    stream_s_per_output: float = 0.0  # the way out: processing one engine output (one token) (s)
+    stream_s_per_chunk: float = 0.0  # sending one SSE chunk, whatever it carries (s) ...
+    stream_s_per_request: float = 0.0  # ... plus this for a request's first chunk (s)
 
     def delay(self, prompt: int) -> float:
         """The way in's side-by-side part for a prompt of ``prompt`` tokens (after the serial part)."""
@@ -70,7 +71,7 @@ class WayIn:
 
     def __init__(self, fe: FrontEnd):
         self.fe = fe
-        self.free = [-math.inf] * max(fe.servers, 1)    # when each serial server is next free (a heap)
+        self.free = [-math.inf] * max(fe.servers, 1)  # when each serial server is next free (a heap)
 
     def seen(self, t: float, prompt: int) -> float:
         fe = self.fe
@@ -105,7 +106,7 @@ def api_server(ready: np.ndarray, owner: np.ndarray, fe: FrontEnd) -> np.ndarray
     per_output, per_chunk, first = fe.stream_s_per_output, fe.stream_s_per_chunk, fe.stream_s_per_request
     t, own = ready.tolist(), owner.tolist()
     sent: set = set()
-    waiting: dict = {}           # request -> indices of its outputs processed but not sent, in arrival order
+    waiting: dict = {}  # request -> indices of its outputs processed but not sent, in arrival order
     now, i = -math.inf, 0
     while i < n or waiting:
         if not waiting and t[i] > now:
@@ -131,8 +132,7 @@ def _outputs(first: np.ndarray, last: np.ndarray, out: np.ndarray, ends: np.ndar
     rows = np.flatnonzero(np.isfinite(first) & np.isfinite(last))
     tol = 1e-9
     k1 = np.searchsorted(ends, last[rows] + tol, side="right")
-    k0 = np.maximum(np.searchsorted(ends, first[rows] + tol, side="right"),
-                    k1 - np.maximum(out[rows] - 1, 0))
+    k0 = np.maximum(np.searchsorted(ends, first[rows] + tol, side="right"), k1 - np.maximum(out[rows] - 1, 0))
     k0 = np.minimum(k0, k1)
     counts = k1 - k0
     owner = np.concatenate([rows, np.repeat(rows, counts)])

@@ -8,6 +8,7 @@ Cost per step is independent of the batch size: decodes are aggregates (count, t
 of the step at which each needs a new block, keyed by step modulo the block size), finishes sit in a heap,
 the step log holds one row; per-request work happens only at admission, prefill end, preemption and finish.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -36,27 +37,27 @@ class Instance(InstanceState):
         lazy = self.lazy
         gaps = rec.resume_gaps if self.gate is None and not lazy else TimedLog(self.gap_log, env)
         waiting, steps, block = self.waiting, self.steps, self.block
-        log = steps is not None            # None: a run that builds no step table (simulate_requests)
-        log_row = cast(LogRow, steps.add if steps is not None else None)   # called only if log
+        log = steps is not None  # None: a run that builds no step table (simulate_requests)
+        log_row = cast(LogRow, steps.add if steps is not None else None)  # called only if log
         step_time, decode_time = step_functions(self.model)
         budget_max, max_seqs, chunked, kv_total = self.budget, self.max_seqs, self.chunked, self.kv_total
         heappush, heappop = heapq.heappush, heapq.heappop
         remote, ready, receiving = self.remote, self.ready, self.receiving
-        is_prefill, hand_off = self.role.hands_off, cast(Callback, self.hand_off)   # set by the PD proxy
+        is_prefill, hand_off = self.role.hands_off, cast(Callback, self.hand_off)  # set by the PD proxy
         prefix, reserve = self.prefix, self.reserve
-        new_dec: list[int] = []            # decode role: requests whose first token this step makes
+        new_dec: list[int] = []  # decode role: requests whose first token this step makes
 
-        order: dict[int, None] = {}        # running requests in admission order (newest last)
-        prefill: dict[int, list] = {}      # rid -> [done, target, generated_before]
-        dec_start: dict[int, tuple] = {}   # rid -> (s_d, L_d, generated_at_s_d)
-        fin_at: dict[int, int] = {}        # rid -> step at whose end it finishes
+        order: dict[int, None] = {}  # running requests in admission order (newest last)
+        prefill: dict[int, list] = {}  # rid -> [done, target, generated_before]
+        dec_start: dict[int, tuple] = {}  # rid -> (s_d, L_d, generated_at_s_d)
+        fin_at: dict[int, int] = {}  # rid -> step at whose end it finishes
         heap: list[tuple[int, int]] = []
-        cnt = [0] * block                  # decodes needing a new block at step s: cnt[s % block]
+        cnt = [0] * block  # decodes needing a new block at step s: cnt[s % block]
         last_tok = self.last_tok
-        self._live = (order, prefill, dec_start)   # read by decode_contexts() and crash()
+        self._live = (order, prefill, dec_start)  # read by decode_contexts() and crash()
         n_dec = kv_used = s = 0
-        sum_l = 0                          # sum over decodes of KV length before this step
-        pf: list | None                    # a prefill's [done, target, generated_before]; None: not requeued
+        sum_l = 0  # sum over decodes of KV length before this step
+        pf: list | None  # a prefill's [done, target, generated_before]; None: not requeued
         now = env.now
 
         def preempt_newest(s: int, now: float, allocated: bool) -> tuple[int, bool]:
@@ -108,9 +109,9 @@ class Instance(InstanceState):
                 self._finish(rid, now, order, g0 + s - sd + 1)
 
         encode = self.encode_cost
-        queue = env._queue                 # SimPy's event heap of (time, priority, id, event)
+        queue = env._queue  # SimPy's event heap of (time, priority, id, event)
         gate = self.gate
-        group, rank = self.group, self.rank   # attention data-parallel ranks step together (dp_group.py)
+        group, rank = self.group, self.rank  # attention data-parallel ranks step together (dp_group.py)
         local_time = self.model.local_time
         inbox, recv_every, recv_ct = self.inbox, self.recv_every, 0
         inline = FAST_STEPS and group is None and recv_every == 1
@@ -157,11 +158,19 @@ class Instance(InstanceState):
             # Every running request decodes (the batch is n_dec).  The steps that end before the next
             # event and make no finish run in the inner loop; nothing else runs meanwhile, so what a
             # pass reads once changes only at its end (a finish's callbacks may schedule events).
-            while (inline and n_dec and not waiting and not prefill and not ready and not remote and not self._freed
-                   and kv_total - kv_used >= cnt[s % block]):
+            while (
+                inline
+                and n_dec
+                and not waiting
+                and not prefill
+                and not ready
+                and not remote
+                and not self._freed
+                and kv_total - kv_used >= cnt[s % block]
+            ):
                 horizon = gate[0] if gate is not None else queue[0][0] if queue else INF
                 due = heap[0][0]
-                short = False              # the next step's new blocks do not fit
+                short = False  # the next step's new blocks do not fit
                 while True:
                     t0 = now
                     kv_used += cnt[s % block]
@@ -181,27 +190,27 @@ class Instance(InstanceState):
                     env._now = now
                     continue
                 if now < horizon:
-                    env._now = now         # a finishing step, inline
+                    env._now = now  # a finishing step, inline
                 else:
-                    env._now = t0          # the step ends at or after the next event: a SimPy timeout
+                    env._now = t0  # the step ends at or after the next event: a SimPy timeout
                     yield env.timeout(dt)
                 if log:
-                    log_row((t0, dt, n_dec, 0, 0, n_dec, len(waiting), kv_used, 0))   # queue at the step's end
+                    log_row((t0, dt, n_dec, 0, 0, n_dec, len(waiting), kv_used, 0))  # queue at the step's end
                 sum_l += n_dec
                 if heap and heap[0][0] <= s:
                     finish_due(s, now)
                 s += 1
-            if recv_every > 1 and (recv_ct >= recv_every or not order):   # SGLang reads its socket, empty or not
+            if recv_every > 1 and (recv_ct >= recv_every or not order):  # SGLang reads its socket, empty or not
                 waiting.extend(inbox)
                 inbox.clear()
                 recv_ct = 0
-            extra = 0.0                    # encoder time of images admitted this step (front-pool encoding)
+            extra = 0.0  # encoder time of images admitted this step (front-pool encoding)
             if self._freed:
                 kv_used -= self._freed
                 self._freed = 0
                 self.kv_used = kv_used
             if not order and not waiting and not remote and not ready:
-                self.kv_used = kv_used     # what the last step's finishes freed, for routers and metrics
+                self.kv_used = kv_used  # what the last step's finishes freed, for routers and metrics
                 self.n_running = 0
                 if group is not None:
                     group.leave(rank)
@@ -237,7 +246,7 @@ class Instance(InstanceState):
             chunks = []
             # --- partially prefilled running requests (at most one: only the last admission of a
             # step is cut short by the budget), next chunk in admission order
-            for rid, pf in (list(prefill.items()) if prefill else ()):
+            for rid, pf in list(prefill.items()) if prefill else ():
                 if budget <= 0:
                     break
                 done, target = pf[0], pf[1]
@@ -261,8 +270,13 @@ class Instance(InstanceState):
             # slot is kept for every request whose KV is pulled (receiving or ready), so that KV
             # starts decoding as soon as it lands.
             hold = group is not None and waiting and not group.may_prefill(rank, len(order))
-            while (not n_pre and not hold and waiting and budget > 0
-                   and len(order) + len(receiving) + len(ready) < max_seqs):
+            while (
+                not n_pre
+                and not hold
+                and waiting
+                and budget > 0
+                and len(order) + len(receiving) + len(ready) < max_seqs
+            ):
                 rid = waiting[0]
                 pf = self._requeue.get(rid)
                 target = pf[1] if pf is not None else inp[rid]
@@ -274,8 +288,13 @@ class Instance(InstanceState):
                 if c <= 0:
                     break
                 grow = -(-(done + c) // block)
-                if kv_total - kv_used < grow or (reserve is not None and kv_total - kv_used < reserve.free_needed(
-                        s, self.final_tokens - kv_used * block, target - done, out[rid] - (pf[2] if pf else 0))):
+                if kv_total - kv_used < grow or (
+                    reserve is not None
+                    and kv_total - kv_used
+                    < reserve.free_needed(
+                        s, self.final_tokens - kv_used * block, target - done, out[rid] - (pf[2] if pf else 0)
+                    )
+                ):
                     break
                 waiting.popleft()
                 self.unqueue(rid)
@@ -336,7 +355,7 @@ class Instance(InstanceState):
                 dt = step_time(tokens, logits, pairs, sum_l + n_dec, pctx, len(order), len(waiting)) + extra
             t_end = now + dt
             if group is not None:
-                pass                       # the group's step has already run to its end
+                pass  # the group's step has already run to its end
             elif lazy and not remote:
                 if t_end < self.limit:
                     env._now = now = t_end
@@ -376,7 +395,7 @@ class Instance(InstanceState):
                     rec.t_prefilled[rid] = now
                     hand_off(self, rid, now)
                     continue
-                g = pf[2] + 1                     # tokens generated after this prefill
+                g = pf[2] + 1  # tokens generated after this prefill
                 if t_first[rid] != t_first[rid]:  # NaN: first token of this request
                     t_first[rid] = now
                 else:
@@ -396,5 +415,5 @@ class Instance(InstanceState):
                 heappush(heap, (f, rid))
             if heap and heap[0][0] <= s:
                 finish_due(s, now)
-            recv_ct += recv_every if chunks else 1   # a prefill step is followed by a read (SGLang counts it 1000)
+            recv_ct += recv_every if chunks else 1  # a prefill step is followed by a read (SGLang counts it 1000)
             s += 1

@@ -3,6 +3,7 @@
 :class:`simulator.engine.instance.Instance` adds the SimPy process that steps it.  Kept apart so that the
 step loop and its invariants read on their own.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -61,9 +62,20 @@ class InstanceState:
     equal its requested output tokens when it completes.
     """
 
-    def __init__(self, index: int, pool: str, step_model: StepModel, memory: MemoryPlan,
-                 max_num_seqs: int, max_num_batched_tokens: int, chunked_prefill: bool, recorder,
-                 role: str = "colocated", prefix_caching: bool = True, life=None) -> None:
+    def __init__(
+        self,
+        index: int,
+        pool: str,
+        step_model: StepModel,
+        memory: MemoryPlan,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        chunked_prefill: bool,
+        recorder,
+        role: str = "colocated",
+        prefix_caching: bool = True,
+        life=None,
+    ) -> None:
         self.index = index
         self.role = ROLES[role]
         self.pool = pool
@@ -80,27 +92,27 @@ class InstanceState:
         self.recv_every = 1
         self.inbox: deque[int] = deque()
         self.outstanding = self.kv_used = self.n_running = 0
-        self.queued_kv = 0                     # KV blocks that queued requests (waiting, remote) claim when admitted
-        self._queued: dict[int, int] = {}      # rid -> its share of queued_kv
+        self.queued_kv = 0  # KV blocks that queued requests (waiting, remote) claim when admitted
+        self._queued: dict[int, int] = {}  # rid -> its share of queued_kv
         self.wake: Event | None = None
-        self.steps: StepLog | None = StepLog()   # the step log (None: not kept)
-        self._requeue: dict[int, list] = {}   # preempted rid -> [0, recompute target, generated]
+        self.steps: StepLog | None = StepLog()  # the step log (None: not kept)
+        self._requeue: dict[int, list] = {}  # preempted rid -> [0, recompute target, generated]
         self.hand_off: Callback | None = None  # prefill role: callback(instance, rid, now)
-        self.start_transfer: Callback | None = None   # decode role: callback(instance, rid, now)
-        self.held: dict[int, int] = {}         # prefill role: rid -> KV blocks held for a transfer
-        self.remote: deque[int] = deque()      # decode role: requests waiting for KV blocks
-        self.receiving: set[int] = set()       # decode role: blocks allocated, KV in flight
-        self.ready: deque[int] = deque()       # decode role: KV arrived, not yet decoding
-        self._freed = 0                        # blocks released from outside the process
+        self.start_transfer: Callback | None = None  # decode role: callback(instance, rid, now)
+        self.held: dict[int, int] = {}  # prefill role: rid -> KV blocks held for a transfer
+        self.remote: deque[int] = deque()  # decode role: requests waiting for KV blocks
+        self.receiving: set[int] = set()  # decode role: blocks allocated, KV in flight
+        self.ready: deque[int] = deque()  # decode role: KV arrived, not yet decoding
+        self._freed = 0  # blocks released from outside the process
         # multimodal: callback(instance, rid, now) -> encoder seconds
         self.encode_cost: Callable[[InstanceState, int, float], float] | None = None
-        self.last_tok: dict[int, float] = {}   # preempted rid -> time of its last token
+        self.last_tok: dict[int, float] = {}  # preempted rid -> time of its last token
         # Admission reserve (simulator/engine/admission.py; None: none, as vLLM) and the running requests'
         # prompt + output tokens, summed (what their KV grows to).
         self.reserve: Reservation | None = None
         self.final_tokens = 0
-        self._live: Live | None = None         # (running order, prefills, decodes) once run() starts
-        self.group: DPGroup | None = None      # attention data parallel: the instance's DPGroup, this rank's index
+        self._live: Live | None = None  # (running order, prefills, decodes) once run() starts
+        self.group: DPGroup | None = None  # attention data parallel: the instance's DPGroup, this rank's index
         self.rank = 0
         # Run-ahead (simulator/engine/engine.py): a one-element list holding the time of the next event that
         # can look at or change this instance (the next arrival), shared by the pool's instances; the
@@ -117,7 +129,7 @@ class InstanceState:
         self.limit = -math.inf
         self.driving = False
         self.hold: Event | None = None
-        self._env: Environment | None = None   # set by start(), with the process's generator
+        self._env: Environment | None = None  # set by start(), with the process's generator
         self._gen: Generator[Event, Any, None] | None = None
         # Prefix cache (vLLM automatic prefix caching), active when requests carry block hashes: an LRU of hash ids,
         # each covering ``hash_block_tokens`` prompt tokens, with room for as many such blocks as the KV cache holds.
@@ -130,11 +142,11 @@ class InstanceState:
         self.life = life
         self.proc: Process | None = None
         self.dead = self.draining = False
-        self.backoff_s = 10.0                  # restart back-off after its next crash
+        self.backoff_s = 10.0  # restart back-off after its next crash
 
     def prefix_hits(self, rid: int) -> int:
         """Number of leading hash blocks of ``rid``'s prompt in this instance's cache (no LRU update)."""
-        cache = cast(OrderedDict, self.prefix)     # the prefix methods are called only with a cache
+        cache = cast(OrderedDict, self.prefix)  # the prefix methods are called only with a cache
         n = 0
         for h in self.rec.hash_ids[rid]:
             if h not in cache:
@@ -167,7 +179,7 @@ class InstanceState:
         if self.paused is not None:
             # Lazy, mid-step: its process now resumes at that step's end, as a SimPy timeout would have.
             t, self.paused = self.paused, None
-            ev, env = cast(Event, self.hold), cast("Environment", self._env)   # a paused process waits on hold
+            ev, env = cast(Event, self.hold), cast("Environment", self._env)  # a paused process waits on hold
             ev._ok, ev._value = True, None
             heapq.heappush(env._queue, (t, NORMAL, next(env._eid), ev))
             return
@@ -192,7 +204,7 @@ class InstanceState:
         """The event the process waits on (lazy): while :meth:`catch_up` drives it, the one SimPy
         already resumes it on; else a new one."""
         if not self.driving:
-            self.hold = Event(cast("Environment", self._env))   # set by start(), which runs this process
+            self.hold = Event(cast("Environment", self._env))  # set by start(), which runs this process
         return cast(Event, self.hold)
 
     def catch_up(self, t: float) -> None:
@@ -200,7 +212,7 @@ class InstanceState:
         look at this instance or hand it a request), stopping in the step in progress at ``t``."""
         if self.paused is None or self.paused >= t:
             return
-        env = cast("Environment", self._env)   # a paused instance was started
+        env = cast("Environment", self._env)  # a paused instance was started
         now = env._now
         self.limit, self.driving = t, True
         try:
@@ -253,7 +265,7 @@ class InstanceState:
         blocks while the running batch starves for them, or the batch can preempt itself empty with
         nothing left to run.  Returns the blocks allocated (at most ``free``)."""
         remote, receiving, ready, inp = self.remote, self.receiving, self.ready, self.rec.input_tokens
-        start_transfer = cast(Callback, self.start_transfer)   # the PD proxy set it (decode role)
+        start_transfer = cast(Callback, self.start_transfer)  # the PD proxy set it (decode role)
         used = 0
         while remote and running + len(receiving) + len(ready) < self.max_seqs:
             rid = remote[0]
@@ -291,7 +303,7 @@ class InstanceState:
         """KV length (prompt plus tokens so far) of each decoding sequence, at the current step."""
         if self._live is None:
             return
-        s = len(cast(StepLog, self.steps))    # kept: an operations run keeps its step log
+        s = len(cast(StepLog, self.steps))  # kept: an operations run keeps its step log
         for sd, ld, _ in self._live[2].values():
             yield ld + s - sd
 
@@ -358,7 +370,7 @@ class InstanceState:
         affected: list[tuple[int, int]] = []
         lost = 0
         order, prefill, dec_start = self._live if self._live is not None else ({}, {}, {})
-        s = len(cast(StepLog, self.steps))    # kept: an operations run keeps its step log
+        s = len(cast(StepLog, self.steps))  # kept: an operations run keeps its step log
         for rid in order:
             if rid in dec_start:
                 sd, ld, g0 = dec_start[rid]
@@ -372,7 +384,7 @@ class InstanceState:
             rq = self._requeue.get(rid)
             affected.append((rid, rq[2] if rq is not None else 0))
         held = list(self.held)
-        for rid in held:                       # prefill role: KV kept for a pull that will not come
+        for rid in held:  # prefill role: KV kept for a pull that will not come
             lost += inp[rid]
             affected.append((rid, 0))
         remote: list[int] = []
@@ -384,8 +396,20 @@ class InstanceState:
             for rid in self.ready:
                 lost += inp[rid] - 1
                 affected.append((rid, 0))
-        for box in (self.waiting, self.inbox, self._requeue, self._queued, self.held, self.remote, self.receiving,
-                    self.ready, self.last_tok, order, prefill, dec_start):
+        for box in (
+            self.waiting,
+            self.inbox,
+            self._requeue,
+            self._queued,
+            self.held,
+            self.remote,
+            self.receiving,
+            self.ready,
+            self.last_tok,
+            order,
+            prefill,
+            dec_start,
+        ):
             box.clear()
         if self.prefix is not None:
             self.prefix.clear()

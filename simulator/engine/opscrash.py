@@ -7,6 +7,7 @@ instance's blocks waiting for a pull, a decode instance's blocks allocated
 for a pull from a dead prefill instance), and leaves the instance with no
 KV blocks in use and no queues.
 """
+
 from __future__ import annotations
 
 
@@ -20,7 +21,7 @@ def collect_and_clear(ops, pool, inst) -> tuple[list[tuple[int, int]], int]:
     rec = ops.rec
     coord = ops.coord
     affected, lost, held, remote, receiving = inst.crash()
-    for rid in held:                          # prefill role: KV kept for a pull that will not come
+    for rid in held:  # prefill role: KV kept for a pull that will not come
         coord.src.pop(rid, None)
         if rid in coord.limbo:
             coord.limbo.remove(rid)
@@ -28,7 +29,7 @@ def collect_and_clear(ops, pool, inst) -> tuple[list[tuple[int, int]], int]:
         d = coord.decode[rec.instance[rid]]
         if not d.dead:
             d.withdraw(rid)
-    for rid in remote:                        # the prefill side still holds the prompt's KV
+    for rid in remote:  # the prefill side still holds the prompt's KV
         p = coord.src.pop(rid, None)
         if p is not None and not p.dead and p.holds(rid):
             p.release(rid)

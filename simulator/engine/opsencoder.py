@@ -12,6 +12,7 @@ Start delays: an encoder instance is a vLLM server of the same multimodal checkp
 language-model pool in front of which it runs, so it starts as that pool's instances do (its start
 times); the queue policy counts images waiting on serving encoders (not yet in a batch).
 """
+
 from __future__ import annotations
 
 from simulator.engine.opsrecord import Life
@@ -30,10 +31,10 @@ class EncoderPool:
         self.name = coord.setup.encoder_pool.name
         self.starts = starts
         self.events = events
-        self.active = coord.encoders           # serving: the proxy routes images to these
+        self.active = coord.encoders  # serving: the proxy routes images to these
         self.starting: list[dict] = []
         self.decisions: list[tuple] = []
-        self.scaleups: list[list] = []         # [decided_s, ready_s or None, start token]
+        self.scaleups: list[list] = []  # [decided_s, ready_s or None, start token]
         self.lives = lives
         self.gpus = gpus
 
@@ -57,7 +58,7 @@ class EncoderPool:
         """One new encoder: serves ``delay_s`` from now unless cancelled first (None: never ready)."""
         if delay_s is None:
             tok["life"].end = "never ready: " + self.starts.never_reason("scale-up")
-            return                              # crash-looping pod: billed, stays counted as starting
+            return  # crash-looping pod: billed, stays counted as starting
         yield self.env.timeout(delay_s)
         if tok["cancelled"]:
             return
@@ -81,7 +82,7 @@ class EncoderPool:
             life.ended_s, life.end = max(now, life.billed_s), "cancelled"
             done += 1
         while done < n and len(self.active) > 1:
-            self.env.process(self._drain(self.active.pop()))   # keeps encoding what it holds; no new images
+            self.env.process(self._drain(self.active.pop()))  # keeps encoding what it holds; no new images
             done += 1
         self.events.append((now, self.name, "scale-down", done, why))
 
@@ -94,7 +95,16 @@ class EncoderPool:
     def observe(self, cfg) -> Observation:
         """The queue policy's view: serving and present encoders and the images waiting on them."""
         act = self.active
-        return Observation(now=self.env.now, serving=len(act), present=self.present,
-                           waiting=sum(len(e.queue) for e in act), kv_util=0.0, rate_now=0.0, rate_prev=0.0,
-                           window_s=cfg.window_s, lead_s=self.starts.new_delay() or 0.0, mean_input=0.0,
-                           mean_output=0.0)
+        return Observation(
+            now=self.env.now,
+            serving=len(act),
+            present=self.present,
+            waiting=sum(len(e.queue) for e in act),
+            kv_util=0.0,
+            rate_now=0.0,
+            rate_prev=0.0,
+            window_s=cfg.window_s,
+            lead_s=self.starts.new_delay() or 0.0,
+            mean_input=0.0,
+            mean_output=0.0,
+        )

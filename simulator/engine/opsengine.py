@@ -23,6 +23,7 @@ failed (``Outcome.FAILED``, with the crash or "retries exhausted" as reason) or,
 prompt plus the tokens it had generated and asking for the rest; its TTFT
 keeps the first token of the first attempt and the wait is an ITL gap.
 """
+
 from __future__ import annotations
 
 import gc
@@ -60,23 +61,23 @@ class OpsRun:
         self.cfg = scn.operations
         self.rec = rec
         self.rng = rng
-        self.starts_for = starts_for          # pool name -> StartTimes
+        self.starts_for = starts_for  # pool name -> StartTimes
         self.env = simpy.Environment()
-        self.events: list[tuple] = []         # (time_s, pool, what, count, why)
+        self.events: list[tuple] = []  # (time_s, pool, what, count, why)
         self.link_log: list[tuple] = []
         self.crashes: list[CrashRecord] = []
         self.arrived: list[float] = []
         self.sum_in = self.sum_out = 0
         self.limbo: deque[int] = deque()
         self.coord: PDCoordinator | None = None
-        self.epd: EPDCoordinator | None = None   # the EPD proxy of a multimodal run
-        self.encoder_lives: list[Life] = []   # billing records of the encoder tier's instances
-        self.encoder_pool: EncoderPool | None = None   # an autoscaled encoder tier
-        self.front: OpsPool                   # the colocated or prefill pool (set by run()) and the decode pool
+        self.epd: EPDCoordinator | None = None  # the EPD proxy of a multimodal run
+        self.encoder_lives: list[Life] = []  # billing records of the encoder tier's instances
+        self.encoder_pool: EncoderPool | None = None  # an autoscaled encoder tier
+        self.front: OpsPool  # the colocated or prefill pool (set by run()) and the decode pool
         self.back: OpsPool | None = None
         self.fp8: dict = {}
-        self.coord_rng = None                 # the KV fabric's jitter stream (as in the plain engine)
-        self.client_rng = None                # closed-loop client delays (the scenario's "clients" stream)
+        self.coord_rng = None  # the KV fabric's jitter stream (as in the plain engine)
+        self.client_rng = None  # closed-loop client delays (the scenario's "clients" stream)
 
     # ---- building -------------------------------------------------------------------------
     def on_make(self, pool: OpsPool, inst: Instance) -> None:
@@ -120,7 +121,7 @@ class OpsRun:
         inp, out = rec.input_tokens[rid], rec.output_tokens[rid]
         self.arrived.append(now)
         rec.sent_at[rid] = now
-        if rec.t_seen[rid] != rec.t_seen[rid]:   # NaN: first attempt (a retry keeps its first front end)
+        if rec.t_seen[rid] != rec.t_seen[rid]:  # NaN: first attempt (a retry keeps its first front end)
             rec.t_seen[rid] = now
         self.sum_in += inp
         self.sum_out += out
@@ -158,20 +159,29 @@ class OpsRun:
         if inst.dead:
             return
         now = self.env.now
-        pool = cast(OpsPool, self.front if inst.pool == self.front.spec.name else self.back)   # back: PD's decode
+        pool = cast(OpsPool, self.front if inst.pool == self.front.spec.name else self.back)  # back: PD's decode
         if inst in pool.active:
             pool.active.remove(inst)
         affected, lost = collect_and_clear(self, pool, inst)
         inst.stop()
         life = inst.life
         life.ended_s, life.end, life.lost_tokens = now, why, lost
-        self.crashes.append({"time_s": now, "pool": pool.spec.name, "instance": inst.index, "kind": kind,
-                             "reason": why, "requests": len(affected), "lost_kv_tokens": lost})
+        self.crashes.append(
+            {
+                "time_s": now,
+                "pool": pool.spec.name,
+                "instance": inst.index,
+                "kind": kind,
+                "reason": why,
+                "requests": len(affected),
+                "lost_kv_tokens": lost,
+            }
+        )
         for rid, g in affected:
             self.handle(rid, g, f"instance {pool.spec.name}#{inst.index} crashed at {now:.1f} s: {why}")
         st = pool.starts
         if inst.draining:
-            return                          # it was being removed: nothing to restart
+            return  # it was being removed: nothing to restart
         if kind == "node":
             mttr = self.cfg.faults.node_failure.mttr_s
             delay = st.new_delay()
@@ -213,8 +223,18 @@ class OpsRun:
         self.send(rid)
 
     # ---- the run --------------------------------------------------------------------------
-    def run(self, front_spec, front_gpus: int, closed_loop=None, max_time_s=None, back_spec=None, back_gpus=0,
-            plan=None, contexts=None, epd=None) -> PoolRun:
+    def run(
+        self,
+        front_spec,
+        front_gpus: int,
+        closed_loop=None,
+        max_time_s=None,
+        back_spec=None,
+        back_gpus=0,
+        plan=None,
+        contexts=None,
+        epd=None,
+    ) -> PoolRun:
         """Serve every request of the recorder; ``epd`` (a :class:`simulator.epd.epd.EPDSetup`): requests with
         images go through the encoder tier first, or the front pool encodes them (:mod:`simulator.epd.epd_flow`)."""
         env, rec, cfg = self.env, self.rec, self.cfg
@@ -222,8 +242,9 @@ class OpsRun:
         self.front = OpsPool(self, front_spec, front_gpus, self.starts_for[front_spec.name])
         if back_spec is not None:
             self.back = OpsPool(self, back_spec, back_gpus, self.starts_for[back_spec.name])
-            self.coord = PDCoordinator(env, plan, [], self.back.all, self.back.router, rec, self.coord_rng,
-                                       serving=self.back.active)
+            self.coord = PDCoordinator(
+                env, plan, [], self.back.all, self.back.router, rec, self.coord_rng, serving=self.back.active
+            )
         pools = [p for p in (self.front, self.back) if p is not None]
         if epd is not None:
             self.epd = EPDCoordinator(env, epd, [], self.encoded, self.choose_front, self.coord_rng)
@@ -239,8 +260,9 @@ class OpsRun:
             self.coord.degrade(cfg.faults.link_degradation, self.rng, self.link_log)
         for name, acfg in cfg.autoscale.items():
             if self.epd is not None and name == epd.encoder_pool.name:
-                tier = self.encoder_pool = EncoderPool(env, self.epd, self.starts_for[front_spec.name], self.events,
-                                                       self.encoder_lives, enc_gpus)
+                tier = self.encoder_pool = EncoderPool(
+                    env, self.epd, self.starts_for[front_spec.name], self.events, self.encoder_lives, enc_gpus
+                )
                 policy = POLICIES[acfg.policy](acfg, None)
                 env.process(autoscaler(env, tier, acfg, policy, lambda p=tier, c=acfg: p.observe(c)))
                 continue
@@ -256,8 +278,11 @@ class OpsRun:
         # instance's steps, so those runs step with one event per step whenever another event falls
         # inside the step.
         static = not cfg.enabled
-        gate = ([-math.inf] if engine.RUN_AHEAD and static and back_spec is None and epd is None
-                and closed_loop is None else None)
+        gate = (
+            [-math.inf]
+            if engine.RUN_AHEAD and static and back_spec is None and epd is None and closed_loop is None
+            else None
+        )
         for inst in self.front.all:
             inst.gate = gate
         if not self.step_log:
@@ -268,9 +293,15 @@ class OpsRun:
         # no KV meets the rest of the run only at hand-offs (the decode router reads it, one may be handed
         # to it), so it steps when the PD proxy catches it up before each hand-off, not by SimPy events
         # (instance_state.py, catch_up).
-        lazy = (engine.RUN_AHEAD and static and self.coord is not None and epd is None and closed_loop is None
-                and back_spec.dp == 1)
-        if lazy and self.coord is not None and self.back is not None:   # lazy: a PD run
+        lazy = (
+            engine.RUN_AHEAD
+            and static
+            and self.coord is not None
+            and epd is None
+            and closed_loop is None
+            and back_spec.dp == 1
+        )
+        if lazy and self.coord is not None and self.back is not None:  # lazy: a PD run
             self.coord.lazy = True
             for inst in self.back.all:
                 inst.lazy = True
@@ -296,7 +327,7 @@ class OpsRun:
         caught = self.back.all if lazy and self.back is not None else []
         ahead = self.front.all if gate is not None else caught
         for inst in caught:
-            inst.catch_up(limit)           # the steps it owes, up to the time limit
+            inst.catch_up(limit)  # the steps it owes, up to the time limit
         if ahead:
             # Instances that ran ahead past the last event, or stepped lazily: the run ends with the last
             # step, and their resume gaps join the recorder in time order (stable: ties keep the instance
@@ -306,7 +337,7 @@ class OpsRun:
                     end = max(end, inst.steps.end())
             merged = sorted((g for inst in ahead for g in inst.gap_log), key=lambda g: g[0])
             rec.resume_gaps.extend(g for _, g in merged)
-            env._now = end                 # the clock where SimPy's last event would have left it
+            env._now = end  # the clock where SimPy's last event would have left it
         rec.close(end, max_time_s)
         for pool in pools:
             for inst in pool.all:
@@ -328,6 +359,7 @@ class OpsRun:
 
             def stale(rid, cut=cut):
                 return rec.sent_at[rid] <= cut and rec.t_sched[rid] != rec.t_sched[rid] and not rec.carried[rid]
+
             for inst in self.front.all:
                 if inst.dead:
                     continue
@@ -351,11 +383,18 @@ class OpsRun:
         waiting += len(self.limbo) if pool is self.front else len(self.coord.limbo) if self.coord else 0
         n = max(1, len(a))
         return Observation(
-            now=now, serving=len(act), present=pool.present, waiting=waiting,
+            now=now,
+            serving=len(act),
+            present=pool.present,
+            waiting=waiting,
             kv_util=sum(i.kv_used / i.kv_total for i in act) / len(act) if act else 0.0,
-            rate_now=(len(a) - i_now) / min(w, max(now, 1e-9)), rate_prev=(i_now - i_prev) / w,
-            window_s=w, lead_s=pool.starts.new_delay() or 0.0,
-            mean_input=self.sum_in / n, mean_output=self.sum_out / n)
+            rate_now=(len(a) - i_now) / min(w, max(now, 1e-9)),
+            rate_prev=(i_now - i_prev) / w,
+            window_s=w,
+            lead_s=pool.starts.new_delay() or 0.0,
+            mean_input=self.sum_in / n,
+            mean_output=self.sum_out / n,
+        )
 
 
 def pool_context(pool_cfg, dep, mem, step, tpot_slo) -> PoolContext:

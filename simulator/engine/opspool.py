@@ -4,6 +4,7 @@ A restarted container or a new pod is a new incarnation with a new index (:class
 bills it).  A static pool (no operations) is the same object whose lifecycle never fires: its
 instances go live at time 0 and serve to the end.
 """
+
 from __future__ import annotations
 
 import simpy
@@ -30,12 +31,12 @@ class OpsPool:
         self.env = ops.env
         self.spec = spec
         self.gpus = gpus
-        self.starts = starts                  # simulator.ops.opsstart.StartTimes
+        self.starts = starts  # simulator.ops.opsstart.StartTimes
         self.all: list[Instance] = []
         self.active: list[Instance] = []
         self.starting: list[dict] = []
         self.decisions: list[tuple] = []
-        self.scaleups: list[list] = []        # [decided_s, ready_s or None]
+        self.scaleups: list[list] = []  # [decided_s, ready_s or None]
         self.router = make_router(spec.router, self.active)
 
     @property
@@ -45,9 +46,19 @@ class OpsPool:
     def make(self, cause: str, billed_s: float) -> Instance:
         s = self.spec
         index = len(self.all)
-        inst = Instance(index, s.name, s.step_model, s.memory, s.max_num_seqs, s.max_num_batched_tokens,
-                        s.chunked_prefill, self.ops.rec, s.role, s.prefix_caching,
-                        life=Life(s.name, index, self.gpus, cause, billed_s))
+        inst = Instance(
+            index,
+            s.name,
+            s.step_model,
+            s.memory,
+            s.max_num_seqs,
+            s.max_num_batched_tokens,
+            s.chunked_prefill,
+            self.ops.rec,
+            s.role,
+            s.prefix_caching,
+            life=Life(s.name, index, self.gpus, cause, billed_s),
+        )
         if s.admission is not None:
             inst.reserve = Reservation(s.admission, s.memory.block_size)
         inst.recv_every = s.recv_interval if inst.role.name in ("colocated", "prefill") else 1
@@ -63,7 +74,7 @@ class OpsPool:
         if dp > 1:
             for g in range(0, len(insts), dp):
                 group = DPGroup(self.env, self.spec.step_model, dp, self.spec.dp_context_wait)
-                for r, inst in enumerate(insts[g:g + dp]):
+                for r, inst in enumerate(insts[g : g + dp]):
                     inst.group, inst.rank = group, r
                     group.members.append(inst)
         for inst in insts:
@@ -86,7 +97,7 @@ class OpsPool:
         def start(env):
             if delay_s is None:
                 inst.life.end = "never ready: " + self.starts.never_reason(cause)
-                return                      # crash-looping pod: billed, never serving, stays counted
+                return  # crash-looping pod: billed, never serving, stays counted
             yield env.timeout(delay_s)
             if tok["cancelled"]:
                 return
@@ -95,6 +106,7 @@ class OpsPool:
             for su in self.scaleups:
                 if su[1] is None and tok is su[2]:
                     su[1] = env.now
+
         self.env.process(start(self.env))
         return tok
 

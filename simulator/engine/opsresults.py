@@ -16,6 +16,7 @@
 * ``scale_ups``: each scale-up decision with the time its capacity served; ``slo_violations_during_scale_up``:
   requests arriving while a scale-up was pending that missed the TTFT SLO (or did not complete).
 """
+
 from __future__ import annotations
 
 import math
@@ -41,8 +42,11 @@ def ops_summary(ops, req: pd.DataFrame, ttft_slo: float | None, price_per_gpu_h:
     end = ops.end
     n = len(req)
     out = req["outcome"].astype(str)
-    completed, rejected, failed = int((out == "completed").sum()), int((out == "rejected").sum()), int(
-        (out == "failed").sum())
+    completed, rejected, failed = (
+        int((out == "completed").sum()),
+        int((out == "rejected").sum()),
+        int((out == "failed").sum()),
+    )
     gpu_s = starting = lost_work = cost = 0.0
     lives: list[InstanceLife] = []
     # Language-model instances, then the encoder tier's (which never crash: no lost work).
@@ -56,8 +60,18 @@ def ops_summary(ops, req: pd.DataFrame, ttft_slo: float | None, price_per_gpu_h:
         starting += life.gpus * max(0.0, min(up, t1) - t0)
         if inst is not None:
             lost_work += life.lost_tokens * _per_token_gpu_s(inst)
-        lives.append({"pool": life.pool, "instance": life.index, "cause": life.cause, "billed_s": life.billed_s,
-                      "ready_s": life.ready_s, "ended_s": life.ended_s, "end": life.end, "gpus": life.gpus})
+        lives.append(
+            {
+                "pool": life.pool,
+                "instance": life.index,
+                "cause": life.cause,
+                "billed_s": life.billed_s,
+                "ready_s": life.ready_s,
+                "ended_s": life.ended_s,
+                "end": life.end,
+                "gpus": life.gpus,
+            }
+        )
     arrival = req["arrival_s"].to_numpy()
     bad = out.to_numpy() != "completed"
     if ttft_slo is not None:
@@ -70,8 +84,14 @@ def ops_summary(ops, req: pd.DataFrame, ttft_slo: float | None, price_per_gpu_h:
     for name, (decided, ready, tok), life in ups:
         stop = ready if ready is not None else life.ended_s if tok["cancelled"] else end
         in_scaleup |= (arrival >= decided) & (arrival < stop)
-        scale_ups.append({"pool": name, "decided_s": decided, "serving_s": ready,
-                          "cancelled_s": life.ended_s if tok["cancelled"] else None})
+        scale_ups.append(
+            {
+                "pool": name,
+                "decided_s": decided,
+                "serving_s": ready,
+                "cancelled_s": life.ended_s if tok["cancelled"] else None,
+            }
+        )
     viol = arrival[bad]
     kinds: dict[str, int] = {}
     for c in ops.crashes:

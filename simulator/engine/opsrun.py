@@ -1,5 +1,6 @@
 """Set up and run the engine (static or with operations) for a resolved scenario (called by
 :func:`simulator.run.simulate`)."""
+
 from __future__ import annotations
 
 from simulator.engine.engine import Recorder
@@ -26,6 +27,15 @@ def run_operations(scn, reqs, front, back, plan, closed, rngs, spec_of, epd=None
     ops = OpsRun(scn, rec, rngs["faults"], starts, step_log)
     ops.coord_rng = rngs["transfer"]
     ops.client_rng = rngs["clients"]
-    run = ops.run(spec_of(front), front.dep.gpus, closed, scn.simulation.max_time_s,
-                  spec_of(back) if back else None, back.dep.gpus if back else 0, plan, contexts, epd)
+    run = ops.run(
+        spec_of(front),
+        front.dep.gpus,
+        closed,
+        scn.simulation.max_time_s,
+        spec_of(back) if back else None,
+        back.dep.gpus if back else 0,
+        plan,
+        contexts,
+        epd,
+    )
     return ops, run, rec

@@ -7,12 +7,13 @@ step: the engine extends the list with a short-lived tuple (as cheap as appendin
 object per step outlives the step (none for the garbage collector to track, less memory), and the step
 table is built by one ``numpy.fromiter`` over the lists (docs/performance.md has the figures).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
 
 NCOL = 9
-LogRow = Callable[[tuple], None]    # StepLog.add: logs one step's nine entries
+LogRow = Callable[[tuple], None]  # StepLog.add: logs one step's nine entries
 
 
 class StepLog:

@@ -20,6 +20,7 @@ tokens) allow, encodes them in one step, and reports each image to
 ``on_done``.  Its LRU cache (:class:`EmbeddingCache`) holds embeddings of
 recent images by id, so an image already there is not encoded again.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict, deque
@@ -72,12 +73,12 @@ class EncoderModel:
     peak_flops: float
     ceff: EfficiencyCurve
     aeff: EfficiencyCurve
-    weight_bytes: float          # whole encoder (split over tp GPUs)
+    weight_bytes: float  # whole encoder (split over tp GPUs)
     peak_bw: float
     mem_eff: float
     speedup: float
     launch_s: float
-    compute_scale: float = 1.0   # ceff.max_eff replaced: scale applied to the compute curve
+    compute_scale: float = 1.0  # ceff.max_eff replaced: scale applied to the compute curve
 
     def batch_time(self, lin_flops: float, attn_flops: float, patches: float) -> float:
         """Seconds to encode a batch with these totals (0 for an empty batch)."""
@@ -94,11 +95,11 @@ class EncoderModel:
 class ImageCosts:
     """Per image (index into :class:`simulator.epd.multimodal.Images`): what encoding it costs and yields."""
 
-    tokens: np.ndarray          # visual tokens (int64)
-    patches: np.ndarray         # patches through the encoder blocks
+    tokens: np.ndarray  # visual tokens (int64)
+    patches: np.ndarray  # patches through the encoder blocks
     lin_flops: np.ndarray
     attn_flops: np.ndarray
-    emb_bytes: np.ndarray       # embedding bytes sent to prefill
+    emb_bytes: np.ndarray  # embedding bytes sent to prefill
     image_id: np.ndarray
 
 
@@ -142,8 +143,17 @@ class EncoderInstance:
     than one only while their visual tokens fit ``max_tokens``.
     """
 
-    def __init__(self, index: int, pool: str, model: EncoderModel, costs: ImageCosts,
-                 max_images: int, max_tokens: int, cache_bytes: float, on_done) -> None:
+    def __init__(
+        self,
+        index: int,
+        pool: str,
+        model: EncoderModel,
+        costs: ImageCosts,
+        max_images: int,
+        max_tokens: int,
+        cache_bytes: float,
+        on_done,
+    ) -> None:
         self.index = index
         self.pool = pool
         self.model = model
@@ -154,10 +164,10 @@ class EncoderInstance:
         self.on_done = on_done
         self.queue: deque[int] = deque()
         self.outstanding = 0
-        self.life: Life | None = None        # its billing record in an operations run
+        self.life: Life | None = None  # its billing record in an operations run
         self.busy_s = 0.0
         self.images_encoded = 0
-        self.steps: list[tuple[float, float, int, int]] = []   # (start, duration, images, tokens)
+        self.steps: list[tuple[float, float, int, int]] = []  # (start, duration, images, tokens)
         self.wake = None
 
     def submit(self, img: int) -> None:
@@ -182,8 +192,9 @@ class EncoderInstance:
                 batch.append(img)
                 tokens += int(c.tokens[img])
             idx = np.asarray(batch)
-            dt = self.model.batch_time(float(c.lin_flops[idx].sum()), float(c.attn_flops[idx].sum()),
-                                       float(c.patches[idx].sum()))
+            dt = self.model.batch_time(
+                float(c.lin_flops[idx].sum()), float(c.attn_flops[idx].sum()), float(c.patches[idx].sum())
+            )
             t0 = env.now
             yield env.timeout(dt)
             self.busy_s += dt

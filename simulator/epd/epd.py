@@ -13,6 +13,7 @@ prefill pool, image limits), adds each request's visual tokens to its prompt
 (they count toward prompt length, KV and KV transfer), and returns an
 :class:`EPDSetup` that :class:`simulator.epd.epd_flow.EPDCoordinator` runs.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -39,7 +40,7 @@ from simulator.epd.vision import (
 )
 from simulator.traces import TraceError
 
-if TYPE_CHECKING:                 # the scenario imports the epd package (epd_config)
+if TYPE_CHECKING:  # the scenario imports the epd package (epd_config)
     from simulator.scenario import PoolConfig
 
 
@@ -70,8 +71,12 @@ class EmbeddingPath:
 
     def idle_time(self, nbytes: float) -> float:
         """Seconds to move ``nbytes`` on an idle path."""
-        return (2 * self.latency_s + self.setup_s + nbytes * self.staged_s_per_byte
-                + nbytes / min(self.encoder_side_Bps, self.lm_side_Bps))
+        return (
+            2 * self.latency_s
+            + self.setup_s
+            + nbytes * self.staged_s_per_byte
+            + nbytes / min(self.encoder_side_Bps, self.lm_side_Bps)
+        )
 
     def per_instance_Bps(self) -> float:
         """An instance's fair share of the narrower side when every instance behind a NIC sends at once."""
@@ -87,9 +92,9 @@ class EPDSetup:
     images: Images
     costs: ImageCosts
     text_tokens: np.ndarray
-    encoder_pool: PoolConfig | None = None   # the encoder tier's pool
+    encoder_pool: PoolConfig | None = None  # the encoder tier's pool
     encoder_model: EncoderModel | None = None
-    inline_model: EncoderModel | None = None   # encoder run inside the front (colocated/prefill) pool
+    inline_model: EncoderModel | None = None  # encoder run inside the front (colocated/prefill) pool
     inline_cache_bytes: float = 0.0
     path: EmbeddingPath | None = None
     max_batch_tokens: int = 0
@@ -112,14 +117,20 @@ def topology(roles: list[str], has_images: bool) -> str:
 def encoder_model(vision: VisionArch, gpu, engine, profile, tp: int, cfg) -> EncoderModel:
     """Batch-time coefficients of ``vision`` on ``tp`` GPUs of type ``gpu`` (see :mod:`simulator.epd.encoder`)."""
     ceff = profile.compute_efficiency if profile and profile.compute_efficiency else gpu.compute_efficiency
-    aeff = (profile.attention_prefill_efficiency if profile and profile.attention_prefill_efficiency else ceff)
+    aeff = profile.attention_prefill_efficiency if profile and profile.attention_prefill_efficiency else ceff
     meff = profile.memory_efficiency if profile and profile.memory_efficiency else gpu.memory_efficiency
     scale = cfg.compute_efficiency / ceff.max_eff if cfg.compute_efficiency else 1.0
     return EncoderModel(
-        peak_flops=gpu.peak_flops["bf16"].value, ceff=ceff, aeff=aeff,
-        weight_bytes=vision.params * DTYPE_BYTES["bf16"], peak_bw=gpu.memory_bandwidth_Bps.value,
-        mem_eff=meff.max_eff, speedup=tp_speedup(tp, cfg.tp_efficiency),
-        launch_s=engine.eager_launch_s_per_layer.value * vision.depth, compute_scale=scale)
+        peak_flops=gpu.peak_flops["bf16"].value,
+        ceff=ceff,
+        aeff=aeff,
+        weight_bytes=vision.params * DTYPE_BYTES["bf16"],
+        peak_bw=gpu.memory_bandwidth_Bps.value,
+        mem_eff=meff.max_eff,
+        speedup=tp_speedup(tp, cfg.tp_efficiency),
+        launch_s=engine.eager_launch_s_per_layer.value * vision.depth,
+        compute_scale=scale,
+    )
 
 
 def image_costs(vision: VisionArch, images: Images, where: str) -> ImageCosts:
@@ -137,8 +148,9 @@ def image_costs(vision: VisionArch, images: Images, where: str) -> ImageCosts:
                 raise EPDError(f"{where}: {exc}") from None
         for k, v in zip(out, memo[key], strict=True):
             out[k][i] = v
-    return ImageCosts(out["tokens"].astype(np.int64), out["patches"], out["lin"], out["attn"], out["bytes"],
-                      images.image_id)
+    return ImageCosts(
+        out["tokens"].astype(np.int64), out["patches"], out["lin"], out["attn"], out["bytes"], images.image_id
+    )
 
 
 def embedding_path(cfg, db: hwdb.HardwareDB, enc_pool, enc_gpu, enc_gpus: int, lm_pool, lm_dep) -> EmbeddingPath:
@@ -148,8 +160,10 @@ def embedding_path(cfg, db: hwdb.HardwareDB, enc_pool, enc_gpu, enc_gpus: int, l
     type's network layout (its GPUs per NIC and NIC rate); RDMA NICs come one per GPU, a TCP/VPC NIC one per
     node, shared by the instances on it.  A connector that needs GPU-direct RDMA runs over a TCP fabric in its
     TCP mode (``tcp_mode_efficiency``), staged through host memory; one without a TCP mode is refused."""
-    where = (f"embedding_transfer: encoder pool '{enc_pool.name}' ({enc_gpu.name}) has no path to "
-             f"{lm_pool.role} pool '{lm_pool.name}' ({lm_dep.gpu.name})")
+    where = (
+        f"embedding_transfer: encoder pool '{enc_pool.name}' ({enc_gpu.name}) has no path to "
+        f"{lm_pool.role} pool '{lm_pool.name}' ({lm_dep.gpu.name})"
+    )
     try:
         conn = db.connector(cfg.connector)
     except hwdb.HwdbError as exc:
@@ -157,47 +171,57 @@ def embedding_path(cfg, db: hwdb.HardwareDB, enc_pool, enc_gpu, enc_gpus: int, l
     share_e = share_l = 1
     if cfg.same_node:
         if enc_gpu.name != lm_dep.gpu.name:
-            raise EPDError(f"{where}: same_node needs one GPU type in the node; set same_node: false and name a "
-                           "fabric")
+            raise EPDError(f"{where}: same_node needs one GPU type in the node; set same_node: false and name a fabric")
         if enc_gpus + lm_dep.gpus > enc_gpu.gpus_per_node:
-            raise EPDError(f"{where}: one encoder ({enc_gpus} GPUs) and one {lm_pool.role} instance "
-                           f"({lm_dep.gpus} GPUs) do not fit in a {enc_gpu.gpus_per_node}-GPU node; set same_node: "
-                           "false")
+            raise EPDError(
+                f"{where}: one encoder ({enc_gpus} GPUs) and one {lm_pool.role} instance "
+                f"({lm_dep.gpus} GPUs) do not fit in a {enc_gpu.gpus_per_node}-GPU node; set same_node: "
+                "false"
+            )
         link, lay = lm_dep.intra_link, None
         side_e = side_l = link.effective_Bps
     else:
         name = cfg.fabric or enc_gpu.scale_out_link or lm_dep.gpu.scale_out_link
         if name is None:
-            raise EPDError(f"{where}: neither GPU has a scale-out link; name embedding_transfer.fabric (e.g. "
-                           "roce-200, tcp-25gbe) or set same_node: true")
+            raise EPDError(
+                f"{where}: neither GPU has a scale-out link; name embedding_transfer.fabric (e.g. "
+                "roce-200, tcp-25gbe) or set same_node: true"
+            )
         try:
             link, lay = db.fabric(name)
         except hwdb.HwdbError as exc:
             raise EPDError(f"embedding_transfer.fabric: {exc}") from None
         if link.kind in ("nvlink", "xgmi", "pcie"):
-            raise EPDError(f"{where}: embedding_transfer.fabric={link.name} is an intra-node link and cannot "
-                           "connect instances on different nodes; use an InfiniBand/RoCE/TCP fabric, or same_node: "
-                           "true")
+            raise EPDError(
+                f"{where}: embedding_transfer.fabric={link.name} is an intra-node link and cannot "
+                "connect instances on different nodes; use an InfiniBand/RoCE/TCP fabric, or same_node: "
+                "true"
+            )
         if lay is not None:
             for gpu, role in ((enc_gpu, "encoder"), (lm_dep.gpu, lm_pool.role)):
                 if gpu.name not in lay.gpus:
-                    raise EPDError(f"{where}: embedding_transfer.fabric={lay.name} is the network of {lay.provider} "
-                                   f"{lay.instance} ({lay.gpus_per_node}x {'/'.join(lay.gpus)}) but the {role} pool "
-                                   f"runs on {gpu.name}; use a link (ib-ndr, roce-400, tcp-25gbe, ...) or that GPU")
+                    raise EPDError(
+                        f"{where}: embedding_transfer.fabric={lay.name} is the network of {lay.provider} "
+                        f"{lay.instance} ({lay.gpus_per_node}x {'/'.join(lay.gpus)}) but the {role} pool "
+                        f"runs on {gpu.name}; use a link (ib-ndr, roce-400, tcp-25gbe, ...) or that GPU"
+                    )
         shared_nic = link.kind in ("tcp", "vpc")
         nic = lay.per_nic_Bps * link.efficiency.value if lay is not None else link.effective_Bps
 
         def side(gpu, gpus: int) -> tuple[float, int]:
             g = lay.gpus_per_nic if lay is not None else gpu.gpus_per_node if shared_nic else 1
-            return nic * max(1, gpus // g), max(1, g // gpus)     # NICs it spans x rate, instances per NIC
+            return nic * max(1, gpus // g), max(1, g // gpus)  # NICs it spans x rate, instances per NIC
+
         (side_e, share_e), (side_l, share_l) = side(enc_gpu, enc_gpus), side(lm_dep.gpu, lm_dep.gpus)
     host_staged, eff = conn.host_staged, conn.efficiency.value
     if conn.gpu_direct_required and not link.gpu_direct:
         if conn.tcp_mode_efficiency is None:
-            raise EPDError(f"{where}: connector {conn.name} needs GPU-direct RDMA but {link.name} has none and no "
-                           "TCP mode; set embedding_transfer.connector: tcp (or nixl, mooncake: they run over TCP), "
-                           "or use an RDMA fabric (ib-*, roce-*)")
-        host_staged, eff = True, conn.tcp_mode_efficiency.value      # its TCP mode: staged through host memory
+            raise EPDError(
+                f"{where}: connector {conn.name} needs GPU-direct RDMA but {link.name} has none and no "
+                "TCP mode; set embedding_transfer.connector: tcp (or nixl, mooncake: they run over TCP), "
+                "or use an RDMA fabric (ib-*, roce-*)"
+            )
+        host_staged, eff = True, conn.tcp_mode_efficiency.value  # its TCP mode: staged through host memory
     if cfg.bandwidth_Bps is not None:
         side_e = side_l = cfg.bandwidth_Bps
         share_e = share_l = 1
@@ -206,8 +230,17 @@ def embedding_path(cfg, db: hwdb.HardwareDB, enc_pool, enc_gpu, enc_gpus: int, l
         # Each rank copies its part GPU->host and serialises it; the receiver does the reverse.
         pcie = db.link("pcie-gen5-x16")
         staged = (2.0 / pcie.effective_Bps + 2.0 * link.cpu_cost_s_per_byte.value) / min(enc_gpus, lm_dep.tp)
-    return EmbeddingPath(lay.name if lay is not None else link.name, side_e * eff, side_l * eff,
-                         link.latency_s.value, conn.setup_s.value, staged, share_e, share_l, host_staged)
+    return EmbeddingPath(
+        lay.name if lay is not None else link.name,
+        side_e * eff,
+        side_l * eff,
+        link.latency_s.value,
+        conn.setup_s.value,
+        staged,
+        share_e,
+        share_l,
+        host_staged,
+    )
 
 
 def _has_images(wl) -> bool:
@@ -223,8 +256,10 @@ def draw_images(wl, n: int, rng) -> Images:
     if wl.images.count.kind == "trace":
         arrival = wl.arrival
         if arrival.kind != "trace":
-            raise EPDError("workload.images.count: kind 'trace' reads NumImages from an Azure multimodal trace; "
-                           "replay one with arrival {kind: trace, path: ...}, or give a fixed/uniform/choice count")
+            raise EPDError(
+                "workload.images.count: kind 'trace' reads NumImages from an Azure multimodal trace; "
+                "replay one with arrival {kind: trace, path: ...}, or give a fixed/uniform/choice count"
+            )
         try:
             counts = read_azure_multimodal(arrival.path, arrival.limit)
         except TraceError as exc:
@@ -265,53 +300,77 @@ def prepare(scn, db: hwdb.HardwareDB, model: hwdb.ModelEntry, pools: Sequence, r
     max_len = min(r.dep.knobs.max_model_len for r in pools)
     if biggest >= max_len:
         i = int(np.argmax(costs.tokens))
-        raise EPDError(f"workload.images.resolutions: a {images.width[i]}x{images.height[i]} image gives {biggest} "
-                       f"visual tokens, more than max_model_len={max_len} allows in one prompt; use smaller "
-                       "images or raise engine.max_model_len")
+        raise EPDError(
+            f"workload.images.resolutions: a {images.width[i]}x{images.height[i]} image gives {biggest} "
+            f"visual tokens, more than max_model_len={max_len} allows in one prompt; use smaller "
+            "images or raise engine.max_model_len"
+        )
     new_reqs = dataclasses.replace(reqs, input_tokens=text + per_req)
     eng = front_dep.engine
-    setup = partial(EPDSetup, topology=topology([p.role for p in scn.pools], images_on), vision=vision,
-                    images=images, costs=costs, text_tokens=text)
+    setup = partial(
+        EPDSetup,
+        topology=topology([p.role for p in scn.pools], images_on),
+        vision=vision,
+        images=images,
+        costs=costs,
+        text_tokens=text,
+    )
     if not enc_pools:
         cfg = front_pool.encoder
         inline = encoder_model(vision, front_dep.gpu, eng, front_dep.profile, front_dep.tp, cfg)
         return new_reqs, setup(inline_model=inline, inline_cache_bytes=cfg.cache_bytes)
     ep = enc_pools[0]
     if ep.model is not None and db.model(ep.model).name != model.name:
-        raise EPDError(f"pools[{ep.name}].model: the encoder pool serves {ep.model} but the language model is "
-                       f"{model.name}; embeddings only fit the model whose encoder made them: use one model")
+        raise EPDError(
+            f"pools[{ep.name}].model: the encoder pool serves {ep.model} but the language model is "
+            f"{model.name}; embeddings only fit the model whose encoder made them: use one model"
+        )
     try:
         gpu = db.gpu(ep.gpu)
     except hwdb.HwdbError as exc:
         raise EPDError(f"pools[{ep.name}].gpu: {exc}") from None
     if vision.num_heads % ep.tp:
-        raise EPDError(f"pools[{ep.name}].tp={ep.tp} does not divide the vision encoder's {vision.num_heads} heads; "
-                       "choose a divisor")
+        raise EPDError(
+            f"pools[{ep.name}].tp={ep.tp} does not divide the vision encoder's {vision.num_heads} heads; "
+            "choose a divisor"
+        )
     if ep.pp != 1 or ep.dtype == "fp8":
-        raise EPDError(f"pools[{ep.name}]: an encoder pool runs the vision encoder in bf16/fp16 without pipeline "
-                       f"stages (got dtype={ep.dtype}, pp={ep.pp}); set dtype: bf16 and pp: 1")
+        raise EPDError(
+            f"pools[{ep.name}]: an encoder pool runs the vision encoder in bf16/fp16 without pipeline "
+            f"stages (got dtype={ep.dtype}, pp={ep.pp}); set dtype: bf16 and pp: 1"
+        )
     if ep.tp > gpu.gpus_per_node:
         raise EPDError(f"pools[{ep.name}].tp={ep.tp} exceeds the {gpu.gpus_per_node} GPUs of a {gpu.name} node")
     wbytes = vision.params * DTYPE_BYTES["bf16"] / ep.tp
     if wbytes > 0.9 * gpu.memory_bytes.value:
-        raise EPDError(f"pools[{ep.name}]: the encoder's {wbytes / 2**30:.1f} GiB of weights per GPU do not fit a "
-                       f"{gpu.name}; raise tp or choose a larger GPU")
+        raise EPDError(
+            f"pools[{ep.name}]: the encoder's {wbytes / 2**30:.1f} GiB of weights per GPU do not fit a "
+            f"{gpu.name}; raise tp or choose a larger GPU"
+        )
     cfg = ep.encoder
     budget = cfg.max_batch_tokens or max(vision.max_tokens_per_image, 8192)
     if biggest > budget:
-        raise EPDError(f"pools[{ep.name}].encoder.max_batch_tokens={budget}: an image of {biggest} visual tokens "
-                       f"(workload.images.resolutions) exceeds one encoder step's budget; raise max_batch_tokens "
-                       f"to at least {biggest} or use smaller images")
+        raise EPDError(
+            f"pools[{ep.name}].encoder.max_batch_tokens={budget}: an image of {biggest} visual tokens "
+            f"(workload.images.resolutions) exceeds one encoder step's budget; raise max_batch_tokens "
+            f"to at least {biggest} or use smaller images"
+        )
     try:
         engine = db.engine(ep.engine.engine)
         path = embedding_path(scn.embedding_transfer, db, ep, gpu, ep.tp, front_pool, front_dep)
-        model_e = encoder_model(vision, gpu, engine, db.profile_for(gpu.name, engine.engine, engine.version), ep.tp,
-                                cfg)
+        model_e = encoder_model(
+            vision, gpu, engine, db.profile_for(gpu.name, engine.engine, engine.version), ep.tp, cfg
+        )
     except (hwdb.HwdbError, ValueError) as exc:
         if isinstance(exc, EPDError):
             raise
         raise EPDError(f"pools[{ep.name}]: {exc}") from None
-    return new_reqs, setup(encoder_pool=ep, encoder_model=model_e, path=path, max_batch_tokens=budget,
-                           gpus=ep.instances * ep.tp,
-                           price_usd_per_hour=ep.instances * ep.tp * gpu.price_usd_per_hour.value,
-                           encoder_gpu=gpu.name)
+    return new_reqs, setup(
+        encoder_pool=ep,
+        encoder_model=model_e,
+        path=path,
+        max_batch_tokens=budget,
+        gpus=ep.instances * ep.tp,
+        price_usd_per_hour=ep.instances * ep.tp * gpu.price_usd_per_hour.value,
+        encoder_gpu=gpu.name,
+    )

@@ -4,6 +4,7 @@ Pydantic models only (validated, frozen); :mod:`simulator.epd.multimodal` turns
 :class:`ImageWorkload` into images, :mod:`simulator.epd.epd` runs the rest.
 Units: pixels, bytes, seconds.
 """
+
 from __future__ import annotations
 
 from typing import Annotated, Literal
@@ -49,8 +50,9 @@ class ChoiceCount(StrictModel):
     @model_validator(mode="after")
     def _same_length(self) -> ChoiceCount:
         if self.weights is not None and len(self.weights) != len(self.values):
-            raise ValueError(f"weights has {len(self.weights)} entries but values has {len(self.values)}; "
-                             "give one weight per value")
+            raise ValueError(
+                f"weights has {len(self.weights)} entries but values has {len(self.values)}; give one weight per value"
+            )
         return self
 
 
@@ -103,7 +105,7 @@ class EncoderConfig(StrictModel):
 
     max_batch_images: Annotated[int, Range(1, 65536, "images", whole=True)] = 64
     max_batch_tokens: Annotated[int, Range(1, MAX_TOKENS, "visual tokens", whole=True)] | None = None
-    cache_bytes: Bytes = 4 * 2 ** 30
+    cache_bytes: Bytes = 4 * 2**30
     tp_efficiency: dict[Annotated[int, Range(1, 72, "GPUs", whole=True)], Fraction] | None = None
     compute_efficiency: Fraction | None = None
 

@@ -14,6 +14,7 @@ Without an encoder tier the front pool encodes: the engine step that admits
 a request also runs the encoder over its images not in that instance's
 embedding cache, which lengthens that step for every request in the batch.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,7 +28,7 @@ from simulator.epd.epd import EmbeddingPath, EPDSetup
 from simulator.pd.fabric import Fabric, LinkState
 from simulator.summary_types import EncoderSummary
 
-if TYPE_CHECKING:                 # the scenario imports the epd package (epd_config)
+if TYPE_CHECKING:  # the scenario imports the epd package (epd_config)
     from simulator.scenario import PoolConfig
 
 
@@ -37,30 +38,30 @@ class EPDCoordinator:
     def __init__(self, env, setup: EPDSetup, front: list, route, choose, rng=None) -> None:
         self.env = env
         self.setup = setup
-        self.route = route                       # route(rid, instance or None): submit to the front pool
-        self.choose = choose                     # choose(rid) -> front instance index (the front router), or None
+        self.route = route  # route(rid, instance or None): submit to the front pool
+        self.choose = choose  # choose(rid) -> front instance index (the front router), or None
         self.images = setup.images
         self.costs = setup.costs
         n = len(setup.text_tokens)
         nan = math.nan
-        self.t_enc_start = [nan] * n             # first image of the request starts encoding (or hits cache)
-        self.t_encoded = [nan] * n               # last image encoded
-        self.t_lm_submit = [nan] * n             # embeddings arrived: request enters the front pool's queue
-        self.inline_encode_s = [0.0] * n         # front pool: encoder time added to the admitting step
+        self.t_enc_start = [nan] * n  # first image of the request starts encoding (or hits cache)
+        self.t_encoded = [nan] * n  # last image encoded
+        self.t_lm_submit = [nan] * n  # embeddings arrived: request enters the front pool's queue
+        self.inline_encode_s = [0.0] * n  # front pool: encoder time added to the admitting step
         self.encoder_hits = 0
         self.bytes_moved = 0.0
-        self.encoders: list[EncoderInstance] = []   # serving encoders: images go to these
-        self.made: list[EncoderInstance] = []       # every encoder instance made, by index
+        self.encoders: list[EncoderInstance] = []  # serving encoders: images go to these
+        self.made: list[EncoderInstance] = []  # every encoder instance made, by index
         self.fabric: Fabric | None = None
         self.inline_caches: list[EmbeddingCache] = []
-        self.inline_busy: list[float] = []       # per front instance: inline encoder seconds
-        self.inline_lookups = 0                  # images looked up at admissions (re-admissions included)
-        self.front: list = []                    # front instances by index (add_front)
+        self.inline_busy: list[float] = []  # per front instance: inline encoder seconds
+        self.inline_lookups = 0  # images looked up at admissions (re-admissions included)
+        self.front: list = []  # front instances by index (add_front)
         self.egress: list = []
         self.ingress: list = []
         self._pending: dict[int, int] = {}
         self._where: dict[int, EncoderInstance] = {}
-        self._inflight: dict[int, list[int]] = {}   # image id -> images waiting on its one encode
+        self._inflight: dict[int, list[int]] = {}  # image id -> images waiting on its one encode
         self._arrived_at: dict[int, float] = {}
         if setup.encoder_pool is not None:
             self.fabric = Fabric(env, rng)
@@ -88,11 +89,25 @@ class EPDCoordinator:
         """A new encoder instance (the next index) with its egress NIC; images go to it once the caller
         puts it in :attr:`encoders`, and its process (:meth:`EncoderInstance.run`) is the caller's to start."""
         (ep, model, p), i = self._tier(), len(self.made)
-        enc = EncoderInstance(i, ep.name, model, self.costs, ep.encoder.max_batch_images,
-                              self.setup.max_batch_tokens, ep.encoder.cache_bytes, self._encoder_done)
+        enc = EncoderInstance(
+            i,
+            ep.name,
+            model,
+            self.costs,
+            ep.encoder.max_batch_images,
+            self.setup.max_batch_tokens,
+            ep.encoder.cache_bytes,
+            self._encoder_done,
+        )
         self.made.append(enc)
-        self.egress.append(self._nic(f"{p.link_name}:encoder{i}:out" if p.encoder_share == 1 else
-                                     f"{p.link_name}:encoder-nic{i // p.encoder_share}:out", p.encoder_side_Bps))
+        self.egress.append(
+            self._nic(
+                f"{p.link_name}:encoder{i}:out"
+                if p.encoder_share == 1
+                else f"{p.link_name}:encoder-nic{i // p.encoder_share}:out",
+                p.encoder_side_Bps,
+            )
+        )
         return enc
 
     def add_front(self, inst) -> None:
@@ -101,9 +116,14 @@ class EPDCoordinator:
         self.front.append(inst)
         if self.setup.encoder_pool is not None:
             p = self._tier()[2]
-            self.ingress.append(self._nic(f"{p.link_name}:{inst.pool}{inst.index}:embeddings-in" if p.lm_share == 1
-                                          else f"{p.link_name}:{inst.pool}-nic{inst.index // p.lm_share}:embeddings-in",
-                                          p.lm_side_Bps))
+            self.ingress.append(
+                self._nic(
+                    f"{p.link_name}:{inst.pool}{inst.index}:embeddings-in"
+                    if p.lm_share == 1
+                    else f"{p.link_name}:{inst.pool}-nic{inst.index // p.lm_share}:embeddings-in",
+                    p.lm_side_Bps,
+                )
+            )
         else:
             self.inline_caches.append(EmbeddingCache(self.setup.inline_cache_bytes))
             self.inline_busy.append(0.0)
@@ -127,7 +147,7 @@ class EPDCoordinator:
                 self.encoder_hits += 1
                 self._encoded(holder, img, self.env.now, self.env.now)
                 continue
-            if iid in self._inflight:        # the same image is being encoded: share that encode
+            if iid in self._inflight:  # the same image is being encoded: share that encode
                 self._inflight[iid].append(img)
                 self.encoder_hits += 1
                 continue
@@ -169,14 +189,18 @@ class EPDCoordinator:
         p, fabric = self._tier()[2], self.fabric
         assert fabric is not None, "an encoder tier has its fabric"
 
-        def arrived(_event: object) -> None:     # one embedding of the request arrived at ``inst``
+        def arrived(_event: object) -> None:  # one embedding of the request arrived at ``inst``
             self._arrived(rid, inst)
+
         for i in imgs:
             nbytes = float(self.costs.emb_bytes[i])
             self.bytes_moved += nbytes
             # Host staging (a connector without GPU-direct, or in its TCP mode) is paid in series before the bytes flow.
-            ev = fabric.transfer((self.egress[self._where.pop(i).index], self.ingress[inst]), nbytes,
-                                 p.setup_s + nbytes * p.staged_s_per_byte)
+            ev = fabric.transfer(
+                (self.egress[self._where.pop(i).index], self.ingress[inst]),
+                nbytes,
+                p.setup_s + nbytes * p.staged_s_per_byte,
+            )
             ev.callbacks.append(arrived)
 
     def _arrived(self, rid: int, inst: int) -> None:
@@ -207,8 +231,9 @@ class EPDCoordinator:
         idx = np.asarray(todo)
         model = self.setup.inline_model
         assert model is not None, "a front pool that encodes has its inline encoder model"
-        dt = model.batch_time(float(c.lin_flops[idx].sum()), float(c.attn_flops[idx].sum()),
-                              float(c.patches[idx].sum()))
+        dt = model.batch_time(
+            float(c.lin_flops[idx].sum()), float(c.attn_flops[idx].sum()), float(c.patches[idx].sum())
+        )
         for i in todo:
             cache.insert(int(c.image_id[i]), float(c.emb_bytes[i]))
         if math.isnan(self.t_enc_start[rid]):
@@ -265,8 +290,15 @@ def encoder_summary(coord: EPDCoordinator, span: float) -> EncoderSummary:
         hits = coord.inline_lookups - encoded
         where = coord.front[0].pool if coord.front else ""
     total = hits + encoded
-    return {"topology": s.topology, "pool": where, "images": int(s.images.total),
-            "images_encoded": int(encoded), "cache_hits": int(hits), "cache_hit_rate": hits / total if total else 0.0,
-            "utilisation": float(np.mean(busy)) if busy else 0.0, "utilisation_per_instance": busy,
-            "embedding_bytes_moved": coord.bytes_moved,
-            "links": coord.fabric.link_stats() if coord.fabric is not None else []}
+    return {
+        "topology": s.topology,
+        "pool": where,
+        "images": int(s.images.total),
+        "images_encoded": int(encoded),
+        "cache_hits": int(hits),
+        "cache_hit_rate": hits / total if total else 0.0,
+        "utilisation": float(np.mean(busy)) if busy else 0.0,
+        "utilisation_per_instance": busy,
+        "embedding_bytes_moved": coord.bytes_moved,
+        "links": coord.fabric.link_stats() if coord.fabric is not None else [],
+    }

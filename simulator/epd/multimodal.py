@@ -8,6 +8,7 @@ lengths.  :func:`read_azure_multimodal` reads the ``NumImages`` column of an
 Azure multimodal trace (``TIMESTAMP,NumImages,ContextTokens,GeneratedTokens``),
 in the same order as :func:`simulator.traces.read_trace` returns its rows.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -57,13 +58,16 @@ def _counts(cfg: ImageWorkload, n: int, rng: np.random.Generator, trace_counts: 
         return np.asarray(c.values, dtype=np.int64)[rng.choice(len(c.values), size=n, p=w / w.sum())]
     assert isinstance(c, TraceCount)
     if trace_counts is None:
-        raise TraceError("workload.images.count: kind 'trace' reads NumImages from an Azure multimodal trace; "
-                         "replay one with arrival {kind: trace, path: ...}, or give a fixed/uniform/choice count")
+        raise TraceError(
+            "workload.images.count: kind 'trace' reads NumImages from an Azure multimodal trace; "
+            "replay one with arrival {kind: trace, path: ...}, or give a fixed/uniform/choice count"
+        )
     return np.asarray(trace_counts[:n], dtype=np.int64)
 
 
-def generate_images(cfg: ImageWorkload, n: int, rng: np.random.Generator,
-                    trace_counts: np.ndarray | None = None) -> Images:
+def generate_images(
+    cfg: ImageWorkload, n: int, rng: np.random.Generator, trace_counts: np.ndarray | None = None
+) -> Images:
     """Images of ``n`` requests (counts first, then catalogue ids, then resolutions)."""
     counts = _counts(cfg, n, rng, trace_counts)
     offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
@@ -89,9 +93,12 @@ def read_azure_multimodal(path: str | Path, limit: int | None = None) -> np.ndar
 
     Raises :class:`TraceError` naming the line of the first bad value.
     """
-    expected = ("each row must be TIMESTAMP,NumImages,ContextTokens,GeneratedTokens, e.g. "
-                "'2024-05-10 00:00:00.011000,2,1043,132' (the Azure multimodal trace)")
+    expected = (
+        "each row must be TIMESTAMP,NumImages,ContextTokens,GeneratedTokens, e.g. "
+        "'2024-05-10 00:00:00.011000,2,1043,132' (the Azure multimodal trace)"
+    )
     import pandas as pd  # noqa: PLC0415 - the CLI starts without pandas
+
     t = read_csv_rows(Path(path), AZURE_MM_COLUMNS, (), expected, limit)
     x = numbers_of(t.df["NumImages"])
     bad = ~np.isfinite(x) | (x != np.floor(x)) | (x < 0) | (x > 1024)
@@ -99,8 +106,9 @@ def read_azure_multimodal(path: str | Path, limit: int | None = None) -> np.ndar
         raise t.fail(int(np.argmax(bad)), "NumImages", "an image count (an integer from 0 to 1024)")
     stamps = pd.to_datetime(t.df["TIMESTAMP"], format="ISO8601", errors="coerce")
     if stamps.isna().any():
-        raise t.fail(int(np.argmax(stamps.isna().to_numpy())), "TIMESTAMP",
-                     "a timestamp like 2024-05-10 00:00:00.011000")
+        raise t.fail(
+            int(np.argmax(stamps.isna().to_numpy())), "TIMESTAMP", "a timestamp like 2024-05-10 00:00:00.011000"
+        )
     arrival = ((stamps - stamps.iloc[0]) / pd.Timedelta(seconds=1)).to_numpy(dtype=np.float64)
     order = np.argsort(arrival, kind="stable") if (np.diff(arrival) < 0).any() else np.arange(len(x))
     return x.astype(np.int64)[order]

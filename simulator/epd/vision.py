@@ -29,6 +29,7 @@ hidden size, once per merger (Qwen3-VL adds one per DeepStack layer).
 Embedding bytes = visual tokens x o x (1 + DeepStack layers) x dtype bytes:
 DeepStack features travel with the final embeddings.
 """
+
 from __future__ import annotations
 
 import math
@@ -46,24 +47,24 @@ class VisionArch:
     """A vision encoder's shape and its image processor's rules (see the module docstring)."""
 
     model: str
-    processor: str                 # "smart_resize" | "fixed"
-    depth: int                     # transformer blocks run (LLaVA: up to the feature layer)
+    processor: str  # "smart_resize" | "fixed"
+    depth: int  # transformer blocks run (LLaVA: up to the feature layer)
     hidden_size: int
     intermediate_size: int
     num_heads: int
     patch_size: int
-    spatial_merge_size: int        # 1 when no merge
-    temporal_patch_size: int       # images are repeated to fill the temporal patch
-    out_hidden_size: int           # language model hidden size the merger projects to
-    mlp_matrices: int              # 3: SwiGLU, 2: GELU
-    window_patches: int = 0        # keys per query in windowed blocks; 0: all blocks full attention
+    spatial_merge_size: int  # 1 when no merge
+    temporal_patch_size: int  # images are repeated to fill the temporal patch
+    out_hidden_size: int  # language model hidden size the merger projects to
+    mlp_matrices: int  # 3: SwiGLU, 2: GELU
+    window_patches: int = 0  # keys per query in windowed blocks; 0: all blocks full attention
     full_attention_blocks: tuple[int, ...] = ()
     deepstack_layers: int = 0
     min_pixels: int = 0
     max_pixels: int = 0
-    image_size: int = 0            # fixed processor: square side in pixels
+    image_size: int = 0  # fixed processor: square side in pixels
     cls_token: bool = False
-    projector_layers: int = 2      # LLaVA projector: Linear(d, o) + Linear(o, o)
+    projector_layers: int = 2  # LLaVA projector: Linear(d, o) + Linear(o, o)
 
     @property
     def factor(self) -> int:
@@ -86,12 +87,12 @@ class VisionArch:
         if self.processor == "fixed":
             d, o = self.hidden_size, self.out_hidden_size
             return d * o + (self.projector_layers - 1) * o * o
-        big = self.hidden_size * self.spatial_merge_size ** 2
+        big = self.hidden_size * self.spatial_merge_size**2
         return (1 + self.deepstack_layers) * (big * big + big * self.out_hidden_size)
 
     @property
     def patch_embed_params(self) -> int:
-        return IN_CHANNELS * self.temporal_patch_size * self.patch_size ** 2 * self.hidden_size
+        return IN_CHANNELS * self.temporal_patch_size * self.patch_size**2 * self.hidden_size
 
     @property
     def params(self) -> int:
@@ -103,9 +104,11 @@ def vision_arch(entry) -> VisionArch:
     """The :class:`VisionArch` of an hwdb model entry; :class:`VisionError` for a text-only model."""
     v = entry.sidecar.vision
     if not v:
-        raise VisionError(f"model {entry.name} has no vision encoder (its sidecar has no 'vision' block); "
-                          "requests with images need a vision-language model such as Qwen2.5-VL-7B, "
-                          "Qwen3-VL-4B or LLaVA-1.5-7B, or set the workload's images to none")
+        raise VisionError(
+            f"model {entry.name} has no vision encoder (its sidecar has no 'vision' block); "
+            "requests with images need a vision-language model such as Qwen2.5-VL-7B, "
+            "Qwen3-VL-4B or LLaVA-1.5-7B, or set the workload's images to none"
+        )
     try:
         processor = v.get("processor", "smart_resize")
         full = tuple(int(i) for i in v.get("fullatt_block_indexes", ()) or ())
@@ -119,19 +122,31 @@ def vision_arch(entry) -> VisionArch:
             depth = depth + 1 + layer if layer < 0 else layer
         mlp = v.get("mlp", "swiglu")
         arch = VisionArch(
-            model=entry.name, processor=processor, depth=depth, hidden_size=int(v["hidden_size"]),
-            intermediate_size=int(v["intermediate_size"]), num_heads=int(v["num_heads"]),
-            patch_size=int(v["patch_size"]), spatial_merge_size=int(v.get("spatial_merge_size", 1)),
+            model=entry.name,
+            processor=processor,
+            depth=depth,
+            hidden_size=int(v["hidden_size"]),
+            intermediate_size=int(v["intermediate_size"]),
+            num_heads=int(v["num_heads"]),
+            patch_size=int(v["patch_size"]),
+            spatial_merge_size=int(v.get("spatial_merge_size", 1)),
             temporal_patch_size=int(v.get("temporal_patch_size", 1)),
             out_hidden_size=int(v.get("out_hidden_size") or entry.arch.hidden_size),
-            mlp_matrices={"swiglu": 3, "gelu": 2}[mlp], window_patches=window_patches,
-            full_attention_blocks=full, deepstack_layers=len(v.get("deepstack_visual_indexes", ()) or ()),
-            min_pixels=int(v.get("min_pixels", 0)), max_pixels=int(v.get("max_pixels", 0)),
-            image_size=int(v.get("image_size", 0)), cls_token=bool(v.get("cls_token", False)))
+            mlp_matrices={"swiglu": 3, "gelu": 2}[mlp],
+            window_patches=window_patches,
+            full_attention_blocks=full,
+            deepstack_layers=len(v.get("deepstack_visual_indexes", ()) or ()),
+            min_pixels=int(v.get("min_pixels", 0)),
+            max_pixels=int(v.get("max_pixels", 0)),
+            image_size=int(v.get("image_size", 0)),
+            cls_token=bool(v.get("cls_token", False)),
+        )
     except (KeyError, TypeError, ValueError) as exc:
-        raise VisionError(f"model {entry.name}: the sidecar's vision block is incomplete or malformed ({exc!r}); "
-                          "it needs depth, hidden_size, intermediate_size, num_heads, patch_size and, for "
-                          "smart_resize, min_pixels and max_pixels") from None
+        raise VisionError(
+            f"model {entry.name}: the sidecar's vision block is incomplete or malformed ({exc!r}); "
+            "it needs depth, hidden_size, intermediate_size, num_heads, patch_size and, for "
+            "smart_resize, min_pixels and max_pixels"
+        ) from None
     if processor not in ("smart_resize", "fixed"):
         raise VisionError(f"model {entry.name}: vision.processor={processor!r} is unknown; use smart_resize or fixed")
     if processor == "smart_resize" and not 0 < arch.min_pixels <= arch.max_pixels:
@@ -143,14 +158,17 @@ def vision_arch(entry) -> VisionArch:
 
 # ---------------------------------------------------------------- resize rules
 
+
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
     """(height, width) in pixels after the Qwen-VL processors' resize; both multiples of ``factor``."""
     if height <= 0 or width <= 0:
         raise VisionError(f"image size {width}x{height} must be positive in both dimensions")
     if max(height, width) / min(height, width) > 200:
-        raise VisionError(f"image {width}x{height} has an aspect ratio of "
-                          f"{max(height, width) / min(height, width):.0f}; the Qwen-VL processors refuse "
-                          "ratios above 200: crop or pad the image")
+        raise VisionError(
+            f"image {width}x{height} has an aspect ratio of "
+            f"{max(height, width) / min(height, width):.0f}; the Qwen-VL processors refuse "
+            "ratios above 200: crop or pad the image"
+        )
     h_bar = round(height / factor) * factor
     w_bar = round(width / factor) * factor
     if h_bar * w_bar > max_pixels:
@@ -202,7 +220,7 @@ def encoder_flops(v: VisionArch, width: int, height: int) -> tuple[float, float]
     if v.processor == "fixed":
         lin += 2.0 * (n - (1 if v.cls_token else 0)) * v.merger_params
     else:
-        lin += 2.0 * (n / v.spatial_merge_size ** 2) * v.merger_params
+        lin += 2.0 * (n / v.spatial_merge_size**2) * v.merger_params
     return lin, attn
 
 

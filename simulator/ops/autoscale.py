@@ -10,6 +10,7 @@ HPA does) and drains the newest serving instances before removing them.
 Instances still starting count as present, so a policy does not order the
 same capacity twice while it boots.
 """
+
 from __future__ import annotations
 
 import math
@@ -26,16 +27,16 @@ class Observation:
     """What a policy sees of one pool at time ``now`` (seconds; rates in requests/s)."""
 
     now: float
-    serving: int            # instances taking traffic
-    present: int            # serving + starting (what the policy controls)
-    waiting: int            # requests queued on serving instances and at the gateway
-    kv_util: float          # mean KV-cache occupancy of serving instances (0..1)
-    rate_now: float         # arrivals per second over the last window
-    rate_prev: float        # arrivals per second over the window before it
+    serving: int  # instances taking traffic
+    present: int  # serving + starting (what the policy controls)
+    waiting: int  # requests queued on serving instances and at the gateway
+    kv_util: float  # mean KV-cache occupancy of serving instances (0..1)
+    rate_now: float  # arrivals per second over the last window
+    rate_prev: float  # arrivals per second over the window before it
     window_s: float
-    lead_s: float           # time until capacity ordered now would serve
-    mean_input: float       # mean prompt tokens of the arrivals so far
-    mean_output: float      # mean output tokens of the arrivals so far
+    lead_s: float  # time until capacity ordered now would serve
+    mean_input: float  # mean prompt tokens of the arrivals so far
+    mean_output: float  # mean output tokens of the arrivals so far
 
 
 class Policy:
@@ -86,11 +87,11 @@ class KVUtilisation(Policy):
 class PoolContext:
     """What the SLO policy needs to know about one pool's instances."""
 
-    role: str                   # colocated | prefill | decode
+    role: str  # colocated | prefill | decode
     step_model: StepModel
     max_num_seqs: int
-    chunk: int                  # max_num_batched_tokens
-    kv_tokens: int              # KV-cache tokens per instance
+    chunk: int  # max_num_batched_tokens
+    kv_tokens: int  # KV-cache tokens per instance
     tpot_slo_s: float | None
 
 
@@ -115,7 +116,7 @@ def instance_capacity(ctx: PoolContext, mean_input: float, mean_output: float) -
     b_max = max(1, min(ctx.max_num_seqs, ctx.kv_tokens // max(1, int(n_in + n_out))))
     b = b_max
     if ctx.tpot_slo_s is not None and m.decode_time(b, ctx_len) > ctx.tpot_slo_s:
-        lo, hi = 1, b_max          # largest b with decode_time(b) <= SLO (1 if even that misses)
+        lo, hi = 1, b_max  # largest b with decode_time(b) <= SLO (1 if even that misses)
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if m.decode_time(mid, ctx_len) <= ctx.tpot_slo_s:

@@ -50,6 +50,7 @@ compiled repeats, distinct MoE pieces).  ``level="low"`` skips the P2P check
 Inductor and capture.  Beyond 48 layers, 14B parameters or one GPU the fitted
 formulas extrapolate: :attr:`Breakdown.extrapolated` says which.
 """
+
 from __future__ import annotations
 
 import math
@@ -65,8 +66,20 @@ from simulator.perf import Deployment
 CompileCache = Literal["miss", "hit"]
 CudagraphMode = Literal["FULL_AND_PIECEWISE", "PIECEWISE", "NONE"]
 
-PHASES = ("image_pull", "process_start", "distributed_init", "p2p_check", "weights", "dynamo", "compile",
-          "kv_profile", "jit_kernels", "deepgemm_warmup", "cuda_graphs", "api_ready")
+PHASES = (
+    "image_pull",
+    "process_start",
+    "distributed_init",
+    "p2p_check",
+    "weights",
+    "dynamo",
+    "compile",
+    "kv_profile",
+    "jit_kernels",
+    "deepgemm_warmup",
+    "cuda_graphs",
+    "api_ready",
+)
 LEVELS = ("low", "typical", "high")
 PHASE_LABELS = {
     "image_pull": "container image pull",
@@ -138,6 +151,7 @@ class Breakdown:
 
 # ---- CUDA-graph capture sizes ------------------------------------------------------------
 
+
 def capture_sizes(max_size: int, max_num_batched_tokens: int | None = None, rule: str = "v1") -> list[int]:
     """Batch sizes vLLM captures CUDA graphs for (ascending).
 
@@ -164,8 +178,9 @@ def capture_sizes(max_size: int, max_num_batched_tokens: int | None = None, rule
     return sizes
 
 
-def captured_graphs(piecewise: list[int], max_num_seqs: int, mode: str,
-                    full_relative_cost: float) -> tuple[float, float]:
+def captured_graphs(
+    piecewise: list[int], max_num_seqs: int, mode: str, full_relative_cost: float
+) -> tuple[float, float]:
     """(graphs, sum of batch sizes) captured, FULL decode graphs weighted by their relative cost.
 
     ``FULL_AND_PIECEWISE`` (default since vLLM 0.11) captures every size as
@@ -187,8 +202,10 @@ def captured_graphs(piecewise: list[int], max_num_seqs: int, mode: str,
 
 # ---- phase formulas on plain numbers (shared by breakdown and the fit check) -------------
 
-def weights_seconds(checkpoint_bytes: float, ranks: int, storage_Bps: float, latency_s: float,
-                    loader_Bps: float) -> float:
+
+def weights_seconds(
+    checkpoint_bytes: float, ranks: int, storage_Bps: float, latency_s: float, loader_Bps: float
+) -> float:
     """Node reads the checkpoint once; each rank moves its shard at the loader rate, overlapped."""
     return latency_s + max(checkpoint_bytes / storage_Bps, checkpoint_bytes / ranks / loader_Bps)
 
@@ -203,8 +220,14 @@ def unique_piece_seconds(c: StartupCoefficients) -> float:
     return (c.coef("compile_miss", "c0_s") + 2.0 * c.coef("compile_miss", "c1_s_per_layer")) / 3.0
 
 
-def compile_seconds(c: StartupCoefficients, layers: int, cache: str, compile_sizes: int = 0,
-                    unique: int = 3, repeats_compiled: bool = True) -> float:
+def compile_seconds(
+    c: StartupCoefficients,
+    layers: int,
+    cache: str,
+    compile_sizes: int = 0,
+    unique: int = 3,
+    repeats_compiled: bool = True,
+) -> float:
     """Inductor on a miss (``unique`` distinct of ``layers + 1`` pieces), artifact load on a hit, s."""
     extra = 1.0 + c.compile_size_relative_cost.value * compile_sizes
     if cache == "miss":
@@ -220,17 +243,28 @@ def kv_profile_seconds(c: StartupCoefficients, layers: int, cache: str) -> float
     return c.coef("kv_profile", "k0_s") + k * layers
 
 
-def capture_seconds(c: StartupCoefficients, graphs: float, size_sum: float, layers: float,
-                    params_per_rank: float, peak_flops: float, g1: float | None = None) -> float:
+def capture_seconds(
+    c: StartupCoefficients,
+    graphs: float,
+    size_sum: float,
+    layers: float,
+    params_per_rank: float,
+    peak_flops: float,
+    g1: float | None = None,
+) -> float:
     """CUDA-graph capture without gc, s; ``layers`` may be weighted (MoE), ``g1`` defaults to the fit."""
     if graphs <= 0:
         return 0.0
     g1 = c.coef("cuda_graphs", "g1_s_per_graph_layer") if g1 is None else g1
-    return (c.coef("cuda_graphs", "g0_s") + g1 * graphs * layers
-            + c.coef("cuda_graphs", "g2_passes") * size_sum * 2.0 * params_per_rank / peak_flops)
+    return (
+        c.coef("cuda_graphs", "g0_s")
+        + g1 * graphs * layers
+        + c.coef("cuda_graphs", "g2_passes") * size_sum * 2.0 * params_per_rank / peak_flops
+    )
 
 
 # ---- the breakdown -------------------------------------------------------------------------
+
 
 def _choice(name: str, value, allowed) -> None:
     if value not in allowed:
@@ -238,17 +272,34 @@ def _choice(name: str, value, allowed) -> None:
 
 
 # Without a scale set (a calibrated start-up set of one's own): the fit alone, no P2P check or gc.
-_FIT_ONLY = VersionRules(capture_rule="v1", cudagraph_mode="FULL_AND_PIECEWISE", gc_per_capture_size=False,
-                         p2p_check=False, repeat_pieces_compiled=True, moe_pieces_unique=False,
-                         source="no scale set: the fitted formulas only")
+_FIT_ONLY = VersionRules(
+    capture_rule="v1",
+    cudagraph_mode="FULL_AND_PIECEWISE",
+    gc_per_capture_size=False,
+    p2p_check=False,
+    repeat_pieces_compiled=True,
+    moe_pieces_unique=False,
+    source="no scale set: the fitted formulas only",
+)
 
 
-def breakdown(dep: Deployment, compile_cache: CompileCache = "miss", storage: str = "nvme",
-              image_cached: bool = True, *, image: str = "vllm-openai", engine: str = "vllm-v1",
-              compile_sizes: int = 0, cudagraph_mode: CudagraphMode | None = None,
-              capture_rule: str | None = None, compile_multiplier: float = 1.0,
-              db: ColdStartDB | None = None, level: str = "typical", vllm_version: str | None = None,
-              capture_sizes_override: list[int] | tuple[int, ...] | None = None) -> Breakdown:
+def breakdown(
+    dep: Deployment,
+    compile_cache: CompileCache = "miss",
+    storage: str = "nvme",
+    image_cached: bool = True,
+    *,
+    image: str = "vllm-openai",
+    engine: str = "vllm-v1",
+    compile_sizes: int = 0,
+    cudagraph_mode: CudagraphMode | None = None,
+    capture_rule: str | None = None,
+    compile_multiplier: float = 1.0,
+    db: ColdStartDB | None = None,
+    level: str = "typical",
+    vllm_version: str | None = None,
+    capture_sizes_override: list[int] | tuple[int, ...] | None = None,
+) -> Breakdown:
     """Start-up phases of ``dep`` (see the module docstring for every formula).
 
     ``compile_cache``: ``"miss"`` (first start, or a cache that did not
@@ -267,8 +318,10 @@ def breakdown(dep: Deployment, compile_cache: CompileCache = "miss", storage: st
     """
     _choice("compile_cache", compile_cache, ("miss", "hit"))
     if compile_sizes < 0 or int(compile_sizes) != compile_sizes:
-        raise ColdStartError(f"compile_sizes={compile_sizes!r} must be a whole number >= 0 "
-                             f"(the length of compilation_config.compile_sizes)")
+        raise ColdStartError(
+            f"compile_sizes={compile_sizes!r} must be a whole number >= 0 "
+            f"(the length of compilation_config.compile_sizes)"
+        )
     if not compile_multiplier > 0:
         raise ColdStartError(f"compile_multiplier={compile_multiplier!r} must be > 0 (1 = the fitted compile time)")
     _choice("level", level, LEVELS)
@@ -276,8 +329,10 @@ def breakdown(dep: Deployment, compile_cache: CompileCache = "miss", storage: st
     coef = db.coefficients(engine)
     sc = db.scale_ranges(engine)
     if sc is None and vllm_version is not None:
-        raise ColdStartError(f"vllm_version={vllm_version!r} needs a scale set for start-up set '{engine}' "
-                             f"(hwdb/data/coldstart/vllm-scale.yaml applies to vllm-v1)")
+        raise ColdStartError(
+            f"vllm_version={vllm_version!r} needs a scale set for start-up set '{engine}' "
+            f"(hwdb/data/coldstart/vllm-scale.yaml applies to vllm-v1)"
+        )
     try:
         rules = sc.version(vllm_version) if sc is not None else _FIT_ONLY
     except HwdbError as exc:
@@ -288,6 +343,7 @@ def breakdown(dep: Deployment, compile_cache: CompileCache = "miss", storage: st
 
     def R(key: str, fitted: float) -> float:
         return sc.at(key, level) if sc is not None else fitted
+
     path = db.storage_path(storage)
     a, k = dep.arch, dep.knobs
     ranks = dep.tp * dep.pp
@@ -303,80 +359,140 @@ def breakdown(dep: Deployment, compile_cache: CompileCache = "miss", storage: st
 
     if not image_cached:
         img = db.image(image)
-        t = (img.compressed_bytes.value / img.registry_Bps.value
-             + img.uncompressed_bytes.value / img.extract_Bps.value)
-        phases.append(Phase("image_pull", t, f"{img.name}: {img.compressed_bytes.value / 1e9:.1f} GB at "
-                            f"{img.registry_Bps.value / 1e6:.0f} MB/s + unpack {img.uncompressed_bytes.value / 1e9:.1f}"
-                            f" GB at {img.extract_Bps.value / 1e6:.0f} MB/s"))
-    phases.append(Phase("process_start", R("process_start_s", coef.coef("process_start", "seconds")),
-                        f"{level} of the sourced range"))
+        t = img.compressed_bytes.value / img.registry_Bps.value + img.uncompressed_bytes.value / img.extract_Bps.value
+        phases.append(
+            Phase(
+                "image_pull",
+                t,
+                f"{img.name}: {img.compressed_bytes.value / 1e9:.1f} GB at "
+                f"{img.registry_Bps.value / 1e6:.0f} MB/s + unpack {img.uncompressed_bytes.value / 1e9:.1f}"
+                f" GB at {img.extract_Bps.value / 1e6:.0f} MB/s",
+            )
+        )
+    phases.append(
+        Phase(
+            "process_start",
+            R("process_start_s", coef.coef("process_start", "seconds")),
+            f"{level} of the sourced range",
+        )
+    )
     if ranks > 1:
         base, per = R("distributed_init_s_base", coef.distributed_init_s.value), R("distributed_init_s_per_rank", 0.0)
-        phases.append(Phase("distributed_init", base + per * ranks,
-                            f"{base:.0f} s + {ranks} ranks x {per:.2f} s (worker spawn, NCCL)"))
+        phases.append(
+            Phase(
+                "distributed_init",
+                base + per * ranks,
+                f"{base:.0f} s + {ranks} ranks x {per:.2f} s (worker spawn, NCCL)",
+            )
+        )
     pairs = dep.tp * (dep.tp - 1) // 2
-    p2p_on = level == "high" or (level == "typical" and rules.p2p_check)   # high: VLLM_SKIP_P2P_CHECK=0
+    p2p_on = level == "high" or (level == "typical" and rules.p2p_check)  # high: VLLM_SKIP_P2P_CHECK=0
     if pairs and miss and p2p_on and sc is not None:
         per_pair = R("p2p_check_s_per_pair", 0.0)
-        phases.append(Phase("p2p_check", pairs * per_pair, f"{pairs} GPU pairs x {per_pair:.2f} s, no cached "
-                            f"gpu_p2p_access_cache file (vLLM {ver} runs it by default)" if rules.p2p_check else
-                            f"{pairs} GPU pairs x {per_pair:.2f} s (VLLM_SKIP_P2P_CHECK=0)"))
+        phases.append(
+            Phase(
+                "p2p_check",
+                pairs * per_pair,
+                f"{pairs} GPU pairs x {per_pair:.2f} s, no cached "
+                f"gpu_p2p_access_cache file (vLLM {ver} runs it by default)"
+                if rules.p2p_check
+                else f"{pairs} GPU pairs x {per_pair:.2f} s (VLLM_SKIP_P2P_CHECK=0)",
+            )
+        )
     loader = R("loader_Bps_per_rank", coef.coef("weights_page_cache", "loader_Bps"))
     tw = weights_seconds(ckpt, ranks, path.bandwidth_Bps.value, path.latency_s.value, loader)
-    phases.append(Phase("weights", tw, f"{ckpt / 1e9:.1f} GB from {path.name} at {path.bandwidth_Bps.value / 1e9:.2f}"
-                        f" GB/s; {ckpt / ranks / 1e9:.1f} GB/rank at {loader / 1e9:.2f} GB/s"))
+    phases.append(
+        Phase(
+            "weights",
+            tw,
+            f"{ckpt / 1e9:.1f} GB from {path.name} at {path.bandwidth_Bps.value / 1e9:.2f}"
+            f" GB/s; {ckpt / ranks / 1e9:.1f} GB/rank at {loader / 1e9:.2f} GB/s",
+        )
+    )
     if not eager:
         w_dyn = R("dynamo_moe_layer_weight", 1.0)
-        phases.append(Phase("dynamo", dynamo_seconds(coef, layers, moe_l, w_dyn) * R("dynamo_multiplier", 1.0),
-                            f"{layers} layers/rank" + (f", {moe_l} MoE at x{w_dyn:.2f}" if moe_l else "")))
+        phases.append(
+            Phase(
+                "dynamo",
+                dynamo_seconds(coef, layers, moe_l, w_dyn) * R("dynamo_multiplier", 1.0),
+                f"{layers} layers/rank" + (f", {moe_l} MoE at x{w_dyn:.2f}" if moe_l else ""),
+            )
+        )
         unique = min(layers + 1, 3 + (moe_l if rules.moe_pieces_unique else 0))
         tc = compile_seconds(coef, layers, compile_cache, compile_sizes, unique, rules.repeat_pieces_compiled)
         if miss:
             tc *= compile_multiplier * R("compile_miss_multiplier", 1.0)
-            what = (f"cache miss: {unique} distinct of {layers + 1} pieces at {unique_piece_seconds(coef):.2f} s"
-                    + (", repeats re-run AOTAutograd" if rules.repeat_pieces_compiled else ", repeats reused"))
+            what = f"cache miss: {unique} distinct of {layers + 1} pieces at {unique_piece_seconds(coef):.2f} s" + (
+                ", repeats re-run AOTAutograd" if rules.repeat_pieces_compiled else ", repeats reused"
+            )
         else:
             tc *= R("compile_hit_multiplier", 1.0)
             what = f"cache hit: load artifacts, {layers} layers/rank"
         extra = f", {compile_sizes} static sizes" if compile_sizes else ""
         mult = f", x{compile_multiplier:g} what-if" if compile_multiplier != 1 and miss else ""
         phases.append(Phase("compile", tc, f"{what}{extra}{mult}"))
-    phases.append(Phase("kv_profile", kv_profile_seconds(coef, layers, "hit" if eager else compile_cache),
-                        f"profile run, {layers} layers/rank"))
+    phases.append(
+        Phase(
+            "kv_profile",
+            kv_profile_seconds(coef, layers, "hit" if eager else compile_cache),
+            f"profile run, {layers} layers/rank",
+        )
+    )
     if not eager and miss and R("jit_kernels_s", 0.0) > 0:
         phases.append(Phase("jit_kernels", R("jit_kernels_s", 0.0), "first forward passes on an empty ~/.cache"))
     hopper_plus = dep.gpu.name.startswith(("H100", "H200", "H20", "B200", "B300", "GB"))
     if a.is_moe and dep.weight_dtype == "fp8" and hopper_plus and miss and R("deepgemm_warmup_s", 0.0) > 0:
         phases.append(Phase("deepgemm_warmup", R("deepgemm_warmup_s", 0.0), "FP8 MoE GEMM kernels, cold cache"))
     if not eager and mode != "NONE":
-        sizes = (sorted(capture_sizes_override) if capture_sizes_override else
-                 capture_sizes(k.max_cudagraph_capture_size, k.max_num_batched_tokens, rule))
+        sizes = (
+            sorted(capture_sizes_override)
+            if capture_sizes_override
+            else capture_sizes(k.max_cudagraph_capture_size, k.max_num_batched_tokens, rule)
+        )
         n, s = captured_graphs(sizes, k.max_num_seqs, mode, coef.full_graph_relative_cost.value)
         w_cap = R("capture_moe_layer_weight", 1.0)
         g1 = R("capture_s_per_graph_layer", coef.coef("cuda_graphs", "g1_s_per_graph_layer"))
         tg = capture_seconds(coef, n, s, layers + (w_cap - 1.0) * moe_l, p_rank, peak, g1)
         gc = R("capture_gc_s_per_size_layer", 0.0) * n * layers if rules.gc_per_capture_size and n else 0.0
-        phases.append(Phase("cuda_graphs", tg + gc, f"{len(sizes)} sizes up to {max(sizes) if sizes else 0}, {mode}: "
-                            f"{n:.0f} graphs, {g1 * 1e3:.2f} ms per graph-layer"
-                            + (f", MoE x{w_cap:.2f}" if moe_l else "")
-                            + (f", gc.collect per graph {gc:.0f} s" if gc else "")))
+        phases.append(
+            Phase(
+                "cuda_graphs",
+                tg + gc,
+                f"{len(sizes)} sizes up to {max(sizes) if sizes else 0}, {mode}: "
+                f"{n:.0f} graphs, {g1 * 1e3:.2f} ms per graph-layer"
+                + (f", MoE x{w_cap:.2f}" if moe_l else "")
+                + (f", gc.collect per graph {gc:.0f} s" if gc else ""),
+            )
+        )
     phases.append(Phase("api_ready", coef.coef("api_ready", "seconds"), "fitted constant"))
 
     notes = []
     if layers > FIT_MAX_LAYERS:
-        notes.append(f"{layers} layers/rank is beyond the fitted 24-{FIT_MAX_LAYERS}: Dynamo, compile, profiling "
-                     f"and capture scale per layer and per piece from the fit")
+        notes.append(
+            f"{layers} layers/rank is beyond the fitted 24-{FIT_MAX_LAYERS}: Dynamo, compile, profiling "
+            f"and capture scale per layer and per piece from the fit"
+        )
     if a.total_params > FIT_MAX_PARAMS:
-        notes.append(f"{a.total_params / 1e9:.0f}B parameters is beyond the fitted 0.5-14B: weights load scales "
-                     f"with bytes (physics), the rest with layers")
+        notes.append(
+            f"{a.total_params / 1e9:.0f}B parameters is beyond the fitted 0.5-14B: weights load scales "
+            f"with bytes (physics), the rest with layers"
+        )
     if ranks > 1:
-        notes.append(f"TP x PP = {ranks}: ranks compile and capture concurrently; worker start, NCCL, P2P check, "
-                     f"per-rank loading and capture at TP > 1 are sourced ranges (vllm-scale.yaml), not fits")
+        notes.append(
+            f"TP x PP = {ranks}: ranks compile and capture concurrently; worker start, NCCL, P2P check, "
+            f"per-rank loading and capture at TP > 1 are sourced ranges (vllm-scale.yaml), not fits"
+        )
     if a.is_moe:
-        notes.append("MoE: Dynamo, distinct compiled pieces and capture weigh MoE layers from sourced logs "
-                     "(vllm-scale.yaml); compile tails of tens of minutes lie beyond the high end (outliers in "
-                     "vllm-v1.yaml)")
-    desc = (f"{a.name} on {ranks}x {dep.gpu.name} TP{dep.tp}" + (f" PP{dep.pp}" if dep.pp > 1 else "")
-            + f" {dep.weight_dtype}, vLLM {ver}, compile cache {compile_cache}, weights from {path.name}, image "
-            + ("cached" if image_cached else "pulled") + (f" [{level}]" if level != "typical" else ""))
+        notes.append(
+            "MoE: Dynamo, distinct compiled pieces and capture weigh MoE layers from sourced logs "
+            "(vllm-scale.yaml); compile tails of tens of minutes lie beyond the high end (outliers in "
+            "vllm-v1.yaml)"
+        )
+    desc = (
+        f"{a.name} on {ranks}x {dep.gpu.name} TP{dep.tp}"
+        + (f" PP{dep.pp}" if dep.pp > 1 else "")
+        + f" {dep.weight_dtype}, vLLM {ver}, compile cache {compile_cache}, weights from {path.name}, image "
+        + ("cached" if image_cached else "pulled")
+        + (f" [{level}]" if level != "typical" else "")
+    )
     return Breakdown(tuple(phases), compile_cache, path.name, image_cached, desc, tuple(notes), level)

@@ -28,14 +28,16 @@ source timed (``observed_phases``), at the release it ran (``vllm_version``);
 :func:`calibration.coldstart.holdout.held_out_checks` predicts each again with
 the ranges re-derived without the case's own source.
 """
+
 from __future__ import annotations
 
 from simulator.ops.coldstart import LEVELS, Breakdown, CompileCache, breakdown
 from simulator.ops.k8s import recommend_probes
 
 
-def breakdown_range(dep, compile_cache: CompileCache = "miss", storage: str = "nvme", image_cached: bool = True,
-                    **kw) -> dict[str, Breakdown]:
+def breakdown_range(
+    dep, compile_cache: CompileCache = "miss", storage: str = "nvme", image_cached: bool = True, **kw
+) -> dict[str, Breakdown]:
     """``{level: Breakdown}`` for low, typical and high (same arguments as :func:`breakdown`)."""
     return {lv: breakdown(dep, compile_cache, storage, image_cached, level=lv, **kw) for lv in LEVELS}
 
@@ -44,5 +46,6 @@ def recommend_high(dep, storage: str = "nvme", image_cached: bool = True, margin
     """Probe recommendation sized on the high end of a cold-cache start (see :mod:`simulator.ops.k8s`)."""
     path = kw.pop("path", "/health")
     port = kw.pop("port", 8000)
-    return recommend_probes(breakdown(dep, "miss", storage, image_cached, level="high", **kw), margin=margin,
-                            path=path, port=port)
+    return recommend_probes(
+        breakdown(dep, "miss", storage, image_cached, level="high", **kw), margin=margin, path=path, port=port
+    )

@@ -23,6 +23,7 @@ Link degradation
     degraded periods (mean ``duration_s``) at ``bandwidth_factor`` of the
     link's bandwidth; transfers in flight are re-rated at each change.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -72,8 +73,9 @@ def fp8_defaults(user_dirs: Iterable[str | Path] = ()) -> FP8Hazard:
     """The default hazard of hwdb ``faults/`` (shipped, or a user folder's entry of the same name, by the rules
     of :func:`hwdb.load`), every figure checked to carry a source."""
     tables, _ = load_kind("faults", read_fault_file, user_dirs)
-    return find("fault", tables.get("faults", {}), FP8_NAME, "Add it as faults/<name>.yaml in a user hwdb folder "
-                                                               "(--hwdb DIR).").hazard
+    return find(
+        "fault", tables.get("faults", {}), FP8_NAME, "Add it as faults/<name>.yaml in a user hwdb folder (--hwdb DIR)."
+    ).hazard
 
 
 def fp8_hazard(cfg, pools, hwdb_dirs: Iterable[str | Path] = ()) -> dict[str, FP8Hazard]:
@@ -82,9 +84,11 @@ def fp8_hazard(cfg, pools, hwdb_dirs: Iterable[str | Path] = ()) -> dict[str, FP
     if cfg is None:
         return {}
     base = fp8_defaults(hwdb_dirs)
-    hz = FP8Hazard(base.rate_per_token_s if cfg.rate_per_token_s is None else cfg.rate_per_token_s,
-                   base.onset_tokens if cfg.onset_tokens is None else cfg.onset_tokens,
-                   base.source if cfg.rate_per_token_s is None else "scenario")
+    hz = FP8Hazard(
+        base.rate_per_token_s if cfg.rate_per_token_s is None else cfg.rate_per_token_s,
+        base.onset_tokens if cfg.onset_tokens is None else cfg.onset_tokens,
+        base.source if cfg.rate_per_token_s is None else "scenario",
+    )
     names = set(cfg.pools) if cfg.pools else {p.name for p in pools if p.dtype == "fp8"}
     return dict.fromkeys(names, hz)
 
@@ -110,8 +114,12 @@ def fp8_crash_process(env, inst, hazard: FP8Hazard, rng, crash):
             return
         h = hazard.rate_per_token_s * context_excess(inst, hazard.onset_tokens)
         if rng.random() * bound < h:
-            crash(inst, f"FP8 activation-outlier crash (hazard {h * 3600:.2g}/h at "
-                        f"{h / hazard.rate_per_token_s:,.0f} context tokens beyond {hazard.onset_tokens})", "fp8")
+            crash(
+                inst,
+                f"FP8 activation-outlier crash (hazard {h * 3600:.2g}/h at "
+                f"{h / hazard.rate_per_token_s:,.0f} context tokens beyond {hazard.onset_tokens})",
+                "fp8",
+            )
             return
 
 

@@ -32,6 +32,7 @@ Startup Probes" and "Pod Lifecycle"):
 
 Ties: a probe at the very instant the server comes up succeeds.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -86,30 +87,49 @@ class Probe:
             number = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
             if not number or (isinstance(v, float) and not v.is_integer()):
                 example = int(v) if number else 10
-                raise self._bad(attr, "Kubernetes takes a whole number here",
-                                f"write {_FIELDS[attr]} as an integer (e.g. {example})")
+                raise self._bad(
+                    attr,
+                    "Kubernetes takes a whole number here",
+                    f"write {_FIELDS[attr]} as an integer (e.g. {example})",
+                )
         if self.initial_delay_s < 0:
-            raise self._bad("initial_delay_s", "it must be >= 0 seconds",
-                            "set initialDelaySeconds to 0 or more (0 probes right after the gate)")
+            raise self._bad(
+                "initial_delay_s",
+                "it must be >= 0 seconds",
+                "set initialDelaySeconds to 0 or more (0 probes right after the gate)",
+            )
         if self.period_s < 1:
-            raise self._bad("period_s", "it must be >= 1 second (Kubernetes rejects 0 and negative periods)",
-                            "set periodSeconds to a positive value, e.g. 10 (the Kubernetes default)")
+            raise self._bad(
+                "period_s",
+                "it must be >= 1 second (Kubernetes rejects 0 and negative periods)",
+                "set periodSeconds to a positive value, e.g. 10 (the Kubernetes default)",
+            )
         if self.timeout_s < 1:
-            raise self._bad("timeout_s", "it must be >= 1 second",
-                            "set timeoutSeconds to a positive value, e.g. 1 (the default) to 5")
+            raise self._bad(
+                "timeout_s",
+                "it must be >= 1 second",
+                "set timeoutSeconds to a positive value, e.g. 1 (the default) to 5",
+            )
         if self.failure_threshold < 1:
-            raise self._bad("failure_threshold", "it must be >= 1 (Kubernetes rejects 0)",
-                            "set failureThreshold to 1 or more, e.g. 3 (the default); size a startupProbe's "
-                            "threshold with `epdsim probes`")
+            raise self._bad(
+                "failure_threshold",
+                "it must be >= 1 (Kubernetes rejects 0)",
+                "set failureThreshold to 1 or more, e.g. 3 (the default); size a startupProbe's "
+                "threshold with `epdsim probes`",
+            )
         if self.success_threshold != 1:
-            raise self._bad("success_threshold", "liveness and startup probes must use 1, and this model "
-                            "supports only 1", "set successThreshold to 1 (the default)")
+            raise self._bad(
+                "success_threshold",
+                "liveness and startup probes must use 1, and this model supports only 1",
+                "set successThreshold to 1 (the default)",
+            )
         if self.timeout_s >= self.period_s:
             raise ProbeError(
                 f"{self.name}.timeoutSeconds={self.timeout_s} must be less than periodSeconds={self.period_s}: a probe "
                 f"allowed to run a whole period overlaps the next and a hung server is noticed "
                 f"failureThreshold x timeoutSeconds late. Fix: lower timeoutSeconds (e.g. "
-                f"{max(1, min(5, self.period_s - 1))}) or raise periodSeconds above {self.timeout_s}.")
+                f"{max(1, min(5, self.period_s - 1))}) or raise periodSeconds above {self.timeout_s}."
+            )
 
     @property
     def give_up_after_s(self) -> int:
@@ -117,10 +137,14 @@ class Probe:
         return self.initial_delay_s + self.period_s * (self.failure_threshold - 1)
 
     def to_k8s(self) -> dict:
-        return {"httpGet": {"path": self.path, "port": self.port},
-                "initialDelaySeconds": int(self.initial_delay_s), "periodSeconds": int(self.period_s),
-                "timeoutSeconds": int(self.timeout_s), "successThreshold": int(self.success_threshold),
-                "failureThreshold": int(self.failure_threshold)}
+        return {
+            "httpGet": {"path": self.path, "port": self.port},
+            "initialDelaySeconds": int(self.initial_delay_s),
+            "periodSeconds": int(self.period_s),
+            "timeoutSeconds": int(self.timeout_s),
+            "successThreshold": int(self.success_threshold),
+            "failureThreshold": int(self.failure_threshold),
+        }
 
 
 @dataclass(frozen=True)
@@ -131,10 +155,10 @@ class PodSpec:
     liveness: Probe | None = None
     readiness: Probe | None = None
     compile_cache_volume: bool = False
-    termination_s: float = 0.0          # SIGTERM to container exit after a kill
+    termination_s: float = 0.0  # SIGTERM to container exit after a kill
     backoff_initial_s: float = 10.0
     backoff_cap_s: float = 300.0
-    backoff_reset_s: float = 600.0      # a container that ran this long resets the back-off
+    backoff_reset_s: float = 600.0  # a container that ran this long resets the back-off
 
     def __post_init__(self) -> None:
         for attr, k8s in (("startup", "startupProbe"), ("liveness", "livenessProbe"), ("readiness", "readinessProbe")):
@@ -146,8 +170,10 @@ class PodSpec:
         if self.termination_s < 0:
             raise ProbeError(f"termination_s={self.termination_s} must be >= 0 (seconds from SIGTERM to exit)")
         if not 0 < self.backoff_initial_s <= self.backoff_cap_s:
-            raise ProbeError(f"back-off: need 0 < backoff_initial_s ({self.backoff_initial_s}) <= backoff_cap_s "
-                             f"({self.backoff_cap_s}); Kubernetes uses 10 and 300")
+            raise ProbeError(
+                f"back-off: need 0 < backoff_initial_s ({self.backoff_initial_s}) <= backoff_cap_s "
+                f"({self.backoff_cap_s}); Kubernetes uses 10 and 300"
+            )
 
 
 @dataclass
@@ -157,9 +183,9 @@ class Attempt:
     index: int
     started_s: float
     compile_cache: str
-    needs_s: float                       # container start -> API answers
+    needs_s: float  # container start -> API answers
     ended_s: float | None = None
-    outcome: str = "running"             # running | serving | killed
+    outcome: str = "running"  # running | serving | killed
     killed_by: str | None = None
     phase: str = ""
     phase_started_s: float = 0.0
@@ -176,8 +202,8 @@ class PodResult:
     """What happened to the pod within the horizon (times in seconds from pod creation)."""
 
     horizon_s: float
-    ready_s: float | None = None         # Ready condition: traffic starts
-    serving_s: float | None = None       # the API answers (attempt that got ready)
+    ready_s: float | None = None  # Ready condition: traffic starts
+    serving_s: float | None = None  # the API answers (attempt that got ready)
     restarts: int = 0
     backoffs_s: list[float] = field(default_factory=list)
     attempts: list[Attempt] = field(default_factory=list)
@@ -201,12 +227,15 @@ class PodResult:
 def _kill_reason(att: Attempt, by: str, now: float) -> str:
     phase = att.phase or "start"
     label = PHASE_LABELS.get(phase, phase)
-    return (f"{by} probe killed the container during {label}: phase '{phase}' at "
-            f"{now - att.started_s:.0f} s of the {att.needs_s:.0f} s start")
+    return (
+        f"{by} probe killed the container during {label}: phase '{phase}' at "
+        f"{now - att.started_s:.0f} s of the {att.needs_s:.0f} s start"
+    )
 
 
-def simulate_pod(first: Breakdown, spec: PodSpec, warm: Breakdown | None = None,
-                 horizon_s: float = 1800.0) -> PodResult:
+def simulate_pod(
+    first: Breakdown, spec: PodSpec, warm: Breakdown | None = None, horizon_s: float = 1800.0
+) -> PodResult:
     """Run one pod until it is Ready or ``horizon_s`` passes.
 
     ``first`` is the start-up of the first container (its ``image_pull`` phase,
@@ -235,7 +264,7 @@ def simulate_pod(first: Breakdown, spec: PodSpec, warm: Breakdown | None = None,
                     state["cache_warm"] = True
             att.phase, att.api_up_s, att.outcome = "serving", env.now, "serving"
             log(f"attempt {att.index}: API server answering")
-            yield env.event()                     # serve until the horizon
+            yield env.event()  # serve until the horizon
         except simpy.Interrupt:
             return
 
@@ -248,7 +277,7 @@ def simulate_pod(first: Breakdown, spec: PodSpec, warm: Breakdown | None = None,
         att.alive, att.outcome, att.killed_by, att.ended_s = False, "killed", by, env.now
         log(f"attempt {att.index}: {_kill_reason(att, by, env.now)}")
         res.reason = _kill_reason(att, by, env.now)
-        if state["ready_attempt"] == att.index:        # Ready without a readinessProbe, now dead: not Ready
+        if state["ready_attempt"] == att.index:  # Ready without a readinessProbe, now dead: not Ready
             res.ready_s = res.serving_s = state["ready_attempt"] = None
             log(f"attempt {att.index}: pod no longer Ready")
         ctr.interrupt()
@@ -261,7 +290,8 @@ def simulate_pod(first: Breakdown, spec: PodSpec, warm: Breakdown | None = None,
             if env.now < att.planned_up_s and not res.warnings:
                 res.warnings.append(
                     f"the pod is Ready at {env.now:.0f} s but the API answers only at {att.planned_up_s:.0f} s: "
-                    f"without a readinessProbe traffic arrives {att.planned_up_s - env.now:.0f} s early and fails")
+                    f"without a readinessProbe traffic arrives {att.planned_up_s - env.now:.0f} s early and fails"
+                )
 
     def probe_loop(att: Attempt, ctr, probe: Probe, kind: str, exit_ev, on_success=None):
         yield env.timeout(probe.initial_delay_s)
@@ -298,14 +328,15 @@ def simulate_pod(first: Breakdown, spec: PodSpec, warm: Breakdown | None = None,
             bd = warm if (state["cache_warm"] and warm is not None) else first
             att = Attempt(len(res.attempts) + 1, env.now, bd.compile_cache, bd.container_s)
             res.attempts.append(att)
-            log(f"attempt {att.index}: container started (compile cache {bd.compile_cache}, "
-                f"needs {att.needs_s:.0f} s)")
+            log(f"attempt {att.index}: container started (compile cache {bd.compile_cache}, needs {att.needs_s:.0f} s)")
             ctr = env.process(container(att, bd))
             exit_ev = env.event()
             if spec.startup is not None:
+
                 def started(a: Attempt = att, c=ctr, e=exit_ev) -> None:
                     log(f"attempt {a.index}: startup probe succeeded")
                     after_gate(a, c, e)
+
                 env.process(probe_loop(att, ctr, spec.startup, "startup", exit_ev, started))
             else:
                 after_gate(att, ctr, exit_ev)
@@ -324,19 +355,24 @@ def simulate_pod(first: Breakdown, spec: PodSpec, warm: Breakdown | None = None,
     if res.ready_s is None:
         last = res.attempts[-1] if res.attempts else None
         if res.reason is not None:
-            res.reason += (f"; {res.restarts} restart{'s' * (res.restarts != 1)}, back-offs "
-                           f"{', '.join(f'{b:.0f}' for b in res.backoffs_s)} s (CrashLoopBackOff)")
+            res.reason += (
+                f"; {res.restarts} restart{'s' * (res.restarts != 1)}, back-offs "
+                f"{', '.join(f'{b:.0f}' for b in res.backoffs_s)} s (CrashLoopBackOff)"
+            )
             if spec.compile_cache_volume and not state["cache_warm"]:
                 res.reason += "; the compile cache volume never got a finished compile to keep"
         elif last is None:
             res.reason = f"the image pull ({first.seconds('image_pull'):.0f} s) outlasts the horizon"
         else:
-            res.reason = (f"the start needs {last.needs_s:.0f} s; attempt {last.index} began at "
-                          f"{last.started_s:.0f} s and the horizon ended first")
+            res.reason = (
+                f"the start needs {last.needs_s:.0f} s; attempt {last.index} began at "
+                f"{last.started_s:.0f} s and the horizon ended first"
+            )
     return res
 
 
 # ---- recommendation -----------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class ProbeRecommendation:
@@ -354,8 +390,9 @@ class ProbeRecommendation:
         return PodSpec(self.startup, self.liveness, self.readiness, compile_cache_volume=compile_cache_volume)
 
 
-def recommend_probes(bd: Breakdown, margin: float = 0.5, period_s: int = 10,
-                     path: str = "/health", port: int = 8000) -> ProbeRecommendation:
+def recommend_probes(
+    bd: Breakdown, margin: float = 0.5, period_s: int = 10, path: str = "/health", port: int = 8000
+) -> ProbeRecommendation:
     """A startupProbe that tolerates ``(1 + margin) x`` the container start of ``bd``.
 
     The startup probe runs from container start (image pull excluded) with no
@@ -378,13 +415,19 @@ def recommend_probes(bd: Breakdown, margin: float = 0.5, period_s: int = 10,
     startup = Probe(0, period_s, min(5, period_s - 1), threshold, 1, "startupProbe", path, port)
     liveness = Probe(0, 10, 5, 3, 1, "livenessProbe", path, port)
     readiness = Probe(0, 5, 3, 3, 1, "readinessProbe", path, port)
-    body = yaml.safe_dump({"startupProbe": startup.to_k8s(), "livenessProbe": liveness.to_k8s(),
-                           "readinessProbe": readiness.to_k8s()}, sort_keys=False, default_flow_style=False)
-    head = (f"# {bd.description}\n"
-            f"# modelled start, container start -> API answers: {basis:.0f} s (image pull excluded: probes "
-            f"do not see it)\n"
-            f"# safety margin {margin:.0%}: budget {budget:.0f} s; this startupProbe restarts the container only "
-            f"after\n# periodSeconds x (failureThreshold - 1) = {period_s} x {threshold - 1} = "
-            f"{period_s * (threshold - 1)} s without an answer; liveness/readiness start once it succeeds\n")
-    return ProbeRecommendation(startup, liveness, readiness, basis, float(margin), float(period_s * (threshold - 1)),
-                               head + body)
+    body = yaml.safe_dump(
+        {"startupProbe": startup.to_k8s(), "livenessProbe": liveness.to_k8s(), "readinessProbe": readiness.to_k8s()},
+        sort_keys=False,
+        default_flow_style=False,
+    )
+    head = (
+        f"# {bd.description}\n"
+        f"# modelled start, container start -> API answers: {basis:.0f} s (image pull excluded: probes "
+        f"do not see it)\n"
+        f"# safety margin {margin:.0%}: budget {budget:.0f} s; this startupProbe restarts the container only "
+        f"after\n# periodSeconds x (failureThreshold - 1) = {period_s} x {threshold - 1} = "
+        f"{period_s * (threshold - 1)} s without an answer; liveness/readiness start once it succeeds\n"
+    )
+    return ProbeRecommendation(
+        startup, liveness, readiness, basis, float(margin), float(period_s * (threshold - 1)), head + body
+    )

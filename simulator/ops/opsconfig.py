@@ -13,6 +13,7 @@ runs exactly as before.  Units: seconds, tokens, requests.
   degradation episodes on the PD fabric (:mod:`simulator.ops.faults`);
 * ``retry``: what happens to requests in flight on a crashed instance.
 """
+
 from __future__ import annotations
 
 from typing import Annotated, Literal
@@ -28,13 +29,16 @@ from simulator.ops.k8s import Probe
 class ProbeConfig(StrictModel):
     """One Kubernetes probe (``httpGet /health``), fields as in the pod spec, in seconds."""
 
-    initial_delay_s: Annotated[int, Range(0, 86400, "s", whole=True,
-                                          fix="set initialDelaySeconds (0 probes right after the gate)")] = 0
-    period_s: Annotated[int, Range(1, 3600, "s", whole=True,
-                                   fix="set periodSeconds, e.g. 10 (the Kubernetes default)")] = 10
+    initial_delay_s: Annotated[
+        int, Range(0, 86400, "s", whole=True, fix="set initialDelaySeconds (0 probes right after the gate)")
+    ] = 0
+    period_s: Annotated[
+        int, Range(1, 3600, "s", whole=True, fix="set periodSeconds, e.g. 10 (the Kubernetes default)")
+    ] = 10
     timeout_s: Annotated[int, Range(1, 3600, "s", whole=True, fix="set timeoutSeconds, e.g. 1 (the default) to 5")] = 1
-    failure_threshold: Annotated[int, Range(1, 10_000, "probes", whole=True,
-                                            fix="set failureThreshold, e.g. 3 (the default)")] = 3
+    failure_threshold: Annotated[
+        int, Range(1, 10_000, "probes", whole=True, fix="set failureThreshold, e.g. 3 (the default)")
+    ] = 3
 
     @model_validator(mode="after")
     def _valid(self) -> ProbeConfig:
@@ -72,8 +76,10 @@ class StartupConfig(StrictModel):
     def _probes(self) -> StartupConfig:
         given = [n for n in ("startup_probe", "liveness", "readiness") if getattr(self, n) is not None]
         if self.probes == "recommended" and given:
-            raise ValueError(f"{', '.join(given)} given but probes='recommended' ignores them; set probes: given "
-                             f"to use your own probes, or remove them")
+            raise ValueError(
+                f"{', '.join(given)} given but probes='recommended' ignores them; set probes: given "
+                f"to use your own probes, or remove them"
+            )
         return self
 
 
@@ -97,8 +103,9 @@ class AutoscaleConfig(StrictModel):
     max_instances: Annotated[int, Range(1, 4096, "instances", whole=True)] = 8
     # Below 0.1 s the autoscaler's ticks swamp the run.
     interval_s: Annotated[float, Range(0.1, 86400, "s", fix="give seconds between decisions, e.g. 15")] = 15.0
-    target_queue: Annotated[float, Range(0, 1e6, "requests", lo_open=True,
-                                         fix="give waiting requests per instance")] = 4.0
+    target_queue: Annotated[
+        float, Range(0, 1e6, "requests", lo_open=True, fix="give waiting requests per instance")
+    ] = 4.0
     target_kv: Fraction = 0.8
     target_utilisation: Fraction = 0.7
     window_s: Annotated[float, Range(0, 1e7, "s", lo_open=True, fix="give seconds")] = 60.0
@@ -109,8 +116,10 @@ class AutoscaleConfig(StrictModel):
         if self.policy not in POLICIES:
             raise ValueError(f"policy={self.policy!r} is unknown; choose one of {sorted(POLICIES)}")
         if self.min_instances > self.max_instances:
-            raise ValueError(f"min_instances={self.min_instances} exceeds max_instances={self.max_instances}; "
-                             f"make min_instances <= max_instances")
+            raise ValueError(
+                f"min_instances={self.min_instances} exceeds max_instances={self.max_instances}; "
+                f"make min_instances <= max_instances"
+            )
         return self
 
 
@@ -125,8 +134,9 @@ class FP8CrashConfig(StrictModel):
     """
 
     # Up to 1e-3: a 1k-token instance crashes each second.
-    rate_per_token_s: Annotated[float, Range(0, 1e-3, "per token per s",
-                                             fix="give a hazard per context token")] | None = None
+    rate_per_token_s: (
+        Annotated[float, Range(0, 1e-3, "per token per s", fix="give a hazard per context token")] | None
+    ) = None
     onset_tokens: Annotated[int, Range(0, 10**8, "tokens", whole=True)] | None = None
     pools: tuple[str, ...] = ()
 
@@ -198,28 +208,38 @@ def check_against_pools(ops: OperationsConfig, pools) -> None:
             raise ValueError(f"operations.autoscale.{name}: no pool is named {name!r}; pools are {names}")
         n = next(p.instances for p in pools if p.name == name)
         if not cfg.min_instances <= n <= cfg.max_instances:
-            raise ValueError(f"operations.autoscale.{name}: the pool starts with instances={n}, outside "
-                             f"[min_instances={cfg.min_instances}, max_instances={cfg.max_instances}]; "
-                             f"set the pool's instances within the bounds")
+            raise ValueError(
+                f"operations.autoscale.{name}: the pool starts with instances={n}, outside "
+                f"[min_instances={cfg.min_instances}, max_instances={cfg.max_instances}]; "
+                f"set the pool's instances within the bounds"
+            )
     if ops.enabled and any(p.dp > 1 for p in pools):
-        raise ValueError("operations (autoscaling, faults) do not model attention data-parallel instances yet (a "
-                         "crash or a scale step would take all dp ranks at once); remove the operations block or "
-                         "set dp: 1")
+        raise ValueError(
+            "operations (autoscaling, faults) do not model attention data-parallel instances yet (a "
+            "crash or a scale step would take all dp ranks at once); remove the operations block or "
+            "set dp: 1"
+        )
     encoders = [p.name for p in pools if p.role == "encoder"]
     for name, cfg in ops.autoscale.items():
         if name in encoders and cfg.policy != "queue":
-            raise ValueError(f"operations.autoscale.{name}: an encoder pool autoscales on its image queue only "
-                             f"(policy: queue, target_queue in images); policy {cfg.policy!r} reads a "
-                             f"language model's KV cache or step times")
+            raise ValueError(
+                f"operations.autoscale.{name}: an encoder pool autoscales on its image queue only "
+                f"(policy: queue, target_queue in images); policy {cfg.policy!r} reads a "
+                f"language model's KV cache or step times"
+            )
     pd_ = any(p.role == "prefill" for p in pools)
     f = ops.faults
     for what, fault in (("fp8_crash", f.fp8_crash), ("node_failure", f.node_failure)):
-        for name in (fault.pools if fault is not None else ()):
+        for name in fault.pools if fault is not None else ():
             if name not in names:
                 raise ValueError(f"operations.faults.{what}.pools: no pool is named {name!r}; pools are {names}")
             if name in encoders:
-                raise ValueError(f"operations.faults.{what}.pools: {name!r} is an encoder pool, and encoder "
-                                 f"crashes are not modelled yet (faults strike language-model instances)")
+                raise ValueError(
+                    f"operations.faults.{what}.pools: {name!r} is an encoder pool, and encoder "
+                    f"crashes are not modelled yet (faults strike language-model instances)"
+                )
     if f.link_degradation is not None and not pd_:
-        raise ValueError("operations.faults.link_degradation applies to the KV-transfer fabric of a "
-                         "prefill-decode deployment; this scenario has one pool: remove it or add PD pools")
+        raise ValueError(
+            "operations.faults.link_degradation applies to the KV-transfer fabric of a "
+            "prefill-decode deployment; this scenario has one pool: remove it or add PD pools"
+        )

@@ -14,6 +14,7 @@ deployment (:func:`simulator.ops.coldstart.breakdown`):
 The delay is the pod's Ready time, so probe periods and crash loops count; a
 start the probes never let finish gives ``None`` (the instance never serves).
 """
+
 from __future__ import annotations
 
 import hwdb
@@ -38,8 +39,8 @@ class StartTimes:
         self.provisioning_s = provisioning_s
         self.new_breakdown = new_breakdown
         self.restart_breakdown = restart_breakdown
-        self.new = new                  # simulator.ops.k8s pod result of a new instance
-        self.restart = restart          # ... and of a restarted container
+        self.new = new  # simulator.ops.k8s pod result of a new instance
+        self.restart = restart  # ... and of a restarted container
         self.pod_spec = pod_spec
 
     def new_delay(self) -> float | None:
@@ -55,11 +56,15 @@ class StartTimes:
         return res.reason or "never ready"
 
     def describe(self) -> dict:
-        return {"provisioning_s": self.provisioning_s,
-                "new_start": self.new_breakdown.description, "new_ready_s": self.new.ready_s,
-                "new_serving_delay_s": self.new_delay(),
-                "restart_start": self.restart_breakdown.description, "restart_ready_s": self.restart.ready_s,
-                "never_ready": self.new.reason if self.new.never_ready else None}
+        return {
+            "provisioning_s": self.provisioning_s,
+            "new_start": self.new_breakdown.description,
+            "new_ready_s": self.new.ready_s,
+            "new_serving_delay_s": self.new_delay(),
+            "restart_start": self.restart_breakdown.description,
+            "restart_ready_s": self.restart.ready_s,
+            "never_ready": self.new.reason if self.new.never_ready else None,
+        }
 
 
 def start_times(dep, cfg, hwdb_dirs=(), field: str = "operations.startup") -> StartTimes:
@@ -69,6 +74,7 @@ def start_times(dep, cfg, hwdb_dirs=(), field: str = "operations.startup") -> St
 
         def bd(cache: CompileCache, image_cached: bool, level: str = "typical"):
             return breakdown(dep, cache, cfg.storage, image_cached, db=db, level=level)
+
         volume = cfg.compile_cache != "none"
         new_cold, new_warm = bd("miss", cfg.image_cached), bd("hit", cfg.image_cached)
         re_cold, re_warm = bd("miss", True), bd("hit", True)
@@ -76,12 +82,20 @@ def start_times(dep, cfg, hwdb_dirs=(), field: str = "operations.startup") -> St
             # sized on the high end of the sourced range (simulator/ops/coldstart_scale.py)
             spec = recommend_probes(bd("miss", cfg.image_cached, "high"), cfg.margin).pod_spec(volume)
         else:
-            startup, liveness, readiness = (getattr(cfg, n).probe() if getattr(cfg, n) is not None else None
-                                            for n in ("startup_probe", "liveness", "readiness"))
+            startup, liveness, readiness = (
+                getattr(cfg, n).probe() if getattr(cfg, n) is not None else None
+                for n in ("startup_probe", "liveness", "readiness")
+            )
             spec = PodSpec(startup, liveness, readiness, compile_cache_volume=volume)
     except (ColdStartError, hwdb.HwdbError, ProbeError) as exc:
         raise StartupError(f"{field}: {exc}") from None
     new_bd = new_warm if cfg.compile_cache == "persistent" else new_cold
     restart_bd = re_warm if volume else re_cold
-    return StartTimes(cfg.provisioning_s, new_bd, restart_bd, simulate_pod(new_bd, spec, new_warm, HORIZON_S),
-                      simulate_pod(restart_bd, spec, re_warm, HORIZON_S), spec)
+    return StartTimes(
+        cfg.provisioning_s,
+        new_bd,
+        restart_bd,
+        simulate_pod(new_bd, spec, new_warm, HORIZON_S),
+        simulate_pod(restart_bd, spec, re_warm, HORIZON_S),
+        spec,
+    )

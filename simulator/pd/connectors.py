@@ -37,6 +37,7 @@ What each connector needs on the wire, from the engines' own documentation:
 This module imports no planner module (the simulator's transfer model asks it too); ``opts`` below is a
 :class:`simulator.plan.manifests.ArtefactOptions`.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -45,9 +46,9 @@ from dataclasses import dataclass
 import hwdb
 from simulator.registry import Registry
 
-VLLM_PORT = 8000                      # the HTTP port every vLLM server and vLLM proxy of a plan listens on
-VLLM_REF = "v0.32.0"                  # the vLLM git tag proxy scripts are fetched at (that of the default image)
-MOONCAKE_BOOTSTRAP_PORT = 8998        # vLLM's VLLM_MOONCAKE_BOOTSTRAP_PORT default (prefill instances)
+VLLM_PORT = 8000  # the HTTP port every vLLM server and vLLM proxy of a plan listens on
+VLLM_REF = "v0.32.0"  # the vLLM git tag proxy scripts are fetched at (that of the default image)
+MOONCAKE_BOOTSTRAP_PORT = 8998  # vLLM's VLLM_MOONCAKE_BOOTSTRAP_PORT default (prefill instances)
 NIXL_SIDE_CHANNEL_PORT = 5600
 P2P_KV_PORT = 21001
 P2P_PROXY_HTTP_PORT = 10001
@@ -143,11 +144,18 @@ class KVConnector:
 
     def proxy(self, ends: dict[str, list[str]], opts) -> Proxy:
         """The PD proxy; ``ends``: role -> the URLs it reaches (per pod where :meth:`per_pod`)."""
-        hp = {r: (" ".join(u.split("//")[1].split(":")[0] for u in ends[r]),
-                  " ".join(u.rsplit(":", 1)[1] for u in ends[r])) for r in ("prefill", "decode")}
-        run = (f"python3 /tmp/proxy.py --host 0.0.0.0 --port {VLLM_PORT} --prefiller-hosts {hp['prefill'][0]} "
-               f"--prefiller-ports {hp['prefill'][1]} --decoder-hosts {hp['decode'][0]} "
-               f"--decoder-ports {hp['decode'][1]}")
+        hp = {
+            r: (
+                " ".join(u.split("//")[1].split(":")[0] for u in ends[r]),
+                " ".join(u.rsplit(":", 1)[1] for u in ends[r]),
+            )
+            for r in ("prefill", "decode")
+        }
+        run = (
+            f"python3 /tmp/proxy.py --host 0.0.0.0 --port {VLLM_PORT} --prefiller-hosts {hp['prefill'][0]} "
+            f"--prefiller-ports {hp['prefill'][1]} --decoder-hosts {hp['decode'][0]} "
+            f"--decoder-ports {hp['decode'][1]}"
+        )
         return Proxy("toy", TOY_PROXY, run, (("http", VLLM_PORT),))
 
     def tcp_mode(self) -> str:
@@ -212,8 +220,10 @@ class Nixl(KVConnector):
         # vLLM's NixlConnector maps a prefill rank's KV heads onto decode ranks only when decode TP is a multiple
         # of prefill TP; SGLang's and TensorRT-LLM's transfer engines re-shard any pair of divisible TP sizes.
         if engine == "vllm" and decode_tp % prefill_tp:
-            return (f"prefill TP={prefill_tp} and decode TP={decode_tp} cannot map KV shards with NixlConnector, "
-                    "which needs the decode TP to be a multiple of the prefill TP; use prefill tp <= decode tp")
+            return (
+                f"prefill TP={prefill_tp} and decode TP={decode_tp} cannot map KV shards with NixlConnector, "
+                "which needs the decode TP to be a multiple of the prefill TP; use prefill tp <= decode tp"
+            )
         return None
 
     def vllm_connector(self):
@@ -223,10 +233,13 @@ class Nixl(KVConnector):
         return {"kv_connector": self.vllm_connector(), "kv_role": "kv_both"}
 
     def env(self, tcp, opts, role):
-        return [pod_ip(), {"name": "UCX_TLS", "value": "tcp,cuda_copy" if tcp or self.tcp_only else "all"},
-                {"name": "UCX_NET_DEVICES", "value": opts.socket_ifname if tcp else opts.ucx_net_devices},
-                {"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "value": "$(POD_IP)"},
-                {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(NIXL_SIDE_CHANNEL_PORT)}]
+        return [
+            pod_ip(),
+            {"name": "UCX_TLS", "value": "tcp,cuda_copy" if tcp or self.tcp_only else "all"},
+            {"name": "UCX_NET_DEVICES", "value": opts.socket_ifname if tcp else opts.ucx_net_devices},
+            {"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "value": "$(POD_IP)"},
+            {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(NIXL_SIDE_CHANNEL_PORT)},
+        ]
 
     def ports(self, role):
         return [{"name": "nixl", "containerPort": NIXL_SIDE_CHANNEL_PORT, "protocol": "TCP"}]
@@ -247,7 +260,7 @@ class Nixl(KVConnector):
 
     def cpu_env(self, free_port, pinned, progress_thread):
         env = {"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port())}
-        if pinned:       # keep the pinning: calibration/harness/vllm_launcher.py says why
+        if pinned:  # keep the pinning: calibration/harness/vllm_launcher.py says why
             env["EPDSIM_NIXL_KEEP_BINDING"] = "1"
         if not progress_thread:
             env["EPDSIM_NIXL_PROGRESS_THREAD"] = "0"
@@ -260,7 +273,7 @@ class HostTcp(Nixl):
 
     name = "tcp"
     tcp_only = True
-    cpu_pair = None           # it has no vLLM connector name to start the CPU pair with
+    cpu_pair = None  # it has no vLLM connector name to start the CPU pair with
 
     def tp_mapping_error(self, engine, prefill_tp, decode_tp):
         # Modelled as a generic host-staged path (hwdb tcp.yaml), not as vLLM's NIXL rank mapping.
@@ -285,14 +298,24 @@ class P2pNccl(KVConnector):
         dflt = self.conn.default_buffer_bytes
         buf = buffer_bytes or (dflt.value if dflt else 1e9)
         # The prefill side receives nothing in PUT_ASYNC: its buffer is token-sized ("1e1").
-        cfg.update(kv_buffer_size="1e1" if role == "prefill" else f"{buf:.3g}", kv_port=str(P2P_KV_PORT),
-                   kv_connector_extra_config={"proxy_ip": proxy_host, "proxy_port": str(P2P_PROXY_ZMQ_PORT),
-                                              "http_port": str(VLLM_PORT), "send_type": "PUT_ASYNC"})
+        cfg.update(
+            kv_buffer_size="1e1" if role == "prefill" else f"{buf:.3g}",
+            kv_port=str(P2P_KV_PORT),
+            kv_connector_extra_config={
+                "proxy_ip": proxy_host,
+                "proxy_port": str(P2P_PROXY_ZMQ_PORT),
+                "http_port": str(VLLM_PORT),
+                "send_type": "PUT_ASYNC",
+            },
+        )
         return cfg
 
     def env(self, tcp, opts, role):
-        return [pod_ip()] + ([{"name": "NCCL_IB_DISABLE", "value": "1"},
-                              {"name": "NCCL_SOCKET_IFNAME", "value": opts.socket_ifname}] if tcp else [])
+        return [pod_ip()] + (
+            [{"name": "NCCL_IB_DISABLE", "value": "1"}, {"name": "NCCL_SOCKET_IFNAME", "value": opts.socket_ifname}]
+            if tcp
+            else []
+        )
 
     def ports(self, role):
         return [{"name": "kv", "containerPort": P2P_KV_PORT, "protocol": "TCP"}]
@@ -303,19 +326,26 @@ class P2pNccl(KVConnector):
     def proxy(self, ends, opts):
         # The script binds 10001 (clients) and 30001 (registrations); it is fetched at the pods' vLLM tag.
         tag = opts.p2pnccl_vllm_image.rsplit(":", 1)[-1]
-        return Proxy("p2pnccl", P2P_PROXY, "python3 /tmp/proxy.py",
-                     (("http", P2P_PROXY_HTTP_PORT), ("zmq", P2P_PROXY_ZMQ_PORT)),
-                     ref=tag if tag.startswith("v") else VLLM_REF, setup="pip install --no-cache-dir quart && ")
+        return Proxy(
+            "p2pnccl",
+            P2P_PROXY,
+            "python3 /tmp/proxy.py",
+            (("http", P2P_PROXY_HTTP_PORT), ("zmq", P2P_PROXY_ZMQ_PORT)),
+            ref=tag if tag.startswith("v") else VLLM_REF,
+            setup="pip install --no-cache-dir quart && ",
+        )
 
     def tcp_mode(self):
         return "NCCL's socket transport (`NCCL_IB_DISABLE=1`, `NCCL_SOCKET_IFNAME`)"
 
     def readme_notes(self, opts):
-        return ["- **P2pNcclConnector**: instances register with the proxy (`proxy_ip`/`proxy_port` 30001 "
-                "in `--kv-transfer-config`); `http_port` must equal `--port`; `kv_buffer_size` on decode is "
-                "the buffer the plan modelled: overflow goes to host memory and slows the transfer. "
-                f"vLLM 0.32 no longer ships P2pNcclConnector: the pods run `{opts.p2pnccl_vllm_image}` "
-                "(a release of its P2P NCCL guide); or plan with connector nixl."]
+        return [
+            "- **P2pNcclConnector**: instances register with the proxy (`proxy_ip`/`proxy_port` 30001 "
+            "in `--kv-transfer-config`); `http_port` must equal `--port`; `kv_buffer_size` on decode is "
+            "the buffer the plan modelled: overflow goes to host memory and slows the transfer. "
+            f"vLLM 0.32 no longer ships P2pNcclConnector: the pods run `{opts.p2pnccl_vllm_image}` "
+            "(a release of its P2P NCCL guide); or plan with connector nixl."
+        ]
 
 
 @register
@@ -331,13 +361,19 @@ class Mooncake(KVConnector):
         return cfg
 
     def env(self, tcp, opts, role):
-        boot = ([{"name": "VLLM_MOONCAKE_BOOTSTRAP_PORT", "value": str(MOONCAKE_BOOTSTRAP_PORT)}]
-                if role == "prefill" else [])
+        boot = (
+            [{"name": "VLLM_MOONCAKE_BOOTSTRAP_PORT", "value": str(MOONCAKE_BOOTSTRAP_PORT)}]
+            if role == "prefill"
+            else []
+        )
         return [pod_ip()] + boot + ([{"name": "MC_FORCE_TCP", "value": "1"}] if tcp else [])
 
     def ports(self, role):
-        return [{"name": "bootstrap", "containerPort": MOONCAKE_BOOTSTRAP_PORT, "protocol": "TCP"}] \
-            if role == "prefill" else []
+        return (
+            [{"name": "bootstrap", "containerPort": MOONCAKE_BOOTSTRAP_PORT, "protocol": "TCP"}]
+            if role == "prefill"
+            else []
+        )
 
     def per_pod(self, role):
         return role == "prefill"
@@ -345,14 +381,18 @@ class Mooncake(KVConnector):
     def proxy(self, ends, opts):
         # One --prefill URL BOOTSTRAP_PORT per prefill pod (the proxy queries that pod's bootstrap server for
         # its engine id and hands decode that address), one --decode URL per decode Service.
-        run = (f"python3 /tmp/proxy.py --host 0.0.0.0 --port {VLLM_PORT} "
-               + " ".join(f"--prefill {u} {MOONCAKE_BOOTSTRAP_PORT}" for u in ends["prefill"]) + " "
-               + " ".join(f"--decode {u}" for u in ends["decode"]))
+        run = (
+            f"python3 /tmp/proxy.py --host 0.0.0.0 --port {VLLM_PORT} "
+            + " ".join(f"--prefill {u} {MOONCAKE_BOOTSTRAP_PORT}" for u in ends["prefill"])
+            + " "
+            + " ".join(f"--decode {u}" for u in ends["decode"])
+        )
         return Proxy("mooncake", MOONCAKE_PROXY, run, (("http", VLLM_PORT),))
 
     def tcp_mode(self):
-        return ("Mooncake's TCP transport (`\"mooncake_protocol\":\"tcp\"` in `kv_connector_extra_config`, "
-                "`MC_FORCE_TCP=1`)")
+        return (
+            'Mooncake\'s TCP transport (`"mooncake_protocol":"tcp"` in `kv_connector_extra_config`, `MC_FORCE_TCP=1`)'
+        )
 
     def readme_notes(self, opts):
         return [
@@ -370,13 +410,16 @@ class Mooncake(KVConnector):
             "NetworkPolicies must let prefill and decode pods reach each other on any port. The image needs "
             "the Mooncake transfer engine (`pip install mooncake-transfer-engine-cuda13`, or "
             "`mooncake-transfer-engine` on CUDA 12, per vLLM's Mooncake guide); build one `FROM` the vLLM "
-            "image if `python3 -c 'import mooncake.engine'` fails in it."]
+            "image if `python3 -c 'import mooncake.engine'` fails in it."
+        ]
 
     def epd_notes(self, opts):
-        return ["- **E+P+D with MooncakeConnector**: vLLM's EPD proxy hands the prefill's "
-                "`kv_transfer_params` to decode as for NIXL and sends no `transfer_id`, which "
-                "MooncakeConnector needs: plan E+P+D with connector nixl, or front it with a proxy "
-                "that sends them."]
+        return [
+            "- **E+P+D with MooncakeConnector**: vLLM's EPD proxy hands the prefill's "
+            "`kv_transfer_params` to decode as for NIXL and sends no `transfer_id`, which "
+            "MooncakeConnector needs: plan E+P+D with connector nixl, or front it with a proxy "
+            "that sends them."
+        ]
 
     def files_note(self):
         return " (the Mooncake prefill pool: a StatefulSet and headless Service)"
@@ -390,5 +433,7 @@ class Example(KVConnector):
     cpu_pair = CPU_FILES
 
     def cpu_kv_transfer_config(self, kv_role, kv_path):
-        return {**super().cpu_kv_transfer_config(kv_role, kv_path),
-                "kv_connector_extra_config": {"shared_storage_path": kv_path}}
+        return {
+            **super().cpu_kv_transfer_config(kv_role, kv_path),
+            "kv_connector_extra_config": {"shared_storage_path": kv_path},
+        }

@@ -24,6 +24,7 @@ Invariants (checked by ``tests/test_fabric.py``):
 * ``bytes_sent == bytes_delivered`` whenever the fabric is idle, and each
   link's ``bytes_carried`` equals the bytes of the transfers that crossed it.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -38,7 +39,7 @@ from simulator.summary_types import LinkStats
 
 #: A transfer is complete when its remaining bytes are at most this fraction of its size.
 REL_TOL = 1e-9
-_UNIT = 1 << 1074          # every finite float is a whole number of 2**-1074
+_UNIT = 1 << 1074  # every finite float is a whole number of 2**-1074
 #: At most one active transfer: rates without the progressive filling's heap (Fabric._reallocate_one; the
 #: same values).  tests/test_fabric.py turns it off to compare.
 ONE_FLOW_PATH = True
@@ -46,8 +47,9 @@ ONE_FLOW_PATH = True
 
 def _exact(x: float) -> int:
     """``x`` (finite, >= 0) as a whole number of 2**-1074, exactly: the byte totals add these."""
-    n, d = x.as_integer_ratio()              # d is a power of two, at most 2**1074
+    n, d = x.as_integer_ratio()  # d is a power of two, at most 2**1074
     return n << (1075 - d.bit_length())
+
 
 class Fabric:
     """Active transfers on a set of links, with max-min fair rates.
@@ -63,11 +65,11 @@ class Fabric:
         self.env = env
         self.rng = rng
         self.links: dict[str, LinkState] = {}
-        self._sent = 0                           # bytes submitted and completed, in units of 2**-1074
+        self._sent = 0  # bytes submitted and completed, in units of 2**-1074
         self._delivered = 0
-        self.n_pending = 0                       # transfers in their latency phase
+        self.n_pending = 0  # transfers in their latency phase
         self._active: dict[Transfer, None] = {}  # insertion ordered, O(1) removal
-        self._last = env.now                     # time up to which bytes are accounted
+        self._last = env.now  # time up to which bytes are accounted
         self._version = 0
         self._wake_at: float | None = None
 
@@ -139,10 +141,16 @@ class Fabric:
         """Per link up to ``env.now``: bytes carried, busy seconds, mean utilisation of capacity."""
         self._advance()
         now = self.env.now
-        return [{"link": name, "capacity_Bps": ln.capacity_Bps, "bytes_carried": ln.bytes_carried,
-                 "busy_s": ln.busy_s(now),
-                 "utilisation": ln.bytes_carried / (ln.capacity_Bps * now) if now > 0 else 0.0}
-                for name, ln in self.links.items()]
+        return [
+            {
+                "link": name,
+                "capacity_Bps": ln.capacity_Bps,
+                "bytes_carried": ln.bytes_carried,
+                "busy_s": ln.busy_s(now),
+                "utilisation": ln.bytes_carried / (ln.capacity_Bps * now) if now > 0 else 0.0,
+            }
+            for name, ln in self.links.items()
+        ]
 
     # ---------------------------------------------------------------- internal
     def _register(self, ln: LinkState) -> None:
@@ -156,8 +164,7 @@ class Fabric:
         self.links[ln.name] = ln
 
     def _record(self, tr: Transfer) -> TransferRecord:
-        return TransferRecord(tr.start_s, tr.active_s, self.env.now, tr.nbytes,
-                              tuple(ln.name for ln in tr.path))
+        return TransferRecord(tr.start_s, tr.active_s, self.env.now, tr.nbytes, tuple(ln.name for ln in tr.path))
 
     def _activate(self, tr: Transfer) -> None:
         """End of the latency phase: start streaming (or finish at once if nothing to stream)."""
@@ -223,7 +230,7 @@ class Fabric:
         while heap:
             share, _, ln = pop(heap)
             if not ln._cnt or share != max(ln._rem, 0.0) / ln._cnt:
-                continue    # stale entry, or every flow on the link is already fixed
+                continue  # stale entry, or every flow on the link is already fixed
             for tr in ln._flows:
                 if tr._fixed:
                     continue
@@ -284,7 +291,7 @@ class Fabric:
         dt = min(tr.remaining_bytes / tr.rate_Bps for tr in self._active)
         at = self.env.now + dt
         if at == self._wake_at:
-            return          # the live wake-up is already at the right time
+            return  # the live wake-up is already at the right time
         self._version += 1
         self._wake_at = at
         version = self._version
@@ -293,15 +300,18 @@ class Fabric:
     def _wake(self, version: int) -> None:
         """A scheduled completion: finish every transfer whose bytes ran out, together."""
         if version != self._version:
-            return          # stale: rates changed since this wake-up was scheduled
+            return  # stale: rates changed since this wake-up was scheduled
         self._wake_at = None
         self._advance()
         now = self.env.now
         # Time rounding (now + dt - now != dt) may leave a few bytes; treat a
         # transfer within a few ulps of now as done so that progress is assured.
         eps_s = 8 * math.ulp(now)
-        done = [tr for tr in self._active
-                if tr.remaining_bytes <= REL_TOL * tr.nbytes or tr.remaining_bytes <= tr.rate_Bps * eps_s]
+        done = [
+            tr
+            for tr in self._active
+            if tr.remaining_bytes <= REL_TOL * tr.nbytes or tr.remaining_bytes <= tr.rate_Bps * eps_s
+        ]
         if not done:
             done = [min(self._active, key=lambda tr: tr.remaining_bytes / tr.rate_Bps)]
         dirty: dict[LinkState, None] = {}

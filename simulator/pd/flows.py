@@ -3,6 +3,7 @@
 A flow is a small strategy the proxy (:class:`simulator.pd.pd_proxy.PDCoordinator`) calls at three
 points of a request's life; :data:`FLOWS` is the registry ``kv_transfer.flow`` names.
 """
+
 from __future__ import annotations
 
 from simulator.registry import Registry
@@ -16,7 +17,7 @@ class PDFlow:
     the chosen decode instance has allocated blocks for the prompt."""
 
     name = ""
-    operations = False      # whether runs with an ``operations`` block (crashes, autoscaling) model it
+    operations = False  # whether runs with an ``operations`` block (crashes, autoscaling) model it
 
     def arrived(self, coord, rid: int) -> None:
         pass
@@ -69,7 +70,7 @@ class SGLangFlow(PDFlow):
             coord.move_kv(d_inst, rid, now)
 
     def blocks_ready(self, coord, d_inst, rid, now):
-        if rid not in coord.src:        # prefill still running: the hand-off moves it
+        if rid not in coord.src:  # prefill still running: the hand-off moves it
             coord.reserved[rid] = d_inst
             return
         coord.move_kv(d_inst, rid, now)

@@ -2,6 +2,7 @@
 
 Units: bytes, seconds, bytes/s.  See :mod:`simulator.pd.fabric` for how rates are shared.
 """
+
 from __future__ import annotations
 
 import math
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import simpy
 
-if TYPE_CHECKING:                 # the fabric imports this module
+if TYPE_CHECKING:  # the fabric imports this module
     from simulator.pd.fabric import Fabric
 
 #: Extra latency (s, >= 0) drawn per transfer crossing a link; see :attr:`LinkState.jitter`.
@@ -38,8 +39,14 @@ class LinkState:
     to the one :class:`Fabric` it is first used with.
     """
 
-    def __init__(self, name: str, capacity_Bps: float, latency_s: float = 0.0,
-                 bandwidth_factor: float = 1.0, jitter: Jitter | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        capacity_Bps: float,
+        latency_s: float = 0.0,
+        bandwidth_factor: float = 1.0,
+        jitter: Jitter | None = None,
+    ) -> None:
         if not capacity_Bps > 0 or not math.isfinite(capacity_Bps):
             raise ValueError(f"link {name!r}: capacity_Bps must be finite and > 0, got {capacity_Bps}")
         if not latency_s >= 0:
@@ -56,14 +63,15 @@ class LinkState:
         self._busy_s = 0.0
         self._busy_since = 0.0
         self._flows: dict[Transfer, None] = {}
-        self._fabric: Fabric | None = None    # the Fabric it belongs to, once used
-        self._rem = 0.0      # water-filling scratch: capacity left, unfixed flows, rate in use
+        self._fabric: Fabric | None = None  # the Fabric it belongs to, once used
+        self._rem = 0.0  # water-filling scratch: capacity left, unfixed flows, rate in use
         self._cnt = 0
         self._used = 0.0
 
     @classmethod
-    def from_link(cls, link, name: str | None = None, bandwidth_factor: float = 1.0,
-                  jitter: Jitter | None = None) -> LinkState:
+    def from_link(
+        cls, link, name: str | None = None, bandwidth_factor: float = 1.0, jitter: Jitter | None = None
+    ) -> LinkState:
         """From an ``hwdb.schema.Link``: capacity = ``effective_Bps``, its latency."""
         return cls(name or link.name, link.effective_Bps, link.latency_s.value, bandwidth_factor, jitter)
 
@@ -98,9 +106,9 @@ class LinkState:
 class TransferRecord:
     """What a finished transfer's event carries.  Times in s, size in bytes."""
 
-    start_s: float      # when transfer() was called
-    active_s: float     # when the latency phase ended and bytes began to flow
-    end_s: float        # when the last byte crossed the path
+    start_s: float  # when transfer() was called
+    active_s: float  # when the latency phase ended and bytes began to flow
+    end_s: float  # when the last byte crossed the path
     nbytes: float
     path: tuple[str, ...]
 

@@ -31,6 +31,7 @@ over PCIe and the link's per-byte CPU cost on both ends, in series before the by
 sends each layer's KV as it is computed: only what the link could not carry
 during the prefill remains (at least one layer's worth).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -49,19 +50,19 @@ class TransferPlan:
 
     connector: str
     link_name: str
-    kv_bytes_per_token: float      # whole model, all layers
-    prefill_side_Bps: float        # egress capacity of one prefill instance
-    decode_side_Bps: float         # ingress capacity of one decode instance
-    latency_s: float               # per side
-    setup_s: float                 # connector setup, once per transfer
-    staged_s_per_byte: float       # host staging: PCIe copies + CPU cost, per byte, serial
+    kv_bytes_per_token: float  # whole model, all layers
+    prefill_side_Bps: float  # egress capacity of one prefill instance
+    decode_side_Bps: float  # ingress capacity of one decode instance
+    latency_s: float  # per side
+    setup_s: float  # connector setup, once per transfer
+    staged_s_per_byte: float  # host staging: PCIe copies + CPU cost, per byte, serial
     layerwise: bool
     num_layers: int
-    flow: str = "vllm"             # "vllm": decode chosen after prefill; "sglang": at arrival
-    buffer_bytes: float = 0.0      # receive staging buffer per decode instance (0 = none)
+    flow: str = "vllm"  # "vllm": decode chosen after prefill; "sglang": at arrival
+    buffer_bytes: float = 0.0  # receive staging buffer per decode instance (0 = none)
     bandwidth_factor: float = 1.0  # degradation of both sides (1 = healthy)
-    jitter_mean_s: float = 0.0     # mean of the exponential extra latency per transfer
-    prefill_share: int = 1         # prefill instances behind one NIC group (shared node NICs)
+    jitter_mean_s: float = 0.0  # mean of the exponential extra latency per transfer
+    prefill_share: int = 1  # prefill instances behind one NIC group (shared node NICs)
     decode_share: int = 1
     gpus_per_node: int = 8
     prefill_gpus: int = 1
@@ -71,8 +72,8 @@ class TransferPlan:
     racks_per_pod: int | None = None
     pod_oversubscription: float = 1.0
     placement: str = "cross_rack"  # same_rack: no uplink crossed; cross_pod: the rack's and the pod's
-    nic_Bps: float = 0.0           # one NIC's usable rate (bytes/s, efficiencies applied)
-    pool_copy_s_per_byte: float = 0.0   # buffer overflow to host memory: D2H + H2D over PCIe, per byte
+    nic_Bps: float = 0.0  # one NIC's usable rate (bytes/s, efficiencies applied)
+    pool_copy_s_per_byte: float = 0.0  # buffer overflow to host memory: D2H + H2D over PCIe, per byte
 
     def uplinks(self, role: str) -> list[tuple[str, float, int]]:
         """The switch uplinks a transfer of ``role``'s pool crosses, as (tier, usable bytes/s of one, nodes
@@ -87,8 +88,9 @@ class TransferPlan:
         out = [("rack", rack, self.nodes_per_rack)] if self.oversubscription > 1 else []
         if self.placement == "cross_pod" and self.pod_oversubscription > 1:
             assert self.racks_per_pod is not None, "cross_pod placement needs racks_per_pod (KVTransferConfig)"
-            out.append(("pod", self.racks_per_pod * rack / self.pod_oversubscription,
-                        self.racks_per_pod * self.nodes_per_rack))
+            out.append(
+                ("pod", self.racks_per_pod * rack / self.pod_oversubscription, self.racks_per_pod * self.nodes_per_rack)
+            )
         return out
 
     def per_instance_Bps(self, role: str) -> float:
@@ -117,41 +119,49 @@ def build_transfer_plan(cfg, db: hwdb.HardwareDB, p: Deployment, d: Deployment) 
     try:
         conn = db.connector(cfg.connector)
         strategy = connector_strategy(conn)
-    except (hwdb.HwdbError, ValueError) as exc:      # ValueError: its strategy is not registered
+    except (hwdb.HwdbError, ValueError) as exc:  # ValueError: its strategy is not registered
         raise TransferConfigError(f"kv_transfer.connector: {exc}") from None
     if p.gpu.vendor != d.gpu.vendor:
         raise TransferConfigError(
             f"prefill on {p.gpu.vendor.upper()} {p.gpu.name} and decode on {d.gpu.vendor.upper()} {d.gpu.name}: no "
             "modelled connector moves KV between vendors (NIXL/RIXL, Mooncake and NCCL/RCCL builds are per vendor, "
-            "and the attention backends' KV layouts differ); use one vendor for both pools")
+            "and the attention backends' KV layouts differ); use one vendor for both pools"
+        )
     if p.kv_dtype != d.kv_dtype:
-        raise TransferConfigError(f"prefill KV cache is {p.kv_dtype} but decode KV cache is {d.kv_dtype}; "
-                                  "KV moves as it is stored: give both pools the same kv_cache_dtype")
+        raise TransferConfigError(
+            f"prefill KV cache is {p.kv_dtype} but decode KV cache is {d.kv_dtype}; "
+            "KV moves as it is stored: give both pools the same kv_cache_dtype"
+        )
     tp_error = strategy.tp_mapping_error(p.engine.engine, p.tp, d.tp)
     if tp_error:
         raise TransferConfigError(tp_error)
     if max(p.tp, d.tp) % min(p.tp, d.tp):
         raise TransferConfigError(
             f"prefill TP={p.tp} and decode TP={d.tp} cannot map KV shards: one TP degree must divide the other "
-            "(e.g. 2 and 4); change one of them")
+            "(e.g. 2 and 4); change one of them"
+        )
     if p.pp != 1 or d.pp != 1:
         raise TransferConfigError("KV transfer is modelled for pp=1 on both pools; set pp: 1")
     if cfg.same_node:
         if p.gpu.name != d.gpu.name:
             raise TransferConfigError(
                 f"kv_transfer.same_node: prefill ({p.gpu.name}) and decode ({d.gpu.name}) GPUs cannot share a node; "
-                "set same_node: false and name a fabric")
+                "set same_node: false and name a fabric"
+            )
         if p.gpus + d.gpus > p.gpu.gpus_per_node:
             raise TransferConfigError(
                 f"kv_transfer.same_node: one prefill ({p.gpus} GPUs) and one decode instance ({d.gpus} GPUs) "
-                f"do not fit in a {p.gpu.gpus_per_node}-GPU {p.gpu.name} node; set same_node: false")
+                f"do not fit in a {p.gpu.gpus_per_node}-GPU {p.gpu.name} node; set same_node: false"
+            )
         link, lay = p.intra_link, None
         per_gpu = link.effective_Bps
     else:
         name = cfg.fabric or p.gpu.scale_out_link
         if name is None:
-            raise TransferConfigError(f"kv_transfer.fabric: {p.gpu.name} has no default scale-out link; name one "
-                                      f"(e.g. roce-200, ib-ndr, tcp-25gbe)")
+            raise TransferConfigError(
+                f"kv_transfer.fabric: {p.gpu.name} has no default scale-out link; name one "
+                f"(e.g. roce-200, ib-ndr, tcp-25gbe)"
+            )
         try:
             link, lay = db.fabric(name)
         except hwdb.HwdbError as exc:
@@ -161,7 +171,8 @@ def build_transfer_plan(cfg, db: hwdb.HardwareDB, p: Deployment, d: Deployment) 
         if link.kind in ("nvlink", "xgmi", "pcie"):
             raise TransferConfigError(
                 f"kv_transfer.fabric={link.name} is an intra-node link and cannot connect instances on different "
-                "nodes; use an InfiniBand/RoCE/TCP fabric, or same_node: true")
+                "nodes; use an InfiniBand/RoCE/TCP fabric, or same_node: true"
+            )
         per_gpu = link.effective_Bps
     # RDMA NICs come one per GPU (DGX-style rails) unless the topology says otherwise; a TCP/VPC NIC is
     # one per node, shared by the instances on it.
@@ -174,9 +185,10 @@ def build_transfer_plan(cfg, db: hwdb.HardwareDB, p: Deployment, d: Deployment) 
     nic = nic_line * link.efficiency.value if nic_line is not None else per_gpu
 
     def side(dep):
-        nics = max(1, dep.gpus // g)                # NICs an instance spans
-        share = max(1, g // dep.gpus)               # instances behind one NIC
+        nics = max(1, dep.gpus // g)  # NICs an instance spans
+        share = max(1, g // dep.gpus)  # instances behind one NIC
         return nic * nics, share
+
     (side_p, share_p), (side_d, share_d) = side(p), side(d)
     if cfg.bandwidth_Bps is not None:
         side_p = side_d = cfg.bandwidth_Bps
@@ -187,8 +199,9 @@ def build_transfer_plan(cfg, db: hwdb.HardwareDB, p: Deployment, d: Deployment) 
         if conn.tcp_mode_efficiency is None:
             raise TransferConfigError(
                 f"kv_transfer: connector {conn.name} needs GPU-direct RDMA but {link.name} has none; use connector "
-                "tcp (host-staged), one with a TCP mode (p2pnccl, mooncake, nixl) or an RDMA fabric (ib-*, roce-*)")
-        host_staged, eff = True, conn.tcp_mode_efficiency.value      # its TCP mode: staged through host memory
+                "tcp (host-staged), one with a TCP mode (p2pnccl, mooncake, nixl) or an RDMA fabric (ib-*, roce-*)"
+            )
+        host_staged, eff = True, conn.tcp_mode_efficiency.value  # its TCP mode: staged through host memory
     pcie = db.link("pcie-gen5-x16")
     staged = 0.0
     if host_staged:
@@ -198,18 +211,39 @@ def build_transfer_plan(cfg, db: hwdb.HardwareDB, p: Deployment, d: Deployment) 
     a = p.arch
     layerwise = conn.layerwise if cfg.layerwise is None else cfg.layerwise
     return TransferPlan(
-        connector=conn.name, link_name=lay.name if lay else link.name,
+        connector=conn.name,
+        link_name=lay.name if lay else link.name,
         kv_bytes_per_token=a.kv_elems_per_token * DTYPE_BYTES[p.kv_dtype],
-        prefill_side_Bps=side_p * eff, decode_side_Bps=side_d * eff,
-        latency_s=link.latency_s.value, setup_s=conn.setup_s.value, staged_s_per_byte=staged,
-        layerwise=layerwise, num_layers=a.num_layers,
-        bandwidth_factor=cfg.bandwidth_factor, jitter_mean_s=cfg.jitter_mean_s, flow=cfg.flow,
-        prefill_share=share_p, decode_share=share_d, gpus_per_node=p.gpu.gpus_per_node, prefill_gpus=p.gpus,
-        decode_gpus=d.gpus, nodes_per_rack=cfg.nodes_per_rack, oversubscription=cfg.oversubscription,
-        racks_per_pod=cfg.racks_per_pod, pod_oversubscription=cfg.pod_oversubscription, placement=cfg.placement,
-        nic_Bps=nic * eff, pool_copy_s_per_byte=2.0 / pcie.effective_Bps / d.tp,
-        buffer_bytes=(cfg.kv_buffer_size if cfg.kv_buffer_size is not None
-                      else conn.default_buffer_bytes.value if conn.default_buffer_bytes else 0.0))
+        prefill_side_Bps=side_p * eff,
+        decode_side_Bps=side_d * eff,
+        latency_s=link.latency_s.value,
+        setup_s=conn.setup_s.value,
+        staged_s_per_byte=staged,
+        layerwise=layerwise,
+        num_layers=a.num_layers,
+        bandwidth_factor=cfg.bandwidth_factor,
+        jitter_mean_s=cfg.jitter_mean_s,
+        flow=cfg.flow,
+        prefill_share=share_p,
+        decode_share=share_d,
+        gpus_per_node=p.gpu.gpus_per_node,
+        prefill_gpus=p.gpus,
+        decode_gpus=d.gpus,
+        nodes_per_rack=cfg.nodes_per_rack,
+        oversubscription=cfg.oversubscription,
+        racks_per_pod=cfg.racks_per_pod,
+        pod_oversubscription=cfg.pod_oversubscription,
+        placement=cfg.placement,
+        nic_Bps=nic * eff,
+        pool_copy_s_per_byte=2.0 / pcie.effective_Bps / d.tp,
+        buffer_bytes=(
+            cfg.kv_buffer_size
+            if cfg.kv_buffer_size is not None
+            else conn.default_buffer_bytes.value
+            if conn.default_buffer_bytes
+            else 0.0
+        ),
+    )
 
 
 def _check_layout_gpus(lay, db: hwdb.HardwareDB, p: Deployment, d: Deployment) -> None:
@@ -221,7 +255,8 @@ def _check_layout_gpus(lay, db: hwdb.HardwareDB, p: Deployment, d: Deployment) -
                 f"kv_transfer.fabric={lay.name} is the network of {lay.provider} {lay.instance} "
                 f"({lay.gpus_per_node}x {'/'.join(lay.gpus)}) but the {role} pool runs on {dep.gpu.name}; use "
                 + (f"a layout of that GPU ({', '.join(same)})" if same else "a link (ib-ndr, roce-400, tcp-25gbe, ...)")
-                + " or the same GPU for both pools")
+                + " or the same GPU for both pools"
+            )
 
 
 def crossover_bandwidth(step_model, kv_bytes_per_token: float, prompt_tokens: int, chunk: int) -> Crossover:
@@ -234,8 +269,12 @@ def crossover_bandwidth(step_model, kv_bytes_per_token: float, prompt_tokens: in
     """
     prefill_s = step_model.prefill_time(prompt_tokens, chunk)
     nbytes = prompt_tokens * kv_bytes_per_token
-    return {"prompt_tokens": prompt_tokens, "kv_bytes": nbytes, "prefill_s": prefill_s,
-            "crossover_Bps": nbytes / prefill_s}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "kv_bytes": nbytes,
+        "prefill_s": prefill_s,
+        "crossover_Bps": nbytes / prefill_s,
+    }
 
 
 def fabric_verdicts(db, dep: Deployment, crossover: Crossover, connector: str = RDMA_CONNECTOR) -> list[dict]:
@@ -250,7 +289,14 @@ def fabric_verdicts(db, dep: Deployment, crossover: Crossover, connector: str = 
         cfg = KVTransferConfig(connector=connector if link.gpu_direct else HOST_STAGED_CONNECTOR, fabric=link.name)
         plan = build_transfer_plan(cfg, db, dep, dep)
         t = plan.idle_time(crossover["prompt_tokens"])
-        rows.append({"fabric": link.name, "connector": plan.connector, "instance_Bps": plan.prefill_side_Bps,
-                     "transfer_s": t, "prefill_s": crossover["prefill_s"],
-                     "verdict": "PD worse: transfer > prefill" if t > crossover["prefill_s"] else "ok"})
+        rows.append(
+            {
+                "fabric": link.name,
+                "connector": plan.connector,
+                "instance_Bps": plan.prefill_side_Bps,
+                "transfer_s": t,
+                "prefill_s": crossover["prefill_s"],
+                "verdict": "PD worse: transfer > prefill" if t > crossover["prefill_s"] else "ok",
+            }
+        )
     return sorted(rows, key=lambda r: r["transfer_s"], reverse=True)

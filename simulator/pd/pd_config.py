@@ -3,6 +3,7 @@
 A validated, frozen pydantic model; :func:`simulator.pd.pd.build_transfer_plan` turns it and the
 hardware database into a transfer plan.  Units: bytes, bytes/s, seconds.
 """
+
 from __future__ import annotations
 
 from typing import Annotated, Literal
@@ -16,20 +17,19 @@ from simulator.pd.flows import FLOWS
 # An uplink's oversubscription (downlink over uplink capacity): 1 is non-blocking, real fabrics stay
 # below about 20:1, and a 64-port switch with a single uplink of its port speed reaches 63:1 at most;
 # a larger ratio describes no switch (at 1e308 one transfer would last 1e74 s).
-Oversubscription = Annotated[float, Range(1, 64,
-                                          fix="give the ratio of downlink to uplink capacity, e.g. 4 for 4:1")]
+Oversubscription = Annotated[float, Range(1, 64, fix="give the ratio of downlink to uplink capacity, e.g. 4 for 4:1")]
 
 
 class KVTransferConfig(StrictModel):
     """How a PD deployment moves KV from prefill to decode instances."""
 
     connector: str = "nixl"
-    flow: str = "vllm"           # a proxy flow of simulator.pd.flows.FLOWS
+    flow: str = "vllm"  # a proxy flow of simulator.pd.flows.FLOWS
     fabric: str | None = None
     same_node: bool = False
     layerwise: bool | None = None
     bandwidth_Bps: InstanceRate | None = None  # what-if: per-instance bandwidth instead of the fabric's
-    bandwidth_factor: BandwidthLeft = 1.0     # degraded fabric: fraction of bandwidth left
+    bandwidth_factor: BandwidthLeft = 1.0  # degraded fabric: fraction of bandwidth left
     # extra latency per transfer, exponential mean
     jitter_mean_s: Annotated[float, Range(0, 3600, "s", fix="give seconds")] = 0.0
     # bytes; receive buffer per decode instance (P2pNccl)

@@ -7,6 +7,7 @@ for a request that has since crashed away does nothing (its blocks were freed at
 bytes already on the wire still occupy the link until they would have arrived).  Without
 operations no instance ever crashes and every decode instance serves from the start.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -27,25 +28,26 @@ class PDCoordinator:
     jitter stream.  ``plan.flow`` names the :class:`PDFlow` that decides when the decode instance is
     chosen and when the KV moves (:data:`FLOWS`)."""
 
-    def __init__(self, env, plan, prefill: list, decode: list, decode_router, rec, rng=None,
-                 serving: list | None = None) -> None:
+    def __init__(
+        self, env, plan, prefill: list, decode: list, decode_router, rec, rng=None, serving: list | None = None
+    ) -> None:
         self.env = env
         self.plan = plan
         self.fabric = Fabric(env, rng)
         jitter = None
         if plan.jitter_mean_s > 0:
-            mean = plan.jitter_mean_s / 2   # drawn on each of the two sides of the path
+            mean = plan.jitter_mean_s / 2  # drawn on each of the two sides of the path
             jitter = lambda g, mean=mean: float(g.exponential(mean))  # noqa: E731 - a one-line draw, bound to mean
         self.decode_router = decode_router
         self.rec = rec
-        self.src: dict[int, object] = {}       # request -> prefill instance holding its KV
+        self.src: dict[int, object] = {}  # request -> prefill instance holding its KV
         self._jitter = jitter
         self._groups: dict[str, LinkState] = {}
-        self.egress: list[tuple] = []          # per prefill instance: the links of its side
-        self.ingress: list[tuple] = []         # per decode instance
+        self.egress: list[tuple] = []  # per prefill instance: the links of its side
+        self.ingress: list[tuple] = []  # per decode instance
         self.decode = decode
         self.serving = decode if serving is None else serving
-        self.limbo: deque[int] = deque()       # prefilled requests waiting for a serving decode instance
+        self.limbo: deque[int] = deque()  # prefilled requests waiting for a serving decode instance
         self.flow = FLOWS[plan.flow]
         self.reserved: dict[int, object] = {}
         self.bytes_moved = 0.0
@@ -53,7 +55,7 @@ class PDCoordinator:
         self.in_buffer: list[float] = []
         self._degrade: tuple[LinkDegradationConfig, np.random.Generator, list[tuple]] | None = None
         self._episoded: set = set()
-        self.lazy = False                      # decode instances step lazily: catch them up before routing
+        self.lazy = False  # decode instances step lazily: catch them up before routing
         for inst in prefill:
             self.add(inst)
         for inst in decode:
@@ -71,8 +73,8 @@ class PDCoordinator:
             self.in_buffer.append(0.0)
             inst.start_transfer = self.start_transfer
         if self._degrade is not None:
-            for ln in (self.egress[-1] if inst.role.fabric_side == "out" else self.ingress[-1]):
-                if ln not in self._episoded:      # a NIC shared with an earlier instance has its episodes
+            for ln in self.egress[-1] if inst.role.fabric_side == "out" else self.ingress[-1]:
+                if ln not in self._episoded:  # a NIC shared with an earlier instance has its episodes
                     self._episodes(ln)
 
     def side_path(self, role: str, i: int) -> tuple:
@@ -148,7 +150,7 @@ class PDCoordinator:
         extra = plan.setup_s + nbytes * plan.staged_s_per_byte
         ev = self.fabric.transfer(self.egress[p_inst.index] + self.ingress[d_inst.index], nbytes, extra)
         self.bytes_moved += nbytes
-        token = rec.attempt[rid]       # a crash bumps it: this transfer's completion then does nothing
+        token = rec.attempt[rid]  # a crash bumps it: this transfer's completion then does nothing
 
         def arrived(_e, rid=rid, p_inst=p_inst, d_inst=d_inst, nbytes=nbytes, token=token):
             if rec.attempt[rid] == token:
@@ -163,10 +165,12 @@ class PDCoordinator:
                     d_inst.kv_arrived(rid)
                 if plan.buffer_bytes and not d_inst.dead:
                     self.in_buffer[d_inst.index] -= nbytes - spill
-            if spill > 0:      # the overflow is copied to host memory and back before decode can use it
+
+            if spill > 0:  # the overflow is copied to host memory and back before decode can use it
                 self.env.timeout(spill * plan.pool_copy_s_per_byte).callbacks.append(land)
             else:
                 land()
+
         ev.callbacks.append(arrived)
 
     def degrade(self, cfg: LinkDegradationConfig, rng: np.random.Generator, log: list[tuple]) -> None:
@@ -179,5 +183,8 @@ class PDCoordinator:
         self._episoded.add(link)
         assert self._degrade is not None, "episodes start after degrade()"
         cfg, rng, log = self._degrade
-        self.env.process(link_degradation_process(self.env, self.fabric, link, cfg, self.plan.bandwidth_factor,
-                                                  rng, lambda t, n, f: log.append((t, n, f))))
+        self.env.process(
+            link_degradation_process(
+                self.env, self.fabric, link, cfg, self.plan.bandwidth_factor, rng, lambda t, n, f: log.append((t, n, f))
+            )
+        )

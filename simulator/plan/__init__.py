@@ -4,6 +4,7 @@ Public API (stable; see docs/planner.md)::
 
     from simulator.plan import PlanRequest, load_plan_request, run_plan, artefacts
 """
+
 from simulator.plan.artefacts import artefacts
 from simulator.plan.candidates import Candidate, PoolChoice
 from simulator.plan.families import FAMILIES
@@ -15,8 +16,21 @@ def __getattr__(name: str):
     # checks do not need them, so it is imported on first use of one of its names.
     if name in ("PlanResult", "run_plan", "write_result"):
         from simulator.plan import runner  # noqa: PLC0415 - on first use: pandas and the simulator
+
         return getattr(runner, name)
     raise AttributeError(f"module 'simulator.plan' has no attribute {name!r}")
 
-__all__ = ["FAMILIES", "Candidate", "PlanError", "PlanRequest", "PlanResult", "PoolChoice", "artefacts",
-           "load_plan_request", "parse_plan_request", "run_plan", "write_result"]
+
+__all__ = [
+    "FAMILIES",
+    "Candidate",
+    "PlanError",
+    "PlanRequest",
+    "PlanResult",
+    "PoolChoice",
+    "artefacts",
+    "load_plan_request",
+    "parse_plan_request",
+    "run_plan",
+    "write_result",
+]

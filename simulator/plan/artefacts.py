@@ -5,6 +5,7 @@ cold-start model, GPU resources, Services) and the router configuration.
 ``artefacts(result)`` returns ``{filename: text}`` for the recommendation (or a chosen candidate);
 nothing is written to disk here.
 """
+
 from __future__ import annotations
 
 import json
@@ -46,8 +47,13 @@ def dns_name(text: str) -> str:
     return (s[:63].rstrip("-")) or "epdsim"
 
 
-def kv_transfer_json(connector: hwdb.schema.Connector | None, role: str, proxy_host: str = "epdsim-proxy",
-                     buffer_bytes: float | None = None, tcp: bool = False) -> dict | None:
+def kv_transfer_json(
+    connector: hwdb.schema.Connector | None,
+    role: str,
+    proxy_host: str = "epdsim-proxy",
+    buffer_bytes: float | None = None,
+    tcp: bool = False,
+) -> dict | None:
     """vLLM ``--kv-transfer-config`` for a PD pool (``role``: prefill or decode); None for colocated, or for a
     connector without a vLLM name.  The shape is the connector strategy's
     (:meth:`simulator.pd.connectors.KVConnector.kv_transfer_config`): NixlConnector ``kv_both``,
@@ -66,8 +72,16 @@ def ec_transfer_json(role: str) -> dict:
     return {"ec_connector": "ECMooncakeConnector", "ec_role": "ec_producer" if role == "encoder" else "ec_consumer"}
 
 
-def vllm_args(model_id: str, dep, role: str, connector, encoder_tier: bool = False, proxy_host: str = "epdsim-proxy",
-              buffer_bytes: float | None = None, tcp: bool = False) -> list[str]:
+def vllm_args(
+    model_id: str,
+    dep,
+    role: str,
+    connector,
+    encoder_tier: bool = False,
+    proxy_host: str = "epdsim-proxy",
+    buffer_bytes: float | None = None,
+    tcp: bool = False,
+) -> list[str]:
     """``vllm serve`` argument vector (after ``vllm serve``) for one instance of a pool."""
     k = dep.knobs
     args = [model_id, "--host", "0.0.0.0", "--port", str(VLLM_PORT), "--tensor-parallel-size", str(dep.tp)]
@@ -79,12 +93,25 @@ def vllm_args(model_id: str, dep, role: str, connector, encoder_tier: bool = Fal
         # vLLM's expert parallelism spans every GPU of the instance (EP = DP x TP); a partial EP with
         # experts also sliced (SGLang's --ep-size below --tp-size) has no vLLM flag.
         if dep.ep != dep.gpus:
-            raise ValueError(f"ep={dep.ep}: vLLM's --enable-expert-parallel spreads the experts over all "
-                             f"{dep.gpus} GPUs of an instance (dp x tp); use ep: 1 or ep: {dep.gpus} for vLLM")
+            raise ValueError(
+                f"ep={dep.ep}: vLLM's --enable-expert-parallel spreads the experts over all "
+                f"{dep.gpus} GPUs of an instance (dp x tp); use ep: 1 or ep: {dep.gpus} for vLLM"
+            )
         args += ["--enable-expert-parallel"]
-    args += ["--dtype", SERVE_DTYPE[dep.weight_dtype], "--max-model-len", str(k.max_model_len),
-             "--max-num-seqs", str(k.max_num_seqs), "--max-num-batched-tokens", str(k.max_num_batched_tokens),
-             "--gpu-memory-utilization", f"{memory_fraction(dep):.3g}", "--block-size", str(k.block_size)]
+    args += [
+        "--dtype",
+        SERVE_DTYPE[dep.weight_dtype],
+        "--max-model-len",
+        str(k.max_model_len),
+        "--max-num-seqs",
+        str(k.max_num_seqs),
+        "--max-num-batched-tokens",
+        str(k.max_num_batched_tokens),
+        "--gpu-memory-utilization",
+        f"{memory_fraction(dep):.3g}",
+        "--block-size",
+        str(k.block_size),
+    ]
     if dep.weight_dtype == "fp8":
         args += ["--quantization", "fp8"]
     if dep.kv_dtype == "fp8":
@@ -139,8 +166,10 @@ def artefacts(result, candidate_id: str | None = None, options: ArtefactOptions 
     opts = options or ArtefactOptions()
     cid = candidate_id or (result.recommended or {}).get("id")
     if cid is None:
-        raise ValueError("the plan has no recommendation (nothing meets the SLO); pass candidate_id= one of "
-                         "result.closest['id'] to get artefacts for it anyway")
+        raise ValueError(
+            "the plan has no recommendation (nothing meets the SLO); pass candidate_id= one of "
+            "result.closest['id'] to get artefacts for it anyway"
+        )
     cand = result.candidate(cid)
     scn = result.to_scenario(cid)
     rs = resolve(scn)
@@ -167,15 +196,25 @@ def artefacts(result, candidate_id: str | None = None, options: ArtefactOptions 
     enc_urls = [f"http://{svc[enc.name]}:{SGLANG_PORT}"] if enc is not None else None
     for pool, dep in items:
         name = svc[pool.name]
-        va = vllm_args(model_id, dep, pool.role, connector, encoder_tier=enc is not None, proxy_host=proxy_name,
-                       buffer_bytes=scn.kv_transfer.kv_buffer_size, tcp=tcp)
+        va = vllm_args(
+            model_id,
+            dep,
+            pool.role,
+            connector,
+            encoder_tier=enc is not None,
+            proxy_host=proxy_name,
+            buffer_bytes=scn.kv_transfer.kv_buffer_size,
+            tcp=tcp,
+        )
         # the connector strategy of a PD pool (there is one exactly when the scenario is PD)
         pd_strategy = strategy if scn.is_pd and pool.role in ("prefill", "decode") else None
         env = pd_strategy.env(tcp, opts, pool.role) if pd_strategy is not None else []
         # A pool whose pods the proxy reaches one by one (Mooncake prefill: a bootstrap server per pod).
         per_pod = pd_strategy is not None and pd_strategy.per_pod(pool.role)
-        head = (f"#!/usr/bin/env bash\n# {cand.layout}: pool {pool.name} ({pool.role}), {pool.instances} instance(s) "
-                f"of {dep.gpus}x {dep.gpu.name}; run once per instance\n")
+        head = (
+            f"#!/usr/bin/env bash\n# {cand.layout}: pool {pool.name} ({pool.role}), {pool.instances} instance(s) "
+            f"of {dep.gpus}x {dep.gpu.name}; run once per instance\n"
+        )
         files[f"vllm/{pool.name}.sh"] = head + env_exports(env) + "vllm serve " + shlex.join(va) + "\n"
         sa = sglang_args(model_id, dep, pool.role, connector, tcp, enc_urls, "mlx5_0" if rdma else None)
         files[f"sglang/{pool.name}.sh"] = head + "python -m sglang.launch_server " + shlex.join(sa) + "\n"
@@ -183,13 +222,45 @@ def artefacts(result, candidate_id: str | None = None, options: ArtefactOptions 
         extra = pd_strategy.ports(pool.role) if pd_strategy is not None else []
         image = strategy.vllm_image(opts, amd) if strategy else opts.vllm_rocm_image if amd else opts.vllm_image
         nic = _rdma(link, lay, dep.gpus, opts) if rdma and pool.role in ("prefill", "decode") else None
-        docs += engine_deployment(name, pool.role, pool.instances, opts.image(image), ["vllm", "serve"], va,
-                                  "amd.com/gpu" if amd else "nvidia.com/gpu", dep.gpus, _probes(dep), env,
-                                  nic, opts, extra, claim, per_pod=per_pod)
-        sg_pools.append({"name": name, "role": pool.role, "instances": pool.instances, "amd": amd, "args": sa,
-                         "gpus": dep.gpus, "probes": _probes(dep, SGLANG_PORT), "env": env, "rdma": nic})
-        routes.append({"pool": pool.name, "role": pool.role, "service": f"http://{name}:{VLLM_PORT}",
-                       "replicas": pool.instances, "policy": pool.router})
+        docs += engine_deployment(
+            name,
+            pool.role,
+            pool.instances,
+            opts.image(image),
+            ["vllm", "serve"],
+            va,
+            "amd.com/gpu" if amd else "nvidia.com/gpu",
+            dep.gpus,
+            _probes(dep),
+            env,
+            nic,
+            opts,
+            extra,
+            claim,
+            per_pod=per_pod,
+        )
+        sg_pools.append(
+            {
+                "name": name,
+                "role": pool.role,
+                "instances": pool.instances,
+                "amd": amd,
+                "args": sa,
+                "gpus": dep.gpus,
+                "probes": _probes(dep, SGLANG_PORT),
+                "env": env,
+                "rdma": nic,
+            }
+        )
+        routes.append(
+            {
+                "pool": pool.name,
+                "role": pool.role,
+                "service": f"http://{name}:{VLLM_PORT}",
+                "replicas": pool.instances,
+                "policy": pool.router,
+            }
+        )
         if per_pod:
             routes[-1]["pods"] = pod_urls(name, pool.instances, VLLM_PORT)
     ends: dict[str, list[str]] = {}
@@ -205,21 +276,42 @@ def artefacts(result, candidate_id: str | None = None, options: ArtefactOptions 
     sg_router = router_args(sg["prefill"], sg["decode"]) if scn.is_pd else None
     files["k8s/sglang.yaml"] = yaml.dump_all(
         sglang_objects(sg_pools, cache_claim(claim, opts), opts, proxy_name if scn.is_pd else None, sg_router),
-        Dumper=_NoAliases, sort_keys=False)
-    router: dict = {"model": model_id, "mode": ("e+" if enc is not None else "") + ("pd" if scn.is_pd else "colocated"),
-              "pools": routes}
+        Dumper=_NoAliases,
+        sort_keys=False,
+    )
+    router: dict = {
+        "model": model_id,
+        "mode": ("e+" if enc is not None else "") + ("pd" if scn.is_pd else "colocated"),
+        "pools": routes,
+    }
     if proxy is not None:
         router["proxy"] = {"kind": proxy.kind, "service": f"http://{proxy_name}:{proxy.ports[0][1]}"}
-    if sg_router is not None:       # PD
-        kv = kv_transfer_json(connector, "decode", proxy_name)     # None: the connector has no vLLM name
-        router["kv_transfer"] = {"connector": kv["kv_connector"] if kv is not None else None,
-                                 "fabric": cand.fabric, "tcp": tcp, "flow": scn.kv_transfer.flow}
+    if sg_router is not None:  # PD
+        kv = kv_transfer_json(connector, "decode", proxy_name)  # None: the connector has no vLLM name
+        router["kv_transfer"] = {
+            "connector": kv["kv_connector"] if kv is not None else None,
+            "fabric": cand.fabric,
+            "tcp": tcp,
+            "flow": scn.kv_transfer.flow,
+        }
         cmd = f"python -m {ROUTER_MODULE} " + shlex.join(sg_router)
         router["sglang_router"] = cmd
         files["sglang/router.sh"] = "#!/usr/bin/env bash\n# SGLang's PD router in front of the pools\n" + cmd + "\n"
     files["router.yaml"] = yaml.safe_dump(router, sort_keys=False)
     rec = result.recommended if result.recommended and result.recommended["id"] == cid else None
-    files["README.md"] = readme(result, cand, model, rec, opts, proxy=proxy, tcp=tcp, rdma=rdma, layout=lay,
-                                amd=any(d.gpu.vendor == "amd" for _, d in items), link=link,
-                                connector=strategy, encoder=enc is not None)
+    files["README.md"] = readme(
+        result,
+        cand,
+        model,
+        rec,
+        opts,
+        proxy=proxy,
+        tcp=tcp,
+        rdma=rdma,
+        layout=lay,
+        amd=any(d.gpu.vendor == "amd" for _, d in items),
+        link=link,
+        connector=strategy,
+        encoder=enc is not None,
+    )
     return files

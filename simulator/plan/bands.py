@@ -11,6 +11,7 @@ The planner adds the band columns (``COLUMNS``) to every candidate row; with
 whose targeted figure has no band (a datasheet-only GPU, or an engine without validated runs) is refused:
 it cannot be shown to hold.  The app's Plan page and ``epdsim plan`` read the same columns.
 """
+
 from __future__ import annotations
 
 import math
@@ -23,8 +24,16 @@ from simulator.confidence import assess, error_bands, with_band
 from simulator.perf import FitError
 from simulator.scenario import PoolConfig, ScenarioError, deployment_for
 
-COLUMNS = ["id", "ttft_band", "tpot_band", "ttft_low_s", "ttft_high_s", "tpot_low_s", "tpot_high_s",
-           "meets_slo_at_band_edge"]
+COLUMNS = [
+    "id",
+    "ttft_band",
+    "tpot_band",
+    "ttft_low_s",
+    "ttft_high_s",
+    "tpot_low_s",
+    "tpot_high_s",
+    "meets_slo_at_band_edge",
+]
 NO_BAND = {"ttft_s": None, "tpot_s": None, "e2e_s": None}
 LABELS = (("ttft", "TTFT"), ("tpot", "TPOT"))
 
@@ -45,8 +54,19 @@ def pool_statuses(req, cand, model, db, seen: dict) -> list[dict]:
             continue
         if p.key not in seen:
             try:
-                dep = deployment_for(PoolConfig(gpu=p.gpu, tp=p.tp, dp=p.dp, ep=p.ep, dtype=p.dtype,
-                                                kv_cache_dtype=c.kv_cache_dtype, engine=c.engine), model, db)
+                dep = deployment_for(
+                    PoolConfig(
+                        gpu=p.gpu,
+                        tp=p.tp,
+                        dp=p.dp,
+                        ep=p.ep,
+                        dtype=p.dtype,
+                        kv_cache_dtype=c.kv_cache_dtype,
+                        engine=c.engine,
+                    ),
+                    model,
+                    db,
+                )
                 seen[p.key] = assess(dep)
             except (ScenarioError, FitError, hwdb.HwdbError):
                 seen[p.key] = None
@@ -58,7 +78,7 @@ def pool_statuses(req, cand, model, db, seen: dict) -> list[dict]:
 def candidate_bands(req, cand, model, db, seen: dict) -> dict[str, float | None]:
     """The relative band of each banded figure of ``cand`` (:func:`simulator.confidence.error_bands`)."""
     if cand.rejected:
-        return dict(NO_BAND)        # ruled out before screening: no figures to band
+        return dict(NO_BAND)  # ruled out before screening: no figures to band
     return error_bands({"pools": pool_statuses(req, cand, model, db, seen)})
 
 
@@ -105,12 +125,16 @@ def edge_refusal(ttft_s: float, tpot_s: float, rel: dict, slo, percentile: int) 
         if high != high:
             unknown.append(lab)
         elif high > target:
-            over.append(f"p{percentile} {lab} {with_band(value, rel[key + '_s'])} reaches {fmt.duration(high)} "
-                        f"at the model error band's pessimistic edge, over the {fmt.duration(target)} target")
+            over.append(
+                f"p{percentile} {lab} {with_band(value, rel[key + '_s'])} reaches {fmt.duration(high)} "
+                f"at the model error band's pessimistic edge, over the {fmt.duration(target)} target"
+            )
     if over:
         return "band edge: " + "; ".join(over)
-    return ("band edge: no model error band for " + " and ".join(unknown) + " (a datasheet-only GPU or no "
-            "validated runs of its engine), so the SLO cannot be shown to hold at the edge")
+    return (
+        "band edge: no model error band for " + " and ".join(unknown) + " (a datasheet-only GPU or no "
+        "validated runs of its engine), so the SLO cannot be shown to hold at the edge"
+    )
 
 
 def band_frame(result, db: hwdb.HardwareDB | None = None) -> pd.DataFrame:
@@ -123,10 +147,12 @@ def band_frame(result, db: hwdb.HardwareDB | None = None) -> pd.DataFrame:
     else:
         db = db or hwdb.load(req.hwdb)
         model = db.model(req.model)
-        seen: dict = {}        # pool_statuses' cache of resolved layouts, shared by the candidates
+        seen: dict = {}  # pool_statuses' cache of resolved layouts, shared by the candidates
         rels = [candidate_bands(req, result.candidate(r["id"]), model, db, seen) for r in recs]
-    rows = [{"id": r["id"], **edge_columns(r["ttft_s"], r["tpot_s"], rel, bool(r["meets_slo"]), req.slo)}
-            for r, rel in zip(recs, rels, strict=True)]
+    rows = [
+        {"id": r["id"], **edge_columns(r["ttft_s"], r["tpot_s"], rel, bool(r["meets_slo"]), req.slo)}
+        for r, rel in zip(recs, rels, strict=True)
+    ]
     df = pd.DataFrame(rows, columns=COLUMNS)
     # True/False/None as Python objects: a column of bools alone would turn into numpy's.
     return df.astype({"ttft_band": float, "tpot_band": float, "meets_slo_at_band_edge": object})
@@ -144,8 +170,7 @@ def with_bands(frame: pd.DataFrame, bands: pd.DataFrame) -> pd.DataFrame:
 
 def latency_text(row: dict, band: dict, percentile: int) -> str:
     """ "p90 TTFT 415 ms (275–555), p90 TPOT 31 ms (22–40)" of one candidate, bands from :func:`band_frame`."""
-    return ", ".join(f"p{percentile} {lab} {with_band(row[k + '_s'], _none(band[k + '_band']))}"
-                     for k, lab in LABELS)
+    return ", ".join(f"p{percentile} {lab} {with_band(row[k + '_s'], _none(band[k + '_band']))}" for k, lab in LABELS)
 
 
 def verdict(result, bands: pd.DataFrame | None = None) -> str:
@@ -158,19 +183,26 @@ def verdict(result, bands: pd.DataFrame | None = None) -> str:
     slo, q = result.request.slo, result.request.percentile
     b = bands.set_index("id").loc[rec["id"]].to_dict()
     text = latency_text(rec, b, q)
-    targets = " and ".join(f"{lab} ≤ {fmt.duration(t)}" for lab, t in (("TTFT", slo.ttft_s), ("TPOT", slo.tpot_s))
-                           if t is not None)
+    targets = " and ".join(
+        f"{lab} ≤ {fmt.duration(t)}" for lab, t in (("TTFT", slo.ttft_s), ("TPOT", slo.tpot_s)) if t is not None
+    )
     edge = b["meets_slo_at_band_edge"]
     if edge is None or edge != edge:
-        return (f"{text}. No model error band for a targeted figure (a datasheet-only GPU or no validated runs): "
-                f"whether the SLO ({targets}) holds within the model's error is unknown.")
+        return (
+            f"{text}. No model error band for a targeted figure (a datasheet-only GPU or no validated runs): "
+            f"whether the SLO ({targets}) holds within the model's error is unknown."
+        )
     if edge:
         return f"{text}. The SLO ({targets}) still holds at the band's pessimistic edge."
-    over = [f"{lab} up to {fmt.duration(b[k + '_high_s'])} > {fmt.duration(t)}"
-            for k, lab, t in (("ttft", "TTFT", slo.ttft_s), ("tpot", "TPOT", slo.tpot_s))
-            if t is not None and b[k + "_high_s"] > t]
-    return (f"{text}. At the band's pessimistic edge the SLO ({targets}) does not hold ({'; '.join(over)}): "
-            "the headroom is inside the model error band.")
+    over = [
+        f"{lab} up to {fmt.duration(b[k + '_high_s'])} > {fmt.duration(t)}"
+        for k, lab, t in (("ttft", "TTFT", slo.ttft_s), ("tpot", "TPOT", slo.tpot_s))
+        if t is not None and b[k + "_high_s"] > t
+    ]
+    return (
+        f"{text}. At the band's pessimistic edge the SLO ({targets}) does not hold ({'; '.join(over)}): "
+        "the headroom is inside the model error band."
+    )
 
 
 def _none(rel) -> float | None:

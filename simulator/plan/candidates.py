@@ -7,6 +7,7 @@ rejected row each; the others are combined with instance counts within the
 constraints.  A candidate is plain data; :func:`to_scenario` makes it a
 :class:`~simulator.scenario.Scenario` that the simulator runs.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -27,7 +28,7 @@ from simulator.step_build import build_step_model
 from simulator.stepmodel import StepModel
 from simulator.workload import generate
 
-PRE_SCREEN = ("memory", "kv-transfer", "encoder", "embedding-transfer")   # reasons that rule a row out unscreened
+PRE_SCREEN = ("memory", "kv-transfer", "encoder", "embedding-transfer")  # reasons that rule a row out unscreened
 
 
 @dataclass(frozen=True)
@@ -36,8 +37,8 @@ class PoolChoice:
     (``dp`` attention data-parallel ranks of ``tp`` GPUs each, experts over ``ep`` of them), weights in
     ``dtype``."""
 
-    role: str                  # colocated | prefill | decode | encoder
-    gpu: str                   # hwdb canonical name
+    role: str  # colocated | prefill | decode | encoder
+    gpu: str  # hwdb canonical name
     tp: int
     instances: int
     dtype: str = "bf16"
@@ -55,14 +56,20 @@ class PoolChoice:
 
     def shape(self) -> str:
         """``TP4``, ``DP4xTP2 EP8 fp4``: the per-instance layout, defaults left out."""
-        text = ((f"DP{self.dp}xTP{self.tp}" if self.dp > 1 else f"TP{self.tp}")
-                + (f" EP{self.ep}" if self.ep > 1 else ""))
+        text = (f"DP{self.dp}xTP{self.tp}" if self.dp > 1 else f"TP{self.tp}") + (
+            f" EP{self.ep}" if self.ep > 1 else ""
+        )
         return text + ("" if self.dtype == "bf16" or self.role == "encoder" else f" {self.dtype}")
 
     def tag(self) -> str:
         """The layout's part of a candidate id: ``H100-tp2``, ``B200-fp4-dp4-tp2-ep8``."""
-        return (self.gpu + (f"-{self.dtype}" if self.dtype != "bf16" else "") + (f"-dp{self.dp}" if self.dp > 1 else "")
-                + f"-tp{self.tp}" + (f"-ep{self.ep}" if self.ep > 1 else ""))
+        return (
+            self.gpu
+            + (f"-{self.dtype}" if self.dtype != "bf16" else "")
+            + (f"-dp{self.dp}" if self.dp > 1 else "")
+            + f"-tp{self.tp}"
+            + (f"-ep{self.ep}" if self.ep > 1 else "")
+        )
 
     def label(self) -> str:
         return f"{self.instances}x {self.gpu} {self.shape()}" + ("" if self.role == "colocated" else f" {self.role}")
@@ -79,7 +86,7 @@ class Candidate:
     fabric: str | None = None
     connector: str | None = None
     rejected: str = ""
-    embedding_fabric: str | None = None     # encoder -> language model (EPD)
+    embedding_fabric: str | None = None  # encoder -> language model (EPD)
 
     @property
     def gpus(self) -> int:
@@ -104,7 +111,7 @@ class Layout:
     dep: Deployment
     mem: MemoryPlan
     step: StepModel
-    price: float               # $/h per GPU (the request's price, else hwdb's)
+    price: float  # $/h per GPU (the request's price, else hwdb's)
     dtype: str = "bf16"
     dp: int = 1
     ep: int = 1
@@ -144,7 +151,7 @@ class WorkloadStats:
 
     mean_in: float
     mean_out: float
-    q_in: float                # input length at the SLO percentile
+    q_in: float  # input length at the SLO percentile
     n: int
     images: ImageStats | None = None
 
@@ -169,7 +176,7 @@ class PlanContext:
         try:
             engine = self.db.engine(self.req.constraints.engine.engine)
             family, version = engine.engine, engine.version
-        except hwdb.HwdbError:   # an unknown engine is refused while building layouts
+        except hwdb.HwdbError:  # an unknown engine is refused while building layouts
             family, version = "vllm", None
         return self.db.profile_for(self.db.gpu(gpu).name, family, version, self.model.name)
 
@@ -182,8 +189,9 @@ def _sample_stats(req: PlanRequest, model) -> WorkloadStats:
     wl = req.workload
     if wl.arrival.kind != "trace":
         # model_copy skips validation: keep the sample within what a run may generate
-        wl = wl.model_copy(update={"num_requests": min(50_000, max(2000, req.search.requests or 0)),
-                                   "duration_s": None})
+        wl = wl.model_copy(
+            update={"num_requests": min(50_000, max(2000, req.search.requests or 0)), "duration_s": None}
+        )
     rngs = rng_streams(req.search.seed, 0)
     try:
         reqs = generate(wl, rngs["arrivals"], rngs["lengths"])
@@ -194,7 +202,7 @@ def _sample_stats(req: PlanRequest, model) -> WorkloadStats:
     if wl.images is not None:
         try:
             vision = vision_arch(model)
-            images = draw_images(wl, len(inp), rngs["images"])   # as simulate draws them, from the same stream
+            images = draw_images(wl, len(inp), rngs["images"])  # as simulate draws them, from the same stream
             costs = image_costs(vision, images, "workload.images.resolutions")
         except (VisionError, EPDError) as exc:
             raise PlanError(f"workload.images: {exc}") from None
@@ -203,10 +211,18 @@ def _sample_stats(req: PlanRequest, model) -> WorkloadStats:
             np.add.at(per_req, np.repeat(np.arange(len(inp)), np.diff(images.offsets)), costs.tokens)
         inp = inp + per_req
         n = len(inp)
-        img = ImageStats(vision, images.total / n, float(costs.lin_flops.sum() / n), float(costs.attn_flops.sum() / n),
-                         float(costs.patches.sum() / n), float(costs.emb_bytes.sum() / n), float(per_req.mean()))
-    return WorkloadStats(float(inp.mean()), float(max(1.0, out.mean())),
-                         float(np.quantile(inp, req.quantile)), len(inp), img)
+        img = ImageStats(
+            vision,
+            images.total / n,
+            float(costs.lin_flops.sum() / n),
+            float(costs.attn_flops.sum() / n),
+            float(costs.patches.sum() / n),
+            float(costs.emb_bytes.sum() / n),
+            float(per_req.mean()),
+        )
+    return WorkloadStats(
+        float(inp.mean()), float(max(1.0, out.mean())), float(np.quantile(inp, req.quantile)), len(inp), img
+    )
 
 
 def _known(db, name: str) -> bool:
@@ -226,14 +242,17 @@ def build_context(req: PlanRequest) -> PlanContext:
     for offer in req.gpus:
         gpu = db.gpu(offer.name)
         if c.prefer_calibrated and calibrated and offer.name not in calibrated:
-            ctx.notes.append(f"{gpu.name} left out (constraints.prefer_calibrated): no calibration profile, "
-                             "its figures are datasheet-only")
+            ctx.notes.append(
+                f"{gpu.name} left out (constraints.prefer_calibrated): no calibration profile, "
+                "its figures are datasheet-only"
+            )
             continue
         price = gpu.price_usd_per_hour.value if offer.price_usd_per_hour is None else offer.price_usd_per_hour
         for dtype, tp, dp, ep in _shapes(c, model):
             shape = PoolChoice("colocated", gpu.name, tp, 1, dtype, dp, ep)
-            pool = PoolConfig(gpu=gpu.name, tp=tp, dp=dp, ep=ep, dtype=dtype, kv_cache_dtype=c.kv_cache_dtype,
-                              engine=c.engine)
+            pool = PoolConfig(
+                gpu=gpu.name, tp=tp, dp=dp, ep=ep, dtype=dtype, kv_cache_dtype=c.kv_cache_dtype, engine=c.engine
+            )
             try:
                 dep = deployment_for(pool, model, db)
                 mem = plan_memory(dep)
@@ -247,10 +266,12 @@ def build_context(req: PlanRequest) -> PlanContext:
             ctx.layouts.append(Layout(gpu.name, tp, dep, mem, build_step_model(dep), price, dtype, dp, ep))
     if not ctx.layouts:
         why = "; ".join(f"{sh.gpu} {sh.shape()}: {r}" for sh, _, r in ctx.misfits[:6])
-        raise PlanError(f"no (GPU, TP) layout can serve {model.name} within the constraints "
-                        f"(gpus {[o.name for o in req.gpus]}, tp {list(c.tp)}, max_gpus {c.max_gpus}): {why}. "
-                        "Fix: allow larger TP (constraints.tp), more GPUs (constraints.max_gpus), GPUs with more "
-                        "memory, fp8 weights (constraints.dtype), or a smaller engine.max_model_len.")
+        raise PlanError(
+            f"no (GPU, TP) layout can serve {model.name} within the constraints "
+            f"(gpus {[o.name for o in req.gpus]}, tp {list(c.tp)}, max_gpus {c.max_gpus}): {why}. "
+            "Fix: allow larger TP (constraints.tp), more GPUs (constraints.max_gpus), GPUs with more "
+            "memory, fp8 weights (constraints.dtype), or a smaller engine.max_model_len."
+        )
     return ctx
 
 
@@ -261,7 +282,7 @@ def _shapes(c, model) -> Iterator[tuple[str, int, int, int]]:
     moe = model.arch.is_moe
     for dtype in c.dtype:
         for tp in c.tp:
-            for dp in (c.dp if moe else (1,)):
+            for dp in c.dp if moe else (1,):
                 for ep in dict.fromkeys(tp * dp if on and moe and tp * dp > 1 else 1 for on in c.expert_parallel):
                     yield dtype, tp, dp, ep
 
@@ -293,8 +314,9 @@ class Colocated(Family):
     def enumerate(self, ctx: PlanContext) -> Iterator[Candidate]:
         c = ctx.req.constraints
         for sh, price, reason in ctx.misfits:
-            yield Candidate(f"colocated-{sh.tag()}-nofit", self.name, (sh,), sh.gpus * price,
-                            rejected=f"memory: {reason}")
+            yield Candidate(
+                f"colocated-{sh.tag()}-nofit", self.name, (sh,), sh.gpus * price, rejected=f"memory: {reason}"
+            )
         for lay in ctx.layouts:
             for n in range(1, c.max_instances_per_pool + 1):
                 pools = (lay.choice("colocated", n),)
@@ -314,15 +336,22 @@ class PrefillDecode(Family):
             for lp in ctx.layouts:
                 for ld in ctx.layouts:
                     if (lp.gpu != ld.gpu and not c.heterogeneous) or lp.dtype != ld.dtype:
-                        continue       # one checkpoint serves both pools
+                        continue  # one checkpoint serves both pools
                     tag = f"pd-{lp.tag()}-{ld.tag()}" + (f"-{fabric}" if fabric else "")
                     cfg = KVTransferConfig(connector=req.fabrics.connector, fabric=fabric)
                     try:
                         plan = build_transfer_plan(cfg, ctx.db, lp.dep, ld.dep)
                     except TransferConfigError as exc:
                         pools = (lp.choice("prefill", 1), ld.choice("decode", 1))
-                        yield Candidate(tag + "-invalid", self.name, pools, lp.gpus * lp.price + ld.gpus * ld.price,
-                                        fabric, req.fabrics.connector, rejected=f"kv-transfer: {exc}")
+                        yield Candidate(
+                            tag + "-invalid",
+                            self.name,
+                            pools,
+                            lp.gpus * lp.price + ld.gpus * ld.price,
+                            fabric,
+                            req.fabrics.connector,
+                            rejected=f"kv-transfer: {exc}",
+                        )
                         continue
                     for npf in range(1, c.max_instances_per_pool + 1):
                         if npf * lp.gpus >= c.max_gpus:
@@ -331,18 +360,34 @@ class PrefillDecode(Family):
                             pools = (lp.choice("prefill", npf), ld.choice("decode", nd))
                             if not gpu_ok(ctx, pools):
                                 break
-                            yield Candidate(f"{tag}-{npf}p{nd}d", self.name, pools,
-                                            npf * lp.gpus * lp.price + nd * ld.gpus * ld.price, plan.link_name,
-                                            req.fabrics.connector)
+                            yield Candidate(
+                                f"{tag}-{npf}p{nd}d",
+                                self.name,
+                                pools,
+                                npf * lp.gpus * lp.price + nd * ld.gpus * ld.price,
+                                plan.link_name,
+                                req.fabrics.connector,
+                            )
 
 
 def to_scenario(req: PlanRequest, cand: Candidate, rate: float | None = None) -> Scenario:
     """The scenario that simulates ``cand`` under the request's workload (at ``rate`` if given)."""
     c = req.constraints
-    pools = [{"name": "main" if p.role == "colocated" else p.role, "role": p.role, "gpu": p.gpu, "tp": p.tp,
-              "dp": p.dp, "ep": p.ep, "instances": p.instances, "dtype": p.dtype if p.role != "encoder" else "bf16",
-              "kv_cache_dtype": c.kv_cache_dtype, "engine": c.engine.model_dump(exclude_defaults=True)}
-             for p in cand.pools]
+    pools = [
+        {
+            "name": "main" if p.role == "colocated" else p.role,
+            "role": p.role,
+            "gpu": p.gpu,
+            "tp": p.tp,
+            "dp": p.dp,
+            "ep": p.ep,
+            "instances": p.instances,
+            "dtype": p.dtype if p.role != "encoder" else "bf16",
+            "kv_cache_dtype": c.kv_cache_dtype,
+            "engine": c.engine.model_dump(exclude_defaults=True),
+        }
+        for p in cand.pools
+    ]
     wl = req.workload.model_dump(mode="json", exclude_none=True)
     if req.search.requests is not None:
         wl["num_requests"] = req.search.requests
@@ -351,8 +396,15 @@ def to_scenario(req: PlanRequest, cand: Candidate, rate: float | None = None) ->
         wl["arrival"]["rate"] = rate
         if wl["arrival"]["kind"] == "trace":
             wl["arrival"].pop("time_scale", None)
-    data = {"name": f"{req.name}:{cand.id}", "seed": req.search.seed, "model": req.model, "hwdb": list(req.hwdb),
-            "pools": pools, "workload": wl, "slo": req.slo.model_dump(exclude_none=True)}
+    data = {
+        "name": f"{req.name}:{cand.id}",
+        "seed": req.search.seed,
+        "model": req.model,
+        "hwdb": list(req.hwdb),
+        "pools": pools,
+        "workload": wl,
+        "slo": req.slo.model_dump(exclude_none=True),
+    }
     if any(p.role == "prefill" for p in cand.pools):
         data["kv_transfer"] = {"connector": cand.connector or req.fabrics.connector, "fabric": cand.fabric}
     if any(p.role == "encoder" for p in cand.pools):

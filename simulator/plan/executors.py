@@ -6,6 +6,7 @@ record results incrementally.  Ctrl-C (KeyboardInterrupt) stops the
 submission, cancels what has not started and returns the results finished so
 far with ``interrupted=True``; nothing finished is lost.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -24,7 +25,7 @@ def default_workers() -> int:
     """Worker processes for local runs: the cores this process may use."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:          # not Linux
+    except AttributeError:  # not Linux
         return max(1, os.cpu_count() or 1)
 
 
@@ -52,8 +53,7 @@ def interrupt_guard():
             signal.signal(signal.SIGINT, old)
 
 
-def run_local(fn: Callable[[dict], dict], tasks: list[dict], workers: int,
-              on_done: Callable[[dict], None]) -> bool:
+def run_local(fn: Callable[[dict], dict], tasks: list[dict], workers: int, on_done: Callable[[dict], None]) -> bool:
     """Run ``tasks`` on ``workers`` processes (1: here, serially).  Returns True if interrupted."""
     if workers <= 1 or len(tasks) <= 1:
         try:
@@ -83,22 +83,24 @@ def run_local(fn: Callable[[dict], dict], tasks: list[dict], workers: int,
     return False
 
 
-def run_ray(fn: Callable[[dict], dict], tasks: list[dict], address: str,
-            on_done: Callable[[dict], None]) -> bool:
+def run_ray(fn: Callable[[dict], dict], tasks: list[dict], address: str, on_done: Callable[[dict], None]) -> bool:
     """Run ``tasks`` as Ray tasks on the cluster at ``address`` ("local" starts a local Ray instance;
     an already initialised Ray session is used as it is).  Returns True if interrupted."""
     try:
         import ray  # noqa: PLC0415 - optional extra, only with --ray
     except ImportError:
-        raise ExecutorError(f"--ray {address}: Ray is not installed; install the extra with "
-                            "`pip install -e '.[ray]'` or run without --ray (local processes)") from None
+        raise ExecutorError(
+            f"--ray {address}: Ray is not installed; install the extra with "
+            "`pip install -e '.[ray]'` or run without --ray (local processes)"
+        ) from None
     if not ray.is_initialized():
         try:
-            ray.init(address=None if address == "local" else address, ignore_reinit_error=True,
-                     log_to_driver=False)
+            ray.init(address=None if address == "local" else address, ignore_reinit_error=True, log_to_driver=False)
         except (ConnectionError, RuntimeError, ValueError) as exc:
-            raise ExecutorError(f"--ray {address}: cannot connect to a Ray cluster there ({exc}); "
-                                "check the address (ray://HOST:10001 or HOST:6379) or use --ray local") from None
+            raise ExecutorError(
+                f"--ray {address}: cannot connect to a Ray cluster there ({exc}); "
+                "check the address (ray://HOST:10001 or HOST:6379) or use --ray local"
+            ) from None
     remote = ray.remote(fn)
     refs = [remote.remote(t) for t in tasks]
     try:

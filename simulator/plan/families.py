@@ -7,6 +7,7 @@ colocated or prefill steps); ``epd`` adds a pool of vision-encoder instances
 in front of a colocated pool (E+PD) or a prefill/decode pair (E+P+D), and
 exists only for workloads with images.
 """
+
 from __future__ import annotations
 
 import math
@@ -51,12 +52,20 @@ class EncoderPrefillDecode(Family):
             return
         c = ctx.req.constraints
         lm_parts = [x for x in Colocated().enumerate(ctx) if not x.rejected]
-        lm_parts += [x for x in PrefillDecode().enumerate(ctx) if not x.rejected
-                     and x.pool("prefill").key == x.pool("decode").key]
+        lm_parts += [
+            x
+            for x in PrefillDecode().enumerate(ctx)
+            if not x.rejected and x.pool("prefill").key == x.pool("decode").key
+        ]
         for g, tp, price, why in encoder_layouts(ctx):
             if why:
-                yield Candidate(f"epd-enc-{g}-tp{tp}-invalid", self.name, (PoolChoice("encoder", g, tp, 1),),
-                                tp * price, rejected=f"encoder: {why}")
+                yield Candidate(
+                    f"epd-enc-{g}-tp{tp}-invalid",
+                    self.name,
+                    (PoolChoice("encoder", g, tp, 1),),
+                    tp * price,
+                    rejected=f"encoder: {why}",
+                )
                 continue
             busy = ctx.req.target_rate * encode_time(ctx, g, tp)
             need = max(1, math.ceil(busy / 0.7))
@@ -70,22 +79,31 @@ class EncoderPrefillDecode(Family):
                     pools = (enc, *lm.pools)
                     if not gpu_ok(ctx, pools):
                         continue
-                    yield Candidate(f"epd-{g}-tp{tp}-x{n}+{lm.id}", self.name, pools,
-                                    n * tp * price + lm.cost_usd_per_hour, lm.fabric, lm.connector,
-                                    embedding_fabric=ctx.req.fabrics.links[0])
+                    yield Candidate(
+                        f"epd-{g}-tp{tp}-x{n}+{lm.id}",
+                        self.name,
+                        pools,
+                        n * tp * price + lm.cost_usd_per_hour,
+                        lm.fabric,
+                        lm.connector,
+                        embedding_fabric=ctx.req.fabrics.links[0],
+                    )
 
 
 # In the order the planner lists them; constraints.families names some of them.
-FAMILIES: Registry[Family] = Registry("deployment family", (Colocated(), PrefillDecode(), EncoderPrefillDecode()),
-                                      plural="deployment families")
+FAMILIES: Registry[Family] = Registry(
+    "deployment family", (Colocated(), PrefillDecode(), EncoderPrefillDecode()), plural="deployment families"
+)
 
 
 def check_families(req: PlanRequest) -> None:
     """Raise :class:`PlanError` for a family in ``constraints.families`` that is not in the registry."""
     for fam in req.constraints.families:
         if fam not in FAMILIES:
-            raise PlanError(f"constraints.families: {fam!r} is not a deployment family this planner knows; "
-                            f"choose from {sorted(FAMILIES)}")
+            raise PlanError(
+                f"constraints.families: {fam!r} is not a deployment family this planner knows; "
+                f"choose from {sorted(FAMILIES)}"
+            )
 
 
 def enumerate_candidates(ctx: PlanContext) -> list[Candidate]:

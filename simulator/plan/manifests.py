@@ -4,6 +4,7 @@ request router in front.
 What a KV connector adds to a PD pod (its ``--kv-transfer-config``, environment, ports, proxy) is its
 strategy's, :mod:`simulator.pd.connectors`; vLLM's EPD proxy (an encoder pool in front) is here.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -11,7 +12,7 @@ from dataclasses import dataclass, field
 from simulator.pd.connectors import VLLM_PORT, Proxy
 
 SGLANG_PORT = 30000
-SGLANG_BOOTSTRAP_PORT = 8998          # SGLang's --disaggregation-bootstrap-port default
+SGLANG_BOOTSTRAP_PORT = 8998  # SGLang's --disaggregation-bootstrap-port default
 EPD_PROXY = "examples/disaggregated/disaggregated_encoder/disagg_epd_proxy.py"
 
 
@@ -41,13 +42,13 @@ class ArtefactOptions:
     # SGLang inference page); pin the release you tested.
     sglang_image: str = "lmsysorg/sglang:latest"
     sglang_rocm_image: str = "rocm/sgl-dev:v0.5.13.post1-ubuntu24.04-py3.14-rocm7.14"
-    proxy_image: str | None = None               # default: the vLLM image (it has fastapi/httpx/uvicorn)
+    proxy_image: str | None = None  # default: the vLLM image (it has fastapi/httpx/uvicorn)
     rdma_resource: str = "rdma/ib"
     rdma_per_pod: int = 1
     host_network: bool = False
-    ucx_net_devices: str = "all"                 # e.g. mlx5_0:1,mlx5_1:1
-    socket_ifname: str = "eth0"                  # TCP fabrics: the interface NCCL/UCX use
-    storage_class: str | None = None             # model-cache PVC; None: the cluster default
+    ucx_net_devices: str = "all"  # e.g. mlx5_0:1,mlx5_1:1
+    socket_ifname: str = "eth0"  # TCP fabrics: the interface NCCL/UCX use
+    storage_class: str | None = None  # model-cache PVC; None: the cluster default
     model_cache_size: str = "200Gi"
     node_selector: dict = field(default_factory=dict)
 
@@ -79,10 +80,26 @@ def _pod_spec(containers: list[dict], opts: ArtefactOptions, volumes: list[dict]
     return spec
 
 
-def engine_deployment(name: str, role: str, replicas: int, image: str, command: list[str], args: list[str],
-                      gpu_resource: str, gpus: int, probes, env: list[dict], rdma: tuple[str, int] | None,
-                      opts: ArtefactOptions, extra_ports: list[dict], cache_claim: str, *, engine: str = "vllm",
-                      port: int = VLLM_PORT, per_pod: bool = False) -> list[dict]:
+def engine_deployment(
+    name: str,
+    role: str,
+    replicas: int,
+    image: str,
+    command: list[str],
+    args: list[str],
+    gpu_resource: str,
+    gpus: int,
+    probes,
+    env: list[dict],
+    rdma: tuple[str, int] | None,
+    opts: ArtefactOptions,
+    extra_ports: list[dict],
+    cache_claim: str,
+    *,
+    engine: str = "vllm",
+    port: int = VLLM_PORT,
+    per_pod: bool = False,
+) -> list[dict]:
     """A pool's Deployment (GPU and RDMA resources, probes, env, shm and caches) and its Service.
 
     ``engine``: ``vllm`` or ``sglang`` (container name and compile-cache path); ``port``: the HTTP port the
@@ -94,33 +111,51 @@ def engine_deployment(name: str, role: str, replicas: int, image: str, command: 
     if rdma:
         limits[rdma[0]] = str(rdma[1])
     container = {
-        "name": engine, "image": image, "command": command, "args": args,
+        "name": engine,
+        "image": image,
+        "command": command,
+        "args": args,
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}] + extra_ports,
         "resources": {"limits": dict(limits), "requests": dict(limits)},
-        "startupProbe": probes.startup.to_k8s(), "livenessProbe": probes.liveness.to_k8s(),
+        "startupProbe": probes.startup.to_k8s(),
+        "livenessProbe": probes.liveness.to_k8s(),
         "readinessProbe": probes.readiness.to_k8s(),
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"},
-                         {"name": "compile-cache", "mountPath": f"/root/.cache/{engine}"},
-                         {"name": "hf-cache", "mountPath": "/root/.cache/huggingface"}],
+        "volumeMounts": [
+            {"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": "compile-cache", "mountPath": f"/root/.cache/{engine}"},
+            {"name": "hf-cache", "mountPath": "/root/.cache/huggingface"},
+        ],
     }
     if env:
         container["env"] = env
-    container["envFrom"] = [{"secretRef": {"name": "hf-token", "optional": True}}]   # HF_TOKEN for gated models
+    container["envFrom"] = [{"secretRef": {"name": "hf-token", "optional": True}}]  # HF_TOKEN for gated models
     if rdma:
         # RDMA verbs need locked memory; IPC_LOCK lets the NIC pin the KV buffers.
         container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
-    volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}, {"name": "compile-cache", "emptyDir": {}},
-               {"name": "hf-cache", "persistentVolumeClaim": {"claimName": cache_claim}}]
-    spec = {"replicas": replicas, "selector": {"matchLabels": labels},
-            "template": {"metadata": {"labels": labels},
-                         "spec": _pod_spec([container], opts, volumes, bool(opts.host_network and rdma))}}
+    volumes = [
+        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        {"name": "compile-cache", "emptyDir": {}},
+        {"name": "hf-cache", "persistentVolumeClaim": {"claimName": cache_claim}},
+    ]
+    spec = {
+        "replicas": replicas,
+        "selector": {"matchLabels": labels},
+        "template": {
+            "metadata": {"labels": labels},
+            "spec": _pod_spec([container], opts, volumes, bool(opts.host_network and rdma)),
+        },
+    }
     if per_pod:
         # Pods start together (not one after the other: each takes the modelled cold start).
         spec = {"serviceName": name, "podManagementPolicy": "Parallel", **spec}
     deployment = {
-        "apiVersion": "apps/v1", "kind": "StatefulSet" if per_pod else "Deployment",
-        "metadata": {"name": name, "labels": labels,
-                     "annotations": {"epdsim/modelled-start-s": f"{probes.basis_s:.0f}"}},
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet" if per_pod else "Deployment",
+        "metadata": {
+            "name": name,
+            "labels": labels,
+            "annotations": {"epdsim/modelled-start-s": f"{probes.basis_s:.0f}"},
+        },
         "spec": spec,
     }
     ports = [("http", port)] + [(p["name"], p["containerPort"]) for p in extra_ports if p["name"] == "bootstrap"]
@@ -134,10 +169,9 @@ def pod_urls(name: str, replicas: int, port: int) -> list[str]:
 
 
 def service(name: str, labels: dict, ports: list[tuple[str, int]], headless: bool = False) -> dict:
-    spec = {"selector": labels, "ports": [{"name": n, "port": p, "targetPort": n, "protocol": "TCP"}
-                                          for n, p in ports]}
+    spec = {"selector": labels, "ports": [{"name": n, "port": p, "targetPort": n, "protocol": "TCP"} for n, p in ports]}
     if headless:
-        spec = {"clusterIP": "None", **spec}       # DNS names each pod; no load-balanced virtual IP
+        spec = {"clusterIP": "None", **spec}  # DNS names each pod; no load-balanced virtual IP
     return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "labels": labels}, "spec": spec}
 
 
@@ -146,15 +180,24 @@ def cache_claim(name: str, opts: ArtefactOptions) -> dict:
     spec = {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": opts.model_cache_size}}}
     if opts.storage_class:
         spec["storageClassName"] = opts.storage_class
-    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-            "metadata": {"name": name, "labels": {"app.kubernetes.io/part-of": "epdsim-plan"}}, "spec": spec}
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/part-of": "epdsim-plan"}},
+        "spec": spec,
+    }
 
 
 def epd_proxy(ends: dict[str, list[str]]) -> Proxy:
     """vLLM's EPD proxy in front of an encoder pool and the language-model pools; ``ends``: role -> URLs."""
-    run = (f"python3 /tmp/proxy.py --host 0.0.0.0 --port {VLLM_PORT} --encode-servers-urls "
-           + ",".join(ends["encoder"]) + " --prefill-servers-urls " + (",".join(ends.get("prefill", [])) or "disable")
-           + " --decode-servers-urls " + ",".join(ends.get("decode", ends.get("colocated", []))))
+    run = (
+        f"python3 /tmp/proxy.py --host 0.0.0.0 --port {VLLM_PORT} --encode-servers-urls "
+        + ",".join(ends["encoder"])
+        + " --prefill-servers-urls "
+        + (",".join(ends.get("prefill", [])) or "disable")
+        + " --decode-servers-urls "
+        + ",".join(ends.get("decode", ends.get("colocated", [])))
+    )
     return Proxy("epd", EPD_PROXY, run, (("http", VLLM_PORT),))
 
 
@@ -168,26 +211,59 @@ def proxy_objects(name: str, proxy: Proxy, image: str, opts: ArtefactOptions) ->
     return router_objects(name, image, ["/bin/sh", "-c"], [cmd], list(proxy.ports), opts, start_budget_s=300)
 
 
-def router_objects(name: str, image: str, command: list[str], args: list[str], ports: list[tuple[str, int]],
-                   opts: ArtefactOptions, start_budget_s: int = 120) -> list[dict]:
+def router_objects(
+    name: str,
+    image: str,
+    command: list[str],
+    args: list[str],
+    ports: list[tuple[str, int]],
+    opts: ArtefactOptions,
+    start_budget_s: int = 120,
+) -> list[dict]:
     """A request router in front of the pools (a vLLM proxy script, SGLang's router): one replica, its
     Service, and TCP probes on its first port (the scripts have no common health route; an accepted
     connection means the server listens).  The startup probe allows ``start_budget_s`` for what the
     container does first (pip install, downloading the script); liveness restarts a hung router after 30 s."""
     labels = labels_for(name, "proxy")
     first = ports[0][0]
-    startup = {"tcpSocket": {"port": first}, "periodSeconds": 5, "timeoutSeconds": 3, "successThreshold": 1,
-               "failureThreshold": start_budget_s // 5 + 1}
-    container = {"name": "router", "image": image, "command": command, "args": args,
-                 "ports": [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in ports],
-                 "startupProbe": startup,
-                 "livenessProbe": {"tcpSocket": {"port": first}, "periodSeconds": 10, "timeoutSeconds": 5,
-                                   "successThreshold": 1, "failureThreshold": 3},
-                 "readinessProbe": {"tcpSocket": {"port": first}, "periodSeconds": 5, "timeoutSeconds": 3,
-                                    "successThreshold": 1, "failureThreshold": 3},
-                 "resources": {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "8Gi"}}}
-    deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "labels": labels},
-                  "spec": {"replicas": 1, "selector": {"matchLabels": labels},
-                           "template": {"metadata": {"labels": labels},
-                                        "spec": _pod_spec([container], opts, [], False)}}}
+    startup = {
+        "tcpSocket": {"port": first},
+        "periodSeconds": 5,
+        "timeoutSeconds": 3,
+        "successThreshold": 1,
+        "failureThreshold": start_budget_s // 5 + 1,
+    }
+    container = {
+        "name": "router",
+        "image": image,
+        "command": command,
+        "args": args,
+        "ports": [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in ports],
+        "startupProbe": startup,
+        "livenessProbe": {
+            "tcpSocket": {"port": first},
+            "periodSeconds": 10,
+            "timeoutSeconds": 5,
+            "successThreshold": 1,
+            "failureThreshold": 3,
+        },
+        "readinessProbe": {
+            "tcpSocket": {"port": first},
+            "periodSeconds": 5,
+            "timeoutSeconds": 3,
+            "successThreshold": 1,
+            "failureThreshold": 3,
+        },
+        "resources": {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "8Gi"}},
+    }
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": labels}, "spec": _pod_spec([container], opts, [], False)},
+        },
+    }
     return [deployment, service(name, labels, ports)]

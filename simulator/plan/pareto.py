@@ -1,4 +1,5 @@
 """Pareto front of cost against goodput (and latency) over the candidates."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -16,8 +17,12 @@ def pareto_mask(cost, goodput, latency=None) -> np.ndarray:
     idx = np.flatnonzero(ok)
     for i in idx:
         others = idx[idx != i]
-        dominated = ((cost[others] <= cost[i]) & (goodput[others] >= goodput[i]) & (latency[others] <= latency[i])
-                     & ((cost[others] < cost[i]) | (goodput[others] > goodput[i]) | (latency[others] < latency[i])))
+        dominated = (
+            (cost[others] <= cost[i])
+            & (goodput[others] >= goodput[i])
+            & (latency[others] <= latency[i])
+            & ((cost[others] < cost[i]) | (goodput[others] > goodput[i]) | (latency[others] < latency[i]))
+        )
         mask[i] = not dominated.any()
     return mask
 

@@ -1,6 +1,7 @@
 """From screened and simulated figures to the final table: meets_slo, goodput, cost per token, the
 recommendation with its headroom, the reason each other candidate lost, the Pareto front, and the
 closest candidates when nothing meets the SLO."""
+
 from __future__ import annotations
 
 import math
@@ -99,8 +100,14 @@ def _family_pick(sub: pd.DataFrame, rec: dict | None, slo) -> tuple[dict, str, s
     # Rows ruled out before screening have no figures: the closest is taken among the others if any.
     live = [r for r in recs if not r["rejected_reason"].startswith(PRE_SCREEN)] or recs
     b = min(live, key=lambda r: (-r["goodput_rps"], not r["verified"], _violation(r, slo), r["cost_usd_per_hour"]))
-    return b, "none", (f"no {b['family']} candidate meets the SLO (simulated or screen); the closest is limited by: "
-                       f"{b['rejected_reason'] or 'not simulated'}")
+    return (
+        b,
+        "none",
+        (
+            f"no {b['family']} candidate meets the SLO (simulated or screen); the closest is limited by: "
+            f"{b['rejected_reason'] or 'not simulated'}"
+        ),
+    )
 
 
 def _families(req, df: pd.DataFrame, rec: dict | None) -> pd.DataFrame:
@@ -110,18 +117,36 @@ def _families(req, df: pd.DataFrame, rec: dict | None) -> pd.DataFrame:
     for fam in req.constraints.families:
         sub = df[df["family"] == fam]
         if not len(sub):
-            fam_rows.append({"family": fam, "best_id": None, "layout": None, "cost_usd_per_hour": np.nan,
-                             "goodput_rps": np.nan, "basis": None, "lost_because": "no candidates"})
+            fam_rows.append(
+                {
+                    "family": fam,
+                    "best_id": None,
+                    "layout": None,
+                    "cost_usd_per_hour": np.nan,
+                    "goodput_rps": np.nan,
+                    "basis": None,
+                    "lost_because": "no candidates",
+                }
+            )
             continue
         b, basis, why = _family_pick(sub, rec, req.slo)
-        fam_rows.append({"family": fam, "best_id": b["id"], "layout": b["layout"],
-                         "cost_usd_per_hour": b["cost_usd_per_hour"], "goodput_rps": b["goodput_rps"],
-                         "basis": basis, "lost_because": why})
+        fam_rows.append(
+            {
+                "family": fam,
+                "best_id": b["id"],
+                "layout": b["layout"],
+                "cost_usd_per_hour": b["cost_usd_per_hour"],
+                "goodput_rps": b["goodput_rps"],
+                "basis": basis,
+                "lost_because": why,
+            }
+        )
     return pd.DataFrame(fam_rows)
 
 
-def assemble(req, ctx, rows: list[dict], done: dict[str, dict], by_id: dict,
-             rels: dict[str, dict] | None = None) -> PlanResult:
+def assemble(
+    req, ctx, rows: list[dict], done: dict[str, dict], by_id: dict, rels: dict[str, dict] | None = None
+) -> PlanResult:
     """The ranked plan from the screened ``rows`` and the simulations ``done``; ``rels``: each candidate's
     relative model error bands (:func:`simulator.plan.bands.candidate_bands`; none given: no band)."""
     out_tok = ctx.stats.mean_out
@@ -133,23 +158,41 @@ def assemble(req, ctx, rows: list[dict], done: dict[str, dict], by_id: dict,
         d = done.get(r["id"])
         r["verified"] = d is not None
         if d is not None:
-            r.update(ttft_s=d["des_ttft_s"], tpot_s=d["des_tpot_s"], goodput_rps=d["des_goodput_rps"],
-                     meets_slo=bool(d["des_meets_slo"]), attainment=d["des_attainment"],
-                     attainment_ci95=d["des_attainment_ci95"], goodput_capped=bool(d["des_goodput_capped"]),
-                     des_runs=int(d["des_runs"]))
+            r.update(
+                ttft_s=d["des_ttft_s"],
+                tpot_s=d["des_tpot_s"],
+                goodput_rps=d["des_goodput_rps"],
+                meets_slo=bool(d["des_meets_slo"]),
+                attainment=d["des_attainment"],
+                attainment_ci95=d["des_attainment_ci95"],
+                goodput_capped=bool(d["des_goodput_capped"]),
+                des_runs=int(d["des_runs"]),
+            )
             if not r["meets_slo"]:
-                judged = (f"attainment "
-                          f"{fmt.attainment(d['des_attainment'], d['des_attainment_ci95'], req.search.replications)}"
-                          f" < {fmt.percent(req.slo.attainment, 0)}"
-                          if req.slo.percentile is None else "percentiles over the targets")
-                r["rejected_reason"] = (f"simulated: {judged} at {req.target_rate:g} req/s; p{r['percentile']} TTFT "
-                                        f"{d['des_ttft_s']:.3g} s, TPOT {d['des_tpot_s']:.3g} s")
+                judged = (
+                    f"attainment "
+                    f"{fmt.attainment(d['des_attainment'], d['des_attainment_ci95'], req.search.replications)}"
+                    f" < {fmt.percent(req.slo.attainment, 0)}"
+                    if req.slo.percentile is None
+                    else "percentiles over the targets"
+                )
+                r["rejected_reason"] = (
+                    f"simulated: {judged} at {req.target_rate:g} req/s; p{r['percentile']} TTFT "
+                    f"{d['des_ttft_s']:.3g} s, TPOT {d['des_tpot_s']:.3g} s"
+                )
             elif r["rejected_reason"]:
-                r["rejected_reason"] = ""      # the screen was pessimistic; the simulation decides
+                r["rejected_reason"] = ""  # the screen was pessimistic; the simulation decides
         else:
-            r.update(ttft_s=r["est_ttft_s"], tpot_s=r["est_tpot_s"], goodput_rps=r["est_goodput_rps"],
-                     meets_slo=bool(r["est_meets_slo"]), attainment=np.nan, attainment_ci95=np.nan,
-                     goodput_capped=False, des_runs=0)
+            r.update(
+                ttft_s=r["est_ttft_s"],
+                tpot_s=r["est_tpot_s"],
+                goodput_rps=r["est_goodput_rps"],
+                meets_slo=bool(r["est_meets_slo"]),
+                attainment=np.nan,
+                attainment_ci95=np.nan,
+                goodput_capped=False,
+                des_runs=0,
+            )
         r["cost_usd_per_million_tokens"] = _per_million(r["cost_usd_per_hour"], r["goodput_rps"], out_tok)
         rel = rels.get(r["id"], NO_BAND)
         q = r["percentile"]
@@ -169,8 +212,10 @@ def assemble(req, ctx, rows: list[dict], done: dict[str, dict], by_id: dict,
             if r["verified"]:
                 r["rejected_reason"] = f"cost: ${r['cost_usd_per_hour'] - rec['cost_usd_per_hour']:,.2f}/h more"
             elif r["cost_usd_per_hour"] >= rec["cost_usd_per_hour"]:
-                r["rejected_reason"] = (f"cost: ${r['cost_usd_per_hour'] - rec['cost_usd_per_hour']:,.2f}/h more "
-                                        "(screen estimate, not simulated)")
+                r["rejected_reason"] = (
+                    f"cost: ${r['cost_usd_per_hour'] - rec['cost_usd_per_hour']:,.2f}/h more "
+                    "(screen estimate, not simulated)"
+                )
             else:
                 r["rejected_reason"] = "unverified: cheaper and passes the screen, but beyond the verify budget"
     df = pd.DataFrame(rows)
@@ -184,16 +229,21 @@ def assemble(req, ctx, rows: list[dict], done: dict[str, dict], by_id: dict,
             headroom_ttft=(1.0 - rec["ttft_s"] / req.slo.ttft_s) if req.slo.ttft_s else None,
             headroom_tpot=(1.0 - rec["tpot_s"] / req.slo.tpot_s) if req.slo.tpot_s else None,
             target_rate_rps=req.target_rate,
-            cost_usd_per_million_tokens_at_target=_per_million(rec["cost_usd_per_hour"], req.target_rate, out_tok))
+            cost_usd_per_million_tokens_at_target=_per_million(rec["cost_usd_per_hour"], req.target_rate, out_tok),
+        )
         if rec["meets_slo_at_band_edge"] is False:
-            notes.append("warning: the recommendation meets the SLO at its predicted figures, but not at the model "
-                         "error band's pessimistic edge (its headroom is inside the band); set "
-                         "constraints.slo_at_band_edge: true (epdsim plan --slo-at-band-edge) to plan at the edge")
+            notes.append(
+                "warning: the recommendation meets the SLO at its predicted figures, but not at the model "
+                "error band's pessimistic edge (its headroom is inside the band); set "
+                "constraints.slo_at_band_edge: true (epdsim plan --slo-at-band-edge) to plan at the edge"
+            )
     if at_edge:
-        notes.append(f"planned at the model error band's pessimistic edge (constraints.slo_at_band_edge): "
-                     f"{refused_at_edge} candidate(s) meeting the SLO at their predicted figures were refused "
-                     "there; one with no band for a targeted figure (a datasheet-only GPU) is refused as "
-                     "unverifiable")
+        notes.append(
+            f"planned at the model error band's pessimistic edge (constraints.slo_at_band_edge): "
+            f"{refused_at_edge} candidate(s) meeting the SLO at their predicted figures were refused "
+            "there; one with no band for a targeted figure (a datasheet-only GPU) is refused as "
+            "unverifiable"
+        )
     live = df[~df["rejected_reason"].str.startswith(PRE_SCREEN)].copy()
     closest = live.iloc[0:0]
     if rec is None:
@@ -201,23 +251,33 @@ def assemble(req, ctx, rows: list[dict], done: dict[str, dict], by_id: dict,
         if len(unseen):
             # The screen accepts these but the simulation never ran them: not "nothing meets the SLO".
             df.loc[df["id"].isin(unseen["id"]), "rejected_reason"] = (
-                "unverified: passes the screen, not simulated (raise search.verify)")
+                "unverified: passes the screen, not simulated (raise search.verify)"
+            )
             closest = df[df["id"].isin(unseen["id"])].sort_values("cost_usd_per_hour").head(5).reset_index(drop=True)
-            notes.append(f"no simulated candidate meets the SLO, but {len(unseen)} that the screen accepts were not "
-                         f"simulated; the cheapest is {closest.iloc[0]['layout']} "
-                         f"(${closest.iloc[0]['cost_usd_per_hour']:,.2f}/h). "
-                         "Fix: raise search.verify (or let an interrupted plan finish) to confirm one.")
+            notes.append(
+                f"no simulated candidate meets the SLO, but {len(unseen)} that the screen accepts were not "
+                f"simulated; the cheapest is {closest.iloc[0]['layout']} "
+                f"(${closest.iloc[0]['cost_usd_per_hour']:,.2f}/h). "
+                "Fix: raise search.verify (or let an interrupted plan finish) to confirm one."
+            )
         else:
             live["slo_violation"] = [_violation(r, req.slo) for r in live.to_dict("records")]
-            live = live.sort_values(["goodput_rps", "verified", "slo_violation", "cost_usd_per_hour"],
-                                    ascending=[False, False, True, True])
+            live = live.sort_values(
+                ["goodput_rps", "verified", "slo_violation", "cost_usd_per_hour"], ascending=[False, False, True, True]
+            )
             closest = live.head(5).reset_index(drop=True)
             best = closest.iloc[0] if len(closest) else None
-            notes.append("no candidate meets the SLO at the target rate"
-                         + (f"; the closest is {best['layout']} (goodput {best['goodput_rps']:.3g} req/s of "
-                            f"{req.target_rate:g}; limited by: {best['rejected_reason']})" if best is not None else "")
-                         + ". Fix: relax the SLO, lower the rate, raise constraints.max_gpus, or offer faster GPUs"
-                         + (" or calibrated ones (the SLO is judged at the band's edge)." if at_edge else "."))
+            notes.append(
+                "no candidate meets the SLO at the target rate"
+                + (
+                    f"; the closest is {best['layout']} (goodput {best['goodput_rps']:.3g} req/s of "
+                    f"{req.target_rate:g}; limited by: {best['rejected_reason']})"
+                    if best is not None
+                    else ""
+                )
+                + ". Fix: relax the SLO, lower the rate, raise constraints.max_gpus, or offer faster GPUs"
+                + (" or calibrated ones (the SLO is judged at the band's edge)." if at_edge else ".")
+            )
     # The front's rows as the table now holds them: reasons set above (unverified) appear there too.
     front = front[["id"]].merge(df.drop(columns="on_pareto"), on="id", how="left")
     return PlanResult(req, df, front, recommended, closest, _families(req, df, rec), notes, _cands=by_id)

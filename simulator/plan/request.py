@@ -5,6 +5,7 @@ A :class:`PlanRequest` is one frozen pydantic model, built from YAML
 :class:`PlanError` naming the field, the value and the fix.  Units: seconds,
 requests/s, US dollars per GPU-hour.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -26,9 +27,15 @@ class PlanError(ValueError):
 
 # The planner ranks deployments by cost: a price of 0 (or 1e-300) makes every candidate cost nothing,
 # and the recommendation is arbitrary; a cent per GPU-hour is below any rented or amortised GPU.
-OfferPrice = Annotated[float, Range(0.01, 1e4, "US dollars per GPU-hour",
-                                    fix="give the price of one GPU for one hour "
-                                        "(an owned GPU: its amortised hourly cost)")]
+OfferPrice = Annotated[
+    float,
+    Range(
+        0.01,
+        1e4,
+        "US dollars per GPU-hour",
+        fix="give the price of one GPU for one hour (an owned GPU: its amortised hourly cost)",
+    ),
+]
 
 
 class GpuOffer(StrictModel):
@@ -44,8 +51,10 @@ class GpuOffer(StrictModel):
     def _mapping(cls, v):
         if isinstance(v, (dict, GpuOffer)):
             return v
-        raise ValueError("a GPU offer is a mapping such as {name: H100, price_usd_per_hour: 2.5} (price and "
-                         "max_gpus optional)" + (f", not {v!r}" if isinstance(v, list) else ""))
+        raise ValueError(
+            "a GPU offer is a mapping such as {name: H100, price_usd_per_hour: 2.5} (price and "
+            "max_gpus optional)" + (f", not {v!r}" if isinstance(v, list) else "")
+        )
 
 
 Degree = Annotated[int, Range(1, 72, "GPUs", whole=True, fix="give parallel sizes such as [1, 2, 4, 8]")]
@@ -54,9 +63,9 @@ Degree = Annotated[int, Range(1, 72, "GPUs", whole=True, fix="give parallel size
 class Constraints(StrictModel):
     """Limits on the deployments the planner may propose."""
 
-    max_gpus: Annotated[int, Range(1, 4096, "GPUs", whole=True)] = 32   # all pools together
+    max_gpus: Annotated[int, Range(1, 4096, "GPUs", whole=True)] = 32  # all pools together
     max_instances_per_pool: Annotated[int, Range(1, 512, "instances", whole=True)] = 16
-    tp: tuple[Degree, ...] = (1, 2, 4, 8)                   # tensor-parallel degrees to try
+    tp: tuple[Degree, ...] = (1, 2, 4, 8)  # tensor-parallel degrees to try
     # Attention data-parallel degrees to try (vLLM --data-parallel-size, SGLang --enable-dp-attention):
     # MoE models only, an instance is then dp x tp GPUs whose ranks step together for the MoE layers.
     dp: tuple[Degree, ...] = (1,)
@@ -64,12 +73,12 @@ class Constraints(StrictModel):
     # the experts over all dp x tp GPUs of an instance (vLLM --enable-expert-parallel); [false, true] tries both.
     expert_parallel: tuple[bool, ...] = (False,)
     families: tuple[str, ...] = ("colocated", "pd", "epd")  # names in simulator.plan.families.FAMILIES
-    heterogeneous: bool = True                              # PD may use different GPU types per pool
+    heterogeneous: bool = True  # PD may use different GPU types per pool
     # Weight formats to try (one string or a list): fp4 (NVFP4/MXFP4) and int4 (W4A16) are pre-quantised
     # checkpoints; GPUs without the format's tensor cores are listed as misfits.
     dtype: tuple[Literal["bf16", "fp16", "fp8", "fp4", "int4"], ...] = ("bf16",)
     kv_cache_dtype: Literal["auto", "bf16", "fp16", "fp8"] = "auto"
-    engine: EngineConfig = EngineConfig()                   # engine arguments for every pool
+    engine: EngineConfig = EngineConfig()  # engine arguments for every pool
     # Leave out GPUs that have no calibration profile (datasheet-only figures, no error band) when at
     # least one offered GPU has one; the plan's notes say which were left out.
     prefer_calibrated: bool = False
@@ -88,8 +97,9 @@ class Constraints(StrictModel):
         for name in ("tp", "dp"):
             sizes = getattr(self, name)
             if not sizes:
-                raise ValueError(f"{name}={list(sizes)} must be a non-empty list of sizes from 1 to 72 "
-                                 f"(e.g. [1, 2, 4, 8])")
+                raise ValueError(
+                    f"{name}={list(sizes)} must be a non-empty list of sizes from 1 to 72 (e.g. [1, 2, 4, 8])"
+                )
         if not self.dtype or not self.expert_parallel:
             raise ValueError("dtype and expert_parallel need at least one value each (e.g. dtype: fp8)")
         if not self.families:
@@ -97,8 +107,10 @@ class Constraints(StrictModel):
         return self
 
 
-LINK_HINT = ("a link name (ib-ndr, roce-400, tcp-25gbe, ...: `epdsim hw list links`), a cloud node type "
-             "(gcp-a3-high, aws-p5, ...) or null for each GPU's own NIC")
+LINK_HINT = (
+    "a link name (ib-ndr, roce-400, tcp-25gbe, ...: `epdsim hw list links`), a cloud node type "
+    "(gcp-a3-high, aws-p5, ...) or null for each GPU's own NIC"
+)
 
 
 def _link_entry(v):
@@ -121,8 +133,10 @@ class Fabrics(StrictModel):
             return (v,)
         if not isinstance(v, (list, tuple)) or not v:
             # an empty list would try no fabric, and so drop every PD candidate without a word
-            raise ValueError(f"must be a non-empty list, each entry {LINK_HINT}; e.g. [null, ib-ndr]"
-                             + (", not []" if isinstance(v, (list, tuple)) else ""))
+            raise ValueError(
+                f"must be a non-empty list, each entry {LINK_HINT}; e.g. [null, ib-ndr]"
+                + (", not []" if isinstance(v, (list, tuple)) else "")
+            )
         return v
 
     @field_validator("connector", mode="before")
@@ -130,8 +144,10 @@ class Fabrics(StrictModel):
     def _connector(cls, v):
         if not isinstance(v, str):
             shown = f", not {v!r}" if isinstance(v, (list, dict)) else ""
-            raise ValueError("must be the name of a KV connector of the hardware database (nixl, mooncake, "
-                             "p2pnccl, tcp, ...: hwdb connectors/<name>.yaml)" + shown)
+            raise ValueError(
+                "must be the name of a KV connector of the hardware database (nixl, mooncake, "
+                "p2pnccl, tcp, ...: hwdb connectors/<name>.yaml)" + shown
+            )
         return v
 
 
@@ -180,21 +196,27 @@ class PlanRequest(StrictModel):
     @classmethod
     def _some_gpus(cls, v):
         if not isinstance(v, (list, tuple)) or not v:
-            raise ValueError("must list the GPU types you can buy or rent, e.g. [{name: H100}, {name: H200}]"
-                             + (f", not {v!r}" if isinstance(v, (list, tuple, dict)) else ""))
+            raise ValueError(
+                "must list the GPU types you can buy or rent, e.g. [{name: H100}, {name: H200}]"
+                + (f", not {v!r}" if isinstance(v, (list, tuple, dict)) else "")
+            )
         return v
 
     @model_validator(mode="after")
     def _check(self) -> PlanRequest:
         arrival = self.workload.arrival
-        if not isinstance(arrival, (Poisson, Gamma, TraceArrivals)):     # kinds poisson, gamma, trace
-            raise ValueError(f"workload.arrival.kind={arrival.kind!r}: the planner needs an open-loop arrival rate "
-                             "(poisson, gamma, or a trace with rate) to search goodput over; use kind: poisson")
+        if not isinstance(arrival, (Poisson, Gamma, TraceArrivals)):  # kinds poisson, gamma, trace
+            raise ValueError(
+                f"workload.arrival.kind={arrival.kind!r}: the planner needs an open-loop arrival rate "
+                "(poisson, gamma, or a trace with rate) to search goodput over; use kind: poisson"
+            )
         if isinstance(arrival, TraceArrivals) and arrival.rate is None:
             raise ValueError("workload.arrival: a trace needs rate (requests/s) to plan for; add rate: <target>")
         if self.slo.ttft_s is None and self.slo.tpot_s is None:
-            raise ValueError("slo: give ttft_s, tpot_s or both; without a latency target every deployment "
-                             "meets the SLO and the cheapest one always wins")
+            raise ValueError(
+                "slo: give ttft_s, tpot_s or both; without a latency target every deployment "
+                "meets the SLO and the cheapest one always wins"
+            )
         names = [g.name for g in self.gpus]
         if len(set(names)) != len(names):
             raise ValueError(f"gpus lists {names}; name each GPU type once")
@@ -223,15 +245,20 @@ class PlanRequest(StrictModel):
 def parse_plan_request(data: dict, origin: str = "plan request", base: Path | None = None) -> PlanRequest:
     """Validate a mapping into a :class:`PlanRequest` (raises :class:`PlanError`)."""
     if not isinstance(data, dict):
-        raise PlanError(f"{origin}: expected a mapping with model, workload, slo and gpus at the top level, "
-                        f"got {type(data).__name__}; see examples/plan_llama8b.yaml")
+        raise PlanError(
+            f"{origin}: expected a mapping with model, workload, slo and gpus at the top level, "
+            f"got {type(data).__name__}; see examples/plan_llama8b.yaml"
+        )
     if base is not None:
         data = resolve_relative(data, base)
     try:
         req = PlanRequest.model_validate(data)
     except ValidationError as err:
-        raise PlanError(format_validation_error(err, data, root=PlanRequest, origin=origin, what="plan request",
-                                                docs="docs/planner.md")) from None
+        raise PlanError(
+            format_validation_error(
+                err, data, root=PlanRequest, origin=origin, what="plan request", docs="docs/planner.md"
+            )
+        ) from None
     resolve_hardware(req, origin)
     return req
 
@@ -244,10 +271,12 @@ def resolve_hardware(req: PlanRequest, origin: str = "plan request") -> tuple[hw
         db = hwdb.load(req.hwdb)
     except hwdb.HwdbError as exc:
         raise PlanError(f"{origin}: hwdb: {exc}") from None
-    named = [("model", db.model, req.model),
-             *((f"gpus[{i}].name", db.gpu, g.name) for i, g in enumerate(req.gpus)),
-             *((f"fabrics.links[{i}]", db.fabric, n) for i, n in enumerate(req.fabrics.links) if n is not None),
-             ("fabrics.connector", db.connector, req.fabrics.connector)]
+    named = [
+        ("model", db.model, req.model),
+        *((f"gpus[{i}].name", db.gpu, g.name) for i, g in enumerate(req.gpus)),
+        *((f"fabrics.links[{i}]", db.fabric, n) for i, n in enumerate(req.fabrics.links) if n is not None),
+        ("fabrics.connector", db.connector, req.fabrics.connector),
+    ]
     for where, lookup, name in named:
         try:
             lookup(name)

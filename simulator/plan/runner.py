@@ -13,6 +13,7 @@ pessimistic edge: :mod:`simulator.plan.bands`).  With ``out_dir`` every verified
 ``verified.jsonl`` as it finishes, and a rerun with the same request reuses those lines (so an interrupted
 plan resumes).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -60,33 +61,50 @@ def _choose_verify(rows: list[dict], req: PlanRequest) -> list[str]:
         return []
     live = [r for r in rows if not r["rejected_reason"].startswith(PRE_SCREEN)]
     ok = sorted((r for r in live if r["est_meets_slo"]), key=lambda r: (r["cost_usd_per_hour"], -r["est_goodput_rps"]))
-    chosen = [r["id"] for r in ok[:req.search.verify]]
+    chosen = [r["id"] for r in ok[: req.search.verify]]
     ceiling = ok[0]["cost_usd_per_hour"] if ok else math.inf
-    near = sorted((r for r in live if not r["est_meets_slo"] and r["cost_usd_per_hour"] < ceiling
-                   and r["est_goodput_rps"] >= 0.5 * req.target_rate),
-                  key=lambda r: (-r["est_goodput_rps"], r["cost_usd_per_hour"]))
-    if not ok:   # nothing passes the screen: simulate the closest so that the answer is still checked
+    near = sorted(
+        (
+            r
+            for r in live
+            if not r["est_meets_slo"]
+            and r["cost_usd_per_hour"] < ceiling
+            and r["est_goodput_rps"] >= 0.5 * req.target_rate
+        ),
+        key=lambda r: (-r["est_goodput_rps"], r["cost_usd_per_hour"]),
+    )
+    if not ok:  # nothing passes the screen: simulate the closest so that the answer is still checked
         near = sorted(live, key=lambda r: (-r["est_goodput_rps"], _est_violation(r, req.slo), r["cost_usd_per_hour"]))
-    chosen += [r["id"] for r in near[:req.search.borderline if ok else max(req.search.borderline, 3)]]
-    for fam in req.constraints.families:   # each family's best by the screen, so that its loss is simulated
+    chosen += [r["id"] for r in near[: req.search.borderline if ok else max(req.search.borderline, 3)]]
+    for fam in req.constraints.families:  # each family's best by the screen, so that its loss is simulated
         best = next((r for r in ok if r["family"] == fam), None)
         if best is not None:
             chosen.append(best["id"])
     return list(dict.fromkeys(chosen))
 
 
-def run_plan(req: PlanRequest, progress: Progress | None = None, workers: int | None = None,
-             ray_address: str | None = None, out_dir: str | Path | None = None) -> PlanResult:
+def run_plan(
+    req: PlanRequest,
+    progress: Progress | None = None,
+    workers: int | None = None,
+    ray_address: str | None = None,
+    out_dir: str | Path | None = None,
+) -> PlanResult:
     """Plan ``req``: see the module docstring.  Raises PlanError for impossible input.  Ctrl-C during
     the simulations returns the plan built from what finished (``interrupted`` set)."""
     with interrupt_guard():
         return _run_plan(req, progress, workers, ray_address, out_dir)
 
 
-def _run_plan(req: PlanRequest, progress: Progress | None, workers: int | None, ray_address: str | None,
-              out_dir: str | Path | None) -> PlanResult:
+def _run_plan(
+    req: PlanRequest,
+    progress: Progress | None,
+    workers: int | None,
+    ray_address: str | None,
+    out_dir: str | Path | None,
+) -> PlanResult:
     progress = progress or (lambda done, total, stage: None)
-    check_families(req)                 # before the hwdb is loaded and the workload sampled
+    check_families(req)  # before the hwdb is loaded and the workload sampled
     ctx = build_context(req)
     cands = enumerate_candidates(ctx)
     by_id = {c.id: c for c in cands}
@@ -98,15 +116,31 @@ def _run_plan(req: PlanRequest, progress: Progress | None, workers: int | None, 
     rows = []
     q = req.percentile
     for i, c in enumerate(cands):
-        row = {"id": c.id, "family": c.family, "layout": c.layout, "gpus": c.gpus,
-               "cost_usd_per_hour": c.cost_usd_per_hour, "percentile": q}
+        row = {
+            "id": c.id,
+            "family": c.family,
+            "layout": c.layout,
+            "gpus": c.gpus,
+            "cost_usd_per_hour": c.cost_usd_per_hour,
+            "percentile": q,
+        }
         if c.rejected:
-            row.update(est_ttft_s=math.inf, est_tpot_s=math.inf, est_goodput_rps=0.0, est_meets_slo=False,
-                       rejected_reason=c.rejected)
+            row.update(
+                est_ttft_s=math.inf,
+                est_tpot_s=math.inf,
+                est_goodput_rps=0.0,
+                est_meets_slo=False,
+                rejected_reason=c.rejected,
+            )
         else:
             e = screen.estimate(c)
-            row.update(est_ttft_s=e.ttft_s, est_tpot_s=e.tpot_s, est_goodput_rps=e.goodput_rps,
-                       est_meets_slo=not e.limit, rejected_reason=e.limit)
+            row.update(
+                est_ttft_s=e.ttft_s,
+                est_tpot_s=e.tpot_s,
+                est_goodput_rps=e.goodput_rps,
+                est_meets_slo=not e.limit,
+                rejected_reason=e.limit,
+            )
             # Judged at the edge already here, so that the verify budget goes to candidates that may hold there.
             why = edge_refusal(e.ttft_s, e.tpot_s, rels[c.id], req.slo, q) if at_edge and not e.limit else ""
             if why:
@@ -133,11 +167,17 @@ def _run_plan(req: PlanRequest, progress: Progress | None, workers: int | None, 
     planned = list(verify_ids)
 
     def task(cid: str) -> dict:
-        return {"id": cid, "scenario": to_scenario(req, by_id[cid]).model_dump(mode="json"),
-                "rate": req.target_rate, "replications": req.search.replications,
-                "iterations": req.search.goodput_iterations, "hint": est[cid]["est_goodput_rps"],
-                "max_rate": req.target_rate * req.search.goodput_max_factor,
-                "lifetime_s": lifetime, "min_requests": req.search.requests or 1000}
+        return {
+            "id": cid,
+            "scenario": to_scenario(req, by_id[cid]).model_dump(mode="json"),
+            "rate": req.target_rate,
+            "replications": req.search.replications,
+            "iterations": req.search.goodput_iterations,
+            "hint": est[cid]["est_goodput_rps"],
+            "max_rate": req.target_rate * req.search.goodput_max_factor,
+            "lifetime_s": lifetime,
+            "min_requests": req.search.requests or 1000,
+        }
 
     def on_done(res: dict) -> None:
         res["request_key"] = key
@@ -160,7 +200,7 @@ def _run_plan(req: PlanRequest, progress: Progress | None, workers: int | None, 
         # Front points near the target that only the screen has seen: simulate them too, then re-rank.
         front = result.pareto
         extra = front[~front["verified"] & (front["goodput_rps"] >= 0.5 * req.target_rate)]["id"]
-        extra = [cid for cid in extra if cid not in done][:req.search.verify_front]
+        extra = [cid for cid in extra if cid not in done][: req.search.verify_front]
         if extra:
             planned += extra
             interrupted = verify(extra)
@@ -170,16 +210,20 @@ def _run_plan(req: PlanRequest, progress: Progress | None, workers: int | None, 
     if result.recommended is not None:
         for gpu in sorted({p.gpu for p in by_id[result.recommended["id"]].pools}):
             if ctx.profile(gpu) is None:
-                result.notes.append(f"warning: the recommendation rests on {gpu}, which has no calibration profile: "
-                                    "its step times are datasheet peaks x default efficiencies, with no measured "
-                                    "error band; set constraints.prefer_calibrated: true to plan on calibrated GPUs")
+                result.notes.append(
+                    f"warning: the recommendation rests on {gpu}, which has no calibration profile: "
+                    "its step times are datasheet peaks x default efficiencies, with no measured "
+                    "error band; set constraints.prefer_calibrated: true to plan on calibrated GPUs"
+                )
     if interrupted:
-        result.notes.append(f"interrupted: {sum(c in done for c in planned)} of {len(planned)} verifications "
-                            "finished; the rest rely on the screen estimate")
+        result.notes.append(
+            f"interrupted: {sum(c in done for c in planned)} of {len(planned)} verifications "
+            "finished; the rest rely on the screen estimate"
+        )
     if out_dir is not None:
         try:
             write_result(result, out_dir)
-        except OSError as exc:      # a disk that filled during the run: name the folder, not a bare Errno
+        except OSError as exc:  # a disk that filled during the run: name the folder, not a bare Errno
             raise PlanError(write_failed(exc, "--out", out_dir)) from None
     return result
 
@@ -191,7 +235,16 @@ def write_result(result: PlanResult, out_dir: str | Path) -> list[Path]:
     paths = [out / "candidates.csv", out / "pareto.csv", out / "recommended.json"]
     result.candidates.to_csv(paths[0], index=False)
     result.pareto.to_csv(paths[1], index=False)
-    paths[2].write_text(json.dumps({"recommended": result.recommended,
-                                    "band_verdict": verdict(result, band_frame(result)), "notes": result.notes,
-                                    "interrupted": result.interrupted}, indent=2, default=str))
+    paths[2].write_text(
+        json.dumps(
+            {
+                "recommended": result.recommended,
+                "band_verdict": verdict(result, band_frame(result)),
+                "notes": result.notes,
+                "interrupted": result.interrupted,
+            },
+            indent=2,
+            default=str,
+        )
+    )
     return paths

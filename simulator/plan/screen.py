@@ -21,6 +21,7 @@ pool, an M/M/1 encoder queue plus the embedding transfer.  Goodput is the
 highest rate at which both quantiles meet the SLO (bisection).  These are
 screening approximations: the discrete-event simulation verifies.
 """
+
 from __future__ import annotations
 
 import math
@@ -43,11 +44,19 @@ class Estimate:
     ttft_s: float
     tpot_s: float
     goodput_rps: float
-    limit: str                 # "" when the SLO is met at the target rate, else what breaks first
+    limit: str  # "" when the SLO is met at the target rate, else what breaks first
 
 
-def steady_state(step, knobs, kv_tokens: int, r: float, I: float, O: float, prefill: bool,  # noqa: E741 - the docstring's I, O
-                  e: float = 0.0) -> tuple[float, float, float, float, str]:
+def steady_state(
+    step,
+    knobs,
+    kv_tokens: int,
+    r: float,
+    I: float,  # noqa: E741 - the docstring's I
+    O: float,  # noqa: E741 - the docstring's O
+    prefill: bool,
+    e: float = 0.0,
+) -> tuple[float, float, float, float, str]:
     """The one steady-state estimate of an instance at ``r`` requests/s (see the module docstring):
     ``(t, B, P, t_mix, limit)``: the mean step time, the decoding batch, the prompt tokens per step and
     the step time of a step that carries prompt tokens, or ``OVERLOAD`` and what breaks first.
@@ -66,7 +75,7 @@ def steady_state(step, knobs, kv_tokens: int, r: float, I: float, O: float, pref
             return OVERLOAD, B, 0.0, OVERLOAD, f"KV cache full ({kv_tokens:,} tokens)"
         if prefill:
             room = budget - B
-            P = r * I * t                          # prompt tokens to prefill per step
+            P = r * I * t  # prompt tokens to prefill per step
             if room < 1 or P > room:
                 return OVERLOAD, B, P, OVERLOAD, f"token budget {budget} per step exceeded"
             # Steps are bimodal: a fraction f carries C prompt tokens, the rest only decodes
@@ -77,7 +86,7 @@ def steady_state(step, knobs, kv_tokens: int, r: float, I: float, O: float, pref
             t_dec = step.step_time(max(B, 1.0), max(1.0, B), 0.0, max(B, 1.0) * ctx, 0.0, int(B) + 1, 0)
             t_new = f * t_mix + (1.0 - f) * t_dec + r * t * e
         else:
-            P = r * t                              # PD decode: one recomputed prompt token per arrival
+            P = r * t  # PD decode: one recomputed prompt token per arrival
             if B + P > budget:
                 return OVERLOAD, B, P, OVERLOAD, f"token budget {budget} per step exceeded"
             t_mix = t_new = step.step_time(B + P, max(1.0, B), 0.0, B * ctx, 0.0, int(B) + 1, 0)
@@ -95,8 +104,9 @@ def encode_time(ctx, gpu: str, tp: int) -> float:
         return 0.0
     g = ctx.db.gpu(gpu)
     engine = ctx.db.engine("vllm-v1")
-    model = encoder_model(img.vision, g, engine, ctx.db.profile_for(g.name, engine.engine, engine.version), tp,
-                          EncoderConfig())
+    model = encoder_model(
+        img.vision, g, engine, ctx.db.profile_for(g.name, engine.engine, engine.version), tp, EncoderConfig()
+    )
     return model.batch_time(img.lin_flops, img.attn_flops, img.patches)
 
 
@@ -139,7 +149,7 @@ class Screen:
     def _colocated_raw(self, key, r: float, inline: bool = True) -> tuple[float, float, str]:
         lay = self.layout[key]
         k, I, O, step = lay.dep.knobs, self.I, self.O, lay.step  # noqa: E741 - the module docstring's I, O
-        e = self.enc(lay.gpu, lay.tp) if inline else 0.0       # images encoded inside this instance's steps
+        e = self.enc(lay.gpu, lay.tp) if inline else 0.0  # images encoded inside this instance's steps
         if r * e >= 1.0:
             return OVERLOAD, OVERLOAD, "encoding images inside the steps saturates the instance"
         t, B, P, t_mix, why = steady_state(step, k, lay.mem.kv_tokens, r, I, O, True, e)
@@ -186,12 +196,14 @@ class Screen:
         """(seconds to move one request's embeddings on an idle path, path bandwidth) encoder -> LM."""
         key = (enc.gpu, enc.tp, front.gpu, front.tp, front.role)
         if key not in self._paths:
-            cfg = EmbeddingTransferConfig(connector=self.ctx.req.fabrics.connector,
-                                          fabric=self.ctx.req.fabrics.links[0])
+            cfg = EmbeddingTransferConfig(
+                connector=self.ctx.req.fabrics.connector, fabric=self.ctx.req.fabrics.links[0]
+            )
             e_pool = PoolConfig(name="encoder", role="encoder", gpu=enc.gpu, tp=enc.tp)
             l_pool = PoolConfig(name=front.role, role=front.role, gpu=front.gpu, tp=front.tp)
-            path = embedding_path(cfg, self.ctx.db, e_pool, self.ctx.db.gpu(enc.gpu), enc.tp, l_pool,
-                                  self.layout[front.key].dep)
+            path = embedding_path(
+                cfg, self.ctx.db, e_pool, self.ctx.db.gpu(enc.gpu), enc.tp, l_pool, self.layout[front.key].dep
+            )
             self._paths[key] = (path.idle_time(self.images.emb_bytes), path.per_instance_Bps())
         return self._paths[key]
 
@@ -236,12 +248,17 @@ class Screen:
             return OVERLOAD, OVERLOAD, why
         plan = self._plan(cand)
         nbytes = plan.bytes_for(self.I)
-        rho = max(lam / pp.instances * nbytes / plan.per_instance_Bps("prefill"),
-                  lam / pd_.instances * nbytes / plan.per_instance_Bps("decode"))
+        rho = max(
+            lam / pp.instances * nbytes / plan.per_instance_Bps("prefill"),
+            lam / pd_.instances * nbytes / plan.per_instance_Bps("decode"),
+        )
         if rho >= 1.0:
             return OVERLOAD, OVERLOAD, f"KV transfer over {plan.link_name} saturated"
-        return (extra + self.front_end(pp.key) + t_pre + plan.idle_time(max(1, round(self.Iq))) / (1.0 - rho) + t_dec,
-                tpot, "")
+        return (
+            extra + self.front_end(pp.key) + t_pre + plan.idle_time(max(1, round(self.Iq))) / (1.0 - rho) + t_dec,
+            tpot,
+            "",
+        )
 
     def meets(self, cand, lam: float) -> bool:
         ttft, tpot, why = self.at(cand, lam)

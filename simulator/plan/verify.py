@@ -6,6 +6,7 @@ over several seeds (with a confidence interval) and the simulated goodput (bisec
 runs unchanged in a worker process or a Ray task.  Common random numbers:
 replication ``k`` uses the same seed stream at every rate.
 """
+
 from __future__ import annotations
 
 import math
@@ -15,8 +16,7 @@ from simulator.goodput import Probe, bisect, probe, probe_meets, with_rate
 from simulator.scenario import Scenario
 
 
-def requests_for(rate: float, lifetime_s: float, minimum: int, span_lifetimes: float = 8.0,
-                 cap: int = 50_000) -> int:
+def requests_for(rate: float, lifetime_s: float, minimum: int, span_lifetimes: float = 8.0, cap: int = 50_000) -> int:
     """Requests to simulate at ``rate`` so that arrivals span ``span_lifetimes`` request lifetimes:
     a shorter run never fills the batch and reads optimistic."""
     return int(min(cap, max(minimum, math.ceil(rate * span_lifetimes * lifetime_s))))
@@ -42,7 +42,7 @@ def verify_task(task: dict) -> dict:
     max_rate (search ceiling), lifetime_s (a request's expected lifetime, for run length and warm-up),
     min_requests.  Returns the figures at the target rate and the simulated goodput."""
     scn = Scenario.model_validate(task["scenario"])
-    db = hwdb.load(scn.hwdb)           # once per candidate, not once per simulated point
+    db = hwdb.load(scn.hwdb)  # once per candidate, not once per simulated point
     target, reps = task["rate"], task["replications"]
     at = _point(scn, target, reps, task, db)
     ok = at.meets(scn.slo)
@@ -65,6 +65,14 @@ def verify_task(task: dict) -> dict:
         lo, hi = 0.0, target
     if not capped:
         lo = bisect(meets, lo, hi, task["iterations"])
-    return {"id": task["id"], "des_attainment": at.attainment, "des_attainment_ci95": at.attainment_ci95,
-            "des_ttft_s": at.ttft_s, "des_tpot_s": at.tpot_s, "des_meets_slo": ok,
-            "des_goodput_rps": lo, "des_goodput_capped": capped, "des_runs": probes}
+    return {
+        "id": task["id"],
+        "des_attainment": at.attainment,
+        "des_attainment_ci95": at.attainment_ci95,
+        "des_ttft_s": at.ttft_s,
+        "des_tpot_s": at.tpot_s,
+        "des_meets_slo": ok,
+        "des_goodput_rps": lo,
+        "des_goodput_capped": capped,
+        "des_runs": probes,
+    }

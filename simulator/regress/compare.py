@@ -7,6 +7,7 @@ identical run gives identical bytes.  Comparing yields one :class:`Row` per
 (entry, figure): ``held``, ``moved`` (beyond tolerance), ``new`` (not in the
 baseline) or ``removed`` (in the baseline, no longer watched).
 """
+
 from __future__ import annotations
 
 import json
@@ -49,7 +50,7 @@ class Row:
     def change(self) -> float | None:
         old, new = self.old, self.new
         if not isinstance(old, (int, float)) or not isinstance(new, (int, float)):
-            return None     # absent, non-finite, or a label
+            return None  # absent, non-finite, or a label
         return new - old
 
     @property
@@ -63,16 +64,19 @@ class Row:
         return self.status in FAILING
 
 
-
 def _is_label(name: str) -> bool:
     """A figure whose value is a label (the planner's recommended layout), not a number."""
     fig = ALL_FIGURES.get(name)
     return fig is not None and fig.unit == "label"
 
+
 def baseline_record(loaded: LoadedSuite, figures: dict[str, Figures]) -> dict:
     """The JSON-ready baseline of a run."""
-    return {"format": FORMAT, "suite": loaded.name,
-            "entries": {e.id: {"fingerprint": e.fingerprint, "figures": figures[e.id]} for e in loaded.entries}}
+    return {
+        "format": FORMAT,
+        "suite": loaded.name,
+        "entries": {e.id: {"fingerprint": e.fingerprint, "figures": figures[e.id]} for e in loaded.entries},
+    }
 
 
 def write_baseline(path: str | Path, loaded: LoadedSuite, figures: dict[str, Figures]) -> Path:
@@ -91,26 +95,47 @@ def read_baseline(path: str | Path, loaded: LoadedSuite, must_exist: bool = True
     if not path.exists() and not must_exist:
         return None
     if not path.exists() and not any(a.is_file() for a in path.parents):
-        raise RegressError(f"baseline '{path}' does not exist; create it from the current code with "
-                           f"`epdsim regress {loaded.path} --baseline {path} --update`")
-    data = read_json(path, RegressError, "regress baseline")     # a folder or a device is named as such
+        raise RegressError(
+            f"baseline '{path}' does not exist; create it from the current code with "
+            f"`epdsim regress {loaded.path} --baseline {path} --update`"
+        )
+    data = read_json(path, RegressError, "regress baseline")  # a folder or a device is named as such
     if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("entries"), dict):
-        raise RegressError(f"baseline '{path}' is not an epdsim regress baseline (expected \"format\": "
-                           f"\"{FORMAT}\"); point --baseline at the file written by --update")
+        raise RegressError(
+            f"baseline '{path}' is not an epdsim regress baseline (expected \"format\": "
+            f'"{FORMAT}"); point --baseline at the file written by --update'
+        )
     for eid, rec in data["entries"].items():
         figs = rec.get("figures") if isinstance(rec, dict) else None
-        bad = (f"entries.{eid} is a {type(rec).__name__}, not a mapping" if not isinstance(rec, dict)
-               else f"entries.{eid}.figures is missing or not a mapping" if not isinstance(figs, dict)
-               else f"entries.{eid}.fingerprint is not a string" if not isinstance(rec.get("fingerprint", ""), str)
-               else next((f"entries.{eid}.figures.{k}={v!r} is not a number" for k, v in figs.items()
-                          if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float, str))
-                                                or (isinstance(v, str) and not _is_label(k)))), None))
+        bad = (
+            f"entries.{eid} is a {type(rec).__name__}, not a mapping"
+            if not isinstance(rec, dict)
+            else f"entries.{eid}.figures is missing or not a mapping"
+            if not isinstance(figs, dict)
+            else f"entries.{eid}.fingerprint is not a string"
+            if not isinstance(rec.get("fingerprint", ""), str)
+            else next(
+                (
+                    f"entries.{eid}.figures.{k}={v!r} is not a number"
+                    for k, v in figs.items()
+                    if v is not None
+                    and (
+                        isinstance(v, bool)
+                        or not isinstance(v, (int, float, str))
+                        or (isinstance(v, str) and not _is_label(k))
+                    )
+                ),
+                None,
+            )
+        )
         if bad:
             raise RegressError(f"baseline '{path}': {bad}; restore it from git or rewrite it with --update")
     if data.get("suite") != loaded.name:
-        raise RegressError(f"baseline '{path}' belongs to suite {data.get('suite')!r}, but {loaded.path} is suite "
-                           f"{loaded.name!r}; give the baseline of this suite, or create one with --update "
-                           "and a new --baseline path")
+        raise RegressError(
+            f"baseline '{path}' belongs to suite {data.get('suite')!r}, but {loaded.path} is suite "
+            f"{loaded.name!r}; give the baseline of this suite, or create one with --update "
+            "and a new --baseline path"
+        )
     return data
 
 
@@ -122,8 +147,7 @@ def _tol_text(tol, unit: str) -> str:
     return "identical" if unit == "label" else tol.describe()
 
 
-def compare(loaded: LoadedSuite, old: dict | None, new: dict[str, Figures],
-            old_label: str = "baseline") -> list[Row]:
+def compare(loaded: LoadedSuite, old: dict | None, new: dict[str, Figures], old_label: str = "baseline") -> list[Row]:
     """One row per watched figure (and per baseline figure no longer watched), in suite order."""
     base = (old or {}).get("entries", {})
     rows: list[Row] = []
@@ -137,8 +161,9 @@ def compare(loaded: LoadedSuite, old: dict | None, new: dict[str, Figures],
                 rows.append(Row(e.id, name, unit, None, new[e.id][name], _tol_text(tol, unit), "new", redefined))
                 continue
             o, n = old_figs[name], new[e.id][name]
-            rows.append(Row(e.id, name, unit, o, n, _tol_text(tol, unit), "held" if tol.holds(o, n) else "moved",
-                            redefined))
+            rows.append(
+                Row(e.id, name, unit, o, n, _tol_text(tol, unit), "held" if tol.holds(o, n) else "moved", redefined)
+            )
         for name in sorted(set(old_figs) - set(e.tolerances)):
             rows.append(Row(e.id, name, _unit(name), old_figs[name], None, "", "removed", redefined))
     ids = {e.id for e in loaded.entries}
@@ -151,6 +176,8 @@ def compare(loaded: LoadedSuite, old: dict | None, new: dict[str, Figures],
 def rows_frame(rows: list[Row]) -> pd.DataFrame:
     """The comparison as a DataFrame (one row per figure, with change and rel_change)."""
     import pandas as pd  # noqa: PLC0415 - the CLI starts without pandas
-    return pd.DataFrame([asdict(r) | {"change": r.change, "rel_change": r.rel_change} for r in rows],
-                        columns=["entry", "figure", "unit", "old", "new", "change", "rel_change", "tolerance",
-                                 "status", "redefined"])
+
+    return pd.DataFrame(
+        [asdict(r) | {"change": r.change, "rel_change": r.rel_change} for r in rows],
+        columns=["entry", "figure", "unit", "old", "new", "change", "rel_change", "tolerance", "status", "redefined"],
+    )

@@ -9,6 +9,7 @@ recommended deployment (:func:`simulator.plan.run_plan`), whose request sets
 its own seed and replications.  Units are in the name's suffix:
 ``_s`` seconds, ``_rps`` requests per second, ``_usd_per_hour`` dollars per hour.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
@@ -47,39 +48,73 @@ def _key(k: str) -> Callable[[dict], float]:
 
 _SCENARIO = [
     Figure("goodput_rps", "highest arrival rate meeting the SLO attainment target (bisection)", "req/s"),
-    *(Figure(f"{m}_{p}_s", f"{p} {label} at the entry's rate", "s", _pct(f"{m}_s", p))
-      for m, label in (("ttft", "time to first token"), ("tpot", "time per output token"),
-                       ("itl", "inter-token latency"), ("e2e", "end-to-end latency"))
-      for p in ("p50", "p90", "p99")),
-    Figure("slo_attainment", "fraction of requests meeting the SLO at the entry's rate", "fraction",
-           _key("slo_attainment")),
-    Figure("throughput_rps", "completed requests per second at the entry's rate", "req/s",
-           _key("throughput_rps")),
-    Figure("output_tokens_per_s", "output tokens per second at the entry's rate", "tok/s",
-           _key("output_tokens_per_s")),
-    Figure("output_tokens_per_s_per_gpu", "output tokens per second per GPU at the entry's rate", "tok/s",
-           _key("output_tokens_per_s_per_gpu")),
+    *(
+        Figure(f"{m}_{p}_s", f"{p} {label} at the entry's rate", "s", _pct(f"{m}_s", p))
+        for m, label in (
+            ("ttft", "time to first token"),
+            ("tpot", "time per output token"),
+            ("itl", "inter-token latency"),
+            ("e2e", "end-to-end latency"),
+        )
+        for p in ("p50", "p90", "p99")
+    ),
+    Figure(
+        "slo_attainment", "fraction of requests meeting the SLO at the entry's rate", "fraction", _key("slo_attainment")
+    ),
+    Figure("throughput_rps", "completed requests per second at the entry's rate", "req/s", _key("throughput_rps")),
+    Figure("output_tokens_per_s", "output tokens per second at the entry's rate", "tok/s", _key("output_tokens_per_s")),
+    Figure(
+        "output_tokens_per_s_per_gpu",
+        "output tokens per second per GPU at the entry's rate",
+        "tok/s",
+        _key("output_tokens_per_s_per_gpu"),
+    ),
     Figure("mean_batch_size", "step-time weighted mean batch size", "seqs", _key("mean_batch_size")),
     Figure("preemptions", "preemptions (KV cache full) over the run", "count", _key("preemptions")),
     Figure("gpus", "GPUs in the deployment", "GPUs", _key("gpus")),
     Figure("cost_usd_per_hour", "price of the deployment's GPUs", "$/h", _key("cost_usd_per_hour")),
-    Figure("cost_usd_per_million_output_tokens", "GPU cost per million output tokens at the entry's rate",
-           "$/M tok", _key("cost_usd_per_million_output_tokens")),
+    Figure(
+        "cost_usd_per_million_output_tokens",
+        "GPU cost per million output tokens at the entry's rate",
+        "$/M tok",
+        _key("cost_usd_per_million_output_tokens"),
+    ),
 ]
 
 _PLAN = [
-    Figure("recommended", "the planner's recommended deployment (a label: held only if identical; 'none' when "
-           "nothing meets the SLO)", "label", lambda r: r["layout"] if r else "none"),
-    Figure("recommended_gpus", "GPUs in the recommended deployment (0 when none)", "GPUs",
-           lambda r: r["gpus"] if r else 0),
-    Figure("recommended_cost_usd_per_hour", "price of the recommended deployment (0 when none)", "$/h",
-           lambda r: r["cost_usd_per_hour"] if r else 0.0),
-    Figure("recommended_goodput_rps", "simulated goodput of the recommended deployment", "req/s",
-           lambda r: r["goodput_rps"] if r else float("nan")),
-    Figure("recommended_ttft_s", "TTFT at the SLO percentile and target rate of the recommended deployment", "s",
-           lambda r: r["ttft_s"] if r else float("nan")),
-    Figure("recommended_tpot_s", "TPOT at the SLO percentile and target rate of the recommended deployment", "s",
-           lambda r: r["tpot_s"] if r else float("nan")),
+    Figure(
+        "recommended",
+        "the planner's recommended deployment (a label: held only if identical; 'none' when nothing meets the SLO)",
+        "label",
+        lambda r: r["layout"] if r else "none",
+    ),
+    Figure(
+        "recommended_gpus", "GPUs in the recommended deployment (0 when none)", "GPUs", lambda r: r["gpus"] if r else 0
+    ),
+    Figure(
+        "recommended_cost_usd_per_hour",
+        "price of the recommended deployment (0 when none)",
+        "$/h",
+        lambda r: r["cost_usd_per_hour"] if r else 0.0,
+    ),
+    Figure(
+        "recommended_goodput_rps",
+        "simulated goodput of the recommended deployment",
+        "req/s",
+        lambda r: r["goodput_rps"] if r else float("nan"),
+    ),
+    Figure(
+        "recommended_ttft_s",
+        "TTFT at the SLO percentile and target rate of the recommended deployment",
+        "s",
+        lambda r: r["ttft_s"] if r else float("nan"),
+    ),
+    Figure(
+        "recommended_tpot_s",
+        "TPOT at the SLO percentile and target rate of the recommended deployment",
+        "s",
+        lambda r: r["tpot_s"] if r else float("nan"),
+    ),
 ]
 
 SCENARIO_FIGURES: dict[str, Figure] = {f.name: f for f in _SCENARIO}

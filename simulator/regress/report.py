@@ -4,6 +4,7 @@ JUnit: one ``<testcase>`` per (entry, figure), ``classname`` = suite.entry,
 ``name`` = the figure; a moved or new figure carries a ``<failure>`` whose
 message states old, new, change and tolerance; a removed one is ``<skipped>``.
 """
+
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
@@ -35,22 +36,30 @@ def explain(r: Row, old_label: str = "baseline") -> str:
         return f"{r.figure} is not in the {old_label}: {fmt(r.new)}{unit}; record it with --update"
     if r.status == "removed":
         return f"{r.figure} is in the {old_label} ({fmt(r.old)}{unit}) but no longer watched"
-    s = (f"{r.figure} {r.status}: {fmt(r.old)} -> {fmt(r.new)}{unit} ({fmt_change(r)}), "
-         f"tolerance {r.tolerance}")
+    s = f"{r.figure} {r.status}: {fmt(r.old)} -> {fmt(r.new)}{unit} ({fmt_change(r)}), tolerance {r.tolerance}"
     return s + ("; the entry's definition changed since the baseline" if r.redefined else "")
 
 
 def junit_xml(rows: list[Row], suite: str, elapsed_s: float = 0.0, old_label: str = "baseline") -> ET.ElementTree:
     root = ET.Element("testsuites", name=f"epdsim regress {suite}")
-    ts = ET.SubElement(root, "testsuite", name=suite, tests=str(len(rows)),
-                       failures=str(sum(r.failed for r in rows)), errors="0",
-                       skipped=str(sum(r.status == "removed" for r in rows)), time=f"{elapsed_s:.3f}")
+    ts = ET.SubElement(
+        root,
+        "testsuite",
+        name=suite,
+        tests=str(len(rows)),
+        failures=str(sum(r.failed for r in rows)),
+        errors="0",
+        skipped=str(sum(r.status == "removed" for r in rows)),
+        time=f"{elapsed_s:.3f}",
+    )
     for r in rows:
         tc = ET.SubElement(ts, "testcase", classname=f"{suite}.{r.entry}", name=r.figure, time="0")
         if r.failed:
             f = ET.SubElement(tc, "failure", message=explain(r, old_label), type=f"figure-{r.status}")
-            f.text = (f"entry {r.entry}, figure {r.figure} [{r.unit}]\n{old_label}: {fmt(r.old)}\nnew: {fmt(r.new)}\n"
-                      f"change: {fmt_change(r)}\ntolerance: {r.tolerance}\n")
+            f.text = (
+                f"entry {r.entry}, figure {r.figure} [{r.unit}]\n{old_label}: {fmt(r.old)}\nnew: {fmt(r.new)}\n"
+                f"change: {fmt_change(r)}\ntolerance: {r.tolerance}\n"
+            )
         elif r.status == "removed":
             ET.SubElement(tc, "skipped", message=explain(r, old_label))
         else:
@@ -59,8 +68,9 @@ def junit_xml(rows: list[Row], suite: str, elapsed_s: float = 0.0, old_label: st
     return ET.ElementTree(root)
 
 
-def write_junit(path: str | Path, rows: list[Row], suite: str, elapsed_s: float = 0.0,
-                old_label: str = "baseline") -> Path:
+def write_junit(
+    path: str | Path, rows: list[Row], suite: str, elapsed_s: float = 0.0, old_label: str = "baseline"
+) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     junit_xml(rows, suite, elapsed_s, old_label).write(path, encoding="utf-8", xml_declaration=True)
@@ -71,16 +81,26 @@ def markdown(rows: list[Row], suite: str, old_label: str = "baseline", new_label
     """A summary for a pull request or CI job page: the verdict, then every figure, failures first."""
     failed = [r for r in rows if r.failed]
     held = sum(r.status == "held" for r in rows)
-    verdict = (f"**{len(failed)} of {len(rows)} figures moved beyond tolerance or are new**" if failed
-               else f"**all {held} figures held**")
-    lines = [f"## epdsim regress: {suite}", "", verdict + f" ({old_label} → {new_label}).", "",
-             f"| entry | figure | {old_label} | {new_label} | change | tolerance | status |",
-             "|---|---|--:|--:|--:|---|---|"]
+    verdict = (
+        f"**{len(failed)} of {len(rows)} figures moved beyond tolerance or are new**"
+        if failed
+        else f"**all {held} figures held**"
+    )
+    lines = [
+        f"## epdsim regress: {suite}",
+        "",
+        verdict + f" ({old_label} → {new_label}).",
+        "",
+        f"| entry | figure | {old_label} | {new_label} | change | tolerance | status |",
+        "|---|---|--:|--:|--:|---|---|",
+    ]
     order = {"moved": 0, "new": 1, "removed": 2, "held": 3}
     for r in sorted(rows, key=lambda r: order[r.status]):
         status = {"moved": "❌ moved", "new": "❌ new", "removed": "removed", "held": "✅ held"}[r.status]
         if r.redefined:
             status += " (entry redefined)"
-        lines.append(f"| {r.entry} | {r.figure} [{r.unit}] | {fmt(r.old)} | {fmt(r.new)} | {fmt_change(r)} "
-                     f"| {r.tolerance} | {status} |")
+        lines.append(
+            f"| {r.entry} | {r.figure} [{r.unit}] | {fmt(r.old)} | {fmt(r.new)} | {fmt_change(r)} "
+            f"| {r.tolerance} | {status} |"
+        )
     return "\n".join(lines) + "\n"

@@ -6,6 +6,7 @@ whole plan, run in its worker process (the planner's own workers = 1).  Seeds of
 seed order, so the result does not depend on which process finished first:
 the same code, suite and hwdb give the same floats, bit for bit.
 """
+
 from __future__ import annotations
 
 import math
@@ -43,13 +44,22 @@ def _run_e2e(entry: E2EEntry, figures: tuple[str, ...]) -> dict[str, float | str
     """Validation errors of the entry's fixed subset of measured runs (calibration.e2e.score)."""
     from calibration.e2e import score as e2e  # noqa: PLC0415 - calibration sits above the simulator; loads on an e2e entry
     from calibration.e2e.rows import load_rows  # noqa: PLC0415 - calibration sits above the simulator
+
     assert entry.table is not None, "load_suite resolves the entry's table"
-    rows = [r for r in load_rows(entry.table) if r.backend in entry.engines
-            and (entry.split == "all" or e2e.split(r) == entry.split)][::entry.sample]
+    rows = [
+        r
+        for r in load_rows(entry.table)
+        if r.backend in entry.engines and (entry.split == "all" or e2e.split(r) == entry.split)
+    ][:: entry.sample]
     df = e2e.predict(rows, workers=1)
     ok = e2e.scored(df)
-    vals = {"ttft_mape": ok["ttft_err"].abs().mean(), "tpot_mape": ok["tpot_err"].abs().mean(),
-            "ttft_bias": ok["ttft_err"].mean(), "tpot_bias": ok["tpot_err"].mean(), "rows": float(len(ok))}
+    vals = {
+        "ttft_mape": ok["ttft_err"].abs().mean(),
+        "tpot_mape": ok["tpot_err"].abs().mean(),
+        "ttft_bias": ok["ttft_err"].mean(),
+        "tpot_bias": ok["tpot_err"].mean(),
+        "rows": float(len(ok)),
+    }
     return {name: float(vals[name]) for name in figures}
 
 
@@ -58,15 +68,17 @@ def run_task(task: Task) -> dict[str, float | str]:
     # The simulator (pandas, SimPy) is imported by the task, so `epdsim --help` starts without it.
     from simulator.goodput import find_goodput, with_rate  # noqa: PLC0415 - pandas and SimPy: not at start-up
     from simulator.run import simulate  # noqa: PLC0415 - pandas and SimPy: not at start-up
+
     if task.e2e is not None:
         return _run_e2e(task.e2e, task.figures)
     if task.plan is not None:
         from simulator.plan import run_plan  # noqa: PLC0415 - pandas and SimPy: not at start-up
+
         rec = run_plan(task.plan, workers=1).recommended
         return {name: PLAN_FIGURES[name].value(rec) for name in task.figures}
     assert task.scenario is not None, "a task without an e2e entry or a plan runs a scenario (tasks_for)"
     scn = task.scenario.model_copy(update={"seed": task.seed})
-    db = hwdb.load(scn.hwdb)      # once for every run of the task, goodput probes included
+    db = hwdb.load(scn.hwdb)  # once for every run of the task, goodput probes included
     out: dict[str, float | str] = {}
     run_figs = [f for f in task.figures if f in RUN_FIGURES]
     if run_figs:
@@ -84,8 +96,10 @@ def run_task(task: Task) -> dict[str, float | str]:
 def _check_folders(extra: tuple[str, ...]) -> None:
     for d in extra:
         if not Path(d).is_dir():
-            raise RegressError(f"--hwdb {d}: folder does not exist; give a folder with profiles/, gpus/, ... "
-                               "subfolders (the layout of hwdb/data)")
+            raise RegressError(
+                f"--hwdb {d}: folder does not exist; give a folder with profiles/, gpus/, ... "
+                "subfolders (the layout of hwdb/data)"
+            )
 
 
 def tasks_for(loaded: LoadedSuite, extra_hwdb: tuple[str, ...] = ()) -> list[Task]:
@@ -134,6 +148,10 @@ def run_suite(loaded: LoadedSuite, extra_hwdb: tuple[str, ...] = (), jobs: int |
     out: dict[str, Figures] = {}
     for e in loaded.entries:
         mine = [r for t, r in zip(tasks, results, strict=True) if t.entry_id == e.id]
-        out[e.id] = {name: mine[0][name] if isinstance(mine[0][name], str)
-                     else finite(math.fsum(float(r[name]) for r in mine) / len(mine)) for name in e.tolerances}
+        out[e.id] = {
+            name: mine[0][name]
+            if isinstance(mine[0][name], str)
+            else finite(math.fsum(float(r[name]) for r in mine) / len(mine))
+            for name in e.tolerances
+        }
     return out

@@ -7,6 +7,7 @@ suite file.  Errors are
 :class:`RegressError` paragraphs naming the suite file, the field, the value
 and the fix.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -59,8 +60,9 @@ class Tolerance(StrictModel):
 
     def describe(self) -> str:
         """``±0.01 or ±5%``: the bounds as a reader sees them."""
-        parts = ([f"±{self.abs:g}"] if self.abs is not None else []) + \
-                ([f"±{self.rel * 100:g}%"] if self.rel is not None else [])
+        parts = ([f"±{self.abs:g}"] if self.abs is not None else []) + (
+            [f"±{self.rel * 100:g}%"] if self.rel is not None else []
+        )
         return " or ".join(parts)
 
 
@@ -68,8 +70,9 @@ def _check_figures(v: dict, known, what: str = "") -> dict:
     """``v`` if every figure name is in ``known``, else the error naming the unknown ones and the choices."""
     unknown = sorted(set(v) - set(known))
     if unknown:
-        raise ValueError(f"unknown {what}figure(s) {', '.join(map(repr, unknown))}; watchable {what}figures: "
-                         f"{', '.join(known)}")
+        raise ValueError(
+            f"unknown {what}figure(s) {', '.join(map(repr, unknown))}; watchable {what}figures: {', '.join(known)}"
+        )
     return v
 
 
@@ -123,9 +126,13 @@ class PlanEntry(StrictModel):
         return _check_figures(v, PLAN_FIGURES, "plan ")
 
 
-E2E_FIGURES = {"ttft_mape": "mean |relative error| of mean TTFT over the rows", "tpot_mape":
-               "mean |relative error| of mean TPOT", "ttft_bias": "mean signed relative error of TTFT",
-               "tpot_bias": "mean signed relative error of TPOT", "rows": "rows simulated"}
+E2E_FIGURES = {
+    "ttft_mape": "mean |relative error| of mean TTFT over the rows",
+    "tpot_mape": "mean |relative error| of mean TPOT",
+    "ttft_bias": "mean signed relative error of TTFT",
+    "tpot_bias": "mean signed relative error of TPOT",
+    "rows": "rows simulated",
+}
 
 
 class E2EEntry(StrictModel):
@@ -154,10 +161,12 @@ def _kind(v) -> str:
     return (v.get("kind", "scenario") if isinstance(v, dict) else getattr(v, "kind", "scenario")) or "scenario"
 
 
-AnyEntry = Annotated[Annotated[ScenarioEntry, Tag("scenario")] | Annotated[PlanEntry, Tag("plan")]
-                     | Annotated[E2EEntry, Tag("e2e")],
-                     Discriminator(_kind, custom_error_type="entry_kind",
-                                   custom_error_message="kind must be scenario (the default), plan or e2e")]
+AnyEntry = Annotated[
+    Annotated[ScenarioEntry, Tag("scenario")] | Annotated[PlanEntry, Tag("plan")] | Annotated[E2EEntry, Tag("e2e")],
+    Discriminator(
+        _kind, custom_error_type="entry_kind", custom_error_message="kind must be scenario (the default), plan or e2e"
+    ),
+]
 
 
 class Suite(StrictModel):
@@ -242,13 +251,13 @@ def _loc(loc: tuple) -> str:
 def _known_keys(loc: tuple) -> list[str]:
     """The keys allowed in the mapping at pydantic location ``loc`` of a suite ([] if unsure)."""
     if loc[-2:-1] == ("figures",):
-        return sorted(Tolerance.model_fields)      # figures: {name: tolerance}
+        return sorted(Tolerance.model_fields)  # figures: {name: tolerance}
     tags: dict[str, type[BaseModel]] = {"scenario": ScenarioEntry, "plan": PlanEntry, "e2e": E2EEntry}
     model: type[BaseModel] | None = Suite
     for i, part in enumerate(loc):
         if isinstance(part, int):
             continue
-        if loc[:1] == ("entries",) and i == 2 and part in tags:   # the entry's union tag
+        if loc[:1] == ("entries",) and i == 2 and part in tags:  # the entry's union tag
             model = tags[part]
             continue
         field = model.model_fields.get(part) if model is not None else None
@@ -272,8 +281,16 @@ def _entry_loc(loc_: tuple, data) -> str:
 
 
 def _format(origin: str, err: ValidationError, data) -> str:
-    return format_validation_error(err, data, root=Suite, origin=origin, what="regression suite", docs="docs/ci.md",
-                                   locate=lambda loc: _entry_loc(loc, data), known=_known_keys)
+    return format_validation_error(
+        err,
+        data,
+        root=Suite,
+        origin=origin,
+        what="regression suite",
+        docs="docs/ci.md",
+        locate=lambda loc: _entry_loc(loc, data),
+        known=_known_keys,
+    )
 
 
 def _read_yaml(path: Path, what: str):
@@ -291,9 +308,11 @@ def _source(path: Path, i: int, e, field: str, what: str) -> tuple[Path, dict]:
     src = (path.parent / name) if not Path(name).is_absolute() else Path(name)
     if not src.exists():
         near = sorted(p.name for p in src.parent.glob("*.yaml")) if src.parent.is_dir() else []
-        raise RegressError(f"{where}: {what} file {name!r} does not exist (looked for {src}); "
-                           f"give a {what} YAML path relative to the suite file"
-                           + (f"; files in {src.parent}: {', '.join(near)}" if near else ""))
+        raise RegressError(
+            f"{where}: {what} file {name!r} does not exist (looked for {src}); "
+            f"give a {what} YAML path relative to the suite file"
+            + (f"; files in {src.parent}: {', '.join(near)}" if near else "")
+        )
     data = _read_yaml(src, f"the {what}")
     if not isinstance(data, dict):
         raise RegressError(f"{where}: {src} is not a {what} (expected a mapping of {what} fields)")
@@ -301,8 +320,11 @@ def _source(path: Path, i: int, e, field: str, what: str) -> tuple[Path, dict]:
 
 
 def _fingerprint(e, merged: dict, suite: Suite) -> str:
-    key = json.dumps({"entry": e.model_dump(mode="json", exclude={"figures"}), "source": merged,
-                      "hwdb": list(suite.hwdb)}, sort_keys=True, default=str)
+    key = json.dumps(
+        {"entry": e.model_dump(mode="json", exclude={"figures"}), "source": merged, "hwdb": list(suite.hwdb)},
+        sort_keys=True,
+        default=str,
+    )
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -320,16 +342,33 @@ def _plan_entry(path: Path, i: int, e: PlanEntry, suite: Suite) -> Entry:
 
 def _e2e_entry(path: Path, i: int, e: E2EEntry, suite: Suite) -> Entry:
     from calibration.e2e.rows import DEFAULT_TABLE  # noqa: PLC0415 - calibration sits above the simulator
-    table = Path(e.table) if e.table and Path(e.table).is_absolute() else (path.parent / e.table if e.table
-                                                                           else DEFAULT_TABLE)
+
+    table = (
+        Path(e.table)
+        if e.table and Path(e.table).is_absolute()
+        else (path.parent / e.table if e.table else DEFAULT_TABLE)
+    )
     if not table.is_file():
-        raise RegressError(f"{path}: entries[{i}] (id {e.id!r}).table: no measurement table at {table}; the e2e "
-                           f"entries need ../shared/data/e2e/serving_measurements.csv (CI has it)")
+        raise RegressError(
+            f"{path}: entries[{i}] (id {e.id!r}).table: no measurement table at {table}; the e2e "
+            f"entries need ../shared/data/e2e/serving_measurements.csv (CI has it)"
+        )
     e = e.model_copy(update={"table": str(table)})
     tol = {name: t or suite.tolerance for name, t in e.figures.items()}
     digest = hashlib.sha256(table.read_bytes()).hexdigest()[:16]
-    return Entry(e.id, "e2e", None, None, (), 0, None, None, tol,
-                 _fingerprint(e.model_copy(update={"table": digest}), {}, suite), e)
+    return Entry(
+        e.id,
+        "e2e",
+        None,
+        None,
+        (),
+        0,
+        None,
+        None,
+        tol,
+        _fingerprint(e.model_copy(update={"table": digest}), {}, suite),
+        e,
+    )
 
 
 def _entry(path: Path, i: int, e: ScenarioEntry | PlanEntry | E2EEntry, suite: Suite) -> Entry:
@@ -346,14 +385,28 @@ def _entry(path: Path, i: int, e: ScenarioEntry | PlanEntry | E2EEntry, suite: S
         scn = scn.model_copy(update={"hwdb": tuple(scn.hwdb) + _hwdb(suite, path)})
     kind = scn.workload.arrival.kind
     if e.rate is not None and kind not in ("poisson", "gamma"):
-        raise RegressError(f"{path}: entries[{i}] (id {e.id!r}).rate={e.rate}: the scenario's arrival is "
-                           f"{kind!r}; a rate applies only to poisson or gamma arrivals: drop rate")
+        raise RegressError(
+            f"{path}: entries[{i}] (id {e.id!r}).rate={e.rate}: the scenario's arrival is "
+            f"{kind!r}; a rate applies only to poisson or gamma arrivals: drop rate"
+        )
     if e.goodput is not None and kind not in ("poisson", "gamma"):
-        raise RegressError(f"{path}: entries[{i}] (id {e.id!r}).goodput: goodput searches over the arrival "
-                           f"rate but the scenario's arrival is {kind!r}; use a poisson or gamma scenario")
+        raise RegressError(
+            f"{path}: entries[{i}] (id {e.id!r}).goodput: goodput searches over the arrival "
+            f"rate but the scenario's arrival is {kind!r}; use a poisson or gamma scenario"
+        )
     tol = {name: t or suite.tolerance for name, t in e.figures.items()}
-    return Entry(e.id, "scenario", scn, None, e.seeds or (scn.seed,), e.replications or suite.replications,
-                 e.rate, e.goodput, tol, _fingerprint(e, merged, suite))
+    return Entry(
+        e.id,
+        "scenario",
+        scn,
+        None,
+        e.seeds or (scn.seed,),
+        e.replications or suite.replications,
+        e.rate,
+        e.goodput,
+        tol,
+        _fingerprint(e, merged, suite),
+    )
 
 
 def load_suite(path: str | Path) -> LoadedSuite:
@@ -363,8 +416,9 @@ def load_suite(path: str | Path) -> LoadedSuite:
         raise RegressError(f"suite file '{path}' does not exist; give the path of a suite YAML (see docs/ci.md)")
     data = _read_yaml(path, "the suite")
     if not isinstance(data, dict):
-        raise RegressError(f"{path}: expected a mapping with name and entries at the top level, "
-                           f"got {type(data).__name__}")
+        raise RegressError(
+            f"{path}: expected a mapping with name and entries at the top level, got {type(data).__name__}"
+        )
     try:
         suite = Suite.model_validate(data)
     except ValidationError as err:

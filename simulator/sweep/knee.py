@@ -14,28 +14,29 @@ passes above a failing one does not count: noise, or a run too short to fill the
 The knee is the highest rate that passes both; None when even the lowest rate fails.  When the highest
 rate still passes, the knee is not reached (``reached`` False): the ladder must go higher.
 """
+
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
 
-FACTOR = 3.0          # TTFT p90 may grow to this multiple of its low-load value
-TOLERANCE = 0.1       # how far the completion rate may fall below the arrival rate, as a share of it
+FACTOR = 3.0  # TTFT p90 may grow to this multiple of its low-load value
+TOLERANCE = 0.1  # how far the completion rate may fall below the arrival rate, as a share of it
 
 
 @dataclass(frozen=True)
 class Knee:
     """The knee of a rate sweep (rates in req/s, latencies in s); None where a rule found no such rate."""
 
-    rate_rps: float | None          # highest offered rate passing both rules
-    latency_rps: float | None       # highest offered rate passing the latency rule
-    following_rps: float | None     # highest offered rate passing the throughput rule
-    saturation_rps: float | None    # first offered rate where achieved throughput stops following
-    baseline_ttft_p90_s: float      # TTFT p90 at the lowest offered rate
-    limit_ttft_p90_s: float         # the latency rule's bound
-    highest_rps: float              # the highest offered rate swept
-    reached: bool                   # some rate fails a rule (else the ladder never got past the knee)
-    rule: str                       # the rules in words, with their figures
+    rate_rps: float | None  # highest offered rate passing both rules
+    latency_rps: float | None  # highest offered rate passing the latency rule
+    following_rps: float | None  # highest offered rate passing the throughput rule
+    saturation_rps: float | None  # first offered rate where achieved throughput stops following
+    baseline_ttft_p90_s: float  # TTFT p90 at the lowest offered rate
+    limit_ttft_p90_s: float  # the latency rule's bound
+    highest_rps: float  # the highest offered rate swept
+    reached: bool  # some rate fails a rule (else the ladder never got past the knee)
+    rule: str  # the rules in words, with their figures
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -46,13 +47,22 @@ class Knee:
             return f"no knee: even the lowest offered rate fails ({self.rule})"
         head = f"knee at {self.rate_rps:g} req/s offered"
         if not self.reached:
-            return (f"{head} or higher: every point passes ({self.rule}); the knee lies above the highest rate: "
-                    f"raise the rates")
-        sat = (f"; achieved throughput stops following the offered rate at {self.saturation_rps:g} req/s"
-               if self.saturation_rps is not None else "; achieved throughput follows the offered rate throughout")
-        lat = ("; TTFT p90 is out of bounds from the lowest rate" if self.latency_rps is None else
-               f"; TTFT p90 leaves its bound above {self.latency_rps:g} req/s"
-               if self.latency_rps < self.highest_rps else "; TTFT p90 stays within its bound throughout")
+            return (
+                f"{head} or higher: every point passes ({self.rule}); the knee lies above the highest rate: "
+                f"raise the rates"
+            )
+        sat = (
+            f"; achieved throughput stops following the offered rate at {self.saturation_rps:g} req/s"
+            if self.saturation_rps is not None
+            else "; achieved throughput follows the offered rate throughout"
+        )
+        lat = (
+            "; TTFT p90 is out of bounds from the lowest rate"
+            if self.latency_rps is None
+            else f"; TTFT p90 leaves its bound above {self.latency_rps:g} req/s"
+            if self.latency_rps < self.highest_rps
+            else "; TTFT p90 stays within its bound throughout"
+        )
         return f"{head} ({self.rule}){lat}{sat}"
 
 
@@ -66,8 +76,9 @@ def _leading(rows: list[dict], ok) -> float | None:
     return last
 
 
-def find_knee(rows: list[dict], slo_ttft_s: float | None = None, factor: float = FACTOR,
-              tolerance: float = TOLERANCE) -> Knee | None:
+def find_knee(
+    rows: list[dict], slo_ttft_s: float | None = None, factor: float = FACTOR, tolerance: float = TOLERANCE
+) -> Knee | None:
     """The knee of a rate sweep's ``rows`` (each with ``offered_rps``, ``ttft_p90_s``, ``achieved_share``);
     None for fewer than one finished point."""
     rows = sorted((r for r in rows if r.get("offered_rps") is not None), key=lambda r: r["offered_rps"])
@@ -78,8 +89,10 @@ def find_knee(rows: list[dict], slo_ttft_s: float | None = None, factor: float =
     slo = f" and within the SLO's {slo_ttft_s * 1e3:g} ms" if slo_ttft_s else ""
     if slo_ttft_s:
         limit = min(limit, slo_ttft_s) if math.isfinite(limit) else slo_ttft_s
-    rule = (f"TTFT p90 <= {factor:g}x its {base * 1e3:.4g} ms at {rows[0]['offered_rps']:g} req/s{slo}, i.e. "
-            f"<= {limit * 1e3:.4g} ms; and requests complete at >= {1 - tolerance:.0%} of the rate they arrive at")
+    rule = (
+        f"TTFT p90 <= {factor:g}x its {base * 1e3:.4g} ms at {rows[0]['offered_rps']:g} req/s{slo}, i.e. "
+        f"<= {limit * 1e3:.4g} ms; and requests complete at >= {1 - tolerance:.0%} of the rate they arrive at"
+    )
 
     def latency_ok(r: dict) -> bool:
         return math.isfinite(r["ttft_p90_s"]) and r["ttft_p90_s"] <= limit

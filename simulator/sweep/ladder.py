@@ -9,6 +9,7 @@ slower of its two pools.  The ceiling ignores queueing (TTFT), so the latency kn
 ladder runs from :data:`LOW` to :data:`HIGH` times it, and :func:`extension` adds rungs above the top
 when the runs show the deployment still keeping up there.
 """
+
 from __future__ import annotations
 
 import math
@@ -23,9 +24,9 @@ from simulator.scenario import Scenario, ScenarioError, resolve
 from simulator.traces import TraceError
 from simulator.workload import generate
 
-LOW, HIGH = 1 / 8, 1.5        # the ladder's ends, as fractions of the estimated ceiling
+LOW, HIGH = 1 / 8, 1.5  # the ladder's ends, as fractions of the estimated ceiling
 POINTS = 10
-EXTEND = (1.5, 2.25)          # rungs added above the top (as multiples of it) while the top still keeps up
+EXTEND = (1.5, 2.25)  # rungs added above the top (as multiples of it) while the top still keeps up
 MAX_EXTENSIONS = 2
 
 
@@ -50,8 +51,10 @@ def capacity_rps(scn: Scenario, db: hwdb.HardwareDB | None = None) -> float:
                 by_stage[stage] = by_stage.get(stage, 0.0) + cap
     cap = min(by_stage.values()) if by_stage else math.nan
     if not (math.isfinite(cap) and cap > 0):
-        raise ScenarioError(f"--rates auto: could not estimate {scn.name}'s capacity (got {cap}); give the rates, "
-                            f"e.g. --rates 1,2,4,8,16")
+        raise ScenarioError(
+            f"--rates auto: could not estimate {scn.name}'s capacity (got {cap}); give the rates, "
+            f"e.g. --rates 1,2,4,8,16"
+        )
     return cap
 
 
@@ -62,7 +65,7 @@ def ladder(capacity: float, points: int = POINTS, low: float = LOW, high: float 
     ratio = (high / low) ** (1.0 / (n - 1))
     out: list[float] = []
     for i in range(n):
-        r = float(f"{capacity * low * ratio ** i:.3g}")
+        r = float(f"{capacity * low * ratio**i:.3g}")
         if not out or r > out[-1]:
             out.append(r)
     return out

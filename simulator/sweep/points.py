@@ -9,6 +9,7 @@ A knob is a dotted path into that data: ``pools[0].tp``, ``pools[decode].instanc
 or by name), ``operations.startup.compile_cache``, ``operations.autoscale.main.target_queue``.  Only
 a field holding one value (a number, a word, true/false, or null) can be swept.
 """
+
 from __future__ import annotations
 
 import copy
@@ -23,8 +24,8 @@ import yaml
 import hwdb
 from simulator.scenario import Scenario, ScenarioError, parse_scenario, resolve
 
-MAX_POINTS = 64            # more points than this is a typo or a job for `epdsim plan`
-RATE = "rate"              # the knob name of a sweep over the offered request rate
+MAX_POINTS = 64  # more points than this is a typo or a job for `epdsim plan`
+RATE = "rate"  # the knob name of a sweep over the offered request rate
 RATE_PATH = "workload.arrival.rate"
 OPEN_LOOP = ("poisson", "gamma", "trace")
 SEGMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_-]*)((?:\[[^\[\]]+\])*)$")
@@ -43,7 +44,7 @@ class Point:
     label: str
     value: object
     data: dict
-    origin: str        # how errors name it: "--knob pools[0].tp=3", "--rates 4"
+    origin: str  # how errors name it: "--knob pools[0].tp=3", "--rates 4"
 
 
 def split_values(text: str, option: str) -> list[str]:
@@ -54,8 +55,10 @@ def split_values(text: str, option: str) -> list[str]:
     if not all(items):
         raise SweepError(f"{option} {text!r}: an empty item between commas; give values such as 1,2,4")
     if len(items) > MAX_POINTS:
-        raise SweepError(f"{option}: {len(items)} values, more than the {MAX_POINTS} a sweep runs; "
-                         f"give fewer values (split the range into several sweeps)")
+        raise SweepError(
+            f"{option}: {len(items)} values, more than the {MAX_POINTS} a sweep runs; "
+            f"give fewer values (split the range into several sweeps)"
+        )
     dup = sorted({v for v in items if items.count(v) > 1})
     if dup:
         raise SweepError(f"{option} {text!r}: {', '.join(dup)} given more than once; give each value once")
@@ -71,11 +74,15 @@ def parse_rates(text: str, option: str = "--rates") -> list[float] | None:
         try:
             r = float(item)
         except ValueError:
-            raise SweepError(f"{option} {item!r}: not a number; give request rates in requests per second, "
-                             f"e.g. {option} 1,2,4,8, or {option} auto") from None
+            raise SweepError(
+                f"{option} {item!r}: not a number; give request rates in requests per second, "
+                f"e.g. {option} 1,2,4,8, or {option} auto"
+            ) from None
         if not (math.isfinite(r) and r > 0):
-            raise SweepError(f"{option} {item}: a rate must be a positive, finite number of requests per second; "
-                             f"drop it or give e.g. 0.5")
+            raise SweepError(
+                f"{option} {item}: a rate must be a positive, finite number of requests per second; "
+                f"drop it or give e.g. 0.5"
+            )
         rates.append(r)
     return sorted(rates)
 
@@ -84,12 +91,15 @@ def parse_knob(text: str, option: str = "--knob") -> tuple[str, list[str]]:
     """``"pools[0].tp=1,2,4"`` -> ``("pools[0].tp", ["1", "2", "4"])``."""
     path, eq, values = str(text).partition("=")
     if not eq or not path.strip():
-        raise SweepError(f"{option} {text!r}: give PATH=V1,V2,..., e.g. {option} pools[0].tp=1,2,4 "
-                         f"(docs/sweep.md lists common knobs)")
+        raise SweepError(
+            f"{option} {text!r}: give PATH=V1,V2,..., e.g. {option} pools[0].tp=1,2,4 "
+            f"(docs/sweep.md lists common knobs)"
+        )
     path = path.strip()
     if not values.strip():
-        raise SweepError(f"{option} {path}=: no values after '='; give a comma-separated list, e.g. "
-                         f"{option} {path}=1,2,4")
+        raise SweepError(
+            f"{option} {path}=: no values after '='; give a comma-separated list, e.g. {option} {path}=1,2,4"
+        )
     return path, split_values(values, f"{option} {path}=")
 
 
@@ -98,8 +108,10 @@ def _segments(path: str, option: str) -> list[str | int]:
     for part in path.split("."):
         m = SEGMENT.match(part)
         if not m:
-            raise SweepError(f"{option} {path}: {part!r} is not a field name; write a dotted path such as "
-                             f"pools[0].tp or operations.startup.compile_cache")
+            raise SweepError(
+                f"{option} {path}: {part!r} is not a field name; write a dotted path such as "
+                f"pools[0].tp or operations.startup.compile_cache"
+            )
         keys.append(m.group(1))
         keys += [int(i) if i.isdigit() else i for i in INDEX.findall(m.group(2))]
     return keys
@@ -111,25 +123,32 @@ def _child(node, key, where: str, path: str, option: str):
         if isinstance(key, int):
             if key >= len(node):
                 many = f"{len(node)} entries" if len(node) != 1 else "1 entry"
-                raise SweepError(f"{option} {path}: {where} has {many}, so [{key}] is out of range; "
-                                 f"give an index below {len(node)}")
+                raise SweepError(
+                    f"{option} {path}: {where} has {many}, so [{key}] is out of range; give an index below {len(node)}"
+                )
             return key
         names = [str(e.get("name")) for e in node if isinstance(e, dict)]
         if key in names:
             return names.index(key)
-        raise SweepError(f"{option} {path}: {where} has no entry named {key!r}; the names are "
-                         f"{', '.join(names) or 'none'} (or give an index, e.g. [0])")
+        raise SweepError(
+            f"{option} {path}: {where} has no entry named {key!r}; the names are "
+            f"{', '.join(names) or 'none'} (or give an index, e.g. [0])"
+        )
     if isinstance(node, dict):
         if isinstance(key, str) and key in node:
             return key
         fields = sorted(map(str, node))
         near = difflib.get_close_matches(str(key), fields, n=1)
         hint = f" (did you mean {near[0]}?)" if near else ""
-        raise SweepError(f"{option} {path}: {where or 'the scenario'} has no field {key!r}{hint}; the fields "
-                         f"there are {', '.join(fields) or 'none (an empty section: add an entry in the YAML first)'}")
+        raise SweepError(
+            f"{option} {path}: {where or 'the scenario'} has no field {key!r}{hint}; the fields "
+            f"there are {', '.join(fields) or 'none (an empty section: add an entry in the YAML first)'}"
+        )
     if node is None:
-        raise SweepError(f"{option} {path}: {where} is not set in this scenario (null); write that section in the "
-                         f"scenario YAML first, then sweep one of its fields")
+        raise SweepError(
+            f"{option} {path}: {where} is not set in this scenario (null); write that section in the "
+            f"scenario YAML first, then sweep one of its fields"
+        )
     raise SweepError(f"{option} {path}: {where} is a single value ({node!r}), not a section with fields")
 
 
@@ -144,11 +163,12 @@ def _locate(data: dict, path: str, option: str) -> tuple[Any, Any, Any]:
     k = _child(node, keys[-1], where, path, option)
     current = node[k]
     if isinstance(current, dict):
-        raise SweepError(f"{option} {path}: a section, not one value; sweep one of its fields: "
-                         f"{', '.join(sorted(map(str, current))) or 'none yet (add them in the YAML first)'}")
+        raise SweepError(
+            f"{option} {path}: a section, not one value; sweep one of its fields: "
+            f"{', '.join(sorted(map(str, current))) or 'none yet (add them in the YAML first)'}"
+        )
     if isinstance(current, list):
-        raise SweepError(f"{option} {path}: a list, not one value; sweep a field of "
-                         f"one entry, e.g. {path}[0].FIELD")
+        raise SweepError(f"{option} {path}: a list, not one value; sweep a field of one entry, e.g. {path}[0].FIELD")
     return node, k, current
 
 
@@ -164,13 +184,16 @@ def parse_value(raw: str, current, path: str, option: str):
         raise SweepError(f"{option} {path}={raw}: one value per point, not a list or mapping")
     if isinstance(current, (int, float)) and not isinstance(current, bool):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise SweepError(f"{option} {path}={raw}: {path} holds a number (now {current!r}); {raw!r} is not one. "
-                             f"Give numbers, e.g. {path}=1,2,4")
+            raise SweepError(
+                f"{option} {path}={raw}: {path} holds a number (now {current!r}); {raw!r} is not one. "
+                f"Give numbers, e.g. {path}=1,2,4"
+            )
         if not math.isfinite(value):
             raise SweepError(f"{option} {path}={raw}: not a finite number; give finite values")
     if isinstance(current, bool) and not isinstance(value, bool):
-        raise SweepError(f"{option} {path}={raw}: {path} is true or false (now {str(current).lower()}); "
-                         f"give {path}=false,true")
+        raise SweepError(
+            f"{option} {path}={raw}: {path} is true or false (now {str(current).lower()}); give {path}=false,true"
+        )
     return value
 
 
@@ -179,8 +202,9 @@ def knob_points(data: dict, path: str, raw: list[str], option: str = "--knob") -
     if path in (RATE_PATH, RATE):
         rates = parse_rates(",".join(raw), f"{option} {path}=")
         if rates is None:
-            raise SweepError(f"{option} {path}=auto: the auto ladder is --rates auto; give rates here, e.g. "
-                             f"{option} {path}=1,2,4")
+            raise SweepError(
+                f"{option} {path}=auto: the auto ladder is --rates auto; give rates here, e.g. {option} {path}=1,2,4"
+            )
         return rate_points(data, rates, f"{option} {path}=")
     _, _, current = _locate(data, path, option)
     out = []
@@ -201,9 +225,12 @@ def rate_points(data: dict, rates: list[float], option: str = "--rates") -> list
     """The scenario data at each offered rate (req/s): an open loop's ``rate`` (a trace is rescaled to it)."""
     kind = arrival_kind(data)
     if kind not in OPEN_LOOP:
-        why = ("a closed loop of users has no arrival rate; sweep its users instead, e.g. --knob "
-               "workload.arrival.concurrency=8,16,32,64" if kind == "closed" else
-               "its arrival rate follows a shape over time (workload.arrival.shape); sweep a knob instead")
+        why = (
+            "a closed loop of users has no arrival rate; sweep its users instead, e.g. --knob "
+            "workload.arrival.concurrency=8,16,32,64"
+            if kind == "closed"
+            else "its arrival rate follows a shape over time (workload.arrival.shape); sweep a knob instead"
+        )
         raise SweepError(f"{option}: the scenario's arrivals are kind {kind!r}: {why}")
     out = []
     for r in rates:
@@ -211,7 +238,7 @@ def rate_points(data: dict, rates: list[float], option: str = "--rates") -> list
         arrival = d["workload"]["arrival"]
         arrival["rate"] = r
         if kind == "trace":
-            arrival["time_scale"] = 1.0       # a trace's rate replaces its time scale
+            arrival["time_scale"] = 1.0  # a trace's rate replaces its time scale
         out.append(Point(f"{r:g}", r, d, f"{option}{'' if option.endswith('=') else ' '}{r:g}"))
     return out
 
@@ -223,7 +250,7 @@ def with_requests(data: dict, n: int | None) -> dict:
     d = copy.deepcopy(data)
     d["workload"]["num_requests"] = int(n)
     if arrival_kind(d) != "closed":
-        d["workload"]["duration_s"] = None     # the count decides, not the scenario's duration
+        d["workload"]["duration_s"] = None  # the count decides, not the scenario's duration
     return d
 
 

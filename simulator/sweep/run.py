@@ -20,6 +20,7 @@ at two rates are the same pattern scaled):
 :func:`run_point` is a top-level function of a plain dict, so that it runs unchanged in a worker
 process or a Ray task (:mod:`simulator.plan.executors`).
 """
+
 from __future__ import annotations
 
 import math
@@ -43,18 +44,43 @@ if TYPE_CHECKING:
     from simulator.engine.results import Results
     from simulator.summary_types import LatencyKey
 
-WINDOW = (0.1, 0.9)          # the steady window, as quantiles of the arrival times
-COLUMNS = ("point", "knob", "value", "offered_rps", "achieved_rps", "achieved_share", "output_tok_s",
-           "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "tpot_p90_s", "tpot_p99_s", "e2e_p90_s",
-           "slo_attainment", "goodput_rps", "cost_usd_per_hour", "completed", "rejected", "unfinished", "sim_s")
+WINDOW = (0.1, 0.9)  # the steady window, as quantiles of the arrival times
+COLUMNS = (
+    "point",
+    "knob",
+    "value",
+    "offered_rps",
+    "achieved_rps",
+    "achieved_share",
+    "output_tok_s",
+    "ttft_p50_s",
+    "ttft_p90_s",
+    "ttft_p99_s",
+    "tpot_p50_s",
+    "tpot_p90_s",
+    "tpot_p99_s",
+    "e2e_p90_s",
+    "slo_attainment",
+    "goodput_rps",
+    "cost_usd_per_hour",
+    "completed",
+    "rejected",
+    "unfinished",
+    "sim_s",
+)
 Progress = Callable[[int, int, str], None]
 
 
 def steady_figures(req: pd.DataFrame, ttft_slo: float | None, tpot_slo: float | None) -> dict:
     """``achieved_rps``, ``achieved_share``, ``output_tok_s``, ``goodput_rps`` and the window's arrival
     rate ``arrivals_rps`` of a requests table (see the module docstring); NaN without a window."""
-    nan = {"achieved_rps": math.nan, "achieved_share": math.nan, "output_tok_s": math.nan,
-           "goodput_rps": math.nan, "arrivals_rps": math.nan}
+    nan = {
+        "achieved_rps": math.nan,
+        "achieved_share": math.nan,
+        "output_tok_s": math.nan,
+        "goodput_rps": math.nan,
+        "arrivals_rps": math.nan,
+    }
     if len(req) < 2:
         return nan
     arrival = req["arrival_s"].to_numpy(dtype=float)
@@ -68,11 +94,15 @@ def steady_figures(req: pd.DataFrame, ttft_slo: float | None, tpot_slo: float | 
     if ttft_slo is not None:
         good &= req["ttft_s"].to_numpy(dtype=float) <= ttft_slo
     if tpot_slo is not None:
-        good &= ~(req["tpot_s"].to_numpy(dtype=float) > tpot_slo)      # NaN (one output token) passes
+        good &= ~(req["tpot_s"].to_numpy(dtype=float) > tpot_slo)  # NaN (one output token) passes
     arrived = int(((arrival >= t0) & (arrival <= t1)).sum())
-    return {"achieved_rps": done.sum() / span, "achieved_share": done.sum() / arrived if arrived else math.nan,
-            "output_tok_s": float(req["output_tokens"].to_numpy()[done].sum()) / span,
-            "goodput_rps": good.sum() / span, "arrivals_rps": arrived / span}
+    return {
+        "achieved_rps": done.sum() / span,
+        "achieved_share": done.sum() / arrived if arrived else math.nan,
+        "output_tok_s": float(req["output_tokens"].to_numpy()[done].sum()) / span,
+        "goodput_rps": good.sum() / span,
+        "arrivals_rps": arrived / span,
+    }
 
 
 def point_figures(res: Results) -> dict:
@@ -85,16 +115,25 @@ def point_figures(res: Results) -> dict:
     ops = s.get("operations")
     if ops is not None and ops.get("end_s"):
         cost = ops["cost_usd"] / (ops["end_s"] / 3600.0)
-    out = {"offered_rps": float(rate) if rate is not None else fig["arrivals_rps"],
-           "achieved_rps": fig["achieved_rps"], "achieved_share": fig["achieved_share"],
-           "output_tok_s": fig["output_tok_s"]}
+    out = {
+        "offered_rps": float(rate) if rate is not None else fig["arrivals_rps"],
+        "achieved_rps": fig["achieved_rps"],
+        "achieved_share": fig["achieved_share"],
+        "output_tok_s": fig["output_tok_s"],
+    }
     figures: tuple[tuple[LatencyKey, str], ...] = (("ttft_s", "ttft"), ("tpot_s", "tpot"))
     for key, name in figures:
         for p in ("p50", "p90", "p99"):
             out[f"{name}_{p}_s"] = float(s[key][p])
-    out |= {"e2e_p90_s": float(s["e2e_s"]["p90"]), "slo_attainment": float(s["slo_attainment"]),
-            "goodput_rps": fig["goodput_rps"], "cost_usd_per_hour": float(cost),
-            "completed": int(s["completed"]), "rejected": int(s["rejected"]), "unfinished": int(s["unfinished"])}
+    out |= {
+        "e2e_p90_s": float(s["e2e_s"]["p90"]),
+        "slo_attainment": float(s["slo_attainment"]),
+        "goodput_rps": fig["goodput_rps"],
+        "cost_usd_per_hour": float(cost),
+        "completed": int(s["completed"]),
+        "rejected": int(s["rejected"]),
+        "unfinished": int(s["unfinished"]),
+    }
     return out
 
 
@@ -104,8 +143,13 @@ def run_point(task: dict) -> dict:
     t = time.perf_counter()
     scn = Scenario.model_validate(task["scenario"])
     res = simulate(scn, task.get("replication", 0), hwdb.load(scn.hwdb))
-    return {"point": task["point"], "knob": task["knob"], "value": task["value"], **point_figures(res),
-            "sim_s": time.perf_counter() - t}
+    return {
+        "point": task["point"],
+        "knob": task["knob"],
+        "value": task["value"],
+        **point_figures(res),
+        "sim_s": time.perf_counter() - t,
+    }
 
 
 @dataclass
@@ -113,11 +157,11 @@ class SweepResult:
     """A finished (or interrupted) sweep: one record per finished point, in point order."""
 
     name: str
-    knob: str                              # "rate", or the dotted path of the knob
+    knob: str  # "rate", or the dotted path of the knob
     rows: list[dict]
-    planned: int                           # points asked for (an auto ladder's extensions included)
+    planned: int  # points asked for (an auto ladder's extensions included)
     interrupted: bool = False
-    knee: Knee | None = None               # rate sweeps only
+    knee: Knee | None = None  # rate sweeps only
     notes: list[str] = field(default_factory=list)
     slo_ttft_s: float | None = None
     slo_tpot_s: float | None = None
@@ -127,23 +171,46 @@ class SweepResult:
         return pd.DataFrame(self.rows, columns=list(COLUMNS))
 
 
-def run_sweep(name: str, knob: str, points: list[Point], scenarios: list[Scenario], *, workers: int | None = None,
-              ray_address: str | None = None, progress: Progress | None = None, replication: int = 0,
-              auto: bool = False, db: hwdb.HardwareDB | None = None, knee_factor: float = FACTOR,
-              knee_tolerance: float = TOLERANCE) -> SweepResult:
+def run_sweep(
+    name: str,
+    knob: str,
+    points: list[Point],
+    scenarios: list[Scenario],
+    *,
+    workers: int | None = None,
+    ray_address: str | None = None,
+    progress: Progress | None = None,
+    replication: int = 0,
+    auto: bool = False,
+    db: hwdb.HardwareDB | None = None,
+    knee_factor: float = FACTOR,
+    knee_tolerance: float = TOLERANCE,
+) -> SweepResult:
     """Run every point (``scenarios[i]`` is ``points[i]`` validated, :func:`check_points`) on the local
     ``workers`` (default: the usable cores; 1: here, in turn) or on the Ray cluster at ``ray_address``.
 
     Ctrl-C keeps the finished points (``interrupted``).  ``auto``: a ``--rates auto`` ladder, extended
     above its top (:func:`simulator.sweep.ladder.extension`) while the top still keeps up.
     ``knee_factor``, ``knee_tolerance``: the knee's rules (:func:`simulator.sweep.knee.find_knee`)."""
-    with interrupt_guard():       # a second Ctrl-C waits until the finished points are assembled
-        return _sweep(name, knob, points, scenarios, workers, ray_address, progress, replication, auto, db,
-                      (knee_factor, knee_tolerance))
+    with interrupt_guard():  # a second Ctrl-C waits until the finished points are assembled
+        return _sweep(
+            name,
+            knob,
+            points,
+            scenarios,
+            workers,
+            ray_address,
+            progress,
+            replication,
+            auto,
+            db,
+            (knee_factor, knee_tolerance),
+        )
 
 
-def _sweep(name, knob, points, scenarios, workers, ray_address, progress, replication, auto, db,
-           rules: tuple[float, float]) -> SweepResult:
+def _sweep(
+    name, knob, points, scenarios, workers, ray_address, progress, replication, auto, db, rules: tuple[float, float]
+) -> SweepResult:
     progress = progress or (lambda done, total, stage: None)
     done: dict[int, dict] = {}
     planned = list(zip(points, scenarios, strict=True))
@@ -154,8 +221,16 @@ def _sweep(name, knob, points, scenarios, workers, ray_address, progress, replic
         progress(len(done), len(planned), f"{knob} {rec['value']}")
 
     def run(batch: list[tuple[int, Point, Scenario]]) -> bool:
-        tasks = [{"point": i, "knob": knob, "value": p.value, "replication": replication,
-                  "scenario": s.model_dump(mode="json")} for i, p, s in batch]
+        tasks = [
+            {
+                "point": i,
+                "knob": knob,
+                "value": p.value,
+                "replication": replication,
+                "scenario": s.model_dump(mode="json"),
+            }
+            for i, p, s in batch
+        ]
         progress(len(done), len(planned), "starting")
         if ray_address:
             return run_ray(run_point, tasks, ray_address, on_done)
@@ -163,8 +238,9 @@ def _sweep(name, knob, points, scenarios, workers, ray_address, progress, replic
 
     interrupted = run([(i, p, s) for i, (p, s) in enumerate(planned)])
     knee = _knee(knob, done, slo, rules)
-    result = SweepResult(name, knob, [], len(planned), slo_ttft_s=slo.ttft_s if slo else None,
-                         slo_tpot_s=slo.tpot_s if slo else None)
+    result = SweepResult(
+        name, knob, [], len(planned), slo_ttft_s=slo.ttft_s if slo else None, slo_tpot_s=slo.tpot_s if slo else None
+    )
     for _ in range(MAX_EXTENSIONS if auto and knob == RATE else 0):
         if interrupted or knee is None or knee.reached or len(planned) + len(extension(1.0)) > MAX_POINTS:
             break
@@ -172,8 +248,9 @@ def _sweep(name, knob, points, scenarios, workers, ray_address, progress, replic
         more = rate_points(points[0].data, extension(top), "--rates")
         start = len(planned)
         planned += list(zip(more, check_points(more, "--rates", db), strict=True))
-        result.notes.append(f"the ladder's top ({top:g} req/s) still kept up: extended to "
-                            f"{', '.join(p.label for p in more)} req/s")
+        result.notes.append(
+            f"the ladder's top ({top:g} req/s) still kept up: extended to {', '.join(p.label for p in more)} req/s"
+        )
         interrupted = run([(start + j, p, s) for j, (p, s) in enumerate(planned[start:])])
         knee = _knee(knob, done, slo, rules)
     result.rows = [done[i] for i in sorted(done)]
@@ -182,11 +259,13 @@ def _sweep(name, knob, points, scenarios, workers, ray_address, progress, replic
         result.notes.append(
             f"even at the lowest rate ({low['offered_rps']:g} req/s) requests completed at only "
             f"{low['achieved_share']:.0%} of the rate they arrived at: if it is not overloaded, the runs are too "
-            f"short for requests of this length (E2E p90 {low['e2e_p90_s']:.3g} s); raise --num-requests")
+            f"short for requests of this length (E2E p90 {low['e2e_p90_s']:.3g} s); raise --num-requests"
+        )
     result.planned, result.interrupted, result.knee = len(planned), interrupted, knee
     if interrupted:
-        result.notes.append(f"interrupted: {len(done)} of {len(planned)} points finished; the table and files "
-                            f"hold those")
+        result.notes.append(
+            f"interrupted: {len(done)} of {len(planned)} points finished; the table and files hold those"
+        )
     return result
 
 
