@@ -396,6 +396,3 @@ def test_the_foundation_imports_no_project_module():
     g = graph()
     for m in FOUNDATION:
         assert not g[m], f"{m} is below every layer and may import no project module; it imports {sorted(g[m])}"
-
-
-# ------------------------------------------------------------------------------------ registries
