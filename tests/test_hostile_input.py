@@ -5,8 +5,8 @@ Each case builds its bad input in ``tmp_path`` and runs the CLI in-process (``si
 exit code 2, no traceback, the file or field named, under 5 s (:func:`tests.hostile.expect_user_error`).
 The classes: files that are folders, binary, UTF-16 or latin-1, too large, billion-laughs YAML,
 duplicate keys; numbers that are infinite, NaN, degenerate or outside physical ranges; bounded work.
-Hardware folders, plans, regress suites, calibration bundles, command-line numbers, subprocesses and
-the app's upload sandbox: tests/test_hostile_input_tools.py.
+Hardware folders, plans, regress suites, calibration bundles, command-line numbers and subprocesses:
+tests/test_hostile_input_tools.py; the app's upload sandbox: tests/test_hostile_input_uploads.py.
 """
 
 from __future__ import annotations
