@@ -36,8 +36,9 @@ from pydantic import BaseModel
 from hwdb.engine_schema import EngineProfile
 from hwdb.files import HwdbError, parse_file
 from hwdb.gdn import GdnCurve
+from hwdb.hf_config import ConfigError, arch_from_config
 from hwdb.mla import MlaCurve
-from hwdb.models import ConfigError, ModelArch, arch_from_config
+from hwdb.models import ModelArch
 from hwdb.moe import MoeCurve, MoeKernels
 from hwdb.profiles import Profile, ProfileMatch, version_matches
 from hwdb.schema import GPU, Connector, Link, ModelSidecar, NetworkLayout
