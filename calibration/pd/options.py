@@ -9,8 +9,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from calibration.harness.bundle import BundleError
-from hwdb.db import load_kind
 from hwdb.files import parse_file
+from hwdb.loader import load_kind
 from hwdb.schema import Connector
 from simulator.pd.connectors import KVConnector, connector_strategy
 
