@@ -1,8 +1,10 @@
 """Hardware database: GPUs, links, models and calibration profiles as sourced data files."""
 
-from hwdb.db import HardwareDB, HwdbError, ModelEntry, load, load_model_dir
+from hwdb.db import HardwareDB, HwdbError, ModelEntry, load_model_dir
 from hwdb.engine_schema import EngineProfile
-from hwdb.models import ModelArch, arch_from_config
+from hwdb.hf_config import arch_from_config
+from hwdb.loader import load
+from hwdb.models import ModelArch
 from hwdb.schema import DTYPE_BYTES, GPU, EfficiencyCurve, Figure, Link
 
 __all__ = [

@@ -29,8 +29,9 @@ from typing import Annotated, Literal
 
 from pydantic import model_validator
 
-from hwdb.db import DATA_DIR, find, load_kind
+from hwdb.db import DATA_DIR, find
 from hwdb.files import HwdbError, parse_file, read_data_yaml
+from hwdb.loader import load_kind
 from hwdb.schema import DATASHEET, Figure, StrictModel
 from simulator.bounds import Range
 
@@ -305,7 +306,7 @@ def _parse(path: Path) -> StoragePath | ContainerImage | StartupCoefficients | S
 
 def load_coldstart(user_dirs: Iterable[str | Path] = ()) -> ColdStartDB:
     """Read ``coldstart/*.yaml`` of the shipped database and of user hwdb folders, by the rules of
-    :func:`hwdb.load` (:func:`hwdb.db.load_kind`): one table per ``kind``, later folders win on name clashes."""
+    :func:`hwdb.load` (:func:`hwdb.loader.load_kind`): one table per ``kind``, later folders win on name clashes."""
     tables, notes = load_kind("coldstart", _parse, user_dirs, table_of=lambda item: item.kind)
     return ColdStartDB(
         storage=tables.get("storage", {}),

@@ -16,7 +16,8 @@ from calibration.pd.bundle import PDReplayError
 from calibration.pd.options import DEFAULT_CONNECTOR, harness_connectors, pair_connector
 from calibration.pd.replay import transfer_inputs
 from simulator.pd import connectors
-from simulator.pd.connectors import CONNECTORS, CPU_FILES, CPU_NIXL, KVConnector, connector_strategy
+from simulator.pd.connector_base import CPU_FILES, CPU_NIXL, KVConnector
+from simulator.pd.connectors import CONNECTORS, connector_strategy
 from simulator.plan import parse_plan_request, run_plan
 from simulator.plan.artefacts import artefacts, kv_transfer_json
 from simulator.registry import Registry

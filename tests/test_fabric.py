@@ -11,7 +11,7 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hwdb.db import load
+from hwdb.loader import load
 from simulator.pd import fabric as fabric_mod
 from simulator.pd.fabric import Fabric, LinkState, TransferRecord
 

@@ -20,7 +20,7 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 import hwdb.coldstart
-from hwdb.db import FILE_SCHEMAS
+from hwdb.loader import FILE_SCHEMAS
 from hwdb.schema import ModelSidecar
 from simulator.bounds import NicRate, Range, count, range_of
 from simulator.plan.request import PlanRequest

@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 
 import hwdb
-from hwdb.models import ConfigError, arch_from_config
+from hwdb.hf_config import ConfigError, arch_from_config
 from simulator.engine_rules import engine_running_cap
 from simulator.memory import linear_state_bytes_per_seq, sglang_fraction, vision_factor
 from simulator.perf import FitError, plan_memory

@@ -10,7 +10,7 @@ import pytest
 
 import hwdb
 from hwdb.db import DATA_DIR
-from hwdb.models import ConfigError, arch_from_config
+from hwdb.hf_config import ConfigError, arch_from_config
 
 
 @pytest.fixture(scope="module")

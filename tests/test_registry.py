@@ -7,8 +7,7 @@ import pytest
 
 from simulator.ops.autoscale import POLICIES, KVUtilisation, QueueLength, SLOPredictive
 from simulator.pd.flows import FLOWS, SGLangFlow, VLLMFlow
-from simulator.plan.candidates import Colocated, PrefillDecode
-from simulator.plan.families import FAMILIES, EncoderPrefillDecode
+from simulator.plan.families import FAMILIES, Colocated, EncoderPrefillDecode, PrefillDecode
 from simulator.registry import Registry, UnknownNameError
 from simulator.roles import ROLES, Role
 from simulator.routing import ROUTERS, LeastKV, LeastOutstanding, PrefixAware, RoundRobin, make_router

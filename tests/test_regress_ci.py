@@ -8,7 +8,7 @@ import shlex
 import yaml
 
 from simulator.regress import compare, load_suite, read_baseline
-from simulator.regress.suite import Suite
+from simulator.regress.suite_schema import Suite
 from tests.conftest import REPO
 
 SUITE = REPO / ".ci" / "regress" / "suite.yaml"

@@ -17,7 +17,7 @@ from typing import Any
 
 import hwdb
 from calibration.harness.bundle import FIX, MANIFEST, Bundle, BundleError
-from hwdb.models import ConfigError, arch_from_config
+from hwdb.hf_config import ConfigError, arch_from_config
 from hwdb.schema import ModelSidecar
 
 CPU_GPU = "CPU-host"

@@ -36,7 +36,7 @@ from pathlib import Path
 import yaml
 
 from hwdb.coldstart import load_coldstart
-from hwdb.models import arch_from_config
+from hwdb.hf_config import arch_from_config
 
 
 class StartupFitError(ValueError):

@@ -30,7 +30,7 @@ from pathlib import Path
 import yaml
 
 import hwdb
-from hwdb.models import arch_from_config
+from hwdb.hf_config import arch_from_config
 
 _WHOLE_BLOCKS = ("exampleconnector", "sharedstorageconnector")
 

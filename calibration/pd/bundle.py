@@ -20,7 +20,7 @@ from rich.markup import escape
 import hwdb
 from calibration.harness.bundle import BundleError
 from calibration.pd.options import pair_connector
-from simulator.pd.connectors import CPU_NIXL
+from simulator.pd.connector_base import CPU_NIXL
 
 PD_KIND = "pd_run"
 # The name both servers of a PD pair serve the tiny model under (and the fit names its model folder).

@@ -35,7 +35,8 @@ from calibration.harness.metrics import parse_prometheus
 from calibration.harness.server import ServerProcess
 from calibration.pd.bundle import SERVED, PDReplayError
 from calibration.pd.options import harness_connectors
-from simulator.pd.connectors import KVConnector, connector_strategy
+from simulator.pd.connector_base import KVConnector
+from simulator.pd.connectors import connector_strategy
 
 REPO = Path(__file__).resolve().parents[2]
 BLOCK = 128

@@ -9,10 +9,11 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from calibration.harness.bundle import BundleError
-from hwdb.db import load_kind
 from hwdb.files import parse_file
+from hwdb.loader import load_kind
 from hwdb.schema import Connector
-from simulator.pd.connectors import KVConnector, connector_strategy
+from simulator.pd.connector_base import KVConnector
+from simulator.pd.connectors import connector_strategy
 
 # The --connector of a PD run that names none.
 DEFAULT_CONNECTOR = "example"

@@ -28,7 +28,7 @@ import hwdb
 from calibration.pd.bundle import PDReplayError, measured_rows, read_manifest, replay_inputs
 from calibration.pd.launch import BLOCK
 from calibration.pd.options import harness_connectors, pair_connector
-from simulator.pd.connectors import CPU_NIXL, KVConnector
+from simulator.pd.connector_base import CPU_NIXL, KVConnector
 from simulator.run import simulate
 from simulator.scenario import parse_scenario
 

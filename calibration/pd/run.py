@@ -68,7 +68,7 @@ from calibration.pd.options import DEFAULT_CONNECTOR, add_pd_options, harness_co
 from calibration.pd.replay import print_report, replay
 from calibration.pd.router import PDRouter, prompt_hash
 from simulator.console import print_notes
-from simulator.pd.connectors import CPU_FILES, CPU_NIXL
+from simulator.pd.connector_base import CPU_FILES, CPU_NIXL
 
 
 def build_specs(

@@ -30,8 +30,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from hwdb.db import find, load_kind
+from hwdb.db import find
 from hwdb.files import parse_file
+from hwdb.loader import load_kind
 from hwdb.schema import Figure, StrictModel
 
 # The hwdb ``faults/`` entry holding the FP8 hazard's defaults.

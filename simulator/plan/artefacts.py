@@ -18,7 +18,8 @@ import hwdb
 from simulator.memory import memory_fraction
 from simulator.ops.coldstart import breakdown
 from simulator.ops.k8s import recommend_probes
-from simulator.pd.connectors import VLLM_PORT, connector_strategy
+from simulator.pd.connector_base import VLLM_PORT
+from simulator.pd.connectors import connector_strategy
 from simulator.plan.manifests import (
     SGLANG_PORT,
     ArtefactOptions,
@@ -56,7 +57,7 @@ def kv_transfer_json(
 ) -> dict | None:
     """vLLM ``--kv-transfer-config`` for a PD pool (``role``: prefill or decode); None for colocated, or for a
     connector without a vLLM name.  The shape is the connector strategy's
-    (:meth:`simulator.pd.connectors.KVConnector.kv_transfer_config`): NixlConnector ``kv_both``,
+    (:meth:`simulator.pd.connector_base.KVConnector.kv_transfer_config`): NixlConnector ``kv_both``,
     MooncakeConnector and P2pNcclConnector ``kv_producer``/``kv_consumer`` with their extra settings.
     ``buffer_bytes``: the scenario's ``kv_buffer_size`` (bytes); ``tcp``: the fabric has no GPU-direct path.
     """

@@ -1,10 +1,12 @@
-"""Candidate deployments: the families the planner searches (an explicit registry) and their enumeration.
+"""Candidate deployments and the context the planner's families enumerate them from.
 
-A family turns a :class:`PlanContext` into candidates: every pool layout
+:func:`build_context` makes the :class:`PlanContext`: every pool layout
 (GPU type x TP) is first checked for memory fit once (vLLM's own split,
-:func:`simulator.perf.plan_memory`); layouts that do not fit become one
-rejected row each; the others are combined with instance counts within the
-constraints.  A candidate is plain data; :func:`to_scenario` makes it a
+:func:`simulator.perf.plan_memory`); layouts that do not fit are kept as
+misfits (a family makes one rejected row of each), the others as
+:class:`Layout` objects.  The families (:mod:`simulator.plan.families`)
+combine layouts with instance counts within the constraints.  A candidate is
+plain data; :func:`to_scenario` makes it a
 :class:`~simulator.scenario.Scenario` that the simulator runs.
 """
 
@@ -19,8 +21,6 @@ import hwdb
 from simulator.epd.epd import EPDError, draw_images, image_costs
 from simulator.epd.vision import VisionArch, VisionError, vision_arch
 from simulator.errors import WorkloadError
-from simulator.pd.pd import TransferConfigError, build_transfer_plan
-from simulator.pd.pd_config import KVTransferConfig
 from simulator.perf import Deployment, FitError, MemoryPlan, plan_memory
 from simulator.plan.request import PlanError, PlanRequest, resolve_hardware
 from simulator.scenario import PoolConfig, Scenario, ScenarioError, deployment_for, parse_scenario, rng_streams
@@ -285,89 +285,6 @@ def _shapes(c, model) -> Iterator[tuple[str, int, int, int]]:
             for dp in c.dp if moe else (1,):
                 for ep in dict.fromkeys(tp * dp if on and moe and tp * dp > 1 else 1 for on in c.expert_parallel):
                     yield dtype, tp, dp, ep
-
-
-class Family:
-    """A deployment family: a name and an enumeration of candidates (strategy class)."""
-
-    name = ""
-
-    def enumerate(self, ctx: PlanContext) -> Iterator[Candidate]:
-        raise NotImplementedError
-
-
-def gpu_ok(ctx: PlanContext, pools: tuple[PoolChoice, ...]) -> bool:
-    """Within max_gpus and each GPU type's own limit."""
-    if sum(p.gpus for p in pools) > ctx.req.constraints.max_gpus:
-        return False
-    per: dict[str, int] = {}
-    for p in pools:
-        per[p.gpu] = per.get(p.gpu, 0) + p.gpus
-    return all((lim := ctx.max_count(g)) is None or n <= lim for g, n in per.items())
-
-
-class Colocated(Family):
-    """One pool of instances that prefill and decode (vLLM's default serving)."""
-
-    name = "colocated"
-
-    def enumerate(self, ctx: PlanContext) -> Iterator[Candidate]:
-        c = ctx.req.constraints
-        for sh, price, reason in ctx.misfits:
-            yield Candidate(
-                f"colocated-{sh.tag()}-nofit", self.name, (sh,), sh.gpus * price, rejected=f"memory: {reason}"
-            )
-        for lay in ctx.layouts:
-            for n in range(1, c.max_instances_per_pool + 1):
-                pools = (lay.choice("colocated", n),)
-                if not gpu_ok(ctx, pools):
-                    break
-                yield Candidate(f"colocated-{lay.tag()}-x{n}", self.name, pools, n * lay.gpus * lay.price)
-
-
-class PrefillDecode(Family):
-    """Prefill and decode pools (vLLM's disaggregated proxy flow), GPU type and TP chosen per pool."""
-
-    name = "pd"
-
-    def enumerate(self, ctx: PlanContext) -> Iterator[Candidate]:
-        req, c = ctx.req, ctx.req.constraints
-        for fabric in req.fabrics.links:
-            for lp in ctx.layouts:
-                for ld in ctx.layouts:
-                    if (lp.gpu != ld.gpu and not c.heterogeneous) or lp.dtype != ld.dtype:
-                        continue  # one checkpoint serves both pools
-                    tag = f"pd-{lp.tag()}-{ld.tag()}" + (f"-{fabric}" if fabric else "")
-                    cfg = KVTransferConfig(connector=req.fabrics.connector, fabric=fabric)
-                    try:
-                        plan = build_transfer_plan(cfg, ctx.db, lp.dep, ld.dep)
-                    except TransferConfigError as exc:
-                        pools = (lp.choice("prefill", 1), ld.choice("decode", 1))
-                        yield Candidate(
-                            tag + "-invalid",
-                            self.name,
-                            pools,
-                            lp.gpus * lp.price + ld.gpus * ld.price,
-                            fabric,
-                            req.fabrics.connector,
-                            rejected=f"kv-transfer: {exc}",
-                        )
-                        continue
-                    for npf in range(1, c.max_instances_per_pool + 1):
-                        if npf * lp.gpus >= c.max_gpus:
-                            break
-                        for nd in range(1, c.max_instances_per_pool + 1):
-                            pools = (lp.choice("prefill", npf), ld.choice("decode", nd))
-                            if not gpu_ok(ctx, pools):
-                                break
-                            yield Candidate(
-                                f"{tag}-{npf}p{nd}d",
-                                self.name,
-                                pools,
-                                npf * lp.gpus * lp.price + nd * ld.gpus * ld.price,
-                                plan.link_name,
-                                req.fabrics.connector,
-                            )
 
 
 def to_scenario(req: PlanRequest, cand: Candidate, rate: float | None = None) -> Scenario:

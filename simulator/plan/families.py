@@ -1,11 +1,13 @@
-"""The registry of deployment families the planner searches, and the EPD family.
+"""The deployment families the planner searches and their registry.
 
-A family is a small strategy class with a ``name`` and ``enumerate(ctx)``
-(see :class:`simulator.plan.candidates.Family`).  ``colocated`` and ``pd``
-serve text and multimodal requests (images are then encoded inside the
-colocated or prefill steps); ``epd`` adds a pool of vision-encoder instances
-in front of a colocated pool (E+PD) or a prefill/decode pair (E+P+D), and
-exists only for workloads with images.
+A family is a small strategy class (:class:`Family`) with a ``name`` and
+``enumerate(ctx)``, which turns a :class:`simulator.plan.candidates.PlanContext`
+into candidates: the fitting pool layouts combined with instance counts within
+the constraints, and one rejected row per layout that does not fit.
+``colocated`` and ``pd`` serve text and multimodal requests (images are then
+encoded inside the colocated or prefill steps); ``epd`` adds a pool of
+vision-encoder instances in front of a colocated pool (E+PD) or a
+prefill/decode pair (E+P+D), and exists only for workloads with images.
 """
 
 from __future__ import annotations
@@ -13,10 +15,95 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
-from simulator.plan.candidates import Candidate, Colocated, Family, PlanContext, PoolChoice, PrefillDecode, gpu_ok
+from simulator.pd.pd import TransferConfigError, build_transfer_plan
+from simulator.pd.pd_config import KVTransferConfig
+from simulator.plan.candidates import Candidate, PlanContext, PoolChoice
 from simulator.plan.request import PlanError, PlanRequest
 from simulator.plan.screen import encode_time
 from simulator.registry import Registry
+
+
+class Family:
+    """A deployment family: a name and an enumeration of candidates (strategy class)."""
+
+    name = ""
+
+    def enumerate(self, ctx: PlanContext) -> Iterator[Candidate]:
+        raise NotImplementedError
+
+
+def gpu_ok(ctx: PlanContext, pools: tuple[PoolChoice, ...]) -> bool:
+    """Within max_gpus and each GPU type's own limit."""
+    if sum(p.gpus for p in pools) > ctx.req.constraints.max_gpus:
+        return False
+    per: dict[str, int] = {}
+    for p in pools:
+        per[p.gpu] = per.get(p.gpu, 0) + p.gpus
+    return all((lim := ctx.max_count(g)) is None or n <= lim for g, n in per.items())
+
+
+class Colocated(Family):
+    """One pool of instances that prefill and decode (vLLM's default serving)."""
+
+    name = "colocated"
+
+    def enumerate(self, ctx: PlanContext) -> Iterator[Candidate]:
+        c = ctx.req.constraints
+        for sh, price, reason in ctx.misfits:
+            yield Candidate(
+                f"colocated-{sh.tag()}-nofit", self.name, (sh,), sh.gpus * price, rejected=f"memory: {reason}"
+            )
+        for lay in ctx.layouts:
+            for n in range(1, c.max_instances_per_pool + 1):
+                pools = (lay.choice("colocated", n),)
+                if not gpu_ok(ctx, pools):
+                    break
+                yield Candidate(f"colocated-{lay.tag()}-x{n}", self.name, pools, n * lay.gpus * lay.price)
+
+
+class PrefillDecode(Family):
+    """Prefill and decode pools (vLLM's disaggregated proxy flow), GPU type and TP chosen per pool."""
+
+    name = "pd"
+
+    def enumerate(self, ctx: PlanContext) -> Iterator[Candidate]:
+        req, c = ctx.req, ctx.req.constraints
+        for fabric in req.fabrics.links:
+            for lp in ctx.layouts:
+                for ld in ctx.layouts:
+                    if (lp.gpu != ld.gpu and not c.heterogeneous) or lp.dtype != ld.dtype:
+                        continue  # one checkpoint serves both pools
+                    tag = f"pd-{lp.tag()}-{ld.tag()}" + (f"-{fabric}" if fabric else "")
+                    cfg = KVTransferConfig(connector=req.fabrics.connector, fabric=fabric)
+                    try:
+                        plan = build_transfer_plan(cfg, ctx.db, lp.dep, ld.dep)
+                    except TransferConfigError as exc:
+                        pools = (lp.choice("prefill", 1), ld.choice("decode", 1))
+                        yield Candidate(
+                            tag + "-invalid",
+                            self.name,
+                            pools,
+                            lp.gpus * lp.price + ld.gpus * ld.price,
+                            fabric,
+                            req.fabrics.connector,
+                            rejected=f"kv-transfer: {exc}",
+                        )
+                        continue
+                    for npf in range(1, c.max_instances_per_pool + 1):
+                        if npf * lp.gpus >= c.max_gpus:
+                            break
+                        for nd in range(1, c.max_instances_per_pool + 1):
+                            pools = (lp.choice("prefill", npf), ld.choice("decode", nd))
+                            if not gpu_ok(ctx, pools):
+                                break
+                            yield Candidate(
+                                f"{tag}-{npf}p{nd}d",
+                                self.name,
+                                pools,
+                                npf * lp.gpus * lp.price + nd * ld.gpus * ld.price,
+                                plan.link_name,
+                                req.fabrics.connector,
+                            )
 
 
 def encoder_layouts(ctx: PlanContext) -> list[tuple[str, int, float, str]]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from simulator.pd.connectors import VLLM_PORT, Proxy
+from simulator.pd.connector_base import VLLM_PORT, Proxy
 
 SGLANG_PORT = 30000
 SGLANG_BOOTSTRAP_PORT = 8998  # SGLang's --disaggregation-bootstrap-port default
@@ -203,7 +203,7 @@ def epd_proxy(ends: dict[str, list[str]]) -> Proxy:
 
 def proxy_objects(name: str, proxy: Proxy, image: str, opts: ArtefactOptions) -> list[dict]:
     """The request router in front of the pools: a Deployment running one of vLLM's proxy scripts (a KV
-    connector's, :meth:`simulator.pd.connectors.KVConnector.proxy`, or :func:`epd_proxy`), fetched at the
+    connector's, :meth:`simulator.pd.connector_base.KVConnector.proxy`, or :func:`epd_proxy`), fetched at the
     vLLM tag of the pods it serves (bake it into an image for an air-gapped cluster), and its Service, with
     probes."""
     raw = f"https://raw.githubusercontent.com/vllm-project/vllm/{proxy.ref}/"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 
 def readme(result, cand, model, rec, opts, *, proxy, tcp, rdma, amd, link, connector, encoder, layout=None) -> str:
-    """The README text.  ``proxy``: the :class:`simulator.pd.connectors.Proxy` in front of the pools (None:
-    requests go to the one pool); ``connector``: the PD plan's :class:`simulator.pd.connectors.KVConnector`
+    """The README text.  ``proxy``: the :class:`simulator.pd.connector_base.Proxy` in front of the pools (None:
+    requests go to the one pool); ``connector``: the PD plan's :class:`simulator.pd.connector_base.KVConnector`
     (None without PD); ``tcp``: the KV fabric has no GPU-direct path; ``rdma``: PD pods request RDMA NICs."""
     # The connector's own proxy (PD without an encoder pool in front), not vLLM's EPD proxy.
     pd_proxy = proxy is not None and connector is not None and not encoder

@@ -8,7 +8,8 @@ The command line is ``epdsim regress`` (simulator/cli/regress.py).
 from simulator.regress.compare import Row, compare, read_baseline, rows_frame, write_baseline
 from simulator.regress.report import markdown, write_junit
 from simulator.regress.runner import run_suite
-from simulator.regress.suite import LoadedSuite, RegressError, Tolerance, load_suite
+from simulator.regress.suite import LoadedSuite, RegressError, load_suite
+from simulator.regress.suite_schema import Tolerance
 
 __all__ = [
     "LoadedSuite",

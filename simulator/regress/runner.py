@@ -18,7 +18,8 @@ from pathlib import Path
 import hwdb
 from simulator.plan import PlanRequest
 from simulator.regress.figures import PLAN_FIGURES, RUN_FIGURES, SCENARIO_FIGURES
-from simulator.regress.suite import E2EEntry, GoodputConfig, LoadedSuite, RegressError, finite
+from simulator.regress.suite import LoadedSuite, RegressError, finite
+from simulator.regress.suite_schema import E2EEntry, GoodputConfig
 from simulator.scenario import Scenario
 
 # figure name -> value; None for a non-finite value (no completed requests, infinite cost per token).
