@@ -11,7 +11,7 @@ Modules:
 - ``client``: async streaming OpenAI-completions client (httpx) and its prompts.
 - ``loadgen``: open- and closed-loop load through the client.
 - ``metrics``: Prometheus text parsing and histogram deltas.
-- ``probes``: prefill sweep, decode sweep, load tests.
+- ``probes``: prefill sweep, decode sweep, load tests (the plan); ``phase_run``: one phase run against the server.
 - ``bundle``: the measurement bundle (manifest + append-only JSONL records, resumable).
 - ``runner``: one calibration run (server, bundle, warm-up, phases); ``env``: hardware and versions.
 - ``trace_plan``: a load phase replayed from a trace file; ``trace_gen``: bursty traces to replay

@@ -21,7 +21,8 @@ from calibration.harness.affinity import cpu_list, pin_below
 from calibration.harness.bundle import Bundle, BundleError, now_iso, proc_start
 from calibration.harness.client import CompletionClient, PromptFactory, RequestSpec, as_interrupt
 from calibration.harness.metrics import parse_prometheus
-from calibration.harness.probes import PlanOptions, build_plan, resolve_rate, run_phase
+from calibration.harness.phase_run import run_phase
+from calibration.harness.probes import PlanOptions, build_plan, resolve_rate
 from calibration.harness.server import Endpoint, ServerError, ServerProcess, parse_startup_log
 from calibration.harness.server_log import check_server_log, copy_name, copy_server_log
 
