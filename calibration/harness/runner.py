@@ -23,8 +23,9 @@ from calibration.harness.client import CompletionClient, PromptFactory, RequestS
 from calibration.harness.metrics import parse_prometheus
 from calibration.harness.phase_run import run_phase
 from calibration.harness.probes import PlanOptions, build_plan, resolve_rate
-from calibration.harness.server import Endpoint, ServerError, ServerProcess, parse_startup_log
+from calibration.harness.server import Endpoint, ServerError, ServerProcess
 from calibration.harness.server_log import check_server_log, copy_name, copy_server_log
+from calibration.harness.startup_log import parse_startup_log
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SERVED_NAME = "tiny-llama"
