@@ -13,7 +13,8 @@ Modules:
 - ``metrics``: Prometheus text parsing and histogram deltas.
 - ``probes``: prefill sweep, decode sweep, load tests (the plan); ``phase_run``: one phase run against the server.
 - ``bundle``: the measurement bundle (manifest + append-only JSONL records, resumable).
-- ``runner``: one calibration run (server, bundle, warm-up, phases); ``env``: hardware and versions.
+- ``runner``: one calibration run (server, bundle, warm-up, phases); ``env``: hardware and versions;
+  ``launch_env``: the vLLM Python, the tiny model and the environment a launched server needs.
 - ``trace_plan``: a load phase replayed from a trace file; ``trace_gen``: bursty traces to replay
   (``epdsim calibrate make-trace``).
 
