@@ -12,16 +12,9 @@ from pathlib import Path
 import pytest
 
 from calibration import cli
+from calibration.harness.launch_env import DEFAULT_LAUNCH_ENV, ensure_tiny_model, free_port, repo_pythonpath
 from calibration.harness.probes import PlanOptions
-from calibration.harness.runner import (
-    DEFAULT_LAUNCH_ENV,
-    CalibrationRun,
-    RunOptions,
-    _pythonpath,
-    default_launch_command,
-    ensure_tiny_model,
-    free_port,
-)
+from calibration.harness.runner import CalibrationRun, RunOptions, default_launch_command
 from calibration.harness.server import ServerProcess
 from calibration.validation.command import validate
 from tests.conftest import VLLM_PY, needs_vllm  # the shared detection of a vLLM Python
@@ -59,7 +52,7 @@ def test_vllm_fit_then_validate_another_load(tmp_path):
         default_launch_command(opts, model, port),
         f"http://127.0.0.1:{port}",
         log,
-        env={**DEFAULT_LAUNCH_ENV, "PYTHONPATH": _pythonpath()},
+        env={**DEFAULT_LAUNCH_ENV, "PYTHONPATH": repo_pythonpath()},
         cwd=REPO,
     )
 

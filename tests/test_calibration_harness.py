@@ -21,15 +21,8 @@ import pytest
 
 from calibration import cli
 from calibration.harness.bundle import SCHEMA_VERSION, Bundle, BundleError
-from calibration.harness.client import (
-    CompletionClient,
-    PromptFactory,
-    RequestSpec,
-    SSEDecoder,
-    poisson_arrivals,
-    run_closed_loop,
-    run_open_loop,
-)
+from calibration.harness.client import CompletionClient, PromptFactory, RequestSpec, SSEDecoder
+from calibration.harness.loadgen import poisson_arrivals, run_closed_loop, run_open_loop
 from calibration.harness.probes import PHASE_KINDS, PlanOptions, build_plan, resolve_rate, summarize_phase
 from calibration.harness.server import Endpoint, EndpointUnreachable, ServerDied, ServerProcess
 

@@ -29,7 +29,8 @@ from calibration import cli
 from calibration.fit.command import fit_bundle
 from calibration.fit.report import write_outputs
 from calibration.harness.bundle import Bundle
-from calibration.harness.client import CompletionClient, RequestSpec, as_interrupt, run_open_loop
+from calibration.harness.client import CompletionClient, RequestSpec, as_interrupt
+from calibration.harness.loadgen import run_open_loop
 from calibration.harness.server import ServerProcess
 from calibration.validation.command import validate
 from tests.synthetic_bundle import CPU_TRUTH, TINY_CONFIG, make_bundle, write_truth_hwdb

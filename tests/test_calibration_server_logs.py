@@ -1,6 +1,6 @@
 """The calibration harness's parsers on what real vLLM 0.32.0 (CPU) servers wrote: start-up logs (eager and
 compiled; GPU log lines; a log missing phases) and Prometheus /metrics scrapes taken before and after a
-load (calibration/harness/server.py, calibration/harness/metrics.py)."""
+load (calibration/harness/startup_log.py, calibration/harness/metrics.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from calibration.harness.metrics import counter_deltas, histogram_deltas, histogram_quantile, parse_prometheus
-from calibration.harness.server import parse_startup_log
+from calibration.harness.startup_log import parse_startup_log
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "calibration"
 

@@ -23,15 +23,9 @@ from calibration.fit.command import fit_bundle
 from calibration.fit.report import write_outputs
 from calibration.harness.affinity import pin_below
 from calibration.harness.bundle import Bundle
+from calibration.harness.launch_env import DEFAULT_LAUNCH_ENV, ensure_tiny_model, repo_pythonpath
 from calibration.harness.probes import PlanOptions
-from calibration.harness.runner import (
-    DEFAULT_LAUNCH_ENV,
-    CalibrationRun,
-    RunOptions,
-    _pythonpath,
-    default_launch_command,
-    ensure_tiny_model,
-)
+from calibration.harness.runner import CalibrationRun, RunOptions, default_launch_command
 from calibration.harness.server import ServerProcess
 from calibration.harness.trace_gen import generate
 from calibration.harness.trace_gen import write as write_trace
@@ -240,7 +234,7 @@ def test_vllm_trace_replayed_and_validated(tmp_path):
     model = ensure_tiny_model(VLLM_PY, tmp_path / "model", lambda s: None)
     port = free_port()
     opts = RunOptions(out=tmp_path, vllm_python=VLLM_PY, engine_args=["--no-enable-prefix-caching"])
-    cmd, env = default_launch_command(opts, model, port), {**DEFAULT_LAUNCH_ENV, "PYTHONPATH": _pythonpath()}
+    cmd, env = default_launch_command(opts, model, port), {**DEFAULT_LAUNCH_ENV, "PYTHONPATH": repo_pythonpath()}
     # The engine (worker and engine core) on one core, the API server and this client on the other, as
     # `calibrate run --pin 0:1` does (docstring; calibration/harness/affinity.py).
     cpus = sorted(os.sched_getaffinity(0))

