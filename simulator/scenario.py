@@ -20,7 +20,7 @@ from simulator.bounds import MAX_SECONDS, MAX_TOKENS, Fraction, Range, Seed
 from simulator.engine_rules import engine_running_cap, vllm_batch_defaults, weight_only_refusal
 from simulator.epd.epd_config import EmbeddingTransferConfig, EncoderConfig
 from simulator.errors import format_validation_error
-from simulator.inputs import Folders, StrictModel, read_yaml
+from simulator.inputs import read_yaml
 from simulator.kv_rule import resolve_kv_dtype
 from simulator.ops.opsconfig import OperationsConfig, check_against_pools
 from simulator.ops.opsstart import StartTimes, StartupError, start_times
@@ -31,6 +31,7 @@ from simulator.perf import Deployment, EngineKnobs, FitError, MemoryPlan, plan_m
 from simulator.routing import ROUTERS
 from simulator.step_build import build_step_model
 from simulator.stepmodel import StepModel
+from simulator.strict_model import Folders, StrictModel
 from simulator.workload_config import WorkloadConfig
 
 

@@ -21,10 +21,11 @@ from pydantic import BaseModel, Discriminator, Field, Tag, ValidationError, fiel
 
 from simulator.errors import format_validation_error
 from simulator.errors import models_in as _models_in
-from simulator.inputs import Folders, StrictModel, read_yaml
+from simulator.inputs import read_yaml
 from simulator.plan import PlanError, PlanRequest, parse_plan_request
 from simulator.regress.figures import PLAN_FIGURES, SCENARIO_FIGURES
 from simulator.scenario import Scenario, ScenarioError, parse_scenario
+from simulator.strict_model import Folders, StrictModel
 
 
 class RegressError(ValueError):
