@@ -14,8 +14,9 @@ from simulator.engine.results import requests_frame
 from simulator.ops.faults import FP8_NAME, fp8_defaults
 from simulator.ops.opsstart import start_times
 from simulator.pd.pd import build_transfer_plan
+from simulator.resolved import resolve, rng_streams
 from simulator.run import pool_spec, simulate
-from simulator.scenario import load_scenario, resolve, rng_streams
+from simulator.scenario import load_scenario
 from simulator.workload import generate
 from tests.conftest import REPO, pool, scenario
 from tests.test_invariants import util_for_kv_tokens
