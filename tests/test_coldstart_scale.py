@@ -19,7 +19,8 @@ from simulator.cli.ops import add_subparsers
 from simulator.ops.coldstart import LEVELS, Breakdown, Phase, breakdown
 from simulator.ops.coldstart_formulas import ColdStartError
 from simulator.ops.coldstart_scale import breakdown_range, recommend_high
-from simulator.ops.k8s import PodSpec, Probe, recommend_probes, simulate_pod
+from simulator.ops.k8s import recommend_probes, simulate_pod
+from simulator.ops.probe_spec import PodSpec, Probe
 from simulator.scenario import PoolConfig, deployment_for
 
 
