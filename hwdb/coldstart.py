@@ -197,7 +197,7 @@ class StartupCase(StrictModel):
 class VersionRules(StrictModel):
     """What one vLLM release does at start-up that switches phases on or off (sourced)."""
 
-    capture_rule: Literal["0.10", "v1"]  # simulator.ops.coldstart.capture_sizes
+    capture_rule: Literal["0.10", "v1"]  # simulator.ops.coldstart_formulas.capture_sizes
     cudagraph_mode: Literal["FULL_AND_PIECEWISE", "PIECEWISE", "NONE"]
     gc_per_capture_size: bool  # gc.collect once per captured size (before vLLM PR #21146)
     p2p_check: bool  # custom all-reduce P2P access check on by default

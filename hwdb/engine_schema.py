@@ -9,7 +9,7 @@ from pydantic import Field
 
 from hwdb.schema import DATASHEET, Figure, HostCost, Latency, PerItemCost
 from simulator.bounds import Range, Tokens
-from simulator.inputs import StrictModel
+from simulator.strict_model import StrictModel
 
 # A release's memory terms: bytes kept back, and factors on the profiling run's tensors.
 MemoryBytes = Annotated[Figure, Range(0, 1e11, "bytes", fix=DATASHEET)]

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from simulator.bounds import Bytes, Fraction, LinkRate, NicRate, Price, Range, between, on_value, range_of
-from simulator.inputs import StrictModel
+from simulator.strict_model import StrictModel
 
 
 class Figure(StrictModel):

@@ -27,7 +27,7 @@ from pydantic import Field, model_validator
 
 from simulator.bounds import MAX_SECONDS, Delay, Duration, Range, Rate, RateOrZero, Share
 from simulator.errors import WorkloadError
-from simulator.inputs import StrictModel
+from simulator.strict_model import StrictModel
 from simulator.traces import read_trace
 
 

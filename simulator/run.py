@@ -18,7 +18,8 @@ from simulator.epd.epd import prepare as prepare_epd
 from simulator.epd.epd_flow import add_columns, encoder_summary
 from simulator.errors import WorkloadError
 from simulator.pd.pd import crossover_bandwidth
-from simulator.scenario import ResolvedPool, ResolvedScenario, Scenario, ScenarioError, resolve
+from simulator.resolved import ResolvedPool, ResolvedScenario, resolve
+from simulator.scenario import Scenario, ScenarioError
 from simulator.serving_summary import offered_load
 from simulator.traces import TraceError
 from simulator.workload import generate

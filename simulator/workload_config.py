@@ -14,8 +14,8 @@ from pydantic import Field, model_validator
 
 from simulator.bounds import MAX_REQUESTS, MAX_TOKENS, Delay, Duration, Range, Rate, Requests, Tokens
 from simulator.epd.epd_config import ImageWorkload
-from simulator.inputs import StrictModel
 from simulator.loadshape import ShapedArrivals
+from simulator.strict_model import StrictModel
 from simulator.traces import TraceFormat
 
 # Mean client-side delay before each closed-loop send (s): 0 as in vllm bench serve's asyncio loop; a

@@ -6,8 +6,8 @@ from __future__ import annotations
 from simulator.engine.opsrun import run_operations
 from simulator.engine.results import requests_frame
 from simulator.pd.pd import build_transfer_plan
+from simulator.resolved import resolve, rng_streams
 from simulator.run import pool_spec
-from simulator.scenario import resolve, rng_streams
 from simulator.workload import generate
 
 

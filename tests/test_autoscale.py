@@ -14,9 +14,10 @@ from simulator.engine.opsengine import pool_context
 from simulator.ops.autoscale import PoolContext, instance_capacity
 from simulator.ops.opsstart import StartTimes
 from simulator.ops.opsstart import start_times as _start_times
+from simulator.resolved import resolve
 from simulator.roles import ROLES
 from simulator.run import simulate
-from simulator.scenario import PoolConfig, ScenarioError, load_scenario, resolve
+from simulator.scenario import PoolConfig, ScenarioError, load_scenario
 from tests.conftest import REPO, pool, scenario
 from tests.test_invariants import util_for_kv_tokens
 

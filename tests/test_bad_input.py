@@ -19,8 +19,9 @@ import pytest
 import yaml
 
 import hwdb
+from simulator.resolved import resolve
 from simulator.run import simulate
-from simulator.scenario import ScenarioError, load_scenario, parse_scenario, resolve
+from simulator.scenario import ScenarioError, load_scenario, parse_scenario
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "llama8b_h100_chat.yaml"

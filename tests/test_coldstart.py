@@ -7,7 +7,8 @@ import pytest
 import hwdb
 from calibration.coldstart.fit import check_profiler_rows, fit_profiler_csvs
 from hwdb.coldstart import load_coldstart
-from simulator.ops.coldstart import PHASES, ColdStartError, breakdown, capture_sizes, compile_seconds, dynamo_seconds
+from simulator.ops.coldstart import PHASES, breakdown
+from simulator.ops.coldstart_formulas import ColdStartError, capture_sizes, compile_seconds, dynamo_seconds
 from simulator.scenario import PoolConfig, deployment_for
 
 

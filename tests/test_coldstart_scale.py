@@ -16,9 +16,11 @@ from calibration.coldstart.cases import case_breakdowns, cases_markdown, check_c
 from calibration.coldstart.holdout import derive_ranges, fed_ranges, held_out_checks, holdout_markdown
 from hwdb.coldstart import COLDSTART_DIR, load_coldstart
 from simulator.cli.ops import add_subparsers
-from simulator.ops.coldstart import LEVELS, Breakdown, ColdStartError, Phase, breakdown
+from simulator.ops.coldstart import LEVELS, Breakdown, Phase, breakdown
+from simulator.ops.coldstart_formulas import ColdStartError
 from simulator.ops.coldstart_scale import breakdown_range, recommend_high
-from simulator.ops.k8s import PodSpec, Probe, recommend_probes, simulate_pod
+from simulator.ops.k8s import recommend_probes, simulate_pod
+from simulator.ops.probe_spec import PodSpec, Probe
 from simulator.scenario import PoolConfig, deployment_for
 
 

@@ -16,8 +16,9 @@ from calibration.e2e.rows import Row, admission_anomaly, load_rows, why_not
 from simulator.cli import main as cli_main
 from simulator.confidence import BANDS, assess
 from simulator.plan import parse_plan_request, run_plan
+from simulator.resolved import resolve
 from simulator.run import simulate
-from simulator.scenario import ScenarioError, parse_scenario, resolve
+from simulator.scenario import ScenarioError, parse_scenario
 from simulator.stepmodel import regime
 from tests.conftest import SHARED
 

@@ -8,8 +8,9 @@ import importlib.util
 import pytest
 import yaml
 
+from simulator.resolved import resolve
 from simulator.run import simulate
-from simulator.scenario import ScenarioError, parse_scenario, resolve
+from simulator.scenario import ScenarioError, parse_scenario
 from tests.conftest import REPO
 
 

@@ -20,8 +20,9 @@ from simulator.epd.epd import embedding_path, encoder_model
 from simulator.epd.epd_config import EmbeddingTransferConfig, EncoderConfig
 from simulator.epd.vision import embedding_bytes, encoder_flops, patches, vision_arch, visual_tokens
 from simulator.goodput import percentile_slo_met
+from simulator.resolved import resolve
 from simulator.run import simulate
-from simulator.scenario import SLO, ScenarioError, load_scenario, parse_scenario, resolve
+from simulator.scenario import SLO, ScenarioError, load_scenario, parse_scenario
 from tests.conftest import REPO
 from tests.test_invariants import check_invariants
 

@@ -11,8 +11,9 @@ import pytest
 import hwdb
 from simulator.epd.epd import EPDError, embedding_path
 from simulator.epd.epd_config import EmbeddingTransferConfig
+from simulator.resolved import resolve
 from simulator.run import simulate
-from simulator.scenario import ScenarioError, resolve
+from simulator.scenario import ScenarioError
 from tests.test_epd import EPD, FOUR_1080P, mm, split_sums_to_ttft
 
 

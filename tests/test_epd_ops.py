@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 from simulator.engine.opsrun import run_operations
 from simulator.engine.results import requests_frame
 from simulator.epd.epd import prepare as prepare_epd
+from simulator.resolved import resolve
 from simulator.run import pool_spec, simulate
-from simulator.scenario import ScenarioError, resolve
+from simulator.scenario import ScenarioError
 from simulator.workload import generate
 from tests.test_epd import EPD, EPPD, FOUR_1080P, mm
 from tests.test_faults import check_fault_invariants

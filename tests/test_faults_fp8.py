@@ -10,8 +10,8 @@ import pytest
 import hwdb
 from simulator.ops.faults import FP8_NAME, fp8_defaults
 from simulator.ops.opsstart import start_times
+from simulator.resolved import resolve
 from simulator.run import simulate
-from simulator.scenario import resolve
 from tests.conftest import pool, scenario
 from tests.fault_runs import run_objects
 

@@ -24,10 +24,10 @@ PACKAGES = ("hwdb", "simulator", "calibration", "app")
 # `epdsim regress`, which runs simulate, plan, goodput and calibration's end-to-end validation.
 CLI = "simulator.cli"  # may import lazily (start-up time of `epdsim --help`)
 TOP = (CLI, "simulator.regress")
-# The input reader (size, encoding and alias limits, line-numbered errors; the strict pydantic base)
-# sits below every layer: the hardware database reads its files through it.  It imports no project
-# module (checked below).
-FOUNDATION = ("simulator.inputs", "simulator.bounds")
+# The input reader (size, encoding and alias limits, line-numbered errors), the strict pydantic base
+# and the declared ranges sit below every layer: the hardware database reads its files through them.
+# They import no project module (checked below).
+FOUNDATION = ("simulator.inputs", "simulator.strict_model", "simulator.bounds")
 LAYER = {p: i for i, p in enumerate((*PACKAGES, "top"))}
 
 

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from simulator.resolved import resolve
 from simulator.run import simulate
-from simulator.scenario import resolve
 from tests.conftest import pool, scenario
 
 

@@ -11,7 +11,8 @@ from rich.console import Console
 import hwdb
 from simulator.cli.ops import add_subparsers
 from simulator.ops.coldstart import Breakdown, Phase, breakdown
-from simulator.ops.k8s import PodSpec, Probe, ProbeError, recommend_probes, simulate_pod
+from simulator.ops.k8s import recommend_probes, simulate_pod
+from simulator.ops.probe_spec import PodSpec, Probe, ProbeError
 from simulator.scenario import PoolConfig, deployment_for
 
 HORIZON = 1800.0  # 30 minutes

@@ -11,8 +11,9 @@ import hwdb
 from simulator.pd.flows import FLOWS
 from simulator.pd.pd import build_transfer_plan, crossover_bandwidth
 from simulator.pd.pd_config import KVTransferConfig
+from simulator.resolved import resolve
 from simulator.run import simulate
-from simulator.scenario import ScenarioError, load_scenario, parse_scenario, resolve
+from simulator.scenario import ScenarioError, load_scenario, parse_scenario
 from tests.conftest import REPO
 from tests.test_invariants import check_invariants
 

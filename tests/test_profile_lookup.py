@@ -7,7 +7,8 @@ import yaml
 import hwdb
 from hwdb.profiles import version_matches
 from simulator.confidence import assess, describe
-from simulator.scenario import load_scenario, resolve
+from simulator.resolved import resolve
+from simulator.scenario import load_scenario
 from tests.conftest import REPO
 
 SHIPPED = "H100-SXM-80GB_vllm-0.24.0"

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from simulator.resolved import resolve
 from simulator.run import simulate
-from simulator.scenario import resolve
 from tests.conftest import pool, scenario
 
 PROMPT = 64

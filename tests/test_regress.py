@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from simulator.cli import main
 from simulator.regress import Tolerance, compare, load_suite, rows_frame, run_suite
-from simulator.scenario import parse_scenario, resolve
+from simulator.resolved import resolve
+from simulator.scenario import parse_scenario
 from tests.conftest import REPO
 
 PROFILE = REPO / "hwdb" / "data" / "profiles" / "H100-SXM-80GB_vllm-0.24.0.yaml"

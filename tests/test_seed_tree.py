@@ -1,4 +1,4 @@
-"""Every random draw comes from the scenario's seed tree (simulator.scenario.rng_streams)."""
+"""Every random draw comes from the scenario's seed tree (simulator.resolved.rng_streams)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from simulator.epd.epd_config import ImageWorkload
 from simulator.epd.multimodal import generate_images
 from simulator.plan import parse_plan_request
 from simulator.plan.candidates import _sample_stats
+from simulator.resolved import resolve, rng_streams
 from simulator.run import simulate
-from simulator.scenario import resolve, rng_streams
 from tests.conftest import scenario
 from tests.test_faults import PD_POOLS
 

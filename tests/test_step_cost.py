@@ -17,7 +17,7 @@ import random
 import pytest
 
 from hwdb.schema import EfficiencyCurve
-from simulator.scenario import resolve
+from simulator.resolved import resolve
 from simulator.step_closures import step_functions
 from simulator.stepmodel import StepModel
 from tests.conftest import pool, scenario

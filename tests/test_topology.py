@@ -9,8 +9,9 @@ import yaml
 
 import hwdb
 from simulator.pd.pd import build_transfer_plan
+from simulator.resolved import resolve
 from simulator.run import simulate
-from simulator.scenario import ScenarioError, parse_scenario, resolve
+from simulator.scenario import ScenarioError, parse_scenario
 from tests.test_pd import pd_scenario
 
 _WL = {

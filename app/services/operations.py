@@ -14,8 +14,10 @@ import pandas as pd
 import hwdb
 from app.services.scenarios import InputError
 from hwdb.coldstart import load_coldstart
-from simulator.ops.coldstart import PHASE_LABELS, ColdStartError, CompileCache, breakdown
-from simulator.ops.k8s import PodSpec, Probe, ProbeError, recommend_probes, simulate_pod
+from simulator.ops.coldstart import PHASE_LABELS, CompileCache, breakdown
+from simulator.ops.coldstart_formulas import ColdStartError
+from simulator.ops.k8s import recommend_probes, simulate_pod
+from simulator.ops.probe_spec import PodSpec, Probe, ProbeError
 from simulator.perf import FitError, plan_memory
 from simulator.plan.artefacts import vllm_args
 from simulator.scenario import PoolConfig, ScenarioError, deployment_for

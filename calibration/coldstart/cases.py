@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import hwdb
 from hwdb.coldstart import ColdStartDB, StartupCase, load_coldstart
-from simulator.ops.coldstart import PHASE_LABELS, PHASES, Breakdown, ColdStartError
+from simulator.ops.coldstart import PHASE_LABELS, PHASES, Breakdown
+from simulator.ops.coldstart_formulas import ColdStartError
 from simulator.ops.coldstart_scale import breakdown_range
 from simulator.scenario import PoolConfig, deployment_for
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from hwdb.coldstart import StartupCoefficients, load_coldstart
-from simulator.ops.coldstart import (
+from simulator.ops.coldstart_formulas import (
     capture_seconds,
     capture_sizes,
     compile_seconds,

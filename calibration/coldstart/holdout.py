@@ -25,7 +25,13 @@ from dataclasses import dataclass
 
 from calibration.coldstart.cases import CaseCheck, case_breakdowns, case_deployment, compared_seconds
 from hwdb.coldstart import ColdStartDB, ScaleRanges, StartupCase, load_coldstart
-from simulator.ops.coldstart import capture_seconds, capture_sizes, captured_graphs, compile_seconds, dynamo_seconds
+from simulator.ops.coldstart_formulas import (
+    capture_seconds,
+    capture_sizes,
+    captured_graphs,
+    compile_seconds,
+    dynamo_seconds,
+)
 
 GIB = 1024**3
 
@@ -232,7 +238,7 @@ def derive_ranges(
         pts((moe_dyn, f"{joined(qwen_dyn)}+{joined(llama_dyn)}")), bounds=[(1.0, "")], fallback=1.0
     )
 
-    # Inductor on a miss, against the piece formula at x1 (simulator.ops.coldstart.compile_seconds)
+    # Inductor on a miss, against the piece formula at x1 (simulator.ops.coldstart_formulas.compile_seconds)
     piece = {"llama70b": compile_seconds(coef, 80, "miss"), "qwen235b": compile_seconds(coef, 94, "miss", unique=95)}
     comp = {m: _group(runs, m, "compile_s") for m in _LAYERS}
     out["compile_miss_multiplier"] = _span(

@@ -26,8 +26,9 @@ from calibration.e2e.physics import beyond_hardware
 from calibration.e2e.rows import REQUESTS_PER_CLIENT, Row, admission_anomaly, to_scenario, why_not
 from calibration.e2e.spec import speculative
 from hwdb.schema import Figure
+from simulator.resolved import resolve
 from simulator.run import simulate
-from simulator.scenario import ScenarioError, parse_scenario, resolve
+from simulator.scenario import ScenarioError, parse_scenario
 
 # Model families whose rows may fit end-to-end terms: the dense Llama-3.1-70B (the only dense model
 # vLLM was measured on), one MoE family per engine (MiniMax-M2.5 for vLLM, DeepSeek for TensorRT-LLM

@@ -21,8 +21,10 @@ from hwdb.coldstart import load_coldstart
 from simulator.console import print_notes
 from simulator.errors import print_user_error
 from simulator.inputs import float_arg, int_arg
-from simulator.ops.coldstart import PHASE_LABELS, PHASES, Breakdown, ColdStartError, breakdown
-from simulator.ops.k8s import PodSpec, Probe, ProbeError, recommend_probes, simulate_pod
+from simulator.ops.coldstart import PHASE_LABELS, PHASES, Breakdown, breakdown
+from simulator.ops.coldstart_formulas import ColdStartError
+from simulator.ops.k8s import recommend_probes, simulate_pod
+from simulator.ops.probe_spec import PodSpec, Probe, ProbeError
 from simulator.perf import FitError, plan_memory
 from simulator.scenario import PoolConfig, ScenarioError, deployment_for
 

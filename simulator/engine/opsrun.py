@@ -8,9 +8,9 @@ from simulator.engine.opsengine import OpsRun, pool_context
 
 
 def run_operations(scn, reqs, front, back, plan, closed, rngs, spec_of, epd=None, step_log=True, watch=None):
-    """Returns ``(ops, PoolRun, recorder)``.  ``front``/``back``: :class:`simulator.scenario.ResolvedPool`
+    """Returns ``(ops, PoolRun, recorder)``.  ``front``/``back``: :class:`simulator.resolved.ResolvedPool`
     (``back`` None without PD), each with its start times; ``spec_of`` turns one into the engine's PoolSpec;
-    ``rngs``: the run's :func:`simulator.scenario.rng_streams`; ``epd``: the :class:`simulator.epd.epd.EPDSetup`
+    ``rngs``: the run's :func:`simulator.resolved.rng_streams`; ``epd``: the :class:`simulator.epd.epd.EPDSetup`
     of a multimodal run, or None; ``step_log`` False: the instances keep no step log (no step table will be
     built; kept all the same with operations); ``watch``: called with the recorder, returns its ``watch``
     callback or None (:class:`simulator.goodput.VerdictWatch`).

@@ -270,7 +270,7 @@ def draw_images(wl, n: int, rng) -> Images:
 def prepare(scn, db: hwdb.HardwareDB, model: hwdb.ModelEntry, pools: Sequence, reqs, rng):
     """Check a multimodal scenario and build its :class:`EPDSetup` (None for a text-only, encoder-less run).
 
-    ``pools``: the resolved language-model pools (:class:`simulator.scenario.ResolvedPool`).
+    ``pools``: the resolved language-model pools (:class:`simulator.resolved.ResolvedPool`).
     Returns ``(requests with visual tokens in their prompts, setup)``.  Raises :class:`EPDError`.
     """
     wl = scn.workload

@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from simulator.bounds import MAX_TOKENS, Bytes, Fraction, InstanceRate, Range
-from simulator.inputs import StrictModel
+from simulator.strict_model import StrictModel
 
 Images = Annotated[int, Range(0, 1024, "images per request", whole=True)]
 Weight = Annotated[float, Range(0, 1e6, lo_open=True, fix="give a positive relative weight")]

@@ -21,9 +21,9 @@ from typing import Annotated, Literal
 from pydantic import model_validator
 
 from simulator.bounds import BandwidthLeft, Duration, Fraction, Range
-from simulator.inputs import StrictModel
 from simulator.ops.autoscale import POLICIES
-from simulator.ops.k8s import Probe
+from simulator.ops.probe_spec import Probe
+from simulator.strict_model import StrictModel
 
 
 class ProbeConfig(StrictModel):

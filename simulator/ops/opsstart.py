@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import hwdb
 from hwdb.coldstart import load_coldstart
-from simulator.ops.coldstart import ColdStartError, CompileCache, breakdown
-from simulator.ops.k8s import PodSpec, ProbeError, recommend_probes, simulate_pod
+from simulator.ops.coldstart import CompileCache, breakdown
+from simulator.ops.coldstart_formulas import ColdStartError
+from simulator.ops.k8s import recommend_probes, simulate_pod
+from simulator.ops.probe_spec import PodSpec, ProbeError
 
 HORIZON_S = 3600.0
 

@@ -11,8 +11,8 @@ from typing import Annotated, Literal
 from pydantic import field_validator, model_validator
 
 from simulator.bounds import BandwidthLeft, InstanceRate, NicRate, Range
-from simulator.inputs import StrictModel
 from simulator.pd.flows import FLOWS
+from simulator.strict_model import StrictModel
 
 # An uplink's oversubscription (downlink over uplink capacity): 1 is non-blocking, real fabrics stay
 # below about 20:1, and a 64-port switch with a single uplink of its port speed reaches 63:1 at most;

@@ -32,7 +32,8 @@ from simulator.plan.manifests import (
 )
 from simulator.plan.readme import readme
 from simulator.plan.sglang import ROUTER_MODULE, SERVE_DTYPE, router_args, sglang_args, sglang_objects
-from simulator.scenario import deployment_for, resolve
+from simulator.resolved import resolve
+from simulator.scenario import deployment_for
 
 
 class _NoAliases(yaml.SafeDumper):

@@ -23,7 +23,8 @@ from simulator.epd.vision import VisionArch, VisionError, vision_arch
 from simulator.errors import WorkloadError
 from simulator.perf import Deployment, FitError, MemoryPlan, plan_memory
 from simulator.plan.request import PlanError, PlanRequest, resolve_hardware
-from simulator.scenario import PoolConfig, Scenario, ScenarioError, deployment_for, parse_scenario, rng_streams
+from simulator.resolved import rng_streams
+from simulator.scenario import PoolConfig, Scenario, ScenarioError, deployment_for, parse_scenario
 from simulator.step_build import build_step_model
 from simulator.stepmodel import StepModel
 from simulator.workload import generate

@@ -16,8 +16,9 @@ from pydantic import BeforeValidator, ValidationError, field_validator, model_va
 import hwdb
 from simulator.bounds import Range, Seed
 from simulator.errors import format_validation_error
-from simulator.inputs import Folders, StrictModel, read_yaml
+from simulator.inputs import read_yaml
 from simulator.scenario import SLO, EngineConfig, resolve_relative
+from simulator.strict_model import Folders, StrictModel
 from simulator.workload_config import Gamma, Poisson, TraceArrivals, WorkloadConfig
 
 

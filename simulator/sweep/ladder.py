@@ -19,8 +19,9 @@ import numpy as np
 import hwdb
 from simulator.errors import WorkloadError
 from simulator.ops.autoscale import PoolContext, instance_capacity
+from simulator.resolved import resolve
 from simulator.roles import ROLES
-from simulator.scenario import Scenario, ScenarioError, resolve
+from simulator.scenario import Scenario, ScenarioError
 from simulator.traces import TraceError
 from simulator.workload import generate
 

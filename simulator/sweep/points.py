@@ -2,7 +2,7 @@
 
 Everything here works on the scenario's data (the YAML shape, ``Scenario.model_dump(mode="json")``)
 and hands every varied copy to the one scenario validator (:func:`simulator.scenario.parse_scenario`)
-and to :func:`simulator.scenario.resolve` (does it fit the GPUs?), so a value a sweep sets is refused
+and to :func:`simulator.resolved.resolve` (does it fit the GPUs?), so a value a sweep sets is refused
 exactly as the same value written in the YAML, under the option that set it.
 
 A knob is a dotted path into that data: ``pools[0].tp``, ``pools[decode].instances`` (a pool by index
@@ -22,7 +22,8 @@ from typing import Any
 import yaml
 
 import hwdb
-from simulator.scenario import Scenario, ScenarioError, parse_scenario, resolve
+from simulator.resolved import resolve
+from simulator.scenario import Scenario, ScenarioError, parse_scenario
 
 MAX_POINTS = 64  # more points than this is a typo or a job for `epdsim plan`
 RATE = "rate"  # the knob name of a sweep over the offered request rate
