@@ -25,7 +25,6 @@ from simulator.inputs import read_yaml
 from simulator.plan import PlanError, PlanRequest, parse_plan_request
 from simulator.regress.suite_schema import E2EEntry, GoodputConfig, PlanEntry, ScenarioEntry, Suite, Tolerance
 from simulator.scenario import Scenario, ScenarioError, parse_scenario
-from simulator.strict_model import Folders, StrictModel
 
 
 class RegressError(ValueError):

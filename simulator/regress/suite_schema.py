@@ -11,8 +11,8 @@ from typing import Annotated, Literal
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
-from simulator.inputs import Folders, StrictModel
 from simulator.regress.figures import PLAN_FIGURES, SCENARIO_FIGURES
+from simulator.strict_model import Folders, StrictModel
 
 
 class Tolerance(StrictModel):
