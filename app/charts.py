@@ -1,6 +1,9 @@
 """Charts: pure functions from DataFrames to Plotly figures (no Streamlit, no simulation).
 
-Times are in seconds in the data and shown in milliseconds where that reads better.
+Here the charts of simulation results (one run's, by :func:`results_figures`, and comparisons of runs),
+the figure they all start from (:func:`base_figure`) and the export styling; the planner's, the
+cold-start model's and calibration's charts are :mod:`app.tool_charts`.  Times are in seconds in the data
+and shown in milliseconds where that reads better.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ EXPORT_TEMPLATE = dict(
 )
 
 
-def _fig(title: str, x: str, y: str) -> go.Figure:
+def base_figure(title: str, x: str, y: str) -> go.Figure:
+    """An empty figure with its title and axis titles, the app's margins and height, the legend below."""
     fig = go.Figure()
     # No named template: applying one costs ~30 ms per figure (validation of the whole template), a
     # third of the app's chart time; Streamlit styles figures with its own theme anyway.
@@ -59,7 +63,7 @@ def for_export(fig: go.Figure) -> go.Figure:
 def cdf_figure(cdfs: dict[str, pd.DataFrame], metric: str, slo_s: float | None = None) -> go.Figure:
     """CDF of one latency metric for one or more runs (``cdfs``: run name -> views.ecdf frame),
     with the SLO as a vertical line."""
-    fig = _fig(f"{LABELS.get(metric, metric)} CDF", f"{LABELS.get(metric, metric)} (ms)", "fraction ≤ x")
+    fig = base_figure(f"{LABELS.get(metric, metric)} CDF", f"{LABELS.get(metric, metric)} (ms)", "fraction ≤ x")
     for name, df in cdfs.items():
         fig.add_trace(go.Scatter(x=df["value"] * 1e3, y=df["fraction"], mode="lines", name=name, line_shape="hv"))
     if slo_s:
@@ -76,7 +80,7 @@ def cdf_figure(cdfs: dict[str, pd.DataFrame], metric: str, slo_s: float | None =
 
 def breakdown_figure(phases: dict[str, pd.DataFrame]) -> go.Figure:
     """Mean time per phase (stacked), one bar per run (``phases``: run name -> views.phase_frame)."""
-    fig = _fig("Latency breakdown per phase (mean of completed requests)", "run", "seconds")
+    fig = base_figure("Latency breakdown per phase (mean of completed requests)", "run", "seconds")
     order = []
     for df in phases.values():
         order += [p for p in df["phase"] if p not in order]
@@ -90,7 +94,7 @@ def breakdown_figure(phases: dict[str, pd.DataFrame]) -> go.Figure:
 
 def timeseries_figure(series: pd.DataFrame, column: str, title: str, y_title: str) -> go.Figure:
     """One line per pool over time from :func:`app.services.views.step_series`."""
-    fig = _fig(title, "time (s)", y_title)
+    fig = base_figure(title, "time (s)", y_title)
     for pool, g in series.groupby("pool", sort=True):
         fig.add_trace(go.Scatter(x=g["t_s"], y=g[column], mode="lines", name=str(pool)))
     return fig
@@ -99,7 +103,7 @@ def timeseries_figure(series: pd.DataFrame, column: str, title: str, y_title: st
 def link_figure(links: pd.DataFrame | None, bins: int = 200) -> go.Figure:
     """Utilisation of each fabric link over time: the time-weighted mean per bin (:func:`views.link_series`),
     not one point per transfer start and end (thousands of them drew a solid block)."""
-    fig = _fig("Link utilisation (mean per time bin)", "time (s)", "utilisation")
+    fig = base_figure("Link utilisation (mean per time bin)", "time (s)", "utilisation")
     series = views.link_series(links, bins)
     if not series.empty:
         for name, g in series.groupby("link", sort=True):
@@ -119,7 +123,7 @@ def link_figure(links: pd.DataFrame | None, bins: int = 200) -> go.Figure:
 
 def throughput_figure(req: pd.DataFrame) -> go.Figure:
     """Completed requests per second over time (by finish time), output tokens per second on a second axis."""
-    fig = _fig("Throughput over time", "time (s)", "completed requests/s")
+    fig = base_figure("Throughput over time", "time (s)", "completed requests/s")
     ts = views.throughput_series(req)
     fig.add_trace(go.Scatter(x=ts["t_s"], y=ts["requests_per_s"], mode="lines", name="requests/s"))
     fig.add_trace(
@@ -150,7 +154,7 @@ def log_axes(fig: go.Figure, x: bool = False, y: bool = False) -> go.Figure:
 
 def scatter_figure(req: pd.DataFrame, slo_s: float | None = None, max_points: int = 4000) -> go.Figure:
     """Prompt length vs TTFT per request (a deterministic sample beyond ``max_points``)."""
-    fig = _fig("Prompt length vs TTFT", "prompt tokens", "TTFT (ms)")
+    fig = base_figure("Prompt length vs TTFT", "prompt tokens", "TTFT (ms)")
     d = req[req["outcome"] == "completed"] if "outcome" in req else req
     if len(d) > max_points:
         d = d.iloc[:: max(1, len(d) // max_points)]
@@ -172,151 +176,17 @@ def scatter_figure(req: pd.DataFrame, slo_s: float | None = None, max_points: in
 def compare_figure(metrics: pd.DataFrame, rows: list[str], log_y: bool = False) -> go.Figure:
     """Grouped bars of selected metric rows of :func:`app.services.compare.metrics_frame`."""
     names = [c for c in metrics.columns if c not in ("best", "better")]
-    fig = _fig("Compared metrics", "metric", "value" + (" (log scale)" if log_y else ""))
+    fig = base_figure("Compared metrics", "metric", "value" + (" (log scale)" if log_y else ""))
     for n in names:
         fig.add_trace(go.Bar(x=rows, y=[metrics.loc[r, n] for r in rows], name=n))
     fig.update_layout(barmode="group", showlegend=True)
     return log_axes(fig, y=log_y)
 
 
-AXIS_TITLES = {
-    "cost_usd_per_hour": "cost ($/h)",
-    "goodput_rps": "goodput (req/s meeting the SLO)",
-    "cost_usd_per_million_tokens": "cost ($ per M output tokens)",
-    "gpus": "GPUs",
-    "ttft_s": "TTFT (s)",
-    "tpot_s": "TPOT (s)",
-}
-
-
-def pareto_figure(
-    candidates: pd.DataFrame,
-    pareto: pd.DataFrame,
-    x: str,
-    y: str,
-    recommended: dict | None = None,
-    label: str | None = None,
-    target_rate: float | None = None,
-) -> go.Figure:
-    """Cost vs goodput of every candidate, the Pareto front as a line, the recommendation marked, and the
-    target rate as a horizontal line when the y axis is the goodput."""
-    fig = _fig("Cost vs goodput", AXIS_TITLES.get(x, x), AXIS_TITLES.get(y, y))
-    text = candidates[label].astype(str) if label and label in candidates else None
-    # A hover text column (e.g. the latencies with their model error band) replaces the label's hover.
-    tip = dict(hovertemplate="%{text}<extra></extra>") if label and label.startswith("hover") else {}
-    fig.add_trace(
-        go.Scatter(
-            x=candidates[x],
-            y=candidates[y],
-            mode="markers",
-            name="candidates",
-            text=text,
-            marker=dict(size=7, color="lightgray", line=dict(width=1, color="gray")),
-            **tip,
-        )
-    )
-    p = pareto.sort_values(x)
-    fig.add_trace(
-        go.Scatter(
-            x=p[x],
-            y=p[y],
-            mode="lines+markers",
-            name="Pareto front",
-            text=p[label].astype(str) if label and label in p else None,
-            **tip,
-        )
-    )
-    if recommended and x in recommended and y in recommended:
-        fig.add_trace(
-            go.Scatter(
-                x=[recommended[x]],
-                y=[recommended[y]],
-                mode="markers",
-                name="recommended",
-                marker=dict(size=16, symbol="star", color="crimson"),
-            )
-        )
-    if target_rate and y == "goodput_rps":
-        fig.add_hline(
-            y=target_rate,
-            line_dash="dash",
-            line_color="crimson",
-            annotation_text=f"target {target_rate:g} req/s",
-            annotation_position="bottom right",
-        )
-    fig.update_layout(showlegend=True)
-    return fig
-
-
-def coldstart_figure(phases: pd.DataFrame, title: str = "Cold start") -> go.Figure:
-    """Horizontal stacked bar of start-up phases (columns: case, label, seconds), one bar per case."""
-    fig = _fig(title, "seconds", "")
-    cases = list(dict.fromkeys(phases["case"]))
-    for label in dict.fromkeys(phases["label"]):
-        xs = [float(phases[(phases["label"] == label) & (phases["case"] == c)]["seconds"].sum()) for c in cases]
-        fig.add_trace(go.Bar(y=cases, x=xs, name=label, orientation="h"))
-    # the legend goes above the plot: below it, it covered the x-axis title
-    fig.update_layout(
-        barmode="stack",
-        height=300,
-        showlegend=True,
-        legend=dict(orientation="h", x=0, y=1.02, yanchor="bottom"),
-        margin=dict(l=50, r=20, t=80, b=45),
-    )
-    return fig
-
-
-def attempts_figure(attempts: pd.DataFrame, horizon_s: float) -> go.Figure:
-    """A pod's container attempts as bars on a time line, coloured by outcome."""
-    fig = _fig("Container attempts", "seconds since pod creation", "attempt")
-    colours = {"serving": "seagreen", "killed": "crimson", "running": "gray"}
-    for outcome, g in attempts.groupby("outcome", sort=False):
-        fig.add_trace(
-            go.Bar(
-                y=g["attempt"].astype(str),
-                x=g["end_s"] - g["start_s"],
-                base=g["start_s"],
-                orientation="h",
-                name=str(outcome),
-                marker_color=colours.get(str(outcome), "steelblue"),
-            )
-        )
-    fig.update_xaxes(range=[0, horizon_s])
-    # one outcome only would hide Plotly's legend: keep it, it says what the colour means
-    fig.update_layout(
-        height=300,
-        showlegend=True,
-        legend=dict(orientation="h", x=0, y=1.02, yanchor="bottom", title_text="outcome"),
-        margin=dict(l=50, r=20, t=80, b=45),
-    )
-    return fig
-
-
-def predicted_vs_measured_figure(df: pd.DataFrame, metric: str) -> go.Figure:
-    """Measured and predicted values per request (columns: phase, measured, predicted) with y = x."""
-    fig = _fig(f"{metric}: predicted vs measured", "measured (ms)", "predicted (ms)")
-    for ph, g in df.groupby("phase", sort=False):
-        fig.add_trace(
-            go.Scatter(
-                x=g["measured"] * 1e3,
-                y=g["predicted"] * 1e3,
-                mode="markers",
-                name=str(ph),
-                marker=dict(size=5, opacity=0.6),
-            )
-        )
-    if len(df):
-        hi = float(max(df["measured"].max(), df["predicted"].max())) * 1e3
-        fig.add_trace(
-            go.Scatter(x=[0, hi], y=[0, hi], mode="lines", name="y = x", line=dict(dash="dash", color="gray"))
-        )
-    return fig
-
-
 def instances_figure(series: pd.DataFrame, events: pd.DataFrame) -> go.Figure:
     """Instances over time per pool (:func:`opsviews.instances_series`): serving as a solid step line,
     billed (starting included) dashed; scale-ups, scale-downs and crashes as markers on the time axis."""
-    fig = _fig("Instances over time", "time (s)", "instances")
+    fig = base_figure("Instances over time", "time (s)", "instances")
     for i, (pool, g) in enumerate(series.groupby("pool", sort=False)):
         colour = PALETTE[(2 * i) % len(PALETTE)]
         fig.add_trace(
@@ -366,7 +236,7 @@ def instances_figure(series: pd.DataFrame, events: pd.DataFrame) -> go.Figure:
 
 def failures_figure(fails: pd.DataFrame) -> go.Figure:
     """Failed, retried and rejected requests per arrival time bin (:func:`opsviews.failures_series`)."""
-    fig = _fig("Failed and retried requests (by arrival time)", "arrival time (s)", "requests")
+    fig = base_figure("Failed and retried requests (by arrival time)", "arrival time (s)", "requests")
     for col, colour in (("failed", "#ff2b2b"), ("retried", "#ff8700"), ("rejected", "#6d3fc0")):
         fig.add_trace(go.Bar(x=fails["t_s"], y=fails[col], name=col, marker_color=colour))
     fig.update_yaxes(rangemode="nonnegative")
@@ -376,7 +246,7 @@ def failures_figure(fails: pd.DataFrame) -> go.Figure:
 
 def cost_figure(cost: pd.DataFrame) -> go.Figure:
     """Cumulative cost over the run (:func:`opsviews.cost_series`) with the billed GPUs on a second axis."""
-    fig = _fig("Cost with scaling", "time (s)", "cumulative cost ($)")
+    fig = base_figure("Cost with scaling", "time (s)", "cumulative cost ($)")
     fig.add_trace(go.Scatter(x=cost["t_s"], y=cost["cost_usd"], mode="lines", name="cost so far ($)"))
     fig.add_trace(
         go.Scatter(

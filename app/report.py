@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 import yaml
 
-from app import charts
+from app import charts, tool_charts
 from app.services import compare, views
 from app.services.calibration import checks_frame, series_frame
 from app.services.costs import cost_text
@@ -197,7 +197,7 @@ def plan_html(result, plotly: str = "inline") -> str:
         if rec
         else "<p><b>No candidate meets the SLO.</b> " + html.escape(" ".join(result.notes)) + "</p>"
     )
-    fig = charts.pareto_figure(
+    fig = tool_charts.pareto_figure(
         result.candidates,
         result.pareto,
         "cost_usd_per_hour",
@@ -246,7 +246,7 @@ def validation_html(data: dict, plotly: str = "inline") -> str:
     """A calibration validation (``validation.json`` of ``epdsim calibrate validate``) with the app's
     predicted-vs-measured charts."""
     checks = checks_frame(data)
-    figs = [charts.predicted_vs_measured_figure(series_frame(data, m), m.upper()) for m in ("ttft", "tpot", "e2e")]
+    figs = [tool_charts.predicted_vs_measured_figure(series_frame(data, m), m.upper()) for m in ("ttft", "tpot", "e2e")]
     passed = data["checks"] - data["failed"]
     body = [
         f"<h1>Validation of {html.escape(str(data['profile']['name']))}</h1>",

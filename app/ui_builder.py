@@ -11,17 +11,14 @@ import streamlit as st
 
 from app import ui
 from app.services import builder, glossary, scenarios, share
-
-
-def _k(name: str) -> str:
-    return f"{name}-{ui.gen()}"
+from app.ui_pools import pools, widget_key
 
 
 def _upload_scenario() -> None:
     ups = st.file_uploader(
         "Load scenario YAML (with the traces, length files or config.json it names)",
         type=["yaml", "yml", "csv", "jsonl", "json"],
-        key=_k("upload-yaml"),
+        key=widget_key("upload-yaml"),
         accept_multiple_files=True,
         help=f"at most {scenarios.MAX_UPLOAD_BYTES // 2**20} MiB each; the scenario may name "
         f"only files uploaded with it (by file name) or the shipped examples",
@@ -60,7 +57,7 @@ def _examples() -> None:
         index=None,
         format_func=lambda k: scenarios.EXAMPLES[k],
         placeholder="choose a shipped example…",
-        key=_k("example"),
+        key=widget_key("example"),
         help="replaces the scenario being edited (save it first to keep it)",
     )
     if pick is not None:
@@ -72,8 +69,8 @@ def _model(d: dict, opts: builder.Options) -> dict:
     models = list(opts.models)
     cur = d.get("model")
     choices = models + ([cur] if cur not in models else [])
-    model = st.selectbox("Model", choices, index=choices.index(cur), key=_k("model"))
-    up = st.file_uploader("…or upload a Hugging Face config.json", type=["json"], key=_k("upload-config"))
+    model = st.selectbox("Model", choices, index=choices.index(cur), key=widget_key("model"))
+    up = st.file_uploader("…or upload a Hugging Face config.json", type=["json"], key=widget_key("upload-config"))
     if up is not None:
         try:
             model = scenarios.model_from_config_upload(up.name, up.getvalue(), folder=ui.upload_dir())
@@ -81,145 +78,6 @@ def _model(d: dict, opts: builder.Options) -> dict:
         except Exception as exc:  # noqa: BLE001 - every upload error inline, never a traceback on the page
             ui.show_error(exc)
     return {**d, "model": model}
-
-
-def _pools(d: dict, opts: builder.Options) -> dict:
-    mode = st.radio(
-        "Deployment",
-        builder.LAYOUTS,
-        index=builder.LAYOUTS.index(builder.layout(d)),
-        format_func=builder.LAYOUT_LABELS.get,
-        key=_k("layout"),
-        help=glossary.help_for("colocated", "PD", "E+PD", "E+P+D"),
-    )
-    d = builder.with_layout(d, mode)
-    for i, pool in enumerate(d["pools"]):
-        st.markdown(f"**{pool.get('role', 'colocated')} pool**")
-        gpus = list(opts.gpus)
-        g = builder.canonical_gpu(pool["gpu"], ui.db(d))
-        gi = gpus.index(g) if g in gpus else 0
-        gpu = st.selectbox("GPU", gpus, index=gi, key=_k(f"gpu-{i}-{mode}"))
-        c2, c3 = st.columns(2)
-        tp = c2.selectbox(
-            "TP",
-            [1, 2, 4, 8],
-            index=[1, 2, 4, 8].index(pool.get("tp", 1)) if pool.get("tp", 1) in (1, 2, 4, 8) else 0,
-            key=_k(f"tp-{i}-{mode}"),
-        )
-        n = c3.number_input("instances", 1, 512, int(pool.get("instances", 1)), key=_k(f"inst-{i}-{mode}"))
-        c4, c5 = st.columns(2)
-        cur = pool.get("dtype", "bf16")
-        dtypes = list(builder.DTYPES) + ([cur] if cur not in builder.DTYPES else [])
-        dtype = c4.selectbox(
-            "weights",
-            dtypes,
-            index=dtypes.index(cur),
-            key=_k(f"dtype-{i}-{mode}"),
-            help=glossary.help_for("weights (dtype)"),
-        )
-        pp = c5.selectbox(
-            "PP",
-            [1, 2, 4, 8],
-            index=[1, 2, 4, 8].index(pool.get("pp", 1)) if pool.get("pp", 1) in (1, 2, 4, 8) else 0,
-            key=_k(f"pp-{i}-{mode}"),
-            help=glossary.help_for("TP / PP"),
-        )
-        c6, c7 = st.columns(2)
-        dp = c6.selectbox(
-            "attention DP",
-            [1, 2, 4, 8],
-            index=[1, 2, 4, 8].index(pool.get("dp", 1)) if pool.get("dp", 1) in (1, 2, 4, 8) else 0,
-            key=_k(f"dp-{i}-{mode}"),
-            help=glossary.help_for("DP / EP"),
-        )
-        eps = sorted({1, int(tp) * int(dp), int(pool.get("ep", 1))})
-        ep = c7.selectbox(
-            "EP (experts over GPUs)",
-            eps,
-            index=eps.index(int(pool.get("ep", 1))),
-            key=_k(f"ep-{i}-{mode}-{tp}-{dp}"),
-            help=glossary.help_for("DP / EP"),
-        )
-        d = builder.set_pool(d, i, dtype=dtype, pp=int(pp), dp=int(dp), ep=int(ep))
-        if pool.get("role") == "encoder":
-            d = builder.set_pool(d, i, gpu=gpu, tp=int(tp), instances=int(n))
-            continue
-        kvs = list(builder.KV_DTYPES)
-        kvd = st.selectbox(
-            "KV cache",
-            kvs,
-            index=kvs.index(pool.get("kv_cache_dtype", "auto")),
-            key=_k(f"kv-dtype-{i}-{mode}"),
-            help=glossary.help_for("KV cache dtype"),
-        )
-        d = builder.set_pool(d, i, kv_cache_dtype=kvd)
-        eng = pool.get("engine") or {}
-        with st.expander("engine arguments"):
-            cur = eng.get("engine", "vllm-v1")
-            engines = list(opts.engines) + ([cur] if cur not in opts.engines else [])  # shown by validation
-            e = st.selectbox("engine", engines, index=engines.index(cur), key=_k(f"engine-{i}-{mode}"))
-            seqs = st.number_input(
-                "max_num_seqs (0 = vLLM default)",
-                0,
-                4096,
-                int(eng.get("max_num_seqs") or 0),
-                key=_k(f"seqs-{i}-{mode}"),
-            )
-            toks = st.number_input(
-                "max_num_batched_tokens (0 = default)",
-                0,
-                262144,
-                int(eng.get("max_num_batched_tokens") or 0),
-                key=_k(f"toks-{i}-{mode}"),
-            )
-            util = st.slider(
-                "gpu_memory_utilization",
-                0.5,
-                0.98,
-                float(eng.get("gpu_memory_utilization", 0.9)),
-                0.01,
-                key=_k(f"util-{i}-{mode}"),
-            )
-        d = builder.set_pool(
-            d,
-            i,
-            gpu=gpu,
-            tp=int(tp),
-            instances=int(n),
-            engine=e,
-            max_num_seqs=seqs or None,
-            max_num_batched_tokens=toks or None,
-            gpu_memory_utilization=None if abs(util - 0.9) < 1e-9 else float(util),
-        )
-    if mode.startswith("e+"):
-        et = d.get("embedding_transfer") or {}
-        fabrics = ["(encoder GPU's NIC)", *opts.fabrics]
-        fab = st.selectbox(
-            "embedding transfer fabric",
-            fabrics,
-            index=fabrics.index(et["fabric"]) if et.get("fabric") in fabrics else 0,
-            key=_k("emb-fabric"),
-        )
-        d = builder.set_embedding_transfer(d, fabric=None if fab.startswith("(") else fab)
-    if mode in ("pd", "e+p+d"):
-        kv = d.get("kv_transfer") or {}
-        c1, c2 = st.columns(2)
-        conns = list(opts.connectors)
-        conn = c1.selectbox(
-            "KV connector",
-            conns,
-            index=conns.index(kv.get("connector", "nixl")) if kv.get("connector", "nixl") in conns else 0,
-            key=_k("connector"),
-        )
-        fabrics = ["(GPU's default NIC)", *opts.fabrics]
-        fab = c2.selectbox(
-            "fabric", fabrics, index=fabrics.index(kv["fabric"]) if kv.get("fabric") in fabrics else 0, key=_k("fabric")
-        )
-        same = st.checkbox(
-            "prefill and decode on the same node (NVLink)", bool(kv.get("same_node", False)), key=_k("same-node")
-        )
-        d = builder.set_kv_transfer(d, connector=conn, fabric=None if fab.startswith("(") else fab, same_node=same)
-    return d
 
 
 def _images(d: dict, db) -> dict:
@@ -232,12 +90,12 @@ def _images(d: dict, db) -> dict:
     sizes = ["1920x1080", "1280x720", "1024x1024", "640x480", "448x448"]
     cur = f"{w}x{h}"
     c1, c2 = st.columns(2)
-    n = c1.number_input("images per request", 0, 64, n, key=_k("images"))
+    n = c1.number_input("images per request", 0, 64, n, key=widget_key("images"))
     res = c2.selectbox(
         "image size",
         sizes + ([cur] if cur not in sizes else []),
         index=(sizes + [cur]).index(cur),
-        key=_k("image-size"),
+        key=widget_key("image-size"),
     )
     w, h = (int(x) for x in res.split("x"))
     return builder.set_images(d, int(n), w, h)
@@ -261,7 +119,7 @@ def _trace_upload(d: dict) -> dict:
     up = st.file_uploader(
         "Replay a trace (Azure CSV, Mooncake JSONL, plain CSV/JSONL)",
         type=["csv", "jsonl", "json"],
-        key=_k("upload-trace"),
+        key=widget_key("upload-trace"),
     )
     held = st.session_state.get(TRACE_STATE)
     in_use = held is not None and _trace_path(d) == held[0]  # not when a loaded YAML replaced it since
@@ -272,14 +130,14 @@ def _trace_upload(d: dict) -> dict:
         if not in_use:
             return d
         for name in WORKLOAD_WIDGETS:  # they re-read the restored workload instead of keeping the trace's
-            st.session_state.pop(_k(name), None)
+            st.session_state.pop(widget_key(name), None)
         return {**d, "workload": held[1]}
     try:
         path = scenarios.save_upload("traces", up.name, up.getvalue(), folder=ui.upload_dir())
     except Exception as exc:  # noqa: BLE001 - every upload error inline, never a traceback on the page
         ui.show_error(exc)
         return d
-    lim = st.number_input("replay at most N requests", 10, 200000, 2000, key=_k("trace-limit"))
+    lim = st.number_input("replay at most N requests", 10, 200000, 2000, key=widget_key("trace-limit"))
     st.session_state[TRACE_STATE] = (str(path), held[1] if held is not None and in_use else d.get("workload"))
     return {**d, "workload": scenarios.trace_workload(path, None, int(lim))}
 
@@ -293,7 +151,7 @@ def _workload(d: dict) -> dict:
             builder.ARRIVALS,
             index=builder.ARRIVALS.index(kind),
             format_func=lambda k: builder.ARRIVAL_LABELS[k],
-            key=_k("arrival"),
+            key=widget_key("arrival"),
             help=glossary.help_for("arrival process"),
         )
         if new is not None and new != kind:  # never None: the box has an index
@@ -305,8 +163,10 @@ def _workload(d: dict) -> dict:
     c1, c2 = st.columns(2)
     if kind == "closed":
         a = builder.arrival(d)
-        users = c1.number_input("users", 1, 100_000, int(a.get("concurrency", 16)), key=_k("users"))
-        think = c2.number_input("think time (s)", 0.0, 3600.0, float(a.get("think_time_s", 0.0)), key=_k("think"))
+        users = c1.number_input("users", 1, 100_000, int(a.get("concurrency", 16)), key=widget_key("users"))
+        think = c2.number_input(
+            "think time (s)", 0.0, 3600.0, float(a.get("think_time_s", 0.0)), key=widget_key("think")
+        )
         d = builder.set_arrival(d, "closed", concurrency=int(users), think_time_s=float(think))
         c1, c2 = st.columns(2)
     if kind == "gamma":
@@ -316,7 +176,7 @@ def _workload(d: dict) -> dict:
             20.0,
             float(builder.arrival(d).get("cv", 2.0)),
             0.1,
-            key=_k("cv"),
+            key=widget_key("cv"),
             help="coefficient of variation of the gaps: 1 = Poisson, above 1 = burstier",
         )
         d = builder.set_arrival(d, "gamma", cv=float(cv))
@@ -327,28 +187,34 @@ def _workload(d: dict) -> dict:
             0.0 if kind == "trace" else 0.01,
             10000.0,
             float(rate or 0.0),
-            key=_k("rate"),
+            key=widget_key("rate"),
             help="for a trace: 0 keeps its own timing, otherwise rescaled to this rate",
         )
         if kind != "trace" or r > 0:
             d = builder.set_workload(d, rate=r)
     if w.get("num_requests") is not None:
-        n = c2.number_input("requests", 10, 1_000_000, int(w["num_requests"]), key=_k("nreq"))
+        n = c2.number_input("requests", 10, 1_000_000, int(w["num_requests"]), key=widget_key("nreq"))
         d = builder.set_workload(d, num_requests=n)
     if inp is not None and out is not None:
         c1, c2 = st.columns(2)
-        i = c1.number_input("mean prompt tokens", 1, 1_000_000, int(inp), key=_k("inp"))
-        o = c2.number_input("mean output tokens", 1, 100_000, int(out), key=_k("out"))
+        i = c1.number_input("mean prompt tokens", 1, 1_000_000, int(inp), key=widget_key("inp"))
+        o = c2.number_input("mean output tokens", 1, 100_000, int(out), key=widget_key("out"))
         d = builder.set_workload(d, input_mean=i, output_mean=o)
-    seed = st.number_input("seed", 0, 2**31 - 1, int(d.get("seed", 0)), key=_k("seed"), help=glossary.help_for("seed"))
+    seed = st.number_input(
+        "seed", 0, 2**31 - 1, int(d.get("seed", 0)), key=widget_key("seed"), help=glossary.help_for("seed")
+    )
     return builder.set_seed(d, int(seed)) if int(seed) != int(d.get("seed", 0)) else d
 
 
 def _slo(d: dict) -> dict:
     slo = d.get("slo") or {}
     c1, c2 = st.columns(2)
-    t = c1.number_input("TTFT SLO (ms, 0 = none)", 0.0, 600000.0, float((slo.get("ttft_s") or 0) * 1e3), key=_k("ttft"))
-    p = c2.number_input("TPOT SLO (ms, 0 = none)", 0.0, 60000.0, float((slo.get("tpot_s") or 0) * 1e3), key=_k("tpot"))
+    t = c1.number_input(
+        "TTFT SLO (ms, 0 = none)", 0.0, 600000.0, float((slo.get("ttft_s") or 0) * 1e3), key=widget_key("ttft")
+    )
+    p = c2.number_input(
+        "TPOT SLO (ms, 0 = none)", 0.0, 60000.0, float((slo.get("tpot_s") or 0) * 1e3), key=widget_key("tpot")
+    )
     return builder.set_slo(d, t / 1e3 or None, p / 1e3 or None)
 
 
@@ -360,7 +226,7 @@ def _prices(d: dict) -> scenarios.Prices:
             listp = db.gpu(g).price_usd_per_hour.value
         except Exception:  # noqa: BLE001 - shown by validation instead
             continue
-        v = st.number_input(f"{g} $/GPU-hour", 0.0, 1000.0, float(listp), 0.05, key=_k(f"price-{g}"))
+        v = st.number_input(f"{g} $/GPU-hour", 0.0, 1000.0, float(listp), 0.05, key=widget_key(f"price-{g}"))
         if abs(v - listp) > 1e-9:
             out.append((g, float(v)))
     return scenarios.Prices(tuple(out))
@@ -389,7 +255,7 @@ def _label(d: dict) -> dict:
         "description": (base["description"] if same and base["description"] is not None else auto_desc),
     }
     custom = st.session_state.setdefault(ui.LABEL_CUSTOM, {})
-    keys = {"name": _k("scn-name"), "description": _k("scn-desc")}
+    keys = {"name": widget_key("scn-name"), "description": widget_key("scn-desc")}
     for field, key in keys.items():
         if field not in custom:
             st.session_state[key] = label[field]
@@ -428,7 +294,7 @@ def sidebar() -> tuple[dict, scenarios.Prices]:
         opts = builder.options(db)
         d = _model(d, opts)
         st.subheader("Pools")
-        d = _pools(d, opts)
+        d = pools(d, opts)
         st.subheader("Workload")
         d = _workload(d)
         d = _images(d, db)

@@ -15,7 +15,7 @@ import plotly.io as pio
 import pytest
 import yaml
 
-from app import charts, report
+from app import charts, report, tool_charts
 from app.services import builder, compare, scenarios, views
 from simulator.plan import run_plan
 from simulator.plan.bands import verdict
@@ -175,7 +175,7 @@ def test_log_axes_pareto_titles_target_line_and_legends(res):
     cand = pd.DataFrame(
         {"cost_usd_per_hour": [4.0, 8.0, 12.0], "goodput_rps": [5.0, 11.0, 18.0], "layout": ["a", "b", "c"]}
     )
-    fig = charts.pareto_figure(
+    fig = tool_charts.pareto_figure(
         cand,
         cand,
         "cost_usd_per_hour",
@@ -187,10 +187,10 @@ def test_log_axes_pareto_titles_target_line_and_legends(res):
     assert fig.layout.xaxis.title.text == "cost ($/h)" and fig.layout.yaxis.title.text.startswith("goodput (req/s")
     assert [sh.y0 for sh in fig.layout.shapes] == [10.0] and fig.layout.showlegend
     phases = pd.DataFrame({"case": ["cold"] * 2, "label": ["pull", "load"], "seconds": [10.0, 20.0]})
-    cs = charts.coldstart_figure(phases)
+    cs = tool_charts.coldstart_figure(phases)
     assert cs.layout.legend.y >= 1 and cs.layout.showlegend  # above the plot, clear of the axis title
     att = pd.DataFrame({"attempt": [1], "start_s": [0.0], "end_s": [30.0], "outcome": ["serving"]})
-    assert charts.attempts_figure(att, 60).layout.showlegend  # one outcome still says what its colour is
+    assert tool_charts.attempts_figure(att, 60).layout.showlegend  # one outcome still says what its colour is
 
 
 def test_reports_say_how_sure_each_pool_is(res):

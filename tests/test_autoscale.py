@@ -1,5 +1,5 @@
-"""Autoscaling (simulator/ops/autoscale.py, simulator/engine/opsengine.py): a step in load, start delays, drains,
-GPU-hours."""
+"""Autoscaling (simulator/ops/autoscale.py, simulator/engine/opsengine.py, opsobserve.py): a step in load, start
+delays, drains, GPU-hours."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from simulator.cli import main
-from simulator.engine.opsengine import pool_context
+from simulator.engine.opsobserve import pool_context
 from simulator.ops.autoscale import PoolContext, instance_capacity
 from simulator.ops.opsstart import StartTimes
 from simulator.ops.opsstart import start_times as _start_times

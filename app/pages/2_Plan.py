@@ -7,7 +7,7 @@ import json
 
 import streamlit as st
 
-from app import charts, report, ui
+from app import report, tool_charts, ui
 from app.services import builder, glossary, planbands, planning, scenarios
 
 st.set_page_config(page_title="epdsim: plan", layout="wide")
@@ -118,7 +118,7 @@ for frame in (c, pareto):
         for r in frame.to_dict("records")
     ]
 st.plotly_chart(
-    charts.pareto_figure(
+    tool_charts.pareto_figure(
         c, pareto, "cost_usd_per_hour", "goodput_rps", rec, label="hover", target_rate=res.request.target_rate
     ),
     key="pareto",

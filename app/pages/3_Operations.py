@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import charts, ui
+from app import tool_charts, ui
 from app.services import builder, operations, scenarios
 
 st.set_page_config(page_title="epdsim: operations", layout="wide")
@@ -73,7 +73,7 @@ m1.metric("start to API ready", f"{cs['total_s']:,.0f} s")
 m2.metric("from container start", f"{cs['container_s']:,.0f} s")
 m3.metric("with a warm compile cache", f"{cs['warm_total_s']:,.0f} s")
 st.caption(cs["description"])
-st.plotly_chart(charts.coldstart_figure(cs["phases"]), key="coldstart")
+st.plotly_chart(tool_charts.coldstart_figure(cs["phases"]), key="coldstart")
 st.code(serve, language="bash")
 st.dataframe(cs["phases"][["case", "label", "seconds", "detail"]], hide_index=True, key="phases")
 for n in cs["notes"]:
@@ -112,6 +112,6 @@ else:
     st.success(pr["summary"])
 for w in pr["warnings"]:
     st.warning(w)
-st.plotly_chart(charts.attempts_figure(pr["attempts"], pr["horizon_s"]), key="attempts")
+st.plotly_chart(tool_charts.attempts_figure(pr["attempts"], pr["horizon_s"]), key="attempts")
 st.markdown("**Recommended probes** (sized on a cold compile cache, 50% margin)")
 st.code(pr["recommended_yaml"], language="yaml")

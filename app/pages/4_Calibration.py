@@ -7,7 +7,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from app import charts, report, ui
+from app import report, tool_charts, ui
 from app.services import bundles, calibration, scenarios
 
 st.set_page_config(page_title="epdsim: calibration", layout="wide")
@@ -77,15 +77,15 @@ st.dataframe(res["quality"], hide_index=True, key="quality")
 r = res["residuals"][["kind", "measured_s", "predicted_s"]].rename(
     columns={"kind": "phase", "measured_s": "measured", "predicted_s": "predicted"}
 )
-st.plotly_chart(charts.predicted_vs_measured_figure(r, "step time (fit)"), key="fit-chart")
+st.plotly_chart(tool_charts.predicted_vs_measured_figure(r, "step time (fit)"), key="fit-chart")
 v = res["validation"]
 checks = calibration.checks_frame(v)
 passed = v["checks"] - v["failed"]
 (st.success if v["passed"] else st.error)(f"validation: {passed} of {v['checks']} checks within {tol:.0%}")
 st.dataframe(checks, hide_index=True, key="checks")
 a, b = st.columns(2)
-a.plotly_chart(charts.predicted_vs_measured_figure(calibration.series_frame(v, "ttft"), "TTFT"), key="val-ttft")
-b.plotly_chart(charts.predicted_vs_measured_figure(calibration.series_frame(v, "e2e"), "E2E"), key="val-e2e")
+a.plotly_chart(tool_charts.predicted_vs_measured_figure(calibration.series_frame(v, "ttft"), "TTFT"), key="val-ttft")
+b.plotly_chart(tool_charts.predicted_vs_measured_figure(calibration.series_frame(v, "e2e"), "E2E"), key="val-e2e")
 
 st.subheader("Use the fitted profile")
 st.caption(

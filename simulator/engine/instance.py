@@ -14,7 +14,8 @@ from __future__ import annotations
 import heapq
 from typing import cast
 
-from simulator.engine.instance_state import Callback, InstanceState, TimedLog
+from simulator.engine.instance_lifecycle import InstanceLifecycle
+from simulator.engine.instance_state import Callback, TimedLog
 from simulator.engine.steplog import LogRow
 from simulator.step_closures import step_functions
 
@@ -25,8 +26,8 @@ FAST_STEPS = True
 INF = float("inf")
 
 
-class Instance(InstanceState):
-    """One instance: :class:`InstanceState` and :meth:`run`, the SimPy process that drives it."""
+class Instance(InstanceLifecycle):
+    """One instance: :class:`InstanceLifecycle` and :meth:`run`, the SimPy process that drives it."""
 
     def run(self, env):
         """SimPy process: one iteration per engine step, forever."""

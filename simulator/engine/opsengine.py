@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import gc
 import math
-from bisect import bisect_left
 from collections import deque
 from typing import cast
 
@@ -40,11 +39,12 @@ from simulator.engine.engine import PoolRun, Recorder, refusal
 from simulator.engine.instance import Instance
 from simulator.engine.opscrash import collect_and_clear
 from simulator.engine.opsencoder import EncoderPool
+from simulator.engine.opsobserve import observe
 from simulator.engine.opspool import OpsPool
 from simulator.engine.opsrecord import Life
 from simulator.epd.epd_flow import EPDCoordinator
 from simulator.ops import faults as flt
-from simulator.ops.autoscale import POLICIES, Observation, PoolContext, autoscaler
+from simulator.ops.autoscale import POLICIES, autoscaler
 from simulator.pd.pd_proxy import PDCoordinator
 from simulator.roles import ROLES
 from simulator.summary_types import CrashRecord
@@ -268,7 +268,7 @@ class OpsRun:
                 continue
             pool = next(p for p in pools if p.spec.name == name)
             policy = POLICIES[acfg.policy](acfg, contexts[name])
-            env.process(autoscaler(env, pool, acfg, policy, lambda p=pool, c=acfg: self.observe(p, c)))
+            env.process(autoscaler(env, pool, acfg, policy, lambda p=pool, c=acfg: observe(self, p, c)))
         if cfg.queue_timeout_s is not None:
             env.process(self._expire_queued(env, cfg.queue_timeout_s))
         # Run-ahead: in a static colocated pool under open-loop arrivals, instances interact only through
@@ -373,30 +373,3 @@ class OpsRun:
                     self.limbo.extend(keep)
                     for rid in gone:
                         rec.expire(rid, env.now, why)
-
-    def observe(self, pool: OpsPool, cfg) -> Observation:
-        now, w = self.env.now, cfg.window_s
-        a = self.arrived
-        i_now, i_prev = bisect_left(a, now - w), bisect_left(a, now - 2 * w)
-        act = pool.active
-        waiting = sum(i.n_queued() for i in act)
-        waiting += len(self.limbo) if pool is self.front else len(self.coord.limbo) if self.coord else 0
-        n = max(1, len(a))
-        return Observation(
-            now=now,
-            serving=len(act),
-            present=pool.present,
-            waiting=waiting,
-            kv_util=sum(i.kv_used / i.kv_total for i in act) / len(act) if act else 0.0,
-            rate_now=(len(a) - i_now) / min(w, max(now, 1e-9)),
-            rate_prev=(i_now - i_prev) / w,
-            window_s=w,
-            lead_s=pool.starts.new_delay() or 0.0,
-            mean_input=self.sum_in / n,
-            mean_output=self.sum_out / n,
-        )
-
-
-def pool_context(pool_cfg, dep, mem, step, tpot_slo) -> PoolContext:
-    k = dep.knobs
-    return PoolContext(pool_cfg.role, step, k.max_num_seqs, k.max_num_batched_tokens, mem.kv_tokens, tpot_slo)

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 from simulator.engine.engine import Recorder
-from simulator.engine.opsengine import OpsRun, pool_context
+from simulator.engine.opsengine import OpsRun
+from simulator.engine.opsobserve import pool_context
 
 
 def run_operations(scn, reqs, front, back, plan, closed, rngs, spec_of, epd=None, step_log=True, watch=None):
