@@ -314,15 +314,6 @@ def test_local_import_reader_sees_only_function_bodies(tmp_path):
     assert imports_of("m", src, modules) == {"a", "b", "e"}
 
 
-MAX_LINES = 400
-
-
-def test_no_module_over_400_lines():
-    long = {m: len(p.read_text().splitlines()) for m, p in project_modules().items()}
-    over = {m: n for m, n in long.items() if n > MAX_LINES}
-    assert not over, f"modules over {MAX_LINES} lines (or longer than their allowance): {over}; split them"
-
-
 def test_fixed_cycles_stay_fixed():
     """The pairs that imported each other (behind function-level imports) no longer do, either way."""
     g = graph()

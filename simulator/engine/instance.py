@@ -162,12 +162,8 @@ class Instance(InstanceLifecycle):
             while (
                 inline
                 and n_dec
-                and not waiting
-                and not prefill
-                and not ready
-                and not remote
-                and not self._freed
-                and kv_total - kv_used >= cnt[s % block]
+                and not (waiting or prefill or ready or remote or self._freed)
+                and (kv_total - kv_used >= cnt[s % block])
             ):
                 horizon = gate[0] if gate is not None else queue[0][0] if queue else INF
                 due = heap[0][0]
@@ -272,11 +268,7 @@ class Instance(InstanceLifecycle):
             # starts decoding as soon as it lands.
             hold = group is not None and waiting and not group.may_prefill(rank, len(order))
             while (
-                not n_pre
-                and not hold
-                and waiting
-                and budget > 0
-                and len(order) + len(receiving) + len(ready) < max_seqs
+                not (n_pre or hold) and waiting and budget > 0 and len(order) + len(receiving) + len(ready) < max_seqs
             ):
                 rid = waiting[0]
                 pf = self._requeue.get(rid)
@@ -289,12 +281,10 @@ class Instance(InstanceLifecycle):
                 if c <= 0:
                     break
                 grow = -(-(done + c) // block)
-                if kv_total - kv_used < grow or (
-                    reserve is not None
-                    and kv_total - kv_used
-                    < reserve.free_needed(
-                        s, self.final_tokens - kv_used * block, target - done, out[rid] - (pf[2] if pf else 0)
-                    )
+                if kv_total - kv_used < grow:
+                    break
+                if reserve is not None and kv_total - kv_used < reserve.free_needed(
+                    s, self.final_tokens - kv_used * block, target - done, out[rid] - (pf[2] if pf else 0)
                 ):
                     break
                 waiting.popleft()
