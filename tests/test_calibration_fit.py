@@ -23,7 +23,8 @@ import yaml
 import hwdb
 from calibration import cli
 from calibration.fit.command import deployment, fit_bundle
-from calibration.fit.inputs import CPU_GPU, EngineSetup
+from calibration.fit.engine_setup import EngineSetup
+from calibration.fit.inputs import CPU_GPU
 from calibration.fit.points import Point
 from calibration.fit.predict import candidate_deployment, predict
 from calibration.fit.report import mixed_step_note

@@ -6,7 +6,7 @@ For every load test (``load_*`` phase) of the bundle, the simulator serves the s
 same send times (each request's measured ``t_send``, as a plain trace) and the same prompt and
 output lengths, on the bundle's model and GPU with the calibrated profile of ``HWDB_DIR`` and the
 server's own engine arguments (max_num_seqs, max_num_batched_tokens, block size, the KV blocks
-the server reported, enforce_eager; see :func:`calibration.fit.inputs.engine_setup`).
+the server reported, enforce_eager; see :func:`calibration.fit.engine_setup.engine_setup`).
 
 What is compared (``measured`` -> ``predicted``):
 
@@ -52,7 +52,8 @@ from rich.markup import escape
 from rich.table import Table
 
 import hwdb
-from calibration.fit.inputs import CPU_GPU, FitInputError, bundle_model, engine_setup, is_cpu_server, open_bundle
+from calibration.fit.engine_setup import engine_setup
+from calibration.fit.inputs import CPU_GPU, FitInputError, bundle_model, is_cpu_server, open_bundle
 from calibration.harness.bundle import Bundle
 from calibration.validation.replay import (
     arrival_stats,
