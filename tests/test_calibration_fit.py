@@ -25,10 +25,11 @@ from calibration import cli
 from calibration.fit.command import deployment, fit_bundle
 from calibration.fit.engine_setup import EngineSetup
 from calibration.fit.inputs import CPU_GPU
+from calibration.fit.params import PARAMS
 from calibration.fit.points import Point
 from calibration.fit.predict import candidate_deployment, predict
 from calibration.fit.report import mixed_step_note
-from calibration.fit.solver import PARAMS, fit_points
+from calibration.fit.solver import fit_points
 from calibration.harness.probes import PlanOptions
 from calibration.harness.runner import (
     DEFAULT_LAUNCH_ENV,
