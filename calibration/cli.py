@@ -2,7 +2,7 @@
 
     epdsim calibrate run --out BUNDLE [--attach URL | --launch] [--resume] [--quick] ...
     epdsim calibrate run --pd --out BUNDLE [--connector example|nixl] ... (a prefill/decode pair: calibration/pd/cli.py)
-    epdsim calibrate show BUNDLE
+    epdsim calibrate show BUNDLE                                      (calibration/harness/show.py)
     epdsim calibrate fit BUNDLE [--out HWDB_DIR]                      (calibration/fit/command.py)
     epdsim calibrate validate BUNDLE --profile HWDB_DIR [--tolerance 0.25] [--client-tolerance 0.25]
                                                                       (calibration/validation/command.py)
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shlex
 import sys
 from pathlib import Path
@@ -25,42 +24,17 @@ from rich.console import Console
 from rich.markup import escape
 
 import hwdb
-from calibration.harness.affinity import cpu_list, parse_pin
+from calibration.harness.affinity import parse_pin
 from calibration.harness.bundle import Bundle, BundleError
-from calibration.harness.env import server_cores
+from calibration.harness.cli_options import PHASE_KINDS, add_run_options, parse_env
 from calibration.harness.interrupt import interruptible
 from calibration.harness.trace_gen import add_make_trace_parser
 from calibration.pd.options import add_pd_options, check_not_pd_options
-from simulator.console import print_notes, stdout_console, wide_tables
+from simulator.console import print_notes, stdout_console
 from simulator.errors import print_user_error
-from simulator.inputs import float_arg
 
 # The probe, client and server modules (httpx) are imported when a command runs, so that
 # building the ``epdsim`` parser stays cheap.
-PHASE_KINDS = ("prefill", "decode", "load")  # == calibration.harness.probes.PHASE_KINDS
-
-
-def _ints(s: str) -> list[int]:
-    return [int(x) for x in s.split(",") if x.strip()]
-
-
-def _floats(s: str) -> list[float]:
-    return [float(x) for x in s.split(",") if x.strip()]
-
-
-def _range(s: str) -> tuple[int, int]:
-    lo, _, hi = s.partition(":")
-    return int(lo), int(hi or lo)
-
-
-def _env(items: list[str]) -> dict[str, str]:
-    out = {}
-    for it in items:
-        k, sep, v = it.partition("=")
-        if not sep:
-            raise argparse.ArgumentTypeError(f"--env wants KEY=VALUE, got {it!r}")
-        out[k] = v
-    return out
 
 
 def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -72,97 +46,7 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         description="Run the probe phases (prefill sweep, decode sweep, load tests) against a real "
         "vLLM server and append every measurement to a bundle directory.",
     )
-    r.add_argument("--out", required=True, help="bundle directory")
-    g = r.add_mutually_exclusive_group()
-    g.add_argument("--attach", metavar="URL", help="use a running server (e.g. http://vllm:8000); launch nothing")
-    g.add_argument(
-        "--launch",
-        action="store_true",
-        help="start the server here (default): the tiny test model with --vllm-python, or --serve-cmd",
-    )
-    r.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue an interrupted bundle: skip completed phases and completed requests",
-    )
-    r.add_argument("--quick", action="store_true", help="a short plan (a few minutes on 2 CPU cores)")
-    srv = r.add_argument_group("launch")
-    srv.add_argument(
-        "--serve-cmd",
-        help="full server command, e.g. 'vllm serve meta-llama/Llama-3.1-8B-Instruct "
-        "--port 8000 --enable-per-request-metrics' (then give --url)",
-    )
-    srv.add_argument("--url", help="where the --serve-cmd server listens (default http://127.0.0.1:PORT)")
-    srv.add_argument("--port", type=int, help="port (default launch: a free port; --serve-cmd: 8000)")
-    srv.add_argument(
-        "--vllm-python",
-        help="Python with vLLM for the default launch (default: $EPDSIM_VLLM_PYTHON, else .venv-vllm/bin/python)",
-    )
-    srv.add_argument(
-        "--model-dir",
-        help="model folder for the default launch (default: BUNDLE/model, a tiny "
-        "random-weight Llama made on first use)",
-    )
-    srv.add_argument("--served-model-name", help="default launch: name to serve the model under")
-    srv.add_argument(
-        "--engine-arg",
-        action="append",
-        default=[],
-        metavar="ARG",
-        help="extra argument for the default launch command (repeatable, e.g. --engine-arg=--max-num-seqs=64)",
-    )
-    srv.add_argument("--no-enforce-eager", action="store_true", help="default launch without --enforce-eager")
-    srv.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="server environment (repeatable)")
-    srv.add_argument(
-        "--pin",
-        metavar="ENGINE:FRONT",
-        help="small hosts: the engine core and worker on the ENGINE "
-        "CPUs, the API server and this harness on the FRONT CPUs, e.g. 0:1 (docs/calibration.md)",
-    )
-    srv.add_argument(
-        "--ready-timeout",
-        type=float_arg(0, 7 * 86400, lo_open=True),
-        default=900.0,
-        help="seconds to wait for readiness (900)",
-    )
-    att = r.add_argument_group("attach")
-    att.add_argument("--model", help="model id to measure (default: the first of /v1/models)")
-    att.add_argument("--api-key", help="bearer token for the server")
-    att.add_argument("--server-hardware", help="attach mode: a note on the server's hardware for the manifest")
-    att.add_argument(
-        "--server-log",
-        help="attach mode: the server's saved log (e.g. `kubectl logs POD > f`) to "
-        "read start-up phases from (the log's own 1-s clock)",
-    )
-    pl = r.add_argument_group("plan")
-    pl.add_argument("--phases", default=",".join(PHASE_KINDS), help="phase kinds to run (prefill,decode,load)")
-    pl.add_argument("--seed", type=int, default=0)
-    pl.add_argument("--prefill-lengths", type=_ints, help="comma list of prompt lengths")
-    pl.add_argument("--prefill-repeats", type=int)
-    pl.add_argument("--decode-concurrency", type=_ints, help="comma list of concurrency levels")
-    pl.add_argument(
-        "--decode-prompt",
-        type=_ints,
-        help="comma list of decode prompt lengths: a decode sweep at "
-        "each (two or more let the fit see the KV stream's cost)",
-    )
-    pl.add_argument("--decode-output", type=int)
-    pl.add_argument("--decode-rounds", type=int, default=2, help="requests per user at each decode level (2)")
-    pl.add_argument("--load-fractions", type=_floats, help="Poisson rates as fractions of the decode capacity")
-    pl.add_argument("--load-rates", type=_floats, help="absolute Poisson rates (req/s); replace the fractions")
-    pl.add_argument("--load-requests", type=int)
-    pl.add_argument("--load-prompt", type=_range, help="LO:HI prompt lengths of load requests")
-    pl.add_argument("--load-output", type=_range, help="LO:HI output lengths of load requests")
-    pl.add_argument("--closed-concurrency", type=_ints, help="closed-loop load levels (comma list)")
-    pl.add_argument(
-        "--trace",
-        metavar="FILE",
-        help="replay a trace file as the load test (arrivals and lengths as "
-        "recorded; the formats `epdsim simulate` reads) instead of the "
-        "Poisson and closed-loop loads",
-    )
-    pl.add_argument("--trace-format", default="auto", help="azure, mooncake, plain or auto (default)")
-    pl.add_argument("--trace-limit", type=int, help="replay only the first N requests of the trace")
+    add_run_options(r)
     pd = r.add_argument_group(
         "prefill/decode pair (--pd)",
         "a prefill and a decode server joined by a vLLM KV "
@@ -311,9 +195,10 @@ def cmd_run(a, con: Console) -> int:
         return pd_cli.cmd_run(a, con)
     check_not_pd_options(a)
     from calibration.harness.runner import CalibrationRun, RunOptions  # noqa: PLC0415 - keeps `epdsim --help` fast
+    from calibration.harness.show import show_bundle  # noqa: PLC0415 - keeps `epdsim --help` fast
 
     try:
-        env = _env(a.env)
+        env = parse_env(a.env)
     except argparse.ArgumentTypeError as exc:
         raise BundleError(str(exc)) from None
     out = Path(a.out)
@@ -368,154 +253,8 @@ def cmd_run(a, con: Console) -> int:
     )
     with interruptible():  # Ctrl-C, kill -INT (even from a script) and SIGTERM stop the launched server
         b = CalibrationRun(opts).run()
-    _show(b, con)
+    show_bundle(b, con)
     return 0
-
-
-def _fmt_s(x) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "-"
-    return f"{x * 1e3:.1f} ms" if x < 1 else f"{x:.2f} s"
-
-
-def bundle_summary(b: Bundle) -> dict:
-    from calibration.harness.probes import summarize_phase  # noqa: PLC0415 - keeps `epdsim --help` fast
-
-    m = b.manifest
-    launches = [
-        {
-            "index": ln.get("index"),
-            "ready_s": ln.get("ready_s"),
-            "exit_code": ln.get("exit_code"),
-            "startup": ln.get("startup", {}).get("summary", {}),
-            "pin": ln.get("pin"),
-        }
-        for ln in m.get("launches", [])
-    ]
-    launches += [
-        {
-            "index": f"attached {a.get('url')}",
-            "ready_s": a["startup"]["summary"].get("api_ready_t"),
-            "exit_code": None,
-            "startup": a["startup"]["summary"],
-        }
-        for a in m.get("attachments", [])
-        if a.get("startup")
-    ]
-    return {
-        "path": str(b.path),
-        "model": m["model"].get("served_name"),
-        "mode": m.get("mode"),
-        "vllm": m.get("versions", {}).get("vllm"),
-        "created": m.get("created"),
-        "runs": [
-            {k: r.get(k) for k in ("started", "finished", "status", "resume", "conditions", "interrupted_by")}
-            for r in m.get("runs", [])
-        ],
-        "host": _host(m),
-        "launches": launches,
-        "phases": [summarize_phase(b, p) for p in b.phases()],
-    }
-
-
-def _host(m: dict) -> dict | None:
-    """The server host as recorded (launch mode): CPU, ISA features, cores."""
-    hw = (m.get("hardware") or {}).get("server")
-    if not isinstance(hw, dict):
-        return {"note": hw} if hw else None
-    cpu = hw.get("cpu") or {}
-    cores, basis = server_cores(m)
-    return {
-        "cpu": cpu.get("model_name") or hw.get("cpu_model"),
-        "vendor": cpu.get("vendor"),
-        "family": cpu.get("family"),
-        "isa": cpu.get("isa"),
-        "cores": cores,
-        "cores_basis": basis,
-        "host_cpus": hw.get("cpu_count"),
-    }
-
-
-def _load_text(runs: list[dict]) -> str:
-    parts = []
-    for i, r in enumerate(runs):
-        c = r.get("conditions") or {}
-        la = [(c.get(k) or {}).get("loadavg") for k in ("before", "after")]
-        if any(la):
-            parts.append(f"run {i} " + " / ".join(f"{x[0]:.2f}" if x else "-" for x in la))
-    return ("1-min load before / after: " + ", ".join(parts)) if parts else ""
-
-
-def _show(b: Bundle, con: Console) -> None:
-    s = bundle_summary(b)
-    con.print(
-        f"[bold]{escape(s['path'])}[/]: model {escape(str(s['model']))}, vLLM {s['vllm']}, {s['mode']} mode, "
-        f"{len(s['runs'])} run(s), last status {s['runs'][-1]['status'] if s['runs'] else '-'}"
-    )
-    h = s.get("host") or {}
-    if h.get("cpu") or h.get("note"):
-        isa = f"; {', '.join(h['isa'])}" if h.get("isa") else "; ISA not recorded"
-        cores = (
-            f"{h.get('cores')} cores ({h.get('cores_basis')}; the host has {h.get('host_cpus')})"
-            if h.get("host_cpus") and h.get("cores")
-            else f"{h.get('cores')} cores"
-        )
-        con.print(
-            f"server host: {escape(str(h.get('cpu') or h.get('note')))}"
-            + (f" ({h.get('vendor')} family {h.get('family')}{isa}), {escape(cores)}" if h.get("cpu") else "")
-        )
-    if _load_text(s["runs"]):
-        con.print(_load_text(s["runs"]))
-    for ln in s["launches"]:
-        st = ln["startup"]
-        parts = [f"ready {ln['ready_s']:.1f} s" if ln.get("ready_s") is not None else "not ready"]
-        for k, label in (
-            ("weights_load_s", "weights"),
-            ("torch_compile_s", "torch.compile"),
-            ("cuda_graph_capture_s", "CUDA graphs"),
-            ("engine_init_s", "engine init"),
-        ):
-            if k in st:
-                parts.append(f"{label} {st[k]:.2f} s")
-        if "kv_cache_tokens" in st:
-            parts.append(f"KV cache {st['kv_cache_tokens']:,} tokens")
-        if ln.get("pin"):
-            parts.append(
-                f"pinned: engine on CPU {cpu_list(ln['pin']['engine_cpus'])}, front end on CPU "
-                f"{cpu_list(ln['pin']['front_cpus'])}"
-            )
-        con.print(
-            f"launch {ln['index']}: "
-            + ", ".join(parts)
-            + (f", exit code {ln['exit_code']}" if ln.get("exit_code") is not None else "")
-        )
-    heads = ["phase", "done", "ok", "fail", "TTFT p50", "TTFT p90", "srv TTFT", "ITL p50", "ITL p90", "tok/s"]
-    rows = []
-    for p in s["phases"]:
-        tput = p.get("throughput_tok_s")
-        rows.append(
-            [
-                p["phase"],
-                "yes" if p["done"] else "no",
-                f"{p['ok']}/{p['planned']}",
-                str(p["failed"]),
-                _fmt_s(p.get("ttft_p50")),
-                _fmt_s(p.get("ttft_p90")),
-                _fmt_s(p.get("server_ttft_p50")),
-                _fmt_s(p.get("itl_p50")),
-                _fmt_s(p.get("itl_p90")),
-                f"{tput:,.0f}" if tput is not None and tput == tput else "-",
-            ]
-        )
-    # never cut a phase name or a figure: split into column groups on a narrow terminal
-    for t in wide_tables(
-        "phases (client-side times; server TTFT from per-request metrics)",
-        heads,
-        rows,
-        con.width,
-        justify=dict.fromkeys(heads[1:], "right"),
-    ):
-        con.print(t)
 
 
 def cmd_show(a, con: Console) -> int:
@@ -523,13 +262,15 @@ def cmd_show(a, con: Console) -> int:
 
     if pd_cli.is_pd_bundle(a.bundle):
         return pd_cli.cmd_show(a, con)
+    from calibration.harness.show import bundle_summary, show_bundle  # noqa: PLC0415 - keeps `epdsim --help` fast
+
     b = Bundle.open(a.bundle, complete=True)
     try:
         summary = bundle_summary(b)
         if a.json:
             print(json.dumps(summary, indent=2, default=str))
         else:
-            _show(b, con)
+            show_bundle(b, con)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
         # a hand-edited bundle: the manifest and records passed the shape checks but hold values of another kind
         raise BundleError(

@@ -15,7 +15,7 @@ from hwdb.schema import AllReduceCurve, EfficiencyCurve, GemmShapeCurve
 from simulator.bounds import Range
 
 RelError = Annotated[float, Range(0, 1e3, fix="give the error as a fraction of the measured value (0.1 = 10 %)")]
-# the fit's own bound (calibration/fit/solver.py)
+# the fit's own bound (calibration/fit/params.py)
 Overhead = Annotated[float, Range(0, 10, "s", fix="give seconds per step")]
 
 

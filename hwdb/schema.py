@@ -45,8 +45,8 @@ def sourced_as(quantity: Any) -> Any:
 
 
 Efficiency = Annotated[Figure, range_of(Fraction)]
-# Host and latency figures: wide enough for a calibrated CPU engine (calibration/fit/solver.py fits a step
-# overhead up to 10 s and a per-sequence cost up to 1 s).
+# Host and latency figures: wide enough for a calibrated CPU engine (the fit's bounds, calibration/fit/params.py,
+# allow a step overhead up to 10 s and a per-sequence cost up to 1 s).
 Latency = Annotated[Figure, Range(0, 60, "s", fix="give seconds")]
 HostCost = Annotated[Figure, Range(0, 10, "s", fix="give seconds of host time")]
 PerItemCost = Annotated[Figure, Range(0, 1, "s", fix="give seconds per item")]

@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from calibration.fit.inputs import CPU_GPU, EngineSetup
+from calibration.fit.engine_setup import EngineSetup
+from calibration.fit.inputs import CPU_GPU
 from calibration.fit.predict import candidate_profile
 from calibration.harness.bundle import Bundle
 from simulator.run import simulate

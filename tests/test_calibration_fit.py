@@ -21,11 +21,13 @@ import yaml
 import hwdb
 from calibration import cli
 from calibration.fit.command import deployment, fit_bundle
-from calibration.fit.inputs import CPU_GPU, EngineSetup
+from calibration.fit.engine_setup import EngineSetup
+from calibration.fit.inputs import CPU_GPU
+from calibration.fit.params import PARAMS
 from calibration.fit.points import Point
 from calibration.fit.predict import candidate_deployment, predict
 from calibration.fit.report import mixed_step_note
-from calibration.fit.solver import PARAMS, fit_points
+from calibration.fit.solver import fit_points
 from simulator.step_build import build_step_model
 from tests.synthetic_bundle import CPU_SETUP, CPU_TRUTH, TINY_CONFIG, make_bundle, write_truth_hwdb
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from calibration import cli
+from calibration.harness import cli_options
 from calibration.harness.bundle import SCHEMA_VERSION, Bundle, BundleError
 from calibration.harness.client import CompletionClient, PromptFactory, RequestSpec, SSEDecoder
 from calibration.harness.loadgen import poisson_arrivals, run_closed_loop, run_open_loop
@@ -380,4 +381,4 @@ def test_add_subparser_hook():
     cli.add_subparser(sub)
     a = p.parse_args(["calibrate", "show", "somewhere"])
     assert a.func is cli.cmd_calibrate and a.bundle == "somewhere"
-    assert cli.PHASE_KINDS == PHASE_KINDS
+    assert cli_options.PHASE_KINDS == PHASE_KINDS

@@ -12,7 +12,8 @@ import pytest
 import hwdb
 from calibration.e2e import score as e2e
 from calibration.e2e.report import markdown
-from calibration.e2e.rows import Row, admission_anomaly, load_rows, why_not
+from calibration.e2e.rows import Row, admission_anomaly, load_rows
+from calibration.e2e.scenarios import why_not
 from simulator.cli import main as cli_main
 from simulator.confidence import BANDS, assess
 from simulator.plan import parse_plan_request, run_plan

@@ -82,6 +82,7 @@ ALLOWED_LOCAL_IMPORTS: dict[str, set[tuple[str, str]]] = {
         ("calibration.cli", "calibration.harness.probes"),
         ("calibration.cli", "calibration.harness.runner"),
         ("calibration.cli", "calibration.harness.server"),
+        ("calibration.cli", "calibration.harness.show"),
         ("calibration.cli", "calibration.harness.trace_plan"),
         ("calibration.cli", "calibration.pd.cli"),
         ("calibration.cli", "calibration.validation.command"),

@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from calibration.e2e.rows import Row, sglang_recv_interval
+from calibration.e2e.rows import Row
+from calibration.e2e.scenarios import sglang_recv_interval
 from simulator.run import simulate
 from simulator.scenario import ScenarioError, parse_scenario
 

@@ -15,11 +15,11 @@ import pandas as pd
 import hwdb
 from app.services import bundles
 from app.services.scenarios import InputError
-from calibration.cli import bundle_summary
 from calibration.fit.command import fit_bundle
 from calibration.fit.inputs import open_bundle
 from calibration.fit.report import write_outputs
 from calibration.harness.bundle import BundleError
+from calibration.harness.show import bundle_summary
 from calibration.validation.command import validate
 
 

@@ -10,10 +10,11 @@ then predicted again with the re-derived ranges (:func:`held_out_checks`).
 
 The runs are the logs each case cites: vLLM issue #19824, each anyscale terminal log
 (github.com/anyscale/ray-serve-llm-perf-examples, ``replica_initialization/
-experiment_terminal_output/``, one p5.48xlarge with 8x H100, vLLM 0.11 dev), the tensorfuse
-blog, the Foundry paper.  The anyscale runs share one host and release, so holding one of them
-out leaves its siblings in; ``by="publication"`` holds out every run of the same publication and
-shows what the ranges are worth without that host at all.
+experiment_terminal_output/``, one p5.48xlarge with 8x H100, vLLM 0.11 dev; their figures are
+:mod:`calibration.coldstart.anyscale`'s), the tensorfuse blog, the Foundry paper.  The anyscale runs
+share one host and release, so holding one of them out leaves its siblings in; ``by="publication"``
+holds out every run of the same publication and shows what the ranges are worth without that host at
+all.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import re
 import statistics
 from dataclasses import dataclass
 
+from calibration.coldstart.anyscale import ANYSCALE_RUNS, GIB, LAYERS, RANK_BYTES
 from calibration.coldstart.cases import CaseCheck, case_breakdowns, case_deployment, compared_seconds
 from hwdb.coldstart import ColdStartDB, ScaleRanges, StartupCase, load_coldstart
 from simulator.ops.coldstart_formulas import (
@@ -32,45 +34,6 @@ from simulator.ops.coldstart_formulas import (
     compile_seconds,
     dynamo_seconds,
 )
-
-GIB = 1024**3
-
-
-@dataclass(frozen=True)
-class AnyscaleRun:
-    """Per-run figures of one anyscale log (seconds; ``(min, max)`` over the ranks)."""
-
-    model: str  # "llama70b" (Meta-Llama-3-70B, TP4), "qwen235b" (Qwen3-235B-A22B, TP8)
-    tp: int
-    init_s: float  # 'Waiting for init message' (engine) -> 'Starting to load model'
-    capture_s: float  # 'Graph capturing finished in N secs'
-    dynamo_s: tuple[float, float]  # 'Dynamo bytecode transform time'
-    weights_s: tuple[float, float] | None = None  # 'Loading weights took' from the page cache (None: S3 streamer)
-    compile_s: tuple[float, float] | None = None  # 'Compiling a graph for dynamic shape takes' (cold cache)
-    hit_s: tuple[float, float] | None = None  # 'Directly load the compiled graph(s) ... took' (warm cache)
-
-
-# Read from the five logs of the cases (timestamps of the engine process and worker lines).
-ANYSCALE_RUNS = {
-    "anyscale/llama70b-base": AnyscaleRun(
-        "llama70b", 4, 22.0, 16.0, (12.05, 12.38), (15.82, 16.46), compile_s=(46.70, 49.91)
-    ),  # 11:52:55 -> 11:53:17
-    "anyscale/llama70b-s3-runai": AnyscaleRun(
-        "llama70b", 4, 21.0, 16.0, (12.22, 12.70), compile_s=(47.35, 49.95)
-    ),  # 12:05:37 -> 12:05:58
-    "anyscale/llama70B-compile-cache": AnyscaleRun(
-        "llama70b", 4, 20.0, 16.0, (11.75, 12.25), (16.08, 16.19), hit_s=(3.830, 3.870)
-    ),  # 13:38:15 -> 13:38:35
-    "anyscale/qwen235B-base": AnyscaleRun(
-        "qwen235b", 8, 34.0, 44.0, (17.03, 18.01), (32.11, 32.67), compile_s=(92.91, 96.30)
-    ),  # 14:43:40 -> 14:44:14
-    "anyscale/qwen235B-compile-cache": AnyscaleRun(
-        "qwen235b", 8, 34.0, 44.0, (16.74, 17.06), (31.97, 32.83), hit_s=(5.530, 5.702)
-    ),  # 15:43:03 -> 15:43:37
-}
-# Bytes each rank loads, from the logs' 'Model loading took N GiB'.
-_RANK_BYTES = {"llama70b": 32.8601 * GIB, "qwen235b": 54.9205 * GIB}
-_LAYERS = {"llama70b": 80, "qwen235b": 94}  # Meta-Llama-3-70B: 80 dense; Qwen3-235B-A22B: 94 MoE layers
 
 # A case's run, from the first match in its `source`.
 _RUN_PATTERNS = (
@@ -210,7 +173,7 @@ def derive_ranges(
 
     def rate(model):
         g = _group(runs, model, "weights_s")
-        return (None, "") if g is None else (_RANK_BYTES[model] / g[0], joined(g))
+        return (None, "") if g is None else (RANK_BYTES[model] / g[0], joined(g))
 
     out["loader_Bps_per_rank"] = _span(
         pts(
@@ -223,7 +186,7 @@ def derive_ranges(
         rate=True,
     )  # 8.8 GB/rank in ~10 s from a hot page cache
 
-    dyn = {m: _group(runs, m, "dynamo_s") for m in _LAYERS}
+    dyn = {m: _group(runs, m, "dynamo_s") for m in LAYERS}
     llama_dyn = dyn["llama70b"]
     out["dynamo_multiplier"] = _span(
         pts(
@@ -240,7 +203,7 @@ def derive_ranges(
 
     # Inductor on a miss, against the piece formula at x1 (simulator.ops.coldstart_formulas.compile_seconds)
     piece = {"llama70b": compile_seconds(coef, 80, "miss"), "qwen235b": compile_seconds(coef, 94, "miss", unique=95)}
-    comp = {m: _group(runs, m, "compile_s") for m in _LAYERS}
+    comp = {m: _group(runs, m, "compile_s") for m in LAYERS}
     out["compile_miss_multiplier"] = _span(
         pts(
             *[scaled(comp[m], piece[m]) for m in ("qwen235b", "llama70b")],
@@ -250,10 +213,10 @@ def derive_ranges(
         )
     )  # ~70 s torch.compile, Llama-70B FP8 TP8
 
-    hit = {m: _group(runs, m, "hit_s") for m in _LAYERS}
+    hit = {m: _group(runs, m, "hit_s") for m in LAYERS}
     out["compile_hit_multiplier"] = _span(
         pts(
-            *[scaled(hit[m], compile_seconds(coef, _LAYERS[m], "hit")) for m in ("llama70b", "qwen235b")],
+            *[scaled(hit[m], compile_seconds(coef, LAYERS[m], "hit")) for m in ("llama70b", "qwen235b")],
             (1.0, ""),  # the fit (vLLM 0.10.1)
             (sc.ranges["compile_hit_multiplier"].high, ""),
         )
@@ -266,7 +229,7 @@ def derive_ranges(
         g = _group(runs, m, "capture_s")
         if g is not None:
             fixed, n = _capture_fixed(cases[name], cs)
-            per_gl[m] = ((g[0] - fixed) / (n * _LAYERS[m]), joined(g))
+            per_gl[m] = ((g[0] - fixed) / (n * LAYERS[m]), joined(g))
     fit_g1 = coef.coef("cuda_graphs", "g1_s_per_graph_layer")
     out["capture_s_per_graph_layer"] = _span(
         pts(

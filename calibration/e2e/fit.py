@@ -30,7 +30,8 @@ from scipy.optimize import least_squares
 
 import hwdb
 from calibration.e2e import score as e2e
-from calibration.e2e.rows import ENGINES, SYSTEMS, load_rows, why_not
+from calibration.e2e.rows import ENGINES, SYSTEMS, load_rows
+from calibration.e2e.scenarios import why_not
 
 TERMS = ("layer_overhead_s", "moe_layer_overhead_s", "frontend_s", "frontend_s_per_token")
 

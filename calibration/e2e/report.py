@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from calibration.e2e.rows import DEFAULT_TABLE, KV_MODES, RANGE_RATIO, REQUESTS_PER_CLIENT, TableError, load_rows
+from calibration.e2e.rows import DEFAULT_TABLE, RANGE_RATIO, REQUESTS_PER_CLIENT, TableError, load_rows
+from calibration.e2e.scenarios import KV_MODES
 from simulator.inputs import float_arg, int_arg
 from simulator.outputs import OutputPathError, check_output, write_failed
 

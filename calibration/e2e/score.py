@@ -23,7 +23,8 @@ import pandas as pd
 
 import hwdb
 from calibration.e2e.physics import beyond_hardware
-from calibration.e2e.rows import REQUESTS_PER_CLIENT, Row, admission_anomaly, to_scenario, why_not
+from calibration.e2e.rows import REQUESTS_PER_CLIENT, Row, admission_anomaly
+from calibration.e2e.scenarios import to_scenario, why_not
 from calibration.e2e.spec import speculative
 from hwdb.schema import Figure
 from simulator.resolved import resolve
@@ -162,7 +163,7 @@ def predict(
     ``client``: extra fields of the closed-loop arrival (the benchmark client model); ``workers``:
     processes (default: the CPUs available); ``terms``: engine end-to-end terms to try instead of
     the shipped ones (see :func:`with_engine_terms`); ``kv_mode``: how a row's KV format is chosen
-    (:data:`calibration.e2e.rows.KV_MODES`).  Results are in row order whatever the worker count.
+    (:data:`calibration.e2e.scenarios.KV_MODES`).  Results are in row order whatever the worker count.
     """
     client = client or {}
     workers = workers or len(os.sched_getaffinity(0))

@@ -67,10 +67,12 @@ Output
     name it as ``engine: {engine: <profile>}``).
 
 Modules
-    :mod:`calibration.fit.inputs` (the bundle: consistency checks, engine arguments, GPU, model),
+    :mod:`calibration.fit.inputs` (the bundle: consistency checks, logged engine arguments, GPU,
+    model), :mod:`calibration.fit.engine_setup` (the engine arguments the server ran with),
     :mod:`calibration.fit.points` (measurement points), :mod:`calibration.fit.predict` (predictions
-    through the simulator), :mod:`calibration.fit.solver` (least squares, uncertainty,
-    identifiability), :mod:`calibration.fit.report` (profile, engine, fit report); this module puts
+    through the simulator), :mod:`calibration.fit.params` (the parameters, their bounds, a fit's
+    result), :mod:`calibration.fit.solver` (least squares, uncertainty, identifiability),
+    :mod:`calibration.fit.report` (profile, engine, fit report); this module puts
     them together (:func:`fit_bundle`) and holds the command (:func:`cmd_fit`).  Import a name from
     the module that defines it.
 """
@@ -86,20 +88,14 @@ from rich.markup import escape
 from rich.table import Table
 
 import hwdb
+from calibration.fit.engine_setup import EngineSetup, engine_setup
 from calibration.fit.frontend import describe, fit_frontend
-from calibration.fit.inputs import (
-    CPU_GPU,
-    EngineSetup,
-    FitInputError,
-    bundle_model,
-    engine_setup,
-    open_bundle,
-    target_gpu,
-)
+from calibration.fit.inputs import CPU_GPU, FitInputError, bundle_model, open_bundle, target_gpu
+from calibration.fit.params import PARAMS
 from calibration.fit.points import aggregate, measurement_points
 from calibration.fit.report import final_profile, fmt_param, mixed_step_note, write_outputs
 from calibration.fit.result import BundleFit
-from calibration.fit.solver import PARAMS, fit_points
+from calibration.fit.solver import fit_points
 from calibration.harness.env import server_cores, with_server_cores
 
 # ============================================================================ a bundle, end to end

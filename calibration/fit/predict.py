@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 import hwdb
-from calibration.fit.inputs import CPU_DEFAULT_MAX_NUM_BATCHED_TOKENS, CPU_DEFAULT_MAX_NUM_SEQS
+from calibration.fit.engine_setup import CPU_DEFAULT_MAX_NUM_BATCHED_TOKENS, CPU_DEFAULT_MAX_NUM_SEQS
 from calibration.fit.points import Point
 from hwdb.profiles import Profile
 from hwdb.schema import EfficiencyCurve, Figure

@@ -12,11 +12,12 @@ from pathlib import Path
 import yaml
 
 import hwdb
+from calibration.fit.engine_setup import EngineSetup
 from calibration.fit.frontend import FrontEndFit, describe
-from calibration.fit.inputs import CPU_GPU, EngineSetup, FitInputError
+from calibration.fit.inputs import CPU_GPU, FitInputError
+from calibration.fit.params import PARAMS, UNITS, FitResult
 from calibration.fit.predict import calibrated_engine
 from calibration.fit.result import BundleFit
-from calibration.fit.solver import PARAMS, UNITS, FitResult
 from hwdb.profiles import Profile
 from hwdb.schema import EfficiencyCurve
 

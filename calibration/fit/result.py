@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import hwdb
+from calibration.fit.engine_setup import EngineSetup
 from calibration.fit.frontend import FrontEndFit
-from calibration.fit.inputs import EngineSetup
+from calibration.fit.params import FitResult
 from calibration.fit.points import Point
-from calibration.fit.solver import FitResult
 from calibration.harness.bundle import Bundle
 from hwdb.profiles import Profile
 
