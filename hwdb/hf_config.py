@@ -218,6 +218,7 @@ def arch_from_config(cfg: dict, name: str) -> ModelArch:
         vision_hidden=int(vision.get("hidden_size") or 1024) if vision is not None else 0,
         index_n_heads=int(text.get("index_n_heads") or 0),
         index_head_dim=int(text.get("index_head_dim") or 0),
+        qk_norm_whole=bool(text.get("use_qk_norm")) and text.get("qk_norm_type") == "per_layer",
     )
     for field in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "vocab_size"):
         if getattr(arch, field) <= 0:

@@ -62,6 +62,9 @@ class ModelArch:
     # DeepSeek-sparse-attention lightning indexer (DeepSeek-V3.2, GLM-5): its key is cached per token.
     index_n_heads: int = 0
     index_head_dim: int = 0
+    # q and k RMS-normalised over the whole projection, not per head (MiniMax-M2, qk_norm_type per_layer): under
+    # tensor parallelism each layer all-reduces every token's two variances (vLLM's MiniMaxText01RMSNormTP).
+    qk_norm_whole: bool = False
 
     # ---- derived --------------------------------------------------------
     @property

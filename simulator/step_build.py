@@ -336,6 +336,9 @@ def build_step_model(dep: Deployment) -> StepModel:
         # One message per all-reduce: this step's hidden states in bf16 (vLLM reduces activations in the
         # model dtype whatever the weight format).
         ar_msg_bytes_per_token=a.hidden_size * ACT_BYTES,
+        # the q and k variances of every token, fp32, one all-reduce per attention layer
+        ar_small_per_step=a.num_layers if a.qk_norm_whole else 0,
+        ar_small_bytes_per_token=2 * 4.0 if a.qk_norm_whole else 0.0,
         # Attention and dense-MLP layers reduce over the rank's tp; MoE layers too when their experts are
         # TP-sharded within the rank alone, else they exchange tokens across the instance (moe_comm_*).
         ar_per_step=2 * a.num_layers - (a.moe_layers if moe_comm else 0),

@@ -57,6 +57,7 @@ def step_cost(m: StepModel) -> StepCost:
     elem, layer_s = m.elem_s_per_token, m.layer_s
     max_graph, mixed = m.max_graph_tokens, m.graphs_mixed
     tp, ar_n, ar_msg = m.tp, m.ar_per_step, m.ar_msg_bytes_per_token
+    ar_small_n, ar_small = m.ar_small_per_step, m.ar_small_bytes_per_token
     ar_sizes, ar_graph, ar_eager = m.ar_sizes, m.ar_graph, m.ar_eager
     ring = 2.0 * (tp - 1) / tp
     ar_bw, ar_lat = m.ar_bw, m.ar_latency
@@ -185,7 +186,9 @@ def step_cost(m: StepModel) -> StepCost:
         t = (t_comp if t_comp > t_mem else t_mem) + att + elem_t + layer_s
         graph = tokens <= max_graph and (mixed or attn_pairs == 0.0)
         if tp > 1:
-            t += ar_n * allreduce(ar_msg * tokens, graph)
+            t += ar_n * allreduce(ar_msg * tokens, graph) + (
+                ar_small_n * allreduce(ar_small * tokens, graph) if ar_small_n else 0.0
+            )
         if pp > 1:
             t += pp_extra
         t += (g_launch if graph else e_launch) * idle
@@ -213,7 +216,9 @@ def step_cost(m: StepModel) -> StepCost:
             t_comp if t_comp > t_mem else t_mem,
             linear_attention(n, n, 0.0),
             elem * n,
-            ar_n * allreduce(ar_msg * n, graph) if tp > 1 else 0.0,
+            (ar_n * allreduce(ar_msg * n, graph) + (ar_small_n * allreduce(ar_small * n, graph) if ar_small_n else 0.0))
+            if tp > 1
+            else 0.0,
             g_launch if graph else e_launch,
             moe(n * scale, n),
             cpu_tok * n,

@@ -116,6 +116,10 @@ class StepModel:
     exp_fixed_s: float = 0.0
     exp_s_per_token: float = 0.0
     exp_s_per_expert: float = 0.0
+    # All-reduces of a few bytes per token besides the hidden-state ones (a whole-projection q/k norm's
+    # variances at TP > 1): their count per step and their message bytes per token.
+    ar_small_per_step: int = 0
+    ar_small_bytes_per_token: float = 0.0
     # Linear-attention layers' own kernels (hwdb/gdn.py), summed over those layers for this GPU's heads: a step
     # with prompt tokens adds lin_ctx_fixed_s + lin_ctx_seq_s x the longest chunk + lin_ctx_prompt_s x chunks
     # + lin_ctx_tok_s x prompt tokens; a step with decodes adds lin_gen_fixed_s + lin_gen_seq_s x decodes.
