@@ -1,7 +1,8 @@
 """Hardware database: GPUs, links, models and calibration profiles as sourced data files."""
 
-from hwdb.db import HardwareDB, HwdbError, ModelEntry, load_model_dir
+from hwdb.db import HardwareDB, ModelEntry, load_model_dir
 from hwdb.engine_schema import EngineProfile
+from hwdb.files import HwdbError
 from hwdb.hf_config import arch_from_config
 from hwdb.loader import load
 from hwdb.models import ModelArch

@@ -14,7 +14,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from hwdb.db import HardwareDB, HwdbError, ModelEntry
+from hwdb.db import HardwareDB, ModelEntry
+from hwdb.files import HwdbError
 from hwdb.models import ModelArch
 from hwdb.schema import DTYPE_BYTES, GPU, EfficiencyCurve, Figure, Link
 

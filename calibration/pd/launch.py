@@ -23,7 +23,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -31,6 +30,13 @@ from pathlib import Path
 import httpx
 
 import hwdb
+from calibration.harness.launch_env import (
+    DEFAULT_LAUNCH_ENV,
+    NO_VLLM_PYTHON,
+    default_vllm_python,
+    free_port,
+    repo_pythonpath,
+)
 from calibration.harness.metrics import parse_prometheus
 from calibration.harness.server import ServerProcess
 from calibration.pd.bundle import SERVED, PDReplayError
@@ -41,7 +47,6 @@ from simulator.pd.connectors import connector_strategy
 REPO = Path(__file__).resolve().parents[2]
 BLOCK = 128
 INJECT_RX = re.compile(r"Inject KV cache of (\d+) tokens")
-SAVE_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "2", "TOKENIZERS_PARALLELISM": "false"}
 # What the NIXL check runs in the vLLM Python: the import and one agent with the UCX backend, as the
 # connector's worker does (vllm/distributed/nixl_utils.py imports nixl._api; base_worker.py makes the agent).
 NIXL_PROBE = (
@@ -56,14 +61,13 @@ NIXL_METRICS = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def default_vllm_python() -> str:
-    return os.environ.get("EPDSIM_VLLM_PYTHON") or str(REPO / ".venv-vllm" / "bin" / "python")
+def pair_python(choice: str | None) -> str:
+    """The vLLM Python the pair runs with: the given one, else the harness's default (raises
+    :class:`PDReplayError` naming the fix when there is none)."""
+    py = choice or default_vllm_python()
+    if not py:
+        raise PDReplayError(NO_VLLM_PYTHON)
+    return py
 
 
 def harness_connector(connector: str) -> KVConnector:
@@ -120,6 +124,8 @@ def nixl_problem(vllm_python: str | None = None, timeout: float = 120.0) -> str 
     with the fix (the message ``calibrate run --pd --connector nixl`` stops with, and the skip reason
     of the NIXL tests)."""
     py = vllm_python or default_vllm_python()
+    if not py:
+        return NO_VLLM_PYTHON
     if not Path(py).exists():
         return f"no vLLM Python at {py}: run .ci/install_vllm_cpu.sh or give --vllm-python"
     try:
@@ -157,9 +163,9 @@ def launch_pair(
     ready_timeout: float = 300.0,
 ) -> tuple[ServerProcess, ServerProcess]:
     """Start both servers at once and wait for both (raises ServerDied / ReadyTimeout; the caller stops them)."""
-    py = vllm_python or default_vllm_python()
+    py = pair_python(vllm_python)
     strategy = harness_connector(connector)
-    env = {**SAVE_ENV, "PYTHONPATH": str(REPO)}
+    env = {**DEFAULT_LAUNCH_ENV, "PYTHONPATH": repo_pythonpath()}
     servers = []
     for role, name, bind in (("kv_producer", "prefill", prefill_bind), ("kv_consumer", "decode", decode_bind)):
         port = free_port()

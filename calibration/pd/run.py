@@ -50,13 +50,13 @@ from calibration.pd.bundle import PD_KIND, PD_SCHEMA_VERSION, SERVED, PDReplayEr
 from calibration.pd.launch import (
     BLOCK,
     count_injections,
-    default_vllm_python,
     file_bandwidth,
     harness_connector,
     launch_pair,
     nixl_counters,
     nixl_problem,
     nixl_transfers,
+    pair_python,
 )
 from calibration.pd.options import DEFAULT_CONNECTOR, add_pd_options, harness_connectors
 from calibration.pd.replay import print_report, replay
@@ -178,7 +178,7 @@ def _model_dir(a, out: Path, attach: bool) -> Path | None:
                 f"--prefill-url and --decode-url"
             )
         return model_dir
-    return ensure_tiny_model(a.vllm_python or default_vllm_python(), out / "model", lambda m: print(m, file=sys.stderr))
+    return ensure_tiny_model(pair_python(a.vllm_python), out / "model", lambda m: print(m, file=sys.stderr))
 
 
 def cmd_run(a) -> int:

@@ -4,7 +4,7 @@ Every ``interval_s`` the autoscaler of a pool observes it (:class:`Observation`)
 asks its policy for a number of instances, clamps it to the pool's bounds and
 acts: scale-up starts new instances at once (they serve only after node
 provisioning plus a cold start behind probes, see
-:meth:`simulator.engine.opsengine.OpsPool.scale_up`); scale-down applies the highest
+:meth:`simulator.engine.opspool.OpsPool.scale_up`); scale-down applies the highest
 proposal of the last ``scale_down_stabilization_s`` seconds (as Kubernetes'
 HPA does) and drains the newest serving instances before removing them.
 Instances still starting count as present, so a policy does not order the

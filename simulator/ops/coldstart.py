@@ -59,7 +59,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from hwdb.coldstart import ColdStartDB, VersionRules, load_coldstart
-from hwdb.db import HwdbError
+from hwdb.files import HwdbError
 from hwdb.schema import WEIGHT_BYTES
 from simulator.ops.coldstart_formulas import (
     ColdStartError,

@@ -11,11 +11,11 @@ serves.  SGLang does not install on a CPU-only machine, so the tests check flags
 from __future__ import annotations
 
 from simulator.memory import memory_fraction
+from simulator.pd.connector_base import VLLM_PORT
 from simulator.pd.connectors import connector_strategy
 from simulator.plan.manifests import (
     SGLANG_BOOTSTRAP_PORT,
     SGLANG_PORT,
-    VLLM_PORT,
     ArtefactOptions,
     engine_deployment,
     router_objects,
