@@ -23,7 +23,9 @@ from calibration.cli import main as calibrate_main
 from calibration.fit.command import fit_bundle
 from calibration.fit.report import profile_name, write_outputs
 from calibration.pd import run as pd_run
+from calibration.pd.bundle import measured_rows
 from calibration.pd.launch import nixl_problem, nixl_transfers, parse_counters
+from calibration.pd.replay import PARTS
 from tests.conftest import REPO, VLLM_PY, needs_vllm
 from tests.synthetic_bundle import CPU_TRUTH, TINY_CONFIG, make_bundle, write_truth_hwdb
 
@@ -75,6 +77,8 @@ def _pd_bundle(folder: Path, n: int = 8, connector: str = "ExampleConnector") ->
                 "pd": {
                     "prefill_sent_s": 0.0,
                     "prefill_done_s": 0.030,
+                    "decode_sent_s": 0.031,
+                    "decode_first_byte_s": 0.045,
                     "prefill_metrics": {"time_to_first_token_ms": 20.0 + i, "queue_time_ms": 0.1},
                     "decode_metrics": {"time_to_first_token_ms": 8.0, "mean_itl_ms": 4.9, "queue_time_ms": 3.0},
                 },
@@ -162,6 +166,22 @@ def test_calibrate_validate_replays_a_pd_bundle(fitted_hw, tmp_path, capsys, con
     assert sources[("TPOT", "p50", "decode server")]["measured_s"] == pytest.approx(4.9e-3)
     assert ("KV transfer", "mean", "NIXL xfer time" if sim == "nixl" else "file probe") in sources
     assert rep["checks"] == 4
+    # the engines' share: each server's queue + time to first token (request 3: 23 + 0.1 ms, 8 + 3 ms)
+    rows = {r["id"]: r for r in measured_rows(pd)}
+    assert rows["pd-0-3"]["servers_ttft_s"] == pytest.approx(0.0341)
+    assert rows["pd-0-3"]["router_client_s"] == pytest.approx(0.056 - 0.045)
+    parts = {p["part"]: p for p in rep["parts"]}
+    assert list(parts) == [name for name, *_ in PARTS]
+    http = parts["API servers and HTTP of both legs, beyond the engines"]
+    # per request: (30 - 20.1 - i) + (14 - 11) ms for i = 0..7, p50 at i = 3.5
+    assert http["measured_s"] == pytest.approx(0.0094) and http["modelled"]
+    router = parts["router and the client's hop to it"]
+    assert router["predicted_s"] == 0.0 and not router["modelled"]
+    assert router["measured_s"] == pytest.approx(0.050 + 0.002 * 3.5 - 0.045)
+    # the simulated engines' share excludes the simulated front end, which the HTTP part holds
+    sim_engines = rep["table"][2]["predicted_s"]
+    assert rep["table"][2]["source"] == "prefill+decode srv" and sim_engines < rep["table"][0]["predicted_s"]
+    assert "TTFT's largest miss:" in " ".join(out.split()) and "part by part" in out
     assert f"PD pair ({connector})" in " ".join(out.split()) and "checks within 50%" in out
     # a tolerance nothing meets: --strict exits 1, without it 0
     assert calibrate_main(["validate", str(pd), "--profile", str(hw), "--tolerance", "0.0", "--strict"]) == 1

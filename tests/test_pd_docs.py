@@ -115,7 +115,7 @@ def _check_pair(tmp: Path, conn: str, outputs: dict[str, str]) -> dict:
             {
                 "connector": conn,
                 "table": rep["table"],
-                "parts": rep["measured_parts"],
+                "parts": rep["parts"],
                 "transfer": man.get("nixl_transfers") or man.get("file_bandwidth"),
                 "ready_s": man.get("ready_s"),
                 "handshake_warmup_s": man["result"].get("handshake_warmup_s"),

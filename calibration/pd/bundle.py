@@ -311,7 +311,28 @@ def replay_inputs(hwdb_dirs: list[str], engine: str | None, model: str | None) -
     return engine, model
 
 
+def _engine_s(metrics: dict) -> float | None:
+    """An engine's own time to a request's first token, seconds: vLLM's per-request ``queue_time_ms``
+    (queued to scheduled) plus ``time_to_first_token_ms`` (scheduled to first token)."""
+    t = metrics.get("time_to_first_token_ms")
+    if not isinstance(t, (int, float)) or not math.isfinite(t):
+        return None
+    q = metrics.get("queue_time_ms")
+    return (t + (q if isinstance(q, (int, float)) and math.isfinite(q) else 0.0)) / 1e3
+
+
+def _span(pd: dict, start: str, end: str) -> float | None:
+    a, b = pd.get(start), pd.get(end)
+    return b - a if isinstance(a, (int, float)) and isinstance(b, (int, float)) else None
+
+
 def measured_rows(out: Path) -> list[dict]:
+    """One row per completed request of a PD bundle, times in seconds.  ``prefill_engine_s`` and
+    ``decode_engine_s`` are each engine's queue plus time to its first token (the decode engine's covers
+    the KV load and the recompute); ``prefill_leg_s`` and ``decode_leg_s`` are the router's request to
+    each server until its answer (prefill) or first byte (decode), HTTP and API server included;
+    ``router_client_s`` is what the client's TTFT holds beyond the router's two legs (its hop to the
+    router and back, and the router's own work)."""
     rows = []
     recs = [json.loads(x) for x in (out / "records" / "load_pd.jsonl").read_text().splitlines() if x.strip()]
     recs = [r for r in recs if r.get("ok")]
@@ -320,25 +341,27 @@ def measured_rows(out: Path) -> list[dict]:
         pd = r.get("pd") or {}
         pm, dm = pd.get("prefill_metrics") or {}, pd.get("decode_metrics") or r.get("server_metrics") or {}
         o = int(r["output_tokens"])
+        pe, de = _engine_s(pm), _engine_s(dm)
+        first_byte = pd.get("decode_first_byte_s")
+        ttft = r.get("ttft_s")
         rows.append(
             {
                 "id": r["id"],
                 "arrival_s": r["t_send"] - t0,
                 "input_tokens": int(r["prompt_tokens"]),
                 "output_tokens": o,
-                "client_ttft_s": r.get("ttft_s"),
+                "client_ttft_s": ttft,
                 "client_tpot_s": ((r["e2e_s"] - r["ttft_s"]) / (o - 1)) if o > 1 else None,
-                "prefill_server_ttft_s": pm.get("time_to_first_token_ms", math.nan) / 1e3 if pm else None,
-                "prefill_leg_s": (pd["prefill_done_s"] - pd["prefill_sent_s"]) if pd.get("prefill_done_s") else None,
-                "decode_server_ttft_s": dm.get("time_to_first_token_ms", math.nan) / 1e3 if dm else None,
+                "prefill_engine_s": pe,
+                "decode_engine_s": de,
+                "prefill_leg_s": _span(pd, "prefill_sent_s", "prefill_done_s"),
+                "decode_leg_s": _span(pd, "decode_sent_s", "decode_first_byte_s"),
+                "router_client_s": ttft - first_byte
+                if isinstance(ttft, (int, float)) and isinstance(first_byte, (int, float))
+                else None,
                 "decode_server_tpot_s": dm["mean_itl_ms"] / 1e3 if dm.get("mean_itl_ms") and o > 1 else None,
+                # the engines' share of TTFT: no HTTP hop, no API server, no router
+                "servers_ttft_s": pe + de if pe is not None and de is not None else None,
             }
-        )
-        r_ = rows[-1]
-        # the engines' share of TTFT: prefill server TTFT + decode server TTFT (no HTTP hops, no router)
-        r_["servers_ttft_s"] = (
-            r_["prefill_server_ttft_s"] + r_["decode_server_ttft_s"]
-            if r_["prefill_server_ttft_s"] is not None and r_["decode_server_ttft_s"] is not None
-            else None
         )
     return rows

@@ -26,7 +26,7 @@ from calibration.harness.bundle import BundleError
 from calibration.harness.interrupt import interruptible
 from calibration.pd import run as pd_run
 from calibration.pd.bundle import PDReplayError, pd_summary, read_manifest, show_pd
-from calibration.pd.replay import replay
+from calibration.pd.replay import part_summary, replay
 
 # calibrate run's options that mean nothing for a PD pair: (attribute, flag, value when not given)
 NOT_FOR_PD: tuple[tuple[str, str, bool | list[str] | None], ...] = (
@@ -166,8 +166,14 @@ def cmd_validate(a, con: Console) -> int:
         verdict = "info" if not r["check"] else ("ok" if r["passed"] else "[red]FAIL[/]")
         t.add_row(r["metric"], r["stat"], r["source"], ms(r["measured_s"]), ms(r["predicted_s"]), err, verdict)
     con.print(t)
-    parts = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in rep["measured_parts"].items() if math.isfinite(v))
-    con.print(f"measured: {parts}")
+    pt = Table(title="part by part (p50 over the requests)")
+    for c in ("part", "measured", "simulated", "difference"):
+        pt.add_column(c, justify="left" if c == "part" else "right")
+    for r in rep["parts"]:
+        diff = "-" if not math.isfinite(r["difference_s"]) else f"{r['difference_s'] * 1e3:+.1f} ms"
+        pt.add_row(r["part"], ms(r["measured_s"]), ms(r["predicted_s"]) if r["modelled"] else "not modelled", diff)
+    con.print(pt)
+    con.print(escape(part_summary(rep["parts"])))
     con.print(
         f"transfer bandwidth {rep['bandwidth_Bps'] / 1e9:.3g} GB/s ({rep['bandwidth_source']}); simulated "
         f"{rep['completed_pred']} of {rep['n']}; report: {rep['out']}/report.json, scenario.yaml"

@@ -9,10 +9,15 @@ ExampleConnector, bytes over transfer time of the decode server's NIXL reads for
 measured arrivals and lengths as a trace.  The comparison rows:
 
 * TTFT p50/p90, client through the router (information: the simulator has no router and no HTTP hops);
-* TTFT p50/p90, prefill server TTFT + decode server TTFT (a check);
+* TTFT p50/p90, the engines' share: each server's queue and time to its first token, against the simulated
+  TTFT less its front end (a check);
 * TPOT p50, decode server ``mean_itl_ms`` and client (checks);
 * KV transfer, mean: NIXL's own transfer time, or the file probe's per-transfer time, against the
   simulator's ``transfer_s`` (information: the simulator adds the connector's setup time).
+
+And the time to first token part by part (:func:`part_rows`), so that a miss is placed: the prefill engine,
+the decode engine (KV load, recompute, first token), the API servers and HTTP legs beyond the engines, the
+router with the client's hop to it (not modelled), and decode TPOT.
 """
 
 from __future__ import annotations
@@ -137,6 +142,7 @@ def replay(
     res = simulate(parse_scenario(data, "pd replay"))
     req = res.requests.sort_values("request_id")
     pred_ttft, pred_tpot = req["ttft_s"].tolist(), req["tpot_s"].tolist()
+    pred_engines = (req["ttft_s"] - req["frontend_s"]).tolist()
     table = []
 
     def row(metric, stat, meas, pred, source, check):
@@ -163,7 +169,7 @@ def replay(
             "TTFT",
             f"p{p}",
             _pct([r["servers_ttft_s"] for r in rows], p),
-            _pct(pred_ttft, p),
+            _pct(pred_engines, p),
             "prefill+decode srv",
             True,
         )
@@ -179,11 +185,6 @@ def replay(
             "NIXL xfer time" if nixl else "file probe",
             False,
         )
-    parts = {
-        "prefill server TTFT p50": _pct([r["prefill_server_ttft_s"] for r in rows], 50),
-        "prefill leg via HTTP p50": _pct([r["prefill_leg_s"] for r in rows], 50),
-        "decode server TTFT p50 (KV load + recompute + 1st token)": _pct([r["decode_server_ttft_s"] for r in rows], 50),
-    }
     checks = [t for t in table if t["check"]]
     report = {
         "bundle": str(bundle.resolve()),
@@ -202,12 +203,69 @@ def replay(
         "checks": len(checks),
         "failed": sum(1 for t in checks if not t["passed"]),
         "passed": all(t["passed"] for t in checks),
-        "measured_parts": parts,
+        "parts": part_rows(rows, req),
         "summary_pred": {k: res.summary.get(k) for k in ("ttft_s", "tpot_s") if k in res.summary},
         "out": str(vdir),
     }
     (vdir / "report.json").write_text(json.dumps(report, indent=1, default=str))
     return report
+
+
+#: the parts of a PD request's time, in the order a request meets them: (name, measured row key, simulated
+#: request columns summed, whether the simulator models it)
+PARTS = (
+    ("prefill engine: queue + prefill to its first token", "prefill_engine_s", ("queue_s", "prefill_s"), True),
+    (
+        "decode engine: queue, KV load, recompute, first token",
+        "decode_engine_s",
+        ("transfer_wait_s", "transfer_s", "decode_admission_s"),
+        True,
+    ),
+    ("API servers and HTTP of both legs, beyond the engines", "servers_http_s", ("frontend_s",), True),
+    ("router and the client's hop to it", "router_client_s", (), False),
+    ("decode TPOT", "decode_server_tpot_s", ("tpot_s",), True),
+)
+
+
+def part_rows(rows: list[dict], req) -> list[dict]:
+    """Each part of :data:`PARTS` at p50 over the requests: measured, simulated (0 for a part the
+    simulator does not model) and the difference in seconds.  The API servers' and HTTP share is each
+    router leg less its engine's time; the simulator has one fitted front end for it."""
+    for r in rows:
+        legs = (r["prefill_leg_s"], r["prefill_engine_s"], r["decode_leg_s"], r["decode_engine_s"])
+        ok = all(x is not None and math.isfinite(x) for x in legs)
+        r["servers_http_s"] = (legs[0] - legs[1]) + (legs[2] - legs[3]) if ok else None
+    out = []
+    for name, key, cols, modelled in PARTS:
+        meas = _pct([r[key] for r in rows], 50)
+        pred = _pct(sum((req[c].to_numpy(dtype=float) for c in cols), np.zeros(len(req))).tolist(), 50) if cols else 0.0
+        out.append(
+            {
+                "part": name,
+                "measured_s": meas,
+                "predicted_s": pred,
+                "difference_s": pred - meas if math.isfinite(meas) else math.nan,
+                "modelled": modelled,
+            }
+        )
+    return out
+
+
+def part_summary(parts: list[dict]) -> str:
+    """One line: the TTFT part the simulation misses by the most time, and by how much."""
+    ttft = [p for p in parts if p["part"] != "decode TPOT" and math.isfinite(p["difference_s"])]
+    if not ttft:
+        return "no part of TTFT was measured (the servers ran without --enable-per-request-metrics?)"
+    worst = max(ttft, key=lambda p: abs(p["difference_s"]))
+    how = "not modelled" if not worst["modelled"] else ("too long" if worst["difference_s"] > 0 else "too short")
+    return (
+        f"TTFT's largest miss: {worst['part']} ({fmt_ms(worst['measured_s'])} measured, "
+        f"{fmt_ms(worst['predicted_s'])} simulated: {how}, {worst['difference_s'] * 1e3:+.1f} ms at p50)"
+    )
+
+
+def fmt_ms(x: float | None) -> str:
+    return "-" if x is None or not math.isfinite(x) else f"{x * 1e3:.1f} ms"
 
 
 def print_report(report: dict, echo=print) -> None:
@@ -218,8 +276,9 @@ def print_report(report: dict, echo=print) -> None:
             f"{t['metric']:11} {t['stat']:4} {t['source']:18} measured {t['measured_s'] * 1e3:8.2f} ms  "
             f"predicted {t['predicted_s'] * 1e3:8.2f} ms  error {t['rel_error'] * 100:+6.1f}%{verdict}"
         )
-    for k, v in report["measured_parts"].items():
-        echo(f"  measured {k}: {v * 1e3:.1f} ms")
+    for t in report["parts"]:
+        echo(f"  {t['part']:58} measured {fmt_ms(t['measured_s'])}  simulated {fmt_ms(t['predicted_s'])}")
+    echo(f"  {part_summary(report['parts'])}")
     echo(
         f"  bandwidth {report['bandwidth_Bps'] / 1e9:.3g} GB/s ({report['bandwidth_source']}); report: "
         f"{report['out']}/report.json"
