@@ -37,6 +37,20 @@ class WeightOnly(StrictModel):
     source: str = Field(min_length=3)
 
 
+class ExpertBackendRule(StrictModel):
+    """Releases before ``before`` ran a weight format's routed experts on the listed GPUs through a kernel the
+    measured expert tables do not hold (the tables time the kernels of later releases).  The simulator keeps
+    the measured curve and says so with the deployment's expert kernel; ``evidence`` is what is known of the
+    difference, with its measurement."""
+
+    format: str = Field(min_length=1)  # an expert format of hwdb/data/moe_kernels (fp8_block, ...)
+    gpus: tuple[str, ...] = Field(min_length=1)
+    before: str = Field(min_length=1)
+    backend: str = Field(min_length=3)
+    evidence: str = Field(min_length=3)
+    source: str = Field(min_length=3)
+
+
 class MemoryRelease(StrictModel):
     """The memory terms of one engine release on (later entries of :class:`EngineMemory` override earlier
     ones field by field).  Bytes, and dimensionless factors on the profiling run's tensors
@@ -132,6 +146,8 @@ class EngineProfile(StrictModel):
     moe_dispatch: Literal["allgather", "all_to_all"] = "allgather"
     # Formats it runs weight-only where the GPU lacks their tensor cores (absent: such a deployment is refused).
     weight_only: dict[Literal["fp8", "fp4"], WeightOnly] = {}
+    # Earlier releases' expert kernels the measured tables do not hold (named with the deployment's kernel).
+    expert_backends: tuple[ExpertBackendRule, ...] = ()
     # What it keeps back from the KV cache (simulator/memory.py); None: vLLM's rule with its 0.19 terms.
     memory: EngineMemory | None = None
     # KV it keeps free for running requests' future output at admission (None: none, as vLLM).

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from hwdb.profiles import version_matches
 from simulator import fmt
+from simulator.engine_rules import expert_backend_note
 from simulator.summary_types import LatencyKey, PctKey
 
 BANDS = Path(__file__).resolve().parent.parent / "hwdb" / "data" / "validation" / "e2e.json"
@@ -75,6 +76,8 @@ def assess(dep, bands_path: Path = BANDS) -> dict:
     return {
         "gpu": (f"kernel-fitted ({dep.profile.name})" if dep.profile is not None else "datasheet only"),
         "profile_fallback": fallback,
+        # the release ran its experts through a kernel no table measures (hwdb engine expert_backends)
+        "unmeasured_experts": expert_backend_note(dep).removeprefix("; "),
         "engine": "e2e-fitted" if e2e_fitted else "defaults",
         "model_family": (f"validated end to end ({family})" if family else "not validated"),
         "error_band": band,
@@ -92,7 +95,8 @@ def describe(status: dict) -> str:
     else:
         b = "no error band: datasheet figures only, nothing measured behind them"
     fallback = f" ({status['profile_fallback']})" if status.get("profile_fallback") else ""
-    return f"GPU {status['gpu']}{fallback}; engine {status['engine']}; model {status['model_family']}; {b}"
+    experts = f"; {status['unmeasured_experts']}" if status.get("unmeasured_experts") else ""
+    return f"GPU {status['gpu']}{fallback}; engine {status['engine']}; model {status['model_family']}; {b}{experts}"
 
 
 # Figures that carry a model error band: which pools' validation errors bound them, and which error

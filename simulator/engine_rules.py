@@ -1,5 +1,6 @@
 """Engine rules a pool's settings resolve through: vLLM's batch defaults by GPU, which weight formats an engine
-serves weight-only, and SGLang's running-request cap from its KV tokens."""
+serves weight-only, SGLang's running-request cap from its KV tokens, and which releases ran their experts
+through a kernel the measured tables do not hold."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import cast
 
 import hwdb
 from hwdb.engine_schema import WeightOnly
+from simulator.kv_rule import release_key
 from simulator.perf import Deployment, FitError, plan_memory
 
 
@@ -52,3 +54,20 @@ def engine_running_cap(dep: Deployment, given: bool) -> Deployment:
     except FitError:
         return dep
     return dataclasses.replace(dep, knobs=dataclasses.replace(dep.knobs, max_num_seqs=cap))
+
+
+def expert_backend_note(dep: Deployment) -> str:
+    """What the deployment's expert kernel line adds when its engine release ran these experts through a
+    kernel the measured tables do not hold (the engine profile's ``expert_backends``), else ''."""
+    for rule in dep.engine.expert_backends:
+        if (
+            rule.format == dep.moe_format
+            and dep.gpu.name in rule.gpus
+            and release_key(dep.release) < release_key(rule.before)
+        ):
+            return (
+                f"; {dep.engine.engine} {dep.release} ran {rule.format} experts on {dep.gpu.name} through "
+                f"{rule.backend} by default, which no table measures: the curve is a later release's kernel "
+                f"({rule.evidence})"
+            )
+    return ""

@@ -18,7 +18,7 @@ from pydantic import Field, ValidationError, model_validator
 import hwdb
 from hwdb.mla import KV_DTYPES
 from simulator.bounds import MAX_SECONDS, MAX_TOKENS, Fraction, Range, Seed
-from simulator.engine_rules import engine_running_cap, vllm_batch_defaults, weight_only_refusal
+from simulator.engine_rules import engine_running_cap, expert_backend_note, vllm_batch_defaults, weight_only_refusal
 from simulator.epd.epd_config import EmbeddingTransferConfig, EncoderConfig
 from simulator.errors import format_validation_error
 from simulator.inputs import read_yaml
@@ -367,4 +367,4 @@ def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB
     if choice is not None:
         dep = dataclasses.replace(dep, moe_kernel=choice.format)
     curve, source = db.moe_curve(gpu.name, engine.engine, dep.moe_format, pool.ep)
-    return dataclasses.replace(dep, moe_curve=curve, moe_source=source)
+    return dataclasses.replace(dep, moe_curve=curve, moe_source=source + expert_backend_note(dep) if source else source)
