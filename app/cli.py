@@ -51,14 +51,16 @@ def cmd_app(args, con=None) -> int:
     return run_until_stopped(proc)
 
 
-STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
+# SIGINT is handled like the others, not left to Python's KeyboardInterrupt: a shell script's background job
+# starts with SIGINT ignored, which Python keeps, so `kill -INT` on it would do nothing.
+STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
 
 
 def run_until_stopped(proc: subprocess.Popen, grace_s: float = 20.0) -> int:
     """Wait for the Streamlit server ``proc``; a stop signal sent to epdsim alone (``kill PID``, a closed
-    terminal, Ctrl-C or ``kill -INT``) is passed on to it and epdsim waits for it to stop (``grace_s``, then
-    it is killed), so no server is left holding the port.  Returns 0 after a requested stop, else the
-    server's exit code."""
+    terminal, Ctrl-C or ``kill -INT``, also from a script that started epdsim in the background with SIGINT
+    ignored) is passed on to it and epdsim waits for it to stop (``grace_s``, then it is killed), so no
+    server is left holding the port.  Returns 0 after a requested stop, else the server's exit code."""
     stopped = []
 
     def forward(signum, frame):
@@ -79,9 +81,6 @@ def run_until_stopped(proc: subprocess.Popen, grace_s: float = 20.0) -> int:
                     deadline = time.monotonic() + grace_s
                 if deadline is not None and time.monotonic() > deadline:
                     proc.kill()
-            except KeyboardInterrupt:
-                # Ctrl-C reaches the whole foreground group; `kill -INT` reaches epdsim alone: pass it on
-                forward(signal.SIGINT, None)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

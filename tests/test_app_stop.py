@@ -1,5 +1,6 @@
 """``epdsim app`` stopped by a signal sent to epdsim alone (issue 32: ``kill PID`` left Streamlit running and
-holding the port): the signal is passed on to the Streamlit server, epdsim waits for it, and the port is free."""
+holding the port): the signal is passed on to the Streamlit server, epdsim waits for it, and the port is free;
+``kill -INT`` too when epdsim was started with SIGINT ignored, as a shell script's background job is."""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ def port_free(port: int) -> bool:
 def test_a_stop_signal_to_epdsim_stops_the_streamlit_server(tmp_path, sig):
     port = free_port()
     env = {**os.environ, "HOME": str(tmp_path)}
-    # a session of its own, as a script's background job: the signal reaches epdsim only, never the server
+    # a session of its own, as a script's background job: the signal reaches epdsim only, never the server;
+    # and SIGINT ignored, as a non-interactive shell starts a background job (Python keeps it ignored)
     proc = subprocess.Popen(
         [sys.executable, "-m", "simulator.cli", "app", "--port", str(port), "--address", "127.0.0.1", "--headless"],
         cwd=REPO,
@@ -44,6 +46,7 @@ def test_a_stop_signal_to_epdsim_stops_the_streamlit_server(tmp_path, sig):
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
     try:
         wait_health(f"http://127.0.0.1:{port}/_stcore/health", proc)

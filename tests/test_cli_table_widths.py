@@ -23,7 +23,6 @@ from simulator.console import PIPED_WIDTH, stdout_console
 
 REPO = Path(__file__).resolve().parents[1]
 CHAT = REPO / "examples" / "llama8b_h100_chat.yaml"  # calibrated H100: a band
-L40S = REPO / "examples" / "azure_code_trace_l40s.yaml"  # datasheet-only L40S: no band
 PD = REPO / "examples" / "interference_pd.yaml"  # two pools, each with its band
 AUTOSCALE = REPO / "examples" / "autoscale_step_load.yaml"  # adds the operations table
 SCENARIO = {
@@ -39,6 +38,8 @@ SCENARIO = {
     },
     "slo": {"ttft_s": 0.2, "tpot_s": 0.010, "attainment": 0.9},
 }
+# the same load on a datasheet-only GPU (no calibration profile): no band
+NO_BAND = {**SCENARIO, "name": "width-no-band", "pools": [{"gpu": "L40S", "tp": 1, "instances": 1}]}
 PLAN = {
     "name": "width-plan",
     "model": "Llama-3.1-8B",
@@ -67,6 +68,7 @@ def files(tmp_path_factory) -> dict[str, Path]:
     """A tiny regress suite with its baseline, and a tiny plan request (about a second each)."""
     d = tmp_path_factory.mktemp("widths")
     (d / "scn.yaml").write_text(yaml.safe_dump(SCENARIO))
+    (d / "noband.yaml").write_text(yaml.safe_dump(NO_BAND))
     suite = {
         "name": "width-suite",
         "tolerance": {"rel": 0.02},
@@ -83,14 +85,19 @@ def files(tmp_path_factory) -> dict[str, Path]:
     (d / "suite.yaml").write_text(yaml.safe_dump(suite, sort_keys=False))
     assert main(["regress", str(d / "suite.yaml"), "--baseline", str(d / "base.json"), "--update", "--jobs", "1"]) == 0
     (d / "plan.yaml").write_text(yaml.safe_dump(PLAN))
-    return {"suite": d / "suite.yaml", "baseline": d / "base.json", "plan": d / "plan.yaml"}
+    return {
+        "suite": d / "suite.yaml",
+        "baseline": d / "base.json",
+        "plan": d / "plan.yaml",
+        "noband": d / "noband.yaml",
+    }
 
 
 # command -> (arguments, a word its table prints: the output is the command's, not an error)
 COMMANDS = {
     "simulate": (["simulate", str(CHAT), "--num-requests", "100"], "model error band"),
     "simulate-pd": (["simulate", str(PD), "--num-requests", "60"], "TTFT breakdown"),
-    "simulate-no-band": (["simulate", str(L40S), "--num-requests", "60"], "no band"),
+    "simulate-no-band": (["simulate", "{noband}", "--num-requests", "60"], "no band"),
     "simulate-autoscale": (["simulate", str(AUTOSCALE)], "operations"),
     "perf": (["perf", "Llama-3.1-8B", "--gpu", "H100"], "decode step"),
     "hw-list": (["hw", "list"], "models"),
@@ -208,10 +215,9 @@ def test_simulate_writes_each_figure_with_its_band_in_table_and_json(tmp_path, c
     assert f"TTFT {rel['ttft_s']:.0%}" in " ".join(out.split()) and "model error band" in out
 
 
-def test_simulate_without_a_band_says_no_band_and_writes_nulls(tmp_path, capsys):
-    assert (
-        main(["simulate", str(L40S), "--num-requests", "60", "--out", str(tmp_path / "run"), "--format", "json"]) == 0
-    )
+def test_simulate_without_a_band_says_no_band_and_writes_nulls(files, tmp_path, capsys):
+    run_dir = str(tmp_path / "run")
+    assert main(["simulate", str(files["noband"]), "--num-requests", "60", "--out", run_dir, "--format", "json"]) == 0
     out = capsys.readouterr().out
     _, band, info = _band(tmp_path / "run")
     assert info["pools"][0]["confidence"]["error_band"] is None
