@@ -127,14 +127,18 @@ def test_plan_is_deterministic_and_fits_the_model():
     assert [p["name"] for p in a] == [
         "prefill",
         "decode_c1",
+        "decode_c2",
         "decode_c4",
-        "decode_c16",
-        "decode_c1_p268",
-        "decode_c4_p268",
-        "decode_c16_p268",
+        "decode_c8",
+        "decode_c1_p236",
+        "decode_c2_p236",
+        "decode_c4_p236",
+        "decode_c8_p236",
         "load_poisson_0.6",
     ]
-    assert {r[1] for r in a[4]["requests"]} == {268}  # 512 shortened to fit max_model_len with its output
+    assert {r[1] for r in a[5]["requests"]} == {236}  # 512 shortened to fit max_model_len with its 64 outputs
+    # 16-256 of the 7 prompt lengths fit under 300 tokens, 3 repeats each; 4 requests a user at each decode level
+    assert len(a[0]["requests"]) == 5 * 3 and len(a[4]["requests"]) == 8 * 4
 
 
 def test_open_loop_rate_resolution_is_fixed_once(tmp_path):

@@ -208,8 +208,9 @@ def test_vllm_trace_replayed_and_validated(tmp_path):
     """One real server, as `calibrate run --pin 0:1` lays it out (the worker and the engine core on one
     core, the API server and this client on the other: calibration/harness/affinity.py).  A warm-up W
     (the first 60 requests of the trace, discarded: the first sends of a new shape run slower), a fit
-    bundle A (prefill sweep, decode sweeps at 1-8 users with 64- and 512-token prompts, so that the fit
-    sees the KV stream's cost, and a Poisson load for the front end), then a trace
+    bundle A with the documented plan, ``--quick`` (prefill sweep, decode sweeps at 1-8 users with 64- and
+    512-token prompts, so that the fit sees the KV stream's cost, and a Poisson load at 0.6 of the measured
+    capacity for the front end), then a trace
     no fit saw, twice through ``--trace`` (T1, T2): ``calibrate make-trace``'s default, 240 requests of
     three classes (chat 64-200 -> 32-128 tokens, documents 900-1200 -> 8-24, mid 400 -> 200) with
     Markov-modulated arrivals (0.5 and 6 req/s); then D, A's decode sweep and two of its prompt lengths
@@ -265,22 +266,9 @@ def test_vllm_trace_replayed_and_validated(tmp_path):
             assert pin_below(srv.proc.pid, {engine_cpu})  # the engine core's threads, at least
         # the first sends of a new shape ran 10-25% slower than the next in every launch: warm up on it
         measure("W", kinds=("load",), trace=str(trace), trace_limit=60)
-        # the open-loop load gives the front end's API server loop (calibration/fit/frontend.py)
-        fit_dir = measure(
-            "A",
-            kinds=("prefill", "decode", "load"),
-            prefill_lengths=[16, 32, 64, 128, 256, 512, 1024],
-            prefill_repeats=3,
-            decode_concurrency=[1, 2, 4, 8],
-            decode_prompt=[64, 512],
-            decode_output=64,
-            decode_rounds=4,
-            load_rates=[4.0],
-            load_requests=30,
-            load_prompt=(32, 256),
-            load_output=(16, 64),
-            closed_concurrency=[],
-        )
+        # the documented plan, `calibrate run --quick`: its open-loop load gives the front end's API server
+        # loop (calibration/fit/frontend.py)
+        fit_dir = measure("A", quick=True)
         t1 = measure("T1", kinds=("load",), trace=str(trace))
         t2 = measure("T2", kinds=("load",), trace=str(trace))
         # A's decode sweep and two of its prompt lengths again: how far the host's own speed moved between

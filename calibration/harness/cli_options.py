@@ -114,7 +114,12 @@ def add_run_options(r: argparse.ArgumentParser) -> None:
         "each (two or more let the fit see the KV stream's cost)",
     )
     pl.add_argument("--decode-output", type=int)
-    pl.add_argument("--decode-rounds", type=int, default=2, help="requests per user at each decode level (2)")
+    pl.add_argument(
+        "--decode-rounds",
+        type=int,
+        default=None,
+        help="requests per user at each decode level (4 with --quick, else 2)",
+    )
     pl.add_argument("--load-fractions", type=_floats, help="Poisson rates as fractions of the decode capacity")
     pl.add_argument("--load-rates", type=_floats, help="absolute Poisson rates (req/s); replace the fractions")
     pl.add_argument("--load-requests", type=int)

@@ -59,7 +59,7 @@ class PlanOptions:
     decode_concurrency: list[int] | None = None
     decode_prompt: int | list[int] | None = None  # several: a decode sweep at each (the KV stream's cost)
     decode_output: int | None = None
-    decode_rounds: int = 2
+    decode_rounds: int | None = None  # requests per user at each level; None: 4 quick, else 2
     load_fractions: list[float] | None = None
     load_rates: list[float] | None = None  # absolute req/s; replaces the fractions
     load_requests: int | None = None
@@ -94,14 +94,16 @@ class PlanOptions:
             quick=q,
             seed=self.seed,
             kinds=self.kinds,
+            # quick: the plan the CPU recipe fits with (docs/validation/cpu.md; five launches checked against a
+            # bursty trace none of them saw, tests/test_calibration_trace.py)
             prefill_lengths=self.prefill_lengths
-            or ([16, 64, 256, 1024] if q else [16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]),
-            prefill_repeats=self.prefill_repeats or (2 if q else 3),
-            decode_concurrency=self.decode_concurrency or ([1, 4, 16] if q else [1, 2, 4, 8, 16, 32, 64]),
+            or ([16, 32, 64, 128, 256, 512, 1024] if q else [16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]),
+            prefill_repeats=self.prefill_repeats or 3,
+            decode_concurrency=self.decode_concurrency or ([1, 2, 4, 8] if q else [1, 2, 4, 8, 16, 32, 64]),
             # two prompt lengths, so that the fit sees the decode attention's KV stream (calibration/fit/command.py)
             decode_prompt=self.decode_prompt or ([64, 512] if q else [128, 1024]),
-            decode_output=self.decode_output or (32 if q else 128),
-            decode_rounds=self.decode_rounds,
+            decode_output=self.decode_output or (64 if q else 128),
+            decode_rounds=self.decode_rounds or (4 if q else 2),
             load_fractions=self.load_fractions or ([0.6] if q else [0.3, 0.6, 0.9]),
             load_rates=self.load_rates,
             load_requests=self.load_requests or (30 if q else 100),
