@@ -30,8 +30,10 @@ from calibration.fit.command import fit_bundle
 from calibration.fit.report import write_outputs
 from calibration.harness.bundle import Bundle
 from calibration.harness.client import CompletionClient, RequestSpec, as_interrupt
+from calibration.harness.interrupt import interruptible, stop_requested
 from calibration.harness.loadgen import run_open_loop
-from calibration.harness.server import ServerProcess
+from calibration.harness.phase_run import watchdog
+from calibration.harness.server import Endpoint, ServerProcess
 from calibration.validation.command import validate
 from tests.synthetic_bundle import CPU_TRUTH, TINY_CONFIG, make_bundle, write_truth_hwdb
 from tests.test_calibration_harness import fake_cmd, free_port
@@ -247,3 +249,22 @@ def test_an_interrupt_wrapped_in_a_task_group_is_still_an_interrupt():
     assert as_interrupt(other) is other
     plain = RuntimeError("boom")
     assert as_interrupt(plain) is plain
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the drop is the point
+def test_a_stop_whose_raise_python_drops_is_still_seen():
+    """A stop signal handled inside a ``__del__`` (or a weakref callback): Python drops the KeyboardInterrupt
+    there, as it once did in asyncio's WeakSet, so the run went on to its end; the handler remembers it, and
+    the phase watchdog, which asks :func:`stop_requested`, stops the phase."""
+
+    class Drops:
+        def __del__(self):
+            signal.raise_signal(signal.SIGTERM)
+
+    with interruptible():
+        assert stop_requested() is None
+        Drops()  # "Exception ignored in ... KeyboardInterrupt: SIGTERM": nothing raised here
+        assert stop_requested() == "SIGTERM"
+        with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+            asyncio.run(watchdog(Endpoint("http://127.0.0.1:9"), "p", every=0.01))
+    assert stop_requested() is None  # the previous handlers are back

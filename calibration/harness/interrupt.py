@@ -13,8 +13,24 @@ import threading
 from contextlib import contextmanager
 
 
-def _raise(signum, frame):
-    raise KeyboardInterrupt(signal.Signals(signum).name)
+class StopHandler:
+    """The handler :func:`interruptible` installs: it raises ``KeyboardInterrupt`` where the main thread is,
+    and remembers the signal.  Python drops an exception raised inside a weakref callback or a ``__del__``
+    (a stop was lost that way once, in asyncio's WeakSet, and the run went on to the end), so a loop that
+    polls (the phase watchdog, calibration/harness/phase_run.py) asks :func:`stop_requested` as well."""
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+
+    def __call__(self, signum, frame):
+        self.received = signal.Signals(signum).name
+        raise KeyboardInterrupt(self.received)
+
+
+def stop_requested() -> str | None:
+    """The name of the stop signal the active :class:`StopHandler` received (None: none, or none active)."""
+    handler = signal.getsignal(signal.SIGTERM)
+    return handler.received if isinstance(handler, StopHandler) else None
 
 
 @contextmanager
@@ -25,8 +41,9 @@ def interruptible():
         yield
         return
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    stop = StopHandler()
     for s in previous:
-        signal.signal(s, _raise)
+        signal.signal(s, stop)
     try:
         yield
     finally:

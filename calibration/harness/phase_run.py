@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from calibration.harness.bundle import Bundle, now_iso
 from calibration.harness.client import CompletionClient, PromptFactory, RequestResult, RequestSpec
+from calibration.harness.interrupt import stop_requested
 from calibration.harness.loadgen import run_closed_loop, run_open_loop
 from calibration.harness.metrics import counter_deltas, histogram_deltas, parse_prometheus
 from calibration.harness.server import Endpoint
@@ -40,11 +41,15 @@ async def _scrape(client: CompletionClient):
         return None
 
 
-async def _watchdog(server: Endpoint, phase: str, every: float = 0.5):
+async def watchdog(server: Endpoint, phase: str, every: float = 0.5):
     """Raise ServerDied as soon as the server process is gone, naming the phase it died in (the same
-    words as the in-phase check after a failed request, whichever of the two notices first)."""
+    words as the in-phase check after a failed request, whichever of the two notices first); and
+    KeyboardInterrupt when a stop signal came whose own raise Python dropped (:class:`StopHandler`)."""
     while True:
         await asyncio.sleep(every)
+        why = stop_requested()
+        if why:
+            raise KeyboardInterrupt(why)
         if not server.alive():
             await asyncio.to_thread(server.check, f"during phase {phase}")
 
@@ -102,7 +107,7 @@ async def run_phase(
         work = run_closed_loop(client, specs, phase.get("concurrency", 1), on_result)
     t0 = time.monotonic()
     main = asyncio.ensure_future(work)
-    dog = asyncio.ensure_future(_watchdog(server, name))
+    dog = asyncio.ensure_future(watchdog(server, name))
     try:
         finished, _ = await asyncio.wait({main, dog}, return_when=asyncio.FIRST_COMPLETED)
         if dog in finished:
@@ -112,10 +117,11 @@ async def run_phase(
         for t in (main, dog):
             t.cancel()
         await asyncio.gather(main, dog, return_exceptions=True)
-        # Ctrl-C and SIGTERM reach this task as a cancellation from asyncio.run, without their reason
+        # Ctrl-C and SIGTERM reach this task as a cancellation from asyncio.run, without their reason (or as
+        # the watchdog's KeyboardInterrupt when the signal's own raise was dropped)
         why = (
             "cancelled (Ctrl-C, SIGINT or SIGTERM)"
-            if isinstance(exc, asyncio.CancelledError)
+            if isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt))
             else f"{type(exc).__name__}: {str(exc)[:300]}"
         )
         await _segment_metrics(bundle, name, seg, client, before, time.monotonic() - t0, interrupted=why)
