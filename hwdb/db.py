@@ -18,7 +18,7 @@ from hwdb.gdn import GdnCurve
 from hwdb.hf_config import ConfigError, arch_from_config
 from hwdb.mla import MlaCurve
 from hwdb.models import ModelArch
-from hwdb.moe import MoeCurve, MoeKernels
+from hwdb.moe import BACKEND_SEP, MoeCurve, MoeKernels
 from hwdb.profiles import Profile, ProfileMatch, version_matches
 from hwdb.schema import GPU, Connector, Link, ModelSidecar, NetworkLayout
 from simulator.inputs import read_json
@@ -187,11 +187,24 @@ class HardwareDB:
             f"(fitted under {engine} {p.engine_version})",
         )
 
-    def moe_curve(self, gpu: str, engine: str, fmt: str, ep: int = 1) -> tuple[MoeCurve | None, str]:
+    def moe_curve(
+        self, gpu: str, engine: str, fmt: str, ep: int = 1, backend: str | None = None
+    ) -> tuple[MoeCurve | None, str]:
         """The measured fused-MoE curve of kernel format ``fmt`` (:data:`hwdb.moe.FORMATS`) on ``gpu`` under
         ``engine`` for a layout with ``ep``-way expert parallelism, and a note of where it came from.  The
         engine's curve of the other layout class comes next, then vLLM's (the note says which); (None, "")
-        when none was measured."""
+        when none was measured.  ``backend``: a kernel the engine was told to run instead of its default
+        (``fmt@backend`` curves, :data:`hwdb.moe.BACKEND_SEP`); where none was measured, the default's curve
+        with a note saying so."""
+        if backend:
+            curve, note = self.moe_curve(gpu, engine, f"{fmt}{BACKEND_SEP}{backend}", ep)
+            if curve is not None:
+                return curve, note
+            curve, note = self.moe_curve(gpu, engine, fmt, ep)
+            return (
+                curve,
+                f"{note}; no {backend} curve of {fmt} measured on {gpu}: the default kernel's" if note else note,
+            )
         classes = ("ep_curves", "curves") if ep > 1 else ("curves", "ep_curves")
         for eng in dict.fromkeys((engine, "vllm")):
             for k in self.moe_kernels.values():

@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from hwdb.profiles import FitQuality
 from simulator.bounds import Range
@@ -43,6 +43,11 @@ FORMATS = {
     "w4a16_mxfp4": ("bf16", 0.53125),
     "w4a8_mxfp4_mxfp8": ("fp8", 0.53125),
 }
+
+
+# A curve keyed ``<format>@<backend>`` times a kernel an engine runs for that format only when told to (vLLM's
+# VLLM_MXFP4_USE_MARLIN=1, later --moe-backend marlin); the plain ``<format>`` key is the engine's default.
+BACKEND_SEP = "@"
 
 
 class MoeCurve(BaseModel):
@@ -108,3 +113,15 @@ class MoeKernels(BaseModel):
     # which the engines run on other kernels (dispatch to local experts, another grouped GEMM).
     curves: dict[str, MoeCurve] = {}
     ep_curves: dict[str, MoeCurve] = {}
+
+    @field_validator("curves", "ep_curves")
+    @classmethod
+    def _known_formats(cls, v: dict[str, MoeCurve]) -> dict[str, MoeCurve]:
+        for key in v:
+            fmt, _, backend = key.partition(BACKEND_SEP)
+            if fmt not in FORMATS or (BACKEND_SEP in key and not backend.isidentifier()):
+                raise ValueError(
+                    f"curve key {key!r}: give a kernel format of {sorted(FORMATS)}, optionally "
+                    f"'{BACKEND_SEP}<backend>' (e.g. 'w4a16_mxfp4{BACKEND_SEP}marlin')"
+                )
+        return v

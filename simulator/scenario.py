@@ -56,6 +56,9 @@ class EngineConfig(StrictModel):
     max_model_len: Annotated[int, Range(16, 10**8, "tokens", whole=True)] | None = None
     # vLLM's override of the profiled KV blocks
     num_gpu_blocks_override: Annotated[int, Range(1, 10**12, "blocks", whole=True)] | None = None
+    # The routed experts' kernel when the engine was told to run one other than its default (vLLM's
+    # --moe-backend marlin; VLLM_MXFP4_USE_MARLIN=1 for MXFP4 experts before that flag); None: the default.
+    moe_backend: Literal["marlin"] | None = None
     # SGLang's --scheduler-recv-interval: a busy scheduler reads new requests every N decode steps (docs/scenario.md)
     scheduler_recv_interval: Annotated[int, Range(1, 100_000, "steps", whole=True)] | None = None
 
@@ -366,5 +369,5 @@ def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB
     choice = model.sidecar.moe_kernel[side] if side in model.sidecar.moe_kernel else None
     if choice is not None:
         dep = dataclasses.replace(dep, moe_kernel=choice.format)
-    curve, source = db.moe_curve(gpu.name, engine.engine, dep.moe_format, pool.ep)
+    curve, source = db.moe_curve(gpu.name, engine.engine, dep.moe_format, pool.ep, e.moe_backend)
     return dataclasses.replace(dep, moe_curve=curve, moe_source=source + expert_backend_note(dep) if source else source)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 
 from calibration.e2e.rows import ENGINES, QUANT, RANGE_RATIO, SYSTEMS, Row
+from simulator.kv_rule import release_key
 
 
 def _layout_why(tp: int, dp: int, moe_tp: int, moe_ep: int, arch, gpu, where: str = "") -> str:
@@ -95,7 +96,25 @@ def engine_of(row: Row) -> dict:
     recv = sglang_recv_interval(row)
     if recv > 1:
         engine["scheduler_recv_interval"] = recv
+    if marlin_mxfp4(row):
+        engine["moe_backend"] = "marlin"
     return engine
+
+
+def marlin_mxfp4(row: Row) -> bool:
+    """Whether InferenceX ran a colocated vLLM gpt-oss row's MXFP4 experts on Marlin (VLLM_MXFP4_USE_MARLIN=1).
+
+    SemiAnalysisAI/InferenceX PR #327 (2026-01-02: "Update vLLM version to v0.13.0 for NVIDIA configs", "Fix
+    H100/H200 perf regression") added the variable to the gpt-oss H100 and H200 vLLM scripts together with the
+    move to v0.13.0, and the scripts kept it through their deprecation (July 2026); campaigns of earlier
+    releases (0.11) and rows that state none ran vLLM's default, OpenAI's Triton kernel."""
+    return (
+        row.backend == "vllm"
+        and row.system in ("h100_sxm", "h200_sxm")
+        and row.model.split("/")[-1].startswith("gpt-oss")
+        and re.fullmatch(r"[0-9][0-9A-Za-z.+-]{0,39}", row.version) is not None
+        and release_key(row.version) >= release_key("0.13")
+    )
 
 
 def sglang_recv_interval(row: Row) -> int:
