@@ -51,6 +51,16 @@ class ExpertBackendRule(StrictModel):
     source: str = Field(min_length=3)
 
 
+class AsyncSchedulingRule(StrictModel):
+    """From release ``since`` the engine schedules a step ahead by default on GPUs of ``vendors``: batch K+1 is
+    scheduled when batch K is launched, so a prompt sent while K runs first joins K+2 (vLLM's async
+    scheduling).  Never with pipeline parallelism, which the engine does not schedule ahead."""
+
+    since: str = Field(min_length=1)
+    vendors: tuple[Literal["nvidia", "amd", "intel", "other"], ...] = Field(min_length=1)
+    source: str = Field(min_length=3)
+
+
 class MemoryRelease(StrictModel):
     """The memory terms of one engine release on (later entries of :class:`EngineMemory` override earlier
     ones field by field).  Bytes, and dimensionless factors on the profiling run's tensors
@@ -148,6 +158,8 @@ class EngineProfile(StrictModel):
     weight_only: dict[Literal["fp8", "fp4"], WeightOnly] = {}
     # Earlier releases' expert kernels the measured tables do not hold (named with the deployment's kernel).
     expert_backends: tuple[ExpertBackendRule, ...] = ()
+    # Which releases schedule a step ahead by default (None: none; a prompt joins the step after it arrives).
+    async_scheduling: AsyncSchedulingRule | None = None
     # What it keeps back from the KV cache (simulator/memory.py); None: vLLM's rule with its 0.19 terms.
     memory: EngineMemory | None = None
     # KV it keeps free for running requests' future output at admission (None: none, as vLLM).

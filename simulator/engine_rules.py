@@ -1,6 +1,6 @@
 """Engine rules a pool's settings resolve through: vLLM's batch defaults by GPU, which weight formats an engine
-serves weight-only, SGLang's running-request cap from its KV tokens, and which releases ran their experts
-through a kernel the measured tables do not hold."""
+serves weight-only, SGLang's running-request cap from its KV tokens, which releases ran their experts
+through a kernel the measured tables do not hold, and which schedule a step ahead."""
 
 from __future__ import annotations
 
@@ -71,3 +71,32 @@ def expert_backend_note(dep: Deployment) -> str:
                 f"({rule.evidence})"
             )
     return ""
+
+
+def scheduled_ahead(
+    pool: str, setting: bool | None, release: str, pp: int, engine: hwdb.EngineProfile, gpu: hwdb.GPU
+) -> tuple[bool, str]:
+    """(whether the pool's engine schedules a step ahead, '' or why ``setting`` is refused).
+
+    ``setting``: the pool's ``async_scheduling`` (None: the release's default, the engine profile's
+    ``async_scheduling`` rule: from its release on the vendors it names, never with pipeline parallelism)."""
+    rule = engine.async_scheduling
+    if setting is None:
+        on = (
+            rule is not None
+            and pp == 1
+            and gpu.vendor in rule.vendors
+            and release_key(release) >= release_key(rule.since)
+        )
+        return on, ""
+    if setting and rule is None:
+        return False, f"pools[{pool}].engine.async_scheduling=true: not modelled for {engine.name}; remove it"
+    if setting and pp > 1:
+        return (
+            False,
+            (
+                f"pools[{pool}].engine.async_scheduling=true with pp={pp}: vLLM does not schedule ahead with "
+                "pipeline parallelism; remove it or set pp 1"
+            ),
+        )
+    return setting, ""

@@ -59,6 +59,7 @@ class EngineKnobs:
     num_gpu_blocks_override: int = 0
     prefix_caching: bool = True
     recv_interval: int = 1  # SGLang's scheduler_recv_interval (decode steps)
+    async_scheduling: bool = False  # vLLM schedules a step ahead: a prompt sent during step K joins K + 2
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,7 @@ def pool_spec(r: ResolvedPool) -> PoolSpec:
         eng.admission,
         eng.dp_context_wait_steps,
         k.recv_interval,
+        k.async_scheduling,
     )
 
 

@@ -18,7 +18,13 @@ from pydantic import Field, ValidationError, model_validator
 import hwdb
 from hwdb.mla import KV_DTYPES
 from simulator.bounds import MAX_SECONDS, MAX_TOKENS, Fraction, Range, Seed
-from simulator.engine_rules import engine_running_cap, expert_backend_note, vllm_batch_defaults, weight_only_refusal
+from simulator.engine_rules import (
+    engine_running_cap,
+    expert_backend_note,
+    scheduled_ahead,
+    vllm_batch_defaults,
+    weight_only_refusal,
+)
 from simulator.epd.epd_config import EmbeddingTransferConfig, EncoderConfig
 from simulator.errors import format_validation_error
 from simulator.inputs import read_yaml
@@ -59,6 +65,9 @@ class EngineConfig(StrictModel):
     # The routed experts' kernel when the engine was told to run one other than its default (vLLM's
     # --moe-backend marlin; VLLM_MXFP4_USE_MARLIN=1 for MXFP4 experts before that flag); None: the default.
     moe_backend: Literal["marlin"] | None = None
+    # vLLM's --async-scheduling / --no-async-scheduling: the engine schedules a step ahead, so a prompt sent
+    # while a step runs joins the step after next; None: the release's default (engine profile).
+    async_scheduling: bool | None = None
     # SGLang's --scheduler-recv-interval: a busy scheduler reads new requests every N decode steps (docs/scenario.md)
     scheduler_recv_interval: Annotated[int, Range(1, 100_000, "steps", whole=True)] | None = None
 
@@ -287,6 +296,9 @@ def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB
             f"SGLang's flag, not {engine.name}'s" if engine.engine != "sglang" else "not modelled with data parallelism"
         )
         raise ScenarioError(f"pools[{pool.name}].engine.scheduler_recv_interval={recv}: {why}; remove it or set 1")
+    ahead, why = scheduled_ahead(pool.name, e.async_scheduling, e.version or engine.version, pool.pp, engine, gpu)
+    if why:
+        raise ScenarioError(why)
     chunked = engine.default_chunked_prefill if e.enable_chunked_prefill is None else e.enable_chunked_prefill
     max_len = e.max_model_len or arch.max_position_embeddings or 8192
     max_seqs = e.max_num_seqs or engine.default_max_num_seqs or seqs
@@ -315,6 +327,7 @@ def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB
         max_model_len=max_len,
         num_gpu_blocks_override=e.num_gpu_blocks_override or 0,
         recv_interval=recv,
+        async_scheduling=ahead,
         prefix_caching=engine.default_prefix_caching if e.enable_prefix_caching is None else e.enable_prefix_caching,
     )
     kv, kv_note = resolve_kv_dtype(pool.kv_cache_dtype, pool.dtype, engine, e.version, model.sidecar)

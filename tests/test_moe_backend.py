@@ -63,7 +63,12 @@ def test_an_unknown_backend_is_refused_with_its_field():
     scn = {
         "model": "gpt-oss-120b",
         "pools": [{"gpu": "H200", "dtype": "int4", "engine": {"moe_backend": "triton"}}],
-        "workload": {"num_requests": 10},
+        "workload": {
+            "arrival": {"kind": "poisson", "rate": 1.0},
+            "input_length": {"kind": "fixed", "value": 64},
+            "output_length": {"kind": "fixed", "value": 8},
+            "num_requests": 10,
+        },
     }
     with pytest.raises(ScenarioError, match="moe_backend"):
         parse_scenario(scn)

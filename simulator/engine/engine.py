@@ -185,6 +185,7 @@ class PoolSpec:
     admission: AdmissionRule | None = None  # KV kept free for running requests (None: vLLM's none)
     dp_context_wait: int | None = None  # attention DP: steps a rank holds prompts back to prefill with the others
     recv_interval: int = 1  # SGLang's scheduler_recv_interval: decode steps between takes of new requests
+    async_scheduling: bool = False  # vLLM schedules a step ahead: a prompt sent during step K joins K + 2
 
 
 @dataclass

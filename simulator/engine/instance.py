@@ -59,7 +59,7 @@ class Instance(InstanceLifecycle):
         n_dec = kv_used = s = 0
         sum_l = 0  # sum over decodes of KV length before this step
         pf: list | None  # a prefill's [done, target, generated_before]; None: not requeued
-        now = env.now
+        now, t0 = env.now, -INF  # t0: the start of the step that ended last
 
         def preempt_newest(s: int, now: float, allocated: bool) -> tuple[int, bool]:
             """Preempt (recompute) the newest running request; returns it and whether it was decoding.
@@ -114,14 +114,13 @@ class Instance(InstanceLifecycle):
         gate = self.gate
         group, rank = self.group, self.rank  # attention data-parallel ranks step together (dp_group.py)
         local_time = self.model.local_time
-        inbox, recv_every, recv_ct = self.inbox, self.recv_every, 0
+        inbox, recv_every, recv_ct, lag = self.inbox, self.recv_every, 0, self.async_lag
         inline = FAST_STEPS and group is None and recv_every == 1
         while True:
-            # --- lazy decode-only steps (instance_state.py, catch_up): a decode instance with no KV to pull
-            # steps while catch_up drives it, to the time it is driven to, and waits without an event at the
-            # step that ends later; its counters (read by the decode router) are written only where it waits,
-            # the clock where a finish may read it.  A hand-off or a landing of KV meanwhile ends it.
-            if lazy and n_dec and not waiting and not prefill and not ready and not remote and not self._freed:
+            # --- lazy decode-only steps (instance_state.py, catch_up): a decode instance with no KV to pull steps to
+            # the time catch_up drives it to and waits, eventless, at the step ending later (the decode router's
+            # counters written where it waits, the clock where a finish may read it); a hand-off or KV landing ends it.
+            if lazy and n_dec and not (waiting or prefill or ready or remote or self._freed):
                 # Every running request decodes here (no prompt chunk), so the batch is n_dec; the
                 # next finish's step is heap[0][0], which only finish_due changes.
                 limit = self.limit
@@ -162,7 +161,7 @@ class Instance(InstanceLifecycle):
             while (
                 inline
                 and n_dec
-                and not (waiting or prefill or ready or remote or self._freed)
+                and not (waiting or prefill or ready or remote or self._freed or inbox)
                 and (kv_total - kv_used >= cnt[s % block])
             ):
                 horizon = gate[0] if gate is not None else queue[0][0] if queue else INF
@@ -201,6 +200,8 @@ class Instance(InstanceLifecycle):
                 waiting.extend(inbox)
                 inbox.clear()
                 recv_ct = 0
+            elif lag and inbox:  # vLLM scheduled the step now starting when the one that ended began
+                self.admit_sent(bool(order), t0)
             extra = 0.0  # encoder time of images admitted this step (front-pool encoding)
             if self._freed:
                 kv_used -= self._freed
@@ -241,8 +242,7 @@ class Instance(InstanceLifecycle):
             kv_used += need
             budget = budget_max - n_dec
             chunks = []
-            # --- partially prefilled running requests (at most one: only the last admission of a
-            # step is cut short by the budget), next chunk in admission order
+            # --- the partial prefill (at most one: a step's last admission is cut by the budget), next chunk in order
             for rid, pf in list(prefill.items()) if prefill else ():
                 if budget <= 0:
                     break

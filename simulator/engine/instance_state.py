@@ -92,6 +92,10 @@ class InstanceState:
         # next reads its socket (Instance.run moves them to ``waiting``); 1: straight to ``waiting``.
         self.recv_every = 1
         self.inbox: deque[int] = deque()
+        # vLLM's async scheduling: a prompt sent while a step runs waits here (with the time it was sent)
+        # until the step after next, which is the first scheduled after it arrived (Instance.run).
+        self.async_lag = False
+        self.sent_at: dict[int, float] = {}
         self.outstanding = self.kv_used = self.n_running = 0
         self.queued_kv = 0  # KV blocks that queued requests (waiting, remote) claim when admitted
         self._queued: dict[int, int] = {}  # rid -> its share of queued_kv
@@ -280,9 +284,22 @@ class InstanceState:
             start_transfer(self, rid, now)
         return used
 
+    def admit_sent(self, running: bool, since: float) -> None:
+        """vLLM's async scheduling: move to ``waiting`` the prompts sent before ``since`` (the start of the step
+        that ended last, when the step now starting was scheduled), or all of them when nothing is ``running``."""
+        inbox = self.inbox
+        while inbox and (not running or self.sent_at[inbox[0]] < since):
+            self.waiting.append(inbox.popleft())
+        if not inbox:
+            self.sent_at.clear()
+
     def submit(self, rid: int) -> None:
         """Queue a request; wakes the instance if it is idle."""
-        (self.inbox if self.recv_every > 1 and self.n_running else self.waiting).append(rid)
+        if self.async_lag and self.n_running:
+            self.sent_at[rid] = cast("Environment", self._env).now
+            self.inbox.append(rid)
+        else:
+            (self.inbox if self.recv_every > 1 and self.n_running else self.waiting).append(rid)
         self.queue_kv(rid, self.rec.input_tokens[rid])
         self.outstanding += 1
         self._wake()

@@ -62,6 +62,7 @@ class OpsPool:
         if s.admission is not None:
             inst.reserve = Reservation(s.admission, s.memory.block_size)
         inst.recv_every = s.recv_interval if inst.role.name in ("colocated", "prefill") else 1
+        inst.async_lag = s.async_scheduling and inst.role.name in ("colocated", "prefill")
         self.all.append(inst)
         self.ops.on_make(self, inst)
         return inst
