@@ -54,7 +54,8 @@ class ExpertBackendRule(StrictModel):
 class AsyncSchedulingRule(StrictModel):
     """From release ``since`` the engine schedules a step ahead by default on GPUs of ``vendors``: batch K+1 is
     scheduled when batch K is launched, so a prompt sent while K runs first joins K+2 (vLLM's async
-    scheduling).  Never with pipeline parallelism, which the engine does not schedule ahead."""
+    scheduling, SGLang's overlap scheduler).  Never with pipeline parallelism, which the engine does not
+    schedule ahead, nor where the profile turns its overlap off (``overlap_with_linear_prefix_cache``)."""
 
     since: str = Field(min_length=1)
     vendors: tuple[Literal["nvidia", "amd", "intel", "other"], ...] = Field(min_length=1)

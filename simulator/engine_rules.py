@@ -74,17 +74,26 @@ def expert_backend_note(dep: Deployment) -> str:
 
 
 def scheduled_ahead(
-    pool: str, setting: bool | None, release: str, pp: int, engine: hwdb.EngineProfile, gpu: hwdb.GPU
+    pool: str,
+    setting: bool | None,
+    release: str,
+    pp: int,
+    engine: hwdb.EngineProfile,
+    gpu: hwdb.GPU,
+    serial: bool = False,
 ) -> tuple[bool, str]:
     """(whether the pool's engine schedules a step ahead, '' or why ``setting`` is refused).
 
     ``setting``: the pool's ``async_scheduling`` (None: the release's default, the engine profile's
-    ``async_scheduling`` rule: from its release on the vendors it names, never with pipeline parallelism)."""
+    ``async_scheduling`` rule: from its release on the vendors it names, never with pipeline parallelism).
+    ``serial``: the profile switches its overlap off for this model (a linear-attention model with the prefix
+    cache on, where ``overlap_with_linear_prefix_cache`` is false), so it does not schedule ahead either."""
     rule = engine.async_scheduling
     if setting is None:
         on = (
             rule is not None
             and pp == 1
+            and not serial
             and gpu.vendor in rule.vendors
             and release_key(release) >= release_key(rule.since)
         )
@@ -95,8 +104,16 @@ def scheduled_ahead(
         return (
             False,
             (
-                f"pools[{pool}].engine.async_scheduling=true with pp={pp}: vLLM does not schedule ahead with "
-                "pipeline parallelism; remove it or set pp 1"
+                f"pools[{pool}].engine.async_scheduling=true with pp={pp}: {engine.name} does not schedule ahead "
+                "with pipeline parallelism; remove it or set pp 1"
+            ),
+        )
+    if setting and serial:
+        return (
+            False,
+            (
+                f"pools[{pool}].engine.async_scheduling=true: {engine.name} turns its overlap scheduler off for a "
+                "linear-attention model with the prefix cache on; remove it or set enable_prefix_caching false"
             ),
         )
     return setting, ""

@@ -239,6 +239,8 @@ def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:
                 ),
                 "kv_cache_sizing": m.rule,
                 "max_running_requests": d.knobs.max_num_seqs,
+                # a prompt sent while step K runs first joins K + 2 (the engine schedules a step ahead)
+                "async_scheduling": d.knobs.async_scheduling,
                 "perf_model": (
                     f"calibrated profile {d.profile.name}"
                     if d.profile

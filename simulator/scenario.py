@@ -296,7 +296,11 @@ def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB
             f"SGLang's flag, not {engine.name}'s" if engine.engine != "sglang" else "not modelled with data parallelism"
         )
         raise ScenarioError(f"pools[{pool.name}].engine.scheduler_recv_interval={recv}: {why}; remove it or set 1")
-    ahead, why = scheduled_ahead(pool.name, e.async_scheduling, e.version or engine.version, pool.pp, engine, gpu)
+    prefix = engine.default_prefix_caching if e.enable_prefix_caching is None else e.enable_prefix_caching
+    serial = prefix and arch.num_linear_layers > 0 and not engine.overlap_with_linear_prefix_cache
+    ahead, why = scheduled_ahead(
+        pool.name, e.async_scheduling, e.version or engine.version, pool.pp, engine, gpu, serial
+    )
     if why:
         raise ScenarioError(why)
     chunked = engine.default_chunked_prefill if e.enable_chunked_prefill is None else e.enable_chunked_prefill
@@ -328,7 +332,7 @@ def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB
         num_gpu_blocks_override=e.num_gpu_blocks_override or 0,
         recv_interval=recv,
         async_scheduling=ahead,
-        prefix_caching=engine.default_prefix_caching if e.enable_prefix_caching is None else e.enable_prefix_caching,
+        prefix_caching=prefix,
     )
     kv, kv_note = resolve_kv_dtype(pool.kv_cache_dtype, pool.dtype, engine, e.version, model.sidecar)
     # A 4-bit float checkpoint served weight-only (no fp4 tensor cores) is held as the sidecar's W4A16 entry

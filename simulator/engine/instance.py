@@ -197,10 +197,9 @@ class Instance(InstanceLifecycle):
                     finish_due(s, now)
                 s += 1
             if recv_every > 1 and (recv_ct >= recv_every or not order):  # SGLang reads its socket, empty or not
-                waiting.extend(inbox)
-                inbox.clear()
+                self.receive(bool(order), t0)
                 recv_ct = 0
-            elif lag and inbox:  # vLLM scheduled the step now starting when the one that ended began
+            elif lag and inbox and recv_every == 1:  # the step now starting was scheduled when the last began
                 self.admit_sent(bool(order), t0)
             extra = 0.0  # encoder time of images admitted this step (front-pool encoding)
             if self._freed:

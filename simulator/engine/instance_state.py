@@ -284,9 +284,19 @@ class InstanceState:
             start_transfer(self, rid, now)
         return used
 
+    def receive(self, running: bool, since: float) -> None:
+        """SGLang reads its socket (every ``recv_every`` steps): the prompts the step now starting can take move to
+        ``waiting``; with the overlap scheduler (``async_lag``) those sent before ``since`` (:meth:`admit_sent`)."""
+        if self.async_lag:
+            self.admit_sent(running, since)
+        else:
+            self.waiting.extend(self.inbox)
+            self.inbox.clear()
+
     def admit_sent(self, running: bool, since: float) -> None:
-        """vLLM's async scheduling: move to ``waiting`` the prompts sent before ``since`` (the start of the step
-        that ended last, when the step now starting was scheduled), or all of them when nothing is ``running``."""
+        """Async scheduling (vLLM's, SGLang's overlap scheduler): move to ``waiting`` the prompts sent before
+        ``since`` (the start of the step that ended last, when the step now starting was scheduled), or all of them
+        when nothing is ``running``."""
         inbox = self.inbox
         while inbox and (not running or self.sent_at[inbox[0]] < since):
             self.waiting.append(inbox.popleft())
