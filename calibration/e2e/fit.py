@@ -21,6 +21,7 @@ lines to put in the engine file and the before/after scores.
 from __future__ import annotations
 
 import argparse
+import math
 import re
 from pathlib import Path
 
@@ -38,6 +39,30 @@ TERMS = ("layer_overhead_s", "moe_layer_overhead_s", "frontend_s", "frontend_s_p
 
 def _robust(fun, x0, bounds):
     return least_squares(fun, x0, bounds=bounds, loss="soft_l1", f_scale=0.1).x
+
+
+# A GPU's scale is kept only where its rows determine it: its standard error (from the fit's Jacobian and the
+# residuals' variance) at most this share of it, and off the bounds; a GPU whose scale is not kept takes the
+# reference GPU's terms, as a GPU without fitting rows does.  The calibration harness fixes a parameter whose
+# sigma passes the same 50 % (calibration/fit/solver.py MAX_SIGMA_REL; e2e imports nothing of the harness).
+MAX_SCALE_SIGMA = 0.5
+SCALE_BOUNDS = (0.2, 5.0)
+
+
+def gpu_scale(sim: np.ndarray, per_layer: np.ndarray, measured: np.ndarray) -> tuple[float, float]:
+    """(the per-layer scale that fits ``measured`` TPOT best, its relative standard error; inf at a bound)."""
+
+    def fun(p):
+        return (sim + per_layer * p[0] - measured) / measured
+
+    fit = least_squares(fun, [1.0], bounds=([SCALE_BOUNDS[0]], [SCALE_BOUNDS[1]]), loss="soft_l1", f_scale=0.1)
+    sc = float(fit.x[0])
+    if not SCALE_BOUNDS[0] * 1.001 < sc < SCALE_BOUNDS[1] * 0.999:
+        return sc, math.inf
+    res = fun(fit.x)
+    jtj = float(fit.jac[:, 0] @ fit.jac[:, 0])
+    var = float(res @ res) / max(len(res) - 1, 1)
+    return sc, math.sqrt(var / jtj) / sc if jtj > 0 else math.inf
 
 
 def fit_engine(backend: str, rows, workers: int | None = None) -> tuple[dict, pd.DataFrame]:
@@ -78,13 +103,16 @@ def fit_engine(backend: str, rows, workers: int | None = None) -> tuple[dict, pd
     else:
         (x,), y = _robust(lambda p: (sim[on] + layers[on] * p[0] - m[on]) / m[on], [1e-5], ([0.0], [1e-3])), 0.0
     per_layer = layers * x + moe * y
-    scales = {}
+    scales, loose = {}, {}
     for g, n in counts.items():
         sel = ok & (gpus == g)
         if g == ref or n < 10:
             continue
-        (sc,) = _robust(lambda p, sel=sel: (sim[sel] + per_layer[sel] * p[0] - m[sel]) / m[sel], [1.0], ([0.2], [5.0]))
-        scales[g] = round(float(sc), 3)
+        sc, rel = gpu_scale(sim[sel], per_layer[sel], m[sel])
+        if rel <= MAX_SCALE_SIGMA:
+            scales[g] = round(sc, 3)
+        else:
+            loose[g] = f"{g} ({n} rows: {sc:.2f}, " + ("at a bound)" if math.isinf(rel) else f"sigma {rel:.0%})")
     terms = {
         engine: {
             "layer_overhead_s": float(x),
@@ -102,7 +130,7 @@ def fit_engine(backend: str, rows, workers: int | None = None) -> tuple[dict, pd
     terms[engine].update(frontend_s=float(a), frontend_s_per_token=float(b))
     final = e2e.predict(fit_rows, workers=workers, terms=terms)
     return (
-        {**terms[engine], "reference_gpu": ref},
+        {**terms[engine], "reference_gpu": ref, "undetermined_scales": sorted(loose.values())},
         pd.concat([base.assign(stage="before"), final.assign(stage="after")]),
     )
 
@@ -174,8 +202,14 @@ def main(argv=None) -> int:
         source = (
             f"end-to-end fit (python -m calibration.e2e.fit --engine {backend}) on {n} distinct rows of the "
             f"'fit' families of ../shared/data/e2e/serving_measurements.csv ({', '.join(fams)}); per-layer "
-            f"terms on the {terms['reference_gpu']} rows, other GPUs' scales on their own; "
-            "docs/validation/e2e.md"
+            f"terms on the {terms['reference_gpu']} rows, other GPUs' scales on their own"
+            + (
+                "; scales their rows do not determine (sigma over 50 %) left at the reference's: "
+                + ", ".join(terms["undetermined_scales"])
+                if terms["undetermined_scales"]
+                else ""
+            )
+            + "; docs/validation/e2e.md"
         )
         lines = yaml_lines(terms, source)
         print(f"# {ENGINES[backend]}: fitted on {n} rows of the 'fit' split (calibration/e2e/fit.py)")
