@@ -108,6 +108,17 @@ class AdmissionRule(StrictModel):
     clip_tokens: Tokens | None = None
 
 
+class MemoryTierDefaults(StrictModel):
+    """Defaults an engine picks from the GPU's memory (SGLang's ``server_args._handle_gpu_memory_settings``): the
+    first tier of a profile whose ``below_gib`` exceeds the memory the GPU shows applies (None: any memory)."""
+
+    below_gib: Annotated[float, Range(1, 100_000, "GiB")] | None = None
+    max_num_batched_tokens: Tokens  # chunked_prefill_size
+    max_capture_size: Sequences  # cuda_graph_max_bs below tp 4 ...
+    max_capture_size_tp4: Sequences | None = None  # ... and from tp 4 (None: the same)
+    source: str = Field(min_length=3)
+
+
 class CpuCosts(StrictModel):
     """Host (CPU) work of one engine step, in seconds.
 
@@ -198,5 +209,18 @@ class EngineProfile(StrictModel):
     default_prefix_caching: bool
     default_max_num_seqs: Sequences | None = None
     default_max_num_batched_tokens: Tokens | None = None
+    # Token budget and CUDA-graph size that follow the GPU's memory, in increasing ``below_gib`` order (empty:
+    # the two defaults above, whatever the GPU).
+    memory_tiers: tuple[MemoryTierDefaults, ...] = ()
     defaults_source: str
     notes: str | None = None
+
+    def memory_tier(self, visible_bytes: float, tp: int) -> tuple[int | None, int | None]:
+        """(token budget, CUDA-graph size) this engine defaults to on a GPU showing ``visible_bytes`` at ``tp``
+        (:class:`MemoryTierDefaults`); the profile's own defaults where it has no tiers."""
+        gib = visible_bytes / 2**30
+        for tier in self.memory_tiers:
+            if tier.below_gib is None or gib < tier.below_gib:
+                size = tier.max_capture_size_tp4 if tp >= 4 and tier.max_capture_size_tp4 else tier.max_capture_size
+                return tier.max_num_batched_tokens, size
+        return self.default_max_num_batched_tokens, self.max_capture_size

@@ -307,9 +307,8 @@ def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB
     max_len = e.max_model_len or arch.max_position_embeddings or 8192
     max_seqs = e.max_num_seqs or engine.default_max_num_seqs or seqs
     # Without chunked prefill vLLM's budget defaults to max(max_model_len, 2048).
-    max_tokens = (
-        e.max_num_batched_tokens or engine.default_max_num_batched_tokens or (tokens if chunked else max(max_len, 2048))
-    )
+    tier_tokens, tier_graphs = engine.memory_tier(gpu.visible_bytes, pool.tp)
+    max_tokens = e.max_num_batched_tokens or tier_tokens or (tokens if chunked else max(max_len, 2048))
     if max_tokens < max_seqs and engine.engine == "vllm":
         raise ScenarioError(
             f"pools[{pool.name}].engine: max_num_batched_tokens={max_tokens} is below "
@@ -327,7 +326,7 @@ def deployment_for(pool: PoolConfig, model: hwdb.ModelEntry, db: hwdb.HardwareDB
         gpu_memory_utilization=e.gpu_memory_utilization,
         enable_chunked_prefill=chunked,
         enforce_eager=e.enforce_eager,
-        max_cudagraph_capture_size=e.max_cudagraph_capture_size or engine.max_capture_size or min(2 * max_seqs, 512),
+        max_cudagraph_capture_size=e.max_cudagraph_capture_size or tier_graphs or min(2 * max_seqs, 512),
         max_model_len=max_len,
         num_gpu_blocks_override=e.num_gpu_blocks_override or 0,
         recv_interval=recv,

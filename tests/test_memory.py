@@ -81,10 +81,12 @@ def test_sglang_and_trtllm_logs_within_seven_percent(db, case):
 
 def test_sglang_default_fraction_follows_the_release(db):
     """server_args.py: 0.5.3 on reserves 512 + 1.5 x chunk + 2 x graph batch + 1024 x ranks/8 MiB (H100 TP1,
-    chunk 8192, graph batch 160: 0.837); 0.4.8-0.5.2 reserves 9.5 + ranks/2 GiB on an 80 GB GPU (0.874)."""
+    chunk 8192, graph batch 256 by SGLang's memory tier: 0.834); 0.4.8-0.5.2 reserves 9.5 + ranks/2 GiB on an
+    80 GB GPU (0.874)."""
     d = dep(db, engine="sglang")
     mib = d.gpu.visible_bytes / 2**20
-    assert sglang_fraction(d, "0.5.9") == pytest.approx((mib - (512 + 1.5 * 8192 + 2 * 160 + 128)) / mib)
+    assert (d.knobs.max_num_batched_tokens, d.knobs.max_cudagraph_capture_size) == (8192, 256)
+    assert sglang_fraction(d, "0.5.9") == pytest.approx((mib - (512 + 1.5 * 8192 + 2 * 256 + 128)) / mib)
     assert sglang_fraction(d, "0.5.2") == pytest.approx(1 - 10.0 / (mib / 1024))
     assert sglang_fraction(d, "0.4.0") == 0.88
     assert sglang_fraction(dep(db, engine="sglang", tp=8), "0.4.0") == 0.81
@@ -123,7 +125,8 @@ def test_a_copied_gpu_with_a_new_size_must_update_its_visible_total(tmp_path):
 def test_perf_prints_how_the_engine_sized_its_cache(capsys):
     assert main(["perf", "gpt-oss-120b", "--gpu", "H100", "--dtype", "fp4", "--engine", "sglang"]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "memory: SGLang: mem_fraction_static 0.837" in out and "up to 2,048 running requests" in out
+    # 0.834: chunk 8192 and graphs to 256 (SGLang 0.5's H100 tier at TP1)
+    assert "memory: SGLang: mem_fraction_static 0.834" in out and "up to 2,048 running requests" in out
     assert "measured kernels: routed experts: H100-SXM-80GB_sglang" in out and "MLA" not in out
     # vLLM at its default fraction refuses gpt-oss-120b's 131k context on one H100 and says what to change
     assert main(["perf", "gpt-oss-120b", "--gpu", "H100", "--dtype", "fp4"]) == 2

@@ -96,6 +96,7 @@ def engine_of(row: Row) -> dict:
     recv = sglang_recv_interval(row)
     if recv > 1:
         engine["scheduler_recv_interval"] = recv
+    engine.update(sglang_launch_knobs(row))
     if marlin_mxfp4(row):
         engine["moe_backend"] = "marlin"
     return engine
@@ -136,6 +137,42 @@ def sglang_recv_interval(row: Row) -> int:
     if name.startswith("DeepSeek"):
         return 10 if quant == "fp8" and row.tp == 4 else busy
     return 1
+
+
+def sglang_launch_knobs(row: Row) -> dict:
+    """The memory and batch flags InferenceX launched a colocated SGLang run on B200/B300 with, as engine fields
+    (``{}`` where the script is not known or sets none): ``--chunked-prefill-size`` (max_num_batched_tokens),
+    ``--mem-fraction-static`` (gpu_memory_utilization), ``--max-running-requests`` (max_num_seqs) and
+    ``--cuda-graph-max-bs`` (max_cudagraph_capture_size).  Without them SGLang takes its per-GPU defaults
+    (``memory_tiers`` of hwdb/data/engines/sglang.yaml), under which DeepSeek-R1 in fp8 does not fit 4 B200s.
+
+    SemiAnalysisAI/InferenceX benchmarks/single_node/fixed_seq_len (and their earlier benchmarks/ paths), the
+    scripts in force when the campaigns ran (September 2025 to April 2026): dsr1_fp8_b200/b300 at TP8 32768,
+    0.82, 128, 128 and at TP4 (8k/1k only) 8192, 0.95, 32, 32; dsr1_fp4_b200/b300 16384, 0.85, 256, 256;
+    qwen3.5_fp8_b200 and qwen3.5_bf16_b200/b300 32768, 0.82, 128, the users; qwen3.5_fp4_b200 32768, 0.85,
+    128, the users, qwen3.5_fp4_b300 the same at 0.8; qwen3.5_fp8_b300 16384, 0.8, the users, the users;
+    glm5_fp8_b200/b300 32768, 0.85, the users, the users; glm5_fp4_b200/b300 32768, 0.9, SGLang's default,
+    256."""
+    if row.backend != "sglang" or row.disagg or row.dp > 1 or row.system not in ("b200_sxm", "b300_sxm"):
+        return {}
+    name, quant = row.model.split("/")[-1], QUANT.get(row.quant) or QUANT.get(row.precision, row.precision)
+    users, b300 = row.concurrency, row.system == "b300_sxm"
+    table: dict[tuple[str, str], tuple[int, float, int | None, int]] = {
+        ("DeepSeek", "fp8"): (32768, 0.82, 128, 128) if row.tp >= 8 else (8192, 0.95, 32, 32),
+        ("DeepSeek", "fp4"): (16384, 0.85, 256, 256),
+        ("Qwen3.5", "fp8"): (16384, 0.8, users, users) if b300 else (32768, 0.82, 128, users),
+        ("Qwen3.5", "bf16"): (32768, 0.82, 128, users),
+        ("Qwen3.5", "fp4"): (32768, 0.8 if b300 else 0.85, 128, users),
+        ("GLM-5", "fp8"): (32768, 0.85, users, users),
+        ("GLM-5", "fp4"): (32768, 0.9, None, 256),
+    }
+    family = next((f for f in ("DeepSeek", "Qwen3.5", "GLM-5") if name.startswith(f)), "")
+    knobs = table.get((family, quant))
+    if knobs is None:
+        return {}
+    tokens, fraction, seqs, graphs = knobs
+    out = {"max_num_batched_tokens": tokens, "gpu_memory_utilization": fraction, "max_cudagraph_capture_size": graphs}
+    return out | ({"max_num_seqs": seqs} if seqs else {})
 
 
 def to_scenario(
