@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from hwdb.schema import DATASHEET, Figure, HostCost, Latency, PerItemCost
 from simulator.bounds import Range, Tokens
@@ -214,6 +214,19 @@ class EngineProfile(StrictModel):
     memory_tiers: tuple[MemoryTierDefaults, ...] = ()
     defaults_source: str
     notes: str | None = None
+
+    @field_validator("memory_tiers")
+    @classmethod
+    def _tiers_in_order(cls, v: tuple[MemoryTierDefaults, ...]) -> tuple[MemoryTierDefaults, ...]:
+        # The first tier above the GPU's memory applies, so an unordered list would pick a wrong one silently.
+        bounds = [t.below_gib for t in v]
+        if None in bounds[:-1] or any(b <= a for a, b in zip(bounds, bounds[1:], strict=False) if a and b):
+            shown = ", ".join("none" if b is None else f"{b:g}" for b in bounds)
+            raise ValueError(
+                f"below_gib must increase from tier to tier, with none (any memory) only last; got {shown}: "
+                "sort the tiers by below_gib"
+            )
+        return v
 
     def memory_tier(self, visible_bytes: float, tp: int) -> tuple[int | None, int | None]:
         """(token budget, CUDA-graph size) this engine defaults to on a GPU showing ``visible_bytes`` at ``tp``

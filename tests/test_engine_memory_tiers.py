@@ -6,6 +6,7 @@ a pool's own setting wins over the tier; the validation passes the flags Inferen
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
 import hwdb
 from calibration.e2e.rows import DEFAULT_TABLE, load_rows
@@ -77,3 +78,15 @@ def test_inferencex_launch_flags_make_deepseek_fp8_fit_four_b200s(db):
     defaults = {k: v for k, v in scn["pools"][0]["engine"].items() if k not in sglang_launch_knobs(row)}
     with pytest.raises(ScenarioError, match="does not fit|needs"):
         resolve(parse_scenario({**scn, "pools": [{**scn["pools"][0], "engine": defaults}]}), db)
+
+
+@pytest.mark.parametrize("bounds", [(160, 90), (None, 90), (90, 90)])
+def test_tiers_out_of_order_are_refused_naming_the_fix(db, bounds):
+    """The first tier above the GPU's memory applies: a user engine file with unordered tiers is refused, not read
+    with the wrong tier."""
+    tiers = [
+        {"below_gib": b, "max_num_batched_tokens": 8192, "max_capture_size": 256, "source": "test"} for b in bounds
+    ]
+    data = db.engine("sglang").model_dump() | {"memory_tiers": tiers}
+    with pytest.raises(ValidationError, match="below_gib must increase.*sort the tiers"):
+        type(db.engine("sglang")).model_validate(data)
