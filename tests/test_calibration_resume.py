@@ -30,10 +30,9 @@ from calibration.fit.command import fit_bundle
 from calibration.fit.report import write_outputs
 from calibration.harness.bundle import Bundle
 from calibration.harness.client import CompletionClient, RequestSpec, as_interrupt
-from calibration.harness.interrupt import interruptible, stop_requested
+from calibration.harness.interrupt import interruptible, run_stoppable, stop_requested
 from calibration.harness.loadgen import run_open_loop
-from calibration.harness.phase_run import watchdog
-from calibration.harness.server import Endpoint, ServerProcess
+from calibration.harness.server import ServerProcess
 from calibration.validation.command import validate
 from tests.synthetic_bundle import CPU_TRUTH, TINY_CONFIG, make_bundle, write_truth_hwdb
 from tests.test_calibration_harness import fake_cmd, free_port
@@ -251,20 +250,55 @@ def test_an_interrupt_wrapped_in_a_task_group_is_still_an_interrupt():
     assert as_interrupt(plain) is plain
 
 
+def test_a_stop_inside_the_event_loop_cancels_its_task_instead_of_raising_there():
+    """Under :func:`interruptible`, a signal that lands inside the loop's own code does not raise there (a raise
+    between a future's completion and its waiter's wake-up left asyncio's shutdown waiting forever: a SIGTERMed
+    harness hung in CI): :func:`run_stoppable` cancels the task, whose ``finally`` still awaits, and raises
+    ``KeyboardInterrupt`` naming the signal once the loop has unwound."""
+    seen: list[str] = []
+
+    def in_the_loop():
+        signal.raise_signal(signal.SIGTERM)
+        seen.append("the callback went on")  # a handler that raised would not get here
+
+    async def measured():
+        asyncio.get_running_loop().call_soon(in_the_loop)
+        try:
+            await asyncio.sleep(30)
+        finally:
+            await asyncio.sleep(0.01)  # a cleanup that awaits (the harness scrapes /metrics here)
+            seen.append("cleaned up")
+
+    with interruptible():
+        assert stop_requested() is None
+        t0 = time.monotonic()
+        with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+            run_stoppable(measured())
+        assert time.monotonic() - t0 < 10 and seen == ["the callback went on", "cleaned up"]
+        assert stop_requested() == "SIGTERM"
+        with pytest.raises(KeyboardInterrupt, match="SIGTERM"):  # outside a loop it raises where it lands
+            signal.raise_signal(signal.SIGTERM)
+    assert stop_requested() is None  # the previous handlers are back
+    assert run_stoppable(asyncio.sleep(0, "done")) == "done"  # without interruptible(): asyncio.run
+
+
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the drop is the point
-def test_a_stop_whose_raise_python_drops_is_still_seen():
-    """A stop signal handled inside a ``__del__`` (or a weakref callback): Python drops the KeyboardInterrupt
-    there, as it once did in asyncio's WeakSet, so the run went on to its end; the handler remembers it, and
-    the phase watchdog, which asks :func:`stop_requested`, stops the phase."""
+def test_a_stop_whose_raise_python_dropped_before_the_loop_still_stops_it():
+    """A stop handled inside a ``__del__`` (Python drops the KeyboardInterrupt there): the handler remembers
+    it, and the next :func:`run_stoppable` does not start its work."""
 
     class Drops:
         def __del__(self):
             signal.raise_signal(signal.SIGTERM)
 
+    started: list[bool] = []
+
+    async def work():
+        started.append(True)
+
     with interruptible():
-        assert stop_requested() is None
         Drops()  # "Exception ignored in ... KeyboardInterrupt: SIGTERM": nothing raised here
         assert stop_requested() == "SIGTERM"
         with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
-            asyncio.run(watchdog(Endpoint("http://127.0.0.1:9"), "p", every=0.01))
-    assert stop_requested() is None  # the previous handlers are back
+            run_stoppable(work())
+    assert started == []

@@ -15,7 +15,6 @@ from collections.abc import Callable
 
 from calibration.harness.bundle import Bundle, now_iso
 from calibration.harness.client import CompletionClient, PromptFactory, RequestResult, RequestSpec
-from calibration.harness.interrupt import stop_requested
 from calibration.harness.loadgen import run_closed_loop, run_open_loop
 from calibration.harness.metrics import counter_deltas, histogram_deltas, parse_prometheus
 from calibration.harness.server import Endpoint
@@ -43,13 +42,9 @@ async def _scrape(client: CompletionClient):
 
 async def watchdog(server: Endpoint, phase: str, every: float = 0.5):
     """Raise ServerDied as soon as the server process is gone, naming the phase it died in (the same
-    words as the in-phase check after a failed request, whichever of the two notices first); and
-    KeyboardInterrupt when a stop signal came whose own raise Python dropped (:class:`StopHandler`)."""
+    words as the in-phase check after a failed request, whichever of the two notices first)."""
     while True:
         await asyncio.sleep(every)
-        why = stop_requested()
-        if why:
-            raise KeyboardInterrupt(why)
         if not server.alive():
             await asyncio.to_thread(server.check, f"during phase {phase}")
 
@@ -117,8 +112,7 @@ async def run_phase(
         for t in (main, dog):
             t.cancel()
         await asyncio.gather(main, dog, return_exceptions=True)
-        # Ctrl-C and SIGTERM reach this task as a cancellation from asyncio.run, without their reason (or as
-        # the watchdog's KeyboardInterrupt when the signal's own raise was dropped)
+        # Ctrl-C and SIGTERM reach this task as a cancellation (interrupt.run_stoppable), without their reason
         why = (
             "cancelled (Ctrl-C, SIGINT or SIGTERM)"
             if isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt))

@@ -17,6 +17,7 @@ from calibration.harness import env as envinfo
 from calibration.harness.affinity import cpu_list, pin_below
 from calibration.harness.bundle import Bundle, BundleError, now_iso, proc_start
 from calibration.harness.client import CompletionClient, PromptFactory, RequestSpec, as_interrupt
+from calibration.harness.interrupt import run_stoppable
 from calibration.harness.launch_env import (
     DEFAULT_LAUNCH_ENV,
     NO_VLLM_PYTHON,
@@ -268,7 +269,7 @@ class CalibrationRun:
         try:
             srv, models = self._start_server()
             self.server = srv
-            return asyncio.run(self._measure(srv, models, run_rec))
+            return run_stoppable(self._measure(srv, models, run_rec))
         except BaseException as exc:
             cause = as_interrupt(exc)
             run_rec["status"] = {"ServerDied": "server_died", "KeyboardInterrupt": "interrupted"}.get(

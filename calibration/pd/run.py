@@ -28,7 +28,6 @@ prompt's blocks as the prefill server holds them.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import random
@@ -42,7 +41,7 @@ import hwdb
 from calibration.harness import env as envinfo
 from calibration.harness.bundle import BundleError, proc_start
 from calibration.harness.client import CompletionClient, PromptFactory, RequestSpec, as_interrupt
-from calibration.harness.interrupt import interruptible
+from calibration.harness.interrupt import interruptible, run_stoppable
 from calibration.harness.launch_env import ensure_tiny_model
 from calibration.harness.loadgen import poisson_arrivals, run_open_loop
 from calibration.harness.server import Endpoint, ServerError, ServerProcess
@@ -268,7 +267,7 @@ def cmd_run(a) -> int:
             out_max=a.out_max,
         )
         manifest["load"] = {**specs_args, "kind": "poisson"}
-        result = asyncio.run(drive(p.base_url, d.base_url, specs_args, out, nixl=nixl))
+        result = run_stoppable(drive(p.base_url, d.base_url, specs_args, out, nixl=nixl))
         manifest["result"] = result
         for s in servers:
             s.check("after the load test")
