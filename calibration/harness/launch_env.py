@@ -7,6 +7,7 @@ environment and ``PYTHONPATH`` of the default (tiny-model) launch, and a free TC
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -53,8 +54,36 @@ def shebang_python(exe: str) -> str | None:
     return None
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
+def ephemeral_range(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> tuple[int, int]:
+    """The ports the kernel hands out for ``bind(0)`` and outgoing connections (Linux's default where it
+    cannot be read)."""
+    try:
+        lo, hi = (int(x) for x in Path(path).read_text().split()[:2])
+    except (OSError, ValueError):
+        return 32768, 60999
+    return lo, hi
+
+
+def free_port(host: str = "127.0.0.1", exclude: set[int] | frozenset[int] = frozenset()) -> int:
+    """A TCP port nothing on ``host`` listens on now, below the kernel's ephemeral range and not in
+    ``exclude`` (ports already given to a server that has not bound them yet).
+
+    A port taken from ``bind(0)`` is an ephemeral one: any outgoing connection made before the server
+    binds it (the readiness polls, the other server's start-up) may get it as its local port, and the
+    server then fails with "Address already in use" (seen in CI: a NIXL side channel, whose handshake
+    then never answered).  Below the range only a listening process can take it."""
+    lo, _ = ephemeral_range()
+    top = max(2048, lo)
+    for port in random.Random().sample(range(max(1024, top - 16384), top), 64):
+        if port in exclude:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # the range below is crowded: an ephemeral port, as before
         s.bind((host, 0))
         return s.getsockname()[1]
 

@@ -38,7 +38,7 @@ from calibration.harness.launch_env import (
     repo_pythonpath,
 )
 from calibration.harness.metrics import parse_prometheus
-from calibration.harness.server import ServerProcess
+from calibration.harness.server import ServerError, ServerProcess
 from calibration.pd.bundle import SERVED, PDReplayError
 from calibration.pd.options import harness_connectors
 from simulator.pd.connector_base import KVConnector
@@ -167,12 +167,19 @@ def launch_pair(
     strategy = harness_connector(connector)
     env = {**DEFAULT_LAUNCH_ENV, "PYTHONPATH": repo_pythonpath()}
     servers = []
+    given: set[int] = set()
+
+    def port_for_pair() -> int:  # distinct across both servers: none has bound its ports yet
+        port = free_port(exclude=given)
+        given.add(port)
+        return port
+
     for role, name, bind in (("kv_producer", "prefill", prefill_bind), ("kv_consumer", "decode", decode_bind)):
-        port = free_port()
+        port = port_for_pair()
         e = dict(env)
         if bind:
             e["VLLM_CPU_OMP_THREADS_BIND"] = bind
-        e.update(strategy.cpu_env(free_port, bool(prefill_bind or decode_bind), nixl_progress_thread))
+        e.update(strategy.cpu_env(port_for_pair, bool(prefill_bind or decode_bind), nixl_progress_thread))
         srv = ServerProcess(
             serve_command(py, model_dir, port, role, kv_path, connector=connector),
             f"http://127.0.0.1:{port}",
@@ -262,3 +269,30 @@ def nixl_transfers(before: dict | None, after: dict | None) -> dict | None:
         "bandwidth_Bps": d["bytes"]["sum"] / d["xfer"]["sum"] if d["xfer"]["sum"] > 0 else None,
         "source": f"decode server /metrics: {NIXL_METRICS['xfer']}, {NIXL_METRICS['bytes']} (after - before the load)",
     }
+
+
+# The NIXL handshake of the first request through the router took 0.21-0.96 s on the 2-core host
+# (docs/validation/cpu.md); a prefill server whose side channel failed to bind never answers it, and neither
+# vLLM nor the router times it out.
+HANDSHAKE_TIMEOUT_S = 120.0
+
+
+class HandshakeTimeout(ServerError):
+    """The NIXL handshake of the pair did not complete (:data:`HANDSHAKE_TIMEOUT_S`)."""
+
+
+def log_errors(servers, lines: int = 400, most: int = 3) -> str:
+    """The last error lines in the last ``lines`` lines of each launched server's log file (its path where it
+    has none), to say why a pair hung; ``''`` for servers the harness did not launch."""
+    found = []
+    for role, srv in zip(("prefill", "decode"), servers, strict=False):
+        if not isinstance(srv, ServerProcess):
+            continue
+        try:
+            tail = srv.log_path.read_text(errors="replace").splitlines()[-lines:]
+        except OSError:
+            tail = []
+        errs = [ln.strip() for ln in tail if "Error" in ln or "Exception in thread" in ln][-most:]
+        what = " | ".join(e[:200] for e in errs) if errs else "no error line"
+        found.append(f"{role} log {srv.log_path}: {what}")
+    return "; ".join(found)

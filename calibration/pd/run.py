@@ -28,6 +28,7 @@ prompt's blocks as the prefill server holds them.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import random
@@ -48,10 +49,13 @@ from calibration.harness.server import Endpoint, ServerError, ServerProcess
 from calibration.pd.bundle import PD_KIND, PD_SCHEMA_VERSION, SERVED, PDReplayError
 from calibration.pd.launch import (
     BLOCK,
+    HANDSHAKE_TIMEOUT_S,
+    HandshakeTimeout,
     count_injections,
     file_bandwidth,
     harness_connector,
     launch_pair,
+    log_errors,
     nixl_counters,
     nixl_problem,
     nixl_transfers,
@@ -120,7 +124,13 @@ async def drive(
     try:
         if nixl and warmup:
             t0 = time.perf_counter()
-            await warm_up(f"http://127.0.0.1:{port}", seed=1)
+            try:
+                await asyncio.wait_for(warm_up(f"http://127.0.0.1:{port}", seed=1), HANDSHAKE_TIMEOUT_S)
+            except TimeoutError:
+                raise HandshakeTimeout(
+                    f"the first request through the router did not finish within {HANDSHAKE_TIMEOUT_S:g} s: the "
+                    f"decode server's NIXL handshake with the prefill server never completed"
+                ) from None
             extra["handshake_warmup_s"] = round(time.perf_counter() - t0, 4)
         before = nixl_counters(router_url_decode) if nixl else None
         pf = await PromptFactory.from_server(client, seed=specs_args["seed"])
@@ -267,7 +277,10 @@ def cmd_run(a) -> int:
             out_max=a.out_max,
         )
         manifest["load"] = {**specs_args, "kind": "poisson"}
-        result = run_stoppable(drive(p.base_url, d.base_url, specs_args, out, nixl=nixl))
+        try:
+            result = run_stoppable(drive(p.base_url, d.base_url, specs_args, out, nixl=nixl))
+        except HandshakeTimeout as exc:
+            raise HandshakeTimeout(f"{exc}; {log_errors(servers or [p, d])}") from None
         manifest["result"] = result
         for s in servers:
             s.check("after the load test")
