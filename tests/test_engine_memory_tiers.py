@@ -90,3 +90,32 @@ def test_tiers_out_of_order_are_refused_naming_the_fix(db, bounds):
     data = db.engine("sglang").model_dump() | {"memory_tiers": tiers}
     with pytest.raises(ValidationError, match="below_gib must increase.*sort the tiers"):
         type(db.engine("sglang")).model_validate(data)
+
+
+@needs_shared
+def test_h200_rows_take_their_scripts_flags(db):
+    """The 2026-03-25 H200 SGLang campaign ran InferenceX's dsr1/qwen3.5/glm5 H200 scripts: their flags reach the
+    pool (DeepSeek's depend on the shape, as the script's 1k/1k test does), and a family without a script keeps
+    SGLang's per-GPU defaults."""
+    rows = [r for r in load_rows() if r.backend == "sglang" and r.system == "h200_sxm" and not r.disagg]
+    by = {}
+    for r in rows:
+        by.setdefault((r.model.split("/")[-1][:8], r.isl, r.osl), r)
+    deepseek_short = next(r for (m, i, o), r in by.items() if m.startswith("DeepSeek") and (i, o) == (1024, 1024))
+    deepseek_long = next(r for (m, i, o), r in by.items() if m.startswith("DeepSeek") and (i, o) != (1024, 1024))
+    assert sglang_launch_knobs(deepseek_short)["max_num_seqs"] == 512
+    assert sglang_launch_knobs(deepseek_long)["max_cudagraph_capture_size"] == 256
+    qwen = next(r for (m, _, _), r in by.items() if m.startswith("Qwen3.5"))
+    assert sglang_launch_knobs(qwen) == {
+        "max_num_batched_tokens": 16384,
+        "gpu_memory_utilization": 0.8,
+        "max_num_seqs": 128,
+        "max_cudagraph_capture_size": qwen.concurrency,
+    }
+    glm = next(r for (m, _, _), r in by.items() if m.startswith("GLM-5"))
+    assert sglang_launch_knobs(glm) == {"gpu_memory_utilization": 0.85}
+    other = next(r for (m, _, _), r in by.items() if m.startswith("Qwen3-23"))
+    assert sglang_launch_knobs(other) == {}
+    scn = to_scenario(deepseek_short, db, 2, {})
+    dep = deployment_for(parse_scenario(scn).pools[0], db.model(deepseek_short.model), db)
+    assert (dep.knobs.max_num_batched_tokens, dep.knobs.max_num_seqs) == (32768, 512)

@@ -140,7 +140,7 @@ def sglang_recv_interval(row: Row) -> int:
 
 
 def sglang_launch_knobs(row: Row) -> dict:
-    """The memory and batch flags InferenceX launched a colocated SGLang run on B200/B300 with, as engine fields
+    """The memory and batch flags InferenceX launched a colocated SGLang run on B200/B300/H200 with, as engine fields
     (``{}`` where the script is not known or sets none): ``--chunked-prefill-size`` (max_num_batched_tokens),
     ``--mem-fraction-static`` (gpu_memory_utilization), ``--max-running-requests`` (max_num_seqs) and
     ``--cuda-graph-max-bs`` (max_cudagraph_capture_size).  Without them SGLang takes its per-GPU defaults
@@ -152,11 +152,32 @@ def sglang_launch_knobs(row: Row) -> dict:
     qwen3.5_fp8_b200 and qwen3.5_bf16_b200/b300 32768, 0.82, 128, the users; qwen3.5_fp4_b200 32768, 0.85,
     128, the users, qwen3.5_fp4_b300 the same at 0.8; qwen3.5_fp8_b300 16384, 0.8, the users, the users;
     glm5_fp8_b200/b300 32768, 0.85, the users, the users; glm5_fp4_b200/b300 32768, 0.9, SGLang's default,
-    256."""
-    if row.backend != "sglang" or row.disagg or row.dp > 1 or row.system not in ("b200_sxm", "b300_sxm"):
+    256.  On H200 (the scripts in force for the 2026-03-25 campaign): dsr1_fp8_h200 32768, 0.82, and 512, 512
+    at 1k/1k or 256, 256 otherwise (unchanged since September 2025); qwen3.5_fp8_h200 16384, 0.8, 128, the
+    users; glm5_fp8_h200 only --mem-fraction-static 0.85."""
+    if row.backend != "sglang" or row.disagg or row.dp > 1 or row.system not in ("b200_sxm", "b300_sxm", "h200_sxm"):
         return {}
     name, quant = row.model.split("/")[-1], QUANT.get(row.quant) or QUANT.get(row.precision, row.precision)
     users, b300 = row.concurrency, row.system == "b300_sxm"
+    family = next((f for f in ("DeepSeek", "Qwen3.5", "GLM-5") if name.startswith(f)), "")
+    if row.system == "h200_sxm":
+        short = row.isl == 1024 and row.osl == 1024  # the script's own test
+        h200: dict[tuple[str, str], dict] = {
+            ("DeepSeek", "fp8"): {
+                "max_num_batched_tokens": 32768,
+                "gpu_memory_utilization": 0.82,
+                "max_num_seqs": 512 if short else 256,
+                "max_cudagraph_capture_size": 512 if short else 256,
+            },
+            ("Qwen3.5", "fp8"): {
+                "max_num_batched_tokens": 16384,
+                "gpu_memory_utilization": 0.8,
+                "max_num_seqs": 128,
+                "max_cudagraph_capture_size": users,
+            },
+            ("GLM-5", "fp8"): {"gpu_memory_utilization": 0.85},
+        }
+        return h200.get((family, quant), {})
     table: dict[tuple[str, str], tuple[int, float, int | None, int]] = {
         ("DeepSeek", "fp8"): (32768, 0.82, 128, 128) if row.tp >= 8 else (8192, 0.95, 32, 32),
         ("DeepSeek", "fp4"): (16384, 0.85, 256, 256),
@@ -166,7 +187,6 @@ def sglang_launch_knobs(row: Row) -> dict:
         ("GLM-5", "fp8"): (32768, 0.85, users, users),
         ("GLM-5", "fp4"): (32768, 0.9, None, 256),
     }
-    family = next((f for f in ("DeepSeek", "Qwen3.5", "GLM-5") if name.startswith(f)), "")
     knobs = table.get((family, quant))
     if knobs is None:
         return {}
