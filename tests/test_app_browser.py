@@ -16,6 +16,7 @@ from tests.browser import (
     body_text,
     click,
     driver_fixture,  # noqa: F401 - a pytest fixture: pytest finds it in this module as `driver`
+    idle,
     needs_chromium,
     send_file,
     settled,
@@ -83,7 +84,11 @@ def test_bad_uploads_show_inline_errors(app_server, driver, tmp_path):
     bad_yaml.write_text("model: Llama-3.1-8B\npools: [{gpu: H100\n")
     bad_trace = tmp_path / "trace.csv"
     bad_trace.write_text("arrival_s,input_tokens,output_tokens\n0.0,100,20\n0.5,lots,20\n")
-    uploads = driver.find_elements(By.CSS_SELECTOR, "[data-testid='stSidebar'] input[type='file']")
+    # The metrics can show while a rerun is still rebuilding the sidebar: count the uploaders once it is idle.
+    wait(driver).until(idle)
+    sidebar_inputs = "[data-testid='stSidebar'] input[type='file']"
+    wait(driver, 60).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, sidebar_inputs)) >= 3)
+    uploads = driver.find_elements(By.CSS_SELECTOR, sidebar_inputs)
     assert len(uploads) == 3  # scenario YAML, config.json, trace
     send_file(driver, 0, bad_yaml)
 
