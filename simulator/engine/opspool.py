@@ -1,8 +1,10 @@
 """The instances of one pool over time: every incarnation, the serving ones the router sees, starts under way.
 
-A restarted container or a new pod is a new incarnation with a new index (:class:`~simulator.engine.opsrecord.Life`
-bills it).  A static pool (no operations) is the same object whose lifecycle never fires: its
-instances go live at time 0 and serve to the end.
+A restarted container or a new pod is a new incarnation with a new index
+(:class:`~simulator.engine.opsrecord.Life` bills it); scaling is
+:class:`~simulator.engine.pool_lifecycle.PoolLifecycle`'s, as for an encoder pool. A static pool (no
+operations) is the same object whose lifecycle never fires: its instances go live at time 0 and serve to the
+end.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from simulator.engine.admission import Reservation
 from simulator.engine.dp_group import DPGroup
 from simulator.engine.instance import Instance
 from simulator.engine.opsrecord import Life
+from simulator.engine.pool_lifecycle import PoolLifecycle, Start
 from simulator.routing import make_router
 
 
@@ -23,25 +26,18 @@ def _interrupted_is_fine(event) -> None:
         event.defused = True
 
 
-class OpsPool:
-    """The instances of one pool over time; ``active`` (serving, routable) is what the router sees."""
+class OpsPool(PoolLifecycle):
+    """The instances of one pool over time; ``active`` (serving, routable) is what the router sees and
+    ``all`` every incarnation, in index order."""
 
     def __init__(self, ops, spec, gpus: int, starts) -> None:
+        active: list[Instance] = []
+        super().__init__(ops.env, spec.name, starts, ops.events, active)
         self.ops = ops
-        self.env = ops.env
         self.spec = spec
         self.gpus = gpus
-        self.starts = starts  # simulator.ops.opsstart.StartTimes
         self.all: list[Instance] = []
-        self.active: list[Instance] = []
-        self.starting: list[dict] = []
-        self.decisions: list[tuple] = []
-        self.scaleups: list[list] = []  # [decided_s, ready_s or None]
-        self.router = make_router(spec.router, self.active)
-
-    @property
-    def present(self) -> int:
-        return len(self.active) + len(self.starting)
+        self.router = make_router(spec.router, active)
 
     def make(self, cause: str, billed_s: float) -> Instance:
         s = self.spec
@@ -87,54 +83,23 @@ class OpsPool:
         self.active.append(inst)
         self.ops.on_live(self, inst)
 
-    def launch(self, cause: str, delay_s: float | None, billed_s: float, backoff_s: float = 10.0) -> dict:
-        """Start an incarnation that serves ``delay_s`` from now (never, if None)."""
-        tok: dict[str, object] = {"cancelled": False}
-        self.starting.append(tok)
+    def launch(self, cause: str, delay_s: float | None, billed_s: float, backoff_s: float = 10.0) -> Start:
+        """Start an incarnation that serves ``delay_s`` from now (never, if None); a crash of it restarts after
+        ``backoff_s`` (a crash-looping container's back-off doubles: simulator.engine.opsengine)."""
+        start = super().launch(cause, delay_s, billed_s)
+        start.unit.backoff_s = backoff_s
+        return start
+
+    def _new(self, cause: str, billed_s: float) -> Start:
         inst = self.make(cause, billed_s)
-        inst.backoff_s = backoff_s
-        tok["inst"] = inst
+        return Start(inst.life, inst)
 
-        def start(env):
-            if delay_s is None:
-                inst.life.end = "never ready: " + self.starts.never_reason(cause)
-                return  # crash-looping pod: billed, never serving, stays counted
-            yield env.timeout(delay_s)
-            if tok["cancelled"]:
-                return
-            self.starting.remove(tok)
-            self.go_live(inst)
-            for su in self.scaleups:
-                if su[1] is None and tok is su[2]:
-                    su[1] = env.now
+    def _serve(self, start: Start) -> None:
+        self.go_live(start.unit)
 
-        self.env.process(start(self.env))
-        return tok
-
-    def scale_up(self, n: int, why: str) -> None:
-        now = self.env.now
-        delay = self.starts.new_delay()
-        for _ in range(n):
-            tok = self.launch("scale-up", delay, now + self.starts.provisioning_s)
-            self.scaleups.append([now, None, tok])
-        self.ops.events.append((now, self.spec.name, "scale-up", n, why))
-
-    def scale_down(self, n: int, why: str) -> None:
-        """Cancel starts first (newest first), then drain the newest serving instances (one stays)."""
-        now = self.env.now
-        done = 0
-        while done < n and self.starting:
-            tok = self.starting.pop()
-            tok["cancelled"] = True
-            life = tok["inst"].life
-            life.ended_s, life.end = max(now, life.billed_s), "cancelled"
-            done += 1
-        while done < n and len(self.active) > 1:
-            inst = self.active.pop()
-            inst.draining = True
-            self.env.process(self._drain(inst))
-            done += 1
-        self.ops.events.append((now, self.spec.name, "scale-down", done, why))
+    def _retire(self, unit) -> None:
+        unit.draining = True
+        self.env.process(self._drain(unit))
 
     def _drain(self, inst: Instance):
         """Removed from routing; serves what it holds, then stops (billing ends)."""

@@ -78,20 +78,21 @@ def ops_summary(ops, req: pd.DataFrame, ttft_slo: float | None, price_per_gpu_h:
         bad |= ~(req["ttft_s"].to_numpy() <= ttft_slo)
     in_scaleup = np.zeros(n, dtype=bool)
     scale_ups: list[ScaleUp] = []
-    ups = [(p.spec.name, su, su[2]["inst"].life) for p in pools for su in p.scaleups]
-    if ops.encoder_pool is not None:
-        ups += [(ops.encoder_pool.name, su, su[2]["life"]) for su in ops.encoder_pool.scaleups]
-    for name, (decided, ready, tok), life in ups:
-        stop = ready if ready is not None else life.ended_s if tok["cancelled"] else end
-        in_scaleup |= (arrival >= decided) & (arrival < stop)
-        scale_ups.append(
-            {
-                "pool": name,
-                "decided_s": decided,
-                "serving_s": ready,
-                "cancelled_s": life.ended_s if tok["cancelled"] else None,
-            }
-        )
+    scaled = [*pools, ops.encoder_pool] if ops.encoder_pool is not None else pools
+    for pool in scaled:
+        for su in pool.scaleups:
+            life, cancelled = su.start.life, su.start.cancelled
+            ready = life.ready_s
+            stop = ready if ready is not None else life.ended_s if cancelled else end
+            in_scaleup |= (arrival >= su.decided_s) & (arrival < stop)
+            scale_ups.append(
+                {
+                    "pool": pool.name,
+                    "decided_s": su.decided_s,
+                    "serving_s": ready,
+                    "cancelled_s": life.ended_s if cancelled else None,
+                }
+            )
     viol = arrival[bad]
     kinds: dict[str, int] = {}
     for c in ops.crashes:
