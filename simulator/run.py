@@ -102,9 +102,9 @@ class _Run:
     notes: tuple[str, ...]  # what the workload generator adjusted (trace rows sorted, outputs clamped)
 
 
-def _run(scn: Scenario, replication: int, db, step_log: bool = True, watch=None) -> _Run:
+def _run(scn: Scenario, replication: int, db, step_log: bool = True, watch=None, shortcuts: bool = True) -> _Run:
     """Resolve and run ``scn``: what :func:`simulate` and :func:`simulate_requests` build their tables from.
-    ``watch``: see :func:`simulate_requests`."""
+    ``watch``: see :func:`simulate_requests`; ``shortcuts``: see :func:`simulate`."""
     rs = resolve(scn, db)
     db, model, pools = rs.db, rs.model, rs.pools
     rngs = rs.streams(replication)
@@ -133,7 +133,9 @@ def _run(scn: Scenario, replication: int, db, step_log: bool = True, watch=None)
     # and no encoder tier (both rewrite client times).
     if scn.operations.enabled or fe.has_queue or epd is not None:
         watch = None
-    ops, run, rec = run_operations(scn, reqs, front, back, plan, closed, rngs, pool_spec, epd, step_log, watch)
+    ops, run, rec = run_operations(
+        scn, reqs, front, back, plan, closed, rngs, pool_spec, epd, step_log, watch, shortcuts=shortcuts
+    )
     req_df = requests_frame(run, back.name if back else front.name, operations=scn.operations.enabled)
     if not scn.operations.enabled:
         ops = None
@@ -159,14 +161,15 @@ def simulate_requests(scn: Scenario, replication: int = 0, db=None, watch=None) 
     return _run(scn, replication, db, step_log=False, watch=watch).requests
 
 
-def simulate(scn: Scenario, replication: int = 0, db=None) -> Results:
+def simulate(scn: Scenario, replication: int = 0, db=None, *, shortcuts: bool = True) -> Results:
     """Run ``scn`` once; ``replication`` selects an independent random stream.
 
     Same scenario and replication give byte-identical DataFrames.  Raises
     :class:`ScenarioError` for anything wrong with the input.  ``db``: an
-    already loaded ``hwdb.load(scn.hwdb)`` to reuse across many runs.
+    already loaded ``hwdb.load(scn.hwdb)`` to reuse across many runs.  ``shortcuts`` False: every
+    step is one SimPy event (:mod:`simulator.engine.stepping`), the slow reference that gives the same results.
     """
-    r = _run(scn, replication, db)
+    r = _run(scn, replication, db, shortcuts=shortcuts)
     rs, epd, plan, front, ops, run, rec = r.resolved, r.epd, r.plan, r.front, r.ops, r.run, r.recorder
     req_df, step_df = r.requests, r.steps
     db, model, pools = rs.db, rs.model, rs.pools

@@ -1,11 +1,11 @@
 """Stepping without SimPy events changes no result.
 
 Instances advance their clock inline when no other event is due before a step ends, and colocated
-open-loop pools step ahead of SimPy up to the next arrival (simulator/engine/engine.py, instance.py),
-and the decode instances of a static PD run step lazily, when a hand-off or a landing of KV catches
-them up (simulator/engine/instance_state.py).
-Decode-only steps also take a shorter path.  All of it is switched off here to get the plain step
-with one SimPy event per step, the reference every table (and the resume gaps, in order) must equal.
+open-loop pools step ahead of SimPy up to the next arrival, and the decode instances of a static PD run
+step lazily, when a hand-off or a landing of KV catches them up (the run's clock policy,
+simulator/engine/stepping.py).  Decode-only steps also take a shorter path.  ``simulate(...,
+shortcuts=False)`` switches all of it off to get the plain step with one SimPy event per step, the
+reference every table (and the resume gaps, in order) must equal.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import pandas as pd
 import pytest
 
 from simulator import run
-from simulator.engine import engine, instance
 from simulator.engine.results import summarize
 from simulator.run import simulate, simulate_requests
 from simulator.scenario import load_scenario, parse_scenario
@@ -78,8 +77,6 @@ CASES["pd least kv, buffer"] = {
 
 def _run(data: dict, monkeypatch, inline: bool):
     """The results, and the resume gaps in the order the recorder holds them."""
-    monkeypatch.setattr(instance, "FAST_STEPS", inline)
-    monkeypatch.setattr(engine, "RUN_AHEAD", inline)
     seen = []
 
     def spy(req, steps, resume_gaps, **kw):
@@ -87,7 +84,7 @@ def _run(data: dict, monkeypatch, inline: bool):
         return summarize(req, steps, resume_gaps, **kw)
 
     monkeypatch.setattr(run, "summarize", spy)
-    res = simulate(parse_scenario(data))
+    res = simulate(parse_scenario(data), shortcuts=inline)
     return res, seen[0]
 
 
@@ -132,3 +129,26 @@ def test_requests_alone_are_the_requests_of_the_whole_run(case):
     if case.endswith(".yaml"):
         scn = scn.model_copy(update={"workload": scn.workload.model_copy(update={"num_requests": 300})})
     pd.testing.assert_frame_equal(simulate_requests(scn, 1), simulate(scn, 1).requests, check_exact=True)
+
+
+@pytest.mark.parametrize(
+    "run, gate, lazy",
+    [
+        ({}, True, False),  # a static colocated open loop runs ahead
+        ({"pd": True}, False, True),  # a static PD open loop steps its decode instances lazily
+        ({"pd": True, "decode_dp": 2}, False, False),  # not with lock-stepped decode ranks
+        ({"static": False}, False, False),  # operations react to every step
+        ({"pd": True, "static": False}, False, False),
+        ({"epd": True}, False, False),  # encoders react to steps
+        ({"closed_loop": True}, False, False),  # clients are woken by finishes
+        ({"shortcuts": False}, False, False),  # the reference: one event per step
+    ],
+    ids=str,
+)
+def test_the_clock_policy_is_chosen_once_from_what_reacts_to_steps(run, gate, lazy):
+    from simulator.engine.stepping import choose
+
+    args = {"static": True, "pd": False, "epd": False, "closed_loop": False, "decode_dp": 1, "step_log": True}
+    s = choose(**{**args, **run})
+    assert (s.gate is not None, s.lazy_decode, s.inline) == (gate, lazy, run.get("shortcuts", True))
+    assert s.gate is None or s.gate == [float("-inf")]

@@ -36,7 +36,7 @@ def open_loop(env, rec, seen: list[float] | None, admit, gate: list | None = Non
 
     ``gate`` (a one-element list, or None): set before each wait to the time this process next
     dispatches (capped at ``limit``), and to ``limit`` once every request is dispatched, so that
-    instances which run ahead of SimPy (:data:`simulator.engine.engine.RUN_AHEAD`) stop there."""
+    instances which run ahead of SimPy (:mod:`simulator.engine.stepping`) stop there."""
     arrival = rec.arrival
     timeout = env.timeout
     order: range | list[int] = range(len(arrival))

@@ -27,9 +27,6 @@ if TYPE_CHECKING:
     from simulator.stepmodel import StepModel
 
 PENDING = Outcome.PENDING
-# Colocated open-loop instances of a static pool step ahead of SimPy up to the next dispatch (see
-# OpsRun.run); results are the same, and tests/test_run_ahead.py turns this off to compare.
-RUN_AHEAD = True
 
 
 class Recorder:

@@ -19,10 +19,6 @@ from simulator.engine.instance_state import Callback, TimedLog
 from simulator.engine.steplog import LogRow
 from simulator.step_closures import step_functions
 
-# Shortcuts that leave results unchanged: steps that end before any other event advance the clock inline
-# instead of through a SimPy timeout; decode-only steps skip the general step's empty branches
-# (tests/test_run_ahead.py turns them off to compare with the plain step, one event each).
-FAST_STEPS = True
 INF = float("inf")
 
 
@@ -44,7 +40,7 @@ class Instance(InstanceLifecycle):
         budget_max, max_seqs, chunked, kv_total = self.budget, self.max_seqs, self.chunked, self.kv_total
         heappush, heappop = heapq.heappush, heapq.heappop
         remote, ready, receiving = self.remote, self.ready, self.receiving
-        is_prefill, hand_off = self.role.hands_off, cast(Callback, self.hand_off)  # set by the PD proxy
+        is_prefill, hand_off = self.role.hands_off, cast(Callback, self.hand_off)  # the PD proxy's (prefill role)
         prefix, reserve = self.prefix, self.reserve
         new_dec: list[int] = []  # decode role: requests whose first token this step makes
 
@@ -115,7 +111,7 @@ class Instance(InstanceLifecycle):
         group, rank = self.group, self.rank  # attention data-parallel ranks step together (dp_group.py)
         local_time = self.model.local_time
         inbox, recv_every, recv_ct, lag = self.inbox, self.recv_every, 0, self.async_lag
-        inline = FAST_STEPS and group is None and recv_every == 1
+        inline = self.inline and group is None and recv_every == 1  # the run's clock policy (stepping.py)
         while True:
             # --- lazy decode-only steps (instance_state.py, catch_up): a decode instance with no KV to pull steps to
             # the time catch_up drives it to and waits, eventless, at the step ending later (the decode router's

@@ -11,25 +11,38 @@ import heapq
 import math
 from collections import OrderedDict, deque
 from collections.abc import Callable, Generator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from simpy.events import NORMAL, Event
 
+from simulator.engine.admission import Reservation
 from simulator.engine.steplog import StepLog
-from simulator.perf import MemoryPlan
+from simulator.engine.stepping import Stepping
 from simulator.roles import ROLES
-from simulator.stepmodel import StepModel
 
 if TYPE_CHECKING:
     from simpy.core import Environment
     from simpy.events import Process
 
-    from simulator.engine.admission import Reservation
     from simulator.engine.dp_group import DPGroup
+    from simulator.engine.engine import PoolSpec
 
 # The PD proxy's callbacks, (instance, rid, now); the running requests' state (Instance.run).
 Callback = Callable[["InstanceState", int, float], None]
 Live = tuple[dict[int, None], dict[int, list], dict[int, tuple]]
+
+
+@dataclass(frozen=True)
+class Ports:
+    """What an instance calls outside itself, given when it is made: the PD proxy's ``hand_off`` (prefill role)
+    or ``start_transfer`` (decode role), each ``(instance, rid, now)``, and ``encode_cost(instance, rid, now)``,
+    the seconds a front instance that encodes its own images spends on a request's (EPD without an encoder
+    tier); None where the instance has no such neighbour."""
+
+    hand_off: Callback | None = None
+    start_transfer: Callback | None = None
+    encode_cost: Callable[[InstanceState, int, float], float] | None = None
 
 
 class TimedLog:
@@ -66,70 +79,69 @@ class InstanceState:
     def __init__(
         self,
         index: int,
-        pool: str,
-        step_model: StepModel,
-        memory: MemoryPlan,
-        max_num_seqs: int,
-        max_num_batched_tokens: int,
-        chunked_prefill: bool,
+        spec: PoolSpec,
         recorder,
-        role: str = "colocated",
-        prefix_caching: bool = True,
         life=None,
+        *,
+        ports: Ports,
+        stepping: Stepping,
+        group: DPGroup | None = None,
+        rank: int = 0,
     ) -> None:
         self.index = index
-        self.role = ROLES[role]
-        self.pool = pool
-        self.model = step_model
+        self.role = ROLES[spec.role]
+        self.pool = spec.name
+        self.model = spec.step_model
+        memory = spec.memory
         self.kv_total = memory.kv_blocks
         self.block = memory.block_size
-        self.max_seqs = max_num_seqs
-        self.budget = max_num_batched_tokens
-        self.chunked = chunked_prefill
+        self.max_seqs = spec.max_num_seqs
+        self.budget = spec.max_num_batched_tokens
+        self.chunked = spec.chunked_prefill
         self.rec = recorder
         self.waiting: deque[int] = deque()
+        takes_prompts = self.role.name in ("colocated", "prefill")
         # SGLang's scheduler_recv_interval: requests sent while a batch runs wait here until the scheduler
         # next reads its socket (Instance.run moves them to ``waiting``); 1: straight to ``waiting``.
-        self.recv_every = 1
+        self.recv_every = spec.recv_interval if takes_prompts else 1
         self.inbox: deque[int] = deque()
         # vLLM's async scheduling: a prompt sent while a step runs waits here (with the time it was sent)
         # until the step after next, which is the first scheduled after it arrived (Instance.run).
-        self.async_lag = False
+        self.async_lag = spec.async_scheduling and takes_prompts
         self.sent_at: dict[int, float] = {}
         self.outstanding = self.kv_used = self.n_running = 0
         self.queued_kv = 0  # KV blocks that queued requests (waiting, remote) claim when admitted
         self._queued: dict[int, int] = {}  # rid -> its share of queued_kv
         self.wake: Event | None = None
-        self.steps: StepLog | None = StepLog()  # the step log (None: not kept)
+        self.steps: StepLog | None = StepLog() if stepping.step_log else None  # the step log (None: not kept)
         self._requeue: dict[int, list] = {}  # preempted rid -> [0, recompute target, generated]
-        self.hand_off: Callback | None = None  # prefill role: callback(instance, rid, now)
-        self.start_transfer: Callback | None = None  # decode role: callback(instance, rid, now)
+        self.hand_off = ports.hand_off  # prefill role: callback(instance, rid, now)
+        self.start_transfer = ports.start_transfer  # decode role: callback(instance, rid, now)
         self.held: dict[int, int] = {}  # prefill role: rid -> KV blocks held for a transfer
         self.remote: deque[int] = deque()  # decode role: requests waiting for KV blocks
         self.receiving: set[int] = set()  # decode role: blocks allocated, KV in flight
         self.ready: deque[int] = deque()  # decode role: KV arrived, not yet decoding
         self._freed = 0  # blocks released from outside the process
-        # multimodal: callback(instance, rid, now) -> encoder seconds
-        self.encode_cost: Callable[[InstanceState, int, float], float] | None = None
+        self.encode_cost = ports.encode_cost  # multimodal, encoded in place: callback(instance, rid, now) -> seconds
         self.last_tok: dict[int, float] = {}  # preempted rid -> time of its last token
         # Admission reserve (simulator/engine/admission.py; None: none, as vLLM) and the running requests'
         # prompt + output tokens, summed (what their KV grows to).
-        self.reserve: Reservation | None = None
+        self.reserve = Reservation(spec.admission, memory.block_size) if spec.admission is not None else None
         self.final_tokens = 0
         self._live: Live | None = None  # (running order, prefills, decodes) once run() starts
-        self.group: DPGroup | None = None  # attention data parallel: the instance's DPGroup, this rank's index
-        self.rank = 0
-        # Run-ahead (simulator/engine/engine.py): a one-element list holding the time of the next event that
-        # can look at or change this instance (the next arrival), shared by the pool's instances; the
-        # instance steps without SimPy events until then.  None: any event may, so it steps ahead only
-        # while SimPy has nothing else due.  With a gate, resume gaps go to ``gap_log`` as (time, gap)
-        # and the pool merges them in time order, the order SimPy would have produced.
-        self.gate: list[float] | None = None
+        self.group, self.rank = group, rank  # attention data parallel: the instance's DPGroup, this rank's index
+        # The run's clock policy (simulator/engine/stepping.py).  Run-ahead's gate: a one-element list holding
+        # the time of the next event that can look at or change this instance (the next arrival), shared by
+        # the pool's instances; the instance steps without SimPy events until then.  None: any event may, so it
+        # steps ahead only while SimPy has nothing else due.  With a gate, resume gaps go to ``gap_log`` as
+        # (time, gap) and the pool merges them in time order, the order SimPy would have produced.
+        self.inline = stepping.inline
+        self.gate = stepping.gate
         self.gap_log: list[tuple[float, float]] = []
         # Lazy stepping (a decode instance of a static PD run, :meth:`catch_up`): ``paused`` is the end of
         # the step in progress while the process waits on ``hold`` without a SimPy event for that end;
         # ``limit`` is the time :meth:`catch_up` drives it to (``driving`` meanwhile).
-        self.lazy = False
+        self.lazy = stepping.lazy_decode and self.role.name == "decode"
         self.paused: float | None = None
         self.limit = -math.inf
         self.driving = False
@@ -139,7 +151,7 @@ class InstanceState:
         # Prefix cache (vLLM automatic prefix caching), active when requests carry block hashes: an LRU of hash ids,
         # each covering ``hash_block_tokens`` prompt tokens, with room for as many such blocks as the KV cache holds.
         hashes = recorder.hash_ids
-        self.prefix: OrderedDict | None = OrderedDict() if hashes is not None and prefix_caching else None
+        self.prefix: OrderedDict | None = OrderedDict() if hashes is not None and spec.prefix_caching else None
         self.hash_tokens = recorder.hash_block_tokens or 0
         self.prefix_capacity = (self.kv_total * self.block) // self.hash_tokens if self.hash_tokens else 0
         # Lifecycle under operations (simulator/engine/opsengine.py): the billing record (opsrecord.Life), the

@@ -33,15 +33,16 @@ from typing import cast
 
 import simpy
 
-from simulator.engine import engine
 from simulator.engine.arrivals import start_workload
 from simulator.engine.engine import PoolRun, Recorder, refusal
 from simulator.engine.instance import Instance
+from simulator.engine.instance_state import Ports
 from simulator.engine.opscrash import collect_and_clear
 from simulator.engine.opsencoder import EncoderPool
 from simulator.engine.opsobserve import observe
 from simulator.engine.opspool import OpsPool
 from simulator.engine.opsrecord import Life
+from simulator.engine.stepping import Stepping, choose
 from simulator.epd.epd_flow import EPDCoordinator
 from simulator.ops import faults as flt
 from simulator.ops.autoscale import POLICIES, autoscaler
@@ -53,8 +54,10 @@ from simulator.summary_types import CrashRecord
 class OpsRun:
     """One simulation, with or without operations; :meth:`run` returns a :class:`PoolRun`."""
 
-    def __init__(self, scn, rec: Recorder, rng, starts_for, step_log: bool = True) -> None:
+    def __init__(self, scn, rec: Recorder, rng, starts_for, step_log: bool = True, shortcuts: bool = True) -> None:
         self.scn = scn
+        self.shortcuts = shortcuts  # False: one SimPy event per step (simulator/engine/stepping.py)
+        self.stepping = Stepping()  # the run's clock policy, chosen by run()
         # Without operations a run may keep no step log (its caller builds no step table); a lifecycle
         # counts steps on it (crashes, the FP8 hazard).
         self.step_log = step_log or scn.operations.enabled
@@ -80,6 +83,18 @@ class OpsRun:
         self.client_rng = None  # closed-loop client delays (the scenario's "clients" stream)
 
     # ---- building -------------------------------------------------------------------------
+    def ports_for(self, pool: OpsPool) -> Ports:
+        """What ``pool``'s new instances call outside themselves: the PD proxy's hand-off (prefill pool) or
+        transfer start (decode pool), and the EPD proxy's in-place encoder cost (a front pool that encodes
+        its own images)."""
+        coord, epd = self.coord, self.epd
+        out = ROLES[pool.spec.role].fabric_side == "out"
+        return Ports(
+            hand_off=coord.hand_off if coord is not None and out else None,
+            start_transfer=coord.start_transfer if coord is not None and not out else None,
+            encode_cost=epd.inline_cost if epd is not None and pool is self.front and epd.encodes_inline else None,
+        )
+
     def on_make(self, pool: OpsPool, inst: Instance) -> None:
         if self.coord is not None:
             self.coord.add(inst)
@@ -239,12 +254,24 @@ class OpsRun:
         images go through the encoder tier first, or the front pool encodes them (:mod:`simulator.epd.epd_flow`)."""
         env, rec, cfg = self.env, self.rec, self.cfg
         rec.all_ended = env.event()
+        static = not cfg.enabled
+        self.stepping = stepping = choose(
+            static=static,
+            pd=back_spec is not None,
+            epd=epd is not None,
+            closed_loop=closed_loop is not None,
+            decode_dp=back_spec.dp if back_spec is not None else 1,
+            step_log=self.step_log,
+            shortcuts=self.shortcuts,
+        )
+        gate = stepping.gate
         self.front = OpsPool(self, front_spec, front_gpus, self.starts_for[front_spec.name])
         if back_spec is not None:
             self.back = OpsPool(self, back_spec, back_gpus, self.starts_for[back_spec.name])
             self.coord = PDCoordinator(
                 env, plan, [], self.back.all, self.back.router, rec, self.coord_rng, serving=self.back.active
             )
+            self.coord.lazy = stepping.lazy_decode  # it catches its decode instances up before routing
         pools = [p for p in (self.front, self.back) if p is not None]
         if epd is not None:
             self.epd = EPDCoordinator(env, epd, [], self.encoded, self.choose_front, self.coord_rng)
@@ -271,40 +298,6 @@ class OpsRun:
             env.process(autoscaler(env, pool, acfg, policy, lambda p=pool, c=acfg: observe(self, p, c)))
         if cfg.queue_timeout_s is not None:
             env.process(self._expire_queued(env, cfg.queue_timeout_s))
-        # Run-ahead: in a static colocated pool under open-loop arrivals, instances interact only through
-        # dispatch (the router reads their state, submit wakes one), so each may step inline up to the
-        # next dispatch instead of scheduling one SimPy event per step.  PD hand-offs, EPD encoders,
-        # closed-loop clients (woken by finishes) and the lifecycle (crashes, scaling) react to an
-        # instance's steps, so those runs step with one event per step whenever another event falls
-        # inside the step.
-        static = not cfg.enabled
-        gate = (
-            [-math.inf]
-            if engine.RUN_AHEAD and static and back_spec is None and epd is None and closed_loop is None
-            else None
-        )
-        for inst in self.front.all:
-            inst.gate = gate
-        if not self.step_log:
-            for pool in pools:
-                for inst in pool.all:
-                    inst.steps = None
-        # Lazy decode instances: in a static PD run under open-loop arrivals a decode instance that pulls
-        # no KV meets the rest of the run only at hand-offs (the decode router reads it, one may be handed
-        # to it), so it steps when the PD proxy catches it up before each hand-off, not by SimPy events
-        # (instance_state.py, catch_up).
-        lazy = (
-            engine.RUN_AHEAD
-            and static
-            and self.coord is not None
-            and epd is None
-            and closed_loop is None
-            and back_spec.dp == 1
-        )
-        if lazy and self.coord is not None and self.back is not None:  # lazy: a PD run
-            self.coord.lazy = True
-            for inst in self.back.all:
-                inst.lazy = True
         limit = math.inf if max_time_s is None else max_time_s
         start_workload(env, rec, closed_loop, front_spec.frontend, self.arrive, self.client_rng, gate, limit)
         # A static run's idle instances wait on untriggered events, so its schedule empties when the last
@@ -324,7 +317,7 @@ class OpsRun:
             if collecting:
                 gc.enable()
         end = env.now
-        caught = self.back.all if lazy and self.back is not None else []
+        caught = self.back.all if stepping.lazy_decode and self.back is not None else []
         ahead = self.front.all if gate is not None else caught
         for inst in caught:
             inst.catch_up(limit)  # the steps it owes, up to the time limit

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import simpy
 
-from simulator.engine.admission import Reservation
 from simulator.engine.dp_group import DPGroup
 from simulator.engine.instance import Instance
 from simulator.engine.opsrecord import Life
@@ -39,41 +38,36 @@ class OpsPool(PoolLifecycle):
         self.all: list[Instance] = []
         self.router = make_router(spec.router, active)
 
-    def make(self, cause: str, billed_s: float) -> Instance:
+    def make(self, cause: str, billed_s: float, group: DPGroup | None = None, rank: int = 0) -> Instance:
+        """A new incarnation (the next index), with the run's ports to its neighbours and clock policy."""
         s = self.spec
         index = len(self.all)
         inst = Instance(
             index,
-            s.name,
-            s.step_model,
-            s.memory,
-            s.max_num_seqs,
-            s.max_num_batched_tokens,
-            s.chunked_prefill,
+            s,
             self.ops.rec,
-            s.role,
-            s.prefix_caching,
-            life=Life(s.name, index, self.gpus, cause, billed_s),
+            Life(s.name, index, self.gpus, cause, billed_s),
+            ports=self.ops.ports_for(self),
+            stepping=self.ops.stepping,
+            group=group,
+            rank=rank,
         )
-        if s.admission is not None:
-            inst.reserve = Reservation(s.admission, s.memory.block_size)
-        inst.recv_every = s.recv_interval if inst.role.name in ("colocated", "prefill") else 1
-        inst.async_lag = s.async_scheduling and inst.role.name in ("colocated", "prefill")
+        if group is not None:
+            group.members.append(inst)
         self.all.append(inst)
         self.ops.on_make(self, inst)
         return inst
 
     def start_initial(self) -> None:
-        """The pool's instances at time 0: made, grouped into lock-stepped data-parallel instances of
-        ``spec.dp`` ranks (static pools only), then serving, in index order."""
-        insts = [self.make("initial", 0.0) for _ in range(self.spec.instances)]
+        """The pool's instances at time 0: made, in lock-stepped data-parallel instances of ``spec.dp`` ranks
+        (static pools only), then serving, in index order."""
         dp = self.spec.dp
-        if dp > 1:
-            for g in range(0, len(insts), dp):
+        insts = []
+        group = None
+        for i in range(self.spec.instances):
+            if dp > 1 and i % dp == 0:
                 group = DPGroup(self.env, self.spec.step_model, dp, self.spec.dp_context_wait)
-                for r, inst in enumerate(insts[g : g + dp]):
-                    inst.group, inst.rank = group, r
-                    group.members.append(inst)
+            insts.append(self.make("initial", 0.0, group, i % dp))
         for inst in insts:
             self.go_live(inst)
 

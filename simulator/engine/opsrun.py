@@ -8,13 +8,16 @@ from simulator.engine.opsengine import OpsRun
 from simulator.engine.opsobserve import pool_context
 
 
-def run_operations(scn, reqs, front, back, plan, closed, rngs, spec_of, epd=None, step_log=True, watch=None):
+def run_operations(
+    scn, reqs, front, back, plan, closed, rngs, spec_of, epd=None, step_log=True, watch=None, *, shortcuts=True
+):
     """Returns ``(ops, PoolRun, recorder)``.  ``front``/``back``: :class:`simulator.resolved.ResolvedPool`
     (``back`` None without PD), each with its start times; ``spec_of`` turns one into the engine's PoolSpec;
     ``rngs``: the run's :func:`simulator.resolved.rng_streams`; ``epd``: the :class:`simulator.epd.epd.EPDSetup`
     of a multimodal run, or None; ``step_log`` False: the instances keep no step log (no step table will be
     built; kept all the same with operations); ``watch``: called with the recorder, returns its ``watch``
-    callback or None (:class:`simulator.goodput.VerdictWatch`).
+    callback or None (:class:`simulator.goodput.VerdictWatch`); ``shortcuts`` False: one SimPy event per step
+    (:mod:`simulator.engine.stepping`).
 
     Fault draws come from the ``faults`` stream, the fabric's jitter from ``transfer`` (as without
     operations), closed-loop delays from ``clients``.
@@ -25,7 +28,7 @@ def run_operations(scn, reqs, front, back, plan, closed, rngs, spec_of, epd=None
     resolved = [r for r in (front, back) if r is not None]
     starts = {r.name: r.starts for r in resolved}
     contexts = {r.name: pool_context(r.pool, r.dep, r.memory, r.step, scn.slo.tpot_s) for r in resolved}
-    ops = OpsRun(scn, rec, rngs["faults"], starts, step_log)
+    ops = OpsRun(scn, rec, rngs["faults"], starts, step_log, shortcuts)
     ops.coord_rng = rngs["transfer"]
     ops.client_rng = rngs["clients"]
     run = ops.run(

@@ -110,6 +110,12 @@ class EPDCoordinator:
         )
         return enc
 
+    @property
+    def encodes_inline(self) -> bool:
+        """Whether the front pool encodes its own images (no encoder tier): its instances' ``encode_cost`` is
+        :meth:`inline_cost`."""
+        return self.setup.encoder_pool is None
+
     def add_front(self, inst) -> None:
         """A front-pool instance (index ``len(self.front)``): its embedding ingress, or its inline encoder."""
         assert inst.index == len(self.front)
@@ -127,7 +133,6 @@ class EPDCoordinator:
         else:
             self.inline_caches.append(EmbeddingCache(self.setup.inline_cache_bytes))
             self.inline_busy.append(0.0)
-            inst.encode_cost = self._inline_cost
 
     # ------------------------------------------------------------ encoder tier
     def handles(self, rid: int) -> bool:
@@ -211,7 +216,7 @@ class EPDCoordinator:
             self.route(rid, inst)
 
     # ------------------------------------------------------------ inline encoder
-    def _inline_cost(self, inst, rid: int, now: float) -> float:
+    def inline_cost(self, inst, rid: int, now: float) -> float:
         """Encoder seconds the front instance ``inst`` adds to the step that admits ``rid``."""
         imgs = self.images.of(rid)
         if not imgs:

@@ -66,12 +66,10 @@ class PDCoordinator:
         if inst.role.fabric_side == "out":
             assert inst.index == len(self.egress)
             self.egress.append(self.side_path("prefill", inst.index))
-            inst.hand_off = self.hand_off
         else:
             assert inst.index == len(self.ingress)
             self.ingress.append(self.side_path("decode", inst.index))
             self.in_buffer.append(0.0)
-            inst.start_transfer = self.start_transfer
         if self._degrade is not None:
             for ln in self.egress[-1] if inst.role.fabric_side == "out" else self.ingress[-1]:
                 if ln not in self._episoded:  # a NIC shared with an earlier instance has its episodes
