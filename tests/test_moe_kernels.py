@@ -121,6 +121,34 @@ def test_refit_reproduces_a_shipped_curve(db):
 
 
 @needs_shared
+def test_a_fit_on_the_power_law_rows_says_so_and_reads_them(db, tmp_path):
+    """``moe_fit --routing power_law_1.01`` fits the rows of that routing (not the balanced ones) and its
+    source names them; written under --out, the shipped files are left alone."""
+    rows = pd.read_parquet(MOE_TABLES / "h200_sxm" / "moe" / "vllm" / "0.24.0" / "moe_perf.parquet")
+    rows = rows[(rows.moe_dtype == "w4a16_mxfp4") & (rows.moe_ep_size == 1)]
+    gpu = db.gpu("H200-SXM-141GB")
+    bal, _ = moe_fit.fit_format(rows, gpu, "w4a16_mxfp4", "0.24.0")
+    pl, _ = moe_fit.fit_format(rows, gpu, "w4a16_mxfp4", "0.24.0", routing="power_law_1.01")
+    assert "power-law (alpha 1.01)-routing rows" in pl.source and "balanced" in bal.source
+    assert pl.quality != bal.quality  # other rows, other residuals
+    shipped = (moe_fit.OUT / "H200-SXM-141GB_vllm.yaml").read_text()
+    argv = [
+        "--routing",
+        "power_law_1.01",
+        "--system",
+        "h200_sxm",
+        "--engine",
+        "vllm",
+        "--write",
+        "--out",
+        str(tmp_path),
+    ]
+    assert moe_fit.main(argv) == 0
+    assert "power-law (alpha 1.01) routing" in (tmp_path / "H200-SXM-141GB_vllm.yaml").read_text()
+    assert (moe_fit.OUT / "H200-SXM-141GB_vllm.yaml").read_text() == shipped
+
+
+@needs_shared
 @pytest.mark.parametrize(
     "system,engine,version,fmt,ep",
     [

@@ -15,6 +15,7 @@ import pytest
 
 from simulator import run
 from simulator.engine.results import summarize
+from simulator.engine.stepping import choose
 from simulator.run import simulate, simulate_requests
 from simulator.scenario import load_scenario, parse_scenario
 from tests.conftest import REPO
@@ -146,8 +147,6 @@ def test_requests_alone_are_the_requests_of_the_whole_run(case):
     ids=str,
 )
 def test_the_clock_policy_is_chosen_once_from_what_reacts_to_steps(run, gate, lazy):
-    from simulator.engine.stepping import choose
-
     args = {"static": True, "pd": False, "epd": False, "closed_loop": False, "decode_dp": 1, "step_log": True}
     s = choose(**{**args, **run})
     assert (s.gate is not None, s.lazy_decode, s.inline) == (gate, lazy, run.get("shortcuts", True))
