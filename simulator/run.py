@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Any, cast
 import pandas as pd
 
 from simulator.confidence import assess
-from simulator.engine.engine import PoolSpec
 from simulator.engine.frontend import FrontEnd, add_stream
 from simulator.engine.opsresults import ops_summary
 from simulator.engine.opsrun import run_operations
+from simulator.engine.records import PoolSpec
 from simulator.engine.results import Results, links_frame, requests_frame, steps_frame, summarize
 from simulator.epd.epd import EPDError
 from simulator.epd.epd import prepare as prepare_epd
@@ -25,8 +25,8 @@ from simulator.traces import TraceError
 from simulator.workload import generate
 
 if TYPE_CHECKING:
-    from simulator.engine.engine import PoolRun, Recorder
     from simulator.engine.opsengine import OpsRun
+    from simulator.engine.records import PoolRun, Recorder
     from simulator.epd.epd import EPDSetup
     from simulator.pd.pd import TransferPlan
 

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from simpy.events import Process
 
     from simulator.engine.dp_group import DPGroup
-    from simulator.engine.engine import PoolSpec
+    from simulator.engine.records import PoolSpec
 
 # The PD proxy's callbacks, (instance, rid, now); the running requests' state (Instance.run).
 Callback = Callable[["InstanceState", int, float], None]

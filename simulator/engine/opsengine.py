@@ -34,7 +34,6 @@ from typing import cast
 import simpy
 
 from simulator.engine.arrivals import start_workload
-from simulator.engine.engine import PoolRun, Recorder, refusal
 from simulator.engine.instance import Instance
 from simulator.engine.instance_state import Ports
 from simulator.engine.opscrash import collect_and_clear
@@ -42,6 +41,7 @@ from simulator.engine.opsencoder import EncoderPool
 from simulator.engine.opsobserve import observe
 from simulator.engine.opspool import OpsPool
 from simulator.engine.opsrecord import Life
+from simulator.engine.records import PoolRun, Recorder, refusal
 from simulator.engine.stepping import Stepping, choose
 from simulator.epd.epd_flow import EPDCoordinator
 from simulator.ops import faults as flt

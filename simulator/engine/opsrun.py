@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from simulator.engine.engine import Recorder
 from simulator.engine.opsengine import OpsRun
 from simulator.engine.opsobserve import pool_context
+from simulator.engine.records import Recorder
 
 
 def run_operations(

@@ -20,8 +20,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from simulator.engine.engine import PoolRun
 from simulator.engine.outcome import LABELS, STATIC_OUTCOMES
+from simulator.engine.records import PoolRun
 from simulator.engine.steplog import StepLog
 from simulator.summary_types import Percentiles, PoolStats, RunSummary, TTFTBreakdown
 
